@@ -1,0 +1,26 @@
+// The CUDA side of the device layer. Built from cuda_backend.cu with LOOM_CUDA=ON; otherwise from
+// cuda_stub.cc, whose functions report that Loom was built without CUDA (device_count() is 0).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "device/allocator.h"
+
+namespace loom::cuda {
+
+// Number of visible GPUs; 0 when built without CUDA or when no driver/GPU is present.
+int device_count();
+
+// A counting allocator over cudaMalloc for GPU `index`.
+std::unique_ptr<Allocator> make_cuda_allocator(int index);
+
+// Copies between host and GPU or GPU and GPU (synchronous).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
+// out[i] = a * x[i] + y[i] on GPU `device_index` (fp32): the first elementwise kernel, used to
+// prove the build and the copies; kernels proper arrive with the CUDA issue.
+void axpy_f32(int device_index, int64_t n, float a, const float* x, const float* y, float* out);
+
+}  // namespace loom::cuda

@@ -1,0 +1,18 @@
+// Built when LOOM_CUDA=OFF: the CUDA entry points exist, report zero GPUs and refuse politely.
+#include "base/error.h"
+#include "device/cuda/cuda_backend.h"
+
+namespace loom::cuda {
+
+namespace {
+[[noreturn]] void no_cuda() {
+  fail("this Loom was built without CUDA: reconfigure with -DLOOM_CUDA=ON (preset 'cuda')");
+}
+}  // namespace
+
+int device_count() { return 0; }
+std::unique_ptr<Allocator> make_cuda_allocator(int) { no_cuda(); }
+void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda(); }
+void axpy_f32(int, int64_t, float, const float*, const float*, float*) { no_cuda(); }
+
+}  // namespace loom::cuda
