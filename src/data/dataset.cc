@@ -1,0 +1,268 @@
+#include "data/dataset.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <system_error>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
+#include "tensor/rng.h"
+
+namespace loom {
+namespace fs = std::filesystem;
+namespace {
+
+bool is_regular_file(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec);
+}
+
+// The entries of directory `dir`, in directory order; `context` starts the error message.
+std::vector<fs::path> list_dir(const std::string& dir, const std::string& context) {
+  std::vector<fs::path> entries;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) entries.push_back(it->path());
+  if (ec) fail(context, ": cannot list the directory: ", ec.message());
+  return entries;
+}
+
+// Parses "train_000123.bin" for split "train"; -1 if the name is not of that form.
+int64_t shard_index_of(const std::string& name, std::string_view split) {
+  const std::string prefix = std::string(split) + "_";
+  if (name.size() != prefix.size() + 6 + 4 || name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - 4, 4, ".bin") != 0)
+    return -1;
+  int64_t index = 0;
+  for (size_t i = prefix.size(); i < prefix.size() + 6; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    index = index * 10 + (name[i] - '0');
+  }
+  return index;
+}
+
+// Accumulates the tokens of one split and writes them as out_dir/<split>_NNNNNN.bin shards of
+// shard_tokens tokens each.
+class ShardWriter {
+ public:
+  // total_tokens only sizes the buffer: min(shard_tokens, total_tokens).
+  ShardWriter(std::string out_dir, std::string split, int64_t shard_tokens, int64_t total_tokens)
+      : out_dir_(std::move(out_dir)), split_(std::move(split)), shard_tokens_(shard_tokens) {
+    buffer_.reserve(static_cast<size_t>(std::min(shard_tokens_, total_tokens)));
+  }
+
+  void push(uint16_t token) {
+    buffer_.push_back(token);
+    ++tokens_;
+    if (static_cast<int64_t>(buffer_.size()) == shard_tokens_) flush();
+  }
+
+  // Writes the last (short) shard and deletes stale shards of this split left by earlier runs.
+  std::vector<std::string> finish() {
+    if (!buffer_.empty()) flush();
+    for (const fs::path& entry : list_dir(out_dir_, "dataset '" + out_dir_ + "'")) {
+      const int64_t index = shard_index_of(entry.filename().string(), split_);
+      if (index < static_cast<int64_t>(paths_.size())) continue;  // -1: not a shard of split_
+      std::error_code ec;
+      fs::remove(entry, ec);
+      if (ec)
+        fail("dataset '", out_dir_, "': cannot remove stale shard '", entry.string(),
+             "': ", ec.message());
+    }
+    return paths_;
+  }
+
+  int64_t tokens() const { return tokens_; }
+
+ private:
+  void flush() {
+    const std::string path =
+        (fs::path(out_dir_) / shard_file_name(split_, static_cast<int64_t>(paths_.size())))
+            .string();
+    write_shard(path, buffer_);
+    paths_.push_back(path);
+    buffer_.clear();
+  }
+
+  std::string out_dir_, split_;
+  int64_t shard_tokens_;
+  std::vector<uint16_t> buffer_;
+  std::vector<std::string> paths_;
+  int64_t tokens_ = 0;
+};
+
+void create_out_dir(const std::string& out_dir) {
+  if (out_dir.empty()) fail("dataset output directory is empty");
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) fail("dataset '", out_dir, "': cannot create the directory: ", ec.message());
+  if (!fs::is_directory(out_dir, ec)) fail("dataset '", out_dir, "': not a directory");
+}
+
+void check_shard_tokens(int64_t shard_tokens) {
+  if (shard_tokens < 1 || shard_tokens > std::numeric_limits<int32_t>::max())
+    fail("dataset shard_tokens = ", shard_tokens, ": must be in [1, ",
+         std::numeric_limits<int32_t>::max(), "] (the shard header counts tokens in an int32)");
+}
+
+// Appends one "a+b=c\n" problem drawn from `rng` to `out`.
+void append_addition(RandomStream& rng, std::string& out) {
+  auto operand = [&rng]() -> uint32_t {
+    static constexpr uint32_t kLow[3] = {0, 10, 100}, kHigh[3] = {10, 100, 1000};
+    const uint32_t digits = rng.next_u32() % 3;
+    return kLow[digits] + rng.next_u32() % (kHigh[digits] - kLow[digits]);
+  };
+  const uint32_t a = operand(), b = operand();
+  out += std::to_string(a);
+  out += '+';
+  out += std::to_string(b);
+  out += '=';
+  out += std::to_string(a + b);
+  out += '\n';
+}
+
+// Writes `n_tokens` bytes of addition problems from `rng` into `writer`, starting on a line.
+void write_additions(RandomStream& rng, int64_t n_tokens, ShardWriter& writer) {
+  std::string line;
+  int64_t written = 0;
+  while (written < n_tokens) {
+    line.clear();
+    append_addition(rng, line);
+    for (char c : line) {
+      if (written == n_tokens) break;
+      writer.push(static_cast<unsigned char>(c));
+      ++written;
+    }
+  }
+}
+
+}  // namespace
+
+std::string shard_file_name(std::string_view split, int64_t index) {
+  LOOM_CHECK(index >= 0);
+  char digits[32];
+  std::snprintf(digits, sizeof(digits), "%06lld", static_cast<long long>(index));
+  return std::string(split) + "_" + digits + ".bin";
+}
+
+std::vector<std::string> resolve_shards(const std::string& spec, const std::string& what_key) {
+  if (spec.empty()) fail(what_key, " is empty: give a shard file, a directory or a glob pattern");
+  std::vector<std::string> paths;
+  std::error_code ec;
+  if (spec.find_first_of("*?[") != std::string::npos) {
+    glob_t g{};
+    const int rc = glob(spec.c_str(), 0, nullptr, &g);
+    if (rc == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i)
+        if (is_regular_file(g.gl_pathv[i])) paths.emplace_back(g.gl_pathv[i]);
+    }
+    globfree(&g);
+    if (rc != 0 && rc != GLOB_NOMATCH)
+      fail(what_key, " = '", spec, "': glob failed (", rc == GLOB_ABORTED ? "read error" : "error",
+           ")");
+    if (paths.empty()) fail(what_key, " = '", spec, "': the pattern matches no files");
+  } else if (fs::is_directory(spec, ec)) {
+    for (const fs::path& entry : list_dir(spec, what_key + " = '" + spec + "'"))
+      if (entry.extension() == ".bin" && is_regular_file(entry.string()))
+        paths.push_back(entry.string());
+    if (paths.empty()) fail(what_key, " = '", spec, "': the directory contains no *.bin files");
+  } else if (is_regular_file(spec)) {
+    paths.push_back(spec);
+  } else {
+    fail(what_key, " = '", spec, "': no such file or directory");
+  }
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std::string& out_dir,
+                              const PrepareOptions& options) {
+  if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0))
+    fail("prepare_dataset: val_fraction = ", options.val_fraction, ": must be in [0, 1)");
+  check_shard_tokens(options.shard_tokens);
+  if (inputs.empty()) fail("prepare_dataset: no input files");
+
+  // 1. Sizes first: with the byte tokenizer a file of B bytes is B tokens, so the split point is
+  //    known before reading anything and the files can stream through.
+  int64_t n = 0;
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    if (!fs::is_regular_file(input, ec))
+      fail("prepare_dataset: input file '", input, "': not found");
+    n += static_cast<int64_t>(fs::file_size(input, ec));
+    if (ec) fail("prepare_dataset: input file '", input, "': ", ec.message());
+  }
+  if (n == 0) fail("prepare_dataset: the input files are all empty (first: '", inputs[0], "')");
+  int64_t n_val = 0;
+  if (options.val_fraction > 0)
+    n_val = std::max<int64_t>(1, std::llround(static_cast<double>(n) * options.val_fraction));
+  const int64_t n_train = n - n_val;
+  if (n_train < 1)
+    fail("prepare_dataset: ", n, " tokens with val_fraction = ", options.val_fraction,
+         " leave nothing for training");
+
+  // 2. Stream the bytes: the first n_train tokens to train shards, the rest to val shards.
+  create_out_dir(out_dir);
+  ShardWriter train(out_dir, "train", options.shard_tokens, n_train);
+  ShardWriter val(out_dir, "val", options.shard_tokens, n_val);
+  const ByteTokenizer tokenizer;
+  std::vector<char> block(1 << 20);
+  int64_t seen = 0;
+  for (const std::string& input : inputs) {
+    std::ifstream in(input, std::ios::binary);
+    if (!in) fail("prepare_dataset: input file '", input, "': cannot open");
+    while (in) {
+      in.read(block.data(), static_cast<std::streamsize>(block.size()));
+      const auto got = static_cast<size_t>(in.gcount());
+      if (got == 0) break;
+      for (int32_t token : tokenizer.encode(std::string_view(block.data(), got))) {
+        if (seen == n) fail("prepare_dataset: input file '", input, "' grew while reading");
+        (seen < n_train ? train : val).push(static_cast<uint16_t>(token));
+        ++seen;
+      }
+    }
+    if (in.bad()) fail("prepare_dataset: input file '", input, "': read error");
+  }
+  if (seen != n)
+    fail("prepare_dataset: the input files shrank while reading (", seen, " of ", n, " bytes)");
+
+  PrepareResult result;
+  result.train_shards = train.finish();
+  result.val_shards = val.finish();
+  result.train_tokens = train.tokens();
+  result.val_tokens = val.tokens();
+  LOOM_CHECK(result.train_tokens == n_train && result.val_tokens == n_val);
+  return result;
+}
+
+SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_tokens,
+                                int64_t n_val_tokens, uint64_t seed) {
+  if (n_train_tokens < 1)
+    fail("synthesize_addition: n_train_tokens = ", n_train_tokens, ": must be >= 1");
+  if (n_val_tokens < 0)
+    fail("synthesize_addition: n_val_tokens = ", n_val_tokens, ": must be >= 0");
+  create_out_dir(out_dir);
+  const int64_t shard_tokens = PrepareOptions{}.shard_tokens;
+  ShardWriter train(out_dir, "train", shard_tokens, n_train_tokens);
+  ShardWriter val(out_dir, "val", shard_tokens, n_val_tokens);
+  RandomStream rng(seed, "synth");
+  write_additions(rng, n_train_tokens, train);
+  write_additions(rng, n_val_tokens, val);
+
+  SynthResult result;
+  result.train_shards = train.finish();
+  result.val_shards = val.finish();
+  result.train_tokens = train.tokens();
+  result.val_tokens = val.tokens();
+  return result;
+}
+
+}  // namespace loom

@@ -1,0 +1,67 @@
+// Datasets on disk: finding shards from a config value, and making shards from text.
+//
+// A dataset is a directory of llm.c token shards (data/shard.h) named train_NNNNNN.bin and
+// val_NNNNNN.bin (six digits, from 000000). prepare_dataset makes one from text files with the
+// byte tokenizer; synthesize_addition makes a small learnable one ("12+345=357\n" lines) so the
+// quick start needs no download. Tokenising with BPE is left to llm.c's dev/data scripts, whose
+// output Loom reads unchanged.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+// The shard paths named by a config value `spec` (what_key, e.g. "data.train", names the key in
+// errors). `spec` is
+//   - a glob pattern (contains '*', '?' or '['): the regular files it matches (POSIX glob(3));
+//   - a directory: every regular file in it ending in ".bin" (train and val alike: point the key
+//     at "dir/train_*.bin" to pick one split);
+//   - otherwise a single file, which must exist.
+// The result is sorted by name (byte order). No match throws loom::Error naming the key and spec.
+std::vector<std::string> resolve_shards(const std::string& spec, const std::string& what_key);
+
+// "train", 3 -> "train_000003.bin".
+std::string shard_file_name(std::string_view split, int64_t index);
+
+struct PrepareOptions {
+  double val_fraction = 0.1;           // the last val_fraction of the tokens; [0, 1)
+  int64_t shard_tokens = 100'000'000;  // tokens per shard (the last shard of a split may be short)
+};
+
+struct PrepareResult {
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  std::vector<std::string> train_shards;  // full paths, in order
+  std::vector<std::string> val_shards;
+};
+using SynthResult = PrepareResult;
+
+// Tokenises the text files `inputs` (bytes, read in binary) with ByteTokenizer and writes
+// out_dir/train_NNNNNN.bin and out_dir/val_NNNNNN.bin, creating out_dir.
+//
+// Split rule (deterministic, no shuffling): the files are concatenated in the order given, with
+// no separator between them (the byte vocabulary has no end-of-text token; a text file's final
+// newline separates it from the next). Of the N tokens, the LAST n_val go to validation, where
+// n_val = round(N * val_fraction), at least 1 when val_fraction > 0; the first N - n_val go to
+// training. Each split is cut into shards of shard_tokens tokens.
+//
+// Files stream through one shard-sized buffer, so memory stays at about 2 * shard_tokens bytes.
+// Stale shards of an earlier run (train_/val_NNNNNN.bin beyond the ones written now) are deleted
+// so that out_dir/train_*.bin names exactly this dataset.
+PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std::string& out_dir,
+                              const PrepareOptions& options = {});
+
+// A synthetic corpus of addition problems, one per line: "a+b=c\n" where each operand has 1, 2 or
+// 3 digits (equally likely; then uniform among numbers of that many digits) drawn from
+// RandomStream(seed, "synth"). Training gets the first n_train_tokens bytes of the stream of
+// lines; validation continues the same stream from the next whole line for n_val_tokens bytes
+// (so the splits start on a line and the last line of each may be cut). Written like
+// prepare_dataset (shards of PrepareOptions{}.shard_tokens tokens; no val shard when
+// n_val_tokens == 0). Identical bytes for the same seed.
+SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_tokens,
+                                int64_t n_val_tokens, uint64_t seed);
+
+}  // namespace loom

@@ -1,0 +1,89 @@
+#include "data/loader.h"
+
+#include <limits>
+#include <utility>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "data/shard.h"
+
+namespace loom {
+
+DataLoader::DataLoader(std::vector<std::string> shard_paths, int64_t batch, int64_t seq_len,
+                       int rank, int world)
+    : paths_(std::move(shard_paths)), batch_(batch), seq_len_(seq_len), rank_(rank), world_(world) {
+  if (paths_.empty()) fail("data loader: no shards to read");
+  if (batch_ < 1 || seq_len_ < 1 || world_ < 1)
+    fail("data loader: batch = ", batch_, ", seq_len = ", seq_len_, ", world = ", world_,
+         ": all must be >= 1");
+  if (rank_ < 0 || rank_ >= world_)
+    fail("data loader: rank ", rank_, " is outside [0, world = ", world_, ")");
+  // Guard the step arithmetic: W*B*T + 1 must fit comfortably in int64 (it is at most a shard).
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (batch_ > kMax || seq_len_ > kMax || batch_ * seq_len_ > kMax / world_)
+    fail("data loader: world × batch × seq_len = ", world_, " × ", batch_, " × ", seq_len_,
+         " tokens per step exceeds the largest possible shard (", kMax, " tokens)");
+
+  shard_tokens_.reserve(paths_.size());
+  for (const std::string& path : paths_) {
+    const ShardInfo info = read_shard_header(path);
+    if (info.num_tokens < step_span())
+      fail("data loader: token shard '", path, "' has ", info.num_tokens,
+           " tokens, fewer than one step reads: world × batch × seq_len + 1 = ", world_, " × ",
+           batch_, " × ", seq_len_, " + 1 = ", step_span(),
+           " (use bigger shards or a smaller batch/seq_len)");
+    shard_tokens_.push_back(info.num_tokens);
+    total_tokens_ += info.num_tokens;
+  }
+}
+
+void DataLoader::load(int64_t shard) {
+  if (loaded_shard_ == shard) return;
+  loaded_shard_ = -1;                     // stays invalid if read_shard throws
+  std::vector<uint16_t>().swap(tokens_);  // free the old shard first: one shard in memory at most
+  tokens_ = read_shard(paths_[shard]);
+  if (static_cast<int64_t>(tokens_.size()) != shard_tokens_[shard])
+    fail("data loader: token shard '", paths_[shard], "' changed on disk: it had ",
+         shard_tokens_[shard], " tokens when the loader opened it, now ", tokens_.size());
+  loaded_shard_ = shard;
+}
+
+void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
+  LOOM_CHECK(inputs != nullptr && targets != nullptr);
+  load(state_.shard);
+  // 1-2. This rank's chunk: B*T tokens (plus one for the last target) at offset + rank*B*T.
+  const int64_t chunk = batch_ * seq_len_;
+  const int64_t begin = state_.offset + rank_ * chunk;
+  LOOM_CHECK(state_.offset + step_span() <= static_cast<int64_t>(tokens_.size()));
+  const uint16_t* src = tokens_.data() + begin;
+  for (int64_t i = 0; i < chunk; ++i) {
+    inputs[i] = src[i];
+    targets[i] = src[i + 1];
+  }
+  // 3. Advance the shared position; skip to the next shard (wrapping) if a step no longer fits.
+  state_.offset += tokens_per_step();
+  if (state_.offset + step_span() > shard_tokens_[state_.shard]) {
+    state_.offset = 0;
+    if (++state_.shard == num_shards()) {
+      state_.shard = 0;
+      ++state_.epoch;
+    }
+  }
+}
+
+void DataLoader::set_state(const LoaderState& state) {
+  const bool shard_ok = state.shard >= 0 && state.shard < num_shards();
+  if (!shard_ok || state.offset < 0 || state.epoch < 0 ||
+      state.offset + step_span() > shard_tokens_[state.shard]) {
+    const std::string where =
+        shard_ok ? detail::concat("shard ", state.shard, " ('", paths_[state.shard], "') has ",
+                                  shard_tokens_[state.shard], " tokens")
+                 : detail::concat("there are ", num_shards(), " shards");
+    fail("data loader: state {shard ", state.shard, ", offset ", state.offset, ", epoch ",
+         state.epoch, "} is out of range: ", where, " and a step reads ", step_span(),
+         " tokens from the offset (was the checkpoint made with other data?)");
+  }
+  state_ = state;
+}
+
+}  // namespace loom

@@ -1,0 +1,136 @@
+#include "data/shard.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string_view>
+
+#include "base/error.h"
+
+namespace loom {
+namespace {
+
+// The file format is little endian; we read and write it with plain memcpy/fread.
+static_assert(std::endian::native == std::endian::little,
+              "shard I/O assumes a little-endian host (x86-64, aarch64)");
+
+constexpr int32_t kLlmcModelMagic = 20240326;   // llm.c GPT-2 model checkpoint
+constexpr int32_t kLlmcLlama3Magic = 20240801;  // llm.c uint32 "llama-3" token shard
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+std::string errno_str() {
+  return std::strerror(errno);
+}
+
+// Opens `path` for reading and returns it with its size in bytes.
+File open_for_read(const std::string& path, int64_t& file_bytes) {
+  File f(std::fopen(path.c_str(), "rb"));
+  if (!f) fail("token shard '", path, "': cannot open: ", errno_str());
+  struct stat st {};
+  if (fstat(fileno(f.get()), &st) != 0)
+    fail("token shard '", path, "': cannot stat: ", errno_str());
+  if (!S_ISREG(st.st_mode)) fail("token shard '", path, "': not a regular file");
+  file_bytes = static_cast<int64_t>(st.st_size);
+  return f;
+}
+
+// Reads the header from `f` (positioned at 0) and checks it against the file size.
+ShardInfo read_and_check_header(std::FILE* f, const std::string& path, int64_t file_bytes) {
+  if (file_bytes < kShardHeaderBytes)
+    fail("token shard '", path, "': truncated header: the file has ", file_bytes,
+         " bytes, a token shard starts with a ", kShardHeaderBytes, "-byte header");
+  std::array<int32_t, kShardHeaderInts> header{};
+  if (std::fread(header.data(), sizeof(int32_t), header.size(), f) != header.size())
+    fail("token shard '", path, "': short read of the ", kShardHeaderBytes, "-byte header");
+
+  if (header[0] != kShardMagic) {
+    std::string hint = "this is not an llm.c token shard";
+    char first[4];
+    std::memcpy(first, &header[0], 4);
+    if (std::all_of(first, first + 4, [](char c) { return c >= 0x20 && c < 0x7f; }))
+      hint += detail::concat(" (it starts with the text \"", std::string_view(first, 4), "\")");
+    if (header[0] == kLlmcModelMagic) {
+      hint = "this looks like an llm.c model checkpoint, not a token shard";
+    } else if (header[0] == kLlmcLlama3Magic) {
+      hint =
+          "this is an llm.c uint32 (llama-3) token shard; only uint16 (gpt-2 format) shards are "
+          "supported";
+    }
+    fail("token shard '", path, "': bad magic ", header[0], " (expected ", kShardMagic, "): ", hint,
+         "; token shards are made by Loom's dataset preparation or llm.c's dev/data scripts");
+  }
+  if (header[1] != kShardVersion)
+    fail("token shard '", path, "': unsupported version ", header[1], " (this build reads version ",
+         kShardVersion, ")");
+  const int64_t n = header[2];
+  const int64_t expected_bytes = kShardHeaderBytes + 2 * n;
+  if (n < 0 || expected_bytes != file_bytes)
+    fail("token shard '", path, "': the header says ", n, " tokens, which needs ", expected_bytes,
+         " bytes (", kShardHeaderBytes, "-byte header + 2 bytes per token), but the file has ",
+         file_bytes, " bytes (truncated or not a token shard?)");
+  return ShardInfo{path, n, header[1]};
+}
+
+}  // namespace
+
+void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n > std::numeric_limits<int32_t>::max())
+    fail("token shard '", path, "': ", n, " tokens do not fit the int32 count of the header (max ",
+         std::numeric_limits<int32_t>::max(), "); write smaller shards");
+  std::array<int32_t, kShardHeaderInts> header{};
+  header[0] = kShardMagic;
+  header[1] = kShardVersion;
+  header[2] = static_cast<int32_t>(n);
+
+  const std::string tmp = path + ".tmp";
+  // Any failure below removes the temporary file; the target is only replaced by rename(2).
+  auto fail_io = [&](const char* what) {
+    const std::string err = errno_str();
+    std::remove(tmp.c_str());
+    fail("token shard '", path, "': ", what, " '", tmp, "': ", err);
+  };
+  std::FILE* raw = std::fopen(tmp.c_str(), "wb");
+  if (!raw) fail_io("cannot create");
+  File f(raw);
+  if (std::fwrite(header.data(), sizeof(int32_t), header.size(), f.get()) != header.size())
+    fail_io("cannot write header to");
+  if (n > 0 &&
+      std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f.get()) != tokens.size())
+    fail_io("cannot write tokens to");
+  if (std::fflush(f.get()) != 0) fail_io("cannot flush");
+  if (fsync(fileno(f.get())) != 0) fail_io("cannot fsync");
+  if (std::fclose(f.release()) != 0) fail_io("cannot close");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_io("cannot rename into place");
+}
+
+ShardInfo read_shard_header(const std::string& path) {
+  int64_t file_bytes = 0;
+  File f = open_for_read(path, file_bytes);
+  return read_and_check_header(f.get(), path, file_bytes);
+}
+
+std::vector<uint16_t> read_shard(const std::string& path) {
+  int64_t file_bytes = 0;
+  File f = open_for_read(path, file_bytes);
+  const ShardInfo info = read_and_check_header(f.get(), path, file_bytes);
+  std::vector<uint16_t> tokens(static_cast<size_t>(info.num_tokens));
+  if (std::fread(tokens.data(), sizeof(uint16_t), tokens.size(), f.get()) != tokens.size())
+    fail("token shard '", path, "': short read: expected ", info.num_tokens,
+         " tokens (did the file change while reading?)");
+  return tokens;
+}
+
+}  // namespace loom

@@ -1,0 +1,149 @@
+#include "data/loader.h"
+
+#include <gtest/gtest.h>
+
+#include "data/shard.h"
+#include "test_files.h"
+
+namespace loom {
+namespace {
+
+using testing::expect_error;
+using testing::TempDir;
+
+// Shard s holds tokens 1000*s + j, j = 0..sizes[s]-1, so every token tells where it came from.
+std::vector<std::string> make_shards(const TempDir& dir, const std::vector<int>& sizes) {
+  std::vector<std::string> paths;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    std::vector<uint16_t> tokens(sizes[s]);
+    for (int j = 0; j < sizes[s]; ++j) tokens[j] = static_cast<uint16_t>(1000 * s + j);
+    paths.push_back(dir.file("train_00000" + std::to_string(s) + ".bin"));
+    write_shard(paths.back(), tokens);
+  }
+  return paths;
+}
+
+struct Batch {
+  std::vector<int32_t> inputs, targets;
+  bool operator==(const Batch&) const = default;
+};
+
+Batch next(DataLoader& loader) {
+  Batch b;
+  b.inputs.resize(loader.batch() * loader.seq_len());
+  b.targets.resize(b.inputs.size());
+  loader.next_batch(b.inputs.data(), b.targets.data());
+  return b;
+}
+
+std::vector<int32_t> iota(int32_t first, int n) {
+  std::vector<int32_t> v(n);
+  for (int i = 0; i < n; ++i) v[i] = first + i;
+  return v;
+}
+
+TEST(DataLoader, WindowsAndShiftedTargets) {
+  TempDir dir;
+  DataLoader loader(make_shards(dir, {100}), /*batch=*/2, /*seq_len=*/4);
+  EXPECT_EQ(loader.total_tokens(), 100);
+  EXPECT_EQ(loader.tokens_per_step(), 8);
+  // Step 0 reads tokens [0, 9): rows [0..3], [4..7]; targets shifted by one.
+  Batch b = next(loader);
+  EXPECT_EQ(b.inputs, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(b.targets, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(loader.state(), (LoaderState{0, 8, 0}));
+  b = next(loader);
+  EXPECT_EQ(b.inputs, iota(8, 8));
+  EXPECT_EQ(b.targets, iota(9, 8));
+}
+
+TEST(DataLoader, CrossesShardsAndWrapsAround) {
+  TempDir dir;
+  // A step reads 2*4 + 1 = 9 tokens. Shard 0 (20 tokens) holds steps at 0 and 8 (16 + 9 > 20,
+  // so its tail 16..19 is skipped); shard 1 (9 tokens) exactly one step; shard 2 (17) two.
+  DataLoader loader(make_shards(dir, {20, 9, 17}), 2, 4);
+  const std::vector<std::pair<int32_t, LoaderState>> expect = {
+      {0, {0, 8, 0}},    {8, {1, 0, 0}},    {1000, {2, 0, 0}},
+      {2000, {2, 8, 0}}, {2008, {0, 0, 1}}, {0, {0, 8, 1}},
+  };
+  for (size_t step = 0; step < expect.size(); ++step) {
+    const Batch b = next(loader);
+    EXPECT_EQ(b.inputs, iota(expect[step].first, 8)) << "step " << step;
+    EXPECT_EQ(b.targets, iota(expect[step].first + 1, 8)) << "step " << step;
+    EXPECT_EQ(loader.state(), expect[step].second) << "step " << step;
+  }
+  loader.reset();
+  EXPECT_EQ(loader.state(), LoaderState{});
+  EXPECT_EQ(next(loader).inputs, iota(0, 8));
+}
+
+TEST(DataLoader, ResumeFromStateIsExact) {
+  TempDir dir;
+  const auto paths = make_shards(dir, {50, 31, 64});
+  DataLoader a(paths, 3, 5);
+  for (int i = 0; i < 4; ++i) next(a);
+  const LoaderState saved = a.state();
+  std::vector<Batch> after;
+  for (int i = 0; i < 12; ++i) after.push_back(next(a));  // crosses shards and wraps
+
+  DataLoader b(paths, 3, 5);
+  b.set_state(saved);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(next(b), after[i]) << "step " << i;
+  EXPECT_EQ(b.state(), a.state());
+  EXPECT_GE(a.state().epoch, 1);
+}
+
+TEST(DataLoader, BadStateIsAnError) {
+  TempDir dir;
+  const auto paths = make_shards(dir, {50, 31});
+  DataLoader loader(paths, 3, 5);  // a step reads 16 tokens
+  expect_error([&] { loader.set_state({2, 0, 0}); }, {"shard 2", "out of range", "2 shards"});
+  expect_error([&] { loader.set_state({-1, 0, 0}); }, {"shard -1"});
+  expect_error([&] { loader.set_state({1, 16, 0}); }, {"offset 16", paths[1], "31 tokens", "16"});
+  expect_error([&] { loader.set_state({0, -1, 0}); }, {"offset -1"});
+  expect_error([&] { loader.set_state({0, 0, -3}); }, {"epoch -3"});
+  loader.set_state({1, 15, 2});  // the last offset where a step fits
+  EXPECT_EQ(next(loader).inputs, iota(1015, 15));
+  EXPECT_EQ(loader.state(), (LoaderState{0, 0, 3}));
+}
+
+// The union over ranks is one loader with batch × world, at every step.
+TEST(DataLoader, RanksPartitionTheSingleLoaderBatch) {
+  TempDir dir;
+  const auto paths = make_shards(dir, {61, 25, 100, 49});
+  for (int world : {2, 3}) {
+    const int64_t batch = 2, seq_len = 4;
+    DataLoader whole(paths, batch * world, seq_len);
+    std::vector<DataLoader> ranks;
+    for (int r = 0; r < world; ++r) ranks.emplace_back(paths, batch, seq_len, r, world);
+    for (int step = 0; step < 25; ++step) {
+      const Batch expect = next(whole);
+      Batch got;
+      for (DataLoader& rank : ranks) {
+        const Batch part = next(rank);
+        got.inputs.insert(got.inputs.end(), part.inputs.begin(), part.inputs.end());
+        got.targets.insert(got.targets.end(), part.targets.begin(), part.targets.end());
+        EXPECT_EQ(rank.state(), whole.state());
+      }
+      ASSERT_EQ(got, expect) << "world " << world << " step " << step;
+    }
+    EXPECT_GE(whole.state().epoch, 1) << "the test should cover the wrap-around";
+  }
+}
+
+TEST(DataLoader, ConstructionErrors) {
+  TempDir dir;
+  const auto paths = make_shards(dir, {40, 8});
+  // world 1, batch 2, seq_len 4: a step reads 9 tokens; shard 1 has 8.
+  expect_error([&] { DataLoader(paths, 2, 4); }, {paths[1], "8 tokens", "9"});
+  // world 5: 5 × 2 × 4 + 1 = 41 > 40.
+  expect_error([&] { DataLoader({paths[0]}, 2, 4, 0, 5); }, {paths[0], "40 tokens", "= 41"});
+  expect_error([&] { DataLoader({paths[0]}, 1, 4, 2, 2); }, {"rank 2"});
+  expect_error([&] { DataLoader({paths[0]}, 0, 4); }, {"batch = 0"});
+  expect_error([&] { DataLoader({}, 1, 4); }, {"no shards"});
+  const std::string missing = dir.file("gone.bin");
+  expect_error([&] { DataLoader({missing}, 1, 4); }, {missing});
+}
+
+}  // namespace
+}  // namespace loom
