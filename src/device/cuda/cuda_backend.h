@@ -5,22 +5,30 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "device/allocator.h"
 
 namespace loom::cuda {
 
-// Number of visible GPUs; 0 when built without CUDA or when no driver/GPU is present.
+// Number of visible GPUs; 0 when built without CUDA or when no driver/GPU is present. Other
+// failures of the CUDA runtime (a broken install) throw loom::Error rather than hide as "no GPU".
 int device_count();
 
-// A counting allocator over cudaMalloc for GPU `index`.
+// Why device_count() is 0, for messages and test skips: "built without CUDA (LOOM_CUDA=OFF)",
+// or the CUDA runtime's own error (no driver, no device). Empty when a GPU is visible.
+std::string unavailable_reason();
+
+// A counting allocator over cudaMalloc for GPU `index`, caching freed blocks by size class (so
+// bytes_reserved >= bytes_in_use). Throws loom::Error when GPU `index` does not exist.
 std::unique_ptr<Allocator> make_cuda_allocator(int index);
 
-// Copies between host and GPU or GPU and GPU (synchronous).
+// Copies between host and GPU or GPU and GPU (synchronous: the bytes are there on return).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 
 // out[i] = a * x[i] + y[i] on GPU `device_index` (fp32): the first elementwise kernel, used to
-// prove the build and the copies; kernels proper arrive with the CUDA issue.
+// prove the build and the copies; kernels proper arrive with the CUDA issue. x, y and out must be
+// memory of that GPU (throws loom::Error otherwise); out may alias y. Synchronous.
 void axpy_f32(int device_index, int64_t n, float a, const float* x, const float* y, float* out);
 
 }  // namespace loom::cuda

@@ -5,12 +5,13 @@
 namespace loom::cuda {
 
 namespace {
-[[noreturn]] void no_cuda() {
-  fail("this Loom was built without CUDA: reconfigure with -DLOOM_CUDA=ON (preset 'cuda')");
-}
+constexpr const char* kNoCuda =
+    "this Loom was built without CUDA: reconfigure with -DLOOM_CUDA=ON (preset 'cuda')";
+[[noreturn]] void no_cuda() { fail(kNoCuda); }
 }  // namespace
 
 int device_count() { return 0; }
+std::string unavailable_reason() { return kNoCuda; }
 std::unique_ptr<Allocator> make_cuda_allocator(int) { no_cuda(); }
 void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void axpy_f32(int, int64_t, float, const float*, const float*, float*) { no_cuda(); }

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# One GPU session, prepared: configure (preset cuda), build, run the GPU tests, then the whole
+# suite, and keep every log. Meant for a device machine with ~15 minutes in all, started from the
+# repository root (or anywhere: it finds the root itself):
+#
+#   OUT=/some/dir bash bench/gpu/run.sh          # logs and summary.txt under $OUT
+#
+# Every step runs under a timeout drawn from one deadline (LOOM_GPU_DEADLINE_S, default 540 s,
+# inside a 600 s call), and a failing step does not stop the ones after it: the logs of a bad run
+# are what the session is for. Exits non-zero when any step failed. At most 7 files land in $OUT.
+#
+# Knobs (environment):
+#   LOOM_GPU_DEADLINE_S  seconds for the whole script (540)
+#   LOOM_GPU_WERROR      ON to keep the preset's -Werror (default OFF: the device machine's
+#                        compiler may warn differently, and warnings are CI's job, not this run's)
+#   LOOM_DEPS_PREFIX     a prefix holding missing dependencies (added to CMAKE_PREFIX_PATH and
+#                        LD_LIBRARY_PATH); .deb files carried in .debs/ are unpacked into
+#                        .deps/ (never into /) and used the same way
+#   NCCL_ROOT            where NCCL lives, when not in the CUDA toolkit; else the pip wheel
+#                        nvidia-nccl-cu13 of the machine's python3 is tried
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+OUT=${OUT:-$PWD/runs/gpu-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+DEADLINE=$((SECONDS + ${LOOM_GPU_DEADLINE_S:-540}))
+JOBS=$(nproc)
+failed=()
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# step NAME MAX_SECONDS COMMAND...: runs COMMAND into $OUT/NAME.log under min(MAX, time left).
+# COMMAND may be a function of this script (exported, and run through bash).
+step() {
+  local name=$1 max=$2
+  shift 2
+  local left=$((DEADLINE - SECONDS))
+  local limit=$((max < left ? max : left))
+  if ((limit < 5)); then
+    note "SKIP  $name: out of time"
+    failed+=("$name")
+    return 0
+  fi
+  echo "== $name (limit ${limit}s): $*"
+  local t0=$SECONDS rc=0
+  if timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" >"$OUT/$name.log" 2>&1; then
+    rc=0
+  else
+    rc=$?
+  fi
+  if ((rc == 0)); then
+    note "OK    $name ($((SECONDS - t0))s)"
+  else
+    if ((rc == 124)); then
+      note "FAIL  $name: timed out after ${limit}s"
+    else
+      note "FAIL  $name: exit $rc ($((SECONDS - t0))s)"
+    fi
+    failed+=("$name")
+    echo "---- last lines of $name.log ----"
+    tail -n 40 "$OUT/$name.log" || true
+  fi
+}
+
+environment() {
+  echo "date: $(date -u +%FT%TZ)"
+  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(git status --short 2>/dev/null | wc -l) changed files"
+  uname -a
+  nvidia-smi || echo "nvidia-smi failed"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv || true
+  nvcc --version || echo "no nvcc on PATH"
+  cmake --version | head -n 1 || true
+  ninja --version || true
+  c++ --version | head -n 1 || true
+  for h in /usr/local/cuda/include/nccl.h /usr/include/nccl.h; do [[ -e $h ]] && echo "NCCL header: $h"; done
+  python3 -c 'import nvidia.nccl; print("NCCL wheel:", list(nvidia.nccl.__path__)[0])' 2>/dev/null || true
+}
+export -f environment
+
+# ---- 1. environment, dependencies -------------------------------------------------------------
+step env 60 environment
+if [[ -x scripts/install_deps.sh ]]; then
+  step deps 90 scripts/install_deps.sh   # no registry is reachable on some machines: may fail
+fi
+PREFIXES=()
+if compgen -G ".debs/*.deb" >/dev/null; then
+  mkdir -p .deps
+  for deb in .debs/*.deb; do dpkg -x "$deb" .deps || note "could not unpack $deb"; done
+  PREFIXES+=("$PWD/.deps/usr")
+fi
+[[ -n ${LOOM_DEPS_PREFIX:-} ]] && PREFIXES+=("$LOOM_DEPS_PREFIX")
+CONFIGURE_ARGS=(-DLOOM_WERROR="${LOOM_GPU_WERROR:-OFF}")
+if ((${#PREFIXES[@]})); then
+  CONFIGURE_ARGS+=("-DCMAKE_PREFIX_PATH=$(IFS=';'; echo "${PREFIXES[*]}")")
+  for p in "${PREFIXES[@]}"; do
+    export LD_LIBRARY_PATH="$p/lib/x86_64-linux-gnu:$p/lib/x86_64-linux-gnu/openblas-pthread:$p/lib:${LD_LIBRARY_PATH:-}"
+  done
+fi
+if [[ -z ${NCCL_ROOT:-} && ! -e /usr/local/cuda/include/nccl.h && ! -e /usr/include/nccl.h ]]; then
+  NCCL_ROOT=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+fi
+[[ -n ${NCCL_ROOT:-} ]] && CONFIGURE_ARGS+=("-DNCCL_ROOT=$NCCL_ROOT") && export LD_LIBRARY_PATH="$NCCL_ROOT/lib:${LD_LIBRARY_PATH:-}"
+
+# ---- 2. configure and build (ninja -k 0: build every target that can be built) -----------------
+step configure 120 cmake --preset cuda "${CONFIGURE_ARGS[@]}"
+step build 300 cmake --build --preset cuda -j "$JOBS" -- -k 0
+if [[ -f "$OUT/build.log" ]]; then
+  note "      build: $(grep -c 'warning:' "$OUT/build.log" || true) warning lines, $(grep -c 'error:' "$OUT/build.log" || true) error lines"
+fi
+
+# ---- 3. tests: the GPU ones first, alone on the GPU; then everything ---------------------------
+step ctest_cuda 120 ctest --preset cuda -L cuda --timeout 100
+step ctest_all 240 ctest --preset cuda -j "$JOBS" --timeout 200
+for name in ctest_cuda ctest_all; do
+  # Skips are counted: a GPU run whose GPU tests all skipped proves nothing.
+  [[ -f "$OUT/$name.log" ]] && note "      $name: $(grep -E 'tests passed|tests failed' "$OUT/$name.log" | tail -n 1), $(grep -c '(Skipped)' "$OUT/$name.log" || true) skipped"
+done
+
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.used,memory.total,temperature.gpu --format=csv >>"$OUT/env.log" 2>&1 || true
+fi
+echo "== summary (also in $SUMMARY)"
+cat "$SUMMARY"
+if ((${#failed[@]})); then
+  echo "failed steps: ${failed[*]}"
+  exit 1
+fi
