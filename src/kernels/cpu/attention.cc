@@ -1,0 +1,144 @@
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "base/check.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/reduce.h"
+
+namespace loom::cpu {
+namespace {
+
+// ThreadPool::parallel_tasks with a scratch buffer allocated once per thread rather than once
+// per task: runs fn(task, scratch) for every task in [0, tasks), handed out one at a time so a
+// thread that starts late simply takes fewer.
+template <typename Real, typename Fn>
+void for_each_task(ThreadPool& pool, int64_t tasks, int64_t scratch_size, const Fn& fn) {
+  std::atomic<int64_t> next{0};
+  pool.parallel_for(std::min<int64_t>(pool.size(), tasks), 1, [&](int64_t, int64_t) {
+    std::vector<Real> scratch(scratch_size);
+    for (int64_t t = next.fetch_add(1); t < tasks; t = next.fetch_add(1)) fn(t, scratch.data());
+  });
+}
+
+// Where one (b, h) lives: row t of head h's q is q[t * ld], and so on.
+template <typename Real>
+struct Head {
+  int64_t ld;  // row stride of q, k, v (3C)
+  const Real* q;
+  const Real* k;
+  const Real* v;
+};
+
+template <typename Real>
+Head<Real> head_of(const Real* qkv, int64_t b, int64_t h, int64_t T, int64_t C, int64_t hd) {
+  const Real* q = qkv + b * T * 3 * C + h * hd;
+  return {3 * C, q, q + C, q + 2 * C};
+}
+
+}  // namespace
+
+// Per (b, h) and block of query rows i0..i1 (keys 0..i1 are all it can see):
+//   1. S = Q_blk · K[0:i1]ᵀ / sqrt(hd)        one GEMM, into scratch
+//   2. row-wise causal softmax of S, in place, saving lse
+//   3. O_blk = P · V[0:i1]                     one GEMM, straight into out
+template <typename Real>
+void attention_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
+                       int64_t T, int64_t C, int64_t NH) {
+  LOOM_CHECK(NH > 0 && C % NH == 0);
+  const int64_t hd = C / NH;
+  const Real scale = Real(1) / std::sqrt(Real(hd));
+  for_each_task<Real>(pool, B * NH, kAttentionRowBlock * T, [&](int64_t task, Real* S) {
+    const int64_t b = task / NH, h = task % NH;
+    const Head<Real> x = head_of(qkv, b, h, T, C, hd);
+    Real* o = out + b * T * C + h * hd;
+    Real* l = lse + task * T;
+    for (int64_t i0 = 0; i0 < T; i0 += kAttentionRowBlock) {
+      const int64_t i1 = std::min(T, i0 + kAttentionRowBlock), rows = i1 - i0;
+      gemm_serial<Real>(false, true, rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0, S,
+                        i1);
+      for (int64_t r = 0; r < rows; ++r) {
+        Real* s = S + r * i1;
+        const int64_t n = i0 + r + 1;  // keys 0..i are visible to query i
+        // Subtracting the row max keeps exp() <= 1: no overflow, whatever the scores.
+        const Real mx = *std::max_element(s, s + n);
+        for (int64_t j = 0; j < n; ++j) s[j] = std::exp(s[j] - mx);
+        const Real sum = detail::lane_sum<Real>(s, n);
+        const Real inv = Real(1) / sum;
+        for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+        std::fill(s + n, s + i1, Real(0));
+        l[i0 + r] = mx + std::log(sum);
+      }
+      gemm_serial<Real>(false, false, rows, hd, i1, 1, S, i1, x.v, x.ld, 0, o + i0 * C, C);
+    }
+  });
+}
+
+// Per (b, h), with dK and dV of the head zeroed first, then per block of query rows i0..i1:
+//   1. P = exp(Q_blk · K[0:i1]ᵀ / sqrt(hd) - lse), causal      recomputed, not stored
+//   2. dP = dO_blk · V[0:i1]ᵀ
+//   3. dS = P ∘ (dP - D) / sqrt(hd), D_i = Σ_d dO_id · O_id    (= Σ_j P_ij dP_ij, cheaper)
+//   4. dQ_blk = dS · K[0:i1];  dK[0:i1] += dSᵀ · Q_blk;  dV[0:i1] += Pᵀ · dO_blk
+template <typename Real>
+void attention_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
+                        const Real* out, const Real* lse, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) {
+  LOOM_CHECK(NH > 0 && C % NH == 0);
+  const int64_t hd = C / NH;
+  const Real scale = Real(1) / std::sqrt(Real(hd));
+  const int64_t block_area = kAttentionRowBlock * T;
+  for_each_task<Real>(pool, B * NH, 2 * block_area, [&](int64_t task, Real* scratch) {
+    const int64_t b = task / NH, h = task % NH;
+    const Head<Real> x = head_of(qkv, b, h, T, C, hd);
+    Real* dq = dqkv + b * T * 3 * C + h * hd;
+    Real* dk = dq + C;
+    Real* dv = dq + 2 * C;
+    const Real* o = out + b * T * C + h * hd;
+    const Real* dO = dout + b * T * C + h * hd;
+    const Real* l = lse + task * T;
+    Real* P = scratch;
+    Real* dS = scratch + block_area;
+    for (int64_t t = 0; t < T; ++t) {
+      std::fill(dk + t * x.ld, dk + t * x.ld + hd, Real(0));
+      std::fill(dv + t * x.ld, dv + t * x.ld + hd, Real(0));
+    }
+    for (int64_t i0 = 0; i0 < T; i0 += kAttentionRowBlock) {
+      const int64_t i1 = std::min(T, i0 + kAttentionRowBlock), rows = i1 - i0;
+      gemm_serial<Real>(false, true, rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0, P,
+                        i1);
+      gemm_serial<Real>(false, true, rows, i1, hd, 1, dO + i0 * C, C, x.v, x.ld, 0, dS, i1);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r, n = i + 1;
+        Real* p = P + r * i1;
+        Real* ds = dS + r * i1;  // holds dP on entry
+        const Real D = detail::lane_dot<Real>(dO + i * C, o + i * C, hd);
+        const Real li = l[i];
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = std::exp(p[j] - li);
+          ds[j] = p[j] * (ds[j] - D) * scale;
+        }
+        std::fill(p + n, p + i1, Real(0));
+        std::fill(ds + n, ds + i1, Real(0));
+      }
+      gemm_serial<Real>(false, false, rows, hd, i1, 1, dS, i1, x.k, x.ld, 0, dq + i0 * x.ld, x.ld);
+      gemm_serial<Real>(true, false, i1, hd, rows, 1, dS, i1, x.q + i0 * x.ld, x.ld, 1, dk, x.ld);
+      gemm_serial<Real>(true, false, i1, hd, rows, 1, P, i1, dO + i0 * C, C, 1, dv, x.ld);
+    }
+  });
+}
+
+template void attention_forward<float>(ThreadPool&, float*, float*, const float*, int64_t, int64_t,
+                                       int64_t, int64_t);
+template void attention_forward<double>(ThreadPool&, double*, double*, const double*, int64_t,
+                                        int64_t, int64_t, int64_t);
+template void attention_backward<float>(ThreadPool&, float*, const float*, const float*,
+                                        const float*, const float*, int64_t, int64_t, int64_t,
+                                        int64_t);
+template void attention_backward<double>(ThreadPool&, double*, const double*, const double*,
+                                         const double*, const double*, int64_t, int64_t, int64_t,
+                                         int64_t);
+
+}  // namespace loom::cpu

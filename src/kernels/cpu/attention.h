@@ -1,0 +1,33 @@
+// Causal multi-head self-attention on GPT-2's fused qkv, computed flash-attention style
+// (Dao et al., "FlashAttention", 2022): query rows are processed in blocks and only each row's
+// log-sum-exp is saved, so no (B, NH, T, T) tensor is ever stored; the backward recomputes the
+// probabilities from it.
+//
+// Legend: B = batch, T = sequence length, C = channels, NH = heads, hd = C / NH (head size).
+// qkv (B, T, 3C) holds q in columns [0, C), k in [C, 2C), v in [2C, 3C); head h uses columns
+// h*hd .. h*hd + hd - 1 of each. Scores are scaled by 1/sqrt(hd).
+#pragma once
+
+#include <cstdint>
+
+#include "base/thread_pool.h"
+
+namespace loom::cpu {
+
+// Query rows per block; the scratch per thread is two (block, T) matrices.
+inline constexpr int64_t kAttentionRowBlock = 64;
+
+// out (B, T, C): each head's softmax(q kᵀ / sqrt(hd), causal) · v, heads side by side.
+// lse (B, NH, T): log Σ_j exp(score_ij) over the unmasked j of each row, kept for the backward.
+template <typename Real>
+void attention_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
+                       int64_t T, int64_t C, int64_t NH);
+
+// dqkv (B, T, 3C) is overwritten. out and lse are attention_forward's. Each (b, h) is one task
+// that owns its columns of dqkv, so the result does not depend on the pool size.
+template <typename Real>
+void attention_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
+                        const Real* out, const Real* lse, int64_t B, int64_t T, int64_t C,
+                        int64_t NH);
+
+}  // namespace loom::cpu

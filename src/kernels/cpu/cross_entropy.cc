@@ -1,0 +1,64 @@
+#include "kernels/cpu/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+
+namespace loom::cpu {
+namespace {
+
+// On the calling thread: an exception must not escape a pool worker.
+void check_targets(const int32_t* targets, int64_t N, int64_t V) {
+  for (int64_t i = 0; i < N; ++i) {
+    if (targets[i] < 0 || targets[i] >= V)
+      fail("cross_entropy: target ", targets[i], " in row ", i, " is outside the vocabulary [0, ",
+           V, ")");
+  }
+}
+
+}  // namespace
+
+template <typename Real>
+void cross_entropy_forward(ThreadPool& pool, Real* losses, Real* lse, const Real* logits,
+                           const int32_t* targets, int64_t N, int64_t V) {
+  check_targets(targets, N, V);
+  pool.parallel_for(N, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const Real* x = logits + r * V;
+      // Shifting by the max keeps exp() <= 1. The sum is kept in double: V is large (50257 for
+      // GPT-2), and a float sum would drift by ~sqrt(V) ulps.
+      const Real mx = *std::max_element(x, x + V);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += static_cast<double>(std::exp(x[v] - mx));
+      lse[r] = mx + static_cast<Real>(std::log(sum));
+      losses[r] = lse[r] - x[targets[r]];
+    }
+  });
+}
+
+template <typename Real>
+void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits, const Real* lse,
+                            const int32_t* targets, Real dloss, int64_t N, int64_t V) {
+  check_targets(targets, N, V);
+  pool.parallel_for(N, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const Real* x = logits + r * V;
+      Real* dx = dlogits + r * V;  // may be x: each element is read before it is written
+      const Real l = lse[r];
+      for (int64_t v = 0; v < V; ++v) dx[v] = std::exp(x[v] - l) * dloss;
+      dx[targets[r]] -= dloss;
+    }
+  });
+}
+
+template void cross_entropy_forward<float>(ThreadPool&, float*, float*, const float*,
+                                           const int32_t*, int64_t, int64_t);
+template void cross_entropy_forward<double>(ThreadPool&, double*, double*, const double*,
+                                            const int32_t*, int64_t, int64_t);
+template void cross_entropy_backward<float>(ThreadPool&, float*, const float*, const float*,
+                                            const int32_t*, float, int64_t, int64_t);
+template void cross_entropy_backward<double>(ThreadPool&, double*, const double*, const double*,
+                                             const int32_t*, double, int64_t, int64_t);
+
+}  // namespace loom::cpu

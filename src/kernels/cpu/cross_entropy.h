@@ -1,0 +1,27 @@
+// Softmax fused with cross-entropy: the probabilities are never stored, only each row's
+// log-sum-exp, from which the backward recomputes them.
+//
+// Legend: N = rows (B*T), V = vocabulary size.
+#pragma once
+
+#include <cstdint>
+
+#include "base/thread_pool.h"
+
+namespace loom::cpu {
+
+// losses (N)[i] = lse[i] - logits[i, targets[i]], lse (N)[i] = log Σ_v exp(logits[i, v]);
+// logits (N, V). A target outside [0, V) throws loom::Error naming it and its row, before
+// anything is written.
+template <typename Real>
+void cross_entropy_forward(ThreadPool& pool, Real* losses, Real* lse, const Real* logits,
+                           const int32_t* targets, int64_t N, int64_t V);
+
+// dlogits (N, V) = (softmax(logits) - onehot(targets)) · dloss, overwritten; it may alias
+// logits, which saves the largest activation of a language model. dloss is the gradient of
+// every row's loss (1/N for a mean over rows).
+template <typename Real>
+void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits, const Real* lse,
+                            const int32_t* targets, Real dloss, int64_t N, int64_t V);
+
+}  // namespace loom::cpu

@@ -1,0 +1,31 @@
+// Elementwise kernels and deterministic reductions over flat arrays of n elements: residual
+// adds, gradient accumulation and scaling, and the sums behind gradient-norm clipping and
+// loss averaging.
+#pragma once
+
+#include <cstdint>
+
+#include "base/thread_pool.h"
+
+namespace loom::cpu {
+
+// out = a + b (the residual connection); out may alias a or b.
+template <typename Real>
+void add_forward(ThreadPool& pool, Real* out, const Real* a, const Real* b, int64_t n);
+
+// acc += x (a residual's gradient flows into both branches).
+template <typename Real>
+void add_inplace(ThreadPool& pool, Real* acc, const Real* x, int64_t n);
+
+// x *= s
+template <typename Real>
+void scale_inplace(ThreadPool& pool, Real* x, Real s, int64_t n);
+
+// Σ x² and Σ x, accumulated in double over fixed chunks whose partial sums are added in chunk
+// order: the result is bitwise the same for any pool size.
+template <typename Real>
+double sum_squares(ThreadPool& pool, const Real* x, int64_t n);
+template <typename Real>
+double sum(ThreadPool& pool, const Real* x, int64_t n);
+
+}  // namespace loom::cpu

@@ -1,0 +1,52 @@
+#include "kernels/cpu/embedding.h"
+
+#include "base/error.h"
+
+namespace loom::cpu {
+
+template <typename Real>
+void embedding_forward(ThreadPool& pool, Real* out, const int32_t* tokens, const Real* wte,
+                       const Real* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
+  // Validate on the calling thread: an exception must not escape a pool worker.
+  for (int64_t i = 0; i < B * T; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V)
+      fail("embedding: token id ", tokens[i], " at batch ", i / T, ", position ", i % T,
+           " is outside the vocabulary [0, ", V, ")");
+  }
+  pool.parallel_for(B * T, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Real* te = wte + tokens[i] * C;
+      const Real* pe = wpe + (i % T) * C;
+      Real* o = out + i * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+    }
+  });
+}
+
+template <typename Real>
+void embedding_backward(ThreadPool& pool, Real* dwte, Real* dwpe, const Real* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  // Slices of at least 16 channels keep each inner loop a full SIMD width or two.
+  pool.parallel_for(C, 16, [&](int64_t c0, int64_t c1) {
+    for (int64_t i = 0; i < B * T; ++i) {
+      const Real* d = dout + i * C;
+      Real* te = dwte + tokens[i] * C;
+      Real* pe = dwpe + (i % T) * C;
+      for (int64_t c = c0; c < c1; ++c) {
+        te[c] += d[c];
+        pe[c] += d[c];
+      }
+    }
+  });
+}
+
+template void embedding_forward<float>(ThreadPool&, float*, const int32_t*, const float*,
+                                       const float*, int64_t, int64_t, int64_t, int64_t);
+template void embedding_forward<double>(ThreadPool&, double*, const int32_t*, const double*,
+                                        const double*, int64_t, int64_t, int64_t, int64_t);
+template void embedding_backward<float>(ThreadPool&, float*, float*, const float*, const int32_t*,
+                                        int64_t, int64_t, int64_t);
+template void embedding_backward<double>(ThreadPool&, double*, double*, const double*,
+                                         const int32_t*, int64_t, int64_t, int64_t);
+
+}  // namespace loom::cpu

@@ -1,0 +1,140 @@
+#include "kernels/cpu/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <mutex>
+#include <vector>
+
+#include "base/check.h"
+
+namespace loom::cpu {
+namespace {
+
+// Below this many multiply-adds, waking the pool costs more than it saves.
+constexpr int64_t kParallelWork = int64_t{1} << 18;
+// Blocks of C are whole multiples of this many rows/columns, so every BLAS call but the last
+// runs full-width SIMD tiles.
+constexpr int64_t kTile = 16;
+
+CBLAS_TRANSPOSE cblas_trans(bool t) {
+  return t ? CblasTrans : CblasNoTrans;
+}
+
+void blas(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, A, lda, B, ldb, beta,
+              C, ldc);
+}
+
+void blas(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda,
+          const double* B, int ldb, double beta, double* C, int ldc) {
+  cblas_dgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, A, lda, B, ldb, beta,
+              C, ldc);
+}
+
+}  // namespace
+
+void blas_init_single_threaded() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+template <typename Real>
+void gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Real alpha,
+                 const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C,
+                 int64_t ldc) {
+  LOOM_CHECK(M >= 0 && N >= 0 && K >= 0);
+  if (M == 0 || N == 0) return;
+  LOOM_CHECK(ldc >= N);
+  if (K == 0) {  // BLAS rejects the zero leading dimensions such a call may carry
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j)
+        C[i * ldc + j] = beta == Real(0) ? Real(0) : beta * C[i * ldc + j];
+    return;
+  }
+  // Row-major strides must cover a stored row (BLAS would only print a complaint and return).
+  LOOM_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
+  // The LP64 OpenBLAS interface takes int.
+  LOOM_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+             ldc <= INT_MAX);
+  blas_init_single_threaded();
+  blas(trans_a, trans_b, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
+       static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+}
+
+template <typename Real>
+void gemm(ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Real alpha,
+          const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C, int64_t ldc) {
+  if (pool.size() == 1 || M * N * K < kParallelWork) {
+    gemm_serial(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  // Every thread reads all of the operand we do not split, so split the longer side of C and
+  // share the smaller operand.
+  if (M >= N) {
+    pool.parallel_for((M + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+      const int64_t m0 = t0 * kTile, m1 = std::min(M, t1 * kTile);
+      const Real* A0 =
+          trans_a ? A + m0 : A + m0 * lda;  // op(A) row m is A's column m if transposed
+      gemm_serial(trans_a, trans_b, m1 - m0, N, K, alpha, A0, lda, B, ldb, beta, C + m0 * ldc, ldc);
+    });
+  } else {
+    pool.parallel_for((N + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+      const int64_t n0 = t0 * kTile, n1 = std::min(N, t1 * kTile);
+      const Real* B0 = trans_b ? B + n0 * ldb : B + n0;
+      gemm_serial(trans_a, trans_b, M, n1 - n0, K, alpha, A, lda, B0, ldb, beta, C + n0, ldc);
+    });
+  }
+}
+
+template <typename Real>
+void matmul_forward(ThreadPool& pool, Real* out, const Real* inp, const Real* weight,
+                    const Real* bias, int64_t N, int64_t C, int64_t OC) {
+  Real beta = 0;
+  if (bias != nullptr) {
+    // Broadcast the bias into out and let the GEMM add onto it: one pass over out, not two.
+    pool.parallel_for(N, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) std::copy(bias, bias + OC, out + r * OC);
+    });
+    beta = 1;
+  }
+  gemm<Real>(pool, false, true, N, OC, C, 1, inp, C, weight, C, beta, out, OC);
+}
+
+template <typename Real>
+void matmul_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* dbias, const Real* dout,
+                     const Real* inp, const Real* weight, int64_t N, int64_t C, int64_t OC) {
+  // dinp (N, C) = dout (N, OC) · weight (OC, C)
+  if (dinp != nullptr) gemm<Real>(pool, false, false, N, C, OC, 1, dout, OC, weight, C, 0, dinp, C);
+  // dweight (OC, C) += doutᵀ (OC, N) · inp (N, C)
+  gemm<Real>(pool, true, false, OC, C, N, 1, dout, OC, inp, C, 1, dweight, C);
+  if (dbias != nullptr) {
+    // Each thread owns a slice of the output channels and sums all rows in order, so the result
+    // does not depend on the pool size and no partial buffers are needed.
+    pool.parallel_for(OC, 64, [&](int64_t o0, int64_t o1) {
+      std::vector<Real> acc(o1 - o0, Real(0));
+      for (int64_t n = 0; n < N; ++n) {
+        const Real* row = dout + n * OC + o0;
+        for (int64_t o = 0; o < o1 - o0; ++o) acc[o] += row[o];
+      }
+      for (int64_t o = 0; o < o1 - o0; ++o) dbias[o0 + o] += acc[o];
+    });
+  }
+}
+
+#define LOOM_INSTANTIATE(Real)                                                                    \
+  template void gemm<Real>(ThreadPool&, bool, bool, int64_t, int64_t, int64_t, Real, const Real*, \
+                           int64_t, const Real*, int64_t, Real, Real*, int64_t);                  \
+  template void gemm_serial<Real>(bool, bool, int64_t, int64_t, int64_t, Real, const Real*,       \
+                                  int64_t, const Real*, int64_t, Real, Real*, int64_t);           \
+  template void matmul_forward<Real>(ThreadPool&, Real*, const Real*, const Real*, const Real*,   \
+                                     int64_t, int64_t, int64_t);                                  \
+  template void matmul_backward<Real>(ThreadPool&, Real*, Real*, Real*, const Real*, const Real*, \
+                                      const Real*, int64_t, int64_t, int64_t);
+LOOM_INSTANTIATE(float)
+LOOM_INSTANTIATE(double)
+#undef LOOM_INSTANTIATE
+
+}  // namespace loom::cpu

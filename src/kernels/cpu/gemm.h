@@ -1,0 +1,47 @@
+// GEMM through OpenBLAS, and the Linear layer (matmul) built on it.
+//
+// OpenBLAS runs single-threaded under us (see base/thread_pool.h for why): gemm() splits C into
+// one block of rows, or of columns when C is wide, per pool thread, each block one serial BLAS
+// call. The split is a pure function of (M, N, K, pool.size()), so results are bitwise
+// reproducible run to run; another pool size may change the last bits, because BLAS handles
+// edge tiles with different micro-kernels.
+//
+// All matrices are row-major. Legend: N = rows (B*T), C = input channels, OC = output channels.
+#pragma once
+
+#include <cstdint>
+
+#include "base/thread_pool.h"
+
+namespace loom::cpu {
+
+// Makes OpenBLAS single-threaded, once per process. gemm() calls it; call it before using cblas
+// directly.
+void blas_init_single_threaded();
+
+// C(M×N) = alpha·op(A)·op(B) + beta·C with op(A) M×K and op(B) K×N; op(X) = Xᵀ when trans_x.
+// lda/ldb/ldc are the row strides of A, B, C as stored. beta == 0 ignores C's old contents
+// (NaN included), as BLAS does.
+template <typename Real>
+void gemm(ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Real alpha,
+          const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C, int64_t ldc);
+
+// The same on the calling thread only, for code already running inside a pool task.
+template <typename Real>
+void gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Real alpha,
+                 const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C,
+                 int64_t ldc);
+
+// Linear layer, PyTorch layout: out = inp · weightᵀ + bias.
+// out (N, OC), inp (N, C), weight (OC, C), bias (OC) or nullptr.
+template <typename Real>
+void matmul_forward(ThreadPool& pool, Real* out, const Real* inp, const Real* weight,
+                    const Real* bias, int64_t N, int64_t C, int64_t OC);
+
+// dinp (N, C) is overwritten (nullptr skips it, e.g. for the first layer); dweight (OC, C) and
+// dbias (OC, or nullptr) are accumulated, so micro-batches add up without a copy.
+template <typename Real>
+void matmul_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* dbias, const Real* dout,
+                     const Real* inp, const Real* weight, int64_t N, int64_t C, int64_t OC);
+
+}  // namespace loom::cpu

@@ -1,0 +1,133 @@
+#include "kernels/cpu/attention.h"
+
+#include <gtest/gtest.h>
+
+#include "kernel_test_util.h"
+
+namespace loom::cpu {
+namespace {
+
+using ktest::convert;
+using ktest::random_vector;
+
+struct Shape {
+  int64_t B, T, C, NH;
+};
+
+std::string describe(const Shape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
+         " NH=" + std::to_string(s.NH);
+}
+
+// Textbook attention: materialises each head's full T×T score matrix.
+void naive_attention(const std::vector<double>& qkv, const Shape& s, std::vector<double>& out,
+                     std::vector<double>& lse) {
+  const int64_t hd = s.C / s.NH, C3 = 3 * s.C;
+  const double scale = 1 / std::sqrt(double(hd));
+  out.assign(s.B * s.T * s.C, 0.0);
+  lse.assign(s.B * s.NH * s.T, 0.0);
+  std::vector<double> S(s.T * s.T);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.NH; ++h) {
+      const double* q = qkv.data() + b * s.T * C3 + h * hd;
+      const double* k = q + s.C;
+      const double* v = q + 2 * s.C;
+      for (int64_t i = 0; i < s.T; ++i) {
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < hd; ++d) dot += q[i * C3 + d] * k[j * C3 + d];
+          S[i * s.T + j] = dot * scale;
+          mx = std::max(mx, S[i * s.T + j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(S[i * s.T + j] - mx);
+        lse[(b * s.NH + h) * s.T + i] = mx + std::log(sum);
+        for (int64_t j = 0; j <= i; ++j) {
+          const double p = std::exp(S[i * s.T + j] - mx) / sum;
+          for (int64_t d = 0; d < hd; ++d)
+            out[(b * s.T + i) * s.C + h * hd + d] += p * v[j * C3 + d];
+        }
+      }
+    }
+}
+
+TEST(Attention, ForwardMatchesNaive) {
+  ThreadPool pool(3);
+  // T = 70 and 129 end in a partial row block (kAttentionRowBlock = 64); 64 fills one exactly.
+  static_assert(kAttentionRowBlock == 64, "update the shapes below");
+  for (Shape s :
+       {Shape{2, 5, 8, 2}, Shape{1, 70, 8, 2}, Shape{1, 64, 12, 3}, Shape{2, 129, 8, 1}}) {
+    for (double magnitude : {1.0, 30.0}) {  // 30: scores in the hundreds test the max shift
+      const auto qkv = random_vector(s.B * s.T * 3 * s.C, 1, -magnitude, magnitude);
+      std::vector<double> out = ktest::nan_vector(s.B * s.T * s.C);
+      std::vector<double> lse = ktest::nan_vector(s.B * s.NH * s.T);
+      attention_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+      std::vector<double> expected_out, expected_lse;
+      naive_attention(qkv, s, expected_out, expected_lse);
+      const std::string what = describe(s) + " magnitude=" + std::to_string(magnitude);
+      ktest::expect_close("out " + what, out, expected_out, 1e-12);
+      ktest::expect_close("lse " + what, lse, expected_lse, 1e-12);
+    }
+  }
+}
+
+// dqkv by backward, after a forward on the same qkv.
+std::vector<double> attention_grad(ThreadPool& pool, const std::vector<double>& qkv,
+                                   const std::vector<double>& dout, const Shape& s) {
+  std::vector<double> out(s.B * s.T * s.C), lse(s.B * s.NH * s.T);
+  attention_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  auto dqkv = ktest::nan_vector(qkv.size());  // overwritten: no NaN may survive
+  attention_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T,
+                     s.C, s.NH);
+  return dqkv;
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferences) {
+  ThreadPool pool(3);
+  // The second shape crosses a row block; checking every 7th input keeps the test fast.
+  for (const auto& [shape, stride] :
+       {std::pair{Shape{2, 5, 8, 2}, 1}, std::pair{Shape{1, 70, 8, 2}, 7}}) {
+    const Shape s = shape;  // a plain variable, as lambdas may not capture structured bindings
+    auto qkv = random_vector(s.B * s.T * 3 * s.C, 1, -2, 2);
+    const auto R = random_vector(s.B * s.T * s.C, 2);
+    auto loss = [&] {
+      std::vector<double> out(s.B * s.T * s.C), lse(s.B * s.NH * s.T);
+      attention_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+      return ktest::weighted_sum(out, R);
+    };
+    const auto dqkv = attention_grad(pool, qkv, R, s);
+    ktest::expect_gradient("dqkv " + describe(s), qkv, loss, dqkv, stride);
+  }
+}
+
+// out, lse and dqkv of one forward/backward in Real, in a row.
+template <typename Real>
+std::vector<Real> run_attention(ThreadPool& pool, const Shape& s) {
+  const auto qkv = convert<Real>(random_vector(s.B * s.T * 3 * s.C, 1, -2, 2));
+  const auto dout = convert<Real>(random_vector(s.B * s.T * s.C, 2));
+  std::vector<Real> out(s.B * s.T * s.C), lse(s.B * s.NH * s.T), dqkv(qkv.size());
+  attention_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  attention_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T,
+                     s.C, s.NH);
+  out.insert(out.end(), lse.begin(), lse.end());
+  out.insert(out.end(), dqkv.begin(), dqkv.end());
+  return out;
+}
+
+TEST(Attention, FloatMatchesDouble) {
+  ThreadPool pool(2);
+  const Shape s{2, 70, 16, 2};
+  ktest::expect_close("all outputs", run_attention<float>(pool, s), run_attention<double>(pool, s),
+                      1e-5);
+}
+
+TEST(Attention, BitwiseSameForAnyPoolSize) {
+  const Shape s{2, 70, 32, 4};
+  auto runs = ktest::expect_reproducible(
+      "attention", [&](ThreadPool& pool) { return run_attention<float>(pool, s); });
+  EXPECT_TRUE(ktest::bitwise_equal(runs[0], runs[1]));
+}
+
+}  // namespace
+}  // namespace loom::cpu

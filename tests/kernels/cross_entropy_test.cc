@@ -1,0 +1,122 @@
+#include "kernels/cpu/cross_entropy.h"
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "kernel_test_util.h"
+
+namespace loom::cpu {
+namespace {
+
+using ktest::convert;
+using ktest::random_vector;
+
+std::vector<int32_t> make_targets(int64_t N, int64_t V) {
+  std::vector<int32_t> targets(N);
+  for (int64_t i = 0; i < N; ++i) targets[i] = static_cast<int32_t>((i * 5 + 3) % V);
+  return targets;
+}
+
+TEST(CrossEntropy, ForwardMatchesNaive) {
+  ThreadPool pool(3);
+  const int64_t N = 10, V = 11;
+  const auto targets = make_targets(N, V);
+  for (double offset : {0.0, 1000.0}) {  // exp(1000) overflows unless the max is shifted out
+    auto logits = random_vector(N * V, 1, -3, 3);
+    for (double& x : logits) x += offset;
+    std::vector<double> losses(N), lse(N);
+    cross_entropy_forward(pool, losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+    std::vector<double> expected_losses(N), expected_lse(N);
+    for (int64_t i = 0; i < N; ++i) {
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[i * V + v] - offset);
+      expected_lse[i] = offset + std::log(sum);
+      expected_losses[i] = expected_lse[i] - logits[i * V + targets[i]];
+    }
+    ktest::expect_close("losses", losses, expected_losses, 1e-13);
+    ktest::expect_close("lse", lse, expected_lse, 1e-15);
+  }
+}
+
+TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
+  ThreadPool pool(3);
+  const int64_t N = 10, V = 11;
+  const double dloss = 0.37;  // L = dloss · Σ losses
+  const auto targets = make_targets(N, V);
+  auto logits = random_vector(N * V, 1, -3, 3);
+  std::vector<double> losses(N), lse(N);
+  auto loss = [&] {
+    cross_entropy_forward(pool, losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+    double total = 0;
+    for (double l : losses) total += dloss * l;
+    return total;
+  };
+  loss();
+  auto dlogits = ktest::nan_vector(N * V);
+  cross_entropy_backward(pool, dlogits.data(), logits.data(), lse.data(), targets.data(), dloss, N,
+                         V);
+  ktest::expect_gradient("dlogits", logits, loss, dlogits);
+
+  // In place, over the logits themselves (after a forward at the unperturbed logits again).
+  loss();
+  auto in_place = logits;
+  cross_entropy_backward(pool, in_place.data(), in_place.data(), lse.data(), targets.data(), dloss,
+                         N, V);
+  EXPECT_EQ(in_place, dlogits);
+}
+
+TEST(CrossEntropy, BadTargetThrowsNamingIt) {
+  ThreadPool pool(2);
+  const int64_t N = 4, V = 11;
+  const auto logits = random_vector(N * V, 1);
+  std::vector<double> losses(N), lse(N, 0.0), dlogits(N * V);
+  for (int32_t bad : {11, -3}) {
+    auto targets = make_targets(N, V);
+    targets[2] = bad;
+    for (int pass = 0; pass < 2; ++pass) {
+      try {
+        if (pass == 0)
+          cross_entropy_forward(pool, losses.data(), lse.data(), logits.data(), targets.data(), N,
+                                V);
+        else
+          cross_entropy_backward(pool, dlogits.data(), logits.data(), lse.data(), targets.data(),
+                                 1.0, N, V);
+        ADD_FAILURE() << "target " << bad << " accepted";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("target " + std::to_string(bad) + " in row 2"), std::string::npos)
+            << msg;
+        EXPECT_NE(msg.find("[0, 11)"), std::string::npos) << msg;
+      }
+    }
+  }
+}
+
+// losses, lse and dlogits of one forward/backward in Real, in a row.
+template <typename Real>
+std::vector<Real> run_cross_entropy(ThreadPool& pool, int64_t N, int64_t V) {
+  const auto logits = convert<Real>(random_vector(N * V, 1, -4, 4));
+  const auto targets = make_targets(N, V);
+  std::vector<Real> losses(N), lse(N), dlogits(N * V);
+  cross_entropy_forward(pool, losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+  cross_entropy_backward(pool, dlogits.data(), logits.data(), lse.data(), targets.data(),
+                         Real(1) / Real(N), N, V);
+  losses.insert(losses.end(), lse.begin(), lse.end());
+  losses.insert(losses.end(), dlogits.begin(), dlogits.end());
+  return losses;
+}
+
+TEST(CrossEntropy, FloatMatchesDouble) {
+  ThreadPool pool(2);
+  ktest::expect_close("all outputs", run_cross_entropy<float>(pool, 20, 1000),
+                      run_cross_entropy<double>(pool, 20, 1000), 1e-5);
+}
+
+TEST(CrossEntropy, BitwiseSameForAnyPoolSize) {
+  auto runs = ktest::expect_reproducible(
+      "cross_entropy", [](ThreadPool& pool) { return run_cross_entropy<float>(pool, 40, 300); });
+  EXPECT_TRUE(ktest::bitwise_equal(runs[0], runs[1]));
+}
+
+}  // namespace
+}  // namespace loom::cpu

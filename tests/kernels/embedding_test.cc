@@ -1,0 +1,101 @@
+#include "kernels/cpu/embedding.h"
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "kernel_test_util.h"
+
+namespace loom::cpu {
+namespace {
+
+using ktest::convert;
+using ktest::random_vector;
+
+// Tokens with repeats (several rows update the same dwte row) and both ends of the vocabulary.
+std::vector<int32_t> make_tokens(int64_t n, int64_t V) {
+  std::vector<int32_t> tokens(n);
+  for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 7 + i / 3) % V);
+  tokens[0] = 0;
+  tokens[n - 1] = static_cast<int32_t>(V - 1);
+  return tokens;
+}
+
+TEST(Embedding, ForwardMatchesNaive) {
+  ThreadPool pool(3);
+  const int64_t B = 2, T = 5, C = 8, V = 11, maxT = 7;
+  const auto tokens = make_tokens(B * T, V);
+  const auto wte = random_vector(V * C, 1), wpe = random_vector(maxT * C, 2);
+  std::vector<double> out(B * T * C);
+  embedding_forward(pool, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+  std::vector<double> expected(B * T * C);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c)
+        expected[(b * T + t) * C + c] = wte[tokens[b * T + t] * C + c] + wpe[t * C + c];
+  EXPECT_EQ(out, expected);  // one addition per element: exact
+}
+
+TEST(Embedding, BackwardMatchesFiniteDifferences) {
+  ThreadPool pool(3);
+  const int64_t B = 2, T = 5, C = 8, V = 11, maxT = 7;
+  const auto tokens = make_tokens(B * T, V);
+  auto wte = random_vector(V * C, 1), wpe = random_vector(maxT * C, 2);
+  const auto R = random_vector(B * T * C, 3);
+  auto loss = [&] {
+    std::vector<double> out(B * T * C);
+    embedding_forward(pool, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+    return ktest::weighted_sum(out, R);
+  };
+  const auto dwte0 = random_vector(V * C, 4), dwpe0 = random_vector(maxT * C, 5);
+  auto dwte = dwte0, dwpe = dwpe0;
+  embedding_backward(pool, dwte.data(), dwpe.data(), R.data(), tokens.data(), B, T, C);
+  for (size_t i = 0; i < dwte.size(); ++i) dwte[i] -= dwte0[i];
+  for (size_t i = 0; i < dwpe.size(); ++i) dwpe[i] -= dwpe0[i];
+  ktest::expect_gradient("dwte", wte, loss, dwte);
+  ktest::expect_gradient("dwpe", wpe, loss, dwpe);  // rows T..maxT-1 must stay untouched
+}
+
+TEST(Embedding, BadTokenThrowsNamingIt) {
+  ThreadPool pool(2);
+  const int64_t B = 2, T = 3, C = 4, V = 11;
+  const auto wte = random_vector(V * C, 1), wpe = random_vector(T * C, 2);
+  std::vector<double> out(B * T * C);
+  for (int32_t bad : {11, -1}) {
+    std::vector<int32_t> tokens(B * T, 3);
+    tokens[4] = bad;  // batch 1, position 1
+    try {
+      embedding_forward(pool, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+      ADD_FAILURE() << "token " << bad << " accepted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("token id " + std::to_string(bad)), std::string::npos) << msg;
+      EXPECT_NE(msg.find("batch 1, position 1"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("[0, 11)"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(Embedding, FloatMatchesDoubleAndIsBitwiseSameForAnyPoolSize) {
+  const int64_t B = 4, T = 16, C = 64, V = 9, maxT = 16;  // 64 channels: 3 slices on 3 threads
+  const auto tokens = make_tokens(B * T, V);
+  const auto wte = random_vector(V * C, 1), wpe = random_vector(maxT * C, 2);
+  const auto dout = random_vector(B * T * C, 3);
+  auto run = [&](ThreadPool& pool, auto zero) {
+    using Real = decltype(zero);
+    const auto wte_r = convert<Real>(wte), wpe_r = convert<Real>(wpe), dout_r = convert<Real>(dout);
+    std::vector<Real> out(B * T * C), dwte(V * C, 0), dwpe(maxT * C, 0);
+    embedding_forward(pool, out.data(), tokens.data(), wte_r.data(), wpe_r.data(), B, T, C, V);
+    embedding_backward(pool, dwte.data(), dwpe.data(), dout_r.data(), tokens.data(), B, T, C);
+    out.insert(out.end(), dwte.begin(), dwte.end());
+    out.insert(out.end(), dwpe.begin(), dwpe.end());
+    return out;
+  };
+  auto runs =
+      ktest::expect_reproducible("embedding", [&](ThreadPool& pool) { return run(pool, 0.f); });
+  EXPECT_TRUE(ktest::bitwise_equal(runs[0], runs[1]));
+  ThreadPool pool(2);
+  ktest::expect_close("float vs double", runs[0], run(pool, 0.0), 1e-6);
+}
+
+}  // namespace
+}  // namespace loom::cpu
