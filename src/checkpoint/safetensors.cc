@@ -1,0 +1,295 @@
+// safetensors reader and writer. The checks on load follow the reference implementation
+// (huggingface/safetensors, `Metadata::validate`): the tensors must tile the data exactly.
+#include "checkpoint/safetensors.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "base/error.h"
+
+namespace loom {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; a big-endian host would need byte swaps");
+
+using Json = nlohmann::ordered_json;  // keeps the header's key order
+
+constexpr const char* kMetadataKey = "__metadata__";
+
+struct DTypeName {
+  DType dtype;
+  const char* name;
+};
+constexpr DTypeName kDTypes[] = {{DType::kF64, "F64"}, {DType::kF32, "F32"},
+                                 {DType::kF16, "F16"}, {DType::kBF16, "BF16"},
+                                 {DType::kI64, "I64"}, {DType::kI32, "I32"}};
+
+const char* safetensors_name(DType dtype) {
+  for (const DTypeName& d : kDTypes)
+    if (d.dtype == dtype) return d.name;
+  LOOM_CHECK_MSG(false, "dtype without a safetensors name");
+  return "";
+}
+
+// "safetensors file 'path': <what>"
+template <typename... Args>
+[[noreturn]] void bad_file(const std::string& path, Args&&... args) {
+  fail("safetensors file '", path, "': ", std::forward<Args>(args)...);
+}
+
+// A FILE* that closes itself; every failure names the file and the OS's reason.
+class File {
+ public:
+  File(const std::string& path, const char* mode)
+      : path_(path), f_(std::fopen(path.c_str(), mode)) {
+    if (!f_) bad_file(path_, "cannot open: ", std::strerror(errno));
+  }
+  ~File() {
+    if (f_) std::fclose(f_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  void write(const void* data, size_t bytes) {
+    if (bytes > 0 && std::fwrite(data, 1, bytes, f_) != bytes)
+      bad_file(path_, "write failed: ", std::strerror(errno));
+  }
+  void read_at(int64_t offset, void* data, size_t bytes, const std::string& what) {
+    if (bytes == 0) return;
+    if (std::fseek(f_, static_cast<long>(offset), SEEK_SET) != 0)
+      bad_file(path_, "seek failed reading ", what, ": ", std::strerror(errno));
+    if (std::fread(data, 1, bytes, f_) != bytes)
+      bad_file(path_, std::ferror(f_) ? "read failed" : "unexpected end of file", " reading ",
+               what);
+  }
+  // Flushes to the disk, so that a rename after it publishes complete contents.
+  void sync_and_close() {
+    const bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
+    const int err = errno;
+    const bool closed = std::fclose(f_) == 0;
+    f_ = nullptr;
+    if (!ok || !closed) bad_file(path_, "write failed: ", std::strerror(ok ? errno : err));
+  }
+
+ private:
+  std::string path_;
+  std::FILE* f_;
+};
+
+int64_t checked_mul(int64_t a, int64_t b, const std::string& path, const std::string& name) {
+  int64_t out;
+  if (__builtin_mul_overflow(a, b, &out)) bad_file(path, "tensor '", name, "': size overflows");
+  return out;
+}
+
+int64_t to_int64(const Json& j, const std::string& path, const std::string& name,
+                 const char* field) {
+  if (!j.is_number_unsigned() || j.get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()})
+    bad_file(path, "tensor '", name, "': ", field, " must hold non-negative integers, got ",
+             j.dump());
+  return static_cast<int64_t>(j.get<uint64_t>());
+}
+
+// One tensor's header entry, checked against itself (the tiling is checked afterwards).
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  int64_t begin, end;
+};
+
+Entry parse_entry(const std::string& path, const std::string& name, const Json& info,
+                  int64_t data_bytes) {
+  if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
+      !info.contains("data_offsets"))
+    bad_file(path, "tensor '", name, "': expected {\"dtype\", \"shape\", \"data_offsets\"}, got ",
+             info.dump());
+  Entry e{name, DType::kF32, {}, 0, 0};
+  const Json& dtype = info["dtype"];
+  if (!dtype.is_string()) bad_file(path, "tensor '", name, "': dtype must be a string");
+  const auto known = std::find_if(std::begin(kDTypes), std::end(kDTypes),
+                                  [&](const DTypeName& d) { return dtype == d.name; });
+  if (known == std::end(kDTypes))
+    bad_file(path, "tensor '", name, "' has dtype ", dtype.dump(),
+             ", which Loom does not read (F64, F32, F16, BF16, I64, I32)");
+  e.dtype = known->dtype;
+  if (!info["shape"].is_array()) bad_file(path, "tensor '", name, "': shape must be an array");
+  for (const Json& d : info["shape"]) e.shape.push_back(to_int64(d, path, name, "shape"));
+  const Json& offsets = info["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2)
+    bad_file(path, "tensor '", name, "': data_offsets must be [begin, end], got ", offsets.dump());
+  e.begin = to_int64(offsets[0], path, name, "data_offsets");
+  e.end = to_int64(offsets[1], path, name, "data_offsets");
+
+  int64_t numel = 1;
+  for (int64_t d : e.shape) numel = checked_mul(numel, d, path, name);
+  const int64_t bytes = checked_mul(numel, static_cast<int64_t>(dtype_size(e.dtype)), path, name);
+  if (e.end < e.begin || e.end > data_bytes)
+    bad_file(path, "tensor '", name, "': data_offsets [", e.begin, ", ", e.end,
+             "] are out of range for ", data_bytes, " bytes of data");
+  if (e.end - e.begin != bytes)
+    bad_file(path, "tensor '", name, "': data_offsets [", e.begin, ", ", e.end, "] hold ",
+             e.end - e.begin, " bytes, but shape ", shape_str(e.shape), " of ", known->name,
+             " needs ", bytes);
+  return e;
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // 1. Checks, and host copies of device tensors.
+  std::vector<Tensor> host;
+  host.reserve(tensors.size());
+  std::set<std::string> seen;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.empty() || name == kMetadataKey)
+      bad_file(path, "cannot save a tensor named '", name, "'");
+    if (!seen.insert(name).second) bad_file(path, "tensor '", name, "' is given twice");
+    if (!tensor.defined()) bad_file(path, "tensor '", name, "' is undefined");
+    host.push_back(tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu()));
+  }
+
+  // 2. Data layout: back to back, wider dtypes first (stable otherwise), as the reference writer
+  // does. The data starts 8-aligned, so every tensor is then aligned to its element size, which
+  // loaders that view the bytes in place (mmap + torch) require.
+  std::vector<size_t> data_order(tensors.size());
+  for (size_t i = 0; i < data_order.size(); ++i) data_order[i] = i;
+  std::stable_sort(data_order.begin(), data_order.end(), [&](size_t a, size_t b) {
+    return dtype_size(host[a].dtype()) > dtype_size(host[b].dtype());
+  });
+  std::vector<int64_t> begin(tensors.size());
+  int64_t offset = 0;
+  for (size_t i : data_order) {
+    begin[i] = offset;
+    offset += static_cast<int64_t>(host[i].nbytes());
+  }
+
+  // 3. Header: metadata first, then the tensors in the given order.
+  Json header = Json::object();
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = host[i];
+    header[tensors[i].first] = {
+        {"dtype", safetensors_name(t.dtype())},
+        {"shape", t.shape()},
+        {"data_offsets", {begin[i], begin[i] + static_cast<int64_t>(t.nbytes())}}};
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const Json::exception& e) {  // names or metadata that are not valid UTF-8
+    bad_file(path, "cannot write header: ", e.what());
+  }
+  // Pad with spaces so the data starts 8-byte aligned (8 + N is a multiple of 8).
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  // 4. Write path.tmp, flush it to disk, then rename it over path.
+  const std::string tmp = path + ".tmp";
+  try {
+    File file(tmp, "wb");
+    uint8_t length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+    file.write(length, sizeof length);
+    file.write(text.data(), text.size());
+    for (size_t i : data_order)
+      file.write(host[i].numel() > 0 ? host[i].raw() : nullptr, host[i].nbytes());
+    file.sync_and_close();
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) bad_file(path, "cannot rename '", tmp, "' to it: ", ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw;
+  }
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) bad_file(path, "does not exist");
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) bad_file(path, "cannot read: ", ec.message());
+  const int64_t file_bytes = static_cast<int64_t>(size);
+  File file(path, "rb");
+
+  // 1. Header length and JSON.
+  if (file_bytes < 8)
+    bad_file(path, "is ", file_bytes, " bytes, too short for the 8-byte header length");
+  uint8_t length[8];
+  file.read_at(0, length, sizeof length, "the header length");
+  uint64_t header_bytes = 0;
+  for (int i = 0; i < 8; ++i) header_bytes |= uint64_t{length[i]} << (8 * i);
+  if (header_bytes > static_cast<uint64_t>(file_bytes - 8))
+    bad_file(path, "header length ", header_bytes, " exceeds the ", file_bytes - 8,
+             " bytes after it (not a safetensors file, or truncated)");
+  std::string text(header_bytes, '\0');
+  file.read_at(8, text.data(), text.size(), "the header");
+  Json header;
+  try {
+    header = Json::parse(text);
+  } catch (const Json::exception& e) {
+    bad_file(path, "invalid JSON header: ", e.what());
+  }
+  if (!header.is_object()) bad_file(path, "the header is not a JSON object");
+
+  // 2. Metadata and entries, each checked on its own.
+  SafetensorsFile out;
+  const int64_t data_start = 8 + static_cast<int64_t>(header_bytes);
+  const int64_t data_bytes = file_bytes - data_start;
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == kMetadataKey) {
+      if (!info.is_object()) bad_file(path, "__metadata__ must be an object of strings");
+      for (const auto& [key, value] : info.items()) {
+        if (!value.is_string())
+          bad_file(path, "__metadata__ '", key, "' must be a string, got ", value.dump());
+        out.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(path, name, info, data_bytes));
+  }
+
+  // 3. The tensors must tile [0, data_bytes) exactly, as the reference loader requires.
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : entries) by_offset.push_back(&e);
+  std::stable_sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  int64_t expected = 0;
+  for (size_t i = 0; i < by_offset.size(); ++i) {
+    const Entry& e = *by_offset[i];
+    if (e.begin < expected)
+      bad_file(path, "tensor '", e.name, "' overlaps tensor '", by_offset[i - 1]->name, "'");
+    if (e.begin > expected)
+      bad_file(path, "tensor '", e.name, "' starts at ", e.begin, ", leaving a gap after byte ",
+               expected);
+    expected = e.end;
+  }
+  if (expected != data_bytes)
+    bad_file(path, "tensors cover ", expected, " bytes of data, but the file holds ", data_bytes);
+
+  // 4. Data, read in offset order; names keep the header's order.
+  for (const Entry* e : by_offset) {
+    Tensor t = Tensor::empty(e->shape, e->dtype);
+    file.read_at(data_start + e->begin, t.numel() > 0 ? t.raw() : nullptr, t.nbytes(),
+                 "tensor '" + e->name + "'");
+    out.tensors.emplace(e->name, std::move(t));
+  }
+  for (const Entry& e : entries) out.names.push_back(e.name);
+  return out;
+}
+
+}  // namespace loom

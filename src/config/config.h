@@ -1,0 +1,116 @@
+// Config — the training run's settings, read from a TOML file and `--set section.key=value`.
+//
+// Flow: load_config(path) (or parse_config(text)) → apply_override(...) for each --set →
+// validate(config) → to_toml(config) saved into the run directory. Parsing checks names and
+// types only (so an override can still fix a value); validate() checks the values and how they
+// fit together, and reports every violation at once.
+//
+// Every key lives in one table in config.cc ({dotted name, field}); parsing, overrides, to_toml
+// and the "did you mean" hint all read that table, so adding a key is one line there plus the
+// member below. Defaults describe a tiny GPT-2 that trains on a laptop CPU in minutes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+struct ModelConfig {
+  std::string arch = "gpt2";   // the only architecture so far
+  int64_t vocab_size = 50257;  // GPT-2 BPE vocabulary
+  int64_t seq_len = 256;       // tokens per training sequence
+  int64_t d_model = 128;       // channels
+  int64_t n_layers = 4;        // transformer blocks
+  int64_t n_heads = 4;         // attention heads; must divide d_model
+  int64_t max_seq_len = 0;     // rows of the position embedding; 0 = same as seq_len
+  double init_std = 0.02;      // std of the normal init (GPT-2)
+
+  // max_seq_len with the 0 = "same as seq_len" default resolved.
+  int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+
+struct DataConfig {
+  std::string train;  // token shards: a file, a directory or a glob; required by the data layer
+  std::string val;    // same forms; empty = no evaluation
+  friend bool operator==(const DataConfig&, const DataConfig&) = default;
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;          // optimizer steps
+  int64_t batch_size = 8;        // global batch, in sequences, per optimizer step
+  int64_t micro_batch_size = 8;  // sequences per forward/backward on one data-parallel rank
+  double lr = 6e-4;              // peak learning rate
+  int64_t warmup_steps = 100;    // linear warmup from 0 to lr, then cosine decay
+  double min_lr_ratio = 0.1;     // the cosine decays to lr * min_lr_ratio at `steps`
+  double weight_decay = 0.1;     // AdamW decoupled weight decay (matrices only)
+  double beta1 = 0.9;            // AdamW
+  double beta2 = 0.95;           // AdamW
+  double eps = 1e-8;             // AdamW
+  double grad_clip = 1.0;        // global gradient-norm clip; 0 = off
+  int64_t seed = 1337;           // parameter init and data order; >= 0
+  int64_t eval_every = 100;      // steps between evaluations; 0 = never
+  int64_t eval_batches = 8;      // validation micro-batches per evaluation
+  int64_t save_every = 500;      // steps between checkpoints; 0 = never
+  int64_t log_every = 1;         // steps between log lines
+  bool recompute = false;        // recompute each block's activations in backward
+  friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
+};
+
+// Reserved for the parallelism issues; parsed and validated now.
+struct ParallelConfig {
+  int dp = 1;                     // data-parallel degree
+  int tp = 1;                     // tensor-parallel degree
+  int pp = 1;                     // pipeline-parallel degree
+  int zero = 0;                   // ZeRO stage 0..3 over the dp axis
+  std::string schedule = "1f1b";  // pipeline schedule: gpipe, 1f1b or interleaved
+  int virtual_stages = 1;         // model chunks per pipeline rank (interleaved only)
+  friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
+};
+
+struct RuntimeConfig {
+  int ranks = 1;                  // processes/threads in the job; must equal dp × tp × pp
+  std::string backend = "local";  // communication: local (thread ranks), mpi or nccl
+  std::string device = "cpu";     // cpu or cuda[:N]
+  int threads_per_rank = 0;       // compute threads per rank; 0 = auto
+
+  // threads_per_rank with 0 = "the machine's cores / ranks, at least 1" resolved.
+  int resolved_threads_per_rank() const;
+  friend bool operator==(const RuntimeConfig&, const RuntimeConfig&) = default;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;
+  RuntimeConfig runtime;
+
+  // Micro-batches each data-parallel rank accumulates per optimizer step:
+  // batch_size / (micro_batch_size × dp). Call on a validated config.
+  int64_t grad_accum_steps() const;
+  friend bool operator==(const Config&, const Config&) = default;
+};
+
+// Reads and parses a TOML file. Throws loom::Error naming the path if it cannot be read, and
+// "path:line:column: ..." for a syntax error. Does not validate().
+Config load_config(const std::string& path);
+
+// Parses TOML text; `source_name` (usually the file name) starts every error message. Unknown
+// sections/keys and wrong types throw, naming the dotted key. Missing keys keep their defaults.
+Config parse_config(std::string_view toml_text, const std::string& source_name);
+
+// Applies one "section.key=value" assignment (from --set). The value is read according to the
+// key's type: integer, float (an integer is accepted), bool (true/false) or string (quoted as in
+// TOML, or given bare: `data.train=/data/*.bin`).
+void apply_override(Config& config, std::string_view assignment);
+
+// Checks every value and cross-constraint; throws one loom::Error listing all violations, each
+// naming its keys and values ("model.n_heads = 5 does not divide model.d_model = 64").
+void validate(const Config& config);
+
+// The config as TOML, every key written; parse_config(to_toml(c)) == c.
+std::string to_toml(const Config& config);
+
+}  // namespace loom

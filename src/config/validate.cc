@@ -1,0 +1,154 @@
+// validate(): the value rules of a Config and the constraints between keys. Every violation is
+// collected, then reported in one error, so a user fixes a config in one round.
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "config/config.h"
+#include "config/format.h"
+
+namespace loom {
+namespace {
+
+class Problems {
+ public:
+  template <typename... Args>
+  void add(Args&&... args) {
+    list_.push_back(detail::concat(std::forward<Args>(args)...));
+  }
+
+  void positive(const char* key, int64_t v) {
+    if (v <= 0) add(key, " = ", v, " must be positive");
+  }
+  void non_negative(const char* key, int64_t v) {
+    if (v < 0) add(key, " = ", v, " must be >= 0");
+  }
+  // [lo, hi] or, with hi_open, [lo, hi). NaN fails every range.
+  void in_range(const char* key, double v, double lo, double hi, bool hi_open = false) {
+    const bool ok = v >= lo && (hi_open ? v < hi : v <= hi);
+    if (!ok)
+      add(key, " = ", format_double(v), " must be in [", format_double(lo), ", ", format_double(hi),
+          hi_open ? ")" : "]");
+  }
+  void one_of(const char* key, const std::string& v, std::initializer_list<const char*> allowed) {
+    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
+    std::string list;
+    for (const char* a : allowed) list += detail::concat(list.empty() ? "" : ", ", a);
+    add(key, " = ", toml_quote(v), " must be one of: ", list);
+  }
+
+  void throw_if_any() const {
+    if (list_.empty()) return;
+    if (list_.size() == 1) fail("invalid config: ", list_[0]);
+    std::string message = "invalid config (" + std::to_string(list_.size()) + " problems):";
+    for (const std::string& p : list_) message += "\n  " + p;
+    fail(message);
+  }
+
+ private:
+  std::vector<std::string> list_;
+};
+
+constexpr double kInf = INFINITY;
+
+// "cpu", "cuda" or "cuda:N".
+bool valid_device(const std::string& d) {
+  if (d == "cpu" || d == "cuda") return true;
+  if (!d.starts_with("cuda:") || d.size() == 5 || d.size() > 9) return false;
+  return std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+void validate_model(const ModelConfig& m, Problems& p) {
+  if (m.arch != "gpt2")
+    p.add("model.arch = ", toml_quote(m.arch), " is not supported (only \"gpt2\")");
+  p.positive("model.vocab_size", m.vocab_size);
+  p.positive("model.seq_len", m.seq_len);
+  p.positive("model.d_model", m.d_model);
+  p.positive("model.n_layers", m.n_layers);
+  p.positive("model.n_heads", m.n_heads);
+  if (m.n_heads > 0 && m.d_model % m.n_heads != 0)
+    p.add("model.n_heads = ", m.n_heads, " does not divide model.d_model = ", m.d_model);
+  p.non_negative("model.max_seq_len", m.max_seq_len);
+  if (m.max_seq_len > 0 && m.seq_len > m.max_seq_len)
+    p.add("model.seq_len = ", m.seq_len, " exceeds model.max_seq_len = ", m.max_seq_len);
+  if (!(m.init_std > 0 && std::isfinite(m.init_std)))
+    p.add("model.init_std = ", format_double(m.init_std), " must be positive");
+}
+
+void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p) {
+  p.positive("train.steps", t.steps);
+  p.positive("train.batch_size", t.batch_size);
+  p.positive("train.micro_batch_size", t.micro_batch_size);
+  if (t.batch_size > 0 && t.micro_batch_size > 0 && par.dp > 0 &&
+      t.batch_size % (t.micro_batch_size * par.dp) != 0)
+    p.add("train.batch_size = ", t.batch_size,
+          " is not divisible by train.micro_batch_size × parallel.dp = ", t.micro_batch_size, " × ",
+          par.dp, " = ", t.micro_batch_size * par.dp);
+  p.in_range("train.lr", t.lr, 0, kInf, /*hi_open=*/true);
+  p.non_negative("train.warmup_steps", t.warmup_steps);
+  if (t.steps > 0 && t.warmup_steps > t.steps)
+    p.add("train.warmup_steps = ", t.warmup_steps, " exceeds train.steps = ", t.steps);
+  p.in_range("train.min_lr_ratio", t.min_lr_ratio, 0, 1);
+  p.in_range("train.weight_decay", t.weight_decay, 0, kInf, true);
+  p.in_range("train.beta1", t.beta1, 0, 1, true);
+  p.in_range("train.beta2", t.beta2, 0, 1, true);
+  if (!(t.eps > 0 && std::isfinite(t.eps)))
+    p.add("train.eps = ", format_double(t.eps), " must be positive");
+  p.in_range("train.grad_clip", t.grad_clip, 0, kInf, true);
+  p.non_negative("train.seed", t.seed);
+  p.non_negative("train.eval_every", t.eval_every);
+  p.positive("train.eval_batches", t.eval_batches);
+  p.non_negative("train.save_every", t.save_every);
+  p.positive("train.log_every", t.log_every);
+}
+
+void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems& p) {
+  p.positive("parallel.dp", par.dp);
+  p.positive("parallel.tp", par.tp);
+  p.positive("parallel.pp", par.pp);
+  if (par.zero < 0 || par.zero > 3) p.add("parallel.zero = ", par.zero, " must be 0, 1, 2 or 3");
+  p.one_of("parallel.schedule", par.schedule, {"gpipe", "1f1b", "interleaved"});
+  p.positive("parallel.virtual_stages", par.virtual_stages);
+  if (par.virtual_stages > 1 && par.schedule != "interleaved")
+    p.add("parallel.virtual_stages = ", par.virtual_stages,
+          " needs parallel.schedule = ", "\"interleaved\", got ", toml_quote(par.schedule));
+  // Megatron-style tensor parallelism splits whole attention heads across tp ranks.
+  if (par.tp > 0 && m.n_heads > 0 && m.n_heads % par.tp != 0)
+    p.add("parallel.tp = ", par.tp, " does not divide model.n_heads = ", m.n_heads);
+  // Every pipeline stage (times its virtual chunks) needs at least one block.
+  if (par.pp > 0 && par.virtual_stages > 0 && m.n_layers > 0 &&
+      int64_t{par.pp} * par.virtual_stages > m.n_layers)
+    p.add("parallel.pp × parallel.virtual_stages = ", par.pp, " × ", par.virtual_stages, " = ",
+          int64_t{par.pp} * par.virtual_stages, " exceeds model.n_layers = ", m.n_layers);
+}
+
+void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problems& p) {
+  p.positive("runtime.ranks", r.ranks);
+  const int64_t world = int64_t{par.dp} * par.tp * par.pp;
+  if (r.ranks > 0 && par.dp > 0 && par.tp > 0 && par.pp > 0 && r.ranks != world)
+    p.add("runtime.ranks = ", r.ranks,
+          " does not equal parallel.dp × parallel.tp × parallel.pp = ", par.dp, " × ", par.tp,
+          " × ", par.pp, " = ", world);
+  p.one_of("runtime.backend", r.backend, {"local", "mpi", "nccl"});
+  if (!valid_device(r.device))
+    p.add("runtime.device = ", toml_quote(r.device), " must be \"cpu\", \"cuda\" or \"cuda:N\"");
+  else if (r.backend == "nccl" && !r.device.starts_with("cuda"))
+    p.add("runtime.backend = \"nccl\" needs a cuda runtime.device, got ", toml_quote(r.device));
+  p.non_negative("runtime.threads_per_rank", r.threads_per_rank);
+}
+
+}  // namespace
+
+void validate(const Config& config) {
+  Problems problems;
+  validate_model(config.model, problems);
+  validate_train(config.train, config.parallel, problems);
+  validate_parallel(config.parallel, config.model, problems);
+  validate_runtime(config.runtime, config.parallel, problems);
+  problems.throw_if_any();
+}
+
+}  // namespace loom

@@ -1,0 +1,429 @@
+#include "config/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "base/error.h"
+
+namespace loom {
+namespace {
+
+// EXPECT_TRUE(Contains(text, part)) prints both on failure.
+::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << text << "\"\ndoes not contain \"" << part << "\"";
+}
+
+// The message of the loom::Error that `f` throws ("" and a test failure if it does not throw).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a loom::Error";
+  return "";
+}
+
+std::string parse_error(const std::string& text) {
+  return error_of([&] { parse_config(text, "config.toml"); });
+}
+
+std::string validate_error(const std::function<void(Config&)>& edit) {
+  Config c;
+  edit(c);
+  return error_of([&] { validate(c); });
+}
+
+std::string override_error(const std::string& assignment) {
+  Config c;
+  return error_of([&] { apply_override(c, assignment); });
+}
+
+// A file under the test temp dir, unique per test and process, removed at the end.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& contents) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ =
+        (std::filesystem::path(::testing::TempDir()) /
+         (std::string("loom_config_") + info->name() + "_" + std::to_string(::getpid()) + ".toml"))
+            .string();
+    std::ofstream(path_) << contents;
+  }
+  ~TempFile() { std::filesystem::remove(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+constexpr const char* kFull = R"(
+# A complete config.
+[model]
+arch = "gpt2"
+vocab_size = 512
+seq_len = 64
+d_model = 96
+n_layers = 3
+n_heads = 6
+max_seq_len = 128
+init_std = 0.01
+
+[data]
+train = "data/shards/train_*.bin"
+val = ""
+
+[train]
+steps = 200
+batch_size = 32
+micro_batch_size = 4
+lr = 3e-4
+warmup_steps = 20
+min_lr_ratio = 0.05
+weight_decay = 0.0
+beta1 = 0.8
+beta2 = 0.99
+eps = 1e-6
+grad_clip = 0
+seed = 7
+eval_every = 0
+eval_batches = 4
+save_every = 50
+log_every = 10
+recompute = true
+
+[parallel]
+dp = 2
+tp = 3
+pp = 1
+zero = 1
+schedule = "gpipe"
+virtual_stages = 1
+
+[runtime]
+ranks = 6
+backend = "mpi"
+device = "cuda:1"
+threads_per_rank = 2
+)";
+
+TEST(Config, ParsesEveryKey) {
+  const Config c = parse_config(kFull, "full.toml");
+  EXPECT_EQ(c.model.arch, "gpt2");
+  EXPECT_EQ(c.model.vocab_size, 512);
+  EXPECT_EQ(c.model.seq_len, 64);
+  EXPECT_EQ(c.model.d_model, 96);
+  EXPECT_EQ(c.model.n_layers, 3);
+  EXPECT_EQ(c.model.n_heads, 6);
+  EXPECT_EQ(c.model.max_seq_len, 128);
+  EXPECT_EQ(c.model.resolved_max_seq_len(), 128);
+  EXPECT_DOUBLE_EQ(c.model.init_std, 0.01);
+  EXPECT_EQ(c.data.train, "data/shards/train_*.bin");
+  EXPECT_EQ(c.data.val, "");
+  EXPECT_EQ(c.train.steps, 200);
+  EXPECT_EQ(c.train.batch_size, 32);
+  EXPECT_EQ(c.train.micro_batch_size, 4);
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
+  EXPECT_EQ(c.train.warmup_steps, 20);
+  EXPECT_DOUBLE_EQ(c.train.min_lr_ratio, 0.05);
+  EXPECT_DOUBLE_EQ(c.train.weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(c.train.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c.train.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(c.train.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.train.grad_clip, 0.0);  // an integer where a float is expected
+  EXPECT_EQ(c.train.seed, 7);
+  EXPECT_EQ(c.train.eval_every, 0);
+  EXPECT_EQ(c.train.eval_batches, 4);
+  EXPECT_EQ(c.train.save_every, 50);
+  EXPECT_EQ(c.train.log_every, 10);
+  EXPECT_TRUE(c.train.recompute);
+  EXPECT_EQ(c.parallel.dp, 2);
+  EXPECT_EQ(c.parallel.tp, 3);
+  EXPECT_EQ(c.parallel.pp, 1);
+  EXPECT_EQ(c.parallel.zero, 1);
+  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_EQ(c.parallel.virtual_stages, 1);
+  EXPECT_EQ(c.runtime.ranks, 6);
+  EXPECT_EQ(c.runtime.backend, "mpi");
+  EXPECT_EQ(c.runtime.device, "cuda:1");
+  EXPECT_EQ(c.runtime.threads_per_rank, 2);
+  EXPECT_EQ(c.runtime.resolved_threads_per_rank(), 2);
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_EQ(c.grad_accum_steps(), 4);  // 32 / (4 × 2)
+}
+
+TEST(Config, DefaultsAreValidAndMissingKeysKeepThem) {
+  const Config defaults;
+  EXPECT_NO_THROW(validate(defaults));
+  EXPECT_EQ(parse_config("", "empty.toml"), defaults);
+  EXPECT_EQ(defaults.model.arch, "gpt2");
+  EXPECT_EQ(defaults.model.max_seq_len, 0);
+  EXPECT_EQ(defaults.model.resolved_max_seq_len(), defaults.model.seq_len);
+  EXPECT_DOUBLE_EQ(defaults.model.init_std, 0.02);
+  EXPECT_DOUBLE_EQ(defaults.train.min_lr_ratio, 0.1);
+  EXPECT_DOUBLE_EQ(defaults.train.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(defaults.train.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(defaults.train.eps, 1e-8);
+  EXPECT_EQ(defaults.train.eval_batches, 8);
+  EXPECT_EQ(defaults.train.log_every, 1);
+  EXPECT_FALSE(defaults.train.recompute);
+  EXPECT_EQ(defaults.parallel.schedule, "1f1b");
+  EXPECT_EQ(defaults.runtime.backend, "local");
+  EXPECT_EQ(defaults.runtime.device, "cpu");
+  EXPECT_EQ(defaults.runtime.threads_per_rank, 0);
+  EXPECT_GE(defaults.runtime.resolved_threads_per_rank(), 1);
+  EXPECT_EQ(defaults.grad_accum_steps(), 1);
+
+  const Config c = parse_config("[train]\nsteps = 5\n[model]\nseq_len = 32\n", "partial.toml");
+  EXPECT_EQ(c.train.steps, 5);
+  EXPECT_EQ(c.model.resolved_max_seq_len(), 32);  // max_seq_len follows seq_len
+  EXPECT_EQ(c.train.batch_size, defaults.train.batch_size);
+  EXPECT_EQ(c.runtime, defaults.runtime);
+  // Dotted keys are plain TOML too.
+  EXPECT_EQ(parse_config("train.steps = 9", "dotted.toml").train.steps, 9);
+}
+
+TEST(Config, UnknownKeysAndSectionsAreNamed) {
+  std::string e = parse_error("[train]\nlearnig_rate = 0.1\n");
+  EXPECT_TRUE(Contains(e, "config.toml:2"));
+  EXPECT_TRUE(Contains(e, "unknown key 'train.learnig_rate'"));
+
+  e = parse_error("[train]\nsteeps = 10\n");
+  EXPECT_TRUE(Contains(e, "unknown key 'train.steeps'"));
+  EXPECT_TRUE(Contains(e, "did you mean 'train.steps'?"));
+
+  e = parse_error("[train]\ndp = 2\n");  // right key, wrong section
+  EXPECT_TRUE(Contains(e, "unknown key 'train.dp'"));
+  EXPECT_TRUE(Contains(e, "did you mean 'parallel.dp'?"));
+
+  e = parse_error("[modle]\nd_model = 64\n");
+  EXPECT_TRUE(Contains(e, "config.toml:1"));
+  EXPECT_TRUE(Contains(e, "unknown section [modle]"));
+  EXPECT_TRUE(Contains(e, "did you mean [model]?"));
+
+  e = parse_error("steps = 3\n");
+  EXPECT_TRUE(Contains(e, "'steps' is outside any section"));
+  EXPECT_TRUE(Contains(e, "did you mean 'train.steps'?"));
+
+  e = parse_error("[model.sub]\nx = 1\n");
+  EXPECT_TRUE(Contains(e, "unknown key 'model.sub'"));
+
+  e = parse_error("[[train]]\nsteps = 1\n");
+  EXPECT_TRUE(Contains(e, "'train' must be a section"));
+}
+
+TEST(Config, WrongTypesNameKeyExpectedAndGiven) {
+  std::string e = parse_error("[train]\nsteps = \"abc\"\n");
+  EXPECT_TRUE(Contains(e, "config.toml:2"));
+  EXPECT_TRUE(Contains(e, "key 'train.steps' expects an integer, got string \"abc\""));
+
+  e = parse_error("[train]\nsteps = 1.5\n");  // a float is never an integer
+  EXPECT_TRUE(Contains(e, "key 'train.steps' expects an integer, got float 1.5"));
+
+  e = parse_error("[train]\nlr = \"fast\"\n");
+  EXPECT_TRUE(Contains(e, "key 'train.lr' expects a float, got string \"fast\""));
+
+  e = parse_error("[train]\nrecompute = 1\n");
+  EXPECT_TRUE(Contains(e, "key 'train.recompute' expects a boolean"));
+  EXPECT_TRUE(Contains(e, "got integer 1"));
+
+  e = parse_error("[model]\narch = 2\n");
+  EXPECT_TRUE(Contains(e, "key 'model.arch' expects a string, got integer 2"));
+
+  e = parse_error("[data]\ntrain = [\"a\", \"b\"]\n");
+  EXPECT_TRUE(Contains(e, "key 'data.train' expects a string, got an array"));
+
+  e = parse_error("[parallel]\ndp = 3000000000\n");
+  EXPECT_TRUE(Contains(e, "parallel.dp"));
+  EXPECT_TRUE(Contains(e, "out of range"));
+
+  // Integers are fine where floats are expected.
+  EXPECT_DOUBLE_EQ(parse_config("[train]\nlr = 1\n", "x.toml").train.lr, 1.0);
+}
+
+TEST(Config, ValidationNamesKeysAndValues) {
+  EXPECT_EQ(validate_error([](Config& c) {
+              c.model.d_model = 64;
+              c.model.n_heads = 5;
+            }),
+            "invalid config: model.n_heads = 5 does not divide model.d_model = 64");
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.train.batch_size = 12;
+                         c.train.micro_batch_size = 4;
+                         c.parallel.dp = 2;
+                         c.runtime.ranks = 2;
+                       }),
+                       "train.batch_size = 12 is not divisible by train.micro_batch_size × "
+                       "parallel.dp = 4 × 2 = 8"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.seq_len = 512;
+                         c.model.max_seq_len = 256;
+                       }),
+                       "model.seq_len = 512 exceeds model.max_seq_len = 256"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.arch = "llama"; }),
+                       "model.arch = \"llama\""));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.vocab_size = 0; }),
+                       "model.vocab_size = 0 must be positive"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.n_layers = -2; }),
+                       "model.n_layers = -2 must be positive"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.init_std = 0; }), "model.init_std"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.steps = 0; }),
+                       "train.steps = 0 must be positive"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.micro_batch_size = 0; }),
+                       "train.micro_batch_size = 0 must be positive"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.lr = -1e-3; }), "train.lr = -0.001"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.train.steps = 50;
+                         c.train.warmup_steps = 100;
+                       }),
+                       "train.warmup_steps = 100 exceeds train.steps = 50"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.beta2 = 1.0; }),
+                       "train.beta2 = 1.0 must be in [0.0, 1.0)"));
+  EXPECT_TRUE(
+      Contains(validate_error([](Config& c) { c.train.min_lr_ratio = 2; }), "train.min_lr_ratio"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.eps = 0; }), "train.eps"));
+  EXPECT_TRUE(
+      Contains(validate_error([](Config& c) { c.train.grad_clip = -1; }), "train.grad_clip"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.save_every = -1; }),
+                       "train.save_every = -1 must be >= 0"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.zero = 4; }),
+                       "parallel.zero = 4 must be 0, 1, 2 or 3"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.schedule = "zigzag"; }),
+                       "parallel.schedule = \"zigzag\" must be one of: gpipe, 1f1b, interleaved"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.virtual_stages = 2; }),
+                       "parallel.virtual_stages = 2 needs parallel.schedule = \"interleaved\""));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.parallel.tp = 3;
+                         c.runtime.ranks = 3;
+                       }),
+                       "parallel.tp = 3 does not divide model.n_heads = 4"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.parallel.pp = 8;
+                         c.runtime.ranks = 8;
+                       }),
+                       "exceeds model.n_layers = 4"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.dp = 2; }),
+                       "runtime.ranks = 1 does not equal parallel.dp × parallel.tp × parallel.pp "
+                       "= 2 × 1 × 1 = 2"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.backend = "gloo"; }),
+                       "runtime.backend = \"gloo\" must be one of: local, mpi, nccl"));
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cpu:1", "CUDA"})
+    EXPECT_TRUE(Contains(validate_error([&](Config& c) { c.runtime.device = bad; }),
+                         std::string("runtime.device = \"") + bad + "\""));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.backend = "nccl"; }),
+                       "runtime.backend = \"nccl\" needs a cuda runtime.device"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.threads_per_rank = -1; }),
+                       "runtime.threads_per_rank"));
+
+  // Every problem is reported at once.
+  const std::string e = validate_error([](Config& c) {
+    c.train.steps = 0;
+    c.runtime.backend = "bogus";
+  });
+  EXPECT_TRUE(Contains(e, "2 problems"));
+  EXPECT_TRUE(Contains(e, "train.steps"));
+  EXPECT_TRUE(Contains(e, "runtime.backend"));
+
+  Config ok;
+  ok.runtime.device = "cuda:0";
+  ok.runtime.backend = "nccl";
+  EXPECT_NO_THROW(validate(ok));
+}
+
+TEST(Config, OverridesParseByKeyType) {
+  Config c;
+  apply_override(c, "train.steps=42");
+  EXPECT_EQ(c.train.steps, 42);
+  apply_override(c, "parallel.dp = 2");
+  EXPECT_EQ(c.parallel.dp, 2);
+  apply_override(c, "train.lr=3e-4");
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
+  apply_override(c, "train.grad_clip=2");  // an integer for a float
+  EXPECT_DOUBLE_EQ(c.train.grad_clip, 2.0);
+  apply_override(c, "train.recompute=true");
+  EXPECT_TRUE(c.train.recompute);
+  apply_override(c, "data.train=/data/fineweb/*.bin");  // bare string
+  EXPECT_EQ(c.data.train, "/data/fineweb/*.bin");
+  apply_override(c, "runtime.device=\"cuda:1\"");  // quoted string
+  EXPECT_EQ(c.runtime.device, "cuda:1");
+  apply_override(c, "data.val=");  // empty string
+  EXPECT_EQ(c.data.val, "");
+  apply_override(c, "data.val=a=b");  // only the first '=' splits
+  EXPECT_EQ(c.data.val, "a=b");
+}
+
+TEST(Config, BadOverridesAreNamed) {
+  std::string e = override_error("train.steps=abc");
+  EXPECT_TRUE(Contains(e, "--set 'train.steps=abc'"));
+  EXPECT_TRUE(Contains(e, "key 'train.steps' expects an integer, got 'abc'"));
+
+  e = override_error("train.steps=1.5");
+  EXPECT_TRUE(Contains(e, "key 'train.steps' expects an integer, got float 1.5"));
+
+  e = override_error("train.recompute=yes");
+  EXPECT_TRUE(Contains(e, "key 'train.recompute' expects a boolean"));
+
+  e = override_error("train.lr=1\nx=2");  // no smuggling extra TOML in
+  EXPECT_TRUE(Contains(e, "key 'train.lr' expects a float"));
+
+  e = override_error("nope.x=1");
+  EXPECT_TRUE(Contains(e, "unknown section [nope]"));
+
+  e = override_error("train.setps=1");
+  EXPECT_TRUE(Contains(e, "unknown key 'train.setps'"));
+  EXPECT_TRUE(Contains(e, "did you mean 'train.steps'?"));
+
+  e = override_error("steps=1");
+  EXPECT_TRUE(Contains(e, "'steps' is not section.key"));
+  EXPECT_TRUE(Contains(e, "did you mean 'train.steps'?"));
+
+  e = override_error("train.steps");
+  EXPECT_TRUE(Contains(e, "--set 'train.steps'"));
+  EXPECT_TRUE(Contains(e, "expected section.key=value"));
+}
+
+TEST(Config, ToTomlRoundTrips) {
+  EXPECT_EQ(parse_config(to_toml(Config{}), "defaults.toml"), Config{});
+
+  Config c = parse_config(kFull, "full.toml");
+  c.data.val = "path with \"quotes\", back\\slash, tab\t and ünïcode";
+  c.train.lr = 0.1 + 0.2;  // needs 17 significant digits
+  c.train.eps = 1e-300;
+  c.train.beta1 = 3.0;  // integral float stays a float
+  c.train.seed = int64_t{1} << 62;
+  const std::string text = to_toml(c);
+  EXPECT_TRUE(Contains(text, "[parallel]\n"));
+  EXPECT_TRUE(Contains(text, "beta1 = 3.0\n"));
+  const Config back = parse_config(text, "roundtrip.toml");
+  EXPECT_EQ(back, c) << text;
+  EXPECT_EQ(to_toml(back), text);
+}
+
+TEST(Config, LoadConfigNamesTheFile) {
+  std::string e = error_of([] { load_config("/nonexistent/dir/run.toml"); });
+  EXPECT_TRUE(Contains(e, "/nonexistent/dir/run.toml"));
+  EXPECT_TRUE(Contains(e, "does not exist"));
+
+  e = error_of([] { load_config(::testing::TempDir()); });
+  EXPECT_TRUE(Contains(e, "is a directory"));
+
+  TempFile bad("[model]\nd_model = 64\nn_heads = = 4\n");
+  e = error_of([&] { load_config(bad.path()); });
+  EXPECT_TRUE(Contains(e, bad.path() + ":3:"));
+  EXPECT_TRUE(Contains(e, "TOML syntax error"));
+
+  TempFile unknown("[train]\n\nlearnig_rate = 1\n");
+  e = error_of([&] { load_config(unknown.path()); });
+  EXPECT_TRUE(Contains(e, unknown.path() + ":3: unknown key 'train.learnig_rate'"));
+
+  TempFile good(kFull);
+  EXPECT_EQ(load_config(good.path()), parse_config(kFull, "full.toml"));
+}
+
+}  // namespace
+}  // namespace loom
