@@ -1,0 +1,192 @@
+// loom — the command line: train, data prepare/synth, sample, bench train.
+// This is the only place that turns errors into exit codes: loom::Error (a user, config, data or
+// environment mistake) prints one line "loom: error: ..." and exits 1; bad command-line syntax
+// exits 2 (CLI11's usage message).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "train/benchmark.h"
+#include "train/generate.h"
+#include "train/trainer.h"
+
+namespace {
+
+using namespace loom;
+
+struct TrainArgs {
+  std::string config_path;
+  std::vector<std::string> sets;
+  std::string run_dir;
+  std::string resume;
+  int64_t stop_after = 0;
+  bool quiet = false;
+};
+
+int cmd_train(const TrainArgs& a) {
+  Config config = load_config(a.config_path);
+  for (const auto& s : a.sets) apply_override(config, s);
+  validate(config);
+  TrainOptions options;
+  options.run_dir = a.run_dir.empty()
+                        ? "runs/" + std::filesystem::path(a.config_path).stem().string()
+                        : a.run_dir;
+  options.resume = a.resume;
+  options.stop_after = a.stop_after;
+  options.progress = !a.quiet;
+  std::fprintf(stderr, "loom train: %s -> %s (%ld steps, %ld micro-batches of %ld x %ld tokens per step)\n",
+               a.config_path.c_str(), options.run_dir.c_str(), static_cast<long>(config.train.steps),
+               static_cast<long>(config.grad_accum_steps()),
+               static_cast<long>(config.train.micro_batch_size),
+               static_cast<long>(config.model.seq_len));
+  TrainSummary s = run_training(config, options);
+  std::fprintf(stderr, "done: step %ld, loss %.4f (first %.4f)%s, %.0f tok/s, peak tensor memory %.1f MiB\n",
+               static_cast<long>(s.last_step), s.last_loss, s.first_loss,
+               s.last_val_loss >= 0 ? (", val loss " + std::to_string(s.last_val_loss)).c_str() : "",
+               s.tokens_per_s, static_cast<double>(s.peak_bytes) / 1048576.0);
+  return 0;
+}
+
+int cmd_sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& opt,
+               uint64_t seed, int threads) {
+  Gpt2Config mc = read_checkpoint_model(checkpoint);
+  Gpt2 model(mc);
+  model.build(DType::kF32, Device::cpu(), 0);
+  load_checkpoint(checkpoint, model, nullptr);
+  ThreadPool pool(resolve_threads(threads, 1));
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  ByteTokenizer tok;
+  if (mc.vocab_size < ByteTokenizer::kVocabSize)
+    fail("checkpoint ", checkpoint, ": vocab_size ", mc.vocab_size, " is smaller than the byte tokenizer's 256");
+  RandomStream rng(seed, "sample");
+  std::vector<int32_t> out = generate(ctx, model, tok.encode(prompt), opt, rng);
+  std::string text;
+  for (int32_t t : out) text += t < 256 ? static_cast<char>(t) : '?';
+  std::cout << text << std::endl;
+  return 0;
+}
+
+int cmd_bench(const std::string& shape, int threads, int64_t steps, int64_t warmup, bool json) {
+  BenchResult r = benchmark_training(find_bench_shape(shape), threads, steps, warmup);
+  if (json) {
+    nlohmann::json j = {{"shape", r.shape},           {"threads", r.threads},
+                        {"steps", r.steps},           {"tokens_per_s", r.tokens_per_s},
+                        {"gflops", r.gflops},         {"step_ms", r.step_ms},
+                        {"forward_ms", r.forward_ms}, {"backward_ms", r.backward_ms},
+                        {"optimizer_ms", r.optimizer_ms}, {"peak_rss_mb", r.peak_rss_mb},
+                        {"peak_alloc_mb", r.peak_alloc_mb}, {"flops_per_token", r.flops_per_token},
+                        {"parameters", r.num_parameters}};
+    const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+    j["openblas_coretype"] = coretype ? coretype : "";
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::printf("shape %s, %d thread(s), %ld timed steps (median)\n", r.shape.c_str(), r.threads,
+                static_cast<long>(r.steps));
+    std::printf("  %.1f tokens/s, %.1f GFLOP/s, step %.1f ms (fwd %.1f, bwd %.1f, opt %.1f)\n",
+                r.tokens_per_s, r.gflops, r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms);
+    std::printf("  peak RSS %.1f MiB, peak tensor memory %.1f MiB, %ld parameters\n",
+                r.peak_rss_mb, r.peak_alloc_mb, static_cast<long>(r.num_parameters));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom: distributed training of neural networks"};
+  app.require_subcommand(1);
+
+  TrainArgs train;
+  auto* train_cmd = app.add_subcommand("train", "train a model from a TOML config");
+  train_cmd->add_option("config", train.config_path, "config file (TOML)")->required();
+  train_cmd->add_option("--set", train.sets, "override a config key: section.key=value")
+      ->allow_extra_args(false);
+  train_cmd->add_option("--run-dir", train.run_dir, "output directory (default runs/<config name>)");
+  train_cmd->add_option("--resume", train.resume, "'auto' (latest checkpoint in the run dir) or a checkpoint dir");
+  train_cmd->add_option("--stop-after", train.stop_after,
+                        "end after this step with a checkpoint (the LR schedule still follows train.steps)")
+      ->check(CLI::PositiveNumber);
+  train_cmd->add_flag("--quiet", train.quiet, "no progress output");
+
+  auto* data_cmd = app.add_subcommand("data", "prepare token shards");
+  data_cmd->require_subcommand(1);
+  std::vector<std::string> inputs;
+  std::string out_dir;
+  PrepareOptions prep;
+  auto* prepare_cmd = data_cmd->add_subcommand("prepare", "byte-tokenise text files into train/val shards");
+  prepare_cmd->add_option("inputs", inputs, "text files")->required();
+  prepare_cmd->add_option("--out", out_dir, "output directory")->required();
+  prepare_cmd->add_option("--val-fraction", prep.val_fraction, "held-out tail fraction")->capture_default_str();
+  prepare_cmd->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard")->capture_default_str();
+  int64_t synth_train = 2'000'000, synth_val = 100'000;
+  uint64_t synth_seed = 1;
+  auto* synth_cmd = data_cmd->add_subcommand("synth", "make a learnable synthetic corpus (addition problems)");
+  synth_cmd->add_option("--out", out_dir, "output directory")->required();
+  synth_cmd->add_option("--train-tokens", synth_train)->capture_default_str();
+  synth_cmd->add_option("--val-tokens", synth_val)->capture_default_str();
+  synth_cmd->add_option("--seed", synth_seed)->capture_default_str();
+
+  std::string checkpoint, prompt = "\n";
+  SampleOptions sample;
+  uint64_t sample_seed = 42;
+  int sample_threads = 0;
+  auto* sample_cmd = app.add_subcommand("sample", "generate text from a checkpoint");
+  sample_cmd->add_option("--checkpoint", checkpoint, "checkpoint dir (RUN_DIR/checkpoints/step_N)")->required();
+  sample_cmd->add_option("--prompt", prompt, "prompt text")->capture_default_str();
+  sample_cmd->add_option("--tokens", sample.tokens, "tokens to generate")->capture_default_str();
+  sample_cmd->add_option("--temperature", sample.temperature, "0 = greedy")->capture_default_str();
+  sample_cmd->add_option("--top-k", sample.top_k, "0 = all")->capture_default_str();
+  sample_cmd->add_option("--seed", sample_seed)->capture_default_str();
+  sample_cmd->add_option("--threads", sample_threads, "0 = all cores");
+
+  std::string shape = "bench-s";
+  int threads = 1;
+  int64_t steps = 5, warmup = 2;
+  bool json = false;
+  auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
+  bench_cmd->require_subcommand(1);
+  auto* bench_train = bench_cmd->add_subcommand("train", "training throughput on random tokens");
+  bench_train->add_option("--shape", shape, "bench-s, gpt2-124m or tiny")->capture_default_str();
+  bench_train->add_option("--threads", threads)->capture_default_str();
+  bench_train->add_option("--steps", steps, "timed steps")->capture_default_str();
+  bench_train->add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
+  bench_train->add_flag("--json", json, "one JSON object");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    if (train_cmd->parsed()) return cmd_train(train);
+    if (prepare_cmd->parsed()) {
+      PrepareResult r = prepare_dataset(inputs, out_dir, prep);
+      std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens\n", out_dir.c_str(),
+                   static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens));
+      return 0;
+    }
+    if (synth_cmd->parsed()) {
+      SynthResult r = synthesize_addition(out_dir, synth_train, synth_val, synth_seed);
+      std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens\n", out_dir.c_str(),
+                   static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens));
+      return 0;
+    }
+    if (sample_cmd->parsed()) return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
+    if (bench_train->parsed()) return cmd_bench(shape, threads, steps, warmup, json);
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: internal error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}

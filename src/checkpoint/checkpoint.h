@@ -1,0 +1,48 @@
+// Single-device training checkpoints.
+//
+//   RUN_DIR/checkpoints/step_N/
+//     model.safetensors      parameters by name (f32), metadata: format, step
+//     optimizer.safetensors  "<name>.exp_avg" and "<name>.exp_avg_sq" per parameter
+//     state.json             step, optimizer steps, data-loader position, seed, model shape,
+//                            resolved config (docs/formats.md)
+//
+// A checkpoint is written to step_N.tmp/ and renamed to step_N/ only when every file is complete,
+// so a crash mid-save never leaves a directory that looks finished. Everything is keyed by
+// parameter name, never by rank or layout, which keeps the format open for the sharded,
+// multi-rank checkpoints of a later issue (each rank will write its regions of each name).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "models/gpt2.h"
+#include "optim/adamw.h"
+
+namespace loom {
+
+struct TrainingState {
+  int64_t step = 0;             // training steps completed
+  int64_t optimizer_steps = 0;  // AdamW's bias-correction counter
+  int64_t loader_shard = 0;     // data-loader position
+  int64_t loader_offset = 0;
+  int64_t loader_epoch = 0;
+  uint64_t seed = 0;
+  std::string config_toml;      // the resolved config of the run that wrote it
+};
+
+// Writes step_N under `checkpoints_dir` (created if missing) and returns its path.
+std::string save_checkpoint(const std::string& checkpoints_dir, Gpt2& model, AdamW* optimizer,
+                            const TrainingState& state);
+
+// The complete checkpoint with the highest step under `checkpoints_dir`, or "" when none.
+std::string find_latest_checkpoint(const std::string& checkpoints_dir);
+
+// The model shape recorded in a checkpoint (for `loom sample`).
+Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir);
+
+// Loads parameters (and optimizer moments when `optimizer` is not null) into already built
+// objects. Every parameter must be present with the model's shape: a mismatch is an error that
+// names the checkpoint, the parameter and both shapes. Returns the recorded training state.
+TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, AdamW* optimizer);
+
+}  // namespace loom

@@ -1,0 +1,171 @@
+#include "models/gpt2.h"
+
+#include <cmath>
+
+#include "base/error.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gemm.h"
+#include "tensor/dispatch.h"
+
+namespace loom {
+
+void Gpt2Config::validate() const {
+  if (vocab_size <= 0) fail("model.vocab_size must be positive, got ", vocab_size);
+  if (max_seq_len <= 0) fail("model.max_seq_len must be positive, got ", max_seq_len);
+  if (d_model <= 0) fail("model.d_model must be positive, got ", d_model);
+  if (n_layers <= 0) fail("model.n_layers must be positive, got ", n_layers);
+  if (n_heads <= 0 || d_model % n_heads != 0)
+    fail("model.n_heads = ", n_heads, " does not divide model.d_model = ", d_model);
+}
+
+int64_t Gpt2Config::num_parameters() const {
+  const int64_t C = d_model;
+  const int64_t per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) +
+                            (4 * C * C + C);
+  return vocab_size * C + max_seq_len * C + n_layers * per_block + 2 * C;
+}
+
+namespace {
+void add_into(Context& ctx, Tensor& acc, const Tensor& x) {
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    cpu::add_inplace<T>(*ctx.pool, acc.data<T>(), x.data<T>(), acc.numel());
+  });
+}
+}  // namespace
+
+Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config)
+    : recompute_(config.recompute),
+      ln_1_(store, name + ".ln_1", config.d_model),
+      attn_(store, name + ".attn", config.d_model, config.n_heads, config.init_std,
+            config.init_std / std::sqrt(2.0f * static_cast<float>(config.n_layers))),
+      ln_2_(store, name + ".ln_2", config.d_model),
+      mlp_(store, name + ".mlp", config.d_model, config.init_std,
+           config.init_std / std::sqrt(2.0f * static_cast<float>(config.n_layers))) {}
+
+Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
+  Tensor x1 = attn_.forward(ctx, ln_1_.forward(ctx, x));
+  add_into(ctx, x1, x);  // x1 = x + attn(ln_1(x))
+  Tensor y = mlp_.forward(ctx, ln_2_.forward(ctx, x1));
+  add_into(ctx, y, x1);  // y = x1 + mlp(ln_2(x1))
+  return y;
+}
+
+Tensor Gpt2Block::forward(Context& ctx, const Tensor& x) {
+  Tensor y = run_forward(ctx, x);
+  if (recompute_) {
+    clear_cache();
+    input_ = x;
+  }
+  return y;
+}
+
+Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
+  if (recompute_) {
+    LOOM_CHECK(input_.defined());
+    run_forward(ctx, input_);  // same inputs, same kernels: bitwise the same activations
+    input_ = Tensor();
+  }
+  // y = x1 + mlp(ln_2(x1)): dx1 = dy + ln_2ᵀ(mlpᵀ(dy))
+  Tensor dx1 = ln_2_.backward(ctx, mlp_.backward(ctx, dy));
+  add_into(ctx, dx1, dy);
+  // x1 = x + attn(ln_1(x)): dx = dx1 + ln_1ᵀ(attnᵀ(dx1))
+  Tensor dx = ln_1_.backward(ctx, attn_.backward(ctx, dx1));
+  add_into(ctx, dx, dx1);
+  return dx;
+}
+
+void Gpt2Block::clear_cache() {
+  ln_1_.clear_cache();
+  attn_.clear_cache();
+  ln_2_.clear_cache();
+  mlp_.clear_cache();
+  input_ = Tensor();
+}
+
+Gpt2::Gpt2(const Gpt2Config& config) : config_(config) {
+  config_.validate();
+  embedding_ = std::make_unique<Embedding>(params_, config.vocab_size, config.max_seq_len,
+                                           config.d_model, config.init_std);
+  for (int64_t l = 0; l < config.n_layers; ++l)
+    blocks_.push_back(
+        std::make_unique<Gpt2Block>(params_, "blocks." + std::to_string(l), config_));
+  ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", config.d_model);
+}
+
+void Gpt2::build(DType dtype, Device device, uint64_t seed) {
+  params_.allocate(dtype, device);
+  params_.initialize(seed);
+}
+
+Tensor Gpt2::trunk(Context& ctx, const Tensor& tokens) {
+  Tensor x = embedding_->forward(ctx, tokens);
+  for (auto& block : blocks_) x = block->forward(ctx, x);
+  return ln_f_->forward(ctx, x);
+}
+
+double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) {
+  if (targets.shape() != tokens.shape() || targets.dtype() != DType::kI32)
+    fail("targets ", shape_str(targets.shape()), " must be i32 and shaped like tokens ",
+         shape_str(tokens.shape()));
+  const int64_t N = tokens.numel(), C = config_.d_model, V = config_.vocab_size;
+  final_ = trunk(ctx, tokens).reshape({N, C});
+  dlogits_ = Tensor::empty({N, V}, ctx.dtype, ctx.device);
+  lse_ = Tensor::empty({N}, ctx.dtype, ctx.device);
+  targets_ = targets;
+  Tensor losses = Tensor::empty({N}, ctx.dtype, ctx.device);
+  const Parameter& wte = *embedding_->wte();
+  return dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    // LM head tied to the token embedding: logits = final · wteᵀ.
+    cpu::matmul_forward<T>(*ctx.pool, dlogits_.data<T>(), final_.data<T>(), wte.value.data<T>(),
+                           nullptr, N, C, V);
+    cpu::cross_entropy_forward<T>(*ctx.pool, losses.data<T>(), lse_.data<T>(), dlogits_.data<T>(),
+                                  targets.data<int32_t>(), N, V);
+    return cpu::sum<T>(*ctx.pool, losses.data<T>(), N) / static_cast<double>(N);
+  });
+}
+
+void Gpt2::backward(Context& ctx, double scale) {
+  LOOM_CHECK(dlogits_.defined());
+  const int64_t N = final_.dim(0), C = config_.d_model, V = config_.vocab_size;
+  const int64_t B = targets_.dim(0), T = targets_.dim(1);
+  const Parameter& wte = *embedding_->wte();
+  Tensor dfinal = Tensor::empty({B, T, C}, ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    T_* dlogits = dlogits_.data<T_>();  // logits are overwritten by their gradient in place
+    cpu::cross_entropy_backward<T_>(*ctx.pool, dlogits, dlogits, lse_.data<T_>(),
+                                    targets_.data<int32_t>(), static_cast<T_>(scale / N), N, V);
+    cpu::matmul_backward<T_>(*ctx.pool, dfinal.data<T_>(), wte.grad.data<T_>(), nullptr, dlogits,
+                             final_.data<T_>(), wte.value.data<T_>(), N, C, V);
+  });
+  dlogits_ = lse_ = final_ = targets_ = Tensor();
+  Tensor dx = ln_f_->backward(ctx, dfinal);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) dx = (*it)->backward(ctx, dx);
+  embedding_->backward(ctx, dx);
+}
+
+Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = config_.d_model, V = config_.vocab_size;
+  Tensor final = trunk(ctx, tokens);
+  clear_cache();
+  Tensor out = Tensor::empty({B, T, V}, ctx.dtype, ctx.device);
+  const Parameter& wte = *embedding_->wte();
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    cpu::matmul_forward<T_>(*ctx.pool, out.data<T_>(), final.data<T_>(), wte.value.data<T_>(),
+                            nullptr, B * T, C, V);
+  });
+  return out;
+}
+
+void Gpt2::clear_cache() {
+  embedding_->clear_cache();
+  for (auto& block : blocks_) block->clear_cache();
+  ln_f_->clear_cache();
+  final_ = dlogits_ = lse_ = targets_ = Tensor();
+}
+
+}  // namespace loom

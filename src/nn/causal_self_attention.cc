@@ -1,0 +1,53 @@
+#include "nn/causal_self_attention.h"
+
+#include "base/error.h"
+#include "kernels/cpu/attention.h"
+#include "tensor/dispatch.h"
+
+namespace loom {
+
+CausalSelfAttention::CausalSelfAttention(ParameterStore& store, const std::string& name,
+                                         int64_t channels, int64_t heads, float init_std,
+                                         float proj_std)
+    : channels_(channels),
+      heads_(heads),
+      qkv_(store, name + ".qkv", channels, 3 * channels, true, init_std),
+      proj_(store, name + ".proj", channels, channels, true, proj_std) {
+  if (heads <= 0 || channels % heads != 0)
+    fail(name, ": n_heads = ", heads, " does not divide d_model = ", channels);
+}
+
+Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
+  if (x.ndim() != 3) fail("attention expects (B, T, C), got ", shape_str(x.shape()));
+  const int64_t B = x.dim(0), T = x.dim(1);
+  qkv_out_ = qkv_.forward(ctx, x);
+  att_ = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
+  lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    cpu::attention_forward<T_>(*ctx.pool, att_.data<T_>(), lse_.data<T_>(), qkv_out_.data<T_>(),
+                               B, T, channels_, heads_);
+  });
+  return proj_.forward(ctx, att_);
+}
+
+Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
+  Tensor datt = proj_.backward(ctx, dy);
+  const int64_t B = qkv_out_.dim(0), T = qkv_out_.dim(1);
+  Tensor dqkv = Tensor::empty(qkv_out_.shape(), ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    cpu::attention_backward<T_>(*ctx.pool, dqkv.data<T_>(), datt.data<T_>(), qkv_out_.data<T_>(),
+                                att_.data<T_>(), lse_.data<T_>(), B, T, channels_, heads_);
+  });
+  qkv_out_ = att_ = lse_ = Tensor();
+  return qkv_.backward(ctx, dqkv);
+}
+
+void CausalSelfAttention::clear_cache() {
+  qkv_.clear_cache();
+  proj_.clear_cache();
+  qkv_out_ = att_ = lse_ = Tensor();
+}
+
+}  // namespace loom

@@ -1,0 +1,29 @@
+// Causal multi-head self-attention of GPT-2: a fused qkv projection (C -> 3C), softmax attention
+// per head with a causal mask, an output projection (C -> C). The attention kernel keeps only
+// the per-row log-sum-exp for backward, not the T×T probabilities.
+#pragma once
+
+#include <string>
+
+#include "nn/linear.h"
+
+namespace loom {
+
+class CausalSelfAttention {
+ public:
+  CausalSelfAttention(ParameterStore& store, const std::string& name, int64_t channels,
+                      int64_t heads, float init_std, float proj_std);
+  Tensor forward(Context& ctx, const Tensor& x);    // x: (B, T, C)
+  Tensor backward(Context& ctx, const Tensor& dy);  // dy: (B, T, C)
+  void clear_cache();
+
+ private:
+  int64_t channels_, heads_;
+  Linear qkv_;
+  Linear proj_;
+  Tensor qkv_out_;  // (B, T, 3C)
+  Tensor att_;      // (B, T, C) attention output before proj
+  Tensor lse_;      // (B, NH, T)
+};
+
+}  // namespace loom

@@ -1,0 +1,45 @@
+#include "nn/embedding.h"
+
+#include "base/error.h"
+#include "kernels/cpu/embedding.h"
+#include "tensor/dispatch.h"
+
+namespace loom {
+
+Embedding::Embedding(ParameterStore& store, int64_t vocab, int64_t max_seq, int64_t channels,
+                     float init_std)
+    : vocab_(vocab), max_seq_(max_seq), channels_(channels) {
+  wte_ = store.add("wte.weight", {vocab, channels}, InitKind::kNormal, init_std);
+  wpe_ = store.add("wpe.weight", {max_seq, channels}, InitKind::kNormal, init_std);
+}
+
+Tensor Embedding::forward(Context& ctx, const Tensor& tokens) {
+  if (tokens.ndim() != 2 || tokens.dtype() != DType::kI32)
+    fail("embedding expects (B, T) i32 tokens, got ", shape_str(tokens.shape()), " ",
+         dtype_name(tokens.dtype()));
+  const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  if (T > max_seq_)
+    fail("sequence length ", T, " exceeds the position embedding's ", max_seq_, " rows");
+  tokens_ = tokens;
+  Tensor out = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    cpu::embedding_forward<T_>(*ctx.pool, out.data<T_>(), tokens.data<int32_t>(),
+                               wte_->value.data<T_>(), wpe_->value.data<T_>(), B, T, channels_,
+                               vocab_);
+  });
+  return out;
+}
+
+void Embedding::backward(Context& ctx, const Tensor& dy) {
+  LOOM_CHECK(tokens_.defined());
+  const int64_t B = tokens_.dim(0), T = tokens_.dim(1);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    cpu::embedding_backward<T_>(*ctx.pool, wte_->grad.data<T_>(), wpe_->grad.data<T_>(),
+                                dy.data<T_>(), tokens_.data<int32_t>(), B, T, channels_);
+  });
+  tokens_ = Tensor();
+}
+
+}  // namespace loom

@@ -1,0 +1,31 @@
+// GPT-2's input embedding: token embedding (V × C) plus learned position embedding (maxT × C).
+#pragma once
+
+#include <string>
+
+#include "nn/context.h"
+#include "nn/parameter.h"
+
+namespace loom {
+
+class Embedding {
+ public:
+  Embedding(ParameterStore& store, int64_t vocab, int64_t max_seq, int64_t channels,
+            float init_std);
+  // tokens: (B, T) i32 -> (B, T, C). Tokens outside [0, vocab) are an error naming them.
+  Tensor forward(Context& ctx, const Tensor& tokens);
+  // Accumulates into wte/wpe gradients. `tokens` as given to forward.
+  void backward(Context& ctx, const Tensor& dy);
+  void clear_cache() { tokens_ = Tensor(); }
+
+  Parameter* wte() const { return wte_; }
+  Parameter* wpe() const { return wpe_; }
+
+ private:
+  int64_t vocab_, max_seq_, channels_;
+  Parameter* wte_;
+  Parameter* wpe_;
+  Tensor tokens_;
+};
+
+}  // namespace loom

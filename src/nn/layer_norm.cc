@@ -1,0 +1,45 @@
+#include "nn/layer_norm.h"
+
+#include "kernels/cpu/layernorm.h"
+#include "tensor/dispatch.h"
+
+namespace loom {
+
+LayerNorm::LayerNorm(ParameterStore& store, const std::string& name, int64_t channels)
+    : channels_(channels) {
+  weight_ = store.add(name + ".weight", {channels}, InitKind::kOnes);
+  bias_ = store.add(name + ".bias", {channels}, InitKind::kZeros);
+}
+
+Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
+  if (x.dim(-1) != channels_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", channels_);
+  const int64_t n = x.numel() / channels_;
+  x_ = x;
+  mean_ = Tensor::empty({n}, ctx.dtype, ctx.device);
+  rstd_ = Tensor::empty({n}, ctx.dtype, ctx.device);
+  Tensor y = Tensor::empty(x.shape(), ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    cpu::layernorm_forward<T>(*ctx.pool, y.data<T>(), mean_.data<T>(), rstd_.data<T>(),
+                              x.data<T>(), weight_->value.data<T>(), bias_->value.data<T>(), n,
+                              channels_);
+  });
+  return y;
+}
+
+Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
+  LOOM_CHECK(x_.defined());
+  const int64_t n = x_.numel() / channels_;
+  Tensor dx = Tensor::empty(x_.shape(), ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    cpu::layernorm_backward<T>(*ctx.pool, dx.data<T>(), weight_->grad.data<T>(),
+                               bias_->grad.data<T>(), dy.data<T>(), x_.data<T>(),
+                               weight_->value.data<T>(), mean_.data<T>(), rstd_.data<T>(), n,
+                               channels_);
+  });
+  clear_cache();
+  return dx;
+}
+
+}  // namespace loom

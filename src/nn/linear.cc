@@ -1,0 +1,49 @@
+#include "nn/linear.h"
+
+#include "kernels/cpu/gemm.h"
+#include "tensor/dispatch.h"
+
+namespace loom {
+
+namespace {
+Shape with_last(Shape shape, int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+}  // namespace
+
+Linear::Linear(ParameterStore& store, const std::string& name, int64_t in, int64_t out, bool bias,
+               float init_std)
+    : in_(in), out_(out) {
+  weight_ = store.add(name + ".weight", {out, in}, InitKind::kNormal, init_std);
+  if (bias) bias_ = store.add(name + ".bias", {out}, InitKind::kZeros);
+}
+
+Tensor Linear::forward(Context& ctx, const Tensor& x) {
+  if (x.dim(-1) != in_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", in_);
+  x_ = x;
+  Tensor y = Tensor::empty(with_last(x.shape(), out_), ctx.dtype, ctx.device);
+  const int64_t n = x.numel() / in_;
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    cpu::matmul_forward<T>(*ctx.pool, y.data<T>(), x.data<T>(), weight_->value.data<T>(),
+                           bias_ ? bias_->value.data<T>() : nullptr, n, in_, out_);
+  });
+  return y;
+}
+
+Tensor Linear::backward(Context& ctx, const Tensor& dy) {
+  LOOM_CHECK(x_.defined());
+  Tensor dx = Tensor::empty(x_.shape(), ctx.dtype, ctx.device);
+  const int64_t n = x_.numel() / in_;
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    cpu::matmul_backward<T>(*ctx.pool, dx.data<T>(), weight_->grad.data<T>(),
+                            bias_ ? bias_->grad.data<T>() : nullptr, dy.data<T>(), x_.data<T>(),
+                            weight_->value.data<T>(), n, in_, out_);
+  });
+  x_ = Tensor();
+  return dx;
+}
+
+}  // namespace loom

@@ -1,0 +1,30 @@
+// Linear: y = x·Wᵀ + b over the last dim, PyTorch's layout (W is out × in).
+// Caches its input in forward; backward accumulates dW, db and returns dx.
+#pragma once
+
+#include <string>
+
+#include "nn/context.h"
+#include "nn/parameter.h"
+
+namespace loom {
+
+class Linear {
+ public:
+  Linear(ParameterStore& store, const std::string& name, int64_t in, int64_t out, bool bias,
+         float init_std = 0.02f);
+  Tensor forward(Context& ctx, const Tensor& x);      // x: (..., in) -> (..., out)
+  Tensor backward(Context& ctx, const Tensor& dy);    // dy: (..., out) -> dx: (..., in)
+  void clear_cache() { x_ = Tensor(); }
+
+  Parameter* weight() const { return weight_; }
+  Parameter* bias() const { return bias_; }
+
+ private:
+  int64_t in_, out_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  Tensor x_;  // (N, in) cached input
+};
+
+}  // namespace loom

@@ -1,0 +1,40 @@
+#include "nn/mlp.h"
+
+#include "kernels/cpu/gelu.h"
+#include "tensor/dispatch.h"
+
+namespace loom {
+
+Mlp::Mlp(ParameterStore& store, const std::string& name, int64_t channels, float init_std,
+         float proj_std)
+    : fc_(store, name + ".fc", channels, 4 * channels, true, init_std),
+      proj_(store, name + ".proj", 4 * channels, channels, true, proj_std) {}
+
+Tensor Mlp::forward(Context& ctx, const Tensor& x) {
+  h_ = fc_.forward(ctx, x);
+  Tensor g = Tensor::empty(h_.shape(), ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    cpu::gelu_forward<T>(*ctx.pool, g.data<T>(), h_.data<T>(), h_.numel());
+  });
+  return proj_.forward(ctx, g);
+}
+
+Tensor Mlp::backward(Context& ctx, const Tensor& dy) {
+  Tensor dg = proj_.backward(ctx, dy);
+  // The GELU's input gradient overwrites its output gradient in place: one buffer less.
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    cpu::gelu_backward<T>(*ctx.pool, dg.data<T>(), h_.data<T>(), dg.data<T>(), h_.numel());
+  });
+  h_ = Tensor();
+  return fc_.backward(ctx, dg);
+}
+
+void Mlp::clear_cache() {
+  fc_.clear_cache();
+  proj_.clear_cache();
+  h_ = Tensor();
+}
+
+}  // namespace loom

@@ -1,0 +1,42 @@
+// `loom bench train`: trains a named shape on random tokens for a few steps after warm-up and
+// reports throughput, achieved FLOP/s and peak memory. FLOPs per token = 6·N + 12·L·d·T with N
+// all parameters except the position embedding (the tied token embedding counted once), as in
+// shared/peers/gpt_bench.py, so the figures compare directly with PyTorch's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/gpt2.h"
+
+namespace loom {
+
+struct BenchShape {
+  std::string name;
+  Gpt2Config model;
+  int64_t batch = 1;
+  int64_t seq_len = 1;
+};
+
+const std::vector<BenchShape>& bench_shapes();  // bench-s, gpt2-124m, tiny
+const BenchShape& find_bench_shape(const std::string& name);  // throws naming the known ones
+
+struct BenchResult {
+  std::string shape;
+  int threads = 1;
+  int64_t steps = 0;
+  double tokens_per_s = 0;   // median over timed steps
+  double gflops = 0;         // achieved, at the median step time
+  double step_ms = 0;        // median
+  double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;  // medians
+  double peak_rss_mb = 0;    // process peak resident set
+  double peak_alloc_mb = 0;  // tensor allocator peak
+  double flops_per_token = 0;
+  int64_t num_parameters = 0;
+};
+
+BenchResult benchmark_training(const BenchShape& shape, int threads, int64_t steps,
+                               int64_t warmup);
+
+}  // namespace loom

@@ -1,0 +1,22 @@
+// Autoregressive sampling from a trained model: temperature and top-k, one token at a time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "models/gpt2.h"
+#include "tensor/rng.h"
+
+namespace loom {
+
+struct SampleOptions {
+  int64_t tokens = 100;       // tokens to generate
+  double temperature = 1.0;   // 0 = greedy (argmax)
+  int64_t top_k = 0;          // 0 = whole vocabulary
+};
+
+// Returns prompt + generated tokens. The context is the last max_seq_len tokens.
+std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> prompt,
+                              const SampleOptions& options, RandomStream& rng);
+
+}  // namespace loom

@@ -1,0 +1,112 @@
+// The `loom` command line as a user meets it: every bad input is one clear line and a non-zero
+// exit code; the happy paths produce their files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(LOOM_BINARY_DIR) + "/apps/loom " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("loom_cli_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string write_config(const std::string& extra) const {
+    const std::string p = path("cfg.toml");
+    std::ofstream(p) << "[model]\nvocab_size = 256\nseq_len = 16\nd_model = 16\nn_layers = 1\n"
+                        "n_heads = 2\n[data]\ntrain = \"" + path("data/train_*.bin") +
+                        "\"\nval = \"" + path("data/val_*.bin") + "\"\n[train]\nsteps = 4\n"
+                        "batch_size = 4\nmicro_batch_size = 2\nwarmup_steps = 1\neval_every = 2\n"
+                        "save_every = 2\n" + extra;
+    return p;
+  }
+  fs::path dir_;
+};
+
+void expect_error(const Result& r, const std::string& needle) {
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("loom: error:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.output;
+}
+
+TEST_F(Cli, SynthTrainSampleHappyPath) {
+  ASSERT_EQ(run("data synth --out " + path("data") + " --train-tokens 20000 --val-tokens 4000").code, 0);
+  Result t = run("train " + write_config("") + " --run-dir " + path("run") + " --quiet");
+  ASSERT_EQ(t.code, 0) << t.output;
+  EXPECT_TRUE(fs::exists(path("run/metrics.jsonl")));
+  Result s = run("sample --checkpoint " + path("run/checkpoints/step_4") +
+                 " --prompt 12+ --tokens 8 --temperature 0");
+  ASSERT_EQ(s.code, 0) << s.output;
+  EXPECT_EQ(s.output.rfind("12+", 0), 0u) << s.output;  // the prompt, then 8 more bytes
+}
+
+TEST_F(Cli, UnknownConfigKey) {
+  expect_error(run("train " + write_config("learnig_rate = 0.1\n")), "train.learnig_rate");
+}
+
+TEST_F(Cli, HeadsNotDividingDModel) {
+  expect_error(run("train " + write_config("") + " --set model.n_heads=3"),
+               "model.n_heads = 3 does not divide model.d_model = 16");
+}
+
+TEST_F(Cli, MissingConfigFile) { expect_error(run("train " + path("nope.toml")), "nope.toml"); }
+
+TEST_F(Cli, MissingDataFile) {
+  expect_error(run("train " + write_config("") + " --run-dir " + path("run")), "data.train");
+}
+
+TEST_F(Cli, WrongMagic) {
+  fs::create_directories(path("data"));
+  std::ofstream(path("data/train_000000.bin"), std::ios::binary)
+      << std::string(1024 + 64, '\x07');
+  expect_error(run("train " + write_config("") + " --run-dir " + path("run")), "train_000000.bin");
+}
+
+TEST_F(Cli, BadCommandLineIsUsageError) {
+  Result r = run("train");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(run("frobnicate").code, 0);
+}
+
+TEST_F(Cli, SampleFromMissingCheckpoint) {
+  expect_error(run("sample --checkpoint " + path("none") + " --prompt x"), path("none"));
+}
+
+TEST_F(Cli, BenchJsonHasTheNamedFields) {
+  Result r = run("bench train --shape tiny --threads 1 --steps 1 --warmup 0 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* key : {"\"shape\":\"tiny\"", "\"threads\":1", "\"tokens_per_s\"", "\"gflops\"",
+                          "\"peak_rss_mb\""})
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << " in " << r.output;
+  expect_error(run("bench train --shape huge"), "unknown benchmark shape 'huge'");
+}
+
+}  // namespace

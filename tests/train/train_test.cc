@@ -1,0 +1,178 @@
+// End-to-end training on a synthetic corpus: loss falls, runs repeat bit for bit, a stopped and
+// resumed run equals an uninterrupted one, and bad inputs give errors that name the culprit.
+#include "train/trainer.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "data/dataset.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+
+class TrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("loom_train_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    synthesize_addition((dir_ / "data").string(), 60000, 8000, 7);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Config config(int64_t steps) const {
+    Config c = parse_config(R"(
+[model]
+vocab_size = 256
+seq_len = 32
+d_model = 32
+n_layers = 2
+n_heads = 2
+[train]
+batch_size = 8
+micro_batch_size = 4
+lr = 3e-3
+warmup_steps = 3
+eval_every = 4
+eval_batches = 2
+save_every = 0
+seed = 11
+[runtime]
+threads_per_rank = 2
+)", "test.toml");
+    c.train.steps = steps;
+    c.data.train = (dir_ / "data" / "train_*.bin").string();
+    c.data.val = (dir_ / "data" / "val_*.bin").string();
+    return c;
+  }
+
+  TrainOptions options(const std::string& run) const {
+    TrainOptions o;
+    o.run_dir = (dir_ / run).string();
+    o.progress = false;
+    return o;
+  }
+
+  std::vector<nlohmann::json> metrics(const std::string& run) const {
+    std::ifstream in(dir_ / run / "metrics.jsonl");
+    std::vector<nlohmann::json> out;
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+// The fields that define the run (timing fields differ between runs by nature).
+void expect_same_run(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "val_loss", "tokens"}) {
+      ASSERT_EQ(a[i].contains(key), b[i].contains(key)) << key << " at line " << i;
+      if (a[i].contains(key)) {
+        EXPECT_EQ(a[i][key], b[i][key]) << key << " at line " << i;
+      }
+    }
+  }
+}
+
+TEST_F(TrainTest, LossFallsAndMetricsAreComplete) {
+  TrainSummary s = run_training(config(30), options("run"));
+  EXPECT_EQ(s.last_step, 30);
+  EXPECT_LT(s.last_loss, s.first_loss - 1.0) << "loss did not fall";
+  auto m = metrics("run");
+  ASSERT_EQ(m.size(), 30u);
+  for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms"})
+    EXPECT_TRUE(m[0].contains(key)) << key;
+  EXPECT_TRUE(m[3].contains("val_loss"));   // step 4
+  EXPECT_FALSE(m[4].contains("val_loss"));  // step 5
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "config.toml"));
+  EXPECT_GT(s.peak_bytes, 0);
+}
+
+TEST_F(TrainTest, StopAndResumeIsBitwiseIdentical) {
+  run_training(config(12), options("straight"));
+  TrainOptions first = options("resumed");
+  first.stop_after = 6;
+  TrainSummary s1 = run_training(config(12), first);
+  EXPECT_EQ(s1.last_step, 6);
+  EXPECT_TRUE(fs::exists(dir_ / "resumed" / "checkpoints" / "step_6" / "model.safetensors"));
+  TrainOptions second = options("resumed");
+  second.resume = "auto";
+  TrainSummary s2 = run_training(config(12), second);
+  EXPECT_EQ(s2.start_step, 6);
+  EXPECT_EQ(s2.last_step, 12);
+  expect_same_run(metrics("straight"), metrics("resumed"));
+}
+
+TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
+  // Recomputation changes memory, not numbers.
+  run_training(config(5), options("plain"));
+  Config c = config(5);
+  c.train.recompute = true;
+  run_training(c, options("recompute"));
+  expect_same_run(metrics("plain"), metrics("recompute"));
+}
+
+TEST_F(TrainTest, ResumeAutoWithoutCheckpointStartsFresh) {
+  TrainOptions o = options("fresh");
+  o.resume = "auto";
+  EXPECT_EQ(run_training(config(4), o).start_step, 0);
+}
+
+TEST_F(TrainTest, CheckpointOfAnotherShapeIsAClearError) {
+  TrainOptions o = options("shape");
+  o.stop_after = 2;
+  run_training(config(4), o);
+  Config other = config(4);
+  other.model.d_model = 64;
+  TrainOptions r = options("shape");
+  r.resume = "auto";
+  try {
+    run_training(other, r);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("step_2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("wte.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[256, 32]"), std::string::npos) << msg;
+  }
+  // Nothing already saved is lost.
+  EXPECT_TRUE(fs::exists(dir_ / "shape" / "checkpoints" / "step_2" / "model.safetensors"));
+}
+
+TEST_F(TrainTest, MissingDataIsAClearError) {
+  Config c = config(4);
+  c.data.train = (dir_ / "nope" / "*.bin").string();
+  try {
+    run_training(c, options("missing"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.train"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainTest, CorruptShardIsAClearError) {
+  const fs::path bad = dir_ / "bad.bin";
+  std::ofstream(bad) << "this is not a token shard, just text that is long enough to be read";
+  Config c = config(4);
+  c.data.train = bad.string();
+  try {
+    run_training(c, options("corrupt"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.bin"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,40 @@
+// Writes the inputs of the PyTorch reference test: the initial weights of a small GPT-2 (vocab 256,
+// T 32, d 64, 2 layers, 4 heads; seed 1234) and one batch of tokens/targets, as safetensors.
+// tools/torch_reference.py reads this file, runs the same step in PyTorch and writes the golden
+// file that tests/models/gpt2_reference_test.cc compares against. See tools/README.md.
+#include <cstdio>
+
+#include "checkpoint/safetensors.h"
+#include "models/gpt2.h"
+#include "tensor/rng.h"
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUT.safetensors\n", argv[0]);
+    return 2;
+  }
+  try {
+    loom::Gpt2Config c;
+    c.vocab_size = 256;
+    c.max_seq_len = 32;
+    c.d_model = 64;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    loom::Gpt2 model(c);
+    model.build(loom::DType::kF32, loom::Device::cpu(), 1234);
+    std::vector<std::pair<std::string, loom::Tensor>> out;
+    for (const auto& p : model.params().parameters()) out.emplace_back(p->name, p->value);
+    const int64_t B = 4, T = 32;
+    loom::Tensor tokens = loom::Tensor::empty({B, T + 1}, loom::DType::kI32);
+    loom::RandomStream rng(1234, "reference.batch");
+    for (int64_t i = 0; i < tokens.numel(); ++i)
+      tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % 256);
+    out.emplace_back("batch.tokens", tokens);  // inputs = [:, :-1], targets = [:, 1:]
+    loom::save_safetensors(argv[1], out, {{"seed", "1234"}, {"n_heads", "4"}});
+    std::fprintf(stderr, "wrote %s\n", argv[1]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
