@@ -87,6 +87,9 @@ std::string save_checkpoint(const std::string& checkpoints_dir, Gpt2& model, Ada
   j["loader"] = {{"shard", state.loader_shard}, {"offset", state.loader_offset},
                  {"epoch", state.loader_epoch}};
   j["seed"] = state.seed;
+  // Training draws no random numbers after initialisation (no dropout, deterministic data order),
+  // so the counter-based generator's key is all the RNG state there is.
+  j["rng"] = {{"algorithm", "philox4x32-10"}, {"seed", state.seed}};
   j["has_optimizer"] = optimizer != nullptr;
   j["config"] = state.config_toml;
   const Gpt2Config& mc = model.config();
