@@ -1,0 +1,106 @@
+// Communicator — a process group and its collectives (issue 3).
+//
+// Every parallel strategy talks through this interface; backends implement it: local/ (ranks are
+// threads of one process, shared memory), mpi/ (processes under mpirun/srun), nccl/ (CUDA).
+// A group of size 1 is a real, trivial group, never a stub.
+//
+// Semantics shared by all backends:
+// - Collectives are issued by every rank of the group in the same order; each gets the group's
+//   next sequence number (used in error messages and the flight recorder).
+// - The *_async forms return a handle; the blocking forms are async + wait(). Tensors are shared
+//   handles, so a pending operation keeps its buffers alive; the caller must not touch a buffer
+//   until wait() (or test() == true) on its handle.
+// - Reductions are deterministic: a fixed reduction order, so the same inputs give the same bits
+//   on every run, and every rank of an all-reduce receives identical bits.
+// - Every blocking wait has a timeout (CommOptions::timeout). On expiry the waiting rank throws a
+//   CommError naming the operation, its sequence number, the group and the ranks that did not
+//   arrive.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/error.h"
+#include "tensor/tensor.h"
+
+namespace loom {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+std::string_view reduce_op_name(ReduceOp op);
+
+// A communication failure: a timeout, a peer that failed, a mismatched call. Derives from
+// loom::Error so the CLI reports it as one clear line.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct CommOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Check that all ranks of a group call the same collective with the same element count and
+  // dtype; report the first mismatch by rank and sequence number. Also on with LOOM_COMM_DEBUG=1.
+  bool debug_checks = false;
+};
+
+// The handle of an asynchronous operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation completed; throws CommError on failure or timeout.
+  virtual void wait() = 0;
+  // True when the operation completed (successfully or not: wait() then reports).
+  virtual bool test() = 0;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // A readable name for messages: "world", "world/split(color=1)", "dp[tp=0,pp=1]"...
+  virtual std::string name() const = 0;
+  virtual std::string backend() const = 0;  // "local", "mpi", "nccl"
+
+  // In place: every rank ends with op over all ranks' `tensor`.
+  virtual WorkHandle all_reduce_async(Tensor& tensor, ReduceOp op) = 0;
+  // input: size() × n elements (rank r's chunk is [r·n, (r+1)·n)); output: n elements, the
+  // reduction of chunk rank() over all ranks.
+  virtual WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  // input: n elements; output: size() × n, rank r's input at [r·n, (r+1)·n).
+  virtual WorkHandle all_gather_async(const Tensor& input, Tensor& output) = 0;
+  // In place: every rank ends with root's tensor.
+  virtual WorkHandle broadcast_async(Tensor& tensor, int root) = 0;
+  // In place at root (other ranks' tensors are left unchanged).
+  virtual WorkHandle reduce_async(Tensor& tensor, int root, ReduceOp op) = 0;
+  // input and output: size() × n; chunk j of rank i's input lands in chunk i of rank j's output.
+  virtual WorkHandle all_to_all_async(const Tensor& input, Tensor& output) = 0;
+  virtual WorkHandle barrier_async() = 0;
+  // Point to point; a send matches the recv of the same (source, destination, tag), in order.
+  virtual WorkHandle send_async(const Tensor& tensor, int dst, int tag) = 0;
+  virtual WorkHandle recv_async(Tensor& tensor, int src, int tag) = 0;
+
+  // Collective over this group: ranks with the same color form a new group, ordered by (key,
+  // old rank). color < 0 → nullptr for that rank (it joins no group).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // Blocking forms.
+  void all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) { all_reduce_async(tensor, op)->wait(); }
+  void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::kSum) {
+    reduce_scatter_async(input, output, op)->wait();
+  }
+  void all_gather(const Tensor& input, Tensor& output) { all_gather_async(input, output)->wait(); }
+  void broadcast(Tensor& tensor, int root) { broadcast_async(tensor, root)->wait(); }
+  void reduce(Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum) {
+    reduce_async(tensor, root, op)->wait();
+  }
+  void all_to_all(const Tensor& input, Tensor& output) { all_to_all_async(input, output)->wait(); }
+  void barrier() { barrier_async()->wait(); }
+  void send(const Tensor& tensor, int dst, int tag = 0) { send_async(tensor, dst, tag)->wait(); }
+  void recv(Tensor& tensor, int src, int tag = 0) { recv_async(tensor, src, tag)->wait(); }
+};
+
+}  // namespace loom
