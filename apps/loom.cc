@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "checkpoint/checkpoint.h"
+#include "comm/flight_recorder.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -160,6 +161,13 @@ int main(int argc, char** argv) {
   bench_train->add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
   bench_train->add_flag("--json", json, "one JSON object");
 
+  std::string hang_dir;
+  auto* debug_cmd = app.add_subcommand("debug", "post-mortem tools");
+  debug_cmd->require_subcommand(1);
+  auto* hang_cmd = debug_cmd->add_subcommand(
+      "hang", "read the flight-recorder dumps of a run that timed out and name the ranks that never arrived");
+  hang_cmd->add_option("run_dir", hang_dir, "the run directory (reads RUN_DIR/flight/rank_*.json)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -181,6 +189,11 @@ int main(int argc, char** argv) {
     }
     if (sample_cmd->parsed()) return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
     if (bench_train->parsed()) return cmd_bench(shape, threads, steps, warmup, json);
+    if (hang_cmd->parsed()) {
+      const std::string flight = (std::filesystem::path(hang_dir) / "flight").string();
+      std::cout << analyze_flight_dumps(std::filesystem::is_directory(flight) ? flight : hang_dir).text();
+      return 0;
+    }
   } catch (const loom::Error& e) {
     std::fprintf(stderr, "loom: error: %s\n", e.what());
     return 1;

@@ -110,3 +110,9 @@ TEST_F(Cli, BenchJsonHasTheNamedFields) {
 }
 
 }  // namespace
+
+namespace {
+TEST_F(Cli, DebugHangWithoutDumpsIsAClearError) {
+  expect_error(run("debug hang " + path("run")), "does not exist");
+}
+}  // namespace

@@ -1,0 +1,229 @@
+#include "comm/flight_recorder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "base/error.h"
+
+namespace loom {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+}  // namespace
+
+std::string_view flight_state_name(FlightState state) {
+  switch (state) {
+    case FlightState::kIssued: return "issued";
+    case FlightState::kStarted: return "started";
+    case FlightState::kCompleted: return "completed";
+    case FlightState::kFailed: return "failed";
+  }
+  return "?";
+}
+
+FlightRecorder::FlightRecorder(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {
+  ring_.reserve(capacity_);
+}
+
+void FlightRecorder::add_group(const std::string& group, std::vector<int> world_ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  groups_[group] = std::move(world_ranks);
+}
+
+uint64_t FlightRecorder::issued(const std::string& group, int64_t seq, std::string op,
+                                std::string dtype, int64_t count) {
+  FlightRecord r{group, seq, std::move(op), std::move(dtype), count, FlightState::kIssued,
+                 now_s(), 0, 0};
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t id = next_id_++;
+  if (ring_.size() < capacity_) {
+    ring_.push_back(std::move(r));
+  } else {
+    ring_[id % capacity_] = std::move(r);
+  }
+  return id;
+}
+
+void FlightRecorder::set_state(uint64_t id, FlightState state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (id + capacity_ < next_id_ || id >= next_id_) return;  // overwritten already
+  FlightRecord& r = ring_[id % capacity_];
+  r.state = state;
+  if (state == FlightState::kStarted) r.t_started = now_s();
+  if (state == FlightState::kCompleted || state == FlightState::kFailed) r.t_completed = now_s();
+}
+
+void FlightRecorder::started(uint64_t id) { set_state(id, FlightState::kStarted); }
+void FlightRecorder::completed(uint64_t id) { set_state(id, FlightState::kCompleted); }
+void FlightRecorder::failed(uint64_t id) { set_state(id, FlightState::kFailed); }
+
+std::vector<FlightRecord> FlightRecorder::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<FlightRecord> out;
+  const uint64_t first = next_id_ > capacity_ ? next_id_ - capacity_ : 0;
+  for (uint64_t id = first; id < next_id_; ++id) out.push_back(ring_[id % capacity_]);
+  return out;
+}
+
+std::string FlightRecorder::dump(const std::string& dir, int world_rank, int world_size,
+                                 const std::string& reason) const {
+  json j;
+  j["format"] = "loom-flight-recorder";
+  j["version"] = 1;
+  j["rank"] = world_rank;
+  j["world_size"] = world_size;
+  j["reason"] = reason;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    j["groups"] = groups_;
+  }
+  json records = json::array();
+  for (const FlightRecord& r : snapshot())
+    records.push_back({{"group", r.group}, {"seq", r.seq}, {"op", r.op}, {"dtype", r.dtype},
+                       {"count", r.count}, {"state", flight_state_name(r.state)},
+                       {"t_issued", r.t_issued}, {"t_started", r.t_started},
+                       {"t_completed", r.t_completed}});
+  j["records"] = records;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05d.json", world_rank);
+  const fs::path path = fs::path(dir) / name;
+  const fs::path tmp = fs::path(dir) / (std::string(name) + ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(1) << '\n';
+    if (!out) fail("cannot write flight recorder dump ", tmp.string());
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) fail("cannot rename ", tmp.string(), ": ", ec.message());
+  return path.string();
+}
+
+std::string HangReport::text() const {
+  std::ostringstream os;
+  for (const auto& f : findings) os << f << '\n';
+  return os.str();
+}
+
+HangReport analyze_flight_dumps(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail("flight recorder directory ", dir, " does not exist");
+  struct Rank {
+    std::map<std::string, std::vector<int>> groups;
+    std::vector<json> records;
+  };
+  std::map<int, Rank> ranks;
+  HangReport report;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("rank_", 0) != 0 || entry.path().extension() != ".json") continue;
+    std::ifstream in(entry.path());
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      fail("flight recorder dump ", entry.path().string(), " is not valid JSON: ", e.what());
+    }
+    if (j.value("format", "") != "loom-flight-recorder")
+      fail(entry.path().string(), " is not a Loom flight recorder dump");
+    Rank r;
+    r.groups = j.at("groups").get<std::map<std::string, std::vector<int>>>();
+    for (const auto& rec : j.at("records")) r.records.push_back(rec);
+    report.world_size = std::max(report.world_size, j.at("world_size").get<int>());
+    ranks[j.at("rank").get<int>()] = std::move(r);
+  }
+  if (ranks.empty()) fail("no flight recorder dumps (rank_*.json) in ", dir);
+  for (int r = 0; r < report.world_size; ++r)
+    if (!ranks.count(r)) report.missing_dumps.push_back(r);
+  if (!report.missing_dumps.empty())
+    report.findings.push_back("no dump from rank(s) " + join(report.missing_dumps) +
+                              ": they crashed, were killed or never started");
+
+  // Per group: the members, and for every member the highest sequence number it issued and the
+  // lowest one it has not completed.
+  std::map<std::string, std::vector<int>> members;
+  for (const auto& [rank, r] : ranks)
+    for (const auto& [group, world_ranks] : r.groups) members[group] = world_ranks;
+  for (const auto& [group, world_ranks] : members) {
+    std::map<int, int64_t> last_issued;      // rank -> highest seq issued (-1: none)
+    std::map<int, json> stuck;               // rank -> first record not completed
+    std::map<int, json> last_record;
+    for (int rank : world_ranks) {
+      auto it = ranks.find(rank);
+      if (it == ranks.end()) continue;
+      last_issued[rank] = -1;
+      for (const json& rec : it->second.records) {
+        if (rec.at("group") != group) continue;
+        const int64_t seq = rec.at("seq").get<int64_t>();
+        if (seq > last_issued[rank]) {
+          last_issued[rank] = seq;
+          last_record[rank] = rec;
+        }
+        if (rec.at("state") != "completed" && (!stuck.count(rank) || seq < stuck[rank]["seq"].get<int64_t>()))
+          stuck[rank] = rec;
+      }
+    }
+    if (stuck.empty()) continue;
+    // The earliest sequence number anyone waits at is where the group is stuck.
+    int64_t wait_seq = INT64_MAX;
+    std::string wait_op;
+    for (const auto& [rank, rec] : stuck) {
+      if (rec.at("seq").get<int64_t>() < wait_seq) {
+        wait_seq = rec.at("seq").get<int64_t>();
+        wait_op = rec.at("op").get<std::string>();
+      }
+    }
+    std::vector<int> waiting, behind, missing;
+    for (int rank : world_ranks) {
+      if (!last_issued.count(rank)) {
+        missing.push_back(rank);
+      } else if (last_issued[rank] < wait_seq) {
+        behind.push_back(rank);
+      } else if (stuck.count(rank)) {
+        waiting.push_back(rank);
+      }
+    }
+    std::string line = "group '" + group + "' (ranks " + join(world_ranks) + "): ";
+    if (!waiting.empty())
+      line += "rank(s) " + join(waiting) + " wait in " + wait_op + " #" + std::to_string(wait_seq);
+    if (!behind.empty()) {
+      line += "; rank(s) " + join(behind) + " never reached #" + std::to_string(wait_seq);
+      for (int rank : behind) {
+        const json& rec = last_record[rank];
+        line += rank == behind.front() ? " (last:" : ";";
+        line += rec.is_null() ? " rank " + std::to_string(rank) + " issued nothing in this group"
+                              : " rank " + std::to_string(rank) + " " + rec.at("op").get<std::string>() +
+                                    " #" + std::to_string(rec.at("seq").get<int64_t>()) + " " +
+                                    rec.at("state").get<std::string>();
+      }
+      line += ")";
+    }
+    if (!missing.empty()) line += "; no dump from rank(s) " + join(missing);
+    // Most useful first: groups where somebody is behind.
+    if (!behind.empty()) {
+      report.findings.insert(report.findings.begin() + (report.missing_dumps.empty() ? 0 : 1), line);
+    } else {
+      report.findings.push_back(line);
+    }
+  }
+  if (report.findings.empty()) report.findings.push_back("every recorded operation completed: no hang in the dumps");
+  return report;
+}
+
+}  // namespace loom

@@ -1,0 +1,111 @@
+#include "comm/flight_recorder.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "base/error.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+
+class FlightRecorderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("loom_flight_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+// Rank r completes all_reduce #0..#(done-1) on "world" and issues #done without completing it
+// when `stuck` (it waits there); with stuck == false it never issues #done.
+void record(FlightRecorder& fr, int done, bool stuck) {
+  fr.add_group("world", {0, 1, 2, 3});
+  for (int s = 0; s < done; ++s) {
+    const uint64_t id = fr.issued("world", s, "all_reduce", "f32", 1024);
+    fr.started(id);
+    fr.completed(id);
+  }
+  if (stuck) fr.started(fr.issued("world", done, "all_reduce", "f32", 1024));
+}
+
+TEST_F(FlightRecorderTest, NamesTheRankThatNeverArrived) {
+  for (int r = 0; r < 4; ++r) {
+    FlightRecorder fr;
+    record(fr, 5, /*stuck=*/r != 3);  // rank 3 skipped all_reduce #5
+    fr.dump(dir_.string(), r, 4, "timeout");
+  }
+  HangReport report = analyze_flight_dumps(dir_.string());
+  ASSERT_FALSE(report.findings.empty());
+  const std::string& line = report.findings.front();
+  EXPECT_NE(line.find("rank(s) 0, 1, 2 wait in all_reduce #5"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank(s) 3 never reached #5"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank 3 all_reduce #4 completed"), std::string::npos) << line;
+  EXPECT_TRUE(report.missing_dumps.empty());
+}
+
+TEST_F(FlightRecorderTest, ReportsMissingDumps) {
+  for (int r = 0; r < 3; ++r) {  // rank 3 died without a dump
+    FlightRecorder fr;
+    record(fr, 2, true);
+    fr.dump(dir_.string(), r, 4, "timeout");
+  }
+  HangReport report = analyze_flight_dumps(dir_.string());
+  EXPECT_EQ(report.missing_dumps, std::vector<int>{3});
+  EXPECT_NE(report.text().find("no dump from rank(s) 3"), std::string::npos) << report.text();
+}
+
+TEST_F(FlightRecorderTest, AllCompletedMeansNoHang) {
+  for (int r = 0; r < 4; ++r) {
+    FlightRecorder fr;
+    record(fr, 3, false);
+    fr.dump(dir_.string(), r, 4, "manual");
+  }
+  EXPECT_NE(analyze_flight_dumps(dir_.string()).text().find("no hang"), std::string::npos);
+}
+
+TEST_F(FlightRecorderTest, RingKeepsTheLastRecords) {
+  FlightRecorder fr(4);
+  for (int s = 0; s < 10; ++s) fr.completed(fr.issued("g", s, "barrier", "f32", 0));
+  auto snap = fr.snapshot();
+  ASSERT_EQ(snap.size(), 4u);
+  EXPECT_EQ(snap.front().seq, 6);
+  EXPECT_EQ(snap.back().seq, 9);
+  EXPECT_EQ(snap.back().state, FlightState::kCompleted);
+  fr.completed(0);  // long overwritten: ignored
+}
+
+TEST_F(FlightRecorderTest, ConcurrentRecording) {
+  FlightRecorder fr(64);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&fr, t] {
+      const std::string group = std::string("group") + std::to_string(t);
+      for (int s = 0; s < 200; ++s) fr.completed(fr.issued(group, s, "send", "f32", 1));
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(fr.snapshot().size(), 64u);
+}
+
+TEST_F(FlightRecorderTest, BadDirectoryIsAClearError) {
+  EXPECT_THROW(analyze_flight_dumps((dir_ / "nope").string()), Error);
+  fs::create_directories(dir_);
+  std::ofstream(dir_ / "rank_00000.json") << "{not json";
+  try {
+    analyze_flight_dumps(dir_.string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank_00000.json"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace loom
