@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "bench_comm.h"
 #include "base/thread_pool.h"
 #include "checkpoint/checkpoint.h"
 #include "comm/flight_recorder.h"
@@ -161,6 +162,16 @@ int main(int argc, char** argv) {
   bench_train->add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
   bench_train->add_flag("--json", json, "one JSON object");
 
+  BenchCommArgs comm_args;
+  auto* bench_comm = bench_cmd->add_subcommand("comm", "collective bandwidth (algbw, busbw, memcpy ceiling)");
+  bench_comm->add_option("--backend", comm_args.backend, "local or mpi")->capture_default_str();
+  bench_comm->add_option("--ranks", comm_args.ranks)->capture_default_str();
+  bench_comm->add_option("--op", comm_args.op, "a collective or 'all'")->capture_default_str();
+  bench_comm->add_option("--sizes", comm_args.sizes, "per-rank buffer sizes")->capture_default_str();
+  bench_comm->add_option("--iters", comm_args.iters)->capture_default_str();
+  bench_comm->add_option("--warmup", comm_args.warmup)->capture_default_str();
+  bench_comm->add_flag("--json", comm_args.json, "one JSON object per line");
+
   std::string hang_dir;
   auto* debug_cmd = app.add_subcommand("debug", "post-mortem tools");
   debug_cmd->require_subcommand(1);
@@ -189,6 +200,7 @@ int main(int argc, char** argv) {
     }
     if (sample_cmd->parsed()) return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
     if (bench_train->parsed()) return cmd_bench(shape, threads, steps, warmup, json);
+    if (bench_comm->parsed()) return cmd_bench_comm(comm_args, std::vector<std::string>(argv, argv + argc));
     if (hang_cmd->parsed()) {
       const std::string flight = (std::filesystem::path(hang_dir) / "flight").string();
       std::cout << analyze_flight_dumps(std::filesystem::is_directory(flight) ? flight : hang_dir).text();

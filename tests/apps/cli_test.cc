@@ -116,3 +116,18 @@ TEST_F(Cli, DebugHangWithoutDumpsIsAClearError) {
   expect_error(run("debug hang " + path("run")), "does not exist");
 }
 }  // namespace
+
+namespace {
+TEST_F(Cli, BenchCommLocalJson) {
+  Result r = run("bench comm --backend local --ranks 3 --op all --sizes 4K,64K --iters 2 --warmup 1 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  int lines = 0;
+  for (size_t pos = 0; (pos = r.output.find("\"backend\":\"local\"", pos)) != std::string::npos; ++pos) ++lines;
+  EXPECT_EQ(lines, 6 * 2) << r.output;  // every collective at both sizes
+  for (const char* key : {"\"op\":\"all_to_all\"", "\"ranks\":3", "\"algbw_gbps\"", "\"busbw_gbps\"",
+                          "\"ceiling_gbps\"", "\"bytes\":"})
+    EXPECT_NE(r.output.find(key), std::string::npos) << key;
+  expect_error(run("bench comm --op all_reduse"), "unknown collective 'all_reduse'");
+  expect_error(run("bench comm --sizes 1Q"), "--sizes");
+}
+}  // namespace
