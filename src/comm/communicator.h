@@ -18,6 +18,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,6 +43,11 @@ struct CommOptions {
   // Check that all ranks of a group call the same collective with the same element count and
   // dtype; report the first mismatch by rank and sequence number. Also on with LOOM_COMM_DEBUG=1.
   bool debug_checks = false;
+  // Flight recorder (flight_recorder.h): every rank records its last `flight_capacity`
+  // operations. When a wait times out (or the world is aborted), each rank dumps them to
+  // flight_dir/rank_NNNNN.json for `loom debug hang`; empty = record, but never dump.
+  std::string flight_dir;
+  size_t flight_capacity = 4096;
 };
 
 // The handle of an asynchronous operation.

@@ -11,6 +11,7 @@
 #include "comm/local/local_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -69,6 +70,31 @@ class LocalWork final : public Work {
   std::string error_;
 };
 
+// One rank's flight recorder and its dump-once flag, shared by the rank's communicators.
+struct RankFlight {
+  RankFlight(const CommOptions& options, int rank, int ranks)
+      : recorder(options.flight_capacity),
+        dir(options.flight_dir),
+        world_rank(rank),
+        world_size(ranks) {}
+  FlightRecorder recorder;
+  const std::string dir;
+  const int world_rank;
+  const int world_size;
+  std::atomic<bool> dumped{false};
+
+  // Dumps once, when dir is set; returns a note for the error message if the dump failed.
+  std::string dump(const std::string& reason) {
+    if (dir.empty() || dumped.exchange(true)) return "";
+    try {
+      recorder.dump(dir, world_rank, world_size, reason);
+      return "";
+    } catch (const std::exception& e) {
+      return std::string(" (flight recorder dump failed: ") + e.what() + ")";
+    }
+  }
+};
+
 void check_cpu(const Tensor& t, std::string_view what) {
   if (!t.defined()) fail("local backend: ", what, ": undefined tensor");
   if (!t.device().is_cpu()) {
@@ -79,18 +105,25 @@ void check_cpu(const Tensor& t, std::string_view what) {
 
 class LocalCommunicatorImpl final : public LocalCommunicator {
  public:
-  LocalCommunicatorImpl(std::shared_ptr<LocalGroup> group, int rank)
-      : group_(std::move(group)), rank_(rank) {
+  LocalCommunicatorImpl(std::shared_ptr<LocalGroup> group, int rank,
+                        std::shared_ptr<RankFlight> flight, bool is_world)
+      : group_(std::move(group)), rank_(rank), flight_(std::move(flight)), is_world_(is_world) {
+    flight_->recorder.add_group(group_->name(), group_->world_ranks());
     if (group_->size() > 1) progress_ = std::thread([this] { progress_loop(); });
   }
   ~LocalCommunicatorImpl() override {
-    if (!progress_.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+    if (progress_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      progress_.join();  // drains the queue first; every op ends within its timeout
     }
-    cv_.notify_all();
-    progress_.join();  // drains the queue first; every op ends within its timeout
+    // A rank that was in no operation when the world was aborted (e.g. it skipped the
+    // collective the others wait in) dumps here; see local_backend.h.
+    if (is_world_ && group_->abort_state().aborted())
+      flight_->dump("world aborted: " + group_->abort_state().reason());
   }
 
   int rank() const override { return rank_; }
@@ -98,6 +131,7 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
   std::string name() const override { return group_->name(); }
   std::string backend() const override { return "local"; }
   void abort(const std::string& reason) override { group_->abort_state().abort(reason); }
+  const FlightRecorder& flight_recorder() const override { return flight_->recorder; }
 
   WorkHandle all_reduce_async(Tensor& tensor, ReduceOp op) override {
     check_cpu(tensor, "all_reduce");
@@ -239,14 +273,22 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
   WorkHandle send_async(const Tensor& tensor, int dst, int tag) override {
     check_cpu(tensor, "send");
     check_peer(dst, "send to");
-    return enqueue([this, tensor, dst, tag] { group_->deliver(rank_, dst, tag, tensor.clone()); });
+    const int n = send_count_[{dst, tag}]++;
+    const uint64_t id = flight_->recorder.issued(
+        name() + ":p2p", n, detail::concat("send(dst=", dst, ", tag=", tag, ")"),
+        std::string(dtype_name(tensor.dtype())), tensor.numel());
+    return enqueue(id,
+                   [this, tensor, dst, tag] { group_->deliver(rank_, dst, tag, tensor.clone()); });
   }
 
   WorkHandle recv_async(Tensor& tensor, int src, int tag) override {
     check_cpu(tensor, "recv");
     check_peer(src, "recv from");
     const int n = recv_count_[{src, tag}]++;
-    return enqueue([this, tensor, src, tag, n] {
+    const uint64_t id = flight_->recorder.issued(
+        name() + ":p2p", n, detail::concat("recv(src=", src, ", tag=", tag, ")"),
+        std::string(dtype_name(tensor.dtype())), tensor.numel());
+    return enqueue(id, [this, tensor, src, tag, n] {
       OpContext ctx{detail::concat("recv #", n, " from rank ", src, " (tag ", tag, ")"), rank_,
                     deadline()};
       Tensor message = group_->take(ctx, src, rank_, tag);
@@ -267,7 +309,9 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
     p.color = color;
     p.key = key;
     const uint64_t seq = next_seq_++;
-    enqueue([this, p, seq, color, &result] {
+    const uint64_t id = flight_->recorder.issued(name(), static_cast<int64_t>(seq),
+                                                 std::string(op_kind_name(OpKind::kSplit)), "", 0);
+    enqueue(id, [this, p, seq, color, &result] {
       OpContext ctx = context(OpKind::kSplit, seq);
       Slot& slot = group_->arrive(ctx, seq, 0, &p);
       SlotGuard guard{group_.get(), seq};
@@ -281,8 +325,10 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
       int leader = size();
       for (auto& m : members) leader = std::min(leader, m.second);
       if (color >= 0 && leader == rank_) {
+        std::vector<int> world_ranks;
+        for (auto& m : members) world_ranks.push_back(group_->world_ranks()[m.second]);
         auto group = std::make_shared<LocalGroup>(
-            detail::concat(name(), "/split(color=", color, ")"), static_cast<int>(members.size()),
+            detail::concat(name(), "/split(color=", color, ")"), std::move(world_ranks),
             group_->options(), group_->abort_ptr());
         group_->abort_state().add(group);
         group_->set_created(slot, rank_, std::move(group));
@@ -291,7 +337,8 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
       if (color < 0) return;
       int new_rank = 0;
       while (members[new_rank].second != rank_) ++new_rank;
-      result = std::make_unique<LocalCommunicatorImpl>(slot.created[leader], new_rank);
+      result =
+          std::make_unique<LocalCommunicatorImpl>(slot.created[leader], new_rank, flight_, false);
     })->wait();
     return result;
   }
@@ -334,7 +381,11 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
   WorkHandle collective(const Post& post, std::vector<Tensor> keep,
                         std::function<void(const std::vector<Post>&)> move_data) {
     const uint64_t seq = next_seq_++;
-    return enqueue([this, post, seq, keep = std::move(keep), move_data = std::move(move_data)] {
+    const bool has_data = post.kind != OpKind::kBarrier && post.kind != OpKind::kSplit;
+    const uint64_t id = flight_->recorder.issued(
+        name(), static_cast<int64_t>(seq), std::string(op_kind_name(post.kind)),
+        has_data ? std::string(dtype_name(post.dtype)) : std::string(), has_data ? post.count : 0);
+    return enqueue(id, [this, post, seq, keep = std::move(keep), move_data = std::move(move_data)] {
       OpContext ctx = context(post.kind, seq);
       Slot& slot = group_->arrive(ctx, seq, 0, &post);
       SlotGuard guard{group_.get(), seq};
@@ -346,30 +397,51 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
   }
 
   // Runs `run` in issue order: inline for a group of size 1, on the progress thread otherwise.
-  WorkHandle enqueue(std::function<void()> run) {
+  // `id`: the operation's flight record (issued already).
+  WorkHandle enqueue(uint64_t id, std::function<void()> run) {
     auto work = std::make_shared<LocalWork>();
     if (!progress_.joinable()) {
       std::string error;
-      const bool ok = run_op(run, error);
+      const bool ok = run_op(run, id, error);
       work->finish(!ok, std::move(error));
       return work;
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back({std::move(run), work});
+      queue_.push_back({std::move(run), work, id});
     }
     cv_.notify_all();
     return work;
   }
 
-  static bool run_op(const std::function<void()>& run, std::string& error) {
+  // Runs one operation and records it. When a wait failed (timeout, a peer gave up, abort) or
+  // the world is aborted, dumps the flight recorder; on this rank's own timeout also aborts the
+  // world so that the other ranks dump theirs (only with flight_dir; see local_backend.h). All
+  // before the caller's wait() sees the error.
+  bool run_op(const std::function<void()>& run, uint64_t id, std::string& error) {
+    flight_->recorder.started(id);
+    bool wait_failed = false;
+    bool own_timeout = false;
     try {
       run();
+      flight_->recorder.completed(id);
       return true;
+    } catch (const local::WaitError& e) {
+      error = e.what();
+      wait_failed = true;
+      own_timeout = e.own_timeout();
     } catch (const std::exception& e) {
       error = e.what();
     } catch (...) {
       error = "unknown exception";
+    }
+    flight_->recorder.failed(id);
+    if (!flight_->dir.empty() && (wait_failed || group_->abort_state().aborted())) {
+      error += flight_->dump(error);
+      if (own_timeout) {
+        group_->abort_state().abort(
+            detail::concat("rank ", flight_->world_rank, " failed: ", error));
+      }
     }
     return false;
   }
@@ -389,7 +461,8 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
       bool ok = false;
       if (!broken.empty()) {
         error = "skipped: an earlier operation on this rank failed: " + broken;
-      } else if (!(ok = run_op(op.run, error))) {
+        flight_->recorder.failed(op.id);
+      } else if (!(ok = run_op(op.run, op.id, error))) {
         broken = error;
       }
       op.run = nullptr;  // release the tensors before signalling completion
@@ -400,12 +473,16 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
   struct Pending {
     std::function<void()> run;
     std::shared_ptr<LocalWork> work;
+    uint64_t id = 0;  // flight record
   };
 
   std::shared_ptr<LocalGroup> group_;
   const int rank_;
   uint64_t next_seq_ = 0;                          // issuing thread only
   std::map<std::pair<int, int>, int> recv_count_;  // (source, tag) → receives issued so far
+  std::map<std::pair<int, int>, int> send_count_;  // (destination, tag) → sends issued so far
+  const std::shared_ptr<RankFlight> flight_;       // this rank's recorder, shared with splits
+  const bool is_world_;                            // made by make_local_world (dumps on abort)
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Pending> queue_;
@@ -421,10 +498,15 @@ std::vector<std::unique_ptr<Communicator>> make_local_world(int size, const Comm
   if (const char* env = std::getenv("LOOM_COMM_DEBUG"); env && std::string_view(env) == "1")
     opts.debug_checks = true;
   auto abort = std::make_shared<AbortState>();
-  auto group = std::make_shared<LocalGroup>("world", size, opts, abort);
+  std::vector<int> world_ranks(size);
+  for (int r = 0; r < size; ++r) world_ranks[r] = r;
+  auto group = std::make_shared<LocalGroup>("world", std::move(world_ranks), opts, abort);
   abort->add(group);
   std::vector<std::unique_ptr<Communicator>> world;
-  for (int r = 0; r < size; ++r) world.push_back(std::make_unique<LocalCommunicatorImpl>(group, r));
+  for (int r = 0; r < size; ++r) {
+    world.push_back(std::make_unique<LocalCommunicatorImpl>(
+        group, r, std::make_shared<RankFlight>(opts, r, size), true));
+  }
   return world;
 }
 

@@ -29,7 +29,26 @@
 //
 // Files: local_group.{h,cc} (slots, rendezvous, mailboxes, abort), local_reduce.{h,cc} (the
 // element loops), this file (the communicator and its progress thread).
-// Left out (issue 3): recording into the FlightRecorder (no hook in CommOptions yet).
+//
+// Flight recorder: each rank has one FlightRecorder (CommOptions::flight_capacity records),
+// owned by its world communicator and shared with the communicators split from it; every group
+// the rank joins is registered with its members' world ranks. Each operation is recorded as
+// issued (by the calling thread, when enqueued), started (when the progress thread begins it),
+// then completed or failed. Collectives and splits carry the group's sequence number; send/recv
+// are recorded under the group "<name>:p2p" (not a registered group, so `loom debug hang`
+// ignores them) with op "send(dst=D, tag=T)" / "recv(src=S, tag=T)" and the number of earlier
+// messages on that (peer, tag) as seq.
+// Dumps, only when CommOptions::flight_dir is set, each rank at most once per world
+// (FlightRecorder::dump(flight_dir, world rank, world size, reason)):
+// - a rank whose wait times out dumps before its wait() throws, then aborts the world with
+//   "rank R failed: <the timeout message>", so that
+// - every rank whose operation then fails because of the abort (or because a peer gave up on
+//   the same collective) dumps too, before its wait() throws;
+// - a rank that is in no operation at that time (e.g. the one that skipped the collective and
+//   finished its body) dumps when its world communicator is destroyed, if the world was
+//   aborted by then. A rank that destroyed its world communicator before the abort writes no
+//   dump (the analysis reports it as "no dump from rank(s) R").
+// Without flight_dir a timeout does not abort the world (it only fails the waiting rank).
 #pragma once
 
 #include <memory>
@@ -37,6 +56,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/flight_recorder.h"
 
 namespace loom {
 
@@ -47,6 +67,8 @@ class LocalCommunicator : public Communicator {
   // waiting in, or later entering, an operation throws CommError "... aborted: <reason>".
   // The first reason wins. Thread-safe; call it from any thread.
   virtual void abort(const std::string& reason) = 0;
+  // This rank's flight recorder (shared by all its communicators of one world).
+  virtual const FlightRecorder& flight_recorder() const = 0;
 };
 
 // One communicator per rank (each a LocalCommunicator), group name "world". size >= 1.

@@ -81,7 +81,8 @@ Slot& LocalGroup::arrive(const OpContext& ctx, uint64_t seq, int phase, const Po
   if (phase == 0 ? slot.failure.empty() && slot.arrived[0] == size_ : woken) return slot;
   std::string why = slot.failure;
   if (why.empty() && woken) why = "aborted: " + abort_->reason();
-  if (why.empty()) {
+  const bool own_timeout = why.empty();
+  if (own_timeout) {
     std::vector<int> arrived, missing;
     for (int r = 0; r < size_; ++r) (slot.mask[phase][r] ? arrived : missing).push_back(r);
     why = detail::concat("timed out after ", seconds_str(options_.timeout),
@@ -90,19 +91,20 @@ Slot& LocalGroup::arrive(const OpContext& ctx, uint64_t seq, int phase, const Po
   }
   if (phase == 0 && slot.failure.empty()) slot.failure = why;
   cv_.notify_all();
-  throw CommError(prefix(ctx) + ": " + why);
+  throw WaitError(prefix(ctx) + ": " + why, own_timeout);
 }
 
 Tensor LocalGroup::take(const OpContext& ctx, int src, int dst, int tag) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto& box = mailboxes_[{src, dst, tag}];
   if (!cv_.wait_until(lock, ctx.deadline, [&] { return !box.empty() || abort_->aborted(); })) {
-    throw CommError(detail::concat(prefix(ctx), ": timed out after ", seconds_str(options_.timeout),
-                                   " waiting for ranks ", src, " (no message with tag ", tag, ")"));
+    throw WaitError(detail::concat(prefix(ctx), ": timed out after ", seconds_str(options_.timeout),
+                                   " waiting for ranks ", src, " (no message with tag ", tag, ")"),
+                    true);
   }
   if (box.empty()) {
     lock.unlock();
-    throw CommError(prefix(ctx) + ": aborted: " + abort_->reason());
+    throw WaitError(prefix(ctx) + ": aborted: " + abort_->reason(), false);
   }
   Tensor message = std::move(box.front());
   box.pop_front();

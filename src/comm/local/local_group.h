@@ -61,6 +61,19 @@ std::string describe(const Post& p);  // "all_reduce(count=8, dtype=f32, op=sum)
 
 class LocalGroup;
 
+// Thrown by LocalGroup when a wait ends without its peers: this rank's own timeout
+// (own_timeout), a peer that gave up on the same collective, or a world abort. The communicator
+// dumps its flight recorder for these (see local_backend.h), not for mismatched calls.
+class WaitError : public CommError {
+ public:
+  WaitError(const std::string& message, bool own_timeout)
+      : CommError(message), own_timeout_(own_timeout) {}
+  bool own_timeout() const { return own_timeout_; }
+
+ private:
+  bool own_timeout_;
+};
+
 // Shared by every group of one world: a failed rank fails them all.
 class AbortState {
  public:
@@ -103,11 +116,18 @@ struct OpContext {
 
 class LocalGroup {
  public:
-  LocalGroup(std::string name, int size, CommOptions options, std::shared_ptr<AbortState> abort)
-      : name_(std::move(name)), size_(size), options_(options), abort_(std::move(abort)) {}
+  // world_ranks[r]: the world rank of the group's rank r (size entries).
+  LocalGroup(std::string name, std::vector<int> world_ranks, CommOptions options,
+             std::shared_ptr<AbortState> abort)
+      : name_(std::move(name)),
+        size_(static_cast<int>(world_ranks.size())),
+        world_ranks_(std::move(world_ranks)),
+        options_(std::move(options)),
+        abort_(std::move(abort)) {}
 
   const std::string& name() const { return name_; }
   int size() const { return size_; }
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
   const CommOptions& options() const { return options_; }
   AbortState& abort_state() { return *abort_; }
   const std::shared_ptr<AbortState>& abort_ptr() const { return abort_; }
@@ -153,6 +173,7 @@ class LocalGroup {
  private:
   const std::string name_;
   const int size_;
+  const std::vector<int> world_ranks_;
   const CommOptions options_;
   const std::shared_ptr<AbortState> abort_;
   std::mutex mutex_;
