@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -32,7 +34,8 @@ void mpi_check(int code, const char* call) {
 // ------------------------------------------------------------------------
 
 // A pending request whose Work handle was dropped: its buffers must outlive it, so it is kept
-// here and reaped when complete (collectives cannot be cancelled or freed while pending).
+// here and reaped when complete (sends and receives; a dropped collective stays queued or
+// running on the worker, which holds its buffers until it completes).
 struct Orphan {
   MPI_Request request;
   std::vector<Tensor> keep;
@@ -320,6 +323,51 @@ bool debug_from_env() {
 
 }  // namespace
 
+// A collective queued for the communicator's worker thread. `mutex` guards done/error.
+struct MpiTask {
+  std::function<void()> run;      // the blocking MPI call
+  std::function<void()> on_done;  // after a successful run (the avg division)
+  std::vector<Tensor> keep;       // buffers MPI reads or writes until completion
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+namespace {
+
+// The Work handle of a queued collective: completion is signalled by the worker thread.
+class MpiTaskWork final : public Work {
+ public:
+  MpiTaskWork(std::shared_ptr<MpiTask> task, std::string what, std::chrono::milliseconds timeout)
+      : task_(std::move(task)), what_(std::move(what)), timeout_(timeout) {}
+
+  bool test() override {
+    std::lock_guard<std::mutex> guard(task_->mutex);
+    if (!task_->done) return false;
+    if (task_->error) std::rethrow_exception(task_->error);
+    return true;
+  }
+
+  // On timeout the worker stays blocked in MPI; a later wait() may still see it complete.
+  void wait() override {
+    std::unique_lock<std::mutex> lock(task_->mutex);
+    if (!task_->cv.wait_for(lock, timeout_, [&] { return task_->done; })) {
+      throw CommError(detail::concat("mpi: timed out after ", timeout_.count(), " ms waiting for ",
+                                     what_,
+                                     "; ranks that did not arrive: unknown with the mpi backend"));
+    }
+    if (task_->error) std::rethrow_exception(task_->error);
+  }
+
+ private:
+  std::shared_ptr<MpiTask> task_;
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
 // ---- MpiCommunicator
 // --------------------------------------------------------------------------------
 
@@ -327,12 +375,24 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned, std::string name,
                                  const CommOptions& options)
     : comm_(comm), owned_(owned), name_(std::move(name)), options_(options) {
   if (debug_from_env()) options_.debug_checks = true;
-  auto lock = mpi_lock();
-  LOOM_MPI_CALL(MPI_Comm_rank, comm_, &rank_);
-  LOOM_MPI_CALL(MPI_Comm_size, comm_, &size_);
+  {
+    auto lock = mpi_lock();
+    LOOM_MPI_CALL(MPI_Comm_rank, comm_, &rank_);
+    LOOM_MPI_CALL(MPI_Comm_size, comm_, &size_);
+  }
+  worker_ = std::thread([this] { worker_loop(); });
 }
 
+// Drains the queue, then joins the worker (no lock held: the worker needs queue_mutex_ and the
+// MPI lock). If a collective timed out and its peers never arrive, this waits forever: abort
+// the job instead of destroying the communicator.
 MpiCommunicator::~MpiCommunicator() {
+  {
+    std::lock_guard<std::mutex> guard(queue_mutex_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
   if (owned_ && !mpi_finalized()) {
     auto lock = mpi_lock();
     MPI_Comm_free(&comm_);
@@ -360,12 +420,11 @@ std::string MpiCommunicator::begin_collective(int op_code, const char* op_name,
   const int64_t fields[5] = {seq, op_code, count,
                              tensor ? static_cast<int64_t>(tensor->dtype()) : -1, root};
   std::copy(fields, fields + 5, mine);
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
-    LOOM_MPI_CALL(MPI_Iallgather, mine, 5, MPI_INT64_T, all, 5, MPI_INT64_T, comm_, &request);
-  }
-  MpiWork(request, "the debug check before " + what, options_.timeout, {rows}, {}).wait();
+  // Runs on the worker like the collectives, so it stays in issue order with them.
+  enqueue([comm = comm_, mine,
+           all] { LOOM_MPI_CALL(MPI_Allgather, mine, 5, MPI_INT64_T, all, 5, MPI_INT64_T, comm); },
+          "the debug check before " + what, {rows})
+      ->wait();
   auto describe = [](const int64_t* row) {
     std::string text = kOpNames[row[1]];
     if (row[3] >= 0)
@@ -385,9 +444,57 @@ std::string MpiCommunicator::begin_collective(int op_code, const char* op_name,
 }
 
 WorkHandle MpiCommunicator::make_work(MPI_Request request, std::string what,
-                                      std::vector<Tensor> keep, std::function<void()> on_done) {
+                                      std::vector<Tensor> keep) {
   return std::make_shared<MpiWork>(request, std::move(what), options_.timeout, std::move(keep),
-                                   std::move(on_done));
+                                   std::function<void()>{});
+}
+
+WorkHandle MpiCommunicator::enqueue(std::function<void()> run, std::string what,
+                                    std::vector<Tensor> keep, std::function<void()> on_done) {
+  auto task = std::make_shared<MpiTask>();
+  task->run = std::move(run);
+  task->on_done = std::move(on_done);
+  task->keep = std::move(keep);
+  {
+    std::lock_guard<std::mutex> guard(queue_mutex_);
+    queue_.push_back(task);
+  }
+  queue_cv_.notify_one();
+  return std::make_shared<MpiTaskWork>(std::move(task), std::move(what), options_.timeout);
+}
+
+// Runs the queued collectives one at a time, in issue order, until stopped with an empty queue.
+void MpiCommunicator::worker_loop() {
+  for (;;) {
+    std::shared_ptr<MpiTask> task;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      if (mpi_finalized()) throw CommError("mpi: MPI was finalised before the collective ran");
+      {
+        auto lock = mpi_lock();
+        task->run();
+      }
+      if (task->on_done) task->on_done();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> guard(task->mutex);
+      task->done = true;
+      task->error = error;
+      task->keep.clear();
+      task->run = nullptr;
+      task->on_done = nullptr;
+      task->cv.notify_all();
+    }
+  }
 }
 
 WorkHandle MpiCommunicator::all_reduce_async(Tensor& tensor, ReduceOp op) {
@@ -395,15 +502,14 @@ WorkHandle MpiCommunicator::all_reduce_async(Tensor& tensor, ReduceOp op) {
   const int count = to_count(tensor.numel(), "all_reduce");
   std::string what = begin_collective(kAllReduce, "all_reduce", &tensor, count, -1,
                                       std::string(reduce_op_name(op)));
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
-    LOOM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, tensor.raw(), count, mpi_type(tensor.dtype()),
-                  mpi_op(op, tensor.dtype()), comm_, &request);
-  }
   std::function<void()> on_done;
   if (op == ReduceOp::kAvg) on_done = [tensor, n = size_] { divide_in_place(tensor, n); };
-  return make_work(request, std::move(what), {tensor}, std::move(on_done));
+  return enqueue(
+      [comm = comm_, data = tensor.raw(), count, type = mpi_type(tensor.dtype()),
+       mop = mpi_op(op, tensor.dtype())] {
+        LOOM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, data, count, type, mop, comm);
+      },
+      std::move(what), {tensor}, std::move(on_done));
 }
 
 WorkHandle MpiCommunicator::reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) {
@@ -418,15 +524,14 @@ WorkHandle MpiCommunicator::reduce_scatter_async(const Tensor& input, Tensor& ou
   const int count = to_count(output.numel(), "reduce_scatter");
   std::string what = begin_collective(kReduceScatter, "reduce_scatter", &output, count, -1,
                                       std::string(reduce_op_name(op)));
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
-    LOOM_MPI_CALL(MPI_Ireduce_scatter_block, input.raw(), output.raw(), count,
-                  mpi_type(input.dtype()), mpi_op(op, input.dtype()), comm_, &request);
-  }
   std::function<void()> on_done;
   if (op == ReduceOp::kAvg) on_done = [output, n = size_] { divide_in_place(output, n); };
-  return make_work(request, std::move(what), {input, output}, std::move(on_done));
+  return enqueue(
+      [comm = comm_, in = input.raw(), out = output.raw(), count, type = mpi_type(input.dtype()),
+       mop = mpi_op(op, input.dtype())] {
+        LOOM_MPI_CALL(MPI_Reduce_scatter_block, in, out, count, type, mop, comm);
+      },
+      std::move(what), {input, output}, std::move(on_done));
 }
 
 WorkHandle MpiCommunicator::all_gather_async(const Tensor& input, Tensor& output) {
@@ -441,14 +546,11 @@ WorkHandle MpiCommunicator::all_gather_async(const Tensor& input, Tensor& output
   const int count = to_count(input.numel(), "all_gather");
   to_count(output.numel(), "all_gather");
   std::string what = begin_collective(kAllGather, "all_gather", &input, count, -1, "");
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
-    MPI_Datatype type = mpi_type(input.dtype());
-    LOOM_MPI_CALL(MPI_Iallgather, input.raw(), count, type, output.raw(), count, type, comm_,
-                  &request);
-  }
-  return make_work(request, std::move(what), {input, output});
+  return enqueue(
+      [comm = comm_, in = input.raw(), out = output.raw(), count, type = mpi_type(input.dtype())] {
+        LOOM_MPI_CALL(MPI_Allgather, in, count, type, out, count, type, comm);
+      },
+      std::move(what), {input, output});
 }
 
 WorkHandle MpiCommunicator::broadcast_async(Tensor& tensor, int root) {
@@ -458,12 +560,9 @@ WorkHandle MpiCommunicator::broadcast_async(Tensor& tensor, int root) {
   const int count = to_count(tensor.numel(), "broadcast");
   std::string what = begin_collective(kBroadcast, "broadcast", &tensor, count, root,
                                       detail::concat("root ", root));
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
-    LOOM_MPI_CALL(MPI_Ibcast, tensor.raw(), count, mpi_type(tensor.dtype()), root, comm_, &request);
-  }
-  return make_work(request, std::move(what), {tensor});
+  return enqueue([comm = comm_, data = tensor.raw(), count, type = mpi_type(tensor.dtype()),
+                  root] { LOOM_MPI_CALL(MPI_Bcast, data, count, type, root, comm); },
+                 std::move(what), {tensor});
 }
 
 WorkHandle MpiCommunicator::reduce_async(Tensor& tensor, int root, ReduceOp op) {
@@ -473,18 +572,15 @@ WorkHandle MpiCommunicator::reduce_async(Tensor& tensor, int root, ReduceOp op) 
   const int count = to_count(tensor.numel(), "reduce");
   std::string what = begin_collective(kReduce, "reduce", &tensor, count, root,
                                       detail::concat(reduce_op_name(op), ", root ", root));
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
-    // The root reduces in place; the others only send (their recvbuf is not used).
-    const void* send = rank_ == root ? MPI_IN_PLACE : tensor.raw();
-    LOOM_MPI_CALL(MPI_Ireduce, send, tensor.raw(), count, mpi_type(tensor.dtype()),
-                  mpi_op(op, tensor.dtype()), root, comm_, &request);
-  }
   std::function<void()> on_done;
   if (op == ReduceOp::kAvg && rank_ == root)
     on_done = [tensor, n = size_] { divide_in_place(tensor, n); };
-  return make_work(request, std::move(what), {tensor}, std::move(on_done));
+  // The root reduces in place; the others only send (their recvbuf is not used).
+  const void* send = rank_ == root ? MPI_IN_PLACE : tensor.raw();
+  return enqueue([comm = comm_, send, data = tensor.raw(), count, type = mpi_type(tensor.dtype()),
+                  mop = mpi_op(op, tensor.dtype()),
+                  root] { LOOM_MPI_CALL(MPI_Reduce, send, data, count, type, mop, root, comm); },
+                 std::move(what), {tensor}, std::move(on_done));
 }
 
 WorkHandle MpiCommunicator::all_to_all_async(const Tensor& input, Tensor& output) {
@@ -499,24 +595,16 @@ WorkHandle MpiCommunicator::all_to_all_async(const Tensor& input, Tensor& output
   to_count(input.numel(), "all_to_all");
   const int chunk = static_cast<int>(input.numel() / size_);
   std::string what = begin_collective(kAllToAll, "all_to_all", &input, input.numel(), -1, "");
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
-    MPI_Datatype type = mpi_type(input.dtype());
-    LOOM_MPI_CALL(MPI_Ialltoall, input.raw(), chunk, type, output.raw(), chunk, type, comm_,
-                  &request);
-  }
-  return make_work(request, std::move(what), {input, output});
+  return enqueue(
+      [comm = comm_, in = input.raw(), out = output.raw(), chunk, type = mpi_type(input.dtype())] {
+        LOOM_MPI_CALL(MPI_Alltoall, in, chunk, type, out, chunk, type, comm);
+      },
+      std::move(what), {input, output});
 }
 
 WorkHandle MpiCommunicator::barrier_async() {
   std::string what = begin_collective(kBarrier, "barrier", nullptr, 0, -1, "");
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
-    LOOM_MPI_CALL(MPI_Ibarrier, comm_, &request);
-  }
-  return make_work(request, std::move(what), {});
+  return enqueue([comm = comm_] { LOOM_MPI_CALL(MPI_Barrier, comm); }, std::move(what), {});
 }
 
 WorkHandle MpiCommunicator::send_async(const Tensor& tensor, int dst, int tag) {
