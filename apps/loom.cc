@@ -63,7 +63,9 @@ int cmd_sample(const std::string& checkpoint, const std::string& prompt, const S
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
   load_checkpoint(checkpoint, model, nullptr);
-  ThreadPool pool(resolve_threads(threads, 1));
+  RuntimeConfig runtime;  // one rank; 0 threads = all cores, as in [runtime] threads_per_rank
+  runtime.threads_per_rank = threads;
+  ThreadPool pool(runtime.resolved_threads_per_rank());
   Context ctx{&pool, Device::cpu(), DType::kF32};
   ByteTokenizer tok;
   if (mc.vocab_size < ByteTokenizer::kVocabSize)

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -32,12 +31,6 @@ Gpt2Config model_config_of(const Config& config) {
   m.init_std = static_cast<float>(config.model.init_std);
   m.recompute = config.train.recompute;
   return m;
-}
-
-int resolve_threads(int64_t threads_per_rank, int64_t ranks) {
-  if (threads_per_rank > 0) return static_cast<int>(threads_per_rank);
-  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<int>(std::max<int64_t>(1, cores / std::max<int64_t>(1, ranks)));
 }
 
 namespace {

@@ -37,7 +37,4 @@ TrainSummary run_training(const Config& config, const TrainOptions& options);
 struct Gpt2Config;
 Gpt2Config model_config_of(const Config& config);
 
-// runtime.threads_per_rank resolved: 0 means the machine's cores divided among the ranks.
-int resolve_threads(int64_t threads_per_rank, int64_t ranks);
-
 }  // namespace loom
