@@ -31,11 +31,14 @@ struct TrainArgs {
   std::string resume;
   int64_t stop_after = 0;
   bool quiet = false;
+  int ranks = 0;
 };
 
 int cmd_train(const TrainArgs& a) {
   Config config = load_config(a.config_path);
   for (const auto& s : a.sets) apply_override(config, s);
+  if (a.ranks > 0) config.runtime.ranks = a.ranks;
+  resolve_layout(config);
   validate(config);
   TrainOptions options;
   options.run_dir = a.run_dir.empty()
@@ -44,8 +47,10 @@ int cmd_train(const TrainArgs& a) {
   options.resume = a.resume;
   options.stop_after = a.stop_after;
   options.progress = !a.quiet;
-  std::fprintf(stderr, "loom train: %s -> %s (%ld steps, %ld micro-batches of %ld x %ld tokens per step)\n",
-               a.config_path.c_str(), options.run_dir.c_str(), static_cast<long>(config.train.steps),
+  std::fprintf(stderr, "loom train: %s -> %s (%d rank%s, dp %d, zero %d; %ld steps, %ld micro-batches of %ld x %ld tokens per rank per step)\n",
+               a.config_path.c_str(), options.run_dir.c_str(), config.runtime.ranks,
+               config.runtime.ranks == 1 ? "" : "s", config.parallel.dp, config.parallel.zero,
+               static_cast<long>(config.train.steps),
                static_cast<long>(config.grad_accum_steps()),
                static_cast<long>(config.train.micro_batch_size),
                static_cast<long>(config.model.seq_len));
@@ -119,6 +124,10 @@ int main(int argc, char** argv) {
                         "end after this step with a checkpoint (the LR schedule still follows train.steps)")
       ->check(CLI::PositiveNumber);
   train_cmd->add_flag("--quiet", train.quiet, "no progress output");
+  train_cmd->add_option("--ranks", train.ranks,
+                        "thread ranks of the local backend (sets runtime.ranks; with no parallel "
+                        "degree set, all go to data parallelism)")
+      ->check(CLI::PositiveNumber);
 
   auto* data_cmd = app.add_subcommand("data", "prepare token shards");
   data_cmd->require_subcommand(1);

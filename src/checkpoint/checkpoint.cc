@@ -53,9 +53,27 @@ void load_into(const std::string& dir, const std::string& file, const Safetensor
 }
 }  // namespace
 
+namespace {
+// Parameter p's view in a flat buffer of the store's layout.
+Tensor view_of(const Tensor& flat, const Parameter& p) {
+  return flat.narrow(p.offset, p.numel()).reshape(p.shape);
+}
+}  // namespace
+
 std::string save_checkpoint(const std::string& checkpoints_dir, Gpt2& model, AdamW* optimizer,
                             const TrainingState& state) {
-  ParameterStore& params = model.params();
+  FlatModelState flat{model.params().values(), Tensor(), Tensor()};
+  if (optimizer != nullptr) {
+    flat.exp_avg = optimizer->m();
+    flat.exp_avg_sq = optimizer->v();
+  }
+  return save_checkpoint(checkpoints_dir, model.params(), model.config(), flat, state);
+}
+
+std::string save_checkpoint(const std::string& checkpoints_dir, const ParameterStore& params,
+                            const Gpt2Config& mc, const FlatModelState& flat,
+                            const TrainingState& state) {
+  const bool has_optimizer = flat.exp_avg.defined();
   const fs::path final_dir = fs::path(checkpoints_dir) / ("step_" + std::to_string(state.step));
   const fs::path tmp_dir = fs::path(checkpoints_dir) / ("step_" + std::to_string(state.step) + ".tmp");
   std::error_code ec;
@@ -68,15 +86,13 @@ std::string save_checkpoint(const std::string& checkpoints_dir, Gpt2& model, Ada
   const std::map<std::string, std::string> meta = {{"format", "loom-checkpoint"},
                                                    {"step", std::to_string(state.step)}};
   std::vector<std::pair<std::string, Tensor>> weights;
-  for (const auto& p : params.parameters()) weights.emplace_back(p->name, p->value);
+  for (const auto& p : params.parameters()) weights.emplace_back(p->name, view_of(flat.values, *p));
   save_safetensors((tmp_dir / "model.safetensors").string(), weights, meta);
-  if (optimizer != nullptr) {
+  if (has_optimizer) {
     std::vector<std::pair<std::string, Tensor>> moments;
     for (const auto& p : params.parameters()) {
-      moments.emplace_back(p->name + ".exp_avg",
-                           optimizer->m().narrow(p->offset, p->numel()).reshape(p->shape));
-      moments.emplace_back(p->name + ".exp_avg_sq",
-                           optimizer->v().narrow(p->offset, p->numel()).reshape(p->shape));
+      moments.emplace_back(p->name + ".exp_avg", view_of(flat.exp_avg, *p));
+      moments.emplace_back(p->name + ".exp_avg_sq", view_of(flat.exp_avg_sq, *p));
     }
     save_safetensors((tmp_dir / "optimizer.safetensors").string(), moments, meta);
   }
@@ -90,9 +106,8 @@ std::string save_checkpoint(const std::string& checkpoints_dir, Gpt2& model, Ada
   // Training draws no random numbers after initialisation (no dropout, deterministic data order),
   // so the counter-based generator's key is all the RNG state there is.
   j["rng"] = {{"algorithm", "philox4x32-10"}, {"seed", state.seed}};
-  j["has_optimizer"] = optimizer != nullptr;
+  j["has_optimizer"] = has_optimizer;
   j["config"] = state.config_toml;
-  const Gpt2Config& mc = model.config();
   json shape = {{"arch", "gpt2"},           {"vocab_size", mc.vocab_size},
                 {"max_seq_len", mc.max_seq_len}, {"d_model", mc.d_model},
                 {"n_layers", mc.n_layers},   {"n_heads", mc.n_heads}};
@@ -145,23 +160,36 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
 }
 
 TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, AdamW* optimizer) {
-  ParameterStore& params = model.params();
+  FlatModelState flat{model.params().values(), Tensor(), Tensor()};
+  if (optimizer != nullptr) {
+    flat.exp_avg = optimizer->m();
+    flat.exp_avg_sq = optimizer->v();
+  }
+  TrainingState s = load_checkpoint(checkpoint_dir, model.params(), flat);
+  if (optimizer != nullptr) optimizer->set_steps_taken(s.optimizer_steps);
+  return s;
+}
+
+TrainingState load_checkpoint(const std::string& checkpoint_dir, const ParameterStore& params,
+                              FlatModelState& flat) {
   json j = read_state_json(checkpoint_dir);
   const std::string model_file = (fs::path(checkpoint_dir) / "model.safetensors").string();
   SafetensorsFile weights = load_safetensors(model_file);
-  for (const auto& p : params.parameters())
-    load_into(checkpoint_dir, "model.safetensors", weights, p->name, p->value);
+  for (const auto& p : params.parameters()) {
+    Tensor dst = view_of(flat.values, *p);
+    load_into(checkpoint_dir, "model.safetensors", weights, p->name, dst);
+  }
   if (weights.tensors.size() != params.parameters().size())
     fail("checkpoint ", checkpoint_dir, ": model.safetensors holds ", weights.tensors.size(),
          " tensors, the model has ", params.parameters().size());
-  if (optimizer != nullptr) {
+  if (flat.exp_avg.defined()) {
     if (!j.value("has_optimizer", false))
       fail("checkpoint ", checkpoint_dir, ": holds no optimizer state, cannot resume training");
     SafetensorsFile moments =
         load_safetensors((fs::path(checkpoint_dir) / "optimizer.safetensors").string());
     for (const auto& p : params.parameters()) {
-      Tensor m = optimizer->m().narrow(p->offset, p->numel()).reshape(p->shape);
-      Tensor v = optimizer->v().narrow(p->offset, p->numel()).reshape(p->shape);
+      Tensor m = view_of(flat.exp_avg, *p);
+      Tensor v = view_of(flat.exp_avg_sq, *p);
       load_into(checkpoint_dir, "optimizer.safetensors", moments, p->name + ".exp_avg", m);
       load_into(checkpoint_dir, "optimizer.safetensors", moments, p->name + ".exp_avg_sq", v);
     }
@@ -178,7 +206,6 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, Ad
   } catch (const json::exception& e) {
     fail("checkpoint ", checkpoint_dir, ": state.json is incomplete: ", e.what());
   }
-  if (optimizer != nullptr) optimizer->set_steps_taken(s.optimizer_steps);
   return s;
 }
 

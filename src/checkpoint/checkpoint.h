@@ -33,6 +33,10 @@ struct TrainingState {
 // Writes step_N under `checkpoints_dir` (created if missing) and returns its path.
 std::string save_checkpoint(const std::string& checkpoints_dir, Gpt2& model, AdamW* optimizer,
                             const TrainingState& state);
+// The same from flat buffers laid out as `layout` says.
+std::string save_checkpoint(const std::string& checkpoints_dir, const ParameterStore& layout,
+                            const Gpt2Config& model, const FlatModelState& state,
+                            const TrainingState& training);
 
 // The complete checkpoint with the highest step under `checkpoints_dir`, or "" when none.
 std::string find_latest_checkpoint(const std::string& checkpoints_dir);
@@ -44,5 +48,9 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir);
 // objects. Every parameter must be present with the model's shape: a mismatch is an error that
 // names the checkpoint, the parameter and both shapes. Returns the recorded training state.
 TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, AdamW* optimizer);
+// The same into flat buffers laid out as `layout` says (allocated by the caller; the moments
+// are loaded when into.exp_avg is defined). The optimizer step count is in the result.
+TrainingState load_checkpoint(const std::string& checkpoint_dir, const ParameterStore& layout,
+                              FlatModelState& into);
 
 }  // namespace loom

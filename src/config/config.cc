@@ -69,6 +69,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(parallel, tp),
     LOOM_KEY(parallel, pp),
     LOOM_KEY(parallel, zero),
+    LOOM_KEY(parallel, bucket_mb),
     LOOM_KEY(parallel, schedule),
     LOOM_KEY(parallel, virtual_stages),
     LOOM_KEY(runtime, ranks),

@@ -58,12 +58,12 @@ struct TrainConfig {
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
-// Reserved for the parallelism issues; parsed and validated now.
 struct ParallelConfig {
   int dp = 1;                     // data-parallel degree
   int tp = 1;                     // tensor-parallel degree
   int pp = 1;                     // pipeline-parallel degree
   int zero = 0;                   // ZeRO stage 0..3 over the dp axis
+  double bucket_mb = 25;          // gradient all-reduce bucket size in MiB (PyTorch DDP's 25)
   std::string schedule = "1f1b";  // pipeline schedule: gpipe, 1f1b or interleaved
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved only)
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;

@@ -109,6 +109,7 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   p.positive("parallel.dp", par.dp);
   p.positive("parallel.tp", par.tp);
   p.positive("parallel.pp", par.pp);
+  if (!(par.bucket_mb > 0)) p.add("parallel.bucket_mb = ", par.bucket_mb, " must be positive");
   if (par.zero < 0 || par.zero > 3) p.add("parallel.zero = ", par.zero, " must be 0, 1, 2 or 3");
   p.one_of("parallel.schedule", par.schedule, {"gpipe", "1f1b", "interleaved"});
   p.positive("parallel.virtual_stages", par.virtual_stages);

@@ -86,12 +86,17 @@ void Gpt2Block::clear_cache() {
 
 Gpt2::Gpt2(const Gpt2Config& config) : config_(config) {
   config_.validate();
+  // Unit 0 ("root"): the embeddings and the final LayerNorm, used at both ends of the network;
+  // unit 1 + l: block l (nn/hooks.h).
+  params_.begin_unit("root");
   embedding_ = std::make_unique<Embedding>(params_, config.vocab_size, config.max_seq_len,
                                            config.d_model, config.init_std);
-  for (int64_t l = 0; l < config.n_layers; ++l)
-    blocks_.push_back(
-        std::make_unique<Gpt2Block>(params_, "blocks." + std::to_string(l), config_));
   ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", config.d_model);
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    const std::string name = "blocks." + std::to_string(l);
+    params_.begin_unit(name);
+    blocks_.push_back(std::make_unique<Gpt2Block>(params_, name, config_));
+  }
 }
 
 void Gpt2::build(DType dtype, Device device, uint64_t seed) {
@@ -101,7 +106,11 @@ void Gpt2::build(DType dtype, Device device, uint64_t seed) {
 
 Tensor Gpt2::trunk(Context& ctx, const Tensor& tokens) {
   Tensor x = embedding_->forward(ctx, tokens);
-  for (auto& block : blocks_) x = block->forward(ctx, x);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    hook_before_forward(ctx, kFirstBlockUnit + l);
+    x = blocks_[l]->forward(ctx, x);
+    hook_after_forward(ctx, kFirstBlockUnit + l);
+  }
   return ln_f_->forward(ctx, x);
 }
 
@@ -110,6 +119,7 @@ double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) 
     fail("targets ", shape_str(targets.shape()), " must be i32 and shaped like tokens ",
          shape_str(tokens.shape()));
   const int64_t N = tokens.numel(), C = config_.d_model, V = config_.vocab_size;
+  hook_before_forward(ctx, kRootUnit);
   final_ = trunk(ctx, tokens).reshape({N, C});
   dlogits_ = Tensor::empty({N, V}, ctx.dtype, ctx.device);
   lse_ = Tensor::empty({N}, ctx.dtype, ctx.device);
@@ -123,7 +133,9 @@ double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) 
                            nullptr, N, C, V);
     cpu::cross_entropy_forward<T>(*ctx.pool, losses.data<T>(), lse_.data<T>(), dlogits_.data<T>(),
                                   targets.data<int32_t>(), N, V);
-    return cpu::sum<T>(*ctx.pool, losses.data<T>(), N) / static_cast<double>(N);
+    const double loss = cpu::sum<T>(*ctx.pool, losses.data<T>(), N) / static_cast<double>(N);
+    hook_after_forward(ctx, kRootUnit);
+    return loss;
   });
 }
 
@@ -132,6 +144,7 @@ void Gpt2::backward(Context& ctx, double scale) {
   const int64_t N = final_.dim(0), C = config_.d_model, V = config_.vocab_size;
   const int64_t B = targets_.dim(0), T = targets_.dim(1);
   const Parameter& wte = *embedding_->wte();
+  hook_before_backward(ctx, kRootUnit);
   Tensor dfinal = Tensor::empty({B, T, C}, ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
@@ -143,12 +156,18 @@ void Gpt2::backward(Context& ctx, double scale) {
   });
   dlogits_ = lse_ = final_ = targets_ = Tensor();
   Tensor dx = ln_f_->backward(ctx, dfinal);
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) dx = (*it)->backward(ctx, dx);
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    hook_before_backward(ctx, kFirstBlockUnit + l);
+    dx = blocks_[l]->backward(ctx, dx);
+    hook_after_backward(ctx, kFirstBlockUnit + l);
+  }
   embedding_->backward(ctx, dx);
+  hook_after_backward(ctx, kRootUnit);
 }
 
 Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = config_.d_model, V = config_.vocab_size;
+  hook_before_forward(ctx, kRootUnit);
   Tensor final = trunk(ctx, tokens);
   clear_cache();
   Tensor out = Tensor::empty({B, T, V}, ctx.dtype, ctx.device);
@@ -158,6 +177,7 @@ Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {
     cpu::matmul_forward<T_>(*ctx.pool, out.data<T_>(), final.data<T_>(), wte.value.data<T_>(),
                             nullptr, B * T, C, V);
   });
+  hook_after_forward(ctx, kRootUnit);
   return out;
 }
 

@@ -51,6 +51,10 @@ class Gpt2Block {
 
 class Gpt2 {
  public:
+  // Parameter units (nn/hooks.h): the root (embeddings, final LayerNorm), then one per block.
+  static constexpr size_t kRootUnit = 0;
+  static constexpr size_t kFirstBlockUnit = 1;
+
   explicit Gpt2(const Gpt2Config& config);
 
   const Gpt2Config& config() const { return config_; }

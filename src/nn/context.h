@@ -4,6 +4,7 @@
 
 #include "base/thread_pool.h"
 #include "device/device.h"
+#include "nn/hooks.h"
 #include "tensor/dtype.h"
 
 namespace loom {
@@ -12,6 +13,13 @@ struct Context {
   ThreadPool* pool = nullptr;
   Device device = Device::cpu();
   DType dtype = DType::kF32;  // activations' compute dtype (f64 in gradient checks)
+  ParamHooks* hooks = nullptr;  // a parallel strategy's hooks (nn/hooks.h); none on one device
 };
+
+// Hook calls that do nothing without hooks.
+inline void hook_before_forward(Context& ctx, size_t unit) { if (ctx.hooks) ctx.hooks->before_forward(unit); }
+inline void hook_after_forward(Context& ctx, size_t unit) { if (ctx.hooks) ctx.hooks->after_forward(unit); }
+inline void hook_before_backward(Context& ctx, size_t unit) { if (ctx.hooks) ctx.hooks->before_backward(unit); }
+inline void hook_after_backward(Context& ctx, size_t unit) { if (ctx.hooks) ctx.hooks->after_backward(unit); }
 
 }  // namespace loom

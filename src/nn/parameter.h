@@ -3,7 +3,14 @@
 // Names are stable whatever the layout ("blocks.3.attn.qkv.weight"): they are the checkpoint
 // keys, the sharding keys and the RNG stream names. All values live in one flat buffer and all
 // gradients in another, each parameter a view into them, so zeroing, the global norm, the
-// optimizer and (later) bucketed all-reduce and ZeRO sharding work on contiguous memory.
+// optimizer, bucketed all-reduce and ZeRO sharding work on contiguous memory.
+//
+// Units: parameters are registered in units (begin_unit), the granularity at which data
+// parallelism communicates and ZeRO-3 gathers: GPT-2 has a "root" unit (embeddings, final
+// LayerNorm) and one unit per block. A unit is a contiguous range of the flat buffers, padded
+// (AllocateOptions::unit_multiple) so that it splits into equal, aligned per-rank chunks.
+// The flat buffers are optional: ZeRO-2 and ZeRO-3 allocate no full gradient / value buffer and
+// bind each unit's views to buffers they manage (bind_unit_values / bind_unit_grads).
 #pragma once
 
 #include <cstdint>
@@ -32,28 +39,68 @@ struct Parameter {
   int64_t numel() const { return shape_numel(shape); }
 };
 
+// A group of parameters communicated together: elements [begin, begin + numel) of the flat
+// buffers (numel includes the padding after the last parameter).
+struct ParamUnit {
+  std::string name;
+  int64_t begin = 0;
+  int64_t numel = 0;
+  std::vector<Parameter*> params;
+};
+
+struct AllocateOptions {
+  int64_t unit_multiple = 1;  // every unit's numel is a multiple of this (e.g. 16 × dp ranks)
+  bool values = true;         // allocate the flat value buffer (false: ZeRO-3)
+  bool grads = true;          // allocate the flat gradient buffer (false: ZeRO-2/3)
+};
+
 class ParameterStore {
  public:
+  // Parameters added from now on belong to a new unit named `name`. Parameters added before any
+  // begin_unit() form a unit named "all".
+  void begin_unit(const std::string& name);
   // Registers a parameter; returns a pointer that stays valid for the store's lifetime.
   // Tensors exist only after allocate().
   Parameter* add(const std::string& name, const Shape& shape, InitKind init, float init_std = 0.02f);
 
-  // Allocates the flat value and gradient buffers (gradients zeroed) and makes the views.
-  void allocate(DType dtype, Device device);
+  // Lays out the units (offsets, padding) and allocates the flat buffers that `options` asks
+  // for (zeroed), making the parameters' views into them.
+  void allocate(DType dtype, Device device, const AllocateOptions& options = {});
   // Initialises every value from (seed, name, global index): see tensor/rng.h.
   void initialize(uint64_t seed);
+  // Fills `out` (length elements, host) with what elements [begin, begin + length) of the flat
+  // value buffer hold after initialize(seed), padding as zeros, without the flat buffer: how a
+  // ZeRO-3 shard initialises exactly like its slice of the full model.
+  void initialize_slice(uint64_t seed, int64_t begin, int64_t length, Tensor& out) const;
 
+  // Zeroes the flat gradient buffer (a no-op when there is none).
   void zero_grads();
+
+  const std::vector<ParamUnit>& units() const { return units_; }
+  // Points the views of unit `u`'s parameters into `buffer` (unit.numel elements, the unit's
+  // layout); an undefined buffer unbinds them (a use then fails loudly instead of reading
+  // freed memory).
+  void bind_unit_values(size_t u, const Tensor& buffer);
+  void bind_unit_grads(size_t u, const Tensor& buffer);
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
   const std::vector<std::unique_ptr<Parameter>>& parameters() const { return params_; }
   Parameter* find(const std::string& name) const;  // nullptr if absent
   Parameter& get(const std::string& name) const;   // throws loom::Error naming it
+  // Elements of the flat buffers, padding included (known after allocate()).
   int64_t numel() const { return numel_; }
-  Tensor& values() { return values_; }
-  Tensor& grads() { return grads_; }
-  bool allocated() const { return values_.defined(); }
+  // Elements of the parameters themselves, no padding.
+  int64_t parameter_numel() const;
+  Tensor& values() { return values_; }  // undefined when allocated without values
+  Tensor& grads() { return grads_; }    // undefined when allocated without grads
+  bool allocated() const { return allocated_; }
 
  private:
   std::vector<std::unique_ptr<Parameter>> params_;
+  std::vector<ParamUnit> units_;
+  bool allocated_ = false;
+  DType dtype_ = DType::kF32;
+  Device device_ = Device::cpu();
   int64_t numel_ = 0;
   Tensor values_;
   Tensor grads_;

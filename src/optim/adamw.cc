@@ -9,20 +9,35 @@
 namespace loom {
 
 AdamW::AdamW(ParameterStore& params, const AdamWConfig& config)
-    : params_(params), config_(config) {
-  LOOM_CHECK(params.allocated());
-  if (params.values().dtype() != DType::kF32) fail("AdamW needs f32 parameters");
-  m_ = Tensor::zeros(params.values().shape(), DType::kF32, params.values().device());
-  v_ = Tensor::zeros(params.values().shape(), DType::kF32, params.values().device());
+    : params_(&params), config_(config) {
+  LOOM_CHECK(params.allocated() && params.values().defined() && params.grads().defined());
+  if (params.dtype() != DType::kF32) fail("AdamW needs f32 parameters");
+  for (const auto& p : params.parameters())
+    segments_.push_back({p->offset, p->offset, p->offset, p->numel(), p->weight_decay});
+  m_ = Tensor::zeros({params.numel()}, DType::kF32, params.device());
+  v_ = Tensor::zeros({params.numel()}, DType::kF32, params.device());
+}
+
+AdamW::AdamW(const AdamWConfig& config, std::vector<AdamWSegment> segments, int64_t state_numel,
+             Device device)
+    : config_(config), segments_(std::move(segments)) {
+  for (const AdamWSegment& s : segments_) LOOM_CHECK(s.state_offset + s.numel <= state_numel);
+  m_ = Tensor::zeros({state_numel}, DType::kF32, device);
+  v_ = Tensor::zeros({state_numel}, DType::kF32, device);
 }
 
 void AdamW::step(ThreadPool& pool, float lr) {
+  LOOM_CHECK(params_ != nullptr);
+  step(pool, lr, params_->values().data<float>(), params_->grads().data<float>());
+}
+
+void AdamW::step(ThreadPool& pool, float lr, float* values, const float* grads) {
   ++step_;
-  for (const auto& p : params_.parameters()) {
-    const float decay = p->weight_decay ? config_.weight_decay : 0.0f;
-    cpu::adamw_update(pool, p->value.data<float>(), p->grad.data<float>(),
-                      m_.data<float>() + p->offset, v_.data<float>() + p->offset, p->numel(), lr,
-                      config_.beta1, config_.beta2, config_.eps, decay, step_);
+  for (const AdamWSegment& s : segments_) {
+    const float decay = s.decay ? config_.weight_decay : 0.0f;
+    cpu::adamw_update(pool, values + s.value_offset, grads + s.grad_offset,
+                      m_.data<float>() + s.state_offset, v_.data<float>() + s.state_offset,
+                      s.numel, lr, config_.beta1, config_.beta2, config_.eps, decay, step_);
   }
 }
 
@@ -39,11 +54,13 @@ float lr_schedule(int64_t step, int64_t total, int64_t warmup, float lr, float m
 double clip_grad_norm(ThreadPool& pool, ParameterStore& params, double max_norm) {
   Tensor& g = params.grads();
   const double norm = std::sqrt(cpu::sum_squares<float>(pool, g.data<float>(), g.numel()));
-  if (max_norm > 0 && norm > max_norm) {
-    cpu::scale_inplace<float>(pool, g.data<float>(), static_cast<float>(max_norm / (norm + 1e-6)),
-                              g.numel());
-  }
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef != 1.0f) cpu::scale_inplace<float>(pool, g.data<float>(), coef, g.numel());
   return norm;
+}
+
+float clip_coefficient(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
 }
 
 }  // namespace loom

@@ -4,6 +4,8 @@
 // buffers parallel to the parameter buffer, plus the step count.
 #pragma once
 
+#include <vector>
+
 #include "base/thread_pool.h"
 #include "nn/parameter.h"
 
@@ -16,11 +18,28 @@ struct AdamWConfig {
   float weight_decay = 0.1f;
 };
 
+// A run of elements updated with one weight-decay setting: values[value_offset + i],
+// grads[grad_offset + i] and the moments at state_offset + i, for i < numel. ZeRO builds these
+// for the pieces of parameters that fall into a rank's shard.
+struct AdamWSegment {
+  int64_t value_offset = 0;
+  int64_t grad_offset = 0;
+  int64_t state_offset = 0;
+  int64_t numel = 0;
+  bool decay = false;
+};
+
 class AdamW {
  public:
+  // Every parameter of the store, moments in the store's flat layout.
   AdamW(ParameterStore& params, const AdamWConfig& config);
-  // One update with learning rate `lr` from the gradients currently in the store.
+  // Moments of `state_numel` elements for the given segments (a ZeRO shard).
+  AdamW(const AdamWConfig& config, std::vector<AdamWSegment> segments, int64_t state_numel,
+        Device device);
+  // One update with learning rate `lr` from the gradients currently in the store (first form).
   void step(ThreadPool& pool, float lr);
+  // One update of the segments' elements of `values` from `grads` (second form).
+  void step(ThreadPool& pool, float lr, float* values, const float* grads);
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t step) { step_ = step; }
@@ -28,10 +47,20 @@ class AdamW {
   Tensor& v() { return v_; }
 
  private:
-  ParameterStore& params_;
+  ParameterStore* params_ = nullptr;  // the first form's store
   AdamWConfig config_;
+  std::vector<AdamWSegment> segments_;
   Tensor m_, v_;
   int64_t step_ = 0;
+};
+
+// A model's whole (unsharded) state in the flat layout of its ParameterStore: the values and
+// AdamW's moments (undefined exp_avg: no optimizer state). Checkpoints read and write it;
+// data-parallel ranks under ZeRO assemble it from their shards (parallel/data_parallel.h).
+struct FlatModelState {
+  Tensor values;
+  Tensor exp_avg;
+  Tensor exp_avg_sq;
 };
 
 // Learning rate at step `step` (0-based): linear warm-up over `warmup` steps to `lr`, then cosine
@@ -41,5 +70,9 @@ float lr_schedule(int64_t step, int64_t total, int64_t warmup, float lr, float m
 // The global L2 norm of all gradients; when max_norm > 0 and the norm exceeds it, scales every
 // gradient by max_norm / norm. Returns the norm before clipping.
 double clip_grad_norm(ThreadPool& pool, ParameterStore& params, double max_norm);
+
+// The factor clip_grad_norm scales gradients by for a global norm `norm` (1 when no clipping):
+// for callers that compute the norm of sharded gradients themselves.
+float clip_coefficient(double norm, double max_norm);
 
 }  // namespace loom

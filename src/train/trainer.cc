@@ -6,6 +6,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "comm/local/local_backend.h"
+#include "comm/mpi/launch_env.h"
+#ifdef LOOM_WITH_MPI
+#include "comm/mpi/mpi_backend.h"
+#endif
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -17,6 +25,7 @@
 #include "models/gpt2.h"
 #include "monitor/metrics_log.h"
 #include "optim/adamw.h"
+#include "parallel/data_parallel.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -51,98 +60,121 @@ double evaluate(Context& ctx, Gpt2& model, const std::vector<std::string>& shard
   return total / static_cast<double>(batches);
 }
 
-}  // namespace
-
-TrainSummary run_training(const Config& config, const TrainOptions& options) {
-  validate(config);
-  if (config.parallel.dp * config.parallel.tp * config.parallel.pp != 1 || config.runtime.ranks != 1)
-    fail("parallel layouts (parallel.dp/tp/pp, runtime.ranks > 1) are not implemented yet: "
-         "this build trains on one device");
-  const Device device = Device::parse(config.runtime.device);
-  if (!device.is_cpu()) fail("runtime.device = '", config.runtime.device, "': training runs on the cpu for now");
-
+// One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
+// checkpoints, progress); every rank computes.
+TrainSummary train_rank(const Config& config, const TrainOptions& options, Communicator& world,
+                        Device device) {
   const TrainConfig& tc = config.train;
+  const bool leader = world.rank() == 0;
   const int64_t seq_len = config.model.seq_len;
   const int64_t micro = tc.micro_batch_size;
   const int64_t accum = config.grad_accum_steps();
   const int64_t tokens_per_step = tc.batch_size * seq_len;
+  Communicator& dp = world;  // dp is the only axis so far (tp = pp = 1)
 
   ThreadPool pool(config.runtime.resolved_threads_per_rank());
-  Context ctx{&pool, device, DType::kF32};
-
   Gpt2 model(model_config_of(config));
-  model.build(DType::kF32, device, static_cast<uint64_t>(tc.seed));
   AdamWConfig opt_config;
   opt_config.beta1 = static_cast<float>(tc.beta1);
   opt_config.beta2 = static_cast<float>(tc.beta2);
   opt_config.eps = static_cast<float>(tc.eps);
   opt_config.weight_decay = static_cast<float>(tc.weight_decay);
-  AdamW optimizer(model.params(), opt_config);
+  DataParallelConfig dp_config;
+  dp_config.zero = config.parallel.zero;
+  dp_config.bucket_bytes = static_cast<int64_t>(config.parallel.bucket_mb * 1048576.0);
+  std::unique_ptr<DataParallel> engine = DataParallel::create(
+      model.params(), dp, pool, device, dp_config, opt_config, static_cast<uint64_t>(tc.seed));
+  Context ctx{&pool, device, DType::kF32, engine.get()};
 
-  DataLoader train_loader(resolve_shards(config.data.train, "data.train"), micro, seq_len);
+  DataLoader train_loader(resolve_shards(config.data.train, "data.train"), micro, seq_len,
+                          dp.rank(), dp.size());
   std::vector<std::string> val_shards;
   if (!config.data.val.empty() && tc.eval_every > 0)
     val_shards = resolve_shards(config.data.val, "data.val");
 
   // Run directory and resume.
-  std::error_code ec;
-  fs::create_directories(options.run_dir, ec);
-  if (ec) fail("cannot create run directory ", options.run_dir, ": ", ec.message());
   const std::string checkpoints_dir = (fs::path(options.run_dir) / "checkpoints").string();
-  ProgressLine progress(tc.steps, options.progress && isatty(STDERR_FILENO));
+  if (leader) {
+    std::error_code ec;
+    fs::create_directories(options.run_dir, ec);
+    if (ec) fail("cannot create run directory ", options.run_dir, ": ", ec.message());
+  }
+  ProgressLine progress(tc.steps, leader && options.progress && isatty(STDERR_FILENO));
+  auto message = [&](const std::string& text) {
+    if (leader && options.progress) progress.message(text);
+  };
   std::string resume_from;
   if (options.resume == "auto") {
     resume_from = find_latest_checkpoint(checkpoints_dir);
-    if (resume_from.empty() && options.progress)
-      progress.message("no checkpoint in " + checkpoints_dir + ": starting from step 0");
+    if (resume_from.empty()) message("no checkpoint in " + checkpoints_dir + ": starting from step 0");
   } else if (!options.resume.empty()) {
     resume_from = options.resume;
     if (!fs::is_directory(resume_from)) fail("--resume ", resume_from, ": no such checkpoint directory");
   }
   TrainSummary summary;
   if (!resume_from.empty()) {
-    TrainingState st = load_checkpoint(resume_from, model, &optimizer);
+    // Every rank reads the whole (layout-free) checkpoint and keeps its part.
+    FlatModelState full;
+    const int64_t n = model.params().numel();
+    full.values = Tensor::zeros({n}, DType::kF32, device);
+    full.exp_avg = Tensor::zeros({n}, DType::kF32, device);
+    full.exp_avg_sq = Tensor::zeros({n}, DType::kF32, device);
+    TrainingState st = load_checkpoint(resume_from, model.params(), full);
     if (st.step > tc.steps)
       fail("checkpoint ", resume_from, " is at step ", st.step, ", past train.steps = ", tc.steps);
+    engine->load_state(full, st.optimizer_steps);
     train_loader.set_state({st.loader_shard, st.loader_offset, st.loader_epoch});
     summary.start_step = st.step;
-    if (options.progress) progress.message("resumed from " + resume_from);
+    message("resumed from " + resume_from);
   }
-  {
+  std::unique_ptr<MetricsLog> metrics;
+  if (leader) {
     std::ofstream out(fs::path(options.run_dir) / "config.toml");
     out << to_toml(config);
+    metrics = std::make_unique<MetricsLog>((fs::path(options.run_dir) / "metrics.jsonl").string(),
+                                           resume_from.empty() ? -1 : summary.start_step);
   }
-  MetricsLog metrics((fs::path(options.run_dir) / "metrics.jsonl").string(),
-                     resume_from.empty() ? -1 : summary.start_step);
 
   Tensor inputs = Tensor::empty({micro, seq_len}, DType::kI32, device);
   Tensor targets = Tensor::empty({micro, seq_len}, DType::kI32, device);
+  Tensor loss_sum = Tensor::empty({1}, DType::kF64, device);
   Allocator& allocator = allocator_for(device);
+  const DataParallelMemory& state_bytes = engine->memory();
   const int64_t end_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   double time_total = 0;
   int64_t steps_timed = 0;
   auto checkpoint = [&](int64_t step) {
+    const FlatModelState full = engine->gather_state();  // collective
+    if (!leader) return;
     const LoaderState ls = train_loader.state();
-    TrainingState st{step, optimizer.steps_taken(), ls.shard, ls.offset, ls.epoch,
+    TrainingState st{step, engine->optimizer_steps(), ls.shard, ls.offset, ls.epoch,
                      static_cast<uint64_t>(tc.seed), to_toml(config)};
-    summary.last_checkpoint = save_checkpoint(checkpoints_dir, model, &optimizer, st);
-    if (options.progress) progress.message("saved " + summary.last_checkpoint);
+    summary.last_checkpoint = save_checkpoint(checkpoints_dir, model.params(), model.config(), full, st);
+    message("saved " + summary.last_checkpoint);
   };
 
   summary.last_step = summary.start_step;
   for (int64_t step = summary.start_step + 1; step <= end_step; ++step) {
     const double t0 = now_seconds();
-    model.params().zero_grads();
+    const int64_t held = allocator.stats().bytes_in_use;
+    allocator.reset_peak();
+    engine->begin_step();
     double loss = 0;
     for (int64_t m = 0; m < accum; ++m) {
+      engine->begin_micro_batch(m, accum);
       train_loader.next_batch(inputs.data<int32_t>(), targets.data<int32_t>());
       loss += model.forward(ctx, inputs, targets) / static_cast<double>(accum);
       model.backward(ctx, 1.0 / static_cast<double>(accum));
+      engine->end_micro_batch();
     }
-    const double grad_norm = clip_grad_norm(pool, model.params(), tc.grad_clip);
+    // The loss of the global batch: the mean of the ranks' means (equal token counts).
+    loss_sum.data<double>()[0] = loss;
+    dp.all_reduce(loss_sum, ReduceOp::kAvg);
+    loss = loss_sum.data<double>()[0];
+    const double grad_norm = engine->clip_grad_norm(tc.grad_clip);
     const float lr = lr_schedule(step - 1, tc.steps, tc.warmup_steps, static_cast<float>(tc.lr),
                                  static_cast<float>(tc.min_lr_ratio));
-    optimizer.step(pool, lr);
+    engine->optimizer_step(lr);
     const double dt = now_seconds() - t0;
     if (!std::isfinite(loss))
       fail("loss is ", loss, " at step ", step, ": training diverged (lower train.lr?)");
@@ -152,40 +184,122 @@ TrainSummary run_training(const Config& config, const TrainOptions& options) {
     if (step == summary.start_step + 1) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.last_step = step;
-    nlohmann::json record = {{"step", step},
-                             {"loss", loss},
-                             {"lr", lr},
-                             {"grad_norm", grad_norm},
-                             {"tokens_per_s", tokens_per_step / dt},
-                             {"step_ms", dt * 1e3},
-                             {"tokens", step * tokens_per_step},
-                             {"peak_mem_mb", allocator.stats().peak_bytes_in_use / 1048576.0}};
+    const int64_t peak = allocator.stats().peak_bytes_in_use;
+    summary.peak_bytes = std::max(summary.peak_bytes, peak);
+    summary.activation_peak_bytes = std::max(summary.activation_peak_bytes, peak - held);
+    summary.comm_wait_s += engine->step_stats().wait_seconds;
     const bool last = step == tc.steps;
+    double val = -1;
     if (!val_shards.empty() && (step % tc.eval_every == 0 || last)) {
-      const double val = evaluate(ctx, model, val_shards, micro, seq_len, tc.eval_batches);
-      record["val_loss"] = val;
+      // Every rank evaluates the same batches (ZeRO-3 needs all of them in each gather).
+      val = evaluate(ctx, model, val_shards, micro, seq_len, tc.eval_batches);
       summary.last_val_loss = val;
     }
-    metrics.write(record);
-    if (options.progress && (step % tc.log_every == 0 || last || step == end_step)) {
-      const double mean_dt = time_total / static_cast<double>(steps_timed);
-      progress.step(step, loss, lr, grad_norm, tokens_per_step / dt,
-                    mean_dt * static_cast<double>(end_step - step));
-      if (record.contains("val_loss")) {
-        char buf[96];
-        std::snprintf(buf, sizeof buf, "step %ld: val loss %.4f", static_cast<long>(step),
-                      record["val_loss"].get<double>());
-        progress.message(buf);
+    if (leader) {
+      nlohmann::json record = {{"step", step},
+                               {"loss", loss},
+                               {"lr", lr},
+                               {"grad_norm", grad_norm},
+                               {"tokens_per_s", tokens_per_step / dt},
+                               {"step_ms", dt * 1e3},
+                               {"comm_wait_ms", engine->step_stats().wait_seconds * 1e3},
+                               {"tokens", step * tokens_per_step},
+                               {"peak_mem_mb", peak / 1048576.0},
+                               {"mem_params_mb", state_bytes.params / 1048576.0},
+                               {"mem_grads_mb", state_bytes.grads / 1048576.0},
+                               {"mem_optimizer_mb", state_bytes.optimizer / 1048576.0},
+                               {"mem_activations_peak_mb", (peak - held) / 1048576.0}};
+      if (val >= 0) record["val_loss"] = val;
+      metrics->write(record);
+      if (options.progress && (step % tc.log_every == 0 || last || step == end_step)) {
+        const double mean_dt = time_total / static_cast<double>(steps_timed);
+        progress.step(step, loss, lr, grad_norm, tokens_per_step / dt,
+                      mean_dt * static_cast<double>(end_step - step));
+        if (val >= 0) {
+          char buf[96];
+          std::snprintf(buf, sizeof buf, "step %ld: val loss %.4f", static_cast<long>(step), val);
+          progress.message(buf);
+        }
       }
     }
     const bool stopping = options.stop_after > 0 && step == options.stop_after && !last;
     if ((tc.save_every > 0 && (step % tc.save_every == 0 || last)) || stopping) checkpoint(step);
   }
-  progress.finish();
+  if (leader) progress.finish();
   summary.tokens_per_s =
       steps_timed > 0 ? tokens_per_step * static_cast<double>(steps_timed) / time_total : 0;
-  summary.peak_bytes = allocator.stats().peak_bytes_in_use;
+  summary.memory = state_bytes;
   return summary;
+}
+
+// Thread ranks of the local backend: rank r computes on cpu:r (its own allocator, so memory
+// figures are per rank). The first rank to fail aborts the world, so the others stop at their
+// next communication, and its error is the one reported.
+TrainSummary train_local_ranks(const Config& config, const TrainOptions& options, int ranks) {
+  CommOptions comm_options;
+  comm_options.flight_dir = (fs::path(options.run_dir) / "flight").string();
+  std::vector<std::unique_ptr<Communicator>> world = make_local_world(ranks, comm_options);
+  if (ranks == 1) return train_rank(config, options, *world[0], Device::cpu(0));
+  auto& abort_target = dynamic_cast<LocalCommunicator&>(*world[0]);
+  std::mutex mutex;
+  std::string first_error;
+  TrainSummary summary;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        TrainSummary s = train_rank(config, options, *world[r], Device::cpu(r));
+        if (r == 0) summary = s;
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (first_error.empty()) {
+          first_error = "rank " + std::to_string(r) + ": " + e.what();
+          abort_target.abort("rank " + std::to_string(r) + " failed: " + e.what());
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!first_error.empty()) throw Error(first_error);
+  return summary;
+}
+
+}  // namespace
+
+bool started_by_launcher(const Config& config) {
+  return detect_launch_env().under_launcher || config.runtime.backend == "mpi";
+}
+
+void resolve_layout(Config& config) {
+  const int world = started_by_launcher(config) ? detect_launch_env().size : config.runtime.ranks;
+  ParallelConfig& par = config.parallel;
+  if (world > 1 && int64_t{par.dp} * par.tp * par.pp == 1) par.dp = world;
+  config.runtime.ranks = world;
+}
+
+TrainSummary run_training(const Config& config_in, const TrainOptions& options) {
+  Config config = config_in;
+  resolve_layout(config);
+  validate(config);
+  const bool use_mpi = started_by_launcher(config);
+  if (config.parallel.tp * config.parallel.pp != 1)
+    fail("parallel.tp = ", config.parallel.tp, ", parallel.pp = ", config.parallel.pp,
+         ": tensor and pipeline parallelism are not implemented yet (data parallelism is)");
+  const Device device = Device::parse(config.runtime.device);
+  if (!device.is_cpu()) fail("runtime.device = '", config.runtime.device, "': training runs on the cpu for now");
+  if (config.runtime.backend == "nccl") fail("runtime.backend = \"nccl\": training on NCCL is not implemented yet");
+  if (use_mpi) {
+#ifdef LOOM_WITH_MPI
+    CommOptions comm_options;
+    comm_options.flight_dir = (fs::path(options.run_dir) / "flight").string();
+    std::unique_ptr<Communicator> world = make_mpi_world(comm_options);
+    return train_rank(config, options, *world, Device::cpu(0));
+#else
+    fail("runtime.backend = \"mpi\" (or started by mpirun/srun), but this build has no MPI "
+         "backend (LOOM_MPI=OFF)");
+#endif
+  }
+  return train_local_ranks(config, options, config.runtime.ranks);
 }
 
 }  // namespace loom

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "parallel/data_parallel.h"
 
 namespace loom {
 
@@ -27,11 +28,22 @@ struct TrainSummary {
   double first_loss = 0;    // loss of the first step this run took
   double last_val_loss = -1;
   double tokens_per_s = 0;  // mean over the steps this run took
-  int64_t peak_bytes = 0;   // allocator peak on the training device
+  int64_t peak_bytes = 0;   // allocator peak on rank 0's device during a step
+  int64_t activation_peak_bytes = 0;  // of which above what was held when the step began
+  double comm_wait_s = 0;   // rank 0's time blocked on data-parallel communication, all steps
+  DataParallelMemory memory;  // rank 0's parameter, gradient and optimizer bytes
   std::string last_checkpoint;
 };
 
+// Trains with the layout the config gives: thread ranks of the local backend
+// (runtime.ranks, `loom train --ranks N`), or one process of an MPI job when started by
+// mpirun/srun (or runtime.backend = "mpi"). Returns rank 0's summary.
 TrainSummary run_training(const Config& config, const TrainOptions& options);
+
+// Sets runtime.ranks to the job's size (the launcher's world size when started by mpirun/srun,
+// else runtime.ranks) and, when no parallel degree is set (dp = tp = pp = 1), gives all ranks to
+// data parallelism: `mpirun -n 4 loom train cfg.toml` and `loom train --ranks 4` train dp = 4.
+void resolve_layout(Config& config);
 
 // The model shape a config describes.
 struct Gpt2Config;

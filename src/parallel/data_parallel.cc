@@ -1,0 +1,406 @@
+// Data parallelism, ZeRO stages 0-3: see data_parallel.h for the design.
+#include "parallel/data_parallel.h"
+
+#include <cmath>
+#include <deque>
+#include <optional>
+
+#include "base/error.h"
+#include "base/timer.h"
+#include "device/allocator.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace loom {
+namespace {
+
+// A stage 0/1 all-reduce bucket: consecutive units, taken from the last one (the first whose
+// gradients backward finishes) and closed once they hold bucket_bytes.
+struct Bucket {
+  int64_t begin = 0, numel = 0;  // flat range
+  int units = 0;                 // units in the bucket
+  int units_left = 0;            // of which not final yet this step
+  WorkHandle work;
+};
+
+class ZeroDataParallel final : public DataParallel {
+ public:
+  ZeroDataParallel(ParameterStore& params, Communicator& dp, ThreadPool& pool, Device device,
+                   const DataParallelConfig& config, const AdamWConfig& adamw, uint64_t seed);
+
+  void begin_step() override;
+  void begin_micro_batch(int64_t index, int64_t count) override;
+  void end_micro_batch() override;
+  double clip_grad_norm(double max_norm) override;
+  void optimizer_step(float lr) override;
+  FlatModelState gather_state() override;
+  void load_state(const FlatModelState& state, int64_t optimizer_steps) override;
+  int64_t optimizer_steps() const override { return optimizer_->steps_taken(); }
+  int zero_stage() const override { return stage_; }
+
+  void before_forward(size_t unit) override;
+  void after_forward(size_t unit) override;
+  void before_backward(size_t unit) override;
+  void after_backward(size_t unit) override;
+
+ private:
+  // Unit u's chunk for this rank: flat elements [chunk_begin(u), + chunk(u)), and in the shard
+  // buffers [shard_offset_[u], + chunk(u)).
+  int64_t chunk(size_t u) const { return params_.units()[u].numel / size_; }
+  int64_t chunk_begin(size_t u) const { return params_.units()[u].begin + rank_ * chunk(u); }
+  Tensor shard_of(const Tensor& shard, size_t u) const { return shard.narrow(shard_offset_[u], chunk(u)); }
+  bool last_micro_batch() const { return micro_index_ + 1 == micro_count_; }
+  size_t num_units() const { return params_.units().size(); }
+
+  void wait(const WorkHandle& work);
+  void build_buckets(int64_t bucket_bytes);
+  std::vector<AdamWSegment> shard_segments() const;
+  // Stage 3: gathers unit u's values (waiting for its prefetch, if issued) and binds them.
+  void gather_values(size_t u);
+  void issue_gather(size_t u);
+  void release_values(size_t u);
+  // Stages 2/3: folds completed reduce-scatters into the gradient shard in issue order; with
+  // `all`, waits for every outstanding one.
+  void drain_reduce_scatters(bool all);
+  // Stage 0/1: notes buckets whose all-reduce has completed (for the overlap statistics).
+  void poll_buckets();
+  // All-gathers every unit of a flat buffer from the ranks' chunks (this rank's at `shard`,
+  // in shard layout) into `full` (the store's flat layout).
+  void all_gather_units(const Tensor& shard, Tensor& full);
+
+  ParameterStore& params_;
+  Communicator& dp_;
+  ThreadPool& pool_;
+  Device device_;
+  int stage_;
+  int rank_, size_;
+  std::vector<int64_t> shard_offset_;  // per unit
+  int64_t shard_numel_ = 0;
+  std::unique_ptr<AdamW> optimizer_;
+  Tensor shard_values_;  // stage 3
+  Tensor shard_grads_;   // stages 2/3
+  int64_t micro_index_ = 0, micro_count_ = 1;
+
+  // Stages 0/1.
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_unit_;
+  std::vector<bool> bucket_seen_done_;
+  // Stages 2/3: reduce-scatters in flight, in issue order.
+  struct PendingReduce {
+    size_t unit;
+    WorkHandle work;
+    Tensor output;  // chunk(unit) elements
+  };
+  std::deque<PendingReduce> reducing_;
+  std::vector<Tensor> unit_grads_;  // full gradients of the units inside their backward
+  // Stage 3.
+  std::vector<Tensor> gathered_;       // full values of gathered units (undefined: not gathered)
+  std::vector<WorkHandle> gathering_;  // a gather issued and not yet waited for
+};
+
+ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, ThreadPool& pool,
+                                   Device device, const DataParallelConfig& config,
+                                   const AdamWConfig& adamw, uint64_t seed)
+    : params_(params), dp_(dp), pool_(pool), device_(device), stage_(config.zero),
+      rank_(dp.rank()), size_(dp.size()) {
+  if (stage_ < 0 || stage_ > 3) fail("parallel.zero = ", stage_, ": must be 0, 1, 2 or 3");
+  if (params.allocated()) fail("data parallel: the model's parameters are already allocated");
+  if (!device.is_cpu()) fail("data parallel: device ", device.str(), " is not supported yet");
+  Allocator& allocator = allocator_for(device);
+  auto in_use = [&] { return allocator.stats().bytes_in_use; };
+
+  // Units padded to 16·N elements: equal chunks, each 64-byte aligned.
+  AllocateOptions layout;
+  layout.unit_multiple = stage_ == 0 ? 16 : 16 * static_cast<int64_t>(size_);
+  layout.values = stage_ < 3;
+  layout.grads = stage_ < 2;
+  int64_t before = in_use();
+  params.allocate(DType::kF32, device, layout);
+  const int64_t flat_bytes = in_use() - before;
+  // The flat buffers are equal-sized; split the measured bytes between them.
+  const int buffers = static_cast<int>(layout.values) + static_cast<int>(layout.grads);
+  memory_.params = layout.values ? flat_bytes / buffers : 0;
+  memory_.grads = layout.grads ? flat_bytes / buffers : 0;
+
+  const size_t n_units = params.units().size();
+  shard_offset_.resize(n_units);
+  for (size_t u = 0; u < n_units; ++u) {
+    shard_offset_[u] = shard_numel_;
+    shard_numel_ += chunk(u);
+  }
+  unit_grads_.resize(n_units);
+  gathered_.resize(n_units);
+  gathering_.resize(n_units);
+
+  if (stage_ == 3) {
+    before = in_use();
+    shard_values_ = Tensor::empty({shard_numel_}, DType::kF32, device);
+    memory_.params = in_use() - before;
+    for (size_t u = 0; u < n_units; ++u) {
+      Tensor piece = shard_of(shard_values_, u);
+      params.initialize_slice(seed, chunk_begin(u), chunk(u), piece);
+    }
+  } else {
+    params.initialize(seed);
+  }
+  if (stage_ >= 2) {
+    before = in_use();
+    shard_grads_ = Tensor::zeros({shard_numel_}, DType::kF32, device);
+    memory_.grads = in_use() - before;
+  }
+
+  before = in_use();
+  if (stage_ == 0)
+    optimizer_ = std::make_unique<AdamW>(params, adamw);
+  else
+    optimizer_ = std::make_unique<AdamW>(adamw, shard_segments(), shard_numel_, device);
+  memory_.optimizer = in_use() - before;
+  if (stage_ < 2) build_buckets(config.bucket_bytes);
+}
+
+void ZeroDataParallel::build_buckets(int64_t bucket_bytes) {
+  const auto& units = params_.units();
+  bucket_of_unit_.assign(units.size(), 0);
+  for (size_t i = units.size(); i-- > 0;) {
+    if (buckets_.empty() || buckets_.back().numel * 4 >= bucket_bytes) buckets_.emplace_back();
+    Bucket& b = buckets_.back();
+    b.begin = units[i].begin;  // units are visited downwards: the bucket grows to the left
+    b.numel += units[i].numel;
+    ++b.units;
+    bucket_of_unit_[i] = buckets_.size() - 1;
+  }
+  bucket_seen_done_.assign(buckets_.size(), false);
+}
+
+std::vector<AdamWSegment> ZeroDataParallel::shard_segments() const {
+  std::vector<AdamWSegment> segments;
+  for (size_t u = 0; u < num_units(); ++u) {
+    const int64_t lo_chunk = chunk_begin(u), hi_chunk = lo_chunk + chunk(u);
+    for (const Parameter* p : params_.units()[u].params) {
+      const int64_t lo = std::max(lo_chunk, p->offset);
+      const int64_t hi = std::min(hi_chunk, p->offset + p->numel());
+      if (lo >= hi) continue;
+      const int64_t in_shard = shard_offset_[u] + (lo - lo_chunk);
+      AdamWSegment s;
+      s.value_offset = stage_ == 3 ? in_shard : lo;
+      s.grad_offset = stage_ >= 2 ? in_shard : lo;
+      s.state_offset = in_shard;
+      s.numel = hi - lo;
+      s.decay = p->weight_decay;
+      segments.push_back(s);
+    }
+  }
+  return segments;
+}
+
+void ZeroDataParallel::wait(const WorkHandle& work) {
+  const double t0 = now_seconds();
+  work->wait();
+  step_stats_.wait_seconds += now_seconds() - t0;
+}
+
+void ZeroDataParallel::begin_step() {
+  step_stats_ = DataParallelStepStats{};
+  params_.zero_grads();
+  if (shard_grads_.defined()) shard_grads_.zero_();
+  for (Bucket& b : buckets_) b.units_left = b.units;
+  bucket_seen_done_.assign(buckets_.size(), false);
+}
+
+void ZeroDataParallel::begin_micro_batch(int64_t index, int64_t count) {
+  LOOM_CHECK(index >= 0 && index < count);
+  micro_index_ = index;
+  micro_count_ = count;
+}
+
+void ZeroDataParallel::end_micro_batch() {
+  if (stage_ >= 2) {
+    drain_reduce_scatters(true);
+    return;
+  }
+  if (!last_micro_batch()) return;
+  poll_buckets();
+  for (Bucket& b : buckets_) {
+    LOOM_CHECK_MSG(b.units_left == 0 && b.work, "a bucket's gradients were never finalised");
+    wait(b.work);
+    b.work.reset();
+  }
+}
+
+void ZeroDataParallel::poll_buckets() {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (buckets_[i].work && !bucket_seen_done_[i] && buckets_[i].work->test()) {
+      bucket_seen_done_[i] = true;
+      ++step_stats_.done_before_backward_end;
+    }
+  }
+}
+
+// ---- hooks ----------------------------------------------------------------------------------
+
+void ZeroDataParallel::before_forward(size_t u) {
+  if (stage_ != 3) return;
+  gather_values(u);
+  // Prefetch: forward visits the root, then blocks 1, 2, ... in unit order.
+  if (u + 1 < num_units()) issue_gather(u + 1);
+}
+
+void ZeroDataParallel::after_forward(size_t u) {
+  if (stage_ == 3) release_values(u);
+}
+
+void ZeroDataParallel::before_backward(size_t u) {
+  if (stage_ == 3) {
+    gather_values(u);
+    // Backward visits the root (held throughout), then blocks from the last down to 1.
+    const size_t next = u == 0 ? num_units() - 1 : u - 1;
+    if (next >= 1 && next != u) issue_gather(next);
+  }
+  if (stage_ >= 2 && !unit_grads_[u].defined()) {
+    unit_grads_[u] = Tensor::zeros({params_.units()[u].numel}, DType::kF32, device_);
+    params_.bind_unit_grads(u, unit_grads_[u]);
+  }
+}
+
+void ZeroDataParallel::after_backward(size_t u) {
+  if (stage_ < 2) {
+    if (!last_micro_batch()) return;
+    Bucket& b = buckets_[bucket_of_unit_[u]];
+    LOOM_CHECK(b.units_left > 0);
+    if (--b.units_left == 0) {
+      Tensor grads = params_.grads().narrow(b.begin, b.numel);
+      b.work = dp_.all_reduce_async(grads, ReduceOp::kAvg);
+      ++step_stats_.collectives;
+    }
+    poll_buckets();
+    return;
+  }
+  // Stages 2/3: reduce-scatter the unit's full gradient into a chunk. The pending operation
+  // keeps the full buffer alive until it completes; then it is freed.
+  Tensor output = Tensor::empty({chunk(u)}, DType::kF32, device_);
+  WorkHandle work = dp_.reduce_scatter_async(unit_grads_[u], output, ReduceOp::kAvg);
+  ++step_stats_.collectives;
+  reducing_.push_back({u, std::move(work), std::move(output)});
+  params_.bind_unit_grads(u, Tensor());
+  unit_grads_[u] = Tensor();
+  if (stage_ == 3) release_values(u);
+  drain_reduce_scatters(false);
+}
+
+void ZeroDataParallel::drain_reduce_scatters(bool all) {
+  while (!reducing_.empty()) {
+    PendingReduce& front = reducing_.front();
+    if (!all && !front.work->test()) return;
+    if (!all) ++step_stats_.done_before_backward_end;
+    wait(front.work);
+    Tensor dst = shard_of(shard_grads_, front.unit);
+    cpu::add_inplace<float>(pool_, dst.data<float>(), front.output.data<float>(), dst.numel());
+    reducing_.pop_front();
+  }
+}
+
+void ZeroDataParallel::issue_gather(size_t u) {
+  if (gathered_[u].defined() || gathering_[u]) return;
+  gathered_[u] = Tensor::empty({params_.units()[u].numel}, DType::kF32, device_);
+  gathering_[u] = dp_.all_gather_async(shard_of(shard_values_, u), gathered_[u]);
+  ++step_stats_.collectives;
+}
+
+void ZeroDataParallel::gather_values(size_t u) {
+  issue_gather(u);
+  if (gathering_[u]) {
+    wait(gathering_[u]);
+    gathering_[u].reset();
+    params_.bind_unit_values(u, gathered_[u]);
+  }
+}
+
+void ZeroDataParallel::release_values(size_t u) {
+  LOOM_CHECK(!gathering_[u]);
+  params_.bind_unit_values(u, Tensor());
+  gathered_[u] = Tensor();
+}
+
+// ---- step -------------------------------------------------------------------------------------
+
+double ZeroDataParallel::clip_grad_norm(double max_norm) {
+  if (stage_ < 2) return loom::clip_grad_norm(pool_, params_, max_norm);
+  // The shards partition the full gradient (padding is zero): sum their squares over ranks.
+  Tensor sum = Tensor::empty({1}, DType::kF64, device_);
+  sum.data<double>()[0] = cpu::sum_squares<float>(pool_, shard_grads_.data<float>(), shard_numel_);
+  WorkHandle work = dp_.all_reduce_async(sum, ReduceOp::kSum);
+  wait(work);
+  const double norm = std::sqrt(sum.data<double>()[0]);
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef != 1.0f) cpu::scale_inplace<float>(pool_, shard_grads_.data<float>(), coef, shard_numel_);
+  return norm;
+}
+
+void ZeroDataParallel::optimizer_step(float lr) {
+  switch (stage_) {
+    case 0: optimizer_->step(pool_, lr); return;
+    case 1: optimizer_->step(pool_, lr, params_.values().data<float>(), params_.grads().data<float>()); break;
+    case 2: optimizer_->step(pool_, lr, params_.values().data<float>(), shard_grads_.data<float>()); break;
+    case 3: optimizer_->step(pool_, lr, shard_values_.data<float>(), shard_grads_.data<float>()); return;
+  }
+  // Stages 1/2: every rank updated its chunks of the full values; gather the others'.
+  Tensor own = Tensor::empty({shard_numel_}, DType::kF32, device_);
+  for (size_t u = 0; u < num_units(); ++u)
+    shard_of(own, u).copy_from(params_.values().narrow(chunk_begin(u), chunk(u)));
+  all_gather_units(own, params_.values());
+}
+
+void ZeroDataParallel::all_gather_units(const Tensor& shard, Tensor& full) {
+  std::vector<WorkHandle> works;
+  for (size_t u = 0; u < num_units(); ++u) {
+    Tensor out = full.narrow(params_.units()[u].begin, params_.units()[u].numel);
+    works.push_back(dp_.all_gather_async(shard_of(shard, u), out));
+    ++step_stats_.collectives;
+  }
+  for (const WorkHandle& w : works) wait(w);
+}
+
+FlatModelState ZeroDataParallel::gather_state() {
+  if (stage_ == 0) return {params_.values(), optimizer_->m(), optimizer_->v()};
+  FlatModelState state;
+  const int64_t n = params_.numel();
+  if (stage_ < 3) {
+    state.values = params_.values();
+  } else {
+    state.values = Tensor::empty({n}, DType::kF32, device_);
+    all_gather_units(shard_values_, state.values);
+  }
+  state.exp_avg = Tensor::empty({n}, DType::kF32, device_);
+  state.exp_avg_sq = Tensor::empty({n}, DType::kF32, device_);
+  all_gather_units(optimizer_->m(), state.exp_avg);
+  all_gather_units(optimizer_->v(), state.exp_avg_sq);
+  return state;
+}
+
+void ZeroDataParallel::load_state(const FlatModelState& state, int64_t optimizer_steps) {
+  LOOM_CHECK(state.values.numel() == params_.numel() && state.exp_avg.defined());
+  optimizer_->set_steps_taken(optimizer_steps);
+  if (stage_ == 0) {
+    params_.values().copy_from(state.values);
+    optimizer_->m().copy_from(state.exp_avg);
+    optimizer_->v().copy_from(state.exp_avg_sq);
+    return;
+  }
+  if (stage_ < 3) params_.values().copy_from(state.values);
+  for (size_t u = 0; u < num_units(); ++u) {
+    const int64_t begin = chunk_begin(u), n = chunk(u);
+    if (stage_ == 3) shard_of(shard_values_, u).copy_from(state.values.narrow(begin, n));
+    shard_of(optimizer_->m(), u).copy_from(state.exp_avg.narrow(begin, n));
+    shard_of(optimizer_->v(), u).copy_from(state.exp_avg_sq.narrow(begin, n));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<DataParallel> DataParallel::create(ParameterStore& params, Communicator& dp,
+                                                   ThreadPool& pool, Device device,
+                                                   const DataParallelConfig& config,
+                                                   const AdamWConfig& adamw, uint64_t seed) {
+  return std::make_unique<ZeroDataParallel>(params, dp, pool, device, config, adamw, seed);
+}
+
+}  // namespace loom

@@ -1,0 +1,103 @@
+// Data parallelism with ZeRO stages 0-3 (issue 4): every rank of the dp group runs the whole
+// model on its own part of the global batch; gradients are combined so that the run equals one
+// device with the global batch.
+//
+// Stage 0 (DDP): full parameters, gradients and AdamW moments on every rank. Gradients are
+//   grouped into buckets (DataParallelConfig::bucket_bytes, 25 MiB like PyTorch DDP) in reverse
+//   order of the units (the order backward produces them); on the last micro-batch of a step,
+//   each bucket's all-reduce (avg) starts from the hook that finalises its last unit, so it runs
+//   on the communicator's progress thread while backward goes on.
+// Stage 1: as stage 0, but each rank keeps the moments of its own chunk of every unit only,
+//   updates that chunk, then all-gathers each unit's parameters.
+// Stage 2: also shards gradients: a unit's full gradient exists only from its before_backward to
+//   its after_backward, where it is reduce-scattered (avg) into the rank's gradient shard; with
+//   accumulation this happens every micro-batch (like DeepSpeed ZeRO-2 and FSDP without no_sync),
+//   so no full-size gradient outlives one unit's backward.
+// Stage 3 (FSDP): also shards parameters: each unit's values are all-gathered right before its
+//   forward and its backward and freed after; the next unit's gather is issued (prefetched)
+//   before the current one computes, so it overlaps compute. The root unit (embeddings, final
+//   LayerNorm) is held from the start of forward to its end, and again through backward.
+//
+// Chunks: with N ranks every unit is padded to a multiple of 16·N elements (ParameterStore's
+// unit_multiple), and rank r owns the r-th of its N equal chunks; the rank's shard buffers
+// (moments, and gradients/values in stages 2/3) are its chunks of all units, concatenated.
+//
+// Equivalence with one device: each rank's loss is the mean over its micro-batch tokens scaled by
+// 1/micro-batches; the avg over ranks makes the gradient the mean over the global batch. The
+// global-norm clip uses the norm of the full gradient (in stages 2/3 the sum of squares of the
+// shards, all-reduced). Every reduction has a fixed order, so the same layout run twice gives the
+// same bits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "base/thread_pool.h"
+#include "comm/communicator.h"
+#include "nn/hooks.h"
+#include "nn/parameter.h"
+#include "optim/adamw.h"
+
+namespace loom {
+
+struct DataParallelConfig {
+  int zero = 0;                             // ZeRO stage 0..3
+  int64_t bucket_bytes = int64_t{25} << 20;  // stage 0/1 all-reduce bucket size
+};
+
+// Bytes this rank holds, measured on its allocator when the buffers were made.
+struct DataParallelMemory {
+  int64_t params = 0;     // persistent parameter values (full, or the shard in stage 3)
+  int64_t grads = 0;      // persistent gradients (full, or the shard in stages 2/3)
+  int64_t optimizer = 0;  // AdamW moments (full, or the shard in stages 1-3)
+  int64_t state() const { return params + grads + optimizer; }
+};
+
+// What the last step's communication did (for metrics and the overlap test).
+struct DataParallelStepStats {
+  int64_t collectives = 0;           // gradient/parameter collectives issued
+  int64_t done_before_backward_end = 0;  // gradient collectives seen complete from a hook
+  double wait_seconds = 0;           // time spent blocked on communication
+};
+
+class DataParallel : public ParamHooks {
+ public:
+  // Lays out, allocates (f32, on `device`) and initialises (from `seed`, as one device would)
+  // the store's state for the stage; the store must hold registered, unallocated parameters.
+  // `pool` runs the engine's element loops. Collective over `dp`.
+  static std::unique_ptr<DataParallel> create(ParameterStore& params, Communicator& dp,
+                                              ThreadPool& pool, Device device,
+                                              const DataParallelConfig& config,
+                                              const AdamWConfig& adamw, uint64_t seed);
+  ~DataParallel() override = default;
+
+  // One optimizer step:
+  //   begin_step();
+  //   for m in 0..count-1: begin_micro_batch(m, count); forward; backward(scale 1/count);
+  //                        end_micro_batch();
+  //   norm = clip_grad_norm(max_norm); optimizer_step(lr);
+  virtual void begin_step() = 0;
+  virtual void begin_micro_batch(int64_t index, int64_t count) = 0;
+  // Waits for the gradient communication this micro-batch started.
+  virtual void end_micro_batch() = 0;
+  // The global gradient norm (of the full, averaged gradient); scales the gradients when it
+  // exceeds max_norm > 0.
+  virtual double clip_grad_norm(double max_norm) = 0;
+  virtual void optimizer_step(float lr) = 0;
+
+  // The whole model state on every rank (collective: stages 1-3 all-gather their shards), for
+  // checkpoints; and back from a whole state, each rank keeping its part.
+  virtual FlatModelState gather_state() = 0;
+  virtual void load_state(const FlatModelState& state, int64_t optimizer_steps) = 0;
+  virtual int64_t optimizer_steps() const = 0;
+
+  virtual int zero_stage() const = 0;
+  const DataParallelMemory& memory() const { return memory_; }
+  const DataParallelStepStats& step_stats() const { return step_stats_; }
+
+ protected:
+  DataParallelMemory memory_;
+  DataParallelStepStats step_stats_;
+};
+
+}  // namespace loom
