@@ -60,10 +60,17 @@ double evaluate(Context& ctx, Gpt2& model, const std::vector<std::string>& shard
   return total / static_cast<double>(batches);
 }
 
+}  // namespace
+
 // One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
 // checkpoints, progress); every rank computes.
-TrainSummary train_rank(const Config& config, const TrainOptions& options, Communicator& world,
-                        Device device) {
+TrainSummary train_on(Communicator& world, const Config& config, const TrainOptions& options,
+                      Device device) {
+  validate(config);
+  if (int64_t{config.parallel.dp} * config.parallel.tp * config.parallel.pp != world.size())
+    fail("parallel.dp × parallel.tp × parallel.pp = ", config.parallel.dp, " × ", config.parallel.tp,
+         " × ", config.parallel.pp, " does not equal the ", world.size(), " ranks of group '",
+         world.name(), "' (", world.backend(), " backend)");
   const TrainConfig& tc = config.train;
   const bool leader = world.rank() == 0;
   const int64_t seq_len = config.model.seq_len;
@@ -232,6 +239,8 @@ TrainSummary train_rank(const Config& config, const TrainOptions& options, Commu
   return summary;
 }
 
+namespace {
+
 // Thread ranks of the local backend: rank r computes on cpu:r (its own allocator, so memory
 // figures are per rank). The first rank to fail aborts the world, so the others stop at their
 // next communication, and its error is the one reported.
@@ -239,7 +248,7 @@ TrainSummary train_local_ranks(const Config& config, const TrainOptions& options
   CommOptions comm_options;
   comm_options.flight_dir = (fs::path(options.run_dir) / "flight").string();
   std::vector<std::unique_ptr<Communicator>> world = make_local_world(ranks, comm_options);
-  if (ranks == 1) return train_rank(config, options, *world[0], Device::cpu(0));
+  if (ranks == 1) return train_on(*world[0], config, options, Device::cpu(0));
   auto& abort_target = dynamic_cast<LocalCommunicator&>(*world[0]);
   std::mutex mutex;
   std::string first_error;
@@ -248,7 +257,7 @@ TrainSummary train_local_ranks(const Config& config, const TrainOptions& options
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       try {
-        TrainSummary s = train_rank(config, options, *world[r], Device::cpu(r));
+        TrainSummary s = train_on(*world[r], config, options, Device::cpu(r));
         if (r == 0) summary = s;
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -293,7 +302,7 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
     CommOptions comm_options;
     comm_options.flight_dir = (fs::path(options.run_dir) / "flight").string();
     std::unique_ptr<Communicator> world = make_mpi_world(comm_options);
-    return train_rank(config, options, *world, Device::cpu(0));
+    return train_on(*world, config, options, Device::cpu(0));
 #else
     fail("runtime.backend = \"mpi\" (or started by mpirun/srun), but this build has no MPI "
          "backend (LOOM_MPI=OFF)");

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "device/device.h"
 #include "parallel/data_parallel.h"
 
 namespace loom {
@@ -39,6 +40,13 @@ struct TrainSummary {
 // (runtime.ranks, `loom train --ranks N`), or one process of an MPI job when started by
 // mpirun/srun (or runtime.backend = "mpi"). Returns rank 0's summary.
 TrainSummary run_training(const Config& config, const TrainOptions& options);
+
+// One rank of a job whose ranks are those of `world` (any backend), computing on `device`; the
+// config must be resolved (resolve_layout) for world.size() ranks. For tests and embedding:
+// run_training makes the world itself.
+class Communicator;
+TrainSummary train_on(Communicator& world, const Config& config, const TrainOptions& options,
+                      Device device);
 
 // Sets runtime.ranks to the job's size (the launcher's world size when started by mpirun/srun,
 // else runtime.ranks) and, when no parallel degree is set (dp = tp = pp = 1), gives all ranks to
