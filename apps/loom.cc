@@ -83,10 +83,13 @@ int cmd_sample(const std::string& checkpoint, const std::string& prompt, const S
   return 0;
 }
 
-int cmd_bench(const std::string& shape, int threads, int64_t steps, int64_t warmup, bool json) {
-  BenchResult r = benchmark_training(find_bench_shape(shape), threads, steps, warmup);
+int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) {
+  BenchResult r = benchmark_training(find_bench_shape(shape), options);
   if (json) {
     nlohmann::json j = {{"shape", r.shape},           {"threads", r.threads},
+                        {"ranks", r.ranks},           {"zero", r.zero},
+                        {"comm_wait_ms", r.comm_wait_ms},
+                        {"comm_wait_fraction", r.comm_wait_fraction},
                         {"steps", r.steps},           {"tokens_per_s", r.tokens_per_s},
                         {"gflops", r.gflops},         {"step_ms", r.step_ms},
                         {"forward_ms", r.forward_ms}, {"backward_ms", r.backward_ms},
@@ -97,10 +100,13 @@ int cmd_bench(const std::string& shape, int threads, int64_t steps, int64_t warm
     j["openblas_coretype"] = coretype ? coretype : "";
     std::cout << j.dump() << std::endl;
   } else {
-    std::printf("shape %s, %d thread(s), %ld timed steps (median)\n", r.shape.c_str(), r.threads,
-                static_cast<long>(r.steps));
+    std::printf("shape %s, %d rank(s) x %d thread(s), zero %d, %ld timed steps (median)\n",
+                r.shape.c_str(), r.ranks, r.threads, r.zero, static_cast<long>(r.steps));
     std::printf("  %.1f tokens/s, %.1f GFLOP/s, step %.1f ms (fwd %.1f, bwd %.1f, opt %.1f)\n",
                 r.tokens_per_s, r.gflops, r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms);
+    if (r.ranks > 1)
+      std::printf("  waiting for communication %.1f ms per step (%.1f%%)\n", r.comm_wait_ms,
+                  100.0 * r.comm_wait_fraction);
     std::printf("  peak RSS %.1f MiB, peak tensor memory %.1f MiB, %ld parameters\n",
                 r.peak_rss_mb, r.peak_alloc_mb, static_cast<long>(r.num_parameters));
   }
@@ -161,16 +167,17 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--threads", sample_threads, "0 = all cores");
 
   std::string shape = "bench-s";
-  int threads = 1;
-  int64_t steps = 5, warmup = 2;
+  BenchOptions bench;
   bool json = false;
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
   bench_cmd->require_subcommand(1);
   auto* bench_train = bench_cmd->add_subcommand("train", "training throughput on random tokens");
   bench_train->add_option("--shape", shape, "bench-s, gpt2-124m or tiny")->capture_default_str();
-  bench_train->add_option("--threads", threads)->capture_default_str();
-  bench_train->add_option("--steps", steps, "timed steps")->capture_default_str();
-  bench_train->add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
+  bench_train->add_option("--threads", bench.threads, "compute threads per rank")->capture_default_str();
+  bench_train->add_option("--ranks", bench.ranks, "data-parallel thread ranks (batch per rank)")->capture_default_str();
+  bench_train->add_option("--zero", bench.zero, "ZeRO stage with --ranks")->capture_default_str();
+  bench_train->add_option("--steps", bench.steps, "timed steps")->capture_default_str();
+  bench_train->add_option("--warmup", bench.warmup, "untimed steps first")->capture_default_str();
   bench_train->add_flag("--json", json, "one JSON object");
 
   BenchCommArgs comm_args;
@@ -210,7 +217,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (sample_cmd->parsed()) return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
-    if (bench_train->parsed()) return cmd_bench(shape, threads, steps, warmup, json);
+    if (bench_train->parsed()) return cmd_bench(shape, bench, json);
     if (bench_comm->parsed()) return cmd_bench_comm(comm_args, std::vector<std::string>(argv, argv + argc));
     if (hang_cmd->parsed()) {
       const std::string flight = (std::filesystem::path(hang_dir) / "flight").string();

@@ -3,12 +3,16 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <mutex>
+#include <thread>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "base/timer.h"
 #include "device/allocator.h"
+#include "comm/local/local_backend.h"
 #include "optim/adamw.h"
+#include "parallel/data_parallel.h"
 #include "tensor/rng.h"
 
 namespace loom {
@@ -55,65 +59,104 @@ const BenchShape& find_bench_shape(const std::string& name) {
   fail("unknown benchmark shape '", name, "' (known: ", known, ")");
 }
 
-BenchResult benchmark_training(const BenchShape& shape, int threads, int64_t steps,
-                               int64_t warmup) {
-  if (threads < 1) fail("--threads must be >= 1, got ", threads);
-  if (steps < 1) fail("--steps must be >= 1, got ", steps);
-  ThreadPool pool(threads);
-  const Device device = Device::cpu(0);
-  Context ctx{&pool, device, DType::kF32};
-  Gpt2 model(shape.model);
-  model.build(DType::kF32, device, 1337);
-  AdamW optimizer(model.params(), AdamWConfig{});
+namespace {
 
+// One rank's timed loop; rank 0 fills `r`.
+void bench_rank(Communicator& comm, const BenchShape& shape, const BenchOptions& o, BenchResult& r) {
+  ThreadPool pool(o.threads);
+  const Device device = Device::cpu(comm.rank());
+  Gpt2 model(shape.model);
+  DataParallelConfig dp_config;
+  dp_config.zero = o.zero;
+  auto engine = DataParallel::create(model.params(), comm, pool, device, dp_config, AdamWConfig{}, 1337);
+  Context ctx{&pool, device, DType::kF32, engine.get()};
+
+  const int64_t B = shape.batch, T = shape.seq_len;
+  Tensor inputs = Tensor::empty({B, T}, DType::kI32, device);
+  Tensor targets = Tensor::empty({B, T}, DType::kI32, device);
+  RandomStream rng(1337, "bench.tokens." + std::to_string(comm.rank()));
+  std::vector<double> total, fwd, bwd, opt, wait;
+  allocator_for(device).reset_peak();
+  for (int64_t step = 0; step < o.warmup + o.steps; ++step) {
+    for (int64_t i = 0; i < B * T; ++i) {
+      inputs.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % shape.model.vocab_size);
+      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % shape.model.vocab_size);
+    }
+    const double t0 = now_seconds();
+    engine->begin_step();
+    engine->begin_micro_batch(0, 1);
+    model.forward(ctx, inputs, targets);
+    const double t1 = now_seconds();
+    model.backward(ctx);
+    engine->end_micro_batch();
+    const double t2 = now_seconds();
+    engine->clip_grad_norm(1.0);
+    engine->optimizer_step(3e-4f);
+    const double t3 = now_seconds();
+    if (step >= o.warmup) {
+      total.push_back(t3 - t0);
+      fwd.push_back(t1 - t0);
+      bwd.push_back(t2 - t1);
+      opt.push_back(t3 - t2);
+      wait.push_back(engine->step_stats().wait_seconds);
+    }
+  }
+  if (comm.rank() != 0) return;
+  const double step_s = median(total);
+  r.step_ms = step_s * 1e3;
+  r.forward_ms = median(fwd) * 1e3;
+  r.backward_ms = median(bwd) * 1e3;
+  r.optimizer_ms = median(opt) * 1e3;
+  r.comm_wait_ms = median(wait) * 1e3;
+  r.comm_wait_fraction = r.comm_wait_ms / r.step_ms;
+  r.tokens_per_s = static_cast<double>(comm.size() * B * T) / step_s;
+  r.gflops = r.flops_per_token * r.tokens_per_s / 1e9;
+  r.peak_alloc_mb = static_cast<double>(allocator_for(device).stats().peak_bytes_in_use) / 1048576.0;
+}
+
+}  // namespace
+
+BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
+  if (o.threads < 1) fail("--threads must be >= 1, got ", o.threads);
+  if (o.ranks < 1) fail("--ranks must be >= 1, got ", o.ranks);
+  if (o.steps < 1) fail("--steps must be >= 1, got ", o.steps);
   BenchResult r;
   r.shape = shape.name;
-  r.threads = threads;
-  r.steps = steps;
+  r.threads = o.threads;
+  r.ranks = o.ranks;
+  r.zero = o.zero;
+  r.steps = o.steps;
   r.num_parameters = shape.model.num_parameters();
   const int64_t n_flop_params = shape.model.num_parameters() -
                                 shape.model.max_seq_len * shape.model.d_model;
   r.flops_per_token = 6.0 * static_cast<double>(n_flop_params) +
                       12.0 * static_cast<double>(shape.model.n_layers * shape.model.d_model *
                                                  shape.seq_len);
-
-  const int64_t B = shape.batch, T = shape.seq_len;
-  Tensor inputs = Tensor::empty({B, T}, DType::kI32);
-  Tensor targets = Tensor::empty({B, T}, DType::kI32);
-  RandomStream rng(1337, "bench.tokens");
-  std::vector<double> total, fwd, bwd, opt;
-  for (int64_t step = 0; step < warmup + steps; ++step) {
-    for (int64_t i = 0; i < B * T; ++i) {
-      inputs.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % shape.model.vocab_size);
-      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % shape.model.vocab_size);
-    }
-    const double t0 = now_seconds();
-    model.params().zero_grads();
-    model.forward(ctx, inputs, targets);
-    const double t1 = now_seconds();
-    model.backward(ctx);
-    const double t2 = now_seconds();
-    clip_grad_norm(pool, model.params(), 1.0);
-    optimizer.step(pool, 3e-4f);
-    const double t3 = now_seconds();
-    if (step >= warmup) {
-      total.push_back(t3 - t0);
-      fwd.push_back(t1 - t0);
-      bwd.push_back(t2 - t1);
-      opt.push_back(t3 - t2);
-    }
+  std::vector<std::unique_ptr<Communicator>> world = make_local_world(o.ranks);
+  if (o.ranks == 1) {
+    bench_rank(*world[0], shape, o, r);
+  } else {
+    std::vector<std::thread> threads;
+    std::mutex mutex;
+    std::string error;
+    for (int rank = 0; rank < o.ranks; ++rank)
+      threads.emplace_back([&, rank] {
+        try {
+          bench_rank(*world[rank], shape, o, r);
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (error.empty()) {
+            error = e.what();
+            dynamic_cast<LocalCommunicator&>(*world[0]).abort(e.what());
+          }
+        }
+      });
+    for (auto& t : threads) t.join();
+    if (!error.empty()) fail(error);
   }
-  const double step_s = median(total);
-  r.step_ms = step_s * 1e3;
-  r.forward_ms = median(fwd) * 1e3;
-  r.backward_ms = median(bwd) * 1e3;
-  r.optimizer_ms = median(opt) * 1e3;
-  r.tokens_per_s = static_cast<double>(B * T) / step_s;
-  r.gflops = r.flops_per_token * r.tokens_per_s / 1e9;
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   r.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
-  r.peak_alloc_mb = static_cast<double>(allocator_for(device).stats().peak_bytes_in_use) / 1048576.0;
   return r;
 }
 

@@ -1,4 +1,5 @@
-// `loom bench train`: trains a named shape on random tokens for a few steps after warm-up and
+// `loom bench train`: trains a named shape on random tokens for a few steps after warm-up, on one
+// rank or on data-parallel thread ranks (PyTorch DDP's setting in the peer script), and
 // reports throughput, achieved FLOP/s and peak memory. FLOPs per token = 6·N + 12·L·d·T with N
 // all parameters except the position embedding (the tied token embedding counted once), as in
 // shared/peers/gpt_bench.py, so the figures compare directly with PyTorch's.
@@ -22,21 +23,33 @@ struct BenchShape {
 const std::vector<BenchShape>& bench_shapes();  // bench-s, gpt2-124m, tiny
 const BenchShape& find_bench_shape(const std::string& name);  // throws naming the known ones
 
+struct BenchOptions {
+  int threads = 1;      // compute threads per rank
+  int ranks = 1;        // data-parallel thread ranks of the local backend (batch is per rank)
+  int zero = 0;         // ZeRO stage
+  int64_t steps = 5;    // timed steps
+  int64_t warmup = 2;   // untimed steps first
+};
+
 struct BenchResult {
   std::string shape;
   int threads = 1;
+  int ranks = 1;
+  int zero = 0;
   int64_t steps = 0;
   double tokens_per_s = 0;   // median over timed steps
   double gflops = 0;         // achieved, at the median step time
   double step_ms = 0;        // median
   double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;  // medians
   double peak_rss_mb = 0;    // process peak resident set
-  double peak_alloc_mb = 0;  // tensor allocator peak
+  double peak_alloc_mb = 0;  // tensor allocator peak (rank 0)
+  double comm_wait_ms = 0;   // median per step, rank 0 blocked on data-parallel communication
+  double comm_wait_fraction = 0;  // comm_wait_ms / step_ms
   double flops_per_token = 0;
   int64_t num_parameters = 0;
 };
 
-BenchResult benchmark_training(const BenchShape& shape, int threads, int64_t steps,
-                               int64_t warmup);
+// Global batch = ranks × shape.batch sequences; tokens/s counts all ranks.
+BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& options);
 
 }  // namespace loom
