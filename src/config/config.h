@@ -71,7 +71,9 @@ struct ParallelConfig {
 
 struct RuntimeConfig {
   int ranks = 1;                  // processes/threads in the job; must equal dp × tp × pp
-  std::string backend = "local";  // communication: local (thread ranks), mpi or nccl
+  // communication: auto (mpi when started by mpirun/srun, else local), local (thread ranks),
+  // mpi or nccl
+  std::string backend = "auto";
   std::string device = "cpu";     // cpu or cuda[:N]
   int threads_per_rank = 0;       // compute threads per rank; 0 = auto
 

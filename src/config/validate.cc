@@ -133,7 +133,7 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
     p.add("runtime.ranks = ", r.ranks,
           " does not equal parallel.dp × parallel.tp × parallel.pp = ", par.dp, " × ", par.tp,
           " × ", par.pp, " = ", world);
-  p.one_of("runtime.backend", r.backend, {"local", "mpi", "nccl"});
+  p.one_of("runtime.backend", r.backend, {"auto", "local", "mpi", "nccl"});
   if (!valid_device(r.device))
     p.add("runtime.device = ", toml_quote(r.device), " must be \"cpu\", \"cuda\" or \"cuda:N\"");
   else if (r.backend == "nccl" && !r.device.starts_with("cuda"))

@@ -275,8 +275,10 @@ TrainSummary train_local_ranks(const Config& config, const TrainOptions& options
 
 }  // namespace
 
+// runtime.backend = "auto": mpi when started by mpirun/srun, else local; an explicit value wins.
 bool started_by_launcher(const Config& config) {
-  return detect_launch_env().under_launcher || config.runtime.backend == "mpi";
+  const std::string& backend = config.runtime.backend;
+  return backend == "mpi" || (backend == "auto" && detect_launch_env().under_launcher);
 }
 
 void resolve_layout(Config& config) {

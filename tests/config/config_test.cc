@@ -173,7 +173,7 @@ TEST(Config, DefaultsAreValidAndMissingKeysKeepThem) {
   EXPECT_EQ(defaults.train.log_every, 1);
   EXPECT_FALSE(defaults.train.recompute);
   EXPECT_EQ(defaults.parallel.schedule, "1f1b");
-  EXPECT_EQ(defaults.runtime.backend, "local");
+  EXPECT_EQ(defaults.runtime.backend, "auto");
   EXPECT_EQ(defaults.runtime.device, "cpu");
   EXPECT_EQ(defaults.runtime.threads_per_rank, 0);
   EXPECT_GE(defaults.runtime.resolved_threads_per_rank(), 1);
@@ -311,7 +311,7 @@ TEST(Config, ValidationNamesKeysAndValues) {
                        "runtime.ranks = 1 does not equal parallel.dp × parallel.tp × parallel.pp "
                        "= 2 × 1 × 1 = 2"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.backend = "gloo"; }),
-                       "runtime.backend = \"gloo\" must be one of: local, mpi, nccl"));
+                       "runtime.backend = \"gloo\" must be one of: auto, local, mpi, nccl"));
   for (const char* bad : {"gpu", "cuda:", "cuda:x", "cpu:1", "CUDA"})
     EXPECT_TRUE(Contains(validate_error([&](Config& c) { c.runtime.device = bad; }),
                          std::string("runtime.device = \"") + bad + "\""));
