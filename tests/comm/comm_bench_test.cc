@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "base/error.h"
 
 namespace loom {
@@ -29,6 +31,15 @@ TEST(CommBench, ParsesSizes) {
 }
 
 TEST(CommBench, MemcpyBandwidthIsPositive) { EXPECT_GT(measure_memcpy_gbps(1, 1 << 20), 0.1); }
+
+TEST(CommBench, MemcpyProbeTakesTheFasterCopy) {
+  const MemcpyProbe p = probe_memcpy_bandwidth(2, 8 << 20, 2);
+  EXPECT_EQ(p.threads, 2);
+  EXPECT_EQ(p.bytes_per_thread, 2 << 20);  // source + destination of 2 threads = 8 MiB
+  EXPECT_GT(p.memcpy_gbps, 0.1);
+  EXPECT_DOUBLE_EQ(p.gbps, std::max(p.memcpy_gbps, p.stream_gbps));
+  EXPECT_EQ(p.method, p.stream_gbps > p.memcpy_gbps ? "avx2 streaming-store copy" : "glibc memcpy");
+}
 
 }  // namespace
 }  // namespace loom

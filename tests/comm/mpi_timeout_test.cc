@@ -1,6 +1,6 @@
 // One rank skips a collective: the others' wait() throws CommError naming the operation, its
-// sequence number and the group, within the timeout. The late rank then issues it, so the
-// pending operation completes and the job ends cleanly.
+// sequence number, the group and the rank that did not arrive, within the timeout. The late
+// rank then issues it, so the pending operation completes and the job ends cleanly.
 #include <gtest/gtest.h>
 
 #include "comm/mpi/mpi_backend.h"
@@ -38,6 +38,10 @@ TEST(MpiTimeout, SkippedCollectiveFailsTheOthersWithinTheTimeout) {
             << "'" << part << "' missing from: " << message;
       }
       EXPECT_NE(message.find("size " + std::to_string(world->size())), std::string::npos)
+          << message;
+      // The arrival board names the rank that skipped it (all ranks are on this node).
+      EXPECT_NE(message.find("rank(s) " + std::to_string(skipper) + " did not arrive"),
+                std::string::npos)
           << message;
     }
   }

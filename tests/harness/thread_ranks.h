@@ -9,7 +9,7 @@
 // threads are recorded by gtest itself (thread-safe on pthreads), each tagged "rank R" by a
 // per-thread SCOPED_TRACE. A whole-test timeout reports the ranks that did not finish.
 //
-// TODO(issue 3): forked-process ranks (run the body in N processes over the mpi backend).
+// Forked-process ranks over the mpi backend: process_ranks.h. Device requirements: devices.h.
 #pragma once
 
 #include <chrono>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "harness/devices.h"  // LOOM_SKIP_UNLESS_CUDA_DEVICES
 
 namespace loom::testing {
 

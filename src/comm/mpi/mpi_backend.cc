@@ -1,315 +1,35 @@
+// MpiCommunicator: the communicator, its worker thread and its collectives (see mpi_backend.h).
+// Files: mpi_ops.{h,cc} (MPI state, dtypes, bf16/f16 ops), mpi_work.{h,cc} (Work handles),
+// mpi_flight.{h,cc} (flight recorder dumps, arrival board), this file.
 #include "comm/mpi/mpi_backend.h"
 
 #include <algorithm>
-#include <climits>
-#include <condition_variable>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
 #include <utility>
 
+#include "comm/mpi/mpi_flight.h"
+#include "comm/mpi/mpi_ops.h"
+#include "comm/mpi/mpi_work.h"
+
 namespace loom {
+
+using mpi_internal::MpiFlight;
+using mpi_internal::MpiGroupInfo;
+using mpi_internal::MpiTask;
+using mpi_internal::divide_in_place;
+using mpi_internal::expect_host;
+using mpi_internal::expect_same_dtype;
+using mpi_internal::mpi_finalized;
+using mpi_internal::mpi_lock;
+using mpi_internal::mpi_op;
+using mpi_internal::mpi_type;
+using mpi_internal::reap_orphans;
+using mpi_internal::to_count;
+
 namespace {
-
-// ---- checked MPI calls
-// ---------------------------------------------------------------------------
-
-std::string mpi_error_string(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
-    return "MPI error code " + std::to_string(code);
-  return std::string(text, static_cast<size_t>(length));
-}
-
-void mpi_check(int code, const char* call) {
-  if (code != MPI_SUCCESS)
-    throw CommError(detail::concat("mpi: ", call, " failed: ", mpi_error_string(code)));
-}
-
-#define LOOM_MPI_CALL(fn, ...) mpi_check(fn(__VA_ARGS__), #fn)
-
-// ---- process-wide MPI state
-// ------------------------------------------------------------------------
-
-// A pending request whose Work handle was dropped: its buffers must outlive it, so it is kept
-// here and reaped when complete (sends and receives; a dropped collective stays queued or
-// running on the worker, which holds its buffers until it completes).
-struct Orphan {
-  MPI_Request request;
-  std::vector<Tensor> keep;
-};
-
-struct Runtime {
-  bool we_initialised = false;
-  bool thread_multiple = false;
-  std::mutex mpi_mutex;  // serialises MPI calls when the library is not MPI_THREAD_MULTIPLE
-  std::mutex orphan_mutex;
-  std::vector<Orphan> orphans;
-  // User-defined reductions for 16-bit floats: [bf16, f16] × [sum, max, min].
-  MPI_Op half_ops[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
-                           {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
-};
-
-// Leaked on purpose: used from the atexit handler, after static destructors may have run.
-Runtime& runtime() {
-  static Runtime* instance = new Runtime;
-  return *instance;
-}
-
-std::unique_lock<std::mutex> mpi_lock() {
-  Runtime& rt = runtime();
-  return rt.thread_multiple ? std::unique_lock<std::mutex>()
-                            : std::unique_lock<std::mutex>(rt.mpi_mutex);
-}
-
-bool mpi_finalized() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  return finalized != 0;
-}
-
-// ---- bf16 / f16 reductions
-// --------------------------------------------------------------------------
-
-enum HalfFormat { kBf16 = 0, kF16 = 1 };
-enum HalfReduce { kHalfSum = 0, kHalfMax = 1, kHalfMin = 2 };
-
-template <int kFormat>
-float widen(uint16_t h) {
-  return kFormat == kBf16 ? bf16_to_float(h) : f16_to_float(h);
-}
-template <int kFormat>
-uint16_t narrow(float f) {
-  return kFormat == kBf16 ? float_to_bf16(f) : float_to_f16(f);
-}
-
-// MPI's contract: inout[i] = in[i] op inout[i].
-template <int kFormat, int kReduce>
-void half_reduce(void* in, void* inout, int* length, MPI_Datatype* /*type*/) {
-  const auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *length; ++i) {
-    float x = widen<kFormat>(a[i]);
-    float y = widen<kFormat>(b[i]);
-    float r = kReduce == kHalfSum ? x + y : kReduce == kHalfMax ? std::max(x, y) : std::min(x, y);
-    b[i] = narrow<kFormat>(r);
-  }
-}
-
-void create_half_ops(Runtime& rt) {
-  MPI_User_function* functions[2][3] = {
-      {half_reduce<kBf16, kHalfSum>, half_reduce<kBf16, kHalfMax>, half_reduce<kBf16, kHalfMin>},
-      {half_reduce<kF16, kHalfSum>, half_reduce<kF16, kHalfMax>, half_reduce<kF16, kHalfMin>}};
-  for (int f = 0; f < 2; ++f) {
-    for (int r = 0; r < 3; ++r)
-      LOOM_MPI_CALL(MPI_Op_create, functions[f][r], /*commute=*/1, &rt.half_ops[f][r]);
-  }
-}
-
-void finalize_at_exit() {
-  Runtime& rt = runtime();
-  if (mpi_finalized()) return;
-  for (auto& row : rt.half_ops) {
-    for (MPI_Op& op : row) {
-      if (op != MPI_OP_NULL) MPI_Op_free(&op);
-    }
-  }
-  MPI_Finalize();
-}
-
-void ensure_initialised() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    Runtime& rt = runtime();
-    int initialised = 0;
-    LOOM_MPI_CALL(MPI_Initialized, &initialised);
-    int provided = MPI_THREAD_SINGLE;
-    if (!initialised) {
-      LOOM_MPI_CALL(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      rt.we_initialised = true;
-    } else {
-      LOOM_MPI_CALL(MPI_Query_thread, &provided);
-    }
-    rt.thread_multiple = provided >= MPI_THREAD_MULTIPLE;
-    LOOM_MPI_CALL(MPI_Comm_set_errhandler, MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    create_half_ops(rt);
-    if (rt.we_initialised) std::atexit(finalize_at_exit);
-  });
-}
-
-// ---- dtypes and ops
-// ---------------------------------------------------------------------------------
-
-MPI_Datatype mpi_type(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return MPI_FLOAT;
-    case DType::kF64:
-      return MPI_DOUBLE;
-    case DType::kI32:
-      return MPI_INT32_T;
-    case DType::kI64:
-      return MPI_INT64_T;
-    case DType::kBF16:
-    case DType::kF16:
-      return MPI_UINT16_T;  // moved as bits; reduced by the half ops
-  }
-  return MPI_DATATYPE_NULL;
-}
-
-MPI_Op mpi_op(ReduceOp op, DType dtype) {
-  if (dtype == DType::kBF16 || dtype == DType::kF16) {
-    int format = dtype == DType::kBF16 ? kBf16 : kF16;
-    int reduce = op == ReduceOp::kMax ? kHalfMax : op == ReduceOp::kMin ? kHalfMin : kHalfSum;
-    return runtime().half_ops[format][reduce];
-  }
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return MPI_SUM;
-    case ReduceOp::kMax:
-      return MPI_MAX;
-    case ReduceOp::kMin:
-      return MPI_MIN;
-  }
-  return MPI_OP_NULL;
-}
-
-// avg = sum / n, applied once the sum is complete.
-void divide_in_place(const Tensor& tensor, int n) {
-  const int64_t count = tensor.numel();
-  switch (tensor.dtype()) {
-    case DType::kF32: {
-      float* p = tensor.data<float>();
-      for (int64_t i = 0; i < count; ++i) p[i] /= static_cast<float>(n);
-      break;
-    }
-    case DType::kF64: {
-      double* p = tensor.data<double>();
-      for (int64_t i = 0; i < count; ++i) p[i] /= n;
-      break;
-    }
-    case DType::kI32: {
-      int32_t* p = tensor.data<int32_t>();
-      for (int64_t i = 0; i < count; ++i) p[i] /= n;
-      break;
-    }
-    case DType::kI64: {
-      int64_t* p = tensor.data<int64_t>();
-      for (int64_t i = 0; i < count; ++i) p[i] /= n;
-      break;
-    }
-    case DType::kBF16: {
-      uint16_t* p = tensor.data_u16();
-      for (int64_t i = 0; i < count; ++i)
-        p[i] = float_to_bf16(bf16_to_float(p[i]) / static_cast<float>(n));
-      break;
-    }
-    case DType::kF16: {
-      uint16_t* p = tensor.data_u16();
-      for (int64_t i = 0; i < count; ++i)
-        p[i] = float_to_f16(f16_to_float(p[i]) / static_cast<float>(n));
-      break;
-    }
-  }
-}
-
-int to_count(int64_t count, const char* op) {
-  if (count > INT_MAX)
-    fail("mpi: ", op, " of ", count, " elements exceeds MPI's int count (", INT_MAX, ")");
-  return static_cast<int>(count);
-}
-
-void expect_host(const Tensor& tensor, const char* op, const char* what) {
-  if (!tensor.defined())
-    throw CommError(detail::concat("mpi: ", op, ": ", what, " tensor is undefined"));
-  if (!tensor.device().is_cpu()) {
-    throw CommError(detail::concat("mpi: ", op, ": ", what, " tensor is on ", tensor.device().str(),
-                                   "; the mpi backend needs host tensors"));
-  }
-}
-
-void expect_same_dtype(const Tensor& input, const Tensor& output, const char* op) {
-  if (input.dtype() != output.dtype()) {
-    throw CommError(detail::concat("mpi: ", op, ": input is ", dtype_name(input.dtype()),
-                                   " but output is ", dtype_name(output.dtype())));
-  }
-}
-
-// ---- the Work handle
-// --------------------------------------------------------------------------------
-
-void reap_orphans() {
-  Runtime& rt = runtime();
-  std::lock_guard<std::mutex> guard(rt.orphan_mutex);
-  if (rt.orphans.empty() || mpi_finalized()) return;
-  auto lock = mpi_lock();
-  std::erase_if(rt.orphans, [](Orphan& orphan) {
-    int flag = 0;
-    return MPI_Test(&orphan.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag != 0;
-  });
-}
-
-class MpiWork final : public Work {
- public:
-  MpiWork(MPI_Request request, std::string what, std::chrono::milliseconds timeout,
-          std::vector<Tensor> keep, std::function<void()> on_done)
-      : request_(request),
-        what_(std::move(what)),
-        timeout_(timeout),
-        keep_(std::move(keep)),
-        on_done_(std::move(on_done)) {}
-
-  ~MpiWork() override {
-    if (done_ || mpi_finalized()) return;
-    Runtime& rt = runtime();
-    std::lock_guard<std::mutex> guard(rt.orphan_mutex);
-    rt.orphans.push_back(Orphan{request_, std::move(keep_)});
-  }
-
-  bool test() override {
-    if (done_) return true;
-    int flag = 0;
-    {
-      auto lock = mpi_lock();
-      LOOM_MPI_CALL(MPI_Test, &request_, &flag, MPI_STATUS_IGNORE);
-    }
-    if (flag == 0) return false;
-    done_ = true;
-    if (on_done_) on_done_();
-    keep_.clear();
-    return true;
-  }
-
-  // Polls MPI_Test (which also drives MPI's progress): yields for the first polls, so a short
-  // operation completes with little latency, then sleeps briefly so waiting ranks do not take
-  // the cores of oversubscribed ranks.
-  void wait() override {
-    const auto start = std::chrono::steady_clock::now();
-    for (int polls = 0; !test(); ++polls) {
-      if (std::chrono::steady_clock::now() - start > timeout_) {
-        throw CommError(
-            detail::concat("mpi: timed out after ", timeout_.count(), " ms waiting for ", what_,
-                           "; ranks that did not arrive: unknown with the mpi backend"));
-      }
-      if (polls < 2000) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
-  }
-
- private:
-  MPI_Request request_;
-  std::string what_;
-  std::chrono::milliseconds timeout_;
-  std::vector<Tensor> keep_;  // buffers MPI reads or writes until completion
-  std::function<void()> on_done_;
-  bool done_ = false;
-};
 
 // Collective codes for the debug check.
 enum OpCode { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kAllToAll, kBarrier };
@@ -321,50 +41,19 @@ bool debug_from_env() {
   return value != nullptr && std::string_view(value) == "1";
 }
 
-}  // namespace
-
-// A collective queued for the communicator's worker thread. `mutex` guards done/error.
-struct MpiTask {
-  std::function<void()> run;      // the blocking MPI call
-  std::function<void()> on_done;  // after a successful run (the avg division)
-  std::vector<Tensor> keep;       // buffers MPI reads or writes until completion
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  std::exception_ptr error;
-};
-
-namespace {
-
-// The Work handle of a queued collective: completion is signalled by the worker thread.
-class MpiTaskWork final : public Work {
- public:
-  MpiTaskWork(std::shared_ptr<MpiTask> task, std::string what, std::chrono::milliseconds timeout)
-      : task_(std::move(task)), what_(std::move(what)), timeout_(timeout) {}
-
-  bool test() override {
-    std::lock_guard<std::mutex> guard(task_->mutex);
-    if (!task_->done) return false;
-    if (task_->error) std::rethrow_exception(task_->error);
-    return true;
-  }
-
-  // On timeout the worker stays blocked in MPI; a later wait() may still see it complete.
-  void wait() override {
-    std::unique_lock<std::mutex> lock(task_->mutex);
-    if (!task_->cv.wait_for(lock, timeout_, [&] { return task_->done; })) {
-      throw CommError(detail::concat("mpi: timed out after ", timeout_.count(), " ms waiting for ",
-                                     what_,
-                                     "; ranks that did not arrive: unknown with the mpi backend"));
-    }
-    if (task_->error) std::rethrow_exception(task_->error);
-  }
-
- private:
-  std::shared_ptr<MpiTask> task_;
-  std::string what_;
-  std::chrono::milliseconds timeout_;
-};
+// The world ranks of `comm`'s members, by rank in `comm`.
+std::vector<int> world_ranks_of(MPI_Comm comm, int size) {
+  std::vector<int> ranks(size), world(size);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  auto lock = mpi_lock();
+  MPI_Group group, world_group;
+  LOOM_MPI_CALL(MPI_Comm_group, comm, &group);
+  LOOM_MPI_CALL(MPI_Comm_group, MPI_COMM_WORLD, &world_group);
+  LOOM_MPI_CALL(MPI_Group_translate_ranks, group, size, ranks.data(), world_group, world.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  return world;
+}
 
 }  // namespace
 
@@ -372,7 +61,8 @@ class MpiTaskWork final : public Work {
 // --------------------------------------------------------------------------------
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned, std::string name,
-                                 const CommOptions& options)
+                                 const CommOptions& options, std::shared_ptr<MpiFlight> flight,
+                                 int board_id)
     : comm_(comm), owned_(owned), name_(std::move(name)), options_(options) {
   if (debug_from_env()) options_.debug_checks = true;
   {
@@ -380,6 +70,23 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned, std::string name,
     LOOM_MPI_CALL(MPI_Comm_rank, comm_, &rank_);
     LOOM_MPI_CALL(MPI_Comm_size, comm_, &size_);
   }
+  auto group = std::make_shared<MpiGroupInfo>();
+  group->name = name_;
+  group->rank = rank_;
+  group->size = size_;
+  group->world_ranks = world_ranks_of(comm_, size_);
+  group->board_id = board_id;
+  if (!flight) {
+    int world_rank = 0, world_size = 1;
+    auto lock = mpi_lock();
+    LOOM_MPI_CALL(MPI_Comm_rank, MPI_COMM_WORLD, &world_rank);
+    LOOM_MPI_CALL(MPI_Comm_size, MPI_COMM_WORLD, &world_size);
+    lock = {};
+    flight = mpi_internal::make_flight(options_, world_rank, world_size, board_id);
+  }
+  flight->recorder().add_group(name_, group->world_ranks);
+  group->flight = std::move(flight);
+  group_ = std::move(group);
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -399,31 +106,55 @@ MpiCommunicator::~MpiCommunicator() {
   }
 }
 
-std::string MpiCommunicator::begin_collective(int op_code, const char* op_name,
-                                              const Tensor* tensor, int64_t count, int root,
-                                              const std::string& args) {
+const FlightRecorder& MpiCommunicator::flight_recorder() const {
+  return group_->flight->recorder();
+}
+
+MpiCommunicator::Issued MpiCommunicator::begin_collective(int op_code, const char* op_name,
+                                                          const Tensor* tensor, int64_t count,
+                                                          int root, const std::string& args) {
   reap_orphans();
-  const int64_t seq = next_seq_++;
+  MpiFlight& flight = *group_->flight;
+  flight.dump_if_peer_timed_out();  // before this op appears in the records
+  Issued issued;
+  const int64_t seq = issued.seq = next_seq_++;
+  group_->mark_issued(seq);
+  issued.flight_id = flight.recorder().issued(
+      name_, seq, op_name, tensor ? std::string(dtype_name(tensor->dtype())) : std::string(),
+      tensor ? count : 0);
   std::string inner = args;
   if (tensor != nullptr)
     inner += detail::concat(args.empty() ? "" : ", ", count, " × ", dtype_name(tensor->dtype()));
-  std::string what = detail::concat(op_name, " #", seq, inner.empty() ? "" : " (" + inner + ")",
-                                    " on group '", name_, "' (size ", size_, ", rank ", rank_, ")");
-  if (!options_.debug_checks) return what;
+  issued.what = detail::concat(op_name, " #", seq, inner.empty() ? "" : " (" + inner + ")",
+                               " on group '", name_, "' (size ", size_, ", rank ", rank_, ")");
+  if (!options_.debug_checks) return issued;
+  try {
+    debug_check(issued, op_code, tensor, count, root);
+  } catch (...) {
+    flight.recorder().failed(issued.flight_id);
+    throw;
+  }
+  return issued;
+}
 
-  // Every rank contributes (seq, op, count, dtype, root); the first row that differs from ours
-  // names the mismatch. Rows 0..size-1 receive, row `size` is ours; a tensor, so a timed-out
-  // request keeps its buffer alive.
+// Every rank contributes (seq, op, count, dtype, root); the first row that differs from ours
+// names the mismatch. Rows 0..size-1 receive, row `size` is ours; a tensor, so a timed-out
+// request keeps its buffer alive.
+void MpiCommunicator::debug_check(const Issued& issued, int op_code, const Tensor* tensor,
+                                  int64_t count, int root) {
+  const int64_t seq = issued.seq;
   Tensor rows = Tensor::empty({5 * (size_ + 1)}, DType::kI64);
   int64_t* all = rows.data<int64_t>();
   int64_t* mine = all + 5 * size_;
   const int64_t fields[5] = {seq, op_code, count,
                              tensor ? static_cast<int64_t>(tensor->dtype()) : -1, root};
   std::copy(fields, fields + 5, mine);
-  // Runs on the worker like the collectives, so it stays in issue order with them.
+  // Runs on the worker like the collectives, so it stays in issue order with them; not
+  // recorded itself (the collective it checks is).
+  Issued check{seq, "the debug check before " + issued.what, mpi_internal::kNotRecorded};
   enqueue([comm = comm_, mine,
            all] { LOOM_MPI_CALL(MPI_Allgather, mine, 5, MPI_INT64_T, all, 5, MPI_INT64_T, comm); },
-          "the debug check before " + what, {rows})
+          std::move(check), {rows})
       ->wait();
   auto describe = [](const int64_t* row) {
     std::string text = kOpNames[row[1]];
@@ -440,27 +171,32 @@ std::string MpiCommunicator::begin_collective(int op_code, const char* op_name,
                                    r, " calls ", describe(row), " (its sequence number ", row[0],
                                    ")"));
   }
-  return what;
 }
 
-WorkHandle MpiCommunicator::make_work(MPI_Request request, std::string what,
-                                      std::vector<Tensor> keep) {
-  return std::make_shared<MpiWork>(request, std::move(what), options_.timeout, std::move(keep),
-                                   std::function<void()>{});
+uint64_t MpiCommunicator::record_p2p(bool send, int peer, int tag, const Tensor& tensor) {
+  group_->flight->dump_if_peer_timed_out();
+  const int64_t n = (send ? send_count_ : recv_count_)[{peer, tag}]++;
+  return group_->flight->recorder().issued(
+      name_ + ":p2p", n,
+      detail::concat(send ? "send(dst=" : "recv(src=", peer, ", tag=", tag, ")"),
+      std::string(dtype_name(tensor.dtype())), tensor.numel());
 }
 
-WorkHandle MpiCommunicator::enqueue(std::function<void()> run, std::string what,
+WorkHandle MpiCommunicator::enqueue(std::function<void()> run, Issued issued,
                                     std::vector<Tensor> keep, std::function<void()> on_done) {
   auto task = std::make_shared<MpiTask>();
   task->run = std::move(run);
   task->on_done = std::move(on_done);
   task->keep = std::move(keep);
+  task->group = group_;
+  task->seq = issued.seq;
+  task->flight_id = issued.flight_id;
   {
     std::lock_guard<std::mutex> guard(queue_mutex_);
     queue_.push_back(task);
   }
   queue_cv_.notify_one();
-  return std::make_shared<MpiTaskWork>(std::move(task), std::move(what), options_.timeout);
+  return mpi_internal::make_task_work(std::move(task), std::move(issued.what), options_.timeout);
 }
 
 // Runs the queued collectives one at a time, in issue order, until stopped with an empty queue.
@@ -474,33 +210,14 @@ void MpiCommunicator::worker_loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    std::exception_ptr error;
-    try {
-      if (mpi_finalized()) throw CommError("mpi: MPI was finalised before the collective ran");
-      {
-        auto lock = mpi_lock();
-        task->run();
-      }
-      if (task->on_done) task->on_done();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> guard(task->mutex);
-      task->done = true;
-      task->error = error;
-      task->keep.clear();
-      task->run = nullptr;
-      task->on_done = nullptr;
-      task->cv.notify_all();
-    }
+    mpi_internal::run_task(*task);
   }
 }
 
 WorkHandle MpiCommunicator::all_reduce_async(Tensor& tensor, ReduceOp op) {
   expect_host(tensor, "all_reduce", "the");
   const int count = to_count(tensor.numel(), "all_reduce");
-  std::string what = begin_collective(kAllReduce, "all_reduce", &tensor, count, -1,
+  Issued issued = begin_collective(kAllReduce, "all_reduce", &tensor, count, -1,
                                       std::string(reduce_op_name(op)));
   std::function<void()> on_done;
   if (op == ReduceOp::kAvg) on_done = [tensor, n = size_] { divide_in_place(tensor, n); };
@@ -509,7 +226,7 @@ WorkHandle MpiCommunicator::all_reduce_async(Tensor& tensor, ReduceOp op) {
        mop = mpi_op(op, tensor.dtype())] {
         LOOM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, data, count, type, mop, comm);
       },
-      std::move(what), {tensor}, std::move(on_done));
+      std::move(issued), {tensor}, std::move(on_done));
 }
 
 WorkHandle MpiCommunicator::reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) {
@@ -522,7 +239,7 @@ WorkHandle MpiCommunicator::reduce_scatter_async(const Tensor& input, Tensor& ou
          output.numel() * size_);
   }
   const int count = to_count(output.numel(), "reduce_scatter");
-  std::string what = begin_collective(kReduceScatter, "reduce_scatter", &output, count, -1,
+  Issued issued = begin_collective(kReduceScatter, "reduce_scatter", &output, count, -1,
                                       std::string(reduce_op_name(op)));
   std::function<void()> on_done;
   if (op == ReduceOp::kAvg) on_done = [output, n = size_] { divide_in_place(output, n); };
@@ -531,7 +248,7 @@ WorkHandle MpiCommunicator::reduce_scatter_async(const Tensor& input, Tensor& ou
        mop = mpi_op(op, input.dtype())] {
         LOOM_MPI_CALL(MPI_Reduce_scatter_block, in, out, count, type, mop, comm);
       },
-      std::move(what), {input, output}, std::move(on_done));
+      std::move(issued), {input, output}, std::move(on_done));
 }
 
 WorkHandle MpiCommunicator::all_gather_async(const Tensor& input, Tensor& output) {
@@ -545,12 +262,12 @@ WorkHandle MpiCommunicator::all_gather_async(const Tensor& input, Tensor& output
   }
   const int count = to_count(input.numel(), "all_gather");
   to_count(output.numel(), "all_gather");
-  std::string what = begin_collective(kAllGather, "all_gather", &input, count, -1, "");
+  Issued issued = begin_collective(kAllGather, "all_gather", &input, count, -1, "");
   return enqueue(
       [comm = comm_, in = input.raw(), out = output.raw(), count, type = mpi_type(input.dtype())] {
         LOOM_MPI_CALL(MPI_Allgather, in, count, type, out, count, type, comm);
       },
-      std::move(what), {input, output});
+      std::move(issued), {input, output});
 }
 
 WorkHandle MpiCommunicator::broadcast_async(Tensor& tensor, int root) {
@@ -558,11 +275,11 @@ WorkHandle MpiCommunicator::broadcast_async(Tensor& tensor, int root) {
   if (root < 0 || root >= size_)
     fail("mpi: broadcast on group '", name_, "': root ", root, " outside [0, ", size_, ")");
   const int count = to_count(tensor.numel(), "broadcast");
-  std::string what = begin_collective(kBroadcast, "broadcast", &tensor, count, root,
+  Issued issued = begin_collective(kBroadcast, "broadcast", &tensor, count, root,
                                       detail::concat("root ", root));
   return enqueue([comm = comm_, data = tensor.raw(), count, type = mpi_type(tensor.dtype()),
                   root] { LOOM_MPI_CALL(MPI_Bcast, data, count, type, root, comm); },
-                 std::move(what), {tensor});
+                 std::move(issued), {tensor});
 }
 
 WorkHandle MpiCommunicator::reduce_async(Tensor& tensor, int root, ReduceOp op) {
@@ -570,7 +287,7 @@ WorkHandle MpiCommunicator::reduce_async(Tensor& tensor, int root, ReduceOp op) 
   if (root < 0 || root >= size_)
     fail("mpi: reduce on group '", name_, "': root ", root, " outside [0, ", size_, ")");
   const int count = to_count(tensor.numel(), "reduce");
-  std::string what = begin_collective(kReduce, "reduce", &tensor, count, root,
+  Issued issued = begin_collective(kReduce, "reduce", &tensor, count, root,
                                       detail::concat(reduce_op_name(op), ", root ", root));
   std::function<void()> on_done;
   if (op == ReduceOp::kAvg && rank_ == root)
@@ -580,7 +297,7 @@ WorkHandle MpiCommunicator::reduce_async(Tensor& tensor, int root, ReduceOp op) 
   return enqueue([comm = comm_, send, data = tensor.raw(), count, type = mpi_type(tensor.dtype()),
                   mop = mpi_op(op, tensor.dtype()),
                   root] { LOOM_MPI_CALL(MPI_Reduce, send, data, count, type, mop, root, comm); },
-                 std::move(what), {tensor}, std::move(on_done));
+                 std::move(issued), {tensor}, std::move(on_done));
 }
 
 WorkHandle MpiCommunicator::all_to_all_async(const Tensor& input, Tensor& output) {
@@ -594,17 +311,17 @@ WorkHandle MpiCommunicator::all_to_all_async(const Tensor& input, Tensor& output
   }
   to_count(input.numel(), "all_to_all");
   const int chunk = static_cast<int>(input.numel() / size_);
-  std::string what = begin_collective(kAllToAll, "all_to_all", &input, input.numel(), -1, "");
+  Issued issued = begin_collective(kAllToAll, "all_to_all", &input, input.numel(), -1, "");
   return enqueue(
       [comm = comm_, in = input.raw(), out = output.raw(), chunk, type = mpi_type(input.dtype())] {
         LOOM_MPI_CALL(MPI_Alltoall, in, chunk, type, out, chunk, type, comm);
       },
-      std::move(what), {input, output});
+      std::move(issued), {input, output});
 }
 
 WorkHandle MpiCommunicator::barrier_async() {
-  std::string what = begin_collective(kBarrier, "barrier", nullptr, 0, -1, "");
-  return enqueue([comm = comm_] { LOOM_MPI_CALL(MPI_Barrier, comm); }, std::move(what), {});
+  Issued issued = begin_collective(kBarrier, "barrier", nullptr, 0, -1, "");
+  return enqueue([comm = comm_] { LOOM_MPI_CALL(MPI_Barrier, comm); }, std::move(issued), {});
 }
 
 WorkHandle MpiCommunicator::send_async(const Tensor& tensor, int dst, int tag) {
@@ -617,13 +334,11 @@ WorkHandle MpiCommunicator::send_async(const Tensor& tensor, int dst, int tag) {
   std::string what = detail::concat(
       "send #", next_p2p_seq_++, " (", count, " × ", dtype_name(tensor.dtype()), " to rank ", dst,
       ", tag ", tag, ") on group '", name_, "' (size ", size_, ", rank ", rank_, ")");
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
+  const uint64_t id = record_p2p(/*send=*/true, dst, tag, tensor);
+  return start_p2p(id, std::move(what), tensor, [&](MPI_Request* request) {
     LOOM_MPI_CALL(MPI_Isend, tensor.raw(), count, mpi_type(tensor.dtype()), dst, tag, comm_,
-                  &request);
-  }
-  return make_work(request, std::move(what), {tensor});
+                  request);
+  });
 }
 
 WorkHandle MpiCommunicator::recv_async(Tensor& tensor, int src, int tag) {
@@ -636,29 +351,66 @@ WorkHandle MpiCommunicator::recv_async(Tensor& tensor, int src, int tag) {
   std::string what = detail::concat(
       "recv #", next_p2p_seq_++, " (", count, " × ", dtype_name(tensor.dtype()), " from rank ", src,
       ", tag ", tag, ") on group '", name_, "' (size ", size_, ", rank ", rank_, ")");
-  MPI_Request request;
-  {
-    auto lock = mpi_lock();
+  const uint64_t id = record_p2p(/*send=*/false, src, tag, tensor);
+  return start_p2p(id, std::move(what), tensor, [&](MPI_Request* request) {
     LOOM_MPI_CALL(MPI_Irecv, tensor.raw(), count, mpi_type(tensor.dtype()), src, tag, comm_,
-                  &request);
-  }
-  return make_work(request, std::move(what), {tensor});
+                  request);
+  });
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
-  MPI_Comm child = MPI_COMM_NULL;
-  {
+// Issues the request (under the MPI lock) and wraps it; the record is started at once, as MPI
+// now owns the operation.
+WorkHandle MpiCommunicator::start_p2p(uint64_t flight_id, std::string what, const Tensor& tensor,
+                                      const std::function<void(MPI_Request*)>& issue) {
+  FlightRecorder& recorder = group_->flight->recorder();
+  MPI_Request request;
+  try {
     auto lock = mpi_lock();
-    LOOM_MPI_CALL(MPI_Comm_split, comm_, color < 0 ? MPI_UNDEFINED : color, key, &child);
+    issue(&request);
+  } catch (...) {
+    recorder.failed(flight_id);
+    throw;
   }
-  if (child == MPI_COMM_NULL) return nullptr;
-  return std::make_unique<MpiCommunicator>(
-      child, /*owned=*/true, detail::concat(name_, "/split(color=", color, ")"), options_);
+  recorder.started(flight_id);
+  return mpi_internal::make_request_work(request, std::move(what), options_.timeout, {tensor},
+                                         group_, flight_id);
 }
 
+// Recorded as the parent group's collective (it takes a sequence number, as in the local
+// backend); the new group shares this world's flight recorder and gets an arrival-board id its
+// members agree on.
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  group_->flight->dump_if_peer_timed_out();
+  const int64_t seq = next_seq_++;
+  group_->mark_issued(seq);
+  FlightRecorder& recorder = group_->flight->recorder();
+  const uint64_t id = recorder.issued(name_, seq, "split", "", 0);
+  recorder.started(id);
+  MPI_Comm child = MPI_COMM_NULL;
+  int board_id = -1;
+  try {
+    {
+      auto lock = mpi_lock();
+      LOOM_MPI_CALL(MPI_Comm_split, comm_, color < 0 ? MPI_UNDEFINED : color, key, &child);
+    }
+    if (child != MPI_COMM_NULL) board_id = mpi_internal::agree_split_board_id(child);
+  } catch (...) {
+    recorder.failed(id);
+    throw;
+  }
+  recorder.completed(id);
+  if (child == MPI_COMM_NULL) return nullptr;
+  return std::make_unique<MpiCommunicator>(child, /*owned=*/true,
+                                           detail::concat(name_, "/split(color=", color, ")"),
+                                           options_, group_->flight, board_id);
+}
+
+// The first call creates the arrival board (collective over MPI_COMM_WORLD).
 std::unique_ptr<Communicator> make_mpi_world(const CommOptions& options) {
-  ensure_initialised();
-  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, /*owned=*/false, "world", options);
+  mpi_internal::ensure_initialised();
+  mpi_internal::ensure_arrival_board();
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, /*owned=*/false, "world", options,
+                                           nullptr, mpi_internal::next_world_board_id());
 }
 
 }  // namespace loom

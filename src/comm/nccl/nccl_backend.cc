@@ -1,0 +1,676 @@
+#include "comm/nccl/nccl_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <iomanip>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "device/cuda/cuda_check.h"
+
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0), "ncclCommSplit needs NCCL >= 2.18");
+static_assert(sizeof(ncclUniqueId) == 32 * sizeof(int32_t), "the id travels as 32 i32");
+
+namespace loom {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Every failure of this backend is a CommError "nccl: ...", so callers catch one type.
+template <typename... Args>
+[[noreturn]] void comm_fail(Args&&... args) {
+  throw CommError(detail::concat("nccl: ", std::forward<Args>(args)...));
+}
+
+std::string seconds_str(std::chrono::milliseconds d) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(d.count() < 100 ? 3 : 1) << d.count() / 1000.0 << " s";
+  return os.str();
+}
+
+void cuda_call(cudaError_t err, const char* call) {
+  if (err != cudaSuccess)
+    comm_fail(call, " failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+}
+#define LOOM_NCCL_CUDA(expr) cuda_call((expr), #expr)
+
+// Non-blocking communicators: a call returns ncclInProgress and the communicator's state says
+// when it is done. Polls until it leaves ncclInProgress or `deadline` (then ncclInProgress).
+ncclResult_t poll_state(ncclComm_t comm, ncclResult_t result, Clock::time_point deadline) {
+  for (int polls = 0; result == ncclInProgress; ++polls) {
+    if (Clock::now() > deadline) return ncclInProgress;
+    if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (ncclCommGetAsyncError(comm, &result) != ncclSuccess) return ncclInternalError;
+  }
+  return result;
+}
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+std::string timed_out(std::chrono::milliseconds timeout, const std::string& while_) {
+  return detail::concat("timed out after ", seconds_str(timeout), " ", while_,
+                        "; ranks that did not arrive: unknown with the nccl backend");
+}
+
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+}  // namespace
+
+// What the communicator and its Work handles share; `mutex` serialises every NCCL call on
+// `comm` (abort from a waiting thread vs. an enqueue) and guards the fields below it.
+struct NcclShared {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t inputs_ready = nullptr;  // recorded on the legacy stream before each enqueue
+  int device = 0;
+  int rank = 0;
+  int size = 1;
+  std::string name;
+  CommOptions options;
+  Tensor scratch;  // barrier's one f32
+
+  std::mutex mutex;
+  std::string aborted;  // why the communicator refuses calls (aborted, destroyed); empty: usable
+  bool failed = false;  // aborted after a failure: results of unfinished operations are garbage
+  struct Parked {
+    cudaEvent_t event;
+    std::vector<Tensor> keep;
+  };
+  std::vector<Parked> parked;  // buffers of dropped handles, until their event completes
+  std::map<int, std::deque<Tensor>> self_messages;  // tag -> sends to oneself, FIFO
+  std::vector<int64_t> sent, received;              // per peer: messages so far
+  int64_t next_seq = 0;
+
+  std::string group() const {
+    return detail::concat("group '", name, "' (size ", size, ", rank ", rank, ")");
+  }
+
+  // Aborts the NCCL communicator once, remembering why; later calls refuse with `why`.
+  void abort_locked(const std::string& why) {
+    if (aborted.empty()) aborted = why;
+    failed = true;
+    if (comm != nullptr) {
+      (void)ncclCommAbort(comm);
+      comm = nullptr;
+    }
+  }
+
+  [[noreturn]] void fail_locked(const std::string& why) {
+    abort_locked(why);
+    comm_fail(why, "; communicator aborted");
+  }
+
+  void check_usable_locked(const std::string& what) const {
+    if (!aborted.empty()) comm_fail(what, ": communicator aborted: ", aborted);
+  }
+
+  // Waits for an NCCL call's result (see poll_state); on failure or timeout aborts and throws.
+  void settle_locked(ncclResult_t result, const char* call, const std::string& what) {
+    result = poll_state(comm, result, Clock::now() + options.timeout);
+    if (result == ncclSuccess) return;
+    fail_locked(result == ncclInProgress
+                    ? timed_out(options.timeout, detail::concat("in ", call, " for ", what))
+                    : detail::concat(what, ": ", call, " failed: ", ncclGetErrorString(result),
+                                     ": ", ncclGetLastError(comm)));
+  }
+
+  void reap_locked() {
+    std::erase_if(parked, [](Parked& p) {
+      if (cudaEventQuery(p.event) == cudaErrorNotReady) return false;
+      (void)cudaEventDestroy(p.event);
+      return true;
+    });
+  }
+
+  // Flushes and frees the NCCL communicator (bounded by the timeout, then aborted), then waits
+  // for the stream so that no parked buffer is still in use. Never throws.
+  void close() noexcept try {
+    std::lock_guard<std::mutex> lock(mutex);
+    cuda::DeviceGuard guard(device);
+    if (comm != nullptr) {
+      const auto deadline = Clock::now() + options.timeout;
+      if (poll_state(comm, ncclCommFinalize(comm), deadline) == ncclSuccess) {
+        (void)ncclCommDestroy(comm);
+        comm = nullptr;
+      } else {
+        abort_locked("communicator destroyed before its operations completed");
+      }
+    }
+    if (aborted.empty()) aborted = "communicator destroyed";
+    (void)cudaStreamSynchronize(stream);
+    reap_locked();
+  } catch (...) {
+    // Only DeviceGuard can throw (a broken CUDA runtime): nothing more can be freed then.
+  }
+
+  ~NcclShared() {
+    for (Parked& p : parked) (void)cudaEventDestroy(p.event);
+    if (inputs_ready != nullptr) (void)cudaEventDestroy(inputs_ready);
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+};
+
+namespace {
+
+// Creates the stream and scratch of a freshly initialised (settled) NCCL communicator; aborts
+// it when that fails.
+std::shared_ptr<NcclShared> wrap(ncclComm_t comm, int device, std::string name,
+                                 const CommOptions& options) {
+  auto s = std::make_shared<NcclShared>();
+  s->comm = comm;
+  s->device = device;
+  s->name = std::move(name);
+  s->options = options;
+  try {
+    cuda::DeviceGuard guard(device);
+    LOOM_NCCL_CUDA(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    LOOM_NCCL_CUDA(cudaEventCreateWithFlags(&s->inputs_ready, cudaEventDisableTiming));
+    if (ncclCommUserRank(comm, &s->rank) != ncclSuccess ||
+        ncclCommCount(comm, &s->size) != ncclSuccess)
+      comm_fail("ncclCommUserRank/ncclCommCount failed on group '", s->name, "'");
+    s->sent.assign(static_cast<size_t>(s->size), 0);
+    s->received.assign(static_cast<size_t>(s->size), 0);
+    s->scratch = Tensor::zeros({1}, DType::kF32, Device::cuda(device));
+  } catch (...) {
+    s->abort_locked("could not be set up");  // nobody else holds `s` yet
+    throw;
+  }
+  return s;
+}
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclShared> shared, cudaEvent_t event, std::string what,
+           std::vector<Tensor> keep, std::function<void()> on_done)
+      : s_(std::move(shared)),
+        event_(event),
+        what_(std::move(what)),
+        keep_(std::move(keep)),
+        on_done_(std::move(on_done)) {}
+
+  ~NcclWork() override {
+    if (done_) return;
+    std::lock_guard<std::mutex> lock(s_->mutex);
+    s_->parked.push_back({event_, std::move(keep_)});
+  }
+
+  bool test() override {
+    if (done_) return true;
+    const cudaError_t state = cudaEventQuery(event_);
+    {
+      std::lock_guard<std::mutex> lock(s_->mutex);
+      // After a failure NCCL's kernels were killed: a completed event proves nothing.
+      if (s_->failed || state == cudaErrorNotReady) s_->check_usable_locked(what_);
+      if (state == cudaErrorNotReady) {
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(s_->comm, &async) == ncclSuccess &&
+            (async == ncclSuccess || async == ncclInProgress))
+          return false;
+        s_->fail_locked(detail::concat(what_, " failed: ", ncclGetErrorString(async), ": ",
+                                       ncclGetLastError(s_->comm)));
+      }
+    }
+    LOOM_NCCL_CUDA(state);
+    done_ = true;
+    (void)cudaEventDestroy(event_);
+    keep_.clear();
+    if (on_done_) on_done_();  // the recv header check: may throw, once
+    return true;
+  }
+
+  // Yields for the first polls (short operations), then sleeps briefly so waiting ranks do not
+  // take every core; on timeout aborts the communicator (NCCL cannot cancel one operation).
+  void wait() override {
+    const auto deadline = Clock::now() + s_->options.timeout;
+    for (int polls = 0; !test(); ++polls) {
+      if (Clock::now() > deadline) {
+        std::lock_guard<std::mutex> lock(s_->mutex);
+        s_->fail_locked(timed_out(s_->options.timeout, "waiting for " + what_));
+      }
+      if (polls < 2000)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  std::shared_ptr<NcclShared> s_;
+  cudaEvent_t event_;
+  std::string what_;
+  std::vector<Tensor> keep_;  // buffers NCCL reads or writes until the event completes
+  std::function<void()> on_done_;
+  bool done_ = false;
+};
+
+// Enqueues `call` (NCCL calls on s.comm / s.stream, returning the last result) after the work
+// of the legacy default stream, and returns a handle on its completion event.
+WorkHandle launch(const std::shared_ptr<NcclShared>& shared, const std::string& what,
+                  const char* call_name, const std::function<ncclResult_t()>& call,
+                  std::vector<Tensor> keep, std::function<void()> on_done = {}) {
+  NcclShared& s = *shared;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.check_usable_locked(what);
+  s.reap_locked();
+  cuda::DeviceGuard guard(s.device);
+  LOOM_NCCL_CUDA(cudaEventRecord(s.inputs_ready, cudaStreamLegacy));
+  LOOM_NCCL_CUDA(cudaStreamWaitEvent(s.stream, s.inputs_ready, 0));
+  if (call) s.settle_locked(call(), call_name, what);
+  cudaEvent_t done = nullptr;
+  LOOM_NCCL_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  if (const cudaError_t err = cudaEventRecord(done, s.stream); err != cudaSuccess) {
+    (void)cudaEventDestroy(done);
+    cuda_call(err, "cudaEventRecord");
+  }
+  return std::make_shared<NcclWork>(shared, done, what, std::move(keep), std::move(on_done));
+}
+
+// An NCCL group: `body` issues the calls; ncclGroupEnd is always called so the group closes.
+ncclResult_t grouped(const std::function<ncclResult_t()>& body) {
+  ncclResult_t result = ncclGroupStart();
+  if (result != ncclSuccess) return result;
+  result = body();
+  const ncclResult_t end = ncclGroupEnd();
+  return result != ncclSuccess ? result : end;
+}
+
+void expect_on_gpu(const Tensor& t, int device, const char* op, const char* what) {
+  if (!t.defined()) comm_fail(op, ": ", what, " tensor is undefined");
+  if (!t.device().is_cuda() || t.device().index != device)
+    comm_fail(op, ": ", what, " tensor is on ", t.device().str(),
+              "; the nccl backend needs tensors on cuda:", device, " (its communicator's GPU)");
+}
+}  // namespace
+
+// ---- NcclCommunicator ----------------------------------------------------------------------
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclShared> shared, std::string name)
+    : shared_(std::move(shared)),
+      name_(std::move(name)),
+      rank_(shared_->rank),
+      size_(shared_->size) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  shared_->close();
+}
+
+int NcclCommunicator::cuda_device() const {
+  return shared_->device;
+}
+
+namespace {
+size_t count(const Tensor& t) {
+  return static_cast<size_t>(t.numel());
+}
+
+void expect_pair(const Tensor& input, const Tensor& output, int device, const char* op) {
+  expect_on_gpu(input, device, op, "input");
+  expect_on_gpu(output, device, op, "output");
+  if (input.dtype() != output.dtype())
+    comm_fail(op, ": input is ", dtype_name(input.dtype()), " but output is ",
+              dtype_name(output.dtype()));
+}
+
+void expect_root(int root, int size, const std::string& name, const char* op) {
+  if (root < 0 || root >= size)
+    comm_fail(op, " on group '", name, "': root ", root, " outside [0, ", size, ")");
+}
+
+// Names the group's next collective ("all_reduce #7 (sum, 1001 × f32) on group ...") and
+// enqueues `call`; an empty `t` enqueues nothing NCCL-side (NCCL gains nothing from it).
+WorkHandle collective(const std::shared_ptr<NcclShared>& s, const char* op, const Tensor* t,
+                      const std::string& args, const char* call_name,
+                      std::function<ncclResult_t()> call, std::vector<Tensor> keep) {
+  std::string inner = args;
+  if (t != nullptr) {
+    inner += detail::concat(args.empty() ? "" : ", ", t->numel(), " × ", dtype_name(t->dtype()));
+    if (t->numel() == 0) call = nullptr;
+  }
+  int64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    seq = s->next_seq++;
+  }
+  const std::string what =
+      detail::concat(op, " #", seq, inner.empty() ? "" : " (" + inner + ")", " on ", s->group());
+  return launch(s, what, call_name, call, std::move(keep));
+}
+}  // namespace
+
+WorkHandle NcclCommunicator::all_reduce_async(Tensor& tensor, ReduceOp op) {
+  expect_on_gpu(tensor, shared_->device, "all_reduce", "the");
+  NcclShared& s = *shared_;
+  return collective(
+      shared_, "all_reduce", &tensor, std::string(reduce_op_name(op)), "ncclAllReduce",
+      [&] {
+        return ncclAllReduce(tensor.raw(), tensor.raw(), count(tensor), nccl_type(tensor.dtype()),
+                             nccl_op(op), s.comm, s.stream);
+      },
+      {tensor});
+}
+
+WorkHandle NcclCommunicator::reduce_scatter_async(const Tensor& input, Tensor& output,
+                                                  ReduceOp op) {
+  expect_pair(input, output, shared_->device, "reduce_scatter");
+  if (input.numel() != output.numel() * size_)
+    comm_fail("reduce_scatter on group '", name_, "': input has ", input.numel(),
+              " elements, expected size ", size_, " × output ", output.numel());
+  NcclShared& s = *shared_;
+  return collective(
+      shared_, "reduce_scatter", &output, std::string(reduce_op_name(op)), "ncclReduceScatter",
+      [&] {
+        return ncclReduceScatter(input.raw(), output.raw(), count(output), nccl_type(input.dtype()),
+                                 nccl_op(op), s.comm, s.stream);
+      },
+      {input, output});
+}
+
+WorkHandle NcclCommunicator::all_gather_async(const Tensor& input, Tensor& output) {
+  expect_pair(input, output, shared_->device, "all_gather");
+  if (output.numel() != input.numel() * size_)
+    comm_fail("all_gather on group '", name_, "': output has ", output.numel(),
+              " elements, expected size ", size_, " × input ", input.numel());
+  NcclShared& s = *shared_;
+  return collective(shared_, "all_gather", &input, "", "ncclAllGather",
+                    [&] {
+                      return ncclAllGather(input.raw(), output.raw(), count(input),
+                                           nccl_type(input.dtype()), s.comm, s.stream);
+                    },
+                    {input, output});
+}
+
+WorkHandle NcclCommunicator::broadcast_async(Tensor& tensor, int root) {
+  expect_on_gpu(tensor, shared_->device, "broadcast", "the");
+  expect_root(root, size_, name_, "broadcast");
+  NcclShared& s = *shared_;
+  return collective(shared_, "broadcast", &tensor, detail::concat("root ", root), "ncclBroadcast",
+                    [&] {
+                      return ncclBroadcast(tensor.raw(), tensor.raw(), count(tensor),
+                                           nccl_type(tensor.dtype()), root, s.comm, s.stream);
+                    },
+                    {tensor});
+}
+
+WorkHandle NcclCommunicator::reduce_async(Tensor& tensor, int root, ReduceOp op) {
+  expect_on_gpu(tensor, shared_->device, "reduce", "the");
+  expect_root(root, size_, name_, "reduce");
+  NcclShared& s = *shared_;
+  // In place: recvbuff is only written at root, so the other ranks keep their tensors.
+  return collective(
+      shared_, "reduce", &tensor, detail::concat(reduce_op_name(op), ", root ", root), "ncclReduce",
+      [&] {
+        return ncclReduce(tensor.raw(), tensor.raw(), count(tensor), nccl_type(tensor.dtype()),
+                          nccl_op(op), root, s.comm, s.stream);
+      },
+      {tensor});
+}
+
+WorkHandle NcclCommunicator::all_to_all_async(const Tensor& input, Tensor& output) {
+  expect_pair(input, output, shared_->device, "all_to_all");
+  if (input.numel() != output.numel() || input.numel() % size_ != 0)
+    comm_fail("all_to_all on group '", name_, "': input has ", input.numel(), " and output ",
+              output.numel(), " elements; both must be the same multiple of size ", size_);
+  NcclShared& s = *shared_;
+  return collective(shared_, "all_to_all", &input, "", "ncclSend/ncclRecv group",
+                    [&] {
+                      return grouped([&] {
+                        const size_t n = count(input) / static_cast<size_t>(s.size);
+                        const size_t bytes = n * dtype_size(input.dtype());
+                        const auto* in = static_cast<const char*>(input.raw());
+                        auto* out = static_cast<char*>(output.raw());
+                        const ncclDataType_t type = nccl_type(input.dtype());
+                        for (int peer = 0; peer < s.size; ++peer) {
+                          const size_t at = static_cast<size_t>(peer) * bytes;
+                          ncclResult_t r = ncclSend(in + at, n, type, peer, s.comm, s.stream);
+                          if (r == ncclSuccess)
+                            r = ncclRecv(out + at, n, type, peer, s.comm, s.stream);
+                          if (r != ncclSuccess) return r;
+                        }
+                        return ncclSuccess;
+                      });
+                    },
+                    {input, output});
+}
+
+WorkHandle NcclCommunicator::barrier_async() {
+  NcclShared& s = *shared_;
+  return collective(shared_, "barrier", nullptr, "", "ncclAllReduce",
+                    [&] {
+                      return ncclAllReduce(s.scratch.raw(), s.scratch.raw(), 1, ncclFloat32,
+                                           ncclSum, s.comm, s.stream);
+                    },
+                    {s.scratch});
+}
+
+// ---- point to point --------------------------------------------------------------------------
+
+namespace {
+enum HeaderField { kTag, kCount, kDType, kNumber, kHeaderFields };
+
+// Checks the peer and numbers the message: "send(dst=1, tag=3) #4 on group ...", where #4 counts
+// the earlier messages this rank sent to (received from) that peer.
+std::string p2p_what(NcclShared& s, const char* op, const char* peer_name, int peer, int tag,
+                     std::vector<int64_t>& counter, int64_t* number) {
+  if (peer < 0 || peer >= s.size)
+    comm_fail(op, " on group '", s.name, "': ", peer_name, " ", peer, " outside [0, ", s.size, ")");
+  std::lock_guard<std::mutex> lock(s.mutex);
+  *number = counter[static_cast<size_t>(peer)]++;
+  return detail::concat(op, "(", peer_name, "=", peer, ", tag=", tag, ") #", *number, " on ",
+                        s.group());
+}
+
+ncclResult_t copy_on_stream(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return ncclSuccess;
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess
+             ? ncclSuccess
+             : ncclUnhandledCudaError;
+}
+}  // namespace
+
+WorkHandle NcclCommunicator::send_async(const Tensor& tensor, int dst, int tag) {
+  expect_on_gpu(tensor, shared_->device, "send", "the");
+  NcclShared& s = *shared_;
+  int64_t number = 0;
+  const std::string what = p2p_what(s, "send", "dst", dst, tag, s.sent, &number);
+  if (dst == rank_) {
+    // To oneself: an eager copy, queued for the recv (NCCL would need both in one group).
+    Tensor copy = Tensor::empty(tensor.shape(), tensor.dtype(), tensor.device());
+    WorkHandle work =
+        launch(shared_, what, "cudaMemcpyAsync",
+               [&] { return copy_on_stream(copy.raw(), tensor.raw(), tensor.nbytes(), s.stream); },
+               {tensor, copy});
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.self_messages[tag].push_back(copy);
+    return work;
+  }
+  // The header is copied synchronously: a few µs (the device layer is synchronous anyway).
+  Tensor header = Tensor::empty({kHeaderFields}, DType::kI64);
+  const int64_t fields[kHeaderFields] = {tag, tensor.numel(), static_cast<int64_t>(tensor.dtype()),
+                                         number};
+  std::memcpy(header.raw(), fields, sizeof fields);
+  header = header.to(tensor.device());
+  return launch(shared_, what, "ncclSend",
+                [&] {
+                  return grouped([&] {
+                    ncclResult_t r =
+                        ncclSend(header.raw(), kHeaderFields, ncclInt64, dst, s.comm, s.stream);
+                    if (r == ncclSuccess && tensor.numel() > 0)
+                      r = ncclSend(tensor.raw(), count(tensor), nccl_type(tensor.dtype()), dst,
+                                   s.comm, s.stream);
+                    return r;
+                  });
+                },
+                {tensor, header});
+}
+
+WorkHandle NcclCommunicator::recv_async(Tensor& tensor, int src, int tag) {
+  expect_on_gpu(tensor, shared_->device, "recv", "the");
+  NcclShared& s = *shared_;
+  int64_t number = 0;
+  const std::string what = p2p_what(s, "recv", "src", src, tag, s.received, &number);
+  if (src == rank_) {
+    Tensor message;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      auto& box = s.self_messages[tag];
+      if (!box.empty()) {
+        message = box.front();
+        box.pop_front();
+      }
+    }
+    // The stream runs in issue order, so a recv from oneself can never wait for a later send.
+    if (!message.defined())
+      comm_fail(what, ": no message from this rank to itself with tag ", tag,
+                " (a recv from oneself must follow its send)");
+    if (message.numel() != tensor.numel() || message.dtype() != tensor.dtype())
+      comm_fail(what, ": rank ", src, " sent ", message.numel(), " × ", dtype_name(message.dtype()),
+                ", expected ", tensor.numel(), " × ", dtype_name(tensor.dtype()));
+    return launch(
+        shared_, what, "cudaMemcpyAsync",
+        [&] { return copy_on_stream(tensor.raw(), message.raw(), tensor.nbytes(), s.stream); },
+        {tensor, message});
+  }
+  Tensor header = Tensor::empty({kHeaderFields}, DType::kI64, tensor.device());
+  // NCCL matched this recv with the peer's next send whatever its tag: compare the header.
+  auto check = [header, what, tag, n = tensor.numel(), dtype = tensor.dtype(), number] {
+    Tensor host = header.to(Device::cpu());
+    const int64_t* h = host.data<int64_t>();
+    if (h[kTag] == tag && h[kCount] == n && h[kDType] == static_cast<int64_t>(dtype)) return;
+    comm_fail(what, ": got a message with tag ", h[kTag], ", ", h[kCount], " × ",
+              dtype_name(static_cast<DType>(h[kDType])), " (the peer's send #", h[kNumber],
+              "), expected tag ", tag, ", ", n, " × ", dtype_name(dtype), " (recv #", number,
+              "); NCCL matches messages by order, so post recvs in the order of the sends");
+  };
+  return launch(
+      shared_, what, "ncclRecv",
+      [&] {
+        return grouped([&] {
+          ncclResult_t r = ncclRecv(header.raw(), kHeaderFields, ncclInt64, src, s.comm, s.stream);
+          if (r == ncclSuccess && tensor.numel() > 0)
+            r = ncclRecv(tensor.raw(), count(tensor), nccl_type(tensor.dtype()), src, s.comm,
+                         s.stream);
+          return r;
+        });
+      },
+      {tensor, header}, std::move(check));
+}
+
+// ---- split and construction ------------------------------------------------------------------
+
+namespace {
+// Waits for a new communicator (init or split, non-blocking) to be ready; on failure or timeout
+// aborts it and throws "nccl: <where>: <call> <why>".
+void settle_new(ncclComm_t comm, ncclResult_t result, std::chrono::milliseconds timeout,
+                const char* call, const std::string& where, const char* hint) {
+  if (comm != nullptr) result = poll_state(comm, result, Clock::now() + timeout);
+  if (result == ncclSuccess) return;
+  const std::string why =
+      result == ncclInProgress
+          ? "timed out after " + seconds_str(timeout) + hint
+          : detail::concat("failed: ", ncclGetErrorString(result), ": ", ncclGetLastError(comm));
+  if (comm != nullptr) (void)ncclCommAbort(comm);
+  comm_fail(where, ": ", call, " ", why);
+}
+}  // namespace
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
+  NcclShared& s = *shared_;
+  ncclComm_t child = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    const std::string what = detail::concat("split #", s.next_seq++, " (color ", color, ", key ",
+                                            key, ") on ", s.group());
+    s.check_usable_locked(what);
+    cuda::DeviceGuard guard(s.device);
+    ncclConfig_t config = nonblocking_config();
+    const ncclResult_t r =
+        ncclCommSplit(s.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+    // Without a child (color < 0, or an error) the parent's state says how the split went.
+    if (child == nullptr || r != ncclInProgress) s.settle_locked(r, "ncclCommSplit", what);
+    if (child == nullptr) return nullptr;
+    settle_new(child, r, s.options.timeout, "ncclCommSplit", what, "");
+  }
+  const std::string child_name = detail::concat(name_, "/split(color=", color, ")");
+  return std::make_unique<NcclCommunicator>(wrap(child, s.device, child_name, s.options),
+                                            child_name);
+}
+
+std::unique_ptr<Communicator> make_nccl_world(Communicator& bootstrap, int cuda_device,
+                                              const CommOptions& options) {
+  const std::string where =
+      detail::concat("creating group '", bootstrap.name(), "' (size ", bootstrap.size(), ", rank ",
+                     bootstrap.rank(), ") on cuda:", cuda_device);
+  int gpus = 0;
+  const cudaError_t err = cudaGetDeviceCount(&gpus);
+  if (err != cudaSuccess)
+    comm_fail(where, ": no GPU: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  if (cuda_device < 0 || cuda_device >= gpus)
+    comm_fail(where, ": this machine has ", gpus, " GPU(s)");
+
+  // Rank 0's id, as 32 i32 through the bootstrap (a host tensor, any host backend).
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  Tensor bytes = Tensor::zeros({32}, DType::kI32);
+  if (bootstrap.rank() == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) comm_fail(where, ": ncclGetUniqueId failed: ", ncclGetErrorString(r));
+    std::memcpy(bytes.raw(), &id, sizeof id);
+  }
+  bootstrap.broadcast(bytes, 0);
+  std::memcpy(&id, bytes.raw(), sizeof id);
+
+  cuda::DeviceGuard guard(cuda_device);
+  ncclConfig_t config = nonblocking_config();
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r =
+      ncclCommInitRankConfig(&comm, bootstrap.size(), id, bootstrap.rank(), &config);
+  settle_new(comm, r, options.timeout, "ncclCommInitRankConfig", where,
+             " (did every rank call make_nccl_world?)");
+  return std::make_unique<NcclCommunicator>(wrap(comm, cuda_device, bootstrap.name(), options),
+                                            bootstrap.name());
+}
+
+}  // namespace loom

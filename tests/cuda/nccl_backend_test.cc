@@ -1,0 +1,412 @@
+// Tests of the nccl backend, in the style of nccl-tests: small-integer inputs whose exact outputs
+// are computed on the host, compared exactly (average: within a few ulp, NCCL pre-multiplies
+// floats by 1/n). A group of one runs on any machine with a GPU (NCCL refuses two ranks on one
+// GPU); the multi-rank tests run thread ranks over a local bootstrap, one GPU per rank, and skip
+// when there are fewer GPUs than ranks. Without a GPU every test skips except the one that
+// checks the error make_nccl_world gives then.
+#include "comm/nccl/nccl_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/local/local_backend.h"
+#include "device/cuda/cuda_backend.h"
+#include "harness/thread_ranks.h"
+
+namespace loom {
+namespace {
+
+int gpu_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+const DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kBF16,
+                            DType::kF16, DType::kI32, DType::kI64};
+const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
+
+// A GPU tensor of `dtype` holding `values` (small integers: exact in every dtype).
+Tensor gpu_tensor(const std::vector<double>& values, DType dtype, int device) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, dtype);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double v = values[i];
+    switch (dtype) {
+      case DType::kF32:
+        t.data<float>()[i] = static_cast<float>(v);
+        break;
+      case DType::kF64:
+        t.data<double>()[i] = v;
+        break;
+      case DType::kBF16:
+        t.data_u16()[i] = float_to_bf16(static_cast<float>(v));
+        break;
+      case DType::kF16:
+        t.data_u16()[i] = float_to_f16(static_cast<float>(v));
+        break;
+      case DType::kI32:
+        t.data<int32_t>()[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kI64:
+        t.data<int64_t>()[i] = static_cast<int64_t>(v);
+        break;
+    }
+  }
+  return t.to(Device::cuda(device));
+}
+
+std::vector<double> host_values(const Tensor& gpu) {
+  Tensor t = gpu.to(Device::cpu());
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    switch (t.dtype()) {
+      case DType::kF32:
+        out[i] = t.data<float>()[i];
+        break;
+      case DType::kF64:
+        out[i] = t.data<double>()[i];
+        break;
+      case DType::kBF16:
+        out[i] = bf16_to_float(t.data_u16()[i]);
+        break;
+      case DType::kF16:
+        out[i] = f16_to_float(t.data_u16()[i]);
+        break;
+      case DType::kI32:
+        out[i] = t.data<int32_t>()[i];
+        break;
+      case DType::kI64:
+        out[i] = static_cast<double>(t.data<int64_t>()[i]);
+        break;
+    }
+  }
+  return out;
+}
+
+// Rank r's input element i: small integers of both signs, distinct per rank.
+double input(int r, int64_t i) {
+  return static_cast<double>((r + 1) * (i % 7 - 3));
+}
+std::vector<double> inputs(int r, int64_t n, int64_t offset = 0) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = input(r, offset + i);
+  return v;
+}
+
+// op over ranks 0..size-1 of input(r, i), as the backend must compute it (avg: exact sum / n,
+// integer division truncating toward zero for i32/i64).
+double reduced(ReduceOp op, DType dtype, int size, int64_t i) {
+  double acc = input(0, i);
+  for (int r = 1; r < size; ++r) {
+    const double x = input(r, i);
+    acc = op == ReduceOp::kMax   ? std::max(acc, x)
+          : op == ReduceOp::kMin ? std::min(acc, x)
+                                 : acc + x;
+  }
+  if (op != ReduceOp::kAvg) return acc;
+  return is_floating(dtype) ? acc / size : std::trunc(acc / size);
+}
+
+// Exact, except avg on floats: within 2 ulp (f32/f64) or `size` ulp (16-bit, one rounding per
+// addition) of the exact quotient.
+void expect_values(const std::vector<double>& got, const std::function<double(int64_t)>& want,
+                   DType dtype, ReduceOp op, int size, const std::string& what) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double w = want(static_cast<int64_t>(i));
+    if (op == ReduceOp::kAvg && is_floating(dtype)) {
+      const double eps = dtype == DType::kF32    ? 0x1p-23
+                         : dtype == DType::kF64  ? 0x1p-52
+                         : dtype == DType::kBF16 ? 0x1p-7
+                                                 : 0x1p-10;
+      const double ulps = dtype == DType::kF32 || dtype == DType::kF64 ? 2 : size;
+      ASSERT_NEAR(got[i], w, ulps * eps * std::max(1.0, std::fabs(w))) << what << " [" << i << "]";
+    } else {
+      ASSERT_EQ(got[i], w) << what << " [" << i << "]";
+    }
+  }
+}
+
+std::string label(const char* op, DType dtype) {
+  return std::string(op) + " " + std::string(dtype_name(dtype));
+}
+
+// Every collective and dtype on `comm` (any size), exact expected outputs.
+void check_collectives(Communicator& comm, int device) {
+  const int n = comm.size(), me = comm.rank();
+  const int64_t m = 5;  // elements per rank chunk
+  for (DType dt : kAllDTypes) {
+    for (ReduceOp op : kAllOps) {
+      Tensor t = gpu_tensor(inputs(me, n * m), dt, device);
+      comm.all_reduce(t, op);
+      expect_values(
+          host_values(t), [&](int64_t i) { return reduced(op, dt, n, i); }, dt, op, n,
+          label("all_reduce", dt) + " " + std::string(reduce_op_name(op)));
+
+      Tensor out = gpu_tensor(std::vector<double>(m, 0.0), dt, device);
+      comm.reduce_scatter(gpu_tensor(inputs(me, n * m), dt, device), out, op);
+      expect_values(
+          host_values(out), [&](int64_t i) { return reduced(op, dt, n, me * m + i); }, dt, op, n,
+          label("reduce_scatter", dt));
+
+      const int root = n - 1;
+      Tensor r = gpu_tensor(inputs(me, m), dt, device);
+      comm.reduce(r, root, op);
+      expect_values(
+          host_values(r),
+          [&](int64_t i) { return me == root ? reduced(op, dt, n, i) : input(me, i); }, dt,
+          me == root ? op : ReduceOp::kSum, n, label("reduce", dt));
+    }
+    Tensor gathered = gpu_tensor(std::vector<double>(n * m, 0.0), dt, device);
+    comm.all_gather(gpu_tensor(inputs(me, m, me * m), dt, device), gathered);
+    expect_values(
+        host_values(gathered), [&](int64_t i) { return input(static_cast<int>(i / m), i); }, dt,
+        ReduceOp::kSum, n, label("all_gather", dt));
+
+    Tensor b = gpu_tensor(inputs(me, m), dt, device);
+    comm.broadcast(b, n - 1);
+    expect_values(
+        host_values(b), [&](int64_t i) { return input(n - 1, i); }, dt, ReduceOp::kSum, n,
+        label("broadcast", dt));
+
+    // Chunk j of rank i lands in chunk i of rank j: out[j·m + k] = input(j, me·m + k).
+    Tensor a2a = gpu_tensor(std::vector<double>(n * m, 0.0), dt, device);
+    comm.all_to_all(gpu_tensor(inputs(me, n * m), dt, device), a2a);
+    expect_values(
+        host_values(a2a), [&](int64_t i) { return input(static_cast<int>(i / m), me * m + i % m); },
+        dt, ReduceOp::kSum, n, label("all_to_all", dt));
+  }
+  comm.barrier();
+  // Empty tensors are legal and complete.
+  Tensor empty = gpu_tensor({}, DType::kF32, device);
+  comm.all_reduce(empty);
+  comm.broadcast(empty, 0);
+}
+
+class NcclTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (gpu_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  }
+};
+
+// A group of one on GPU 0, made through a local bootstrap of one rank.
+std::unique_ptr<Communicator> solo(const CommOptions& options = {}) {
+  auto bootstrap = make_local_world(1);
+  return make_nccl_world(*bootstrap[0], 0, options);
+}
+
+TEST(NcclNoGpu, MakeWorldFailsWithAClearError) {
+  if (gpu_count() > 0) GTEST_SKIP() << "a GPU is present";
+  auto bootstrap = make_local_world(1);
+  try {
+    make_nccl_world(*bootstrap[0], 0);
+    FAIL() << "make_nccl_world succeeded without a GPU";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("creating group 'world' (size 1, rank 0) on cuda:0"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(NcclTest, GroupOfOneDescribesItself) {
+  auto comm = solo();
+  EXPECT_EQ(comm->backend(), "nccl");
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->size(), 1);
+  EXPECT_EQ(comm->name(), "world");
+  EXPECT_EQ(dynamic_cast<NcclCommunicator&>(*comm).cuda_device(), 0);
+}
+
+TEST_F(NcclTest, GroupOfOneEveryCollectiveAndDType) {
+  auto comm = solo();
+  check_collectives(*comm, 0);
+}
+
+TEST_F(NcclTest, GroupOfOneAsyncHandles) {
+  auto comm = solo();
+  Tensor t = gpu_tensor(inputs(0, 1 << 20), DType::kF32, 0);
+  WorkHandle work = comm->all_reduce_async(t, ReduceOp::kMax);
+  while (!work->test()) {
+  }
+  EXPECT_TRUE(work->test());
+  work->wait();  // after completion: returns at once
+  // A dropped handle keeps its buffers alive until the stream is past them.
+  comm->all_reduce_async(t, ReduceOp::kSum);
+  comm->barrier();
+  EXPECT_EQ(host_values(t)[1], input(0, 1));
+}
+
+TEST_F(NcclTest, GroupOfOneSendToSelfMatchesByTag) {
+  auto comm = solo();
+  for (DType dt : kAllDTypes) {
+    Tensor a = gpu_tensor({1, 2, 3}, dt, 0), b = gpu_tensor({4, 5, 6, 7}, dt, 0);
+    comm->send(a, 0, /*tag=*/1);
+    comm->send(b, 0, /*tag=*/2);
+    Tensor rb = gpu_tensor({0, 0, 0, 0}, dt, 0), ra = gpu_tensor({0, 0, 0}, dt, 0);
+    comm->recv(rb, 0, 2);
+    comm->recv(ra, 0, 1);
+    EXPECT_EQ(host_values(ra), (std::vector<double>{1, 2, 3})) << dtype_name(dt);
+    EXPECT_EQ(host_values(rb), (std::vector<double>{4, 5, 6, 7})) << dtype_name(dt);
+  }
+  Tensor r = gpu_tensor({0}, DType::kF32, 0);
+  EXPECT_THROW(comm->recv(r, 0, 9), CommError);  // nothing was sent with tag 9
+}
+
+TEST_F(NcclTest, GroupOfOneSplit) {
+  auto comm = solo();
+  EXPECT_EQ(comm->split(-1, 0), nullptr);
+  auto child = comm->split(3, 0);
+  ASSERT_NE(child, nullptr);
+  EXPECT_EQ(child->name(), "world/split(color=3)");
+  EXPECT_EQ(child->size(), 1);
+  check_collectives(*child, 0);
+}
+
+TEST_F(NcclTest, HostTensorsAndBadArgumentsAreCommErrors) {
+  auto comm = solo();
+  Tensor host = Tensor::zeros({4});
+  try {
+    comm->all_reduce(host);
+    FAIL() << "a host tensor was accepted";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor is on cpu:0; the nccl backend needs tensors on "
+                                         "cuda:0"),
+              std::string::npos)
+        << e.what();
+  }
+  Tensor gpu = gpu_tensor({1, 2, 3, 4}, DType::kF32, 0);
+  Tensor small = gpu_tensor({0, 0}, DType::kF32, 0);
+  EXPECT_THROW(comm->all_gather(host, gpu), CommError);
+  EXPECT_THROW(comm->send(host, 0, 0), CommError);
+  EXPECT_THROW(comm->reduce_scatter(gpu, small), CommError);  // 4 != 1 × 2
+  EXPECT_THROW(comm->broadcast(gpu, 1), CommError);           // root outside the group
+  Tensor ints = gpu_tensor({0, 0, 0, 0}, DType::kI32, 0);
+  EXPECT_THROW(comm->all_gather(gpu, ints), CommError);  // f32 into i32
+  EXPECT_THROW(make_nccl_world(*make_local_world(1)[0], gpu_count()), CommError);
+  comm->all_reduce(gpu);  // still usable after refused calls
+}
+
+// ---- several GPUs: thread ranks over a local bootstrap, rank r on GPU r ----------------------
+
+// Well under the harness's 60 s test timeout: a rank stuck in NCCL fails instead of outliving it
+// (the local world's abort does not reach NCCL waits).
+CommOptions test_options() {
+  CommOptions options;
+  options.timeout = std::chrono::seconds(20);
+  return options;
+}
+
+// Runs body(nccl communicator) on `ranks` thread ranks; false when there are too few GPUs.
+bool on_gpus(int ranks, const std::function<void(Communicator&)>& body,
+             const CommOptions& options = test_options()) {
+  if (gpu_count() < ranks) return false;
+  loom::testing::run_on_thread_ranks(ranks, [&](Communicator& bootstrap) {
+    auto comm = make_nccl_world(bootstrap, bootstrap.rank(), options);
+    body(*comm);
+  });
+  return true;
+}
+
+TEST_F(NcclTest, ThreadRanksEveryCollectiveAndDType) {
+  int ran = 0;
+  for (int ranks : {2, 3, 4, 8}) {
+    ran += on_gpus(ranks, [](Communicator& comm) {
+      check_collectives(comm, dynamic_cast<NcclCommunicator&>(comm).cuda_device());
+    });
+  }
+  if (ran == 0) GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+}
+
+TEST_F(NcclTest, ThreadRanksSplitByParity) {
+  if (!on_gpus(4, [](Communicator& comm) {
+        auto child = comm.split(comm.rank() % 2, -comm.rank());  // reversed order inside
+        ASSERT_NE(child, nullptr);
+        EXPECT_EQ(child->size(), 2);
+        EXPECT_EQ(child->rank(), 1 - comm.rank() / 2);
+        Tensor t = gpu_tensor({static_cast<double>(comm.rank())}, DType::kI32, comm.rank());
+        child->all_reduce(t);
+        EXPECT_EQ(host_values(t)[0], comm.rank() % 2 == 0 ? 0 + 2 : 1 + 3);
+      }))
+    GTEST_SKIP() << "needs 4 GPUs, found " << gpu_count();
+}
+
+// A ring: even ranks send first, odd ranks receive first (NCCL sends wait for their recv).
+TEST_F(NcclTest, ThreadRanksSendRecvRing) {
+  int ran = 0;
+  for (int ranks : {2, 3}) {
+    ran += on_gpus(ranks, [](Communicator& comm) {
+      const int n = comm.size(), me = comm.rank(), dev = me;
+      Tensor out = gpu_tensor(inputs(me, 1000), DType::kBF16, dev);
+      Tensor in = gpu_tensor(std::vector<double>(1000, 0.0), DType::kBF16, dev);
+      if (me % 2 == 0) {
+        comm.send(out, (me + 1) % n, 5);
+        comm.recv(in, (me + n - 1) % n, 5);
+      } else {
+        comm.recv(in, (me + n - 1) % n, 5);
+        comm.send(out, (me + 1) % n, 5);
+      }
+      EXPECT_EQ(host_values(in), inputs((me + n - 1) % n, 1000));
+    });
+  }
+  if (ran == 0) GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+}
+
+TEST_F(NcclTest, ThreadRanksRecvInAnotherOrderThanTheSendsIsACommError) {
+  if (!on_gpus(2, [](Communicator& comm) {
+        Tensor t = gpu_tensor({1, 2, 3}, DType::kF32, comm.rank());
+        if (comm.rank() == 0) {
+          WorkHandle first = comm.send_async(t, 1, /*tag=*/1);
+          comm.send(t, 1, /*tag=*/2);
+          first->wait();
+          return;
+        }
+        try {
+          comm.recv(t, 0, /*tag=*/2);
+          ADD_FAILURE() << "a message with tag 1 was taken for tag 2";
+        } catch (const CommError& e) {
+          EXPECT_NE(std::string(e.what()).find("got a message with tag 1"), std::string::npos)
+              << e.what();
+        }
+        EXPECT_THROW(comm.recv(t, 0, /*tag=*/1), CommError);
+      }))
+    GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+}
+
+TEST_F(NcclTest, ThreadRanksSkippedCollectiveTimesOutNamingIt) {
+  CommOptions options;
+  options.timeout = std::chrono::seconds(3);
+  if (!on_gpus(
+          2,
+          [](Communicator& comm) {
+            comm.barrier();  // connections up, so the enqueue itself does not wait
+            if (comm.rank() == 1) {
+              // Skips the all-reduce, and stays alive past rank 0's timeout, so that rank 0
+              // sees a timeout rather than a vanished peer.
+              std::this_thread::sleep_for(std::chrono::seconds(5));
+              return;
+            }
+            Tensor t = gpu_tensor({1, 2}, DType::kF32, 0);
+            try {
+              comm.all_reduce(t);
+              ADD_FAILURE() << "an all-reduce missing a rank completed";
+            } catch (const CommError& e) {
+              const std::string what = e.what();
+              EXPECT_NE(what.find("timed out after 3.0 s"), std::string::npos) << what;
+              EXPECT_NE(what.find("all_reduce #1 (sum, 2 × f32) on group 'world' (size 2, rank 0)"),
+                        std::string::npos)
+                  << what;
+            }
+            EXPECT_THROW(comm.barrier(), CommError);  // aborted: refuses further calls
+          },
+          options))
+    GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+}
+
+}  // namespace
+}  // namespace loom
