@@ -76,6 +76,14 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
   return dx;
 }
 
+void Gpt2Block::collect_cache(std::vector<Tensor*>& out) {
+  ln_1_.collect_cache(out);
+  attn_.collect_cache(out);
+  ln_2_.collect_cache(out);
+  mlp_.collect_cache(out);
+  out.push_back(&input_);
+}
+
 void Gpt2Block::clear_cache() {
   ln_1_.clear_cache();
   attn_.clear_cache();
@@ -84,15 +92,33 @@ void Gpt2Block::clear_cache() {
   input_ = Tensor();
 }
 
-Gpt2::Gpt2(const Gpt2Config& config) : config_(config) {
+Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part) : config_(config), part_(part) {
   config_.validate();
-  // Unit 0 ("root"): the embeddings and the final LayerNorm, used at both ends of the network;
-  // unit 1 + l: block l (nn/hooks.h).
-  params_.begin_unit("root");
-  embedding_ = std::make_unique<Embedding>(params_, config.vocab_size, config.max_seq_len,
-                                           config.d_model, config.init_std);
-  ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", config.d_model);
-  for (int64_t l = 0; l < config.n_layers; ++l) {
+  if (part_.end_block < 0) part_.end_block = config_.n_layers;
+  if (part_.first_block < 0 || part_.first_block > part_.end_block || part_.end_block > config_.n_layers)
+    fail("model part: blocks [", part_.first_block, ", ", part_.end_block, ") out of range for ",
+         config_.n_layers, " layers");
+  // Unit "root" (when this part has the embedding or the head): the embeddings and the final
+  // LayerNorm, used at both ends of the network; then one unit per block (nn/hooks.h). A part
+  // with the head but not the embedding holds its own copy of the tied wte (same name, so the
+  // same initial values); pipeline parallelism sums the two copies' gradients.
+  if (part_.embedding || part_.head) {
+    params_.begin_unit("root");
+    root_unit_ = 0;
+    first_block_unit_ = 1;
+  }
+  if (part_.embedding) {
+    embedding_ = std::make_unique<Embedding>(params_, config.vocab_size, config.max_seq_len,
+                                             config.d_model, config.init_std);
+    head_wte_ = embedding_->wte();
+  }
+  if (part_.head) {
+    if (!part_.embedding)
+      head_wte_ = params_.add("wte.weight", {config.vocab_size, config.d_model}, InitKind::kNormal,
+                              config.init_std);
+    ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", config.d_model);
+  }
+  for (int64_t l = part_.first_block; l < part_.end_block; ++l) {
     const std::string name = "blocks." + std::to_string(l);
     params_.begin_unit(name);
     blocks_.push_back(std::make_unique<Gpt2Block>(params_, name, config_));
@@ -104,28 +130,29 @@ void Gpt2::build(DType dtype, Device device, uint64_t seed) {
   params_.initialize(seed);
 }
 
-Tensor Gpt2::trunk(Context& ctx, const Tensor& tokens) {
-  Tensor x = embedding_->forward(ctx, tokens);
+void Gpt2::before_forward_root(Context& ctx) { if (root_unit_ >= 0) hook_before_forward(ctx, root_unit_); }
+void Gpt2::after_forward_root(Context& ctx) { if (root_unit_ >= 0) hook_after_forward(ctx, root_unit_); }
+
+Tensor Gpt2::run_blocks(Context& ctx, Tensor x) {
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    hook_before_forward(ctx, kFirstBlockUnit + l);
+    hook_before_forward(ctx, first_block_unit_ + l);
     x = blocks_[l]->forward(ctx, x);
-    hook_after_forward(ctx, kFirstBlockUnit + l);
+    hook_after_forward(ctx, first_block_unit_ + l);
   }
-  return ln_f_->forward(ctx, x);
+  return x;
 }
 
-double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) {
-  if (targets.shape() != tokens.shape() || targets.dtype() != DType::kI32)
-    fail("targets ", shape_str(targets.shape()), " must be i32 and shaped like tokens ",
-         shape_str(tokens.shape()));
-  const int64_t N = tokens.numel(), C = config_.d_model, V = config_.vocab_size;
-  hook_before_forward(ctx, kRootUnit);
-  final_ = trunk(ctx, tokens).reshape({N, C});
+double Gpt2::head_forward(Context& ctx, const Tensor& x, const Tensor& targets) {
+  if (targets.dtype() != DType::kI32 || targets.numel() * config_.d_model != x.numel())
+    fail("targets ", shape_str(targets.shape()), " must be i32 with one target per position of ",
+         shape_str(x.shape()));
+  const int64_t N = targets.numel(), C = config_.d_model, V = config_.vocab_size;
+  final_ = ln_f_->forward(ctx, x).reshape({N, C});
   dlogits_ = Tensor::empty({N, V}, ctx.dtype, ctx.device);
   lse_ = Tensor::empty({N}, ctx.dtype, ctx.device);
   targets_ = targets;
   Tensor losses = Tensor::empty({N}, ctx.dtype, ctx.device);
-  const Parameter& wte = *embedding_->wte();
+  const Parameter& wte = *head_wte_;
   return dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
     // LM head tied to the token embedding: logits = final · wteᵀ.
@@ -133,59 +160,119 @@ double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) 
                            nullptr, N, C, V);
     cpu::cross_entropy_forward<T>(*ctx.pool, losses.data<T>(), lse_.data<T>(), dlogits_.data<T>(),
                                   targets.data<int32_t>(), N, V);
-    const double loss = cpu::sum<T>(*ctx.pool, losses.data<T>(), N) / static_cast<double>(N);
-    hook_after_forward(ctx, kRootUnit);
-    return loss;
+    return cpu::sum<T>(*ctx.pool, losses.data<T>(), N) / static_cast<double>(N);
   });
+}
+
+double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) {
+  LOOM_CHECK_MSG(part_.embedding && part_.head, "Gpt2::forward needs the whole model");
+  if (targets.shape() != tokens.shape())
+    fail("targets ", shape_str(targets.shape()), " must be shaped like tokens ", shape_str(tokens.shape()));
+  double loss = 0;
+  forward_part(ctx, tokens, targets, &loss);
+  return loss;
+}
+
+Tensor Gpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& targets, double* loss) {
+  before_forward_root(ctx);
+  Tensor x = part_.embedding ? embedding_->forward(ctx, input) : input;
+  x = run_blocks(ctx, x);
+  Tensor out;
+  if (part_.head) {
+    LOOM_CHECK(loss != nullptr);
+    *loss = head_forward(ctx, x, targets);
+  } else {
+    out = x;
+  }
+  after_forward_root(ctx);
+  return out;
 }
 
 void Gpt2::backward(Context& ctx, double scale) {
-  LOOM_CHECK(dlogits_.defined());
-  const int64_t N = final_.dim(0), C = config_.d_model, V = config_.vocab_size;
-  const int64_t B = targets_.dim(0), T = targets_.dim(1);
-  const Parameter& wte = *embedding_->wte();
-  hook_before_backward(ctx, kRootUnit);
-  Tensor dfinal = Tensor::empty({B, T, C}, ctx.dtype, ctx.device);
-  dispatch_float(ctx.dtype, [&](auto zero) {
-    using T_ = decltype(zero);
-    T_* dlogits = dlogits_.data<T_>();  // logits are overwritten by their gradient in place
-    cpu::cross_entropy_backward<T_>(*ctx.pool, dlogits, dlogits, lse_.data<T_>(),
-                                    targets_.data<int32_t>(), static_cast<T_>(scale / N), N, V);
-    cpu::matmul_backward<T_>(*ctx.pool, dfinal.data<T_>(), wte.grad.data<T_>(), nullptr, dlogits,
-                             final_.data<T_>(), wte.value.data<T_>(), N, C, V);
-  });
-  dlogits_ = lse_ = final_ = targets_ = Tensor();
-  Tensor dx = ln_f_->backward(ctx, dfinal);
-  for (size_t l = blocks_.size(); l-- > 0;) {
-    hook_before_backward(ctx, kFirstBlockUnit + l);
-    dx = blocks_[l]->backward(ctx, dx);
-    hook_after_backward(ctx, kFirstBlockUnit + l);
+  LOOM_CHECK_MSG(part_.embedding && part_.head, "Gpt2::backward needs the whole model");
+  backward_part(ctx, Tensor(), scale);
+}
+
+Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
+  if (root_unit_ >= 0) hook_before_backward(ctx, root_unit_);
+  Tensor dx = dy;
+  if (part_.head) {
+    LOOM_CHECK(dlogits_.defined());
+    const int64_t N = final_.dim(0), C = config_.d_model, V = config_.vocab_size;
+    const Parameter& wte = *head_wte_;
+    Tensor dfinal = Tensor::empty({N, C}, ctx.dtype, ctx.device);
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      T_* dlogits = dlogits_.data<T_>();  // logits are overwritten by their gradient in place
+      cpu::cross_entropy_backward<T_>(*ctx.pool, dlogits, dlogits, lse_.data<T_>(),
+                                      targets_.data<int32_t>(), static_cast<T_>(scale / N), N, V);
+      cpu::matmul_backward<T_>(*ctx.pool, dfinal.data<T_>(), wte.grad.data<T_>(), nullptr, dlogits,
+                               final_.data<T_>(), wte.value.data<T_>(), N, C, V);
+    });
+    const Shape shape = {targets_.dim(0), targets_.dim(1), C};
+    dlogits_ = lse_ = final_ = targets_ = Tensor();
+    dx = ln_f_->backward(ctx, dfinal.reshape(shape));
+  } else {
+    LOOM_CHECK_MSG(dy.defined(), "a model part without the head needs its output's gradient");
   }
-  embedding_->backward(ctx, dx);
-  hook_after_backward(ctx, kRootUnit);
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    hook_before_backward(ctx, first_block_unit_ + l);
+    dx = blocks_[l]->backward(ctx, dx);
+    hook_after_backward(ctx, first_block_unit_ + l);
+  }
+  Tensor out;
+  if (part_.embedding) {
+    embedding_->backward(ctx, dx);
+  } else {
+    out = dx;
+  }
+  if (root_unit_ >= 0) hook_after_backward(ctx, root_unit_);
+  return out;
 }
 
 Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {
+  LOOM_CHECK_MSG(part_.embedding && part_.head, "Gpt2::logits needs the whole model");
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = config_.d_model, V = config_.vocab_size;
-  hook_before_forward(ctx, kRootUnit);
-  Tensor final = trunk(ctx, tokens);
+  before_forward_root(ctx);
+  Tensor final = ln_f_->forward(ctx, run_blocks(ctx, embedding_->forward(ctx, tokens)));
   clear_cache();
   Tensor out = Tensor::empty({B, T, V}, ctx.dtype, ctx.device);
-  const Parameter& wte = *embedding_->wte();
+  const Parameter& wte = *head_wte_;
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     cpu::matmul_forward<T_>(*ctx.pool, out.data<T_>(), final.data<T_>(), wte.value.data<T_>(),
                             nullptr, B * T, C, V);
   });
-  hook_after_forward(ctx, kRootUnit);
+  after_forward_root(ctx);
   return out;
 }
 
+std::vector<Tensor*> Gpt2::cache_slots() {
+  std::vector<Tensor*> slots;
+  if (embedding_) embedding_->collect_cache(slots);
+  for (auto& block : blocks_) block->collect_cache(slots);
+  if (ln_f_) ln_f_->collect_cache(slots);
+  slots.insert(slots.end(), {&final_, &dlogits_, &lse_, &targets_});
+  return slots;
+}
+
+std::vector<Tensor> Gpt2::stash_activations() {
+  std::vector<Tensor> stash;
+  for (Tensor* t : cache_slots()) {
+    stash.push_back(std::move(*t));
+    *t = Tensor();
+  }
+  return stash;
+}
+
+void Gpt2::unstash_activations(std::vector<Tensor> stash) {
+  std::vector<Tensor*> slots = cache_slots();
+  LOOM_CHECK(stash.size() == slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move(stash[i]);
+}
+
 void Gpt2::clear_cache() {
-  embedding_->clear_cache();
-  for (auto& block : blocks_) block->clear_cache();
-  ln_f_->clear_cache();
-  final_ = dlogits_ = lse_ = targets_ = Tensor();
+  for (Tensor* t : cache_slots()) *t = Tensor();
 }
 
 }  // namespace loom

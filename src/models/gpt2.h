@@ -38,6 +38,7 @@ class Gpt2Block {
   Tensor forward(Context& ctx, const Tensor& x);  // (B, T, C) -> (B, T, C)
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache();
+  void collect_cache(std::vector<Tensor*>& out);
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
@@ -49,13 +50,21 @@ class Gpt2Block {
   Tensor input_;  // kept for recomputation
 };
 
+// Which part of the network a Gpt2 object holds (pipeline stages hold parts): blocks
+// [first_block, end_block) (end_block −1: to the last), and whether it begins with the embedding
+// and ends with the final LayerNorm + LM head + loss. The default is the whole model.
+struct Gpt2Part {
+  int64_t first_block = 0;
+  int64_t end_block = -1;
+  bool embedding = true;
+  bool head = true;
+};
+
 class Gpt2 {
  public:
-  // Parameter units (nn/hooks.h): the root (embeddings, final LayerNorm), then one per block.
-  static constexpr size_t kRootUnit = 0;
-  static constexpr size_t kFirstBlockUnit = 1;
-
-  explicit Gpt2(const Gpt2Config& config);
+  // Parameter units (nn/hooks.h): the root (embeddings and final LayerNorm, when the part has
+  // either end), then one per block.
+  explicit Gpt2(const Gpt2Config& config, const Gpt2Part& part = {});
 
   const Gpt2Config& config() const { return config_; }
   ParameterStore& params() { return params_; }
@@ -73,12 +82,35 @@ class Gpt2 {
   Tensor logits(Context& ctx, const Tensor& tokens);
   void clear_cache();
 
+  // A part's forward: `input` is tokens (B, T) i32 when the part has the embedding, else the
+  // previous part's output (B, T, C). With the head, sets *loss (mean over positions; targets
+  // (B, T) i32) and returns an undefined tensor; else returns the output (B, T, C).
+  Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets, double* loss);
+  // A part's backward: `dy` is the gradient of the output (ignored with the head, which starts
+  // from scale × its loss). Returns the gradient of the input (undefined with the embedding).
+  Tensor backward_part(Context& ctx, const Tensor& dy, double scale);
+  // Moves out / back in every tensor forward keeps for backward, so that several micro-batches
+  // can be in flight (pipeline schedules): stash after a forward, unstash before its backward.
+  std::vector<Tensor> stash_activations();
+  void unstash_activations(std::vector<Tensor> stash);
+  const Gpt2Part& part() const { return part_; }
+  // The LM head's weight (the tied wte; its own copy in a part without the embedding).
+  Parameter* head_weight() const { return head_wte_; }
+
  private:
-  Tensor trunk(Context& ctx, const Tensor& tokens);  // embedding, blocks, ln_f -> (B, T, C)
+  Tensor run_blocks(Context& ctx, Tensor x);
+  double head_forward(Context& ctx, const Tensor& x, const Tensor& targets);
+  void before_forward_root(Context& ctx);
+  void after_forward_root(Context& ctx);
+  std::vector<Tensor*> cache_slots();
 
   Gpt2Config config_;
+  Gpt2Part part_;
   ParameterStore params_;
+  int root_unit_ = -1;        // -1: this part has no root unit
+  size_t first_block_unit_ = 0;
   std::unique_ptr<Embedding> embedding_;
+  Parameter* head_wte_ = nullptr;
   std::vector<std::unique_ptr<Gpt2Block>> blocks_;
   std::unique_ptr<LayerNorm> ln_f_;
   // Cached for backward.

@@ -16,6 +16,11 @@ class CausalSelfAttention {
   Tensor forward(Context& ctx, const Tensor& x);    // x: (B, T, C)
   Tensor backward(Context& ctx, const Tensor& dy);  // dy: (B, T, C)
   void clear_cache();
+  void collect_cache(std::vector<Tensor*>& out) {
+    qkv_.collect_cache(out);
+    proj_.collect_cache(out);
+    out.insert(out.end(), {&qkv_out_, &att_, &lse_});
+  }
 
  private:
   int64_t channels_, heads_;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "nn/context.h"
 #include "nn/parameter.h"
@@ -17,6 +18,7 @@ class Embedding {
   // Accumulates into wte/wpe gradients. `tokens` as given to forward.
   void backward(Context& ctx, const Tensor& dy);
   void clear_cache() { tokens_ = Tensor(); }
+  void collect_cache(std::vector<Tensor*>& out) { out.push_back(&tokens_); }
 
   Parameter* wte() const { return wte_; }
   Parameter* wpe() const { return wpe_; }

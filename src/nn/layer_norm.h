@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "nn/context.h"
 #include "nn/parameter.h"
@@ -14,6 +15,7 @@ class LayerNorm {
   Tensor forward(Context& ctx, const Tensor& x);
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache() { x_ = mean_ = rstd_ = Tensor(); }
+  void collect_cache(std::vector<Tensor*>& out) { out.insert(out.end(), {&x_, &mean_, &rstd_}); }
 
  private:
   int64_t channels_;

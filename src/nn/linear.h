@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "nn/context.h"
 #include "nn/parameter.h"
@@ -16,6 +17,8 @@ class Linear {
   Tensor forward(Context& ctx, const Tensor& x);      // x: (..., in) -> (..., out)
   Tensor backward(Context& ctx, const Tensor& dy);    // dy: (..., out) -> dx: (..., in)
   void clear_cache() { x_ = Tensor(); }
+  // The tensors kept from forward for backward (nn/context.h: ActivationStash).
+  void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
 
   Parameter* weight() const { return weight_; }
   Parameter* bias() const { return bias_; }

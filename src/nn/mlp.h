@@ -15,6 +15,11 @@ class Mlp {
   Tensor forward(Context& ctx, const Tensor& x);
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache();
+  void collect_cache(std::vector<Tensor*>& out) {
+    fc_.collect_cache(out);
+    proj_.collect_cache(out);
+    out.push_back(&h_);
+  }
 
  private:
   Linear fc_;
