@@ -171,7 +171,7 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, Ad
 }
 
 TrainingState load_checkpoint(const std::string& checkpoint_dir, const ParameterStore& params,
-                              FlatModelState& flat) {
+                              FlatModelState& flat, bool all_tensors) {
   json j = read_state_json(checkpoint_dir);
   const std::string model_file = (fs::path(checkpoint_dir) / "model.safetensors").string();
   SafetensorsFile weights = load_safetensors(model_file);
@@ -179,7 +179,7 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, const Parameter
     Tensor dst = view_of(flat.values, *p);
     load_into(checkpoint_dir, "model.safetensors", weights, p->name, dst);
   }
-  if (weights.tensors.size() != params.parameters().size())
+  if (all_tensors && weights.tensors.size() != params.parameters().size())
     fail("checkpoint ", checkpoint_dir, ": model.safetensors holds ", weights.tensors.size(),
          " tensors, the model has ", params.parameters().size());
   if (flat.exp_avg.defined()) {

@@ -50,7 +50,9 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir);
 TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, AdamW* optimizer);
 // The same into flat buffers laid out as `layout` says (allocated by the caller; the moments
 // are loaded when into.exp_avg is defined). The optimizer step count is in the result.
+// With `all_tensors` false, the layout may hold a part of the checkpoint's parameters (a
+// pipeline stage); otherwise the checkpoint must hold exactly the layout's parameters.
 TrainingState load_checkpoint(const std::string& checkpoint_dir, const ParameterStore& layout,
-                              FlatModelState& into);
+                              FlatModelState& into, bool all_tensors = true);
 
 }  // namespace loom

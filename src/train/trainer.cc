@@ -25,7 +25,9 @@
 #include "models/gpt2.h"
 #include "monitor/metrics_log.h"
 #include "optim/adamw.h"
+#include "mesh/device_mesh.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline_parallel.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -60,6 +62,67 @@ double evaluate(Context& ctx, Gpt2& model, const std::vector<std::string>& shard
   return total / static_cast<double>(batches);
 }
 
+double evaluate_pipeline(PipelineParallel& pipe, const std::vector<std::string>& shards,
+                         int64_t batch, int64_t seq_len, int64_t batches, Device device) {
+  DataLoader loader(shards, batch, seq_len);
+  Tensor inputs = Tensor::empty({batch, seq_len}, DType::kI32, device);
+  Tensor targets = Tensor::empty({batch, seq_len}, DType::kI32, device);
+  double total = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    loader.next_batch(inputs.data<int32_t>(), targets.data<int32_t>());
+    total += pipe.evaluate(inputs, targets);
+  }
+  return total / static_cast<double>(batches);
+}
+
+// A whole-model checkpoint from pipeline chunks: each chunk's state is gathered over dp, the
+// pipeline ranks of dp replica 0 send theirs to pipeline rank 0, which writes the same format
+// as one device (so a run resumes under any layout). Collective over the world.
+std::string save_pipeline_checkpoint(const std::string& dir, PipelineParallel& pipe,
+                                     DeviceMesh& mesh, const Config& config,
+                                     const TrainingState& st) {
+  std::vector<FlatModelState> mine;
+  for (int c = 0; c < pipe.chunks(); ++c) mine.push_back(pipe.chunk_engine(c).gather_state());
+  if (mesh.coord("dp") != 0) return "";
+  Communicator& pp = mesh.axis("pp");
+  if (pp.rank() != 0) {
+    for (const FlatModelState& s : mine)
+      for (const Tensor* t : {&s.values, &s.exp_avg, &s.exp_avg_sq}) pp.send(*t, 0, 0);
+    return "";
+  }
+  Gpt2 layout(model_config_of(config));  // the whole model's layout, on rank 0 only
+  layout.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+  const int64_t n = layout.params().numel();
+  FlatModelState full{Tensor::zeros({n}, DType::kF32), Tensor::zeros({n}, DType::kF32),
+                      Tensor::zeros({n}, DType::kF32)};
+  auto place = [&](Gpt2& part, const FlatModelState& s) {
+    for (const auto& p : part.params().parameters()) {
+      const Parameter& dst = layout.params().get(p->name);
+      full.values.narrow(dst.offset, dst.numel()).copy_from(s.values.narrow(p->offset, p->numel()));
+      full.exp_avg.narrow(dst.offset, dst.numel()).copy_from(s.exp_avg.narrow(p->offset, p->numel()));
+      full.exp_avg_sq.narrow(dst.offset, dst.numel()).copy_from(s.exp_avg_sq.narrow(p->offset, p->numel()));
+    }
+  };
+  for (int c = 0; c < pipe.chunks(); ++c) place(pipe.chunk(c), mine[static_cast<size_t>(c)]);
+  for (int r = 1; r < pp.size(); ++r) {
+    for (int c = 0; c < pipe.chunks(); ++c) {
+      // Rank r's chunk c: the same part as on rank r, rebuilt here for its layout.
+      const int S = pipe.schedule().stages(), s = pipe.schedule().stage_of(r, c);
+      const Gpt2Config mc = model_config_of(config);
+      Gpt2 part(mc, Gpt2Part{mc.n_layers * s / S, mc.n_layers * (s + 1) / S, s == 0, s == S - 1});
+      // The layout the sender's DataParallel engine made (data_parallel.cc: unit padding).
+      const int64_t multiple = config.parallel.zero == 0 ? 16 : 16 * int64_t{config.parallel.dp};
+      part.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{multiple, false, false});
+      const int64_t pn = part.params().numel();
+      FlatModelState got{Tensor::empty({pn}, DType::kF32), Tensor::empty({pn}, DType::kF32),
+                         Tensor::empty({pn}, DType::kF32)};
+      for (Tensor* t : {&got.values, &got.exp_avg, &got.exp_avg_sq}) pp.recv(*t, r, 0);
+      place(part, got);
+    }
+  }
+  return save_checkpoint(dir, layout.params(), layout.config(), full, st);
+}
+
 }  // namespace
 
 // One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
@@ -77,10 +140,13 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   const int64_t micro = tc.micro_batch_size;
   const int64_t accum = config.grad_accum_steps();
   const int64_t tokens_per_step = tc.batch_size * seq_len;
-  Communicator& dp = world;  // dp is the only axis so far (tp = pp = 1)
+  const bool pipelined = config.parallel.pp > 1;
+  // dp × pp × tp, tp innermost (tp = 1 so far).
+  DeviceMesh mesh(world, MeshShape({{"dp", config.parallel.dp}, {"pp", config.parallel.pp},
+                                    {"tp", config.parallel.tp}}));
+  Communicator& dp = mesh.axis("dp");
 
   ThreadPool pool(config.runtime.resolved_threads_per_rank());
-  Gpt2 model(model_config_of(config));
   AdamWConfig opt_config;
   opt_config.beta1 = static_cast<float>(tc.beta1);
   opt_config.beta2 = static_cast<float>(tc.beta2);
@@ -89,9 +155,35 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   DataParallelConfig dp_config;
   dp_config.zero = config.parallel.zero;
   dp_config.bucket_bytes = static_cast<int64_t>(config.parallel.bucket_mb * 1048576.0);
-  std::unique_ptr<DataParallel> engine = DataParallel::create(
-      model.params(), dp, pool, device, dp_config, opt_config, static_cast<uint64_t>(tc.seed));
-  Context ctx{&pool, device, DType::kF32, engine.get()};
+  // What this rank trains: the whole model under one DataParallel engine, or its pipeline
+  // chunks, each under its own engine (parallel/pipeline_parallel.h).
+  std::unique_ptr<Gpt2> whole;
+  std::unique_ptr<DataParallel> whole_engine;
+  std::unique_ptr<PipelineParallel> pipe;
+  std::vector<Gpt2*> models;
+  std::vector<DataParallel*> engines;
+  if (pipelined) {
+    PipelineConfig pc;
+    pc.schedule = config.parallel.schedule;
+    pc.virtual_stages = config.parallel.virtual_stages;
+    pc.microbatches = static_cast<int>(accum);
+    pc.micro_batch_size = micro;
+    pc.seq_len = seq_len;
+    pipe = std::make_unique<PipelineParallel>(model_config_of(config), mesh.axis("pp"), dp, pool,
+                                              device, pc, dp_config, opt_config,
+                                              static_cast<uint64_t>(tc.seed));
+    for (int c = 0; c < pipe->chunks(); ++c) {
+      models.push_back(&pipe->chunk(c));
+      engines.push_back(&pipe->chunk_engine(c));
+    }
+  } else {
+    whole = std::make_unique<Gpt2>(model_config_of(config));
+    whole_engine = DataParallel::create(whole->params(), dp, pool, device, dp_config, opt_config,
+                                        static_cast<uint64_t>(tc.seed));
+    models.push_back(whole.get());
+    engines.push_back(whole_engine.get());
+  }
+  Context ctx{&pool, device, DType::kF32, whole_engine.get()};
 
   DataLoader train_loader(resolve_shards(config.data.train, "data.train"), micro, seq_len,
                           dp.rank(), dp.size());
@@ -120,16 +212,19 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   }
   TrainSummary summary;
   if (!resume_from.empty()) {
-    // Every rank reads the whole (layout-free) checkpoint and keeps its part.
-    FlatModelState full;
-    const int64_t n = model.params().numel();
-    full.values = Tensor::zeros({n}, DType::kF32, device);
-    full.exp_avg = Tensor::zeros({n}, DType::kF32, device);
-    full.exp_avg_sq = Tensor::zeros({n}, DType::kF32, device);
-    TrainingState st = load_checkpoint(resume_from, model.params(), full);
+    // Every rank reads the whole (layout-free) checkpoint, by parameter name, and keeps its part.
+    TrainingState st;
+    for (size_t k = 0; k < models.size(); ++k) {
+      FlatModelState full;
+      const int64_t n = models[k]->params().numel();
+      full.values = Tensor::zeros({n}, DType::kF32, device);
+      full.exp_avg = Tensor::zeros({n}, DType::kF32, device);
+      full.exp_avg_sq = Tensor::zeros({n}, DType::kF32, device);
+      st = load_checkpoint(resume_from, models[k]->params(), full, /*all_tensors=*/!pipelined);
+      engines[k]->load_state(full, st.optimizer_steps);
+    }
     if (st.step > tc.steps)
       fail("checkpoint ", resume_from, " is at step ", st.step, ", past train.steps = ", tc.steps);
-    engine->load_state(full, st.optimizer_steps);
     train_loader.set_state({st.loader_shard, st.loader_offset, st.loader_epoch});
     summary.start_step = st.step;
     message("resumed from " + resume_from);
@@ -142,21 +237,34 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
                                            resume_from.empty() ? -1 : summary.start_step);
   }
 
-  Tensor inputs = Tensor::empty({micro, seq_len}, DType::kI32, device);
-  Tensor targets = Tensor::empty({micro, seq_len}, DType::kI32, device);
+  std::vector<Tensor> inputs, targets;  // one per micro-batch
+  for (int64_t m = 0; m < accum; ++m) {
+    inputs.push_back(Tensor::empty({micro, seq_len}, DType::kI32, device));
+    targets.push_back(Tensor::empty({micro, seq_len}, DType::kI32, device));
+  }
   Tensor loss_sum = Tensor::empty({1}, DType::kF64, device);
   Allocator& allocator = allocator_for(device);
-  const DataParallelMemory& state_bytes = engine->memory();
+  DataParallelMemory state_bytes;
+  for (DataParallel* e : engines) {
+    state_bytes.params += e->memory().params;
+    state_bytes.grads += e->memory().grads;
+    state_bytes.optimizer += e->memory().optimizer;
+  }
   const int64_t end_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   double time_total = 0;
   int64_t steps_timed = 0;
   auto checkpoint = [&](int64_t step) {
-    const FlatModelState full = engine->gather_state();  // collective
-    if (!leader) return;
     const LoaderState ls = train_loader.state();
-    TrainingState st{step, engine->optimizer_steps(), ls.shard, ls.offset, ls.epoch,
+    TrainingState st{step, engines[0]->optimizer_steps(), ls.shard, ls.offset, ls.epoch,
                      static_cast<uint64_t>(tc.seed), to_toml(config)};
-    summary.last_checkpoint = save_checkpoint(checkpoints_dir, model.params(), model.config(), full, st);
+    if (pipelined) {
+      const std::string path = save_pipeline_checkpoint(checkpoints_dir, *pipe, mesh, config, st);
+      if (leader) summary.last_checkpoint = path;
+    } else {
+      const FlatModelState full = whole_engine->gather_state();  // collective
+      if (leader)
+        summary.last_checkpoint = save_checkpoint(checkpoints_dir, whole->params(), whole->config(), full, st);
+    }
     message("saved " + summary.last_checkpoint);
   };
 
@@ -165,23 +273,34 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
     const double t0 = now_seconds();
     const int64_t held = allocator.stats().bytes_in_use;
     allocator.reset_peak();
-    engine->begin_step();
-    double loss = 0;
-    for (int64_t m = 0; m < accum; ++m) {
-      engine->begin_micro_batch(m, accum);
-      train_loader.next_batch(inputs.data<int32_t>(), targets.data<int32_t>());
-      loss += model.forward(ctx, inputs, targets) / static_cast<double>(accum);
-      model.backward(ctx, 1.0 / static_cast<double>(accum));
-      engine->end_micro_batch();
-    }
-    // The loss of the global batch: the mean of the ranks' means (equal token counts).
-    loss_sum.data<double>()[0] = loss;
-    dp.all_reduce(loss_sum, ReduceOp::kAvg);
-    loss = loss_sum.data<double>()[0];
-    const double grad_norm = engine->clip_grad_norm(tc.grad_clip);
+    double loss = 0, grad_norm = 0, comm_wait = 0;
     const float lr = lr_schedule(step - 1, tc.steps, tc.warmup_steps, static_cast<float>(tc.lr),
                                  static_cast<float>(tc.min_lr_ratio));
-    engine->optimizer_step(lr);
+    if (pipelined) {
+      for (int64_t m = 0; m < accum; ++m)
+        train_loader.next_batch(inputs[m].data<int32_t>(), targets[m].data<int32_t>());
+      loss = pipe->train_step(inputs, targets);
+      grad_norm = pipe->clip_grad_norm(tc.grad_clip);
+      pipe->optimizer_step(lr);
+      comm_wait = pipe->stats().recv_wait_seconds;
+    } else {
+      DataParallel& engine = *whole_engine;
+      engine.begin_step();
+      for (int64_t m = 0; m < accum; ++m) {
+        engine.begin_micro_batch(m, accum);
+        train_loader.next_batch(inputs[0].data<int32_t>(), targets[0].data<int32_t>());
+        loss += whole->forward(ctx, inputs[0], targets[0]) / static_cast<double>(accum);
+        whole->backward(ctx, 1.0 / static_cast<double>(accum));
+        engine.end_micro_batch();
+      }
+      // The loss of the global batch: the mean of the ranks' means (equal token counts).
+      loss_sum.data<double>()[0] = loss;
+      dp.all_reduce(loss_sum, ReduceOp::kAvg);
+      loss = loss_sum.data<double>()[0];
+      grad_norm = engine.clip_grad_norm(tc.grad_clip);
+      engine.optimizer_step(lr);
+      comm_wait = engine.step_stats().wait_seconds;
+    }
     const double dt = now_seconds() - t0;
     if (!std::isfinite(loss))
       fail("loss is ", loss, " at step ", step, ": training diverged (lower train.lr?)");
@@ -194,12 +313,13 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
     const int64_t peak = allocator.stats().peak_bytes_in_use;
     summary.peak_bytes = std::max(summary.peak_bytes, peak);
     summary.activation_peak_bytes = std::max(summary.activation_peak_bytes, peak - held);
-    summary.comm_wait_s += engine->step_stats().wait_seconds;
+    summary.comm_wait_s += comm_wait;
     const bool last = step == tc.steps;
     double val = -1;
     if (!val_shards.empty() && (step % tc.eval_every == 0 || last)) {
       // Every rank evaluates the same batches (ZeRO-3 needs all of them in each gather).
-      val = evaluate(ctx, model, val_shards, micro, seq_len, tc.eval_batches);
+      val = pipelined ? evaluate_pipeline(*pipe, val_shards, micro, seq_len, tc.eval_batches, device)
+                      : evaluate(ctx, *whole, val_shards, micro, seq_len, tc.eval_batches);
       summary.last_val_loss = val;
     }
     if (leader) {
@@ -209,7 +329,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
                                {"grad_norm", grad_norm},
                                {"tokens_per_s", tokens_per_step / dt},
                                {"step_ms", dt * 1e3},
-                               {"comm_wait_ms", engine->step_stats().wait_seconds * 1e3},
+                               {"comm_wait_ms", comm_wait * 1e3},
                                {"tokens", step * tokens_per_step},
                                {"peak_mem_mb", peak / 1048576.0},
                                {"mem_params_mb", state_bytes.params / 1048576.0},
@@ -217,6 +337,11 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
                                {"mem_optimizer_mb", state_bytes.optimizer / 1048576.0},
                                {"mem_activations_peak_mb", (peak - held) / 1048576.0}};
       if (val >= 0) record["val_loss"] = val;
+      if (pipelined) {
+        record["bubble"] = pipe->stats().bubble();
+        record["bubble_theory"] = theoretical_bubble(pipe->schedule());
+        record["pp_bytes_sent"] = pipe->stats().bytes_sent;
+      }
       metrics->write(record);
       if (options.progress && (step % tc.log_every == 0 || last || step == end_step)) {
         const double mean_dt = time_total / static_cast<double>(steps_timed);
@@ -293,9 +418,9 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
   resolve_layout(config);
   validate(config);
   const bool use_mpi = started_by_launcher(config);
-  if (config.parallel.tp * config.parallel.pp != 1)
-    fail("parallel.tp = ", config.parallel.tp, ", parallel.pp = ", config.parallel.pp,
-         ": tensor and pipeline parallelism are not implemented yet (data parallelism is)");
+  if (config.parallel.tp != 1)
+    fail("parallel.tp = ", config.parallel.tp,
+         ": tensor parallelism is not implemented yet (data and pipeline parallelism are)");
   const Device device = Device::parse(config.runtime.device);
   if (!device.is_cpu()) fail("runtime.device = '", config.runtime.device, "': training runs on the cpu for now");
   if (config.runtime.backend == "nccl") fail("runtime.backend = \"nccl\": training on NCCL is not implemented yet");

@@ -1,0 +1,195 @@
+// Pipeline parallelism: see pipeline_parallel.h.
+#include "parallel/pipeline_parallel.h"
+
+#include <cmath>
+#include <map>
+
+#include "base/error.h"
+#include "base/timer.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace loom {
+
+PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Communicator& dp,
+                                   ThreadPool& pool, Device device, const PipelineConfig& config,
+                                   const DataParallelConfig& dp_config, const AdamWConfig& adamw,
+                                   uint64_t seed)
+    : model_config_(model), pp_(pp), dp_(dp), pool_(pool), device_(device), config_(config) {
+  if (dp_config.zero > 1)
+    fail("parallel.zero = ", dp_config.zero, " with parallel.pp = ", pp.size(),
+         ": pipeline parallelism combines with ZeRO stages 0 and 1 only");
+  schedule_ = make_schedule(config.schedule, pp.size(), config.microbatches, config.virtual_stages);
+  check_schedule(schedule_);
+  const int S = schedule_.stages();
+  if (S > model.n_layers)
+    fail("parallel.pp × parallel.virtual_stages = ", S, " stages for model.n_layers = ",
+         model.n_layers, ": every stage needs at least one block");
+  // Equal numbers of blocks per stage (the first stages take the remainder's extra block).
+  for (int c = 0; c < config.virtual_stages; ++c) {
+    const int s = schedule_.stage_of(pp.rank(), c);
+    Gpt2Part part;
+    part.first_block = model.n_layers * s / S;
+    part.end_block = model.n_layers * (s + 1) / S;
+    part.embedding = s == 0;
+    part.head = s == S - 1;
+    chunks_.push_back(std::make_unique<Gpt2>(model, part));
+    engines_.push_back(
+        DataParallel::create(chunks_.back()->params(), dp, pool, device, dp_config, adamw, seed));
+  }
+  const bool holds_wte = pp.rank() == 0 || pp.rank() == rank_of_stage(S - 1);
+  tied_ = pp.split(holds_wte ? 0 : -1, pp.rank());
+}
+
+int PipelineParallel::tag(int microbatch, int stage, bool backward) const {
+  return (microbatch * schedule_.stages() + stage) * 2 + (backward ? 1 : 0);
+}
+
+Tensor PipelineParallel::activation() const {
+  return Tensor::empty({config_.micro_batch_size, config_.seq_len, model_config_.d_model},
+                       DType::kF32, device_);
+}
+
+void PipelineParallel::recv(Tensor& t, int src, int tag_value) {
+  const double t0 = now_seconds();
+  pp_.recv(t, src, tag_value);
+  stats_.recv_wait_seconds += now_seconds() - t0;
+}
+
+double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
+                                    const std::vector<Tensor>& targets) {
+  const int m = config_.microbatches;
+  LOOM_CHECK(static_cast<int>(tokens.size()) == m && static_cast<int>(targets.size()) == m);
+  const double t0 = now_seconds();
+  stats_ = PipelineStepStats{};
+  for (auto& engine : engines_) engine->begin_step();
+  const int S = schedule_.stages();
+  const int rank = pp_.rank();
+  // Per (chunk, micro-batch): received inputs / output gradients, outputs to send, stashes.
+  std::map<std::pair<int, int>, Tensor> inbox, outbox;
+  std::map<std::pair<int, int>, std::vector<Tensor>> stash;
+  std::vector<int> backwards_done(chunks_.size(), 0);
+  std::vector<WorkHandle> sends;
+  double loss_sum = 0;
+  Context ctx{&pool_, device_, DType::kF32, nullptr};
+  for (const PipeAction& a : schedule_.actions[static_cast<size_t>(rank)]) {
+    const int c = a.chunk, i = a.microbatch, s = schedule_.stage_of(rank, c);
+    const auto key = std::make_pair(c, i);
+    Gpt2& model = *chunks_[static_cast<size_t>(c)];
+    ctx.hooks = engines_[static_cast<size_t>(c)].get();
+    switch (a.kind) {
+      case PipeActionKind::kRecvForward:
+      case PipeActionKind::kRecvBackward: {
+        const bool backward = a.kind == PipeActionKind::kRecvBackward;
+        Tensor t = activation();
+        recv(t, rank_of_stage(backward ? s + 1 : s - 1), tag(i, s, backward));
+        inbox[key] = t;
+        break;
+      }
+      case PipeActionKind::kForward: {
+        double loss = 0;
+        const Tensor input = s == 0 ? tokens[static_cast<size_t>(i)] : inbox.at(key);
+        inbox.erase(key);
+        Tensor out = model.forward_part(ctx, input, targets[static_cast<size_t>(i)], &loss);
+        if (s == S - 1) loss_sum += loss;
+        else outbox[key] = out;
+        stash[key] = model.stash_activations();
+        stats_.max_in_flight = std::max(stats_.max_in_flight, static_cast<int>(stash.size()));
+        break;
+      }
+      case PipeActionKind::kBackward: {
+        DataParallel& engine = *engines_[static_cast<size_t>(c)];
+        engine.begin_micro_batch(backwards_done[static_cast<size_t>(c)]++, m);
+        model.unstash_activations(std::move(stash.at(key)));
+        stash.erase(key);
+        Tensor dy;
+        if (s != S - 1) {
+          dy = inbox.at(key);
+          inbox.erase(key);
+        }
+        Tensor dx = model.backward_part(ctx, dy, 1.0 / m);
+        engine.end_micro_batch();
+        if (s != 0) outbox[key] = dx;
+        break;
+      }
+      case PipeActionKind::kSendForward:
+      case PipeActionKind::kSendBackward: {
+        const bool backward = a.kind == PipeActionKind::kSendBackward;
+        Tensor t = outbox.at(key);
+        outbox.erase(key);
+        sends.push_back(pp_.send_async(t, rank_of_stage(backward ? s - 1 : s + 1), tag(i, s + (backward ? -1 : 1), backward)));
+        stats_.bytes_sent += static_cast<int64_t>(t.numel() * 4);
+        break;
+      }
+    }
+  }
+  for (const WorkHandle& w : sends) w->wait();
+  LOOM_CHECK_MSG(stash.empty() && inbox.empty(), "pipeline schedule left activations behind");
+  // The tied embedding: the first stage's wte and the last stage's copy get the sum of both
+  // gradients (already averaged over dp), so both update identically.
+  if (tied_ != nullptr && tied_->size() > 1) {
+    Parameter* wte = chunks_.front()->part().embedding ? chunks_.front()->head_weight()
+                                                       : chunks_.back()->head_weight();
+    tied_->all_reduce(wte->grad, ReduceOp::kSum);
+  }
+  // The loss lives on the last stage; share the mean over micro-batches (and over dp).
+  Tensor loss = Tensor::zeros({1}, DType::kF64, device_);
+  loss.data<double>()[0] = loss_sum / m;
+  pp_.all_reduce(loss, ReduceOp::kSum);
+  dp_.all_reduce(loss, ReduceOp::kAvg);
+  stats_.step_seconds = now_seconds() - t0;
+  return loss.data<double>()[0];
+}
+
+double PipelineParallel::clip_grad_norm(double max_norm) {
+  double sum = 0;
+  for (auto& model : chunks_) {
+    Tensor& g = model->params().grads();
+    sum += cpu::sum_squares<float>(pool_, g.data<float>(), g.numel());
+    // The last stage's copy of the tied wte is the same gradient as the first stage's.
+    if (model->part().head && !model->part().embedding) {
+      const Parameter* wte = model->head_weight();
+      sum -= cpu::sum_squares<float>(pool_, wte->grad.data<float>(), wte->numel());
+    }
+  }
+  Tensor total = Tensor::zeros({1}, DType::kF64, device_);
+  total.data<double>()[0] = sum;
+  pp_.all_reduce(total, ReduceOp::kSum);
+  const double norm = std::sqrt(std::max(0.0, total.data<double>()[0]));
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef != 1.0f)
+    for (auto& model : chunks_) {
+      Tensor& g = model->params().grads();
+      cpu::scale_inplace<float>(pool_, g.data<float>(), coef, g.numel());
+    }
+  return norm;
+}
+
+void PipelineParallel::optimizer_step(float lr) {
+  for (auto& engine : engines_) engine->optimizer_step(lr);
+}
+
+double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
+  // Stage by stage, forward only; each rank visits its stages in increasing order, so every
+  // receive's sender is already on its way.
+  Context ctx{&pool_, device_, DType::kF32, nullptr};
+  const int S = schedule_.stages();
+  double loss = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const int s = schedule_.stage_of(pp_.rank(), static_cast<int>(c));
+    ctx.hooks = engines_[c].get();
+    Tensor input = tokens;
+    if (s > 0) {
+      input = activation();
+      pp_.recv(input, rank_of_stage(s - 1), tag(0, s, false));
+    }
+    Tensor out = chunks_[c]->forward_part(ctx, input, targets, &loss);
+    chunks_[c]->clear_cache();
+    if (s < S - 1) pp_.send(out, rank_of_stage(s + 1), tag(0, s + 1, false));
+  }
+  Tensor total = Tensor::zeros({1}, DType::kF64, device_);
+  total.data<double>()[0] = loss;  // non-zero on the last stage's rank only
+  pp_.all_reduce(total, ReduceOp::kSum);
+  return total.data<double>()[0];
+}
+
+}  // namespace loom

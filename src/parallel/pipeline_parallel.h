@@ -1,0 +1,90 @@
+// Pipeline parallelism (issue 6): the model's blocks are cut into S = pp × v stages; stage s runs
+// on pipeline rank s % pp as its chunk s / pp (pipeline_schedule.h). Stage 0 holds the
+// embedding, stage S−1 the final LayerNorm, LM head and loss; the tied token embedding lives on
+// both and its two copies' gradients are summed, so they stay equal.
+//
+// One engine runs any schedule: it walks this rank's action list; a forward stashes the chunk's
+// activations per micro-batch (Gpt2::stash_activations) so several micro-batches can be in
+// flight, a backward restores them. Activations and their gradients travel with tagged
+// send/recv (shapes are known from the config: (micro_batch, seq_len, d_model) f32). Sends are
+// asynchronous and waited for at the end of the step; receives block, and their waiting time is
+// the measured bubble.
+//
+// Each chunk's parameters are owned by a DataParallel engine over the dp group (a group of one
+// without data parallelism), which allocates and initialises them as one device would and
+// reduces their gradients; ZeRO stages 0 and 1 combine with pipelining.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/gpt2.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace loom {
+
+struct PipelineConfig {
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  int microbatches = 1;
+  int64_t micro_batch_size = 1;
+  int64_t seq_len = 1;
+};
+
+struct PipelineStepStats {
+  double step_seconds = 0;
+  double recv_wait_seconds = 0;  // time blocked waiting for a neighbour: the bubble
+  int max_in_flight = 0;         // most micro-batches whose activations this rank held at once
+  int64_t bytes_sent = 0;
+  double bubble() const { return step_seconds > 0 ? recv_wait_seconds / step_seconds : 0; }
+};
+
+class PipelineParallel {
+ public:
+  // Collective over pp (and dp). Throws loom::Error for more stages than layers or an invalid
+  // schedule (checked for deadlocks before any step runs).
+  PipelineParallel(const Gpt2Config& model, Communicator& pp, Communicator& dp, ThreadPool& pool,
+                   Device device, const PipelineConfig& config, const DataParallelConfig& dp_config,
+                   const AdamWConfig& adamw, uint64_t seed);
+
+  // Forward and backward of every micro-batch along the schedule; gradients end reduced over dp
+  // and the tied embedding's copies summed. tokens/targets: one (micro_batch, seq_len) i32
+  // tensor per micro-batch (read on the first / last stage). Returns the mean loss over the
+  // micro-batches, on every rank of the pp group.
+  double train_step(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets);
+  // The global gradient norm (all stages, the tied embedding counted once); clips.
+  double clip_grad_norm(double max_norm);
+  void optimizer_step(float lr);
+  // Mean loss of one batch through the stages, forward only (evaluation), on every pp rank.
+  double evaluate(const Tensor& tokens, const Tensor& targets);
+
+  const PipelineSchedule& schedule() const { return schedule_; }
+  const PipelineStepStats& stats() const { return stats_; }
+  // The model stage of this rank's chunk c, and which blocks it holds.
+  int stage_of_chunk(int c) const { return schedule_.stage_of(pp_.rank(), c); }
+  Gpt2& chunk(int c) { return *chunks_[static_cast<size_t>(c)]; }
+  DataParallel& chunk_engine(int c) { return *engines_[static_cast<size_t>(c)]; }
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+
+ private:
+  int rank_of_stage(int s) const { return s % pp_.size(); }
+  int tag(int microbatch, int stage, bool backward) const;
+  Tensor activation() const;  // an empty (micro_batch, seq_len, d_model) f32 buffer
+  void recv(Tensor& t, int src, int tag);
+
+  Gpt2Config model_config_;
+  Communicator& pp_;
+  Communicator& dp_;
+  ThreadPool& pool_;
+  Device device_;
+  PipelineConfig config_;
+  PipelineSchedule schedule_;
+  std::vector<std::unique_ptr<Gpt2>> chunks_;
+  std::vector<std::unique_ptr<DataParallel>> engines_;
+  std::unique_ptr<Communicator> tied_;  // first and last stage's ranks (null elsewhere)
+  PipelineStepStats stats_;
+};
+
+}  // namespace loom

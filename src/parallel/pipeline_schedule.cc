@@ -1,0 +1,314 @@
+// Pipeline schedules (issue 6): generators, the deadlock check and the text timeline.
+//
+// All three generators share one shape, which is why they are one function: a rank's compute
+// order is "w warm-up forwards, then alternate one forward / one backward, then the remaining
+// backwards", over a sequence of (micro-batch, chunk) forward slots and backward slots. The
+// schedules differ only in the warm-up length w and in how slot k maps to (micro-batch, chunk):
+//   gpipe        w = m                                    (all forwards, then all backwards)
+//   1f1b         w = min(pp − r − 1, m)                   (≤ pp − r micro-batches in flight)
+//   interleaved  w = min(2(pp − r − 1) + (v − 1)·pp, m·v)  (Megatron-LM; all of m·v when m = pp)
+// Communication is then wrapped around each compute: the receive right before the compute that
+// needs it (so the engine blocks as late as possible) and the send right after the compute that
+// produces it (so the neighbour can start as early as possible).
+#include "parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <iomanip>
+#include <sstream>
+
+#include "base/error.h"
+
+namespace loom {
+namespace {
+
+using K = PipeActionKind;
+
+bool is_recv(K k) { return k == K::kRecvForward || k == K::kRecvBackward; }
+bool is_send(K k) { return k == K::kSendForward || k == K::kSendBackward; }
+bool is_forward_dir(K k) { return k == K::kRecvForward || k == K::kForward || k == K::kSendForward; }
+
+const char* kind_name(K k) {
+  switch (k) {
+    case K::kRecvForward: return "RecvForward";
+    case K::kForward: return "Forward";
+    case K::kSendForward: return "SendForward";
+    case K::kRecvBackward: return "RecvBackward";
+    case K::kBackward: return "Backward";
+    case K::kSendBackward: return "SendBackward";
+  }
+  return "?";
+}
+
+std::string describe(const PipelineSchedule& s, int rank, const PipeAction& a) {
+  return detail::concat(kind_name(a.kind), " of micro-batch ", a.microbatch, " chunk ", a.chunk,
+                        " (stage ", s.stage_of(rank, a.chunk), ")");
+}
+
+// A message is named by its direction, micro-batch and the stage that receives it; the engine's
+// tags carry the same triple, so messages match by name, not by arrival order.
+int64_t message_key(const PipelineSchedule& s, bool forward, int microbatch, int to_stage) {
+  return ((forward ? 0 : 1) * int64_t{s.microbatches} + microbatch) * s.stages() + to_stage;
+}
+
+// The message a communication action sends or receives.
+int64_t message_of(const PipelineSchedule& s, int rank, const PipeAction& a) {
+  const int stage = s.stage_of(rank, a.chunk);
+  switch (a.kind) {
+    case K::kRecvForward: return message_key(s, true, a.microbatch, stage);
+    case K::kSendForward: return message_key(s, true, a.microbatch, stage + 1);
+    case K::kRecvBackward: return message_key(s, false, a.microbatch, stage);
+    case K::kSendBackward: return message_key(s, false, a.microbatch, stage - 1);
+    default: return -1;
+  }
+}
+
+// Runs the schedule as the engine would: each rank executes its actions in order; a send
+// completes when issued, a receive blocks until its send has been issued. With durations it is
+// also the unit-time simulation of the timeline: a rank's clock jumps to a message's send time
+// when it has to wait for it. Sweeping the ranks until nothing moves reaches the same state in
+// any sweep order, because a blocked receive only ever waits on a send, never on time.
+struct Simulation {
+  std::vector<size_t> next;                    // [rank] index of the first action not run
+  std::vector<int64_t> clock;                  // [rank] time after its last action
+  std::vector<std::vector<int64_t>> start;     // [rank][action] start time of computes
+  bool finished = true;
+};
+
+Simulation simulate(const PipelineSchedule& s, int64_t forward_cost, int64_t backward_cost) {
+  const int pp = s.pp;
+  Simulation sim;
+  sim.next.assign(pp, 0);
+  sim.clock.assign(pp, 0);
+  sim.start.resize(pp);
+  for (int r = 0; r < pp; ++r) sim.start[r].assign(s.actions[r].size(), -1);
+  std::vector<int64_t> sent_at(2 * static_cast<size_t>(s.microbatches) * s.stages(), -1);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int r = 0; r < pp; ++r) {
+      const auto& acts = s.actions[r];
+      for (size_t& i = sim.next[r]; i < acts.size(); ++i) {
+        const PipeAction& a = acts[i];
+        if (is_recv(a.kind)) {
+          const int64_t t = sent_at[message_of(s, r, a)];
+          if (t < 0) break;  // blocked: its send has not been issued yet
+          sim.clock[r] = std::max(sim.clock[r], t);
+        } else if (is_send(a.kind)) {
+          sent_at[message_of(s, r, a)] = sim.clock[r];
+        } else {
+          sim.start[r][i] = sim.clock[r];
+          sim.clock[r] += a.kind == K::kForward ? forward_cost : backward_cost;
+        }
+        moved = true;
+      }
+    }
+  }
+  for (int r = 0; r < pp; ++r) sim.finished = sim.finished && sim.next[r] == s.actions[r].size();
+  return sim;
+}
+
+// Checks every action's fields, that each (micro-batch, chunk) has exactly the actions its stage
+// needs, once each, in a usable order on its rank. Because every stage below the last sends
+// each micro-batch forward exactly once and every stage above the first receives it exactly
+// once (and mirrored backwards), sends and receives then pair up one to one.
+void check_structure(const PipelineSchedule& s) {
+  const int m = s.microbatches, v = s.virtual_stages, S = s.stages();
+  for (int r = 0; r < s.pp; ++r) {
+    const auto& acts = s.actions[r];
+    // pos[kind][microbatch·v + chunk] = index of that action on this rank, −1 if absent.
+    std::array<std::vector<int64_t>, 6> pos;
+    for (auto& p : pos) p.assign(static_cast<size_t>(m) * v, -1);
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const PipeAction& a = acts[i];
+      if (a.microbatch < 0 || a.microbatch >= m || a.chunk < 0 || a.chunk >= v)
+        fail("pipeline schedule \"", s.name, "\": rank ", r, " action #", i, " (", kind_name(a.kind),
+             ") has micro-batch ", a.microbatch, " chunk ", a.chunk, ", outside 0..", m - 1,
+             " and 0..", v - 1);
+      int64_t& p = pos[static_cast<int>(a.kind)][static_cast<size_t>(a.microbatch) * v + a.chunk];
+      if (p >= 0)
+        fail("pipeline schedule \"", s.name, "\": rank ", r, " has ", describe(s, r, a),
+             " twice (actions #", p, " and #", i, ")");
+      p = static_cast<int64_t>(i);
+    }
+    for (int mb = 0; mb < m; ++mb) {
+      for (int c = 0; c < v; ++c) {
+        const int stage = s.stage_of(r, c);
+        auto at = [&](K k) { return pos[static_cast<int>(k)][static_cast<size_t>(mb) * v + c]; };
+        auto need = [&](K k, bool wanted) {
+          if ((at(k) >= 0) == wanted) return;
+          fail("pipeline schedule \"", s.name, "\": rank ", r, wanted ? " lacks " : " has a needless ",
+               describe(s, r, {k, mb, c}),
+               wanted ? "" : (stage == 0 ? "; stage 0 has no previous stage" : "; it is the last stage"));
+        };
+        need(K::kForward, true);
+        need(K::kBackward, true);
+        need(K::kRecvForward, stage > 0);
+        need(K::kSendBackward, stage > 0);
+        need(K::kSendForward, stage < S - 1);
+        need(K::kRecvBackward, stage < S - 1);
+        auto before = [&](K first, K second) {
+          if (at(first) < 0 || at(second) < 0 || at(first) < at(second)) return;
+          fail("pipeline schedule \"", s.name, "\": rank ", r, " runs ", describe(s, r, {second, mb, c}),
+               " (action #", at(second), ") before ", kind_name(first), " (action #", at(first), ")");
+        };
+        before(K::kRecvForward, K::kForward);
+        before(K::kForward, K::kSendForward);
+        before(K::kForward, K::kBackward);
+        before(K::kRecvBackward, K::kBackward);
+        before(K::kBackward, K::kSendBackward);
+      }
+    }
+  }
+}
+
+std::string cell_label(const PipelineSchedule& s, const PipeAction& a) {
+  // (Built by appending: GCC 12 warns falsely (-Wrestrict) about "F" + std::to_string(...).)
+  std::string label(1, a.kind == K::kForward ? 'F' : 'B');
+  label += std::to_string(a.microbatch);
+  if (s.virtual_stages > 1) label += static_cast<char>('a' + a.chunk % 26);
+  return label;
+}
+
+}  // namespace
+
+PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages) {
+  if (name != "gpipe" && name != "1f1b" && name != "interleaved")
+    fail("parallel.schedule = \"", name, "\" is not one of \"gpipe\", \"1f1b\", \"interleaved\"");
+  if (pp < 1) fail("parallel.pp = ", pp, " must be at least 1");
+  if (microbatches < 1)
+    fail("the micro-batch count ", microbatches,
+         " must be at least 1 (train.batch_size / (train.micro_batch_size × parallel.dp))");
+  if (virtual_stages < 1) fail("parallel.virtual_stages = ", virtual_stages, " must be at least 1");
+  if (virtual_stages > 1 && name != "interleaved")
+    fail("parallel.virtual_stages = ", virtual_stages, " needs parallel.schedule = \"interleaved\", not \"",
+         name, "\"");
+  if (name == "interleaved" && microbatches % pp != 0)
+    fail("parallel.schedule = \"interleaved\" needs the micro-batch count ", microbatches,
+         " to be a multiple of parallel.pp = ", pp);
+
+  PipelineSchedule s;
+  s.name = name;
+  s.pp = pp;
+  s.microbatches = microbatches;
+  s.virtual_stages = virtual_stages;
+  s.actions.resize(pp);
+  const int m = microbatches, v = virtual_stages, total = m * v;
+  for (int r = 0; r < pp; ++r) {
+    int warmup = 0;
+    if (name == "gpipe") {
+      warmup = m;
+    } else if (name == "1f1b") {
+      // Rank r's first backward needs micro-batch 0 to have passed the pp − r − 1 ranks after
+      // it; the forwards it can do meanwhile are the warm-up.
+      warmup = std::min(pp - r - 1, m);
+    } else {
+      // Megatron-LM: rank r's first backward (micro-batch 0 of the last chunk) comes after the
+      // whole first group of pp micro-batches has gone through the first v − 1 chunks, plus
+      // the round trip to the last rank and back. With m = pp there is no steady state.
+      warmup = m == pp ? total : std::min(2 * (pp - r - 1) + (v - 1) * pp, total);
+    }
+    // Slot k → (micro-batch, chunk): micro-batches go in groups of pp; a group runs through
+    // chunk 0, then chunk 1, ... (forward) or chunk v−1 down to 0 (backward), so each chunk sees
+    // pp micro-batches in a row and the next rank's chunk is fed before this rank needs it back.
+    auto slot = [&](int k, bool forward) {
+      const int group = k / (pp * v), in_group = k % (pp * v);
+      const int chunk = forward ? in_group / pp : v - 1 - in_group / pp;
+      return std::pair{group * pp + in_group % pp, chunk};
+    };
+    auto& acts = s.actions[r];
+    auto forward = [&](int k) {
+      const auto [mb, c] = slot(k, true);
+      const int stage = s.stage_of(r, c);
+      if (stage > 0) acts.push_back({K::kRecvForward, mb, c});
+      acts.push_back({K::kForward, mb, c});
+      if (stage < s.stages() - 1) acts.push_back({K::kSendForward, mb, c});
+    };
+    auto backward = [&](int k) {
+      const auto [mb, c] = slot(k, false);
+      const int stage = s.stage_of(r, c);
+      if (stage < s.stages() - 1) acts.push_back({K::kRecvBackward, mb, c});
+      acts.push_back({K::kBackward, mb, c});
+      if (stage > 0) acts.push_back({K::kSendBackward, mb, c});
+    };
+    for (int k = 0; k < warmup; ++k) forward(k);
+    for (int k = 0; k < total - warmup; ++k) {
+      forward(warmup + k);
+      backward(k);
+    }
+    for (int k = total - warmup; k < total; ++k) backward(k);
+  }
+  return s;
+}
+
+void check_schedule(const PipelineSchedule& s) {
+  if (s.pp < 1 || s.microbatches < 1 || s.virtual_stages < 1)
+    fail("pipeline schedule \"", s.name, "\": pp ", s.pp, ", micro-batches ", s.microbatches,
+         " and virtual stages ", s.virtual_stages, " must all be at least 1");
+  if (static_cast<int>(s.actions.size()) != s.pp)
+    fail("pipeline schedule \"", s.name, "\" has action lists for ", s.actions.size(), " ranks, not pp = ", s.pp);
+  check_structure(s);
+  const Simulation sim = simulate(s, 1, 1);
+  if (sim.finished) return;
+  std::ostringstream os;
+  os << "pipeline schedule \"" << s.name << "\" deadlocks:";
+  const char* sep = " ";
+  for (int r = 0; r < s.pp; ++r) {
+    if (sim.next[r] == s.actions[r].size()) continue;
+    // Only receives block, so every stuck rank is at a receive.
+    const PipeAction& a = s.actions[r][sim.next[r]];
+    const int stage = s.stage_of(r, a.chunk);
+    const int from = is_forward_dir(a.kind) ? stage - 1 : stage + 1;
+    os << sep << "rank " << r << " is stuck at action #" << sim.next[r] << " " << describe(s, r, a)
+       << ", waiting for " << (is_forward_dir(a.kind) ? "SendForward" : "SendBackward")
+       << " of micro-batch " << a.microbatch << " from stage " << from << " on rank " << from % s.pp;
+    sep = "; ";
+  }
+  fail(os.str());
+}
+
+std::string render_timeline(const PipelineSchedule& s) {
+  check_schedule(s);
+  const Simulation sim = simulate(s, 1, 2);
+  const int64_t makespan = *std::max_element(sim.clock.begin(), sim.clock.end());
+  std::vector<std::vector<std::string>> cells(s.pp, std::vector<std::string>(makespan, "."));
+  size_t width = 1;
+  int64_t busy = 0;
+  for (int r = 0; r < s.pp; ++r) {
+    for (size_t i = 0; i < s.actions[r].size(); ++i) {
+      const PipeAction& a = s.actions[r][i];
+      if (sim.start[r][i] < 0) continue;  // communication takes no time
+      const int64_t cost = a.kind == K::kForward ? 1 : 2;
+      const std::string label = cell_label(s, a);
+      width = std::max(width, label.size());
+      for (int64_t t = sim.start[r][i]; t < sim.start[r][i] + cost; ++t) cells[r][t] = label;
+      busy += cost;
+    }
+  }
+  std::ostringstream os;
+  os << s.name << ": pp " << s.pp << ", " << s.microbatches << " micro-batches";
+  if (s.virtual_stages > 1) os << ", " << s.virtual_stages << " chunks per rank (a, b, ...)";
+  os << "; forward 1 unit, backward 2 units per column\n";
+  const size_t rank_width = std::to_string(s.pp - 1).size();
+  for (int r = 0; r < s.pp; ++r) {
+    std::ostringstream row;
+    row << "rank " << std::left << std::setw(static_cast<int>(rank_width)) << r << " |";
+    for (const auto& c : cells[r]) row << ' ' << std::setw(static_cast<int>(width)) << c;
+    std::string line = row.str();
+    line.erase(line.find_last_not_of(' ') + 1);  // no trailing blanks after a final "."
+    os << line << '\n';
+  }
+  const double bubble = makespan == 0 ? 0.0 : 1.0 - static_cast<double>(busy) / (static_cast<double>(makespan) * s.pp);
+  os << std::fixed << std::setprecision(3) << "bubble (simulated): " << bubble << '\n'
+     << "bubble (theory, (p-1)/(m+p-1)" << (s.name == "interleaved" ? "/v" : "")
+     << "): " << theoretical_bubble(s) << '\n';
+  return os.str();
+}
+
+double theoretical_bubble(const PipelineSchedule& s) {
+  const double p = s.pp, m = s.microbatches;
+  const double b = (p - 1) / (m + p - 1);
+  return s.name == "interleaved" ? b / s.virtual_stages : b;
+}
+
+}  // namespace loom

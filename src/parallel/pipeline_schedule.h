@@ -1,0 +1,71 @@
+// Pipeline schedules as data (issue 6): for each pipeline rank, the ordered list of actions it
+// performs in one training step. One engine (pipeline_parallel.h) executes any schedule; the
+// generators below make GPipe, 1F1B and interleaved 1F1B; check_schedule() proves a schedule
+// free of deadlocks before it runs.
+//
+// Model stages: with pp ranks and v virtual stages (chunks) per rank, the model is cut into
+// S = pp·v stages; stage s runs on rank s % pp as its chunk s / pp (Megatron's interleaved
+// assignment; v = 1 gives stage s = rank s). Stage 0 holds the embedding, stage S−1 the final
+// LayerNorm, LM head and loss.
+//
+// Data flow of micro-batch i: Forward(i, s) needs the activation Stage s−1 sent (s > 0);
+// Backward(i, s) needs Forward(i, s) done on this rank and the activation gradient stage s+1
+// sent (s < S−1; the last stage starts backward from its own loss).
+// Actions: kRecvForward(i, c) receives stage s−1's output of micro-batch i for chunk c (absent on
+// stage 0), kForward(i, c), kSendForward(i, c) sends to stage s+1 (absent on stage S−1);
+// kRecvBackward / kBackward / kSendBackward mirror them towards stage s−1.
+// Execution model (what check_schedule simulates and the engine does): sends are non-blocking
+// (they complete once issued; the engine waits for them at the end of the step), receives block
+// until the matching send has been issued.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom {
+
+enum class PipeActionKind { kRecvForward, kForward, kSendForward, kRecvBackward, kBackward, kSendBackward };
+
+struct PipeAction {
+  PipeActionKind kind;
+  int microbatch = 0;
+  int chunk = 0;  // virtual stage on this rank, 0..v−1; model stage = chunk·pp + rank
+  bool operator==(const PipeAction&) const = default;
+};
+
+struct PipelineSchedule {
+  std::string name;        // "gpipe", "1f1b", "interleaved"
+  int pp = 1;              // pipeline ranks
+  int microbatches = 1;    // m
+  int virtual_stages = 1;  // v (chunks per rank)
+  std::vector<std::vector<PipeAction>> actions;  // [rank] -> ordered actions
+
+  int stages() const { return pp * virtual_stages; }
+  int stage_of(int rank, int chunk) const { return chunk * pp + rank; }
+};
+
+// Builds a schedule: "gpipe" (all forwards, then all backwards), "1f1b" (warm-up forwards, then
+// one forward one backward, at most pp micro-batches in flight on the first stage), or
+// "interleaved" (1F1B over v chunks per rank; needs microbatches % pp == 0). Throws loom::Error
+// naming the parameter for an unknown name or an invalid combination (pp, m, v < 1; v > 1
+// without "interleaved"; interleaved with m not a multiple of pp).
+PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages = 1);
+
+// Simulates the schedule (non-blocking sends, blocking receives) and checks that every rank runs
+// to the end, that every micro-batch goes forward then backward through every stage exactly
+// once, and that sends and receives pair up. Throws loom::Error naming the rank, the action and
+// what it waits for on a deadlock or a malformed schedule.
+void check_schedule(const PipelineSchedule& schedule);
+
+// A text timeline, one row per rank, one column per time unit of a unit-cost simulation
+// (forward 1 unit, backward 2 units, communication free): "F3" / "B3" cells (micro-batch; with
+// chunks "F3a", "F3b"...), "." idle. Followed by the simulated bubble fraction and the
+// theoretical one. For `loom schedule` and the docs. Runs check_schedule() first, so a malformed
+// schedule throws the same loom::Error instead of being drawn.
+std::string render_timeline(const PipelineSchedule& schedule);
+
+// (p − 1) / (m + p − 1), divided by v for interleaved: the idle fraction of 1F1B and GPipe
+// with forward and backward of equal cost per stage.
+double theoretical_bubble(const PipelineSchedule& schedule);
+
+}  // namespace loom
