@@ -1,0 +1,234 @@
+// Pipeline schedules as data: every generated schedule is deadlock-free and complete, 1F1B
+// bounds the micro-batches in flight, the unit-time bubble matches the formula, and malformed
+// schedules or arguments are errors that name the culprit.
+#include "parallel/pipeline_schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/error.h"
+
+namespace loom {
+namespace {
+
+using K = PipeActionKind;
+
+std::string error_of(auto&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Every allowed (schedule, pp, m, v) of the test grid.
+std::vector<std::tuple<std::string, int, int, int>> grid() {
+  std::vector<std::tuple<std::string, int, int, int>> out;
+  for (int pp : {1, 2, 4}) {
+    for (int m = 1; m <= 9; ++m) {
+      out.emplace_back("gpipe", pp, m, 1);
+      out.emplace_back("1f1b", pp, m, 1);
+      if (m % pp == 0)
+        for (int v : {1, 2, 3}) out.emplace_back("interleaved", pp, m, v);
+    }
+  }
+  return out;
+}
+
+// The most micro-batches (chunk activations with v > 1) a rank holds: forwards done minus
+// backwards done, maximised over its action list.
+int peak_in_flight(const std::vector<PipeAction>& actions) {
+  int live = 0, peak = 0;
+  for (const PipeAction& a : actions) {
+    if (a.kind == K::kForward) peak = std::max(peak, ++live);
+    if (a.kind == K::kBackward) --live;
+  }
+  return peak;
+}
+
+struct Timeline {
+  std::vector<int> columns;  // [rank] cells in its row
+  double simulated = -1, theory = -1;
+};
+
+Timeline parse(const std::string& text) {
+  Timeline t;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("rank ", 0) == 0) {
+      std::istringstream row(line.substr(line.find('|') + 1));
+      int n = 0;
+      for (std::string cell; row >> cell;) ++n;
+      t.columns.push_back(n);
+    } else if (line.rfind("bubble (simulated): ", 0) == 0) {
+      t.simulated = std::stod(line.substr(line.rfind(' ') + 1));
+    } else if (line.rfind("bubble (theory", 0) == 0) {
+      t.theory = std::stod(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return t;
+}
+
+TEST(PipelineSchedule, EveryGeneratedSchedulePassesTheCheck) {
+  for (const auto& [name, pp, m, v] : grid()) {
+    SCOPED_TRACE(name + " pp " + std::to_string(pp) + " m " + std::to_string(m) + " v " + std::to_string(v));
+    const PipelineSchedule s = make_schedule(name, pp, m, v);
+    ASSERT_EQ(s.actions.size(), static_cast<size_t>(pp));
+    EXPECT_NO_THROW(check_schedule(s));
+    for (int r = 0; r < pp; ++r) {
+      // Per (micro-batch, chunk): forward + backward, plus a receive and a send in each
+      // direction except at the ends of the model.
+      size_t expected = 0;
+      for (int c = 0; c < v; ++c) {
+        const int stage = s.stage_of(r, c);
+        expected += static_cast<size_t>(m) * (2 + (stage > 0 ? 2 : 0) + (stage < s.stages() - 1 ? 2 : 0));
+      }
+      EXPECT_EQ(s.actions[r].size(), expected) << "rank " << r;
+    }
+  }
+}
+
+TEST(PipelineSchedule, CommunicationSitsNextToItsCompute) {
+  const PipelineSchedule s = make_schedule("1f1b", 4, 8);
+  EXPECT_EQ(s.actions[0].front(), (PipeAction{K::kForward, 0, 0}));  // stage 0: no RecvForward
+  EXPECT_EQ(s.actions[0].back(), (PipeAction{K::kBackward, 7, 0}));  // nor SendBackward
+  EXPECT_EQ(s.actions[3][0], (PipeAction{K::kRecvForward, 0, 0}));
+  EXPECT_EQ(s.actions[3][1], (PipeAction{K::kForward, 0, 0}));
+  EXPECT_EQ(s.actions[3][2], (PipeAction{K::kBackward, 0, 0}));  // last stage: loss, no recv
+  EXPECT_EQ(s.actions[3][3], (PipeAction{K::kSendBackward, 0, 0}));
+  for (const auto& acts : s.actions)
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const K k = acts[i].kind;
+      if (k == K::kRecvForward || k == K::kRecvBackward) {
+        EXPECT_EQ(acts[i + 1].kind, k == K::kRecvForward ? K::kForward : K::kBackward);
+      }
+      if (k == K::kSendForward || k == K::kSendBackward) {
+        EXPECT_EQ(acts[i - 1].kind, k == K::kSendForward ? K::kForward : K::kBackward);
+      }
+    }
+}
+
+TEST(PipelineSchedule, OneFOneBBoundsMicroBatchesInFlight) {
+  for (int pp : {1, 2, 4})
+    for (int m = 1; m <= 9; ++m) {
+      const PipelineSchedule f = make_schedule("1f1b", pp, m);
+      const PipelineSchedule g = make_schedule("gpipe", pp, m);
+      for (int r = 0; r < pp; ++r) {
+        EXPECT_EQ(peak_in_flight(f.actions[r]), std::min(pp - r, m)) << "pp " << pp << " m " << m << " rank " << r;
+        EXPECT_EQ(peak_in_flight(g.actions[r]), m) << "pp " << pp << " m " << m << " rank " << r;
+      }
+    }
+}
+
+TEST(PipelineSchedule, InterleavedHoldsSlightlyMoreThanOneFOneB) {
+  // Rank 0 holds its warm-up plus one chunk activations: 2(pp−1) + (v−1)·pp + 1 of m·v, i.e.
+  // pp + (pp−1)/v micro-batches' worth (a chunk is 1/v of a stage) — against pp for 1F1B.
+  const int pp = 4, m = 16, v = 2;
+  const PipelineSchedule s = make_schedule("interleaved", pp, m, v);
+  EXPECT_EQ(peak_in_flight(s.actions[0]), 2 * (pp - 1) + (v - 1) * pp + 1);
+  EXPECT_EQ(peak_in_flight(make_schedule("interleaved", 4, 4, 2).actions[0]), 8);  // m = pp: all
+}
+
+TEST(PipelineSchedule, SimulatedBubbleMatchesTheFormula) {
+  // With forward 1 and backward 2 units, micro-batch 0 reaches the last rank at p−1, every rank
+  // computes for 3m units, and the last backward leaves rank 0 2(p−1) units after the last
+  // rank finished: the step takes 3(m+p−1) units, so idle / total = (p−1)/(m+p−1) exactly.
+  for (const std::string name : {"gpipe", "1f1b"})
+    for (int pp : {1, 2, 4})
+      for (int m = 1; m <= 9; ++m) {
+        SCOPED_TRACE(name + " pp " + std::to_string(pp) + " m " + std::to_string(m));
+        const PipelineSchedule s = make_schedule(name, pp, m);
+        const Timeline t = parse(render_timeline(s));
+        ASSERT_EQ(t.columns.size(), static_cast<size_t>(pp));
+        for (int cols : t.columns) EXPECT_EQ(cols, 3 * (m + pp - 1));
+        const double expected = (pp - 1.0) / (m + pp - 1.0);
+        EXPECT_DOUBLE_EQ(theoretical_bubble(s), expected);
+        EXPECT_NEAR(t.simulated, expected, 6e-4);
+        EXPECT_NEAR(t.theory, expected, 6e-4);
+      }
+}
+
+TEST(PipelineSchedule, InterleavingShrinksTheBubble) {
+  for (int pp : {2, 4})
+    for (int m : {pp, 2 * pp}) {
+      const double one = parse(render_timeline(make_schedule("1f1b", pp, m))).simulated;
+      for (int v : {2, 3}) {
+        const PipelineSchedule s = make_schedule("interleaved", pp, m, v);
+        const Timeline t = parse(render_timeline(s));
+        EXPECT_LT(t.simulated, one) << "pp " << pp << " m " << m << " v " << v;
+        EXPECT_DOUBLE_EQ(theoretical_bubble(s), (pp - 1.0) / (m + pp - 1.0) / v);
+      }
+    }
+}
+
+TEST(PipelineSchedule, TimelineLooksLikeTheDocs) {
+  const std::string text = render_timeline(make_schedule("1f1b", 2, 2));
+  EXPECT_NE(text.find("rank 0 | F0 F1 .  .  B0 B0 .  B1 B1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1 | .  F0 B0 B0 F1 B1 B1 .  .\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("bubble (simulated): 0.333\nbubble (theory, (p-1)/(m+p-1)): 0.333\n"), std::string::npos) << text;
+  const std::string inter = render_timeline(make_schedule("interleaved", 2, 2, 2));
+  EXPECT_NE(inter.find("F0a"), std::string::npos) << inter;
+  EXPECT_NE(inter.find("B1b"), std::string::npos) << inter;
+  EXPECT_NE(inter.find("(p-1)/(m+p-1)/v): 0.167"), std::string::npos) << inter;
+}
+
+TEST(PipelineSchedule, DeadlockNamesTheStuckRanks) {
+  // Rank 0 waits for micro-batch 0's gradient before sending its activation on; rank 1 waits
+  // for that activation: a cycle, though each list on its own is well formed.
+  PipelineSchedule s;
+  s.name = "handmade";
+  s.pp = 2;
+  s.actions = {{{K::kForward, 0, 0}, {K::kRecvBackward, 0, 0}, {K::kSendForward, 0, 0}, {K::kBackward, 0, 0}},
+               {{K::kRecvForward, 0, 0}, {K::kForward, 0, 0}, {K::kBackward, 0, 0}, {K::kSendBackward, 0, 0}}};
+  const std::string e = error_of([&] { check_schedule(s); });
+  EXPECT_NE(e.find("deadlocks"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 0 is stuck at action #1 RecvBackward of micro-batch 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("waiting for SendBackward of micro-batch 0 from stage 1 on rank 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 1 is stuck at action #0 RecvForward"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { render_timeline(s); }).find("deadlocks"), std::string::npos);
+}
+
+TEST(PipelineSchedule, MalformedSchedulesAreRejected) {
+  const PipelineSchedule good = make_schedule("1f1b", 2, 2);
+  auto broken = [&](auto edit) {
+    PipelineSchedule s = good;
+    edit(s);
+    return error_of([&] { check_schedule(s); });
+  };
+  EXPECT_NE(broken([](PipelineSchedule& s) { s.actions[1].pop_back(); }).find("rank 1 lacks SendBackward of micro-batch 1"),
+            std::string::npos);
+  EXPECT_NE(broken([](PipelineSchedule& s) { s.actions[0].push_back(s.actions[0][0]); }).find("twice"),
+            std::string::npos);
+  EXPECT_NE(broken([](PipelineSchedule& s) { s.actions[0][0].microbatch = 5; }).find("outside 0..1"),
+            std::string::npos);
+  EXPECT_NE(broken([](PipelineSchedule& s) { s.actions[0].insert(s.actions[0].begin(), {K::kRecvForward, 0, 0}); })
+                .find("needless RecvForward of micro-batch 0 chunk 0 (stage 0)"),
+            std::string::npos);
+  // Backward of micro-batch 0 before its forward on the last rank.
+  EXPECT_NE(broken([](PipelineSchedule& s) { std::swap(s.actions[1][1], s.actions[1][2]); })
+                .find("before Forward"),
+            std::string::npos);
+  EXPECT_NE(broken([](PipelineSchedule& s) { s.actions.pop_back(); }).find("not pp = 2"), std::string::npos);
+}
+
+TEST(PipelineSchedule, InvalidArgumentsNameTheKey) {
+  EXPECT_EQ(error_of([] { make_schedule("interleaved", 4, 6, 2); }),
+            "parallel.schedule = \"interleaved\" needs the micro-batch count 6 to be a multiple of parallel.pp = 4");
+  EXPECT_NE(error_of([] { make_schedule("zb", 2, 2); }).find("parallel.schedule = \"zb\""), std::string::npos);
+  EXPECT_NE(error_of([] { make_schedule("1f1b", 0, 2); }).find("parallel.pp = 0"), std::string::npos);
+  EXPECT_NE(error_of([] { make_schedule("1f1b", 2, 0); }).find("micro-batch count 0"), std::string::npos);
+  EXPECT_NE(error_of([] { make_schedule("interleaved", 2, 2, 0); }).find("parallel.virtual_stages = 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { make_schedule("1f1b", 2, 2, 2); }).find("parallel.virtual_stages = 2 needs parallel.schedule"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom
