@@ -66,6 +66,7 @@ struct ParallelConfig {
   double bucket_mb = 25;          // gradient all-reduce bucket size in MiB (PyTorch DDP's 25)
   std::string schedule = "1f1b";  // pipeline schedule: gpipe, 1f1b or interleaved
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved only)
+  std::string layer_split;        // blocks per pipeline stage, "3,3,2"; "" = balance by cost
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
 

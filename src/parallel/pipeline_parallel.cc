@@ -2,7 +2,9 @@
 #include "parallel/pipeline_parallel.h"
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <string>
 
 #include "base/error.h"
 #include "base/timer.h"
@@ -20,24 +22,76 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
          ": pipeline parallelism combines with ZeRO stages 0 and 1 only");
   schedule_ = make_schedule(config.schedule, pp.size(), config.microbatches, config.virtual_stages);
   check_schedule(schedule_);
-  const int S = schedule_.stages();
-  if (S > model.n_layers)
-    fail("parallel.pp × parallel.virtual_stages = ", S, " stages for model.n_layers = ",
-         model.n_layers, ": every stage needs at least one block");
-  // Equal numbers of blocks per stage (the first stages take the remainder's extra block).
+  stage_begin_ = pipeline_partition(model, config.seq_len, schedule_.stages(), config.layer_split);
   for (int c = 0; c < config.virtual_stages; ++c) {
-    const int s = schedule_.stage_of(pp.rank(), c);
-    Gpt2Part part;
-    part.first_block = model.n_layers * s / S;
-    part.end_block = model.n_layers * (s + 1) / S;
-    part.embedding = s == 0;
-    part.head = s == S - 1;
-    chunks_.push_back(std::make_unique<Gpt2>(model, part));
+    chunks_.push_back(std::make_unique<Gpt2>(model, part_of_stage(schedule_.stage_of(pp.rank(), c))));
     engines_.push_back(
         DataParallel::create(chunks_.back()->params(), dp, pool, device, dp_config, adamw, seed));
   }
-  const bool holds_wte = pp.rank() == 0 || pp.rank() == rank_of_stage(S - 1);
+  const bool holds_wte = pp.rank() == 0 || pp.rank() == rank_of_stage(schedule_.stages() - 1);
   tied_ = pp.split(holds_wte ? 0 : -1, pp.rank());
+}
+
+Gpt2Part PipelineParallel::part_of_stage(int s) const {
+  Gpt2Part part;
+  part.first_block = stage_begin_[static_cast<size_t>(s)];
+  part.end_block = stage_begin_[static_cast<size_t>(s) + 1];
+  part.embedding = s == 0;
+  part.head = s == schedule_.stages() - 1;
+  return part;
+}
+
+std::vector<int64_t> pipeline_partition(const Gpt2Config& model, int64_t seq_len, int stages,
+                                        const std::string& split) {
+  const int64_t L = model.n_layers;
+  if (stages > L)
+    fail("parallel.pp × parallel.virtual_stages = ", stages, " stages for model.n_layers = ", L,
+         ": every stage needs at least one block");
+  std::vector<int64_t> begin = {0};
+  if (!split.empty()) {
+    size_t pos = 0;
+    while (pos <= split.size()) {
+      const size_t comma = std::min(split.find(',', pos), split.size());
+      const std::string item = split.substr(pos, comma - pos);
+      int64_t n = 0;
+      try {
+        size_t used = 0;
+        n = std::stoll(item, &used);
+        if (used != item.size()) n = 0;
+      } catch (const std::exception&) {
+        n = 0;
+      }
+      if (n <= 0) fail("parallel.layer_split = \"", split, "\": '", item, "' is not a positive block count");
+      begin.push_back(begin.back() + n);
+      pos = comma + 1;
+    }
+    if (static_cast<int>(begin.size()) - 1 != stages || begin.back() != L)
+      fail("parallel.layer_split = \"", split, "\" gives ", begin.size() - 1, " stages and ",
+           begin.back(), " blocks; the layout has ", stages, " stages (pp × virtual_stages) and ",
+           "model.n_layers = ", L);
+    return begin;
+  }
+  // Minimise the largest stage cost over contiguous splits (dynamic programming, O(S·L²)).
+  const double C = static_cast<double>(model.d_model), T = static_cast<double>(seq_len);
+  const double block = 24 * C * C + 4 * T * C, head = 2 * static_cast<double>(model.vocab_size) * C;
+  const double inf = 1e300;
+  // best[s][l]: the smallest possible maximum cost of stages 0..s−1 holding blocks 0..l−1.
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));
+  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(L + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s)
+    for (int64_t l = s; l <= L; ++l)
+      for (int64_t k = s - 1; k < l; ++k) {  // stage s−1 holds blocks [k, l)
+        const double cost = static_cast<double>(l - k) * block + (s == stages ? head : 0);
+        const double worst = std::max(best[s - 1][k], cost);
+        if (worst < best[s][l]) {
+          best[s][l] = worst;
+          cut[s][l] = k;
+        }
+      }
+  std::vector<int64_t> ends(stages + 1, L);
+  for (int s = stages; s > 0; --s) ends[s - 1] = cut[s][ends[s]];
+  return ends;
 }
 
 int PipelineParallel::tag(int microbatch, int stage, bool backward) const {

@@ -31,7 +31,17 @@ struct PipelineConfig {
   int microbatches = 1;
   int64_t micro_batch_size = 1;
   int64_t seq_len = 1;
+  std::string layer_split;  // "" = balance by cost; else blocks per stage, "3,3,2"
 };
+
+// The blocks of each model stage: as `split` says (comma-separated block counts, one per stage,
+// summing to n_layers), or, when it is empty, contiguous ranges that minimise the most
+// expensive stage's forward FLOPs per token: 24·C² + 4·T·C per block, plus 2·V·C for the LM head
+// on the last stage (the embedding lookup is free). Returns the first block of each stage and
+// n_layers at the end (stages + 1 entries). Throws naming parallel.layer_split when it does not
+// fit, or model.n_layers when there are fewer blocks than stages.
+std::vector<int64_t> pipeline_partition(const Gpt2Config& model, int64_t seq_len, int stages,
+                                        const std::string& split);
 
 struct PipelineStepStats {
   double step_seconds = 0;
@@ -61,6 +71,8 @@ class PipelineParallel {
   double evaluate(const Tensor& tokens, const Tensor& targets);
 
   const PipelineSchedule& schedule() const { return schedule_; }
+  // The part of the model that stage s holds.
+  Gpt2Part part_of_stage(int s) const;
   const PipelineStepStats& stats() const { return stats_; }
   // The model stage of this rank's chunk c, and which blocks it holds.
   int stage_of_chunk(int c) const { return schedule_.stage_of(pp_.rank(), c); }
@@ -81,6 +93,7 @@ class PipelineParallel {
   Device device_;
   PipelineConfig config_;
   PipelineSchedule schedule_;
+  std::vector<int64_t> stage_begin_;  // pipeline_partition
   std::vector<std::unique_ptr<Gpt2>> chunks_;
   std::vector<std::unique_ptr<DataParallel>> engines_;
   std::unique_ptr<Communicator> tied_;  // first and last stage's ranks (null elsewhere)

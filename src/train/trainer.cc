@@ -107,9 +107,7 @@ std::string save_pipeline_checkpoint(const std::string& dir, PipelineParallel& p
   for (int r = 1; r < pp.size(); ++r) {
     for (int c = 0; c < pipe.chunks(); ++c) {
       // Rank r's chunk c: the same part as on rank r, rebuilt here for its layout.
-      const int S = pipe.schedule().stages(), s = pipe.schedule().stage_of(r, c);
-      const Gpt2Config mc = model_config_of(config);
-      Gpt2 part(mc, Gpt2Part{mc.n_layers * s / S, mc.n_layers * (s + 1) / S, s == 0, s == S - 1});
+      Gpt2 part(model_config_of(config), pipe.part_of_stage(pipe.schedule().stage_of(r, c)));
       // The layout the sender's DataParallel engine made (data_parallel.cc: unit padding).
       const int64_t multiple = config.parallel.zero == 0 ? 16 : 16 * int64_t{config.parallel.dp};
       part.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{multiple, false, false});
@@ -169,6 +167,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
     pc.microbatches = static_cast<int>(accum);
     pc.micro_batch_size = micro;
     pc.seq_len = seq_len;
+    pc.layer_split = config.parallel.layer_split;
     pipe = std::make_unique<PipelineParallel>(model_config_of(config), mesh.axis("pp"), dp, pool,
                                               device, pc, dp_config, opt_config,
                                               static_cast<uint64_t>(tc.seed));

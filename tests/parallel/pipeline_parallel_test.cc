@@ -173,6 +173,50 @@ TEST_F(PipelineRuns, BadLayoutsAreErrorsNamingTheKeys) {
   expect_error({4, 1, "1f1b", 1, 4}, 3, "n_layers");
 }
 
+TEST(PipelinePartition, BalancesCostAndHonoursAnExplicitSplit) {
+  Gpt2Config mc;
+  mc.vocab_size = 50304;  // GPT-2: the LM head costs about as much as several blocks
+  mc.d_model = 768;
+  mc.n_layers = 12;
+  mc.n_heads = 12;
+  mc.max_seq_len = 1024;
+  const std::vector<int64_t> balanced = pipeline_partition(mc, 1024, 4, "");
+  ASSERT_EQ(balanced.size(), 5u);
+  EXPECT_EQ(balanced.front(), 0);
+  EXPECT_EQ(balanced.back(), 12);
+  const int64_t last = balanced[4] - balanced[3], first = balanced[1] - balanced[0];
+  EXPECT_LT(last, first) << "the stage with the LM head gets fewer blocks";
+  mc.vocab_size = 8;  // a negligible head: equal stages
+  EXPECT_EQ(pipeline_partition(mc, 1024, 4, ""), (std::vector<int64_t>{0, 3, 6, 9, 12}));
+  EXPECT_EQ(pipeline_partition(mc, 1024, 3, "5,4,3"), (std::vector<int64_t>{0, 5, 9, 12}));
+  for (const char* bad : {"5,4", "5,4,4", "5,x,3", "6,0,6"}) {
+    try {
+      pipeline_partition(mc, 1024, 3, bad);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("parallel.layer_split"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_F(PipelineRuns, AnExplicitLayerSplitTrainsTheSameModel) {
+  Layout l{2, 1, "1f1b", 1, 4};
+  Config c = config(l);
+  c.parallel.layer_split = "6,2";
+  TrainOptions o;
+  o.progress = false;
+  o.run_dir = (root_ / "split").string();
+  run_training(c, o);
+  Config one = config(l);
+  one.parallel = ParallelConfig{};
+  one.runtime.ranks = 1;
+  o.run_dir = (root_ / "split_ref").string();
+  run_training(one, o);
+  const std::vector<double> ref = losses("split_ref"), got = losses("split");
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * std::abs(ref[i])) << "step " << i + 1;
+}
+
 // The first stage's activations: 1F1B holds at most pp micro-batches, GPipe all m.
 TEST(PipelineMemory, OneFOneBHoldsAtMostPpMicroBatchesGPipeAll) {
   Gpt2Config mc;
