@@ -1,4 +1,4 @@
-// loom — the command line: train, data prepare/synth, sample, bench train.
+// loom — the command line: train, data prepare/synth, sample, bench train, schedule.
 // This is the only place that turns errors into exit codes: loom::Error (a user, config, data or
 // environment mistake) prints one line "loom: error: ..." and exits 1; bad command-line syntax
 // exits 2 (CLI11's usage message).
@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "parallel/pipeline_schedule.h"
 #include "train/benchmark.h"
 #include "train/generate.h"
 #include "train/trainer.h"
@@ -113,6 +114,15 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
   return 0;
 }
 
+// Prints a pipeline schedule's timeline; the check comes first so that a schedule the engine
+// would refuse is never drawn.
+int cmd_schedule(const std::string& name, int pp, int microbatches, int virtual_stages) {
+  const PipelineSchedule s = make_schedule(name, pp, microbatches, virtual_stages);
+  check_schedule(s);
+  std::cout << render_timeline(s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,6 +200,14 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--warmup", comm_args.warmup)->capture_default_str();
   bench_comm->add_flag("--json", comm_args.json, "one JSON object per line");
 
+  std::string sched_name = "1f1b";
+  int sched_pp = 4, sched_m = 8, sched_v = 1;
+  auto* schedule_cmd = app.add_subcommand("schedule", "print a pipeline schedule as a timeline (one row per rank)");
+  schedule_cmd->add_option("--pp", sched_pp, "pipeline ranks")->capture_default_str();
+  schedule_cmd->add_option("--microbatches", sched_m, "micro-batches per step")->capture_default_str();
+  schedule_cmd->add_option("--schedule", sched_name, "gpipe, 1f1b or interleaved")->capture_default_str();
+  schedule_cmd->add_option("--virtual-stages", sched_v, "chunks per rank (interleaved)")->capture_default_str();
+
   std::string hang_dir;
   auto* debug_cmd = app.add_subcommand("debug", "post-mortem tools");
   debug_cmd->require_subcommand(1);
@@ -219,6 +237,7 @@ int main(int argc, char** argv) {
     if (sample_cmd->parsed()) return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
     if (bench_train->parsed()) return cmd_bench(shape, bench, json);
     if (bench_comm->parsed()) return cmd_bench_comm(comm_args, std::vector<std::string>(argv, argv + argc));
+    if (schedule_cmd->parsed()) return cmd_schedule(sched_name, sched_pp, sched_m, sched_v);
     if (hang_cmd->parsed()) {
       const std::string flight = (std::filesystem::path(hang_dir) / "flight").string();
       std::cout << analyze_flight_dumps(std::filesystem::is_directory(flight) ? flight : hang_dir).text();

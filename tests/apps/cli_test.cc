@@ -79,6 +79,16 @@ TEST_F(Cli, HeadsNotDividingDModel) {
 
 TEST_F(Cli, MissingConfigFile) { expect_error(run("train " + path("nope.toml")), "nope.toml"); }
 
+TEST_F(Cli, ScheduleTimeline) {
+  Result r = run("schedule --pp 4 --microbatches 8 --schedule 1f1b");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 0 | F0 F1 F2 F3 ."), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 3 | .  .  .  F0 B0 B0 F1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bubble (simulated): 0.273"), std::string::npos) << r.output;
+  expect_error(run("schedule --pp 4 --microbatches 6 --schedule interleaved --virtual-stages 2"),
+               "needs the micro-batch count 6 to be a multiple of parallel.pp = 4");
+}
+
 TEST_F(Cli, MissingDataFile) {
   expect_error(run("train " + write_config("") + " --run-dir " + path("run")), "data.train");
 }
