@@ -116,6 +116,9 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   if (par.virtual_stages > 1 && par.schedule != "interleaved")
     p.add("parallel.virtual_stages = ", par.virtual_stages,
           " needs parallel.schedule = ", "\"interleaved\", got ", toml_quote(par.schedule));
+  if (par.virtual_stages > 1 && par.pp == 1)
+    p.add("parallel.virtual_stages = ", par.virtual_stages, " needs parallel.pp > 1 (chunks ",
+          "interleave across pipeline ranks)");
   // Megatron-style tensor parallelism splits whole attention heads across tp ranks.
   if (par.tp > 0 && m.n_heads > 0 && m.n_heads % par.tp != 0)
     p.add("parallel.tp = ", par.tp, " does not divide model.n_heads = ", m.n_heads);

@@ -298,6 +298,11 @@ TEST(Config, ValidationNamesKeysAndValues) {
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.virtual_stages = 2; }),
                        "parallel.virtual_stages = 2 needs parallel.schedule = \"interleaved\""));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.parallel.virtual_stages = 2;
+                         c.parallel.schedule = "interleaved";
+                       }),
+                       "parallel.virtual_stages = 2 needs parallel.pp > 1"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
                          c.parallel.tp = 3;
                          c.runtime.ranks = 3;
                        }),
