@@ -17,11 +17,52 @@ Parameter* ParameterStore::add(const std::string& name, const Shape& shape, Init
   p->init = init;
   p->init_std = init_std;
   p->weight_decay = shape.size() >= 2;
+  p->full_shape = shape;
   if (units_.empty()) units_.push_back(ParamUnit{"all", 0, 0, {}});
   units_.back().params.push_back(p.get());
   params_.push_back(std::move(p));
   return params_.back().get();
 }
+
+Parameter* ParameterStore::add_shard(const std::string& name, const Shape& shape,
+                                     const Shape& full_shape, std::vector<ShardPiece> pieces,
+                                     InitKind init, float init_std) {
+  for (const ShardPiece& piece : pieces) {
+    if (piece.local_row < 0 || piece.rows < 0 || shape.empty() || piece.local_row + piece.rows > shape[0] ||
+        piece.region.global_shape != full_shape || piece.region.offset.size() != shape.size())
+      fail("parameter '", name, "': shard piece of ", piece.rows, " rows at local row ",
+           piece.local_row, " does not fit local shape ", shape_str(shape), " in full shape ",
+           shape_str(full_shape));
+  }
+  Parameter* p = add(name, shape, init, init_std);
+  p->full_shape = full_shape;
+  p->pieces = std::move(pieces);
+  p->weight_decay = full_shape.size() >= 2;
+  return p;
+}
+
+namespace {
+// Initialises one parameter's local tensor: the whole parameter, or its shard's pieces.
+void init_parameter(const Parameter& p, Tensor& local, uint64_t seed) {
+  if (p.pieces.empty()) {
+    switch (p.init) {
+      case InitKind::kNormal: init_normal(local, seed, p.name, 0.0f, p.init_std); break;
+      case InitKind::kZeros: init_constant(local, 0.0); break;
+      case InitKind::kOnes: init_constant(local, 1.0); break;
+    }
+    return;
+  }
+  init_constant(local, 0.0);  // rows outside every piece (padding) stay zero
+  for (const ShardPiece& piece : p.pieces) {
+    Tensor rows = local.narrow(piece.local_row, piece.rows);
+    switch (p.init) {
+      case InitKind::kNormal: init_normal(rows, seed, p.name, 0.0f, p.init_std, piece.region); break;
+      case InitKind::kZeros: break;
+      case InitKind::kOnes: init_constant(rows, 1.0); break;
+    }
+  }
+}
+}  // namespace
 
 void ParameterStore::begin_unit(const std::string& name) {
   if (allocated()) fail("unit '", name, "' begun after the store was allocated");
@@ -84,13 +125,7 @@ int64_t ParameterStore::parameter_numel() const {
 
 void ParameterStore::initialize(uint64_t seed) {
   LOOM_CHECK(allocated() && values_.defined());
-  for (auto& p : params_) {
-    switch (p->init) {
-      case InitKind::kNormal: init_normal(p->value, seed, p->name, 0.0f, p->init_std); break;
-      case InitKind::kZeros: init_constant(p->value, 0.0); break;
-      case InitKind::kOnes: init_constant(p->value, 1.0); break;
-    }
-  }
+  for (auto& p : params_) init_parameter(*p, p->value, seed);
 }
 
 void ParameterStore::initialize_slice(uint64_t seed, int64_t begin, int64_t length,
@@ -101,6 +136,13 @@ void ParameterStore::initialize_slice(uint64_t seed, int64_t begin, int64_t leng
     const int64_t lo = std::max(begin, p->offset), hi = std::min(begin + length, p->offset + p->numel());
     if (lo >= hi) continue;
     Tensor piece = out.narrow(lo - begin, hi - lo);
+    if (!p->pieces.empty()) {
+      // A tensor-parallel shard: initialise the whole local tensor, keep the range.
+      Tensor whole = Tensor::empty(p->shape, out.dtype(), out.device());
+      init_parameter(*p, whole, seed);
+      piece.copy_from(whole.reshape({p->numel()}).narrow(lo - p->offset, hi - lo));
+      continue;
+    }
     switch (p->init) {
       case InitKind::kNormal:
         init_normal(piece, seed, p->name, 0.0f, p->init_std, Region{{p->numel()}, {lo - p->offset}});

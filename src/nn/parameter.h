@@ -18,11 +18,24 @@
 #include <string>
 #include <vector>
 
+#include "layout/region.h"
 #include "tensor/tensor.h"
 
 namespace loom {
 
 enum class InitKind { kNormal, kZeros, kOnes };
+
+// Where rows of a sharded parameter's local tensor sit in the full parameter (tensor
+// parallelism): local rows [local_row, local_row + rows) are `region` of the full tensor
+// (region.global_shape = the full shape; region.offset = where the block starts in it).
+// Column blocks (a split of dim 1) are one piece with a non-zero offset in dim 1; a fused QKV
+// weight split by heads is three pieces. Local rows that no piece covers (vocabulary padding)
+// are zeros.
+struct ShardPiece {
+  int64_t local_row = 0;
+  int64_t rows = 0;
+  Region region;
+};
 
 struct Parameter {
   std::string name;
@@ -33,6 +46,8 @@ struct Parameter {
   // biases, not to LayerNorm gains (docs/training.md).
   bool weight_decay = false;
   int64_t offset = 0;  // element offset in the flat buffers
+  Shape full_shape;    // the unsharded parameter's shape (= shape when not sharded)
+  std::vector<ShardPiece> pieces;  // empty: the local tensor is the whole parameter
   Tensor value;        // view into ParameterStore::values()
   Tensor grad;         // view into ParameterStore::grads()
 
@@ -62,6 +77,11 @@ class ParameterStore {
   // Registers a parameter; returns a pointer that stays valid for the store's lifetime.
   // Tensors exist only after allocate().
   Parameter* add(const std::string& name, const Shape& shape, InitKind init, float init_std = 0.02f);
+  // Registers this rank's shard of a parameter whose full shape is `full_shape`: local tensor
+  // `shape`, placed in the full one as `pieces` say. It initialises to exactly those blocks of
+  // the full parameter.
+  Parameter* add_shard(const std::string& name, const Shape& shape, const Shape& full_shape,
+                       std::vector<ShardPiece> pieces, InitKind init, float init_std = 0.02f);
 
   // Lays out the units (offsets, padding) and allocates the flat buffers that `options` asks
   // for (zeroed), making the parameters' views into them.
