@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "base/check.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
 namespace {
@@ -64,9 +66,16 @@ void attention_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, 
         Real* s = S + r * i1;
         const int64_t n = i0 + r + 1;  // keys 0..i are visible to query i
         // Subtracting the row max keeps exp() <= 1: no overflow, whatever the scores.
-        const Real mx = *std::max_element(s, s + n);
-        for (int64_t j = 0; j < n; ++j) s[j] = std::exp(s[j] - mx);
-        const Real sum = detail::lane_sum<Real>(s, n);
+        Real mx, sum;
+        if constexpr (std::is_same_v<Real, float>) {
+          // Vectorised exp, fused with the sum (kept in double) — see vec_math.h.
+          mx = vmath::max_value(s, n);
+          sum = static_cast<Real>(vmath::exp_sum(s, s, mx, n));
+        } else {
+          mx = *std::max_element(s, s + n);
+          for (int64_t j = 0; j < n; ++j) s[j] = std::exp(s[j] - mx);
+          sum = detail::lane_sum<Real>(s, n);
+        }
         const Real inv = Real(1) / sum;
         for (int64_t j = 0; j < n; ++j) s[j] *= inv;
         std::fill(s + n, s + i1, Real(0));
@@ -116,9 +125,14 @@ void attention_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Re
         Real* ds = dS + r * i1;  // holds dP on entry
         const Real D = detail::lane_dot<Real>(dO + i * C, o + i * C, hd);
         const Real li = l[i];
-        for (int64_t j = 0; j < n; ++j) {
-          p[j] = std::exp(p[j] - li);
-          ds[j] = p[j] * (ds[j] - D) * scale;
+        if constexpr (std::is_same_v<Real, float>) {
+          vmath::exp_shifted(p, p, li, 1.0f, n);
+          for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - D) * scale;
+        } else {
+          for (int64_t j = 0; j < n; ++j) {
+            p[j] = std::exp(p[j] - li);
+            ds[j] = p[j] * (ds[j] - D) * scale;
+          }
         }
         std::fill(p + n, p + i1, Real(0));
         std::fill(ds + n, ds + i1, Real(0));

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "base/error.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
 namespace {
@@ -28,9 +30,16 @@ void cross_entropy_forward(ThreadPool& pool, Real* losses, Real* lse, const Real
       const Real* x = logits + r * V;
       // Shifting by the max keeps exp() <= 1. The sum is kept in double: V is large (50257 for
       // GPT-2), and a float sum would drift by ~sqrt(V) ulps.
-      const Real mx = *std::max_element(x, x + V);
+      Real mx;
       double sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += static_cast<double>(std::exp(x[v] - mx));
+      if constexpr (std::is_same_v<Real, float>) {
+        // Vectorised exp (vec_math.h): the scalar exp loop dominated this kernel.
+        mx = vmath::max_value(x, V);
+        sum = vmath::exp_sum(nullptr, x, mx, V);
+      } else {
+        mx = *std::max_element(x, x + V);
+        for (int64_t v = 0; v < V; ++v) sum += static_cast<double>(std::exp(x[v] - mx));
+      }
       lse[r] = mx + static_cast<Real>(std::log(sum));
       losses[r] = lse[r] - x[targets[r]];
     }
@@ -46,7 +55,10 @@ void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits,
       const Real* x = logits + r * V;
       Real* dx = dlogits + r * V;  // may be x: each element is read before it is written
       const Real l = lse[r];
-      for (int64_t v = 0; v < V; ++v) dx[v] = std::exp(x[v] - l) * dloss;
+      if constexpr (std::is_same_v<Real, float>)
+        vmath::exp_shifted(dx, x, l, dloss, V);
+      else
+        for (int64_t v = 0; v < V; ++v) dx[v] = std::exp(x[v] - l) * dloss;
       dx[targets[r]] -= dloss;
     }
   });

@@ -1,6 +1,9 @@
 #include "kernels/cpu/gelu.h"
 
 #include <cmath>
+#include <type_traits>
+
+#include "kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
 namespace {
@@ -9,10 +12,52 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2/π)
 constexpr double kCubic = 0.044715;
 constexpr int64_t kGrain = 1 << 14;
 
+#ifdef __AVX2__
+// Float GELU, 8 at a time: std::tanh was most of GELU's time. Same formulas as the generic
+// loops below; a tail shorter than 8 is padded into one vector so that every element goes
+// through identical code wherever the thread split falls.
+inline __m256 gelu_u8(__m256 x) {
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(float(kCubic)), x2), x, x);
+  return _mm256_mul_ps(_mm256_set1_ps(float(kSqrt2OverPi)), inner);
+}
+
+inline __m256 gelu_forward8(__m256 x) {
+  const __m256 th = vmath::tanh8(gelu_u8(x));
+  const __m256 half_x = _mm256_mul_ps(_mm256_set1_ps(0.5f), x);
+  return _mm256_fmadd_ps(half_x, th, half_x);
+}
+
+inline __m256 gelu_backward8(__m256 x, __m256 dout) {
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256 th = vmath::tanh8(gelu_u8(x));
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  const __m256 du = _mm256_mul_ps(_mm256_set1_ps(float(kSqrt2OverPi)),
+                                  _mm256_fmadd_ps(_mm256_set1_ps(float(3 * kCubic)), x2, one));
+  const __m256 sech2 = _mm256_fnmadd_ps(th, th, one);  // 1 - tanh²
+  const __m256 grad = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), sech2), du,
+                                      _mm256_mul_ps(half, _mm256_add_ps(one, th)));
+  return _mm256_mul_ps(grad, dout);
+}
+#endif
+
 }  // namespace
 
 template <typename Real>
 void gelu_forward(ThreadPool& pool, Real* out, const Real* inp, int64_t n) {
+#ifdef __AVX2__
+  if constexpr (std::is_same_v<Real, float>) {
+    pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+      int64_t i = i0;
+      for (; i + 8 <= i1; i += 8)
+        _mm256_storeu_ps(out + i, gelu_forward8(_mm256_loadu_ps(inp + i)));
+      if (i < i1)
+        vmath::store_partial(out + i, gelu_forward8(vmath::load_partial(inp + i, i1 - i, 0)),
+                             i1 - i);
+    });
+    return;
+  }
+#endif
   pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const Real x = inp[i];
@@ -25,6 +70,22 @@ void gelu_forward(ThreadPool& pool, Real* out, const Real* inp, int64_t n) {
 // d/dx = (1 + tanh u)/2 + x/2 · (1 - tanh² u) · du/dx,  du/dx = sqrt(2/π)·(1 + 3·0.044715·x²)
 template <typename Real>
 void gelu_backward(ThreadPool& pool, Real* dinp, const Real* inp, const Real* dout, int64_t n) {
+#ifdef __AVX2__
+  if constexpr (std::is_same_v<Real, float>) {
+    pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+      int64_t i = i0;
+      for (; i + 8 <= i1; i += 8)
+        _mm256_storeu_ps(dinp + i,
+                         gelu_backward8(_mm256_loadu_ps(inp + i), _mm256_loadu_ps(dout + i)));
+      if (i < i1)
+        vmath::store_partial(dinp + i,
+                             gelu_backward8(vmath::load_partial(inp + i, i1 - i, 0),
+                                            vmath::load_partial(dout + i, i1 - i, 0)),
+                             i1 - i);
+    });
+    return;
+  }
+#endif
   pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const Real x = inp[i];
