@@ -242,7 +242,7 @@ TEST_P(GroupSize, BroadcastReduceBarrier) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Local, GroupSize, ::testing::Values(1, 2, 3, 4, 5, 8),
+INSTANTIATE_TEST_SUITE_P(Local, GroupSize, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
                          [](const ::testing::TestParamInfo<int>& p) {
                            return "ranks" + std::to_string(p.param);
                          });
