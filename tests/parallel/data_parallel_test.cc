@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -242,9 +244,29 @@ TEST(DataParallelEngine, StateBytesFollowTheZeroPaper) {
   }
 }
 
+// Stands between the model and the engine, forwarding every hook; before each block's backward
+// it sleeps a little, standing in for a bigger block's compute (on a loaded 2-core CI machine
+// the tiny test model's blocks take microseconds, too short for anything to overlap). Sleeping,
+// not spinning, leaves the cores to the communication threads.
+class SlowBackwardHooks : public ParamHooks {
+ public:
+  explicit SlowBackwardHooks(ParamHooks& inner) : inner_(inner) {}
+  void before_forward(size_t u) override { inner_.before_forward(u); }
+  void after_forward(size_t u) override { inner_.after_forward(u); }
+  void before_backward(size_t u) override {
+    if (u != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    inner_.before_backward(u);
+  }
+  void after_backward(size_t u) override { inner_.after_backward(u); }
+
+ private:
+  ParamHooks& inner_;
+};
+
 TEST(DataParallelEngine, GradientCommunicationOverlapsBackward) {
   // One unit per bucket: each block's all-reduce (stage 0) or reduce-scatter (stage 2) starts in
-  // its after_backward hook; some must be seen complete from a later hook, before backward ends.
+  // its after_backward hook and runs on the communicator's progress thread while backward goes
+  // on; some must be seen complete from a later hook, before backward ends.
   const Gpt2Config mc = small_model(64, 6);
   for (int zero : {0, 2}) {
     testing::run_on_thread_ranks(2, [&](Communicator& comm) {
@@ -252,7 +274,8 @@ TEST(DataParallelEngine, GradientCommunicationOverlapsBackward) {
       Gpt2 model(mc);
       auto engine = DataParallel::create(model.params(), comm, pool, Device::cpu(comm.rank()),
                                          DataParallelConfig{zero, 1}, AdamWConfig{}, 1);
-      Context ctx{&pool, Device::cpu(comm.rank()), DType::kF32, engine.get()};
+      SlowBackwardHooks hooks(*engine);
+      Context ctx{&pool, Device::cpu(comm.rank()), DType::kF32, &hooks};
       Tensor tokens = Tensor::empty({4, 16}, DType::kI32), targets = Tensor::empty({4, 16}, DType::kI32);
       int64_t early = 0, issued = 0;
       for (int step = 0; step < 5; ++step) {
@@ -269,7 +292,8 @@ TEST(DataParallelEngine, GradientCommunicationOverlapsBackward) {
         engine->optimizer_step(1e-3f);
       }
       EXPECT_EQ(issued, 5 * 7) << "one collective per unit per step";
-      EXPECT_GT(early, 0) << "no gradient collective completed before the end of backward";
+      // 6 block collectives per step could finish early; on an idle machine nearly all do.
+      EXPECT_GE(early, 5) << "gradient collectives did not complete while backward ran";
     });
   }
 }
