@@ -1,0 +1,121 @@
+// Tensor-parallel linear layers: see tensor_parallel_linear.h.
+#include "parallel/tensor_parallel_linear.h"
+
+#include "base/error.h"
+#include "kernels/cpu/gemm.h"
+
+namespace loom {
+namespace {
+void check_2d(const Tensor& x, int64_t cols, const std::string& who) {
+  if (x.ndim() != 2 || x.dim(1) != cols)
+    fail(who, ": input ", shape_str(x.shape()), " is not (rows, ", cols, ")");
+}
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::string& name,
+                                           int64_t in, int64_t out, Communicator& tp, bool bias,
+                                           float init_std, bool sequence_parallel,
+                                           std::vector<int64_t> out_blocks)
+    : in_(in), tp_(tp), sequence_parallel_(sequence_parallel) {
+  const int64_t P = tp.size(), r = tp.rank();
+  if (out_blocks.empty()) out_blocks = {out};
+  std::vector<ShardPiece> weight_pieces, bias_pieces;
+  int64_t global_row = 0, local_row = 0;
+  for (int64_t block : out_blocks) {
+    if (block % P != 0)
+      fail(name, ": ", block, " output features do not split over ", P, " tensor-parallel ranks");
+    const int64_t rows = block / P;
+    weight_pieces.push_back({local_row, rows, Region{{out, in}, {global_row + r * rows, 0}}});
+    bias_pieces.push_back({local_row, rows, Region{{out}, {global_row + r * rows}}});
+    global_row += block;
+    local_row += rows;
+  }
+  if (global_row != out) fail(name, ": fused blocks sum to ", global_row, ", not ", out);
+  local_out_ = local_row;
+  weight_ = store.add_shard(name + ".weight", {local_out_, in}, {out, in}, weight_pieces,
+                            InitKind::kNormal, init_std);
+  if (bias)
+    bias_ = store.add_shard(name + ".bias", {local_out_}, {out}, bias_pieces, InitKind::kZeros);
+}
+
+Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
+  check_2d(x, in_, weight_->name);
+  if (sequence_parallel_) {
+    x_ = Tensor::empty({x.dim(0) * tp_.size(), in_}, x.dtype(), x.device());
+    tp_.all_gather(x, x_);
+  } else {
+    x_ = x;
+  }
+  const int64_t n = x_.dim(0);
+  Tensor y = Tensor::empty({n, local_out_}, DType::kF32, ctx.device);
+  cpu::matmul_forward<float>(*ctx.pool, y.data<float>(), x_.data<float>(), weight_->value.data<float>(),
+                             bias_ ? bias_->value.data<float>() : nullptr, n, in_, local_out_);
+  return y;
+}
+
+Tensor ColumnParallelLinear::backward(Context& ctx, const Tensor& dy) {
+  LOOM_CHECK(x_.defined());
+  const int64_t n = x_.dim(0);
+  Tensor dx = Tensor::empty({n, in_}, DType::kF32, ctx.device);
+  cpu::matmul_backward<float>(*ctx.pool, dx.data<float>(), weight_->grad.data<float>(),
+                              bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(),
+                              x_.data<float>(), weight_->value.data<float>(), n, in_, local_out_);
+  x_ = Tensor();
+  // Each rank's dx is its output slice's contribution: sum over the group.
+  if (!sequence_parallel_) {
+    tp_.all_reduce(dx, ReduceOp::kSum);
+    return dx;
+  }
+  Tensor mine = Tensor::empty({n / tp_.size(), in_}, DType::kF32, ctx.device);
+  tp_.reduce_scatter(dx, mine, ReduceOp::kSum);
+  return mine;
+}
+
+RowParallelLinear::RowParallelLinear(ParameterStore& store, const std::string& name, int64_t in,
+                                     int64_t out, Communicator& tp, bool bias, float init_std,
+                                     bool sequence_parallel)
+    : out_(out), tp_(tp), sequence_parallel_(sequence_parallel) {
+  const int64_t P = tp.size(), r = tp.rank();
+  if (in % P != 0) fail(name, ": ", in, " input features do not split over ", P, " tensor-parallel ranks");
+  local_in_ = in / P;
+  weight_ = store.add_shard(name + ".weight", {out, local_in_}, {out, in},
+                            {{0, out, Region{{out, in}, {0, r * local_in_}}}}, InitKind::kNormal, init_std);
+  if (bias) bias_ = store.add(name + ".bias", {out}, InitKind::kZeros);
+}
+
+Tensor RowParallelLinear::forward(Context& ctx, const Tensor& x) {
+  check_2d(x, local_in_, weight_->name);
+  x_ = x;
+  const int64_t n = x.dim(0);
+  Tensor partial = Tensor::empty({n, out_}, DType::kF32, ctx.device);
+  // The bias joins the sum once: rank 0 adds it to its partial output.
+  const float* bias = bias_ != nullptr && tp_.rank() == 0 ? bias_->value.data<float>() : nullptr;
+  cpu::matmul_forward<float>(*ctx.pool, partial.data<float>(), x.data<float>(),
+                             weight_->value.data<float>(), bias, n, local_in_, out_);
+  if (!sequence_parallel_) {
+    tp_.all_reduce(partial, ReduceOp::kSum);
+    return partial;
+  }
+  Tensor mine = Tensor::empty({n / tp_.size(), out_}, DType::kF32, ctx.device);
+  tp_.reduce_scatter(partial, mine, ReduceOp::kSum);
+  return mine;
+}
+
+Tensor RowParallelLinear::backward(Context& ctx, const Tensor& dy) {
+  LOOM_CHECK(x_.defined());
+  const int64_t n = x_.dim(0);
+  Tensor dy_all = dy;
+  if (sequence_parallel_) {
+    dy_all = Tensor::empty({n, out_}, DType::kF32, ctx.device);
+    tp_.all_gather(dy, dy_all);
+  }
+  // dy_all holds every row, so the (replicated) bias gradient is whole on every rank.
+  Tensor dx = Tensor::empty({n, local_in_}, DType::kF32, ctx.device);
+  cpu::matmul_backward<float>(*ctx.pool, dx.data<float>(), weight_->grad.data<float>(),
+                              bias_ ? bias_->grad.data<float>() : nullptr, dy_all.data<float>(),
+                              x_.data<float>(), weight_->value.data<float>(), n, local_in_, out_);
+  x_ = Tensor();
+  return dx;
+}
+
+}  // namespace loom

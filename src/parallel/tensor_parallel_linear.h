@@ -1,0 +1,85 @@
+// Megatron-LM's tensor-parallel linear layers (issue 5), the communication inside them.
+//
+// y = x·Wᵀ + b with W (out, in). Over a tp group of size P:
+//
+//   ColumnParallelLinear: rank r holds the rows of W (output features) of its slice and the
+//     matching bias entries. Forward needs the whole input and makes its slice of the output
+//     (no communication); backward's input gradient is a partial sum over ranks → all-reduce.
+//   RowParallelLinear: rank r holds the columns of W (input features) of its slice; the bias is
+//     replicated. Forward takes the input's slice (what a column-parallel layer produced) and
+//     makes a partial output → all-reduce; backward needs no communication.
+//
+// A column-parallel layer followed by a row-parallel one (the MLP; QKV then the attention
+// projection) costs one all-reduce forward and one backward.
+//
+// Sequence parallelism (Korthikanti et al. 2022): outside the pair, activations are split by
+// rows (tokens) across the group. The column layer's input is then all-gathered first (and its
+// input gradient reduce-scattered instead of all-reduced); the row layer's output is
+// reduce-scattered instead of all-reduced (and its output gradient all-gathered in backward).
+// The same bytes move; the activations between pairs shrink P-fold. The row-parallel bias's
+// gradient is computed from the gathered output gradient, so it is whole on every rank; a model
+// must all-reduce over tp the gradients of replicated parameters used on row slices only
+// (LayerNorm gains in the sequence-parallel regions).
+//
+// Shards initialise from the counter-based RNG as blocks of the full weight
+// (ParameterStore::add_shard), so the tp = P layer is exactly the tp = 1 layer split up.
+// A fused weight (QKV: three blocks of rows) is split block by block: `out_blocks` lists the
+// blocks' sizes, each divided by P, and rank r holds slice r of each.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "nn/context.h"
+#include "nn/parameter.h"
+
+namespace loom {
+
+class ColumnParallelLinear {
+ public:
+  // out_blocks: sizes of the fused blocks of output features (default: one block of `out`);
+  // each must be divisible by tp.size().
+  ColumnParallelLinear(ParameterStore& store, const std::string& name, int64_t in, int64_t out,
+                       Communicator& tp, bool bias, float init_std, bool sequence_parallel,
+                       std::vector<int64_t> out_blocks = {});
+  // x: (N, in), or with sequence parallelism this rank's (N/P, in) rows → (N, out/P).
+  Tensor forward(Context& ctx, const Tensor& x);
+  // dy: (N, out/P) → dx shaped like forward's x. Accumulates the weight (and bias) gradient.
+  Tensor backward(Context& ctx, const Tensor& dy);
+  void clear_cache() { x_ = Tensor(); }
+  void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
+  int64_t local_out() const { return local_out_; }
+
+ private:
+  int64_t in_, local_out_;
+  Communicator& tp_;
+  bool sequence_parallel_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  Tensor x_;  // the whole (gathered) input, kept for backward
+};
+
+class RowParallelLinear {
+ public:
+  // in must be divisible by tp.size().
+  RowParallelLinear(ParameterStore& store, const std::string& name, int64_t in, int64_t out,
+                    Communicator& tp, bool bias, float init_std, bool sequence_parallel);
+  // x: (N, in/P) → (N, out), or with sequence parallelism this rank's (N/P, out) rows.
+  Tensor forward(Context& ctx, const Tensor& x);
+  // dy shaped like forward's output → dx (N, in/P).
+  Tensor backward(Context& ctx, const Tensor& dy);
+  void clear_cache() { x_ = Tensor(); }
+  void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
+  Parameter* bias() const { return bias_; }  // replicated over the group
+
+ private:
+  int64_t local_in_, out_;
+  Communicator& tp_;
+  bool sequence_parallel_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  Tensor x_;
+};
+
+}  // namespace loom
