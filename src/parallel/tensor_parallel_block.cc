@@ -1,0 +1,99 @@
+// A tensor-parallel GPT-2 block: see tensor_parallel_block.h.
+#include "parallel/tensor_parallel_block.h"
+
+#include <cmath>
+
+#include "base/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gelu.h"
+
+namespace loom {
+namespace {
+float residual_std(const Gpt2Config& c) {
+  // As Gpt2Block: residual projections scaled by 1/sqrt(2·n_layers).
+  return c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers));
+}
+int64_t checked_local_heads(const Gpt2Config& c, int64_t P, const std::string& name) {
+  if (c.n_heads % P != 0)
+    fail(name, ": parallel.tp = ", P, " does not divide model.n_heads = ", c.n_heads);
+  return c.n_heads / P;
+}
+}  // namespace
+
+TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
+                         Communicator& tp, bool sequence_parallel)
+    : channels_(config.d_model),
+      local_channels_(config.d_model / tp.size()),
+      local_heads_(checked_local_heads(config, tp.size(), name)),
+      ln_1_(store, name + ".ln_1", config.d_model),
+      qkv_(store, name + ".attn.qkv", config.d_model, 3 * config.d_model, tp, true, config.init_std,
+           sequence_parallel, {config.d_model, config.d_model, config.d_model}),
+      attn_proj_(store, name + ".attn.proj", config.d_model, config.d_model, tp, true,
+                 residual_std(config), sequence_parallel),
+      ln_2_(store, name + ".ln_2", config.d_model),
+      fc_(store, name + ".mlp.fc", config.d_model, 4 * config.d_model, tp, true, config.init_std,
+          sequence_parallel),
+      mlp_proj_(store, name + ".mlp.proj", 4 * config.d_model, config.d_model, tp, true,
+                residual_std(config), sequence_parallel) {
+  if (sequence_parallel)
+    for (const char* p : {".ln_1.weight", ".ln_1.bias", ".ln_2.weight", ".ln_2.bias"})
+      sp_params_.push_back(&store.get(name + p));
+}
+
+Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T) {
+  LOOM_CHECK(ctx.dtype == DType::kF32);
+  B_ = B;
+  T_ = T;
+  ThreadPool& pool = *ctx.pool;
+  qkv_out_ = qkv_.forward(ctx, ln_1_.forward(ctx, x));  // (B·T, 3C/P): this rank's heads
+  att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
+  lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
+  cpu::attention_forward<float>(pool, att_.data<float>(), lse_.data<float>(), qkv_out_.data<float>(),
+                                B, T, local_channels_, local_heads_);
+  Tensor x1 = attn_proj_.forward(ctx, att_);
+  cpu::add_inplace<float>(pool, x1.data<float>(), x.data<float>(), x1.numel());
+  h_ = fc_.forward(ctx, ln_2_.forward(ctx, x1));
+  Tensor g = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
+  cpu::gelu_forward<float>(pool, g.data<float>(), h_.data<float>(), h_.numel());
+  Tensor y = mlp_proj_.forward(ctx, g);
+  cpu::add_inplace<float>(pool, y.data<float>(), x1.data<float>(), y.numel());
+  return y;
+}
+
+Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
+  ThreadPool& pool = *ctx.pool;
+  // y = x1 + proj(gelu(fc(ln_2(x1))))
+  Tensor dg = mlp_proj_.backward(ctx, dy);
+  cpu::gelu_backward<float>(pool, dg.data<float>(), h_.data<float>(), dg.data<float>(), h_.numel());
+  Tensor dx1 = ln_2_.backward(ctx, fc_.backward(ctx, dg));
+  cpu::add_inplace<float>(pool, dx1.data<float>(), dy.data<float>(), dx1.numel());
+  // x1 = x + proj(attention(qkv(ln_1(x))))
+  Tensor datt = attn_proj_.backward(ctx, dx1);
+  Tensor dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
+  cpu::attention_backward<float>(pool, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(),
+                                 att_.data<float>(), lse_.data<float>(), B_, T_, local_channels_,
+                                 local_heads_);
+  Tensor dx = ln_1_.backward(ctx, qkv_.backward(ctx, dqkv));
+  cpu::add_inplace<float>(pool, dx.data<float>(), dx1.data<float>(), dx.numel());
+  clear_cache();
+  return dx;
+}
+
+void TpGpt2Block::collect_cache(std::vector<Tensor*>& out) {
+  ln_1_.collect_cache(out);
+  qkv_.collect_cache(out);
+  attn_proj_.collect_cache(out);
+  ln_2_.collect_cache(out);
+  fc_.collect_cache(out);
+  mlp_proj_.collect_cache(out);
+  out.insert(out.end(), {&qkv_out_, &att_, &lse_, &h_});
+}
+
+void TpGpt2Block::clear_cache() {
+  std::vector<Tensor*> slots;
+  collect_cache(slots);
+  for (Tensor* t : slots) *t = Tensor();
+}
+
+}  // namespace loom

@@ -1,0 +1,50 @@
+// A GPT-2 block split Megatron-style over a tensor-parallel group (issue 5): attention heads
+// are split across ranks (QKV column-parallel, fused blocks split per block; the output
+// projection row-parallel), and so is the MLP's hidden layer (fc column-parallel, proj
+// row-parallel). One all-reduce forward and one backward per attention and per MLP — or, with
+// sequence parallelism, an all-gather and a reduce-scatter each way, with the LayerNorms and
+// residual adds working on this rank's rows (tokens) only.
+//
+// Parameter names are the single-device block's ("blocks.3.attn.qkv.weight"...), and shards
+// initialise to their blocks of the full parameters, so the block equals Gpt2Block split up.
+// With sequence parallelism the LayerNorm parameters (replicated) get gradients from this
+// rank's rows only: sequence_parallel_params() lists them for the model to all-reduce over tp
+// after backward.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/gpt2.h"
+#include "nn/layer_norm.h"
+#include "parallel/tensor_parallel_linear.h"
+
+namespace loom {
+
+class TpGpt2Block {
+ public:
+  // config.n_heads and 4·d_model must divide over tp.size() (an error naming them otherwise).
+  TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
+              Communicator& tp, bool sequence_parallel);
+  // x: (rows, C) — all B·T rows, or with sequence parallelism this rank's B·T/P rows, in order.
+  // B, T: the whole batch's shape (attention needs the sequences).
+  Tensor forward(Context& ctx, const Tensor& x, int64_t B, int64_t T);
+  Tensor backward(Context& ctx, const Tensor& dy);
+  void clear_cache();
+  void collect_cache(std::vector<Tensor*>& out);
+  const std::vector<Parameter*>& sequence_parallel_params() const { return sp_params_; }
+
+ private:
+  int64_t channels_, local_channels_, local_heads_;
+  int64_t B_ = 0, T_ = 0;
+  LayerNorm ln_1_;
+  ColumnParallelLinear qkv_;
+  RowParallelLinear attn_proj_;
+  LayerNorm ln_2_;
+  ColumnParallelLinear fc_;
+  RowParallelLinear mlp_proj_;
+  std::vector<Parameter*> sp_params_;
+  Tensor qkv_out_, att_, lse_, h_;  // attention inputs/outputs and the GELU's input
+};
+
+}  // namespace loom
