@@ -73,6 +73,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(parallel, schedule),
     LOOM_KEY(parallel, virtual_stages),
     LOOM_KEY(parallel, layer_split),
+    LOOM_KEY(parallel, sequence_parallel),
     LOOM_KEY(runtime, ranks),
     LOOM_KEY(runtime, backend),
     LOOM_KEY(runtime, device),

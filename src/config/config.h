@@ -67,6 +67,7 @@ struct ParallelConfig {
   std::string schedule = "1f1b";  // pipeline schedule: gpipe, 1f1b or interleaved
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved only)
   std::string layer_split;        // blocks per pipeline stage, "3,3,2"; "" = balance by cost
+  bool sequence_parallel = false; // split LayerNorm/residual activations by tokens over tp
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
 

@@ -76,6 +76,10 @@ class ZeroDataParallel final : public DataParallel {
   std::vector<int64_t> shard_offset_;  // per unit
   int64_t shard_numel_ = 0;
   std::unique_ptr<AdamW> optimizer_;
+  Communicator* tensor_parallel_ = nullptr;
+  // With tensor parallelism: the (offset, numel) ranges of `grads` (flat in stages 0/1, the
+  // shard in 2/3) that this rank counts in the gradient norm.
+  std::vector<std::pair<int64_t, int64_t>> norm_ranges_;
   Tensor shard_values_;  // stage 3
   Tensor shard_grads_;   // stages 2/3
   int64_t micro_index_ = 0, micro_count_ = 1;
@@ -155,6 +159,25 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
     optimizer_ = std::make_unique<AdamW>(adamw, shard_segments(), shard_numel_, device);
   memory_.optimizer = in_use() - before;
   if (stage_ < 2) build_buckets(config.bucket_bytes);
+  tensor_parallel_ = config.tensor_parallel;
+  if (tensor_parallel_ != nullptr) {
+    const bool first = tensor_parallel_->rank() == 0;
+    if (stage_ < 2) {
+      for (const auto& p : params.parameters())
+        if (!p->pieces.empty() || first) norm_ranges_.push_back({p->offset, p->numel()});
+    } else {
+      // The shard's segments are pieces of parameters (shard_segments' order): count each by
+      // its parameter's kind.
+      for (size_t u = 0; u < num_units(); ++u) {
+        const int64_t lo_chunk = chunk_begin(u), hi_chunk = lo_chunk + chunk(u);
+        for (const Parameter* p : params_.units()[u].params) {
+          const int64_t lo = std::max(lo_chunk, p->offset), hi = std::min(hi_chunk, p->offset + p->numel());
+          if (lo < hi && (!p->pieces.empty() || first))
+            norm_ranges_.push_back({shard_offset_[u] + (lo - lo_chunk), hi - lo});
+        }
+      }
+    }
+  }
 }
 
 void ZeroDataParallel::build_buckets(int64_t bucket_bytes) {
@@ -323,15 +346,26 @@ void ZeroDataParallel::release_values(size_t u) {
 // ---- step -------------------------------------------------------------------------------------
 
 double ZeroDataParallel::clip_grad_norm(double max_norm) {
-  if (stage_ < 2) return loom::clip_grad_norm(pool_, params_, max_norm);
-  // The shards partition the full gradient (padding is zero): sum their squares over ranks.
+  Communicator* tp = tensor_parallel_;
+  if (stage_ < 2 && tp == nullptr) return loom::clip_grad_norm(pool_, params_, max_norm);
+  Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;
   Tensor sum = Tensor::empty({1}, DType::kF64, device_);
-  sum.data<double>()[0] = cpu::sum_squares<float>(pool_, shard_grads_.data<float>(), shard_numel_);
-  WorkHandle work = dp_.all_reduce_async(sum, ReduceOp::kSum);
-  wait(work);
+  if (tp == nullptr) {
+    // The shards partition the full gradient (padding is zero).
+    sum.data<double>()[0] = cpu::sum_squares<float>(pool_, grads.data<float>(), grads.numel());
+  } else {
+    // Under tensor parallelism a replicated parameter's gradient is the same on every tp rank:
+    // count it on tp rank 0 only.
+    double s = 0;
+    for (const auto& [offset, numel] : norm_ranges_)
+      s += cpu::sum_squares<float>(pool_, grads.data<float>() + offset, numel);
+    sum.data<double>()[0] = s;
+  }
+  if (stage_ >= 2) wait(dp_.all_reduce_async(sum, ReduceOp::kSum));
+  if (tp != nullptr) wait(tp->all_reduce_async(sum, ReduceOp::kSum));
   const double norm = std::sqrt(sum.data<double>()[0]);
   const float coef = clip_coefficient(norm, max_norm);
-  if (coef != 1.0f) cpu::scale_inplace<float>(pool_, shard_grads_.data<float>(), coef, shard_numel_);
+  if (coef != 1.0f) cpu::scale_inplace<float>(pool_, grads.data<float>(), coef, grads.numel());
   return norm;
 }
 

@@ -43,6 +43,10 @@ namespace loom {
 struct DataParallelConfig {
   int zero = 0;                             // ZeRO stage 0..3
   int64_t bucket_bytes = int64_t{25} << 20;  // stage 0/1 all-reduce bucket size
+  // When the model is itself split over a tensor-parallel group: the gradient norm then sums
+  // the sharded parameters' squares over that group and counts replicated ones (those without
+  // ShardPiece pieces) once.
+  Communicator* tensor_parallel = nullptr;
 };
 
 // Bytes this rank holds, measured on its allocator when the buffers were made.

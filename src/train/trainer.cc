@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -28,6 +29,8 @@
 #include "mesh/device_mesh.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_parallel.h"
+#include "parallel/tensor_parallel_gpt2.h"
+#include "train/tensor_parallel_io.h"
 #include "train/pipeline_io.h"
 
 namespace loom {
@@ -49,16 +52,18 @@ namespace {
 
 // Mean loss over `batches` validation micro-batches, read from the start of the split every time
 // so evaluations are comparable across steps and across resumed runs.
-double evaluate(Context& ctx, Gpt2& model, const std::vector<std::string>& shards, int64_t batch,
-                int64_t seq_len, int64_t batches) {
+double evaluate(Context& ctx,
+                const std::function<double(Context&, const Tensor&, const Tensor&)>& forward,
+                const std::function<void()>& clear, const std::vector<std::string>& shards,
+                int64_t batch, int64_t seq_len, int64_t batches) {
   DataLoader loader(shards, batch, seq_len);
   Tensor inputs = Tensor::empty({batch, seq_len}, DType::kI32);
   Tensor targets = Tensor::empty({batch, seq_len}, DType::kI32);
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
     loader.next_batch(inputs.data<int32_t>(), targets.data<int32_t>());
-    total += model.forward(ctx, inputs, targets);
-    model.clear_cache();
+    total += forward(ctx, inputs, targets);
+    clear();
   }
   return total / static_cast<double>(batches);
 }
@@ -82,6 +87,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   const int64_t accum = config.grad_accum_steps();
   const int64_t tokens_per_step = tc.batch_size * seq_len;
   const bool pipelined = config.parallel.pp > 1;
+  const bool tensor_parallel = config.parallel.tp > 1;
   // dp × pp × tp, tp innermost (tp = 1 so far).
   DeviceMesh mesh(world, MeshShape({{"dp", config.parallel.dp}, {"pp", config.parallel.pp},
                                     {"tp", config.parallel.tp}}));
@@ -99,6 +105,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   // What this rank trains: the whole model under one DataParallel engine, or its pipeline
   // chunks, each under its own engine (parallel/pipeline_parallel.h).
   std::unique_ptr<Gpt2> whole;
+  std::unique_ptr<TpGpt2> tp_model;  // tensor parallelism: the model split over the tp axis
   std::unique_ptr<DataParallel> whole_engine;
   std::unique_ptr<PipelineParallel> pipe;
   std::vector<Gpt2*> models;
@@ -118,6 +125,13 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
       models.push_back(&pipe->chunk(c));
       engines.push_back(&pipe->chunk_engine(c));
     }
+  } else if (tensor_parallel) {
+    tp_model = std::make_unique<TpGpt2>(model_config_of(config), mesh.axis("tp"),
+                                        config.parallel.sequence_parallel);
+    dp_config.tensor_parallel = &mesh.axis("tp");
+    whole_engine = DataParallel::create(tp_model->params(), dp, pool, device, dp_config, opt_config,
+                                        static_cast<uint64_t>(tc.seed));
+    engines.push_back(whole_engine.get());
   } else {
     whole = std::make_unique<Gpt2>(model_config_of(config));
     whole_engine = DataParallel::create(whole->params(), dp, pool, device, dp_config, opt_config,
@@ -125,6 +139,18 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
     models.push_back(whole.get());
     engines.push_back(whole_engine.get());
   }
+  // The model this rank steps through micro-batch by micro-batch (not the pipeline's).
+  auto model_forward = [&](Context& c, const Tensor& in, const Tensor& tgt) {
+    return tp_model ? tp_model->forward(c, in, tgt) : whole->forward(c, in, tgt);
+  };
+  auto model_backward = [&](Context& c, double scale) {
+    if (tp_model) tp_model->backward(c, scale);
+    else whole->backward(c, scale);
+  };
+  auto model_clear = [&] {
+    if (tp_model) tp_model->clear_cache();
+    else if (whole) whole->clear_cache();
+  };
   Context ctx{&pool, device, DType::kF32, whole_engine.get()};
 
   DataLoader train_loader(resolve_shards(config.data.train, "data.train"), micro, seq_len,
@@ -156,6 +182,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   if (!resume_from.empty()) {
     // Every rank reads the whole (layout-free) checkpoint, by parameter name, and keeps its part.
     TrainingState st;
+    if (tensor_parallel) st = load_tensor_parallel_checkpoint(resume_from, *tp_model, *whole_engine, config);
     for (size_t k = 0; k < models.size(); ++k) {
       FlatModelState full;
       const int64_t n = models[k]->params().numel();
@@ -202,6 +229,10 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
     if (pipelined) {
       const std::string path = save_pipeline_checkpoint(checkpoints_dir, *pipe, mesh, config, st);
       if (leader) summary.last_checkpoint = path;
+    } else if (tensor_parallel) {
+      const std::string path =
+          save_tensor_parallel_checkpoint(checkpoints_dir, *tp_model, *whole_engine, mesh, config, st);
+      if (leader) summary.last_checkpoint = path;
     } else {
       const FlatModelState full = whole_engine->gather_state();  // collective
       if (leader)
@@ -231,8 +262,8 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
       for (int64_t m = 0; m < accum; ++m) {
         engine.begin_micro_batch(m, accum);
         train_loader.next_batch(inputs[0].data<int32_t>(), targets[0].data<int32_t>());
-        loss += whole->forward(ctx, inputs[0], targets[0]) / static_cast<double>(accum);
-        whole->backward(ctx, 1.0 / static_cast<double>(accum));
+        loss += model_forward(ctx, inputs[0], targets[0]) / static_cast<double>(accum);
+        model_backward(ctx, 1.0 / static_cast<double>(accum));
         engine.end_micro_batch();
       }
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
@@ -261,7 +292,8 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
     if (!val_shards.empty() && (step % tc.eval_every == 0 || last)) {
       // Every rank evaluates the same batches (ZeRO-3 needs all of them in each gather).
       val = pipelined ? evaluate_pipeline(*pipe, val_shards, micro, seq_len, tc.eval_batches, device)
-                      : evaluate(ctx, *whole, val_shards, micro, seq_len, tc.eval_batches);
+                      : evaluate(ctx, model_forward, model_clear, val_shards, micro, seq_len,
+                                 tc.eval_batches);
       summary.last_val_loss = val;
     }
     if (leader) {
@@ -360,9 +392,11 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
   resolve_layout(config);
   validate(config);
   const bool use_mpi = started_by_launcher(config);
-  if (config.parallel.tp != 1)
-    fail("parallel.tp = ", config.parallel.tp,
-         ": tensor parallelism is not implemented yet (data and pipeline parallelism are)");
+  if (config.parallel.tp > 1 && config.parallel.pp > 1)
+    fail("parallel.tp = ", config.parallel.tp, " with parallel.pp = ", config.parallel.pp,
+         ": tensor parallelism inside pipeline stages is not implemented yet");
+  if (config.parallel.tp > 1 && config.train.recompute)
+    fail("train.recompute with parallel.tp = ", config.parallel.tp, " is not implemented yet");
   const Device device = Device::parse(config.runtime.device);
   if (!device.is_cpu()) fail("runtime.device = '", config.runtime.device, "': training runs on the cpu for now");
   if (config.runtime.backend == "nccl") fail("runtime.backend = \"nccl\": training on NCCL is not implemented yet");
