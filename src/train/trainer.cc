@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/counting.h"
 #include "comm/local/local_backend.h"
 #include "comm/mpi/launch_env.h"
 #ifdef LOOM_WITH_MPI
@@ -91,7 +92,9 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   // dp × pp × tp, tp innermost (tp = 1 so far).
   DeviceMesh mesh(world, MeshShape({{"dp", config.parallel.dp}, {"pp", config.parallel.pp},
                                     {"tp", config.parallel.tp}}));
-  Communicator& dp = mesh.axis("dp");
+  // Every strategy talks through counting wrappers, for the per-axis volume in the metrics.
+  CountingCommunicator dp_count(mesh.axis("dp")), pp_count(mesh.axis("pp")), tp_count(mesh.axis("tp"));
+  Communicator& dp = dp_count;
 
   ThreadPool pool(config.runtime.resolved_threads_per_rank());
   AdamWConfig opt_config;
@@ -118,7 +121,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
     pc.micro_batch_size = micro;
     pc.seq_len = seq_len;
     pc.layer_split = config.parallel.layer_split;
-    pipe = std::make_unique<PipelineParallel>(model_config_of(config), mesh.axis("pp"), dp, pool,
+    pipe = std::make_unique<PipelineParallel>(model_config_of(config), pp_count, dp, pool,
                                               device, pc, dp_config, opt_config,
                                               static_cast<uint64_t>(tc.seed));
     for (int c = 0; c < pipe->chunks(); ++c) {
@@ -126,9 +129,9 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
       engines.push_back(&pipe->chunk_engine(c));
     }
   } else if (tensor_parallel) {
-    tp_model = std::make_unique<TpGpt2>(model_config_of(config), mesh.axis("tp"),
+    tp_model = std::make_unique<TpGpt2>(model_config_of(config), tp_count,
                                         config.parallel.sequence_parallel);
-    dp_config.tensor_parallel = &mesh.axis("tp");
+    dp_config.tensor_parallel = &tp_count;
     whole_engine = DataParallel::create(tp_model->params(), dp, pool, device, dp_config, opt_config,
                                         static_cast<uint64_t>(tc.seed));
     engines.push_back(whole_engine.get());
@@ -244,6 +247,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   summary.last_step = summary.start_step;
   for (int64_t step = summary.start_step + 1; step <= end_step; ++step) {
     const double t0 = now_seconds();
+    for (CountingCommunicator* c : {&dp_count, &pp_count, &tp_count}) c->take_bytes();  // not eval's
     const int64_t held = allocator.stats().bytes_in_use;
     allocator.reset_peak();
     double loss = 0, grad_norm = 0, comm_wait = 0;
@@ -275,6 +279,9 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
       comm_wait = engine.step_stats().wait_seconds;
     }
     const double dt = now_seconds() - t0;
+    const nlohmann::json comm_bytes = {{"dp", dp_count.take_bytes()},
+                                       {"pp", pp_count.take_bytes()},
+                                       {"tp", tp_count.take_bytes()}};
     if (!std::isfinite(loss))
       fail("loss is ", loss, " at step ", step, ": training diverged (lower train.lr?)");
 
@@ -311,6 +318,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
                                {"mem_optimizer_mb", state_bytes.optimizer / 1048576.0},
                                {"mem_activations_peak_mb", (peak - held) / 1048576.0}};
       if (val >= 0) record["val_loss"] = val;
+      record["comm_bytes"] = comm_bytes;
       if (pipelined) {
         record["bubble"] = pipe->stats().bubble();
         record["bubble_theory"] = theoretical_bubble(pipe->schedule());

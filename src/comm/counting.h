@@ -1,0 +1,68 @@
+// CountingCommunicator — forwards every call to another communicator and counts the bytes this
+// rank hands to it, for the per-axis communication volume in the step metrics. The count is the
+// payload of each call as issued: all_reduce / broadcast / reduce / send: the tensor;
+// reduce_scatter / all_gather / all_to_all: the input; recv and barrier: nothing. (What the
+// algorithm moves on the wire depends on the backend: a ring all-reduce sends 2(n−1)/n of it.)
+// Not thread-safe: the rank's thread issues its operations, as for any communicator.
+#pragma once
+
+#include <memory>
+
+#include "comm/communicator.h"
+
+namespace loom {
+
+class CountingCommunicator final : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+
+  int64_t bytes() const { return bytes_; }
+  int64_t take_bytes() {  // returns the count and restarts it
+    const int64_t b = bytes_;
+    bytes_ = 0;
+    return b;
+  }
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string name() const override { return inner_.name(); }
+  std::string backend() const override { return inner_.backend(); }
+  WorkHandle all_reduce_async(Tensor& t, ReduceOp op) override {
+    count(t);
+    return inner_.all_reduce_async(t, op);
+  }
+  WorkHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op) override {
+    count(in);
+    return inner_.reduce_scatter_async(in, out, op);
+  }
+  WorkHandle all_gather_async(const Tensor& in, Tensor& out) override {
+    count(in);
+    return inner_.all_gather_async(in, out);
+  }
+  WorkHandle broadcast_async(Tensor& t, int root) override {
+    count(t);
+    return inner_.broadcast_async(t, root);
+  }
+  WorkHandle reduce_async(Tensor& t, int root, ReduceOp op) override {
+    count(t);
+    return inner_.reduce_async(t, root, op);
+  }
+  WorkHandle all_to_all_async(const Tensor& in, Tensor& out) override {
+    count(in);
+    return inner_.all_to_all_async(in, out);
+  }
+  WorkHandle barrier_async() override { return inner_.barrier_async(); }
+  WorkHandle send_async(const Tensor& t, int dst, int tag) override {
+    count(t);
+    return inner_.send_async(t, dst, tag);
+  }
+  WorkHandle recv_async(Tensor& t, int src, int tag) override { return inner_.recv_async(t, src, tag); }
+  std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
+
+ private:
+  void count(const Tensor& t) { bytes_ += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(dtype_size(t.dtype())); }
+  Communicator& inner_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace loom
