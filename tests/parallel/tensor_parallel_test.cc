@@ -128,7 +128,9 @@ TEST_P(TensorParallelEquivalence, MatchesOneDevice) {
   const nlohmann::json bytes = metrics(l.name()).back()["comm_bytes"];
   EXPECT_GT(bytes["tp"].get<int64_t>(), 0);
   EXPECT_EQ(bytes["pp"].get<int64_t>(), 0);
-  if (l.dp > 1) EXPECT_GT(bytes["dp"].get<int64_t>(), 0);
+  if (l.dp > 1) {
+    EXPECT_GT(bytes["dp"].get<int64_t>(), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, TensorParallelEquivalence,
