@@ -16,12 +16,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/safetensors.h"
 #include "data/dataset.h"
 #include "device/allocator.h"
 #include "harness/thread_ranks.h"
 #include "models/gpt2.h"
 #include "parallel/data_parallel.h"
+#include "parallel/run_compare.h"
 #include "tensor/rng.h"
 #include "train/trainer.h"
 
@@ -82,16 +82,11 @@ threads_per_rank = 1
   }
 
   static std::vector<nlohmann::json> metrics(const std::string& name) {
-    std::ifstream in(root_ / name / "metrics.jsonl");
-    std::vector<nlohmann::json> out;
-    std::string line;
-    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-    return out;
+    return testing::read_metrics(root_ / name);
   }
 
-  static SafetensorsFile final_weights(const std::string& name) {
-    return load_safetensors(
-        (root_ / name / "checkpoints" / ("step_" + std::to_string(kSteps)) / "model.safetensors").string());
+  static fs::path final_weights(const std::string& name) {
+    return root_ / name / "checkpoints" / ("step_" + std::to_string(kSteps)) / "model.safetensors";
   }
 
   static void expect_losses_match(const std::string& name, int64_t from_step = 1) {
@@ -105,23 +100,7 @@ threads_per_rank = 1
   }
 
   static void expect_weights_match(const std::string& name) {
-    const SafetensorsFile ref = final_weights("reference");
-    const SafetensorsFile got = final_weights(name);
-    ASSERT_EQ(got.tensors.size(), ref.tensors.size());
-    for (const auto& [key, a] : ref.tensors) {
-      const Tensor& b = got.tensors.at(key);
-      ASSERT_EQ(a.shape(), b.shape()) << key;
-      // Relative L2 error per tensor. (Elementwise, different micro-batch shapes sum in another
-      // order — gradients differ by ~1e-7 relative — and AdamW's m/√v magnifies that for the few
-      // elements whose gradient is near zero, so single elements may differ by ~1e-3.)
-      double diff2 = 0, norm2 = 0;
-      for (int64_t i = 0; i < a.numel(); ++i) {
-        const double x = a.data<float>()[i], y = b.data<float>()[i];
-        diff2 += (x - y) * (x - y);
-        norm2 += x * x;
-      }
-      EXPECT_LE(std::sqrt(diff2), 1e-4 * std::sqrt(norm2)) << name << ": " << key;
-    }
+    testing::expect_weights_match(final_weights("reference"), final_weights(name), name);
   }
 
   static fs::path root_;

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
-#include "checkpoint/safetensors.h"
 #include "data/dataset.h"
+#include "parallel/run_compare.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -81,11 +81,7 @@ threads_per_rank = 1
     return o;
   }
   static std::vector<nlohmann::json> metrics(const std::string& name) {
-    std::ifstream in(root_ / name / "metrics.jsonl");
-    std::vector<nlohmann::json> out;
-    std::string line;
-    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-    return out;
+    return testing::read_metrics(root_ / name);
   }
   static void expect_matches_reference(const std::string& name) {
     const auto ref = metrics("reference"), got = metrics(name);
@@ -96,22 +92,9 @@ threads_per_rank = 1
       EXPECT_NEAR(b, a, 1e-5 * std::abs(a)) << name << " step " << i + 1;
     }
     const auto weights = [&](const std::string& run) {
-      return load_safetensors((root_ / run / "checkpoints" / ("step_" + std::to_string(kSteps)) /
-                               "model.safetensors").string());
+      return root_ / run / "checkpoints" / ("step_" + std::to_string(kSteps)) / "model.safetensors";
     };
-    const SafetensorsFile a = weights("reference"), b = weights(name);
-    ASSERT_EQ(a.tensors.size(), b.tensors.size());
-    for (const auto& [key, x] : a.tensors) {
-      const Tensor& y = b.tensors.at(key);
-      ASSERT_EQ(x.shape(), y.shape()) << key;
-      double diff2 = 0, norm2 = 0;
-      for (int64_t i = 0; i < x.numel(); ++i) {
-        const double u = x.data<float>()[i], v = y.data<float>()[i];
-        diff2 += (u - v) * (u - v);
-        norm2 += u * u;
-      }
-      EXPECT_LE(std::sqrt(diff2), 1e-4 * std::sqrt(norm2)) << name << ": " << key;
-    }
+    testing::expect_weights_match(weights("reference"), weights(name), name);
   }
   static fs::path root_;
 };
