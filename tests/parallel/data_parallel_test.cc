@@ -13,7 +13,6 @@
 #include <cmath>
 #include <thread>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
