@@ -1,10 +1,11 @@
-// loom — the command line: train, data prepare/synth, sample, bench train, schedule.
+// loom — the command line: train, check, data prepare/synth, sample, bench train, schedule.
 // This is the only place that turns errors into exit codes: loom::Error (a user, config, data or
 // environment mistake) prints one line "loom: error: ..." and exits 1; bad command-line syntax
 // exits 2 (CLI11's usage message).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "train/benchmark.h"
 #include "train/generate.h"
+#include "train/layout_check.h"
 #include "train/trainer.h"
 
 namespace {
@@ -61,6 +63,35 @@ int cmd_train(const TrainArgs& a) {
                s.last_val_loss >= 0 ? (", val loss " + std::to_string(s.last_val_loss)).c_str() : "",
                s.tokens_per_s, static_cast<double>(s.peak_bytes) / 1048576.0);
   return 0;
+}
+
+struct CheckArgs {
+  std::string config_path;
+  std::vector<std::string> sets;
+  std::string layouts = kDefaultCheckLayouts;
+  LayoutCheckOptions options;
+  std::string json_path;
+  bool quiet = false;
+};
+
+// Trains the config's model under each layout and once on one device; prints the deviations.
+// Exit code 0 when every layout matches within the tolerance, 1 when one differs or fails.
+int cmd_check(CheckArgs& a) {
+  const std::vector<CheckLayout> layouts = parse_layouts(a.layouts);  // syntax errors first
+  Config config = load_config(a.config_path);
+  for (const auto& s : a.sets) apply_override(config, s);
+  if (!a.quiet)
+    a.options.on_run = [](int index, int count, const std::string& name) {
+      std::fprintf(stderr, "loom check: [%d/%d] %s\n", index + 1, count, name.c_str());
+    };
+  const LayoutCheckResult r = check_layouts(config, layouts, a.options);
+  std::cout << format_layout_check(r) << std::flush;
+  if (!a.json_path.empty()) {
+    std::ofstream out(a.json_path);
+    out << layout_check_json(r);
+    if (!out) fail("cannot write ", a.json_path);
+  }
+  return r.all_ok() ? 0 : 1;
 }
 
 int cmd_sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& opt,
@@ -145,6 +176,31 @@ int main(int argc, char** argv) {
                         "degree set, all go to data parallelism)")
       ->check(CLI::PositiveNumber);
 
+  CheckArgs check;
+  auto* check_cmd = app.add_subcommand(
+      "check", "train a few steps under several layouts and on one device; print how far losses and parameters deviate");
+  check_cmd->add_option("config", check.config_path, "config file (TOML)")->required();
+  check_cmd->add_option("--set", check.sets, "override a config key: section.key=value")
+      ->allow_extra_args(false);
+  check_cmd->add_option("--layouts", check.layouts,
+                        "';'-separated layouts of ','-separated key=value (dp, tp, pp, zero, "
+                        "schedule, virtual_stages|v, sequence_parallel|sp, micro_batch_size|mbs)")
+      ->capture_default_str();
+  check_cmd->add_option("--steps", check.options.steps, "training steps per run")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  check_cmd->add_option("--layers", check.options.max_layers, "cap model.n_layers")
+      ->check(CLI::PositiveNumber);
+  check_cmd->add_option("--seq-len", check.options.max_seq_len, "cap model.seq_len")
+      ->check(CLI::PositiveNumber);
+  check_cmd->add_option("--tolerance", check.options.tolerance,
+                        "largest relative deviation reported as ok")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  check_cmd->add_option("--out", check.options.out_dir,
+                        "directory for the runs, kept (default: a temporary directory, removed)");
+  check_cmd->add_flag("--keep", check.options.keep, "keep the temporary directory of the runs");
+  check_cmd->add_option("--json", check.json_path, "also write the rows to this file as JSON");
+  check_cmd->add_flag("--quiet", check.quiet, "no progress lines");
+
   auto* data_cmd = app.add_subcommand("data", "prepare token shards");
   data_cmd->require_subcommand(1);
   std::vector<std::string> inputs;
@@ -222,6 +278,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train_cmd->parsed()) return cmd_train(train);
+    if (check_cmd->parsed()) return cmd_check(check);
     if (prepare_cmd->parsed()) {
       PrepareResult r = prepare_dataset(inputs, out_dir, prep);
       std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens\n", out_dir.c_str(),

@@ -74,6 +74,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(parallel, virtual_stages),
     LOOM_KEY(parallel, layer_split),
     LOOM_KEY(parallel, sequence_parallel),
+    LOOM_KEY(parallel, recompute),
     LOOM_KEY(runtime, ranks),
     LOOM_KEY(runtime, backend),
     LOOM_KEY(runtime, device),
@@ -268,9 +269,54 @@ int RuntimeConfig::resolved_threads_per_rank() const {
   return std::max(1, cores / std::max(1, ranks));
 }
 
+void resolve_parallel_degrees(ParallelConfig& par, int world) {
+  if (world < 1) fail("the job has ", world, " ranks");
+  struct Degree {
+    const char* key;
+    int* value;
+  };
+  const Degree degrees[] = {{"parallel.dp", &par.dp}, {"parallel.tp", &par.tp}, {"parallel.pp", &par.pp}};
+  int64_t given = 1;
+  std::string given_keys, given_values;
+  std::vector<Degree> missing;
+  for (const Degree& d : degrees) {
+    if (*d.value < 0) fail(d.key, " = ", *d.value, " must be positive (or 0: inferred)");
+    if (*d.value == 0) {
+      missing.push_back(d);
+      continue;
+    }
+    given *= *d.value;
+    given_keys += std::string(given_keys.empty() ? "" : " × ") + d.key;
+    given_values += (given_values.empty() ? "" : " × ") + std::to_string(*d.value);
+  }
+  const std::string stated = given_keys.empty() ? std::string("1 (no degree set)")
+                                                : given_keys + " = " + given_values;
+  if (missing.empty()) {
+    if (given != world)
+      fail(stated, " = ", given, " does not equal the ", world, " ranks of the job");
+    return;
+  }
+  if (world % given != 0)
+    fail(stated, " = ", given, " does not divide the ", world, " ranks of the job, so ",
+         missing.front().key, " cannot be inferred");
+  // Who takes the rest: dp when left out, else the one left-out degree.
+  const bool dp_missing = par.dp == 0;
+  for (const Degree& d : missing)
+    *d.value = (dp_missing ? d.value == &par.dp : missing.size() == 1)
+                   ? static_cast<int>(world / given) : 1;
+  const int64_t total = int64_t{par.dp} * par.tp * par.pp;
+  if (total != world)
+    fail(stated, " with parallel.tp and parallel.pp left out: ", total, " ranks, the job has ",
+         world, "; set parallel.tp or parallel.pp");
+}
+
 int64_t Config::grad_accum_steps() const {
   LOOM_CHECK(train.micro_batch_size > 0 && parallel.dp > 0);
   return train.batch_size / (train.micro_batch_size * parallel.dp);
+}
+
+std::string Config::resolved_recompute() const {
+  return train.recompute && parallel.recompute == "none" ? "full" : parallel.recompute;
 }
 
 Config parse_config(std::string_view toml_text, const std::string& source_name) {

@@ -54,20 +54,24 @@ struct TrainConfig {
   int64_t eval_batches = 8;      // validation micro-batches per evaluation
   int64_t save_every = 500;      // steps between checkpoints; 0 = never
   int64_t log_every = 1;         // steps between log lines
-  bool recompute = false;        // recompute each block's activations in backward
+  // Deprecated alias of parallel.recompute = "full" (Config::resolved_recompute()).
+  bool recompute = false;
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
 struct ParallelConfig {
-  int dp = 1;                     // data-parallel degree
-  int tp = 1;                     // tensor-parallel degree
-  int pp = 1;                     // pipeline-parallel degree
+  // Degrees; 0 (the default) = left out, inferred from the world size (resolve_parallel_degrees).
+  int dp = 0;                     // data-parallel degree
+  int tp = 0;                     // tensor-parallel degree
+  int pp = 0;                     // pipeline-parallel degree
   int zero = 0;                   // ZeRO stage 0..3 over the dp axis
   double bucket_mb = 25;          // gradient all-reduce bucket size in MiB (PyTorch DDP's 25)
   std::string schedule = "1f1b";  // pipeline schedule: gpipe, 1f1b or interleaved
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved only)
   std::string layer_split;        // blocks per pipeline stage, "3,3,2"; "" = balance by cost
   bool sequence_parallel = false; // split LayerNorm/residual activations by tokens over tp
+  // activation recomputation per block: none, full or selective (models/gpt2.h: Recompute)
+  std::string recompute = "none";
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
 
@@ -94,6 +98,11 @@ struct Config {
   // Micro-batches each data-parallel rank accumulates per optimizer step:
   // batch_size / (micro_batch_size × dp). Call on a validated config.
   int64_t grad_accum_steps() const;
+  // parallel.recompute with the deprecated train.recompute = true resolved: "full" when
+  // parallel.recompute is "none" (its default: an explicit "none" cannot be told apart from an
+  // unset key, so it does not conflict). validate() rejects train.recompute = true with
+  // parallel.recompute = "selective".
+  std::string resolved_recompute() const;
   friend bool operator==(const Config&, const Config&) = default;
 };
 
@@ -109,6 +118,12 @@ Config parse_config(std::string_view toml_text, const std::string& source_name);
 // key's type: integer, float (an integer is accepted), bool (true/false) or string (quoted as in
 // TOML, or given bare: `data.train=/data/*.bin`).
 void apply_override(Config& config, std::string_view assignment);
+
+// Fills in the parallel degrees left out (0) for a job of `world` ranks: every degree is the
+// given one; when dp is left out it takes what the others leave (world / (tp × pp)), else a
+// single left-out tp or pp does; any other left-out degree is 1. Throws loom::Error naming the
+// product that does not match the world size.
+void resolve_parallel_degrees(ParallelConfig& parallel, int world);
 
 // Checks every value and cross-constraint; throws one loom::Error listing all violations, each
 // naming its keys and values ("model.n_heads = 5 does not divide model.d_model = 64").

@@ -103,15 +103,21 @@ void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p
   p.positive("train.eval_batches", t.eval_batches);
   p.non_negative("train.save_every", t.save_every);
   p.positive("train.log_every", t.log_every);
+  // train.recompute = true is the deprecated spelling of parallel.recompute = "full".
+  if (t.recompute && par.recompute == "selective")
+    p.add("train.recompute = true (deprecated: parallel.recompute = \"full\") disagrees with ",
+          "parallel.recompute = ", toml_quote(par.recompute), "; set parallel.recompute only");
 }
 
 void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems& p) {
-  p.positive("parallel.dp", par.dp);
-  p.positive("parallel.tp", par.tp);
-  p.positive("parallel.pp", par.pp);
+  // 0 = left out, inferred from the world size (resolve_parallel_degrees).
+  p.non_negative("parallel.dp", par.dp);
+  p.non_negative("parallel.tp", par.tp);
+  p.non_negative("parallel.pp", par.pp);
   if (!(par.bucket_mb > 0)) p.add("parallel.bucket_mb = ", par.bucket_mb, " must be positive");
   if (par.zero < 0 || par.zero > 3) p.add("parallel.zero = ", par.zero, " must be 0, 1, 2 or 3");
   p.one_of("parallel.schedule", par.schedule, {"gpipe", "1f1b", "interleaved"});
+  p.one_of("parallel.recompute", par.recompute, {"none", "full", "selective"});
   p.positive("parallel.virtual_stages", par.virtual_stages);
   if (par.virtual_stages > 1 && par.schedule != "interleaved")
     p.add("parallel.virtual_stages = ", par.virtual_stages,

@@ -40,4 +40,13 @@ class MeshShape {
   int size_ = 1;
 };
 
+// The training mesh: pp × dp × tp — tp innermost (neighbouring ranks: its per-layer collectives
+// get the fastest links), then dp, pp outermost (only activations cross it), as Megatron-LM
+// orders them.
+MeshShape training_mesh_shape(int dp, int pp, int tp);
+
+// One line per rank: "rank  dp  pp  tp" with its coordinates (every axis of the mesh), for the
+// start-up printout.
+std::string rank_table(const MeshShape& mesh);
+
 }  // namespace loom

@@ -10,6 +10,22 @@
 
 namespace loom {
 
+Recompute parse_recompute(const std::string& name) {
+  for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective})
+    if (name == recompute_name(mode)) return mode;
+  fail("activation recomputation '", name, "' is not one of none, full, selective");
+}
+
+const char* recompute_name(Recompute mode) {
+  switch (mode) {
+    case Recompute::kNone: return "none";
+    case Recompute::kFull: return "full";
+    case Recompute::kSelective: return "selective";
+  }
+  LOOM_CHECK_MSG(false, "bad Recompute value");
+  return "";
+}
+
 void Gpt2Config::validate() const {
   if (vocab_size <= 0) fail("model.vocab_size must be positive, got ", vocab_size);
   if (max_seq_len <= 0) fail("model.max_seq_len must be positive, got ", max_seq_len);
@@ -54,23 +70,37 @@ Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
 
 Tensor Gpt2Block::forward(Context& ctx, const Tensor& x) {
   Tensor y = run_forward(ctx, x);
-  if (recompute_) {
-    clear_cache();
-    input_ = x;
+  switch (recompute_) {
+    case Recompute::kNone:
+      break;
+    case Recompute::kFull:  // keep the input only; backward re-runs the block
+      clear_cache();
+      input_ = x;
+      break;
+    case Recompute::kSelective:
+      // Drop the LayerNorm outputs (cached as the qkv and fc inputs) and the GELU output;
+      // LayerNorm inputs, mean and rstd and the fc output h stay, to rebuild them in backward.
+      attn_.drop_input();
+      mlp_.drop_recomputable();
+      break;
   }
   return y;
 }
 
 Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
-  if (recompute_) {
+  const bool selective = recompute_ == Recompute::kSelective;
+  if (recompute_ == Recompute::kFull) {
     LOOM_CHECK(input_.defined());
     run_forward(ctx, input_);  // same inputs, same kernels: bitwise the same activations
     input_ = Tensor();
   }
-  // y = x1 + mlp(ln_2(x1)): dx1 = dy + ln_2ᵀ(mlpᵀ(dy))
+  // y = x1 + mlp(ln_2(x1)): dx1 = dy + ln_2ᵀ(mlpᵀ(dy)). Selective: ln_2's output is rebuilt
+  // just before the MLP's backward (which rebuilds its GELU output itself).
+  if (selective) mlp_.restore_input(ln_2_.recompute_output(ctx));
   Tensor dx1 = ln_2_.backward(ctx, mlp_.backward(ctx, dy));
   add_into(ctx, dx1, dy);
-  // x1 = x + attn(ln_1(x)): dx = dx1 + ln_1ᵀ(attnᵀ(dx1))
+  // x1 = x + attn(ln_1(x)): dx = dx1 + ln_1ᵀ(attnᵀ(dx1)); ln_1's output likewise, only now.
+  if (selective) attn_.restore_input(ln_1_.recompute_output(ctx));
   Tensor dx = ln_1_.backward(ctx, attn_.backward(ctx, dx1));
   add_into(ctx, dx, dx1);
   return dx;

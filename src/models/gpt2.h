@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nn/causal_self_attention.h"
@@ -16,6 +17,23 @@
 
 namespace loom {
 
+// Activation recomputation (config key parallel.recompute), per transformer block; every mode
+// gives bitwise the same numbers (same kernels on the same inputs), they trade memory for compute:
+//   kNone       keep every activation backward needs.
+//   kFull       keep only the block's input; re-run the whole block forward right before its
+//               backward (~1/3 more compute: one more forward; with tensor parallelism its
+//               collectives too).
+//   kSelective  keep matmul and attention outputs, drop the cheap element-wise ones — the two
+//               LayerNorm outputs and the GELU output — and recompute them from what is kept
+//               anyway (LayerNorm input, mean and rstd; the fc output) right before backward needs
+//               them: no extra matmul. With sequence parallelism the gathered LayerNorm outputs
+//               are the ones dropped, so backward all-gathers them again (as Megatron-LM does).
+enum class Recompute { kNone, kFull, kSelective };
+
+// "none" | "full" | "selective"; throws loom::Error listing them for anything else.
+Recompute parse_recompute(const std::string& name);
+const char* recompute_name(Recompute mode);
+
 struct Gpt2Config {
   int64_t vocab_size = 256;
   int64_t max_seq_len = 64;  // rows of the position embedding
@@ -23,9 +41,7 @@ struct Gpt2Config {
   int64_t n_layers = 2;
   int64_t n_heads = 4;
   float init_std = 0.02f;
-  // Activation recomputation: keep only each block's input in forward; re-run the block's
-  // forward right before its backward. Same numbers, bitwise; less memory, ~1/3 more compute.
-  bool recompute = false;
+  Recompute recompute = Recompute::kNone;  // activation recomputation per block (above)
 
   void validate() const;  // throws loom::Error naming the offending field
   int64_t num_parameters() const;
@@ -42,12 +58,12 @@ class Gpt2Block {
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
-  bool recompute_;
+  Recompute recompute_;
   LayerNorm ln_1_;
   CausalSelfAttention attn_;
   LayerNorm ln_2_;
   Mlp mlp_;
-  Tensor input_;  // kept for recomputation
+  Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
 };
 
 // Which part of the network a Gpt2 object holds (pipeline stages hold parts): blocks
@@ -60,14 +76,41 @@ struct Gpt2Part {
   bool head = true;
 };
 
-class Gpt2 {
+// What one pipeline stage of GPT-2 runs, whatever splits it further: Gpt2 (one device) and
+// TpGpt2 (parallel/tensor_parallel_gpt2.h, the part split over a tensor-parallel group)
+// implement it, and the pipeline engine (parallel/pipeline_parallel.h) drives either.
+class Gpt2Stage {
+ public:
+  virtual ~Gpt2Stage() = default;
+  virtual const Gpt2Config& config() const = 0;
+  virtual const Gpt2Part& part() const = 0;
+  virtual ParameterStore& params() = 0;
+  // A part's forward: `input` is tokens (B, T) i32 when the part has the embedding, else the
+  // previous part's output. targets (B, T) i32 are always given (their shape is the batch's).
+  // With the head, sets *loss (mean over positions) and returns an undefined tensor; else
+  // returns the output.
+  virtual Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets,
+                              double* loss) = 0;
+  // A part's backward: `dy` is the gradient of the output (ignored with the head, which starts
+  // from scale × its loss). Returns the gradient of the input (undefined with the embedding).
+  virtual Tensor backward_part(Context& ctx, const Tensor& dy, double scale) = 0;
+  // Moves out / back in every tensor forward keeps for backward, so that several micro-batches
+  // can be in flight (pipeline schedules): stash after a forward, unstash before its backward.
+  virtual std::vector<Tensor> stash_activations() = 0;
+  virtual void unstash_activations(std::vector<Tensor> stash) = 0;
+  virtual void clear_cache() = 0;
+  // The LM head's weight (the tied wte; its own copy in a part without the embedding).
+  virtual Parameter* head_weight() const = 0;
+};
+
+class Gpt2 : public Gpt2Stage {
  public:
   // Parameter units (nn/hooks.h): the root (embeddings and final LayerNorm, when the part has
   // either end), then one per block.
   explicit Gpt2(const Gpt2Config& config, const Gpt2Part& part = {});
 
-  const Gpt2Config& config() const { return config_; }
-  ParameterStore& params() { return params_; }
+  const Gpt2Config& config() const override { return config_; }
+  ParameterStore& params() override { return params_; }
   // Allocates parameters (dtype f32 for training, f64 for gradient checks) and initialises them
   // from (seed, parameter name, element index).
   void build(DType dtype, Device device, uint64_t seed);
@@ -80,22 +123,16 @@ class Gpt2 {
   void backward(Context& ctx, double scale = 1.0);
   // Logits (B, T, V) without caching anything: for sampling and evaluation.
   Tensor logits(Context& ctx, const Tensor& tokens);
-  void clear_cache();
+  void clear_cache() override;
 
-  // A part's forward: `input` is tokens (B, T) i32 when the part has the embedding, else the
-  // previous part's output (B, T, C). With the head, sets *loss (mean over positions; targets
-  // (B, T) i32) and returns an undefined tensor; else returns the output (B, T, C).
-  Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets, double* loss);
-  // A part's backward: `dy` is the gradient of the output (ignored with the head, which starts
-  // from scale × its loss). Returns the gradient of the input (undefined with the embedding).
-  Tensor backward_part(Context& ctx, const Tensor& dy, double scale);
-  // Moves out / back in every tensor forward keeps for backward, so that several micro-batches
-  // can be in flight (pipeline schedules): stash after a forward, unstash before its backward.
-  std::vector<Tensor> stash_activations();
-  void unstash_activations(std::vector<Tensor> stash);
-  const Gpt2Part& part() const { return part_; }
-  // The LM head's weight (the tied wte; its own copy in a part without the embedding).
-  Parameter* head_weight() const { return head_wte_; }
+  // Gpt2Stage: parts' inputs and outputs are (B, T, C).
+  Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets,
+                      double* loss) override;
+  Tensor backward_part(Context& ctx, const Tensor& dy, double scale) override;
+  std::vector<Tensor> stash_activations() override;
+  void unstash_activations(std::vector<Tensor> stash) override;
+  const Gpt2Part& part() const override { return part_; }
+  Parameter* head_weight() const override { return head_wte_; }
 
  private:
   Tensor run_blocks(Context& ctx, Tensor x);

@@ -16,6 +16,10 @@ class CausalSelfAttention {
   Tensor forward(Context& ctx, const Tensor& x);    // x: (B, T, C)
   Tensor backward(Context& ctx, const Tensor& dy);  // dy: (B, T, C)
   void clear_cache();
+  // Selective recomputation (models/gpt2.h): the qkv projection's cached input is the owner's
+  // LayerNorm output, which the owner drops after forward and rebuilds before backward.
+  void drop_input() { qkv_.drop_input(); }
+  void restore_input(const Tensor& x) { qkv_.restore_input(x); }
   void collect_cache(std::vector<Tensor*>& out) {
     qkv_.collect_cache(out);
     proj_.collect_cache(out);

@@ -27,6 +27,12 @@ Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
   return y;
 }
 
+Tensor LayerNorm::recompute_output(Context& ctx) {
+  LOOM_CHECK(x_.defined());
+  const Tensor x = x_;  // forward() re-caches it, and writes the same mean and rstd
+  return forward(ctx, x);
+}
+
 Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
   LOOM_CHECK(x_.defined());
   const int64_t n = x_.numel() / channels_;

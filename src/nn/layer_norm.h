@@ -16,6 +16,11 @@ class LayerNorm {
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache() { x_ = mean_ = rstd_ = Tensor(); }
   void collect_cache(std::vector<Tensor*>& out) { out.insert(out.end(), {&x_, &mean_, &rstd_}); }
+  // The last forward's output again, from the cached input, by the same kernel: bitwise the same.
+  // Selective recomputation (models/gpt2.h) drops the output — which the next layer would
+  // otherwise keep, one value per input value — since the input, mean and rstd stay cached for
+  // this LayerNorm's own backward anyway and rebuilding costs one element-wise pass.
+  Tensor recompute_output(Context& ctx);
 
  private:
   int64_t channels_;

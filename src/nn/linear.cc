@@ -32,6 +32,11 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
   return y;
 }
 
+void Linear::restore_input(const Tensor& x) {
+  if (x.dim(-1) != in_) fail(weight_->name, ": restored input last dim ", x.dim(-1), " != ", in_);
+  x_ = x;
+}
+
 Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   LOOM_CHECK(x_.defined());
   Tensor dx = Tensor::empty(x_.shape(), ctx.dtype, ctx.device);

@@ -19,6 +19,12 @@ class Linear {
   void clear_cache() { x_ = Tensor(); }
   // The tensors kept from forward for backward (nn/context.h: ActivationStash).
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
+  // Selective recomputation (models/gpt2.h): an owner that can rebuild this layer's input
+  // cheaply (a LayerNorm or GELU output) drops the cached copy after forward, and gives the same
+  // values back before backward — the matmul's backward needs them for the weight gradient.
+  void drop_input() { x_ = Tensor(); }
+  void restore_input(const Tensor& x);
+  bool has_input() const { return x_.defined(); }
 
   Parameter* weight() const { return weight_; }
   Parameter* bias() const { return bias_; }

@@ -10,17 +10,30 @@ Mlp::Mlp(ParameterStore& store, const std::string& name, int64_t channels, float
     : fc_(store, name + ".fc", channels, 4 * channels, true, init_std),
       proj_(store, name + ".proj", 4 * channels, channels, true, proj_std) {}
 
-Tensor Mlp::forward(Context& ctx, const Tensor& x) {
-  h_ = fc_.forward(ctx, x);
+Tensor Mlp::gelu(Context& ctx) const {
   Tensor g = Tensor::empty(h_.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
     cpu::gelu_forward<T>(*ctx.pool, g.data<T>(), h_.data<T>(), h_.numel());
   });
-  return proj_.forward(ctx, g);
+  return g;
+}
+
+Tensor Mlp::forward(Context& ctx, const Tensor& x) {
+  h_ = fc_.forward(ctx, x);
+  return proj_.forward(ctx, gelu(ctx));
+}
+
+void Mlp::drop_recomputable() {
+  fc_.drop_input();
+  proj_.drop_input();
 }
 
 Tensor Mlp::backward(Context& ctx, const Tensor& dy) {
+  LOOM_CHECK(h_.defined());
+  // No GELU output cached: drop_recomputable() dropped it. The state lives in the cache slots,
+  // not in a flag, so it survives stash_activations() with several micro-batches in flight.
+  if (!proj_.has_input()) proj_.restore_input(gelu(ctx));
   Tensor dg = proj_.backward(ctx, dy);
   // The GELU's input gradient overwrites its output gradient in place: one buffer less.
   dispatch_float(ctx.dtype, [&](auto zero) {

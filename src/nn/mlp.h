@@ -15,6 +15,12 @@ class Mlp {
   Tensor forward(Context& ctx, const Tensor& x);
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache();
+  // Selective recomputation (models/gpt2.h), for the owner right after forward: drops the cached
+  // input (the owner's LayerNorm output: it rebuilds it and hands it back with restore_input
+  // before backward) and the GELU output (4C wide), which backward recomputes from the kept fc
+  // output h — keeping h alone rebuilds the GELU output with one element-wise pass.
+  void drop_recomputable();
+  void restore_input(const Tensor& x) { fc_.restore_input(x); }
   void collect_cache(std::vector<Tensor*>& out) {
     fc_.collect_cache(out);
     proj_.collect_cache(out);
@@ -24,6 +30,7 @@ class Mlp {
  private:
   Linear fc_;
   Linear proj_;
+  Tensor gelu(Context& ctx) const;  // GELU(h_)
   Tensor h_;  // fc output, the GELU's input
 };
 

@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/timer.h"
 #include "kernels/cpu/elementwise.h"
+#include "parallel/tensor_parallel_gpt2.h"
 
 namespace loom {
 
@@ -24,7 +25,12 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
   check_schedule(schedule_);
   stage_begin_ = pipeline_partition(model, config.seq_len, schedule_.stages(), config.layer_split);
   for (int c = 0; c < config.virtual_stages; ++c) {
-    chunks_.push_back(std::make_unique<Gpt2>(model, part_of_stage(schedule_.stage_of(pp.rank(), c))));
+    const Gpt2Part part = part_of_stage(schedule_.stage_of(pp.rank(), c));
+    if (config.tensor_parallel != nullptr)
+      chunks_.push_back(std::make_unique<TpGpt2>(model, *config.tensor_parallel,
+                                                 config.sequence_parallel, part));
+    else
+      chunks_.push_back(std::make_unique<Gpt2>(model, part));
     engines_.push_back(
         DataParallel::create(chunks_.back()->params(), dp, pool, device, dp_config, adamw, seed));
   }
@@ -99,8 +105,11 @@ int PipelineParallel::tag(int microbatch, int stage, bool backward) const {
 }
 
 Tensor PipelineParallel::activation() const {
-  return Tensor::empty({config_.micro_batch_size, config_.seq_len, model_config_.d_model},
-                       DType::kF32, device_);
+  const int64_t B = config_.micro_batch_size, T = config_.seq_len;
+  if (config_.tensor_parallel != nullptr)
+    return Tensor::empty(static_cast<const TpGpt2&>(*chunks_.front()).boundary_shape(B, T),
+                         DType::kF32, device_);
+  return Tensor::empty({B, T, model_config_.d_model}, DType::kF32, device_);
 }
 
 void PipelineParallel::recv(Tensor& t, int src, int tag_value) {
@@ -128,7 +137,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   for (const PipeAction& a : schedule_.actions[static_cast<size_t>(rank)]) {
     const int c = a.chunk, i = a.microbatch, s = schedule_.stage_of(rank, c);
     const auto key = std::make_pair(c, i);
-    Gpt2& model = *chunks_[static_cast<size_t>(c)];
+    Gpt2Stage& model = *chunks_[static_cast<size_t>(c)];
     ctx.hooks = engines_[static_cast<size_t>(c)].get();
     switch (a.kind) {
       case PipeActionKind::kRecvForward:
@@ -195,19 +204,22 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
 }
 
 double PipelineParallel::clip_grad_norm(double max_norm) {
+  Communicator* tp = config_.tensor_parallel;
   double sum = 0;
   for (auto& model : chunks_) {
-    Tensor& g = model->params().grads();
-    sum += cpu::sum_squares<float>(pool_, g.data<float>(), g.numel());
-    // The last stage's copy of the tied wte is the same gradient as the first stage's.
-    if (model->part().head && !model->part().embedding) {
-      const Parameter* wte = model->head_weight();
-      sum -= cpu::sum_squares<float>(pool_, wte->grad.data<float>(), wte->numel());
+    // The last stage's copy of the tied wte is the same gradient as the first stage's; a
+    // parameter replicated over tp (no shard pieces) counts on tp rank 0 only.
+    const Parameter* duplicate = model->part().embedding ? nullptr : model->head_weight();
+    for (const auto& p : model->params().parameters()) {
+      if (p.get() == duplicate) continue;
+      if (tp != nullptr && p->pieces.empty() && tp->rank() != 0) continue;
+      sum += cpu::sum_squares<float>(pool_, p->grad.data<float>(), p->numel());
     }
   }
   Tensor total = Tensor::zeros({1}, DType::kF64, device_);
   total.data<double>()[0] = sum;
   pp_.all_reduce(total, ReduceOp::kSum);
+  if (tp != nullptr) tp->all_reduce(total, ReduceOp::kSum);
   const double norm = std::sqrt(std::max(0.0, total.data<double>()[0]));
   const float coef = clip_coefficient(norm, max_norm);
   if (coef != 1.0f)

@@ -13,6 +13,11 @@
 // Each chunk's parameters are owned by a DataParallel engine over the dp group (a group of one
 // without data parallelism), which allocates and initialises them as one device would and
 // reduces their gradients; ZeRO stages 0 and 1 combine with pipelining.
+//
+// With tensor parallelism (PipelineConfig::tensor_parallel) every chunk is a TpGpt2 part split
+// over the tp group: each tp rank of a stage talks to the same tp rank of the neighbouring
+// stages (the pp group is the ranks with this rank's dp and tp coordinates), and the activations
+// are (B·T, C), or the rank's (B·T/P, C) rows under sequence parallelism.
 #pragma once
 
 #include <memory>
@@ -32,6 +37,8 @@ struct PipelineConfig {
   int64_t micro_batch_size = 1;
   int64_t seq_len = 1;
   std::string layer_split;  // "" = balance by cost; else blocks per stage, "3,3,2"
+  Communicator* tensor_parallel = nullptr;  // split each stage over this tp group
+  bool sequence_parallel = false;           // (with tensor_parallel)
 };
 
 // The blocks of each model stage: as `split` says (comma-separated block counts, one per stage,
@@ -64,7 +71,8 @@ class PipelineParallel {
   // tensor per micro-batch (read on the first / last stage). Returns the mean loss over the
   // micro-batches, on every rank of the pp group.
   double train_step(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets);
-  // The global gradient norm (all stages, the tied embedding counted once); clips.
+  // The global gradient norm (all stages, the tied embedding counted once, parameters replicated
+  // over tp counted once); clips.
   double clip_grad_norm(double max_norm);
   void optimizer_step(float lr);
   // Mean loss of one batch through the stages, forward only (evaluation), on every pp rank.
@@ -76,14 +84,14 @@ class PipelineParallel {
   const PipelineStepStats& stats() const { return stats_; }
   // The model stage of this rank's chunk c, and which blocks it holds.
   int stage_of_chunk(int c) const { return schedule_.stage_of(pp_.rank(), c); }
-  Gpt2& chunk(int c) { return *chunks_[static_cast<size_t>(c)]; }
+  Gpt2Stage& chunk(int c) { return *chunks_[static_cast<size_t>(c)]; }
   DataParallel& chunk_engine(int c) { return *engines_[static_cast<size_t>(c)]; }
   int chunks() const { return static_cast<int>(chunks_.size()); }
 
  private:
   int rank_of_stage(int s) const { return s % pp_.size(); }
   int tag(int microbatch, int stage, bool backward) const;
-  Tensor activation() const;  // an empty (micro_batch, seq_len, d_model) f32 buffer
+  Tensor activation() const;  // an empty f32 buffer shaped like a stage boundary's activations
   void recv(Tensor& t, int src, int tag);
 
   Gpt2Config model_config_;
@@ -94,7 +102,7 @@ class PipelineParallel {
   PipelineConfig config_;
   PipelineSchedule schedule_;
   std::vector<int64_t> stage_begin_;  // pipeline_partition
-  std::vector<std::unique_ptr<Gpt2>> chunks_;
+  std::vector<std::unique_ptr<Gpt2Stage>> chunks_;
   std::vector<std::unique_ptr<DataParallel>> engines_;
   std::unique_ptr<Communicator> tied_;  // first and last stage's ranks (null elsewhere)
   PipelineStepStats stats_;

@@ -23,7 +23,8 @@ int64_t checked_local_heads(const Gpt2Config& c, int64_t P, const std::string& n
 
 TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
                          Communicator& tp, bool sequence_parallel)
-    : channels_(config.d_model),
+    : recompute_(config.recompute),
+      channels_(config.d_model),
       local_channels_(config.d_model / tp.size()),
       local_heads_(checked_local_heads(config, tp.size(), name)),
       ln_1_(store, name + ".ln_1", config.d_model),
@@ -45,6 +46,33 @@ Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T)
   LOOM_CHECK(ctx.dtype == DType::kF32);
   B_ = B;
   T_ = T;
+  Tensor y = run_forward(ctx, x);
+  switch (recompute_) {
+    case Recompute::kNone:
+      break;
+    case Recompute::kFull:  // keep the input only; backward re-runs the block
+      clear_cache();
+      input_ = x;
+      break;
+    case Recompute::kSelective:
+      // Drop the LayerNorm outputs (the qkv and fc inputs) and the GELU output (mlp proj's
+      // input); LayerNorm inputs, mean and rstd and the fc output h stay, to rebuild them.
+      qkv_.drop_input();
+      fc_.drop_input();
+      mlp_proj_.drop_input();
+      break;
+  }
+  return y;
+}
+
+Tensor TpGpt2Block::gelu(Context& ctx) const {
+  Tensor g = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
+  cpu::gelu_forward<float>(*ctx.pool, g.data<float>(), h_.data<float>(), h_.numel());
+  return g;
+}
+
+Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
+  const int64_t B = B_, T = T_;
   ThreadPool& pool = *ctx.pool;
   qkv_out_ = qkv_.forward(ctx, ln_1_.forward(ctx, x));  // (B·T, 3C/P): this rank's heads
   att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
@@ -54,18 +82,26 @@ Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T)
   Tensor x1 = attn_proj_.forward(ctx, att_);
   cpu::add_inplace<float>(pool, x1.data<float>(), x.data<float>(), x1.numel());
   h_ = fc_.forward(ctx, ln_2_.forward(ctx, x1));
-  Tensor g = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
-  cpu::gelu_forward<float>(pool, g.data<float>(), h_.data<float>(), h_.numel());
-  Tensor y = mlp_proj_.forward(ctx, g);
+  Tensor y = mlp_proj_.forward(ctx, gelu(ctx));
   cpu::add_inplace<float>(pool, y.data<float>(), x1.data<float>(), y.numel());
   return y;
 }
 
 Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   ThreadPool& pool = *ctx.pool;
-  // y = x1 + proj(gelu(fc(ln_2(x1))))
+  const bool selective = recompute_ == Recompute::kSelective;
+  if (recompute_ == Recompute::kFull) {
+    LOOM_CHECK(input_.defined());
+    run_forward(ctx, input_);  // same inputs, kernels and collectives: bitwise the same
+    input_ = Tensor();
+  }
+  // y = x1 + proj(gelu(fc(ln_2(x1)))). Selective: each dropped activation is rebuilt right
+  // before the backward that reads it (the GELU output from h, the LayerNorm outputs from their
+  // kept inputs, mean and rstd — with sequence parallelism all-gathered again).
+  if (selective) mlp_proj_.restore_input(gelu(ctx));
   Tensor dg = mlp_proj_.backward(ctx, dy);
   cpu::gelu_backward<float>(pool, dg.data<float>(), h_.data<float>(), dg.data<float>(), h_.numel());
+  if (selective) fc_.restore_input(ln_2_.recompute_output(ctx));
   Tensor dx1 = ln_2_.backward(ctx, fc_.backward(ctx, dg));
   cpu::add_inplace<float>(pool, dx1.data<float>(), dy.data<float>(), dx1.numel());
   // x1 = x + proj(attention(qkv(ln_1(x))))
@@ -74,6 +110,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   cpu::attention_backward<float>(pool, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(),
                                  att_.data<float>(), lse_.data<float>(), B_, T_, local_channels_,
                                  local_heads_);
+  if (selective) qkv_.restore_input(ln_1_.recompute_output(ctx));
   Tensor dx = ln_1_.backward(ctx, qkv_.backward(ctx, dqkv));
   cpu::add_inplace<float>(pool, dx.data<float>(), dx1.data<float>(), dx.numel());
   clear_cache();
@@ -87,7 +124,7 @@ void TpGpt2Block::collect_cache(std::vector<Tensor*>& out) {
   ln_2_.collect_cache(out);
   fc_.collect_cache(out);
   mlp_proj_.collect_cache(out);
-  out.insert(out.end(), {&qkv_out_, &att_, &lse_, &h_});
+  out.insert(out.end(), {&qkv_out_, &att_, &lse_, &h_, &input_});
 }
 
 void TpGpt2Block::clear_cache() {

@@ -10,6 +10,12 @@
 // With sequence parallelism the LayerNorm parameters (replicated) get gradients from this
 // rank's rows only: sequence_parallel_params() lists them for the model to all-reduce over tp
 // after backward.
+//
+// Activation recomputation (config.recompute, models/gpt2.h) as in Gpt2Block: full keeps only
+// the block input (this rank's rows with sequence parallelism) and re-runs forward — its
+// collectives included, the same on every rank — before backward; selective drops the LayerNorm
+// outputs (the gathered ones with sequence parallelism, all-gathered again in backward) and the
+// GELU output and rebuilds them right before backward needs them.
 #pragma once
 
 #include <string>
@@ -35,6 +41,9 @@ class TpGpt2Block {
   const std::vector<Parameter*>& sequence_parallel_params() const { return sp_params_; }
 
  private:
+  Tensor run_forward(Context& ctx, const Tensor& x);
+  Tensor gelu(Context& ctx) const;  // GELU(h_)
+  Recompute recompute_;
   int64_t channels_, local_channels_, local_heads_;
   int64_t B_ = 0, T_ = 0;
   LayerNorm ln_1_;
@@ -45,6 +54,7 @@ class TpGpt2Block {
   RowParallelLinear mlp_proj_;
   std::vector<Parameter*> sp_params_;
   Tensor qkv_out_, att_, lse_, h_;  // attention inputs/outputs and the GELU's input
+  Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
 };
 
 }  // namespace loom

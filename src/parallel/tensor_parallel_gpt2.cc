@@ -6,48 +6,80 @@
 
 namespace loom {
 
-TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_parallel)
-    : config_(config), tp_(tp), sequence_parallel_(sequence_parallel) {
+TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_parallel,
+               const Gpt2Part& part)
+    : config_(config), part_(part), tp_(tp), sequence_parallel_(sequence_parallel) {
   config_.validate();
-  params_.begin_unit("root");
-  vocab_ = std::make_unique<VocabParallelEmbedding>(params_, config.vocab_size, config.max_seq_len,
-                                                    config.d_model, config.init_std, tp,
-                                                    sequence_parallel);
-  ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", config.d_model);
-  if (sequence_parallel) ln_f_params_ = {&params_.get("ln_f.weight"), &params_.get("ln_f.bias")};
-  for (int64_t l = 0; l < config.n_layers; ++l) {
+  if (part_.end_block < 0) part_.end_block = config_.n_layers;
+  if (part_.first_block < 0 || part_.first_block > part_.end_block || part_.end_block > config_.n_layers)
+    fail("model part: blocks [", part_.first_block, ", ", part_.end_block, ") out of range for ",
+         config_.n_layers, " layers");
+  // Units as Gpt2's: the root when the part has either end, then one per block.
+  if (part_.embedding || part_.head) {
+    params_.begin_unit("root");
+    root_unit_ = 0;
+    first_block_unit_ = 1;
+    vocab_ = std::make_unique<VocabParallelEmbedding>(
+        params_, config.vocab_size, part_.embedding ? config.max_seq_len : 0, config.d_model,
+        config.init_std, tp, sequence_parallel);
+  }
+  if (part_.head) {
+    ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", config.d_model);
+    if (sequence_parallel) ln_f_params_ = {&params_.get("ln_f.weight"), &params_.get("ln_f.bias")};
+  }
+  for (int64_t l = part_.first_block; l < part_.end_block; ++l) {
     const std::string name = "blocks." + std::to_string(l);
     params_.begin_unit(name);
     blocks_.push_back(std::make_unique<TpGpt2Block>(params_, name, config_, tp, sequence_parallel));
   }
 }
 
+Shape TpGpt2::boundary_shape(int64_t B, int64_t T) const {
+  return {sequence_parallel_ ? B * T / tp_.size() : B * T, config_.d_model};
+}
+
 double TpGpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) {
-  if (targets.shape() != tokens.shape() || targets.dtype() != DType::kI32)
-    fail("targets ", shape_str(targets.shape()), " must be i32 and shaped like tokens ",
+  LOOM_CHECK_MSG(part_.embedding && part_.head, "TpGpt2::forward needs the whole model");
+  if (targets.shape() != tokens.shape())
+    fail("targets ", shape_str(targets.shape()), " must be shaped like tokens ",
          shape_str(tokens.shape()));
-  B_ = tokens.dim(0);
-  T_ = tokens.dim(1);
-  const int64_t N = B_ * T_, C = config_.d_model;
+  double loss = 0;
+  forward_part(ctx, tokens, targets, &loss);
+  return loss;
+}
+
+void TpGpt2::backward(Context& ctx, double scale) { backward_part(ctx, Tensor(), scale); }
+
+Tensor TpGpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& targets,
+                            double* loss) {
+  if (targets.ndim() != 2 || targets.dtype() != DType::kI32)
+    fail("targets ", shape_str(targets.shape()), " must be (B, T) i32");
+  const int64_t B = targets.dim(0), T = targets.dim(1), N = B * T, C = config_.d_model;
   if (sequence_parallel_ && N % tp_.size() != 0)
     fail("sequence parallelism: micro_batch_size × seq_len = ", N, " tokens do not split over ",
          "parallel.tp = ", tp_.size());
-  hook_before_forward(ctx, 0);
-  Tensor x = vocab_->forward(ctx, tokens);
+  if (root_unit_ >= 0) hook_before_forward(ctx, static_cast<size_t>(root_unit_));
+  Tensor x = part_.embedding ? vocab_->forward(ctx, input) : input;
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    hook_before_forward(ctx, 1 + l);
-    x = blocks_[l]->forward(ctx, x, B_, T_);
-    hook_after_forward(ctx, 1 + l);
+    hook_before_forward(ctx, first_block_unit_ + l);
+    x = blocks_[l]->forward(ctx, x, B, T);
+    hook_after_forward(ctx, first_block_unit_ + l);
   }
-  Tensor h = ln_f_->forward(ctx, x);
-  if (sequence_parallel_) {
-    Tensor all = Tensor::empty({N, C}, DType::kF32, ctx.device);
-    tp_.all_gather(h, all);
-    h = all;
+  Tensor out;
+  if (part_.head) {
+    LOOM_CHECK(loss != nullptr);
+    Tensor h = ln_f_->forward(ctx, x);
+    if (sequence_parallel_) {
+      Tensor all = Tensor::empty({N, C}, DType::kF32, ctx.device);
+      tp_.all_gather(h, all);
+      h = all;
+    }
+    *loss = vocab_->head_forward(ctx, h, targets.reshape({N}));
+  } else {
+    out = x;
   }
-  const double loss = vocab_->head_forward(ctx, h, targets.reshape({N}));
-  hook_after_forward(ctx, 0);
-  return loss;
+  if (root_unit_ >= 0) hook_after_forward(ctx, static_cast<size_t>(root_unit_));
+  return out;
 }
 
 template <typename Fn>
@@ -67,24 +99,53 @@ Tensor TpGpt2::reduced_over_tp(Context& ctx, const std::vector<Parameter*>& para
   return out;
 }
 
-void TpGpt2::backward(Context& ctx, double scale) {
-  hook_before_backward(ctx, 0);
-  Tensor dh = vocab_->head_backward(ctx, scale);
-  Tensor dx = reduced_over_tp(ctx, ln_f_params_, [&] { return ln_f_->backward(ctx, dh); });
+Tensor TpGpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
+  if (root_unit_ >= 0) hook_before_backward(ctx, static_cast<size_t>(root_unit_));
+  Tensor dx = dy;
+  if (part_.head) {
+    Tensor dh = vocab_->head_backward(ctx, scale);
+    dx = reduced_over_tp(ctx, ln_f_params_, [&] { return ln_f_->backward(ctx, dh); });
+  } else {
+    LOOM_CHECK_MSG(dy.defined(), "a model part without the head needs its output's gradient");
+  }
   for (size_t l = blocks_.size(); l-- > 0;) {
-    hook_before_backward(ctx, 1 + l);
+    hook_before_backward(ctx, first_block_unit_ + l);
     TpGpt2Block& block = *blocks_[l];
     dx = reduced_over_tp(ctx, block.sequence_parallel_params(), [&] { return block.backward(ctx, dx); });
-    hook_after_backward(ctx, 1 + l);
+    hook_after_backward(ctx, first_block_unit_ + l);
   }
-  vocab_->backward(ctx, dx);
-  hook_after_backward(ctx, 0);
+  Tensor out;
+  if (part_.embedding) vocab_->backward(ctx, dx);
+  else out = dx;
+  if (root_unit_ >= 0) hook_after_backward(ctx, static_cast<size_t>(root_unit_));
+  return out;
+}
+
+std::vector<Tensor*> TpGpt2::cache_slots() {
+  std::vector<Tensor*> slots;
+  if (vocab_) vocab_->collect_cache(slots);
+  for (auto& b : blocks_) b->collect_cache(slots);
+  if (ln_f_) ln_f_->collect_cache(slots);
+  return slots;
+}
+
+std::vector<Tensor> TpGpt2::stash_activations() {
+  std::vector<Tensor> stash;
+  for (Tensor* t : cache_slots()) {
+    stash.push_back(std::move(*t));
+    *t = Tensor();
+  }
+  return stash;
+}
+
+void TpGpt2::unstash_activations(std::vector<Tensor> stash) {
+  std::vector<Tensor*> slots = cache_slots();
+  LOOM_CHECK(stash.size() == slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move(stash[i]);
 }
 
 void TpGpt2::clear_cache() {
-  vocab_->clear_cache();
-  ln_f_->clear_cache();
-  for (auto& b : blocks_) b->clear_cache();
+  for (Tensor* t : cache_slots()) *t = Tensor();
 }
 
 }  // namespace loom

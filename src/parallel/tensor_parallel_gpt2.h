@@ -4,6 +4,11 @@
 // parameter names, units and hooks as Gpt2 (unit 0 = root: wte slice, wpe, ln_f; then one unit
 // per block), so data parallelism and ZeRO (parallel/data_parallel.h) wrap it unchanged.
 //
+// Like Gpt2 it may hold a part of the network (a pipeline stage, Gpt2Stage): blocks
+// [first_block, end_block), with or without the embedding and the head. A part's input and
+// output are (B·T, C) activations, or this rank's (B·T/P, C) rows under sequence parallelism
+// (boundary_shape); a head-only part holds its own slice of the tied wte.
+//
 // Under sequence parallelism the replicated LayerNorm parameters get gradients from this rank's
 // rows only; each micro-batch's contribution is all-reduced over tp right after the LayerNorm's
 // backward (into a fresh buffer, then added), so accumulation over micro-batches stays exact.
@@ -18,31 +23,46 @@
 
 namespace loom {
 
-class TpGpt2 {
+class TpGpt2 : public Gpt2Stage {
  public:
-  TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_parallel);
-  const Gpt2Config& config() const { return config_; }
-  ParameterStore& params() { return params_; }
-  // As Gpt2::forward / backward, on every rank of the tp group.
+  TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_parallel,
+         const Gpt2Part& part = {});
+  const Gpt2Config& config() const override { return config_; }
+  const Gpt2Part& part() const override { return part_; }
+  ParameterStore& params() override { return params_; }
+  // As Gpt2::forward / backward (the whole model), on every rank of the tp group.
   double forward(Context& ctx, const Tensor& tokens, const Tensor& targets);
   void backward(Context& ctx, double scale = 1.0);
-  void clear_cache();
+  void clear_cache() override;
+
+  // Gpt2Stage, on every rank of the tp group.
+  Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets,
+                      double* loss) override;
+  Tensor backward_part(Context& ctx, const Tensor& dy, double scale) override;
+  std::vector<Tensor> stash_activations() override;
+  void unstash_activations(std::vector<Tensor> stash) override;
+  Parameter* head_weight() const override { return vocab_ ? vocab_->wte() : nullptr; }
+  // The shape of a part's input and output activations for a (B, T) batch on this rank.
+  Shape boundary_shape(int64_t B, int64_t T) const;
 
  private:
   // Runs `backward` with the gradients of `params` pointed at fresh buffers, all-reduces those
   // over tp and adds them into the real gradients.
   template <typename Fn>
   Tensor reduced_over_tp(Context& ctx, const std::vector<Parameter*>& params, Fn backward);
+  std::vector<Tensor*> cache_slots();
 
   Gpt2Config config_;
+  Gpt2Part part_;
   Communicator& tp_;
   bool sequence_parallel_;
   ParameterStore params_;
-  std::unique_ptr<VocabParallelEmbedding> vocab_;
+  int root_unit_ = -1;  // -1: this part has neither end, so no root unit
+  size_t first_block_unit_ = 0;
+  std::unique_ptr<VocabParallelEmbedding> vocab_;  // the embedding, or the head's wte only
   std::unique_ptr<LayerNorm> ln_f_;
   std::vector<std::unique_ptr<TpGpt2Block>> blocks_;
   std::vector<Parameter*> ln_f_params_;
-  int64_t B_ = 0, T_ = 0;
 };
 
 }  // namespace loom

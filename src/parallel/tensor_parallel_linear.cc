@@ -38,14 +38,18 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::str
     bias_ = store.add_shard(name + ".bias", {local_out_}, {out}, bias_pieces, InitKind::kZeros);
 }
 
-Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
+Tensor ColumnParallelLinear::whole_input(const Tensor& x) {
   check_2d(x, in_, weight_->name);
-  if (sequence_parallel_) {
-    x_ = Tensor::empty({x.dim(0) * tp_.size(), in_}, x.dtype(), x.device());
-    tp_.all_gather(x, x_);
-  } else {
-    x_ = x;
-  }
+  if (!sequence_parallel_) return x;
+  Tensor all = Tensor::empty({x.dim(0) * tp_.size(), in_}, x.dtype(), x.device());
+  tp_.all_gather(x, all);
+  return all;
+}
+
+void ColumnParallelLinear::restore_input(const Tensor& x) { x_ = whole_input(x); }
+
+Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
+  x_ = whole_input(x);
   const int64_t n = x_.dim(0);
   Tensor y = Tensor::empty({n, local_out_}, DType::kF32, ctx.device);
   cpu::matmul_forward<float>(*ctx.pool, y.data<float>(), x_.data<float>(), weight_->value.data<float>(),
@@ -83,8 +87,10 @@ RowParallelLinear::RowParallelLinear(ParameterStore& store, const std::string& n
   if (bias) bias_ = store.add(name + ".bias", {out}, InitKind::kZeros);
 }
 
+void RowParallelLinear::check_input(const Tensor& x) const { check_2d(x, local_in_, weight_->name); }
+
 Tensor RowParallelLinear::forward(Context& ctx, const Tensor& x) {
-  check_2d(x, local_in_, weight_->name);
+  check_input(x);
   x_ = x;
   const int64_t n = x.dim(0);
   Tensor partial = Tensor::empty({n, out_}, DType::kF32, ctx.device);

@@ -49,9 +49,17 @@ class ColumnParallelLinear {
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache() { x_ = Tensor(); }
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
+  // Selective recomputation (models/gpt2.h): the owner drops the cached input (its LayerNorm's
+  // output) after forward and, before backward, hands back x as forward got it. With sequence
+  // parallelism that is this rank's rows and restore_input all-gathers them again (a collective:
+  // every rank of the group calls it at the same point), so the P-times-larger gathered input
+  // is not kept between forward and backward.
+  void drop_input() { x_ = Tensor(); }
+  void restore_input(const Tensor& x);
   int64_t local_out() const { return local_out_; }
 
  private:
+  Tensor whole_input(const Tensor& x);  // x, all-gathered with sequence parallelism
   int64_t in_, local_out_;
   Communicator& tp_;
   bool sequence_parallel_;
@@ -71,9 +79,16 @@ class RowParallelLinear {
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache() { x_ = Tensor(); }
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
+  // Selective recomputation: as ColumnParallelLinear, without communication (x is local).
+  void drop_input() { x_ = Tensor(); }
+  void restore_input(const Tensor& x) {
+    check_input(x);
+    x_ = x;
+  }
   Parameter* bias() const { return bias_; }  // replicated over the group
 
  private:
+  void check_input(const Tensor& x) const;
   int64_t local_in_, out_;
   Communicator& tp_;
   bool sequence_parallel_;

@@ -21,10 +21,11 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParameterStore& store, int64_t vo
   if (real_rows_ > 0) pieces.push_back({0, real_rows_, Region{{vocab, channels}, {first_row_, 0}}});
   wte_ = store.add_shard("wte.weight", {local_vocab_, channels}, {vocab, channels}, pieces,
                          InitKind::kNormal, init_std);
-  wpe_ = store.add("wpe.weight", {max_seq, channels}, InitKind::kNormal, init_std);
+  if (max_seq > 0) wpe_ = store.add("wpe.weight", {max_seq, channels}, InitKind::kNormal, init_std);
 }
 
 Tensor VocabParallelEmbedding::forward(Context& ctx, const Tensor& tokens) {
+  LOOM_CHECK_MSG(wpe_ != nullptr, "a head-only vocabulary-parallel embedding has no lookup");
   if (tokens.ndim() != 2 || tokens.dtype() != DType::kI32) fail("embedding: tokens must be (B, T) i32");
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = channels_, N = B * T;
   if (T > wpe_->shape[0]) fail("embedding: sequence length ", T, " exceeds max_seq_len ", wpe_->shape[0]);

@@ -24,6 +24,7 @@ namespace loom {
 
 class VocabParallelEmbedding {
  public:
+  // max_seq = 0: the head only (a last pipeline stage's copy of the tied wte, no wpe).
   VocabParallelEmbedding(ParameterStore& store, int64_t vocab, int64_t max_seq, int64_t channels,
                          float init_std, Communicator& tp, bool sequence_parallel);
   // tokens (B, T) i32 → (B·T, C), or this rank's (B·T/P, C) rows with sequence parallelism.
@@ -44,14 +45,14 @@ class VocabParallelEmbedding {
   int64_t local_vocab() const { return local_vocab_; }  // rows per rank, padding included
   int64_t real_rows() const { return real_rows_; }      // of which real vocabulary rows
   Parameter* wte() const { return wte_; }
-  Parameter* wpe() const { return wpe_; }
+  Parameter* wpe() const { return wpe_; }  // null for a head only
 
  private:
   int64_t vocab_, channels_, local_vocab_, first_row_, real_rows_;
   Communicator& tp_;
   bool sequence_parallel_;
   Parameter* wte_;
-  Parameter* wpe_;
+  Parameter* wpe_ = nullptr;
   Tensor tokens_;                               // embedding
   Tensor final_, logits_, max_, sum_, targets_;  // head: logits become their gradient
 };

@@ -31,8 +31,8 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel_gpt2.h"
-#include "train/tensor_parallel_io.h"
 #include "train/pipeline_io.h"
+#include "train/sharded_io.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -45,7 +45,7 @@ Gpt2Config model_config_of(const Config& config) {
   m.n_layers = config.model.n_layers;
   m.n_heads = config.model.n_heads;
   m.init_std = static_cast<float>(config.model.init_std);
-  m.recompute = config.train.recompute;
+  m.recompute = parse_recompute(config.resolved_recompute());
   return m;
 }
 
@@ -74,13 +74,11 @@ double evaluate(Context& ctx,
 
 // One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
 // checkpoints, progress); every rank computes.
-TrainSummary train_on(Communicator& world, const Config& config, const TrainOptions& options,
+TrainSummary train_on(Communicator& world, const Config& config_in, const TrainOptions& options,
                       Device device) {
+  Config config = config_in;
+  resolve_parallel_degrees(config.parallel, world.size());  // a check when already resolved
   validate(config);
-  if (int64_t{config.parallel.dp} * config.parallel.tp * config.parallel.pp != world.size())
-    fail("parallel.dp × parallel.tp × parallel.pp = ", config.parallel.dp, " × ", config.parallel.tp,
-         " × ", config.parallel.pp, " does not equal the ", world.size(), " ranks of group '",
-         world.name(), "' (", world.backend(), " backend)");
   const TrainConfig& tc = config.train;
   const bool leader = world.rank() == 0;
   const int64_t seq_len = config.model.seq_len;
@@ -89,9 +87,9 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   const int64_t tokens_per_step = tc.batch_size * seq_len;
   const bool pipelined = config.parallel.pp > 1;
   const bool tensor_parallel = config.parallel.tp > 1;
-  // dp × pp × tp, tp innermost (tp = 1 so far).
-  DeviceMesh mesh(world, MeshShape({{"dp", config.parallel.dp}, {"pp", config.parallel.pp},
-                                    {"tp", config.parallel.tp}}));
+  // pp × dp × tp, tp innermost (neighbouring ranks, the fastest links), pp outermost, as
+  // Megatron-LM: only activations cross the pp axis, the least traffic (docs/hybrid_parallel.md).
+  DeviceMesh mesh(world, training_mesh_shape(config.parallel.dp, config.parallel.pp, config.parallel.tp));
   // Every strategy talks through counting wrappers, for the per-axis volume in the metrics.
   CountingCommunicator dp_count(mesh.axis("dp")), pp_count(mesh.axis("pp")), tp_count(mesh.axis("tp"));
   Communicator& dp = dp_count;
@@ -105,13 +103,14 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   DataParallelConfig dp_config;
   dp_config.zero = config.parallel.zero;
   dp_config.bucket_bytes = static_cast<int64_t>(config.parallel.bucket_mb * 1048576.0);
-  // What this rank trains: the whole model under one DataParallel engine, or its pipeline
-  // chunks, each under its own engine (parallel/pipeline_parallel.h).
-  std::unique_ptr<Gpt2> whole;
-  std::unique_ptr<TpGpt2> tp_model;  // tensor parallelism: the model split over the tp axis
+  if (tensor_parallel) dp_config.tensor_parallel = &tp_count;
+  // What this rank trains: its whole model (one device's, or its tensor-parallel shard) under
+  // one DataParallel engine, or its pipeline chunks, each under its own engine
+  // (parallel/pipeline_parallel.h).
+  std::unique_ptr<Gpt2Stage> whole;
   std::unique_ptr<DataParallel> whole_engine;
   std::unique_ptr<PipelineParallel> pipe;
-  std::vector<Gpt2*> models;
+  std::vector<Gpt2Stage*> parts;
   std::vector<DataParallel*> engines;
   if (pipelined) {
     PipelineConfig pc;
@@ -121,39 +120,33 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
     pc.micro_batch_size = micro;
     pc.seq_len = seq_len;
     pc.layer_split = config.parallel.layer_split;
+    if (tensor_parallel) pc.tensor_parallel = &tp_count;
+    pc.sequence_parallel = config.parallel.sequence_parallel;
     pipe = std::make_unique<PipelineParallel>(model_config_of(config), pp_count, dp, pool,
                                               device, pc, dp_config, opt_config,
                                               static_cast<uint64_t>(tc.seed));
     for (int c = 0; c < pipe->chunks(); ++c) {
-      models.push_back(&pipe->chunk(c));
+      parts.push_back(&pipe->chunk(c));
       engines.push_back(&pipe->chunk_engine(c));
     }
-  } else if (tensor_parallel) {
-    tp_model = std::make_unique<TpGpt2>(model_config_of(config), tp_count,
-                                        config.parallel.sequence_parallel);
-    dp_config.tensor_parallel = &tp_count;
-    whole_engine = DataParallel::create(tp_model->params(), dp, pool, device, dp_config, opt_config,
-                                        static_cast<uint64_t>(tc.seed));
-    engines.push_back(whole_engine.get());
   } else {
-    whole = std::make_unique<Gpt2>(model_config_of(config));
+    if (tensor_parallel)
+      whole = std::make_unique<TpGpt2>(model_config_of(config), tp_count,
+                                       config.parallel.sequence_parallel);
+    else
+      whole = std::make_unique<Gpt2>(model_config_of(config));
     whole_engine = DataParallel::create(whole->params(), dp, pool, device, dp_config, opt_config,
                                         static_cast<uint64_t>(tc.seed));
-    models.push_back(whole.get());
+    parts.push_back(whole.get());
     engines.push_back(whole_engine.get());
   }
   // The model this rank steps through micro-batch by micro-batch (not the pipeline's).
   auto model_forward = [&](Context& c, const Tensor& in, const Tensor& tgt) {
-    return tp_model ? tp_model->forward(c, in, tgt) : whole->forward(c, in, tgt);
+    double loss = 0;
+    whole->forward_part(c, in, tgt, &loss);
+    return loss;
   };
-  auto model_backward = [&](Context& c, double scale) {
-    if (tp_model) tp_model->backward(c, scale);
-    else whole->backward(c, scale);
-  };
-  auto model_clear = [&] {
-    if (tp_model) tp_model->clear_cache();
-    else if (whole) whole->clear_cache();
-  };
+  auto model_clear = [&] { if (whole) whole->clear_cache(); };
   Context ctx{&pool, device, DType::kF32, whole_engine.get()};
 
   DataLoader train_loader(resolve_shards(config.data.train, "data.train"), micro, seq_len,
@@ -184,17 +177,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
   TrainSummary summary;
   if (!resume_from.empty()) {
     // Every rank reads the whole (layout-free) checkpoint, by parameter name, and keeps its part.
-    TrainingState st;
-    if (tensor_parallel) st = load_tensor_parallel_checkpoint(resume_from, *tp_model, *whole_engine, config);
-    for (size_t k = 0; k < models.size(); ++k) {
-      FlatModelState full;
-      const int64_t n = models[k]->params().numel();
-      full.values = Tensor::zeros({n}, DType::kF32, device);
-      full.exp_avg = Tensor::zeros({n}, DType::kF32, device);
-      full.exp_avg_sq = Tensor::zeros({n}, DType::kF32, device);
-      st = load_checkpoint(resume_from, models[k]->params(), full, /*all_tensors=*/!pipelined);
-      engines[k]->load_state(full, st.optimizer_steps);
-    }
+    const TrainingState st = load_sharded_checkpoint(resume_from, parts, engines, config);
     if (st.step > tc.steps)
       fail("checkpoint ", resume_from, " is at step ", st.step, ", past train.steps = ", tc.steps);
     train_loader.set_state({st.loader_shard, st.loader_offset, st.loader_epoch});
@@ -229,12 +212,8 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
     const LoaderState ls = train_loader.state();
     TrainingState st{step, engines[0]->optimizer_steps(), ls.shard, ls.offset, ls.epoch,
                      static_cast<uint64_t>(tc.seed), to_toml(config)};
-    if (pipelined) {
-      const std::string path = save_pipeline_checkpoint(checkpoints_dir, *pipe, mesh, config, st);
-      if (leader) summary.last_checkpoint = path;
-    } else if (tensor_parallel) {
-      const std::string path =
-          save_tensor_parallel_checkpoint(checkpoints_dir, *tp_model, *whole_engine, mesh, config, st);
+    if (pipelined || tensor_parallel) {
+      const std::string path = save_sharded_checkpoint(checkpoints_dir, parts, engines, mesh, config, st);
       if (leader) summary.last_checkpoint = path;
     } else {
       const FlatModelState full = whole_engine->gather_state();  // collective
@@ -267,7 +246,7 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
         engine.begin_micro_batch(m, accum);
         train_loader.next_batch(inputs[0].data<int32_t>(), targets[0].data<int32_t>());
         loss += model_forward(ctx, inputs[0], targets[0]) / static_cast<double>(accum);
-        model_backward(ctx, 1.0 / static_cast<double>(accum));
+        whole->backward_part(ctx, Tensor(), 1.0 / static_cast<double>(accum));
         engine.end_micro_batch();
       }
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
@@ -390,8 +369,7 @@ bool started_by_launcher(const Config& config) {
 
 void resolve_layout(Config& config) {
   const int world = started_by_launcher(config) ? detect_launch_env().size : config.runtime.ranks;
-  ParallelConfig& par = config.parallel;
-  if (world > 1 && int64_t{par.dp} * par.tp * par.pp == 1) par.dp = world;
+  resolve_parallel_degrees(config.parallel, world);
   config.runtime.ranks = world;
 }
 
@@ -400,11 +378,6 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
   resolve_layout(config);
   validate(config);
   const bool use_mpi = started_by_launcher(config);
-  if (config.parallel.tp > 1 && config.parallel.pp > 1)
-    fail("parallel.tp = ", config.parallel.tp, " with parallel.pp = ", config.parallel.pp,
-         ": tensor parallelism inside pipeline stages is not implemented yet");
-  if (config.parallel.tp > 1 && config.train.recompute)
-    fail("train.recompute with parallel.tp = ", config.parallel.tp, " is not implemented yet");
   const Device device = Device::parse(config.runtime.device);
   if (!device.is_cpu()) fail("runtime.device = '", config.runtime.device, "': training runs on the cpu for now");
   if (config.runtime.backend == "nccl") fail("runtime.backend = \"nccl\": training on NCCL is not implemented yet");

@@ -49,8 +49,9 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
                       Device device);
 
 // Sets runtime.ranks to the job's size (the launcher's world size when started by mpirun/srun,
-// else runtime.ranks) and, when no parallel degree is set (dp = tp = pp = 1), gives all ranks to
-// data parallelism: `mpirun -n 4 loom train cfg.toml` and `loom train --ranks 4` train dp = 4.
+// else runtime.ranks) and infers the parallel degrees left out (resolve_parallel_degrees):
+// `mpirun -n 4 loom train cfg.toml` and `loom train --ranks 4` train dp = 4; with tp = 2 set,
+// dp = 2.
 void resolve_layout(Config& config);
 
 // The model shape a config describes.

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 namespace {
@@ -139,5 +140,26 @@ TEST_F(Cli, BenchCommLocalJson) {
     EXPECT_NE(r.output.find(key), std::string::npos) << key;
   expect_error(run("bench comm --op all_reduse"), "unknown collective 'all_reduse'");
   expect_error(run("bench comm --sizes 1Q"), "--sizes");
+}
+}  // namespace
+
+namespace {
+TEST_F(Cli, CheckPrintsTheTable) {
+  ASSERT_EQ(run("data synth --out " + path("data") + " --train-tokens 20000 --val-tokens 4000").code, 0);
+  const std::string cfg = write_config("");
+  Result r = run("check " + cfg + " --layouts 'dp=2;tp=2' --steps 2 --quiet --json " + path("check.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* text : {"loss max rel dev", "param rel dev", "one device (reference)", "dp=2 ",
+                           "tp=2 ", " ok"})
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << " in:\n" << r.output;
+  std::ifstream json(path("check.json"));
+  const std::string doc((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
+  EXPECT_NE(doc.find("\"param_rel_dev\""), std::string::npos) << doc;
+  // A layout that cannot run is a row with its error, and the exit code says so.
+  Result bad = run("check " + cfg + " --layouts 'dp=3;dp=2' --steps 2 --quiet");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("error: "), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("train.batch_size = 4"), std::string::npos) << bad.output;
+  expect_error(run("check " + cfg + " --layouts 'dp=2,tq=2'"), "\"tq=2\"");
 }
 }  // namespace

@@ -104,6 +104,7 @@ pp = 1
 zero = 1
 schedule = "gpipe"
 virtual_stages = 1
+recompute = "full"
 
 [runtime]
 ranks = 6
@@ -148,6 +149,8 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c.parallel.zero, 1);
   EXPECT_EQ(c.parallel.schedule, "gpipe");
   EXPECT_EQ(c.parallel.virtual_stages, 1);
+  EXPECT_EQ(c.parallel.recompute, "full");
+  EXPECT_EQ(c.resolved_recompute(), "full");
   EXPECT_EQ(c.runtime.ranks, 6);
   EXPECT_EQ(c.runtime.backend, "mpi");
   EXPECT_EQ(c.runtime.device, "cuda:1");
@@ -173,11 +176,16 @@ TEST(Config, DefaultsAreValidAndMissingKeysKeepThem) {
   EXPECT_EQ(defaults.train.log_every, 1);
   EXPECT_FALSE(defaults.train.recompute);
   EXPECT_EQ(defaults.parallel.schedule, "1f1b");
+  EXPECT_EQ(defaults.parallel.recompute, "none");
+  EXPECT_EQ(defaults.resolved_recompute(), "none");
   EXPECT_EQ(defaults.runtime.backend, "auto");
   EXPECT_EQ(defaults.runtime.device, "cpu");
   EXPECT_EQ(defaults.runtime.threads_per_rank, 0);
   EXPECT_GE(defaults.runtime.resolved_threads_per_rank(), 1);
-  EXPECT_EQ(defaults.grad_accum_steps(), 1);
+  EXPECT_EQ(defaults.parallel.dp, 0);  // left out: inferred from the world size
+  Config resolved = defaults;
+  resolve_parallel_degrees(resolved.parallel, 1);
+  EXPECT_EQ(resolved.grad_accum_steps(), 1);
 
   const Config c = parse_config("[train]\nsteps = 5\n[model]\nseq_len = 32\n", "partial.toml");
   EXPECT_EQ(c.train.steps, 5);
@@ -246,6 +254,44 @@ TEST(Config, WrongTypesNameKeyExpectedAndGiven) {
   EXPECT_DOUBLE_EQ(parse_config("[train]\nlr = 1\n", "x.toml").train.lr, 1.0);
 }
 
+// Issue 7: any of dp, tp, pp may be left out (0) and is inferred from the world size; a layout
+// that cannot fill the world names the product that does not match.
+TEST(Config, ParallelDegreesLeftOutAreInferred) {
+  auto resolved = [](int dp, int tp, int pp, int world) {
+    ParallelConfig p;
+    p.dp = dp;
+    p.tp = tp;
+    p.pp = pp;
+    resolve_parallel_degrees(p, world);
+    return std::vector<int>{p.dp, p.tp, p.pp};
+  };
+  EXPECT_EQ(resolved(0, 0, 0, 1), (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(resolved(0, 0, 0, 8), (std::vector<int>{8, 1, 1}));   // all ranks to dp
+  EXPECT_EQ(resolved(0, 2, 0, 8), (std::vector<int>{4, 2, 1}));   // dp takes the rest
+  EXPECT_EQ(resolved(0, 2, 2, 8), (std::vector<int>{2, 2, 2}));
+  EXPECT_EQ(resolved(2, 0, 2, 8), (std::vector<int>{2, 2, 2}));   // the one left out
+  EXPECT_EQ(resolved(2, 2, 0, 8), (std::vector<int>{2, 2, 2}));
+  EXPECT_EQ(resolved(2, 1, 3, 6), (std::vector<int>{2, 1, 3}));   // all given: a check
+  auto error = [](int dp, int tp, int pp, int world) {
+    try {
+      ParallelConfig p;
+      p.dp = dp;
+      p.tp = tp;
+      p.pp = pp;
+      resolve_parallel_degrees(p, world);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(2, 2, 1, 8),
+            "parallel.dp × parallel.tp × parallel.pp = 2 × 2 × 1 = 4 does not equal the 8 ranks of the job");
+  EXPECT_EQ(error(0, 3, 0, 8),
+            "parallel.tp = 3 = 3 does not divide the 8 ranks of the job, so parallel.dp cannot be inferred");
+  EXPECT_TRUE(Contains(error(2, 0, 0, 8), "set parallel.tp or parallel.pp"));
+  EXPECT_TRUE(Contains(error(-1, 0, 0, 8), "parallel.dp = -1 must be positive"));
+}
+
 TEST(Config, ValidationNamesKeysAndValues) {
   EXPECT_EQ(validate_error([](Config& c) {
               c.model.d_model = 64;
@@ -300,6 +346,7 @@ TEST(Config, ValidationNamesKeysAndValues) {
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
                          c.parallel.virtual_stages = 2;
                          c.parallel.schedule = "interleaved";
+                         c.parallel.pp = 1;
                        }),
                        "parallel.virtual_stages = 2 needs parallel.pp > 1"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
@@ -312,7 +359,10 @@ TEST(Config, ValidationNamesKeysAndValues) {
                          c.runtime.ranks = 8;
                        }),
                        "exceeds model.n_layers = 4"));
-  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.dp = 2; }),
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.parallel.dp = 2;
+                         c.parallel.tp = c.parallel.pp = 1;
+                       }),
                        "runtime.ranks = 1 does not equal parallel.dp × parallel.tp × parallel.pp "
                        "= 2 × 1 × 1 = 2"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.backend = "gloo"; }),
@@ -390,6 +440,42 @@ TEST(Config, BadOverridesAreNamed) {
   e = override_error("train.steps");
   EXPECT_TRUE(Contains(e, "--set 'train.steps'"));
   EXPECT_TRUE(Contains(e, "expected section.key=value"));
+}
+
+// parallel.recompute: none (default), full or selective; train.recompute = true is its deprecated
+// spelling of "full", and contradicting it is an error naming both keys.
+TEST(Config, RecomputeModesAndTheDeprecatedAlias) {
+  for (const char* mode : {"none", "full", "selective"}) {
+    const Config c = parse_config(std::string("[parallel]\nrecompute = \"") + mode + "\"\n", "r.toml");
+    EXPECT_EQ(c.parallel.recompute, mode);
+    EXPECT_EQ(c.resolved_recompute(), mode);
+    EXPECT_NO_THROW(validate(c));
+  }
+  // The alias alone, and the alias agreeing with the new key.
+  Config alias = parse_config("[train]\nrecompute = true\n", "alias.toml");
+  EXPECT_EQ(alias.parallel.recompute, "none");
+  EXPECT_EQ(alias.resolved_recompute(), "full");
+  EXPECT_NO_THROW(validate(alias));
+  apply_override(alias, "parallel.recompute=full");
+  EXPECT_EQ(alias.resolved_recompute(), "full");
+  EXPECT_NO_THROW(validate(alias));
+  // Disagreeing: both keys named.
+  apply_override(alias, "parallel.recompute=selective");
+  std::string e = error_of([&] { validate(alias); });
+  EXPECT_TRUE(Contains(e, "train.recompute = true"));
+  EXPECT_TRUE(Contains(e, "disagrees with parallel.recompute = \"selective\""));
+  // A value outside the list, a wrong type, a misspelt key.
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.recompute = "partial"; }),
+                       "parallel.recompute = \"partial\" must be one of: none, full, selective"));
+  e = parse_error("[parallel]\nrecompute = true\n");
+  EXPECT_TRUE(Contains(e, "key 'parallel.recompute' expects a string, got boolean true"));
+  e = parse_error("[parallel]\nrecompte = \"full\"\n");
+  EXPECT_TRUE(Contains(e, "did you mean 'parallel.recompute'?"));
+  // Overrides take the bare word, and to_toml writes the key.
+  Config c;
+  apply_override(c, "parallel.recompute=selective");
+  EXPECT_EQ(c.parallel.recompute, "selective");
+  EXPECT_TRUE(Contains(to_toml(c), "recompute = \"selective\"\n"));
 }
 
 TEST(Config, ToTomlRoundTrips) {

@@ -4,9 +4,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "../nn/gradcheck.h"
 #include "base/error.h"
+#include "tensor/rng.h"
 
 namespace loom {
 namespace {
@@ -62,7 +66,7 @@ TEST(Gpt2, InitialLossIsNearLogVocab) {
 }
 
 // Runs forward+backward and returns a copy of the flat gradient buffer.
-std::vector<float> gradients(bool recompute, int threads) {
+std::vector<float> gradients(Recompute recompute, int threads) {
   ThreadPool pool(threads);
   Context ctx{&pool, Device::cpu(), DType::kF32};
   Gpt2Config c = tiny_config();
@@ -76,17 +80,125 @@ std::vector<float> gradients(bool recompute, int threads) {
   return model.params().grads().to_vector();
 }
 
-TEST(Gpt2, RecomputationGivesBitwiseIdenticalGradients) {
-  const std::vector<float> plain = gradients(false, 2);
-  const std::vector<float> recomputed = gradients(true, 2);
-  ASSERT_EQ(plain.size(), recomputed.size());
-  EXPECT_EQ(std::memcmp(plain.data(), recomputed.data(), plain.size() * 4), 0);
+TEST(Gpt2, RunsAreBitwiseRepeatable) {
+  const std::vector<float> a = gradients(Recompute::kNone, 3);
+  const std::vector<float> b = gradients(Recompute::kNone, 3);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
 }
 
-TEST(Gpt2, RunsAreBitwiseRepeatable) {
-  const std::vector<float> a = gradients(false, 3);
-  const std::vector<float> b = gradients(false, 3);
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+// Bytes of the distinct buffers among `tensors`: a buffer cached in two slots (the attention
+// output is also its projection's input) is memory once.
+int64_t distinct_bytes(const std::vector<const Tensor*>& tensors) {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  for (const Tensor* t : tensors)
+    if (t->defined() && seen.insert(t->raw()).second)
+      bytes += static_cast<int64_t>(t->nbytes());
+  return bytes;
+}
+
+struct RecomputeRun {
+  std::vector<double> losses;
+  std::vector<float> grads;
+  int64_t cache_bytes = 0;  // what the first micro-batch's forward kept for backward
+};
+
+// Gradient accumulation over two micro-batches (scale 1/2 each). After the first forward the
+// activations are stashed, measured and unstashed, as a pipeline schedule would.
+RecomputeRun run_mode(Recompute mode) {
+  ThreadPool pool(2);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  Gpt2Config c = tiny_config();
+  c.recompute = mode;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  RecomputeRun run;
+  for (uint64_t m = 0; m < 2; ++m) {
+    Tensor tokens = Tensor::empty({3, 6}, DType::kI32), targets = Tensor::empty({3, 6}, DType::kI32);
+    fill_batch(tokens, targets, 11, 10 + m);
+    run.losses.push_back(model.forward(ctx, tokens, targets));
+    std::vector<Tensor> stash = model.stash_activations();
+    if (m == 0) {
+      std::vector<const Tensor*> cached;
+      for (const Tensor& t : stash) cached.push_back(&t);
+      run.cache_bytes = distinct_bytes(cached);
+    }
+    model.unstash_activations(std::move(stash));
+    model.backward(ctx, 0.5);
+  }
+  run.grads = model.params().grads().to_vector();
+  return run;
+}
+
+TEST(Gpt2, RecomputationModesGiveBitwiseIdenticalLossAndGradients) {
+  const RecomputeRun none = run_mode(Recompute::kNone);
+  for (Recompute mode : {Recompute::kFull, Recompute::kSelective}) {
+    SCOPED_TRACE(recompute_name(mode));
+    const RecomputeRun run = run_mode(mode);
+    ASSERT_EQ(run.losses.size(), none.losses.size());
+    for (size_t m = 0; m < run.losses.size(); ++m)
+      EXPECT_EQ(std::memcmp(&run.losses[m], &none.losses[m], sizeof(double)), 0) << "micro-batch " << m;
+    ASSERT_EQ(run.grads.size(), none.grads.size());
+    EXPECT_EQ(std::memcmp(run.grads.data(), none.grads.data(), none.grads.size() * 4), 0);
+  }
+}
+
+TEST(Gpt2, RecomputationModesKeepFullLessThanSelectiveLessThanNone) {
+  const int64_t none = run_mode(Recompute::kNone).cache_bytes;
+  const int64_t full = run_mode(Recompute::kFull).cache_bytes;
+  const int64_t selective = run_mode(Recompute::kSelective).cache_bytes;
+  RecordProperty("bytes_none", std::to_string(none));  // in --gtest_output's report
+  RecordProperty("bytes_selective", std::to_string(selective));
+  RecordProperty("bytes_full", std::to_string(full));
+  EXPECT_LT(full, selective);
+  EXPECT_LT(selective, none);
+}
+
+// One block's cache, exactly: N = B·T rows, C channels, NH heads; counts in floats.
+//   none:      x, ln_1 out, qkv (3C), attention out, x1, ln_2 out, h (4C), GELU out (4C) = 16·N·C,
+//              + mean and rstd of both LayerNorms (4·N) + the attention's log-sum-exp (B·NH·T)
+//   selective: less ln_1 out, ln_2 out and GELU out = 10·N·C + 4·N + B·NH·T
+//   full:      the input, N·C
+TEST(Gpt2Block, CacheBytesPerRecomputationMode) {
+  const Gpt2Config c = tiny_config();
+  const int64_t B = 3, T = 6, N = B * T, C = c.d_model, NH = c.n_heads;
+  const int64_t expected_none = 4 * (16 * N * C + 4 * N + B * NH * T);
+  const int64_t expected_selective = 4 * (10 * N * C + 4 * N + B * NH * T);
+  const int64_t expected_full = 4 * N * C;
+  for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective}) {
+    SCOPED_TRACE(recompute_name(mode));
+    ThreadPool pool(1);
+    Context ctx{&pool, Device::cpu(), DType::kF32};
+    Gpt2Config mc = c;
+    mc.recompute = mode;
+    ParameterStore store;
+    Gpt2Block block(store, "blocks.0", mc);
+    store.allocate(DType::kF32, Device::cpu());
+    store.initialize(4);
+    Tensor x = Tensor::empty({B, T, C}, DType::kF32);
+    init_normal(x, 1, "x", 0.0f, 1.0f);
+    block.forward(ctx, x);
+    std::vector<Tensor*> slots;
+    block.collect_cache(slots);
+    const int64_t bytes = distinct_bytes({slots.begin(), slots.end()});
+    const int64_t expected = mode == Recompute::kNone   ? expected_none
+                             : mode == Recompute::kFull ? expected_full
+                                                        : expected_selective;
+    EXPECT_EQ(bytes, expected);
+    RecordProperty(std::string("bytes_") + recompute_name(mode), std::to_string(bytes));
+  }
+}
+
+TEST(Recompute, NamesRoundTripAndABadNameIsAnError) {
+  for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective})
+    EXPECT_EQ(parse_recompute(recompute_name(mode)), mode);
+  try {
+    parse_recompute("partial");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'partial' is not one of none, full, selective"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(Gpt2, ParameterNamesAndCount) {

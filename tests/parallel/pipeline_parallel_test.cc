@@ -2,7 +2,8 @@
 //
 // End to end through run_training on local thread ranks: 10 steps of a small GPT (8 blocks) in
 // fp32 for pp ∈ {2, 4} × {gpipe, 1f1b, interleaved (2 chunks per rank)} × micro-batches
-// m ∈ {pp, 2·pp, an odd count where the schedule allows it}, and pp = 2 with dp = 2, against
+// m ∈ {pp, 2·pp, an odd count where the schedule allows it}, pp = 2 with dp = 2 and pp = 2 with
+// tp = 2 (every schedule, with and without sequence parallelism), against
 // the single-device run with the same global batch: losses to 1e-5 relative at every step.
 // Plus: a pipeline run stops and resumes as data parallelism (whole-model checkpoints); 1F1B
 // holds at most pp micro-batches of activations on the first stage and GPipe all m (counted
@@ -34,8 +35,11 @@ struct Layout {
   int pp, dp;
   std::string schedule;
   int chunks, microbatches;
+  int tp = 1;
+  bool sp = false;  // sequence parallelism (with tp > 1)
   std::string name() const {
-    return "pp" + std::to_string(pp) + "_dp" + std::to_string(dp) + "_" + schedule + "_v" +
+    return "pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
+           (tp > 1 ? "_tp" + std::to_string(tp) : "") + (sp ? "_sp" : "") + "_" + schedule + "_v" +
            std::to_string(chunks) + "_m" + std::to_string(microbatches);
   }
 };
@@ -73,7 +77,9 @@ threads_per_rank = 1
     c.parallel.dp = l.dp;
     c.parallel.schedule = l.schedule;
     c.parallel.virtual_stages = l.chunks;
-    c.runtime.ranks = l.pp * l.dp;
+    c.parallel.tp = l.tp;
+    c.parallel.sequence_parallel = l.sp;
+    c.runtime.ranks = l.pp * l.dp * l.tp;
     c.data.train = (root_ / "data" / "train_*.bin").string();
     return c;
   }
@@ -123,6 +129,14 @@ std::vector<Layout> layouts() {
   }
   out.push_back({2, 2, "1f1b", 1, 4});
   out.push_back({2, 2, "interleaved", 2, 2});
+  // Tensor parallelism inside the stages (the tp rank of a stage talks to the same tp rank of
+  // its neighbours), with and without sequence parallelism.
+  out.push_back({2, 1, "gpipe", 1, 3, 2});
+  out.push_back({2, 1, "1f1b", 1, 4, 2});
+  out.push_back({2, 1, "1f1b", 1, 2, 2, true});
+  out.push_back({2, 1, "interleaved", 2, 4, 2});
+  out.push_back({2, 1, "interleaved", 2, 2, 2, true});
+  out.push_back({2, 2, "1f1b", 1, 2, 2, true});  // dp × pp × tp = 2 × 2 × 2
   return out;
 }
 

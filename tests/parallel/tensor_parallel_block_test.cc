@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "base/error.h"
 #include "harness/thread_ranks.h"
@@ -97,6 +101,86 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelBlock,
                          [](const ::testing::TestParamInfo<std::tuple<int, bool>>& p) {
                            return "tp" + std::to_string(std::get<0>(p.param)) +
                                   (std::get<1>(p.param) ? "_sequence_parallel" : "");
+                         });
+
+// Activation recomputation (models/gpt2.h): on tp = 2, with and without sequence parallelism,
+// full and selective give bitwise the output, input gradient and parameter gradients of none,
+// and keep fewer bytes between forward and backward: exactly (floats, r = this rank's rows,
+// N = B·T, P = tp, NH heads)
+//   none:      x, x1 (r·C each); the two LayerNorm outputs qkv and fc read (N·C each, gathered
+//              with sequence parallelism); qkv, attention, h and GELU outputs
+//              (N·(3 + 1 + 4 + 4)·C/P); mean and rstd (4·r); log-sum-exp (B·NH/P·T)
+//   selective: less the LayerNorm outputs and the GELU output
+//   full:      x
+int64_t distinct_bytes(const std::vector<Tensor*>& slots) {
+  std::set<const void*> seen;  // the attention output is also its projection's input: once
+  int64_t bytes = 0;
+  for (const Tensor* t : slots)
+    if (t->defined() && seen.insert(t->raw()).second) bytes += static_cast<int64_t>(t->nbytes());
+  return bytes;
+}
+
+struct BlockRun {
+  std::vector<float> y, dx, grads;
+  int64_t cache_bytes = 0;
+};
+
+class TensorParallelBlockRecompute : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TensorParallelBlockRecompute, ModesAreBitwiseIdenticalAndKeepLessMemory) {
+  const bool sp = GetParam();
+  const int P = 2;
+  const Gpt2Config base = config();
+  const int64_t C = base.d_model, N = kB * kT;
+  Tensor x = Tensor::empty({N, C}, DType::kF32), dy = Tensor::empty({N, C}, DType::kF32);
+  init_normal(x, 1, "x", 0.0f, 1.0f);
+  init_normal(dy, 1, "dy", 0.0f, 1.0f);
+  testing::run_on_thread_ranks(P, [&](Communicator& tp) {
+    const int64_t rows = sp ? N / P : N, row0 = sp ? tp.rank() * rows : 0;
+    auto run = [&](Recompute mode) {
+      ThreadPool p(1);
+      Context c{&p, Device::cpu(), DType::kF32};
+      Gpt2Config mc = base;
+      mc.recompute = mode;
+      ParameterStore store;
+      TpGpt2Block block(store, "blocks.0", mc, tp, sp);
+      store.allocate(DType::kF32, Device::cpu());
+      store.initialize(4);
+      BlockRun r;
+      r.y = block.forward(c, x.narrow(row0, rows).clone(), kB, kT).to_vector();
+      std::vector<Tensor*> slots;
+      block.collect_cache(slots);
+      r.cache_bytes = distinct_bytes(slots);
+      r.dx = block.backward(c, dy.narrow(row0, rows).clone()).to_vector();
+      for (Parameter* q : block.sequence_parallel_params()) tp.all_reduce(q->grad, ReduceOp::kSum);
+      r.grads = store.grads().to_vector();
+      return r;
+    };
+    const BlockRun none = run(Recompute::kNone);
+    const BlockRun full = run(Recompute::kFull);
+    const BlockRun selective = run(Recompute::kSelective);
+    for (const auto& [name, r] : {std::pair{"full", &full}, std::pair{"selective", &selective}}) {
+      SCOPED_TRACE(name);
+      ASSERT_EQ(r->dx.size(), none.dx.size());
+      EXPECT_EQ(std::memcmp(r->dx.data(), none.dx.data(), none.dx.size() * 4), 0);
+      ASSERT_EQ(r->grads.size(), none.grads.size());
+      EXPECT_EQ(std::memcmp(r->grads.data(), none.grads.data(), none.grads.size() * 4), 0);
+      ASSERT_EQ(r->y.size(), none.y.size());
+      EXPECT_EQ(std::memcmp(r->y.data(), none.y.data(), none.y.size() * 4), 0);
+    }
+    const int64_t heads = base.n_heads / P;
+    const int64_t matmul_outputs = N * (3 + 1 + 4) * C / P + 4 * rows + kB * heads * kT;
+    EXPECT_EQ(none.cache_bytes, 4 * (2 * rows * C + 2 * N * C + N * 4 * C / P + matmul_outputs));
+    EXPECT_EQ(selective.cache_bytes, 4 * (2 * rows * C + matmul_outputs));
+    EXPECT_EQ(full.cache_bytes, 4 * rows * C);
+    EXPECT_LT(full.cache_bytes, selective.cache_bytes);
+    EXPECT_LT(selective.cache_bytes, none.cache_bytes);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp2, TensorParallelBlockRecompute, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "sequence_parallel" : "plain";
                          });
 
 TEST(TensorParallelBlockConfig, HeadsThatDoNotSplitAreAnError) {

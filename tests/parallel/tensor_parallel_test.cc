@@ -163,7 +163,7 @@ TEST_F(TensorParallelRuns, MisconfigurationsAreNamedErrors) {
   expect_error(heads, "parallel.tp = 4 does not divide model.n_heads = 2");
   Config world = config({4, 1, false, 0});
   world.runtime.ranks = 2;
-  expect_error(world, "runtime.ranks = 2 does not equal");
+  expect_error(world, "parallel.dp × parallel.tp = 1 × 4 = 4 does not divide the 2 ranks of the job");
   Config tokens = config({4, 1, true, 0});
   tokens.model.seq_len = 15;
   tokens.model.max_seq_len = 16;

@@ -115,12 +115,17 @@ TEST_F(TrainTest, StopAndResumeIsBitwiseIdentical) {
 }
 
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
-  // Recomputation changes memory, not numbers.
+  // Recomputation changes memory, not numbers: full (here by its deprecated spelling) and
+  // selective.
   run_training(config(5), options("plain"));
   Config c = config(5);
-  c.train.recompute = true;
+  c.train.recompute = true;  // parallel.recompute = "full"
   run_training(c, options("recompute"));
   expect_same_run(metrics("plain"), metrics("recompute"));
+  c = config(5);
+  c.parallel.recompute = "selective";
+  run_training(c, options("selective"));
+  expect_same_run(metrics("plain"), metrics("selective"));
 }
 
 TEST_F(TrainTest, ResumeAutoWithoutCheckpointStartsFresh) {

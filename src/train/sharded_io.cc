@@ -1,0 +1,100 @@
+#include "train/sharded_io.h"
+
+#include "base/error.h"
+#include "models/gpt2.h"
+#include "train/trainer.h"
+
+namespace loom {
+namespace {
+
+// The whole model's flat layout (names, offsets), no buffers.
+std::unique_ptr<Gpt2> whole_layout(const Config& config) {
+  auto layout = std::make_unique<Gpt2>(model_config_of(config));
+  layout->params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+  return layout;
+}
+
+FlatModelState zero_state(int64_t n) {
+  return {Tensor::zeros({n}, DType::kF32), Tensor::zeros({n}, DType::kF32),
+          Tensor::zeros({n}, DType::kF32)};
+}
+
+// Copies between a local parameter (in `local_flat`, the part's layout) and its blocks of the
+// whole parameter (in `whole_flat`, the whole model's layout). to_whole: local → whole.
+void copy_pieces(const Parameter& p, const Parameter& whole, Tensor& local_flat, Tensor& whole_flat,
+                 bool to_whole) {
+  float* local = local_flat.data<float>() + p.offset;
+  float* full = whole_flat.data<float>() + whole.offset;
+  if (p.pieces.empty()) {
+    if (to_whole) std::copy(local, local + p.numel(), full);
+    else std::copy(full, full + p.numel(), local);
+    return;
+  }
+  const int64_t local_cols = p.shape.size() > 1 ? p.shape[1] : 1;
+  const int64_t full_cols = p.full_shape.size() > 1 ? p.full_shape[1] : 1;
+  for (const ShardPiece& piece : p.pieces) {
+    const int64_t row0 = piece.region.offset[0];
+    const int64_t col0 = piece.region.offset.size() > 1 ? piece.region.offset[1] : 0;
+    for (int64_t i = 0; i < piece.rows; ++i) {
+      float* l = local + (piece.local_row + i) * local_cols;
+      float* f = full + (row0 + i) * full_cols + col0;
+      if (to_whole) std::copy(l, l + local_cols, f);
+      else std::copy(f, f + local_cols, l);
+    }
+  }
+}
+
+void copy_state(const Parameter& p, const Parameter& whole, FlatModelState& local,
+                FlatModelState& full, bool to_whole) {
+  copy_pieces(p, whole, local.values, full.values, to_whole);
+  copy_pieces(p, whole, local.exp_avg, full.exp_avg, to_whole);
+  copy_pieces(p, whole, local.exp_avg_sq, full.exp_avg_sq, to_whole);
+}
+
+}  // namespace
+
+std::string save_sharded_checkpoint(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
+                                    const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
+                                    const Config& config, const TrainingState& st) {
+  LOOM_CHECK(parts.size() == engines.size());
+  std::vector<FlatModelState> mine;
+  for (DataParallel* e : engines) mine.push_back(e->gather_state());  // collective over dp
+  if (mesh.coord("dp") != 0) return "";
+  Communicator& pp = mesh.axis("pp");
+  Communicator& tp = mesh.axis("tp");
+  auto layout = whole_layout(config);
+  FlatModelState whole = zero_state(layout->params().numel());
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Parameter* duplicate = parts[k]->part().embedding ? nullptr : parts[k]->head_weight();
+    for (const auto& p : parts[k]->params().parameters()) {
+      if (p.get() == duplicate) continue;                  // the first stage's copy is written
+      if (p->pieces.empty() && tp.rank() != 0) continue;  // replicated: tp rank 0's copy
+      copy_state(*p, layout->params().get(p->name), mine[k], whole, true);
+    }
+  }
+  // The pieces are disjoint and everything else is zero: sums assemble the whole model.
+  for (Tensor* t : {&whole.values, &whole.exp_avg, &whole.exp_avg_sq}) pp.reduce(*t, 0, ReduceOp::kSum);
+  if (pp.rank() != 0) return "";
+  for (Tensor* t : {&whole.values, &whole.exp_avg, &whole.exp_avg_sq}) tp.reduce(*t, 0, ReduceOp::kSum);
+  if (tp.rank() != 0) return "";
+  return save_checkpoint(dir, layout->params(), layout->config(), whole, st);
+}
+
+TrainingState load_sharded_checkpoint(const std::string& checkpoint_dir,
+                                      const std::vector<Gpt2Stage*>& parts,
+                                      const std::vector<DataParallel*>& engines,
+                                      const Config& config) {
+  LOOM_CHECK(parts.size() == engines.size());
+  auto layout = whole_layout(config);
+  FlatModelState whole = zero_state(layout->params().numel());
+  const TrainingState st = load_checkpoint(checkpoint_dir, layout->params(), whole);
+  for (size_t k = 0; k < parts.size(); ++k) {
+    FlatModelState local = zero_state(parts[k]->params().numel());
+    for (const auto& p : parts[k]->params().parameters())
+      copy_state(*p, layout->params().get(p->name), local, whole, false);
+    engines[k]->load_state(local, st.optimizer_steps);
+  }
+  return st;
+}
+
+}  // namespace loom
