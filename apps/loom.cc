@@ -50,9 +50,10 @@ int cmd_train(const TrainArgs& a) {
   options.resume = a.resume;
   options.stop_after = a.stop_after;
   options.progress = !a.quiet;
-  std::fprintf(stderr, "loom train: %s -> %s (%d rank%s, dp %d, zero %d; %ld steps, %ld micro-batches of %ld x %ld tokens per rank per step)\n",
+  std::fprintf(stderr, "loom train: %s -> %s (%d rank%s: dp %d, pp %d, tp %d, zero %d; %ld steps, %ld micro-batches of %ld x %ld tokens per dp rank per step)\n",
                a.config_path.c_str(), options.run_dir.c_str(), config.runtime.ranks,
-               config.runtime.ranks == 1 ? "" : "s", config.parallel.dp, config.parallel.zero,
+               config.runtime.ranks == 1 ? "" : "s", config.parallel.dp, config.parallel.pp,
+               config.parallel.tp, config.parallel.zero,
                static_cast<long>(config.train.steps),
                static_cast<long>(config.grad_accum_steps()),
                static_cast<long>(config.train.micro_batch_size),

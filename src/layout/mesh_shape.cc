@@ -1,7 +1,5 @@
 #include "layout/mesh_shape.h"
 
-#include <cstdio>
-
 #include "base/error.h"
 
 namespace loom {
@@ -69,24 +67,6 @@ std::string MeshShape::str() const {
 
 MeshShape training_mesh_shape(int dp, int pp, int tp) {
   return MeshShape({{"pp", pp}, {"dp", dp}, {"tp", tp}});
-}
-
-std::string rank_table(const MeshShape& mesh) {
-  std::string out = "rank";
-  for (int a = 0; a < mesh.ndim(); ++a) out += "  " + mesh.axis_name(a);
-  out += "\n";
-  for (int r = 0; r < mesh.size(); ++r) {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%4d", r);
-    out += buf;
-    const std::vector<int> c = mesh.coords(r);
-    for (int a = 0; a < mesh.ndim(); ++a) {
-      std::snprintf(buf, sizeof buf, "  %*d", static_cast<int>(mesh.axis_name(a).size()), c[a]);
-      out += buf;
-    }
-    out += "\n";
-  }
-  return out;
 }
 
 }  // namespace loom

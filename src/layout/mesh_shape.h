@@ -45,8 +45,5 @@ class MeshShape {
 // orders them.
 MeshShape training_mesh_shape(int dp, int pp, int tp);
 
-// One line per rank: "rank  dp  pp  tp" with its coordinates (every axis of the mesh), for the
-// start-up printout.
-std::string rank_table(const MeshShape& mesh);
 
 }  // namespace loom

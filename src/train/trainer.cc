@@ -32,6 +32,7 @@
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel_gpt2.h"
 #include "train/pipeline_io.h"
+#include "train/layout_report.h"
 #include "train/sharded_io.h"
 
 namespace loom {
@@ -204,6 +205,31 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     state_bytes.params += e->memory().params;
     state_bytes.grads += e->memory().grads;
     state_bytes.optimizer += e->memory().optimizer;
+  }
+  {
+    // Start-up: the layout, each rank's coordinates, parameters and expected memory.
+    int64_t parameters = 0, blocks = 0;
+    for (Gpt2Stage* part : parts) {
+      for (const auto& p : part->params().parameters()) parameters += p->numel();
+      const Gpt2Part& range = part->part();
+      blocks += (range.end_block < 0 ? config.model.n_layers : range.end_block) - range.first_block;
+    }
+    Tensor mine = Tensor::empty({3}, DType::kF64, device);
+    mine.data<double>()[0] = static_cast<double>(parameters);
+    mine.data<double>()[1] = static_cast<double>(state_bytes.state());
+    mine.data<double>()[2] = static_cast<double>(
+        expected_activation_bytes(config, mesh.coord("pp"), blocks));
+    Tensor all = Tensor::empty({3 * int64_t{world.size()}}, DType::kF64, device);
+    world.all_gather(mine, all);
+    std::vector<RankFootprint> footprints;
+    for (int r = 0; r < world.size(); ++r) {
+      const double* f = all.data<double>() + 3 * r;
+      footprints.push_back({static_cast<int64_t>(f[0]), static_cast<int64_t>(f[1]),
+                            static_cast<int64_t>(f[2])});
+    }
+    summary.layout_report = layout_report(config, mesh.shape(), footprints);
+    summary.expected_activation_bytes = footprints[0].activation_bytes;
+    if (leader && options.progress) std::fputs(summary.layout_report.c_str(), stderr);
   }
   const int64_t end_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   double time_total = 0;

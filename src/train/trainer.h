@@ -34,6 +34,8 @@ struct TrainSummary {
   double comm_wait_s = 0;   // rank 0's time blocked on data-parallel communication, all steps
   DataParallelMemory memory;  // rank 0's parameter, gradient and optimizer bytes
   std::string last_checkpoint;
+  std::string layout_report;               // printed at start-up (train/layout_report.h)
+  int64_t expected_activation_bytes = 0;  // rank 0's estimate in that report
 };
 
 // Trains with the layout the config gives: thread ranks of the local backend

@@ -1,0 +1,69 @@
+#include "train/layout_report.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace loom {
+
+int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blocks_on_rank) {
+  const ParallelConfig& par = config.parallel;
+  const double N = static_cast<double>(config.train.micro_batch_size * config.model.seq_len);
+  const double C = static_cast<double>(config.model.d_model);
+  const double V = static_cast<double>(config.model.vocab_size);
+  const double P = par.tp, rows = par.sequence_parallel ? N / P : N;
+  const std::string mode = config.resolved_recompute();
+  const double everything = 4 * rows * C + (3 + 1 + 4 + 4) * N * C / P;
+  double per_block = everything;
+  if (mode == "full") per_block = rows * C;
+  else if (mode == "selective") per_block = 2 * rows * C + (3 + 1 + 4) * N * C / P;
+  double per_micro_batch = per_block * static_cast<double>(blocks_on_rank);
+  const bool last = pp_rank == par.pp - 1;
+  if (last) per_micro_batch += N * V / P + N * C;
+  double in_flight = 1;
+  if (par.pp > 1) {
+    const double m = static_cast<double>(config.grad_accum_steps());
+    if (par.schedule == "gpipe") in_flight = m;
+    else if (par.schedule == "interleaved") in_flight = std::min(m * par.virtual_stages, static_cast<double>(par.pp) * par.virtual_stages);
+    else in_flight = std::min(m, static_cast<double>(par.pp - pp_rank));
+  }
+  // While a block runs backward it holds all of its activations again (recomputed) and their
+  // gradients: one block's worth on top.
+  return static_cast<int64_t>((per_micro_batch * in_flight + everything) * 4);
+}
+
+std::string layout_report(const Config& config, const MeshShape& mesh,
+                          const std::vector<RankFootprint>& ranks) {
+  const ParallelConfig& par = config.parallel;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "layout %s (%d ranks): zero %d, %s%s, %ld micro-batches of %ld per dp rank, "
+                "recompute %s\n",
+                mesh.str().c_str(), mesh.size(), par.zero,
+                par.pp > 1 ? ("schedule " + par.schedule).c_str() : "no pipeline",
+                par.tp > 1 && par.sequence_parallel ? ", sequence parallel" : "",
+                static_cast<long>(config.grad_accum_steps()),
+                static_cast<long>(config.train.micro_batch_size),
+                config.resolved_recompute().c_str());
+  std::string out = line;
+  out += "rank";
+  for (int a = 0; a < mesh.ndim(); ++a) out += "  " + mesh.axis_name(a);
+  out += "   parameters   state MiB   activations MiB (est.)   total MiB\n";
+  auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
+  for (int r = 0; r < mesh.size(); ++r) {
+    std::snprintf(line, sizeof line, "%4d", r);
+    out += line;
+    const std::vector<int> c = mesh.coords(r);
+    for (int a = 0; a < mesh.ndim(); ++a) {
+      std::snprintf(line, sizeof line, "  %*d", static_cast<int>(mesh.axis_name(a).size()), c[a]);
+      out += line;
+    }
+    const RankFootprint& f = ranks[static_cast<size_t>(r)];
+    std::snprintf(line, sizeof line, "  %11ld  %10.1f  %23.1f  %10.1f\n",
+                  static_cast<long>(f.parameters), mib(f.state_bytes), mib(f.activation_bytes),
+                  mib(f.state_bytes + f.activation_bytes));
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace loom
