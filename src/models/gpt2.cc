@@ -286,7 +286,7 @@ std::vector<Tensor*> Gpt2::cache_slots() {
   return slots;
 }
 
-std::vector<Tensor> Gpt2::stash_activations() {
+std::vector<Tensor> Gpt2Stage::stash_activations() {
   std::vector<Tensor> stash;
   for (Tensor* t : cache_slots()) {
     stash.push_back(std::move(*t));
@@ -295,13 +295,13 @@ std::vector<Tensor> Gpt2::stash_activations() {
   return stash;
 }
 
-void Gpt2::unstash_activations(std::vector<Tensor> stash) {
+void Gpt2Stage::unstash_activations(std::vector<Tensor> stash) {
   std::vector<Tensor*> slots = cache_slots();
   LOOM_CHECK(stash.size() == slots.size());
   for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move(stash[i]);
 }
 
-void Gpt2::clear_cache() {
+void Gpt2Stage::clear_cache() {
   for (Tensor* t : cache_slots()) *t = Tensor();
 }
 

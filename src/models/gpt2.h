@@ -96,11 +96,15 @@ class Gpt2Stage {
   virtual Tensor backward_part(Context& ctx, const Tensor& dy, double scale) = 0;
   // Moves out / back in every tensor forward keeps for backward, so that several micro-batches
   // can be in flight (pipeline schedules): stash after a forward, unstash before its backward.
-  virtual std::vector<Tensor> stash_activations() = 0;
-  virtual void unstash_activations(std::vector<Tensor> stash) = 0;
-  virtual void clear_cache() = 0;
+  std::vector<Tensor> stash_activations();
+  void unstash_activations(std::vector<Tensor> stash);
+  void clear_cache();  // drops every kept activation
   // The LM head's weight (the tied wte; its own copy in a part without the embedding).
   virtual Parameter* head_weight() const = 0;
+
+ protected:
+  // Every member tensor that forward fills for backward, in a fixed order.
+  virtual std::vector<Tensor*> cache_slots() = 0;
 };
 
 class Gpt2 : public Gpt2Stage {
@@ -123,14 +127,11 @@ class Gpt2 : public Gpt2Stage {
   void backward(Context& ctx, double scale = 1.0);
   // Logits (B, T, V) without caching anything: for sampling and evaluation.
   Tensor logits(Context& ctx, const Tensor& tokens);
-  void clear_cache() override;
 
   // Gpt2Stage: parts' inputs and outputs are (B, T, C).
   Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets,
                       double* loss) override;
   Tensor backward_part(Context& ctx, const Tensor& dy, double scale) override;
-  std::vector<Tensor> stash_activations() override;
-  void unstash_activations(std::vector<Tensor> stash) override;
   const Gpt2Part& part() const override { return part_; }
   Parameter* head_weight() const override { return head_wte_; }
 
@@ -139,7 +140,7 @@ class Gpt2 : public Gpt2Stage {
   double head_forward(Context& ctx, const Tensor& x, const Tensor& targets);
   void before_forward_root(Context& ctx);
   void after_forward_root(Context& ctx);
-  std::vector<Tensor*> cache_slots();
+  std::vector<Tensor*> cache_slots() override;
 
   Gpt2Config config_;
   Gpt2Part part_;

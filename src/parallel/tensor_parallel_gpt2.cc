@@ -129,23 +129,4 @@ std::vector<Tensor*> TpGpt2::cache_slots() {
   return slots;
 }
 
-std::vector<Tensor> TpGpt2::stash_activations() {
-  std::vector<Tensor> stash;
-  for (Tensor* t : cache_slots()) {
-    stash.push_back(std::move(*t));
-    *t = Tensor();
-  }
-  return stash;
-}
-
-void TpGpt2::unstash_activations(std::vector<Tensor> stash) {
-  std::vector<Tensor*> slots = cache_slots();
-  LOOM_CHECK(stash.size() == slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move(stash[i]);
-}
-
-void TpGpt2::clear_cache() {
-  for (Tensor* t : cache_slots()) *t = Tensor();
-}
-
 }  // namespace loom

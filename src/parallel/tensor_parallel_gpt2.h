@@ -33,14 +33,11 @@ class TpGpt2 : public Gpt2Stage {
   // As Gpt2::forward / backward (the whole model), on every rank of the tp group.
   double forward(Context& ctx, const Tensor& tokens, const Tensor& targets);
   void backward(Context& ctx, double scale = 1.0);
-  void clear_cache() override;
 
   // Gpt2Stage, on every rank of the tp group.
   Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets,
                       double* loss) override;
   Tensor backward_part(Context& ctx, const Tensor& dy, double scale) override;
-  std::vector<Tensor> stash_activations() override;
-  void unstash_activations(std::vector<Tensor> stash) override;
   Parameter* head_weight() const override { return vocab_ ? vocab_->wte() : nullptr; }
   // The shape of a part's input and output activations for a (B, T) batch on this rank.
   Shape boundary_shape(int64_t B, int64_t T) const;
@@ -50,7 +47,7 @@ class TpGpt2 : public Gpt2Stage {
   // over tp and adds them into the real gradients.
   template <typename Fn>
   Tensor reduced_over_tp(Context& ctx, const std::vector<Parameter*>& params, Fn backward);
-  std::vector<Tensor*> cache_slots();
+  std::vector<Tensor*> cache_slots() override;
 
   Gpt2Config config_;
   Gpt2Part part_;
