@@ -128,7 +128,9 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                         {"forward_ms", r.forward_ms}, {"backward_ms", r.backward_ms},
                         {"optimizer_ms", r.optimizer_ms}, {"peak_rss_mb", r.peak_rss_mb},
                         {"peak_alloc_mb", r.peak_alloc_mb}, {"flops_per_token", r.flops_per_token},
-                        {"parameters", r.num_parameters}};
+                        {"parameters", r.num_parameters},
+                        {"fma_peak_gflops", r.fma_peak_gflops}, {"fma_isa", r.fma_isa},
+                        {"roofline_share", r.roofline_share}};
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     j["openblas_coretype"] = coretype ? coretype : "";
     std::cout << j.dump() << std::endl;
@@ -137,6 +139,8 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                 r.shape.c_str(), r.ranks, r.threads, r.zero, static_cast<long>(r.steps));
     std::printf("  %.1f tokens/s, %.1f GFLOP/s, step %.1f ms (fwd %.1f, bwd %.1f, opt %.1f)\n",
                 r.tokens_per_s, r.gflops, r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms);
+    std::printf("  fp32 FMA peak of %d thread(s) (%s loop, measured now) %.1f GFLOP/s: %.0f%% of it\n",
+                r.ranks * r.threads, r.fma_isa.c_str(), r.fma_peak_gflops, 100.0 * r.roofline_share);
     if (r.ranks > 1)
       std::printf("  waiting for communication %.1f ms per step (%.1f%%)\n", r.comm_wait_ms,
                   100.0 * r.comm_wait_fraction);

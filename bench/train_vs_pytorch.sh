@@ -37,11 +37,11 @@ for shape in "${shapes[@]}"; do
     else
       peer_rows=("-" "-")
     fi
-    lt=$(echo "$loom" | "$PY" -c 'import json,sys; j=json.load(sys.stdin); print("%.0f | %.1f | %.0f" % (j["tokens_per_s"], j["gflops"], j["peak_rss_mb"]))')
+    lt=$(echo "$loom" | "$PY" -c 'import json,sys; j=json.load(sys.stdin); print("%.0f | %.1f | %.0f%% | %.0f" % (j["tokens_per_s"], j["gflops"], 100 * j["roofline_share"], j["peak_rss_mb"]))')
     rows+=("| $shape | $t | $lt | ${peer_rows[0]} | ${peer_rows[1]} |")
   done
 done
 echo
-echo "| shape | threads | Loom tokens/s | Loom GFLOP/s | Loom peak RSS MiB | PyTorch as is tokens/s | PyTorch at its best tokens/s |"
-echo "|---|---|---|---|---|---|---|"
+echo "| shape | threads | Loom tokens/s | Loom GFLOP/s | of the FMA peak measured in the run | Loom peak RSS MiB | PyTorch as is tokens/s | PyTorch at its best tokens/s |"
+echo "|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"

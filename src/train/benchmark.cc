@@ -10,6 +10,7 @@
 #include "base/thread_pool.h"
 #include "base/timer.h"
 #include "device/allocator.h"
+#include "kernels/cpu/fma_peak.h"
 #include "comm/local/local_backend.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
@@ -154,6 +155,11 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
     for (auto& t : threads) t.join();
     if (!error.empty()) fail(error);
   }
+  // The ceiling, measured right after the run with as many threads as it computed on.
+  const cpu::FmaPeak peak = cpu::measure_fma_peak(o.ranks * o.threads);
+  r.fma_peak_gflops = peak.gflops;
+  r.fma_isa = peak.isa;
+  r.roofline_share = r.gflops / peak.gflops;
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   r.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;

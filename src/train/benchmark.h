@@ -47,6 +47,11 @@ struct BenchResult {
   double comm_wait_fraction = 0;  // comm_wait_ms / step_ms
   double flops_per_token = 0;
   int64_t num_parameters = 0;
+  // The machine's fp32 FMA ceiling for ranks × threads threads, measured in the same run
+  // (kernels/cpu/fma_peak.h), and the share of it the training achieved.
+  double fma_peak_gflops = 0;
+  std::string fma_isa;
+  double roofline_share = 0;  // gflops / fma_peak_gflops
 };
 
 // Global batch = ranks × shape.batch sequences; tokens/s counts all ranks.
