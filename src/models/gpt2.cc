@@ -122,12 +122,18 @@ void Gpt2Block::clear_cache() {
   input_ = Tensor();
 }
 
+Gpt2Part Gpt2Part::resolved(int64_t n_layers) const {
+  Gpt2Part p = *this;
+  if (p.end_block < 0) p.end_block = n_layers;
+  if (p.first_block < 0 || p.first_block > p.end_block || p.end_block > n_layers)
+    fail("model part: blocks [", p.first_block, ", ", p.end_block, ") out of range for ",
+         n_layers, " layers");
+  return p;
+}
+
 Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part) : config_(config), part_(part) {
   config_.validate();
-  if (part_.end_block < 0) part_.end_block = config_.n_layers;
-  if (part_.first_block < 0 || part_.first_block > part_.end_block || part_.end_block > config_.n_layers)
-    fail("model part: blocks [", part_.first_block, ", ", part_.end_block, ") out of range for ",
-         config_.n_layers, " layers");
+  part_ = part.resolved(config_.n_layers);
   // Unit "root" (when this part has the embedding or the head): the embeddings and the final
   // LayerNorm, used at both ends of the network; then one unit per block (nn/hooks.h). A part
   // with the head but not the embedding holds its own copy of the tied wte (same name, so the

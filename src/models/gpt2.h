@@ -74,6 +74,9 @@ struct Gpt2Part {
   int64_t end_block = -1;
   bool embedding = true;
   bool head = true;
+
+  // end_block −1 made explicit; throws naming the range when it does not fit `n_layers`.
+  Gpt2Part resolved(int64_t n_layers) const;
 };
 
 // What one pipeline stage of GPT-2 runs, whatever splits it further: Gpt2 (one device) and

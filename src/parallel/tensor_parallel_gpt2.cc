@@ -10,10 +10,7 @@ TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_paralle
                const Gpt2Part& part)
     : config_(config), part_(part), tp_(tp), sequence_parallel_(sequence_parallel) {
   config_.validate();
-  if (part_.end_block < 0) part_.end_block = config_.n_layers;
-  if (part_.first_block < 0 || part_.first_block > part_.end_block || part_.end_block > config_.n_layers)
-    fail("model part: blocks [", part_.first_block, ", ", part_.end_block, ") out of range for ",
-         config_.n_layers, " layers");
+  part_ = part.resolved(config_.n_layers);
   // Units as Gpt2's: the root when the part has either end, then one per block.
   if (part_.embedding || part_.head) {
     params_.begin_unit("root");

@@ -211,8 +211,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     int64_t parameters = 0, blocks = 0;
     for (Gpt2Stage* part : parts) {
       for (const auto& p : part->params().parameters()) parameters += p->numel();
-      const Gpt2Part& range = part->part();
-      blocks += (range.end_block < 0 ? config.model.n_layers : range.end_block) - range.first_block;
+      blocks += part->part().end_block - part->part().first_block;  // parts are resolved
     }
     Tensor mine = Tensor::empty({3}, DType::kF64, device);
     mine.data<double>()[0] = static_cast<double>(parameters);

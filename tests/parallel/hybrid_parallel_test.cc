@@ -108,12 +108,6 @@ threads_per_rank = 1
     return o;
   }
 
-  static std::vector<double> read_losses(const fs::path& run_dir) {
-    std::vector<double> out;
-    for (const auto& record : testing::read_metrics(run_dir)) out.push_back(record["loss"].get<double>());
-    return out;
-  }
-
   static fs::path root_;
   static std::vector<double> reference_;
 };
