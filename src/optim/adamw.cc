@@ -26,18 +26,19 @@ AdamW::AdamW(const AdamWConfig& config, std::vector<AdamWSegment> segments, int6
   v_ = Tensor::zeros({state_numel}, DType::kF32, device);
 }
 
-void AdamW::step(ThreadPool& pool, float lr) {
+void AdamW::step(ThreadPool& pool, float lr, float grad_scale) {
   LOOM_CHECK(params_ != nullptr);
-  step(pool, lr, params_->values().data<float>(), params_->grads().data<float>());
+  step(pool, lr, params_->values().data<float>(), params_->grads().data<float>(), grad_scale);
 }
 
-void AdamW::step(ThreadPool& pool, float lr, float* values, const float* grads) {
+void AdamW::step(ThreadPool& pool, float lr, float* values, const float* grads, float grad_scale) {
   ++step_;
   for (const AdamWSegment& s : segments_) {
     const float decay = s.decay ? config_.weight_decay : 0.0f;
     cpu::adamw_update(pool, values + s.value_offset, grads + s.grad_offset,
                       m_.data<float>() + s.state_offset, v_.data<float>() + s.state_offset,
-                      s.numel, lr, config_.beta1, config_.beta2, config_.eps, decay, step_);
+                      s.numel, lr, config_.beta1, config_.beta2, config_.eps, decay, step_,
+                      grad_scale);
   }
 }
 
@@ -51,9 +52,14 @@ float lr_schedule(int64_t step, int64_t total, int64_t warmup, float lr, float m
   return static_cast<float>(lr * (min_ratio + (1.0 - min_ratio) * cosine));
 }
 
+double grad_norm(ThreadPool& pool, ParameterStore& params) {
+  const Tensor& g = params.grads();
+  return std::sqrt(cpu::sum_squares<float>(pool, g.data<float>(), g.numel()));
+}
+
 double clip_grad_norm(ThreadPool& pool, ParameterStore& params, double max_norm) {
   Tensor& g = params.grads();
-  const double norm = std::sqrt(cpu::sum_squares<float>(pool, g.data<float>(), g.numel()));
+  const double norm = grad_norm(pool, params);
   const float coef = clip_coefficient(norm, max_norm);
   if (coef != 1.0f) cpu::scale_inplace<float>(pool, g.data<float>(), coef, g.numel());
   return norm;

@@ -37,9 +37,10 @@ class AdamW {
   AdamW(const AdamWConfig& config, std::vector<AdamWSegment> segments, int64_t state_numel,
         Device device);
   // One update with learning rate `lr` from the gradients currently in the store (first form).
-  void step(ThreadPool& pool, float lr);
+  // Gradients are read multiplied by `grad_scale` (a clipping factor; see kernels/cpu/adamw.h).
+  void step(ThreadPool& pool, float lr, float grad_scale = 1.0f);
   // One update of the segments' elements of `values` from `grads` (second form).
-  void step(ThreadPool& pool, float lr, float* values, const float* grads);
+  void step(ThreadPool& pool, float lr, float* values, const float* grads, float grad_scale = 1.0f);
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t step) { step_ = step; }
@@ -70,6 +71,9 @@ float lr_schedule(int64_t step, int64_t total, int64_t warmup, float lr, float m
 // The global L2 norm of all gradients; when max_norm > 0 and the norm exceeds it, scales every
 // gradient by max_norm / norm. Returns the norm before clipping.
 double clip_grad_norm(ThreadPool& pool, ParameterStore& params, double max_norm);
+
+// The global L2 norm of all gradients, which are left as they are.
+double grad_norm(ThreadPool& pool, ParameterStore& params);
 
 // The factor clip_grad_norm scales gradients by for a global norm `norm` (1 when no clipping):
 // for callers that compute the norm of sharded gradients themselves.

@@ -83,6 +83,7 @@ class ZeroDataParallel final : public DataParallel {
   Tensor shard_values_;  // stage 3
   Tensor shard_grads_;   // stages 2/3
   int64_t micro_index_ = 0, micro_count_ = 1;
+  float grad_scale_ = 1.0f;  // clip_grad_norm's factor, applied by the next optimizer_step
 
   // Stages 0/1.
   std::vector<Bucket> buckets_;
@@ -223,6 +224,7 @@ void ZeroDataParallel::wait(const WorkHandle& work) {
 
 void ZeroDataParallel::begin_step() {
   step_stats_ = DataParallelStepStats{};
+  grad_scale_ = 1.0f;
   params_.zero_grads();
   if (shard_grads_.defined()) shard_grads_.zero_();
   for (Bucket& b : buckets_) b.units_left = b.units;
@@ -347,7 +349,11 @@ void ZeroDataParallel::release_values(size_t u) {
 
 double ZeroDataParallel::clip_grad_norm(double max_norm) {
   Communicator* tp = tensor_parallel_;
-  if (stage_ < 2 && tp == nullptr) return loom::clip_grad_norm(pool_, params_, max_norm);
+  if (stage_ < 2 && tp == nullptr) {
+    const double norm = grad_norm(pool_, params_);
+    grad_scale_ = clip_coefficient(norm, max_norm);
+    return norm;
+  }
   Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;
   Tensor sum = Tensor::empty({1}, DType::kF64, device_);
   if (tp == nullptr) {
@@ -364,17 +370,18 @@ double ZeroDataParallel::clip_grad_norm(double max_norm) {
   if (stage_ >= 2) wait(dp_.all_reduce_async(sum, ReduceOp::kSum));
   if (tp != nullptr) wait(tp->all_reduce_async(sum, ReduceOp::kSum));
   const double norm = std::sqrt(sum.data<double>()[0]);
-  const float coef = clip_coefficient(norm, max_norm);
-  if (coef != 1.0f) cpu::scale_inplace<float>(pool_, grads.data<float>(), coef, grads.numel());
+  grad_scale_ = clip_coefficient(norm, max_norm);
   return norm;
 }
 
 void ZeroDataParallel::optimizer_step(float lr) {
+  const float gs = grad_scale_;
+  grad_scale_ = 1.0f;
   switch (stage_) {
-    case 0: optimizer_->step(pool_, lr); return;
-    case 1: optimizer_->step(pool_, lr, params_.values().data<float>(), params_.grads().data<float>()); break;
-    case 2: optimizer_->step(pool_, lr, params_.values().data<float>(), shard_grads_.data<float>()); break;
-    case 3: optimizer_->step(pool_, lr, shard_values_.data<float>(), shard_grads_.data<float>()); return;
+    case 0: optimizer_->step(pool_, lr, gs); return;
+    case 1: optimizer_->step(pool_, lr, params_.values().data<float>(), params_.grads().data<float>(), gs); break;
+    case 2: optimizer_->step(pool_, lr, params_.values().data<float>(), shard_grads_.data<float>(), gs); break;
+    case 3: optimizer_->step(pool_, lr, shard_values_.data<float>(), shard_grads_.data<float>(), gs); return;
   }
   // Stages 1/2: every rank updated its chunks of the full values; gather the others'.
   Tensor own = Tensor::empty({shard_numel_}, DType::kF32, device_);

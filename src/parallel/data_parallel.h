@@ -84,8 +84,10 @@ class DataParallel : public ParamHooks {
   virtual void begin_micro_batch(int64_t index, int64_t count) = 0;
   // Waits for the gradient communication this micro-batch started.
   virtual void end_micro_batch() = 0;
-  // The global gradient norm (of the full, averaged gradient); scales the gradients when it
-  // exceeds max_norm > 0.
+  // The global gradient norm (of the full, averaged gradient). When it exceeds max_norm > 0 the
+  // gradients are clipped by max_norm / norm: the stored gradients stay as they are and the
+  // next optimizer_step reads them times that factor (the same rounded values an in-place
+  // scaling would store, without a pass of its own over every gradient).
   virtual double clip_grad_norm(double max_norm) = 0;
   virtual void optimizer_step(float lr) = 0;
 

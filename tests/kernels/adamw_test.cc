@@ -62,5 +62,49 @@ TEST(AdamW, SeveralStepsMatchReference) {
   }
 }
 
+TEST(AdamW, FloatBitsDoNotDependOnTheSplitOrTheVectorPath) {
+  // One call over n elements (8-wide AVX2 body where built, scalar tail) against one call per
+  // element (scalar path only) and a 3-thread pool: the same bits everywhere.
+  const int64_t n = 40003;
+  auto p = convert<float>(random_vector(n, 7)), m = convert<float>(random_vector(n, 8, -0.1, 0.1));
+  auto v = convert<float>(random_vector(n, 9, 0, 0.01));
+  const auto g = convert<float>(random_vector(n, 10, -3, 3));
+  auto p1 = p, m1 = m, v1 = v, p3 = p, m3 = m, v3 = v;
+  ThreadPool one(1), three(3);
+  adamw_update(one, p1.data(), g.data(), m1.data(), v1.data(), n, kLr, kBeta1, kBeta2, kEps,
+               kWeightDecay, 4);
+  adamw_update(three, p3.data(), g.data(), m3.data(), v3.data(), n, kLr, kBeta1, kBeta2, kEps,
+               kWeightDecay, 4);
+  for (int64_t i = 0; i < n; ++i)
+    adamw_update(one, &p[i], &g[i], &m[i], &v[i], 1, kLr, kBeta1, kBeta2, kEps, kWeightDecay, 4);
+  EXPECT_EQ(p1, p);
+  EXPECT_EQ(m1, m);
+  EXPECT_EQ(v1, v);
+  EXPECT_EQ(p3, p);
+  EXPECT_EQ(m3, m);
+  EXPECT_EQ(v3, v);
+}
+
+TEST(AdamW, GradScaleEqualsScalingTheGradientsFirst) {
+  // Clipping folds its factor into the update: the result must be bitwise what scaling the
+  // stored gradients and then updating gives.
+  const int64_t n = 1000;
+  auto p = convert<float>(random_vector(n, 11)), m = convert<float>(random_vector(n, 12, -0.1, 0.1));
+  auto v = convert<float>(random_vector(n, 13, 0, 0.01));
+  auto g = convert<float>(random_vector(n, 14, -3, 3));
+  const float coef = 0.37f;
+  auto ps = p, ms = m, vs = v;
+  ThreadPool pool(2);
+  adamw_update(pool, ps.data(), g.data(), ms.data(), vs.data(), n, kLr, kBeta1, kBeta2, kEps,
+               kWeightDecay, 2, coef);
+  for (float& x : g) x *= coef;
+  adamw_update(pool, p.data(), g.data(), m.data(), v.data(), n, kLr, kBeta1, kBeta2, kEps,
+               kWeightDecay, 2);
+  EXPECT_EQ(ps, p);
+  EXPECT_EQ(ms, m);
+  EXPECT_EQ(vs, v);
+  EXPECT_NE(ps[0], convert<float>(random_vector(n, 11))[0]) << "the update moved nothing";
+}
+
 }  // namespace
 }  // namespace loom::cpu

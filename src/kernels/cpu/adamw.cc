@@ -4,46 +4,95 @@
 
 #include "base/check.h"
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 namespace loom::cpu {
 namespace {
 
-// ATen's lerp: the formula is chosen by the weight so that lerp(a, b, 1) is exactly b.
+// The update's scalar factors, rounded to Real once per call.
 template <typename Real>
-Real lerp(Real a, Real b, Real w) {
-  return w < Real(0.5) ? a + w * (b - a) : b - (b - a) * (Real(1) - w);
+struct Factors {
+  Real decay, w1, b2, w2, step_size, bc2_sqrt, eps, grad_scale;
+  bool lerp_from_m;  // ATen's lerp: a + w·(b − a) for w < 0.5, else b − (b − a)·(1 − w)
+  Real one_minus_w1;
+};
+
+// One element; the operations (and their fusion) mirror the AVX2 loop below.
+template <typename Real>
+inline void update_one(const Factors<Real>& f, Real& param, Real grad, Real& m, Real& v) {
+  const Real g = grad * f.grad_scale;
+  const Real diff = g - m;
+  const Real mi = f.lerp_from_m ? std::fma(diff, f.w1, m) : std::fma(-diff, f.one_minus_w1, g);
+  const Real vi = std::fma(v, f.b2, (f.w2 * g) * g);
+  const Real denom = std::sqrt(vi) / f.bc2_sqrt + f.eps;
+  param = std::fma(param, f.decay, -((mi / denom) * f.step_size));
+  m = mi;
+  v = vi;
 }
+
+template <typename Real>
+void update_range(const Factors<Real>& f, Real* param, const Real* grad, Real* m, Real* v,
+                  int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) update_one(f, param[i], grad[i], m[i], v[i]);
+}
+
+#ifdef __AVX2__
+// 8 floats at a time: memory-bound (4 streams in, 3 out), where the scalar loop was not.
+void update_range(const Factors<float>& f, float* param, const float* grad, float* m, float* v,
+                  int64_t i0, int64_t i1) {
+  const __m256 decay = _mm256_set1_ps(f.decay), w1 = _mm256_set1_ps(f.w1);
+  const __m256 one_minus_w1 = _mm256_set1_ps(f.one_minus_w1), b2 = _mm256_set1_ps(f.b2);
+  const __m256 w2 = _mm256_set1_ps(f.w2), step_size = _mm256_set1_ps(f.step_size);
+  const __m256 bc2_sqrt = _mm256_set1_ps(f.bc2_sqrt), eps = _mm256_set1_ps(f.eps);
+  const __m256 grad_scale = _mm256_set1_ps(f.grad_scale);
+  int64_t i = i0;
+  for (; i + 8 <= i1; i += 8) {
+    const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), grad_scale);
+    const __m256 mo = _mm256_loadu_ps(m + i);
+    const __m256 diff = _mm256_sub_ps(g, mo);
+    const __m256 mi = f.lerp_from_m ? _mm256_fmadd_ps(diff, w1, mo)
+                                    : _mm256_fnmadd_ps(diff, one_minus_w1, g);
+    const __m256 vi =
+        _mm256_fmadd_ps(_mm256_loadu_ps(v + i), b2, _mm256_mul_ps(_mm256_mul_ps(w2, g), g));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2_sqrt), eps);
+    const __m256 u = _mm256_mul_ps(_mm256_div_ps(mi, denom), step_size);
+    _mm256_storeu_ps(param + i, _mm256_fmsub_ps(_mm256_loadu_ps(param + i), decay, u));
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, vi);
+  }
+  for (; i < i1; ++i) update_one(f, param[i], grad[i], m[i], v[i]);
+}
+#endif
 
 }  // namespace
 
 template <typename Real>
 void adamw_update(ThreadPool& pool, Real* param, const Real* grad, Real* m, Real* v, int64_t n,
                   double lr, double beta1, double beta2, double eps, double weight_decay,
-                  int64_t step) {
+                  int64_t step, Real grad_scale) {
   LOOM_CHECK_MSG(step >= 1, "AdamW steps count from 1");
   const double step_d = static_cast<double>(step);
-  const Real decay = static_cast<Real>(1 - lr * weight_decay);
-  const Real w1 = static_cast<Real>(1 - beta1);
-  const Real b2 = static_cast<Real>(beta2);
-  const Real w2 = static_cast<Real>(1 - beta2);
-  const Real step_size = static_cast<Real>(lr / (1 - std::pow(beta1, step_d)));
-  const Real bc2_sqrt = static_cast<Real>(std::sqrt(1 - std::pow(beta2, step_d)));
-  const Real eps_r = static_cast<Real>(eps);
+  Factors<Real> f;
+  f.decay = static_cast<Real>(1 - lr * weight_decay);
+  f.w1 = static_cast<Real>(1 - beta1);
+  f.one_minus_w1 = Real(1) - f.w1;
+  f.lerp_from_m = f.w1 < Real(0.5);
+  f.b2 = static_cast<Real>(beta2);
+  f.w2 = static_cast<Real>(1 - beta2);
+  f.step_size = static_cast<Real>(lr / (1 - std::pow(beta1, step_d)));
+  f.bc2_sqrt = static_cast<Real>(std::sqrt(1 - std::pow(beta2, step_d)));
+  f.eps = static_cast<Real>(eps);
+  f.grad_scale = grad_scale;
   pool.parallel_for(n, 1 << 14, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const Real g = grad[i];
-      const Real mi = lerp(m[i], g, w1);
-      const Real vi = v[i] * b2 + w2 * g * g;
-      const Real denom = std::sqrt(vi) / bc2_sqrt + eps_r;
-      param[i] = param[i] * decay - step_size * (mi / denom);
-      m[i] = mi;
-      v[i] = vi;
-    }
+    update_range(f, param, grad, m, v, i0, i1);
   });
 }
 
 template void adamw_update<float>(ThreadPool&, float*, const float*, float*, float*, int64_t,
-                                  double, double, double, double, double, int64_t);
+                                  double, double, double, double, double, int64_t, float);
 template void adamw_update<double>(ThreadPool&, double*, const double*, double*, double*, int64_t,
-                                   double, double, double, double, double, int64_t);
+                                   double, double, double, double, double, int64_t, double);
 
 }  // namespace loom::cpu
