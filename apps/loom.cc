@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "kernels/cpu/fma_peak.h"
 #include "parallel/pipeline_schedule.h"
 #include "train/benchmark.h"
 #include "train/generate.h"
@@ -251,6 +252,12 @@ int main(int argc, char** argv) {
   bench_train->add_option("--warmup", bench.warmup, "untimed steps first")->capture_default_str();
   bench_train->add_flag("--json", json, "one JSON object");
 
+  int fma_threads = 1;
+  double fma_seconds = 1.0;
+  auto* bench_fma = bench_cmd->add_subcommand("fma", "the fp32 FMA peak of this CPU (the roofline `bench train` is measured against)");
+  bench_fma->add_option("--threads", fma_threads, "threads running the FMA loop at once")->capture_default_str();
+  bench_fma->add_option("--seconds", fma_seconds, "how long each thread runs")->capture_default_str();
+
   BenchCommArgs comm_args;
   auto* bench_comm = bench_cmd->add_subcommand("comm", "collective bandwidth (algbw, busbw, memcpy ceiling)");
   bench_comm->add_option("--backend", comm_args.backend, "local or mpi")->capture_default_str();
@@ -298,6 +305,14 @@ int main(int argc, char** argv) {
     }
     if (sample_cmd->parsed()) return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
     if (bench_train->parsed()) return cmd_bench(shape, bench, json);
+    if (bench_fma->parsed()) {
+      if (fma_threads < 1) fail("--threads must be >= 1, got ", fma_threads);
+      if (!(fma_seconds > 0)) fail("--seconds must be > 0, got ", fma_seconds);
+      const cpu::FmaPeak peak = cpu::measure_fma_peak(fma_threads, fma_seconds);
+      std::printf("fp32 FMA peak, %d thread(s), %s loop: %.1f GFLOP/s\n", fma_threads, peak.isa,
+                  peak.gflops);
+      return 0;
+    }
     if (bench_comm->parsed()) return cmd_bench_comm(comm_args, std::vector<std::string>(argv, argv + argc));
     if (schedule_cmd->parsed()) return cmd_schedule(sched_name, sched_pp, sched_m, sched_v);
     if (hang_cmd->parsed()) {
