@@ -4,7 +4,7 @@
 
 #include "base/check.h"
 
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 
@@ -19,15 +19,26 @@ struct Factors {
   Real one_minus_w1;
 };
 
+// a·b + c, fused (one rounding) where the build targets FMA, as the AVX2 loop below is; two
+// roundings elsewhere, where a libm fma call would be slow.
+template <typename Real>
+inline Real mul_add(Real a, Real b, Real c) {
+#ifdef __FMA__
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // One element; the operations (and their fusion) mirror the AVX2 loop below.
 template <typename Real>
 inline void update_one(const Factors<Real>& f, Real& param, Real grad, Real& m, Real& v) {
   const Real g = grad * f.grad_scale;
   const Real diff = g - m;
-  const Real mi = f.lerp_from_m ? std::fma(diff, f.w1, m) : std::fma(-diff, f.one_minus_w1, g);
-  const Real vi = std::fma(v, f.b2, (f.w2 * g) * g);
+  const Real mi = f.lerp_from_m ? mul_add(diff, f.w1, m) : mul_add(-diff, f.one_minus_w1, g);
+  const Real vi = mul_add(v, f.b2, (f.w2 * g) * g);
   const Real denom = std::sqrt(vi) / f.bc2_sqrt + f.eps;
-  param = std::fma(param, f.decay, -((mi / denom) * f.step_size));
+  param = mul_add(param, f.decay, -((mi / denom) * f.step_size));
   m = mi;
   v = vi;
 }
@@ -38,7 +49,7 @@ void update_range(const Factors<Real>& f, Real* param, const Real* grad, Real* m
   for (int64_t i = i0; i < i1; ++i) update_one(f, param[i], grad[i], m[i], v[i]);
 }
 
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__FMA__)
 // 8 floats at a time: memory-bound (4 streams in, 3 out), where the scalar loop was not.
 void update_range(const Factors<float>& f, float* param, const float* grad, float* m, float* v,
                   int64_t i0, int64_t i1) {
