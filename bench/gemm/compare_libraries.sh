@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Single-thread sgemm speed of the BLAS libraries Debian packages, on the GEMM shapes of a
-# gpt2-124m training step (bench/gemm/gemm_shapes.cc), one after the other on this machine.
+# gpt2-124m training step (bench/gemm/gemm_shapes.cc), one after the other on this machine; and
+# OpenBLAS on two threads, each GEMM split in two as Loom's gemm() splits it.
 #   bash bench/gemm/compare_libraries.sh        (LOOM=path/to/loom to print the FMA peak too)
 # Needs libopenblas-dev; BLIS (libblis-dev) and oneDNN (libdnnl-dev) are measured when installed.
 set -euo pipefail
@@ -9,9 +10,10 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 LOOM=${LOOM:-../../build/release/apps/loom}
-if [ -x "$LOOM" ]; then "$LOOM" bench fma --threads 1; else echo "# no loom binary at $LOOM: FMA peak not measured"; fi
+if [ -x "$LOOM" ]; then "$LOOM" bench fma --threads 1; "$LOOM" bench fma --threads 2; else echo "# no loom binary at $LOOM: FMA peak not measured"; fi
 g++ -O2 -DUSE_OPENBLAS gemm_shapes.cc -I/usr/include/x86_64-linux-gnu/openblas-pthread -lopenblas -o "$out/openblas"
 "$out/openblas"
+"$out/openblas" split2   # two threads, split as Loom's gemm() splits
 if [ -f /usr/include/x86_64-linux-gnu/blis.h ] || [ -f /usr/include/blis/blis.h ]; then
   g++ -O2 -DUSE_BLIS gemm_shapes.cc -I/usr/include/x86_64-linux-gnu -I/usr/include/blis -lblis -o "$out/blis"
   BLIS_NUM_THREADS=1 "$out/blis"
