@@ -1,6 +1,9 @@
 #include "tensor/rng.h"
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "base/error.h"
 
@@ -72,28 +75,51 @@ void init_normal(Tensor& local, uint64_t seed, std::string_view name, float mean
       fail("init '", name, "': local block ", shape_str(local.shape()), " at offset ",
            shape_str(region.offset), " does not fit in ", shape_str(region.global_shape));
   if (!local.device().is_cpu()) fail("init '", name, "': initialise on the host, then copy");
+  if (local.dtype() != DType::kF32 && local.dtype() != DType::kF64)
+    fail("init '", name, "': dtype ", dtype_name(local.dtype()), " (init into f32 and convert)");
   const PhiloxKey key = philox_key(seed, name);
   // Global row-major strides.
   std::vector<int64_t> gstride(nd, 1);
   for (int d = nd - 2; d >= 0; --d) gstride[d] = gstride[d + 1] * region.global_shape[d + 1];
-  std::vector<int64_t> idx(nd, 0);
+  // Elements [i0, i1) of the local block, in row-major order. Each value depends only on its
+  // global index, so any split of the block gives the same bits.
+  auto fill = [&](int64_t i0, int64_t i1) {
+    std::vector<int64_t> idx(nd, 0);
+    for (int64_t d = nd - 1, rest = i0; d >= 0; --d) {
+      idx[d] = rest % local.dim(static_cast<int>(d));
+      rest /= local.dim(static_cast<int>(d));
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+      int64_t g = 0;
+      for (int d = 0; d < nd; ++d) g += (region.offset[d] + idx[d]) * gstride[d];
+      const double v = static_cast<double>(mean) + static_cast<double>(std) * normal_at(key, g);
+      if (local.dtype() == DType::kF32) {
+        local.data<float>()[i] = static_cast<float>(v);
+      } else {
+        local.data<double>()[i] = v;
+      }
+      for (int d = nd - 1; d >= 0; --d) {
+        if (++idx[d] < local.dim(d)) break;
+        idx[d] = 0;
+      }
+    }
+  };
+  // ~60 ns an element (Philox + Box-Muller in double): a 124M-parameter model took 8 s on one
+  // core. Large blocks are split over the machine's cores; this runs once, at start-up, before
+  // any rank's thread pool is busy.
+  constexpr int64_t kPerThread = int64_t{1} << 20;
   const int64_t n = local.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t g = 0;
-    for (int d = 0; d < nd; ++d) g += (region.offset[d] + idx[d]) * gstride[d];
-    const double v = static_cast<double>(mean) + static_cast<double>(std) * normal_at(key, g);
-    if (local.dtype() == DType::kF32) {
-      local.data<float>()[i] = static_cast<float>(v);
-    } else if (local.dtype() == DType::kF64) {
-      local.data<double>()[i] = v;
-    } else {
-      fail("init '", name, "': dtype ", dtype_name(local.dtype()), " (init into f32 and convert)");
-    }
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++idx[d] < local.dim(d)) break;
-      idx[d] = 0;
-    }
+  const int64_t threads = std::min<int64_t>(
+      std::max(1u, std::thread::hardware_concurrency()), (n + kPerThread - 1) / kPerThread);
+  if (threads <= 1) {
+    fill(0, n);
+    return;
   }
+  std::vector<std::thread> workers;
+  for (int64_t t = 1; t < threads; ++t)
+    workers.emplace_back(fill, n * t / threads, n * (t + 1) / threads);
+  fill(0, n / threads);
+  for (std::thread& w : workers) w.join();
 }
 
 void init_constant(Tensor& t, double value) {

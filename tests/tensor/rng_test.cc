@@ -40,6 +40,25 @@ TEST(Init, ShardsInitialiseExactlyAsSlicesOfTheWhole) {
   }
 }
 
+TEST(Init, LargeBlocksSplitOverThreadsGiveTheSameBits) {
+  // Blocks over 1M elements are filled by several threads (where the machine has several cores):
+  // every element must still be normal_at(key, its global index), whatever the split, and a
+  // column shard (its rows strided in the whole) must match the whole's columns.
+  const Shape shape{1500, 1536};  // 2.3M elements
+  Tensor whole = Tensor::empty(shape);
+  init_normal(whole, 99, "wte", 0.0f, 0.02f);
+  const PhiloxKey key = philox_key(99, "wte");
+  const float* w = whole.data<float>();
+  for (int64_t g : {int64_t{0}, int64_t{1} << 20, int64_t{1152000}, int64_t{1500 * 1536 - 1}})
+    ASSERT_EQ(w[g], static_cast<float>(static_cast<double>(0.02f) * normal_at(key, g)))
+        << "element " << g;
+  Tensor part = Tensor::empty({1500, 768});
+  init_normal(part, 99, "wte", 0.0f, 0.02f, Region::slice(shape, 1, 768));
+  for (int64_t i = 0; i < 1500; ++i)
+    ASSERT_EQ(std::memcmp(part.data<float>() + i * 768, w + i * 1536 + 768, 768 * sizeof(float)), 0)
+        << "row " << i;
+}
+
 TEST(Init, DependsOnSeedAndName) {
   Tensor a = Tensor::empty({64}), b = Tensor::empty({64}), c = Tensor::empty({64});
   init_normal(a, 1, "x", 0, 1);
