@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kKeys =
-    "dp, tp, pp, zero, schedule, virtual_stages (v), sequence_parallel (sp), micro_batch_size (mbs)";
+    "dp, tp, pp, zero, schedule, virtual_stages (v), sequence_parallel (sp), micro_batch_size (mbs), "
+    "recompute";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -59,6 +60,7 @@ std::string CheckLayout::name() const {
   if (virtual_stages) add("v=" + std::to_string(*virtual_stages));
   if (sequence_parallel) add(std::string("sp=") + (*sequence_parallel ? "1" : "0"));
   if (micro_batch_size) add("mbs=" + std::to_string(*micro_batch_size));
+  if (recompute) add("recompute=" + *recompute);
   return s.empty() ? "one device" : s;
 }
 
@@ -112,6 +114,10 @@ std::vector<CheckLayout> parse_layouts(std::string_view text) {
         else bad("needs 0, 1, true or false");
       } else if (key == "micro_batch_size") {
         l.micro_batch_size = positive();
+      } else if (key == "recompute") {
+        if (value != "none" && value != "full" && value != "selective")
+          bad("needs none, full or selective");
+        l.recompute = std::string(value);
       } else {
         bad("has an unknown key '" + key + "' (keys: " + kKeys + ")");
       }
@@ -170,6 +176,10 @@ Config layout_config(const Config& common, const Config& user, const CheckLayout
   par.schedule = l.schedule.value_or(
       l.virtual_stages && *l.virtual_stages > 1 ? std::string("interleaved") : base.schedule);
   if (par.pp != base.pp || par.virtual_stages != base.virtual_stages) par.layer_split.clear();
+  if (l.recompute) {
+    par.recompute = *l.recompute;
+    c.train.recompute = false;  // the deprecated alias would otherwise turn "none" into "full"
+  }
   c.runtime.ranks = l.ranks();
   TrainConfig& t = c.train;
   if (l.micro_batch_size) {
@@ -286,6 +296,7 @@ LayoutCheckResult check_layouts(const Config& config, const std::vector<CheckLay
     row.schedule = l.pp > 1 ? c.parallel.schedule : "";
     row.virtual_stages = c.parallel.virtual_stages;
     row.micro_batch_size = c.train.micro_batch_size;
+    row.recompute = c.resolved_recompute();
     const fs::path dir = root / run_dir_name(i + 1, row.layout);
     if (kept) row.run_dir = dir.string();
     if (options.on_run) options.on_run(static_cast<int>(i) + 1, count, row.layout);
@@ -390,6 +401,7 @@ std::string layout_check_json(const LayoutCheckResult& r) {
                         {"zero", row.zero},
                         {"sequence_parallel", row.sequence_parallel},
                         {"micro_batch_size", row.micro_batch_size},
+                        {"recompute", row.recompute},
                         {"status", row.status},
                         {"seconds", row.seconds}};
     if (!row.schedule.empty()) {

@@ -32,6 +32,7 @@ struct CheckLayout {
   std::optional<int> virtual_stages;
   std::optional<bool> sequence_parallel;
   std::optional<int64_t> micro_batch_size;
+  std::optional<std::string> recompute;  // none, full or selective (parallel.recompute)
 
   int ranks() const { return dp * tp * pp; }
   // Canonical text: the degrees above 1, then the optional settings given, "dp=2,tp=2,zero=1";
@@ -66,6 +67,7 @@ struct LayoutCheckRow {
   std::string schedule;       // "" when pp = 1
   int virtual_stages = 1;
   int64_t micro_batch_size = 0;
+  std::string recompute = "none";
   std::string status;         // "ok", "DIFFERS" or "error"
   std::string error;          // the message when status is "error"
   double loss_max_rel_dev = 0;   // max over steps of |loss − ref| / |ref|

@@ -79,6 +79,10 @@ TEST(ParseLayouts, KeysAliasesAndCanonicalNames) {
   EXPECT_EQ(l[3].micro_batch_size, 1);
   EXPECT_EQ(l[3].name(), "pp=2,v=2,mbs=1");
   EXPECT_EQ(l[4].sequence_parallel, true);
+  const auto r = parse_layouts("dp=2,recompute=selective;tp=2,recompute=none");
+  EXPECT_EQ(r[0].recompute, "selective");
+  EXPECT_EQ(r[0].name(), "dp=2,recompute=selective");
+  EXPECT_EQ(r[1].recompute, "none");
   EXPECT_EQ(parse_layouts("dp=1")[0].name(), "one device");
   EXPECT_EQ(parse_layouts(kDefaultCheckLayouts).size(), 6u);
 }
@@ -91,6 +95,7 @@ TEST(ParseLayouts, BadItemsAreNamed) {
   expect_error_naming("tp", "\"tp\" is not key=value");
   expect_error_naming("dp=2,,tp=2", "is empty");
   expect_error_naming("dp=2,dp=4", "repeats the key dp");
+  expect_error_naming("dp=2,recompute=some", "needs none, full or selective");
   expect_error_naming("zero=4", "\"zero=4\"");
   expect_error_naming("pp=2,schedule=zigzag", "schedule=zigzag");
   expect_error_naming("tp=2,sp=yes", "sp=yes");
@@ -99,8 +104,9 @@ TEST(ParseLayouts, BadItemsAreNamed) {
 
 TEST_F(LayoutCheckTest, DataTensorAndPipelineParallelMatchOneDevice) {
   const LayoutCheckResult r =
-      check_layouts(config(), parse_layouts("dp=2;tp=2;pp=2;dp=2,zero=1"), options());
-  ASSERT_EQ(r.rows.size(), 4u);
+      check_layouts(config(), parse_layouts("dp=2;tp=2;pp=2;dp=2,zero=1;pp=2,tp=2,recompute=full"),
+                    options());
+  ASSERT_EQ(r.rows.size(), 5u);
   ASSERT_EQ(r.reference_losses.size(), 4u);
   EXPECT_EQ(r.steps, 4);
   for (const LayoutCheckRow& row : r.rows) {
@@ -111,6 +117,8 @@ TEST_F(LayoutCheckTest, DataTensorAndPipelineParallelMatchOneDevice) {
   }
   EXPECT_EQ(r.rows[3].zero, 1);
   EXPECT_EQ(r.rows[0].ranks, 2);
+  EXPECT_EQ(r.rows[0].recompute, "none");
+  EXPECT_EQ(r.rows[4].recompute, "full");
   EXPECT_TRUE(r.all_ok());
   EXPECT_TRUE(r.out_dir.empty());
   const std::string table = format_layout_check(r);
@@ -118,7 +126,8 @@ TEST_F(LayoutCheckTest, DataTensorAndPipelineParallelMatchOneDevice) {
   EXPECT_NE(table.find("one device (reference)"), std::string::npos) << table;
   EXPECT_NE(table.find("dp=2,zero=1"), std::string::npos) << table;
   const nlohmann::json j = nlohmann::json::parse(layout_check_json(r));
-  EXPECT_EQ(j["rows"].size(), 4u);
+  EXPECT_EQ(j["rows"].size(), 5u);
+  EXPECT_EQ(j["rows"][4]["recompute"], "full");
   EXPECT_EQ(j["rows"][2]["layout"], "pp=2");
   EXPECT_EQ(j["rows"][2]["status"], "ok");
   EXPECT_TRUE(j["all_ok"].get<bool>());
