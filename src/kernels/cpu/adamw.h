@@ -11,8 +11,9 @@
 // here instead of making a pass of its own over all gradients.
 //
 // The float path runs 8 elements at a time with AVX2 + FMA where the build targets it, and the
-// scalar path performs the same correctly rounded operations (explicit fma where the vector
-// code fuses), so an element's bits do not depend on the path, the thread split or the ISA.
+// scalar path performs the same correctly rounded operations (fma where the vector code fuses),
+// so within a build an element's bits do not depend on the path or the thread split. Builds
+// without FMA (the sanitizer builds) round a·b + c twice, as before.
 //
 // n = number of elements.
 #pragma once
