@@ -32,6 +32,7 @@
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel_gpt2.h"
 #include "train/pipeline_io.h"
+#include "train/evaluate.h"
 #include "train/layout_report.h"
 #include "train/sharded_io.h"
 
@@ -52,23 +53,7 @@ Gpt2Config model_config_of(const Config& config) {
 
 namespace {
 
-// Mean loss over `batches` validation micro-batches, read from the start of the split every time
-// so evaluations are comparable across steps and across resumed runs.
-double evaluate(Context& ctx,
-                const std::function<double(Context&, const Tensor&, const Tensor&)>& forward,
-                const std::function<void()>& clear, const std::vector<std::string>& shards,
-                int64_t batch, int64_t seq_len, int64_t batches) {
-  DataLoader loader(shards, batch, seq_len);
-  Tensor inputs = Tensor::empty({batch, seq_len}, DType::kI32);
-  Tensor targets = Tensor::empty({batch, seq_len}, DType::kI32);
-  double total = 0;
-  for (int64_t i = 0; i < batches; ++i) {
-    loader.next_batch(inputs.data<int32_t>(), targets.data<int32_t>());
-    total += forward(ctx, inputs, targets);
-    clear();
-  }
-  return total / static_cast<double>(batches);
-}
+
 
 
 }  // namespace
@@ -301,10 +286,12 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const bool last = step == tc.steps;
     double val = -1;
     if (!val_shards.empty() && (step % tc.eval_every == 0 || last)) {
-      // Every rank evaluates the same batches (ZeRO-3 needs all of them in each gather).
+      // Data-parallel replicas share the batches out; under ZeRO-3 every forward gathers
+      // parameters over dp, so there every rank runs them all (as does each pipeline stage).
+      Communicator* split = config.parallel.zero < 3 ? &dp : nullptr;
       val = pipelined ? evaluate_pipeline(*pipe, val_shards, micro, seq_len, tc.eval_batches, device)
                       : evaluate(ctx, model_forward, model_clear, val_shards, micro, seq_len,
-                                 tc.eval_batches);
+                                 tc.eval_batches, split);
       summary.last_val_loss = val;
     }
     if (leader) {

@@ -7,6 +7,8 @@
 // under another layout, ZeRO-3 shards initialise like the full model, the measured state bytes
 // follow the ZeRO paper's figures, and bucket all-reduces complete while backward still runs.
 #include <gtest/gtest.h>
+
+#include <tuple>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,6 +24,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/run_compare.h"
 #include "tensor/rng.h"
+#include "train/evaluate.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -136,6 +139,66 @@ INSTANTIATE_TEST_SUITE_P(Grid, DataParallelEquivalence, ::testing::ValuesIn(all_
                                   std::to_string(p.param.zero) + "_micro" +
                                   std::to_string(p.param.micro_batches);
                          });
+
+TEST_F(DataParallelRuns, EvaluationIsSharedOutOverReplicas) {
+  // 3 micro-batches over 2 ranks: rank 0 runs batches 0 and 2, rank 1 batch 1; both return the
+  // mean one rank gets running all three. The "loss" here is a function of the batch's tokens.
+  const std::vector<std::string> shards = {(root_ / "data" / "val_000000.bin").string()};
+  const auto token_loss = [](Context&, const Tensor& inputs, const Tensor&) {
+    return static_cast<double>(inputs.data<int32_t>()[0] + 3 * inputs.data<int32_t>()[5]);
+  };
+  ThreadPool pool(1);
+  Context one{&pool, Device::cpu(), DType::kF32, nullptr};
+  int calls = 0;
+  const auto count = [&calls] { ++calls; };
+  const double whole = evaluate(one, token_loss, count, shards, 2, 16, 3, nullptr);
+  EXPECT_EQ(calls, 3);
+  std::vector<int> rank_calls(2, 0);
+  std::vector<double> rank_val(2, 0.0);
+  testing::run_on_thread_ranks(2, [&](Communicator& comm) {
+    ThreadPool rank_pool(1);
+    Context ctx{&rank_pool, Device::cpu(comm.rank()), DType::kF32, nullptr};
+    int& n = rank_calls[comm.rank()];
+    rank_val[comm.rank()] = evaluate(ctx, token_loss, [&n] { ++n; }, shards, 2, 16, 3, &comm);
+  });
+  EXPECT_EQ(rank_calls, (std::vector<int>{2, 1}));
+  EXPECT_EQ(rank_val[0], whole);
+  EXPECT_EQ(rank_val[1], whole);
+}
+
+TEST_F(DataParallelRuns, ReplicasShareTheEvaluationAndReportOneDevicesValidationLoss) {
+  // Evaluation covers eval_batches micro-batches of micro_batch_size sequences, whatever the
+  // layout; data-parallel replicas share them out (3 over dp = 2 or 4: unequal shares, a rank with
+  // none) and all-reduce the sum. ZeRO-3 replicas evaluate all of them (each forward gathers over
+  // dp). Same micro-batch size everywhere, so every layout sees the same validation data.
+  const auto run_with_eval = [](const std::string& name, int dp, int zero) {
+    Config c = config(dp, zero, 1);
+    c.train.micro_batch_size = 3;  // accumulation makes up the rest of the batch of 36
+    c.train.eval_every = 5;
+    c.train.eval_batches = 3;
+    c.data.val = (root_ / "data" / "val_*.bin").string();
+    TrainOptions o;
+    o.run_dir = (root_ / name).string();
+    o.progress = false;
+    run_training(c, o);
+    return metrics(name);
+  };
+  const auto val_losses = [](const std::vector<nlohmann::json>& m) {
+    std::vector<double> out;
+    for (const auto& r : m)
+      if (r.contains("val_loss")) out.push_back(r["val_loss"].get<double>());
+    return out;
+  };
+  const std::vector<double> one = val_losses(run_with_eval("eval_one", 1, 0));
+  ASSERT_EQ(one.size(), 2u);  // steps 5 and 10
+  for (const auto& [name, dp, zero] : {std::tuple{"eval_dp2", 2, 1}, std::tuple{"eval_dp4", 4, 0},
+                                       std::tuple{"eval_dp2_zero3", 2, 3}}) {
+    const std::vector<double> got = val_losses(run_with_eval(name, dp, zero));
+    ASSERT_EQ(got.size(), one.size()) << name;
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_NEAR(got[i], one[i], 1e-5 * std::abs(one[i])) << name << " evaluation " << i;
+  }
+}
 
 TEST_F(DataParallelRuns, SameLayoutTwiceIsBitwiseIdentical) {
   for (const Layout l : {Layout{3, 3, 3}, Layout{2, 0, 1}}) {

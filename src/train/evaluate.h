@@ -1,0 +1,26 @@
+// The validation loss of a training run: the mean loss over `batches` validation micro-batches
+// of `batch` sequences, read from the start of the split every time so evaluations are
+// comparable across steps, resumed runs and layouts (with the same micro-batch size).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "nn/context.h"
+#include "tensor/tensor.h"
+
+namespace loom {
+
+// `forward` returns one micro-batch's mean loss; `clear` drops what it kept for backward. With
+// `split` (a data-parallel group), rank r runs the micro-batches i with i mod size = r and the
+// sums are all-reduced (f64), so a dp-way run spends 1/dp of one device's evaluation time (every
+// rank returns the same value); without, this rank runs them all.
+double evaluate(Context& ctx,
+                const std::function<double(Context&, const Tensor&, const Tensor&)>& forward,
+                const std::function<void()>& clear, const std::vector<std::string>& shards,
+                int64_t batch, int64_t seq_len, int64_t batches, Communicator* split);
+
+}  // namespace loom
