@@ -51,13 +51,6 @@ Gpt2Config model_config_of(const Config& config) {
   return m;
 }
 
-namespace {
-
-
-
-
-}  // namespace
-
 // One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
 // checkpoints, progress); every rank computes.
 TrainSummary train_on(Communicator& world, const Config& config_in, const TrainOptions& options,
