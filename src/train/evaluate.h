@@ -9,18 +9,18 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "nn/context.h"
+#include "device/device.h"
 #include "tensor/tensor.h"
 
 namespace loom {
 
-// `forward` returns one micro-batch's mean loss; `clear` drops what it kept for backward. With
-// `split` (a data-parallel group), rank r runs the micro-batches i with i mod size = r and the
-// sums are all-reduced (f64), so a dp-way run spends 1/dp of one device's evaluation time (every
-// rank returns the same value); without, this rank runs them all.
-double evaluate(Context& ctx,
-                const std::function<double(Context&, const Tensor&, const Tensor&)>& forward,
-                const std::function<void()>& clear, const std::vector<std::string>& shards,
-                int64_t batch, int64_t seq_len, int64_t batches, Communicator* split);
+// `loss` runs one micro-batch forward (a model, or a whole pipeline) and returns its mean loss,
+// keeping nothing for backward. With `split` (a data-parallel group), rank r runs the
+// micro-batches i with i mod size = r and the sums are all-reduced (f64), so a dp-way run spends
+// 1/dp of one device's evaluation time (every rank returns the same value); without, this rank
+// runs them all. Token tensors are made on `device`.
+double evaluate(const std::function<double(const Tensor& inputs, const Tensor& targets)>& loss,
+                const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
+                int64_t batches, Device device, Communicator* split);
 
 }  // namespace loom

@@ -31,7 +31,6 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel_gpt2.h"
-#include "train/pipeline_io.h"
 #include "train/evaluate.h"
 #include "train/layout_report.h"
 #include "train/sharded_io.h"
@@ -279,12 +278,16 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const bool last = step == tc.steps;
     double val = -1;
     if (!val_shards.empty() && (step % tc.eval_every == 0 || last)) {
-      // Data-parallel replicas share the batches out; under ZeRO-3 every forward gathers
-      // parameters over dp, so there every rank runs them all (as does each pipeline stage).
+      // Data-parallel replicas (whole pipelines when pp > 1) share the micro-batches out; under
+      // ZeRO-3 every forward gathers parameters over dp, so there every rank runs them all.
       Communicator* split = config.parallel.zero < 3 ? &dp : nullptr;
-      val = pipelined ? evaluate_pipeline(*pipe, val_shards, micro, seq_len, tc.eval_batches, device)
-                      : evaluate(ctx, model_forward, model_clear, val_shards, micro, seq_len,
-                                 tc.eval_batches, split);
+      const auto micro_batch_loss = [&](const Tensor& in, const Tensor& tg) {
+        if (pipelined) return pipe->evaluate(in, tg);
+        const double l = model_forward(ctx, in, tg);
+        model_clear();
+        return l;
+      };
+      val = evaluate(micro_batch_loss, val_shards, micro, seq_len, tc.eval_batches, device, split);
       summary.last_val_loss = val;
     }
     if (leader) {

@@ -144,22 +144,19 @@ TEST_F(DataParallelRuns, EvaluationIsSharedOutOverReplicas) {
   // 3 micro-batches over 2 ranks: rank 0 runs batches 0 and 2, rank 1 batch 1; both return the
   // mean one rank gets running all three. The "loss" here is a function of the batch's tokens.
   const std::vector<std::string> shards = {(root_ / "data" / "val_000000.bin").string()};
-  const auto token_loss = [](Context&, const Tensor& inputs, const Tensor&) {
+  const auto token_loss = [](const Tensor& inputs, const Tensor&) {
     return static_cast<double>(inputs.data<int32_t>()[0] + 3 * inputs.data<int32_t>()[5]);
   };
-  ThreadPool pool(1);
-  Context one{&pool, Device::cpu(), DType::kF32, nullptr};
   int calls = 0;
-  const auto count = [&calls] { ++calls; };
-  const double whole = evaluate(one, token_loss, count, shards, 2, 16, 3, nullptr);
+  const auto counted = [&](const Tensor& in, const Tensor& tg) { ++calls; return token_loss(in, tg); };
+  const double whole = evaluate(counted, shards, 2, 16, 3, Device::cpu(), nullptr);
   EXPECT_EQ(calls, 3);
   std::vector<int> rank_calls(2, 0);
   std::vector<double> rank_val(2, 0.0);
   testing::run_on_thread_ranks(2, [&](Communicator& comm) {
-    ThreadPool rank_pool(1);
-    Context ctx{&rank_pool, Device::cpu(comm.rank()), DType::kF32, nullptr};
     int& n = rank_calls[comm.rank()];
-    rank_val[comm.rank()] = evaluate(ctx, token_loss, [&n] { ++n; }, shards, 2, 16, 3, &comm);
+    const auto mine = [&](const Tensor& in, const Tensor& tg) { ++n; return token_loss(in, tg); };
+    rank_val[comm.rank()] = evaluate(mine, shards, 2, 16, 3, Device::cpu(comm.rank()), &comm);
   });
   EXPECT_EQ(rank_calls, (std::vector<int>{2, 1}));
   EXPECT_EQ(rank_val[0], whole);
@@ -168,11 +165,14 @@ TEST_F(DataParallelRuns, EvaluationIsSharedOutOverReplicas) {
 
 TEST_F(DataParallelRuns, ReplicasShareTheEvaluationAndReportOneDevicesValidationLoss) {
   // Evaluation covers eval_batches micro-batches of micro_batch_size sequences, whatever the
-  // layout; data-parallel replicas share them out (3 over dp = 2 or 4: unequal shares, a rank with
-  // none) and all-reduce the sum. ZeRO-3 replicas evaluate all of them (each forward gathers over
-  // dp). Same micro-batch size everywhere, so every layout sees the same validation data.
-  const auto run_with_eval = [](const std::string& name, int dp, int zero) {
+  // layout; data-parallel replicas (whole pipelines with pp) share them out (3 over dp = 2 or 4:
+  // unequal shares, a rank with none) and all-reduce the sum. ZeRO-3 replicas evaluate all of them
+  // (each forward gathers over dp). Same micro-batch size everywhere, so every layout sees the
+  // same validation data.
+  const auto run_with_eval = [](const std::string& name, int dp, int zero, int pp) {
     Config c = config(dp, zero, 1);
+    c.parallel.pp = pp;
+    c.runtime.ranks = dp * pp;
     c.train.micro_batch_size = 3;  // accumulation makes up the rest of the batch of 36
     c.train.eval_every = 5;
     c.train.eval_batches = 3;
@@ -189,11 +189,13 @@ TEST_F(DataParallelRuns, ReplicasShareTheEvaluationAndReportOneDevicesValidation
       if (r.contains("val_loss")) out.push_back(r["val_loss"].get<double>());
     return out;
   };
-  const std::vector<double> one = val_losses(run_with_eval("eval_one", 1, 0));
+  const std::vector<double> one = val_losses(run_with_eval("eval_one", 1, 0, 1));
   ASSERT_EQ(one.size(), 2u);  // steps 5 and 10
-  for (const auto& [name, dp, zero] : {std::tuple{"eval_dp2", 2, 1}, std::tuple{"eval_dp4", 4, 0},
-                                       std::tuple{"eval_dp2_zero3", 2, 3}}) {
-    const std::vector<double> got = val_losses(run_with_eval(name, dp, zero));
+  // dp × pp = 2 × 2: the two pipelines share the micro-batches out.
+  for (const auto& [name, dp, zero, pp] :
+       {std::tuple{"eval_dp2", 2, 1, 1}, std::tuple{"eval_dp4", 4, 0, 1},
+        std::tuple{"eval_dp2_zero3", 2, 3, 1}, std::tuple{"eval_dp2_pp2", 2, 1, 2}}) {
+    const std::vector<double> got = val_losses(run_with_eval(name, dp, zero, pp));
     ASSERT_EQ(got.size(), one.size()) << name;
     for (size_t i = 0; i < one.size(); ++i)
       EXPECT_NEAR(got[i], one[i], 1e-5 * std::abs(one[i])) << name << " evaluation " << i;
