@@ -3,9 +3,7 @@
 #include <cmath>
 
 #include "base/error.h"
-#include "kernels/cpu/cross_entropy.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/ops.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -46,7 +44,7 @@ namespace {
 void add_into(Context& ctx, Tensor& acc, const Tensor& x) {
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    cpu::add_inplace<T>(*ctx.pool, acc.data<T>(), x.data<T>(), acc.numel());
+    ops::add_inplace<T>(ctx.exec(), acc.data<T>(), x.data<T>(), acc.numel());
   });
 }
 }  // namespace
@@ -192,11 +190,11 @@ double Gpt2::head_forward(Context& ctx, const Tensor& x, const Tensor& targets) 
   return dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
     // LM head tied to the token embedding: logits = final · wteᵀ.
-    cpu::matmul_forward<T>(*ctx.pool, dlogits_.data<T>(), final_.data<T>(), wte.value.data<T>(),
+    ops::matmul_forward<T>(ctx.exec(), dlogits_.data<T>(), final_.data<T>(), wte.value.data<T>(),
                            nullptr, N, C, V);
-    cpu::cross_entropy_forward<T>(*ctx.pool, losses.data<T>(), lse_.data<T>(), dlogits_.data<T>(),
+    ops::cross_entropy_forward<T>(ctx.exec(), losses.data<T>(), lse_.data<T>(), dlogits_.data<T>(),
                                   targets.data<int32_t>(), N, V);
-    return cpu::sum<T>(*ctx.pool, losses.data<T>(), N) / static_cast<double>(N);
+    return ops::sum<T>(ctx.exec(), losses.data<T>(), N) / static_cast<double>(N);
   });
 }
 
@@ -240,9 +238,9 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);
       T_* dlogits = dlogits_.data<T_>();  // logits are overwritten by their gradient in place
-      cpu::cross_entropy_backward<T_>(*ctx.pool, dlogits, dlogits, lse_.data<T_>(),
+      ops::cross_entropy_backward<T_>(ctx.exec(), dlogits, dlogits, lse_.data<T_>(),
                                       targets_.data<int32_t>(), static_cast<T_>(scale / N), N, V);
-      cpu::matmul_backward<T_>(*ctx.pool, dfinal.data<T_>(), wte.grad.data<T_>(), nullptr, dlogits,
+      ops::matmul_backward<T_>(ctx.exec(), dfinal.data<T_>(), wte.grad.data<T_>(), nullptr, dlogits,
                                final_.data<T_>(), wte.value.data<T_>(), N, C, V);
     });
     const Shape shape = {targets_.dim(0), targets_.dim(1), C};
@@ -276,7 +274,7 @@ Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {
   const Parameter& wte = *head_wte_;
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    cpu::matmul_forward<T_>(*ctx.pool, out.data<T_>(), final.data<T_>(), wte.value.data<T_>(),
+    ops::matmul_forward<T_>(ctx.exec(), out.data<T_>(), final.data<T_>(), wte.value.data<T_>(),
                             nullptr, B * T, C, V);
   });
   after_forward_root(ctx);

@@ -1,7 +1,7 @@
 #include "nn/causal_self_attention.h"
 
 #include "base/error.h"
-#include "kernels/cpu/attention.h"
+#include "kernels/ops.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -25,8 +25,8 @@ Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
   lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    cpu::attention_forward<T_>(*ctx.pool, att_.data<T_>(), lse_.data<T_>(), qkv_out_.data<T_>(),
-                               B, T, channels_, heads_);
+    ops::attention_forward<T_>(ctx.exec(), att_.data<T_>(), lse_.data<T_>(), qkv_out_.data<T_>(), B,
+                               T, channels_, heads_);
   });
   return proj_.forward(ctx, att_);
 }
@@ -37,7 +37,7 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
   Tensor dqkv = Tensor::empty(qkv_out_.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    cpu::attention_backward<T_>(*ctx.pool, dqkv.data<T_>(), datt.data<T_>(), qkv_out_.data<T_>(),
+    ops::attention_backward<T_>(ctx.exec(), dqkv.data<T_>(), datt.data<T_>(), qkv_out_.data<T_>(),
                                 att_.data<T_>(), lse_.data<T_>(), B, T, channels_, heads_);
   });
   qkv_out_ = att_ = lse_ = Tensor();

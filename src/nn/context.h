@@ -4,6 +4,7 @@
 
 #include "base/thread_pool.h"
 #include "device/device.h"
+#include "kernels/exec.h"
 #include "nn/hooks.h"
 #include "tensor/dtype.h"
 
@@ -14,6 +15,8 @@ struct Context {
   Device device = Device::cpu();
   DType dtype = DType::kF32;  // activations' compute dtype (f64 in gradient checks)
   ParamHooks* hooks = nullptr;  // a parallel strategy's hooks (nn/hooks.h); none on one device
+
+  Exec exec() const { return {pool, device}; }  // where kernels/ops.h runs this module's kernels
 };
 
 // Hook calls that do nothing without hooks.

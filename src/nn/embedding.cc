@@ -1,7 +1,7 @@
 #include "nn/embedding.h"
 
 #include "base/error.h"
-#include "kernels/cpu/embedding.h"
+#include "kernels/ops.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -24,7 +24,7 @@ Tensor Embedding::forward(Context& ctx, const Tensor& tokens) {
   Tensor out = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    cpu::embedding_forward<T_>(*ctx.pool, out.data<T_>(), tokens.data<int32_t>(),
+    ops::embedding_forward<T_>(ctx.exec(), out.data<T_>(), tokens.data<int32_t>(),
                                wte_->value.data<T_>(), wpe_->value.data<T_>(), B, T, channels_,
                                vocab_);
   });
@@ -36,7 +36,7 @@ void Embedding::backward(Context& ctx, const Tensor& dy) {
   const int64_t B = tokens_.dim(0), T = tokens_.dim(1);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    cpu::embedding_backward<T_>(*ctx.pool, wte_->grad.data<T_>(), wpe_->grad.data<T_>(),
+    ops::embedding_backward<T_>(ctx.exec(), wte_->grad.data<T_>(), wpe_->grad.data<T_>(),
                                 dy.data<T_>(), tokens_.data<int32_t>(), B, T, channels_);
   });
   tokens_ = Tensor();

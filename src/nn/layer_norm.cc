@@ -1,6 +1,6 @@
 #include "nn/layer_norm.h"
 
-#include "kernels/cpu/layernorm.h"
+#include "kernels/ops.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -20,7 +20,7 @@ Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
   Tensor y = Tensor::empty(x.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    cpu::layernorm_forward<T>(*ctx.pool, y.data<T>(), mean_.data<T>(), rstd_.data<T>(),
+    ops::layernorm_forward<T>(ctx.exec(), y.data<T>(), mean_.data<T>(), rstd_.data<T>(),
                               x.data<T>(), weight_->value.data<T>(), bias_->value.data<T>(), n,
                               channels_);
   });
@@ -39,10 +39,9 @@ Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::empty(x_.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    cpu::layernorm_backward<T>(*ctx.pool, dx.data<T>(), weight_->grad.data<T>(),
-                               bias_->grad.data<T>(), dy.data<T>(), x_.data<T>(),
-                               weight_->value.data<T>(), mean_.data<T>(), rstd_.data<T>(), n,
-                               channels_);
+    ops::layernorm_backward<T>(
+        ctx.exec(), dx.data<T>(), weight_->grad.data<T>(), bias_->grad.data<T>(), dy.data<T>(),
+        x_.data<T>(), weight_->value.data<T>(), mean_.data<T>(), rstd_.data<T>(), n, channels_);
   });
   clear_cache();
   return dx;

@@ -1,6 +1,6 @@
 #include "nn/linear.h"
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/ops.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -26,7 +26,7 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
   const int64_t n = x.numel() / in_;
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    cpu::matmul_forward<T>(*ctx.pool, y.data<T>(), x.data<T>(), weight_->value.data<T>(),
+    ops::matmul_forward<T>(ctx.exec(), y.data<T>(), x.data<T>(), weight_->value.data<T>(),
                            bias_ ? bias_->value.data<T>() : nullptr, n, in_, out_);
   });
   return y;
@@ -43,7 +43,7 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   const int64_t n = x_.numel() / in_;
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    cpu::matmul_backward<T>(*ctx.pool, dx.data<T>(), weight_->grad.data<T>(),
+    ops::matmul_backward<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(),
                             bias_ ? bias_->grad.data<T>() : nullptr, dy.data<T>(), x_.data<T>(),
                             weight_->value.data<T>(), n, in_, out_);
   });

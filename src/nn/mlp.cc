@@ -1,6 +1,6 @@
 #include "nn/mlp.h"
 
-#include "kernels/cpu/gelu.h"
+#include "kernels/ops.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -14,7 +14,7 @@ Tensor Mlp::gelu(Context& ctx) const {
   Tensor g = Tensor::empty(h_.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    cpu::gelu_forward<T>(*ctx.pool, g.data<T>(), h_.data<T>(), h_.numel());
+    ops::gelu_forward<T>(ctx.exec(), g.data<T>(), h_.data<T>(), h_.numel());
   });
   return g;
 }
@@ -38,7 +38,7 @@ Tensor Mlp::backward(Context& ctx, const Tensor& dy) {
   // The GELU's input gradient overwrites its output gradient in place: one buffer less.
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    cpu::gelu_backward<T>(*ctx.pool, dg.data<T>(), h_.data<T>(), dg.data<T>(), h_.numel());
+    ops::gelu_backward<T>(ctx.exec(), dg.data<T>(), h_.data<T>(), dg.data<T>(), h_.numel());
   });
   h_ = Tensor();
   return fc_.backward(ctx, dg);

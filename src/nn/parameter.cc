@@ -44,6 +44,13 @@ Parameter* ParameterStore::add_shard(const std::string& name, const Shape& shape
 namespace {
 // Initialises one parameter's local tensor: the whole parameter, or its shard's pieces.
 void init_parameter(const Parameter& p, Tensor& local, uint64_t seed) {
+  if (!local.device().is_cpu()) {
+    // The initialisers run on the host (tensor/rng.h); a GPU's parameters are copied over.
+    Tensor host = Tensor::empty(local.shape(), local.dtype());
+    init_parameter(p, host, seed);
+    local.copy_from(host);
+    return;
+  }
   if (p.pieces.empty()) {
     switch (p.init) {
       case InitKind::kNormal: init_normal(local, seed, p.name, 0.0f, p.init_std); break;
@@ -131,6 +138,12 @@ void ParameterStore::initialize(uint64_t seed) {
 void ParameterStore::initialize_slice(uint64_t seed, int64_t begin, int64_t length,
                                       Tensor& out) const {
   LOOM_CHECK(allocated() && out.numel() == length && out.ndim() == 1);
+  if (!out.device().is_cpu()) {
+    Tensor host = Tensor::empty(out.shape(), out.dtype());
+    initialize_slice(seed, begin, length, host);
+    out.copy_from(host);
+    return;
+  }
   init_constant(out, 0.0);
   for (const auto& p : params_) {
     const int64_t lo = std::max(begin, p->offset), hi = std::min(begin + length, p->offset + p->numel());

@@ -3,8 +3,7 @@
 #include <cmath>
 
 #include "base/error.h"
-#include "kernels/cpu/adamw.h"
-#include "kernels/cpu/elementwise.h"
+#include "kernels/ops.h"
 
 namespace loom {
 
@@ -35,10 +34,10 @@ void AdamW::step(ThreadPool& pool, float lr, float* values, const float* grads, 
   ++step_;
   for (const AdamWSegment& s : segments_) {
     const float decay = s.decay ? config_.weight_decay : 0.0f;
-    cpu::adamw_update(pool, values + s.value_offset, grads + s.grad_offset,
-                      m_.data<float>() + s.state_offset, v_.data<float>() + s.state_offset,
-                      s.numel, lr, config_.beta1, config_.beta2, config_.eps, decay, step_,
-                      grad_scale);
+    ops::adamw_update<float>(Exec{&pool, m_.device()}, values + s.value_offset,
+                             grads + s.grad_offset, m_.data<float>() + s.state_offset,
+                             v_.data<float>() + s.state_offset, s.numel, lr, config_.beta1,
+                             config_.beta2, config_.eps, decay, step_, grad_scale);
   }
 }
 
@@ -54,14 +53,15 @@ float lr_schedule(int64_t step, int64_t total, int64_t warmup, float lr, float m
 
 double grad_norm(ThreadPool& pool, ParameterStore& params) {
   const Tensor& g = params.grads();
-  return std::sqrt(cpu::sum_squares<float>(pool, g.data<float>(), g.numel()));
+  return std::sqrt(ops::sum_squares<float>(Exec{&pool, g.device()}, g.data<float>(), g.numel()));
 }
 
 double clip_grad_norm(ThreadPool& pool, ParameterStore& params, double max_norm) {
   Tensor& g = params.grads();
   const double norm = grad_norm(pool, params);
   const float coef = clip_coefficient(norm, max_norm);
-  if (coef != 1.0f) cpu::scale_inplace<float>(pool, g.data<float>(), coef, g.numel());
+  if (coef != 1.0f)
+    ops::scale_inplace<float>(Exec{&pool, g.device()}, g.data<float>(), coef, g.numel());
   return norm;
 }
 

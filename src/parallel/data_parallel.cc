@@ -8,7 +8,7 @@
 #include "base/error.h"
 #include "base/timer.h"
 #include "device/allocator.h"
-#include "kernels/cpu/elementwise.h"
+#include "kernels/ops.h"
 
 namespace loom {
 namespace {
@@ -318,7 +318,8 @@ void ZeroDataParallel::drain_reduce_scatters(bool all) {
     if (!all) ++step_stats_.done_before_backward_end;
     wait(front.work);
     Tensor dst = shard_of(shard_grads_, front.unit);
-    cpu::add_inplace<float>(pool_, dst.data<float>(), front.output.data<float>(), dst.numel());
+    ops::add_inplace<float>(Exec{&pool_, device_}, dst.data<float>(), front.output.data<float>(),
+                            dst.numel());
     reducing_.pop_front();
   }
 }
@@ -358,13 +359,14 @@ double ZeroDataParallel::clip_grad_norm(double max_norm) {
   Tensor sum = Tensor::empty({1}, DType::kF64, device_);
   if (tp == nullptr) {
     // The shards partition the full gradient (padding is zero).
-    sum.data<double>()[0] = cpu::sum_squares<float>(pool_, grads.data<float>(), grads.numel());
+    sum.data<double>()[0] =
+        ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>(), grads.numel());
   } else {
     // Under tensor parallelism a replicated parameter's gradient is the same on every tp rank:
     // count it on tp rank 0 only.
     double s = 0;
     for (const auto& [offset, numel] : norm_ranges_)
-      s += cpu::sum_squares<float>(pool_, grads.data<float>() + offset, numel);
+      s += ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>() + offset, numel);
     sum.data<double>()[0] = s;
   }
   if (stage_ >= 2) wait(dp_.all_reduce_async(sum, ReduceOp::kSum));

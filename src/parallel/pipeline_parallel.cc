@@ -1,14 +1,14 @@
 // Pipeline parallelism: see pipeline_parallel.h.
 #include "parallel/pipeline_parallel.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
 #include "base/error.h"
 #include "base/timer.h"
-#include "kernels/cpu/elementwise.h"
+#include "kernels/ops.h"
 #include "parallel/tensor_parallel_gpt2.h"
 
 namespace loom {
@@ -213,7 +213,7 @@ double PipelineParallel::clip_grad_norm(double max_norm) {
     for (const auto& p : model->params().parameters()) {
       if (p.get() == duplicate) continue;
       if (tp != nullptr && p->pieces.empty() && tp->rank() != 0) continue;
-      sum += cpu::sum_squares<float>(pool_, p->grad.data<float>(), p->numel());
+      sum += ops::sum_squares<float>(Exec{&pool_, device_}, p->grad.data<float>(), p->numel());
     }
   }
   Tensor total = Tensor::zeros({1}, DType::kF64, device_);
@@ -225,7 +225,7 @@ double PipelineParallel::clip_grad_norm(double max_norm) {
   if (coef != 1.0f)
     for (auto& model : chunks_) {
       Tensor& g = model->params().grads();
-      cpu::scale_inplace<float>(pool_, g.data<float>(), coef, g.numel());
+      ops::scale_inplace<float>(Exec{&pool_, device_}, g.data<float>(), coef, g.numel());
     }
   return norm;
 }

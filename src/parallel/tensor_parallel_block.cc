@@ -4,9 +4,7 @@
 #include <cmath>
 
 #include "base/error.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/gelu.h"
+#include "kernels/ops.h"
 
 namespace loom {
 namespace {
@@ -67,28 +65,28 @@ Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T)
 
 Tensor TpGpt2Block::gelu(Context& ctx) const {
   Tensor g = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
-  cpu::gelu_forward<float>(*ctx.pool, g.data<float>(), h_.data<float>(), h_.numel());
+  ops::gelu_forward<float>(ctx.exec(), g.data<float>(), h_.data<float>(), h_.numel());
   return g;
 }
 
 Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   const int64_t B = B_, T = T_;
-  ThreadPool& pool = *ctx.pool;
+  const Exec ex = ctx.exec();
   qkv_out_ = qkv_.forward(ctx, ln_1_.forward(ctx, x));  // (B·T, 3C/P): this rank's heads
   att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
   lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
-  cpu::attention_forward<float>(pool, att_.data<float>(), lse_.data<float>(), qkv_out_.data<float>(),
+  ops::attention_forward<float>(ex, att_.data<float>(), lse_.data<float>(), qkv_out_.data<float>(),
                                 B, T, local_channels_, local_heads_);
   Tensor x1 = attn_proj_.forward(ctx, att_);
-  cpu::add_inplace<float>(pool, x1.data<float>(), x.data<float>(), x1.numel());
+  ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
   h_ = fc_.forward(ctx, ln_2_.forward(ctx, x1));
   Tensor y = mlp_proj_.forward(ctx, gelu(ctx));
-  cpu::add_inplace<float>(pool, y.data<float>(), x1.data<float>(), y.numel());
+  ops::add_inplace<float>(ex, y.data<float>(), x1.data<float>(), y.numel());
   return y;
 }
 
 Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
-  ThreadPool& pool = *ctx.pool;
+  const Exec ex = ctx.exec();
   const bool selective = recompute_ == Recompute::kSelective;
   if (recompute_ == Recompute::kFull) {
     LOOM_CHECK(input_.defined());
@@ -100,19 +98,19 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   // kept inputs, mean and rstd — with sequence parallelism all-gathered again).
   if (selective) mlp_proj_.restore_input(gelu(ctx));
   Tensor dg = mlp_proj_.backward(ctx, dy);
-  cpu::gelu_backward<float>(pool, dg.data<float>(), h_.data<float>(), dg.data<float>(), h_.numel());
+  ops::gelu_backward<float>(ex, dg.data<float>(), h_.data<float>(), dg.data<float>(), h_.numel());
   if (selective) fc_.restore_input(ln_2_.recompute_output(ctx));
   Tensor dx1 = ln_2_.backward(ctx, fc_.backward(ctx, dg));
-  cpu::add_inplace<float>(pool, dx1.data<float>(), dy.data<float>(), dx1.numel());
+  ops::add_inplace<float>(ex, dx1.data<float>(), dy.data<float>(), dx1.numel());
   // x1 = x + proj(attention(qkv(ln_1(x))))
   Tensor datt = attn_proj_.backward(ctx, dx1);
   Tensor dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
-  cpu::attention_backward<float>(pool, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(),
+  ops::attention_backward<float>(ex, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(),
                                  att_.data<float>(), lse_.data<float>(), B_, T_, local_channels_,
                                  local_heads_);
   if (selective) qkv_.restore_input(ln_1_.recompute_output(ctx));
   Tensor dx = ln_1_.backward(ctx, qkv_.backward(ctx, dqkv));
-  cpu::add_inplace<float>(pool, dx.data<float>(), dx1.data<float>(), dx.numel());
+  ops::add_inplace<float>(ex, dx.data<float>(), dx1.data<float>(), dx.numel());
   clear_cache();
   return dx;
 }

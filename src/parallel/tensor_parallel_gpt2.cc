@@ -2,7 +2,7 @@
 #include "parallel/tensor_parallel_gpt2.h"
 
 #include "base/error.h"
-#include "kernels/cpu/elementwise.h"
+#include "kernels/ops.h"
 
 namespace loom {
 
@@ -90,7 +90,7 @@ Tensor TpGpt2::reduced_over_tp(Context& ctx, const std::vector<Parameter*>& para
   for (size_t i = 0; i < params.size(); ++i) {
     Parameter* p = params[i];
     tp_.all_reduce(p->grad, ReduceOp::kSum);
-    cpu::add_inplace<float>(*ctx.pool, real[i].data<float>(), p->grad.data<float>(), p->numel());
+    ops::add_inplace<float>(ctx.exec(), real[i].data<float>(), p->grad.data<float>(), p->numel());
     p->grad = real[i];
   }
   return out;

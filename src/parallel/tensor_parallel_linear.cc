@@ -2,7 +2,7 @@
 #include "parallel/tensor_parallel_linear.h"
 
 #include "base/error.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/ops.h"
 
 namespace loom {
 namespace {
@@ -52,7 +52,8 @@ Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
   x_ = whole_input(x);
   const int64_t n = x_.dim(0);
   Tensor y = Tensor::empty({n, local_out_}, DType::kF32, ctx.device);
-  cpu::matmul_forward<float>(*ctx.pool, y.data<float>(), x_.data<float>(), weight_->value.data<float>(),
+  ops::matmul_forward<float>(ctx.exec(), y.data<float>(), x_.data<float>(),
+                             weight_->value.data<float>(),
                              bias_ ? bias_->value.data<float>() : nullptr, n, in_, local_out_);
   return y;
 }
@@ -61,7 +62,7 @@ Tensor ColumnParallelLinear::backward(Context& ctx, const Tensor& dy) {
   LOOM_CHECK(x_.defined());
   const int64_t n = x_.dim(0);
   Tensor dx = Tensor::empty({n, in_}, DType::kF32, ctx.device);
-  cpu::matmul_backward<float>(*ctx.pool, dx.data<float>(), weight_->grad.data<float>(),
+  ops::matmul_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
                               bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(),
                               x_.data<float>(), weight_->value.data<float>(), n, in_, local_out_);
   x_ = Tensor();
@@ -96,7 +97,7 @@ Tensor RowParallelLinear::forward(Context& ctx, const Tensor& x) {
   Tensor partial = Tensor::empty({n, out_}, DType::kF32, ctx.device);
   // The bias joins the sum once: rank 0 adds it to its partial output.
   const float* bias = bias_ != nullptr && tp_.rank() == 0 ? bias_->value.data<float>() : nullptr;
-  cpu::matmul_forward<float>(*ctx.pool, partial.data<float>(), x.data<float>(),
+  ops::matmul_forward<float>(ctx.exec(), partial.data<float>(), x.data<float>(),
                              weight_->value.data<float>(), bias, n, local_in_, out_);
   if (!sequence_parallel_) {
     tp_.all_reduce(partial, ReduceOp::kSum);
@@ -117,7 +118,7 @@ Tensor RowParallelLinear::backward(Context& ctx, const Tensor& dy) {
   }
   // dy_all holds every row, so the (replicated) bias gradient is whole on every rank.
   Tensor dx = Tensor::empty({n, local_in_}, DType::kF32, ctx.device);
-  cpu::matmul_backward<float>(*ctx.pool, dx.data<float>(), weight_->grad.data<float>(),
+  ops::matmul_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
                               bias_ ? bias_->grad.data<float>() : nullptr, dy_all.data<float>(),
                               x_.data<float>(), weight_->value.data<float>(), n, local_in_, out_);
   x_ = Tensor();

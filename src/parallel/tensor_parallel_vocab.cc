@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "base/error.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/ops.h"
 
 namespace loom {
 
@@ -86,7 +86,7 @@ double VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, c
   final_ = final;
   targets_ = targets;
   logits_ = Tensor::empty({N, Vl}, DType::kF32, ctx.device);
-  cpu::matmul_forward<float>(*ctx.pool, logits_.data<float>(), final.data<float>(),
+  ops::matmul_forward<float>(ctx.exec(), logits_.data<float>(), final.data<float>(),
                              wte_->value.data<float>(), nullptr, N, C, Vl);
   max_ = Tensor::empty({N}, DType::kF32, ctx.device);
   sum_ = Tensor::empty({N}, DType::kF32, ctx.device);
@@ -140,9 +140,9 @@ Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
     }
   });
   Tensor dfinal = Tensor::empty({N, C}, DType::kF32, ctx.device);
-  cpu::matmul_backward<float>(*ctx.pool, dfinal.data<float>(), wte_->grad.data<float>(), nullptr,
-                              logits_.data<float>(), final_.data<float>(), wte_->value.data<float>(),
-                              N, C, Vl);
+  ops::matmul_backward<float>(ctx.exec(), dfinal.data<float>(), wte_->grad.data<float>(), nullptr,
+                              logits_.data<float>(), final_.data<float>(),
+                              wte_->value.data<float>(), N, C, Vl);
   final_ = logits_ = max_ = sum_ = targets_ = Tensor();
   if (!sequence_parallel_) {
     tp_.all_reduce(dfinal, ReduceOp::kSum);

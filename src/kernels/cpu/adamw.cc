@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "base/check.h"
+#include "kernels/adamw_factors.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -11,13 +12,8 @@
 namespace loom::cpu {
 namespace {
 
-// The update's scalar factors, rounded to Real once per call.
 template <typename Real>
-struct Factors {
-  Real decay, w1, b2, w2, step_size, bc2_sqrt, eps, grad_scale;
-  bool lerp_from_m;  // ATen's lerp: a + w·(b − a) for w < 0.5, else b − (b − a)·(1 − w)
-  Real one_minus_w1;
-};
+using Factors = AdamWFactors<Real>;
 
 // a·b + c, fused (one rounding) where the build targets FMA, as the AVX2 loop below is; two
 // roundings elsewhere, where a libm fma call would be slow.
@@ -83,19 +79,8 @@ template <typename Real>
 void adamw_update(ThreadPool& pool, Real* param, const Real* grad, Real* m, Real* v, int64_t n,
                   double lr, double beta1, double beta2, double eps, double weight_decay,
                   int64_t step, Real grad_scale) {
-  LOOM_CHECK_MSG(step >= 1, "AdamW steps count from 1");
-  const double step_d = static_cast<double>(step);
-  Factors<Real> f;
-  f.decay = static_cast<Real>(1 - lr * weight_decay);
-  f.w1 = static_cast<Real>(1 - beta1);
-  f.one_minus_w1 = Real(1) - f.w1;
-  f.lerp_from_m = f.w1 < Real(0.5);
-  f.b2 = static_cast<Real>(beta2);
-  f.w2 = static_cast<Real>(1 - beta2);
-  f.step_size = static_cast<Real>(lr / (1 - std::pow(beta1, step_d)));
-  f.bc2_sqrt = static_cast<Real>(std::sqrt(1 - std::pow(beta2, step_d)));
-  f.eps = static_cast<Real>(eps);
-  f.grad_scale = grad_scale;
+  const Factors<Real> f =
+      adamw_factors<Real>(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   pool.parallel_for(n, 1 << 14, [&](int64_t i0, int64_t i1) {
     update_range(f, param, grad, m, v, i0, i1);
   });

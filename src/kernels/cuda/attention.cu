@@ -1,0 +1,196 @@
+// Causal self-attention, first version: heads are split out of qkv into contiguous (B·NH, T, hd)
+// tensors, scores go through batched cuBLASLt GEMMs into a (B·NH, T, T) scratch matrix, and a
+// warp per row does the causal softmax. Same contract as the CPU kernel (out and lse kept, the
+// backward recomputes the probabilities from lse); the T×T scratch is what a fused flash-style
+// kernel will remove.
+//
+// Backward, per head, with P = exp(S - lse) (zero above the diagonal) and D_i = Σ_d dO_id·O_id:
+//   dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP - D) / sqrt(hd),  dQ = dS·K,  dK = dSᵀ·Q.
+#include <cmath>
+
+#include "base/error.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = 8;  // one warp per row
+
+#define LOOM_FOR_EACH(i, n)                                                              \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+// Element (bh, t, d) of a (B·NH, T, hd) head tensor is column `part`·C + h·hd + d of row b·T + t
+// of a (B·T, width) matrix: qkv has width 3C and parts 0, 1, 2; out and dout width C, part 0.
+struct HeadIndex {
+  int64_t T, C, NH, hd;
+  __device__ int64_t operator()(int64_t i, int64_t width, int part) const {
+    const int64_t d = i % hd, t = (i / hd) % T, bh = i / (hd * T);
+    const int64_t b = bh / NH, h = bh % NH;
+    return (b * T + t) * width + part * C + h * hd + d;
+  }
+};
+
+__global__ void split_heads_kernel(float* q, float* k, float* v, const float* qkv, HeadIndex at,
+                                   int64_t n) {
+  LOOM_FOR_EACH(i, n) {
+    q[i] = qkv[at(i, 3 * at.C, 0)];
+    k[i] = qkv[at(i, 3 * at.C, 1)];
+    v[i] = qkv[at(i, 3 * at.C, 2)];
+  }
+}
+
+__global__ void merge_heads_kernel(float* dqkv, const float* dq, const float* dk, const float* dv,
+                                   HeadIndex at, int64_t n) {
+  LOOM_FOR_EACH(i, n) {
+    dqkv[at(i, 3 * at.C, 0)] = dq[i];
+    dqkv[at(i, 3 * at.C, 1)] = dk[i];
+    dqkv[at(i, 3 * at.C, 2)] = dv[i];
+  }
+}
+
+// heads (B·NH, T, hd) <-> rows (B·T, C)
+__global__ void heads_to_rows_kernel(float* rows, const float* heads, HeadIndex at, int64_t n) {
+  LOOM_FOR_EACH(i, n) rows[at(i, at.C, 0)] = heads[i];
+}
+__global__ void rows_to_heads_kernel(float* heads, const float* rows, HeadIndex at, int64_t n) {
+  LOOM_FOR_EACH(i, n) heads[i] = rows[at(i, at.C, 0)];
+}
+
+// Row i of each (T, T) score matrix, in place: P_ij = exp(S_ij - lse_i) for j <= i, else 0.
+__global__ void causal_softmax_kernel(float* S, float* lse, int64_t rows, int64_t T) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t i = row % T;
+  float* s = S + row * T;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, s[j]);
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int64_t j = lane; j <= i; j += 32) sum += expf(s[j] - mx);
+  const float l = mx + logf(warp_sum(sum));
+  for (int64_t j = lane; j < T; j += 32) s[j] = j <= i ? expf(s[j] - l) : 0.0f;
+  if (lane == 0) lse[row] = l;
+}
+
+// The backward's P from the saved lse, in place over the recomputed scores.
+__global__ void probabilities_kernel(float* S, const float* lse, int64_t rows, int64_t T) {
+  LOOM_FOR_EACH(e, rows * T) {
+    const int64_t row = e / T, j = e % T, i = row % T;
+    S[e] = j <= i ? expf(S[e] - lse[row]) : 0.0f;
+  }
+}
+
+// D (B·NH·T) = Σ_d dout ∘ out per head row; one warp per row.
+__global__ void row_dot_kernel(float* D, const float* dout, const float* out, HeadIndex at,
+                               int64_t rows) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  float acc = 0.0f;
+  for (int64_t d = lane; d < at.hd; d += 32) {
+    const int64_t e = at(row * at.hd + d, at.C, 0);
+    acc += dout[e] * out[e];
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) D[row] = acc;
+}
+
+// dS = P ∘ (dP - D) · scale, in place over dP (P is zero above the diagonal, so is dS).
+__global__ void softmax_backward_kernel(float* dP, const float* P, const float* D, float scale,
+                                        int64_t rows, int64_t T) {
+  LOOM_FOR_EACH(e, rows * T) {
+    const int64_t row = e / T;
+    dP[e] = P[e] * (dP[e] - D[row]) * scale;
+  }
+}
+
+unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+// Batched row-major GEMM over the B·NH heads: C_b = alpha·op(A_b)·op(B_b) (+ beta·C_b).
+void head_gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
+               int64_t stride_b, float* C, int64_t ldc, int64_t stride_c, int64_t heads) {
+  gemm(device, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, C, ldc, nullptr,
+       GemmBatch{heads, stride_a, stride_b, stride_c});
+}
+
+void check_shapes(int64_t C, int64_t NH) {
+  if (NH <= 0 || C % NH != 0) fail("attention: channels ", C, " not divisible by heads ", NH);
+}
+
+}  // namespace
+
+void attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                       int64_t C, int64_t NH) {
+  check_shapes(C, NH);
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  const int64_t hd = C / NH, heads = B * NH, n = B * T * C;
+  const HeadIndex at{T, C, NH, hd};
+  Scratch<float> q(device, n), k(device, n), v(device, n), y(device, n);
+  Scratch<float> S(device, heads * T * T);
+  split_heads_kernel<<<blocks_for(n, kThreads), kThreads>>>(q.get(), k.get(), v.get(), qkv, at, n);
+  check_launch("attention_forward (split heads)");
+  // S = Q·Kᵀ / sqrt(hd)
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, S.get(),
+            T, T * T, heads);
+  causal_softmax_kernel<<<row_blocks(heads * T), kRowsPerBlock * 32>>>(S.get(), lse, heads * T, T);
+  check_launch("attention_forward (softmax)");
+  // Y = P·V
+  head_gemm(device, false, false, T, hd, T, 1.0f, S.get(), T, T * T, v.get(), hd, T * hd, y.get(),
+            hd, T * hd, heads);
+  heads_to_rows_kernel<<<blocks_for(n, kThreads), kThreads>>>(out, y.get(), at, n);
+  check_launch("attention_forward (merge heads)");
+}
+
+void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) {
+  check_shapes(C, NH);
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  const int64_t hd = C / NH, heads = B * NH, n = B * T * C, rows = heads * T;
+  const HeadIndex at{T, C, NH, hd};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Scratch<float> q(device, n), k(device, n), v(device, n), dy(device, n);
+  Scratch<float> dq(device, n), dk(device, n), dv(device, n), D(device, rows);
+  Scratch<float> P(device, heads * T * T), dP(device, heads * T * T);
+
+  split_heads_kernel<<<blocks_for(n, kThreads), kThreads>>>(q.get(), k.get(), v.get(), qkv, at, n);
+  check_launch("attention_backward (split heads)");
+  rows_to_heads_kernel<<<blocks_for(n, kThreads), kThreads>>>(dy.get(), dout, at, n);
+  check_launch("attention_backward (dout to heads)");
+  row_dot_kernel<<<row_blocks(rows), kRowsPerBlock * 32>>>(D.get(), dout, out, at, rows);
+  check_launch("attention_backward (D)");
+
+  head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, P.get(),
+            T, T * T, heads);
+  probabilities_kernel<<<blocks_for(rows * T, kThreads), kThreads>>>(P.get(), lse, rows, T);
+  check_launch("attention_backward (P)");
+  // dV = Pᵀ·dO
+  head_gemm(device, true, false, T, hd, T, 1.0f, P.get(), T, T * T, dy.get(), hd, T * hd, dv.get(),
+            hd, T * hd, heads);
+  // dP = dO·Vᵀ, then dS in place
+  head_gemm(device, false, true, T, T, hd, 1.0f, dy.get(), hd, T * hd, v.get(), hd, T * hd,
+            dP.get(), T, T * T, heads);
+  softmax_backward_kernel<<<blocks_for(rows * T, kThreads), kThreads>>>(dP.get(), P.get(), D.get(),
+                                                                        scale, rows, T);
+  check_launch("attention_backward (dS)");
+  // dQ = dS·K, dK = dSᵀ·Q
+  head_gemm(device, false, false, T, hd, T, 1.0f, dP.get(), T, T * T, k.get(), hd, T * hd, dq.get(),
+            hd, T * hd, heads);
+  head_gemm(device, true, false, T, hd, T, 1.0f, dP.get(), T, T * T, q.get(), hd, T * hd, dk.get(),
+            hd, T * hd, heads);
+  merge_heads_kernel<<<blocks_for(n, kThreads), kThreads>>>(dqkv, dq.get(), dk.get(), dv.get(), at,
+                                                            n);
+  check_launch("attention_backward (merge heads)");
+}
+
+}  // namespace loom::cuda

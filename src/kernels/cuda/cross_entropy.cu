@@ -1,0 +1,68 @@
+// Softmax cross-entropy over the vocabulary: one block per row. As on the CPU, the row is shifted
+// by its max and exp is summed in double (V is large: 50304 for GPT-2).
+#include "base/error.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+
+__global__ void cross_entropy_forward_kernel(float* losses, float* lse, const float* logits,
+                                             const int32_t* targets, int64_t V) {
+  __shared__ float shared_max[32];
+  __shared__ double shared_sum[32];
+  const int64_t r = blockIdx.x;
+  const float* x = logits + r * V;
+  float mx = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
+  mx = block_max(mx, shared_max);
+  double sum = 0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += static_cast<double>(expf(x[v] - mx));
+  sum = block_sum(sum, shared_sum);
+  if (threadIdx.x == 0) {
+    const float l = mx + static_cast<float>(log(sum));
+    lse[r] = l;
+    losses[r] = l - x[targets[r]];
+  }
+}
+
+// dlogits may alias logits: each element is read, then written, by one thread.
+__global__ void cross_entropy_backward_kernel(float* dlogits, const float* logits, const float* lse,
+                                              const int32_t* targets, float dloss, int64_t V) {
+  const int64_t r = blockIdx.x;
+  const float* x = logits + r * V;
+  float* dx = dlogits + r * V;
+  const float l = lse[r];
+  const int32_t t = targets[r];
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = expf(x[v] - l) * dloss;
+    dx[v] = v == t ? p - dloss : p;
+  }
+}
+
+}  // namespace
+
+void cross_entropy_forward(int device, float* losses, float* lse, const float* logits,
+                           const int32_t* targets, int64_t N, int64_t V) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  int32_t bad = 0;
+  if (const int64_t i = first_out_of_range(targets, N, V, &bad); i >= 0)
+    fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V, ")");
+  cross_entropy_forward_kernel<<<static_cast<unsigned>(N), kThreads>>>(losses, lse, logits, targets,
+                                                                       V);
+  check_launch("cross_entropy_forward");
+}
+
+void cross_entropy_backward(int device, float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int64_t N, int64_t V) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  cross_entropy_backward_kernel<<<static_cast<unsigned>(N), kThreads>>>(dlogits, logits, lse,
+                                                                        targets, dloss, V);
+  check_launch("cross_entropy_backward");
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,162 @@
+// Elementwise kernels (residual add, scaling, GELU) and the double-precision sums behind the
+// gradient norm; plus the launch helpers of launch.cuh.
+#include <cstdlib>
+#include <cstring>
+
+#include "base/error.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+
+void check_launch(const char* kernel) {
+  const cudaError_t launch = cudaGetLastError();
+  if (launch != cudaSuccess)
+    fail("CUDA kernel ", kernel, " failed to launch: ", cudaGetErrorName(launch), ": ",
+         cudaGetErrorString(launch));
+  static const bool sync = [] {
+    const char* v = std::getenv("LOOM_CUDA_SYNC");
+    return v != nullptr && std::strcmp(v, "0") != 0 && *v != '\0';
+  }();
+  if (!sync) return;
+  const cudaError_t run = cudaDeviceSynchronize();
+  if (run != cudaSuccess)
+    fail("CUDA kernel ", kernel, " failed: ", cudaGetErrorName(run), ": ", cudaGetErrorString(run));
+}
+
+int blocks_for(int64_t n, int threads) {
+  int device = 0, sms = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t wanted = (n + threads - 1) / threads;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t{sms} * 32)));
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Grid-stride loop over [0, n).
+#define LOOM_FOR_EACH(i, n)                                                              \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+  LOOM_FOR_EACH(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void add_inplace_kernel(float* acc, const float* x, int64_t n) {
+  LOOM_FOR_EACH(i, n) acc[i] += x[i];
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  LOOM_FOR_EACH(i, n) x[i] *= s;
+}
+
+// The CPU's tanh form: 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))).
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
+  LOOM_FOR_EACH(i, n) {
+    const float x = inp[i];
+    const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanhf(u));
+  }
+}
+
+// d/dx = (1 + tanh u)/2 + x/2 · (1 - tanh² u) · sqrt(2/π)·(1 + 3·0.044715·x²)
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
+  LOOM_FOR_EACH(i, n) {
+    const float x = inp[i];
+    const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
+    const float th = tanhf(u);
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+    dinp[i] = (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du) * dout[i];
+  }
+}
+
+// Fixed grid for the sums, so the order of additions never changes with the GPU model.
+constexpr int kSumBlocks = 512;
+
+template <bool kSquares>
+__global__ void partial_sums_kernel(double* partials, const float* x, int64_t n) {
+  __shared__ double shared[32];
+  double acc = 0;
+  LOOM_FOR_EACH(i, n) {
+    const double v = x[i];
+    acc += kSquares ? v * v : v;
+  }
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+__global__ void final_sum_kernel(double* result, const double* partials, int count) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) *result = acc;
+}
+
+template <bool kSquares>
+double reduce(int device, const float* x, int64_t n, const char* name) {
+  if (n == 0) return 0;
+  DeviceGuard guard(device);
+  Scratch<double> partials(device, kSumBlocks + 1);
+  partial_sums_kernel<kSquares><<<kSumBlocks, kThreads>>>(partials.get(), x, n);
+  check_launch(name);
+  final_sum_kernel<<<1, kThreads>>>(partials.get() + kSumBlocks, partials.get(), kSumBlocks);
+  check_launch(name);
+  double result = 0;
+  LOOM_CUDA_CHECK(
+      cudaMemcpy(&result, partials.get() + kSumBlocks, sizeof result, cudaMemcpyDeviceToHost));
+  return result;
+}
+
+}  // namespace
+
+void add_forward(int device, float* out, const float* a, const float* b, int64_t n) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  add_kernel<<<blocks_for(n, kThreads), kThreads>>>(out, a, b, n);
+  check_launch("add_forward");
+}
+
+void add_inplace(int device, float* acc, const float* x, int64_t n) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  add_inplace_kernel<<<blocks_for(n, kThreads), kThreads>>>(acc, x, n);
+  check_launch("add_inplace");
+}
+
+void scale_inplace(int device, float* x, float s, int64_t n) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  scale_kernel<<<blocks_for(n, kThreads), kThreads>>>(x, s, n);
+  check_launch("scale_inplace");
+}
+
+double sum_squares(int device, const float* x, int64_t n) {
+  return reduce<true>(device, x, n, "sum_squares");
+}
+
+double sum(int device, const float* x, int64_t n) {
+  return reduce<false>(device, x, n, "sum");
+}
+
+void gelu_forward(int device, float* out, const float* inp, int64_t n) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  gelu_forward_kernel<<<blocks_for(n, kThreads), kThreads>>>(out, inp, n);
+  check_launch("gelu_forward");
+}
+
+void gelu_backward(int device, float* dinp, const float* inp, const float* dout, int64_t n) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  gelu_backward_kernel<<<blocks_for(n, kThreads), kThreads>>>(dinp, inp, dout, n);
+  check_launch("gelu_backward");
+}
+
+}  // namespace loom::cuda

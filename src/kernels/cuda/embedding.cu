@@ -1,0 +1,96 @@
+// Token + position embedding. The backward is deterministic without atomics: dwpe has one thread
+// per (t, c) summing over b in order; dwte has one thread per (channel, vocabulary partition):
+// it walks all B·T tokens in order and adds the rows whose id falls in its partition, so each
+// element of dwte has one owner and one order of additions, however often a token repeats.
+#include "base/error.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVocabPartitions = 64;
+
+__global__ void first_bad_kernel(unsigned long long* first, const int32_t* ids, int64_t n,
+                                 int64_t V) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    if (ids[i] < 0 || ids[i] >= V) atomicMin(first, static_cast<unsigned long long>(i));
+}
+
+__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
+                                         const float* wpe, int64_t BT, int64_t T, int64_t C) {
+  const int64_t n = BT * C;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t bt = i / C, c = i % C;
+    out[i] = wte[static_cast<int64_t>(tokens[bt]) * C + c] + wpe[(bt % T) * C + c];
+  }
+}
+
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, int64_t B, int64_t T,
+                                              int64_t C) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // t·C + c
+  if (i >= T * C) return;
+  float acc = 0.0f;
+  for (int64_t b = 0; b < B; ++b) acc += dout[b * T * C + i];
+  dwpe[i] += acc;
+}
+
+// Thread (c, p): channel c of every vocabulary row v with v % kVocabPartitions == p.
+__global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
+                                              int64_t BT, int64_t C) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int p = static_cast<int>(blockIdx.y);
+  if (c >= C) return;
+  for (int64_t i = 0; i < BT; ++i) {
+    const int32_t v = __ldg(tokens + i);
+    if (v % kVocabPartitions == p) dwte[static_cast<int64_t>(v) * C + c] += dout[i * C + c];
+  }
+}
+
+}  // namespace
+
+int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* bad) {
+  if (n == 0) return -1;
+  int device = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  Scratch<unsigned long long> first(device, 1);
+  const unsigned long long none = ~0ull;
+  LOOM_CUDA_CHECK(cudaMemcpy(first.get(), &none, sizeof none, cudaMemcpyHostToDevice));
+  first_bad_kernel<<<blocks_for(n, kThreads), kThreads>>>(first.get(), ids, n, V);
+  check_launch("first_bad_kernel");
+  unsigned long long at = none;
+  LOOM_CUDA_CHECK(cudaMemcpy(&at, first.get(), sizeof at, cudaMemcpyDeviceToHost));
+  if (at == none) return -1;
+  LOOM_CUDA_CHECK(cudaMemcpy(bad, ids + at, sizeof *bad, cudaMemcpyDeviceToHost));
+  return static_cast<int64_t>(at);
+}
+
+void embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  int32_t bad = 0;
+  if (const int64_t i = first_out_of_range(tokens, B * T, V, &bad); i >= 0)
+    fail("embedding: token id ", bad, " at batch ", i / T, ", position ", i % T,
+         " is outside the vocabulary [0, ", V, ")");
+  embedding_forward_kernel<<<blocks_for(B * T * C, kThreads), kThreads>>>(out, tokens, wte, wpe,
+                                                                          B * T, T, C);
+  check_launch("embedding_forward");
+}
+
+void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  embedding_backward_wpe_kernel<<<static_cast<unsigned>((T * C + kThreads - 1) / kThreads),
+                                  kThreads>>>(dwpe, dout, B, T, C);
+  check_launch("embedding_backward (dwpe)");
+  const dim3 grid(static_cast<unsigned>((C + 127) / 128), kVocabPartitions);
+  embedding_backward_wte_kernel<<<grid, 128>>>(dwte, dout, tokens, B * T, C);
+  check_launch("embedding_backward (dwte)");
+}
+
+}  // namespace loom::cuda

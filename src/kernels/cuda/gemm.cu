@@ -1,0 +1,177 @@
+// GEMMs through cuBLASLt, and the Linear layer on them.
+//
+// cuBLASLt is column-major; Loom is row-major. A row-major M×N matrix with row stride ld is the
+// column-major N×M matrix with leading dimension ld, its transpose. So C = op(A)·op(B), row-major,
+// is computed as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B and A swap places, and keep their
+// transposition flags. The bias epilogue adds a vector along the rows of the column-major D,
+// which are the columns of the row-major C: exactly Linear's bias.
+#include <cublasLt.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "base/error.h"
+#include "kernels/cuda/column_sums.cuh"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+namespace {
+
+#define LOOM_CUBLAS_CHECK(expr)                                                                    \
+  do {                                                                                             \
+    const cublasStatus_t loom_status_ = (expr);                                                    \
+    if (loom_status_ != CUBLAS_STATUS_SUCCESS)                                                     \
+      fail(__FILE__, ":", __LINE__, ": ", #expr, " failed: ", cublasLtGetStatusName(loom_status_), \
+           ": ", cublasLtGetStatusString(loom_status_));                                           \
+  } while (0)
+
+std::atomic<bool> g_allow_tf32{false};
+
+// One cuBLASLt handle and workspace per GPU, made on first use and kept for the process. Shared
+// by the threads that use the GPU: their GEMMs all run on its legacy stream, one after another,
+// so they never use the workspace at the same time.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS asks for on Hopper
+
+struct GpuBlas {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+
+GpuBlas& blas_for(int device) {
+  static std::mutex mutex;
+  static std::unordered_map<int, GpuBlas> per_gpu;  // never destroyed: see CachingCudaAllocator
+  std::lock_guard<std::mutex> lock(mutex);
+  GpuBlas& b = per_gpu[device];
+  if (b.handle == nullptr) {
+    LOOM_CUBLAS_CHECK(cublasLtCreate(&b.handle));
+    LOOM_CUDA_CHECK(cudaMalloc(&b.workspace, kWorkspaceBytes));
+  }
+  return b;
+}
+
+// RAII owners of the cuBLASLt descriptors of one call.
+struct Layout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  Layout(uint64_t rows, uint64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, ld));
+    if (batch > 1) {
+      const int32_t count = static_cast<int32_t>(batch);
+      LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &count, sizeof count));
+      LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+    }
+  }
+  ~Layout() { (void)cublasLtMatrixLayoutDestroy(layout); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+struct MatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  explicit MatmulDesc(cublasComputeType_t compute) {
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+  }
+  ~MatmulDesc() { (void)cublasLtMatmulDescDestroy(desc); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+  template <typename T>
+  void set(cublasLtMatmulDescAttributes_t attribute, const T& value) {
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof value));
+  }
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  Preference() {
+    LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t bytes = kWorkspaceBytes;
+    LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes));
+  }
+  ~Preference() { (void)cublasLtMatmulPreferenceDestroy(pref); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+};
+
+// Row r, column c of a row-major matrix: the values whose column sums are dbias.
+struct RowMajor {
+  const float* data;
+  int64_t ld;
+  __device__ float operator()(int64_t r, int64_t c) const { return data[r * ld + c]; }
+};
+
+}  // namespace
+
+void set_allow_tf32(bool allow) {
+  g_allow_tf32.store(allow);
+}
+
+void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc, const float* bias, GemmBatch batch) {
+  if (M < 0 || N < 0 || K < 0 || batch.count < 1)
+    fail("cuda::gemm: bad sizes M=", M, " N=", N, " K=", K, " batch=", batch.count);
+  if (M == 0 || N == 0) return;
+  if (K == 0) fail("cuda::gemm: K = 0 is not supported (M=", M, " N=", N, ")");
+  DeviceGuard guard(device);
+  GpuBlas& blas = blas_for(device);
+
+  // Column-major problem: D (m×n) = op(A')·op(B'), A' = B, B' = A.
+  const int64_t m = N, n = M, k = K;
+  const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // A stored column-major matrix is what op() is applied to: (m×k) when not transposed, else (k×m).
+  const Layout a_layout(op_a == CUBLAS_OP_N ? m : k, op_a == CUBLAS_OP_N ? k : m, ldb, batch.count,
+                        batch.stride_b);
+  const Layout b_layout(op_b == CUBLAS_OP_N ? k : n, op_b == CUBLAS_OP_N ? n : k, lda, batch.count,
+                        batch.stride_a);
+  const Layout c_layout(m, n, ldc, batch.count, batch.stride_c);
+
+  MatmulDesc desc(g_allow_tf32.load() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  if (bias != nullptr) {
+    if (batch.count > 1) fail("cuda::gemm: a bias is supported on unbatched GEMMs only");
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  }
+
+  Preference preference;
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
+      blas.handle, desc.desc, a_layout.layout, b_layout.layout, c_layout.layout, c_layout.layout,
+      preference.pref, 1, &heuristic, &found));
+  if (found == 0)
+    fail("cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N, " K=", K,
+         " trans_a=", trans_a, " trans_b=", trans_b, " batch=", batch.count);
+  // Column-major operands: A' is the row-major B, B' the row-major A.
+  LOOM_CUBLAS_CHECK(cublasLtMatmul(blas.handle, desc.desc, &alpha, B, a_layout.layout, A,
+                                   b_layout.layout, &beta, C, c_layout.layout, C, c_layout.layout,
+                                   &heuristic.algo, blas.workspace, kWorkspaceBytes, nullptr));
+  check_launch("cublasLtMatmul");
+}
+
+void matmul_forward(int device, float* out, const float* inp, const float* weight,
+                    const float* bias, int64_t N, int64_t C, int64_t OC) {
+  // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias
+  gemm(device, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
+}
+
+void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
+  // dinp (N, C) = dout (N, OC) · weight (OC, C)
+  if (dinp != nullptr)
+    gemm(device, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+  // dweight (OC, C) += dout (N, OC)ᵀ · inp (N, C)
+  gemm(device, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dbias != nullptr) {
+    DeviceGuard guard(device);
+    accumulate_column_sums(device, dbias, RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");
+  }
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,94 @@
+// All CUDA kernels: the same forward/backward pairs as kernels/cpu (same arguments, same layouts,
+// same accumulate-or-overwrite rules), float only, on GPU `device` (a cuda:N index). Plain C++:
+// the declarations compile without the CUDA toolkit; the definitions (*.cu) are built only with
+// LOOM_CUDA=ON. Call them through kernels/ops.h, which picks the CPU or the GPU by the Device.
+//
+// Execution model (docs/architecture.md, "CUDA"):
+//  - every kernel is enqueued on the legacy default stream of its GPU, the rank's compute stream,
+//    and returns at once; the host waits only where it needs a value (sum, sum_squares, and the
+//    token / target checks, which copy 4 bytes back). The nccl communicator's stream waits on
+//    this stream with an event before each collective, so communication overlaps the kernels
+//    queued after it.
+//  - scratch memory (attention scores, partial sums) comes from the GPU's caching allocator;
+//    blocks freed while kernels still use them are safe because every kernel runs on the one
+//    stream in issue order.
+//  - LOOM_CUDA_SYNC=1 synchronises after every kernel, so an illegal address or a failed launch
+//    is reported by the call that caused it.
+//  - bitwise reproducible: no atomics on floats; every reduction runs in a fixed order that does
+//    not depend on timing. Results agree with the CPU kernels to rounding (the GEMMs sum in
+//    another order, tanh and exp differ in the last bits), not bit for bit, except AdamW, add
+//    and scale, which perform the same correctly rounded operations.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cuda {
+
+// ---- GEMM (cuBLASLt) ---------------------------------------------------------------------------
+
+// Row-major, as cpu::gemm: C(M×N) = alpha·op(A)·op(B) + beta·C, plus bias (N, broadcast over
+// rows) when non-null, in the GEMM's epilogue. batch > 1 runs `batch` independent products whose
+// A, B, C start stride_a, stride_b, stride_c elements apart.
+struct GemmBatch {
+  int64_t count = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc, const float* bias = nullptr, GemmBatch batch = {});
+
+// Whether fp32 GEMMs may use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation).
+// Off by default: fp32 then matches the CPU to ~1e-6. Process-wide.
+void set_allow_tf32(bool allow);
+
+void matmul_forward(int device, float* out, const float* inp, const float* weight,
+                    const float* bias, int64_t N, int64_t C, int64_t OC);
+void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+
+// ---- elementwise and reductions ----------------------------------------------------------------
+
+void add_forward(int device, float* out, const float* a, const float* b, int64_t n);
+void add_inplace(int device, float* acc, const float* x, int64_t n);
+void scale_inplace(int device, float* x, float s, int64_t n);
+// Σ x² and Σ x in double, in a fixed order (a fixed grid, then the blocks' sums in block order).
+// Wait for the GPU: the value comes back to the host.
+double sum_squares(int device, const float* x, int64_t n);
+double sum(int device, const float* x, int64_t n);
+
+void gelu_forward(int device, float* out, const float* inp, int64_t n);
+void gelu_backward(int device, float* dinp, const float* inp, const float* dout, int64_t n);
+
+// ---- layers ------------------------------------------------------------------------------------
+
+void layernorm_forward(int device, float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int64_t N, int64_t C);
+void layernorm_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C);
+
+// Checks the tokens (a 4-byte copy back) and throws loom::Error naming the first bad one.
+void embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V);
+void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C);
+
+// cuBLAS batched GEMMs around a causal softmax, with a (B·NH, T, T) score matrix as scratch: the
+// accepted first version of the issue; a fused flash-style kernel is the goal.
+void attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                       int64_t C, int64_t NH);
+void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                        int64_t NH);
+
+// Checks the targets like embedding_forward.
+void cross_entropy_forward(int device, float* losses, float* lse, const float* logits,
+                           const int32_t* targets, int64_t N, int64_t V);
+void cross_entropy_backward(int device, float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int64_t N, int64_t V);
+
+void adamw_update(int device, float* param, const float* grad, float* m, float* v, int64_t n,
+                  double lr, double beta1, double beta2, double eps, double weight_decay,
+                  int64_t step, float grad_scale);
+
+}  // namespace loom::cuda

@@ -1,0 +1,84 @@
+// What every CUDA kernel file shares: launch checks, grid sizes, warp and block reductions, and
+// scratch memory from the GPU's caching allocator.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "device/allocator.h"
+#include "device/cuda/cuda_check.h"
+
+namespace loom::cuda {
+
+// After a launch: a bad configuration is reported here; with LOOM_CUDA_SYNC=1 in the
+// environment, errors while the kernel ran too (at the cost of a synchronisation per kernel).
+void check_launch(const char* kernel);
+
+// Blocks for a grid-stride loop over n elements: enough to fill the GPU a few times over.
+int blocks_for(int64_t n, int threads);
+
+// The index of the first id outside [0, V) among ids[0, n) on the current GPU, or -1; with its
+// value in *bad. Waits for the GPU (8 bytes come back): token and target checks.
+int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* bad);
+
+// Scratch memory of GPU `device` for the length of one call, from its caching allocator. Freed
+// when the call returns, possibly before the GPU ran the kernels that use it: sound, because
+// every kernel runs on the same stream in issue order, so the next user of the block waits.
+template <typename T>
+class Scratch {
+ public:
+  Scratch(int device, int64_t count)
+      : allocator_(allocator_for(Device::cuda(device))),
+        bytes_(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)),
+        data_(static_cast<T*>(allocator_.allocate(bytes_))) {}
+  ~Scratch() { allocator_.deallocate(data_, bytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() const { return data_; }
+
+ private:
+  Allocator& allocator_;
+  size_t bytes_;
+  T* data_;
+};
+
+#ifdef __CUDACC__
+template <typename T>
+__device__ inline T warp_sum(T x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+__device__ inline float warp_max(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024), returned to every
+// thread. The tree is fixed, so the result is too. `shared` holds 32 values.
+template <typename T>
+__device__ inline T block_sum(T x, T* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  x = warp_sum(x);
+  __syncthreads();  // `shared` may still be read by a previous call
+  if (lane == 0) shared[warp] = x;
+  __syncthreads();
+  x = lane < warps ? shared[lane] : T(0);
+  return warp_sum(x);
+}
+
+__device__ inline float block_max(float x, float* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  x = warp_max(x);
+  __syncthreads();
+  if (lane == 0) shared[warp] = x;
+  __syncthreads();
+  x = lane < warps ? shared[lane] : -INFINITY;
+  return warp_max(x);
+}
+#endif
+
+}  // namespace loom::cuda

@@ -1,0 +1,112 @@
+// LayerNorm: one warp per row (the row is read from L1/L2 again in each pass), and the weight and
+// bias gradients as fixed-order column sums (column_sums.cuh). Same formulas as the CPU kernel:
+// two-pass variance, and dinp = rstd · (g - mean(g) - n · mean(g ∘ n)) with n the normalised
+// input and g = weight ∘ dout.
+#include "base/error.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cuda/column_sums.cuh"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* weight, const float* bias, int64_t N,
+                                         int64_t C, float eps) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (r >= N) return;
+  const int lane = threadIdx.x % 32;
+  const float* x = inp + r * C;
+  float s = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) s += x[c];
+  const float m = warp_sum(s) / static_cast<float>(C);
+  float q = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float d = x[c] - m;
+    q += d * d;
+  }
+  const float var = warp_sum(q) / static_cast<float>(C);
+  const float rs = 1.0f / sqrtf(var + eps);
+  float* y = out + r * C;
+  for (int64_t c = lane; c < C; c += 32) y[c] = (x[c] - m) * rs * weight[c] + bias[c];
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+
+__global__ void layernorm_backward_kernel(float* dinp, const float* dout, const float* inp,
+                                          const float* weight, const float* mean, const float* rstd,
+                                          int64_t N, int64_t C) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (r >= N) return;
+  const int lane = threadIdx.x % 32;
+  const float* x = inp + r * C;
+  const float* dy = dout + r * C;
+  const float m = mean[r], s = rstd[r];
+  float g_sum = 0.0f, gn_sum = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float g = weight[c] * dy[c];
+    g_sum += g;
+    gn_sum += g * ((x[c] - m) * s);
+  }
+  const float g_mean = warp_sum(g_sum) / static_cast<float>(C);
+  const float gn_mean = warp_sum(gn_sum) / static_cast<float>(C);
+  float* dx = dinp + r * C;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float n = (x[c] - m) * s;
+    dx[c] = s * (weight[c] * dy[c] - g_mean - n * gn_mean);
+  }
+}
+
+// dweight's terms: dout ∘ n.
+struct DoutTimesNorm {
+  const float* dout;
+  const float* inp;
+  const float* mean;
+  const float* rstd;
+  int64_t C;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    return dout[r * C + c] * ((inp[r * C + c] - mean[r]) * rstd[r]);
+  }
+};
+
+struct Dout {
+  const float* dout;
+  int64_t C;
+  __device__ float operator()(int64_t r, int64_t c) const { return dout[r * C + c]; }
+};
+
+unsigned row_blocks(int64_t N) {
+  return static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+void layernorm_forward(int device, float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int64_t N, int64_t C) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  layernorm_forward_kernel<<<row_blocks(N), kWarpsPerBlock * 32>>>(
+      out, mean, rstd, inp, weight, bias, N, C, static_cast<float>(cpu::kLayerNormEps));
+  check_launch("layernorm_forward");
+}
+
+void layernorm_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  accumulate_column_sums(device, dweight, DoutTimesNorm{dout, inp, mean, rstd, C}, N, C,
+                         "layernorm_backward (dweight)");
+  accumulate_column_sums(device, dbias, Dout{dout, C}, N, C, "layernorm_backward (dbias)");
+  // Last, so that dinp may alias dout.
+  layernorm_backward_kernel<<<row_blocks(N), kWarpsPerBlock * 32>>>(dinp, dout, inp, weight, mean,
+                                                                    rstd, N, C);
+  check_launch("layernorm_backward");
+}
+
+}  // namespace loom::cuda

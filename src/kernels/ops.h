@@ -1,0 +1,164 @@
+// ops — every kernel once, for any device: the same arguments as the CPU kernels (kernels/cpu,
+// where each is documented), with an Exec instead of the ThreadPool. On a cpu device they run
+// the CPU kernel on ex.pool; on a cuda device the CUDA kernel (kernels/cuda/kernels.h) on that
+// GPU, with every pointer in its memory. Real is float or double; double runs on the CPU only
+// (gradient checks) and throws loom::Error on a GPU, as does any op on a GPU in a build without
+// LOOM_CUDA.
+//
+// Models and parallel layers call these, never a device's kernels directly, so one module runs
+// on either device.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "base/error.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/exec.h"
+
+namespace loom::ops {
+
+namespace detail {
+
+#ifdef LOOM_WITH_CUDA
+inline constexpr bool kCudaBuild = true;
+#else
+inline constexpr bool kCudaBuild = false;
+#endif
+
+// The CUDA kernels are float only; the branch calling them exists only where they do.
+template <typename Real>
+inline constexpr bool kRunsOnGpu = kCudaBuild&& std::is_same_v<Real, float>;
+
+// True when `op` must run on the GPU; throws when it cannot.
+template <typename Real>
+bool on_gpu(const Exec& ex, const char* op) {
+  if (!ex.device.is_cuda()) return false;
+  if constexpr (!kCudaBuild)
+    fail(op, " on ", ex.device.str(), ": Loom was built without CUDA (LOOM_CUDA=OFF)");
+  else if constexpr (!kRunsOnGpu<Real>)
+    fail(op, " on ", ex.device.str(), ": the CUDA kernels compute in f32 only");
+  return true;
+}
+
+}  // namespace detail
+
+// The body of every op: the CUDA kernel on a GPU, else the CPU kernel on the pool.
+#define LOOM_OPS_DISPATCH(name, ...)                                                         \
+  if (detail::on_gpu<Real>(ex, #name)) {                                                     \
+    if constexpr (detail::kRunsOnGpu<Real>) return cuda::name(ex.device.index, __VA_ARGS__); \
+  }                                                                                          \
+  return cpu::name(*ex.pool, __VA_ARGS__)
+
+template <typename Real>
+inline void matmul_forward(const Exec& ex, Real* out, const Real* inp, const Real* weight,
+                           const Real* bias, int64_t N, int64_t C, int64_t OC) {
+  LOOM_OPS_DISPATCH(matmul_forward, out, inp, weight, bias, N, C, OC);
+}
+
+template <typename Real>
+inline void matmul_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbias,
+                            const Real* dout, const Real* inp, const Real* weight, int64_t N,
+                            int64_t C, int64_t OC) {
+  LOOM_OPS_DISPATCH(matmul_backward, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+template <typename Real>
+inline void add_forward(const Exec& ex, Real* out, const Real* a, const Real* b, int64_t n) {
+  LOOM_OPS_DISPATCH(add_forward, out, a, b, n);
+}
+
+template <typename Real>
+inline void add_inplace(const Exec& ex, Real* acc, const Real* x, int64_t n) {
+  LOOM_OPS_DISPATCH(add_inplace, acc, x, n);
+}
+
+template <typename Real>
+inline void scale_inplace(const Exec& ex, Real* x, Real s, int64_t n) {
+  LOOM_OPS_DISPATCH(scale_inplace, x, s, n);
+}
+
+template <typename Real>
+inline double sum_squares(const Exec& ex, const Real* x, int64_t n) {
+  LOOM_OPS_DISPATCH(sum_squares, x, n);
+}
+
+template <typename Real>
+inline double sum(const Exec& ex, const Real* x, int64_t n) {
+  LOOM_OPS_DISPATCH(sum, x, n);
+}
+
+template <typename Real>
+inline void gelu_forward(const Exec& ex, Real* out, const Real* inp, int64_t n) {
+  LOOM_OPS_DISPATCH(gelu_forward, out, inp, n);
+}
+
+template <typename Real>
+inline void gelu_backward(const Exec& ex, Real* dinp, const Real* inp, const Real* dout,
+                          int64_t n) {
+  LOOM_OPS_DISPATCH(gelu_backward, dinp, inp, dout, n);
+}
+
+template <typename Real>
+inline void layernorm_forward(const Exec& ex, Real* out, Real* mean, Real* rstd, const Real* inp,
+                              const Real* weight, const Real* bias, int64_t N, int64_t C) {
+  LOOM_OPS_DISPATCH(layernorm_forward, out, mean, rstd, inp, weight, bias, N, C);
+}
+
+template <typename Real>
+inline void layernorm_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbias,
+                               const Real* dout, const Real* inp, const Real* weight,
+                               const Real* mean, const Real* rstd, int64_t N, int64_t C) {
+  LOOM_OPS_DISPATCH(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+template <typename Real>
+inline void embedding_forward(const Exec& ex, Real* out, const int32_t* tokens, const Real* wte,
+                              const Real* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
+  LOOM_OPS_DISPATCH(embedding_forward, out, tokens, wte, wpe, B, T, C, V);
+}
+
+template <typename Real>
+inline void embedding_backward(const Exec& ex, Real* dwte, Real* dwpe, const Real* dout,
+                               const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  LOOM_OPS_DISPATCH(embedding_backward, dwte, dwpe, dout, tokens, B, T, C);
+}
+
+template <typename Real>
+inline void attention_forward(const Exec& ex, Real* out, Real* lse, const Real* qkv, int64_t B,
+                              int64_t T, int64_t C, int64_t NH) {
+  LOOM_OPS_DISPATCH(attention_forward, out, lse, qkv, B, T, C, NH);
+}
+
+template <typename Real>
+inline void attention_backward(const Exec& ex, Real* dqkv, const Real* dout, const Real* qkv,
+                               const Real* out, const Real* lse, int64_t B, int64_t T, int64_t C,
+                               int64_t NH) {
+  LOOM_OPS_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, NH);
+}
+
+template <typename Real>
+inline void cross_entropy_forward(const Exec& ex, Real* losses, Real* lse, const Real* logits,
+                                  const int32_t* targets, int64_t N, int64_t V) {
+  LOOM_OPS_DISPATCH(cross_entropy_forward, losses, lse, logits, targets, N, V);
+}
+
+template <typename Real>
+inline void cross_entropy_backward(const Exec& ex, Real* dlogits, const Real* logits,
+                                   const Real* lse, const int32_t* targets, Real dloss, int64_t N,
+                                   int64_t V) {
+  LOOM_OPS_DISPATCH(cross_entropy_backward, dlogits, logits, lse, targets, dloss, N, V);
+}
+
+template <typename Real>
+inline void adamw_update(const Exec& ex, Real* param, const Real* grad, Real* m, Real* v, int64_t n,
+                         double lr, double beta1, double beta2, double eps, double weight_decay,
+                         int64_t step, Real grad_scale = Real(1)) {
+  LOOM_OPS_DISPATCH(adamw_update, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step,
+                    grad_scale);
+}
+
+#undef LOOM_OPS_DISPATCH
+
+}  // namespace loom::ops
