@@ -131,7 +131,9 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                         {"peak_alloc_mb", r.peak_alloc_mb}, {"flops_per_token", r.flops_per_token},
                         {"parameters", r.num_parameters},
                         {"fma_peak_gflops", r.fma_peak_gflops}, {"fma_isa", r.fma_isa},
-                        {"roofline_share", r.roofline_share}};
+                        {"roofline_share", r.roofline_share},
+                        {"device", r.device}, {"batch", r.batch}, {"seq_len", r.seq_len},
+                        {"mfu", r.mfu}};
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     j["openblas_coretype"] = coretype ? coretype : "";
     std::cout << j.dump() << std::endl;
@@ -140,8 +142,13 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                 r.shape.c_str(), r.ranks, r.threads, r.zero, static_cast<long>(r.steps));
     std::printf("  %.1f tokens/s, %.1f GFLOP/s, step %.1f ms (fwd %.1f, bwd %.1f, opt %.1f)\n",
                 r.tokens_per_s, r.gflops, r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms);
-    std::printf("  fp32 FMA peak of %d thread(s) (%s loop, measured now) %.1f GFLOP/s: %.0f%% of it\n",
-                r.ranks * r.threads, r.fma_isa.c_str(), r.fma_peak_gflops, 100.0 * r.roofline_share);
+    if (r.device == "cuda")
+      std::printf("  on cuda, batch %ld x %ld tokens per rank, MFU %.1f%%%s\n",
+                  static_cast<long>(r.batch), static_cast<long>(r.seq_len), 100.0 * r.mfu,
+                  r.mfu > 0 ? "" : " (give --peak-tflops)");
+    else
+      std::printf("  fp32 FMA peak of %d thread(s) (%s loop, measured now) %.1f GFLOP/s: %.0f%% of it\n",
+                  r.ranks * r.threads, r.fma_isa.c_str(), r.fma_peak_gflops, 100.0 * r.roofline_share);
     if (r.ranks > 1)
       std::printf("  waiting for communication %.1f ms per step (%.1f%%)\n", r.comm_wait_ms,
                   100.0 * r.comm_wait_fraction);
@@ -250,6 +257,11 @@ int main(int argc, char** argv) {
   bench_train->add_option("--zero", bench.zero, "ZeRO stage with --ranks")->capture_default_str();
   bench_train->add_option("--steps", bench.steps, "timed steps")->capture_default_str();
   bench_train->add_option("--warmup", bench.warmup, "untimed steps first")->capture_default_str();
+  bench_train->add_option("--device", bench.device, "cpu, or cuda (one rank on GPU 0)")->capture_default_str();
+  bench_train->add_option("--batch", bench.batch, "sequences per rank (0: the shape's)")->capture_default_str();
+  bench_train->add_option("--seq", bench.seq_len, "tokens per sequence (0: the shape's)")->capture_default_str();
+  bench_train->add_flag("--tf32", bench.tf32, "cuda: fp32 GEMMs on TF32 tensor cores");
+  bench_train->add_option("--peak-tflops", bench.gpu_peak_tflops, "cuda: the GPU's peak TFLOP/s for the MFU")->capture_default_str();
   bench_train->add_flag("--json", json, "one JSON object");
 
   int fma_threads = 1;

@@ -109,6 +109,19 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   cuda::copy_bytes(dst, dst_device, src, src_device, bytes);
 }
 
+void zero_bytes(void* dst, Device device, size_t bytes) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+  cuda::zero_bytes(dst, device.index, bytes);
+}
+
+void synchronize(Device device) {
+  if (device.is_cuda()) cuda::synchronize(device.index);
+}
+
 bool cuda_available() { return cuda::device_count() > 0; }
 
 }  // namespace loom

@@ -61,6 +61,13 @@ Allocator& allocator_for(Device device);
 // Copies `bytes` between any two devices (host<->host, host<->cuda, cuda<->cuda).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 
+// Sets `bytes` bytes at dst to zero (on a GPU: queued on its compute stream, not waited for).
+void zero_bytes(void* dst, Device device, size_t bytes);
+
+// Waits until the device has finished the work queued on it (a GPU's compute stream); nothing
+// to wait for on the CPU. For timing and for handing buffers to code outside Loom.
+void synchronize(Device device);
+
 // True when Loom was built with the CUDA backend and at least one GPU is visible.
 bool cuda_available();
 

@@ -44,6 +44,12 @@ bool on_gpu(const Exec& ex, const char* op) {
 
 }  // namespace detail
 
+// Whether fp32 GEMMs on GPUs may use TF32 tensor cores (cuda::set_allow_tf32); a no-op in a
+// build without CUDA.
+inline void set_allow_tf32(bool allow) {
+  if constexpr (detail::kCudaBuild) cuda::set_allow_tf32(allow);
+}
+
 // The body of every op: the CUDA kernel on a GPU, else the CPU kernel on the pool.
 #define LOOM_OPS_DISPATCH(name, ...)                                                         \
   if (detail::on_gpu<Real>(ex, #name)) {                                                     \

@@ -356,22 +356,23 @@ double ZeroDataParallel::clip_grad_norm(double max_norm) {
     return norm;
   }
   Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;
-  Tensor sum = Tensor::empty({1}, DType::kF64, device_);
+  double local = 0;
   if (tp == nullptr) {
     // The shards partition the full gradient (padding is zero).
-    sum.data<double>()[0] =
-        ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>(), grads.numel());
+    local = ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>(), grads.numel());
   } else {
     // Under tensor parallelism a replicated parameter's gradient is the same on every tp rank:
     // count it on tp rank 0 only.
-    double s = 0;
     for (const auto& [offset, numel] : norm_ranges_)
-      s += ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>() + offset, numel);
-    sum.data<double>()[0] = s;
+      local += ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>() + offset, numel);
   }
+  // Summed over the ranks on the communicators' device (the GPU under nccl).
+  Tensor host = Tensor::empty({1}, DType::kF64);
+  host.data<double>()[0] = local;
+  Tensor sum = host.to(device_);
   if (stage_ >= 2) wait(dp_.all_reduce_async(sum, ReduceOp::kSum));
   if (tp != nullptr) wait(tp->all_reduce_async(sum, ReduceOp::kSum));
-  const double norm = std::sqrt(sum.data<double>()[0]);
+  const double norm = std::sqrt(sum.to(Device::cpu()).data<double>()[0]);
   grad_scale_ = clip_coefficient(norm, max_norm);
   return norm;
 }

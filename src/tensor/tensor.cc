@@ -145,12 +145,7 @@ Tensor Tensor::to(Device device) const {
 
 void Tensor::zero_() {
   if (numel_ == 0) return;
-  if (device().is_cpu()) {
-    std::memset(raw(), 0, nbytes());
-  } else {
-    std::vector<char> zeros(nbytes(), 0);
-    copy_bytes(raw(), device(), zeros.data(), Device::cpu(), nbytes());
-  }
+  zero_bytes(raw(), device(), nbytes());
 }
 
 void Tensor::copy_from(const Tensor& src) {

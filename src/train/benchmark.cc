@@ -10,7 +10,9 @@
 #include "base/thread_pool.h"
 #include "base/timer.h"
 #include "device/allocator.h"
+#include "device/cuda/cuda_backend.h"
 #include "kernels/cpu/fma_peak.h"
+#include "kernels/ops.h"
 #include "comm/local/local_backend.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
@@ -65,14 +67,18 @@ namespace {
 // One rank's timed loop; rank 0 fills `r`.
 void bench_rank(Communicator& comm, const BenchShape& shape, const BenchOptions& o, BenchResult& r) {
   ThreadPool pool(o.threads);
-  const Device device = Device::cpu(comm.rank());
+  const Device device = o.device == "cuda" ? Device::cuda(comm.rank()) : Device::cpu(comm.rank());
   Gpt2 model(shape.model);
   DataParallelConfig dp_config;
   dp_config.zero = o.zero;
   auto engine = DataParallel::create(model.params(), comm, pool, device, dp_config, AdamWConfig{}, 1337);
   Context ctx{&pool, device, DType::kF32, engine.get()};
 
-  const int64_t B = shape.batch, T = shape.seq_len;
+  const int64_t B = o.batch > 0 ? o.batch : shape.batch;
+  const int64_t T = o.seq_len > 0 ? o.seq_len : shape.seq_len;
+  // Made on the host, then copied to the device outside the timed part.
+  Tensor host_inputs = Tensor::empty({B, T}, DType::kI32);
+  Tensor host_targets = Tensor::empty({B, T}, DType::kI32);
   Tensor inputs = Tensor::empty({B, T}, DType::kI32, device);
   Tensor targets = Tensor::empty({B, T}, DType::kI32, device);
   RandomStream rng(1337, "bench.tokens." + std::to_string(comm.rank()));
@@ -80,19 +86,24 @@ void bench_rank(Communicator& comm, const BenchShape& shape, const BenchOptions&
   allocator_for(device).reset_peak();
   for (int64_t step = 0; step < o.warmup + o.steps; ++step) {
     for (int64_t i = 0; i < B * T; ++i) {
-      inputs.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % shape.model.vocab_size);
-      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % shape.model.vocab_size);
+      host_inputs.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % shape.model.vocab_size);
+      host_targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % shape.model.vocab_size);
     }
+    inputs.copy_from(host_inputs);
+    targets.copy_from(host_targets);
+    synchronize(device);
     const double t0 = now_seconds();
     engine->begin_step();
     engine->begin_micro_batch(0, 1);
-    model.forward(ctx, inputs, targets);
+    model.forward(ctx, inputs, targets);  // waits for the GPU: the loss comes back
     const double t1 = now_seconds();
     model.backward(ctx);
     engine->end_micro_batch();
+    synchronize(device);
     const double t2 = now_seconds();
     engine->clip_grad_norm(1.0);
     engine->optimizer_step(3e-4f);
+    synchronize(device);
     const double t3 = now_seconds();
     if (step >= o.warmup) {
       total.push_back(t3 - t0);
@@ -112,7 +123,15 @@ void bench_rank(Communicator& comm, const BenchShape& shape, const BenchOptions&
   r.comm_wait_fraction = r.comm_wait_ms / r.step_ms;
   r.tokens_per_s = static_cast<double>(comm.size() * B * T) / step_s;
   r.gflops = r.flops_per_token * r.tokens_per_s / 1e9;
+  if (o.gpu_peak_tflops > 0) r.mfu = r.gflops / (o.gpu_peak_tflops * 1e3 * comm.size());
   r.peak_alloc_mb = static_cast<double>(allocator_for(device).stats().peak_bytes_in_use) / 1048576.0;
+}
+
+BenchResult finish_with_rss(BenchResult& r) {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  r.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  return r;
 }
 
 }  // namespace
@@ -121,6 +140,16 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.threads < 1) fail("--threads must be >= 1, got ", o.threads);
   if (o.ranks < 1) fail("--ranks must be >= 1, got ", o.ranks);
   if (o.steps < 1) fail("--steps must be >= 1, got ", o.steps);
+  if (o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '", o.device, "'");
+  if (o.device == "cuda" && o.ranks != 1)
+    fail("--device cuda runs one rank for now (--ranks 1): GPU ranks need the nccl backend, "
+         "which `loom bench train` does not start yet");
+  if (o.seq_len > shape.model.max_seq_len)
+    fail("--seq ", o.seq_len, " exceeds the block size ", shape.model.max_seq_len, " of ", shape.name);
+  if (o.device == "cuda") {
+    if (!cuda_available()) fail("--device cuda: no usable GPU (", cuda::unavailable_reason(), ")");
+    ops::set_allow_tf32(o.tf32);
+  }
   BenchResult r;
   r.shape = shape.name;
   r.threads = o.threads;
@@ -128,11 +157,14 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   r.zero = o.zero;
   r.steps = o.steps;
   r.num_parameters = shape.model.num_parameters();
+  r.device = o.device;
+  r.batch = o.batch > 0 ? o.batch : shape.batch;
+  r.seq_len = o.seq_len > 0 ? o.seq_len : shape.seq_len;
   const int64_t n_flop_params = shape.model.num_parameters() -
                                 shape.model.max_seq_len * shape.model.d_model;
   r.flops_per_token = 6.0 * static_cast<double>(n_flop_params) +
                       12.0 * static_cast<double>(shape.model.n_layers * shape.model.d_model *
-                                                 shape.seq_len);
+                                                 r.seq_len);
   std::vector<std::unique_ptr<Communicator>> world = make_local_world(o.ranks);
   if (o.ranks == 1) {
     bench_rank(*world[0], shape, o, r);
@@ -155,15 +187,13 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
     for (auto& t : threads) t.join();
     if (!error.empty()) fail(error);
   }
+  if (o.device == "cuda") return finish_with_rss(r);
   // The ceiling, measured right after the run with as many threads as it computed on.
   const cpu::FmaPeak peak = cpu::measure_fma_peak(o.ranks * o.threads);
   r.fma_peak_gflops = peak.gflops;
   r.fma_isa = peak.isa;
   r.roofline_share = r.gflops / peak.gflops;
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  r.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
-  return r;
+  return finish_with_rss(r);
 }
 
 }  // namespace loom

@@ -1,5 +1,6 @@
 // `loom bench train`: trains a named shape on random tokens for a few steps after warm-up, on one
-// rank or on data-parallel thread ranks (PyTorch DDP's setting in the peer script), and
+// rank or on data-parallel thread ranks (PyTorch DDP's setting in the peer script), on the CPU or
+// on GPUs (--device cuda: rank r on GPU r, timings taken after synchronising the GPU), and
 // reports throughput, achieved FLOP/s and peak memory. FLOPs per token = 6·N + 12·L·d·T with N
 // all parameters except the position embedding (the tied token embedding counted once), as in
 // shared/peers/gpt_bench.py, so the figures compare directly with PyTorch's.
@@ -29,6 +30,11 @@ struct BenchOptions {
   int zero = 0;         // ZeRO stage
   int64_t steps = 5;    // timed steps
   int64_t warmup = 2;   // untimed steps first
+  std::string device = "cpu";  // cpu, or cuda: rank r computes on GPU r
+  int64_t batch = 0;    // sequences per rank; 0 = the shape's
+  int64_t seq_len = 0;  // tokens per sequence (<= the shape's block size); 0 = the shape's
+  bool tf32 = false;    // cuda: fp32 GEMMs on TF32 tensor cores
+  double gpu_peak_tflops = 0;  // cuda: the GPU's peak for the precision run, for the MFU
 };
 
 struct BenchResult {
@@ -52,6 +58,11 @@ struct BenchResult {
   double fma_peak_gflops = 0;
   std::string fma_isa;
   double roofline_share = 0;  // gflops / fma_peak_gflops
+  // cuda runs: the device, the sequences and tokens per rank they ran, and the model FLOP
+  // utilisation against BenchOptions::gpu_peak_tflops (0 when no peak was given).
+  std::string device = "cpu";
+  int64_t batch = 0, seq_len = 0;
+  double mfu = 0;
 };
 
 // Global batch = ranks × shape.batch sequences; tokens/s counts all ranks.

@@ -8,17 +8,27 @@ double evaluate(const std::function<double(const Tensor& inputs, const Tensor& t
                 const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
                 int64_t batches, Device device, Communicator* split) {
   DataLoader loader(shards, batch, seq_len);
-  Tensor inputs = Tensor::empty({batch, seq_len}, DType::kI32, device);
-  Tensor targets = Tensor::empty({batch, seq_len}, DType::kI32, device);
+  // Tokens are read on the host; a GPU gets a copy. The split's sum travels in host memory, as
+  // the local and mpi communicators exchange it.
+  const Device host = device.is_cpu() ? device : Device::cpu();
+  Tensor host_inputs = Tensor::empty({batch, seq_len}, DType::kI32, host);
+  Tensor host_targets = Tensor::empty({batch, seq_len}, DType::kI32, host);
+  Tensor inputs = device.is_cpu() ? host_inputs : Tensor::empty({batch, seq_len}, DType::kI32, device);
+  Tensor targets = device.is_cpu() ? host_targets : Tensor::empty({batch, seq_len}, DType::kI32, device);
   const int parts = split != nullptr ? split->size() : 1;
   const int part = split != nullptr ? split->rank() : 0;
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    loader.next_batch(inputs.data<int32_t>(), targets.data<int32_t>());
-    if (i % parts == part) total += loss(inputs, targets);
+    loader.next_batch(host_inputs.data<int32_t>(), host_targets.data<int32_t>());
+    if (i % parts != part) continue;
+    if (!device.is_cpu()) {
+      inputs.copy_from(host_inputs);
+      targets.copy_from(host_targets);
+    }
+    total += loss(inputs, targets);
   }
   if (parts > 1) {
-    Tensor sum = Tensor::empty({1}, DType::kF64, device);
+    Tensor sum = Tensor::empty({1}, DType::kF64, host);
     sum.data<double>()[0] = total;
     split->all_reduce(sum, ReduceOp::kSum);
     total = sum.data<double>()[0];

@@ -24,6 +24,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "device/allocator.h"
+#include "device/cuda/cuda_backend.h"
 #include "models/gpt2.h"
 #include "monitor/metrics_log.h"
 #include "optim/adamw.h"
@@ -170,12 +171,24 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                                            resume_from.empty() ? -1 : summary.start_step);
   }
 
-  std::vector<Tensor> inputs, targets;  // one per micro-batch
+  // The communicators of a training run (local, mpi) exchange host memory; on a GPU the
+  // activations stay on the device and only scalars and tokens cross over.
+  const Device host = device.is_cpu() ? device : Device::cpu();
+  std::vector<Tensor> inputs, targets;  // one per micro-batch, on the device
+  std::vector<Tensor> host_inputs, host_targets;  // what the loader fills (the same on a cpu)
   for (int64_t m = 0; m < accum; ++m) {
-    inputs.push_back(Tensor::empty({micro, seq_len}, DType::kI32, device));
-    targets.push_back(Tensor::empty({micro, seq_len}, DType::kI32, device));
+    host_inputs.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
+    host_targets.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
+    inputs.push_back(device.is_cpu() ? host_inputs.back() : Tensor::empty({micro, seq_len}, DType::kI32, device));
+    targets.push_back(device.is_cpu() ? host_targets.back() : Tensor::empty({micro, seq_len}, DType::kI32, device));
   }
-  Tensor loss_sum = Tensor::empty({1}, DType::kF64, device);
+  auto next_batch = [&](size_t m) {
+    train_loader.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
+    if (device.is_cpu()) return;
+    inputs[m].copy_from(host_inputs[m]);
+    targets[m].copy_from(host_targets[m]);
+  };
+  Tensor loss_sum = Tensor::empty({1}, DType::kF64, host);
   Allocator& allocator = allocator_for(device);
   DataParallelMemory state_bytes;
   for (DataParallel* e : engines) {
@@ -190,12 +203,12 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (const auto& p : part->params().parameters()) parameters += p->numel();
       blocks += part->part().end_block - part->part().first_block;  // parts are resolved
     }
-    Tensor mine = Tensor::empty({3}, DType::kF64, device);
+    Tensor mine = Tensor::empty({3}, DType::kF64, host);
     mine.data<double>()[0] = static_cast<double>(parameters);
     mine.data<double>()[1] = static_cast<double>(state_bytes.state());
     mine.data<double>()[2] = static_cast<double>(
         expected_activation_bytes(config, mesh.coord("pp"), blocks));
-    Tensor all = Tensor::empty({3 * int64_t{world.size()}}, DType::kF64, device);
+    Tensor all = Tensor::empty({3 * int64_t{world.size()}}, DType::kF64, host);
     world.all_gather(mine, all);
     std::vector<RankFootprint> footprints;
     for (int r = 0; r < world.size(); ++r) {
@@ -235,8 +248,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const float lr = lr_schedule(step - 1, tc.steps, tc.warmup_steps, static_cast<float>(tc.lr),
                                  static_cast<float>(tc.min_lr_ratio));
     if (pipelined) {
-      for (int64_t m = 0; m < accum; ++m)
-        train_loader.next_batch(inputs[m].data<int32_t>(), targets[m].data<int32_t>());
+      for (int64_t m = 0; m < accum; ++m) next_batch(static_cast<size_t>(m));
       loss = pipe->train_step(inputs, targets);
       grad_norm = pipe->clip_grad_norm(tc.grad_clip);
       pipe->optimizer_step(lr);
@@ -246,7 +258,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       engine.begin_step();
       for (int64_t m = 0; m < accum; ++m) {
         engine.begin_micro_batch(m, accum);
-        train_loader.next_batch(inputs[0].data<int32_t>(), targets[0].data<int32_t>());
+        next_batch(0);
         loss += model_forward(ctx, inputs[0], targets[0]) / static_cast<double>(accum);
         whole->backward_part(ctx, Tensor(), 1.0 / static_cast<double>(accum));
         engine.end_micro_batch();
@@ -342,7 +354,10 @@ TrainSummary train_local_ranks(const Config& config, const TrainOptions& options
   CommOptions comm_options;
   comm_options.flight_dir = (fs::path(options.run_dir) / "flight").string();
   std::vector<std::unique_ptr<Communicator>> world = make_local_world(ranks, comm_options);
-  if (ranks == 1) return train_on(*world[0], config, options, Device::cpu(0));
+  if (ranks == 1) {
+    const Device device = Device::parse(config.runtime.device);  // one GPU, or the cpu
+    return train_on(*world[0], config, options, device.is_cuda() ? device : Device::cpu(0));
+  }
   auto& abort_target = dynamic_cast<LocalCommunicator&>(*world[0]);
   std::mutex mutex;
   std::string first_error;
@@ -387,7 +402,18 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
   validate(config);
   const bool use_mpi = started_by_launcher(config);
   const Device device = Device::parse(config.runtime.device);
-  if (!device.is_cpu()) fail("runtime.device = '", config.runtime.device, "': training runs on the cpu for now");
+  if (device.is_cuda()) {
+    if (!cuda_available())
+      fail("runtime.device = '", config.runtime.device, "': no usable GPU (",
+           cuda::unavailable_reason(), ")");
+    if (device.index >= cuda::device_count())
+      fail("runtime.device = '", config.runtime.device, "': only ", cuda::device_count(),
+           " GPU(s) visible");
+    if (config.runtime.ranks > 1 || use_mpi)
+      fail("runtime.device = '", config.runtime.device, "' with ", config.runtime.ranks,
+           " ranks: training on GPUs runs one rank for now (several GPUs need the nccl backend, "
+           "not yet wired into training)");
+  }
   if (config.runtime.backend == "nccl") fail("runtime.backend = \"nccl\": training on NCCL is not implemented yet");
   if (use_mpi) {
 #ifdef LOOM_WITH_MPI

@@ -77,8 +77,8 @@ class CudaKernelsTest : public ::testing::Test {
   void SetUp() override { LOOM_SKIP_UNLESS_CUDA_DEVICES(1); }
 
   ThreadPool pool{2};
-  Exec cpu{&pool, Device::cpu()};
-  Exec gpu{nullptr, Device::cuda(0)};
+  Exec on_cpu{&pool, Device::cpu()};
+  Exec on_gpu{nullptr, Device::cuda(0)};
 };
 
 TEST_F(CudaKernelsTest, GemmEveryTranspositionAndBatchMatchesCpu) {
@@ -108,55 +108,55 @@ TEST_F(CudaKernelsTest, MatmulForwardAndBackwardMatchCpu) {
   const int64_t N = 70, C = 48, OC = 80;
   Pair inp = random_pair(N * C, 10), w = random_pair(OC * C, 11), b = random_pair(OC, 12);
   Pair out = pair_of(std::vector<float>(N * OC));
-  ops::matmul_forward<float>(cpu, out.h(), inp.h(), w.h(), b.h(), N, C, OC);
-  ops::matmul_forward<float>(gpu, out.g(), inp.g(), w.g(), b.g(), N, C, OC);
+  ops::matmul_forward<float>(on_cpu, out.h(), inp.h(), w.h(), b.h(), N, C, OC);
+  ops::matmul_forward<float>(on_gpu, out.g(), inp.g(), w.g(), b.g(), N, C, OC);
   expect_pair_close("out", out);
 
   Pair dout = random_pair(N * OC, 13), dinp = pair_of(std::vector<float>(N * C));
   Pair dw = random_pair(OC * C, 14), db = random_pair(OC, 15);  // accumulated into
-  ops::matmul_backward<float>(cpu, dinp.h(), dw.h(), db.h(), dout.h(), inp.h(), w.h(), N, C, OC);
-  ops::matmul_backward<float>(gpu, dinp.g(), dw.g(), db.g(), dout.g(), inp.g(), w.g(), N, C, OC);
+  ops::matmul_backward<float>(on_cpu, dinp.h(), dw.h(), db.h(), dout.h(), inp.h(), w.h(), N, C, OC);
+  ops::matmul_backward<float>(on_gpu, dinp.g(), dw.g(), db.g(), dout.g(), inp.g(), w.g(), N, C, OC);
   expect_pair_close("dinp", dinp);
   expect_pair_close("dweight", dw);
   expect_pair_close("dbias", db);
   // No input gradient, no bias (the first layer; the tied LM head).
-  ops::matmul_backward<float>(cpu, nullptr, dw.h(), nullptr, dout.h(), inp.h(), w.h(), N, C, OC);
-  ops::matmul_backward<float>(gpu, nullptr, dw.g(), nullptr, dout.g(), inp.g(), w.g(), N, C, OC);
+  ops::matmul_backward<float>(on_cpu, nullptr, dw.h(), nullptr, dout.h(), inp.h(), w.h(), N, C, OC);
+  ops::matmul_backward<float>(on_gpu, nullptr, dw.g(), nullptr, dout.g(), inp.g(), w.g(), N, C, OC);
   expect_pair_close("dweight, twice accumulated", dw);
 }
 
 TEST_F(CudaKernelsTest, ElementwiseAndSumsMatchCpu) {
   const int64_t n = 100003;
   Pair a = random_pair(n, 20), b = random_pair(n, 21), out = pair_of(std::vector<float>(n));
-  ops::add_forward<float>(cpu, out.h(), a.h(), b.h(), n);
-  ops::add_forward<float>(gpu, out.g(), a.g(), b.g(), n);
+  ops::add_forward<float>(on_cpu, out.h(), a.h(), b.h(), n);
+  ops::add_forward<float>(on_gpu, out.g(), a.g(), b.g(), n);
   EXPECT_TRUE(bitwise_equal(out.from_gpu(), out.from_host())) << "add_forward";
-  ops::add_inplace<float>(cpu, a.h(), b.h(), n);
-  ops::add_inplace<float>(gpu, a.g(), b.g(), n);
+  ops::add_inplace<float>(on_cpu, a.h(), b.h(), n);
+  ops::add_inplace<float>(on_gpu, a.g(), b.g(), n);
   EXPECT_TRUE(bitwise_equal(a.from_gpu(), a.from_host())) << "add_inplace";
-  ops::scale_inplace<float>(cpu, a.h(), 0.37f, n);
-  ops::scale_inplace<float>(gpu, a.g(), 0.37f, n);
+  ops::scale_inplace<float>(on_cpu, a.h(), 0.37f, n);
+  ops::scale_inplace<float>(on_gpu, a.g(), 0.37f, n);
   EXPECT_TRUE(bitwise_equal(a.from_gpu(), a.from_host())) << "scale_inplace";
 
   // Both sum in double, in different orders: agreement to double rounding.
-  const double s_cpu = ops::sum<float>(cpu, a.h(), n), s_gpu = ops::sum<float>(gpu, a.g(), n);
+  const double s_cpu = ops::sum<float>(on_cpu, a.h(), n), s_gpu = ops::sum<float>(on_gpu, a.g(), n);
   EXPECT_NEAR(s_gpu, s_cpu, 1e-9 * std::max(1.0, std::abs(s_cpu)));
-  const double q_cpu = ops::sum_squares<float>(cpu, a.h(), n);
-  const double q_gpu = ops::sum_squares<float>(gpu, a.g(), n);
+  const double q_cpu = ops::sum_squares<float>(on_cpu, a.h(), n);
+  const double q_gpu = ops::sum_squares<float>(on_gpu, a.g(), n);
   EXPECT_NEAR(q_gpu, q_cpu, 1e-12 * q_cpu);
-  EXPECT_EQ(ops::sum_squares<float>(gpu, a.g(), n), q_gpu) << "not reproducible";
-  EXPECT_EQ(ops::sum<float>(gpu, a.g(), 0), 0.0);
+  EXPECT_EQ(ops::sum_squares<float>(on_gpu, a.g(), n), q_gpu) << "not reproducible";
+  EXPECT_EQ(ops::sum<float>(on_gpu, a.g(), 0), 0.0);
 }
 
 TEST_F(CudaKernelsTest, GeluMatchesCpu) {
   const int64_t n = 4099;
   Pair x = random_pair(n, 30, -6.0, 6.0), y = pair_of(std::vector<float>(n));
-  ops::gelu_forward<float>(cpu, y.h(), x.h(), n);
-  ops::gelu_forward<float>(gpu, y.g(), x.g(), n);
+  ops::gelu_forward<float>(on_cpu, y.h(), x.h(), n);
+  ops::gelu_forward<float>(on_gpu, y.g(), x.g(), n);
   expect_pair_close("gelu_forward", y);
   Pair dy = random_pair(n, 31), dx = pair_of(std::vector<float>(n));
-  ops::gelu_backward<float>(cpu, dx.h(), x.h(), dy.h(), n);
-  ops::gelu_backward<float>(gpu, dx.g(), x.g(), dy.g(), n);
+  ops::gelu_backward<float>(on_cpu, dx.h(), x.h(), dy.h(), n);
+  ops::gelu_backward<float>(on_gpu, dx.g(), x.g(), dy.g(), n);
   expect_pair_close("gelu_backward", dx);
 }
 
@@ -165,17 +165,17 @@ TEST_F(CudaKernelsTest, LayerNormMatchesCpu) {
   Pair x = random_pair(N * C, 40, -3.0, 5.0), w = random_pair(C, 41), b = random_pair(C, 42);
   Pair y = pair_of(std::vector<float>(N * C)), mean = pair_of(std::vector<float>(N)),
        rstd = pair_of(std::vector<float>(N));
-  ops::layernorm_forward<float>(cpu, y.h(), mean.h(), rstd.h(), x.h(), w.h(), b.h(), N, C);
-  ops::layernorm_forward<float>(gpu, y.g(), mean.g(), rstd.g(), x.g(), w.g(), b.g(), N, C);
+  ops::layernorm_forward<float>(on_cpu, y.h(), mean.h(), rstd.h(), x.h(), w.h(), b.h(), N, C);
+  ops::layernorm_forward<float>(on_gpu, y.g(), mean.g(), rstd.g(), x.g(), w.g(), b.g(), N, C);
   expect_pair_close("out", y);
   expect_pair_close("mean", mean);
   expect_pair_close("rstd", rstd);
 
   Pair dy = random_pair(N * C, 43), dx = pair_of(std::vector<float>(N * C));
   Pair dw = random_pair(C, 44), db = random_pair(C, 45);
-  ops::layernorm_backward<float>(cpu, dx.h(), dw.h(), db.h(), dy.h(), x.h(), w.h(), mean.h(),
+  ops::layernorm_backward<float>(on_cpu, dx.h(), dw.h(), db.h(), dy.h(), x.h(), w.h(), mean.h(),
                                  rstd.h(), N, C);
-  ops::layernorm_backward<float>(gpu, dx.g(), dw.g(), db.g(), dy.g(), x.g(), w.g(), mean.g(),
+  ops::layernorm_backward<float>(on_gpu, dx.g(), dw.g(), db.g(), dy.g(), x.g(), w.g(), mean.g(),
                                  rstd.g(), N, C);
   expect_pair_close("dinp", dx);
   expect_pair_close("dweight", dw);
@@ -189,32 +189,32 @@ TEST_F(CudaKernelsTest, EmbeddingMatchesCpuAndRefusesBadTokens) {
   IdPair tokens = ids_pair(ids);
   Pair wte = random_pair(V * C, 51), wpe = random_pair(T * C, 52);
   Pair out = pair_of(std::vector<float>(B * T * C));
-  ops::embedding_forward<float>(cpu, out.h(), tokens.host.data<int32_t>(), wte.h(), wpe.h(), B, T,
+  ops::embedding_forward<float>(on_cpu, out.h(), tokens.host.data<int32_t>(), wte.h(), wpe.h(), B,
+                                T, C, V);
+  ops::embedding_forward<float>(on_gpu, out.g(), tokens.gpu.data<int32_t>(), wte.g(), wpe.g(), B, T,
                                 C, V);
-  ops::embedding_forward<float>(gpu, out.g(), tokens.gpu.data<int32_t>(), wte.g(), wpe.g(), B, T, C,
-                                V);
   EXPECT_TRUE(bitwise_equal(out.from_gpu(), out.from_host())) << "one rounding each side";
 
   Pair dout = random_pair(B * T * C, 53), dwte = random_pair(V * C, 54),
        dwpe = random_pair(T * C, 55);
   const std::vector<float> dwte0 = dwte.from_gpu();
-  ops::embedding_backward<float>(cpu, dwte.h(), dwpe.h(), dout.h(), tokens.host.data<int32_t>(), B,
-                                 T, C);
-  ops::embedding_backward<float>(gpu, dwte.g(), dwpe.g(), dout.g(), tokens.gpu.data<int32_t>(), B,
-                                 T, C);
+  ops::embedding_backward<float>(on_cpu, dwte.h(), dwpe.h(), dout.h(), tokens.host.data<int32_t>(),
+                                 B, T, C);
+  ops::embedding_backward<float>(on_gpu, dwte.g(), dwpe.g(), dout.g(), tokens.gpu.data<int32_t>(),
+                                 B, T, C);
   expect_pair_close("dwte", dwte);
   expect_pair_close("dwpe", dwpe);
   const std::vector<float> once = dwte.from_gpu();
   dwte.gpu.copy_from(Tensor::from_vector(dwte0, {V * C}));
-  ops::embedding_backward<float>(gpu, dwte.g(), dwpe.g(), dout.g(), tokens.gpu.data<int32_t>(), B,
-                                 T, C);
+  ops::embedding_backward<float>(on_gpu, dwte.g(), dwpe.g(), dout.g(), tokens.gpu.data<int32_t>(),
+                                 B, T, C);
   EXPECT_TRUE(bitwise_equal(dwte.from_gpu(), once)) << "dwte not reproducible";
 
   ids[B * T - 2] = static_cast<int32_t>(V);
   IdPair bad = ids_pair(ids);
   try {
-    ops::embedding_forward<float>(gpu, out.g(), bad.gpu.data<int32_t>(), wte.g(), wpe.g(), B, T, C,
-                                  V);
+    ops::embedding_forward<float>(on_gpu, out.g(), bad.gpu.data<int32_t>(), wte.g(), wpe.g(), B, T,
+                                  C, V);
     FAIL() << "a token outside the vocabulary was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("token id 200 at batch 2, position 15"), std::string::npos)
@@ -226,17 +226,20 @@ TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {
   const int64_t B = 2, T = 67, C = 48, NH = 4;
   Pair qkv = random_pair(B * T * 3 * C, 60, -2.0, 2.0);
   Pair out = pair_of(std::vector<float>(B * T * C)), lse = pair_of(std::vector<float>(B * NH * T));
-  ops::attention_forward<float>(cpu, out.h(), lse.h(), qkv.h(), B, T, C, NH);
-  ops::attention_forward<float>(gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
+  ops::attention_forward<float>(on_cpu, out.h(), lse.h(), qkv.h(), B, T, C, NH);
+  ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
   expect_pair_close("out", out);
   expect_pair_close("lse", lse);
 
   Pair dout = random_pair(B * T * C, 61), dqkv = pair_of(std::vector<float>(B * T * 3 * C));
-  ops::attention_backward<float>(cpu, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, C, NH);
-  ops::attention_backward<float>(gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C, NH);
+  ops::attention_backward<float>(on_cpu, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, C,
+                                 NH);
+  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
+                                 NH);
   expect_pair_close("dqkv", dqkv);
   const std::vector<float> first = dqkv.from_gpu();
-  ops::attention_backward<float>(gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C, NH);
+  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
+                                 NH);
   EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first)) << "dqkv not reproducible";
 }
 
@@ -245,24 +248,24 @@ TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
   Pair logits = random_pair(N * V, 70, -8.0, 8.0);
   IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 71));
   Pair losses = pair_of(std::vector<float>(N)), lse = pair_of(std::vector<float>(N));
-  ops::cross_entropy_forward<float>(cpu, losses.h(), lse.h(), logits.h(),
+  ops::cross_entropy_forward<float>(on_cpu, losses.h(), lse.h(), logits.h(),
                                     targets.host.data<int32_t>(), N, V);
-  ops::cross_entropy_forward<float>(gpu, losses.g(), lse.g(), logits.g(),
+  ops::cross_entropy_forward<float>(on_gpu, losses.g(), lse.g(), logits.g(),
                                     targets.gpu.data<int32_t>(), N, V);
   expect_pair_close("losses", losses);
   expect_pair_close("lse", lse);
   // In place over the logits, as the model does.
   const float dloss = 1.0f / static_cast<float>(N);
-  ops::cross_entropy_backward<float>(cpu, logits.h(), logits.h(), lse.h(),
+  ops::cross_entropy_backward<float>(on_cpu, logits.h(), logits.h(), lse.h(),
                                      targets.host.data<int32_t>(), dloss, N, V);
-  ops::cross_entropy_backward<float>(gpu, logits.g(), logits.g(), lse.g(),
+  ops::cross_entropy_backward<float>(on_gpu, logits.g(), logits.g(), lse.g(),
                                      targets.gpu.data<int32_t>(), dloss, N, V);
   expect_pair_close("dlogits", logits);
 
   std::vector<int32_t> bad_ids = random_ids(N, static_cast<int32_t>(V), 71);
   bad_ids[12] = -1;
   IdPair bad = ids_pair(bad_ids);
-  EXPECT_THROW(ops::cross_entropy_forward<float>(gpu, losses.g(), lse.g(), logits.g(),
+  EXPECT_THROW(ops::cross_entropy_forward<float>(on_gpu, losses.g(), lse.g(), logits.g(),
                                                  bad.gpu.data<int32_t>(), N, V),
                Error);
 }
@@ -272,10 +275,10 @@ TEST_F(CudaKernelsTest, AdamWIsBitwiseTheCpuUpdate) {
   Pair p = random_pair(n, 80), g = random_pair(n, 81), m = random_pair(n, 82, -0.1, 0.1),
        v = random_pair(n, 83, 0.0, 0.01);
   for (int64_t step = 1; step <= 3; ++step) {
-    ops::adamw_update<float>(cpu, p.h(), g.h(), m.h(), v.h(), n, 6e-4, 0.9, 0.95, 1e-8, 0.1, step,
-                             0.5f);
-    ops::adamw_update<float>(gpu, p.g(), g.g(), m.g(), v.g(), n, 6e-4, 0.9, 0.95, 1e-8, 0.1, step,
-                             0.5f);
+    ops::adamw_update<float>(on_cpu, p.h(), g.h(), m.h(), v.h(), n, 6e-4, 0.9, 0.95, 1e-8, 0.1,
+                             step, 0.5f);
+    ops::adamw_update<float>(on_gpu, p.g(), g.g(), m.g(), v.g(), n, 6e-4, 0.9, 0.95, 1e-8, 0.1,
+                             step, 0.5f);
   }
 #ifdef __FMA__
   // The CPU build fuses the same multiply-adds as the GPU kernel.
@@ -292,7 +295,7 @@ TEST_F(CudaKernelsTest, AdamWIsBitwiseTheCpuUpdate) {
 TEST_F(CudaKernelsTest, DoubleIsRefusedOnTheGpu) {
   Tensor x = Tensor::zeros({4}, DType::kF64, Device::cuda(0));
   try {
-    ops::scale_inplace<double>(gpu, x.data<double>(), 2.0, 4);
+    ops::scale_inplace<double>(on_gpu, x.data<double>(), 2.0, 4);
     FAIL() << "f64 ran on the GPU";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("f32 only"), std::string::npos) << e.what();

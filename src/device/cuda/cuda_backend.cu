@@ -218,6 +218,17 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (kind != cudaMemcpyDeviceToHost) LOOM_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
+void synchronize(int device_index) {
+  DeviceGuard guard(device_index);
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void zero_bytes(void* dst, int device_index, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceGuard guard(device_index);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, nullptr));
+}
+
 void axpy_f32(int device_index, int64_t n, float a, const float* x, const float* y, float* out) {
   if (n < 0) fail("axpy_f32: n must be non-negative, got ", n);
   if (n == 0) return;

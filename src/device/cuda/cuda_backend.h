@@ -26,6 +26,13 @@ std::unique_ptr<Allocator> make_cuda_allocator(int index);
 // Copies between host and GPU or GPU and GPU (synchronous: the bytes are there on return).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 
+// Waits for every kernel and copy queued on GPU `device_index`.
+void synchronize(int device_index);
+
+// Zeroes `bytes` bytes of GPU `device_index` memory: cudaMemsetAsync on the legacy default
+// stream, where the kernels run, so it is ordered with them without a wait.
+void zero_bytes(void* dst, int device_index, size_t bytes);
+
 // out[i] = a * x[i] + y[i] on GPU `device_index` (fp32): the first elementwise kernel, used to
 // prove the build and the copies; kernels proper arrive with the CUDA issue. x, y and out must be
 // memory of that GPU (throws loom::Error otherwise); out may alias y. Synchronous.
