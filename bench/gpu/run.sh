@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One GPU session, prepared: configure (preset cuda), build, run the GPU tests, then the whole
-# suite, and keep every log. Meant for a device machine with ~15 minutes in all, started from the
+# One GPU session, prepared: configure (preset cuda), build, run the GPU tests (kernels against
+# the CPU, a small GPT-2 against the CPU, nccl, the trainer on cuda), time GPT-2 124M training at
+# T = 1024 (tokens/s, MFU), then the whole suite, and keep every log. Meant for a device machine with ~15 minutes in all, started from the
 # repository root (or anywhere: it finds the root itself):
 #
 #   OUT=/some/dir bash bench/gpu/run.sh          # logs and summary.txt under $OUT
 #
 # Every step runs under a timeout drawn from one deadline (LOOM_GPU_DEADLINE_S, default 540 s,
 # inside a 600 s call), and a failing step does not stop the ones after it: the logs of a bad run
-# are what the session is for. Exits non-zero when any step failed. At most 7 files land in $OUT.
+# are what the session is for. Exits non-zero when any step failed. At most 10 files land in $OUT.
 #
 # Knobs (environment):
 #   LOOM_GPU_DEADLINE_S  seconds for the whole script (540)
@@ -109,8 +110,28 @@ if [[ -f "$OUT/build.log" ]]; then
   note "      build: $(grep -c 'warning:' "$OUT/build.log" || true) warning lines, $(grep -c 'error:' "$OUT/build.log" || true) error lines"
 fi
 
-# ---- 3. tests: the GPU ones first, alone on the GPU; then everything ---------------------------
-step ctest_cuda 120 ctest --preset cuda -L cuda --timeout 100
+# ---- 3. the GPU tests: every CUDA kernel against the CPU's, the small GPT-2 on the GPU against
+# the CPU, nccl as a group of one, and the trainer on runtime.device = "cuda" ---------------------
+gpu_tests() {
+  ctest --preset cuda -L cuda --timeout 100 || return 1
+  ctest --preset cuda -R 'CudaDevice' --timeout 100
+}
+export -f gpu_tests
+step ctest_cuda 150 gpu_tests
+
+# ---- 4. speed: GPT-2 124M at T = 1024, batch 16, fp32 weights with TF32 GEMMs (the bf16 path is
+# not built yet); MFU against the H200's dense TF32 tensor-core peak (494.7 TFLOP/s, half the
+# datasheet's 989 with sparsity). Then pure fp32 (no tensor cores; 67 TFLOP/s peak) for scale. ---
+LOOM=build/cuda/apps/loom
+step bench_gpt2_tf32 150 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
+  --steps 20 --warmup 3 --tf32 --peak-tflops 494.7 --json
+step bench_gpt2_fp32 90 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
+  --steps 5 --warmup 2 --peak-tflops 67 --json
+for name in bench_gpt2_tf32 bench_gpt2_fp32; do
+  [[ -f "$OUT/$name.log" ]] && note "      $name: $(grep -o '{.*}' "$OUT/$name.log" | tail -n 1)"
+done
+
+# ---- 5. everything else, as time allows ---------------------------------------------------------
 step ctest_all 240 ctest --preset cuda -j "$JOBS" --timeout 200
 for name in ctest_cuda ctest_all; do
   # Skips are counted: a GPU run whose GPU tests all skipped proves nothing.

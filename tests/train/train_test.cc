@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "device/allocator.h"
 #include "data/dataset.h"
 
 namespace loom {
@@ -112,6 +113,41 @@ TEST_F(TrainTest, StopAndResumeIsBitwiseIdentical) {
   EXPECT_EQ(s2.start_step, 6);
   EXPECT_EQ(s2.last_step, 12);
   expect_same_run(metrics("straight"), metrics("resumed"));
+}
+
+// runtime.device = "cuda": on a machine with a GPU, the run matches the CPU's step for step (fp32
+// rounding, not bits) and stops and resumes there; without one, a clear error. More than one
+// rank on GPUs is refused (it needs the nccl backend).
+TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
+  Config c = config(8);
+  c.runtime.device = "cuda";
+  if (!cuda_available()) {
+    try {
+      run_training(c, options("gpu"));
+      FAIL() << "training on cuda without a GPU did not fail";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("runtime.device = 'cuda'"), std::string::npos) << what;
+      EXPECT_NE(what.find("no usable GPU"), std::string::npos) << what;
+    }
+    GTEST_SKIP() << "no GPU: checked the error only";
+  }
+  run_training(config(8), options("cpu"));
+  TrainOptions stop = options("gpu");
+  stop.stop_after = 4;
+  run_training(c, stop);
+  TrainOptions resume = options("gpu");
+  resume.resume = "auto";
+  EXPECT_EQ(run_training(c, resume).start_step, 4);
+  const auto on_cpu = metrics("cpu"), on_gpu = metrics("gpu");
+  ASSERT_EQ(on_gpu.size(), on_cpu.size());
+  for (size_t i = 0; i < on_cpu.size(); ++i) {
+    const double want = on_cpu[i]["loss"], got = on_gpu[i]["loss"];
+    EXPECT_NEAR(got, want, 1e-4 * want) << "step " << i + 1;
+  }
+  Config two = c;
+  two.runtime.ranks = 2;
+  EXPECT_THROW(run_training(two, options("two")), Error);
 }
 
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
