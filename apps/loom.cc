@@ -19,6 +19,7 @@
 #include "data/tokenizer.h"
 #include "kernels/cpu/fma_peak.h"
 #include "parallel/pipeline_schedule.h"
+#include "kernels/ops.h"
 #include "train/benchmark.h"
 #include "train/generate.h"
 #include "train/layout_check.h"
@@ -132,7 +133,8 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                         {"parameters", r.num_parameters},
                         {"fma_peak_gflops", r.fma_peak_gflops}, {"fma_isa", r.fma_isa},
                         {"roofline_share", r.roofline_share},
-                        {"device", r.device}, {"batch", r.batch}, {"seq_len", r.seq_len},
+                        {"device", r.device}, {"precision", r.precision},
+                        {"batch", r.batch}, {"seq_len", r.seq_len},
                         {"mfu", r.mfu}};
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     j["openblas_coretype"] = coretype ? coretype : "";
@@ -143,8 +145,8 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
     std::printf("  %.1f tokens/s, %.1f GFLOP/s, step %.1f ms (fwd %.1f, bwd %.1f, opt %.1f)\n",
                 r.tokens_per_s, r.gflops, r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms);
     if (r.device == "cuda")
-      std::printf("  on cuda, batch %ld x %ld tokens per rank, MFU %.1f%%%s\n",
-                  static_cast<long>(r.batch), static_cast<long>(r.seq_len), 100.0 * r.mfu,
+      std::printf("  on cuda (%s GEMMs), batch %ld x %ld tokens per rank, MFU %.1f%%%s\n",
+                  r.precision.c_str(), static_cast<long>(r.batch), static_cast<long>(r.seq_len), 100.0 * r.mfu,
                   r.mfu > 0 ? "" : " (give --peak-tflops)");
     else
       std::printf("  fp32 FMA peak of %d thread(s) (%s loop, measured now) %.1f GFLOP/s: %.0f%% of it\n",
@@ -260,7 +262,7 @@ int main(int argc, char** argv) {
   bench_train->add_option("--device", bench.device, "cpu, or cuda (one rank on GPU 0)")->capture_default_str();
   bench_train->add_option("--batch", bench.batch, "sequences per rank (0: the shape's)")->capture_default_str();
   bench_train->add_option("--seq", bench.seq_len, "tokens per sequence (0: the shape's)")->capture_default_str();
-  bench_train->add_flag("--tf32", bench.tf32, "cuda: fp32 GEMMs on TF32 tensor cores");
+  bench_train->add_option("--precision", bench.precision, "cuda: GEMM inputs in fp32, tf32 or bf16")->capture_default_str();
   bench_train->add_option("--peak-tflops", bench.gpu_peak_tflops, "cuda: the GPU's peak TFLOP/s for the MFU")->capture_default_str();
   bench_train->add_flag("--json", json, "one JSON object");
 
@@ -269,6 +271,15 @@ int main(int argc, char** argv) {
   auto* bench_fma = bench_cmd->add_subcommand("fma", "the fp32 FMA peak of this CPU (the roofline `bench train` is measured against)");
   bench_fma->add_option("--threads", fma_threads, "threads running the FMA loop at once")->capture_default_str();
   bench_fma->add_option("--seconds", fma_seconds, "how long each thread runs")->capture_default_str();
+
+  std::string gemm_device = "cuda", gemm_precision = "bf16";
+  int64_t gemm_n = 8192;
+  int gemm_iters = 10;
+  auto* bench_gemm = bench_cmd->add_subcommand("gemm", "a GPU's dense GEMM rate (the peak `bench train --device cuda` MFU is measured against)");
+  bench_gemm->add_option("--device", gemm_device, "cuda or cuda:N")->capture_default_str();
+  bench_gemm->add_option("--precision", gemm_precision, "fp32, tf32 or bf16")->capture_default_str();
+  bench_gemm->add_option("--n", gemm_n, "the n of the n x n x n product")->capture_default_str();
+  bench_gemm->add_option("--iters", gemm_iters, "timed products (the best counts)")->capture_default_str();
 
   BenchCommArgs comm_args;
   auto* bench_comm = bench_cmd->add_subcommand("comm", "collective bandwidth (algbw, busbw, memcpy ceiling)");
@@ -323,6 +334,13 @@ int main(int argc, char** argv) {
       const cpu::FmaPeak peak = cpu::measure_fma_peak(fma_threads, fma_seconds);
       std::printf("fp32 FMA peak, %d thread(s), %s loop: %.1f GFLOP/s\n", fma_threads, peak.isa,
                   peak.gflops);
+      return 0;
+    }
+    if (bench_gemm->parsed()) {
+      const double tflops = ops::measure_gpu_gemm_tflops(Device::parse(gemm_device), gemm_precision,
+                                                         gemm_n, gemm_iters);
+      std::printf("{\"device\": \"%s\", \"precision\": \"%s\", \"n\": %ld, \"tflops\": %.1f}\n",
+                  gemm_device.c_str(), gemm_precision.c_str(), static_cast<long>(gemm_n), tflops);
       return 0;
     }
     if (bench_comm->parsed()) return cmd_bench_comm(comm_args, std::vector<std::string>(argv, argv + argc));

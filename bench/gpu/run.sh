@@ -8,7 +8,7 @@
 #
 # Every step runs under a timeout drawn from one deadline (LOOM_GPU_DEADLINE_S, default 540 s,
 # inside a 600 s call), and a failing step does not stop the ones after it: the logs of a bad run
-# are what the session is for. Exits non-zero when any step failed. At most 10 files land in $OUT.
+# are what the session is for. Exits non-zero when any step failed. At most 12 files land in $OUT.
 #
 # Knobs (environment):
 #   LOOM_GPU_DEADLINE_S  seconds for the whole script (540)
@@ -119,15 +119,32 @@ gpu_tests() {
 export -f gpu_tests
 step ctest_cuda 150 gpu_tests
 
-# ---- 4. speed: GPT-2 124M at T = 1024, batch 16, fp32 weights with TF32 GEMMs (the bf16 path is
-# not built yet); MFU against the H200's dense TF32 tensor-core peak (494.7 TFLOP/s, half the
-# datasheet's 989 with sparsity). Then pure fp32 (no tensor cores; 67 TFLOP/s peak) for scale. ---
+# ---- 4. speed: the GPU's own dense GEMM rates (cuBLASLt, 8192³), then GPT-2 124M at T = 1024,
+# batch 16: bf16 GEMM inputs (fp32 weights and everything else; MFU against the measured bf16
+# rate, the issue's ~790 TFLOP/s when the measurement failed), then TF32, then pure fp32. --------
 LOOM=build/cuda/apps/loom
-step bench_gpt2_tf32 150 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
-  --steps 20 --warmup 3 --tf32 --peak-tflops 494.7 --json
-step bench_gpt2_fp32 90 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
-  --steps 5 --warmup 2 --peak-tflops 67 --json
-for name in bench_gpt2_tf32 bench_gpt2_fp32; do
+peaks() {
+  for p in bf16 tf32 fp32; do "$LOOM" bench gemm --device cuda --precision "$p" --n 8192 --iters 10 || return 1; done
+}
+export -f peaks
+export LOOM
+step gemm_peak 60 peaks
+peak_of() {
+  local v
+  v=$(grep "\"precision\": \"$1\"" "$OUT/gemm_peak.log" 2>/dev/null | sed -n 's/.*"tflops": \([0-9.]*\).*/\1/p' | tail -n 1)
+  echo "${v:-$2}"
+}
+BF16_PEAK=$(peak_of bf16 790)
+TF32_PEAK=$(peak_of tf32 494.7)
+FP32_PEAK=$(peak_of fp32 67)
+note "      peaks (TFLOP/s): bf16 $BF16_PEAK, tf32 $TF32_PEAK, fp32 $FP32_PEAK"
+step bench_gpt2_bf16 150 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
+  --steps 20 --warmup 3 --precision bf16 --peak-tflops "$BF16_PEAK" --json
+step bench_gpt2_tf32 60 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
+  --steps 8 --warmup 2 --precision tf32 --peak-tflops "$TF32_PEAK" --json
+step bench_gpt2_fp32 60 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
+  --steps 4 --warmup 1 --precision fp32 --peak-tflops "$FP32_PEAK" --json
+for name in bench_gpt2_bf16 bench_gpt2_tf32 bench_gpt2_fp32; do
   [[ -f "$OUT/$name.log" ]] && note "      $name: $(grep -o '{.*}' "$OUT/$name.log" | tail -n 1)"
 done
 

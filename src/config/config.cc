@@ -78,6 +78,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(runtime, ranks),
     LOOM_KEY(runtime, backend),
     LOOM_KEY(runtime, device),
+    LOOM_KEY(runtime, matmul_precision),
     LOOM_KEY(runtime, threads_per_rank),
 };
 

@@ -81,6 +81,8 @@ struct RuntimeConfig {
   // mpi or nccl
   std::string backend = "auto";
   std::string device = "cpu";     // cpu or cuda[:N]
+  // GEMM inputs on the GPU: fp32, tf32 or bf16 (weights, accumulation and the rest stay fp32)
+  std::string matmul_precision = "fp32";
   int threads_per_rank = 0;       // compute threads per rank; 0 = auto
 
   // threads_per_rank with 0 = "the machine's cores / ranks, at least 1" resolved.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "base/error.h"
@@ -44,11 +45,13 @@ bool on_gpu(const Exec& ex, const char* op) {
 
 }  // namespace detail
 
-// Whether fp32 GEMMs on GPUs may use TF32 tensor cores (cuda::set_allow_tf32); a no-op in a
-// build without CUDA.
-inline void set_allow_tf32(bool allow) {
-  if constexpr (detail::kCudaBuild) cuda::set_allow_tf32(allow);
-}
+// "fp32", "tf32" or "bf16": the GPUs' GEMM input precision (cuda::set_matmul_precision); throws
+// naming anything else. A no-op in a build without CUDA, whose GEMMs are all fp32.
+void set_matmul_precision(const std::string& name);
+
+// The dense GEMM rate of a GPU in TFLOP/s at a precision ("fp32", "tf32", "bf16": bf16 operands
+// stored as bf16, no casts), best of `iters` n×n×n products: the peak an MFU is measured against.
+double measure_gpu_gemm_tflops(Device device, const std::string& precision, int64_t n, int iters);
 
 // The body of every op: the CUDA kernel on a GPU, else the CPU kernel on the pool.
 #define LOOM_OPS_DISPATCH(name, ...)                                                         \

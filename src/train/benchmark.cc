@@ -141,6 +141,8 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.ranks < 1) fail("--ranks must be >= 1, got ", o.ranks);
   if (o.steps < 1) fail("--steps must be >= 1, got ", o.steps);
   if (o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '", o.device, "'");
+  if (o.device != "cuda" && o.precision != "fp32")
+    fail("--precision ", o.precision, " needs --device cuda: the CPU's GEMMs are fp32");
   if (o.device == "cuda" && o.ranks != 1)
     fail("--device cuda runs one rank for now (--ranks 1): GPU ranks need the nccl backend, "
          "which `loom bench train` does not start yet");
@@ -148,7 +150,7 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
     fail("--seq ", o.seq_len, " exceeds the block size ", shape.model.max_seq_len, " of ", shape.name);
   if (o.device == "cuda") {
     if (!cuda_available()) fail("--device cuda: no usable GPU (", cuda::unavailable_reason(), ")");
-    ops::set_allow_tf32(o.tf32);
+    ops::set_matmul_precision(o.precision);
   }
   BenchResult r;
   r.shape = shape.name;
@@ -158,6 +160,7 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   r.steps = o.steps;
   r.num_parameters = shape.model.num_parameters();
   r.device = o.device;
+  r.precision = o.precision;
   r.batch = o.batch > 0 ? o.batch : shape.batch;
   r.seq_len = o.seq_len > 0 ? o.seq_len : shape.seq_len;
   const int64_t n_flop_params = shape.model.num_parameters() -

@@ -33,7 +33,7 @@ struct BenchOptions {
   std::string device = "cpu";  // cpu, or cuda: rank r computes on GPU r
   int64_t batch = 0;    // sequences per rank; 0 = the shape's
   int64_t seq_len = 0;  // tokens per sequence (<= the shape's block size); 0 = the shape's
-  bool tf32 = false;    // cuda: fp32 GEMMs on TF32 tensor cores
+  std::string precision = "fp32";  // cuda: GEMM inputs in fp32, tf32 or bf16
   double gpu_peak_tflops = 0;  // cuda: the GPU's peak for the precision run, for the MFU
 };
 
@@ -60,7 +60,7 @@ struct BenchResult {
   double roofline_share = 0;  // gflops / fma_peak_gflops
   // cuda runs: the device, the sequences and tokens per rank they ran, and the model FLOP
   // utilisation against BenchOptions::gpu_peak_tflops (0 when no peak was given).
-  std::string device = "cpu";
+  std::string device = "cpu", precision = "fp32";
   int64_t batch = 0, seq_len = 0;
   double mfu = 0;
 };

@@ -25,6 +25,7 @@
 #include "data/loader.h"
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
+#include "kernels/ops.h"
 #include "models/gpt2.h"
 #include "monitor/metrics_log.h"
 #include "optim/adamw.h"
@@ -413,6 +414,7 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
       fail("runtime.device = '", config.runtime.device, "' with ", config.runtime.ranks,
            " ranks: training on GPUs runs one rank for now (several GPUs need the nccl backend, "
            "not yet wired into training)");
+    ops::set_matmul_precision(config.runtime.matmul_precision);
   }
   if (config.runtime.backend == "nccl") fail("runtime.backend = \"nccl\": training on NCCL is not implemented yet");
   if (use_mpi) {

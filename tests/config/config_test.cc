@@ -374,6 +374,10 @@ TEST(Config, ValidationNamesKeysAndValues) {
                        "runtime.backend = \"nccl\" needs a cuda runtime.device"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.threads_per_rank = -1; }),
                        "runtime.threads_per_rank"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "fp16"; }),
+                       "runtime.matmul_precision = \"fp16\" must be one of: fp32, tf32, bf16"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "bf16"; }),
+                       "runtime.matmul_precision = \"bf16\" needs runtime.device = \"cuda\""));
 
   // Every problem is reported at once.
   const std::string e = validate_error([](Config& c) {
@@ -387,6 +391,7 @@ TEST(Config, ValidationNamesKeysAndValues) {
   Config ok;
   ok.runtime.device = "cuda:0";
   ok.runtime.backend = "nccl";
+  ok.runtime.matmul_precision = "bf16";
   EXPECT_NO_THROW(validate(ok));
 }
 

@@ -104,6 +104,32 @@ TEST_F(CudaKernelsTest, GemmEveryTranspositionAndBatchMatchesCpu) {
   expect_pair_close("batched gemm", C);
 }
 
+// bf16 operands keep 8 significant bits (relative rounding 2^-9 each), TF32 11: the products of
+// K = 256 terms stay within 1e-2 and 2e-3 of the output's scale. The bias and the accumulation
+// are fp32 either way.
+TEST_F(CudaKernelsTest, MatmulInBf16AndTf32StaysWithinTheirRounding) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  const int64_t N = 64, C = 256, OC = 96;
+  Pair inp = random_pair(N * C, 16), w = random_pair(OC * C, 17), b = random_pair(OC, 18);
+  Pair out = pair_of(std::vector<float>(N * OC));
+  ops::matmul_forward<float>(on_cpu, out.h(), inp.h(), w.h(), b.h(), N, C, OC);
+  for (auto [precision, tol] : {std::pair{cuda::MatmulPrecision::kBf16, 1e-2},
+                                std::pair{cuda::MatmulPrecision::kTf32, 2e-3}}) {
+    cuda::set_matmul_precision(precision);
+    out.gpu.zero_();
+    ops::matmul_forward<float>(on_gpu, out.g(), inp.g(), w.g(), b.g(), N, C, OC);
+    const std::vector<float> got = out.from_gpu(), want = out.from_host();
+    expect_close("out", got, want, tol);
+    // Not fp32 in disguise: some element must differ by more than fp32 rounding would.
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, double(std::abs(got[i] - want[i])));
+    EXPECT_GT(worst, 1e-5) << "reduced precision was not applied";
+  }
+}
+
 TEST_F(CudaKernelsTest, MatmulForwardAndBackwardMatchCpu) {
   const int64_t N = 70, C = 48, OC = 80;
   Pair inp = random_pair(N * C, 10), w = random_pair(OC * C, 11), b = random_pair(OC, 12);

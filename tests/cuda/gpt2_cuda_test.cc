@@ -12,6 +12,7 @@
 #include "../kernels/kernel_test_util.h"
 #include "base/thread_pool.h"
 #include "harness/devices.h"
+#include "kernels/ops.h"
 #include "models/gpt2.h"
 #include "optim/adamw.h"
 #include "tensor/rng.h"
@@ -82,6 +83,20 @@ TEST(Gpt2Cuda, TrainingOnTheGpuMatchesTheCpu) {
   // weight by up to 2·lr per step: compare the weights to that bound, the losses above closely.
   cpu::ktest::expect_close("weights after training", on_gpu.final_values, on_cpu.final_values,
                            2e-3 * kSteps);
+}
+
+// bf16 GEMM inputs (fp32 weights, accumulation and everything else): the losses stay within 1%
+// of the fp32 CPU run's over a few steps.
+TEST(Gpt2Cuda, Bf16MatmulsStayNearTheCpuRun) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  constexpr int kSteps = 3;
+  const TrainRun on_cpu = train(Device::cpu(), kSteps);
+  ops::set_matmul_precision("bf16");
+  const TrainRun on_gpu = train(Device::cuda(0), kSteps);
+  ops::set_matmul_precision("fp32");
+  for (size_t s = 0; s < on_cpu.losses.size(); ++s)
+    EXPECT_NEAR(on_gpu.losses[s], on_cpu.losses[s], 1e-2 * std::abs(on_cpu.losses[s]))
+        << "step " << s;
 }
 
 TEST(Gpt2Cuda, TwoGpuRunsAreBitwiseIdentical) {

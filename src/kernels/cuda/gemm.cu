@@ -6,6 +6,7 @@
 // transposition flags. The bias epilogue adds a vector along the rows of the column-major D,
 // which are the columns of the row-major C: exactly Linear's bias.
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 
 #include <atomic>
 #include <mutex>
@@ -27,7 +28,7 @@ namespace {
            ": ", cublasLtGetStatusString(loom_status_));                                           \
   } while (0)
 
-std::atomic<bool> g_allow_tf32{false};
+std::atomic<MatmulPrecision> g_precision{MatmulPrecision::kFp32};
 
 // One cuBLASLt handle and workspace per GPU, made on first use and kept for the process. Shared
 // by the threads that use the GPU: their GEMMs all run on its legacy stream, one after another,
@@ -54,8 +55,9 @@ GpuBlas& blas_for(int device) {
 // RAII owners of the cuBLASLt descriptors of one call.
 struct Layout {
   cublasLtMatrixLayout_t layout = nullptr;
-  Layout(uint64_t rows, uint64_t cols, int64_t ld, int64_t batch, int64_t stride) {
-    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, ld));
+  Layout(cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
+         int64_t stride) {
+    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
     if (batch > 1) {
       const int32_t count = static_cast<int32_t>(batch);
       LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
@@ -103,40 +105,68 @@ struct RowMajor {
   __device__ float operator()(int64_t r, int64_t c) const { return data[r * ld + c]; }
 };
 
-}  // namespace
-
-void set_allow_tf32(bool allow) {
-  g_allow_tf32.store(allow);
+// The elements a row-major operand spans in memory: `rows` rows `ld` apart, `count` of them
+// `stride` apart.
+int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t count, int64_t stride) {
+  return (count - 1) * stride + (rows - 1) * ld + cols;
 }
 
-void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc, const float* bias, GemmBatch batch) {
-  if (M < 0 || N < 0 || K < 0 || batch.count < 1)
-    fail("cuda::gemm: bad sizes M=", M, " N=", N, " K=", K, " batch=", batch.count);
-  if (M == 0 || N == 0) return;
-  if (K == 0) fail("cuda::gemm: K = 0 is not supported (M=", M, " N=", N, ")");
-  DeviceGuard guard(device);
-  GpuBlas& blas = blas_for(device);
+__global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    out[i] = __float2bfloat16_rn(in[i]);
+}
 
+// Deterministic pseudo-random bf16 in [-1, 1): operands for the rate measurement (zeros would
+// flatter the tensor cores' power draw).
+__global__ void fill_bf16_kernel(__nv_bfloat16* out, int64_t n, uint32_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    out[i] = __float2bfloat16_rn(static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
+  }
+}
+
+__global__ void fill_f32_kernel(float* out, int64_t n, uint32_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    out[i] = static_cast<float>(h >> 8) / 8388608.0f - 1.0f;
+  }
+}
+
+// Row-major C = alpha·op(A)·op(B) + beta·C (+ bias) through cuBLASLt, A and B of `ab_type`
+// (fp32 or bf16), C fp32.
+void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bool trans_a,
+               bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+               int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc,
+               const float* bias, GemmBatch batch) {
+  GpuBlas& blas = blas_for(device);
   // Column-major problem: D (m×n) = op(A')·op(B'), A' = B, B' = A.
   const int64_t m = N, n = M, k = K;
   const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   // A stored column-major matrix is what op() is applied to: (m×k) when not transposed, else (k×m).
-  const Layout a_layout(op_a == CUBLAS_OP_N ? m : k, op_a == CUBLAS_OP_N ? k : m, ldb, batch.count,
-                        batch.stride_b);
-  const Layout b_layout(op_b == CUBLAS_OP_N ? k : n, op_b == CUBLAS_OP_N ? n : k, lda, batch.count,
-                        batch.stride_a);
-  const Layout c_layout(m, n, ldc, batch.count, batch.stride_c);
+  const Layout a_layout(ab_type, op_a == CUBLAS_OP_N ? m : k, op_a == CUBLAS_OP_N ? k : m, ldb,
+                        batch.count, batch.stride_b);
+  const Layout b_layout(ab_type, op_b == CUBLAS_OP_N ? k : n, op_b == CUBLAS_OP_N ? n : k, lda,
+                        batch.count, batch.stride_a);
+  const Layout c_layout(CUDA_R_32F, m, n, ldc, batch.count, batch.stride_c);
 
-  MatmulDesc desc(g_allow_tf32.load() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  MatmulDesc desc(compute);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b);
   if (bias != nullptr) {
     if (batch.count > 1) fail("cuda::gemm: a bias is supported on unbatched GEMMs only");
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_32F);
   }
 
   Preference preference;
@@ -153,6 +183,86 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
                                    b_layout.layout, &beta, C, c_layout.layout, C, c_layout.layout,
                                    &heuristic.algo, blas.workspace, kWorkspaceBytes, nullptr));
   check_launch("cublasLtMatmul");
+}
+
+// A bf16 copy of a row-major fp32 operand (its whole span), as scratch.
+const __nv_bfloat16* bf16_copy(Scratch<__nv_bfloat16>& scratch, const float* x, int64_t n) {
+  to_bf16_kernel<<<blocks_for(n, 256), 256>>>(scratch.get(), x, n);
+  check_launch("gemm (cast to bf16)");
+  return scratch.get();
+}
+
+}  // namespace
+
+void set_matmul_precision(MatmulPrecision precision) {
+  g_precision.store(precision);
+}
+
+MatmulPrecision matmul_precision() {
+  return g_precision.load();
+}
+
+void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc, const float* bias, GemmBatch batch) {
+  if (M < 0 || N < 0 || K < 0 || batch.count < 1)
+    fail("cuda::gemm: bad sizes M=", M, " N=", N, " K=", K, " batch=", batch.count);
+  if (M == 0 || N == 0) return;
+  if (K == 0) fail("cuda::gemm: K = 0 is not supported (M=", M, " N=", N, ")");
+  DeviceGuard guard(device);
+  const MatmulPrecision precision = g_precision.load();
+  if (precision != MatmulPrecision::kBf16) {
+    const cublasComputeType_t compute =
+        precision == MatmulPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    lt_matmul(device, compute, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
+              C, ldc, bias, batch);
+    return;
+  }
+  // bf16 operands, cast on the fly (each operand's whole span, gaps between rows included).
+  const int64_t a_span = span(trans_a ? K : M, trans_a ? M : K, lda, batch.count, batch.stride_a);
+  const int64_t b_span = span(trans_b ? N : K, trans_b ? K : N, ldb, batch.count, batch.stride_b);
+  Scratch<__nv_bfloat16> a16(device, a_span), b16(device, b_span);
+  lt_matmul(device, CUBLAS_COMPUTE_32F, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha,
+            bf16_copy(a16, A, a_span), lda, bf16_copy(b16, B, b_span), ldb, beta, C, ldc, bias,
+            batch);
+}
+
+double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters) {
+  if (n < 1 || iters < 1) fail("measure_gemm_tflops: n and iters must be positive");
+  DeviceGuard guard(device);
+  const bool bf16 = precision == MatmulPrecision::kBf16;
+  Scratch<float> c(device, n * n), a32(device, bf16 ? 1 : n * n), b32(device, bf16 ? 1 : n * n);
+  Scratch<__nv_bfloat16> a16(device, bf16 ? n * n : 1), b16(device, bf16 ? n * n : 1);
+  if (bf16) {
+    fill_bf16_kernel<<<blocks_for(n * n, 256), 256>>>(a16.get(), n * n, 1);
+    fill_bf16_kernel<<<blocks_for(n * n, 256), 256>>>(b16.get(), n * n, 2);
+  } else {
+    fill_f32_kernel<<<blocks_for(n * n, 256), 256>>>(a32.get(), n * n, 1);
+    fill_f32_kernel<<<blocks_for(n * n, 256), 256>>>(b32.get(), n * n, 2);
+  }
+  check_launch("measure_gemm_tflops (fill)");
+  const void* A = bf16 ? static_cast<const void*>(a16.get()) : a32.get();
+  const void* B = bf16 ? static_cast<const void*>(b16.get()) : b32.get();
+  const cublasComputeType_t compute =
+      precision == MatmulPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cudaDataType type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LOOM_CUDA_CHECK(cudaEventCreate(&start));
+  LOOM_CUDA_CHECK(cudaEventCreate(&stop));
+  float best_ms = 0;
+  for (int i = 0; i <= iters; ++i) {  // i == 0: warm-up
+    LOOM_CUDA_CHECK(cudaEventRecord(start, nullptr));
+    lt_matmul(device, compute, type, false, false, n, n, n, 1.0f, A, n, B, n, 0.0f, c.get(), n,
+              nullptr, GemmBatch{});
+    LOOM_CUDA_CHECK(cudaEventRecord(stop, nullptr));
+    LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i > 0 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(n) * n * n / (best_ms * 1e-3) / 1e12;
 }
 
 void matmul_forward(int device, float* out, const float* inp, const float* weight,

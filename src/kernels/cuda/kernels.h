@@ -37,9 +37,17 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc, const float* bias = nullptr, GemmBatch batch = {});
 
-// Whether fp32 GEMMs may use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation).
-// Off by default: fp32 then matches the CPU to ~1e-6. Process-wide.
-void set_allow_tf32(bool allow);
+// What the GEMMs' inputs are rounded to on the tensor cores; accumulation, outputs, weights and
+// every other kernel stay fp32 (PyTorch's float32_matmul_precision "highest" / "high" /
+// "medium"). kFp32 matches the CPU to ~1e-6; kTf32 keeps 10 mantissa bits, kBf16 7 (operands are
+// cast to bf16 on the fly, ~1e-2). Process-wide; kFp32 by default.
+enum class MatmulPrecision { kFp32, kTf32, kBf16 };
+void set_matmul_precision(MatmulPrecision precision);
+MatmulPrecision matmul_precision();
+
+// The GPU's dense matrix rate at `precision`, in TFLOP/s: the best of `iters` timed n×n×n GEMMs
+// (after one warm-up), for MFU figures measured on the machine itself.
+double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters);
 
 void matmul_forward(int device, float* out, const float* inp, const float* weight,
                     const float* bias, int64_t N, int64_t C, int64_t OC);
