@@ -12,4 +12,22 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+double all_reduce_value(Communicator& comm, double value, ReduceOp op) {
+  Tensor host = Tensor::empty({1}, DType::kF64);
+  host.data<double>()[0] = value;
+  Tensor t = host.to(comm.tensor_device());
+  comm.all_reduce(t, op);
+  return t.to(Device::cpu()).data<double>()[0];
+}
+
+std::vector<double> all_gather_values(Communicator& comm, const std::vector<double>& mine) {
+  const int64_t n = static_cast<int64_t>(mine.size());
+  Tensor host = Tensor::empty({n}, DType::kF64);
+  std::copy(mine.begin(), mine.end(), host.data<double>());
+  Tensor all = Tensor::empty({n * comm.size()}, DType::kF64, comm.tensor_device());
+  comm.all_gather(host.to(comm.tensor_device()), all);
+  Tensor back = all.to(Device::cpu());
+  return std::vector<double>(back.data<double>(), back.data<double>() + back.numel());
+}
+
 }  // namespace loom

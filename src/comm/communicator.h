@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "tensor/tensor.h"
@@ -70,6 +71,9 @@ class Communicator {
   // A readable name for messages: "world", "world/split(color=1)", "dp[tp=0,pp=1]"...
   virtual std::string name() const = 0;
   virtual std::string backend() const = 0;  // "local", "mpi", "nccl"
+  // Where this communicator's tensors must live: host memory for local and mpi (any cpu index),
+  // the rank's GPU for nccl.
+  virtual Device tensor_device() const { return Device::cpu(); }
 
   // In place: every rank ends with op over all ranks' `tensor`.
   virtual WorkHandle all_reduce_async(Tensor& tensor, ReduceOp op) = 0;
@@ -108,5 +112,11 @@ class Communicator {
   void send(const Tensor& tensor, int dst, int tag = 0) { send_async(tensor, dst, tag)->wait(); }
   void recv(Tensor& tensor, int src, int tag = 0) { recv_async(tensor, src, tag)->wait(); }
 };
+
+// Host values through any communicator, staged through its tensor_device() (a GPU under nccl):
+// the few scalars a training loop exchanges (losses, norms, memory figures). Blocking.
+double all_reduce_value(Communicator& comm, double value, ReduceOp op = ReduceOp::kSum);
+// Every rank's `mine` (the same length on each), rank r's at [r·n, (r+1)·n).
+std::vector<double> all_gather_values(Communicator& comm, const std::vector<double>& mine);
 
 }  // namespace loom

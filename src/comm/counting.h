@@ -27,6 +27,7 @@ class CountingCommunicator final : public Communicator {
   int size() const override { return inner_.size(); }
   std::string name() const override { return inner_.name(); }
   std::string backend() const override { return inner_.backend(); }
+  Device tensor_device() const override { return inner_.tensor_device(); }
   WorkHandle all_reduce_async(Tensor& t, ReduceOp op) override {
     count(t);
     return inner_.all_reduce_async(t, op);

@@ -41,6 +41,13 @@ void AdamW::step(ThreadPool& pool, float lr, float* values, const float* grads, 
   }
 }
 
+FlatModelState on_host(const FlatModelState& state) {
+  FlatModelState host = state;
+  for (Tensor* t : {&host.values, &host.exp_avg, &host.exp_avg_sq})
+    if (t->defined() && !t->device().is_cpu()) *t = t->to(Device::cpu());
+  return host;
+}
+
 float lr_schedule(int64_t step, int64_t total, int64_t warmup, float lr, float min_ratio) {
   if (step < warmup) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
   const int64_t decay_steps = total - warmup;

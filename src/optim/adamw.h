@@ -64,6 +64,9 @@ struct FlatModelState {
   Tensor exp_avg_sq;
 };
 
+// The same state in host memory (a copy of what lives on a GPU; as it is otherwise), for files.
+FlatModelState on_host(const FlatModelState& state);
+
 // Learning rate at step `step` (0-based): linear warm-up over `warmup` steps to `lr`, then cosine
 // decay to lr·min_ratio at step `total`.
 float lr_schedule(int64_t step, int64_t total, int64_t warmup, float lr, float min_ratio);

@@ -366,13 +366,12 @@ double ZeroDataParallel::clip_grad_norm(double max_norm) {
     for (const auto& [offset, numel] : norm_ranges_)
       local += ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>() + offset, numel);
   }
-  // Summed over the ranks on the communicators' device (the GPU under nccl).
-  Tensor host = Tensor::empty({1}, DType::kF64);
-  host.data<double>()[0] = local;
-  Tensor sum = host.to(device_);
-  if (stage_ >= 2) wait(dp_.all_reduce_async(sum, ReduceOp::kSum));
-  if (tp != nullptr) wait(tp->all_reduce_async(sum, ReduceOp::kSum));
-  const double norm = std::sqrt(sum.to(Device::cpu()).data<double>()[0]);
+  double sum = local;
+  const double t0 = now_seconds();  // waiting for the other ranks counts as communication
+  if (stage_ >= 2) sum = all_reduce_value(dp_, sum, ReduceOp::kSum);
+  if (tp != nullptr) sum = all_reduce_value(*tp, sum, ReduceOp::kSum);
+  step_stats_.wait_seconds += now_seconds() - t0;
+  const double norm = std::sqrt(sum);
   grad_scale_ = clip_coefficient(norm, max_norm);
   return norm;
 }

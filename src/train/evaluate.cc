@@ -8,8 +8,7 @@ double evaluate(const std::function<double(const Tensor& inputs, const Tensor& t
                 const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
                 int64_t batches, Device device, Communicator* split) {
   DataLoader loader(shards, batch, seq_len);
-  // Tokens are read on the host; a GPU gets a copy. The split's sum travels in host memory, as
-  // the local and mpi communicators exchange it.
+  // Tokens are read on the host; a GPU gets a copy.
   const Device host = device.is_cpu() ? device : Device::cpu();
   Tensor host_inputs = Tensor::empty({batch, seq_len}, DType::kI32, host);
   Tensor host_targets = Tensor::empty({batch, seq_len}, DType::kI32, host);
@@ -28,10 +27,7 @@ double evaluate(const std::function<double(const Tensor& inputs, const Tensor& t
     total += loss(inputs, targets);
   }
   if (parts > 1) {
-    Tensor sum = Tensor::empty({1}, DType::kF64, host);
-    sum.data<double>()[0] = total;
-    split->all_reduce(sum, ReduceOp::kSum);
-    total = sum.data<double>()[0];
+    total = all_reduce_value(*split, total, ReduceOp::kSum);
   }
   return total / static_cast<double>(batches);
 }

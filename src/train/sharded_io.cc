@@ -58,12 +58,7 @@ std::string save_sharded_checkpoint(const std::string& dir, const std::vector<Gp
                                     const Config& config, const TrainingState& st) {
   LOOM_CHECK(parts.size() == engines.size());
   std::vector<FlatModelState> mine;
-  for (DataParallel* e : engines) {
-    FlatModelState state = e->gather_state();  // collective over dp
-    for (Tensor* t : {&state.values, &state.exp_avg, &state.exp_avg_sq})
-      if (t->defined() && !t->device().is_cpu()) *t = t->to(Device::cpu());  // a GPU's, to the host
-    mine.push_back(std::move(state));
-  }
+  for (DataParallel* e : engines) mine.push_back(on_host(e->gather_state()));  // collective over dp
   if (mesh.coord("dp") != 0) return "";
   Communicator& pp = mesh.axis("pp");
   Communicator& tp = mesh.axis("tp");

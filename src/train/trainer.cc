@@ -16,6 +16,9 @@
 #ifdef LOOM_WITH_MPI
 #include "comm/mpi/mpi_backend.h"
 #endif
+#ifdef LOOM_WITH_NCCL
+#include "comm/nccl/nccl_backend.h"
+#endif
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -172,8 +175,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                                            resume_from.empty() ? -1 : summary.start_step);
   }
 
-  // The communicators of a training run (local, mpi) exchange host memory; on a GPU the
-  // activations stay on the device and only scalars and tokens cross over.
+  // Tokens are read on the host; a GPU gets a copy of each micro-batch.
   const Device host = device.is_cpu() ? device : Device::cpu();
   std::vector<Tensor> inputs, targets;  // one per micro-batch, on the device
   std::vector<Tensor> host_inputs, host_targets;  // what the loader fills (the same on a cpu)
@@ -189,7 +191,6 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     inputs[m].copy_from(host_inputs[m]);
     targets[m].copy_from(host_targets[m]);
   };
-  Tensor loss_sum = Tensor::empty({1}, DType::kF64, host);
   Allocator& allocator = allocator_for(device);
   DataParallelMemory state_bytes;
   for (DataParallel* e : engines) {
@@ -204,16 +205,12 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (const auto& p : part->params().parameters()) parameters += p->numel();
       blocks += part->part().end_block - part->part().first_block;  // parts are resolved
     }
-    Tensor mine = Tensor::empty({3}, DType::kF64, host);
-    mine.data<double>()[0] = static_cast<double>(parameters);
-    mine.data<double>()[1] = static_cast<double>(state_bytes.state());
-    mine.data<double>()[2] = static_cast<double>(
-        expected_activation_bytes(config, mesh.coord("pp"), blocks));
-    Tensor all = Tensor::empty({3 * int64_t{world.size()}}, DType::kF64, host);
-    world.all_gather(mine, all);
+    const std::vector<double> all = all_gather_values(
+        world, {static_cast<double>(parameters), static_cast<double>(state_bytes.state()),
+                static_cast<double>(expected_activation_bytes(config, mesh.coord("pp"), blocks))});
     std::vector<RankFootprint> footprints;
     for (int r = 0; r < world.size(); ++r) {
-      const double* f = all.data<double>() + 3 * r;
+      const double* f = all.data() + 3 * r;
       footprints.push_back({static_cast<int64_t>(f[0]), static_cast<int64_t>(f[1]),
                             static_cast<int64_t>(f[2])});
     }
@@ -232,7 +229,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       const std::string path = save_sharded_checkpoint(checkpoints_dir, parts, engines, mesh, config, st);
       if (leader) summary.last_checkpoint = path;
     } else {
-      const FlatModelState full = whole_engine->gather_state();  // collective
+      const FlatModelState full = on_host(whole_engine->gather_state());  // collective
       if (leader)
         summary.last_checkpoint = save_checkpoint(checkpoints_dir, whole->params(), whole->config(), full, st);
     }
@@ -265,9 +262,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         engine.end_micro_batch();
       }
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
-      loss_sum.data<double>()[0] = loss;
-      dp.all_reduce(loss_sum, ReduceOp::kAvg);
-      loss = loss_sum.data<double>()[0];
+      loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
       grad_norm = engine.clip_grad_norm(tc.grad_clip);
       engine.optimizer_step(lr);
       comm_wait = engine.step_stats().wait_seconds;
@@ -351,14 +346,39 @@ namespace {
 // Thread ranks of the local backend: rank r computes on cpu:r (its own allocator, so memory
 // figures are per rank). The first rank to fail aborts the world, so the others stop at their
 // next communication, and its error is the one reported.
+// GPU jobs (runtime.device = "cuda"): the rank with local index r computes on GPU r (one rank
+// alone on the configured cuda:N), and talks through nccl built over its host communicator, or
+// through the host communicator itself under runtime.backend = "local" (one rank only).
+Device rank_device(const Config& config, int local_rank) {
+  const Device configured = Device::parse(config.runtime.device);
+  if (!configured.is_cuda()) return Device::cpu(local_rank);
+  return config.runtime.ranks == 1 ? configured : Device::cuda(local_rank);
+}
+
+std::unique_ptr<Communicator> gpu_world(Communicator& host, const Config& config, Device device,
+                                        const CommOptions& options) {
+  if (!device.is_cuda() || config.runtime.backend == "local") return nullptr;
+#ifdef LOOM_WITH_NCCL
+  return make_nccl_world(host, device.index, options);
+#else
+  fail("runtime.device = '", config.runtime.device, "': GPU ranks talk through nccl, which this "
+       "build lacks (LOOM_CUDA=OFF)");
+#endif
+}
+
+// One rank of a job on `host` (its local or mpi communicator), on its device.
+TrainSummary train_rank(Communicator& host, const Config& config, const TrainOptions& options,
+                        int local_rank, const CommOptions& comm_options) {
+  const Device device = rank_device(config, local_rank);
+  std::unique_ptr<Communicator> gpu = gpu_world(host, config, device, comm_options);
+  return train_on(gpu ? *gpu : host, config, options, device);
+}
+
 TrainSummary train_local_ranks(const Config& config, const TrainOptions& options, int ranks) {
   CommOptions comm_options;
   comm_options.flight_dir = (fs::path(options.run_dir) / "flight").string();
   std::vector<std::unique_ptr<Communicator>> world = make_local_world(ranks, comm_options);
-  if (ranks == 1) {
-    const Device device = Device::parse(config.runtime.device);  // one GPU, or the cpu
-    return train_on(*world[0], config, options, device.is_cuda() ? device : Device::cpu(0));
-  }
+  if (ranks == 1) return train_rank(*world[0], config, options, 0, comm_options);
   auto& abort_target = dynamic_cast<LocalCommunicator&>(*world[0]);
   std::mutex mutex;
   std::string first_error;
@@ -367,7 +387,7 @@ TrainSummary train_local_ranks(const Config& config, const TrainOptions& options
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       try {
-        TrainSummary s = train_on(*world[r], config, options, Device::cpu(r));
+        TrainSummary s = train_rank(*world[r], config, options, r, comm_options);
         if (r == 0) summary = s;
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -386,9 +406,11 @@ TrainSummary train_local_ranks(const Config& config, const TrainOptions& options
 }  // namespace
 
 // runtime.backend = "auto": mpi when started by mpirun/srun, else local; an explicit value wins.
+// "nccl" (GPUs) bootstraps over mpi under a launcher, over local thread ranks otherwise.
 bool started_by_launcher(const Config& config) {
   const std::string& backend = config.runtime.backend;
-  return backend == "mpi" || (backend == "auto" && detect_launch_env().under_launcher);
+  return backend == "mpi" ||
+         ((backend == "auto" || backend == "nccl") && detect_launch_env().under_launcher);
 }
 
 void resolve_layout(Config& config) {
@@ -407,22 +429,30 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
     if (!cuda_available())
       fail("runtime.device = '", config.runtime.device, "': no usable GPU (",
            cuda::unavailable_reason(), ")");
-    if (device.index >= cuda::device_count())
-      fail("runtime.device = '", config.runtime.device, "': only ", cuda::device_count(),
-           " GPU(s) visible");
-    if (config.runtime.ranks > 1 || use_mpi)
+    const int gpus = cuda::device_count();
+    const int local_ranks = use_mpi ? 1 : config.runtime.ranks;  // this process drives them
+    const int needed = use_mpi ? detect_launch_env().local_rank + 1
+                       : local_ranks == 1 ? device.index + 1
+                                          : local_ranks;
+    if (needed > gpus)
       fail("runtime.device = '", config.runtime.device, "' with ", config.runtime.ranks,
-           " ranks: training on GPUs runs one rank for now (several GPUs need the nccl backend, "
-           "not yet wired into training)");
+           " rank(s): needs GPU cuda:", needed - 1, " but only ", gpus, " GPU(s) are visible",
+           use_mpi ? " on this node" : " (one GPU per rank)");
+    if (config.parallel.pp > 1 || config.parallel.tp > 1)
+      fail("runtime.device = '", config.runtime.device, "': pipeline and tensor parallelism "
+           "(parallel.pp = ", config.parallel.pp, ", parallel.tp = ", config.parallel.tp,
+           ") do not run on GPUs yet; data parallelism and ZeRO do");
+    if (config.runtime.backend == "local" && config.runtime.ranks > 1)
+      fail("runtime.backend = \"local\" with ", config.runtime.ranks, " GPU ranks: GPUs talk "
+           "through nccl (backend \"auto\" or \"nccl\")");
     ops::set_matmul_precision(config.runtime.matmul_precision);
   }
-  if (config.runtime.backend == "nccl") fail("runtime.backend = \"nccl\": training on NCCL is not implemented yet");
   if (use_mpi) {
 #ifdef LOOM_WITH_MPI
     CommOptions comm_options;
     comm_options.flight_dir = (fs::path(options.run_dir) / "flight").string();
     std::unique_ptr<Communicator> world = make_mpi_world(comm_options);
-    return train_on(*world, config, options, Device::cpu(0));
+    return train_rank(*world, config, options, detect_launch_env().local_rank, comm_options);
 #else
     fail("runtime.backend = \"mpi\" (or started by mpirun/srun), but this build has no MPI "
          "backend (LOOM_MPI=OFF)");

@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "device/allocator.h"
+#include "device/cuda/cuda_backend.h"
 #include "data/dataset.h"
 
 namespace loom {
@@ -115,9 +116,10 @@ TEST_F(TrainTest, StopAndResumeIsBitwiseIdentical) {
   expect_same_run(metrics("straight"), metrics("resumed"));
 }
 
-// runtime.device = "cuda": on a machine with a GPU, the run matches the CPU's step for step (fp32
-// rounding, not bits) and stops and resumes there; without one, a clear error. More than one
-// rank on GPUs is refused (it needs the nccl backend).
+// runtime.device = "cuda": on a machine with a GPU, the run (one rank: nccl as a group of one)
+// matches the CPU's step for step (fp32 rounding, not bits) and stops and resumes there; without
+// one, a clear error. Two data-parallel ranks on two GPUs match two CPU ranks; with fewer GPUs
+// than ranks the error says so.
 TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
   Config c = config(8);
   c.runtime.device = "cuda";
@@ -139,15 +141,33 @@ TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
   TrainOptions resume = options("gpu");
   resume.resume = "auto";
   EXPECT_EQ(run_training(c, resume).start_step, 4);
-  const auto on_cpu = metrics("cpu"), on_gpu = metrics("gpu");
-  ASSERT_EQ(on_gpu.size(), on_cpu.size());
-  for (size_t i = 0; i < on_cpu.size(); ++i) {
-    const double want = on_cpu[i]["loss"], got = on_gpu[i]["loss"];
-    EXPECT_NEAR(got, want, 1e-4 * want) << "step " << i + 1;
-  }
+  const auto expect_same_losses = [&](const std::string& a, const std::string& b) {
+    const auto ma = metrics(a), mb = metrics(b);
+    ASSERT_EQ(ma.size(), mb.size());
+    for (size_t i = 0; i < ma.size(); ++i) {
+      const double want = ma[i]["loss"], got = mb[i]["loss"];
+      EXPECT_NEAR(got, want, 1e-4 * want) << b << " vs " << a << ", step " << i + 1;
+    }
+  };
+  expect_same_losses("cpu", "gpu");
+
   Config two = c;
   two.runtime.ranks = 2;
-  EXPECT_THROW(run_training(two, options("two")), Error);
+  if (cuda::device_count() < 2) {
+    try {
+      run_training(two, options("two_gpus"));
+      FAIL() << "two GPU ranks ran on one GPU";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("only 1 GPU(s) are visible"), std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  Config two_cpu = config(8);
+  two_cpu.runtime.ranks = 2;
+  run_training(two_cpu, options("two_cpus"));
+  run_training(two, options("two_gpus"));
+  expect_same_losses("two_cpus", "two_gpus");
 }
 
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {

@@ -86,6 +86,7 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return name_; }
   std::string backend() const override { return "nccl"; }
   int cuda_device() const;  // the GPU every tensor of this communicator must live on
+  Device tensor_device() const override { return Device::cuda(cuda_device()); }
 
   WorkHandle all_reduce_async(Tensor& tensor, ReduceOp op) override;
   WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) override;
