@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# One GPU session, prepared: configure (preset cuda), build, run the GPU tests (kernels against
-# the CPU, a small GPT-2 against the CPU, nccl, the trainer on cuda), time GPT-2 124M training at
-# T = 1024 (tokens/s, MFU), then the whole suite, and keep every log. Meant for a device machine with ~15 minutes in all, started from the
-# repository root (or anywhere: it finds the root itself):
+# One GPU session, prepared: the GPU tests (every CUDA kernel against the CPU's, a small GPT-2 on
+# the GPU against the CPU, nccl as a group of one, the trainer on runtime.device = "cuda"), the
+# GPU's own GEMM rates, GPT-2 124M training at T = 1024 (tokens/s, MFU), then the whole suite as
+# time allows; every log kept. For a device machine with ~15 minutes in all:
 #
-#   OUT=/some/dir bash bench/gpu/run.sh          # logs and summary.txt under $OUT
+#   bash bench/gpu/pack.sh                       # here, first: prebuilt programs + libraries
+#   OUT=/some/dir bash bench/gpu/run.sh          # there, with carry: [".gpu_pack"]
+#
+# With .gpu_pack/loom-gpu.tar.xz (bench/gpu/pack.sh) it runs the programs built here, with the
+# libraries packed beside them and the machine's CUDA 13 libraries; without, it configures and
+# builds the cuda preset there (minutes, and it needs Debian's libraries: see LOOM_DEPS_PREFIX).
 #
 # Every step runs under a timeout drawn from one deadline (LOOM_GPU_DEADLINE_S, default 540 s,
 # inside a 600 s call), and a failing step does not stop the ones after it: the logs of a bad run
-# are what the session is for. Exits non-zero when any step failed. At most 12 files land in $OUT.
+# are what the session is for. Exits non-zero when any step failed. At most 7 files land in $OUT
+# (the device tool returns 8): setup, build, gpu_tests, bench, all_tests (.log) and summary.txt.
 #
 # Knobs (environment):
 #   LOOM_GPU_DEADLINE_S  seconds for the whole script (540)
-#   LOOM_GPU_WERROR      ON to keep the preset's -Werror (default OFF: the device machine's
-#                        compiler may warn differently, and warnings are CI's job, not this run's)
-#   LOOM_DEPS_PREFIX     a prefix holding missing dependencies (added to CMAKE_PREFIX_PATH and
-#                        LD_LIBRARY_PATH); .deb files carried in .debs/ are unpacked into
-#                        .deps/ (never into /) and used the same way
+#   LOOM_GPU_BUILD       1 to build from source even when a pack is there
+#   LOOM_GPU_WERROR      ON to keep the preset's -Werror when building (default OFF)
+#   LOOM_DEPS_PREFIX     a prefix holding missing build dependencies (CMAKE_PREFIX_PATH and
+#                        LD_LIBRARY_PATH); .deb files carried in .debs/ are unpacked into .deps/
 #   NCCL_ROOT            where NCCL lives, when not in the CUDA toolkit; else the pip wheel
 #                        nvidia-nccl-cu13 of the machine's python3 is tried
 set -euo pipefail
@@ -31,11 +36,11 @@ SUMMARY="$OUT/summary.txt"
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
-# step NAME MAX_SECONDS COMMAND...: runs COMMAND into $OUT/NAME.log under min(MAX, time left).
-# COMMAND may be a function of this script (exported, and run through bash).
+# step NAME LOG MAX_SECONDS COMMAND...: runs COMMAND, appending to $OUT/LOG.log, under
+# min(MAX, time left). COMMAND may be a function of this script (exported, and run through bash).
 step() {
-  local name=$1 max=$2
-  shift 2
+  local name=$1 log=$2 max=$3
+  shift 3
   local left=$((DEADLINE - SECONDS))
   local limit=$((max < left ? max : left))
   if ((limit < 5)); then
@@ -43,9 +48,9 @@ step() {
     failed+=("$name")
     return 0
   fi
-  echo "== $name (limit ${limit}s): $*"
+  echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/$log.log"
   local t0=$SECONDS rc=0
-  if timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" >"$OUT/$name.log" 2>&1; then
+  if timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" >>"$OUT/$log.log" 2>&1; then
     rc=0
   else
     rc=$?
@@ -59,104 +64,127 @@ step() {
       note "FAIL  $name: exit $rc ($((SECONDS - t0))s)"
     fi
     failed+=("$name")
-    echo "---- last lines of $name.log ----"
-    tail -n 40 "$OUT/$name.log" || true
+    echo "---- last lines of $log.log ----"
+    tail -n 40 "$OUT/$log.log" || true
   fi
 }
 
 environment() {
   echo "date: $(date -u +%FT%TZ)"
   echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(git status --short 2>/dev/null | wc -l) changed files"
+  [[ -f .gpu_pack/commit ]] && echo "pack built at commit $(cat .gpu_pack/commit)"
   uname -a
   nvidia-smi || echo "nvidia-smi failed"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv || true
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm --format=csv || true
   nvcc --version || echo "no nvcc on PATH"
   cmake --version | head -n 1 || true
   ninja --version || true
   c++ --version | head -n 1 || true
+  ldd --version | head -n 1 || true
   for h in /usr/local/cuda/include/nccl.h /usr/include/nccl.h; do [[ -e $h ]] && echo "NCCL header: $h"; done
   python3 -c 'import nvidia.nccl; print("NCCL wheel:", list(nvidia.nccl.__path__)[0])' 2>/dev/null || true
 }
 export -f environment
 
-# ---- 1. environment, dependencies -------------------------------------------------------------
-step env 60 environment
-if [[ -x scripts/install_deps.sh ]]; then
-  step deps 90 scripts/install_deps.sh   # no registry is reachable on some machines: may fail
-fi
-PREFIXES=()
-if compgen -G ".debs/*.deb" >/dev/null; then
-  mkdir -p .deps
-  for deb in .debs/*.deb; do dpkg -x "$deb" .deps || note "could not unpack $deb"; done
-  PREFIXES+=("$PWD/.deps/usr")
-fi
-[[ -n ${LOOM_DEPS_PREFIX:-} ]] && PREFIXES+=("$LOOM_DEPS_PREFIX")
-CONFIGURE_ARGS=(-DLOOM_WERROR="${LOOM_GPU_WERROR:-OFF}")
-if ((${#PREFIXES[@]})); then
-  CONFIGURE_ARGS+=("-DCMAKE_PREFIX_PATH=$(IFS=';'; echo "${PREFIXES[*]}")")
-  for p in "${PREFIXES[@]}"; do
-    export LD_LIBRARY_PATH="$p/lib/x86_64-linux-gnu:$p/lib/x86_64-linux-gnu/openblas-pthread:$p/lib:${LD_LIBRARY_PATH:-}"
-  done
-fi
+# ---- 1. environment; the CUDA libraries' location ----------------------------------------------
+step env setup 60 environment
 if [[ -z ${NCCL_ROOT:-} && ! -e /usr/local/cuda/include/nccl.h && ! -e /usr/include/nccl.h ]]; then
   NCCL_ROOT=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
 fi
-[[ -n ${NCCL_ROOT:-} ]] && CONFIGURE_ARGS+=("-DNCCL_ROOT=$NCCL_ROOT") && export LD_LIBRARY_PATH="$NCCL_ROOT/lib:${LD_LIBRARY_PATH:-}"
+CUDA_LIBS=/usr/local/cuda/lib64:/usr/local/cuda/lib
+export LD_LIBRARY_PATH="$CUDA_LIBS${NCCL_ROOT:+:$NCCL_ROOT/lib}:${LD_LIBRARY_PATH:-}"
 
-# ---- 2. configure and build (ninja -k 0: build every target that can be built) -----------------
-step configure 120 cmake --preset cuda "${CONFIGURE_ARGS[@]}"
-step build 300 cmake --build --preset cuda -j "$JOBS" -- -k 0
-if [[ -f "$OUT/build.log" ]]; then
+# ---- 2. programs: unpack the pack, or build from source ----------------------------------------
+if [[ -f .gpu_pack/loom-gpu.tar.xz && ${LOOM_GPU_BUILD:-0} != 1 ]]; then
+  BIN=$PWD/.gpu_run/bin
+  unpack() {
+    rm -rf .gpu_run && mkdir -p .gpu_run && tar -C .gpu_run -xJf .gpu_pack/loom-gpu.tar.xz &&
+      ls -la .gpu_run/bin && LD_LIBRARY_PATH="$PWD/.gpu_run/lib:$LD_LIBRARY_PATH" ldd .gpu_run/bin/loom
+  }
+  export -f unpack
+  step unpack build 60 unpack
+  export LD_LIBRARY_PATH="$PWD/.gpu_run/lib:$LD_LIBRARY_PATH"
+else
+  BIN=$PWD/build/cuda/bin-links
+  if [[ -x scripts/install_deps.sh ]]; then
+    step deps setup 90 scripts/install_deps.sh   # no registry is reachable on some machines
+  fi
+  PREFIXES=()
+  if compgen -G ".debs/*.deb" >/dev/null; then
+    mkdir -p .deps
+    for deb in .debs/*.deb; do dpkg -x "$deb" .deps || note "could not unpack $deb"; done
+    PREFIXES+=("$PWD/.deps/usr")
+  fi
+  [[ -n ${LOOM_DEPS_PREFIX:-} ]] && PREFIXES+=("$LOOM_DEPS_PREFIX")
+  CONFIGURE_ARGS=(-DLOOM_WERROR="${LOOM_GPU_WERROR:-OFF}")
+  if ((${#PREFIXES[@]})); then
+    CONFIGURE_ARGS+=("-DCMAKE_PREFIX_PATH=$(IFS=';'; echo "${PREFIXES[*]}")")
+    for p in "${PREFIXES[@]}"; do
+      export LD_LIBRARY_PATH="$p/lib/x86_64-linux-gnu:$p/lib/x86_64-linux-gnu/openblas-pthread:$p/lib:$LD_LIBRARY_PATH"
+    done
+  fi
+  [[ -n ${NCCL_ROOT:-} ]] && CONFIGURE_ARGS+=("-DNCCL_ROOT=$NCCL_ROOT")
+  step configure setup 120 cmake --preset cuda "${CONFIGURE_ARGS[@]}"
+  # ninja -k 0: build every target that can be built
+  step build build 300 cmake --build --preset cuda -j "$JOBS" -- -k 0
   note "      build: $(grep -c 'warning:' "$OUT/build.log" || true) warning lines, $(grep -c 'error:' "$OUT/build.log" || true) error lines"
+  mkdir -p "$BIN"
+  for t in loom cuda_backend_test cuda_kernels_test gpt2_cuda_test nccl_link_test nccl_backend_test train_test; do
+    f=$(find build/cuda -type f -name "$t" -perm -u+x | head -n 1)
+    [[ -n $f ]] && ln -sf "$PWD/$f" "$BIN/$t"
+  done
 fi
+export BIN
 
-# ---- 3. the GPU tests: every CUDA kernel against the CPU's, the small GPT-2 on the GPU against
-# the CPU, nccl as a group of one, and the trainer on runtime.device = "cuda" ---------------------
+# ---- 3. the GPU tests, alone on the GPU --------------------------------------------------------
 gpu_tests() {
-  ctest --preset cuda -L cuda --timeout 100 || return 1
-  ctest --preset cuda -R 'CudaDevice' --timeout 100
+  local rc=0
+  for t in cuda_backend_test cuda_kernels_test gpt2_cuda_test nccl_link_test nccl_backend_test; do
+    echo "-- $t"
+    "$BIN/$t" --gtest_brief=1 || rc=1
+  done
+  echo "-- train_test (GPU cases)"
+  "$BIN/train_test" --gtest_filter='*Cuda*' || rc=1
+  return $rc
 }
 export -f gpu_tests
-step ctest_cuda 150 gpu_tests
+step gpu_tests gpu_tests 180 gpu_tests
+count() { grep -oE "^\[  $1 *\] [0-9]+ test" "$OUT/gpu_tests.log" 2>/dev/null | awk '{s += $(NF-1)} END {print s + 0}'; }
+note "      gpu_tests: $(count PASSED) passed, $(count FAILED) failed, $(count SKIPPED) skipped"
 
-# ---- 4. speed: the GPU's own dense GEMM rates (cuBLASLt, 8192³), then GPT-2 124M at T = 1024,
-# batch 16: bf16 GEMM inputs (fp32 weights and everything else; MFU against the measured bf16
-# rate, the issue's ~790 TFLOP/s when the measurement failed), then TF32, then pure fp32. --------
-LOOM=build/cuda/apps/loom
+# ---- 4. speed: the GPU's dense GEMM rates (cuBLASLt, 8192³), then GPT-2 124M at T = 1024, batch
+# 16: bf16 GEMM inputs (fp32 weights and everything else; MFU against the measured bf16 rate, the
+# issue's ~790 TFLOP/s when the measurement failed), then TF32, then pure fp32. -----------------
 peaks() {
-  for p in bf16 tf32 fp32; do "$LOOM" bench gemm --device cuda --precision "$p" --n 8192 --iters 10 || return 1; done
+  for p in bf16 tf32 fp32; do "$BIN/loom" bench gemm --device cuda --precision "$p" --n 8192 --iters 10 || return 1; done
 }
 export -f peaks
-export LOOM
-step gemm_peak 60 peaks
+step gemm_peak bench 60 peaks
 peak_of() {
   local v
-  v=$(grep "\"precision\": \"$1\"" "$OUT/gemm_peak.log" 2>/dev/null | sed -n 's/.*"tflops": \([0-9.]*\).*/\1/p' | tail -n 1)
+  v=$(grep "\"precision\": \"$1\", \"n\"" "$OUT/bench.log" 2>/dev/null | sed -n 's/.*"tflops": \([0-9.]*\).*/\1/p' | tail -n 1)
   echo "${v:-$2}"
 }
 BF16_PEAK=$(peak_of bf16 790)
 TF32_PEAK=$(peak_of tf32 494.7)
 FP32_PEAK=$(peak_of fp32 67)
 note "      peaks (TFLOP/s): bf16 $BF16_PEAK, tf32 $TF32_PEAK, fp32 $FP32_PEAK"
-step bench_gpt2_bf16 150 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
+step gpt2_bf16 bench 150 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 20 --warmup 3 --precision bf16 --peak-tflops "$BF16_PEAK" --json
-step bench_gpt2_tf32 60 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
+step gpt2_tf32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 8 --warmup 2 --precision tf32 --peak-tflops "$TF32_PEAK" --json
-step bench_gpt2_fp32 60 "$LOOM" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
+step gpt2_fp32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 4 --warmup 1 --precision fp32 --peak-tflops "$FP32_PEAK" --json
-for name in bench_gpt2_bf16 bench_gpt2_tf32 bench_gpt2_fp32; do
-  [[ -f "$OUT/$name.log" ]] && note "      $name: $(grep -o '{.*}' "$OUT/$name.log" | tail -n 1)"
-done
+grep -o '{.*"tokens_per_s".*}' "$OUT/bench.log" 2>/dev/null | while read -r line; do note "      $line"; done
 
-# ---- 5. everything else, as time allows ---------------------------------------------------------
-step ctest_all 240 ctest --preset cuda -j "$JOBS" --timeout 200
-for name in ctest_cuda ctest_all; do
-  # Skips are counted: a GPU run whose GPU tests all skipped proves nothing.
-  [[ -f "$OUT/$name.log" ]] && note "      $name: $(grep -E 'tests passed|tests failed' "$OUT/$name.log" | tail -n 1), $(grep -c '(Skipped)' "$OUT/$name.log" || true) skipped"
-done
+# ---- 5. everything else, as time allows (a source build only) ----------------------------------
+if [[ -d build/cuda && ! -f .gpu_pack/loom-gpu.tar.xz ]] || [[ ${LOOM_GPU_BUILD:-0} == 1 ]]; then
+  step all_tests all_tests 240 ctest --preset cuda -j "$JOBS" --timeout 200
+  [[ -f "$OUT/all_tests.log" ]] && note "      all_tests: $(grep -E 'tests passed|tests failed' "$OUT/all_tests.log" | tail -n 1)"
+fi
 
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=name,memory.used,memory.total,temperature.gpu --format=csv >>"$OUT/env.log" 2>&1 || true
+  nvidia-smi --query-gpu=name,memory.used,memory.total,temperature.gpu --format=csv >>"$OUT/setup.log" 2>&1 || true
 fi
 echo "== summary (also in $SUMMARY)"
 cat "$SUMMARY"

@@ -195,12 +195,9 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
     tied_->all_reduce(wte->grad, ReduceOp::kSum);
   }
   // The loss lives on the last stage; share the mean over micro-batches (and over dp).
-  Tensor loss = Tensor::zeros({1}, DType::kF64, device_);
-  loss.data<double>()[0] = loss_sum / m;
-  pp_.all_reduce(loss, ReduceOp::kSum);
-  dp_.all_reduce(loss, ReduceOp::kAvg);
+  const double loss = all_reduce_value(dp_, all_reduce_value(pp_, loss_sum / m), ReduceOp::kAvg);
   stats_.step_seconds = now_seconds() - t0;
-  return loss.data<double>()[0];
+  return loss;
 }
 
 double PipelineParallel::clip_grad_norm(double max_norm) {
@@ -216,11 +213,9 @@ double PipelineParallel::clip_grad_norm(double max_norm) {
       sum += ops::sum_squares<float>(Exec{&pool_, device_}, p->grad.data<float>(), p->numel());
     }
   }
-  Tensor total = Tensor::zeros({1}, DType::kF64, device_);
-  total.data<double>()[0] = sum;
-  pp_.all_reduce(total, ReduceOp::kSum);
-  if (tp != nullptr) tp->all_reduce(total, ReduceOp::kSum);
-  const double norm = std::sqrt(std::max(0.0, total.data<double>()[0]));
+  sum = all_reduce_value(pp_, sum);
+  if (tp != nullptr) sum = all_reduce_value(*tp, sum);
+  const double norm = std::sqrt(std::max(0.0, sum));
   const float coef = clip_coefficient(norm, max_norm);
   if (coef != 1.0f)
     for (auto& model : chunks_) {
@@ -252,10 +247,7 @@ double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
     chunks_[c]->clear_cache();
     if (s < S - 1) pp_.send(out, rank_of_stage(s + 1), tag(0, s + 1, false));
   }
-  Tensor total = Tensor::zeros({1}, DType::kF64, device_);
-  total.data<double>()[0] = loss;  // non-zero on the last stage's rank only
-  pp_.all_reduce(total, ReduceOp::kSum);
-  return total.data<double>()[0];
+  return all_reduce_value(pp_, loss);  // non-zero on the last stage's rank only
 }
 
 }  // namespace loom

@@ -51,6 +51,18 @@ void copy_state(const Parameter& p, const Parameter& whole, FlatModelState& loca
   copy_pieces(p, whole, local.exp_avg_sq, full.exp_avg_sq, to_whole);
 }
 
+// A reduction to rank 0 of a host tensor, staged through the communicator's device (a GPU under
+// nccl).
+void reduce_to_first(Communicator& comm, Tensor& host) {
+  if (comm.tensor_device().is_cpu()) {
+    comm.reduce(host, 0, ReduceOp::kSum);
+    return;
+  }
+  Tensor staged = host.to(comm.tensor_device());
+  comm.reduce(staged, 0, ReduceOp::kSum);
+  host.copy_from(staged);
+}
+
 }  // namespace
 
 std::string save_sharded_checkpoint(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
@@ -73,9 +85,9 @@ std::string save_sharded_checkpoint(const std::string& dir, const std::vector<Gp
     }
   }
   // The pieces are disjoint and everything else is zero: sums assemble the whole model.
-  for (Tensor* t : {&whole.values, &whole.exp_avg, &whole.exp_avg_sq}) pp.reduce(*t, 0, ReduceOp::kSum);
+  for (Tensor* t : {&whole.values, &whole.exp_avg, &whole.exp_avg_sq}) reduce_to_first(pp, *t);
   if (pp.rank() != 0) return "";
-  for (Tensor* t : {&whole.values, &whole.exp_avg, &whole.exp_avg_sq}) tp.reduce(*t, 0, ReduceOp::kSum);
+  for (Tensor* t : {&whole.values, &whole.exp_avg, &whole.exp_avg_sq}) reduce_to_first(tp, *t);
   if (tp.rank() != 0) return "";
   return save_checkpoint(dir, layout->params(), layout->config(), whole, st);
 }

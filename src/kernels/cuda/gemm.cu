@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 
@@ -85,13 +86,30 @@ struct MatmulDesc {
   }
 };
 
+// The largest power of two up to 256 dividing a pointer and its batch stride in bytes: what a
+// kernel may assume. cuBLASLt's heuristic assumes 256 unless told, and views into flat buffers
+// (parameters, micro-batches) are often less aligned.
+uint32_t alignment(const void* ptr, int64_t stride_bytes) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  uint32_t a = 256;
+  while (a > 1 && (addr % a != 0 || stride_bytes % a != 0)) a /= 2;
+  return a;
+}
+
 struct Preference {
   cublasLtMatmulPreference_t pref = nullptr;
-  Preference() {
+  Preference(uint32_t align_a, uint32_t align_b, uint32_t align_c) {
     LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t bytes = kWorkspaceBytes;
     LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+  }
+  void set(cublasLtMatmulPreferenceAttributes_t attribute, uint32_t value) {
+    LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof value));
   }
   ~Preference() { (void)cublasLtMatmulPreferenceDestroy(pref); }
   Preference(const Preference&) = delete;
@@ -169,7 +187,12 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_32F);
   }
 
-  Preference preference;
+  // In cuBLASLt's terms A is our B and B our A (see above).
+  const size_t element = ab_type == CUDA_R_16BF ? 2 : 4;
+  const int64_t strided = batch.count > 1 ? 1 : 0;
+  Preference preference(alignment(B, strided * batch.stride_b * static_cast<int64_t>(element)),
+                        alignment(A, strided * batch.stride_a * static_cast<int64_t>(element)),
+                        alignment(C, strided * batch.stride_c * 4));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
