@@ -14,6 +14,10 @@ if [ -x "$LOOM" ]; then "$LOOM" bench fma --threads 1; "$LOOM" bench fma --threa
 g++ -O2 -DUSE_OPENBLAS gemm_shapes.cc -I/usr/include/x86_64-linux-gnu/openblas-pthread -lopenblas -o "$out/openblas"
 "$out/openblas"
 "$out/openblas" split2   # two threads, split as Loom's gemm() splits
+# Our own BLIS-style AVX2 kernel (loom_sgemm.cc), the experiment of 2026-11-30.
+g++ -O3 -march=x86-64-v3 -DUSE_LOOM gemm_shapes.cc loom_sgemm.cc -o "$out/loom"
+"$out/loom"
+"$out/loom" split2
 if [ -f /usr/include/x86_64-linux-gnu/blis.h ] || [ -f /usr/include/blis/blis.h ]; then
   g++ -O2 -DUSE_BLIS gemm_shapes.cc -I/usr/include/x86_64-linux-gnu -I/usr/include/blis -lblis -o "$out/blis"
   BLIS_NUM_THREADS=1 "$out/blis"

@@ -1,6 +1,7 @@
 // The GEMM shapes of one gpt2-124m training step (B·T = 1024 rows, d = 768, vocab 50304), timed
 // single-threaded through one BLAS library chosen at compile time: OpenBLAS (USE_OPENBLAS), BLIS
-// (USE_BLIS) or oneDNN (USE_DNNL). Built and run by bench/gemm/compare_libraries.sh, which
+// (USE_BLIS), oneDNN (USE_DNNL) or our own experimental kernel (USE_LOOM, loom_sgemm.cc). Built
+// and run by bench/gemm/compare_libraries.sh, which
 // compiles it once per library found on the machine; not part of the CMake build (the extra
 // libraries are optional). Prints GFLOP/s per shape (best of 5) and the rate over the big shapes
 // weighted by their time, which is what bounds a training step's speed. With the argument
@@ -18,6 +19,12 @@
 static const char* name = "openblas";
 static void sg(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
+}
+#elif defined(USE_LOOM)
+#include "loom_sgemm.h"
+static const char* name = "loom";
+static void sg(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  loom::cpu::sgemm_avx2(ta, tb, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
 }
 #elif defined(USE_BLIS)
 #include <blis.h>
