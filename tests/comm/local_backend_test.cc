@@ -247,6 +247,25 @@ INSTANTIATE_TEST_SUITE_P(Local, GroupSize, ::testing::Values(1, 2, 3, 4, 5, 6, 7
                            return "ranks" + std::to_string(p.param);
                          });
 
+// Host scalars through a communicator (what training loops exchange): staged on its
+// tensor_device(), which is the host for local ranks; sums, means and gathers in rank order.
+TEST_P(GroupSize, HostValuesAllReduceAndAllGather) {
+  const int n = GetParam();
+  run_on_thread_ranks(n, [&](Communicator& comm) {
+    EXPECT_TRUE(comm.tensor_device().is_cpu());
+    const int r = comm.rank();
+    EXPECT_EQ(all_reduce_value(comm, r + 1.0), n * (n + 1) / 2.0);
+    EXPECT_EQ(all_reduce_value(comm, r + 1.0, ReduceOp::kMax), double(n));
+    EXPECT_DOUBLE_EQ(all_reduce_value(comm, 2.0 * r, ReduceOp::kAvg), double(n - 1));
+    const std::vector<double> all = all_gather_values(comm, {double(r), 10.0 * r});
+    ASSERT_EQ(all.size(), size_t(2 * n));
+    for (int q = 0; q < n; ++q) {
+      EXPECT_EQ(all[2 * q], double(q));
+      EXPECT_EQ(all[2 * q + 1], 10.0 * q);
+    }
+  });
+}
+
 TEST(LocalBackend, SplitEvenOdd) {
   const int n = 5;
   run_on_thread_ranks(n, [&](Communicator& comm) {

@@ -1,0 +1,68 @@
+// kernels/ops.h on the CPU: each op is its CPU kernel, bit for bit, on the Exec's pool; a GPU
+// Exec in a build without CUDA, or f64 on a GPU, is a clear error rather than a crash. (The CUDA
+// side is tests/cuda/cuda_kernels_test.cc, on a GPU.)
+#include "kernels/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "device/allocator.h"
+#include "kernel_test_util.h"
+
+namespace loom {
+namespace {
+
+using cpu::ktest::bitwise_equal;
+using cpu::ktest::convert;
+using cpu::ktest::random_vector;
+
+TEST(Ops, OnTheCpuEachOpIsItsCpuKernel) {
+  ThreadPool pool(3);
+  const Exec ex{&pool, Device::cpu()};
+  const int64_t N = 37, C = 24, OC = 40;
+  const std::vector<float> inp = convert<float>(random_vector(N * C, 1));
+  const std::vector<float> w = convert<float>(random_vector(OC * C, 2));
+  const std::vector<float> b = convert<float>(random_vector(OC, 3));
+  std::vector<float> via_ops(N * OC), direct(N * OC);
+  ops::matmul_forward<float>(ex, via_ops.data(), inp.data(), w.data(), b.data(), N, C, OC);
+  cpu::matmul_forward<float>(pool, direct.data(), inp.data(), w.data(), b.data(), N, C, OC);
+  EXPECT_TRUE(bitwise_equal(via_ops, direct));
+
+  std::vector<float> ln_ops(N * C), ln_cpu(N * C), mean(N), rstd(N);
+  const std::vector<float> gamma = convert<float>(random_vector(C, 4));
+  const std::vector<float> beta = convert<float>(random_vector(C, 5));
+  ops::layernorm_forward<float>(ex, ln_ops.data(), mean.data(), rstd.data(), inp.data(),
+                                gamma.data(), beta.data(), N, C);
+  cpu::layernorm_forward<float>(pool, ln_cpu.data(), mean.data(), rstd.data(), inp.data(),
+                                gamma.data(), beta.data(), N, C);
+  EXPECT_TRUE(bitwise_equal(ln_ops, ln_cpu));
+  EXPECT_EQ(ops::sum_squares<float>(ex, inp.data(), N * C),
+            cpu::sum_squares<float>(pool, inp.data(), N * C));
+  // f64 runs on the CPU (gradient checks).
+  const std::vector<double> d = random_vector(100, 6);
+  EXPECT_EQ(ops::sum<double>(ex, d.data(), 100), cpu::sum<double>(pool, d.data(), 100));
+}
+
+TEST(Ops, AGpuExecIsAClearErrorWithoutCuda) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is here: tests/cuda covers it";
+  std::vector<float> x(8, 1.0f);
+  try {
+    ops::scale_inplace<float>(Exec{nullptr, Device::cuda(0)}, x.data(), 2.0f, 8);
+    FAIL() << "an op ran on cuda:0 without a GPU";
+  } catch (const Error& e) {
+#ifndef LOOM_WITH_CUDA
+    const std::string what = e.what();
+    EXPECT_NE(what.find("scale_inplace on cuda:0: Loom was built without CUDA"), std::string::npos)
+        << what;
+#endif  // a CUDA build without a GPU reports the CUDA runtime's own error
+  }
+  EXPECT_EQ(x[0], 1.0f) << "the data was touched";
+  EXPECT_THROW(ops::set_matmul_precision("fp16"), Error);
+  EXPECT_NO_THROW(ops::set_matmul_precision("fp32"));
+}
+
+}  // namespace
+}  // namespace loom
