@@ -168,6 +168,41 @@ inline void adamw_update(const Exec& ex, Real* param, const Real* grad, Real* m,
                     grad_scale);
 }
 
+// A vocabulary-parallel embedding and LM head (kernels/cpu/vocab_shard.h); f32 (Real = float).
+template <typename Real>
+inline void vocab_shard_embedding_forward(const Exec& ex, Real* out, const int32_t* tokens,
+                                          const Real* wte, const Real* wpe, int64_t N, int64_t T,
+                                          int64_t C, const VocabShard& shard, bool add_positions) {
+  LOOM_OPS_DISPATCH(vocab_shard_embedding_forward, out, tokens, wte, wpe, N, T, C, shard,
+                    add_positions);
+}
+
+template <typename Real>
+inline void vocab_shard_embedding_backward(const Exec& ex, Real* dwte, Real* dwpe, const Real* dout,
+                                           const int32_t* tokens, int64_t N, int64_t T, int64_t C,
+                                           const VocabShard& shard) {
+  LOOM_OPS_DISPATCH(vocab_shard_embedding_backward, dwte, dwpe, dout, tokens, N, T, C, shard);
+}
+
+template <typename Real>
+inline void vocab_shard_logit_max(const Exec& ex, Real* max, Real* target_logit, const Real* logits,
+                                  const int32_t* targets, int64_t N, const VocabShard& shard) {
+  LOOM_OPS_DISPATCH(vocab_shard_logit_max, max, target_logit, logits, targets, N, shard);
+}
+
+template <typename Real>
+inline void vocab_shard_sum_exp(const Exec& ex, Real* sum, const Real* logits, const Real* max,
+                                int64_t N, const VocabShard& shard) {
+  LOOM_OPS_DISPATCH(vocab_shard_sum_exp, sum, logits, max, N, shard);
+}
+
+template <typename Real>
+inline void vocab_shard_cross_entropy_backward(const Exec& ex, Real* logits, const Real* max,
+                                               const Real* sum, const int32_t* targets, Real k,
+                                               int64_t N, const VocabShard& shard) {
+  LOOM_OPS_DISPATCH(vocab_shard_cross_entropy_backward, logits, max, sum, targets, k, N, shard);
+}
+
 #undef LOOM_OPS_DISPATCH
 
 }  // namespace loom::ops

@@ -29,24 +29,12 @@ Tensor VocabParallelEmbedding::forward(Context& ctx, const Tensor& tokens) {
   if (tokens.ndim() != 2 || tokens.dtype() != DType::kI32) fail("embedding: tokens must be (B, T) i32");
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = channels_, N = B * T;
   if (T > wpe_->shape[0]) fail("embedding: sequence length ", T, " exceeds max_seq_len ", wpe_->shape[0]);
-  const int32_t* tok = tokens.data<int32_t>();
-  for (int64_t i = 0; i < N; ++i)
-    if (tok[i] < 0 || tok[i] >= vocab_) fail("embedding: token ", tok[i], " at position ", i, " outside [0, ", vocab_, ")");
-  tokens_ = tokens;
-  Tensor out = Tensor::zeros({N, C}, DType::kF32, ctx.device);
-  const float* wte = wte_->value.data<float>();
-  const float* wpe = wpe_->value.data<float>();
+  Tensor out = Tensor::empty({N, C}, DType::kF32, ctx.device);
   const bool add_positions = tp_.rank() == 0;  // once in the sum over ranks
-  ctx.pool->parallel_for(N, 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      float* o = out.data<float>() + i * C;
-      const int64_t row = tok[i] - first_row_;
-      if (row >= 0 && row < real_rows_)
-        for (int64_t c = 0; c < C; ++c) o[c] = wte[row * C + c];
-      if (add_positions)
-        for (int64_t c = 0; c < C; ++c) o[c] += wpe[(i % T) * C + c];
-    }
-  });
+  ops::vocab_shard_embedding_forward<float>(ctx.exec(), out.data<float>(), tokens.data<int32_t>(),
+                                            wte_->value.data<float>(), wpe_->value.data<float>(),
+                                            N, T, C, shard(), add_positions);
+  tokens_ = tokens;
   if (!sequence_parallel_) {
     tp_.all_reduce(out, ReduceOp::kSum);
     return out;
@@ -64,20 +52,9 @@ void VocabParallelEmbedding::backward(Context& ctx, const Tensor& dy) {
     d = Tensor::empty({N, C}, DType::kF32, ctx.device);
     tp_.all_gather(dy, d);
   }
-  const int32_t* tok = tokens_.data<int32_t>();
-  float* dwte = wte_->grad.data<float>();
-  float* dwpe = wpe_->grad.data<float>();
-  // Threads own channel slices, rows summed in position order: deterministic.
-  ctx.pool->parallel_for(C, 8, [&](int64_t c0, int64_t c1) {
-    for (int64_t i = 0; i < N; ++i) {
-      const float* g = d.data<float>() + i * C;
-      const int64_t row = tok[i] - first_row_;
-      for (int64_t c = c0; c < c1; ++c) {
-        if (row >= 0 && row < real_rows_) dwte[row * C + c] += g[c];
-        dwpe[(i % T) * C + c] += g[c];
-      }
-    }
-  });
+  ops::vocab_shard_embedding_backward<float>(ctx.exec(), wte_->grad.data<float>(),
+                                             wpe_->grad.data<float>(), d.data<float>(),
+                                             tokens_.data<int32_t>(), N, T, C, shard());
   tokens_ = Tensor();
 }
 
@@ -91,54 +68,30 @@ double VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, c
   max_ = Tensor::empty({N}, DType::kF32, ctx.device);
   sum_ = Tensor::empty({N}, DType::kF32, ctx.device);
   Tensor target_logit = Tensor::zeros({N}, DType::kF32, ctx.device);
-  const int32_t* tgt = targets.data<int32_t>();
-  // Padding columns (j >= real_rows_) take no part.
-  ctx.pool->parallel_for(N, 8, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float* l = logits_.data<float>() + i * Vl;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < real_rows_; ++j) m = std::max(m, l[j]);
-      max_.data<float>()[i] = m;
-      const int64_t t = tgt[i] - first_row_;
-      if (t >= 0 && t < real_rows_) target_logit.data<float>()[i] = l[t];
-    }
-  });
+  ops::vocab_shard_logit_max<float>(ctx.exec(), max_.data<float>(), target_logit.data<float>(),
+                                    logits_.data<float>(), targets.data<int32_t>(), N, shard());
   tp_.all_reduce(max_, ReduceOp::kMax);
-  ctx.pool->parallel_for(N, 8, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float* l = logits_.data<float>() + i * Vl;
-      const float m = max_.data<float>()[i];
-      double s = 0;
-      for (int64_t j = 0; j < real_rows_; ++j) s += std::exp(static_cast<double>(l[j] - m));
-      sum_.data<float>()[i] = static_cast<float>(s);
-    }
-  });
+  ops::vocab_shard_sum_exp<float>(ctx.exec(), sum_.data<float>(), logits_.data<float>(),
+                                  max_.data<float>(), N, shard());
   tp_.all_reduce(sum_, ReduceOp::kSum);
   tp_.all_reduce(target_logit, ReduceOp::kSum);
+  // N values of each, read on the host (a copy from a GPU).
+  const std::vector<float> sum = sum_.to_vector(), max = max_.to_vector(),
+                           target = target_logit.to_vector();
   double loss = 0;
   for (int64_t i = 0; i < N; ++i)
-    loss += std::log(static_cast<double>(sum_.data<float>()[i])) + max_.data<float>()[i] -
-            target_logit.data<float>()[i];
+    loss += std::log(static_cast<double>(sum[i])) + max[i] - target[i];
   return loss / static_cast<double>(N);
 }
 
 Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
   LOOM_CHECK(logits_.defined());
   const int64_t N = final_.dim(0), C = channels_, Vl = local_vocab_;
-  const int32_t* tgt = targets_.data<int32_t>();
   const float k = static_cast<float>(scale / static_cast<double>(N));
   // dlogits = (softmax − onehot) · scale / N, in place; padding columns zero.
-  ctx.pool->parallel_for(N, 8, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      float* l = logits_.data<float>() + i * Vl;
-      const float m = max_.data<float>()[i], s = sum_.data<float>()[i];
-      const int64_t t = tgt[i] - first_row_;
-      for (int64_t j = 0; j < Vl; ++j) {
-        const float p = j < real_rows_ ? std::exp(l[j] - m) / s : 0.0f;
-        l[j] = (p - (j == t ? 1.0f : 0.0f)) * k;
-      }
-    }
-  });
+  ops::vocab_shard_cross_entropy_backward<float>(ctx.exec(), logits_.data<float>(),
+                                                 max_.data<float>(), sum_.data<float>(),
+                                                 targets_.data<int32_t>(), k, N, shard());
   Tensor dfinal = Tensor::empty({N, C}, DType::kF32, ctx.device);
   ops::matmul_backward<float>(ctx.exec(), dfinal.data<float>(), wte_->grad.data<float>(), nullptr,
                               logits_.data<float>(), final_.data<float>(),

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/vocab_shard.h"
 #include "nn/context.h"
 #include "nn/parameter.h"
 
@@ -44,6 +45,7 @@ class VocabParallelEmbedding {
 
   int64_t local_vocab() const { return local_vocab_; }  // rows per rank, padding included
   int64_t real_rows() const { return real_rows_; }      // of which real vocabulary rows
+  VocabShard shard() const { return {first_row_, real_rows_, local_vocab_, vocab_}; }
   Parameter* wte() const { return wte_; }
   Parameter* wpe() const { return wpe_; }  // null for a head only
 

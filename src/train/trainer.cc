@@ -438,10 +438,11 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
       fail("runtime.device = '", config.runtime.device, "' with ", config.runtime.ranks,
            " rank(s): needs GPU cuda:", needed - 1, " but only ", gpus, " GPU(s) are visible",
            use_mpi ? " on this node" : " (one GPU per rank)");
-    if (config.parallel.pp > 1 || config.parallel.tp > 1)
-      fail("runtime.device = '", config.runtime.device, "': pipeline and tensor parallelism "
-           "(parallel.pp = ", config.parallel.pp, ", parallel.tp = ", config.parallel.tp,
-           ") do not run on GPUs yet; data parallelism and ZeRO do");
+    if (config.parallel.pp > 1)
+      fail("runtime.device = '", config.runtime.device, "': pipeline parallelism (parallel.pp = ",
+           config.parallel.pp, ") does not run on GPUs yet (nccl runs point-to-point messages in "
+           "issue order, which the schedules' send/recv order must be checked against); data, "
+           "tensor and sequence parallelism and ZeRO do");
     if (config.runtime.backend == "local" && config.runtime.ranks > 1)
       fail("runtime.backend = \"local\" with ", config.runtime.ranks, " GPU ranks: GPUs talk "
            "through nccl (backend \"auto\" or \"nccl\")");

@@ -296,6 +296,59 @@ TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
                Error);
 }
 
+// A tensor-parallel rank's vocabulary shard (rows 40..69 of 100, padded to 34 local rows): the
+// embedding's forward and backward bit for bit, the cross-entropy pieces to rounding.
+TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
+  const int64_t N = 60, T = 12, C = 24, V = 100;
+  const VocabShard shard{40, 30, 34, V};
+  IdPair tokens = ids_pair(random_ids(N, static_cast<int32_t>(V), 90));
+  Pair wte = random_pair(shard.rows * C, 91), wpe = random_pair(T * C, 92);
+  Pair out = pair_of(std::vector<float>(N * C));
+  for (bool positions : {false, true}) {
+    ops::vocab_shard_embedding_forward<float>(on_cpu, out.h(), tokens.host.data<int32_t>(), wte.h(),
+                                              wpe.h(), N, T, C, shard, positions);
+    ops::vocab_shard_embedding_forward<float>(on_gpu, out.g(), tokens.gpu.data<int32_t>(), wte.g(),
+                                              wpe.g(), N, T, C, shard, positions);
+    EXPECT_TRUE(bitwise_equal(out.from_gpu(), out.from_host()))
+        << "forward, positions " << positions;
+  }
+  Pair dout = random_pair(N * C, 93), dwte = random_pair(shard.rows * C, 94),
+       dwpe = random_pair(T * C, 95);
+  ops::vocab_shard_embedding_backward<float>(on_cpu, dwte.h(), dwpe.h(), dout.h(),
+                                             tokens.host.data<int32_t>(), N, T, C, shard);
+  ops::vocab_shard_embedding_backward<float>(on_gpu, dwte.g(), dwpe.g(), dout.g(),
+                                             tokens.gpu.data<int32_t>(), N, T, C, shard);
+  EXPECT_TRUE(bitwise_equal(dwte.from_gpu(), dwte.from_host())) << "dwte";
+  EXPECT_TRUE(bitwise_equal(dwpe.from_gpu(), dwpe.from_host())) << "dwpe";
+
+  IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 96));
+  Pair logits = random_pair(N * shard.rows, 97, -6.0, 6.0);
+  Pair max = pair_of(std::vector<float>(N)), target = pair_of(std::vector<float>(N)),
+       sum = pair_of(std::vector<float>(N));
+  ops::vocab_shard_logit_max<float>(on_cpu, max.h(), target.h(), logits.h(),
+                                    targets.host.data<int32_t>(), N, shard);
+  ops::vocab_shard_logit_max<float>(on_gpu, max.g(), target.g(), logits.g(),
+                                    targets.gpu.data<int32_t>(), N, shard);
+  EXPECT_TRUE(bitwise_equal(max.from_gpu(), max.from_host())) << "max";
+  EXPECT_TRUE(bitwise_equal(target.from_gpu(), target.from_host())) << "target logit";
+  ops::vocab_shard_sum_exp<float>(on_cpu, sum.h(), logits.h(), max.h(), N, shard);
+  ops::vocab_shard_sum_exp<float>(on_gpu, sum.g(), logits.g(), max.g(), N, shard);
+  expect_pair_close("sum", sum);
+  ops::vocab_shard_cross_entropy_backward<float>(on_cpu, logits.h(), max.h(), sum.h(),
+                                                 targets.host.data<int32_t>(), 0.5f, N, shard);
+  ops::vocab_shard_cross_entropy_backward<float>(on_gpu, logits.g(), max.g(), sum.g(),
+                                                 targets.gpu.data<int32_t>(), 0.5f, N, shard);
+  expect_pair_close("dlogits", logits);
+
+  std::vector<int32_t> bad = random_ids(N, static_cast<int32_t>(V), 90);
+  bad[7] = static_cast<int32_t>(V);
+  IdPair bad_tokens = ids_pair(bad);
+  EXPECT_THROW(
+      ops::vocab_shard_embedding_forward<float>(on_gpu, out.g(), bad_tokens.gpu.data<int32_t>(),
+                                                wte.g(), wpe.g(), N, T, C, shard, true),
+      Error);
+}
+
 TEST_F(CudaKernelsTest, AdamWIsBitwiseTheCpuUpdate) {
   const int64_t n = 70001;
   Pair p = random_pair(n, 80), g = random_pair(n, 81), m = random_pair(n, 82, -0.1, 0.1),

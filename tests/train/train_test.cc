@@ -118,8 +118,8 @@ TEST_F(TrainTest, StopAndResumeIsBitwiseIdentical) {
 
 // runtime.device = "cuda": on a machine with a GPU, the run (one rank: nccl as a group of one)
 // matches the CPU's step for step (fp32 rounding, not bits) and stops and resumes there; without
-// one, a clear error. Two data-parallel ranks on two GPUs match two CPU ranks; with fewer GPUs
-// than ranks the error says so.
+// one, a clear error. Two data-parallel ranks, then two tensor-parallel ranks, on two GPUs match
+// the same layouts on CPU ranks; with fewer GPUs than ranks the error says so.
 TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
   Config c = config(8);
   c.runtime.device = "cuda";
@@ -168,6 +168,12 @@ TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
   run_training(two_cpu, options("two_cpus"));
   run_training(two, options("two_gpus"));
   expect_same_losses("two_cpus", "two_gpus");
+  // Tensor parallelism (vocabulary-parallel head included) over the two GPUs.
+  two_cpu.parallel.tp = two.parallel.tp = 2;
+  two_cpu.parallel.dp = two.parallel.dp = 1;
+  run_training(two_cpu, options("tp_cpus"));
+  run_training(two, options("tp_gpus"));
+  expect_same_losses("tp_cpus", "tp_gpus");
 }
 
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {

@@ -18,3 +18,4 @@
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/vocab_shard.h"

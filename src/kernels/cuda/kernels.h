@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/vocab_shard.h"  // VocabShard
+
 namespace loom::cuda {
 
 // ---- GEMM (cuBLASLt) ---------------------------------------------------------------------------
@@ -94,6 +96,22 @@ void cross_entropy_forward(int device, float* losses, float* lse, const float* l
                            const int32_t* targets, int64_t N, int64_t V);
 void cross_entropy_backward(int device, float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int64_t N, int64_t V);
+
+// ---- a vocabulary-parallel embedding and LM head (kernels/cpu/vocab_shard.h) -----------------
+
+void vocab_shard_embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
+                                   const float* wpe, int64_t N, int64_t T, int64_t C,
+                                   const VocabShard& shard, bool add_positions);
+void vocab_shard_embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
+                                    const int32_t* tokens, int64_t N, int64_t T, int64_t C,
+                                    const VocabShard& shard);
+void vocab_shard_logit_max(int device, float* max, float* target_logit, const float* logits,
+                           const int32_t* targets, int64_t N, const VocabShard& shard);
+void vocab_shard_sum_exp(int device, float* sum, const float* logits, const float* max, int64_t N,
+                         const VocabShard& shard);
+void vocab_shard_cross_entropy_backward(int device, float* logits, const float* max,
+                                        const float* sum, const int32_t* targets, float k,
+                                        int64_t N, const VocabShard& shard);
 
 void adamw_update(int device, float* param, const float* grad, float* m, float* v, int64_t n,
                   double lr, double beta1, double beta2, double eps, double weight_decay,

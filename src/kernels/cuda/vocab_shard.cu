@@ -1,0 +1,145 @@
+// The vocabulary-shard kernels of kernels/cpu/vocab_shard.h on a GPU. The embedding's are bitwise
+// the CPU's (one owner per output element, additions in position order); the cross-entropy
+// pieces run a block per row and agree to rounding.
+#include "base/error.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVocabPartitions = 64;
+
+__global__ void shard_embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
+                                               const float* wpe, int64_t N, int64_t T, int64_t C,
+                                               VocabShard shard, bool add_positions) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < N * C;
+       e += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t i = e / C, c = e % C;
+    const int64_t row = tokens[i] - shard.first_row;
+    float v = row >= 0 && row < shard.real_rows ? wte[row * C + c] : 0.0f;
+    if (add_positions) v += wpe[(i % T) * C + c];
+    out[e] = v;
+  }
+}
+
+// dwpe[t, c] += dout[i, c] for i ≡ t (mod T), in increasing i: the CPU's order.
+__global__ void shard_embedding_wpe_kernel(float* dwpe, const float* dout, int64_t N, int64_t T,
+                                           int64_t C) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // t·C + c
+  if (e >= T * C) return;
+  const int64_t t = e / C, c = e % C;
+  float acc = dwpe[e];
+  for (int64_t i = t; i < N; i += T) acc += dout[i * C + c];
+  dwpe[e] = acc;
+}
+
+// Thread (c, p): channel c of the shard's rows r with r mod kVocabPartitions == p, tokens in order.
+__global__ void shard_embedding_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
+                                           int64_t N, int64_t C, VocabShard shard) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int p = static_cast<int>(blockIdx.y);
+  if (c >= C) return;
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t row = __ldg(tokens + i) - shard.first_row;
+    if (row >= 0 && row < shard.real_rows && row % kVocabPartitions == p)
+      dwte[row * C + c] += dout[i * C + c];
+  }
+}
+
+__global__ void shard_logit_max_kernel(float* max, float* target_logit, const float* logits,
+                                       const int32_t* targets, VocabShard shard) {
+  __shared__ float shared[32];
+  const int64_t i = blockIdx.x;
+  const float* l = logits + i * shard.rows;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < shard.real_rows; j += blockDim.x) m = fmaxf(m, l[j]);
+  m = block_max(m, shared);
+  if (threadIdx.x == 0) {
+    max[i] = m;
+    const int64_t t = targets[i] - shard.first_row;
+    if (t >= 0 && t < shard.real_rows) target_logit[i] = l[t];
+  }
+}
+
+__global__ void shard_sum_exp_kernel(float* sum, const float* logits, const float* max,
+                                     VocabShard shard) {
+  __shared__ double shared[32];
+  const int64_t i = blockIdx.x;
+  const float* l = logits + i * shard.rows;
+  const float m = max[i];
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < shard.real_rows; j += blockDim.x) s += exp(double(l[j] - m));
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) sum[i] = static_cast<float>(s);
+}
+
+__global__ void shard_ce_backward_kernel(float* logits, const float* max, const float* sum,
+                                         const int32_t* targets, float k, VocabShard shard) {
+  const int64_t i = blockIdx.x;
+  float* l = logits + i * shard.rows;
+  const float m = max[i], s = sum[i];
+  const int64_t t = targets[i] - shard.first_row;
+  for (int64_t j = threadIdx.x; j < shard.rows; j += blockDim.x) {
+    const float p = j < shard.real_rows ? expf(l[j] - m) / s : 0.0f;
+    l[j] = (p - (j == t ? 1.0f : 0.0f)) * k;
+  }
+}
+
+}  // namespace
+
+void vocab_shard_embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
+                                   const float* wpe, int64_t N, int64_t T, int64_t C,
+                                   const VocabShard& shard, bool add_positions) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  int32_t bad = 0;
+  if (const int64_t i = first_out_of_range(tokens, N, shard.vocab, &bad); i >= 0)
+    fail("embedding: token ", bad, " at position ", i, " outside [0, ", shard.vocab, ")");
+  shard_embedding_forward_kernel<<<blocks_for(N * C, kThreads), kThreads>>>(
+      out, tokens, wte, wpe, N, T, C, shard, add_positions);
+  check_launch("vocab_shard_embedding_forward");
+}
+
+void vocab_shard_embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
+                                    const int32_t* tokens, int64_t N, int64_t T, int64_t C,
+                                    const VocabShard& shard) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  shard_embedding_wpe_kernel<<<static_cast<unsigned>((T * C + kThreads - 1) / kThreads),
+                               kThreads>>>(dwpe, dout, N, T, C);
+  check_launch("vocab_shard_embedding_backward (dwpe)");
+  const dim3 grid(static_cast<unsigned>((C + 127) / 128), kVocabPartitions);
+  shard_embedding_wte_kernel<<<grid, 128>>>(dwte, dout, tokens, N, C, shard);
+  check_launch("vocab_shard_embedding_backward (dwte)");
+}
+
+void vocab_shard_logit_max(int device, float* max, float* target_logit, const float* logits,
+                           const int32_t* targets, int64_t N, const VocabShard& shard) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  shard_logit_max_kernel<<<static_cast<unsigned>(N), kThreads>>>(max, target_logit, logits,
+                                                                 targets, shard);
+  check_launch("vocab_shard_logit_max");
+}
+
+void vocab_shard_sum_exp(int device, float* sum, const float* logits, const float* max, int64_t N,
+                         const VocabShard& shard) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  shard_sum_exp_kernel<<<static_cast<unsigned>(N), kThreads>>>(sum, logits, max, shard);
+  check_launch("vocab_shard_sum_exp");
+}
+
+void vocab_shard_cross_entropy_backward(int device, float* logits, const float* max,
+                                        const float* sum, const int32_t* targets, float k,
+                                        int64_t N, const VocabShard& shard) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  shard_ce_backward_kernel<<<static_cast<unsigned>(N), kThreads>>>(logits, max, sum, targets, k,
+                                                                   shard);
+  check_launch("vocab_shard_cross_entropy_backward");
+}
+
+}  // namespace loom::cuda
