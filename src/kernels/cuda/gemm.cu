@@ -135,27 +135,17 @@ __global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
     out[i] = __float2bfloat16_rn(in[i]);
 }
 
-// Deterministic pseudo-random bf16 in [-1, 1): operands for the rate measurement (zeros would
-// flatter the tensor cores' power draw).
-__global__ void fill_bf16_kernel(__nv_bfloat16* out, int64_t n, uint32_t seed) {
+// Deterministic pseudo-random values in [-1, 1) (bf16 or fp32): operands for the rate
+// measurement (zeros would flatter the tensor cores' power draw).
+template <typename T>
+__global__ void fill_kernel(T* out, int64_t n, uint32_t seed) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
     h ^= h >> 15;
     h *= 2246822519u;
     h ^= h >> 13;
-    out[i] = __float2bfloat16_rn(static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
-  }
-}
-
-__global__ void fill_f32_kernel(float* out, int64_t n, uint32_t seed) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    out[i] = static_cast<float>(h >> 8) / 8388608.0f - 1.0f;
+    out[i] = T(static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
   }
 }
 
@@ -257,11 +247,11 @@ double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int
   Scratch<float> c(device, n * n), a32(device, bf16 ? 1 : n * n), b32(device, bf16 ? 1 : n * n);
   Scratch<__nv_bfloat16> a16(device, bf16 ? n * n : 1), b16(device, bf16 ? n * n : 1);
   if (bf16) {
-    fill_bf16_kernel<<<blocks_for(n * n, 256), 256>>>(a16.get(), n * n, 1);
-    fill_bf16_kernel<<<blocks_for(n * n, 256), 256>>>(b16.get(), n * n, 2);
+    fill_kernel<<<blocks_for(n * n, 256), 256>>>(a16.get(), n * n, 1);
+    fill_kernel<<<blocks_for(n * n, 256), 256>>>(b16.get(), n * n, 2);
   } else {
-    fill_f32_kernel<<<blocks_for(n * n, 256), 256>>>(a32.get(), n * n, 1);
-    fill_f32_kernel<<<blocks_for(n * n, 256), 256>>>(b32.get(), n * n, 2);
+    fill_kernel<<<blocks_for(n * n, 256), 256>>>(a32.get(), n * n, 1);
+    fill_kernel<<<blocks_for(n * n, 256), 256>>>(b32.get(), n * n, 2);
   }
   check_launch("measure_gemm_tflops (fill)");
   const void* A = bf16 ? static_cast<const void*>(a16.get()) : a32.get();
