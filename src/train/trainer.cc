@@ -343,9 +343,6 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
 
 namespace {
 
-// Thread ranks of the local backend: rank r computes on cpu:r (its own allocator, so memory
-// figures are per rank). The first rank to fail aborts the world, so the others stop at their
-// next communication, and its error is the one reported.
 // GPU jobs (runtime.device = "cuda"): the rank with local index r computes on GPU r (one rank
 // alone on the configured cuda:N), and talks through nccl built over its host communicator, or
 // through the host communicator itself under runtime.backend = "local" (one rank only).
@@ -374,6 +371,9 @@ TrainSummary train_rank(Communicator& host, const Config& config, const TrainOpt
   return train_on(gpu ? *gpu : host, config, options, device);
 }
 
+// Thread ranks of the local backend: rank r computes on cpu:r (its own allocator, so memory
+// figures are per rank), or on GPU r. The first rank to fail aborts the world, so the others stop
+// at their next communication, and its error is the one reported.
 TrainSummary train_local_ranks(const Config& config, const TrainOptions& options, int ranks) {
   CommOptions comm_options;
   comm_options.flight_dir = (fs::path(options.run_dir) / "flight").string();
