@@ -74,8 +74,7 @@ void bench_rank(Communicator& comm, const BenchShape& shape, const BenchOptions&
   auto engine = DataParallel::create(model.params(), comm, pool, device, dp_config, AdamWConfig{}, 1337);
   Context ctx{&pool, device, DType::kF32, engine.get()};
 
-  const int64_t B = o.batch > 0 ? o.batch : shape.batch;
-  const int64_t T = o.seq_len > 0 ? o.seq_len : shape.seq_len;
+  const int64_t B = shape.batch, T = shape.seq_len;  // with --batch / --seq applied
   // Made on the host, then copied to the device outside the timed part.
   Tensor host_inputs = Tensor::empty({B, T}, DType::kI32);
   Tensor host_targets = Tensor::empty({B, T}, DType::kI32);
@@ -146,6 +145,8 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.device == "cuda" && o.ranks != 1)
     fail("--device cuda runs one rank for now (--ranks 1): GPU ranks need the nccl backend, "
          "which `loom bench train` does not start yet");
+  if (o.batch < 0 || o.seq_len < 0)
+    fail("--batch and --seq must be >= 0 (0: the shape's), got ", o.batch, " and ", o.seq_len);
   if (o.seq_len > shape.model.max_seq_len)
     fail("--seq ", o.seq_len, " exceeds the block size ", shape.model.max_seq_len, " of ", shape.name);
   if (o.device == "cuda") {
@@ -161,8 +162,12 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   r.num_parameters = shape.model.num_parameters();
   r.device = o.device;
   r.precision = o.precision;
-  r.batch = o.batch > 0 ? o.batch : shape.batch;
-  r.seq_len = o.seq_len > 0 ? o.seq_len : shape.seq_len;
+  // The shape as run: --batch and --seq replace its defaults.
+  BenchShape run = shape;
+  if (o.batch > 0) run.batch = o.batch;
+  if (o.seq_len > 0) run.seq_len = o.seq_len;
+  r.batch = run.batch;
+  r.seq_len = run.seq_len;
   const int64_t n_flop_params = shape.model.num_parameters() -
                                 shape.model.max_seq_len * shape.model.d_model;
   r.flops_per_token = 6.0 * static_cast<double>(n_flop_params) +
@@ -170,7 +175,7 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
                                                  r.seq_len);
   std::vector<std::unique_ptr<Communicator>> world = make_local_world(o.ranks);
   if (o.ranks == 1) {
-    bench_rank(*world[0], shape, o, r);
+    bench_rank(*world[0], run, o, r);
   } else {
     std::vector<std::thread> threads;
     std::mutex mutex;
@@ -178,7 +183,7 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
     for (int rank = 0; rank < o.ranks; ++rank)
       threads.emplace_back([&, rank] {
         try {
-          bench_rank(*world[rank], shape, o, r);
+          bench_rank(*world[rank], run, o, r);
         } catch (const std::exception& e) {
           std::lock_guard<std::mutex> lock(mutex);
           if (error.empty()) {

@@ -6,7 +6,7 @@
 // Execution model (docs/architecture.md, "CUDA"):
 //  - every kernel is enqueued on the legacy default stream of its GPU, the rank's compute stream,
 //    and returns at once; the host waits only where it needs a value (sum, sum_squares, and the
-//    token / target checks, which copy 4 bytes back). The nccl communicator's stream waits on
+//    token / target checks, which copy 8 bytes back). The nccl communicator's stream waits on
 //    this stream with an event before each collective, so communication overlaps the kernels
 //    queued after it.
 //  - scratch memory (attention scores, partial sums) comes from the GPU's caching allocator;
@@ -16,8 +16,8 @@
 //    is reported by the call that caused it.
 //  - bitwise reproducible: no atomics on floats; every reduction runs in a fixed order that does
 //    not depend on timing. Results agree with the CPU kernels to rounding (the GEMMs sum in
-//    another order, tanh and exp differ in the last bits), not bit for bit, except AdamW, add
-//    and scale, which perform the same correctly rounded operations.
+//    another order, tanh and exp differ in the last bits), not bit for bit, except AdamW, add,
+//    scale and the embedding forward, which perform the same correctly rounded operations.
 #pragma once
 
 #include <cstdint>
