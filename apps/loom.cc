@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
   bench_train->add_option("--device", bench.device, "cpu, or cuda (one rank on GPU 0)")->capture_default_str();
   bench_train->add_option("--batch", bench.batch, "sequences per rank (0: the shape's)")->capture_default_str();
   bench_train->add_option("--seq", bench.seq_len, "tokens per sequence (0: the shape's)")->capture_default_str();
-  bench_train->add_option("--precision", bench.precision, "cuda: GEMM inputs in fp32, tf32 or bf16")->capture_default_str();
+  bench_train->add_option("--precision", bench.precision, "cuda: GEMM inputs in fp32, tf32, bf16 or fp16")->capture_default_str();
   bench_train->add_option("--peak-tflops", bench.gpu_peak_tflops, "cuda: the GPU's peak TFLOP/s for the MFU")->capture_default_str();
   bench_train->add_flag("--json", json, "one JSON object");
 
@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
   int gemm_iters = 10;
   auto* bench_gemm = bench_cmd->add_subcommand("gemm", "a GPU's dense GEMM rate (the peak `bench train --device cuda` MFU is measured against)");
   bench_gemm->add_option("--device", gemm_device, "cuda or cuda:N")->capture_default_str();
-  bench_gemm->add_option("--precision", gemm_precision, "fp32, tf32 or bf16")->capture_default_str();
+  bench_gemm->add_option("--precision", gemm_precision, "fp32, tf32, bf16 or fp16")->capture_default_str();
   bench_gemm->add_option("--n", gemm_n, "the n of the n x n x n product")->capture_default_str();
   bench_gemm->add_option("--iters", gemm_iters, "timed products (the best counts)")->capture_default_str();
 

@@ -144,7 +144,7 @@ gpu_tests() {
     "$BIN/$t" --gtest_brief=1 || rc=1
   done
   echo "-- train_test (GPU cases)"
-  "$BIN/train_test" --gtest_filter='*Cuda*' || rc=1
+  "$BIN/train_test" --gtest_filter='*Cuda*:*Gpu*' || rc=1
   return $rc
 }
 export -f gpu_tests
@@ -156,7 +156,7 @@ note "      gpu_tests: $(count PASSED) passed, $(count FAILED) failed, $(count S
 # 16: bf16 GEMM inputs (fp32 weights and everything else; MFU against the measured bf16 rate, the
 # issue's ~790 TFLOP/s when the measurement failed), then TF32, then pure fp32. -----------------
 peaks() {
-  for p in bf16 tf32 fp32; do "$BIN/loom" bench gemm --device cuda --precision "$p" --n 8192 --iters 10 || return 1; done
+  for p in bf16 fp16 tf32 fp32; do "$BIN/loom" bench gemm --device cuda --precision "$p" --n 8192 --iters 10 || return 1; done
 }
 export -f peaks
 step gemm_peak bench 60 peaks

@@ -103,6 +103,9 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const ParameterS
   j["loader"] = {{"shard", state.loader_shard}, {"offset", state.loader_offset},
                  {"epoch", state.loader_epoch}};
   j["seed"] = state.seed;
+  if (state.loss_scaler)
+    j["loss_scale"] = {{"scale", state.loss_scaler->scale},
+                       {"good_steps", state.loss_scaler->good_steps}};
   // Training draws no random numbers after initialisation (no dropout, deterministic data order),
   // so the counter-based generator's key is all the RNG state there is.
   j["rng"] = {{"algorithm", "philox4x32-10"}, {"seed", state.seed}};
@@ -203,6 +206,9 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, const Parameter
     s.loader_epoch = j.at("loader").at("epoch").get<int64_t>();
     s.seed = j.at("seed").get<uint64_t>();
     s.config_toml = j.value("config", std::string());
+    if (j.contains("loss_scale"))
+      s.loss_scaler = LossScalerState{j.at("loss_scale").at("scale").get<double>(),
+                                      j.at("loss_scale").at("good_steps").get<int64_t>()};
   } catch (const json::exception& e) {
     fail("checkpoint ", checkpoint_dir, ": state.json is incomplete: ", e.what());
   }

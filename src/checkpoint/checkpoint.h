@@ -3,8 +3,8 @@
 //   RUN_DIR/checkpoints/step_N/
 //     model.safetensors      parameters by name (f32), metadata: format, step
 //     optimizer.safetensors  "<name>.exp_avg" and "<name>.exp_avg_sq" per parameter
-//     state.json             step, optimizer steps, data-loader position, seed, model shape,
-//                            resolved config (docs/formats.md)
+//     state.json             step, optimizer steps, data-loader position, seed, loss scale,
+//                            model shape, resolved config (docs/formats.md)
 //
 // A checkpoint is written to step_N.tmp/ and renamed to step_N/ only when every file is complete,
 // so a crash mid-save never leaves a directory that looks finished. Everything is keyed by
@@ -13,10 +13,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "models/gpt2.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 
 namespace loom {
 
@@ -28,6 +30,9 @@ struct TrainingState {
   int64_t loader_epoch = 0;
   uint64_t seed = 0;
   std::string config_toml;      // the resolved config of the run that wrote it
+  // The loss scaler's state (optim/loss_scaler.h); absent in checkpoints written before loss
+  // scaling existed, which then resume with the configured initial scale.
+  std::optional<LossScalerState> loss_scaler;
 };
 
 // Writes step_N under `checkpoints_dir` (created if missing) and returns its path.

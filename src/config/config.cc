@@ -59,6 +59,10 @@ constexpr Key kKeys[] = {
     LOOM_KEY(train, beta2),
     LOOM_KEY(train, eps),
     LOOM_KEY(train, grad_clip),
+    LOOM_KEY(train, loss_scale),
+    LOOM_KEY(train, loss_scale_init),
+    LOOM_KEY(train, loss_scale_window),
+    LOOM_KEY(train, loss_scale_min),
     LOOM_KEY(train, seed),
     LOOM_KEY(train, eval_every),
     LOOM_KEY(train, eval_batches),
@@ -88,6 +92,9 @@ template <typename... Fs>
 struct Overloaded : Fs... {
   using Fs::operator()...;
 };
+// Clang < 17 has no aggregate deduction (the sanitizer CI builds use Clang 14).
+template <typename... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
 
 std::string_view section_of(std::string_view name) {
   return name.substr(0, name.find('.'));

@@ -49,6 +49,13 @@ struct TrainConfig {
   double beta2 = 0.95;           // AdamW
   double eps = 1e-8;             // AdamW
   double grad_clip = 1.0;        // global gradient-norm clip; 0 = off
+  // Loss scaling (optim/loss_scaler.h): auto (dynamic under fp16 GEMMs, else none), none,
+  // static or dynamic; the first scale, the good steps before a dynamic scale doubles, and the
+  // floor it never halves below. Scales are powers of two in [1, 2^64].
+  std::string loss_scale = "auto";
+  double loss_scale_init = 65536;
+  int64_t loss_scale_window = 1000;
+  double loss_scale_min = 1;
   int64_t seed = 1337;           // parameter init and data order; >= 0
   int64_t eval_every = 100;      // steps between evaluations; 0 = never
   int64_t eval_batches = 8;      // validation micro-batches per evaluation
@@ -81,7 +88,8 @@ struct RuntimeConfig {
   // mpi or nccl
   std::string backend = "auto";
   std::string device = "cpu";     // cpu or cuda[:N]
-  // GEMM inputs on the GPU: fp32, tf32 or bf16 (weights, accumulation and the rest stay fp32)
+  // GEMM inputs on the GPU: fp32, tf32, bf16 or fp16 (weights, accumulation and the rest stay
+  // fp32; fp16 wants train.loss_scale)
   std::string matmul_precision = "fp32";
   int threads_per_rank = 0;       // compute threads per rank; 0 = auto
 

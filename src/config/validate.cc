@@ -98,6 +98,18 @@ void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p
   if (!(t.eps > 0 && std::isfinite(t.eps)))
     p.add("train.eps = ", format_double(t.eps), " must be positive");
   p.in_range("train.grad_clip", t.grad_clip, 0, kInf, true);
+  p.one_of("train.loss_scale", t.loss_scale, {"auto", "none", "static", "dynamic"});
+  const auto power_of_two = [](double s) {
+    int exponent = 0;
+    return s >= 1 && s <= 0x1p64 && std::frexp(s, &exponent) == 0.5;
+  };
+  if (!power_of_two(t.loss_scale_init))
+    p.add("train.loss_scale_init = ", format_double(t.loss_scale_init),
+          " must be a power of two in [1, 2^64] (so that scaling is exact)");
+  if (!power_of_two(t.loss_scale_min) || t.loss_scale_min > t.loss_scale_init)
+    p.add("train.loss_scale_min = ", format_double(t.loss_scale_min),
+          " must be a power of two in [1, train.loss_scale_init]");
+  p.positive("train.loss_scale_window", t.loss_scale_window);
   p.non_negative("train.seed", t.seed);
   p.non_negative("train.eval_every", t.eval_every);
   p.positive("train.eval_batches", t.eval_batches);
@@ -147,7 +159,7 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
     p.add("runtime.device = ", toml_quote(r.device), " must be \"cpu\", \"cuda\" or \"cuda:N\"");
   else if (r.backend == "nccl" && !r.device.starts_with("cuda"))
     p.add("runtime.backend = \"nccl\" needs a cuda runtime.device, got ", toml_quote(r.device));
-  p.one_of("runtime.matmul_precision", r.matmul_precision, {"fp32", "tf32", "bf16"});
+  p.one_of("runtime.matmul_precision", r.matmul_precision, {"fp32", "tf32", "bf16", "fp16"});
   if (r.matmul_precision != "fp32" && valid_device(r.device) && !r.device.starts_with("cuda"))
     p.add("runtime.matmul_precision = ", toml_quote(r.matmul_precision),
           " needs runtime.device = \"cuda\": the CPU's GEMMs are fp32");

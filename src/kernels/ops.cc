@@ -9,7 +9,8 @@ cuda::MatmulPrecision parse_precision(const std::string& name) {
   if (name == "fp32") return cuda::MatmulPrecision::kFp32;
   if (name == "tf32") return cuda::MatmulPrecision::kTf32;
   if (name == "bf16") return cuda::MatmulPrecision::kBf16;
-  fail("matmul precision '", name, "': expected fp32, tf32 or bf16");
+  if (name == "fp16") return cuda::MatmulPrecision::kFp16;
+  fail("matmul precision '", name, "': expected fp32, tf32, bf16 or fp16");
 }
 }  // namespace
 

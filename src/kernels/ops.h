@@ -45,12 +45,13 @@ bool on_gpu(const Exec& ex, const char* op) {
 
 }  // namespace detail
 
-// "fp32", "tf32" or "bf16": the GPUs' GEMM input precision (cuda::set_matmul_precision); throws
-// naming anything else. A no-op in a build without CUDA, whose GEMMs are all fp32.
+// "fp32", "tf32", "bf16" or "fp16": the GPUs' GEMM input precision (cuda::set_matmul_precision);
+// throws naming anything else. A no-op in a build without CUDA, whose GEMMs are all fp32.
 void set_matmul_precision(const std::string& name);
 
-// The dense GEMM rate of a GPU in TFLOP/s at a precision ("fp32", "tf32", "bf16": bf16 operands
-// stored as bf16, no casts), best of `iters` n×n×n products: the peak an MFU is measured against.
+// The dense GEMM rate of a GPU in TFLOP/s at a precision ("fp32", "tf32", "bf16", "fp16": 16-bit
+// operands stored as such, no casts), best of `iters` n×n×n products: the peak an MFU is measured
+// against.
 double measure_gpu_gemm_tflops(Device device, const std::string& precision, int64_t n, int iters);
 
 // The body of every op: the CUDA kernel on a GPU, else the CPU kernel on the pool.

@@ -30,7 +30,7 @@ class ZeroDataParallel final : public DataParallel {
   void begin_step() override;
   void begin_micro_batch(int64_t index, int64_t count) override;
   void end_micro_batch() override;
-  double clip_grad_norm(double max_norm) override;
+  double clip_grad_norm(double max_norm, double loss_scale) override;
   void optimizer_step(float lr) override;
   FlatModelState gather_state() override;
   void load_state(const FlatModelState& state, int64_t optimizer_steps) override;
@@ -348,13 +348,16 @@ void ZeroDataParallel::release_values(size_t u) {
 
 // ---- step -------------------------------------------------------------------------------------
 
-double ZeroDataParallel::clip_grad_norm(double max_norm) {
-  Communicator* tp = tensor_parallel_;
-  if (stage_ < 2 && tp == nullptr) {
-    const double norm = grad_norm(pool_, params_);
-    grad_scale_ = clip_coefficient(norm, max_norm);
+double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
+  // Scaling by a power of two is exact (also in the double sum of squares and its root), so
+  // norm / loss_scale is the unscaled run's norm and clip / loss_scale an exact factor.
+  const auto unscaled = [&](double scaled_norm) {
+    const double norm = scaled_norm / loss_scale;
+    grad_scale_ = static_cast<float>(clip_coefficient(norm, max_norm) / loss_scale);
     return norm;
-  }
+  };
+  Communicator* tp = tensor_parallel_;
+  if (stage_ < 2 && tp == nullptr) return unscaled(grad_norm(pool_, params_));
   Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;
   double local = 0;
   if (tp == nullptr) {
@@ -371,9 +374,7 @@ double ZeroDataParallel::clip_grad_norm(double max_norm) {
   if (stage_ >= 2) sum = all_reduce_value(dp_, sum, ReduceOp::kSum);
   if (tp != nullptr) sum = all_reduce_value(*tp, sum, ReduceOp::kSum);
   step_stats_.wait_seconds += now_seconds() - t0;
-  const double norm = std::sqrt(sum);
-  grad_scale_ = clip_coefficient(norm, max_norm);
-  return norm;
+  return unscaled(std::sqrt(sum));
 }
 
 void ZeroDataParallel::optimizer_step(float lr) {

@@ -88,7 +88,11 @@ class DataParallel : public ParamHooks {
   // gradients are clipped by max_norm / norm: the stored gradients stay as they are and the
   // next optimizer_step reads them times that factor (the same rounded values an in-place
   // scaling would store, without a pass of its own over every gradient).
-  virtual double clip_grad_norm(double max_norm) = 0;
+  // `loss_scale` (a power of two, optim/loss_scaler.h): the backward pass ran on loss ×
+  // loss_scale; the norm returned is the unscaled gradient's and the optimizer reads the
+  // gradients times clip factor / loss_scale — bit for bit the unscaled run's values. A
+  // non-finite result means an overflow: the caller skips optimizer_step (begin_step clears).
+  virtual double clip_grad_norm(double max_norm, double loss_scale = 1.0) = 0;
   virtual void optimizer_step(float lr) = 0;
 
   // The whole model state on every rank (collective: stages 1-3 all-gather their shards), for

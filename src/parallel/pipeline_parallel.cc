@@ -119,7 +119,7 @@ void PipelineParallel::recv(Tensor& t, int src, int tag_value) {
 }
 
 double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
-                                    const std::vector<Tensor>& targets) {
+                                    const std::vector<Tensor>& targets, double loss_scale) {
   const int m = config_.microbatches;
   LOOM_CHECK(static_cast<int>(tokens.size()) == m && static_cast<int>(targets.size()) == m);
   const double t0 = now_seconds();
@@ -169,7 +169,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
           dy = inbox.at(key);
           inbox.erase(key);
         }
-        Tensor dx = model.backward_part(ctx, dy, 1.0 / m);
+        Tensor dx = model.backward_part(ctx, dy, loss_scale / m);
         engine.end_micro_batch();
         if (s != 0) outbox[key] = dx;
         break;
@@ -200,7 +200,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   return loss;
 }
 
-double PipelineParallel::clip_grad_norm(double max_norm) {
+double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
   Communicator* tp = config_.tensor_parallel;
   double sum = 0;
   for (auto& model : chunks_) {
@@ -215,8 +215,10 @@ double PipelineParallel::clip_grad_norm(double max_norm) {
   }
   sum = all_reduce_value(pp_, sum);
   if (tp != nullptr) sum = all_reduce_value(*tp, sum);
-  const double norm = std::sqrt(std::max(0.0, sum));
-  const float coef = clip_coefficient(norm, max_norm);
+  // Unscaled as DataParallel::clip_grad_norm does (exact: loss_scale is a power of two).
+  const double norm = std::sqrt(std::max(0.0, sum)) / loss_scale;
+  if (!std::isfinite(norm)) return norm;  // an overflow: the step is skipped
+  const auto coef = static_cast<float>(clip_coefficient(norm, max_norm) / loss_scale);
   if (coef != 1.0f)
     for (auto& model : chunks_) {
       Tensor& g = model->params().grads();

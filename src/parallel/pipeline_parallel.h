@@ -69,11 +69,13 @@ class PipelineParallel {
   // Forward and backward of every micro-batch along the schedule; gradients end reduced over dp
   // and the tied embedding's copies summed. tokens/targets: one (micro_batch, seq_len) i32
   // tensor per micro-batch (read on the first / last stage). Returns the mean loss over the
-  // micro-batches, on every rank of the pp group.
-  double train_step(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets);
+  // micro-batches, on every rank of the pp group. The backward pass starts from the loss times
+  // `loss_scale` (optim/loss_scaler.h; clip_grad_norm takes the same factor back out).
+  double train_step(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
+                    double loss_scale = 1.0);
   // The global gradient norm (all stages, the tied embedding counted once, parameters replicated
   // over tp counted once); clips.
-  double clip_grad_norm(double max_norm);
+  double clip_grad_norm(double max_norm, double loss_scale = 1.0);
   void optimizer_step(float lr);
   // Mean loss of one batch through the stages, forward only (evaluation), on every pp rank.
   double evaluate(const Tensor& tokens, const Tensor& targets);

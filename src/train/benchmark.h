@@ -33,7 +33,7 @@ struct BenchOptions {
   std::string device = "cpu";  // cpu, or cuda: rank r computes on GPU r
   int64_t batch = 0;    // sequences per rank; 0 = the shape's
   int64_t seq_len = 0;  // tokens per sequence (<= the shape's block size); 0 = the shape's
-  std::string precision = "fp32";  // cuda: GEMM inputs in fp32, tf32 or bf16
+  std::string precision = "fp32";  // cuda: GEMM inputs in fp32, tf32, bf16 or fp16
   double gpu_peak_tflops = 0;  // cuda: the GPU's peak for the precision run, for the MFU
 };
 

@@ -29,10 +29,11 @@
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
 #include "kernels/ops.h"
+#include "mesh/device_mesh.h"
 #include "models/gpt2.h"
 #include "monitor/metrics_log.h"
 #include "optim/adamw.h"
-#include "mesh/device_mesh.h"
+#include "optim/loss_scaler.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel_gpt2.h"
@@ -83,6 +84,12 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   opt_config.beta2 = static_cast<float>(tc.beta2);
   opt_config.eps = static_cast<float>(tc.eps);
   opt_config.weight_decay = static_cast<float>(tc.weight_decay);
+  LossScalerConfig scaler_config;
+  scaler_config.mode = parse_loss_scale_mode(tc.loss_scale, config.runtime.matmul_precision);
+  scaler_config.init = tc.loss_scale_init;
+  scaler_config.window = tc.loss_scale_window;
+  scaler_config.min = tc.loss_scale_min;
+  LossScaler scaler(scaler_config);
   DataParallelConfig dp_config;
   dp_config.zero = config.parallel.zero;
   dp_config.bucket_bytes = static_cast<int64_t>(config.parallel.bucket_mb * 1048576.0);
@@ -164,6 +171,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     if (st.step > tc.steps)
       fail("checkpoint ", resume_from, " is at step ", st.step, ", past train.steps = ", tc.steps);
     train_loader.set_state({st.loader_shard, st.loader_offset, st.loader_epoch});
+    if (st.loss_scaler) scaler.set_state(*st.loss_scaler);
     summary.start_step = st.step;
     message("resumed from " + resume_from);
   }
@@ -223,8 +231,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   int64_t steps_timed = 0;
   auto checkpoint = [&](int64_t step) {
     const LoaderState ls = train_loader.state();
-    TrainingState st{step, engines[0]->optimizer_steps(), ls.shard, ls.offset, ls.epoch,
-                     static_cast<uint64_t>(tc.seed), to_toml(config)};
+    TrainingState st{step,     engines[0]->optimizer_steps(),  ls.shard,        ls.offset,
+                     ls.epoch, static_cast<uint64_t>(tc.seed), to_toml(config), scaler.state()};
     if (pipelined || tensor_parallel) {
       const std::string path = save_sharded_checkpoint(checkpoints_dir, parts, engines, mesh, config, st);
       if (leader) summary.last_checkpoint = path;
@@ -245,11 +253,18 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     double loss = 0, grad_norm = 0, comm_wait = 0;
     const float lr = lr_schedule(step - 1, tc.steps, tc.warmup_steps, static_cast<float>(tc.lr),
                                  static_cast<float>(tc.min_lr_ratio));
+    // Backward runs on loss × S; the norm comes back unscaled, non-finite on an overflow, and
+    // every rank sees the same norm, so all of them skip the same steps (optim/loss_scaler.h).
+    // A skipped step still consumes its batch and advances the LR schedule (step is the data
+    // position); AdamW's own step count does not move.
+    const double loss_scale = scaler.scale();
+    bool applied = true;
     if (pipelined) {
       for (int64_t m = 0; m < accum; ++m) next_batch(static_cast<size_t>(m));
-      loss = pipe->train_step(inputs, targets);
-      grad_norm = pipe->clip_grad_norm(tc.grad_clip);
-      pipe->optimizer_step(lr);
+      loss = pipe->train_step(inputs, targets, loss_scale);
+      grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale);
+      applied = scaler.update(grad_norm);
+      if (applied) pipe->optimizer_step(lr);
       comm_wait = pipe->stats().recv_wait_seconds;
     } else {
       DataParallel& engine = *whole_engine;
@@ -258,14 +273,23 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         engine.begin_micro_batch(m, accum);
         next_batch(0);
         loss += model_forward(ctx, inputs[0], targets[0]) / static_cast<double>(accum);
-        whole->backward_part(ctx, Tensor(), 1.0 / static_cast<double>(accum));
+        whole->backward_part(ctx, Tensor(), loss_scale / static_cast<double>(accum));
         engine.end_micro_batch();
       }
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
       loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
-      grad_norm = engine.clip_grad_norm(tc.grad_clip);
-      engine.optimizer_step(lr);
+      grad_norm = engine.clip_grad_norm(tc.grad_clip, loss_scale);
+      applied = scaler.update(grad_norm);
+      if (applied) engine.optimizer_step(lr);
       comm_wait = engine.step_stats().wait_seconds;
+    }
+    if (!applied) {
+      ++summary.skipped_steps;
+      char buf[128];
+      std::snprintf(buf, sizeof buf,
+                    "step %ld: gradients overflowed at loss scale %g, step skipped",
+                    static_cast<long>(step), loss_scale);
+      message(buf);
     }
     const double dt = now_seconds() - t0;
     const nlohmann::json comm_bytes = {{"dp", dp_count.take_bytes()},
@@ -313,6 +337,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                                {"mem_optimizer_mb", state_bytes.optimizer / 1048576.0},
                                {"mem_activations_peak_mb", (peak - held) / 1048576.0}};
       if (val >= 0) record["val_loss"] = val;
+      if (scaler.enabled()) record["loss_scale"] = loss_scale;
+      if (!applied) record["skipped"] = true;
       record["comm_bytes"] = comm_bytes;
       if (pipelined) {
         record["bubble"] = pipe->stats().bubble();

@@ -374,8 +374,20 @@ TEST(Config, ValidationNamesKeysAndValues) {
                        "runtime.backend = \"nccl\" needs a cuda runtime.device"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.threads_per_rank = -1; }),
                        "runtime.threads_per_rank"));
+  EXPECT_TRUE(
+      Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "fp8"; }),
+               "runtime.matmul_precision = \"fp8\" must be one of: fp32, tf32, bf16, fp16"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "fp16"; }),
-                       "runtime.matmul_precision = \"fp16\" must be one of: fp32, tf32, bf16"));
+                       "runtime.matmul_precision = \"fp16\" needs runtime.device = \"cuda\""));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.loss_scale = "yes"; }),
+                       "train.loss_scale = \"yes\" must be one of: auto, none, static, dynamic"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.loss_scale_init = 1000; }),
+                       "train.loss_scale_init = 1000.0 must be a power of two"));
+  EXPECT_TRUE(Contains(
+      validate_error([](Config& c) { c.train.loss_scale_min = 131072; }),
+      "train.loss_scale_min = 131072.0 must be a power of two in [1, train.loss_scale_init]"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.loss_scale_window = 0; }),
+                       "train.loss_scale_window"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "bf16"; }),
                        "runtime.matmul_precision = \"bf16\" needs runtime.device = \"cuda\""));
 

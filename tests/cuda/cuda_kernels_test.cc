@@ -6,6 +6,7 @@
 // with the CPU kernels' messages. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -104,10 +105,10 @@ TEST_F(CudaKernelsTest, GemmEveryTranspositionAndBatchMatchesCpu) {
   expect_pair_close("batched gemm", C);
 }
 
-// bf16 operands keep 8 significant bits (relative rounding 2^-9 each), TF32 11: the products of
-// K = 256 terms stay within 1e-2 and 2e-3 of the output's scale. The bias and the accumulation
-// are fp32 either way.
-TEST_F(CudaKernelsTest, MatmulInBf16AndTf32StaysWithinTheirRounding) {
+// bf16 operands keep 8 significant bits (relative rounding 2^-9 each), TF32 and fp16 11: the
+// products of K = 256 terms stay within 1e-2 and 2e-3 of the output's scale. The bias and the
+// accumulation are fp32 either way.
+TEST_F(CudaKernelsTest, MatmulInBf16Fp16AndTf32StaysWithinTheirRounding) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
   } restore;
@@ -116,6 +117,7 @@ TEST_F(CudaKernelsTest, MatmulInBf16AndTf32StaysWithinTheirRounding) {
   Pair out = pair_of(std::vector<float>(N * OC));
   ops::matmul_forward<float>(on_cpu, out.h(), inp.h(), w.h(), b.h(), N, C, OC);
   for (auto [precision, tol] : {std::pair{cuda::MatmulPrecision::kBf16, 1e-2},
+                                std::pair{cuda::MatmulPrecision::kFp16, 2e-3},
                                 std::pair{cuda::MatmulPrecision::kTf32, 2e-3}}) {
     cuda::set_matmul_precision(precision);
     out.gpu.zero_();
@@ -127,6 +129,28 @@ TEST_F(CudaKernelsTest, MatmulInBf16AndTf32StaysWithinTheirRounding) {
     for (size_t i = 0; i < got.size(); ++i)
       worst = std::max(worst, double(std::abs(got[i] - want[i])));
     EXPECT_GT(worst, 1e-5) << "reduced precision was not applied";
+  }
+}
+
+// fp16's range ends at 65504: an operand beyond it becomes inf in the product (what loss
+// scaling detects), where bf16 (fp32's range) stays finite.
+TEST_F(CudaKernelsTest, MatmulInFp16OverflowsPast65504AndBf16DoesNot) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  const int64_t N = 4, C = 8, OC = 4;
+  std::vector<float> big(N * C, 1.0f);
+  big[3] = 1e5f;  // row 0
+  Pair inp = pair_of(big), w = pair_of(std::vector<float>(OC * C, 0.5f));
+  Pair out = pair_of(std::vector<float>(N * OC));
+  for (auto [precision, finite] : {std::pair{cuda::MatmulPrecision::kFp16, false},
+                                   std::pair{cuda::MatmulPrecision::kBf16, true}}) {
+    cuda::set_matmul_precision(precision);
+    ops::matmul_forward<float>(on_gpu, out.g(), inp.g(), w.g(), nullptr, N, C, OC);
+    const std::vector<float> got = out.from_gpu();
+    EXPECT_EQ(std::isfinite(got[0]), finite) << "row 0 holds 1e5";
+    EXPECT_TRUE(std::isfinite(got[OC])) << "row 1 is all ones";
+    EXPECT_FLOAT_EQ(got[OC], 4.0f);
   }
 }
 

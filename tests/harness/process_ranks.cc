@@ -125,8 +125,8 @@ class ChildFailureListener : public ::testing::EmptyTestEventListener {
   }
 };
 
-void run_child(int ranks, const std::function<void(Communicator&)>& body, const CommOptions& options,
-               const std::source_location& where) {
+void run_child(int ranks, const std::function<void(Communicator&)>& body,
+               const CommOptions& options, const CallSite& where) {
   // Die with mpirun, whatever kills it (the parent's timeout ends in SIGKILL).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   static std::once_flag once;
@@ -135,9 +135,9 @@ void run_child(int ranks, const std::function<void(Communicator&)>& body, const 
   });
   std::unique_ptr<Communicator> world = make_mpi_world(options);
   const int rank = world->rank();
-  const std::string call_site =
-      std::string(where.file_name()) + ":" + std::to_string(where.line()) +
-      ", the run_on_process_ranks call";
+  const std::string call_site = std::string(where.file_name()) + ":" +
+                                std::to_string(where.line_number()) +
+                                ", the run_on_process_ranks call";
   if (world->size() != ranks) {
     abort_job(rank, "the test asks for " + std::to_string(ranks) + " ranks, the job has " +
                         std::to_string(world->size()),
@@ -287,8 +287,7 @@ ProcessRanksRun launch_process_ranks(int ranks, const std::string& binary, const
 }
 
 void run_on_process_ranks(int ranks, const std::function<void(Communicator&)>& body,
-                          CommOptions options, std::chrono::seconds test_timeout,
-                          std::source_location where) {
+                          CommOptions options, std::chrono::seconds test_timeout, CallSite where) {
 #ifndef LOOM_WITH_MPI
   (void)ranks, (void)body, (void)options, (void)test_timeout, (void)where;
   GTEST_SKIP() << "process ranks need the mpi backend: this Loom was built without MPI (LOOM_MPI=OFF)";
@@ -306,7 +305,8 @@ void run_on_process_ranks(int ranks, const std::function<void(Communicator&)>& b
   }
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
   if (!info) {
-    ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << "run_on_process_ranks must be called from inside a test";
+    ADD_FAILURE_AT(where.file_name(), where.line_number())
+        << "run_on_process_ranks must be called from inside a test";
     return;
   }
   const std::string test_name = std::string(info->test_suite_name()) + "." + info->name();
@@ -314,19 +314,25 @@ void run_on_process_ranks(int ranks, const std::function<void(Communicator&)>& b
   ProcessRanksRun run = launch_process_ranks(
       ranks, binary, test_name, std::chrono::duration_cast<std::chrono::milliseconds>(test_timeout));
   if (!run.started) {
-    ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << "could not start " << ranks << " process ranks: " << run.error;
+    ADD_FAILURE_AT(where.file_name(), where.line_number())
+        << "could not start " << ranks << " process ranks: " << run.error;
     return;
   }
   if (run.timed_out) {
-    ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << "test timed out after " << test_timeout.count() << " s on " << ranks
-                  << " process ranks; killed them. Their output:\n" << tail(run.output);
+    ADD_FAILURE_AT(where.file_name(), where.line_number())
+        << "test timed out after " << test_timeout.count() << " s on " << ranks
+        << " process ranks; killed them. Their output:\n"
+        << tail(run.output);
     return;
   }
   if (run.exit_code != 0) {
-    for (const std::string& f : run.failures) ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << f;
+    for (const std::string& f : run.failures)
+      ADD_FAILURE_AT(where.file_name(), where.line_number()) << f;
     if (run.failures.empty()) {
-      ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << "the " << ranks << " process ranks exited with status " << run.exit_code
-                    << " and no rank reported a failure. Their output:\n" << tail(run.output);
+      ADD_FAILURE_AT(where.file_name(), where.line_number())
+          << "the " << ranks << " process ranks exited with status " << run.exit_code
+          << " and no rank reported a failure. Their output:\n"
+          << tail(run.output);
     }
     return;
   }
@@ -334,8 +340,9 @@ void run_on_process_ranks(int ranks, const std::function<void(Communicator&)>& b
     GTEST_SKIP() << "skipped on the process ranks; their output:\n" << tail(run.output, 1500);
   }
   if (run.output.find("[       OK ] " + test_name) == std::string::npos) {
-    ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << "the process ranks did not run " << test_name << "; their output:\n"
-                  << tail(run.output);
+    ADD_FAILURE_AT(where.file_name(), where.line_number())
+        << "the process ranks did not run " << test_name << "; their output:\n"
+        << tail(run.output);
   }
 #endif
 }

@@ -34,7 +34,6 @@
 
 #include <chrono>
 #include <functional>
-#include <source_location>
 #include <string>
 #include <vector>
 
@@ -67,6 +66,19 @@ ProcessRanksRun launch_process_ranks(int ranks, const std::string& binary,
                                      std::chrono::milliseconds timeout);
 
 // True in a rank process started by run_on_process_ranks.
+// Where a function was called from: std::source_location's role, from the __builtin_FILE/LINE
+// that GCC and Clang both have (clang 14, which the sanitizer CI builds use, cannot compile
+// libstdc++'s <source_location>).
+struct CallSite {
+  const char* file = "";
+  int line = 0;
+  static CallSite current(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return {file, line};
+  }
+  const char* file_name() const { return file; }
+  int line_number() const { return line; }
+};
+
 bool in_process_rank();
 
 // Runs body on `ranks` processes (see above). In the parent: reports failures, timeouts and
@@ -74,6 +86,6 @@ bool in_process_rank();
 void run_on_process_ranks(int ranks, const std::function<void(Communicator&)>& body,
                           CommOptions options = {},
                           std::chrono::seconds test_timeout = std::chrono::seconds(60),
-                          std::source_location where = std::source_location::current());
+                          CallSite where = CallSite::current());
 
 }  // namespace loom::testing

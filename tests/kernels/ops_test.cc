@@ -60,7 +60,7 @@ TEST(Ops, AGpuExecIsAClearErrorWithoutCuda) {
 #endif  // a CUDA build without a GPU reports the CUDA runtime's own error
   }
   EXPECT_EQ(x[0], 1.0f) << "the data was touched";
-  EXPECT_THROW(ops::set_matmul_precision("fp16"), Error);
+  EXPECT_THROW(ops::set_matmul_precision("fp8"), Error);
   EXPECT_NO_THROW(ops::set_matmul_precision("fp32"));
 }
 

@@ -6,22 +6,25 @@
 // (L2 error of each tensor). Plus: the same layout twice gives identical bits, a run resumes
 // under another layout, ZeRO-3 shards initialise like the full model, the measured state bytes
 // follow the ZeRO paper's figures, and bucket all-reduces complete while backward still runs.
-#include <gtest/gtest.h>
+#include "parallel/data_parallel.h"
 
-#include <tuple>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
-#include <thread>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <thread>
+#include <tuple>
 
 #include "data/dataset.h"
 #include "device/allocator.h"
 #include "harness/thread_ranks.h"
 #include "models/gpt2.h"
-#include "parallel/data_parallel.h"
+#include "optim/loss_scaler.h"
 #include "parallel/run_compare.h"
 #include "tensor/rng.h"
 #include "train/evaluate.h"
@@ -338,6 +341,96 @@ TEST(DataParallelEngine, GradientCommunicationOverlapsBackward) {
       // 6 block collectives per step could finish early; on an idle machine nearly all do.
       EXPECT_GE(early, 5) << "gradient collectives did not complete while backward ran";
     });
+  }
+}
+
+// One engine step of the trainer's shape (train/trainer.cc) with loss scaling: backward on loss ×
+// scaler.scale(), the unscaled norm from clip_grad_norm, the update only when the scaler says so.
+// `poison` overflows this rank's gradients, as fp16 GEMM operands past 65504 would.
+// Returns the norm clip_grad_norm gave and whether the step was applied.
+struct ScaledStep {
+  double norm = 0;
+  bool applied = false;
+};
+ScaledStep scaled_step(DataParallel& engine, Gpt2& model, Context& ctx, LossScaler& scaler,
+                       const Tensor& tokens, const Tensor& targets, bool poison) {
+  const double scale = scaler.scale();
+  engine.begin_step();
+  engine.begin_micro_batch(0, 1);
+  model.forward(ctx, tokens, targets);
+  // An infinite seed makes every gradient of this rank inf or NaN (under ZeRO 2/3 no full
+  // gradient outlives backward, so this is where to poison it).
+  model.backward(ctx, poison ? std::numeric_limits<double>::infinity() : scale);
+  engine.end_micro_batch();
+  const double norm = engine.clip_grad_norm(0.05, scale);  // small enough to clip
+  const bool apply = scaler.update(norm);
+  if (apply) engine.optimizer_step(1e-2f);
+  return {norm, apply};
+}
+
+TEST(DataParallelEngine, LossScaledStepsAreBitwiseTheUnscaledOnesAndOverflowsLeaveNoTrace) {
+  // dp = 2 under every ZeRO stage, 4 steps each: (a) without scaling; (b) dynamic scaling from
+  // 2^40 with a window of 2 (the scale grows during the run), plus one overflowed step injected
+  // before the last step (rank 1's gradient gets an inf: the all-reduce or the global norm
+  // spreads it, both ranks skip, the scale halves). The skipped step must leave no trace:
+  // parameters, AdamW moments and step count after (b) equal (a)'s bit for bit, and the norms
+  // the clip returned are (a)'s exactly.
+  const Gpt2Config mc = small_model(32, 2);
+  for (int zero = 0; zero <= 3; ++zero) {
+    std::vector<FlatModelState> states(2);
+    std::vector<std::vector<double>> norms(2);
+    std::vector<int64_t> opt_steps(2);
+    for (int scaled = 0; scaled < 2; ++scaled) {
+      testing::run_on_thread_ranks(2, [&](Communicator& comm) {
+        ThreadPool pool(1);
+        Gpt2 model(mc);
+        auto engine = DataParallel::create(model.params(), comm, pool, Device::cpu(comm.rank()),
+                                           DataParallelConfig{zero, 1 << 12}, AdamWConfig{}, 3);
+        Context ctx{&pool, Device::cpu(comm.rank()), DType::kF32, engine.get()};
+        LossScalerConfig lc;
+        lc.mode = scaled ? LossScaleMode::kDynamic : LossScaleMode::kNone;
+        lc.init = std::ldexp(1.0, 40);
+        lc.window = 2;
+        LossScaler scaler(lc);
+        Tensor tokens = Tensor::empty({2, 16}, DType::kI32),
+               targets = Tensor::empty({2, 16}, DType::kI32);
+        for (int step = 0; step < 4; ++step) {
+          fill_tokens(tokens, step, comm.rank());
+          fill_tokens(targets, step + 100, comm.rank());
+          if (scaled && step == 3) {
+            const double before = scaler.scale();
+            const ScaledStep skipped =
+                scaled_step(*engine, model, ctx, scaler, tokens, targets, comm.rank() == 1);
+            EXPECT_FALSE(skipped.applied) << "rank " << comm.rank();
+            EXPECT_FALSE(std::isfinite(skipped.norm));
+            EXPECT_EQ(scaler.scale(), before / 2) << "an overflow halves the scale";
+          }
+          const ScaledStep done = scaled_step(*engine, model, ctx, scaler, tokens, targets, false);
+          EXPECT_TRUE(done.applied);
+          if (comm.rank() == 0) norms[scaled].push_back(done.norm);
+        }
+        // After steps 1-2 (window 2) the scale doubled once, the overflow halved it: back to 2^40.
+        if (scaled) {
+          EXPECT_EQ(scaler.scale(), std::ldexp(1.0, 40));
+        }
+        FlatModelState st = engine->gather_state();
+        if (comm.rank() == 0) {
+          states[scaled] = {st.values.clone(), st.exp_avg.clone(), st.exp_avg_sq.clone()};
+          opt_steps[scaled] = engine->optimizer_steps();
+        }
+      });
+    }
+    EXPECT_EQ(norms[0], norms[1]) << "zero " << zero << ": the unscaled norms differ";
+    EXPECT_GT(norms[0][0], 0.05) << "the clip must be active for the test to cover it";
+    EXPECT_EQ(opt_steps[0], 4) << "zero " << zero;
+    EXPECT_EQ(opt_steps[1], 4) << "zero " << zero << ": the skipped step moved AdamW's count";
+    const auto same_bits = [](const Tensor& a, const Tensor& b) {
+      return a.numel() == b.numel() &&
+             std::memcmp(a.data<float>(), b.data<float>(), sizeof(float) * a.numel()) == 0;
+    };
+    EXPECT_TRUE(same_bits(states[0].values, states[1].values)) << "zero " << zero;
+    EXPECT_TRUE(same_bits(states[0].exp_avg, states[1].exp_avg)) << "zero " << zero;
+    EXPECT_TRUE(same_bits(states[0].exp_avg_sq, states[1].exp_avg_sq)) << "zero " << zero;
   }
 }
 

@@ -176,6 +176,84 @@ TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
   expect_same_losses("tp_cpus", "tp_gpus");
 }
 
+// Loss scaling by a power of two is exact: with no overflow, every layout's run under static or
+// dynamic scaling is bit for bit its unscaled run (losses, gradient norms, validation), while the
+// dynamic scale doubles every train.loss_scale_window steps. A stopped and resumed run keeps the
+// scaler's state (scale and the steps counted towards the next doubling).
+TEST_F(TrainTest, LossScalingKeepsEveryLayoutsRunBitForBit) {
+  struct Layout {
+    const char* name;
+    int ranks, dp, tp, pp, zero;
+  };
+  for (const Layout& l : {Layout{"one", 1, 1, 1, 1, 0}, Layout{"dp2_zero2", 2, 2, 1, 1, 2},
+                          Layout{"pp2", 2, 1, 1, 2, 0}, Layout{"tp2", 2, 1, 2, 1, 0}}) {
+    Config c = config(8);
+    c.runtime.ranks = l.ranks;
+    c.runtime.threads_per_rank = 1;
+    c.parallel.dp = l.dp;
+    c.parallel.tp = l.tp;
+    c.parallel.pp = l.pp;
+    c.parallel.zero = l.zero;
+    c.train.loss_scale = "none";
+    const std::string plain = std::string(l.name) + "_none";
+    run_training(c, options(plain));
+    for (const char* mode : {"static", "dynamic"}) {
+      c.train.loss_scale = mode;
+      c.train.loss_scale_init = 1 << 20;
+      c.train.loss_scale_window = 3;
+      const std::string scaled = std::string(l.name) + "_" + mode;
+      SCOPED_TRACE(scaled);
+      const TrainSummary s = run_training(c, options(scaled));
+      EXPECT_EQ(s.skipped_steps, 0) << scaled;
+      expect_same_run(metrics(plain), metrics(scaled));
+      const auto m = metrics(scaled);
+      ASSERT_EQ(m.size(), 8u) << scaled;
+      for (size_t i = 0; i < m.size(); ++i) {
+        const double want = std::string(mode) == "static" ? 1 << 20 : (1 << 20) << (i / 3);
+        EXPECT_EQ(m[i]["loss_scale"].get<double>(), want) << scaled << " step " << i + 1;
+        EXPECT_FALSE(m[i].contains("skipped")) << scaled << " step " << i + 1;
+      }
+      EXPECT_FALSE(metrics(plain)[0].contains("loss_scale"));
+    }
+  }
+  // Stop after step 4 (scale 2^21, one step towards the next doubling) and resume.
+  Config c = config(8);
+  c.runtime.threads_per_rank = 1;  // as "one_dynamic" ran
+  c.train.loss_scale = "dynamic";
+  c.train.loss_scale_init = 1 << 20;
+  c.train.loss_scale_window = 3;
+  TrainOptions stop = options("resumed");
+  stop.stop_after = 4;
+  run_training(c, stop);
+  TrainOptions resume = options("resumed");
+  resume.resume = "auto";
+  EXPECT_EQ(run_training(c, resume).start_step, 4);
+  const auto straight = metrics("one_dynamic"), resumed = metrics("resumed");
+  expect_same_run(straight, resumed);
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (size_t i = 0; i < straight.size(); ++i)
+    EXPECT_EQ(resumed[i]["loss_scale"], straight[i]["loss_scale"]) << "step " << i + 1;
+}
+
+// fp16 GEMM operands on a GPU with dynamic loss scaling from 2^32: the first steps' scaled
+// gradients overflow fp16 (65504) and are skipped while the scale halves; then the run trains.
+TEST_F(TrainTest, Fp16GemmsWithDynamicLossScalingTrainOnTheGpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  Config c = config(30);
+  c.runtime.device = "cuda";
+  c.runtime.matmul_precision = "fp16";  // train.loss_scale = "auto": dynamic
+  c.train.loss_scale_init = 4294967296.0;
+  const TrainSummary s = run_training(c, options("fp16"));
+  const auto m = metrics("fp16");
+  ASSERT_EQ(m.size(), 30u);
+  EXPECT_TRUE(m[0].value("skipped", false)) << "2^32 × the gradients must overflow fp16";
+  EXPECT_EQ(m[1]["loss_scale"].get<double>(), 2147483648.0) << "halved after the overflow";
+  EXPECT_GE(s.skipped_steps, 1);
+  EXPECT_LE(s.skipped_steps, 25);
+  EXPECT_FALSE(m[29].value("skipped", false));
+  EXPECT_LT(s.last_loss, s.first_loss - 0.5) << "fp16 with loss scaling did not train";
+}
+
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
   // Recomputation changes memory, not numbers: full (here by its deprecated spelling) and
   // selective.

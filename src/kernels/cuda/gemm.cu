@@ -7,6 +7,7 @@
 // which are the columns of the row-major C: exactly Linear's bias.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <atomic>
 #include <cstdint>
@@ -129,10 +130,20 @@ int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t count, int64_t stri
   return (count - 1) * stride + (rows - 1) * ld + cols;
 }
 
-__global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
+// fp32 -> bf16 / fp16, round to nearest even (fp16 overflows to ±inf beyond 65504: what loss
+// scaling watches for).
+__device__ inline void round_to(__nv_bfloat16& out, float x) {
+  out = __float2bfloat16_rn(x);
+}
+__device__ inline void round_to(__half& out, float x) {
+  out = __float2half_rn(x);
+}
+
+template <typename Half>
+__global__ void to_half_kernel(Half* out, const float* in, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-    out[i] = __float2bfloat16_rn(in[i]);
+    round_to(out[i], in[i]);
 }
 
 // Deterministic pseudo-random values in [-1, 1) (bf16 or fp32): operands for the rate
@@ -150,7 +161,7 @@ __global__ void fill_kernel(T* out, int64_t n, uint32_t seed) {
 }
 
 // Row-major C = alpha·op(A)·op(B) + beta·C (+ bias) through cuBLASLt, A and B of `ab_type`
-// (fp32 or bf16), C fp32.
+// (fp32, bf16 or fp16), C fp32.
 void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bool trans_a,
                bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc,
@@ -178,7 +189,7 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   }
 
   // In cuBLASLt's terms A is our B and B our A (see above).
-  const size_t element = ab_type == CUDA_R_16BF ? 2 : 4;
+  const size_t element = ab_type == CUDA_R_32F ? 4 : 2;
   const int64_t strided = batch.count > 1 ? 1 : 0;
   Preference preference(alignment(B, strided * batch.stride_b * static_cast<int64_t>(element)),
                         alignment(A, strided * batch.stride_a * static_cast<int64_t>(element)),
@@ -198,11 +209,26 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   check_launch("cublasLtMatmul");
 }
 
-// A bf16 copy of a row-major fp32 operand (its whole span), as scratch.
-const __nv_bfloat16* bf16_copy(Scratch<__nv_bfloat16>& scratch, const float* x, int64_t n) {
-  to_bf16_kernel<<<blocks_for(n, 256), 256>>>(scratch.get(), x, n);
-  check_launch("gemm (cast to bf16)");
+// A bf16 / fp16 copy of a row-major fp32 operand (its whole span), as scratch.
+template <typename Half>
+const Half* half_copy(Scratch<Half>& scratch, const float* x, int64_t n) {
+  to_half_kernel<<<blocks_for(n, 256), 256>>>(scratch.get(), x, n);
+  check_launch("gemm (cast to 16 bits)");
   return scratch.get();
+}
+
+// C = op(A)·op(B) with both operands rounded to `Half` (`type` its cuBLAS name) on the fly, each
+// operand's whole span (gaps between rows included); fp32 accumulation and output.
+template <typename Half>
+void half_gemm(int device, cudaDataType type, bool trans_a, bool trans_b, int64_t M, int64_t N,
+               int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+               float beta, float* C, int64_t ldc, const float* bias, GemmBatch batch) {
+  const int64_t a_span = span(trans_a ? K : M, trans_a ? M : K, lda, batch.count, batch.stride_a);
+  const int64_t b_span = span(trans_b ? N : K, trans_b ? K : N, ldb, batch.count, batch.stride_b);
+  Scratch<Half> a16(device, a_span), b16(device, b_span);
+  lt_matmul(device, CUBLAS_COMPUTE_32F, type, trans_a, trans_b, M, N, K, alpha,
+            half_copy(a16, A, a_span), lda, half_copy(b16, B, b_span), ldb, beta, C, ldc, bias,
+            batch);
 }
 
 }  // namespace
@@ -223,50 +249,45 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
   if (M == 0 || N == 0) return;
   if (K == 0) fail("cuda::gemm: K = 0 is not supported (M=", M, " N=", N, ")");
   DeviceGuard guard(device);
-  const MatmulPrecision precision = g_precision.load();
-  if (precision != MatmulPrecision::kBf16) {
-    const cublasComputeType_t compute =
-        precision == MatmulPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    lt_matmul(device, compute, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
-              C, ldc, bias, batch);
-    return;
+  switch (g_precision.load()) {
+    case MatmulPrecision::kBf16:
+      half_gemm<__nv_bfloat16>(device, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha, A, lda, B,
+                               ldb, beta, C, ldc, bias, batch);
+      return;
+    case MatmulPrecision::kFp16:
+      half_gemm<__half>(device, CUDA_R_16F, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
+                        C, ldc, bias, batch);
+      return;
+    case MatmulPrecision::kTf32:
+      lt_matmul(device, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha,
+                A, lda, B, ldb, beta, C, ldc, bias, batch);
+      return;
+    case MatmulPrecision::kFp32:
+      lt_matmul(device, CUBLAS_COMPUTE_32F, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha, A, lda, B,
+                ldb, beta, C, ldc, bias, batch);
+      return;
   }
-  // bf16 operands, cast on the fly (each operand's whole span, gaps between rows included).
-  const int64_t a_span = span(trans_a ? K : M, trans_a ? M : K, lda, batch.count, batch.stride_a);
-  const int64_t b_span = span(trans_b ? N : K, trans_b ? K : N, ldb, batch.count, batch.stride_b);
-  Scratch<__nv_bfloat16> a16(device, a_span), b16(device, b_span);
-  lt_matmul(device, CUBLAS_COMPUTE_32F, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha,
-            bf16_copy(a16, A, a_span), lda, bf16_copy(b16, B, b_span), ldb, beta, C, ldc, bias,
-            batch);
 }
 
-double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters) {
-  if (n < 1 || iters < 1) fail("measure_gemm_tflops: n and iters must be positive");
-  DeviceGuard guard(device);
-  const bool bf16 = precision == MatmulPrecision::kBf16;
-  Scratch<float> c(device, n * n), a32(device, bf16 ? 1 : n * n), b32(device, bf16 ? 1 : n * n);
-  Scratch<__nv_bfloat16> a16(device, bf16 ? n * n : 1), b16(device, bf16 ? n * n : 1);
-  if (bf16) {
-    fill_kernel<<<blocks_for(n * n, 256), 256>>>(a16.get(), n * n, 1);
-    fill_kernel<<<blocks_for(n * n, 256), 256>>>(b16.get(), n * n, 2);
-  } else {
-    fill_kernel<<<blocks_for(n * n, 256), 256>>>(a32.get(), n * n, 1);
-    fill_kernel<<<blocks_for(n * n, 256), 256>>>(b32.get(), n * n, 2);
-  }
+namespace {
+
+// The best of `iters` timed n×n×n GEMMs on operands of type T (`type`), after one warm-up.
+template <typename T>
+double time_square_gemm(int device, cublasComputeType_t compute, cudaDataType type, int64_t n,
+                        int iters) {
+  Scratch<float> c(device, n * n);
+  Scratch<T> a(device, n * n), b(device, n * n);
+  fill_kernel<<<blocks_for(n * n, 256), 256>>>(a.get(), n * n, 1);
+  fill_kernel<<<blocks_for(n * n, 256), 256>>>(b.get(), n * n, 2);
   check_launch("measure_gemm_tflops (fill)");
-  const void* A = bf16 ? static_cast<const void*>(a16.get()) : a32.get();
-  const void* B = bf16 ? static_cast<const void*>(b16.get()) : b32.get();
-  const cublasComputeType_t compute =
-      precision == MatmulPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  const cudaDataType type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   cudaEvent_t start = nullptr, stop = nullptr;
   LOOM_CUDA_CHECK(cudaEventCreate(&start));
   LOOM_CUDA_CHECK(cudaEventCreate(&stop));
   float best_ms = 0;
   for (int i = 0; i <= iters; ++i) {  // i == 0: warm-up
     LOOM_CUDA_CHECK(cudaEventRecord(start, nullptr));
-    lt_matmul(device, compute, type, false, false, n, n, n, 1.0f, A, n, B, n, 0.0f, c.get(), n,
-              nullptr, GemmBatch{});
+    lt_matmul(device, compute, type, false, false, n, n, n, 1.0f, a.get(), n, b.get(), n, 0.0f,
+              c.get(), n, nullptr, GemmBatch{});
     LOOM_CUDA_CHECK(cudaEventRecord(stop, nullptr));
     LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
@@ -276,6 +297,24 @@ double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int
   (void)cudaEventDestroy(start);
   (void)cudaEventDestroy(stop);
   return 2.0 * static_cast<double>(n) * n * n / (best_ms * 1e-3) / 1e12;
+}
+
+}  // namespace
+
+double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters) {
+  if (n < 1 || iters < 1) fail("measure_gemm_tflops: n and iters must be positive");
+  DeviceGuard guard(device);
+  switch (precision) {
+    case MatmulPrecision::kBf16:
+      return time_square_gemm<__nv_bfloat16>(device, CUBLAS_COMPUTE_32F, CUDA_R_16BF, n, iters);
+    case MatmulPrecision::kFp16:
+      return time_square_gemm<__half>(device, CUBLAS_COMPUTE_32F, CUDA_R_16F, n, iters);
+    case MatmulPrecision::kTf32:
+      return time_square_gemm<float>(device, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F, n, iters);
+    case MatmulPrecision::kFp32:
+      break;
+  }
+  return time_square_gemm<float>(device, CUBLAS_COMPUTE_32F, CUDA_R_32F, n, iters);
 }
 
 void matmul_forward(int device, float* out, const float* inp, const float* weight,

@@ -42,8 +42,10 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
 // What the GEMMs' inputs are rounded to on the tensor cores; accumulation, outputs, weights and
 // every other kernel stay fp32 (PyTorch's float32_matmul_precision "highest" / "high" /
 // "medium"). kFp32 matches the CPU to ~1e-6; kTf32 keeps 10 mantissa bits, kBf16 7 (operands are
-// cast to bf16 on the fly, ~1e-2). Process-wide; kFp32 by default.
-enum class MatmulPrecision { kFp32, kTf32, kBf16 };
+// cast to bf16 on the fly, ~1e-2), kFp16 10 bits in a narrow range (|x| <= 65504, normal down to
+// 6e-5: operands beyond it become ±inf, which is what loss scaling, optim/loss_scaler.h, is for).
+// Process-wide; kFp32 by default.
+enum class MatmulPrecision { kFp32, kTf32, kBf16, kFp16 };
 void set_matmul_precision(MatmulPrecision precision);
 MatmulPrecision matmul_precision();
 
