@@ -109,7 +109,6 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
       rank_(dp.rank()), size_(dp.size()) {
   if (stage_ < 0 || stage_ > 3) fail("parallel.zero = ", stage_, ": must be 0, 1, 2 or 3");
   if (params.allocated()) fail("data parallel: the model's parameters are already allocated");
-  if (!device.is_cpu()) fail("data parallel: device ", device.str(), " is not supported yet");
   Allocator& allocator = allocator_for(device);
   auto in_use = [&] { return allocator.stats().bytes_in_use; };
 

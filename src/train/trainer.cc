@@ -13,6 +13,7 @@
 #include "comm/counting.h"
 #include "comm/local/local_backend.h"
 #include "comm/mpi/launch_env.h"
+#include "comm/staged.h"
 #ifdef LOOM_WITH_MPI
 #include "comm/mpi/mpi_backend.h"
 #endif
@@ -59,7 +60,7 @@ Gpt2Config model_config_of(const Config& config) {
 // One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
 // checkpoints, progress); every rank computes.
 TrainSummary train_on(Communicator& world, const Config& config_in, const TrainOptions& options,
-                      Device device) {
+                      Device device, Communicator* pipeline_world) {
   Config config = config_in;
   resolve_parallel_degrees(config.parallel, world.size());  // a check when already resolved
   validate(config);
@@ -73,9 +74,13 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const bool tensor_parallel = config.parallel.tp > 1;
   // pp × dp × tp, tp innermost (neighbouring ranks, the fastest links), pp outermost, as
   // Megatron-LM: only activations cross the pp axis, the least traffic (docs/hybrid_parallel.md).
-  DeviceMesh mesh(world, training_mesh_shape(config.parallel.dp, config.parallel.pp, config.parallel.tp));
+  const MeshShape shape = training_mesh_shape(config.parallel.dp, config.parallel.pp, config.parallel.tp);
+  DeviceMesh mesh(world, shape);
+  std::unique_ptr<DeviceMesh> pipeline_mesh;  // the same coordinates over pipeline_world
+  if (pipeline_world != nullptr) pipeline_mesh = std::make_unique<DeviceMesh>(*pipeline_world, shape);
   // Every strategy talks through counting wrappers, for the per-axis volume in the metrics.
-  CountingCommunicator dp_count(mesh.axis("dp")), pp_count(mesh.axis("pp")), tp_count(mesh.axis("tp"));
+  CountingCommunicator dp_count(mesh.axis("dp")), tp_count(mesh.axis("tp"));
+  CountingCommunicator pp_count((pipeline_mesh ? *pipeline_mesh : mesh).axis("pp"));
   Communicator& dp = dp_count;
 
   ThreadPool pool(config.runtime.resolved_threads_per_rank());
@@ -369,18 +374,26 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
 
 namespace {
 
-// GPU jobs (runtime.device = "cuda"): the rank with local index r computes on GPU r (one rank
-// alone on the configured cuda:N), and talks through nccl built over its host communicator, or
-// through the host communicator itself under runtime.backend = "local" (one rank only).
+// GPU jobs (runtime.device = "cuda") talk through nccl built over their host communicator, or,
+// under runtime.backend = "local" / "mpi", through the host communicator itself with every tensor
+// staged through host memory (comm/staged.h).
+bool host_staged(const Config& config) {
+  return config.runtime.backend == "local" || config.runtime.backend == "mpi";
+}
+
+// The rank with local index r computes on GPU r (one rank alone on the configured cuda:N); host
+// staged ranks may share GPUs, round robin.
 Device rank_device(const Config& config, int local_rank) {
   const Device configured = Device::parse(config.runtime.device);
   if (!configured.is_cuda()) return Device::cpu(local_rank);
-  return config.runtime.ranks == 1 ? configured : Device::cuda(local_rank);
+  if (config.runtime.ranks == 1) return configured;
+  return Device::cuda(host_staged(config) ? local_rank % cuda::device_count() : local_rank);
 }
 
 std::unique_ptr<Communicator> gpu_world(Communicator& host, const Config& config, Device device,
-                                        const CommOptions& options) {
-  if (!device.is_cuda() || config.runtime.backend == "local") return nullptr;
+                                        int local_rank, const CommOptions& options) {
+  if (!device.is_cuda()) return nullptr;
+  if (host_staged(config)) return std::make_unique<StagedCommunicator>(host, Device::cpu(local_rank));
 #ifdef LOOM_WITH_NCCL
   return make_nccl_world(host, device.index, options);
 #else
@@ -393,8 +406,14 @@ std::unique_ptr<Communicator> gpu_world(Communicator& host, const Config& config
 TrainSummary train_rank(Communicator& host, const Config& config, const TrainOptions& options,
                         int local_rank, const CommOptions& comm_options) {
   const Device device = rank_device(config, local_rank);
-  std::unique_ptr<Communicator> gpu = gpu_world(host, config, device, comm_options);
-  return train_on(gpu ? *gpu : host, config, options, device);
+  std::unique_ptr<Communicator> gpu = gpu_world(host, config, device, local_rank, comm_options);
+  // nccl matches point-to-point messages by issue order only and a send waits for its receiver,
+  // so two neighbouring stages that send to each other before receiving would deadlock; the
+  // pipeline's activations and gradients go through the host instead, where sends are buffered.
+  std::unique_ptr<Communicator> pipeline_world;
+  if (device.is_cuda() && !host_staged(config) && config.parallel.pp > 1)
+    pipeline_world = std::make_unique<StagedCommunicator>(host, Device::cpu(local_rank));
+  return train_on(gpu ? *gpu : host, config, options, device, pipeline_world.get());
 }
 
 // Thread ranks of the local backend: rank r computes on cpu:r (its own allocator, so memory
@@ -457,21 +476,16 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
            cuda::unavailable_reason(), ")");
     const int gpus = cuda::device_count();
     const int local_ranks = use_mpi ? 1 : config.runtime.ranks;  // this process drives them
-    const int needed = use_mpi ? detect_launch_env().local_rank + 1
-                       : local_ranks == 1 ? device.index + 1
-                                          : local_ranks;
+    // nccl needs a GPU per rank; host-staged ranks share what there is.
+    const int needed = config.runtime.ranks == 1 ? device.index + 1
+                       : host_staged(config)     ? 1
+                       : use_mpi                 ? detect_launch_env().local_rank + 1
+                                                 : local_ranks;
     if (needed > gpus)
       fail("runtime.device = '", config.runtime.device, "' with ", config.runtime.ranks,
            " rank(s): needs GPU cuda:", needed - 1, " but only ", gpus, " GPU(s) are visible",
-           use_mpi ? " on this node" : " (one GPU per rank)");
-    if (config.parallel.pp > 1)
-      fail("runtime.device = '", config.runtime.device, "': pipeline parallelism (parallel.pp = ",
-           config.parallel.pp, ") does not run on GPUs yet (nccl runs point-to-point messages in "
-           "issue order, which the schedules' send/recv order must be checked against); data, "
-           "tensor and sequence parallelism and ZeRO do");
-    if (config.runtime.backend == "local" && config.runtime.ranks > 1)
-      fail("runtime.backend = \"local\" with ", config.runtime.ranks, " GPU ranks: GPUs talk "
-           "through nccl (backend \"auto\" or \"nccl\")");
+           use_mpi ? " on this node" : " (nccl: one GPU per rank; runtime.backend = \"local\" "
+                                       "shares GPUs through host memory)");
     ops::set_matmul_precision(config.runtime.matmul_precision);
   }
   if (use_mpi) {

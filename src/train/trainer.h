@@ -45,11 +45,13 @@ struct TrainSummary {
 TrainSummary run_training(const Config& config, const TrainOptions& options);
 
 // One rank of a job whose ranks are those of `world` (any backend), computing on `device`; the
-// config must be resolved (resolve_layout) for world.size() ranks. For tests and embedding:
-// run_training makes the world itself.
+// config must be resolved (resolve_layout) for world.size() ranks. `pipeline_world`, when given,
+// spans the same ranks in the same order and carries the pipeline axis instead of `world` (GPU
+// jobs under nccl send pp activations through the host: comm/staged.h). For tests and
+// embedding: run_training makes the worlds itself.
 class Communicator;
 TrainSummary train_on(Communicator& world, const Config& config, const TrainOptions& options,
-                      Device device);
+                      Device device, Communicator* pipeline_world = nullptr);
 
 // Sets runtime.ranks to the job's size (the launcher's world size when started by mpirun/srun,
 // else runtime.ranks) and infers the parallel degrees left out (resolve_parallel_degrees):

@@ -174,6 +174,49 @@ TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
   run_training(two_cpu, options("tp_cpus"));
   run_training(two, options("tp_gpus"));
   expect_same_losses("tp_cpus", "tp_gpus");
+  // Pipeline parallelism: dp/tp over nccl, the pp axis's messages through the host.
+  two_cpu.parallel.tp = two.parallel.tp = 1;
+  two_cpu.parallel.pp = two.parallel.pp = 2;
+  run_training(two_cpu, options("pp_cpus"));
+  run_training(two, options("pp_gpus"));
+  expect_same_losses("pp_cpus", "pp_gpus");
+}
+
+// runtime.backend = "local" on cuda: thread ranks share the GPUs there are (here all on GPU 0),
+// every tensor staged through host memory (comm/staged.h). One GPU so checks every strategy's
+// GPU path against the same layout on CPU ranks: ZeRO-3 data parallelism, tensor parallelism
+// with sequence parallelism, 1F1B pipeline parallelism, and all three at once.
+TEST_F(TrainTest, EveryStrategyRunsOnOneGpuThroughHostStaging) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  struct Layout {
+    const char* name;
+    int dp, tp, pp, zero;
+    bool sp;
+  };
+  for (const Layout& l : {Layout{"dp2_zero3", 2, 1, 1, 3, false}, Layout{"tp2_sp", 1, 2, 1, 0, true},
+                          Layout{"pp2", 1, 1, 2, 0, false}, Layout{"dp2_pp2_tp2", 2, 2, 2, 1, false}}) {
+    SCOPED_TRACE(l.name);
+    Config c = config(6);
+    c.runtime.ranks = l.dp * l.tp * l.pp;
+    c.runtime.threads_per_rank = 1;
+    c.parallel.dp = l.dp;
+    c.parallel.tp = l.tp;
+    c.parallel.pp = l.pp;
+    c.parallel.zero = l.zero;
+    c.parallel.sequence_parallel = l.sp;
+    c.train.micro_batch_size = 8 / (2 * l.dp);  // two micro-batches per step: pipelines fill
+    const std::string cpu = std::string(l.name) + "_cpu", gpu = std::string(l.name) + "_gpu";
+    run_training(c, options(cpu));
+    c.runtime.device = "cuda";
+    c.runtime.backend = "local";
+    run_training(c, options(gpu));
+    const auto want = metrics(cpu), got = metrics(gpu);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double a = want[i]["loss"], b = got[i]["loss"];
+      EXPECT_NEAR(b, a, 1e-4 * a) << "step " << i + 1;
+    }
+  }
 }
 
 // Loss scaling by a power of two is exact: with no overflow, every layout's run under static or
