@@ -58,19 +58,24 @@ WorkHandle StagedCommunicator::all_reduce_async(Tensor& tensor, ReduceOp op) {
   return std::make_shared<StagedWork>(inner_->all_reduce_async(h, op), tensor, h);
 }
 
-WorkHandle StagedCommunicator::reduce_scatter_async(const Tensor& input, Tensor& output,
-                                                    ReduceOp op) {
+template <typename Issue>
+WorkHandle StagedCommunicator::in_out(const Tensor& input, Tensor& output, Issue issue) {
   Tensor in = to_host(input, true), out = to_host(output, false);
-  WorkHandle w = inner_->reduce_scatter_async(in, out, op);
+  WorkHandle w = issue(in, out);
   if (!staged(output)) return std::make_shared<StagedWork>(w, Tensor(), Tensor(), in);
   return std::make_shared<StagedWork>(w, output, out, in);
 }
 
+WorkHandle StagedCommunicator::reduce_scatter_async(const Tensor& input, Tensor& output,
+                                                    ReduceOp op) {
+  return in_out(input, output, [&](const Tensor& in, Tensor& out) {
+    return inner_->reduce_scatter_async(in, out, op);
+  });
+}
+
 WorkHandle StagedCommunicator::all_gather_async(const Tensor& input, Tensor& output) {
-  Tensor in = to_host(input, true), out = to_host(output, false);
-  WorkHandle w = inner_->all_gather_async(in, out);
-  if (!staged(output)) return std::make_shared<StagedWork>(w, Tensor(), Tensor(), in);
-  return std::make_shared<StagedWork>(w, output, out, in);
+  return in_out(input, output,
+                [&](const Tensor& in, Tensor& out) { return inner_->all_gather_async(in, out); });
 }
 
 WorkHandle StagedCommunicator::broadcast_async(Tensor& tensor, int root) {
@@ -89,10 +94,8 @@ WorkHandle StagedCommunicator::reduce_async(Tensor& tensor, int root, ReduceOp o
 }
 
 WorkHandle StagedCommunicator::all_to_all_async(const Tensor& input, Tensor& output) {
-  Tensor in = to_host(input, true), out = to_host(output, false);
-  WorkHandle w = inner_->all_to_all_async(in, out);
-  if (!staged(output)) return std::make_shared<StagedWork>(w, Tensor(), Tensor(), in);
-  return std::make_shared<StagedWork>(w, output, out, in);
+  return in_out(input, output,
+                [&](const Tensor& in, Tensor& out) { return inner_->all_to_all_async(in, out); });
 }
 
 WorkHandle StagedCommunicator::send_async(const Tensor& tensor, int dst, int tag) {

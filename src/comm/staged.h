@@ -51,6 +51,10 @@ class StagedCommunicator final : public Communicator {
 
  private:
   bool staged(const Tensor& t) const;  // not on host_
+  // An operation from `input` into `output` (reduce_scatter, all_gather, all_to_all): `issue`
+  // starts it on the host copies.
+  template <typename Issue>
+  WorkHandle in_out(const Tensor& input, Tensor& output, Issue issue);
   // A copy of `t` on host_ (t itself when already there); with `contents`, the data copied too.
   Tensor to_host(const Tensor& t, bool contents) const;
 

@@ -63,6 +63,16 @@ threads_per_rank = 2
     return o;
   }
 
+  // Trains `run` to step `at` (a checkpoint), then resumes it to the end.
+  void stop_and_resume(const Config& c, const std::string& run, int64_t at) const {
+    TrainOptions stop = options(run);
+    stop.stop_after = at;
+    EXPECT_EQ(run_training(c, stop).last_step, at);
+    TrainOptions resume = options(run);
+    resume.resume = "auto";
+    EXPECT_EQ(run_training(c, resume).start_step, at);
+  }
+
   std::vector<nlohmann::json> metrics(const std::string& run) const {
     std::ifstream in(dir_ / run / "metrics.jsonl");
     std::vector<nlohmann::json> out;
@@ -135,12 +145,7 @@ TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
     GTEST_SKIP() << "no GPU: checked the error only";
   }
   run_training(config(8), options("cpu"));
-  TrainOptions stop = options("gpu");
-  stop.stop_after = 4;
-  run_training(c, stop);
-  TrainOptions resume = options("gpu");
-  resume.resume = "auto";
-  EXPECT_EQ(run_training(c, resume).start_step, 4);
+  stop_and_resume(c, "gpu", 4);
   const auto expect_same_losses = [&](const std::string& a, const std::string& b) {
     const auto ma = metrics(a), mb = metrics(b);
     ASSERT_EQ(ma.size(), mb.size());
@@ -265,12 +270,7 @@ TEST_F(TrainTest, LossScalingKeepsEveryLayoutsRunBitForBit) {
   c.train.loss_scale = "dynamic";
   c.train.loss_scale_init = 1 << 20;
   c.train.loss_scale_window = 3;
-  TrainOptions stop = options("resumed");
-  stop.stop_after = 4;
-  run_training(c, stop);
-  TrainOptions resume = options("resumed");
-  resume.resume = "auto";
-  EXPECT_EQ(run_training(c, resume).start_step, 4);
+  stop_and_resume(c, "resumed", 4);
   const auto straight = metrics("one_dynamic"), resumed = metrics("resumed");
   expect_same_run(straight, resumed);
   ASSERT_EQ(resumed.size(), straight.size());
