@@ -9,8 +9,6 @@
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
                              AdamWFactors<float> f) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;

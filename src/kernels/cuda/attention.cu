@@ -15,7 +15,6 @@
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = 8;  // one warp per row
 
 #define LOOM_FOR_EACH(i, n)                                                              \
@@ -108,10 +107,6 @@ __global__ void softmax_backward_kernel(float* dP, const float* P, const float* 
   }
 }
 
-unsigned row_blocks(int64_t rows) {
-  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-}
-
 // Batched row-major GEMM over the B·NH heads: C_b = alpha·op(A_b)·op(B_b) (+ beta·C_b).
 void head_gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
@@ -141,7 +136,8 @@ void attention_forward(int device, float* out, float* lse, const float* qkv, int
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, S.get(),
             T, T * T, heads);
-  causal_softmax_kernel<<<row_blocks(heads * T), kRowsPerBlock * 32>>>(S.get(), lse, heads * T, T);
+  causal_softmax_kernel<<<blocks_of(heads * T, kRowsPerBlock), kRowsPerBlock * 32>>>(S.get(), lse,
+                                                                                     heads * T, T);
   check_launch("attention_forward (softmax)");
   // Y = P·V
   head_gemm(device, false, false, T, hd, T, 1.0f, S.get(), T, T * T, v.get(), hd, T * hd, y.get(),
@@ -167,7 +163,8 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
   check_launch("attention_backward (split heads)");
   rows_to_heads_kernel<<<blocks_for(n, kThreads), kThreads>>>(dy.get(), dout, at, n);
   check_launch("attention_backward (dout to heads)");
-  row_dot_kernel<<<row_blocks(rows), kRowsPerBlock * 32>>>(D.get(), dout, out, at, rows);
+  row_dot_kernel<<<blocks_of(rows, kRowsPerBlock), kRowsPerBlock * 32>>>(D.get(), dout, out, at,
+                                                                         rows);
   check_launch("attention_backward (D)");
 
   head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, P.get(),

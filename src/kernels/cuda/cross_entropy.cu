@@ -7,7 +7,7 @@
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kRowThreads = 512;  // one block per row of V logits
 
 __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const float* logits,
                                              const int32_t* targets, int64_t V) {
@@ -51,8 +51,8 @@ void cross_entropy_forward(int device, float* losses, float* lse, const float* l
   int32_t bad = 0;
   if (const int64_t i = first_out_of_range(targets, N, V, &bad); i >= 0)
     fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V, ")");
-  cross_entropy_forward_kernel<<<static_cast<unsigned>(N), kThreads>>>(losses, lse, logits, targets,
-                                                                       V);
+  cross_entropy_forward_kernel<<<static_cast<unsigned>(N), kRowThreads>>>(losses, lse, logits,
+                                                                          targets, V);
   check_launch("cross_entropy_forward");
 }
 
@@ -60,8 +60,8 @@ void cross_entropy_backward(int device, float* dlogits, const float* logits, con
                             const int32_t* targets, float dloss, int64_t N, int64_t V) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  cross_entropy_backward_kernel<<<static_cast<unsigned>(N), kThreads>>>(dlogits, logits, lse,
-                                                                        targets, dloss, V);
+  cross_entropy_backward_kernel<<<static_cast<unsigned>(N), kRowThreads>>>(dlogits, logits, lse,
+                                                                           targets, dloss, V);
   check_launch("cross_entropy_backward");
 }
 

@@ -34,8 +34,6 @@ int blocks_for(int64_t n, int threads) {
 
 namespace {
 
-constexpr int kThreads = 256;
-
 // Grid-stride loop over [0, n).
 #define LOOM_FOR_EACH(i, n)                                                              \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \

@@ -9,9 +9,6 @@
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kVocabPartitions = 64;
-
 __global__ void first_bad_kernel(unsigned long long* first, const int32_t* ids, int64_t n,
                                  int64_t V) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;

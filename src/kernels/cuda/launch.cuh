@@ -16,8 +16,19 @@ namespace loom::cuda {
 // environment, errors while the kernel ran too (at the cost of a synchronisation per kernel).
 void check_launch(const char* kernel);
 
+// Threads per block of the element-wise and column kernels.
+constexpr int kThreads = 256;
+// The embedding gradients (embedding.cu, vocab_shard.cu) sum token rows into vocabulary rows
+// without atomics: thread (c, p) owns channel c of the vocabulary rows v with v % 64 == p.
+constexpr int kVocabPartitions = 64;
+
 // Blocks for a grid-stride loop over n elements: enough to fill the GPU a few times over.
 int blocks_for(int64_t n, int threads);
+
+// Blocks of `per_block` items each covering `items` (a ceiling division).
+inline unsigned blocks_of(int64_t items, int64_t per_block) {
+  return static_cast<unsigned>((items + per_block - 1) / per_block);
+}
 
 // The index of the first id outside [0, V) among ids[0, n) on the current GPU, or -1; with its
 // value in *bad. Waits for the GPU (8 bytes come back): token and target checks.

@@ -80,17 +80,13 @@ struct Dout {
   __device__ float operator()(int64_t r, int64_t c) const { return dout[r * C + c]; }
 };
 
-unsigned row_blocks(int64_t N) {
-  return static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
-}
-
 }  // namespace
 
 void layernorm_forward(int device, float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int64_t N, int64_t C) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  layernorm_forward_kernel<<<row_blocks(N), kWarpsPerBlock * 32>>>(
+  layernorm_forward_kernel<<<blocks_of(N, kWarpsPerBlock), kWarpsPerBlock * 32>>>(
       out, mean, rstd, inp, weight, bias, N, C, static_cast<float>(cpu::kLayerNormEps));
   check_launch("layernorm_forward");
 }
@@ -104,8 +100,8 @@ void layernorm_backward(int device, float* dinp, float* dweight, float* dbias, c
                          "layernorm_backward (dweight)");
   accumulate_column_sums(device, dbias, Dout{dout, C}, N, C, "layernorm_backward (dbias)");
   // Last, so that dinp may alias dout.
-  layernorm_backward_kernel<<<row_blocks(N), kWarpsPerBlock * 32>>>(dinp, dout, inp, weight, mean,
-                                                                    rstd, N, C);
+  layernorm_backward_kernel<<<blocks_of(N, kWarpsPerBlock), kWarpsPerBlock * 32>>>(
+      dinp, dout, inp, weight, mean, rstd, N, C);
   check_launch("layernorm_backward");
 }
 

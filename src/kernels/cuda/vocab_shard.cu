@@ -8,9 +8,6 @@
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kVocabPartitions = 64;
-
 __global__ void shard_embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
                                                const float* wpe, int64_t N, int64_t T, int64_t C,
                                                VocabShard shard, bool add_positions) {
