@@ -14,6 +14,9 @@
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/ops.h"
 #include "comm/local/local_backend.h"
+#ifdef LOOM_WITH_NCCL
+#include "comm/nccl/nccl_backend.h"
+#endif
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "tensor/rng.h"
@@ -64,10 +67,16 @@ const BenchShape& find_bench_shape(const std::string& name) {
 
 namespace {
 
-// One rank's timed loop; rank 0 fills `r`.
-void bench_rank(Communicator& comm, const BenchShape& shape, const BenchOptions& o, BenchResult& r) {
+// One rank's timed loop; rank 0 fills `r`. A GPU rank's gradients are reduced by nccl (a group
+// of one, as the trainer runs one GPU), not by the host communicator, which takes host tensors.
+void bench_rank(Communicator& host, const BenchShape& shape, const BenchOptions& o, BenchResult& r) {
   ThreadPool pool(o.threads);
-  const Device device = o.device == "cuda" ? Device::cuda(comm.rank()) : Device::cpu(comm.rank());
+  const Device device = o.device == "cuda" ? Device::cuda(host.rank()) : Device::cpu(host.rank());
+  std::unique_ptr<Communicator> gpu_comm;
+#ifdef LOOM_WITH_NCCL
+  if (device.is_cuda()) gpu_comm = make_nccl_world(host, device.index);
+#endif
+  Communicator& comm = gpu_comm ? *gpu_comm : host;
   Gpt2 model(shape.model);
   DataParallelConfig dp_config;
   dp_config.zero = o.zero;
