@@ -138,6 +138,13 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                         {"mfu", r.mfu}};
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     j["openblas_coretype"] = coretype ? coretype : "";
+    if (options.profile) {
+      j["ops"] = nlohmann::json::array();
+      for (const ops::OpTime& op : r.ops)
+        j["ops"].push_back({{"op", op.name},
+                            {"calls_per_step", static_cast<double>(op.calls) / static_cast<double>(r.steps)},
+                            {"ms_per_step", op.ms / static_cast<double>(r.steps)}});
+    }
     std::cout << j.dump() << std::endl;
   } else {
     std::printf("shape %s, %d rank(s) x %d thread(s), zero %d, %ld timed steps (median)\n",
@@ -156,6 +163,13 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                   100.0 * r.comm_wait_fraction);
     std::printf("  peak RSS %.1f MiB, peak tensor memory %.1f MiB, %ld parameters\n",
                 r.peak_rss_mb, r.peak_alloc_mb, static_cast<long>(r.num_parameters));
+    if (options.profile) {
+      std::printf("  per step, by op (summed over the timed steps / %ld):\n", static_cast<long>(r.steps));
+      for (const ops::OpTime& op : r.ops)
+        std::printf("    %-28s %8.2f ms %5.1f%%  (%.0f calls)\n", op.name.c_str(),
+                    op.ms / static_cast<double>(r.steps), 100.0 * op.ms / static_cast<double>(r.steps) / r.step_ms,
+                    static_cast<double>(op.calls) / static_cast<double>(r.steps));
+    }
   }
   return 0;
 }
@@ -264,6 +278,7 @@ int main(int argc, char** argv) {
   bench_train->add_option("--seq", bench.seq_len, "tokens per sequence (0: the shape's)")->capture_default_str();
   bench_train->add_option("--precision", bench.precision, "cuda: GEMM inputs in fp32, tf32, bf16 or fp16")->capture_default_str();
   bench_train->add_option("--peak-tflops", bench.gpu_peak_tflops, "cuda: the GPU's peak TFLOP/s for the MFU")->capture_default_str();
+  bench_train->add_flag("--profile", bench.profile, "time each op kind over the timed steps (one rank)");
   bench_train->add_flag("--json", json, "one JSON object");
 
   int fma_threads = 1;

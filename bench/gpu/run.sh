@@ -171,6 +171,10 @@ FP32_PEAK=$(peak_of fp32 67)
 note "      peaks (TFLOP/s): bf16 $BF16_PEAK, tf32 $TF32_PEAK, fp32 $FP32_PEAK"
 step gpt2_bf16 bench 150 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 20 --warmup 3 --precision bf16 --peak-tflops "$BF16_PEAK" --json
+# Where the bf16 step's time goes, by op kind (CUDA events around each op: a separate run, so
+# that the events do not touch the figure above).
+step gpt2_bf16_profile bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 \
+  --seq 1024 --steps 5 --warmup 2 --precision bf16 --profile
 step gpt2_tf32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 8 --warmup 2 --precision tf32 --peak-tflops "$TF32_PEAK" --json
 step gpt2_fp32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \

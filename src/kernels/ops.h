@@ -17,6 +17,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/exec.h"
+#include "kernels/op_profile.h"
 
 namespace loom::ops {
 
@@ -54,8 +55,10 @@ void set_matmul_precision(const std::string& name);
 // against.
 double measure_gpu_gemm_tflops(Device device, const std::string& precision, int64_t n, int iters);
 
-// The body of every op: the CUDA kernel on a GPU, else the CPU kernel on the pool.
+// The body of every op: the CUDA kernel on a GPU, else the CPU kernel on the pool (timed while
+// a profile runs: kernels/op_profile.h).
 #define LOOM_OPS_DISPATCH(name, ...)                                                         \
+  const detail::OpScope op_scope_(#name, ex);                                                \
   if (detail::on_gpu<Real>(ex, #name)) {                                                     \
     if constexpr (detail::kRunsOnGpu<Real>) return cuda::name(ex.device.index, __VA_ARGS__); \
   }                                                                                          \

@@ -100,6 +100,7 @@ void bench_rank(Communicator& host, const BenchShape& shape, const BenchOptions&
     inputs.copy_from(host_inputs);
     targets.copy_from(host_targets);
     synchronize(device);
+    if (o.profile && step == o.warmup) ops::start_profile();
     const double t0 = now_seconds();
     engine->begin_step();
     engine->begin_micro_batch(0, 1);
@@ -121,6 +122,7 @@ void bench_rank(Communicator& host, const BenchShape& shape, const BenchOptions&
       wait.push_back(engine->step_stats().wait_seconds);
     }
   }
+  if (o.profile) r.ops = ops::stop_profile();
   if (comm.rank() != 0) return;
   const double step_s = median(total);
   r.step_ms = step_s * 1e3;
@@ -154,6 +156,8 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.device == "cuda" && o.ranks != 1)
     fail("--device cuda runs one rank for now (--ranks 1): GPU ranks need the nccl backend, "
          "which `loom bench train` does not start yet");
+  if (o.profile && o.ranks != 1)
+    fail("--profile times one rank (--ranks 1); got --ranks ", o.ranks);
   if (o.batch < 0 || o.seq_len < 0)
     fail("--batch and --seq must be >= 0 (0: the shape's), got ", o.batch, " and ", o.seq_len);
   if (o.seq_len > shape.model.max_seq_len)

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/op_profile.h"
 #include "models/gpt2.h"
 
 namespace loom {
@@ -35,6 +36,7 @@ struct BenchOptions {
   int64_t seq_len = 0;  // tokens per sequence (<= the shape's block size); 0 = the shape's
   std::string precision = "fp32";  // cuda: GEMM inputs in fp32, tf32, bf16 or fp16
   double gpu_peak_tflops = 0;  // cuda: the GPU's peak for the precision run, for the MFU
+  bool profile = false;  // time every op kind over the timed steps (kernels/op_profile.h); 1 rank
 };
 
 struct BenchResult {
@@ -63,6 +65,10 @@ struct BenchResult {
   std::string device = "cpu", precision = "fp32";
   int64_t batch = 0, seq_len = 0;
   double mfu = 0;
+  // With BenchOptions::profile: each op kind's time summed over the timed steps, the most
+  // expensive first (ms / steps per step; their sum is below step_ms by the host's own work
+  // and, on a GPU, the idle gaps between kernels).
+  std::vector<ops::OpTime> ops;
 };
 
 // Global batch = ranks × shape.batch sequences; tokens/s counts all ranks.

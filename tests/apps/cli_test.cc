@@ -4,11 +4,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
+#include <vector>
 #include <string>
 
 namespace {
@@ -118,6 +121,26 @@ TEST_F(Cli, BenchJsonHasTheNamedFields) {
                           "\"peak_rss_mb\""})
     EXPECT_NE(r.output.find(key), std::string::npos) << key << " in " << r.output;
   expect_error(run("bench train --shape huge"), "unknown benchmark shape 'huge'");
+}
+
+TEST_F(Cli, BenchProfileListsEachOpKindWithinTheStep) {
+  Result r = run("bench train --shape tiny --threads 1 --steps 2 --warmup 1 --profile --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  ASSERT_TRUE(j.contains("ops")) << r.output;
+  double total = 0;
+  std::vector<std::string> names;
+  for (const auto& op : j["ops"]) {
+    names.push_back(op["op"]);
+    total += op["ms_per_step"].get<double>();
+  }
+  for (const char* op : {"matmul_forward", "matmul_backward", "attention_forward",
+                         "layernorm_backward", "cross_entropy_forward", "adamw_update"})
+    EXPECT_NE(std::find(names.begin(), names.end(), op), names.end()) << op;
+  // The ops run inside the step (medians vs means: a margin for a noisy machine).
+  EXPECT_GT(total, 0);
+  EXPECT_LT(total, 1.5 * j["step_ms"].get<double>()) << r.output;
+  expect_error(run("bench train --shape tiny --ranks 2 --profile"), "--profile times one rank");
 }
 
 }  // namespace

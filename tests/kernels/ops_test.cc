@@ -46,6 +46,35 @@ TEST(Ops, OnTheCpuEachOpIsItsCpuKernel) {
   EXPECT_EQ(ops::sum<double>(ex, d.data(), 100), cpu::sum<double>(pool, d.data(), 100));
 }
 
+// The op profile counts each op kind's calls and times them while on, and nothing while off.
+TEST(Ops, TheProfileTimesEachOpKindWhileOn) {
+  ThreadPool pool(2);
+  const Exec ex{&pool, Device::cpu()};
+  const int64_t N = 64, C = 48, OC = 96;
+  const std::vector<float> inp = convert<float>(random_vector(N * C, 1));
+  const std::vector<float> w = convert<float>(random_vector(OC * C, 2));
+  std::vector<float> out(N * OC);
+  ops::matmul_forward<float>(ex, out.data(), inp.data(), w.data(), nullptr, N, C, OC);  // off
+  ops::start_profile();
+  for (int i = 0; i < 3; ++i)
+    ops::matmul_forward<float>(ex, out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+  const double sq = ops::sum_squares<float>(ex, out.data(), N * OC);
+  const std::vector<ops::OpTime> profile = ops::stop_profile();
+  ops::sum<float>(ex, out.data(), N * OC);  // off again
+  EXPECT_GT(sq, 0);
+  ASSERT_EQ(profile.size(), 2u);
+  const ops::OpTime* mm = profile[0].name == "matmul_forward" ? &profile[0] : &profile[1];
+  const ops::OpTime* ss = mm == &profile[0] ? &profile[1] : &profile[0];
+  EXPECT_EQ(mm->name, "matmul_forward");
+  EXPECT_EQ(mm->calls, 3);
+  EXPECT_GT(mm->ms, 0);
+  EXPECT_EQ(ss->name, "sum_squares");
+  EXPECT_EQ(ss->calls, 1);
+  EXPECT_GE(profile[0].ms, profile[1].ms) << "most expensive first";
+  ops::start_profile();
+  EXPECT_TRUE(ops::stop_profile().empty()) << "start clears the table";
+}
+
 TEST(Ops, AGpuExecIsAClearErrorWithoutCuda) {
   if (cuda_available()) GTEST_SKIP() << "a GPU is here: tests/cuda covers it";
   std::vector<float> x(8, 1.0f);

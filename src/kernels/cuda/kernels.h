@@ -49,6 +49,12 @@ enum class MatmulPrecision { kFp32, kTf32, kBf16, kFp16 };
 void set_matmul_precision(MatmulPrecision precision);
 MatmulPrecision matmul_precision();
 
+// Op timing (kernels/op_profile.h): a CUDA event recorded now on GPU `device`'s legacy stream,
+// where every kernel runs; and the milliseconds between two of them (waits for `stop`), which
+// releases both.
+void* record_timing_event(int device);
+double elapsed_ms_and_release(void* start, void* stop);
+
 // The GPU's dense matrix rate at `precision`, in TFLOP/s: the best of `iters` timed n×n×n GEMMs
 // (after one warm-up), for MFU figures measured on the machine itself.
 double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters);
