@@ -31,6 +31,7 @@ class ZeroDataParallel final : public DataParallel {
   void begin_micro_batch(int64_t index, int64_t count) override;
   void end_micro_batch() override;
   double clip_grad_norm(double max_norm, double loss_scale) override;
+  void set_gradient_factor(float factor) override { grad_scale_ = factor; }
   void optimizer_step(float lr) override;
   FlatModelState gather_state() override;
   void load_state(const FlatModelState& state, int64_t optimizer_steps) override;

@@ -93,6 +93,9 @@ class DataParallel : public ParamHooks {
   // gradients times clip factor / loss_scale — bit for bit the unscaled run's values. A
   // non-finite result means an overflow: the caller skips optimizer_step (begin_step clears).
   virtual double clip_grad_norm(double max_norm, double loss_scale = 1.0) = 0;
+  // Sets the factor the next optimizer_step reads the gradients with, as clip_grad_norm does,
+  // for a caller that computed the global norm itself (the pipeline, over all its stages).
+  virtual void set_gradient_factor(float factor) = 0;
   virtual void optimizer_step(float lr) = 0;
 
   // The whole model state on every rank (collective: stages 1-3 all-gather their shards), for

@@ -218,12 +218,9 @@ double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
   // Unscaled as DataParallel::clip_grad_norm does (exact: loss_scale is a power of two).
   const double norm = std::sqrt(std::max(0.0, sum)) / loss_scale;
   if (!std::isfinite(norm)) return norm;  // an overflow: the step is skipped
+  // Each chunk's engine reads its gradients times the factor in the update, as after its own clip.
   const auto coef = static_cast<float>(clip_coefficient(norm, max_norm) / loss_scale);
-  if (coef != 1.0f)
-    for (auto& model : chunks_) {
-      Tensor& g = model->params().grads();
-      ops::scale_inplace<float>(Exec{&pool_, device_}, g.data<float>(), coef, g.numel());
-    }
+  for (auto& engine : engines_) engine->set_gradient_factor(coef);
   return norm;
 }
 
