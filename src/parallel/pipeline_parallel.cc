@@ -216,7 +216,7 @@ double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
   sum = all_reduce_value(pp_, sum);
   if (tp != nullptr) sum = all_reduce_value(*tp, sum);
   // Unscaled as DataParallel::clip_grad_norm does (exact: loss_scale is a power of two).
-  const double norm = std::sqrt(std::max(0.0, sum)) / loss_scale;
+  const double norm = std::sqrt(sum) / loss_scale;  // NaN stays NaN: an overflow
   if (!std::isfinite(norm)) return norm;  // an overflow: the step is skipped
   // Each chunk's engine reads its gradients times the factor in the update, as after its own clip.
   const auto coef = static_cast<float>(clip_coefficient(norm, max_norm) / loss_scale);

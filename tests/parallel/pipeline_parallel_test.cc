@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -279,6 +280,55 @@ TEST(PipelineMemory, OneFOneBHoldsAtMostPpMicroBatchesGPipeAll) {
   EXPECT_LE(in_flight[1], pp) << "1F1B holds at most pp micro-batches";
   EXPECT_GT(peak[0], 2 * peak[1]) << "GPipe's activation peak on stage 0 (" << peak[0]
                                   << " B) should be well above 1F1B's (" << peak[1] << " B)";
+}
+
+// Loss scaling through the pipeline (optim/loss_scaler.h): an overflowed step's gradients
+// (here: an infinite scale, so inf and NaN) make the norm non-finite on every stage — NaN
+// included — and skipping it leaves no trace: after a skipped step and a step scaled by 2^10,
+// every stage's parameters are bit for bit those after the one unscaled step.
+TEST(PipelineLossScaling, AnOverflowIsSeenOnEveryStageAndASkippedStepLeavesNoTrace) {
+  Gpt2Config mc;
+  mc.vocab_size = 256;
+  mc.max_seq_len = 16;
+  mc.d_model = 32;
+  mc.n_layers = 2;
+  mc.n_heads = 2;
+  const int pp = 2, m = 2;
+  std::vector<std::vector<float>> after[2];  // [run][rank]: stage parameters
+  for (int run = 0; run < 2; ++run) {
+    after[run].resize(pp);
+    testing::run_on_thread_ranks(pp, [&](Communicator& comm) {
+      auto solo = comm.split(comm.rank(), 0);
+      ThreadPool pool(1);
+      const Device device = Device::cpu(comm.rank());
+      PipelineConfig pc;
+      pc.schedule = "1f1b";
+      pc.microbatches = m;
+      pc.micro_batch_size = 2;
+      pc.seq_len = 16;
+      PipelineParallel pipe(mc, comm, *solo, pool, device, pc, DataParallelConfig{}, AdamWConfig{}, 3);
+      std::vector<Tensor> tokens, targets;
+      RandomStream rng(11, "tokens");
+      for (int i = 0; i < m; ++i) {
+        tokens.push_back(Tensor::empty({2, 16}, DType::kI32, device));
+        targets.push_back(Tensor::empty({2, 16}, DType::kI32, device));
+        for (Tensor* t : {&tokens.back(), &targets.back()})
+          for (int64_t j = 0; j < t->numel(); ++j) t->data<int32_t>()[j] = static_cast<int32_t>(rng.next_u32() % 256);
+      }
+      if (run == 1) {
+        pipe.train_step(tokens, targets, std::numeric_limits<double>::infinity());
+        const double overflowed = pipe.clip_grad_norm(0.1, std::numeric_limits<double>::infinity());
+        EXPECT_FALSE(std::isfinite(overflowed)) << "rank " << comm.rank() << ": " << overflowed;
+      }
+      const double scale = run == 1 ? 1024.0 : 1.0;
+      pipe.train_step(tokens, targets, scale);
+      EXPECT_TRUE(std::isfinite(pipe.clip_grad_norm(0.1, scale)));
+      pipe.optimizer_step(1e-2f);
+      const Tensor& v = pipe.chunk(0).params().values();
+      after[run][comm.rank()].assign(v.data<float>(), v.data<float>() + v.numel());
+    });
+  }
+  for (int r = 0; r < pp; ++r) EXPECT_EQ(after[0][r], after[1][r]) << "stage " << r;
 }
 
 }  // namespace
