@@ -232,6 +232,22 @@ TEST_F(PipelineRuns, AnExplicitLayerSplitTrainsTheSameModel) {
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * std::abs(ref[i])) << "step " << i + 1;
 }
 
+// m micro-batches of random tokens and targets, (B, T) each, on `device`.
+struct MicroBatches {
+  std::vector<Tensor> tokens, targets;
+};
+MicroBatches random_micro_batches(int m, int64_t B, int64_t T, Device device, uint64_t seed) {
+  MicroBatches mb;
+  RandomStream rng(seed, "tokens");
+  for (int i = 0; i < m; ++i) {
+    mb.tokens.push_back(Tensor::empty({B, T}, DType::kI32, device));
+    mb.targets.push_back(Tensor::empty({B, T}, DType::kI32, device));
+    for (Tensor* t : {&mb.tokens.back(), &mb.targets.back()})
+      for (int64_t j = 0; j < t->numel(); ++j) t->data<int32_t>()[j] = static_cast<int32_t>(rng.next_u32() % 256);
+  }
+  return mb;
+}
+
 // The first stage's activations: 1F1B holds at most pp micro-batches, GPipe all m.
 TEST(PipelineMemory, OneFOneBHoldsAtMostPpMicroBatchesGPipeAll) {
   Gpt2Config mc;
@@ -256,19 +272,12 @@ TEST(PipelineMemory, OneFOneBHoldsAtMostPpMicroBatchesGPipeAll) {
       pc.micro_batch_size = 4;
       pc.seq_len = 32;
       PipelineParallel pipe(mc, comm, *solo, pool, device, pc, DataParallelConfig{}, AdamWConfig{}, 1);
-      std::vector<Tensor> tokens, targets;
-      RandomStream rng(7, "tokens");
-      for (int i = 0; i < m; ++i) {
-        tokens.push_back(Tensor::empty({4, 32}, DType::kI32, device));
-        targets.push_back(Tensor::empty({4, 32}, DType::kI32, device));
-        for (Tensor* t : {&tokens.back(), &targets.back()})
-          for (int64_t j = 0; j < t->numel(); ++j) t->data<int32_t>()[j] = static_cast<int32_t>(rng.next_u32() % 256);
-      }
-      pipe.train_step(tokens, targets);  // warm the caching allocator
+      const MicroBatches mb = random_micro_batches(m, 4, 32, device, 7);
+      pipe.train_step(mb.tokens, mb.targets);  // warm the caching allocator
       Allocator& alloc = allocator_for(device);
       const int64_t before = alloc.stats().bytes_in_use;
       alloc.reset_peak();
-      pipe.train_step(tokens, targets);
+      pipe.train_step(mb.tokens, mb.targets);
       if (comm.rank() == 0) {
         peak[k] = alloc.stats().peak_bytes_in_use - before;
         in_flight[k] = pipe.stats().max_in_flight;
@@ -307,21 +316,14 @@ TEST(PipelineLossScaling, AnOverflowIsSeenOnEveryStageAndASkippedStepLeavesNoTra
       pc.micro_batch_size = 2;
       pc.seq_len = 16;
       PipelineParallel pipe(mc, comm, *solo, pool, device, pc, DataParallelConfig{}, AdamWConfig{}, 3);
-      std::vector<Tensor> tokens, targets;
-      RandomStream rng(11, "tokens");
-      for (int i = 0; i < m; ++i) {
-        tokens.push_back(Tensor::empty({2, 16}, DType::kI32, device));
-        targets.push_back(Tensor::empty({2, 16}, DType::kI32, device));
-        for (Tensor* t : {&tokens.back(), &targets.back()})
-          for (int64_t j = 0; j < t->numel(); ++j) t->data<int32_t>()[j] = static_cast<int32_t>(rng.next_u32() % 256);
-      }
+      const MicroBatches mb = random_micro_batches(m, 2, 16, device, 11);
       if (run == 1) {
-        pipe.train_step(tokens, targets, std::numeric_limits<double>::infinity());
+        pipe.train_step(mb.tokens, mb.targets, std::numeric_limits<double>::infinity());
         const double overflowed = pipe.clip_grad_norm(0.1, std::numeric_limits<double>::infinity());
         EXPECT_FALSE(std::isfinite(overflowed)) << "rank " << comm.rank() << ": " << overflowed;
       }
       const double scale = run == 1 ? 1024.0 : 1.0;
-      pipe.train_step(tokens, targets, scale);
+      pipe.train_step(mb.tokens, mb.targets, scale);
       EXPECT_TRUE(std::isfinite(pipe.clip_grad_norm(0.1, scale)));
       pipe.optimizer_step(1e-2f);
       const Tensor& v = pipe.chunk(0).params().values();
