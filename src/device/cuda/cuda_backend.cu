@@ -12,6 +12,9 @@
 #include "base/error.h"
 #include "device/cuda/cuda_backend.h"
 #include "device/cuda/cuda_check.h"
+#ifdef LOOM_CUDA_EMULATE
+#include "device/cuda/emulator/scheduler.h"
+#endif
 
 namespace loom::cuda {
 namespace {
@@ -244,7 +247,12 @@ void axpy_f32(int device_index, int64_t n, float a, const float* x, const float*
   LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index));
   const int64_t wanted = (n + kThreads - 1) / kThreads;
   const int blocks = static_cast<int>(std::min<int64_t>(wanted, int64_t{sms} * kBlocksPerSm));
+#ifdef LOOM_CUDA_EMULATE
+  cuda_emu::run_kernel("axpy_f32", {static_cast<unsigned>(blocks)}, {kThreads},
+                       [&] { axpy_f32_kernel(n, a, x, y, out); });
+#else
   axpy_f32_kernel<<<blocks, kThreads>>>(n, a, x, y, out);
+#endif
   LOOM_CUDA_CHECK(cudaGetLastError());              // launch errors (bad configuration)
   LOOM_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // errors while the kernel ran
 }

@@ -36,8 +36,7 @@ void adamw_update(int device, float* param, const float* grad, float* m, float* 
       adamw_factors<float>(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   if (n == 0) return;
   DeviceGuard guard(device);
-  adamw_kernel<<<blocks_for(n, kThreads), kThreads>>>(param, grad, m, v, n, f);
-  check_launch("adamw_update");
+  launch("adamw_update", adamw_kernel, blocks_for(n, kThreads), kThreads, param, grad, m, v, n, f);
 }
 
 }  // namespace loom::cuda

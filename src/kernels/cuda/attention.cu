@@ -130,20 +130,19 @@ void attention_forward(int device, float* out, float* lse, const float* qkv, int
   const HeadIndex at{T, C, NH, hd};
   Scratch<float> q(device, n), k(device, n), v(device, n), y(device, n);
   Scratch<float> S(device, heads * T * T);
-  split_heads_kernel<<<blocks_for(n, kThreads), kThreads>>>(q.get(), k.get(), v.get(), qkv, at, n);
-  check_launch("attention_forward (split heads)");
+  launch("attention_forward (split heads)", split_heads_kernel, blocks_for(n, kThreads), kThreads,
+         q.get(), k.get(), v.get(), qkv, at, n);
   // S = Q·Kᵀ / sqrt(hd)
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, S.get(),
             T, T * T, heads);
-  causal_softmax_kernel<<<blocks_of(heads * T, kRowsPerBlock), kRowsPerBlock * 32>>>(S.get(), lse,
-                                                                                     heads * T, T);
-  check_launch("attention_forward (softmax)");
+  launch("attention_forward (softmax)", causal_softmax_kernel, blocks_of(heads * T, kRowsPerBlock),
+         kRowsPerBlock * 32, S.get(), lse, heads * T, T);
   // Y = P·V
   head_gemm(device, false, false, T, hd, T, 1.0f, S.get(), T, T * T, v.get(), hd, T * hd, y.get(),
             hd, T * hd, heads);
-  heads_to_rows_kernel<<<blocks_for(n, kThreads), kThreads>>>(out, y.get(), at, n);
-  check_launch("attention_forward (merge heads)");
+  launch("attention_forward (merge heads)", heads_to_rows_kernel, blocks_for(n, kThreads), kThreads,
+         out, y.get(), at, n);
 }
 
 void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
@@ -159,35 +158,32 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
   Scratch<float> dq(device, n), dk(device, n), dv(device, n), D(device, rows);
   Scratch<float> P(device, heads * T * T), dP(device, heads * T * T);
 
-  split_heads_kernel<<<blocks_for(n, kThreads), kThreads>>>(q.get(), k.get(), v.get(), qkv, at, n);
-  check_launch("attention_backward (split heads)");
-  rows_to_heads_kernel<<<blocks_for(n, kThreads), kThreads>>>(dy.get(), dout, at, n);
-  check_launch("attention_backward (dout to heads)");
-  row_dot_kernel<<<blocks_of(rows, kRowsPerBlock), kRowsPerBlock * 32>>>(D.get(), dout, out, at,
-                                                                         rows);
-  check_launch("attention_backward (D)");
+  launch("attention_backward (split heads)", split_heads_kernel, blocks_for(n, kThreads), kThreads,
+         q.get(), k.get(), v.get(), qkv, at, n);
+  launch("attention_backward (dout to heads)", rows_to_heads_kernel, blocks_for(n, kThreads),
+         kThreads, dy.get(), dout, at, n);
+  launch("attention_backward (D)", row_dot_kernel, blocks_of(rows, kRowsPerBlock),
+         kRowsPerBlock * 32, D.get(), dout, out, at, rows);
 
   head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, P.get(),
             T, T * T, heads);
-  probabilities_kernel<<<blocks_for(rows * T, kThreads), kThreads>>>(P.get(), lse, rows, T);
-  check_launch("attention_backward (P)");
+  launch("attention_backward (P)", probabilities_kernel, blocks_for(rows * T, kThreads), kThreads,
+         P.get(), lse, rows, T);
   // dV = Pᵀ·dO
   head_gemm(device, true, false, T, hd, T, 1.0f, P.get(), T, T * T, dy.get(), hd, T * hd, dv.get(),
             hd, T * hd, heads);
   // dP = dO·Vᵀ, then dS in place
   head_gemm(device, false, true, T, T, hd, 1.0f, dy.get(), hd, T * hd, v.get(), hd, T * hd,
             dP.get(), T, T * T, heads);
-  softmax_backward_kernel<<<blocks_for(rows * T, kThreads), kThreads>>>(dP.get(), P.get(), D.get(),
-                                                                        scale, rows, T);
-  check_launch("attention_backward (dS)");
+  launch("attention_backward (dS)", softmax_backward_kernel, blocks_for(rows * T, kThreads),
+         kThreads, dP.get(), P.get(), D.get(), scale, rows, T);
   // dQ = dS·K, dK = dSᵀ·Q
   head_gemm(device, false, false, T, hd, T, 1.0f, dP.get(), T, T * T, k.get(), hd, T * hd, dq.get(),
             hd, T * hd, heads);
   head_gemm(device, true, false, T, hd, T, 1.0f, dP.get(), T, T * T, q.get(), hd, T * hd, dk.get(),
             hd, T * hd, heads);
-  merge_heads_kernel<<<blocks_for(n, kThreads), kThreads>>>(dqkv, dq.get(), dk.get(), dv.get(), at,
-                                                            n);
-  check_launch("attention_backward (merge heads)");
+  launch("attention_backward (merge heads)", merge_heads_kernel, blocks_for(n, kThreads), kThreads,
+         dqkv, dq.get(), dk.get(), dv.get(), at, n);
 }
 
 }  // namespace loom::cuda

@@ -44,11 +44,9 @@ void accumulate_column_sums(int device, float* out, Value value, int64_t N, int6
   const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   Scratch<float> partials(device, chunks * C);
   const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
-  column_partials_kernel<<<grid, dim3(32, 8)>>>(partials.get(), value, N, C);
-  check_launch(name);
-  column_finish_kernel<<<static_cast<unsigned>((C + 255) / 256), 256>>>(out, partials.get(), chunks,
-                                                                        C);
-  check_launch(name);
+  launch(name, column_partials_kernel<Value>, grid, dim3(32, 8), partials.get(), value, N, C);
+  launch(name, column_finish_kernel, static_cast<unsigned>((C + 255) / 256), 256, out,
+         partials.get(), chunks, C);
 }
 
 }  // namespace loom::cuda

@@ -51,18 +51,16 @@ void cross_entropy_forward(int device, float* losses, float* lse, const float* l
   int32_t bad = 0;
   if (const int64_t i = first_out_of_range(targets, N, V, &bad); i >= 0)
     fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V, ")");
-  cross_entropy_forward_kernel<<<static_cast<unsigned>(N), kRowThreads>>>(losses, lse, logits,
-                                                                          targets, V);
-  check_launch("cross_entropy_forward");
+  launch("cross_entropy_forward", cross_entropy_forward_kernel, static_cast<unsigned>(N),
+         kRowThreads, losses, lse, logits, targets, V);
 }
 
 void cross_entropy_backward(int device, float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int64_t N, int64_t V) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  cross_entropy_backward_kernel<<<static_cast<unsigned>(N), kRowThreads>>>(dlogits, logits, lse,
-                                                                           targets, dloss, V);
-  check_launch("cross_entropy_backward");
+  launch("cross_entropy_backward", cross_entropy_backward_kernel, static_cast<unsigned>(N),
+         kRowThreads, dlogits, logits, lse, targets, dloss, V);
 }
 
 }  // namespace loom::cuda

@@ -102,10 +102,9 @@ double reduce(int device, const float* x, int64_t n, const char* name) {
   if (n == 0) return 0;
   DeviceGuard guard(device);
   Scratch<double> partials(device, kSumBlocks + 1);
-  partial_sums_kernel<kSquares><<<kSumBlocks, kThreads>>>(partials.get(), x, n);
-  check_launch(name);
-  final_sum_kernel<<<1, kThreads>>>(partials.get() + kSumBlocks, partials.get(), kSumBlocks);
-  check_launch(name);
+  launch(name, partial_sums_kernel<kSquares>, kSumBlocks, kThreads, partials.get(), x, n);
+  launch(name, final_sum_kernel, 1, kThreads, partials.get() + kSumBlocks, partials.get(),
+         kSumBlocks);
   double result = 0;
   LOOM_CUDA_CHECK(
       cudaMemcpy(&result, partials.get() + kSumBlocks, sizeof result, cudaMemcpyDeviceToHost));
@@ -117,22 +116,19 @@ double reduce(int device, const float* x, int64_t n, const char* name) {
 void add_forward(int device, float* out, const float* a, const float* b, int64_t n) {
   if (n == 0) return;
   DeviceGuard guard(device);
-  add_kernel<<<blocks_for(n, kThreads), kThreads>>>(out, a, b, n);
-  check_launch("add_forward");
+  launch("add_forward", add_kernel, blocks_for(n, kThreads), kThreads, out, a, b, n);
 }
 
 void add_inplace(int device, float* acc, const float* x, int64_t n) {
   if (n == 0) return;
   DeviceGuard guard(device);
-  add_inplace_kernel<<<blocks_for(n, kThreads), kThreads>>>(acc, x, n);
-  check_launch("add_inplace");
+  launch("add_inplace", add_inplace_kernel, blocks_for(n, kThreads), kThreads, acc, x, n);
 }
 
 void scale_inplace(int device, float* x, float s, int64_t n) {
   if (n == 0) return;
   DeviceGuard guard(device);
-  scale_kernel<<<blocks_for(n, kThreads), kThreads>>>(x, s, n);
-  check_launch("scale_inplace");
+  launch("scale_inplace", scale_kernel, blocks_for(n, kThreads), kThreads, x, s, n);
 }
 
 double sum_squares(int device, const float* x, int64_t n) {
@@ -146,15 +142,14 @@ double sum(int device, const float* x, int64_t n) {
 void gelu_forward(int device, float* out, const float* inp, int64_t n) {
   if (n == 0) return;
   DeviceGuard guard(device);
-  gelu_forward_kernel<<<blocks_for(n, kThreads), kThreads>>>(out, inp, n);
-  check_launch("gelu_forward");
+  launch("gelu_forward", gelu_forward_kernel, blocks_for(n, kThreads), kThreads, out, inp, n);
 }
 
 void gelu_backward(int device, float* dinp, const float* inp, const float* dout, int64_t n) {
   if (n == 0) return;
   DeviceGuard guard(device);
-  gelu_backward_kernel<<<blocks_for(n, kThreads), kThreads>>>(dinp, inp, dout, n);
-  check_launch("gelu_backward");
+  launch("gelu_backward", gelu_backward_kernel, blocks_for(n, kThreads), kThreads, dinp, inp, dout,
+         n);
 }
 
 }  // namespace loom::cuda

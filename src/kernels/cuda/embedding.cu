@@ -56,8 +56,8 @@ int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* ba
   Scratch<unsigned long long> first(device, 1);
   const unsigned long long none = ~0ull;
   LOOM_CUDA_CHECK(cudaMemcpy(first.get(), &none, sizeof none, cudaMemcpyHostToDevice));
-  first_bad_kernel<<<blocks_for(n, kThreads), kThreads>>>(first.get(), ids, n, V);
-  check_launch("first_bad_kernel");
+  launch("first_bad_kernel", first_bad_kernel, blocks_for(n, kThreads), kThreads, first.get(), ids,
+         n, V);
   unsigned long long at = none;
   LOOM_CUDA_CHECK(cudaMemcpy(&at, first.get(), sizeof at, cudaMemcpyDeviceToHost));
   if (at == none) return -1;
@@ -73,21 +73,19 @@ void embedding_forward(int device, float* out, const int32_t* tokens, const floa
   if (const int64_t i = first_out_of_range(tokens, B * T, V, &bad); i >= 0)
     fail("embedding: token id ", bad, " at batch ", i / T, ", position ", i % T,
          " is outside the vocabulary [0, ", V, ")");
-  embedding_forward_kernel<<<blocks_for(B * T * C, kThreads), kThreads>>>(out, tokens, wte, wpe,
-                                                                          B * T, T, C);
-  check_launch("embedding_forward");
+  launch("embedding_forward", embedding_forward_kernel, blocks_for(B * T * C, kThreads), kThreads,
+         out, tokens, wte, wpe, B * T, T, C);
 }
 
 void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
   if (B * T == 0) return;
   DeviceGuard guard(device);
-  embedding_backward_wpe_kernel<<<static_cast<unsigned>((T * C + kThreads - 1) / kThreads),
-                                  kThreads>>>(dwpe, dout, B, T, C);
-  check_launch("embedding_backward (dwpe)");
+  launch("embedding_backward (dwpe)", embedding_backward_wpe_kernel,
+         static_cast<unsigned>((T * C + kThreads - 1) / kThreads), kThreads, dwpe, dout, B, T, C);
   const dim3 grid(static_cast<unsigned>((C + 127) / 128), kVocabPartitions);
-  embedding_backward_wte_kernel<<<grid, 128>>>(dwte, dout, tokens, B * T, C);
-  check_launch("embedding_backward (dwte)");
+  launch("embedding_backward (dwte)", embedding_backward_wte_kernel, grid, 128, dwte, dout, tokens,
+         B * T, C);
 }
 
 }  // namespace loom::cuda

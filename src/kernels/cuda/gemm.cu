@@ -1,4 +1,5 @@
-// GEMMs through cuBLASLt, and the Linear layer on them.
+// GEMMs through cuBLASLt (matmul.cu holds the Linear layer on them; gemm_emulated.cu replaces this
+// file under the CUDA emulator).
 //
 // cuBLASLt is column-major; Loom is row-major. A row-major M×N matrix with row stride ld is the
 // column-major N×M matrix with leading dimension ld, its transpose. So C = op(A)·op(B), row-major,
@@ -9,13 +10,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
 
 #include "base/error.h"
-#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -29,8 +28,6 @@ namespace {
       fail(__FILE__, ":", __LINE__, ": ", #expr, " failed: ", cublasLtGetStatusName(loom_status_), \
            ": ", cublasLtGetStatusString(loom_status_));                                           \
   } while (0)
-
-std::atomic<MatmulPrecision> g_precision{MatmulPrecision::kFp32};
 
 // One cuBLASLt handle and workspace per GPU, made on first use and kept for the process. Shared
 // by the threads that use the GPU: their GEMMs all run on its legacy stream, one after another,
@@ -115,13 +112,6 @@ struct Preference {
   ~Preference() { (void)cublasLtMatmulPreferenceDestroy(pref); }
   Preference(const Preference&) = delete;
   Preference& operator=(const Preference&) = delete;
-};
-
-// Row r, column c of a row-major matrix: the values whose column sums are dbias.
-struct RowMajor {
-  const float* data;
-  int64_t ld;
-  __device__ float operator()(int64_t r, int64_t c) const { return data[r * ld + c]; }
 };
 
 // The elements a row-major operand spans in memory: `rows` rows `ld` apart, `count` of them
@@ -212,8 +202,8 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
 // A bf16 / fp16 copy of a row-major fp32 operand (its whole span), as scratch.
 template <typename Half>
 const Half* half_copy(Scratch<Half>& scratch, const float* x, int64_t n) {
-  to_half_kernel<<<blocks_for(n, 256), 256>>>(scratch.get(), x, n);
-  check_launch("gemm (cast to 16 bits)");
+  launch("gemm (cast to 16 bits)", to_half_kernel<Half>, blocks_for(n, 256), 256, scratch.get(), x,
+         n);
   return scratch.get();
 }
 
@@ -233,14 +223,6 @@ void half_gemm(int device, cudaDataType type, bool trans_a, bool trans_b, int64_
 
 }  // namespace
 
-void set_matmul_precision(MatmulPrecision precision) {
-  g_precision.store(precision);
-}
-
-MatmulPrecision matmul_precision() {
-  return g_precision.load();
-}
-
 void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc, const float* bias, GemmBatch batch) {
@@ -249,7 +231,7 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
   if (M == 0 || N == 0) return;
   if (K == 0) fail("cuda::gemm: K = 0 is not supported (M=", M, " N=", N, ")");
   DeviceGuard guard(device);
-  switch (g_precision.load()) {
+  switch (matmul_precision()) {
     case MatmulPrecision::kBf16:
       half_gemm<__nv_bfloat16>(device, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha, A, lda, B,
                                ldb, beta, C, ldc, bias, batch);
@@ -277,9 +259,10 @@ double time_square_gemm(int device, cublasComputeType_t compute, cudaDataType ty
                         int iters) {
   Scratch<float> c(device, n * n);
   Scratch<T> a(device, n * n), b(device, n * n);
-  fill_kernel<<<blocks_for(n * n, 256), 256>>>(a.get(), n * n, 1);
-  fill_kernel<<<blocks_for(n * n, 256), 256>>>(b.get(), n * n, 2);
-  check_launch("measure_gemm_tflops (fill)");
+  launch("measure_gemm_tflops (fill)", fill_kernel<T>, blocks_for(n * n, 256), 256, a.get(), n * n,
+         1u);
+  launch("measure_gemm_tflops (fill)", fill_kernel<T>, blocks_for(n * n, 256), 256, b.get(), n * n,
+         2u);
   cudaEvent_t start = nullptr, stop = nullptr;
   LOOM_CUDA_CHECK(cudaEventCreate(&start));
   LOOM_CUDA_CHECK(cudaEventCreate(&stop));
@@ -315,25 +298,6 @@ double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int
       break;
   }
   return time_square_gemm<float>(device, CUBLAS_COMPUTE_32F, CUDA_R_32F, n, iters);
-}
-
-void matmul_forward(int device, float* out, const float* inp, const float* weight,
-                    const float* bias, int64_t N, int64_t C, int64_t OC) {
-  // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias
-  gemm(device, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
-}
-
-void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
-  // dinp (N, C) = dout (N, OC) · weight (OC, C)
-  if (dinp != nullptr)
-    gemm(device, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
-  // dweight (OC, C) += dout (N, OC)ᵀ · inp (N, C)
-  gemm(device, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (dbias != nullptr) {
-    DeviceGuard guard(device);
-    accumulate_column_sums(device, dbias, RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");
-  }
 }
 
 }  // namespace loom::cuda

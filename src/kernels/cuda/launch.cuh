@@ -1,4 +1,4 @@
-// What every CUDA kernel file shares: launch checks, grid sizes, warp and block reductions, and
+// What every CUDA kernel file shares: the launch, grid sizes, warp and block reductions, and
 // scratch memory from the GPU's caching allocator.
 #pragma once
 
@@ -9,12 +9,29 @@
 
 #include "device/allocator.h"
 #include "device/cuda/cuda_check.h"
+#ifdef LOOM_CUDA_EMULATE
+#include "device/cuda/emulator/scheduler.h"
+#endif
 
 namespace loom::cuda {
 
 // After a launch: a bad configuration is reported here; with LOOM_CUDA_SYNC=1 in the
 // environment, errors while the kernel ran too (at the cost of a synchronisation per kernel).
 void check_launch(const char* kernel);
+
+// kernel<<<grid, block>>>(args...) on the legacy default stream, then check_launch(name). Under
+// the CUDA emulator (LOOM_CUDA_EMULATE, device/cuda/emulator) the grid runs here and now, on the
+// calling thread.
+template <typename... Params, typename... Args>
+void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
+#ifdef LOOM_CUDA_EMULATE
+  cuda_emu::run_kernel(name, {grid.x, grid.y, grid.z}, {block.x, block.y, block.z},
+                       [&] { kernel(args...); });
+#else
+  kernel<<<grid, block> > >(args...);
+#endif
+  check_launch(name);
+}
 
 // Threads per block of the element-wise and column kernels.
 constexpr int kThreads = 256;
@@ -55,7 +72,7 @@ class Scratch {
   T* data_;
 };
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(LOOM_CUDA_EMULATE)
 template <typename T>
 __device__ inline T warp_sum(T x) {
   for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);

@@ -86,9 +86,9 @@ void layernorm_forward(int device, float* out, float* mean, float* rstd, const f
                        const float* weight, const float* bias, int64_t N, int64_t C) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  layernorm_forward_kernel<<<blocks_of(N, kWarpsPerBlock), kWarpsPerBlock * 32>>>(
-      out, mean, rstd, inp, weight, bias, N, C, static_cast<float>(cpu::kLayerNormEps));
-  check_launch("layernorm_forward");
+  launch("layernorm_forward", layernorm_forward_kernel, blocks_of(N, kWarpsPerBlock),
+         kWarpsPerBlock * 32, out, mean, rstd, inp, weight, bias, N, C,
+         static_cast<float>(cpu::kLayerNormEps));
 }
 
 void layernorm_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
@@ -100,9 +100,8 @@ void layernorm_backward(int device, float* dinp, float* dweight, float* dbias, c
                          "layernorm_backward (dweight)");
   accumulate_column_sums(device, dbias, Dout{dout, C}, N, C, "layernorm_backward (dbias)");
   // Last, so that dinp may alias dout.
-  layernorm_backward_kernel<<<blocks_of(N, kWarpsPerBlock), kWarpsPerBlock * 32>>>(
-      dinp, dout, inp, weight, mean, rstd, N, C);
-  check_launch("layernorm_backward");
+  launch("layernorm_backward", layernorm_backward_kernel, blocks_of(N, kWarpsPerBlock),
+         kWarpsPerBlock * 32, dinp, dout, inp, weight, mean, rstd, N, C);
 }
 
 }  // namespace loom::cuda

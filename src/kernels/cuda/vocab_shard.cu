@@ -94,9 +94,9 @@ void vocab_shard_embedding_forward(int device, float* out, const int32_t* tokens
   int32_t bad = 0;
   if (const int64_t i = first_out_of_range(tokens, N, shard.vocab, &bad); i >= 0)
     fail("embedding: token ", bad, " at position ", i, " outside [0, ", shard.vocab, ")");
-  shard_embedding_forward_kernel<<<blocks_for(N * C, kThreads), kThreads>>>(
-      out, tokens, wte, wpe, N, T, C, shard, add_positions);
-  check_launch("vocab_shard_embedding_forward");
+  launch("vocab_shard_embedding_forward", shard_embedding_forward_kernel,
+         blocks_for(N * C, kThreads), kThreads, out, tokens, wte, wpe, N, T, C, shard,
+         add_positions);
 }
 
 void vocab_shard_embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
@@ -104,29 +104,27 @@ void vocab_shard_embedding_backward(int device, float* dwte, float* dwpe, const 
                                     const VocabShard& shard) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  shard_embedding_wpe_kernel<<<static_cast<unsigned>((T * C + kThreads - 1) / kThreads),
-                               kThreads>>>(dwpe, dout, N, T, C);
-  check_launch("vocab_shard_embedding_backward (dwpe)");
+  launch("vocab_shard_embedding_backward (dwpe)", shard_embedding_wpe_kernel,
+         static_cast<unsigned>((T * C + kThreads - 1) / kThreads), kThreads, dwpe, dout, N, T, C);
   const dim3 grid(static_cast<unsigned>((C + 127) / 128), kVocabPartitions);
-  shard_embedding_wte_kernel<<<grid, 128>>>(dwte, dout, tokens, N, C, shard);
-  check_launch("vocab_shard_embedding_backward (dwte)");
+  launch("vocab_shard_embedding_backward (dwte)", shard_embedding_wte_kernel, grid, 128, dwte, dout,
+         tokens, N, C, shard);
 }
 
 void vocab_shard_logit_max(int device, float* max, float* target_logit, const float* logits,
                            const int32_t* targets, int64_t N, const VocabShard& shard) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  shard_logit_max_kernel<<<static_cast<unsigned>(N), kThreads>>>(max, target_logit, logits,
-                                                                 targets, shard);
-  check_launch("vocab_shard_logit_max");
+  launch("vocab_shard_logit_max", shard_logit_max_kernel, static_cast<unsigned>(N), kThreads, max,
+         target_logit, logits, targets, shard);
 }
 
 void vocab_shard_sum_exp(int device, float* sum, const float* logits, const float* max, int64_t N,
                          const VocabShard& shard) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  shard_sum_exp_kernel<<<static_cast<unsigned>(N), kThreads>>>(sum, logits, max, shard);
-  check_launch("vocab_shard_sum_exp");
+  launch("vocab_shard_sum_exp", shard_sum_exp_kernel, static_cast<unsigned>(N), kThreads, sum,
+         logits, max, shard);
 }
 
 void vocab_shard_cross_entropy_backward(int device, float* logits, const float* max,
@@ -134,9 +132,8 @@ void vocab_shard_cross_entropy_backward(int device, float* logits, const float* 
                                         int64_t N, const VocabShard& shard) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  shard_ce_backward_kernel<<<static_cast<unsigned>(N), kThreads>>>(logits, max, sum, targets, k,
-                                                                   shard);
-  check_launch("vocab_shard_cross_entropy_backward");
+  launch("vocab_shard_cross_entropy_backward", shard_ce_backward_kernel, static_cast<unsigned>(N),
+         kThreads, logits, max, sum, targets, k, shard);
 }
 
 }  // namespace loom::cuda

@@ -1,0 +1,311 @@
+// The part of the CUDA runtime API that Loom calls, for the emulator (LOOM_CUDA_EMULATE=ON): the
+// declarations are the toolkit's own (cuda_runtime_api.h), the definitions here. "GPU memory" is
+// host memory from a registry that knows each allocation's GPU and size, so copies check what the
+// driver would (a device pointer where one is due, the range inside its allocation) and pointer
+// attributes answer truthfully. Fresh allocations are filled with 0xff bytes (NaN as floats), so
+// a kernel that reads memory nobody wrote shows up as NaN instead of a lucky zero. Everything is
+// synchronous: a kernel runs when launched, so streams and events only keep time.
+//
+// LOOM_CUDA_EMULATE_DEVICES (default 2) sets the number of emulated GPUs, each with 2 SMs (grids
+// sized by SM count stay small) and 80 GiB.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace {
+
+constexpr int kSms = 2;
+constexpr size_t kBytesPerGpu = size_t{80} << 30;
+
+int emulated_devices() {
+  static const int count = [] {
+    const char* v = std::getenv("LOOM_CUDA_EMULATE_DEVICES");
+    if (v == nullptr || *v == '\0') return 2;
+    const int n = std::atoi(v);
+    return n < 0 ? 0 : n;
+  }();
+  return count;
+}
+
+struct Allocation {
+  size_t bytes;
+  int device;
+};
+
+std::mutex g_mutex;
+std::map<uintptr_t, Allocation> g_allocations;  // start -> allocation
+size_t g_allocated[64] = {};
+
+thread_local int t_device = 0;
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local std::string t_detail;
+
+cudaError_t fail(cudaError_t error, std::string detail) {
+  t_last_error = error;
+  t_detail = std::move(detail);
+  return error;
+}
+
+// The allocation holding [p, p + bytes), if any.
+const Allocation* find_locked(const void* p, size_t bytes, uintptr_t* start = nullptr) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = g_allocations.upper_bound(addr);
+  if (it == g_allocations.begin()) return nullptr;
+  --it;
+  if (addr + bytes > it->first + it->second.bytes || addr < it->first) return nullptr;
+  if (start != nullptr) *start = it->first;
+  return &it->second;
+}
+
+bool is_device(const void* p) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return find_locked(p, 1) != nullptr;
+}
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+// A device range must lie inside one allocation; a host range must not touch GPU memory.
+cudaError_t check_range(const char* call, const char* what, const void* p, size_t bytes,
+                        bool device) {
+  if (bytes == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (device && find_locked(p, bytes) == nullptr)
+    return fail(cudaErrorInvalidValue, std::string(call) + ": " + what + " " + hex(p) + " + " +
+                                           std::to_string(bytes) +
+                                           " bytes is not inside one GPU allocation");
+  if (!device && find_locked(p, 1) != nullptr)
+    return fail(cudaErrorInvalidValue,
+                std::string(call) + ": " + what + " " + hex(p) + " is GPU memory, host expected");
+  return cudaSuccess;
+}
+
+cudaError_t copy(const char* call, void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (kind == cudaMemcpyDefault)
+    kind = is_device(src) ? (is_device(dst) ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                          : (is_device(dst) ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  if (cudaError_t e = check_range(call, "source", src, count, src_device); e != cudaSuccess)
+    return e;
+  if (cudaError_t e = check_range(call, "destination", dst, count, dst_device); e != cudaSuccess)
+    return e;
+  if (count > 0) std::memmove(dst, src, count);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at{};
+};
+struct CUstream_st {};
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = emulated_devices();
+  return *count > 0 ? cudaSuccess : fail(cudaErrorNoDevice, "LOOM_CUDA_EMULATE_DEVICES is 0");
+}
+
+cudaError_t cudaGetLastError(void) {
+  return std::exchange(t_last_error, cudaSuccess);
+}
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+
+// The error's meaning plus, from this emulator, what exactly was wrong with the last failed call.
+const char* cudaGetErrorString(cudaError_t error) {
+  thread_local std::string text;
+  text = error == cudaSuccess ? "no error" : "emulated CUDA runtime";
+  if (error != cudaSuccess && !t_detail.empty()) text += ": " + t_detail;
+  return text.c_str();
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= emulated_devices())
+    return fail(cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) + ") with " +
+                                            std::to_string(emulated_devices()) + " GPUs");
+  t_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = t_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  const size_t rounded = (std::max<size_t>(size, 1) + 255) / 256 * 256;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_allocated[t_device] + rounded > kBytesPerGpu)
+    return fail(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(size) + ")");
+  void* p = std::aligned_alloc(256, rounded);
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation, "host memory exhausted");
+  std::memset(p, 0xff, rounded);
+  g_allocations[reinterpret_cast<uintptr_t>(p)] = {rounded, t_device};
+  g_allocated[t_device] += rounded;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_allocations.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == g_allocations.end())
+    return fail(cudaErrorInvalidValue, "cudaFree(" + hex(ptr) + "): not a GPU allocation");
+  g_allocated[it->second.device] -= it->second.bytes;
+  g_allocations.erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  *total = kBytesPerGpu;
+  *free_bytes = kBytesPerGpu - g_allocated[t_device];
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  return copy("cudaMemcpy", dst, src, count, kind);
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  return copy("cudaMemcpyAsync", dst, src, count, kind);
+}
+
+cudaError_t cudaMemcpyPeer(void* dst, int, const void* src, int, size_t count) {
+  return copy("cudaMemcpyPeer", dst, src, count, cudaMemcpyDeviceToDevice);
+}
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
+  if (cudaError_t e = check_range("cudaMemsetAsync", "destination", ptr, count, true);
+      e != cudaSuccess)
+    return e;
+  std::memset(ptr, value, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  *attributes = {};
+  if (const Allocation* a = find_locked(ptr, 1)) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = a->device;
+    attributes->devicePointer = const_cast<void*>(ptr);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -1;
+    attributes->hostPointer = const_cast<void*>(ptr);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= emulated_devices())
+    return fail(cudaErrorInvalidDevice, "cudaDeviceGetAttribute on GPU " + std::to_string(device));
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = kSms;
+      return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      return cudaSuccess;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
+    default:
+      return fail(cudaErrorInvalidValue,
+                  "cudaDeviceGetAttribute: attribute " + std::to_string(attr) + " not emulated");
+  }
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  return cudaEventCreate(event);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  event->at = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t) {
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  *stream = new CUstream_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {
+  return cudaSuccess;
+}
+
+}  // extern "C"

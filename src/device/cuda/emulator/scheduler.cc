@@ -1,0 +1,372 @@
+// Fibers for the CUDA emulator (scheduler.h). On x86-64 a fiber switch is a dozen instructions
+// (callee-saved registers, the FPU and SSE control words, the stack pointer), so a block of 256
+// threads costs microseconds; elsewhere ucontext, which makes a system call per switch.
+#include "device/cuda/emulator/scheduler.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+namespace loom::cuda_emu {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr int kMaxThreadsPerBlock = 1024;
+// Kernels are shallow: their frames, libm's, and the emulator's own calls.
+constexpr size_t kStackBytes = size_t{64} << 10;
+
+#if defined(__x86_64__)
+extern "C" void loom_emu_switch(void** save_sp, void* next_sp);
+extern "C" void loom_emu_trampoline();
+
+// loom_emu_switch saves the callee-saved registers and the x87 / SSE control words on the current
+// stack, stores the stack pointer in *save_sp, and restores the same from next_sp. A new fiber's
+// stack is laid out as if it had been switched away from, returning into loom_emu_trampoline,
+// which calls the function left in r13.
+__asm__(R"(
+  .text
+  .p2align 4
+  .globl loom_emu_switch
+  .hidden loom_emu_switch
+  .type loom_emu_switch, @function
+loom_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $16, %rsp
+  stmxcsr 8(%rsp)
+  fnstcw (%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  fldcw (%rsp)
+  ldmxcsr 8(%rsp)
+  addq $16, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size loom_emu_switch, .-loom_emu_switch
+
+  .p2align 4
+  .globl loom_emu_trampoline
+  .hidden loom_emu_trampoline
+  .type loom_emu_trampoline, @function
+loom_emu_trampoline:
+  callq *%r13
+  ud2
+  .size loom_emu_trampoline, .-loom_emu_trampoline
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+
+// A fresh context on [stack, stack + bytes) that starts in entry().
+void make_context(Context& context, char* stack, size_t bytes, void (*entry)()) {
+  const auto top = (reinterpret_cast<uintptr_t>(stack + bytes) - 64) & ~uintptr_t{15};
+  // After the 16 bytes of control words and the 7 slots are popped, the trampoline runs with the
+  // stack 16-byte aligned, as a call instruction expects.
+  auto* frame = reinterpret_cast<uint64_t*>(top - 72);
+  std::memset(frame, 0, 72);
+  uint16_t fpu_control = 0;
+  uint32_t sse_control = 0;
+  __asm__ volatile("fnstcw %0" : "=m"(fpu_control));
+  __asm__ volatile("stmxcsr %0" : "=m"(sse_control));
+  std::memcpy(&frame[0], &fpu_control, sizeof fpu_control);
+  std::memcpy(&frame[1], &sse_control, sizeof sse_control);
+  frame[4] = reinterpret_cast<uint64_t>(entry);                 // r13
+  frame[8] = reinterpret_cast<uint64_t>(&loom_emu_trampoline);  // return address
+  context.sp = frame;
+}
+
+void switch_context(Context& from, Context& to) {
+  loom_emu_switch(&from.sp, to.sp);
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+
+void make_context(Context& context, char* stack, size_t bytes, void (*entry)()) {
+  if (getcontext(&context.uc) != 0) fail("CUDA emulator: getcontext failed");
+  context.uc.uc_stack.ss_sp = stack;
+  context.uc.uc_stack.ss_size = bytes;
+  context.uc.uc_link = nullptr;
+  makecontext(&context.uc, entry, 0);
+}
+
+void switch_context(Context& from, Context& to) {
+  if (swapcontext(&from.uc, &to.uc) != 0) fail("CUDA emulator: swapcontext failed");
+}
+#endif
+
+enum class State { kReady, kAtBarrier, kAtShuffle, kDone };
+
+struct Fiber {
+  Context context;
+  State state = State::kReady;
+  ThreadIndices indices;
+  int linear = 0;  // x fastest, then y, then z
+  uint64_t offer = 0, received = 0;
+  int source = 0;
+};
+
+// One per host thread that launches kernels: the fibers' stacks (mapped once, reused by every
+// launch) and the state of the block running now.
+class Scheduler {
+ public:
+  Scheduler() {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    mapping_bytes_ = kStackBytes * kMaxThreadsPerBlock;
+    void* map = mmap(nullptr, mapping_bytes_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) fail("CUDA emulator: cannot map ", mapping_bytes_, " bytes of stacks");
+    stacks_ = static_cast<char*>(map);
+    // A guard page below each stack: an overflow faults instead of writing into the next one.
+    for (int i = 0; i < kMaxThreadsPerBlock; ++i)
+      (void)mprotect(stacks_ + kStackBytes * static_cast<size_t>(i), page, PROT_NONE);
+    guard_bytes_ = page;
+    fibers_.resize(kMaxThreadsPerBlock);
+  }
+  ~Scheduler() { munmap(stacks_, mapping_bytes_); }
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  void run(const char* kernel, Dim3 grid, Dim3 block, void (*body)(void*), void* context);
+
+  Fiber& running() {
+    if (running_ == nullptr)
+      fail("CUDA emulator: threadIdx, __syncthreads or a shuffle used outside a kernel");
+    return *running_;
+  }
+
+  void sync_threads();
+  void warp_exchange(const void* value, void* out, size_t bytes, int source_lane);
+
+ private:
+  static void fiber_main();
+  void run_block(Dim3 block_idx);
+  void on_exit(Fiber& fiber);
+  void yield(Fiber& fiber) { switch_context(fiber.context, main_); }
+  // From inside a fiber: record the error and leave for good; run_block throws it.
+  [[noreturn]] void fail_in_fiber(Fiber& fiber, std::string message);
+  std::string where(const Fiber& fiber) const;
+  int warp_lanes(int warp) const { return std::min(kWarpSize, threads_ - warp * kWarpSize); }
+
+  char* stacks_ = nullptr;
+  size_t mapping_bytes_ = 0, guard_bytes_ = 0;
+  std::vector<Fiber> fibers_;
+  Context main_;
+  Fiber* running_ = nullptr;
+
+  // The launch and block running now.
+  const char* kernel_ = "";
+  Dim3 grid_, block_;
+  void (*body_)(void*) = nullptr;
+  void* body_context_ = nullptr;
+  int threads_ = 0, live_ = 0, at_barrier_ = 0;
+  std::vector<int> warp_arrived_;
+  std::string error_;
+};
+
+thread_local Scheduler* t_scheduler = nullptr;
+
+Scheduler& scheduler() {
+  thread_local Scheduler instance;
+  t_scheduler = &instance;
+  return instance;
+}
+
+std::string dims(Dim3 d) {
+  return detail::concat("(", d.x, ", ", d.y, ", ", d.z, ")");
+}
+
+void Scheduler::fiber_main() {
+  Scheduler& s = *t_scheduler;
+  Fiber& fiber = *s.running_;
+  s.body_(s.body_context_);
+  fiber.state = State::kDone;
+  s.on_exit(fiber);
+  s.yield(fiber);  // never resumed
+  __builtin_trap();
+}
+
+std::string Scheduler::where(const Fiber& fiber) const {
+  return detail::concat("kernel ", kernel_, ", block ", dims(fiber.indices.block_idx), ", thread ",
+                        dims(fiber.indices.thread_idx));
+}
+
+void Scheduler::fail_in_fiber(Fiber& fiber, std::string message) {
+  error_ = std::move(message);
+  fiber.state = State::kDone;
+  yield(fiber);
+  __builtin_trap();  // never resumed
+}
+
+void Scheduler::on_exit(Fiber& fiber) {
+  --live_;
+  const int warp = fiber.linear / kWarpSize;
+  for (int l = 0; l < warp_lanes(warp); ++l) {
+    const Fiber& other = fibers_[static_cast<size_t>(warp * kWarpSize + l)];
+    if (other.state == State::kAtShuffle)
+      fail_in_fiber(fiber, detail::concat("CUDA emulator: ", where(fiber), " exited while lane ", l,
+                                          " of its warp waits in a warp shuffle (all 32 lanes "
+                                          "must take part)"));
+  }
+  if (live_ > 0 && at_barrier_ == live_) {  // the last thread the others waited for has exited
+    for (int i = 0; i < threads_; ++i)
+      if (fibers_[static_cast<size_t>(i)].state == State::kAtBarrier)
+        fibers_[static_cast<size_t>(i)].state = State::kReady;
+    at_barrier_ = 0;
+  }
+}
+
+void Scheduler::sync_threads() {
+  Fiber& fiber = running();
+  fiber.state = State::kAtBarrier;
+  if (++at_barrier_ == live_) {
+    for (int i = 0; i < threads_; ++i)
+      if (fibers_[static_cast<size_t>(i)].state == State::kAtBarrier)
+        fibers_[static_cast<size_t>(i)].state = State::kReady;
+    at_barrier_ = 0;
+    return;
+  }
+  yield(fiber);
+}
+
+void Scheduler::warp_exchange(const void* value, void* out, size_t bytes, int source_lane) {
+  Fiber& fiber = running();
+  if (bytes > sizeof fiber.offer)
+    fail_in_fiber(fiber, "CUDA emulator: shuffles move 8 bytes at most");
+  const int warp = fiber.linear / kWarpSize, lanes = warp_lanes(warp);
+  Fiber* lane0 = &fibers_[static_cast<size_t>(warp * kWarpSize)];
+  for (int l = 0; l < lanes; ++l)
+    if (lane0[l].state == State::kDone)
+      fail_in_fiber(fiber,
+                    detail::concat("CUDA emulator: ", where(fiber), " shuffles while lane ", l,
+                                   " of its warp has exited (all 32 lanes must take "
+                                   "part)"));
+  fiber.offer = 0;
+  std::memcpy(&fiber.offer, value, bytes);
+  fiber.source = source_lane;
+  fiber.state = State::kAtShuffle;
+  if (++warp_arrived_[static_cast<size_t>(warp)] == lanes) {
+    // The last lane to arrive hands every lane its value.
+    for (int l = 0; l < lanes; ++l) {
+      Fiber& f = lane0[l];
+      f.received = f.source >= 0 && f.source < lanes ? lane0[f.source].offer : f.offer;
+      f.state = State::kReady;
+    }
+    warp_arrived_[static_cast<size_t>(warp)] = 0;
+  } else {
+    yield(fiber);
+  }
+  std::memcpy(out, &fiber.received, bytes);
+}
+
+void Scheduler::run_block(Dim3 block_idx) {
+  live_ = threads_;
+  at_barrier_ = 0;
+  std::fill(warp_arrived_.begin(), warp_arrived_.end(), 0);
+  for (int i = 0; i < threads_; ++i) {
+    Fiber& f = fibers_[static_cast<size_t>(i)];
+    f.state = State::kReady;
+    f.linear = i;
+    const unsigned u = static_cast<unsigned>(i);
+    f.indices = {{u % block_.x, u / block_.x % block_.y, u / (block_.x * block_.y)},
+                 block_idx,
+                 block_,
+                 grid_};
+    char* stack = stacks_ + kStackBytes * static_cast<size_t>(i) + guard_bytes_;
+    make_context(f.context, stack, kStackBytes - guard_bytes_, &Scheduler::fiber_main);
+  }
+  while (live_ > 0) {
+    bool ran = false;
+    for (int i = 0; i < threads_; ++i) {
+      Fiber& f = fibers_[static_cast<size_t>(i)];
+      if (f.state != State::kReady) continue;
+      running_ = &f;
+      switch_context(main_, f.context);
+      running_ = nullptr;
+      ran = true;
+      if (!error_.empty()) fail(std::exchange(error_, std::string()));
+    }
+    if (!ran) {
+      int at_shuffle = 0;
+      const Fiber* example = nullptr;
+      for (int i = 0; i < threads_; ++i) {
+        const Fiber& f = fibers_[static_cast<size_t>(i)];
+        if (f.state == State::kAtShuffle) ++at_shuffle;
+        if (example == nullptr && f.state != State::kDone) example = &f;
+      }
+      fail("CUDA emulator: kernel ", kernel_, " deadlocked in block ", dims(block_idx), ": ",
+           at_barrier_, " thread(s) wait at __syncthreads and ", at_shuffle,
+           " in warp shuffles, of ", live_, " live (e.g. thread ",
+           example != nullptr ? dims(example->indices.thread_idx) : std::string("?"),
+           "): a barrier some threads never reach");
+    }
+  }
+}
+
+void Scheduler::run(const char* kernel, Dim3 grid, Dim3 block, void (*body)(void*), void* context) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > kMaxThreadsPerBlock || block.z > 64)
+    fail("CUDA emulator: kernel ", kernel, " launched with block ", dims(block),
+         ": a block holds 1 to 1024 threads, z at most 64 (cudaErrorInvalidConfiguration)");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 ||
+      grid.z > 65535)
+    fail("CUDA emulator: kernel ", kernel, " launched with grid ", dims(grid),
+         ": x in [1, 2^31 - 1], y and z in [1, 65535] (cudaErrorInvalidConfiguration)");
+  kernel_ = kernel;
+  grid_ = grid;
+  block_ = block;
+  body_ = body;
+  body_context_ = context;
+  threads_ = static_cast<int>(threads);
+  warp_arrived_.assign(static_cast<size_t>((threads_ + kWarpSize - 1) / kWarpSize), 0);
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) run_block({x, y, z});
+}
+
+}  // namespace
+
+const ThreadIndices& current() {
+  Scheduler* s = t_scheduler != nullptr ? t_scheduler : &scheduler();
+  return s->running().indices;
+}
+
+void run_kernel(const char* kernel, Dim3 grid, Dim3 block, void (*body)(void*), void* context) {
+  scheduler().run(kernel, grid, block, body, context);
+}
+
+void sync_threads() {
+  scheduler().sync_threads();
+}
+
+void warp_exchange(const void* value, void* out, size_t bytes, int source_lane) {
+  scheduler().warp_exchange(value, out, bytes, source_lane);
+}
+
+int lane_id() {
+  return scheduler().running().linear % kWarpSize;
+}
+
+}  // namespace loom::cuda_emu

@@ -1,0 +1,61 @@
+// The CUDA emulator's execution model: a kernel's grid runs on the calling host thread, one block
+// after another, each CUDA thread of a block a fiber with its own small stack. A fiber runs until
+// it finishes or waits at a barrier: __syncthreads (the block's live threads) or a warp shuffle
+// (its warp's 32 lanes). The emulator thereby runs CUDA kernels written for the GPU, barriers and
+// warp-synchronous reductions included, on machines without one (the build preset
+// "cuda-emulated", docs/testing.md), and turns what the GPU would do silently wrong into errors:
+//  - a shuffle while a lane of the warp has exited (undefined with a full mask),
+//  - a barrier some threads never reach (a deadlock on the GPU),
+//  - more than 1024 threads per block, or a grid dimension past the GPU's limits.
+//
+// Blocks run in order and the fibers of a block round robin, so an emulated run is deterministic;
+// it says nothing about races between blocks (atomics are plain operations here) nor about speed.
+// Plain C++ with no CUDA headers: the kernel-side names (threadIdx, __syncthreads, ...) are mapped
+// onto this by kernel_api.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace loom::cuda_emu {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// What a CUDA thread reads as threadIdx, blockIdx, blockDim and gridDim.
+struct ThreadIndices {
+  Dim3 thread_idx, block_idx, block_dim, grid_dim;
+};
+
+// The indices of the CUDA thread running now. Only inside a kernel run by run_kernel.
+const ThreadIndices& current();
+
+// Runs body(context) once per CUDA thread of a grid × block launch, and returns when every thread
+// has finished. Throws loom::Error naming `kernel` on a bad launch configuration, a deadlock or a
+// shuffle with exited lanes. Kernels must not throw. Not reentrant: a kernel does not launch
+// kernels.
+void run_kernel(const char* kernel, Dim3 grid, Dim3 block, void (*body)(void*), void* context);
+
+// The same for a callable: run_kernel(name, grid, block, [&] { my_kernel(args...); }).
+template <typename Body>
+void run_kernel(const char* kernel, Dim3 grid, Dim3 block, Body&& body) {
+  using B = std::remove_reference_t<Body>;
+  run_kernel(
+      kernel, grid, block, [](void* c) { (*static_cast<B*>(c))(); },
+      const_cast<void*>(static_cast<const void*>(&body)));
+}
+
+// __syncthreads(): waits until every live thread of the block has arrived.
+void sync_threads();
+
+// The exchange behind the warp shuffles: every lane of the calling warp offers `bytes` (at most 8)
+// of `value` and receives lane `source_lane`'s offer into `out` (its own when source_lane is
+// outside [0, 32)). All 32 lanes must take part.
+void warp_exchange(const void* value, void* out, size_t bytes, int source_lane);
+
+// This thread's lane in its warp (threads are numbered x fastest, then y, then z, as on the GPU).
+int lane_id();
+
+}  // namespace loom::cuda_emu

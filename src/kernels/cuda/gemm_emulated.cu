@@ -1,0 +1,123 @@
+// cuda::gemm under the CUDA emulator (LOOM_CUDA_EMULATE), in place of gemm.cu: cuBLASLt needs a
+// GPU. The same row-major contract, checked as strictly: the operands must be GPU memory, the
+// bias is for unbatched products only, K = 0 is refused. Operands are rounded as the tensor cores
+// see them at the process's matmul precision (bf16 and fp16 to nearest even, TF32 to 10 mantissa
+// bits), products summed in double and rounded once to fp32; beta = 0 never reads C (it may hold
+// anything, as cuBLAS allows). So the emulated GEMM is at least as accurate as the GPU's, and the
+// tolerances the CUDA tests allow the GPU hold for it too.
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+namespace {
+
+float round_operand(float x, MatmulPrecision precision) {
+  switch (precision) {
+    case MatmulPrecision::kBf16:
+      return __bfloat162float(__float2bfloat16_rn(x));
+    case MatmulPrecision::kFp16:
+      return __half2float(__float2half_rn(x));
+    case MatmulPrecision::kTf32: {
+      if (!std::isfinite(x)) return x;
+      uint32_t u = 0;
+      std::memcpy(&u, &x, sizeof u);
+      u = (u + 0x1000u) & ~0x1fffu;  // keep 10 of 23 mantissa bits, rounding half away from zero
+      std::memcpy(&x, &u, sizeof x);
+      return x;
+    }
+    case MatmulPrecision::kFp32:
+      break;
+  }
+  return x;
+}
+
+void expect_gpu_memory(const void* p, int device, const char* what) {
+  cudaPointerAttributes attr{};
+  LOOM_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+  if (attr.type != cudaMemoryTypeDevice || attr.device != device)
+    fail("cuda::gemm: ", what, " is not memory of GPU cuda:", device);
+}
+
+// op(X) as a dense rows × cols row-major matrix of rounded values.
+std::vector<float> dense_operand(const float* X, bool trans, int64_t rows, int64_t cols, int64_t ld,
+                                 MatmulPrecision precision) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[static_cast<size_t>(r * cols + c)] =
+          round_operand(trans ? X[c * ld + r] : X[r * ld + c], precision);
+  return out;
+}
+
+void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool trans_b, int64_t M,
+                    int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                    int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                    GemmBatch batch) {
+  if (M < 0 || N < 0 || K < 0 || batch.count < 1)
+    fail("cuda::gemm: bad sizes M=", M, " N=", N, " K=", K, " batch=", batch.count);
+  if (M == 0 || N == 0) return;
+  if (K == 0) fail("cuda::gemm: K = 0 is not supported (M=", M, " N=", N, ")");
+  if (bias != nullptr && batch.count > 1)
+    fail("cuda::gemm: a bias is supported on unbatched GEMMs only");
+  DeviceGuard guard(device);
+  expect_gpu_memory(A, device, "A");
+  expect_gpu_memory(B, device, "B");
+  expect_gpu_memory(C, device, "C");
+  if (bias != nullptr) expect_gpu_memory(bias, device, "the bias");
+  for (int64_t b = 0; b < batch.count; ++b) {
+    // Rows of op(A) (M × K) and of op(B)ᵀ (N × K), so each output is a contiguous dot product.
+    const std::vector<float> a =
+        dense_operand(A + b * batch.stride_a, trans_a, M, K, lda, precision);
+    const std::vector<float> bt =
+        dense_operand(B + b * batch.stride_b, !trans_b, N, K, ldb, precision);
+    float* c = C + b * batch.stride_c;
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        const float* ai = a.data() + i * K;
+        const float* bj = bt.data() + j * K;
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(ai[k]) * bj[k];
+        double value = static_cast<double>(alpha) * acc;
+        if (beta != 0.0f) value += static_cast<double>(beta) * c[i * ldc + j];
+        if (bias != nullptr) value += bias[j];
+        c[i * ldc + j] = static_cast<float>(value);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc, const float* bias, GemmBatch batch) {
+  reference_gemm(matmul_precision(), device, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
+                 C, ldc, bias, batch);
+}
+
+// The emulator's own rate, for benchmarks run under it (n capped at 256: it is a loop nest).
+double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters) {
+  if (n < 1 || iters < 1) fail("measure_gemm_tflops: n and iters must be positive");
+  n = std::min<int64_t>(n, 256);
+  DeviceGuard guard(device);
+  Scratch<float> a(device, n * n), b(device, n * n), c(device, n * n);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(a.get(), 0, static_cast<size_t>(n * n) * 4, nullptr));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, static_cast<size_t>(n * n) * 4, nullptr));
+  double best = 0;
+  for (int i = 0; i < iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    reference_gemm(precision, device, false, false, n, n, n, 1.0f, a.get(), n, b.get(), n, 0.0f,
+                   c.get(), n, nullptr, GemmBatch{});
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (best == 0 || s < best) best = s;
+  }
+  return 2.0 * static_cast<double>(n) * n * n / best / 1e12;
+}
+
+}  // namespace loom::cuda

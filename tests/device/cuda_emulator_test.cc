@@ -1,0 +1,175 @@
+// The CUDA emulator's execution model (device/cuda/emulator/scheduler.h), on kernels written
+// against it directly: every thread of a grid runs once with its indices, __syncthreads orders
+// a block's shared-memory writes before the reads, warp shuffles exchange lanes' values, and what
+// the GPU would hang on or leave undefined (a shuffle with exited lanes, a barrier some threads
+// never reach, a bad launch shape) is an error naming the kernel. The CUDA kernels themselves run
+// on it in the preset cuda-emulated (tests/cuda).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "device/cuda/emulator/scheduler.h"
+
+namespace loom::cuda_emu {
+namespace {
+
+template <typename F>
+void expect_error_mentioning(F&& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected loom::Error";
+  } catch (const Error& e) {
+    for (const std::string& needle : needles)
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+          << needle << " in: " << e.what();
+  }
+}
+
+int lane() {
+  return lane_id();
+}
+
+float xor_shuffle(float v, int mask) {
+  float out = 0;
+  warp_exchange(&v, &out, sizeof v, lane() ^ mask);
+  return out;
+}
+
+TEST(CudaEmulator, EveryThreadOfTheGridRunsOnceWithItsIndices) {
+  const Dim3 grid{3, 2, 2}, block{4, 3, 2};
+  std::vector<int> seen(3 * 2 * 2 * 4 * 3 * 2, 0);
+  run_kernel("indices", grid, block, [&] {
+    const ThreadIndices& t = current();
+    EXPECT_EQ(t.block_dim.x, 4u);
+    EXPECT_EQ(t.grid_dim.z, 2u);
+    const unsigned block_id = (t.block_idx.z * 2 + t.block_idx.y) * 3 + t.block_idx.x;
+    const unsigned thread_id = (t.thread_idx.z * 3 + t.thread_idx.y) * 4 + t.thread_idx.x;
+    ++seen[block_id * 24 + thread_id];
+  });
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "thread " << i;
+}
+
+// Each thread writes its slot, then (after the barrier) reads its neighbour's: without the
+// barrier thread 0 would read slot 1 before thread 1 wrote it, as fibers run in order.
+TEST(CudaEmulator, SyncThreadsOrdersWritesBeforeReads) {
+  constexpr int kThreadsPerBlock = 256;
+  std::vector<int> out(2 * kThreadsPerBlock, -1);
+  run_kernel("neighbours", {2}, {kThreadsPerBlock}, [&] {
+    static thread_local int slots[kThreadsPerBlock];  // what __shared__ becomes
+    const int t = static_cast<int>(current().thread_idx.x);
+    const int b = static_cast<int>(current().block_idx.x);
+    slots[t] = 1000 * b + t;
+    sync_threads();
+    const int neighbour = slots[(t + 1) % kThreadsPerBlock];
+    out[static_cast<size_t>(b * kThreadsPerBlock + t)] = neighbour;
+  });
+  for (int b = 0; b < 2; ++b)
+    for (int t = 0; t < kThreadsPerBlock; ++t)
+      EXPECT_EQ(out[static_cast<size_t>(b * kThreadsPerBlock + t)],
+                1000 * b + (t + 1) % kThreadsPerBlock);
+}
+
+TEST(CudaEmulator, ThreadsThatExitCountAsArrivedAtTheBarrier) {
+  std::vector<int> out(64, 0);
+  run_kernel("early exit", {1}, {64}, [&] {
+    const unsigned t = current().thread_idx.x;
+    if (t >= 40) return;  // whole warps and a part of one
+    sync_threads();
+    out[t] = 1;
+  });
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(out[static_cast<size_t>(t)], t < 40 ? 1 : 0);
+}
+
+TEST(CudaEmulator, XorShufflesSumAWarpInEveryLane) {
+  std::vector<float> out(128);
+  run_kernel("warp sum", {1}, {128}, [&] {
+    const unsigned t = current().thread_idx.x;
+    float v = static_cast<float>(t);
+    for (int offset = 16; offset > 0; offset >>= 1) v += xor_shuffle(v, offset);
+    out[t] = v;
+  });
+  for (unsigned t = 0; t < 128; ++t) {
+    const unsigned w = t / 32;
+    const float want = static_cast<float>(32 * (32 * w) + 31 * 32 / 2);
+    EXPECT_EQ(out[t], want) << "lane " << t % 32 << " of warp " << w;
+  }
+}
+
+TEST(CudaEmulator, ShuffleFromAMissingLaneGivesTheLanesOwnValue) {
+  std::vector<double> out(32);
+  run_kernel("shuffle down", {1}, {32}, [&] {
+    const unsigned t = current().thread_idx.x;
+    double v = t, got = 0;
+    warp_exchange(&v, &got, sizeof v, static_cast<int>(t) + 4);  // __shfl_down_sync(.., 4)
+    out[t] = got;
+  });
+  for (unsigned t = 0; t < 32; ++t) EXPECT_EQ(out[t], t + 4 < 32 ? t + 4 : t);
+}
+
+TEST(CudaEmulator, ShuffleWithAnExitedLaneIsAnError) {
+  expect_error_mentioning(
+      [] {
+        run_kernel("ragged shuffle", {1}, {32}, [] {
+          if (current().thread_idx.x == 7) return;
+          (void)xor_shuffle(1.0f, 1);
+        });
+      },
+      {"ragged shuffle", "thread (7, 0, 0) exited", "waits in a warp shuffle"});
+}
+
+TEST(CudaEmulator, ABarrierSomeThreadsNeverReachIsADeadlockError) {
+  expect_error_mentioning(
+      [] {
+        run_kernel("split warp", {1}, {32}, [] {
+          if (current().thread_idx.x < 16)
+            sync_threads();
+          else
+            (void)xor_shuffle(1.0f, 1);
+        });
+      },
+      {"split warp", "deadlocked", "16 thread(s) wait at __syncthreads", "16 in warp shuffles"});
+  // The emulator is usable again after an error.
+  int ran = 0;
+  run_kernel("after", {2}, {32}, [&] { ++ran; });
+  EXPECT_EQ(ran, 64);
+}
+
+TEST(CudaEmulator, BadLaunchShapesAreRefused) {
+  expect_error_mentioning([] { run_kernel("too wide", {1}, {1025}, [] {}); },
+                          {"too wide", "1 to 1024 threads"});
+  expect_error_mentioning(
+      [] {
+        run_kernel("too tall", {1, 65536}, {32}, [] {});
+      },
+      {"too tall", "65535"});
+  expect_error_mentioning([] { run_kernel("empty", {0}, {32}, [] {}); }, {"empty"});
+  expect_error_mentioning([] { (void)current(); }, {"outside a kernel"});
+}
+
+// Host threads (thread ranks) emulate their kernels independently, with their own shared memory.
+TEST(CudaEmulator, HostThreadsRunKernelsIndependently) {
+  std::vector<long> totals(4, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] {
+      for (int rep = 0; rep < 20; ++rep)
+        run_kernel("per rank", {3}, {64}, [&] {
+          static thread_local long block_total[1];
+          const unsigned t = current().thread_idx.x;
+          if (t == 0) block_total[0] = 0;
+          sync_threads();
+          if (t % 32 == 0) block_total[0] += r + 1;  // one lane per warp: 2 warps
+          sync_threads();
+          if (t == 0) totals[static_cast<size_t>(r)] += block_total[0];
+        });
+    });
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(totals[static_cast<size_t>(r)], 20 * 3 * 2 * (r + 1));
+}
+
+}  // namespace
+}  // namespace loom::cuda_emu
