@@ -3,19 +3,28 @@
 // host memory from a registry that knows each allocation's GPU and size, so copies check what the
 // driver would (a device pointer where one is due, the range inside its allocation) and pointer
 // attributes answer truthfully. Fresh allocations are filled with 0xff bytes (NaN as floats), so
-// a kernel that reads memory nobody wrote shows up as NaN instead of a lucky zero. Everything is
-// synchronous: a kernel runs when launched, so streams and events only keep time.
+// a kernel that reads memory nobody wrote shows up as NaN instead of a lucky zero. Kernels and
+// copies run when issued; what finishes later is emulated NCCL work (streams.h), which events
+// and synchronisations wait for.
 //
-// LOOM_CUDA_EMULATE_DEVICES (default 2) sets the number of emulated GPUs, each with 2 SMs (grids
+// LOOM_CUDA_EMULATE_DEVICES (default 4) sets the number of emulated GPUs, each with 2 SMs (grids
 // sized by SM count stay small) and 80 GiB.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "device/cuda/emulator/streams.h"
 
 namespace {
 
@@ -25,9 +34,8 @@ constexpr size_t kBytesPerGpu = size_t{80} << 30;
 int emulated_devices() {
   static const int count = [] {
     const char* v = std::getenv("LOOM_CUDA_EMULATE_DEVICES");
-    if (v == nullptr || *v == '\0') return 2;
-    const int n = std::atoi(v);
-    return n < 0 ? 0 : n;
+    if (v == nullptr || *v == '\0') return 4;
+    return std::clamp(std::atoi(v), 0, 64);
   }();
   return count;
 }
@@ -102,12 +110,62 @@ cudaError_t copy(const char* call, void* dst, const void* src, size_t count, cud
   return cudaSuccess;
 }
 
+using Works = std::vector<std::shared_ptr<loom::cuda_emu::StreamWork>>;
+
+bool all_done(const Works& works) {
+  return std::all_of(works.begin(), works.end(), [](const auto& w) { return w->done.load(); });
+}
+
+void wait_for(const Works& works) {
+  for (int polls = 0; !all_done(works); ++polls) {
+    if (polls < 1000)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 }  // namespace
 
 struct CUevent_st {
   std::chrono::steady_clock::time_point at{};
+  Works waits_for;  // the stream's unfinished work when recorded
 };
-struct CUstream_st {};
+
+struct CUstream_st {
+  std::mutex mutex;
+  Works pending;
+  Works unfinished() {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::erase_if(pending, [](const auto& w) { return w->done.load(); });
+    return pending;
+  }
+};
+
+namespace {
+
+std::mutex g_streams_mutex;
+std::set<cudaStream_t>
+    g_streams;  // created and not destroyed: what cudaDeviceSynchronize waits for
+
+bool is_created(cudaStream_t stream) {
+  return stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
+}
+
+}  // namespace
+
+namespace loom::cuda_emu {
+
+void enqueue_on_stream(cudaStream_t stream, std::shared_ptr<StreamWork> work) {
+  if (!is_created(stream)) {
+    wait_for({std::move(work)});
+    return;
+  }
+  std::lock_guard<std::mutex> lock(stream->mutex);
+  stream->pending.push_back(std::move(work));
+}
+
+}  // namespace loom::cuda_emu
 
 extern "C" {
 
@@ -215,10 +273,17 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  std::vector<cudaStream_t> streams;
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    streams.assign(g_streams.begin(), g_streams.end());
+  }
+  for (cudaStream_t s : streams) wait_for(s->unfinished());
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (is_created(stream)) wait_for(stream->unfinished());
   return cudaSuccess;
 }
 
@@ -271,17 +336,19 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   return cudaEventCreate(event);
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->at = std::chrono::steady_clock::now();
+  event->waits_for = is_created(stream) ? stream->unfinished() : Works{};
   return cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  wait_for(event->waits_for);
   return cudaSuccess;
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t) {
-  return cudaSuccess;
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  return all_done(event->waits_for) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -296,15 +363,24 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
   *stream = new CUstream_st;
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  g_streams.insert(*stream);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    g_streams.erase(stream);
+  }
   delete stream;
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {
+// A created stream takes on the event's unfinished work; the default streams run their kernels
+// when launched, so the caller waits for it now.
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  for (const auto& work : event->waits_for) loom::cuda_emu::enqueue_on_stream(stream, work);
   return cudaSuccess;
 }
 

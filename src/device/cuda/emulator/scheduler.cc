@@ -30,10 +30,12 @@ constexpr size_t kStackBytes = size_t{64} << 10;
 extern "C" void loom_emu_switch(void** save_sp, void* next_sp);
 extern "C" void loom_emu_trampoline();
 
-// loom_emu_switch saves the callee-saved registers and the x87 / SSE control words on the current
-// stack, stores the stack pointer in *save_sp, and restores the same from next_sp. A new fiber's
-// stack is laid out as if it had been switched away from, returning into loom_emu_trampoline,
-// which calls the function left in r13.
+// loom_emu_switch saves the callee-saved registers on the current stack, stores the stack pointer
+// in *save_sp, and restores the same from next_sp. A new fiber's stack is laid out as if it had
+// been switched away from, returning into loom_emu_trampoline, which calls the function left in
+// r13. The x87 and SSE control words are not switched (the SysV ABI would have them callee-saved):
+// every fiber runs on the host thread that made it, and no kernel changes rounding modes; the
+// reloads (ldmxcsr, fldcw) stall the pipeline and cost more than the rest of the switch.
 __asm__(R"(
   .text
   .p2align 4
@@ -47,14 +49,8 @@ loom_emu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $16, %rsp
-  stmxcsr 8(%rsp)
-  fnstcw (%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  fldcw (%rsp)
-  ldmxcsr 8(%rsp)
-  addq $16, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -81,18 +77,12 @@ struct Context {
 // A fresh context on [stack, stack + bytes) that starts in entry().
 void make_context(Context& context, char* stack, size_t bytes, void (*entry)()) {
   const auto top = (reinterpret_cast<uintptr_t>(stack + bytes) - 64) & ~uintptr_t{15};
-  // After the 16 bytes of control words and the 7 slots are popped, the trampoline runs with the
+  // Six registers and the return address: after they are popped the trampoline runs with the
   // stack 16-byte aligned, as a call instruction expects.
-  auto* frame = reinterpret_cast<uint64_t*>(top - 72);
-  std::memset(frame, 0, 72);
-  uint16_t fpu_control = 0;
-  uint32_t sse_control = 0;
-  __asm__ volatile("fnstcw %0" : "=m"(fpu_control));
-  __asm__ volatile("stmxcsr %0" : "=m"(sse_control));
-  std::memcpy(&frame[0], &fpu_control, sizeof fpu_control);
-  std::memcpy(&frame[1], &sse_control, sizeof sse_control);
-  frame[4] = reinterpret_cast<uint64_t>(entry);                 // r13
-  frame[8] = reinterpret_cast<uint64_t>(&loom_emu_trampoline);  // return address
+  auto* frame = reinterpret_cast<uint64_t*>(top - 56);
+  std::memset(frame, 0, 56);
+  frame[2] = reinterpret_cast<uint64_t>(entry);                 // r13 (popped after r15, r14)
+  frame[6] = reinterpret_cast<uint64_t>(&loom_emu_trampoline);  // return address
   context.sp = frame;
 }
 
@@ -182,7 +172,7 @@ class Scheduler {
   void (*body_)(void*) = nullptr;
   void* body_context_ = nullptr;
   int threads_ = 0, live_ = 0, at_barrier_ = 0;
-  std::vector<int> warp_arrived_;
+  std::vector<int> warp_arrived_, warp_exited_;  // per warp: lanes in a shuffle, lanes done
   std::string error_;
 };
 
@@ -223,7 +213,8 @@ void Scheduler::fail_in_fiber(Fiber& fiber, std::string message) {
 void Scheduler::on_exit(Fiber& fiber) {
   --live_;
   const int warp = fiber.linear / kWarpSize;
-  for (int l = 0; l < warp_lanes(warp); ++l) {
+  ++warp_exited_[static_cast<size_t>(warp)];
+  for (int l = 0; warp_arrived_[static_cast<size_t>(warp)] > 0 && l < warp_lanes(warp); ++l) {
     const Fiber& other = fibers_[static_cast<size_t>(warp * kWarpSize + l)];
     if (other.state == State::kAtShuffle)
       fail_in_fiber(fiber, detail::concat("CUDA emulator: ", where(fiber), " exited while lane ", l,
@@ -257,7 +248,7 @@ void Scheduler::warp_exchange(const void* value, void* out, size_t bytes, int so
     fail_in_fiber(fiber, "CUDA emulator: shuffles move 8 bytes at most");
   const int warp = fiber.linear / kWarpSize, lanes = warp_lanes(warp);
   Fiber* lane0 = &fibers_[static_cast<size_t>(warp * kWarpSize)];
-  for (int l = 0; l < lanes; ++l)
+  for (int l = 0; warp_exited_[static_cast<size_t>(warp)] > 0 && l < lanes; ++l)
     if (lane0[l].state == State::kDone)
       fail_in_fiber(fiber,
                     detail::concat("CUDA emulator: ", where(fiber), " shuffles while lane ", l,
@@ -285,6 +276,7 @@ void Scheduler::run_block(Dim3 block_idx) {
   live_ = threads_;
   at_barrier_ = 0;
   std::fill(warp_arrived_.begin(), warp_arrived_.end(), 0);
+  std::fill(warp_exited_.begin(), warp_exited_.end(), 0);
   for (int i = 0; i < threads_; ++i) {
     Fiber& f = fibers_[static_cast<size_t>(i)];
     f.state = State::kReady;
@@ -297,16 +289,24 @@ void Scheduler::run_block(Dim3 block_idx) {
     char* stack = stacks_ + kStackBytes * static_cast<size_t>(i) + guard_bytes_;
     make_context(f.context, stack, kStackBytes - guard_bytes_, &Scheduler::fiber_main);
   }
+  // Warp by warp: a warp's lanes run until the warp waits at __syncthreads or is done (each of its
+  // shuffles completes within the warp), so the 32 stacks in use stay in cache.
+  const int warps = static_cast<int>(warp_arrived_.size());
   while (live_ > 0) {
     bool ran = false;
-    for (int i = 0; i < threads_; ++i) {
-      Fiber& f = fibers_[static_cast<size_t>(i)];
-      if (f.state != State::kReady) continue;
-      running_ = &f;
-      switch_context(main_, f.context);
-      running_ = nullptr;
-      ran = true;
-      if (!error_.empty()) fail(std::exchange(error_, std::string()));
+    for (int w = 0; w < warps; ++w) {
+      for (bool warp_ran = true; warp_ran;) {
+        warp_ran = false;
+        for (int i = w * kWarpSize; i < w * kWarpSize + warp_lanes(w); ++i) {
+          Fiber& f = fibers_[static_cast<size_t>(i)];
+          if (f.state != State::kReady) continue;
+          running_ = &f;
+          switch_context(main_, f.context);
+          running_ = nullptr;
+          warp_ran = ran = true;
+          if (!error_.empty()) fail(std::exchange(error_, std::string()));
+        }
+      }
     }
     if (!ran) {
       int at_shuffle = 0;
@@ -341,32 +341,38 @@ void Scheduler::run(const char* kernel, Dim3 grid, Dim3 block, void (*body)(void
   body_context_ = context;
   threads_ = static_cast<int>(threads);
   warp_arrived_.assign(static_cast<size_t>((threads_ + kWarpSize - 1) / kWarpSize), 0);
+  warp_exited_ = warp_arrived_;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) run_block({x, y, z});
 }
 
-}  // namespace
-
-const ThreadIndices& current() {
-  Scheduler* s = t_scheduler != nullptr ? t_scheduler : &scheduler();
-  return s->running().indices;
+// Inside a kernel t_scheduler is set (run_kernel went through scheduler()); outside, running()
+// refuses.
+Scheduler& in_kernel() {
+  return t_scheduler != nullptr ? *t_scheduler : scheduler();
 }
+
+}  // namespace
 
 void run_kernel(const char* kernel, Dim3 grid, Dim3 block, void (*body)(void*), void* context) {
   scheduler().run(kernel, grid, block, body, context);
 }
 
+const ThreadIndices& current() {
+  return in_kernel().running().indices;
+}
+
 void sync_threads() {
-  scheduler().sync_threads();
+  in_kernel().sync_threads();
 }
 
 void warp_exchange(const void* value, void* out, size_t bytes, int source_lane) {
-  scheduler().warp_exchange(value, out, bytes, source_lane);
+  in_kernel().warp_exchange(value, out, bytes, source_lane);
 }
 
 int lane_id() {
-  return scheduler().running().linear % kWarpSize;
+  return in_kernel().running().linear % kWarpSize;
 }
 
 }  // namespace loom::cuda_emu
