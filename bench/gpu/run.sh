@@ -169,17 +169,31 @@ BF16_PEAK=$(peak_of bf16 790)
 TF32_PEAK=$(peak_of tf32 494.7)
 FP32_PEAK=$(peak_of fp32 67)
 note "      peaks (TFLOP/s): bf16 $BF16_PEAK, tf32 $TF32_PEAK, fp32 $FP32_PEAK"
+# The last figure bench.log holds, labelled, into the summary.
+figure() {
+  local line
+  line=$(grep -o '{.*"tokens_per_s".*}' "$OUT/bench.log" 2>/dev/null | tail -n 1)
+  note "      $1: ${line:-no figure}"
+}
 step gpt2_bf16 bench 150 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 20 --warmup 3 --precision bf16 --peak-tflops "$BF16_PEAK" --json
+figure "bf16, flash attention"
+# The same with attention through batched GEMMs and a (B·NH, T, T) score matrix: what the fused
+# kernels (kernels/cuda/flash_attention.cu) buy.
+step gpt2_bf16_gemm_attention bench 60 env LOOM_CUDA_FLASH_ATTENTION=0 "$BIN/loom" bench train \
+  --shape gpt2-124m --device cuda --batch 16 --seq 1024 --steps 8 --warmup 2 --precision bf16 \
+  --peak-tflops "$BF16_PEAK" --json
+figure "bf16, attention through GEMMs"
 # Where the bf16 step's time goes, by op kind (CUDA events around each op: a separate run, so
 # that the events do not touch the figure above).
 step gpt2_bf16_profile bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 \
   --seq 1024 --steps 5 --warmup 2 --precision bf16 --profile
 step gpt2_tf32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 8 --warmup 2 --precision tf32 --peak-tflops "$TF32_PEAK" --json
+figure "tf32"
 step gpt2_fp32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 4 --warmup 1 --precision fp32 --peak-tflops "$FP32_PEAK" --json
-grep -o '{.*"tokens_per_s".*}' "$OUT/bench.log" 2>/dev/null | while read -r line; do note "      $line"; done
+figure "fp32"
 
 # ---- 5. everything else, as time allows (a source build only) ----------------------------------
 if [[ -d build/cuda && ! -f .gpu_pack/loom-gpu.tar.xz ]] || [[ ${LOOM_GPU_BUILD:-0} == 1 ]]; then

@@ -293,6 +293,37 @@ TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {
   EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first)) << "dqkv not reproducible";
 }
 
+// With bf16 matmuls and head size 64 the fused flash-attention kernels run (bf16 Q, K, V, P and
+// dS on the tensor cores, fp32 accumulation): within bf16's rounding of the fp32 CPU kernel, over
+// a T that is not a multiple of their 32-row tiles, and bit for bit the same when run again.
+TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
+  const int64_t B = 2, T = 77, C = 128, NH = 2;  // head size 64
+  Pair qkv = random_pair(B * T * 3 * C, 62);
+  Pair out = pair_of(std::vector<float>(B * T * C)), lse = pair_of(std::vector<float>(B * NH * T));
+  ops::attention_forward<float>(on_cpu, out.h(), lse.h(), qkv.h(), B, T, C, NH);
+  ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
+  expect_pair_close("flash out", out, 1e-2);
+  expect_pair_close("flash lse", lse, 1e-2);
+
+  Pair dout = random_pair(B * T * C, 63), dqkv = pair_of(std::vector<float>(B * T * 3 * C));
+  ops::attention_backward<float>(on_cpu, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, C,
+                                 NH);
+  // The GPU's own forward results, as in training.
+  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
+                                 NH);
+  expect_pair_close("flash dqkv", dqkv, 2e-2);
+  const std::vector<float> first_out = out.from_gpu(), first_dqkv = dqkv.from_gpu();
+  ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
+  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
+                                 NH);
+  EXPECT_TRUE(bitwise_equal(out.from_gpu(), first_out)) << "flash out not reproducible";
+  EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first_dqkv)) << "flash dqkv not reproducible";
+}
+
 TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
   const int64_t N = 33, V = 5003;
   Pair logits = random_pair(N * V, 70, -8.0, 8.0);

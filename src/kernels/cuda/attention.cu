@@ -1,14 +1,15 @@
-// Causal self-attention, first version: heads are split out of qkv into contiguous (B·NH, T, hd)
-// tensors, scores go through batched cuBLASLt GEMMs into a (B·NH, T, T) scratch matrix, and a
-// warp per row does the causal softmax. Same contract as the CPU kernel (out and lse kept, the
-// backward recomputes the probabilities from lse); the T×T scratch is what a fused flash-style
-// kernel will remove.
+// Causal self-attention. With bf16 matmuls and head size 64 the fused kernels of
+// flash_attention.cu run; otherwise (fp32 / TF32 / fp16, other head sizes) heads are split out
+// of qkv into contiguous (B·NH, T, hd) tensors, scores go through batched cuBLASLt GEMMs into a
+// (B·NH, T, T) scratch matrix, and a warp per row does the causal softmax. Same contract as the
+// CPU kernel either way (out and lse kept, the backward recomputes the probabilities from lse).
 //
 // Backward, per head, with P = exp(S - lse) (zero above the diagonal) and D_i = Σ_d dO_id·O_id:
 //   dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP - D) / sqrt(hd),  dQ = dS·K,  dK = dSᵀ·Q.
 #include <cmath>
 
 #include "base/error.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -125,6 +126,10 @@ void attention_forward(int device, float* out, float* lse, const float* qkv, int
                        int64_t C, int64_t NH) {
   check_shapes(C, NH);
   if (B * T == 0) return;
+  if (flash_attention_applies(C, NH, B)) {
+    flash_attention_forward(device, out, lse, qkv, B, T, C, NH);
+    return;
+  }
   DeviceGuard guard(device);
   const int64_t hd = C / NH, heads = B * NH, n = B * T * C;
   const HeadIndex at{T, C, NH, hd};
@@ -154,16 +159,21 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
   const int64_t hd = C / NH, heads = B * NH, n = B * T * C, rows = heads * T;
   const HeadIndex at{T, C, NH, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Scratch<float> D(device, rows);
+  launch("attention_backward (D)", row_dot_kernel, blocks_of(rows, kRowsPerBlock),
+         kRowsPerBlock * 32, D.get(), dout, out, at, rows);
+  if (flash_attention_applies(C, NH, B)) {
+    flash_attention_backward(device, dqkv, dout, qkv, lse, D.get(), B, T, C, NH);
+    return;
+  }
   Scratch<float> q(device, n), k(device, n), v(device, n), dy(device, n);
-  Scratch<float> dq(device, n), dk(device, n), dv(device, n), D(device, rows);
+  Scratch<float> dq(device, n), dk(device, n), dv(device, n);
   Scratch<float> P(device, heads * T * T), dP(device, heads * T * T);
 
   launch("attention_backward (split heads)", split_heads_kernel, blocks_for(n, kThreads), kThreads,
          q.get(), k.get(), v.get(), qkv, at, n);
   launch("attention_backward (dout to heads)", rows_to_heads_kernel, blocks_for(n, kThreads),
          kThreads, dy.get(), dout, at, n);
-  launch("attention_backward (D)", row_dot_kernel, blocks_of(rows, kRowsPerBlock),
-         kRowsPerBlock * 32, D.get(), dout, out, at, rows);
 
   head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, P.get(),
             T, T * T, heads);

@@ -28,7 +28,10 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
   cuda_emu::run_kernel(name, {grid.x, grid.y, grid.z}, {block.x, block.y, block.z},
                        [&] { kernel(args...); });
 #else
-  kernel<<<grid, block> > >(args...);
+  // clang-format reads .cuh files as C++ and would split the chevrons.
+  // clang-format off
+  kernel<<<grid, block>>>(args...);
+  // clang-format on
 #endif
   check_launch(name);
 }

@@ -96,3 +96,89 @@ inline float __fsqrt_rn(float a) {
 inline float __fmaf_rn(float a, float b, float c) {
   return std::fma(a, b, c);
 }
+
+// __syncwarp(): the 32 lanes of the warp meet (a shuffle nobody reads).
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
+  (void)::loom::cuda_emu::shuffle_from(0, ::loom::cuda_emu::lane_id());
+}
+
+// Warp matrix operations (mma.h) on 16×16×16 tiles. On the GPU a fragment is spread over the
+// warp's lanes in an unspecified order; here every lane keeps the whole tile, row-major, which
+// honours the one thing kernels may assume: x[] element-wise operations apply to every element
+// once. The *_sync calls meet the warp first, as their names promise.
+namespace nvcuda::wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static constexpr int rows = std::is_same_v<Use, matrix_b> ? K : M;
+  static constexpr int cols = std::is_same_v<Use, matrix_a> ? K : N;
+  static constexpr int num_elements = rows * cols;
+  T x[num_elements];
+};
+
+template <typename Use, int M, int N, int K, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned ldm) {
+  using F = fragment<Use, M, N, K, T, Layout>;
+  __syncwarp();
+  for (int r = 0; r < F::rows; ++r)
+    for (int c = 0; c < F::cols; ++c)
+      f.x[r * F::cols + c] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r];
+}
+
+template <int M, int N, int K, typename T>
+void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm,
+                      layout_t layout) {
+  __syncwarp();
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c)
+      f.x[r * N + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+
+template <int M, int N, int K, typename T>
+void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm,
+                       layout_t layout) {
+  __syncwarp();
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c)
+      (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * N + c];
+}
+
+template <typename Use, int M, int N, int K, typename T, typename Layout, typename V>
+void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, const V& value) {
+  for (T& e : f.x) e = static_cast<T>(value);
+}
+
+inline float to_float(float x) {
+  return x;
+}
+inline float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+inline float to_float(__half x) {
+  return __half2float(x);
+}
+
+// d = a·b + c, fp32 products summed in k order (the tensor cores' order is theirs).
+template <int M, int N, int K, typename T, typename LA, typename LB>
+void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, T, LA>& a,
+              const fragment<matrix_b, M, N, K, T, LB>& b,
+              const fragment<accumulator, M, N, K, float>& c) {
+  __syncwarp();
+  float out[M * N];
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      float acc = c.x[m * N + n];
+      for (int k = 0; k < K; ++k) acc += to_float(a.x[m * K + k]) * to_float(b.x[k * N + n]);
+      out[m * N + n] = acc;
+    }
+  std::memcpy(d.x, out, sizeof out);
+}
+
+}  // namespace nvcuda::wmma

@@ -1,0 +1,21 @@
+// The fused attention kernels (flash_attention.cu) that attention.cu dispatches to when they apply.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cuda {
+
+// Head size 64, the matmul precision bf16 (the kernels' operands are bf16), and not switched off
+// with LOOM_CUDA_FLASH_ATTENTION=0 (for comparisons with the GEMM path).
+bool flash_attention_applies(int64_t C, int64_t NH, int64_t B);
+
+// attention_forward's contract (kernels.h).
+void flash_attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
+                             int64_t T, int64_t C, int64_t NH);
+
+// attention_backward's contract, given D = rowsum(dout ∘ out) per (b, h, t).
+void flash_attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
+                              const float* lse, const float* D, int64_t B, int64_t T, int64_t C,
+                              int64_t NH);
+
+}  // namespace loom::cuda
