@@ -318,6 +318,20 @@ ncclResult_t post(ncclComm* c, Post part, cudaStream_t stream) {
   return ncclSuccess;
 }
 
+// A collective's part (count is per rank for all-gather and reduce-scatter, as in NCCL).
+ncclResult_t collective(Kind kind, const void* send, void* recv, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, int root, ncclComm* c, cudaStream_t stream) {
+  Post part;
+  part.kind = kind;
+  part.send = send;
+  part.recv = recv;
+  part.count = count;
+  part.type = type;
+  part.op = op;
+  part.root = root;
+  return post(c, part, stream);
+}
+
 // Forgets everything of `c` that others could still touch: its parts of unfinished collectives
 // (finished, so its stream does not wait forever), its waiting receives.
 void forget_locked(ncclComm* c) {
@@ -523,64 +537,32 @@ ncclResult_t ncclGroupEnd() {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  Post p;
-  p.kind = Kind::kAllReduce;
-  p.send = sendbuff;
-  p.recv = recvbuff;
-  p.count = count;
-  p.type = datatype;
-  p.op = op;
-  return post(comm, p, stream);
+  return collective(Kind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm, stream);
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  Post p;
-  p.kind = Kind::kReduce;
-  p.send = sendbuff;
-  p.recv = recvbuff;
-  p.count = count;
-  p.type = datatype;
-  p.op = op;
-  p.root = root;
-  return post(comm, p, stream);
+  return collective(Kind::kReduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm,
                            cudaStream_t stream) {
-  Post p;
-  p.kind = Kind::kBroadcast;
-  p.send = sendbuff;
-  p.recv = recvbuff;
-  p.count = count;
-  p.type = datatype;
-  p.root = root;
-  return post(comm, p, stream);
+  return collective(Kind::kBroadcast, sendbuff, recvbuff, count, datatype, ncclSum, root, comm,
+                    stream);
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  Post p;
-  p.kind = Kind::kAllGather;
-  p.send = sendbuff;
-  p.recv = recvbuff;
-  p.count = sendcount;
-  p.type = datatype;
-  return post(comm, p, stream);
+  return collective(Kind::kAllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm,
+                    stream);
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
-  Post p;
-  p.kind = Kind::kReduceScatter;
-  p.send = sendbuff;
-  p.recv = recvbuff;
-  p.count = recvcount;
-  p.type = datatype;
-  p.op = op;
-  return post(comm, p, stream);
+  return collective(Kind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm,
+                    stream);
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
