@@ -22,7 +22,6 @@ int64_t checked_local_heads(const Gpt2Config& c, int64_t P, const std::string& n
 TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
                          Communicator& tp, bool sequence_parallel)
     : recompute_(config.recompute),
-      channels_(config.d_model),
       local_channels_(config.d_model / tp.size()),
       local_heads_(checked_local_heads(config, tp.size(), name)),
       ln_1_(store, name + ".ln_1", config.d_model),

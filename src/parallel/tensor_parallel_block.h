@@ -44,7 +44,7 @@ class TpGpt2Block {
   Tensor run_forward(Context& ctx, const Tensor& x);
   Tensor gelu(Context& ctx) const;  // GELU(h_)
   Recompute recompute_;
-  int64_t channels_, local_channels_, local_heads_;
+  int64_t local_channels_, local_heads_;
   int64_t B_ = 0, T_ = 0;
   LayerNorm ln_1_;
   ColumnParallelLinear qkv_;

@@ -4,6 +4,7 @@
 // Everything here is synchronous on the default stream: a call returns when the GPU is done.
 // Streams, events and the kernels proper arrive with the CUDA kernels issue.
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "device/cuda/cuda_backend.h"
 #include "device/cuda/cuda_check.h"
 #ifdef LOOM_CUDA_EMULATE
+#include "device/cuda/emulator/poison.h"
 #include "device/cuda/emulator/scheduler.h"
 #endif
 
@@ -96,6 +98,13 @@ class CachingCudaAllocator final : public Allocator {
     }
     stats_.bytes_in_use += static_cast<int64_t>(size);
     stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
+#ifdef LOOM_CUDA_EMULATE
+    // As a GPU's reused block holds stale bytes: NaN, so that reading unwritten memory shows;
+    // the size class's slack and (below) freed blocks are off limits under AddressSanitizer.
+    cuda_emu::unpoison(ptr, size);
+    std::memset(ptr, 0xff, bytes);
+    cuda_emu::poison(static_cast<char*>(ptr) + bytes, size - bytes);
+#endif
     return ptr;
   }
 
@@ -105,6 +114,9 @@ class CachingCudaAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.bytes_in_use -= static_cast<int64_t>(size);
     LOOM_CHECK(stats_.bytes_in_use >= 0);
+#ifdef LOOM_CUDA_EMULATE
+    cuda_emu::poison(ptr, size);  // a kernel still using it is a use after free
+#endif
     free_blocks_[size].push_back(ptr);
   }
 
@@ -151,7 +163,7 @@ class CachingCudaAllocator final : public Allocator {
     DeviceGuard guard(index_);
     for (auto& [size, blocks] : free_blocks_) {
       while (!blocks.empty()) {
-        LOOM_CUDA_CHECK(cudaFree(blocks.back()));
+        LOOM_CUDA_CHECK(cudaFree(blocks.back()));  // (the emulator's cudaFree unpoisons it)
         blocks.pop_back();
         stats_.bytes_reserved -= static_cast<int64_t>(size);
       }

@@ -3,7 +3,8 @@
 // host memory from a registry that knows each allocation's GPU and size, so copies check what the
 // driver would (a device pointer where one is due, the range inside its allocation) and pointer
 // attributes answer truthfully. Fresh allocations are filled with 0xff bytes (NaN as floats), so
-// a kernel that reads memory nobody wrote shows up as NaN instead of a lucky zero. Kernels and
+// a kernel that reads memory nobody wrote shows up as NaN instead of a lucky zero; under
+// AddressSanitizer the bytes past the size asked for are poisoned (poison.h). Kernels and
 // copies run when issued; what finishes later is emulated NCCL work (streams.h), which events
 // and synchronisations wait for.
 //
@@ -24,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "device/cuda/emulator/poison.h"
 #include "device/cuda/emulator/streams.h"
 
 namespace {
@@ -226,6 +228,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   void* p = std::aligned_alloc(256, rounded);
   if (p == nullptr) return fail(cudaErrorMemoryAllocation, "host memory exhausted");
   std::memset(p, 0xff, rounded);
+  loom::cuda_emu::poison(static_cast<char*>(p) + size, rounded - size);  // past what was asked
   g_allocations[reinterpret_cast<uintptr_t>(p)] = {rounded, t_device};
   g_allocated[t_device] += rounded;
   *ptr = p;
@@ -239,6 +242,7 @@ cudaError_t cudaFree(void* ptr) {
   if (it == g_allocations.end())
     return fail(cudaErrorInvalidValue, "cudaFree(" + hex(ptr) + "): not a GPU allocation");
   g_allocated[it->second.device] -= it->second.bytes;
+  loom::cuda_emu::unpoison(ptr, it->second.bytes);
   g_allocations.erase(it);
   std::free(ptr);
   return cudaSuccess;

@@ -18,6 +18,17 @@
 #include <ucontext.h>
 #endif
 
+#if defined(__SANITIZE_ADDRESS__)
+#define LOOM_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LOOM_EMU_ASAN 1
+#endif
+#endif
+#ifdef LOOM_EMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace loom::cuda_emu {
 namespace {
 
@@ -107,10 +118,32 @@ void switch_context(Context& from, Context& to) {
 }
 #endif
 
+// AddressSanitizer follows a stack switch only when told (its fake stacks, its stack bounds):
+// before_switch names the stack being switched to (save = nullptr when the current fiber never
+// resumes), after_switch runs first thing in the context switched to.
+void before_switch(void** save, const void* bottom, size_t size) {
+#ifdef LOOM_EMU_ASAN
+  __sanitizer_start_switch_fiber(save, bottom, size);
+#else
+  (void)save, (void)bottom, (void)size;
+#endif
+}
+
+void after_switch(void* saved, const void** old_bottom, size_t* old_size) {
+#ifdef LOOM_EMU_ASAN
+  __sanitizer_finish_switch_fiber(saved, old_bottom, old_size);
+#else
+  (void)saved, (void)old_bottom, (void)old_size;
+#endif
+}
+
 enum class State { kReady, kAtBarrier, kAtShuffle, kDone };
 
 struct Fiber {
   Context context;
+  char* stack = nullptr;
+  size_t stack_bytes = 0;
+  void* fake_stack = nullptr;  // AddressSanitizer's, while switched away
   State state = State::kReady;
   ThreadIndices indices;
   int linear = 0;  // x fastest, then y, then z
@@ -154,9 +187,20 @@ class Scheduler {
   static void fiber_main();
   void run_block(Dim3 block_idx);
   void on_exit(Fiber& fiber);
-  void yield(Fiber& fiber) { switch_context(fiber.context, main_); }
-  // From inside a fiber: record the error and leave for good; run_block throws it.
-  [[noreturn]] void fail_in_fiber(Fiber& fiber, std::string message);
+  void yield(Fiber& fiber) {
+    before_switch(&fiber.fake_stack, main_stack_, main_stack_bytes_);
+    switch_context(fiber.context, main_);
+    after_switch(fiber.fake_stack, nullptr, nullptr);
+  }
+  // The last switch out of a fiber: it is never resumed.
+  [[noreturn]] void leave(Fiber& fiber) {
+    before_switch(nullptr, main_stack_, main_stack_bytes_);
+    switch_context(fiber.context, main_);
+    __builtin_trap();
+  }
+  // From inside a fiber, after error_ was set (in a statement of its own, so that its temporaries
+  // are gone): leave for good; run_block throws error_.
+  [[noreturn]] void fail_in_fiber(Fiber& fiber);
   std::string where(const Fiber& fiber) const;
   int warp_lanes(int warp) const { return std::min(kWarpSize, threads_ - warp * kWarpSize); }
 
@@ -164,6 +208,9 @@ class Scheduler {
   size_t mapping_bytes_ = 0, guard_bytes_ = 0;
   std::vector<Fiber> fibers_;
   Context main_;
+  void* main_fake_stack_ = nullptr;
+  const void* main_stack_ = nullptr;  // the host thread's stack, as AddressSanitizer knows it
+  size_t main_stack_bytes_ = 0;
   Fiber* running_ = nullptr;
 
   // The launch and block running now.
@@ -190,12 +237,12 @@ std::string dims(Dim3 d) {
 
 void Scheduler::fiber_main() {
   Scheduler& s = *t_scheduler;
+  after_switch(nullptr, &s.main_stack_, &s.main_stack_bytes_);
   Fiber& fiber = *s.running_;
   s.body_(s.body_context_);
   fiber.state = State::kDone;
   s.on_exit(fiber);
-  s.yield(fiber);  // never resumed
-  __builtin_trap();
+  s.leave(fiber);
 }
 
 std::string Scheduler::where(const Fiber& fiber) const {
@@ -203,11 +250,9 @@ std::string Scheduler::where(const Fiber& fiber) const {
                         dims(fiber.indices.thread_idx));
 }
 
-void Scheduler::fail_in_fiber(Fiber& fiber, std::string message) {
-  error_ = std::move(message);
+void Scheduler::fail_in_fiber(Fiber& fiber) {
   fiber.state = State::kDone;
-  yield(fiber);
-  __builtin_trap();  // never resumed
+  leave(fiber);
 }
 
 void Scheduler::on_exit(Fiber& fiber) {
@@ -216,10 +261,11 @@ void Scheduler::on_exit(Fiber& fiber) {
   ++warp_exited_[static_cast<size_t>(warp)];
   for (int l = 0; warp_arrived_[static_cast<size_t>(warp)] > 0 && l < warp_lanes(warp); ++l) {
     const Fiber& other = fibers_[static_cast<size_t>(warp * kWarpSize + l)];
-    if (other.state == State::kAtShuffle)
-      fail_in_fiber(fiber, detail::concat("CUDA emulator: ", where(fiber), " exited while lane ", l,
-                                          " of its warp waits in a warp shuffle (all 32 lanes "
-                                          "must take part)"));
+    if (other.state == State::kAtShuffle) {
+      error_ = detail::concat("CUDA emulator: ", where(fiber), " exited while lane ", l,
+                              " of its warp waits in a warp shuffle (all 32 lanes must take part)");
+      fail_in_fiber(fiber);
+    }
   }
   if (live_ > 0 && at_barrier_ == live_) {  // the last thread the others waited for has exited
     for (int i = 0; i < threads_; ++i)
@@ -244,16 +290,18 @@ void Scheduler::sync_threads() {
 
 void Scheduler::warp_exchange(const void* value, void* out, size_t bytes, int source_lane) {
   Fiber& fiber = running();
-  if (bytes > sizeof fiber.offer)
-    fail_in_fiber(fiber, "CUDA emulator: shuffles move 8 bytes at most");
+  if (bytes > sizeof fiber.offer) {
+    error_ = "CUDA emulator: shuffles move 8 bytes at most";
+    fail_in_fiber(fiber);
+  }
   const int warp = fiber.linear / kWarpSize, lanes = warp_lanes(warp);
   Fiber* lane0 = &fibers_[static_cast<size_t>(warp * kWarpSize)];
   for (int l = 0; warp_exited_[static_cast<size_t>(warp)] > 0 && l < lanes; ++l)
-    if (lane0[l].state == State::kDone)
-      fail_in_fiber(fiber,
-                    detail::concat("CUDA emulator: ", where(fiber), " shuffles while lane ", l,
-                                   " of its warp has exited (all 32 lanes must take "
-                                   "part)"));
+    if (lane0[l].state == State::kDone) {
+      error_ = detail::concat("CUDA emulator: ", where(fiber), " shuffles while lane ", l,
+                              " of its warp has exited (all 32 lanes must take part)");
+      fail_in_fiber(fiber);
+    }
   fiber.offer = 0;
   std::memcpy(&fiber.offer, value, bytes);
   fiber.source = source_lane;
@@ -286,8 +334,10 @@ void Scheduler::run_block(Dim3 block_idx) {
                  block_idx,
                  block_,
                  grid_};
-    char* stack = stacks_ + kStackBytes * static_cast<size_t>(i) + guard_bytes_;
-    make_context(f.context, stack, kStackBytes - guard_bytes_, &Scheduler::fiber_main);
+    f.stack = stacks_ + kStackBytes * static_cast<size_t>(i) + guard_bytes_;
+    f.stack_bytes = kStackBytes - guard_bytes_;
+    f.fake_stack = nullptr;
+    make_context(f.context, f.stack, f.stack_bytes, &Scheduler::fiber_main);
   }
   // Warp by warp: a warp's lanes run until the warp waits at __syncthreads or is done (each of its
   // shuffles completes within the warp), so the 32 stacks in use stay in cache.
@@ -301,7 +351,9 @@ void Scheduler::run_block(Dim3 block_idx) {
           Fiber& f = fibers_[static_cast<size_t>(i)];
           if (f.state != State::kReady) continue;
           running_ = &f;
+          before_switch(&main_fake_stack_, f.stack, f.stack_bytes);
           switch_context(main_, f.context);
+          after_switch(main_fake_stack_, nullptr, nullptr);
           running_ = nullptr;
           warp_ran = ran = true;
           if (!error_.empty()) fail(std::exchange(error_, std::string()));
