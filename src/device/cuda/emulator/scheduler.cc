@@ -1,6 +1,7 @@
 // Fibers for the CUDA emulator (scheduler.h). On x86-64 a fiber switch is a dozen instructions
-// (callee-saved registers, the FPU and SSE control words, the stack pointer), so a block of 256
-// threads costs microseconds; elsewhere ucontext, which makes a system call per switch.
+// (the callee-saved registers and the stack pointer), so a block of 256 threads costs
+// microseconds; elsewhere ucontext, which makes a system call per switch. Under AddressSanitizer
+// and ThreadSanitizer every switch is announced to them.
 #include "device/cuda/emulator/scheduler.h"
 
 #include <sys/mman.h>
@@ -27,6 +28,16 @@
 #endif
 #ifdef LOOM_EMU_ASAN
 #include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define LOOM_EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LOOM_EMU_TSAN 1
+#endif
+#endif
+#ifdef LOOM_EMU_TSAN
+#include <sanitizer/tsan_interface.h>
 #endif
 
 namespace loom::cuda_emu {
@@ -137,6 +148,42 @@ void after_switch(void* saved, const void** old_bottom, size_t* old_size) {
 #endif
 }
 
+// ThreadSanitizer keeps a call stack and a clock per thread: each fiber is a TSan fiber of its
+// own, and every switch synchronises (TSan's default), so the emulated threads of a block are
+// ordered as the round robin runs them (races between a block's CUDA threads are not its to
+// find here; races between host threads, such as ranks using emulated NCCL, are).
+void* tsan_create_fiber() {
+#ifdef LOOM_EMU_TSAN
+  return __tsan_create_fiber(0);
+#else
+  return nullptr;
+#endif
+}
+
+void* tsan_current_fiber() {
+#ifdef LOOM_EMU_TSAN
+  return __tsan_get_current_fiber();
+#else
+  return nullptr;
+#endif
+}
+
+void tsan_destroy_fiber(void* fiber) {
+#ifdef LOOM_EMU_TSAN
+  if (fiber != nullptr) __tsan_destroy_fiber(fiber);
+#else
+  (void)fiber;
+#endif
+}
+
+void tsan_switch_to(void* fiber) {
+#ifdef LOOM_EMU_TSAN
+  __tsan_switch_to_fiber(fiber, 0);
+#else
+  (void)fiber;
+#endif
+}
+
 enum class State { kReady, kAtBarrier, kAtShuffle, kDone };
 
 struct Fiber {
@@ -144,6 +191,7 @@ struct Fiber {
   char* stack = nullptr;
   size_t stack_bytes = 0;
   void* fake_stack = nullptr;  // AddressSanitizer's, while switched away
+  void* tsan_fiber = nullptr;  // ThreadSanitizer's (made once per slot, reused by every launch)
   State state = State::kReady;
   ThreadIndices indices;
   int linear = 0;  // x fastest, then y, then z
@@ -168,7 +216,10 @@ class Scheduler {
     guard_bytes_ = page;
     fibers_.resize(kMaxThreadsPerBlock);
   }
-  ~Scheduler() { munmap(stacks_, mapping_bytes_); }
+  ~Scheduler() {
+    for (Fiber& f : fibers_) tsan_destroy_fiber(f.tsan_fiber);
+    munmap(stacks_, mapping_bytes_);
+  }
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
@@ -188,12 +239,14 @@ class Scheduler {
   void run_block(Dim3 block_idx);
   void on_exit(Fiber& fiber);
   void yield(Fiber& fiber) {
+    tsan_switch_to(main_tsan_fiber_);
     before_switch(&fiber.fake_stack, main_stack_, main_stack_bytes_);
     switch_context(fiber.context, main_);
     after_switch(fiber.fake_stack, nullptr, nullptr);
   }
   // The last switch out of a fiber: it is never resumed.
   [[noreturn]] void leave(Fiber& fiber) {
+    tsan_switch_to(main_tsan_fiber_);
     before_switch(nullptr, main_stack_, main_stack_bytes_);
     switch_context(fiber.context, main_);
     __builtin_trap();
@@ -209,6 +262,7 @@ class Scheduler {
   std::vector<Fiber> fibers_;
   Context main_;
   void* main_fake_stack_ = nullptr;
+  void* main_tsan_fiber_ = nullptr;
   const void* main_stack_ = nullptr;  // the host thread's stack, as AddressSanitizer knows it
   size_t main_stack_bytes_ = 0;
   Fiber* running_ = nullptr;
@@ -337,6 +391,7 @@ void Scheduler::run_block(Dim3 block_idx) {
     f.stack = stacks_ + kStackBytes * static_cast<size_t>(i) + guard_bytes_;
     f.stack_bytes = kStackBytes - guard_bytes_;
     f.fake_stack = nullptr;
+    if (f.tsan_fiber == nullptr) f.tsan_fiber = tsan_create_fiber();
     make_context(f.context, f.stack, f.stack_bytes, &Scheduler::fiber_main);
   }
   // Warp by warp: a warp's lanes run until the warp waits at __syncthreads or is done (each of its
@@ -351,6 +406,7 @@ void Scheduler::run_block(Dim3 block_idx) {
           Fiber& f = fibers_[static_cast<size_t>(i)];
           if (f.state != State::kReady) continue;
           running_ = &f;
+          tsan_switch_to(f.tsan_fiber);
           before_switch(&main_fake_stack_, f.stack, f.stack_bytes);
           switch_context(main_, f.context);
           after_switch(main_fake_stack_, nullptr, nullptr);
@@ -386,6 +442,7 @@ void Scheduler::run(const char* kernel, Dim3 grid, Dim3 block, void (*body)(void
       grid.z > 65535)
     fail("CUDA emulator: kernel ", kernel, " launched with grid ", dims(grid),
          ": x in [1, 2^31 - 1], y and z in [1, 65535] (cudaErrorInvalidConfiguration)");
+  main_tsan_fiber_ = tsan_current_fiber();
   kernel_ = kernel;
   grid_ = grid;
   block_ = block;
