@@ -378,6 +378,33 @@ TEST_F(NcclTest, ThreadRanksRecvInAnotherOrderThanTheSendsIsACommError) {
     GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
 }
 
+#ifdef LOOM_CUDA_EMULATE
+// NCCL documents a send as blocking for the GPU until its receive runs, and a communicator's
+// operations run in issue order: two ranks that each send to the other before receiving, outside
+// a group, deadlock. The emulator's NCCL keeps those semantics (its first version buffered sends,
+// which hid such deadlocks), so the backend's timeout reports it here as it would on GPUs.
+TEST_F(NcclTest, EmulatedSendsBlockUntilReceivedSoCrossedSendsTimeOut) {
+  CommOptions options;
+  options.timeout = std::chrono::seconds(1);
+  ASSERT_TRUE(on_gpus(
+      2,
+      [](Communicator& comm) {
+        const int other = 1 - comm.rank();
+        Tensor out = gpu_tensor({1, 2, 3}, DType::kF32, comm.rank());
+        Tensor in = gpu_tensor({0, 0, 0}, DType::kF32, comm.rank());
+        WorkHandle sent = comm.send_async(out, other, 7);
+        try {
+          comm.recv(in, other, 7);
+          ADD_FAILURE() << "crossed blocking sends completed";
+        } catch (const CommError& e) {
+          EXPECT_NE(std::string(e.what()).find("timed out after 1.0 s"), std::string::npos)
+              << e.what();
+        }
+      },
+      options));
+}
+#endif
+
 TEST_F(NcclTest, ThreadRanksSkippedCollectiveTimesOutNamingIt) {
   CommOptions options;
   options.timeout = std::chrono::seconds(3);

@@ -1,16 +1,19 @@
 // NCCL for the CUDA emulator (LOOM_CUDA_EMULATE=ON): the part of nccl.h that comm/nccl calls,
 // between thread ranks of one process, so the nccl backend runs end to end without GPUs.
 //
-// As on GPUs, operations are asynchronous: a call posts this rank's part and returns; the
-// operation finishes when its last rank posts (that caller computes it for every rank, in rank
-// order, so results are deterministic), and the stream's events say so (streams.h). A rank that
-// never posts leaves the others' operations unfinished, which the backend's timeouts catch, as on
-// GPUs. Collectives are matched by their number on the communicator and must agree on kind,
-// count, type, operator and root; a mismatch is this rank's asynchronous error. Sends are
-// buffered (copied when posted, finished at once), receives match the sender's sends in order;
-// a receive whose size differs from the matched send is an error. Non-blocking communicators
-// (config.blocking = 0) report ncclInProgress until every rank has joined. Between processes the
-// unique id means nothing: MPI jobs need the real NCCL.
+// As on GPUs, operations are asynchronous and ordered: a call enqueues this rank's operation on
+// the communicator and returns; the communicator's operations run in issue order (those fused in
+// one ncclGroupStart/End run together), each only once every earlier one has finished, as on the
+// stream NCCL's kernels run on. A collective runs when every rank's part is at the head of its
+// queue (the rank that completes it computes it for all, in rank order, so results are
+// deterministic); a send and a receive run together, matched in order per pair of ranks, when
+// both are at the head of their queues — NCCL's sends block until the receiver is there, so a
+// program that would deadlock on GPUs (two ranks sending to each other before receiving, outside
+// a group) deadlocks here too, and the backend's timeouts report it. The stream's events say when
+// an operation finished (streams.h). Collectives must agree on kind, count, type, operator and
+// root, and a receive's size must equal its send's: otherwise an asynchronous error. Non-blocking
+// communicators (config.blocking = 0) report ncclInProgress until every rank has joined. Between
+// processes the unique id means nothing: MPI jobs need the real NCCL.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -38,6 +41,14 @@ namespace {
 
 struct Group;
 
+// One rank's enqueued operation: it may run once every operation enqueued before it on the same
+// communicator has run, except those of its own group.
+struct Op {
+  uint64_t group = 0;
+  bool executed = false;
+  std::shared_ptr<StreamWork> work = std::make_shared<StreamWork>();
+};
+
 }  // namespace
 
 struct ncclComm {
@@ -45,6 +56,7 @@ struct ncclComm {
   int rank = -1;
   bool ready = false;
   int64_t next_collective = 0;
+  std::deque<std::shared_ptr<Op>> queue;  // enqueued, in issue order (executed ones trimmed)
   ncclResult_t error = ncclSuccess;
   std::string last_error;
 };
@@ -82,27 +94,32 @@ struct Post {
   int root = 0;
   int color = 0, key = 0;
   ncclComm* child = nullptr;
-  std::shared_ptr<StreamWork> work;
+  ncclComm* comm = nullptr;
+  std::shared_ptr<Op> queued;  // null for a split, which runs on the host
 };
 
-struct PendingRecv {
-  void* recv;
-  size_t bytes;
-  ncclComm* receiver;
-  std::shared_ptr<StreamWork> work;
+// One side of a point-to-point message.
+struct Transfer {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t bytes = 0;
+  ncclComm* comm = nullptr;
+  std::shared_ptr<Op> queued;
 };
 
 struct Group {
   int size = 0;
   std::vector<ncclComm*> members;                // by rank; null once destroyed
   std::map<int64_t, std::map<int, Post>> slots;  // collective number -> rank -> part
-  std::map<std::pair<int, int>, std::deque<std::vector<char>>> messages;  // (src, dst) sends
-  std::map<std::pair<int, int>, std::deque<PendingRecv>> recvs;           // (src, dst) waiting
+  std::map<std::pair<int, int>, std::deque<Transfer>> sends, recvs;  // (src, dst), in order
 };
 
 std::mutex g_mutex;                                       // every bit of emulated NCCL state
 std::map<std::string, std::shared_ptr<Group>> g_forming;  // unique id -> group being initialised
 std::set<ncclComm*> g_live;
+uint64_t g_next_group = 0;
+thread_local int t_group_depth = 0;      // ncclGroupStart nesting
+thread_local uint64_t t_open_group = 0;  // the group of the calls inside it
 uint64_t g_next_id = 0;
 thread_local std::string t_last_error;
 
@@ -203,7 +220,31 @@ std::vector<char> reduce(const std::vector<const void*>& inputs, size_t n, ncclD
   return out;
 }
 
-// The last rank has posted: compute the collective for every rank.
+void finish(Op& op) {
+  op.executed = true;
+  op.work->done = true;
+}
+
+// Whether `op`, enqueued on `c`, may run: everything enqueued before it has run, bar its group.
+bool active(ncclComm* c, const std::shared_ptr<Op>& op) {
+  if (!op) return true;
+  while (!c->queue.empty() && c->queue.front()->executed) c->queue.pop_front();
+  return !c->queue.empty() && c->queue.front()->group == op->group;
+}
+
+// A new operation on `c`: fused with the calls of an open ncclGroupStart, else a group of its own.
+std::shared_ptr<Op> enqueue(ncclComm* c) {
+  auto op = std::make_shared<Op>();
+  op->group = t_group_depth > 0 ? t_open_group : ++g_next_group;
+  c->queue.push_back(op);
+  return op;
+}
+
+// Runs every collective and message whose ranks are all at the head of their queues, until none
+// is left (each one run may let the operations behind it run).
+void progress_locked(Group& g);
+
+// The collective's ranks have all posted and may run: compute it for every rank.
 void execute(Group& g, std::map<int, Post>& parts) {
   const Post& p = parts.at(0);
   const size_t elem = type_size(p.type), n = p.count;
@@ -257,7 +298,8 @@ void execute(Group& g, std::map<int, Post>& parts) {
       break;
     }
   }
-  for (auto& [rank, part] : parts) part.work->done = true;
+  for (auto& [rank, part] : parts)
+    if (part.queued) finish(*part.queued);
 }
 
 ncclResult_t fail(ncclComm* c, ncclResult_t result, std::string why) {
@@ -281,9 +323,10 @@ bool same_collective(const Post& a, const Post& b) {
          a.root == b.root;
 }
 
-// Posts this rank's part of collective number next_collective; the last rank executes it.
+// Enqueues this rank's part of collective number next_collective (a split runs on the host as
+// soon as every rank has posted, outside the queue).
 ncclResult_t post(ncclComm* c, Post part, cudaStream_t stream) {
-  auto work = std::make_shared<StreamWork>();
+  std::shared_ptr<StreamWork> work;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (ncclResult_t r = usable(c); r != ncclSuccess) return r;
@@ -294,11 +337,16 @@ ncclResult_t post(ncclComm* c, Post part, cudaStream_t stream) {
     Group& g = *c->group;
     if (part.root < 0 || part.root >= g.size)
       return fail(c, ncclInvalidArgument, loom::detail::concat("root ", part.root, " of ", g.size));
+    part.comm = c;
+    if (part.kind != Kind::kSplit) {
+      part.queued = enqueue(c);
+      work = part.queued->work;
+    }
     const int64_t number = c->next_collective++;
     std::map<int, Post>& parts = g.slots[number];
     if (!parts.empty() && !same_collective(parts.begin()->second, part)) {
       const Post& other = parts.begin()->second;
-      // Left unfinished: the backend's wait sees the communicator's error.
+      // Left unfinished, blocking what follows on this rank: its wait reports this error.
       fail(c, ncclInvalidUsage,
            loom::detail::concat("collective #", number, ": rank ", c->rank, " posted ",
                                 kind_name(part.kind), " of ", part.count, " × type ", part.type,
@@ -306,16 +354,53 @@ ncclResult_t post(ncclComm* c, Post part, cudaStream_t stream) {
                                 " of ", other.count, " × type ", other.type,
                                 " (every rank must issue the same collectives in order)"));
     } else {
-      part.work = work;
       parts[c->rank] = part;
-      if (static_cast<int>(parts.size()) == g.size) {
-        execute(g, parts);
-        g.slots.erase(number);
+      progress_locked(g);
+    }
+  }
+  if (work && stream != nullptr) loom::cuda_emu::enqueue_on_stream(stream, work);
+  return ncclSuccess;
+}
+
+void progress_locked(Group& g) {
+  for (bool ran = true; ran;) {
+    ran = false;
+    for (auto it = g.slots.begin(); it != g.slots.end();) {
+      auto& parts = it->second;
+      const bool ready = static_cast<int>(parts.size()) == g.size &&
+                         std::all_of(parts.begin(), parts.end(), [](const auto& rp) {
+                           return active(rp.second.comm, rp.second.queued);
+                         });
+      if (!ready) {
+        ++it;
+        continue;
+      }
+      execute(g, parts);
+      it = g.slots.erase(it);
+      ran = true;
+    }
+    for (auto& [route, sends] : g.sends) {
+      std::deque<Transfer>& recvs = g.recvs[route];
+      while (!sends.empty() && !recvs.empty() && active(sends.front().comm, sends.front().queued) &&
+             active(recvs.front().comm, recvs.front().queued)) {
+        const Transfer& out = sends.front();
+        const Transfer& in = recvs.front();
+        if (out.bytes != in.bytes) {
+          // The receive stays unfinished: its rank's wait reports the error.
+          fail(in.comm, ncclInvalidUsage,
+               loom::detail::concat("a recv of ", in.bytes, " bytes from rank ", route.first,
+                                    " matched its send of ", out.bytes, " bytes"));
+        } else {
+          if (out.bytes > 0) std::memcpy(in.recv, out.send, out.bytes);
+          finish(*in.queued);
+        }
+        finish(*out.queued);
+        sends.pop_front();
+        recvs.pop_front();
+        ran = true;
       }
     }
   }
-  if (stream != nullptr) loom::cuda_emu::enqueue_on_stream(stream, work);
-  return ncclSuccess;
 }
 
 // A collective's part (count is per rank for all-gather and reduce-scatter, as in NCCL).
@@ -333,25 +418,43 @@ ncclResult_t collective(Kind kind, const void* send, void* recv, size_t count, n
 }
 
 // Forgets everything of `c` that others could still touch: its parts of unfinished collectives
-// (finished, so its stream does not wait forever), its waiting receives.
+// and messages (finished, so its stream does not wait forever; its buffers are not read again).
 void forget_locked(ncclComm* c) {
   g_live.erase(c);
+  for (auto& op : c->queue) finish(*op);
+  c->queue.clear();
   if (!c->group) return;
   Group& g = *c->group;
-  for (auto& [number, parts] : g.slots) {
-    auto it = parts.find(c->rank);
-    if (it == parts.end()) continue;
-    it->second.work->done = true;
-    parts.erase(it);
-  }
-  for (auto& [route, waiting] : g.recvs)
-    std::erase_if(waiting, [&](PendingRecv& r) {
-      if (r.receiver != c) return false;
-      r.work->done = true;
-      return true;
-    });
+  for (auto& [number, parts] : g.slots) parts.erase(c->rank);
+  for (auto* routes : {&g.sends, &g.recvs})
+    for (auto& [route, transfers] : *routes)
+      std::erase_if(transfers, [&](const Transfer& t) { return t.comm == c; });
   if (c->rank >= 0 && c->rank < static_cast<int>(g.members.size()) && g.members[c->rank] == c)
     g.members[c->rank] = nullptr;
+}
+
+// Enqueues one side of a message between this rank and `peer`.
+ncclResult_t transfer(bool is_send, const void* send, void* recv, size_t count,
+                      ncclDataType_t datatype, int peer, ncclComm* c, cudaStream_t stream) {
+  std::shared_ptr<StreamWork> work;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (ncclResult_t r = usable(c); r != ncclSuccess) return r;
+    Group& g = *c->group;
+    if (peer < 0 || peer >= g.size || type_size(datatype) == 0)
+      return fail(c, ncclInvalidArgument,
+                  loom::detail::concat(is_send ? "ncclSend to " : "ncclRecv from ", peer, " of ",
+                                       g.size, ", type ", datatype));
+    Transfer t{send, recv, count * type_size(datatype), c, enqueue(c)};
+    work = t.queued->work;
+    if (is_send)
+      g.sends[{c->rank, peer}].push_back(std::move(t));
+    else
+      g.recvs[{peer, c->rank}].push_back(std::move(t));
+    progress_locked(g);
+  }
+  loom::cuda_emu::enqueue_on_stream(stream, work);
+  return ncclSuccess;
 }
 
 bool blocking(const ncclConfig_t* config) {
@@ -527,10 +630,16 @@ const char* ncclGetLastError(ncclComm_t comm) {
 }
 
 ncclResult_t ncclGroupStart() {
+  if (t_group_depth++ == 0) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    t_open_group = ++g_next_group;
+  }
   return ncclSuccess;
 }
 
 ncclResult_t ncclGroupEnd() {
+  if (t_group_depth == 0) return ncclInvalidUsage;
+  --t_group_depth;
   return ncclSuccess;
 }
 
@@ -567,67 +676,12 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  auto work = std::make_shared<StreamWork>();
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    if (ncclResult_t r = usable(comm); r != ncclSuccess) return r;
-    Group& g = *comm->group;
-    if (peer < 0 || peer >= g.size || type_size(datatype) == 0)
-      return fail(comm, ncclInvalidArgument,
-                  loom::detail::concat("ncclSend to ", peer, " of ", g.size, ", type ", datatype));
-    const size_t bytes = count * type_size(datatype);
-    std::deque<PendingRecv>& waiting = g.recvs[{comm->rank, peer}];
-    if (!waiting.empty()) {
-      PendingRecv r = waiting.front();
-      waiting.pop_front();
-      if (r.bytes != bytes) {
-        fail(r.receiver, ncclInvalidUsage,
-             loom::detail::concat("a recv of ", r.bytes, " bytes from rank ", comm->rank,
-                                  " matched its send of ", bytes, " bytes"));
-      } else {
-        if (bytes > 0) std::memcpy(r.recv, sendbuff, bytes);
-        r.work->done = true;
-      }
-    } else {
-      const auto* data = static_cast<const char*>(sendbuff);
-      g.messages[{comm->rank, peer}].emplace_back(data, data + bytes);
-    }
-    work->done = true;  // buffered
-  }
-  loom::cuda_emu::enqueue_on_stream(stream, work);
-  return ncclSuccess;
+  return transfer(true, sendbuff, nullptr, count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  auto work = std::make_shared<StreamWork>();
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    if (ncclResult_t r = usable(comm); r != ncclSuccess) return r;
-    Group& g = *comm->group;
-    if (peer < 0 || peer >= g.size || type_size(datatype) == 0)
-      return fail(
-          comm, ncclInvalidArgument,
-          loom::detail::concat("ncclRecv from ", peer, " of ", g.size, ", type ", datatype));
-    const size_t bytes = count * type_size(datatype);
-    std::deque<std::vector<char>>& sent = g.messages[{peer, comm->rank}];
-    if (!sent.empty()) {
-      const std::vector<char> message = std::move(sent.front());
-      sent.pop_front();
-      if (message.size() != bytes) {
-        fail(comm, ncclInvalidUsage,
-             loom::detail::concat("a recv of ", bytes, " bytes from rank ", peer,
-                                  " matched its send of ", message.size(), " bytes"));
-      } else {
-        if (bytes > 0) std::memcpy(recvbuff, message.data(), bytes);
-        work->done = true;
-      }
-    } else {
-      g.recvs[{peer, comm->rank}].push_back({recvbuff, bytes, comm, work});
-    }
-  }
-  loom::cuda_emu::enqueue_on_stream(stream, work);
-  return ncclSuccess;
+  return transfer(false, nullptr, recvbuff, count, datatype, peer, comm, stream);
 }
 
 }  // extern "C"
