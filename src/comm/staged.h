@@ -3,11 +3,9 @@
 // communicator, and copies results back. Any number of ranks may share a GPU this way, and the
 // host backends' semantics come along: buffered sends, tags matched exactly, every collective.
 //
-// What it is for: pipeline parallelism on GPUs under nccl (the trainer sends the pp axis's
-// activations and gradients through the host, where buffered sends make every schedule
-// deadlock-free, while dp and tp use nccl; see docs/architecture.md#cuda), and GPU jobs without
-// nccl or with more ranks than GPUs (runtime.backend = "local" or "mpi" on cuda), which is how one
-// GPU checks every strategy against the CPU. It is slow by design: every byte crosses PCIe twice.
+// What it is for: GPU jobs without nccl or with more ranks than GPUs (runtime.backend = "local"
+// or "mpi" on cuda), which is how one GPU checks every strategy against the CPU. It is slow by
+// design: every byte crosses PCIe twice.
 //
 // Asynchrony is kept: the device-to-host copy happens when the operation is issued (after the
 // GPU work queued before it, as a copy waits for its stream), the host operation runs

@@ -62,13 +62,9 @@ TrainSummary train_rank(Communicator& host, const Config& config, const TrainOpt
                         int local_rank, const CommOptions& comm_options) {
   const Device device = rank_device(config, local_rank);
   std::unique_ptr<Communicator> gpu = gpu_world(host, config, device, local_rank, comm_options);
-  // nccl matches point-to-point messages by issue order only and a send waits for its receiver,
-  // so two neighbouring stages that send to each other before receiving would deadlock; the
-  // pipeline's activations and gradients go through the host instead, where sends are buffered.
-  std::unique_ptr<Communicator> pipeline_world;
-  if (device.is_cuda() && !host_staged(config) && config.parallel.pp > 1)
-    pipeline_world = std::make_unique<StagedCommunicator>(host, Device::cpu(local_rank));
-  return train_on(gpu ? *gpu : host, config, options, device, pipeline_world.get());
+  // Under nccl the pipeline's messages go GPU to GPU, one nccl communicator per direction
+  // (train_on wraps the pp axis: comm/directed_p2p.h).
+  return train_on(gpu ? *gpu : host, config, options, device);
 }
 
 // Thread ranks of the local backend: rank r computes on cpu:r (its own allocator, so memory

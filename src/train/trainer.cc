@@ -12,6 +12,7 @@
 #include "base/timer.h"
 #include "checkpoint/checkpoint.h"
 #include "comm/counting.h"
+#include "comm/directed_p2p.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "device/allocator.h"
@@ -65,7 +66,15 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   if (pipeline_world != nullptr) pipeline_mesh = std::make_unique<DeviceMesh>(*pipeline_world, shape);
   // Every strategy talks through counting wrappers, for the per-axis volume in the metrics.
   CountingCommunicator dp_count(mesh.axis("dp")), tp_count(mesh.axis("tp"));
-  CountingCommunicator pp_count((pipeline_mesh ? *pipeline_mesh : mesh).axis("pp"));
+  Communicator* pp_axis = &(pipeline_mesh ? *pipeline_mesh : mesh).axis("pp");
+  // nccl's sends block until received, in issue order: the pipeline's messages go one
+  // communicator per direction (comm/directed_p2p.h), so crossed sends cannot deadlock.
+  std::unique_ptr<Communicator> directed_pp;
+  if (pipelined && pp_axis->backend() == "nccl") {
+    directed_pp = std::make_unique<DirectedP2pCommunicator>(*pp_axis);
+    pp_axis = directed_pp.get();
+  }
+  CountingCommunicator pp_count(*pp_axis);
   Communicator& dp = dp_count;
 
   ThreadPool pool(config.runtime.resolved_threads_per_rank());

@@ -46,9 +46,10 @@ TrainSummary run_training(const Config& config, const TrainOptions& options);
 
 // One rank of a job whose ranks are those of `world` (any backend), computing on `device`; the
 // config must be resolved (resolve_layout) for world.size() ranks. `pipeline_world`, when given,
-// spans the same ranks in the same order and carries the pipeline axis instead of `world` (GPU
-// jobs under nccl send pp activations through the host: comm/staged.h). For tests and
-// embedding: run_training makes the worlds itself.
+// spans the same ranks in the same order and carries the pipeline axis instead of `world` (such
+// as a comm/staged.h communicator, through the host); otherwise, under nccl, the pipeline's
+// messages go GPU to GPU over one nccl communicator per direction (comm/directed_p2p.h). For
+// tests and embedding: run_training makes the worlds itself.
 class Communicator;
 TrainSummary train_on(Communicator& world, const Config& config, const TrainOptions& options,
                       Device device, Communicator* pipeline_world = nullptr);

@@ -179,7 +179,7 @@ TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
   run_training(two_cpu, options("tp_cpus"));
   run_training(two, options("tp_gpus"));
   expect_same_losses("tp_cpus", "tp_gpus");
-  // Pipeline parallelism: dp/tp over nccl, the pp axis's messages through the host.
+  // Pipeline parallelism: the pp axis's messages GPU to GPU over nccl (comm/directed_p2p.h).
   two_cpu.parallel.tp = two.parallel.tp = 1;
   two_cpu.parallel.pp = two.parallel.pp = 2;
   run_training(two_cpu, options("pp_cpus"));
@@ -191,6 +191,43 @@ TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
 // every tensor staged through host memory (comm/staged.h). One GPU so checks every strategy's
 // GPU path against the same layout on CPU ranks: ZeRO-3 data parallelism, tensor parallelism
 // with sequence parallelism, 1F1B pipeline parallelism, and all three at once.
+// Under nccl the pipeline's messages go GPU to GPU, one nccl communicator per direction
+// (comm/directed_p2p.h), in every schedule: each trains as on CPU ranks. On the CUDA emulator,
+// whose NCCL blocks a send until its receive runs, in issue order, as NCCL documents, a schedule
+// that could deadlock on GPUs times out here instead.
+TEST_F(TrainTest, PipelineMessagesGoGpuToGpuOverNcclInEverySchedule) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs: " << cuda::unavailable_reason();
+  struct Layout {
+    int pp;
+    const char* schedule;
+    int virtual_stages;
+  };
+  for (const Layout& l : {Layout{2, "gpipe", 1}, Layout{2, "1f1b", 1}, Layout{2, "interleaved", 2},
+                          Layout{4, "1f1b", 1}}) {
+    if (cuda::device_count() < l.pp) continue;
+    Config c = config(3);
+    c.model.n_layers = 4;
+    c.train.micro_batch_size = 2;  // 4 micro-batches per step
+    c.train.eval_every = 0;
+    c.runtime.ranks = l.pp;
+    c.parallel.pp = l.pp;
+    c.parallel.dp = c.parallel.tp = 1;
+    c.parallel.schedule = l.schedule;
+    c.parallel.virtual_stages = l.virtual_stages;
+    Config gpu = c;
+    gpu.runtime.device = "cuda";
+    const std::string name = std::string(l.schedule) + "_pp" + std::to_string(l.pp);
+    run_training(c, options(name + "_cpus"));
+    run_training(gpu, options(name + "_gpus"));
+    const auto on_cpus = metrics(name + "_cpus"), on_gpus = metrics(name + "_gpus");
+    ASSERT_EQ(on_cpus.size(), on_gpus.size()) << name;
+    for (size_t i = 0; i < on_cpus.size(); ++i) {
+      const double want = on_cpus[i]["loss"], got = on_gpus[i]["loss"];
+      EXPECT_NEAR(got, want, 1e-4 * want) << name << ", step " << i + 1;
+    }
+  }
+}
+
 TEST_F(TrainTest, EveryStrategyRunsOnOneGpuThroughHostStaging) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   struct Layout {
