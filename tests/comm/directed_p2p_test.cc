@@ -9,18 +9,14 @@
 #include <vector>
 
 #include "comm/counting.h"
+#include "host_tensors.h"
 #include "harness/thread_ranks.h"
 
 namespace loom {
 namespace {
 
 constexpr int kRanks = 3;
-
-Tensor filled(const std::vector<float>& values, Device device) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::kF32, device);
-  for (size_t i = 0; i < values.size(); ++i) t.data<float>()[i] = values[i];
-  return t;
-}
+using testing::filled;
 
 TEST(DirectedP2p, MessagesGoOverTheDirectionsCommunicatorsCollectivesOverTheBase) {
   testing::run_on_thread_ranks(kRanks, [](Communicator& host) {

@@ -7,22 +7,15 @@
 
 #include <vector>
 
+#include "host_tensors.h"
 #include "harness/thread_ranks.h"
 
 namespace loom {
 namespace {
 
 constexpr int kRanks = 3;
-
-Tensor filled(const std::vector<float>& values, Device device) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::kF32, device);
-  for (size_t i = 0; i < values.size(); ++i) t.data<float>()[i] = values[i];
-  return t;
-}
-
-std::vector<float> values_of(const Tensor& t) {
-  return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
-}
+using testing::filled;
+using testing::values_of;
 
 TEST(StagedCommunicator, EveryOperationMatchesTheHostBackend) {
   testing::run_on_thread_ranks(kRanks, [](Communicator& host) {
