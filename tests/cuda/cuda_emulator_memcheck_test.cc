@@ -53,7 +53,7 @@ TEST(CudaEmulatorMemcheck, CopiesRefusePointersOnTheWrongSide) {
   }
 }
 
-#ifdef LOOM_EMU_POISON
+#ifdef LOOM_EMU_ASAN
 class CudaEmulatorAsan : public ::testing::Test {
  protected:
   void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }

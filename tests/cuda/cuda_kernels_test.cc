@@ -19,6 +19,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/ops.h"
+#include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
 namespace loom {
@@ -151,6 +152,58 @@ TEST_F(CudaKernelsTest, MatmulInFp16OverflowsPast65504AndBf16DoesNot) {
     EXPECT_EQ(std::isfinite(got[0]), finite) << "row 0 holds 1e5";
     EXPECT_TRUE(std::isfinite(got[OC])) << "row 1 is all ones";
     EXPECT_FLOAT_EQ(got[OC], 4.0f);
+  }
+}
+
+// An operand several GEMMs read is rounded once (cuda::RoundedOperand, as matmul_backward does
+// with dout): to exactly the bf16 / fp16 values the GEMM would round it to itself, so products
+// come out bit for bit as from fp32 operands. At fp32 and TF32 no copy is made; an operand
+// rounded for one precision is refused at another.
+TEST_F(CudaKernelsTest, OperandsRoundedOnceAreWhatTheGemmWouldRoundTo) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  const int64_t M = 33, K = 40, N = 24;
+  Pair a = random_pair(M * K, 21, -300.0, 300.0), b = random_pair(K * N, 22);
+  std::vector<float> identity(K * K, 0.0f);
+  for (int64_t i = 0; i < K; ++i) identity[i * K + i] = 1.0f;
+  Pair eye = pair_of(identity);
+  Pair c = pair_of(std::vector<float>(M * K)), per_gemm = pair_of(std::vector<float>(M * N)),
+       once = pair_of(std::vector<float>(M * N));
+  using cuda::MatmulPrecision;
+  for (auto [precision, other] : {std::pair{MatmulPrecision::kBf16, MatmulPrecision::kFp16},
+                                  std::pair{MatmulPrecision::kFp16, MatmulPrecision::kBf16}}) {
+    const bool bf16 = precision == MatmulPrecision::kBf16;
+    SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+    cuda::set_matmul_precision(precision);
+    const cuda::RoundedOperand a16(0, a.g(), M * K), b16(0, b.g(), K * N);
+    EXPECT_NE(a16.operand().data, static_cast<const void*>(a.g()));
+    EXPECT_EQ(a16.operand().rounded_to, precision);
+    // The rounded values, read back through an exact product with the identity.
+    cuda::gemm(0, false, false, M, K, K, 1.0f, a16.operand(), K, eye.g(), K, 0.0f, c.g(), K);
+    std::vector<float> want = a.from_host();
+    for (float& x : want)
+      x = bf16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
+    EXPECT_TRUE(bitwise_equal(c.from_gpu(), want)) << "not rounded to nearest even";
+    // Rounded once or inside the GEMM: the same product.
+    cuda::gemm(0, false, false, M, N, K, 1.0f, a.g(), K, b.g(), N, 0.0f, per_gemm.g(), N);
+    cuda::gemm(0, false, false, M, N, K, 1.0f, a16.operand(), K, b16.operand(), N, 0.0f, once.g(),
+               N);
+    EXPECT_TRUE(bitwise_equal(once.from_gpu(), per_gemm.from_gpu()));
+    cuda::set_matmul_precision(other);
+    try {
+      cuda::gemm(0, false, false, M, N, K, 1.0f, a.g(), K, b16.operand(), N, 0.0f, once.g(), N);
+      FAIL() << "an operand rounded for another precision was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("operand B was rounded for"), std::string::npos)
+          << e.what();
+    }
+  }
+  for (MatmulPrecision precision : {MatmulPrecision::kFp32, MatmulPrecision::kTf32}) {
+    cuda::set_matmul_precision(precision);
+    const cuda::RoundedOperand same(0, a.g(), M * K);
+    EXPECT_EQ(same.operand().data, static_cast<const void*>(a.g())) << "copied at fp32 / TF32";
+    EXPECT_EQ(same.operand().rounded_to, MatmulPrecision::kFp32);
   }
 }
 
@@ -291,6 +344,37 @@ TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {
   ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
                                  NH);
   EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first)) << "dqkv not reproducible";
+}
+
+// Head sizes other than 64 take the batched-GEMM path at bf16 too: its GEMM operands (Q, K, V,
+// dO, P, dS) rounded to bf16 — those read twice rounded once — within bf16's rounding of the fp32
+// CPU kernel, and reproducible.
+TEST_F(CudaKernelsTest, AttentionWithoutFlashInBf16StaysWithinItsRounding) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
+  const int64_t B = 2, T = 45, C = 48, NH = 2;  // head size 24
+  Pair qkv = random_pair(B * T * 3 * C, 64);
+  Pair out = pair_of(std::vector<float>(B * T * C)), lse = pair_of(std::vector<float>(B * NH * T));
+  ops::attention_forward<float>(on_cpu, out.h(), lse.h(), qkv.h(), B, T, C, NH);
+  ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
+  expect_pair_close("out", out, 1e-2);
+  expect_pair_close("lse", lse, 1e-2);
+  Pair dout = random_pair(B * T * C, 65), dqkv = pair_of(std::vector<float>(B * T * 3 * C));
+  ops::attention_backward<float>(on_cpu, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, C,
+                                 NH);
+  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
+                                 NH);
+  expect_pair_close("dqkv", dqkv, 2e-2);
+  const std::vector<float> got = dqkv.from_gpu(), want = dqkv.from_host();
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, double(std::abs(got[i] - want[i])));
+  EXPECT_GT(worst, 1e-5) << "bf16 was not applied";
+  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
+                                 NH);
+  EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), got)) << "dqkv not reproducible";
 }
 
 // With bf16 matmuls and head size 64 the fused flash-attention kernels run (bf16 Q, K, V, P and

@@ -110,7 +110,7 @@ __global__ void softmax_backward_kernel(float* dP, const float* P, const float* 
 
 // Batched row-major GEMM over the B·NH heads: C_b = alpha·op(A_b)·op(B_b) (+ beta·C_b).
 void head_gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-               const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
+               GemmOperand A, int64_t lda, int64_t stride_a, GemmOperand B, int64_t ldb,
                int64_t stride_b, float* C, int64_t ldc, int64_t stride_c, int64_t heads) {
   gemm(device, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, C, ldc, nullptr,
        GemmBatch{heads, stride_a, stride_b, stride_c});
@@ -175,23 +175,26 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
   launch("attention_backward (dout to heads)", rows_to_heads_kernel, blocks_for(n, kThreads),
          kThreads, dy.get(), dout, at, n);
 
-  head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, P.get(),
-            T, T * T, heads);
+  // q, k, dO and dS are each read by two GEMMs: rounded once (at bf16 / fp16).
+  const RoundedOperand q16(device, q.get(), n), k16(device, k.get(), n), dy16(device, dy.get(), n);
+  head_gemm(device, false, true, T, T, hd, scale, q16.operand(), hd, T * hd, k16.operand(), hd,
+            T * hd, P.get(), T, T * T, heads);
   launch("attention_backward (P)", probabilities_kernel, blocks_for(rows * T, kThreads), kThreads,
          P.get(), lse, rows, T);
   // dV = Pᵀ·dO
-  head_gemm(device, true, false, T, hd, T, 1.0f, P.get(), T, T * T, dy.get(), hd, T * hd, dv.get(),
-            hd, T * hd, heads);
+  head_gemm(device, true, false, T, hd, T, 1.0f, P.get(), T, T * T, dy16.operand(), hd, T * hd,
+            dv.get(), hd, T * hd, heads);
   // dP = dO·Vᵀ, then dS in place
-  head_gemm(device, false, true, T, T, hd, 1.0f, dy.get(), hd, T * hd, v.get(), hd, T * hd,
+  head_gemm(device, false, true, T, T, hd, 1.0f, dy16.operand(), hd, T * hd, v.get(), hd, T * hd,
             dP.get(), T, T * T, heads);
   launch("attention_backward (dS)", softmax_backward_kernel, blocks_for(rows * T, kThreads),
          kThreads, dP.get(), P.get(), D.get(), scale, rows, T);
   // dQ = dS·K, dK = dSᵀ·Q
-  head_gemm(device, false, false, T, hd, T, 1.0f, dP.get(), T, T * T, k.get(), hd, T * hd, dq.get(),
-            hd, T * hd, heads);
-  head_gemm(device, true, false, T, hd, T, 1.0f, dP.get(), T, T * T, q.get(), hd, T * hd, dk.get(),
-            hd, T * hd, heads);
+  const RoundedOperand dS16(device, dP.get(), heads * T * T);
+  head_gemm(device, false, false, T, hd, T, 1.0f, dS16.operand(), T, T * T, k16.operand(), hd,
+            T * hd, dq.get(), hd, T * hd, heads);
+  head_gemm(device, true, false, T, hd, T, 1.0f, dS16.operand(), T, T * T, q16.operand(), hd,
+            T * hd, dk.get(), hd, T * hd, heads);
   launch("attention_backward (merge heads)", merge_heads_kernel, blocks_for(n, kThreads), kThreads,
          dqkv, dq.get(), dk.get(), dv.get(), at, n);
 }

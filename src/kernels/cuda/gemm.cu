@@ -10,8 +10,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -34,9 +37,21 @@ namespace {
 // so they never use the workspace at the same time.
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS asks for on Hopper
 
+// The cuBLASLt heuristic's choice for one problem: its shapes, types, transpositions, epilogue
+// and operand alignments. The heuristic costs tens of microseconds of host time per call, and a
+// training step runs the same few dozen problems every time.
+using AlgoKey = std::array<int64_t, 18>;
+
+template <typename... Field>
+AlgoKey algo_key(Field... field) {
+  return {static_cast<int64_t>(field)...};
+}
+
 struct GpuBlas {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  std::mutex algos_mutex;  // ranks sharing a GPU (local backend) share its choices
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
 };
 
 GpuBlas& blas_for(int device) {
@@ -120,22 +135,6 @@ int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t count, int64_t stri
   return (count - 1) * stride + (rows - 1) * ld + cols;
 }
 
-// fp32 -> bf16 / fp16, round to nearest even (fp16 overflows to ±inf beyond 65504: what loss
-// scaling watches for).
-__device__ inline void round_to(__nv_bfloat16& out, float x) {
-  out = __float2bfloat16_rn(x);
-}
-__device__ inline void round_to(__half& out, float x) {
-  out = __float2half_rn(x);
-}
-
-template <typename Half>
-__global__ void to_half_kernel(Half* out, const float* in, int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-    round_to(out[i], in[i]);
-}
-
 // Deterministic pseudo-random values in [-1, 1) (bf16 or fp32): operands for the rate
 // measurement (zeros would flatter the tensor cores' power draw).
 template <typename T>
@@ -181,72 +180,88 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   // In cuBLASLt's terms A is our B and B our A (see above).
   const size_t element = ab_type == CUDA_R_32F ? 4 : 2;
   const int64_t strided = batch.count > 1 ? 1 : 0;
-  Preference preference(alignment(B, strided * batch.stride_b * static_cast<int64_t>(element)),
-                        alignment(A, strided * batch.stride_a * static_cast<int64_t>(element)),
-                        alignment(C, strided * batch.stride_c * 4));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
-      blas.handle, desc.desc, a_layout.layout, b_layout.layout, c_layout.layout, c_layout.layout,
-      preference.pref, 1, &heuristic, &found));
-  if (found == 0)
-    fail("cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N, " K=", K,
-         " trans_a=", trans_a, " trans_b=", trans_b, " batch=", batch.count);
+  const uint32_t align_a = alignment(B, strided * batch.stride_b * static_cast<int64_t>(element));
+  const uint32_t align_b = alignment(A, strided * batch.stride_a * static_cast<int64_t>(element));
+  const uint32_t align_c = alignment(C, strided * batch.stride_c * 4);
+  const AlgoKey key =
+      algo_key(compute, ab_type, op_a, op_b, m, n, k, lda, ldb, ldc, batch.count, batch.stride_a,
+               batch.stride_b, batch.stride_c, bias != nullptr, align_a, align_b, align_c);
+  cublasLtMatmulAlgo_t algo{};
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(blas.algos_mutex);
+    if (const auto it = blas.algos.find(key); it != blas.algos.end()) {
+      algo = it->second;
+      known = true;
+    }
+  }
+  if (!known) {
+    const Preference preference(align_a, align_b, align_c);
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
+        blas.handle, desc.desc, a_layout.layout, b_layout.layout, c_layout.layout, c_layout.layout,
+        preference.pref, 1, &heuristic, &found));
+    if (found == 0)
+      fail("cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N, " K=", K,
+           " trans_a=", trans_a, " trans_b=", trans_b, " batch=", batch.count);
+    algo = heuristic.algo;
+    std::lock_guard<std::mutex> lock(blas.algos_mutex);
+    blas.algos.emplace(key, algo);
+  }
   // Column-major operands: A' is the row-major B, B' the row-major A.
   LOOM_CUBLAS_CHECK(cublasLtMatmul(blas.handle, desc.desc, &alpha, B, a_layout.layout, A,
                                    b_layout.layout, &beta, C, c_layout.layout, C, c_layout.layout,
-                                   &heuristic.algo, blas.workspace, kWorkspaceBytes, nullptr));
+                                   &algo, blas.workspace, kWorkspaceBytes, nullptr));
   check_launch("cublasLtMatmul");
 }
 
-// A bf16 / fp16 copy of a row-major fp32 operand (its whole span), as scratch.
-template <typename Half>
-const Half* half_copy(Scratch<Half>& scratch, const float* x, int64_t n) {
-  launch("gemm (cast to 16 bits)", to_half_kernel<Half>, blocks_for(n, 256), 256, scratch.get(), x,
-         n);
-  return scratch.get();
-}
-
-// C = op(A)·op(B) with both operands rounded to `Half` (`type` its cuBLAS name) on the fly, each
-// operand's whole span (gaps between rows included); fp32 accumulation and output.
-template <typename Half>
-void half_gemm(int device, cudaDataType type, bool trans_a, bool trans_b, int64_t M, int64_t N,
-               int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-               float beta, float* C, int64_t ldc, const float* bias, GemmBatch batch) {
+// C = op(A)·op(B) with both operands in the precision's 16-bit type (`type` its cuBLAS name):
+// those not rounded yet are rounded here, each over its whole span (gaps between rows included);
+// fp32 accumulation and output.
+void half_gemm(int device, MatmulPrecision precision, cudaDataType type, bool trans_a, bool trans_b,
+               int64_t M, int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda,
+               GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+               GemmBatch batch) {
   const int64_t a_span = span(trans_a ? K : M, trans_a ? M : K, lda, batch.count, batch.stride_a);
   const int64_t b_span = span(trans_b ? N : K, trans_b ? K : N, ldb, batch.count, batch.stride_b);
-  Scratch<Half> a16(device, a_span), b16(device, b_span);
+  std::optional<RoundedOperand> a16, b16;
+  if (A.rounded_to != precision) a16.emplace(device, static_cast<const float*>(A.data), a_span);
+  if (B.rounded_to != precision) b16.emplace(device, static_cast<const float*>(B.data), b_span);
   lt_matmul(device, CUBLAS_COMPUTE_32F, type, trans_a, trans_b, M, N, K, alpha,
-            half_copy(a16, A, a_span), lda, half_copy(b16, B, b_span), ldb, beta, C, ldc, bias,
-            batch);
+            a16 ? a16->operand().data : A.data, lda, b16 ? b16->operand().data : B.data, ldb, beta,
+            C, ldc, bias, batch);
 }
 
 }  // namespace
 
 void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc, const float* bias, GemmBatch batch) {
+          GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc,
+          const float* bias, GemmBatch batch) {
   if (M < 0 || N < 0 || K < 0 || batch.count < 1)
     fail("cuda::gemm: bad sizes M=", M, " N=", N, " K=", K, " batch=", batch.count);
   if (M == 0 || N == 0) return;
   if (K == 0) fail("cuda::gemm: K = 0 is not supported (M=", M, " N=", N, ")");
+  const MatmulPrecision precision = matmul_precision();
+  A.expect_usable_at(precision, "A");
+  B.expect_usable_at(precision, "B");
   DeviceGuard guard(device);
-  switch (matmul_precision()) {
+  switch (precision) {
     case MatmulPrecision::kBf16:
-      half_gemm<__nv_bfloat16>(device, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha, A, lda, B,
-                               ldb, beta, C, ldc, bias, batch);
+      half_gemm(device, precision, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
+                beta, C, ldc, bias, batch);
       return;
     case MatmulPrecision::kFp16:
-      half_gemm<__half>(device, CUDA_R_16F, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
-                        C, ldc, bias, batch);
+      half_gemm(device, precision, CUDA_R_16F, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
+                beta, C, ldc, bias, batch);
       return;
     case MatmulPrecision::kTf32:
       lt_matmul(device, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha,
-                A, lda, B, ldb, beta, C, ldc, bias, batch);
+                A.data, lda, B.data, ldb, beta, C, ldc, bias, batch);
       return;
     case MatmulPrecision::kFp32:
-      lt_matmul(device, CUBLAS_COMPUTE_32F, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha, A, lda, B,
-                ldb, beta, C, ldc, bias, batch);
+      lt_matmul(device, CUBLAS_COMPUTE_32F, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha, A.data,
+                lda, B.data, ldb, beta, C, ldc, bias, batch);
       return;
   }
 }

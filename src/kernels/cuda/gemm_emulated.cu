@@ -43,19 +43,34 @@ void expect_gpu_memory(const void* p, int device, const char* what) {
     fail("cuda::gemm: ", what, " is not memory of GPU cuda:", device);
 }
 
+// Element i of operand X as the tensor cores see it at `precision`: already-rounded 16-bit values
+// widened, fp32 values rounded here.
+float operand_value(const GemmOperand& X, int64_t i, MatmulPrecision precision) {
+  switch (X.rounded_to) {
+    case MatmulPrecision::kBf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(X.data)[i]);
+    case MatmulPrecision::kFp16:
+      return __half2float(static_cast<const __half*>(X.data)[i]);
+    case MatmulPrecision::kTf32:
+    case MatmulPrecision::kFp32:
+      break;
+  }
+  return round_operand(static_cast<const float*>(X.data)[i], precision);
+}
+
 // op(X) as a dense rows × cols row-major matrix of rounded values.
-std::vector<float> dense_operand(const float* X, bool trans, int64_t rows, int64_t cols, int64_t ld,
-                                 MatmulPrecision precision) {
+std::vector<float> dense_operand(const GemmOperand& X, int64_t offset, bool trans, int64_t rows,
+                                 int64_t cols, int64_t ld, MatmulPrecision precision) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
       out[static_cast<size_t>(r * cols + c)] =
-          round_operand(trans ? X[c * ld + r] : X[r * ld + c], precision);
+          operand_value(X, offset + (trans ? c * ld + r : r * ld + c), precision);
   return out;
 }
 
 void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool trans_b, int64_t M,
-                    int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                    int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda, GemmOperand B,
                     int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
                     GemmBatch batch) {
   if (M < 0 || N < 0 || K < 0 || batch.count < 1)
@@ -64,17 +79,19 @@ void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool tr
   if (K == 0) fail("cuda::gemm: K = 0 is not supported (M=", M, " N=", N, ")");
   if (bias != nullptr && batch.count > 1)
     fail("cuda::gemm: a bias is supported on unbatched GEMMs only");
+  A.expect_usable_at(precision, "A");
+  B.expect_usable_at(precision, "B");
   DeviceGuard guard(device);
-  expect_gpu_memory(A, device, "A");
-  expect_gpu_memory(B, device, "B");
+  expect_gpu_memory(A.data, device, "A");
+  expect_gpu_memory(B.data, device, "B");
   expect_gpu_memory(C, device, "C");
   if (bias != nullptr) expect_gpu_memory(bias, device, "the bias");
   for (int64_t b = 0; b < batch.count; ++b) {
     // Rows of op(A) (M × K) and of op(B)ᵀ (N × K), so each output is a contiguous dot product.
     const std::vector<float> a =
-        dense_operand(A + b * batch.stride_a, trans_a, M, K, lda, precision);
+        dense_operand(A, b * batch.stride_a, trans_a, M, K, lda, precision);
     const std::vector<float> bt =
-        dense_operand(B + b * batch.stride_b, !trans_b, N, K, ldb, precision);
+        dense_operand(B, b * batch.stride_b, !trans_b, N, K, ldb, precision);
     float* c = C + b * batch.stride_c;
     for (int64_t i = 0; i < M; ++i) {
       for (int64_t j = 0; j < N; ++j) {
@@ -94,8 +111,8 @@ void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool tr
 }  // namespace
 
 void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc, const float* bias, GemmBatch batch) {
+          GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc,
+          const float* bias, GemmBatch batch) {
   reference_gemm(matmul_precision(), device, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
                  C, ldc, bias, batch);
 }

@@ -35,9 +35,6 @@ struct GemmBatch {
   int64_t count = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
-void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc, const float* bias = nullptr, GemmBatch batch = {});
 
 // What the GEMMs' inputs are rounded to on the tensor cores; accumulation, outputs, weights and
 // every other kernel stay fp32 (PyTorch's float32_matmul_precision "highest" / "high" /
@@ -48,6 +45,45 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
 enum class MatmulPrecision { kFp32, kTf32, kBf16, kFp16 };
 void set_matmul_precision(MatmulPrecision precision);
 MatmulPrecision matmul_precision();
+
+// A GEMM operand: fp32 values (rounded to the matmul precision inside gemm, a cast kernel per
+// operand per call at bf16 / fp16), or values a RoundedOperand already rounded to bf16 / fp16.
+struct GemmOperand {
+  GemmOperand(const float* values) : data(values) {}  // NOLINT(google-explicit-constructor)
+  GemmOperand(const void* bits, MatmulPrecision precision) : data(bits), rounded_to(precision) {}
+  // gemm's check: fails, naming operand `name`, when it was rounded for another precision than
+  // the one the GEMM runs at.
+  void expect_usable_at(MatmulPrecision precision, const char* name) const;
+
+  const void* data;
+  // kFp32: `data` holds floats; kBf16 / kFp16: 16-bit values of that type.
+  MatmulPrecision rounded_to = MatmulPrecision::kFp32;
+};
+
+// x[0, n) rounded once for several GEMMs at the current matmul precision, which must not change
+// while it lives: at bf16 / fp16 a 16-bit copy in scratch memory of GPU `device` (one cast
+// kernel; queued like any kernel, freed when this object goes: see Scratch), at fp32 / TF32 x
+// itself (cuBLASLt rounds TF32 inside the GEMM). matmul_backward rounds dout once for its two
+// GEMMs: at GPT-2 124M, T = 1024, batch 16 that saves ~13 GB of memory traffic per step, a third
+// of it the LM head's (16384 × 50304) logit gradient.
+class RoundedOperand {
+ public:
+  RoundedOperand(int device, const float* x, int64_t n);
+  ~RoundedOperand();
+  RoundedOperand(const RoundedOperand&) = delete;
+  RoundedOperand& operator=(const RoundedOperand&) = delete;
+  GemmOperand operand() const { return operand_; }
+
+ private:
+  int device_;
+  size_t bytes_ = 0;  // of the 16-bit copy; 0 when there is none
+  void* bits_ = nullptr;
+  GemmOperand operand_;
+};
+
+void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc,
+          const float* bias = nullptr, GemmBatch batch = {});
 
 // Op timing (kernels/op_profile.h): a CUDA event recorded now on GPU `device`'s legacy stream,
 // where every kernel runs; and the milliseconds between two of them (waits for `stop`), which

@@ -1,7 +1,11 @@
-// The Linear layer on cuda::gemm (gemm.cu: cuBLASLt; gemm_emulated.cu under the emulator), and
-// the process-wide matmul precision both read.
+// The Linear layer on cuda::gemm (gemm.cu: cuBLASLt; gemm_emulated.cu under the emulator), the
+// process-wide matmul precision both read, and the operands they round to it.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <atomic>
 
+#include "base/error.h"
 #include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
@@ -18,6 +22,22 @@ struct RowMajor {
   __device__ float operator()(int64_t r, int64_t c) const { return data[r * ld + c]; }
 };
 
+// fp32 -> bf16 / fp16, round to nearest even (fp16 overflows to ±inf beyond 65504: what loss
+// scaling watches for).
+__device__ inline void round_to(__nv_bfloat16& out, float x) {
+  out = __float2bfloat16_rn(x);
+}
+__device__ inline void round_to(__half& out, float x) {
+  out = __float2half_rn(x);
+}
+
+template <typename Half>
+__global__ void round_kernel(Half* out, const float* in, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    round_to(out[i], in[i]);
+}
+
 }  // namespace
 
 void set_matmul_precision(MatmulPrecision precision) {
@@ -28,6 +48,34 @@ MatmulPrecision matmul_precision() {
   return g_precision.load();
 }
 
+void GemmOperand::expect_usable_at(MatmulPrecision precision, const char* name) const {
+  if (rounded_to != MatmulPrecision::kFp32 && rounded_to != precision)
+    fail("cuda::gemm: operand ", name, " was rounded for ",
+         rounded_to == MatmulPrecision::kBf16 ? "bf16" : "fp16",
+         " and the matmul precision has changed since");
+}
+
+RoundedOperand::RoundedOperand(int device, const float* x, int64_t n)
+    : device_(device), operand_(x) {
+  const MatmulPrecision precision = matmul_precision();
+  if (precision != MatmulPrecision::kBf16 && precision != MatmulPrecision::kFp16) return;
+  if (n < 0) fail("RoundedOperand: negative length ", n);
+  DeviceGuard guard(device);
+  bytes_ = static_cast<size_t>(std::max<int64_t>(n, 1)) * 2;
+  bits_ = allocator_for(Device::cuda(device)).allocate(bytes_);
+  if (precision == MatmulPrecision::kBf16)
+    launch("gemm operand (round to bf16)", round_kernel<__nv_bfloat16>, blocks_for(n, kThreads),
+           kThreads, static_cast<__nv_bfloat16*>(bits_), x, n);
+  else
+    launch("gemm operand (round to fp16)", round_kernel<__half>, blocks_for(n, kThreads), kThreads,
+           static_cast<__half*>(bits_), x, n);
+  operand_ = GemmOperand(bits_, precision);
+}
+
+RoundedOperand::~RoundedOperand() {
+  if (bits_ != nullptr) allocator_for(Device::cuda(device_)).deallocate(bits_, bytes_);
+}
+
 void matmul_forward(int device, float* out, const float* inp, const float* weight,
                     const float* bias, int64_t N, int64_t C, int64_t OC) {
   // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias
@@ -36,11 +84,15 @@ void matmul_forward(int device, float* out, const float* inp, const float* weigh
 
 void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
+  // Both GEMMs read dout: rounded once (the largest operand of the two: N × OC, and OC is the
+  // vocabulary at the LM head).
+  const RoundedOperand dout_rounded(device, dout, N * OC);
   // dinp (N, C) = dout (N, OC) · weight (OC, C)
   if (dinp != nullptr)
-    gemm(device, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    gemm(device, false, false, N, C, OC, 1.0f, dout_rounded.operand(), OC, weight, C, 0.0f, dinp,
+         C);
   // dweight (OC, C) += dout (N, OC)ᵀ · inp (N, C)
-  gemm(device, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  gemm(device, true, false, OC, C, N, 1.0f, dout_rounded.operand(), OC, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) {
     DeviceGuard guard(device);
     accumulate_column_sums(device, dbias, RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");

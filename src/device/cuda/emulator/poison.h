@@ -6,21 +6,16 @@
 
 #include <cstddef>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define LOOM_EMU_POISON 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LOOM_EMU_POISON 1
-#endif
-#endif
-#ifdef LOOM_EMU_POISON
+#include "device/cuda/emulator/sanitizers.h"
+
+#ifdef LOOM_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
 namespace loom::cuda_emu {
 
 inline void poison(const void* p, size_t bytes) {
-#ifdef LOOM_EMU_POISON
+#ifdef LOOM_EMU_ASAN
   ASAN_POISON_MEMORY_REGION(p, bytes);
 #else
   (void)p, (void)bytes;
@@ -28,7 +23,7 @@ inline void poison(const void* p, size_t bytes) {
 }
 
 inline void unpoison(const void* p, size_t bytes) {
-#ifdef LOOM_EMU_POISON
+#ifdef LOOM_EMU_ASAN
   ASAN_UNPOISON_MEMORY_REGION(p, bytes);
 #else
   (void)p, (void)bytes;

@@ -14,27 +14,14 @@
 #include <vector>
 
 #include "base/error.h"
+#include "device/cuda/emulator/sanitizers.h"
 
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
 
-#if defined(__SANITIZE_ADDRESS__)
-#define LOOM_EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LOOM_EMU_ASAN 1
-#endif
-#endif
 #ifdef LOOM_EMU_ASAN
 #include <sanitizer/common_interface_defs.h>
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define LOOM_EMU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define LOOM_EMU_TSAN 1
-#endif
 #endif
 #ifdef LOOM_EMU_TSAN
 #include <sanitizer/tsan_interface.h>
