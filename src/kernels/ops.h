@@ -165,6 +165,14 @@ inline void cross_entropy_backward(const Exec& ex, Real* dlogits, const Real* lo
 }
 
 template <typename Real>
+inline void lm_head_backward(const Exec& ex, Real* dinp, Real* dweight, Real* logits,
+                             const Real* lse, const int32_t* targets, Real dloss, const Real* inp,
+                             const Real* weight, int64_t N, int64_t C, int64_t V) {
+  LOOM_OPS_DISPATCH(lm_head_backward, dinp, dweight, logits, lse, targets, dloss, inp, weight, N, C,
+                    V);
+}
+
+template <typename Real>
 inline void adamw_update(const Exec& ex, Real* param, const Real* grad, Real* m, Real* v, int64_t n,
                          double lr, double beta1, double beta2, double eps, double weight_decay,
                          int64_t step, Real grad_scale = Real(1)) {

@@ -237,11 +237,12 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
     Tensor dfinal = Tensor::empty({N, C}, ctx.dtype, ctx.device);
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);
-      T_* dlogits = dlogits_.data<T_>();  // logits are overwritten by their gradient in place
-      ops::cross_entropy_backward<T_>(ctx.exec(), dlogits, dlogits, lse_.data<T_>(),
-                                      targets_.data<int32_t>(), static_cast<T_>(scale / N), N, V);
-      ops::matmul_backward<T_>(ctx.exec(), dfinal.data<T_>(), wte.grad.data<T_>(), nullptr, dlogits,
-                               final_.data<T_>(), wte.value.data<T_>(), N, C, V);
+      // The logits' gradient, in place over them (or, on a GPU at 16-bit matmul precision,
+      // straight into the GEMMs' operand), through the tied head into dfinal and wte.grad.
+      ops::lm_head_backward<T_>(ctx.exec(), dfinal.data<T_>(), wte.grad.data<T_>(),
+                                dlogits_.data<T_>(), lse_.data<T_>(), targets_.data<int32_t>(),
+                                static_cast<T_>(scale / N), final_.data<T_>(), wte.value.data<T_>(),
+                                N, C, V);
     });
     const Shape shape = {targets_.dim(0), targets_.dim(1), C};
     dlogits_ = lse_ = final_ = targets_ = Tensor();

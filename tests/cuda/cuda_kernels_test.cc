@@ -78,6 +78,41 @@ class CudaKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override { LOOM_SKIP_UNLESS_CUDA_DEVICES(1); }
 
+  // Attention forward and backward on random (B, T, 3·C) inputs (seed `seed`), on the GPU and the
+  // CPU: out and lse within out_tol, dqkv within dqkv_tol of their scale, the GPU's backward fed
+  // its own forward's results as in training; both GPU passes bit for bit the same when run
+  // again. Returns the largest |GPU - CPU| difference of dqkv.
+  double expect_attention_matches_cpu(int64_t B, int64_t T, int64_t C, int64_t NH, uint64_t seed,
+                                      double out_tol, double dqkv_tol) {
+    Pair qkv = random_pair(B * T * 3 * C, seed, -2.0, 2.0);
+    Pair out = pair_of(std::vector<float>(B * T * C)),
+         lse = pair_of(std::vector<float>(B * NH * T));
+    ops::attention_forward<float>(on_cpu, out.h(), lse.h(), qkv.h(), B, T, C, NH);
+    ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
+    expect_pair_close("out", out, out_tol);
+    expect_pair_close("lse", lse, out_tol);
+
+    Pair dout = random_pair(B * T * C, seed + 1), dqkv = pair_of(std::vector<float>(B * T * 3 * C));
+    ops::attention_backward<float>(on_cpu, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, C,
+                                   NH);
+    ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
+                                   NH);
+    expect_pair_close("dqkv", dqkv, dqkv_tol);
+
+    const std::vector<float> first_out = out.from_gpu(), first_dqkv = dqkv.from_gpu();
+    ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
+    ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
+                                   NH);
+    EXPECT_TRUE(bitwise_equal(out.from_gpu(), first_out)) << "out not reproducible";
+    EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first_dqkv)) << "dqkv not reproducible";
+
+    const std::vector<float> want = dqkv.from_host();
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, double(std::abs(first_dqkv[i] - want[i])));
+    return worst;
+  }
+
   ThreadPool pool{2};
   Exec on_cpu{&pool, Device::cpu()};
   Exec on_gpu{nullptr, Device::cuda(0)};
@@ -326,86 +361,30 @@ TEST_F(CudaKernelsTest, EmbeddingMatchesCpuAndRefusesBadTokens) {
 }
 
 TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {
-  const int64_t B = 2, T = 67, C = 48, NH = 4;
-  Pair qkv = random_pair(B * T * 3 * C, 60, -2.0, 2.0);
-  Pair out = pair_of(std::vector<float>(B * T * C)), lse = pair_of(std::vector<float>(B * NH * T));
-  ops::attention_forward<float>(on_cpu, out.h(), lse.h(), qkv.h(), B, T, C, NH);
-  ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
-  expect_pair_close("out", out);
-  expect_pair_close("lse", lse);
-
-  Pair dout = random_pair(B * T * C, 61), dqkv = pair_of(std::vector<float>(B * T * 3 * C));
-  ops::attention_backward<float>(on_cpu, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, C,
-                                 NH);
-  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
-                                 NH);
-  expect_pair_close("dqkv", dqkv);
-  const std::vector<float> first = dqkv.from_gpu();
-  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
-                                 NH);
-  EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first)) << "dqkv not reproducible";
+  expect_attention_matches_cpu(2, 67, 48, 4, 60, kTol, kTol);  // head size 12
 }
 
 // Head sizes other than 64 take the batched-GEMM path at bf16 too: its GEMM operands (Q, K, V,
 // dO, P, dS) rounded to bf16 — those read twice rounded once — within bf16's rounding of the fp32
-// CPU kernel, and reproducible.
+// CPU kernel.
 TEST_F(CudaKernelsTest, AttentionWithoutFlashInBf16StaysWithinItsRounding) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
   } restore;
   cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
-  const int64_t B = 2, T = 45, C = 48, NH = 2;  // head size 24
-  Pair qkv = random_pair(B * T * 3 * C, 64);
-  Pair out = pair_of(std::vector<float>(B * T * C)), lse = pair_of(std::vector<float>(B * NH * T));
-  ops::attention_forward<float>(on_cpu, out.h(), lse.h(), qkv.h(), B, T, C, NH);
-  ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
-  expect_pair_close("out", out, 1e-2);
-  expect_pair_close("lse", lse, 1e-2);
-  Pair dout = random_pair(B * T * C, 65), dqkv = pair_of(std::vector<float>(B * T * 3 * C));
-  ops::attention_backward<float>(on_cpu, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, C,
-                                 NH);
-  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
-                                 NH);
-  expect_pair_close("dqkv", dqkv, 2e-2);
-  const std::vector<float> got = dqkv.from_gpu(), want = dqkv.from_host();
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    worst = std::max(worst, double(std::abs(got[i] - want[i])));
+  const double worst = expect_attention_matches_cpu(2, 45, 48, 2, 64, 1e-2, 2e-2);  // head size 24
   EXPECT_GT(worst, 1e-5) << "bf16 was not applied";
-  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
-                                 NH);
-  EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), got)) << "dqkv not reproducible";
 }
 
 // With bf16 matmuls and head size 64 the fused flash-attention kernels run (bf16 Q, K, V, P and
 // dS on the tensor cores, fp32 accumulation): within bf16's rounding of the fp32 CPU kernel, over
-// a T that is not a multiple of their 32-row tiles, and bit for bit the same when run again.
+// a T that is not a multiple of their 32-row tiles.
 TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
   } restore;
   cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
-  const int64_t B = 2, T = 77, C = 128, NH = 2;  // head size 64
-  Pair qkv = random_pair(B * T * 3 * C, 62);
-  Pair out = pair_of(std::vector<float>(B * T * C)), lse = pair_of(std::vector<float>(B * NH * T));
-  ops::attention_forward<float>(on_cpu, out.h(), lse.h(), qkv.h(), B, T, C, NH);
-  ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
-  expect_pair_close("flash out", out, 1e-2);
-  expect_pair_close("flash lse", lse, 1e-2);
-
-  Pair dout = random_pair(B * T * C, 63), dqkv = pair_of(std::vector<float>(B * T * 3 * C));
-  ops::attention_backward<float>(on_cpu, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, C,
-                                 NH);
-  // The GPU's own forward results, as in training.
-  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
-                                 NH);
-  expect_pair_close("flash dqkv", dqkv, 2e-2);
-  const std::vector<float> first_out = out.from_gpu(), first_dqkv = dqkv.from_gpu();
-  ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, C, NH);
-  ops::attention_backward<float>(on_gpu, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, C,
-                                 NH);
-  EXPECT_TRUE(bitwise_equal(out.from_gpu(), first_out)) << "flash out not reproducible";
-  EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first_dqkv)) << "flash dqkv not reproducible";
+  expect_attention_matches_cpu(2, 77, 128, 2, 62, 1e-2, 2e-2);  // head size 64
 }
 
 TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
@@ -437,6 +416,55 @@ TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
 
 // A tensor-parallel rank's vocabulary shard (rows 40..69 of 100, padded to 34 local rows): the
 // embedding's forward and backward bit for bit, the cross-entropy pieces to rounding.
+// The LM head's backward: at fp32 the GPU's cross-entropy and matmul backward against the CPU's;
+// at bf16 / fp16 the gradient goes to the GEMMs already rounded (no fp32 pass over the logits),
+// which must be bit for bit the separate ops' result (fp32 gradient in place, then rounded for
+// the GEMMs), and within the precision's rounding of the CPU.
+TEST_F(CudaKernelsTest, LmHeadBackwardMatchesTheSeparateOpsAndCpu) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  const int64_t N = 37, C = 24, V = 1009;
+  const float dloss = 1.0f / N;
+  const std::vector<float> logits0 = random_floats(N * V, 80, -6.0, 6.0);
+  IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 81));
+  Pair inp = random_pair(N * C, 82), w = random_pair(V * C, 83), lse = random_pair(N, 84);
+  Pair losses = pair_of(std::vector<float>(N));
+  Pair logits = pair_of(logits0);
+  ops::cross_entropy_forward<float>(on_cpu, losses.h(), lse.h(), logits.h(),
+                                    targets.host.data<int32_t>(), N, V);
+  lse.gpu.copy_from(lse.host);
+  // The CPU reference: dinp overwritten, dweight accumulated onto random values.
+  const std::vector<float> dw0 = random_floats(V * C, 85);
+  Pair dinp = pair_of(std::vector<float>(N * C)), dw = pair_of(dw0);
+  ops::lm_head_backward<float>(on_cpu, dinp.h(), dw.h(), logits.h(), lse.h(),
+                               targets.host.data<int32_t>(), dloss, inp.h(), w.h(), N, C, V);
+  ops::lm_head_backward<float>(on_gpu, dinp.g(), dw.g(), logits.g(), lse.g(),
+                               targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V);
+  expect_pair_close("fp32 dinp", dinp);
+  expect_pair_close("fp32 dweight", dw);
+
+  for (auto [precision, tol] : {std::pair{cuda::MatmulPrecision::kBf16, 1e-2},
+                                std::pair{cuda::MatmulPrecision::kFp16, 2e-3}}) {
+    cuda::set_matmul_precision(precision);
+    SCOPED_TRACE(precision == cuda::MatmulPrecision::kBf16 ? "bf16" : "fp16");
+    Pair fused_dinp = pair_of(std::vector<float>(N * C)), fused_dw = pair_of(dw0);
+    logits.gpu.copy_from(Tensor::from_vector(logits0, {N * V}));
+    ops::lm_head_backward<float>(on_gpu, fused_dinp.g(), fused_dw.g(), logits.g(), lse.g(),
+                                 targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V);
+    Pair split_dinp = pair_of(std::vector<float>(N * C)), split_dw = pair_of(dw0);
+    logits.gpu.copy_from(Tensor::from_vector(logits0, {N * V}));
+    ops::cross_entropy_backward<float>(on_gpu, logits.g(), logits.g(), lse.g(),
+                                       targets.gpu.data<int32_t>(), dloss, N, V);
+    ops::matmul_backward<float>(on_gpu, split_dinp.g(), split_dw.g(), nullptr, logits.g(), inp.g(),
+                                w.g(), N, C, V);
+    EXPECT_TRUE(bitwise_equal(fused_dinp.from_gpu(), split_dinp.from_gpu())) << "dinp";
+    EXPECT_TRUE(bitwise_equal(fused_dw.from_gpu(), split_dw.from_gpu())) << "dweight";
+    expect_close("dinp", fused_dinp.from_gpu(), dinp.from_host(), tol);
+    expect_close("dweight", fused_dw.from_gpu(), dw.from_host(), tol);
+  }
+}
+
 TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
   const int64_t N = 60, T = 12, C = 24, V = 100;
   const VocabShard shard{40, 30, 34, V};

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "base/error.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
@@ -64,6 +65,14 @@ void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits,
   });
 }
 
+template <typename Real>
+void lm_head_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* logits, const Real* lse,
+                      const int32_t* targets, Real dloss, const Real* inp, const Real* weight,
+                      int64_t N, int64_t C, int64_t V) {
+  cross_entropy_backward(pool, logits, logits, lse, targets, dloss, N, V);
+  matmul_backward<Real>(pool, dinp, dweight, nullptr, logits, inp, weight, N, C, V);
+}
+
 template void cross_entropy_forward<float>(ThreadPool&, float*, float*, const float*,
                                            const int32_t*, int64_t, int64_t);
 template void cross_entropy_forward<double>(ThreadPool&, double*, double*, const double*,
@@ -72,5 +81,11 @@ template void cross_entropy_backward<float>(ThreadPool&, float*, const float*, c
                                             const int32_t*, float, int64_t, int64_t);
 template void cross_entropy_backward<double>(ThreadPool&, double*, const double*, const double*,
                                              const int32_t*, double, int64_t, int64_t);
+template void lm_head_backward<float>(ThreadPool&, float*, float*, float*, const float*,
+                                      const int32_t*, float, const float*, const float*, int64_t,
+                                      int64_t, int64_t);
+template void lm_head_backward<double>(ThreadPool&, double*, double*, double*, const double*,
+                                       const int32_t*, double, const double*, const double*,
+                                       int64_t, int64_t, int64_t);
 
 }  // namespace loom::cpu

@@ -24,4 +24,14 @@ template <typename Real>
 void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits, const Real* lse,
                             const int32_t* targets, Real dloss, int64_t N, int64_t V);
 
+// A language model's head after its loss: cross_entropy_backward in place over logits (N, V),
+// then matmul_backward without a bias through the head's weight (V, C) and input (N, C): dinp
+// (N, C) overwritten when non-null, dweight accumulated. One op so a GPU can hand the gradient
+// to its GEMMs in their operand precision (cuda::lm_head_backward); afterwards `logits` holds
+// no defined values.
+template <typename Real>
+void lm_head_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* logits, const Real* lse,
+                      const int32_t* targets, Real dloss, const Real* inp, const Real* weight,
+                      int64_t N, int64_t C, int64_t V);
+
 }  // namespace loom::cpu

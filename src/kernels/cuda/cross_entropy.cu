@@ -28,17 +28,19 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const fl
   }
 }
 
-// dlogits may alias logits: each element is read, then written, by one thread.
-__global__ void cross_entropy_backward_kernel(float* dlogits, const float* logits, const float* lse,
+// dlogits (fp32, or rounded to a 16-bit GEMM operand type) may alias logits: each element is
+// read, then written, by one thread.
+template <typename Out>
+__global__ void cross_entropy_backward_kernel(Out* dlogits, const float* logits, const float* lse,
                                               const int32_t* targets, float dloss, int64_t V) {
   const int64_t r = blockIdx.x;
   const float* x = logits + r * V;
-  float* dx = dlogits + r * V;
+  Out* dx = dlogits + r * V;
   const float l = lse[r];
   const int32_t t = targets[r];
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float p = expf(x[v] - l) * dloss;
-    dx[v] = v == t ? p - dloss : p;
+    round_to(dx[v], v == t ? p - dloss : p);
   }
 }
 
@@ -59,8 +61,31 @@ void cross_entropy_backward(int device, float* dlogits, const float* logits, con
                             const int32_t* targets, float dloss, int64_t N, int64_t V) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  launch("cross_entropy_backward", cross_entropy_backward_kernel, static_cast<unsigned>(N),
+  launch("cross_entropy_backward", cross_entropy_backward_kernel<float>, static_cast<unsigned>(N),
          kRowThreads, dlogits, logits, lse, targets, dloss, V);
+}
+
+void lm_head_backward(int device, float* dinp, float* dweight, float* logits, const float* lse,
+                      const int32_t* targets, float dloss, const float* inp, const float* weight,
+                      int64_t N, int64_t C, int64_t V) {
+  if (N == 0) return;
+  const MatmulPrecision precision = matmul_precision();
+  if (precision != MatmulPrecision::kBf16 && precision != MatmulPrecision::kFp16) {
+    cross_entropy_backward(device, logits, logits, lse, targets, dloss, N, V);
+    matmul_backward(device, dinp, dweight, nullptr, logits, inp, weight, N, C, V);
+    return;
+  }
+  DeviceGuard guard(device);
+  const RoundedOperand dlogits(device, N * V);
+  if (precision == MatmulPrecision::kBf16)
+    launch("lm_head_backward (bf16 dlogits)", cross_entropy_backward_kernel<__nv_bfloat16>,
+           static_cast<unsigned>(N), kRowThreads, static_cast<__nv_bfloat16*>(dlogits.bits()),
+           logits, lse, targets, dloss, V);
+  else
+    launch("lm_head_backward (fp16 dlogits)", cross_entropy_backward_kernel<__half>,
+           static_cast<unsigned>(N), kRowThreads, static_cast<__half*>(dlogits.bits()), logits, lse,
+           targets, dloss, V);
+  matmul_backward_gemms(device, dinp, dweight, dlogits.operand(), inp, weight, N, C, V);
 }
 
 }  // namespace loom::cuda

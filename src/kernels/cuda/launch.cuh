@@ -2,6 +2,8 @@
 // scratch memory from the GPU's caching allocator.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -99,6 +101,18 @@ __device__ inline T block_sum(T x, T* shared) {
   __syncthreads();
   x = lane < warps ? shared[lane] : T(0);
   return warp_sum(x);
+}
+
+// fp32 -> a GEMM operand's storage type: itself, or bf16 / fp16 rounded to nearest even (fp16
+// overflows to ±inf beyond 65504: what loss scaling watches for).
+__device__ inline void round_to(float& out, float x) {
+  out = x;
+}
+__device__ inline void round_to(__nv_bfloat16& out, float x) {
+  out = __float2bfloat16_rn(x);
+}
+__device__ inline void round_to(__half& out, float x) {
+  out = __float2half_rn(x);
 }
 
 __device__ inline float block_max(float x, float* shared) {

@@ -1,8 +1,5 @@
 // The Linear layer on cuda::gemm (gemm.cu: cuBLASLt; gemm_emulated.cu under the emulator), the
 // process-wide matmul precision both read, and the operands they round to it.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <atomic>
 
 #include "base/error.h"
@@ -21,15 +18,6 @@ struct RowMajor {
   int64_t ld;
   __device__ float operator()(int64_t r, int64_t c) const { return data[r * ld + c]; }
 };
-
-// fp32 -> bf16 / fp16, round to nearest even (fp16 overflows to ±inf beyond 65504: what loss
-// scaling watches for).
-__device__ inline void round_to(__nv_bfloat16& out, float x) {
-  out = __float2bfloat16_rn(x);
-}
-__device__ inline void round_to(__half& out, float x) {
-  out = __float2half_rn(x);
-}
 
 template <typename Half>
 __global__ void round_kernel(Half* out, const float* in, int64_t n) {
@@ -53,6 +41,16 @@ void GemmOperand::expect_usable_at(MatmulPrecision precision, const char* name) 
     fail("cuda::gemm: operand ", name, " was rounded for ",
          rounded_to == MatmulPrecision::kBf16 ? "bf16" : "fp16",
          " and the matmul precision has changed since");
+}
+
+RoundedOperand::RoundedOperand(int device, int64_t n) : device_(device), operand_(nullptr) {
+  const MatmulPrecision precision = matmul_precision();
+  if (precision != MatmulPrecision::kBf16 && precision != MatmulPrecision::kFp16)
+    fail("RoundedOperand: a 16-bit buffer needs bf16 or fp16 matmul precision");
+  if (n < 0) fail("RoundedOperand: negative length ", n);
+  bytes_ = static_cast<size_t>(std::max<int64_t>(n, 1)) * 2;
+  bits_ = allocator_for(Device::cuda(device)).allocate(bytes_);
+  operand_ = GemmOperand(bits_, precision);
 }
 
 RoundedOperand::RoundedOperand(int device, const float* x, int64_t n)
@@ -82,17 +80,21 @@ void matmul_forward(int device, float* out, const float* inp, const float* weigh
   gemm(device, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
 }
 
-void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
-  // Both GEMMs read dout: rounded once (the largest operand of the two: N × OC, and OC is the
-  // vocabulary at the LM head).
-  const RoundedOperand dout_rounded(device, dout, N * OC);
+void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand dout,
+                           const float* inp, const float* weight, int64_t N, int64_t C,
+                           int64_t OC) {
   // dinp (N, C) = dout (N, OC) · weight (OC, C)
   if (dinp != nullptr)
-    gemm(device, false, false, N, C, OC, 1.0f, dout_rounded.operand(), OC, weight, C, 0.0f, dinp,
-         C);
+    gemm(device, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
   // dweight (OC, C) += dout (N, OC)ᵀ · inp (N, C)
-  gemm(device, true, false, OC, C, N, 1.0f, dout_rounded.operand(), OC, inp, C, 1.0f, dweight, C);
+  gemm(device, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+}
+
+void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
+  // Both GEMMs read dout: rounded once (the largest operand of the two: N × OC).
+  const RoundedOperand dout_rounded(device, dout, N * OC);
+  matmul_backward_gemms(device, dinp, dweight, dout_rounded.operand(), inp, weight, N, C, OC);
   if (dbias != nullptr) {
     DeviceGuard guard(device);
     accumulate_column_sums(device, dbias, RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");
