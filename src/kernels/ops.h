@@ -18,6 +18,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/exec.h"
 #include "kernels/op_profile.h"
+#include "tensor/dtype.h"
 
 namespace loom::ops {
 
@@ -54,6 +55,22 @@ void set_matmul_precision(const std::string& name);
 // operands stored as such, no casts), best of `iters` n×n×n products: the peak an MFU is measured
 // against.
 double measure_gpu_gemm_tflops(Device device, const std::string& precision, int64_t n, int iters);
+
+// nn::Linear's input on a GPU at bf16 / fp16 matmul precision: rounded once in the forward and
+// kept in that 16-bit type instead of fp32 for the backward's weight-gradient GEMM, which then
+// needs no cast of its own (and the kept input takes half the bytes). matmul_input_dtype is the
+// type a Linear of a `dtype` model keeps its input in on ex's device: DType::kBF16 / kF16 there,
+// else `dtype` itself, and the plain matmul ops below apply.
+DType matmul_input_dtype(const Exec& ex, DType dtype);
+// matmul_forward (f32) that also leaves inp rounded in `inp_rounded`: N·C values of
+// matmul_input_dtype(ex, kF32), which must be 16-bit.
+void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_rounded,
+                                          const float* inp, const float* weight, const float* bias,
+                                          int64_t N, int64_t C, int64_t OC);
+// matmul_backward (f32) on such a kept input, of type `inp_dtype`.
+void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dweight, float* dbias,
+                                        const float* dout, const void* inp_rounded, DType inp_dtype,
+                                        const float* weight, int64_t N, int64_t C, int64_t OC);
 
 // The body of every op: the CUDA kernel on a GPU, else the CPU kernel on the pool (timed while
 // a profile runs: kernels/op_profile.h).

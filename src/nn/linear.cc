@@ -21,9 +21,17 @@ Linear::Linear(ParameterStore& store, const std::string& name, int64_t in, int64
 
 Tensor Linear::forward(Context& ctx, const Tensor& x) {
   if (x.dim(-1) != in_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", in_);
-  x_ = x;
   Tensor y = Tensor::empty(with_last(x.shape(), out_), ctx.dtype, ctx.device);
   const int64_t n = x.numel() / in_;
+  if (const DType kept = ops::matmul_input_dtype(ctx.exec(), ctx.dtype); kept != ctx.dtype) {
+    // A GPU rounding GEMM inputs to 16 bits: keep the input as the GEMMs read it (ops.h).
+    x_ = Tensor::empty(x.shape(), kept, ctx.device);
+    ops::matmul_forward_keeping_rounded_input(
+        ctx.exec(), y.data<float>(), x_.raw(), x.data<float>(), weight_->value.data<float>(),
+        bias_ ? bias_->value.data<float>() : nullptr, n, in_, out_);
+    return y;
+  }
+  x_ = x;
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
     ops::matmul_forward<T>(ctx.exec(), y.data<T>(), x.data<T>(), weight_->value.data<T>(),
@@ -41,6 +49,14 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   LOOM_CHECK(x_.defined());
   Tensor dx = Tensor::empty(x_.shape(), ctx.dtype, ctx.device);
   const int64_t n = x_.numel() / in_;
+  if (x_.dtype() != ctx.dtype) {  // kept rounded by forward
+    ops::matmul_backward_from_rounded_input(
+        ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
+        bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(), x_.raw(), x_.dtype(),
+        weight_->value.data<float>(), n, in_, out_);
+    x_ = Tensor();
+    return dx;
+  }
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
     ops::matmul_backward<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(),

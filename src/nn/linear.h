@@ -33,7 +33,9 @@ class Linear {
   int64_t in_, out_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
-  Tensor x_;  // (N, in) cached input
+  // (N, in) cached input; on a GPU at bf16 / fp16 matmul precision its 16-bit rounding, what
+  // both GEMMs read (ops::matmul_input_dtype).
+  Tensor x_;
 };
 
 }  // namespace loom

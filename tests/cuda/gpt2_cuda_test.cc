@@ -7,13 +7,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "../kernels/kernel_test_util.h"
+#include "base/error.h"
 #include "base/thread_pool.h"
 #include "harness/devices.h"
 #include "kernels/ops.h"
 #include "models/gpt2.h"
+#include "nn/linear.h"
 #include "optim/adamw.h"
 #include "tensor/rng.h"
 
@@ -100,6 +103,78 @@ TEST(Gpt2Cuda, Bf16MatmulsStayNearTheCpuRun) {
       EXPECT_NEAR(on_gpu.losses[s], on_cpu.losses[s], 1e-2 * std::abs(on_cpu.losses[s]))
           << heads << " head(s), step " << s;
   }
+}
+
+// At bf16 / fp16 matmul precision a Linear on a GPU keeps its input as the GEMMs read it, rounded
+// once to 16 bits (half the bytes, no second cast in the backward): its output and gradients are
+// bit for bit what the plain matmul ops give with the fp32 input rounded inside each GEMM. At
+// fp32 the input is kept as it came; a precision changed between forward and backward is refused.
+TEST(Gpt2Cuda, LinearKeepsItsInputRoundedAndComputesWhatTheOpsDo) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  struct Restore {
+    ~Restore() { ops::set_matmul_precision("fp32"); }
+  } restore;
+  const Device gpu = Device::cuda(0);
+  constexpr int64_t N = 24, C = 40, OC = 56;
+  ThreadPool pool(1);
+  Context ctx{&pool, gpu, DType::kF32};
+  ParameterStore store;
+  Linear linear(store, "lin", C, OC, true, 0.3f);
+  store.allocate(DType::kF32, gpu);
+  store.initialize(5);
+  const auto random = [](int64_t n, uint64_t seed) {
+    Tensor t = Tensor::empty({n}, DType::kF32);
+    RandomStream rng(seed, "linear_rounded_input");
+    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = rng.next_uniform() * 2.0f - 1.0f;
+    return t;
+  };
+  const Tensor x = random(N * C, 1).reshape({N, C}).to(gpu);
+  const Tensor dy = random(N * OC, 2).reshape({N, OC}).to(gpu);
+  const Parameter& w = *linear.weight();
+  const Parameter& b = *linear.bias();
+  const Exec ex = ctx.exec();
+  for (const char* precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    ops::set_matmul_precision(precision);
+    store.zero_grads();
+    const Tensor y = linear.forward(ctx, x);
+    std::vector<Tensor*> cache;
+    linear.collect_cache(cache);
+    ASSERT_EQ(cache.size(), 1u);
+    EXPECT_EQ(cache[0]->dtype(), std::string(precision) == "bf16" ? DType::kBF16 : DType::kF16);
+    EXPECT_EQ(cache[0]->numel(), N * C);
+    const Tensor dx = linear.backward(ctx, dy);
+    const std::vector<float> dw = w.grad.to_vector(), db = b.grad.to_vector();
+
+    // The plain ops on the fp32 input.
+    store.zero_grads();
+    Tensor y_ops = Tensor::empty({N, OC}, DType::kF32, gpu),
+           dx_ops = Tensor::empty({N, C}, DType::kF32, gpu);
+    ops::matmul_forward<float>(ex, y_ops.data<float>(), x.data<float>(), w.value.data<float>(),
+                               b.value.data<float>(), N, C, OC);
+    ops::matmul_backward<float>(ex, dx_ops.data<float>(), w.grad.data<float>(),
+                                b.grad.data<float>(), dy.data<float>(), x.data<float>(),
+                                w.value.data<float>(), N, C, OC);
+    using cpu::ktest::bitwise_equal;
+    EXPECT_TRUE(bitwise_equal(y.to_vector(), y_ops.to_vector())) << "out";
+    EXPECT_TRUE(bitwise_equal(dx.to_vector(), dx_ops.to_vector())) << "dinp";
+    EXPECT_TRUE(bitwise_equal(dw, w.grad.to_vector())) << "dweight";
+    EXPECT_TRUE(bitwise_equal(db, b.grad.to_vector())) << "dbias";
+  }
+  ops::set_matmul_precision("bf16");
+  (void)linear.forward(ctx, x);
+  ops::set_matmul_precision("fp16");
+  try {
+    (void)linear.backward(ctx, dy);
+    FAIL() << "an input rounded to bf16 was used at fp16";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was rounded for bf16"), std::string::npos) << e.what();
+  }
+  ops::set_matmul_precision("fp32");
+  (void)linear.forward(ctx, x);
+  std::vector<Tensor*> cache;
+  linear.collect_cache(cache);
+  EXPECT_EQ(cache[0]->raw(), x.raw()) << "kept as it came at fp32";
 }
 
 TEST(Gpt2Cuda, TwoGpuRunsAreBitwiseIdentical) {

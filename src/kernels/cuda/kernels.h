@@ -85,6 +85,11 @@ class RoundedOperand {
   GemmOperand operand_;
 };
 
+// x[0, n) rounded to the current matmul precision (bf16 or fp16, else it fails) into `out`, n
+// 16-bit values the caller owns (one kernel, queued): a GEMM operand kept for later GEMMs, as a
+// Linear keeps its input for the weight gradient.
+GemmOperand round_for_gemm(int device, void* out, const float* x, int64_t n);
+
 void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc,
           const float* bias = nullptr, GemmBatch batch = {});
@@ -99,14 +104,16 @@ double elapsed_ms_and_release(void* start, void* stop);
 // (after one warm-up), for MFU figures measured on the machine itself.
 double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters);
 
-void matmul_forward(int device, float* out, const float* inp, const float* weight,
-                    const float* bias, int64_t N, int64_t C, int64_t OC);
+// Linear (cpu/gemm.h). `inp` may come already rounded (round_for_gemm), as nn::Linear keeps it at
+// bf16 / fp16 matmul precision.
+void matmul_forward(int device, float* out, GemmOperand inp, const float* weight, const float* bias,
+                    int64_t N, int64_t C, int64_t OC);
 void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+                     GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC);
 // matmul_backward's two GEMMs (dinp when non-null, dweight accumulated) on a dout given as an
 // operand, possibly already rounded.
 void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand dout,
-                           const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+                           GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC);
 
 // ---- elementwise and reductions ----------------------------------------------------------------
 

@@ -58,31 +58,42 @@ RoundedOperand::RoundedOperand(int device, const float* x, int64_t n)
   const MatmulPrecision precision = matmul_precision();
   if (precision != MatmulPrecision::kBf16 && precision != MatmulPrecision::kFp16) return;
   if (n < 0) fail("RoundedOperand: negative length ", n);
-  DeviceGuard guard(device);
   bytes_ = static_cast<size_t>(std::max<int64_t>(n, 1)) * 2;
   bits_ = allocator_for(Device::cuda(device)).allocate(bytes_);
-  if (precision == MatmulPrecision::kBf16)
-    launch("gemm operand (round to bf16)", round_kernel<__nv_bfloat16>, blocks_for(n, kThreads),
-           kThreads, static_cast<__nv_bfloat16*>(bits_), x, n);
-  else
-    launch("gemm operand (round to fp16)", round_kernel<__half>, blocks_for(n, kThreads), kThreads,
-           static_cast<__half*>(bits_), x, n);
-  operand_ = GemmOperand(bits_, precision);
+  operand_ = round_for_gemm(device, bits_, x, n);
+}
+
+GemmOperand round_for_gemm(int device, void* out, const float* x, int64_t n) {
+  const MatmulPrecision precision = matmul_precision();
+  DeviceGuard guard(device);
+  switch (precision) {
+    case MatmulPrecision::kBf16:
+      launch("gemm operand (round to bf16)", round_kernel<__nv_bfloat16>, blocks_for(n, kThreads),
+             kThreads, static_cast<__nv_bfloat16*>(out), x, n);
+      return GemmOperand(out, precision);
+    case MatmulPrecision::kFp16:
+      launch("gemm operand (round to fp16)", round_kernel<__half>, blocks_for(n, kThreads),
+             kThreads, static_cast<__half*>(out), x, n);
+      return GemmOperand(out, precision);
+    case MatmulPrecision::kTf32:
+    case MatmulPrecision::kFp32:
+      break;
+  }
+  fail("round_for_gemm: the matmul precision is not bf16 or fp16, so GEMM operands stay fp32");
 }
 
 RoundedOperand::~RoundedOperand() {
   if (bits_ != nullptr) allocator_for(Device::cuda(device_)).deallocate(bits_, bytes_);
 }
 
-void matmul_forward(int device, float* out, const float* inp, const float* weight,
-                    const float* bias, int64_t N, int64_t C, int64_t OC) {
+void matmul_forward(int device, float* out, GemmOperand inp, const float* weight, const float* bias,
+                    int64_t N, int64_t C, int64_t OC) {
   // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias
   gemm(device, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
 }
 
 void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand dout,
-                           const float* inp, const float* weight, int64_t N, int64_t C,
-                           int64_t OC) {
+                           GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
   // dinp (N, C) = dout (N, OC) · weight (OC, C)
   if (dinp != nullptr)
     gemm(device, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
@@ -91,7 +102,7 @@ void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand 
 }
 
 void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
+                     GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
   // Both GEMMs read dout: rounded once (the largest operand of the two: N × OC).
   const RoundedOperand dout_rounded(device, dout, N * OC);
   matmul_backward_gemms(device, dinp, dweight, dout_rounded.operand(), inp, weight, N, C, OC);
