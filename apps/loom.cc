@@ -141,9 +141,14 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
     if (options.profile) {
       j["ops"] = nlohmann::json::array();
       for (const ops::OpTime& op : r.ops)
-        j["ops"].push_back({{"op", op.name},
-                            {"calls_per_step", static_cast<double>(op.calls) / static_cast<double>(r.steps)},
-                            {"ms_per_step", op.ms / static_cast<double>(r.steps)}});
+        j["ops"].push_back(
+            {{"op", op.name},
+             {"calls_per_step", static_cast<double>(op.calls) / static_cast<double>(r.steps)},
+             {"ms_per_step", op.ms / static_cast<double>(r.steps)},
+             {"gflop_per_step", op.work.flops / 1e9 / static_cast<double>(r.steps)},
+             {"gb_per_step", op.work.bytes / 1e9 / static_cast<double>(r.steps)},
+             {"gflops", op.ms > 0 ? op.work.flops / 1e6 / op.ms : 0.0},
+             {"gb_per_s", op.ms > 0 ? op.work.bytes / 1e6 / op.ms : 0.0}});
     }
     std::cout << j.dump() << std::endl;
   } else {
@@ -164,11 +169,23 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
     std::printf("  peak RSS %.1f MiB, peak tensor memory %.1f MiB, %ld parameters\n",
                 r.peak_rss_mb, r.peak_alloc_mb, static_cast<long>(r.num_parameters));
     if (options.profile) {
-      std::printf("  per step, by op (summed over the timed steps / %ld):\n", static_cast<long>(r.steps));
-      for (const ops::OpTime& op : r.ops)
-        std::printf("    %-28s %8.2f ms %5.1f%%  (%.0f calls)\n", op.name.c_str(),
-                    op.ms / static_cast<double>(r.steps), 100.0 * op.ms / static_cast<double>(r.steps) / r.step_ms,
+      // Rates over each op's least work (kernels/op_profile.h: OpWork): GFLOP/s where it computes,
+      // GB/s of its operands, each read or written once, where it streams memory.
+      std::printf(
+          "  per step, by op (summed over the timed steps / %ld); rates over each op's least "
+          "work:\n",
+          static_cast<long>(r.steps));
+      for (const ops::OpTime& op : r.ops) {
+        std::printf("    %-34s %8.2f ms %5.1f%%  (%4.0f calls)", op.name.c_str(),
+                    op.ms / static_cast<double>(r.steps),
+                    100.0 * op.ms / static_cast<double>(r.steps) / r.step_ms,
                     static_cast<double>(op.calls) / static_cast<double>(r.steps));
+        if (op.ms > 0 && op.work.flops > 0)
+          std::printf("  %9.1f GFLOP/s", op.work.flops / 1e6 / op.ms);
+        else if (op.ms > 0 && op.work.bytes > 0)
+          std::printf("  %9.1f GB/s", op.work.bytes / 1e6 / op.ms);
+        std::printf("\n");
+      }
     }
   }
   return 0;

@@ -20,6 +20,7 @@ struct Table {
   std::map<std::string, OpTime> ops;
   struct Pending {  // a GPU op's events, read at stop_profile
     const char* name;
+    OpWork work;
     void* start;
     void* stop;
   };
@@ -31,11 +32,13 @@ Table& table() {
   return t;
 }
 
-void add(Table& t, const char* name, double ms) {  // t.mutex held
+void add(Table& t, const char* name, const OpWork& work, double ms) {  // t.mutex held
   OpTime& op = t.ops[name];
   op.name = name;
   ++op.calls;
   op.ms += ms;
+  op.work.flops += work.flops;
+  op.work.bytes += work.bytes;
 }
 
 }  // namespace
@@ -55,7 +58,8 @@ std::vector<OpTime> stop_profile() {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mutex);
 #ifdef LOOM_WITH_CUDA
-  for (const auto& p : t.pending) add(t, p.name, cuda::elapsed_ms_and_release(p.start, p.stop));
+  for (const auto& p : t.pending)
+    add(t, p.name, p.work, cuda::elapsed_ms_and_release(p.start, p.stop));
 #endif
   t.pending.clear();
   std::vector<OpTime> out;
@@ -66,8 +70,9 @@ std::vector<OpTime> stop_profile() {
 
 namespace detail {
 
-void OpScope::begin(const char* name, const Exec& ex) {
+void OpScope::begin(const char* name, const Exec& ex, OpWork work) {
   name_ = name;
+  work_ = work;
   device_ = ex.device;
 #ifdef LOOM_WITH_CUDA
   if (device_.is_cuda()) {
@@ -84,13 +89,13 @@ void OpScope::end() {
   if (device_.is_cuda()) {
     void* stop = cuda::record_timing_event(device_.index);
     std::lock_guard<std::mutex> lock(t.mutex);
-    t.pending.push_back({name_, events_[0], stop});
+    t.pending.push_back({name_, work_, events_[0], stop});
     return;
   }
 #endif
   const double ms = (now_seconds() - start_s_) * 1e3;
   std::lock_guard<std::mutex> lock(t.mutex);
-  add(t, name_, ms);
+  add(t, name_, work_, ms);
 }
 
 }  // namespace detail

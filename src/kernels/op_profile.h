@@ -15,10 +15,22 @@
 
 namespace loom::ops {
 
+// What one call of an op must do at least, as kernels/ops.h counts it from its arguments:
+// floating-point operations where they bound it (GEMMs and attention: 2 per multiply-add, causal
+// attention counted as computed, half the square), and the bytes of its operands in their storage
+// type, each read or written once. Time over these is the op's distance from the machine's
+// roofline: a bandwidth-bound kernel far below the memory's GB/s, or a GEMM far below its
+// TFLOP/s, is what to fix.
+struct OpWork {
+  double flops = 0;
+  double bytes = 0;
+};
+
 struct OpTime {
   std::string name;  // the op, as kernels/ops.h names it ("matmul_forward", ...)
   int64_t calls = 0;
   double ms = 0;     // summed over the calls
+  OpWork work;       // summed over the calls
 };
 
 // Clears the table and starts timing.
@@ -33,8 +45,10 @@ extern std::atomic<bool> g_profiling;
 // Times one op from construction to destruction (kernels/ops.h's dispatch).
 class OpScope {
  public:
-  OpScope(const char* name, const Exec& ex) {
-    if (g_profiling.load(std::memory_order_relaxed)) begin(name, ex);
+  // `work` is only evaluated while a profile runs.
+  template <typename Work>
+  OpScope(const char* name, const Exec& ex, Work&& work) {
+    if (g_profiling.load(std::memory_order_relaxed)) begin(name, ex, work());
   }
   ~OpScope() {
     if (name_ != nullptr) end();
@@ -43,9 +57,10 @@ class OpScope {
   OpScope& operator=(const OpScope&) = delete;
 
  private:
-  void begin(const char* name, const Exec& ex);
+  void begin(const char* name, const Exec& ex, OpWork work);
   void end();
   const char* name_ = nullptr;
+  OpWork work_;
   Device device_;
   double start_s_ = 0;
   void* events_[2] = {nullptr, nullptr};  // a GPU op's start and stop cudaEvent_t

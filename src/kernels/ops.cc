@@ -51,7 +51,9 @@ DType matmul_input_dtype(const Exec& ex, DType dtype) {
 void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_rounded,
                                           const float* inp, const float* weight, const float* bias,
                                           int64_t N, int64_t C, int64_t OC) {
-  const detail::OpScope op_scope_("matmul_forward", ex);
+  const detail::OpScope op_scope_("matmul_forward", ex, [&] {
+    return detail::work_of<float>(detail::matmul_forward_counts(N, C, OC, bias != nullptr));
+  });
   if constexpr (detail::kCudaBuild) {
     if (matmul_input_dtype(ex, DType::kF32) != DType::kF32) {
       const cuda::GemmOperand kept = cuda::round_for_gemm(ex.device.index, inp_rounded, inp, N * C);
@@ -66,7 +68,10 @@ void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_
 void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dweight, float* dbias,
                                         const float* dout, const void* inp_rounded, DType inp_dtype,
                                         const float* weight, int64_t N, int64_t C, int64_t OC) {
-  const detail::OpScope op_scope_("matmul_backward", ex);
+  const detail::OpScope op_scope_("matmul_backward", ex, [&] {
+    return detail::work_of<float>(
+        detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr));
+  });
   if constexpr (detail::kCudaBuild) {
     if (ex.device.is_cuda() && (inp_dtype == DType::kBF16 || inp_dtype == DType::kF16)) {
       // gemm refuses the operand if the matmul precision changed since it was rounded.

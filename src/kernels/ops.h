@@ -72,10 +72,36 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
                                         const float* dout, const void* inp_rounded, DType inp_dtype,
                                         const float* weight, int64_t N, int64_t C, int64_t OC);
 
-// The body of every op: the CUDA kernel on a GPU, else the CPU kernel on the pool (timed while
-// a profile runs: kernels/op_profile.h).
-#define LOOM_OPS_DISPATCH(name, ...)                                                         \
-  const detail::OpScope op_scope_(#name, ex);                                                \
+namespace detail {
+// An op's work for the profile (kernels/op_profile.h): `flops`, and `elements` of its operands
+// read or written once each, in Real's size (4-byte token ids count as one).
+struct OpCounts {
+  double flops = 0, elements = 0;
+};
+template <typename Real>
+OpWork work_of(OpCounts c) {
+  return {c.flops, c.elements * static_cast<double>(sizeof(Real))};
+}
+template <typename Real>
+OpWork work_of(double flops, double elements) {
+  return work_of<Real>(OpCounts{flops, elements});
+}
+// The Linear's (shared with the kept-rounded-input variants in ops.cc).
+inline OpCounts matmul_forward_counts(int64_t N, int64_t C, int64_t OC, bool bias) {
+  return {2.0 * N * C * OC, 1.0 * N * C + 1.0 * OC * C + 1.0 * N * OC + (bias ? OC : 0)};
+}
+inline OpCounts matmul_backward_counts(int64_t N, int64_t C, int64_t OC, bool dinp, bool dbias) {
+  return {(dinp ? 4.0 : 2.0) * N * C * OC, 1.0 * N * OC + 1.0 * N * C + 3.0 * OC * C +
+                                               (dinp ? 1.0 * N * C : 0.0) +
+                                               (dbias ? 2.0 * OC : 0.0)};
+}
+}  // namespace detail
+
+// The body of every op: the CUDA kernel on a GPU, else the CPU kernel on the pool, timed while a
+// profile runs (kernels/op_profile.h) with its work, `work` = (flops, elements), counted from its
+// arguments.
+#define LOOM_OPS_DISPATCH(name, work, ...)                                                   \
+  const detail::OpScope op_scope_(#name, ex, [&] { return detail::work_of<Real> work; });    \
   if (detail::on_gpu<Real>(ex, #name)) {                                                     \
     if constexpr (detail::kRunsOnGpu<Real>) return cuda::name(ex.device.index, __VA_ARGS__); \
   }                                                                                          \
@@ -84,117 +110,129 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
 template <typename Real>
 inline void matmul_forward(const Exec& ex, Real* out, const Real* inp, const Real* weight,
                            const Real* bias, int64_t N, int64_t C, int64_t OC) {
-  LOOM_OPS_DISPATCH(matmul_forward, out, inp, weight, bias, N, C, OC);
+  LOOM_OPS_DISPATCH(matmul_forward, (detail::matmul_forward_counts(N, C, OC, bias != nullptr)), out,
+                    inp, weight, bias, N, C, OC);
 }
 
 template <typename Real>
 inline void matmul_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbias,
                             const Real* dout, const Real* inp, const Real* weight, int64_t N,
                             int64_t C, int64_t OC) {
-  LOOM_OPS_DISPATCH(matmul_backward, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  LOOM_OPS_DISPATCH(matmul_backward,
+                    (detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr)),
+                    dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
 template <typename Real>
 inline void add_forward(const Exec& ex, Real* out, const Real* a, const Real* b, int64_t n) {
-  LOOM_OPS_DISPATCH(add_forward, out, a, b, n);
+  LOOM_OPS_DISPATCH(add_forward, (0, 3.0 * n), out, a, b, n);
 }
 
 template <typename Real>
 inline void add_inplace(const Exec& ex, Real* acc, const Real* x, int64_t n) {
-  LOOM_OPS_DISPATCH(add_inplace, acc, x, n);
+  LOOM_OPS_DISPATCH(add_inplace, (0, 3.0 * n), acc, x, n);
 }
 
 template <typename Real>
 inline void scale_inplace(const Exec& ex, Real* x, Real s, int64_t n) {
-  LOOM_OPS_DISPATCH(scale_inplace, x, s, n);
+  LOOM_OPS_DISPATCH(scale_inplace, (0, 2.0 * n), x, s, n);
 }
 
 template <typename Real>
 inline double sum_squares(const Exec& ex, const Real* x, int64_t n) {
-  LOOM_OPS_DISPATCH(sum_squares, x, n);
+  LOOM_OPS_DISPATCH(sum_squares, (0, 1.0 * n), x, n);
 }
 
 template <typename Real>
 inline double sum(const Exec& ex, const Real* x, int64_t n) {
-  LOOM_OPS_DISPATCH(sum, x, n);
+  LOOM_OPS_DISPATCH(sum, (0, 1.0 * n), x, n);
 }
 
 template <typename Real>
 inline void gelu_forward(const Exec& ex, Real* out, const Real* inp, int64_t n) {
-  LOOM_OPS_DISPATCH(gelu_forward, out, inp, n);
+  LOOM_OPS_DISPATCH(gelu_forward, (0, 2.0 * n), out, inp, n);
 }
 
 template <typename Real>
 inline void gelu_backward(const Exec& ex, Real* dinp, const Real* inp, const Real* dout,
                           int64_t n) {
-  LOOM_OPS_DISPATCH(gelu_backward, dinp, inp, dout, n);
+  LOOM_OPS_DISPATCH(gelu_backward, (0, 3.0 * n), dinp, inp, dout, n);
 }
 
 template <typename Real>
 inline void layernorm_forward(const Exec& ex, Real* out, Real* mean, Real* rstd, const Real* inp,
                               const Real* weight, const Real* bias, int64_t N, int64_t C) {
-  LOOM_OPS_DISPATCH(layernorm_forward, out, mean, rstd, inp, weight, bias, N, C);
+  LOOM_OPS_DISPATCH(layernorm_forward, (0, 2.0 * N * C + 2.0 * C + 2.0 * N), out, mean, rstd, inp,
+                    weight, bias, N, C);
 }
 
 template <typename Real>
 inline void layernorm_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbias,
                                const Real* dout, const Real* inp, const Real* weight,
                                const Real* mean, const Real* rstd, int64_t N, int64_t C) {
-  LOOM_OPS_DISPATCH(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  LOOM_OPS_DISPATCH(layernorm_backward, (0, 3.0 * N * C + 5.0 * C + 2.0 * N), dinp, dweight, dbias,
+                    dout, inp, weight, mean, rstd, N, C);
 }
 
 template <typename Real>
 inline void embedding_forward(const Exec& ex, Real* out, const int32_t* tokens, const Real* wte,
                               const Real* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
-  LOOM_OPS_DISPATCH(embedding_forward, out, tokens, wte, wpe, B, T, C, V);
+  LOOM_OPS_DISPATCH(embedding_forward, (0, 2.0 * B * T * C + 1.0 * T * C + 1.0 * B * T), out,
+                    tokens, wte, wpe, B, T, C, V);
 }
 
 template <typename Real>
 inline void embedding_backward(const Exec& ex, Real* dwte, Real* dwpe, const Real* dout,
                                const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  LOOM_OPS_DISPATCH(embedding_backward, dwte, dwpe, dout, tokens, B, T, C);
+  LOOM_OPS_DISPATCH(embedding_backward, (0, 3.0 * B * T * C + 2.0 * T * C + 1.0 * B * T), dwte,
+                    dwpe, dout, tokens, B, T, C);
 }
 
 template <typename Real>
 inline void attention_forward(const Exec& ex, Real* out, Real* lse, const Real* qkv, int64_t B,
                               int64_t T, int64_t C, int64_t NH) {
-  LOOM_OPS_DISPATCH(attention_forward, out, lse, qkv, B, T, C, NH);
+  LOOM_OPS_DISPATCH(attention_forward, (2.0 * B * T * T * C, 4.0 * B * T * C + 1.0 * B * NH * T),
+                    out, lse, qkv, B, T, C, NH);
 }
 
 template <typename Real>
 inline void attention_backward(const Exec& ex, Real* dqkv, const Real* dout, const Real* qkv,
                                const Real* out, const Real* lse, int64_t B, int64_t T, int64_t C,
                                int64_t NH) {
-  LOOM_OPS_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, NH);
+  LOOM_OPS_DISPATCH(attention_backward, (5.0 * B * T * T * C, 8.0 * B * T * C + 1.0 * B * NH * T),
+                    dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 
 template <typename Real>
 inline void cross_entropy_forward(const Exec& ex, Real* losses, Real* lse, const Real* logits,
                                   const int32_t* targets, int64_t N, int64_t V) {
-  LOOM_OPS_DISPATCH(cross_entropy_forward, losses, lse, logits, targets, N, V);
+  LOOM_OPS_DISPATCH(cross_entropy_forward, (0, 1.0 * N * V + 3.0 * N), losses, lse, logits, targets,
+                    N, V);
 }
 
 template <typename Real>
 inline void cross_entropy_backward(const Exec& ex, Real* dlogits, const Real* logits,
                                    const Real* lse, const int32_t* targets, Real dloss, int64_t N,
                                    int64_t V) {
-  LOOM_OPS_DISPATCH(cross_entropy_backward, dlogits, logits, lse, targets, dloss, N, V);
+  LOOM_OPS_DISPATCH(cross_entropy_backward, (0, 2.0 * N * V + 2.0 * N), dlogits, logits, lse,
+                    targets, dloss, N, V);
 }
 
 template <typename Real>
 inline void lm_head_backward(const Exec& ex, Real* dinp, Real* dweight, Real* logits,
                              const Real* lse, const int32_t* targets, Real dloss, const Real* inp,
                              const Real* weight, int64_t N, int64_t C, int64_t V) {
-  LOOM_OPS_DISPATCH(lm_head_backward, dinp, dweight, logits, lse, targets, dloss, inp, weight, N, C,
-                    V);
+  LOOM_OPS_DISPATCH(lm_head_backward,
+                    (4.0 * N * C * V, 1.0 * N * V + 2.0 * N * C + 3.0 * V * C + 2.0 * N), dinp,
+                    dweight, logits, lse, targets, dloss, inp, weight, N, C, V);
 }
 
 template <typename Real>
 inline void adamw_update(const Exec& ex, Real* param, const Real* grad, Real* m, Real* v, int64_t n,
                          double lr, double beta1, double beta2, double eps, double weight_decay,
                          int64_t step, Real grad_scale = Real(1)) {
-  LOOM_OPS_DISPATCH(adamw_update, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step,
-                    grad_scale);
+  LOOM_OPS_DISPATCH(adamw_update, (0, 7.0 * n), param, grad, m, v, n, lr, beta1, beta2, eps,
+                    weight_decay, step, grad_scale);
 }
 
 // A vocabulary-parallel embedding and LM head (kernels/cpu/vocab_shard.h); f32 (Real = float).
@@ -202,34 +240,38 @@ template <typename Real>
 inline void vocab_shard_embedding_forward(const Exec& ex, Real* out, const int32_t* tokens,
                                           const Real* wte, const Real* wpe, int64_t N, int64_t T,
                                           int64_t C, const VocabShard& shard, bool add_positions) {
-  LOOM_OPS_DISPATCH(vocab_shard_embedding_forward, out, tokens, wte, wpe, N, T, C, shard,
-                    add_positions);
+  LOOM_OPS_DISPATCH(vocab_shard_embedding_forward, (0, 2.0 * N * T * C + 1.0 * N * T), out, tokens,
+                    wte, wpe, N, T, C, shard, add_positions);
 }
 
 template <typename Real>
 inline void vocab_shard_embedding_backward(const Exec& ex, Real* dwte, Real* dwpe, const Real* dout,
                                            const int32_t* tokens, int64_t N, int64_t T, int64_t C,
                                            const VocabShard& shard) {
-  LOOM_OPS_DISPATCH(vocab_shard_embedding_backward, dwte, dwpe, dout, tokens, N, T, C, shard);
+  LOOM_OPS_DISPATCH(vocab_shard_embedding_backward, (0, 3.0 * N * T * C + 1.0 * N * T), dwte, dwpe,
+                    dout, tokens, N, T, C, shard);
 }
 
 template <typename Real>
 inline void vocab_shard_logit_max(const Exec& ex, Real* max, Real* target_logit, const Real* logits,
                                   const int32_t* targets, int64_t N, const VocabShard& shard) {
-  LOOM_OPS_DISPATCH(vocab_shard_logit_max, max, target_logit, logits, targets, N, shard);
+  LOOM_OPS_DISPATCH(vocab_shard_logit_max, (0, 1.0 * N * shard.rows + 3.0 * N), max, target_logit,
+                    logits, targets, N, shard);
 }
 
 template <typename Real>
 inline void vocab_shard_sum_exp(const Exec& ex, Real* sum, const Real* logits, const Real* max,
                                 int64_t N, const VocabShard& shard) {
-  LOOM_OPS_DISPATCH(vocab_shard_sum_exp, sum, logits, max, N, shard);
+  LOOM_OPS_DISPATCH(vocab_shard_sum_exp, (0, 1.0 * N * shard.rows + 2.0 * N), sum, logits, max, N,
+                    shard);
 }
 
 template <typename Real>
 inline void vocab_shard_cross_entropy_backward(const Exec& ex, Real* logits, const Real* max,
                                                const Real* sum, const int32_t* targets, Real k,
                                                int64_t N, const VocabShard& shard) {
-  LOOM_OPS_DISPATCH(vocab_shard_cross_entropy_backward, logits, max, sum, targets, k, N, shard);
+  LOOM_OPS_DISPATCH(vocab_shard_cross_entropy_backward, (0, 2.0 * N * shard.rows + 3.0 * N), logits,
+                    max, sum, targets, k, N, shard);
 }
 
 #undef LOOM_OPS_DISPATCH

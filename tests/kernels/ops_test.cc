@@ -70,6 +70,11 @@ TEST(Ops, TheProfileTimesEachOpKindWhileOn) {
   EXPECT_GT(mm->ms, 0);
   EXPECT_EQ(ss->name, "sum_squares");
   EXPECT_EQ(ss->calls, 1);
+  // Each op's least work, summed over its calls: 2·N·C·OC flops per GEMM and its operands once.
+  EXPECT_DOUBLE_EQ(mm->work.flops, 3 * 2.0 * N * C * OC);
+  EXPECT_DOUBLE_EQ(mm->work.bytes, 3 * 4.0 * (N * C + OC * C + N * OC));
+  EXPECT_DOUBLE_EQ(ss->work.flops, 0);
+  EXPECT_DOUBLE_EQ(ss->work.bytes, 4.0 * N * OC);
   EXPECT_GE(profile[0].ms, profile[1].ms) << "most expensive first";
   ops::start_profile();
   EXPECT_TRUE(ops::stop_profile().empty()) << "start clears the table";
