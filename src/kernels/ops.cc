@@ -31,6 +31,26 @@ double measure_gpu_gemm_tflops(Device device, const std::string& precision, int6
   fail("GEMM rate on ", device.str(), ": Loom was built without CUDA (LOOM_CUDA=OFF)");
 }
 
+namespace {
+// The matmul precision a 16-bit operand of Loom dtype `dtype` was rounded for; fails naming `op`
+// (on `ex`'s device) for anything else.
+cuda::MatmulPrecision rounded_precision(const Exec& ex, DType dtype, const char* op) {
+  if (ex.device.is_cuda() && dtype == DType::kBF16) return cuda::MatmulPrecision::kBf16;
+  if (ex.device.is_cuda() && dtype == DType::kF16) return cuda::MatmulPrecision::kFp16;
+  fail(op, " on ", ex.device.str(), ": ", dtype_name(dtype),
+       " is not a 16-bit GEMM operand on a GPU");
+}
+
+// Fails naming `op` unless `dtype` is what a GPU rounds GEMM inputs to now.
+void expect_rounded_output(const Exec& ex, DType dtype, const char* op) {
+  const DType want = matmul_input_dtype(ex, DType::kF32);
+  if (want == DType::kF32 || dtype != want)
+    fail(op, " on ", ex.device.str(), ": output dtype ", dtype_name(dtype),
+         want == DType::kF32 ? std::string(", but GEMM inputs are not rounded to 16 bits there")
+                             : ", but GEMM inputs are rounded to " + std::string(dtype_name(want)));
+}
+}  // namespace
+
 DType matmul_input_dtype(const Exec& ex, DType dtype) {
   if constexpr (detail::kCudaBuild) {
     if (ex.device.is_cuda() && dtype == DType::kF32) {
@@ -54,15 +74,42 @@ void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_
   const detail::OpScope op_scope_("matmul_forward", ex, [&] {
     return detail::work_of<float>(detail::matmul_forward_counts(N, C, OC, bias != nullptr));
   });
+  expect_rounded_output(ex, matmul_input_dtype(ex, DType::kF32),
+                        "matmul_forward_keeping_rounded_input");
   if constexpr (detail::kCudaBuild) {
-    if (matmul_input_dtype(ex, DType::kF32) != DType::kF32) {
-      const cuda::GemmOperand kept = cuda::round_for_gemm(ex.device.index, inp_rounded, inp, N * C);
-      cuda::matmul_forward(ex.device.index, out, kept, weight, bias, N, C, OC);
-      return;
-    }
+    const cuda::GemmOperand kept = cuda::round_for_gemm(ex.device.index, inp_rounded, inp, N * C);
+    cuda::matmul_forward(ex.device.index, out, kept, weight, bias, N, C, OC);
   }
-  fail("matmul_forward_keeping_rounded_input on ", ex.device.str(),
-       ": GEMM inputs are not rounded to 16 bits there");
+}
+
+void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* inp, DType inp_dtype,
+                                       const float* weight, const float* bias, int64_t N, int64_t C,
+                                       int64_t OC) {
+  const detail::OpScope op_scope_("matmul_forward", ex, [&] {
+    return detail::work_of<float>(detail::matmul_forward_counts(N, C, OC, bias != nullptr));
+  });
+  const cuda::GemmOperand kept(
+      inp, rounded_precision(ex, inp_dtype, "matmul_forward_from_rounded_input"));
+  if constexpr (detail::kCudaBuild)
+    cuda::matmul_forward(ex.device.index, out, kept, weight, bias, N, C, OC);
+}
+
+void gelu_forward_rounded(const Exec& ex, void* out, DType out_dtype, const float* inp, int64_t n) {
+  const detail::OpScope op_scope_("gelu_forward", ex,
+                                  [&] { return detail::work_of<float>(0, 1.5 * n); });
+  expect_rounded_output(ex, out_dtype, "gelu_forward_rounded");
+  if constexpr (detail::kCudaBuild) cuda::gelu_forward_rounded(ex.device.index, out, inp, n);
+}
+
+void layernorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* mean, float* rstd,
+                               const float* inp, const float* weight, const float* bias, int64_t N,
+                               int64_t C) {
+  const detail::OpScope op_scope_("layernorm_forward", ex, [&] {
+    return detail::work_of<float>(0, 1.5 * N * C + 2.0 * C + 2.0 * N);
+  });
+  expect_rounded_output(ex, out_dtype, "layernorm_forward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::layernorm_forward_rounded(ex.device.index, out, mean, rstd, inp, weight, bias, N, C);
 }
 
 void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dweight, float* dbias,
@@ -72,18 +119,11 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
     return detail::work_of<float>(
         detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr));
   });
-  if constexpr (detail::kCudaBuild) {
-    if (ex.device.is_cuda() && (inp_dtype == DType::kBF16 || inp_dtype == DType::kF16)) {
-      // gemm refuses the operand if the matmul precision changed since it was rounded.
-      const cuda::GemmOperand kept(inp_rounded, inp_dtype == DType::kBF16
-                                                    ? cuda::MatmulPrecision::kBf16
-                                                    : cuda::MatmulPrecision::kFp16);
-      cuda::matmul_backward(ex.device.index, dinp, dweight, dbias, dout, kept, weight, N, C, OC);
-      return;
-    }
-  }
-  fail("matmul_backward_from_rounded_input on ", ex.device.str(), ": a kept ",
-       dtype_name(inp_dtype), " input is not a 16-bit GEMM operand on a GPU");
+  // gemm refuses the operand if the matmul precision changed since it was rounded.
+  const cuda::GemmOperand kept(
+      inp_rounded, rounded_precision(ex, inp_dtype, "matmul_backward_from_rounded_input"));
+  if constexpr (detail::kCudaBuild)
+    cuda::matmul_backward(ex.device.index, dinp, dweight, dbias, dout, kept, weight, N, C, OC);
 }
 
 }  // namespace loom::ops

@@ -67,6 +67,18 @@ DType matmul_input_dtype(const Exec& ex, DType dtype);
 void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_rounded,
                                           const float* inp, const float* weight, const float* bias,
                                           int64_t N, int64_t C, int64_t OC);
+// matmul_forward (f32) on an input already rounded (of type `inp_dtype`) by one of the producers
+// below; kept as it is for the backward.
+void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* inp, DType inp_dtype,
+                                       const float* weight, const float* bias, int64_t N, int64_t C,
+                                       int64_t OC);
+// GELU and LayerNorm forward (f32 in) for an output only a Linear reads: written straight as its
+// rounded input, `out_dtype` = matmul_input_dtype(ex, kF32), 16-bit — bit for bit the fp32
+// output rounded, without it in memory.
+void gelu_forward_rounded(const Exec& ex, void* out, DType out_dtype, const float* inp, int64_t n);
+void layernorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* mean, float* rstd,
+                               const float* inp, const float* weight, const float* bias, int64_t N,
+                               int64_t C);
 // matmul_backward (f32) on such a kept input, of type `inp_dtype`.
 void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dweight, float* dbias,
                                         const float* dout, const void* inp_rounded, DType inp_dtype,

@@ -59,9 +59,11 @@ Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2C
            config.init_std / std::sqrt(2.0f * static_cast<float>(config.n_layers))) {}
 
 Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
-  Tensor x1 = attn_.forward(ctx, ln_1_.forward(ctx, x));
+  // The LayerNorms' outputs feed only the qkv and fc Linears: forward_for_matmul writes them as
+  // those keep them (16-bit on a GPU at bf16 / fp16 matmul precision).
+  Tensor x1 = attn_.forward(ctx, ln_1_.forward_for_matmul(ctx, x));
   add_into(ctx, x1, x);  // x1 = x + attn(ln_1(x))
-  Tensor y = mlp_.forward(ctx, ln_2_.forward(ctx, x1));
+  Tensor y = mlp_.forward(ctx, ln_2_.forward_for_matmul(ctx, x1));
   add_into(ctx, y, x1);  // y = x1 + mlp(ln_2(x1))
   return y;
 }

@@ -11,6 +11,22 @@ LayerNorm::LayerNorm(ParameterStore& store, const std::string& name, int64_t cha
   bias_ = store.add(name + ".bias", {channels}, InitKind::kZeros);
 }
 
+Tensor LayerNorm::forward_for_matmul(Context& ctx, const Tensor& x) {
+  const DType out = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  if (out == ctx.dtype) return forward(ctx, x);
+  if (x.dim(-1) != channels_)
+    fail(weight_->name, ": input last dim ", x.dim(-1), " != ", channels_);
+  const int64_t n = x.numel() / channels_;
+  x_ = x;
+  mean_ = Tensor::empty({n}, ctx.dtype, ctx.device);
+  rstd_ = Tensor::empty({n}, ctx.dtype, ctx.device);
+  Tensor y = Tensor::empty(x.shape(), out, ctx.device);
+  ops::layernorm_forward_rounded(ctx.exec(), y.raw(), out, mean_.data<float>(), rstd_.data<float>(),
+                                 x.data<float>(), weight_->value.data<float>(),
+                                 bias_->value.data<float>(), n, channels_);
+  return y;
+}
+
 Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
   if (x.dim(-1) != channels_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", channels_);
   const int64_t n = x.numel() / channels_;

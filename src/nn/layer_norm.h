@@ -13,6 +13,10 @@ class LayerNorm {
  public:
   LayerNorm(ParameterStore& store, const std::string& name, int64_t channels);
   Tensor forward(Context& ctx, const Tensor& x);
+  // forward for an output that only a Linear reads: on a GPU at bf16 / fp16 matmul precision
+  // written straight in the 16-bit type the Linear keeps its input in (ops::matmul_input_dtype),
+  // bit for bit forward's output rounded; elsewhere forward itself.
+  Tensor forward_for_matmul(Context& ctx, const Tensor& x);
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache() { x_ = mean_ = rstd_ = Tensor(); }
   void collect_cache(std::vector<Tensor*>& out) { out.insert(out.end(), {&x_, &mean_, &rstd_}); }

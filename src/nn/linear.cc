@@ -23,6 +23,13 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
   if (x.dim(-1) != in_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", in_);
   Tensor y = Tensor::empty(with_last(x.shape(), out_), ctx.dtype, ctx.device);
   const int64_t n = x.numel() / in_;
+  if (x.dtype() != ctx.dtype) {  // rounded by its producer (LayerNorm, GELU) already
+    x_ = x;
+    ops::matmul_forward_from_rounded_input(
+        ctx.exec(), y.data<float>(), x.raw(), x.dtype(), weight_->value.data<float>(),
+        bias_ ? bias_->value.data<float>() : nullptr, n, in_, out_);
+    return y;
+  }
   if (const DType kept = ops::matmul_input_dtype(ctx.exec(), ctx.dtype); kept != ctx.dtype) {
     // A GPU rounding GEMM inputs to 16 bits: keep the input as the GEMMs read it (ops.h).
     x_ = Tensor::empty(x.shape(), kept, ctx.device);

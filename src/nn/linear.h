@@ -14,7 +14,9 @@ class Linear {
  public:
   Linear(ParameterStore& store, const std::string& name, int64_t in, int64_t out, bool bias,
          float init_std = 0.02f);
-  Tensor forward(Context& ctx, const Tensor& x);      // x: (..., in) -> (..., out)
+  // x: (..., in) -> (..., out). x is ctx.dtype, or already rounded for the GEMMs by its producer
+  // (ops::matmul_input_dtype: LayerNorm::forward_for_matmul, a GPU at bf16 / fp16).
+  Tensor forward(Context& ctx, const Tensor& x);
   Tensor backward(Context& ctx, const Tensor& dy);    // dy: (..., out) -> dx: (..., in)
   void clear_cache() { x_ = Tensor(); }
   // The tensors kept from forward for backward (nn/context.h: ActivationStash).

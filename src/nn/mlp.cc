@@ -19,9 +19,18 @@ Tensor Mlp::gelu(Context& ctx) const {
   return g;
 }
 
+Tensor Mlp::gelu_for_proj(Context& ctx) const {
+  const DType out = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  if (out == ctx.dtype) return gelu(ctx);
+  // A GPU rounding GEMM inputs to 16 bits: the GELU writes proj's kept input directly.
+  Tensor g = Tensor::empty(h_.shape(), out, ctx.device);
+  ops::gelu_forward_rounded(ctx.exec(), g.raw(), out, h_.data<float>(), h_.numel());
+  return g;
+}
+
 Tensor Mlp::forward(Context& ctx, const Tensor& x) {
   h_ = fc_.forward(ctx, x);
-  return proj_.forward(ctx, gelu(ctx));
+  return proj_.forward(ctx, gelu_for_proj(ctx));
 }
 
 void Mlp::drop_recomputable() {

@@ -31,6 +31,8 @@ class Mlp {
   Linear fc_;
   Linear proj_;
   Tensor gelu(Context& ctx) const;  // GELU(h_)
+  // GELU(h_) as proj's input: rounded for its GEMMs where a GPU rounds them (nn/linear.h).
+  Tensor gelu_for_proj(Context& ctx) const;
   Tensor h_;  // fc output, the GELU's input
 };
 

@@ -298,6 +298,58 @@ TEST_F(CudaKernelsTest, GeluMatchesCpu) {
   expect_pair_close("gelu_backward", dx);
 }
 
+// GELU and LayerNorm feeding a Linear on a GPU at bf16 / fp16 write its rounded input directly
+// (ops::gelu_forward_rounded, layernorm_forward_rounded): bit for bit their fp32 output rounded to
+// nearest even, with the same mean and rstd; refused where GEMM inputs stay fp32.
+TEST_F(CudaKernelsTest, GeluAndLayerNormWriteTheNextGemmsRoundedInput) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  const int64_t N = 19, C = 72;
+  Pair inp = random_pair(N * C, 30, -3.0, 3.0), w = random_pair(C, 31), b = random_pair(C, 32);
+  Pair gelu = pair_of(std::vector<float>(N * C)), ln = pair_of(std::vector<float>(N * C));
+  Pair mean = pair_of(std::vector<float>(N)), rstd = pair_of(std::vector<float>(N));
+  ops::gelu_forward<float>(on_gpu, gelu.g(), inp.g(), N * C);
+  ops::layernorm_forward<float>(on_gpu, ln.g(), mean.g(), rstd.g(), inp.g(), w.g(), b.g(), N, C);
+  const std::vector<float> mean32 = mean.from_gpu(), rstd32 = rstd.from_gpu();
+  for (auto [precision, dtype] : {std::pair{cuda::MatmulPrecision::kBf16, DType::kBF16},
+                                  std::pair{cuda::MatmulPrecision::kFp16, DType::kF16}}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    cuda::set_matmul_precision(precision);
+    ASSERT_EQ(ops::matmul_input_dtype(on_gpu, DType::kF32), dtype);
+    EXPECT_EQ(ops::matmul_input_dtype(on_cpu, DType::kF32), DType::kF32);
+    const auto rounded = [&](std::vector<float> v) {
+      for (float& x : v)
+        x = dtype == DType::kBF16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
+      return v;
+    };
+    Tensor out16 = Tensor::empty({N * C}, dtype, Device::cuda(0));
+    ops::gelu_forward_rounded(on_gpu, out16.raw(), dtype, inp.g(), N * C);
+    EXPECT_TRUE(bitwise_equal(out16.to(Device::cpu()).to(DType::kF32).to_vector(),
+                              rounded(gelu.from_gpu())))
+        << "gelu";
+    mean.gpu.zero_();
+    rstd.gpu.zero_();
+    ops::layernorm_forward_rounded(on_gpu, out16.raw(), dtype, mean.g(), rstd.g(), inp.g(), w.g(),
+                                   b.g(), N, C);
+    EXPECT_TRUE(
+        bitwise_equal(out16.to(Device::cpu()).to(DType::kF32).to_vector(), rounded(ln.from_gpu())))
+        << "layernorm";
+    EXPECT_TRUE(bitwise_equal(mean.from_gpu(), mean32));
+    EXPECT_TRUE(bitwise_equal(rstd.from_gpu(), rstd32));
+  }
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);
+  Tensor out16 = Tensor::empty({N * C}, DType::kBF16, Device::cuda(0));
+  try {
+    ops::gelu_forward_rounded(on_gpu, out16.raw(), DType::kBF16, inp.g(), N * C);
+    FAIL() << "a 16-bit GELU output was written with fp32 GEMMs";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GEMM inputs are not rounded to 16 bits"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(CudaKernelsTest, LayerNormMatchesCpu) {
   const int64_t N = 300, C = 100;  // C not a multiple of 32; N spans two row chunks
   Pair x = random_pair(N * C, 40, -3.0, 5.0), w = random_pair(C, 41), b = random_pair(C, 42);

@@ -16,6 +16,7 @@
 #include "harness/devices.h"
 #include "kernels/ops.h"
 #include "models/gpt2.h"
+#include "nn/layer_norm.h"
 #include "nn/linear.h"
 #include "optim/adamw.h"
 #include "tensor/rng.h"
@@ -109,6 +110,7 @@ TEST(Gpt2Cuda, Bf16MatmulsStayNearTheCpuRun) {
 // once to 16 bits (half the bytes, no second cast in the backward): its output and gradients are
 // bit for bit what the plain matmul ops give with the fp32 input rounded inside each GEMM. At
 // fp32 the input is kept as it came; a precision changed between forward and backward is refused.
+// A LayerNorm before it may write that rounded input itself.
 TEST(Gpt2Cuda, LinearKeepsItsInputRoundedAndComputesWhatTheOpsDo) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
@@ -120,6 +122,7 @@ TEST(Gpt2Cuda, LinearKeepsItsInputRoundedAndComputesWhatTheOpsDo) {
   Context ctx{&pool, gpu, DType::kF32};
   ParameterStore store;
   Linear linear(store, "lin", C, OC, true, 0.3f);
+  LayerNorm norm(store, "norm", C);
   store.allocate(DType::kF32, gpu);
   store.initialize(5);
   const auto random = [](int64_t n, uint64_t seed) {
@@ -161,7 +164,22 @@ TEST(Gpt2Cuda, LinearKeepsItsInputRoundedAndComputesWhatTheOpsDo) {
     EXPECT_TRUE(bitwise_equal(dw, w.grad.to_vector())) << "dweight";
     EXPECT_TRUE(bitwise_equal(db, b.grad.to_vector())) << "dbias";
   }
+  // Given its input already rounded by the LayerNorm before it (forward_for_matmul): the same
+  // as given that LayerNorm's fp32 output.
   ops::set_matmul_precision("bf16");
+  store.zero_grads();
+  const Tensor y_a = linear.forward(ctx, norm.forward(ctx, x));
+  const Tensor dx_a = linear.backward(ctx, dy);
+  const std::vector<float> dw_a = w.grad.to_vector();
+  store.zero_grads();
+  const Tensor normed = norm.forward_for_matmul(ctx, x);
+  EXPECT_EQ(normed.dtype(), DType::kBF16);
+  const Tensor y_b = linear.forward(ctx, normed);
+  const Tensor dx_b = linear.backward(ctx, dy);
+  EXPECT_TRUE(cpu::ktest::bitwise_equal(y_a.to_vector(), y_b.to_vector())) << "out";
+  EXPECT_TRUE(cpu::ktest::bitwise_equal(dx_a.to_vector(), dx_b.to_vector())) << "dinp";
+  EXPECT_TRUE(cpu::ktest::bitwise_equal(dw_a, w.grad.to_vector())) << "dweight";
+
   (void)linear.forward(ctx, x);
   ops::set_matmul_precision("fp16");
   try {

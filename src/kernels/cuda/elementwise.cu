@@ -55,11 +55,13 @@ __global__ void scale_kernel(float* x, float s, int64_t n) {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
+// `Out`: float, or the 16-bit type of the GEMM operand it feeds (rounded from the same float).
+template <typename Out>
+__global__ void gelu_forward_kernel(Out* out, const float* inp, int64_t n) {
   LOOM_FOR_EACH(i, n) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
-    out[i] = 0.5f * x * (1.0f + tanhf(u));
+    round_to(out[i], 0.5f * x * (1.0f + tanhf(u)));
   }
 }
 
@@ -142,7 +144,19 @@ double sum(int device, const float* x, int64_t n) {
 void gelu_forward(int device, float* out, const float* inp, int64_t n) {
   if (n == 0) return;
   DeviceGuard guard(device);
-  launch("gelu_forward", gelu_forward_kernel, blocks_for(n, kThreads), kThreads, out, inp, n);
+  launch("gelu_forward", gelu_forward_kernel<float>, blocks_for(n, kThreads), kThreads, out, inp,
+         n);
+}
+
+GemmOperand gelu_forward_rounded(int device, void* out, const float* inp, int64_t n) {
+  DeviceGuard guard(device);
+  const MatmulPrecision precision = with_rounded_type("gelu_forward_rounded", [&](auto zero) {
+    using Half = decltype(zero);
+    if (n > 0)
+      launch("gelu_forward (rounded)", gelu_forward_kernel<Half>, blocks_for(n, kThreads), kThreads,
+             static_cast<Half*>(out), inp, n);
+  });
+  return GemmOperand(out, precision);
 }
 
 void gelu_backward(int device, float* dinp, const float* inp, const float* dout, int64_t n) {

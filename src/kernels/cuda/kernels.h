@@ -126,12 +126,20 @@ double sum_squares(int device, const float* x, int64_t n);
 double sum(int device, const float* x, int64_t n);
 
 void gelu_forward(int device, float* out, const float* inp, int64_t n);
+// gelu_forward writing its output as the next GEMM's operand: n values rounded to the current
+// matmul precision's 16-bit type (bf16 or fp16, else it fails), bit for bit
+// round_for_gemm(gelu_forward(...)), without the fp32 output in memory.
+GemmOperand gelu_forward_rounded(int device, void* out, const float* inp, int64_t n);
 void gelu_backward(int device, float* dinp, const float* inp, const float* dout, int64_t n);
 
 // ---- layers ------------------------------------------------------------------------------------
 
 void layernorm_forward(int device, float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int64_t N, int64_t C);
+// layernorm_forward writing its output as the next GEMM's operand, like gelu_forward_rounded.
+GemmOperand layernorm_forward_rounded(int device, void* out, float* mean, float* rstd,
+                                      const float* inp, const float* weight, const float* bias,
+                                      int64_t N, int64_t C);
 void layernorm_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C);

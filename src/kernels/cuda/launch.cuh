@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "base/error.h"
 #include "device/allocator.h"
 #include "device/cuda/cuda_check.h"
+#include "kernels/cuda/kernels.h"
 #ifdef LOOM_CUDA_EMULATE
 #include "device/cuda/emulator/scheduler.h"
 #endif
@@ -36,6 +38,26 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
   // clang-format on
 #endif
   check_launch(name);
+}
+
+// Calls f(T{}) with T the type GEMM operands are rounded to at the current matmul precision,
+// __nv_bfloat16 or __half, and returns that precision; fails naming `what` at fp32 and TF32,
+// whose operands stay fp32. For kernels that write their output as the next GEMM's operand.
+template <typename F>
+MatmulPrecision with_rounded_type(const char* what, F&& f) {
+  const MatmulPrecision precision = matmul_precision();
+  switch (precision) {
+    case MatmulPrecision::kBf16:
+      f(__nv_bfloat16{});
+      return precision;
+    case MatmulPrecision::kFp16:
+      f(__half{});
+      return precision;
+    case MatmulPrecision::kTf32:
+    case MatmulPrecision::kFp32:
+      break;
+  }
+  fail(what, ": the matmul precision is not bf16 or fp16, so GEMM operands stay fp32");
 }
 
 // Threads per block of the element-wise and column kernels.

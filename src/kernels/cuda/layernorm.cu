@@ -13,7 +13,9 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+// `Out`: float, or the 16-bit type of the GEMM operand it feeds (rounded from the same float).
+template <typename Out>
+__global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, const float* inp,
                                          const float* weight, const float* bias, int64_t N,
                                          int64_t C, float eps) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -30,8 +32,8 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   }
   const float var = warp_sum(q) / static_cast<float>(C);
   const float rs = 1.0f / sqrtf(var + eps);
-  float* y = out + r * C;
-  for (int64_t c = lane; c < C; c += 32) y[c] = (x[c] - m) * rs * weight[c] + bias[c];
+  Out* y = out + r * C;
+  for (int64_t c = lane; c < C; c += 32) round_to(y[c], (x[c] - m) * rs * weight[c] + bias[c]);
   if (lane == 0) {
     mean[r] = m;
     rstd[r] = rs;
@@ -86,9 +88,23 @@ void layernorm_forward(int device, float* out, float* mean, float* rstd, const f
                        const float* weight, const float* bias, int64_t N, int64_t C) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  launch("layernorm_forward", layernorm_forward_kernel, blocks_of(N, kWarpsPerBlock),
+  launch("layernorm_forward", layernorm_forward_kernel<float>, blocks_of(N, kWarpsPerBlock),
          kWarpsPerBlock * 32, out, mean, rstd, inp, weight, bias, N, C,
          static_cast<float>(cpu::kLayerNormEps));
+}
+
+GemmOperand layernorm_forward_rounded(int device, void* out, float* mean, float* rstd,
+                                      const float* inp, const float* weight, const float* bias,
+                                      int64_t N, int64_t C) {
+  DeviceGuard guard(device);
+  const MatmulPrecision precision = with_rounded_type("layernorm_forward_rounded", [&](auto zero) {
+    using Half = decltype(zero);
+    if (N > 0)
+      launch("layernorm_forward (rounded)", layernorm_forward_kernel<Half>,
+             blocks_of(N, kWarpsPerBlock), kWarpsPerBlock * 32, static_cast<Half*>(out), mean, rstd,
+             inp, weight, bias, N, C, static_cast<float>(cpu::kLayerNormEps));
+  });
+  return GemmOperand(out, precision);
 }
 
 void layernorm_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,

@@ -64,22 +64,13 @@ RoundedOperand::RoundedOperand(int device, const float* x, int64_t n)
 }
 
 GemmOperand round_for_gemm(int device, void* out, const float* x, int64_t n) {
-  const MatmulPrecision precision = matmul_precision();
   DeviceGuard guard(device);
-  switch (precision) {
-    case MatmulPrecision::kBf16:
-      launch("gemm operand (round to bf16)", round_kernel<__nv_bfloat16>, blocks_for(n, kThreads),
-             kThreads, static_cast<__nv_bfloat16*>(out), x, n);
-      return GemmOperand(out, precision);
-    case MatmulPrecision::kFp16:
-      launch("gemm operand (round to fp16)", round_kernel<__half>, blocks_for(n, kThreads),
-             kThreads, static_cast<__half*>(out), x, n);
-      return GemmOperand(out, precision);
-    case MatmulPrecision::kTf32:
-    case MatmulPrecision::kFp32:
-      break;
-  }
-  fail("round_for_gemm: the matmul precision is not bf16 or fp16, so GEMM operands stay fp32");
+  const MatmulPrecision precision = with_rounded_type("round_for_gemm", [&](auto zero) {
+    using Half = decltype(zero);
+    launch("gemm operand (round to 16 bits)", round_kernel<Half>, blocks_for(n, kThreads), kThreads,
+           static_cast<Half*>(out), x, n);
+  });
+  return GemmOperand(out, precision);
 }
 
 RoundedOperand::~RoundedOperand() {
