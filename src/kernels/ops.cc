@@ -35,6 +35,7 @@ namespace {
 // The matmul precision a 16-bit operand of Loom dtype `dtype` was rounded for; fails naming `op`
 // (on `ex`'s device) for anything else.
 cuda::MatmulPrecision rounded_precision(const Exec& ex, DType dtype, const char* op) {
+  (void)detail::on_gpu<float>(ex, op);  // a GPU in a build without CUDA: its clear error
   if (ex.device.is_cuda() && dtype == DType::kBF16) return cuda::MatmulPrecision::kBf16;
   if (ex.device.is_cuda() && dtype == DType::kF16) return cuda::MatmulPrecision::kFp16;
   fail(op, " on ", ex.device.str(), ": ", dtype_name(dtype),

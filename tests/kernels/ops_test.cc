@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,35 @@ TEST(Ops, TheProfileTimesEachOpKindWhileOn) {
   EXPECT_GE(profile[0].ms, profile[1].ms) << "most expensive first";
   ops::start_profile();
   EXPECT_TRUE(ops::stop_profile().empty()) << "start clears the table";
+}
+
+// GEMM inputs are rounded to 16 bits only on a GPU at bf16 / fp16 matmul precision: on the CPU a
+// Linear keeps f32 (or f64) inputs, and the 16-bit ops refuse with their names.
+TEST(Ops, SixteenBitGemmInputsAreAGpuMatterOnly) {
+  ThreadPool pool(1);
+  const Exec ex{&pool, Device::cpu()};
+  EXPECT_EQ(ops::matmul_input_dtype(ex, DType::kF32), DType::kF32);
+  EXPECT_EQ(ops::matmul_input_dtype(ex, DType::kF64), DType::kF64);
+  std::vector<float> x(8, 1.0f), out(8, 0.0f);
+  std::vector<uint16_t> bits(8, 0);
+  const auto expect_refused = [](const std::function<void()>& op, const std::string& message) {
+    try {
+      op();
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(
+      [&] { ops::gelu_forward_rounded(ex, bits.data(), DType::kBF16, x.data(), 8); },
+      "gelu_forward_rounded on cpu:0: output dtype bf16, but GEMM inputs are not rounded");
+  expect_refused(
+      [&] {
+        ops::matmul_forward_from_rounded_input(ex, out.data(), bits.data(), DType::kBF16, x.data(),
+                                               nullptr, 1, 8, 1);
+      },
+      "matmul_forward_from_rounded_input on cpu:0: bf16 is not a 16-bit GEMM operand on a GPU");
+  EXPECT_EQ(out[0], 0.0f) << "written before refusing";
 }
 
 TEST(Ops, AGpuExecIsAClearErrorWithoutCuda) {
