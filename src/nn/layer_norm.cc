@@ -11,15 +11,20 @@ LayerNorm::LayerNorm(ParameterStore& store, const std::string& name, int64_t cha
   bias_ = store.add(name + ".bias", {channels}, InitKind::kZeros);
 }
 
-Tensor LayerNorm::forward_for_matmul(Context& ctx, const Tensor& x) {
-  const DType out = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
-  if (out == ctx.dtype) return forward(ctx, x);
+int64_t LayerNorm::cache_input(Context& ctx, const Tensor& x) {
   if (x.dim(-1) != channels_)
     fail(weight_->name, ": input last dim ", x.dim(-1), " != ", channels_);
   const int64_t n = x.numel() / channels_;
   x_ = x;
   mean_ = Tensor::empty({n}, ctx.dtype, ctx.device);
   rstd_ = Tensor::empty({n}, ctx.dtype, ctx.device);
+  return n;
+}
+
+Tensor LayerNorm::forward_for_matmul(Context& ctx, const Tensor& x) {
+  const DType out = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  if (out == ctx.dtype) return forward(ctx, x);
+  const int64_t n = cache_input(ctx, x);
   Tensor y = Tensor::empty(x.shape(), out, ctx.device);
   ops::layernorm_forward_rounded(ctx.exec(), y.raw(), out, mean_.data<float>(), rstd_.data<float>(),
                                  x.data<float>(), weight_->value.data<float>(),
@@ -28,11 +33,7 @@ Tensor LayerNorm::forward_for_matmul(Context& ctx, const Tensor& x) {
 }
 
 Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
-  if (x.dim(-1) != channels_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", channels_);
-  const int64_t n = x.numel() / channels_;
-  x_ = x;
-  mean_ = Tensor::empty({n}, ctx.dtype, ctx.device);
-  rstd_ = Tensor::empty({n}, ctx.dtype, ctx.device);
+  const int64_t n = cache_input(ctx, x);
   Tensor y = Tensor::empty(x.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);

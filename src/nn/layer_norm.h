@@ -27,6 +27,9 @@ class LayerNorm {
   Tensor recompute_output(Context& ctx);
 
  private:
+  // Checks x and caches it with fresh mean and rstd tensors; returns its rows.
+  int64_t cache_input(Context& ctx, const Tensor& x);
+
   int64_t channels_;
   Parameter* weight_;
   Parameter* bias_;
