@@ -318,9 +318,9 @@ TEST_F(CudaKernelsTest, GeluAndLayerNormWriteTheNextGemmsRoundedInput) {
     cuda::set_matmul_precision(precision);
     ASSERT_EQ(ops::matmul_input_dtype(on_gpu, DType::kF32), dtype);
     EXPECT_EQ(ops::matmul_input_dtype(on_cpu, DType::kF32), DType::kF32);
-    const auto rounded = [&](std::vector<float> v) {
-      for (float& x : v)
-        x = dtype == DType::kBF16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
+    const bool bf16 = dtype == DType::kBF16;  // clang 14 lambdas cannot capture `dtype` itself
+    const auto rounded = [bf16](std::vector<float> v) {
+      for (float& x : v) x = bf16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
       return v;
     };
     Tensor out16 = Tensor::empty({N * C}, dtype, Device::cuda(0));
