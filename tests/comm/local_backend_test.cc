@@ -18,9 +18,13 @@
 #include <vector>
 
 #include "harness/thread_ranks.h"
+#include "host_tensors.h"
 
 namespace loom {
 namespace {
+
+using loom::testing::get_value;
+using loom::testing::set_value;
 
 using loom::testing::run_on_thread_ranks;
 using loom::testing::run_ranks_collect;
@@ -35,47 +39,6 @@ constexpr int64_t kBig = (2 << 20) / 4;  // 2 MiB of f32
 const DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kBF16,
                             DType::kF16, DType::kI32, DType::kI64};
 const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
-
-// Element access in any dtype (values are small integers or exactly representable).
-void set_value(const Tensor& t, int64_t i, double v) {
-  switch (t.dtype()) {
-    case DType::kF32:
-      t.data<float>()[i] = static_cast<float>(v);
-      break;
-    case DType::kF64:
-      t.data<double>()[i] = v;
-      break;
-    case DType::kBF16:
-      t.data_u16()[i] = float_to_bf16(static_cast<float>(v));
-      break;
-    case DType::kF16:
-      t.data_u16()[i] = float_to_f16(static_cast<float>(v));
-      break;
-    case DType::kI32:
-      t.data<int32_t>()[i] = static_cast<int32_t>(v);
-      break;
-    case DType::kI64:
-      t.data<int64_t>()[i] = static_cast<int64_t>(v);
-      break;
-  }
-}
-double get_value(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kF32:
-      return t.data<float>()[i];
-    case DType::kF64:
-      return t.data<double>()[i];
-    case DType::kBF16:
-      return bf16_to_float(t.data_u16()[i]);
-    case DType::kF16:
-      return f16_to_float(t.data_u16()[i]);
-    case DType::kI32:
-      return t.data<int32_t>()[i];
-    case DType::kI64:
-      return static_cast<double>(t.data<int64_t>()[i]);
-  }
-  return 0;
-}
 
 // The nccl-tests style input: rank r, element i holds (r + 1) · (i % 7 + 1).
 double pattern(int r, int64_t i) {

@@ -10,8 +10,13 @@
 #include <random>
 #include <vector>
 
+#include "host_tensors.h"
+
 namespace loom {
 namespace {
+
+using loom::testing::get_value;
+using loom::testing::set_value;
 
 using namespace std::chrono_literals;
 
@@ -29,47 +34,6 @@ std::unique_ptr<Communicator> world() {
 // Rank r's element i: a small integer in [-5, 5], so sums over 8 ranks are exact even in bf16.
 double value(int r, int64_t i) {
   return static_cast<double>((i * 7 + r * 3) % 11) - 5.0;
-}
-
-void set_value(const Tensor& t, int64_t i, double v) {
-  switch (t.dtype()) {
-    case DType::kF32:
-      t.data<float>()[i] = static_cast<float>(v);
-      break;
-    case DType::kF64:
-      t.data<double>()[i] = v;
-      break;
-    case DType::kI32:
-      t.data<int32_t>()[i] = static_cast<int32_t>(v);
-      break;
-    case DType::kI64:
-      t.data<int64_t>()[i] = static_cast<int64_t>(v);
-      break;
-    case DType::kBF16:
-      t.data_u16()[i] = float_to_bf16(static_cast<float>(v));
-      break;
-    case DType::kF16:
-      t.data_u16()[i] = float_to_f16(static_cast<float>(v));
-      break;
-  }
-}
-
-double get_value(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kF32:
-      return t.data<float>()[i];
-    case DType::kF64:
-      return t.data<double>()[i];
-    case DType::kI32:
-      return t.data<int32_t>()[i];
-    case DType::kI64:
-      return static_cast<double>(t.data<int64_t>()[i]);
-    case DType::kBF16:
-      return bf16_to_float(t.data_u16()[i]);
-    case DType::kF16:
-      return f16_to_float(t.data_u16()[i]);
-  }
-  return 0;
 }
 
 Tensor filled(DType dtype, int64_t n, const std::function<double(int64_t)>& f) {

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/host_tensors.h"
 #include "comm/local/local_backend.h"
 #include "device/cuda/cuda_backend.h"
 #include "harness/thread_ranks.h"
@@ -35,57 +36,16 @@ const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, Redu
 // A GPU tensor of `dtype` holding `values` (small integers: exact in every dtype).
 Tensor gpu_tensor(const std::vector<double>& values, DType dtype, int device) {
   Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, dtype);
-  for (size_t i = 0; i < values.size(); ++i) {
-    const double v = values[i];
-    switch (dtype) {
-      case DType::kF32:
-        t.data<float>()[i] = static_cast<float>(v);
-        break;
-      case DType::kF64:
-        t.data<double>()[i] = v;
-        break;
-      case DType::kBF16:
-        t.data_u16()[i] = float_to_bf16(static_cast<float>(v));
-        break;
-      case DType::kF16:
-        t.data_u16()[i] = float_to_f16(static_cast<float>(v));
-        break;
-      case DType::kI32:
-        t.data<int32_t>()[i] = static_cast<int32_t>(v);
-        break;
-      case DType::kI64:
-        t.data<int64_t>()[i] = static_cast<int64_t>(v);
-        break;
-    }
-  }
+  for (size_t i = 0; i < values.size(); ++i)
+    loom::testing::set_value(t, static_cast<int64_t>(i), values[i]);
   return t.to(Device::cuda(device));
 }
 
 std::vector<double> host_values(const Tensor& gpu) {
-  Tensor t = gpu.to(Device::cpu());
+  const Tensor t = gpu.to(Device::cpu());
   std::vector<double> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    switch (t.dtype()) {
-      case DType::kF32:
-        out[i] = t.data<float>()[i];
-        break;
-      case DType::kF64:
-        out[i] = t.data<double>()[i];
-        break;
-      case DType::kBF16:
-        out[i] = bf16_to_float(t.data_u16()[i]);
-        break;
-      case DType::kF16:
-        out[i] = f16_to_float(t.data_u16()[i]);
-        break;
-      case DType::kI32:
-        out[i] = t.data<int32_t>()[i];
-        break;
-      case DType::kI64:
-        out[i] = static_cast<double>(t.data<int64_t>()[i]);
-        break;
-    }
-  }
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = loom::testing::get_value(t, static_cast<int64_t>(i));
   return out;
 }
 
