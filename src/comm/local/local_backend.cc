@@ -103,6 +103,14 @@ void check_cpu(const Tensor& t, std::string_view what) {
   }
 }
 
+// This rank's part of a collective: `count` elements of `dtype` read from `in`, written to `out`.
+Post post_of(OpKind kind, int64_t count, DType dtype, int root, ReduceOp op, const Tensor& in,
+             const Tensor& out) {
+  const auto* from = static_cast<const std::byte*>(in.raw());
+  auto* to = static_cast<std::byte*>(out.raw());
+  return Post{kind, count, dtype, root, op, from, to};
+}
+
 class LocalCommunicatorImpl final : public LocalCommunicator {
  public:
   LocalCommunicatorImpl(std::shared_ptr<LocalGroup> group, int rank,
@@ -135,13 +143,8 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
 
   WorkHandle all_reduce_async(Tensor& tensor, ReduceOp op) override {
     check_cpu(tensor, "all_reduce");
-    Post p{OpKind::kAllReduce,
-           tensor.numel(),
-           tensor.dtype(),
-           -1,
-           op,
-           static_cast<const std::byte*>(tensor.raw()),
-           static_cast<std::byte*>(tensor.raw())};
+    const Post p =
+        post_of(OpKind::kAllReduce, tensor.numel(), tensor.dtype(), -1, op, tensor, tensor);
     return collective(p, {tensor}, [this](const std::vector<Post>& posts) {
       const Post& me = posts[rank_];
       const size_t elem = dtype_size(me.dtype);
@@ -165,13 +168,8 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
            " ", dtype_name(input.dtype()), " for ", output.numel(), " ", dtype_name(output.dtype()),
            " on ", size(), " ranks");
     }
-    Post p{OpKind::kReduceScatter,
-           output.numel(),
-           output.dtype(),
-           -1,
-           op,
-           static_cast<const std::byte*>(input.raw()),
-           static_cast<std::byte*>(output.raw())};
+    const Post p =
+        post_of(OpKind::kReduceScatter, output.numel(), output.dtype(), -1, op, input, output);
     return collective(p, {input, output}, [this](const std::vector<Post>& posts) {
       const Post& me = posts[rank_];
       const size_t bytes = static_cast<size_t>(me.count) * dtype_size(me.dtype);
@@ -190,13 +188,8 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
            " ", dtype_name(output.dtype()), " for ", input.numel(), " ", dtype_name(input.dtype()),
            " on ", size(), " ranks");
     }
-    Post p{OpKind::kAllGather,
-           input.numel(),
-           input.dtype(),
-           -1,
-           ReduceOp::kSum,
-           static_cast<const std::byte*>(input.raw()),
-           static_cast<std::byte*>(output.raw())};
+    const Post p = post_of(OpKind::kAllGather, input.numel(), input.dtype(), -1, ReduceOp::kSum,
+                           input, output);
     return collective(p, {input, output}, [this](const std::vector<Post>& posts) {
       const Post& me = posts[rank_];
       const size_t bytes = static_cast<size_t>(me.count) * dtype_size(me.dtype);
@@ -207,13 +200,8 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
   WorkHandle broadcast_async(Tensor& tensor, int root) override {
     check_cpu(tensor, "broadcast");
     check_root(root, "broadcast");
-    Post p{OpKind::kBroadcast,
-           tensor.numel(),
-           tensor.dtype(),
-           root,
-           ReduceOp::kSum,
-           static_cast<const std::byte*>(tensor.raw()),
-           static_cast<std::byte*>(tensor.raw())};
+    const Post p = post_of(OpKind::kBroadcast, tensor.numel(), tensor.dtype(), root, ReduceOp::kSum,
+                           tensor, tensor);
     return collective(p, {tensor}, [this](const std::vector<Post>& posts) {
       const Post& me = posts[rank_];
       copy_bytes(me.out, posts[me.root].in, static_cast<size_t>(me.count) * dtype_size(me.dtype));
@@ -223,13 +211,8 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
   WorkHandle reduce_async(Tensor& tensor, int root, ReduceOp op) override {
     check_cpu(tensor, "reduce");
     check_root(root, "reduce");
-    Post p{OpKind::kReduce,
-           tensor.numel(),
-           tensor.dtype(),
-           root,
-           op,
-           static_cast<const std::byte*>(tensor.raw()),
-           static_cast<std::byte*>(tensor.raw())};
+    const Post p =
+        post_of(OpKind::kReduce, tensor.numel(), tensor.dtype(), root, op, tensor, tensor);
     return collective(p, {tensor}, [this](const std::vector<Post>& posts) {
       const Post& me = posts[rank_];
       const size_t elem = dtype_size(me.dtype);
@@ -256,7 +239,8 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
       fail("all_to_all on group '", name(),
            "': input and output overlap; it is not an in-place operation");
     }
-    Post p{OpKind::kAllToAll, input.numel() / size(), input.dtype(), -1, ReduceOp::kSum, in, out};
+    const Post p = post_of(OpKind::kAllToAll, input.numel() / size(), input.dtype(), -1,
+                           ReduceOp::kSum, input, output);
     return collective(p, {input, output}, [this](const std::vector<Post>& posts) {
       const Post& me = posts[rank_];
       const size_t bytes = static_cast<size_t>(me.count) * dtype_size(me.dtype);
