@@ -307,6 +307,16 @@ int main(int argc, char** argv) {
   std::string gemm_device = "cuda", gemm_precision = "bf16";
   int64_t gemm_n = 8192;
   int gemm_iters = 10;
+  std::string memory_device = "cuda";
+  int64_t memory_mib = 1024;
+  int memory_iters = 10;
+  auto* bench_memory = bench_cmd->add_subcommand(
+      "memory",
+      "a GPU's memory bandwidth (device-to-device copies; the roofline of the profile's GB/s)");
+  bench_memory->add_option("--device", memory_device, "cuda or cuda:N")->capture_default_str();
+  bench_memory->add_option("--mib", memory_mib, "MiB copied per timed copy")->capture_default_str();
+  bench_memory->add_option("--iters", memory_iters, "timed copies (the best counts)")
+      ->capture_default_str();
   auto* bench_gemm = bench_cmd->add_subcommand("gemm", "a GPU's dense GEMM rate (the peak `bench train --device cuda` MFU is measured against)");
   bench_gemm->add_option("--device", gemm_device, "cuda or cuda:N")->capture_default_str();
   bench_gemm->add_option("--precision", gemm_precision, "fp32, tf32, bf16 or fp16")->capture_default_str();
@@ -373,6 +383,14 @@ int main(int argc, char** argv) {
                                                          gemm_n, gemm_iters);
       std::printf("{\"device\": \"%s\", \"precision\": \"%s\", \"n\": %ld, \"tflops\": %.1f}\n",
                   gemm_device.c_str(), gemm_precision.c_str(), static_cast<long>(gemm_n), tflops);
+      return 0;
+    }
+    if (bench_memory->parsed()) {
+      if (memory_mib < 1) fail("--mib must be >= 1, got ", memory_mib);
+      const double gbps =
+          ops::measure_gpu_copy_gbps(Device::parse(memory_device), memory_mib << 20, memory_iters);
+      std::printf("{\"device\": \"%s\", \"copy_mib\": %ld, \"gb_per_s\": %.1f}\n",
+                  memory_device.c_str(), static_cast<long>(memory_mib), gbps);
       return 0;
     }
     if (bench_comm->parsed()) return cmd_bench_comm(comm_args, std::vector<std::string>(argv, argv + argc));

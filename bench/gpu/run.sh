@@ -160,6 +160,9 @@ peaks() {
 }
 export -f peaks
 step gemm_peak bench 60 peaks
+# The memory's own rate (device-to-device copies, read + write): what the profile's GB/s of the
+# streaming kernels (LayerNorm, GELU, cross-entropy, AdamW...) are read against.
+step memory_peak bench 30 "$BIN/loom" bench memory --device cuda --mib 2048 --iters 10
 peak_of() {
   local v
   v=$(grep "\"precision\": \"$1\", \"n\"" "$OUT/bench.log" 2>/dev/null | sed -n 's/.*"tflops": \([0-9.]*\).*/\1/p' | tail -n 1)
@@ -168,7 +171,8 @@ peak_of() {
 BF16_PEAK=$(peak_of bf16 790)
 TF32_PEAK=$(peak_of tf32 494.7)
 FP32_PEAK=$(peak_of fp32 67)
-note "      peaks (TFLOP/s): bf16 $BF16_PEAK, tf32 $TF32_PEAK, fp32 $FP32_PEAK"
+MEMORY_PEAK=$(grep '"copy_mib"' "$OUT/bench.log" 2>/dev/null | sed -n 's/.*"gb_per_s": \([0-9.]*\).*/\1/p' | tail -n 1)
+note "      peaks (TFLOP/s): bf16 $BF16_PEAK, tf32 $TF32_PEAK, fp32 $FP32_PEAK; memory ${MEMORY_PEAK:-?} GB/s"
 # The last figure bench.log holds, labelled, into the summary.
 figure() {
   local line

@@ -19,16 +19,31 @@ void set_matmul_precision(const std::string& name) {
   if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(precision);
 }
 
-double measure_gpu_gemm_tflops(Device device, const std::string& precision, int64_t n, int iters) {
-  const cuda::MatmulPrecision p = parse_precision(precision);
-  if (!device.is_cuda()) fail("GEMM rate on ", device.str(), ": not a GPU");
+namespace {
+// Fails naming `what` unless `device` is a GPU this process can use.
+void expect_usable_gpu(Device device, const char* what) {
+  if (!device.is_cuda()) fail(what, " on ", device.str(), ": not a GPU");
   if constexpr (detail::kCudaBuild) {
     if (device.index >= cuda::device_count())
-      fail("GEMM rate on ", device.str(), ": ", cuda::device_count(), " GPU(s) visible",
+      fail(what, " on ", device.str(), ": ", cuda::device_count(), " GPU(s) visible",
            cuda::device_count() == 0 ? " (" + cuda::unavailable_reason() + ")" : std::string());
-    return cuda::measure_gemm_tflops(device.index, p, n, iters);
+  } else {
+    fail(what, " on ", device.str(), ": Loom was built without CUDA (LOOM_CUDA=OFF)");
   }
-  fail("GEMM rate on ", device.str(), ": Loom was built without CUDA (LOOM_CUDA=OFF)");
+}
+}  // namespace
+
+double measure_gpu_gemm_tflops(Device device, const std::string& precision, int64_t n, int iters) {
+  const cuda::MatmulPrecision p = parse_precision(precision);
+  expect_usable_gpu(device, "GEMM rate");
+  if constexpr (detail::kCudaBuild) return cuda::measure_gemm_tflops(device.index, p, n, iters);
+  return 0;
+}
+
+double measure_gpu_copy_gbps(Device device, int64_t bytes, int iters) {
+  expect_usable_gpu(device, "memory bandwidth");
+  if constexpr (detail::kCudaBuild) return cuda::measure_copy_gbps(device.index, bytes, iters);
+  return 0;
 }
 
 namespace {

@@ -55,6 +55,9 @@ void set_matmul_precision(const std::string& name);
 // operands stored as such, no casts), best of `iters` n×n×n products: the peak an MFU is measured
 // against.
 double measure_gpu_gemm_tflops(Device device, const std::string& precision, int64_t n, int iters);
+// The memory bandwidth of a GPU in GB/s, best of `iters` device-to-device copies of `bytes`
+// (each byte read and written): the roofline of the streaming kernels.
+double measure_gpu_copy_gbps(Device device, int64_t bytes, int iters);
 
 // nn::Linear's input on a GPU at bf16 / fp16 matmul precision: rounded once in the forward and
 // kept in that 16-bit type instead of fp32 for the backward's weight-gradient GEMM, which then

@@ -590,6 +590,19 @@ TEST_F(CudaKernelsTest, AdamWIsBitwiseTheCpuUpdate) {
 #endif
 }
 
+// The memory roofline the profile's GB/s are read against: a positive rate from copies that
+// arrived (measure_copy_gbps checks), and a GPU that is not there refused with the count.
+TEST_F(CudaKernelsTest, MemoryBandwidthIsMeasuredOnCopiesThatArrive) {
+  EXPECT_GT(ops::measure_gpu_copy_gbps(Device::cuda(0), int64_t{8} << 20, 3), 0.0);
+  try {
+    ops::measure_gpu_copy_gbps(Device::cuda(99), 1024, 1);
+    FAIL() << "cuda:99 was measured";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("memory bandwidth on cuda:99: "), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(CudaKernelsTest, DoubleIsRefusedOnTheGpu) {
   Tensor x = Tensor::zeros({4}, DType::kF64, Device::cuda(0));
   try {

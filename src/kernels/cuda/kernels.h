@@ -100,6 +100,11 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
 void* record_timing_event(int device);
 double elapsed_ms_and_release(void* start, void* stop);
 
+// The GPU's memory bandwidth in GB/s: the best of `iters` device-to-device copies of `bytes`
+// (after one warm-up), each byte counted read and written — the roofline the op profile's GB/s
+// of the streaming kernels are read against. Checks that the copy arrived.
+double measure_copy_gbps(int device, int64_t bytes, int iters);
+
 // The GPU's dense matrix rate at `precision`, in TFLOP/s: the best of `iters` timed n×n×n GEMMs
 // (after one warm-up), for MFU figures measured on the machine itself.
 double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters);
