@@ -441,7 +441,11 @@ TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
 
 TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
   const int64_t N = 33, V = 5003;
-  Pair logits = random_pair(N * V, 70, -8.0, 8.0);
+  std::vector<float> values = random_floats(N * V, 70, -8.0, 8.0);
+  // Masked logits (-inf), first in a row too, where the GPU's running max is still -inf.
+  for (int64_t v : {0, 1, 17, 4000}) values[v] = -INFINITY;
+  values[3 * V + 5] = -INFINITY;
+  Pair logits = pair_of(values);
   IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 71));
   Pair losses = pair_of(std::vector<float>(N)), lse = pair_of(std::vector<float>(N));
   ops::cross_entropy_forward<float>(on_cpu, losses.h(), lse.h(), logits.h(),

@@ -26,7 +26,7 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const fl
     if (xv > m) {
       sum = sum * static_cast<double>(expf(m - xv)) + 1.0;
       m = xv;
-    } else {
+    } else if (xv != -INFINITY) {  // a masked logit adds nothing (and -inf - -inf is NaN)
       sum += static_cast<double>(expf(xv - m));
     }
   }
