@@ -80,22 +80,19 @@ void lm_head_backward(int device, float* dinp, float* dweight, float* logits, co
                       const int32_t* targets, float dloss, const float* inp, const float* weight,
                       int64_t N, int64_t C, int64_t V) {
   if (N == 0) return;
-  const MatmulPrecision precision = matmul_precision();
-  if (precision != MatmulPrecision::kBf16 && precision != MatmulPrecision::kFp16) {
+  if (!rounds_to_16_bits(matmul_precision())) {
     cross_entropy_backward(device, logits, logits, lse, targets, dloss, N, V);
     matmul_backward(device, dinp, dweight, nullptr, logits, inp, weight, N, C, V);
     return;
   }
   DeviceGuard guard(device);
   const RoundedOperand dlogits(device, N * V);
-  if (precision == MatmulPrecision::kBf16)
-    launch("lm_head_backward (bf16 dlogits)", cross_entropy_backward_kernel<__nv_bfloat16>,
-           static_cast<unsigned>(N), kRowThreads, static_cast<__nv_bfloat16*>(dlogits.bits()),
-           logits, lse, targets, dloss, V);
-  else
-    launch("lm_head_backward (fp16 dlogits)", cross_entropy_backward_kernel<__half>,
-           static_cast<unsigned>(N), kRowThreads, static_cast<__half*>(dlogits.bits()), logits, lse,
+  with_rounded_type("lm_head_backward", [&](auto zero) {
+    using Half = decltype(zero);
+    launch("lm_head_backward (16-bit dlogits)", cross_entropy_backward_kernel<Half>,
+           static_cast<unsigned>(N), kRowThreads, static_cast<Half*>(dlogits.bits()), logits, lse,
            targets, dloss, V);
+  });
   matmul_backward_gemms(device, dinp, dweight, dlogits.operand(), inp, weight, N, C, V);
 }
 

@@ -45,6 +45,10 @@ struct GemmBatch {
 enum class MatmulPrecision { kFp32, kTf32, kBf16, kFp16 };
 void set_matmul_precision(MatmulPrecision precision);
 MatmulPrecision matmul_precision();
+// bf16 and fp16: the precisions whose GEMM operands are stored in 16 bits.
+inline bool rounds_to_16_bits(MatmulPrecision precision) {
+  return precision == MatmulPrecision::kBf16 || precision == MatmulPrecision::kFp16;
+}
 
 // A GEMM operand: fp32 values (rounded to the matmul precision inside gemm, a cast kernel per
 // operand per call at bf16 / fp16), or values a RoundedOperand already rounded to bf16 / fp16.
@@ -79,6 +83,8 @@ class RoundedOperand {
   void* bits() const { return bits_; }
 
  private:
+  void allocate(int64_t n);  // the 16-bit buffer of n values
+
   int device_;
   size_t bytes_ = 0;  // of the 16-bit copy; 0 when there is none
   void* bits_ = nullptr;

@@ -43,23 +43,24 @@ void GemmOperand::expect_usable_at(MatmulPrecision precision, const char* name) 
          " and the matmul precision has changed since");
 }
 
-RoundedOperand::RoundedOperand(int device, int64_t n) : device_(device), operand_(nullptr) {
-  const MatmulPrecision precision = matmul_precision();
-  if (precision != MatmulPrecision::kBf16 && precision != MatmulPrecision::kFp16)
-    fail("RoundedOperand: a 16-bit buffer needs bf16 or fp16 matmul precision");
+void RoundedOperand::allocate(int64_t n) {
   if (n < 0) fail("RoundedOperand: negative length ", n);
   bytes_ = static_cast<size_t>(std::max<int64_t>(n, 1)) * 2;
-  bits_ = allocator_for(Device::cuda(device)).allocate(bytes_);
+  bits_ = allocator_for(Device::cuda(device_)).allocate(bytes_);
+}
+
+RoundedOperand::RoundedOperand(int device, int64_t n) : device_(device), operand_(nullptr) {
+  const MatmulPrecision precision = matmul_precision();
+  if (!rounds_to_16_bits(precision))
+    fail("RoundedOperand: a 16-bit buffer needs bf16 or fp16 matmul precision");
+  allocate(n);
   operand_ = GemmOperand(bits_, precision);
 }
 
 RoundedOperand::RoundedOperand(int device, const float* x, int64_t n)
     : device_(device), operand_(x) {
-  const MatmulPrecision precision = matmul_precision();
-  if (precision != MatmulPrecision::kBf16 && precision != MatmulPrecision::kFp16) return;
-  if (n < 0) fail("RoundedOperand: negative length ", n);
-  bytes_ = static_cast<size_t>(std::max<int64_t>(n, 1)) * 2;
-  bits_ = allocator_for(Device::cuda(device)).allocate(bytes_);
+  if (!rounds_to_16_bits(matmul_precision())) return;
+  allocate(n);
   operand_ = round_for_gemm(device, bits_, x, n);
 }
 
