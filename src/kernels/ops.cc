@@ -142,4 +142,21 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
     cuda::matmul_backward(ex.device.index, dinp, dweight, dbias, dout, kept, weight, N, C, OC);
 }
 
+void matmul_backward_before_gelu_from_rounded_input(const Exec& ex, float* dinp, float* dweight,
+                                                    float* dbias, float* dgelu, const float* h,
+                                                    const void* inp_rounded, DType inp_dtype,
+                                                    const float* weight, int64_t N, int64_t C,
+                                                    int64_t OC) {
+  const detail::OpScope op_scope_("matmul_backward_before_gelu", ex, [&] {
+    return detail::work_of<float>(
+        detail::matmul_backward_before_gelu_counts(N, C, OC, dinp != nullptr, dbias != nullptr));
+  });
+  const cuda::GemmOperand kept(
+      inp_rounded,
+      rounded_precision(ex, inp_dtype, "matmul_backward_before_gelu_from_rounded_input"));
+  if constexpr (detail::kCudaBuild)
+    cuda::matmul_backward_before_gelu(ex.device.index, dinp, dweight, dbias, dgelu, h, kept, weight,
+                                      N, C, OC);
+}
+
 }  // namespace loom::ops

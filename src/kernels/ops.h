@@ -87,6 +87,13 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
                                         const float* dout, const void* inp_rounded, DType inp_dtype,
                                         const float* weight, int64_t N, int64_t C, int64_t OC);
 
+// matmul_backward_before_gelu (below) on such a kept input.
+void matmul_backward_before_gelu_from_rounded_input(const Exec& ex, float* dinp, float* dweight,
+                                                    float* dbias, float* dgelu, const float* h,
+                                                    const void* inp_rounded, DType inp_dtype,
+                                                    const float* weight, int64_t N, int64_t C,
+                                                    int64_t OC);
+
 namespace detail {
 // An op's work for the profile (kernels/op_profile.h): `flops`, and `elements` of its operands
 // read or written once each, in Real's size (4-byte token ids count as one).
@@ -109,6 +116,13 @@ inline OpCounts matmul_backward_counts(int64_t N, int64_t C, int64_t OC, bool di
   return {(dinp ? 4.0 : 2.0) * N * C * OC, 1.0 * N * OC + 1.0 * N * C + 3.0 * OC * C +
                                                (dinp ? 1.0 * N * C : 0.0) +
                                                (dbias ? 2.0 * OC : 0.0)};
+}
+// matmul_backward's, plus the GELU's input h.
+inline OpCounts matmul_backward_before_gelu_counts(int64_t N, int64_t C, int64_t OC, bool dinp,
+                                                   bool dbias) {
+  OpCounts c = matmul_backward_counts(N, C, OC, dinp, dbias);
+  c.elements += 1.0 * N * OC;
+  return c;
 }
 }  // namespace detail
 
@@ -172,6 +186,29 @@ template <typename Real>
 inline void gelu_backward(const Exec& ex, Real* dinp, const Real* inp, const Real* dout,
                           int64_t n) {
   LOOM_OPS_DISPATCH(gelu_backward, (0, 3.0 * n), dinp, inp, dout, n);
+}
+
+// matmul_backward of a Linear whose output h (N × OC) went into a GELU, the MLP's fc, from
+// `dgelu`, the gradient at the GELU's output: gelu_backward in place over dgelu (scratch
+// afterwards), then matmul_backward. On a GPU one op (cuda::matmul_backward_before_gelu) with the
+// same results: the GELU's input gradient and the bias gradient come from one pass, written
+// straight as the GEMMs' operand.
+template <typename Real>
+inline void matmul_backward_before_gelu(const Exec& ex, Real* dinp, Real* dweight, Real* dbias,
+                                        Real* dgelu, const Real* h, const Real* inp,
+                                        const Real* weight, int64_t N, int64_t C, int64_t OC) {
+  if (detail::on_gpu<Real>(ex, "matmul_backward_before_gelu")) {
+    if constexpr (detail::kRunsOnGpu<Real>) {
+      const detail::OpScope op_scope_("matmul_backward_before_gelu", ex, [&] {
+        return detail::work_of<Real>(detail::matmul_backward_before_gelu_counts(
+            N, C, OC, dinp != nullptr, dbias != nullptr));
+      });
+      return cuda::matmul_backward_before_gelu(ex.device.index, dinp, dweight, dbias, dgelu, h, inp,
+                                               weight, N, C, OC);
+    }
+  }
+  gelu_backward(ex, dgelu, h, dgelu, N * OC);
+  matmul_backward(ex, dinp, dweight, dbias, dgelu, inp, weight, N, C, OC);
 }
 
 template <typename Real>

@@ -53,23 +53,43 @@ void Linear::restore_input(const Tensor& x) {
 }
 
 Tensor Linear::backward(Context& ctx, const Tensor& dy) {
+  return backward_impl(ctx, dy, nullptr);
+}
+
+Tensor Linear::backward_before_gelu(Context& ctx, Tensor& dgelu, const Tensor& h) {
+  if (h.numel() != dgelu.numel())
+    fail(weight_->name, ": GELU input has ", h.numel(), " values, its gradient ", dgelu.numel());
+  return backward_impl(ctx, dgelu, &h);
+}
+
+Tensor Linear::backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_input) {
   LOOM_CHECK(x_.defined());
   Tensor dx = Tensor::empty(x_.shape(), ctx.dtype, ctx.device);
   const int64_t n = x_.numel() / in_;
-  if (x_.dtype() != ctx.dtype) {  // kept rounded by forward
-    ops::matmul_backward_from_rounded_input(
-        ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
-        bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(), x_.raw(), x_.dtype(),
-        weight_->value.data<float>(), n, in_, out_);
-    x_ = Tensor();
-    return dx;
+  if (x_.dtype() != ctx.dtype) {  // kept rounded by forward (an f32 model on a GPU)
+    float* dbias = bias_ ? bias_->grad.data<float>() : nullptr;
+    if (gelu_input != nullptr)
+      ops::matmul_backward_before_gelu_from_rounded_input(
+          ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias, dy.data<float>(),
+          gelu_input->data<float>(), x_.raw(), x_.dtype(), weight_->value.data<float>(), n, in_,
+          out_);
+    else
+      ops::matmul_backward_from_rounded_input(
+          ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias, dy.data<float>(),
+          x_.raw(), x_.dtype(), weight_->value.data<float>(), n, in_, out_);
+  } else {
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      T* db = bias_ ? bias_->grad.data<T>() : nullptr;
+      if (gelu_input != nullptr)
+        ops::matmul_backward_before_gelu<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(), db,
+                                            dy.data<T>(), gelu_input->data<T>(), x_.data<T>(),
+                                            weight_->value.data<T>(), n, in_, out_);
+      else
+        ops::matmul_backward<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(), db, dy.data<T>(),
+                                x_.data<T>(), weight_->value.data<T>(), n, in_, out_);
+    });
   }
-  dispatch_float(ctx.dtype, [&](auto zero) {
-    using T = decltype(zero);
-    ops::matmul_backward<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(),
-                            bias_ ? bias_->grad.data<T>() : nullptr, dy.data<T>(), x_.data<T>(),
-                            weight_->value.data<T>(), n, in_, out_);
-  });
   x_ = Tensor();
   return dx;
 }

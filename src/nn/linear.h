@@ -18,6 +18,11 @@ class Linear {
   // (ops::matmul_input_dtype: LayerNorm::forward_for_matmul, a GPU at bf16 / fp16).
   Tensor forward(Context& ctx, const Tensor& x);
   Tensor backward(Context& ctx, const Tensor& dy);    // dy: (..., out) -> dx: (..., in)
+  // backward for a Linear whose output h went into a GELU (Mlp's fc), from dgelu, the gradient
+  // at the GELU's output: gelu_backward then backward, in one op (ops::
+  // matmul_backward_before_gelu; one pass fewer over the activations on a GPU). dgelu is
+  // overwritten.
+  Tensor backward_before_gelu(Context& ctx, Tensor& dgelu, const Tensor& h);
   void clear_cache() { x_ = Tensor(); }
   // The tensors kept from forward for backward (nn/context.h: ActivationStash).
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
@@ -32,6 +37,9 @@ class Linear {
   Parameter* bias() const { return bias_; }
 
  private:
+  // backward, through a GELU when `gelu_input` is non-null (its dy is then the GELU's dgelu).
+  Tensor backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_input);
+
   int64_t in_, out_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;

@@ -97,9 +97,8 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   // kept inputs, mean and rstd — with sequence parallelism all-gathered again).
   if (selective) mlp_proj_.restore_input(gelu(ctx));
   Tensor dg = mlp_proj_.backward(ctx, dy);
-  ops::gelu_backward<float>(ex, dg.data<float>(), h_.data<float>(), dg.data<float>(), h_.numel());
   if (selective) fc_.restore_input(ln_2_.recompute_output(ctx));
-  Tensor dx1 = ln_2_.backward(ctx, fc_.backward(ctx, dg));
+  Tensor dx1 = ln_2_.backward(ctx, fc_.backward_before_gelu(ctx, dg, h_));
   ops::add_inplace<float>(ex, dx1.data<float>(), dy.data<float>(), dx1.numel());
   // x1 = x + proj(attention(qkv(ln_1(x))))
   Tensor datt = attn_proj_.backward(ctx, dx1);

@@ -59,12 +59,30 @@ Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
 }
 
 Tensor ColumnParallelLinear::backward(Context& ctx, const Tensor& dy) {
+  return backward_impl(ctx, dy, nullptr);
+}
+
+Tensor ColumnParallelLinear::backward_before_gelu(Context& ctx, Tensor& dgelu, const Tensor& h) {
+  if (h.numel() != dgelu.numel())
+    fail(weight_->name, ": GELU input has ", h.numel(), " values, its gradient ", dgelu.numel());
+  return backward_impl(ctx, dgelu, &h);
+}
+
+Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
+                                           const Tensor* gelu_input) {
   LOOM_CHECK(x_.defined());
   const int64_t n = x_.dim(0);
   Tensor dx = Tensor::empty({n, in_}, DType::kF32, ctx.device);
-  ops::matmul_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
-                              bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(),
-                              x_.data<float>(), weight_->value.data<float>(), n, in_, local_out_);
+  float* dbias = bias_ ? bias_->grad.data<float>() : nullptr;
+  if (gelu_input != nullptr)
+    ops::matmul_backward_before_gelu<float>(ctx.exec(), dx.data<float>(),
+                                            weight_->grad.data<float>(), dbias, dy.data<float>(),
+                                            gelu_input->data<float>(), x_.data<float>(),
+                                            weight_->value.data<float>(), n, in_, local_out_);
+  else
+    ops::matmul_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias,
+                                dy.data<float>(), x_.data<float>(), weight_->value.data<float>(), n,
+                                in_, local_out_);
   x_ = Tensor();
   // Each rank's dx is its output slice's contribution: sum over the group.
   if (!sequence_parallel_) {

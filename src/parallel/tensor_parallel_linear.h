@@ -47,6 +47,9 @@ class ColumnParallelLinear {
   Tensor forward(Context& ctx, const Tensor& x);
   // dy: (N, out/P) → dx shaped like forward's x. Accumulates the weight (and bias) gradient.
   Tensor backward(Context& ctx, const Tensor& dy);
+  // backward of a layer whose output h went into a GELU (the MLP's fc), from dgelu, the gradient
+  // at the GELU's output (overwritten): nn::Linear::backward_before_gelu's one op.
+  Tensor backward_before_gelu(Context& ctx, Tensor& dgelu, const Tensor& h);
   void clear_cache() { x_ = Tensor(); }
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
   // Selective recomputation (models/gpt2.h): the owner drops the cached input (its LayerNorm's
@@ -60,6 +63,7 @@ class ColumnParallelLinear {
 
  private:
   Tensor whole_input(const Tensor& x);  // x, all-gathered with sequence parallelism
+  Tensor backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_input);
   int64_t in_, local_out_;
   Communicator& tp_;
   bool sequence_parallel_;

@@ -263,6 +263,95 @@ TEST_F(CudaKernelsTest, MatmulForwardAndBackwardMatchCpu) {
   expect_pair_close("dweight, twice accumulated", dw);
 }
 
+// A Linear's backward with a bias reads dout once: the bias gradient's pass also writes its
+// rounding for the GEMMs at bf16 / fp16; the MLP's fc folds the GELU's backward into that pass.
+// Both are bit for bit the separate ops, at every precision; and near the CPU.
+TEST_F(CudaKernelsTest, LinearBackwardMakesItsBiasGradientAndGemmOperandInOnePass) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  using cuda::MatmulPrecision;
+  const int64_t N = 300, C = 40, OC = 72;  // N over one 256-row chunk of the bias sums
+  const std::vector<float> dout0 = random_floats(N * OC, 30, -3.0, 3.0);
+  const std::vector<float> dw0 = random_floats(OC * C, 31), db0 = random_floats(OC, 32);
+  Pair inp = random_pair(N * C, 33), w = random_pair(OC * C, 34),
+       h = random_pair(N * OC, 35, -4, 4);
+
+  // The CPU's results: gelu_backward then matmul_backward.
+  Pair dgelu = pair_of(dout0), dinp = pair_of(std::vector<float>(N * C)), dw = pair_of(dw0),
+       db = pair_of(db0);
+  ops::matmul_backward_before_gelu<float>(on_cpu, dinp.h(), dw.h(), db.h(), dgelu.h(), h.h(),
+                                          inp.h(), w.h(), N, C, OC);
+
+  // The bias gradient at fp32, its own pass over dout: no precision changes its bits.
+  Pair db_fp32 = pair_of(db0);
+  ops::matmul_backward<float>(on_gpu, nullptr, pair_of(dw0).g(), db_fp32.g(), pair_of(dout0).g(),
+                              inp.g(), w.g(), N, C, OC);
+  for (auto [precision, tol] :
+       {std::pair{MatmulPrecision::kFp32, kTol}, std::pair{MatmulPrecision::kTf32, 2e-3},
+        std::pair{MatmulPrecision::kBf16, 1e-2}, std::pair{MatmulPrecision::kFp16, 2e-3}}) {
+    cuda::set_matmul_precision(precision);
+    SCOPED_TRACE(static_cast<int>(precision));
+    // matmul_backward with a bias against its GEMMs on dout rounded apart.
+    Pair dx = pair_of(std::vector<float>(N * C)), dwx = pair_of(dw0), dbx = pair_of(db0);
+    Pair dout = pair_of(dout0), dx_ref = pair_of(std::vector<float>(N * C)), dw_ref = pair_of(dw0);
+    ops::matmul_backward<float>(on_gpu, dx.g(), dwx.g(), dbx.g(), dout.g(), inp.g(), w.g(), N, C,
+                                OC);
+    {
+      const cuda::RoundedOperand rounded(0, dout.g(), N * OC);
+      cuda::matmul_backward_gemms(0, dx_ref.g(), dw_ref.g(), rounded.operand(), inp.g(), w.g(), N,
+                                  C, OC);
+    }
+    EXPECT_TRUE(bitwise_equal(dx.from_gpu(), dx_ref.from_gpu())) << "dinp";
+    EXPECT_TRUE(bitwise_equal(dwx.from_gpu(), dw_ref.from_gpu())) << "dweight";
+    EXPECT_TRUE(bitwise_equal(dbx.from_gpu(), db_fp32.from_gpu())) << "dbias";
+    EXPECT_TRUE(bitwise_equal(dout.from_gpu(), dout0)) << "dout changed";
+
+    // Through the GELU: against gelu_backward then matmul_backward on the GPU, with and without
+    // an input gradient and a bias.
+    for (const bool full : {true, false}) {
+      SCOPED_TRACE(full ? "dinp and dbias" : "dweight only");
+      Pair g1 = pair_of(dout0), dx1 = pair_of(std::vector<float>(N * C)), dw1 = pair_of(dw0),
+           db1 = pair_of(db0);
+      ops::matmul_backward_before_gelu<float>(on_gpu, full ? dx1.g() : nullptr, dw1.g(),
+                                              full ? db1.g() : nullptr, g1.g(), h.g(), inp.g(),
+                                              w.g(), N, C, OC);
+      Pair g2 = pair_of(dout0), dx2 = pair_of(std::vector<float>(N * C)), dw2 = pair_of(dw0),
+           db2 = pair_of(db0);
+      ops::gelu_backward<float>(on_gpu, g2.g(), h.g(), g2.g(), N * OC);
+      ops::matmul_backward<float>(on_gpu, full ? dx2.g() : nullptr, dw2.g(),
+                                  full ? db2.g() : nullptr, g2.g(), inp.g(), w.g(), N, C, OC);
+      EXPECT_TRUE(bitwise_equal(dx1.from_gpu(), dx2.from_gpu())) << "dinp";
+      EXPECT_TRUE(bitwise_equal(dw1.from_gpu(), dw2.from_gpu())) << "dweight";
+      EXPECT_TRUE(bitwise_equal(db1.from_gpu(), db2.from_gpu())) << "dbias";
+      if (!cuda::rounds_to_16_bits(precision)) {  // the GELU's input gradient, left in place
+        EXPECT_TRUE(bitwise_equal(g1.from_gpu(), g2.from_gpu())) << "dgelu";
+      }
+      if (!full) continue;
+      expect_close("dinp", dx1.from_gpu(), dinp.from_host(), tol);
+      expect_close("dweight", dw1.from_gpu(), dw.from_host(), tol);
+      expect_close("dbias", db1.from_gpu(), db.from_host(), kTol);
+    }
+    if (!cuda::rounds_to_16_bits(precision)) continue;
+    // On an input kept rounded by the forward, as nn::Linear keeps it.
+    const DType kept_type = ops::matmul_input_dtype(on_gpu, DType::kF32);
+    Tensor kept = Tensor::empty({N * C}, kept_type, Device::cuda(0));
+    (void)cuda::round_for_gemm(0, kept.raw(), inp.g(), N * C);
+    Pair g1 = pair_of(dout0), dx1 = pair_of(std::vector<float>(N * C)), dw1 = pair_of(dw0),
+         db1 = pair_of(db0);
+    ops::matmul_backward_before_gelu_from_rounded_input(
+        on_gpu, dx1.g(), dw1.g(), db1.g(), g1.g(), h.g(), kept.raw(), kept_type, w.g(), N, C, OC);
+    Pair g2 = pair_of(dout0), dx2 = pair_of(std::vector<float>(N * C)), dw2 = pair_of(dw0),
+         db2 = pair_of(db0);
+    ops::gelu_backward<float>(on_gpu, g2.g(), h.g(), g2.g(), N * OC);
+    ops::matmul_backward_from_rounded_input(on_gpu, dx2.g(), dw2.g(), db2.g(), g2.g(), kept.raw(),
+                                            kept_type, w.g(), N, C, OC);
+    EXPECT_TRUE(bitwise_equal(dx1.from_gpu(), dx2.from_gpu())) << "kept input: dinp";
+    EXPECT_TRUE(bitwise_equal(dw1.from_gpu(), dw2.from_gpu())) << "kept input: dweight";
+    EXPECT_TRUE(bitwise_equal(db1.from_gpu(), db2.from_gpu())) << "kept input: dbias";
+  }
+}
+
 TEST_F(CudaKernelsTest, ElementwiseAndSumsMatchCpu) {
   const int64_t n = 100003;
   Pair a = random_pair(n, 20), b = random_pair(n, 21), out = pair_of(std::vector<float>(n));

@@ -18,6 +18,7 @@
 #include "models/gpt2.h"
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
+#include "nn/mlp.h"
 #include "optim/adamw.h"
 #include "tensor/rng.h"
 
@@ -193,6 +194,78 @@ TEST(Gpt2Cuda, LinearKeepsItsInputRoundedAndComputesWhatTheOpsDo) {
   std::vector<Tensor*> cache;
   linear.collect_cache(cache);
   EXPECT_EQ(cache[0]->raw(), x.raw()) << "kept as it came at fp32";
+}
+
+// The MLP's backward folds the GELU's into fc's (Linear::backward_before_gelu): bit for bit the
+// plain ops one after another, at every matmul precision, also with the GELU output dropped
+// and rebuilt (selective recomputation).
+TEST(Gpt2Cuda, MlpFoldsTheGeluBackwardIntoFcAndComputesWhatTheOpsDo) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  struct Restore {
+    ~Restore() { ops::set_matmul_precision("fp32"); }
+  } restore;
+  const Device gpu = Device::cuda(0);
+  constexpr int64_t N = 40, C = 24, H = 4 * C;
+  ThreadPool pool(1);
+  Context ctx{&pool, gpu, DType::kF32};
+  ParameterStore store;
+  Mlp mlp(store, "mlp", C, 0.3f, 0.2f);
+  store.allocate(DType::kF32, gpu);
+  store.initialize(6);
+  const auto random = [](int64_t n, uint64_t seed) {
+    Tensor t = Tensor::empty({n}, DType::kF32);
+    RandomStream rng(seed, "mlp_gelu_backward");
+    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = rng.next_uniform() * 4.0f - 2.0f;
+    return t;
+  };
+  const Tensor x = random(N * C, 1).reshape({N, C}).to(gpu);
+  const Tensor dy = random(N * C, 2).reshape({N, C}).to(gpu);
+  const Parameter& fc_w = store.get("mlp.fc.weight");
+  const Parameter& fc_b = store.get("mlp.fc.bias");
+  const Parameter& proj_w = store.get("mlp.proj.weight");
+  const Parameter& proj_b = store.get("mlp.proj.bias");
+  const Exec ex = ctx.exec();
+  using cpu::ktest::bitwise_equal;
+  for (const char* precision : {"fp32", "tf32", "bf16", "fp16"}) {
+    for (const bool recompute : {false, true}) {
+      SCOPED_TRACE(std::string(precision) + (recompute ? ", GELU output rebuilt" : ""));
+      ops::set_matmul_precision(precision);
+      store.zero_grads();
+      const Tensor y = mlp.forward(ctx, x);
+      if (recompute) {
+        mlp.drop_recomputable();
+        mlp.restore_input(x);
+      }
+      const Tensor dx = mlp.backward(ctx, dy);
+      const std::vector<float> grads[] = {fc_w.grad.to_vector(), fc_b.grad.to_vector(),
+                                          proj_w.grad.to_vector(), proj_b.grad.to_vector()};
+
+      store.zero_grads();
+      Tensor h = Tensor::empty({N, H}, DType::kF32, gpu),
+             g = Tensor::empty({N, H}, DType::kF32, gpu),
+             y_ops = Tensor::empty({N, C}, DType::kF32, gpu),
+             dg = Tensor::empty({N, H}, DType::kF32, gpu),
+             dx_ops = Tensor::empty({N, C}, DType::kF32, gpu);
+      ops::matmul_forward<float>(ex, h.data<float>(), x.data<float>(), fc_w.value.data<float>(),
+                                 fc_b.value.data<float>(), N, C, H);
+      ops::gelu_forward<float>(ex, g.data<float>(), h.data<float>(), N * H);
+      ops::matmul_forward<float>(ex, y_ops.data<float>(), g.data<float>(),
+                                 proj_w.value.data<float>(), proj_b.value.data<float>(), N, H, C);
+      ops::matmul_backward<float>(ex, dg.data<float>(), proj_w.grad.data<float>(),
+                                  proj_b.grad.data<float>(), dy.data<float>(), g.data<float>(),
+                                  proj_w.value.data<float>(), N, H, C);
+      ops::gelu_backward<float>(ex, dg.data<float>(), h.data<float>(), dg.data<float>(), N * H);
+      ops::matmul_backward<float>(ex, dx_ops.data<float>(), fc_w.grad.data<float>(),
+                                  fc_b.grad.data<float>(), dg.data<float>(), x.data<float>(),
+                                  fc_w.value.data<float>(), N, C, H);
+      EXPECT_TRUE(bitwise_equal(y.to_vector(), y_ops.to_vector())) << "out";
+      EXPECT_TRUE(bitwise_equal(dx.to_vector(), dx_ops.to_vector())) << "dinp";
+      EXPECT_TRUE(bitwise_equal(grads[0], fc_w.grad.to_vector())) << "fc.weight";
+      EXPECT_TRUE(bitwise_equal(grads[1], fc_b.grad.to_vector())) << "fc.bias";
+      EXPECT_TRUE(bitwise_equal(grads[2], proj_w.grad.to_vector())) << "proj.weight";
+      EXPECT_TRUE(bitwise_equal(grads[3], proj_b.grad.to_vector())) << "proj.bias";
+    }
+  }
 }
 
 TEST(Gpt2Cuda, TwoGpuRunsAreBitwiseIdentical) {

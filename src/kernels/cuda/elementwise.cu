@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "kernels/cuda/gelu.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -51,29 +52,14 @@ __global__ void scale_kernel(float* x, float s, int64_t n) {
   LOOM_FOR_EACH(i, n) x[i] *= s;
 }
 
-// The CPU's tanh form: 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))).
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kCubic = 0.044715f;
-
 // `Out`: float, or the 16-bit type of the GEMM operand it feeds (rounded from the same float).
 template <typename Out>
 __global__ void gelu_forward_kernel(Out* out, const float* inp, int64_t n) {
-  LOOM_FOR_EACH(i, n) {
-    const float x = inp[i];
-    const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
-    round_to(out[i], 0.5f * x * (1.0f + tanhf(u)));
-  }
+  LOOM_FOR_EACH(i, n) round_to(out[i], gelu(inp[i]));
 }
 
-// d/dx = (1 + tanh u)/2 + x/2 · (1 - tanh² u) · sqrt(2/π)·(1 + 3·0.044715·x²)
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
-  LOOM_FOR_EACH(i, n) {
-    const float x = inp[i];
-    const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
-    const float th = tanhf(u);
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-    dinp[i] = (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du) * dout[i];
-  }
+  LOOM_FOR_EACH(i, n) dinp[i] = gelu_grad(inp[i], dout[i]);
 }
 
 // Fixed grid for the sums, so the order of additions never changes with the GPU model.

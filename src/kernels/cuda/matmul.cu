@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "kernels/cuda/column_sums.cuh"
+#include "kernels/cuda/gelu.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -18,6 +19,58 @@ struct RowMajor {
   int64_t ld;
   __device__ float operator()(int64_t r, int64_t c) const { return data[r * ld + c]; }
 };
+
+// The same value, also stored to `out` (same layout) as a GEMM operand: fp32, or rounded to the
+// 16-bit type `Out`. The column-sum kernel visits every element once, so one read of dout gives
+// both the bias gradient and the operand.
+template <typename Out>
+struct RowMajorStored {
+  const float* data;
+  Out* out;
+  int64_t ld;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    const float v = data[r * ld + c];
+    round_to(out[r * ld + c], v);
+    return v;
+  }
+};
+
+// The gradient at a GELU's input h from the gradient at its output (gelu_grad), stored to `out`
+// as above; `out` may be `dgelu` itself (each element is read before it is written, by the same
+// thread).
+template <typename Out>
+struct GeluGradStored {
+  const float* dgelu;
+  const float* h;
+  Out* out;
+  int64_t ld;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    const int64_t i = r * ld + c;
+    const float v = gelu_grad(h[i], dgelu[i]);
+    round_to(out[i], v);
+    return v;
+  }
+};
+
+// value(r, c) for every element of an N × C matrix, for its side effect (the stores above) when
+// there is no bias gradient to sum.
+template <typename Value>
+__global__ void store_each_kernel(Value value, int64_t N, int64_t C) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    (void)value(i / C, i % C);
+}
+
+// Runs `value` over the N × C matrix once: adding its column sums to dbias when non-null, else
+// only for what it stores.
+template <typename Value>
+void store_with_column_sums(int device, float* dbias, Value value, int64_t N, int64_t C,
+                            const char* name) {
+  if (dbias != nullptr)
+    accumulate_column_sums(device, dbias, value, N, C, name);
+  else if (N * C > 0)
+    launch(name, store_each_kernel<Value>, blocks_for(N * C, kThreads), kThreads, value, N, C);
+}
 
 template <typename Half>
 __global__ void round_kernel(Half* out, const float* in, int64_t n) {
@@ -95,13 +148,46 @@ void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand 
 
 void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
                      GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
-  // Both GEMMs read dout: rounded once (the largest operand of the two: N × OC).
-  const RoundedOperand dout_rounded(device, dout, N * OC);
-  matmul_backward_gemms(device, dinp, dweight, dout_rounded.operand(), inp, weight, N, C, OC);
-  if (dbias != nullptr) {
-    DeviceGuard guard(device);
-    accumulate_column_sums(device, dbias, RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");
+  DeviceGuard guard(device);
+  if (dbias == nullptr || !rounds_to_16_bits(matmul_precision())) {
+    // Both GEMMs read dout: rounded once (the largest operand of the two: N × OC).
+    const RoundedOperand dout_rounded(device, dout, N * OC);
+    matmul_backward_gemms(device, dinp, dweight, dout_rounded.operand(), inp, weight, N, C, OC);
+    if (dbias != nullptr)
+      accumulate_column_sums(device, dbias, RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");
+    return;
   }
+  // The bias gradient's pass over dout writes its rounding for the GEMMs as it goes: dout (fp32,
+  // N × OC) is read once instead of twice.
+  const RoundedOperand dout_rounded(device, N * OC);
+  with_rounded_type("matmul_backward", [&](auto zero) {
+    using Half = decltype(zero);
+    store_with_column_sums(device, dbias,
+                           RowMajorStored<Half>{dout, static_cast<Half*>(dout_rounded.bits()), OC},
+                           N, OC, "matmul_backward (dbias, rounded dout)");
+  });
+  matmul_backward_gemms(device, dinp, dweight, dout_rounded.operand(), inp, weight, N, C, OC);
+}
+
+void matmul_backward_before_gelu(int device, float* dinp, float* dweight, float* dbias,
+                                 float* dgelu, const float* h, GemmOperand inp, const float* weight,
+                                 int64_t N, int64_t C, int64_t OC) {
+  DeviceGuard guard(device);
+  if (!rounds_to_16_bits(matmul_precision())) {
+    // The GELU's input gradient overwrites dgelu in place, the GEMMs' fp32 operand.
+    store_with_column_sums(device, dbias, GeluGradStored<float>{dgelu, h, dgelu, OC}, N, OC,
+                           "matmul_backward_before_gelu (dbias, gelu_backward)");
+    matmul_backward_gemms(device, dinp, dweight, GemmOperand(dgelu), inp, weight, N, C, OC);
+    return;
+  }
+  const RoundedOperand dh(device, N * OC);
+  with_rounded_type("matmul_backward_before_gelu", [&](auto zero) {
+    using Half = decltype(zero);
+    store_with_column_sums(device, dbias,
+                           GeluGradStored<Half>{dgelu, h, static_cast<Half*>(dh.bits()), OC}, N, OC,
+                           "matmul_backward_before_gelu (dbias, rounded gelu_backward)");
+  });
+  matmul_backward_gemms(device, dinp, dweight, dh.operand(), inp, weight, N, C, OC);
 }
 
 }  // namespace loom::cuda
