@@ -226,6 +226,27 @@ inline void layernorm_backward(const Exec& ex, Real* dinp, Real* dweight, Real* 
                     dout, inp, weight, mean, rstd, N, C);
 }
 
+// layernorm_backward with the gradient of the skip connection around the LayerNorm's branch
+// added: dinp = the LayerNorm's input gradient + dresidual (N × C). On a GPU one kernel
+// (cuda::layernorm_backward_adding), bit for bit the two ops; the CPU runs the two.
+template <typename Real>
+inline void layernorm_backward_adding(const Exec& ex, Real* dinp, Real* dweight, Real* dbias,
+                                      const Real* dout, const Real* inp, const Real* weight,
+                                      const Real* mean, const Real* rstd, const Real* dresidual,
+                                      int64_t N, int64_t C) {
+  if (detail::on_gpu<Real>(ex, "layernorm_backward_adding")) {
+    if constexpr (detail::kRunsOnGpu<Real>) {
+      const detail::OpScope op_scope_("layernorm_backward", ex, [&] {
+        return detail::work_of<Real>(0, 4.0 * N * C + 5.0 * C + 2.0 * N);
+      });
+      return cuda::layernorm_backward_adding(ex.device.index, dinp, dweight, dbias, dout, inp,
+                                             weight, mean, rstd, dresidual, N, C);
+    }
+  }
+  layernorm_backward(ex, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  add_inplace(ex, dinp, dresidual, N * C);
+}
+
 template <typename Real>
 inline void embedding_forward(const Exec& ex, Real* out, const int32_t* tokens, const Real* wte,
                               const Real* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {

@@ -97,12 +97,10 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
   // y = x1 + mlp(ln_2(x1)): dx1 = dy + ln_2ᵀ(mlpᵀ(dy)). Selective: ln_2's output is rebuilt
   // just before the MLP's backward (which rebuilds its GELU output itself).
   if (selective) mlp_.restore_input(ln_2_.recompute_output(ctx));
-  Tensor dx1 = ln_2_.backward(ctx, mlp_.backward(ctx, dy));
-  add_into(ctx, dx1, dy);
+  Tensor dx1 = ln_2_.backward_adding(ctx, mlp_.backward(ctx, dy), dy);
   // x1 = x + attn(ln_1(x)): dx = dx1 + ln_1ᵀ(attnᵀ(dx1)); ln_1's output likewise, only now.
   if (selective) attn_.restore_input(ln_1_.recompute_output(ctx));
-  Tensor dx = ln_1_.backward(ctx, attn_.backward(ctx, dx1));
-  add_into(ctx, dx, dx1);
+  Tensor dx = ln_1_.backward_adding(ctx, attn_.backward(ctx, dx1), dx1);
   return dx;
 }
 

@@ -51,14 +51,32 @@ Tensor LayerNorm::recompute_output(Context& ctx) {
 }
 
 Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
+  return backward_impl(ctx, dy, nullptr);
+}
+
+Tensor LayerNorm::backward_adding(Context& ctx, const Tensor& dy, const Tensor& dresidual) {
+  LOOM_CHECK(x_.defined());
+  if (dresidual.numel() != x_.numel())
+    fail(weight_->name, ": residual gradient has ", dresidual.numel(), " values, the input ",
+         x_.numel());
+  return backward_impl(ctx, dy, &dresidual);
+}
+
+Tensor LayerNorm::backward_impl(Context& ctx, const Tensor& dy, const Tensor* dresidual) {
   LOOM_CHECK(x_.defined());
   const int64_t n = x_.numel() / channels_;
   Tensor dx = Tensor::empty(x_.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    ops::layernorm_backward<T>(
-        ctx.exec(), dx.data<T>(), weight_->grad.data<T>(), bias_->grad.data<T>(), dy.data<T>(),
-        x_.data<T>(), weight_->value.data<T>(), mean_.data<T>(), rstd_.data<T>(), n, channels_);
+    if (dresidual != nullptr)
+      ops::layernorm_backward_adding<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(),
+                                        bias_->grad.data<T>(), dy.data<T>(), x_.data<T>(),
+                                        weight_->value.data<T>(), mean_.data<T>(), rstd_.data<T>(),
+                                        dresidual->data<T>(), n, channels_);
+    else
+      ops::layernorm_backward<T>(
+          ctx.exec(), dx.data<T>(), weight_->grad.data<T>(), bias_->grad.data<T>(), dy.data<T>(),
+          x_.data<T>(), weight_->value.data<T>(), mean_.data<T>(), rstd_.data<T>(), n, channels_);
   });
   clear_cache();
   return dx;

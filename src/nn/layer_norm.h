@@ -18,6 +18,9 @@ class LayerNorm {
   // bit for bit forward's output rounded; elsewhere forward itself.
   Tensor forward_for_matmul(Context& ctx, const Tensor& x);
   Tensor backward(Context& ctx, const Tensor& dy);
+  // backward plus dresidual, the gradient of the skip connection around a pre-norm block's
+  // branch (x + f(ln(x))): one op (ops::layernorm_backward_adding), one pass fewer on a GPU.
+  Tensor backward_adding(Context& ctx, const Tensor& dy, const Tensor& dresidual);
   void clear_cache() { x_ = mean_ = rstd_ = Tensor(); }
   void collect_cache(std::vector<Tensor*>& out) { out.insert(out.end(), {&x_, &mean_, &rstd_}); }
   // The last forward's output again, from the cached input, by the same kernel: bitwise the same.
@@ -27,6 +30,7 @@ class LayerNorm {
   Tensor recompute_output(Context& ctx);
 
  private:
+  Tensor backward_impl(Context& ctx, const Tensor& dy, const Tensor* dresidual);
   // Checks x and caches it with fresh mean and rstd tensors; returns its rows.
   int64_t cache_input(Context& ctx, const Tensor& x);
 

@@ -98,8 +98,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   if (selective) mlp_proj_.restore_input(gelu(ctx));
   Tensor dg = mlp_proj_.backward(ctx, dy);
   if (selective) fc_.restore_input(ln_2_.recompute_output(ctx));
-  Tensor dx1 = ln_2_.backward(ctx, fc_.backward_before_gelu(ctx, dg, h_));
-  ops::add_inplace<float>(ex, dx1.data<float>(), dy.data<float>(), dx1.numel());
+  Tensor dx1 = ln_2_.backward_adding(ctx, fc_.backward_before_gelu(ctx, dg, h_), dy);
   // x1 = x + proj(attention(qkv(ln_1(x))))
   Tensor datt = attn_proj_.backward(ctx, dx1);
   Tensor dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
@@ -107,8 +106,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
                                  att_.data<float>(), lse_.data<float>(), B_, T_, local_channels_,
                                  local_heads_);
   if (selective) qkv_.restore_input(ln_1_.recompute_output(ctx));
-  Tensor dx = ln_1_.backward(ctx, qkv_.backward(ctx, dqkv));
-  ops::add_inplace<float>(ex, dx.data<float>(), dx1.data<float>(), dx.numel());
+  Tensor dx = ln_1_.backward_adding(ctx, qkv_.backward(ctx, dqkv), dx1);
   clear_cache();
   return dx;
 }

@@ -459,6 +459,24 @@ TEST_F(CudaKernelsTest, LayerNormMatchesCpu) {
   expect_pair_close("dinp", dx);
   expect_pair_close("dweight", dw);
   expect_pair_close("dbias", db);
+
+  // With a skip connection's gradient added to dinp in the same kernel: bit for bit the
+  // backward then add_inplace on the GPU (on scale: |dresidual| up to 100 against dinp's ~1, so
+  // contracting the add into the product before it would show), and near the CPU's.
+  Pair dres = random_pair(N * C, 46, -100.0, 100.0), dx2 = pair_of(std::vector<float>(N * C));
+  Pair dw2 = random_pair(C, 44), db2 = random_pair(C, 45);
+  ops::layernorm_backward_adding<float>(on_cpu, dx2.h(), dw2.h(), db2.h(), dy.h(), x.h(), w.h(),
+                                        mean.h(), rstd.h(), dres.h(), N, C);
+  ops::layernorm_backward_adding<float>(on_gpu, dx2.g(), dw2.g(), db2.g(), dy.g(), x.g(), w.g(),
+                                        mean.g(), rstd.g(), dres.g(), N, C);
+  expect_pair_close("dinp + dresidual", dx2);
+  Pair dw3 = random_pair(C, 44), db3 = random_pair(C, 45), dx3 = pair_of(std::vector<float>(N * C));
+  ops::layernorm_backward<float>(on_gpu, dx3.g(), dw3.g(), db3.g(), dy.g(), x.g(), w.g(), mean.g(),
+                                 rstd.g(), N, C);
+  ops::add_inplace<float>(on_gpu, dx3.g(), dres.g(), N * C);
+  EXPECT_TRUE(bitwise_equal(dx2.from_gpu(), dx3.from_gpu())) << "dinp + dresidual";
+  EXPECT_TRUE(bitwise_equal(dw2.from_gpu(), dw3.from_gpu())) << "dweight";
+  EXPECT_TRUE(bitwise_equal(db2.from_gpu(), db3.from_gpu())) << "dbias";
 }
 
 TEST_F(CudaKernelsTest, EmbeddingMatchesCpuAndRefusesBadTokens) {

@@ -165,6 +165,13 @@ GemmOperand layernorm_forward_rounded(int device, void* out, float* mean, float*
 void layernorm_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C);
+// layernorm_backward with dresidual (N × C) added to dinp in the same kernel: the gradient of the
+// skip connection around a pre-norm block's branch. Bit for bit layernorm_backward then
+// add_inplace(dinp, dresidual), without the add's pass over three activations.
+void layernorm_backward_adding(int device, float* dinp, float* dweight, float* dbias,
+                               const float* dout, const float* inp, const float* weight,
+                               const float* mean, const float* rstd, const float* dresidual,
+                               int64_t N, int64_t C);
 
 // Checks the tokens (a 4-byte copy back) and throws loom::Error naming the first bad one.
 void embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,

@@ -40,9 +40,12 @@ __global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, con
   }
 }
 
+// dresidual, when non-null, is added to dinp: the gradient of a skip connection around the
+// LayerNorm's branch (__fadd_rn: never contracted into the product before it, so the bits are
+// those of the separate add).
 __global__ void layernorm_backward_kernel(float* dinp, const float* dout, const float* inp,
                                           const float* weight, const float* mean, const float* rstd,
-                                          int64_t N, int64_t C) {
+                                          const float* dresidual, int64_t N, int64_t C) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= N) return;
   const int lane = threadIdx.x % 32;
@@ -60,26 +63,22 @@ __global__ void layernorm_backward_kernel(float* dinp, const float* dout, const 
   float* dx = dinp + r * C;
   for (int64_t c = lane; c < C; c += 32) {
     const float n = (x[c] - m) * s;
-    dx[c] = s * (weight[c] * dy[c] - g_mean - n * gn_mean);
+    const float v = s * (weight[c] * dy[c] - g_mean - n * gn_mean);
+    dx[c] = dresidual != nullptr ? __fadd_rn(v, dresidual[r * C + c]) : v;
   }
 }
 
-// dweight's terms: dout ∘ n.
-struct DoutTimesNorm {
+// dweight's and dbias's terms, dout ∘ n and dout, from one read of dout and the input.
+struct DoutTimesNormAndDout {
   const float* dout;
   const float* inp;
   const float* mean;
   const float* rstd;
   int64_t C;
-  __device__ float operator()(int64_t r, int64_t c) const {
-    return dout[r * C + c] * ((inp[r * C + c] - mean[r]) * rstd[r]);
+  __device__ ColumnPair operator()(int64_t r, int64_t c) const {
+    const float dy = dout[r * C + c];
+    return {dy * ((inp[r * C + c] - mean[r]) * rstd[r]), dy};
   }
-};
-
-struct Dout {
-  const float* dout;
-  int64_t C;
-  __device__ float operator()(int64_t r, int64_t c) const { return dout[r * C + c]; }
 };
 
 }  // namespace
@@ -107,17 +106,25 @@ GemmOperand layernorm_forward_rounded(int device, void* out, float* mean, float*
   return GemmOperand(out, precision);
 }
 
+void layernorm_backward_adding(int device, float* dinp, float* dweight, float* dbias,
+                               const float* dout, const float* inp, const float* weight,
+                               const float* mean, const float* rstd, const float* dresidual,
+                               int64_t N, int64_t C) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  accumulate_column_sums(device, ColumnPairOut{dweight, dbias},
+                         DoutTimesNormAndDout{dout, inp, mean, rstd, C}, N, C,
+                         "layernorm_backward (dweight, dbias)");
+  // Last, so that dinp may alias dout.
+  launch("layernorm_backward", layernorm_backward_kernel, blocks_of(N, kWarpsPerBlock),
+         kWarpsPerBlock * 32, dinp, dout, inp, weight, mean, rstd, dresidual, N, C);
+}
+
 void layernorm_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C) {
-  if (N == 0) return;
-  DeviceGuard guard(device);
-  accumulate_column_sums(device, dweight, DoutTimesNorm{dout, inp, mean, rstd, C}, N, C,
-                         "layernorm_backward (dweight)");
-  accumulate_column_sums(device, dbias, Dout{dout, C}, N, C, "layernorm_backward (dbias)");
-  // Last, so that dinp may alias dout.
-  launch("layernorm_backward", layernorm_backward_kernel, blocks_of(N, kWarpsPerBlock),
-         kWarpsPerBlock * 32, dinp, dout, inp, weight, mean, rstd, N, C);
+  layernorm_backward_adding(device, dinp, dweight, dbias, dout, inp, weight, mean, rstd, nullptr, N,
+                            C);
 }
 
 }  // namespace loom::cuda

@@ -76,19 +76,30 @@ T atomicAdd(T* address, T value) {
   return old;
 }
 
-// Correctly rounded single-precision operations (the host's SSE arithmetic, which C++ in ISO mode
-// does not contract into FMAs).
+// Correctly rounded single-precision operations, never contracted into FMAs with the operations
+// around them, as on a GPU. GCC contracts a·b + c across statements and inlined calls in C++
+// (its -ffp-contract=fast is the default everywhere but ISO C), so each operand and result
+// passes through a barrier the optimiser cannot see into.
+inline float rounded_barrier(float x) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  asm("" : "+x"(x));
+#else
+  volatile float kept = x;
+  x = kept;
+#endif
+  return x;
+}
 inline float __fadd_rn(float a, float b) {
-  return a + b;
+  return rounded_barrier(rounded_barrier(a) + rounded_barrier(b));
 }
 inline float __fsub_rn(float a, float b) {
-  return a - b;
+  return rounded_barrier(rounded_barrier(a) - rounded_barrier(b));
 }
 inline float __fmul_rn(float a, float b) {
-  return a * b;
+  return rounded_barrier(rounded_barrier(a) * rounded_barrier(b));
 }
 inline float __fdiv_rn(float a, float b) {
-  return a / b;
+  return rounded_barrier(rounded_barrier(a) / rounded_barrier(b));
 }
 inline float __fsqrt_rn(float a) {
   return std::sqrt(a);
