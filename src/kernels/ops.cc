@@ -84,30 +84,44 @@ DType matmul_input_dtype(const Exec& ex, DType dtype) {
   return dtype;
 }
 
+namespace {
+void matmul_forward_on_gpu(const Exec& ex, float* out, cuda::GemmOperand inp, const float* weight,
+                           const float* bias, int64_t N, int64_t C, int64_t OC,
+                           const float* residual) {
+  if constexpr (detail::kCudaBuild) {
+    if (residual != nullptr)
+      cuda::matmul_forward_adding(ex.device.index, out, inp, weight, bias, residual, N, C, OC);
+    else
+      cuda::matmul_forward(ex.device.index, out, inp, weight, bias, N, C, OC);
+  }
+}
+}  // namespace
+
 void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_rounded,
                                           const float* inp, const float* weight, const float* bias,
-                                          int64_t N, int64_t C, int64_t OC) {
+                                          int64_t N, int64_t C, int64_t OC, const float* residual) {
   const detail::OpScope op_scope_("matmul_forward", ex, [&] {
-    return detail::work_of<float>(detail::matmul_forward_counts(N, C, OC, bias != nullptr));
+    return detail::work_of<float>(
+        detail::matmul_forward_counts(N, C, OC, bias != nullptr, residual != nullptr));
   });
   expect_rounded_output(ex, matmul_input_dtype(ex, DType::kF32),
                         "matmul_forward_keeping_rounded_input");
   if constexpr (detail::kCudaBuild) {
     const cuda::GemmOperand kept = cuda::round_for_gemm(ex.device.index, inp_rounded, inp, N * C);
-    cuda::matmul_forward(ex.device.index, out, kept, weight, bias, N, C, OC);
+    matmul_forward_on_gpu(ex, out, kept, weight, bias, N, C, OC, residual);
   }
 }
 
 void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* inp, DType inp_dtype,
                                        const float* weight, const float* bias, int64_t N, int64_t C,
-                                       int64_t OC) {
+                                       int64_t OC, const float* residual) {
   const detail::OpScope op_scope_("matmul_forward", ex, [&] {
-    return detail::work_of<float>(detail::matmul_forward_counts(N, C, OC, bias != nullptr));
+    return detail::work_of<float>(
+        detail::matmul_forward_counts(N, C, OC, bias != nullptr, residual != nullptr));
   });
   const cuda::GemmOperand kept(
       inp, rounded_precision(ex, inp_dtype, "matmul_forward_from_rounded_input"));
-  if constexpr (detail::kCudaBuild)
-    cuda::matmul_forward(ex.device.index, out, kept, weight, bias, N, C, OC);
+  matmul_forward_on_gpu(ex, out, kept, weight, bias, N, C, OC, residual);
 }
 
 void gelu_forward_rounded(const Exec& ex, void* out, DType out_dtype, const float* inp, int64_t n) {

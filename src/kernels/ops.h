@@ -66,15 +66,16 @@ double measure_gpu_copy_gbps(Device device, int64_t bytes, int iters);
 // else `dtype` itself, and the plain matmul ops below apply.
 DType matmul_input_dtype(const Exec& ex, DType dtype);
 // matmul_forward (f32) that also leaves inp rounded in `inp_rounded`: N·C values of
-// matmul_input_dtype(ex, kF32), which must be 16-bit.
+// matmul_input_dtype(ex, kF32), which must be 16-bit. With a `residual`, matmul_forward_adding.
 void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_rounded,
                                           const float* inp, const float* weight, const float* bias,
-                                          int64_t N, int64_t C, int64_t OC);
+                                          int64_t N, int64_t C, int64_t OC,
+                                          const float* residual = nullptr);
 // matmul_forward (f32) on an input already rounded (of type `inp_dtype`) by one of the producers
-// below; kept as it is for the backward.
+// below; kept as it is for the backward. With a `residual`, matmul_forward_adding.
 void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* inp, DType inp_dtype,
                                        const float* weight, const float* bias, int64_t N, int64_t C,
-                                       int64_t OC);
+                                       int64_t OC, const float* residual = nullptr);
 // GELU and LayerNorm forward (f32 in) for an output only a Linear reads: written straight as its
 // rounded input, `out_dtype` = matmul_input_dtype(ex, kF32), 16-bit — bit for bit the fp32
 // output rounded, without it in memory.
@@ -109,8 +110,10 @@ OpWork work_of(double flops, double elements) {
   return work_of<Real>(OpCounts{flops, elements});
 }
 // The Linear's (shared with the kept-rounded-input variants in ops.cc).
-inline OpCounts matmul_forward_counts(int64_t N, int64_t C, int64_t OC, bool bias) {
-  return {2.0 * N * C * OC, 1.0 * N * C + 1.0 * OC * C + 1.0 * N * OC + (bias ? OC : 0)};
+inline OpCounts matmul_forward_counts(int64_t N, int64_t C, int64_t OC, bool bias,
+                                      bool residual = false) {
+  return {2.0 * N * C * OC,
+          1.0 * N * C + 1.0 * OC * C + (residual ? 2.0 : 1.0) * N * OC + (bias ? OC : 0)};
 }
 inline OpCounts matmul_backward_counts(int64_t N, int64_t C, int64_t OC, bool dinp, bool dbias) {
   return {(dinp ? 4.0 : 2.0) * N * C * OC, 1.0 * N * OC + 1.0 * N * C + 3.0 * OC * C +
@@ -160,6 +163,27 @@ inline void add_forward(const Exec& ex, Real* out, const Real* a, const Real* b,
 template <typename Real>
 inline void add_inplace(const Exec& ex, Real* acc, const Real* x, int64_t n) {
   LOOM_OPS_DISPATCH(add_inplace, (0, 3.0 * n), acc, x, n);
+}
+
+// matmul_forward plus a residual (N × OC): out = inp·Wᵀ + bias + residual, a block's skip
+// connection. On a GPU the add happens in the GEMM's epilogue (cuda::matmul_forward_adding:
+// rounded once, so within the last bit of the CPU's, which adds after the GEMM).
+template <typename Real>
+inline void matmul_forward_adding(const Exec& ex, Real* out, const Real* inp, const Real* weight,
+                                  const Real* bias, const Real* residual, int64_t N, int64_t C,
+                                  int64_t OC) {
+  if (detail::on_gpu<Real>(ex, "matmul_forward_adding")) {
+    if constexpr (detail::kRunsOnGpu<Real>) {
+      const detail::OpScope op_scope_("matmul_forward", ex, [&] {
+        return detail::work_of<Real>(
+            detail::matmul_forward_counts(N, C, OC, bias != nullptr, true));
+      });
+      return cuda::matmul_forward_adding(ex.device.index, out, inp, weight, bias, residual, N, C,
+                                         OC);
+    }
+  }
+  matmul_forward(ex, out, inp, weight, bias, N, C, OC);
+  add_inplace(ex, out, residual, N * OC);
 }
 
 template <typename Real>

@@ -40,15 +40,6 @@ int64_t Gpt2Config::num_parameters() const {
   return vocab_size * C + max_seq_len * C + n_layers * per_block + 2 * C;
 }
 
-namespace {
-void add_into(Context& ctx, Tensor& acc, const Tensor& x) {
-  dispatch_float(ctx.dtype, [&](auto zero) {
-    using T = decltype(zero);
-    ops::add_inplace<T>(ctx.exec(), acc.data<T>(), x.data<T>(), acc.numel());
-  });
-}
-}  // namespace
-
 Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config)
     : recompute_(config.recompute),
       ln_1_(store, name + ".ln_1", config.d_model),
@@ -61,11 +52,10 @@ Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2C
 Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
   // The LayerNorms' outputs feed only the qkv and fc Linears: forward_for_matmul writes them as
   // those keep them (16-bit on a GPU at bf16 / fp16 matmul precision).
-  Tensor x1 = attn_.forward(ctx, ln_1_.forward_for_matmul(ctx, x));
-  add_into(ctx, x1, x);  // x1 = x + attn(ln_1(x))
-  Tensor y = mlp_.forward(ctx, ln_2_.forward_for_matmul(ctx, x1));
-  add_into(ctx, y, x1);  // y = x1 + mlp(ln_2(x1))
-  return y;
+  // The skip connections are added by the branches' output projections (in the GEMMs' epilogue
+  // on a GPU).
+  Tensor x1 = attn_.forward_adding(ctx, ln_1_.forward_for_matmul(ctx, x), x);  // x + attn(ln_1(x))
+  return mlp_.forward_adding(ctx, ln_2_.forward_for_matmul(ctx, x1), x1);      // x1 + mlp(ln_2(x1))
 }
 
 Tensor Gpt2Block::forward(Context& ctx, const Tensor& x) {

@@ -18,6 +18,14 @@ CausalSelfAttention::CausalSelfAttention(ParameterStore& store, const std::strin
 }
 
 Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
+  return proj_.forward(ctx, attend(ctx, x));
+}
+
+Tensor CausalSelfAttention::forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) {
+  return proj_.forward_adding(ctx, attend(ctx, x), residual);
+}
+
+Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   if (x.ndim() != 3) fail("attention expects (B, T, C), got ", shape_str(x.shape()));
   const int64_t B = x.dim(0), T = x.dim(1);
   qkv_out_ = qkv_.forward(ctx, x);
@@ -28,7 +36,7 @@ Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
     ops::attention_forward<T_>(ctx.exec(), att_.data<T_>(), lse_.data<T_>(), qkv_out_.data<T_>(), B,
                                T, channels_, heads_);
   });
-  return proj_.forward(ctx, att_);
+  return att_;
 }
 
 Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {

@@ -14,6 +14,8 @@ class CausalSelfAttention {
   CausalSelfAttention(ParameterStore& store, const std::string& name, int64_t channels,
                       int64_t heads, float init_std, float proj_std);
   Tensor forward(Context& ctx, const Tensor& x);    // x: (B, T, C)
+  // forward + residual (B, T, C), the block's skip connection added by the output projection.
+  Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual);
   Tensor backward(Context& ctx, const Tensor& dy);  // dy: (B, T, C)
   void clear_cache();
   // Selective recomputation (models/gpt2.h): the qkv projection's cached input is the owner's
@@ -27,6 +29,7 @@ class CausalSelfAttention {
   }
 
  private:
+  Tensor attend(Context& ctx, const Tensor& x);  // qkv and attention: proj's input
   int64_t channels_, heads_;
   Linear qkv_;
   Linear proj_;

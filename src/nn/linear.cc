@@ -20,14 +20,26 @@ Linear::Linear(ParameterStore& store, const std::string& name, int64_t in, int64
 }
 
 Tensor Linear::forward(Context& ctx, const Tensor& x) {
+  return forward_impl(ctx, x, nullptr);
+}
+
+Tensor Linear::forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) {
+  if (residual.numel() != x.numel() / in_ * out_)
+    fail(weight_->name, ": residual has ", residual.numel(), " values, the output ",
+         x.numel() / in_ * out_);
+  return forward_impl(ctx, x, &residual);
+}
+
+Tensor Linear::forward_impl(Context& ctx, const Tensor& x, const Tensor* residual) {
   if (x.dim(-1) != in_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", in_);
   Tensor y = Tensor::empty(with_last(x.shape(), out_), ctx.dtype, ctx.device);
   const int64_t n = x.numel() / in_;
+  const auto residual_f32 = [&] { return residual ? residual->data<float>() : nullptr; };
   if (x.dtype() != ctx.dtype) {  // rounded by its producer (LayerNorm, GELU) already
     x_ = x;
     ops::matmul_forward_from_rounded_input(
         ctx.exec(), y.data<float>(), x.raw(), x.dtype(), weight_->value.data<float>(),
-        bias_ ? bias_->value.data<float>() : nullptr, n, in_, out_);
+        bias_ ? bias_->value.data<float>() : nullptr, n, in_, out_, residual_f32());
     return y;
   }
   if (const DType kept = ops::matmul_input_dtype(ctx.exec(), ctx.dtype); kept != ctx.dtype) {
@@ -35,14 +47,19 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
     x_ = Tensor::empty(x.shape(), kept, ctx.device);
     ops::matmul_forward_keeping_rounded_input(
         ctx.exec(), y.data<float>(), x_.raw(), x.data<float>(), weight_->value.data<float>(),
-        bias_ ? bias_->value.data<float>() : nullptr, n, in_, out_);
+        bias_ ? bias_->value.data<float>() : nullptr, n, in_, out_, residual_f32());
     return y;
   }
   x_ = x;
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    ops::matmul_forward<T>(ctx.exec(), y.data<T>(), x.data<T>(), weight_->value.data<T>(),
-                           bias_ ? bias_->value.data<T>() : nullptr, n, in_, out_);
+    const T* b = bias_ ? bias_->value.data<T>() : nullptr;
+    if (residual != nullptr)
+      ops::matmul_forward_adding<T>(ctx.exec(), y.data<T>(), x.data<T>(), weight_->value.data<T>(),
+                                    b, residual->data<T>(), n, in_, out_);
+    else
+      ops::matmul_forward<T>(ctx.exec(), y.data<T>(), x.data<T>(), weight_->value.data<T>(), b, n,
+                             in_, out_);
   });
   return y;
 }

@@ -17,6 +17,9 @@ class Linear {
   // x: (..., in) -> (..., out). x is ctx.dtype, or already rounded for the GEMMs by its producer
   // (ops::matmul_input_dtype: LayerNorm::forward_for_matmul, a GPU at bf16 / fp16).
   Tensor forward(Context& ctx, const Tensor& x);
+  // forward plus `residual` (shaped like the output): a block's skip connection, x + proj(...).
+  // On a GPU added in the GEMM's epilogue (ops::matmul_forward_adding), not in a pass of its own.
+  Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual);
   Tensor backward(Context& ctx, const Tensor& dy);    // dy: (..., out) -> dx: (..., in)
   // backward for a Linear whose output h went into a GELU (Mlp's fc), from dgelu, the gradient
   // at the GELU's output: gelu_backward then backward, in one op (ops::
@@ -37,6 +40,7 @@ class Linear {
   Parameter* bias() const { return bias_; }
 
  private:
+  Tensor forward_impl(Context& ctx, const Tensor& x, const Tensor* residual);
   // backward, through a GELU when `gelu_input` is non-null (its dy is then the GELU's dgelu).
   Tensor backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_input);
 

@@ -33,6 +33,11 @@ Tensor Mlp::forward(Context& ctx, const Tensor& x) {
   return proj_.forward(ctx, gelu_for_proj(ctx));
 }
 
+Tensor Mlp::forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) {
+  h_ = fc_.forward(ctx, x);
+  return proj_.forward_adding(ctx, gelu_for_proj(ctx), residual);
+}
+
 void Mlp::drop_recomputable() {
   fc_.drop_input();
   proj_.drop_input();

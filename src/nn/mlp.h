@@ -13,6 +13,8 @@ class Mlp {
   Mlp(ParameterStore& store, const std::string& name, int64_t channels, float init_std,
       float proj_std);
   Tensor forward(Context& ctx, const Tensor& x);
+  // forward + residual, the block's skip connection added by proj (Linear::forward_adding).
+  Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual);
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache();
   // Selective recomputation (models/gpt2.h), for the owner right after forward: drops the cached

@@ -263,6 +263,40 @@ TEST_F(CudaKernelsTest, MatmulForwardAndBackwardMatchCpu) {
   expect_pair_close("dweight, twice accumulated", dw);
 }
 
+// A skip connection added in the GEMM's epilogue (cuda::gemm_adding): out = inp·Wᵀ + b + r,
+// rounded once, so within an ulp of the GEMM then add_inplace, at every precision; the addend
+// may be the output itself.
+TEST_F(CudaKernelsTest, MatmulForwardAddsTheResidualInItsEpilogue) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  using cuda::MatmulPrecision;
+  const int64_t N = 70, C = 48, OC = 80;
+  Pair inp = random_pair(N * C, 60), w = random_pair(OC * C, 61), b = random_pair(OC, 62);
+  const std::vector<float> residual0 = random_floats(N * OC, 63, -20.0, 20.0);
+  Pair residual = pair_of(residual0), out = pair_of(std::vector<float>(N * OC));
+  ops::matmul_forward_adding<float>(on_cpu, out.h(), inp.h(), w.h(), b.h(), residual.h(), N, C, OC);
+  for (auto [precision, tol] :
+       {std::pair{MatmulPrecision::kFp32, kTol}, std::pair{MatmulPrecision::kTf32, 2e-3},
+        std::pair{MatmulPrecision::kBf16, 1e-2}, std::pair{MatmulPrecision::kFp16, 2e-3}}) {
+    cuda::set_matmul_precision(precision);
+    SCOPED_TRACE(static_cast<int>(precision));
+    ops::matmul_forward_adding<float>(on_gpu, out.g(), inp.g(), w.g(), b.g(), residual.g(), N, C,
+                                      OC);
+    expect_close("out", out.from_gpu(), out.from_host(), tol);
+    EXPECT_TRUE(bitwise_equal(residual.from_gpu(), residual0)) << "residual changed";
+    Pair split = pair_of(std::vector<float>(N * OC));
+    ops::matmul_forward<float>(on_gpu, split.g(), inp.g(), w.g(), b.g(), N, C, OC);
+    ops::add_inplace<float>(on_gpu, split.g(), residual.g(), N * OC);
+    expect_close("out vs the GEMM then an add", out.from_gpu(), split.from_gpu(), 1e-6);
+    // In place: the residual is the output buffer.
+    Pair in_place = pair_of(residual0);
+    cuda::gemm_adding(0, false, true, N, OC, C, inp.g(), C, w.g(), C, in_place.g(), in_place.g(),
+                      OC, b.g());
+    EXPECT_TRUE(bitwise_equal(in_place.from_gpu(), out.from_gpu())) << "in place";
+  }
+}
+
 // A Linear's backward with a bias reads dout once: the bias gradient's pass also writes its
 // rounding for the GEMMs at bf16 / fp16; the MLP's fc folds the GELU's backward into that pass.
 // Both are bit for bit the separate ops, at every precision; and near the CPU.

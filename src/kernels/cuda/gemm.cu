@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -40,7 +41,7 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS asks for on
 // The cuBLASLt heuristic's choice for one problem: its shapes, types, transpositions, epilogue
 // and operand alignments. The heuristic costs tens of microseconds of host time per call, and a
 // training step runs the same few dozen problems every time.
-using AlgoKey = std::array<int64_t, 18>;
+using AlgoKey = std::array<int64_t, 19>;
 
 template <typename... Field>
 AlgoKey algo_key(Field... field) {
@@ -149,12 +150,12 @@ __global__ void fill_kernel(T* out, int64_t n, uint32_t seed) {
   }
 }
 
-// Row-major C = alpha·op(A)·op(B) + beta·C (+ bias) through cuBLASLt, A and B of `ab_type`
-// (fp32, bf16 or fp16), C fp32.
+// Row-major D = alpha·op(A)·op(B) + beta·C (+ bias) through cuBLASLt, A and B of `ab_type`
+// (fp32, bf16 or fp16), C and D fp32 with the same layout; C may be D itself (in place).
 void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bool trans_a,
                bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-               int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc,
-               const float* bias, GemmBatch batch) {
+               int64_t lda, const void* B, int64_t ldb, float beta, const float* C, float* D,
+               int64_t ldc, const float* bias, GemmBatch batch) {
   GpuBlas& blas = blas_for(device);
   // Column-major problem: D (m×n) = op(A')·op(B'), A' = B, B' = A.
   const int64_t m = N, n = M, k = K;
@@ -182,10 +183,11 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   const int64_t strided = batch.count > 1 ? 1 : 0;
   const uint32_t align_a = alignment(B, strided * batch.stride_b * static_cast<int64_t>(element));
   const uint32_t align_b = alignment(A, strided * batch.stride_a * static_cast<int64_t>(element));
-  const uint32_t align_c = alignment(C, strided * batch.stride_c * 4);
-  const AlgoKey key =
-      algo_key(compute, ab_type, op_a, op_b, m, n, k, lda, ldb, ldc, batch.count, batch.stride_a,
-               batch.stride_b, batch.stride_c, bias != nullptr, align_a, align_b, align_c);
+  const uint32_t align_c = std::min(alignment(C, strided * batch.stride_c * 4),
+                                    alignment(D, strided * batch.stride_c * 4));
+  const AlgoKey key = algo_key(compute, ab_type, op_a, op_b, m, n, k, lda, ldb, ldc, batch.count,
+                               batch.stride_a, batch.stride_b, batch.stride_c, bias != nullptr,
+                               align_a, align_b, align_c, beta != 0.0f);
   cublasLtMatmulAlgo_t algo{};
   bool known = false;
   {
@@ -211,7 +213,7 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   }
   // Column-major operands: A' is the row-major B, B' the row-major A.
   LOOM_CUBLAS_CHECK(cublasLtMatmul(blas.handle, desc.desc, &alpha, B, a_layout.layout, A,
-                                   b_layout.layout, &beta, C, c_layout.layout, C, c_layout.layout,
+                                   b_layout.layout, &beta, C, c_layout.layout, D, c_layout.layout,
                                    &algo, blas.workspace, kWorkspaceBytes, nullptr));
   check_launch("cublasLtMatmul");
 }
@@ -221,8 +223,8 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
 // fp32 accumulation and output.
 void half_gemm(int device, MatmulPrecision precision, cudaDataType type, bool trans_a, bool trans_b,
                int64_t M, int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda,
-               GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
-               GemmBatch batch) {
+               GemmOperand B, int64_t ldb, float beta, const float* C, float* D, int64_t ldc,
+               const float* bias, GemmBatch batch) {
   const int64_t a_span = span(trans_a ? K : M, trans_a ? M : K, lda, batch.count, batch.stride_a);
   const int64_t b_span = span(trans_b ? N : K, trans_b ? K : N, ldb, batch.count, batch.stride_b);
   std::optional<RoundedOperand> a16, b16;
@@ -230,14 +232,14 @@ void half_gemm(int device, MatmulPrecision precision, cudaDataType type, bool tr
   if (B.rounded_to != precision) b16.emplace(device, static_cast<const float*>(B.data), b_span);
   lt_matmul(device, CUBLAS_COMPUTE_32F, type, trans_a, trans_b, M, N, K, alpha,
             a16 ? a16->operand().data : A.data, lda, b16 ? b16->operand().data : B.data, ldb, beta,
-            C, ldc, bias, batch);
+            C, D, ldc, bias, batch);
 }
 
-}  // namespace
-
-void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc,
-          const float* bias, GemmBatch batch) {
+// gemm and gemm_adding: D = alpha·op(A)·op(B) + beta·C (+ bias) at the process's precision.
+void gemm_at_precision(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                       float alpha, GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb,
+                       float beta, const float* C, float* D, int64_t ldc, const float* bias,
+                       GemmBatch batch) {
   if (M < 0 || N < 0 || K < 0 || batch.count < 1)
     fail("cuda::gemm: bad sizes M=", M, " N=", N, " K=", K, " batch=", batch.count);
   if (M == 0 || N == 0) return;
@@ -249,21 +251,37 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
   switch (precision) {
     case MatmulPrecision::kBf16:
       half_gemm(device, precision, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
-                beta, C, ldc, bias, batch);
+                beta, C, D, ldc, bias, batch);
       return;
     case MatmulPrecision::kFp16:
       half_gemm(device, precision, CUDA_R_16F, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
-                beta, C, ldc, bias, batch);
+                beta, C, D, ldc, bias, batch);
       return;
     case MatmulPrecision::kTf32:
       lt_matmul(device, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha,
-                A.data, lda, B.data, ldb, beta, C, ldc, bias, batch);
+                A.data, lda, B.data, ldb, beta, C, D, ldc, bias, batch);
       return;
     case MatmulPrecision::kFp32:
       lt_matmul(device, CUBLAS_COMPUTE_32F, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha, A.data,
-                lda, B.data, ldb, beta, C, ldc, bias, batch);
+                lda, B.data, ldb, beta, C, D, ldc, bias, batch);
       return;
   }
+}
+
+}  // namespace
+
+void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc,
+          const float* bias, GemmBatch batch) {
+  gemm_at_precision(device, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, C, ldc, bias,
+                    batch);
+}
+
+void gemm_adding(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                 GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, const float* addend,
+                 float* D, int64_t ldd, const float* bias) {
+  gemm_at_precision(device, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, addend, D, ldd,
+                    bias, GemmBatch{});
 }
 
 namespace {
@@ -285,7 +303,7 @@ double time_square_gemm(int device, cublasComputeType_t compute, cudaDataType ty
   for (int i = 0; i <= iters; ++i) {  // i == 0: warm-up
     LOOM_CUDA_CHECK(cudaEventRecord(start, nullptr));
     lt_matmul(device, compute, type, false, false, n, n, n, 1.0f, a.get(), n, b.get(), n, 0.0f,
-              c.get(), n, nullptr, GemmBatch{});
+              c.get(), c.get(), n, nullptr, GemmBatch{});
     LOOM_CUDA_CHECK(cudaEventRecord(stop, nullptr));
     LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;

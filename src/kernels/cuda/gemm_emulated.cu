@@ -71,8 +71,8 @@ std::vector<float> dense_operand(const GemmOperand& X, int64_t offset, bool tran
 
 void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool trans_b, int64_t M,
                     int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda, GemmOperand B,
-                    int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
-                    GemmBatch batch) {
+                    int64_t ldb, float beta, const float* C, float* D, int64_t ldc,
+                    const float* bias, GemmBatch batch) {
   if (M < 0 || N < 0 || K < 0 || batch.count < 1)
     fail("cuda::gemm: bad sizes M=", M, " N=", N, " K=", K, " batch=", batch.count);
   if (M == 0 || N == 0) return;
@@ -85,6 +85,7 @@ void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool tr
   expect_gpu_memory(A.data, device, "A");
   expect_gpu_memory(B.data, device, "B");
   expect_gpu_memory(C, device, "C");
+  expect_gpu_memory(D, device, "D");
   if (bias != nullptr) expect_gpu_memory(bias, device, "the bias");
   for (int64_t b = 0; b < batch.count; ++b) {
     // Rows of op(A) (M × K) and of op(B)ᵀ (N × K), so each output is a contiguous dot product.
@@ -92,7 +93,8 @@ void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool tr
         dense_operand(A, b * batch.stride_a, trans_a, M, K, lda, precision);
     const std::vector<float> bt =
         dense_operand(B, b * batch.stride_b, !trans_b, N, K, ldb, precision);
-    float* c = C + b * batch.stride_c;
+    const float* c = C + b * batch.stride_c;
+    float* d = D + b * batch.stride_c;
     for (int64_t i = 0; i < M; ++i) {
       for (int64_t j = 0; j < N; ++j) {
         const float* ai = a.data() + i * K;
@@ -102,7 +104,7 @@ void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool tr
         double value = static_cast<double>(alpha) * acc;
         if (beta != 0.0f) value += static_cast<double>(beta) * c[i * ldc + j];
         if (bias != nullptr) value += bias[j];
-        c[i * ldc + j] = static_cast<float>(value);
+        d[i * ldc + j] = static_cast<float>(value);
       }
     }
   }
@@ -114,7 +116,14 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
           GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc,
           const float* bias, GemmBatch batch) {
   reference_gemm(matmul_precision(), device, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
-                 C, ldc, bias, batch);
+                 C, C, ldc, bias, batch);
+}
+
+void gemm_adding(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                 GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, const float* addend,
+                 float* D, int64_t ldd, const float* bias) {
+  reference_gemm(matmul_precision(), device, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f,
+                 addend, D, ldd, bias, GemmBatch{});
 }
 
 // The emulator's own rate, for benchmarks run under it (n capped at 256: it is a loop nest).
@@ -129,7 +138,7 @@ double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int
   for (int i = 0; i < iters; ++i) {
     const auto start = std::chrono::steady_clock::now();
     reference_gemm(precision, device, false, false, n, n, n, 1.0f, a.get(), n, b.get(), n, 0.0f,
-                   c.get(), n, nullptr, GemmBatch{});
+                   c.get(), c.get(), n, nullptr, GemmBatch{});
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (best == 0 || s < best) best = s;

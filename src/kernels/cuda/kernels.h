@@ -100,6 +100,13 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
           GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, float beta, float* C, int64_t ldc,
           const float* bias = nullptr, GemmBatch batch = {});
 
+// D (M×N, row stride ldd) = op(A)·op(B) + addend + bias: gemm with its C input distinct from its
+// output (cuBLASLt's C and D), so a residual connection's add happens in the GEMM's epilogue
+// instead of a pass of its own. addend has D's layout and may be D itself.
+void gemm_adding(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                 GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, const float* addend,
+                 float* D, int64_t ldd, const float* bias = nullptr);
+
 // Op timing (kernels/op_profile.h): a CUDA event recorded now on GPU `device`'s legacy stream,
 // where every kernel runs; and the milliseconds between two of them (waits for `stop`), which
 // releases both.
@@ -119,6 +126,12 @@ double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int
 // bf16 / fp16 matmul precision.
 void matmul_forward(int device, float* out, GemmOperand inp, const float* weight, const float* bias,
                     int64_t N, int64_t C, int64_t OC);
+// matmul_forward plus a residual (N × OC) added in the GEMM's epilogue: out = inp·Wᵀ + bias +
+// residual, rounded once (the separate add rounds the GEMM's output first: the two differ in the
+// last bit). A block's skip connection (x + proj(...)) without an add over three activations.
+void matmul_forward_adding(int device, float* out, GemmOperand inp, const float* weight,
+                           const float* bias, const float* residual, int64_t N, int64_t C,
+                           int64_t OC);
 // At bf16 / fp16 with a bias, the bias gradient's pass over dout also writes dout's rounding
 // for the two GEMMs: dout read once, not twice.
 void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,

@@ -137,6 +137,12 @@ void matmul_forward(int device, float* out, GemmOperand inp, const float* weight
   gemm(device, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
 }
 
+void matmul_forward_adding(int device, float* out, GemmOperand inp, const float* weight,
+                           const float* bias, const float* residual, int64_t N, int64_t C,
+                           int64_t OC) {
+  gemm_adding(device, false, true, N, OC, C, inp, C, weight, C, residual, out, OC, bias);
+}
+
 void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand dout,
                            GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
   // dinp (N, C) = dout (N, OC) · weight (OC, C)
