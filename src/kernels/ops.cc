@@ -173,4 +173,36 @@ void matmul_backward_before_gelu_from_rounded_input(const Exec& ex, float* dinp,
                                       N, C, OC);
 }
 
+void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, void* logits,
+                                    DType logits_dtype, const float* inp, const float* weight,
+                                    const int32_t* targets, int64_t N, int64_t C, int64_t V) {
+  // 16-bit logits written and read once: one fp32 element's bytes per logit.
+  const detail::OpScope op_scope_("lm_head_forward", ex, [&] {
+    return detail::work_of<float>(2.0 * N * C * V,
+                                  1.0 * N * V + 1.0 * N * C + 1.0 * V * C + 3.0 * N);
+  });
+  expect_rounded_output(ex, logits_dtype, "lm_head_forward_rounded_logits");
+  if constexpr (detail::kCudaBuild)
+    cuda::lm_head_forward_rounded_logits(ex.device.index, losses, lse, logits, inp, weight, targets,
+                                         N, C, V);
+}
+
+void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dweight, void* logits,
+                                          DType logits_dtype, const float* lse,
+                                          const int32_t* targets, float dloss, const float* inp,
+                                          const float* weight, int64_t N, int64_t C, int64_t V) {
+  const detail::OpScope op_scope_("lm_head_backward", ex, [&] {
+    return detail::work_of<float>(4.0 * N * C * V,
+                                  1.0 * N * V + 2.0 * N * C + 3.0 * V * C + 2.0 * N);
+  });
+  const cuda::GemmOperand kept(
+      logits, rounded_precision(ex, logits_dtype, "lm_head_backward_from_rounded_logits"));
+  if constexpr (detail::kCudaBuild) {
+    // Refused before the kernel reads them as another type, if the precision changed since.
+    kept.expect_usable_at(cuda::matmul_precision(), "logits");
+    cuda::lm_head_backward_from_rounded_logits(ex.device.index, dinp, dweight, logits, lse, targets,
+                                               dloss, inp, weight, N, C, V);
+  }
+}
+
 }  // namespace loom::ops

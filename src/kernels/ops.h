@@ -88,6 +88,19 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
                                         const float* dout, const void* inp_rounded, DType inp_dtype,
                                         const float* weight, int64_t N, int64_t C, int64_t OC);
 
+// The LM head on a GPU at bf16 / fp16 matmul precision, its logits kept in that 16-bit type
+// (`logits_dtype` = matmul_input_dtype(ex, kF32), N × V values): the forward writes them from the
+// head's GEMM and takes their cross-entropy (losses, lse); the backward turns them into their
+// gradient in place and runs the GEMMs (cuda::lm_head_forward_rounded_logits). Elsewhere a model
+// keeps fp32 logits: matmul_forward, cross_entropy_forward and lm_head_backward.
+void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, void* logits,
+                                    DType logits_dtype, const float* inp, const float* weight,
+                                    const int32_t* targets, int64_t N, int64_t C, int64_t V);
+void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dweight, void* logits,
+                                          DType logits_dtype, const float* lse,
+                                          const int32_t* targets, float dloss, const float* inp,
+                                          const float* weight, int64_t N, int64_t C, int64_t V);
+
 // matmul_backward_before_gelu (below) on such a kept input.
 void matmul_backward_before_gelu_from_rounded_input(const Exec& ex, float* dinp, float* dweight,
                                                     float* dbias, float* dgelu, const float* h,

@@ -172,11 +172,20 @@ double Gpt2::head_forward(Context& ctx, const Tensor& x, const Tensor& targets) 
          shape_str(x.shape()));
   const int64_t N = targets.numel(), C = config_.d_model, V = config_.vocab_size;
   final_ = ln_f_->forward(ctx, x).reshape({N, C});
-  dlogits_ = Tensor::empty({N, V}, ctx.dtype, ctx.device);
+  // On a GPU at bf16 / fp16 matmul precision the logits are stored in that 16-bit type, as
+  // PyTorch's autocast leaves them: half the bytes of the largest activation.
+  const DType logits_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  dlogits_ = Tensor::empty({N, V}, logits_dtype, ctx.device);
   lse_ = Tensor::empty({N}, ctx.dtype, ctx.device);
   targets_ = targets;
   Tensor losses = Tensor::empty({N}, ctx.dtype, ctx.device);
   const Parameter& wte = *head_wte_;
+  if (logits_dtype != ctx.dtype) {
+    ops::lm_head_forward_rounded_logits(ctx.exec(), losses.data<float>(), lse_.data<float>(),
+                                        dlogits_.raw(), logits_dtype, final_.data<float>(),
+                                        wte.value.data<float>(), targets.data<int32_t>(), N, C, V);
+    return ops::sum<float>(ctx.exec(), losses.data<float>(), N) / static_cast<double>(N);
+  }
   return dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
     // LM head tied to the token embedding: logits = final · wteᵀ.
@@ -225,15 +234,22 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
     const int64_t N = final_.dim(0), C = config_.d_model, V = config_.vocab_size;
     const Parameter& wte = *head_wte_;
     Tensor dfinal = Tensor::empty({N, C}, ctx.dtype, ctx.device);
-    dispatch_float(ctx.dtype, [&](auto zero) {
-      using T_ = decltype(zero);
-      // The logits' gradient, in place over them (or, on a GPU at 16-bit matmul precision,
-      // straight into the GEMMs' operand), through the tied head into dfinal and wte.grad.
-      ops::lm_head_backward<T_>(ctx.exec(), dfinal.data<T_>(), wte.grad.data<T_>(),
-                                dlogits_.data<T_>(), lse_.data<T_>(), targets_.data<int32_t>(),
-                                static_cast<T_>(scale / N), final_.data<T_>(), wte.value.data<T_>(),
-                                N, C, V);
-    });
+    if (dlogits_.dtype() != ctx.dtype) {  // 16-bit logits (head_forward)
+      ops::lm_head_backward_from_rounded_logits(
+          ctx.exec(), dfinal.data<float>(), wte.grad.data<float>(), dlogits_.raw(),
+          dlogits_.dtype(), lse_.data<float>(), targets_.data<int32_t>(),
+          static_cast<float>(scale / N), final_.data<float>(), wte.value.data<float>(), N, C, V);
+    } else {
+      dispatch_float(ctx.dtype, [&](auto zero) {
+        using T_ = decltype(zero);
+        // The logits' gradient, in place over them, through the tied head into dfinal and
+        // wte.grad.
+        ops::lm_head_backward<T_>(ctx.exec(), dfinal.data<T_>(), wte.grad.data<T_>(),
+                                  dlogits_.data<T_>(), lse_.data<T_>(), targets_.data<int32_t>(),
+                                  static_cast<T_>(scale / N), final_.data<T_>(),
+                                  wte.value.data<T_>(), N, C, V);
+      });
+    }
     const Shape shape = {targets_.dim(0), targets_.dim(1), C};
     dlogits_ = lse_ = final_ = targets_ = Tensor();
     dx = ln_f_->backward(ctx, dfinal.reshape(shape));

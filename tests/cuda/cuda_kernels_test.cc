@@ -662,6 +662,86 @@ TEST_F(CudaKernelsTest, LmHeadBackwardMatchesTheSeparateOpsAndCpu) {
   }
 }
 
+// At bf16 / fp16 the LM head stores its logits in 16 bits: the GEMM's fp32 result rounded (to
+// within an ulp: the GPU may pick another algorithm for a 16-bit output), their cross-entropy
+// the CPU's on those rounded logits, the backward bit for bit the fp32-logits head fed them; a
+// precision changed in between is refused before the logits are read as another type.
+TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  const int64_t N = 37, C = 24, V = 1009;
+  const float dloss = 1.0f / N;
+  IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 90));
+  Pair inp = random_pair(N * C, 91, -3.0, 3.0), w = random_pair(V * C, 92);
+  const std::vector<float> dw0 = random_floats(V * C, 93);
+  for (auto [precision, dtype] : {std::pair{cuda::MatmulPrecision::kBf16, DType::kBF16},
+                                  std::pair{cuda::MatmulPrecision::kFp16, DType::kF16}}) {
+    const bool bf16 = dtype == DType::kBF16;
+    SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+    cuda::set_matmul_precision(precision);
+    ASSERT_EQ(ops::matmul_input_dtype(on_gpu, DType::kF32), dtype);
+    Tensor logits = Tensor::empty({N * V}, dtype, Device::cuda(0));
+    Pair losses = pair_of(std::vector<float>(N)), lse = pair_of(std::vector<float>(N));
+    ops::lm_head_forward_rounded_logits(on_gpu, losses.g(), lse.g(), logits.raw(), dtype, inp.g(),
+                                        w.g(), targets.gpu.data<int32_t>(), N, C, V);
+    const auto widened = [&](const Tensor& t) {
+      const Tensor host = t.to(Device::cpu());
+      std::vector<float> out(static_cast<size_t>(t.numel()));
+      for (size_t i = 0; i < out.size(); ++i)
+        out[i] = bf16 ? bf16_to_float(host.data_u16()[i]) : f16_to_float(host.data_u16()[i]);
+      return out;
+    };
+    const std::vector<float> got = widened(logits);
+    // The fp32 logits of the same GEMM, rounded here.
+    Pair full = pair_of(std::vector<float>(N * V));
+    ops::matmul_forward<float>(on_gpu, full.g(), inp.g(), w.g(), nullptr, N, C, V);
+    const std::vector<float> want = full.from_gpu();
+    int64_t off_by_an_ulp = 0;
+    for (int64_t i = 0; i < N * V; ++i) {
+      const float rounded =
+          bf16 ? bf16_to_float(float_to_bf16(want[i])) : f16_to_float(float_to_f16(want[i]));
+      const double ulp = std::ldexp(1.0, std::ilogb(rounded) - (bf16 ? 7 : 10));
+      if (got[i] != rounded) ++off_by_an_ulp;
+      ASSERT_LE(std::abs(double(got[i]) - rounded), ulp) << "logit " << i;
+    }
+    EXPECT_LE(off_by_an_ulp, N * V / 100);
+    // The cross-entropy: the CPU's on the rounded logits.
+    Pair rounded = pair_of(got), cpu_losses = pair_of(std::vector<float>(N)),
+         cpu_lse = pair_of(std::vector<float>(N));
+    ops::cross_entropy_forward<float>(on_cpu, cpu_losses.h(), cpu_lse.h(), rounded.h(),
+                                      targets.host.data<int32_t>(), N, V);
+    expect_close("losses", losses.from_gpu(), cpu_losses.from_host(), kTol);
+    expect_close("lse", lse.from_gpu(), cpu_lse.from_host(), kTol);
+
+    // The backward against the fp32-logits head given the same rounded values.
+    Pair dinp = pair_of(std::vector<float>(N * C)), dw = pair_of(dw0);
+    Pair dinp_ref = pair_of(std::vector<float>(N * C)), dw_ref = pair_of(dw0);
+    ops::lm_head_backward_from_rounded_logits(on_gpu, dinp.g(), dw.g(), logits.raw(), dtype,
+                                              lse.g(), targets.gpu.data<int32_t>(), dloss, inp.g(),
+                                              w.g(), N, C, V);
+    ops::lm_head_backward<float>(on_gpu, dinp_ref.g(), dw_ref.g(), rounded.g(), lse.g(),
+                                 targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V);
+    EXPECT_TRUE(bitwise_equal(dinp.from_gpu(), dinp_ref.from_gpu())) << "dinp";
+    EXPECT_TRUE(bitwise_equal(dw.from_gpu(), dw_ref.from_gpu())) << "dweight";
+
+    // Written at one precision, read at another: refused, the logits untouched.
+    ops::lm_head_forward_rounded_logits(on_gpu, losses.g(), lse.g(), logits.raw(), dtype, inp.g(),
+                                        w.g(), targets.gpu.data<int32_t>(), N, C, V);
+    cuda::set_matmul_precision(bf16 ? cuda::MatmulPrecision::kFp16 : cuda::MatmulPrecision::kBf16);
+    try {
+      ops::lm_head_backward_from_rounded_logits(on_gpu, dinp.g(), dw.g(), logits.raw(), dtype,
+                                                lse.g(), targets.gpu.data<int32_t>(), dloss,
+                                                inp.g(), w.g(), N, C, V);
+      FAIL() << "logits rounded for another precision were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("logits was rounded for"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(bitwise_equal(widened(logits), got)) << "logits changed";
+  }
+}
+
 TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
   const int64_t N = 60, T = 12, C = 24, V = 100;
   const VocabShard shard{40, 30, 34, V};

@@ -12,17 +12,19 @@ constexpr int kRowThreads = 512;  // one block per row of V logits
 // One pass over the row (the logits are the largest activation: 16384 × 50304 fp32 at GPT-2
 // 124M, T = 1024, batch 16, far beyond L2, so a second pass would read them from memory again):
 // each thread keeps its running max and its sum of exp relative to it (online softmax), then the
-// block rescales every thread's sum to the row's max and adds them in a fixed order.
-__global__ void cross_entropy_forward_kernel(float* losses, float* lse, const float* logits,
+// block rescales every thread's sum to the row's max and adds them in a fixed order. `In`: fp32
+// logits, or logits stored in a GEMM operand's 16-bit type (widened exactly).
+template <typename In>
+__global__ void cross_entropy_forward_kernel(float* losses, float* lse, const In* logits,
                                              const int32_t* targets, int64_t V) {
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
   const int64_t r = blockIdx.x;
-  const float* x = logits + r * V;
+  const In* x = logits + r * V;
   float m = -INFINITY;
   double sum = 0;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float xv = x[v];
+    const float xv = widen(x[v]);
     if (xv > m) {
       sum = sum * static_cast<double>(expf(m - xv)) + 1.0;
       m = xv;
@@ -35,22 +37,22 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const fl
   if (threadIdx.x == 0) {
     const float l = mx + static_cast<float>(log(sum));
     lse[r] = l;
-    losses[r] = l - x[targets[r]];
+    losses[r] = l - widen(x[targets[r]]);
   }
 }
 
-// dlogits (fp32, or rounded to a 16-bit GEMM operand type) may alias logits: each element is
-// read, then written, by one thread.
-template <typename Out>
-__global__ void cross_entropy_backward_kernel(Out* dlogits, const float* logits, const float* lse,
+// dlogits (fp32, or rounded to a 16-bit GEMM operand type) may alias logits (`In`, fp32 or that
+// 16-bit type): each element is read, then written, by one thread.
+template <typename Out, typename In>
+__global__ void cross_entropy_backward_kernel(Out* dlogits, const In* logits, const float* lse,
                                               const int32_t* targets, float dloss, int64_t V) {
   const int64_t r = blockIdx.x;
-  const float* x = logits + r * V;
+  const In* x = logits + r * V;
   Out* dx = dlogits + r * V;
   const float l = lse[r];
   const int32_t t = targets[r];
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = expf(x[v] - l) * dloss;
+    const float p = expf(widen(x[v]) - l) * dloss;
     round_to(dx[v], v == t ? p - dloss : p);
   }
 }
@@ -64,7 +66,7 @@ void cross_entropy_forward(int device, float* losses, float* lse, const float* l
   int32_t bad = 0;
   if (const int64_t i = first_out_of_range(targets, N, V, &bad); i >= 0)
     fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V, ")");
-  launch("cross_entropy_forward", cross_entropy_forward_kernel, static_cast<unsigned>(N),
+  launch("cross_entropy_forward", cross_entropy_forward_kernel<float>, static_cast<unsigned>(N),
          kRowThreads, losses, lse, logits, targets, V);
 }
 
@@ -72,8 +74,8 @@ void cross_entropy_backward(int device, float* dlogits, const float* logits, con
                             const int32_t* targets, float dloss, int64_t N, int64_t V) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  launch("cross_entropy_backward", cross_entropy_backward_kernel<float>, static_cast<unsigned>(N),
-         kRowThreads, dlogits, logits, lse, targets, dloss, V);
+  launch("cross_entropy_backward", cross_entropy_backward_kernel<float, float>,
+         static_cast<unsigned>(N), kRowThreads, dlogits, logits, lse, targets, dloss, V);
 }
 
 void lm_head_backward(int device, float* dinp, float* dweight, float* logits, const float* lse,
@@ -89,11 +91,46 @@ void lm_head_backward(int device, float* dinp, float* dweight, float* logits, co
   const RoundedOperand dlogits(device, N * V);
   with_rounded_type("lm_head_backward", [&](auto zero) {
     using Half = decltype(zero);
-    launch("lm_head_backward (16-bit dlogits)", cross_entropy_backward_kernel<Half>,
+    launch("lm_head_backward (16-bit dlogits)", cross_entropy_backward_kernel<Half, float>,
            static_cast<unsigned>(N), kRowThreads, static_cast<Half*>(dlogits.bits()), logits, lse,
            targets, dloss, V);
   });
   matmul_backward_gemms(device, dinp, dweight, dlogits.operand(), inp, weight, N, C, V);
+}
+
+void lm_head_forward_rounded_logits(int device, float* losses, float* lse, void* logits,
+                                    GemmOperand inp, const float* weight, const int32_t* targets,
+                                    int64_t N, int64_t C, int64_t V) {
+  DeviceGuard guard(device);
+  int32_t bad = 0;
+  if (const int64_t i = first_out_of_range(targets, N, V, &bad); i >= 0)
+    fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V, ")");
+  // logits (N, V) = inp (N, C) · weight (V, C)ᵀ, stored in 16 bits.
+  (void)gemm_rounded_output(device, false, true, N, V, C, inp, C, weight, C, logits, V);
+  if (N == 0) return;
+  with_rounded_type("lm_head_forward_rounded_logits", [&](auto zero) {
+    using Half = decltype(zero);
+    launch("cross_entropy_forward (16-bit logits)", cross_entropy_forward_kernel<Half>,
+           static_cast<unsigned>(N), kRowThreads, losses, lse, static_cast<const Half*>(logits),
+           targets, V);
+  });
+}
+
+void lm_head_backward_from_rounded_logits(int device, float* dinp, float* dweight, void* logits,
+                                          const float* lse, const int32_t* targets, float dloss,
+                                          GemmOperand inp, const float* weight, int64_t N,
+                                          int64_t C, int64_t V) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  const MatmulPrecision precision = with_rounded_type("lm_head_backward", [&](auto zero) {
+    using Half = decltype(zero);
+    Half* x = static_cast<Half*>(logits);
+    launch("lm_head_backward (16-bit logits, in place)", cross_entropy_backward_kernel<Half, Half>,
+           static_cast<unsigned>(N), kRowThreads, x, static_cast<const Half*>(x), lse, targets,
+           dloss, V);
+  });
+  matmul_backward_gemms(device, dinp, dweight, GemmOperand(logits, precision), inp, weight, N, C,
+                        V);
 }
 
 }  // namespace loom::cuda

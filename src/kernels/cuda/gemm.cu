@@ -41,7 +41,7 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS asks for on
 // The cuBLASLt heuristic's choice for one problem: its shapes, types, transpositions, epilogue
 // and operand alignments. The heuristic costs tens of microseconds of host time per call, and a
 // training step runs the same few dozen problems every time.
-using AlgoKey = std::array<int64_t, 19>;
+using AlgoKey = std::array<int64_t, 20>;
 
 template <typename... Field>
 AlgoKey algo_key(Field... field) {
@@ -151,11 +151,12 @@ __global__ void fill_kernel(T* out, int64_t n, uint32_t seed) {
 }
 
 // Row-major D = alpha·op(A)·op(B) + beta·C (+ bias) through cuBLASLt, A and B of `ab_type`
-// (fp32, bf16 or fp16), C and D fp32 with the same layout; C may be D itself (in place).
+// (fp32, bf16 or fp16), C and D of `cd_type` (fp32, or A and B's 16-bit type) with the same
+// layout; C may be D itself (in place). Accumulation in fp32.
 void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bool trans_a,
                bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-               int64_t lda, const void* B, int64_t ldb, float beta, const float* C, float* D,
-               int64_t ldc, const float* bias, GemmBatch batch) {
+               int64_t lda, const void* B, int64_t ldb, float beta, const void* C, void* D,
+               int64_t ldc, const float* bias, GemmBatch batch, cudaDataType cd_type = CUDA_R_32F) {
   GpuBlas& blas = blas_for(device);
   // Column-major problem: D (m×n) = op(A')·op(B'), A' = B, B' = A.
   const int64_t m = N, n = M, k = K;
@@ -166,7 +167,7 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
                         batch.count, batch.stride_b);
   const Layout b_layout(ab_type, op_b == CUBLAS_OP_N ? k : n, op_b == CUBLAS_OP_N ? n : k, lda,
                         batch.count, batch.stride_a);
-  const Layout c_layout(CUDA_R_32F, m, n, ldc, batch.count, batch.stride_c);
+  const Layout c_layout(cd_type, m, n, ldc, batch.count, batch.stride_c);
 
   MatmulDesc desc(compute);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a);
@@ -183,11 +184,12 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   const int64_t strided = batch.count > 1 ? 1 : 0;
   const uint32_t align_a = alignment(B, strided * batch.stride_b * static_cast<int64_t>(element));
   const uint32_t align_b = alignment(A, strided * batch.stride_a * static_cast<int64_t>(element));
-  const uint32_t align_c = std::min(alignment(C, strided * batch.stride_c * 4),
-                                    alignment(D, strided * batch.stride_c * 4));
+  const int64_t cd_element = cd_type == CUDA_R_32F ? 4 : 2;
+  const uint32_t align_c = std::min(alignment(C, strided * batch.stride_c * cd_element),
+                                    alignment(D, strided * batch.stride_c * cd_element));
   const AlgoKey key = algo_key(compute, ab_type, op_a, op_b, m, n, k, lda, ldb, ldc, batch.count,
                                batch.stride_a, batch.stride_b, batch.stride_c, bias != nullptr,
-                               align_a, align_b, align_c, beta != 0.0f);
+                               align_a, align_b, align_c, beta != 0.0f, cd_type);
   cublasLtMatmulAlgo_t algo{};
   bool known = false;
   {
@@ -220,11 +222,11 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
 
 // C = op(A)·op(B) with both operands in the precision's 16-bit type (`type` its cuBLAS name):
 // those not rounded yet are rounded here, each over its whole span (gaps between rows included);
-// fp32 accumulation and output.
+// fp32 accumulation, output of `cd_type` (fp32, or `type` itself).
 void half_gemm(int device, MatmulPrecision precision, cudaDataType type, bool trans_a, bool trans_b,
                int64_t M, int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda,
-               GemmOperand B, int64_t ldb, float beta, const float* C, float* D, int64_t ldc,
-               const float* bias, GemmBatch batch) {
+               GemmOperand B, int64_t ldb, float beta, const void* C, void* D, int64_t ldc,
+               const float* bias, GemmBatch batch, cudaDataType cd_type = CUDA_R_32F) {
   const int64_t a_span = span(trans_a ? K : M, trans_a ? M : K, lda, batch.count, batch.stride_a);
   const int64_t b_span = span(trans_b ? N : K, trans_b ? K : N, ldb, batch.count, batch.stride_b);
   std::optional<RoundedOperand> a16, b16;
@@ -232,7 +234,7 @@ void half_gemm(int device, MatmulPrecision precision, cudaDataType type, bool tr
   if (B.rounded_to != precision) b16.emplace(device, static_cast<const float*>(B.data), b_span);
   lt_matmul(device, CUBLAS_COMPUTE_32F, type, trans_a, trans_b, M, N, K, alpha,
             a16 ? a16->operand().data : A.data, lda, b16 ? b16->operand().data : B.data, ldb, beta,
-            C, D, ldc, bias, batch);
+            C, D, ldc, bias, batch, cd_type);
 }
 
 // gemm and gemm_adding: D = alpha·op(A)·op(B) + beta·C (+ bias) at the process's precision.
@@ -282,6 +284,24 @@ void gemm_adding(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, i
                  float* D, int64_t ldd, const float* bias) {
   gemm_at_precision(device, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, addend, D, ldd,
                     bias, GemmBatch{});
+}
+
+GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                                int64_t K, GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb,
+                                void* C, int64_t ldc) {
+  if (M < 0 || N < 0 || K <= 0)
+    fail("cuda::gemm_rounded_output: bad sizes M=", M, " N=", N, " K=", K);
+  const MatmulPrecision precision = matmul_precision();
+  if (!rounds_to_16_bits(precision))
+    fail("cuda::gemm_rounded_output: the matmul precision is not bf16 or fp16");
+  A.expect_usable_at(precision, "A");
+  B.expect_usable_at(precision, "B");
+  DeviceGuard guard(device);
+  const cudaDataType type = precision == MatmulPrecision::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
+  if (M > 0 && N > 0)
+    half_gemm(device, precision, type, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, C,
+              ldc, nullptr, GemmBatch{}, type);
+  return GemmOperand(C, precision);
 }
 
 namespace {

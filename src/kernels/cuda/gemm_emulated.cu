@@ -126,6 +126,32 @@ void gemm_adding(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, i
                  addend, D, ldd, bias, GemmBatch{});
 }
 
+GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                                int64_t K, GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb,
+                                void* C, int64_t ldc) {
+  if (M < 0 || N < 0 || K <= 0)
+    fail("cuda::gemm_rounded_output: bad sizes M=", M, " N=", N, " K=", K);
+  const MatmulPrecision precision = matmul_precision();
+  if (!rounds_to_16_bits(precision))
+    fail("cuda::gemm_rounded_output: the matmul precision is not bf16 or fp16");
+  DeviceGuard guard(device);
+  expect_gpu_memory(C, device, "C");
+  if (M == 0 || N == 0) return GemmOperand(C, precision);
+  // The fp32 result (what the GPU's fp32 accumulator holds, to its rounding), then rounded.
+  Scratch<float> full(device, M * N);
+  reference_gemm(precision, device, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f,
+                 full.get(), full.get(), N, nullptr, GemmBatch{});
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      const float x = full.get()[i * N + j];
+      if (precision == MatmulPrecision::kBf16)
+        static_cast<__nv_bfloat16*>(C)[i * ldc + j] = __float2bfloat16_rn(x);
+      else
+        static_cast<__half*>(C)[i * ldc + j] = __float2half_rn(x);
+    }
+  return GemmOperand(C, precision);
+}
+
 // The emulator's own rate, for benchmarks run under it (n capped at 256: it is a loop nest).
 double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters) {
   if (n < 1 || iters < 1) fail("measure_gemm_tflops: n and iters must be positive");

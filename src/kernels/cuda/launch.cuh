@@ -137,6 +137,17 @@ __device__ inline void round_to(__half& out, float x) {
   out = __float2half_rn(x);
 }
 
+// A stored value as fp32: itself, or a 16-bit one widened (exactly).
+__device__ inline float widen(float x) {
+  return x;
+}
+__device__ inline float widen(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ inline float widen(__half x) {
+  return __half2float(x);
+}
+
 __device__ inline float block_max(float x, float* shared) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   x = warp_max(x);
