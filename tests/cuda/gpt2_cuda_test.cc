@@ -36,6 +36,15 @@ Gpt2Config small_config(int64_t n_heads) {
   return c;
 }
 
+// A tensor of `shape` on `device`, uniform in [-scale, scale) from stream `seed`.
+Tensor uniform_on(Device device, const Shape& shape, uint64_t seed, float scale) {
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  RandomStream rng(seed, "gpt2_cuda_test");
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<float>()[i] = (rng.next_uniform() * 2.0f - 1.0f) * scale;
+  return t.to(device);
+}
+
 struct TrainRun {
   std::vector<float> initial_values;
   std::vector<float> first_grads;
@@ -126,14 +135,8 @@ TEST(Gpt2Cuda, LinearKeepsItsInputRoundedAndComputesWhatTheOpsDo) {
   LayerNorm norm(store, "norm", C);
   store.allocate(DType::kF32, gpu);
   store.initialize(5);
-  const auto random = [](int64_t n, uint64_t seed) {
-    Tensor t = Tensor::empty({n}, DType::kF32);
-    RandomStream rng(seed, "linear_rounded_input");
-    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = rng.next_uniform() * 2.0f - 1.0f;
-    return t;
-  };
-  const Tensor x = random(N * C, 1).reshape({N, C}).to(gpu);
-  const Tensor dy = random(N * OC, 2).reshape({N, OC}).to(gpu);
+  const Tensor x = uniform_on(gpu, {N, C}, 1, 1.0f);
+  const Tensor dy = uniform_on(gpu, {N, OC}, 2, 1.0f);
   const Parameter& w = *linear.weight();
   const Parameter& b = *linear.bias();
   const Exec ex = ctx.exec();
@@ -212,14 +215,8 @@ TEST(Gpt2Cuda, MlpFoldsTheGeluBackwardIntoFcAndComputesWhatTheOpsDo) {
   Mlp mlp(store, "mlp", C, 0.3f, 0.2f);
   store.allocate(DType::kF32, gpu);
   store.initialize(6);
-  const auto random = [](int64_t n, uint64_t seed) {
-    Tensor t = Tensor::empty({n}, DType::kF32);
-    RandomStream rng(seed, "mlp_gelu_backward");
-    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = rng.next_uniform() * 4.0f - 2.0f;
-    return t;
-  };
-  const Tensor x = random(N * C, 1).reshape({N, C}).to(gpu);
-  const Tensor dy = random(N * C, 2).reshape({N, C}).to(gpu);
+  const Tensor x = uniform_on(gpu, {N, C}, 3, 2.0f);
+  const Tensor dy = uniform_on(gpu, {N, C}, 4, 2.0f);
   const Parameter& fc_w = store.get("mlp.fc.weight");
   const Parameter& fc_b = store.get("mlp.fc.bias");
   const Parameter& proj_w = store.get("mlp.proj.weight");

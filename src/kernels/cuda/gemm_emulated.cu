@@ -129,11 +129,7 @@ void gemm_adding(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, i
 GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t M, int64_t N,
                                 int64_t K, GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb,
                                 void* C, int64_t ldc) {
-  if (M < 0 || N < 0 || K <= 0)
-    fail("cuda::gemm_rounded_output: bad sizes M=", M, " N=", N, " K=", K);
-  const MatmulPrecision precision = matmul_precision();
-  if (!rounds_to_16_bits(precision))
-    fail("cuda::gemm_rounded_output: the matmul precision is not bf16 or fp16");
+  const MatmulPrecision precision = check_rounded_output_gemm(M, N, K, A, B);
   DeviceGuard guard(device);
   expect_gpu_memory(C, device, "C");
   if (M == 0 || N == 0) return GemmOperand(C, precision);

@@ -60,6 +60,11 @@ MatmulPrecision with_rounded_type(const char* what, F&& f) {
   fail(what, ": the matmul precision is not bf16 or fp16, so GEMM operands stay fp32");
 }
 
+// gemm_rounded_output's checks (gemm.cu and gemm_emulated.cu): sizes, a 16-bit matmul precision
+// (returned), operands rounded for it.
+MatmulPrecision check_rounded_output_gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& A,
+                                          const GemmOperand& B);
+
 // Threads per block of the element-wise and column kernels.
 constexpr int kThreads = 256;
 // The embedding gradients (embedding.cu, vocab_shard.cu) sum token rows into vocabulary rows

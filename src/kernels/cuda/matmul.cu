@@ -96,6 +96,18 @@ void GemmOperand::expect_usable_at(MatmulPrecision precision, const char* name) 
          " and the matmul precision has changed since");
 }
 
+MatmulPrecision check_rounded_output_gemm(int64_t M, int64_t N, int64_t K, const GemmOperand& A,
+                                          const GemmOperand& B) {
+  if (M < 0 || N < 0 || K <= 0)
+    fail("cuda::gemm_rounded_output: bad sizes M=", M, " N=", N, " K=", K);
+  const MatmulPrecision precision = matmul_precision();
+  if (!rounds_to_16_bits(precision))
+    fail("cuda::gemm_rounded_output: the matmul precision is not bf16 or fp16");
+  A.expect_usable_at(precision, "A");
+  B.expect_usable_at(precision, "B");
+  return precision;
+}
+
 void RoundedOperand::allocate(int64_t n) {
   if (n < 0) fail("RoundedOperand: negative length ", n);
   bytes_ = static_cast<size_t>(std::max<int64_t>(n, 1)) * 2;
