@@ -205,4 +205,28 @@ void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dw
   }
 }
 
+void attention_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* lse,
+                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const detail::OpScope op_scope_("attention_forward", ex, [&] {
+    return detail::work_of<float>(2.0 * B * T * T * C, 3.5 * B * T * C + 1.0 * B * NH * T);
+  });
+  expect_rounded_output(ex, out_dtype, "attention_forward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::attention_forward_rounded(ex.device.index, out, lse, qkv, B, T, C, NH);
+}
+
+void attention_backward_from_rounded_out(const Exec& ex, float* dqkv, const float* dout,
+                                         const float* qkv, const void* out, DType out_dtype,
+                                         const float* lse, int64_t B, int64_t T, int64_t C,
+                                         int64_t NH) {
+  const detail::OpScope op_scope_("attention_backward", ex, [&] {
+    return detail::work_of<float>(5.0 * B * T * T * C, 7.5 * B * T * C + 1.0 * B * NH * T);
+  });
+  const cuda::GemmOperand kept(
+      out, rounded_precision(ex, out_dtype, "attention_backward_from_rounded_out"));
+  if constexpr (detail::kCudaBuild)
+    cuda::attention_backward_from_rounded_out(ex.device.index, dqkv, dout, qkv, kept, lse, B, T, C,
+                                              NH);
+}
+
 }  // namespace loom::ops

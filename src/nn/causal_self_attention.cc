@@ -29,8 +29,16 @@ Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   if (x.ndim() != 3) fail("attention expects (B, T, C), got ", shape_str(x.shape()));
   const int64_t B = x.dim(0), T = x.dim(1);
   qkv_out_ = qkv_.forward(ctx, x);
-  att_ = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
   lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
+  // On a GPU at bf16 / fp16 matmul precision the output is written as proj's rounded input (and
+  // kept once, by proj and for the backward's D = rowsum(dO ∘ O)).
+  const DType out_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  att_ = Tensor::empty({B, T, channels_}, out_dtype, ctx.device);
+  if (out_dtype != ctx.dtype) {
+    ops::attention_forward_rounded(ctx.exec(), att_.raw(), out_dtype, lse_.data<float>(),
+                                   qkv_out_.data<float>(), B, T, channels_, heads_);
+    return att_;
+  }
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::attention_forward<T_>(ctx.exec(), att_.data<T_>(), lse_.data<T_>(), qkv_out_.data<T_>(), B,
@@ -43,11 +51,17 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
   Tensor datt = proj_.backward(ctx, dy);
   const int64_t B = qkv_out_.dim(0), T = qkv_out_.dim(1);
   Tensor dqkv = Tensor::empty(qkv_out_.shape(), ctx.dtype, ctx.device);
-  dispatch_float(ctx.dtype, [&](auto zero) {
-    using T_ = decltype(zero);
-    ops::attention_backward<T_>(ctx.exec(), dqkv.data<T_>(), datt.data<T_>(), qkv_out_.data<T_>(),
-                                att_.data<T_>(), lse_.data<T_>(), B, T, channels_, heads_);
-  });
+  if (att_.dtype() != ctx.dtype) {
+    ops::attention_backward_from_rounded_out(ctx.exec(), dqkv.data<float>(), datt.data<float>(),
+                                             qkv_out_.data<float>(), att_.raw(), att_.dtype(),
+                                             lse_.data<float>(), B, T, channels_, heads_);
+  } else {
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      ops::attention_backward<T_>(ctx.exec(), dqkv.data<T_>(), datt.data<T_>(), qkv_out_.data<T_>(),
+                                  att_.data<T_>(), lse_.data<T_>(), B, T, channels_, heads_);
+    });
+  }
   qkv_out_ = att_ = lse_ = Tensor();
   return qkv_.backward(ctx, dqkv);
 }

@@ -70,6 +70,16 @@ IdPair ids_pair(const std::vector<int32_t>& ids) {
   return {host, host.to(Device::cuda(0))};
 }
 
+// The values of a bf16 or f16 tensor (on any device), widened to floats on the host.
+std::vector<float> widened(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu());
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = t.dtype() == DType::kBF16 ? bf16_to_float(host.data_u16()[i])
+                                       : f16_to_float(host.data_u16()[i]);
+  return out;
+}
+
 void expect_pair_close(const std::string& what, const Pair& p, double tol = kTol) {
   expect_close(what, p.from_gpu(), p.from_host(), tol);
 }
@@ -580,6 +590,48 @@ TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
   expect_attention_matches_cpu(2, 77, 128, 2, 62, 1e-2, 2e-2);  // head size 64
 }
 
+// At bf16 / fp16 the attention writes its output as the projection's 16-bit input: the fp32
+// output rounded, bit for bit (the flash kernel at bf16 with head size 64, the batched-GEMM path
+// otherwise), and its backward is the fp32-out backward given those rounded values.
+TEST_F(CudaKernelsTest, AttentionWritesItsOutputRoundedForTheProjection) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  struct Case {
+    cuda::MatmulPrecision precision;
+    int64_t C, NH;
+  };
+  const int64_t B = 2, T = 45;
+  for (const Case& k : {Case{cuda::MatmulPrecision::kBf16, 128, 2},  // flash
+                        Case{cuda::MatmulPrecision::kBf16, 96, 3},   // head size 32
+                        Case{cuda::MatmulPrecision::kFp16, 128, 2}}) {
+    SCOPED_TRACE(std::to_string(static_cast<int>(k.precision)) + " C=" + std::to_string(k.C));
+    cuda::set_matmul_precision(k.precision);
+    const DType dtype = ops::matmul_input_dtype(on_gpu, DType::kF32);
+    const int64_t n = B * T * k.C;
+    Pair qkv = random_pair(3 * n, 95, -2.0, 2.0), dout = random_pair(n, 96);
+    Pair out = pair_of(std::vector<float>(n)), lse = pair_of(std::vector<float>(B * k.NH * T)),
+         lse16 = pair_of(std::vector<float>(B * k.NH * T));
+    ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, k.C, k.NH);
+    Tensor out16 = Tensor::empty({n}, dtype, Device::cuda(0));
+    ops::attention_forward_rounded(on_gpu, out16.raw(), dtype, lse16.g(), qkv.g(), B, T, k.C, k.NH);
+    std::vector<float> want = out.from_gpu();
+    for (float& x : want)
+      x = dtype == DType::kBF16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
+    const std::vector<float> got = widened(out16);
+    EXPECT_TRUE(bitwise_equal(got, want)) << "out";
+    EXPECT_TRUE(bitwise_equal(lse16.from_gpu(), lse.from_gpu())) << "lse";
+
+    Pair dqkv = pair_of(std::vector<float>(3 * n)), dqkv_ref = pair_of(std::vector<float>(3 * n));
+    Pair rounded_out = pair_of(got);
+    ops::attention_backward_from_rounded_out(on_gpu, dqkv.g(), dout.g(), qkv.g(), out16.raw(),
+                                             dtype, lse16.g(), B, T, k.C, k.NH);
+    ops::attention_backward<float>(on_gpu, dqkv_ref.g(), dout.g(), qkv.g(), rounded_out.g(),
+                                   lse.g(), B, T, k.C, k.NH);
+    EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), dqkv_ref.from_gpu())) << "dqkv";
+  }
+}
+
 TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
   const int64_t N = 33, V = 5003;
   std::vector<float> values = random_floats(N * V, 70, -8.0, 8.0);
@@ -685,13 +737,6 @@ TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {
     Pair losses = pair_of(std::vector<float>(N)), lse = pair_of(std::vector<float>(N));
     ops::lm_head_forward_rounded_logits(on_gpu, losses.g(), lse.g(), logits.raw(), dtype, inp.g(),
                                         w.g(), targets.gpu.data<int32_t>(), N, C, V);
-    const auto widened = [&](const Tensor& t) {
-      const Tensor host = t.to(Device::cpu());
-      std::vector<float> out(static_cast<size_t>(t.numel()));
-      for (size_t i = 0; i < out.size(); ++i)
-        out[i] = bf16 ? bf16_to_float(host.data_u16()[i]) : f16_to_float(host.data_u16()[i]);
-      return out;
-    };
     const std::vector<float> got = widened(logits);
     // The fp32 logits of the same GEMM, rounded here.
     Pair full = pair_of(std::vector<float>(N * V));

@@ -84,8 +84,10 @@ __global__ void probabilities_kernel(float* S, const float* lse, int64_t rows, i
   }
 }
 
-// D (B·NH·T) = Σ_d dout ∘ out per head row; one warp per row.
-__global__ void row_dot_kernel(float* D, const float* dout, const float* out, HeadIndex at,
+// D (B·NH·T) = Σ_d dout ∘ out per head row; one warp per row. `Out`: fp32, or the 16-bit type
+// attention_forward_rounded wrote out in.
+template <typename Out>
+__global__ void row_dot_kernel(float* D, const float* dout, const Out* out, HeadIndex at,
                                int64_t rows) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
@@ -93,7 +95,7 @@ __global__ void row_dot_kernel(float* D, const float* dout, const float* out, He
   float acc = 0.0f;
   for (int64_t d = lane; d < at.hd; d += 32) {
     const int64_t e = at(row * at.hd + d, at.C, 0);
-    acc += dout[e] * out[e];
+    acc += dout[e] * widen(out[e]);
   }
   acc = warp_sum(acc);
   if (lane == 0) D[row] = acc;
@@ -150,22 +152,19 @@ void attention_forward(int device, float* out, float* lse, const float* qkv, int
          out, y.get(), at, n);
 }
 
-void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
-                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t NH) {
-  check_shapes(C, NH);
-  if (B * T == 0) return;
-  DeviceGuard guard(device);
+namespace {
+
+// attention_backward given D = rowsum(dout ∘ out) per head row (row_dot_kernel).
+void attention_backward_given_D(int device, float* dqkv, const float* dout, const float* qkv,
+                                const float* D, const float* lse, int64_t B, int64_t T, int64_t C,
+                                int64_t NH) {
+  if (flash_attention_applies(C, NH, B)) {
+    flash_attention_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH);
+    return;
+  }
   const int64_t hd = C / NH, heads = B * NH, n = B * T * C, rows = heads * T;
   const HeadIndex at{T, C, NH, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  Scratch<float> D(device, rows);
-  launch("attention_backward (D)", row_dot_kernel, blocks_of(rows, kRowsPerBlock),
-         kRowsPerBlock * 32, D.get(), dout, out, at, rows);
-  if (flash_attention_applies(C, NH, B)) {
-    flash_attention_backward(device, dqkv, dout, qkv, lse, D.get(), B, T, C, NH);
-    return;
-  }
   Scratch<float> q(device, n), k(device, n), v(device, n), dy(device, n);
   Scratch<float> dq(device, n), dk(device, n), dv(device, n);
   Scratch<float> P(device, heads * T * T), dP(device, heads * T * T);
@@ -188,7 +187,7 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
   head_gemm(device, false, true, T, T, hd, 1.0f, dy16.operand(), hd, T * hd, v.get(), hd, T * hd,
             dP.get(), T, T * T, heads);
   launch("attention_backward (dS)", softmax_backward_kernel, blocks_for(rows * T, kThreads),
-         kThreads, dP.get(), P.get(), D.get(), scale, rows, T);
+         kThreads, dP.get(), P.get(), D, scale, rows, T);
   // dQ = dS·K, dK = dSᵀ·Q
   const RoundedOperand dS16(device, dP.get(), heads * T * T);
   head_gemm(device, false, false, T, hd, T, 1.0f, dS16.operand(), T, T * T, k16.operand(), hd,
@@ -197,6 +196,61 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
             T * hd, dk.get(), hd, T * hd, heads);
   launch("attention_backward (merge heads)", merge_heads_kernel, blocks_for(n, kThreads), kThreads,
          dqkv, dq.get(), dk.get(), dv.get(), at, n);
+}
+
+// D from `out` (of type Out), then the backward.
+template <typename Out>
+void attention_backward_from(int device, float* dqkv, const float* dout, const float* qkv,
+                             const Out* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                             int64_t NH) {
+  check_shapes(C, NH);
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  const int64_t hd = C / NH, rows = B * NH * T;
+  Scratch<float> D(device, rows);
+  launch("attention_backward (D)", row_dot_kernel<Out>, blocks_of(rows, kRowsPerBlock),
+         kRowsPerBlock * 32, D.get(), dout, out, HeadIndex{T, C, NH, hd}, rows);
+  attention_backward_given_D(device, dqkv, dout, qkv, D.get(), lse, B, T, C, NH);
+}
+
+}  // namespace
+
+void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) {
+  attention_backward_from(device, dqkv, dout, qkv, out, lse, B, T, C, NH);
+}
+
+GemmOperand attention_forward_rounded(int device, void* out, float* lse, const float* qkv,
+                                      int64_t B, int64_t T, int64_t C, int64_t NH) {
+  check_shapes(C, NH);
+  DeviceGuard guard(device);
+  if (B * T > 0 && flash_attention_applies(C, NH, B)) {
+    flash_attention_forward_bf16_out(device, out, lse, qkv, B, T, C, NH);
+    return GemmOperand(out, MatmulPrecision::kBf16);
+  }
+  // The batched-GEMM path writes fp32: rounded after.
+  Scratch<float> full(device, B * T * C);
+  attention_forward(device, full.get(), lse, qkv, B, T, C, NH);
+  return round_for_gemm(device, out, full.get(), B * T * C);
+}
+
+void attention_backward_from_rounded_out(int device, float* dqkv, const float* dout,
+                                         const float* qkv, GemmOperand out, const float* lse,
+                                         int64_t B, int64_t T, int64_t C, int64_t NH) {
+  out.expect_usable_at(matmul_precision(), "out");
+  switch (out.rounded_to) {
+    case MatmulPrecision::kBf16:
+      return attention_backward_from(device, dqkv, dout, qkv,
+                                     static_cast<const __nv_bfloat16*>(out.data), lse, B, T, C, NH);
+    case MatmulPrecision::kFp16:
+      return attention_backward_from(device, dqkv, dout, qkv, static_cast<const __half*>(out.data),
+                                     lse, B, T, C, NH);
+    case MatmulPrecision::kTf32:
+    case MatmulPrecision::kFp32:
+      break;
+  }
+  fail("attention_backward_from_rounded_out: out is not a 16-bit operand");
 }
 
 }  // namespace loom::cuda

@@ -102,7 +102,9 @@ __device__ void store_rows(float* dst, int64_t width, const Acc* acc, float* sta
   __syncwarp();
 }
 
-__global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, int64_t T, int64_t C,
+// `Out`: fp32, or bf16 for an output only the next GEMM (and D = rowsum(dO ∘ O)) reads.
+template <typename Out>
+__global__ void flash_forward_kernel(Out* out, float* lse, const float* qkv, int64_t T, int64_t C,
                                      int64_t NH, float scale) {
   __shared__ __align__(32) bf16 q[kTile * kLdH];
   __shared__ __align__(32) bf16 k[kTile * kLdH];
@@ -155,8 +157,8 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, i
       o[r * kLdO + c] = alpha * o[r * kLdO + c] + pv[r * kLdO + c];
   }
   if (i < T) {
-    float* dst = out + (b * T + i) * C + h * kHd;
-    for (int c = lane % 2 * 32; c < lane % 2 * 32 + 32; ++c) dst[c] = o[r * kLdO + c] / l;
+    Out* dst = out + (b * T + i) * C + h * kHd;
+    for (int c = lane % 2 * 32; c < lane % 2 * 32 + 32; ++c) round_to(dst[c], o[r * kLdO + c] / l);
     if (lane % 2 == 0) lse[bh * T + i] = m + logf(l);
   }
 }
@@ -289,8 +291,16 @@ void flash_attention_forward(int device, float* out, float* lse, const float* qk
                              int64_t T, int64_t C, int64_t NH) {
   DeviceGuard guard(device);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-  launch("attention_forward (flash)", flash_forward_kernel, flash_grid(B, T, NH), kFlashThreads,
-         out, lse, qkv, T, C, NH, scale);
+  launch("attention_forward (flash)", flash_forward_kernel<float>, flash_grid(B, T, NH),
+         kFlashThreads, out, lse, qkv, T, C, NH, scale);
+}
+
+void flash_attention_forward_bf16_out(int device, void* out, float* lse, const float* qkv,
+                                      int64_t B, int64_t T, int64_t C, int64_t NH) {
+  DeviceGuard guard(device);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+  launch("attention_forward (flash, bf16 out)", flash_forward_kernel<bf16>, flash_grid(B, T, NH),
+         kFlashThreads, static_cast<bf16*>(out), lse, qkv, T, C, NH, scale);
 }
 
 void flash_attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
