@@ -88,8 +88,9 @@ struct RuntimeConfig {
   // mpi or nccl
   std::string backend = "auto";
   std::string device = "cpu";     // cpu or cuda[:N]
-  // GEMM inputs on the GPU: fp32, tf32, bf16 or fp16 (weights, accumulation and the rest stay
-  // fp32; fp16 wants train.loss_scale)
+  // GEMM inputs on the GPU: fp32, tf32, bf16 or fp16 (at bf16 / fp16 the activations GEMMs read,
+  // the logits included, are stored in 16 bits; weights, accumulation and the rest stay fp32;
+  // fp16 wants train.loss_scale)
   std::string matmul_precision = "fp32";
   int threads_per_rank = 0;       // compute threads per rank; 0 = auto
 

@@ -205,28 +205,40 @@ void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dw
   }
 }
 
-void attention_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* lse,
-                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const float* qkv,
+                               int64_t B, int64_t T, int64_t C, int64_t NH) {
   const detail::OpScope op_scope_("attention_forward", ex, [&] {
     return detail::work_of<float>(2.0 * B * T * T * C, 3.5 * B * T * C + 1.0 * B * NH * T);
   });
-  expect_rounded_output(ex, out_dtype, "attention_forward_rounded");
+  expect_rounded_output(ex, dtype, "attention_forward_rounded");
   if constexpr (detail::kCudaBuild)
     cuda::attention_forward_rounded(ex.device.index, out, lse, qkv, B, T, C, NH);
 }
 
-void attention_backward_from_rounded_out(const Exec& ex, float* dqkv, const float* dout,
-                                         const float* qkv, const void* out, DType out_dtype,
-                                         const float* lse, int64_t B, int64_t T, int64_t C,
-                                         int64_t NH) {
+void attention_backward_rounded(const Exec& ex, void* dqkv, const float* dout, const float* qkv,
+                                const void* out, DType dtype, const float* lse, int64_t B,
+                                int64_t T, int64_t C, int64_t NH) {
   const detail::OpScope op_scope_("attention_backward", ex, [&] {
-    return detail::work_of<float>(5.0 * B * T * T * C, 7.5 * B * T * C + 1.0 * B * NH * T);
+    return detail::work_of<float>(5.0 * B * T * T * C, 6.0 * B * T * C + 1.0 * B * NH * T);
   });
-  const cuda::GemmOperand kept(
-      out, rounded_precision(ex, out_dtype, "attention_backward_from_rounded_out"));
+  const cuda::GemmOperand kept(out, rounded_precision(ex, dtype, "attention_backward_rounded"));
   if constexpr (detail::kCudaBuild)
-    cuda::attention_backward_from_rounded_out(ex.device.index, dqkv, dout, qkv, kept, lse, B, T, C,
-                                              NH);
+    cuda::attention_backward_rounded(ex.device.index, dqkv, dout, qkv, kept, lse, B, T, C, NH);
+}
+
+void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, float* dbias,
+                                  const void* dout, const void* inp, DType dtype,
+                                  const float* weight, int64_t N, int64_t C, int64_t OC) {
+  const detail::OpScope op_scope_("matmul_backward", ex, [&] {
+    return detail::work_of<float>(
+        detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr));
+  });
+  const cuda::MatmulPrecision precision =
+      rounded_precision(ex, dtype, "matmul_backward_from_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::matmul_backward_from_rounded_dout(ex.device.index, dinp, dweight, dbias,
+                                            cuda::GemmOperand(dout, precision),
+                                            cuda::GemmOperand(inp, precision), weight, N, C, OC);
 }
 
 }  // namespace loom::ops

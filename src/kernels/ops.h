@@ -88,15 +88,19 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
                                         const float* dout, const void* inp_rounded, DType inp_dtype,
                                         const float* weight, int64_t N, int64_t C, int64_t OC);
 
-// attention_forward (f32) with `out` written as the attention projection's rounded input,
-// `out_dtype` = matmul_input_dtype(ex, kF32), 16-bit (cuda::attention_forward_rounded); and the
-// backward on that out.
-void attention_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* lse,
-                               const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
-void attention_backward_from_rounded_out(const Exec& ex, float* dqkv, const float* dout,
-                                         const float* qkv, const void* out, DType out_dtype,
-                                         const float* lse, int64_t B, int64_t T, int64_t C,
-                                         int64_t NH);
+// The attention (f32 qkv) on a GPU at bf16 / fp16 matmul precision: `out` written as the
+// attention projection's rounded input, and the backward on that out writing `dqkv` as the qkv
+// projection's rounded dout; both of `dtype` = matmul_input_dtype(ex, kF32), 16-bit
+// (cuda::attention_forward_rounded / attention_backward_rounded).
+void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const float* qkv,
+                               int64_t B, int64_t T, int64_t C, int64_t NH);
+void attention_backward_rounded(const Exec& ex, void* dqkv, const float* dout, const float* qkv,
+                                const void* out, DType dtype, const float* lse, int64_t B,
+                                int64_t T, int64_t C, int64_t NH);
+// matmul_backward (f32) with dout and inp both rounded already, of the same 16-bit `dtype`.
+void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, float* dbias,
+                                  const void* dout, const void* inp, DType dtype,
+                                  const float* weight, int64_t N, int64_t C, int64_t OC);
 
 // The LM head on a GPU at bf16 / fp16 matmul precision, its logits kept in that 16-bit type
 // (`logits_dtype` = matmul_input_dtype(ex, kF32), N × V values): the forward writes them from the

@@ -50,11 +50,12 @@ Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
 Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
   Tensor datt = proj_.backward(ctx, dy);
   const int64_t B = qkv_out_.dim(0), T = qkv_out_.dim(1);
-  Tensor dqkv = Tensor::empty(qkv_out_.shape(), ctx.dtype, ctx.device);
+  // At 16-bit matmul precision dqkv is written as the qkv projection's rounded dout.
+  Tensor dqkv = Tensor::empty(qkv_out_.shape(), att_.dtype(), ctx.device);
   if (att_.dtype() != ctx.dtype) {
-    ops::attention_backward_from_rounded_out(ctx.exec(), dqkv.data<float>(), datt.data<float>(),
-                                             qkv_out_.data<float>(), att_.raw(), att_.dtype(),
-                                             lse_.data<float>(), B, T, channels_, heads_);
+    ops::attention_backward_rounded(ctx.exec(), dqkv.raw(), datt.data<float>(),
+                                    qkv_out_.data<float>(), att_.raw(), att_.dtype(),
+                                    lse_.data<float>(), B, T, channels_, heads_);
   } else {
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);

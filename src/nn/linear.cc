@@ -83,7 +83,16 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_
   LOOM_CHECK(x_.defined());
   Tensor dx = Tensor::empty(x_.shape(), ctx.dtype, ctx.device);
   const int64_t n = x_.numel() / in_;
-  if (x_.dtype() != ctx.dtype) {  // kept rounded by forward (an f32 model on a GPU)
+  if (dy.dtype() != ctx.dtype) {  // rounded by its producer (the attention's backward) already
+    if (x_.dtype() != dy.dtype() || gelu_input != nullptr)
+      fail(weight_->name, ": a ", dtype_name(dy.dtype()),
+           " output gradient needs an input kept in ", dtype_name(dy.dtype()), ", not ",
+           dtype_name(x_.dtype()));
+    ops::matmul_backward_from_rounded(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
+                                      bias_ ? bias_->grad.data<float>() : nullptr, dy.raw(),
+                                      x_.raw(), x_.dtype(), weight_->value.data<float>(), n, in_,
+                                      out_);
+  } else if (x_.dtype() != ctx.dtype) {  // kept rounded by forward (an f32 model on a GPU)
     float* dbias = bias_ ? bias_->grad.data<float>() : nullptr;
     if (gelu_input != nullptr)
       ops::matmul_backward_before_gelu_from_rounded_input(

@@ -20,7 +20,9 @@ class Linear {
   // forward plus `residual` (shaped like the output): a block's skip connection, x + proj(...).
   // On a GPU added in the GEMM's epilogue (ops::matmul_forward_adding), not in a pass of its own.
   Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual);
-  Tensor backward(Context& ctx, const Tensor& dy);    // dy: (..., out) -> dx: (..., in)
+  // dy: (..., out) -> dx: (..., in). dy is ctx.dtype, or already rounded for the GEMMs by its
+  // producer (ops::attention_backward_rounded) in the type the input was kept in.
+  Tensor backward(Context& ctx, const Tensor& dy);
   // backward for a Linear whose output h went into a GELU (Mlp's fc), from dgelu, the gradient
   // at the GELU's output: gelu_backward then backward, in one op (ops::
   // matmul_backward_before_gelu; one pass fewer over the activations on a GPU). dgelu is

@@ -590,10 +590,11 @@ TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
   expect_attention_matches_cpu(2, 77, 128, 2, 62, 1e-2, 2e-2);  // head size 64
 }
 
-// At bf16 / fp16 the attention writes its output as the projection's 16-bit input: the fp32
-// output rounded, bit for bit (the flash kernel at bf16 with head size 64, the batched-GEMM path
-// otherwise), and its backward is the fp32-out backward given those rounded values.
-TEST_F(CudaKernelsTest, AttentionWritesItsOutputRoundedForTheProjection) {
+// At bf16 / fp16 the attention writes its output as the projection's 16-bit input and its input
+// gradient as the qkv projection's 16-bit dout: bit for bit the fp32 results rounded (the flash
+// kernels at bf16 with head size 64, the batched-GEMM path otherwise), the backward given the
+// rounded output; the qkv projection's backward on that dout is matmul_backward's on its values.
+TEST_F(CudaKernelsTest, AttentionWritesItsOutputAndGradientRoundedForTheProjections) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
   } restore;
@@ -622,13 +623,35 @@ TEST_F(CudaKernelsTest, AttentionWritesItsOutputRoundedForTheProjection) {
     EXPECT_TRUE(bitwise_equal(got, want)) << "out";
     EXPECT_TRUE(bitwise_equal(lse16.from_gpu(), lse.from_gpu())) << "lse";
 
-    Pair dqkv = pair_of(std::vector<float>(3 * n)), dqkv_ref = pair_of(std::vector<float>(3 * n));
-    Pair rounded_out = pair_of(got);
-    ops::attention_backward_from_rounded_out(on_gpu, dqkv.g(), dout.g(), qkv.g(), out16.raw(),
-                                             dtype, lse16.g(), B, T, k.C, k.NH);
+    // The backward: dqkv in 16 bits, the fp32-out backward's given the rounded out, rounded.
+    Tensor dqkv16 = Tensor::empty({3 * n}, dtype, Device::cuda(0));
+    Pair dqkv_ref = pair_of(std::vector<float>(3 * n)), rounded_out = pair_of(got);
+    ops::attention_backward_rounded(on_gpu, dqkv16.raw(), dout.g(), qkv.g(), out16.raw(), dtype,
+                                    lse16.g(), B, T, k.C, k.NH);
     ops::attention_backward<float>(on_gpu, dqkv_ref.g(), dout.g(), qkv.g(), rounded_out.g(),
                                    lse.g(), B, T, k.C, k.NH);
-    EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), dqkv_ref.from_gpu())) << "dqkv";
+    std::vector<float> dqkv_want = dqkv_ref.from_gpu();
+    for (float& x : dqkv_want)
+      x = dtype == DType::kBF16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
+    const std::vector<float> dqkv_got = widened(dqkv16);
+    EXPECT_TRUE(bitwise_equal(dqkv_got, dqkv_want)) << "dqkv";
+
+    // The qkv projection's backward on that dqkv: matmul_backward's on its values as fp32.
+    const int64_t rows = B * T, OC = 3 * k.C;
+    Pair inp = random_pair(rows * k.C, 97), w = random_pair(OC * k.C, 98);
+    Tensor kept = Tensor::empty({rows * k.C}, dtype, Device::cuda(0));
+    (void)cuda::round_for_gemm(0, kept.raw(), inp.g(), rows * k.C);
+    const std::vector<float> dw0 = random_floats(OC * k.C, 99), db0 = random_floats(OC, 100);
+    Pair dx1 = pair_of(std::vector<float>(rows * k.C)), dw1 = pair_of(dw0), db1 = pair_of(db0);
+    Pair dx2 = pair_of(std::vector<float>(rows * k.C)), dw2 = pair_of(dw0), db2 = pair_of(db0);
+    Pair dqkv_values = pair_of(dqkv_got);
+    ops::matmul_backward_from_rounded(on_gpu, dx1.g(), dw1.g(), db1.g(), dqkv16.raw(), kept.raw(),
+                                      dtype, w.g(), rows, k.C, OC);
+    ops::matmul_backward_from_rounded_input(on_gpu, dx2.g(), dw2.g(), db2.g(), dqkv_values.g(),
+                                            kept.raw(), dtype, w.g(), rows, k.C, OC);
+    EXPECT_TRUE(bitwise_equal(dx1.from_gpu(), dx2.from_gpu())) << "qkv dinp";
+    EXPECT_TRUE(bitwise_equal(dw1.from_gpu(), dw2.from_gpu())) << "qkv dweight";
+    EXPECT_TRUE(bitwise_equal(db1.from_gpu(), db2.from_gpu())) << "qkv dbias";
   }
 }
 

@@ -198,19 +198,30 @@ void attention_backward_given_D(int device, float* dqkv, const float* dout, cons
          dqkv, dq.get(), dk.get(), dv.get(), at, n);
 }
 
-// D from `out` (of type Out), then the backward.
+// D = rowsum(dout ∘ out) per head row into `D` (B·NH·T), `out` of type Out.
 template <typename Out>
-void attention_backward_from(int device, float* dqkv, const float* dout, const float* qkv,
-                             const Out* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                             int64_t NH) {
-  check_shapes(C, NH);
-  if (B * T == 0) return;
-  DeviceGuard guard(device);
-  const int64_t hd = C / NH, rows = B * NH * T;
-  Scratch<float> D(device, rows);
+void row_dots(float* D, const float* dout, const Out* out, int64_t B, int64_t T, int64_t C,
+              int64_t NH) {
+  const int64_t rows = B * NH * T;
   launch("attention_backward (D)", row_dot_kernel<Out>, blocks_of(rows, kRowsPerBlock),
-         kRowsPerBlock * 32, D.get(), dout, out, HeadIndex{T, C, NH, hd}, rows);
-  attention_backward_given_D(device, dqkv, dout, qkv, D.get(), lse, B, T, C, NH);
+         kRowsPerBlock * 32, D, dout, out, HeadIndex{T, C, NH, C / NH}, rows);
+}
+
+// The backward writing dqkv in the 16-bit type of `out` (Out): by the flash kernels themselves
+// where they apply, else the fp32 dqkv rounded.
+template <typename Out>
+void attention_backward_rounded_from(int device, void* dqkv, const float* dout, const float* qkv,
+                                     const Out* out, const float* lse, int64_t B, int64_t T,
+                                     int64_t C, int64_t NH) {
+  Scratch<float> D(device, B * NH * T);
+  row_dots(D.get(), dout, out, B, T, C, NH);
+  if (flash_attention_applies(C, NH, B)) {
+    flash_attention_backward_bf16_dqkv(device, dqkv, dout, qkv, lse, D.get(), B, T, C, NH);
+    return;
+  }
+  Scratch<float> full(device, 3 * B * T * C);
+  attention_backward_given_D(device, full.get(), dout, qkv, D.get(), lse, B, T, C, NH);
+  (void)round_for_gemm(device, dqkv, full.get(), 3 * B * T * C);
 }
 
 }  // namespace
@@ -218,7 +229,12 @@ void attention_backward_from(int device, float* dqkv, const float* dout, const f
 void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                         int64_t NH) {
-  attention_backward_from(device, dqkv, dout, qkv, out, lse, B, T, C, NH);
+  check_shapes(C, NH);
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  Scratch<float> D(device, B * NH * T);
+  row_dots(D.get(), dout, out, B, T, C, NH);
+  attention_backward_given_D(device, dqkv, dout, qkv, D.get(), lse, B, T, C, NH);
 }
 
 GemmOperand attention_forward_rounded(int device, void* out, float* lse, const float* qkv,
@@ -235,22 +251,28 @@ GemmOperand attention_forward_rounded(int device, void* out, float* lse, const f
   return round_for_gemm(device, out, full.get(), B * T * C);
 }
 
-void attention_backward_from_rounded_out(int device, float* dqkv, const float* dout,
-                                         const float* qkv, GemmOperand out, const float* lse,
-                                         int64_t B, int64_t T, int64_t C, int64_t NH) {
+GemmOperand attention_backward_rounded(int device, void* dqkv, const float* dout, const float* qkv,
+                                       GemmOperand out, const float* lse, int64_t B, int64_t T,
+                                       int64_t C, int64_t NH) {
+  check_shapes(C, NH);
   out.expect_usable_at(matmul_precision(), "out");
-  switch (out.rounded_to) {
-    case MatmulPrecision::kBf16:
-      return attention_backward_from(device, dqkv, dout, qkv,
-                                     static_cast<const __nv_bfloat16*>(out.data), lse, B, T, C, NH);
-    case MatmulPrecision::kFp16:
-      return attention_backward_from(device, dqkv, dout, qkv, static_cast<const __half*>(out.data),
-                                     lse, B, T, C, NH);
-    case MatmulPrecision::kTf32:
-    case MatmulPrecision::kFp32:
-      break;
+  DeviceGuard guard(device);
+  if (B * T > 0) {
+    switch (out.rounded_to) {
+      case MatmulPrecision::kBf16:
+        attention_backward_rounded_from(
+            device, dqkv, dout, qkv, static_cast<const __nv_bfloat16*>(out.data), lse, B, T, C, NH);
+        break;
+      case MatmulPrecision::kFp16:
+        attention_backward_rounded_from(device, dqkv, dout, qkv,
+                                        static_cast<const __half*>(out.data), lse, B, T, C, NH);
+        break;
+      case MatmulPrecision::kTf32:
+      case MatmulPrecision::kFp32:
+        fail("attention_backward_rounded: out is not a 16-bit operand");
+    }
   }
-  fail("attention_backward_from_rounded_out: out is not a 16-bit operand");
+  return GemmOperand(dqkv, out.rounded_to);
 }
 
 }  // namespace loom::cuda

@@ -88,8 +88,10 @@ __device__ void accumulate_p_times_tile(Acc* acc, const bf16* p, const bf16* x) 
 }
 
 // Writes this warp's 16 rows of the four accumulators (row r of the block's tile is global row
-// row0 + r, at dst + row·width) through `stage`; rows past T are dropped.
-__device__ void store_rows(float* dst, int64_t width, const Acc* acc, float* stage, int64_t row0,
+// row0 + r, at dst + row·width) through `stage`; rows past T are dropped. `Out`: fp32, or a GEMM
+// operand's 16-bit type (rounded from the same fp32 values).
+template <typename Out>
+__device__ void store_rows(Out* dst, int64_t width, const Acc* acc, float* stage, int64_t row0,
                            int64_t T) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncwarp();
@@ -98,7 +100,7 @@ __device__ void store_rows(float* dst, int64_t width, const Acc* acc, float* sta
   __syncwarp();
   const int r = warp * 16 + lane / 2, c0 = lane % 2 * 32;
   if (row0 + r < T)
-    for (int c = c0; c < c0 + 32; ++c) dst[(row0 + r) * width + c] = stage[r * kLdO + c];
+    for (int c = c0; c < c0 + 32; ++c) round_to(dst[(row0 + r) * width + c], stage[r * kLdO + c]);
   __syncwarp();
 }
 
@@ -164,7 +166,8 @@ __global__ void flash_forward_kernel(Out* out, float* lse, const float* qkv, int
 }
 
 // dK and dV of one key tile.
-__global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const float* qkv,
+template <typename Out>
+__global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const float* qkv,
                                          const float* lse, const float* D, int64_t T, int64_t C,
                                          int64_t NH, float scale) {
   __shared__ __align__(32) bf16 k[kTile * kLdH];
@@ -219,13 +222,14 @@ __global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const f
     __syncwarp();
     accumulate_p_times_tile(dk, pt + warp * 16 * kLdP, q);  // dK += dSᵀ·Q
   }
-  float* dk_rows = dqkv + b * T * 3 * C + C + h * kHd;
+  Out* dk_rows = dqkv + b * T * 3 * C + C + h * kHd;
   store_rows(dk_rows, 3 * C, dk, stage, k0, T);
   store_rows(dk_rows + C, 3 * C, dv, stage, k0, T);
 }
 
 // dQ of one query tile.
-__global__ void flash_backward_q_kernel(float* dqkv, const float* dout, const float* qkv,
+template <typename Out>
+__global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const float* qkv,
                                         const float* lse, const float* D, int64_t T, int64_t C,
                                         int64_t NH, float scale) {
   __shared__ __align__(32) bf16 q[kTile * kLdH];
@@ -303,15 +307,29 @@ void flash_attention_forward_bf16_out(int device, void* out, float* lse, const f
          kFlashThreads, static_cast<bf16*>(out), lse, qkv, T, C, NH, scale);
 }
 
+namespace {
+template <typename Out>
+void flash_backward(int device, Out* dqkv, const float* dout, const float* qkv, const float* lse,
+                    const float* D, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  DeviceGuard guard(device);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+  launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<Out>, flash_grid(B, T, NH),
+         kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, scale);
+  launch("attention_backward (flash dQ)", flash_backward_q_kernel<Out>, flash_grid(B, T, NH),
+         kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, scale);
+}
+}  // namespace
+
 void flash_attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                               const float* lse, const float* D, int64_t B, int64_t T, int64_t C,
                               int64_t NH) {
-  DeviceGuard guard(device);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-  launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel, flash_grid(B, T, NH),
-         kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, scale);
-  launch("attention_backward (flash dQ)", flash_backward_q_kernel, flash_grid(B, T, NH),
-         kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, scale);
+  flash_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH);
+}
+
+void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const float* dout, const float* qkv,
+                                        const float* lse, const float* D, int64_t B, int64_t T,
+                                        int64_t C, int64_t NH) {
+  flash_backward(device, static_cast<bf16*>(dqkv), dout, qkv, lse, D, B, T, C, NH);
 }
 
 }  // namespace loom::cuda

@@ -23,4 +23,9 @@ void flash_attention_backward(int device, float* dqkv, const float* dout, const 
                               const float* lse, const float* D, int64_t B, int64_t T, int64_t C,
                               int64_t NH);
 
+// The same with dqkv written in bf16 (B·T·3C values): attention_backward_rounded.
+void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const float* dout, const float* qkv,
+                                        const float* lse, const float* D, int64_t B, int64_t T,
+                                        int64_t C, int64_t NH);
+
 }  // namespace loom::cuda

@@ -36,12 +36,13 @@ struct GemmBatch {
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
-// What the GEMMs' inputs are rounded to on the tensor cores; accumulation, outputs, weights and
-// every other kernel stay fp32 (PyTorch's float32_matmul_precision "highest" / "high" /
-// "medium"). kFp32 matches the CPU to ~1e-6; kTf32 keeps 10 mantissa bits, kBf16 7 (operands are
-// cast to bf16 on the fly, ~1e-2), kFp16 10 bits in a narrow range (|x| <= 65504, normal down to
-// 6e-5: operands beyond it become ±inf, which is what loss scaling, optim/loss_scaler.h, is for).
-// Process-wide; kFp32 by default.
+// What the GEMMs' inputs are rounded to on the tensor cores; accumulation, weights and GEMM
+// outputs stay fp32 (PyTorch's float32_matmul_precision "highest" / "high" / "medium"), except
+// the 16-bit outputs asked for by name (gemm_rounded_output, the *_rounded kernels). kFp32 matches
+// the CPU to ~1e-6; kTf32 keeps 10 mantissa bits, kBf16 7 (operands are cast to bf16 on the fly,
+// ~1e-2), kFp16 10 bits in a narrow range (|x| <= 65504, normal down to 6e-5: operands beyond it
+// become ±inf, which is what loss scaling, optim/loss_scaler.h, is for). Process-wide; kFp32 by
+// default.
 enum class MatmulPrecision { kFp32, kTf32, kBf16, kFp16 };
 void set_matmul_precision(MatmulPrecision precision);
 MatmulPrecision matmul_precision();
@@ -152,6 +153,11 @@ void matmul_backward(int device, float* dinp, float* dweight, float* dbias, cons
 void matmul_backward_before_gelu(int device, float* dinp, float* dweight, float* dbias,
                                  float* dgelu, const float* h, GemmOperand inp, const float* weight,
                                  int64_t N, int64_t C, int64_t OC);
+// matmul_backward on a dout its producer wrote rounded to 16 bits (attention_backward_rounded):
+// the bias gradient sums those values, the GEMMs read them as they are.
+void matmul_backward_from_rounded_dout(int device, float* dinp, float* dweight, float* dbias,
+                                       GemmOperand dout, GemmOperand inp, const float* weight,
+                                       int64_t N, int64_t C, int64_t OC);
 // matmul_backward's two GEMMs (dinp when non-null, dweight accumulated) on a dout given as an
 // operand, possibly already rounded.
 void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand dout,
@@ -207,17 +213,18 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                         int64_t NH);
 
-// attention_forward with `out` written as the next GEMM's operand, in the current matmul
-// precision's 16-bit type (bf16 or fp16): by the flash kernel itself where it applies (bf16,
-// head size 64), else rounded from the fp32 output. The backward takes that rounded out for
-// D = rowsum(dout ∘ out), as FlashAttention-2 keeps O in bf16: at GPT-2 124M, T = 1024, batch 16,
-// ~1.5 GB less memory traffic per step and 0.6 GB less memory than an fp32 out the attention
-// projection then rounds for itself.
+// The attention at bf16 / fp16 matmul precision, its output and input gradient written as GEMM
+// operands in that 16-bit type: by the flash kernels themselves where they apply (bf16, head
+// size 64), else rounded from the fp32 results. The forward's `out` is the attention
+// projection's input; the backward takes it for D = rowsum(dout ∘ out), as FlashAttention-2
+// keeps O in bf16, and writes dqkv (B·T·3C) as the qkv projection's dout. At GPT-2 124M,
+// T = 1024, batch 16, ~4 GB less memory traffic per step and 0.6 GB less memory than fp32 out and
+// dqkv the projections round for themselves.
 GemmOperand attention_forward_rounded(int device, void* out, float* lse, const float* qkv,
                                       int64_t B, int64_t T, int64_t C, int64_t NH);
-void attention_backward_from_rounded_out(int device, float* dqkv, const float* dout,
-                                         const float* qkv, GemmOperand out, const float* lse,
-                                         int64_t B, int64_t T, int64_t C, int64_t NH);
+GemmOperand attention_backward_rounded(int device, void* dqkv, const float* dout, const float* qkv,
+                                       GemmOperand out, const float* lse, int64_t B, int64_t T,
+                                       int64_t C, int64_t NH);
 
 // Checks the targets like embedding_forward.
 void cross_entropy_forward(int device, float* losses, float* lse, const float* logits,

@@ -20,6 +20,14 @@ struct RowMajor {
   __device__ float operator()(int64_t r, int64_t c) const { return data[r * ld + c]; }
 };
 
+// Row r, column c of a row-major matrix of 16-bit values (Half), widened.
+template <typename Half>
+struct RowMajorWidened {
+  const Half* data;
+  int64_t ld;
+  __device__ float operator()(int64_t r, int64_t c) const { return widen(data[r * ld + c]); }
+};
+
 // The same value, also stored to `out` (same layout) as a GEMM operand: fp32, or rounded to the
 // 16-bit type `Out`. The column-sum kernel visits every element once, so one read of dout gives
 // both the bias gradient and the operand.
@@ -185,6 +193,24 @@ void matmul_backward(int device, float* dinp, float* dweight, float* dbias, cons
                            N, OC, "matmul_backward (dbias, rounded dout)");
   });
   matmul_backward_gemms(device, dinp, dweight, dout_rounded.operand(), inp, weight, N, C, OC);
+}
+
+void matmul_backward_from_rounded_dout(int device, float* dinp, float* dweight, float* dbias,
+                                       GemmOperand dout, GemmOperand inp, const float* weight,
+                                       int64_t N, int64_t C, int64_t OC) {
+  const MatmulPrecision precision = matmul_precision();
+  dout.expect_usable_at(precision, "dout");
+  if (dout.rounded_to != precision || !rounds_to_16_bits(precision))
+    fail("matmul_backward_from_rounded_dout: dout is not a 16-bit operand");
+  DeviceGuard guard(device);
+  if (dbias != nullptr)
+    with_rounded_type("matmul_backward_from_rounded_dout", [&](auto zero) {
+      using Half = decltype(zero);
+      accumulate_column_sums(device, dbias,
+                             RowMajorWidened<Half>{static_cast<const Half*>(dout.data), OC}, N, OC,
+                             "matmul_backward (dbias of a 16-bit dout)");
+    });
+  matmul_backward_gemms(device, dinp, dweight, dout, inp, weight, N, C, OC);
 }
 
 void matmul_backward_before_gelu(int device, float* dinp, float* dweight, float* dbias,
