@@ -220,13 +220,14 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   check_launch("cublasLtMatmul");
 }
 
-// C = op(A)·op(B) with both operands in the precision's 16-bit type (`type` its cuBLAS name):
-// those not rounded yet are rounded here, each over its whole span (gaps between rows included);
-// fp32 accumulation, output of `cd_type` (fp32, or `type` itself).
-void half_gemm(int device, MatmulPrecision precision, cudaDataType type, bool trans_a, bool trans_b,
-               int64_t M, int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda,
-               GemmOperand B, int64_t ldb, float beta, const void* C, void* D, int64_t ldc,
-               const float* bias, GemmBatch batch, cudaDataType cd_type = CUDA_R_32F) {
+// C = op(A)·op(B) with both operands in the 16-bit type of `precision` (bf16 or fp16): those not
+// rounded yet are rounded here, each over its whole span (gaps between rows included); fp32
+// accumulation, output in fp32 or, `rounded_output`, in that 16-bit type too.
+void half_gemm(int device, MatmulPrecision precision, bool trans_a, bool trans_b, int64_t M,
+               int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda, GemmOperand B,
+               int64_t ldb, float beta, const void* C, void* D, int64_t ldc, const float* bias,
+               GemmBatch batch, bool rounded_output = false) {
+  const cudaDataType type = precision == MatmulPrecision::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
   const int64_t a_span = span(trans_a ? K : M, trans_a ? M : K, lda, batch.count, batch.stride_a);
   const int64_t b_span = span(trans_b ? N : K, trans_b ? K : N, ldb, batch.count, batch.stride_b);
   std::optional<RoundedOperand> a16, b16;
@@ -234,7 +235,7 @@ void half_gemm(int device, MatmulPrecision precision, cudaDataType type, bool tr
   if (B.rounded_to != precision) b16.emplace(device, static_cast<const float*>(B.data), b_span);
   lt_matmul(device, CUBLAS_COMPUTE_32F, type, trans_a, trans_b, M, N, K, alpha,
             a16 ? a16->operand().data : A.data, lda, b16 ? b16->operand().data : B.data, ldb, beta,
-            C, D, ldc, bias, batch, cd_type);
+            C, D, ldc, bias, batch, rounded_output ? type : CUDA_R_32F);
 }
 
 // gemm and gemm_adding: D = alpha·op(A)·op(B) + beta·C (+ bias) at the process's precision.
@@ -252,12 +253,9 @@ void gemm_at_precision(int device, bool trans_a, bool trans_b, int64_t M, int64_
   DeviceGuard guard(device);
   switch (precision) {
     case MatmulPrecision::kBf16:
-      half_gemm(device, precision, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
-                beta, C, D, ldc, bias, batch);
-      return;
     case MatmulPrecision::kFp16:
-      half_gemm(device, precision, CUDA_R_16F, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
-                beta, C, D, ldc, bias, batch);
+      half_gemm(device, precision, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, D,
+                ldc, bias, batch);
       return;
     case MatmulPrecision::kTf32:
       lt_matmul(device, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha,
@@ -291,10 +289,9 @@ GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t 
                                 void* C, int64_t ldc) {
   const MatmulPrecision precision = check_rounded_output_gemm(M, N, K, A, B);
   DeviceGuard guard(device);
-  const cudaDataType type = precision == MatmulPrecision::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
   if (M > 0 && N > 0)
-    half_gemm(device, precision, type, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, C,
-              ldc, nullptr, GemmBatch{}, type);
+    half_gemm(device, precision, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, C, ldc,
+              nullptr, GemmBatch{}, /*rounded_output=*/true);
   return GemmOperand(C, precision);
 }
 
