@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,6 +98,52 @@ TEST(CudaEmulator, XorShufflesSumAWarpInEveryLane) {
     const float want = static_cast<float>(32 * (32 * w) + 31 * 32 / 2);
     EXPECT_EQ(out[t], want) << "lane " << t % 32 << " of warp " << w;
   }
+}
+
+// The fragments built from PTX's own formulas (lane → element, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"); small integers, so every sum is exact. Two warps, so
+// one warp's fragments do not leak into the other's.
+TEST(CudaEmulator, TensorCoreMmaComputesDPlusABOverPtxFragments) {
+  const auto a_value = [](int w, int r, int k) {
+    return static_cast<float>((r * 5 + k * 3 + w) % 7 - 3);
+  };
+  const auto b_value = [](int w, int k, int n) {
+    return static_cast<float>((k * 2 + n * 3 + w) % 5 - 2);
+  };
+  const auto c_value = [](int r, int n) { return static_cast<float>(r - n); };
+  const auto bf16_bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u >> 16;  // exact: small integers
+  };
+  std::vector<float> got(2 * 16 * 8, -1000.0f);
+  run_kernel("mma", {1}, {64}, [&] {
+    const int lane = static_cast<int>(current().thread_idx.x % 32),
+              w = static_cast<int>(current().thread_idx.x / 32), g = lane >> 2, t = lane % 4;
+    uint32_t a[4] = {}, b[2] = {};
+    float d[4];
+    for (int i = 0; i < 8; ++i) {
+      const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+      const int col = t * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+      a[i / 2] |= bf16_bits(a_value(w, row, col)) << (16 * (i % 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+      const int row = t * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+      b[i / 2] |= bf16_bits(b_value(w, row, g)) << (16 * (i % 2));
+    }
+    for (int i = 0; i < 4; ++i) d[i] = c_value(i < 2 ? g : g + 8, t * 2 + (i & 1));
+    warp_mma_m16n8k16_bf16(d, a, b);
+    for (int i = 0; i < 4; ++i)
+      got[static_cast<size_t>(w * 128 + (i < 2 ? g : g + 8) * 8 + t * 2 + (i & 1))] = d[i];
+  });
+  for (int w = 0; w < 2; ++w)
+    for (int r = 0; r < 16; ++r)
+      for (int n = 0; n < 8; ++n) {
+        float want = c_value(r, n);
+        for (int k = 0; k < 16; ++k) want += a_value(w, r, k) * b_value(w, k, n);
+        EXPECT_EQ(got[static_cast<size_t>(w * 128 + r * 8 + n)], want)
+            << "warp " << w << " D(" << r << ", " << n << ")";
+      }
 }
 
 TEST(CudaEmulator, ShuffleFromAMissingLaneGivesTheLanesOwnValue) {

@@ -1,275 +1,333 @@
 // Fused causal attention (FlashAttention-2's schedule) for head size 64 — every GPT-2 size — with
-// bf16 operands on the tensor cores (wmma 16×16×16, fp32 accumulation): what attention.cu uses
-// when the matmul precision is bf16. No (T, T) score matrix ever reaches memory: a block of 64
-// threads (2 warps × 16 rows) owns 32 rows and walks the 32-wide tiles of the other side through
-// shared memory.
+// bf16 operands on the tensor cores (mma.sync m16n8k16, fp32 accumulation; mma.cuh): what
+// attention.cu uses when the matmul precision is bf16. No (T, T) score matrix ever reaches memory.
+// A block of 4 warps owns 64 rows, 16 per warp, and walks the other side's tiles through shared
+// memory; each warp keeps its own rows' operands in registers for the whole walk, and the scores,
+// probabilities and their gradients never leave registers: the accumulators of one product are
+// the A operand of the next (mma.cuh), and a row's max and sum combine the 4 lanes that hold it
+// with two shuffles.
 //
-//  - forward, per query tile: S = Q·Kᵀ per key tile, online softmax (running max m and sum l per
-//    row, the output rescaled by exp(m_old - m_new)), O += P·V; then O / l and lse = m + log l.
+//  - forward, per query tile: S = Q·Kᵀ per 64-key tile, online softmax (running max m and sum l
+//    per row, the output rescaled by 2^(m_old - m_new); scores in log2 units for exp2f), O += P·V;
+//    then O / l and lse = (m + log2 l)·ln 2.
 //  - backward, deterministic (no float atomics), in two passes that each recompute P from lse:
-//    per key tile, over the query tiles at or after it: dV += Pᵀ·dO, dPᵀ = V·dOᵀ,
-//    dSᵀ = Pᵀ ∘ (dPᵀ - D) / sqrt(hd), dK += dSᵀ·Q; and per query tile, over its key tiles:
-//    dP = dO·Vᵀ, dS likewise, dQ += dS·K. D = rowsum(dO ∘ O) comes from attention.cu.
+//    per key tile, over the 32-query tiles at or after it: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ, dSᵀ = Pᵀ ∘
+//    (dPᵀ - D) / sqrt(hd), dV += Pᵀ·dO, dK += dSᵀ·Q; and per query tile, over its 32-key tiles:
+//    S = Q·Kᵀ, dP = dO·Vᵀ, dS likewise, dQ += dS·K. D = rowsum(dO ∘ O) comes from attention.cu.
 //
-// Each lane owns one row of its warp's 16 and half of that row's columns for the element-wise
-// steps (softmax, dS): the pair of lanes combines row maxima and sums with one shuffle. Warps only
-// touch their own rows of the per-warp tiles, so __syncwarp orders those; tiles both warps read
-// (the other side's K, V or Q, dO) are reloaded between two __syncthreads.
+// The other side's tiles are stored twice where one product reads them along rows and another
+// along columns (row-major and transposed): every B operand is then one 32-bit shared load per
+// register, and the padded leading dimensions (+8 values) put the 32 lanes' loads in 32 banks.
+// Warps whose rows the causal mask hides from a whole tile skip its products.
 #include <cmath>
 #include <cstdlib>
 #include <string>
 
-#ifdef __CUDACC__
-#include <mma.h>
-#endif
-
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace loom::cuda {
 namespace {
 
-using namespace nvcuda;
 using bf16 = __nv_bfloat16;
 
-constexpr int kHd = 64;            // head size
-constexpr int kTile = 32;          // rows per block, and the other side's tile
-constexpr int kFlashThreads = 64;  // 2 warps × 16 rows
-// Leading dimensions of the shared tiles, padded against bank conflicts; wmma wants multiples of
-// 8 (bf16) or 4 (fp32) elements and 32-byte aligned tile starts, which these keep.
-constexpr int kLdH = kHd + 8;    // bf16, hd columns
-constexpr int kLdS = kTile + 4;  // fp32, tile columns
-constexpr int kLdP = kTile + 8;  // bf16, tile columns
-constexpr int kLdO = kHd + 4;    // fp32, hd columns
+constexpr int kHd = 64;         // head size
+constexpr int kFlashWarps = 4;  // 16 rows each: one mma's M
+constexpr int kFlashThreads = 32 * kFlashWarps;
+constexpr int kBlockRows = 16 * kFlashWarps;
+constexpr int kKeyTile = 64;    // forward: keys per shared tile
+constexpr int kSideTile = 32;   // backward: the other side's rows per shared tile
+constexpr int kLdHd = kHd + 8;  // tiles with hd columns
+constexpr float kLog2e = 1.4426950408889634f;
 
-using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-using RowA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using RowB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using ColB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-
-// Rows [row0, row0 + 32) of a head's hd columns (row t at src + t·width) into a bf16 tile;
-// zeros past T.
-__device__ void load_tile(bf16* tile, const float* src, int64_t row0, int64_t T, int64_t width) {
-  for (int e = threadIdx.x; e < kTile * kHd; e += blockDim.x) {
+// Rows [row0, row0 + Rows) of a head's hd columns (row r at src + r·width), rounded to bf16, into
+// `tile` (row-major, ld kLdHd) and/or `tile_t` (transposed, ld Rows + 8); zeros past T.
+template <int Rows>
+__device__ void load_tile(bf16* tile, bf16* tile_t, const float* src, int64_t row0, int64_t T,
+                          int64_t width) {
+  for (int e = threadIdx.x; e < Rows * kHd; e += blockDim.x) {
     const int r = e / kHd, c = e % kHd;
-    const int64_t t = row0 + r;
-    tile[r * kLdH + c] = __float2bfloat16_rn(t < T ? src[t * width + c] : 0.0f);
+    const int64_t row = row0 + r;
+    const bf16 v = __float2bfloat16_rn(row < T ? src[row * width + c] : 0.0f);
+    if (tile != nullptr) tile[r * kLdHd + c] = v;
+    if (tile_t != nullptr) tile_t[c * (Rows + 8) + r] = v;
   }
 }
 
-// out (this warp's 16 rows × 32, fp32, ld kLdS) = A (16 × 64 rows of a, ld kLdH) · Bᵀ, B the
-// 32 × 64 tile b: the scores of 16 rows against a tile.
-__device__ void rows_times_tile_t(float* out, const bf16* a, const bf16* b) {
-  for (int n = 0; n < kTile / 16; ++n) {
-    Acc acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (int kk = 0; kk < kHd / 16; ++kk) {
-      RowA fa;
-      ColB fb;
-      wmma::load_matrix_sync(fa, a + kk * 16, kLdH);
-      wmma::load_matrix_sync(fb, b + n * 16 * kLdH + kk * 16, kLdH);
-      wmma::mma_sync(acc, fa, fb, acc);
+// A warp's 16 rows [row0, row0 + 16) of a head's hd columns (row r at src + r·width) as the A
+// operands of the four 16-column k steps over hd, rounded to bf16; zeros past T. Read once per
+// block, straight from global memory: each group of 4 lanes reads 32 contiguous bytes.
+__device__ void load_row_operands(uint32_t (&a)[kHd / 16][4], const float* src, int64_t row0,
+                                  int64_t T, int64_t width) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int half = 0; half < 2; ++half) {  // rows g and g + 8
+    const int64_t row = row0 + g + 8 * half;
+    const float* p = row < T ? src + row * width : nullptr;
+    LOOM_UNROLL
+    for (int kk = 0; kk < kHd / 16; ++kk) LOOM_UNROLL
+    for (int right = 0; right < 2; ++right) {  // columns 2t, 2t + 1 and 8 further
+      const int c = 16 * kk + 2 * t + 8 * right;
+      a[kk][half + 2 * right] = p != nullptr ? pack_bf16(p[c], p[c + 1]) : 0u;
     }
-    wmma::store_matrix_sync(out + n * 16, acc, kLdS, wmma::mem_row_major);
   }
 }
 
-// acc[n] += P (16 × 32, bf16, ld kLdP) · X (32 × 64 tile, ld kLdH), n over the 4 column blocks.
-__device__ void accumulate_p_times_tile(Acc* acc, const bf16* p, const bf16* x) {
-  for (int n = 0; n < kHd / 16; ++n)
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      RowA fa;
-      RowB fb;
-      wmma::load_matrix_sync(fa, p + kk * 16, kLdP);
-      wmma::load_matrix_sync(fb, x + kk * 16 * kLdH + n * 16, kLdH);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-}
-
-// Writes this warp's 16 rows of the four accumulators (row r of the block's tile is global row
-// row0 + r, at dst + row·width) through `stage`; rows past T are dropped. `Out`: fp32, or a GEMM
-// operand's 16-bit type (rounded from the same fp32 values).
+// Writes a warp's 16 rows × hd accumulators (rows row0 + g, row0 + g + 8 in this lane) times
+// `row_scale` at dst + row·width; rows past T are dropped. `Out`: fp32, or bf16 for a GEMM
+// operand (rounded from the same fp32 values).
 template <typename Out>
-__device__ void store_rows(Out* dst, int64_t width, const Acc* acc, float* stage, int64_t row0,
-                           int64_t T) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncwarp();
-  for (int n = 0; n < kHd / 16; ++n)
-    wmma::store_matrix_sync(stage + warp * 16 * kLdO + n * 16, acc[n], kLdO, wmma::mem_row_major);
-  __syncwarp();
-  const int r = warp * 16 + lane / 2, c0 = lane % 2 * 32;
-  if (row0 + r < T)
-    for (int c = c0; c < c0 + 32; ++c) round_to(dst[(row0 + r) * width + c], stage[r * kLdO + c]);
-  __syncwarp();
+__device__ void store_rows(Out* dst, int64_t width, const float (&acc)[kHd / 8][4], int64_t row0,
+                           int64_t T, const float (&row_scale)[2]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + g + 8 * half;
+    if (row >= T) continue;
+    Out* out = dst + row * width;
+    LOOM_UNROLL
+    for (int j = 0; j < kHd / 8; ++j) {
+      round_to(out[8 * j + 2 * t], acc[j][2 * half] * row_scale[half]);
+      round_to(out[8 * j + 2 * t + 1], acc[j][2 * half + 1] * row_scale[half]);
+    }
+  }
+}
+
+// The two rows' values combined over the 4 lanes that hold them (lanes 4g .. 4g + 3).
+__device__ inline float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ inline float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // `Out`: fp32, or bf16 for an output only the next GEMM (and D = rowsum(dO ∘ O)) reads.
 template <typename Out>
 __global__ void flash_forward_kernel(Out* out, float* lse, const float* qkv, int64_t T, int64_t C,
                                      int64_t NH, float scale) {
-  __shared__ __align__(32) bf16 q[kTile * kLdH];
-  __shared__ __align__(32) bf16 k[kTile * kLdH];
-  __shared__ __align__(32) bf16 v[kTile * kLdH];
-  __shared__ __align__(32) float s[kTile * kLdS];
-  __shared__ __align__(32) bf16 p[kTile * kLdP];
-  __shared__ __align__(32) float o[kTile * kLdO];
-  __shared__ __align__(32) float pv[kTile * kLdO];
+  constexpr int kLdKeys = kKeyTile + 8;
+  __shared__ __align__(16) bf16 k[kKeyTile * kLdHd];  // K: B(k = hd, n = key) of S = Q·Kᵀ
+  __shared__ __align__(16) bf16 vt[kHd * kLdKeys];    // Vᵀ: B(k = key, n = hd) of O += P·V
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  // The last query tiles see the most keys: they start first.
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
   const float* head = qkv + b * T * 3 * C + h * kHd;  // part p of row t: head + t·3C + p·C
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = warp * 16 + lane / 2, c0 = lane % 2 * (kTile / 2);  // this lane's row, columns
-  const int64_t i = q0 + r;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+  const int64_t w0 = q0 + 16 * warp;                           // this warp's first row
+  const int64_t rows[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two rows
+  const float scale2 = scale * kLog2e;                         // scores in log2 units
 
-  load_tile(q, head, q0, T, 3 * C);
-  for (int e = threadIdx.x; e < kTile * kLdO; e += blockDim.x) o[e] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  const int64_t kv_end = q0 + kTile < T ? q0 + kTile : T;  // causal: keys up to the last row
-  for (int64_t k0 = 0; k0 < kv_end; k0 += kTile) {
-    __syncthreads();  // every warp is done with the previous k, v
-    load_tile(k, head + C, k0, T, 3 * C);
-    load_tile(v, head + 2 * C, k0, T, 3 * C);
+  uint32_t qa[kHd / 16][4];
+  load_row_operands(qa, head, w0, T, 3 * C);
+  float o[kHd / 8][4] = {};
+  // Per row: the running max (log2 units) and this lane's part of the running sum.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;  // causal: up to the last row
+  for (int64_t k0 = 0; k0 < kv_end; k0 += kKeyTile) {
+    __syncthreads();  // every warp is done with the previous k, vt
+    load_tile<kKeyTile>(k, nullptr, head + C, k0, T, 3 * C);
+    load_tile<kKeyTile>(nullptr, vt, head + 2 * C, k0, T, 3 * C);
     __syncthreads();
-    rows_times_tile_t(s + warp * 16 * kLdS, q + warp * 16 * kLdH, k);
-    __syncwarp();
-    float mx = -INFINITY;
-    for (int c = c0; c < c0 + kTile / 2; ++c)
-      if (k0 + c <= i) mx = fmaxf(mx, s[r * kLdS + c] * scale);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, mx);
-    float sum = 0.0f;
-    for (int c = c0; c < c0 + kTile / 2; ++c) {
-      const float e = k0 + c <= i && i < T ? expf(s[r * kLdS + c] * scale - m_new) : 0.0f;
-      p[r * kLdP + c] = __float2bfloat16_rn(e);
-      sum += e;
+    // Key blocks of 8 holding a key at or before this warp's last row (the rest are all masked).
+    const int64_t visible = (w0 + 15 - k0) / 8 + 1;
+    float s[kKeyTile / 8][4] = {};
+    LOOM_UNROLL
+    for (int j = 0; j < kKeyTile / 8; ++j) {
+      if (j >= visible) continue;
+      LOOM_UNROLL
+      for (int kk = 0; kk < kHd / 16; ++kk) {
+        uint32_t bk[2];
+        load_b(bk, k, kLdHd, 8 * j, 16 * kk);
+        mma_bf16(s[j], qa[kk], bk);
+      }
     }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);
-    l = alpha * l + sum;
-    m = m_new;
-    __syncwarp();
-    Acc acc[kHd / 16];
-    for (Acc& a : acc) wmma::fill_fragment(a, 0.0f);
-    accumulate_p_times_tile(acc, p + warp * 16 * kLdP, v);
-    for (int n = 0; n < kHd / 16; ++n)
-      wmma::store_matrix_sync(pv + warp * 16 * kLdO + n * 16, acc[n], kLdO, wmma::mem_row_major);
-    __syncwarp();
-    for (int c = lane % 2 * 32; c < lane % 2 * 32 + 32; ++c)
-      o[r * kLdO + c] = alpha * o[r * kLdO + c] + pv[r * kLdO + c];
+    float mx[2] = {-INFINITY, -INFINITY};
+    LOOM_UNROLL
+    for (int j = 0; j < kKeyTile / 8; ++j) LOOM_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int64_t key = k0 + 8 * j + 2 * t + e % 2;
+      s[j][e] = key <= rows[e / 2] && key < T ? s[j][e] * scale2 : -INFINITY;
+      mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+    }
+    float base[2], alpha[2];
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], quad_max(mx[r]));
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet keeps p = 0
+      alpha[r] = exp2f(m[r] - base[r]);             // 0 while m was -inf
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+    LOOM_UNROLL
+    for (int j = 0; j < kKeyTile / 8; ++j) LOOM_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = exp2f(s[j][e] - base[e / 2]);
+      l[e / 2] += s[j][e];
+    }
+    LOOM_UNROLL
+    for (int j = 0; j < kHd / 8; ++j) LOOM_UNROLL
+    for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
+    LOOM_UNROLL
+    for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+      if (2 * kk >= visible) continue;
+      uint32_t pa[4];
+      accumulators_as_a(pa, s[2 * kk], s[2 * kk + 1]);
+      LOOM_UNROLL
+      for (int j = 0; j < kHd / 8; ++j) {
+        uint32_t bv[2];
+        load_b(bv, vt, kLdKeys, 8 * j, 16 * kk);
+        mma_bf16(o[j], pa, bv);
+      }
+    }
   }
-  if (i < T) {
-    Out* dst = out + (b * T + i) * C + h * kHd;
-    for (int c = lane % 2 * 32; c < lane % 2 * 32 + 32; ++c) round_to(dst[c], o[r * kLdO + c] / l);
-    if (lane % 2 == 0) lse[bh * T + i] = m + logf(l);
+  float inverse[2];
+  for (int r = 0; r < 2; ++r) {
+    l[r] = quad_sum(l[r]);
+    inverse[r] = 1.0f / l[r];
+    if (rows[r] < T && t == 0) lse[bh * T + rows[r]] = m[r] / kLog2e + logf(l[r]);
   }
+  store_rows(out + b * T * C + h * kHd, C, o, w0, T, inverse);
 }
 
-// dK and dV of one key tile.
+// dK and dV of one 64-key tile.
 template <typename Out>
 __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const float* qkv,
                                          const float* lse, const float* D, int64_t T, int64_t C,
                                          int64_t NH, float scale) {
-  __shared__ __align__(32) bf16 k[kTile * kLdH];
-  __shared__ __align__(32) bf16 v[kTile * kLdH];
-  __shared__ __align__(32) bf16 q[kTile * kLdH];
-  __shared__ __align__(32) bf16 dy[kTile * kLdH];
-  __shared__ __align__(32) float st[kTile * kLdS];   // Sᵀ, then Pᵀ in fp32
-  __shared__ __align__(32) float dpt[kTile * kLdS];  // dPᵀ
-  __shared__ __align__(32) bf16 pt[kTile * kLdP];    // Pᵀ, then dSᵀ
-  __shared__ __align__(32) float stage[kTile * kLdO];
-  __shared__ float lse_q[kTile], d_q[kTile];
+  constexpr int kLdSide = kSideTile + 8;
+  __shared__ __align__(16) bf16 q[kSideTile * kLdHd];  // Q: B(k = hd, n = query) of Sᵀ = K·Qᵀ
+  __shared__ __align__(16) bf16 qt[kHd * kLdSide];  // Qᵀ: B(k = query, n = hd) of dK += dSᵀ·Q
+  __shared__ __align__(16) bf16 dy[kSideTile * kLdHd];  // dO: B of dPᵀ = V·dOᵀ
+  __shared__ __align__(16) bf16 dyt[kHd * kLdSide];     // dOᵀ: B of dV += Pᵀ·dO
+  __shared__ float lse2_q[kSideTile], d_q[kSideTile];   // per query: lse in log2 units, D
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the first tiles see most
   const float* head = qkv + b * T * 3 * C + h * kHd;
   const float* dhead = dout + b * T * C + h * kHd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int jr = warp * 16 + lane / 2, c0 = lane % 2 * (kTile / 2);  // key row, query columns
-  const int64_t j = k0 + jr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+  const int64_t w0 = k0 + 16 * warp;                           // this warp's first key
+  const int64_t keys[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two keys
+  const float scale2 = scale * kLog2e;
 
-  load_tile(k, head + C, k0, T, 3 * C);
-  load_tile(v, head + 2 * C, k0, T, 3 * C);
-  Acc dk[kHd / 16], dv[kHd / 16];
-  for (int n = 0; n < kHd / 16; ++n) {
-    wmma::fill_fragment(dk[n], 0.0f);
-    wmma::fill_fragment(dv[n], 0.0f);
-  }
-  for (int64_t q0 = k0; q0 < T; q0 += kTile) {  // causal: earlier queries see none of these keys
+  uint32_t ka[kHd / 16][4], va[kHd / 16][4];
+  load_row_operands(ka, head + C, w0, T, 3 * C);
+  load_row_operands(va, head + 2 * C, w0, T, 3 * C);
+  float dk[kHd / 8][4] = {}, dv[kHd / 8][4] = {};
+  for (int64_t q0 = k0; q0 < T; q0 += kSideTile) {  // causal: earlier queries see none of these
     __syncthreads();
-    load_tile(q, head, q0, T, 3 * C);
-    load_tile(dy, dhead, q0, T, C);
-    for (int e = threadIdx.x; e < kTile; e += blockDim.x) {
-      lse_q[e] = q0 + e < T ? lse[bh * T + q0 + e] : 0.0f;
+    load_tile<kSideTile>(q, qt, head, q0, T, 3 * C);
+    load_tile<kSideTile>(dy, dyt, dhead, q0, T, C);
+    for (int e = threadIdx.x; e < kSideTile; e += blockDim.x) {
+      lse2_q[e] = q0 + e < T ? lse[bh * T + q0 + e] * kLog2e : 0.0f;
       d_q[e] = q0 + e < T ? D[bh * T + q0 + e] : 0.0f;
     }
     __syncthreads();
-    rows_times_tile_t(st + warp * 16 * kLdS, k + warp * 16 * kLdH, q);
-    __syncwarp();
-    for (int c = c0; c < c0 + kTile / 2; ++c) {
-      const int64_t i = q0 + c;
-      const float prob =
-          i >= j && i < T && j < T ? expf(st[jr * kLdS + c] * scale - lse_q[c]) : 0.0f;
-      st[jr * kLdS + c] = prob;
-      pt[jr * kLdP + c] = __float2bfloat16_rn(prob);
+    if (q0 + kSideTile - 1 < w0) continue;  // every query before all of this warp's keys
+    float st[kSideTile / 8][4] = {}, dpt[kSideTile / 8][4] = {};
+    LOOM_UNROLL
+    for (int j = 0; j < kSideTile / 8; ++j) LOOM_UNROLL
+    for (int kk = 0; kk < kHd / 16; ++kk) {
+      uint32_t bq[2], bdy[2];
+      load_b(bq, q, kLdHd, 8 * j, 16 * kk);
+      mma_bf16(st[j], ka[kk], bq);
+      load_b(bdy, dy, kLdHd, 8 * j, 16 * kk);
+      mma_bf16(dpt[j], va[kk], bdy);
     }
-    __syncwarp();
-    accumulate_p_times_tile(dv, pt + warp * 16 * kLdP, dy);               // dV += Pᵀ·dO
-    rows_times_tile_t(dpt + warp * 16 * kLdS, v + warp * 16 * kLdH, dy);  // dPᵀ = V·dOᵀ
-    __syncwarp();
-    for (int c = c0; c < c0 + kTile / 2; ++c)
-      pt[jr * kLdP + c] =
-          __float2bfloat16_rn(st[jr * kLdS + c] * (dpt[jr * kLdS + c] - d_q[c]) * scale);
-    __syncwarp();
-    accumulate_p_times_tile(dk, pt + warp * 16 * kLdP, q);  // dK += dSᵀ·Q
+    LOOM_UNROLL
+    for (int j = 0; j < kSideTile / 8; ++j) LOOM_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int c = 8 * j + 2 * t + e % 2;
+      const int64_t i = q0 + c, key = keys[e / 2];
+      const float prob = i >= key && i < T && key < T ? exp2f(st[j][e] * scale2 - lse2_q[c]) : 0.0f;
+      st[j][e] = prob;                                  // Pᵀ
+      dpt[j][e] = prob * (dpt[j][e] - d_q[c]) * scale;  // dSᵀ
+    }
+    LOOM_UNROLL
+    for (int kk = 0; kk < kSideTile / 16; ++kk) {
+      uint32_t pa[4], dsa[4];
+      accumulators_as_a(pa, st[2 * kk], st[2 * kk + 1]);
+      accumulators_as_a(dsa, dpt[2 * kk], dpt[2 * kk + 1]);
+      LOOM_UNROLL
+      for (int j = 0; j < kHd / 8; ++j) {
+        uint32_t bdo[2], bq[2];
+        load_b(bdo, dyt, kLdSide, 8 * j, 16 * kk);
+        mma_bf16(dv[j], pa, bdo);  // dV += Pᵀ·dO
+        load_b(bq, qt, kLdSide, 8 * j, 16 * kk);
+        mma_bf16(dk[j], dsa, bq);  // dK += dSᵀ·Q
+      }
+    }
   }
+  const float one[2] = {1.0f, 1.0f};
   Out* dk_rows = dqkv + b * T * 3 * C + C + h * kHd;
-  store_rows(dk_rows, 3 * C, dk, stage, k0, T);
-  store_rows(dk_rows + C, 3 * C, dv, stage, k0, T);
+  store_rows(dk_rows, 3 * C, dk, w0, T, one);
+  store_rows(dk_rows + C, 3 * C, dv, w0, T, one);
 }
 
-// dQ of one query tile.
+// dQ of one 64-query tile.
 template <typename Out>
 __global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const float* qkv,
                                         const float* lse, const float* D, int64_t T, int64_t C,
                                         int64_t NH, float scale) {
-  __shared__ __align__(32) bf16 q[kTile * kLdH];
-  __shared__ __align__(32) bf16 dy[kTile * kLdH];
-  __shared__ __align__(32) bf16 k[kTile * kLdH];
-  __shared__ __align__(32) bf16 v[kTile * kLdH];
-  __shared__ __align__(32) float s[kTile * kLdS];
-  __shared__ __align__(32) float dp[kTile * kLdS];
-  __shared__ __align__(32) bf16 ds[kTile * kLdP];
-  __shared__ __align__(32) float stage[kTile * kLdO];
+  constexpr int kLdSide = kSideTile + 8;
+  __shared__ __align__(16) bf16 k[kSideTile * kLdHd];  // K: B(k = hd, n = key) of S = Q·Kᵀ
+  __shared__ __align__(16) bf16 kt[kHd * kLdSide];     // Kᵀ: B(k = key, n = hd) of dQ += dS·K
+  __shared__ __align__(16) bf16 v[kSideTile * kLdHd];  // V: B of dP = dO·Vᵀ
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
   const float* head = qkv + b * T * 3 * C + h * kHd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = warp * 16 + lane / 2, c0 = lane % 2 * (kTile / 2);
-  const int64_t i = q0 + r;
-  const float lse_i = i < T ? lse[bh * T + i] : 0.0f, d_i = i < T ? D[bh * T + i] : 0.0f;
-
-  load_tile(q, head, q0, T, 3 * C);
-  load_tile(dy, dout + b * T * C + h * kHd, q0, T, C);
-  Acc dq[kHd / 16];
-  for (Acc& a : dq) wmma::fill_fragment(a, 0.0f);
-  const int64_t kv_end = q0 + kTile < T ? q0 + kTile : T;
-  for (int64_t k0 = 0; k0 < kv_end; k0 += kTile) {
-    __syncthreads();
-    load_tile(k, head + C, k0, T, 3 * C);
-    load_tile(v, head + 2 * C, k0, T, 3 * C);
-    __syncthreads();
-    rows_times_tile_t(s + warp * 16 * kLdS, q + warp * 16 * kLdH, k);    // S = Q·Kᵀ
-    rows_times_tile_t(dp + warp * 16 * kLdS, dy + warp * 16 * kLdH, v);  // dP = dO·Vᵀ
-    __syncwarp();
-    for (int c = c0; c < c0 + kTile / 2; ++c) {
-      const int64_t jj = k0 + c;
-      const float prob = jj <= i && i < T ? expf(s[r * kLdS + c] * scale - lse_i) : 0.0f;
-      ds[r * kLdP + c] = __float2bfloat16_rn(prob * (dp[r * kLdS + c] - d_i) * scale);
-    }
-    __syncwarp();
-    accumulate_p_times_tile(dq, ds + warp * 16 * kLdP, k);  // dQ += dS·K
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+  const int64_t w0 = q0 + 16 * warp;
+  const int64_t rows[2] = {w0 + lane / 4, w0 + lane / 4 + 8};
+  const float scale2 = scale * kLog2e;
+  float lse2[2], d[2];
+  for (int r = 0; r < 2; ++r) {
+    lse2[r] = rows[r] < T ? lse[bh * T + rows[r]] * kLog2e : 0.0f;
+    d[r] = rows[r] < T ? D[bh * T + rows[r]] : 0.0f;
   }
-  store_rows(dqkv + b * T * 3 * C + h * kHd, 3 * C, dq, stage, q0, T);
+
+  uint32_t qa[kHd / 16][4], dya[kHd / 16][4];
+  load_row_operands(qa, head, w0, T, 3 * C);
+  load_row_operands(dya, dout + b * T * C + h * kHd, w0, T, C);
+  float dq[kHd / 8][4] = {};
+  const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;
+  for (int64_t k0 = 0; k0 < kv_end; k0 += kSideTile) {
+    __syncthreads();
+    load_tile<kSideTile>(k, kt, head + C, k0, T, 3 * C);
+    load_tile<kSideTile>(v, nullptr, head + 2 * C, k0, T, 3 * C);
+    __syncthreads();
+    if (k0 > w0 + 15) continue;  // every key after all of this warp's rows
+    float s[kSideTile / 8][4] = {}, dp[kSideTile / 8][4] = {};
+    LOOM_UNROLL
+    for (int j = 0; j < kSideTile / 8; ++j) LOOM_UNROLL
+    for (int kk = 0; kk < kHd / 16; ++kk) {
+      uint32_t bk[2], bv[2];
+      load_b(bk, k, kLdHd, 8 * j, 16 * kk);
+      mma_bf16(s[j], qa[kk], bk);  // S = Q·Kᵀ
+      load_b(bv, v, kLdHd, 8 * j, 16 * kk);
+      mma_bf16(dp[j], dya[kk], bv);  // dP = dO·Vᵀ
+    }
+    LOOM_UNROLL
+    for (int j = 0; j < kSideTile / 8; ++j) LOOM_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int64_t key = k0 + 8 * j + 2 * t + e % 2, row = rows[e / 2];
+      const float prob = key <= row && row < T ? exp2f(s[j][e] * scale2 - lse2[e / 2]) : 0.0f;
+      s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
+    }
+    LOOM_UNROLL
+    for (int kk = 0; kk < kSideTile / 16; ++kk) {
+      uint32_t dsa[4];
+      accumulators_as_a(dsa, s[2 * kk], s[2 * kk + 1]);
+      LOOM_UNROLL
+      for (int j = 0; j < kHd / 8; ++j) {
+        uint32_t bk[2];
+        load_b(bk, kt, kLdSide, 8 * j, 16 * kk);
+        mma_bf16(dq[j], dsa, bk);  // dQ += dS·K
+      }
+    }
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows(dqkv + b * T * 3 * C + h * kHd, 3 * C, dq, w0, T, one);
 }
 
 bool flash_disabled_by_environment() {
@@ -281,7 +339,7 @@ bool flash_disabled_by_environment() {
 }
 
 dim3 flash_grid(int64_t B, int64_t T, int64_t NH) {
-  return dim3(blocks_of(T, kTile), static_cast<unsigned>(B * NH));
+  return dim3(blocks_of(T, kBlockRows), static_cast<unsigned>(B * NH));
 }
 
 }  // namespace

@@ -471,4 +471,48 @@ int lane_id() {
   return in_kernel().running().linear % kWarpSize;
 }
 
+namespace {
+float bf16_half(uint32_t pair, int high) {
+  const uint32_t bits = (high != 0 ? pair >> 16 : pair & 0xffffu) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+}  // namespace
+
+void warp_mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  struct Fragments {
+    uint32_t a[4], b[2];
+  };
+  // Every lane leaves its fragments here, the warp meets, each lane computes its four outputs
+  // from all of them, and the warp meets again before anyone may overwrite them. One block runs
+  // at a time on a host thread, so one slot per (warp, lane) of a block is enough.
+  static thread_local Fragments offered[kMaxThreadsPerBlock / kWarpSize][kWarpSize];
+  Scheduler& s = in_kernel();
+  const int linear = s.running().linear, warp = linear / kWarpSize, lane = linear % kWarpSize;
+  Fragments& mine = offered[warp][lane];
+  std::copy(a, a + 4, mine.a);
+  std::copy(b, b + 2, mine.b);
+  const int meet = 0;
+  int ignored = 0;
+  s.warp_exchange(&meet, &ignored, sizeof meet, lane);
+  const Fragments* warp_fragments = offered[warp];
+  const auto a_at = [&](int row, int k) {  // A(row, k): lane (row % 8)·4 + (k % 8) / 2
+    const Fragments& f = warp_fragments[row % 8 * 4 + k % 8 / 2];
+    return bf16_half(f.a[(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k % 2);
+  };
+  const auto b_at = [&](int k, int col) {  // B(k, col): lane col·4 + (k % 8) / 2
+    const Fragments& f = warp_fragments[col * 4 + k % 8 / 2];
+    return bf16_half(f.b[k >= 8 ? 1 : 0], k % 2);
+  };
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + i % 2;
+    float acc = d[i];
+    for (int k = 0; k < 16; ++k) acc += a_at(row, k) * b_at(k, col);
+    d[i] = acc;
+  }
+  s.warp_exchange(&meet, &ignored, sizeof meet, lane);
+}
+
 }  // namespace loom::cuda_emu

@@ -58,4 +58,15 @@ void warp_exchange(const void* value, void* out, size_t bytes, int source_lane);
 // This thread's lane in its warp (threads are numbered x fastest, then y, then z, as on the GPU).
 int lane_id();
 
+// The tensor cores' mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a·b over the warp:
+// A 16×16, B 16×8 and D 16×8 spread over the 32 lanes as PTX lays out their fragments (groupID =
+// lane / 4, t = lane % 4; each uint32_t two bf16, the lower-numbered element in the low half):
+//  - a[0]: A row g, columns 2t and 2t+1; a[1]: row g+8; a[2]: row g, columns 2t+8 and 2t+9;
+//    a[3]: row g+8, columns 2t+8 and 2t+9;
+//  - b[0]: B rows 2t and 2t+1 of column g; b[1]: rows 2t+8 and 2t+9;
+//  - d[0], d[1]: D row g, columns 2t and 2t+1; d[2], d[3]: row g+8.
+// The products are summed in fp32 in k order (the tensor cores' order and internal precision are
+// theirs). All 32 lanes must take part.
+void warp_mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+
 }  // namespace loom::cuda_emu

@@ -1,0 +1,89 @@
+// The tensor cores' warp-wide step with a layout we know: mma.sync m16n8k16, bf16 operands and
+// fp32 accumulators (sm_80 and later). wmma's fragments are opaque, so a kernel working on its
+// accumulators must store them to shared memory first; PTX documents which lane holds which
+// element of mma's (device/cuda/emulator/scheduler.h spells it out), so a kernel can work on the
+// accumulators in registers — FlashAttention-2's softmax — and hand them on as the next product's
+// A operand without any lane exchanging anything.
+//
+// In a warp, lane = 4·g + t: g owns rows g and g + 8 of a 16-row operand, t the columns 2t and
+// 2t + 1 of every 8 columns. Under the CUDA emulator the step is the emulator's own.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cstring>
+
+#ifdef LOOM_CUDA_EMULATE
+#include "device/cuda/emulator/scheduler.h"
+#endif
+
+// `#pragma unroll` for nvcc; host compilers would warn about a pragma they do not know.
+#ifdef __CUDACC__
+#define LOOM_UNROLL _Pragma("unroll")
+#else
+#define LOOM_UNROLL
+#endif
+
+namespace loom::cuda {
+
+#if defined(__CUDACC__) || defined(LOOM_CUDA_EMULATE)
+
+// d += a·b over the warp: A 16×16 (four registers of bf16 pairs), B 16×8 (two), D 16×8 (four
+// floats per lane). Every lane of the warp calls it.
+__device__ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(LOOM_CUDA_EMULATE)
+  cuda_emu::warp_mma_m16n8k16_bf16(d, a, b);
+#elif defined(__CUDA_ARCH__)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  (void)d, (void)a, (void)b;  // nvcc's host pass: never called there
+#endif
+}
+
+// Two floats rounded to bf16 as one operand register, `lo` in the low half.
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  uint32_t bits;
+  memcpy(&bits, &pair, sizeof bits);
+  return bits;
+}
+
+// Two adjacent bf16 values as one register (p[0] in the low half); p 4-byte aligned.
+__device__ inline uint32_t load_pair(const __nv_bfloat16* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return bits;
+#endif
+}
+
+// The B operand of one mma whose column n is row n0 + n of `tile` (`ld` values a row) and whose
+// k runs along that row from column k0: B(k, n) = tile[(n0 + n)·ld + k0 + k].
+__device__ inline void load_b(uint32_t (&b)[2], const __nv_bfloat16* tile, int ld, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  const __nv_bfloat16* p = tile + (n0 + lane / 4) * ld + k0 + 2 * (lane % 4);
+  b[0] = load_pair(p);
+  b[1] = load_pair(p + 8);
+}
+
+// The accumulators of two 16×8 products side by side (columns 0–7 in `left`, 8–15 in `right`) as
+// the A operand of a product whose k runs over those 16 columns, rounded to bf16: the two layouts
+// agree lane by lane.
+__device__ inline void accumulators_as_a(uint32_t (&a)[4], const float (&left)[4],
+                                         const float (&right)[4]) {
+  a[0] = pack_bf16(left[0], left[1]);
+  a[1] = pack_bf16(left[2], left[3]);
+  a[2] = pack_bf16(right[0], right[1]);
+  a[3] = pack_bf16(right[2], right[3]);
+}
+
+#endif
+
+}  // namespace loom::cuda
