@@ -592,6 +592,26 @@ TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
   expect_attention_matches_cpu(1, 203, 64, 1, 63, 1e-2, 2e-2);  // 4 key tiles, the last ragged
 }
 
+// The flash kernels read 16 bytes at a time: a qkv view that does not start on a 16-byte boundary
+// is refused with a message, not misread.
+TEST_F(CudaKernelsTest, FlashAttentionRefusesAMisalignedQkv) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
+  const int64_t B = 1, T = 8, C = 64, NH = 1;
+  Pair qkv = random_pair(B * T * 3 * C + 1, 64), out = pair_of(std::vector<float>(B * T * C)),
+       lse = pair_of(std::vector<float>(B * NH * T));
+  try {
+    ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g() + 1, B, T, C, NH);
+    FAIL() << "a misaligned qkv was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("qkv does not start on a 16-byte boundary"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // At bf16 / fp16 the attention writes its output as the projection's 16-bit input and its input
 // gradient as the qkv projection's 16-bit dout: bit for bit the fp32 results rounded (the flash
 // kernels at bf16 with head size 64, the batched-GEMM path otherwise), the backward given the

@@ -20,6 +20,7 @@
 // register, and the padded leading dimensions (+8 values) put the 32 lanes' loads in 32 banks.
 // Warps whose rows the causal mask hides from a whole tile skip its products.
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -42,17 +43,38 @@ constexpr int kSideTile = 32;   // backward: the other side's rows per shared ti
 constexpr int kLdHd = kHd + 8;  // tiles with hd columns
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Rows [row0, row0 + Rows) of a head's hd columns (row r at src + r·width), rounded to bf16, into
-// `tile` (row-major, ld kLdHd) and/or `tile_t` (transposed, ld Rows + 8); zeros past T.
+// Four consecutive floats, p 16-byte aligned: one 128-bit load on the GPU.
+__device__ inline float4 load4(const float* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const float4*>(p);
+#else
+  return make_float4(p[0], p[1], p[2], p[3]);
+#endif
+}
+
+// Rows [row0, row0 + Rows) of a head's hd columns (row r at src + r·width; src and width
+// multiples of 4 floats), rounded to bf16, into `tile` (row-major, ld kLdHd) and/or `tile_t`
+// (transposed, ld Rows + 8); zeros past T. Each thread moves 4 columns of a row at a time.
 template <int Rows>
 __device__ void load_tile(bf16* tile, bf16* tile_t, const float* src, int64_t row0, int64_t T,
                           int64_t width) {
-  for (int e = threadIdx.x; e < Rows * kHd; e += blockDim.x) {
-    const int r = e / kHd, c = e % kHd;
+  for (int e = threadIdx.x; e < Rows * kHd / 4; e += blockDim.x) {
+    const int r = e / (kHd / 4), c = e % (kHd / 4) * 4;
     const int64_t row = row0 + r;
-    const bf16 v = __float2bfloat16_rn(row < T ? src[row * width + c] : 0.0f);
-    if (tile != nullptr) tile[r * kLdHd + c] = v;
-    if (tile_t != nullptr) tile_t[c * (Rows + 8) + r] = v;
+    const float4 v = row < T ? load4(src + row * width + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    if (tile != nullptr) {
+      auto* dst = reinterpret_cast<__nv_bfloat162*>(tile + r * kLdHd + c);
+      dst[0] = lo;
+      dst[1] = hi;
+    }
+    if (tile_t != nullptr) {
+      bf16* dst = tile_t + c * (Rows + 8) + r;
+      dst[0] = lo.x;
+      dst[Rows + 8] = lo.y;
+      dst[2 * (Rows + 8)] = hi.x;
+      dst[3 * (Rows + 8)] = hi.y;
+    }
   }
 }
 
@@ -338,6 +360,13 @@ bool flash_disabled_by_environment() {
   return disabled;
 }
 
+// The tiles are read 16 bytes at a time: every row of a head starts on a 16-byte boundary when
+// the tensor does (C is a multiple of 64). A view starting elsewhere is refused, not misread.
+void check_aligned(const void* p, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    fail("flash attention: ", what, " does not start on a 16-byte boundary");
+}
+
 dim3 flash_grid(int64_t B, int64_t T, int64_t NH) {
   return dim3(blocks_of(T, kBlockRows), static_cast<unsigned>(B * NH));
 }
@@ -352,6 +381,7 @@ bool flash_attention_applies(int64_t C, int64_t NH, int64_t B) {
 void flash_attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
                              int64_t T, int64_t C, int64_t NH) {
   DeviceGuard guard(device);
+  check_aligned(qkv, "qkv");
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
   launch("attention_forward (flash)", flash_forward_kernel<float>, flash_grid(B, T, NH),
          kFlashThreads, out, lse, qkv, T, C, NH, scale);
@@ -360,6 +390,7 @@ void flash_attention_forward(int device, float* out, float* lse, const float* qk
 void flash_attention_forward_bf16_out(int device, void* out, float* lse, const float* qkv,
                                       int64_t B, int64_t T, int64_t C, int64_t NH) {
   DeviceGuard guard(device);
+  check_aligned(qkv, "qkv");
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
   launch("attention_forward (flash, bf16 out)", flash_forward_kernel<bf16>, flash_grid(B, T, NH),
          kFlashThreads, static_cast<bf16*>(out), lse, qkv, T, C, NH, scale);
@@ -370,6 +401,8 @@ template <typename Out>
 void flash_backward(int device, Out* dqkv, const float* dout, const float* qkv, const float* lse,
                     const float* D, int64_t B, int64_t T, int64_t C, int64_t NH) {
   DeviceGuard guard(device);
+  check_aligned(qkv, "qkv");
+  check_aligned(dout, "dout");
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
   launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<Out>, flash_grid(B, T, NH),
          kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, scale);
