@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "base/check.h"
 
@@ -34,6 +35,28 @@ AdamWFactors<Real> adamw_factors(double lr, double beta1, double beta2, double e
   f.eps = static_cast<Real>(eps);
   f.grad_scale = grad_scale;
   return f;
+}
+
+// One run of an AdamW update over flat buffers (optim/adamw.h's segments as the kernels see them):
+// values[value_offset + i], grads[grad_offset + i] and the moments at state_offset + i for
+// i < numel, with weight decay when `decay` is 1. All int64_t: the GPU reads a table of them.
+struct AdamWRun {
+  int64_t value_offset = 0, grad_offset = 0, state_offset = 0, numel = 0, decay = 0;
+  int64_t first_chunk = 0;  // set by number_adamw_chunks
+};
+
+// Elements a GPU block updates at a time in ops::adamw_update_runs.
+inline constexpr int64_t kAdamWChunk = 4096;
+
+// Numbers the runs' chunks of kAdamWChunk elements one after another (first_chunk) and returns
+// how many there are.
+inline int64_t number_adamw_chunks(std::vector<AdamWRun>& runs) {
+  int64_t chunks = 0;
+  for (AdamWRun& r : runs) {
+    r.first_chunk = chunks;
+    chunks += (r.numel + kAdamWChunk - 1) / kAdamWChunk;
+  }
+  return chunks;
 }
 
 }  // namespace loom

@@ -156,6 +156,30 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
     cuda::matmul_backward(ex.device.index, dinp, dweight, dbias, dout, kept, weight, N, C, OC);
 }
 
+void adamw_update_runs(const Exec& ex, float* values, const float* grads, float* m, float* v,
+                       const std::vector<AdamWRun>& runs, const AdamWRun* runs_on_gpu, double lr,
+                       double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                       float grad_scale) {
+  double elements = 0;
+  for (const AdamWRun& r : runs) elements += static_cast<double>(r.numel);
+  const detail::OpScope op_scope_("adamw_update", ex,
+                                  [&] { return detail::work_of<float>(0, 7.0 * elements); });
+  if (detail::on_gpu<float>(ex, "adamw_update")) {
+    if (runs.empty()) return;
+    const AdamWRun& last = runs.back();
+    const int64_t chunks = last.first_chunk + (last.numel + kAdamWChunk - 1) / kAdamWChunk;
+    if constexpr (detail::kCudaBuild)
+      cuda::adamw_update_runs(ex.device.index, values, grads, m, v, runs_on_gpu,
+                              static_cast<int64_t>(runs.size()), chunks, lr, beta1, beta2, eps,
+                              weight_decay, step, grad_scale);
+    return;
+  }
+  for (const AdamWRun& r : runs)
+    cpu::adamw_update<float>(*ex.pool, values + r.value_offset, grads + r.grad_offset,
+                             m + r.state_offset, v + r.state_offset, r.numel, lr, beta1, beta2, eps,
+                             r.decay != 0 ? weight_decay : 0.0, step, grad_scale);
+}
+
 void matmul_backward_before_gelu_from_rounded_input(const Exec& ex, float* dinp, float* dweight,
                                                     float* dbias, float* dgelu, const float* h,
                                                     const void* inp_rounded, DType inp_dtype,

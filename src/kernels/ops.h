@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "base/error.h"
 #include "kernels/cpu/kernels.h"
@@ -114,6 +115,14 @@ void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dw
                                           DType logits_dtype, const float* lse,
                                           const int32_t* targets, float dloss, const float* inp,
                                           const float* weight, int64_t N, int64_t C, int64_t V);
+
+// AdamW over runs of the same flat buffers (kernels/adamw_factors.h), each element what
+// adamw_update computes with `weight_decay` where a run's decay is set: on a GPU one launch for all
+// of them, reading `runs_on_gpu`, a copy of `runs` in its memory; on the CPU the runs in turn.
+void adamw_update_runs(const Exec& ex, float* values, const float* grads, float* m, float* v,
+                       const std::vector<AdamWRun>& runs, const AdamWRun* runs_on_gpu, double lr,
+                       double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                       float grad_scale);
 
 // matmul_backward_before_gelu (below) on such a kept input.
 void matmul_backward_before_gelu_from_rounded_input(const Exec& ex, float* dinp, float* dweight,

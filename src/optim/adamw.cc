@@ -1,6 +1,7 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "base/error.h"
 #include "kernels/ops.h"
@@ -11,18 +12,34 @@ AdamW::AdamW(ParameterStore& params, const AdamWConfig& config)
     : params_(&params), config_(config) {
   LOOM_CHECK(params.allocated() && params.values().defined() && params.grads().defined());
   if (params.dtype() != DType::kF32) fail("AdamW needs f32 parameters");
-  for (const auto& p : params.parameters())
-    segments_.push_back({p->offset, p->offset, p->offset, p->numel(), p->weight_decay});
   m_ = Tensor::zeros({params.numel()}, DType::kF32, params.device());
   v_ = Tensor::zeros({params.numel()}, DType::kF32, params.device());
+  std::vector<AdamWSegment> segments;
+  for (const auto& p : params.parameters())
+    segments.push_back({p->offset, p->offset, p->offset, p->numel(), p->weight_decay});
+  make_runs(segments);
 }
 
 AdamW::AdamW(const AdamWConfig& config, std::vector<AdamWSegment> segments, int64_t state_numel,
              Device device)
-    : config_(config), segments_(std::move(segments)) {
-  for (const AdamWSegment& s : segments_) LOOM_CHECK(s.state_offset + s.numel <= state_numel);
+    : config_(config) {
+  for (const AdamWSegment& s : segments) LOOM_CHECK(s.state_offset + s.numel <= state_numel);
   m_ = Tensor::zeros({state_numel}, DType::kF32, device);
   v_ = Tensor::zeros({state_numel}, DType::kF32, device);
+  make_runs(segments);
+}
+
+void AdamW::make_runs(const std::vector<AdamWSegment>& segments) {
+  for (const AdamWSegment& s : segments)
+    runs_.push_back({s.value_offset, s.grad_offset, s.state_offset, s.numel, s.decay ? 1 : 0});
+  number_adamw_chunks(runs_);
+  if (m_.device().is_cpu() || runs_.empty()) return;
+  constexpr int64_t kFields = sizeof(AdamWRun) / sizeof(int64_t);
+  static_assert(sizeof(AdamWRun) == kFields * sizeof(int64_t));
+  Tensor table =
+      Tensor::empty({static_cast<int64_t>(runs_.size()) * kFields}, DType::kI64, Device::cpu());
+  std::memcpy(table.data<int64_t>(), runs_.data(), runs_.size() * sizeof(AdamWRun));
+  runs_on_gpu_ = table.to(m_.device());
 }
 
 void AdamW::step(ThreadPool& pool, float lr, float grad_scale) {
@@ -32,13 +49,12 @@ void AdamW::step(ThreadPool& pool, float lr, float grad_scale) {
 
 void AdamW::step(ThreadPool& pool, float lr, float* values, const float* grads, float grad_scale) {
   ++step_;
-  for (const AdamWSegment& s : segments_) {
-    const float decay = s.decay ? config_.weight_decay : 0.0f;
-    ops::adamw_update<float>(Exec{&pool, m_.device()}, values + s.value_offset,
-                             grads + s.grad_offset, m_.data<float>() + s.state_offset,
-                             v_.data<float>() + s.state_offset, s.numel, lr, config_.beta1,
-                             config_.beta2, config_.eps, decay, step_, grad_scale);
-  }
+  const auto* runs_on_gpu = runs_on_gpu_.defined()
+                                ? reinterpret_cast<const AdamWRun*>(runs_on_gpu_.data<int64_t>())
+                                : nullptr;
+  ops::adamw_update_runs(Exec{&pool, m_.device()}, values, grads, m_.data<float>(),
+                         v_.data<float>(), runs_, runs_on_gpu, lr, config_.beta1, config_.beta2,
+                         config_.eps, config_.weight_decay, step_, grad_scale);
 }
 
 FlatModelState on_host(const FlatModelState& state) {

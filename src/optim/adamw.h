@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/adamw_factors.h"
 #include "nn/parameter.h"
 
 namespace loom {
@@ -49,8 +50,11 @@ class AdamW {
 
  private:
   ParameterStore* params_ = nullptr;  // the first form's store
+  void make_runs(const std::vector<AdamWSegment>& segments);
+
   AdamWConfig config_;
-  std::vector<AdamWSegment> segments_;
+  std::vector<AdamWRun> runs_;  // the segments, numbered in chunks for the GPU's single launch
+  Tensor runs_on_gpu_;          // on a GPU: runs_ in its memory (int64), read by every step
   Tensor m_, v_;
   int64_t step_ = 0;
 };

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -902,6 +903,51 @@ TEST_F(CudaKernelsTest, AdamWIsBitwiseTheCpuUpdate) {
   expect_pair_close("param", p);
   expect_pair_close("m", m);
   expect_pair_close("v", v);
+#endif
+}
+
+// A model's AdamW in one launch: every run bitwise adamw_update on its own elements (runs longer
+// than a chunk, exactly one, an empty one, offsets differing between values, gradients and moments,
+// weight decay on some), and the elements between runs untouched.
+TEST_F(CudaKernelsTest, AdamWRunsInOneLaunchAreEachRunsOwnUpdate) {
+  const int64_t n = 30000;
+  std::vector<AdamWRun> runs = {{0, 100, 50, 9000, 1},
+                                {9000, 9100, 9050, 0, 0},
+                                {9000, 20000, 9050, 700, 0},
+                                {12000, 9200, 12000, 4096, 1},
+                                {20000, 25000, 20000, 5, 0}};
+  EXPECT_EQ(number_adamw_chunks(runs), 3 + 0 + 1 + 1 + 1);
+  Tensor table = Tensor::empty({static_cast<int64_t>(runs.size() * sizeof(AdamWRun) / 8)},
+                               DType::kI64, Device::cpu());
+  std::memcpy(table.data<int64_t>(), runs.data(), runs.size() * sizeof(AdamWRun));
+  const Tensor table_on_gpu = table.to(Device::cuda(0));
+  const auto* runs_on_gpu = reinterpret_cast<const AdamWRun*>(table_on_gpu.data<int64_t>());
+
+  Pair p = random_pair(n, 84), g = random_pair(n, 85), m = random_pair(n, 86, -0.1, 0.1),
+       v = random_pair(n, 87, 0.0, 0.01);
+  Pair p2 = pair_of(p.from_host()), m2 = pair_of(m.from_host()), v2 = pair_of(v.from_host());
+  const std::vector<float> p0 = p.from_host();
+  for (int64_t step = 1; step <= 2; ++step) {
+    ops::adamw_update_runs(on_gpu, p.g(), g.g(), m.g(), v.g(), runs, runs_on_gpu, 6e-4, 0.9, 0.95,
+                           1e-8, 0.1, step, 0.5f);
+    ops::adamw_update_runs(on_cpu, p.h(), g.h(), m.h(), v.h(), runs, nullptr, 6e-4, 0.9, 0.95, 1e-8,
+                           0.1, step, 0.5f);
+    for (const AdamWRun& r : runs)
+      ops::adamw_update<float>(on_gpu, p2.g() + r.value_offset, g.g() + r.grad_offset,
+                               m2.g() + r.state_offset, v2.g() + r.state_offset, r.numel, 6e-4, 0.9,
+                               0.95, 1e-8, r.decay != 0 ? 0.1 : 0.0, step, 0.5f);
+  }
+  EXPECT_TRUE(bitwise_equal(p.from_gpu(), p2.from_gpu())) << "param";
+  EXPECT_TRUE(bitwise_equal(m.from_gpu(), m2.from_gpu())) << "m";
+  EXPECT_TRUE(bitwise_equal(v.from_gpu(), v2.from_gpu())) << "v";
+  const std::vector<float> after = p.from_gpu();
+  for (int64_t i : {int64_t{9700}, int64_t{11999}, int64_t{16096}, int64_t{20005}, n - 1})
+    EXPECT_EQ(after[static_cast<size_t>(i)], p0[static_cast<size_t>(i)]) << "element " << i;
+  EXPECT_NE(after[8999], p0[8999]) << "the first run's last element";
+#ifdef __FMA__
+  EXPECT_TRUE(bitwise_equal(after, p.from_host())) << "the CPU's runs";
+#else
+  expect_pair_close("the CPU's runs", p);
 #endif
 }
 

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "kernels/adamw_factors.h"    // AdamWRun
 #include "kernels/cpu/vocab_shard.h"  // VocabShard
 
 namespace loom::cuda {
@@ -274,5 +275,14 @@ void vocab_shard_cross_entropy_backward(int device, float* logits, const float* 
 void adamw_update(int device, float* param, const float* grad, float* m, float* v, int64_t n,
                   double lr, double beta1, double beta2, double eps, double weight_decay,
                   int64_t step, float grad_scale);
+
+// adamw_update over the runs of the same flat buffers in one launch, a block per chunk of
+// kAdamWChunk elements (`runs`: `count` entries in GPU memory, numbered by number_adamw_chunks,
+// `chunks` in all), with `weight_decay` where a run's decay is set: each element bitwise what
+// adamw_update computes. A model's ~150 parameters, most small, in one launch instead of one each.
+void adamw_update_runs(int device, float* values, const float* grads, float* m, float* v,
+                       const AdamWRun* runs, int64_t count, int64_t chunks, double lr, double beta1,
+                       double beta2, double eps, double weight_decay, int64_t step,
+                       float grad_scale);
 
 }  // namespace loom::cuda
