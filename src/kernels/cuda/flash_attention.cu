@@ -88,10 +88,12 @@ __device__ void load_row_operands(uint32_t (&a)[kHd / 16][4], const float* src, 
     const int64_t row = row0 + g + 8 * half;
     const float* p = row < T ? src + row * width : nullptr;
     LOOM_UNROLL
-    for (int kk = 0; kk < kHd / 16; ++kk) LOOM_UNROLL
-    for (int right = 0; right < 2; ++right) {  // columns 2t, 2t + 1 and 8 further
-      const int c = 16 * kk + 2 * t + 8 * right;
-      a[kk][half + 2 * right] = p != nullptr ? pack_bf16(p[c], p[c + 1]) : 0u;
+    for (int kk = 0; kk < kHd / 16; ++kk) {
+      LOOM_UNROLL
+      for (int right = 0; right < 2; ++right) {  // columns 2t, 2t + 1 and 8 further
+        const int c = 16 * kk + 2 * t + 8 * right;
+        a[kk][half + 2 * right] = p != nullptr ? pack_bf16(p[c], p[c + 1]) : 0u;
+      }
     }
   }
 }
@@ -125,6 +127,45 @@ __device__ inline float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// s (this warp's 16 rows × 8·Blocks columns) = A·Bᵀ: A the warp's rows over hd (row operands),
+// B the rows of `tile` (ld kLdHd). Only the first `used` 8-column blocks are computed, the rest
+// left zero (the causal mask hides them).
+template <int Blocks>
+__device__ void rows_times_tile_t(float (&s)[Blocks][4], const uint32_t (&a)[kHd / 16][4],
+                                  const bf16* tile, int64_t used = Blocks) {
+  LOOM_UNROLL
+  for (int j = 0; j < Blocks; ++j) {
+    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    if (j >= used) continue;
+    LOOM_UNROLL
+    for (int kk = 0; kk < kHd / 16; ++kk) {
+      uint32_t b[2];
+      load_b(b, tile, kLdHd, 8 * j, 16 * kk);
+      mma_bf16(s[j], a[kk], b);
+    }
+  }
+}
+
+// acc (16 rows × hd) += P·X: P the accumulators `p` (16 rows × 8·Blocks columns) rounded to
+// bf16, of which only the first `used` 8-column blocks may be nonzero; X the tile of 8·Blocks
+// rows stored transposed in `xt` (hd rows of `ld` values).
+template <int Blocks>
+__device__ void accumulate_times_tile(float (&acc)[kHd / 8][4], const float (&p)[Blocks][4],
+                                      const bf16* xt, int ld, int64_t used = Blocks) {
+  LOOM_UNROLL
+  for (int kk = 0; kk < Blocks / 2; ++kk) {
+    if (2 * kk >= used) continue;
+    uint32_t a[4];
+    accumulators_as_a(a, p[2 * kk], p[2 * kk + 1]);
+    LOOM_UNROLL
+    for (int j = 0; j < kHd / 8; ++j) {
+      uint32_t b[2];
+      load_b(b, xt, ld, 8 * j, 16 * kk);
+      mma_bf16(acc[j], a, b);
+    }
+  }
+}
+
 // `Out`: fp32, or bf16 for an output only the next GEMM (and D = rowsum(dO ∘ O)) reads.
 template <typename Out>
 __global__ void flash_forward_kernel(Out* out, float* lse, const float* qkv, int64_t T, int64_t C,
@@ -154,24 +195,17 @@ __global__ void flash_forward_kernel(Out* out, float* lse, const float* qkv, int
     __syncthreads();
     // Key blocks of 8 holding a key at or before this warp's last row (the rest are all masked).
     const int64_t visible = (w0 + 15 - k0) / 8 + 1;
-    float s[kKeyTile / 8][4] = {};
-    LOOM_UNROLL
-    for (int j = 0; j < kKeyTile / 8; ++j) {
-      if (j >= visible) continue;
-      LOOM_UNROLL
-      for (int kk = 0; kk < kHd / 16; ++kk) {
-        uint32_t bk[2];
-        load_b(bk, k, kLdHd, 8 * j, 16 * kk);
-        mma_bf16(s[j], qa[kk], bk);
-      }
-    }
+    float s[kKeyTile / 8][4];
+    rows_times_tile_t(s, qa, k, visible);  // S = Q·Kᵀ
     float mx[2] = {-INFINITY, -INFINITY};
     LOOM_UNROLL
-    for (int j = 0; j < kKeyTile / 8; ++j) LOOM_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const int64_t key = k0 + 8 * j + 2 * t + e % 2;
-      s[j][e] = key <= rows[e / 2] && key < T ? s[j][e] * scale2 : -INFINITY;
-      mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+    for (int j = 0; j < kKeyTile / 8; ++j) {
+      LOOM_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = k0 + 8 * j + 2 * t + e % 2;
+        s[j][e] = key <= rows[e / 2] && key < T ? s[j][e] * scale2 : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+      }
     }
     float base[2], alpha[2];
     for (int r = 0; r < 2; ++r) {
@@ -182,26 +216,19 @@ __global__ void flash_forward_kernel(Out* out, float* lse, const float* qkv, int
       l[r] *= alpha[r];
     }
     LOOM_UNROLL
-    for (int j = 0; j < kKeyTile / 8; ++j) LOOM_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      s[j][e] = exp2f(s[j][e] - base[e / 2]);
-      l[e / 2] += s[j][e];
-    }
-    LOOM_UNROLL
-    for (int j = 0; j < kHd / 8; ++j) LOOM_UNROLL
-    for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
-    LOOM_UNROLL
-    for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-      if (2 * kk >= visible) continue;
-      uint32_t pa[4];
-      accumulators_as_a(pa, s[2 * kk], s[2 * kk + 1]);
+    for (int j = 0; j < kKeyTile / 8; ++j) {
       LOOM_UNROLL
-      for (int j = 0; j < kHd / 8; ++j) {
-        uint32_t bv[2];
-        load_b(bv, vt, kLdKeys, 8 * j, 16 * kk);
-        mma_bf16(o[j], pa, bv);
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(s[j][e] - base[e / 2]);
+        l[e / 2] += s[j][e];
       }
     }
+    LOOM_UNROLL
+    for (int j = 0; j < kHd / 8; ++j) {
+      LOOM_UNROLL
+      for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
+    }
+    accumulate_times_tile(o, s, vt, kLdKeys, visible);  // O += P·V
   }
   float inverse[2];
   for (int r = 0; r < 2; ++r) {
@@ -246,39 +273,23 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const flo
     }
     __syncthreads();
     if (q0 + kSideTile - 1 < w0) continue;  // every query before all of this warp's keys
-    float st[kSideTile / 8][4] = {}, dpt[kSideTile / 8][4] = {};
+    float st[kSideTile / 8][4], dpt[kSideTile / 8][4];
+    rows_times_tile_t(st, ka, q);    // Sᵀ = K·Qᵀ
+    rows_times_tile_t(dpt, va, dy);  // dPᵀ = V·dOᵀ
     LOOM_UNROLL
-    for (int j = 0; j < kSideTile / 8; ++j) LOOM_UNROLL
-    for (int kk = 0; kk < kHd / 16; ++kk) {
-      uint32_t bq[2], bdy[2];
-      load_b(bq, q, kLdHd, 8 * j, 16 * kk);
-      mma_bf16(st[j], ka[kk], bq);
-      load_b(bdy, dy, kLdHd, 8 * j, 16 * kk);
-      mma_bf16(dpt[j], va[kk], bdy);
-    }
-    LOOM_UNROLL
-    for (int j = 0; j < kSideTile / 8; ++j) LOOM_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const int c = 8 * j + 2 * t + e % 2;
-      const int64_t i = q0 + c, key = keys[e / 2];
-      const float prob = i >= key && i < T && key < T ? exp2f(st[j][e] * scale2 - lse2_q[c]) : 0.0f;
-      st[j][e] = prob;                                  // Pᵀ
-      dpt[j][e] = prob * (dpt[j][e] - d_q[c]) * scale;  // dSᵀ
-    }
-    LOOM_UNROLL
-    for (int kk = 0; kk < kSideTile / 16; ++kk) {
-      uint32_t pa[4], dsa[4];
-      accumulators_as_a(pa, st[2 * kk], st[2 * kk + 1]);
-      accumulators_as_a(dsa, dpt[2 * kk], dpt[2 * kk + 1]);
+    for (int j = 0; j < kSideTile / 8; ++j) {
       LOOM_UNROLL
-      for (int j = 0; j < kHd / 8; ++j) {
-        uint32_t bdo[2], bq[2];
-        load_b(bdo, dyt, kLdSide, 8 * j, 16 * kk);
-        mma_bf16(dv[j], pa, bdo);  // dV += Pᵀ·dO
-        load_b(bq, qt, kLdSide, 8 * j, 16 * kk);
-        mma_bf16(dk[j], dsa, bq);  // dK += dSᵀ·Q
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * j + 2 * t + e % 2;
+        const int64_t i = q0 + c, key = keys[e / 2];
+        const float prob =
+            i >= key && i < T && key < T ? exp2f(st[j][e] * scale2 - lse2_q[c]) : 0.0f;
+        st[j][e] = prob;                                  // Pᵀ
+        dpt[j][e] = prob * (dpt[j][e] - d_q[c]) * scale;  // dSᵀ
       }
     }
+    accumulate_times_tile(dv, st, dyt, kLdSide);  // dV += Pᵀ·dO
+    accumulate_times_tile(dk, dpt, qt, kLdSide);  // dK += dSᵀ·Q
   }
   const float one[2] = {1.0f, 1.0f};
   Out* dk_rows = dqkv + b * T * 3 * C + C + h * kHd;
@@ -319,34 +330,19 @@ __global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const floa
     load_tile<kSideTile>(v, nullptr, head + 2 * C, k0, T, 3 * C);
     __syncthreads();
     if (k0 > w0 + 15) continue;  // every key after all of this warp's rows
-    float s[kSideTile / 8][4] = {}, dp[kSideTile / 8][4] = {};
+    float s[kSideTile / 8][4], dp[kSideTile / 8][4];
+    rows_times_tile_t(s, qa, k);    // S = Q·Kᵀ
+    rows_times_tile_t(dp, dya, v);  // dP = dO·Vᵀ
     LOOM_UNROLL
-    for (int j = 0; j < kSideTile / 8; ++j) LOOM_UNROLL
-    for (int kk = 0; kk < kHd / 16; ++kk) {
-      uint32_t bk[2], bv[2];
-      load_b(bk, k, kLdHd, 8 * j, 16 * kk);
-      mma_bf16(s[j], qa[kk], bk);  // S = Q·Kᵀ
-      load_b(bv, v, kLdHd, 8 * j, 16 * kk);
-      mma_bf16(dp[j], dya[kk], bv);  // dP = dO·Vᵀ
-    }
-    LOOM_UNROLL
-    for (int j = 0; j < kSideTile / 8; ++j) LOOM_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const int64_t key = k0 + 8 * j + 2 * t + e % 2, row = rows[e / 2];
-      const float prob = key <= row && row < T ? exp2f(s[j][e] * scale2 - lse2[e / 2]) : 0.0f;
-      s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
-    }
-    LOOM_UNROLL
-    for (int kk = 0; kk < kSideTile / 16; ++kk) {
-      uint32_t dsa[4];
-      accumulators_as_a(dsa, s[2 * kk], s[2 * kk + 1]);
+    for (int j = 0; j < kSideTile / 8; ++j) {
       LOOM_UNROLL
-      for (int j = 0; j < kHd / 8; ++j) {
-        uint32_t bk[2];
-        load_b(bk, kt, kLdSide, 8 * j, 16 * kk);
-        mma_bf16(dq[j], dsa, bk);  // dQ += dS·K
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = k0 + 8 * j + 2 * t + e % 2, row = rows[e / 2];
+        const float prob = key <= row && row < T ? exp2f(s[j][e] * scale2 - lse2[e / 2]) : 0.0f;
+        s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
       }
     }
+    accumulate_times_tile(dq, s, kt, kLdSide);  // dQ += dS·K
   }
   const float one[2] = {1.0f, 1.0f};
   store_rows(dqkv + b * T * 3 * C + h * kHd, 3 * C, dq, w0, T, one);
