@@ -229,25 +229,47 @@ void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dw
   }
 }
 
-void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const float* qkv,
-                               int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const detail::OpScope op_scope_("attention_forward", ex, [&] {
-    return detail::work_of<float>(2.0 * B * T * T * C, 3.5 * B * T * C + 1.0 * B * NH * T);
-  });
-  expect_rounded_output(ex, dtype, "attention_forward_rounded");
+namespace {
+// qkv as the GPU kernels take it: f32, or 16-bit values of the matmul precision.
+cuda::GemmOperand qkv_operand(const Exec& ex, const void* qkv, DType qkv_dtype, const char* what) {
+  if (qkv_dtype == DType::kF32) return cuda::GemmOperand(static_cast<const float*>(qkv));
+  return cuda::GemmOperand(qkv, rounded_precision(ex, qkv_dtype, what));
+}
+}  // namespace
+
+bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t B) {
+  if (!ex.device.is_cuda()) return false;
   if constexpr (detail::kCudaBuild)
-    cuda::attention_forward_rounded(ex.device.index, out, lse, qkv, B, T, C, NH);
+    return NH > 0 && C % NH == 0 && cuda::attention_takes_rounded_qkv(C, NH, B);
+  return false;
 }
 
-void attention_backward_rounded(const Exec& ex, void* dqkv, const float* dout, const float* qkv,
-                                const void* out, DType dtype, const float* lse, int64_t B,
-                                int64_t T, int64_t C, int64_t NH) {
+void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const void* qkv,
+                               DType qkv_dtype, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  // A 16-bit qkv is read at half an f32 element's bytes.
+  const double qkv_elements = (qkv_dtype == DType::kF32 ? 3.0 : 1.5) * B * T * C;
+  const detail::OpScope op_scope_("attention_forward", ex, [&] {
+    return detail::work_of<float>(2.0 * B * T * T * C,
+                                  qkv_elements + 0.5 * B * T * C + 1.0 * B * NH * T);
+  });
+  expect_rounded_output(ex, dtype, "attention_forward_rounded");
+  const cuda::GemmOperand qkv_op = qkv_operand(ex, qkv, qkv_dtype, "attention_forward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::attention_forward_rounded(ex.device.index, out, lse, qkv_op, B, T, C, NH);
+}
+
+void attention_backward_rounded(const Exec& ex, void* dqkv, const float* dout, const void* qkv,
+                                DType qkv_dtype, const void* out, DType dtype, const float* lse,
+                                int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const double qkv_elements = (qkv_dtype == DType::kF32 ? 3.0 : 1.5) * B * T * C;
   const detail::OpScope op_scope_("attention_backward", ex, [&] {
-    return detail::work_of<float>(5.0 * B * T * T * C, 6.0 * B * T * C + 1.0 * B * NH * T);
+    return detail::work_of<float>(5.0 * B * T * T * C,
+                                  qkv_elements + 3.0 * B * T * C + 1.0 * B * NH * T);
   });
   const cuda::GemmOperand kept(out, rounded_precision(ex, dtype, "attention_backward_rounded"));
+  const cuda::GemmOperand qkv_op = qkv_operand(ex, qkv, qkv_dtype, "attention_backward_rounded");
   if constexpr (detail::kCudaBuild)
-    cuda::attention_backward_rounded(ex.device.index, dqkv, dout, qkv, kept, lse, B, T, C, NH);
+    cuda::attention_backward_rounded(ex.device.index, dqkv, dout, qkv_op, kept, lse, B, T, C, NH);
 }
 
 void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, float* dbias,

@@ -89,15 +89,19 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
                                         const float* dout, const void* inp_rounded, DType inp_dtype,
                                         const float* weight, int64_t N, int64_t C, int64_t OC);
 
-// The attention (f32 qkv) on a GPU at bf16 / fp16 matmul precision: `out` written as the
-// attention projection's rounded input, and the backward on that out writing `dqkv` as the qkv
+// The attention on a GPU at bf16 / fp16 matmul precision: `out` written as the attention
+// projection's rounded input, and the backward on that out writing `dqkv` as the qkv
 // projection's rounded dout; both of `dtype` = matmul_input_dtype(ex, kF32), 16-bit
-// (cuda::attention_forward_rounded / attention_backward_rounded).
-void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const float* qkv,
-                               int64_t B, int64_t T, int64_t C, int64_t NH);
-void attention_backward_rounded(const Exec& ex, void* dqkv, const float* dout, const float* qkv,
-                                const void* out, DType dtype, const float* lse, int64_t B,
-                                int64_t T, int64_t C, int64_t NH);
+// (cuda::attention_forward_rounded / attention_backward_rounded). `qkv` is f32 (`qkv_dtype`
+// kF32), or of `dtype` where attention_takes_rounded_qkv says so.
+void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const void* qkv,
+                               DType qkv_dtype, int64_t B, int64_t T, int64_t C, int64_t NH);
+void attention_backward_rounded(const Exec& ex, void* dqkv, const float* dout, const void* qkv,
+                                DType qkv_dtype, const void* out, DType dtype, const float* lse,
+                                int64_t B, int64_t T, int64_t C, int64_t NH);
+// Whether the attention above takes qkv in 16 bits (the qkv projection's rounded output) for
+// these sizes: on a GPU whose fused flash kernels apply (bf16, head size 64); never on a CPU.
+bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t B);
 // matmul_backward (f32) with dout and inp both rounded already, of the same 16-bit `dtype`.
 void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, float* dbias,
                                   const void* dout, const void* inp, DType dtype,

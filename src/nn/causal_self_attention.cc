@@ -36,7 +36,7 @@ Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   att_ = Tensor::empty({B, T, channels_}, out_dtype, ctx.device);
   if (out_dtype != ctx.dtype) {
     ops::attention_forward_rounded(ctx.exec(), att_.raw(), out_dtype, lse_.data<float>(),
-                                   qkv_out_.data<float>(), B, T, channels_, heads_);
+                                   qkv_out_.raw(), qkv_out_.dtype(), B, T, channels_, heads_);
     return att_;
   }
   dispatch_float(ctx.dtype, [&](auto zero) {
@@ -53,9 +53,9 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
   // At 16-bit matmul precision dqkv is written as the qkv projection's rounded dout.
   Tensor dqkv = Tensor::empty(qkv_out_.shape(), att_.dtype(), ctx.device);
   if (att_.dtype() != ctx.dtype) {
-    ops::attention_backward_rounded(ctx.exec(), dqkv.raw(), datt.data<float>(),
-                                    qkv_out_.data<float>(), att_.raw(), att_.dtype(),
-                                    lse_.data<float>(), B, T, channels_, heads_);
+    ops::attention_backward_rounded(ctx.exec(), dqkv.raw(), datt.data<float>(), qkv_out_.raw(),
+                                    qkv_out_.dtype(), att_.raw(), att_.dtype(), lse_.data<float>(),
+                                    B, T, channels_, heads_);
   } else {
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);

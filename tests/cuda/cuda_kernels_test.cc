@@ -6,6 +6,7 @@
 // with the CPU kernels' messages. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -638,7 +639,8 @@ TEST_F(CudaKernelsTest, AttentionWritesItsOutputAndGradientRoundedForTheProjecti
          lse16 = pair_of(std::vector<float>(B * k.NH * T));
     ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g(), B, T, k.C, k.NH);
     Tensor out16 = Tensor::empty({n}, dtype, Device::cuda(0));
-    ops::attention_forward_rounded(on_gpu, out16.raw(), dtype, lse16.g(), qkv.g(), B, T, k.C, k.NH);
+    ops::attention_forward_rounded(on_gpu, out16.raw(), dtype, lse16.g(), qkv.g(), DType::kF32, B,
+                                   T, k.C, k.NH);
     std::vector<float> want = out.from_gpu();
     for (float& x : want)
       x = dtype == DType::kBF16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
@@ -649,8 +651,8 @@ TEST_F(CudaKernelsTest, AttentionWritesItsOutputAndGradientRoundedForTheProjecti
     // The backward: dqkv in 16 bits, the fp32-out backward's given the rounded out, rounded.
     Tensor dqkv16 = Tensor::empty({3 * n}, dtype, Device::cuda(0));
     Pair dqkv_ref = pair_of(std::vector<float>(3 * n)), rounded_out = pair_of(got);
-    ops::attention_backward_rounded(on_gpu, dqkv16.raw(), dout.g(), qkv.g(), out16.raw(), dtype,
-                                    lse16.g(), B, T, k.C, k.NH);
+    ops::attention_backward_rounded(on_gpu, dqkv16.raw(), dout.g(), qkv.g(), DType::kF32,
+                                    out16.raw(), dtype, lse16.g(), B, T, k.C, k.NH);
     ops::attention_backward<float>(on_gpu, dqkv_ref.g(), dout.g(), qkv.g(), rounded_out.g(),
                                    lse.g(), B, T, k.C, k.NH);
     std::vector<float> dqkv_want = dqkv_ref.from_gpu();
@@ -675,6 +677,58 @@ TEST_F(CudaKernelsTest, AttentionWritesItsOutputAndGradientRoundedForTheProjecti
     EXPECT_TRUE(bitwise_equal(dx1.from_gpu(), dx2.from_gpu())) << "qkv dinp";
     EXPECT_TRUE(bitwise_equal(dw1.from_gpu(), dw2.from_gpu())) << "qkv dweight";
     EXPECT_TRUE(bitwise_equal(db1.from_gpu(), db2.from_gpu())) << "qkv dbias";
+  }
+}
+
+// Where the flash kernels apply they take qkv in bf16 as the qkv projection writes it: bit for
+// bit what they compute from the same values in fp32 (they round Q, K, V to bf16 as they load
+// them), forward and backward. Elsewhere a 16-bit qkv is refused with a message.
+TEST_F(CudaKernelsTest, FlashAttentionTakesQkvInBf16AsItsOwnRounding) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
+  const int64_t B = 2, T = 77, C = 128, NH = 2, n = B * T * C;
+  ASSERT_TRUE(ops::attention_takes_rounded_qkv(on_gpu, C, NH, B));
+  EXPECT_FALSE(ops::attention_takes_rounded_qkv(on_gpu, 96, 3, B)) << "head size 32";
+  EXPECT_FALSE(ops::attention_takes_rounded_qkv(on_cpu, C, NH, B)) << "on a CPU";
+
+  Pair qkv = random_pair(3 * n, 101, -2.0, 2.0), dout = random_pair(n, 102);
+  Tensor qkv16 = Tensor::empty({3 * n}, DType::kBF16, Device::cuda(0));
+  (void)cuda::round_for_gemm(0, qkv16.raw(), qkv.g(), 3 * n);
+  Pair qkv_values = pair_of(widened(qkv16));
+  Tensor out_a = Tensor::empty({n}, DType::kBF16, Device::cuda(0)),
+         out_b = Tensor::empty({n}, DType::kBF16, Device::cuda(0));
+  Pair lse_a = pair_of(std::vector<float>(B * NH * T)),
+       lse_b = pair_of(std::vector<float>(B * NH * T));
+  ops::attention_forward_rounded(on_gpu, out_a.raw(), DType::kBF16, lse_a.g(), qkv16.raw(),
+                                 DType::kBF16, B, T, C, NH);
+  ops::attention_forward_rounded(on_gpu, out_b.raw(), DType::kBF16, lse_b.g(), qkv_values.g(),
+                                 DType::kF32, B, T, C, NH);
+  EXPECT_TRUE(bitwise_equal(widened(out_a), widened(out_b))) << "out";
+  EXPECT_TRUE(bitwise_equal(lse_a.from_gpu(), lse_b.from_gpu())) << "lse";
+  Tensor dqkv_a = Tensor::empty({3 * n}, DType::kBF16, Device::cuda(0)),
+         dqkv_b = Tensor::empty({3 * n}, DType::kBF16, Device::cuda(0));
+  ops::attention_backward_rounded(on_gpu, dqkv_a.raw(), dout.g(), qkv16.raw(), DType::kBF16,
+                                  out_a.raw(), DType::kBF16, lse_a.g(), B, T, C, NH);
+  ops::attention_backward_rounded(on_gpu, dqkv_b.raw(), dout.g(), qkv_values.g(), DType::kF32,
+                                  out_a.raw(), DType::kBF16, lse_a.g(), B, T, C, NH);
+  const std::vector<float> dqkv = widened(dqkv_a);
+  EXPECT_TRUE(bitwise_equal(dqkv, widened(dqkv_b))) << "dqkv";
+  EXPECT_GT(*std::max_element(dqkv.begin(), dqkv.end()), 0.0f) << "a gradient was computed";
+
+  // Head size 32: the batched-GEMM path, which reads fp32 only.
+  const int64_t n32 = B * T * 96;
+  Tensor small16 = Tensor::empty({3 * n32}, DType::kBF16, Device::cuda(0));
+  Tensor small_out = Tensor::empty({n32}, DType::kBF16, Device::cuda(0));
+  Pair small_lse = pair_of(std::vector<float>(B * 3 * T));
+  try {
+    ops::attention_forward_rounded(on_gpu, small_out.raw(), DType::kBF16, small_lse.g(),
+                                   small16.raw(), DType::kBF16, B, T, 96, 3);
+    FAIL() << "a 16-bit qkv was taken without the flash kernels";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a 16-bit qkv needs the flash kernels"), std::string::npos)
+        << e.what();
   }
 }
 

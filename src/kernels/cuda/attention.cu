@@ -210,21 +210,36 @@ void row_dots(float* D, const float* dout, const Out* out, int64_t B, int64_t T,
 // The backward writing dqkv in the 16-bit type of `out` (Out): by the flash kernels themselves
 // where they apply, else the fp32 dqkv rounded.
 template <typename Out>
-void attention_backward_rounded_from(int device, void* dqkv, const float* dout, const float* qkv,
+void attention_backward_rounded_from(int device, void* dqkv, const float* dout, GemmOperand qkv,
                                      const Out* out, const float* lse, int64_t B, int64_t T,
                                      int64_t C, int64_t NH) {
   Scratch<float> D(device, B * NH * T);
   row_dots(D.get(), dout, out, B, T, C, NH);
   if (flash_attention_applies(C, NH, B)) {
-    flash_attention_backward_bf16_dqkv(device, dqkv, dout, qkv, lse, D.get(), B, T, C, NH);
+    flash_attention_backward_bf16_dqkv(device, dqkv, dout, qkv.data,
+                                       qkv.rounded_to == MatmulPrecision::kBf16, lse, D.get(), B, T,
+                                       C, NH);
     return;
   }
   Scratch<float> full(device, 3 * B * T * C);
-  attention_backward_given_D(device, full.get(), dout, qkv, D.get(), lse, B, T, C, NH);
+  attention_backward_given_D(device, full.get(), dout, static_cast<const float*>(qkv.data), D.get(),
+                             lse, B, T, C, NH);
   (void)round_for_gemm(device, dqkv, full.get(), 3 * B * T * C);
 }
 
+// A 16-bit qkv is for the flash kernels only (attention_takes_rounded_qkv).
+void expect_usable_qkv(GemmOperand qkv, int64_t B, int64_t C, int64_t NH, const char* what) {
+  if (qkv.rounded_to == MatmulPrecision::kFp32) return;
+  qkv.expect_usable_at(matmul_precision(), "qkv");
+  if (!attention_takes_rounded_qkv(C, NH, B))
+    fail(what, ": a 16-bit qkv needs the flash kernels (bf16, head size 64), which do not apply");
+}
+
 }  // namespace
+
+bool attention_takes_rounded_qkv(int64_t C, int64_t NH, int64_t B) {
+  return flash_attention_applies(C, NH, B);
+}
 
 void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
@@ -237,25 +252,28 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
   attention_backward_given_D(device, dqkv, dout, qkv, D.get(), lse, B, T, C, NH);
 }
 
-GemmOperand attention_forward_rounded(int device, void* out, float* lse, const float* qkv,
-                                      int64_t B, int64_t T, int64_t C, int64_t NH) {
+GemmOperand attention_forward_rounded(int device, void* out, float* lse, GemmOperand qkv, int64_t B,
+                                      int64_t T, int64_t C, int64_t NH) {
   check_shapes(C, NH);
+  expect_usable_qkv(qkv, B, C, NH, "attention_forward_rounded");
   DeviceGuard guard(device);
   if (B * T > 0 && flash_attention_applies(C, NH, B)) {
-    flash_attention_forward_bf16_out(device, out, lse, qkv, B, T, C, NH);
+    flash_attention_forward_bf16_out(device, out, lse, qkv.data,
+                                     qkv.rounded_to == MatmulPrecision::kBf16, B, T, C, NH);
     return GemmOperand(out, MatmulPrecision::kBf16);
   }
   // The batched-GEMM path writes fp32: rounded after.
   Scratch<float> full(device, B * T * C);
-  attention_forward(device, full.get(), lse, qkv, B, T, C, NH);
+  attention_forward(device, full.get(), lse, static_cast<const float*>(qkv.data), B, T, C, NH);
   return round_for_gemm(device, out, full.get(), B * T * C);
 }
 
-GemmOperand attention_backward_rounded(int device, void* dqkv, const float* dout, const float* qkv,
+GemmOperand attention_backward_rounded(int device, void* dqkv, const float* dout, GemmOperand qkv,
                                        GemmOperand out, const float* lse, int64_t B, int64_t T,
                                        int64_t C, int64_t NH) {
   check_shapes(C, NH);
   out.expect_usable_at(matmul_precision(), "out");
+  expect_usable_qkv(qkv, B, C, NH, "attention_backward_rounded");
   DeviceGuard guard(device);
   if (B * T > 0) {
     switch (out.rounded_to) {

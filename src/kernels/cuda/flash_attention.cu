@@ -43,7 +43,8 @@ constexpr int kSideTile = 32;   // backward: the other side's rows per shared ti
 constexpr int kLdHd = kHd + 8;  // tiles with hd columns
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Four consecutive floats, p 16-byte aligned: one 128-bit load on the GPU.
+// Four consecutive values as floats, p aligned to their size: one 128-bit load of fp32 or one
+// 64-bit load of bf16 on the GPU.
 __device__ inline float4 load4(const float* p) {
 #ifdef __CUDA_ARCH__
   return *reinterpret_cast<const float4*>(p);
@@ -51,12 +52,23 @@ __device__ inline float4 load4(const float* p) {
   return make_float4(p[0], p[1], p[2], p[3]);
 #endif
 }
+__device__ inline float4 load4(const bf16* p) {
+#ifdef __CUDA_ARCH__
+  const uint2 bits = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+#else
+  return make_float4(widen(p[0]), widen(p[1]), widen(p[2]), widen(p[3]));
+#endif
+}
 
 // Rows [row0, row0 + Rows) of a head's hd columns (row r at src + r·width; src and width
-// multiples of 4 floats), rounded to bf16, into `tile` (row-major, ld kLdHd) and/or `tile_t`
-// (transposed, ld Rows + 8); zeros past T. Each thread moves 4 columns of a row at a time.
-template <int Rows>
-__device__ void load_tile(bf16* tile, bf16* tile_t, const float* src, int64_t row0, int64_t T,
+// multiples of 4 values; `In` fp32 or bf16), rounded to bf16, into `tile` (row-major, ld kLdHd)
+// and/or `tile_t` (transposed, ld Rows + 8); zeros past T. Each thread moves 4 columns of a row
+// at a time.
+template <int Rows, typename In>
+__device__ void load_tile(bf16* tile, bf16* tile_t, const In* src, int64_t row0, int64_t T,
                           int64_t width) {
   for (int e = threadIdx.x; e < Rows * kHd / 4; e += blockDim.x) {
     const int r = e / (kHd / 4), c = e % (kHd / 4) * 4;
@@ -81,18 +93,19 @@ __device__ void load_tile(bf16* tile, bf16* tile_t, const float* src, int64_t ro
 // A warp's 16 rows [row0, row0 + 16) of a head's hd columns (row r at src + r·width) as the A
 // operands of the four 16-column k steps over hd, rounded to bf16; zeros past T. Read once per
 // block, straight from global memory: each group of 4 lanes reads 32 contiguous bytes.
-__device__ void load_row_operands(uint32_t (&a)[kHd / 16][4], const float* src, int64_t row0,
+template <typename In>
+__device__ void load_row_operands(uint32_t (&a)[kHd / 16][4], const In* src, int64_t row0,
                                   int64_t T, int64_t width) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   for (int half = 0; half < 2; ++half) {  // rows g and g + 8
     const int64_t row = row0 + g + 8 * half;
-    const float* p = row < T ? src + row * width : nullptr;
+    const In* p = row < T ? src + row * width : nullptr;
     LOOM_UNROLL
     for (int kk = 0; kk < kHd / 16; ++kk) {
       LOOM_UNROLL
       for (int right = 0; right < 2; ++right) {  // columns 2t, 2t + 1 and 8 further
         const int c = 16 * kk + 2 * t + 8 * right;
-        a[kk][half + 2 * right] = p != nullptr ? pack_bf16(p[c], p[c + 1]) : 0u;
+        a[kk][half + 2 * right] = p != nullptr ? pack_bf16(widen(p[c]), widen(p[c + 1])) : 0u;
       }
     }
   }
@@ -166,9 +179,10 @@ __device__ void accumulate_times_tile(float (&acc)[kHd / 8][4], const float (&p)
   }
 }
 
-// `Out`: fp32, or bf16 for an output only the next GEMM (and D = rowsum(dO ∘ O)) reads.
-template <typename Out>
-__global__ void flash_forward_kernel(Out* out, float* lse, const float* qkv, int64_t T, int64_t C,
+// `In`: qkv in fp32, or in bf16 as the qkv projection wrote it. `Out`: fp32, or bf16 for an
+// output only the next GEMM (and D = rowsum(dO ∘ O)) reads.
+template <typename In, typename Out>
+__global__ void flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_t T, int64_t C,
                                      int64_t NH, float scale) {
   constexpr int kLdKeys = kKeyTile + 8;
   __shared__ __align__(16) bf16 k[kKeyTile * kLdHd];  // K: B(k = hd, n = key) of S = Q·Kᵀ
@@ -176,7 +190,7 @@ __global__ void flash_forward_kernel(Out* out, float* lse, const float* qkv, int
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   // The last query tiles see the most keys: they start first.
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
-  const float* head = qkv + b * T * 3 * C + h * kHd;  // part p of row t: head + t·3C + p·C
+  const In* head = qkv + b * T * 3 * C + h * kHd;  // part p of row t: head + t·3C + p·C
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = q0 + 16 * warp;                           // this warp's first row
   const int64_t rows[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two rows
@@ -240,8 +254,8 @@ __global__ void flash_forward_kernel(Out* out, float* lse, const float* qkv, int
 }
 
 // dK and dV of one 64-key tile.
-template <typename Out>
-__global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const float* qkv,
+template <typename In, typename Out>
+__global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In* qkv,
                                          const float* lse, const float* D, int64_t T, int64_t C,
                                          int64_t NH, float scale) {
   constexpr int kLdSide = kSideTile + 8;
@@ -252,7 +266,7 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const flo
   __shared__ float lse2_q[kSideTile], d_q[kSideTile];   // per query: lse in log2 units, D
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the first tiles see most
-  const float* head = qkv + b * T * 3 * C + h * kHd;
+  const In* head = qkv + b * T * 3 * C + h * kHd;
   const float* dhead = dout + b * T * C + h * kHd;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = k0 + 16 * warp;                           // this warp's first key
@@ -298,8 +312,8 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const flo
 }
 
 // dQ of one 64-query tile.
-template <typename Out>
-__global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const float* qkv,
+template <typename In, typename Out>
+__global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const In* qkv,
                                         const float* lse, const float* D, int64_t T, int64_t C,
                                         int64_t NH, float scale) {
   constexpr int kLdSide = kSideTile + 8;
@@ -308,7 +322,7 @@ __global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const floa
   __shared__ __align__(16) bf16 v[kSideTile * kLdHd];  // V: B of dP = dO·Vᵀ
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
-  const float* head = qkv + b * T * 3 * C + h * kHd;
+  const In* head = qkv + b * T * 3 * C + h * kHd;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = q0 + 16 * warp;
   const int64_t rows[2] = {w0 + lane / 4, w0 + lane / 4 + 8};
@@ -356,15 +370,40 @@ bool flash_disabled_by_environment() {
   return disabled;
 }
 
-// The tiles are read 16 bytes at a time: every row of a head starts on a 16-byte boundary when
-// the tensor does (C is a multiple of 64). A view starting elsewhere is refused, not misread.
-void check_aligned(const void* p, const char* what) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
-    fail("flash attention: ", what, " does not start on a 16-byte boundary");
+// The tiles are read 4 values at a time: every row of a head starts 4 values aligned when the
+// tensor does (C is a multiple of 64). A view starting elsewhere is refused, not misread.
+void check_aligned(const void* p, size_t bytes, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    fail("flash attention: ", what, " does not start on a ", bytes, "-byte boundary");
 }
 
 dim3 flash_grid(int64_t B, int64_t T, int64_t NH) {
   return dim3(blocks_of(T, kBlockRows), static_cast<unsigned>(B * NH));
+}
+
+float flash_scale() {
+  return 1.0f / std::sqrt(static_cast<float>(kHd));
+}
+
+template <typename In, typename Out>
+void flash_forward(int device, Out* out, float* lse, const In* qkv, int64_t B, int64_t T, int64_t C,
+                   int64_t NH, const char* name) {
+  DeviceGuard guard(device);
+  check_aligned(qkv, 4 * sizeof(In), "qkv");
+  launch(name, flash_forward_kernel<In, Out>, flash_grid(B, T, NH), kFlashThreads, out, lse, qkv, T,
+         C, NH, flash_scale());
+}
+
+template <typename In, typename Out>
+void flash_backward(int device, Out* dqkv, const float* dout, const In* qkv, const float* lse,
+                    const float* D, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  DeviceGuard guard(device);
+  check_aligned(qkv, 4 * sizeof(In), "qkv");
+  check_aligned(dout, 4 * sizeof(float), "dout");
+  launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<In, Out>,
+         flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, flash_scale());
+  launch("attention_backward (flash dQ)", flash_backward_q_kernel<In, Out>, flash_grid(B, T, NH),
+         kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, flash_scale());
 }
 
 }  // namespace
@@ -376,36 +415,18 @@ bool flash_attention_applies(int64_t C, int64_t NH, int64_t B) {
 
 void flash_attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
                              int64_t T, int64_t C, int64_t NH) {
-  DeviceGuard guard(device);
-  check_aligned(qkv, "qkv");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-  launch("attention_forward (flash)", flash_forward_kernel<float>, flash_grid(B, T, NH),
-         kFlashThreads, out, lse, qkv, T, C, NH, scale);
+  flash_forward(device, out, lse, qkv, B, T, C, NH, "attention_forward (flash)");
 }
 
-void flash_attention_forward_bf16_out(int device, void* out, float* lse, const float* qkv,
-                                      int64_t B, int64_t T, int64_t C, int64_t NH) {
-  DeviceGuard guard(device);
-  check_aligned(qkv, "qkv");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-  launch("attention_forward (flash, bf16 out)", flash_forward_kernel<bf16>, flash_grid(B, T, NH),
-         kFlashThreads, static_cast<bf16*>(out), lse, qkv, T, C, NH, scale);
+void flash_attention_forward_bf16_out(int device, void* out, float* lse, const void* qkv,
+                                      bool qkv_bf16, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  if (qkv_bf16)
+    flash_forward(device, static_cast<bf16*>(out), lse, static_cast<const bf16*>(qkv), B, T, C, NH,
+                  "attention_forward (flash, bf16 qkv and out)");
+  else
+    flash_forward(device, static_cast<bf16*>(out), lse, static_cast<const float*>(qkv), B, T, C, NH,
+                  "attention_forward (flash, bf16 out)");
 }
-
-namespace {
-template <typename Out>
-void flash_backward(int device, Out* dqkv, const float* dout, const float* qkv, const float* lse,
-                    const float* D, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  DeviceGuard guard(device);
-  check_aligned(qkv, "qkv");
-  check_aligned(dout, "dout");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-  launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<Out>, flash_grid(B, T, NH),
-         kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, scale);
-  launch("attention_backward (flash dQ)", flash_backward_q_kernel<Out>, flash_grid(B, T, NH),
-         kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, scale);
-}
-}  // namespace
 
 void flash_attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                               const float* lse, const float* D, int64_t B, int64_t T, int64_t C,
@@ -413,10 +434,15 @@ void flash_attention_backward(int device, float* dqkv, const float* dout, const 
   flash_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH);
 }
 
-void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const float* dout, const float* qkv,
-                                        const float* lse, const float* D, int64_t B, int64_t T,
-                                        int64_t C, int64_t NH) {
-  flash_backward(device, static_cast<bf16*>(dqkv), dout, qkv, lse, D, B, T, C, NH);
+void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const float* dout, const void* qkv,
+                                        bool qkv_bf16, const float* lse, const float* D, int64_t B,
+                                        int64_t T, int64_t C, int64_t NH) {
+  if (qkv_bf16)
+    flash_backward(device, static_cast<bf16*>(dqkv), dout, static_cast<const bf16*>(qkv), lse, D, B,
+                   T, C, NH);
+  else
+    flash_backward(device, static_cast<bf16*>(dqkv), dout, static_cast<const float*>(qkv), lse, D,
+                   B, T, C, NH);
 }
 
 }  // namespace loom::cuda

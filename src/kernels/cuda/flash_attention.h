@@ -13,9 +13,10 @@ bool flash_attention_applies(int64_t C, int64_t NH, int64_t B);
 void flash_attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
                              int64_t T, int64_t C, int64_t NH);
 
-// The same with `out` written in bf16 (B·T·C values): attention_forward_rounded.
-void flash_attention_forward_bf16_out(int device, void* out, float* lse, const float* qkv,
-                                      int64_t B, int64_t T, int64_t C, int64_t NH);
+// The same with `out` written in bf16 (B·T·C values): attention_forward_rounded. `qkv` holds
+// floats, or bf16 values when qkv_bf16 (as the qkv projection wrote them).
+void flash_attention_forward_bf16_out(int device, void* out, float* lse, const void* qkv,
+                                      bool qkv_bf16, int64_t B, int64_t T, int64_t C, int64_t NH);
 
 // attention_backward's contract, given D = rowsum(dout ∘ out) per (b, h, t). dqkv must not alias
 // qkv or dout: the dK/dV pass writes it before the dQ pass reads them (callers pass a fresh one).
@@ -23,9 +24,10 @@ void flash_attention_backward(int device, float* dqkv, const float* dout, const 
                               const float* lse, const float* D, int64_t B, int64_t T, int64_t C,
                               int64_t NH);
 
-// The same with dqkv written in bf16 (B·T·3C values): attention_backward_rounded.
-void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const float* dout, const float* qkv,
-                                        const float* lse, const float* D, int64_t B, int64_t T,
-                                        int64_t C, int64_t NH);
+// The same with dqkv written in bf16 (B·T·3C values): attention_backward_rounded; `qkv` as in
+// flash_attention_forward_bf16_out.
+void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const float* dout, const void* qkv,
+                                        bool qkv_bf16, const float* lse, const float* D, int64_t B,
+                                        int64_t T, int64_t C, int64_t NH);
 
 }  // namespace loom::cuda

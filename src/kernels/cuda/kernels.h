@@ -221,11 +221,18 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
 // keeps O in bf16, and writes dqkv (B·T·3C) as the qkv projection's dout. At GPT-2 124M,
 // T = 1024, batch 16, ~4 GB less memory traffic per step and 0.6 GB less memory than fp32 out and
 // dqkv the projections round for themselves.
-GemmOperand attention_forward_rounded(int device, void* out, float* lse, const float* qkv,
-                                      int64_t B, int64_t T, int64_t C, int64_t NH);
-GemmOperand attention_backward_rounded(int device, void* dqkv, const float* dout, const float* qkv,
+//
+// `qkv` is fp32, or where attention_takes_rounded_qkv says so (the flash kernels apply), the
+// 16-bit values the qkv projection wrote (matmul_forward_rounded_output): the flash kernels
+// round Q, K and V to bf16 as they load them, so both give the same bits.
+GemmOperand attention_forward_rounded(int device, void* out, float* lse, GemmOperand qkv, int64_t B,
+                                      int64_t T, int64_t C, int64_t NH);
+GemmOperand attention_backward_rounded(int device, void* dqkv, const float* dout, GemmOperand qkv,
                                        GemmOperand out, const float* lse, int64_t B, int64_t T,
                                        int64_t C, int64_t NH);
+// Whether attention_forward_rounded / attention_backward_rounded take a 16-bit qkv at the current
+// matmul precision for these sizes.
+bool attention_takes_rounded_qkv(int64_t C, int64_t NH, int64_t B);
 
 // Checks the targets like embedding_forward.
 void cross_entropy_forward(int device, float* losses, float* lse, const float* logits,
