@@ -124,6 +124,29 @@ void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* i
   matmul_forward_on_gpu(ex, out, kept, weight, bias, N, C, OC, residual);
 }
 
+void matmul_forward_rounded_output(const Exec& ex, void* out, DType out_dtype, const void* inp,
+                                   DType inp_dtype, void* inp_rounded, const float* weight,
+                                   const float* bias, int64_t N, int64_t C, int64_t OC) {
+  // The 16-bit output is written at half an f32 element's bytes.
+  const detail::OpScope op_scope_("matmul_forward", ex, [&] {
+    detail::OpCounts c = detail::matmul_forward_counts(N, C, OC, bias != nullptr);
+    c.elements -= 0.5 * N * OC;
+    return detail::work_of<float>(c);
+  });
+  expect_rounded_output(ex, out_dtype, "matmul_forward_rounded_output");
+  if (inp_dtype != DType::kF32)
+    (void)rounded_precision(ex, inp_dtype, "matmul_forward_rounded_output");
+  if constexpr (detail::kCudaBuild) {
+    const cuda::GemmOperand operand =
+        inp_dtype == DType::kF32
+            ? cuda::round_for_gemm(ex.device.index, inp_rounded, static_cast<const float*>(inp),
+                                   N * C)
+            : cuda::GemmOperand(inp,
+                                rounded_precision(ex, inp_dtype, "matmul_forward_rounded_output"));
+    cuda::matmul_forward_rounded_output(ex.device.index, out, operand, weight, bias, N, C, OC);
+  }
+}
+
 void gelu_forward_rounded(const Exec& ex, void* out, DType out_dtype, const float* inp, int64_t n) {
   const detail::OpScope op_scope_("gelu_forward", ex,
                                   [&] { return detail::work_of<float>(0, 1.5 * n); });

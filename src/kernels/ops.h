@@ -77,6 +77,14 @@ void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_
 void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* inp, DType inp_dtype,
                                        const float* weight, const float* bias, int64_t N, int64_t C,
                                        int64_t OC, const float* residual = nullptr);
+// matmul_forward writing `out` in 16 bits (`out_dtype` = matmul_input_dtype(ex, kF32)), its bias
+// rounded to that type too (cuda::matmul_forward_rounded_output): an output only 16-bit readers
+// take (qkv for the flash kernels: attention_takes_rounded_qkv). `inp` is rounded already
+// (`inp_dtype` 16-bit), or f32 (kF32) and then rounded into `inp_rounded` (N·C values of
+// out_dtype) for the backward.
+void matmul_forward_rounded_output(const Exec& ex, void* out, DType out_dtype, const void* inp,
+                                   DType inp_dtype, void* inp_rounded, const float* weight,
+                                   const float* bias, int64_t N, int64_t C, int64_t OC);
 // GELU and LayerNorm forward (f32 in) for an output only a Linear reads: written straight as its
 // rounded input, `out_dtype` = matmul_input_dtype(ex, kF32), 16-bit — bit for bit the fp32
 // output rounded, without it in memory.

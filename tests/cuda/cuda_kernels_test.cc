@@ -818,6 +818,54 @@ TEST_F(CudaKernelsTest, LmHeadBackwardMatchesTheSeparateOpsAndCpu) {
 // within an ulp: the GPU may pick another algorithm for a 16-bit output), their cross-entropy
 // the CPU's on those rounded logits, the backward bit for bit the fp32-logits head fed them; a
 // precision changed in between is refused before the logits are read as another type.
+// A Linear writing its output in 16 bits (the qkv projection for the flash kernels): the fp32
+// GEMM's result plus the bias rounded to that type, rounded once — within an ulp, and equal but
+// for ≤1% of values (the GPU's two GEMMs may sum in other orders). From an fp32 input it keeps
+// the input's rounding for the backward, and computes what it computes from that rounding.
+TEST_F(CudaKernelsTest, LinearWithSixteenBitOutputAddsItsBiasRoundedToThatType) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  const int64_t N = 37, C = 24, OC = 150;
+  Pair inp = random_pair(N * C, 110, -2.0, 2.0), w = random_pair(OC * C, 111),
+       bias = random_pair(OC, 112, -3.0, 3.0);
+  for (auto [precision, dtype] : {std::pair{cuda::MatmulPrecision::kBf16, DType::kBF16},
+                                  std::pair{cuda::MatmulPrecision::kFp16, DType::kF16}}) {
+    const bool bf16 = dtype == DType::kBF16;
+    SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+    cuda::set_matmul_precision(precision);
+    const auto round16 = [&](float x) {
+      return bf16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
+    };
+    Tensor kept = Tensor::empty({N * C}, dtype, Device::cuda(0)),
+           out = Tensor::empty({N * OC}, dtype, Device::cuda(0)),
+           out2 = Tensor::empty({N * OC}, dtype, Device::cuda(0));
+    ops::matmul_forward_rounded_output(on_gpu, out.raw(), dtype, inp.g(), DType::kF32, kept.raw(),
+                                       w.g(), bias.g(), N, C, OC);
+    std::vector<float> inp_rounded = inp.from_host();
+    for (float& x : inp_rounded) x = round16(x);
+    EXPECT_TRUE(bitwise_equal(widened(kept), inp_rounded)) << "the kept input";
+    ops::matmul_forward_rounded_output(on_gpu, out2.raw(), dtype, kept.raw(), dtype, nullptr, w.g(),
+                                       bias.g(), N, C, OC);
+    const std::vector<float> got = widened(out);
+    EXPECT_TRUE(bitwise_equal(got, widened(out2))) << "from the kept input";
+
+    Pair full = pair_of(std::vector<float>(N * OC));
+    ops::matmul_forward<float>(on_gpu, full.g(), inp.g(), w.g(), nullptr, N, C, OC);
+    const std::vector<float> acc = full.from_gpu(), b = bias.from_host();
+    int64_t off = 0, bias_rounding_shows = 0;
+    for (int64_t i = 0; i < N * OC; ++i) {
+      const float want = round16(acc[i] + round16(b[i % OC]));
+      if (want != round16(acc[i] + b[i % OC])) ++bias_rounding_shows;
+      const double ulp = std::ldexp(1.0, std::ilogb(want) - (bf16 ? 7 : 10));
+      if (got[i] != want) ++off;
+      ASSERT_LE(std::abs(double(got[i]) - want), ulp) << "output " << i;
+    }
+    EXPECT_LE(off, N * OC / 100);
+    EXPECT_GT(bias_rounding_shows, N * OC / 100) << "the data tells the two bias roundings apart";
+  }
+}
+
 TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }

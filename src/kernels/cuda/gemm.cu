@@ -152,11 +152,12 @@ __global__ void fill_kernel(T* out, int64_t n, uint32_t seed) {
 
 // Row-major D = alpha·op(A)·op(B) + beta·C (+ bias) through cuBLASLt, A and B of `ab_type`
 // (fp32, bf16 or fp16), C and D of `cd_type` (fp32, or A and B's 16-bit type) with the same
-// layout; C may be D itself (in place). Accumulation in fp32.
+// layout; C may be D itself (in place). Accumulation in fp32. The bias is fp32, or of `cd_type`
+// for a 16-bit D (cuBLASLt's bias takes D's type there).
 void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bool trans_a,
                bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                int64_t lda, const void* B, int64_t ldb, float beta, const void* C, void* D,
-               int64_t ldc, const float* bias, GemmBatch batch, cudaDataType cd_type = CUDA_R_32F) {
+               int64_t ldc, const void* bias, GemmBatch batch, cudaDataType cd_type = CUDA_R_32F) {
   GpuBlas& blas = blas_for(device);
   // Column-major problem: D (m×n) = op(A')·op(B'), A' = B, B' = A.
   const int64_t m = N, n = M, k = K;
@@ -176,7 +177,7 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
     if (batch.count > 1) fail("cuda::gemm: a bias is supported on unbatched GEMMs only");
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_32F);
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cd_type);
   }
 
   // In cuBLASLt's terms A is our B and B our A (see above).
@@ -187,9 +188,10 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   const int64_t cd_element = cd_type == CUDA_R_32F ? 4 : 2;
   const uint32_t align_c = std::min(alignment(C, strided * batch.stride_c * cd_element),
                                     alignment(D, strided * batch.stride_c * cd_element));
-  const AlgoKey key = algo_key(compute, ab_type, op_a, op_b, m, n, k, lda, ldb, ldc, batch.count,
-                               batch.stride_a, batch.stride_b, batch.stride_c, bias != nullptr,
-                               align_a, align_b, align_c, beta != 0.0f, cd_type);
+  const AlgoKey key =
+      algo_key(compute, ab_type, op_a, op_b, m, n, k, lda, ldb, ldc, batch.count, batch.stride_a,
+               batch.stride_b, batch.stride_c, bias != nullptr ? 1 + cd_type : 0, align_a, align_b,
+               align_c, beta != 0.0f, cd_type);
   cublasLtMatmulAlgo_t algo{};
   bool known = false;
   {
@@ -222,7 +224,8 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
 
 // C = op(A)·op(B) with both operands in the 16-bit type of `precision` (bf16 or fp16): those not
 // rounded yet are rounded here, each over its whole span (gaps between rows included); fp32
-// accumulation, output in fp32 or, `rounded_output`, in that 16-bit type too.
+// accumulation, output in fp32 or, `rounded_output`, in that 16-bit type too, with the bias
+// (N values) then rounded to it.
 void half_gemm(int device, MatmulPrecision precision, bool trans_a, bool trans_b, int64_t M,
                int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda, GemmOperand B,
                int64_t ldb, float beta, const void* C, void* D, int64_t ldc, const float* bias,
@@ -233,9 +236,12 @@ void half_gemm(int device, MatmulPrecision precision, bool trans_a, bool trans_b
   std::optional<RoundedOperand> a16, b16;
   if (A.rounded_to != precision) a16.emplace(device, static_cast<const float*>(A.data), a_span);
   if (B.rounded_to != precision) b16.emplace(device, static_cast<const float*>(B.data), b_span);
+  std::optional<RoundedOperand> bias16;
+  if (rounded_output && bias != nullptr) bias16.emplace(device, bias, N);
   lt_matmul(device, CUBLAS_COMPUTE_32F, type, trans_a, trans_b, M, N, K, alpha,
             a16 ? a16->operand().data : A.data, lda, b16 ? b16->operand().data : B.data, ldb, beta,
-            C, D, ldc, bias, batch, rounded_output ? type : CUDA_R_32F);
+            C, D, ldc, bias16 ? bias16->operand().data : bias, batch,
+            rounded_output ? type : CUDA_R_32F);
 }
 
 // gemm and gemm_adding: D = alpha·op(A)·op(B) + beta·C (+ bias) at the process's precision.
@@ -286,12 +292,12 @@ void gemm_adding(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, i
 
 GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t M, int64_t N,
                                 int64_t K, GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb,
-                                void* C, int64_t ldc) {
+                                void* C, int64_t ldc, const float* bias) {
   const MatmulPrecision precision = check_rounded_output_gemm(M, N, K, A, B);
   DeviceGuard guard(device);
   if (M > 0 && N > 0)
     half_gemm(device, precision, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, C, ldc,
-              nullptr, GemmBatch{}, /*rounded_output=*/true);
+              bias, GemmBatch{}, /*rounded_output=*/true);
   return GemmOperand(C, precision);
 }
 

@@ -128,18 +128,21 @@ void gemm_adding(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, i
 
 GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t M, int64_t N,
                                 int64_t K, GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb,
-                                void* C, int64_t ldc) {
+                                void* C, int64_t ldc, const float* bias) {
   const MatmulPrecision precision = check_rounded_output_gemm(M, N, K, A, B);
   DeviceGuard guard(device);
   expect_gpu_memory(C, device, "C");
+  if (bias != nullptr) expect_gpu_memory(bias, device, "the bias");
   if (M == 0 || N == 0) return GemmOperand(C, precision);
-  // The fp32 result (what the GPU's fp32 accumulator holds, to its rounding), then rounded.
+  // The fp32 result (what the GPU's fp32 accumulator holds, to its rounding), plus the bias as
+  // cuBLASLt takes it for a 16-bit output (rounded to that type), then rounded.
   Scratch<float> full(device, M * N);
   reference_gemm(precision, device, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f,
                  full.get(), full.get(), N, nullptr, GemmBatch{});
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
-      const float x = full.get()[i * N + j];
+      float x = full.get()[i * N + j];
+      if (bias != nullptr) x += operand_value(GemmOperand(bias), j, precision);
       if (precision == MatmulPrecision::kBf16)
         static_cast<__nv_bfloat16*>(C)[i * ldc + j] = __float2bfloat16_rn(x);
       else

@@ -109,12 +109,14 @@ void gemm_adding(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, i
                  GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, const float* addend,
                  float* D, int64_t ldd, const float* bias = nullptr);
 
-// C (M×N, row stride ldc) = op(A)·op(B) written in the current matmul precision's 16-bit type
-// (bf16 or fp16, else it fails), fp32 accumulation rounded once: an output only 16-bit readers
-// take (the LM head's logits), at half the bytes. Returns C as a GEMM operand.
+// C (M×N, row stride ldc) = op(A)·op(B) (+ bias) written in the current matmul precision's 16-bit
+// type (bf16 or fp16, else it fails), fp32 accumulation rounded once: an output only 16-bit
+// readers take (the LM head's logits, qkv for the flash kernels), at half the bytes. The bias
+// (N values, fp32) is added in the epilogue as cuBLASLt takes it for a 16-bit output, rounded to
+// that type itself (as PyTorch's autocast rounds a Linear's bias). Returns C as a GEMM operand.
 GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t M, int64_t N,
                                 int64_t K, GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb,
-                                void* C, int64_t ldc);
+                                void* C, int64_t ldc, const float* bias = nullptr);
 
 // Op timing (kernels/op_profile.h): a CUDA event recorded now on GPU `device`'s legacy stream,
 // where every kernel runs; and the milliseconds between two of them (waits for `stop`), which
@@ -135,6 +137,11 @@ double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int
 // bf16 / fp16 matmul precision.
 void matmul_forward(int device, float* out, GemmOperand inp, const float* weight, const float* bias,
                     int64_t N, int64_t C, int64_t OC);
+// matmul_forward writing `out` in the current matmul precision's 16-bit type (gemm_rounded_output,
+// the bias rounded too): the qkv projection's output for the flash kernels.
+GemmOperand matmul_forward_rounded_output(int device, void* out, GemmOperand inp,
+                                          const float* weight, const float* bias, int64_t N,
+                                          int64_t C, int64_t OC);
 // matmul_forward plus a residual (N × OC) added in the GEMM's epilogue: out = inp·Wᵀ + bias +
 // residual, rounded once (the separate add rounds the GEMM's output first: the two differ in the
 // last bit). A block's skip connection (x + proj(...)) without an add over three activations.

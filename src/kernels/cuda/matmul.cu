@@ -157,6 +157,12 @@ void matmul_forward(int device, float* out, GemmOperand inp, const float* weight
   gemm(device, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
 }
 
+GemmOperand matmul_forward_rounded_output(int device, void* out, GemmOperand inp,
+                                          const float* weight, const float* bias, int64_t N,
+                                          int64_t C, int64_t OC) {
+  return gemm_rounded_output(device, false, true, N, OC, C, inp, C, weight, C, out, OC, bias);
+}
+
 void matmul_forward_adding(int device, float* out, GemmOperand inp, const float* weight,
                            const float* bias, const float* residual, int64_t N, int64_t C,
                            int64_t OC) {
