@@ -28,7 +28,12 @@ Tensor CausalSelfAttention::forward_adding(Context& ctx, const Tensor& x, const 
 Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   if (x.ndim() != 3) fail("attention expects (B, T, C), got ", shape_str(x.shape()));
   const int64_t B = x.dim(0), T = x.dim(1);
-  qkv_out_ = qkv_.forward(ctx, x);
+  // Where the fused flash kernels run (a GPU at bf16, head size 64) they round Q, K and V to bf16
+  // as they load them: the projection writes qkv in bf16 itself, half the bytes to write, keep
+  // and read (its bias rounded too, as under PyTorch's autocast).
+  qkv_out_ = ops::attention_takes_rounded_qkv(ctx.exec(), channels_, heads_, B)
+                 ? qkv_.forward_rounded_output(ctx, x)
+                 : qkv_.forward(ctx, x);
   lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
   // On a GPU at bf16 / fp16 matmul precision the output is written as proj's rounded input (and
   // kept once, by proj and for the backward's D = rowsum(dO ∘ O)).

@@ -64,6 +64,21 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x, const Tensor* residua
   return y;
 }
 
+Tensor Linear::forward_rounded_output(Context& ctx, const Tensor& x) {
+  if (x.dim(-1) != in_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", in_);
+  const DType out_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  if (out_dtype == ctx.dtype)
+    fail(weight_->name, ": a 16-bit output needs a GPU at bf16 / fp16 matmul precision");
+  Tensor y = Tensor::empty(with_last(x.shape(), out_), out_dtype, ctx.device);
+  const bool rounded = x.dtype() != ctx.dtype;  // by its producer (LayerNorm, GELU) already
+  x_ = rounded ? x : Tensor::empty(x.shape(), out_dtype, ctx.device);
+  ops::matmul_forward_rounded_output(
+      ctx.exec(), y.raw(), out_dtype, x.raw(), rounded ? x.dtype() : DType::kF32,
+      rounded ? nullptr : x_.raw(), weight_->value.data<float>(),
+      bias_ ? bias_->value.data<float>() : nullptr, x.numel() / in_, in_, out_);
+  return y;
+}
+
 void Linear::restore_input(const Tensor& x) {
   if (x.dim(-1) != in_) fail(weight_->name, ": restored input last dim ", x.dim(-1), " != ", in_);
   x_ = x;

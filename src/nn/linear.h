@@ -17,6 +17,10 @@ class Linear {
   // x: (..., in) -> (..., out). x is ctx.dtype, or already rounded for the GEMMs by its producer
   // (ops::matmul_input_dtype: LayerNorm::forward_for_matmul, a GPU at bf16 / fp16).
   Tensor forward(Context& ctx, const Tensor& x);
+  // forward writing y in 16 bits (ops::matmul_input_dtype; a GPU at bf16 / fp16), the bias
+  // rounded to that type too: an output only 16-bit readers take (ops::
+  // matmul_forward_rounded_output; the qkv projection for the flash kernels). Fails elsewhere.
+  Tensor forward_rounded_output(Context& ctx, const Tensor& x);
   // forward plus `residual` (shaped like the output): a block's skip connection, x + proj(...).
   // On a GPU added in the GEMM's epilogue (ops::matmul_forward_adding), not in a pass of its own.
   Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual);

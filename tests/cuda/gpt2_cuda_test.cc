@@ -16,6 +16,7 @@
 #include "harness/devices.h"
 #include "kernels/ops.h"
 #include "models/gpt2.h"
+#include "nn/causal_self_attention.h"
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
 #include "nn/mlp.h"
@@ -121,6 +122,62 @@ TEST(Gpt2Cuda, Bf16MatmulsStayNearTheCpuRun) {
 // bit for bit what the plain matmul ops give with the fp32 input rounded inside each GEMM. At
 // fp32 the input is kept as it came; a precision changed between forward and backward is refused.
 // A LayerNorm before it may write that rounded input itself.
+// Where the flash kernels read it (bf16, head size 64) the attention's qkv projection writes
+// and keeps qkv in bf16: the attention computes what the ops do from that rounding; with heads
+// of 32, or at fp16, qkv stays fp32.
+TEST(Gpt2Cuda, AttentionKeepsQkvInBf16WhereTheFlashKernelsReadIt) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  struct Restore {
+    ~Restore() { ops::set_matmul_precision("fp32"); }
+  } restore;
+  const Device gpu = Device::cuda(0);
+  constexpr int64_t B = 2, T = 9;
+  ThreadPool pool(1);
+  Context ctx{&pool, gpu, DType::kF32};
+  struct Case {
+    const char* precision;
+    int64_t C, NH;
+    DType qkv;
+  };
+  for (const Case& k : {Case{"bf16", 128, 2, DType::kBF16}, Case{"bf16", 96, 3, DType::kF32},
+                        Case{"fp16", 128, 2, DType::kF32}}) {
+    SCOPED_TRACE(std::string(k.precision) + " C=" + std::to_string(k.C));
+    ops::set_matmul_precision(k.precision);
+    ParameterStore store;
+    CausalSelfAttention attn(store, "attn", k.C, k.NH, 0.3f, 0.3f);
+    store.allocate(DType::kF32, gpu);
+    store.initialize(6);
+    const Tensor x = uniform_on(gpu, {B, T, k.C}, 3, 1.0f);
+    const Tensor y = attn.forward(ctx, x);
+    std::vector<Tensor*> cache;
+    attn.collect_cache(cache);
+    ASSERT_EQ(cache.size(), 5u);  // qkv's and proj's inputs, qkv, the attention output, lse
+    EXPECT_EQ(cache[2]->dtype(), k.qkv);
+    if (k.qkv != DType::kBF16) continue;
+    // The ops: the qkv projection rounded to bf16 (bias too), the attention on it, proj.
+    const Exec ex = ctx.exec();
+    const Parameter& wq = *store.find("attn.qkv.weight");
+    const Parameter& bq = *store.find("attn.qkv.bias");
+    const Parameter& wp = *store.find("attn.proj.weight");
+    const Parameter& bp = *store.find("attn.proj.bias");
+    const int64_t N = B * T;
+    Tensor x16 = Tensor::empty({N, k.C}, DType::kBF16, gpu),
+           qkv = Tensor::empty({N, 3 * k.C}, DType::kBF16, gpu),
+           att = Tensor::empty({N, k.C}, DType::kBF16, gpu),
+           lse = Tensor::empty({B, k.NH, T}, DType::kF32, gpu),
+           y_ops = Tensor::empty({N, k.C}, DType::kF32, gpu);
+    ops::matmul_forward_rounded_output(ex, qkv.raw(), DType::kBF16, x.raw(), DType::kF32, x16.raw(),
+                                       wq.value.data<float>(), bq.value.data<float>(), N, k.C,
+                                       3 * k.C);
+    ops::attention_forward_rounded(ex, att.raw(), DType::kBF16, lse.data<float>(), qkv.raw(),
+                                   DType::kBF16, B, T, k.C, k.NH);
+    ops::matmul_forward_from_rounded_input(ex, y_ops.data<float>(), att.raw(), DType::kBF16,
+                                           wp.value.data<float>(), bp.value.data<float>(), N, k.C,
+                                           k.C);
+    EXPECT_TRUE(cpu::ktest::bitwise_equal(y.to_vector(), y_ops.to_vector())) << "out";
+  }
+}
+
 TEST(Gpt2Cuda, LinearKeepsItsInputRoundedAndComputesWhatTheOpsDo) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
