@@ -17,7 +17,8 @@
 //
 // The other side's tiles are stored twice where one product reads them along rows and another
 // along columns (row-major and transposed): every B operand is then one 32-bit shared load per
-// register, and the padded leading dimensions (+8 values) put the 32 lanes' loads in 32 banks.
+// register, and the padded leading dimensions (+8 values) put the 32 lanes' loads in 32 banks,
+// as they do the tiles' stores (load_tile, load_tile_transposed).
 // Warps whose rows the causal mask hides from a whole tile skip its products.
 #include <cmath>
 #include <cstdint>
@@ -64,29 +65,45 @@ __device__ inline float4 load4(const bf16* p) {
 }
 
 // Rows [row0, row0 + Rows) of a head's hd columns (row r at src + r·width; src and width
-// multiples of 4 values; `In` fp32 or bf16), rounded to bf16, into `tile` (row-major, ld kLdHd)
-// and/or `tile_t` (transposed, ld Rows + 8); zeros past T. Each thread moves 4 columns of a row
-// at a time.
+// multiples of 4 values; `In` fp32 or bf16), rounded to bf16, into `tile` (row-major, ld kLdHd);
+// zeros past T. A thread moves 4 columns of a row at a time: a warp's 8-byte stores cover whole
+// rows, in distinct banks.
 template <int Rows, typename In>
-__device__ void load_tile(bf16* tile, bf16* tile_t, const In* src, int64_t row0, int64_t T,
-                          int64_t width) {
+__device__ void load_tile(bf16* tile, const In* src, int64_t row0, int64_t T, int64_t width) {
   for (int e = threadIdx.x; e < Rows * kHd / 4; e += blockDim.x) {
     const int r = e / (kHd / 4), c = e % (kHd / 4) * 4;
     const int64_t row = row0 + r;
     const float4 v = row < T ? load4(src + row * width + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    if (tile != nullptr) {
-      auto* dst = reinterpret_cast<__nv_bfloat162*>(tile + r * kLdHd + c);
-      dst[0] = lo;
-      dst[1] = hi;
-    }
-    if (tile_t != nullptr) {
-      bf16* dst = tile_t + c * (Rows + 8) + r;
-      dst[0] = lo.x;
-      dst[Rows + 8] = lo.y;
-      dst[2 * (Rows + 8)] = hi.x;
-      dst[3 * (Rows + 8)] = hi.y;
-    }
+    auto* dst = reinterpret_cast<__nv_bfloat162*>(tile + r * kLdHd + c);
+    dst[0] = __floats2bfloat162_rn(v.x, v.y);
+    dst[1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+}
+
+// The same rows transposed into `tile_t` (hd rows of Rows + 8 values: column c of the rows at
+// tile_t + c·(Rows + 8)). A thread moves 4 columns of two adjacent rows and stores them as 4 bf16
+// pairs down the columns: a warp's lanes take 16 row pairs × 2 column groups, and the groups lie
+// 4·(Rows + 8)/2 ≡ 16 words apart (Rows = 32 or 64), so its 32 stores fall in 32 banks — one
+// value a lane down the columns would have put 4 lanes on each bank.
+template <int Rows, typename In>
+__device__ void load_tile_transposed(bf16* tile_t, const In* src, int64_t row0, int64_t T,
+                                     int64_t width) {
+  static_assert(Rows % 32 == 0 && (2 * (Rows + 8)) % 32 == 16, "the bank layout above");
+  constexpr int kPairBlocks = Rows / 32;  // blocks of 16 row pairs
+  for (int e = threadIdx.x; e < Rows / 2 * (kHd / 4); e += blockDim.x) {
+    const int rest = e / 32;
+    const int pair = rest % kPairBlocks * 16 + e % 16;
+    const int c = (rest / kPairBlocks * 2 + e / 16 % 2) * 4;
+    const int64_t row = row0 + 2 * pair;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 a = row < T ? load4(src + row * width + c) : zero;
+    const float4 b = row + 1 < T ? load4(src + (row + 1) * width + c) : zero;
+    auto* dst = reinterpret_cast<__nv_bfloat162*>(tile_t + c * (Rows + 8) + 2 * pair);
+    constexpr int kStride = (Rows + 8) / 2;  // one transposed row, in pairs
+    dst[0] = __floats2bfloat162_rn(a.x, b.x);
+    dst[kStride] = __floats2bfloat162_rn(a.y, b.y);
+    dst[2 * kStride] = __floats2bfloat162_rn(a.z, b.z);
+    dst[3 * kStride] = __floats2bfloat162_rn(a.w, b.w);
   }
 }
 
@@ -204,8 +221,8 @@ __global__ void flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_
   const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;  // causal: up to the last row
   for (int64_t k0 = 0; k0 < kv_end; k0 += kKeyTile) {
     __syncthreads();  // every warp is done with the previous k, vt
-    load_tile<kKeyTile>(k, nullptr, head + C, k0, T, 3 * C);
-    load_tile<kKeyTile>(nullptr, vt, head + 2 * C, k0, T, 3 * C);
+    load_tile<kKeyTile>(k, head + C, k0, T, 3 * C);
+    load_tile_transposed<kKeyTile>(vt, head + 2 * C, k0, T, 3 * C);
     __syncthreads();
     // Key blocks of 8 holding a key at or before this warp's last row (the rest are all masked).
     const int64_t visible = (w0 + 15 - k0) / 8 + 1;
@@ -279,8 +296,10 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In*
   float dk[kHd / 8][4] = {}, dv[kHd / 8][4] = {};
   for (int64_t q0 = k0; q0 < T; q0 += kSideTile) {  // causal: earlier queries see none of these
     __syncthreads();
-    load_tile<kSideTile>(q, qt, head, q0, T, 3 * C);
-    load_tile<kSideTile>(dy, dyt, dhead, q0, T, C);
+    load_tile<kSideTile>(q, head, q0, T, 3 * C);
+    load_tile_transposed<kSideTile>(qt, head, q0, T, 3 * C);  // the same rows again, from L1
+    load_tile<kSideTile>(dy, dhead, q0, T, C);
+    load_tile_transposed<kSideTile>(dyt, dhead, q0, T, C);
     for (int e = threadIdx.x; e < kSideTile; e += blockDim.x) {
       lse2_q[e] = q0 + e < T ? lse[bh * T + q0 + e] * kLog2e : 0.0f;
       d_q[e] = q0 + e < T ? D[bh * T + q0 + e] : 0.0f;
@@ -340,8 +359,9 @@ __global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const In* 
   const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;
   for (int64_t k0 = 0; k0 < kv_end; k0 += kSideTile) {
     __syncthreads();
-    load_tile<kSideTile>(k, kt, head + C, k0, T, 3 * C);
-    load_tile<kSideTile>(v, nullptr, head + 2 * C, k0, T, 3 * C);
+    load_tile<kSideTile>(k, head + C, k0, T, 3 * C);
+    load_tile_transposed<kSideTile>(kt, head + C, k0, T, 3 * C);
+    load_tile<kSideTile>(v, head + 2 * C, k0, T, 3 * C);
     __syncthreads();
     if (k0 > w0 + 15) continue;  // every key after all of this warp's rows
     float s[kSideTile / 8][4], dp[kSideTile / 8][4];
