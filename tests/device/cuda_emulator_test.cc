@@ -146,6 +146,40 @@ TEST(CudaEmulator, TensorCoreMmaComputesDPlusABOverPtxFragments) {
       }
 }
 
+// ldmatrix .x4, plain and .trans, with each matrix's rows scattered in memory (a row is any 16
+// bytes a lane points at): lane l holds row l / 4 (or, transposed, column l / 4), elements
+// 2·(l % 4) and the next, of matrix i in r[i] — PTX's "a group of four threads loads an entire
+// row", "thread 0 receiving the first fragment".
+TEST(CudaEmulator, LdmatrixGivesEachLaneItsFragmentOfFourMatrices) {
+  // Matrix i, row r, column c holds 1000·i + 10·r + c; row r of matrix i lives at buffer row
+  // (5·(8·i + r) + 3) % 32, 12 values apart.
+  constexpr int kLd = 12;
+  std::vector<uint16_t> buffer(32 * kLd, 0xffff);
+  const auto slot = [](int i, int r) { return (5 * (8 * i + r) + 3) % 32; };
+  for (int i = 0; i < 4; ++i)
+    for (int r = 0; r < 8; ++r)
+      for (int c = 0; c < 8; ++c)
+        buffer[static_cast<size_t>(slot(i, r) * kLd + c)] =
+            static_cast<uint16_t>(1000 * i + 10 * r + c);
+  for (bool transposed : {false, true}) {
+    std::vector<uint32_t> got(32 * 4);
+    run_kernel("ldmatrix", {1}, {32}, [&] {
+      const int lane = static_cast<int>(current().thread_idx.x);
+      uint32_t r[4];
+      warp_ldmatrix_x4(r, buffer.data() + slot(lane / 8, lane % 8) * kLd, transposed);
+      for (int i = 0; i < 4; ++i) got[static_cast<size_t>(lane * 4 + i)] = r[i];
+    });
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        const int a = lane / 4, b = 2 * (lane % 4);  // row, column (swapped when transposed)
+        const uint32_t lo = transposed ? 1000 * i + 10 * b + a : 1000 * i + 10 * a + b;
+        const uint32_t hi = transposed ? lo + 10 : lo + 1;
+        EXPECT_EQ(got[static_cast<size_t>(lane * 4 + i)], lo | hi << 16)
+            << (transposed ? "trans " : "") << "lane " << lane << " matrix " << i;
+      }
+  }
+}
+
 TEST(CudaEmulator, ShuffleFromAMissingLaneGivesTheLanesOwnValue) {
   std::vector<double> out(32);
   run_kernel("shuffle down", {1}, {32}, [&] {

@@ -15,10 +15,10 @@
 //    (dPᵀ - D) / sqrt(hd), dV += Pᵀ·dO, dK += dSᵀ·Q; and per query tile, over its 32-key tiles:
 //    S = Q·Kᵀ, dP = dO·Vᵀ, dS likewise, dQ += dS·K. D = rowsum(dO ∘ O) comes from attention.cu.
 //
-// The other side's tiles are stored twice where one product reads them along rows and another
-// along columns (row-major and transposed): every B operand is then one 32-bit shared load per
-// register, and the padded leading dimensions (+8 values) put the 32 lanes' loads in 32 banks,
-// as they do the tiles' stores (load_tile, load_tile_transposed).
+// The other side's tiles are stored once, row-major, and ldmatrix reads the B operands of two
+// mmas at a time out of them, along their rows or (transposing) down their columns: the padded
+// leading dimension (+8 values) puts each 8-row phase of its reads, and a warp's stores, in
+// distinct banks.
 // Warps whose rows the causal mask hides from a whole tile skip its products.
 #include <cmath>
 #include <cstdint>
@@ -80,33 +80,6 @@ __device__ void load_tile(bf16* tile, const In* src, int64_t row0, int64_t T, in
   }
 }
 
-// The same rows transposed into `tile_t` (hd rows of Rows + 8 values: column c of the rows at
-// tile_t + c·(Rows + 8)). A thread moves 4 columns of two adjacent rows and stores them as 4 bf16
-// pairs down the columns: a warp's lanes take 16 row pairs × 2 column groups, and the groups lie
-// 4·(Rows + 8)/2 ≡ 16 words apart (Rows = 32 or 64), so its 32 stores fall in 32 banks — one
-// value a lane down the columns would have put 4 lanes on each bank.
-template <int Rows, typename In>
-__device__ void load_tile_transposed(bf16* tile_t, const In* src, int64_t row0, int64_t T,
-                                     int64_t width) {
-  static_assert(Rows % 32 == 0 && (2 * (Rows + 8)) % 32 == 16, "the bank layout above");
-  constexpr int kPairBlocks = Rows / 32;  // blocks of 16 row pairs
-  for (int e = threadIdx.x; e < Rows / 2 * (kHd / 4); e += blockDim.x) {
-    const int rest = e / 32;
-    const int pair = rest % kPairBlocks * 16 + e % 16;
-    const int c = (rest / kPairBlocks * 2 + e / 16 % 2) * 4;
-    const int64_t row = row0 + 2 * pair;
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float4 a = row < T ? load4(src + row * width + c) : zero;
-    const float4 b = row + 1 < T ? load4(src + (row + 1) * width + c) : zero;
-    auto* dst = reinterpret_cast<__nv_bfloat162*>(tile_t + c * (Rows + 8) + 2 * pair);
-    constexpr int kStride = (Rows + 8) / 2;  // one transposed row, in pairs
-    dst[0] = __floats2bfloat162_rn(a.x, b.x);
-    dst[kStride] = __floats2bfloat162_rn(a.y, b.y);
-    dst[2 * kStride] = __floats2bfloat162_rn(a.z, b.z);
-    dst[3 * kStride] = __floats2bfloat162_rn(a.w, b.w);
-  }
-}
-
 // A warp's 16 rows [row0, row0 + 16) of a head's hd columns (row r at src + r·width) as the A
 // operands of the four 16-column k steps over hd, rounded to bf16; zeros past T. Read once per
 // block, straight from global memory: each group of 4 lanes reads 32 contiguous bytes.
@@ -158,40 +131,43 @@ __device__ inline float quad_sum(float x) {
 }
 
 // s (this warp's 16 rows × 8·Blocks columns) = A·Bᵀ: A the warp's rows over hd (row operands),
-// B the rows of `tile` (ld kLdHd). Only the first `used` 8-column blocks are computed, the rest
-// left zero (the causal mask hides them).
+// B the rows of `tile` (ld kLdHd). Only the 8-column blocks from which the first `used` start are
+// computed, the rest left zero (the causal mask hides them).
 template <int Blocks>
 __device__ void rows_times_tile_t(float (&s)[Blocks][4], const uint32_t (&a)[kHd / 16][4],
                                   const bf16* tile, int64_t used = Blocks) {
   LOOM_UNROLL
-  for (int j = 0; j < Blocks; ++j) {
-    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+  for (int j = 0; j < Blocks; j += 2) {
+    LOOM_UNROLL
+    for (int e = 0; e < 4; ++e) s[j][e] = s[j + 1][e] = 0.0f;
     if (j >= used) continue;
     LOOM_UNROLL
     for (int kk = 0; kk < kHd / 16; ++kk) {
-      uint32_t b[2];
-      load_b(b, tile, kLdHd, 8 * j, 16 * kk);
-      mma_bf16(s[j], a[kk], b);
+      uint32_t b0[2], b1[2];
+      load_b_pair<false>(b0, b1, tile, kLdHd, 8 * j, 16 * kk);
+      mma_bf16(s[j], a[kk], b0);
+      mma_bf16(s[j + 1], a[kk], b1);
     }
   }
 }
 
 // acc (16 rows × hd) += P·X: P the accumulators `p` (16 rows × 8·Blocks columns) rounded to
 // bf16, of which only the first `used` 8-column blocks may be nonzero; X the tile of 8·Blocks
-// rows stored transposed in `xt` (hd rows of `ld` values).
+// rows `x` (ld kLdHd), read down its columns by ldmatrix's transposing load.
 template <int Blocks>
 __device__ void accumulate_times_tile(float (&acc)[kHd / 8][4], const float (&p)[Blocks][4],
-                                      const bf16* xt, int ld, int64_t used = Blocks) {
+                                      const bf16* x, int64_t used = Blocks) {
   LOOM_UNROLL
   for (int kk = 0; kk < Blocks / 2; ++kk) {
     if (2 * kk >= used) continue;
     uint32_t a[4];
     accumulators_as_a(a, p[2 * kk], p[2 * kk + 1]);
     LOOM_UNROLL
-    for (int j = 0; j < kHd / 8; ++j) {
-      uint32_t b[2];
-      load_b(b, xt, ld, 8 * j, 16 * kk);
-      mma_bf16(acc[j], a, b);
+    for (int j = 0; j < kHd / 8; j += 2) {
+      uint32_t b0[2], b1[2];
+      load_b_pair<true>(b0, b1, x, kLdHd, 8 * j, 16 * kk);
+      mma_bf16(acc[j], a, b0);
+      mma_bf16(acc[j + 1], a, b1);
     }
   }
 }
@@ -199,11 +175,11 @@ __device__ void accumulate_times_tile(float (&acc)[kHd / 8][4], const float (&p)
 // `In`: qkv in fp32, or in bf16 as the qkv projection wrote it. `Out`: fp32, or bf16 for an
 // output only the next GEMM (and D = rowsum(dO ∘ O)) reads.
 template <typename In, typename Out>
-__global__ void flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_t T, int64_t C,
-                                     int64_t NH, float scale) {
-  constexpr int kLdKeys = kKeyTile + 8;
+__global__ void __launch_bounds__(kFlashThreads, 4)
+    flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_t T, int64_t C, int64_t NH,
+                         float scale) {
   __shared__ __align__(16) bf16 k[kKeyTile * kLdHd];  // K: B(k = hd, n = key) of S = Q·Kᵀ
-  __shared__ __align__(16) bf16 vt[kHd * kLdKeys];    // Vᵀ: B(k = key, n = hd) of O += P·V
+  __shared__ __align__(16) bf16 v[kKeyTile * kLdHd];  // V: B(k = key, n = hd) of O += P·V
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   // The last query tiles see the most keys: they start first.
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
@@ -220,9 +196,9 @@ __global__ void flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;  // causal: up to the last row
   for (int64_t k0 = 0; k0 < kv_end; k0 += kKeyTile) {
-    __syncthreads();  // every warp is done with the previous k, vt
+    __syncthreads();  // every warp is done with the previous k, v
     load_tile<kKeyTile>(k, head + C, k0, T, 3 * C);
-    load_tile_transposed<kKeyTile>(vt, head + 2 * C, k0, T, 3 * C);
+    load_tile<kKeyTile>(v, head + 2 * C, k0, T, 3 * C);
     __syncthreads();
     // Key blocks of 8 holding a key at or before this warp's last row (the rest are all masked).
     const int64_t visible = (w0 + 15 - k0) / 8 + 1;
@@ -259,7 +235,7 @@ __global__ void flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_
       LOOM_UNROLL
       for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
     }
-    accumulate_times_tile(o, s, vt, kLdKeys, visible);  // O += P·V
+    accumulate_times_tile(o, s, v, visible);  // O += P·V
   }
   float inverse[2];
   for (int r = 0; r < 2; ++r) {
@@ -275,11 +251,10 @@ template <typename In, typename Out>
 __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In* qkv,
                                          const float* lse, const float* D, int64_t T, int64_t C,
                                          int64_t NH, float scale) {
-  constexpr int kLdSide = kSideTile + 8;
-  __shared__ __align__(16) bf16 q[kSideTile * kLdHd];  // Q: B(k = hd, n = query) of Sᵀ = K·Qᵀ
-  __shared__ __align__(16) bf16 qt[kHd * kLdSide];  // Qᵀ: B(k = query, n = hd) of dK += dSᵀ·Q
-  __shared__ __align__(16) bf16 dy[kSideTile * kLdHd];  // dO: B of dPᵀ = V·dOᵀ
-  __shared__ __align__(16) bf16 dyt[kHd * kLdSide];     // dOᵀ: B of dV += Pᵀ·dO
+  // Q: B(k = hd, n = query) of Sᵀ = K·Qᵀ and B(k = query, n = hd) of dK += dSᵀ·Q; dO likewise
+  // of dPᵀ = V·dOᵀ and dV += Pᵀ·dO.
+  __shared__ __align__(16) bf16 q[kSideTile * kLdHd];
+  __shared__ __align__(16) bf16 dy[kSideTile * kLdHd];
   __shared__ float lse2_q[kSideTile], d_q[kSideTile];   // per query: lse in log2 units, D
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the first tiles see most
@@ -297,9 +272,7 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In*
   for (int64_t q0 = k0; q0 < T; q0 += kSideTile) {  // causal: earlier queries see none of these
     __syncthreads();
     load_tile<kSideTile>(q, head, q0, T, 3 * C);
-    load_tile_transposed<kSideTile>(qt, head, q0, T, 3 * C);  // the same rows again, from L1
     load_tile<kSideTile>(dy, dhead, q0, T, C);
-    load_tile_transposed<kSideTile>(dyt, dhead, q0, T, C);
     for (int e = threadIdx.x; e < kSideTile; e += blockDim.x) {
       lse2_q[e] = q0 + e < T ? lse[bh * T + q0 + e] * kLog2e : 0.0f;
       d_q[e] = q0 + e < T ? D[bh * T + q0 + e] : 0.0f;
@@ -321,8 +294,8 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In*
         dpt[j][e] = prob * (dpt[j][e] - d_q[c]) * scale;  // dSᵀ
       }
     }
-    accumulate_times_tile(dv, st, dyt, kLdSide);  // dV += Pᵀ·dO
-    accumulate_times_tile(dk, dpt, qt, kLdSide);  // dK += dSᵀ·Q
+    accumulate_times_tile(dv, st, dy);  // dV += Pᵀ·dO
+    accumulate_times_tile(dk, dpt, q);  // dK += dSᵀ·Q
   }
   const float one[2] = {1.0f, 1.0f};
   Out* dk_rows = dqkv + b * T * 3 * C + C + h * kHd;
@@ -332,13 +305,12 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In*
 
 // dQ of one 64-query tile.
 template <typename In, typename Out>
-__global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const In* qkv,
-                                        const float* lse, const float* D, int64_t T, int64_t C,
-                                        int64_t NH, float scale) {
-  constexpr int kLdSide = kSideTile + 8;
-  __shared__ __align__(16) bf16 k[kSideTile * kLdHd];  // K: B(k = hd, n = key) of S = Q·Kᵀ
-  __shared__ __align__(16) bf16 kt[kHd * kLdSide];     // Kᵀ: B(k = key, n = hd) of dQ += dS·K
-  __shared__ __align__(16) bf16 v[kSideTile * kLdHd];  // V: B of dP = dO·Vᵀ
+__global__ void __launch_bounds__(kFlashThreads, 4)
+    flash_backward_q_kernel(Out* dqkv, const float* dout, const In* qkv, const float* lse,
+                            const float* D, int64_t T, int64_t C, int64_t NH, float scale) {
+  // K: B(k = hd, n = key) of S = Q·Kᵀ and B(k = key, n = hd) of dQ += dS·K; V: B of dP = dO·Vᵀ.
+  __shared__ __align__(16) bf16 k[kSideTile * kLdHd];
+  __shared__ __align__(16) bf16 v[kSideTile * kLdHd];
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
   const In* head = qkv + b * T * 3 * C + h * kHd;
@@ -360,7 +332,6 @@ __global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const In* 
   for (int64_t k0 = 0; k0 < kv_end; k0 += kSideTile) {
     __syncthreads();
     load_tile<kSideTile>(k, head + C, k0, T, 3 * C);
-    load_tile_transposed<kSideTile>(kt, head + C, k0, T, 3 * C);
     load_tile<kSideTile>(v, head + 2 * C, k0, T, 3 * C);
     __syncthreads();
     if (k0 > w0 + 15) continue;  // every key after all of this warp's rows
@@ -376,7 +347,7 @@ __global__ void flash_backward_q_kernel(Out* dqkv, const float* dout, const In* 
         s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
       }
     }
-    accumulate_times_tile(dq, s, kt, kLdSide);  // dQ += dS·K
+    accumulate_times_tile(dq, s, k);  // dQ += dS·K
   }
   const float one[2] = {1.0f, 1.0f};
   store_rows(dqkv + b * T * 3 * C + h * kHd, 3 * C, dq, w0, T, one);

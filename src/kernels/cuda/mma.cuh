@@ -53,24 +53,47 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
   return bits;
 }
 
-// Two adjacent bf16 values as one register (p[0] in the low half); p 4-byte aligned.
-__device__ inline uint32_t load_pair(const __nv_bfloat16* p) {
-#ifdef __CUDA_ARCH__
-  return *reinterpret_cast<const uint32_t*>(p);
+// ldmatrix .x4: four 8×8 matrices of bf16 from shared memory, lane l giving the address of row
+// l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); r[i] = this lane's fragment of matrix i, as
+// device/cuda/emulator/scheduler.h spells out. `transposed`: each matrix read column-major.
+template <bool Transposed>
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
+#if defined(LOOM_CUDA_EMULATE)
+  cuda_emu::warp_ldmatrix_x4(r, row, Transposed);
+#elif defined(__CUDA_ARCH__)
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (Transposed)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
 #else
-  uint32_t bits;
-  std::memcpy(&bits, p, sizeof bits);
-  return bits;
+  (void)r, (void)row;         // nvcc's host pass: never called there
 #endif
 }
 
-// The B operand of one mma whose column n is row n0 + n of `tile` (`ld` values a row) and whose
-// k runs along that row from column k0: B(k, n) = tile[(n0 + n)·ld + k0 + k].
-__device__ inline void load_b(uint32_t (&b)[2], const __nv_bfloat16* tile, int ld, int n0, int k0) {
-  const int lane = threadIdx.x % 32;
-  const __nv_bfloat16* p = tile + (n0 + lane / 4) * ld + k0 + 2 * (lane % 4);
-  b[0] = load_pair(p);
-  b[1] = load_pair(p + 8);
+// The B operands of two mmas side by side, columns n0 .. n0 + 7 (b0) and n0 + 8 .. n0 + 15 (b1),
+// k from k0 to k0 + 15, out of a shared tile (`ld` values a row, rows 16-byte aligned) holding
+// B(k, n) at tile[n·ld + k] — B's columns along the tile's rows (a K or a Q tile for a product
+// with its transpose) — or, `KAlongRows`, at tile[k·ld + n] (a V, K, Q or dO tile as the right
+// factor). One ldmatrix for both: its four matrices are (n block, k half) = (0, 0), (0, 1),
+// (1, 0), (1, 1), read transposed when k runs down the tile's rows.
+template <bool KAlongRows>
+__device__ inline void load_b_pair(uint32_t (&b0)[2], uint32_t (&b1)[2], const __nv_bfloat16* tile,
+                                   int ld, int n0, int k0) {
+  const int lane = threadIdx.x % 32, matrix = lane / 8, row = lane % 8;
+  const int n_block = matrix / 2, k_half = matrix % 2;
+  const __nv_bfloat16* p = KAlongRows ? tile + (k0 + 8 * k_half + row) * ld + n0 + 8 * n_block
+                                      : tile + (n0 + 8 * n_block + row) * ld + k0 + 8 * k_half;
+  uint32_t r[4];
+  ldmatrix_x4<KAlongRows>(r, p);
+  b0[0] = r[0];
+  b0[1] = r[1];
+  b1[0] = r[2];
+  b1[1] = r[3];
 }
 
 // The accumulators of two 16×8 products side by side (columns 0–7 in `left`, 8–15 in `right`) as

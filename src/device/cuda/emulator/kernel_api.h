@@ -21,6 +21,11 @@
 #undef __shared__
 #define __shared__ static thread_local
 
+// Register budgets for nvcc: nothing to the host compiler.
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+
 #define threadIdx (::loom::cuda_emu::current().thread_idx)
 #define blockIdx (::loom::cuda_emu::current().block_idx)
 #define blockDim (::loom::cuda_emu::current().block_dim)

@@ -515,4 +515,27 @@ void warp_mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_
   s.warp_exchange(&meet, &ignored, sizeof meet, lane);
 }
 
+void warp_ldmatrix_x4(uint32_t (&r)[4], const void* row, bool transposed) {
+  // As warp_mma_m16n8k16_bf16: every lane leaves its row address, the warp meets, each lane reads
+  // its elements through the addresses of the others, and the warp meets again.
+  static thread_local const void* offered[kMaxThreadsPerBlock / kWarpSize][kWarpSize];
+  Scheduler& s = in_kernel();
+  const int linear = s.running().linear, warp = linear / kWarpSize, lane = linear % kWarpSize;
+  offered[warp][lane] = row;
+  const int meet = 0;
+  int ignored = 0;
+  s.warp_exchange(&meet, &ignored, sizeof meet, lane);
+  const auto element = [&](int matrix, int row_index, int col) {  // 16 bits of matrix(row, col)
+    uint16_t v;
+    std::memcpy(&v, static_cast<const char*>(offered[warp][matrix * 8 + row_index]) + 2 * col,
+                sizeof v);
+    return static_cast<uint32_t>(v);
+  };
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i)
+    r[i] = transposed ? element(i, 2 * t, g) | element(i, 2 * t + 1, g) << 16
+                      : element(i, g, 2 * t) | element(i, g, 2 * t + 1) << 16;
+  s.warp_exchange(&meet, &ignored, sizeof meet, lane);
+}
+
 }  // namespace loom::cuda_emu

@@ -69,4 +69,11 @@ int lane_id();
 // theirs). All 32 lanes must take part.
 void warp_mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
 
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 over the warp: four 8×8 matrices of 16-bit
+// values, lanes 8i .. 8i + 7 giving the addresses of matrix i's 8 rows (16 bytes each). r[i] is
+// this lane's fragment of matrix i: row lane / 4, elements 2·(lane % 4) and the next (low half
+// first); `transposed` (.trans, the matrix read column-major): column lane / 4, the elements of
+// rows 2·(lane % 4) and the next. All 32 lanes must take part.
+void warp_ldmatrix_x4(uint32_t (&r)[4], const void* row, bool transposed);
+
 }  // namespace loom::cuda_emu
