@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "kernels/cuda/flash_attention.h"
@@ -64,6 +65,17 @@ __device__ inline float4 load4(const bf16* p) {
 #endif
 }
 
+// Four floats rounded to bf16 at dst (8-byte aligned): one 64-bit store on the GPU.
+__device__ inline void store4(bf16* dst, float4 v) {
+  const uint32_t lo = pack_bf16(v.x, v.y), hi = pack_bf16(v.z, v.w);
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+#else
+  std::memcpy(static_cast<void*>(dst), &lo, sizeof lo);
+  std::memcpy(static_cast<void*>(dst + 2), &hi, sizeof hi);
+#endif
+}
+
 // Rows [row0, row0 + Rows) of a head's hd columns (row r at src + r·width; src and width
 // multiples of 4 values; `In` fp32 or bf16), rounded to bf16, into `tile` (row-major, ld kLdHd);
 // zeros past T. A thread moves 4 columns of a row at a time: a warp's 8-byte stores cover whole
@@ -74,9 +86,7 @@ __device__ void load_tile(bf16* tile, const In* src, int64_t row0, int64_t T, in
     const int r = e / (kHd / 4), c = e % (kHd / 4) * 4;
     const int64_t row = row0 + r;
     const float4 v = row < T ? load4(src + row * width + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    auto* dst = reinterpret_cast<__nv_bfloat162*>(tile + r * kLdHd + c);
-    dst[0] = __floats2bfloat162_rn(v.x, v.y);
-    dst[1] = __floats2bfloat162_rn(v.z, v.w);
+    store4(tile + r * kLdHd + c, v);
   }
 }
 
