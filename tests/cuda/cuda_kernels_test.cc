@@ -584,7 +584,7 @@ TEST_F(CudaKernelsTest, AttentionWithoutFlashInBf16StaysWithinItsRounding) {
 // With bf16 matmuls and head size 64 the fused flash-attention kernels run (bf16 Q, K, V, P and
 // dS on the tensor cores, fp32 accumulation): within bf16's rounding of the fp32 CPU kernel, over
 // Ts that are not multiples of their 64-row and 32-row tiles, one long enough for the forward's
-// running max and sum to be rescaled over several key tiles.
+// running max and sum to be rescaled over several key tiles, one shorter than a warp's 16 rows.
 TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
@@ -592,6 +592,7 @@ TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
   cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
   expect_attention_matches_cpu(2, 77, 128, 2, 62, 1e-2, 2e-2);  // head size 64
   expect_attention_matches_cpu(1, 203, 64, 1, 63, 1e-2, 2e-2);  // 4 key tiles, the last ragged
+  expect_attention_matches_cpu(3, 5, 64, 1, 65, 1e-2, 2e-2);    // warps whose rows are all past T
 }
 
 // The flash kernels read 16 bytes at a time: a qkv view that does not start on a 16-byte boundary
