@@ -180,6 +180,42 @@ TEST(CudaEmulator, LdmatrixGivesEachLaneItsFragmentOfFourMatrices) {
   }
 }
 
+// cp.async lands when its thread waits for its group, the destination garbage before: wait_group 1
+// completes all but the newest group; bytes past src_bytes are zeros; exiting with copies never
+// waited for is an error.
+TEST(CudaEmulator, AsyncCopiesLandWhenTheirGroupIsWaitedFor) {
+  constexpr int kThreads = 64;
+  std::vector<uint32_t> src(kThreads * 8), dst(kThreads * 8, 7);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint32_t>(100 + i);
+  std::vector<int> before(kThreads), between(kThreads), after(kThreads);
+  run_kernel("cp.async", {1}, {kThreads}, [&] {
+    const int t = static_cast<int>(current().thread_idx.x);
+    uint32_t* first = dst.data() + 8 * t;  // 16 bytes, then 16 more
+    cp_async_16(first, src.data() + 8 * t, 16);
+    cp_async_commit();
+    cp_async_16(first + 4, src.data() + 8 * t + 4, 4);  // one value, then zeros
+    cp_async_commit();
+    before[t] = first[0] == 0xffffffffu && first[4] == 0xffffffffu;  // garbage until the wait
+    cp_async_wait(1);
+    between[t] = first[0] == src[8 * t] && first[3] == src[8 * t + 3] && first[4] == 0xffffffffu;
+    cp_async_wait(0);
+    after[t] = first[4] == src[8 * t + 4] && first[5] == 0 && first[7] == 0;
+  });
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_TRUE(before[t]) << "thread " << t << ": a copy landed before its wait";
+    EXPECT_TRUE(between[t]) << "thread " << t << ": wait_group 1";
+    EXPECT_TRUE(after[t]) << "thread " << t << ": wait_group 0 and the zero fill";
+  }
+  expect_error_mentioning(
+      [&] {
+        run_kernel("unwaited copy", {1}, {32}, [&] {
+          cp_async_16(dst.data(), src.data(), 16);
+          cp_async_commit();
+        });
+      },
+      {"unwaited copy", "exited with cp.async copies it never waited for"});
+}
+
 TEST(CudaEmulator, ShuffleFromAMissingLaneGivesTheLanesOwnValue) {
   std::vector<double> out(32);
   run_kernel("shuffle down", {1}, {32}, [&] {

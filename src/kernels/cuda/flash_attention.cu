@@ -25,7 +25,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
@@ -87,6 +89,60 @@ __device__ void load_tile(bf16* tile, const In* src, int64_t row0, int64_t T, in
     const int64_t row = row0 + r;
     const float4 v = row < T ? load4(src + row * width + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     store4(tile + r * kLdHd + c, v);
+  }
+}
+
+// load_tile's rows, asynchronously (cp.async, 16 bytes a copy, zeros past T) when they are bf16
+// already, so a kernel can fetch the next tile while it computes on this one: the caller commits
+// and waits (async_copy.cuh). Else loaded and rounded now.
+template <int Rows, typename In>
+__device__ void fetch_tile(bf16* tile, const In* src, int64_t row0, int64_t T, int64_t width) {
+  if constexpr (std::is_same_v<In, bf16>) {
+    for (int e = threadIdx.x; e < Rows * kHd / 8; e += blockDim.x) {
+      const int r = e / (kHd / 8), c = e % (kHd / 8) * 8;
+      const int64_t row = row0 + r;
+      cp_async_16(tile + r * kLdHd + c, row < T ? src + row * width + c : src, row < T);
+    }
+  } else {
+    load_tile<Rows>(tile, src, row0, T, width);
+  }
+}
+
+// Stages of the K and V tiles in shared memory: two with a bf16 qkv (the next pair in flight).
+template <typename In>
+inline constexpr int kStages = std::is_same_v<In, bf16> ? 2 : 1;
+
+// Walks the K and V tiles of rows [0, end) of a head (part p of row t at head + t·3C + p·C) in
+// steps of Rows, calling body(k, v, key0) with each pair in shared memory (`k`, `v`: kStages
+// buffers each). With a bf16 qkv the next pair's copies fly while the body computes on this one;
+// else each pair is loaded and rounded at its turn. The body may return early; every thread of
+// the block must call this.
+template <int Rows, typename In, typename Body>
+__device__ void for_each_key_tile(bf16 (*k)[Rows * kLdHd], bf16 (*v)[Rows * kLdHd], const In* head,
+                                  int64_t C, int64_t T, int64_t end, Body&& body) {
+  constexpr bool kAsync = kStages<In> == 2;
+  if constexpr (kAsync) {
+    fetch_tile<Rows>(k[0], head + C, 0, T, 3 * C);
+    fetch_tile<Rows>(v[0], head + 2 * C, 0, T, 3 * C);
+    cp_async_commit();
+  }
+  int stage = 0;
+  for (int64_t k0 = 0; k0 < end; k0 += Rows) {
+    __syncthreads();  // every warp is done with the buffers the fetch below refills
+    if constexpr (kAsync) {
+      if (k0 + Rows < end) {
+        fetch_tile<Rows>(k[stage ^ 1], head + C, k0 + Rows, T, 3 * C);
+        fetch_tile<Rows>(v[stage ^ 1], head + 2 * C, k0 + Rows, T, 3 * C);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();  // this thread's copies of this pair (not the next one's)
+    } else {
+      fetch_tile<Rows>(k[0], head + C, k0, T, 3 * C);
+      fetch_tile<Rows>(v[0], head + 2 * C, k0, T, 3 * C);
+    }
+    __syncthreads();  // ... and every other thread's
+    body(k[stage], v[stage], k0);
+    if constexpr (kAsync) stage ^= 1;
   }
 }
 
@@ -188,8 +244,9 @@ template <typename In, typename Out>
 __global__ void __launch_bounds__(kFlashThreads, 4)
     flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_t T, int64_t C, int64_t NH,
                          float scale) {
-  __shared__ __align__(16) bf16 k[kKeyTile * kLdHd];  // K: B(k = hd, n = key) of S = Q·Kᵀ
-  __shared__ __align__(16) bf16 v[kKeyTile * kLdHd];  // V: B(k = key, n = hd) of O += P·V
+  // K: B(k = hd, n = key) of S = Q·Kᵀ; V: B(k = key, n = hd) of O += P·V.
+  __shared__ __align__(16) bf16 k_tiles[kStages<In>][kKeyTile * kLdHd];
+  __shared__ __align__(16) bf16 v_tiles[kStages<In>][kKeyTile * kLdHd];
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   // The last query tiles see the most keys: they start first.
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
@@ -205,48 +262,46 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
   // Per row: the running max (log2 units) and this lane's part of the running sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;  // causal: up to the last row
-  for (int64_t k0 = 0; k0 < kv_end; k0 += kKeyTile) {
-    __syncthreads();  // every warp is done with the previous k, v
-    load_tile<kKeyTile>(k, head + C, k0, T, 3 * C);
-    load_tile<kKeyTile>(v, head + 2 * C, k0, T, 3 * C);
-    __syncthreads();
-    // Key blocks of 8 holding a key at or before this warp's last row (the rest are all masked).
-    const int64_t visible = (w0 + 15 - k0) / 8 + 1;
-    float s[kKeyTile / 8][4];
-    rows_times_tile_t(s, qa, k, visible);  // S = Q·Kᵀ
-    float mx[2] = {-INFINITY, -INFINITY};
-    LOOM_UNROLL
-    for (int j = 0; j < kKeyTile / 8; ++j) {
-      LOOM_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = k0 + 8 * j + 2 * t + e % 2;
-        s[j][e] = key <= rows[e / 2] && key < T ? s[j][e] * scale2 : -INFINITY;
-        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
-      }
-    }
-    float base[2], alpha[2];
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], quad_max(mx[r]));
-      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet keeps p = 0
-      alpha[r] = exp2f(m[r] - base[r]);             // 0 while m was -inf
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-    LOOM_UNROLL
-    for (int j = 0; j < kKeyTile / 8; ++j) {
-      LOOM_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(s[j][e] - base[e / 2]);
-        l[e / 2] += s[j][e];
-      }
-    }
-    LOOM_UNROLL
-    for (int j = 0; j < kHd / 8; ++j) {
-      LOOM_UNROLL
-      for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
-    }
-    accumulate_times_tile(o, s, v, visible);  // O += P·V
-  }
+  for_each_key_tile<kKeyTile>(
+      k_tiles, v_tiles, head, C, T, kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
+        // Key blocks of 8 holding a key at or before this warp's last row (the rest are all
+        // masked).
+        const int64_t visible = (w0 + 15 - k0) / 8 + 1;
+        float s[kKeyTile / 8][4];
+        rows_times_tile_t(s, qa, k, visible);  // S = Q·Kᵀ
+        float mx[2] = {-INFINITY, -INFINITY};
+        LOOM_UNROLL
+        for (int j = 0; j < kKeyTile / 8; ++j) {
+          LOOM_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int64_t key = k0 + 8 * j + 2 * t + e % 2;
+            s[j][e] = key <= rows[e / 2] && key < T ? s[j][e] * scale2 : -INFINITY;
+            mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+          }
+        }
+        float base[2], alpha[2];
+        for (int r = 0; r < 2; ++r) {
+          const float m_new = fmaxf(m[r], quad_max(mx[r]));
+          base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet keeps p = 0
+          alpha[r] = exp2f(m[r] - base[r]);             // 0 while m was -inf
+          m[r] = m_new;
+          l[r] *= alpha[r];
+        }
+        LOOM_UNROLL
+        for (int j = 0; j < kKeyTile / 8; ++j) {
+          LOOM_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            s[j][e] = exp2f(s[j][e] - base[e / 2]);
+            l[e / 2] += s[j][e];
+          }
+        }
+        LOOM_UNROLL
+        for (int j = 0; j < kHd / 8; ++j) {
+          LOOM_UNROLL
+          for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
+        }
+        accumulate_times_tile(o, s, v, visible);  // O += P·V
+      });
   float inverse[2];
   for (int r = 0; r < 2; ++r) {
     l[r] = quad_sum(l[r]);
@@ -265,7 +320,7 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In*
   // of dPᵀ = V·dOᵀ and dV += Pᵀ·dO.
   __shared__ __align__(16) bf16 q[kSideTile * kLdHd];
   __shared__ __align__(16) bf16 dy[kSideTile * kLdHd];
-  __shared__ float lse2_q[kSideTile], d_q[kSideTile];   // per query: lse in log2 units, D
+  __shared__ float lse2_q[kSideTile], d_q[kSideTile];  // per query: lse in log2 units, D
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the first tiles see most
   const In* head = qkv + b * T * 3 * C + h * kHd;
@@ -319,8 +374,8 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
     flash_backward_q_kernel(Out* dqkv, const float* dout, const In* qkv, const float* lse,
                             const float* D, int64_t T, int64_t C, int64_t NH, float scale) {
   // K: B(k = hd, n = key) of S = Q·Kᵀ and B(k = key, n = hd) of dQ += dS·K; V: B of dP = dO·Vᵀ.
-  __shared__ __align__(16) bf16 k[kSideTile * kLdHd];
-  __shared__ __align__(16) bf16 v[kSideTile * kLdHd];
+  __shared__ __align__(16) bf16 k_tiles[kStages<In>][kSideTile * kLdHd];
+  __shared__ __align__(16) bf16 v_tiles[kStages<In>][kSideTile * kLdHd];
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
   const In* head = qkv + b * T * 3 * C + h * kHd;
@@ -339,26 +394,23 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
   load_row_operands(dya, dout + b * T * C + h * kHd, w0, T, C);
   float dq[kHd / 8][4] = {};
   const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;
-  for (int64_t k0 = 0; k0 < kv_end; k0 += kSideTile) {
-    __syncthreads();
-    load_tile<kSideTile>(k, head + C, k0, T, 3 * C);
-    load_tile<kSideTile>(v, head + 2 * C, k0, T, 3 * C);
-    __syncthreads();
-    if (k0 > w0 + 15) continue;  // every key after all of this warp's rows
-    float s[kSideTile / 8][4], dp[kSideTile / 8][4];
-    rows_times_tile_t(s, qa, k);    // S = Q·Kᵀ
-    rows_times_tile_t(dp, dya, v);  // dP = dO·Vᵀ
-    LOOM_UNROLL
-    for (int j = 0; j < kSideTile / 8; ++j) {
-      LOOM_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = k0 + 8 * j + 2 * t + e % 2, row = rows[e / 2];
-        const float prob = key <= row && row < T ? exp2f(s[j][e] * scale2 - lse2[e / 2]) : 0.0f;
-        s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
-      }
-    }
-    accumulate_times_tile(dq, s, k);  // dQ += dS·K
-  }
+  for_each_key_tile<kSideTile>(
+      k_tiles, v_tiles, head, C, T, kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
+        if (k0 > w0 + 15) return;  // every key after all of this warp's rows
+        float s[kSideTile / 8][4], dp[kSideTile / 8][4];
+        rows_times_tile_t(s, qa, k);    // S = Q·Kᵀ
+        rows_times_tile_t(dp, dya, v);  // dP = dO·Vᵀ
+        LOOM_UNROLL
+        for (int j = 0; j < kSideTile / 8; ++j) {
+          LOOM_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int64_t key = k0 + 8 * j + 2 * t + e % 2, row = rows[e / 2];
+            const float prob = key <= row && row < T ? exp2f(s[j][e] * scale2 - lse2[e / 2]) : 0.0f;
+            s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
+          }
+        }
+        accumulate_times_tile(dq, s, k);  // dQ += dS·K
+      });
   const float one[2] = {1.0f, 1.0f};
   store_rows(dqkv + b * T * 3 * C + h * kHd, 3 * C, dq, w0, T, one);
 }
@@ -390,7 +442,7 @@ template <typename In, typename Out>
 void flash_forward(int device, Out* out, float* lse, const In* qkv, int64_t B, int64_t T, int64_t C,
                    int64_t NH, const char* name) {
   DeviceGuard guard(device);
-  check_aligned(qkv, 4 * sizeof(In), "qkv");
+  check_aligned(qkv, 16, "qkv");  // 4 floats, or 8 bf16 values (cp.async), at a time
   launch(name, flash_forward_kernel<In, Out>, flash_grid(B, T, NH), kFlashThreads, out, lse, qkv, T,
          C, NH, flash_scale());
 }
@@ -399,8 +451,8 @@ template <typename In, typename Out>
 void flash_backward(int device, Out* dqkv, const float* dout, const In* qkv, const float* lse,
                     const float* D, int64_t B, int64_t T, int64_t C, int64_t NH) {
   DeviceGuard guard(device);
-  check_aligned(qkv, 4 * sizeof(In), "qkv");
-  check_aligned(dout, 4 * sizeof(float), "dout");
+  check_aligned(qkv, 16, "qkv");
+  check_aligned(dout, 16, "dout");
   launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<In, Out>,
          flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, flash_scale());
   launch("attention_backward (flash dQ)", flash_backward_q_kernel<In, Out>, flash_grid(B, T, NH),

@@ -266,6 +266,19 @@ class Scheduler {
 
 thread_local Scheduler* t_scheduler = nullptr;
 
+// Each thread's queued cp.async copies (cp_async_16) of the block running on this host thread.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  int src_bytes;
+  int64_t group;
+};
+struct AsyncCopies {
+  std::vector<AsyncCopy> queued;
+  int64_t open_group = 0;  // committed groups are numbered below it
+};
+thread_local AsyncCopies t_async[kMaxThreadsPerBlock];
+
 Scheduler& scheduler() {
   thread_local Scheduler instance;
   t_scheduler = &instance;
@@ -297,6 +310,11 @@ void Scheduler::fail_in_fiber(Fiber& fiber) {
 }
 
 void Scheduler::on_exit(Fiber& fiber) {
+  if (!t_async[fiber.linear].queued.empty()) {
+    error_ = detail::concat("CUDA emulator: ", where(fiber),
+                            " exited with cp.async copies it never waited for");
+    fail_in_fiber(fiber);
+  }
   --live_;
   const int warp = fiber.linear / kWarpSize;
   ++warp_exited_[static_cast<size_t>(warp)];
@@ -362,6 +380,7 @@ void Scheduler::warp_exchange(const void* value, void* out, size_t bytes, int so
 }
 
 void Scheduler::run_block(Dim3 block_idx) {
+  for (int i = 0; i < threads_; ++i) t_async[i] = AsyncCopies{};
   live_ = threads_;
   at_barrier_ = 0;
   std::fill(warp_arrived_.begin(), warp_arrived_.end(), 0);
@@ -536,6 +555,33 @@ void warp_ldmatrix_x4(uint32_t (&r)[4], const void* row, bool transposed) {
     r[i] = transposed ? element(i, 2 * t, g) | element(i, 2 * t + 1, g) << 16
                       : element(i, g, 2 * t) | element(i, g, 2 * t + 1) << 16;
   s.warp_exchange(&meet, &ignored, sizeof meet, lane);
+}
+
+void cp_async_16(void* dst, const void* src, int src_bytes) {
+  // The destination is garbage from the issue to the wait (0xff bytes: NaN in any float type):
+  // a read before the wait, or a refill of a buffer other threads still read, shows.
+  std::memset(dst, 0xff, 16);
+  AsyncCopies& mine = t_async[in_kernel().running().linear];
+  mine.queued.push_back({dst, src, src_bytes, mine.open_group});
+}
+
+void cp_async_commit() {
+  ++t_async[in_kernel().running().linear].open_group;
+}
+
+void cp_async_wait(int pending) {
+  AsyncCopies& mine = t_async[in_kernel().running().linear];
+  const int64_t done_below = mine.open_group - pending;
+  std::vector<AsyncCopy> still;
+  for (const AsyncCopy& c : mine.queued) {
+    if (c.group >= done_below) {
+      still.push_back(c);
+      continue;
+    }
+    if (c.src_bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+    std::memset(static_cast<char*>(c.dst) + c.src_bytes, 0, static_cast<size_t>(16 - c.src_bytes));
+  }
+  mine.queued = std::move(still);
 }
 
 }  // namespace loom::cuda_emu

@@ -76,4 +76,15 @@ void warp_mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_
 // rows 2·(lane % 4) and the next. All 32 lanes must take part.
 void warp_ldmatrix_x4(uint32_t (&r)[4], const void* row, bool transposed);
 
+// cp.async.cg.shared.global of 16 bytes (the bytes past src_bytes zero-filled), commit_group and
+// wait_group, per thread as on the GPU: the destination turns to 0xff bytes (NaN) at the issue
+// and gets its data when its thread waits for the copy's group — so a kernel that reads it before
+// the wait (or before a barrier after the other threads' waits), or refills a buffer other warps
+// still read, reads garbage, as a GPU may. A thread that exits with copies it never waited for
+// is an error.
+void cp_async_16(void* dst, const void* src, int src_bytes);
+void cp_async_commit();
+// Completes this thread's committed groups but the `pending` most recent.
+void cp_async_wait(int pending);
+
 }  // namespace loom::cuda_emu
