@@ -47,23 +47,12 @@ constexpr int kSideTile = 32;   // backward: the other side's rows per shared ti
 constexpr int kLdHd = kHd + 8;  // tiles with hd columns
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Four consecutive values as floats, p aligned to their size: one 128-bit load of fp32 or one
-// 64-bit load of bf16 on the GPU.
+// Four consecutive floats, p 16-byte aligned: one 128-bit load on the GPU.
 __device__ inline float4 load4(const float* p) {
 #ifdef __CUDA_ARCH__
   return *reinterpret_cast<const float4*>(p);
 #else
   return make_float4(p[0], p[1], p[2], p[3]);
-#endif
-}
-__device__ inline float4 load4(const bf16* p) {
-#ifdef __CUDA_ARCH__
-  const uint2 bits = *reinterpret_cast<const uint2*>(p);
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
-#else
-  return make_float4(widen(p[0]), widen(p[1]), widen(p[2]), widen(p[3]));
 #endif
 }
 
@@ -79,11 +68,11 @@ __device__ inline void store4(bf16* dst, float4 v) {
 }
 
 // Rows [row0, row0 + Rows) of a head's hd columns (row r at src + r·width; src and width
-// multiples of 4 values; `In` fp32 or bf16), rounded to bf16, into `tile` (row-major, ld kLdHd);
+// multiples of 4 floats), rounded to bf16, into `tile` (row-major, ld kLdHd);
 // zeros past T. A thread moves 4 columns of a row at a time: a warp's 8-byte stores cover whole
 // rows, in distinct banks.
-template <int Rows, typename In>
-__device__ void load_tile(bf16* tile, const In* src, int64_t row0, int64_t T, int64_t width) {
+template <int Rows>
+__device__ void load_tile(bf16* tile, const float* src, int64_t row0, int64_t T, int64_t width) {
   for (int e = threadIdx.x; e < Rows * kHd / 4; e += blockDim.x) {
     const int r = e / (kHd / 4), c = e % (kHd / 4) * 4;
     const int64_t row = row0 + r;
@@ -317,8 +306,9 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In*
                                          const float* lse, const float* D, int64_t T, int64_t C,
                                          int64_t NH, float scale) {
   // Q: B(k = hd, n = query) of Sᵀ = K·Qᵀ and B(k = query, n = hd) of dK += dSᵀ·Q; dO likewise
-  // of dPᵀ = V·dOᵀ and dV += Pᵀ·dO.
-  __shared__ __align__(16) bf16 q[kSideTile * kLdHd];
+  // of dPᵀ = V·dOᵀ and dV += Pᵀ·dO. With a bf16 qkv the next Q tile arrives by cp.async while
+  // this one is in use; dO (fp32, rounded on the way) is loaded at its turn.
+  __shared__ __align__(16) bf16 q_tiles[kStages<In>][kSideTile * kLdHd];
   __shared__ __align__(16) bf16 dy[kSideTile * kLdHd];
   __shared__ float lse2_q[kSideTile], d_q[kSideTile];  // per query: lse in log2 units, D
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -334,15 +324,30 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In*
   load_row_operands(ka, head + C, w0, T, 3 * C);
   load_row_operands(va, head + 2 * C, w0, T, 3 * C);
   float dk[kHd / 8][4] = {}, dv[kHd / 8][4] = {};
+  constexpr bool kAsync = kStages<In> == 2;
+  if constexpr (kAsync) {
+    fetch_tile<kSideTile>(q_tiles[0], head, k0, T, 3 * C);
+    cp_async_commit();
+  }
+  int stage = 0;
   for (int64_t q0 = k0; q0 < T; q0 += kSideTile) {  // causal: earlier queries see none of these
-    __syncthreads();
-    load_tile<kSideTile>(q, head, q0, T, 3 * C);
+    __syncthreads();  // every warp is done with dy, lse2_q, d_q and the Q buffer refilled below
+    if constexpr (kAsync) {
+      if (q0 + kSideTile < T)
+        fetch_tile<kSideTile>(q_tiles[stage ^ 1], head, q0 + kSideTile, T, 3 * C);
+      cp_async_commit();
+    } else {
+      fetch_tile<kSideTile>(q_tiles[0], head, q0, T, 3 * C);
+    }
     load_tile<kSideTile>(dy, dhead, q0, T, C);
     for (int e = threadIdx.x; e < kSideTile; e += blockDim.x) {
       lse2_q[e] = q0 + e < T ? lse[bh * T + q0 + e] * kLog2e : 0.0f;
       d_q[e] = q0 + e < T ? D[bh * T + q0 + e] : 0.0f;
     }
-    __syncthreads();
+    if constexpr (kAsync) cp_async_wait<1>();  // this thread's copies of this Q tile
+    __syncthreads();                           // ... and every other thread's
+    const bf16* q = q_tiles[stage];
+    if constexpr (kAsync) stage ^= 1;
     if (q0 + kSideTile - 1 < w0) continue;  // every query before all of this warp's keys
     float st[kSideTile / 8][4], dpt[kSideTile / 8][4];
     rows_times_tile_t(st, ka, q);    // Sᵀ = K·Qᵀ
