@@ -6,7 +6,8 @@
 // A operand without any lane exchanging anything.
 //
 // In a warp, lane = 4·g + t: g owns rows g and g + 8 of a 16-row operand, t the columns 2t and
-// 2t + 1 of every 8 columns. Under the CUDA emulator the step is the emulator's own.
+// 2t + 1 of every 8 columns. ldmatrix loads B operands from shared memory in that layout, two
+// mmas' at a time. Under the CUDA emulator both are the emulator's own.
 #pragma once
 
 #include <cuda_bf16.h>
