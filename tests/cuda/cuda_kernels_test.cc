@@ -32,6 +32,18 @@ using cpu::ktest::expect_close;
 
 constexpr double kTol = 1e-5;
 
+// Runs f, which must throw loom::Error with `needle` in its message; `accepted` says what went
+// wrong if it does not throw.
+template <typename F>
+void expect_refused(F&& f, const std::string& needle, const std::string& accepted) {
+  try {
+    f();
+    ADD_FAILURE() << accepted;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 std::vector<float> random_floats(int64_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
   return cpu::ktest::convert<float>(cpu::ktest::random_vector(n, seed, lo, hi));
 }
@@ -238,13 +250,11 @@ TEST_F(CudaKernelsTest, OperandsRoundedOnceAreWhatTheGemmWouldRoundTo) {
                N);
     EXPECT_TRUE(bitwise_equal(once.from_gpu(), per_gemm.from_gpu()));
     cuda::set_matmul_precision(other);
-    try {
-      cuda::gemm(0, false, false, M, N, K, 1.0f, a.g(), K, b16.operand(), N, 0.0f, once.g(), N);
-      FAIL() << "an operand rounded for another precision was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("operand B was rounded for"), std::string::npos)
-          << e.what();
-    }
+    expect_refused(
+        [&] {
+          cuda::gemm(0, false, false, M, N, K, 1.0f, a.g(), K, b16.operand(), N, 0.0f, once.g(), N);
+        },
+        "operand B was rounded for", "an operand rounded for another precision was accepted");
   }
   for (MatmulPrecision precision : {MatmulPrecision::kFp32, MatmulPrecision::kTf32}) {
     cuda::set_matmul_precision(precision);
@@ -475,14 +485,9 @@ TEST_F(CudaKernelsTest, GeluAndLayerNormWriteTheNextGemmsRoundedInput) {
   }
   cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);
   Tensor out16 = Tensor::empty({N * C}, DType::kBF16, Device::cuda(0));
-  try {
-    ops::gelu_forward_rounded(on_gpu, out16.raw(), DType::kBF16, inp.g(), N * C);
-    FAIL() << "a 16-bit GELU output was written with fp32 GEMMs";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("GEMM inputs are not rounded to 16 bits"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_refused(
+      [&] { ops::gelu_forward_rounded(on_gpu, out16.raw(), DType::kBF16, inp.g(), N * C); },
+      "GEMM inputs are not rounded to 16 bits", "a 16-bit GELU output was written with fp32 GEMMs");
 }
 
 TEST_F(CudaKernelsTest, LayerNormMatchesCpu) {
@@ -555,14 +560,12 @@ TEST_F(CudaKernelsTest, EmbeddingMatchesCpuAndRefusesBadTokens) {
 
   ids[B * T - 2] = static_cast<int32_t>(V);
   IdPair bad = ids_pair(ids);
-  try {
-    ops::embedding_forward<float>(on_gpu, out.g(), bad.gpu.data<int32_t>(), wte.g(), wpe.g(), B, T,
-                                  C, V);
-    FAIL() << "a token outside the vocabulary was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("token id 200 at batch 2, position 15"), std::string::npos)
-        << e.what();
-  }
+  expect_refused(
+      [&] {
+        ops::embedding_forward<float>(on_gpu, out.g(), bad.gpu.data<int32_t>(), wte.g(), wpe.g(), B,
+                                      T, C, V);
+      },
+      "token id 200 at batch 2, position 15", "a token outside the vocabulary was accepted");
 }
 
 TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {
@@ -605,14 +608,9 @@ TEST_F(CudaKernelsTest, FlashAttentionRefusesAMisalignedQkv) {
   const int64_t B = 1, T = 8, C = 64, NH = 1;
   Pair qkv = random_pair(B * T * 3 * C + 1, 64), out = pair_of(std::vector<float>(B * T * C)),
        lse = pair_of(std::vector<float>(B * NH * T));
-  try {
-    ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g() + 1, B, T, C, NH);
-    FAIL() << "a misaligned qkv was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("qkv does not start on a 16-byte boundary"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_refused(
+      [&] { ops::attention_forward<float>(on_gpu, out.g(), lse.g(), qkv.g() + 1, B, T, C, NH); },
+      "qkv does not start on a 16-byte boundary", "a misaligned qkv was accepted");
 }
 
 // At bf16 / fp16 the attention writes its output as the projection's 16-bit input and its input
@@ -723,14 +721,12 @@ TEST_F(CudaKernelsTest, FlashAttentionTakesQkvInBf16AsItsOwnRounding) {
   Tensor small16 = Tensor::empty({3 * n32}, DType::kBF16, Device::cuda(0));
   Tensor small_out = Tensor::empty({n32}, DType::kBF16, Device::cuda(0));
   Pair small_lse = pair_of(std::vector<float>(B * 3 * T));
-  try {
-    ops::attention_forward_rounded(on_gpu, small_out.raw(), DType::kBF16, small_lse.g(),
-                                   small16.raw(), DType::kBF16, B, T, 96, 3);
-    FAIL() << "a 16-bit qkv was taken without the flash kernels";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("a 16-bit qkv needs the flash kernels"), std::string::npos)
-        << e.what();
-  }
+  expect_refused(
+      [&] {
+        ops::attention_forward_rounded(on_gpu, small_out.raw(), DType::kBF16, small_lse.g(),
+                                       small16.raw(), DType::kBF16, B, T, 96, 3);
+      },
+      "a 16-bit qkv needs the flash kernels", "a 16-bit qkv was taken without the flash kernels");
 }
 
 TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
@@ -923,15 +919,13 @@ TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {
     ops::lm_head_forward_rounded_logits(on_gpu, losses.g(), lse.g(), logits.raw(), dtype, inp.g(),
                                         w.g(), targets.gpu.data<int32_t>(), N, C, V);
     cuda::set_matmul_precision(bf16 ? cuda::MatmulPrecision::kFp16 : cuda::MatmulPrecision::kBf16);
-    try {
-      ops::lm_head_backward_from_rounded_logits(on_gpu, dinp.g(), dw.g(), logits.raw(), dtype,
-                                                lse.g(), targets.gpu.data<int32_t>(), dloss,
-                                                inp.g(), w.g(), N, C, V);
-      FAIL() << "logits rounded for another precision were accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("logits was rounded for"), std::string::npos)
-          << e.what();
-    }
+    expect_refused(
+        [&] {
+          ops::lm_head_backward_from_rounded_logits(on_gpu, dinp.g(), dw.g(), logits.raw(), dtype,
+                                                    lse.g(), targets.gpu.data<int32_t>(), dloss,
+                                                    inp.g(), w.g(), N, C, V);
+        },
+        "logits was rounded for", "logits rounded for another precision were accepted");
     EXPECT_TRUE(bitwise_equal(widened(logits), got)) << "logits changed";
   }
 }
@@ -1058,23 +1052,14 @@ TEST_F(CudaKernelsTest, AdamWRunsInOneLaunchAreEachRunsOwnUpdate) {
 // arrived (measure_copy_gbps checks), and a GPU that is not there refused with the count.
 TEST_F(CudaKernelsTest, MemoryBandwidthIsMeasuredOnCopiesThatArrive) {
   EXPECT_GT(ops::measure_gpu_copy_gbps(Device::cuda(0), int64_t{8} << 20, 3), 0.0);
-  try {
-    ops::measure_gpu_copy_gbps(Device::cuda(99), 1024, 1);
-    FAIL() << "cuda:99 was measured";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("memory bandwidth on cuda:99: "), std::string::npos)
-        << e.what();
-  }
+  expect_refused([&] { ops::measure_gpu_copy_gbps(Device::cuda(99), 1024, 1); },
+                 "memory bandwidth on cuda:99: ", "cuda:99 was measured");
 }
 
 TEST_F(CudaKernelsTest, DoubleIsRefusedOnTheGpu) {
   Tensor x = Tensor::zeros({4}, DType::kF64, Device::cuda(0));
-  try {
-    ops::scale_inplace<double>(on_gpu, x.data<double>(), 2.0, 4);
-    FAIL() << "f64 ran on the GPU";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("f32 only"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { ops::scale_inplace<double>(on_gpu, x.data<double>(), 2.0, 4); }, "f32 only",
+                 "f64 ran on the GPU");
 }
 
 }  // namespace
