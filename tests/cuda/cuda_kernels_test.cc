@@ -919,11 +919,12 @@ TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {
     ops::lm_head_forward_rounded_logits(on_gpu, losses.g(), lse.g(), logits.raw(), dtype, inp.g(),
                                         w.g(), targets.gpu.data<int32_t>(), N, C, V);
     cuda::set_matmul_precision(bf16 ? cuda::MatmulPrecision::kFp16 : cuda::MatmulPrecision::kBf16);
+    const DType logits_dtype = dtype;  // a lambda may not capture a structured binding (C++17)
     expect_refused(
         [&] {
-          ops::lm_head_backward_from_rounded_logits(on_gpu, dinp.g(), dw.g(), logits.raw(), dtype,
-                                                    lse.g(), targets.gpu.data<int32_t>(), dloss,
-                                                    inp.g(), w.g(), N, C, V);
+          ops::lm_head_backward_from_rounded_logits(
+              on_gpu, dinp.g(), dw.g(), logits.raw(), logits_dtype, lse.g(),
+              targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V);
         },
         "logits was rounded for", "logits rounded for another precision were accepted");
     EXPECT_TRUE(bitwise_equal(widened(logits), got)) << "logits changed";
