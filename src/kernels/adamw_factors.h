@@ -48,15 +48,24 @@ struct AdamWRun {
 // Elements a GPU block updates at a time in ops::adamw_update_runs.
 inline constexpr int64_t kAdamWChunk = 4096;
 
-// Numbers the runs' chunks of kAdamWChunk elements one after another (first_chunk) and returns
-// how many there are.
+// The chunks of kAdamWChunk elements a run of `numel` takes.
+inline int64_t adamw_chunks_of(int64_t numel) {
+  return (numel + kAdamWChunk - 1) / kAdamWChunk;
+}
+
+// Numbers the runs' chunks one after another (first_chunk) and returns how many there are.
 inline int64_t number_adamw_chunks(std::vector<AdamWRun>& runs) {
   int64_t chunks = 0;
   for (AdamWRun& r : runs) {
     r.first_chunk = chunks;
-    chunks += (r.numel + kAdamWChunk - 1) / kAdamWChunk;
+    chunks += adamw_chunks_of(r.numel);
   }
   return chunks;
+}
+
+// The chunks of numbered runs, all together.
+inline int64_t adamw_chunk_count(const std::vector<AdamWRun>& runs) {
+  return runs.empty() ? 0 : runs.back().first_chunk + adamw_chunks_of(runs.back().numel);
 }
 
 }  // namespace loom

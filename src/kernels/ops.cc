@@ -189,12 +189,10 @@ void adamw_update_runs(const Exec& ex, float* values, const float* grads, float*
                                   [&] { return detail::work_of<float>(0, 7.0 * elements); });
   if (detail::on_gpu<float>(ex, "adamw_update")) {
     if (runs.empty()) return;
-    const AdamWRun& last = runs.back();
-    const int64_t chunks = last.first_chunk + (last.numel + kAdamWChunk - 1) / kAdamWChunk;
     if constexpr (detail::kCudaBuild)
       cuda::adamw_update_runs(ex.device.index, values, grads, m, v, runs_on_gpu,
-                              static_cast<int64_t>(runs.size()), chunks, lr, beta1, beta2, eps,
-                              weight_decay, step, grad_scale);
+                              static_cast<int64_t>(runs.size()), adamw_chunk_count(runs), lr, beta1,
+                              beta2, eps, weight_decay, step, grad_scale);
     return;
   }
   for (const AdamWRun& r : runs)

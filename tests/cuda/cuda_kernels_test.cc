@@ -1015,6 +1015,7 @@ TEST_F(CudaKernelsTest, AdamWRunsInOneLaunchAreEachRunsOwnUpdate) {
                                 {12000, 9200, 12000, 4096, 1},
                                 {20000, 25000, 20000, 5, 0}};
   EXPECT_EQ(number_adamw_chunks(runs), 3 + 0 + 1 + 1 + 1);
+  EXPECT_EQ(adamw_chunk_count(runs), 6);
   Tensor table = Tensor::empty({static_cast<int64_t>(runs.size() * sizeof(AdamWRun) / 8)},
                                DType::kI64, Device::cpu());
   std::memcpy(table.data<int64_t>(), runs.data(), runs.size() * sizeof(AdamWRun));
