@@ -192,6 +192,12 @@ figure "bf16, attention through GEMMs"
 # that the events do not touch the figure above).
 step gpt2_bf16_profile bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 \
   --seq 1024 --steps 5 --warmup 2 --precision bf16 --profile
+# The MLP's GELU in its own passes instead of the GEMMs' epilogues (nn/mlp.h): what the
+# cuBLASLt GELU_AUX_BIAS / DGELU epilogues buy.
+step gpt2_bf16_gelu_apart bench 40 env LOOM_CUDA_GELU_EPILOGUE=0 "$BIN/loom" bench train \
+  --shape gpt2-124m --device cuda --batch 16 --seq 1024 --steps 8 --warmup 2 --precision bf16 \
+  --peak-tflops "$BF16_PEAK" --json
+figure "bf16, GELU apart from the GEMMs"
 step gpt2_tf32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 8 --warmup 2 --precision tf32 --peak-tflops "$TF32_PEAK" --json
 figure "tf32"

@@ -57,6 +57,12 @@ cuda::MatmulPrecision rounded_precision(const Exec& ex, DType dtype, const char*
        " is not a 16-bit GEMM operand on a GPU");
 }
 
+// An operand as the GPU kernels take it: f32 values, or 16-bit values of the matmul precision.
+cuda::GemmOperand operand_of(const Exec& ex, const void* data, DType dtype, const char* what) {
+  if (dtype == DType::kF32) return cuda::GemmOperand(static_cast<const float*>(data));
+  return cuda::GemmOperand(data, rounded_precision(ex, dtype, what));
+}
+
 // Fails naming `op` unless `dtype` is what a GPU rounds GEMM inputs to now.
 void expect_rounded_output(const Exec& ex, DType dtype, const char* op) {
   const DType want = matmul_input_dtype(ex, DType::kF32);
@@ -147,11 +153,50 @@ void matmul_forward_rounded_output(const Exec& ex, void* out, DType out_dtype, c
   }
 }
 
-void gelu_forward_rounded(const Exec& ex, void* out, DType out_dtype, const float* inp, int64_t n) {
+void matmul_forward_gelu(const Exec& ex, void* gelu_out, void* pre, DType dtype, const void* inp,
+                         DType inp_dtype, void* inp_rounded, const float* weight, const float* bias,
+                         int64_t N, int64_t C, int64_t OC) {
+  // Two 16-bit outputs: an f32 output's bytes.
+  const detail::OpScope op_scope_("matmul_forward_gelu", ex, [&] {
+    detail::OpCounts c = detail::matmul_forward_counts(N, C, OC, bias != nullptr);
+    if (inp_dtype != DType::kF32) c.elements -= 0.5 * N * C;
+    return detail::work_of<float>(c);
+  });
+  expect_rounded_output(ex, dtype, "matmul_forward_gelu");
+  const cuda::MatmulPrecision inp_precision =
+      inp_dtype == DType::kF32 ? cuda::MatmulPrecision::kFp32
+                               : rounded_precision(ex, inp_dtype, "matmul_forward_gelu");
+  if constexpr (detail::kCudaBuild) {
+    const cuda::GemmOperand operand =
+        inp_dtype == DType::kF32 ? cuda::round_for_gemm(ex.device.index, inp_rounded,
+                                                        static_cast<const float*>(inp), N * C)
+                                 : cuda::GemmOperand(inp, inp_precision);
+    cuda::matmul_forward_gelu(ex.device.index, gelu_out, pre, operand, weight, bias, N, C, OC);
+  }
+}
+
+void matmul_backward_into_gelu(const Exec& ex, void* dpre, DType dtype, float* dweight,
+                               float* dbias, const float* dout, const void* inp,
+                               const float* weight, const void* pre, int64_t N, int64_t C,
+                               int64_t OC) {
+  // matmul_backward's, its dinp and inp in 16 bits, plus pre's 16 bits.
+  const detail::OpScope op_scope_("matmul_backward_into_gelu", ex, [&] {
+    detail::OpCounts c = detail::matmul_backward_counts(N, C, OC, true, dbias != nullptr);
+    c.elements -= 0.5 * N * C;
+    return detail::work_of<float>(c);
+  });
+  expect_rounded_output(ex, dtype, "matmul_backward_into_gelu");
+  const cuda::GemmOperand kept(inp, rounded_precision(ex, dtype, "matmul_backward_into_gelu"));
+  if constexpr (detail::kCudaBuild)
+    cuda::matmul_backward_into_gelu(ex.device.index, dpre, dweight, dbias, dout, kept, weight, pre,
+                                    N, C, OC);
+}
+
+void gelu_forward_of_rounded(const Exec& ex, void* out, const void* pre, DType dtype, int64_t n) {
   const detail::OpScope op_scope_("gelu_forward", ex,
-                                  [&] { return detail::work_of<float>(0, 1.5 * n); });
-  expect_rounded_output(ex, out_dtype, "gelu_forward_rounded");
-  if constexpr (detail::kCudaBuild) cuda::gelu_forward_rounded(ex.device.index, out, inp, n);
+                                  [&] { return detail::work_of<float>(0, 1.0 * n); });
+  expect_rounded_output(ex, dtype, "gelu_forward_of_rounded");
+  if constexpr (detail::kCudaBuild) cuda::gelu_forward_of_rounded(ex.device.index, out, pre, n);
 }
 
 void layernorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* mean, float* rstd,
@@ -201,23 +246,6 @@ void adamw_update_runs(const Exec& ex, float* values, const float* grads, float*
                              r.decay != 0 ? weight_decay : 0.0, step, grad_scale);
 }
 
-void matmul_backward_before_gelu_from_rounded_input(const Exec& ex, float* dinp, float* dweight,
-                                                    float* dbias, float* dgelu, const float* h,
-                                                    const void* inp_rounded, DType inp_dtype,
-                                                    const float* weight, int64_t N, int64_t C,
-                                                    int64_t OC) {
-  const detail::OpScope op_scope_("matmul_backward_before_gelu", ex, [&] {
-    return detail::work_of<float>(
-        detail::matmul_backward_before_gelu_counts(N, C, OC, dinp != nullptr, dbias != nullptr));
-  });
-  const cuda::GemmOperand kept(
-      inp_rounded,
-      rounded_precision(ex, inp_dtype, "matmul_backward_before_gelu_from_rounded_input"));
-  if constexpr (detail::kCudaBuild)
-    cuda::matmul_backward_before_gelu(ex.device.index, dinp, dweight, dbias, dgelu, h, kept, weight,
-                                      N, C, OC);
-}
-
 void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, void* logits,
                                     DType logits_dtype, const float* inp, const float* weight,
                                     const int32_t* targets, int64_t N, int64_t C, int64_t V) {
@@ -250,14 +278,6 @@ void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dw
   }
 }
 
-namespace {
-// qkv as the GPU kernels take it: f32, or 16-bit values of the matmul precision.
-cuda::GemmOperand qkv_operand(const Exec& ex, const void* qkv, DType qkv_dtype, const char* what) {
-  if (qkv_dtype == DType::kF32) return cuda::GemmOperand(static_cast<const float*>(qkv));
-  return cuda::GemmOperand(qkv, rounded_precision(ex, qkv_dtype, what));
-}
-}  // namespace
-
 bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t B) {
   if (!ex.device.is_cuda()) return false;
   if constexpr (detail::kCudaBuild)
@@ -274,27 +294,46 @@ void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* ls
                                   qkv_elements + 0.5 * B * T * C + 1.0 * B * NH * T);
   });
   expect_rounded_output(ex, dtype, "attention_forward_rounded");
-  const cuda::GemmOperand qkv_op = qkv_operand(ex, qkv, qkv_dtype, "attention_forward_rounded");
+  const cuda::GemmOperand qkv_op = operand_of(ex, qkv, qkv_dtype, "attention_forward_rounded");
   if constexpr (detail::kCudaBuild)
     cuda::attention_forward_rounded(ex.device.index, out, lse, qkv_op, B, T, C, NH);
 }
 
-void attention_backward_rounded(const Exec& ex, void* dqkv, const float* dout, const void* qkv,
-                                DType qkv_dtype, const void* out, DType dtype, const float* lse,
-                                int64_t B, int64_t T, int64_t C, int64_t NH) {
+void attention_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DType dout_dtype,
+                                const void* qkv, DType qkv_dtype, const void* out, DType dtype,
+                                const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) {
   const double qkv_elements = (qkv_dtype == DType::kF32 ? 3.0 : 1.5) * B * T * C;
+  const double dout_elements = (dout_dtype == DType::kF32 ? 1.0 : 0.5) * B * T * C;
   const detail::OpScope op_scope_("attention_backward", ex, [&] {
-    return detail::work_of<float>(5.0 * B * T * T * C,
-                                  qkv_elements + 3.0 * B * T * C + 1.0 * B * NH * T);
+    return detail::work_of<float>(
+        5.0 * B * T * T * C, qkv_elements + dout_elements + 2.0 * B * T * C + 1.0 * B * NH * T);
   });
   const cuda::GemmOperand kept(out, rounded_precision(ex, dtype, "attention_backward_rounded"));
-  const cuda::GemmOperand qkv_op = qkv_operand(ex, qkv, qkv_dtype, "attention_backward_rounded");
+  const cuda::GemmOperand qkv_op = operand_of(ex, qkv, qkv_dtype, "attention_backward_rounded");
+  const cuda::GemmOperand dout_op = operand_of(ex, dout, dout_dtype, "attention_backward_rounded");
   if constexpr (detail::kCudaBuild)
-    cuda::attention_backward_rounded(ex.device.index, dqkv, dout, qkv_op, kept, lse, B, T, C, NH);
+    cuda::attention_backward_rounded(ex.device.index, dqkv, dout_op, qkv_op, kept, lse, B, T, C,
+                                     NH);
+}
+
+void matmul_backward_rounded_dinp(const Exec& ex, void* dinp, DType dinp_dtype, float* dweight,
+                                  float* dbias, const float* dout, const void* inp, DType inp_dtype,
+                                  const float* weight, int64_t N, int64_t C, int64_t OC) {
+  // The 16-bit dinp is written at half an f32 element's bytes.
+  const detail::OpScope op_scope_("matmul_backward", ex, [&] {
+    detail::OpCounts c = detail::matmul_backward_counts(N, C, OC, true, dbias != nullptr);
+    c.elements -= 0.5 * N * C * (inp_dtype == DType::kF32 ? 1.0 : 2.0);
+    return detail::work_of<float>(c);
+  });
+  expect_rounded_output(ex, dinp_dtype, "matmul_backward_rounded_dinp");
+  const cuda::GemmOperand inp_op = operand_of(ex, inp, inp_dtype, "matmul_backward_rounded_dinp");
+  if constexpr (detail::kCudaBuild)
+    cuda::matmul_backward_rounded_dinp(ex.device.index, dinp, dweight, dbias, dout, inp_op, weight,
+                                       N, C, OC);
 }
 
 void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, float* dbias,
-                                  const void* dout, const void* inp, DType dtype,
+                                  const void* dout, DType dtype, const void* inp, DType inp_dtype,
                                   const float* weight, int64_t N, int64_t C, int64_t OC) {
   const detail::OpScope op_scope_("matmul_backward", ex, [&] {
     return detail::work_of<float>(
@@ -302,10 +341,15 @@ void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, f
   });
   const cuda::MatmulPrecision precision =
       rounded_precision(ex, dtype, "matmul_backward_from_rounded");
+  if (inp_dtype != DType::kF32 && inp_dtype != dtype)
+    fail("matmul_backward_from_rounded on ", ex.device.str(), ": input of ", dtype_name(inp_dtype),
+         " with a ", dtype_name(dtype), " dout");
+  const cuda::GemmOperand inp_operand =
+      operand_of(ex, inp, inp_dtype, "matmul_backward_from_rounded");
   if constexpr (detail::kCudaBuild)
     cuda::matmul_backward_from_rounded_dout(ex.device.index, dinp, dweight, dbias,
-                                            cuda::GemmOperand(dout, precision),
-                                            cuda::GemmOperand(inp, precision), weight, N, C, OC);
+                                            cuda::GemmOperand(dout, precision), inp_operand, weight,
+                                            N, C, OC);
 }
 
 }  // namespace loom::ops

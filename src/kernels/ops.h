@@ -85,10 +85,26 @@ void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* i
 void matmul_forward_rounded_output(const Exec& ex, void* out, DType out_dtype, const void* inp,
                                    DType inp_dtype, void* inp_rounded, const float* weight,
                                    const float* bias, int64_t N, int64_t C, int64_t OC);
-// GELU and LayerNorm forward (f32 in) for an output only a Linear reads: written straight as its
-// rounded input, `out_dtype` = matmul_input_dtype(ex, kF32), 16-bit — bit for bit the fp32
-// output rounded, without it in memory.
-void gelu_forward_rounded(const Exec& ex, void* out, DType out_dtype, const float* inp, int64_t n);
+// The MLP's fc and GELU on a GPU at bf16 / fp16 (cuda::matmul_forward_gelu): pre = inp·Wᵀ + bias
+// and gelu_out = GELU(pre), N·OC values each of `dtype` = matmul_input_dtype(ex, kF32), 16-bit,
+// with the GELU in the GEMM's epilogue. `inp` as for matmul_forward_rounded_output.
+void matmul_forward_gelu(const Exec& ex, void* gelu_out, void* pre, DType dtype, const void* inp,
+                         DType inp_dtype, void* inp_rounded, const float* weight, const float* bias,
+                         int64_t N, int64_t C, int64_t OC);
+// The backward of the Linear after it (the MLP's proj, its input `inp` that gelu_out): dweight
+// and dbias as matmul_backward, and in place of its dinp dpre = GELU'(pre) ⊙ (dout·W), the
+// gradient at the GELU's input, N·C values of `dtype` (cuda::matmul_backward_into_gelu) — fc's
+// rounded dout (matmul_backward_from_rounded).
+void matmul_backward_into_gelu(const Exec& ex, void* dpre, DType dtype, float* dweight,
+                               float* dbias, const float* dout, const void* inp,
+                               const float* weight, const void* pre, int64_t N, int64_t C,
+                               int64_t OC);
+// GELU(pre) of such a 16-bit pre, rounded to `dtype` (gelu_out rebuilt for recomputation, to an
+// ulp: the forward's GELU took pre before its rounding).
+void gelu_forward_of_rounded(const Exec& ex, void* out, const void* pre, DType dtype, int64_t n);
+// LayerNorm forward (f32 in) for an output only a Linear reads: written straight as its rounded
+// input, `out_dtype` = matmul_input_dtype(ex, kF32), 16-bit — bit for bit the fp32 output
+// rounded, without it in memory.
 void layernorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* mean, float* rstd,
                                const float* inp, const float* weight, const float* bias, int64_t N,
                                int64_t C);
@@ -101,18 +117,26 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
 // projection's rounded input, and the backward on that out writing `dqkv` as the qkv
 // projection's rounded dout; both of `dtype` = matmul_input_dtype(ex, kF32), 16-bit
 // (cuda::attention_forward_rounded / attention_backward_rounded). `qkv` is f32 (`qkv_dtype`
-// kF32), or of `dtype` where attention_takes_rounded_qkv says so.
+// kF32), or of `dtype` where attention_takes_rounded_qkv says so; `dout` likewise f32, or (with
+// such a qkv) of `dtype` as matmul_backward_rounded_dinp writes it.
 void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const void* qkv,
                                DType qkv_dtype, int64_t B, int64_t T, int64_t C, int64_t NH);
-void attention_backward_rounded(const Exec& ex, void* dqkv, const float* dout, const void* qkv,
-                                DType qkv_dtype, const void* out, DType dtype, const float* lse,
-                                int64_t B, int64_t T, int64_t C, int64_t NH);
+void attention_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DType dout_dtype,
+                                const void* qkv, DType qkv_dtype, const void* out, DType dtype,
+                                const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
 // Whether the attention above takes qkv in 16 bits (the qkv projection's rounded output) for
 // these sizes: on a GPU whose fused flash kernels apply (bf16, head size 64); never on a CPU.
 bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t B);
-// matmul_backward (f32) with dout and inp both rounded already, of the same 16-bit `dtype`.
+// matmul_backward (f32) writing dinp in 16 bits, `dinp_dtype` = matmul_input_dtype(ex, kF32)
+// (cuda::matmul_backward_rounded_dinp): the attention projection's, dO for the flash kernels
+// where attention_takes_rounded_qkv. `inp` as matmul_backward_from_rounded's.
+void matmul_backward_rounded_dinp(const Exec& ex, void* dinp, DType dinp_dtype, float* dweight,
+                                  float* dbias, const float* dout, const void* inp, DType inp_dtype,
+                                  const float* weight, int64_t N, int64_t C, int64_t OC);
+// matmul_backward (f32) with dout rounded already, of 16-bit `dtype`, and inp too (`inp_dtype`
+// that dtype) or f32 (kF32: an input restored for recomputation as it came).
 void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, float* dbias,
-                                  const void* dout, const void* inp, DType dtype,
+                                  const void* dout, DType dtype, const void* inp, DType inp_dtype,
                                   const float* weight, int64_t N, int64_t C, int64_t OC);
 
 // The LM head on a GPU at bf16 / fp16 matmul precision, its logits kept in that 16-bit type
@@ -135,13 +159,6 @@ void adamw_update_runs(const Exec& ex, float* values, const float* grads, float*
                        const std::vector<AdamWRun>& runs, const AdamWRun* runs_on_gpu, double lr,
                        double beta1, double beta2, double eps, double weight_decay, int64_t step,
                        float grad_scale);
-
-// matmul_backward_before_gelu (below) on such a kept input.
-void matmul_backward_before_gelu_from_rounded_input(const Exec& ex, float* dinp, float* dweight,
-                                                    float* dbias, float* dgelu, const float* h,
-                                                    const void* inp_rounded, DType inp_dtype,
-                                                    const float* weight, int64_t N, int64_t C,
-                                                    int64_t OC);
 
 namespace detail {
 // An op's work for the profile (kernels/op_profile.h): `flops`, and `elements` of its operands

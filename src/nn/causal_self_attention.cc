@@ -53,14 +53,17 @@ Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
 }
 
 Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
-  Tensor datt = proj_.backward(ctx, dy);
+  // Where the flash kernels read qkv in 16 bits they read dO (proj's dinp) so too, written by
+  // proj's GEMM and fetched by cp.async like Q.
+  Tensor datt = qkv_out_.dtype() != ctx.dtype ? proj_.backward_rounded_dinp(ctx, dy)
+                                              : proj_.backward(ctx, dy);
   const int64_t B = qkv_out_.dim(0), T = qkv_out_.dim(1);
   // At 16-bit matmul precision dqkv is written as the qkv projection's rounded dout.
   Tensor dqkv = Tensor::empty(qkv_out_.shape(), att_.dtype(), ctx.device);
   if (att_.dtype() != ctx.dtype) {
-    ops::attention_backward_rounded(ctx.exec(), dqkv.raw(), datt.data<float>(), qkv_out_.raw(),
-                                    qkv_out_.dtype(), att_.raw(), att_.dtype(), lse_.data<float>(),
-                                    B, T, channels_, heads_);
+    ops::attention_backward_rounded(ctx.exec(), dqkv.raw(), datt.raw(), datt.dtype(),
+                                    qkv_out_.raw(), qkv_out_.dtype(), att_.raw(), att_.dtype(),
+                                    lse_.data<float>(), B, T, channels_, heads_);
   } else {
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);

@@ -79,6 +79,22 @@ Tensor Linear::forward_rounded_output(Context& ctx, const Tensor& x) {
   return y;
 }
 
+Tensor Linear::forward_gelu(Context& ctx, const Tensor& x, Tensor& gelu_out) {
+  if (x.dim(-1) != in_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", in_);
+  const DType out_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  if (out_dtype == ctx.dtype)
+    fail(weight_->name, ": a GELU in the GEMM needs a GPU at bf16 / fp16 matmul precision");
+  Tensor pre = Tensor::empty(with_last(x.shape(), out_), out_dtype, ctx.device);
+  gelu_out = Tensor::empty(pre.shape(), out_dtype, ctx.device);
+  const bool rounded = x.dtype() != ctx.dtype;  // by its producer (LayerNorm) already
+  x_ = rounded ? x : Tensor::empty(x.shape(), out_dtype, ctx.device);
+  ops::matmul_forward_gelu(
+      ctx.exec(), gelu_out.raw(), pre.raw(), out_dtype, x.raw(), rounded ? x.dtype() : DType::kF32,
+      rounded ? nullptr : x_.raw(), weight_->value.data<float>(),
+      bias_ ? bias_->value.data<float>() : nullptr, x.numel() / in_, in_, out_);
+  return pre;
+}
+
 void Linear::restore_input(const Tensor& x) {
   if (x.dim(-1) != in_) fail(weight_->name, ": restored input last dim ", x.dim(-1), " != ", in_);
   x_ = x;
@@ -94,30 +110,62 @@ Tensor Linear::backward_before_gelu(Context& ctx, Tensor& dgelu, const Tensor& h
   return backward_impl(ctx, dgelu, &h);
 }
 
+Tensor Linear::backward_rounded_dinp(Context& ctx, const Tensor& dy) {
+  LOOM_CHECK(x_.defined());
+  const DType dx_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  if (dx_dtype == ctx.dtype || dy.dtype() != ctx.dtype)
+    fail(weight_->name,
+         ": a 16-bit input gradient needs a GPU at bf16 / fp16 matmul precision "
+         "and an ",
+         dtype_name(ctx.dtype), " output gradient");
+  Tensor dx = Tensor::empty(x_.shape(), dx_dtype, ctx.device);
+  ops::matmul_backward_rounded_dinp(ctx.exec(), dx.raw(), dx_dtype, weight_->grad.data<float>(),
+                                    bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(),
+                                    x_.raw(), x_.dtype(), weight_->value.data<float>(),
+                                    x_.numel() / in_, in_, out_);
+  x_ = Tensor();
+  return dx;
+}
+
+Tensor Linear::backward_into_gelu(Context& ctx, const Tensor& dy, const Tensor& pre) {
+  LOOM_CHECK(x_.defined());
+  if (pre.numel() != x_.numel() || pre.dtype() != x_.dtype() || dy.dtype() != ctx.dtype)
+    fail(weight_->name, ": backward into a GELU takes an ", dtype_name(ctx.dtype),
+         " output gradient and the GELU's input in the type this layer's input was kept in (",
+         dtype_name(x_.dtype()), ", ", x_.numel(), " values), not ", dtype_name(dy.dtype()),
+         " and ", dtype_name(pre.dtype()), " (", pre.numel(), " values)");
+  Tensor dpre = Tensor::empty(x_.shape(), x_.dtype(), ctx.device);
+  ops::matmul_backward_into_gelu(ctx.exec(), dpre.raw(), x_.dtype(), weight_->grad.data<float>(),
+                                 bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(),
+                                 x_.raw(), weight_->value.data<float>(), pre.raw(),
+                                 x_.numel() / in_, in_, out_);
+  x_ = Tensor();
+  return dpre;
+}
+
 Tensor Linear::backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_input) {
   LOOM_CHECK(x_.defined());
   Tensor dx = Tensor::empty(x_.shape(), ctx.dtype, ctx.device);
   const int64_t n = x_.numel() / in_;
-  if (dy.dtype() != ctx.dtype) {  // rounded by its producer (the attention's backward) already
-    if (x_.dtype() != dy.dtype() || gelu_input != nullptr)
+  if (dy.dtype() != ctx.dtype) {  // rounded by its producer (attention, backward_into_gelu)
+    // The input as forward kept it (16-bit), or as a recomputation restored it (ctx.dtype).
+    if ((x_.dtype() != dy.dtype() && x_.dtype() != ctx.dtype) || gelu_input != nullptr)
       fail(weight_->name, ": a ", dtype_name(dy.dtype()),
-           " output gradient needs an input kept in ", dtype_name(dy.dtype()), ", not ",
-           dtype_name(x_.dtype()));
+           " output gradient needs an input kept in ", dtype_name(dy.dtype()), " or ",
+           dtype_name(ctx.dtype), ", not ", dtype_name(x_.dtype()));
     ops::matmul_backward_from_rounded(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
                                       bias_ ? bias_->grad.data<float>() : nullptr, dy.raw(),
-                                      x_.raw(), x_.dtype(), weight_->value.data<float>(), n, in_,
-                                      out_);
+                                      dy.dtype(), x_.raw(), x_.dtype(),
+                                      weight_->value.data<float>(), n, in_, out_);
   } else if (x_.dtype() != ctx.dtype) {  // kept rounded by forward (an f32 model on a GPU)
-    float* dbias = bias_ ? bias_->grad.data<float>() : nullptr;
+    // There the MLP's GELU runs in the GEMMs instead (forward_gelu, backward_into_gelu).
     if (gelu_input != nullptr)
-      ops::matmul_backward_before_gelu_from_rounded_input(
-          ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias, dy.data<float>(),
-          gelu_input->data<float>(), x_.raw(), x_.dtype(), weight_->value.data<float>(), n, in_,
-          out_);
-    else
-      ops::matmul_backward_from_rounded_input(
-          ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias, dy.data<float>(),
-          x_.raw(), x_.dtype(), weight_->value.data<float>(), n, in_, out_);
+      fail(weight_->name, ": backward_before_gelu on an input kept in ", dtype_name(x_.dtype()),
+           ": with 16-bit GEMM inputs the GELU goes through forward_gelu and backward_into_gelu");
+    ops::matmul_backward_from_rounded_input(
+        ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
+        bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(), x_.raw(), x_.dtype(),
+        weight_->value.data<float>(), n, in_, out_);
   } else {
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T = decltype(zero);

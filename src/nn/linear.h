@@ -21,17 +21,31 @@ class Linear {
   // rounded to that type too: an output only 16-bit readers take (ops::
   // matmul_forward_rounded_output; the qkv projection for the flash kernels). Fails elsewhere.
   Tensor forward_rounded_output(Context& ctx, const Tensor& x);
+  // forward of a Linear a GELU follows (Mlp's fc) on a GPU at bf16 / fp16 (ops::
+  // matmul_input_dtype; fails elsewhere), the GELU in the GEMM's epilogue: returns the GELU's
+  // input pre = x·Wᵀ + b, and sets `gelu_out` = GELU(pre), both in 16 bits (ops::
+  // matmul_forward_gelu). The caller keeps pre for backward_into_gelu.
+  Tensor forward_gelu(Context& ctx, const Tensor& x, Tensor& gelu_out);
   // forward plus `residual` (shaped like the output): a block's skip connection, x + proj(...).
   // On a GPU added in the GEMM's epilogue (ops::matmul_forward_adding), not in a pass of its own.
   Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual);
   // dy: (..., out) -> dx: (..., in). dy is ctx.dtype, or already rounded for the GEMMs by its
-  // producer (ops::attention_backward_rounded) in the type the input was kept in.
+  // producer (ops::attention_backward_rounded, backward_into_gelu) in the type the input was
+  // kept in.
   Tensor backward(Context& ctx, const Tensor& dy);
+  // backward writing dx in 16 bits (ops::matmul_input_dtype; a GPU at bf16 / fp16, else it
+  // fails), for a reader that takes it so: the attention projection's, dO of the flash kernels
+  // (ops::matmul_backward_rounded_dinp).
+  Tensor backward_rounded_dinp(Context& ctx, const Tensor& dy);
   // backward for a Linear whose output h went into a GELU (Mlp's fc), from dgelu, the gradient
   // at the GELU's output: gelu_backward then backward, in one op (ops::
   // matmul_backward_before_gelu; one pass fewer over the activations on a GPU). dgelu is
-  // overwritten.
+  // overwritten. Not on an input kept in 16 bits (forward_gelu's place).
   Tensor backward_before_gelu(Context& ctx, Tensor& dgelu, const Tensor& h);
+  // backward of the Linear after that GELU (Mlp's proj, its input the 16-bit gelu_out): returns
+  // the gradient at the GELU's input, dpre = GELU'(pre) ⊙ dx, in 16 bits — the fc's dy for
+  // backward (ops::matmul_backward_into_gelu).
+  Tensor backward_into_gelu(Context& ctx, const Tensor& dy, const Tensor& pre);
   void clear_cache() { x_ = Tensor(); }
   // The tensors kept from forward for backward (nn/context.h: ActivationStash).
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }

@@ -11,6 +11,11 @@ Mlp::Mlp(ParameterStore& store, const std::string& name, int64_t channels, float
       proj_(store, name + ".proj", 4 * channels, channels, true, proj_std) {}
 
 Tensor Mlp::gelu(Context& ctx) const {
+  if (h_.dtype() != ctx.dtype) {  // fc wrote it in 16 bits with the GELU (gelu_in_gemms)
+    Tensor g = Tensor::empty(h_.shape(), h_.dtype(), ctx.device);
+    ops::gelu_forward_of_rounded(ctx.exec(), g.raw(), h_.raw(), h_.dtype(), h_.numel());
+    return g;
+  }
   Tensor g = Tensor::empty(h_.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
@@ -19,23 +24,26 @@ Tensor Mlp::gelu(Context& ctx) const {
   return g;
 }
 
-Tensor Mlp::gelu_for_proj(Context& ctx) const {
-  const DType out = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
-  if (out == ctx.dtype) return gelu(ctx);
-  // A GPU rounding GEMM inputs to 16 bits: the GELU writes proj's kept input directly.
-  Tensor g = Tensor::empty(h_.shape(), out, ctx.device);
-  ops::gelu_forward_rounded(ctx.exec(), g.raw(), out, h_.data<float>(), h_.numel());
-  return g;
+bool Mlp::gelu_in_gemms(Context& ctx) {
+  return ops::matmul_input_dtype(ctx.exec(), ctx.dtype) != ctx.dtype;
+}
+
+Tensor Mlp::fc_and_gelu(Context& ctx, const Tensor& x) {
+  if (gelu_in_gemms(ctx)) {
+    Tensor g;
+    h_ = fc_.forward_gelu(ctx, x, g);
+    return g;
+  }
+  h_ = fc_.forward(ctx, x);
+  return gelu(ctx);
 }
 
 Tensor Mlp::forward(Context& ctx, const Tensor& x) {
-  h_ = fc_.forward(ctx, x);
-  return proj_.forward(ctx, gelu_for_proj(ctx));
+  return proj_.forward(ctx, fc_and_gelu(ctx, x));
 }
 
 Tensor Mlp::forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) {
-  h_ = fc_.forward(ctx, x);
-  return proj_.forward_adding(ctx, gelu_for_proj(ctx), residual);
+  return proj_.forward_adding(ctx, fc_and_gelu(ctx, x), residual);
 }
 
 void Mlp::drop_recomputable() {
@@ -48,6 +56,11 @@ Tensor Mlp::backward(Context& ctx, const Tensor& dy) {
   // No GELU output cached: drop_recomputable() dropped it. The state lives in the cache slots,
   // not in a flag, so it survives stash_activations() with several micro-batches in flight.
   if (!proj_.has_input()) proj_.restore_input(gelu(ctx));
+  if (h_.dtype() != ctx.dtype) {  // the GELU in the GEMMs: its gradient in proj's dinp GEMM
+    Tensor dh = proj_.backward_into_gelu(ctx, dy, h_);
+    h_ = Tensor();
+    return fc_.backward(ctx, dh);
+  }
   Tensor dg = proj_.backward(ctx, dy);
   // The GELU's backward is part of fc's: one pass over dg and h instead of three on a GPU.
   Tensor dx = fc_.backward_before_gelu(ctx, dg, h_);

@@ -32,10 +32,12 @@ class Mlp {
  private:
   Linear fc_;
   Linear proj_;
+  // On a GPU at bf16 / fp16 the GELU runs in the GEMMs' epilogues (Linear::forward_gelu,
+  // backward_into_gelu) and h_ is kept in 16 bits; elsewhere fc writes h_, a pass the GELU.
+  static bool gelu_in_gemms(Context& ctx);
+  Tensor fc_and_gelu(Context& ctx, const Tensor& x);  // GELU(fc(x)), proj's input; sets h_
   Tensor gelu(Context& ctx) const;  // GELU(h_)
-  // GELU(h_) as proj's input: rounded for its GEMMs where a GPU rounds them (nn/linear.h).
-  Tensor gelu_for_proj(Context& ctx) const;
-  Tensor h_;  // fc output, the GELU's input
+  Tensor h_;                        // fc output, the GELU's input (16-bit where gelu_in_gemms)
 };
 
 }  // namespace loom

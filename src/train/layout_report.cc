@@ -14,7 +14,8 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   const std::string mode = config.resolved_recompute();
   // On a GPU at bf16 / fp16 matmul precision an unsharded model (nn::Linear; the tensor-parallel
   // layers keep fp32) holds its GEMM inputs in 16 bits, half a float each: the LayerNorms', the
-  // attention's and the GELU's outputs, and the logits (models/gpt2.cc).
+  // attention's and the GELU's outputs, and the logits (models/gpt2.cc); and fc's output, the
+  // GELU's input, which fc's GEMM writes in 16 bits with the GELU in its epilogue (nn/mlp.h).
   const bool sixteen_bit =
       par.tp == 1 && config.runtime.device.rfind("cuda", 0) == 0 &&
       (config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16");
@@ -26,11 +27,11 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output
   // (4) and the GELU's (4), N·C/P each.
-  const double everything = (2 + 2 * half) * rows * C + (qkv + half + 4 + 4 * half) * N * C / P;
+  const double everything = (2 + 2 * half) * rows * C + (qkv + half + 8 * half) * N * C / P;
   double per_block = everything;
   if (mode == "full") per_block = rows * C;
   else if (mode == "selective")
-    per_block = 2 * rows * C + (qkv + half + 4) * N * C / P;
+    per_block = 2 * rows * C + (qkv + half + 4 * half) * N * C / P;
   double per_micro_batch = per_block * static_cast<double>(blocks_on_rank);
   const bool last = pp_rank == par.pp - 1;
   if (last)

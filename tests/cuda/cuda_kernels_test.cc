@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -388,23 +389,6 @@ TEST_F(CudaKernelsTest, LinearBackwardMakesItsBiasGradientAndGemmOperandInOnePas
       expect_close("dweight", dw1.from_gpu(), dw.from_host(), tol);
       expect_close("dbias", db1.from_gpu(), db.from_host(), kTol);
     }
-    if (!cuda::rounds_to_16_bits(precision)) continue;
-    // On an input kept rounded by the forward, as nn::Linear keeps it.
-    const DType kept_type = ops::matmul_input_dtype(on_gpu, DType::kF32);
-    Tensor kept = Tensor::empty({N * C}, kept_type, Device::cuda(0));
-    (void)cuda::round_for_gemm(0, kept.raw(), inp.g(), N * C);
-    Pair g1 = pair_of(dout0), dx1 = pair_of(std::vector<float>(N * C)), dw1 = pair_of(dw0),
-         db1 = pair_of(db0);
-    ops::matmul_backward_before_gelu_from_rounded_input(
-        on_gpu, dx1.g(), dw1.g(), db1.g(), g1.g(), h.g(), kept.raw(), kept_type, w.g(), N, C, OC);
-    Pair g2 = pair_of(dout0), dx2 = pair_of(std::vector<float>(N * C)), dw2 = pair_of(dw0),
-         db2 = pair_of(db0);
-    ops::gelu_backward<float>(on_gpu, g2.g(), h.g(), g2.g(), N * OC);
-    ops::matmul_backward_from_rounded_input(on_gpu, dx2.g(), dw2.g(), db2.g(), g2.g(), kept.raw(),
-                                            kept_type, w.g(), N, C, OC);
-    EXPECT_TRUE(bitwise_equal(dx1.from_gpu(), dx2.from_gpu())) << "kept input: dinp";
-    EXPECT_TRUE(bitwise_equal(dw1.from_gpu(), dw2.from_gpu())) << "kept input: dweight";
-    EXPECT_TRUE(bitwise_equal(db1.from_gpu(), db2.from_gpu())) << "kept input: dbias";
   }
 }
 
@@ -443,18 +427,17 @@ TEST_F(CudaKernelsTest, GeluMatchesCpu) {
   expect_pair_close("gelu_backward", dx);
 }
 
-// GELU and LayerNorm feeding a Linear on a GPU at bf16 / fp16 write its rounded input directly
-// (ops::gelu_forward_rounded, layernorm_forward_rounded): bit for bit their fp32 output rounded to
-// nearest even, with the same mean and rstd; refused where GEMM inputs stay fp32.
-TEST_F(CudaKernelsTest, GeluAndLayerNormWriteTheNextGemmsRoundedInput) {
+// A LayerNorm feeding a Linear on a GPU at bf16 / fp16 writes its rounded input directly
+// (ops::layernorm_forward_rounded): bit for bit its fp32 output rounded to nearest even, with the
+// same mean and rstd; refused where GEMM inputs stay fp32.
+TEST_F(CudaKernelsTest, LayerNormWritesTheNextGemmsRoundedInput) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
   } restore;
   const int64_t N = 19, C = 72;
   Pair inp = random_pair(N * C, 30, -3.0, 3.0), w = random_pair(C, 31), b = random_pair(C, 32);
-  Pair gelu = pair_of(std::vector<float>(N * C)), ln = pair_of(std::vector<float>(N * C));
+  Pair ln = pair_of(std::vector<float>(N * C));
   Pair mean = pair_of(std::vector<float>(N)), rstd = pair_of(std::vector<float>(N));
-  ops::gelu_forward<float>(on_gpu, gelu.g(), inp.g(), N * C);
   ops::layernorm_forward<float>(on_gpu, ln.g(), mean.g(), rstd.g(), inp.g(), w.g(), b.g(), N, C);
   const std::vector<float> mean32 = mean.from_gpu(), rstd32 = rstd.from_gpu();
   for (auto [precision, dtype] : {std::pair{cuda::MatmulPrecision::kBf16, DType::kBF16},
@@ -469,10 +452,6 @@ TEST_F(CudaKernelsTest, GeluAndLayerNormWriteTheNextGemmsRoundedInput) {
       return v;
     };
     Tensor out16 = Tensor::empty({N * C}, dtype, Device::cuda(0));
-    ops::gelu_forward_rounded(on_gpu, out16.raw(), dtype, inp.g(), N * C);
-    EXPECT_TRUE(bitwise_equal(out16.to(Device::cpu()).to(DType::kF32).to_vector(),
-                              rounded(gelu.from_gpu())))
-        << "gelu";
     mean.gpu.zero_();
     rstd.gpu.zero_();
     ops::layernorm_forward_rounded(on_gpu, out16.raw(), dtype, mean.g(), rstd.g(), inp.g(), w.g(),
@@ -486,8 +465,12 @@ TEST_F(CudaKernelsTest, GeluAndLayerNormWriteTheNextGemmsRoundedInput) {
   cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);
   Tensor out16 = Tensor::empty({N * C}, DType::kBF16, Device::cuda(0));
   expect_refused(
-      [&] { ops::gelu_forward_rounded(on_gpu, out16.raw(), DType::kBF16, inp.g(), N * C); },
-      "GEMM inputs are not rounded to 16 bits", "a 16-bit GELU output was written with fp32 GEMMs");
+      [&] {
+        ops::layernorm_forward_rounded(on_gpu, out16.raw(), DType::kBF16, mean.g(), rstd.g(),
+                                       inp.g(), w.g(), b.g(), N, C);
+      },
+      "GEMM inputs are not rounded to 16 bits",
+      "a 16-bit LayerNorm output was written with fp32 GEMMs");
 }
 
 TEST_F(CudaKernelsTest, LayerNormMatchesCpu) {
@@ -650,8 +633,8 @@ TEST_F(CudaKernelsTest, AttentionWritesItsOutputAndGradientRoundedForTheProjecti
     // The backward: dqkv in 16 bits, the fp32-out backward's given the rounded out, rounded.
     Tensor dqkv16 = Tensor::empty({3 * n}, dtype, Device::cuda(0));
     Pair dqkv_ref = pair_of(std::vector<float>(3 * n)), rounded_out = pair_of(got);
-    ops::attention_backward_rounded(on_gpu, dqkv16.raw(), dout.g(), qkv.g(), DType::kF32,
-                                    out16.raw(), dtype, lse16.g(), B, T, k.C, k.NH);
+    ops::attention_backward_rounded(on_gpu, dqkv16.raw(), dout.g(), DType::kF32, qkv.g(),
+                                    DType::kF32, out16.raw(), dtype, lse16.g(), B, T, k.C, k.NH);
     ops::attention_backward<float>(on_gpu, dqkv_ref.g(), dout.g(), qkv.g(), rounded_out.g(),
                                    lse.g(), B, T, k.C, k.NH);
     std::vector<float> dqkv_want = dqkv_ref.from_gpu();
@@ -669,8 +652,8 @@ TEST_F(CudaKernelsTest, AttentionWritesItsOutputAndGradientRoundedForTheProjecti
     Pair dx1 = pair_of(std::vector<float>(rows * k.C)), dw1 = pair_of(dw0), db1 = pair_of(db0);
     Pair dx2 = pair_of(std::vector<float>(rows * k.C)), dw2 = pair_of(dw0), db2 = pair_of(db0);
     Pair dqkv_values = pair_of(dqkv_got);
-    ops::matmul_backward_from_rounded(on_gpu, dx1.g(), dw1.g(), db1.g(), dqkv16.raw(), kept.raw(),
-                                      dtype, w.g(), rows, k.C, OC);
+    ops::matmul_backward_from_rounded(on_gpu, dx1.g(), dw1.g(), db1.g(), dqkv16.raw(), dtype,
+                                      kept.raw(), dtype, w.g(), rows, k.C, OC);
     ops::matmul_backward_from_rounded_input(on_gpu, dx2.g(), dw2.g(), db2.g(), dqkv_values.g(),
                                             kept.raw(), dtype, w.g(), rows, k.C, OC);
     EXPECT_TRUE(bitwise_equal(dx1.from_gpu(), dx2.from_gpu())) << "qkv dinp";
@@ -708,13 +691,33 @@ TEST_F(CudaKernelsTest, FlashAttentionTakesQkvInBf16AsItsOwnRounding) {
   EXPECT_TRUE(bitwise_equal(lse_a.from_gpu(), lse_b.from_gpu())) << "lse";
   Tensor dqkv_a = Tensor::empty({3 * n}, DType::kBF16, Device::cuda(0)),
          dqkv_b = Tensor::empty({3 * n}, DType::kBF16, Device::cuda(0));
-  ops::attention_backward_rounded(on_gpu, dqkv_a.raw(), dout.g(), qkv16.raw(), DType::kBF16,
-                                  out_a.raw(), DType::kBF16, lse_a.g(), B, T, C, NH);
-  ops::attention_backward_rounded(on_gpu, dqkv_b.raw(), dout.g(), qkv_values.g(), DType::kF32,
-                                  out_a.raw(), DType::kBF16, lse_a.g(), B, T, C, NH);
+  ops::attention_backward_rounded(on_gpu, dqkv_a.raw(), dout.g(), DType::kF32, qkv16.raw(),
+                                  DType::kBF16, out_a.raw(), DType::kBF16, lse_a.g(), B, T, C, NH);
+  ops::attention_backward_rounded(on_gpu, dqkv_b.raw(), dout.g(), DType::kF32, qkv_values.g(),
+                                  DType::kF32, out_a.raw(), DType::kBF16, lse_a.g(), B, T, C, NH);
   const std::vector<float> dqkv = widened(dqkv_a);
   EXPECT_TRUE(bitwise_equal(dqkv, widened(dqkv_b))) << "dqkv";
   EXPECT_GT(*std::max_element(dqkv.begin(), dqkv.end()), 0.0f) << "a gradient was computed";
+
+  // dO in bf16 too (the attention projection's backward writes it so): bit for bit the fp32 dO
+  // of the same values, which D = rowsum(dO ∘ O) and the kernels round to bf16 anyway.
+  Tensor dout16 = Tensor::empty({n}, DType::kBF16, Device::cuda(0));
+  (void)cuda::round_for_gemm(0, dout16.raw(), dout.g(), n);
+  Pair dout_values = pair_of(widened(dout16));
+  Tensor dqkv_c = Tensor::empty({3 * n}, DType::kBF16, Device::cuda(0)),
+         dqkv_d = Tensor::empty({3 * n}, DType::kBF16, Device::cuda(0));
+  ops::attention_backward_rounded(on_gpu, dqkv_c.raw(), dout16.raw(), DType::kBF16, qkv16.raw(),
+                                  DType::kBF16, out_a.raw(), DType::kBF16, lse_a.g(), B, T, C, NH);
+  ops::attention_backward_rounded(on_gpu, dqkv_d.raw(), dout_values.g(), DType::kF32, qkv16.raw(),
+                                  DType::kBF16, out_a.raw(), DType::kBF16, lse_a.g(), B, T, C, NH);
+  EXPECT_TRUE(bitwise_equal(widened(dqkv_c), widened(dqkv_d))) << "dqkv from a bf16 dO";
+  expect_refused(
+      [&] {
+        ops::attention_backward_rounded(on_gpu, dqkv_c.raw(), dout16.raw(), DType::kBF16,
+                                        qkv_values.g(), DType::kF32, out_a.raw(), DType::kBF16,
+                                        lse_a.g(), B, T, C, NH);
+      },
+      "a 16-bit dout needs a 16-bit qkv", "a bf16 dO was taken with an fp32 qkv");
 
   // Head size 32: the batched-GEMM path, which reads fp32 only.
   const int64_t n32 = B * T * 96;
@@ -861,6 +864,158 @@ TEST_F(CudaKernelsTest, LinearWithSixteenBitOutputAddsItsBiasRoundedToThatType) 
     EXPECT_LE(off, N * OC / 100);
     EXPECT_GT(bias_rounding_shows, N * OC / 100) << "the data tells the two bias roundings apart";
   }
+}
+
+// 16-bit values `got` (widened) against `want`, rounded the same way: each within one ulp of the
+// type (bf16: 8 significant bits; fp16: 11, subnormals 2^-24 apart), and equal but for at most
+// `max_off` of them.
+void expect_within_an_ulp(const std::string& what, const std::vector<float>& got,
+                          const std::vector<float>& want, bool bf16, int64_t max_off) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t off = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    ++off;
+    const float larger = std::max(std::abs(got[i]), std::abs(want[i]));
+    const double ulp = std::max(std::ldexp(1.0, std::ilogb(larger) - (bf16 ? 7 : 10)),
+                                bf16 ? 0.0 : std::ldexp(1.0, -24));
+    ASSERT_LE(std::abs(double(got[i]) - want[i]), ulp) << what << ", value " << i;
+  }
+  EXPECT_LE(off, max_off) << what << ": values off by an ulp";
+}
+
+// The MLP's fc and GELU at bf16 / fp16 (ops::matmul_forward_gelu): pre is the GEMM's fp32 result
+// plus the bias rounded to the 16-bit type, rounded once, and gelu_out the GELU of that fp32 sum,
+// rounded — with the GELU in cuBLASLt's epilogue, and apart (LOOM_CUDA_GELU_EPILOGUE=0, pre bit
+// for bit). Each within an ulp, equal but for ≤1% (another GEMM order, the CPU's tanh). The
+// proj's backward into it (ops::matmul_backward_into_gelu): dweight and dbias bit for bit
+// matmul_backward's on the same kept input and dout; dpre the GELU's gradient at the 16-bit pre
+// times the fp32 input gradient, rounded, within an ulp likewise. Under the emulator, whose
+// epilogue takes Loom's own GELU, the two paths agree bit for bit. Refused at fp32.
+TEST_F(CudaKernelsTest, MlpGeluInTheGemmEpiloguesIsTheGeluOfTheFp32Sums) {
+  struct Restore {
+    ~Restore() {
+      cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);
+      unsetenv("LOOM_CUDA_GELU_EPILOGUE");
+    }
+  } restore;
+  const int64_t N = 70, C = 40, H = 96;  // fc: C -> H, proj: H -> C
+  Pair inp = random_pair(N * C, 120, -2.0, 2.0), w_fc = random_pair(H * C, 121, -0.5, 0.5),
+       b_fc = random_pair(H, 122), w_proj = random_pair(C * H, 123, -0.5, 0.5),
+       dout = random_pair(N * C, 124);
+  const std::vector<float> dout0 = dout.from_host(), dw0 = random_floats(C * H, 125),
+                           db0 = random_floats(C, 126);
+  for (auto [precision, dtype] : {std::pair{cuda::MatmulPrecision::kBf16, DType::kBF16},
+                                  std::pair{cuda::MatmulPrecision::kFp16, DType::kF16}}) {
+    const bool bf16 = dtype == DType::kBF16;
+    cuda::set_matmul_precision(precision);
+    const auto round16 = [bf16](std::vector<float> v) {
+      for (float& x : v) x = bf16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
+      return v;
+    };
+    // The GEMM's fp32 sums plus the rounded bias, and their GELU on the CPU.
+    Pair full = pair_of(std::vector<float>(N * H));
+    ops::matmul_forward<float>(on_gpu, full.g(), inp.g(), w_fc.g(), nullptr, N, C, H);
+    std::vector<float> sums = full.from_gpu();
+    const std::vector<float> b_rounded = round16(b_fc.from_host());
+    for (int64_t i = 0; i < N * H; ++i) sums[i] += b_rounded[i % H];
+    std::vector<float> gelu_of_sums(N * H);
+    ops::gelu_forward<float>(on_cpu, gelu_of_sums.data(), sums.data(), N * H);
+
+    std::vector<float> outputs[2][3];  // [apart][pre, gelu_out, dpre]
+    for (const bool apart : {false, true}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp16") + (apart ? ", GELU apart" : ", epilogue"));
+      if (apart)
+        setenv("LOOM_CUDA_GELU_EPILOGUE", "0", 1);
+      else
+        unsetenv("LOOM_CUDA_GELU_EPILOGUE");
+      EXPECT_EQ(cuda::gelu_epilogue_enabled(), !apart);
+      Tensor kept = Tensor::empty({N * C}, dtype, Device::cuda(0)),
+             pre = Tensor::empty({N * H}, dtype, Device::cuda(0)),
+             gelu_out = Tensor::empty({N * H}, dtype, Device::cuda(0)),
+             dpre = Tensor::empty({N * H}, dtype, Device::cuda(0));
+      ops::matmul_forward_gelu(on_gpu, gelu_out.raw(), pre.raw(), dtype, inp.g(), DType::kF32,
+                               kept.raw(), w_fc.g(), b_fc.g(), N, C, H);
+      EXPECT_TRUE(bitwise_equal(widened(kept), round16(inp.from_host()))) << "the kept input";
+      const std::vector<float> pre_values = widened(pre);
+      expect_within_an_ulp("pre", pre_values, round16(sums), bf16, apart ? 0 : N * H / 100);
+      expect_within_an_ulp("gelu_out", widened(gelu_out), round16(gelu_of_sums), bf16, N * H / 100);
+
+      Pair dw = pair_of(dw0), db = pair_of(db0);
+      ops::matmul_backward_into_gelu(on_gpu, dpre.raw(), dtype, dw.g(), db.g(), dout.g(),
+                                     gelu_out.raw(), w_proj.g(), pre.raw(), N, H, C);
+      Pair dgelu = pair_of(std::vector<float>(N * H)), dw_ref = pair_of(dw0), db_ref = pair_of(db0);
+      ops::matmul_backward_from_rounded_input(on_gpu, dgelu.g(), dw_ref.g(), db_ref.g(), dout.g(),
+                                              gelu_out.raw(), dtype, w_proj.g(), N, H, C);
+      EXPECT_TRUE(bitwise_equal(dw.from_gpu(), dw_ref.from_gpu())) << "dweight";
+      EXPECT_TRUE(bitwise_equal(db.from_gpu(), db_ref.from_gpu())) << "dbias";
+      EXPECT_TRUE(bitwise_equal(dout.from_gpu(), dout0)) << "dout changed";
+      std::vector<float> dpre_want(N * H);
+      const std::vector<float> dgelu_values = dgelu.from_gpu();
+      ops::gelu_backward<float>(on_cpu, dpre_want.data(), pre_values.data(), dgelu_values.data(),
+                                N * H);
+      expect_within_an_ulp("dpre", widened(dpre), round16(dpre_want), bf16, N * H / 100);
+      outputs[apart][0] = pre_values;
+      outputs[apart][1] = widened(gelu_out);
+      outputs[apart][2] = widened(dpre);
+    }
+#ifdef LOOM_CUDA_EMULATE
+    for (int k = 0; k < 3; ++k)
+      EXPECT_TRUE(bitwise_equal(outputs[0][k], outputs[1][k])) << "output " << k;
+#endif
+  }
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);
+  Tensor pre = Tensor::empty({N * H}, DType::kBF16, Device::cuda(0)),
+         gelu_out = Tensor::empty({N * H}, DType::kBF16, Device::cuda(0));
+  expect_refused(
+      [&] {
+        ops::matmul_forward_gelu(on_gpu, gelu_out.raw(), pre.raw(), DType::kBF16, inp.g(),
+                                 DType::kF32, nullptr, w_fc.g(), b_fc.g(), N, C, H);
+      },
+      "GEMM inputs are not rounded to 16 bits", "a GELU in a GEMM epilogue with fp32 GEMMs");
+}
+
+// A Linear's backward writing its input gradient in 16 bits (the attention projection's, dO for
+// the flash kernels: ops::matmul_backward_rounded_dinp): dweight and dbias bit for bit
+// matmul_backward's on the same kept input, dinp its fp32 dinp rounded — within an ulp, equal but
+// for ≤1% (the GPU may sum a 16-bit output in another order). Refused at fp32.
+TEST_F(CudaKernelsTest, LinearBackwardWritesASixteenBitInputGradient) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  const int64_t N = 53, C = 64, OC = 48;
+  Pair inp = random_pair(N * C, 130), w = random_pair(OC * C, 131), dout = random_pair(N * OC, 132);
+  const std::vector<float> dw0 = random_floats(OC * C, 133), db0 = random_floats(OC, 134);
+  for (auto [precision, dtype] : {std::pair{cuda::MatmulPrecision::kBf16, DType::kBF16},
+                                  std::pair{cuda::MatmulPrecision::kFp16, DType::kF16}}) {
+    const bool bf16 = dtype == DType::kBF16;
+    SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+    cuda::set_matmul_precision(precision);
+    Tensor kept = Tensor::empty({N * C}, dtype, Device::cuda(0)),
+           dinp = Tensor::empty({N * C}, dtype, Device::cuda(0));
+    (void)cuda::round_for_gemm(0, kept.raw(), inp.g(), N * C);
+    Pair dw = pair_of(dw0), db = pair_of(db0), dw_ref = pair_of(dw0), db_ref = pair_of(db0),
+         dinp_ref = pair_of(std::vector<float>(N * C));
+    ops::matmul_backward_rounded_dinp(on_gpu, dinp.raw(), dtype, dw.g(), db.g(), dout.g(),
+                                      kept.raw(), dtype, w.g(), N, C, OC);
+    ops::matmul_backward_from_rounded_input(on_gpu, dinp_ref.g(), dw_ref.g(), db_ref.g(), dout.g(),
+                                            kept.raw(), dtype, w.g(), N, C, OC);
+    EXPECT_TRUE(bitwise_equal(dw.from_gpu(), dw_ref.from_gpu())) << "dweight";
+    EXPECT_TRUE(bitwise_equal(db.from_gpu(), db_ref.from_gpu())) << "dbias";
+    std::vector<float> want = dinp_ref.from_gpu();
+    for (float& x : want)
+      x = bf16 ? bf16_to_float(float_to_bf16(x)) : f16_to_float(float_to_f16(x));
+    expect_within_an_ulp("dinp", widened(dinp), want, bf16, N * C / 100);
+  }
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);
+  Tensor dinp = Tensor::empty({N * C}, DType::kBF16, Device::cuda(0));
+  Pair dw = pair_of(dw0);
+  expect_refused(
+      [&] {
+        ops::matmul_backward_rounded_dinp(on_gpu, dinp.raw(), DType::kBF16, dw.g(), nullptr,
+                                          dout.g(), inp.g(), DType::kF32, w.g(), N, C, OC);
+      },
+      "GEMM inputs are not rounded to 16 bits", "a 16-bit dinp with fp32 GEMMs");
 }
 
 TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {

@@ -123,8 +123,9 @@ TEST(Gpt2Cuda, Bf16MatmulsStayNearTheCpuRun) {
 // fp32 the input is kept as it came; a precision changed between forward and backward is refused.
 // A LayerNorm before it may write that rounded input itself.
 // Where the flash kernels read it (bf16, head size 64) the attention's qkv projection writes
-// and keeps qkv in bf16: the attention computes what the ops do from that rounding; with heads
-// of 32, or at fp16, qkv stays fp32.
+// and keeps qkv in bf16, and in the backward the attention projection writes dO in bf16: forward
+// and backward compute what the ops do from those roundings; with heads of 32, or at fp16, qkv
+// stays fp32.
 TEST(Gpt2Cuda, AttentionKeepsQkvInBf16WhereTheFlashKernelsReadIt) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
@@ -175,6 +176,32 @@ TEST(Gpt2Cuda, AttentionKeepsQkvInBf16WhereTheFlashKernelsReadIt) {
                                            wp.value.data<float>(), bp.value.data<float>(), N, k.C,
                                            k.C);
     EXPECT_TRUE(cpu::ktest::bitwise_equal(y.to_vector(), y_ops.to_vector())) << "out";
+
+    // The backward: proj writes dO in bf16, which the flash kernels read as they read qkv.
+    const Tensor dy = uniform_on(gpu, {B, T, k.C}, 4, 1.0f);
+    store.zero_grads();
+    const Tensor dx = attn.backward(ctx, dy);
+    const std::vector<float> grads[] = {wq.grad.to_vector(), bq.grad.to_vector(),
+                                        wp.grad.to_vector(), bp.grad.to_vector()};
+    store.zero_grads();
+    Tensor datt = Tensor::empty({N, k.C}, DType::kBF16, gpu),
+           dqkv = Tensor::empty({N, 3 * k.C}, DType::kBF16, gpu),
+           dx_ops = Tensor::empty({N, k.C}, DType::kF32, gpu);
+    ops::matmul_backward_rounded_dinp(ex, datt.raw(), DType::kBF16, wp.grad.data<float>(),
+                                      bp.grad.data<float>(), dy.data<float>(), att.raw(),
+                                      DType::kBF16, wp.value.data<float>(), N, k.C, k.C);
+    ops::attention_backward_rounded(ex, dqkv.raw(), datt.raw(), DType::kBF16, qkv.raw(),
+                                    DType::kBF16, att.raw(), DType::kBF16, lse.data<float>(), B, T,
+                                    k.C, k.NH);
+    ops::matmul_backward_from_rounded(ex, dx_ops.data<float>(), wq.grad.data<float>(),
+                                      bq.grad.data<float>(), dqkv.raw(), DType::kBF16, x16.raw(),
+                                      DType::kBF16, wq.value.data<float>(), N, k.C, 3 * k.C);
+    using cpu::ktest::bitwise_equal;
+    EXPECT_TRUE(bitwise_equal(dx.to_vector(), dx_ops.to_vector())) << "dinp";
+    EXPECT_TRUE(bitwise_equal(grads[0], wq.grad.to_vector())) << "qkv.weight";
+    EXPECT_TRUE(bitwise_equal(grads[1], bq.grad.to_vector())) << "qkv.bias";
+    EXPECT_TRUE(bitwise_equal(grads[2], wp.grad.to_vector())) << "proj.weight";
+    EXPECT_TRUE(bitwise_equal(grads[3], bp.grad.to_vector())) << "proj.bias";
   }
 }
 
@@ -256,10 +283,13 @@ TEST(Gpt2Cuda, LinearKeepsItsInputRoundedAndComputesWhatTheOpsDo) {
   EXPECT_EQ(cache[0]->raw(), x.raw()) << "kept as it came at fp32";
 }
 
-// The MLP's backward folds the GELU's into fc's (Linear::backward_before_gelu): bit for bit the
-// plain ops one after another, at every matmul precision, also with the GELU output dropped
-// and rebuilt (selective recomputation).
-TEST(Gpt2Cuda, MlpFoldsTheGeluBackwardIntoFcAndComputesWhatTheOpsDo) {
+// The MLP computes what its ops do one after another, bit for bit, at every matmul precision,
+// also with the GELU output dropped and rebuilt (selective recomputation). At fp32 / TF32 its
+// backward folds the GELU's into fc's (Linear::backward_before_gelu); at bf16 / fp16 the GELU runs
+// in the GEMMs' epilogues (Linear::forward_gelu, backward_into_gelu: ops::matmul_forward_gelu,
+// matmul_backward_into_gelu), with the GELU's input kept in 16 bits, and the rebuilt GELU output
+// is the GELU of that 16-bit input (ops::gelu_forward_of_rounded).
+TEST(Gpt2Cuda, MlpComputesWhatItsOpsDoAtEveryPrecision) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
     ~Restore() { ops::set_matmul_precision("fp32"); }
@@ -295,23 +325,43 @@ TEST(Gpt2Cuda, MlpFoldsTheGeluBackwardIntoFcAndComputesWhatTheOpsDo) {
                                           proj_w.grad.to_vector(), proj_b.grad.to_vector()};
 
       store.zero_grads();
-      Tensor h = Tensor::empty({N, H}, DType::kF32, gpu),
-             g = Tensor::empty({N, H}, DType::kF32, gpu),
-             y_ops = Tensor::empty({N, C}, DType::kF32, gpu),
-             dg = Tensor::empty({N, H}, DType::kF32, gpu),
+      Tensor y_ops = Tensor::empty({N, C}, DType::kF32, gpu),
              dx_ops = Tensor::empty({N, C}, DType::kF32, gpu);
-      ops::matmul_forward<float>(ex, h.data<float>(), x.data<float>(), fc_w.value.data<float>(),
-                                 fc_b.value.data<float>(), N, C, H);
-      ops::gelu_forward<float>(ex, g.data<float>(), h.data<float>(), N * H);
-      ops::matmul_forward<float>(ex, y_ops.data<float>(), g.data<float>(),
-                                 proj_w.value.data<float>(), proj_b.value.data<float>(), N, H, C);
-      ops::matmul_backward<float>(ex, dg.data<float>(), proj_w.grad.data<float>(),
-                                  proj_b.grad.data<float>(), dy.data<float>(), g.data<float>(),
-                                  proj_w.value.data<float>(), N, H, C);
-      ops::gelu_backward<float>(ex, dg.data<float>(), h.data<float>(), dg.data<float>(), N * H);
-      ops::matmul_backward<float>(ex, dx_ops.data<float>(), fc_w.grad.data<float>(),
-                                  fc_b.grad.data<float>(), dg.data<float>(), x.data<float>(),
-                                  fc_w.value.data<float>(), N, C, H);
+      const DType half = ops::matmul_input_dtype(ex, DType::kF32);
+      if (half == DType::kF32) {
+        Tensor h = Tensor::empty({N, H}, DType::kF32, gpu),
+               g = Tensor::empty({N, H}, DType::kF32, gpu),
+               dg = Tensor::empty({N, H}, DType::kF32, gpu);
+        ops::matmul_forward<float>(ex, h.data<float>(), x.data<float>(), fc_w.value.data<float>(),
+                                   fc_b.value.data<float>(), N, C, H);
+        ops::gelu_forward<float>(ex, g.data<float>(), h.data<float>(), N * H);
+        ops::matmul_forward<float>(ex, y_ops.data<float>(), g.data<float>(),
+                                   proj_w.value.data<float>(), proj_b.value.data<float>(), N, H, C);
+        ops::matmul_backward<float>(ex, dg.data<float>(), proj_w.grad.data<float>(),
+                                    proj_b.grad.data<float>(), dy.data<float>(), g.data<float>(),
+                                    proj_w.value.data<float>(), N, H, C);
+        ops::gelu_backward<float>(ex, dg.data<float>(), h.data<float>(), dg.data<float>(), N * H);
+        ops::matmul_backward<float>(ex, dx_ops.data<float>(), fc_w.grad.data<float>(),
+                                    fc_b.grad.data<float>(), dg.data<float>(), x.data<float>(),
+                                    fc_w.value.data<float>(), N, C, H);
+      } else {
+        Tensor x16 = Tensor::empty({N, C}, half, gpu), pre = Tensor::empty({N, H}, half, gpu),
+               g = Tensor::empty({N, H}, half, gpu), dpre = Tensor::empty({N, H}, half, gpu);
+        ops::matmul_forward_gelu(ex, g.raw(), pre.raw(), half, x.raw(), DType::kF32, x16.raw(),
+                                 fc_w.value.data<float>(), fc_b.value.data<float>(), N, C, H);
+        ops::matmul_forward_from_rounded_input(ex, y_ops.data<float>(), g.raw(), half,
+                                               proj_w.value.data<float>(),
+                                               proj_b.value.data<float>(), N, H, C);
+        if (recompute) ops::gelu_forward_of_rounded(ex, g.raw(), pre.raw(), half, N * H);
+        ops::matmul_backward_into_gelu(ex, dpre.raw(), half, proj_w.grad.data<float>(),
+                                       proj_b.grad.data<float>(), dy.data<float>(), g.raw(),
+                                       proj_w.value.data<float>(), pre.raw(), N, H, C);
+        // A recomputation restored fc's input as it came (f32); else fc kept its rounding.
+        ops::matmul_backward_from_rounded(
+            ex, dx_ops.data<float>(), fc_w.grad.data<float>(), fc_b.grad.data<float>(), dpre.raw(),
+            half, recompute ? x.raw() : x16.raw(), recompute ? DType::kF32 : half,
+            fc_w.value.data<float>(), N, C, H);
+      }
       EXPECT_TRUE(bitwise_equal(y.to_vector(), y_ops.to_vector())) << "out";
       EXPECT_TRUE(bitwise_equal(dx.to_vector(), dx_ops.to_vector())) << "dinp";
       EXPECT_TRUE(bitwise_equal(grads[0], fc_w.grad.to_vector())) << "fc.weight";

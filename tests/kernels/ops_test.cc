@@ -100,8 +100,8 @@ TEST(Ops, SixteenBitGemmInputsAreAGpuMatterOnly) {
     }
   };
   expect_refused(
-      [&] { ops::gelu_forward_rounded(ex, bits.data(), DType::kBF16, x.data(), 8); },
-      "gelu_forward_rounded on cpu:0: output dtype bf16, but GEMM inputs are not rounded");
+      [&] { ops::gelu_forward_of_rounded(ex, bits.data(), bits.data(), DType::kBF16, 8); },
+      "gelu_forward_of_rounded on cpu:0: output dtype bf16, but GEMM inputs are not rounded");
   expect_refused(
       [&] {
         ops::matmul_forward_from_rounded_input(ex, out.data(), bits.data(), DType::kBF16, x.data(),

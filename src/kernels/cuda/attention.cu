@@ -85,9 +85,9 @@ __global__ void probabilities_kernel(float* S, const float* lse, int64_t rows, i
 }
 
 // D (B·NH·T) = Σ_d dout ∘ out per head row; one warp per row. `Out`: fp32, or the 16-bit type
-// attention_forward_rounded wrote out in.
-template <typename Out>
-__global__ void row_dot_kernel(float* D, const float* dout, const Out* out, HeadIndex at,
+// attention_forward_rounded wrote out in; `DO` likewise fp32, or bf16 for the flash kernels.
+template <typename DO, typename Out>
+__global__ void row_dot_kernel(float* D, const DO* dout, const Out* out, HeadIndex at,
                                int64_t rows) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
@@ -95,7 +95,7 @@ __global__ void row_dot_kernel(float* D, const float* dout, const Out* out, Head
   float acc = 0.0f;
   for (int64_t d = lane; d < at.hd; d += 32) {
     const int64_t e = at(row * at.hd + d, at.C, 0);
-    acc += dout[e] * widen(out[e]);
+    acc += widen(dout[e]) * widen(out[e]);
   }
   acc = warp_sum(acc);
   if (lane == 0) D[row] = acc;
@@ -198,41 +198,47 @@ void attention_backward_given_D(int device, float* dqkv, const float* dout, cons
          dqkv, dq.get(), dk.get(), dv.get(), at, n);
 }
 
-// D = rowsum(dout ∘ out) per head row into `D` (B·NH·T), `out` of type Out.
-template <typename Out>
-void row_dots(float* D, const float* dout, const Out* out, int64_t B, int64_t T, int64_t C,
+// D = rowsum(dout ∘ out) per head row into `D` (B·NH·T), `dout` of type DO, `out` of type Out.
+template <typename DO, typename Out>
+void row_dots(float* D, const DO* dout, const Out* out, int64_t B, int64_t T, int64_t C,
               int64_t NH) {
   const int64_t rows = B * NH * T;
-  launch("attention_backward (D)", row_dot_kernel<Out>, blocks_of(rows, kRowsPerBlock),
+  launch("attention_backward (D)", row_dot_kernel<DO, Out>, blocks_of(rows, kRowsPerBlock),
          kRowsPerBlock * 32, D, dout, out, HeadIndex{T, C, NH, C / NH}, rows);
 }
 
 // The backward writing dqkv in the 16-bit type of `out` (Out): by the flash kernels themselves
 // where they apply, else the fp32 dqkv rounded.
 template <typename Out>
-void attention_backward_rounded_from(int device, void* dqkv, const float* dout, GemmOperand qkv,
+void attention_backward_rounded_from(int device, void* dqkv, GemmOperand dout, GemmOperand qkv,
                                      const Out* out, const float* lse, int64_t B, int64_t T,
                                      int64_t C, int64_t NH) {
   Scratch<float> D(device, B * NH * T);
-  row_dots(D.get(), dout, out, B, T, C, NH);
+  const bool dout_bf16 = dout.rounded_to == MatmulPrecision::kBf16;
+  if (dout_bf16)
+    row_dots(D.get(), static_cast<const __nv_bfloat16*>(dout.data), out, B, T, C, NH);
+  else
+    row_dots(D.get(), static_cast<const float*>(dout.data), out, B, T, C, NH);
   if (flash_attention_applies(C, NH, B)) {
-    flash_attention_backward_bf16_dqkv(device, dqkv, dout, qkv.data,
+    flash_attention_backward_bf16_dqkv(device, dqkv, dout.data, dout_bf16, qkv.data,
                                        qkv.rounded_to == MatmulPrecision::kBf16, lse, D.get(), B, T,
                                        C, NH);
     return;
   }
   Scratch<float> full(device, 3 * B * T * C);
-  attention_backward_given_D(device, full.get(), dout, static_cast<const float*>(qkv.data), D.get(),
-                             lse, B, T, C, NH);
+  attention_backward_given_D(device, full.get(), static_cast<const float*>(dout.data),
+                             static_cast<const float*>(qkv.data), D.get(), lse, B, T, C, NH);
   (void)round_for_gemm(device, dqkv, full.get(), 3 * B * T * C);
 }
 
-// A 16-bit qkv is for the flash kernels only (attention_takes_rounded_qkv).
-void expect_usable_qkv(GemmOperand qkv, int64_t B, int64_t C, int64_t NH, const char* what) {
+// A 16-bit qkv or dout is for the flash kernels only (attention_takes_rounded_qkv).
+void expect_usable_qkv(GemmOperand qkv, int64_t B, int64_t C, int64_t NH, const char* what,
+                       const char* name = "qkv") {
   if (qkv.rounded_to == MatmulPrecision::kFp32) return;
-  qkv.expect_usable_at(matmul_precision(), "qkv");
+  qkv.expect_usable_at(matmul_precision(), name);
   if (!attention_takes_rounded_qkv(C, NH, B))
-    fail(what, ": a 16-bit qkv needs the flash kernels (bf16, head size 64), which do not apply");
+    fail(what, ": a 16-bit ", name,
+         " needs the flash kernels (bf16, head size 64), which do not apply");
 }
 
 }  // namespace
@@ -268,12 +274,15 @@ GemmOperand attention_forward_rounded(int device, void* out, float* lse, GemmOpe
   return round_for_gemm(device, out, full.get(), B * T * C);
 }
 
-GemmOperand attention_backward_rounded(int device, void* dqkv, const float* dout, GemmOperand qkv,
+GemmOperand attention_backward_rounded(int device, void* dqkv, GemmOperand dout, GemmOperand qkv,
                                        GemmOperand out, const float* lse, int64_t B, int64_t T,
                                        int64_t C, int64_t NH) {
   check_shapes(C, NH);
   out.expect_usable_at(matmul_precision(), "out");
   expect_usable_qkv(qkv, B, C, NH, "attention_backward_rounded");
+  expect_usable_qkv(dout, B, C, NH, "attention_backward_rounded", "dout");
+  if (dout.rounded_to != MatmulPrecision::kFp32 && qkv.rounded_to == MatmulPrecision::kFp32)
+    fail("attention_backward_rounded: a 16-bit dout needs a 16-bit qkv too");
   DeviceGuard guard(device);
   if (B * T > 0) {
     switch (out.rounded_to) {

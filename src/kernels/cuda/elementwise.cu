@@ -52,10 +52,11 @@ __global__ void scale_kernel(float* x, float s, int64_t n) {
   LOOM_FOR_EACH(i, n) x[i] *= s;
 }
 
-// `Out`: float, or the 16-bit type of the GEMM operand it feeds (rounded from the same float).
-template <typename Out>
-__global__ void gelu_forward_kernel(Out* out, const float* inp, int64_t n) {
-  LOOM_FOR_EACH(i, n) round_to(out[i], gelu(inp[i]));
+// fp32 in and out; or both of a GEMM operand's 16-bit type (the MLP's pre-activation rebuilt into
+// its GELU output for recomputation), the GELU taken of the widened value and rounded.
+template <typename T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
+  LOOM_FOR_EACH(i, n) round_to(out[i], gelu(widen(inp[i])));
 }
 
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
@@ -134,13 +135,13 @@ void gelu_forward(int device, float* out, const float* inp, int64_t n) {
          n);
 }
 
-GemmOperand gelu_forward_rounded(int device, void* out, const float* inp, int64_t n) {
+GemmOperand gelu_forward_of_rounded(int device, void* out, const void* pre, int64_t n) {
   DeviceGuard guard(device);
-  const MatmulPrecision precision = with_rounded_type("gelu_forward_rounded", [&](auto zero) {
+  const MatmulPrecision precision = with_rounded_type("gelu_forward_of_rounded", [&](auto zero) {
     using Half = decltype(zero);
     if (n > 0)
-      launch("gelu_forward (rounded)", gelu_forward_kernel<Half>, blocks_for(n, kThreads), kThreads,
-             static_cast<Half*>(out), inp, n);
+      launch("gelu_forward (16-bit)", gelu_forward_kernel<Half>, blocks_for(n, kThreads), kThreads,
+             static_cast<Half*>(out), static_cast<const Half*>(pre), n);
   });
   return GemmOperand(out, precision);
 }

@@ -300,21 +300,24 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
   store_rows(out + b * T * C + h * kHd, C, o, w0, T, inverse);
 }
 
+// The backward kernels: `In` as the forward's; `DO`, dO's type: fp32, or bf16 as the attention
+// projection's backward wrote it (with a bf16 qkv only).
+//
 // dK and dV of one 64-key tile.
-template <typename In, typename Out>
-__global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In* qkv,
-                                         const float* lse, const float* D, int64_t T, int64_t C,
-                                         int64_t NH, float scale) {
+template <typename In, typename DO, typename Out>
+__global__ void flash_backward_kv_kernel(Out* dqkv, const DO* dout, const In* qkv, const float* lse,
+                                         const float* D, int64_t T, int64_t C, int64_t NH,
+                                         float scale) {
   // Q: B(k = hd, n = query) of Sᵀ = K·Qᵀ and B(k = query, n = hd) of dK += dSᵀ·Q; dO likewise
-  // of dPᵀ = V·dOᵀ and dV += Pᵀ·dO. With a bf16 qkv the next Q tile arrives by cp.async while
-  // this one is in use; dO (fp32, rounded on the way) is loaded at its turn.
+  // of dPᵀ = V·dOᵀ and dV += Pᵀ·dO. Each in bf16 arrives by cp.async, the next tile while this
+  // one is in use; in fp32 it is loaded, and rounded, at its turn.
   __shared__ __align__(16) bf16 q_tiles[kStages<In>][kSideTile * kLdHd];
-  __shared__ __align__(16) bf16 dy[kSideTile * kLdHd];
+  __shared__ __align__(16) bf16 dy_tiles[kStages<DO>][kSideTile * kLdHd];
   __shared__ float lse2_q[kSideTile], d_q[kSideTile];  // per query: lse in log2 units, D
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the first tiles see most
   const In* head = qkv + b * T * 3 * C + h * kHd;
-  const float* dhead = dout + b * T * C + h * kHd;
+  const DO* dhead = dout + b * T * C + h * kHd;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = k0 + 16 * warp;                           // this warp's first key
   const int64_t keys[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two keys
@@ -324,29 +327,34 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In*
   load_row_operands(ka, head + C, w0, T, 3 * C);
   load_row_operands(va, head + 2 * C, w0, T, 3 * C);
   float dk[kHd / 8][4] = {}, dv[kHd / 8][4] = {};
-  constexpr bool kAsync = kStages<In> == 2;
-  if constexpr (kAsync) {
-    fetch_tile<kSideTile>(q_tiles[0], head, k0, T, 3 * C);
-    cp_async_commit();
-  }
+  constexpr bool kAsyncQ = kStages<In> == 2, kAsyncDy = kStages<DO> == 2;
+  constexpr bool kAsync = kAsyncQ || kAsyncDy;
+  if constexpr (kAsyncQ) fetch_tile<kSideTile>(q_tiles[0], head, k0, T, 3 * C);
+  if constexpr (kAsyncDy) fetch_tile<kSideTile>(dy_tiles[0], dhead, k0, T, C);
+  if constexpr (kAsync) cp_async_commit();
   int stage = 0;
   for (int64_t q0 = k0; q0 < T; q0 += kSideTile) {  // causal: earlier queries see none of these
-    __syncthreads();  // every warp is done with dy, lse2_q, d_q and the Q buffer refilled below
-    if constexpr (kAsync) {
-      if (q0 + kSideTile < T)
-        fetch_tile<kSideTile>(q_tiles[stage ^ 1], head, q0 + kSideTile, T, 3 * C);
-      cp_async_commit();
+    __syncthreads();  // every warp is done with lse2_q, d_q and the buffers refilled below
+    const int64_t next = q0 + kSideTile;
+    if constexpr (kAsyncQ) {
+      if (next < T) fetch_tile<kSideTile>(q_tiles[stage ^ 1], head, next, T, 3 * C);
     } else {
       fetch_tile<kSideTile>(q_tiles[0], head, q0, T, 3 * C);
     }
-    load_tile<kSideTile>(dy, dhead, q0, T, C);
+    if constexpr (kAsyncDy) {
+      if (next < T) fetch_tile<kSideTile>(dy_tiles[stage ^ 1], dhead, next, T, C);
+    } else {
+      fetch_tile<kSideTile>(dy_tiles[0], dhead, q0, T, C);
+    }
+    if constexpr (kAsync) cp_async_commit();
     for (int e = threadIdx.x; e < kSideTile; e += blockDim.x) {
       lse2_q[e] = q0 + e < T ? lse[bh * T + q0 + e] * kLog2e : 0.0f;
       d_q[e] = q0 + e < T ? D[bh * T + q0 + e] : 0.0f;
     }
-    if constexpr (kAsync) cp_async_wait<1>();  // this thread's copies of this Q tile
+    if constexpr (kAsync) cp_async_wait<1>();  // this thread's copies of this tile pair
     __syncthreads();                           // ... and every other thread's
-    const bf16* q = q_tiles[stage];
+    const bf16* q = q_tiles[kAsyncQ ? stage : 0];
+    const bf16* dy = dy_tiles[kAsyncDy ? stage : 0];
     if constexpr (kAsync) stage ^= 1;
     if (q0 + kSideTile - 1 < w0) continue;  // every query before all of this warp's keys
     float st[kSideTile / 8][4], dpt[kSideTile / 8][4];
@@ -374,9 +382,9 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const float* dout, const In*
 }
 
 // dQ of one 64-query tile.
-template <typename In, typename Out>
+template <typename In, typename DO, typename Out>
 __global__ void __launch_bounds__(kFlashThreads, 4)
-    flash_backward_q_kernel(Out* dqkv, const float* dout, const In* qkv, const float* lse,
+    flash_backward_q_kernel(Out* dqkv, const DO* dout, const In* qkv, const float* lse,
                             const float* D, int64_t T, int64_t C, int64_t NH, float scale) {
   // K: B(k = hd, n = key) of S = Q·Kᵀ and B(k = key, n = hd) of dQ += dS·K; V: B of dP = dO·Vᵀ.
   __shared__ __align__(16) bf16 k_tiles[kStages<In>][kSideTile * kLdHd];
@@ -452,16 +460,16 @@ void flash_forward(int device, Out* out, float* lse, const In* qkv, int64_t B, i
          C, NH, flash_scale());
 }
 
-template <typename In, typename Out>
-void flash_backward(int device, Out* dqkv, const float* dout, const In* qkv, const float* lse,
+template <typename In, typename DO, typename Out>
+void flash_backward(int device, Out* dqkv, const DO* dout, const In* qkv, const float* lse,
                     const float* D, int64_t B, int64_t T, int64_t C, int64_t NH) {
   DeviceGuard guard(device);
   check_aligned(qkv, 16, "qkv");
-  check_aligned(dout, 16, "dout");
-  launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<In, Out>,
+  check_aligned(dout, 16, "dout");  // 4 floats, or 8 bf16 values (cp.async), at a time
+  launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<In, DO, Out>,
          flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, flash_scale());
-  launch("attention_backward (flash dQ)", flash_backward_q_kernel<In, Out>, flash_grid(B, T, NH),
-         kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, flash_scale());
+  launch("attention_backward (flash dQ)", flash_backward_q_kernel<In, DO, Out>,
+         flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, flash_scale());
 }
 
 }  // namespace
@@ -492,15 +500,24 @@ void flash_attention_backward(int device, float* dqkv, const float* dout, const 
   flash_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH);
 }
 
-void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const float* dout, const void* qkv,
-                                        bool qkv_bf16, const float* lse, const float* D, int64_t B,
-                                        int64_t T, int64_t C, int64_t NH) {
-  if (qkv_bf16)
-    flash_backward(device, static_cast<bf16*>(dqkv), dout, static_cast<const bf16*>(qkv), lse, D, B,
-                   T, C, NH);
+void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout, bool dout_bf16,
+                                        const void* qkv, bool qkv_bf16, const float* lse,
+                                        const float* D, int64_t B, int64_t T, int64_t C,
+                                        int64_t NH) {
+  bf16* dqkv16 = static_cast<bf16*>(dqkv);
+  if (dout_bf16 && !qkv_bf16)
+    fail(
+        "flash attention: a bf16 dout needs a bf16 qkv (the attention projection's backward "
+        "writes it so only where the qkv projection wrote qkv in bf16)");
+  if (dout_bf16)
+    flash_backward(device, dqkv16, static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv),
+                   lse, D, B, T, C, NH);
+  else if (qkv_bf16)
+    flash_backward(device, dqkv16, static_cast<const float*>(dout), static_cast<const bf16*>(qkv),
+                   lse, D, B, T, C, NH);
   else
-    flash_backward(device, static_cast<bf16*>(dqkv), dout, static_cast<const float*>(qkv), lse, D,
-                   B, T, C, NH);
+    flash_backward(device, dqkv16, static_cast<const float*>(dout), static_cast<const float*>(qkv),
+                   lse, D, B, T, C, NH);
 }
 
 }  // namespace loom::cuda

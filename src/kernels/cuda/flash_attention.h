@@ -25,9 +25,11 @@ void flash_attention_backward(int device, float* dqkv, const float* dout, const 
                               int64_t NH);
 
 // The same with dqkv written in bf16 (B·T·3C values): attention_backward_rounded; `qkv` as in
-// flash_attention_forward_bf16_out.
-void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const float* dout, const void* qkv,
-                                        bool qkv_bf16, const float* lse, const float* D, int64_t B,
-                                        int64_t T, int64_t C, int64_t NH);
+// flash_attention_forward_bf16_out, `dout` likewise floats or, with a bf16 qkv, bf16 values (as
+// the attention projection's backward wrote them).
+void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout, bool dout_bf16,
+                                        const void* qkv, bool qkv_bf16, const float* lse,
+                                        const float* D, int64_t B, int64_t T, int64_t C,
+                                        int64_t NH);
 
 }  // namespace loom::cuda

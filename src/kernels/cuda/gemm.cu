@@ -41,7 +41,7 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS asks for on
 // The cuBLASLt heuristic's choice for one problem: its shapes, types, transpositions, epilogue
 // and operand alignments. The heuristic costs tens of microseconds of host time per call, and a
 // training step runs the same few dozen problems every time.
-using AlgoKey = std::array<int64_t, 20>;
+using AlgoKey = std::array<int64_t, 21>;
 
 template <typename... Field>
 AlgoKey algo_key(Field... field) {
@@ -52,7 +52,8 @@ struct GpuBlas {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::mutex algos_mutex;  // ranks sharing a GPU (local backend) share its choices
-  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+  // nullopt: cuBLASLt has no algorithm for the problem (asked once; a GELU epilogue falls back).
+  std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> algos;
 };
 
 GpuBlas& blas_for(int device) {
@@ -150,14 +151,24 @@ __global__ void fill_kernel(T* out, int64_t n, uint32_t seed) {
   }
 }
 
+// A GELU in lt_matmul's epilogue: forward (GELU_AUX, GELU_AUX_BIAS with a bias), D = GELU(the
+// sum) and `aux` the sum; or backward (DGELU), D = GELU'(aux) ⊙ the product. aux has D's type and
+// layout.
+struct GeluEpilogue {
+  bool backward = false;
+  const void* aux = nullptr;
+};
+
 // Row-major D = alpha·op(A)·op(B) + beta·C (+ bias) through cuBLASLt, A and B of `ab_type`
 // (fp32, bf16 or fp16), C and D of `cd_type` (fp32, or A and B's 16-bit type) with the same
 // layout; C may be D itself (in place). Accumulation in fp32. The bias is fp32, or of `cd_type`
-// for a 16-bit D (cuBLASLt's bias takes D's type there).
-void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bool trans_a,
+// for a 16-bit D (cuBLASLt's bias takes D's type there). With a `gelu` epilogue, returns false
+// (and computes nothing) where cuBLASLt has no algorithm for it; without, that fails.
+bool lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bool trans_a,
                bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                int64_t lda, const void* B, int64_t ldb, float beta, const void* C, void* D,
-               int64_t ldc, const void* bias, GemmBatch batch, cudaDataType cd_type = CUDA_R_32F) {
+               int64_t ldc, const void* bias, GemmBatch batch, cudaDataType cd_type = CUDA_R_32F,
+               const GeluEpilogue* gelu = nullptr) {
   GpuBlas& blas = blas_for(device);
   // Column-major problem: D (m×n) = op(A')·op(B'), A' = B, B' = A.
   const int64_t m = N, n = M, k = K;
@@ -173,9 +184,20 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   MatmulDesc desc(compute);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  if ((bias != nullptr || gelu != nullptr) && batch.count > 1)
+    fail("cuda::gemm: an epilogue (bias, GELU) is supported on unbatched GEMMs only");
+  cublasLtEpilogue_t epilogue =
+      bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (gelu != nullptr) {
+    if (gelu->backward && bias != nullptr) fail("cuda::gemm: DGELU takes no bias");
+    epilogue = gelu->backward    ? CUBLASLT_EPILOGUE_DGELU
+               : bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                 : CUBLASLT_EPILOGUE_GELU_AUX;
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, gelu->aux);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ldc);
+  }
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
   if (bias != nullptr) {
-    if (batch.count > 1) fail("cuda::gemm: a bias is supported on unbatched GEMMs only");
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cd_type);
   }
@@ -186,13 +208,15 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
   const uint32_t align_a = alignment(B, strided * batch.stride_b * static_cast<int64_t>(element));
   const uint32_t align_b = alignment(A, strided * batch.stride_a * static_cast<int64_t>(element));
   const int64_t cd_element = cd_type == CUDA_R_32F ? 4 : 2;
-  const uint32_t align_c = std::min(alignment(C, strided * batch.stride_c * cd_element),
-                                    alignment(D, strided * batch.stride_c * cd_element));
+  uint32_t align_c = std::min(alignment(C, strided * batch.stride_c * cd_element),
+                              alignment(D, strided * batch.stride_c * cd_element));
+  // cuBLASLt's preference has no alignment for the GELU's aux matrix: it is counted with C and D.
+  if (gelu != nullptr) align_c = std::min(align_c, alignment(gelu->aux, 0));
   const AlgoKey key =
       algo_key(compute, ab_type, op_a, op_b, m, n, k, lda, ldb, ldc, batch.count, batch.stride_a,
                batch.stride_b, batch.stride_c, bias != nullptr ? 1 + cd_type : 0, align_a, align_b,
-               align_c, beta != 0.0f, cd_type);
-  cublasLtMatmulAlgo_t algo{};
+               align_c, beta != 0.0f, cd_type, epilogue);
+  std::optional<cublasLtMatmulAlgo_t> algo;
   bool known = false;
   {
     std::lock_guard<std::mutex> lock(blas.algos_mutex);
@@ -205,31 +229,37 @@ void lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
     const Preference preference(align_a, align_b, align_c);
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         blas.handle, desc.desc, a_layout.layout, b_layout.layout, c_layout.layout, c_layout.layout,
-        preference.pref, 1, &heuristic, &found));
-    if (found == 0)
-      fail("cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N, " K=", K,
-           " trans_a=", trans_a, " trans_b=", trans_b, " batch=", batch.count);
-    algo = heuristic.algo;
+        preference.pref, 1, &heuristic, &found);
+    // An epilogue this cuBLASLt does not offer for these types is NOT_SUPPORTED, not an error.
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) LOOM_CUBLAS_CHECK(status);
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0) algo = heuristic.algo;
     std::lock_guard<std::mutex> lock(blas.algos_mutex);
     blas.algos.emplace(key, algo);
+  }
+  if (!algo) {
+    if (gelu != nullptr) return false;
+    fail("cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N, " K=", K,
+         " trans_a=", trans_a, " trans_b=", trans_b, " batch=", batch.count);
   }
   // Column-major operands: A' is the row-major B, B' the row-major A.
   LOOM_CUBLAS_CHECK(cublasLtMatmul(blas.handle, desc.desc, &alpha, B, a_layout.layout, A,
                                    b_layout.layout, &beta, C, c_layout.layout, D, c_layout.layout,
-                                   &algo, blas.workspace, kWorkspaceBytes, nullptr));
+                                   &*algo, blas.workspace, kWorkspaceBytes, nullptr));
   check_launch("cublasLtMatmul");
+  return true;
 }
 
 // C = op(A)·op(B) with both operands in the 16-bit type of `precision` (bf16 or fp16): those not
 // rounded yet are rounded here, each over its whole span (gaps between rows included); fp32
 // accumulation, output in fp32 or, `rounded_output`, in that 16-bit type too, with the bias
-// (N values) then rounded to it.
-void half_gemm(int device, MatmulPrecision precision, bool trans_a, bool trans_b, int64_t M,
+// (N values) then rounded to it. A `gelu` epilogue needs rounded_output; false where cuBLASLt has
+// no algorithm for it.
+bool half_gemm(int device, MatmulPrecision precision, bool trans_a, bool trans_b, int64_t M,
                int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda, GemmOperand B,
                int64_t ldb, float beta, const void* C, void* D, int64_t ldc, const float* bias,
-               GemmBatch batch, bool rounded_output = false) {
+               GemmBatch batch, bool rounded_output = false, const GeluEpilogue* gelu = nullptr) {
   const cudaDataType type = precision == MatmulPrecision::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
   const int64_t a_span = span(trans_a ? K : M, trans_a ? M : K, lda, batch.count, batch.stride_a);
   const int64_t b_span = span(trans_b ? N : K, trans_b ? K : N, ldb, batch.count, batch.stride_b);
@@ -238,10 +268,10 @@ void half_gemm(int device, MatmulPrecision precision, bool trans_a, bool trans_b
   if (B.rounded_to != precision) b16.emplace(device, static_cast<const float*>(B.data), b_span);
   std::optional<RoundedOperand> bias16;
   if (rounded_output && bias != nullptr) bias16.emplace(device, bias, N);
-  lt_matmul(device, CUBLAS_COMPUTE_32F, type, trans_a, trans_b, M, N, K, alpha,
-            a16 ? a16->operand().data : A.data, lda, b16 ? b16->operand().data : B.data, ldb, beta,
-            C, D, ldc, bias16 ? bias16->operand().data : bias, batch,
-            rounded_output ? type : CUDA_R_32F);
+  return lt_matmul(device, CUBLAS_COMPUTE_32F, type, trans_a, trans_b, M, N, K, alpha,
+                   a16 ? a16->operand().data : A.data, lda, b16 ? b16->operand().data : B.data, ldb,
+                   beta, C, D, ldc, bias16 ? bias16->operand().data : bias, batch,
+                   rounded_output ? type : CUDA_R_32F, gelu);
 }
 
 // gemm and gemm_adding: D = alpha·op(A)·op(B) + beta·C (+ bias) at the process's precision.
@@ -299,6 +329,28 @@ GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t 
     half_gemm(device, precision, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, C, ldc,
               bias, GemmBatch{}, /*rounded_output=*/true);
   return GemmOperand(C, precision);
+}
+
+bool gemm_gelu(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D, void* pre,
+               const float* bias) {
+  const MatmulPrecision precision = check_rounded_output_gemm(M, N, K, A, B);
+  DeviceGuard guard(device);
+  if (M == 0 || N == 0) return true;
+  const GeluEpilogue gelu{false, pre};
+  return half_gemm(device, precision, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, D, D,
+                   N, bias, GemmBatch{}, /*rounded_output=*/true, &gelu);
+}
+
+bool gemm_gelu_backward(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D,
+                        const void* pre) {
+  const MatmulPrecision precision = check_rounded_output_gemm(M, N, K, A, B);
+  DeviceGuard guard(device);
+  if (M == 0 || N == 0) return true;
+  const GeluEpilogue gelu{true, pre};
+  return half_gemm(device, precision, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, D, D,
+                   N, nullptr, GemmBatch{}, /*rounded_output=*/true, &gelu);
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/cuda/gelu.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -56,6 +57,20 @@ float operand_value(const GemmOperand& X, int64_t i, MatmulPrecision precision) 
       break;
   }
   return round_operand(static_cast<const float*>(X.data)[i], precision);
+}
+
+// Stores x in the 16-bit type of `precision` as element i of `out`; reads element i of such
+// values back widened.
+void store_rounded(void* out, int64_t i, float x, MatmulPrecision precision) {
+  if (precision == MatmulPrecision::kBf16)
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(x);
+  else
+    static_cast<__half*>(out)[i] = __float2half_rn(x);
+}
+float load_rounded(const void* in, int64_t i, MatmulPrecision precision) {
+  return precision == MatmulPrecision::kBf16
+             ? __bfloat162float(static_cast<const __nv_bfloat16*>(in)[i])
+             : __half2float(static_cast<const __half*>(in)[i]);
 }
 
 // op(X) as a dense rows × cols row-major matrix of rounded values.
@@ -143,12 +158,56 @@ GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t 
     for (int64_t j = 0; j < N; ++j) {
       float x = full.get()[i * N + j];
       if (bias != nullptr) x += operand_value(GemmOperand(bias), j, precision);
-      if (precision == MatmulPrecision::kBf16)
-        static_cast<__nv_bfloat16*>(C)[i * ldc + j] = __float2bfloat16_rn(x);
-      else
-        static_cast<__half*>(C)[i * ldc + j] = __float2half_rn(x);
+      store_rounded(C, i * ldc + j, x, precision);
     }
   return GemmOperand(C, precision);
+}
+
+namespace {
+
+// The GELU epilogues as cuBLASLt documents them: on the fp32 product (the accumulator), the bias
+// rounded to the output's type as for gemm_rounded_output, outputs rounded once.
+bool emulated_gemm_gelu(bool backward, int device, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                        int64_t K, GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D,
+                        const void* pre_in, void* pre_out, const float* bias) {
+  const MatmulPrecision precision = check_rounded_output_gemm(M, N, K, A, B);
+  DeviceGuard guard(device);
+  expect_gpu_memory(D, device, "D");
+  expect_gpu_memory(backward ? pre_in : pre_out, device, "the GELU's input");
+  if (bias != nullptr) expect_gpu_memory(bias, device, "the bias");
+  if (M == 0 || N == 0) return true;
+  Scratch<float> full(device, M * N);
+  reference_gemm(precision, device, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f,
+                 full.get(), full.get(), N, nullptr, GemmBatch{});
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      const int64_t e = i * N + j;
+      float x = full.get()[e];
+      if (backward) {
+        store_rounded(D, e, gelu_grad(load_rounded(pre_in, e, precision), x), precision);
+        continue;
+      }
+      if (bias != nullptr) x += operand_value(GemmOperand(bias), j, precision);
+      store_rounded(pre_out, e, x, precision);
+      store_rounded(D, e, gelu(x), precision);
+    }
+  return true;
+}
+
+}  // namespace
+
+bool gemm_gelu(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D, void* pre,
+               const float* bias) {
+  return emulated_gemm_gelu(false, device, trans_a, trans_b, M, N, K, A, lda, B, ldb, D, nullptr,
+                            pre, bias);
+}
+
+bool gemm_gelu_backward(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D,
+                        const void* pre) {
+  return emulated_gemm_gelu(true, device, trans_a, trans_b, M, N, K, A, lda, B, ldb, D, pre,
+                            nullptr, nullptr);
 }
 
 // The emulator's own rate, for benchmarks run under it (n capped at 256: it is a loop nest).

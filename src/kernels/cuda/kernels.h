@@ -118,6 +118,23 @@ GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t 
                                 int64_t K, GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb,
                                 void* C, int64_t ldc, const float* bias = nullptr);
 
+// A GELU in the GEMM's epilogue (cuBLASLt GELU_AUX_BIAS and DGELU), at bf16 / fp16 (else it
+// fails); D and `pre` are M×N in that 16-bit type with row stride N. gemm_gelu: pre = op(A)·op(B)
+// + bias (fp32 bias rounded to the 16-bit type, as gemm_rounded_output takes it) and D =
+// GELU(pre), the GELU taken of the fp32 sum before its rounding. gemm_gelu_backward: D =
+// GELU'(pre) ⊙ op(A)·op(B), the product in fp32. Both return false, writing nothing, where
+// cuBLASLt offers no algorithm for the problem (matmul.cu then runs the GEMM and the GELU apart).
+bool gemm_gelu(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D, void* pre,
+               const float* bias);
+bool gemm_gelu_backward(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D,
+                        const void* pre);
+// Whether the Linear-and-GELU ops below put the GELU in the GEMMs' epilogues: unless the
+// environment sets LOOM_CUDA_GELU_EPILOGUE=0 (read at each call), which runs them apart, for
+// comparing the two on a GPU.
+bool gelu_epilogue_enabled();
+
 // Op timing (kernels/op_profile.h): a CUDA event recorded now on GPU `device`'s legacy stream,
 // where every kernel runs; and the milliseconds between two of them (waits for `stop`), which
 // releases both.
@@ -161,6 +178,31 @@ void matmul_backward(int device, float* dinp, float* dweight, float* dbias, cons
 void matmul_backward_before_gelu(int device, float* dinp, float* dweight, float* dbias,
                                  float* dgelu, const float* h, GemmOperand inp, const float* weight,
                                  int64_t N, int64_t C, int64_t OC);
+// The MLP's fc and its GELU at bf16 / fp16 (else it fails): pre (N × OC) = inp·weightᵀ + bias and
+// gelu_out = GELU(pre), both written in that 16-bit type — pre kept for the backward, gelu_out as
+// proj's input (returned as its operand). One GEMM with the GELU in its epilogue (gemm_gelu);
+// where that is off or cuBLASLt has no algorithm for it, the GEMM in fp32 and one pass writing
+// both, from the same fp32 sums (bias rounded likewise). At GPT-2 124M, T = 1024, batch 16
+// (N·OC = 16384 × 3072 per layer) ~3.6 GB less memory traffic per step than an fp32 fc output
+// and a GELU pass over it, and 1.2 GB less memory (pre in 16 bits, not fp32).
+GemmOperand matmul_forward_gelu(int device, void* gelu_out, void* pre, GemmOperand inp,
+                                const float* weight, const float* bias, int64_t N, int64_t C,
+                                int64_t OC);
+// matmul_backward of the Linear after that GELU (the MLP's proj: its input `inp` is gelu_out),
+// whose input gradient is taken on through the GELU: dpre (N × C, 16-bit) = GELU'(pre) ⊙
+// (dout·weight), the gradient at the GELU's input, rounded once — fc's dout, its GEMMs' operand
+// (returned). dweight and dbias as matmul_backward. The GELU's gradient in the dinp GEMM's
+// epilogue (gemm_gelu_backward), or apart as above: ~4.8 GB less memory traffic per step at that
+// shape than an fp32 dinp and a pass over it and an fp32 pre.
+GemmOperand matmul_backward_into_gelu(int device, void* dpre, float* dweight, float* dbias,
+                                      const float* dout, GemmOperand inp, const float* weight,
+                                      const void* pre, int64_t N, int64_t C, int64_t OC);
+// matmul_backward writing dinp in the current matmul precision's 16-bit type (bf16 or fp16, else
+// it fails), rounded once from the GEMM's fp32 sums (gemm_rounded_output): a dinp only 16-bit
+// readers take — the attention projection's, dO for the flash kernels. Returns it as an operand.
+GemmOperand matmul_backward_rounded_dinp(int device, void* dinp, float* dweight, float* dbias,
+                                         const float* dout, GemmOperand inp, const float* weight,
+                                         int64_t N, int64_t C, int64_t OC);
 // matmul_backward on a dout its producer wrote rounded to 16 bits (attention_backward_rounded):
 // the bias gradient sums those values, the GEMMs read them as they are.
 void matmul_backward_from_rounded_dout(int device, float* dinp, float* dweight, float* dbias,
@@ -182,17 +224,19 @@ double sum_squares(int device, const float* x, int64_t n);
 double sum(int device, const float* x, int64_t n);
 
 void gelu_forward(int device, float* out, const float* inp, int64_t n);
-// gelu_forward writing its output as the next GEMM's operand: n values rounded to the current
-// matmul precision's 16-bit type (bf16 or fp16, else it fails), bit for bit
-// round_for_gemm(gelu_forward(...)), without the fp32 output in memory.
-GemmOperand gelu_forward_rounded(int device, void* out, const float* inp, int64_t n);
+// GELU(pre) of n 16-bit values in the current matmul precision's type (bf16 or fp16, else it
+// fails; matmul_forward_gelu's pre), rounded to that type: its gelu_out rebuilt for selective
+// recomputation — to an ulp: the forward took the GELU of the sum before its rounding.
+GemmOperand gelu_forward_of_rounded(int device, void* out, const void* pre, int64_t n);
 void gelu_backward(int device, float* dinp, const float* inp, const float* dout, int64_t n);
 
 // ---- layers ------------------------------------------------------------------------------------
 
 void layernorm_forward(int device, float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int64_t N, int64_t C);
-// layernorm_forward writing its output as the next GEMM's operand, like gelu_forward_rounded.
+// layernorm_forward writing its output as the next GEMM's operand: N·C values rounded to the
+// current matmul precision's 16-bit type (bf16 or fp16, else it fails), bit for bit
+// round_for_gemm(layernorm_forward(...)), without the fp32 output in memory.
 GemmOperand layernorm_forward_rounded(int device, void* out, float* mean, float* rstd,
                                       const float* inp, const float* weight, const float* bias,
                                       int64_t N, int64_t C);
@@ -232,10 +276,12 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
 //
 // `qkv` is fp32, or where attention_takes_rounded_qkv says so (the flash kernels apply), the
 // 16-bit values the qkv projection wrote (matmul_forward_rounded_output): the flash kernels
-// round Q, K and V to bf16 as they load them, so both give the same bits.
+// round Q, K and V to bf16 as they load them, so both give the same bits. The backward's `dout`
+// likewise, with a 16-bit qkv: fp32, or the 16-bit values the attention projection's backward
+// wrote (matmul_backward_rounded_dinp), which the dK/dV kernel fetches by cp.async as it does Q.
 GemmOperand attention_forward_rounded(int device, void* out, float* lse, GemmOperand qkv, int64_t B,
                                       int64_t T, int64_t C, int64_t NH);
-GemmOperand attention_backward_rounded(int device, void* dqkv, const float* dout, GemmOperand qkv,
+GemmOperand attention_backward_rounded(int device, void* dqkv, GemmOperand dout, GemmOperand qkv,
                                        GemmOperand out, const float* lse, int64_t B, int64_t T,
                                        int64_t C, int64_t NH);
 // Whether attention_forward_rounded / attention_backward_rounded take a 16-bit qkv at the current

@@ -1,6 +1,8 @@
 // The Linear layer on cuda::gemm (gemm.cu: cuBLASLt; gemm_emulated.cu under the emulator), the
 // process-wide matmul precision both read, and the operands they round to it.
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "base/error.h"
 #include "kernels/cuda/column_sums.cuh"
@@ -78,6 +80,64 @@ void store_with_column_sums(int device, float* dbias, Value value, int64_t N, in
     accumulate_column_sums(device, dbias, value, N, C, name);
   else if (N * C > 0)
     launch(name, store_each_kernel<Value>, blocks_for(N * C, kThreads), kThreads, value, N, C);
+}
+
+// The MLP's fc and GELU apart (matmul_forward_gelu without the GELU epilogue): from the fp32
+// product h (N × OC), pre = h + bias (the bias rounded to Half, as the epilogue takes it) and
+// GELU(pre), both rounded to Half.
+template <typename Half>
+__global__ void gelu_with_input_kernel(Half* gelu_out, Half* pre, const float* h, const float* bias,
+                                       int64_t N, int64_t OC) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * OC;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    float x = h[i];
+    if (bias != nullptr) {
+      Half b;
+      round_to(b, bias[i % OC]);
+      x += widen(b);
+    }
+    round_to(pre[i], x);
+    round_to(gelu_out[i], gelu(x));
+  }
+}
+
+// The gradient at a 16-bit GELU input from dgelu (fp32, at its output), rounded (the DGELU
+// epilogue apart).
+template <typename Half>
+__global__ void gelu_grad_of_rounded_kernel(Half* dpre, const Half* pre, const float* dgelu,
+                                            int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    round_to(dpre[i], gelu_grad(widen(pre[i]), dgelu[i]));
+}
+
+// Calls f with dout as both backward GEMMs' operand, rounded once at bf16 / fp16, and adds its
+// column sums to dbias (when non-null). At bf16 / fp16 with a bias, the bias gradient's pass over
+// dout writes the rounding as it goes: dout (fp32, N × OC) is read once instead of twice.
+template <typename F>
+void with_dout_for_gemms(int device, float* dbias, const float* dout, int64_t N, int64_t OC,
+                         F&& f) {
+  if (dbias == nullptr || !rounds_to_16_bits(matmul_precision())) {
+    // Both GEMMs read dout: rounded once (the largest operand of the two: N × OC).
+    const RoundedOperand dout_rounded(device, dout, N * OC);
+    f(dout_rounded.operand());
+    if (dbias != nullptr)
+      accumulate_column_sums(device, dbias, RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");
+    return;
+  }
+  const RoundedOperand dout_rounded(device, N * OC);
+  with_rounded_type("matmul_backward", [&](auto zero) {
+    using Half = decltype(zero);
+    store_with_column_sums(device, dbias,
+                           RowMajorStored<Half>{dout, static_cast<Half*>(dout_rounded.bits()), OC},
+                           N, OC, "matmul_backward (dbias, rounded dout)");
+  });
+  f(dout_rounded.operand());
+}
+
+void expect_sixteen_bit_precision(const char* op) {
+  if (!rounds_to_16_bits(matmul_precision()))
+    fail(op, ": the matmul precision is not bf16 or fp16");
 }
 
 template <typename Half>
@@ -181,24 +241,72 @@ void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand 
 void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
                      GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
   DeviceGuard guard(device);
-  if (dbias == nullptr || !rounds_to_16_bits(matmul_precision())) {
-    // Both GEMMs read dout: rounded once (the largest operand of the two: N × OC).
-    const RoundedOperand dout_rounded(device, dout, N * OC);
-    matmul_backward_gemms(device, dinp, dweight, dout_rounded.operand(), inp, weight, N, C, OC);
-    if (dbias != nullptr)
-      accumulate_column_sums(device, dbias, RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");
-    return;
-  }
-  // The bias gradient's pass over dout writes its rounding for the GEMMs as it goes: dout (fp32,
-  // N × OC) is read once instead of twice.
-  const RoundedOperand dout_rounded(device, N * OC);
-  with_rounded_type("matmul_backward", [&](auto zero) {
-    using Half = decltype(zero);
-    store_with_column_sums(device, dbias,
-                           RowMajorStored<Half>{dout, static_cast<Half*>(dout_rounded.bits()), OC},
-                           N, OC, "matmul_backward (dbias, rounded dout)");
+  with_dout_for_gemms(device, dbias, dout, N, OC, [&](GemmOperand dout_operand) {
+    matmul_backward_gemms(device, dinp, dweight, dout_operand, inp, weight, N, C, OC);
   });
-  matmul_backward_gemms(device, dinp, dweight, dout_rounded.operand(), inp, weight, N, C, OC);
+}
+
+GemmOperand matmul_backward_rounded_dinp(int device, void* dinp, float* dweight, float* dbias,
+                                         const float* dout, GemmOperand inp, const float* weight,
+                                         int64_t N, int64_t C, int64_t OC) {
+  expect_sixteen_bit_precision("matmul_backward_rounded_dinp");
+  DeviceGuard guard(device);
+  with_dout_for_gemms(device, dbias, dout, N, OC, [&](GemmOperand dout_operand) {
+    matmul_backward_gemms(device, nullptr, dweight, dout_operand, inp, weight, N, C, OC);
+    // dinp (N, C) = dout (N, OC) · weight (OC, C), rounded once
+    (void)gemm_rounded_output(device, false, false, N, C, OC, dout_operand, OC, weight, C, dinp, C);
+  });
+  return GemmOperand(dinp, matmul_precision());
+}
+
+bool gelu_epilogue_enabled() {
+  const char* v = std::getenv("LOOM_CUDA_GELU_EPILOGUE");
+  return v == nullptr || std::string(v) != "0";
+}
+
+GemmOperand matmul_forward_gelu(int device, void* gelu_out, void* pre, GemmOperand inp,
+                                const float* weight, const float* bias, int64_t N, int64_t C,
+                                int64_t OC) {
+  expect_sixteen_bit_precision("matmul_forward_gelu");
+  DeviceGuard guard(device);
+  const MatmulPrecision precision = matmul_precision();
+  // out (N, OC) = GELU(inp (N, C) · weight (OC, C)ᵀ + bias)
+  if (gelu_epilogue_enabled() &&
+      gemm_gelu(device, false, true, N, OC, C, inp, C, weight, C, gelu_out, pre, bias))
+    return GemmOperand(gelu_out, precision);
+  Scratch<float> h(device, N * OC);
+  gemm(device, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, h.get(), OC);
+  with_rounded_type("matmul_forward_gelu", [&](auto zero) {
+    using Half = decltype(zero);
+    launch("matmul_forward_gelu (GELU apart)", gelu_with_input_kernel<Half>,
+           blocks_for(N * OC, kThreads), kThreads, static_cast<Half*>(gelu_out),
+           static_cast<Half*>(pre), static_cast<const float*>(h.get()), bias, N, OC);
+  });
+  return GemmOperand(gelu_out, precision);
+}
+
+GemmOperand matmul_backward_into_gelu(int device, void* dpre, float* dweight, float* dbias,
+                                      const float* dout, GemmOperand inp, const float* weight,
+                                      const void* pre, int64_t N, int64_t C, int64_t OC) {
+  expect_sixteen_bit_precision("matmul_backward_into_gelu");
+  DeviceGuard guard(device);
+  const MatmulPrecision precision = matmul_precision();
+  with_dout_for_gemms(device, dbias, dout, N, OC, [&](GemmOperand dout_operand) {
+    matmul_backward_gemms(device, nullptr, dweight, dout_operand, inp, weight, N, C, OC);
+    // dpre (N, C) = GELU'(pre) ⊙ dout (N, OC) · weight (OC, C)
+    if (gelu_epilogue_enabled() &&
+        gemm_gelu_backward(device, false, false, N, C, OC, dout_operand, OC, weight, C, dpre, pre))
+      return;
+    Scratch<float> dgelu(device, N * C);
+    gemm(device, false, false, N, C, OC, 1.0f, dout_operand, OC, weight, C, 0.0f, dgelu.get(), C);
+    with_rounded_type("matmul_backward_into_gelu", [&](auto zero) {
+      using Half = decltype(zero);
+      launch("matmul_backward_into_gelu (GELU gradient apart)", gelu_grad_of_rounded_kernel<Half>,
+             blocks_for(N * C, kThreads), kThreads, static_cast<Half*>(dpre),
+             static_cast<const Half*>(pre), static_cast<const float*>(dgelu.get()), N * C);
+    });
+  });
+  return GemmOperand(dpre, precision);
 }
 
 void matmul_backward_from_rounded_dout(int device, float* dinp, float* dweight, float* dbias,
