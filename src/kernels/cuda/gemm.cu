@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -48,12 +49,18 @@ AlgoKey algo_key(Field... field) {
   return {static_cast<int64_t>(field)...};
 }
 
+// What the heuristic said for a problem; `found` false: cuBLASLt has no algorithm for it (asked
+// once; a GELU epilogue then runs apart).
+struct AlgoChoice {
+  bool found = false;
+  cublasLtMatmulAlgo_t algo{};
+};
+
 struct GpuBlas {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::mutex algos_mutex;  // ranks sharing a GPU (local backend) share its choices
-  // nullopt: cuBLASLt has no algorithm for the problem (asked once; a GELU epilogue falls back).
-  std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> algos;
+  std::map<AlgoKey, AlgoChoice> algos;
 };
 
 GpuBlas& blas_for(int device) {
@@ -216,12 +223,12 @@ bool lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
       algo_key(compute, ab_type, op_a, op_b, m, n, k, lda, ldb, ldc, batch.count, batch.stride_a,
                batch.stride_b, batch.stride_c, bias != nullptr ? 1 + cd_type : 0, align_a, align_b,
                align_c, beta != 0.0f, cd_type, epilogue);
-  std::optional<cublasLtMatmulAlgo_t> algo;
+  AlgoChoice choice;
   bool known = false;
   {
     std::lock_guard<std::mutex> lock(blas.algos_mutex);
     if (const auto it = blas.algos.find(key); it != blas.algos.end()) {
-      algo = it->second;
+      choice = it->second;
       known = true;
     }
   }
@@ -234,19 +241,32 @@ bool lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
         preference.pref, 1, &heuristic, &found);
     // An epilogue this cuBLASLt does not offer for these types is NOT_SUPPORTED, not an error.
     if (status != CUBLAS_STATUS_NOT_SUPPORTED) LOOM_CUBLAS_CHECK(status);
-    if (status == CUBLAS_STATUS_SUCCESS && found > 0) algo = heuristic.algo;
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0) choice = {true, heuristic.algo};
     std::lock_guard<std::mutex> lock(blas.algos_mutex);
-    blas.algos.emplace(key, algo);
+    blas.algos.emplace(key, choice);
   }
-  if (!algo) {
+  if (!choice.found) {
     if (gelu != nullptr) return false;
     fail("cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N, " K=", K,
          " trans_a=", trans_a, " trans_b=", trans_b, " batch=", batch.count);
   }
   // Column-major operands: A' is the row-major B, B' the row-major A.
-  LOOM_CUBLAS_CHECK(cublasLtMatmul(blas.handle, desc.desc, &alpha, B, a_layout.layout, A,
-                                   b_layout.layout, &beta, C, c_layout.layout, D, c_layout.layout,
-                                   &*algo, blas.workspace, kWorkspaceBytes, nullptr));
+  const cublasStatus_t status = cublasLtMatmul(
+      blas.handle, desc.desc, &alpha, B, a_layout.layout, A, b_layout.layout, &beta, C,
+      c_layout.layout, D, c_layout.layout, &choice.algo, blas.workspace, kWorkspaceBytes, nullptr);
+  if (status != CUBLAS_STATUS_SUCCESS && gelu != nullptr) {
+    // cuBLASLt checks its arguments before it launches anything: a GELU epilogue it refuses
+    // here (an aux constraint its heuristic did not apply) runs apart from now on.
+    std::fprintf(stderr,
+                 "loom: cuBLASLt refused the GELU epilogue (%s) for M=%ld N=%ld K=%ld: the GELU "
+                 "runs in its own pass\n",
+                 cublasLtGetStatusName(status), static_cast<long>(M), static_cast<long>(N),
+                 static_cast<long>(K));
+    std::lock_guard<std::mutex> lock(blas.algos_mutex);
+    blas.algos[key].found = false;
+    return false;
+  }
+  LOOM_CUBLAS_CHECK(status);
   check_launch("cublasLtMatmul");
   return true;
 }
