@@ -351,26 +351,31 @@ GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t 
   return GemmOperand(C, precision);
 }
 
-bool gemm_gelu(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-               GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D, void* pre,
-               const float* bias) {
+namespace {
+// gemm_gelu and gemm_gelu_backward: D (16-bit, row stride N) with `gelu` in the epilogue.
+bool gemm_with_gelu(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                    GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D,
+                    const float* bias, GeluEpilogue gelu) {
   const MatmulPrecision precision = check_rounded_output_gemm(M, N, K, A, B);
   DeviceGuard guard(device);
   if (M == 0 || N == 0) return true;
-  const GeluEpilogue gelu{false, pre};
   return half_gemm(device, precision, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, D, D,
                    N, bias, GemmBatch{}, /*rounded_output=*/true, &gelu);
+}
+}  // namespace
+
+bool gemm_gelu(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D, void* pre,
+               const float* bias) {
+  return gemm_with_gelu(device, trans_a, trans_b, M, N, K, A, lda, B, ldb, D, bias,
+                        GeluEpilogue{false, pre});
 }
 
 bool gemm_gelu_backward(int device, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                         GemmOperand A, int64_t lda, GemmOperand B, int64_t ldb, void* D,
                         const void* pre) {
-  const MatmulPrecision precision = check_rounded_output_gemm(M, N, K, A, B);
-  DeviceGuard guard(device);
-  if (M == 0 || N == 0) return true;
-  const GeluEpilogue gelu{true, pre};
-  return half_gemm(device, precision, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, D, D,
-                   N, nullptr, GemmBatch{}, /*rounded_output=*/true, &gelu);
+  return gemm_with_gelu(device, trans_a, trans_b, M, N, K, A, lda, B, ldb, D, nullptr,
+                        GeluEpilogue{true, pre});
 }
 
 namespace {
