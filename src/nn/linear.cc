@@ -114,9 +114,7 @@ Tensor Linear::backward_rounded_dinp(Context& ctx, const Tensor& dy) {
   LOOM_CHECK(x_.defined());
   const DType dx_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
   if (dx_dtype == ctx.dtype || dy.dtype() != ctx.dtype)
-    fail(weight_->name,
-         ": a 16-bit input gradient needs a GPU at bf16 / fp16 matmul precision "
-         "and an ",
+    fail(weight_->name, ": a 16-bit input gradient needs bf16 / fp16 GEMMs on a GPU and an ",
          dtype_name(ctx.dtype), " output gradient");
   Tensor dx = Tensor::empty(x_.shape(), dx_dtype, ctx.device);
   ops::matmul_backward_rounded_dinp(ctx.exec(), dx.raw(), dx_dtype, weight_->grad.data<float>(),
