@@ -9,12 +9,16 @@ namespace {
 
 constexpr int kRowThreads = 512;  // one block per row of V logits
 
+// Rows are read kVec values at a time (load_pack: 16 bytes, 8 bf16 or 4 floats) where V is a
+// multiple of kVec and the logits are aligned to it — GPT-2's 50304 is — else one at a time
+// (kVec = 1). Either way each value is read once, by one thread.
+//
 // One pass over the row (the logits are the largest activation: 16384 × 50304 fp32 at GPT-2
 // 124M, T = 1024, batch 16, far beyond L2, so a second pass would read them from memory again):
 // each thread keeps its running max and its sum of exp relative to it (online softmax), then the
 // block rescales every thread's sum to the row's max and adds them in a fixed order. `In`: fp32
 // logits, or logits stored in a GEMM operand's 16-bit type (widened exactly).
-template <typename In>
+template <typename In, int kVec>
 __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const In* logits,
                                              const int32_t* targets, int64_t V) {
   __shared__ float shared_max[32];
@@ -23,13 +27,18 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const In
   const In* x = logits + r * V;
   float m = -INFINITY;
   double sum = 0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float xv = widen(x[v]);
-    if (xv > m) {
-      sum = sum * static_cast<double>(expf(m - xv)) + 1.0;
-      m = xv;
-    } else if (xv != -INFINITY) {  // a masked logit adds nothing (and -inf - -inf is NaN)
-      sum += static_cast<double>(expf(xv - m));
+  for (int64_t v0 = static_cast<int64_t>(threadIdx.x) * kVec; v0 < V;
+       v0 += static_cast<int64_t>(blockDim.x) * kVec) {
+    float xs[kVec];
+    load_pack<kVec>(x + v0, xs);
+    for (int k = 0; k < kVec; ++k) {
+      const float xv = xs[k];
+      if (xv > m) {
+        sum = sum * static_cast<double>(expf(m - xv)) + 1.0;
+        m = xv;
+      } else if (xv != -INFINITY) {  // a masked logit adds nothing (and -inf - -inf is NaN)
+        sum += static_cast<double>(expf(xv - m));
+      }
     }
   }
   const float mx = block_max(m, shared_max);
@@ -42,8 +51,8 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const In
 }
 
 // dlogits (fp32, or rounded to a 16-bit GEMM operand type) may alias logits (`In`, fp32 or that
-// 16-bit type): each element is read, then written, by one thread.
-template <typename Out, typename In>
+// 16-bit type): each element is read, then written, by one thread. kVec as above.
+template <typename Out, typename In, int kVec>
 __global__ void cross_entropy_backward_kernel(Out* dlogits, const In* logits, const float* lse,
                                               const int32_t* targets, float dloss, int64_t V) {
   const int64_t r = blockIdx.x;
@@ -51,10 +60,50 @@ __global__ void cross_entropy_backward_kernel(Out* dlogits, const In* logits, co
   Out* dx = dlogits + r * V;
   const float l = lse[r];
   const int32_t t = targets[r];
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = expf(widen(x[v]) - l) * dloss;
-    round_to(dx[v], v == t ? p - dloss : p);
+  for (int64_t v0 = static_cast<int64_t>(threadIdx.x) * kVec; v0 < V;
+       v0 += static_cast<int64_t>(blockDim.x) * kVec) {
+    float xs[kVec];
+    load_pack<kVec>(x + v0, xs);
+    for (int k = 0; k < kVec; ++k) {
+      const float p = expf(xs[k] - l) * dloss;
+      xs[k] = v0 + k == t ? p - dloss : p;
+    }
+    store_pack<kVec>(dx + v0, xs);
   }
+}
+
+// The values a row is read (and written) in at a time: 16 bytes of the wider of the two types
+// where every row starts aligned to that, else 1.
+template <typename In, typename Out = In>
+int values_per_access(const In* logits, const Out* dlogits, int64_t V) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return V % kVec == 0 && aligned(logits) && aligned(dlogits) ? kVec : 1;
+}
+
+template <typename In>
+void launch_cross_entropy_forward(const char* name, float* losses, float* lse, const In* logits,
+                                  const int32_t* targets, int64_t N, int64_t V) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(In));
+  if (values_per_access(logits, logits, V) == kVec)
+    launch(name, cross_entropy_forward_kernel<In, kVec>, static_cast<unsigned>(N), kRowThreads,
+           losses, lse, logits, targets, V);
+  else
+    launch(name, cross_entropy_forward_kernel<In, 1>, static_cast<unsigned>(N), kRowThreads, losses,
+           lse, logits, targets, V);
+}
+
+template <typename Out, typename In>
+void launch_cross_entropy_backward(const char* name, Out* dlogits, const In* logits,
+                                   const float* lse, const int32_t* targets, float dloss, int64_t N,
+                                   int64_t V) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
+  if (values_per_access(logits, dlogits, V) == kVec)
+    launch(name, cross_entropy_backward_kernel<Out, In, kVec>, static_cast<unsigned>(N),
+           kRowThreads, dlogits, logits, lse, targets, dloss, V);
+  else
+    launch(name, cross_entropy_backward_kernel<Out, In, 1>, static_cast<unsigned>(N), kRowThreads,
+           dlogits, logits, lse, targets, dloss, V);
 }
 
 }  // namespace
@@ -66,16 +115,15 @@ void cross_entropy_forward(int device, float* losses, float* lse, const float* l
   int32_t bad = 0;
   if (const int64_t i = first_out_of_range(targets, N, V, &bad); i >= 0)
     fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V, ")");
-  launch("cross_entropy_forward", cross_entropy_forward_kernel<float>, static_cast<unsigned>(N),
-         kRowThreads, losses, lse, logits, targets, V);
+  launch_cross_entropy_forward("cross_entropy_forward", losses, lse, logits, targets, N, V);
 }
 
 void cross_entropy_backward(int device, float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int64_t N, int64_t V) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  launch("cross_entropy_backward", cross_entropy_backward_kernel<float, float>,
-         static_cast<unsigned>(N), kRowThreads, dlogits, logits, lse, targets, dloss, V);
+  launch_cross_entropy_backward("cross_entropy_backward", dlogits, logits, lse, targets, dloss, N,
+                                V);
 }
 
 void lm_head_backward(int device, float* dinp, float* dweight, float* logits, const float* lse,
@@ -91,9 +139,9 @@ void lm_head_backward(int device, float* dinp, float* dweight, float* logits, co
   const RoundedOperand dlogits(device, N * V);
   with_rounded_type("lm_head_backward", [&](auto zero) {
     using Half = decltype(zero);
-    launch("lm_head_backward (16-bit dlogits)", cross_entropy_backward_kernel<Half, float>,
-           static_cast<unsigned>(N), kRowThreads, static_cast<Half*>(dlogits.bits()), logits, lse,
-           targets, dloss, V);
+    launch_cross_entropy_backward("lm_head_backward (16-bit dlogits)",
+                                  static_cast<Half*>(dlogits.bits()), logits, lse, targets, dloss,
+                                  N, V);
   });
   matmul_backward_gemms(device, dinp, dweight, dlogits.operand(), inp, weight, N, C, V);
 }
@@ -110,9 +158,8 @@ void lm_head_forward_rounded_logits(int device, float* losses, float* lse, void*
   if (N == 0) return;
   with_rounded_type("lm_head_forward_rounded_logits", [&](auto zero) {
     using Half = decltype(zero);
-    launch("cross_entropy_forward (16-bit logits)", cross_entropy_forward_kernel<Half>,
-           static_cast<unsigned>(N), kRowThreads, losses, lse, static_cast<const Half*>(logits),
-           targets, V);
+    launch_cross_entropy_forward("cross_entropy_forward (16-bit logits)", losses, lse,
+                                 static_cast<const Half*>(logits), targets, N, V);
   });
 }
 
@@ -125,9 +172,8 @@ void lm_head_backward_from_rounded_logits(int device, float* dinp, float* dweigh
   const MatmulPrecision precision = with_rounded_type("lm_head_backward", [&](auto zero) {
     using Half = decltype(zero);
     Half* x = static_cast<Half*>(logits);
-    launch("lm_head_backward (16-bit logits, in place)", cross_entropy_backward_kernel<Half, Half>,
-           static_cast<unsigned>(N), kRowThreads, x, static_cast<const Half*>(x), lse, targets,
-           dloss, V);
+    launch_cross_entropy_backward("lm_head_backward (16-bit logits, in place)", x,
+                                  static_cast<const Half*>(x), lse, targets, dloss, N, V);
   });
   matmul_backward_gemms(device, dinp, dweight, GemmOperand(logits, precision), inp, weight, N, C,
                         V);

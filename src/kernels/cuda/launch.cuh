@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "base/error.h"
 #include "device/allocator.h"
@@ -151,6 +152,59 @@ __device__ inline float widen(__nv_bfloat16 x) {
 }
 __device__ inline float widen(__half x) {
   return __half2float(x);
+}
+
+// kVec consecutive values at p as one 8- or 16-byte access (p aligned to it), widened to fp32 /
+// rounded from fp32 (round_to); kVec = 1: a plain access. A streaming kernel whose threads each
+// walk long runs keeps 4–8× the bytes in flight of one-element loads, which on an H100-class GPU
+// (~3 MB must be in flight to reach its bandwidth) decides whether it streams at memory speed or
+// waits on latency.
+template <int kVec, typename T>
+__device__ inline void load_pack(const T* p, float (&out)[kVec]) {
+  constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
+  static_assert(kVec == 1 || kBytes == 8 || kBytes == 16, "one access of 8 or 16 bytes");
+  if constexpr (kVec == 1) {
+    out[0] = widen(*p);
+  } else {
+    T v[kVec];
+#ifdef __CUDA_ARCH__
+    if constexpr (kBytes == 16) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p);
+      memcpy(v, &raw, kBytes);
+    } else {
+      const uint2 raw = *reinterpret_cast<const uint2*>(p);
+      memcpy(v, &raw, kBytes);
+    }
+#else
+    std::memcpy(static_cast<void*>(v), p, kBytes);
+#endif
+    for (int k = 0; k < kVec; ++k) out[k] = widen(v[k]);
+  }
+}
+
+template <int kVec, typename T>
+__device__ inline void store_pack(T* p, const float (&in)[kVec]) {
+  constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
+  static_assert(kVec == 1 || kBytes == 8 || kBytes == 16, "one access of 8 or 16 bytes");
+  if constexpr (kVec == 1) {
+    round_to(*p, in[0]);
+  } else {
+    T v[kVec];
+    for (int k = 0; k < kVec; ++k) round_to(v[k], in[k]);
+#ifdef __CUDA_ARCH__
+    if constexpr (kBytes == 16) {
+      uint4 raw;
+      memcpy(&raw, v, kBytes);
+      *reinterpret_cast<uint4*>(p) = raw;
+    } else {
+      uint2 raw;
+      memcpy(&raw, v, kBytes);
+      *reinterpret_cast<uint2*>(p) = raw;
+    }
+#else
+    std::memcpy(static_cast<void*>(p), v, kBytes);
+#endif
+  }
 }
 
 __device__ inline float block_max(float x, float* shared) {
