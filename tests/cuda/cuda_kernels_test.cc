@@ -551,6 +551,30 @@ TEST_F(CudaKernelsTest, EmbeddingMatchesCpuAndRefusesBadTokens) {
       "token id 200 at batch 2, position 15", "a token outside the vocabulary was accepted");
 }
 
+// The dwte walk reads four token ids at a time where B·T is a multiple of 4 and the ids are
+// 16-byte aligned: the same additions in the same order as one id at a time (the same ids one int
+// past an aligned start), bit for bit; and the CPU's result to rounding.
+TEST_F(CudaKernelsTest, EmbeddingBackwardTakesTokensFourAtATimeInTheSameOrder) {
+  const int64_t B = 4, T = 17, C = 40, V = 50;  // a small vocabulary: ids repeat often
+  const std::vector<int32_t> ids = random_ids(B * T, static_cast<int32_t>(V), 56);
+  std::vector<int32_t> shifted(ids.size() + 1, 0);
+  std::copy(ids.begin(), ids.end(), shifted.begin() + 1);
+  IdPair aligned = ids_pair(ids), offset = ids_pair(shifted);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(aligned.gpu.data<int32_t>()) % 16, 0u);
+  Pair dout = random_pair(B * T * C, 57);
+  const std::vector<float> dwte0 = random_floats(V * C, 58), dwpe0 = random_floats(T * C, 59);
+  Pair four = pair_of(dwte0), one = pair_of(dwte0), dwpe_four = pair_of(dwpe0),
+       dwpe_one = pair_of(dwpe0);
+  ops::embedding_backward<float>(on_gpu, four.g(), dwpe_four.g(), dout.g(),
+                                 aligned.gpu.data<int32_t>(), B, T, C);
+  ops::embedding_backward<float>(on_gpu, one.g(), dwpe_one.g(), dout.g(),
+                                 offset.gpu.data<int32_t>() + 1, B, T, C);
+  EXPECT_TRUE(bitwise_equal(four.from_gpu(), one.from_gpu())) << "dwte";
+  ops::embedding_backward<float>(on_cpu, four.h(), dwpe_four.h(), dout.h(),
+                                 aligned.host.data<int32_t>(), B, T, C);
+  expect_pair_close("dwte", four);
+}
+
 TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {
   expect_attention_matches_cpu(2, 67, 48, 4, 60, kTol, kTol);  // head size 12
 }

@@ -35,15 +35,33 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, in
   dwpe[i] += acc;
 }
 
-// Thread (c, p): channel c of every vocabulary row v with v % kVocabPartitions == p.
+// Thread (c, p): channel c of every vocabulary row v with v % kVocabPartitions == p. The walk
+// over all B·T tokens is the kernel's cost (16384 at GPT-2's bench shape, each a dependent load
+// and test): with kTokens = 4 it reads four ids in one 16-byte load (tokens aligned, BT a
+// multiple of 4), then takes them in order — the same additions in the same order.
+template <int kTokens>
 __global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
                                               int64_t BT, int64_t C) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int p = static_cast<int>(blockIdx.y);
   if (c >= C) return;
-  for (int64_t i = 0; i < BT; ++i) {
-    const int32_t v = __ldg(tokens + i);
-    if (v % kVocabPartitions == p) dwte[static_cast<int64_t>(v) * C + c] += dout[i * C + c];
+  for (int64_t i0 = 0; i0 < BT; i0 += kTokens) {
+    int32_t ids[kTokens];
+    if constexpr (kTokens == 4) {
+#ifdef __CUDA_ARCH__
+      const int4 four = __ldg(reinterpret_cast<const int4*>(tokens + i0));
+      ids[0] = four.x, ids[1] = four.y, ids[2] = four.z, ids[3] = four.w;
+#else
+      for (int k = 0; k < 4; ++k) ids[k] = tokens[i0 + k];
+#endif
+    } else {
+      ids[0] = __ldg(tokens + i0);
+    }
+    for (int k = 0; k < kTokens; ++k) {
+      const int32_t v = ids[k];
+      if (v % kVocabPartitions == p)
+        dwte[static_cast<int64_t>(v) * C + c] += dout[(i0 + k) * C + c];
+    }
   }
 }
 
@@ -84,8 +102,12 @@ void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
   launch("embedding_backward (dwpe)", embedding_backward_wpe_kernel,
          static_cast<unsigned>((T * C + kThreads - 1) / kThreads), kThreads, dwpe, dout, B, T, C);
   const dim3 grid(static_cast<unsigned>((C + 127) / 128), kVocabPartitions);
-  launch("embedding_backward (dwte)", embedding_backward_wte_kernel, grid, 128, dwte, dout, tokens,
-         B * T, C);
+  if ((B * T) % 4 == 0 && reinterpret_cast<uintptr_t>(tokens) % 16 == 0)
+    launch("embedding_backward (dwte)", embedding_backward_wte_kernel<4>, grid, 128, dwte, dout,
+           tokens, B * T, C);
+  else
+    launch("embedding_backward (dwte)", embedding_backward_wte_kernel<1>, grid, 128, dwte, dout,
+           tokens, B * T, C);
 }
 
 }  // namespace loom::cuda
