@@ -791,8 +791,6 @@ TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
   }
 }
 
-// A tensor-parallel rank's vocabulary shard (rows 40..69 of 100, padded to 34 local rows): the
-// embedding's forward and backward bit for bit, the cross-entropy pieces to rounding.
 // The LM head's backward: at fp32 the GPU's cross-entropy and matmul backward against the CPU's;
 // at bf16 / fp16 the gradient goes to the GEMMs already rounded (no fp32 pass over the logits),
 // which must be bit for bit the separate ops' result (fp32 gradient in place, then rounded for
@@ -1123,6 +1121,8 @@ TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {
   }
 }
 
+// A tensor-parallel rank's vocabulary shard (rows 40..69 of 100, padded to 34 local rows): the
+// embedding's forward and backward bit for bit, the cross-entropy pieces to rounding.
 TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
   const int64_t N = 60, T = 12, C = 24, V = 100;
   const VocabShard shard{40, 30, 34, V};
