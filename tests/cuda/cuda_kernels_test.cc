@@ -473,44 +473,52 @@ TEST_F(CudaKernelsTest, LayerNormWritesTheNextGemmsRoundedInput) {
       "a 16-bit LayerNorm output was written with fp32 GEMMs");
 }
 
+// The backward's weight and bias gradients come from the dinp kernel's own read of dout and the
+// input (each warp's column sums, added in a fixed order after) where a row has at most 2048
+// columns, from a pass of their own beyond: C = 100, 768 and 2100 take the fused kernel's two
+// sizes and the separate sums.
 TEST_F(CudaKernelsTest, LayerNormMatchesCpu) {
-  const int64_t N = 300, C = 100;  // C not a multiple of 32; N spans two row chunks
-  Pair x = random_pair(N * C, 40, -3.0, 5.0), w = random_pair(C, 41), b = random_pair(C, 42);
-  Pair y = pair_of(std::vector<float>(N * C)), mean = pair_of(std::vector<float>(N)),
-       rstd = pair_of(std::vector<float>(N));
-  ops::layernorm_forward<float>(on_cpu, y.h(), mean.h(), rstd.h(), x.h(), w.h(), b.h(), N, C);
-  ops::layernorm_forward<float>(on_gpu, y.g(), mean.g(), rstd.g(), x.g(), w.g(), b.g(), N, C);
-  expect_pair_close("out", y);
-  expect_pair_close("mean", mean);
-  expect_pair_close("rstd", rstd);
+  const int64_t N = 300;  // over several 64-row blocks (and 256-row chunks), the last partial
+  for (const int64_t C : {int64_t{100}, int64_t{768}, int64_t{2100}}) {  // C = 100: not 32·k
+    SCOPED_TRACE("C=" + std::to_string(C));
+    Pair x = random_pair(N * C, 40, -3.0, 5.0), w = random_pair(C, 41), b = random_pair(C, 42);
+    Pair y = pair_of(std::vector<float>(N * C)), mean = pair_of(std::vector<float>(N)),
+         rstd = pair_of(std::vector<float>(N));
+    ops::layernorm_forward<float>(on_cpu, y.h(), mean.h(), rstd.h(), x.h(), w.h(), b.h(), N, C);
+    ops::layernorm_forward<float>(on_gpu, y.g(), mean.g(), rstd.g(), x.g(), w.g(), b.g(), N, C);
+    expect_pair_close("out", y);
+    expect_pair_close("mean", mean);
+    expect_pair_close("rstd", rstd);
 
-  Pair dy = random_pair(N * C, 43), dx = pair_of(std::vector<float>(N * C));
-  Pair dw = random_pair(C, 44), db = random_pair(C, 45);
-  ops::layernorm_backward<float>(on_cpu, dx.h(), dw.h(), db.h(), dy.h(), x.h(), w.h(), mean.h(),
-                                 rstd.h(), N, C);
-  ops::layernorm_backward<float>(on_gpu, dx.g(), dw.g(), db.g(), dy.g(), x.g(), w.g(), mean.g(),
-                                 rstd.g(), N, C);
-  expect_pair_close("dinp", dx);
-  expect_pair_close("dweight", dw);
-  expect_pair_close("dbias", db);
+    Pair dy = random_pair(N * C, 43), dx = pair_of(std::vector<float>(N * C));
+    Pair dw = random_pair(C, 44), db = random_pair(C, 45);
+    ops::layernorm_backward<float>(on_cpu, dx.h(), dw.h(), db.h(), dy.h(), x.h(), w.h(), mean.h(),
+                                   rstd.h(), N, C);
+    ops::layernorm_backward<float>(on_gpu, dx.g(), dw.g(), db.g(), dy.g(), x.g(), w.g(), mean.g(),
+                                   rstd.g(), N, C);
+    expect_pair_close("dinp", dx);
+    expect_pair_close("dweight", dw);
+    expect_pair_close("dbias", db);
 
-  // With a skip connection's gradient added to dinp in the same kernel: bit for bit the
-  // backward then add_inplace on the GPU (on scale: |dresidual| up to 100 against dinp's ~1, so
-  // contracting the add into the product before it would show), and near the CPU's.
-  Pair dres = random_pair(N * C, 46, -100.0, 100.0), dx2 = pair_of(std::vector<float>(N * C));
-  Pair dw2 = random_pair(C, 44), db2 = random_pair(C, 45);
-  ops::layernorm_backward_adding<float>(on_cpu, dx2.h(), dw2.h(), db2.h(), dy.h(), x.h(), w.h(),
-                                        mean.h(), rstd.h(), dres.h(), N, C);
-  ops::layernorm_backward_adding<float>(on_gpu, dx2.g(), dw2.g(), db2.g(), dy.g(), x.g(), w.g(),
-                                        mean.g(), rstd.g(), dres.g(), N, C);
-  expect_pair_close("dinp + dresidual", dx2);
-  Pair dw3 = random_pair(C, 44), db3 = random_pair(C, 45), dx3 = pair_of(std::vector<float>(N * C));
-  ops::layernorm_backward<float>(on_gpu, dx3.g(), dw3.g(), db3.g(), dy.g(), x.g(), w.g(), mean.g(),
-                                 rstd.g(), N, C);
-  ops::add_inplace<float>(on_gpu, dx3.g(), dres.g(), N * C);
-  EXPECT_TRUE(bitwise_equal(dx2.from_gpu(), dx3.from_gpu())) << "dinp + dresidual";
-  EXPECT_TRUE(bitwise_equal(dw2.from_gpu(), dw3.from_gpu())) << "dweight";
-  EXPECT_TRUE(bitwise_equal(db2.from_gpu(), db3.from_gpu())) << "dbias";
+    // With a skip connection's gradient added to dinp in the same kernel: bit for bit the
+    // backward then add_inplace on the GPU (on scale: |dresidual| up to 100 against dinp's ~1, so
+    // contracting the add into the product before it would show), and near the CPU's.
+    Pair dres = random_pair(N * C, 46, -100.0, 100.0), dx2 = pair_of(std::vector<float>(N * C));
+    Pair dw2 = random_pair(C, 44), db2 = random_pair(C, 45);
+    ops::layernorm_backward_adding<float>(on_cpu, dx2.h(), dw2.h(), db2.h(), dy.h(), x.h(), w.h(),
+                                          mean.h(), rstd.h(), dres.h(), N, C);
+    ops::layernorm_backward_adding<float>(on_gpu, dx2.g(), dw2.g(), db2.g(), dy.g(), x.g(), w.g(),
+                                          mean.g(), rstd.g(), dres.g(), N, C);
+    expect_pair_close("dinp + dresidual", dx2);
+    Pair dw3 = random_pair(C, 44), db3 = random_pair(C, 45),
+         dx3 = pair_of(std::vector<float>(N * C));
+    ops::layernorm_backward<float>(on_gpu, dx3.g(), dw3.g(), db3.g(), dy.g(), x.g(), w.g(),
+                                   mean.g(), rstd.g(), N, C);
+    ops::add_inplace<float>(on_gpu, dx3.g(), dres.g(), N * C);
+    EXPECT_TRUE(bitwise_equal(dx2.from_gpu(), dx3.from_gpu())) << "dinp + dresidual";
+    EXPECT_TRUE(bitwise_equal(dw2.from_gpu(), dw3.from_gpu())) << "dweight";
+    EXPECT_TRUE(bitwise_equal(db2.from_gpu(), db3.from_gpu())) << "dbias";
+  }
 }
 
 TEST_F(CudaKernelsTest, EmbeddingMatchesCpuAndRefusesBadTokens) {

@@ -14,6 +14,7 @@
 #include "device/allocator.h"
 #include "device/cuda/cuda_check.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/unroll.h"  // LOOM_UNROLL
 #ifdef LOOM_CUDA_EMULATE
 #include "device/cuda/emulator/scheduler.h"
 #endif

@@ -19,12 +19,7 @@
 #include "device/cuda/emulator/scheduler.h"
 #endif
 
-// `#pragma unroll` for nvcc; host compilers would warn about a pragma they do not know.
-#ifdef __CUDACC__
-#define LOOM_UNROLL _Pragma("unroll")
-#else
-#define LOOM_UNROLL
-#endif
+#include "kernels/cuda/unroll.h"  // LOOM_UNROLL
 
 namespace loom::cuda {
 
