@@ -63,6 +63,16 @@ cuda::GemmOperand operand_of(const Exec& ex, const void* data, DType dtype, cons
   return cuda::GemmOperand(data, rounded_precision(ex, dtype, what));
 }
 
+// A forward's input as its GEMM operand: 16-bit values rounded already (`inp_dtype`), or f32
+// values rounded here into `inp_rounded` (n values), which the layer keeps for its backward.
+cuda::GemmOperand forward_input(const Exec& ex, const void* inp, DType inp_dtype, void* inp_rounded,
+                                int64_t n, const char* what) {
+  if (inp_dtype != DType::kF32) return operand_of(ex, inp, inp_dtype, what);
+  if constexpr (detail::kCudaBuild)
+    return cuda::round_for_gemm(ex.device.index, inp_rounded, static_cast<const float*>(inp), n);
+  return cuda::GemmOperand(static_cast<const float*>(inp));
+}
+
 // Fails naming `op` unless `dtype` is what a GPU rounds GEMM inputs to now.
 void expect_rounded_output(const Exec& ex, DType dtype, const char* op) {
   const DType want = matmul_input_dtype(ex, DType::kF32);
@@ -140,17 +150,10 @@ void matmul_forward_rounded_output(const Exec& ex, void* out, DType out_dtype, c
     return detail::work_of<float>(c);
   });
   expect_rounded_output(ex, out_dtype, "matmul_forward_rounded_output");
-  if (inp_dtype != DType::kF32)
-    (void)rounded_precision(ex, inp_dtype, "matmul_forward_rounded_output");
-  if constexpr (detail::kCudaBuild) {
-    const cuda::GemmOperand operand =
-        inp_dtype == DType::kF32
-            ? cuda::round_for_gemm(ex.device.index, inp_rounded, static_cast<const float*>(inp),
-                                   N * C)
-            : cuda::GemmOperand(inp,
-                                rounded_precision(ex, inp_dtype, "matmul_forward_rounded_output"));
+  const cuda::GemmOperand operand =
+      forward_input(ex, inp, inp_dtype, inp_rounded, N * C, "matmul_forward_rounded_output");
+  if constexpr (detail::kCudaBuild)
     cuda::matmul_forward_rounded_output(ex.device.index, out, operand, weight, bias, N, C, OC);
-  }
 }
 
 void matmul_forward_gelu(const Exec& ex, void* gelu_out, void* pre, DType dtype, const void* inp,
@@ -163,16 +166,10 @@ void matmul_forward_gelu(const Exec& ex, void* gelu_out, void* pre, DType dtype,
     return detail::work_of<float>(c);
   });
   expect_rounded_output(ex, dtype, "matmul_forward_gelu");
-  const cuda::MatmulPrecision inp_precision =
-      inp_dtype == DType::kF32 ? cuda::MatmulPrecision::kFp32
-                               : rounded_precision(ex, inp_dtype, "matmul_forward_gelu");
-  if constexpr (detail::kCudaBuild) {
-    const cuda::GemmOperand operand =
-        inp_dtype == DType::kF32 ? cuda::round_for_gemm(ex.device.index, inp_rounded,
-                                                        static_cast<const float*>(inp), N * C)
-                                 : cuda::GemmOperand(inp, inp_precision);
+  const cuda::GemmOperand operand =
+      forward_input(ex, inp, inp_dtype, inp_rounded, N * C, "matmul_forward_gelu");
+  if constexpr (detail::kCudaBuild)
     cuda::matmul_forward_gelu(ex.device.index, gelu_out, pre, operand, weight, bias, N, C, OC);
-  }
 }
 
 void matmul_backward_into_gelu(const Exec& ex, void* dpre, DType dtype, float* dweight,

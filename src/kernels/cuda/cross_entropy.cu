@@ -72,22 +72,23 @@ __global__ void cross_entropy_backward_kernel(Out* dlogits, const In* logits, co
   }
 }
 
-// The values a row is read (and written) in at a time: 16 bytes of the wider of the two types
-// where every row starts aligned to that, else 1.
-template <typename In, typename Out = In>
-int values_per_access(const In* logits, const Out* dlogits, int64_t V) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return V % kVec == 0 && aligned(logits) && aligned(dlogits) ? kVec : 1;
+// The values of a pack: 16 bytes of the wider of the two types. Rows go by packs where every row
+// starts on a 16-byte boundary (V a multiple of the pack, both buffers aligned), else by values.
+template <typename In, typename Out>
+inline constexpr int kPack = 16 /
+                             static_cast<int>(sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
+
+template <typename In, typename Out>
+bool rows_go_by_packs(const In* logits, const Out* dlogits, int64_t V) {
+  return V % kPack<In, Out> == 0 && aligned_to(logits, 16) && aligned_to(dlogits, 16);
 }
 
 template <typename In>
 void launch_cross_entropy_forward(const char* name, float* losses, float* lse, const In* logits,
                                   const int32_t* targets, int64_t N, int64_t V) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(In));
-  if (values_per_access(logits, logits, V) == kVec)
-    launch(name, cross_entropy_forward_kernel<In, kVec>, static_cast<unsigned>(N), kRowThreads,
-           losses, lse, logits, targets, V);
+  if (rows_go_by_packs(logits, logits, V))
+    launch(name, cross_entropy_forward_kernel<In, kPack<In, In>>, static_cast<unsigned>(N),
+           kRowThreads, losses, lse, logits, targets, V);
   else
     launch(name, cross_entropy_forward_kernel<In, 1>, static_cast<unsigned>(N), kRowThreads, losses,
            lse, logits, targets, V);
@@ -97,9 +98,8 @@ template <typename Out, typename In>
 void launch_cross_entropy_backward(const char* name, Out* dlogits, const In* logits,
                                    const float* lse, const int32_t* targets, float dloss, int64_t N,
                                    int64_t V) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
-  if (values_per_access(logits, dlogits, V) == kVec)
-    launch(name, cross_entropy_backward_kernel<Out, In, kVec>, static_cast<unsigned>(N),
+  if (rows_go_by_packs(logits, dlogits, V))
+    launch(name, cross_entropy_backward_kernel<Out, In, kPack<In, Out>>, static_cast<unsigned>(N),
            kRowThreads, dlogits, logits, lse, targets, dloss, V);
   else
     launch(name, cross_entropy_backward_kernel<Out, In, 1>, static_cast<unsigned>(N), kRowThreads,

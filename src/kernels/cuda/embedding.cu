@@ -102,7 +102,7 @@ void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
   launch("embedding_backward (dwpe)", embedding_backward_wpe_kernel,
          static_cast<unsigned>((T * C + kThreads - 1) / kThreads), kThreads, dwpe, dout, B, T, C);
   const dim3 grid(static_cast<unsigned>((C + 127) / 128), kVocabPartitions);
-  if ((B * T) % 4 == 0 && reinterpret_cast<uintptr_t>(tokens) % 16 == 0)
+  if ((B * T) % 4 == 0 && aligned_to(tokens, 16))
     launch("embedding_backward (dwte)", embedding_backward_wte_kernel<4>, grid, 128, dwte, dout,
            tokens, B * T, C);
   else

@@ -439,7 +439,7 @@ bool flash_disabled_by_environment() {
 // The tiles are read 4 values at a time: every row of a head starts 4 values aligned when the
 // tensor does (C is a multiple of 64). A view starting elsewhere is refused, not misread.
 void check_aligned(const void* p, size_t bytes, const char* what) {
-  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+  if (!aligned_to(p, bytes))
     fail("flash attention: ", what, " does not start on a ", bytes, "-byte boundary");
 }
 

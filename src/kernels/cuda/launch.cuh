@@ -76,6 +76,11 @@ constexpr int kVocabPartitions = 64;
 // Blocks for a grid-stride loop over n elements: enough to fill the GPU a few times over.
 int blocks_for(int64_t n, int threads);
 
+// Whether p starts on a `bytes` boundary (the wide accesses below, cp.async, the flash kernels).
+inline bool aligned_to(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
 // Blocks of `per_block` items each covering `items` (a ceiling division).
 inline unsigned blocks_of(int64_t items, int64_t per_block) {
   return static_cast<unsigned>((items + per_block - 1) / per_block);

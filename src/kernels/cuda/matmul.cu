@@ -206,8 +206,7 @@ GemmOperand round_for_gemm(int device, void* out, const float* x, int64_t n) {
   DeviceGuard guard(device);
   const MatmulPrecision precision = with_rounded_type("round_for_gemm", [&](auto zero) {
     using Half = decltype(zero);
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (n % 4 == 0 && aligned(out) && aligned(x))
+    if (n % 4 == 0 && aligned_to(out, 16) && aligned_to(x, 16))
       launch("gemm operand (round to 16 bits)", round_kernel<Half, 4>, blocks_for(n / 4, kThreads),
              kThreads, static_cast<Half*>(out), x, n);
     else
