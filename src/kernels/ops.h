@@ -81,7 +81,7 @@ void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* i
 // rounded to that type too (cuda::matmul_forward_rounded_output): an output only 16-bit readers
 // take (qkv for the flash kernels: attention_takes_rounded_qkv). `inp` is rounded already
 // (`inp_dtype` 16-bit), or f32 (kF32) and then rounded into `inp_rounded` (N·C values of
-// out_dtype) for the backward.
+// out_dtype) for the backward; `inp_rounded` is unused otherwise.
 void matmul_forward_rounded_output(const Exec& ex, void* out, DType out_dtype, const void* inp,
                                    DType inp_dtype, void* inp_rounded, const float* weight,
                                    const float* bias, int64_t N, int64_t C, int64_t OC);

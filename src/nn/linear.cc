@@ -64,34 +64,33 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x, const Tensor* residua
   return y;
 }
 
-Tensor Linear::forward_rounded_output(Context& ctx, const Tensor& x) {
+DType Linear::keep_input_for_sixteen_bit_output(Context& ctx, const Tensor& x, const char* what) {
   if (x.dim(-1) != in_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", in_);
   const DType out_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
   if (out_dtype == ctx.dtype)
-    fail(weight_->name, ": a 16-bit output needs a GPU at bf16 / fp16 matmul precision");
+    fail(weight_->name, ": ", what, " needs a GPU at bf16 / fp16 matmul precision");
+  // Rounded by its producer (LayerNorm) already, or f32, rounded by the op into this buffer.
+  x_ = x.dtype() != ctx.dtype ? x : Tensor::empty(x.shape(), out_dtype, ctx.device);
+  return out_dtype;
+}
+
+Tensor Linear::forward_rounded_output(Context& ctx, const Tensor& x) {
+  const DType out_dtype = keep_input_for_sixteen_bit_output(ctx, x, "a 16-bit output");
   Tensor y = Tensor::empty(with_last(x.shape(), out_), out_dtype, ctx.device);
-  const bool rounded = x.dtype() != ctx.dtype;  // by its producer (LayerNorm, GELU) already
-  x_ = rounded ? x : Tensor::empty(x.shape(), out_dtype, ctx.device);
   ops::matmul_forward_rounded_output(
-      ctx.exec(), y.raw(), out_dtype, x.raw(), rounded ? x.dtype() : DType::kF32,
-      rounded ? nullptr : x_.raw(), weight_->value.data<float>(),
+      ctx.exec(), y.raw(), out_dtype, x.raw(), x.dtype(), x_.raw(), weight_->value.data<float>(),
       bias_ ? bias_->value.data<float>() : nullptr, x.numel() / in_, in_, out_);
   return y;
 }
 
 Tensor Linear::forward_gelu(Context& ctx, const Tensor& x, Tensor& gelu_out) {
-  if (x.dim(-1) != in_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", in_);
-  const DType out_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
-  if (out_dtype == ctx.dtype)
-    fail(weight_->name, ": a GELU in the GEMM needs a GPU at bf16 / fp16 matmul precision");
+  const DType out_dtype = keep_input_for_sixteen_bit_output(ctx, x, "a GELU in the GEMM");
   Tensor pre = Tensor::empty(with_last(x.shape(), out_), out_dtype, ctx.device);
   gelu_out = Tensor::empty(pre.shape(), out_dtype, ctx.device);
-  const bool rounded = x.dtype() != ctx.dtype;  // by its producer (LayerNorm) already
-  x_ = rounded ? x : Tensor::empty(x.shape(), out_dtype, ctx.device);
-  ops::matmul_forward_gelu(
-      ctx.exec(), gelu_out.raw(), pre.raw(), out_dtype, x.raw(), rounded ? x.dtype() : DType::kF32,
-      rounded ? nullptr : x_.raw(), weight_->value.data<float>(),
-      bias_ ? bias_->value.data<float>() : nullptr, x.numel() / in_, in_, out_);
+  ops::matmul_forward_gelu(ctx.exec(), gelu_out.raw(), pre.raw(), out_dtype, x.raw(), x.dtype(),
+                           x_.raw(), weight_->value.data<float>(),
+                           bias_ ? bias_->value.data<float>() : nullptr, x.numel() / in_, in_,
+                           out_);
   return pre;
 }
 

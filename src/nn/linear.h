@@ -61,6 +61,10 @@ class Linear {
 
  private:
   Tensor forward_impl(Context& ctx, const Tensor& x, const Tensor* residual);
+  // forward_rounded_output's and forward_gelu's start: checks x and that GEMM inputs are 16-bit
+  // here (else fails naming `what`), keeps x_ as the GEMMs read it — x where its producer rounded
+  // it, else a buffer the op rounds x into — and returns the 16-bit type.
+  DType keep_input_for_sixteen_bit_output(Context& ctx, const Tensor& x, const char* what);
   // backward, through a GELU when `gelu_input` is non-null (its dy is then the GELU's dgelu).
   Tensor backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_input);
 
