@@ -10,16 +10,17 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
-#include "bench_comm.h"
 #include "base/thread_pool.h"
+#include "bench_comm.h"
 #include "checkpoint/checkpoint.h"
 #include "comm/flight_recorder.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "kernels/cpu/fma_peak.h"
-#include "parallel/pipeline_schedule.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
+#include "parallel/pipeline_schedule.h"
 #include "train/benchmark.h"
 #include "train/generate.h"
 #include "train/layout_check.h"
@@ -138,6 +139,7 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                         {"mfu", r.mfu}};
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     j["openblas_coretype"] = coretype ? coretype : "";
+    if (r.device == "cpu") j["cpu_gemm"] = cpu::cpu_gemm_name();
     if (options.profile) {
       j["ops"] = nlohmann::json::array();
       for (const ops::OpTime& op : r.ops)
@@ -161,8 +163,11 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                   r.precision.c_str(), static_cast<long>(r.batch), static_cast<long>(r.seq_len), 100.0 * r.mfu,
                   r.mfu > 0 ? "" : " (give --peak-tflops)");
     else
-      std::printf("  fp32 FMA peak of %d thread(s) (%s loop, measured now) %.1f GFLOP/s: %.0f%% of it\n",
-                  r.ranks * r.threads, r.fma_isa.c_str(), r.fma_peak_gflops, 100.0 * r.roofline_share);
+      std::printf(
+          "  fp32 FMA peak of %d thread(s) (%s loop, measured now) %.1f GFLOP/s: %.0f%% of it; "
+          "GEMMs on %s\n",
+          r.ranks * r.threads, r.fma_isa.c_str(), r.fma_peak_gflops, 100.0 * r.roofline_share,
+          cpu::cpu_gemm_name().c_str());
     if (r.ranks > 1)
       std::printf("  waiting for communication %.1f ms per step (%.1f%%)\n", r.comm_wait_ms,
                   100.0 * r.comm_wait_fraction);

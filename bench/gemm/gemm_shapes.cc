@@ -20,6 +20,13 @@ static const char* name = "openblas";
 static void sg(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
 }
+#elif defined(USE_LOOM512)
+#include "kernels/cpu/sgemm_avx512.h"
+static const char* name = "loom512";
+static void sg(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B,
+               int ldb, float beta, float* C, int ldc) {
+  loom::cpu::sgemm_avx512(ta, tb, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
+}
 #elif defined(USE_LOOM)
 #include "loom_sgemm.h"
 static const char* name = "loom";

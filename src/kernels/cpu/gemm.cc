@@ -4,10 +4,14 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/sgemm_avx512.h"
 
 namespace loom::cpu {
 namespace {
@@ -34,7 +38,47 @@ void blas(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, 
               C, ldc);
 }
 
+// Whether this float GEMM goes through our AVX-512 kernel instead of OpenBLAS.
+bool own_kernel(float) {
+  static const bool use = [] { return cpu_gemm_backend() == CpuGemm::kLoomAvx512; }();
+  return use;
+}
+bool own_kernel(double) {
+  return false;
+}
+
+void own_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  sgemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void own_gemm(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
+              int64_t, double, double*, int64_t) {
+  LOOM_CHECK(false);  // own_kernel(double) is false
+}
+
 }  // namespace
+
+CpuGemm cpu_gemm_backend() {
+  const char* env = std::getenv("LOOM_CPU_GEMM");
+  const std::string choice = env == nullptr ? "" : env;
+  if (choice == "openblas") return CpuGemm::kOpenBlas;
+  if (choice == "loom") {
+    if (!sgemm_avx512_available())
+      throw std::runtime_error(
+          "LOOM_CPU_GEMM=loom: Loom's own GEMM kernel needs AVX-512 F, which this CPU lacks; "
+          "unset LOOM_CPU_GEMM or set it to openblas");
+    return CpuGemm::kLoomAvx512;
+  }
+  if (!choice.empty())
+    throw std::runtime_error("LOOM_CPU_GEMM='" + choice +
+                             "': expected 'loom' (our AVX-512 kernel) or 'openblas'");
+  return sgemm_avx512_available() ? CpuGemm::kLoomAvx512 : CpuGemm::kOpenBlas;
+}
+
+std::string cpu_gemm_name() {
+  if (cpu_gemm_backend() == CpuGemm::kLoomAvx512) return "loom-avx512";
+  return std::string("openblas-") + openblas_get_corename();
+}
 
 void blas_init_single_threaded() {
   static std::once_flag once;
@@ -56,6 +100,10 @@ void gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Re
   }
   // Row-major strides must cover a stored row (BLAS would only print a complaint and return).
   LOOM_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
+  if (own_kernel(Real{})) {
+    own_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   // The LP64 OpenBLAS interface takes int.
   LOOM_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
              ldc <= INT_MAX);

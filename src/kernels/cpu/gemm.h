@@ -1,19 +1,35 @@
-// GEMM through OpenBLAS, and the Linear layer (matmul) built on it.
+// GEMM, and the Linear layer (matmul) built on it.
 //
-// OpenBLAS runs single-threaded under us (see base/thread_pool.h for why): gemm() splits C into
-// one block of rows, or of columns when C is wide, per pool thread, each block one serial BLAS
-// call. The split is a pure function of (M, N, K, pool.size()), so results are bitwise
-// reproducible run to run; another pool size may change the last bits, because BLAS handles
-// edge tiles with different micro-kernels.
+// float GEMMs run on our own AVX-512 kernel (sgemm_avx512.h) where the CPU has AVX-512 F, and on
+// OpenBLAS otherwise; double GEMMs (gradient checks) always on OpenBLAS. `LOOM_CPU_GEMM=openblas`
+// in the environment forces OpenBLAS (to compare the two), `LOOM_CPU_GEMM=loom` insists on ours.
+//
+// Both run single-threaded under us (see base/thread_pool.h for why): gemm() splits C into one
+// block of rows, or of columns when C is wide, per pool thread, each block one serial call. The
+// split is a pure function of (M, N, K, pool.size()), so results are bitwise reproducible run to
+// run. Our kernel computes each element of C the same way wherever it sits, so its results do not
+// depend on the pool size either; OpenBLAS's may differ in the last bits across pool sizes,
+// because it handles edge tiles with different micro-kernels.
 //
 // All matrices are row-major. Legend: N = rows (B*T), C = input channels, OC = output channels.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "base/thread_pool.h"
 
 namespace loom::cpu {
+
+enum class CpuGemm { kOpenBlas, kLoomAvx512 };
+
+// Which library runs float GEMMs in this process: LOOM_CPU_GEMM if set ("loom" | "openblas"),
+// else our kernel where the CPU has AVX-512 F. Throws std::runtime_error naming the variable on
+// another value, or on "loom" without AVX-512.
+CpuGemm cpu_gemm_backend();
+// The same for reports: "loom-avx512", or "openblas-" + the kernel set OpenBLAS chose
+// ("openblas-Haswell").
+std::string cpu_gemm_name();
 
 // Makes OpenBLAS single-threaded, once per process. gemm() calls it; call it before using cblas
 // directly.
