@@ -1,12 +1,13 @@
 // The GEMM shapes of one gpt2-124m training step (B·T = 1024 rows, d = 768, vocab 50304), timed
 // single-threaded through one BLAS library chosen at compile time: OpenBLAS (USE_OPENBLAS), BLIS
-// (USE_BLIS), oneDNN (USE_DNNL) or our own experimental kernel (USE_LOOM, loom_sgemm.cc). Built
-// and run by bench/gemm/compare_libraries.sh, which
-// compiles it once per library found on the machine; not part of the CMake build (the extra
-// libraries are optional). Prints GFLOP/s per shape (best of 5) and the rate over the big shapes
-// weighted by their time, which is what bounds a training step's speed. With the argument
-// `split2`, every GEMM runs as two halves on two threads, split the way Loom's gemm() splits
-// (the longer side of C, in multiples of 16), to see how far two threads can scale the GEMMs.
+// (USE_BLIS), oneDNN (USE_DNNL), Loom's AVX-512 kernel (USE_LOOM512,
+// src/kernels/cpu/sgemm_avx512.cc) or the AVX2 experiment (USE_LOOM, loom_sgemm.cc). Built and run
+// by bench/gemm/compare_libraries.sh, which compiles it once per library found on the machine; not
+// part of the CMake build (the extra libraries are optional). Prints GFLOP/s per shape (best of 5)
+// and the rate over the big shapes weighted by their time, which is what bounds a training step's
+// speed. With the argument `split2`, every GEMM runs as two halves on two threads, split the way
+// Loom's gemm() splits (the longer side of C, in multiples of 16), to see how far two threads can
+// scale the GEMMs.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

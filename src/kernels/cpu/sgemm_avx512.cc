@@ -53,32 +53,73 @@ inline __mmask16 column_mask(int64_t nr, int64_t first) {
   return static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1);
 }
 
+// rows[0..12)[k0, k0+8) transposed into out[kk·kMR + r] = rows[r][k0 + kk]: eight k-rows of a
+// full A micro-panel. Rows 0–7 through an 8 × 8 transpose, rows 8–11 through two 4 × 4.
+__attribute__((target("avx512f"))) inline void transpose_12x8(const float* const* rows, int64_t k0,
+                                                              float* out) {
+  const __m256 r0 = _mm256_loadu_ps(rows[0] + k0), r1 = _mm256_loadu_ps(rows[1] + k0);
+  const __m256 r2 = _mm256_loadu_ps(rows[2] + k0), r3 = _mm256_loadu_ps(rows[3] + k0);
+  const __m256 r4 = _mm256_loadu_ps(rows[4] + k0), r5 = _mm256_loadu_ps(rows[5] + k0);
+  const __m256 r6 = _mm256_loadu_ps(rows[6] + k0), r7 = _mm256_loadu_ps(rows[7] + k0);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(out + 0 * kMR, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(out + 1 * kMR, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(out + 2 * kMR, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(out + 3 * kMR, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(out + 4 * kMR, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(out + 5 * kMR, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(out + 6 * kMR, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(out + 7 * kMR, _mm256_permute2f128_ps(u3, u7, 0x31));
+  for (int64_t half = 0; half < 8; half += 4) {
+    __m128 a = _mm_loadu_ps(rows[8] + k0 + half), b = _mm_loadu_ps(rows[9] + k0 + half);
+    __m128 c = _mm_loadu_ps(rows[10] + k0 + half), d = _mm_loadu_ps(rows[11] + k0 + half);
+    _MM_TRANSPOSE4_PS(a, b, c, d);
+    _mm_storeu_ps(out + (half + 0) * kMR + 8, a);
+    _mm_storeu_ps(out + (half + 1) * kMR + 8, b);
+    _mm_storeu_ps(out + (half + 2) * kMR + 8, c);
+    _mm_storeu_ps(out + (half + 3) * kMR + 8, d);
+  }
+}
+
 // op(A) rows [i0, i0+mc) × depth [p0, p0+kc) into kMR-row micro-panels, k-major inside each
 // (panel[k·kMR + r]); rows past mc are zero.
 __attribute__((target("avx512f"))) void pack_a(const float* A, int64_t lda, bool trans, int64_t i0,
                                                int64_t mc, int64_t p0, int64_t kc, float* out) {
+  if (trans) {
+    // op(A)(i, k) = A[k][i]: depth row k of the block is one contiguous run of A, read once
+    // from start to end and dealt out kMR floats to each panel. (Panel by panel instead, each
+    // panel would read kc rows lda apart, one TLB entry and a short stream each.)
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = A + (p0 + k) * lda + i0;
+      for (int64_t ir = 0; ir < mc; ir += kMR) {
+        const int64_t mr = std::min(kMR, mc - ir);
+        const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << mr) - 1), src + ir);
+        _mm512_mask_storeu_ps(out + ir * kc + k * kMR, static_cast<__mmask16>((1u << kMR) - 1), v);
+      }
+    }
+    return;
+  }
   for (int64_t ir = 0; ir < mc; ir += kMR) {
     const int64_t mr = std::min(kMR, mc - ir);
     float* panel = out + ir * kc;
-    if (!trans) {
-      // op(A)(i, k) = A[i][k]: kMR rows read along k side by side.
-      const float* rows[kMR];
-      for (int64_t r = 0; r < kMR; ++r) rows[r] = A + (i0 + ir + std::min(r, mr - 1)) * lda + p0;
-      if (mr == kMR) {
-        for (int64_t k = 0; k < kc; ++k)
-          for (int64_t r = 0; r < kMR; ++r) panel[k * kMR + r] = rows[r][k];
-      } else {
-        for (int64_t k = 0; k < kc; ++k)
-          for (int64_t r = 0; r < kMR; ++r) panel[k * kMR + r] = r < mr ? rows[r][k] : 0.0f;
-      }
+    // op(A)(i, k) = A[i][k]: kMR rows read along k side by side.
+    const float* rows[kMR];
+    for (int64_t r = 0; r < kMR; ++r) rows[r] = A + (i0 + ir + std::min(r, mr - 1)) * lda + p0;
+    if (mr == kMR) {
+      int64_t k = 0;
+      for (; k + 8 <= kc; k += 8) transpose_12x8(rows, k, panel + k * kMR);
+      for (; k < kc; ++k)
+        for (int64_t r = 0; r < kMR; ++r) panel[k * kMR + r] = rows[r][k];
     } else {
-      // op(A)(i, k) = A[k][i]: a k's kMR rows are contiguous in A; the masked load reads no
-      // further than row mr.
-      const __mmask16 rows_in = static_cast<__mmask16>((1u << mr) - 1);
-      for (int64_t k = 0; k < kc; ++k) {
-        const __m512 v = _mm512_maskz_loadu_ps(rows_in, A + (p0 + k) * lda + i0 + ir);
-        _mm512_mask_storeu_ps(panel + k * kMR, static_cast<__mmask16>((1u << kMR) - 1), v);
-      }
+      for (int64_t k = 0; k < kc; ++k)
+        for (int64_t r = 0; r < kMR; ++r) panel[k * kMR + r] = r < mr ? rows[r][k] : 0.0f;
     }
   }
 }
