@@ -43,11 +43,14 @@ struct Shape {
 };
 
 // Every transpose, strides padded past the row (the padding must come back untouched), and
-// shapes one short of and one past each block: rows 12 / 3072, columns 32 / 480, depth 384.
+// shapes one short of and one past each block: rows 12 / 3072, columns 32 / 480, depth 384; an
+// untransposed A both read in place and packed.
 TEST(SgemmAvx512, MatchesDoubleAcrossTilesAndBlocks) {
   SKIP_WITHOUT_AVX512();
-  const Shape shapes[] = {{1, 1, 1},     {11, 31, 7},   {12, 32, 384}, {13, 33, 385},
-                          {25, 481, 40}, {37, 95, 769}, {3073, 17, 9}, {5, 961, 3}};
+  // N up to 1024 reads an untransposed A in place; wider products pack it (the 1100 and 1057).
+  const Shape shapes[] = {{1, 1, 1},      {11, 31, 7},    {12, 32, 384}, {13, 33, 385},
+                          {25, 481, 40},  {37, 95, 769},  {3073, 17, 9}, {5, 961, 3},
+                          {13, 1100, 20}, {25, 1057, 390}};
   for (const Shape& s : shapes)
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb) {

@@ -22,10 +22,11 @@ namespace {
 constexpr int64_t kMR = 12;
 constexpr int64_t kNR = 32;
 // Cache blocking, BLIS-style with the roles as this tile needs them: one A micro-panel (kMR × kKC,
-// 18 KB) stays in L1 while the kernel walks the B micro-panels of a packed B block (kKC × kNC,
-// 720 KB, in L2); the packed A block (kMC × kKC, up to 4.5 MB) lives in L3. Sizes measured on a
-// Xeon with 48 KB L1 and 2 MB L2 a core (bench/README.md): kKC 192–768 and kNC 320–960 all land
-// within 3% of each other, kKC = 384 and kNC = 480 a little ahead.
+// 18 KB; or kMR rows of A read in place, see sgemm_avx512()) stays in L1 while the kernel walks the
+// B micro-panels of a packed B block (kKC × kNC, 720 KB, in L2); the packed A block (kMC × kKC, up
+// to 4.5 MB) lives in L3. Sizes measured on a Xeon with 48 KB L1 and 2 MB L2 a core
+// (bench/README.md): kKC 192–768 and kNC 320–960 all land within 3% of each other, kKC = 384 and
+// kNC = 480 a little ahead.
 constexpr int64_t kKC = 384;
 constexpr int64_t kNC = 480;   // 15 micro-panels
 constexpr int64_t kMC = 3072;  // 256 micro-panels
@@ -194,12 +195,18 @@ __attribute__((target("avx512f"))) inline void store_row(float* row, __m512 a, _
   _mm512_mask_storeu_ps(row + 16, hi, b);
 }
 
-// The kMR × kNR tile alpha·Ap·Bp over depth kc, added to beta·C (beta == 0: C is not read), of
-// which only the top-left mr × nr corner is stored. Ap: kc × kMR, Bp: kc × kNR, packed, 64-byte
-// aligned.
-__attribute__((target("avx512f"))) void micro_kernel(int64_t kc, const float* Ap, const float* Bp,
-                                                     float alpha, float beta, float* C, int64_t ldc,
-                                                     int64_t mr, int64_t nr) {
+// The kMR × kNR tile alpha·op(A)·Bp over depth kc, added to beta·C (beta == 0: C is not read),
+// of which only the top-left mr × nr corner is stored. Bp: kc × kNR, packed, 64-byte aligned.
+// op(A)'s rows come from a packed micro-panel (kc × kMR, lda unused) or, kDirectA, straight from
+// A as stored: row r at A + r·lda (rows from mr on read row mr - 1 again; their sums are dropped).
+template <bool kDirectA>
+__attribute__((target("avx512f"))) void micro_kernel(int64_t kc, const float* A, int64_t lda,
+                                                     const float* Bp, float alpha, float beta,
+                                                     float* C, int64_t ldc, int64_t mr,
+                                                     int64_t nr) {
+  const float* a_row[kMR];
+  if constexpr (kDirectA)
+    for (int64_t r = 0; r < kMR; ++r) a_row[r] = A + std::min(r, mr - 1) * lda;
   // C's rows are ldc apart and miss every cache level: start fetching them now, so the misses
   // overlap the k loop instead of stalling the update at the end.
   for (int64_t r = 0; r < mr; ++r) {
@@ -208,18 +215,18 @@ __attribute__((target("avx512f"))) void micro_kernel(int64_t kc, const float* Ap
   }
   // Written out rather than as an array in a loop, so no compiler keeps an accumulator in memory.
 #define LOOM_ROW_ZERO(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = _mm512_setzero_ps();
-#define LOOM_ROW_FMA(r)                        \
-  {                                            \
-    const __m512 a = _mm512_set1_ps(Ap[r]);    \
-    c##r##a = _mm512_fmadd_ps(a, b0, c##r##a); \
-    c##r##b = _mm512_fmadd_ps(a, b1, c##r##b); \
+#define LOOM_ROW_FMA(r)                                             \
+  {                                                                 \
+    const __m512 a = _mm512_set1_ps(kDirectA ? a_row[r][k] : A[r]); \
+    c##r##a = _mm512_fmadd_ps(a, b0, c##r##a);                      \
+    c##r##b = _mm512_fmadd_ps(a, b1, c##r##b);                      \
   }
 #define LOOM_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
   LOOM_ROWS(LOOM_ROW_ZERO)
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bp + 16);
     LOOM_ROWS(LOOM_ROW_FMA)
-    Ap += kMR;
+    if constexpr (!kDirectA) A += kMR;
     Bp += kNR;
   }
   const __mmask16 lo = column_mask(nr, 0), hi = column_mask(nr, 16);
@@ -253,21 +260,34 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   thread_local std::unique_ptr<float[], FreeDeleter> a_slot, b_slot;
   float* Ap = packing_buffer(a_slot, kMC * kKC);
   float* Bp = packing_buffer(b_slot, kKC * kNC);
+  // An untransposed A can be read in place: the kernel takes its rows as they are stored. That
+  // saves packing A, which costs most where each packed row is used least — narrow products
+  // (N = 768: 2–4% faster; one head's attention output: 30%); where N is wide, the packed
+  // panel's one contiguous stream serves many B panels and comes out ahead. Measured with
+  // bench/gemm/sgemm_ab.sh.
+  const bool direct_a = !trans_a && N <= 1024;
   for (int64_t i0 = 0; i0 < M; i0 += kMC) {
     const int64_t mc = std::min(kMC, M - i0);
     for (int64_t p0 = 0; p0 < K; p0 += kKC) {
       const int64_t kc = std::min(kKC, K - p0);
       // The first depth block applies the caller's beta; the later ones add to it.
       const float beta_here = p0 == 0 ? beta : 1.0f;
-      pack_a(A, lda, trans_a, i0, mc, p0, kc, Ap);
+      if (!direct_a) pack_a(A, lda, trans_a, i0, mc, p0, kc, Ap);
       for (int64_t j0 = 0; j0 < N; j0 += kNC) {
         const int64_t nc = std::min(kNC, N - j0);
         pack_b(B, ldb, trans_b, p0, kc, j0, nc, Bp);
         for (int64_t ir = 0; ir < mc; ir += kMR) {
           const int64_t mr = std::min(kMR, mc - ir);
-          for (int64_t jr = 0; jr < nc; jr += kNR)
-            micro_kernel(kc, Ap + ir * kc, Bp + jr * kc, alpha, beta_here,
-                         C + (i0 + ir) * ldc + j0 + jr, ldc, mr, std::min(kNR, nc - jr));
+          float* Ct = C + (i0 + ir) * ldc + j0;
+          for (int64_t jr = 0; jr < nc; jr += kNR) {
+            const int64_t nr = std::min(kNR, nc - jr);
+            if (direct_a)
+              micro_kernel<true>(kc, A + (i0 + ir) * lda + p0, lda, Bp + jr * kc, alpha, beta_here,
+                                 Ct + jr, ldc, mr, nr);
+            else
+              micro_kernel<false>(kc, Ap + ir * kc, 0, Bp + jr * kc, alpha, beta_here, Ct + jr, ldc,
+                                  mr, nr);
+          }
         }
       }
     }
