@@ -115,18 +115,32 @@ TEST(SgemmAvx512, ABlockOfCIsBitwiseTheSameAsInTheWholeProduct) {
 TEST(SgemmAvx512, GemmGivesTheSameBitsOnAnyPoolSize) {
   SKIP_WITHOUT_AVX512();
   if (cpu_gemm_backend() != CpuGemm::kLoomAvx512) GTEST_SKIP() << "LOOM_CPU_GEMM chose OpenBLAS";
-  const int64_t M = 300, N = 200, K = 100;  // big enough for gemm() to split
-  const auto A = convert<float>(random_vector(M * K, 9));
-  const auto B = convert<float>(random_vector(K * N, 10));
-  std::vector<std::vector<float>> results;
-  for (int threads : {1, 2, 3}) {
-    ThreadPool pool(threads);
-    std::vector<float> C(M * N);
-    gemm<float>(pool, false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
-    results.push_back(C);
-  }
-  EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), M * N * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(results[0].data(), results[2].data(), M * N * sizeof(float)), 0);
+  // Tall products split C's rows, wide ones its columns; the second has three depth blocks and
+  // two column blocks.
+  const Shape shapes[] = {{300, 200, 100}, {600, 500, 800}, {40, 700, 50}};
+  for (const Shape& s : shapes)
+    for (int tb = 0; tb < 2; ++tb) {
+      const auto A = convert<float>(random_vector(s.M * s.K, 9));
+      const auto B = convert<float>(random_vector(s.K * s.N, 10));
+      const auto C0 = convert<float>(random_vector(s.M * s.N, 11));
+      const int64_t ldb = tb ? s.K : s.N;
+      std::vector<std::vector<float>> results;
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        auto C = C0;
+        gemm<float>(pool, false, tb, s.M, s.N, s.K, 0.5f, A.data(), s.K, B.data(), ldb, 2.0f,
+                    C.data(), s.N);
+        results.push_back(C);
+      }
+      const std::string what = "M=" + std::to_string(s.M) + " tb=" + std::to_string(tb);
+      EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), s.M * s.N * sizeof(float)), 0)
+          << what << ", 2 threads";
+      EXPECT_EQ(std::memcmp(results[0].data(), results[2].data(), s.M * s.N * sizeof(float)), 0)
+          << what << ", 3 threads";
+      ktest::expect_close(what, results[2],
+                          reference(false, tb, s.M, s.N, s.K, 0.5, A, s.K, B, ldb, 2.0, C0, s.N),
+                          1e-4);
+    }
 }
 
 // LOOM_CPU_GEMM picks the library; a value it does not know is an error that names it.
