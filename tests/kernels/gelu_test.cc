@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "kernel_test_util.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
 namespace {
@@ -69,6 +72,29 @@ TEST(Gelu, BitwiseSameForAnyPoolSize) {
     return out;
   });
   EXPECT_TRUE(ktest::bitwise_equal(runs[0], runs[1]));
+}
+
+// Where the CPU has AVX-512, float GELU runs 16 lanes at a time; those lanes must give exactly
+// the bits of the 8-lane code (and so of any other split), tails included.
+TEST(Gelu, SixteenLanesGiveTheBitsOfEight) {
+#ifndef __AVX2__
+  GTEST_SKIP() << "no vectorised GELU in this build";
+#else
+  if (!vmath::has_avx512f()) GTEST_SKIP() << "this CPU has no AVX-512 F";
+  const int64_t n = 4096 + 13;  // a tail shorter than either width
+  auto x = ktest::convert<float>(ktest::random_vector(n, 21, -12.0, 12.0));
+  for (int64_t i = 0; i < 64; ++i) x[i] *= 1e-3f;  // the small-|u| branch of tanh
+  const auto dout = ktest::convert<float>(ktest::random_vector(n, 22));
+  std::vector<float> y8(n), y16(n), d8(n), d16(n);
+  detail::gelu_forward_chunk(y8.data(), x.data(), n, false);
+  detail::gelu_forward_chunk(y16.data(), x.data(), n, true);
+  detail::gelu_backward_chunk(d8.data(), x.data(), dout.data(), n, false);
+  detail::gelu_backward_chunk(d16.data(), x.data(), dout.data(), n, true);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(std::memcmp(&y8[i], &y16[i], sizeof(float)), 0) << "forward, x[" << i << "]";
+    ASSERT_EQ(std::memcmp(&d8[i], &d16[i], sizeof(float)), 0) << "backward, x[" << i << "]";
+  }
+#endif
 }
 
 }  // namespace
