@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -166,6 +167,48 @@ TEST(VecMath, ElementBitsDoNotDependOnPosition) {
     }
   }
 }
+
+#ifdef __AVX2__
+// On AVX-512 CPUs exp_shifted and exp_sum run 16 lanes at a time; they must give exactly what
+// their 8-lane loops give: every element's bits, and the sum's, lane order included.
+TEST(VecMath, SixteenLaneExpGivesTheBitsOfEight) {
+  if (!vmath::has_avx512f()) GTEST_SKIP() << "this CPU has no AVX-512 F";
+  for (int64_t n : {5, 16, 24, 37, 50304}) {
+    std::vector<float> x(n);
+    // e^(x - max) over 35 orders of magnitude, so that the double sum rounds: a different
+    // order of additions would show.
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(std::sin(0.37 * i) * 40);
+    const float shift = vmath::max_value(x.data(), n);
+    // The 8-lane loops, as vec_math.h ran them before it had 16.
+    std::vector<float> want(n), want_scaled(n);
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    for (int64_t i = 0; i < n; i += 8) {
+      const int64_t m = std::min<int64_t>(8, n - i);
+      const __m256 e = vmath::exp8(_mm256_sub_ps(
+          vmath::load_partial(x.data() + i, m, -std::numeric_limits<float>::infinity()),
+          _mm256_set1_ps(shift)));
+      vmath::store_partial(want.data() + i, e, m);
+      const __m256 scaled =
+          _mm256_mul_ps(vmath::exp8(_mm256_sub_ps(vmath::load_partial(x.data() + i, m, 0),
+                                                  _mm256_set1_ps(shift))),
+                        _mm256_set1_ps(0.25f));
+      vmath::store_partial(want_scaled.data() + i, scaled, m);
+      lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+      hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    const double want_sum = vmath::hsum(lo, hi);
+    std::vector<float> got(n), got_scaled(n);
+    const double got_sum = vmath::exp_sum(got.data(), x.data(), shift, n);
+    vmath::exp_shifted(got_scaled.data(), x.data(), shift, 0.25f, n);
+    EXPECT_EQ(std::memcmp(&got_sum, &want_sum, sizeof(double)), 0) << "sum, n = " << n;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << "n = " << n << ", i = " << i;
+      ASSERT_EQ(std::memcmp(&got_scaled[i], &want_scaled[i], sizeof(float)), 0)
+          << "n = " << n << ", i = " << i;
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace loom::cpu
