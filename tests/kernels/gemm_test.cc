@@ -8,21 +8,8 @@ namespace loom::cpu {
 namespace {
 
 using ktest::convert;
+using ktest::naive_gemm;
 using ktest::random_vector;
-
-// C = alpha·op(A)·op(B) + beta·C, one dot product per element, in double.
-template <typename Real>
-void naive_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const Real* A,
-                int64_t lda, const Real* B, int64_t ldb, double beta, Real* C, int64_t ldc) {
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) {
-      double acc = 0;
-      for (int64_t k = 0; k < K; ++k)
-        acc += double(ta ? A[k * lda + i] : A[i * lda + k]) *
-               double(tb ? B[j * ldb + k] : B[k * ldb + j]);
-      C[i * ldc + j] = static_cast<Real>(alpha * acc + beta * double(C[i * ldc + j]));
-    }
-}
 
 struct GemmCase {
   int64_t M, N, K;

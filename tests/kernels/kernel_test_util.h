@@ -67,6 +67,22 @@ inline void expect_gradient(const std::string& what, std::vector<double>& x,
 
 // |actual - expected| <= tol · max(1, max|expected|) elementwise, i.e. relative to the scale of
 // the tensor, which is what float rounding errors follow.
+// C = alpha·op(A)·op(B) + beta·C, one dot product per element in double; op(X) = Xᵀ when t_x.
+// beta == 0 ignores C's old contents (NaN included), as BLAS does.
+template <typename Real, typename CReal>
+void naive_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const Real* A,
+                int64_t lda, const Real* B, int64_t ldb, double beta, CReal* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double(ta ? A[k * lda + i] : A[i * lda + k]) *
+               double(tb ? B[j * ldb + k] : B[k * ldb + j]);
+      const double old = beta == 0 ? 0.0 : beta * double(C[i * ldc + j]);
+      C[i * ldc + j] = static_cast<CReal>(alpha * acc + old);
+    }
+}
+
 template <typename A, typename E>
 void expect_close(const std::string& what, const std::vector<A>& actual,
                   const std::vector<E>& expected, double tol) {

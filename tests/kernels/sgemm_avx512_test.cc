@@ -22,19 +22,12 @@ using ktest::random_vector;
 #define SKIP_WITHOUT_AVX512() \
   if (!sgemm_avx512_available()) GTEST_SKIP() << "this CPU has no AVX-512 F"
 
-// C = alpha·op(A)·op(B) + beta·C in double, one dot product per element.
+// C = alpha·op(A)·op(B) + beta·C in double (ktest::naive_gemm), as a new vector.
 std::vector<double> reference(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
                               const std::vector<float>& A, int64_t lda, const std::vector<float>& B,
                               int64_t ldb, double beta, const std::vector<float>& C, int64_t ldc) {
   std::vector<double> out = convert<double>(C);
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) {
-      double acc = 0;
-      for (int64_t k = 0; k < K; ++k)
-        acc += double(ta ? A[k * lda + i] : A[i * lda + k]) *
-               double(tb ? B[j * ldb + k] : B[k * ldb + j]);
-      out[i * ldc + j] = alpha * acc + (beta == 0 ? 0.0 : beta * double(C[i * ldc + j]));
-    }
+  ktest::naive_gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, out.data(), ldc);
   return out;
 }
 

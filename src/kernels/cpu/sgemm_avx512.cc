@@ -54,10 +54,10 @@ inline __mmask16 column_mask(int64_t nr, int64_t first) {
   return static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1);
 }
 
-// rows[0..12)[k0, k0+8) transposed into out[kk·kMR + r] = rows[r][k0 + kk]: eight k-rows of a
-// full A micro-panel. Rows 0–7 through an 8 × 8 transpose, rows 8–11 through two 4 × 4.
-__attribute__((target("avx512f"))) inline void transpose_12x8(const float* const* rows, int64_t k0,
-                                                              float* out) {
+// rows[0..8)[k0, k0+8) transposed into out[kk·stride + r] = rows[r][k0 + kk]: eight k-rows of
+// eight rows of a micro-panel (stride = the panel's width).
+__attribute__((target("avx512f"))) inline void transpose_8x8(const float* const* rows, int64_t k0,
+                                                             float* out, int64_t stride) {
   const __m256 r0 = _mm256_loadu_ps(rows[0] + k0), r1 = _mm256_loadu_ps(rows[1] + k0);
   const __m256 r2 = _mm256_loadu_ps(rows[2] + k0), r3 = _mm256_loadu_ps(rows[3] + k0);
   const __m256 r4 = _mm256_loadu_ps(rows[4] + k0), r5 = _mm256_loadu_ps(rows[5] + k0);
@@ -70,14 +70,21 @@ __attribute__((target("avx512f"))) inline void transpose_12x8(const float* const
   const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
   const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
   const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  _mm256_storeu_ps(out + 0 * kMR, _mm256_permute2f128_ps(u0, u4, 0x20));
-  _mm256_storeu_ps(out + 1 * kMR, _mm256_permute2f128_ps(u1, u5, 0x20));
-  _mm256_storeu_ps(out + 2 * kMR, _mm256_permute2f128_ps(u2, u6, 0x20));
-  _mm256_storeu_ps(out + 3 * kMR, _mm256_permute2f128_ps(u3, u7, 0x20));
-  _mm256_storeu_ps(out + 4 * kMR, _mm256_permute2f128_ps(u0, u4, 0x31));
-  _mm256_storeu_ps(out + 5 * kMR, _mm256_permute2f128_ps(u1, u5, 0x31));
-  _mm256_storeu_ps(out + 6 * kMR, _mm256_permute2f128_ps(u2, u6, 0x31));
-  _mm256_storeu_ps(out + 7 * kMR, _mm256_permute2f128_ps(u3, u7, 0x31));
+  _mm256_storeu_ps(out + 0 * stride, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(out + 1 * stride, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(out + 2 * stride, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(out + 3 * stride, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(out + 4 * stride, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(out + 5 * stride, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(out + 6 * stride, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(out + 7 * stride, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+// rows[0..12)[k0, k0+8) transposed into out[kk·kMR + r] = rows[r][k0 + kk]: eight k-rows of a
+// full A micro-panel. Rows 0–7 through an 8 × 8 transpose, rows 8–11 through two 4 × 4.
+__attribute__((target("avx512f"))) inline void transpose_12x8(const float* const* rows, int64_t k0,
+                                                              float* out) {
+  transpose_8x8(rows, k0, out, kMR);
   for (int64_t half = 0; half < 8; half += 4) {
     __m128 a = _mm_loadu_ps(rows[8] + k0 + half), b = _mm_loadu_ps(rows[9] + k0 + half);
     __m128 c = _mm_loadu_ps(rows[10] + k0 + half), d = _mm_loadu_ps(rows[11] + k0 + half);
@@ -125,32 +132,6 @@ __attribute__((target("avx512f"))) void pack_a(const float* A, int64_t lda, bool
   }
 }
 
-// rows[0..8)[k0, k0+8) transposed into out[kk·kNR + c] = rows[c][k0 + kk]: eight k-rows of 8 of a
-// micro-panel's columns.
-__attribute__((target("avx512f"))) inline void transpose8_store(const float* const* rows,
-                                                                int64_t k0, float* out) {
-  const __m256 r0 = _mm256_loadu_ps(rows[0] + k0), r1 = _mm256_loadu_ps(rows[1] + k0);
-  const __m256 r2 = _mm256_loadu_ps(rows[2] + k0), r3 = _mm256_loadu_ps(rows[3] + k0);
-  const __m256 r4 = _mm256_loadu_ps(rows[4] + k0), r5 = _mm256_loadu_ps(rows[5] + k0);
-  const __m256 r6 = _mm256_loadu_ps(rows[6] + k0), r7 = _mm256_loadu_ps(rows[7] + k0);
-  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  _mm256_store_ps(out + 0 * kNR, _mm256_permute2f128_ps(u0, u4, 0x20));
-  _mm256_store_ps(out + 1 * kNR, _mm256_permute2f128_ps(u1, u5, 0x20));
-  _mm256_store_ps(out + 2 * kNR, _mm256_permute2f128_ps(u2, u6, 0x20));
-  _mm256_store_ps(out + 3 * kNR, _mm256_permute2f128_ps(u3, u7, 0x20));
-  _mm256_store_ps(out + 4 * kNR, _mm256_permute2f128_ps(u0, u4, 0x31));
-  _mm256_store_ps(out + 5 * kNR, _mm256_permute2f128_ps(u1, u5, 0x31));
-  _mm256_store_ps(out + 6 * kNR, _mm256_permute2f128_ps(u2, u6, 0x31));
-  _mm256_store_ps(out + 7 * kNR, _mm256_permute2f128_ps(u3, u7, 0x31));
-}
-
 // op(B) depth [p0, p0+kc) × columns [j0, j0+nc) into kNR-column micro-panels, k-major inside
 // each (panel[k·kNR + c]); columns past nc are zero.
 __attribute__((target("avx512f"))) void pack_b(const float* B, int64_t ldb, bool trans, int64_t p0,
@@ -174,7 +155,7 @@ __attribute__((target("avx512f"))) void pack_b(const float* B, int64_t ldb, bool
       if (nr == kNR)
         for (; k + 8 <= kc; k += 8)
           for (int64_t g = 0; g < kNR / 8; ++g)
-            transpose8_store(cols + 8 * g, k, panel + k * kNR + 8 * g);
+            transpose_8x8(cols + 8 * g, k, panel + k * kNR + 8 * g, kNR);
       for (; k < kc; ++k)
         for (int64_t c = 0; c < kNR; ++c) panel[k * kNR + c] = c < nr ? cols[c][k] : 0.0f;
     }
