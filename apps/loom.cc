@@ -359,6 +359,9 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    // LOOM_CPU_GEMM is read by the first float GEMM, which may run on a pool worker: check it
+    // here, where a bad value can still become a clear error and exit code.
+    cpu::cpu_gemm_backend();
     if (train_cmd->parsed()) return cmd_train(train);
     if (check_cmd->parsed()) return cmd_check(check);
     if (prepare_cmd->parsed()) {

@@ -81,6 +81,14 @@ TEST_F(Cli, HeadsNotDividingDModel) {
                "model.n_heads = 3 does not divide model.d_model = 16");
 }
 
+// A bad LOOM_CPU_GEMM is a clear error before any work, not an abort in a pool thread.
+TEST_F(Cli, UnknownCpuGemmInTheEnvironment) {
+  setenv("LOOM_CPU_GEMM", "mkl", 1);
+  const Result r = run("train " + write_config(""));
+  unsetenv("LOOM_CPU_GEMM");
+  expect_error(r, "LOOM_CPU_GEMM='mkl'");
+}
+
 TEST_F(Cli, MissingConfigFile) { expect_error(run("train " + path("nope.toml")), "nope.toml"); }
 
 TEST_F(Cli, ScheduleTimeline) {

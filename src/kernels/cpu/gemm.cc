@@ -6,11 +6,11 @@
 #include <climits>
 #include <cstdlib>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "base/check.h"
+#include "base/error.h"
 #include "kernels/cpu/sgemm_avx512.h"
 
 namespace loom::cpu {
@@ -64,14 +64,13 @@ CpuGemm cpu_gemm_backend() {
   if (choice == "openblas") return CpuGemm::kOpenBlas;
   if (choice == "loom") {
     if (!sgemm_avx512_available())
-      throw std::runtime_error(
+      fail(
           "LOOM_CPU_GEMM=loom: Loom's own GEMM kernel needs AVX-512 F, which this CPU lacks; "
           "unset LOOM_CPU_GEMM or set it to openblas");
     return CpuGemm::kLoomAvx512;
   }
   if (!choice.empty())
-    throw std::runtime_error("LOOM_CPU_GEMM='" + choice +
-                             "': expected 'loom' (our AVX-512 kernel) or 'openblas'");
+    fail("LOOM_CPU_GEMM='", choice, "': expected 'loom' (our AVX-512 kernel) or 'openblas'");
   return sgemm_avx512_available() ? CpuGemm::kLoomAvx512 : CpuGemm::kOpenBlas;
 }
 

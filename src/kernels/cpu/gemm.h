@@ -24,8 +24,8 @@ namespace loom::cpu {
 enum class CpuGemm { kOpenBlas, kLoomAvx512 };
 
 // Which library runs float GEMMs in this process: LOOM_CPU_GEMM if set ("loom" | "openblas"),
-// else our kernel where the CPU has AVX-512 F. Throws std::runtime_error naming the variable on
-// another value, or on "loom" without AVX-512.
+// else our kernel where the CPU has AVX-512 F. Throws loom::Error naming the variable on another
+// value, or on "loom" without AVX-512.
 CpuGemm cpu_gemm_backend();
 // The same for reports: "loom-avx512", or "openblas-" + the kernel set OpenBLAS chose
 // ("openblas-Haswell").
