@@ -80,7 +80,7 @@ TEST(Gelu, SixteenLanesGiveTheBitsOfEight) {
 #ifndef __AVX2__
   GTEST_SKIP() << "no vectorised GELU in this build";
 #else
-  if (!vmath::has_avx512f()) GTEST_SKIP() << "this CPU has no AVX-512 F";
+  if (!has_avx512f()) GTEST_SKIP() << "this CPU has no AVX-512 F";
   const int64_t n = 4096 + 13;  // a tail shorter than either width
   auto x = ktest::convert<float>(ktest::random_vector(n, 21, -12.0, 12.0));
   for (int64_t i = 0; i < 64; ++i) x[i] *= 1e-3f;  // the small-|u| branch of tanh

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernel_test_util.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
 
 namespace loom::cpu {
@@ -20,7 +21,7 @@ using ktest::convert;
 using ktest::random_vector;
 
 #define SKIP_WITHOUT_AVX512() \
-  if (!sgemm_avx512_available()) GTEST_SKIP() << "this CPU has no AVX-512 F"
+  if (!has_avx512f()) GTEST_SKIP() << "this CPU has no AVX-512 F"
 
 // C = alpha·op(A)·op(B) + beta·C in double (ktest::naive_gemm), as a new vector.
 std::vector<double> reference(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
@@ -150,13 +151,12 @@ TEST(CpuGemmChoice, EnvironmentPicksTheLibraryAndRefusesUnknownValues) {
     EXPECT_NE(std::string(e.what()).find("LOOM_CPU_GEMM='mkl'"), std::string::npos) << e.what();
   }
   setenv("LOOM_CPU_GEMM", "loom", 1);
-  if (sgemm_avx512_available())
+  if (has_avx512f())
     EXPECT_EQ(cpu_gemm_backend(), CpuGemm::kLoomAvx512);
   else
     EXPECT_THROW(cpu_gemm_backend(), std::runtime_error);
   unsetenv("LOOM_CPU_GEMM");
-  EXPECT_EQ(cpu_gemm_backend(),
-            sgemm_avx512_available() ? CpuGemm::kLoomAvx512 : CpuGemm::kOpenBlas);
+  EXPECT_EQ(cpu_gemm_backend(), has_avx512f() ? CpuGemm::kLoomAvx512 : CpuGemm::kOpenBlas);
   if (old) setenv("LOOM_CPU_GEMM", saved.c_str(), 1);
 }
 

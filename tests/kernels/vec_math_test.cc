@@ -172,7 +172,7 @@ TEST(VecMath, ElementBitsDoNotDependOnPosition) {
 // On AVX-512 CPUs exp_shifted and exp_sum run 16 lanes at a time; they must give exactly what
 // their 8-lane loops give: every element's bits, and the sum's, lane order included.
 TEST(VecMath, SixteenLaneExpGivesTheBitsOfEight) {
-  if (!vmath::has_avx512f()) GTEST_SKIP() << "this CPU has no AVX-512 F";
+  if (!has_avx512f()) GTEST_SKIP() << "this CPU has no AVX-512 F";
   for (int64_t n : {5, 16, 24, 37, 50304}) {
     std::vector<float> x(n);
     // e^(x - max) over 35 orders of magnitude, so that the double sum rounds: a different

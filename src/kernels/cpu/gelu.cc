@@ -131,7 +131,7 @@ namespace detail {
 
 void gelu_forward_chunk(float* out, const float* inp, int64_t n, bool sixteen_lanes) {
 #ifdef __AVX2__
-  if (sixteen_lanes && vmath::has_avx512f())
+  if (sixteen_lanes && has_avx512f())
     gelu_forward16_chunk(out, inp, n);
   else
     gelu_forward8_chunk(out, inp, n);
@@ -144,7 +144,7 @@ void gelu_forward_chunk(float* out, const float* inp, int64_t n, bool sixteen_la
 void gelu_backward_chunk(float* dinp, const float* inp, const float* dout, int64_t n,
                          bool sixteen_lanes) {
 #ifdef __AVX2__
-  if (sixteen_lanes && vmath::has_avx512f())
+  if (sixteen_lanes && has_avx512f())
     gelu_backward16_chunk(dinp, inp, dout, n);
   else
     gelu_backward8_chunk(dinp, inp, dout, n);
@@ -158,14 +158,12 @@ void gelu_backward_chunk(float* dinp, const float* inp, const float* dout, int64
 
 template <typename Real>
 void gelu_forward(ThreadPool& pool, Real* out, const Real* inp, int64_t n) {
-#ifdef __AVX2__
   if constexpr (std::is_same_v<Real, float>) {
     pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
       detail::gelu_forward_chunk(out + i0, inp + i0, i1 - i0, true);
     });
     return;
   }
-#endif
   pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) out[i] = gelu_scalar(inp[i]);
   });
@@ -173,14 +171,12 @@ void gelu_forward(ThreadPool& pool, Real* out, const Real* inp, int64_t n) {
 
 template <typename Real>
 void gelu_backward(ThreadPool& pool, Real* dinp, const Real* inp, const Real* dout, int64_t n) {
-#ifdef __AVX2__
   if constexpr (std::is_same_v<Real, float>) {
     pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
       detail::gelu_backward_chunk(dinp + i0, inp + i0, dout + i0, i1 - i0, true);
     });
     return;
   }
-#endif
   pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) dinp[i] = gelu_grad_scalar(inp[i], dout[i]);
   });

@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "base/check.h"
 #include "base/error.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/sgemm_avx512.h"
 
 namespace loom::cpu {
@@ -38,22 +40,10 @@ void blas(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, 
               C, ldc);
 }
 
-// Whether this float GEMM goes through our AVX-512 kernel instead of OpenBLAS.
-bool own_kernel(float) {
-  static const bool use = [] { return cpu_gemm_backend() == CpuGemm::kLoomAvx512; }();
-  return use;
-}
-bool own_kernel(double) {
-  return false;
-}
-
-void own_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  sgemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-void own_gemm(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
-              int64_t, double, double*, int64_t) {
-  LOOM_CHECK(false);  // own_kernel(double) is false
+// Whether float GEMMs go through our AVX-512 kernel instead of OpenBLAS (decided once).
+bool floats_on_our_kernel() {
+  static const bool ours = cpu_gemm_backend() == CpuGemm::kLoomAvx512;
+  return ours;
 }
 
 }  // namespace
@@ -63,7 +53,7 @@ CpuGemm cpu_gemm_backend() {
   const std::string choice = env == nullptr ? "" : env;
   if (choice == "openblas") return CpuGemm::kOpenBlas;
   if (choice == "loom") {
-    if (!sgemm_avx512_available())
+    if (!has_avx512f())
       fail(
           "LOOM_CPU_GEMM=loom: Loom's own GEMM kernel needs AVX-512 F, which this CPU lacks; "
           "unset LOOM_CPU_GEMM or set it to openblas");
@@ -71,7 +61,7 @@ CpuGemm cpu_gemm_backend() {
   }
   if (!choice.empty())
     fail("LOOM_CPU_GEMM='", choice, "': expected 'loom' (our AVX-512 kernel) or 'openblas'");
-  return sgemm_avx512_available() ? CpuGemm::kLoomAvx512 : CpuGemm::kOpenBlas;
+  return has_avx512f() ? CpuGemm::kLoomAvx512 : CpuGemm::kOpenBlas;
 }
 
 std::string cpu_gemm_name() {
@@ -99,9 +89,11 @@ void gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Re
   }
   // Row-major strides must cover a stored row (BLAS would only print a complaint and return).
   LOOM_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
-  if (own_kernel(Real{})) {
-    own_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
+  if constexpr (std::is_same_v<Real, float>) {
+    if (floats_on_our_kernel()) {
+      sgemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
   }
   // The LP64 OpenBLAS interface takes int.
   LOOM_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&

@@ -7,6 +7,8 @@
 #include <memory>
 #include <stdexcept>
 
+#include "kernels/cpu/cpu_features.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -224,18 +226,10 @@ __attribute__((target("avx512f"))) void micro_kernel(int64_t kc, const float* A,
 
 }  // namespace
 
-bool sgemm_avx512_available() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return ok;
-}
-
 void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                   int64_t ldc) {
-  if (!sgemm_avx512_available()) throw std::runtime_error("sgemm_avx512: this CPU lacks AVX-512 F");
+  if (!has_avx512f()) throw std::runtime_error("sgemm_avx512: this CPU lacks AVX-512 F");
   if (M <= 0 || N <= 0 || K <= 0)
     throw std::runtime_error("sgemm_avx512: M, N and K must be positive (the caller handles 0)");
   thread_local std::unique_ptr<float[], FreeDeleter> a_slot, b_slot;
@@ -276,10 +270,6 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 }
 
 #else  // not x86-64
-
-bool sgemm_avx512_available() {
-  return false;
-}
 
 void sgemm_avx512(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                   int64_t, float, float*, int64_t) {

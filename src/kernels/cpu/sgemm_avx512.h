@@ -18,12 +18,9 @@
 
 namespace loom::cpu {
 
-// Whether this CPU runs the kernel (AVX-512 F). Cached after the first call.
-bool sgemm_avx512_available();
-
 // C(M×N) = alpha·op(A)·op(B) + beta·C, row-major, as cblas_sgemm(CblasRowMajor, …); op(X) = Xᵀ
 // when trans_x. Runs on the calling thread; packing buffers are per thread, allocated once.
-// Throws std::runtime_error on a CPU without AVX-512 F.
+// Throws std::runtime_error on a CPU without AVX-512 F (cpu_features.h: has_avx512f()).
 void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                   int64_t ldc);

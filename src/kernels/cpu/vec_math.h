@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "kernels/cpu/cpu_features.h"
+
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -87,7 +89,7 @@ inline __m256 tanh8(__m256 x) {
 }
 
 // The same two functions 16 floats at a time, for CPUs with AVX-512 F (callers check, e.g. with
-// has_avx512f()): operation for operation what exp8 / tanh8 do, so every lane's bits are
+// cpu_features.h): operation for operation what exp8 / tanh8 do, so every lane's bits are
 // identical whichever width computed it.
 // (The zero-masked forms with every lane live are the plain instructions; GCC 12 warns about an
 // undefined source inside the unmasked intrinsics, a known false positive.)
@@ -138,15 +140,6 @@ __attribute__((target("avx512f"))) inline __m512 tanh16(__m512 x) {
   const __m512 chosen = _mm512_mask_blend_ps(is_small, big, small);
   return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(chosen),
                                              _mm512_and_si512(sign_mask, _mm512_castps_si512(x))));
-}
-
-// Whether this CPU has AVX-512 F (asked once).
-inline bool has_avx512f() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return yes;
 }
 
 // Loads the n < 8 floats at x into a vector padded with `pad`; stores the first n lanes back.
