@@ -62,6 +62,13 @@ int cmd_train(const TrainArgs& a) {
                static_cast<long>(config.train.micro_batch_size),
                static_cast<long>(config.model.seq_len));
   TrainSummary s = run_training(config, options);
+  if (s.last_step == s.start_step) {  // resumed where train.steps ends: nothing was trained
+    std::fprintf(stderr,
+                 "done: nothing to train, the run is at step %ld of train.steps = %ld%s%s\n",
+                 static_cast<long>(s.last_step), static_cast<long>(config.train.steps),
+                 s.last_checkpoint.empty() ? "" : "; checkpoint ", s.last_checkpoint.c_str());
+    return 0;
+  }
   std::fprintf(stderr, "done: step %ld, loss %.4f (first %.4f)%s, %.0f tok/s, peak tensor memory %.1f MiB\n",
                static_cast<long>(s.last_step), s.last_loss, s.first_loss,
                s.last_val_loss >= 0 ? (", val loss " + std::to_string(s.last_val_loss)).c_str() : "",
@@ -96,6 +103,47 @@ int cmd_check(CheckArgs& a) {
     if (!out) fail("cannot write ", a.json_path);
   }
   return r.all_ok() ? 0 : 1;
+}
+
+// `loom checkpoint verify`: each path is a checkpoint (step_N), a directory of them, or a run
+// directory (its checkpoints/). Every checkpoint is checked; exit 1 when any is not as written.
+int cmd_verify(const std::vector<std::string>& paths) {
+  int bad = 0, checked = 0, not_found = 0;
+  for (const std::string& path : paths) {
+    std::vector<std::string> dirs;
+    const std::filesystem::path p(path);
+    if (std::filesystem::exists(p / "state.json")) {
+      dirs = {path};
+    } else {
+      dirs = list_checkpoints(path);
+      if (dirs.empty()) dirs = list_checkpoints((p / "checkpoints").string());
+      if (dirs.empty()) {
+        std::fprintf(stderr,
+                     "loom: error: %s: no checkpoint there (expected step_N/state.json, "
+                     "step_N directories or RUN_DIR/checkpoints)\n",
+                     path.c_str());
+        ++not_found;
+        continue;
+      }
+    }
+    for (const std::string& dir : dirs) {
+      ++checked;
+      try {
+        const std::vector<FileDigest> files = verify_checkpoint(dir);
+        int64_t bytes = 0;
+        for (const FileDigest& f : files) bytes += f.bytes;
+        std::printf("ok   %s (%zu files, %.1f MiB)\n", dir.c_str(), files.size(),
+                    static_cast<double>(bytes) / (1 << 20));
+      } catch (const loom::Error& e) {
+        std::printf("BAD  %s\n", dir.c_str());
+        std::fprintf(stderr, "loom: error: %s\n", e.what());
+        ++bad;
+      }
+    }
+  }
+  if (bad > 0)
+    std::fprintf(stderr, "loom: %d of %d checkpoint(s) failed verification\n", bad, checked);
+  return bad > 0 || not_found > 0 ? 1 : 0;
 }
 
 int cmd_sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& opt,
@@ -283,6 +331,16 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--seed", sample_seed)->capture_default_str();
   sample_cmd->add_option("--threads", sample_threads, "0 = all cores");
 
+  std::vector<std::string> verify_paths;
+  auto* checkpoint_cmd = app.add_subcommand("checkpoint", "checkpoint tools");
+  checkpoint_cmd->require_subcommand(1);
+  auto* verify_cmd = checkpoint_cmd->add_subcommand(
+      "verify", "check checkpoints' files against the digests recorded when they were written");
+  verify_cmd
+      ->add_option("paths", verify_paths,
+                   "checkpoint dirs (step_N), directories of them, or run dirs")
+      ->required();
+
   std::string shape = "bench-s";
   BenchOptions bench;
   bool json = false;
@@ -376,6 +434,7 @@ int main(int argc, char** argv) {
                    static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens));
       return 0;
     }
+    if (verify_cmd->parsed()) return cmd_verify(verify_paths);
     if (sample_cmd->parsed()) return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
     if (bench_train->parsed()) return cmd_bench(shape, bench, json);
     if (bench_fma->parsed()) {

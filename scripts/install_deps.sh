@@ -5,7 +5,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 PKGS=(cmake ninja-build g++ pkg-config libgtest-dev libopenblas-dev libtomlplusplus-dev
-      nlohmann-json3-dev libcli11-dev libspdlog-dev libopenmpi-dev openmpi-bin)
+      nlohmann-json3-dev libcli11-dev libxxhash-dev libspdlog-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

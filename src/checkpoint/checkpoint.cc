@@ -1,8 +1,16 @@
 #include "checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/error.h"
 #include "checkpoint/safetensors.h"
@@ -14,11 +22,133 @@ using nlohmann::json;
 namespace {
 constexpr int kFormatVersion = 1;
 
+// Writes `text` and flushes it to the disk, like the tensor files, before the directory holding
+// them is renamed into place.
 void write_text_file(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.flush();
-  if (!out) fail("cannot write ", path.string());
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot write ", path.string(), ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      fail("cannot write ", path.string(), ": ", std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const int err = errno;
+  if (::close(fd) != 0 || !synced)
+    fail("cannot write ", path.string(), ": ", std::strerror(synced ? errno : err));
+}
+
+// Makes a rename inside `dir` durable (best effort: some file systems refuse to sync a
+// directory, and the rename itself is atomic either way).
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+json digest_json(const FileDigest& d) {
+  return {{"bytes", d.bytes}, {"xxh3_64", xxh3_hex(d.xxh3)}};
+}
+
+// The complete checkpoints (step_N holding a state.json) under `checkpoints_dir`, by step.
+std::map<int64_t, std::string> complete_checkpoints(const fs::path& checkpoints_dir) {
+  std::map<int64_t, std::string> found;
+  std::error_code ec;
+  if (!fs::is_directory(checkpoints_dir, ec)) return found;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
+    const std::string digits = name.substr(5);
+    if (digits.empty() || digits.size() > 18 ||  // fits int64_t
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    if (!fs::exists(entry.path() / "state.json")) continue;
+    found[std::stoll(digits)] = entry.path().string();
+  }
+  return found;
+}
+
+// The most recent complete checkpoint before `checkpoint_dir` (a step_N) beside it, or "": where
+// to resume from when this one is damaged.
+std::string earlier_checkpoint(const std::string& checkpoint_dir) {
+  fs::path dir = fs::path(checkpoint_dir).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();  // "…/step_N/"
+  const std::string name = dir.filename().string();
+  if (name.rfind("step_", 0) != 0 || name.size() == 5 || name.size() > 23 ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos)
+    return "";
+  const std::map<int64_t, std::string> all = complete_checkpoints(dir.parent_path());
+  const auto at = all.lower_bound(std::stoll(name.substr(5)));
+  return at == all.begin() ? "" : std::prev(at)->second;
+}
+
+// The digest state.json recorded for `file` when the checkpoint was written (its "files"), or
+// nullopt for a checkpoint from before digests existed.
+std::optional<FileDigest> recorded_digest(const std::string& dir, const std::string& file,
+                                          const json& state) {
+  if (!state.contains("files") || !state["files"].contains(file)) return std::nullopt;
+  const json& record = state["files"][file];
+  FileDigest want;
+  try {
+    want.bytes = record.at("bytes").get<int64_t>();
+    if (parse_xxh3(record.at("xxh3_64").get<std::string>(), want.xxh3)) return want;
+  } catch (const json::exception&) {
+  }
+  fail("checkpoint ", dir, ": state.json's files.\"", file,
+       "\" is not {\"bytes\": N, \"xxh3_64\": 16 hex digits}: ", record.dump());
+}
+
+// The error for a checkpoint file that does not hold what was written (`got`: its size alone
+// where that differs, its digest otherwise), with where to go from here.
+[[noreturn]] void fail_not_as_written(const std::string& dir, const std::string& file,
+                                      const FileDigest& got, const FileDigest& want) {
+  const std::string earlier = earlier_checkpoint(dir);
+  const std::string advice =
+      earlier.empty()
+          ? std::string("restore it from a copy")
+          : "restore it from a copy, or resume from an earlier checkpoint: --resume " + earlier;
+  if (got.bytes != want.bytes)
+    fail("checkpoint ", dir, ": ", file, " is ", got.bytes, " bytes, but ", want.bytes,
+         " were written (truncated or replaced); ", advice);
+  fail("checkpoint ", dir, ": ", file,
+       " is not what was written (damaged, or replaced by another file): its bytes hash to "
+       "xxh3-64 ",
+       xxh3_hex(got.xxh3), ", state.json recorded ", xxh3_hex(want.xxh3), "; ", advice);
+}
+
+// The size of a checkpoint file, failing with its name when it cannot be read.
+int64_t file_bytes(const std::string& dir, const std::string& file) {
+  std::error_code ec;
+  const auto size = fs::file_size(fs::path(dir) / file, ec);
+  if (ec) fail("checkpoint ", dir, ": cannot read ", file, ": ", ec.message());
+  return static_cast<int64_t>(size);
+}
+
+// Reads `file` of a checkpoint, checked against its recorded digest where there is one.
+SafetensorsFile load_checked(const std::string& dir, const std::string& file, const json& state) {
+  const std::string path = (fs::path(dir) / file).string();
+  const std::optional<FileDigest> want = recorded_digest(dir, file, state);
+  if (!want) return load_safetensors(path);
+  const int64_t bytes = file_bytes(dir, file);
+  if (bytes != want->bytes) fail_not_as_written(dir, file, FileDigest{bytes, 0}, *want);
+  SafetensorsFile loaded;
+  try {
+    loaded = load_safetensors(path);
+  } catch (const Error&) {
+    // A damaged header fails to parse: say that the file is damaged, not only how.
+    const FileDigest got = digest_file(path);
+    if (got == *want) throw;
+    fail_not_as_written(dir, file, got, *want);
+  }
+  if (loaded.digest != *want) fail_not_as_written(dir, file, loaded.digest, *want);
+  return loaded;
 }
 
 json read_state_json(const std::string& dir) {
@@ -87,14 +217,17 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const ParameterS
                                                    {"step", std::to_string(state.step)}};
   std::vector<std::pair<std::string, Tensor>> weights;
   for (const auto& p : params.parameters()) weights.emplace_back(p->name, view_of(flat.values, *p));
-  save_safetensors((tmp_dir / "model.safetensors").string(), weights, meta);
+  json files;
+  files["model.safetensors"] =
+      digest_json(save_safetensors((tmp_dir / "model.safetensors").string(), weights, meta));
   if (has_optimizer) {
     std::vector<std::pair<std::string, Tensor>> moments;
     for (const auto& p : params.parameters()) {
       moments.emplace_back(p->name + ".exp_avg", view_of(flat.exp_avg, *p));
       moments.emplace_back(p->name + ".exp_avg_sq", view_of(flat.exp_avg_sq, *p));
     }
-    save_safetensors((tmp_dir / "optimizer.safetensors").string(), moments, meta);
+    files["optimizer.safetensors"] =
+        digest_json(save_safetensors((tmp_dir / "optimizer.safetensors").string(), moments, meta));
   }
   json j;
   j["format_version"] = kFormatVersion;
@@ -117,33 +250,27 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const ParameterS
   // Parameter shapes, so a reader can check compatibility without the config.
   for (const auto& p : params.parameters()) shape["parameters"][p->name] = p->shape;
   j["model"] = shape;
+  // What each tensor file held, checked when it is read (load_checked).
+  j["files"] = files;
   write_text_file(tmp_dir / "state.json", j.dump(2) + "\n");
 
   // Replace an older checkpoint of the same step (a re-run) only once the new one is complete.
   fs::remove_all(final_dir, ec);
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) fail("cannot rename ", tmp_dir.string(), " to ", final_dir.string(), ": ", ec.message());
+  sync_directory(checkpoints_dir);
   return final_dir.string();
 }
 
+std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir) {
+  std::vector<std::string> out;
+  for (const auto& [step, path] : complete_checkpoints(checkpoints_dir)) out.push_back(path);
+  return out;
+}
+
 std::string find_latest_checkpoint(const std::string& checkpoints_dir) {
-  std::error_code ec;
-  if (!fs::is_directory(checkpoints_dir, ec)) return "";
-  int64_t best = -1;
-  std::string best_path;
-  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
-    const std::string digits = name.substr(5);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (!fs::exists(entry.path() / "state.json")) continue;
-    const int64_t step = std::stoll(digits);
-    if (step > best) {
-      best = step;
-      best_path = entry.path().string();
-    }
-  }
-  return best_path;
+  const std::map<int64_t, std::string> all = complete_checkpoints(checkpoints_dir);
+  return all.empty() ? "" : all.rbegin()->second;
 }
 
 Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
@@ -176,8 +303,7 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, Ad
 TrainingState load_checkpoint(const std::string& checkpoint_dir, const ParameterStore& params,
                               FlatModelState& flat, bool all_tensors) {
   json j = read_state_json(checkpoint_dir);
-  const std::string model_file = (fs::path(checkpoint_dir) / "model.safetensors").string();
-  SafetensorsFile weights = load_safetensors(model_file);
+  SafetensorsFile weights = load_checked(checkpoint_dir, "model.safetensors", j);
   for (const auto& p : params.parameters()) {
     Tensor dst = view_of(flat.values, *p);
     load_into(checkpoint_dir, "model.safetensors", weights, p->name, dst);
@@ -188,8 +314,7 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, const Parameter
   if (flat.exp_avg.defined()) {
     if (!j.value("has_optimizer", false))
       fail("checkpoint ", checkpoint_dir, ": holds no optimizer state, cannot resume training");
-    SafetensorsFile moments =
-        load_safetensors((fs::path(checkpoint_dir) / "optimizer.safetensors").string());
+    SafetensorsFile moments = load_checked(checkpoint_dir, "optimizer.safetensors", j);
     for (const auto& p : params.parameters()) {
       Tensor m = view_of(flat.exp_avg, *p);
       Tensor v = view_of(flat.exp_avg_sq, *p);
@@ -213,6 +338,23 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, const Parameter
     fail("checkpoint ", checkpoint_dir, ": state.json is incomplete: ", e.what());
   }
   return s;
+}
+
+std::vector<FileDigest> verify_checkpoint(const std::string& checkpoint_dir) {
+  const json state = read_state_json(checkpoint_dir);
+  if (!state.contains("files") || !state["files"].is_object() || state["files"].empty())
+    fail("checkpoint ", checkpoint_dir,
+         ": state.json records no file digests (written before Loom kept them), nothing to verify");
+  std::vector<FileDigest> checked;
+  for (const auto& [file, record] : state["files"].items()) {
+    const FileDigest want = *recorded_digest(checkpoint_dir, file, state);
+    const int64_t bytes = file_bytes(checkpoint_dir, file);
+    if (bytes != want.bytes) fail_not_as_written(checkpoint_dir, file, FileDigest{bytes, 0}, want);
+    const FileDigest got = digest_file((fs::path(checkpoint_dir) / file).string());
+    if (got != want) fail_not_as_written(checkpoint_dir, file, got, want);
+    checked.push_back(got);
+  }
+  return checked;
 }
 
 }  // namespace loom

@@ -4,7 +4,12 @@
 //     model.safetensors      parameters by name (f32), metadata: format, step
 //     optimizer.safetensors  "<name>.exp_avg" and "<name>.exp_avg_sq" per parameter
 //     state.json             step, optimizer steps, data-loader position, seed, loss scale,
-//                            model shape, resolved config (docs/formats.md)
+//                            model shape, resolved config, and the length and XXH3-64 digest of
+//                            each tensor file (docs/formats.md)
+//
+// Loading checks every tensor file against its recorded digest: a damaged, truncated or swapped
+// file is an error naming the checkpoint and the file (and the checkpoint before it), never a
+// run that resumes from garbage. Every file is fsynced before the directory is renamed.
 //
 // A checkpoint is written to step_N.tmp/ and renamed to step_N/ only when every file is complete,
 // so a crash mid-save never leaves a directory that looks finished. Everything is keyed by
@@ -15,7 +20,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "checkpoint/file_digest.h"
 #include "models/gpt2.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
@@ -42,6 +49,14 @@ std::string save_checkpoint(const std::string& checkpoints_dir, Gpt2& model, Ada
 std::string save_checkpoint(const std::string& checkpoints_dir, const ParameterStore& layout,
                             const Gpt2Config& model, const FlatModelState& state,
                             const TrainingState& training);
+
+// Checks every tensor file of a checkpoint against the digests its state.json recorded, without
+// loading it; returns what was checked, in state.json's order. Throws loom::Error naming the
+// first file that does not match (or a checkpoint from before digests existed).
+std::vector<FileDigest> verify_checkpoint(const std::string& checkpoint_dir);
+
+// The complete checkpoints (step_N with a state.json) under `checkpoints_dir`, by step.
+std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir);
 
 // The complete checkpoint with the highest step under `checkpoints_dir`, or "" when none.
 std::string find_latest_checkpoint(const std::string& checkpoints_dir);

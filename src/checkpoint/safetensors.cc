@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/check.h"
 #include "base/error.h"
 
 namespace loom {
@@ -47,7 +48,8 @@ template <typename... Args>
   fail("safetensors file '", path, "': ", std::forward<Args>(args)...);
 }
 
-// A FILE* that closes itself; every failure names the file and the OS's reason.
+// A FILE* that closes itself; every failure names the file and the OS's reason. Everything
+// written, and everything read (which must then be read front to back), goes into its digest.
 class File {
  public:
   File(const std::string& path, const char* mode)
@@ -63,6 +65,7 @@ class File {
   void write(const void* data, size_t bytes) {
     if (bytes > 0 && std::fwrite(data, 1, bytes, f_) != bytes)
       bad_file(path_, "write failed: ", std::strerror(errno));
+    digester_.update(data, bytes);
   }
   void read_at(int64_t offset, void* data, size_t bytes, const std::string& what) {
     if (bytes == 0) return;
@@ -71,7 +74,11 @@ class File {
     if (std::fread(data, 1, bytes, f_) != bytes)
       bad_file(path_, std::ferror(f_) ? "read failed" : "unexpected end of file", " reading ",
                what);
+    LOOM_CHECK_MSG(offset == read_end_, "safetensors reads must follow each other for the digest");
+    read_end_ = offset + static_cast<int64_t>(bytes);
+    digester_.update(data, bytes);
   }
+  FileDigest digest() const { return digester_.digest(); }
   // Flushes to the disk, so that a rename after it publishes complete contents.
   void sync_and_close() {
     const bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
@@ -84,6 +91,8 @@ class File {
  private:
   std::string path_;
   std::FILE* f_;
+  Digester digester_;
+  int64_t read_end_ = 0;
 };
 
 int64_t checked_mul(int64_t a, int64_t b, const std::string& path, const std::string& name) {
@@ -146,9 +155,9 @@ Entry parse_entry(const std::string& path, const std::string& name, const Json& 
 
 }  // namespace
 
-void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+FileDigest save_safetensors(const std::string& path,
+                            const std::vector<std::pair<std::string, Tensor>>& tensors,
+                            const std::map<std::string, std::string>& metadata) {
   // 1. Checks, and host copies of device tensors.
   std::vector<Tensor> host;
   host.reserve(tensors.size());
@@ -205,10 +214,12 @@ void save_safetensors(const std::string& path,
     file.write(text.data(), text.size());
     for (size_t i : data_order)
       file.write(host[i].numel() > 0 ? host[i].raw() : nullptr, host[i].nbytes());
+    const FileDigest digest = file.digest();
     file.sync_and_close();
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);
     if (ec) bad_file(path, "cannot rename '", tmp, "' to it: ", ec.message());
+    return digest;
   } catch (...) {
     std::error_code ignored;
     std::filesystem::remove(tmp, ignored);
@@ -289,6 +300,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
     out.tensors.emplace(e->name, std::move(t));
   }
   for (const Entry& e : entries) out.names.push_back(e.name);
+  out.digest = file.digest();  // the tensors tile the data, so every byte went into it
   return out;
 }
 

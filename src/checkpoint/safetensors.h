@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/file_digest.h"
 #include "tensor/tensor.h"
 
 namespace loom {
@@ -24,15 +25,16 @@ namespace loom {
 // given order. Their data is laid out widest dtype first, as the reference writer does, so each
 // tensor is aligned to its element size. Names must be unique, non-empty and not "__metadata__".
 // The file is written to `path + ".tmp"` and renamed over `path` after an fsync, so a crash never
-// leaves a partial file under the final name.
-void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+// leaves a partial file under the final name. Returns the digest of the bytes written.
+FileDigest save_safetensors(const std::string& path,
+                            const std::vector<std::pair<std::string, Tensor>>& tensors,
+                            const std::map<std::string, std::string>& metadata = {});
 
 struct SafetensorsFile {
   std::map<std::string, std::string> metadata;  // the header's "__metadata__" (may be empty)
   std::vector<std::string> names;               // tensor names in header order (= save order)
   std::map<std::string, Tensor> tensors;        // host tensors by name
+  FileDigest digest;                            // of the whole file, as read
 };
 
 // Reads a whole file. Throws loom::Error naming the file (and the tensor) when it is missing or

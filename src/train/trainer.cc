@@ -15,6 +15,7 @@
 #include "comm/directed_p2p.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/shard.h"
 #include "device/allocator.h"
 #include "mesh/device_mesh.h"
 #include "models/gpt2.h"
@@ -143,6 +144,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   std::vector<std::string> val_shards;
   if (!config.data.val.empty() && tc.eval_every > 0)
     val_shards = resolve_shards(config.data.val, "data.val");
+  // Their headers now, as the train loader checks its own: a bad validation shard is an error
+  // before the first step, not at the first evaluation, maybe hours in.
+  for (const std::string& path : val_shards) (void)read_shard_header(path);
 
   // Run directory and resume.
   const std::string checkpoints_dir = (fs::path(options.run_dir) / "checkpoints").string();

@@ -118,6 +118,45 @@ TEST_F(Cli, BadCommandLineIsUsageError) {
   EXPECT_NE(run("frobnicate").code, 0);
 }
 
+// `loom checkpoint verify` checks a run's checkpoints against their recorded digests: exit 0 when
+// all are as written; one damaged file is a BAD line, its error and exit 1, the others still ok.
+TEST_F(Cli, CheckpointVerify) {
+  ASSERT_EQ(
+      run("data synth --out " + path("data") + " --train-tokens 20000 --val-tokens 4000").code, 0);
+  ASSERT_EQ(run("train " + write_config("") + " --run-dir " + path("run") + " --quiet").code, 0);
+  Result ok = run("checkpoint verify " + path("run"));
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("ok   " + path("run/checkpoints/step_2")), std::string::npos)
+      << ok.output;
+  EXPECT_NE(ok.output.find("ok   " + path("run/checkpoints/step_4")), std::string::npos)
+      << ok.output;
+
+  // Resumed at its last step, the run has nothing left to do and says so.
+  Result again = run("train " + write_config("") + " --run-dir " + path("run") + " --resume auto");
+  EXPECT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("nothing to train, the run is at step 4 of train.steps = 4"),
+            std::string::npos)
+      << again.output;
+
+  const std::string model = path("run/checkpoints/step_4/model.safetensors");
+  std::fstream f(model, std::ios::binary | std::ios::in | std::ios::out);
+  const auto middle = static_cast<std::streamoff>(fs::file_size(model) / 2);
+  f.seekg(middle);
+  const char was = static_cast<char>(f.get());
+  f.seekp(middle);
+  f.put(static_cast<char>(was ^ 0x20));  // one bit of a weight
+  f.close();
+  Result bad = run("checkpoint verify " + path("run/checkpoints"));
+  expect_error(bad, "model.safetensors is not what was written");
+  EXPECT_NE(bad.output.find("BAD  " + path("run/checkpoints/step_4")), std::string::npos)
+      << bad.output;
+  EXPECT_NE(bad.output.find("ok   " + path("run/checkpoints/step_2")), std::string::npos)
+      << bad.output;
+  expect_error(run("train " + write_config("") + " --run-dir " + path("run") + " --resume auto"),
+               "--resume " + path("run/checkpoints/step_2"));
+  expect_error(run("checkpoint verify " + path("nowhere")), "no checkpoint there");
+}
+
 TEST_F(Cli, SampleFromMissingCheckpoint) {
   expect_error(run("sample --checkpoint " + path("none") + " --prompt x"), path("none"));
 }

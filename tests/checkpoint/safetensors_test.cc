@@ -296,3 +296,64 @@ TEST(Safetensors, CorruptFilesAreReportedWithTheFileName) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// Known answers from Debian's `xxhsum -H3` (package xxhash), so state.json's digests can be
+// checked by hand: printf '' | xxhsum -H3, printf Loom | xxhsum -H3, 10000 zero bytes.
+TEST(FileDigest, IsXxh3AsXxhsumPrintsIt) {
+  Digester empty;
+  EXPECT_EQ(xxh3_hex(empty.digest().xxh3), "2d06800538d394c2");
+  EXPECT_EQ(empty.digest().bytes, 0);
+  Digester loom;
+  loom.update("Loom", 4);
+  EXPECT_EQ(xxh3_hex(loom.digest().xxh3), "207dfa9555cf5ff4");
+  // In pieces of any size, the digest of the whole.
+  const std::string zeros(10000, '\0');
+  Digester pieces;
+  pieces.update(zeros.data(), 1);
+  pieces.update(zeros.data(), 4095);
+  pieces.update(zeros.data(), 0);
+  pieces.update(zeros.data(), 5904);
+  EXPECT_EQ(xxh3_hex(pieces.digest().xxh3), "99b4d8e5f223fef7");
+  EXPECT_EQ(pieces.digest().bytes, 10000);
+}
+
+TEST(FileDigest, HexRoundTripsAndRejectsAnythingElse) {
+  uint64_t h = 0;
+  ASSERT_TRUE(parse_xxh3("2d06800538d394c2", h));
+  EXPECT_EQ(h, 0x2d06800538d394c2ull);
+  EXPECT_EQ(xxh3_hex(0x00000000000000ffull), "00000000000000ff");
+  for (const char* bad : {"", "2d06800538d394c", "2d06800538d394c2f", "2D06800538D394C2",
+                          "2d06800538d394cg", " d06800538d394c2"})
+    EXPECT_FALSE(parse_xxh3(bad, h)) << bad;
+}
+
+// save returns the digest of exactly the bytes it wrote, load the digest of what it read, and
+// digest_file the same from the file itself; one changed byte changes it.
+TEST(FileDigest, SaveAndLoadDigestTheWholeFile) {
+  TempPath path;
+  const FileDigest saved = save_safetensors(
+      path.str(),
+      {{"w", patterned({3, 5}, DType::kF32, 1)}, {"h", patterned({7}, DType::kBF16, 2)}},
+      {{"format", "test"}});
+  EXPECT_EQ(saved.bytes, static_cast<int64_t>(fs::file_size(path.str())));
+  EXPECT_EQ(digest_file(path.str()), saved);
+  EXPECT_EQ(load_safetensors(path.str()).digest, saved);
+  const std::string bytes = read_bytes(path.str());
+  Digester whole;
+  whole.update(bytes.data(), bytes.size());
+  EXPECT_EQ(whole.digest(), saved);
+
+  std::string changed = bytes;
+  changed[changed.size() - 3] ^= 0x01;  // one bit of the last tensor's data
+  write_bytes(path.str(), changed);
+  EXPECT_NE(load_safetensors(path.str()).digest, saved);
+  EXPECT_NE(digest_file(path.str()), saved);
+  EXPECT_TRUE(Contains(error_of([] { digest_file("/nonexistent/x.safetensors"); }),
+                       "/nonexistent/x.safetensors"));
+}
+
+}  // namespace
+}  // namespace loom

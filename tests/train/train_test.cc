@@ -1,18 +1,20 @@
 // End-to-end training on a synthetic corpus: loss falls, runs repeat bit for bit, a stopped and
 // resumed run equals an uninterrupted one, and bad inputs give errors that name the culprit.
-#include "train/trainer.h"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "checkpoint/checkpoint.h"
+#include "data/dataset.h"
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
-#include "data/dataset.h"
+#include "train/trainer.h"
 
 namespace loom {
 namespace {
@@ -406,6 +408,128 @@ TEST_F(TrainTest, CorruptShardIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bad.bin"), std::string::npos) << e.what();
   }
+}
+
+// A damaged validation shard stops the run before its first step, not at the first evaluation.
+TEST_F(TrainTest, DamagedValidationShardFailsBeforeTraining) {
+  fs::resize_file(dir_ / "data" / "val_000000.bin", 1000);  // inside the 1024-byte header
+  Config c = config(8);
+  c.train.eval_every = 6;
+  try {
+    run_training(c, options("val"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("val_000000.bin"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(metrics("val").empty());  // not one step was taken
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// The message of the loom::Error that `f` throws ("" and a test failure when it throws none).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a loom::Error";
+  return "";
+}
+
+// Checkpoints record each tensor file's length and digest. A file that is not as written — a
+// flipped bit in its data or its header, cut short, or another checkpoint's — is an error that
+// names the checkpoint, the file and the checkpoint before it, both when resuming and in
+// verify_checkpoint; nothing of it reaches the model, and the intact file resumes as before.
+TEST_F(TrainTest, DamagedCheckpointFileIsNamedNeverResumedFrom) {
+  Config c = config(4);
+  c.train.save_every = 2;
+  run_training(c, options("run"));
+  const fs::path checkpoints = dir_ / "run" / "checkpoints";
+  const fs::path step_4 = checkpoints / "step_4", step_2 = checkpoints / "step_2";
+  ASSERT_EQ(verify_checkpoint(step_4.string()).size(), 2u);  // model and optimizer
+  const std::string model = read_bytes(step_4 / "model.safetensors");
+  const std::string moments = read_bytes(step_4 / "optimizer.safetensors");
+
+  struct Damage {
+    const char* what;
+    const char* file;
+    std::function<void()> apply;
+    const char* says;
+  };
+  const Damage damages[] = {
+      {"a bit in the weights", "model.safetensors",
+       [&] {
+         std::string b = model;
+         b[b.size() / 2] ^= 0x10;
+         write_bytes(step_4 / "model.safetensors", b);
+       },
+       "is not what was written"},
+      {"a byte of the header", "optimizer.safetensors",
+       [&] {
+         std::string b = moments;
+         b[20] ^= 0x01;
+         write_bytes(step_4 / "optimizer.safetensors", b);
+       },
+       "is not what was written"},
+      {"cut short", "optimizer.safetensors",
+       [&] {
+         write_bytes(step_4 / "optimizer.safetensors", moments.substr(0, moments.size() / 2));
+       },
+       "were written (truncated"},
+      {"another checkpoint's", "model.safetensors",
+       [&] {
+         fs::copy_file(step_2 / "model.safetensors", step_4 / "model.safetensors",
+                       fs::copy_options::overwrite_existing);
+       },
+       "is not what was written"},
+  };
+  TrainOptions resume = options("run");
+  resume.resume = "auto";
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(d.what);
+    write_bytes(step_4 / "model.safetensors", model);
+    write_bytes(step_4 / "optimizer.safetensors", moments);
+    d.apply();
+    for (const std::string& msg : {error_of([&] { run_training(config(6), resume); }),
+                                   error_of([&] { verify_checkpoint(step_4.string()); })}) {
+      EXPECT_NE(msg.find(step_4.string()), std::string::npos) << msg;
+      EXPECT_NE(msg.find(d.file), std::string::npos) << msg;
+      EXPECT_NE(msg.find(d.says), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--resume " + step_2.string()), std::string::npos) << msg;
+    }
+    EXPECT_EQ(verify_checkpoint(step_2.string()).size(), 2u);  // the earlier one is intact
+  }
+  write_bytes(step_4 / "model.safetensors", model);
+  write_bytes(step_4 / "optimizer.safetensors", moments);
+  EXPECT_EQ(run_training(config(6), resume).start_step, 4);
+}
+
+// A checkpoint from before digests existed (no "files" in state.json) still resumes; there is
+// nothing to verify it against, which verify_checkpoint says.
+TEST_F(TrainTest, CheckpointWithoutDigestsStillResumes) {
+  Config c = config(4);
+  c.train.save_every = 2;
+  run_training(c, options("old"));
+  const fs::path state = dir_ / "old" / "checkpoints" / "step_4" / "state.json";
+  nlohmann::json j = nlohmann::json::parse(read_bytes(state));
+  ASSERT_TRUE(j.contains("files"));
+  j.erase("files");
+  write_bytes(state, j.dump(2));
+  TrainOptions resume = options("old");
+  resume.resume = "auto";
+  EXPECT_EQ(run_training(config(6), resume).start_step, 4);
+  EXPECT_NE(error_of([&] {
+              verify_checkpoint(state.parent_path().string());
+            }).find("records no file digests"),
+            std::string::npos);
 }
 
 }  // namespace
