@@ -46,6 +46,28 @@ bool floats_on_our_kernel() {
   return ours;
 }
 
+// Whether gemm() gives each thread a band of C's rows (else a band of its columns). Every thread
+// packs all of the operand that is not split and its share of the other, so split where the
+// packing per thread is least: the longer side of C, as a rule (what OpenBLAS packs). Our AVX-512
+// kernel reads op(A) in place for narrow products, though, and then only B is packed: a column
+// split halves that, where a row split would have each thread pack all of B (for the products
+// into a 768-wide C, such as the LM head's dinp, the larger part of their packing).
+template <typename Real>
+bool split_rows_of_c(int threads, bool trans_a, int64_t M, int64_t N, int64_t K) {
+  double a_rows_packed = 1, a_cols_packed = 1;  // op(A) packed (1) or read in place (0)
+  if constexpr (std::is_same_v<Real, float>) {
+    if (floats_on_our_kernel()) {
+      a_rows_packed = sgemm_avx512_reads_a_in_place(trans_a, N) ? 0 : 1;
+      a_cols_packed = sgemm_avx512_reads_a_in_place(trans_a, (N + threads - 1) / threads) ? 0 : 1;
+    }
+  }
+  const double t = threads, m = static_cast<double>(M), n = static_cast<double>(N);
+  const double k = static_cast<double>(K);
+  const double rows = k * n + a_rows_packed * m / t * k;  // all of B, a share of A
+  const double cols = k * n / t + a_cols_packed * m * k;  // a share of B, all of A
+  return rows == cols ? M >= N : rows < cols;
+}
+
 }  // namespace
 
 CpuGemm cpu_gemm_backend() {
@@ -110,9 +132,7 @@ void gemm(ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, in
     gemm_serial(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  // Every thread reads all of the operand we do not split, so split the longer side of C and
-  // share the smaller operand.
-  if (M >= N) {
+  if (split_rows_of_c<Real>(pool.size(), trans_a, M, N, K)) {
     pool.parallel_for((M + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
       const int64_t m0 = t0 * kTile, m1 = std::min(M, t1 * kTile);
       const Real* A0 =

@@ -226,6 +226,10 @@ __attribute__((target("avx512f"))) void micro_kernel(int64_t kc, const float* A,
 
 }  // namespace
 
+bool sgemm_avx512_reads_a_in_place(bool trans_a, int64_t N) {
+  return !trans_a && N <= 1024;
+}
+
 void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                   int64_t ldc) {
@@ -240,7 +244,7 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   // (N = 768: 2–4% faster; one head's attention output: 30%); where N is wide, the packed
   // panel's one contiguous stream serves many B panels and comes out ahead. Measured with
   // bench/gemm/sgemm_ab.sh.
-  const bool direct_a = !trans_a && N <= 1024;
+  const bool direct_a = sgemm_avx512_reads_a_in_place(trans_a, N);
   for (int64_t i0 = 0; i0 < M; i0 += kMC) {
     const int64_t mc = std::min(kMC, M - i0);
     for (int64_t p0 = 0; p0 < K; p0 += kKC) {
@@ -270,6 +274,10 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 }
 
 #else  // not x86-64
+
+bool sgemm_avx512_reads_a_in_place(bool, int64_t) {
+  return false;
+}
 
 void sgemm_avx512(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                   int64_t, float, float*, int64_t) {

@@ -25,4 +25,8 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                   int64_t ldc);
 
+// Whether sgemm_avx512 reads op(A) in place for a product of these columns (no packing of A):
+// gemm() weighs it when choosing how to split C between threads.
+bool sgemm_avx512_reads_a_in_place(bool trans_a, int64_t N);
+
 }  // namespace loom::cpu
