@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "kernel_test_util.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/reduce.h"
 
 namespace loom::cpu {
 namespace {
@@ -49,6 +53,27 @@ TEST(Elementwise, SumsMatchLongDouble) {
     for (float v : xf) sf += static_cast<long double>(v) * v;
     EXPECT_NEAR(sum_squares(pool, xf.data(), n), static_cast<double>(sf), tol) << n;
   }
+}
+
+// The AVX-512 sum of squares (sum_squares<float> on such CPUs) is the portable eight-lane loop
+// bit for bit, at every length (tails of 0-15 past its 16-float steps) and over magnitudes where
+// a different order of additions would show.
+TEST(Elementwise, SixteenFloatSumSquaresGivesTheBitsOfTheLanes) {
+  if (!has_avx512f()) GTEST_SKIP() << "this CPU has no AVX-512 F";
+  auto x = convert<float>(random_vector(100003, 5, -3, 3));
+  for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1e4f;  // wide range: order matters
+  for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 1000, 16384, 16391, 100003}) {
+    const double want = detail::lane_dot<double>(x.data(), x.data(), n);
+    const double got = detail::lane_sum_squares_avx512(x.data(), n);
+    EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0) << n << ": " << want << " vs " << got;
+  }
+  // And sum_squares itself: the floats' squares are exact in double, so the double kernel (the
+  // portable loop) on the same values gives the bits the float one must.
+  ThreadPool pool(2);
+  const int64_t n = static_cast<int64_t>(x.size());
+  const std::vector<double> xd(x.begin(), x.end());
+  const double want = sum_squares(pool, xd.data(), n), got = sum_squares(pool, x.data(), n);
+  EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0) << want << " vs " << got;
 }
 
 TEST(Elementwise, SumsAreBitwiseSameForAnyPoolSize) {

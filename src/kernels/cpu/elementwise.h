@@ -28,4 +28,10 @@ double sum_squares(ThreadPool& pool, const Real* x, int64_t n);
 template <typename Real>
 double sum(ThreadPool& pool, const Real* x, int64_t n);
 
+namespace detail {
+// Σ x[i]², bit for bit detail::lane_dot<double>(x, x, n) (reduce.h), on a CPU with AVX-512 F
+// (cpu_features.h: has_avx512f()): what sum_squares<float> runs on such CPUs.
+double lane_sum_squares_avx512(const float* x, int64_t n);
+}  // namespace detail
+
 }  // namespace loom::cpu
