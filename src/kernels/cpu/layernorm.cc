@@ -14,6 +14,24 @@ namespace {
 // partial buffers cost 2·C per chunk, small next to the 32·C·3 values a chunk reads.
 constexpr int64_t kRowsPerChunk = 32;
 
+// One row of the backward's first pass: n = (x - m)·s and g = w ∘ dy for the row's gradient,
+// and the row's dy·n and dy added to its chunk's partial dweight and dbias. A function of its
+// own so that its pointers can say they never overlap (__restrict on parameters, which GCC
+// honours): without that GCC checks them against each other at run time and runs its scalar
+// loop, 3× slower.
+template <typename Real>
+void layernorm_backward_row(const Real* __restrict x, const Real* __restrict dy,
+                            const Real* __restrict w, Real m, Real s, Real* __restrict n,
+                            Real* __restrict g, Real* __restrict pw, Real* __restrict pb,
+                            int64_t C) {
+  for (int64_t c = 0; c < C; ++c) {
+    n[c] = (x[c] - m) * s;
+    g[c] = w[c] * dy[c];
+    pw[c] += dy[c] * n[c];
+    pb[c] += dy[c];
+  }
+}
+
 }  // namespace
 
 template <typename Real>
@@ -56,12 +74,7 @@ void layernorm_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* dbias
         const Real* x = inp + r * C;
         const Real* dy = dout + r * C;
         const Real m = mean[r], s = rstd[r];
-        for (int64_t c = 0; c < C; ++c) {
-          n[c] = (x[c] - m) * s;
-          g[c] = weight[c] * dy[c];
-          pw[c] += dy[c] * n[c];
-          pb[c] += dy[c];
-        }
+        layernorm_backward_row(x, dy, weight, m, s, n.data(), g.data(), pw, pb, C);
         const Real g_mean = detail::lane_sum<Real>(g.data(), C) / Real(C);
         const Real gn_mean = detail::lane_dot<Real>(g.data(), n.data(), C) / Real(C);
         Real* dx = dinp + r * C;
