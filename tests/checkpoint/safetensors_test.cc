@@ -6,30 +6,22 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "harness/error_of.h"
 
 namespace loom {
 namespace {
+
+using testutil::error_of;
 
 namespace fs = std::filesystem;
 
 ::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
   if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "\"" << text << "\"\ndoes not contain \"" << part << "\"";
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a loom::Error";
-  return "";
 }
 
 // A path under the test temp dir, unique per test and process; removed (with its .tmp) at the end.
@@ -299,6 +291,8 @@ TEST(Safetensors, CorruptFilesAreReportedWithTheFileName) {
 
 namespace loom {
 namespace {
+
+using testutil::error_of;
 
 // Known answers from Debian's `xxhsum -H3` (package xxhash), so state.json's digests can be
 // checked by hand: printf '' | xxhsum -H3, printf Loom | xxhsum -H3, 10000 zero bytes.

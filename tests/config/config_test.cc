@@ -8,25 +8,17 @@
 #include <functional>
 
 #include "base/error.h"
+#include "harness/error_of.h"
 
 namespace loom {
 namespace {
+
+using testutil::error_of;
 
 // EXPECT_TRUE(Contains(text, part)) prints both on failure.
 ::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
   if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "\"" << text << "\"\ndoes not contain \"" << part << "\"";
-}
-
-// The message of the loom::Error that `f` throws ("" and a test failure if it does not throw).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a loom::Error";
-  return "";
 }
 
 std::string parse_error(const std::string& text) {

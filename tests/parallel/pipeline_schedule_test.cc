@@ -13,20 +13,14 @@
 #include <vector>
 
 #include "base/error.h"
+#include "harness/error_of.h"
 
 namespace loom {
 namespace {
 
-using K = PipeActionKind;
+using testutil::error_of;
 
-std::string error_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using K = PipeActionKind;
 
 // Every allowed (schedule, pp, m, v) of the test grid.
 std::vector<std::tuple<std::string, int, int, int>> grid() {

@@ -14,10 +14,13 @@
 #include "data/dataset.h"
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
+#include "harness/error_of.h"
 #include "train/trainer.h"
 
 namespace loom {
 namespace {
+
+using testutil::error_of;
 namespace fs = std::filesystem;
 
 class TrainTest : public ::testing::Test {
@@ -431,17 +434,6 @@ std::string read_bytes(const fs::path& path) {
 
 void write_bytes(const fs::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-// The message of the loom::Error that `f` throws ("" and a test failure when it throws none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a loom::Error";
-  return "";
 }
 
 // Checkpoints record each tensor file's length and digest. A file that is not as written — a
