@@ -170,6 +170,10 @@ void ParameterStore::zero_grads() {
   if (grads_.defined()) grads_.zero_();
 }
 
+void ParameterStore::zero_grads(ThreadPool& pool) {
+  if (grads_.defined()) grads_.zero_(pool);
+}
+
 Parameter* ParameterStore::find(const std::string& name) const {
   for (auto& p : params_)
     if (p->name == name) return p.get();

@@ -95,6 +95,7 @@ class ParameterStore {
 
   // Zeroes the flat gradient buffer (a no-op when there is none).
   void zero_grads();
+  void zero_grads(ThreadPool& pool);  // the same, over the pool's threads (Tensor::zero_)
 
   const std::vector<ParamUnit>& units() const { return units_; }
   // Points the views of unit `u`'s parameters into `buffer` (unit.numel elements, the unit's

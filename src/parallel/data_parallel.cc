@@ -225,8 +225,8 @@ void ZeroDataParallel::wait(const WorkHandle& work) {
 void ZeroDataParallel::begin_step() {
   step_stats_ = DataParallelStepStats{};
   grad_scale_ = 1.0f;
-  params_.zero_grads();
-  if (shard_grads_.defined()) shard_grads_.zero_();
+  params_.zero_grads(pool_);
+  if (shard_grads_.defined()) shard_grads_.zero_(pool_);
   for (Bucket& b : buckets_) b.units_left = b.units;
   bucket_seen_done_.assign(buckets_.size(), false);
 }

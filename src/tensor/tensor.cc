@@ -1,5 +1,6 @@
 #include "tensor/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -146,6 +147,20 @@ Tensor Tensor::to(Device device) const {
 void Tensor::zero_() {
   if (numel_ == 0) return;
   zero_bytes(raw(), device(), nbytes());
+}
+
+void Tensor::zero_(ThreadPool& pool) {
+  constexpr int64_t kPiece = int64_t{1} << 20;  // bytes per task: large runs of one memset
+  const int64_t bytes = nbytes();
+  if (numel_ == 0 || !device().is_cpu() || pool.size() == 1 || bytes < 4 * kPiece) {
+    zero_();
+    return;
+  }
+  char* base = static_cast<char*>(raw());
+  pool.parallel_for((bytes + kPiece - 1) / kPiece, 4, [&](int64_t p0, int64_t p1) {
+    const int64_t begin = p0 * kPiece, end = std::min(bytes, p1 * kPiece);
+    std::memset(base + begin, 0, static_cast<size_t>(end - begin));
+  });
 }
 
 void Tensor::copy_from(const Tensor& src) {

@@ -23,6 +23,24 @@ TEST(Tensor, ShapeNumelAndViews) {
   EXPECT_THROW(r.narrow(5, 2), Error);
 }
 
+// zero_(pool) zeroes exactly the tensor's own bytes, over the pool's threads for a large one (a
+// view in the middle of a bigger buffer: its neighbours keep their values), and small ones too.
+TEST(Tensor, ZeroOverAPoolZeroesExactlyItsBytes) {
+  ThreadPool pool(3);
+  const int64_t n = (int64_t{9} << 20) / 4 + 13;  // 9 MiB and a ragged end: several pieces
+  Tensor all = Tensor::empty({n + 200}, DType::kF32);
+  for (int64_t size : {n, int64_t{5}}) {
+    float* p = all.data<float>();
+    for (int64_t i = 0; i < n + 200; ++i) p[i] = 1.5f;
+    Tensor middle = all.narrow(100, size);
+    middle.zero_(pool);
+    for (int64_t i = 0; i < n + 200; ++i) {
+      const bool inside = i >= 100 && i < 100 + size;
+      ASSERT_EQ(p[i], inside ? 0.0f : 1.5f) << "size " << size << ", element " << i;
+    }
+  }
+}
+
 TEST(Tensor, ErrorsNameShapes) {
   Tensor t = Tensor::zeros({2, 3});
   try {
