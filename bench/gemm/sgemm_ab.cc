@@ -1,5 +1,5 @@
 // Two builds of Loom's AVX-512 SGEMM (src/kernels/cpu/sgemm_avx512.cc) timed against each other
-// in one process: every GEMM shape of a gpt2-124m layer (and the LM head's dinp and one head's
+// in one process: every GEMM shape of a gpt2-124m layer (and the LM head's three and one head's
 // attention products) runs A then B, several times, and the best of each counts. This VM's speed
 // drifts by 10–30% between minutes, so timing two binaries one after the other cannot resolve a
 // few percent; interleaved best-of-N in one process can (an A/A run agrees to 0.1–1%). Built and
@@ -34,13 +34,15 @@ int main() {
       {"proj dinp NN", 0, 0, BT, 4 * C, C, 0, 0},
       {"fc dW TN", 1, 0, 4 * C, C, BT, 1, 0},
       {"proj dW TN", 1, 0, C, 4 * C, BT, 1, 0},
+      {"lmhead fwd NT", 0, 1, BT, V, C, 0, 0},
       {"lmhead dinp NN", 0, 0, BT, C, V, 0, 0},
+      {"lmhead dW TN", 1, 0, V, C, BT, 1, 0},
       // The last 64-row query block of one head at T = 256, head size 64, q inside qkv (row
       // stride 3C): its scores, then its output from the probabilities.
       {"attn S NT", 0, 1, 64, 256, 64, 0, 3 * C},
       {"attn O NN", 0, 0, 64, 64, 256, 0, 0},
   };
-  std::vector<float> a(size_t(V) * BT), b(size_t(V) * C), c(size_t(4 * C) * BT);
+  std::vector<float> a(size_t(V) * BT), b(size_t(V) * C), c(size_t(V) * BT);
   for (size_t i = 0; i < a.size(); ++i) a[i] = (i % 13) * 0.01f;
   for (size_t i = 0; i < b.size(); ++i) b[i] = (i % 7) * 0.02f;
   double time_a = 0, time_b = 0, flops = 0;
