@@ -268,6 +268,19 @@ std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir) {
   return out;
 }
 
+std::vector<std::string> prune_checkpoints(const std::string& checkpoints_dir, int64_t keep) {
+  if (keep < 1) fail("prune_checkpoints: keep must be >= 1, got ", keep);
+  const std::vector<std::string> all = list_checkpoints(checkpoints_dir);
+  std::vector<std::string> removed;
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove_all(all[i], ec);
+    if (ec) fail("cannot remove old checkpoint ", all[i], ": ", ec.message());
+    removed.push_back(all[i]);
+  }
+  return removed;
+}
+
 std::string find_latest_checkpoint(const std::string& checkpoints_dir) {
   const std::map<int64_t, std::string> all = complete_checkpoints(checkpoints_dir);
   return all.empty() ? "" : all.rbegin()->second;

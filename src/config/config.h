@@ -60,6 +60,7 @@ struct TrainConfig {
   int64_t eval_every = 100;      // steps between evaluations; 0 = never
   int64_t eval_batches = 8;      // validation micro-batches per evaluation
   int64_t save_every = 500;      // steps between checkpoints; 0 = never
+  int64_t keep_checkpoints = 0;  // the newest complete checkpoints kept after a save; 0 = all
   int64_t log_every = 1;         // steps between log lines
   // Deprecated alias of parallel.recompute = "full" (Config::resolved_recompute()).
   bool recompute = false;

@@ -114,6 +114,7 @@ void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p
   p.non_negative("train.eval_every", t.eval_every);
   p.positive("train.eval_batches", t.eval_batches);
   p.non_negative("train.save_every", t.save_every);
+  p.non_negative("train.keep_checkpoints", t.keep_checkpoints);
   p.positive("train.log_every", t.log_every);
   // train.recompute = true is the deprecated spelling of parallel.recompute = "full".
   if (t.recompute && par.recompute == "selective")

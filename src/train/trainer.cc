@@ -245,6 +245,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         summary.last_checkpoint = save_checkpoint(checkpoints_dir, whole->params(), whole->config(), full, st);
     }
     message("saved " + summary.last_checkpoint);
+    // Older checkpoints go only once the new one is complete on disk.
+    if (leader && tc.keep_checkpoints > 0)
+      for (const std::string& old : prune_checkpoints(checkpoints_dir, tc.keep_checkpoints))
+        message("removed " + old +
+                " (train.keep_checkpoints = " + std::to_string(tc.keep_checkpoints) + ")");
   };
 
   summary.last_step = summary.start_step;

@@ -329,6 +329,8 @@ TEST(Config, ValidationNamesKeysAndValues) {
       Contains(validate_error([](Config& c) { c.train.grad_clip = -1; }), "train.grad_clip"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.save_every = -1; }),
                        "train.save_every = -1 must be >= 0"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.keep_checkpoints = -1; }),
+                       "train.keep_checkpoints = -1 must be >= 0"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.zero = 4; }),
                        "parallel.zero = 4 must be 0, 1, 2 or 3"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.schedule = "zigzag"; }),

@@ -413,6 +413,36 @@ TEST_F(TrainTest, CorruptShardIsAClearError) {
   }
 }
 
+// train.keep_checkpoints = K keeps the newest K complete checkpoints after each save (0, the
+// default, keeps them all); an incomplete one (a save cut short) is left alone, and the run
+// resumes from what is kept.
+TEST_F(TrainTest, KeepCheckpointsRemovesTheOldestAfterEachSave) {
+  auto steps_in = [&](const std::string& run) {
+    std::vector<std::string> names;
+    for (const std::string& p : list_checkpoints((dir_ / run / "checkpoints").string()))
+      names.push_back(fs::path(p).filename().string());
+    return names;
+  };
+  Config all = config(8);
+  all.train.save_every = 2;
+  run_training(all, options("all"));
+  EXPECT_EQ(steps_in("all"), (std::vector<std::string>{"step_2", "step_4", "step_6", "step_8"}));
+
+  Config kept = all;
+  kept.train.keep_checkpoints = 2;
+  TrainOptions stop = options("kept");
+  stop.stop_after = 6;
+  run_training(kept, stop);
+  EXPECT_EQ(steps_in("kept"), (std::vector<std::string>{"step_4", "step_6"}));
+  fs::create_directories(dir_ / "kept" / "checkpoints" / "step_5.tmp");  // a save cut short
+  kept.train.steps = 10;
+  TrainOptions resume = options("kept");
+  resume.resume = "auto";
+  EXPECT_EQ(run_training(kept, resume).start_step, 6);
+  EXPECT_EQ(steps_in("kept"), (std::vector<std::string>{"step_8", "step_10"}));
+  EXPECT_TRUE(fs::exists(dir_ / "kept" / "checkpoints" / "step_5.tmp"));
+}
+
 // A damaged validation shard stops the run before its first step, not at the first evaluation.
 TEST_F(TrainTest, DamagedValidationShardFailsBeforeTraining) {
   fs::resize_file(dir_ / "data" / "val_000000.bin", 1000);  // inside the 1024-byte header
