@@ -268,9 +268,12 @@ std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir) {
   return out;
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& checkpoints_dir, int64_t keep) {
+std::vector<std::string> prune_checkpoints(const std::string& checkpoints_dir, int64_t keep,
+                                           int64_t saved) {
   if (keep < 1) fail("prune_checkpoints: keep must be >= 1, got ", keep);
-  const std::vector<std::string> all = list_checkpoints(checkpoints_dir);
+  std::vector<std::string> all;  // up to `saved`, by step
+  for (const auto& [step, path] : complete_checkpoints(checkpoints_dir))
+    if (step <= saved) all.push_back(path);
   std::vector<std::string> removed;
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
     std::error_code ec;

@@ -58,10 +58,13 @@ std::vector<FileDigest> verify_checkpoint(const std::string& checkpoint_dir);
 // The complete checkpoints (step_N with a state.json) under `checkpoints_dir`, by step.
 std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir);
 
-// Removes all but the newest `keep` complete checkpoints under `checkpoints_dir` (keep >= 1)
-// and returns what it removed, oldest first. Incomplete ones (step_N.tmp, a save cut short) are
-// left alone: the next save of that step replaces them.
-std::vector<std::string> prune_checkpoints(const std::string& checkpoints_dir, int64_t keep);
+// After saving step `saved`: removes the complete checkpoints under `checkpoints_dir` up to that
+// step but the newest `keep` of them (keep >= 1), and returns what it removed, oldest first.
+// Left alone: checkpoints of later steps (a run resumed from an earlier checkpoint of its run
+// directory; those are another timeline's, for the user to judge), and incomplete ones
+// (step_N.tmp, a save cut short, which the next save of that step replaces).
+std::vector<std::string> prune_checkpoints(const std::string& checkpoints_dir, int64_t keep,
+                                           int64_t saved);
 
 // The complete checkpoint with the highest step under `checkpoints_dir`, or "" when none.
 std::string find_latest_checkpoint(const std::string& checkpoints_dir);

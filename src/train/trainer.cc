@@ -247,7 +247,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     message("saved " + summary.last_checkpoint);
     // Older checkpoints go only once the new one is complete on disk.
     if (leader && tc.keep_checkpoints > 0)
-      for (const std::string& old : prune_checkpoints(checkpoints_dir, tc.keep_checkpoints))
+      for (const std::string& old : prune_checkpoints(checkpoints_dir, tc.keep_checkpoints, step))
         message("removed " + old +
                 " (train.keep_checkpoints = " + std::to_string(tc.keep_checkpoints) + ")");
   };

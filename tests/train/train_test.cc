@@ -441,6 +441,16 @@ TEST_F(TrainTest, KeepCheckpointsRemovesTheOldestAfterEachSave) {
   EXPECT_EQ(run_training(kept, resume).start_step, 6);
   EXPECT_EQ(steps_in("kept"), (std::vector<std::string>{"step_8", "step_10"}));
   EXPECT_TRUE(fs::exists(dir_ / "kept" / "checkpoints" / "step_5.tmp"));
+
+  // Resumed from an earlier checkpoint of its directory, a run prunes only up to the step it
+  // saved: the later checkpoints are another timeline's and stay.
+  Config one = all;
+  one.train.keep_checkpoints = 1;
+  TrainOptions back = options("all");
+  back.resume = (dir_ / "all" / "checkpoints" / "step_4").string();
+  back.stop_after = 6;
+  EXPECT_EQ(run_training(one, back).start_step, 4);
+  EXPECT_EQ(steps_in("all"), (std::vector<std::string>{"step_6", "step_8"}));
 }
 
 // A damaged validation shard stops the run before its first step, not at the first evaluation.
