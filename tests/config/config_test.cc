@@ -105,6 +105,22 @@ device = "cuda:1"
 threads_per_rank = 2
 )";
 
+// Every config shipped in configs/ loads and validates as it is (one rank, its degrees
+// inferred), so the README's commands never start with a config error.
+TEST(Config, ShippedConfigsAreValid) {
+  int seen = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(LOOM_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    Config c = load_config(entry.path().string());
+    resolve_parallel_degrees(c.parallel, c.runtime.ranks);
+    EXPECT_NO_THROW(validate(c));
+    ++seen;
+  }
+  EXPECT_GE(seen, 4);
+}
+
 TEST(Config, ParsesEveryKey) {
   const Config c = parse_config(kFull, "full.toml");
   EXPECT_EQ(c.model.arch, "gpt2");
