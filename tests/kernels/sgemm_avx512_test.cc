@@ -137,6 +137,45 @@ TEST(SgemmAvx512, GemmGivesTheSameBitsOnAnyPoolSize) {
     }
 }
 
+// A bias added as C is stored gives the bits of C filled with the bias and beta = 1 (what
+// matmul_forward did before), through column edges, several depth blocks, both layouts of B, A
+// read in place and packed, and through gemm() on 1-3 threads (each split takes its columns'
+// part of the bias). With a bias, beta must be 0.
+TEST(SgemmAvx512, BiasAsCIsStoredGivesTheBitsOfABroadcastAndBetaOne) {
+  SKIP_WITHOUT_AVX512();
+  if (cpu_gemm_backend() != CpuGemm::kLoomAvx512) GTEST_SKIP() << "LOOM_CPU_GEMM chose OpenBLAS";
+  const Shape shapes[] = {{37, 45, 800}, {300, 1100, 100}, {600, 200, 390}};
+  for (const Shape& s : shapes)
+    for (int tb = 0; tb < 2; ++tb) {
+      const auto A = convert<float>(random_vector(s.M * s.K, 12));
+      const auto B = convert<float>(random_vector(s.K * s.N, 13));
+      const auto bias = convert<float>(random_vector(s.N, 14));
+      const int64_t ldb = tb ? s.K : s.N;
+      std::vector<float> want(s.M * s.N);
+      for (int64_t i = 0; i < s.M; ++i) std::copy(bias.begin(), bias.end(), want.begin() + i * s.N);
+      sgemm_avx512(false, tb, s.M, s.N, s.K, 0.5f, A.data(), s.K, B.data(), ldb, 1.0f, want.data(),
+                   s.N);
+      const std::string what =
+          "M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " tb=" + std::to_string(tb);
+      std::vector<float> got(s.M * s.N, std::nanf(""));  // never read
+      sgemm_avx512(false, tb, s.M, s.N, s.K, 0.5f, A.data(), s.K, B.data(), ldb, 0.0f, got.data(),
+                   s.N, bias.data());
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << what;
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        std::vector<float> C(s.M * s.N, std::nanf(""));
+        gemm<float>(pool, false, tb, s.M, s.N, s.K, 0.5f, A.data(), s.K, B.data(), ldb, 0.0f,
+                    C.data(), s.N, bias.data());
+        EXPECT_EQ(std::memcmp(want.data(), C.data(), want.size() * sizeof(float)), 0)
+            << what << ", gemm() on " << threads << " thread(s)";
+      }
+    }
+  std::vector<float> C(4), one(4, 1.0f);
+  EXPECT_THROW(sgemm_avx512(false, false, 2, 2, 2, 1.0f, one.data(), 2, one.data(), 2, 1.0f,
+                            C.data(), 2, one.data()),
+               std::runtime_error);
+}
+
 // LOOM_CPU_GEMM picks the library; a value it does not know is an error that names it.
 TEST(CpuGemmChoice, EnvironmentPicksTheLibraryAndRefusesUnknownValues) {
   const char* old = std::getenv("LOOM_CPU_GEMM");

@@ -99,23 +99,30 @@ void blas_init_single_threaded() {
 template <typename Real>
 void gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Real alpha,
                  const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C,
-                 int64_t ldc) {
+                 int64_t ldc, const Real* bias) {
   LOOM_CHECK(M >= 0 && N >= 0 && K >= 0);
+  LOOM_CHECK_MSG(bias == nullptr || beta == Real(0), "gemm: a bias needs beta == 0");
   if (M == 0 || N == 0) return;
   LOOM_CHECK(ldc >= N);
   if (K == 0) {  // BLAS rejects the zero leading dimensions such a call may carry
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j)
-        C[i * ldc + j] = beta == Real(0) ? Real(0) : beta * C[i * ldc + j];
+        C[i * ldc + j] = bias != nullptr   ? bias[j]
+                         : beta == Real(0) ? Real(0)
+                                           : beta * C[i * ldc + j];
     return;
   }
   // Row-major strides must cover a stored row (BLAS would only print a complaint and return).
   LOOM_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
   if constexpr (std::is_same_v<Real, float>) {
     if (floats_on_our_kernel()) {
-      sgemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      sgemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
       return;
     }
+  }
+  if (bias != nullptr) {  // BLAS has no bias: C filled with it, then added onto
+    for (int64_t i = 0; i < M; ++i) std::copy(bias, bias + N, C + i * ldc);
+    beta = 1;
   }
   // The LP64 OpenBLAS interface takes int.
   LOOM_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
@@ -127,9 +134,10 @@ void gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Re
 
 template <typename Real>
 void gemm(ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Real alpha,
-          const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C, int64_t ldc) {
+          const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C, int64_t ldc,
+          const Real* bias) {
   if (pool.size() == 1 || M * N * K < kParallelWork) {
-    gemm_serial(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_serial(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
     return;
   }
   if (split_rows_of_c<Real>(pool.size(), trans_a, M, N, K)) {
@@ -137,13 +145,15 @@ void gemm(ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, in
       const int64_t m0 = t0 * kTile, m1 = std::min(M, t1 * kTile);
       const Real* A0 =
           trans_a ? A + m0 : A + m0 * lda;  // op(A) row m is A's column m if transposed
-      gemm_serial(trans_a, trans_b, m1 - m0, N, K, alpha, A0, lda, B, ldb, beta, C + m0 * ldc, ldc);
+      gemm_serial(trans_a, trans_b, m1 - m0, N, K, alpha, A0, lda, B, ldb, beta, C + m0 * ldc, ldc,
+                  bias);
     });
   } else {
     pool.parallel_for((N + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
       const int64_t n0 = t0 * kTile, n1 = std::min(N, t1 * kTile);
       const Real* B0 = trans_b ? B + n0 * ldb : B + n0;
-      gemm_serial(trans_a, trans_b, M, n1 - n0, K, alpha, A, lda, B0, ldb, beta, C + n0, ldc);
+      gemm_serial(trans_a, trans_b, M, n1 - n0, K, alpha, A, lda, B0, ldb, beta, C + n0, ldc,
+                  bias == nullptr ? nullptr : bias + n0);
     });
   }
 }
@@ -151,15 +161,7 @@ void gemm(ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, in
 template <typename Real>
 void matmul_forward(ThreadPool& pool, Real* out, const Real* inp, const Real* weight,
                     const Real* bias, int64_t N, int64_t C, int64_t OC) {
-  Real beta = 0;
-  if (bias != nullptr) {
-    // Broadcast the bias into out and let the GEMM add onto it: one pass over out, not two.
-    pool.parallel_for(N, 64, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) std::copy(bias, bias + OC, out + r * OC);
-    });
-    beta = 1;
-  }
-  gemm<Real>(pool, false, true, N, OC, C, 1, inp, C, weight, C, beta, out, OC);
+  gemm<Real>(pool, false, true, N, OC, C, 1, inp, C, weight, C, 0, out, OC, bias);
 }
 
 template <typename Real>
@@ -185,9 +187,10 @@ void matmul_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* dbias, c
 
 #define LOOM_INSTANTIATE(Real)                                                                    \
   template void gemm<Real>(ThreadPool&, bool, bool, int64_t, int64_t, int64_t, Real, const Real*, \
-                           int64_t, const Real*, int64_t, Real, Real*, int64_t);                  \
+                           int64_t, const Real*, int64_t, Real, Real*, int64_t, const Real*);     \
   template void gemm_serial<Real>(bool, bool, int64_t, int64_t, int64_t, Real, const Real*,       \
-                                  int64_t, const Real*, int64_t, Real, Real*, int64_t);           \
+                                  int64_t, const Real*, int64_t, Real, Real*, int64_t,            \
+                                  const Real*);                                                   \
   template void matmul_forward<Real>(ThreadPool&, Real*, const Real*, const Real*, const Real*,   \
                                      int64_t, int64_t, int64_t);                                  \
   template void matmul_backward<Real>(ThreadPool&, Real*, Real*, Real*, const Real*, const Real*, \

@@ -37,16 +37,19 @@ void blas_init_single_threaded();
 
 // C(M×N) = alpha·op(A)·op(B) + beta·C with op(A) M×K and op(B) K×N; op(X) = Xᵀ when trans_x.
 // lda/ldb/ldc are the row strides of A, B, C as stored. beta == 0 ignores C's old contents
-// (NaN included), as BLAS does.
+// (NaN included), as BLAS does. With a `bias` (N values, beta 0): C = alpha·op(A)·op(B) + bias
+// in every row — the bits of C filled with the bias and beta = 1; our AVX-512 kernel adds it as
+// it stores C instead of in a pass of its own.
 template <typename Real>
 void gemm(ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Real alpha,
-          const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C, int64_t ldc);
+          const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C, int64_t ldc,
+          const Real* bias = nullptr);
 
 // The same on the calling thread only, for code already running inside a pool task.
 template <typename Real>
 void gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Real alpha,
                  const Real* A, int64_t lda, const Real* B, int64_t ldb, Real beta, Real* C,
-                 int64_t ldc);
+                 int64_t ldc, const Real* bias = nullptr);
 
 // Linear layer, PyTorch layout: out = inp · weightᵀ + bias.
 // out (N, OC), inp (N, C), weight (OC, C), bias (OC) or nullptr.

@@ -164,29 +164,36 @@ __attribute__((target("avx512f"))) void pack_b(const float* B, int64_t ldb, bool
   }
 }
 
-// One row of a tile into C: alpha·(a, b) + beta·C, C read only when read_c.
+// One row of a tile into C: alpha·(a, b) + beta·C, C read only when read_c, or, with_bias,
+// alpha·(a, b) + (bias_a, bias_b).
 __attribute__((target("avx512f"))) inline void store_row(float* row, __m512 a, __m512 b,
                                                          __m512 alpha, __m512 beta, bool read_c,
-                                                         __mmask16 lo, __mmask16 hi) {
+                                                         bool with_bias, __m512 bias_a,
+                                                         __m512 bias_b, __mmask16 lo,
+                                                         __mmask16 hi) {
   a = _mm512_mul_ps(a, alpha);
   b = _mm512_mul_ps(b, alpha);
   if (read_c) {
     a = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(lo, row), a);
     b = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(hi, row + 16), b);
+  } else if (with_bias) {
+    a = _mm512_add_ps(a, bias_a);
+    b = _mm512_add_ps(b, bias_b);
   }
   _mm512_mask_storeu_ps(row, lo, a);
   _mm512_mask_storeu_ps(row + 16, hi, b);
 }
 
-// The kMR × kNR tile alpha·op(A)·Bp over depth kc, added to beta·C (beta == 0: C is not read),
-// of which only the top-left mr × nr corner is stored. Bp: kc × kNR, packed, 64-byte aligned.
+// The kMR × kNR tile alpha·op(A)·Bp over depth kc, added to beta·C (beta == 0: C is not read)
+// or, with a `bias` (the tile's kNR columns of it; beta == 0), to the bias, of which only the
+// top-left mr × nr corner is stored. Bp: kc × kNR, packed, 64-byte aligned.
 // op(A)'s rows come from a packed micro-panel (kc × kMR, lda unused) or, kDirectA, straight from
 // A as stored: row r at A + r·lda (rows from mr on read row mr - 1 again; their sums are dropped).
 template <bool kDirectA>
 __attribute__((target("avx512f"))) void micro_kernel(int64_t kc, const float* A, int64_t lda,
                                                      const float* Bp, float alpha, float beta,
-                                                     float* C, int64_t ldc, int64_t mr,
-                                                     int64_t nr) {
+                                                     const float* bias, float* C, int64_t ldc,
+                                                     int64_t mr, int64_t nr) {
   const float* a_row[kMR];
   if constexpr (kDirectA)
     for (int64_t r = 0; r < kMR; ++r) a_row[r] = A + std::min(r, mr - 1) * lda;
@@ -214,9 +221,12 @@ __attribute__((target("avx512f"))) void micro_kernel(int64_t kc, const float* A,
   }
   const __mmask16 lo = column_mask(nr, 0), hi = column_mask(nr, 16);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  const bool read_c = beta != 0.0f;
+  const bool read_c = beta != 0.0f, with_bias = bias != nullptr;
+  const __m512 bias_a = with_bias ? _mm512_maskz_loadu_ps(lo, bias) : _mm512_setzero_ps();
+  const __m512 bias_b = with_bias ? _mm512_maskz_loadu_ps(hi, bias + 16) : _mm512_setzero_ps();
 #define LOOM_ROW_STORE(r) \
-  if (r < mr) store_row(C + r * ldc, c##r##a, c##r##b, va, vb, read_c, lo, hi);
+  if (r < mr)             \
+    store_row(C + r * ldc, c##r##a, c##r##b, va, vb, read_c, with_bias, bias_a, bias_b, lo, hi);
   LOOM_ROWS(LOOM_ROW_STORE)
 #undef LOOM_ROW_STORE
 #undef LOOM_ROWS
@@ -232,8 +242,10 @@ bool sgemm_avx512_reads_a_in_place(bool trans_a, int64_t N) {
 
 void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                  int64_t ldc) {
+                  int64_t ldc, const float* bias) {
   if (!has_avx512f()) throw std::runtime_error("sgemm_avx512: this CPU lacks AVX-512 F");
+  if (bias != nullptr && beta != 0.0f)
+    throw std::runtime_error("sgemm_avx512: a bias needs beta == 0");
   if (M <= 0 || N <= 0 || K <= 0)
     throw std::runtime_error("sgemm_avx512: M, N and K must be positive (the caller handles 0)");
   thread_local std::unique_ptr<float[], FreeDeleter> a_slot, b_slot;
@@ -249,8 +261,9 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
     const int64_t mc = std::min(kMC, M - i0);
     for (int64_t p0 = 0; p0 < K; p0 += kKC) {
       const int64_t kc = std::min(kKC, K - p0);
-      // The first depth block applies the caller's beta; the later ones add to it.
+      // The first depth block applies the caller's beta (or bias); the later ones add to it.
       const float beta_here = p0 == 0 ? beta : 1.0f;
+      const float* bias_here = p0 == 0 ? bias : nullptr;
       if (!direct_a) pack_a(A, lda, trans_a, i0, mc, p0, kc, Ap);
       for (int64_t j0 = 0; j0 < N; j0 += kNC) {
         const int64_t nc = std::min(kNC, N - j0);
@@ -260,12 +273,13 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
           float* Ct = C + (i0 + ir) * ldc + j0;
           for (int64_t jr = 0; jr < nc; jr += kNR) {
             const int64_t nr = std::min(kNR, nc - jr);
+            const float* bias_tile = bias_here == nullptr ? nullptr : bias_here + j0 + jr;
             if (direct_a)
               micro_kernel<true>(kc, A + (i0 + ir) * lda + p0, lda, Bp + jr * kc, alpha, beta_here,
-                                 Ct + jr, ldc, mr, nr);
+                                 bias_tile, Ct + jr, ldc, mr, nr);
             else
-              micro_kernel<false>(kc, Ap + ir * kc, 0, Bp + jr * kc, alpha, beta_here, Ct + jr, ldc,
-                                  mr, nr);
+              micro_kernel<false>(kc, Ap + ir * kc, 0, Bp + jr * kc, alpha, beta_here, bias_tile,
+                                  Ct + jr, ldc, mr, nr);
           }
         }
       }
@@ -273,10 +287,21 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   }
 }
 
+void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc) {
+  sgemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr);
+}
+
 #else  // not x86-64
 
 bool sgemm_avx512_reads_a_in_place(bool, int64_t) {
   return false;
+}
+
+void sgemm_avx512(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                  int64_t, float, float*, int64_t, const float*) {
+  throw std::runtime_error("sgemm_avx512: not an x86-64 build");
 }
 
 void sgemm_avx512(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,

@@ -24,6 +24,12 @@ namespace loom::cpu {
 void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                   int64_t ldc);
+// With a `bias` (N values, or nullptr; beta must then be 0): C = alpha·op(A)·op(B) + bias in
+// every row, added as the first depth block is stored — the bits of C filled with the bias and
+// beta = 1, without that pass over C.
+void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc, const float* bias);
 
 // Whether sgemm_avx512 reads op(A) in place for a product of these columns (no packing of A):
 // gemm() weighs it when choosing how to split C between threads.
