@@ -14,6 +14,8 @@ std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> to
   const int64_t max_t = model.config().max_seq_len;
   if (tokens.empty()) fail("sampling needs a non-empty prompt");
   if (options.temperature < 0) fail("--temperature must be >= 0, got ", options.temperature);
+  if (options.tokens < 0) fail("--tokens must be >= 0, got ", options.tokens);
+  if (options.top_k < 0) fail("--top-k must be >= 0, got ", options.top_k);
   for (int32_t t : tokens)
     if (t < 0 || t >= V) fail("prompt token ", t, " is outside the vocabulary [0, ", V, ")");
   std::vector<double> probs(static_cast<size_t>(V));

@@ -70,6 +70,12 @@ TEST_F(Cli, SynthTrainSampleHappyPath) {
                  " --prompt 12+ --tokens 8 --temperature 0");
   ASSERT_EQ(s.code, 0) << s.output;
   EXPECT_EQ(s.output.rfind("12+", 0), 0u) << s.output;  // the prompt, then 8 more bytes
+  // Sampling options out of range are errors that name the option, not a silent default.
+  const std::string sample = "sample --checkpoint " + path("run/checkpoints/step_4");
+  expect_error(run(sample + " --prompt 1 --tokens -1"), "--tokens must be >= 0, got -1");
+  expect_error(run(sample + " --prompt 1 --temperature -1"), "--temperature must be >= 0");
+  expect_error(run(sample + " --prompt 1 --top-k -2"), "--top-k must be >= 0, got -2");
+  expect_error(run(sample + " --prompt ''"), "non-empty prompt");
 }
 
 TEST_F(Cli, UnknownConfigKey) {
