@@ -14,6 +14,7 @@
 #include "bench_comm.h"
 #include "checkpoint/checkpoint.h"
 #include "comm/flight_recorder.h"
+#include "comm/mpi/launch_env.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -53,15 +54,20 @@ int cmd_train(const TrainArgs& a) {
   options.resume = a.resume;
   options.stop_after = a.stop_after;
   options.progress = !a.quiet;
-  std::fprintf(stderr, "loom train: %s -> %s (%d rank%s: dp %d, pp %d, tp %d, zero %d; %ld steps, %ld micro-batches of %ld x %ld tokens per dp rank per step)\n",
-               a.config_path.c_str(), options.run_dir.c_str(), config.runtime.ranks,
-               config.runtime.ranks == 1 ? "" : "s", config.parallel.dp, config.parallel.pp,
-               config.parallel.tp, config.parallel.zero,
-               static_cast<long>(config.train.steps),
-               static_cast<long>(config.grad_accum_steps()),
-               static_cast<long>(config.train.micro_batch_size),
-               static_cast<long>(config.model.seq_len));
+  // Under mpirun/srun every process runs this: one of them (world rank 0) speaks for the job.
+  const bool speaks = !started_by_launcher(config) || detect_launch_env().rank == 0;
+  if (speaks)
+    std::fprintf(stderr,
+                 "loom train: %s -> %s (%d rank%s: dp %d, pp %d, tp %d, zero %d; %ld steps, %ld "
+                 "micro-batches of %ld x %ld tokens per dp rank per step)\n",
+                 a.config_path.c_str(), options.run_dir.c_str(), config.runtime.ranks,
+                 config.runtime.ranks == 1 ? "" : "s", config.parallel.dp, config.parallel.pp,
+                 config.parallel.tp, config.parallel.zero, static_cast<long>(config.train.steps),
+                 static_cast<long>(config.grad_accum_steps()),
+                 static_cast<long>(config.train.micro_batch_size),
+                 static_cast<long>(config.model.seq_len));
   TrainSummary s = run_training(config, options);
+  if (!speaks) return 0;
   if (s.last_step == s.start_step) {  // resumed where train.steps ends: nothing was trained
     std::fprintf(stderr,
                  "done: nothing to train, the run is at step %ld of train.steps = %ld%s%s\n",

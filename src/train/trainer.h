@@ -60,6 +60,10 @@ TrainSummary train_on(Communicator& world, const Config& config, const TrainOpti
 // dp = 2.
 void resolve_layout(Config& config);
 
+// Whether this process is one rank of a job started by mpirun/srun (runtime.backend "mpi", or
+// "auto"/"nccl" under a launcher), not the one process of thread ranks.
+bool started_by_launcher(const Config& config);
+
 // The model shape a config describes.
 struct Gpt2Config;
 Gpt2Config model_config_of(const Config& config);

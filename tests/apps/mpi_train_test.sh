@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `mpirun -np 2 loom train` as a user runs it: the job trains, writes one run directory whose
+# checkpoints verify, and speaks once — one "loom train:" line and one "done:" line, from world
+# rank 0, not one per process.
+#   mpi_train_test.sh LOOM_BINARY MPIRUN [MPIRUN_ARGS...]   (ctest passes them; see CMakeLists.txt)
+set -euo pipefail
+loom=$1
+shift
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+"$loom" data synth --out "$dir/data" --train-tokens 20000 --val-tokens 4000 2>/dev/null
+cat >"$dir/cfg.toml" <<TOML
+[model]
+vocab_size = 256
+seq_len = 16
+d_model = 16
+n_layers = 1
+n_heads = 2
+[data]
+train = "$dir/data/train_*.bin"
+val = "$dir/data/val_*.bin"
+[train]
+steps = 4
+batch_size = 4
+micro_batch_size = 2
+warmup_steps = 1
+eval_every = 2
+save_every = 2
+keep_checkpoints = 1
+TOML
+"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/run" --quiet 2>"$dir/err" >/dev/null || {
+  cat "$dir/err"
+  exit 1
+}
+fail() { echo "FAIL: $*"; cat "$dir/err"; exit 1; }
+[[ $(grep -c '^loom train:' "$dir/err") == 1 ]] || fail "expected one 'loom train:' line"
+[[ $(grep -c '^done: step 4' "$dir/err") == 1 ]] || fail "expected one 'done: step 4' line"
+grep -q '(2 ranks: dp 2' "$dir/err" || fail "expected the job to run as 2 ranks"
+[[ $(ls "$dir/run/checkpoints") == step_4 ]] || fail "expected only step_4 (keep_checkpoints = 1)"
+"$loom" checkpoint verify "$dir/run" | grep -q '^ok ' || fail "the checkpoint does not verify"
+echo "ok: one job, two ranks, one voice"
