@@ -94,6 +94,10 @@ std::string earlier_checkpoint(const std::string& checkpoint_dir) {
 std::optional<FileDigest> recorded_digest(const std::string& dir, const std::string& file,
                                           const json& state) {
   if (!state.contains("files") || !state["files"].contains(file)) return std::nullopt;
+  // A file of the checkpoint's own directory: nothing a state.json says makes Loom read others.
+  if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos)
+    fail("checkpoint ", dir, ": state.json's files names '", file,
+         "', which is not a file of the checkpoint directory");
   const json& record = state["files"][file];
   FileDigest want;
   try {

@@ -558,10 +558,15 @@ TEST_F(TrainTest, CheckpointWithoutDigestsStillResumes) {
   TrainOptions resume = options("old");
   resume.resume = "auto";
   EXPECT_EQ(run_training(config(6), resume).start_step, 4);
-  EXPECT_NE(error_of([&] {
-              verify_checkpoint(state.parent_path().string());
-            }).find("records no file digests"),
+  const std::string dir = state.parent_path().string();
+  EXPECT_NE(error_of([&] { verify_checkpoint(dir); }).find("records no file digests"),
             std::string::npos);
+  // Nor does a state.json make Loom read files outside its checkpoint.
+  j["files"] = {{"../../data/train_000000.bin", {{"bytes", 1}, {"xxh3_64", "0000000000000000"}}}};
+  write_bytes(state, j.dump(2));
+  EXPECT_NE(
+      error_of([&] { verify_checkpoint(dir); }).find("not a file of the checkpoint directory"),
+      std::string::npos);
 }
 
 }  // namespace
