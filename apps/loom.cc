@@ -152,8 +152,23 @@ int cmd_verify(const std::vector<std::string>& paths) {
   return bad > 0 || not_found > 0 ? 1 : 0;
 }
 
-int cmd_sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& opt,
-               uint64_t seed, int threads) {
+// A checkpoint to read: `path` itself (a step_N), else the newest complete one in it (a
+// directory of checkpoints) or in its checkpoints/ (a run directory); `path` when there is none,
+// so that reading it says what is missing.
+std::string checkpoint_at(const std::string& path) {
+  const std::filesystem::path p(path);
+  if (std::filesystem::exists(p / "state.json")) return path;
+  for (const std::string& dir : {path, (p / "checkpoints").string()}) {
+    const std::string latest = find_latest_checkpoint(dir);
+    if (!latest.empty()) return latest;
+  }
+  return path;
+}
+
+int cmd_sample(const std::string& checkpoint_path, const std::string& prompt,
+               const SampleOptions& opt, uint64_t seed, int threads) {
+  const std::string checkpoint = checkpoint_at(checkpoint_path);
+  if (checkpoint != checkpoint_path) std::fprintf(stderr, "sampling from %s\n", checkpoint.c_str());
   Gpt2Config mc = read_checkpoint_model(checkpoint);
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
@@ -329,7 +344,10 @@ int main(int argc, char** argv) {
   uint64_t sample_seed = 42;
   int sample_threads = 0;
   auto* sample_cmd = app.add_subcommand("sample", "generate text from a checkpoint");
-  sample_cmd->add_option("--checkpoint", checkpoint, "checkpoint dir (RUN_DIR/checkpoints/step_N)")->required();
+  sample_cmd
+      ->add_option("--checkpoint", checkpoint,
+                   "a checkpoint (RUN_DIR/checkpoints/step_N), or a run dir: its newest")
+      ->required();
   sample_cmd->add_option("--prompt", prompt, "prompt text")->capture_default_str();
   sample_cmd->add_option("--tokens", sample.tokens, "tokens to generate")->capture_default_str();
   sample_cmd->add_option("--temperature", sample.temperature, "0 = greedy")->capture_default_str();

@@ -70,6 +70,14 @@ TEST_F(Cli, SynthTrainSampleHappyPath) {
                  " --prompt 12+ --tokens 8 --temperature 0");
   ASSERT_EQ(s.code, 0) << s.output;
   EXPECT_EQ(s.output.rfind("12+", 0), 0u) << s.output;  // the prompt, then 8 more bytes
+  // A run directory samples from its newest checkpoint: the same greedy text, and it says which.
+  Result from_run =
+      run("sample --checkpoint " + path("run") + " --prompt 12+ --tokens 8 --temperature 0");
+  ASSERT_EQ(from_run.code, 0) << from_run.output;
+  EXPECT_NE(from_run.output.find("sampling from " + path("run/checkpoints/step_4")),
+            std::string::npos)
+      << from_run.output;
+  EXPECT_NE(from_run.output.find(s.output), std::string::npos) << from_run.output;
   // Sampling options out of range are errors that name the option, not a silent default.
   const std::string sample = "sample --checkpoint " + path("run/checkpoints/step_4");
   expect_error(run(sample + " --prompt 1 --tokens -1"), "--tokens must be >= 0, got -1");
