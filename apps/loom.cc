@@ -111,26 +111,30 @@ int cmd_check(CheckArgs& a) {
   return r.all_ok() ? 0 : 1;
 }
 
+// The checkpoints a command-line path names, by step: the path itself (a step_N), else the
+// complete ones in it (a directory of checkpoints) or in its checkpoints/ (a run directory);
+// empty when there are none.
+std::vector<std::string> checkpoints_at(const std::string& path) {
+  const std::filesystem::path p(path);
+  if (std::filesystem::exists(p / "state.json")) return {path};
+  std::vector<std::string> dirs = list_checkpoints(path);
+  if (dirs.empty()) dirs = list_checkpoints((p / "checkpoints").string());
+  return dirs;
+}
+
 // `loom checkpoint verify`: each path is a checkpoint (step_N), a directory of them, or a run
 // directory (its checkpoints/). Every checkpoint is checked; exit 1 when any is not as written.
 int cmd_verify(const std::vector<std::string>& paths) {
   int bad = 0, checked = 0, not_found = 0;
   for (const std::string& path : paths) {
-    std::vector<std::string> dirs;
-    const std::filesystem::path p(path);
-    if (std::filesystem::exists(p / "state.json")) {
-      dirs = {path};
-    } else {
-      dirs = list_checkpoints(path);
-      if (dirs.empty()) dirs = list_checkpoints((p / "checkpoints").string());
-      if (dirs.empty()) {
-        std::fprintf(stderr,
-                     "loom: error: %s: no checkpoint there (expected step_N/state.json, "
-                     "step_N directories or RUN_DIR/checkpoints)\n",
-                     path.c_str());
-        ++not_found;
-        continue;
-      }
+    const std::vector<std::string> dirs = checkpoints_at(path);
+    if (dirs.empty()) {
+      std::fprintf(stderr,
+                   "loom: error: %s: no checkpoint there (expected step_N/state.json, "
+                   "step_N directories or RUN_DIR/checkpoints)\n",
+                   path.c_str());
+      ++not_found;
+      continue;
     }
     for (const std::string& dir : dirs) {
       ++checked;
@@ -152,22 +156,12 @@ int cmd_verify(const std::vector<std::string>& paths) {
   return bad > 0 || not_found > 0 ? 1 : 0;
 }
 
-// A checkpoint to read: `path` itself (a step_N), else the newest complete one in it (a
-// directory of checkpoints) or in its checkpoints/ (a run directory); `path` when there is none,
-// so that reading it says what is missing.
-std::string checkpoint_at(const std::string& path) {
-  const std::filesystem::path p(path);
-  if (std::filesystem::exists(p / "state.json")) return path;
-  for (const std::string& dir : {path, (p / "checkpoints").string()}) {
-    const std::string latest = find_latest_checkpoint(dir);
-    if (!latest.empty()) return latest;
-  }
-  return path;
-}
-
 int cmd_sample(const std::string& checkpoint_path, const std::string& prompt,
                const SampleOptions& opt, uint64_t seed, int threads) {
-  const std::string checkpoint = checkpoint_at(checkpoint_path);
+  // A run directory (or one of checkpoints): its newest; nothing there: the path as given, so
+  // that reading it says what is missing.
+  const std::vector<std::string> found = checkpoints_at(checkpoint_path);
+  const std::string checkpoint = found.empty() ? checkpoint_path : found.back();
   if (checkpoint != checkpoint_path) std::fprintf(stderr, "sampling from %s\n", checkpoint.c_str());
   Gpt2Config mc = read_checkpoint_model(checkpoint);
   Gpt2 model(mc);

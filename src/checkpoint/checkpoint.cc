@@ -57,20 +57,25 @@ json digest_json(const FileDigest& d) {
   return {{"bytes", d.bytes}, {"xxh3_64", xxh3_hex(d.xxh3)}};
 }
 
+// N for a directory named step_N, else nullopt (step_N.tmp, anything else).
+std::optional<int64_t> step_of(const std::string& name) {
+  if (name.rfind("step_", 0) != 0) return std::nullopt;
+  const std::string digits = name.substr(5);
+  if (digits.empty() || digits.size() > 18 ||  // fits int64_t
+      digits.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
 // The complete checkpoints (step_N holding a state.json) under `checkpoints_dir`, by step.
 std::map<int64_t, std::string> complete_checkpoints(const fs::path& checkpoints_dir) {
   std::map<int64_t, std::string> found;
   std::error_code ec;
   if (!fs::is_directory(checkpoints_dir, ec)) return found;
   for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
-    const std::string digits = name.substr(5);
-    if (digits.empty() || digits.size() > 18 ||  // fits int64_t
-        digits.find_first_not_of("0123456789") != std::string::npos)
-      continue;
-    if (!fs::exists(entry.path() / "state.json")) continue;
-    found[std::stoll(digits)] = entry.path().string();
+    const std::optional<int64_t> step = step_of(entry.path().filename().string());
+    if (step && entry.is_directory() && fs::exists(entry.path() / "state.json"))
+      found[*step] = entry.path().string();
   }
   return found;
 }
@@ -80,12 +85,10 @@ std::map<int64_t, std::string> complete_checkpoints(const fs::path& checkpoints_
 std::string earlier_checkpoint(const std::string& checkpoint_dir) {
   fs::path dir = fs::path(checkpoint_dir).lexically_normal();
   if (dir.filename().empty()) dir = dir.parent_path();  // "…/step_N/"
-  const std::string name = dir.filename().string();
-  if (name.rfind("step_", 0) != 0 || name.size() == 5 || name.size() > 23 ||
-      name.find_first_not_of("0123456789", 5) != std::string::npos)
-    return "";
+  const std::optional<int64_t> step = step_of(dir.filename().string());
+  if (!step) return "";
   const std::map<int64_t, std::string> all = complete_checkpoints(dir.parent_path());
-  const auto at = all.lower_bound(std::stoll(name.substr(5)));
+  const auto at = all.lower_bound(*step);
   return at == all.begin() ? "" : std::prev(at)->second;
 }
 
