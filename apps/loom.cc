@@ -1,7 +1,9 @@
-// loom — the command line: train, check, data prepare/synth, sample, bench train, schedule.
+// loom — the command line: train, launch, check, data prepare/synth, sample, bench train, schedule.
 // This is the only place that turns errors into exit codes: loom::Error (a user, config, data or
 // environment mistake) prints one line "loom: error: ..." and exits 1; bad command-line syntax
 // exits 2 (CLI11's usage message).
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +23,7 @@
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
+#include "launch/supervisor.h"
 #include "parallel/pipeline_schedule.h"
 #include "train/benchmark.h"
 #include "train/generate.h"
@@ -54,6 +57,8 @@ int cmd_train(const TrainArgs& a) {
   options.resume = a.resume;
   options.stop_after = a.stop_after;
   options.progress = !a.quiet;
+  options.stop_on_signal = true;
+  install_stop_signals();
   // Under mpirun/srun every process runs this: one of them (world rank 0) speaks for the job.
   const bool speaks = !started_by_launcher(config) || detect_launch_env().rank == 0;
   if (speaks)
@@ -67,6 +72,15 @@ int cmd_train(const TrainArgs& a) {
                  static_cast<long>(config.train.micro_batch_size),
                  static_cast<long>(config.model.seq_len));
   TrainSummary s = run_training(config, options);
+  if (s.stopped_by_signal != 0) {  // every rank stopped at the same step, with a checkpoint
+    if (speaks)
+      std::fprintf(
+          stderr,
+          "stopped by SIG%s after step %ld of %ld; checkpoint %s (continue with --resume auto)\n",
+          sigabbrev_np(s.stopped_by_signal), static_cast<long>(s.last_step),
+          static_cast<long>(config.train.steps), s.last_checkpoint.c_str());
+    return 128 + s.stopped_by_signal;
+  }
   if (!speaks) return 0;
   if (s.last_step == s.start_step) {  // resumed where train.steps ends: nothing was trained
     std::fprintf(stderr,
@@ -80,6 +94,28 @@ int cmd_train(const TrainArgs& a) {
                s.last_val_loss >= 0 ? (", val loss " + std::to_string(s.last_val_loss)).c_str() : "",
                s.tokens_per_s, static_cast<double>(s.peak_bytes) / 1048576.0);
   return 0;
+}
+
+// `loom launch [options] -- COMMAND...`: runs the command until it succeeds, restarting it after
+// failures (launch/supervisor.h). A `loom train` in the command must resume, or every restart
+// would start the run over; its run directory is watched for progress unless --run-dir names one.
+int cmd_launch(LaunchOptions options, const std::vector<std::string>& command) {
+  if (command.empty()) fail("no command to run: loom launch [options] -- COMMAND ...");
+  const TrainCommand train = inspect_train_command(command);
+  if (train.is_loom_train && !train.resumes)
+    fail(
+        "the command's `loom train` has no --resume, so every restart would start "
+        "the run over: add --resume auto");
+  if (options.run_dir.empty()) options.run_dir = train.run_dir;
+  const LaunchResult r = supervise(command, options, [](const std::string& line) {
+    std::fprintf(stderr, "loom launch: %s\n", line.c_str());
+  });
+  if (r.exit_code != 0 && !r.interrupted && r.attempts.size() > 1)
+    std::fprintf(stderr, "loom launch: the job failed %zu times%s\n", r.attempts.size(),
+                 options.run_dir.empty()
+                     ? ""
+                     : ("; attempts in " + options.run_dir + "/launch.jsonl").c_str());
+  return r.exit_code;
 }
 
 struct CheckArgs {
@@ -359,6 +395,33 @@ int main(int argc, char** argv) {
                    "checkpoint dirs (step_N), directories of them, or run dirs")
       ->required();
 
+  LaunchOptions launch;
+  std::vector<std::string> launch_command;
+  auto* launch_cmd = app.add_subcommand(
+      "launch", "run a training command, restarting it from its newest checkpoint when it fails");
+  launch_cmd
+      ->add_option("--max-restarts", launch.max_restarts,
+                   "restarts after failures in a row that saved no new checkpoint")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  launch_cmd->add_option("--restart-delay", launch.restart_delay_s, "seconds before each restart")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  launch_cmd->add_option(
+      "--run-dir", launch.run_dir,
+      "the run directory to watch (default: the command's loom train --run-dir)");
+  launch_cmd
+      ->add_option("--stall-timeout", launch.stall_timeout_s,
+                   "stop and restart an attempt that logs no step for this many seconds (0: never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  launch_cmd
+      ->add_option("--kill-grace", launch.kill_grace_s,
+                   "seconds between SIGTERM and SIGKILL for a stalled attempt")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  launch_cmd->add_option("command", launch_command, "the command, after --")->required();
+
   std::string shape = "bench-s";
   BenchOptions bench;
   bool json = false;
@@ -440,6 +503,7 @@ int main(int argc, char** argv) {
     cpu::cpu_gemm_backend();
     if (train_cmd->parsed()) return cmd_train(train);
     if (check_cmd->parsed()) return cmd_check(check);
+    if (launch_cmd->parsed()) return cmd_launch(launch, launch_command);
     if (prepare_cmd->parsed()) {
       PrepareResult r = prepare_dataset(inputs, out_dir, prep);
       std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens\n", out_dir.c_str(),

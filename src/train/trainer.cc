@@ -1,9 +1,11 @@
 #include "train/trainer.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -44,6 +46,57 @@ Gpt2Config model_config_of(const Config& config) {
   return m;
 }
 
+namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal == 0) g_stop_signal = sig;
+}
+
+// Faults for testing `loom launch` and the graceful stop (tests/apps/cli_test.cc):
+// LOOM_TEST_FAULT = "kill@N" makes world rank 0 kill its process with SIGKILL once step N is
+// logged, "hang@N" makes it stop responding there, as a crashed or wedged rank would, and
+// "term@N" sends its process SIGTERM there, as a scheduler preempting the job would. Only in a run
+// that started at step 0, so that the restarted run (resumed from a checkpoint) goes past it.
+struct TestFault {
+  enum Kind { kNone, kKill, kHang, kTerm } kind = kNone;
+  int64_t step = 0;
+};
+
+TestFault test_fault_from_env() {
+  const char* env = std::getenv("LOOM_TEST_FAULT");
+  if (env == nullptr || *env == 0) return {};
+  const std::string s = env;
+  const size_t at = s.find('@');
+  TestFault f;
+  const std::string kind = s.substr(0, at);
+  if (kind == "kill") f.kind = TestFault::kKill;
+  if (kind == "hang") f.kind = TestFault::kHang;
+  if (kind == "term") f.kind = TestFault::kTerm;
+  char* end = nullptr;
+  if (at != std::string::npos) f.step = std::strtoll(s.c_str() + at + 1, &end, 10);
+  if (f.kind == TestFault::kNone || at == std::string::npos || end == nullptr || *end != 0 ||
+      f.step < 1)
+    fail("LOOM_TEST_FAULT = '", s, "': expected kill@STEP, hang@STEP or term@STEP (STEP >= 1)");
+  return f;
+}
+
+}  // namespace
+
+void install_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sa.sa_flags = SA_RESETHAND;  // the second Ctrl-C is the default action: the process ends
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+int stop_signal_received() {
+  return g_stop_signal;
+}
+
 // One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
 // checkpoints, progress); every rank computes.
 TrainSummary train_on(Communicator& world, const Config& config_in, const TrainOptions& options,
@@ -53,6 +106,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   validate(config);
   const TrainConfig& tc = config.train;
   const bool leader = world.rank() == 0;
+  const TestFault fault = test_fault_from_env();
   const int64_t seq_len = config.model.seq_len;
   const int64_t micro = tc.micro_batch_size;
   const int64_t accum = config.grad_accum_steps();
@@ -365,8 +419,24 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         }
       }
     }
-    const bool stopping = options.stop_after > 0 && step == options.stop_after && !last;
+    if (leader && summary.start_step == 0 && step == fault.step) {
+      if (fault.kind == TestFault::kKill) raise(SIGKILL);
+      if (fault.kind == TestFault::kTerm) raise(SIGTERM);  // handled before raise returns
+      if (fault.kind == TestFault::kHang)
+        for (;;) pause();
+    }
+    // Every rank sees the same answer, at the same step, whenever the signal reached each.
+    const int signalled =
+        options.stop_on_signal && !last
+            ? static_cast<int>(all_reduce_value(world, stop_signal_received(), ReduceOp::kMax))
+            : 0;
+    const bool stopping =
+        (options.stop_after > 0 && step == options.stop_after && !last) || signalled != 0;
     if ((tc.save_every > 0 && (step % tc.save_every == 0 || last)) || stopping) checkpoint(step);
+    if (signalled) {
+      summary.stopped_by_signal = signalled;
+      break;
+    }
   }
   if (leader) progress.finish();
   summary.tokens_per_s =

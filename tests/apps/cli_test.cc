@@ -10,9 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
-#include <vector>
 #include <string>
+#include <vector>
 
 namespace {
 namespace fs = std::filesystem;
@@ -22,8 +23,11 @@ struct Result {
   std::string output;
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(LOOM_BINARY_DIR) + "/apps/loom " + args + " 2>&1";
+const std::string kLoom = std::string(LOOM_BINARY_DIR) + "/apps/loom";
+
+// `env` (NAME=value ...) is set for the command only.
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + (env.empty() ? "" : " ") + kLoom + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -245,5 +249,112 @@ TEST_F(Cli, CheckPrintsTheTable) {
   EXPECT_NE(bad.output.find("error: "), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("train.batch_size = 4"), std::string::npos) << bad.output;
   expect_error(run("check " + cfg + " --layouts 'dp=2,tq=2'"), "\"tq=2\"");
+}
+}  // namespace
+
+namespace {
+// What a checkpoint's state.json recorded of its files: "name=digest ..." (bit-for-bit equality
+// of two checkpoints' tensors).
+std::string digests_of(const std::string& checkpoint) {
+  std::ifstream in(fs::path(checkpoint) / "state.json");
+  const nlohmann::json state = nlohmann::json::parse(in);
+  std::string out;
+  for (const auto& [name, file] : state["files"].items())
+    out += name + "=" + file["xxh3_64"].get<std::string>() + " ";
+  return out;
+}
+
+// metrics.jsonl's losses by step; a step listed twice is a test failure.
+std::map<int64_t, double> losses_of(const std::string& metrics) {
+  std::ifstream in(metrics);
+  std::map<int64_t, double> out;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    EXPECT_TRUE(out.emplace(r["step"].get<int64_t>(), r["loss"].get<double>()).second) << line;
+  }
+  return out;
+}
+
+class Launch : public Cli {
+ protected:
+  void SetUp() override {
+    Cli::SetUp();
+    ASSERT_EQ(
+        run("data synth --out " + path("data") + " --train-tokens 20000 --val-tokens 4000").code,
+        0);
+    config_ = write_config("");  // 4 steps, a checkpoint every 2
+  }
+  // The run without faults, for comparison.
+  void reference(const std::string& options = "") {
+    ASSERT_EQ(run("train " + config_ + " --run-dir " + path("ref") + " --quiet " + options).code,
+              0);
+  }
+  void expect_same_run_as_reference(const std::string& run_dir) {
+    EXPECT_EQ(digests_of(run_dir + "/checkpoints/step_4"),
+              digests_of(path("ref/checkpoints/step_4")));
+    const std::map<int64_t, double> losses = losses_of(run_dir + "/metrics.jsonl");
+    EXPECT_EQ(losses.size(), 4u);
+    EXPECT_EQ(losses, losses_of(path("ref/metrics.jsonl")));
+  }
+  std::string config_;
+};
+
+// A training process killed after step 3 (its newest checkpoint: step 2) is restarted from that
+// checkpoint and ends as the run that was never killed, bit for bit, each step logged once.
+TEST_F(Launch, RestartsAKilledTrainingFromItsCheckpointBitForBit) {
+  reference();
+  const Result r = run("launch --restart-delay 0 -- " + kLoom + " train " + config_ +
+                           " --run-dir " + path("run") + " --resume auto --quiet",
+                       "LOOM_TEST_FAULT=kill@3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("attempt 1 failed after"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("killed by SIGKILL; newest checkpoint step_2"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("attempt 2: " + kLoom), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(newest checkpoint: step_2)"), std::string::npos) << r.output;
+  expect_same_run_as_reference(path("run"));
+  std::ifstream in(path("run/launch.jsonl"));
+  std::vector<nlohmann::json> attempts;
+  for (std::string line; std::getline(in, line);) attempts.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(attempts.size(), 2u);
+  EXPECT_EQ(attempts[0]["signal"], "SIGKILL");
+  EXPECT_EQ(attempts[1]["checkpoint_before"], "step_2");
+  EXPECT_EQ(attempts[1]["exit_code"], 0);
+}
+
+// A rank that stops responding after step 3: no step is logged for --stall-timeout, the attempt
+// is stopped (SIGTERM, ignored by the wedged rank, then SIGKILL) and restarted.
+TEST_F(Launch, RestartsAStalledTraining) {
+  reference();
+  const Result r =
+      run("launch --restart-delay 0 --stall-timeout 2 --kill-grace 0.5 -- " + kLoom + " train " +
+              config_ + " --run-dir " + path("run") + " --resume auto --quiet",
+          "LOOM_TEST_FAULT=hang@3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("no training step for"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stalled, stopped (SIGKILL)"), std::string::npos) << r.output;
+  expect_same_run_as_reference(path("run"));
+}
+
+// SIGTERM (a scheduler's preemption) ends every thread rank at the end of the same step with a
+// checkpoint there; resumed, the run ends as the one never stopped.
+TEST_F(Launch, TrainStopsAtAStepOnSigtermAndResumesBitForBit) {
+  reference("--ranks 2");
+  const std::string train = "train " + config_ + " --run-dir " + path("run") + " --ranks 2";
+  const Result stopped = run(train, "LOOM_TEST_FAULT=term@3");
+  EXPECT_EQ(stopped.code, 128 + 15) << stopped.output;
+  EXPECT_NE(stopped.output.find("stopped by SIGTERM after step 3 of 4; checkpoint " +
+                                path("run/checkpoints/step_3")),
+            std::string::npos)
+      << stopped.output;
+  EXPECT_TRUE(fs::exists(path("run/checkpoints/step_3/state.json")));
+  const Result resumed = run(train + " --resume auto");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  expect_same_run_as_reference(path("run"));
+}
+
+TEST_F(Launch, ATrainCommandThatDoesNotResumeIsRefused) {
+  expect_error(run("launch -- " + kLoom + " train " + config_), "add --resume auto");
+  expect_error(run("train " + config_, "LOOM_TEST_FAULT=explode@1"), "LOOM_TEST_FAULT");
 }
 }  // namespace

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 loom train` as a user runs it: the job trains, writes one run directory whose
 # checkpoints verify, and speaks once — one "loom train:" line and one "done:" line, from world
-# rank 0, not one per process.
+# rank 0, not one per process. Then `loom launch` around the same mpirun, with rank 0's process
+# killed after step 3: mpirun ends the job, the launcher restarts it from step_2, and it ends
+# with the same step_4 checkpoint, bit for bit.
 #   mpi_train_test.sh LOOM_BINARY MPIRUN [MPIRUN_ARGS...]   (ctest passes them; see CMakeLists.txt)
 set -euo pipefail
 loom=$1
@@ -38,4 +40,13 @@ fail() { echo "FAIL: $*"; cat "$dir/err"; exit 1; }
 grep -q '(2 ranks: dp 2' "$dir/err" || fail "expected the job to run as 2 ranks"
 [[ $(ls "$dir/run/checkpoints") == step_4 ]] || fail "expected only step_4 (keep_checkpoints = 1)"
 "$loom" checkpoint verify "$dir/run" | grep -q '^ok ' || fail "the checkpoint does not verify"
-echo "ok: one job, two ranks, one voice"
+
+digests() { grep -o '"xxh3_64": *"[0-9a-f]*"' "$1/state.json"; }
+LOOM_TEST_FAULT=kill@3 "$loom" launch --restart-delay 0 -- "$@" -np 2 "$loom" train "$dir/cfg.toml" \
+  --run-dir "$dir/relaunched" --resume auto --quiet 2>"$dir/err" >/dev/null || fail "loom launch failed"
+grep -q 'attempt 1 failed after .*; newest checkpoint step_2 (new)' "$dir/err" ||
+  fail "expected the first attempt to fail after saving step_2"
+grep -q 'attempt 2 succeeded' "$dir/err" || fail "expected the second attempt to succeed"
+[[ "$(digests "$dir/relaunched/checkpoints/step_4")" == "$(digests "$dir/run/checkpoints/step_4")" ]] ||
+  fail "the relaunched job's step_4 differs from the uninterrupted job's"
+echo "ok: one job, two ranks, one voice; killed and relaunched, the same checkpoint"
