@@ -13,14 +13,15 @@
 #include <optional>
 
 #include "base/error.h"
+#include "checkpoint/checkpoint_io.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sharded_checkpoint.h"
 
 namespace loom {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-constexpr int kFormatVersion = 1;
+namespace checkpoint_io {
 
 // Writes `text` and flushes it to the disk, like the tensor files, before the directory holding
 // them is renamed into place.
@@ -56,6 +57,12 @@ void sync_directory(const fs::path& dir) {
 json digest_json(const FileDigest& d) {
   return {{"bytes", d.bytes}, {"xxh3_64", xxh3_hex(d.xxh3)}};
 }
+
+}  // namespace checkpoint_io
+
+using namespace checkpoint_io;
+
+namespace {
 
 // N for a directory named step_N, else nullopt (step_N.tmp, anything else).
 std::optional<int64_t> step_of(const std::string& name) {
@@ -138,7 +145,10 @@ int64_t file_bytes(const std::string& dir, const std::string& file) {
   return static_cast<int64_t>(size);
 }
 
-// Reads `file` of a checkpoint, checked against its recorded digest where there is one.
+}  // namespace
+
+namespace checkpoint_io {
+
 SafetensorsFile load_checked(const std::string& dir, const std::string& file, const json& state) {
   const std::string path = (fs::path(dir) / file).string();
   const std::optional<FileDigest> want = recorded_digest(dir, file, state);
@@ -173,6 +183,10 @@ json read_state_json(const std::string& dir) {
   }
 }
 
+}  // namespace checkpoint_io
+
+namespace {
+
 // Copies `src` (from a file) into `dst` after checking name, shape and dtype.
 void load_into(const std::string& dir, const std::string& file, const SafetensorsFile& st,
                const std::string& name, Tensor& dst) {
@@ -196,6 +210,65 @@ Tensor view_of(const Tensor& flat, const Parameter& p) {
   return flat.narrow(p.offset, p.numel()).reshape(p.shape);
 }
 }  // namespace
+
+namespace checkpoint_io {
+
+json state_json(const TrainingState& state, const ParameterStore& params, const Gpt2Config& mc,
+                bool has_optimizer) {
+  json j;
+  j["format_version"] = kFormatVersion;
+  j["step"] = state.step;
+  j["optimizer_steps"] = state.optimizer_steps;
+  j["loader"] = {{"shard", state.loader_shard},
+                 {"offset", state.loader_offset},
+                 {"epoch", state.loader_epoch}};
+  j["seed"] = state.seed;
+  if (state.loss_scaler)
+    j["loss_scale"] = {{"scale", state.loss_scaler->scale},
+                       {"good_steps", state.loss_scaler->good_steps}};
+  // Training draws no random numbers after initialisation (no dropout, deterministic data order),
+  // so the counter-based generator's key is all the RNG state there is.
+  j["rng"] = {{"algorithm", "philox4x32-10"}, {"seed", state.seed}};
+  j["has_optimizer"] = has_optimizer;
+  j["config"] = state.config_toml;
+  json shape = {
+      {"arch", "gpt2"},        {"vocab_size", mc.vocab_size}, {"max_seq_len", mc.max_seq_len},
+      {"d_model", mc.d_model}, {"n_layers", mc.n_layers},     {"n_heads", mc.n_heads}};
+  // Parameter shapes, so a reader can check compatibility without the config.
+  for (const auto& p : params.parameters()) shape["parameters"][p->name] = p->full_shape;
+  j["model"] = shape;
+  return j;
+}
+
+TrainingState training_state_of(const std::string& checkpoint_dir, const json& j) {
+  TrainingState s;
+  try {
+    s.step = j.at("step").get<int64_t>();
+    s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    s.loader_shard = j.at("loader").at("shard").get<int64_t>();
+    s.loader_offset = j.at("loader").at("offset").get<int64_t>();
+    s.loader_epoch = j.at("loader").at("epoch").get<int64_t>();
+    s.seed = j.at("seed").get<uint64_t>();
+    s.config_toml = j.value("config", std::string());
+    if (j.contains("loss_scale"))
+      s.loss_scaler = LossScalerState{j.at("loss_scale").at("scale").get<double>(),
+                                      j.at("loss_scale").at("good_steps").get<int64_t>()};
+  } catch (const json::exception& e) {
+    fail("checkpoint ", checkpoint_dir, ": state.json is incomplete: ", e.what());
+  }
+  return s;
+}
+
+void publish(const fs::path& tmp_dir, const fs::path& final_dir) {
+  // Replace an older checkpoint of the same step (a re-run) only once the new one is complete.
+  std::error_code ec;
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) fail("cannot rename ", tmp_dir.string(), " to ", final_dir.string(), ": ", ec.message());
+  sync_directory(final_dir.parent_path());
+}
+
+}  // namespace checkpoint_io
 
 std::string save_checkpoint(const std::string& checkpoints_dir, Gpt2& model, AdamW* optimizer,
                             const TrainingState& state) {
@@ -236,36 +309,11 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const ParameterS
     files["optimizer.safetensors"] =
         digest_json(save_safetensors((tmp_dir / "optimizer.safetensors").string(), moments, meta));
   }
-  json j;
-  j["format_version"] = kFormatVersion;
-  j["step"] = state.step;
-  j["optimizer_steps"] = state.optimizer_steps;
-  j["loader"] = {{"shard", state.loader_shard}, {"offset", state.loader_offset},
-                 {"epoch", state.loader_epoch}};
-  j["seed"] = state.seed;
-  if (state.loss_scaler)
-    j["loss_scale"] = {{"scale", state.loss_scaler->scale},
-                       {"good_steps", state.loss_scaler->good_steps}};
-  // Training draws no random numbers after initialisation (no dropout, deterministic data order),
-  // so the counter-based generator's key is all the RNG state there is.
-  j["rng"] = {{"algorithm", "philox4x32-10"}, {"seed", state.seed}};
-  j["has_optimizer"] = has_optimizer;
-  j["config"] = state.config_toml;
-  json shape = {{"arch", "gpt2"},           {"vocab_size", mc.vocab_size},
-                {"max_seq_len", mc.max_seq_len}, {"d_model", mc.d_model},
-                {"n_layers", mc.n_layers},   {"n_heads", mc.n_heads}};
-  // Parameter shapes, so a reader can check compatibility without the config.
-  for (const auto& p : params.parameters()) shape["parameters"][p->name] = p->shape;
-  j["model"] = shape;
+  json j = state_json(state, params, mc, has_optimizer);
   // What each tensor file held, checked when it is read (load_checked).
   j["files"] = files;
   write_text_file(tmp_dir / "state.json", j.dump(2) + "\n");
-
-  // Replace an older checkpoint of the same step (a re-run) only once the new one is complete.
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) fail("cannot rename ", tmp_dir.string(), " to ", final_dir.string(), ": ", ec.message());
-  sync_directory(checkpoints_dir);
+  publish(tmp_dir, final_dir);
   return final_dir.string();
 }
 
@@ -326,6 +374,8 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, Ad
 TrainingState load_checkpoint(const std::string& checkpoint_dir, const ParameterStore& params,
                               FlatModelState& flat, bool all_tensors) {
   json j = read_state_json(checkpoint_dir);
+  if (j.value("format", std::string()) == "sharded")
+    return load_sharded_checkpoint_into(checkpoint_dir, params, flat);
   SafetensorsFile weights = load_checked(checkpoint_dir, "model.safetensors", j);
   for (const auto& p : params.parameters()) {
     Tensor dst = view_of(flat.values, *p);
@@ -345,21 +395,7 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, const Parameter
       load_into(checkpoint_dir, "optimizer.safetensors", moments, p->name + ".exp_avg_sq", v);
     }
   }
-  TrainingState s;
-  try {
-    s.step = j.at("step").get<int64_t>();
-    s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
-    s.loader_shard = j.at("loader").at("shard").get<int64_t>();
-    s.loader_offset = j.at("loader").at("offset").get<int64_t>();
-    s.loader_epoch = j.at("loader").at("epoch").get<int64_t>();
-    s.seed = j.at("seed").get<uint64_t>();
-    s.config_toml = j.value("config", std::string());
-    if (j.contains("loss_scale"))
-      s.loss_scaler = LossScalerState{j.at("loss_scale").at("scale").get<double>(),
-                                      j.at("loss_scale").at("good_steps").get<int64_t>()};
-  } catch (const json::exception& e) {
-    fail("checkpoint ", checkpoint_dir, ": state.json is incomplete: ", e.what());
-  }
+  TrainingState s = training_state_of(checkpoint_dir, j);
   return s;
 }
 

@@ -13,8 +13,8 @@
 //
 // A checkpoint is written to step_N.tmp/ and renamed to step_N/ only when every file is complete,
 // so a crash mid-save never leaves a directory that looks finished. Everything is keyed by
-// parameter name, never by rank or layout, which keeps the format open for the sharded,
-// multi-rank checkpoints of a later issue (each rank will write its regions of each name).
+// parameter name, never by rank or layout. The sharded format, where every rank writes what it
+// owns, is checkpoint/sharded_checkpoint.h; load_checkpoint reads either.
 #pragma once
 
 #include <cstdint>

@@ -61,6 +61,8 @@ struct TrainConfig {
   int64_t eval_batches = 8;      // validation micro-batches per evaluation
   int64_t save_every = 500;      // steps between checkpoints; 0 = never
   int64_t keep_checkpoints = 0;  // the newest complete checkpoints kept after a save; 0 = all
+  // "whole": one file set, assembled on one rank; "sharded": every rank writes what it owns
+  std::string checkpoint_format = "whole";
   int64_t log_every = 1;         // steps between log lines
   // Deprecated alias of parallel.recompute = "full" (Config::resolved_recompute()).
   bool recompute = false;

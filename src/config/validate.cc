@@ -115,6 +115,7 @@ void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p
   p.positive("train.eval_batches", t.eval_batches);
   p.non_negative("train.save_every", t.save_every);
   p.non_negative("train.keep_checkpoints", t.keep_checkpoints);
+  p.one_of("train.checkpoint_format", t.checkpoint_format, {"whole", "sharded"});
   p.positive("train.log_every", t.log_every);
   // train.recompute = true is the deprecated spelling of parallel.recompute = "full".
   if (t.recompute && par.recompute == "selective")

@@ -36,6 +36,7 @@ class ZeroDataParallel final : public DataParallel {
   FlatModelState gather_state() override;
   void load_state(const FlatModelState& state, int64_t optimizer_steps) override;
   int64_t optimizer_steps() const override { return optimizer_->steps_taken(); }
+  FlatModelState owned_state(std::vector<std::pair<int64_t, int64_t>>& ranges) override;
   int zero_stage() const override { return stage_; }
 
   void before_forward(size_t unit) override;
@@ -418,6 +419,35 @@ FlatModelState ZeroDataParallel::gather_state() {
   all_gather_units(optimizer_->m(), state.exp_avg);
   all_gather_units(optimizer_->v(), state.exp_avg_sq);
   return state;
+}
+
+FlatModelState ZeroDataParallel::owned_state(std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  ranges.clear();
+  int64_t total = 0;
+  for (size_t u = 0; u < num_units(); ++u) {
+    const ParamUnit& unit = params_.units()[u];
+    const int64_t begin = stage_ == 0 ? unit.begin + unit.numel * rank_ / size_ : chunk_begin(u);
+    const int64_t end =
+        stage_ == 0 ? unit.begin + unit.numel * (rank_ + 1) / size_ : begin + chunk(u);
+    ranges.emplace_back(begin, end);
+    total += end - begin;
+  }
+  // The ranges of a full flat buffer, concatenated.
+  auto gather_ranges = [&](const Tensor& full) {
+    Tensor out = Tensor::empty({total}, DType::kF32, device_);
+    int64_t at = 0;
+    for (const auto& [begin, end] : ranges) {
+      out.narrow(at, end - begin).copy_from(full.narrow(begin, end - begin));
+      at += end - begin;
+    }
+    return out;
+  };
+  if (stage_ == 0)
+    return {gather_ranges(params_.values()), gather_ranges(optimizer_->m()),
+            gather_ranges(optimizer_->v())};
+  // Stages 1-3: the shard buffers hold exactly these chunks, in this order.
+  return {stage_ == 3 ? shard_values_ : gather_ranges(params_.values()), optimizer_->m(),
+          optimizer_->v()};
 }
 
 void ZeroDataParallel::load_state(const FlatModelState& state, int64_t optimizer_steps) {

@@ -31,6 +31,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "base/thread_pool.h"
 #include "comm/communicator.h"
@@ -103,6 +105,11 @@ class DataParallel : public ParamHooks {
   virtual FlatModelState gather_state() = 0;
   virtual void load_state(const FlatModelState& state, int64_t optimizer_steps) = 0;
   virtual int64_t optimizer_steps() const = 0;
+  // What this rank writes of a sharded checkpoint (checkpoint/sharded_checkpoint.h), without
+  // communicating: flat ranges of the store's layout — its chunk of every unit; in stage 0, where
+  // every rank holds everything, the same split, so that the ranks write disjoint parts — and
+  // the values and moments of those ranges, concatenated (on the engine's device).
+  virtual FlatModelState owned_state(std::vector<std::pair<int64_t, int64_t>>& ranges) = 0;
 
   virtual int zero_stage() const = 0;
   const DataParallelMemory& memory() const { return memory_; }

@@ -1,6 +1,9 @@
 #include "train/sharded_io.h"
 
+#include <set>
+
 #include "base/error.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "models/gpt2.h"
 #include "train/trainer.h"
 
@@ -63,11 +66,57 @@ void reduce_to_first(Communicator& comm, Tensor& host) {
   host.copy_from(staged);
 }
 
-}  // namespace
+// The parameters of a part this rank leaves to another: the tied wte in a part that is not the
+// first stage, and, on tp ranks but the first, the parameters every tp rank holds whole.
+std::set<std::string> left_to_others(Gpt2Stage& part, int tp_rank) {
+  std::set<std::string> skip;
+  const Parameter* duplicate = part.part().embedding ? nullptr : part.head_weight();
+  for (const auto& p : part.params().parameters())
+    if (p.get() == duplicate || (tp_rank != 0 && p->pieces.empty() && p->shape == p->full_shape))
+      skip.insert(p->name);
+  return skip;
+}
 
-std::string save_sharded_checkpoint(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
-                                    const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
-                                    const Config& config, const TrainingState& st) {
+std::string save_per_rank(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
+                          const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
+                          const Config& config, const TrainingState& st) {
+  Communicator& world = mesh.world();
+  std::vector<ShardSlice> slices;
+  std::vector<FlatModelState> owned;
+  int64_t total = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    owned.push_back(on_host(engines[k]->owned_state(ranges)));
+    for (ShardSlice s :
+         slices_of(parts[k]->params(), ranges, left_to_others(*parts[k], mesh.coord("tp")))) {
+      s.at += total;  // the parts' arrays follow one another in the file
+      slices.push_back(std::move(s));
+    }
+    total += owned.back().values.numel();
+  }
+  FlatModelState arrays = zero_state(total);
+  int64_t at = 0;
+  for (const FlatModelState& o : owned) {
+    const int64_t n = o.values.numel();
+    arrays.values.narrow(at, n).copy_from(o.values);
+    arrays.exp_avg.narrow(at, n).copy_from(o.exp_avg);
+    arrays.exp_avg_sq.narrow(at, n).copy_from(o.exp_avg_sq);
+    at += n;
+  }
+  const bool leader = world.rank() == 0;
+  if (leader) begin_sharded_checkpoint(dir, st.step);
+  world.barrier();  // step_N.tmp exists, empty
+  const std::string tmp = dir + "/step_" + std::to_string(st.step) + ".tmp";
+  write_shard(tmp, world.rank(), slices, arrays);
+  world.barrier();  // every shard is on the disk
+  if (!leader) return "";
+  auto layout = whole_layout(config);
+  return finish_sharded_checkpoint(tmp, world.size(), layout->params(), layout->config(), st, true);
+}
+
+std::string save_whole(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
+                       const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
+                       const Config& config, const TrainingState& st) {
   LOOM_CHECK(parts.size() == engines.size());
   std::vector<FlatModelState> mine;
   for (DataParallel* e : engines) mine.push_back(on_host(e->gather_state()));  // collective over dp
@@ -92,11 +141,31 @@ std::string save_sharded_checkpoint(const std::string& dir, const std::vector<Gp
   return save_checkpoint(dir, layout->params(), layout->config(), whole, st);
 }
 
-TrainingState load_sharded_checkpoint(const std::string& checkpoint_dir,
-                                      const std::vector<Gpt2Stage*>& parts,
-                                      const std::vector<DataParallel*>& engines,
-                                      const Config& config) {
+}  // namespace
+
+std::string save_layout_checkpoint(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
+                                   const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
+                                   const Config& config, const TrainingState& st) {
   LOOM_CHECK(parts.size() == engines.size());
+  if (config.train.checkpoint_format == "sharded")
+    return save_per_rank(dir, parts, engines, mesh, config, st);
+  return save_whole(dir, parts, engines, mesh, config, st);
+}
+
+TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,
+                                     const std::vector<Gpt2Stage*>& parts,
+                                     const std::vector<DataParallel*>& engines,
+                                     const Config& config) {
+  LOOM_CHECK(parts.size() == engines.size());
+  if (is_sharded_checkpoint(checkpoint_dir)) {
+    TrainingState st;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      FlatModelState local = zero_state(parts[k]->params().numel());
+      st = load_sharded_checkpoint_into(checkpoint_dir, parts[k]->params(), local);
+      engines[k]->load_state(local, st.optimizer_steps);
+    }
+    return st;
+  }
   auto layout = whole_layout(config);
   FlatModelState whole = zero_state(layout->params().numel());
   const TrainingState st = load_checkpoint(checkpoint_dir, layout->params(), whole);

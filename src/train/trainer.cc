@@ -223,8 +223,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   }
   TrainSummary summary;
   if (!resume_from.empty()) {
-    // Every rank reads the whole (layout-free) checkpoint, by parameter name, and keeps its part.
-    const TrainingState st = load_sharded_checkpoint(resume_from, parts, engines, config);
+    // Every rank reads the (layout-free) checkpoint by parameter name and keeps its part.
+    const TrainingState st = load_layout_checkpoint(resume_from, parts, engines, config);
     if (st.step > tc.steps)
       fail("checkpoint ", resume_from, " is at step ", st.step, ", past train.steps = ", tc.steps);
     train_loader.set_state({st.loader_shard, st.loader_offset, st.loader_epoch});
@@ -290,8 +290,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const LoaderState ls = train_loader.state();
     TrainingState st{step,     engines[0]->optimizer_steps(),  ls.shard,        ls.offset,
                      ls.epoch, static_cast<uint64_t>(tc.seed), to_toml(config), scaler.state()};
-    if (pipelined || tensor_parallel) {
-      const std::string path = save_sharded_checkpoint(checkpoints_dir, parts, engines, mesh, config, st);
+    if (pipelined || tensor_parallel || tc.checkpoint_format == "sharded") {
+      const std::string path =
+          save_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st);
       if (leader) summary.last_checkpoint = path;
     } else {
       const FlatModelState full = on_host(whole_engine->gather_state());  // collective

@@ -1,0 +1,249 @@
+#include "checkpoint/sharded_checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "checkpoint/checkpoint_io.h"
+#include "checkpoint/safetensors.h"
+
+namespace loom {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace checkpoint_io;
+
+namespace {
+
+// A parameter seen as a 2-D matrix: its first dimension, and the product of the others.
+std::pair<int64_t, int64_t> matrix_of(const Shape& shape) {
+  if (shape.empty()) return {1, 1};
+  int64_t cols = 1;
+  for (size_t d = 1; d < shape.size(); ++d) cols *= shape[d];
+  return {shape[0], cols};
+}
+
+// Where the rows of a (local) parameter sit in the whole one: its pieces, or itself whole.
+struct Block {
+  int64_t local_row, rows, row, col;
+};
+
+std::vector<Block> blocks_of(const Parameter& p) {
+  // A shard without pieces (a vocabulary shard that is all padding) holds nothing of the whole.
+  if (p.pieces.empty() && p.shape == p.full_shape) return {{0, matrix_of(p.shape).first, 0, 0}};
+  LOOM_CHECK_MSG(p.shape.size() <= 2, "sharded parameters are at most 2-D");
+  std::vector<Block> out;
+  for (const ShardPiece& piece : p.pieces)
+    out.push_back({piece.local_row, piece.rows, piece.region.offset[0],
+                   piece.region.offset.size() > 1 ? piece.region.offset[1] : 0});
+  return out;
+}
+
+std::string shard_file(int rank) {
+  return "shard_" + std::to_string(rank) + ".safetensors";
+}
+std::string shard_index(int rank) {
+  return "shard_" + std::to_string(rank) + ".json";
+}
+
+json slice_json(const ShardSlice& s) {
+  return json::array({s.name, s.row, s.col, s.rows, s.cols, s.begin, s.count, s.at});
+}
+
+ShardSlice slice_from(const std::string& dir, const json& j) {
+  try {
+    return {j.at(0).get<std::string>(), j.at(1).get<int64_t>(), j.at(2).get<int64_t>(),
+            j.at(3).get<int64_t>(),     j.at(4).get<int64_t>(), j.at(5).get<int64_t>(),
+            j.at(6).get<int64_t>(),     j.at(7).get<int64_t>()};
+  } catch (const json::exception&) {
+    fail("checkpoint ", dir,
+         ": a slice in state.json is not [name, row, col, rows, cols, begin, "
+         "count, at]: ",
+         j.dump());
+  }
+}
+
+}  // namespace
+
+std::vector<ShardSlice> slices_of(const ParameterStore& store,
+                                  const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                  const std::set<std::string>& skip) {
+  std::vector<ShardSlice> out;
+  int64_t at = 0;  // where the range starts in the concatenated arrays
+  for (const auto& [lo, hi] : ranges) {
+    for (const auto& p : store.parameters()) {
+      if (skip.count(p->name)) continue;
+      const int64_t a = std::max(lo, p->offset) - p->offset;
+      const int64_t b = std::min(hi, p->offset + p->numel()) - p->offset;
+      if (a >= b) continue;
+      const int64_t cols = matrix_of(p->shape).second;
+      for (const Block& block : blocks_of(*p)) {
+        const int64_t first = block.local_row * cols, last = first + block.rows * cols;
+        const int64_t x = std::max(a, first), y = std::min(b, last);
+        if (x >= y) continue;
+        out.push_back({p->name, block.row, block.col, block.rows, cols, x - first, y - x,
+                       at + p->offset + x - lo});
+      }
+    }
+    at += hi - lo;
+  }
+  return out;
+}
+
+std::string begin_sharded_checkpoint(const std::string& checkpoints_dir, int64_t step) {
+  const fs::path tmp_dir = fs::path(checkpoints_dir) / ("step_" + std::to_string(step) + ".tmp");
+  std::error_code ec;
+  fs::create_directories(checkpoints_dir, ec);
+  if (ec) fail("cannot create checkpoint directory ", checkpoints_dir, ": ", ec.message());
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) fail("cannot create ", tmp_dir.string(), ": ", ec.message());
+  return tmp_dir.string();
+}
+
+void write_shard(const std::string& tmp_dir, int rank, const std::vector<ShardSlice>& slices,
+                 const FlatModelState& arrays) {
+  json index = {{"slices", json::array()}};
+  for (const ShardSlice& s : slices) index["slices"].push_back(slice_json(s));
+  if (!slices.empty()) {
+    std::vector<std::pair<std::string, Tensor>> tensors = {{"values", arrays.values}};
+    if (arrays.exp_avg.defined()) {
+      tensors.emplace_back("exp_avg", arrays.exp_avg);
+      tensors.emplace_back("exp_avg_sq", arrays.exp_avg_sq);
+    }
+    const FileDigest digest =
+        save_safetensors((fs::path(tmp_dir) / shard_file(rank)).string(), tensors,
+                         {{"format", "loom-checkpoint-shard"}, {"rank", std::to_string(rank)}});
+    index["file"] = shard_file(rank);
+    index["digest"] = digest_json(digest);
+  }
+  write_text_file(fs::path(tmp_dir) / shard_index(rank), index.dump() + "\n");
+}
+
+std::string finish_sharded_checkpoint(const std::string& tmp_dir, int ranks,
+                                      const ParameterStore& whole, const Gpt2Config& model,
+                                      const TrainingState& state, bool has_optimizer) {
+  json shards = json::array(), files = json::object();
+  std::map<std::string, int64_t> held;  // elements of each parameter in some slice
+  for (int r = 0; r < ranks; ++r) {
+    const fs::path index_path = fs::path(tmp_dir) / shard_index(r);
+    std::ifstream in(index_path);
+    if (!in) fail("sharded checkpoint ", tmp_dir, ": rank ", r, " wrote no ", shard_index(r));
+    const json index = json::parse(in);
+    if (!index.contains("file")) continue;  // a rank that holds nothing
+    for (const json& s : index["slices"])
+      held[s.at(0).get<std::string>()] += s.at(6).get<int64_t>();
+    shards.push_back({{"file", index["file"]}, {"slices", index["slices"]}});
+    files[index["file"].get<std::string>()] = index["digest"];
+  }
+  for (const auto& p : whole.parameters())
+    if (held[p->name] != p->numel())  // a layout's bug, caught before the checkpoint exists
+      fail("sharded checkpoint ", tmp_dir, ": the ranks' slices of ", p->name, " hold ",
+           held[p->name], " elements, it has ", p->numel());
+  json j = state_json(state, whole, model, has_optimizer);
+  j["format"] = "sharded";
+  j["shards"] = shards;
+  j["files"] = files;
+  write_text_file(fs::path(tmp_dir) / "state.json", j.dump(1) + "\n");
+  for (int r = 0; r < ranks; ++r) fs::remove(fs::path(tmp_dir) / shard_index(r));
+  std::string final_dir = tmp_dir.substr(0, tmp_dir.size() - 4);  // "step_N.tmp" -> "step_N"
+  publish(tmp_dir, final_dir);
+  return final_dir;
+}
+
+bool is_sharded_checkpoint(const std::string& checkpoint_dir) {
+  return read_state_json(checkpoint_dir).value("format", std::string()) == "sharded";
+}
+
+TrainingState load_sharded_checkpoint_into(const std::string& dir, const ParameterStore& store,
+                                           FlatModelState& into) {
+  const json j = read_state_json(dir);
+  const bool moments = into.exp_avg.defined();
+  if (moments && !j.value("has_optimizer", false))
+    fail("checkpoint ", dir, ": holds no optimizer state, cannot resume training");
+  std::set<std::string> wanted;
+  for (const auto& p : store.parameters()) {
+    const json& shapes = j.at("model").at("parameters");
+    if (!shapes.contains(p->name))
+      fail("checkpoint ", dir, ": has no parameter '", p->name,
+           "' (a checkpoint of another model?)");
+    const Shape recorded = shapes[p->name].get<Shape>();
+    if (recorded != p->full_shape)
+      fail("checkpoint ", dir, ": '", p->name, "' has shape ", shape_str(recorded),
+           " but the model expects ", shape_str(p->full_shape));
+    wanted.insert(p->name);
+  }
+
+  // Every slice of a wanted parameter, cut into runs of one row of the whole matrix.
+  struct Run {
+    int64_t col_begin, col_end;  // columns of the whole matrix
+    size_t shard;
+    int64_t at;  // in the shard's arrays, of col_begin
+  };
+  std::map<std::string, std::map<int64_t, std::vector<Run>>> runs;  // name -> row -> runs
+  const json& shards = j.at("shards");
+  std::vector<std::string> file_of;
+  for (size_t f = 0; f < shards.size(); ++f) {
+    file_of.push_back(shards[f].at("file").get<std::string>());
+    for (const json& sj : shards[f].at("slices")) {
+      const ShardSlice s = slice_from(dir, sj);
+      if (!wanted.count(s.name)) continue;
+      if (s.cols < 1 || s.count < 0 || s.begin < 0 || s.begin + s.count > s.rows * s.cols)
+        fail("checkpoint ", dir, ": ", file_of[f], "'s slice of '", s.name,
+             "' is inconsistent: ", sj.dump());
+      for (int64_t e = s.begin; e < s.begin + s.count;) {
+        const int64_t k = e / s.cols, row_end = std::min(s.begin + s.count, (k + 1) * s.cols);
+        runs[s.name][s.row + k].push_back(
+            {s.col + e - k * s.cols, s.col + row_end - k * s.cols, f, s.at + e - s.begin});
+        e = row_end;
+      }
+    }
+  }
+
+  std::map<size_t, SafetensorsFile> loaded;  // only the files this store needs
+  auto array = [&](size_t f, const char* name) -> const Tensor& {
+    auto it = loaded.find(f);
+    if (it == loaded.end()) it = loaded.emplace(f, load_checked(dir, file_of[f], j)).first;
+    const auto t = it->second.tensors.find(name);
+    if (t == it->second.tensors.end() || t->second.dtype() != DType::kF32)
+      fail("checkpoint ", dir, ": ", file_of[f], " has no f32 tensor '", name, "'");
+    return t->second;
+  };
+  for (const auto& p : store.parameters()) {
+    const int64_t cols = matrix_of(p->shape).second;
+    const auto& by_row = runs[p->name];
+    for (const Block& block : blocks_of(*p)) {
+      for (int64_t i = 0; i < block.rows; ++i) {
+        const int64_t row = block.row + i, c0 = block.col, c1 = block.col + cols;
+        const int64_t dst = p->offset + (block.local_row + i) * cols;
+        int64_t covered = 0;
+        const auto found = by_row.find(row);
+        if (found != by_row.end())
+          for (const Run& run : found->second) {
+            const int64_t lo = std::max(c0, run.col_begin), hi = std::min(c1, run.col_end);
+            if (lo >= hi) continue;
+            const int64_t src = run.at + lo - run.col_begin, n = hi - lo;
+            for (const auto& [name, to] : {std::pair<const char*, Tensor*>{"values", &into.values},
+                                           {"exp_avg", &into.exp_avg},
+                                           {"exp_avg_sq", &into.exp_avg_sq}}) {
+              if (!to->defined()) continue;
+              const Tensor& from = array(run.shard, name);
+              if (src < 0 || src + n > from.numel())
+                fail("checkpoint ", dir, ": ", file_of[run.shard], "'s slice of '", p->name,
+                     "' lies outside its arrays");
+              std::copy_n(from.data<float>() + src, n, to->data<float>() + dst + (lo - c0));
+            }
+            covered += n;
+          }
+        if (covered != cols)
+          fail("checkpoint ", dir, ": its shards hold ", covered, " of the ", cols,
+               " elements of row ", row, " (columns ", c0, "-", c1 - 1, ") of '", p->name, "'");
+      }
+    }
+  }
+  return training_state_of(dir, j);
+}
+
+}  // namespace loom
