@@ -3,7 +3,8 @@
 # checkpoints verify, and speaks once — one "loom train:" line and one "done:" line, from world
 # rank 0, not one per process. Then `loom launch` around the same mpirun, with rank 0's process
 # killed after step 3: mpirun ends the job, the launcher restarts it from step_2, and it ends
-# with the same step_4 checkpoint, bit for bit.
+# with the same step_4 checkpoint, bit for bit. And a sharded checkpoint written by the two
+# processes, resumed, ends the same way.
 #   mpi_train_test.sh LOOM_BINARY MPIRUN [MPIRUN_ARGS...]   (ctest passes them; see CMakeLists.txt)
 set -euo pipefail
 loom=$1
@@ -49,4 +50,14 @@ grep -q 'attempt 1 failed after .*; newest checkpoint step_2 (new)' "$dir/err" |
 grep -q 'attempt 2 succeeded' "$dir/err" || fail "expected the second attempt to succeed"
 [[ "$(digests "$dir/relaunched/checkpoints/step_4")" == "$(digests "$dir/run/checkpoints/step_4")" ]] ||
   fail "the relaunched job's step_4 differs from the uninterrupted job's"
-echo "ok: one job, two ranks, one voice; killed and relaunched, the same checkpoint"
+
+# Sharded: each process writes its own shard at step 2; resumed from it, the job ends as above.
+"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/sharded" --quiet --stop-after 2 \
+  --set train.checkpoint_format=sharded 2>"$dir/err" >/dev/null || fail "the sharded save failed"
+[[ -f "$dir/sharded/checkpoints/step_2/shard_0.safetensors" && -f "$dir/sharded/checkpoints/step_2/shard_1.safetensors" ]] ||
+  fail "expected one shard file per process"
+"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/sharded" --quiet --resume auto 2>"$dir/err" >/dev/null ||
+  fail "the resume from the sharded checkpoint failed"
+[[ "$(digests "$dir/sharded/checkpoints/step_4")" == "$(digests "$dir/run/checkpoints/step_4")" ]] ||
+  fail "the job resumed from shards differs from the uninterrupted job"
+echo "ok: one job, two ranks, one voice; killed and relaunched, the same checkpoint; sharded, the same"
