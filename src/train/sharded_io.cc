@@ -94,14 +94,18 @@ std::string save_per_rank(const std::string& dir, const std::vector<Gpt2Stage*>&
     }
     total += owned.back().values.numel();
   }
-  FlatModelState arrays = zero_state(total);
-  int64_t at = 0;
-  for (const FlatModelState& o : owned) {
-    const int64_t n = o.values.numel();
-    arrays.values.narrow(at, n).copy_from(o.values);
-    arrays.exp_avg.narrow(at, n).copy_from(o.exp_avg);
-    arrays.exp_avg_sq.narrow(at, n).copy_from(o.exp_avg_sq);
-    at += n;
+  // One part (no interleaved stages): its arrays as they are; several: one after another.
+  FlatModelState arrays = owned[0];
+  if (owned.size() > 1) {
+    arrays = zero_state(total);
+    int64_t at = 0;
+    for (const FlatModelState& o : owned) {
+      const int64_t n = o.values.numel();
+      arrays.values.narrow(at, n).copy_from(o.values);
+      arrays.exp_avg.narrow(at, n).copy_from(o.exp_avg);
+      arrays.exp_avg_sq.narrow(at, n).copy_from(o.exp_avg_sq);
+      at += n;
+    }
   }
   const bool leader = world.rank() == 0;
   if (leader) begin_sharded_checkpoint(dir, st.step);

@@ -28,6 +28,7 @@ using testutil::error_of;
 struct Layout {
   const char* name;
   int ranks, tp, pp, zero;
+  int virtual_stages = 1;  // > 1: the interleaved schedule, several parts per rank
 };
 
 class ShardedCheckpoint : public ::testing::Test {
@@ -45,7 +46,7 @@ class ShardedCheckpoint : public ::testing::Test {
 vocab_size = 256
 seq_len = 16
 d_model = 32
-n_layers = 2
+n_layers = 4
 n_heads = 2
 [train]
 steps = 6
@@ -66,6 +67,8 @@ threads_per_rank = 1
     c.parallel.tp = l.tp;
     c.parallel.pp = l.pp;
     c.parallel.zero = l.zero;
+    c.parallel.virtual_stages = l.virtual_stages;
+    if (l.virtual_stages > 1) c.parallel.schedule = "interleaved";
     c.parallel.bucket_mb = 0.01;
     resolve_layout(c);
     return c;
@@ -112,9 +115,10 @@ threads_per_rank = 1
 fs::path ShardedCheckpoint::root_;
 
 const Layout kLayouts[] = {
-    {"dp2", 2, 1, 1, 0},     {"dp2_zero1", 2, 1, 1, 1}, {"dp2_zero3", 2, 1, 1, 3},
-    {"tp2", 2, 2, 1, 0},     {"pp2", 2, 1, 2, 0},       {"dp2_tp2_zero2", 4, 2, 1, 2},
-    {"pp2_tp2", 4, 2, 2, 0},
+    {"dp2", 2, 1, 1, 0},       {"dp2_zero1", 2, 1, 1, 1},
+    {"dp2_zero3", 2, 1, 1, 3}, {"tp2", 2, 2, 1, 0},
+    {"pp2", 2, 1, 2, 0},       {"dp2_tp2_zero2", 4, 2, 1, 2},
+    {"pp2_tp2", 4, 2, 2, 0},   {"pp2_interleaved", 2, 1, 2, 1, 2},
 };
 
 // Saved at step 3 under each layout, the shards hold the whole-model checkpoint's bits, and the
@@ -151,6 +155,7 @@ TEST_F(ShardedCheckpoint, ReshardsToAnotherLayoutAsTheWholeCheckpointDoes) {
       {kLayouts[3], kLayouts[4]},  // tp2 -> pp2
       {kLayouts[6], kLayouts[2]},  // pp2 × tp2 -> dp2 with ZeRO-3
       {one, kLayouts[6]},          // one device -> pp2 × tp2
+      {kLayouts[7], kLayouts[1]},  // two chunks per rank (interleaved) -> ZeRO-1
   };
   for (const auto& [from, to] : moves) {
     const std::string name = std::string(from.name) + "_to_" + to.name;
