@@ -1,16 +1,37 @@
 // CountingCommunicator — forwards every call to another communicator and counts the bytes this
-// rank hands to it, for the per-axis communication volume in the step metrics. The count is the
+// rank hands to it, for the per-axis communication volume in the step metrics, and the time the
+// rank spent blocked in wait() on the operations it issued (blocking calls are async + wait), for
+// the per-axis communication time. The count is the
 // payload of each call as issued: all_reduce / broadcast / reduce / send: the tensor;
 // reduce_scatter / all_gather / all_to_all: the input; recv and barrier: nothing. (What the
 // algorithm moves on the wire depends on the backend: a ring all-reduce sends 2(n−1)/n of it.)
 // Not thread-safe: the rank's thread issues its operations, as for any communicator.
 #pragma once
 
+#include <atomic>
 #include <memory>
 
+#include "base/timer.h"
 #include "comm/communicator.h"
 
 namespace loom {
+
+// A handle whose wait() adds the seconds it blocked to a counter the communicator reads.
+class TimedWork final : public Work {
+ public:
+  TimedWork(WorkHandle inner, std::shared_ptr<std::atomic<double>> blocked)
+      : inner_(std::move(inner)), blocked_(std::move(blocked)) {}
+  void wait() override {
+    const double t0 = now_seconds();
+    inner_->wait();
+    blocked_->fetch_add(now_seconds() - t0, std::memory_order_relaxed);
+  }
+  bool test() override { return inner_->test(); }
+
+ private:
+  WorkHandle inner_;
+  std::shared_ptr<std::atomic<double>> blocked_;
+};
 
 class CountingCommunicator final : public Communicator {
  public:
@@ -22,6 +43,9 @@ class CountingCommunicator final : public Communicator {
     bytes_ = 0;
     return b;
   }
+  double take_wait_seconds() {  // time blocked in wait() since the last call
+    return blocked_->exchange(0.0, std::memory_order_relaxed);
+  }
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -30,40 +54,44 @@ class CountingCommunicator final : public Communicator {
   Device tensor_device() const override { return inner_.tensor_device(); }
   WorkHandle all_reduce_async(Tensor& t, ReduceOp op) override {
     count(t);
-    return inner_.all_reduce_async(t, op);
+    return timed(inner_.all_reduce_async(t, op));
   }
   WorkHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op) override {
     count(in);
-    return inner_.reduce_scatter_async(in, out, op);
+    return timed(inner_.reduce_scatter_async(in, out, op));
   }
   WorkHandle all_gather_async(const Tensor& in, Tensor& out) override {
     count(in);
-    return inner_.all_gather_async(in, out);
+    return timed(inner_.all_gather_async(in, out));
   }
   WorkHandle broadcast_async(Tensor& t, int root) override {
     count(t);
-    return inner_.broadcast_async(t, root);
+    return timed(inner_.broadcast_async(t, root));
   }
   WorkHandle reduce_async(Tensor& t, int root, ReduceOp op) override {
     count(t);
-    return inner_.reduce_async(t, root, op);
+    return timed(inner_.reduce_async(t, root, op));
   }
   WorkHandle all_to_all_async(const Tensor& in, Tensor& out) override {
     count(in);
-    return inner_.all_to_all_async(in, out);
+    return timed(inner_.all_to_all_async(in, out));
   }
-  WorkHandle barrier_async() override { return inner_.barrier_async(); }
+  WorkHandle barrier_async() override { return timed(inner_.barrier_async()); }
   WorkHandle send_async(const Tensor& t, int dst, int tag) override {
     count(t);
-    return inner_.send_async(t, dst, tag);
+    return timed(inner_.send_async(t, dst, tag));
   }
-  WorkHandle recv_async(Tensor& t, int src, int tag) override { return inner_.recv_async(t, src, tag); }
+  WorkHandle recv_async(Tensor& t, int src, int tag) override {
+    return timed(inner_.recv_async(t, src, tag));
+  }
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
 
  private:
+  WorkHandle timed(WorkHandle w) { return std::make_shared<TimedWork>(std::move(w), blocked_); }
   void count(const Tensor& t) { bytes_ += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(dtype_size(t.dtype())); }
   Communicator& inner_;
   int64_t bytes_ = 0;
+  std::shared_ptr<std::atomic<double>> blocked_ = std::make_shared<std::atomic<double>>(0.0);
 };
 
 }  // namespace loom

@@ -86,6 +86,10 @@ constexpr Key kKeys[] = {
     LOOM_KEY(runtime, device),
     LOOM_KEY(runtime, matmul_precision),
     LOOM_KEY(runtime, threads_per_rank),
+    LOOM_KEY(metrics, tensorboard),
+    LOOM_KEY(metrics, prometheus_textfile),
+    LOOM_KEY(metrics, prometheus_port),
+    LOOM_KEY(metrics, peak_tflops),
 };
 
 #undef LOOM_KEY

@@ -102,12 +102,23 @@ struct RuntimeConfig {
   friend bool operator==(const RuntimeConfig&, const RuntimeConfig&) = default;
 };
 
+// Where the per-step metrics go besides RUN_DIR/metrics.jsonl (always written), and the peak
+// the MFU is measured against (docs/formats.md, docs/config.md).
+struct MetricsConfig {
+  bool tensorboard = false;          // RUN_DIR/tensorboard/events.out.tfevents.*
+  bool prometheus_textfile = false;  // RUN_DIR/metrics.prom, rewritten every step
+  int prometheus_port = 0;           // > 0: world rank 0 serves GET /metrics on this TCP port
+  double peak_tflops = 0;            // per rank, for the MFU; 0 = measured at start-up
+  friend bool operator==(const MetricsConfig&, const MetricsConfig&) = default;
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
   ParallelConfig parallel;
   RuntimeConfig runtime;
+  MetricsConfig metrics;
 
   // Micro-batches each data-parallel rank accumulates per optimizer step:
   // batch_size / (micro_batch_size × dp). Call on a validated config.

@@ -168,6 +168,11 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
   p.non_negative("runtime.threads_per_rank", r.threads_per_rank);
 }
 
+void validate_metrics(const MetricsConfig& m, Problems& p) {
+  p.in_range("metrics.prometheus_port", m.prometheus_port, 0, 65535);
+  if (!(m.peak_tflops >= 0)) p.add("metrics.peak_tflops = ", m.peak_tflops, " must be >= 0");
+}
+
 }  // namespace
 
 void validate(const Config& config) {
@@ -176,6 +181,7 @@ void validate(const Config& config) {
   validate_train(config.train, config.parallel, problems);
   validate_parallel(config.parallel, config.model, problems);
   validate_runtime(config.runtime, config.parallel, problems);
+  validate_metrics(config.metrics, problems);
   problems.throw_if_any();
 }
 

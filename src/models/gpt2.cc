@@ -40,6 +40,12 @@ int64_t Gpt2Config::num_parameters() const {
   return vocab_size * C + max_seq_len * C + n_layers * per_block + 2 * C;
 }
 
+double Gpt2Config::flops_per_token(int64_t seq_len) const {
+  const int64_t matrix_params = num_parameters() - max_seq_len * d_model;
+  return 6.0 * static_cast<double>(matrix_params) +
+         12.0 * static_cast<double>(n_layers * d_model * seq_len);
+}
+
 Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config)
     : recompute_(config.recompute),
       ln_1_(store, name + ".ln_1", config.d_model),

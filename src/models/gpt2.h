@@ -45,6 +45,10 @@ struct Gpt2Config {
 
   void validate() const;  // throws loom::Error naming the offending field
   int64_t num_parameters() const;
+  // Training flops per token at sequence length T, the count MFU is measured with (PaLM's, as
+  // nanoGPT and llm.c use it): 6 per weight in a matrix product (forward 2, backward 4; the
+  // position table is looked up, not multiplied) plus attention's 12 · n_layers · d_model · T.
+  double flops_per_token(int64_t seq_len) const;
 };
 
 // One pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(·)).

@@ -181,11 +181,7 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.seq_len > 0) run.seq_len = o.seq_len;
   r.batch = run.batch;
   r.seq_len = run.seq_len;
-  const int64_t n_flop_params = shape.model.num_parameters() -
-                                shape.model.max_seq_len * shape.model.d_model;
-  r.flops_per_token = 6.0 * static_cast<double>(n_flop_params) +
-                      12.0 * static_cast<double>(shape.model.n_layers * shape.model.d_model *
-                                                 r.seq_len);
+  r.flops_per_token = shape.model.flops_per_token(r.seq_len);
   std::vector<std::unique_ptr<Communicator>> world = make_local_world(o.ranks);
   if (o.ranks == 1) {
     bench_rank(*world[0], run, o, r);

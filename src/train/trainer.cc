@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -19,9 +21,13 @@
 #include "data/loader.h"
 #include "data/shard.h"
 #include "device/allocator.h"
+#include "kernels/cpu/fma_peak.h"
+#include "kernels/ops.h"
 #include "mesh/device_mesh.h"
 #include "models/gpt2.h"
 #include "monitor/metrics_log.h"
+#include "monitor/prometheus.h"
+#include "monitor/tensorboard.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "parallel/data_parallel.h"
@@ -80,6 +86,26 @@ TestFault test_fault_from_env() {
       f.step < 1)
     fail("LOOM_TEST_FAULT = '", s, "': expected kill@STEP, hang@STEP or term@STEP (STEP >= 1)");
   return f;
+}
+
+// The peak one rank computes at, TFLOP/s, for the MFU: metrics.peak_tflops, else measured once
+// per process and device kind: on a CPU the fp32 FMA rate of one thread (50 ms) times the rank's
+// compute threads, on a GPU its dense GEMM rate at the run's matmul precision.
+double rank_peak_tflops(const Config& config, Device device) {
+  if (config.metrics.peak_tflops > 0) return config.metrics.peak_tflops;
+  static std::mutex mutex;
+  static std::map<std::string, double> measured;  // TFLOP/s of one CPU thread, or of a GPU
+  const std::string key =
+      device.is_cuda() ? config.runtime.device + "/" + config.runtime.matmul_precision : "cpu";
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = measured.find(key);
+  if (it == measured.end()) {
+    const double tflops = device.is_cuda() ? ops::measure_gpu_gemm_tflops(
+                                                 device, config.runtime.matmul_precision, 4096, 5)
+                                           : cpu::measure_fma_peak(1, 0.05).gflops / 1e3;
+    it = measured.emplace(key, tflops).first;
+  }
+  return device.is_cuda() ? it->second : it->second * config.runtime.resolved_threads_per_rank();
 }
 
 }  // namespace
@@ -233,6 +259,19 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     message("resumed from " + resume_from);
   }
   std::unique_ptr<MetricsLog> metrics;
+  // Where else the step records go (config [metrics]): TensorBoard, Prometheus.
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+  std::unique_ptr<PrometheusServer> prometheus_server;
+  PrometheusMetrics prometheus;
+  const std::string prometheus_file = (fs::path(options.run_dir) / "metrics.prom").string();
+  if (leader && config.metrics.tensorboard)
+    tensorboard =
+        std::make_unique<TensorBoardWriter>((fs::path(options.run_dir) / "tensorboard").string());
+  if (leader && config.metrics.prometheus_port > 0) {
+    prometheus_server = std::make_unique<PrometheusServer>(config.metrics.prometheus_port);
+    message("serving the step metrics for Prometheus at http://" + std::string("<this host>:") +
+            std::to_string(prometheus_server->port()) + "/metrics");
+  }
   if (leader) {
     std::ofstream out(fs::path(options.run_dir) / "config.toml");
     out << to_toml(config);
@@ -250,11 +289,15 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     inputs.push_back(device.is_cpu() ? host_inputs.back() : Tensor::empty({micro, seq_len}, DType::kI32, device));
     targets.push_back(device.is_cpu() ? host_targets.back() : Tensor::empty({micro, seq_len}, DType::kI32, device));
   }
+  double data_seconds = 0;  // this step's time in the loader (and copies to the device)
   auto next_batch = [&](size_t m) {
+    const double t = now_seconds();
     train_loader.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
-    if (device.is_cpu()) return;
-    inputs[m].copy_from(host_inputs[m]);
-    targets[m].copy_from(host_targets[m]);
+    if (!device.is_cpu()) {
+      inputs[m].copy_from(host_inputs[m]);
+      targets[m].copy_from(host_targets[m]);
+    }
+    data_seconds += now_seconds() - t;
   };
   Allocator& allocator = allocator_for(device);
   DataParallelMemory state_bytes;
@@ -284,6 +327,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     if (leader && options.progress) std::fputs(summary.layout_report.c_str(), stderr);
   }
   const int64_t end_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
+  // Model flops of a step (all ranks) and the peak of one rank, for tflops and the MFU.
+  const double flops_per_step =
+      model_config_of(config).flops_per_token(seq_len) * static_cast<double>(tokens_per_step);
+  const double peak_tflops = leader ? rank_peak_tflops(config, device) : 0;
   double time_total = 0;
   int64_t steps_timed = 0;
   auto checkpoint = [&](int64_t step) {
@@ -310,7 +357,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   summary.last_step = summary.start_step;
   for (int64_t step = summary.start_step + 1; step <= end_step; ++step) {
     const double t0 = now_seconds();
-    for (CountingCommunicator* c : {&dp_count, &pp_count, &tp_count}) c->take_bytes();  // not eval's
+    for (CountingCommunicator* c : {&dp_count, &pp_count, &tp_count}) {  // not eval's
+      c->take_bytes();
+      c->take_wait_seconds();
+    }
+    data_seconds = 0;
     const int64_t held = allocator.stats().bytes_in_use;
     allocator.reset_peak();
     double loss = 0, grad_norm = 0, comm_wait = 0;
@@ -358,6 +409,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const nlohmann::json comm_bytes = {{"dp", dp_count.take_bytes()},
                                        {"pp", pp_count.take_bytes()},
                                        {"tp", tp_count.take_bytes()}};
+    // Where the step's time went on this rank: the loader, blocked on each axis' communication
+    // (a pipeline's bubble is its stages waiting for each other: pp), and the rest computing.
+    const double comm_dp = dp_count.take_wait_seconds(), comm_pp = pp_count.take_wait_seconds(),
+                 comm_tp = tp_count.take_wait_seconds();
+    const double compute_s = std::max(0.0, dt - data_seconds - comm_dp - comm_pp - comm_tp);
     if (!std::isfinite(loss))
       fail("loss is ", loss, " at step ", step, ": training diverged (lower train.lr?)");
 
@@ -386,19 +442,25 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       summary.last_val_loss = val;
     }
     if (leader) {
-      nlohmann::json record = {{"step", step},
-                               {"loss", loss},
-                               {"lr", lr},
-                               {"grad_norm", grad_norm},
-                               {"tokens_per_s", tokens_per_step / dt},
-                               {"step_ms", dt * 1e3},
-                               {"comm_wait_ms", comm_wait * 1e3},
-                               {"tokens", step * tokens_per_step},
-                               {"peak_mem_mb", peak / 1048576.0},
-                               {"mem_params_mb", state_bytes.params / 1048576.0},
-                               {"mem_grads_mb", state_bytes.grads / 1048576.0},
-                               {"mem_optimizer_mb", state_bytes.optimizer / 1048576.0},
-                               {"mem_activations_peak_mb", (peak - held) / 1048576.0}};
+      nlohmann::json record = {
+          {"step", step},
+          {"loss", loss},
+          {"lr", lr},
+          {"grad_norm", grad_norm},
+          {"tokens_per_s", tokens_per_step / dt},
+          {"step_ms", dt * 1e3},
+          {"comm_wait_ms", comm_wait * 1e3},
+          {"data_ms", data_seconds * 1e3},
+          {"comm_ms", {{"dp", comm_dp * 1e3}, {"pp", comm_pp * 1e3}, {"tp", comm_tp * 1e3}}},
+          {"compute_ms", compute_s * 1e3},
+          {"tflops", flops_per_step / dt / 1e12},
+          {"mfu", flops_per_step / dt / (peak_tflops * 1e12 * world.size())},
+          {"tokens", step * tokens_per_step},
+          {"peak_mem_mb", peak / 1048576.0},
+          {"mem_params_mb", state_bytes.params / 1048576.0},
+          {"mem_grads_mb", state_bytes.grads / 1048576.0},
+          {"mem_optimizer_mb", state_bytes.optimizer / 1048576.0},
+          {"mem_activations_peak_mb", (peak - held) / 1048576.0}};
       if (val >= 0) record["val_loss"] = val;
       if (scaler.enabled()) record["loss_scale"] = loss_scale;
       if (!applied) record["skipped"] = true;
@@ -409,6 +471,13 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         record["pp_bytes_sent"] = pipe->stats().bytes_sent;
       }
       metrics->write(record);
+      if (tensorboard) tensorboard->scalars(step, record);
+      if (prometheus_server || config.metrics.prometheus_textfile) {
+        prometheus.update(record);
+        const std::string text = prometheus.text();
+        if (config.metrics.prometheus_textfile) write_prometheus_textfile(prometheus_file, text);
+        if (prometheus_server) prometheus_server->publish(text);
+      }
       if (options.progress && (step % tc.log_every == 0 || last || step == end_step)) {
         const double mean_dt = time_total / static_cast<double>(steps_timed);
         progress.step(step, loss, lr, grad_norm, tokens_per_step / dt,

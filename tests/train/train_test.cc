@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -15,6 +17,7 @@
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
 #include "harness/error_of.h"
+#include "models/gpt2.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -108,12 +111,70 @@ TEST_F(TrainTest, LossFallsAndMetricsAreComplete) {
   EXPECT_LT(s.last_loss, s.first_loss - 1.0) << "loss did not fall";
   auto m = metrics("run");
   ASSERT_EQ(m.size(), 30u);
-  for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms"})
+  for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "data_ms",
+                          "comm_ms", "compute_ms", "tflops", "mfu"})
     EXPECT_TRUE(m[0].contains(key)) << key;
+  // Against the peak measured at start-up (one thread's FMA rate × threads per rank).
+  EXPECT_GT(m[0]["mfu"].get<double>(), 0);
+  EXPECT_TRUE(std::isfinite(m[0]["mfu"].get<double>()));
   EXPECT_TRUE(m[3].contains("val_loss"));   // step 4
   EXPECT_FALSE(m[4].contains("val_loss"));  // step 5
   EXPECT_TRUE(fs::exists(dir_ / "run" / "config.toml"));
   EXPECT_GT(s.peak_bytes, 0);
+}
+
+// Each step's time split into loader, communication per axis and compute, the model TFLOP/s and
+// the MFU; with [metrics] on, the same records as TensorBoard scalars and Prometheus gauges.
+TEST_F(TrainTest, MetricsSplitTheStepAndGoToTensorBoardAndPrometheus) {
+  Config c = config(6);
+  c.runtime.ranks = 2;  // dp 2: the gradients' all-reduce is communication to time
+  c.runtime.threads_per_rank = 1;
+  c.metrics.tensorboard = true;
+  c.metrics.prometheus_textfile = true;
+  c.metrics.peak_tflops = 0.5;  // per rank; measured at start-up when 0 (LossFallsAndMetrics...)
+  resolve_layout(c);
+  run_training(c, options("run"));
+  const auto m = metrics("run");
+  ASSERT_EQ(m.size(), 6u);
+  double dp_ms = 0;
+  for (const auto& r : m) {
+    const double comm = r["comm_ms"]["dp"].get<double>() + r["comm_ms"]["pp"].get<double>() +
+                        r["comm_ms"]["tp"].get<double>();
+    const double parts = r["data_ms"].get<double>() + comm + r["compute_ms"].get<double>();
+    EXPECT_NEAR(parts, r["step_ms"].get<double>(), 1e-6 * r["step_ms"].get<double>()) << r.dump();
+    EXPECT_GT(r["data_ms"].get<double>(), 0) << r.dump();
+    EXPECT_GT(r["compute_ms"].get<double>(), 0) << r.dump();
+    EXPECT_EQ(r["comm_ms"]["tp"].get<double>(), 0) << r.dump();  // no tp axis to wait on
+    dp_ms += r["comm_ms"]["dp"].get<double>();
+    // tflops: the model's flops per token (6 per weight + attention) times tokens, over the step.
+    const double flops = model_config_of(c).flops_per_token(c.model.seq_len) *
+                         static_cast<double>(c.train.batch_size * c.model.seq_len);
+    EXPECT_NEAR(r["tflops"].get<double>(), flops / (r["step_ms"].get<double>() * 1e-3) / 1e12, 1e-9)
+        << r.dump();
+    EXPECT_NEAR(r["mfu"].get<double>(), r["tflops"].get<double>() / (0.5 * 2), 1e-12) << r.dump();
+  }
+  EXPECT_GT(dp_ms, 0);  // the loss's and the gradients' all-reduces wait for the other rank
+  // Prometheus: the last step's gauges.
+  std::ifstream prom(dir_ / "run" / "metrics.prom");
+  const std::string text((std::istreambuf_iterator<char>(prom)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\nloom_step 6\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("loom_comm_ms{axis=\"dp\"} "), std::string::npos) << text;
+  // TensorBoard: one event file, a version event and one event per step (16 bytes of framing
+  // around each).
+  std::vector<fs::path> events;
+  for (const auto& e : fs::directory_iterator(dir_ / "run" / "tensorboard"))
+    events.push_back(e.path());
+  ASSERT_EQ(events.size(), 1u);
+  std::ifstream tb(events[0], std::ios::binary);
+  const std::string data((std::istreambuf_iterator<char>(tb)), std::istreambuf_iterator<char>());
+  int records = 0;
+  for (size_t i = 0; i + 12 <= data.size(); ++records) {
+    uint64_t length = 0;
+    std::memcpy(&length, data.data() + i, 8);
+    i += 12 + length + 4;
+  }
+  EXPECT_EQ(records, 7);
+  EXPECT_NE(data.find("mfu"), std::string::npos);
 }
 
 TEST_F(TrainTest, StopAndResumeIsBitwiseIdentical) {
