@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 
 #include "base/timer.h"
@@ -16,21 +17,29 @@
 
 namespace loom {
 
-// A handle whose wait() adds the seconds it blocked to a counter the communicator reads.
+// The waits on one communicator's operations: their total, and whom to tell of each (a timeline).
+struct WaitLog {
+  std::atomic<double> blocked{0.0};             // seconds
+  std::function<void(double, double)> on_wait;  // (begin, end) in now_seconds(); set before use
+};
+
+// A handle whose wait() adds the seconds it blocked to the communicator's WaitLog.
 class TimedWork final : public Work {
  public:
-  TimedWork(WorkHandle inner, std::shared_ptr<std::atomic<double>> blocked)
-      : inner_(std::move(inner)), blocked_(std::move(blocked)) {}
+  TimedWork(WorkHandle inner, std::shared_ptr<WaitLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
   void wait() override {
     const double t0 = now_seconds();
     inner_->wait();
-    blocked_->fetch_add(now_seconds() - t0, std::memory_order_relaxed);
+    const double t1 = now_seconds();
+    log_->blocked.fetch_add(t1 - t0, std::memory_order_relaxed);
+    if (log_->on_wait) log_->on_wait(t0, t1);
   }
   bool test() override { return inner_->test(); }
 
  private:
   WorkHandle inner_;
-  std::shared_ptr<std::atomic<double>> blocked_;
+  std::shared_ptr<WaitLog> log_;
 };
 
 class CountingCommunicator final : public Communicator {
@@ -44,7 +53,11 @@ class CountingCommunicator final : public Communicator {
     return b;
   }
   double take_wait_seconds() {  // time blocked in wait() since the last call
-    return blocked_->exchange(0.0, std::memory_order_relaxed);
+    return log_->blocked.exchange(0.0, std::memory_order_relaxed);
+  }
+  // Called with (begin, end) of every wait from now on (before any operation is issued).
+  void on_wait(std::function<void(double, double)> observer) {
+    log_->on_wait = std::move(observer);
   }
 
   int rank() const override { return inner_.rank(); }
@@ -87,11 +100,11 @@ class CountingCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
 
  private:
-  WorkHandle timed(WorkHandle w) { return std::make_shared<TimedWork>(std::move(w), blocked_); }
+  WorkHandle timed(WorkHandle w) { return std::make_shared<TimedWork>(std::move(w), log_); }
   void count(const Tensor& t) { bytes_ += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(dtype_size(t.dtype())); }
   Communicator& inner_;
   int64_t bytes_ = 0;
-  std::shared_ptr<std::atomic<double>> blocked_ = std::make_shared<std::atomic<double>>(0.0);
+  std::shared_ptr<WaitLog> log_ = std::make_shared<WaitLog>();
 };
 
 }  // namespace loom

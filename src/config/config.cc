@@ -90,6 +90,8 @@ constexpr Key kKeys[] = {
     LOOM_KEY(metrics, prometheus_textfile),
     LOOM_KEY(metrics, prometheus_port),
     LOOM_KEY(metrics, peak_tflops),
+    LOOM_KEY(metrics, trace_from_step),
+    LOOM_KEY(metrics, trace_steps),
 };
 
 #undef LOOM_KEY

@@ -109,6 +109,8 @@ struct MetricsConfig {
   bool prometheus_textfile = false;  // RUN_DIR/metrics.prom, rewritten every step
   int prometheus_port = 0;           // > 0: world rank 0 serves GET /metrics on this TCP port
   double peak_tflops = 0;            // per rank, for the MFU; 0 = measured at start-up
+  int64_t trace_from_step = 0;  // > 0: timelines of steps trace_from_step.. (RUN_DIR/trace.json)
+  int64_t trace_steps = 2;      // how many steps the timeline holds
   friend bool operator==(const MetricsConfig&, const MetricsConfig&) = default;
 };
 

@@ -171,6 +171,8 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
 void validate_metrics(const MetricsConfig& m, Problems& p) {
   p.in_range("metrics.prometheus_port", m.prometheus_port, 0, 65535);
   if (!(m.peak_tflops >= 0)) p.add("metrics.peak_tflops = ", m.peak_tflops, " must be >= 0");
+  p.non_negative("metrics.trace_from_step", m.trace_from_step);
+  p.positive("metrics.trace_steps", m.trace_steps);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "monitor/metrics_log.h"
 #include "monitor/prometheus.h"
 #include "monitor/tensorboard.h"
+#include "monitor/trace.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "parallel/data_parallel.h"
@@ -289,6 +290,33 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     inputs.push_back(device.is_cpu() ? host_inputs.back() : Tensor::empty({micro, seq_len}, DType::kI32, device));
     targets.push_back(device.is_cpu() ? host_targets.back() : Tensor::empty({micro, seq_len}, DType::kI32, device));
   }
+  // The timeline of steps trace_first..trace_last (metrics.trace_from_step; monitor/trace.h): each
+  // rank's phases and every wait on communication, by axis.
+  Tracer tracer(world.rank());
+  const int64_t trace_first = config.metrics.trace_from_step;
+  const int64_t trace_last = trace_first > 0 ? trace_first + config.metrics.trace_steps - 1 : -1;
+  dp_count.on_wait([&](double b, double e) { tracer.span("wait: dp", "comm", b, e); });
+  tp_count.on_wait([&](double b, double e) { tracer.span("wait: tp", "comm", b, e); });
+  pp_count.on_wait([&](double b, double e) { tracer.span("wait: pp", "comm", b, e); });
+  bool trace_written = false;
+  // Each rank writes its spans; world rank 0 merges them (the ranks' files are complete after
+  // the barrier). Every rank calls it at the same step.
+  auto write_trace = [&] {
+    trace_written = true;
+    const fs::path dir = fs::path(options.run_dir) / "trace";
+    if (leader) fs::create_directories(dir);
+    world.barrier();
+    tracer.write((dir / ("rank_" + std::to_string(world.rank()) + ".json")).string());
+    world.barrier();
+    if (!leader) return;
+    std::vector<std::string> files;
+    for (int r = 0; r < world.size(); ++r)
+      files.push_back((dir / ("rank_" + std::to_string(r) + ".json")).string());
+    merge_traces(files, (fs::path(options.run_dir) / "trace.json").string());
+    message("wrote the timeline of steps " + std::to_string(trace_first) + "-" +
+            std::to_string(trace_last) + " to " +
+            (fs::path(options.run_dir) / "trace.json").string() + " (open it in ui.perfetto.dev)");
+  };
   double data_seconds = 0;  // this step's time in the loader (and copies to the device)
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
@@ -297,7 +325,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       inputs[m].copy_from(host_inputs[m]);
       targets[m].copy_from(host_targets[m]);
     }
-    data_seconds += now_seconds() - t;
+    const double t1 = now_seconds();
+    tracer.span("data", "data", t, t1);
+    data_seconds += t1 - t;
   };
   Allocator& allocator = allocator_for(device);
   DataParallelMemory state_bytes;
@@ -373,9 +403,15 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     // position); AdamW's own step count does not move.
     const double loss_scale = scaler.scale();
     bool applied = true;
+    tracer.set_active(step >= trace_first && step <= trace_last);
+    TraceScope step_span(&tracer, "step " + std::to_string(step), "step");
     if (pipelined) {
       for (int64_t m = 0; m < accum; ++m) next_batch(static_cast<size_t>(m));
-      loss = pipe->train_step(inputs, targets, loss_scale);
+      {
+        TraceScope span(&tracer, "pipeline: forward + backward of every micro-batch", "compute");
+        loss = pipe->train_step(inputs, targets, loss_scale);
+      }
+      TraceScope span(&tracer, "optimizer", "compute");
       grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale);
       applied = scaler.update(grad_norm);
       if (applied) pipe->optimizer_step(lr);
@@ -386,17 +422,20 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (int64_t m = 0; m < accum; ++m) {
         engine.begin_micro_batch(m, accum);
         next_batch(0);
+        TraceScope span(&tracer, "forward + backward, micro-batch " + std::to_string(m), "compute");
         loss += model_forward(ctx, inputs[0], targets[0]) / static_cast<double>(accum);
         whole->backward_part(ctx, Tensor(), loss_scale / static_cast<double>(accum));
         engine.end_micro_batch();
       }
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
       loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
+      TraceScope span(&tracer, "optimizer", "compute");
       grad_norm = engine.clip_grad_norm(tc.grad_clip, loss_scale);
       applied = scaler.update(grad_norm);
       if (applied) engine.optimizer_step(lr);
       comm_wait = engine.step_stats().wait_seconds;
     }
+    step_span.end();
     if (!applied) {
       ++summary.skipped_steps;
       char buf[128];
@@ -503,11 +542,16 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const bool stopping =
         (options.stop_after > 0 && step == options.stop_after && !last) || signalled != 0;
     if ((tc.save_every > 0 && (step % tc.save_every == 0 || last)) || stopping) checkpoint(step);
+    if (step == trace_last) write_trace();
     if (signalled) {
       summary.stopped_by_signal = signalled;
       break;
     }
   }
+  // The run ended inside the traced steps (train.steps, --stop-after, a signal): what there is.
+  if (!trace_written && trace_first > 0 && trace_first <= summary.last_step &&
+      summary.last_step < trace_last)
+    write_trace();
   if (leader) progress.finish();
   summary.tokens_per_s =
       steps_timed > 0 ? tokens_per_step * static_cast<double>(steps_timed) / time_total : 0;

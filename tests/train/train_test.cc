@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -121,6 +122,60 @@ TEST_F(TrainTest, LossFallsAndMetricsAreComplete) {
   EXPECT_FALSE(m[4].contains("val_loss"));  // step 5
   EXPECT_TRUE(fs::exists(dir_ / "run" / "config.toml"));
   EXPECT_GT(s.peak_bytes, 0);
+}
+
+// metrics.trace_from_step: a timeline of the chosen steps, one row per rank, whose phases and
+// waits lie inside their step; a run that ends inside the window writes what it has.
+TEST_F(TrainTest, TraceHoldsTheChosenStepsOfEveryRank) {
+  Config c = config(6);
+  c.runtime.ranks = 2;
+  c.runtime.threads_per_rank = 1;
+  c.metrics.trace_from_step = 2;
+  c.metrics.trace_steps = 2;
+  resolve_layout(c);
+  run_training(c, options("run"));
+  std::ifstream in(dir_ / "run" / "trace.json");
+  ASSERT_TRUE(in) << "no trace.json";
+  const nlohmann::json events = nlohmann::json::parse(in).at("traceEvents");
+  std::map<std::pair<int, std::string>, int> count;  // (rank, name up to a comma) -> spans
+  std::map<int, std::vector<std::pair<double, double>>> steps;  // rank -> step spans
+  for (const auto& e : events) {
+    if (e["ph"] != "X") continue;
+    const std::string name = e["name"];
+    ++count[{e["pid"].get<int>(), name.substr(0, name.find(','))}];
+    if (name.rfind("step ", 0) == 0)
+      steps[e["pid"]].push_back(
+          {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+  }
+  const int64_t accum = c.grad_accum_steps();
+  for (int rank : {0, 1}) {
+    EXPECT_EQ((count[{rank, "step 2"}]), 1) << rank;
+    EXPECT_EQ((count[{rank, "step 3"}]), 1) << rank;
+    EXPECT_EQ((count[{rank, "step 1"}] + count[{rank, "step 4"}]), 0) << rank;
+    EXPECT_EQ((count[{rank, "forward + backward"}]), 2 * accum) << rank;
+    EXPECT_EQ((count[{rank, "optimizer"}]), 2) << rank;
+    EXPECT_EQ((count[{rank, "data"}]), 2 * accum) << rank;
+    EXPECT_GE((count[{rank, "wait: dp"}]), 2) << rank;  // at least the losses' all-reduces
+  }
+  // Phases lie inside a step of their own rank.
+  for (const auto& e : events) {
+    if (e["ph"] != "X" || e["name"].get<std::string>().rfind("step ", 0) == 0) continue;
+    const double b = e["ts"].get<double>(), end = b + e["dur"].get<double>();
+    bool inside = false;
+    for (const auto& [sb, se] : steps[e["pid"]]) inside |= b >= sb - 1e-3 && end <= se + 1e-3;
+    if (e["cat"] != "comm") {  // evaluation's waits come after its step
+      EXPECT_TRUE(inside) << e.dump();
+    }
+  }
+  // Stopped inside the window: the steps it ran.
+  TrainOptions stop = options("stopped");
+  stop.stop_after = 2;
+  run_training(c, stop);
+  std::ifstream stopped(dir_ / "stopped" / "trace.json");
+  ASSERT_TRUE(stopped);
+  EXPECT_NE(std::string((std::istreambuf_iterator<char>(stopped)), std::istreambuf_iterator<char>())
+                .find("\"step 2\""),
+            std::string::npos);
 }
 
 // Each step's time split into loader, communication per axis and compute, the model TFLOP/s and
