@@ -259,6 +259,17 @@ TrainingState training_state_of(const std::string& checkpoint_dir, const json& j
   return s;
 }
 
+fs::path make_tmp_dir(const std::string& checkpoints_dir, int64_t step) {
+  const fs::path tmp_dir = fs::path(checkpoints_dir) / ("step_" + std::to_string(step) + ".tmp");
+  std::error_code ec;
+  fs::create_directories(checkpoints_dir, ec);
+  if (ec) fail("cannot create checkpoint directory ", checkpoints_dir, ": ", ec.message());
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) fail("cannot create ", tmp_dir.string(), ": ", ec.message());
+  return tmp_dir;
+}
+
 void publish(const fs::path& tmp_dir, const fs::path& final_dir) {
   // Replace an older checkpoint of the same step (a re-run) only once the new one is complete.
   std::error_code ec;
@@ -285,13 +296,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const ParameterS
                             const TrainingState& state) {
   const bool has_optimizer = flat.exp_avg.defined();
   const fs::path final_dir = fs::path(checkpoints_dir) / ("step_" + std::to_string(state.step));
-  const fs::path tmp_dir = fs::path(checkpoints_dir) / ("step_" + std::to_string(state.step) + ".tmp");
-  std::error_code ec;
-  fs::create_directories(checkpoints_dir, ec);
-  if (ec) fail("cannot create checkpoint directory ", checkpoints_dir, ": ", ec.message());
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) fail("cannot create ", tmp_dir.string(), ": ", ec.message());
+  const fs::path tmp_dir = make_tmp_dir(checkpoints_dir, state.step);
 
   const std::map<std::string, std::string> meta = {{"format", "loom-checkpoint"},
                                                    {"step", std::to_string(state.step)}};

@@ -33,6 +33,8 @@ nlohmann::json state_json(const TrainingState& state, const ParameterStore& para
                           const Gpt2Config& model, bool has_optimizer);
 TrainingState training_state_of(const std::string& checkpoint_dir, const nlohmann::json& state);
 
+// Empties and creates step_N.tmp under `checkpoints_dir` (created if missing); returns its path.
+std::filesystem::path make_tmp_dir(const std::string& checkpoints_dir, int64_t step);
 // Renames a complete step_N.tmp to step_N (replacing an older one of that step) and syncs the
 // directory holding it.
 void publish(const std::filesystem::path& tmp_dir, const std::filesystem::path& final_dir);

@@ -92,15 +92,12 @@ std::vector<ShardSlice> slices_of(const ParameterStore& store,
   return out;
 }
 
+std::string checkpoint_tmp_dir(const std::string& checkpoints_dir, int64_t step) {
+  return (fs::path(checkpoints_dir) / ("step_" + std::to_string(step) + ".tmp")).string();
+}
+
 std::string begin_sharded_checkpoint(const std::string& checkpoints_dir, int64_t step) {
-  const fs::path tmp_dir = fs::path(checkpoints_dir) / ("step_" + std::to_string(step) + ".tmp");
-  std::error_code ec;
-  fs::create_directories(checkpoints_dir, ec);
-  if (ec) fail("cannot create checkpoint directory ", checkpoints_dir, ": ", ec.message());
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) fail("cannot create ", tmp_dir.string(), ": ", ec.message());
-  return tmp_dir.string();
+  return make_tmp_dir(checkpoints_dir, step).string();
 }
 
 void write_shard(const std::string& tmp_dir, int rank, const std::vector<ShardSlice>& slices,

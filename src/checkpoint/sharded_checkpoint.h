@@ -46,6 +46,9 @@ std::vector<ShardSlice> slices_of(const ParameterStore& store,
                                   const std::vector<std::pair<int64_t, int64_t>>& ranges,
                                   const std::set<std::string>& skip = {});
 
+// Where step_N of a checkpoints directory is written before it is complete: step_N.tmp.
+std::string checkpoint_tmp_dir(const std::string& checkpoints_dir, int64_t step);
+
 // Empties and creates step_N.tmp for a sharded checkpoint and returns its path. One rank calls
 // it; the others write their shards after it (a barrier between).
 std::string begin_sharded_checkpoint(const std::string& checkpoints_dir, int64_t step);

@@ -110,7 +110,7 @@ std::string save_per_rank(const std::string& dir, const std::vector<Gpt2Stage*>&
   const bool leader = world.rank() == 0;
   if (leader) begin_sharded_checkpoint(dir, st.step);
   world.barrier();  // step_N.tmp exists, empty
-  const std::string tmp = dir + "/step_" + std::to_string(st.step) + ".tmp";
+  const std::string tmp = checkpoint_tmp_dir(dir, st.step);
   write_shard(tmp, world.rank(), slices, arrays);
   world.barrier();  // every shard is on the disk
   if (!leader) return "";
