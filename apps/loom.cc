@@ -1,7 +1,7 @@
-// loom — the command line: train, launch, check, data prepare/synth, sample, bench train, schedule.
-// This is the only place that turns errors into exit codes: loom::Error (a user, config, data or
-// environment mistake) prints one line "loom: error: ..." and exits 1; bad command-line syntax
-// exits 2 (CLI11's usage message).
+// loom — the command line: train, launch, plan, check, data prepare/synth, sample, bench train,
+// schedule. This is the only place that turns errors into exit codes: loom::Error (a user, config,
+// data or environment mistake) prints one line "loom: error: ..." and exits 1; bad command-line
+// syntax exits 2 (CLI11's usage message).
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -25,6 +25,7 @@
 #include "kernels/ops.h"
 #include "launch/supervisor.h"
 #include "parallel/pipeline_schedule.h"
+#include "planner/planner.h"
 #include "train/benchmark.h"
 #include "train/generate.h"
 #include "train/layout_check.h"
@@ -395,6 +396,27 @@ int main(int argc, char** argv) {
                    "checkpoint dirs (step_N), directories of them, or run dirs")
       ->required();
 
+  std::string plan_config, plan_hardware = "h100";
+  std::vector<std::string> plan_sets;
+  PlanOptions plan;
+  size_t plan_top = 15;
+  auto* plan_cmd = app.add_subcommand("plan",
+                                      "every dp x tp x pp x ZeRO layout of a config on N GPUs: "
+                                      "memory per rank and a step-time estimate");
+  plan_cmd->add_option("config", plan_config, "config file (TOML): the model and the batch")
+      ->required();
+  plan_cmd->add_option("--set", plan_sets, "override a config key: section.key=value")
+      ->allow_extra_args(false);
+  plan_cmd->add_option("--devices", plan.devices, "GPUs in the job")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  plan_cmd
+      ->add_option("--hardware", plan_hardware, "h100, h200, a100-80g, a100-40g, h100-pcie or l40s")
+      ->capture_default_str();
+  plan_cmd->add_option("--efficiency", plan.efficiency, "share of the peak the GEMMs reach")
+      ->capture_default_str();
+  plan_cmd->add_option("--top", plan_top, "layouts shown")->capture_default_str();
+
   LaunchOptions launch;
   std::vector<std::string> launch_command;
   auto* launch_cmd = app.add_subcommand(
@@ -504,6 +526,21 @@ int main(int argc, char** argv) {
     if (train_cmd->parsed()) return cmd_train(train);
     if (check_cmd->parsed()) return cmd_check(check);
     if (launch_cmd->parsed()) return cmd_launch(launch, launch_command);
+    if (plan_cmd->parsed()) {
+      if (!(plan.efficiency > 0 && plan.efficiency <= 1))
+        fail("--efficiency must be in (0, 1], got ", plan.efficiency);
+      Config config = load_config(plan_config);
+      for (const auto& s : plan_sets) apply_override(config, s);
+      plan.hardware = find_hardware(plan_hardware);
+      const std::vector<LayoutPlan> plans = plan_layouts(config, plan);
+      if (plans.empty())
+        fail(plan_config, ": no layout of ", plan.devices,
+             " ranks fits the config (train.batch_size ", config.train.batch_size,
+             ", micro_batch_size ", config.train.micro_batch_size, ", model.n_heads ",
+             config.model.n_heads, ", n_layers ", config.model.n_layers, ")");
+      std::cout << format_plan(config, plan, plans, plan_top);
+      return 0;
+    }
     if (prepare_cmd->parsed()) {
       PrepareResult r = prepare_dataset(inputs, out_dir, prep);
       std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens\n", out_dir.c_str(),

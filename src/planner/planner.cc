@@ -1,0 +1,244 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "base/error.h"
+#include "models/gpt2.h"
+#include "parallel/pipeline_parallel.h"
+#include "train/layout_report.h"
+#include "train/trainer.h"
+
+namespace loom {
+
+const std::vector<Hardware>& known_hardware() {
+  // Dense bf16 rates and link speeds from the vendors' data sheets; bandwidths per GPU and
+  // direction (NVLink 4: 900 GB/s both ways; PCIe 5 x16: 64 GB/s, ~50 in practice; one
+  // 400 Gb/s NDR or 200 Gb/s HDR InfiniBand port per GPU).
+  static const std::vector<Hardware> list = {
+      {"h100", 989, 80, 450, 50, 8, "H100 SXM: NVLink 4 in the node, InfiniBand NDR between"},
+      {"h200", 989, 141, 450, 50, 8, "H200 SXM: NVLink 4 in the node, InfiniBand NDR between"},
+      {"a100-80g", 312, 80, 300, 25, 8, "A100 SXM 80 GB: NVLink 3, InfiniBand HDR"},
+      {"a100-40g", 312, 40, 300, 25, 8, "A100 SXM 40 GB: NVLink 3, InfiniBand HDR"},
+      {"h100-pcie", 756, 80, 50, 50, 8, "H100 PCIe: PCIe 5 in the node, InfiniBand NDR between"},
+      {"l40s", 362, 48, 25, 25, 8, "L40S: PCIe 4 in the node, 200 Gb/s Ethernet between"},
+  };
+  return list;
+}
+
+const Hardware& find_hardware(const std::string& name) {
+  std::string names;
+  for (const Hardware& h : known_hardware()) {
+    if (h.name == name) return h;
+    names += (names.empty() ? "" : ", ") + h.name;
+  }
+  fail("--hardware ", name, ": unknown; known: ", names);
+}
+
+std::string LayoutPlan::name() const {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d zero%d", dp, tp, pp, zero);
+  return buf;
+}
+
+double all_reduce_seconds(double bytes, int n, double gbps) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 2.0 * (n - 1) / n * bytes / (gbps * 1e9);
+}
+
+std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) {
+  const ParallelConfig& par = config.parallel;
+  const Gpt2Config model = model_config_of(config);
+  const int64_t d = model.d_model, P = par.tp;
+  const int64_t vocab_rows = P > 1 ? (model.vocab_size + P - 1) / P : model.vocab_size;
+  const int64_t per_block = P > 1 ? 12 * d * d / P + 7 * d / P + 6 * d : 12 * d * d + 13 * d;
+  const int stages = par.pp * par.virtual_stages;
+  const std::vector<int64_t> bounds =
+      pipeline_partition(model, config.model.seq_len, stages, par.layer_split);
+  std::vector<std::vector<int64_t>> chunks;
+  for (int c = 0; c < par.virtual_stages; ++c) {
+    std::vector<int64_t>& units = chunks.emplace_back();
+    const int stage = pp_rank + c * par.pp;
+    int64_t root = 0;
+    if (stage == 0) root += vocab_rows * d + model.max_seq_len * d;              // wte, wpe
+    if (stage == stages - 1) root += 2 * d + (stages > 1 ? vocab_rows * d : 0);  // ln_f, head copy
+    if (root > 0) units.push_back(root);
+    for (int64_t b = bounds[stage]; b < bounds[stage + 1]; ++b) units.push_back(per_block);
+  }
+  return chunks;
+}
+
+std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank) {
+  const int64_t dp = config.parallel.dp, zero = config.parallel.zero;
+  const int64_t multiple = zero == 0 ? 16 : 16 * dp;
+  std::vector<int64_t> buffers;
+  for (const std::vector<int64_t>& units : rank_units(config, pp_rank)) {
+    int64_t n = 0;
+    for (int64_t u : units) n += (u + multiple - 1) / multiple * multiple;
+    buffers.push_back(zero >= 3 ? 4 * n / dp : 4 * n);  // values
+    buffers.push_back(zero >= 2 ? 4 * n / dp : 4 * n);  // gradients
+    buffers.push_back(zero >= 1 ? 4 * n / dp : 4 * n);  // first moment
+    buffers.push_back(zero >= 1 ? 4 * n / dp : 4 * n);  // second moment
+  }
+  return buffers;
+}
+
+LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
+  Config config = config_in;
+  // The activation inventory of a GPU run at bf16 (layout_report.h).
+  config.runtime.device = "cuda";
+  config.runtime.matmul_precision = "bf16";
+  config.runtime.ranks = o.devices;
+  resolve_parallel_degrees(config.parallel, o.devices);
+  validate(config);
+  const ParallelConfig& par = config.parallel;
+  const Hardware& hw = o.hardware;
+  LayoutPlan plan;
+  plan.dp = par.dp;
+  plan.tp = par.tp;
+  plan.pp = par.pp;
+  plan.zero = par.zero;
+
+  int64_t most_blocks = 0, most_params = 0;
+  for (int r = 0; r < par.pp; ++r) {
+    int64_t params = 0, blocks = 0, state = 0;
+    for (const std::vector<int64_t>& units : rank_units(config, r))
+      for (int64_t u : units) params += u;
+    for (int64_t b : rank_state_buffers(config, r)) state += b;
+    const int stages = par.pp * par.virtual_stages;
+    for (int c = 0; c < par.virtual_stages; ++c) {
+      const auto bounds = pipeline_partition(model_config_of(config), config.model.seq_len, stages,
+                                             par.layer_split);
+      blocks += bounds[r + c * par.pp + 1] - bounds[r + c * par.pp];
+    }
+    const int64_t activations = expected_activation_bytes(config, r, blocks);
+    if (state + activations > plan.total_bytes()) {
+      plan.state_bytes = state;
+      plan.activation_bytes = activations;
+      plan.parameters = params;
+    }
+    most_blocks = std::max(most_blocks, blocks);
+    most_params = std::max(most_params, params);
+  }
+  plan.fits = static_cast<double>(plan.total_bytes()) <= 0.9 * hw.memory_gib * 1073741824.0;
+
+  // Compute: the model's FLOPs shared by every device at `efficiency` of the peak; full
+  // recomputation runs each forward twice (4/3 of the FLOPs).
+  const double tokens = static_cast<double>(config.train.batch_size * config.model.seq_len);
+  const double flops = model_config_of(config).flops_per_token(config.model.seq_len) * tokens;
+  const double recompute = config.resolved_recompute() == "full" ? 4.0 / 3.0 : 1.0;
+  plan.compute_s = flops * recompute / (o.devices * hw.peak_tflops * 1e12 * o.efficiency);
+  const double m = static_cast<double>(config.grad_accum_steps());
+  if (par.pp > 1)  // the schedule's fill and drain: (pp - 1) micro-batch slots of (v) chunks
+    plan.bubble_s = plan.compute_s * (par.pp - 1) /
+                    (par.schedule == "interleaved" ? m * par.virtual_stages : m);
+  // Links: tp innermost (neighbouring ranks), then dp, then pp.
+  const auto gbps = [&](int span) {
+    return span <= hw.devices_per_node ? hw.intra_node_gbps : hw.inter_node_gbps;
+  };
+  const double activation = static_cast<double>(config.train.micro_batch_size *
+                                                config.model.seq_len * config.model.d_model) *
+                            4;
+  // Tensor parallelism: two all-reduces of a micro-batch's activations (f32) per block forward,
+  // two backward, on the critical path.
+  plan.tp_comm_s = static_cast<double>(most_blocks) * m * 4 *
+                   all_reduce_seconds(activation, par.tp, gbps(par.tp));
+  // Data parallelism over the gradients (f32) of the largest rank's parameters.
+  const double grads = static_cast<double>(most_params) * 4;
+  const double dp_gbps = gbps(par.tp * par.dp);
+  const double half_reduce = par.dp > 1 ? (par.dp - 1.0) / par.dp * grads / (dp_gbps * 1e9) : 0;
+  const double backward_s = plan.compute_s * 2.0 / 3.0;  // backward is ~2/3 of the FLOPs
+  const double per_rank_compute = plan.compute_s;
+  if (par.dp > 1) {
+    if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * half_reduce - backward_s);
+    // Stage 1: the all-reduce as stage 0, then the updated chunks all-gathered (exposed).
+    if (par.zero == 1) plan.dp_comm_s = std::max(0.0, 2 * half_reduce - backward_s) + half_reduce;
+    // Stage 2: a reduce-scatter per micro-batch behind backward, the all-gather after the step.
+    if (par.zero == 2) plan.dp_comm_s = std::max(0.0, m * half_reduce - backward_s) + half_reduce;
+    // Stage 3: per micro-batch, the values gathered for forward and for backward and the
+    // gradients reduce-scattered, prefetched behind the compute.
+    if (par.zero == 3) plan.dp_comm_s = std::max(0.0, 3 * m * half_reduce - per_rank_compute);
+  }
+  // Pipeline messages: each micro-batch's activations forward and their gradients back, per
+  // chunk.
+  if (par.pp > 1)
+    plan.pp_comm_s =
+        2 * m * par.virtual_stages * activation / (gbps(par.tp * par.dp * par.pp) * 1e9);
+  plan.tokens_per_s = tokens / plan.step_s();
+  plan.mfu = flops / (plan.step_s() * o.devices * hw.peak_tflops * 1e12);
+  return plan;
+}
+
+std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o) {
+  std::vector<LayoutPlan> plans;
+  for (int tp = 1; tp <= o.devices; ++tp) {
+    if (o.devices % tp != 0) continue;
+    for (int pp = 1; pp <= o.devices / tp; ++pp) {
+      if ((o.devices / tp) % pp != 0) continue;
+      for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
+        Config c = config;
+        c.parallel.dp = o.devices / (tp * pp);
+        c.parallel.tp = tp;
+        c.parallel.pp = pp;
+        c.parallel.zero = zero;
+        if (pp == 1) c.parallel.virtual_stages = 1;
+        if (pp == 1 && c.parallel.schedule == "interleaved") c.parallel.schedule = "1f1b";
+        c.parallel.layer_split.clear();
+        try {
+          plans.push_back(estimate_layout(c, o));
+        } catch (const Error&) {
+          // A layout the config cannot run (tp not dividing the heads, dp not dividing the
+          // batch, more stages than blocks): not a candidate.
+        }
+      }
+    }
+  }
+  std::stable_sort(plans.begin(), plans.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.step_s() < b.step_s();
+  });
+  return plans;
+}
+
+std::string format_plan(const Config& config, const PlanOptions& o,
+                        const std::vector<LayoutPlan>& plans, size_t top) {
+  const Gpt2Config model = model_config_of(config);
+  const Hardware& hw = o.hardware;
+  char line[512];
+  std::string out;
+  std::snprintf(
+      line, sizeof line,
+      "model: %.1f M parameters; global batch %ld x %ld tokens, micro-batch %ld\n"
+      "devices: %d x %s (%.0f TFLOP/s bf16 at %.0f%% efficiency, %.0f GiB; %s: %.0f / %.0f "
+      "GB/s within / between nodes of %d)\n\n",
+      static_cast<double>(model.num_parameters()) / 1e6, static_cast<long>(config.train.batch_size),
+      static_cast<long>(config.model.seq_len), static_cast<long>(config.train.micro_batch_size),
+      o.devices, hw.name.c_str(), hw.peak_tflops, o.efficiency * 100, hw.memory_gib,
+      hw.link.c_str(), hw.intra_node_gbps, hw.inter_node_gbps, hw.devices_per_node);
+  out += line;
+  out +=
+      "layout               state GiB  activ. GiB  fits  step s   compute  bubble   tp comm  "
+      "dp comm  pp comm  tokens/s     MFU\n";
+  const double gib = 1073741824.0;
+  size_t shown = 0, not_fitting = 0;
+  for (const LayoutPlan& p : plans) {
+    if (!p.fits) ++not_fitting;
+    if (shown == top) continue;
+    ++shown;
+    std::snprintf(
+        line, sizeof line,
+        "%-20s %9.1f %11.1f  %-4s %7.3f  %7.3f %7.3f  %8.3f %8.3f %8.3f  %8.0f  %5.1f%%\n",
+        p.name().c_str(), p.state_bytes / gib, p.activation_bytes / gib, p.fits ? "yes" : "NO",
+        p.step_s(), p.compute_s, p.bubble_s, p.tp_comm_s, p.dp_comm_s, p.pp_comm_s, p.tokens_per_s,
+        p.mfu * 100);
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "\n%zu layouts, %zu of them beyond %.0f GiB (90%% of the device's memory)%s\n",
+                plans.size(), not_fitting, 0.9 * hw.memory_gib,
+                shown < plans.size() ? "; --top shows more" : "");
+  out += line;
+  return out;
+}
+
+}  // namespace loom

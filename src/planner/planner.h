@@ -1,0 +1,89 @@
+// The layout planner behind `loom plan`: for a model and a batch on N devices of a kind, every
+// dp × tp × pp × ZeRO layout Loom can run, with each rank's memory and a step-time estimate,
+// before a GPU is rented (docs/planner.md).
+//
+// Memory is counted, not guessed: each rank's parameter elements from the model's shapes (the
+// pipeline's stage split, tensor-parallel shards with the vocabulary padded, replicated
+// parameters whole), times 4 bytes for the values, 4 for the gradients and 8 for AdamW's moments,
+// each divided by dp where the ZeRO stage shards it; plus the activation inventory of
+// train/layout_report.h. The step time is a model: the GEMM FLOPs at a fraction of the device's
+// peak (`efficiency`), the pipeline bubble of the schedule, the tensor-parallel all-reduces on
+// the critical path, the data-parallel gradient reduction less what backward hides, the ZeRO
+// gathers and the pipeline's activation messages, each at the bandwidth of the link the group
+// crosses (NVLink or PCIe within a node, the network between nodes; tp innermost, then dp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace loom {
+
+struct Hardware {
+  std::string name;
+  double peak_tflops = 0;      // dense bf16 matrix rate of one device
+  double memory_gib = 0;       // per device
+  double intra_node_gbps = 0;  // per device and direction, to the others of its node
+  double inter_node_gbps = 0;  // per device and direction, across nodes
+  int devices_per_node = 8;
+  std::string link;  // "NVLink 4 + InfiniBand NDR", for the report
+};
+
+// The kinds `loom plan --hardware` knows (h100, h200, a100-80g, a100-40g, h100-pcie, l40s).
+const std::vector<Hardware>& known_hardware();
+// Throws loom::Error listing the known names for an unknown one.
+const Hardware& find_hardware(const std::string& name);
+
+struct PlanOptions {
+  int devices = 8;
+  Hardware hardware;
+  double efficiency = 0.5;  // the share of the peak the GEMMs reach (PyTorch / llm.c: ~0.4-0.6)
+};
+
+struct LayoutPlan {
+  int dp = 1, tp = 1, pp = 1, zero = 0;
+  // The rank with the most bytes.
+  int64_t parameters = 0;        // its parameter elements (its shards)
+  int64_t state_bytes = 0;       // values + gradients + AdamW moments, as its ZeRO stage keeps them
+  int64_t activation_bytes = 0;  // at its peak (layout_report.h)
+  int64_t total_bytes() const { return state_bytes + activation_bytes; }
+  bool fits = false;  // total within the device's memory (less 10% for the runtime)
+  // The step, seconds.
+  double compute_s = 0, bubble_s = 0, tp_comm_s = 0, dp_comm_s = 0, pp_comm_s = 0;
+  double step_s() const { return compute_s + bubble_s + tp_comm_s + dp_comm_s + pp_comm_s; }
+  double tokens_per_s = 0, mfu = 0;
+  std::string name() const;  // "dp4 tp2 pp1 zero1"
+};
+
+// The parameter elements of each unit (an engine's unit of communication: a block, or the root
+// of embeddings / final LayerNorm / head) the rank at pipeline coordinate pp_rank holds under the
+// config's layout: its chunks' blocks, embeddings on the first stage, the final LayerNorm and the
+// tied head's copy on the last; tensor-parallel shards of the matrices and of the biases of
+// column-parallel layers, the vocabulary padded to a multiple of tp, everything else whole.
+// One list per model chunk of the rank (virtual stages), each held by an engine of its own.
+std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank);
+// The state buffers, in bytes, of the rank at pp_rank: for each of its chunks' engines the
+// values, the gradients and AdamW's two moments, each unit padded as the engine pads it (to 16
+// elements, 16 × dp under ZeRO), 4 bytes an element, divided by dp where the ZeRO stage shards
+// the buffer (moments from 1, gradients from 2, values at 3). What the engines ask their
+// allocator for; a caching allocator rounds each request up (CPU: up to 12.5%).
+std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank);
+
+// One layout (the config's parallel section, resolved for options.devices ranks).
+LayoutPlan estimate_layout(const Config& config, const PlanOptions& options);
+
+// Every layout of options.devices ranks the config allows (dp × tp × pp = devices, tp dividing
+// the heads, dp dividing the batch into micro-batches, ZeRO 0-3, 0-1 with pp), fitting ones
+// first, each group by step time.
+std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& options);
+
+std::string format_plan(const Config& config, const PlanOptions& options,
+                        const std::vector<LayoutPlan>& plans, size_t top);
+
+// The time of a ring all-reduce (or reduce-scatter + all-gather) of `bytes` over `n` ranks at
+// `gbps` per rank and direction: 2 (n - 1) / n · bytes / bandwidth. 0 for n = 1.
+double all_reduce_seconds(double bytes, int n, double gbps);
+
+}  // namespace loom

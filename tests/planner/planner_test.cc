@@ -1,0 +1,182 @@
+// The layout planner: its memory count against what the engines really allocate (CPU runs of
+// each kind of layout), its time model's formulas, and the list of layouts it offers.
+#include "planner/planner.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "data/dataset.h"
+#include "device/allocator.h"
+#include "harness/error_of.h"
+#include "models/gpt2.h"
+#include "train/trainer.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+using testutil::error_of;
+
+Config tiny_config(const std::string& data_dir) {
+  Config c = parse_config(R"(
+[model]
+vocab_size = 256
+seq_len = 16
+d_model = 32
+n_layers = 4
+n_heads = 4
+[train]
+steps = 1
+batch_size = 8
+micro_batch_size = 2
+warmup_steps = 0
+eval_every = 0
+save_every = 0
+[runtime]
+threads_per_rank = 1
+)",
+                          "planner_test.toml");
+  c.data.train = data_dir + "/train_*.bin";
+  return c;
+}
+
+struct Layout {
+  int ranks, tp, pp, zero, virtual_stages;
+};
+
+// Each rank's parameter elements are those of the parts the trainer built (its start-up table),
+// and rank 0's state buffers, rounded as the CPU's caching allocator rounds each request, are what
+// the trainer measured on that allocator (metrics.jsonl's mem_*_mb), to the byte.
+TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_planner_test_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  synthesize_addition((dir / "data").string(), 20000, 2000, 5);
+  const Layout layouts[] = {{1, 1, 1, 0, 1}, {2, 1, 1, 0, 1}, {2, 1, 1, 1, 1}, {2, 1, 1, 2, 1},
+                            {2, 1, 1, 3, 1}, {2, 2, 1, 0, 1}, {2, 1, 2, 0, 1}, {4, 2, 1, 1, 1},
+                            {4, 2, 2, 1, 1}, {2, 1, 2, 1, 2}};
+  for (const Layout& l : layouts) {
+    Config c = tiny_config((dir / "data").string());
+    c.runtime.ranks = l.ranks;
+    c.parallel.tp = l.tp;
+    c.parallel.pp = l.pp;
+    c.parallel.zero = l.zero;
+    c.parallel.virtual_stages = l.virtual_stages;
+    if (l.virtual_stages > 1) c.parallel.schedule = "interleaved";
+    resolve_layout(c);
+    SCOPED_TRACE("dp" + std::to_string(c.parallel.dp) + " tp" + std::to_string(l.tp) + " pp" +
+                 std::to_string(l.pp) + " zero" + std::to_string(l.zero) + " v" +
+                 std::to_string(l.virtual_stages));
+    TrainOptions o;
+    o.run_dir = (dir / "run").string();
+    o.progress = false;
+    fs::remove_all(o.run_dir);
+    const TrainSummary s = run_training(c, o);
+    // The start-up table: "rank pp dp tp parameters ..." rows.
+    std::istringstream report(s.layout_report);
+    int rows = 0;
+    for (std::string row; std::getline(report, row);) {
+      std::istringstream fields(row);
+      int rank = -1, pp = -1, dp = -1, tp = -1;
+      int64_t parameters = -1;
+      if (!(fields >> rank >> pp >> dp >> tp >> parameters)) continue;
+      int64_t planned = 0;
+      for (const auto& units : rank_units(c, pp))
+        for (int64_t u : units) planned += u;
+      EXPECT_EQ(planned, parameters) << row;
+      ++rows;
+    }
+    EXPECT_EQ(rows, l.ranks) << s.layout_report;
+    std::ifstream in(fs::path(o.run_dir) / "metrics.jsonl");
+    std::string line;
+    std::getline(in, line);
+    const nlohmann::json r = nlohmann::json::parse(line);
+    const double measured = (r["mem_params_mb"].get<double>() + r["mem_grads_mb"].get<double>() +
+                             r["mem_optimizer_mb"].get<double>()) *
+                            1048576.0;
+    int64_t planned = 0;
+    for (int64_t b : rank_state_buffers(c, 0))
+      planned += static_cast<int64_t>(CachingCpuAllocator::round_size(static_cast<size_t>(b)));
+    EXPECT_DOUBLE_EQ(static_cast<double>(planned), measured);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Planner, TimeModelFormulas) {
+  // A ring all-reduce moves 2 (n - 1) / n of the buffer over each rank's link.
+  EXPECT_DOUBLE_EQ(all_reduce_seconds(1e9, 4, 100), 2.0 * 3 / 4 * 1e9 / 100e9);
+  EXPECT_EQ(all_reduce_seconds(1e9, 1, 100), 0);
+  Config c = tiny_config("unused");
+  c.train.batch_size = 64;
+  c.train.micro_batch_size = 2;
+  PlanOptions o;
+  o.devices = 8;
+  o.hardware = find_hardware("h100");
+  // 1F1B over 4 stages with 64 / (2 × dp 2) = 16 micro-batches per replica: a bubble of
+  // (pp - 1) / m of the compute.
+  c.parallel.dp = 2;
+  c.parallel.pp = 4;
+  const LayoutPlan p = estimate_layout(c, o);
+  EXPECT_NEAR(p.bubble_s, p.compute_s * 3.0 / 16.0, 1e-20);
+  // The compute is the model's FLOPs shared by the devices at the efficiency.
+  const double flops = model_config_of(c).flops_per_token(16) * 64 * 16;
+  EXPECT_NEAR(p.compute_s, flops / (8 * 989e12 * 0.5), 1e-20);
+  EXPECT_NEAR(p.tokens_per_s, 64 * 16 / p.step_s(), 1e-6);
+  // Tensor parallelism inside a node rides NVLink; across nodes (2 GPUs a node) the network.
+  Config t = tiny_config("unused");
+  t.parallel.tp = 4;
+  t.parallel.dp = 2;
+  const double fast = estimate_layout(t, o).tp_comm_s;
+  o.hardware.devices_per_node = 2;
+  const double slow = estimate_layout(t, o).tp_comm_s;
+  EXPECT_NEAR(slow / fast, o.hardware.intra_node_gbps / o.hardware.inter_node_gbps, 1e-9);
+}
+
+TEST(Planner, OffersEveryRunnableLayoutFittingOnesFirst) {
+  Config c = tiny_config("unused");
+  c.train.batch_size = 8;
+  c.train.micro_batch_size = 2;  // dp can be 1, 2 or 4
+  PlanOptions o;
+  o.devices = 8;
+  o.hardware = find_hardware("a100-40g");
+  const std::vector<LayoutPlan> plans = plan_layouts(c, o);
+  ASSERT_FALSE(plans.empty());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const LayoutPlan& p = plans[i];
+    EXPECT_EQ(p.dp * p.tp * p.pp, 8) << p.name();
+    EXPECT_LE(p.dp, 4) << p.name();      // the batch holds 4 micro-batches
+    EXPECT_EQ(4 % p.tp, 0) << p.name();  // tp divides the heads
+    EXPECT_LE(p.pp, 4) << p.name();      // no more stages than blocks
+    if (p.pp > 1) {
+      EXPECT_LE(p.zero, 1) << p.name();
+    }
+    if (i > 0 && plans[i - 1].fits == p.fits) {
+      EXPECT_LE(plans[i - 1].step_s(), p.step_s());
+    }
+  }
+  // A 6.7 B-parameter model on 8 A100 40 GB: plain data parallelism holds 16 bytes a parameter
+  // on every GPU and cannot fit; sharding (ZeRO-3, or tp × pp) can.
+  Config big = tiny_config("unused");
+  big.model.d_model = 4096;
+  big.model.n_layers = 32;
+  big.model.n_heads = 32;
+  big.model.vocab_size = 50304;
+  big.model.seq_len = 2048;
+  big.train.batch_size = 64;
+  big.train.micro_batch_size = 1;
+  bool dp_fits = true, some_fit = false;
+  for (const LayoutPlan& p : plan_layouts(big, o)) {
+    if (p.dp == 8 && p.zero == 0) dp_fits = p.fits;
+    some_fit |= p.fits;
+  }
+  EXPECT_FALSE(dp_fits);
+  EXPECT_TRUE(some_fit);
+  EXPECT_NE(error_of([] { find_hardware("tpu-v5"); }).find("known: h100"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom
