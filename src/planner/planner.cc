@@ -200,6 +200,15 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
   return plans;
 }
 
+namespace {
+std::string parameter_count(int64_t n) {  // "124.5 M", or the count itself below a million
+  if (n < 1000000) return std::to_string(n);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f M", static_cast<double>(n) / 1e6);
+  return buf;
+}
+}  // namespace
+
 std::string format_plan(const Config& config, const PlanOptions& o,
                         const std::vector<LayoutPlan>& plans, size_t top) {
   const Gpt2Config model = model_config_of(config);
@@ -208,10 +217,10 @@ std::string format_plan(const Config& config, const PlanOptions& o,
   std::string out;
   std::snprintf(
       line, sizeof line,
-      "model: %.1f M parameters; global batch %ld x %ld tokens, micro-batch %ld\n"
+      "model: %s parameters; global batch %ld x %ld tokens, micro-batch %ld\n"
       "devices: %d x %s (%.0f TFLOP/s bf16 at %.0f%% efficiency, %.0f GiB; %s: %.0f / %.0f "
       "GB/s within / between nodes of %d)\n\n",
-      static_cast<double>(model.num_parameters()) / 1e6, static_cast<long>(config.train.batch_size),
+      parameter_count(model.num_parameters()).c_str(), static_cast<long>(config.train.batch_size),
       static_cast<long>(config.model.seq_len), static_cast<long>(config.train.micro_batch_size),
       o.devices, hw.name.c_str(), hw.peak_tflops, o.efficiency * 100, hw.memory_gib,
       hw.link.c_str(), hw.intra_node_gbps, hw.inter_node_gbps, hw.devices_per_node);

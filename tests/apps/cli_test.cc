@@ -358,3 +358,19 @@ TEST_F(Launch, ATrainCommandThatDoesNotResumeIsRefused) {
   expect_error(run("train " + config_, "LOOM_TEST_FAULT=explode@1"), "LOOM_TEST_FAULT");
 }
 }  // namespace
+
+namespace {
+TEST_F(Cli, PlanListsLayoutsAndNamesBadInput) {
+  const std::string cfg = write_config("");  // d_model 16, 2 heads, 1 layer, batch 4 of 2
+  Result r = run("plan " + cfg + " --devices 4 --hardware a100-80g");
+  ASSERT_EQ(r.code, 0) << r.output;
+  // Two heads, one block, two micro-batches: dp 2 × tp 2 only, with each ZeRO stage.
+  for (const char* text : {"layout ", "dp2 tp2 pp1 zero0", "dp2 tp2 pp1 zero3", "4 x a100-80g",
+                           "MFU", "\n4 layouts, 0 of them beyond", "model: 7664 parameters"})
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << " in:\n" << r.output;
+  EXPECT_EQ(r.output.find("dp4"), std::string::npos) << r.output;  // 4 sequences: 2 micro-batches
+  expect_error(run("plan " + cfg + " --hardware tpu"), "--hardware tpu: unknown; known: h100");
+  expect_error(run("plan " + cfg + " --efficiency 2"), "--efficiency must be in (0, 1]");
+  expect_error(run("plan " + cfg + " --devices 3"), "no layout of 3 ranks");
+}
+}  // namespace
