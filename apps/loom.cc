@@ -29,6 +29,7 @@
 #include "train/benchmark.h"
 #include "train/generate.h"
 #include "train/layout_check.h"
+#include "train/run_control.h"
 #include "train/trainer.h"
 
 namespace {

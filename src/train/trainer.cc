@@ -1,6 +1,5 @@
 #include "train/trainer.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,8 +25,7 @@
 #include "mesh/device_mesh.h"
 #include "models/gpt2.h"
 #include "monitor/metrics_log.h"
-#include "monitor/prometheus.h"
-#include "monitor/tensorboard.h"
+#include "monitor/step_reporter.h"
 #include "monitor/trace.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
@@ -36,6 +34,7 @@
 #include "parallel/tensor_parallel_gpt2.h"
 #include "train/evaluate.h"
 #include "train/layout_report.h"
+#include "train/run_control.h"
 #include "train/sharded_io.h"
 
 namespace loom {
@@ -54,40 +53,6 @@ Gpt2Config model_config_of(const Config& config) {
 }
 
 namespace {
-
-volatile sig_atomic_t g_stop_signal = 0;
-
-void on_stop_signal(int sig) {
-  if (g_stop_signal == 0) g_stop_signal = sig;
-}
-
-// Faults for testing `loom launch` and the graceful stop (tests/apps/cli_test.cc):
-// LOOM_TEST_FAULT = "kill@N" makes world rank 0 kill its process with SIGKILL once step N is
-// logged, "hang@N" makes it stop responding there, as a crashed or wedged rank would, and
-// "term@N" sends its process SIGTERM there, as a scheduler preempting the job would. Only in a run
-// that started at step 0, so that the restarted run (resumed from a checkpoint) goes past it.
-struct TestFault {
-  enum Kind { kNone, kKill, kHang, kTerm } kind = kNone;
-  int64_t step = 0;
-};
-
-TestFault test_fault_from_env() {
-  const char* env = std::getenv("LOOM_TEST_FAULT");
-  if (env == nullptr || *env == 0) return {};
-  const std::string s = env;
-  const size_t at = s.find('@');
-  TestFault f;
-  const std::string kind = s.substr(0, at);
-  if (kind == "kill") f.kind = TestFault::kKill;
-  if (kind == "hang") f.kind = TestFault::kHang;
-  if (kind == "term") f.kind = TestFault::kTerm;
-  char* end = nullptr;
-  if (at != std::string::npos) f.step = std::strtoll(s.c_str() + at + 1, &end, 10);
-  if (f.kind == TestFault::kNone || at == std::string::npos || end == nullptr || *end != 0 ||
-      f.step < 1)
-    fail("LOOM_TEST_FAULT = '", s, "': expected kill@STEP, hang@STEP or term@STEP (STEP >= 1)");
-  return f;
-}
 
 // The peak one rank computes at, TFLOP/s, for the MFU: metrics.peak_tflops, else measured once
 // per process and device kind: on a CPU the fp32 FMA rate of one thread (50 ms) times the rank's
@@ -111,19 +76,6 @@ double rank_peak_tflops(const Config& config, Device device) {
 
 }  // namespace
 
-void install_stop_signals() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sa.sa_flags = SA_RESETHAND;  // the second Ctrl-C is the default action: the process ends
-  sigaction(SIGINT, &sa, nullptr);
-}
-
-int stop_signal_received() {
-  return g_stop_signal;
-}
-
 // One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
 // checkpoints, progress); every rank computes.
 TrainSummary train_on(Communicator& world, const Config& config_in, const TrainOptions& options,
@@ -133,7 +85,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   validate(config);
   const TrainConfig& tc = config.train;
   const bool leader = world.rank() == 0;
-  const TestFault fault = test_fault_from_env();
+  const TestFault fault = TestFault::from_env();
   const int64_t seq_len = config.model.seq_len;
   const int64_t micro = tc.micro_batch_size;
   const int64_t accum = config.grad_accum_steps();
@@ -259,25 +211,19 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     summary.start_step = st.step;
     message("resumed from " + resume_from);
   }
-  std::unique_ptr<MetricsLog> metrics;
-  // Where else the step records go (config [metrics]): TensorBoard, Prometheus.
-  std::unique_ptr<TensorBoardWriter> tensorboard;
-  std::unique_ptr<PrometheusServer> prometheus_server;
-  PrometheusMetrics prometheus;
-  const std::string prometheus_file = (fs::path(options.run_dir) / "metrics.prom").string();
-  if (leader && config.metrics.tensorboard)
-    tensorboard =
-        std::make_unique<TensorBoardWriter>((fs::path(options.run_dir) / "tensorboard").string());
-  if (leader && config.metrics.prometheus_port > 0) {
-    prometheus_server = std::make_unique<PrometheusServer>(config.metrics.prometheus_port);
-    message("serving the step metrics for Prometheus at http://" + std::string("<this host>:") +
-            std::to_string(prometheus_server->port()) + "/metrics");
-  }
+  // metrics.jsonl, and TensorBoard and Prometheus as config [metrics] says (world rank 0).
+  std::unique_ptr<StepReporter> reporter;
   if (leader) {
     std::ofstream out(fs::path(options.run_dir) / "config.toml");
     out << to_toml(config);
-    metrics = std::make_unique<MetricsLog>((fs::path(options.run_dir) / "metrics.jsonl").string(),
-                                           resume_from.empty() ? -1 : summary.start_step);
+    reporter = std::make_unique<StepReporter>(
+        options.run_dir,
+        StepSinks{config.metrics.tensorboard, config.metrics.prometheus_textfile,
+                  config.metrics.prometheus_port},
+        resume_from.empty() ? -1 : summary.start_step);
+    if (reporter->prometheus_port() > 0)
+      message("serving the step metrics for Prometheus on port " +
+              std::to_string(reporter->prometheus_port()) + " (GET /metrics)");
   }
 
   // Tokens are read on the host; a GPU gets a copy of each micro-batch.
@@ -509,14 +455,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         record["bubble_theory"] = theoretical_bubble(pipe->schedule());
         record["pp_bytes_sent"] = pipe->stats().bytes_sent;
       }
-      metrics->write(record);
-      if (tensorboard) tensorboard->scalars(step, record);
-      if (prometheus_server || config.metrics.prometheus_textfile) {
-        prometheus.update(record);
-        const std::string text = prometheus.text();
-        if (config.metrics.prometheus_textfile) write_prometheus_textfile(prometheus_file, text);
-        if (prometheus_server) prometheus_server->publish(text);
-      }
+      reporter->report(step, record);
       if (options.progress && (step % tc.log_every == 0 || last || step == end_step)) {
         const double mean_dt = time_total / static_cast<double>(steps_timed);
         progress.step(step, loss, lr, grad_norm, tokens_per_step / dt,
@@ -528,12 +467,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         }
       }
     }
-    if (leader && summary.start_step == 0 && step == fault.step) {
-      if (fault.kind == TestFault::kKill) raise(SIGKILL);
-      if (fault.kind == TestFault::kTerm) raise(SIGTERM);  // handled before raise returns
-      if (fault.kind == TestFault::kHang)
-        for (;;) pause();
-    }
+    if (leader && summary.start_step == 0) fault.strike_at(step);
     // Every rank sees the same answer, at the same step, whenever the signal reached each.
     const int signalled =
         options.stop_on_signal && !last

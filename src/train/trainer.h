@@ -20,7 +20,7 @@ struct TrainOptions {
   std::string resume;       // "" (fresh), "auto" (latest checkpoint, if any) or a step_N dir
   int64_t stop_after = 0;   // > 0: end cleanly after this step with a checkpoint
   bool progress = true;     // print the progress line
-  // Stop gracefully on SIGTERM/SIGINT (see install_stop_signals): every step's end agrees over
+  // Stop gracefully on SIGTERM/SIGINT (train/run_control.h): every step's end agrees over
   // the world whether one arrived; if so the run saves a checkpoint there and returns.
   bool stop_on_signal = false;
 };
@@ -42,14 +42,6 @@ struct TrainSummary {
   int64_t expected_activation_bytes = 0;  // rank 0's estimate in that report
   int stopped_by_signal = 0;  // the signal that ended the run early (stop_on_signal), else 0
 };
-
-// For `loom train`: from now on SIGTERM and SIGINT ask a run with stop_on_signal to end at the
-// end of the step in progress, with a checkpoint, so that a preempted job (Slurm sends SIGTERM,
-// then SIGKILL after its KillWait) or one stopped by hand resumes without losing steps. A second
-// SIGINT (Ctrl-C twice) ends the process at once; a repeated SIGTERM is ignored (a scheduler and
-// `loom launch` may both send one).
-void install_stop_signals();
-int stop_signal_received();  // the first such signal so far, 0 if none
 
 // Trains with the layout the config gives: thread ranks of the local backend
 // (runtime.ranks, `loom train --ranks N`), or one process of an MPI job when started by

@@ -50,7 +50,7 @@ struct Layout {
 
 // Each rank's parameter elements are those of the parts the trainer built (its start-up table),
 // and rank 0's state buffers, rounded as the CPU's caching allocator rounds each request, are what
-// the trainer measured on that allocator (metrics.jsonl's mem_*_mb), to the byte.
+// the trainer measured on that allocator (metrics.jsonl's mem_*_mb).
 TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
   const fs::path dir =
       fs::temp_directory_path() / ("loom_planner_test_" + std::to_string(getpid()));
@@ -101,7 +101,10 @@ TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
     int64_t planned = 0;
     for (int64_t b : rank_state_buffers(c, 0))
       planned += static_cast<int64_t>(CachingCpuAllocator::round_size(static_cast<size_t>(b)));
-    EXPECT_DOUBLE_EQ(static_cast<double>(planned), measured);
+    // The trainer measures its engines' buffers as the growth of the allocator's bytes in use,
+    // which thread ranks share: another rank's small tensor made meanwhile (a few hundred bytes)
+    // can land in it.
+    EXPECT_NEAR(static_cast<double>(planned), measured, 1024);
   }
   fs::remove_all(dir);
 }
