@@ -66,8 +66,13 @@ double rank_peak_tflops(const Config& config, Device device) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = measured.find(key);
   if (it == measured.end()) {
+#ifdef LOOM_CUDA_EMULATE
+    const int64_t n = 128;  // the CUDA emulator runs kernels on CPU fibers: its rate means nothing
+#else
+    const int64_t n = 4096;  // a few tenths of a second on a GPU
+#endif
     const double tflops = device.is_cuda() ? ops::measure_gpu_gemm_tflops(
-                                                 device, config.runtime.matmul_precision, 4096, 5)
+                                                 device, config.runtime.matmul_precision, n, 5)
                                            : cpu::measure_fma_peak(1, 0.05).gflops / 1e3;
     it = measured.emplace(key, tflops).first;
   }
