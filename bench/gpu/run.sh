@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session, prepared: the GPU tests (every CUDA kernel against the CPU's, a small GPT-2 on
-# the GPU against the CPU, nccl as a group of one, the trainer on runtime.device = "cuda"), the
+# the GPU against the CPU, nccl as a group of one, the trainer on runtime.device = "cuda", `loom
+# train` with a sharded checkpoint, a timeline and a resume), the
 # GPU's own GEMM rates, GPT-2 124M training at T = 1024 (tokens/s, MFU), then the whole suite as
 # time allows; every log kept. For a device machine with ~15 minutes in all:
 #
@@ -149,6 +150,48 @@ gpu_tests() {
 }
 export -f gpu_tests
 step gpu_tests gpu_tests 180 gpu_tests
+# `loom train` on the GPU as a user runs it: bf16, a sharded checkpoint at step 4, the timeline
+# of steps 2-3 and TensorBoard events, then a resume to step 8 and the checkpoints verified; the
+# last step's record (step time split, MFU against the GPU's measured rate) goes to the log.
+gpu_train_cli() {
+  local dir
+  dir=$(mktemp -d)
+  "$BIN/loom" data synth --out "$dir/data" --train-tokens 400000 --val-tokens 20000 || return 1
+  cat >"$dir/cfg.toml" <<TOML
+[model]
+vocab_size = 256
+seq_len = 256
+d_model = 256
+n_layers = 4
+n_heads = 4
+[data]
+train = "$dir/data/train_*.bin"
+val = "$dir/data/val_*.bin"
+[train]
+steps = 8
+batch_size = 16
+micro_batch_size = 8
+warmup_steps = 2
+eval_every = 4
+save_every = 4
+checkpoint_format = "sharded"
+[runtime]
+device = "cuda"
+matmul_precision = "bf16"
+[metrics]
+tensorboard = true
+trace_from_step = 2
+TOML
+  "$BIN/loom" train "$dir/cfg.toml" --run-dir "$dir/run" --stop-after 4 --quiet &&
+    "$BIN/loom" train "$dir/cfg.toml" --run-dir "$dir/run" --resume auto --quiet &&
+    "$BIN/loom" checkpoint verify "$dir/run" &&
+    ls "$dir/run" "$dir/run/checkpoints/step_8" && tail -n 1 "$dir/run/metrics.jsonl"
+  local rc=$?
+  rm -rf "$dir"
+  return $rc
+}
+export -f gpu_train_cli
+step gpu_train_cli gpu_tests 60 gpu_train_cli
 count() { grep -oE "^\[  $1 *\] [0-9]+ test" "$OUT/gpu_tests.log" 2>/dev/null | awk '{s += $(NF-1)} END {print s + 0}'; }
 note "      gpu_tests: $(count PASSED) passed, $(count FAILED) failed, $(count SKIPPED) skipped"
 
