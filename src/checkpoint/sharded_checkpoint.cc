@@ -156,22 +156,28 @@ bool is_sharded_checkpoint(const std::string& checkpoint_dir) {
 
 TrainingState load_sharded_checkpoint_into(const std::string& dir, const ParameterStore& store,
                                            FlatModelState& into) {
+  return load_sharded_checkpoint_into(dir, {{&store, &into}});
+}
+
+TrainingState load_sharded_checkpoint_into(const std::string& dir,
+                                           const std::vector<ShardTarget>& targets) {
   const json j = read_state_json(dir);
-  const bool moments = into.exp_avg.defined();
-  if (moments && !j.value("has_optimizer", false))
-    fail("checkpoint ", dir, ": holds no optimizer state, cannot resume training");
   std::set<std::string> wanted;
-  for (const auto& p : store.parameters()) {
-    const json& shapes = j.at("model").at("parameters");
-    if (!shapes.contains(p->name))
-      fail("checkpoint ", dir, ": has no parameter '", p->name,
-           "' (a checkpoint of another model?)");
-    const Shape recorded = shapes[p->name].get<Shape>();
-    if (recorded != p->full_shape)
-      fail("checkpoint ", dir, ": '", p->name, "' has shape ", shape_str(recorded),
-           " but the model expects ", shape_str(p->full_shape));
-    wanted.insert(p->name);
-  }
+  for (const auto& [store, into] : targets)
+    if (into->exp_avg.defined() && !j.value("has_optimizer", false))
+      fail("checkpoint ", dir, ": holds no optimizer state, cannot resume training");
+  for (const auto& [store, into] : targets)
+    for (const auto& p : store->parameters()) {
+      const json& shapes = j.at("model").at("parameters");
+      if (!shapes.contains(p->name))
+        fail("checkpoint ", dir, ": has no parameter '", p->name,
+             "' (a checkpoint of another model?)");
+      const Shape recorded = shapes[p->name].get<Shape>();
+      if (recorded != p->full_shape)
+        fail("checkpoint ", dir, ": '", p->name, "' has shape ", shape_str(recorded),
+             " but the model expects ", shape_str(p->full_shape));
+      wanted.insert(p->name);
+    }
 
   // Every slice of a wanted parameter, cut into runs of one row of the whole matrix.
   struct Run {
@@ -199,7 +205,7 @@ TrainingState load_sharded_checkpoint_into(const std::string& dir, const Paramet
     }
   }
 
-  std::map<size_t, SafetensorsFile> loaded;  // only the files this store needs
+  std::map<size_t, SafetensorsFile> loaded;  // only the files the targets need, each read once
   auto array = [&](size_t f, const char* name) -> const Tensor& {
     auto it = loaded.find(f);
     if (it == loaded.end()) it = loaded.emplace(f, load_checked(dir, file_of[f], j)).first;
@@ -208,38 +214,41 @@ TrainingState load_sharded_checkpoint_into(const std::string& dir, const Paramet
       fail("checkpoint ", dir, ": ", file_of[f], " has no f32 tensor '", name, "'");
     return t->second;
   };
-  for (const auto& p : store.parameters()) {
-    const int64_t cols = matrix_of(p->shape).second;
-    const auto& by_row = runs[p->name];
-    for (const Block& block : blocks_of(*p)) {
-      for (int64_t i = 0; i < block.rows; ++i) {
-        const int64_t row = block.row + i, c0 = block.col, c1 = block.col + cols;
-        const int64_t dst = p->offset + (block.local_row + i) * cols;
-        int64_t covered = 0;
-        const auto found = by_row.find(row);
-        if (found != by_row.end())
-          for (const Run& run : found->second) {
-            const int64_t lo = std::max(c0, run.col_begin), hi = std::min(c1, run.col_end);
-            if (lo >= hi) continue;
-            const int64_t src = run.at + lo - run.col_begin, n = hi - lo;
-            for (const auto& [name, to] : {std::pair<const char*, Tensor*>{"values", &into.values},
-                                           {"exp_avg", &into.exp_avg},
-                                           {"exp_avg_sq", &into.exp_avg_sq}}) {
-              if (!to->defined()) continue;
-              const Tensor& from = array(run.shard, name);
-              if (src < 0 || src + n > from.numel())
-                fail("checkpoint ", dir, ": ", file_of[run.shard], "'s slice of '", p->name,
-                     "' lies outside its arrays");
-              std::copy_n(from.data<float>() + src, n, to->data<float>() + dst + (lo - c0));
+  for (const auto& [store, into_ptr] : targets)
+    for (const auto& p : store->parameters()) {
+      FlatModelState& into = *into_ptr;
+      const int64_t cols = matrix_of(p->shape).second;
+      const auto& by_row = runs[p->name];
+      for (const Block& block : blocks_of(*p)) {
+        for (int64_t i = 0; i < block.rows; ++i) {
+          const int64_t row = block.row + i, c0 = block.col, c1 = block.col + cols;
+          const int64_t dst = p->offset + (block.local_row + i) * cols;
+          int64_t covered = 0;
+          const auto found = by_row.find(row);
+          if (found != by_row.end())
+            for (const Run& run : found->second) {
+              const int64_t lo = std::max(c0, run.col_begin), hi = std::min(c1, run.col_end);
+              if (lo >= hi) continue;
+              const int64_t src = run.at + lo - run.col_begin, n = hi - lo;
+              for (const auto& [name, to] :
+                   {std::pair<const char*, Tensor*>{"values", &into.values},
+                    {"exp_avg", &into.exp_avg},
+                    {"exp_avg_sq", &into.exp_avg_sq}}) {
+                if (!to->defined()) continue;
+                const Tensor& from = array(run.shard, name);
+                if (src < 0 || src + n > from.numel())
+                  fail("checkpoint ", dir, ": ", file_of[run.shard], "'s slice of '", p->name,
+                       "' lies outside its arrays");
+                std::copy_n(from.data<float>() + src, n, to->data<float>() + dst + (lo - c0));
+              }
+              covered += n;
             }
-            covered += n;
-          }
-        if (covered != cols)
-          fail("checkpoint ", dir, ": its shards hold ", covered, " of the ", cols,
-               " elements of row ", row, " (columns ", c0, "-", c1 - 1, ") of '", p->name, "'");
+          if (covered != cols)
+            fail("checkpoint ", dir, ": its shards hold ", covered, " of the ", cols,
+                 " elements of row ", row, " (columns ", c0, "-", c1 - 1, ") of '", p->name, "'");
+        }
       }
     }
-  }
   return training_state_of(dir, j);
 }
 

@@ -75,5 +75,12 @@ bool is_sharded_checkpoint(const std::string& checkpoint_dir);
 // slice covers, is an error naming the checkpoint and the parameter.
 TrainingState load_sharded_checkpoint_into(const std::string& checkpoint_dir,
                                            const ParameterStore& store, FlatModelState& into);
+// The same for several stores at once (a rank's pipeline chunks), each file read once.
+struct ShardTarget {
+  const ParameterStore* store;
+  FlatModelState* into;
+};
+TrainingState load_sharded_checkpoint_into(const std::string& checkpoint_dir,
+                                           const std::vector<ShardTarget>& targets);
 
 }  // namespace loom

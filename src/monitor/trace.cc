@@ -49,16 +49,16 @@ void merge_traces(const std::vector<std::string>& rank_files, const std::string&
   if (!out) fail("cannot write the trace ", path);
 }
 
-TraceScope::TraceScope(Tracer* tracer, std::string name, std::string category)
-    : tracer_(tracer),
-      name_(std::move(name)),
-      category_(std::move(category)),
-      begin_(now_seconds()) {}
+TraceScope::TraceScope(Tracer* tracer, const char* name, const char* category, int64_t number)
+    : tracer_(tracer), name_(name), category_(category), number_(number), begin_(now_seconds()) {}
 
 void TraceScope::end() {
   if (!open_) return;
   open_ = false;
-  if (tracer_ != nullptr) tracer_->span(name_, category_, begin_, now_seconds());
+  if (tracer_ == nullptr || !tracer_->active()) return;
+  const double end_time = now_seconds();
+  tracer_->span(number_ >= 0 ? name_ + std::to_string(number_) : std::string(name_), category_,
+                begin_, end_time);
 }
 
 }  // namespace loom

@@ -47,10 +47,12 @@ class Tracer {
 // Merges rank files (as Tracer::write makes them) into one trace file.
 void merge_traces(const std::vector<std::string>& rank_files, const std::string& path);
 
-// Times a span from construction to destruction (or end()).
+// Times a span from construction to destruction (or end()). The name is `name`, followed by
+// `number` when it is >= 0 ("step 12"); it is made only when the tracer records, so a scope on
+// the training step's path costs two clock reads while no timeline is taken.
 class TraceScope {
  public:
-  TraceScope(Tracer* tracer, std::string name, std::string category);
+  TraceScope(Tracer* tracer, const char* name, const char* category, int64_t number = -1);
   ~TraceScope() { end(); }
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
@@ -58,7 +60,9 @@ class TraceScope {
 
  private:
   Tracer* tracer_;
-  std::string name_, category_;
+  const char* name_;
+  const char* category_;
+  int64_t number_;
   double begin_;
   bool open_ = true;
 };

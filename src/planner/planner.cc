@@ -100,17 +100,15 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.zero = par.zero;
 
   int64_t most_blocks = 0, most_params = 0;
+  const std::vector<int64_t> bounds = pipeline_partition(
+      model_config_of(config), config.model.seq_len, par.pp * par.virtual_stages, par.layer_split);
   for (int r = 0; r < par.pp; ++r) {
     int64_t params = 0, blocks = 0, state = 0;
     for (const std::vector<int64_t>& units : rank_units(config, r))
       for (int64_t u : units) params += u;
     for (int64_t b : rank_state_buffers(config, r)) state += b;
-    const int stages = par.pp * par.virtual_stages;
-    for (int c = 0; c < par.virtual_stages; ++c) {
-      const auto bounds = pipeline_partition(model_config_of(config), config.model.seq_len, stages,
-                                             par.layer_split);
+    for (int c = 0; c < par.virtual_stages; ++c)
       blocks += bounds[r + c * par.pp + 1] - bounds[r + c * par.pp];
-    }
     const int64_t activations = expected_activation_bytes(config, r, blocks);
     if (state + activations > plan.total_bytes()) {
       plan.state_bytes = state;
@@ -148,7 +146,6 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   const double dp_gbps = gbps(par.tp * par.dp);
   const double half_reduce = par.dp > 1 ? (par.dp - 1.0) / par.dp * grads / (dp_gbps * 1e9) : 0;
   const double backward_s = plan.compute_s * 2.0 / 3.0;  // backward is ~2/3 of the FLOPs
-  const double per_rank_compute = plan.compute_s;
   if (par.dp > 1) {
     if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * half_reduce - backward_s);
     // Stage 1: the all-reduce as stage 0, then the updated chunks all-gathered (exposed).
@@ -157,7 +154,7 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
     if (par.zero == 2) plan.dp_comm_s = std::max(0.0, m * half_reduce - backward_s) + half_reduce;
     // Stage 3: per micro-batch, the values gathered for forward and for backward and the
     // gradients reduce-scattered, prefetched behind the compute.
-    if (par.zero == 3) plan.dp_comm_s = std::max(0.0, 3 * m * half_reduce - per_rank_compute);
+    if (par.zero == 3) plan.dp_comm_s = std::max(0.0, 3 * m * half_reduce - plan.compute_s);
   }
   // Pipeline messages: each micro-batch's activations forward and their gradients back, per
   // chunk.

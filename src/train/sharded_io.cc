@@ -162,12 +162,12 @@ TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,
                                      const Config& config) {
   LOOM_CHECK(parts.size() == engines.size());
   if (is_sharded_checkpoint(checkpoint_dir)) {
-    TrainingState st;
-    for (size_t k = 0; k < parts.size(); ++k) {
-      FlatModelState local = zero_state(parts[k]->params().numel());
-      st = load_sharded_checkpoint_into(checkpoint_dir, parts[k]->params(), local);
-      engines[k]->load_state(local, st.optimizer_steps);
-    }
+    std::vector<FlatModelState> local;
+    for (Gpt2Stage* part : parts) local.push_back(zero_state(part->params().numel()));
+    std::vector<ShardTarget> targets;
+    for (size_t k = 0; k < parts.size(); ++k) targets.push_back({&parts[k]->params(), &local[k]});
+    const TrainingState st = load_sharded_checkpoint_into(checkpoint_dir, targets);
+    for (size_t k = 0; k < parts.size(); ++k) engines[k]->load_state(local[k], st.optimizer_steps);
     return st;
   }
   auto layout = whole_layout(config);

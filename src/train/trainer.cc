@@ -90,6 +90,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   validate(config);
   const TrainConfig& tc = config.train;
   const bool leader = world.rank() == 0;
+  // This rank's timeline (metrics.trace_from_step, below). Declared before everything that may
+  // wait on communication, the counting communicators and the engines: they report their waits
+  // to it, also from their destructors.
+  Tracer tracer(world.rank());
   const TestFault fault = TestFault::from_env();
   const int64_t seq_len = config.model.seq_len;
   const int64_t micro = tc.micro_batch_size;
@@ -243,7 +247,6 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   }
   // The timeline of steps trace_first..trace_last (metrics.trace_from_step; monitor/trace.h): each
   // rank's phases and every wait on communication, by axis.
-  Tracer tracer(world.rank());
   const int64_t trace_first = config.metrics.trace_from_step;
   const int64_t trace_last = trace_first > 0 ? trace_first + config.metrics.trace_steps - 1 : -1;
   dp_count.on_wait([&](double b, double e) { tracer.span("wait: dp", "comm", b, e); });
@@ -355,7 +358,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const double loss_scale = scaler.scale();
     bool applied = true;
     tracer.set_active(step >= trace_first && step <= trace_last);
-    TraceScope step_span(&tracer, "step " + std::to_string(step), "step");
+    TraceScope step_span(&tracer, "step ", "step", step);
     if (pipelined) {
       for (int64_t m = 0; m < accum; ++m) next_batch(static_cast<size_t>(m));
       {
@@ -373,7 +376,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (int64_t m = 0; m < accum; ++m) {
         engine.begin_micro_batch(m, accum);
         next_batch(0);
-        TraceScope span(&tracer, "forward + backward, micro-batch " + std::to_string(m), "compute");
+        TraceScope span(&tracer, "forward + backward, micro-batch ", "compute", m);
         loss += model_forward(ctx, inputs[0], targets[0]) / static_cast<double>(accum);
         whole->backward_part(ctx, Tensor(), loss_scale / static_cast<double>(accum));
         engine.end_micro_batch();
