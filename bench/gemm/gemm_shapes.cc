@@ -1,13 +1,14 @@
 // The GEMM shapes of one gpt2-124m training step (B·T = 1024 rows, d = 768, vocab 50304), timed
 // single-threaded through one BLAS library chosen at compile time: OpenBLAS (USE_OPENBLAS), BLIS
 // (USE_BLIS), oneDNN (USE_DNNL), Loom's AVX-512 kernel (USE_LOOM512,
-// src/kernels/cpu/sgemm_avx512.cc) or the AVX2 experiment (USE_LOOM, loom_sgemm.cc). Built and run
-// by bench/gemm/compare_libraries.sh, which compiles it once per library found on the machine; not
-// part of the CMake build (the extra libraries are optional). Prints GFLOP/s per shape (best of 5)
-// and the rate over the big shapes weighted by their time, which is what bounds a training step's
-// speed. With the argument `split2`, every GEMM runs as two halves on two threads, split the way
-// Loom's gemm() splits (the longer side of C, in multiples of 16), to see how far two threads can
-// scale the GEMMs.
+// src/kernels/cpu/sgemm_avx512.cc), its bf16 kernel (USE_LOOM_BF16: operands rounded to bf16,
+// fp32 sums; src/kernels/cpu/sgemm_bf16_avx512.cc) or the AVX2 experiment (USE_LOOM,
+// loom_sgemm.cc). Built and run by bench/gemm/compare_libraries.sh, which compiles it once per
+// library found on the machine; not part of the CMake build (the extra libraries are optional).
+// Prints GFLOP/s per shape (best of 5) and the rate over the big shapes weighted by their time,
+// which is what bounds a training step's speed. With the argument `split2`, every GEMM runs as two
+// halves on two threads, split the way Loom's gemm() splits (the longer side of C, in multiples of
+// 16), to see how far two threads can scale the GEMMs.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,13 @@ static const char* name = "loom512";
 static void sg(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B,
                int ldb, float beta, float* C, int ldc) {
   loom::cpu::sgemm_avx512(ta, tb, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
+}
+#elif defined(USE_LOOM_BF16)
+#include "kernels/cpu/sgemm_bf16_avx512.h"
+static const char* name = "loom-bf16";
+static void sg(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B,
+               int ldb, float beta, float* C, int ldc) {
+  loom::cpu::sgemm_bf16_avx512(ta, tb, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
 }
 #elif defined(USE_LOOM)
 #include "loom_sgemm.h"

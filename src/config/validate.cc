@@ -162,9 +162,10 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
   else if (r.backend == "nccl" && !r.device.starts_with("cuda"))
     p.add("runtime.backend = \"nccl\" needs a cuda runtime.device, got ", toml_quote(r.device));
   p.one_of("runtime.matmul_precision", r.matmul_precision, {"fp32", "tf32", "bf16", "fp16"});
-  if (r.matmul_precision != "fp32" && valid_device(r.device) && !r.device.starts_with("cuda"))
+  if ((r.matmul_precision == "tf32" || r.matmul_precision == "fp16") && valid_device(r.device) &&
+      !r.device.starts_with("cuda"))
     p.add("runtime.matmul_precision = ", toml_quote(r.matmul_precision),
-          " needs runtime.device = \"cuda\": the CPU's GEMMs are fp32");
+          " needs runtime.device = \"cuda\": CPU ranks run fp32 or bf16 GEMMs");
   p.non_negative("runtime.threads_per_rank", r.threads_per_rank);
 }
 

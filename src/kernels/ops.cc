@@ -16,7 +16,22 @@ cuda::MatmulPrecision parse_precision(const std::string& name) {
 
 void set_matmul_precision(const std::string& name) {
   const cuda::MatmulPrecision precision = parse_precision(name);
+  // CPU ranks round GEMM operands at bf16 only (config validation refuses tf32 / fp16 there).
+  cpu::set_matmul_precision(precision == cuda::MatmulPrecision::kBf16
+                                ? cpu::CpuMatmulPrecision::kBf16
+                                : cpu::CpuMatmulPrecision::kFp32);
   if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(precision);
+}
+
+MatmulPrecisionScope::MatmulPrecisionScope(const std::string& name)
+    : cpu_before_(cpu::matmul_precision()) {
+  if constexpr (detail::kCudaBuild) cuda_before_ = cuda::matmul_precision();
+  set_matmul_precision(name);
+}
+
+MatmulPrecisionScope::~MatmulPrecisionScope() {
+  cpu::set_matmul_precision(cpu_before_);
+  if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(cuda_before_);
 }
 
 namespace {

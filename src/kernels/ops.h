@@ -48,9 +48,24 @@ bool on_gpu(const Exec& ex, const char* op) {
 
 }  // namespace detail
 
-// "fp32", "tf32", "bf16" or "fp16": the GPUs' GEMM input precision (cuda::set_matmul_precision);
-// throws naming anything else. A no-op in a build without CUDA, whose GEMMs are all fp32.
+// "fp32", "tf32", "bf16" or "fp16": the GEMM input precision of this process, on the GPUs
+// (cuda::set_matmul_precision) and, for "bf16", on the CPU too (cpu::set_matmul_precision: every
+// float GEMM rounds its operands to bf16; the CPU's GEMMs stay fp32 at the other three). Throws
+// naming anything else, or bf16 on a CPU without AVX-512.
 void set_matmul_precision(const std::string& name);
+// set_matmul_precision(name) for a scope; the settings before it come back at its end, so a
+// training run or benchmark leaves the process as it found it.
+class MatmulPrecisionScope {
+ public:
+  explicit MatmulPrecisionScope(const std::string& name);
+  ~MatmulPrecisionScope();
+  MatmulPrecisionScope(const MatmulPrecisionScope&) = delete;
+  MatmulPrecisionScope& operator=(const MatmulPrecisionScope&) = delete;
+
+ private:
+  cpu::CpuMatmulPrecision cpu_before_;
+  cuda::MatmulPrecision cuda_before_ = cuda::MatmulPrecision::kFp32;
+};
 
 // The dense GEMM rate of a GPU in TFLOP/s at a precision ("fp32", "tf32", "bf16", "fp16": 16-bit
 // operands stored as such, no casts), best of `iters` n×n×n products: the peak an MFU is measured

@@ -151,8 +151,8 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.ranks < 1) fail("--ranks must be >= 1, got ", o.ranks);
   if (o.steps < 1) fail("--steps must be >= 1, got ", o.steps);
   if (o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '", o.device, "'");
-  if (o.device != "cuda" && o.precision != "fp32")
-    fail("--precision ", o.precision, " needs --device cuda: the CPU's GEMMs are fp32");
+  if (o.device != "cuda" && o.precision != "fp32" && o.precision != "bf16")
+    fail("--precision ", o.precision, " needs --device cuda: CPU ranks run fp32 or bf16 GEMMs");
   if (o.device == "cuda" && o.ranks != 1)
     fail("--device cuda runs one rank for now (--ranks 1): GPU ranks need the nccl backend, "
          "which `loom bench train` does not start yet");
@@ -164,8 +164,8 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
     fail("--seq ", o.seq_len, " exceeds the block size ", shape.model.max_seq_len, " of ", shape.name);
   if (o.device == "cuda") {
     if (!cuda_available()) fail("--device cuda: no usable GPU (", cuda::unavailable_reason(), ")");
-    ops::set_matmul_precision(o.precision);
   }
+  const ops::MatmulPrecisionScope precision(o.precision);
   BenchResult r;
   r.shape = shape.name;
   r.threads = o.threads;
@@ -206,7 +206,10 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   }
   if (o.device == "cuda") return finish_with_rss(r);
   // The ceiling, measured right after the run with as many threads as it computed on.
-  const cpu::FmaPeak peak = cpu::measure_fma_peak(o.ranks * o.threads);
+  // At bf16 the ceiling is vdpbf16ps's rate: twice the FMAs' where the CPU has it.
+  const cpu::FmaPeak peak = cpu::measure_fma_peak(
+      o.ranks * o.threads, 0.3,
+      o.precision == "bf16" ? cpu::PeakKind::kBf16Dot : cpu::PeakKind::kFp32Fma);
   r.fma_peak_gflops = peak.gflops;
   r.fma_isa = peak.isa;
   r.roofline_share = r.gflops / peak.gflops;

@@ -138,8 +138,9 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
            use_mpi ? " on this node"
                    : " (nccl: one GPU per rank; runtime.backend = \"local\" "
                      "shares GPUs through host memory)");
-    ops::set_matmul_precision(config.runtime.matmul_precision);
   }
+  // The process's GEMM precision for this run: the GPUs', and at bf16 the CPU's too (ops.h).
+  const ops::MatmulPrecisionScope precision(config.runtime.matmul_precision);
   if (use_mpi) {
 #ifdef LOOM_WITH_MPI
     CommOptions comm_options;

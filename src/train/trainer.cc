@@ -55,14 +55,20 @@ Gpt2Config model_config_of(const Config& config) {
 namespace {
 
 // The peak one rank computes at, TFLOP/s, for the MFU: metrics.peak_tflops, else measured once
-// per process and device kind: on a CPU the fp32 FMA rate of one thread (50 ms) times the rank's
-// compute threads, on a GPU its dense GEMM rate at the run's matmul precision.
+// per process and device kind: on a CPU the fp32 FMA rate of one thread (50 ms; at bf16 matmul
+// precision its vdpbf16ps rate) times the rank's compute threads, on a GPU its dense GEMM rate at
+// the run's matmul precision.
+cpu::PeakKind cpu_peak_kind(const Config& config) {
+  return config.runtime.matmul_precision == "bf16" ? cpu::PeakKind::kBf16Dot
+                                                   : cpu::PeakKind::kFp32Fma;
+}
+
 double rank_peak_tflops(const Config& config, Device device) {
   if (config.metrics.peak_tflops > 0) return config.metrics.peak_tflops;
   static std::mutex mutex;
   static std::map<std::string, double> measured;  // TFLOP/s of one CPU thread, or of a GPU
-  const std::string key =
-      device.is_cuda() ? config.runtime.device + "/" + config.runtime.matmul_precision : "cpu";
+  const std::string key = (device.is_cuda() ? config.runtime.device : std::string("cpu")) + "/" +
+                          config.runtime.matmul_precision;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = measured.find(key);
   if (it == measured.end()) {
@@ -71,9 +77,10 @@ double rank_peak_tflops(const Config& config, Device device) {
 #else
     const int64_t n = 4096;  // a few tenths of a second on a GPU
 #endif
-    const double tflops = device.is_cuda() ? ops::measure_gpu_gemm_tflops(
-                                                 device, config.runtime.matmul_precision, n, 5)
-                                           : cpu::measure_fma_peak(1, 0.05).gflops / 1e3;
+    const double tflops =
+        device.is_cuda()
+            ? ops::measure_gpu_gemm_tflops(device, config.runtime.matmul_precision, n, 5)
+            : cpu::measure_fma_peak(1, 0.05, cpu_peak_kind(config)).gflops / 1e3;
     it = measured.emplace(key, tflops).first;
   }
   return device.is_cuda() ? it->second : it->second * config.runtime.resolved_threads_per_rank();

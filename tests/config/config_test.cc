@@ -398,8 +398,8 @@ TEST(Config, ValidationNamesKeysAndValues) {
       "train.loss_scale_min = 131072.0 must be a power of two in [1, train.loss_scale_init]"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.loss_scale_window = 0; }),
                        "train.loss_scale_window"));
-  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "bf16"; }),
-                       "runtime.matmul_precision = \"bf16\" needs runtime.device = \"cuda\""));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "tf32"; }),
+                       "runtime.matmul_precision = \"tf32\" needs runtime.device = \"cuda\""));
 
   // Every problem is reported at once.
   const std::string e = validate_error([](Config& c) {
@@ -415,6 +415,9 @@ TEST(Config, ValidationNamesKeysAndValues) {
   ok.runtime.backend = "nccl";
   ok.runtime.matmul_precision = "bf16";
   EXPECT_NO_THROW(validate(ok));
+  Config bf16_on_cpu;  // CPU ranks run bf16 GEMMs (cpu::set_matmul_precision)
+  bf16_on_cpu.runtime.matmul_precision = "bf16";
+  EXPECT_NO_THROW(validate(bf16_on_cpu));
 }
 
 TEST(Config, OverridesParseByKeyType) {

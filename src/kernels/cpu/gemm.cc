@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "base/error.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/sgemm_avx512.h"
+#include "kernels/cpu/sgemm_bf16_avx512.h"
 
 namespace loom::cpu {
 namespace {
@@ -40,6 +42,14 @@ void blas(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, 
               C, ldc);
 }
 
+// Set once at start-up by the trainer, read by every GEMM on any thread: relaxed atomic reads
+// cost nothing and keep the (rare) change race-free.
+std::atomic<CpuMatmulPrecision> g_precision{CpuMatmulPrecision::kFp32};
+
+bool floats_in_bf16() {
+  return g_precision.load(std::memory_order_relaxed) == CpuMatmulPrecision::kBf16;
+}
+
 // Whether float GEMMs go through our AVX-512 kernel instead of OpenBLAS (decided once).
 bool floats_on_our_kernel() {
   static const bool ours = cpu_gemm_backend() == CpuGemm::kLoomAvx512;
@@ -56,7 +66,8 @@ template <typename Real>
 bool split_rows_of_c(int threads, bool trans_a, int64_t M, int64_t N, int64_t K) {
   double a_rows_packed = 1, a_cols_packed = 1;  // op(A) packed (1) or read in place (0)
   if constexpr (std::is_same_v<Real, float>) {
-    if (floats_on_our_kernel()) {
+    // (The bf16 kernel packs, and rounds, both operands always.)
+    if (floats_on_our_kernel() && !floats_in_bf16()) {
       a_rows_packed = sgemm_avx512_reads_a_in_place(trans_a, N) ? 0 : 1;
       a_cols_packed = sgemm_avx512_reads_a_in_place(trans_a, (N + threads - 1) / threads) ? 0 : 1;
     }
@@ -86,7 +97,20 @@ CpuGemm cpu_gemm_backend() {
   return has_avx512f() ? CpuGemm::kLoomAvx512 : CpuGemm::kOpenBlas;
 }
 
+void set_matmul_precision(CpuMatmulPrecision precision) {
+  if (precision == CpuMatmulPrecision::kBf16 && !has_avx512f())
+    fail(
+        "bf16 matmul precision on CPU ranks needs AVX-512 F (Loom's bf16 GEMM kernel), which this "
+        "CPU lacks; use runtime.matmul_precision = \"fp32\"");
+  g_precision.store(precision, std::memory_order_relaxed);
+}
+
+CpuMatmulPrecision matmul_precision() {
+  return g_precision.load(std::memory_order_relaxed);
+}
+
 std::string cpu_gemm_name() {
+  if (floats_in_bf16()) return has_avx512_bf16() ? "loom-avx512-bf16" : "loom-avx512-bf16-widened";
   if (cpu_gemm_backend() == CpuGemm::kLoomAvx512) return "loom-avx512";
   return std::string("openblas-") + openblas_get_corename();
 }
@@ -115,6 +139,10 @@ void gemm_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Re
   // Row-major strides must cover a stored row (BLAS would only print a complaint and return).
   LOOM_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
   if constexpr (std::is_same_v<Real, float>) {
+    if (floats_in_bf16()) {
+      sgemm_bf16_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+      return;
+    }
     if (floats_on_our_kernel()) {
       sgemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
       return;

@@ -1,7 +1,9 @@
 // GEMM, and the Linear layer (matmul) built on it.
 //
 // float GEMMs run on our own AVX-512 kernel (sgemm_avx512.h) where the CPU has AVX-512 F, and on
-// OpenBLAS otherwise; double GEMMs (gradient checks) always on OpenBLAS. `LOOM_CPU_GEMM=openblas`
+// OpenBLAS otherwise; double GEMMs (gradient checks) always on OpenBLAS. At bf16 matmul precision
+// (set_matmul_precision) every float GEMM rounds its operands to bf16 and sums in fp32 on our
+// bf16 kernel (sgemm_bf16_avx512.h). `LOOM_CPU_GEMM=openblas`
 // in the environment forces OpenBLAS (to compare the two), `LOOM_CPU_GEMM=loom` insists on ours.
 //
 // Both run single-threaded under us (see base/thread_pool.h for why): gemm() splits C into one
@@ -28,8 +30,19 @@ enum class CpuGemm { kOpenBlas, kLoomAvx512 };
 // value, or on "loom" without AVX-512.
 CpuGemm cpu_gemm_backend();
 // The same for reports: "loom-avx512", or "openblas-" + the kernel set OpenBLAS chose
-// ("openblas-Haswell").
+// ("openblas-Haswell"); at bf16 precision "loom-avx512-bf16" (vdpbf16ps), or
+// "loom-avx512-bf16-widened" on a CPU without AVX512_BF16.
 std::string cpu_gemm_name();
+
+// The precision of float GEMMs' operands in this process: kFp32, or kBf16 (rounded to bf16 as
+// they are packed, products summed in fp32) — runtime.matmul_precision = "bf16" on CPU ranks
+// (ops::set_matmul_precision). Process-wide like the GPUs' setting (kernels/cuda/kernels.h):
+// the ranks of one process run one config. It covers every float GEMM: the Linears, the LM head
+// and attention's two products, as PyTorch's autocast does; the other kernels stay fp32.
+// Setting kBf16 throws loom::Error on a CPU without AVX-512 F.
+enum class CpuMatmulPrecision { kFp32, kBf16 };
+void set_matmul_precision(CpuMatmulPrecision precision);
+CpuMatmulPrecision matmul_precision();
 
 // Makes OpenBLAS single-threaded, once per process. gemm() calls it; call it before using cblas
 // directly.

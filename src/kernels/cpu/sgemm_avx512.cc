@@ -1,13 +1,12 @@
 #include "kernels/cpu/sgemm_avx512.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/gemm_avx512_parts.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -17,6 +16,8 @@ namespace loom::cpu {
 
 #if defined(__x86_64__)
 namespace {
+
+using namespace avx512_gemm;
 
 // The register tile: kMR rows of C (broadcast from packed A) × kNR columns (two zmm of packed B).
 // 24 accumulators cover the FMA latency (4 cycles) × 2 ports three times over, and leave 8
@@ -32,71 +33,6 @@ constexpr int64_t kNR = 32;
 constexpr int64_t kKC = 384;
 constexpr int64_t kNC = 480;   // 15 micro-panels
 constexpr int64_t kMC = 3072;  // 256 micro-panels
-
-struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
-};
-
-// A packing buffer of this thread, allocated once. Huge pages where the kernel gives them: the
-// first touch of fresh 4 KiB pages costs ~11 µs each on the VMs we run on.
-float* packing_buffer(std::unique_ptr<float[], FreeDeleter>& slot, int64_t floats) {
-  if (!slot) {
-    constexpr size_t kHuge = size_t{2} << 20;
-    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + kHuge - 1) / kHuge * kHuge;
-    slot.reset(static_cast<float*>(std::aligned_alloc(kHuge, bytes)));
-    if (!slot) throw std::runtime_error("sgemm_avx512: out of memory for its packing buffers");
-    madvise(slot.get(), bytes, MADV_HUGEPAGE);  // advice only: without it, 4 KiB pages
-  }
-  return slot.get();
-}
-
-// The lanes of columns [first, first+16) that lie below nr.
-inline __mmask16 column_mask(int64_t nr, int64_t first) {
-  const int64_t n = std::clamp<int64_t>(nr - first, 0, 16);
-  return static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1);
-}
-
-// rows[0..8)[k0, k0+8) transposed into out[kk·stride + r] = rows[r][k0 + kk]: eight k-rows of
-// eight rows of a micro-panel (stride = the panel's width).
-__attribute__((target("avx512f"))) inline void transpose_8x8(const float* const* rows, int64_t k0,
-                                                             float* out, int64_t stride) {
-  const __m256 r0 = _mm256_loadu_ps(rows[0] + k0), r1 = _mm256_loadu_ps(rows[1] + k0);
-  const __m256 r2 = _mm256_loadu_ps(rows[2] + k0), r3 = _mm256_loadu_ps(rows[3] + k0);
-  const __m256 r4 = _mm256_loadu_ps(rows[4] + k0), r5 = _mm256_loadu_ps(rows[5] + k0);
-  const __m256 r6 = _mm256_loadu_ps(rows[6] + k0), r7 = _mm256_loadu_ps(rows[7] + k0);
-  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  _mm256_storeu_ps(out + 0 * stride, _mm256_permute2f128_ps(u0, u4, 0x20));
-  _mm256_storeu_ps(out + 1 * stride, _mm256_permute2f128_ps(u1, u5, 0x20));
-  _mm256_storeu_ps(out + 2 * stride, _mm256_permute2f128_ps(u2, u6, 0x20));
-  _mm256_storeu_ps(out + 3 * stride, _mm256_permute2f128_ps(u3, u7, 0x20));
-  _mm256_storeu_ps(out + 4 * stride, _mm256_permute2f128_ps(u0, u4, 0x31));
-  _mm256_storeu_ps(out + 5 * stride, _mm256_permute2f128_ps(u1, u5, 0x31));
-  _mm256_storeu_ps(out + 6 * stride, _mm256_permute2f128_ps(u2, u6, 0x31));
-  _mm256_storeu_ps(out + 7 * stride, _mm256_permute2f128_ps(u3, u7, 0x31));
-}
-
-// rows[0..12)[k0, k0+8) transposed into out[kk·kMR + r] = rows[r][k0 + kk]: eight k-rows of a
-// full A micro-panel. Rows 0–7 through an 8 × 8 transpose, rows 8–11 through two 4 × 4.
-__attribute__((target("avx512f"))) inline void transpose_12x8(const float* const* rows, int64_t k0,
-                                                              float* out) {
-  transpose_8x8(rows, k0, out, kMR);
-  for (int64_t half = 0; half < 8; half += 4) {
-    __m128 a = _mm_loadu_ps(rows[8] + k0 + half), b = _mm_loadu_ps(rows[9] + k0 + half);
-    __m128 c = _mm_loadu_ps(rows[10] + k0 + half), d = _mm_loadu_ps(rows[11] + k0 + half);
-    _MM_TRANSPOSE4_PS(a, b, c, d);
-    _mm_storeu_ps(out + (half + 0) * kMR + 8, a);
-    _mm_storeu_ps(out + (half + 1) * kMR + 8, b);
-    _mm_storeu_ps(out + (half + 2) * kMR + 8, c);
-    _mm_storeu_ps(out + (half + 3) * kMR + 8, d);
-  }
-}
 
 // op(A) rows [i0, i0+mc) × depth [p0, p0+kc) into kMR-row micro-panels, k-major inside each
 // (panel[k·kMR + r]); rows past mc are zero.
@@ -164,26 +100,6 @@ __attribute__((target("avx512f"))) void pack_b(const float* B, int64_t ldb, bool
   }
 }
 
-// One row of a tile into C: alpha·(a, b) + beta·C, C read only when read_c, or, with_bias,
-// alpha·(a, b) + (bias_a, bias_b).
-__attribute__((target("avx512f"))) inline void store_row(float* row, __m512 a, __m512 b,
-                                                         __m512 alpha, __m512 beta, bool read_c,
-                                                         bool with_bias, __m512 bias_a,
-                                                         __m512 bias_b, __mmask16 lo,
-                                                         __mmask16 hi) {
-  a = _mm512_mul_ps(a, alpha);
-  b = _mm512_mul_ps(b, alpha);
-  if (read_c) {
-    a = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(lo, row), a);
-    b = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(hi, row + 16), b);
-  } else if (with_bias) {
-    a = _mm512_add_ps(a, bias_a);
-    b = _mm512_add_ps(b, bias_b);
-  }
-  _mm512_mask_storeu_ps(row, lo, a);
-  _mm512_mask_storeu_ps(row + 16, hi, b);
-}
-
 // The kMR × kNR tile alpha·op(A)·Bp over depth kc, added to beta·C (beta == 0: C is not read)
 // or, with a `bias` (the tile's kNR columns of it; beta == 0), to the bias, of which only the
 // top-left mr × nr corner is stored. Bp: kc × kNR, packed, 64-byte aligned.
@@ -248,7 +164,7 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
     throw std::runtime_error("sgemm_avx512: a bias needs beta == 0");
   if (M <= 0 || N <= 0 || K <= 0)
     throw std::runtime_error("sgemm_avx512: M, N and K must be positive (the caller handles 0)");
-  thread_local std::unique_ptr<float[], FreeDeleter> a_slot, b_slot;
+  thread_local PackingSlot<float> a_slot, b_slot;
   float* Ap = packing_buffer(a_slot, kMC * kKC);
   float* Bp = packing_buffer(b_slot, kKC * kNC);
   // An untransposed A can be read in place: the kernel takes its rows as they are stored. That
