@@ -240,7 +240,7 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                         {"mfu", r.mfu}};
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     j["openblas_coretype"] = coretype ? coretype : "";
-    if (r.device == "cpu") j["cpu_gemm"] = cpu::cpu_gemm_name();
+    if (r.device == "cpu") j["cpu_gemm"] = r.cpu_gemm;
     if (options.profile) {
       j["ops"] = nlohmann::json::array();
       for (const ops::OpTime& op : r.ops)
@@ -265,10 +265,10 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                   r.mfu > 0 ? "" : " (give --peak-tflops)");
     else
       std::printf(
-          "  fp32 FMA peak of %d thread(s) (%s loop, measured now) %.1f GFLOP/s: %.0f%% of it; "
+          "  %s peak of %d thread(s) (%s loop, measured now) %.1f GFLOP/s: %.0f%% of it; "
           "GEMMs on %s\n",
-          r.ranks * r.threads, r.fma_isa.c_str(), r.fma_peak_gflops, 100.0 * r.roofline_share,
-          cpu::cpu_gemm_name().c_str());
+          r.precision == "bf16" ? "bf16 dot-product" : "fp32 FMA", r.ranks * r.threads,
+          r.fma_isa.c_str(), r.fma_peak_gflops, 100.0 * r.roofline_share, r.cpu_gemm.c_str());
     if (r.ranks > 1)
       std::printf("  waiting for communication %.1f ms per step (%.1f%%)\n", r.comm_wait_ms,
                   100.0 * r.comm_wait_fraction);

@@ -212,6 +212,7 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
       o.precision == "bf16" ? cpu::PeakKind::kBf16Dot : cpu::PeakKind::kFp32Fma);
   r.fma_peak_gflops = peak.gflops;
   r.fma_isa = peak.isa;
+  r.cpu_gemm = cpu::cpu_gemm_name();
   r.roofline_share = r.gflops / peak.gflops;
   return finish_with_rss(r);
 }

@@ -59,6 +59,7 @@ struct BenchResult {
   // (kernels/cpu/fma_peak.h), and the share of it the training achieved.
   double fma_peak_gflops = 0;
   std::string fma_isa;
+  std::string cpu_gemm;       // the CPU GEMM the run used (cpu::cpu_gemm_name() during it)
   double roofline_share = 0;  // gflops / fma_peak_gflops
   // cuda runs: the device, the sequences and tokens per rank they ran, and the model FLOP
   // utilisation against BenchOptions::gpu_peak_tflops (0 when no peak was given).
