@@ -460,7 +460,10 @@ int main(int argc, char** argv) {
   bench_train->add_option("--device", bench.device, "cpu, or cuda (one rank on GPU 0)")->capture_default_str();
   bench_train->add_option("--batch", bench.batch, "sequences per rank (0: the shape's)")->capture_default_str();
   bench_train->add_option("--seq", bench.seq_len, "tokens per sequence (0: the shape's)")->capture_default_str();
-  bench_train->add_option("--precision", bench.precision, "cuda: GEMM inputs in fp32, tf32, bf16 or fp16")->capture_default_str();
+  bench_train
+      ->add_option("--precision", bench.precision,
+                   "GEMM inputs: fp32 or bf16 on the CPU; fp32, tf32, bf16 or fp16 on cuda")
+      ->capture_default_str();
   bench_train->add_option("--peak-tflops", bench.gpu_peak_tflops, "cuda: the GPU's peak TFLOP/s for the MFU")->capture_default_str();
   bench_train->add_flag("--profile", bench.profile, "time each op kind over the timed steps (one rank)");
   bench_train->add_flag("--json", json, "one JSON object");

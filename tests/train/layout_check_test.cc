@@ -209,8 +209,9 @@ TEST_F(LayoutCheckTest, ToleranceZeroReportsDifferences) {
 // bf16 GEMMs on CPU ranks (runtime.matmul_precision = "bf16", kernels/cpu/sgemm_bf16_avx512.h):
 // the same layout twice is bitwise the same run; the bf16 run is near the fp32 one but visibly
 // rounded; and each layout stays much closer to the one-device bf16 run than bf16 is to fp32.
-// (Layouts cannot match bf16 runs to fp32's ~1e-7: a sum taken in another order moves a value by
-// an ulp of fp32, which now and then carries it across a bf16 rounding boundary, a step of 2^-8.)
+// (Layouts cannot match bf16 runs to fp32's ~1e-7: a sum taken in another order moves a value —
+// an activation, a weight after the update — by an fp32 ulp, which now and then carries it
+// across a bf16 rounding boundary, a step of 2^-8; docs/check.md.)
 TEST_F(LayoutCheckTest, Bf16GemmsOnCpuRanksKeepLayoutsCloseToOneDevice) {
   if (!cpu::has_avx512f()) GTEST_SKIP() << "bf16 GEMMs on CPU ranks need AVX-512";
   LayoutCheckOptions o = options();
