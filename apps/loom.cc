@@ -267,7 +267,7 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
       std::printf(
           "  %s peak of %d thread(s) (%s loop, measured now) %.1f GFLOP/s: %.0f%% of it; "
           "GEMMs on %s\n",
-          r.precision == "bf16" ? "bf16 dot-product" : "fp32 FMA", r.ranks * r.threads,
+          r.fma_isa == "avx512-bf16" ? "bf16 dot-product" : "fp32 FMA", r.ranks * r.threads,
           r.fma_isa.c_str(), r.fma_peak_gflops, 100.0 * r.roofline_share, r.cpu_gemm.c_str());
     if (r.ranks > 1)
       std::printf("  waiting for communication %.1f ms per step (%.1f%%)\n", r.comm_wait_ms,

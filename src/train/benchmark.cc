@@ -206,10 +206,10 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   }
   if (o.device == "cuda") return finish_with_rss(r);
   // The ceiling, measured right after the run with as many threads as it computed on.
-  // At bf16 the ceiling is vdpbf16ps's rate: twice the FMAs' where the CPU has it.
+  // At bf16 the ceiling is that of the instruction the bf16 GEMM runs (vdpbf16ps, or FMAs).
   const cpu::FmaPeak peak = cpu::measure_fma_peak(
       o.ranks * o.threads, 0.3,
-      o.precision == "bf16" ? cpu::PeakKind::kBf16Dot : cpu::PeakKind::kFp32Fma);
+      o.precision == "bf16" ? cpu::PeakKind::kBf16Gemm : cpu::PeakKind::kFp32Fma);
   r.fma_peak_gflops = peak.gflops;
   r.fma_isa = peak.isa;
   r.cpu_gemm = cpu::cpu_gemm_name();

@@ -56,10 +56,10 @@ namespace {
 
 // The peak one rank computes at, TFLOP/s, for the MFU: metrics.peak_tflops, else measured once
 // per process and device kind: on a CPU the fp32 FMA rate of one thread (50 ms; at bf16 matmul
-// precision its vdpbf16ps rate) times the rank's compute threads, on a GPU its dense GEMM rate at
-// the run's matmul precision.
+// precision that of the bf16 GEMM's instruction, cpu::PeakKind::kBf16Gemm) times the rank's compute
+// threads, on a GPU its dense GEMM rate at the run's matmul precision.
 cpu::PeakKind cpu_peak_kind(const Config& config) {
-  return config.runtime.matmul_precision == "bf16" ? cpu::PeakKind::kBf16Dot
+  return config.runtime.matmul_precision == "bf16" ? cpu::PeakKind::kBf16Gemm
                                                    : cpu::PeakKind::kFp32Fma;
 }
 

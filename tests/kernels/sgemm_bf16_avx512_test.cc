@@ -1,13 +1,14 @@
 // Loom's bf16 GEMM (kernels/cpu/sgemm_bf16_avx512.h): the rounding of one operand, then the
 // product against a double-precision reference of the rounded operands across the register tile
-// (12 × 32) and cache blocks (depth 768, 480 columns, 3072 rows), with vdpbf16ps and with the
-// widening kernel; an element's bits independent of how C is split; and gemm() at bf16 matmul
-// precision (cpu::set_matmul_precision).
+// (12 × 32) and cache blocks (depth 768, 480 columns, 3072 rows), with vdpbf16ps and with fp32
+// FMAs on rounded operands; an element's bits independent of how C is split; gemm() at bf16
+// matmul precision (cpu::set_matmul_precision); the choice of kernel.
 #include "kernels/cpu/sgemm_bf16_avx512.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -86,8 +87,9 @@ TEST(SgemmBf16Avx512, MatchesDoubleOfTheRoundedOperandsAcrossTilesAndBlocks) {
   const Shape shapes[] = {{1, 1, 1},      {11, 31, 7},    {12, 32, 768}, {13, 33, 769},
                           {25, 481, 40},  {37, 95, 1537}, {3073, 17, 9}, {5, 961, 3},
                           {13, 1100, 20}, {25, 1057, 390}};
-  for (const bool widen : {false, true}) {
-    if (!widen && !has_avx512_bf16()) continue;
+  for (const Bf16Kernel kernel : {Bf16Kernel::kDotProduct, Bf16Kernel::kFmaOnRounded}) {
+    if (kernel == Bf16Kernel::kDotProduct && !has_avx512_bf16()) continue;
+    const bool fma = kernel == Bf16Kernel::kFmaOnRounded;
     for (const Shape& s : shapes)
       for (int ta = 0; ta < 2; ++ta)
         for (int tb = 0; tb < 2; ++tb) {
@@ -99,10 +101,10 @@ TEST(SgemmBf16Avx512, MatchesDoubleOfTheRoundedOperandsAcrossTilesAndBlocks) {
           const auto C0 = convert<float>(random_vector(s.M * ldc, 3));
           const std::string what = "M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
                                    " K=" + std::to_string(s.K) + " ta=" + std::to_string(ta) +
-                                   " tb=" + std::to_string(tb) + (widen ? " widened" : " dot");
+                                   " tb=" + std::to_string(tb) + (fma ? " fma" : " dot");
           auto C = C0;
           sgemm_bf16_avx512(ta, tb, s.M, s.N, s.K, 0.7f, A.data(), lda, B.data(), ldb, -0.3f,
-                            C.data(), ldc, nullptr, widen);
+                            C.data(), ldc, nullptr, kernel);
           // fp32 sums of exact products: as close as sgemm_avx512's. Unrounded operands would
           // be ~1e-3 away (bf16's 8 bits), far outside this.
           ktest::expect_close(what, C,
@@ -159,17 +161,19 @@ TEST(SgemmBf16Avx512, BetaBiasAndNaN) {
 // not change a bit either, and the bits are the kernel's.
 TEST(SgemmBf16Avx512, SplitsOfCAndPoolSizesGiveTheSameBits) {
   SKIP_WITHOUT_AVX512();
-  {
+  for (const Bf16Kernel kernel : {Bf16Kernel::kDotProduct, Bf16Kernel::kFmaOnRounded}) {
+    if (kernel == Bf16Kernel::kDotProduct && !has_avx512_bf16()) continue;
     const int64_t M = 50, N = 70, K = 900;
     const auto A = convert<float>(random_vector(M * K, 6));
     const auto B = convert<float>(random_vector(N * K, 7));
     const auto C0 = convert<float>(random_vector(M * N, 8));
     auto whole = C0;
-    sgemm_bf16_avx512(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 1.0f, whole.data(), N);
+    sgemm_bf16_avx512(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 1.0f, whole.data(), N,
+                      nullptr, kernel);
     const int64_t i0 = 5, i1 = 31, j0 = 17, j1 = 60;
     auto part = C0;
     sgemm_bf16_avx512(false, true, i1 - i0, j1 - j0, K, 1.0f, A.data() + i0 * K, K,
-                      B.data() + j0 * K, K, 1.0f, part.data() + i0 * N + j0, N);
+                      B.data() + j0 * K, K, 1.0f, part.data() + i0 * N + j0, N, nullptr, kernel);
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t j = j0; j < j1; ++j)
         ASSERT_EQ(bits(part[i * N + j]), bits(whole[i * N + j])) << "C(" << i << ", " << j << ")";
@@ -225,6 +229,41 @@ TEST(SgemmBf16Avx512, Fp32PrecisionLeavesOperandsUnrounded) {
   double worst = 0;
   for (int64_t i = 0; i < M * N; ++i) worst = std::max(worst, std::abs(at_bf16[i] - exact[i]));
   EXPECT_GT(worst, 1e-3) << "bf16 operands should be visibly rounded";
+}
+
+// LOOM_CPU_BF16_KERNEL picks the kernel; without it, vdpbf16ps on AMD CPUs that have it. A value
+// it does not know is an error naming it; the GEMM's report names the kernel.
+TEST(SgemmBf16Avx512, EnvironmentPicksTheKernel) {
+  SKIP_WITHOUT_AVX512();
+  const char* old = std::getenv("LOOM_CPU_BF16_KERNEL");
+  const std::string saved = old ? old : "";
+  setenv("LOOM_CPU_BF16_KERNEL", "fma", 1);
+  EXPECT_EQ(bf16_kernel(), Bf16Kernel::kFmaOnRounded);
+  {
+    const PrecisionScope bf16(CpuMatmulPrecision::kBf16);
+    EXPECT_EQ(cpu_gemm_name(), "loom-avx512-bf16-fma");
+  }
+  setenv("LOOM_CPU_BF16_KERNEL", "dot", 1);
+  if (has_avx512_bf16())
+    EXPECT_EQ(bf16_kernel(), Bf16Kernel::kDotProduct);
+  else
+    EXPECT_THROW(bf16_kernel(), Error);
+  setenv("LOOM_CPU_BF16_KERNEL", "amx", 1);
+  try {
+    bf16_kernel();
+    ADD_FAILURE() << "LOOM_CPU_BF16_KERNEL=amx accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_CPU_BF16_KERNEL='amx'"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(set_matmul_precision(CpuMatmulPrecision::kBf16), Error);
+  EXPECT_EQ(matmul_precision(), CpuMatmulPrecision::kFp32);
+  unsetenv("LOOM_CPU_BF16_KERNEL");
+  __builtin_cpu_init();
+  EXPECT_EQ(bf16_kernel(), has_avx512_bf16() && __builtin_cpu_is("amd")
+                               ? Bf16Kernel::kDotProduct
+                               : Bf16Kernel::kFmaOnRounded);
+  if (old) setenv("LOOM_CPU_BF16_KERNEL", saved.c_str(), 1);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/sgemm_bf16_avx512.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -85,8 +87,7 @@ FmaPeak measure_fma_peak(int threads, double seconds, PeakKind kind) {
   peak.isa = "scalar";
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (kind == PeakKind::kBf16Dot && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512bf16")) {
+  if (kind == PeakKind::kBf16Gemm && bf16_kernel() == Bf16Kernel::kDotProduct) {
     loop = dot_loop_avx512_bf16;
     lanes = 32;  // bf16 products per instruction, each a multiply and an add
     peak.isa = "avx512-bf16";

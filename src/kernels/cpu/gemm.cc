@@ -102,6 +102,8 @@ void set_matmul_precision(CpuMatmulPrecision precision) {
     fail(
         "bf16 matmul precision on CPU ranks needs AVX-512 F (Loom's bf16 GEMM kernel), which this "
         "CPU lacks; use runtime.matmul_precision = \"fp32\"");
+  if (precision == CpuMatmulPrecision::kBf16)
+    bf16_kernel();  // a bad LOOM_CPU_BF16_KERNEL fails now
   g_precision.store(precision, std::memory_order_relaxed);
 }
 
@@ -110,7 +112,9 @@ CpuMatmulPrecision matmul_precision() {
 }
 
 std::string cpu_gemm_name() {
-  if (floats_in_bf16()) return has_avx512_bf16() ? "loom-avx512-bf16" : "loom-avx512-bf16-widened";
+  if (floats_in_bf16())
+    return bf16_kernel() == Bf16Kernel::kDotProduct ? "loom-avx512-bf16-dot"
+                                                    : "loom-avx512-bf16-fma";
   if (cpu_gemm_backend() == CpuGemm::kLoomAvx512) return "loom-avx512";
   return std::string("openblas-") + openblas_get_corename();
 }

@@ -30,8 +30,8 @@ enum class CpuGemm { kOpenBlas, kLoomAvx512 };
 // value, or on "loom" without AVX-512.
 CpuGemm cpu_gemm_backend();
 // The same for reports: "loom-avx512", or "openblas-" + the kernel set OpenBLAS chose
-// ("openblas-Haswell"); at bf16 precision "loom-avx512-bf16" (vdpbf16ps), or
-// "loom-avx512-bf16-widened" on a CPU without AVX512_BF16.
+// ("openblas-Haswell"); at bf16 precision "loom-avx512-bf16-dot" (vdpbf16ps) or
+// "loom-avx512-bf16-fma" (fp32 FMAs on rounded operands; sgemm_bf16_avx512.h: bf16_kernel()).
 std::string cpu_gemm_name();
 
 // The precision of float GEMMs' operands in this process: kFp32, or kBf16 (rounded to bf16 as

@@ -106,6 +106,36 @@ __attribute__((target("avx512f"))) inline void store_row(float* row, __m512 a, _
   _mm512_mask_storeu_ps(row + 16, hi, b);
 }
 
+// Each 32-bit lane shifted right by 16 bits. (The masked form: GCC 12's _mm512_srli_epi32 starts
+// from _mm512_undefined_epi32(), which -Wmaybe-uninitialized reports through every inlined call.)
+__attribute__((target("avx512f"))) inline __m512i shift_right_16(__m512i u) {
+  return _mm512_maskz_srli_epi32(static_cast<__mmask16>(0xFFFF), u, 16);
+}
+
+// Each lane of x rounded to bf16 (to nearest, ties to even; a NaN stays a NaN), its 16 bits in
+// the high half of the lane and the low half zero: the lane is then that bf16 as an fp32.
+// (cpu::round_to_bf16 is the scalar reference.)
+__attribute__((target("avx512f"))) inline __m512i bf16_high(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(shift_right_16(u), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+  return _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+}
+
+// The first n floats of x rounded to bf16 in place (still fp32s): a packed operand block.
+__attribute__((target("avx512f"))) inline void round_to_bf16_in_place(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(x + i, _mm512_castsi512_ps(bf16_high(_mm512_loadu_ps(x + i))));
+  if (i < n) {
+    const __mmask16 m = column_mask(n - i, 0);
+    _mm512_mask_storeu_ps(x + i, m,
+                          _mm512_castsi512_ps(bf16_high(_mm512_maskz_loadu_ps(m, x + i))));
+  }
+}
+
 }  // namespace loom::cpu::avx512_gemm
 
 #endif  // __x86_64__

@@ -158,7 +158,7 @@ bool sgemm_avx512_reads_a_in_place(bool trans_a, int64_t N) {
 
 void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                  int64_t ldc, const float* bias) {
+                  int64_t ldc, const float* bias, bool round_operands_to_bf16) {
   if (!has_avx512f()) throw std::runtime_error("sgemm_avx512: this CPU lacks AVX-512 F");
   if (bias != nullptr && beta != 0.0f)
     throw std::runtime_error("sgemm_avx512: a bias needs beta == 0");
@@ -172,7 +172,7 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   // (N = 768: 2–4% faster; one head's attention output: 30%); where N is wide, the packed
   // panel's one contiguous stream serves many B panels and comes out ahead. Measured with
   // bench/gemm/sgemm_ab.sh.
-  const bool direct_a = sgemm_avx512_reads_a_in_place(trans_a, N);
+  const bool direct_a = !round_operands_to_bf16 && sgemm_avx512_reads_a_in_place(trans_a, N);
   for (int64_t i0 = 0; i0 < M; i0 += kMC) {
     const int64_t mc = std::min(kMC, M - i0);
     for (int64_t p0 = 0; p0 < K; p0 += kKC) {
@@ -181,9 +181,12 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
       const float beta_here = p0 == 0 ? beta : 1.0f;
       const float* bias_here = p0 == 0 ? bias : nullptr;
       if (!direct_a) pack_a(A, lda, trans_a, i0, mc, p0, kc, Ap);
+      // Rounded where packed, in cache: the panels are (mc rounded up to kMR) × kc floats.
+      if (round_operands_to_bf16) round_to_bf16_in_place(Ap, (mc + kMR - 1) / kMR * kMR * kc);
       for (int64_t j0 = 0; j0 < N; j0 += kNC) {
         const int64_t nc = std::min(kNC, N - j0);
         pack_b(B, ldb, trans_b, p0, kc, j0, nc, Bp);
+        if (round_operands_to_bf16) round_to_bf16_in_place(Bp, (nc + kNR - 1) / kNR * kNR * kc);
         for (int64_t ir = 0; ir < mc; ir += kMR) {
           const int64_t mr = std::min(kMR, mc - ir);
           float* Ct = C + (i0 + ir) * ldc + j0;
@@ -216,7 +219,7 @@ bool sgemm_avx512_reads_a_in_place(bool, int64_t) {
 }
 
 void sgemm_avx512(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-                  int64_t, float, float*, int64_t, const float*) {
+                  int64_t, float, float*, int64_t, const float*, bool) {
   throw std::runtime_error("sgemm_avx512: not an x86-64 build");
 }
 

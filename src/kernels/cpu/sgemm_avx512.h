@@ -27,9 +27,12 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 // With a `bias` (N values, or nullptr; beta must then be 0): C = alpha·op(A)·op(B) + bias in
 // every row, added as the first depth block is stored — the bits of C filled with the bias and
 // beta = 1, without that pass over C.
+// `round_operands_to_bf16`: op(A) and op(B) rounded to bf16 as they are packed (A is then always
+// packed), still multiplied by fp32 FMAs — sgemm_bf16_avx512's kernel on CPUs whose vdpbf16ps
+// is no faster than their FMAs.
 void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                  int64_t ldc, const float* bias);
+                  int64_t ldc, const float* bias, bool round_operands_to_bf16 = false);
 
 // Whether sgemm_avx512 reads op(A) in place for a product of these columns (no packing of A):
 // gemm() weighs it when choosing how to split C between threads.

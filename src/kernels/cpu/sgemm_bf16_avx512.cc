@@ -1,11 +1,15 @@
 #include "kernels/cpu/sgemm_bf16_avx512.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
+#include "base/error.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm_avx512_parts.h"
+#include "kernels/cpu/sgemm_avx512.h"
 
 namespace loom::cpu {
 
@@ -19,6 +23,26 @@ bool has_avx512_bf16() {
 #else
   return false;
 #endif
+}
+
+Bf16Kernel bf16_kernel() {
+  const char* env = std::getenv("LOOM_CPU_BF16_KERNEL");
+  const std::string choice = env == nullptr ? "" : env;
+  if (choice == "fma") return Bf16Kernel::kFmaOnRounded;
+  if (choice == "dot") {
+    if (!has_avx512_bf16())
+      fail("LOOM_CPU_BF16_KERNEL=dot: this CPU lacks AVX512_BF16 (vdpbf16ps); unset it or set fma");
+    return Bf16Kernel::kDotProduct;
+  }
+  if (!choice.empty())
+    fail("LOOM_CPU_BF16_KERNEL='", choice, "': expected 'dot' (vdpbf16ps) or 'fma'");
+#if defined(__x86_64__)
+  // By vendor, not by timing the two, so that a run's bits never depend on a measurement: AMD's
+  // Zen 4 and 5 run vdpbf16ps at twice their FMA rate; the Xeons we measured at half of it.
+  __builtin_cpu_init();
+  if (has_avx512_bf16() && __builtin_cpu_is("amd")) return Bf16Kernel::kDotProduct;
+#endif
+  return Bf16Kernel::kFmaOnRounded;
 }
 
 float round_to_bf16(float x) {
@@ -35,8 +59,9 @@ float round_to_bf16(float x) {
 }
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 integer shifts start from _mm512_undefined_epi32(), a self-initialised
-// variable that -Wmaybe-uninitialized reports through every inlined call (a known false alarm).
+// GCC 12's unmasked AVX-512 conversions and inserts start from _mm512_undefined_*(), a
+// self-initialised variable that -Wmaybe-uninitialized reports through every inlined call (a
+// known false alarm).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
@@ -56,27 +81,16 @@ constexpr int64_t kNC = 480;
 constexpr int64_t kMC = 3072;
 constexpr int64_t kPairsKC = kKC / 2;
 
-// Each lane of x rounded to bf16 (round_to_bf16), its 16 bits in the high half of the lane and
-// the low half zero: the lane is then that bf16 as an fp32.
-__attribute__((target("avx512f"))) inline __m512i bf16_high(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
-  return _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
-}
-
 // Pairs across two vectors: lane c = bf16(even[c]) in its low half, bf16(odd[c]) in its high
 // half — depth k and k + 1 of one column, as vdpbf16ps takes them.
 __attribute__((target("avx512f"))) inline __m512i interleaved_pairs(__m512 even, __m512 odd) {
-  return _mm512_or_si512(_mm512_srli_epi32(bf16_high(even), 16), bf16_high(odd));
+  return _mm512_or_si512(shift_right_16(bf16_high(even)), bf16_high(odd));
 }
 
 // Pairs along one vector pair: 32 consecutive floats x[0..32) as 16 pairs (x[2m], x[2m+1]).
 __attribute__((target("avx512f"))) inline __m512i consecutive_pairs(__m512 lo, __m512 hi) {
-  const __m256i a = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_high(lo), 16));
-  const __m256i b = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_high(hi), 16));
+  const __m256i a = _mm512_cvtepi32_epi16(shift_right_16(bf16_high(lo)));
+  const __m256i b = _mm512_cvtepi32_epi16(shift_right_16(bf16_high(hi)));
   return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
 }
 
@@ -193,7 +207,6 @@ __attribute__((target("avx512f"))) void pack_b(const float* B, int64_t ldb, bool
 // The kMR × kNR tile alpha·Ap·Bp over kcp depth pairs, added to beta·C (beta == 0: C is not read)
 // or, with a `bias` (the tile's columns of it; beta == 0), to the bias; only the top-left mr × nr
 // corner is stored. Ap: kcp × kMR pairs, Bp: kcp × kNR pairs, packed, Bp 64-byte aligned.
-// kDot: vdpbf16ps; else each pair widened to two fp32 and multiplied by two FMAs.
 #define LOOM_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define LOOM_ROW_ZERO(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = _mm512_setzero_ps();
 #define LOOM_ROW_STORE(r) \
@@ -238,34 +251,6 @@ __attribute__((target("avx512f,avx512bf16"))) void dot_kernel(int64_t kcp, const
 #undef LOOM_ROW_DOT
 }
 
-__attribute__((target("avx512f"))) void widening_kernel(int64_t kcp, const uint32_t* Ap,
-                                                        const uint32_t* Bp, float alpha, float beta,
-                                                        const float* bias, float* C, int64_t ldc,
-                                                        int64_t mr, int64_t nr) {
-  prefetch_tile(C, ldc, mr);
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-#define LOOM_ROW_WIDEN(r)                                                  \
-  {                                                                        \
-    const __m512i a = _mm512_set1_epi32(static_cast<int>(Ap[r]));          \
-    const __m512 ae = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));       \
-    const __m512 ao = _mm512_castsi512_ps(_mm512_and_si512(a, high));      \
-    c##r##a = _mm512_fmadd_ps(ao, b0o, _mm512_fmadd_ps(ae, b0e, c##r##a)); \
-    c##r##b = _mm512_fmadd_ps(ao, b1o, _mm512_fmadd_ps(ae, b1e, c##r##b)); \
-  }
-  LOOM_ROWS(LOOM_ROW_ZERO)
-  for (int64_t p = 0; p < kcp; ++p) {
-    const __m512i b0 = _mm512_load_si512(Bp), b1 = _mm512_load_si512(Bp + 16);
-    const __m512 b0e = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16));
-    const __m512 b0o = _mm512_castsi512_ps(_mm512_and_si512(b0, high));
-    const __m512 b1e = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16));
-    const __m512 b1o = _mm512_castsi512_ps(_mm512_and_si512(b1, high));
-    LOOM_ROWS(LOOM_ROW_WIDEN)
-    Ap += kMR;
-    Bp += kNR;
-  }
-  LOOM_TILE_STORE
-#undef LOOM_ROW_WIDEN
-}
 #undef LOOM_TILE_STORE
 #undef LOOM_ROW_STORE
 #undef LOOM_ROW_ZERO
@@ -275,13 +260,19 @@ __attribute__((target("avx512f"))) void widening_kernel(int64_t kcp, const uint3
 
 void sgemm_bf16_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                       float* C, int64_t ldc, const float* bias, bool force_widening) {
+                       float* C, int64_t ldc, const float* bias, Bf16Kernel kernel) {
   if (!has_avx512f()) throw std::runtime_error("sgemm_bf16_avx512: this CPU lacks AVX-512 F");
   if (bias != nullptr && beta != 0.0f)
     throw std::runtime_error("sgemm_bf16_avx512: a bias needs beta == 0");
   if (M <= 0 || N <= 0 || K <= 0)
     throw std::runtime_error("sgemm_bf16_avx512: M, N and K must be positive");
-  const bool dot = has_avx512_bf16() && !force_widening;
+  if (kernel == Bf16Kernel::kFmaOnRounded) {
+    sgemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias,
+                 /*round_operands_to_bf16=*/true);
+    return;
+  }
+  if (!has_avx512_bf16())
+    throw std::runtime_error("sgemm_bf16_avx512: the dot-product kernel needs AVX512_BF16");
   thread_local PackingSlot<uint32_t> a_slot, b_slot;
   uint32_t* Ap = packing_buffer(a_slot, kMC * kPairsKC);
   uint32_t* Bp = packing_buffer(b_slot, kPairsKC * kNC);
@@ -302,8 +293,8 @@ void sgemm_bf16_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
           for (int64_t jr = 0; jr < nc; jr += kNR) {
             const int64_t nr = std::min(kNR, nc - jr);
             const float* bias_tile = bias_here == nullptr ? nullptr : bias_here + j0 + jr;
-            (dot ? dot_kernel : widening_kernel)(kcp, Ap + ir * kcp, Bp + jr * kcp, alpha,
-                                                 beta_here, bias_tile, Ct + jr, ldc, mr, nr);
+            dot_kernel(kcp, Ap + ir * kcp, Bp + jr * kcp, alpha, beta_here, bias_tile, Ct + jr, ldc,
+                       mr, nr);
           }
         }
       }
@@ -314,7 +305,7 @@ void sgemm_bf16_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 #else  // not x86-64
 
 void sgemm_bf16_avx512(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                       const float*, int64_t, float, float*, int64_t, const float*, bool) {
+                       const float*, int64_t, float, float*, int64_t, const float*, Bf16Kernel) {
   throw std::runtime_error("sgemm_bf16_avx512: not an x86-64 build");
 }
 
