@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,8 @@
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
 #include "harness/error_of.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/gemm.h"
 #include "models/gpt2.h"
 #include "train/trainer.h"
 
@@ -245,6 +248,31 @@ TEST_F(TrainTest, StopAndResumeIsBitwiseIdentical) {
   EXPECT_EQ(s2.start_step, 6);
   EXPECT_EQ(s2.last_step, 12);
   expect_same_run(metrics("straight"), metrics("resumed"));
+}
+
+// bf16 GEMMs on CPU ranks (runtime.matmul_precision = "bf16") on two data-parallel ranks with
+// ZeRO-1: the run stops and resumes bit for bit, and the process's GEMM precision is back at fp32
+// after it (the run sets it for its scope only).
+TEST_F(TrainTest, Bf16OnCpuRanksStopsAndResumesBitwise) {
+  if (!cpu::has_avx512f()) GTEST_SKIP() << "bf16 GEMMs on CPU ranks need AVX-512";
+  Config c = config(8);
+  c.runtime.matmul_precision = "bf16";
+  c.runtime.ranks = 2;
+  c.parallel.dp = 2;
+  c.parallel.zero = 1;
+  run_training(c, options("bf16_straight"));
+  EXPECT_EQ(cpu::matmul_precision(), cpu::CpuMatmulPrecision::kFp32);
+  stop_and_resume(c, "bf16_resumed", 4);
+  expect_same_run(metrics("bf16_straight"), metrics("bf16_resumed"));
+  run_training(config(8), options("fp32"));
+  const auto bf16 = metrics("bf16_straight"), fp32 = metrics("fp32");
+  ASSERT_EQ(bf16.size(), fp32.size());
+  double largest = 0;  // relative loss difference: rounded, yet close
+  for (size_t i = 0; i < bf16.size(); ++i)
+    largest = std::max(largest,
+                       std::abs(bf16[i]["loss"].get<double>() / fp32[i]["loss"].get<double>() - 1));
+  EXPECT_GT(largest, 1e-7);
+  EXPECT_LT(largest, 1e-2);
 }
 
 // runtime.device = "cuda": on a machine with a GPU, the run (one rank: nccl as a group of one)
