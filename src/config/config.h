@@ -42,8 +42,13 @@ struct TrainConfig {
   int64_t batch_size = 8;        // global batch, in sequences, per optimizer step
   int64_t micro_batch_size = 8;  // sequences per forward/backward on one data-parallel rank
   double lr = 6e-4;              // peak learning rate
-  int64_t warmup_steps = 100;    // linear warmup from 0 to lr, then cosine decay
-  double min_lr_ratio = 0.1;     // the cosine decays to lr * min_lr_ratio at `steps`
+  int64_t warmup_steps = 100;    // linear warmup from 0 to lr, then lr_schedule's decay
+  // After warm-up: "cosine" or "linear" decay to lr * min_lr_ratio at `steps`, "constant", or
+  // "wsd" (warmup-stable-decay: lr until the last lr_decay_fraction of the steps, then a linear
+  // decay to lr * min_lr_ratio at `steps`).
+  std::string lr_schedule = "cosine";
+  double min_lr_ratio = 0.1;
+  double lr_decay_fraction = 0.2;  // wsd: the share of `steps` that decays
   double weight_decay = 0.1;     // AdamW decoupled weight decay (matrices only)
   double beta1 = 0.9;            // AdamW
   double beta2 = 0.95;           // AdamW

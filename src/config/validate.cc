@@ -91,7 +91,11 @@ void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p
   p.non_negative("train.warmup_steps", t.warmup_steps);
   if (t.steps > 0 && t.warmup_steps > t.steps)
     p.add("train.warmup_steps = ", t.warmup_steps, " exceeds train.steps = ", t.steps);
+  p.one_of("train.lr_schedule", t.lr_schedule, {"cosine", "linear", "constant", "wsd"});
   p.in_range("train.min_lr_ratio", t.min_lr_ratio, 0, 1);
+  if (!(t.lr_decay_fraction > 0 && t.lr_decay_fraction <= 1))
+    p.add("train.lr_decay_fraction = ", format_double(t.lr_decay_fraction),
+          " must be in (0, 1]: the share of train.steps that the wsd schedule decays over");
   p.in_range("train.weight_decay", t.weight_decay, 0, kInf, true);
   p.in_range("train.beta1", t.beta1, 0, 1, true);
   p.in_range("train.beta2", t.beta2, 0, 1, true);

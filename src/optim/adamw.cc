@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -64,14 +65,29 @@ FlatModelState on_host(const FlatModelState& state) {
   return host;
 }
 
-float lr_schedule(int64_t step, int64_t total, int64_t warmup, float lr, float min_ratio) {
+LrDecay parse_lr_decay(const std::string& name) {
+  if (name == "cosine") return LrDecay::kCosine;
+  if (name == "linear") return LrDecay::kLinear;
+  if (name == "constant") return LrDecay::kConstant;
+  if (name == "wsd") return LrDecay::kWsd;
+  fail("learning-rate schedule '", name, "': expected cosine, linear, constant or wsd");
+}
+
+float LrSchedule::at(int64_t step) const {
   if (step < warmup) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
-  const int64_t decay_steps = total - warmup;
-  if (decay_steps <= 0) return lr;
+  int64_t start = warmup;  // where the decay begins
+  if (decay == LrDecay::kConstant) return lr;
+  if (decay == LrDecay::kWsd)
+    start = std::max(
+        warmup,
+        total - static_cast<int64_t>(std::llround(decay_fraction * static_cast<double>(total))));
+  const int64_t decay_steps = total - start;
+  if (decay_steps <= 0 || step < start) return lr;
   const double progress =
-      std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(decay_steps));
-  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
-  return static_cast<float>(lr * (min_ratio + (1.0 - min_ratio) * cosine));
+      std::min(1.0, static_cast<double>(step - start) / static_cast<double>(decay_steps));
+  const double left = decay == LrDecay::kCosine ? 0.5 * (1.0 + std::cos(M_PI * progress))
+                                                : 1.0 - progress;  // linear, wsd
+  return static_cast<float>(lr * (min_ratio + (1.0 - min_ratio) * left));
 }
 
 double grad_norm(ThreadPool& pool, ParameterStore& params) {

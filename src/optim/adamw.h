@@ -4,6 +4,7 @@
 // buffers parallel to the parameter buffer, plus the step count.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -71,9 +72,27 @@ struct FlatModelState {
 // The same state in host memory (a copy of what lives on a GPU; as it is otherwise), for files.
 FlatModelState on_host(const FlatModelState& state);
 
-// Learning rate at step `step` (0-based): linear warm-up over `warmup` steps to `lr`, then cosine
-// decay to lr·min_ratio at step `total`.
-float lr_schedule(int64_t step, int64_t total, int64_t warmup, float lr, float min_ratio);
+// The learning-rate schedule: linear warm-up over `warmup` steps to `lr`, then `decay`:
+//   kCosine    half a cosine from lr to lr·min_ratio at step `total`
+//   kLinear    a straight line from lr to lr·min_ratio at step `total`
+//   kConstant  lr
+//   kWsd       warmup-stable-decay: lr until the last decay_fraction·total steps (never before
+//              warm-up ends), then a straight line to lr·min_ratio at `total` — a run can be
+//              stopped at the stable phase's end and decayed from a checkpoint later
+// A pure function of the step, so a resumed run has the uninterrupted run's rates.
+enum class LrDecay { kCosine, kLinear, kConstant, kWsd };
+// "cosine", "linear", "constant" or "wsd" (train.lr_schedule); throws loom::Error otherwise.
+LrDecay parse_lr_decay(const std::string& name);
+
+struct LrSchedule {
+  LrDecay decay = LrDecay::kCosine;
+  int64_t total = 0, warmup = 0;
+  float lr = 0, min_ratio = 0;
+  double decay_fraction = 0.2;  // kWsd only
+
+  // The rate at step `step` (0-based).
+  float at(int64_t step) const;
+};
 
 // The global L2 norm of all gradients; when max_norm > 0 and the norm exceeds it, scales every
 // gradient by max_norm / norm. Returns the norm before clipping.

@@ -133,6 +133,13 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   opt_config.beta2 = static_cast<float>(tc.beta2);
   opt_config.eps = static_cast<float>(tc.eps);
   opt_config.weight_decay = static_cast<float>(tc.weight_decay);
+  LrSchedule lr_schedule;
+  lr_schedule.decay = parse_lr_decay(tc.lr_schedule);
+  lr_schedule.total = tc.steps;
+  lr_schedule.warmup = tc.warmup_steps;
+  lr_schedule.lr = static_cast<float>(tc.lr);
+  lr_schedule.min_ratio = static_cast<float>(tc.min_lr_ratio);
+  lr_schedule.decay_fraction = tc.lr_decay_fraction;
   LossScalerConfig scaler_config;
   scaler_config.mode = parse_loss_scale_mode(tc.loss_scale, config.runtime.matmul_precision);
   scaler_config.init = tc.loss_scale_init;
@@ -356,8 +363,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const int64_t held = allocator.stats().bytes_in_use;
     allocator.reset_peak();
     double loss = 0, grad_norm = 0, comm_wait = 0;
-    const float lr = lr_schedule(step - 1, tc.steps, tc.warmup_steps, static_cast<float>(tc.lr),
-                                 static_cast<float>(tc.min_lr_ratio));
+    const float lr = lr_schedule.at(step - 1);
     // Backward runs on loss × S; the norm comes back unscaled, non-finite on an overflow, and
     // every rank sees the same norm, so all of them skip the same steps (optim/loss_scaler.h).
     // A skipped step still consumes its batch and advances the LR schedule (step is the data

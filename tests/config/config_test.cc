@@ -389,6 +389,11 @@ TEST(Config, ValidationNamesKeysAndValues) {
                "runtime.matmul_precision = \"fp8\" must be one of: fp32, tf32, bf16, fp16"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "fp16"; }),
                        "runtime.matmul_precision = \"fp16\" needs runtime.device = \"cuda\""));
+  EXPECT_TRUE(
+      Contains(validate_error([](Config& c) { c.train.lr_schedule = "step"; }),
+               "train.lr_schedule = \"step\" must be one of: cosine, linear, constant, wsd"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.lr_decay_fraction = 0; }),
+                       "train.lr_decay_fraction = 0.0 must be in (0, 1]"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.loss_scale = "yes"; }),
                        "train.loss_scale = \"yes\" must be one of: auto, none, static, dynamic"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.loss_scale_init = 1000; }),

@@ -4,20 +4,63 @@
 
 #include <cmath>
 
+#include "base/error.h"
+
 namespace loom {
 namespace {
 
+LrSchedule schedule(LrDecay decay, int64_t total, int64_t warmup, float lr, float min_ratio,
+                    double decay_fraction = 0.2) {
+  LrSchedule s;
+  s.decay = decay;
+  s.total = total;
+  s.warmup = warmup;
+  s.lr = lr;
+  s.min_ratio = min_ratio;
+  s.decay_fraction = decay_fraction;
+  return s;
+}
+
 TEST(LrSchedule, WarmupThenCosineToMinimum) {
   // 10 warm-up steps to 1e-3, cosine to 1e-4 at step 110.
-  EXPECT_FLOAT_EQ(lr_schedule(0, 110, 10, 1e-3f, 0.1f), 1e-4f);
-  EXPECT_FLOAT_EQ(lr_schedule(4, 110, 10, 1e-3f, 0.1f), 5e-4f);
-  EXPECT_FLOAT_EQ(lr_schedule(9, 110, 10, 1e-3f, 0.1f), 1e-3f);
-  EXPECT_FLOAT_EQ(lr_schedule(10, 110, 10, 1e-3f, 0.1f), 1e-3f);
-  EXPECT_NEAR(lr_schedule(60, 110, 10, 1e-3f, 0.1f), 0.55e-3, 1e-9);  // half way: mid point
-  EXPECT_NEAR(lr_schedule(110, 110, 10, 1e-3f, 0.1f), 1e-4, 1e-10);
-  for (int s = 11; s < 110; ++s)
-    EXPECT_LE(lr_schedule(s, 110, 10, 1e-3f, 0.1f), lr_schedule(s - 1, 110, 10, 1e-3f, 0.1f));
-  EXPECT_FLOAT_EQ(lr_schedule(5, 5, 0, 2e-3f, 0.1f), 2e-3f * 0.1f);  // no warm-up
+  const LrSchedule c = schedule(LrDecay::kCosine, 110, 10, 1e-3f, 0.1f);
+  EXPECT_FLOAT_EQ(c.at(0), 1e-4f);
+  EXPECT_FLOAT_EQ(c.at(4), 5e-4f);
+  EXPECT_FLOAT_EQ(c.at(9), 1e-3f);
+  EXPECT_FLOAT_EQ(c.at(10), 1e-3f);
+  EXPECT_NEAR(c.at(60), 0.55e-3, 1e-9);  // half way: mid point
+  EXPECT_NEAR(c.at(35), 1e-4 + 0.9e-3 * 0.5 * (1 + std::cos(M_PI / 4)), 1e-9);
+  EXPECT_NEAR(c.at(110), 1e-4, 1e-10);
+  for (int s = 11; s < 110; ++s) EXPECT_LE(c.at(s), c.at(s - 1));
+  EXPECT_FLOAT_EQ(schedule(LrDecay::kCosine, 5, 0, 2e-3f, 0.1f).at(5), 2e-3f * 0.1f);  // no warm-up
+}
+
+TEST(LrSchedule, LinearConstantAndWarmupStableDecay) {
+  // The same warm-up for each.
+  for (LrDecay d : {LrDecay::kLinear, LrDecay::kConstant, LrDecay::kWsd}) {
+    const LrSchedule s = schedule(d, 110, 10, 1e-3f, 0.1f);
+    EXPECT_FLOAT_EQ(s.at(0), 1e-4f);
+    EXPECT_FLOAT_EQ(s.at(9), 1e-3f);
+    EXPECT_FLOAT_EQ(s.at(10), 1e-3f);
+  }
+  const LrSchedule linear = schedule(LrDecay::kLinear, 110, 10, 1e-3f, 0.1f);
+  EXPECT_NEAR(linear.at(35), 1e-4 + 0.9e-3 * 0.75, 1e-9);  // a quarter of the way: 3/4 left
+  EXPECT_NEAR(linear.at(60), 0.55e-3, 1e-9);
+  EXPECT_NEAR(linear.at(110), 1e-4, 1e-10);
+  EXPECT_FLOAT_EQ(schedule(LrDecay::kConstant, 110, 10, 1e-3f, 0.1f).at(109), 1e-3f);
+  // wsd, 20% of 110 = 22 decay steps: stable to step 88, then a line to 1e-4 at 110.
+  const LrSchedule wsd = schedule(LrDecay::kWsd, 110, 10, 1e-3f, 0.1f, 0.2);
+  EXPECT_FLOAT_EQ(wsd.at(50), 1e-3f);
+  EXPECT_FLOAT_EQ(wsd.at(88), 1e-3f);
+  EXPECT_NEAR(wsd.at(99), 0.55e-3, 1e-9);
+  EXPECT_NEAR(wsd.at(110), 1e-4, 1e-10);
+  for (int s = 89; s <= 110; ++s) EXPECT_LT(wsd.at(s), wsd.at(s - 1)) << s;
+  // A decay longer than what follows warm-up starts when warm-up ends.
+  const LrSchedule long_decay = schedule(LrDecay::kWsd, 110, 10, 1e-3f, 0.0f, 1.0);
+  EXPECT_NEAR(long_decay.at(60), 0.5e-3, 1e-9);
+  EXPECT_EQ(parse_lr_decay("wsd"), LrDecay::kWsd);
+  EXPECT_EQ(parse_lr_decay("linear"), LrDecay::kLinear);
+  EXPECT_THROW(parse_lr_decay("step"), Error);
 }
 
 struct Store {

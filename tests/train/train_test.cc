@@ -22,6 +22,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
 #include "models/gpt2.h"
+#include "optim/adamw.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -248,6 +249,31 @@ TEST_F(TrainTest, StopAndResumeIsBitwiseIdentical) {
   EXPECT_EQ(s2.start_step, 6);
   EXPECT_EQ(s2.last_step, 12);
   expect_same_run(metrics("straight"), metrics("resumed"));
+}
+
+// train.lr_schedule = "wsd": the logged rates are the schedule's (warm-up, stable, then a linear
+// decay over the last quarter), and a run stopped in the decay resumes bit for bit.
+TEST_F(TrainTest, WarmupStableDecayScheduleLogsItsRatesAndResumes) {
+  Config c = config(12);
+  c.train.lr_schedule = "wsd";
+  c.train.lr_decay_fraction = 0.25;
+  c.train.warmup_steps = 2;
+  run_training(c, options("wsd_straight"));
+  stop_and_resume(c, "wsd_resumed", 10);
+  const auto straight = metrics("wsd_straight");
+  expect_same_run(straight, metrics("wsd_resumed"));
+  LrSchedule s;
+  s.decay = LrDecay::kWsd;
+  s.total = 12;
+  s.warmup = 2;
+  s.lr = static_cast<float>(c.train.lr);
+  s.min_ratio = static_cast<float>(c.train.min_lr_ratio);
+  s.decay_fraction = 0.25;
+  ASSERT_EQ(straight.size(), 12u);
+  for (size_t i = 0; i < straight.size(); ++i)
+    EXPECT_FLOAT_EQ(straight[i]["lr"].get<float>(), s.at(static_cast<int64_t>(i))) << i;
+  EXPECT_FLOAT_EQ(straight[8]["lr"].get<float>(), static_cast<float>(c.train.lr));  // stable
+  EXPECT_LT(straight[11]["lr"].get<float>(), straight[9]["lr"].get<float>());       // decaying
 }
 
 // bf16 GEMMs on CPU ranks (runtime.matmul_precision = "bf16") on two data-parallel ranks with
