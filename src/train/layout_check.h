@@ -48,6 +48,11 @@ std::vector<CheckLayout> parse_layouts(std::string_view text);
 
 inline constexpr const char* kDefaultCheckLayouts = "dp=2;tp=2;pp=2;dp=2,tp=2;dp=2,pp=2;pp=2,tp=2";
 
+// `loom check`'s tolerance at bf16 / fp16 matmul precision when none is given: layouts sum in
+// other orders, and values an fp32 ulp apart round to 16 bits differently now and then
+// (docs/check.md).
+inline constexpr double kSixteenBitCheckTolerance = 1e-2;
+
 struct LayoutCheckOptions {
   int64_t steps = 6;
   std::string out_dir;       // run dirs go here (kept); "" = a fresh temp dir

@@ -275,6 +275,19 @@ TEST_F(Cli, CheckPrintsTheTable) {
   EXPECT_NE(bad.output.find("error: "), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("train.batch_size = 4"), std::string::npos) << bad.output;
   expect_error(run("check " + cfg + " --layouts 'dp=2,tq=2'"), "\"tq=2\"");
+  // At bf16 matmul precision (CPU ranks with AVX-512) the tolerance not given is 1e-2; one given
+  // is kept.
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) {
+    const std::string bf16 =
+        "check " + cfg + " --layouts 'tp=2' --steps 2 --quiet --set runtime.matmul_precision=bf16";
+    Result loose = run(bf16 + " --json " + path("bf16.json"));
+    EXPECT_EQ(loose.code, 0) << loose.output;
+    EXPECT_NE(loose.output.find("tolerance 1.0e-02"), std::string::npos) << loose.output;
+    Result strict = run(bf16 + " --tolerance 0");
+    EXPECT_EQ(strict.code, 1) << strict.output;
+    EXPECT_NE(strict.output.find("tolerance 0.0e+00"), std::string::npos) << strict.output;
+  }
 }
 }  // namespace
 
