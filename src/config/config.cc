@@ -87,6 +87,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(runtime, backend),
     LOOM_KEY(runtime, device),
     LOOM_KEY(runtime, matmul_precision),
+    LOOM_KEY(runtime, fp8_block),
     LOOM_KEY(runtime, threads_per_rank),
     LOOM_KEY(metrics, tensorboard),
     LOOM_KEY(metrics, prometheus_textfile),

@@ -96,10 +96,13 @@ struct RuntimeConfig {
   // mpi or nccl
   std::string backend = "auto";
   std::string device = "cpu";     // cpu or cuda[:N]
-  // GEMM inputs on the GPU: fp32, tf32, bf16 or fp16 (at bf16 / fp16 the activations GEMMs read,
-  // the logits included, are stored in 16 bits; weights, accumulation and the rest stay fp32;
-  // fp16 wants train.loss_scale)
+  // GEMM inputs: fp32, tf32, bf16, fp16 or fp8 (docs/config.md). On a GPU at bf16 / fp16 the
+  // activations GEMMs read, the logits included, are stored in 16 bits; weights, accumulation and
+  // the rest stay fp32; fp16 wants train.loss_scale. CPU ranks run fp32, bf16 (every GEMM's
+  // operands rounded to bf16) or fp8 (bf16, and the Linears' operands quantized to fp8 E4M3 in
+  // blocks of fp8_block: kernels/cpu/fp8.h).
   std::string matmul_precision = "fp32";
+  int64_t fp8_block = 128;  // fp8: the quantization block (1 × b activations, b × b weights)
   int threads_per_rank = 0;       // compute threads per rank; 0 = auto
 
   // threads_per_rank with 0 = "the machine's cores / ranks, at least 1" resolved.

@@ -165,7 +165,12 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
     p.add("runtime.device = ", toml_quote(r.device), " must be \"cpu\", \"cuda\" or \"cuda:N\"");
   else if (r.backend == "nccl" && !r.device.starts_with("cuda"))
     p.add("runtime.backend = \"nccl\" needs a cuda runtime.device, got ", toml_quote(r.device));
-  p.one_of("runtime.matmul_precision", r.matmul_precision, {"fp32", "tf32", "bf16", "fp16"});
+  p.one_of("runtime.matmul_precision", r.matmul_precision, {"fp32", "tf32", "bf16", "fp16", "fp8"});
+  p.positive("runtime.fp8_block", r.fp8_block);
+  if (r.matmul_precision == "fp8" && valid_device(r.device) && r.device.starts_with("cuda"))
+    p.add(
+        "runtime.matmul_precision = \"fp8\" runs on CPU ranks only for now (fp8 tensor-core "
+        "GEMMs on GPUs are not built); use \"bf16\" on a GPU");
   if ((r.matmul_precision == "tf32" || r.matmul_precision == "fp16") && valid_device(r.device) &&
       !r.device.starts_with("cuda"))
     p.add("runtime.matmul_precision = ", toml_quote(r.matmul_precision),
@@ -189,6 +194,15 @@ void validate(const Config& config) {
   validate_parallel(config.parallel, config.model, problems);
   validate_runtime(config.runtime, config.parallel, problems);
   validate_metrics(config.metrics, problems);
+  // fp8 blocks must not straddle tensor-parallel shards (each shard's width is a multiple of
+  // d_model / tp): then every layout quantizes exactly as one device (kernels/cpu/fp8.h).
+  const RuntimeConfig& r = config.runtime;
+  const int64_t tp = config.parallel.tp, d = config.model.d_model;
+  if (r.matmul_precision == "fp8" && r.fp8_block > 0 && tp > 1 && d > 0 && d % tp == 0 &&
+      (d / tp) % r.fp8_block != 0)
+    problems.add("runtime.fp8_block = ", r.fp8_block, " does not divide model.d_model / ",
+                 "parallel.tp = ", d / tp, ": a block would straddle two tensor-parallel shards ",
+                 "and the layout would quantize differently from one device");
   problems.throw_if_any();
 }
 

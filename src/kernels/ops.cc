@@ -10,11 +10,16 @@ cuda::MatmulPrecision parse_precision(const std::string& name) {
   if (name == "tf32") return cuda::MatmulPrecision::kTf32;
   if (name == "bf16") return cuda::MatmulPrecision::kBf16;
   if (name == "fp16") return cuda::MatmulPrecision::kFp16;
-  fail("matmul precision '", name, "': expected fp32, tf32, bf16 or fp16");
+  fail("matmul precision '", name, "': expected fp32, tf32, bf16, fp16 or fp8");
 }
 }  // namespace
 
 void set_matmul_precision(const std::string& name) {
+  if (name == "fp8") {  // CPU ranks only (config validation refuses it on GPUs)
+    cpu::set_matmul_precision(cpu::CpuMatmulPrecision::kFp8);
+    if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);
+    return;
+  }
   const cuda::MatmulPrecision precision = parse_precision(name);
   // CPU ranks round GEMM operands at bf16 only (config validation refuses tf32 / fp16 there).
   cpu::set_matmul_precision(precision == cuda::MatmulPrecision::kBf16
@@ -23,15 +28,44 @@ void set_matmul_precision(const std::string& name) {
   if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(precision);
 }
 
-MatmulPrecisionScope::MatmulPrecisionScope(const std::string& name)
+MatmulPrecisionScope::MatmulPrecisionScope(const std::string& name, int64_t fp8_block)
     : cpu_before_(cpu::matmul_precision()) {
   if constexpr (detail::kCudaBuild) cuda_before_ = cuda::matmul_precision();
+  fp8_block_before_ = cpu::fp8_block_setting();
+  cpu::set_fp8_block(fp8_block);
   set_matmul_precision(name);
 }
 
 MatmulPrecisionScope::~MatmulPrecisionScope() {
+  cpu::set_fp8_block(fp8_block_before_);
   cpu::set_matmul_precision(cpu_before_);
   if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(cuda_before_);
+}
+
+int64_t fp8_block(const Exec& ex) {
+  return ex.device.is_cuda() ? 0 : cpu::fp8_block();
+}
+
+void matmul_forward_fp8(const Exec& ex, float* out, const float* inp, const float* weight,
+                        const float* bias, int64_t N, int64_t C, int64_t OC) {
+  const int64_t block = fp8_block(ex);
+  if (block == 0) fail("matmul_forward_fp8 on ", ex.device.str(), ": fp8 runs on CPU ranks only");
+  const detail::OpScope op_scope_("matmul_forward", ex, [&] {
+    return detail::work_of<float>(detail::matmul_forward_counts(N, C, OC, bias != nullptr));
+  });
+  cpu::matmul_forward_fp8(*ex.pool, out, inp, weight, bias, N, C, OC, block);
+}
+
+void matmul_backward_fp8(const Exec& ex, float* dinp, float* dweight, float* dbias,
+                         const float* dout, const float* inp, const float* weight, int64_t N,
+                         int64_t C, int64_t OC) {
+  const int64_t block = fp8_block(ex);
+  if (block == 0) fail("matmul_backward_fp8 on ", ex.device.str(), ": fp8 runs on CPU ranks only");
+  const detail::OpScope op_scope_("matmul_backward", ex, [&] {
+    return detail::work_of<float>(
+        detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr));
+  });
+  cpu::matmul_backward_fp8(*ex.pool, dinp, dweight, dbias, dout, inp, weight, N, C, OC, block);
 }
 
 namespace {

@@ -48,24 +48,39 @@ bool on_gpu(const Exec& ex, const char* op) {
 
 }  // namespace detail
 
-// "fp32", "tf32", "bf16" or "fp16": the GEMM input precision of this process, on the GPUs
-// (cuda::set_matmul_precision) and, for "bf16", on the CPU too (cpu::set_matmul_precision: every
-// float GEMM rounds its operands to bf16; the CPU's GEMMs stay fp32 at the other three). Throws
-// naming anything else, or bf16 on a CPU without AVX-512.
+// "fp32", "tf32", "bf16", "fp16" or "fp8": the GEMM input precision of this process, on the GPUs
+// (cuda::set_matmul_precision) and, for "bf16" and "fp8", on the CPU too
+// (cpu::set_matmul_precision: every float GEMM rounds its operands to bf16, and at fp8 the
+// Linears quantize theirs to fp8 first — fp8_block(); the CPU's GEMMs stay fp32 at the others;
+// fp8 is CPU ranks' only). Throws naming anything else, or bf16 / fp8 on a CPU without AVX-512.
 void set_matmul_precision(const std::string& name);
 // set_matmul_precision(name) for a scope; the settings before it come back at its end, so a
 // training run or benchmark leaves the process as it found it.
 class MatmulPrecisionScope {
  public:
-  explicit MatmulPrecisionScope(const std::string& name);
+  // fp8_block: runtime.fp8_block, the Linears' quantization block at "fp8".
+  explicit MatmulPrecisionScope(const std::string& name, int64_t fp8_block = 128);
   ~MatmulPrecisionScope();
   MatmulPrecisionScope(const MatmulPrecisionScope&) = delete;
   MatmulPrecisionScope& operator=(const MatmulPrecisionScope&) = delete;
 
  private:
   cpu::CpuMatmulPrecision cpu_before_;
+  int64_t fp8_block_before_ = 128;
   cuda::MatmulPrecision cuda_before_ = cuda::MatmulPrecision::kFp32;
 };
+
+// The Linears' fp8 quantization block on ex's device when the process runs at fp8 matmul
+// precision (CPU ranks: cpu::fp8_block()), else 0 — and then the plain matmul ops apply.
+int64_t fp8_block(const Exec& ex);
+// A Linear's forward and backward with its GEMM operands quantized to fp8 in blocks
+// (kernels/cpu/fp8.h): cpu::matmul_forward_fp8 / matmul_backward_fp8, timed as the plain
+// matmul ops. Fail where fp8_block(ex) is 0.
+void matmul_forward_fp8(const Exec& ex, float* out, const float* inp, const float* weight,
+                        const float* bias, int64_t N, int64_t C, int64_t OC);
+void matmul_backward_fp8(const Exec& ex, float* dinp, float* dweight, float* dbias,
+                         const float* dout, const float* inp, const float* weight, int64_t N,
+                         int64_t C, int64_t OC);
 
 // The dense GEMM rate of a GPU in TFLOP/s at a precision ("fp32", "tf32", "bf16", "fp16": 16-bit
 // operands stored as such, no casts), best of `iters` n×n×n products: the peak an MFU is measured
@@ -449,6 +464,45 @@ inline void vocab_shard_cross_entropy_backward(const Exec& ex, Real* logits, con
                                                int64_t N, const VocabShard& shard) {
   LOOM_OPS_DISPATCH(vocab_shard_cross_entropy_backward, (0, 2.0 * N * shard.rows + 3.0 * N), logits,
                     max, sum, targets, k, N, shard);
+}
+
+// A Linear layer's GEMMs (nn::Linear, the tensor-parallel Linears; never the LM head): the
+// matmul ops above — with a `residual`, matmul_forward_adding; with a `gelu_input` h, the
+// backward from dgelu (overwritten) through the GELU, matmul_backward_before_gelu — or, where the
+// process runs at fp8 (fp8_block(ex) > 0, float), the same with the GEMM operands quantized to fp8
+// (matmul_forward_fp8 / matmul_backward_fp8; the GELU and the residual stay fp32).
+template <typename Real>
+inline void linear_forward(const Exec& ex, Real* out, const Real* inp, const Real* weight,
+                           const Real* bias, const Real* residual, int64_t N, int64_t C,
+                           int64_t OC) {
+  if constexpr (std::is_same_v<Real, float>) {
+    if (fp8_block(ex) > 0) {
+      matmul_forward_fp8(ex, out, inp, weight, bias, N, C, OC);
+      if (residual != nullptr) add_inplace(ex, out, residual, N * OC);
+      return;
+    }
+  }
+  if (residual != nullptr)
+    matmul_forward_adding(ex, out, inp, weight, bias, residual, N, C, OC);
+  else
+    matmul_forward(ex, out, inp, weight, bias, N, C, OC);
+}
+
+template <typename Real>
+inline void linear_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbias, Real* dout,
+                            const Real* gelu_input, const Real* inp, const Real* weight, int64_t N,
+                            int64_t C, int64_t OC) {
+  if constexpr (std::is_same_v<Real, float>) {
+    if (fp8_block(ex) > 0) {
+      if (gelu_input != nullptr) gelu_backward(ex, dout, gelu_input, dout, N * OC);
+      matmul_backward_fp8(ex, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+      return;
+    }
+  }
+  if (gelu_input != nullptr)
+    matmul_backward_before_gelu(ex, dinp, dweight, dbias, dout, gelu_input, inp, weight, N, C, OC);
+  else
+    matmul_backward(ex, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
 #undef LOOM_OPS_DISPATCH

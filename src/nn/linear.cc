@@ -53,13 +53,9 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x, const Tensor* residua
   x_ = x;
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    const T* b = bias_ ? bias_->value.data<T>() : nullptr;
-    if (residual != nullptr)
-      ops::matmul_forward_adding<T>(ctx.exec(), y.data<T>(), x.data<T>(), weight_->value.data<T>(),
-                                    b, residual->data<T>(), n, in_, out_);
-    else
-      ops::matmul_forward<T>(ctx.exec(), y.data<T>(), x.data<T>(), weight_->value.data<T>(), b, n,
-                             in_, out_);
+    ops::linear_forward<T>(ctx.exec(), y.data<T>(), x.data<T>(), weight_->value.data<T>(),
+                           bias_ ? bias_->value.data<T>() : nullptr,
+                           residual ? residual->data<T>() : nullptr, n, in_, out_);
   });
   return y;
 }
@@ -166,14 +162,11 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_
   } else {
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T = decltype(zero);
-      T* db = bias_ ? bias_->grad.data<T>() : nullptr;
-      if (gelu_input != nullptr)
-        ops::matmul_backward_before_gelu<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(), db,
-                                            dy.data<T>(), gelu_input->data<T>(), x_.data<T>(),
-                                            weight_->value.data<T>(), n, in_, out_);
-      else
-        ops::matmul_backward<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(), db, dy.data<T>(),
-                                x_.data<T>(), weight_->value.data<T>(), n, in_, out_);
+      // backward_before_gelu's dgelu is overwritten; a plain dy is only read.
+      ops::linear_backward<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(),
+                              bias_ ? bias_->grad.data<T>() : nullptr, dy.data<T>(),
+                              gelu_input ? gelu_input->data<T>() : nullptr, x_.data<T>(),
+                              weight_->value.data<T>(), n, in_, out_);
     });
   }
   x_ = Tensor();

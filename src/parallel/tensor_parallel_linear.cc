@@ -52,9 +52,9 @@ Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
   x_ = whole_input(x);
   const int64_t n = x_.dim(0);
   Tensor y = Tensor::empty({n, local_out_}, DType::kF32, ctx.device);
-  ops::matmul_forward<float>(ctx.exec(), y.data<float>(), x_.data<float>(),
-                             weight_->value.data<float>(),
-                             bias_ ? bias_->value.data<float>() : nullptr, n, in_, local_out_);
+  ops::linear_forward<float>(
+      ctx.exec(), y.data<float>(), x_.data<float>(), weight_->value.data<float>(),
+      bias_ ? bias_->value.data<float>() : nullptr, nullptr, n, in_, local_out_);
   return y;
 }
 
@@ -74,15 +74,10 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
   const int64_t n = x_.dim(0);
   Tensor dx = Tensor::empty({n, in_}, DType::kF32, ctx.device);
   float* dbias = bias_ ? bias_->grad.data<float>() : nullptr;
-  if (gelu_input != nullptr)
-    ops::matmul_backward_before_gelu<float>(ctx.exec(), dx.data<float>(),
-                                            weight_->grad.data<float>(), dbias, dy.data<float>(),
-                                            gelu_input->data<float>(), x_.data<float>(),
-                                            weight_->value.data<float>(), n, in_, local_out_);
-  else
-    ops::matmul_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias,
-                                dy.data<float>(), x_.data<float>(), weight_->value.data<float>(), n,
-                                in_, local_out_);
+  ops::linear_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias,
+                              dy.data<float>(),
+                              gelu_input != nullptr ? gelu_input->data<float>() : nullptr,
+                              x_.data<float>(), weight_->value.data<float>(), n, in_, local_out_);
   x_ = Tensor();
   // Each rank's dx is its output slice's contribution: sum over the group.
   if (!sequence_parallel_) {
@@ -115,8 +110,8 @@ Tensor RowParallelLinear::forward(Context& ctx, const Tensor& x) {
   Tensor partial = Tensor::empty({n, out_}, DType::kF32, ctx.device);
   // The bias joins the sum once: rank 0 adds it to its partial output.
   const float* bias = bias_ != nullptr && tp_.rank() == 0 ? bias_->value.data<float>() : nullptr;
-  ops::matmul_forward<float>(ctx.exec(), partial.data<float>(), x.data<float>(),
-                             weight_->value.data<float>(), bias, n, local_in_, out_);
+  ops::linear_forward<float>(ctx.exec(), partial.data<float>(), x.data<float>(),
+                             weight_->value.data<float>(), bias, nullptr, n, local_in_, out_);
   if (!sequence_parallel_) {
     tp_.all_reduce(partial, ReduceOp::kSum);
     return partial;
@@ -136,9 +131,10 @@ Tensor RowParallelLinear::backward(Context& ctx, const Tensor& dy) {
   }
   // dy_all holds every row, so the (replicated) bias gradient is whole on every rank.
   Tensor dx = Tensor::empty({n, local_in_}, DType::kF32, ctx.device);
-  ops::matmul_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
+  ops::linear_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
                               bias_ ? bias_->grad.data<float>() : nullptr, dy_all.data<float>(),
-                              x_.data<float>(), weight_->value.data<float>(), n, local_in_, out_);
+                              nullptr, x_.data<float>(), weight_->value.data<float>(), n, local_in_,
+                              out_);
   x_ = Tensor();
   return dx;
 }

@@ -140,7 +140,8 @@ TrainSummary run_training(const Config& config_in, const TrainOptions& options) 
                      "shares GPUs through host memory)");
   }
   // The process's GEMM precision for this run: the GPUs', and at bf16 the CPU's too (ops.h).
-  const ops::MatmulPrecisionScope precision(config.runtime.matmul_precision);
+  const ops::MatmulPrecisionScope precision(config.runtime.matmul_precision,
+                                            config.runtime.fp8_block);
   if (use_mpi) {
 #ifdef LOOM_WITH_MPI
     CommOptions comm_options;

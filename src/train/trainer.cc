@@ -59,8 +59,8 @@ namespace {
 // precision that of the bf16 GEMM's instruction, cpu::PeakKind::kBf16Gemm) times the rank's compute
 // threads, on a GPU its dense GEMM rate at the run's matmul precision.
 cpu::PeakKind cpu_peak_kind(const Config& config) {
-  return config.runtime.matmul_precision == "bf16" ? cpu::PeakKind::kBf16Gemm
-                                                   : cpu::PeakKind::kFp32Fma;
+  return config.runtime.matmul_precision == "fp32" ? cpu::PeakKind::kFp32Fma
+                                                   : cpu::PeakKind::kBf16Gemm;
 }
 
 double rank_peak_tflops(const Config& config, Device device) {

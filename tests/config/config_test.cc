@@ -385,8 +385,24 @@ TEST(Config, ValidationNamesKeysAndValues) {
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.threads_per_rank = -1; }),
                        "runtime.threads_per_rank"));
   EXPECT_TRUE(
-      Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "fp8"; }),
-               "runtime.matmul_precision = \"fp8\" must be one of: fp32, tf32, bf16, fp16"));
+      Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "fp4"; }),
+               "runtime.matmul_precision = \"fp4\" must be one of: fp32, tf32, bf16, fp16, fp8"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.runtime.matmul_precision = "fp8";
+                         c.runtime.device = "cuda";
+                       }),
+                       "runtime.matmul_precision = \"fp8\" runs on CPU ranks only"));
+  EXPECT_TRUE(
+      Contains(validate_error([](Config& c) { c.runtime.fp8_block = 0; }), "runtime.fp8_block"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.runtime.matmul_precision = "fp8";
+                         c.model.d_model = 256;
+                         c.model.n_heads = 4;
+                         c.parallel.tp = 4;
+                         c.runtime.ranks = 4;
+                         c.runtime.fp8_block = 128;
+                       }),
+                       "runtime.fp8_block = 128 does not divide model.d_model / parallel.tp = 64"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "fp16"; }),
                        "runtime.matmul_precision = \"fp16\" needs runtime.device = \"cuda\""));
   EXPECT_TRUE(

@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "device/allocator.h"
 #include "kernel_test_util.h"
+#include "kernels/cpu/cpu_features.h"
 
 namespace loom {
 namespace {
@@ -125,8 +126,26 @@ TEST(Ops, AGpuExecIsAClearErrorWithoutCuda) {
 #endif  // a CUDA build without a GPU reports the CUDA runtime's own error
   }
   EXPECT_EQ(x[0], 1.0f) << "the data was touched";
-  EXPECT_THROW(ops::set_matmul_precision("fp8"), Error);
+  EXPECT_THROW(ops::set_matmul_precision("fp4"), Error);
   EXPECT_NO_THROW(ops::set_matmul_precision("fp32"));
+}
+
+// fp8 on CPU ranks: inside a precision scope the Linears' block is the scope's on a CPU and 0 on
+// a GPU (fp8 is CPU ranks' only); after it, 0 and fp32 GEMMs again.
+TEST(Ops, Fp8PrecisionScopeSetsTheLinearsBlockOnCpuRanksOnly) {
+  if (!cpu::has_avx512f()) GTEST_SKIP() << "fp8 GEMMs on CPU ranks need AVX-512";
+  ThreadPool pool(1);
+  const Exec cpu_exec{&pool, Device::cpu()}, gpu_exec{&pool, Device::cuda(0)};
+  {
+    const ops::MatmulPrecisionScope fp8("fp8", 32);
+    EXPECT_EQ(ops::fp8_block(cpu_exec), 32);
+    EXPECT_EQ(ops::fp8_block(gpu_exec), 0);
+    EXPECT_EQ(cpu::matmul_precision(), cpu::CpuMatmulPrecision::kFp8);
+  }
+  EXPECT_EQ(ops::fp8_block(cpu_exec), 0);
+  EXPECT_EQ(cpu::matmul_precision(), cpu::CpuMatmulPrecision::kFp32);
+  float out = 0, x = 1, w = 1;
+  EXPECT_THROW(ops::matmul_forward_fp8(cpu_exec, &out, &x, &w, nullptr, 1, 1, 1), Error);
 }
 
 }  // namespace

@@ -206,23 +206,23 @@ TEST_F(LayoutCheckTest, ToleranceZeroReportsDifferences) {
   EXPECT_NE(format_layout_check(r).find("DIFFERS ("), std::string::npos);
 }
 
-// bf16 GEMMs on CPU ranks (runtime.matmul_precision = "bf16", kernels/cpu/sgemm_bf16_avx512.h):
-// the same layout twice is bitwise the same run; the bf16 run is near the fp32 one but visibly
-// rounded; and each layout stays much closer to the one-device bf16 run than bf16 is to fp32.
-// (Layouts cannot match bf16 runs to fp32's ~1e-7: a sum taken in another order moves a value —
-// an activation, a weight after the update — by an fp32 ulp, which now and then carries it
-// across a bf16 rounding boundary, a step of 2^-8; docs/check.md.)
-TEST_F(LayoutCheckTest, Bf16GemmsOnCpuRanksKeepLayoutsCloseToOneDevice) {
-  if (!cpu::has_avx512f()) GTEST_SKIP() << "bf16 GEMMs on CPU ranks need AVX-512";
-  LayoutCheckOptions o = options();
+// Reduced GEMM precision on CPU ranks — bf16 (kernels/cpu/sgemm_bf16_avx512.h) and fp8
+// (kernels/cpu/fp8.h): the same layout twice is bitwise the same run; the run is near the fp32
+// one but visibly rounded; and each layout stays much closer to the one-device run at that
+// precision than the precision is to fp32. (Layouts cannot match such runs to fp32's ~1e-7: a
+// sum taken in another order moves a value — an activation, a weight after the update — by an
+// fp32 ulp, which now and then carries it across a rounding boundary; docs/check.md.)
+void expect_layouts_close_at(const Config& base, const std::string& precision, int64_t fp8_block,
+                             const LayoutCheckOptions& options) {
+  LayoutCheckOptions o = options;
   o.keep = true;
-  Config bf16 = config();
-  bf16.runtime.matmul_precision = "bf16";
-  const LayoutCheckResult r16 = check_layouts(bf16, parse_layouts("dp=1;dp=2;tp=2;pp=2"), o);
-  const LayoutCheckResult r32 = check_layouts(config(), parse_layouts("dp=1"), o);
-  const auto weights = [&](const LayoutCheckResult& r) {
-    return fs::path(r.out_dir) / "0_reference" / "checkpoints" /
-           ("step_" + std::to_string(o.steps)) / "model.safetensors";
+  Config reduced = base;
+  reduced.runtime.matmul_precision = precision;
+  reduced.runtime.fp8_block = fp8_block;
+  const LayoutCheckResult r = check_layouts(reduced, parse_layouts("dp=1;dp=2;tp=2;pp=2"), o);
+  const LayoutCheckResult r32 = check_layouts(base, parse_layouts("dp=1"), o);
+  const auto weights = [&](const fs::path& run_dir) {
+    return run_dir / "checkpoints" / ("step_" + std::to_string(o.steps)) / "model.safetensors";
   };
   // Per tensor, leaving out attention's qkv.bias: its key part has an exactly zero gradient
   // (softmax ignores a constant added to every key), so it moves by AdamW's normalised rounding
@@ -233,34 +233,45 @@ TEST_F(LayoutCheckTest, Bf16GemmsOnCpuRanksKeepLayoutsCloseToOneDevice) {
       if (t.name.find("attn.qkv.bias") == std::string::npos) worst = std::max(worst, t.rel_l2);
     return worst;
   };
-  const double precision_gap = worst_tensor(compare_weights(weights(r32), weights(r16)));
-  const LossDeviation loss_gap = compare_losses(r32.reference_losses, r16.reference_losses);
-  ASSERT_EQ(r16.rows.size(), 4u);
+  const fs::path reference = fs::path(r.out_dir) / "0_reference";
+  const double precision_gap = worst_tensor(
+      compare_weights(weights(fs::path(r32.out_dir) / "0_reference"), weights(reference)));
+  const LossDeviation loss_gap = compare_losses(r32.reference_losses, r.reference_losses);
+  ASSERT_EQ(r.rows.size(), 4u);
   std::vector<double> layout_gaps;
-  for (const LayoutCheckRow& row : r16.rows) {
+  for (const LayoutCheckRow& row : r.rows) {
     ASSERT_NE(row.status, "error") << row.error;
-    layout_gaps.push_back(worst_tensor(compare_weights(
-        weights(r16), fs::path(row.run_dir) / "checkpoints" / ("step_" + std::to_string(o.steps)) /
-                          "model.safetensors")));
+    layout_gaps.push_back(worst_tensor(compare_weights(weights(reference), weights(row.run_dir))));
   }
-  fs::remove_all(r16.out_dir);
+  fs::remove_all(r.out_dir);
   fs::remove_all(r32.out_dir);
-  EXPECT_EQ(r16.rows[0].loss_max_rel_dev, 0.0);  // one device again: bitwise
-  EXPECT_EQ(r16.rows[0].param_rel_dev, 0.0);
+  EXPECT_EQ(r.rows[0].loss_max_rel_dev, 0.0);  // one device again: bitwise
+  EXPECT_EQ(r.rows[0].param_rel_dev, 0.0);
   EXPECT_EQ(r32.rows.at(0).param_rel_dev, 0.0);
-  EXPECT_GT(loss_gap.max_rel, 1e-6) << "bf16 GEMMs should round";
+  EXPECT_GT(loss_gap.max_rel, 1e-6) << precision << " GEMMs should round";
   EXPECT_LT(loss_gap.max_rel, 1e-2);
   EXPECT_GT(precision_gap, 1e-4);
-  std::printf("bf16 vs fp32: loss %.2e, worst tensor %.2e; layouts at bf16 vs one device:",
-              loss_gap.max_rel, precision_gap);
-  for (size_t i = 1; i < r16.rows.size(); ++i) {
-    const LayoutCheckRow& row = r16.rows[i];
+  std::printf("%s vs fp32: loss %.2e, worst tensor %.2e; layouts at %s vs one device:",
+              precision.c_str(), loss_gap.max_rel, precision_gap, precision.c_str());
+  for (size_t i = 1; i < r.rows.size(); ++i) {
+    const LayoutCheckRow& row = r.rows[i];
     EXPECT_LT(row.loss_max_rel_dev, 1e-4) << row.layout;
     EXPECT_LT(layout_gaps[i], precision_gap / 5)
-        << row.layout << "; bf16 vs fp32 " << precision_gap;
+        << row.layout << "; " << precision << " vs fp32 " << precision_gap;
     std::printf(" %s %.2e / %.2e", row.layout.c_str(), row.loss_max_rel_dev, layout_gaps[i]);
   }
   std::printf("\n");
+}
+
+TEST_F(LayoutCheckTest, Bf16GemmsOnCpuRanksKeepLayoutsCloseToOneDevice) {
+  if (!cpu::has_avx512f()) GTEST_SKIP() << "bf16 GEMMs on CPU ranks need AVX-512";
+  expect_layouts_close_at(config(), "bf16", 128, options());
+}
+
+// fp8 with blocks of 16: d_model / tp = 16, so no block straddles the two shards.
+TEST_F(LayoutCheckTest, Fp8GemmsOnCpuRanksKeepLayoutsCloseToOneDevice) {
+  if (!cpu::has_avx512f()) GTEST_SKIP() << "fp8 GEMMs on CPU ranks need AVX-512";
+  expect_layouts_close_at(config(), "fp8", 16, options());
 }
 
 TEST_F(LayoutCheckTest, FailingReferenceThrows) {

@@ -46,8 +46,10 @@ void blas(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, 
 // cost nothing and keep the (rare) change race-free.
 std::atomic<CpuMatmulPrecision> g_precision{CpuMatmulPrecision::kFp32};
 
-bool floats_in_bf16() {
-  return g_precision.load(std::memory_order_relaxed) == CpuMatmulPrecision::kBf16;
+std::atomic<int64_t> g_fp8_block{128};
+
+bool floats_in_bf16() {  // kFp8's GEMMs are bf16 GEMMs on fp8-grid operands
+  return g_precision.load(std::memory_order_relaxed) != CpuMatmulPrecision::kFp32;
 }
 
 // Whether float GEMMs go through our AVX-512 kernel instead of OpenBLAS (decided once).
@@ -98,7 +100,7 @@ CpuGemm cpu_gemm_backend() {
 }
 
 void set_matmul_precision(CpuMatmulPrecision precision) {
-  if (precision == CpuMatmulPrecision::kBf16 && !has_avx512f())
+  if (precision != CpuMatmulPrecision::kFp32 && !has_avx512f())
     fail(
         "bf16 matmul precision on CPU ranks needs AVX-512 F (Loom's bf16 GEMM kernel), which this "
         "CPU lacks; use runtime.matmul_precision = \"fp32\"");
@@ -109,6 +111,21 @@ void set_matmul_precision(CpuMatmulPrecision precision) {
 
 CpuMatmulPrecision matmul_precision() {
   return g_precision.load(std::memory_order_relaxed);
+}
+
+int64_t fp8_block() {
+  return matmul_precision() == CpuMatmulPrecision::kFp8
+             ? g_fp8_block.load(std::memory_order_relaxed)
+             : 0;
+}
+
+int64_t fp8_block_setting() {
+  return g_fp8_block.load(std::memory_order_relaxed);
+}
+
+void set_fp8_block(int64_t block) {
+  if (block < 1) fail("fp8 block ", block, ": must be at least 1");
+  g_fp8_block.store(block, std::memory_order_relaxed);
 }
 
 std::string cpu_gemm_name() {
@@ -203,18 +220,21 @@ void matmul_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* dbias, c
   if (dinp != nullptr) gemm<Real>(pool, false, false, N, C, OC, 1, dout, OC, weight, C, 0, dinp, C);
   // dweight (OC, C) += doutᵀ (OC, N) · inp (N, C)
   gemm<Real>(pool, true, false, OC, C, N, 1, dout, OC, inp, C, 1, dweight, C);
-  if (dbias != nullptr) {
-    // Each thread owns a slice of the output channels and sums all rows in order, so the result
-    // does not depend on the pool size and no partial buffers are needed.
-    pool.parallel_for(OC, 64, [&](int64_t o0, int64_t o1) {
-      std::vector<Real> acc(o1 - o0, Real(0));
-      for (int64_t n = 0; n < N; ++n) {
-        const Real* row = dout + n * OC + o0;
-        for (int64_t o = 0; o < o1 - o0; ++o) acc[o] += row[o];
-      }
-      for (int64_t o = 0; o < o1 - o0; ++o) dbias[o0 + o] += acc[o];
-    });
-  }
+  if (dbias != nullptr) bias_backward(pool, dbias, dout, N, OC);
+}
+
+template <typename Real>
+void bias_backward(ThreadPool& pool, Real* dbias, const Real* dout, int64_t N, int64_t OC) {
+  // Each thread owns a slice of the output channels and sums all rows in order, so the result
+  // does not depend on the pool size and no partial buffers are needed.
+  pool.parallel_for(OC, 64, [&](int64_t o0, int64_t o1) {
+    std::vector<Real> acc(o1 - o0, Real(0));
+    for (int64_t n = 0; n < N; ++n) {
+      const Real* row = dout + n * OC + o0;
+      for (int64_t o = 0; o < o1 - o0; ++o) acc[o] += row[o];
+    }
+    for (int64_t o = 0; o < o1 - o0; ++o) dbias[o0 + o] += acc[o];
+  });
 }
 
 #define LOOM_INSTANTIATE(Real)                                                                    \
@@ -226,7 +246,8 @@ void matmul_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* dbias, c
   template void matmul_forward<Real>(ThreadPool&, Real*, const Real*, const Real*, const Real*,   \
                                      int64_t, int64_t, int64_t);                                  \
   template void matmul_backward<Real>(ThreadPool&, Real*, Real*, Real*, const Real*, const Real*, \
-                                      const Real*, int64_t, int64_t, int64_t);
+                                      const Real*, int64_t, int64_t, int64_t);                    \
+  template void bias_backward<Real>(ThreadPool&, Real*, const Real*, int64_t, int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

@@ -40,9 +40,16 @@ std::string cpu_gemm_name();
 // the ranks of one process run one config. It covers every float GEMM: the Linears, the LM head
 // and attention's two products, as PyTorch's autocast does; the other kernels stay fp32.
 // Setting kBf16 throws loom::Error on a CPU without AVX-512 F.
-enum class CpuMatmulPrecision { kFp32, kBf16 };
+// kFp8: the bf16 GEMMs, and the Linears' operands quantized to fp8 first (kernels/cpu/fp8.h;
+// the Linears ask fp8_block()).
+enum class CpuMatmulPrecision { kFp32, kBf16, kFp8 };
 void set_matmul_precision(CpuMatmulPrecision precision);
 CpuMatmulPrecision matmul_precision();
+// At kFp8 the Linears' quantization block (runtime.fp8_block), else 0. set_fp8_block sets it for
+// kFp8 (a positive block; throws otherwise).
+int64_t fp8_block();
+void set_fp8_block(int64_t block);
+int64_t fp8_block_setting();  // what set_fp8_block set, whatever the precision
 
 // Makes OpenBLAS single-threaded, once per process. gemm() calls it; call it before using cblas
 // directly.
@@ -75,5 +82,10 @@ void matmul_forward(ThreadPool& pool, Real* out, const Real* inp, const Real* we
 template <typename Real>
 void matmul_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* dbias, const Real* dout,
                      const Real* inp, const Real* weight, int64_t N, int64_t C, int64_t OC);
+
+// dbias (OC) += the column sums of dout (N, OC): each thread a slice of the channels, its rows
+// summed in order, so the result does not depend on the pool size (matmul_backward's bias).
+template <typename Real>
+void bias_backward(ThreadPool& pool, Real* dbias, const Real* dout, int64_t N, int64_t OC);
 
 }  // namespace loom::cpu

@@ -15,6 +15,7 @@
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
