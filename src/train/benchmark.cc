@@ -212,7 +212,7 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   // At bf16 the ceiling is that of the instruction the bf16 GEMM runs (vdpbf16ps, or FMAs).
   const cpu::FmaPeak peak = cpu::measure_fma_peak(
       o.ranks * o.threads, 0.3,
-      o.precision == "bf16" ? cpu::PeakKind::kBf16Gemm : cpu::PeakKind::kFp32Fma);
+      o.precision == "fp32" ? cpu::PeakKind::kFp32Fma : cpu::PeakKind::kBf16Gemm);
   r.fma_peak_gflops = peak.gflops;
   r.fma_isa = peak.isa;
   r.cpu_gemm = cpu::cpu_gemm_name();

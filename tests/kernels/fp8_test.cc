@@ -96,6 +96,25 @@ TEST(QuantizeFp8Blocks, PowerOfTwoScalesPerBlock) {
     }
 }
 
+// Ties and edges through the quantizer (its vector path where the CPU has AVX-512): a block whose
+// largest |value| is 448 has scale 1, so each value must come out as round_to_e4m3 of itself.
+TEST(QuantizeFp8Blocks, TiesAndEdgesRoundAsTheScalarReference) {
+  const std::vector<float> in = {448.0f,   1.0625f, 1.1875f,   0x1p-10f, 0x3p-10f, -1.0625f,
+                                 -1.1875f, 0x1p-6f, 0x5p-9f,   240.0f,   -232.0f,  0.0f,
+                                 -0.0f,    1.07f,   0x1.2p-7f, 3.3f,     17.5f};
+  const std::vector<float> want = {448.0f, 1.0f,    1.25f,   0.0f,   0x1p-8f, -1.0f,
+                                   -1.25f, 0x1p-6f, 0x5p-9f, 240.0f, -224.0f, 0.0f,
+                                   -0.0f,  1.125f,  0x1p-7f, 3.25f,  18.0f};
+  ThreadPool pool(1);
+  std::vector<float> out(in.size());
+  const int64_t n = static_cast<int64_t>(in.size());
+  quantize_fp8_blocks(pool, out.data(), n, in.data(), n, 1, n, 1, n);
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(bits(out[i]), bits(want[i])) << in[i] << " -> " << out[i];
+    EXPECT_EQ(bits(out[i]), bits(round_to_e4m3(in[i]))) << in[i];
+  }
+}
+
 // A block depends on its own values only: quantizing a slice of columns that starts and ends on
 // block boundaries gives the bits of the same columns of the whole (a tensor-parallel shard
 // quantizes as one device), for 1 × b, b × 1 and b × b blocks.
