@@ -20,20 +20,25 @@ namespace {
 constexpr int kAcc = 12;
 
 #if defined(__x86_64__)
+// The sum of every lane of the accumulators. Not _mm512_reduce_add_ps: GCC 12 warns inside it
+// (-Wuninitialized, a known false positive).
+__attribute__((target("avx512f"))) float sum_of(const __m512 (&acc)[kAcc]) {
+  __m512 s = acc[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  float sum = 0;
+  for (float v : out) sum += v;
+  return sum;
+}
+
 __attribute__((target("avx512f"))) float fma_loop_avx512(long iters) {
   __m512 acc[kAcc];
   for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3f);
   const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
   for (long n = 0; n < iters; ++n)
     for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  __m512 s = acc[0];
-  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
-  // Not _mm512_reduce_add_ps: GCC 12 warns inside it (-Wuninitialized, a known false positive).
-  float out[16];
-  _mm512_storeu_ps(out, s);
-  float sum = 0;
-  for (float v : out) sum += v;
-  return sum;
+  return sum_of(acc);
 }
 
 // The same with vdpbf16ps: each instruction 16 lanes × 2 bf16 products added (64 FLOPs).
@@ -44,13 +49,7 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_loop_avx512_bf16(long it
   const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33D633D6);  // (~1e-7, ~1e-7)
   for (long n = 0; n < iters; ++n)
     for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-  __m512 s = acc[0];
-  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
-  float out[16];
-  _mm512_storeu_ps(out, s);
-  float sum = 0;
-  for (float v : out) sum += v;
-  return sum;
+  return sum_of(acc);
 }
 
 __attribute__((target("avx2,fma"))) float fma_loop_avx2(long iters) {
