@@ -32,8 +32,15 @@ MatmulPrecisionScope::MatmulPrecisionScope(const std::string& name, int64_t fp8_
     : cpu_before_(cpu::matmul_precision()) {
   if constexpr (detail::kCudaBuild) cuda_before_ = cuda::matmul_precision();
   fp8_block_before_ = cpu::fp8_block_setting();
-  cpu::set_fp8_block(fp8_block);
-  set_matmul_precision(name);
+  try {
+    cpu::set_fp8_block(fp8_block);
+    set_matmul_precision(name);
+  } catch (...) {  // no destructor runs for a constructor that throws: restore here
+    cpu::set_fp8_block(fp8_block_before_);
+    cpu::set_matmul_precision(cpu_before_);
+    if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(cuda_before_);
+    throw;
+  }
 }
 
 MatmulPrecisionScope::~MatmulPrecisionScope() {

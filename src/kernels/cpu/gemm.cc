@@ -42,10 +42,9 @@ void blas(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, 
               C, ldc);
 }
 
-// Set once at start-up by the trainer, read by every GEMM on any thread: relaxed atomic reads
-// cost nothing and keep the (rare) change race-free.
+// Set for a run by the trainer (ops::MatmulPrecisionScope), read by every GEMM and Linear on any
+// thread: relaxed atomic reads cost nothing and keep the (rare) change race-free.
 std::atomic<CpuMatmulPrecision> g_precision{CpuMatmulPrecision::kFp32};
-
 std::atomic<int64_t> g_fp8_block{128};
 
 bool floats_in_bf16() {  // kFp8's GEMMs are bf16 GEMMs on fp8-grid operands
@@ -102,9 +101,9 @@ CpuGemm cpu_gemm_backend() {
 void set_matmul_precision(CpuMatmulPrecision precision) {
   if (precision != CpuMatmulPrecision::kFp32 && !has_avx512f())
     fail(
-        "bf16 matmul precision on CPU ranks needs AVX-512 F (Loom's bf16 GEMM kernel), which this "
-        "CPU lacks; use runtime.matmul_precision = \"fp32\"");
-  if (precision == CpuMatmulPrecision::kBf16)
+        "bf16 and fp8 matmul precision on CPU ranks need AVX-512 F (Loom's bf16 GEMM kernel), "
+        "which this CPU lacks; use runtime.matmul_precision = \"fp32\"");
+  if (precision != CpuMatmulPrecision::kFp32)
     bf16_kernel();  // a bad LOOM_CPU_BF16_KERNEL fails now
   g_precision.store(precision, std::memory_order_relaxed);
 }
