@@ -15,6 +15,7 @@
 #include "base/thread_pool.h"
 #include "bench_comm.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/export.h"
 #include "comm/flight_recorder.h"
 #include "comm/mpi/launch_env.h"
 #include "config/config.h"
@@ -406,6 +407,19 @@ int main(int argc, char** argv) {
       ->add_option("paths", verify_paths,
                    "checkpoint dirs (step_N), directories of them, or run dirs")
       ->required();
+  std::string export_checkpoint_path, export_format = "hf", export_out;
+  bool export_bf16 = false;
+  auto* export_cmd = checkpoint_cmd->add_subcommand(
+      "export", "write a checkpoint's model for HuggingFace transformers (hf) or llm.c (llmc)");
+  export_cmd
+      ->add_option("checkpoint", export_checkpoint_path, "a step_N, or a run dir (its newest)")
+      ->required();
+  export_cmd->add_option("--format", export_format, "hf (a directory) or llmc (a file)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"hf", "llmc"}));
+  export_cmd->add_option("--out", export_out, "the directory (hf) or file (llmc) to write")
+      ->required();
+  export_cmd->add_flag("--bf16", export_bf16, "write bf16 instead of fp32");
 
   std::string plan_config, plan_hardware = "h100";
   std::vector<std::string> plan_sets;
@@ -568,6 +582,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (verify_cmd->parsed()) return cmd_verify(verify_paths);
+    if (export_cmd->parsed()) {
+      const std::vector<std::string> found = checkpoints_at(export_checkpoint_path);
+      const std::string from = found.empty() ? export_checkpoint_path : found.back();
+      export_checkpoint(from, export_format, export_out, export_bf16);
+      std::fprintf(stderr, "exported %s to %s (%s)\n", from.c_str(), export_out.c_str(),
+                   export_format.c_str());
+      return 0;
+    }
     if (sample_cmd->parsed()) return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
     if (bench_train->parsed()) return cmd_bench(shape, bench, json);
     if (bench_fma->parsed()) {

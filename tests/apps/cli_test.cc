@@ -149,6 +149,21 @@ TEST_F(Cli, CheckpointVerify) {
   EXPECT_NE(ok.output.find("ok   " + path("run/checkpoints/step_4")), std::string::npos)
       << ok.output;
 
+  // Export: a run dir means its newest checkpoint; the formats are hf (a directory) and llmc.
+  Result hf = run("checkpoint export " + path("run") + " --out " + path("hf"));
+  EXPECT_EQ(hf.code, 0) << hf.output;
+  EXPECT_NE(hf.output.find("exported " + path("run/checkpoints/step_4")), std::string::npos)
+      << hf.output;
+  EXPECT_TRUE(fs::exists(path("hf/model.safetensors")));
+  EXPECT_TRUE(fs::exists(path("hf/config.json")));
+  Result llmc = run("checkpoint export " + path("run/checkpoints/step_2") +
+                    " --format llmc --bf16 --out " + path("model.bin"));
+  EXPECT_EQ(llmc.code, 0) << llmc.output;
+  EXPECT_TRUE(fs::exists(path("model.bin")));
+  Result onnx = run("checkpoint export " + path("run") + " --format onnx --out " + path("x"));
+  EXPECT_EQ(onnx.code, 2) << onnx.output;
+  EXPECT_NE(onnx.output.find("onnx"), std::string::npos) << onnx.output;
+
   // Resumed at its last step, the run has nothing left to do and says so.
   Result again = run("train " + write_config("") + " --run-dir " + path("run") + " --resume auto");
   EXPECT_EQ(again.code, 0) << again.output;

@@ -1,0 +1,167 @@
+#include "checkpoint/export.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "device/device.h"
+#include "tensor/dtype.h"
+
+namespace loom {
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::pair<const char*, const char*> kHfParts[] = {{"attn.qkv.", "attn.c_attn."},
+                                                        {"attn.proj.", "attn.c_proj."},
+                                                        {"mlp.fc.", "mlp.c_fc."},
+                                                        {"mlp.proj.", "mlp.c_proj."},
+                                                        {"ln_1.", "ln_1."},
+                                                        {"ln_2.", "ln_2."}};
+
+// A host f32 tensor of `t` (2-D) transposed.
+Tensor transposed(const Tensor& t) {
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  Tensor out = Tensor::empty({cols, rows}, DType::kF32, Device::cpu());
+  const float* src = t.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+  return out;
+}
+
+// A host f32 tensor as it is, or rounded to bf16 (nearest, ties to even).
+Tensor in_dtype(const Tensor& t, bool bf16) {
+  return bf16 ? t.to(DType::kBF16) : t;
+}
+
+// `write` into a file or directory beside `out`, then renamed over it: a failed export leaves
+// what was there.
+template <typename Write>
+void replace_atomically(const fs::path& out, bool directory, const Write& write) {
+  const fs::path tmp = out.string() + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (directory) fs::create_directories(tmp);
+  write(tmp);
+  if (fs::exists(out)) fs::remove_all(out);
+  fs::rename(tmp, out);
+}
+
+void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
+  const Gpt2Config& c = model.config();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& p : model.params().parameters()) {
+    const HfName hf = hf_name_of(p->name);
+    const Tensor host = p->value.to(Device::cpu());
+    tensors.emplace_back(hf.name, in_dtype(hf.transposed ? transposed(host) : host, bf16));
+  }
+  save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  const nlohmann::json config = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", c.vocab_size},
+      {"n_positions", c.max_seq_len},
+      {"n_ctx", c.max_seq_len},
+      {"n_embd", c.d_model},
+      {"n_layer", c.n_layers},
+      {"n_head", c.n_heads},
+      {"n_inner", nullptr},
+      {"activation_function", "gelu_new"},  // the tanh approximation, as Loom's
+      {"layer_norm_epsilon", 1e-5},
+      {"initializer_range", std::round(static_cast<double>(c.init_std) * 1e6) / 1e6},
+      {"resid_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", bf16 ? "bfloat16" : "float32"},
+      {"exported_by", "loom export"}};
+  std::ofstream f(dir / "config.json");
+  f << config.dump(2) << "\n";
+  if (!f) fail("cannot write ", (dir / "config.json").string());
+}
+
+void write_llmc(Gpt2& model, const fs::path& file, bool bf16) {
+  const Gpt2Config& c = model.config();
+  int32_t header[256] = {};
+  header[0] = 20240326;
+  header[1] = bf16 ? 5 : 3;
+  header[2] = static_cast<int32_t>(c.max_seq_len);
+  header[3] = static_cast<int32_t>(c.vocab_size);
+  header[4] = static_cast<int32_t>(c.n_layers);
+  header[5] = static_cast<int32_t>(c.n_heads);
+  header[6] = static_cast<int32_t>(c.d_model);
+  header[7] = static_cast<int32_t>(c.vocab_size);  // padded vocab: Loom's rows, padded or not
+  std::FILE* f = std::fopen(file.string().c_str(), "wb");
+  if (f == nullptr) fail("cannot write ", file.string());
+  const auto put = [&](const void* data, size_t bytes) {
+    if (std::fwrite(data, 1, bytes, f) != bytes) {
+      std::fclose(f);
+      fail("cannot write ", file.string());
+    }
+  };
+  put(header, sizeof header);
+  const auto write_param = [&](const std::string& name) {
+    const Tensor host = in_dtype(model.params().get(name).value.to(Device::cpu()), bf16);
+    put(host.raw(), static_cast<size_t>(host.numel()) * dtype_size(host.dtype()));
+  };
+  write_param("wte.weight");
+  write_param("wpe.weight");
+  // Then each kind of layer parameter, every layer's in turn (llm.c's ParameterTensors order).
+  for (const char* kind : {"ln_1.weight", "ln_1.bias", "attn.qkv.weight", "attn.qkv.bias",
+                           "attn.proj.weight", "attn.proj.bias", "ln_2.weight", "ln_2.bias",
+                           "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"})
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      write_param("blocks." + std::to_string(l) + "." + kind);
+  write_param("ln_f.weight");
+  write_param("ln_f.bias");
+  if (std::fflush(f) != 0 || std::fclose(f) != 0) fail("cannot write ", file.string());
+}
+
+}  // namespace
+
+HfName hf_name_of(const std::string& loom_name) {
+  if (loom_name == "wte.weight" || loom_name == "wpe.weight" || loom_name.starts_with("ln_f."))
+    return {"transformer." + loom_name, false};
+  const std::string prefix = "blocks.";
+  if (loom_name.starts_with(prefix)) {
+    const size_t dot = loom_name.find('.', prefix.size());
+    if (dot != std::string::npos) {
+      const std::string layer = loom_name.substr(prefix.size(), dot - prefix.size());
+      const std::string rest = loom_name.substr(dot + 1);
+      for (const auto& [ours, theirs] : kHfParts)
+        if (rest.starts_with(ours)) {
+          const std::string leaf = rest.substr(std::strlen(ours));
+          // Linear weights become Conv1D weights (in × out); LayerNorm weights stay as they are.
+          const bool transposed = leaf == "weight" && !rest.starts_with("ln_");
+          return {"transformer.h." + layer + "." + theirs + leaf, transposed};
+        }
+    }
+  }
+  fail("parameter '", loom_name, "' has no HuggingFace GPT-2 name");
+}
+
+void export_checkpoint(const std::string& checkpoint_dir, const std::string& format,
+                       const std::string& out, bool bf16) {
+  if (format != "hf" && format != "llmc") fail("export format '", format, "': expected hf or llmc");
+  if (out.empty()) fail("export: no output path");
+  const Gpt2Config mc = read_checkpoint_model(checkpoint_dir);
+  Gpt2 model(mc);
+  model.build(DType::kF32, Device::cpu(), 0);
+  load_checkpoint(checkpoint_dir, model, nullptr);
+  if (format == "hf")
+    replace_atomically(out, true, [&](const fs::path& dir) { write_hf(model, dir, bf16); });
+  else
+    replace_atomically(out, false, [&](const fs::path& file) { write_llmc(model, file, bf16); });
+}
+
+}  // namespace loom

@@ -1,0 +1,38 @@
+// `loom export`: a checkpoint's model in the formats other GPT-2 code loads, so a model trained
+// with Loom can be used (and checked) elsewhere.
+//
+//   hf    a directory HuggingFace transformers loads with GPT2LMHeadModel.from_pretrained(DIR):
+//         model.safetensors with save_pretrained's names ("transformer.h.0.attn.c_attn.weight",
+//         …; the LM head is tied to transformer.wte, so not written) and config.json. GPT-2's
+//         Conv1D layers store their weight as in × out, so each Linear weight (out × in here) is
+//         written transposed. No tokenizer files: Loom's corpora are byte-level or pre-tokenized.
+//   llmc  one file in llm.c's checkpoint format (train_gpt2.c/.cu load it): a header of 256
+//         int32 — 20240326, version 3 (fp32) or 5 (bf16), max_seq_len, vocab, layers, heads,
+//         channels, padded vocab — then every parameter in llm.c's order, Linear weights out × in
+//         as here, the layers of each kind one after the other.
+//
+// Both formats are written as fp32, or bf16 (`bf16`: rounded to nearest even; halves the files).
+#pragma once
+
+#include <string>
+
+#include "models/gpt2.h"
+
+namespace loom {
+
+// Loads the model of a checkpoint (whole or sharded, digests checked) and writes it to `out` in
+// `format` ("hf" | "llmc"). Throws loom::Error naming the checkpoint, the format or the output
+// path on failure; an existing output is replaced only when the new one is complete (written
+// beside it and renamed).
+void export_checkpoint(const std::string& checkpoint_dir, const std::string& format,
+                       const std::string& out, bool bf16 = false);
+
+// The HuggingFace name of a Loom parameter ("blocks.3.attn.qkv.weight" ->
+// "transformer.h.3.attn.c_attn.weight"), and whether its weight is stored transposed there.
+struct HfName {
+  std::string name;
+  bool transposed = false;
+};
+HfName hf_name_of(const std::string& loom_name);
+
+}  // namespace loom

@@ -1,0 +1,172 @@
+// `loom checkpoint export` (checkpoint/export.h): a checkpoint's model as HuggingFace GPT-2
+// (names, Conv1D's transposed weights, config.json) and as llm.c's checkpoint file (header,
+// parameter order), each read back and compared with the model's values; bf16; errors.
+// (That transformers' GPT2LMHeadModel loads the hf export and samples exactly what `loom sample`
+// does was checked with tools/check_hf_export.py; docs/formats.md.)
+#include "checkpoint/export.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "base/error.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "tensor/dtype.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+
+class ExportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("loom_export_test_" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    config_.vocab_size = 40;
+    config_.max_seq_len = 16;
+    config_.d_model = 24;
+    config_.n_layers = 2;
+    config_.n_heads = 3;
+    model_ = std::make_unique<Gpt2>(config_);
+    model_->build(DType::kF32, Device::cpu(), 7);
+    TrainingState st;
+    st.step = 5;
+    checkpoint_ = save_checkpoint((dir_ / "checkpoints").string(), *model_, nullptr, st);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The model's value of a parameter at (r, c), as a 2-D matrix (a 1-D one has one row).
+  float value(const std::string& name, int64_t r, int64_t c) const {
+    const Parameter& p = model_->params().get(name);
+    const int64_t cols = p.value.shape().size() == 1 ? p.value.numel() : p.value.dim(1);
+    return p.value.data<float>()[r * cols + c];
+  }
+
+  fs::path dir_;
+  Gpt2Config config_;
+  std::unique_ptr<Gpt2> model_;
+  std::string checkpoint_;
+};
+
+TEST(HfName, EveryKindOfParameter) {
+  EXPECT_EQ(hf_name_of("wte.weight").name, "transformer.wte.weight");
+  EXPECT_EQ(hf_name_of("wpe.weight").name, "transformer.wpe.weight");
+  EXPECT_EQ(hf_name_of("ln_f.bias").name, "transformer.ln_f.bias");
+  EXPECT_EQ(hf_name_of("blocks.3.ln_1.weight").name, "transformer.h.3.ln_1.weight");
+  EXPECT_FALSE(hf_name_of("blocks.3.ln_1.weight").transposed);
+  EXPECT_EQ(hf_name_of("blocks.11.attn.qkv.weight").name, "transformer.h.11.attn.c_attn.weight");
+  EXPECT_TRUE(hf_name_of("blocks.11.attn.qkv.weight").transposed);
+  EXPECT_FALSE(hf_name_of("blocks.11.attn.qkv.bias").transposed);
+  EXPECT_EQ(hf_name_of("blocks.0.attn.proj.bias").name, "transformer.h.0.attn.c_proj.bias");
+  EXPECT_EQ(hf_name_of("blocks.0.mlp.fc.weight").name, "transformer.h.0.mlp.c_fc.weight");
+  EXPECT_EQ(hf_name_of("blocks.0.mlp.proj.weight").name, "transformer.h.0.mlp.c_proj.weight");
+  EXPECT_THROW(hf_name_of("blocks.0.moe.router.weight"), Error);
+}
+
+TEST_F(ExportTest, HuggingFaceNamesShapesValuesAndConfig) {
+  const fs::path out = dir_ / "hf";
+  export_checkpoint(checkpoint_, "hf", out.string());
+  const SafetensorsFile f = load_safetensors((out / "model.safetensors").string());
+  EXPECT_EQ(f.names.size(), model_->params().parameters().size());  // no lm_head: tied
+  EXPECT_EQ(f.tensors.count("lm_head.weight"), 0u);
+  for (const auto& p : model_->params().parameters()) {
+    const HfName hf = hf_name_of(p->name);
+    ASSERT_EQ(f.tensors.count(hf.name), 1u) << hf.name;
+    const Tensor& t = f.tensors.at(hf.name);
+    ASSERT_EQ(t.dtype(), DType::kF32);
+    if (hf.transposed) {  // Conv1D: in × out
+      ASSERT_EQ(t.shape(), (Shape{p->value.dim(1), p->value.dim(0)})) << hf.name;
+      for (int64_t r = 0; r < t.dim(0); ++r)
+        for (int64_t c = 0; c < t.dim(1); ++c)
+          ASSERT_EQ(t.data<float>()[r * t.dim(1) + c], value(p->name, c, r)) << hf.name;
+    } else {
+      ASSERT_EQ(t.shape(), p->value.shape()) << hf.name;
+      EXPECT_EQ(std::memcmp(t.raw(), p->value.raw(), t.numel() * sizeof(float)), 0) << hf.name;
+    }
+  }
+  std::ifstream in(out / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["model_type"], "gpt2");
+  EXPECT_EQ(j["vocab_size"], 40);
+  EXPECT_EQ(j["n_positions"], 16);
+  EXPECT_EQ(j["n_embd"], 24);
+  EXPECT_EQ(j["n_layer"], 2);
+  EXPECT_EQ(j["n_head"], 3);
+  EXPECT_EQ(j["activation_function"], "gelu_new");
+  EXPECT_TRUE(j["tie_word_embeddings"].get<bool>());
+
+  // bf16: every value rounded to nearest even; an existing export is replaced.
+  export_checkpoint(checkpoint_, "hf", out.string(), /*bf16=*/true);
+  const SafetensorsFile b = load_safetensors((out / "model.safetensors").string());
+  const Tensor& wte = b.tensors.at("transformer.wte.weight");
+  ASSERT_EQ(wte.dtype(), DType::kBF16);
+  for (int64_t i = 0; i < wte.numel(); ++i)
+    ASSERT_EQ(static_cast<const uint16_t*>(wte.raw())[i],
+              float_to_bf16(model_->params().get("wte.weight").value.data<float>()[i]));
+  EXPECT_FALSE(fs::exists(out.string() + ".tmp"));
+}
+
+TEST_F(ExportTest, LlmcHeaderAndParameterOrder) {
+  const fs::path out = dir_ / "model.bin";
+  export_checkpoint(checkpoint_, "llmc", out.string());
+  std::ifstream in(out, std::ios::binary);
+  std::vector<int32_t> header(256);
+  in.read(reinterpret_cast<char*>(header.data()), 256 * sizeof(int32_t));
+  EXPECT_EQ(header[0], 20240326);
+  EXPECT_EQ(header[1], 3);  // fp32
+  EXPECT_EQ(header[2], 16);
+  EXPECT_EQ(header[3], 40);
+  EXPECT_EQ(header[4], 2);
+  EXPECT_EQ(header[5], 3);
+  EXPECT_EQ(header[6], 24);
+  EXPECT_EQ(header[7], 40);
+  int64_t count = 0;  // the parameters' elements (the flat buffer also holds alignment padding)
+  for (const auto& p : model_->params().parameters()) count += p->value.numel();
+  std::vector<float> data(static_cast<size_t>(count));
+  std::ifstream again(out, std::ios::binary);
+  again.seekg(256 * sizeof(int32_t));
+  again.read(reinterpret_cast<char*>(data.data()), data.size() * sizeof(float));
+  ASSERT_TRUE(again.good());
+  EXPECT_EQ(again.peek(), std::char_traits<char>::eof()) << "the file holds exactly the parameters";
+  // llm.c's order: wte, wpe, then per kind every layer's (ln1w, ln1b, qkvw, ...), ln_f.
+  const int64_t C = 24, V = 40, T = 16, L = 2;
+  int64_t at = 0;
+  EXPECT_EQ(data[at + 5], value("wte.weight", 0, 5));
+  at += V * C;
+  EXPECT_EQ(data[at + C + 1], value("wpe.weight", 1, 1));
+  at += T * C;
+  EXPECT_EQ(data[at + C + 2], value("blocks.1.ln_1.weight", 0, 2));  // ln1w, layer 1
+  at += 2 * L * C;                                                   // ln1w, ln1b
+  EXPECT_EQ(data[at + 3 * C * C + 5 * C + 7], value("blocks.1.attn.qkv.weight", 5, 7));  // qkvw
+  at += L * 3 * C * C + L * 3 * C + L * C * C + L * C + 2 * L * C;                       // to fcw
+  EXPECT_EQ(data[at + 4 * C * C + C + 3], value("blocks.1.mlp.fc.weight", 1, 3));
+  at += L * 4 * C * C + L * 4 * C + L * C * 4 * C + L * C;  // to lnfw
+  EXPECT_EQ(data[at + C + 4], value("ln_f.bias", 0, 4));
+  EXPECT_EQ(at + 2 * C, static_cast<int64_t>(data.size()));
+}
+
+TEST_F(ExportTest, BadFormatAndMissingCheckpointAreNamed) {
+  try {
+    export_checkpoint(checkpoint_, "onnx", (dir_ / "x").string());
+    ADD_FAILURE() << "onnx accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'onnx'"), std::string::npos) << e.what();
+  }
+  const std::string missing = (dir_ / "nowhere").string();
+  try {
+    export_checkpoint(missing, "hf", (dir_ / "y").string());
+    ADD_FAILURE() << "missing checkpoint accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "y"));
+}
+
+}  // namespace
+}  // namespace loom

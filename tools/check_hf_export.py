@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Checks a `loom checkpoint export --format hf` directory with HuggingFace transformers: loads it
+with GPT2LMHeadModel.from_pretrained and prints the greedy continuation of a byte-level prompt,
+which must equal `loom sample --checkpoint CKPT --prompt PROMPT --tokens N --temperature 0` of the
+same checkpoint (the models compute the same logits up to float rounding).
+
+    python3 tools/check_hf_export.py HF_DIR --prompt '12+34=' --tokens 40
+
+Needs torch and transformers (pip install transformers safetensors; not used by the test suite).
+EXTRA_PYTHONPATH appends a directory to sys.path (e.g. a pip --target install).
+"""
+import argparse
+import os
+import sys
+
+if os.environ.get("EXTRA_PYTHONPATH"):
+    sys.path.append(os.environ["EXTRA_PYTHONPATH"])
+
+import torch  # noqa: E402
+from transformers import GPT2LMHeadModel  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("hf_dir")
+    ap.add_argument("--prompt", default="12+34=")
+    ap.add_argument("--tokens", type=int, default=40)
+    args = ap.parse_args()
+    model = GPT2LMHeadModel.from_pretrained(args.hf_dir).eval()
+    ids = list(args.prompt.encode())
+    with torch.no_grad():
+        for _ in range(args.tokens):
+            window = ids[-model.config.n_positions:]
+            logits = model(torch.tensor([window])).logits[0, -1]
+            ids.append(int(torch.argmax(logits)))
+    print(bytes(t if t < 256 else ord("?") for t in ids).decode("latin-1"))
+
+
+if __name__ == "__main__":
+    main()
