@@ -150,6 +150,65 @@ HfName hf_name_of(const std::string& loom_name) {
   fail("parameter '", loom_name, "' has no HuggingFace GPT-2 name");
 }
 
+void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
+                     const Gpt2Config& model, FlatModelState& into) {
+  const fs::path dir(hf_dir);
+  const fs::path config_path = dir / "config.json";
+  std::ifstream config_file(config_path);
+  if (!config_file) fail(config_path.string(), ": cannot read (a HuggingFace GPT-2 directory?)");
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(config_file);
+  } catch (const nlohmann::json::exception& e) {
+    fail(config_path.string(), ": not JSON: ", e.what());
+  }
+  const auto key = [&](const char* name) -> int64_t {
+    if (!config.contains(name) || !config[name].is_number_integer())
+      fail(config_path.string(), ": no integer \"", name, "\"");
+    return config[name].get<int64_t>();
+  };
+  const auto expect_equal = [&](const char* name, int64_t ours, const char* our_key) {
+    if (key(name) != ours)
+      fail(config_path.string(), ": ", name, " = ", key(name), " but ", our_key, " = ", ours);
+  };
+  expect_equal("n_embd", model.d_model, "model.d_model");
+  expect_equal("n_layer", model.n_layers, "model.n_layers");
+  expect_equal("n_head", model.n_heads, "model.n_heads");
+  const int64_t vocab = key("vocab_size"), positions = key("n_positions");
+  if (vocab > model.vocab_size)
+    fail(config_path.string(), ": vocab_size = ", vocab,
+         " exceeds model.vocab_size = ", model.vocab_size);
+  if (positions < model.max_seq_len)
+    fail(config_path.string(), ": n_positions = ", positions,
+         " is below model.max_seq_len = ", model.max_seq_len);
+  const SafetensorsFile file = load_safetensors((dir / "model.safetensors").string());
+  for (const auto& p : layout.parameters()) {
+    const HfName hf = hf_name_of(p->name);
+    auto it = file.tensors.find(hf.name);
+    const std::string bare = hf.name.substr(std::strlen("transformer."));
+    if (it == file.tensors.end()) it = file.tensors.find(bare);  // the Hub's own files
+    if (it == file.tensors.end())
+      fail(hf_dir, ": model.safetensors has no ", hf.name, " (nor ", bare, ") for ", p->name);
+    Tensor t = it->second.dtype() == DType::kF32 ? it->second : it->second.to(DType::kF32);
+    if (hf.transposed) t = transposed(t);
+    // wte and wpe may have other row counts (vocabulary padding, a longer context).
+    const bool rows_may_differ = p->name == "wte.weight" || p->name == "wpe.weight";
+    const int64_t rows = p->shape[0], cols = p->shape.size() > 1 ? p->shape[1] : 1;
+    const int64_t take = p->name == "wte.weight" ? vocab : rows;
+    const bool fits =
+        t.shape().size() == p->shape.size() &&
+        (rows_may_differ ? t.dim(0) >= take && (p->shape.size() == 1 || t.dim(1) == cols)
+                         : t.shape() == p->shape);
+    if (!fits)
+      fail(hf_dir, ": ", it->first, " has shape ", shape_str(it->second.shape()), ", ", p->name,
+           " needs ", shape_str(p->shape),
+           hf.transposed ? " (transposed: Conv1D is in × out)" : "");
+    float* dst = into.values.data<float>() + p->offset;
+    std::copy(t.data<float>(), t.data<float>() + take * cols, dst);
+    std::fill(dst + take * cols, dst + rows * cols, 0.0f);
+  }
+}
+
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& format,
                        const std::string& out, bool bf16) {
   if (format != "hf" && format != "llmc") fail("export format '", format, "': expected hf or llmc");

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "models/gpt2.h"
+#include "optim/adamw.h"
 
 namespace loom {
 
@@ -26,6 +27,16 @@ namespace loom {
 // beside it and renamed).
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& format,
                        const std::string& out, bool bf16 = false);
+
+// The reverse of the hf export, for fine-tuning (train.init_from): fills into.values (host f32
+// laid out as `layout`, a whole model of shape `model`) with the weights of a HuggingFace GPT-2
+// directory — config.json and model.safetensors, Loom's export or a GPT-2 from the Hub
+// (names with or without the "transformer." prefix; f32, bf16 or f16). config.json's n_embd,
+// n_layer and n_head must equal the model's; a smaller vocabulary fills the first rows of wte
+// (the rest, padding, zero), and the first model.max_seq_len rows of wpe are taken. Anything
+// else that differs is an error naming the directory and the key or tensor.
+void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
+                     const Gpt2Config& model, FlatModelState& into);
 
 // The HuggingFace name of a Loom parameter ("blocks.3.attn.qkv.weight" ->
 // "transformer.h.3.attn.c_attn.weight"), and whether its weight is stored transposed there.

@@ -56,6 +56,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(train, lr_schedule),
     LOOM_KEY(train, min_lr_ratio),
     LOOM_KEY(train, lr_decay_fraction),
+    LOOM_KEY(train, init_from),
     LOOM_KEY(train, weight_decay),
     LOOM_KEY(train, beta1),
     LOOM_KEY(train, beta2),

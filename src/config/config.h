@@ -49,6 +49,10 @@ struct TrainConfig {
   std::string lr_schedule = "cosine";
   double min_lr_ratio = 0.1;
   double lr_decay_fraction = 0.2;  // wsd: the share of `steps` that decays
+  // A HuggingFace GPT-2 directory (config.json + model.safetensors) whose weights a fresh run
+  // starts from instead of the random initialisation (fine-tuning); "" = none. A resumed run
+  // takes its checkpoint's weights instead.
+  std::string init_from;
   double weight_decay = 0.1;     // AdamW decoupled weight decay (matrices only)
   double beta1 = 0.9;            // AdamW
   double beta2 = 0.95;           // AdamW

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "base/error.h"
+#include "checkpoint/export.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "models/gpt2.h"
 #include "train/trainer.h"
@@ -180,6 +181,20 @@ TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,
     engines[k]->load_state(local, st.optimizer_steps);
   }
   return st;
+}
+
+void init_layout_from_hf(const std::string& hf_dir, const std::vector<Gpt2Stage*>& parts,
+                         const std::vector<DataParallel*>& engines, const Config& config) {
+  LOOM_CHECK(parts.size() == engines.size());
+  auto layout = whole_layout(config);
+  FlatModelState whole = zero_state(layout->params().numel());
+  load_hf_weights(hf_dir, layout->params(), model_config_of(config), whole);
+  for (size_t k = 0; k < parts.size(); ++k) {
+    FlatModelState local = zero_state(parts[k]->params().numel());
+    for (const auto& p : parts[k]->params().parameters())
+      copy_state(*p, layout->params().get(p->name), local, whole, false);
+    engines[k]->load_state(local, 0);
+  }
 }
 
 }  // namespace loom

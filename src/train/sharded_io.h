@@ -41,4 +41,10 @@ TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,
                                      const std::vector<DataParallel*>& engines,
                                      const Config& config);
 
+// Fine-tuning's start (train.init_from): every engine's part gets the weights of a HuggingFace
+// GPT-2 directory (checkpoint/export.h: load_hf_weights), its optimizer moments zero and its
+// step count 0, as a fresh run's. Each rank reads the files and keeps its part.
+void init_layout_from_hf(const std::string& hf_dir, const std::vector<Gpt2Stage*>& parts,
+                         const std::vector<DataParallel*>& engines, const Config& config);
+
 }  // namespace loom

@@ -233,6 +233,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     if (st.loss_scaler) scaler.set_state(*st.loss_scaler);
     summary.start_step = st.step;
     message("resumed from " + resume_from);
+  } else if (!tc.init_from.empty()) {
+    init_layout_from_hf(tc.init_from, parts, engines, config);
+    message("weights from " + tc.init_from);
   }
   // metrics.jsonl, and TensorBoard and Prometheus as config [metrics] says (world rank 0).
   std::unique_ptr<StepReporter> reporter;

@@ -151,6 +151,59 @@ TEST_F(ExportTest, LlmcHeaderAndParameterOrder) {
   EXPECT_EQ(at + 2 * C, static_cast<int64_t>(data.size()));
 }
 
+// Importing (train.init_from): a Hub-style file (names without "transformer.") into a model with
+// a padded vocabulary and a shorter context: wte's first rows are the file's, the padding rows
+// zero; wpe's first rows are taken. A missing tensor and another width are named.
+TEST_F(ExportTest, HuggingFaceWeightsLoadWithPaddedVocabularyAndShorterContext) {
+  const fs::path hf = dir_ / "hub";
+  export_checkpoint(checkpoint_, "hf", hf.string());
+  const SafetensorsFile f = load_safetensors((hf / "model.safetensors").string());
+  std::vector<std::pair<std::string, Tensor>> bare;
+  for (const std::string& name : f.names)
+    bare.emplace_back(name.substr(std::strlen("transformer.")), f.tensors.at(name));
+  save_safetensors((hf / "model.safetensors").string(), bare);
+
+  Gpt2Config padded = config_;
+  padded.vocab_size = 48;
+  padded.max_seq_len = 8;
+  Gpt2 target(padded);
+  target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+  const int64_t n = target.params().numel();
+  FlatModelState into{Tensor::zeros({n}, DType::kF32), Tensor::zeros({n}, DType::kF32),
+                      Tensor::zeros({n}, DType::kF32)};
+  load_hf_weights(hf.string(), target.params(), padded, into);
+  const auto at = [&](const std::string& name, int64_t i) {
+    return into.values.data<float>()[target.params().get(name).offset + i];
+  };
+  const int64_t C = config_.d_model;
+  for (int64_t i = 0; i < 40 * C; ++i)
+    ASSERT_EQ(at("wte.weight", i), value("wte.weight", i / C, i % C));
+  for (int64_t i = 40 * C; i < 48 * C; ++i) ASSERT_EQ(at("wte.weight", i), 0.0f) << "padding row";
+  for (int64_t i = 0; i < 8 * C; ++i)
+    ASSERT_EQ(at("wpe.weight", i), value("wpe.weight", i / C, i % C));
+  EXPECT_EQ(at("blocks.1.mlp.fc.weight", 5 * C + 3), value("blocks.1.mlp.fc.weight", 5, 3));
+
+  bare.pop_back();  // the last tensor gone
+  save_safetensors((hf / "model.safetensors").string(), bare);
+  try {
+    load_hf_weights(hf.string(), target.params(), padded, into);
+    ADD_FAILURE() << "a missing tensor accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors has no"), std::string::npos)
+        << e.what();
+  }
+  Gpt2Config wider = config_;
+  wider.d_model = 48;
+  wider.n_heads = 3;
+  try {
+    load_hf_weights(hf.string(), target.params(), wider, into);
+    ADD_FAILURE() << "another width accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_embd = 24 but model.d_model = 48"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(ExportTest, BadFormatAndMissingCheckpointAreNamed) {
   try {
     export_checkpoint(checkpoint_, "onnx", (dir_ / "x").string());

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/export.h"
 #include "data/dataset.h"
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
@@ -23,6 +24,7 @@
 #include "kernels/cpu/gemm.h"
 #include "models/gpt2.h"
 #include "optim/adamw.h"
+#include "train/run_compare.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -274,6 +276,52 @@ TEST_F(TrainTest, WarmupStableDecayScheduleLogsItsRatesAndResumes) {
     EXPECT_FLOAT_EQ(straight[i]["lr"].get<float>(), s.at(static_cast<int64_t>(i))) << i;
   EXPECT_FLOAT_EQ(straight[8]["lr"].get<float>(), static_cast<float>(c.train.lr));  // stable
   EXPECT_LT(straight[11]["lr"].get<float>(), straight[9]["lr"].get<float>());       // decaying
+}
+
+// Fine-tuning: train.init_from starts a fresh run from a HuggingFace GPT-2 directory — here run A's
+// checkpoint exported by `loom checkpoint export` — in every layout. With lr = 0 the first step
+// leaves the weights as loaded, so the run's checkpoint holds A's weights bit for bit; its first
+// loss is A's model's, not a fresh initialisation's. A directory of another shape is named.
+TEST_F(TrainTest, InitFromAHuggingFaceDirectoryStartsEveryLayoutFromItsWeights) {
+  Config a = config(4);
+  a.train.save_every = 4;
+  run_training(a, options("a"));
+  const std::string a_step = (dir_ / "a" / "checkpoints" / "step_4").string();
+  export_checkpoint(a_step, "hf", (dir_ / "hf").string());
+  const auto one_step = [&] {
+    Config c = config(1);
+    c.train.warmup_steps = 0;
+    return c;
+  };
+  run_training(one_step(), options("fresh"));
+  struct Layout {
+    const char* name;
+    int dp, tp, pp, zero;
+  };
+  for (const Layout& l : {Layout{"one", 1, 1, 1, 0}, Layout{"tp2", 1, 2, 1, 0},
+                          Layout{"pp2", 1, 1, 2, 0}, Layout{"dp2z1", 2, 1, 1, 1}}) {
+    Config b = one_step();
+    b.train.init_from = (dir_ / "hf").string();
+    b.train.lr = 0;
+    b.train.save_every = 1;
+    b.parallel.dp = l.dp;
+    b.parallel.tp = l.tp;
+    b.parallel.pp = l.pp;
+    b.parallel.zero = l.zero;
+    b.runtime.ranks = l.dp * l.tp * l.pp;
+    run_training(b, options(l.name));
+    const WeightsDeviation d =
+        compare_weights(fs::path(a_step) / "model.safetensors",
+                        dir_ / l.name / "checkpoints" / "step_1" / "model.safetensors");
+    EXPECT_EQ(d.rel_l2, 0.0) << l.name << " (" << d.largest << ")";
+    EXPECT_NE(metrics(l.name)[0]["loss"], metrics("fresh")[0]["loss"]) << l.name;
+  }
+  Config wrong = one_step();
+  wrong.model.n_layers = 3;
+  wrong.train.init_from = (dir_ / "hf").string();
+  const std::string msg = error_of([&] { run_training(wrong, options("wrong")); });
+  EXPECT_NE(msg.find("n_layer = 2 but model.n_layers = 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find((dir_ / "hf" / "config.json").string()), std::string::npos) << msg;
 }
 
 // bf16 GEMMs on CPU ranks (runtime.matmul_precision = "bf16") on two data-parallel ranks with
