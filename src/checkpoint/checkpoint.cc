@@ -232,8 +232,14 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
   j["has_optimizer"] = has_optimizer;
   j["config"] = state.config_toml;
   json shape = {
-      {"arch", "gpt2"},        {"vocab_size", mc.vocab_size}, {"max_seq_len", mc.max_seq_len},
-      {"d_model", mc.d_model}, {"n_layers", mc.n_layers},     {"n_heads", mc.n_heads}};
+      {"arch", arch_name(mc.arch)}, {"vocab_size", mc.vocab_size}, {"max_seq_len", mc.max_seq_len},
+      {"d_model", mc.d_model},      {"n_layers", mc.n_layers},     {"n_heads", mc.n_heads}};
+  if (mc.llama()) {
+    shape["n_kv_heads"] = mc.n_kv_heads;
+    shape["ffn_hidden"] = mc.ffn_hidden;
+    shape["rope_theta"] = mc.rope_theta;
+    shape["norm_eps"] = mc.norm_eps;
+  }
   // Parameter shapes, so a reader can check compatibility without the config.
   for (const auto& p : params.parameters()) shape["parameters"][p->name] = p->full_shape;
   j["model"] = shape;
@@ -354,11 +360,18 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
   try {
     const json& m = j.at("model");
     Gpt2Config c;
+    c.arch = parse_arch(m.value("arch", std::string("gpt2")));  // older checkpoints: GPT-2
     c.vocab_size = m.at("vocab_size").get<int64_t>();
     c.max_seq_len = m.at("max_seq_len").get<int64_t>();
     c.d_model = m.at("d_model").get<int64_t>();
     c.n_layers = m.at("n_layers").get<int64_t>();
     c.n_heads = m.at("n_heads").get<int64_t>();
+    if (c.llama()) {
+      c.n_kv_heads = m.at("n_kv_heads").get<int64_t>();
+      c.ffn_hidden = m.at("ffn_hidden").get<int64_t>();
+      c.rope_theta = m.at("rope_theta").get<double>();
+      c.norm_eps = m.at("norm_eps").get<double>();
+    }
     return c;
   } catch (const json::exception& e) {
     fail("checkpoint ", checkpoint_dir, ": state.json lacks the model shape: ", e.what());

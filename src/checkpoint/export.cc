@@ -90,6 +90,67 @@ void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
   if (!f) fail("cannot write ", (dir / "config.json").string());
 }
 
+// Rows [begin, begin + count) of a host matrix: the pieces of a fused Linear weight.
+Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
+  return m.narrow(begin, count);
+}
+
+// transformers' LlamaForCausalLM (save_pretrained's names; nn.Linear weights are out × in as
+// here). The fused qkv and gate/up weights are written as their q/k/v and gate/up row blocks;
+// the LM head is tied to model.embed_tokens (tie_word_embeddings), so not written.
+void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
+  const Gpt2Config& c = model.config();
+  const auto host = [&](const std::string& name) { return model.params().get(name).value.to(Device::cpu()); };
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const auto put = [&](const std::string& name, const Tensor& t) {
+    tensors.emplace_back(name, in_dtype(t, bf16));
+  };
+  put("model.embed_tokens.weight", host("wte.weight"));
+  const int64_t C = c.d_model, kv = c.kv_heads() * c.head_dim(), H = c.ffn_hidden;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string ours = "blocks." + std::to_string(l) + ".";
+    const std::string hf = "model.layers." + std::to_string(l) + ".";
+    put(hf + "input_layernorm.weight", host(ours + "ln_1.weight"));
+    const Tensor qkv = host(ours + "attn.qkv.weight");
+    put(hf + "self_attn.q_proj.weight", row_block(qkv, 0, C));
+    put(hf + "self_attn.k_proj.weight", row_block(qkv, C, kv));
+    put(hf + "self_attn.v_proj.weight", row_block(qkv, C + kv, kv));
+    put(hf + "self_attn.o_proj.weight", host(ours + "attn.proj.weight"));
+    put(hf + "post_attention_layernorm.weight", host(ours + "ln_2.weight"));
+    const Tensor fc = host(ours + "mlp.fc.weight");
+    put(hf + "mlp.gate_proj.weight", row_block(fc, 0, H));
+    put(hf + "mlp.up_proj.weight", row_block(fc, H, H));
+    put(hf + "mlp.down_proj.weight", host(ours + "mlp.proj.weight"));
+  }
+  put("model.norm.weight", host("ln_f.weight"));
+  save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  const nlohmann::json config = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", C},
+      {"intermediate_size", H},
+      {"num_hidden_layers", c.n_layers},
+      {"num_attention_heads", c.n_heads},
+      {"num_key_value_heads", c.kv_heads()},
+      {"head_dim", c.head_dim()},
+      {"max_position_embeddings", c.max_seq_len},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", c.norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", nullptr},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"attention_dropout", 0.0},
+      {"initializer_range", std::round(static_cast<double>(c.init_std) * 1e6) / 1e6},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", bf16 ? "bfloat16" : "float32"},
+      {"exported_by", "loom export"}};
+  std::ofstream f(dir / "config.json");
+  f << config.dump(2) << "\n";
+  if (!f) fail("cannot write ", (dir / "config.json").string());
+}
+
 void write_llmc(Gpt2& model, const fs::path& file, bool bf16) {
   const Gpt2Config& c = model.config();
   int32_t header[256] = {};
@@ -152,6 +213,9 @@ HfName hf_name_of(const std::string& loom_name) {
 
 void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
                      const Gpt2Config& model, FlatModelState& into) {
+  if (model.llama())
+    fail("train.init_from = ", hf_dir, ": starting from HuggingFace weights is built for ",
+         "GPT-2 only, and model.arch = \"llama\"");
   const fs::path dir(hf_dir);
   const fs::path config_path = dir / "config.json";
   std::ifstream config_file(config_path);
@@ -217,8 +281,14 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
   load_checkpoint(checkpoint_dir, model, nullptr);
+  if (format == "llmc" && mc.llama())
+    fail("export: ", checkpoint_dir, " holds a Llama model (model.arch = \"llama\"); llm.c's ",
+         "format is GPT-2's: export it with --format hf");
   if (format == "hf")
-    replace_atomically(out, true, [&](const fs::path& dir) { write_hf(model, dir, bf16); });
+    replace_atomically(out, true, [&](const fs::path& dir) {
+      if (mc.llama()) write_hf_llama(model, dir, bf16);
+      else write_hf(model, dir, bf16);
+    });
   else
     replace_atomically(out, false, [&](const fs::path& file) { write_llmc(model, file, bf16); });
 }

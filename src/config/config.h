@@ -17,7 +17,10 @@
 namespace loom {
 
 struct ModelConfig {
-  std::string arch = "gpt2";   // the only architecture so far
+  // "gpt2" (learned positions, LayerNorm, GELU MLP, biases) or "llama" (rotary positions,
+  // RMSNorm, SwiGLU MLP, no biases, grouped-query attention; the LM head tied to the embedding,
+  // as Llama 3.2 1B/3B): models/gpt2.h
+  std::string arch = "gpt2";
   int64_t vocab_size = 50257;  // GPT-2 BPE vocabulary
   int64_t seq_len = 256;       // tokens per training sequence
   int64_t d_model = 128;       // channels
@@ -25,9 +28,23 @@ struct ModelConfig {
   int64_t n_heads = 4;         // attention heads; must divide d_model
   int64_t max_seq_len = 0;     // rows of the position embedding; 0 = same as seq_len
   double init_std = 0.02;      // std of the normal init (GPT-2)
+  // arch = "llama" only (an error under "gpt2" when changed):
+  int64_t n_kv_heads = 0;      // key/value heads (grouped-query attention); 0 = n_heads
+  int64_t ffn_hidden = 0;      // SwiGLU hidden width; 0 = Llama's rule, 8·d_model/3 rounded up to 256
+  double rope_theta = 10000;   // base of the rotary position embedding's frequencies
+  double norm_eps = 1e-5;      // RMSNorm's epsilon
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }
+  // n_kv_heads with 0 = "n_heads" resolved (GPT-2: n_heads).
+  int64_t resolved_n_kv_heads() const { return arch == "llama" && n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  // The MLP's hidden width: GPT-2 4·d_model; Llama ffn_hidden, or with 0 Llama's rule (its
+  // reference code's multiple_of = 256): 8·d_model/3 rounded up to a multiple of 256.
+  int64_t resolved_ffn_hidden() const {
+    if (arch != "llama") return 4 * d_model;
+    if (ffn_hidden > 0) return ffn_hidden;
+    return (8 * d_model / 3 + 255) / 256 * 256;
+  }
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 

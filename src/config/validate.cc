@@ -4,6 +4,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -61,9 +62,32 @@ bool valid_device(const std::string& d) {
   return std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// The keys only Llama's blocks read: an error under GPT-2 when changed (they would do nothing).
+void validate_llama_keys(const ModelConfig& m, Problems& p) {
+  if (m.arch != "llama") {
+    const ModelConfig defaults;
+    if (m.n_kv_heads != defaults.n_kv_heads) p.add("model.n_kv_heads applies to model.arch = \"llama\" only");
+    if (m.ffn_hidden != defaults.ffn_hidden) p.add("model.ffn_hidden applies to model.arch = \"llama\" only");
+    if (m.rope_theta != defaults.rope_theta) p.add("model.rope_theta applies to model.arch = \"llama\" only");
+    if (m.norm_eps != defaults.norm_eps) p.add("model.norm_eps applies to model.arch = \"llama\" only");
+    return;
+  }
+  p.non_negative("model.n_kv_heads", m.n_kv_heads);
+  if (m.n_kv_heads > 0 && m.n_heads > 0 && m.n_heads % m.n_kv_heads != 0)
+    p.add("model.n_kv_heads = ", m.n_kv_heads, " does not divide model.n_heads = ", m.n_heads,
+          " (each key/value head serves the same number of query heads)");
+  if (m.n_heads > 0 && m.d_model > 0 && m.d_model % m.n_heads == 0 && (m.d_model / m.n_heads) % 2 != 0)
+    p.add("model.d_model / model.n_heads = ", m.d_model / m.n_heads,
+          " must be even: the rotary embedding turns pairs of a head's dimensions");
+  p.non_negative("model.ffn_hidden", m.ffn_hidden);
+  if (!(m.rope_theta > 1 && std::isfinite(m.rope_theta)))
+    p.add("model.rope_theta = ", format_double(m.rope_theta), " must be > 1");
+  if (!(m.norm_eps > 0 && std::isfinite(m.norm_eps)))
+    p.add("model.norm_eps = ", format_double(m.norm_eps), " must be positive");
+}
+
 void validate_model(const ModelConfig& m, Problems& p) {
-  if (m.arch != "gpt2")
-    p.add("model.arch = ", toml_quote(m.arch), " is not supported (only \"gpt2\")");
+  p.one_of("model.arch", m.arch, {"gpt2", "llama"});
   p.positive("model.vocab_size", m.vocab_size);
   p.positive("model.seq_len", m.seq_len);
   p.positive("model.d_model", m.d_model);
@@ -76,6 +100,7 @@ void validate_model(const ModelConfig& m, Problems& p) {
     p.add("model.seq_len = ", m.seq_len, " exceeds model.max_seq_len = ", m.max_seq_len);
   if (!(m.init_std > 0 && std::isfinite(m.init_std)))
     p.add("model.init_std = ", format_double(m.init_std), " must be positive");
+  validate_llama_keys(m, p);
 }
 
 void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p) {
@@ -146,6 +171,16 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   // Megatron-style tensor parallelism splits whole attention heads across tp ranks.
   if (par.tp > 0 && m.n_heads > 0 && m.n_heads % par.tp != 0)
     p.add("parallel.tp = ", par.tp, " does not divide model.n_heads = ", m.n_heads);
+  if (m.arch == "llama" && par.tp > 0 && m.n_heads > 0 && m.n_kv_heads >= 0) {
+    // Each rank holds whole key/value heads and the query heads they serve, and a slice of
+    // the SwiGLU's gate and up projections.
+    if (m.resolved_n_kv_heads() > 0 && m.resolved_n_kv_heads() % par.tp != 0)
+      p.add("parallel.tp = ", par.tp, " does not divide the key/value heads, model.n_kv_heads = ",
+            m.resolved_n_kv_heads());
+    if (m.d_model > 0 && m.ffn_hidden >= 0 && m.resolved_ffn_hidden() % par.tp != 0)
+      p.add("parallel.tp = ", par.tp, " does not divide the SwiGLU's hidden width ",
+            m.resolved_ffn_hidden(), " (model.ffn_hidden)");
+  }
   // Every pipeline stage (times its virtual chunks) needs at least one block.
   if (par.pp > 0 && par.virtual_stages > 0 && m.n_layers > 0 &&
       int64_t{par.pp} * par.virtual_stages > m.n_layers)
@@ -203,6 +238,19 @@ void validate(const Config& config) {
     problems.add("runtime.fp8_block = ", r.fp8_block, " does not divide model.d_model / ",
                  "parallel.tp = ", d / tp, ": a block would straddle two tensor-parallel shards ",
                  "and the layout would quantize differently from one device");
+  // Llama's other shard widths: the key/value projections' and the SwiGLU's.
+  const ModelConfig& m = config.model;
+  if (m.arch == "llama" && r.matmul_precision == "fp8" && r.fp8_block > 0 && tp > 1 &&
+      m.n_heads > 0 && d % m.n_heads == 0 && m.resolved_n_kv_heads() > 0) {
+    const int64_t kv_width = m.resolved_n_kv_heads() * (d / m.n_heads);
+    const int64_t hidden = m.resolved_ffn_hidden();
+    for (const auto& [what, width] : {std::pair<const char*, int64_t>{"the key/value projections' width ", kv_width},
+                                      {"the SwiGLU's hidden width ", hidden}})
+      if (width % tp == 0 && (width / tp) % r.fp8_block != 0)
+        problems.add("runtime.fp8_block = ", r.fp8_block, " does not divide ", what, width,
+                     " / parallel.tp = ", width / tp, ": a block would straddle two ",
+                     "tensor-parallel shards");
+  }
   problems.throw_if_any();
 }
 

@@ -367,17 +367,84 @@ inline void layernorm_backward_adding(const Exec& ex, Real* dinp, Real* dweight,
 }
 
 template <typename Real>
+inline void rmsnorm_forward(const Exec& ex, Real* out, Real* rstd, const Real* inp,
+                            const Real* weight, int64_t N, int64_t C, double eps) {
+  LOOM_OPS_DISPATCH(rmsnorm_forward, (0, 2.0 * N * C + 1.0 * C + 1.0 * N), out, rstd, inp, weight,
+                    N, C, eps);
+}
+
+template <typename Real>
+inline void rmsnorm_backward(const Exec& ex, Real* dinp, Real* dweight, const Real* dout,
+                             const Real* inp, const Real* weight, const Real* rstd, int64_t N,
+                             int64_t C) {
+  LOOM_OPS_DISPATCH(rmsnorm_backward, (0, 3.0 * N * C + 3.0 * C + 1.0 * N), dinp, dweight, dout,
+                    inp, weight, rstd, N, C);
+}
+
+// rmsnorm_backward with the gradient of the skip connection around the RMSNorm's branch added:
+// dinp = the RMSNorm's input gradient + dresidual (N × C). On a GPU one kernel
+// (cuda::rmsnorm_backward_adding), bit for bit the two ops; the CPU runs the two.
+template <typename Real>
+inline void rmsnorm_backward_adding(const Exec& ex, Real* dinp, Real* dweight, const Real* dout,
+                                    const Real* inp, const Real* weight, const Real* rstd,
+                                    const Real* dresidual, int64_t N, int64_t C) {
+  if (detail::on_gpu<Real>(ex, "rmsnorm_backward_adding")) {
+    if constexpr (detail::kRunsOnGpu<Real>) {
+      const detail::OpScope op_scope_("rmsnorm_backward", ex, [&] {
+        return detail::work_of<Real>(0, 4.0 * N * C + 3.0 * C + 1.0 * N);
+      });
+      return cuda::rmsnorm_backward_adding(ex.device.index, dinp, dweight, dout, inp, weight, rstd,
+                                           dresidual, N, C);
+    }
+  }
+  rmsnorm_backward(ex, dinp, dweight, dout, inp, weight, rstd, N, C);
+  add_inplace(ex, dinp, dresidual, N * C);
+}
+
+// Rotary position embedding and grouped-query attention's head sharing (kernels/cpu/rope.h),
+// between the qkv projection and attention_forward; cos_sin is cpu::rope_table's, on ex's device.
+template <typename Real>
+inline void rope_gqa_forward(const Exec& ex, Real* out, const Real* qkv, const Real* cos_sin,
+                             int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  LOOM_OPS_DISPATCH(rope_gqa_forward,
+                    (0, 1.0 * B * T * (NH + 2 * KV) * hd + 3.0 * B * T * NH * hd + 1.0 * T * hd),
+                    out, qkv, cos_sin, B, T, NH, KV, hd);
+}
+
+template <typename Real>
+inline void rope_gqa_backward(const Exec& ex, Real* dqkv, const Real* dout, const Real* cos_sin,
+                              int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  LOOM_OPS_DISPATCH(rope_gqa_backward,
+                    (0, 3.0 * B * T * NH * hd + 1.0 * B * T * (NH + 2 * KV) * hd + 1.0 * T * hd),
+                    dqkv, dout, cos_sin, B, T, NH, KV, hd);
+}
+
+// SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H).
+template <typename Real>
+inline void swiglu_forward(const Exec& ex, Real* out, const Real* h, int64_t N, int64_t H) {
+  LOOM_OPS_DISPATCH(swiglu_forward, (0, 3.0 * N * H), out, h, N, H);
+}
+
+template <typename Real>
+inline void swiglu_backward(const Exec& ex, Real* dh, const Real* dout, const Real* h, int64_t N,
+                            int64_t H) {
+  LOOM_OPS_DISPATCH(swiglu_backward, (0, 5.0 * N * H), dh, dout, h, N, H);
+}
+
+template <typename Real>
 inline void embedding_forward(const Exec& ex, Real* out, const int32_t* tokens, const Real* wte,
                               const Real* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
-  LOOM_OPS_DISPATCH(embedding_forward, (0, 2.0 * B * T * C + 1.0 * T * C + 1.0 * B * T), out,
+  LOOM_OPS_DISPATCH(embedding_forward,
+                    (0, 2.0 * B * T * C + (wpe != nullptr ? 1.0 * T * C : 0.0) + 1.0 * B * T), out,
                     tokens, wte, wpe, B, T, C, V);
 }
 
 template <typename Real>
 inline void embedding_backward(const Exec& ex, Real* dwte, Real* dwpe, const Real* dout,
                                const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  LOOM_OPS_DISPATCH(embedding_backward, (0, 3.0 * B * T * C + 2.0 * T * C + 1.0 * B * T), dwte,
-                    dwpe, dout, tokens, B, T, C);
+  LOOM_OPS_DISPATCH(embedding_backward,
+                    (0, 3.0 * B * T * C + (dwpe != nullptr ? 2.0 * T * C : 0.0) + 1.0 * B * T),
+                    dwte, dwpe, dout, tokens, B, T, C);
 }
 
 template <typename Real>

@@ -1,9 +1,11 @@
 #include "models/gpt2.h"
 
 #include <cmath>
+#include <optional>
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/swiglu_mlp.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -24,6 +26,14 @@ const char* recompute_name(Recompute mode) {
   return "";
 }
 
+Arch parse_arch(const std::string& name) {
+  for (Arch arch : {Arch::kGpt2, Arch::kLlama})
+    if (name == arch_name(arch)) return arch;
+  fail("model architecture '", name, "' is not one of gpt2, llama");
+}
+
+const char* arch_name(Arch arch) { return arch == Arch::kLlama ? "llama" : "gpt2"; }
+
 void Gpt2Config::validate() const {
   if (vocab_size <= 0) fail("model.vocab_size must be positive, got ", vocab_size);
   if (max_seq_len <= 0) fail("model.max_seq_len must be positive, got ", max_seq_len);
@@ -31,37 +41,67 @@ void Gpt2Config::validate() const {
   if (n_layers <= 0) fail("model.n_layers must be positive, got ", n_layers);
   if (n_heads <= 0 || d_model % n_heads != 0)
     fail("model.n_heads = ", n_heads, " does not divide model.d_model = ", d_model);
+  if (!llama()) return;
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    fail("model.n_kv_heads = ", n_kv_heads, " does not divide model.n_heads = ", n_heads);
+  if (head_dim() % 2 != 0)
+    fail("model head size ", head_dim(), " must be even for the rotary embedding");
+  if (ffn_hidden <= 0) fail("model.ffn_hidden must be positive, got ", ffn_hidden);
+  if (!(rope_theta > 1)) fail("model.rope_theta must be > 1, got ", rope_theta);
+  if (!(norm_eps > 0)) fail("model.norm_eps must be positive, got ", norm_eps);
 }
 
 int64_t Gpt2Config::num_parameters() const {
   const int64_t C = d_model;
+  if (llama()) {  // two RMSNorm weights, qkv, proj, the SwiGLU's fused gate/up and proj
+    const int64_t per_block = 2 * C + C * qkv_width() + C * C + 3 * C * ffn_hidden;
+    return vocab_size * C + n_layers * per_block + C;
+  }
   const int64_t per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) +
                             (4 * C * C + C);
   return vocab_size * C + max_seq_len * C + n_layers * per_block + 2 * C;
 }
 
 double Gpt2Config::flops_per_token(int64_t seq_len) const {
-  const int64_t matrix_params = num_parameters() - max_seq_len * d_model;
+  const int64_t matrix_params = num_parameters() - position_rows() * d_model;
   return 6.0 * static_cast<double>(matrix_params) +
          12.0 * static_cast<double>(n_layers * d_model * seq_len);
 }
 
+namespace {
+// GPT-2 scales the init of the residual stream's projections by 1/sqrt(2·n_layers); Llama's
+// blocks are initialised the same way here.
+float residual_std(const Gpt2Config& c) {
+  return c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers));
+}
+std::optional<Rotary> rotary_of(const Gpt2Config& c) {
+  if (!c.llama()) return std::nullopt;
+  return Rotary{c.n_kv_heads, c.rope_theta};
+}
+std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
+                                      const Gpt2Config& c) {
+  if (c.llama())
+    return std::make_unique<SwiGluMlp>(store, name, c.d_model, c.ffn_hidden, c.init_std,
+                                       residual_std(c));
+  return std::make_unique<Mlp>(store, name, c.d_model, c.init_std, residual_std(c));
+}
+}  // namespace
+
 Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config)
     : recompute_(config.recompute),
-      ln_1_(store, name + ".ln_1", config.d_model),
+      ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
       attn_(store, name + ".attn", config.d_model, config.n_heads, config.init_std,
-            config.init_std / std::sqrt(2.0f * static_cast<float>(config.n_layers))),
-      ln_2_(store, name + ".ln_2", config.d_model),
-      mlp_(store, name + ".mlp", config.d_model, config.init_std,
-           config.init_std / std::sqrt(2.0f * static_cast<float>(config.n_layers))) {}
+            residual_std(config), rotary_of(config)),
+      ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)),
+      mlp_(make_mlp(store, name + ".mlp", config)) {}
 
 Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
   // The LayerNorms' outputs feed only the qkv and fc Linears: forward_for_matmul writes them as
   // those keep them (16-bit on a GPU at bf16 / fp16 matmul precision).
   // The skip connections are added by the branches' output projections (in the GEMMs' epilogue
   // on a GPU).
-  Tensor x1 = attn_.forward_adding(ctx, ln_1_.forward_for_matmul(ctx, x), x);  // x + attn(ln_1(x))
-  return mlp_.forward_adding(ctx, ln_2_.forward_for_matmul(ctx, x1), x1);      // x1 + mlp(ln_2(x1))
+  Tensor x1 = attn_.forward_adding(ctx, ln_1_->forward_for_matmul(ctx, x), x);  // x + attn(ln_1(x))
+  return mlp_->forward_adding(ctx, ln_2_->forward_for_matmul(ctx, x1), x1);     // x1 + mlp(ln_2(x1))
 }
 
 Tensor Gpt2Block::forward(Context& ctx, const Tensor& x) {
@@ -77,7 +117,7 @@ Tensor Gpt2Block::forward(Context& ctx, const Tensor& x) {
       // Drop the LayerNorm outputs (cached as the qkv and fc inputs) and the GELU output;
       // LayerNorm inputs, mean and rstd and the fc output h stay, to rebuild them in backward.
       attn_.drop_input();
-      mlp_.drop_recomputable();
+      mlp_->drop_recomputable();
       break;
   }
   return y;
@@ -92,27 +132,27 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
   }
   // y = x1 + mlp(ln_2(x1)): dx1 = dy + ln_2ᵀ(mlpᵀ(dy)). Selective: ln_2's output is rebuilt
   // just before the MLP's backward (which rebuilds its GELU output itself).
-  if (selective) mlp_.restore_input(ln_2_.recompute_output(ctx));
-  Tensor dx1 = ln_2_.backward_adding(ctx, mlp_.backward(ctx, dy), dy);
+  if (selective) mlp_->restore_input(ln_2_->recompute_output(ctx));
+  Tensor dx1 = ln_2_->backward_adding(ctx, mlp_->backward(ctx, dy), dy);
   // x1 = x + attn(ln_1(x)): dx = dx1 + ln_1ᵀ(attnᵀ(dx1)); ln_1's output likewise, only now.
-  if (selective) attn_.restore_input(ln_1_.recompute_output(ctx));
-  Tensor dx = ln_1_.backward_adding(ctx, attn_.backward(ctx, dx1), dx1);
+  if (selective) attn_.restore_input(ln_1_->recompute_output(ctx));
+  Tensor dx = ln_1_->backward_adding(ctx, attn_.backward(ctx, dx1), dx1);
   return dx;
 }
 
 void Gpt2Block::collect_cache(std::vector<Tensor*>& out) {
-  ln_1_.collect_cache(out);
+  ln_1_->collect_cache(out);
   attn_.collect_cache(out);
-  ln_2_.collect_cache(out);
-  mlp_.collect_cache(out);
+  ln_2_->collect_cache(out);
+  mlp_->collect_cache(out);
   out.push_back(&input_);
 }
 
 void Gpt2Block::clear_cache() {
-  ln_1_.clear_cache();
+  ln_1_->clear_cache();
   attn_.clear_cache();
-  ln_2_.clear_cache();
-  mlp_.clear_cache();
+  ln_2_->clear_cache();
+  mlp_->clear_cache();
   input_ = Tensor();
 }
 
@@ -138,7 +178,7 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part) : config_(config), pa
     first_block_unit_ = 1;
   }
   if (part_.embedding) {
-    embedding_ = std::make_unique<Embedding>(params_, config.vocab_size, config.max_seq_len,
+    embedding_ = std::make_unique<Embedding>(params_, config.vocab_size, config_.position_rows(),
                                              config.d_model, config.init_std);
     head_wte_ = embedding_->wte();
   }
@@ -146,7 +186,7 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part) : config_(config), pa
     if (!part_.embedding)
       head_wte_ = params_.add("wte.weight", {config.vocab_size, config.d_model}, InitKind::kNormal,
                               config.init_std);
-    ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", config.d_model);
+    ln_f_ = make_norm(params_, "ln_f", config.d_model, config_.llama(), config_.norm_eps);
   }
   for (int64_t l = part_.first_block; l < part_.end_block; ++l) {
     const std::string name = "blocks." + std::to_string(l);

@@ -2,6 +2,12 @@
 // (causal self-attention with bias, 4× MLP with tanh-GELU), a final LayerNorm and an LM head tied
 // to the token embedding; no dropout.
 //
+// The same decoder-only transformer in Llama's form (Touvron et al. 2023; Arch::kLlama): no
+// position table (rotary embeddings turn queries and keys in attention), RMSNorm instead of
+// LayerNorm, a SwiGLU MLP, no biases, grouped-query attention (n_kv_heads key/value heads). The
+// LM head stays tied to the token embedding, as in Llama 3.2 1B / 3B. Parameter names are the
+// same as GPT-2's where the part exists ("blocks.3.ln_1.weight" is an RMSNorm's there).
+//
 // Shapes: B = batch, T = sequence length, C = d_model, V = vocab, N = B·T.
 // The model is pure math: it knows nothing of ranks or communication (parallel/ wraps it).
 #pragma once
@@ -14,6 +20,7 @@
 #include "nn/embedding.h"
 #include "nn/layer_norm.h"
 #include "nn/mlp.h"
+#include "nn/norm.h"
 
 namespace loom {
 
@@ -34,7 +41,13 @@ enum class Recompute { kNone, kFull, kSelective };
 Recompute parse_recompute(const std::string& name);
 const char* recompute_name(Recompute mode);
 
+enum class Arch { kGpt2, kLlama };
+// "gpt2" | "llama"; throws loom::Error listing them for anything else.
+Arch parse_arch(const std::string& name);
+const char* arch_name(Arch arch);
+
 struct Gpt2Config {
+  Arch arch = Arch::kGpt2;
   int64_t vocab_size = 256;
   int64_t max_seq_len = 64;  // rows of the position embedding
   int64_t d_model = 64;
@@ -42,6 +55,21 @@ struct Gpt2Config {
   int64_t n_heads = 4;
   float init_std = 0.02f;
   Recompute recompute = Recompute::kNone;  // activation recomputation per block (above)
+  // Llama only (resolved: never 0 there):
+  int64_t n_kv_heads = 0;   // key/value heads, dividing n_heads
+  int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
+  double rope_theta = 10000;
+  double norm_eps = 1e-5;
+
+  bool llama() const { return arch == Arch::kLlama; }
+  int64_t head_dim() const { return d_model / n_heads; }
+  int64_t kv_heads() const { return llama() ? n_kv_heads : n_heads; }
+  int64_t hidden() const { return llama() ? ffn_hidden : 4 * d_model; }  // the MLP's width
+  // The qkv projection's outputs: 3·d_model, or with grouped-query attention
+  // (n_heads + 2·n_kv_heads)·head_dim.
+  int64_t qkv_width() const { return d_model + 2 * kv_heads() * head_dim(); }
+  // Rows of the learned position table: max_seq_len (GPT-2) or none (Llama).
+  int64_t position_rows() const { return llama() ? 0 : max_seq_len; }
 
   void validate() const;  // throws loom::Error naming the offending field
   int64_t num_parameters() const;
@@ -51,7 +79,7 @@ struct Gpt2Config {
   double flops_per_token(int64_t seq_len) const;
 };
 
-// One pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(·)).
+// One pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(·)).
 class Gpt2Block {
  public:
   Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config);
@@ -63,10 +91,10 @@ class Gpt2Block {
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
   Recompute recompute_;
-  LayerNorm ln_1_;
+  std::unique_ptr<Norm> ln_1_;
   CausalSelfAttention attn_;
-  LayerNorm ln_2_;
-  Mlp mlp_;
+  std::unique_ptr<Norm> ln_2_;
+  std::unique_ptr<FeedForward> mlp_;
   Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
 };
 
@@ -157,7 +185,7 @@ class Gpt2 : public Gpt2Stage {
   std::unique_ptr<Embedding> embedding_;
   Parameter* head_wte_ = nullptr;
   std::vector<std::unique_ptr<Gpt2Block>> blocks_;
-  std::unique_ptr<LayerNorm> ln_f_;
+  std::unique_ptr<Norm> ln_f_;
   // Cached for backward.
   Tensor final_;    // (N, C) ln_f output
   Tensor dlogits_;  // (N, V): holds logits after forward, turned into their gradient in backward

@@ -6,15 +6,79 @@
 
 namespace loom {
 
+namespace {
+int64_t qkv_width(int64_t channels, int64_t heads, const std::optional<Rotary>& rotary) {
+  if (!rotary) return 3 * channels;
+  if (heads <= 0 || channels % heads != 0 || rotary->kv_heads <= 0 || heads % rotary->kv_heads != 0)
+    fail("attention: n_kv_heads = ", rotary ? rotary->kv_heads : 0, " does not divide n_heads = ",
+         heads);
+  return channels + 2 * rotary->kv_heads * (channels / heads);
+}
+}  // namespace
+
 CausalSelfAttention::CausalSelfAttention(ParameterStore& store, const std::string& name,
                                          int64_t channels, int64_t heads, float init_std,
-                                         float proj_std)
+                                         float proj_std, std::optional<Rotary> rotary)
     : channels_(channels),
       heads_(heads),
-      qkv_(store, name + ".qkv", channels, 3 * channels, true, init_std),
-      proj_(store, name + ".proj", channels, channels, true, proj_std) {
+      rotary_(rotary),
+      qkv_(store, name + ".qkv", channels, qkv_width(channels, heads, rotary), !rotary, init_std),
+      proj_(store, name + ".proj", channels, channels, !rotary, proj_std) {
   if (heads <= 0 || channels % heads != 0)
     fail(name, ": n_heads = ", heads, " does not divide d_model = ", channels);
+  if (rotary && (channels / heads) % 2 != 0)
+    fail(name, ": head size ", channels / heads, " must be even for the rotary embedding");
+}
+
+namespace {
+// The rotary table for T positions on ctx's device, made on the host (in double, then rounded:
+// the same values on every device) and kept while T stays the same.
+Tensor rope_table_on(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim, double theta) {
+  if (cached.defined() && cached.dim(0) == T && cached.device() == ctx.device &&
+      cached.dtype() == ctx.dtype)
+    return cached;
+  Tensor host = Tensor::empty({T, head_dim}, ctx.dtype, Device::cpu());
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    cpu::rope_table<T_>(host.data<T_>(), T, head_dim, theta);
+  });
+  cached = host.to(ctx.device);
+  return cached;
+}
+}  // namespace
+
+Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
+  const int64_t B = x.dim(0), T = x.dim(1), hd = channels_ / heads_;
+  const Tensor rope = rope_table_on(ctx, rope_, T, hd, rotary_->theta);
+  const Tensor projected = qkv_.forward(ctx, x);  // (B, T, (NH + 2·KV)·hd)
+  qkv_out_ = Tensor::empty({B, T, 3 * channels_}, ctx.dtype, ctx.device);
+  lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
+  att_ = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    ops::rope_gqa_forward<T_>(ctx.exec(), qkv_out_.data<T_>(), projected.data<T_>(),
+                              rope.data<T_>(), B, T, heads_, rotary_->kv_heads, hd);
+    ops::attention_forward<T_>(ctx.exec(), att_.data<T_>(), lse_.data<T_>(), qkv_out_.data<T_>(),
+                               B, T, channels_, heads_);
+  });
+  return att_;
+}
+
+Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
+  Tensor datt = proj_.backward(ctx, dy);
+  const int64_t B = qkv_out_.dim(0), T = qkv_out_.dim(1), hd = channels_ / heads_;
+  Tensor dattn_in = Tensor::empty(qkv_out_.shape(), ctx.dtype, ctx.device);
+  Tensor dqkv = Tensor::empty({B, T, qkv_width(channels_, heads_, rotary_)}, ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    ops::attention_backward<T_>(ctx.exec(), dattn_in.data<T_>(), datt.data<T_>(),
+                                qkv_out_.data<T_>(), att_.data<T_>(), lse_.data<T_>(), B, T,
+                                channels_, heads_);
+    ops::rope_gqa_backward<T_>(ctx.exec(), dqkv.data<T_>(), dattn_in.data<T_>(),
+                               rope_.data<T_>(), B, T, heads_, rotary_->kv_heads, hd);
+  });
+  qkv_out_ = att_ = lse_ = Tensor();
+  return qkv_.backward(ctx, dqkv);
 }
 
 Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
@@ -27,6 +91,7 @@ Tensor CausalSelfAttention::forward_adding(Context& ctx, const Tensor& x, const 
 
 Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   if (x.ndim() != 3) fail("attention expects (B, T, C), got ", shape_str(x.shape()));
+  if (rotary_) return attend_rotary(ctx, x);
   const int64_t B = x.dim(0), T = x.dim(1);
   // Where the fused flash kernels run (a GPU at bf16, head size 64) they round Q, K and V to bf16
   // as they load them: the projection writes qkv in bf16 itself, half the bytes to write, keep
@@ -53,6 +118,7 @@ Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
 }
 
 Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
+  if (rotary_) return backward_rotary(ctx, dy);
   // Where the flash kernels read qkv in 16 bits they read dO (proj's dinp) so too, written by
   // proj's GEMM and fetched by cp.async like Q.
   Tensor datt = qkv_out_.dtype() != ctx.dtype ? proj_.backward_rounded_dinp(ctx, dy)

@@ -1,18 +1,33 @@
 // Causal multi-head self-attention of GPT-2: a fused qkv projection (C -> 3C), softmax attention
 // per head with a causal mask, an output projection (C -> C). The attention kernel keeps only
 // the per-row log-sum-exp for backward, not the T×T probabilities.
+//
+// Llama's (with Rotary): no biases, grouped-query attention — kv_heads key/value heads, each
+// shared by n_heads / kv_heads query heads, so qkv is C -> (n_heads + 2·kv_heads)·head_dim — and
+// rotary position embeddings (Su et al. 2021, HF transformers' rotate_half pairing) turning the
+// queries and keys by their position. One op (ops::rope_gqa_forward) rotates q and k and repeats
+// the shared heads into the (B, T, 3C) layout the attention kernels read; its backward rotates
+// the gradients back and sums each shared head's.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "nn/linear.h"
 
 namespace loom {
 
+// Llama's attention: key/value heads and the rotary embedding's base.
+struct Rotary {
+  int64_t kv_heads = 0;
+  double theta = 10000;
+};
+
 class CausalSelfAttention {
  public:
   CausalSelfAttention(ParameterStore& store, const std::string& name, int64_t channels,
-                      int64_t heads, float init_std, float proj_std);
+                      int64_t heads, float init_std, float proj_std,
+                      std::optional<Rotary> rotary = std::nullopt);
   Tensor forward(Context& ctx, const Tensor& x);    // x: (B, T, C)
   // forward + residual (B, T, C), the block's skip connection added by the output projection.
   Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual);
@@ -30,10 +45,14 @@ class CausalSelfAttention {
 
  private:
   Tensor attend(Context& ctx, const Tensor& x);  // qkv and attention: proj's input
+  Tensor attend_rotary(Context& ctx, const Tensor& x);
+  Tensor backward_rotary(Context& ctx, const Tensor& dy);
   int64_t channels_, heads_;
+  std::optional<Rotary> rotary_;
   Linear qkv_;
   Linear proj_;
-  Tensor qkv_out_;  // (B, T, 3C)
+  Tensor qkv_out_;  // (B, T, 3C); with Rotary q and k turned, the shared heads repeated
+  Tensor rope_;     // with Rotary: the (T, head_dim) cos/sin table of the last T, on ctx.device
   Tensor att_;      // (B, T, C) attention output before proj
   Tensor lse_;      // (B, NH, T)
 };

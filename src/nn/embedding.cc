@@ -10,7 +10,7 @@ Embedding::Embedding(ParameterStore& store, int64_t vocab, int64_t max_seq, int6
                      float init_std)
     : vocab_(vocab), max_seq_(max_seq), channels_(channels) {
   wte_ = store.add("wte.weight", {vocab, channels}, InitKind::kNormal, init_std);
-  wpe_ = store.add("wpe.weight", {max_seq, channels}, InitKind::kNormal, init_std);
+  if (max_seq > 0) wpe_ = store.add("wpe.weight", {max_seq, channels}, InitKind::kNormal, init_std);
 }
 
 Tensor Embedding::forward(Context& ctx, const Tensor& tokens) {
@@ -18,14 +18,14 @@ Tensor Embedding::forward(Context& ctx, const Tensor& tokens) {
     fail("embedding expects (B, T) i32 tokens, got ", shape_str(tokens.shape()), " ",
          dtype_name(tokens.dtype()));
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
-  if (T > max_seq_)
+  if (wpe_ != nullptr && T > max_seq_)
     fail("sequence length ", T, " exceeds the position embedding's ", max_seq_, " rows");
   tokens_ = tokens;
   Tensor out = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::embedding_forward<T_>(ctx.exec(), out.data<T_>(), tokens.data<int32_t>(),
-                               wte_->value.data<T_>(), wpe_->value.data<T_>(), B, T, channels_,
+                               wte_->value.data<T_>(), wpe_ ? wpe_->value.data<T_>() : nullptr, B, T, channels_,
                                vocab_);
   });
   return out;
@@ -36,7 +36,8 @@ void Embedding::backward(Context& ctx, const Tensor& dy) {
   const int64_t B = tokens_.dim(0), T = tokens_.dim(1);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    ops::embedding_backward<T_>(ctx.exec(), wte_->grad.data<T_>(), wpe_->grad.data<T_>(),
+    ops::embedding_backward<T_>(ctx.exec(), wte_->grad.data<T_>(),
+                                wpe_ ? wpe_->grad.data<T_>() : nullptr,
                                 dy.data<T_>(), tokens_.data<int32_t>(), B, T, channels_);
   });
   tokens_ = Tensor();

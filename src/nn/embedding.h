@@ -1,4 +1,5 @@
-// GPT-2's input embedding: token embedding (V × C) plus learned position embedding (maxT × C).
+// GPT-2's input embedding: token embedding (V × C) plus learned position embedding (maxT × C);
+// Llama's (max_seq = 0): the token embedding only, positions entering by rotation in attention.
 #pragma once
 
 #include <string>
@@ -21,12 +22,12 @@ class Embedding {
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&tokens_); }
 
   Parameter* wte() const { return wte_; }
-  Parameter* wpe() const { return wpe_; }
+  Parameter* wpe() const { return wpe_; }  // null without positions
 
  private:
   int64_t vocab_, max_seq_, channels_;
   Parameter* wte_;
-  Parameter* wpe_;
+  Parameter* wpe_ = nullptr;
   Tensor tokens_;
 };
 

@@ -3,27 +3,28 @@
 
 #include <string>
 
+#include "nn/feed_forward.h"
 #include "nn/linear.h"
 
 namespace loom {
 
-class Mlp {
+class Mlp : public FeedForward {
  public:
   // proj_std: GPT-2 scales the init of residual-stream projections by 1/sqrt(2·n_layers).
   Mlp(ParameterStore& store, const std::string& name, int64_t channels, float init_std,
       float proj_std);
-  Tensor forward(Context& ctx, const Tensor& x);
+  Tensor forward(Context& ctx, const Tensor& x) override;
   // forward + residual, the block's skip connection added by proj (Linear::forward_adding).
-  Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual);
-  Tensor backward(Context& ctx, const Tensor& dy);
-  void clear_cache();
+  Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void clear_cache() override;
   // Selective recomputation (models/gpt2.h), for the owner right after forward: drops the cached
   // input (the owner's LayerNorm output: it rebuilds it and hands it back with restore_input
   // before backward) and the GELU output (4C wide), which backward recomputes from the kept fc
   // output h — keeping h alone rebuilds the GELU output with one element-wise pass.
-  void drop_recomputable();
-  void restore_input(const Tensor& x) { fc_.restore_input(x); }
-  void collect_cache(std::vector<Tensor*>& out) {
+  void drop_recomputable() override;
+  void restore_input(const Tensor& x) override { fc_.restore_input(x); }
+  void collect_cache(std::vector<Tensor*>& out) override {
     fc_.collect_cache(out);
     proj_.collect_cache(out);
     out.push_back(&h_);

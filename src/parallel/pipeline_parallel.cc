@@ -79,7 +79,10 @@ std::vector<int64_t> pipeline_partition(const Gpt2Config& model, int64_t seq_len
   }
   // Minimise the largest stage cost over contiguous splits (dynamic programming, O(S·L²)).
   const double C = static_cast<double>(model.d_model), T = static_cast<double>(seq_len);
-  const double block = 24 * C * C + 4 * T * C, head = 2 * static_cast<double>(model.vocab_size) * C;
+  // A block's forward FLOPs per token: 2 per weight of its matrices (GPT-2: 12·C²) plus attention.
+  const double matrices = C * static_cast<double>(model.qkv_width()) + C * C +
+                          (model.llama() ? 3.0 : 2.0) * C * static_cast<double>(model.hidden());
+  const double block = 2 * matrices + 4 * T * C, head = 2 * static_cast<double>(model.vocab_size) * C;
   const double inf = 1e300;
   // best[s][l]: the smallest possible maximum cost of stages 0..s−1 holding blocks 0..l−1.
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));

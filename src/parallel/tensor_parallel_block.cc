@@ -22,21 +22,36 @@ int64_t checked_local_heads(const Gpt2Config& c, int64_t P, const std::string& n
 TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
                          Communicator& tp, bool sequence_parallel)
     : recompute_(config.recompute),
+      llama_(config.llama()),
       local_channels_(config.d_model / tp.size()),
       local_heads_(checked_local_heads(config, tp.size(), name)),
-      ln_1_(store, name + ".ln_1", config.d_model),
-      qkv_(store, name + ".attn.qkv", config.d_model, 3 * config.d_model, tp, true, config.init_std,
-           sequence_parallel, {config.d_model, config.d_model, config.d_model}),
-      attn_proj_(store, name + ".attn.proj", config.d_model, config.d_model, tp, true,
+      local_kv_heads_(config.kv_heads() / tp.size()),
+      local_hidden_(config.hidden() / tp.size()),
+      head_dim_(config.head_dim()),
+      rope_theta_(config.rope_theta),
+      ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
+      qkv_(store, name + ".attn.qkv", config.d_model, config.qkv_width(), tp, !config.llama(),
+           config.init_std, sequence_parallel,
+           {config.d_model, config.kv_heads() * config.head_dim(),
+            config.kv_heads() * config.head_dim()}),
+      attn_proj_(store, name + ".attn.proj", config.d_model, config.d_model, tp, !config.llama(),
                  residual_std(config), sequence_parallel),
-      ln_2_(store, name + ".ln_2", config.d_model),
-      fc_(store, name + ".mlp.fc", config.d_model, 4 * config.d_model, tp, true, config.init_std,
-          sequence_parallel),
-      mlp_proj_(store, name + ".mlp.proj", 4 * config.d_model, config.d_model, tp, true,
+      ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)),
+      // Llama: gate and up, two blocks of rows each split over tp.
+      fc_(store, name + ".mlp.fc", config.d_model,
+          config.llama() ? 2 * config.hidden() : config.hidden(), tp, !config.llama(),
+          config.init_std, sequence_parallel,
+          config.llama() ? std::vector<int64_t>{config.hidden(), config.hidden()}
+                         : std::vector<int64_t>{}),
+      mlp_proj_(store, name + ".mlp.proj", config.hidden(), config.d_model, tp, !config.llama(),
                 residual_std(config), sequence_parallel) {
-  if (sequence_parallel)
-    for (const char* p : {".ln_1.weight", ".ln_1.bias", ".ln_2.weight", ".ln_2.bias"})
-      sp_params_.push_back(&store.get(name + p));
+  if (config.kv_heads() % tp.size() != 0)
+    fail(name, ": parallel.tp = ", tp.size(), " does not divide model.n_kv_heads = ",
+         config.kv_heads());
+  if (sequence_parallel) {
+    sp_params_ = ln_1_->parameters();
+    for (Parameter* p : ln_2_->parameters()) sp_params_.push_back(p);
+  }
 }
 
 Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T) {
@@ -62,24 +77,54 @@ Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T)
   return y;
 }
 
-Tensor TpGpt2Block::gelu(Context& ctx) const {
+Tensor TpGpt2Block::activation(Context& ctx) const {
+  if (llama_) {
+    const int64_t rows = h_.dim(0);
+    Tensor a = Tensor::empty({rows, local_hidden_}, DType::kF32, ctx.device);
+    ops::swiglu_forward<float>(ctx.exec(), a.data<float>(), h_.data<float>(), rows, local_hidden_);
+    return a;
+  }
   Tensor g = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
   ops::gelu_forward<float>(ctx.exec(), g.data<float>(), h_.data<float>(), h_.numel());
   return g;
 }
 
+Tensor TpGpt2Block::fc_backward(Context& ctx, Tensor& dg) {
+  if (!llama_) return fc_.backward_before_gelu(ctx, dg, h_);
+  const int64_t rows = h_.dim(0);
+  Tensor dh = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
+  ops::swiglu_backward<float>(ctx.exec(), dh.data<float>(), dg.data<float>(), h_.data<float>(),
+                              rows, local_hidden_);
+  return fc_.backward(ctx, dh);
+}
+
+const Tensor& TpGpt2Block::rope_table(Context& ctx) {
+  if (rope_.defined() && rope_.dim(0) == T_ && rope_.device() == ctx.device) return rope_;
+  Tensor host = Tensor::empty({T_, head_dim_}, DType::kF32, Device::cpu());
+  cpu::rope_table<float>(host.data<float>(), T_, head_dim_, rope_theta_);
+  rope_ = host.to(ctx.device);
+  return rope_;
+}
+
 Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   const int64_t B = B_, T = T_;
   const Exec ex = ctx.exec();
-  qkv_out_ = qkv_.forward(ctx, ln_1_.forward(ctx, x));  // (B·T, 3C/P): this rank's heads
+  qkv_out_ = qkv_.forward(ctx, ln_1_->forward(ctx, x));  // (B·T, 3C/P): this rank's heads
+  if (llama_) {  // (B·T, (NH + 2·KV)·hd / P) → q, k turned and the shared heads repeated
+    Tensor turned = Tensor::empty({B * T, 3 * local_channels_}, DType::kF32, ctx.device);
+    ops::rope_gqa_forward<float>(ex, turned.data<float>(), qkv_out_.data<float>(),
+                                 rope_table(ctx).data<float>(), B, T, local_heads_,
+                                 local_kv_heads_, head_dim_);
+    qkv_out_ = turned;
+  }
   att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
   lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
   ops::attention_forward<float>(ex, att_.data<float>(), lse_.data<float>(), qkv_out_.data<float>(),
                                 B, T, local_channels_, local_heads_);
   Tensor x1 = attn_proj_.forward(ctx, att_);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
-  h_ = fc_.forward(ctx, ln_2_.forward(ctx, x1));
-  Tensor y = mlp_proj_.forward(ctx, gelu(ctx));
+  h_ = fc_.forward(ctx, ln_2_->forward(ctx, x1));
+  Tensor y = mlp_proj_.forward(ctx, activation(ctx));
   ops::add_inplace<float>(ex, y.data<float>(), x1.data<float>(), y.numel());
   return y;
 }
@@ -95,27 +140,33 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   // y = x1 + proj(gelu(fc(ln_2(x1)))). Selective: each dropped activation is rebuilt right
   // before the backward that reads it (the GELU output from h, the LayerNorm outputs from their
   // kept inputs, mean and rstd — with sequence parallelism all-gathered again).
-  if (selective) mlp_proj_.restore_input(gelu(ctx));
+  if (selective) mlp_proj_.restore_input(activation(ctx));
   Tensor dg = mlp_proj_.backward(ctx, dy);
-  if (selective) fc_.restore_input(ln_2_.recompute_output(ctx));
-  Tensor dx1 = ln_2_.backward_adding(ctx, fc_.backward_before_gelu(ctx, dg, h_), dy);
+  if (selective) fc_.restore_input(ln_2_->recompute_output(ctx));
+  Tensor dx1 = ln_2_->backward_adding(ctx, fc_backward(ctx, dg), dy);
   // x1 = x + proj(attention(qkv(ln_1(x))))
   Tensor datt = attn_proj_.backward(ctx, dx1);
   Tensor dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
   ops::attention_backward<float>(ex, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(),
                                  att_.data<float>(), lse_.data<float>(), B_, T_, local_channels_,
                                  local_heads_);
-  if (selective) qkv_.restore_input(ln_1_.recompute_output(ctx));
-  Tensor dx = ln_1_.backward_adding(ctx, qkv_.backward(ctx, dqkv), dx1);
+  if (llama_) {  // the shared heads' gradients summed, q and k turned back
+    Tensor d = Tensor::empty({B_ * T_, qkv_.local_out()}, DType::kF32, ctx.device);
+    ops::rope_gqa_backward<float>(ex, d.data<float>(), dqkv.data<float>(), rope_.data<float>(), B_,
+                                  T_, local_heads_, local_kv_heads_, head_dim_);
+    dqkv = d;
+  }
+  if (selective) qkv_.restore_input(ln_1_->recompute_output(ctx));
+  Tensor dx = ln_1_->backward_adding(ctx, qkv_.backward(ctx, dqkv), dx1);
   clear_cache();
   return dx;
 }
 
 void TpGpt2Block::collect_cache(std::vector<Tensor*>& out) {
-  ln_1_.collect_cache(out);
+  ln_1_->collect_cache(out);
   qkv_.collect_cache(out);
   attn_proj_.collect_cache(out);
-  ln_2_.collect_cache(out);
+  ln_2_->collect_cache(out);
   fc_.collect_cache(out);
   mlp_proj_.collect_cache(out);
   out.insert(out.end(), {&qkv_out_, &att_, &lse_, &h_, &input_});

@@ -16,20 +16,28 @@
 // collectives included, the same on every rank — before backward; selective drops the LayerNorm
 // outputs (the gathered ones with sequence parallelism, all-gathered again in backward) and the
 // GELU output and rebuilds them right before backward needs them.
+//
+// Llama's block (Gpt2Config::llama()): RMSNorms; the qkv projection's three blocks of rows
+// (queries, keys, values: n_heads, n_kv_heads, n_kv_heads heads) split block by block, so a
+// rank holds whole key/value heads with the query heads they serve, and the rotary embedding
+// turns them on the rank; the SwiGLU's fused gate/up projection split as two blocks too, so each
+// rank holds matching slices of both. n_kv_heads and the hidden width must divide over tp.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "models/gpt2.h"
-#include "nn/layer_norm.h"
+#include "nn/norm.h"
 #include "parallel/tensor_parallel_linear.h"
 
 namespace loom {
 
 class TpGpt2Block {
  public:
-  // config.n_heads and 4·d_model must divide over tp.size() (an error naming them otherwise).
+  // config.n_heads, its key/value heads and the MLP's width must divide over tp.size() (an error
+  // naming them otherwise).
   TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
               Communicator& tp, bool sequence_parallel);
   // x: (rows, C) — all B·T rows, or with sequence parallelism this rank's B·T/P rows, in order.
@@ -42,18 +50,27 @@ class TpGpt2Block {
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
-  Tensor gelu(Context& ctx) const;  // GELU(h_)
+  Tensor activation(Context& ctx) const;  // GELU(h_), or Llama's SwiGLU of h_
+  // The gradient at fc's output from dg, the activation's output gradient (overwritten), and
+  // fc's backward: the MLP's input gradient.
+  Tensor fc_backward(Context& ctx, Tensor& dg);
+  const Tensor& rope_table(Context& ctx);  // Llama: the (T_, head_dim) cos/sin table
   Recompute recompute_;
-  int64_t local_channels_, local_heads_;
+  bool llama_;
+  int64_t local_channels_, local_heads_, local_kv_heads_, local_hidden_, head_dim_;
+  double rope_theta_;
   int64_t B_ = 0, T_ = 0;
-  LayerNorm ln_1_;
+  std::unique_ptr<Norm> ln_1_;
   ColumnParallelLinear qkv_;
   RowParallelLinear attn_proj_;
-  LayerNorm ln_2_;
+  std::unique_ptr<Norm> ln_2_;
   ColumnParallelLinear fc_;
   RowParallelLinear mlp_proj_;
   std::vector<Parameter*> sp_params_;
-  Tensor qkv_out_, att_, lse_, h_;  // attention inputs/outputs and the GELU's input
+  // attention inputs (Llama: q, k turned and the shared heads repeated) and outputs, and the
+  // activation's input
+  Tensor qkv_out_, att_, lse_, h_;
+  Tensor rope_;
   Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
 };
 

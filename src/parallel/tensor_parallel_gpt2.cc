@@ -17,12 +17,12 @@ TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_paralle
     root_unit_ = 0;
     first_block_unit_ = 1;
     vocab_ = std::make_unique<VocabParallelEmbedding>(
-        params_, config.vocab_size, part_.embedding ? config.max_seq_len : 0, config.d_model,
-        config.init_std, tp, sequence_parallel);
+        params_, config.vocab_size, config_.position_rows(), config.d_model, config.init_std, tp,
+        sequence_parallel, /*lookup=*/part_.embedding);
   }
   if (part_.head) {
-    ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", config.d_model);
-    if (sequence_parallel) ln_f_params_ = {&params_.get("ln_f.weight"), &params_.get("ln_f.bias")};
+    ln_f_ = make_norm(params_, "ln_f", config.d_model, config_.llama(), config_.norm_eps);
+    if (sequence_parallel) ln_f_params_ = ln_f_->parameters();
   }
   for (int64_t l = part_.first_block; l < part_.end_block; ++l) {
     const std::string name = "blocks." + std::to_string(l);

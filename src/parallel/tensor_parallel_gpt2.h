@@ -57,7 +57,7 @@ class TpGpt2 : public Gpt2Stage {
   int root_unit_ = -1;  // -1: this part has neither end, so no root unit
   size_t first_block_unit_ = 0;
   std::unique_ptr<VocabParallelEmbedding> vocab_;  // the embedding, or the head's wte only
-  std::unique_ptr<LayerNorm> ln_f_;
+  std::unique_ptr<Norm> ln_f_;
   std::vector<std::unique_ptr<TpGpt2Block>> blocks_;
   std::vector<Parameter*> ln_f_params_;
 };

@@ -11,8 +11,13 @@ namespace loom {
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterStore& store, int64_t vocab,
                                                int64_t max_seq, int64_t channels, float init_std,
-                                               Communicator& tp, bool sequence_parallel)
-    : vocab_(vocab), channels_(channels), tp_(tp), sequence_parallel_(sequence_parallel) {
+                                               Communicator& tp, bool sequence_parallel,
+                                               bool lookup)
+    : vocab_(vocab),
+      channels_(channels),
+      tp_(tp),
+      sequence_parallel_(sequence_parallel),
+      lookup_(lookup) {
   const int64_t P = tp.size();
   local_vocab_ = (vocab + P - 1) / P;
   first_row_ = tp.rank() * local_vocab_;
@@ -21,19 +26,21 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParameterStore& store, int64_t vo
   if (real_rows_ > 0) pieces.push_back({0, real_rows_, Region{{vocab, channels}, {first_row_, 0}}});
   wte_ = store.add_shard("wte.weight", {local_vocab_, channels}, {vocab, channels}, pieces,
                          InitKind::kNormal, init_std);
-  if (max_seq > 0) wpe_ = store.add("wpe.weight", {max_seq, channels}, InitKind::kNormal, init_std);
+  if (lookup && max_seq > 0)
+    wpe_ = store.add("wpe.weight", {max_seq, channels}, InitKind::kNormal, init_std);
 }
 
 Tensor VocabParallelEmbedding::forward(Context& ctx, const Tensor& tokens) {
-  LOOM_CHECK_MSG(wpe_ != nullptr, "a head-only vocabulary-parallel embedding has no lookup");
+  LOOM_CHECK_MSG(lookup_, "a head-only vocabulary-parallel embedding has no lookup");
   if (tokens.ndim() != 2 || tokens.dtype() != DType::kI32) fail("embedding: tokens must be (B, T) i32");
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = channels_, N = B * T;
-  if (T > wpe_->shape[0]) fail("embedding: sequence length ", T, " exceeds max_seq_len ", wpe_->shape[0]);
+  if (wpe_ != nullptr && T > wpe_->shape[0]) fail("embedding: sequence length ", T, " exceeds max_seq_len ", wpe_->shape[0]);
   Tensor out = Tensor::empty({N, C}, DType::kF32, ctx.device);
   const bool add_positions = tp_.rank() == 0;  // once in the sum over ranks
   ops::vocab_shard_embedding_forward<float>(ctx.exec(), out.data<float>(), tokens.data<int32_t>(),
-                                            wte_->value.data<float>(), wpe_->value.data<float>(),
-                                            N, T, C, shard(), add_positions);
+                                            wte_->value.data<float>(),
+                                            wpe_ ? wpe_->value.data<float>() : nullptr, N, T, C,
+                                            shard(), add_positions);
   tokens_ = tokens;
   if (!sequence_parallel_) {
     tp_.all_reduce(out, ReduceOp::kSum);
@@ -53,7 +60,8 @@ void VocabParallelEmbedding::backward(Context& ctx, const Tensor& dy) {
     tp_.all_gather(dy, d);
   }
   ops::vocab_shard_embedding_backward<float>(ctx.exec(), wte_->grad.data<float>(),
-                                             wpe_->grad.data<float>(), d.data<float>(),
+                                             wpe_ ? wpe_->grad.data<float>() : nullptr,
+                                             d.data<float>(),
                                              tokens_.data<int32_t>(), N, T, C, shard());
   tokens_ = Tensor();
 }

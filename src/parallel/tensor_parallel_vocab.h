@@ -9,7 +9,7 @@
 // loss is the unpadded model's — the checks below compare against it.
 //
 // Embedding: each rank looks up the tokens in its slice (zeros elsewhere), rank 0 adds the
-// position embedding (replicated), and an all-reduce (sequence parallelism: a reduce-scatter
+// position embedding (replicated; Llama has none), and an all-reduce (sequence parallelism: a reduce-scatter
 // into this rank's rows) completes the sum.
 #pragma once
 
@@ -25,9 +25,11 @@ namespace loom {
 
 class VocabParallelEmbedding {
  public:
-  // max_seq = 0: the head only (a last pipeline stage's copy of the tied wte, no wpe).
+  // max_seq: rows of the position table (0: none, Llama). lookup = false: the head only (a last
+  // pipeline stage's copy of the tied wte; no wpe).
   VocabParallelEmbedding(ParameterStore& store, int64_t vocab, int64_t max_seq, int64_t channels,
-                         float init_std, Communicator& tp, bool sequence_parallel);
+                         float init_std, Communicator& tp, bool sequence_parallel,
+                         bool lookup = true);
   // tokens (B, T) i32 → (B·T, C), or this rank's (B·T/P, C) rows with sequence parallelism.
   // Tokens outside [0, vocab) are an error naming them.
   Tensor forward(Context& ctx, const Tensor& tokens);
@@ -47,12 +49,13 @@ class VocabParallelEmbedding {
   int64_t real_rows() const { return real_rows_; }      // of which real vocabulary rows
   VocabShard shard() const { return {first_row_, real_rows_, local_vocab_, vocab_}; }
   Parameter* wte() const { return wte_; }
-  Parameter* wpe() const { return wpe_; }  // null for a head only
+  Parameter* wpe() const { return wpe_; }  // null for a head only, and without positions
 
  private:
   int64_t vocab_, channels_, local_vocab_, first_row_, real_rows_;
   Communicator& tp_;
   bool sequence_parallel_;
+  bool lookup_;
   Parameter* wte_;
   Parameter* wpe_ = nullptr;
   Tensor tokens_;                               // embedding

@@ -51,7 +51,13 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
   const Gpt2Config model = model_config_of(config);
   const int64_t d = model.d_model, P = par.tp;
   const int64_t vocab_rows = P > 1 ? (model.vocab_size + P - 1) / P : model.vocab_size;
-  const int64_t per_block = P > 1 ? 12 * d * d / P + 7 * d / P + 6 * d : 12 * d * d + 13 * d;
+  // GPT-2: the matrices and their column-parallel biases split over tp; the LayerNorms and the
+  // row-parallel biases replicated. Llama: the matrices split, the two RMSNorms replicated.
+  const int64_t llama_matrices = d * model.qkv_width() + d * d + 3 * d * model.hidden();
+  const int64_t per_block = model.llama() ? llama_matrices / P + 2 * d
+                            : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
+                                          : 12 * d * d + 13 * d;
+  const int64_t ln_f = model.llama() ? d : 2 * d;
   const int stages = par.pp * par.virtual_stages;
   const std::vector<int64_t> bounds =
       pipeline_partition(model, config.model.seq_len, stages, par.layer_split);
@@ -60,8 +66,8 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
     std::vector<int64_t>& units = chunks.emplace_back();
     const int stage = pp_rank + c * par.pp;
     int64_t root = 0;
-    if (stage == 0) root += vocab_rows * d + model.max_seq_len * d;              // wte, wpe
-    if (stage == stages - 1) root += 2 * d + (stages > 1 ? vocab_rows * d : 0);  // ln_f, head copy
+    if (stage == 0) root += vocab_rows * d + model.position_rows() * d;         // wte, wpe
+    if (stage == stages - 1) root += ln_f + (stages > 1 ? vocab_rows * d : 0);  // ln_f, head copy
     if (root > 0) units.push_back(root);
     for (int64_t b = bounds[stage]; b < bounds[stage + 1]; ++b) units.push_back(per_block);
   }

@@ -27,11 +27,19 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output
   // (4) and the GELU's (4), N·C/P each.
-  const double everything = (2 + 2 * half) * rows * C + (qkv + half + 8 * half) * N * C / P;
+  double everything = (2 + 2 * half) * rows * C + (qkv + half + 8 * half) * N * C / P;
+  double selective = 2 * rows * C + (qkv + half + 4 * half) * N * C / P;
+  if (config.model.arch == "llama") {
+    // Llama (nn/causal_self_attention.h, nn/swiglu_mlp.h): the turned, repeated q | k | v (3) and
+    // the attention output (1) in fp32, proj's copy of it as its GEMMs read it (half); fc's
+    // output, gate and up (2·H), and the SwiGLU's output (H, kept by proj as read).
+    const double H = static_cast<double>(config.model.resolved_ffn_hidden());
+    everything = (2 + 2 * half) * rows * C + (4 + half) * N * C / P + (2 + half) * N * H / P;
+    selective = 2 * rows * C + (4 + half) * N * C / P + 2 * N * H / P;
+  }
   double per_block = everything;
   if (mode == "full") per_block = rows * C;
-  else if (mode == "selective")
-    per_block = 2 * rows * C + (qkv + half + 4 * half) * N * C / P;
+  else if (mode == "selective") per_block = selective;
   double per_micro_batch = per_block * static_cast<double>(blocks_on_rank);
   const bool last = pp_rank == par.pp - 1;
   if (last)

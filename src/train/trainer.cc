@@ -42,6 +42,7 @@ namespace fs = std::filesystem;
 
 Gpt2Config model_config_of(const Config& config) {
   Gpt2Config m;
+  m.arch = parse_arch(config.model.arch);
   m.vocab_size = config.model.vocab_size;
   m.max_seq_len = config.model.resolved_max_seq_len();
   m.d_model = config.model.d_model;
@@ -49,6 +50,12 @@ Gpt2Config model_config_of(const Config& config) {
   m.n_heads = config.model.n_heads;
   m.init_std = static_cast<float>(config.model.init_std);
   m.recompute = parse_recompute(config.resolved_recompute());
+  if (m.llama()) {
+    m.n_kv_heads = config.model.resolved_n_kv_heads();
+    m.ffn_hidden = config.model.resolved_ffn_hidden();
+    m.rope_theta = config.model.rope_theta;
+    m.norm_eps = config.model.norm_eps;
+  }
   return m;
 }
 

@@ -319,8 +319,38 @@ TEST(Config, ValidationNamesKeysAndValues) {
                          c.model.max_seq_len = 256;
                        }),
                        "model.seq_len = 512 exceeds model.max_seq_len = 256"));
-  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.arch = "llama"; }),
-                       "model.arch = \"llama\""));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.arch = "mamba"; }),
+                       "model.arch = \"mamba\" must be one of: gpt2, llama"));
+  // Llama's keys: an error under GPT-2 (they would do nothing), checked values under Llama.
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.n_kv_heads = 2; }),
+                       "model.n_kv_heads applies to model.arch = \"llama\" only"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.rope_theta = 5e5; }),
+                       "model.rope_theta applies to model.arch = \"llama\" only"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.n_heads = 4;
+                         c.model.n_kv_heads = 3;
+                       }),
+                       "model.n_kv_heads = 3 does not divide model.n_heads = 4"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.d_model = 12;
+                         c.model.n_heads = 4;  // head size 3: no pairs to rotate
+                       }),
+                       "model.d_model / model.n_heads = 3 must be even"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.norm_eps = 0;
+                       }),
+                       "model.norm_eps = 0.0 must be positive"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.ffn_hidden = 100;
+                         c.parallel.tp = 8;
+                         c.parallel.dp = 1;
+                         c.runtime.ranks = 8;
+                       }),
+                       "parallel.tp = 8 does not divide the SwiGLU's hidden width 100"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.vocab_size = 0; }),
                        "model.vocab_size = 0 must be positive"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.n_layers = -2; }),
@@ -567,5 +597,32 @@ TEST(Config, LoadConfigNamesTheFile) {
   EXPECT_EQ(load_config(good.path()), parse_config(kFull, "full.toml"));
 }
 
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+TEST(Config, LlamaDefaultsFollowLlamasRules) {
+  ModelConfig m;
+  m.arch = "llama";
+  m.d_model = 4096;  // Llama 2 7B: 8·4096/3 = 10922.67 → 11008, a multiple of 256
+  m.n_heads = 32;
+  EXPECT_EQ(m.resolved_ffn_hidden(), 11008);
+  EXPECT_EQ(m.resolved_n_kv_heads(), 32);  // 0: one key/value head per query head
+  m.n_kv_heads = 8;
+  m.ffn_hidden = 14336;  // Llama 3 8B
+  EXPECT_EQ(m.resolved_n_kv_heads(), 8);
+  EXPECT_EQ(m.resolved_ffn_hidden(), 14336);
+  m.arch = "gpt2";  // GPT-2: the 4× MLP and a key/value head per query head, whatever is set
+  EXPECT_EQ(m.resolved_ffn_hidden(), 4 * 4096);
+  EXPECT_EQ(m.resolved_n_kv_heads(), 32);
+  // The keys round-trip through the TOML the run directory keeps.
+  Config c;
+  c.model.arch = "llama";
+  c.model.n_kv_heads = 2;
+  c.model.rope_theta = 500000;
+  c.model.norm_eps = 1e-6;
+  EXPECT_EQ(parse_config(to_toml(c), "round trip"), c);
+}
 }  // namespace
 }  // namespace loom

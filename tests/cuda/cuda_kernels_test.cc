@@ -20,6 +20,7 @@
 #include "base/thread_pool.h"
 #include "harness/devices.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/rope.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/ops.h"
 #include "tensor/dtype.h"
@@ -519,6 +520,149 @@ TEST_F(CudaKernelsTest, LayerNormMatchesCpu) {
     EXPECT_TRUE(bitwise_equal(dw2.from_gpu(), dw3.from_gpu())) << "dweight";
     EXPECT_TRUE(bitwise_equal(db2.from_gpu(), db3.from_gpu())) << "dbias";
   }
+}
+
+// RMSNorm as LayerNorm above: C = 100, 768 and 2100 take the fused backward's two sizes and the
+// separate column sums; with the skip connection's gradient bit for bit the backward then
+// add_inplace on the GPU; the GPU's runs repeat bit for bit.
+TEST_F(CudaKernelsTest, RmsNormMatchesCpuAndRepeats) {
+  const int64_t N = 300;  // over several 64-row blocks (and 256-row chunks), the last partial
+  const double eps = 1e-5;
+  for (const int64_t C : {int64_t{100}, int64_t{768}, int64_t{2100}}) {
+    SCOPED_TRACE("C=" + std::to_string(C));
+    Pair x = random_pair(N * C, 140, -3.0, 5.0), w = random_pair(C, 141);
+    Pair y = pair_of(std::vector<float>(N * C)), rstd = pair_of(std::vector<float>(N));
+    ops::rmsnorm_forward<float>(on_cpu, y.h(), rstd.h(), x.h(), w.h(), N, C, eps);
+    ops::rmsnorm_forward<float>(on_gpu, y.g(), rstd.g(), x.g(), w.g(), N, C, eps);
+    expect_pair_close("out", y);
+    expect_pair_close("rstd", rstd);
+
+    Pair dy = random_pair(N * C, 143), dx = pair_of(std::vector<float>(N * C));
+    const std::vector<float> dw0 = random_floats(C, 144);
+    Pair dw = pair_of(dw0);  // accumulated onto
+    ops::rmsnorm_backward<float>(on_cpu, dx.h(), dw.h(), dy.h(), x.h(), w.h(), rstd.h(), N, C);
+    ops::rmsnorm_backward<float>(on_gpu, dx.g(), dw.g(), dy.g(), x.g(), w.g(), rstd.g(), N, C);
+    expect_pair_close("dinp", dx);
+    expect_pair_close("dweight", dw);
+
+    Pair dres = random_pair(N * C, 146, -100.0, 100.0), dx2 = pair_of(std::vector<float>(N * C));
+    Pair dw2 = pair_of(dw0);
+    ops::rmsnorm_backward_adding<float>(on_cpu, dx2.h(), dw2.h(), dy.h(), x.h(), w.h(), rstd.h(),
+                                        dres.h(), N, C);
+    ops::rmsnorm_backward_adding<float>(on_gpu, dx2.g(), dw2.g(), dy.g(), x.g(), w.g(), rstd.g(),
+                                        dres.g(), N, C);
+    expect_pair_close("dinp + dresidual", dx2);
+    Pair dx3 = pair_of(std::vector<float>(N * C)), dw3 = pair_of(dw0);
+    ops::rmsnorm_backward<float>(on_gpu, dx3.g(), dw3.g(), dy.g(), x.g(), w.g(), rstd.g(), N, C);
+    ops::add_inplace<float>(on_gpu, dx3.g(), dres.g(), N * C);
+    EXPECT_TRUE(bitwise_equal(dx2.from_gpu(), dx3.from_gpu())) << "dinp + dresidual";
+    EXPECT_TRUE(bitwise_equal(dw2.from_gpu(), dw3.from_gpu())) << "dweight";
+    EXPECT_TRUE(bitwise_equal(dw2.from_gpu(), dw.from_gpu())) << "dweight not reproducible";
+    EXPECT_FALSE(bitwise_equal(dx3.from_gpu(), dx.from_gpu())) << "dresidual not added";
+
+    const std::vector<float> first = y.from_gpu();
+    ops::rmsnorm_forward<float>(on_gpu, y.g(), rstd.g(), x.g(), w.g(), N, C, eps);
+    EXPECT_TRUE(bitwise_equal(y.from_gpu(), first)) << "out not reproducible";
+  }
+}
+
+// RoPE with the heads shared by groups of two, none (KV = NH) and all (KV = 1): the forward and
+// the backward (a shared head's gradients summed) near the CPU's, and bit for bit again on a
+// second GPU run; shapes it cannot share refused before anything runs.
+TEST_F(CudaKernelsTest, RopeGqaMatchesCpuAndRepeats) {
+  const int64_t B = 2, T = 37, hd = 16;
+  std::vector<float> table(T * hd);
+  cpu::rope_table(table.data(), T, hd, 10000.0);
+  Pair cs = pair_of(table);
+  using Heads = std::pair<int64_t, int64_t>;  // query heads, key/value heads
+  for (const auto& [NH, KV] : {Heads{4, 2}, Heads{4, 4}, Heads{4, 1}}) {
+    SCOPED_TRACE("NH=" + std::to_string(NH) + " KV=" + std::to_string(KV));
+    Pair qkv = random_pair(B * T * (NH + 2 * KV) * hd, 150, -3.0, 3.0);
+    Pair out = pair_of(std::vector<float>(B * T * 3 * NH * hd));
+    ops::rope_gqa_forward<float>(on_cpu, out.h(), qkv.h(), cs.h(), B, T, NH, KV, hd);
+    ops::rope_gqa_forward<float>(on_gpu, out.g(), qkv.g(), cs.g(), B, T, NH, KV, hd);
+    expect_pair_close("out", out);
+    Pair dout = random_pair(B * T * 3 * NH * hd, 151);
+    Pair dqkv = pair_of(std::vector<float>(B * T * (NH + 2 * KV) * hd));
+    ops::rope_gqa_backward<float>(on_cpu, dqkv.h(), dout.h(), cs.h(), B, T, NH, KV, hd);
+    ops::rope_gqa_backward<float>(on_gpu, dqkv.g(), dout.g(), cs.g(), B, T, NH, KV, hd);
+    expect_pair_close("dqkv", dqkv);
+
+    const std::vector<float> first_out = out.from_gpu(), first_dqkv = dqkv.from_gpu();
+    out.gpu.zero_();
+    dqkv.gpu.zero_();
+    ops::rope_gqa_forward<float>(on_gpu, out.g(), qkv.g(), cs.g(), B, T, NH, KV, hd);
+    ops::rope_gqa_backward<float>(on_gpu, dqkv.g(), dout.g(), cs.g(), B, T, NH, KV, hd);
+    EXPECT_TRUE(bitwise_equal(out.from_gpu(), first_out)) << "out not reproducible";
+    EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first_dqkv)) << "dqkv not reproducible";
+  }
+  Pair buf = pair_of(std::vector<float>(B * T * 10 * hd));
+  expect_refused(
+      [&] { ops::rope_gqa_forward<float>(on_gpu, buf.g(), buf.g(), cs.g(), B, T, 4, 3, hd); },
+      "3 key/value heads do not divide 4 query heads", "KV = 3 with NH = 4 was accepted");
+}
+
+// SwiGLU over gates far into both tails of the sigmoid; rows of 300 columns (not a multiple of
+// the CPU's vector widths).
+TEST_F(CudaKernelsTest, SwiGluMatchesCpuAndRepeats) {
+  const int64_t N = 37, H = 300;
+  Pair h = random_pair(N * 2 * H, 160, -12.0, 12.0), out = pair_of(std::vector<float>(N * H));
+  ops::swiglu_forward<float>(on_cpu, out.h(), h.h(), N, H);
+  ops::swiglu_forward<float>(on_gpu, out.g(), h.g(), N, H);
+  expect_pair_close("out", out);
+  Pair dout = random_pair(N * H, 161), dh = pair_of(std::vector<float>(N * 2 * H));
+  ops::swiglu_backward<float>(on_cpu, dh.h(), dout.h(), h.h(), N, H);
+  ops::swiglu_backward<float>(on_gpu, dh.g(), dout.g(), h.g(), N, H);
+  expect_pair_close("dh", dh);
+  const std::vector<float> first_out = out.from_gpu(), first_dh = dh.from_gpu();
+  ops::swiglu_forward<float>(on_gpu, out.g(), h.g(), N, H);
+  ops::swiglu_backward<float>(on_gpu, dh.g(), dout.g(), h.g(), N, H);
+  EXPECT_TRUE(bitwise_equal(out.from_gpu(), first_out)) << "out not reproducible";
+  EXPECT_TRUE(bitwise_equal(dh.from_gpu(), first_dh)) << "dh not reproducible";
+}
+
+// A model without a position table (wpe, dwpe null): the token rows, bit for bit the CPU's, and
+// dwte what it is with a table; the same for the vocabulary-shard kernels.
+TEST_F(CudaKernelsTest, EmbeddingWithoutAPositionTableMatchesCpu) {
+  const int64_t B = 3, T = 17, C = 40, V = 200;
+  IdPair tokens = ids_pair(random_ids(B * T, static_cast<int32_t>(V), 170));
+  Pair wte = random_pair(V * C, 171), out = pair_of(std::vector<float>(B * T * C));
+  ops::embedding_forward<float>(on_cpu, out.h(), tokens.host.data<int32_t>(), wte.h(), nullptr, B,
+                                T, C, V);
+  ops::embedding_forward<float>(on_gpu, out.g(), tokens.gpu.data<int32_t>(), wte.g(), nullptr, B, T,
+                                C, V);
+  EXPECT_TRUE(bitwise_equal(out.from_gpu(), out.from_host())) << "forward";
+  const std::vector<float> rows = out.from_host();
+  const std::vector<float> table = wte.from_host();
+  const auto* ids = tokens.host.data<int32_t>();
+  EXPECT_TRUE(std::equal(rows.begin(), rows.begin() + C, table.begin() + ids[0] * C))
+      << "not the token's row";
+
+  Pair dout = random_pair(B * T * C, 172);
+  const std::vector<float> dwte0 = random_floats(V * C, 173);
+  Pair without = pair_of(dwte0), with = pair_of(dwte0), dwpe = pair_of(std::vector<float>(T * C));
+  ops::embedding_backward<float>(on_cpu, without.h(), nullptr, dout.h(), ids, B, T, C);
+  ops::embedding_backward<float>(on_gpu, without.g(), nullptr, dout.g(), tokens.gpu.data<int32_t>(),
+                                 B, T, C);
+  ops::embedding_backward<float>(on_gpu, with.g(), dwpe.g(), dout.g(), tokens.gpu.data<int32_t>(),
+                                 B, T, C);
+  expect_pair_close("dwte", without);
+  EXPECT_TRUE(bitwise_equal(without.from_gpu(), with.from_gpu())) << "dwte";
+
+  const VocabShard shard{40, 30, 34, V};
+  Pair shard_wte = random_pair(shard.rows * C, 174),
+       shard_out = pair_of(std::vector<float>(B * T * C));
+  ops::vocab_shard_embedding_forward<float>(on_cpu, shard_out.h(), ids, shard_wte.h(), nullptr,
+                                            B * T, T, C, shard, true);
+  ops::vocab_shard_embedding_forward<float>(on_gpu, shard_out.g(), tokens.gpu.data<int32_t>(),
+                                            shard_wte.g(), nullptr, B * T, T, C, shard, true);
+  EXPECT_TRUE(bitwise_equal(shard_out.from_gpu(), shard_out.from_host())) << "shard forward";
+  Pair shard_dwte = random_pair(shard.rows * C, 175);
+  ops::vocab_shard_embedding_backward<float>(on_cpu, shard_dwte.h(), nullptr, dout.h(), ids, B * T,
+                                             T, C, shard);
+  ops::vocab_shard_embedding_backward<float>(on_gpu, shard_dwte.g(), nullptr, dout.g(),
+                                             tokens.gpu.data<int32_t>(), B * T, T, C, shard);
+  EXPECT_TRUE(bitwise_equal(shard_dwte.from_gpu(), shard_dwte.from_host())) << "shard dwte";
 }
 
 TEST_F(CudaKernelsTest, EmbeddingMatchesCpuAndRefusesBadTokens) {

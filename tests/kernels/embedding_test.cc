@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "kernel_test_util.h"
+#include "kernels/cpu/vocab_shard.h"
 
 namespace loom::cpu {
 namespace {
@@ -53,6 +54,47 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
   for (size_t i = 0; i < dwpe.size(); ++i) dwpe[i] -= dwpe0[i];
   ktest::expect_gradient("dwte", wte, loss, dwte);
   ktest::expect_gradient("dwpe", wpe, loss, dwpe);  // rows T..maxT-1 must stay untouched
+}
+
+// Without a position table (wpe and dwpe null: Llama's positions enter in the attention): the
+// token rows alone, and dwte exactly what it is with one.
+TEST(Embedding, WithoutAPositionTableIsTheTokenRows) {
+  ThreadPool pool(3);
+  const int64_t B = 2, T = 5, C = 8, V = 11;
+  const auto tokens = make_tokens(B * T, V);
+  const auto wte = ktest::convert<float>(random_vector(V * C, 1));
+  const auto wpe = ktest::convert<float>(random_vector(T * C, 2));
+  std::vector<float> out(B * T * C, -1.0f);
+  embedding_forward<float>(pool, out.data(), tokens.data(), wte.data(), nullptr, B, T, C, V);
+  std::vector<float> expected(B * T * C);
+  for (int64_t i = 0; i < B * T; ++i)
+    for (int64_t c = 0; c < C; ++c) expected[i * C + c] = wte[tokens[i] * C + c];
+  EXPECT_EQ(out, expected);
+
+  const auto dout = ktest::convert<float>(random_vector(B * T * C, 3));
+  const auto dwte0 = ktest::convert<float>(random_vector(V * C, 4));
+  std::vector<float> without = dwte0, with = dwte0, dwpe(T * C, 0.0f);
+  embedding_backward<float>(pool, without.data(), nullptr, dout.data(), tokens.data(), B, T, C);
+  embedding_backward<float>(pool, with.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  EXPECT_EQ(without, with);
+  EXPECT_NE(without, dwte0);
+
+  // The vocabulary-parallel twin: a null table adds nothing even where add_positions says so.
+  const VocabShard shard{3, 6, 7, V};
+  std::vector<float> shard_out(B * T * C, -1.0f), shard_plain(B * T * C, -2.0f);
+  vocab_shard_embedding_forward(pool, shard_out.data(), tokens.data(), wte.data(), nullptr, B * T,
+                                T, C, shard, true);
+  vocab_shard_embedding_forward(pool, shard_plain.data(), tokens.data(), wte.data(), wpe.data(),
+                                B * T, T, C, shard, false);
+  EXPECT_EQ(shard_out, shard_plain);
+  std::vector<float> shard_without(shard.rows * C, 0.5f), shard_with = shard_without;
+  std::vector<float> shard_dwpe(T * C, 0.0f);
+  vocab_shard_embedding_backward(pool, shard_without.data(), nullptr, dout.data(), tokens.data(),
+                                 B * T, T, C, shard);
+  vocab_shard_embedding_backward(pool, shard_with.data(), shard_dwpe.data(), dout.data(),
+                                 tokens.data(), B * T, T, C, shard);
+  EXPECT_EQ(shard_without, shard_with);
+  EXPECT_NE(shard_dwpe, std::vector<float>(T * C, 0.0f)) << "the table's gradient, with one";
 }
 
 TEST(Embedding, BadTokenThrowsNamingIt) {

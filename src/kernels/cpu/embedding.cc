@@ -16,8 +16,12 @@ void embedding_forward(ThreadPool& pool, Real* out, const int32_t* tokens, const
   pool.parallel_for(B * T, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const Real* te = wte + tokens[i] * C;
-      const Real* pe = wpe + (i % T) * C;
       Real* o = out + i * C;
+      if (wpe == nullptr) {
+        for (int64_t c = 0; c < C; ++c) o[c] = te[c];
+        continue;
+      }
+      const Real* pe = wpe + (i % T) * C;
       for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
     }
   });
@@ -31,6 +35,10 @@ void embedding_backward(ThreadPool& pool, Real* dwte, Real* dwpe, const Real* do
     for (int64_t i = 0; i < B * T; ++i) {
       const Real* d = dout + i * C;
       Real* te = dwte + tokens[i] * C;
+      if (dwpe == nullptr) {
+        for (int64_t c = c0; c < c1; ++c) te[c] += d[c];
+        continue;
+      }
       Real* pe = dwpe + (i % T) * C;
       for (int64_t c = c0; c < c1; ++c) {
         te[c] += d[c];

@@ -19,4 +19,7 @@
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/vocab_shard.h"

@@ -22,7 +22,7 @@ void vocab_shard_embedding_forward(ThreadPool& pool, float* out, const int32_t* 
         for (int64_t c = 0; c < C; ++c) o[c] = wte[row * C + c];
       else
         for (int64_t c = 0; c < C; ++c) o[c] = 0.0f;
-      if (add_positions)
+      if (add_positions && wpe != nullptr)
         for (int64_t c = 0; c < C; ++c) o[c] += wpe[(i % T) * C + c];
     }
   });
@@ -38,7 +38,7 @@ void vocab_shard_embedding_backward(ThreadPool& pool, float* dwte, float* dwpe, 
       const int64_t row = tokens[i] - shard.first_row;
       for (int64_t c = c0; c < c1; ++c) {
         if (row >= 0 && row < shard.real_rows) dwte[row * C + c] += g[c];
-        dwpe[(i % T) * C + c] += g[c];
+        if (dwpe != nullptr) dwpe[(i % T) * C + c] += g[c];
       }
     }
   });

@@ -22,14 +22,16 @@ struct VocabShard {
 namespace loom::cpu {
 
 // out (N, C) = wte[token - first_row] for tokens of the shard, zero rows for the others, plus
-// wpe[i mod T] when add_positions (on one rank of the group). Overwrites out. A token outside
-// [0, vocab) throws loom::Error naming it and its position, before anything is written.
+// wpe[i mod T] when add_positions (on one rank of the group) and wpe is not null (null: a model
+// without a position table). Overwrites out. A token outside [0, vocab) throws loom::Error naming
+// it and its position, before anything is written.
 void vocab_shard_embedding_forward(ThreadPool& pool, float* out, const int32_t* tokens,
                                    const float* wte, const float* wpe, int64_t N, int64_t T,
                                    int64_t C, const VocabShard& shard, bool add_positions);
 
 // dwte (rows, C) and dwpe (T, C) accumulate dout (N, C): dwte only for the shard's tokens, dwpe
-// always (every rank holds the whole position table). Rows are summed in position order.
+// always (every rank holds the whole position table) unless it is null (no position table). Rows
+// are summed in position order.
 void vocab_shard_embedding_backward(ThreadPool& pool, float* dwte, float* dwpe, const float* dout,
                                     const int32_t* tokens, int64_t N, int64_t T, int64_t C,
                                     const VocabShard& shard);

@@ -1,7 +1,8 @@
-// Token + position embedding. The backward is deterministic without atomics: dwpe has one thread
-// per (t, c) summing over b in order; dwte has one thread per (channel, vocabulary partition):
-// it walks all B·T tokens in order and adds the rows whose id falls in its partition, so each
-// element of dwte has one owner and one order of additions, however often a token repeats.
+// Token + position embedding (the token rows alone where there is no position table: wpe and
+// dwpe null). The backward is deterministic without atomics: dwpe has one thread per (t, c)
+// summing over b in order; dwte has one thread per (channel, vocabulary partition): it walks all
+// B·T tokens in order and adds the rows whose id falls in its partition, so each element of dwte
+// has one owner and one order of additions, however often a token repeats.
 #include "base/error.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
@@ -22,7 +23,8 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t bt = i / C, c = i % C;
-    out[i] = wte[static_cast<int64_t>(tokens[bt]) * C + c] + wpe[(bt % T) * C + c];
+    const float te = wte[static_cast<int64_t>(tokens[bt]) * C + c];
+    out[i] = wpe != nullptr ? te + wpe[(bt % T) * C + c] : te;
   }
 }
 
@@ -99,8 +101,9 @@ void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
   if (B * T == 0) return;
   DeviceGuard guard(device);
-  launch("embedding_backward (dwpe)", embedding_backward_wpe_kernel,
-         static_cast<unsigned>((T * C + kThreads - 1) / kThreads), kThreads, dwpe, dout, B, T, C);
+  if (dwpe != nullptr)
+    launch("embedding_backward (dwpe)", embedding_backward_wpe_kernel,
+           static_cast<unsigned>((T * C + kThreads - 1) / kThreads), kThreads, dwpe, dout, B, T, C);
   const dim3 grid(static_cast<unsigned>((C + 127) / 128), kVocabPartitions);
   if ((B * T) % 4 == 0 && aligned_to(tokens, 16))
     launch("embedding_backward (dwte)", embedding_backward_wte_kernel<4>, grid, 128, dwte, dout,

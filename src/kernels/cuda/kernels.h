@@ -251,7 +251,32 @@ void layernorm_backward_adding(int device, float* dinp, float* dweight, float* d
                                const float* mean, const float* rstd, const float* dresidual,
                                int64_t N, int64_t C);
 
-// Checks the tokens (a 4-byte copy back) and throws loom::Error naming the first bad one.
+// RMSNorm (cpu/rmsnorm.h): a warp per row, dweight as fixed-order column sums.
+void rmsnorm_forward(int device, float* out, float* rstd, const float* inp, const float* weight,
+                     int64_t N, int64_t C, double eps);
+void rmsnorm_backward(int device, float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t N, int64_t C);
+// rmsnorm_backward with dresidual (N × C) added to dinp in the same kernel (the skip connection
+// around a pre-norm branch): bit for bit rmsnorm_backward then add_inplace(dinp, dresidual).
+void rmsnorm_backward_adding(int device, float* dinp, float* dweight, const float* dout,
+                             const float* inp, const float* weight, const float* rstd,
+                             const float* dresidual, int64_t N, int64_t C);
+
+// Rotary position embedding with grouped-query attention's head sharing (cpu/rope.h); cos_sin
+// (T, hd) is cpu::rope_table's, copied to the GPU. The backward sums a shared key/value head's
+// gradients in ascending query head, as the CPU does: one thread per output element, no atomics.
+void rope_gqa_forward(int device, float* out, const float* qkv, const float* cos_sin, int64_t B,
+                      int64_t T, int64_t NH, int64_t KV, int64_t hd);
+void rope_gqa_backward(int device, float* dqkv, const float* dout, const float* cos_sin, int64_t B,
+                       int64_t T, int64_t NH, int64_t KV, int64_t hd);
+
+// SwiGLU (cpu/swiglu.h): h (N, 2H) = [gate | up], out (N, H); dh (N, 2H) overwritten.
+void swiglu_forward(int device, float* out, const float* h, int64_t N, int64_t H);
+void swiglu_backward(int device, float* dh, const float* dout, const float* h, int64_t N,
+                     int64_t H);
+
+// Checks the tokens (a 4-byte copy back) and throws loom::Error naming the first bad one. wpe
+// null: no position embedding (and dwpe null: no position gradient), as on the CPU.
 void embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V);
 void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
@@ -318,6 +343,7 @@ void lm_head_backward_from_rounded_logits(int device, float* dinp, float* dweigh
                                           int64_t C, int64_t V);
 
 // ---- a vocabulary-parallel embedding and LM head (kernels/cpu/vocab_shard.h) -----------------
+// (wpe / dwpe null: no position table, as on the CPU.)
 
 void vocab_shard_embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
                                    const float* wpe, int64_t N, int64_t T, int64_t C,

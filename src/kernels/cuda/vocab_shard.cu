@@ -96,7 +96,7 @@ void vocab_shard_embedding_forward(int device, float* out, const int32_t* tokens
     fail("embedding: token ", bad, " at position ", i, " outside [0, ", shard.vocab, ")");
   launch("vocab_shard_embedding_forward", shard_embedding_forward_kernel,
          blocks_for(N * C, kThreads), kThreads, out, tokens, wte, wpe, N, T, C, shard,
-         add_positions);
+         add_positions && wpe != nullptr);
 }
 
 void vocab_shard_embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
@@ -104,8 +104,9 @@ void vocab_shard_embedding_backward(int device, float* dwte, float* dwpe, const 
                                     const VocabShard& shard) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  launch("vocab_shard_embedding_backward (dwpe)", shard_embedding_wpe_kernel,
-         static_cast<unsigned>((T * C + kThreads - 1) / kThreads), kThreads, dwpe, dout, N, T, C);
+  if (dwpe != nullptr)  // null: no position table
+    launch("vocab_shard_embedding_backward (dwpe)", shard_embedding_wpe_kernel,
+           static_cast<unsigned>((T * C + kThreads - 1) / kThreads), kThreads, dwpe, dout, N, T, C);
   const dim3 grid(static_cast<unsigned>((C + 127) / 128), kVocabPartitions);
   launch("vocab_shard_embedding_backward (dwte)", shard_embedding_wte_kernel, grid, 128, dwte, dout,
          tokens, N, C, shard);

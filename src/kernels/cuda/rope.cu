@@ -1,0 +1,100 @@
+// Rotary position embedding with grouped-query attention's head sharing (kernels/cpu/rope.h):
+// one thread per (row, head, rotation pair i / i + hd/2) of the output, in a grid-stride loop.
+// The backward gives each input element one owner that adds the gradients of the query heads
+// sharing its key or value head in ascending head, then rotates back — the CPU's order, so no
+// atomics and the same sums.
+#include "base/error.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+namespace {
+
+// out (BT, 3·NH·hd) from qkv (BT, (NH + 2·KV)·hd): thread e handles pair i of output head j
+// (q heads, then k heads, then v heads, NH each) of row r.
+__global__ void rope_gqa_forward_kernel(float* out, const float* qkv, const float* cos_sin,
+                                        int64_t BT, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  const int64_t half = hd / 2, group = NH / KV, in_row = (NH + 2 * KV) * hd;
+  const int64_t n = BT * 3 * NH * half;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t i = e % half, j = (e / half) % (3 * NH), r = e / half / (3 * NH);
+    const float* row = qkv + r * in_row;
+    float* y = out + r * 3 * NH * hd + j * hd;
+    if (j >= 2 * NH) {  // a value head, shared: copied
+      const float* v = row + (NH + KV) * hd + ((j - 2 * NH) / group) * hd;
+      y[i] = v[i];
+      y[i + half] = v[i + half];
+      continue;
+    }
+    const float* x = j < NH ? row + j * hd : row + NH * hd + ((j - NH) / group) * hd;
+    const float* cs = cos_sin + (r % T) * hd;
+    const float c = cs[i], s = cs[half + i], x0 = x[i], x1 = x[i + half];
+    y[i] = x0 * c - x1 * s;
+    y[i + half] = x1 * c + x0 * s;
+  }
+}
+
+// dqkv (BT, (NH + 2·KV)·hd) from dout (BT, 3·NH·hd): thread e handles pair i of input head j (q
+// heads, then k heads, then v heads) of row r.
+__global__ void rope_gqa_backward_kernel(float* dqkv, const float* dout, const float* cos_sin,
+                                         int64_t BT, int64_t T, int64_t NH, int64_t KV,
+                                         int64_t hd) {
+  const int64_t half = hd / 2, group = NH / KV, heads = NH + 2 * KV;
+  const int64_t n = BT * heads * half;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t i = e % half, j = (e / half) % heads, r = e / half / heads;
+    const float* row = dout + r * 3 * NH * hd;
+    float* dx = dqkv + r * heads * hd + j * hd;
+    float d0, d1;
+    if (j < NH) {
+      d0 = row[j * hd + i];
+      d1 = row[j * hd + i + half];
+    } else {
+      // The key (or value) gradients of query heads kv·group .. kv·group + group − 1, in order.
+      const bool key = j < NH + KV;
+      const float* dy = row + (key ? NH : 2 * NH) * hd + (j - (key ? NH : NH + KV)) * group * hd;
+      d0 = dy[i];
+      d1 = dy[i + half];
+      for (int64_t h = 1; h < group; ++h) {
+        d0 += dy[h * hd + i];
+        d1 += dy[h * hd + i + half];
+      }
+      if (!key) {
+        dx[i] = d0;
+        dx[i + half] = d1;
+        continue;
+      }
+    }
+    const float* cs = cos_sin + (r % T) * hd;
+    const float c = cs[i], s = cs[half + i];
+    dx[i] = d0 * c + d1 * s;
+    dx[i + half] = d1 * c - d0 * s;
+  }
+}
+
+}  // namespace
+
+void rope_gqa_forward(int device, float* out, const float* qkv, const float* cos_sin, int64_t B,
+                      int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  cpu::check_rope_gqa_shape("rope_gqa_forward", NH, KV, hd);
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  launch("rope_gqa_forward", rope_gqa_forward_kernel,
+         blocks_for(B * T * 3 * NH * (hd / 2), kThreads), kThreads, out, qkv, cos_sin, B * T, T, NH,
+         KV, hd);
+}
+
+void rope_gqa_backward(int device, float* dqkv, const float* dout, const float* cos_sin, int64_t B,
+                       int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  cpu::check_rope_gqa_shape("rope_gqa_backward", NH, KV, hd);
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  launch("rope_gqa_backward", rope_gqa_backward_kernel,
+         blocks_for(B * T * (NH + 2 * KV) * (hd / 2), kThreads), kThreads, dqkv, dout, cos_sin,
+         B * T, T, NH, KV, hd);
+}
+
+}  // namespace loom::cuda

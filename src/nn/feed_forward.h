@@ -1,0 +1,28 @@
+// A transformer block's MLP: GPT-2's GELU MLP (nn/mlp.h) or Llama's SwiGLU (nn/swiglu_mlp.h)
+// behind one interface, so a block is written once for both.
+#pragma once
+
+#include <vector>
+
+#include "nn/context.h"
+#include "tensor/tensor.h"
+
+namespace loom {
+
+class FeedForward {
+ public:
+  virtual ~FeedForward() = default;
+  virtual Tensor forward(Context& ctx, const Tensor& x) = 0;
+  // forward + residual, the block's skip connection added by the output projection.
+  virtual Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) = 0;
+  virtual Tensor backward(Context& ctx, const Tensor& dy) = 0;
+  virtual void clear_cache() = 0;
+  // Selective recomputation (models/gpt2.h), for the owner right after forward: drops the
+  // cached input (the owner's norm output, handed back by restore_input before backward) and
+  // the activation's output, which backward rebuilds from the kept projection output.
+  virtual void drop_recomputable() = 0;
+  virtual void restore_input(const Tensor& x) = 0;
+  virtual void collect_cache(std::vector<Tensor*>& out) = 0;
+};
+
+}  // namespace loom

@@ -1,0 +1,40 @@
+// Llama's MLP (Shazeer 2020, "GLU Variants Improve Transformer"): proj(silu(gate(x)) ⊙ up(x)),
+// no biases. The gate and up projections are one fused Linear, fc (C -> 2H: the gate's H rows,
+// then the up projection's), so one GEMM makes both and the tensor-parallel split takes a slice
+// of each (parallel/tensor_parallel_block.h); proj is H -> C.
+#pragma once
+
+#include <string>
+
+#include "nn/feed_forward.h"
+#include "nn/linear.h"
+
+namespace loom {
+
+class SwiGluMlp : public FeedForward {
+ public:
+  // proj_std: the residual-stream projection's init std (scaled by depth, as GPT-2's).
+  SwiGluMlp(ParameterStore& store, const std::string& name, int64_t channels, int64_t hidden,
+            float init_std, float proj_std);
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void clear_cache() override;
+  // Drops fc's input and proj's (the SwiGLU output, rebuilt from the kept fc output h).
+  void drop_recomputable() override;
+  void restore_input(const Tensor& x) override { fc_.restore_input(x); }
+  void collect_cache(std::vector<Tensor*>& out) override {
+    fc_.collect_cache(out);
+    proj_.collect_cache(out);
+    out.push_back(&h_);
+  }
+
+ private:
+  Tensor swiglu(Context& ctx) const;  // silu(gate) ⊙ up of h_
+  int64_t hidden_;
+  Linear fc_;
+  Linear proj_;
+  Tensor h_;  // (..., 2H) fc output: the gate and up projections side by side
+};
+
+}  // namespace loom

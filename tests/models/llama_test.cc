@@ -1,0 +1,227 @@
+// Llama's form of the model (Gpt2Config::arch = kLlama): RMSNorm, rotary attention with
+// grouped-query heads, SwiGLU, no biases, no position table. The gradient of every parameter
+// against finite differences in double, with shared and with unshared key/value heads; the
+// parameter inventory; recomputation modes bit for bit; the cache of a block counted exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../nn/gradcheck.h"
+#include "base/error.h"
+#include "models/gpt2.h"
+#include "tensor/rng.h"
+
+namespace loom {
+namespace {
+
+Gpt2Config tiny_llama(int64_t kv_heads = 1) {
+  Gpt2Config c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = 11;
+  c.max_seq_len = 6;
+  c.d_model = 8;
+  c.n_layers = 2;
+  c.n_heads = 2;  // head size 4: two rotated pairs
+  c.n_kv_heads = kv_heads;
+  c.ffn_hidden = 12;
+  c.rope_theta = 10.0;  // turns that differ a lot between positions 0..5
+  c.init_std = 0.3f;
+  return c;
+}
+
+void fill_batch(Tensor& tokens, Tensor& targets, int64_t vocab, uint64_t seed) {
+  RandomStream rng(seed, "test.batch");
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % vocab);
+    targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % vocab);
+  }
+}
+
+void grad_check(const Gpt2Config& c) {
+  ThreadPool pool(2);
+  Context ctx{&pool, Device::cpu(), DType::kF64};
+  Gpt2 model(c);
+  model.build(DType::kF64, Device::cpu(), 3);
+  for (const auto& p : model.params().parameters()) {  // RMSNorm gains away from one
+    Tensor r = testing::random_f64(p->shape, p->name + ".perturb", 0.2);
+    for (int64_t i = 0; i < p->numel(); ++i) p->value.data<double>()[i] += r.data<double>()[i];
+  }
+  Tensor tokens = Tensor::empty({2, 5}, DType::kI32), targets = Tensor::empty({2, 5}, DType::kI32);
+  fill_batch(tokens, targets, c.vocab_size, 1);
+  testing::GradCheck gc{[&] { return model.forward(ctx, tokens, targets); },
+                        [&] { model.backward(ctx); return Tensor(); },
+                        [&] { model.clear_cache(); }};
+  gc.run(model.params(), nullptr);
+}
+
+TEST(Llama, WholeModelGradCheckInDoubleWithSharedKeyValueHeads) { grad_check(tiny_llama(1)); }
+
+TEST(Llama, WholeModelGradCheckInDoubleWithAKeyValueHeadPerQueryHead) {
+  grad_check(tiny_llama(2));
+}
+
+TEST(Llama, ParametersAreLlamasAndTheirCountIsTheConfigs) {
+  const Gpt2Config c = tiny_llama(1);
+  Gpt2 model(c);
+  int64_t total = 0;
+  for (const auto& p : model.params().parameters()) {
+    total += p->numel();
+    EXPECT_FALSE(p->name.ends_with(".bias")) << p->name << ": Llama has no biases";
+  }
+  EXPECT_EQ(total, c.num_parameters());
+  EXPECT_EQ(model.params().find("wpe.weight"), nullptr);  // positions enter by rotation
+  // qkv: 2 query heads and 1 shared key and value head of size 4 → (8 + 2·4) × 8.
+  EXPECT_EQ(model.params().get("blocks.1.attn.qkv.weight").shape, (Shape{16, 8}));
+  EXPECT_EQ(model.params().get("blocks.0.mlp.fc.weight").shape, (Shape{24, 8}));  // gate | up
+  EXPECT_EQ(model.params().get("blocks.0.mlp.proj.weight").shape, (Shape{8, 12}));
+  EXPECT_EQ(model.params().get("ln_f.weight").shape, (Shape{8}));
+  EXPECT_EQ(model.params().find("ln_f.bias"), nullptr);  // RMSNorm: a gain only
+}
+
+TEST(Llama, InitialLossIsNearLogVocabAndTrainingLowersIt) {
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  Gpt2Config c = tiny_llama(2);
+  c.vocab_size = 64;
+  c.d_model = 32;
+  c.n_heads = 4;
+  c.ffn_hidden = 64;
+  c.init_std = 0.02f;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  Tensor tokens = Tensor::empty({2, 6}, DType::kI32), targets = Tensor::empty({2, 6}, DType::kI32);
+  fill_batch(tokens, targets, c.vocab_size, 2);
+  const double first = model.forward(ctx, tokens, targets);
+  EXPECT_NEAR(first, std::log(64.0), 0.05);
+  model.backward(ctx);
+  // Plain gradient descent on one batch: the loss must fall.
+  for (int step = 0; step < 20; ++step) {
+    for (const auto& p : model.params().parameters())
+      for (int64_t i = 0; i < p->numel(); ++i) p->value.data<float>()[i] -= 0.5f * p->grad.data<float>()[i];
+    model.params().zero_grads();
+    model.forward(ctx, tokens, targets);
+    model.backward(ctx);
+  }
+  EXPECT_LT(model.forward(ctx, tokens, targets), 0.5 * first);
+}
+
+TEST(Llama, PositionsMatterThroughTheRotation) {
+  // Without a position table, only the rotation tells positions apart: the same token at two
+  // positions after the same prefix token gets different logits.
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  Gpt2 model(tiny_llama(1));
+  model.build(DType::kF32, Device::cpu(), 7);
+  Tensor tokens = Tensor::empty({1, 4}, DType::kI32);
+  for (int i = 0; i < 4; ++i) tokens.data<int32_t>()[i] = i % 2 == 0 ? 3 : 5;  // 3 5 3 5
+  Tensor logits = model.logits(ctx, tokens);
+  const float* l = logits.data<float>();
+  const int64_t V = 11;
+  double diff = 0;  // position 1 and 3 both read "3 5", but at other distances from the start
+  for (int64_t v = 0; v < V; ++v) diff += std::abs(l[1 * V + v] - l[3 * V + v]);
+  EXPECT_GT(diff, 1e-4);
+}
+
+struct LlamaRun {
+  std::vector<double> losses;
+  std::vector<float> grads;
+};
+
+LlamaRun run_mode(Recompute mode) {
+  ThreadPool pool(2);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  Gpt2Config c = tiny_llama(1);
+  c.init_std = 0.02f;
+  c.recompute = mode;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 9);
+  LlamaRun run;
+  for (int m = 0; m < 2; ++m) {
+    Tensor tokens = Tensor::empty({3, 6}, DType::kI32), targets = Tensor::empty({3, 6}, DType::kI32);
+    fill_batch(tokens, targets, c.vocab_size, 10 + m);
+    run.losses.push_back(model.forward(ctx, tokens, targets));
+    model.unstash_activations(model.stash_activations());  // as a pipeline schedule does
+    model.backward(ctx, 0.5);
+  }
+  run.grads = model.params().grads().to_vector();
+  return run;
+}
+
+TEST(Llama, RecomputationModesGiveBitwiseIdenticalLossAndGradients) {
+  const LlamaRun none = run_mode(Recompute::kNone);
+  for (Recompute mode : {Recompute::kFull, Recompute::kSelective}) {
+    SCOPED_TRACE(recompute_name(mode));
+    const LlamaRun run = run_mode(mode);
+    ASSERT_EQ(run.losses.size(), none.losses.size());
+    for (size_t m = 0; m < run.losses.size(); ++m)
+      EXPECT_EQ(std::memcmp(&run.losses[m], &none.losses[m], sizeof(double)), 0);
+    ASSERT_EQ(run.grads.size(), none.grads.size());
+    EXPECT_EQ(std::memcmp(run.grads.data(), none.grads.data(), none.grads.size() * 4), 0);
+  }
+}
+
+int64_t distinct_bytes(const std::vector<Tensor*>& slots) {
+  std::vector<const void*> seen;
+  int64_t bytes = 0;
+  for (const Tensor* t : slots) {
+    if (!t->defined()) continue;
+    bool dup = false;
+    for (const void* p : seen) dup = dup || p == t->raw();
+    if (dup) continue;
+    seen.push_back(t->raw());
+    bytes += t->numel() * static_cast<int64_t>(dtype_size(t->dtype()));
+  }
+  return bytes;
+}
+
+// One Llama block's cache, exactly: N = B·T rows, C channels, H the SwiGLU's width; in floats.
+//   none:      x, ln_1 out, q | k | v turned and repeated (3C), attention out, x1, ln_2 out,
+//              h (gate | up, 2H), SwiGLU out (H) = 8·N·C + 3·N·H, + both rstd (2·N) + the
+//              attention's log-sum-exp (B·NH·T)
+//   selective: less both RMSNorm outputs and the SwiGLU output = 6·N·C + 2·N·H + 2·N + B·NH·T
+//   full:      the input, N·C
+TEST(LlamaBlock, CacheBytesPerRecomputationMode) {
+  const Gpt2Config c = tiny_llama(1);
+  const int64_t B = 3, T = 6, N = B * T, C = c.d_model, H = c.ffn_hidden, NH = c.n_heads;
+  for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective}) {
+    SCOPED_TRACE(recompute_name(mode));
+    ThreadPool pool(1);
+    Context ctx{&pool, Device::cpu(), DType::kF32};
+    Gpt2Config mc = c;
+    mc.recompute = mode;
+    ParameterStore store;
+    Gpt2Block block(store, "blocks.0", mc);
+    store.allocate(DType::kF32, Device::cpu());
+    store.initialize(4);
+    Tensor x = Tensor::empty({B, T, C}, DType::kF32);
+    init_normal(x, 1, "x", 0.0f, 1.0f);
+    block.forward(ctx, x);
+    std::vector<Tensor*> slots;
+    block.collect_cache(slots);
+    const int64_t expected = mode == Recompute::kNone ? 8 * N * C + 3 * N * H + 2 * N + B * NH * T
+                             : mode == Recompute::kFull ? N * C
+                                                        : 6 * N * C + 2 * N * H + 2 * N + B * NH * T;
+    EXPECT_EQ(distinct_bytes(slots), 4 * expected);
+  }
+}
+
+TEST(Llama, ArchNamesRoundTripAndBadValuesAreErrors) {
+  EXPECT_EQ(parse_arch("llama"), Arch::kLlama);
+  EXPECT_EQ(parse_arch("gpt2"), Arch::kGpt2);
+  EXPECT_THROW(parse_arch("mamba"), Error);
+  Gpt2Config c = tiny_llama(1);
+  c.n_kv_heads = 3;  // does not divide 2 query heads
+  try {
+    Gpt2 model(c);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_kv_heads = 3 does not divide model.n_heads = 2"),
+              std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom
