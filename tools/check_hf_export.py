@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks a `loom checkpoint export --format hf` directory with HuggingFace transformers: loads it
-with GPT2LMHeadModel.from_pretrained and prints the greedy continuation of a byte-level prompt,
+with AutoModelForCausalLM.from_pretrained (GPT2LMHeadModel, or LlamaForCausalLM for a
+model.arch = "llama" export) and prints the greedy continuation of a byte-level prompt,
 which must equal `loom sample --checkpoint CKPT --prompt PROMPT --tokens N --temperature 0` of the
 same checkpoint (the models compute the same logits up to float rounding).
 
@@ -17,7 +18,7 @@ if os.environ.get("EXTRA_PYTHONPATH"):
     sys.path.append(os.environ["EXTRA_PYTHONPATH"])
 
 import torch  # noqa: E402
-from transformers import GPT2LMHeadModel  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 
 def main():
@@ -26,11 +27,12 @@ def main():
     ap.add_argument("--prompt", default="12+34=")
     ap.add_argument("--tokens", type=int, default=40)
     args = ap.parse_args()
-    model = GPT2LMHeadModel.from_pretrained(args.hf_dir).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.hf_dir).eval()
+    context = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
     ids = list(args.prompt.encode())
     with torch.no_grad():
         for _ in range(args.tokens):
-            window = ids[-model.config.n_positions:]
+            window = ids[-context:]
             logits = model(torch.tensor([window])).logits[0, -1]
             ids.append(int(torch.argmax(logits)))
     print(bytes(t if t < 256 else ord("?") for t in ids).decode("latin-1"))

@@ -1,20 +1,34 @@
-// Writes the inputs of the PyTorch reference test: the initial weights of a small GPT-2 (vocab 256,
+// Writes the inputs of the PyTorch reference tests: the initial weights of a small GPT-2 (vocab 256,
 // T 32, d 64, 2 layers, 4 heads; seed 1234) and one batch of tokens/targets, as safetensors.
 // tools/torch_reference.py reads this file, runs the same step in PyTorch and writes the golden
-// file that tests/models/gpt2_reference_test.cc compares against. See tools/README.md.
+// file that tests/models/gpt2_reference_test.cc compares against. With --llama the same for the
+// Llama form (4 query heads sharing 2 key/value heads, SwiGLU 96 wide, rope_theta 10000):
+// tools/hf_llama_reference.py runs it in HuggingFace transformers' LlamaForCausalLM for
+// tests/models/llama_reference_test.cc. See tools/README.md.
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "checkpoint/safetensors.h"
 #include "models/gpt2.h"
 #include "tensor/rng.h"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OUT.safetensors\n", argv[0]);
+  const bool llama = argc == 3 && std::string(argv[1]) == "--llama";
+  if (argc != 2 && !llama) {
+    std::fprintf(stderr, "usage: %s [--llama] OUT.safetensors\n", argv[0]);
     return 2;
   }
+  const char* out_path = argv[argc - 1];
   try {
     loom::Gpt2Config c;
+    if (llama) {
+      c.arch = loom::Arch::kLlama;
+      c.n_kv_heads = 2;
+      c.ffn_hidden = 96;
+      c.rope_theta = 10000;
+      c.norm_eps = 1e-5;
+    }
     c.vocab_size = 256;
     c.max_seq_len = 32;
     c.d_model = 64;
@@ -30,8 +44,12 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < tokens.numel(); ++i)
       tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % 256);
     out.emplace_back("batch.tokens", tokens);  // inputs = [:, :-1], targets = [:, 1:]
-    loom::save_safetensors(argv[1], out, {{"seed", "1234"}, {"n_heads", "4"}});
-    std::fprintf(stderr, "wrote %s\n", argv[1]);
+    std::map<std::string, std::string> meta = {{"seed", "1234"}, {"n_heads", "4"}};
+    if (llama)
+      meta.insert({{"arch", "llama"}, {"n_kv_heads", "2"}, {"ffn_hidden", "96"},
+                   {"rope_theta", "10000"}, {"norm_eps", "1e-5"}});
+    loom::save_safetensors(out_path, out, meta);
+    std::fprintf(stderr, "wrote %s\n", out_path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Regenerates tests/data/gpt2_reference_golden.safetensors (the PyTorch reference of the GPT-2
-# test). Needs a release build and PyTorch (apt-get install python3-torch, or pip install torch).
+# Regenerates the golden files of the reference tests:
+#   tools/make_golden.sh        tests/data/gpt2_reference_golden.safetensors (PyTorch GPT-2)
+#   tools/make_golden.sh llama  tests/data/llama_reference_golden.safetensors (transformers'
+#                               LlamaForCausalLM)
+# Needs a release build and PyTorch (apt-get install python3-torch, or pip install torch); llama
+# also transformers (pip install transformers; EXTRA_PYTHONPATH for a pip --target install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake --build --preset release --target loom_export_reference
 tmp=$(mktemp -d)
-./build/release/tools/loom_export_reference "$tmp/init.safetensors"
-"${PYTHON:-python3}" tools/torch_reference.py "$tmp/init.safetensors" tests/data/gpt2_reference_golden.safetensors
+if [ "${1:-gpt2}" = llama ]; then
+  ./build/release/tools/loom_export_reference --llama "$tmp/init.safetensors"
+  "${PYTHON:-python3}" tools/hf_llama_reference.py "$tmp/init.safetensors" tests/data/llama_reference_golden.safetensors
+else
+  ./build/release/tools/loom_export_reference "$tmp/init.safetensors"
+  "${PYTHON:-python3}" tools/torch_reference.py "$tmp/init.safetensors" tests/data/gpt2_reference_golden.safetensors
+fi
 rm -rf "$tmp"

@@ -221,5 +221,86 @@ TEST_F(ExportTest, BadFormatAndMissingCheckpointAreNamed) {
   EXPECT_FALSE(fs::exists(dir_ / "y"));
 }
 
+// A Llama checkpoint exports as transformers' LlamaForCausalLM: the fused qkv and gate/up weights
+// as their q/k/v_proj and gate/up_proj row blocks, nothing transposed, no lm_head (tied), and a
+// config.json with the grouped-query heads, the SwiGLU's width, rope_theta and rms_norm_eps.
+// (That transformers loads it and samples exactly what `loom sample` does was checked with
+// tools/check_hf_export.py: docs/formats.md.) llm.c's GPT-2 format refuses it.
+TEST(ExportLlama, HuggingFaceLlamaNamesRowBlocksAndConfig) {
+  const fs::path dir = fs::temp_directory_path() / ("loom_export_llama_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  Gpt2Config c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = 40;
+  c.max_seq_len = 16;
+  c.d_model = 24;
+  c.n_layers = 2;
+  c.n_heads = 4;  // head size 6
+  c.n_kv_heads = 2;
+  c.ffn_hidden = 36;
+  c.rope_theta = 500000;
+  c.norm_eps = 1e-6;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 7);
+  TrainingState st;
+  st.step = 3;
+  const std::string ckpt = save_checkpoint((dir / "checkpoints").string(), model, nullptr, st);
+  export_checkpoint(ckpt, "hf", (dir / "hf").string());
+  const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
+  EXPECT_EQ(f.names.size(), 2u + 9u * 2u);  // embed_tokens, norm; nine tensors per layer
+  EXPECT_EQ(f.tensors.count("lm_head.weight"), 0u);
+  // Row r of an HF tensor is row (first + r) of the fused Loom weight.
+  const auto expect_rows = [&](const std::string& hf, const std::string& ours, int64_t first,
+                               int64_t rows) {
+    ASSERT_EQ(f.tensors.count(hf), 1u) << hf;
+    const Tensor& t = f.tensors.at(hf);
+    const Parameter& p = model.params().get(ours);
+    const int64_t cols = p.shape.size() == 1 ? 1 : p.shape[1];
+    ASSERT_EQ(t.numel(), rows * cols) << hf;
+    EXPECT_EQ(std::memcmp(t.data<float>(), p.value.data<float>() + first * cols,
+                          static_cast<size_t>(rows * cols) * sizeof(float)),
+              0)
+        << hf;
+  };
+  expect_rows("model.embed_tokens.weight", "wte.weight", 0, 40);
+  expect_rows("model.norm.weight", "ln_f.weight", 0, 24);
+  expect_rows("model.layers.1.input_layernorm.weight", "blocks.1.ln_1.weight", 0, 24);
+  expect_rows("model.layers.1.self_attn.q_proj.weight", "blocks.1.attn.qkv.weight", 0, 24);
+  expect_rows("model.layers.1.self_attn.k_proj.weight", "blocks.1.attn.qkv.weight", 24, 12);
+  expect_rows("model.layers.1.self_attn.v_proj.weight", "blocks.1.attn.qkv.weight", 36, 12);
+  expect_rows("model.layers.0.self_attn.o_proj.weight", "blocks.0.attn.proj.weight", 0, 24);
+  expect_rows("model.layers.0.post_attention_layernorm.weight", "blocks.0.ln_2.weight", 0, 24);
+  expect_rows("model.layers.0.mlp.gate_proj.weight", "blocks.0.mlp.fc.weight", 0, 36);
+  expect_rows("model.layers.0.mlp.up_proj.weight", "blocks.0.mlp.fc.weight", 36, 36);
+  expect_rows("model.layers.0.mlp.down_proj.weight", "blocks.0.mlp.proj.weight", 0, 24);
+  std::ifstream cf(dir / "hf" / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(j["num_attention_heads"], 4);
+  EXPECT_EQ(j["num_key_value_heads"], 2);
+  EXPECT_EQ(j["head_dim"], 6);
+  EXPECT_EQ(j["intermediate_size"], 36);
+  EXPECT_EQ(j["hidden_act"], "silu");
+  EXPECT_EQ(j["rope_theta"].get<double>(), 500000.0);
+  EXPECT_EQ(j["rms_norm_eps"].get<double>(), 1e-6);
+  EXPECT_TRUE(j["tie_word_embeddings"].get<bool>());
+  EXPECT_FALSE(j["attention_bias"].get<bool>());
+  // The checkpoint remembers the architecture (state.json), so export needs no config.
+  const Gpt2Config back = read_checkpoint_model(ckpt);
+  EXPECT_TRUE(back.llama());
+  EXPECT_EQ(back.n_kv_heads, 2);
+  EXPECT_EQ(back.ffn_hidden, 36);
+  EXPECT_EQ(back.rope_theta, 500000.0);
+  EXPECT_EQ(back.norm_eps, 1e-6);
+  try {
+    export_checkpoint(ckpt, "llmc", (dir / "model.bin").string());
+    ADD_FAILURE() << "llm.c export of a Llama accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a Llama model"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "model.bin"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace loom

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""HuggingFace transformers reference for Loom's Llama: writes the golden file of
+tests/models/llama_reference_test.cc.
+
+Reads the initial weights and batch that `loom_export_reference --llama` wrote (safetensors, Loom's
+names: fused qkv and gate/up weights), loads them into transformers' own LlamaForCausalLM (its
+q/k/v_proj and gate/up_proj split out of the fused rows, the LM head tied to embed_tokens) and
+records, computed in float64 from the float32 weights:
+  - the mean cross-entropy loss of the batch,
+  - the gradient of that loss for every Loom parameter ("grad.<name>", re-fused),
+  - the losses on the same batch after each of 5 AdamW steps (lr 1e-3, betas (0.9, 0.95),
+    eps 1e-8, weight decay 0.1 on 2-D weights only, no clipping) in float32 ("adamw_losses"),
+  - the sum of squares of the initial weights ("init_sumsq").
+
+So Loom's rotary embedding (rotate_half pairing), grouped-query head sharing, RMSNorm, SwiGLU
+(gate first) and tied head are checked against the implementation users load their Llamas with.
+
+Usage: PYTHON=/usr/bin/python3 tools/make_golden.sh llama. Needs torch, numpy and transformers
+(pip install transformers; checked with 4.40.2 on Debian's torch 1.13). EXTRA_PYTHONPATH appends a
+directory to sys.path (e.g. a pip --target install).
+"""
+import os
+import sys
+
+if os.environ.get("EXTRA_PYTHONPATH"):
+    sys.path.append(os.environ["EXTRA_PYTHONPATH"])
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_reference import load_safetensors, save_safetensors  # noqa: E402
+
+
+def build(tensors, meta, dtype):
+    C = tensors["wte.weight"].shape[1]
+    n_layers = sum(1 for k in tensors if k.endswith(".ln_1.weight"))
+    n_heads, kv_heads, hidden = int(meta["n_heads"]), int(meta["n_kv_heads"]), int(meta["ffn_hidden"])
+    hd = C // n_heads
+    config = LlamaConfig(vocab_size=tensors["wte.weight"].shape[0], hidden_size=C, intermediate_size=hidden,
+                         num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=64, rms_norm_eps=float(meta["norm_eps"]),
+                         rope_theta=float(meta["rope_theta"]), tie_word_embeddings=True,
+                         attention_bias=False, mlp_bias=False, hidden_act="silu")
+    config._attn_implementation = "eager"
+    model = LlamaForCausalLM(config).to(dtype)
+    state = {"model.embed_tokens.weight": tensors["wte.weight"], "model.norm.weight": tensors["ln_f.weight"]}
+    kv = kv_heads * hd
+    for l in range(n_layers):
+        ours, hf = f"blocks.{l}.", f"model.layers.{l}."
+        qkv, fc = tensors[ours + "attn.qkv.weight"], tensors[ours + "mlp.fc.weight"]
+        state[hf + "input_layernorm.weight"] = tensors[ours + "ln_1.weight"]
+        state[hf + "self_attn.q_proj.weight"] = qkv[:C]
+        state[hf + "self_attn.k_proj.weight"] = qkv[C:C + kv]
+        state[hf + "self_attn.v_proj.weight"] = qkv[C + kv:]
+        state[hf + "self_attn.o_proj.weight"] = tensors[ours + "attn.proj.weight"]
+        state[hf + "post_attention_layernorm.weight"] = tensors[ours + "ln_2.weight"]
+        state[hf + "mlp.gate_proj.weight"] = fc[:hidden]
+        state[hf + "mlp.up_proj.weight"] = fc[hidden:]
+        state[hf + "mlp.down_proj.weight"] = tensors[ours + "mlp.proj.weight"]
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)).to(dtype)
+                                                 for k, v in state.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return model, n_layers, hidden, C + kv
+
+
+def loss_of(model, tokens, targets):
+    logits = model(input_ids=tokens).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def loom_grads(model, names, n_layers, hidden, q_end):
+    g = {"wte.weight": model.model.embed_tokens.weight.grad, "ln_f.weight": model.model.norm.weight.grad}
+    for l in range(n_layers):
+        ours, layer = f"blocks.{l}.", model.model.layers[l]
+        a, m = layer.self_attn, layer.mlp
+        g[ours + "ln_1.weight"] = layer.input_layernorm.weight.grad
+        g[ours + "attn.qkv.weight"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad, a.v_proj.weight.grad])
+        g[ours + "attn.proj.weight"] = a.o_proj.weight.grad
+        g[ours + "ln_2.weight"] = layer.post_attention_layernorm.weight.grad
+        g[ours + "mlp.fc.weight"] = torch.cat([m.gate_proj.weight.grad, m.up_proj.weight.grad])
+        g[ours + "mlp.proj.weight"] = m.down_proj.weight.grad
+    assert set(g) == set(names), set(g) ^ set(names)
+    return g
+
+
+def main(inp, out):
+    tensors, meta = load_safetensors(inp)
+    assert meta.get("arch") == "llama", "expected loom_export_reference --llama output"
+    batch = torch.from_numpy(tensors.pop("batch.tokens").astype(np.int64))
+    tokens, targets = batch[:, :-1], batch[:, 1:]
+    names = list(tensors.keys())
+
+    model, n_layers, hidden, q_end = build(tensors, meta, torch.float64)
+    loss = loss_of(model, tokens, targets)
+    loss.backward()
+    golden = {"loss": np.array([loss.item()], dtype=np.float64)}
+    for k, v in loom_grads(model, names, n_layers, hidden, q_end).items():
+        golden["grad." + k] = v.numpy().astype(np.float64)
+    golden["init_sumsq"] = np.array([sum(float((v.astype(np.float64) ** 2).sum()) for v in tensors.values())])
+
+    model32, *_ = build(tensors, meta, torch.float32)
+    params = list(model32.parameters())  # the tied head appears once
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss_of(model32, tokens, targets).backward()
+        opt.step()
+        with torch.no_grad():
+            losses.append(loss_of(model32, tokens, targets).item())
+    golden["adamw_losses"] = np.array(losses, dtype=np.float64)
+    import transformers
+    save_safetensors(out, golden, {"torch": torch.__version__, "transformers": transformers.__version__,
+                                   "source": "tools/hf_llama_reference.py"})
+    print(f"loss {loss.item():.6f}; after 5 AdamW steps {losses[-1]:.6f}; wrote {out}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: hf_llama_reference.py INIT.safetensors GOLDEN.safetensors")
+    main(sys.argv[1], sys.argv[2])
