@@ -51,6 +51,53 @@ struct Layout {
 // Each rank's parameter elements are those of the parts the trainer built (its start-up table),
 // and rank 0's state buffers, rounded as the CPU's caching allocator rounds each request, are what
 // the trainer measured on that allocator (metrics.jsonl's mem_*_mb).
+void expect_plan_is_what_the_trainer_allocates(Config c, const Layout& l, const fs::path& dir) {
+  c.runtime.ranks = l.ranks;
+  c.parallel.tp = l.tp;
+  c.parallel.pp = l.pp;
+  c.parallel.zero = l.zero;
+  c.parallel.virtual_stages = l.virtual_stages;
+  if (l.virtual_stages > 1) c.parallel.schedule = "interleaved";
+  resolve_layout(c);
+  SCOPED_TRACE(c.model.arch + " dp" + std::to_string(c.parallel.dp) + " tp" + std::to_string(l.tp) +
+               " pp" + std::to_string(l.pp) + " zero" + std::to_string(l.zero) + " v" +
+               std::to_string(l.virtual_stages));
+  TrainOptions o;
+  o.run_dir = (dir / "run").string();
+  o.progress = false;
+  fs::remove_all(o.run_dir);
+  const TrainSummary s = run_training(c, o);
+  // The start-up table: "rank pp dp tp parameters ..." rows.
+  std::istringstream report(s.layout_report);
+  int rows = 0;
+  for (std::string row; std::getline(report, row);) {
+    std::istringstream fields(row);
+    int rank = -1, pp = -1, dp = -1, tp = -1;
+    int64_t parameters = -1;
+    if (!(fields >> rank >> pp >> dp >> tp >> parameters)) continue;
+    int64_t planned = 0;
+    for (const auto& units : rank_units(c, pp))
+      for (int64_t u : units) planned += u;
+    EXPECT_EQ(planned, parameters) << row;
+    ++rows;
+  }
+  EXPECT_EQ(rows, l.ranks) << s.layout_report;
+  std::ifstream in(fs::path(o.run_dir) / "metrics.jsonl");
+  std::string line;
+  std::getline(in, line);
+  const nlohmann::json r = nlohmann::json::parse(line);
+  const double measured = (r["mem_params_mb"].get<double>() + r["mem_grads_mb"].get<double>() +
+                           r["mem_optimizer_mb"].get<double>()) *
+                          1048576.0;
+  int64_t planned = 0;
+  for (int64_t b : rank_state_buffers(c, 0))
+    planned += static_cast<int64_t>(CachingCpuAllocator::round_size(static_cast<size_t>(b)));
+  // The trainer measures its engines' buffers as the growth of the allocator's bytes in use,
+  // which thread ranks share: another rank's small tensor made meanwhile (a few hundred bytes)
+  // can land in it.
+  EXPECT_NEAR(static_cast<double>(planned), measured, 1024);
+}
+
 TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
   const fs::path dir =
       fs::temp_directory_path() / ("loom_planner_test_" + std::to_string(getpid()));
@@ -59,53 +106,25 @@ TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
   const Layout layouts[] = {{1, 1, 1, 0, 1}, {2, 1, 1, 0, 1}, {2, 1, 1, 1, 1}, {2, 1, 1, 2, 1},
                             {2, 1, 1, 3, 1}, {2, 2, 1, 0, 1}, {2, 1, 2, 0, 1}, {4, 2, 1, 1, 1},
                             {4, 2, 2, 1, 1}, {2, 1, 2, 1, 2}};
-  for (const Layout& l : layouts) {
-    Config c = tiny_config((dir / "data").string());
-    c.runtime.ranks = l.ranks;
-    c.parallel.tp = l.tp;
-    c.parallel.pp = l.pp;
-    c.parallel.zero = l.zero;
-    c.parallel.virtual_stages = l.virtual_stages;
-    if (l.virtual_stages > 1) c.parallel.schedule = "interleaved";
-    resolve_layout(c);
-    SCOPED_TRACE("dp" + std::to_string(c.parallel.dp) + " tp" + std::to_string(l.tp) + " pp" +
-                 std::to_string(l.pp) + " zero" + std::to_string(l.zero) + " v" +
-                 std::to_string(l.virtual_stages));
-    TrainOptions o;
-    o.run_dir = (dir / "run").string();
-    o.progress = false;
-    fs::remove_all(o.run_dir);
-    const TrainSummary s = run_training(c, o);
-    // The start-up table: "rank pp dp tp parameters ..." rows.
-    std::istringstream report(s.layout_report);
-    int rows = 0;
-    for (std::string row; std::getline(report, row);) {
-      std::istringstream fields(row);
-      int rank = -1, pp = -1, dp = -1, tp = -1;
-      int64_t parameters = -1;
-      if (!(fields >> rank >> pp >> dp >> tp >> parameters)) continue;
-      int64_t planned = 0;
-      for (const auto& units : rank_units(c, pp))
-        for (int64_t u : units) planned += u;
-      EXPECT_EQ(planned, parameters) << row;
-      ++rows;
-    }
-    EXPECT_EQ(rows, l.ranks) << s.layout_report;
-    std::ifstream in(fs::path(o.run_dir) / "metrics.jsonl");
-    std::string line;
-    std::getline(in, line);
-    const nlohmann::json r = nlohmann::json::parse(line);
-    const double measured = (r["mem_params_mb"].get<double>() + r["mem_grads_mb"].get<double>() +
-                             r["mem_optimizer_mb"].get<double>()) *
-                            1048576.0;
-    int64_t planned = 0;
-    for (int64_t b : rank_state_buffers(c, 0))
-      planned += static_cast<int64_t>(CachingCpuAllocator::round_size(static_cast<size_t>(b)));
-    // The trainer measures its engines' buffers as the growth of the allocator's bytes in use,
-    // which thread ranks share: another rank's small tensor made meanwhile (a few hundred bytes)
-    // can land in it.
-    EXPECT_NEAR(static_cast<double>(planned), measured, 1024);
-  }
+  for (const Layout& l : layouts)
+    expect_plan_is_what_the_trainer_allocates(tiny_config((dir / "data").string()), l, dir);
+  fs::remove_all(dir);
+}
+
+// The same for Llama's blocks: no biases, grouped-query qkv, the SwiGLU's fused gate/up, no
+// position table, RMSNorm gains only.
+TEST(Planner, LlamaStateBytesAreWhatTheEnginesAllocate) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_planner_llama_test_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  synthesize_addition((dir / "data").string(), 20000, 2000, 5);
+  Config c = tiny_config((dir / "data").string());
+  c.model.arch = "llama";
+  c.model.n_kv_heads = 2;
+  c.model.ffn_hidden = 80;
+  const Layout layouts[] = {{1, 1, 1, 0, 1}, {2, 2, 1, 0, 1}, {2, 1, 2, 0, 1}, {4, 2, 2, 1, 1},
+                            {2, 1, 1, 3, 1}};
+  for (const Layout& l : layouts) expect_plan_is_what_the_trainer_allocates(c, l, dir);
   fs::remove_all(dir);
 }
 
