@@ -234,6 +234,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
   json shape = {
       {"arch", arch_name(mc.arch)}, {"vocab_size", mc.vocab_size}, {"max_seq_len", mc.max_seq_len},
       {"d_model", mc.d_model},      {"n_layers", mc.n_layers},     {"n_heads", mc.n_heads}};
+  if (!mc.tie_embeddings) shape["tie_embeddings"] = false;
   if (mc.llama()) {
     shape["n_kv_heads"] = mc.n_kv_heads;
     shape["ffn_hidden"] = mc.ffn_hidden;
@@ -366,6 +367,7 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
     c.d_model = m.at("d_model").get<int64_t>();
     c.n_layers = m.at("n_layers").get<int64_t>();
     c.n_heads = m.at("n_heads").get<int64_t>();
+    c.tie_embeddings = m.value("tie_embeddings", true);
     if (c.llama()) {
       c.n_kv_heads = m.at("n_kv_heads").get<int64_t>();
       c.ffn_hidden = m.at("ffn_hidden").get<int64_t>();

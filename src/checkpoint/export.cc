@@ -82,7 +82,7 @@ void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
       {"resid_pdrop", 0.0},
       {"embd_pdrop", 0.0},
       {"attn_pdrop", 0.0},
-      {"tie_word_embeddings", true},
+      {"tie_word_embeddings", c.tie_embeddings},
       {"torch_dtype", bf16 ? "bfloat16" : "float32"},
       {"exported_by", "loom export"}};
   std::ofstream f(dir / "config.json");
@@ -97,7 +97,8 @@ Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
 
 // transformers' LlamaForCausalLM (save_pretrained's names; nn.Linear weights are out × in as
 // here). The fused qkv and gate/up weights are written as their q/k/v and gate/up row blocks;
-// the LM head is tied to model.embed_tokens (tie_word_embeddings), so not written.
+// a tied LM head is model.embed_tokens (tie_word_embeddings), so not written; an untied one is
+// lm_head.weight.
 void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
   const Gpt2Config& c = model.config();
   const auto host = [&](const std::string& name) { return model.params().get(name).value.to(Device::cpu()); };
@@ -123,6 +124,7 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     put(hf + "mlp.down_proj.weight", host(ours + "mlp.proj.weight"));
   }
   put("model.norm.weight", host("ln_f.weight"));
+  if (!c.tie_embeddings) put("lm_head.weight", host("lm_head.weight"));
   save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
   const nlohmann::json config = {
       {"architectures", {"LlamaForCausalLM"}},
@@ -143,7 +145,7 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
       {"mlp_bias", false},
       {"attention_dropout", 0.0},
       {"initializer_range", std::round(static_cast<double>(c.init_std) * 1e6) / 1e6},
-      {"tie_word_embeddings", true},
+      {"tie_word_embeddings", c.tie_embeddings},
       {"torch_dtype", bf16 ? "bfloat16" : "float32"},
       {"exported_by", "loom export"}};
   std::ofstream f(dir / "config.json");
@@ -191,6 +193,7 @@ void write_llmc(Gpt2& model, const fs::path& file, bool bf16) {
 }  // namespace
 
 HfName hf_name_of(const std::string& loom_name) {
+  if (loom_name == "lm_head.weight") return {loom_name, false};  // an untied head
   if (loom_name == "wte.weight" || loom_name == "wpe.weight" || loom_name.starts_with("ln_f."))
     return {"transformer." + loom_name, false};
   const std::string prefix = "blocks.";
@@ -216,6 +219,9 @@ void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
   if (model.llama())
     fail("train.init_from = ", hf_dir, ": starting from HuggingFace weights is built for ",
          "GPT-2 only, and model.arch = \"llama\"");
+  if (!model.tie_embeddings)
+    fail("train.init_from = ", hf_dir, ": GPT-2's head is tied to its token embedding, and ",
+         "model.tie_embeddings = false");
   const fs::path dir(hf_dir);
   const fs::path config_path = dir / "config.json";
   std::ifstream config_file(config_path);
@@ -281,6 +287,9 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
   load_checkpoint(checkpoint_dir, model, nullptr);
+  if (format == "llmc" && !mc.tie_embeddings)
+    fail("export: ", checkpoint_dir, " holds a model with its own LM head ",
+         "(model.tie_embeddings = false); llm.c's GPT-2 ties it: export it with --format hf");
   if (format == "llmc" && mc.llama())
     fail("export: ", checkpoint_dir, " holds a Llama model (model.arch = \"llama\"); llm.c's ",
          "format is GPT-2's: export it with --format hf");

@@ -46,6 +46,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, n_heads),
     LOOM_KEY(model, max_seq_len),
     LOOM_KEY(model, init_std),
+    LOOM_KEY(model, tie_embeddings),
     LOOM_KEY(model, n_kv_heads),
     LOOM_KEY(model, ffn_hidden),
     LOOM_KEY(model, rope_theta),

@@ -18,8 +18,7 @@ namespace loom {
 
 struct ModelConfig {
   // "gpt2" (learned positions, LayerNorm, GELU MLP, biases) or "llama" (rotary positions,
-  // RMSNorm, SwiGLU MLP, no biases, grouped-query attention; the LM head tied to the embedding,
-  // as Llama 3.2 1B/3B): models/gpt2.h
+  // RMSNorm, SwiGLU MLP, no biases, grouped-query attention): models/gpt2.h
   std::string arch = "gpt2";
   int64_t vocab_size = 50257;  // GPT-2 BPE vocabulary
   int64_t seq_len = 256;       // tokens per training sequence
@@ -28,6 +27,9 @@ struct ModelConfig {
   int64_t n_heads = 4;         // attention heads; must divide d_model
   int64_t max_seq_len = 0;     // rows of the position embedding; 0 = same as seq_len
   double init_std = 0.02;      // std of the normal init (GPT-2)
+  // false: the LM head has its own weight (lm_head.weight, as Llama 2/3 7B-70B) instead of
+  // sharing the token embedding's (GPT-2, Llama 3.2 1B/3B).
+  bool tie_embeddings = true;
   // arch = "llama" only (an error under "gpt2" when changed):
   int64_t n_kv_heads = 0;      // key/value heads (grouped-query attention); 0 = n_heads
   int64_t ffn_hidden = 0;      // SwiGLU hidden width; 0 = Llama's rule, 8·d_model/3 rounded up to 256

@@ -55,15 +55,18 @@ int64_t Gpt2Config::num_parameters() const {
   const int64_t C = d_model;
   if (llama()) {  // two RMSNorm weights, qkv, proj, the SwiGLU's fused gate/up and proj
     const int64_t per_block = 2 * C + C * qkv_width() + C * C + 3 * C * ffn_hidden;
-    return vocab_size * C + n_layers * per_block + C;
+    return vocab_size * C + n_layers * per_block + C + (tie_embeddings ? 0 : vocab_size * C);
   }
   const int64_t per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) +
                             (4 * C * C + C);
-  return vocab_size * C + max_seq_len * C + n_layers * per_block + 2 * C;
+  return vocab_size * C + max_seq_len * C + n_layers * per_block + 2 * C +
+         (tie_embeddings ? 0 : vocab_size * C);
 }
 
 double Gpt2Config::flops_per_token(int64_t seq_len) const {
-  const int64_t matrix_params = num_parameters() - position_rows() * d_model;
+  // Looked-up tables are not multiplied: the positions, and an untied head's token embedding.
+  const int64_t matrix_params = num_parameters() - position_rows() * d_model -
+                                (tie_embeddings ? 0 : vocab_size * d_model);
   return 6.0 * static_cast<double>(matrix_params) +
          12.0 * static_cast<double>(n_layers * d_model * seq_len);
 }
@@ -180,10 +183,13 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part) : config_(config), pa
   if (part_.embedding) {
     embedding_ = std::make_unique<Embedding>(params_, config.vocab_size, config_.position_rows(),
                                              config.d_model, config.init_std);
-    head_wte_ = embedding_->wte();
+    if (config_.tie_embeddings) head_wte_ = embedding_->wte();
   }
   if (part_.head) {
-    if (!part_.embedding)
+    if (!config_.tie_embeddings)
+      head_wte_ = params_.add("lm_head.weight", {config.vocab_size, config.d_model},
+                              InitKind::kNormal, config.init_std);
+    else if (!part_.embedding)
       head_wte_ = params_.add("wte.weight", {config.vocab_size, config.d_model}, InitKind::kNormal,
                               config.init_std);
     ln_f_ = make_norm(params_, "ln_f", config.d_model, config_.llama(), config_.norm_eps);
@@ -234,7 +240,7 @@ double Gpt2::head_forward(Context& ctx, const Tensor& x, const Tensor& targets) 
   }
   return dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
-    // LM head tied to the token embedding: logits = final · wteᵀ.
+    // logits = final · Wᵀ, W the tied token embedding or lm_head.weight.
     ops::matmul_forward<T>(ctx.exec(), dlogits_.data<T>(), final_.data<T>(), wte.value.data<T>(),
                            nullptr, N, C, V);
     ops::cross_entropy_forward<T>(ctx.exec(), losses.data<T>(), lse_.data<T>(), dlogits_.data<T>(),

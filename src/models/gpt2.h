@@ -4,9 +4,10 @@
 //
 // The same decoder-only transformer in Llama's form (Touvron et al. 2023; Arch::kLlama): no
 // position table (rotary embeddings turn queries and keys in attention), RMSNorm instead of
-// LayerNorm, a SwiGLU MLP, no biases, grouped-query attention (n_kv_heads key/value heads). The
-// LM head stays tied to the token embedding, as in Llama 3.2 1B / 3B. Parameter names are the
-// same as GPT-2's where the part exists ("blocks.3.ln_1.weight" is an RMSNorm's there).
+// LayerNorm, a SwiGLU MLP, no biases, grouped-query attention (n_kv_heads key/value heads).
+// Parameter names are the same as GPT-2's where the part exists ("blocks.3.ln_1.weight" is an
+// RMSNorm's there). Either form's LM head is tied to the token embedding (GPT-2, Llama 3.2 1B/3B)
+// or, with tie_embeddings = false, a weight of its own, lm_head.weight (Llama 2/3 8B and up).
 //
 // Shapes: B = batch, T = sequence length, C = d_model, V = vocab, N = B·T.
 // The model is pure math: it knows nothing of ranks or communication (parallel/ wraps it).
@@ -55,6 +56,8 @@ struct Gpt2Config {
   int64_t n_heads = 4;
   float init_std = 0.02f;
   Recompute recompute = Recompute::kNone;  // activation recomputation per block (above)
+  // false: the LM head's own weight, lm_head.weight (V × C), instead of the token embedding's.
+  bool tie_embeddings = true;
   // Llama only (resolved: never 0 there):
   int64_t n_kv_heads = 0;   // key/value heads, dividing n_heads
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
@@ -134,8 +137,15 @@ class Gpt2Stage {
   std::vector<Tensor> stash_activations();
   void unstash_activations(std::vector<Tensor> stash);
   void clear_cache();  // drops every kept activation
-  // The LM head's weight (the tied wte; its own copy in a part without the embedding).
+  // The LM head's weight: the tied wte (its own copy in a part without the embedding), or
+  // lm_head.weight.
   virtual Parameter* head_weight() const = 0;
+  // The head's copy of the tied wte in a part without the embedding (a last pipeline stage):
+  // the same values and, once pipeline parallelism sums the two, the same gradient as the first
+  // stage's wte, so norms and checkpoints count it once; null everywhere else.
+  Parameter* tied_head_copy() const {
+    return config().tie_embeddings && part().head && !part().embedding ? head_weight() : nullptr;
+  }
 
  protected:
   // Every member tensor that forward fills for backward, in a fixed order.

@@ -34,7 +34,9 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
     engines_.push_back(
         DataParallel::create(chunks_.back()->params(), dp, pool, device, dp_config, adamw, seed));
   }
-  const bool holds_wte = pp.rank() == 0 || pp.rank() == rank_of_stage(schedule_.stages() - 1);
+  // An untied head (model.tie_embeddings = false) has nothing to share with the embedding.
+  const bool holds_wte = model.tie_embeddings && (pp.rank() == 0 ||
+                                                  pp.rank() == rank_of_stage(schedule_.stages() - 1));
   tied_ = pp.split(holds_wte ? 0 : -1, pp.rank());
 }
 
@@ -209,7 +211,7 @@ double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
   for (auto& model : chunks_) {
     // The last stage's copy of the tied wte is the same gradient as the first stage's; a
     // parameter replicated over tp (no shard pieces) counts on tp rank 0 only.
-    const Parameter* duplicate = model->part().embedding ? nullptr : model->head_weight();
+    const Parameter* duplicate = model->tied_head_copy();
     for (const auto& p : model->params().parameters()) {
       if (p.get() == duplicate) continue;
       if (tp != nullptr && p->pieces.empty() && tp->rank() != 0) continue;

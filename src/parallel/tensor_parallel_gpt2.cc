@@ -16,11 +16,22 @@ TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_paralle
     params_.begin_unit("root");
     root_unit_ = 0;
     first_block_unit_ = 1;
-    vocab_ = std::make_unique<VocabParallelEmbedding>(
-        params_, config.vocab_size, config_.position_rows(), config.d_model, config.init_std, tp,
-        sequence_parallel, /*lookup=*/part_.embedding);
   }
+  if (part_.embedding)
+    vocab_ = std::make_unique<VocabParallelEmbedding>(params_, config.vocab_size,
+                                                      config_.position_rows(), config.d_model,
+                                                      config.init_std, tp, sequence_parallel);
   if (part_.head) {
+    // The tied head is the embedding's own slice of wte; a part without the embedding holds a
+    // copy of it, and an untied head its own lm_head.weight, both vocabulary-parallel too.
+    if (config_.tie_embeddings && vocab_ != nullptr) {
+      head_ = vocab_.get();
+    } else {
+      head_vocab_ = std::make_unique<VocabParallelEmbedding>(
+          params_, config.vocab_size, 0, config.d_model, config.init_std, tp, sequence_parallel,
+          /*lookup=*/false, config_.tie_embeddings ? "wte.weight" : "lm_head.weight");
+      head_ = head_vocab_.get();
+    }
     ln_f_ = make_norm(params_, "ln_f", config.d_model, config_.llama(), config_.norm_eps);
     if (sequence_parallel) ln_f_params_ = ln_f_->parameters();
   }
@@ -71,7 +82,7 @@ Tensor TpGpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& tar
       tp_.all_gather(h, all);
       h = all;
     }
-    *loss = vocab_->head_forward(ctx, h, targets.reshape({N}));
+    *loss = head_->head_forward(ctx, h, targets.reshape({N}));
   } else {
     out = x;
   }
@@ -100,7 +111,7 @@ Tensor TpGpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
   if (root_unit_ >= 0) hook_before_backward(ctx, static_cast<size_t>(root_unit_));
   Tensor dx = dy;
   if (part_.head) {
-    Tensor dh = vocab_->head_backward(ctx, scale);
+    Tensor dh = head_->head_backward(ctx, scale);
     dx = reduced_over_tp(ctx, ln_f_params_, [&] { return ln_f_->backward(ctx, dh); });
   } else {
     LOOM_CHECK_MSG(dy.defined(), "a model part without the head needs its output's gradient");
@@ -121,6 +132,7 @@ Tensor TpGpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
 std::vector<Tensor*> TpGpt2::cache_slots() {
   std::vector<Tensor*> slots;
   if (vocab_) vocab_->collect_cache(slots);
+  if (head_vocab_) head_vocab_->collect_cache(slots);
   for (auto& b : blocks_) b->collect_cache(slots);
   if (ln_f_) ln_f_->collect_cache(slots);
   return slots;

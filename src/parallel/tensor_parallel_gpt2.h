@@ -38,7 +38,10 @@ class TpGpt2 : public Gpt2Stage {
   Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets,
                       double* loss) override;
   Tensor backward_part(Context& ctx, const Tensor& dy, double scale) override;
-  Parameter* head_weight() const override { return vocab_ ? vocab_->wte() : nullptr; }
+  Parameter* head_weight() const override {
+    if (head_ != nullptr) return head_->wte();
+    return config_.tie_embeddings && vocab_ ? vocab_->wte() : nullptr;  // the first stage's
+  }
   // The shape of a part's input and output activations for a (B, T) batch on this rank.
   Shape boundary_shape(int64_t B, int64_t T) const;
 
@@ -56,7 +59,9 @@ class TpGpt2 : public Gpt2Stage {
   ParameterStore params_;
   int root_unit_ = -1;  // -1: this part has neither end, so no root unit
   size_t first_block_unit_ = 0;
-  std::unique_ptr<VocabParallelEmbedding> vocab_;  // the embedding, or the head's wte only
+  std::unique_ptr<VocabParallelEmbedding> vocab_;       // the embedding (and the tied head)
+  std::unique_ptr<VocabParallelEmbedding> head_vocab_;  // the head's own weight, where it has one
+  VocabParallelEmbedding* head_ = nullptr;              // the head: one of the two
   std::unique_ptr<Norm> ln_f_;
   std::vector<std::unique_ptr<TpGpt2Block>> blocks_;
   std::vector<Parameter*> ln_f_params_;

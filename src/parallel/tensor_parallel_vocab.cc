@@ -12,7 +12,7 @@ namespace loom {
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterStore& store, int64_t vocab,
                                                int64_t max_seq, int64_t channels, float init_std,
                                                Communicator& tp, bool sequence_parallel,
-                                               bool lookup)
+                                               bool lookup, const std::string& weight_name)
     : vocab_(vocab),
       channels_(channels),
       tp_(tp),
@@ -24,7 +24,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParameterStore& store, int64_t vo
   real_rows_ = std::max<int64_t>(0, std::min(local_vocab_, vocab - first_row_));
   std::vector<ShardPiece> pieces;
   if (real_rows_ > 0) pieces.push_back({0, real_rows_, Region{{vocab, channels}, {first_row_, 0}}});
-  wte_ = store.add_shard("wte.weight", {local_vocab_, channels}, {vocab, channels}, pieces,
+  wte_ = store.add_shard(weight_name, {local_vocab_, channels}, {vocab, channels}, pieces,
                          InitKind::kNormal, init_std);
   if (lookup && max_seq > 0)
     wpe_ = store.add("wpe.weight", {max_seq, channels}, InitKind::kNormal, init_std);

@@ -29,7 +29,7 @@ class VocabParallelEmbedding {
   // pipeline stage's copy of the tied wte; no wpe).
   VocabParallelEmbedding(ParameterStore& store, int64_t vocab, int64_t max_seq, int64_t channels,
                          float init_std, Communicator& tp, bool sequence_parallel,
-                         bool lookup = true);
+                         bool lookup = true, const std::string& weight_name = "wte.weight");
   // tokens (B, T) i32 → (B·T, C), or this rank's (B·T/P, C) rows with sequence parallelism.
   // Tokens outside [0, vocab) are an error naming them.
   Tensor forward(Context& ctx, const Tensor& tokens);

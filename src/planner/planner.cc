@@ -67,7 +67,9 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
     const int stage = pp_rank + c * par.pp;
     int64_t root = 0;
     if (stage == 0) root += vocab_rows * d + model.position_rows() * d;         // wte, wpe
-    if (stage == stages - 1) root += ln_f + (stages > 1 ? vocab_rows * d : 0);  // ln_f, head copy
+    // ln_f, and the head's copy of the tied wte (on a later stage) or its own lm_head.weight
+    if (stage == stages - 1)
+      root += ln_f + (stages > 1 || !model.tie_embeddings ? vocab_rows * d : 0);
     if (root > 0) units.push_back(root);
     for (int64_t b = bounds[stage]; b < bounds[stage + 1]; ++b) units.push_back(per_block);
   }

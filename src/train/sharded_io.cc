@@ -71,7 +71,7 @@ void reduce_to_first(Communicator& comm, Tensor& host) {
 // first stage, and, on tp ranks but the first, the parameters every tp rank holds whole.
 std::set<std::string> left_to_others(Gpt2Stage& part, int tp_rank) {
   std::set<std::string> skip;
-  const Parameter* duplicate = part.part().embedding ? nullptr : part.head_weight();
+  const Parameter* duplicate = part.tied_head_copy();
   for (const auto& p : part.params().parameters())
     if (p.get() == duplicate || (tp_rank != 0 && p->pieces.empty() && p->shape == p->full_shape))
       skip.insert(p->name);
@@ -131,7 +131,7 @@ std::string save_whole(const std::string& dir, const std::vector<Gpt2Stage*>& pa
   auto layout = whole_layout(config);
   FlatModelState whole = zero_state(layout->params().numel());
   for (size_t k = 0; k < parts.size(); ++k) {
-    const Parameter* duplicate = parts[k]->part().embedding ? nullptr : parts[k]->head_weight();
+    const Parameter* duplicate = parts[k]->tied_head_copy();
     for (const auto& p : parts[k]->params().parameters()) {
       if (p.get() == duplicate) continue;                  // the first stage's copy is written
       if (p->pieces.empty() && tp.rank() != 0) continue;  // replicated: tp rank 0's copy

@@ -50,6 +50,7 @@ Gpt2Config model_config_of(const Config& config) {
   m.n_heads = config.model.n_heads;
   m.init_std = static_cast<float>(config.model.init_std);
   m.recompute = parse_recompute(config.resolved_recompute());
+  m.tie_embeddings = config.model.tie_embeddings;
   if (m.llama()) {
     m.n_kv_heads = config.model.resolved_n_kv_heads();
     m.ffn_hidden = config.model.resolved_ffn_hidden();

@@ -302,5 +302,37 @@ TEST(ExportLlama, HuggingFaceLlamaNamesRowBlocksAndConfig) {
   fs::remove_all(dir);
 }
 
+TEST(ExportLlama, AnUntiedHeadIsWrittenAsLmHead) {
+  const fs::path dir = fs::temp_directory_path() / ("loom_export_untied_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  Gpt2Config c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = 40;
+  c.max_seq_len = 16;
+  c.d_model = 24;
+  c.n_layers = 1;
+  c.n_heads = 4;
+  c.n_kv_heads = 4;
+  c.ffn_hidden = 36;
+  c.tie_embeddings = false;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 8);
+  TrainingState st;
+  st.step = 1;
+  const std::string ckpt = save_checkpoint((dir / "checkpoints").string(), model, nullptr, st);
+  EXPECT_FALSE(read_checkpoint_model(ckpt).tie_embeddings);
+  export_checkpoint(ckpt, "hf", (dir / "hf").string());
+  const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
+  ASSERT_EQ(f.tensors.count("lm_head.weight"), 1u);
+  const Parameter& head = model.params().get("lm_head.weight");
+  EXPECT_EQ(std::memcmp(f.tensors.at("lm_head.weight").raw(), head.value.raw(),
+                        static_cast<size_t>(head.numel()) * sizeof(float)),
+            0);
+  std::ifstream cf(dir / "hf" / "config.json");
+  EXPECT_FALSE(nlohmann::json::parse(cf)["tie_word_embeddings"].get<bool>());
+  EXPECT_THROW(export_checkpoint(ckpt, "llmc", (dir / "m.bin").string()), Error);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace loom

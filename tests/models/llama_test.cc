@@ -63,6 +63,27 @@ TEST(Llama, WholeModelGradCheckInDoubleWithAKeyValueHeadPerQueryHead) {
   grad_check(tiny_llama(2));
 }
 
+TEST(Llama, WholeModelGradCheckInDoubleWithAnUntiedHead) {
+  Gpt2Config c = tiny_llama(1);
+  c.tie_embeddings = false;
+  grad_check(c);
+}
+
+TEST(Llama, AnUntiedHeadHasItsOwnWeightAndIsCounted) {
+  Gpt2Config c = tiny_llama(1);
+  c.tie_embeddings = false;
+  Gpt2 model(c);
+  int64_t total = 0;
+  for (const auto& p : model.params().parameters()) total += p->numel();
+  EXPECT_EQ(total, c.num_parameters());
+  EXPECT_EQ(c.num_parameters(), tiny_llama(1).num_parameters() + 11 * 8);
+  EXPECT_EQ(model.params().get("lm_head.weight").shape, (Shape{11, 8}));
+  EXPECT_EQ(model.head_weight(), &model.params().get("lm_head.weight"));
+  EXPECT_EQ(model.tied_head_copy(), nullptr);
+  // The head is multiplied, the embedding looked up: 6 per head weight, none per wte row.
+  EXPECT_EQ(c.flops_per_token(6) - tiny_llama(1).flops_per_token(6), 0.0);
+}
+
 TEST(Llama, ParametersAreLlamasAndTheirCountIsTheConfigs) {
   const Gpt2Config c = tiny_llama(1);
   Gpt2 model(c);

@@ -88,6 +88,23 @@ TEST_F(LlamaParallel, EveryStrategyMatchesOneDevice) {
   EXPECT_LT(r.reference_losses.back(), r.reference_losses.front() - 0.1);
 }
 
+// An untied head (model.tie_embeddings = false, lm_head.weight): vocabulary-parallel under tp, on
+// the last stage alone under pp (nothing summed with the first stage's wte).
+TEST_F(LlamaParallel, AnUntiedHeadUnderEveryStrategyMatchesOneDevice) {
+  Config c = config();
+  c.model.tie_embeddings = false;
+  LayoutCheckOptions o;
+  o.steps = 4;
+  const LayoutCheckResult r = check_layouts(
+      c, parse_layouts("tp=2;pp=2;pp=2,tp=2,sp=1;dp=2,zero=3;dp=2,pp=2,schedule=interleaved,v=2,mbs=2"), o);
+  ASSERT_EQ(r.rows.size(), 5u);
+  for (const LayoutCheckRow& row : r.rows) {
+    EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
+    EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+    EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
+  }
+}
+
 TEST_F(LlamaParallel, TensorParallelNeedsWholeKeyValueHeadsPerRank) {
   Config c = config();
   c.parallel.tp = 4;  // 2 key/value heads cannot split over 4 ranks
