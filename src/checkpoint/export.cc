@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
@@ -214,11 +216,141 @@ HfName hf_name_of(const std::string& loom_name) {
   fail("parameter '", loom_name, "' has no HuggingFace GPT-2 name");
 }
 
+namespace {
+
+nlohmann::json read_hf_config(const fs::path& dir, const char* kind) {
+  const fs::path config_path = dir / "config.json";
+  std::ifstream config_file(config_path);
+  if (!config_file) fail(config_path.string(), ": cannot read (a HuggingFace ", kind, " directory?)");
+  try {
+    return nlohmann::json::parse(config_file);
+  } catch (const nlohmann::json::exception& e) {
+    fail(config_path.string(), ": not JSON: ", e.what());
+  }
+}
+
+// The tensors of a HuggingFace directory: model.safetensors, or the files that
+// model.safetensors.index.json's weight_map names (checkpoints of several GB are split so).
+std::map<std::string, Tensor> read_hf_tensors(const fs::path& dir) {
+  if (fs::exists(dir / "model.safetensors"))
+    return load_safetensors((dir / "model.safetensors").string()).tensors;
+  const fs::path index_path = dir / "model.safetensors.index.json";
+  std::ifstream index_file(index_path);
+  if (!index_file)
+    fail(dir.string(), ": neither model.safetensors nor model.safetensors.index.json");
+  std::set<std::string> files;
+  try {
+    for (const auto& [name, file] : nlohmann::json::parse(index_file).at("weight_map").items())
+      files.insert(file.get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    fail(index_path.string(), ": no weight_map of tensor names to files: ", e.what());
+  }
+  std::map<std::string, Tensor> all;
+  for (const std::string& file : files) {
+    if (file.find('/') != std::string::npos || file.starts_with("."))
+      fail(index_path.string(), ": '", file, "' is not a file name in ", dir.string());
+    for (auto& [name, t] : load_safetensors((dir / file).string()).tensors) all[name] = std::move(t);
+  }
+  return all;
+}
+
+// A Llama's HuggingFace tensors (LlamaForCausalLM's names) in Loom's parameters: the fused qkv
+// and gate/up weights from their row blocks; everything else one to one.
+void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layout,
+                           const Gpt2Config& model, FlatModelState& into) {
+  const fs::path dir(hf_dir);
+  const std::string config_path = (dir / "config.json").string();
+  const nlohmann::json config = read_hf_config(dir, "Llama");
+  if (config.value("model_type", "") != "llama")
+    fail(config_path, ": model_type = ", config.value("model_type", std::string("(none)")),
+         ", but model.arch = \"llama\" starts from a LlamaForCausalLM directory");
+  const auto integer = [&](const char* name) -> int64_t {
+    if (!config.contains(name) || !config[name].is_number_integer())
+      fail(config_path, ": no integer \"", name, "\"");
+    return config[name].get<int64_t>();
+  };
+  const auto expect_equal = [&](const char* name, int64_t theirs, int64_t ours, const char* key) {
+    if (theirs != ours) fail(config_path, ": ", name, " = ", theirs, " but ", key, " = ", ours);
+  };
+  expect_equal("hidden_size", integer("hidden_size"), model.d_model, "model.d_model");
+  expect_equal("num_hidden_layers", integer("num_hidden_layers"), model.n_layers, "model.n_layers");
+  expect_equal("num_attention_heads", integer("num_attention_heads"), model.n_heads, "model.n_heads");
+  expect_equal("num_key_value_heads",
+               config.contains("num_key_value_heads") ? integer("num_key_value_heads")
+                                                      : integer("num_attention_heads"),
+               model.n_kv_heads, "model.n_kv_heads");
+  expect_equal("intermediate_size", integer("intermediate_size"), model.ffn_hidden, "model.ffn_hidden");
+  if (config.contains("head_dim") && config["head_dim"].is_number_integer())
+    expect_equal("head_dim", integer("head_dim"), model.head_dim(), "model.d_model / model.n_heads");
+  const double theta = config.value("rope_theta", 10000.0), eps = config.value("rms_norm_eps", 1e-6);
+  if (theta != model.rope_theta)
+    fail(config_path, ": rope_theta = ", theta, " but model.rope_theta = ", model.rope_theta);
+  if (eps != model.norm_eps)
+    fail(config_path, ": rms_norm_eps = ", eps, " but model.norm_eps = ", model.norm_eps);
+  if (config.contains("rope_scaling") && !config["rope_scaling"].is_null())
+    fail(config_path, ": rope_scaling = ", config["rope_scaling"].dump(),
+         ": Loom's rotary embedding has no frequency scaling (Llama 3.1+'s long-context "
+         "\"llama3\" scaling is not built)");
+  if (config.value("hidden_act", std::string("silu")) != "silu")
+    fail(config_path, ": hidden_act = ", config["hidden_act"].dump(), ", Loom's SwiGLU is silu's");
+  if (config.value("attention_bias", false) || config.value("mlp_bias", false))
+    fail(config_path, ": attention_bias / mlp_bias: Loom's Llama has no biases");
+  const bool tied = config.value("tie_word_embeddings", false);  // LlamaConfig's default
+  if (tied != model.tie_embeddings)
+    fail(config_path, ": tie_word_embeddings = ", tied ? "true" : "false",
+         " but model.tie_embeddings = ", model.tie_embeddings ? "true" : "false");
+  const int64_t vocab = integer("vocab_size");
+  if (vocab > model.vocab_size)
+    fail(config_path, ": vocab_size = ", vocab, " exceeds model.vocab_size = ", model.vocab_size);
+
+  const std::map<std::string, Tensor> tensors = read_hf_tensors(dir);
+  const auto tensor = [&](const std::string& name, const Shape& shape) {
+    const auto it = tensors.find(name);
+    if (it == tensors.end()) fail(hf_dir, ": no tensor ", name);
+    if (it->second.shape() != shape)
+      fail(hf_dir, ": ", name, " has shape ", shape_str(it->second.shape()), ", expected ",
+           shape_str(shape));
+    return it->second.dtype() == DType::kF32 ? it->second : it->second.to(DType::kF32);
+  };
+  const int64_t C = model.d_model, kv = model.kv_heads() * model.head_dim(), H = model.ffn_hidden;
+  for (const auto& p : layout.parameters()) {
+    // Where the parameter's rows come from, in order.
+    std::vector<std::pair<std::string, Shape>> sources;
+    const std::string& n = p->name;
+    if (n == "wte.weight") sources = {{"model.embed_tokens.weight", {vocab, C}}};
+    else if (n == "lm_head.weight") sources = {{"lm_head.weight", {vocab, C}}};
+    else if (n == "ln_f.weight") sources = {{"model.norm.weight", {C}}};
+    else if (n.starts_with("blocks.")) {
+      const size_t dot = n.find('.', 7);
+      const std::string hf = "model.layers." + n.substr(7, dot - 7) + ".", rest = n.substr(dot + 1);
+      if (rest == "ln_1.weight") sources = {{hf + "input_layernorm.weight", {C}}};
+      else if (rest == "ln_2.weight") sources = {{hf + "post_attention_layernorm.weight", {C}}};
+      else if (rest == "attn.qkv.weight")
+        sources = {{hf + "self_attn.q_proj.weight", {C, C}},
+                   {hf + "self_attn.k_proj.weight", {kv, C}},
+                   {hf + "self_attn.v_proj.weight", {kv, C}}};
+      else if (rest == "attn.proj.weight") sources = {{hf + "self_attn.o_proj.weight", {C, C}}};
+      else if (rest == "mlp.fc.weight")
+        sources = {{hf + "mlp.gate_proj.weight", {H, C}}, {hf + "mlp.up_proj.weight", {H, C}}};
+      else if (rest == "mlp.proj.weight") sources = {{hf + "mlp.down_proj.weight", {C, H}}};
+    }
+    if (sources.empty()) fail("parameter '", n, "' has no HuggingFace Llama name");
+    float* dst = into.values.data<float>() + p->offset;
+    int64_t written = 0;
+    for (const auto& [name, shape] : sources) {
+      const Tensor t = tensor(name, shape);
+      std::copy(t.data<float>(), t.data<float>() + t.numel(), dst + written);
+      written += t.numel();
+    }
+    std::fill(dst + written, dst + p->numel(), 0.0f);  // vocabulary padding rows
+  }
+}
+
+}  // namespace
+
 void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
                      const Gpt2Config& model, FlatModelState& into) {
-  if (model.llama())
-    fail("train.init_from = ", hf_dir, ": starting from HuggingFace weights is built for ",
-         "GPT-2 only, and model.arch = \"llama\"");
+  if (model.llama()) return load_hf_llama_weights(hf_dir, layout, model, into);
   if (!model.tie_embeddings)
     fail("train.init_from = ", hf_dir, ": GPT-2's head is tied to its token embedding, and ",
          "model.tie_embeddings = false");

@@ -38,6 +38,19 @@ BenchShape make_shape(const std::string& name, int64_t vocab, int64_t block, int
   return s;
 }
 
+// Llama's form (models/gpt2.h): RMSNorm, rotary attention with kv_heads key/value heads, a SwiGLU
+// of width ffn, no biases, the LM head tied to the token embedding.
+BenchShape make_llama_shape(const std::string& name, int64_t vocab, int64_t block, int64_t d,
+                            int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                            double rope_theta, int64_t batch, int64_t seq) {
+  BenchShape s = make_shape(name, vocab, block, d, layers, heads, batch, seq);
+  s.model.arch = Arch::kLlama;
+  s.model.n_kv_heads = kv_heads;
+  s.model.ffn_hidden = ffn;
+  s.model.rope_theta = rope_theta;
+  return s;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -47,11 +60,16 @@ double median(std::vector<double> v) {
 }  // namespace
 
 const std::vector<BenchShape>& bench_shapes() {
-  // The two shapes of shared/peers/gpt_bench.py (same block sizes), plus a tiny one for tests.
+  // The two shapes of shared/peers/gpt_bench.py (same block sizes), plus a tiny one for tests;
+  // Llama 3.2 1B's shape (1.24 B parameters: d_model 2048, 16 layers, 32 query heads sharing 8
+  // key/value heads, SwiGLU of 8192, the 128256-token vocabulary, tied head) at T = 1024, and a
+  // tiny Llama for tests.
   static const std::vector<BenchShape> shapes = {
       make_shape("bench-s", 8192, 256, 384, 6, 6, 8, 256),
       make_shape("gpt2-124m", 50304, 1024, 768, 12, 12, 4, 256),
       make_shape("tiny", 256, 32, 64, 2, 4, 4, 32),
+      make_llama_shape("llama-1b", 128256, 1024, 2048, 16, 32, 8, 8192, 500000, 4, 1024),
+      make_llama_shape("llama-tiny", 256, 32, 64, 2, 4, 2, 176, 10000, 4, 32),
   };
   return shapes;
 }

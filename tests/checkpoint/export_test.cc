@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -331,6 +332,128 @@ TEST(ExportLlama, AnUntiedHeadIsWrittenAsLmHead) {
   std::ifstream cf(dir / "hf" / "config.json");
   EXPECT_FALSE(nlohmann::json::parse(cf)["tie_word_embeddings"].get<bool>());
   EXPECT_THROW(export_checkpoint(ckpt, "llmc", (dir / "m.bin").string()), Error);
+  fs::remove_all(dir);
+}
+
+// train.init_from for a Llama: a directory transformers' own save_pretrained wrote
+// (tests/data/hf_tiny_llama, tools/make_hf_llama_fixture.py: an untied head, a 200-token
+// vocabulary padded to 256 here, 4 query heads sharing 2 key/value heads, rope_theta 500) gives
+// the logits transformers computed for it; Loom's own export loads back bit for bit; a config
+// that differs, and rope_scaling, are errors naming config.json and the key.
+Gpt2Config tiny_hub_llama() {
+  Gpt2Config c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = 256;
+  c.max_seq_len = 64;
+  c.d_model = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_hidden = 48;
+  c.rope_theta = 500;
+  c.norm_eps = 1e-5;
+  c.tie_embeddings = false;
+  return c;
+}
+
+FlatModelState zero_state_for(const ParameterStore& params) {
+  const int64_t n = params.numel();
+  return {Tensor::zeros({n}, DType::kF32), Tensor::zeros({n}, DType::kF32),
+          Tensor::zeros({n}, DType::kF32)};
+}
+
+TEST(ImportLlama, TransformersSavedLlamaGivesTransformersLogits) {
+  const std::string hub = LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama";
+  const Gpt2Config c = tiny_hub_llama();
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 1);
+  FlatModelState into = zero_state_for(model.params());
+  load_hf_weights(hub, model.params(), c, into);
+  model.params().values().copy_from(into.values);
+  const SafetensorsFile expected = load_safetensors(hub + "/loom_expected_logits.safetensors");
+  const Tensor& tokens = expected.tensors.at("tokens");
+  // (2, 12, 200): computed in float64, which transformers returns as float32 logits
+  const Tensor& want = expected.tensors.at("logits");
+  ThreadPool pool(2);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  const Tensor got = model.logits(ctx, tokens);  // (2, 12, 256)
+  ASSERT_EQ(got.shape(), (Shape{2, 12, 256}));
+  double max_ref = 0, max_diff = 0;
+  for (int64_t r = 0; r < 24; ++r) {
+    for (int64_t v = 0; v < 200; ++v) {
+      const double ref = want.data<float>()[r * 200 + v];
+      max_ref = std::max(max_ref, std::abs(ref));
+      max_diff = std::max(max_diff, std::abs(got.data<float>()[r * 256 + v] - ref));
+    }
+    for (int64_t v = 200; v < 256; ++v)  // padding rows of lm_head are zero
+      ASSERT_EQ(got.data<float>()[r * 256 + v], 0.0f);
+  }
+  EXPECT_GT(max_ref, 0.1);
+  EXPECT_LE(max_diff, 1e-5 * max_ref) << "max |loom - transformers| = " << max_diff;
+}
+
+TEST(ImportLlama, LoomsOwnExportLoadsBackBitForBit) {
+  const fs::path dir = fs::temp_directory_path() / ("loom_import_llama_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  for (const bool tied : {true, false}) {
+    Gpt2Config c = tiny_hub_llama();
+    c.tie_embeddings = tied;
+    Gpt2 model(c);
+    model.build(DType::kF32, Device::cpu(), 5);
+    TrainingState st;
+    st.step = 2;
+    const std::string ckpt = save_checkpoint((dir / "checkpoints").string(), model, nullptr, st);
+    export_checkpoint(ckpt, "hf", (dir / "hf").string());
+    Gpt2 target(c);
+    target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+    FlatModelState into = zero_state_for(target.params());
+    load_hf_weights((dir / "hf").string(), target.params(), c, into);
+    const std::vector<float> a = model.params().values().to_vector(), b = into.values.to_vector();
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "tied " << tied;
+    fs::remove_all(dir);
+  }
+}
+
+TEST(ImportLlama, AConfigThatDiffersIsNamed) {
+  const fs::path dir = fs::temp_directory_path() / ("loom_import_bad_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string hub = LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama";
+  fs::copy_file(hub + "/model.safetensors", dir / "model.safetensors");
+  std::ifstream in(hub + "/config.json");
+  const nlohmann::json good = nlohmann::json::parse(in);
+  const auto error_with = [&](const std::function<void(nlohmann::json&)>& change,
+                              const Gpt2Config& c) {
+    nlohmann::json j = good;
+    change(j);
+    std::ofstream(dir / "config.json") << j.dump();
+    Gpt2 target(c);
+    target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+    FlatModelState into = zero_state_for(target.params());
+    try {
+      load_hf_weights(dir.string(), target.params(), c, into);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Gpt2Config c = tiny_hub_llama();
+  EXPECT_NE(error_with([](nlohmann::json& j) { j["num_key_value_heads"] = 4; }, c)
+                .find("config.json: num_key_value_heads = 4 but model.n_kv_heads = 2"),
+            std::string::npos);
+  EXPECT_NE(error_with([](nlohmann::json& j) {
+              j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}};
+            }, c).find("rope_scaling"),
+            std::string::npos);
+  Gpt2Config tied = c;
+  tied.tie_embeddings = true;
+  EXPECT_NE(error_with([](nlohmann::json&) {}, tied)
+                .find("tie_word_embeddings = false but model.tie_embeddings = true"),
+            std::string::npos);
+  EXPECT_NE(error_with([](nlohmann::json& j) { j["model_type"] = "mistral"; }, c).find("model_type"),
+            std::string::npos);
+  EXPECT_EQ(error_with([](nlohmann::json&) {}, c), "no error");
   fs::remove_all(dir);
 }
 

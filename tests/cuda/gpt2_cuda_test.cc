@@ -4,6 +4,7 @@
 // GPU run repeats the first bit for bit. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +38,20 @@ Gpt2Config small_config(int64_t n_heads) {
   return c;
 }
 
+// Llama's form (RMSNorm, rotary attention, SwiGLU, no biases, no position table) with
+// grouped-query attention: 4 query heads sharing 2 key/value heads, of `head_dim` each (16: the
+// attention's GEMM path; 64: at bf16 the flash kernels).
+Gpt2Config small_llama(int64_t head_dim, bool tie_embeddings = true) {
+  Gpt2Config c = small_config(4);
+  c.arch = Arch::kLlama;
+  c.d_model = 4 * head_dim;
+  c.n_kv_heads = 2;
+  c.ffn_hidden = 3 * c.d_model / 2 + 8;  // a multiple of 8 apart from 4·d_model
+  c.rope_theta = 500.0;                  // turns that differ visibly over 32 positions
+  c.tie_embeddings = tie_embeddings;
+  return c;
+}
+
 // A tensor of `shape` on `device`, uniform in [-scale, scale) from stream `seed`.
 Tensor uniform_on(Device device, const Shape& shape, uint64_t seed, float scale) {
   Tensor t = Tensor::empty(shape, DType::kF32);
@@ -53,11 +68,11 @@ struct TrainRun {
   std::vector<float> final_values;
 };
 
-TrainRun train(Device device, int steps, int64_t n_heads = 4) {
+TrainRun train(Device device, int steps, const Gpt2Config& config) {
   constexpr int64_t B = 4, T = 32;
   ThreadPool pool(2);
   Context ctx{&pool, device, DType::kF32};
-  Gpt2 model(small_config(n_heads));
+  Gpt2 model(config);
   model.build(DType::kF32, device, 11);
   AdamW opt(model.params(), AdamWConfig{});
   TrainRun run;
@@ -79,6 +94,33 @@ TrainRun train(Device device, int steps, int64_t n_heads = 4) {
   }
   run.final_values = model.params().values().to_vector();
   return run;
+}
+
+TrainRun train(Device device, int steps, int64_t n_heads = 4) {
+  return train(device, steps, small_config(n_heads));
+}
+
+// The fp32 GPU run against the CPU's: the same initial weights bit for bit, the first gradients
+// to fp32 rounding, the losses step after step, the weights within Adam's sign-flip bound.
+void expect_gpu_run_matches_cpu(const Gpt2Config& config, int steps) {
+  const TrainRun on_cpu = train(Device::cpu(), steps, config);
+  const TrainRun on_gpu = train(Device::cuda(0), steps, config);
+  EXPECT_TRUE(cpu::ktest::bitwise_equal(on_gpu.initial_values, on_cpu.initial_values))
+      << "a parameter initialised differently on the GPU";
+  cpu::ktest::expect_close("first gradients", on_gpu.first_grads, on_cpu.first_grads, 1e-5);
+  ASSERT_EQ(on_gpu.losses.size(), on_cpu.losses.size());
+  for (size_t s = 0; s < on_cpu.losses.size(); ++s)
+    EXPECT_NEAR(on_gpu.losses[s], on_cpu.losses[s], 1e-5 * std::abs(on_cpu.losses[s]))
+        << "step " << s;
+  // The run trained (a model whose backward did nothing would match too): Adam moved the
+  // weights by ~lr a step.
+  double moved = 0;
+  for (size_t i = 0; i < on_gpu.final_values.size(); ++i)
+    moved = std::max(moved, std::abs(static_cast<double>(on_gpu.final_values[i]) -
+                                     on_gpu.initial_values[i]));
+  EXPECT_GT(moved, 0.5e-3 * steps);
+  cpu::ktest::expect_close("weights after training", on_gpu.final_values, on_cpu.final_values,
+                           2e-3 * steps);
 }
 
 TEST(Gpt2Cuda, TrainingOnTheGpuMatchesTheCpu) {
@@ -380,6 +422,55 @@ TEST(Gpt2Cuda, TwoGpuRunsAreBitwiseIdentical) {
   for (size_t s = 0; s < a.losses.size(); ++s)
     EXPECT_EQ(std::memcmp(&a.losses[s], &b.losses[s], sizeof(double)), 0) << "step " << s;
   EXPECT_TRUE(cpu::ktest::bitwise_equal(a.final_values, b.final_values));
+}
+
+// Llama on the GPU: RMSNorm, the rotary table uploaded and applied with the shared key/value
+// heads repeated (and their gradients summed back), SwiGLU, no biases, no position table; the
+// LM head tied to the token embedding, or a weight of its own.
+TEST(LlamaCuda, TrainingOnTheGpuMatchesTheCpu) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied head" : "untied head (lm_head.weight)");
+    expect_gpu_run_matches_cpu(small_llama(16, tied), 5);
+  }
+}
+
+// bf16 GEMM inputs: the losses stay within 1% of the fp32 CPU run's. Heads of 16 take the
+// attention's GEMM path; heads of 64 the fused flash kernels, on the rotated q and k.
+TEST(LlamaCuda, Bf16MatmulsStayNearTheCpuRun) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  struct Restore {
+    ~Restore() { ops::set_matmul_precision("fp32"); }
+  } restore;
+  constexpr int kSteps = 3;
+  for (int64_t head_dim : {16, 64}) {
+    const Gpt2Config config = small_llama(head_dim, head_dim == 16);
+    const TrainRun on_cpu = train(Device::cpu(), kSteps, config);
+    ops::set_matmul_precision("bf16");
+    const TrainRun on_gpu = train(Device::cuda(0), kSteps, config);
+    ops::set_matmul_precision("fp32");
+    ASSERT_EQ(on_gpu.losses.size(), on_cpu.losses.size());
+    for (size_t s = 0; s < on_cpu.losses.size(); ++s)
+      EXPECT_NEAR(on_gpu.losses[s], on_cpu.losses[s], 1e-2 * std::abs(on_cpu.losses[s]))
+          << "heads of " << head_dim << ", step " << s;
+    // bf16 did round something: the GPU run is not the fp32 one bit for bit.
+    EXPECT_FALSE(cpu::ktest::bitwise_equal(on_gpu.final_values, on_cpu.final_values))
+        << "heads of " << head_dim;
+  }
+}
+
+TEST(LlamaCuda, TwoGpuRunsAreBitwiseIdentical) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied head" : "untied head");
+    const TrainRun a = train(Device::cuda(0), 3, small_llama(16, tied));
+    const TrainRun b = train(Device::cuda(0), 3, small_llama(16, tied));
+    ASSERT_EQ(a.losses.size(), b.losses.size());
+    for (size_t s = 0; s < a.losses.size(); ++s)
+      EXPECT_EQ(std::memcmp(&a.losses[s], &b.losses[s], sizeof(double)), 0) << "step " << s;
+    EXPECT_TRUE(cpu::ktest::bitwise_equal(a.first_grads, b.first_grads));
+    EXPECT_TRUE(cpu::ktest::bitwise_equal(a.final_values, b.final_values));
+  }
 }
 
 }  // namespace

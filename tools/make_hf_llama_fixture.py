@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Writes tests/data/hf_tiny_llama/: a tiny random LlamaForCausalLM saved by transformers'
+own save_pretrained (config.json + model.safetensors, untied head, a 200-token vocabulary that
+Loom pads to 256, 4 query heads sharing 2 key/value heads, rope_theta 500), plus
+loom_expected_logits.safetensors: a (2, 12) token batch and transformers' logits for it,
+computed in float64 (LlamaForCausalLM returns them as float32). tests/checkpoint/export_test.cc starts a Loom Llama from the directory
+(train.init_from's loader) and compares its logits.
+
+    EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py
+
+Needs torch, numpy and transformers (checked with 4.40.2 on Debian's torch 1.13).
+"""
+import os
+import sys
+
+if os.environ.get("EXTRA_PYTHONPATH"):
+    sys.path.append(os.environ["EXTRA_PYTHONPATH"])
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_reference import save_safetensors  # noqa: E402
+
+
+def main():
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "hf_tiny_llama")
+    torch.manual_seed(7)
+    config = LlamaConfig(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=False,
+                         initializer_range=0.2)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # norm gains away from one, so a wrong gain would show
+        for layer in model.model.layers:
+            layer.input_layernorm.weight.add_(0.3 * torch.randn(32))
+            layer.post_attention_layernorm.weight.add_(0.3 * torch.randn(32))
+        model.model.norm.weight.add_(0.3 * torch.randn(32))
+    model.save_pretrained(out, safe_serialization=True)
+    tokens = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = model.double()(input_ids=tokens).logits
+    save_safetensors(os.path.join(out, "loom_expected_logits.safetensors"),
+                     {"tokens": tokens.numpy().astype(np.int32), "logits": logits.numpy()},
+                     {"source": "tools/make_hf_llama_fixture.py"})
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
