@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Writes tests/data/hf_tiny_llama/: a tiny random LlamaForCausalLM saved by transformers'
 own save_pretrained (config.json + model.safetensors, untied head, a 200-token vocabulary that
-Loom pads to 256, 4 query heads sharing 2 key/value heads, rope_theta 500), plus
+Loom pads to 256, 4 query heads sharing 2 key/value heads, rope_theta 500), and
+tests/data/hf_tiny_llama31/: the same sizes with a tied head and Llama 3.1's "llama3"
+rope_scaling (factor 4, low/high frequency factors 1 and 4, original context 16, so that at
+head size 8 one frequency stays, one is blended and two are divided), each with
 loom_expected_logits.safetensors: a (2, 12) token batch and transformers' logits for it,
 computed in float64 (LlamaForCausalLM returns them as float32). tests/checkpoint/export_test.cc starts a Loom Llama from the directory
 (train.init_from's loader) and compares its logits.
 
     EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py
 
-Needs torch, numpy and transformers (checked with 4.40.2 on Debian's torch 1.13).
+Needs torch, numpy and transformers >= 4.43 for rope_scaling "llama3" (made with 4.44.2 on
+Debian's torch 1.13).
 """
 import os
 import sys
@@ -24,13 +28,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_reference import save_safetensors  # noqa: E402
 
 
-def main():
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "hf_tiny_llama")
+def write(name, tied, rope_scaling):
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
     config = LlamaConfig(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=False,
-                         initializer_range=0.2)
+                         rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tied,
+                         initializer_range=0.2, rope_scaling=rope_scaling)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # norm gains away from one, so a wrong gain would show
         for layer in model.model.layers:
@@ -45,6 +49,13 @@ def main():
                      {"tokens": tokens.numpy().astype(np.int32), "logits": logits.numpy()},
                      {"source": "tools/make_hf_llama_fixture.py"})
     print("wrote", out)
+
+
+def main():
+    write("hf_tiny_llama", tied=False, rope_scaling=None)
+    write("hf_tiny_llama31", tied=True,
+          rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
 
 
 if __name__ == "__main__":

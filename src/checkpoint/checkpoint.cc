@@ -240,6 +240,12 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     shape["ffn_hidden"] = mc.ffn_hidden;
     shape["rope_theta"] = mc.rope_theta;
     shape["norm_eps"] = mc.norm_eps;
+    if (mc.rope_scaling_factor > 0)
+      shape["rope_scaling"] = {{"rope_type", "llama3"},
+                               {"factor", mc.rope_scaling_factor},
+                               {"low_freq_factor", mc.rope_low_freq_factor},
+                               {"high_freq_factor", mc.rope_high_freq_factor},
+                               {"original_max_seq_len", mc.rope_original_max_seq_len}};
   }
   // Parameter shapes, so a reader can check compatibility without the config.
   for (const auto& p : params.parameters()) shape["parameters"][p->name] = p->full_shape;
@@ -373,6 +379,13 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       c.ffn_hidden = m.at("ffn_hidden").get<int64_t>();
       c.rope_theta = m.at("rope_theta").get<double>();
       c.norm_eps = m.at("norm_eps").get<double>();
+      if (m.contains("rope_scaling")) {
+        const json& s = m.at("rope_scaling");
+        c.rope_scaling_factor = s.at("factor").get<double>();
+        c.rope_low_freq_factor = s.at("low_freq_factor").get<double>();
+        c.rope_high_freq_factor = s.at("high_freq_factor").get<double>();
+        c.rope_original_max_seq_len = s.at("original_max_seq_len").get<int64_t>();
+      }
     }
     return c;
   } catch (const json::exception& e) {

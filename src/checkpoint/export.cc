@@ -92,6 +92,16 @@ void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
   if (!f) fail("cannot write ", (dir / "config.json").string());
 }
 
+// transformers' rope_scaling of a Llama: null, or Llama 3.1's "llama3" frequency scaling.
+nlohmann::json hf_rope_scaling(const Gpt2Config& c) {
+  if (c.rope_scaling_factor <= 0) return nullptr;
+  return {{"rope_type", "llama3"},
+          {"factor", c.rope_scaling_factor},
+          {"low_freq_factor", c.rope_low_freq_factor},
+          {"high_freq_factor", c.rope_high_freq_factor},
+          {"original_max_position_embeddings", c.rope_original_max_seq_len}};
+}
+
 // Rows [begin, begin + count) of a host matrix: the pieces of a fused Linear weight.
 Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
   return m.narrow(begin, count);
@@ -142,7 +152,7 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
       {"hidden_act", "silu"},
       {"rms_norm_eps", c.norm_eps},
       {"rope_theta", c.rope_theta},
-      {"rope_scaling", nullptr},
+      {"rope_scaling", hf_rope_scaling(c)},
       {"attention_bias", false},
       {"mlp_bias", false},
       {"attention_dropout", 0.0},
@@ -287,10 +297,27 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     fail(config_path, ": rope_theta = ", theta, " but model.rope_theta = ", model.rope_theta);
   if (eps != model.norm_eps)
     fail(config_path, ": rms_norm_eps = ", eps, " but model.norm_eps = ", model.norm_eps);
-  if (config.contains("rope_scaling") && !config["rope_scaling"].is_null())
-    fail(config_path, ": rope_scaling = ", config["rope_scaling"].dump(),
-         ": Loom's rotary embedding has no frequency scaling (Llama 3.1+'s long-context "
-         "\"llama3\" scaling is not built)");
+  // rope_scaling: none, or Llama 3.1's "llama3" (older files say "type"); the model's must match.
+  const nlohmann::json scaling = config.value("rope_scaling", nlohmann::json());
+  if (!scaling.is_null()) {
+    const std::string type = scaling.value("rope_type", scaling.value("type", std::string()));
+    if (type != "llama3")
+      fail(config_path, ": rope_scaling = ", scaling.dump(), ": Loom builds only Llama 3.1's ",
+           "\"llama3\" frequency scaling (model.rope_scaling)");
+    if (!(hf_rope_scaling(model) == scaling ||
+          (model.rope_scaling_factor > 0 &&
+           scaling.value("factor", 0.0) == model.rope_scaling_factor &&
+           scaling.value("low_freq_factor", 0.0) == model.rope_low_freq_factor &&
+           scaling.value("high_freq_factor", 0.0) == model.rope_high_freq_factor &&
+           scaling.value("original_max_position_embeddings", int64_t{0}) ==
+               model.rope_original_max_seq_len)))
+      fail(config_path, ": rope_scaling = ", scaling.dump(), " but the model's is ",
+           hf_rope_scaling(model).dump(), " (model.rope_scaling = \"llama3\", ",
+           "rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor, ",
+           "rope_original_max_seq_len)");
+  } else if (model.rope_scaling_factor > 0) {
+    fail(config_path, ": rope_scaling is null but model.rope_scaling = \"llama3\"");
+  }
   if (config.value("hidden_act", std::string("silu")) != "silu")
     fail(config_path, ": hidden_act = ", config["hidden_act"].dump(), ", Loom's SwiGLU is silu's");
   if (config.value("attention_bias", false) || config.value("mlp_bias", false))

@@ -34,6 +34,13 @@ struct ModelConfig {
   int64_t n_kv_heads = 0;      // key/value heads (grouped-query attention); 0 = n_heads
   int64_t ffn_hidden = 0;      // SwiGLU hidden width; 0 = Llama's rule, 8·d_model/3 rounded up to 256
   double rope_theta = 10000;   // base of the rotary position embedding's frequencies
+  // "none" or "llama3": Llama 3.1's long-context scaling of the rotary frequencies
+  // (kernels/cpu/rope.h), with its factor, frequency factors and original context
+  std::string rope_scaling = "none";
+  double rope_scaling_factor = 8;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int64_t rope_original_max_seq_len = 8192;
   double norm_eps = 1e-5;      // RMSNorm's epsilon
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.

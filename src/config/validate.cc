@@ -70,7 +70,20 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
     if (m.ffn_hidden != defaults.ffn_hidden) p.add("model.ffn_hidden applies to model.arch = \"llama\" only");
     if (m.rope_theta != defaults.rope_theta) p.add("model.rope_theta applies to model.arch = \"llama\" only");
     if (m.norm_eps != defaults.norm_eps) p.add("model.norm_eps applies to model.arch = \"llama\" only");
+    if (m.rope_scaling != defaults.rope_scaling)
+      p.add("model.rope_scaling applies to model.arch = \"llama\" only");
     return;
+  }
+  p.one_of("model.rope_scaling", m.rope_scaling, {"none", "llama3"});
+  if (m.rope_scaling == "llama3") {
+    if (!(m.rope_scaling_factor >= 1 && std::isfinite(m.rope_scaling_factor)))
+      p.add("model.rope_scaling_factor = ", format_double(m.rope_scaling_factor), " must be >= 1");
+    if (!(m.rope_low_freq_factor > 0 && m.rope_high_freq_factor > m.rope_low_freq_factor &&
+          std::isfinite(m.rope_high_freq_factor)))
+      p.add("model.rope_low_freq_factor = ", format_double(m.rope_low_freq_factor),
+            " and model.rope_high_freq_factor = ", format_double(m.rope_high_freq_factor),
+            " must satisfy 0 < low < high");
+    p.positive("model.rope_original_max_seq_len", m.rope_original_max_seq_len);
   }
   p.non_negative("model.n_kv_heads", m.n_kv_heads);
   if (m.n_kv_heads > 0 && m.n_heads > 0 && m.n_heads % m.n_kv_heads != 0)

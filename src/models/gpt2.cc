@@ -79,7 +79,7 @@ float residual_std(const Gpt2Config& c) {
 }
 std::optional<Rotary> rotary_of(const Gpt2Config& c) {
   if (!c.llama()) return std::nullopt;
-  return Rotary{c.n_kv_heads, c.rope_theta};
+  return Rotary{c.n_kv_heads, c.rope_frequencies()};
 }
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c) {

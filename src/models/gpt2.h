@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/rope.h"
 #include "nn/causal_self_attention.h"
 #include "nn/embedding.h"
 #include "nn/layer_norm.h"
@@ -62,7 +63,17 @@ struct Gpt2Config {
   int64_t n_kv_heads = 0;   // key/value heads, dividing n_heads
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
   double rope_theta = 10000;
+  // Llama 3.1's scaling of the rotary frequencies (cpu::RopeFrequencies); factor 0: none.
+  double rope_scaling_factor = 0;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int64_t rope_original_max_seq_len = 8192;
   double norm_eps = 1e-5;
+
+  cpu::RopeFrequencies rope_frequencies() const {
+    return {rope_theta, rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
+            static_cast<double>(rope_original_max_seq_len)};
+  }
 
   bool llama() const { return arch == Arch::kLlama; }
   int64_t head_dim() const { return d_model / n_heads; }

@@ -33,14 +33,15 @@ CausalSelfAttention::CausalSelfAttention(ParameterStore& store, const std::strin
 namespace {
 // The rotary table for T positions on ctx's device, made on the host (in double, then rounded:
 // the same values on every device) and kept while T stays the same.
-Tensor rope_table_on(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim, double theta) {
+Tensor rope_table_on(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim,
+                     const cpu::RopeFrequencies& frequencies) {
   if (cached.defined() && cached.dim(0) == T && cached.device() == ctx.device &&
       cached.dtype() == ctx.dtype)
     return cached;
   Tensor host = Tensor::empty({T, head_dim}, ctx.dtype, Device::cpu());
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    cpu::rope_table<T_>(host.data<T_>(), T, head_dim, theta);
+    cpu::rope_table<T_>(host.data<T_>(), T, head_dim, frequencies);
   });
   cached = host.to(ctx.device);
   return cached;
@@ -49,7 +50,7 @@ Tensor rope_table_on(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim, 
 
 Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
   const int64_t B = x.dim(0), T = x.dim(1), hd = channels_ / heads_;
-  const Tensor rope = rope_table_on(ctx, rope_, T, hd, rotary_->theta);
+  const Tensor rope = rope_table_on(ctx, rope_, T, hd, rotary_->frequencies);
   const Tensor projected = qkv_.forward(ctx, x);  // (B, T, (NH + 2·KV)·hd)
   qkv_out_ = Tensor::empty({B, T, 3 * channels_}, ctx.dtype, ctx.device);
   lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);

@@ -13,14 +13,15 @@
 #include <optional>
 #include <string>
 
+#include "kernels/cpu/rope.h"
 #include "nn/linear.h"
 
 namespace loom {
 
-// Llama's attention: key/value heads and the rotary embedding's base.
+// Llama's attention: key/value heads and the rotary embedding's frequencies.
 struct Rotary {
   int64_t kv_heads = 0;
-  double theta = 10000;
+  cpu::RopeFrequencies frequencies;
 };
 
 class CausalSelfAttention {

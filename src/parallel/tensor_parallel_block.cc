@@ -28,7 +28,7 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
       local_kv_heads_(config.kv_heads() / tp.size()),
       local_hidden_(config.hidden() / tp.size()),
       head_dim_(config.head_dim()),
-      rope_theta_(config.rope_theta),
+      rope_frequencies_(config.rope_frequencies()),
       ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
       qkv_(store, name + ".attn.qkv", config.d_model, config.qkv_width(), tp, !config.llama(),
            config.init_std, sequence_parallel,
@@ -101,7 +101,7 @@ Tensor TpGpt2Block::fc_backward(Context& ctx, Tensor& dg) {
 const Tensor& TpGpt2Block::rope_table(Context& ctx) {
   if (rope_.defined() && rope_.dim(0) == T_ && rope_.device() == ctx.device) return rope_;
   Tensor host = Tensor::empty({T_, head_dim_}, DType::kF32, Device::cpu());
-  cpu::rope_table<float>(host.data<float>(), T_, head_dim_, rope_theta_);
+  cpu::rope_table<float>(host.data<float>(), T_, head_dim_, rope_frequencies_);
   rope_ = host.to(ctx.device);
   return rope_;
 }

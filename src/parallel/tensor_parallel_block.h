@@ -58,7 +58,7 @@ class TpGpt2Block {
   Recompute recompute_;
   bool llama_;
   int64_t local_channels_, local_heads_, local_kv_heads_, local_hidden_, head_dim_;
-  double rope_theta_;
+  cpu::RopeFrequencies rope_frequencies_;
   int64_t B_ = 0, T_ = 0;
   std::unique_ptr<Norm> ln_1_;
   ColumnParallelLinear qkv_;

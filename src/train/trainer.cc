@@ -55,6 +55,12 @@ Gpt2Config model_config_of(const Config& config) {
     m.n_kv_heads = config.model.resolved_n_kv_heads();
     m.ffn_hidden = config.model.resolved_ffn_hidden();
     m.rope_theta = config.model.rope_theta;
+    if (config.model.rope_scaling == "llama3") {
+      m.rope_scaling_factor = config.model.rope_scaling_factor;
+      m.rope_low_freq_factor = config.model.rope_low_freq_factor;
+      m.rope_high_freq_factor = config.model.rope_high_freq_factor;
+      m.rope_original_max_seq_len = config.model.rope_original_max_seq_len;
+    }
     m.norm_eps = config.model.norm_eps;
   }
   return m;

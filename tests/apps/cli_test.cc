@@ -203,6 +203,21 @@ TEST_F(Cli, BenchJsonHasTheNamedFields) {
   expect_error(run("bench train --shape huge"), "unknown benchmark shape 'huge'");
 }
 
+// The Llama shapes train through the same benchmark (Gpt2Config::arch = kLlama): llama-tiny's
+// parameters and flops per token are Llama's counts (no biases, no position table, grouped-query
+// qkv of (4 + 2·2)·16 outputs, SwiGLU's fused gate/up), not GPT-2's of the same sizes.
+TEST_F(Cli, BenchTrainsTheLlamaShapes) {
+  Result r = run("bench train --shape llama-tiny --threads 1 --steps 1 --warmup 0 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(j["shape"], "llama-tiny");
+  // wte 256·64; per block two RMSNorm weights, qkv 64·128, proj 64·64, SwiGLU 3·64·176; ln_f.
+  const int64_t params = 256 * 64 + 2 * (2 * 64 + 64 * 128 + 64 * 64 + 3 * 64 * 176) + 64;
+  EXPECT_EQ(j["parameters"].get<int64_t>(), params);
+  EXPECT_EQ(j["flops_per_token"].get<double>(), 6.0 * params + 12.0 * 2 * 64 * 32);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+}
+
 // --precision bf16 on the CPU runs the bf16 GEMM kernel and measures its peak with the same
 // instruction (vdpbf16ps or FMAs: cpu::bf16_kernel()); tf32 / fp16 are GPU-only.
 TEST_F(Cli, BenchAtBf16OnTheCpuNamesItsKernelAndPeak) {

@@ -362,9 +362,8 @@ FlatModelState zero_state_for(const ParameterStore& params) {
           Tensor::zeros({n}, DType::kF32)};
 }
 
-TEST(ImportLlama, TransformersSavedLlamaGivesTransformersLogits) {
-  const std::string hub = LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama";
-  const Gpt2Config c = tiny_hub_llama();
+void expect_transformers_logits(const std::string& hub, const Gpt2Config& c) {
+  SCOPED_TRACE(hub);
   Gpt2 model(c);
   model.build(DType::kF32, Device::cpu(), 1);
   FlatModelState into = zero_state_for(model.params());
@@ -392,12 +391,43 @@ TEST(ImportLlama, TransformersSavedLlamaGivesTransformersLogits) {
   EXPECT_LE(max_diff, 1e-5 * max_ref) << "max |loom - transformers| = " << max_diff;
 }
 
+TEST(ImportLlama, TransformersSavedLlamaGivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama", tiny_hub_llama());
+}
+
+// Llama 3.1's "llama3" rope_scaling (tests/data/hf_tiny_llama31: factor 4, frequency factors 1
+// and 4, original context 16, a tied head), as transformers 4.44 computes it.
+TEST(ImportLlama, Llama31FrequencyScalingGivesTransformersLogits) {
+  Gpt2Config c = tiny_hub_llama();
+  c.tie_embeddings = true;
+  c.rope_scaling_factor = 4;
+  c.rope_low_freq_factor = 1;
+  c.rope_high_freq_factor = 4;
+  c.rope_original_max_seq_len = 16;
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama31", c);
+  // Without the scaling the logits differ: the scaled frequencies matter at these positions.
+  Gpt2Config unscaled = c;
+  unscaled.rope_scaling_factor = 0;
+  Gpt2 a(c), b(unscaled);
+  a.build(DType::kF32, Device::cpu(), 3);
+  b.build(DType::kF32, Device::cpu(), 3);
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  Tensor tokens = Tensor::empty({1, 12}, DType::kI32);
+  for (int i = 0; i < 12; ++i) tokens.data<int32_t>()[i] = (7 * i) % 200;
+  const std::vector<float> la = a.logits(ctx, tokens).to_vector(), lb = b.logits(ctx, tokens).to_vector();
+  double diff = 0;
+  for (size_t i = 0; i < la.size(); ++i) diff += std::abs(la[i] - lb[i]);
+  EXPECT_GT(diff, 1e-3);
+}
+
 TEST(ImportLlama, LoomsOwnExportLoadsBackBitForBit) {
   const fs::path dir = fs::temp_directory_path() / ("loom_import_llama_" + std::to_string(getpid()));
   fs::remove_all(dir);
   for (const bool tied : {true, false}) {
     Gpt2Config c = tiny_hub_llama();
     c.tie_embeddings = tied;
+    if (tied) c.rope_scaling_factor = 8;  // and the scaling's rope_scaling in config.json
     Gpt2 model(c);
     model.build(DType::kF32, Device::cpu(), 5);
     TrainingState st;

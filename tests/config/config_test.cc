@@ -338,6 +338,19 @@ TEST(Config, ValidationNamesKeysAndValues) {
                          c.model.n_heads = 4;  // head size 3: no pairs to rotate
                        }),
                        "model.d_model / model.n_heads = 3 must be even"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.rope_scaling = "llama3"; }),
+                       "model.rope_scaling applies to model.arch = \"llama\" only"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.rope_scaling = "yarn";
+                       }),
+                       "model.rope_scaling = \"yarn\" must be one of: none, llama3"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.rope_scaling = "llama3";
+                         c.model.rope_high_freq_factor = 0.5;
+                       }),
+                       "must satisfy 0 < low < high"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
                          c.model.arch = "llama";
                          c.model.norm_eps = 0;

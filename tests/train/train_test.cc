@@ -595,6 +595,50 @@ TEST_F(TrainTest, LlamaTrainsEvaluatesAndResumes) {
   expect_same_run(metrics("llama"), metrics("llama_resumed"));
 }
 
+// A Llama on runtime.device = "cuda" (one rank: nccl as a group of one) trains the CPU's run step
+// for step (fp32 rounding, not bits; validation too), and with selective recomputation — the
+// RMSNorm and SwiGLU outputs dropped and rebuilt on the GPU — bit for bit its own run. On two
+// GPUs, tensor parallelism (one key/value head and its two query heads per rank) matches the
+// same layout on CPU ranks.
+TEST_F(TrainTest, LlamaOnTheGpuTrainsTheCpuRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  Config c = config(6);
+  c.model.arch = "llama";
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 2;
+  c.model.ffn_hidden = 64;
+  const auto expect_same_losses = [&](const std::string& a, const std::string& b) {
+    const auto ma = metrics(a), mb = metrics(b);
+    ASSERT_EQ(ma.size(), mb.size());
+    for (size_t i = 0; i < ma.size(); ++i)
+      for (const char* key : {"loss", "val_loss"}) {
+        ASSERT_EQ(ma[i].contains(key), mb[i].contains(key)) << key << ", step " << i + 1;
+        if (!ma[i].contains(key)) continue;
+        const double want = ma[i][key], got = mb[i][key];
+        EXPECT_NEAR(got, want, 1e-4 * want) << b << " vs " << a << ": " << key << ", step " << i + 1;
+      }
+  };
+  const TrainSummary on_cpu = run_training(c, options("cpu"));
+  EXPECT_LT(on_cpu.last_loss, on_cpu.first_loss - 0.3) << "the Llama did not train";
+  Config gpu = c;
+  gpu.runtime.device = "cuda";
+  run_training(gpu, options("gpu"));
+  expect_same_losses("cpu", "gpu");
+  gpu.parallel.recompute = "selective";
+  run_training(gpu, options("gpu_selective"));
+  expect_same_run(metrics("gpu"), metrics("gpu_selective"));
+  if (cuda::device_count() < 2) return;
+  Config tp_cpu = c;
+  tp_cpu.runtime.ranks = 2;
+  tp_cpu.parallel.tp = 2;
+  tp_cpu.parallel.dp = 1;
+  Config tp_gpu = tp_cpu;
+  tp_gpu.runtime.device = "cuda";
+  run_training(tp_cpu, options("tp_cpus"));
+  run_training(tp_gpu, options("tp_gpus"));
+  expect_same_losses("tp_cpus", "tp_gpus");
+}
+
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
   // Recomputation changes memory, not numbers: full (here by its deprecated spelling) and
   // selective.

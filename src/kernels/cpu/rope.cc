@@ -40,12 +40,23 @@ void sum_heads(Real* __restrict acc, const Real* __restrict dy, int64_t group, i
 
 }  // namespace
 
+double RopeFrequencies::frequency(int64_t i, int64_t hd) const {
+  const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+  if (scaling_factor <= 0) return inv_freq;
+  const double pi = 3.14159265358979323846;
+  const double wavelength = 2 * pi / inv_freq;
+  if (wavelength < original_max_seq_len / high_freq_factor) return inv_freq;  // high: kept
+  if (wavelength > original_max_seq_len / low_freq_factor) return inv_freq / scaling_factor;
+  const double s = (original_max_seq_len / wavelength - low_freq_factor) /
+                   (high_freq_factor - low_freq_factor);
+  return (1 - s) * inv_freq / scaling_factor + s * inv_freq;
+}
+
 template <typename Real>
-void rope_table(Real* cos_sin, int64_t T, int64_t hd, double theta) {
+void rope_table(Real* cos_sin, int64_t T, int64_t hd, const RopeFrequencies& frequencies) {
   const int64_t half = hd / 2;
   for (int64_t i = 0; i < half; ++i) {
-    const double inv_freq =
-        std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+    const double inv_freq = frequencies.frequency(i, hd);
     for (int64_t t = 0; t < T; ++t) {
       const double angle = static_cast<double>(t) * inv_freq;
       cos_sin[t * hd + i] = static_cast<Real>(std::cos(angle));
@@ -103,7 +114,7 @@ void rope_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Rea
 }
 
 #define LOOM_INSTANTIATE(Real)                                                                 \
-  template void rope_table<Real>(Real*, int64_t, int64_t, double);                             \
+  template void rope_table<Real>(Real*, int64_t, int64_t, const RopeFrequencies&);                             \
   template void rope_gqa_forward<Real>(ThreadPool&, Real*, const Real*, const Real*, int64_t,  \
                                        int64_t, int64_t, int64_t, int64_t);                    \
   template void rope_gqa_backward<Real>(ThreadPool&, Real*, const Real*, const Real*, int64_t, \

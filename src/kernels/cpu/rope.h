@@ -24,11 +24,30 @@
 
 namespace loom::cpu {
 
-// The (T, hd) table above with θ_i = theta^(−2i/hd) (Llama: theta = 10000 or 500000), computed
-// in double and rounded to Real once. A host helper: the table is built once and copied to the
-// device that runs the rope kernels.
+// The rotary frequencies θ_i = theta^(−2i/hd) (Llama: theta = 10000 or 500000) and, with
+// scaling_factor > 0, Llama 3.1's long-context scaling of them ("llama3" in transformers'
+// rope_scaling): a frequency whose wavelength 2π/θ is shorter than original_max_seq_len /
+// high_freq_factor stays, one longer than original_max_seq_len / low_freq_factor is divided by
+// scaling_factor, and those between are blended, (1 − s)·θ/factor + s·θ with
+// s = (original_max_seq_len / wavelength − low_freq_factor) / (high_freq_factor − low_freq_factor).
+struct RopeFrequencies {
+  double theta = 10000;
+  double scaling_factor = 0;  // 0: no scaling
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  double original_max_seq_len = 8192;
+  // θ_i, i < hd/2, in double.
+  double frequency(int64_t i, int64_t hd) const;
+};
+
+// The (T, hd) table above, computed in double and rounded to Real once. A host helper: the
+// table is built once and copied to the device that runs the rope kernels.
 template <typename Real>
-void rope_table(Real* cos_sin, int64_t T, int64_t hd, double theta);
+void rope_table(Real* cos_sin, int64_t T, int64_t hd, const RopeFrequencies& frequencies);
+template <typename Real>
+void rope_table(Real* cos_sin, int64_t T, int64_t hd, double theta) {
+  rope_table(cos_sin, T, hd, RopeFrequencies{theta});
+}
 
 // out (B, T, 3·NH·hd): query head h rotated; key head h = key head h / (NH/KV) of qkv rotated;
 // value head h = value head h / (NH/KV), copied. Each (b, t) row is one thread's, so the result
