@@ -33,6 +33,7 @@ DataLoader::DataLoader(std::vector<std::string> shard_paths, int64_t batch, int6
            batch_, " × ", seq_len_, " + 1 = ", step_span(),
            " (use bigger shards or a smaller batch/seq_len)");
     shard_tokens_.push_back(info.num_tokens);
+    shard_token_bytes_.push_back(info.token_bytes);
     total_tokens_ += info.num_tokens;
   }
 }
@@ -41,10 +42,22 @@ void DataLoader::load(int64_t shard) {
   if (loaded_shard_ == shard) return;
   loaded_shard_ = -1;                     // stays invalid if read_shard throws
   std::vector<uint16_t>().swap(tokens_);  // free the old shard first: one shard in memory at most
-  tokens_ = read_shard(paths_[shard]);
-  if (static_cast<int64_t>(tokens_.size()) != shard_tokens_[shard])
+  std::vector<uint32_t>().swap(wide_tokens_);
+  int64_t count = 0;
+  if (shard_token_bytes_[shard] == 4) {
+    wide_tokens_ = read_shard32(paths_[shard]);
+    count = static_cast<int64_t>(wide_tokens_.size());
+    for (size_t i = 0; i < wide_tokens_.size(); ++i)
+      if (wide_tokens_[i] > static_cast<uint32_t>(std::numeric_limits<int32_t>::max()))
+        fail("data loader: token shard '", paths_[shard], "': token ", i, " is ", wide_tokens_[i],
+             ", beyond any vocabulary (int32 ids)");
+  } else {
+    tokens_ = read_shard(paths_[shard]);
+    count = static_cast<int64_t>(tokens_.size());
+  }
+  if (count != shard_tokens_[shard])
     fail("data loader: token shard '", paths_[shard], "' changed on disk: it had ",
-         shard_tokens_[shard], " tokens when the loader opened it, now ", tokens_.size());
+         shard_tokens_[shard], " tokens when the loader opened it, now ", count);
   loaded_shard_ = shard;
 }
 
@@ -54,12 +67,15 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
   // 1-2. This rank's chunk: B*T tokens (plus one for the last target) at offset + rank*B*T.
   const int64_t chunk = batch_ * seq_len_;
   const int64_t begin = state_.offset + rank_ * chunk;
-  LOOM_CHECK(state_.offset + step_span() <= static_cast<int64_t>(tokens_.size()));
-  const uint16_t* src = tokens_.data() + begin;
-  for (int64_t i = 0; i < chunk; ++i) {
-    inputs[i] = src[i];
-    targets[i] = src[i + 1];
-  }
+  LOOM_CHECK(state_.offset + step_span() <= shard_tokens_[state_.shard]);
+  const auto copy = [&](const auto* src) {
+    for (int64_t i = 0; i < chunk; ++i) {
+      inputs[i] = static_cast<int32_t>(src[i]);
+      targets[i] = static_cast<int32_t>(src[i + 1]);
+    }
+  };
+  if (shard_token_bytes_[state_.shard] == 2) copy(tokens_.data() + begin);
+  else copy(wide_tokens_.data() + begin);
   // 3. Advance the shared position; skip to the next shard (wrapping) if a step no longer fits.
   state_.offset += tokens_per_step();
   if (state_.offset + step_span() > shard_tokens_[state_.shard]) {

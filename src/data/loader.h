@@ -70,7 +70,10 @@ class DataLoader {
   int rank_, world_;
   LoaderState state_;
   int64_t loaded_shard_ = -1;     // which shard tokens_ holds
-  std::vector<uint16_t> tokens_;  // the current shard
+  // The current shard: uint16 tokens, or uint32 ones from a "llama-3" shard (the other empty).
+  std::vector<uint16_t> tokens_;
+  std::vector<uint32_t> wide_tokens_;
+  std::vector<int> shard_token_bytes_;  // per shard, from the headers
 };
 
 }  // namespace loom

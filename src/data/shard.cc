@@ -23,7 +23,6 @@ static_assert(std::endian::native == std::endian::little,
               "shard I/O assumes a little-endian host (x86-64, aarch64)");
 
 constexpr int32_t kLlmcModelMagic = 20240326;   // llm.c GPT-2 model checkpoint
-constexpr int32_t kLlmcLlama3Magic = 20240801;  // llm.c uint32 "llama-3" token shard
 
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
@@ -55,44 +54,46 @@ ShardInfo read_and_check_header(std::FILE* f, const std::string& path, int64_t f
   if (std::fread(header.data(), sizeof(int32_t), header.size(), f) != header.size())
     fail("token shard '", path, "': short read of the ", kShardHeaderBytes, "-byte header");
 
-  if (header[0] != kShardMagic) {
+  const bool wide = header[0] == kShardMagic32;
+  if (header[0] != kShardMagic && !wide) {
     std::string hint = "this is not an llm.c token shard";
     char first[4];
     std::memcpy(first, &header[0], 4);
     if (std::all_of(first, first + 4, [](char c) { return c >= 0x20 && c < 0x7f; }))
       hint += detail::concat(" (it starts with the text \"", std::string_view(first, 4), "\")");
-    if (header[0] == kLlmcModelMagic) {
+    if (header[0] == kLlmcModelMagic)
       hint = "this looks like an llm.c model checkpoint, not a token shard";
-    } else if (header[0] == kLlmcLlama3Magic) {
-      hint =
-          "this is an llm.c uint32 (llama-3) token shard; only uint16 (gpt-2 format) shards are "
-          "supported";
-    }
-    fail("token shard '", path, "': bad magic ", header[0], " (expected ", kShardMagic, "): ", hint,
+    fail("token shard '", path, "': bad magic ", header[0], " (expected ", kShardMagic, " or ",
+         kShardMagic32, "): ", hint,
          "; token shards are made by Loom's dataset preparation or llm.c's dev/data scripts");
   }
-  if (header[1] != kShardVersion)
+  const int32_t version = wide ? kShardVersion32 : kShardVersion;
+  if (header[1] != version)
     fail("token shard '", path, "': unsupported version ", header[1], " (this build reads version ",
-         kShardVersion, ")");
+         version, wide ? " of uint32 shards, magic " : " of uint16 shards, magic ", header[0], ")");
   const int64_t n = header[2];
-  const int64_t expected_bytes = kShardHeaderBytes + 2 * n;
+  const int width = wide ? 4 : 2;
+  const int64_t expected_bytes = kShardHeaderBytes + width * n;
   if (n < 0 || expected_bytes != file_bytes)
     fail("token shard '", path, "': the header says ", n, " tokens, which needs ", expected_bytes,
-         " bytes (", kShardHeaderBytes, "-byte header + 2 bytes per token), but the file has ",
+         " bytes (", kShardHeaderBytes, "-byte header + ", width, " bytes per token), but the file has ",
          file_bytes, " bytes (truncated or not a token shard?)");
-  return ShardInfo{path, n, header[1]};
+  return ShardInfo{path, n, header[1], width};
 }
 
 }  // namespace
 
-void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+namespace {
+template <typename Token>
+void write_shard_of(const std::string& path, const std::vector<Token>& tokens) {
+  constexpr bool wide = sizeof(Token) == 4;
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n > std::numeric_limits<int32_t>::max())
     fail("token shard '", path, "': ", n, " tokens do not fit the int32 count of the header (max ",
          std::numeric_limits<int32_t>::max(), "); write smaller shards");
   std::array<int32_t, kShardHeaderInts> header{};
-  header[0] = kShardMagic;
-  header[1] = kShardVersion;
+  header[0] = wide ? kShardMagic32 : kShardMagic;
+  header[1] = wide ? kShardVersion32 : kShardVersion;
   header[2] = static_cast<int32_t>(n);
 
   const std::string tmp = path + ".tmp";
@@ -108,12 +109,21 @@ void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   if (std::fwrite(header.data(), sizeof(int32_t), header.size(), f.get()) != header.size())
     fail_io("cannot write header to");
   if (n > 0 &&
-      std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f.get()) != tokens.size())
+      std::fwrite(tokens.data(), sizeof(Token), tokens.size(), f.get()) != tokens.size())
     fail_io("cannot write tokens to");
   if (std::fflush(f.get()) != 0) fail_io("cannot flush");
   if (fsync(fileno(f.get())) != 0) fail_io("cannot fsync");
   if (std::fclose(f.release()) != 0) fail_io("cannot close");
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_io("cannot rename into place");
+}
+}  // namespace
+
+void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  write_shard_of(path, tokens);
+}
+
+void write_shard32(const std::string& path, const std::vector<uint32_t>& tokens) {
+  write_shard_of(path, tokens);
 }
 
 ShardInfo read_shard_header(const std::string& path) {
@@ -126,8 +136,29 @@ std::vector<uint16_t> read_shard(const std::string& path) {
   int64_t file_bytes = 0;
   File f = open_for_read(path, file_bytes);
   const ShardInfo info = read_and_check_header(f.get(), path, file_bytes);
+  if (info.token_bytes != 2)
+    fail("token shard '", path, "': a uint32 (llama-3) shard where uint16 tokens were expected");
   std::vector<uint16_t> tokens(static_cast<size_t>(info.num_tokens));
   if (std::fread(tokens.data(), sizeof(uint16_t), tokens.size(), f.get()) != tokens.size())
+    fail("token shard '", path, "': short read: expected ", info.num_tokens,
+         " tokens (did the file change while reading?)");
+  return tokens;
+}
+
+std::vector<uint32_t> read_shard32(const std::string& path) {
+  int64_t file_bytes = 0;
+  File f = open_for_read(path, file_bytes);
+  const ShardInfo info = read_and_check_header(f.get(), path, file_bytes);
+  std::vector<uint32_t> tokens(static_cast<size_t>(info.num_tokens));
+  bool ok;
+  if (info.token_bytes == 4) {
+    ok = std::fread(tokens.data(), sizeof(uint32_t), tokens.size(), f.get()) == tokens.size();
+  } else {
+    std::vector<uint16_t> narrow(tokens.size());
+    ok = std::fread(narrow.data(), sizeof(uint16_t), narrow.size(), f.get()) == narrow.size();
+    std::copy(narrow.begin(), narrow.end(), tokens.begin());
+  }
+  if (!ok)
     fail("token shard '", path, "': short read: expected ", info.num_tokens,
          " tokens (did the file change while reading?)");
   return tokens;

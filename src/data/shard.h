@@ -1,11 +1,11 @@
-// Token shards in llm.c's format (karpathy/llm.c, dev/data/data_common.py, "gpt-2" variant).
+// Token shards in llm.c's format (karpathy/llm.c, dev/data/data_common.py, both variants).
 //
-// A shard is a 1024-byte header of 256 little-endian int32 followed by the tokens as
-// little-endian uint16:
-//   header[0] = 20240520 (magic), header[1] = 1 (version), header[2] = number of tokens,
-//   header[3..255] = 0.
-// So shards written by llm.c's dev/data scripts (GPT-2 tokens) and by Loom are interchangeable.
-// llm.c's uint32 "llama-3" shards (magic 20240801) are recognised only to explain the refusal.
+// A shard is a 1024-byte header of 256 little-endian int32 followed by the tokens:
+//   "gpt-2":   header[0] = 20240520 (magic), header[1] = 1 (version), tokens uint16;
+//   "llama-3": header[0] = 20240801, header[1] = 7, tokens uint32 (vocabularies past 65536 ids,
+//              Llama 3's 128256);
+//   header[2] = number of tokens, header[3..255] = 0; little endian.
+// So shards written by llm.c's dev/data scripts and by Loom are interchangeable.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,8 @@ namespace loom {
 
 constexpr int32_t kShardMagic = 20240520;
 constexpr int32_t kShardVersion = 1;
+constexpr int32_t kShardMagic32 = 20240801;  // llm.c's "llama-3" uint32 shards
+constexpr int32_t kShardVersion32 = 7;
 constexpr int64_t kShardHeaderInts = 256;
 constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
 
@@ -23,19 +25,25 @@ struct ShardInfo {
   std::string path;
   int64_t num_tokens = 0;
   int32_t version = 0;
+  int token_bytes = 2;  // 2 (uint16, "gpt-2") or 4 (uint32, "llama-3")
 };
 
 // Writes `tokens` to `path` atomically: to path + ".tmp", flushed and fsync'ed, then renamed, so
 // a reader (or a crash) never sees a half-written shard. Throws loom::Error naming the file on
 // any I/O failure, or if there are more tokens than the int32 header count can hold.
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+// The same as a uint32 "llama-3" shard.
+void write_shard32(const std::string& path, const std::vector<uint32_t>& tokens);
 
 // Reads and validates the header only (magic, version, and that the token count matches the file
 // size). Throws loom::Error naming the file for a missing file, a truncated header, a wrong
 // magic, an unsupported version or a count that does not match the file size.
 ShardInfo read_shard_header(const std::string& path);
 
-// Reads a whole shard, with the same checks as read_shard_header.
+// Reads a whole uint16 shard, with the same checks as read_shard_header (a uint32 shard is an
+// error: read_shard32).
 std::vector<uint16_t> read_shard(const std::string& path);
+// Reads a whole shard of either width, its tokens widened to uint32.
+std::vector<uint32_t> read_shard32(const std::string& path);
 
 }  // namespace loom

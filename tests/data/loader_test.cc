@@ -57,6 +57,28 @@ TEST(DataLoader, WindowsAndShiftedTargets) {
   EXPECT_EQ(b.targets, iota(9, 8));
 }
 
+// uint32 ("llama-3") shards beside uint16 ones: ids past 65535 arrive as they are, the loader
+// crossing from one width to the other; an id past int32 is an error naming the shard.
+TEST(DataLoader, ReadsUint32ShardsAndMixesWidths) {
+  TempDir dir;
+  std::vector<uint32_t> wide(20);
+  for (int j = 0; j < 20; ++j) wide[j] = 128000u + static_cast<uint32_t>(j);
+  const std::string a = dir.file("train_000000.bin"), b = dir.file("train_000001.bin");
+  write_shard32(a, wide);
+  write_shard(b, std::vector<uint16_t>{5, 6, 7, 8, 9, 10, 11, 12, 13, 14});
+  DataLoader loader({a, b}, /*batch=*/1, /*seq_len=*/8);
+  Batch first = next(loader);
+  EXPECT_EQ(first.inputs, iota(128000, 8));
+  EXPECT_EQ(first.targets, iota(128001, 8));
+  next(loader);  // tokens 8..16 of the wide shard; the next step does not fit: on to shard 1
+  EXPECT_EQ(next(loader).inputs, iota(5, 8));
+  EXPECT_EQ(next(loader).inputs, iota(128000, 8));  // wrapped around to the wide shard
+  wide[3] = 0x80000000u;
+  write_shard32(a, wide);
+  DataLoader bad({a}, 1, 8);
+  expect_error([&] { next(bad); }, {a, "token 3 is 2147483648"});
+}
+
 TEST(DataLoader, CrossesShardsAndWrapsAround) {
   TempDir dir;
   // A step reads 2*4 + 1 = 9 tokens. Shard 0 (20 tokens) holds steps at 0 and 8 (16 + 9 > 20,

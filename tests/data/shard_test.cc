@@ -49,6 +49,32 @@ TEST(Shard, RoundTrip) {
   EXPECT_EQ(u8(1024 + 3 * 2 + 1), 0xc4);
 }
 
+// llm.c's "llama-3" shards: magic 20240801, version 7, uint32 tokens (ids past 65535).
+TEST(Shard, Uint32RoundTripInLlmcsLlama3Layout) {
+  TempDir dir;
+  const std::string path = dir.file("llama3.bin");
+  std::vector<uint32_t> tokens = {0, 1, 65535, 65536, 128000, 128255, 7};
+  write_shard32(path, tokens);
+  EXPECT_EQ(read_shard32(path), tokens);
+  const ShardInfo info = read_shard_header(path);
+  EXPECT_EQ(info.num_tokens, 7);
+  EXPECT_EQ(info.version, 7);
+  EXPECT_EQ(info.token_bytes, 4);
+  const std::string bytes = testing::read_bytes(path);
+  ASSERT_EQ(bytes.size(), 1024 + 4 * tokens.size());
+  const auto u8 = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  EXPECT_EQ(u8(0) | u8(1) << 8 | u8(2) << 16 | u8(3) << 24, 20240801);
+  EXPECT_EQ(u8(4), 7);
+  EXPECT_EQ(u8(1024 + 4 * 4) | u8(1024 + 4 * 4 + 1) << 8 | u8(1024 + 4 * 4 + 2) << 16, 128000);
+  // A uint16 reader is told what it got; the widening reader takes uint16 shards too.
+  expect_error([&] { read_shard(path); }, {path, "uint32"});
+  write_shard(path, std::vector<uint16_t>{3, 65535});
+  EXPECT_EQ(read_shard32(path), (std::vector<uint32_t>{3, 65535}));
+  // A count that does not match four bytes a token is named with the width.
+  testing::write_bytes(path, raw_shard(20240801, 7, 10, 20));
+  expect_error([&] { read_shard_header(path); }, {path, "10 tokens", "4 bytes per token"});
+}
+
 TEST(Shard, EmptyAndOverwrite) {
   TempDir dir;
   const std::string path = dir.file("empty.bin");
@@ -78,8 +104,9 @@ TEST(Shard, WrongMagicSaysWhatWasFoundAndExpected) {
   testing::write_bytes(path, raw_shard(12345, 1, 0, 0));
   expect_error([&] { read_shard(path); },
                {path, "bad magic 12345", "expected 20240520", "not an llm.c token shard"});
-  testing::write_bytes(path, raw_shard(20240801, 7, 0, 0));
-  expect_error([&] { read_shard_header(path); }, {path, "20240801", "uint32"});
+  testing::write_bytes(path, raw_shard(20240801, 6, 0, 0));  // llama-3 shards are version 7
+  expect_error([&] { read_shard_header(path); },
+               {path, "unsupported version 6", "version 7 of uint32 shards"});
   testing::write_bytes(path, raw_shard(20240326, 3, 0, 0));
   expect_error([&] { read_shard_header(path); }, {path, "model checkpoint"});
   // A text file is the usual mistake.
