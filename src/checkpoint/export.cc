@@ -59,6 +59,12 @@ void replace_atomically(const fs::path& out, bool directory, const Write& write)
   fs::rename(tmp, out);
 }
 
+void write_config_json(const fs::path& dir, const nlohmann::json& config) {
+  std::ofstream f(dir / "config.json");
+  f << config.dump(2) << "\n";
+  if (!f) fail("cannot write ", (dir / "config.json").string());
+}
+
 void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
   const Gpt2Config& c = model.config();
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -87,9 +93,7 @@ void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
       {"tie_word_embeddings", c.tie_embeddings},
       {"torch_dtype", bf16 ? "bfloat16" : "float32"},
       {"exported_by", "loom export"}};
-  std::ofstream f(dir / "config.json");
-  f << config.dump(2) << "\n";
-  if (!f) fail("cannot write ", (dir / "config.json").string());
+  write_config_json(dir, config);
 }
 
 // transformers' rope_scaling of a Llama: null, or Llama 3.1's "llama3" frequency scaling.
@@ -160,9 +164,7 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
       {"tie_word_embeddings", c.tie_embeddings},
       {"torch_dtype", bf16 ? "bfloat16" : "float32"},
       {"exported_by", "loom export"}};
-  std::ofstream f(dir / "config.json");
-  f << config.dump(2) << "\n";
-  if (!f) fail("cannot write ", (dir / "config.json").string());
+  write_config_json(dir, config);
 }
 
 void write_llmc(Gpt2& model, const fs::path& file, bool bf16) {

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "checkpoint/safetensors.h"
+#include "reference_check.h"
 #include "models/gpt2.h"
 #include "optim/adamw.h"
 #include "tensor/rng.h"
@@ -43,13 +44,7 @@ struct Reference {
 
   Reference() {
     model.build(DType::kF32, Device::cpu(), 1234);
-    RandomStream rng(1234, "reference.batch");  // (4, 33) tokens; inputs [:, :-1], targets [:, 1:]
-    for (int64_t b = 0; b < 4; ++b)
-      for (int64_t t = 0; t <= 32; ++t) {
-        const int32_t v = static_cast<int32_t>(rng.next_u32() % 256);
-        if (t < 32) tokens.data<int32_t>()[b * 32 + t] = v;
-        if (t > 0) targets.data<int32_t>()[b * 32 + t - 1] = v;
-      }
+    testing::fill_reference_batch(tokens, targets);
   }
   double scalar(const std::string& name, int i = 0) {
     return golden.tensors.at(name).data<double>()[i];
@@ -69,21 +64,7 @@ TEST(LlamaReference, LossAndGradientsMatchTransformers) {
   const double loss = r.model.forward(r.ctx, r.tokens, r.targets);
   EXPECT_NEAR(loss, r.scalar("loss"), 1e-5 * r.scalar("loss"));
   r.model.backward(r.ctx);
-  int checked = 0;
-  for (const auto& p : r.model.params().parameters()) {
-    const Tensor& ref = r.golden.tensors.at("grad." + p->name);
-    ASSERT_EQ(ref.shape(), p->shape) << p->name;
-    const std::vector<float> g = p->grad.to_vector();
-    double max_ref = 0, max_diff = 0;
-    for (int64_t i = 0; i < ref.numel(); ++i) {
-      max_ref = std::max(max_ref, std::abs(ref.data<double>()[i]));
-      max_diff = std::max(max_diff, std::abs(g[i] - ref.data<double>()[i]));
-    }
-    EXPECT_GT(max_ref, 0) << p->name;
-    EXPECT_LE(max_diff, 1e-4 * max_ref) << p->name << ": max |loom - transformers| = " << max_diff
-                                        << ", max |transformers| = " << max_ref;
-    ++checked;
-  }
+  const int checked = testing::expect_gradients_match(r.model, r.golden, "transformers");
   EXPECT_EQ(checked, 1 + 6 * 2 + 1);  // wte, six per block, ln_f
 }
 
