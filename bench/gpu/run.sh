@@ -2,8 +2,9 @@
 # One GPU session, prepared: the GPU tests (every CUDA kernel against the CPU's, a small GPT-2 on
 # the GPU against the CPU, nccl as a group of one, the trainer on runtime.device = "cuda", `loom
 # train` with a sharded checkpoint, a timeline and a resume), the
-# GPU's own GEMM rates, GPT-2 124M training at T = 1024 (tokens/s, MFU), then the whole suite as
-# time allows; every log kept. For a device machine with ~15 minutes in all:
+# GPU's own GEMM rates, GPT-2 124M and a Llama of 1.2 B parameters training at T = 1024
+# (tokens/s, MFU), then the whole suite as time allows; every log kept. For a device machine with
+# ~15 minutes in all:
 #
 #   bash bench/gpu/pack.sh                       # here, first: prebuilt programs + libraries
 #   OUT=/some/dir bash bench/gpu/run.sh          # there, with carry: [".gpu_pack"]
@@ -216,15 +217,24 @@ TF32_PEAK=$(peak_of tf32 494.7)
 FP32_PEAK=$(peak_of fp32 67)
 MEMORY_PEAK=$(grep '"copy_mib"' "$OUT/bench.log" 2>/dev/null | sed -n 's/.*"gb_per_s": \([0-9.]*\).*/\1/p' | tail -n 1)
 note "      peaks (TFLOP/s): bf16 $BF16_PEAK, tf32 $TF32_PEAK, fp32 $FP32_PEAK; memory ${MEMORY_PEAK:-?} GB/s"
-# The last figure bench.log holds, labelled, into the summary.
+# The last figure bench.log holds (of shape $2, when given), labelled, into the summary.
 figure() {
   local line
-  line=$(grep -o '{.*"tokens_per_s".*}' "$OUT/bench.log" 2>/dev/null | tail -n 1)
+  line=$(grep -o '{.*"tokens_per_s".*}' "$OUT/bench.log" 2>/dev/null | grep -F "\"shape\":\"${2:-}" | tail -n 1)
   note "      $1: ${line:-no figure}"
 }
 step gpt2_bf16 bench 150 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 20 --warmup 3 --precision bf16 --peak-tflops "$BF16_PEAK" --json
 figure "bf16, flash attention"
+# Llama 3.2 1B's shape (`--shape llama-1b`: 1.24 B parameters, d_model 2048, 16 layers, 32 query
+# heads sharing 8 key/value heads, SwiGLU of 8192, vocabulary 128256, tied head) at T = 1024,
+# batch 4, bf16 GEMM inputs: RMSNorm, the rotary embedding with grouped-query heads and the
+# SwiGLU at a real model's size, the attention on the flash kernels (head size 64). Its weights,
+# gradients and Adam moments take ~20 GB; most of the step's time limit is the host initialising
+# them (~1.2 B normal draws) before the first step.
+step llama1b_bf16 bench 90 "$BIN/loom" bench train --shape llama-1b --device cuda --batch 4 --seq 1024 \
+  --steps 10 --warmup 2 --precision bf16 --peak-tflops "$BF16_PEAK" --json
+figure "llama-1b, bf16" llama-1b
 # The same with attention through batched GEMMs and a (B·NH, T, T) score matrix: what the fused
 # kernels (kernels/cuda/flash_attention.cu) buy.
 step gpt2_bf16_gemm_attention bench 60 env LOOM_CUDA_FLASH_ATTENTION=0 "$BIN/loom" bench train \
