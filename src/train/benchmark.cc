@@ -69,6 +69,10 @@ const std::vector<BenchShape>& bench_shapes() {
       make_shape("gpt2-124m", 50304, 1024, 768, 12, 12, 4, 256),
       make_shape("tiny", 256, 32, 64, 2, 4, 4, 32),
       make_llama_shape("llama-1b", 128256, 1024, 2048, 16, 32, 8, 8192, 500000, 4, 1024),
+      // bench-s's sizes in Llama's form (6 query heads sharing 2 key/value heads, a SwiGLU 1024
+      // wide), for the CPU comparison with transformers' LlamaForCausalLM
+      // (bench/peers/llama_bench.py).
+      make_llama_shape("llama-s", 8192, 256, 384, 6, 6, 2, 1024, 10000, 8, 256),
       make_llama_shape("llama-tiny", 256, 32, 64, 2, 4, 2, 176, 10000, 4, 32),
   };
   return shapes;
