@@ -239,6 +239,13 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   }
   TrainSummary summary;
   if (!resume_from.empty()) {
+    // Another architecture's checkpoint would fail on its first parameter's shape; say why.
+    const Gpt2Config saved = read_checkpoint_model(resume_from), wanted = model_config_of(config);
+    if (saved.arch != wanted.arch || saved.tie_embeddings != wanted.tie_embeddings)
+      fail("checkpoint ", resume_from, " holds a ", arch_name(saved.arch),
+           saved.tie_embeddings ? "" : " with an untied head", " model, but model.arch = \"",
+           config.model.arch, "\"", wanted.tie_embeddings ? "" : " with model.tie_embeddings = false",
+           ": resume with the config it was trained with (RUN_DIR/config.toml)");
     // Every rank reads the (layout-free) checkpoint by parameter name and keeps its part.
     const TrainingState st = load_layout_checkpoint(resume_from, parts, engines, config);
     if (st.step > tc.steps)

@@ -190,6 +190,27 @@ TEST_F(Cli, CheckpointVerify) {
   expect_error(run("checkpoint verify " + path("nowhere")), "no checkpoint there");
 }
 
+// A Llama through the command line: train, sample, export for transformers; resuming a GPT-2
+// run with a Llama config says which architecture the checkpoint holds.
+TEST_F(Cli, LlamaTrainsSamplesExportsAndRefusesAnotherArchitecturesCheckpoint) {
+  ASSERT_EQ(
+      run("data synth --out " + path("data") + " --train-tokens 20000 --val-tokens 4000").code, 0);
+  Result trained = run("train " + write_config("") + " --run-dir " + path("llama") +
+                       " --set model.arch=llama --set model.n_kv_heads=1 --set model.ffn_hidden=40 --quiet");
+  EXPECT_EQ(trained.code, 0) << trained.output;
+  Result sampled = run("sample --checkpoint " + path("llama") + " --prompt 1+1= --tokens 8");
+  EXPECT_EQ(sampled.code, 0) << sampled.output;
+  EXPECT_NE(sampled.output.find("1+1="), std::string::npos) << sampled.output;
+  Result hf = run("checkpoint export " + path("llama") + " --out " + path("hf"));
+  EXPECT_EQ(hf.code, 0) << hf.output;
+  std::ifstream cf(path("hf/config.json"));
+  EXPECT_EQ(nlohmann::json::parse(cf)["architectures"][0], "LlamaForCausalLM");
+  ASSERT_EQ(run("train " + write_config("") + " --run-dir " + path("gpt2") + " --quiet").code, 0);
+  expect_error(run("train " + write_config("") + " --run-dir " + path("gpt2") +
+                   " --resume auto --set train.steps=6 --set model.arch=llama"),
+               "holds a gpt2 model, but model.arch = \"llama\"");
+}
+
 TEST_F(Cli, SampleFromMissingCheckpoint) {
   expect_error(run("sample --checkpoint " + path("none") + " --prompt x"), path("none"));
 }
