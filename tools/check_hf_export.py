@@ -26,16 +26,28 @@ def main():
     ap.add_argument("hf_dir")
     ap.add_argument("--prompt", default="12+34=")
     ap.add_argument("--tokens", type=int, default=40)
+    ap.add_argument("--tokenizer", default=None,
+                    help="tokenizer.json (or its directory) to encode the prompt and decode the "
+                         "output with, for a model trained on tools/tokenize_hf.py's shards; "
+                         "default: bytes, as loom sample")
     args = ap.parse_args()
     model = AutoModelForCausalLM.from_pretrained(args.hf_dir).eval()
     context = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
-    ids = list(args.prompt.encode())
+    tok = None
+    if args.tokenizer:
+        from tokenizers import Tokenizer
+        path = args.tokenizer
+        tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path)
+    ids = tok.encode(args.prompt).ids if tok else list(args.prompt.encode())
     with torch.no_grad():
         for _ in range(args.tokens):
             window = ids[-context:]
             logits = model(torch.tensor([window])).logits[0, -1]
             ids.append(int(torch.argmax(logits)))
-    print(bytes(t if t < 256 else ord("?") for t in ids).decode("latin-1"))
+    if tok:
+        print(tok.decode(ids))
+    else:
+        print(bytes(t if t < 256 else ord("?") for t in ids).decode("latin-1"))
 
 
 if __name__ == "__main__":
