@@ -397,6 +397,11 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--top-k", sample.top_k, "0 = all")->capture_default_str();
   sample_cmd->add_option("--seed", sample_seed)->capture_default_str();
   sample_cmd->add_option("--threads", sample_threads, "0 = all cores");
+  bool no_kv_cache = false;
+  sample_cmd->add_flag("--no-kv-cache", no_kv_cache,
+                       "run the whole context for every token instead of decoding through the "
+                       "key/value cache (the same tokens, slower; for comparisons)");
+  sample_cmd->callback([&] { sample.kv_cache = !no_kv_cache; });
 
   std::vector<std::string> verify_paths;
   auto* checkpoint_cmd = app.add_subcommand("checkpoint", "checkpoint tools");

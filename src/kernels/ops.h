@@ -572,6 +572,21 @@ inline void linear_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbi
     matmul_backward(ex, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
+// Attention of n new query rows over a key/value cache (kernels/cpu/attention_cache.h): the
+// incremental decoding of sampling, which runs on CPU ranks only; a GPU is refused by name.
+template <typename Real>
+inline void attention_with_cache(const Exec& ex, Real* out, const Real* q, int64_t q_stride,
+                                 const Real* k, const Real* v, int64_t first, int64_t n, int64_t C,
+                                 int64_t NH) {
+  if (ex.device.is_cuda())
+    fail("attention_with_cache on ", ex.device.str(), ": decoding with a key/value cache runs on ",
+         "the CPU (loom sample)");
+  const detail::OpScope op_scope_("attention_forward", ex, [&] {
+    return detail::work_of<Real>(4.0 * n * (first + n) * C, 2.0 * (first + n) * C + 2.0 * n * C);
+  });
+  cpu::attention_with_cache(*ex.pool, out, q, q_stride, k, v, first, n, C, NH);
+}
+
 #undef LOOM_OPS_DISPATCH
 
 }  // namespace loom::ops

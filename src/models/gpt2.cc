@@ -143,6 +143,14 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
   return dx;
 }
 
+Tensor Gpt2Block::decode(Context& ctx, const Tensor& x, Tensor& keys, Tensor& values,
+                         int64_t first) {
+  Tensor x1 = attn_.decode_adding(ctx, ln_1_->forward(ctx, x), x, keys, values, first);
+  Tensor y = mlp_->forward_adding(ctx, ln_2_->forward(ctx, x1), x1);
+  clear_cache();
+  return y;
+}
+
 void Gpt2Block::collect_cache(std::vector<Tensor*>& out) {
   ln_1_->collect_cache(out);
   attn_.collect_cache(out);
@@ -337,6 +345,35 @@ Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {
                             nullptr, B * T, C, V);
   });
   after_forward_root(ctx);
+  return out;
+}
+
+Tensor Gpt2::decode(Context& ctx, const Tensor& tokens, KvCache& cache) {
+  LOOM_CHECK_MSG(part_.embedding && part_.head, "Gpt2::decode needs the whole model");
+  if (tokens.ndim() != 2 || tokens.dim(0) != 1 || tokens.dtype() != DType::kI32)
+    fail("decoding takes (1, n) i32 tokens, got ", shape_str(tokens.shape()));
+  const int64_t n = tokens.dim(1), C = config_.d_model, V = config_.vocab_size;
+  if (cache.length + n > config_.max_seq_len)
+    fail("decoding: ", cache.length, " + ", n, " tokens exceed model.max_seq_len = ",
+         config_.max_seq_len);
+  if (cache.keys.empty()) {
+    for (size_t l = 0; l < blocks_.size(); ++l) {
+      cache.keys.push_back(Tensor::empty({config_.max_seq_len, C}, ctx.dtype, ctx.device));
+      cache.values.push_back(Tensor::empty({config_.max_seq_len, C}, ctx.dtype, ctx.device));
+    }
+  }
+  Tensor x = embedding_->forward_at(ctx, tokens, cache.length);
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    x = blocks_[l]->decode(ctx, x, cache.keys[l], cache.values[l], cache.length);
+  Tensor final = ln_f_->forward(ctx, x);
+  ln_f_->clear_cache();
+  Tensor out = Tensor::empty({n, V}, ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    ops::matmul_forward<T_>(ctx.exec(), out.data<T_>(), final.data<T_>(),
+                            head_wte_->value.data<T_>(), nullptr, n, C, V);
+  });
+  cache.length += n;
   return out;
 }
 

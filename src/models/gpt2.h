@@ -99,6 +99,9 @@ class Gpt2Block {
   Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config);
   Tensor forward(Context& ctx, const Tensor& x);  // (B, T, C) -> (B, T, C)
   Tensor backward(Context& ctx, const Tensor& dy);
+  // Incremental decoding: x (1, n, C) at positions first ..; the block's keys and values go into
+  // (and are read from) `keys` and `values` (CausalSelfAttention::decode_adding).
+  Tensor decode(Context& ctx, const Tensor& x, Tensor& keys, Tensor& values, int64_t first);
   void clear_cache();
   void collect_cache(std::vector<Tensor*>& out);
 
@@ -163,6 +166,14 @@ class Gpt2Stage {
   virtual std::vector<Tensor*> cache_slots() = 0;
 };
 
+// The keys and values of the tokens a sampler has run through the model (Gpt2::decode): per block
+// (max_seq_len, d_model), rows 0 .. length−1 filled; with Llama's blocks the keys turned by their
+// positions and the shared key/value heads repeated per query head.
+struct KvCache {
+  int64_t length = 0;
+  std::vector<Tensor> keys, values;
+};
+
 class Gpt2 : public Gpt2Stage {
  public:
   // Parameter units (nn/hooks.h): the root (embeddings and final LayerNorm, when the part has
@@ -183,6 +194,12 @@ class Gpt2 : public Gpt2Stage {
   void backward(Context& ctx, double scale = 1.0);
   // Logits (B, T, V) without caching anything: for sampling and evaluation.
   Tensor logits(Context& ctx, const Tensor& tokens);
+  // Incremental decoding on the CPU, for sampling: the logits (n, V) of tokens (1, n) that follow
+  // the cache's `length` tokens, each attending to every earlier one through the cache, which
+  // takes their keys and values (length += n). Equal, to float rounding, to logits() of all
+  // length + n tokens at once; length + n must not exceed max_seq_len. An empty cache is sized on
+  // first use.
+  Tensor decode(Context& ctx, const Tensor& tokens, KvCache& cache);
 
   // Gpt2Stage: parts' inputs and outputs are (B, T, C).
   Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets,

@@ -1,5 +1,7 @@
 #include "nn/causal_self_attention.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "tensor/dispatch.h"
@@ -140,6 +142,42 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
   }
   qkv_out_ = att_ = lse_ = Tensor();
   return qkv_.backward(ctx, dqkv);
+}
+
+Tensor CausalSelfAttention::decode_adding(Context& ctx, const Tensor& x, const Tensor& residual,
+                                          Tensor& keys, Tensor& values, int64_t first) {
+  LOOM_CHECK_MSG(ctx.device.is_cpu(), "decoding with a key/value cache runs on the CPU");
+  if (x.ndim() != 3 || x.dim(0) != 1) fail("decoding expects (1, n, C), got ", shape_str(x.shape()));
+  const int64_t n = x.dim(1), C = channels_, hd = C / heads_;
+  if (first + n > keys.dim(0))
+    fail("decoding: positions up to ", first + n, " exceed the cache's ", keys.dim(0), " rows");
+  Tensor qkv = qkv_.forward(ctx, x);  // (1, n, qkv width)
+  if (rotary_) {
+    Tensor rope;
+    rope = rope_table_on(ctx, rope, first + n, hd, rotary_->frequencies);
+    Tensor turned = Tensor::empty({1, n, 3 * C}, ctx.dtype, ctx.device);
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      ops::rope_gqa_forward<T_>(ctx.exec(), turned.data<T_>(), qkv.data<T_>(),
+                                rope.data<T_>() + first * hd, 1, n, heads_, rotary_->kv_heads, hd);
+    });
+    qkv = turned;
+  }
+  Tensor att = Tensor::empty({1, n, C}, ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    const T_* rows = qkv.data<T_>();
+    for (int64_t r = 0; r < n; ++r) {  // the new keys and values into the cache
+      std::copy(rows + r * 3 * C + C, rows + r * 3 * C + 2 * C, keys.data<T_>() + (first + r) * C);
+      std::copy(rows + r * 3 * C + 2 * C, rows + r * 3 * C + 3 * C,
+                values.data<T_>() + (first + r) * C);
+    }
+    ops::attention_with_cache<T_>(ctx.exec(), att.data<T_>(), rows, 3 * C, keys.data<T_>(),
+                                  values.data<T_>(), first, n, C, heads_);
+  });
+  Tensor y = proj_.forward_adding(ctx, att, residual);
+  clear_cache();
+  return y;
 }
 
 void CausalSelfAttention::clear_cache() {

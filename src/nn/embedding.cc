@@ -31,6 +31,23 @@ Tensor Embedding::forward(Context& ctx, const Tensor& tokens) {
   return out;
 }
 
+Tensor Embedding::forward_at(Context& ctx, const Tensor& tokens, int64_t first) {
+  if (tokens.ndim() != 2 || tokens.dtype() != DType::kI32)
+    fail("embedding expects (B, T) i32 tokens, got ", shape_str(tokens.shape()));
+  const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  if (wpe_ != nullptr && first + T > max_seq_)
+    fail("positions up to ", first + T, " exceed the position embedding's ", max_seq_, " rows");
+  Tensor out = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    ops::embedding_forward<T_>(ctx.exec(), out.data<T_>(), tokens.data<int32_t>(),
+                               wte_->value.data<T_>(),
+                               wpe_ ? wpe_->value.data<T_>() + first * channels_ : nullptr, B, T,
+                               channels_, vocab_);
+  });
+  return out;
+}
+
 void Embedding::backward(Context& ctx, const Tensor& dy) {
   LOOM_CHECK(tokens_.defined());
   const int64_t B = tokens_.dim(0), T = tokens_.dim(1);

@@ -16,6 +16,8 @@ class Embedding {
             float init_std);
   // tokens: (B, T) i32 -> (B, T, C). Tokens outside [0, vocab) are an error naming them.
   Tensor forward(Context& ctx, const Tensor& tokens);
+  // forward of tokens at positions first .. first+T−1 (incremental decoding); caches nothing.
+  Tensor forward_at(Context& ctx, const Tensor& tokens, int64_t first);
   // Accumulates into wte/wpe gradients. `tokens` as given to forward.
   void backward(Context& ctx, const Tensor& dy);
   void clear_cache() { tokens_ = Tensor(); }

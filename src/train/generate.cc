@@ -20,12 +20,31 @@ std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> to
     if (t < 0 || t >= V) fail("prompt token ", t, " is outside the vocabulary [0, ", V, ")");
   std::vector<double> probs(static_cast<size_t>(V));
   std::vector<int32_t> order(static_cast<size_t>(V));
+  KvCache cache;
+  int64_t cache_start = -1;  // the index in `tokens` of the cache's position 0
   for (int64_t i = 0; i < options.tokens; ++i) {
-    const int64_t T = std::min<int64_t>(static_cast<int64_t>(tokens.size()), max_t);
-    Tensor input = Tensor::empty({1, T}, DType::kI32);
-    std::copy(tokens.end() - T, tokens.end(), input.data<int32_t>());
-    Tensor logits = model.logits(ctx, input);
-    const float* last = logits.data<float>() + (T - 1) * V;
+    const int64_t len = static_cast<int64_t>(tokens.size());
+    const int64_t T = std::min<int64_t>(len, max_t);
+    Tensor logits;
+    const float* last = nullptr;
+    if (options.kv_cache) {
+      // The context is tokens [len − T, len); a window that moved (past max_seq_len) puts other
+      // positions on every token, so the cache starts over (its buffers kept).
+      if (len - T != cache_start) {
+        cache.length = 0;
+        cache_start = len - T;
+      }
+      const int64_t fresh = len - cache_start - cache.length;
+      Tensor input = Tensor::empty({1, fresh}, DType::kI32);
+      std::copy(tokens.end() - fresh, tokens.end(), input.data<int32_t>());
+      logits = model.decode(ctx, input, cache);
+      last = logits.data<float>() + (fresh - 1) * V;
+    } else {
+      Tensor input = Tensor::empty({1, T}, DType::kI32);
+      std::copy(tokens.end() - T, tokens.end(), input.data<int32_t>());
+      logits = model.logits(ctx, input);
+      last = logits.data<float>() + (T - 1) * V;
+    }
     int32_t next = 0;
     if (options.temperature == 0) {
       next = static_cast<int32_t>(std::max_element(last, last + V) - last);

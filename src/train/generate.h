@@ -13,6 +13,10 @@ struct SampleOptions {
   int64_t tokens = 100;       // tokens to generate
   double temperature = 1.0;   // 0 = greedy (argmax)
   int64_t top_k = 0;          // 0 = whole vocabulary
+  // Decode through a key/value cache (Gpt2::decode): each new token costs one token's forward
+  // while the context fits max_seq_len; past it the window slides and the context is run again
+  // each step, as without the cache. false: run the whole context every step (for comparisons).
+  bool kv_cache = true;
 };
 
 // Returns prompt + generated tokens. The context is the last max_seq_len tokens.
