@@ -1,4 +1,5 @@
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_cache.h"
 
 #include <gtest/gtest.h>
 
@@ -127,6 +128,36 @@ TEST(Attention, BitwiseSameForAnyPoolSize) {
   auto runs = ktest::expect_reproducible(
       "attention", [&](ThreadPool& pool) { return run_attention<float>(pool, s); });
   EXPECT_TRUE(ktest::bitwise_equal(runs[0], runs[1]));
+}
+
+// Attention over a key/value cache (sampling): the rows first .. first+n−1 of a T-token
+// sequence, their keys and values in the cache with the earlier ones', give the whole sequence's
+// attention output on those rows; the same bits on 1 and 3 threads.
+TEST(AttentionWithCache, NewRowsAreTheWholeSequencesRows) {
+  const Shape s{1, 11, 12, 3};
+  const auto qkv = random_vector(s.T * 3 * s.C, 3, -2, 2);
+  std::vector<double> want, lse;
+  naive_attention(qkv, s, want, lse);
+  std::vector<double> k(s.T * s.C), v(s.T * s.C);
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t c = 0; c < s.C; ++c) {
+      k[t * s.C + c] = qkv[t * 3 * s.C + s.C + c];
+      v[t * s.C + c] = qkv[t * 3 * s.C + 2 * s.C + c];
+    }
+  for (const auto& [first, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 11}, {0, 1}, {4, 3}, {10, 1}}) {
+    SCOPED_TRACE("first " + std::to_string(first) + ", n " + std::to_string(n));
+    std::vector<std::vector<double>> runs;
+    for (int threads : {1, 3}) {
+      ThreadPool pool(threads);
+      std::vector<double> out(n * s.C);
+      attention_with_cache(pool, out.data(), qkv.data() + first * 3 * s.C, 3 * s.C, k.data(),
+                           v.data(), first, n, s.C, s.NH);
+      runs.push_back(out);
+    }
+    const std::vector<double> rows(want.begin() + first * s.C, want.begin() + (first + n) * s.C);
+    ktest::expect_close("out", runs[0], rows, 1e-12);
+    EXPECT_TRUE(ktest::bitwise_equal(runs[0], runs[1]));
+  }
 }
 
 }  // namespace
