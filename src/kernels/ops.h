@@ -419,6 +419,45 @@ inline void rope_gqa_backward(const Exec& ex, Real* dqkv, const Real* dout, cons
                     dqkv, dout, cos_sin, B, T, NH, KV, hd);
 }
 
+// The rotation in place on the compact qkv's query and key heads, and back (kernels/cpu/rope.h):
+// for attention_gqa_*, which read the shared key/value heads where the projection wrote them.
+template <typename Real>
+inline void rope_forward(const Exec& ex, Real* qkv, const Real* cos_sin, int64_t B, int64_t T,
+                         int64_t NH, int64_t KV, int64_t hd) {
+  LOOM_OPS_DISPATCH(rope_forward, (0, 2.0 * B * T * (NH + KV) * hd + 1.0 * T * hd), qkv, cos_sin,
+                    B, T, NH, KV, hd);
+}
+
+template <typename Real>
+inline void rope_backward(const Exec& ex, Real* dqkv, const Real* cos_sin, int64_t B, int64_t T,
+                          int64_t NH, int64_t KV, int64_t hd) {
+  LOOM_OPS_DISPATCH(rope_backward, (0, 2.0 * B * T * (NH + KV) * hd + 1.0 * T * hd), dqkv,
+                    cos_sin, B, T, NH, KV, hd);
+}
+
+// Grouped-query attention on the compact qkv (kernels/cpu/attention.h): attention_forward /
+// backward with query head h reading key/value head h / (NH/KV) in place. On a GPU the shared
+// heads are repeated into scratch for the attention kernels and their gradients summed back
+// (cuda::attention_gqa_*): nothing repeated is kept between the forward and the backward.
+template <typename Real>
+inline void attention_gqa_forward(const Exec& ex, Real* out, Real* lse, const Real* qkv, int64_t B,
+                                  int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  LOOM_OPS_DISPATCH(attention_gqa_forward,
+                    (2.0 * B * T * T * NH * hd,
+                     1.0 * B * T * (NH + 2 * KV) * hd + 1.0 * B * T * NH * hd + 1.0 * B * NH * T),
+                    out, lse, qkv, B, T, NH, KV, hd);
+}
+
+template <typename Real>
+inline void attention_gqa_backward(const Exec& ex, Real* dqkv, const Real* dout, const Real* qkv,
+                                   const Real* out, const Real* lse, int64_t B, int64_t T,
+                                   int64_t NH, int64_t KV, int64_t hd) {
+  LOOM_OPS_DISPATCH(attention_gqa_backward,
+                    (5.0 * B * T * T * NH * hd,
+                     2.0 * B * T * (NH + 2 * KV) * hd + 3.0 * B * T * NH * hd + 1.0 * B * NH * T),
+                    dqkv, dout, qkv, out, lse, B, T, NH, KV, hd);
+}
+
 // SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H).
 template <typename Real>
 inline void swiglu_forward(const Exec& ex, Real* out, const Real* h, int64_t N, int64_t H) {

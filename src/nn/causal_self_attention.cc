@@ -53,16 +53,16 @@ Tensor rope_table_on(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim,
 Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
   const int64_t B = x.dim(0), T = x.dim(1), hd = channels_ / heads_;
   const Tensor rope = rope_table_on(ctx, rope_, T, hd, rotary_->frequencies);
-  const Tensor projected = qkv_.forward(ctx, x);  // (B, T, (NH + 2·KV)·hd)
-  qkv_out_ = Tensor::empty({B, T, 3 * channels_}, ctx.dtype, ctx.device);
+  // (B, T, (NH + 2·KV)·hd): q and k turned in place, the shared heads read where they are.
+  qkv_out_ = qkv_.forward(ctx, x);
   lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
   att_ = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    ops::rope_gqa_forward<T_>(ctx.exec(), qkv_out_.data<T_>(), projected.data<T_>(),
-                              rope.data<T_>(), B, T, heads_, rotary_->kv_heads, hd);
-    ops::attention_forward<T_>(ctx.exec(), att_.data<T_>(), lse_.data<T_>(), qkv_out_.data<T_>(),
-                               B, T, channels_, heads_);
+    ops::rope_forward<T_>(ctx.exec(), qkv_out_.data<T_>(), rope.data<T_>(), B, T, heads_,
+                          rotary_->kv_heads, hd);
+    ops::attention_gqa_forward<T_>(ctx.exec(), att_.data<T_>(), lse_.data<T_>(),
+                                   qkv_out_.data<T_>(), B, T, heads_, rotary_->kv_heads, hd);
   });
   return att_;
 }
@@ -70,15 +70,14 @@ Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
 Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
   Tensor datt = proj_.backward(ctx, dy);
   const int64_t B = qkv_out_.dim(0), T = qkv_out_.dim(1), hd = channels_ / heads_;
-  Tensor dattn_in = Tensor::empty(qkv_out_.shape(), ctx.dtype, ctx.device);
-  Tensor dqkv = Tensor::empty({B, T, qkv_width(channels_, heads_, rotary_)}, ctx.dtype, ctx.device);
+  Tensor dqkv = Tensor::empty(qkv_out_.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    ops::attention_backward<T_>(ctx.exec(), dattn_in.data<T_>(), datt.data<T_>(),
-                                qkv_out_.data<T_>(), att_.data<T_>(), lse_.data<T_>(), B, T,
-                                channels_, heads_);
-    ops::rope_gqa_backward<T_>(ctx.exec(), dqkv.data<T_>(), dattn_in.data<T_>(),
-                               rope_.data<T_>(), B, T, heads_, rotary_->kv_heads, hd);
+    ops::attention_gqa_backward<T_>(ctx.exec(), dqkv.data<T_>(), datt.data<T_>(),
+                                    qkv_out_.data<T_>(), att_.data<T_>(), lse_.data<T_>(), B, T,
+                                    heads_, rotary_->kv_heads, hd);
+    ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope_.data<T_>(), B, T, heads_,
+                           rotary_->kv_heads, hd);
   });
   qkv_out_ = att_ = lse_ = Tensor();
   return qkv_.backward(ctx, dqkv);

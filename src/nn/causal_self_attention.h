@@ -5,9 +5,11 @@
 // Llama's (with Rotary): no biases, grouped-query attention — kv_heads key/value heads, each
 // shared by n_heads / kv_heads query heads, so qkv is C -> (n_heads + 2·kv_heads)·head_dim — and
 // rotary position embeddings (Su et al. 2021, HF transformers' rotate_half pairing) turning the
-// queries and keys by their position. One op (ops::rope_gqa_forward) rotates q and k and repeats
-// the shared heads into the (B, T, 3C) layout the attention kernels read; its backward rotates
-// the gradients back and sums each shared head's.
+// queries and keys by their position. The projection's output is turned in place
+// (ops::rope_forward) and the attention reads the shared key/value heads where they are
+// (ops::attention_gqa_forward; its backward sums each shared head's query heads' gradients), so
+// nothing repeated is kept for the backward. Decoding with a cache (decode_adding) stores the keys
+// and values repeated per query head (ops::rope_gqa_forward), as the cached attention reads them.
 #pragma once
 
 #include <optional>
@@ -58,7 +60,7 @@ class CausalSelfAttention {
   std::optional<Rotary> rotary_;
   Linear qkv_;
   Linear proj_;
-  Tensor qkv_out_;  // (B, T, 3C); with Rotary q and k turned, the shared heads repeated
+  Tensor qkv_out_;  // (B, T, 3C); with Rotary (B, T, (NH + 2·KV)·hd), q and k turned
   Tensor rope_;     // with Rotary: the (T, head_dim) cos/sin table of the last T, on ctx.device
   Tensor att_;      // (B, T, C) attention output before proj
   Tensor lse_;      // (B, NH, T)

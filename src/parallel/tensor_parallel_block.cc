@@ -110,17 +110,15 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   const int64_t B = B_, T = T_;
   const Exec ex = ctx.exec();
   qkv_out_ = qkv_.forward(ctx, ln_1_->forward(ctx, x));  // (B·T, 3C/P): this rank's heads
-  if (llama_) {  // (B·T, (NH + 2·KV)·hd / P) → q, k turned and the shared heads repeated
-    Tensor turned = Tensor::empty({B * T, 3 * local_channels_}, DType::kF32, ctx.device);
-    ops::rope_gqa_forward<float>(ex, turned.data<float>(), qkv_out_.data<float>(),
-                                 rope_table(ctx).data<float>(), B, T, local_heads_,
-                                 local_kv_heads_, head_dim_);
-    qkv_out_ = turned;
-  }
+  if (llama_)  // (B·T, (NH + 2·KV)·hd / P): this rank's q and k turned in place
+    ops::rope_forward<float>(ex, qkv_out_.data<float>(), rope_table(ctx).data<float>(), B, T,
+                             local_heads_, local_kv_heads_, head_dim_);
   att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
   lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
-  ops::attention_forward<float>(ex, att_.data<float>(), lse_.data<float>(), qkv_out_.data<float>(),
-                                B, T, local_channels_, local_heads_);
+  // GPT-2: as many key/value heads as query heads, the 3C/P layout.
+  ops::attention_gqa_forward<float>(ex, att_.data<float>(), lse_.data<float>(),
+                                    qkv_out_.data<float>(), B, T, local_heads_, local_kv_heads_,
+                                    head_dim_);
   Tensor x1 = attn_proj_.forward(ctx, att_);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
   h_ = fc_.forward(ctx, ln_2_->forward(ctx, x1));
@@ -147,15 +145,12 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   // x1 = x + proj(attention(qkv(ln_1(x))))
   Tensor datt = attn_proj_.backward(ctx, dx1);
   Tensor dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
-  ops::attention_backward<float>(ex, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(),
-                                 att_.data<float>(), lse_.data<float>(), B_, T_, local_channels_,
-                                 local_heads_);
-  if (llama_) {  // the shared heads' gradients summed, q and k turned back
-    Tensor d = Tensor::empty({B_ * T_, qkv_.local_out()}, DType::kF32, ctx.device);
-    ops::rope_gqa_backward<float>(ex, d.data<float>(), dqkv.data<float>(), rope_.data<float>(), B_,
-                                  T_, local_heads_, local_kv_heads_, head_dim_);
-    dqkv = d;
-  }
+  ops::attention_gqa_backward<float>(ex, dqkv.data<float>(), datt.data<float>(),
+                                     qkv_out_.data<float>(), att_.data<float>(), lse_.data<float>(),
+                                     B_, T_, local_heads_, local_kv_heads_, head_dim_);
+  if (llama_)  // q and k turned back (the shared heads' gradients already summed)
+    ops::rope_backward<float>(ex, dqkv.data<float>(), rope_.data<float>(), B_, T_, local_heads_,
+                              local_kv_heads_, head_dim_);
   if (selective) qkv_.restore_input(ln_1_->recompute_output(ctx));
   Tensor dx = ln_1_->backward_adding(ctx, qkv_.backward(ctx, dqkv), dx1);
   clear_cache();

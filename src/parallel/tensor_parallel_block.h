@@ -19,8 +19,8 @@
 //
 // Llama's block (Gpt2Config::llama()): RMSNorms; the qkv projection's three blocks of rows
 // (queries, keys, values: n_heads, n_kv_heads, n_kv_heads heads) split block by block, so a
-// rank holds whole key/value heads with the query heads they serve, and the rotary embedding
-// turns them on the rank; the SwiGLU's fused gate/up projection split as two blocks too, so each
+// rank holds whole key/value heads with the query heads they serve, the rotary embedding
+// turns them on the rank and the attention reads the shared heads in place; the SwiGLU's fused gate/up projection split as two blocks too, so each
 // rank holds matching slices of both. n_kv_heads and the hidden width must divide over tp.
 #pragma once
 
@@ -67,8 +67,8 @@ class TpGpt2Block {
   ColumnParallelLinear fc_;
   RowParallelLinear mlp_proj_;
   std::vector<Parameter*> sp_params_;
-  // attention inputs (Llama: q, k turned and the shared heads repeated) and outputs, and the
-  // activation's input
+  // attention inputs (Llama: the compact qkv, q and k turned) and outputs, and the activation's
+  // input
   Tensor qkv_out_, att_, lse_, h_;
   Tensor rope_;
   Tensor input_;  // Recompute::kFull: the block input, all that forward keeps

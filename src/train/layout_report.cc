@@ -30,12 +30,17 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   double everything = (2 + 2 * half) * rows * C + (qkv + half + 8 * half) * N * C / P;
   double selective = 2 * rows * C + (qkv + half + 4 * half) * N * C / P;
   if (config.model.arch == "llama") {
-    // Llama (nn/causal_self_attention.h, nn/swiglu_mlp.h): the turned, repeated q | k | v (3) and
-    // the attention output (1) in fp32, and at 16 bits proj's copy of it as its GEMMs read it
-    // (half; else proj keeps the same tensor); fc's output, gate and up (2·H), and the SwiGLU's
-    // output (H, kept by proj as read).
+    // Llama (nn/causal_self_attention.h, nn/swiglu_mlp.h): the compact qkv, q and k turned
+    // ((n_heads + 2·n_kv_heads)·head_dim wide: the shared heads are read in place) and the
+    // attention output (1) in fp32, and at 16 bits proj's copy of it as its GEMMs read it (half;
+    // else proj keeps the same tensor); fc's output, gate and up (2·H), and the SwiGLU's output
+    // (H, kept by proj as read).
     const double H = static_cast<double>(config.model.resolved_ffn_hidden());
-    const double attention = 4 + (sixteen_bit ? half : 0);
+    const ModelConfig& m = config.model;
+    const double qkv_width = m.n_heads > 0
+        ? static_cast<double>(m.n_heads + 2 * m.resolved_n_kv_heads()) / static_cast<double>(m.n_heads)
+        : 3.0;
+    const double attention = qkv_width + 1 + (sixteen_bit ? half : 0);
     everything = (2 + 2 * half) * rows * C + attention * N * C / P + (2 + half) * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * N * H / P;
   }

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "harness/devices.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/kernels.h"
@@ -600,6 +601,175 @@ TEST_F(CudaKernelsTest, RopeGqaMatchesCpuAndRepeats) {
   expect_refused(
       [&] { ops::rope_gqa_forward<float>(on_gpu, buf.g(), buf.g(), cs.g(), B, T, 4, 3, hd); },
       "3 key/value heads do not divide 4 query heads", "KV = 3 with NH = 4 was accepted");
+}
+
+// The rotary embedding in place on qkv's query and key heads (cuda::rope_forward / rope_backward):
+// near a reference written here, the value heads bit for bit untouched, the backward turning the
+// forward's output back to the input (to rounding), bit for bit again on a second run; with the
+// heads shared by groups of two, none and all. Shapes that cannot be shared are refused.
+TEST_F(CudaKernelsTest, RopeInPlaceMatchesAReferenceAndTurnsBack) {
+  const int64_t B = 2, T = 37, hd = 16, half = hd / 2;
+  std::vector<float> table(T * hd);
+  cpu::rope_table(table.data(), T, hd, 10000.0);
+  Pair cs = pair_of(table);
+  // x rotated in place on the host, forward or back, over the query and key heads.
+  auto rotate = [&](std::vector<float> x, int64_t NH, int64_t KV, bool back) {
+    const int64_t row = (NH + 2 * KV) * hd;
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t j = 0; j < NH + KV; ++j)
+        for (int64_t i = 0; i < half; ++i) {
+          float* h = x.data() + r * row + j * hd;
+          const float c = table[(r % T) * hd + i], s = table[(r % T) * hd + half + i];
+          const float x0 = h[i], x1 = h[i + half];
+          h[i] = back ? x0 * c + x1 * s : x0 * c - x1 * s;
+          h[i + half] = back ? x1 * c - x0 * s : x1 * c + x0 * s;
+        }
+    return x;
+  };
+  // Whether a and b hold the same bits in every value head.
+  auto same_values = [&](const std::vector<float>& a, const std::vector<float>& b, int64_t NH,
+                         int64_t KV) {
+    const int64_t row = (NH + 2 * KV) * hd;
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t c = (NH + KV) * hd; c < row; ++c)
+        if (std::memcmp(&a[r * row + c], &b[r * row + c], sizeof(float)) != 0) return false;
+    return true;
+  };
+  using Heads = std::pair<int64_t, int64_t>;  // query heads, key/value heads
+  for (const auto& [NH, KV] : {Heads{4, 2}, Heads{4, 4}, Heads{4, 1}}) {
+    SCOPED_TRACE("NH=" + std::to_string(NH) + " KV=" + std::to_string(KV));
+    const int64_t n = B * T * (NH + 2 * KV) * hd;
+    const std::vector<float> x = random_floats(n, 170, -3.0, 3.0), dy = random_floats(n, 171);
+    Pair qkv = pair_of(x);
+    cuda::rope_forward(0, qkv.g(), cs.g(), B, T, NH, KV, hd);
+    const std::vector<float> y = qkv.from_gpu();
+    expect_close("forward", y, rotate(x, NH, KV, false), kTol);
+    EXPECT_TRUE(same_values(y, x, NH, KV)) << "forward changed a value head";
+    EXPECT_FALSE(bitwise_equal(y, x)) << "nothing rotated";
+
+    Pair dqkv = pair_of(dy);
+    cuda::rope_backward(0, dqkv.g(), cs.g(), B, T, NH, KV, hd);
+    const std::vector<float> dx = dqkv.from_gpu();
+    expect_close("backward", dx, rotate(dy, NH, KV, true), kTol);
+    EXPECT_TRUE(same_values(dx, dy, NH, KV)) << "backward changed a value head";
+
+    cuda::rope_backward(0, qkv.g(), cs.g(), B, T, NH, KV, hd);
+    expect_close("forward then backward", qkv.from_gpu(), x, kTol);
+
+    Pair again = pair_of(x);
+    cuda::rope_forward(0, again.g(), cs.g(), B, T, NH, KV, hd);
+    EXPECT_TRUE(bitwise_equal(again.from_gpu(), y)) << "forward not reproducible";
+    Pair dagain = pair_of(dy);
+    cuda::rope_backward(0, dagain.g(), cs.g(), B, T, NH, KV, hd);
+    EXPECT_TRUE(bitwise_equal(dagain.from_gpu(), dx)) << "backward not reproducible";
+  }
+  Pair buf = pair_of(std::vector<float>(B * T * 10 * hd));
+  expect_refused([&] { cuda::rope_forward(0, buf.g(), cs.g(), B, T, 4, 3, hd); },
+                 "3 key/value heads do not divide 4 query heads",
+                 "KV = 3 with NH = 4 was accepted");
+  expect_refused([&] { cuda::rope_backward(0, buf.g(), cs.g(), B, T, 4, 2, 15); },
+                 "head size 15 is not even", "an odd head size was accepted");
+}
+
+// Grouped-query attention on qkv (B, T, (NH + 2·KV)·hd) as the projection writes it
+// (cuda::attention_gqa_forward / attention_gqa_backward) against the CPU's attention on the heads
+// repeated: cpu::rope_gqa_forward with an identity table (cos 1, sin 0) expands them,
+// cpu::attention_forward / attention_backward run, cpu::rope_gqa_backward with the identity table
+// sums a shared head's gradients in ascending query head. out and lse within out_tol, dqkv within
+// dqkv_tol of their scale, the GPU's backward fed its own forward's results; bit for bit the
+// GPU's own composition of those kernels (with KV == NH: attention_forward / attention_backward on
+// qkv itself), and bit for bit again on a second run. Returns the largest |GPU − CPU| of dqkv.
+double expect_attention_gqa_matches_cpu(ThreadPool& pool, int64_t B, int64_t T, int64_t NH,
+                                        int64_t KV, int64_t hd, uint64_t seed, double out_tol,
+                                        double dqkv_tol) {
+  SCOPED_TRACE("NH=" + std::to_string(NH) + " KV=" + std::to_string(KV) +
+               " hd=" + std::to_string(hd));
+  const int64_t C = NH * hd, n_in = B * T * (NH + 2 * KV) * hd, n_full = B * T * 3 * C;
+  std::vector<float> identity(T * hd, 0.0f);
+  for (int64_t t = 0; t < T; ++t) std::fill_n(identity.begin() + t * hd, hd / 2, 1.0f);
+  Pair id = pair_of(identity);
+  Pair qkv = random_pair(n_in, seed, -2.0, 2.0), dout = random_pair(B * T * C, seed + 1);
+  const std::vector<float> qkv0 = qkv.from_gpu();
+  Pair out = pair_of(std::vector<float>(B * T * C)), lse = pair_of(std::vector<float>(B * NH * T));
+  Pair dqkv = pair_of(std::vector<float>(n_in));
+
+  // The CPU on the repeated heads.
+  std::vector<float> full(n_full), dfull(n_full);
+  cpu::rope_gqa_forward(pool, full.data(), qkv.h(), id.h(), B, T, NH, KV, hd);
+  cpu::attention_forward(pool, out.h(), lse.h(), full.data(), B, T, C, NH);
+  cpu::attention_backward(pool, dfull.data(), dout.h(), full.data(), out.h(), lse.h(), B, T, C, NH);
+  cpu::rope_gqa_backward(pool, dqkv.h(), dfull.data(), id.h(), B, T, NH, KV, hd);
+
+  cuda::attention_gqa_forward(0, out.g(), lse.g(), qkv.g(), B, T, NH, KV, hd);
+  expect_pair_close("out", out, out_tol);
+  expect_pair_close("lse", lse, out_tol);
+  cuda::attention_gqa_backward(0, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, NH, KV, hd);
+  expect_pair_close("dqkv", dqkv, dqkv_tol);
+  EXPECT_TRUE(bitwise_equal(qkv.from_gpu(), qkv0)) << "qkv changed";
+
+  // The GPU's kernels composed the same way, on a repeated copy.
+  const std::vector<float> first_out = out.from_gpu(), first_lse = lse.from_gpu(),
+                           first_dqkv = dqkv.from_gpu();
+  {
+    Pair rep = pair_of(std::vector<float>(n_full)), drep = pair_of(std::vector<float>(n_full));
+    Pair o = pair_of(std::vector<float>(B * T * C)), l = pair_of(std::vector<float>(B * NH * T));
+    Pair g = pair_of(std::vector<float>(n_in));
+    cuda::rope_gqa_forward(0, rep.g(), qkv.g(), id.g(), B, T, NH, KV, hd);
+    cuda::attention_forward(0, o.g(), l.g(), rep.g(), B, T, C, NH);
+    cuda::attention_backward(0, drep.g(), dout.g(), rep.g(), o.g(), l.g(), B, T, C, NH);
+    cuda::rope_gqa_backward(0, g.g(), drep.g(), id.g(), B, T, NH, KV, hd);
+    EXPECT_TRUE(bitwise_equal(o.from_gpu(), first_out)) << "out: not the repeated heads'";
+    EXPECT_TRUE(bitwise_equal(l.from_gpu(), first_lse)) << "lse: not the repeated heads'";
+    EXPECT_TRUE(bitwise_equal(g.from_gpu(), first_dqkv)) << "dqkv: not the repeated heads'";
+  }
+
+  out.gpu.zero_();
+  lse.gpu.zero_();
+  dqkv.gpu.zero_();
+  cuda::attention_gqa_forward(0, out.g(), lse.g(), qkv.g(), B, T, NH, KV, hd);
+  cuda::attention_gqa_backward(0, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, NH, KV, hd);
+  EXPECT_TRUE(bitwise_equal(out.from_gpu(), first_out)) << "out not reproducible";
+  EXPECT_TRUE(bitwise_equal(lse.from_gpu(), first_lse)) << "lse not reproducible";
+  EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first_dqkv)) << "dqkv not reproducible";
+
+  const std::vector<float> want = dqkv.from_host();
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, double(std::abs(first_dqkv[i] - want[i])));
+  return worst;
+}
+
+// Heads shared by groups of two, all (KV = 1) and none (KV = NH), head sizes 16 and 64 (the
+// batched-GEMM path at fp32) and 6, over a T that is no multiple of anything; shapes it cannot
+// share refused.
+TEST_F(CudaKernelsTest, AttentionGqaReadsSharedHeadsInPlaceAndMatchesCpu) {
+  using Heads = std::pair<int64_t, int64_t>;  // query heads, key/value heads
+  for (int64_t hd : {16, 64})
+    for (const auto& [NH, KV] : {Heads{4, 2}, Heads{4, 1}, Heads{4, 4}})
+      expect_attention_gqa_matches_cpu(pool, 2, 37, NH, KV, hd, 180 + hd, kTol, kTol);
+  // Head size 6: one float a thread instead of four.
+  expect_attention_gqa_matches_cpu(pool, 2, 37, 4, 2, 6, 186, kTol, kTol);
+  Pair buf = pair_of(std::vector<float>(2 * 5 * 10 * 16)), o = pair_of(std::vector<float>(640)),
+       l = pair_of(std::vector<float>(40));
+  expect_refused([&] { cuda::attention_gqa_forward(0, o.g(), l.g(), buf.g(), 2, 5, 4, 3, 16); },
+                 "3 key/value heads do not divide 4 query heads",
+                 "KV = 3 with NH = 4 was accepted");
+}
+
+// At bf16 with head size 64 the flash kernels run on the expanded heads: within bf16's rounding
+// of the fp32 CPU, and still bit for bit the GPU's own composition and itself.
+TEST_F(CudaKernelsTest, AttentionGqaTakesTheFlashKernelsInBf16) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
+  ASSERT_TRUE(cuda::attention_takes_rounded_qkv(4 * 64, 4, 2)) << "the flash kernels do not apply";
+  using Heads = std::pair<int64_t, int64_t>;
+  for (const auto& [NH, KV] : {Heads{4, 2}, Heads{4, 1}, Heads{4, 4}}) {
+    const double worst =
+        expect_attention_gqa_matches_cpu(pool, 2, 77, NH, KV, 64, 190 + KV, 1e-2, 2e-2);
+    EXPECT_GT(worst, 1e-5) << "bf16 was not applied";
+  }
 }
 
 // SwiGLU over gates far into both tails of the sigmoid; rows of 300 columns (not a multiple of

@@ -1,5 +1,6 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_cache.h"
+#include "kernels/cpu/rope.h"
 
 #include <gtest/gtest.h>
 
@@ -157,6 +158,43 @@ TEST(AttentionWithCache, NewRowsAreTheWholeSequencesRows) {
     const std::vector<double> rows(want.begin() + first * s.C, want.begin() + (first + n) * s.C);
     ktest::expect_close("out", runs[0], rows, 1e-12);
     EXPECT_TRUE(ktest::bitwise_equal(runs[0], runs[1]));
+  }
+}
+
+// Grouped-query attention reading the shared heads in place equals repeating them (rope_gqa_*
+// with the identity rotation: cos 1, sin 0) into the 3C layout and running the plain kernels —
+// the forward to the last bits, the backward's shared-head sums in the same ascending order.
+TEST(AttentionGqa, SharedHeadsReadInPlaceEqualRepeatedHeads) {
+  ThreadPool pool(3);
+  const int64_t B = 2, T = 70, NH = 4, hd = 6;  // 70 rows: two row blocks, the last partial
+  for (const int64_t KV : {2, 1, 4}) {
+    SCOPED_TRACE("KV " + std::to_string(KV));
+    const int64_t Q = (NH + 2 * KV) * hd, C = NH * hd;
+    const auto qkv = random_vector(B * T * Q, 5, -2, 2);
+    const auto dout = random_vector(B * T * C, 6);
+    std::vector<double> identity(T * hd, 0.0);
+    for (int64_t t = 0; t < T; ++t) std::fill(identity.begin() + t * hd, identity.begin() + t * hd + hd / 2, 1.0);
+    std::vector<double> wide(B * T * 3 * C), out_ref(B * T * C), lse_ref(B * NH * T);
+    rope_gqa_forward(pool, wide.data(), qkv.data(), identity.data(), B, T, NH, KV, hd);
+    attention_forward(pool, out_ref.data(), lse_ref.data(), wide.data(), B, T, C, NH);
+    std::vector<double> dwide(B * T * 3 * C), dqkv_ref(B * T * Q);
+    attention_backward(pool, dwide.data(), dout.data(), wide.data(), out_ref.data(), lse_ref.data(),
+                       B, T, C, NH);
+    rope_gqa_backward(pool, dqkv_ref.data(), dwide.data(), identity.data(), B, T, NH, KV, hd);
+
+    std::vector<double> out(B * T * C), lse(B * NH * T);
+    attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), B, T, NH, KV, hd);
+    ktest::expect_close("out", out, out_ref, 1e-13);
+    ktest::expect_close("lse", lse, lse_ref, 1e-13);
+    auto dqkv = ktest::nan_vector(B * T * Q);  // every element written
+    attention_gqa_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                           T, NH, KV, hd);
+    ktest::expect_close("dqkv", dqkv, dqkv_ref, 1e-12);
+    ThreadPool one(1);
+    auto again = dqkv;
+    attention_gqa_backward(one, again.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                           T, NH, KV, hd);
+    EXPECT_TRUE(ktest::bitwise_equal(dqkv, again));
   }
 }
 

@@ -152,5 +152,34 @@ TEST(Rope, RefusesHeadsItCannotShareOrRotate) {
   expect_refused(4, 2, 7, "head size 7 is not even");
 }
 
+// The rotation in place on the compact layout turns q and k as rope_gqa_forward does (with a key
+// or value head per query head the layouts coincide), leaves v alone, and its backward is
+// rope_gqa_backward's.
+TEST(Rope, InPlaceRotationIsTheRepeatingOnesWithoutTheRepeat) {
+  ThreadPool pool(3);
+  const int64_t B = 2, T = 5, NH = 4, hd = 8, Q = 3 * NH * hd;
+  std::vector<double> cs(T * hd);
+  rope_table(cs.data(), T, hd, 10.0);
+  const auto qkv = random_vector(B * T * Q, 7);
+  std::vector<double> turned(B * T * Q), in_place = qkv;
+  rope_gqa_forward(pool, turned.data(), qkv.data(), cs.data(), B, T, NH, NH, hd);
+  rope_forward(pool, in_place.data(), cs.data(), B, T, NH, NH, hd);
+  ktest::expect_close("forward", in_place, turned, 1e-15);
+  std::vector<double> back(B * T * Q), back_in_place = qkv;
+  rope_gqa_backward(pool, back.data(), qkv.data(), cs.data(), B, T, NH, NH, hd);
+  rope_backward(pool, back_in_place.data(), cs.data(), B, T, NH, NH, hd);
+  ktest::expect_close("backward", back_in_place, back, 1e-15);
+  // Shared heads (KV = 2): q and k turned, v untouched, and turned back to the input.
+  const int64_t KV = 2, W = (NH + 2 * KV) * hd;
+  const auto compact = random_vector(B * T * W, 8);
+  auto x = compact;
+  rope_forward(pool, x.data(), cs.data(), B, T, NH, KV, hd);
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t c = (NH + KV) * hd; c < W; ++c) ASSERT_EQ(x[r * W + c], compact[r * W + c]);
+  EXPECT_NE(x[W + 1], compact[W + 1]);  // row 1 (position 1): its first query head is turned
+  rope_backward(pool, x.data(), cs.data(), B, T, NH, KV, hd);
+  ktest::expect_close("round trip", x, compact, 1e-14);
+}
+
 }  // namespace
 }  // namespace loom::cpu

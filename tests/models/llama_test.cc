@@ -198,15 +198,18 @@ int64_t distinct_bytes(const std::vector<Tensor*>& slots) {
   return bytes;
 }
 
-// One Llama block's cache, exactly: N = B·T rows, C channels, H the SwiGLU's width; in floats.
-//   none:      x, ln_1 out, q | k | v turned and repeated (3C), attention out, x1, ln_2 out,
-//              h (gate | up, 2H), SwiGLU out (H) = 8·N·C + 3·N·H, + both rstd (2·N) + the
-//              attention's log-sum-exp (B·NH·T)
-//   selective: less both RMSNorm outputs and the SwiGLU output = 6·N·C + 2·N·H + 2·N + B·NH·T
+// One Llama block's cache, exactly: N = B·T rows, C channels, Q = (NH + 2·KV)·hd the compact
+// qkv's width (the shared key/value heads not repeated), H the SwiGLU's width; in floats.
+//   none:      x, ln_1 out, qkv turned (Q), attention out, x1, ln_2 out, h (gate | up, 2H),
+//              SwiGLU out (H) = 5·N·C + N·Q + 3·N·H, + both rstd (2·N) + the attention's
+//              log-sum-exp (B·NH·T)
+//   selective: less both RMSNorm outputs and the SwiGLU output = 3·N·C + N·Q + 2·N·H + 2·N + B·NH·T
 //   full:      the input, N·C
 TEST(LlamaBlock, CacheBytesPerRecomputationMode) {
   const Gpt2Config c = tiny_llama(1);
   const int64_t B = 3, T = 6, N = B * T, C = c.d_model, H = c.ffn_hidden, NH = c.n_heads;
+  const int64_t Q = c.qkv_width();
+  ASSERT_EQ(Q, 2 * C);  // 2 query heads and 1 shared key/value head of 4: 8 + 2·4
   for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective}) {
     SCOPED_TRACE(recompute_name(mode));
     ThreadPool pool(1);
@@ -222,9 +225,10 @@ TEST(LlamaBlock, CacheBytesPerRecomputationMode) {
     block.forward(ctx, x);
     std::vector<Tensor*> slots;
     block.collect_cache(slots);
-    const int64_t expected = mode == Recompute::kNone ? 8 * N * C + 3 * N * H + 2 * N + B * NH * T
-                             : mode == Recompute::kFull ? N * C
-                                                        : 6 * N * C + 2 * N * H + 2 * N + B * NH * T;
+    const int64_t expected =
+        mode == Recompute::kNone   ? 5 * N * C + N * Q + 3 * N * H + 2 * N + B * NH * T
+        : mode == Recompute::kFull ? N * C
+                                   : 3 * N * C + N * Q + 2 * N * H + 2 * N + B * NH * T;
     EXPECT_EQ(distinct_bytes(slots), 4 * expected);
   }
 }

@@ -36,19 +36,22 @@ void for_each_task(ThreadPool& pool, int64_t tasks, int64_t scratch_size, const 
   });
 }
 
-// Where one (b, h) lives: row t of head h's q is q[t * ld], and so on.
+// Where one (b, h) lives: row t of head h's q is q[t * ld], and so on. Query head h reads
+// key/value head h / (NH / KV) (grouped-query attention; KV = NH: GPT-2's 3C layout).
 template <typename Real>
 struct Head {
-  int64_t ld;  // row stride of q, k, v (3C)
+  int64_t ld;  // row stride of q, k, v: (NH + 2·KV)·hd
   const Real* q;
   const Real* k;
   const Real* v;
 };
 
 template <typename Real>
-Head<Real> head_of(const Real* qkv, int64_t b, int64_t h, int64_t T, int64_t C, int64_t hd) {
-  const Real* q = qkv + b * T * 3 * C + h * hd;
-  return {3 * C, q, q + C, q + 2 * C};
+Head<Real> head_of(const Real* qkv, int64_t b, int64_t h, int64_t T, int64_t NH, int64_t KV,
+                   int64_t hd) {
+  const int64_t ld = (NH + 2 * KV) * hd, kv = h / (NH / KV);
+  const Real* row = qkv + b * T * ld;
+  return {ld, row + h * hd, row + NH * hd + kv * hd, row + (NH + KV) * hd + kv * hd};
 }
 
 }  // namespace
@@ -58,14 +61,14 @@ Head<Real> head_of(const Real* qkv, int64_t b, int64_t h, int64_t T, int64_t C, 
 //   2. row-wise causal softmax of S, in place, saving lse
 //   3. O_blk = P · V[0:i1]                     one GEMM, straight into out
 template <typename Real>
-void attention_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t NH) {
-  LOOM_CHECK(NH > 0 && C % NH == 0);
-  const int64_t hd = C / NH;
+void attention_gqa_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
+  const int64_t C = NH * hd;
   const Real scale = Real(1) / std::sqrt(Real(hd));
   for_each_task<Real>(pool, B * NH, kAttentionRowBlock * T, [&](int64_t task, Real* S) {
     const int64_t b = task / NH, h = task % NH;
-    const Head<Real> x = head_of(qkv, b, h, T, C, hd);
+    const Head<Real> x = head_of(qkv, b, h, T, NH, KV, hd);
     Real* o = out + b * T * C + h * hd;
     Real* l = lse + task * T;
     for (int64_t i0 = 0; i0 < T; i0 += kAttentionRowBlock) {
@@ -96,63 +99,103 @@ void attention_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, 
   });
 }
 
-// Per (b, h), with dK and dV of the head zeroed first, then per block of query rows i0..i1:
+template <typename Real>
+void attention_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
+                       int64_t T, int64_t C, int64_t NH) {
+  LOOM_CHECK(NH > 0 && C % NH == 0);
+  attention_gqa_forward(pool, out, lse, qkv, B, T, NH, NH, C / NH);
+}
+
+namespace {
+// One query head's share of the backward: its dQ written, and dK and dV — its key/value head's,
+// shared with the rest of its group — added to. x: the head; o, dO, l: its output, output
+// gradient and lse; scratch: two (kAttentionRowBlock, T) matrices.
+template <typename Real>
+void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const Head<Real>& x,
+                             const Real* o, const Real* l, int64_t T, int64_t C, int64_t hd,
+                             Real scale, Real* scratch, int64_t block_area) {
+  Real* P = scratch;
+  Real* dS = scratch + block_area;
+  for (int64_t i0 = 0; i0 < T; i0 += kAttentionRowBlock) {
+    const int64_t i1 = std::min(T, i0 + kAttentionRowBlock), rows = i1 - i0;
+    gemm_serial<Real>(false, true, rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0, P,
+                      i1);
+    gemm_serial<Real>(false, true, rows, i1, hd, 1, dO + i0 * C, C, x.v, x.ld, 0, dS, i1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r, n = i + 1;
+      Real* p = P + r * i1;
+      Real* ds = dS + r * i1;  // holds dP on entry
+      const Real D = detail::lane_dot<Real>(dO + i * C, o + i * C, hd);
+      const Real li = l[i];
+      if constexpr (std::is_same_v<Real, float>) {
+        vmath::exp_shifted(p, p, li, 1.0f, n);
+        for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - D) * scale;
+      } else {
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = std::exp(p[j] - li);
+          ds[j] = p[j] * (ds[j] - D) * scale;
+        }
+      }
+      std::fill(p + n, p + i1, Real(0));
+      std::fill(ds + n, ds + i1, Real(0));
+    }
+    gemm_serial<Real>(false, false, rows, hd, i1, 1, dS, i1, x.k, x.ld, 0, dq + i0 * x.ld, x.ld);
+    gemm_serial<Real>(true, false, i1, hd, rows, 1, dS, i1, x.q + i0 * x.ld, x.ld, 1, dk, x.ld);
+    gemm_serial<Real>(true, false, i1, hd, rows, 1, P, i1, dO + i0 * C, C, 1, dv, x.ld);
+  }
+}
+}  // namespace
+
+// Per (b, key/value head), with its dK and dV zeroed first, then for each query head it serves,
+// in ascending order, per block of query rows i0..i1:
 //   1. P = exp(Q_blk · K[0:i1]ᵀ / sqrt(hd) - lse), causal      recomputed, not stored
 //   2. dP = dO_blk · V[0:i1]ᵀ
 //   3. dS = P ∘ (dP - D) / sqrt(hd), D_i = Σ_d dO_id · O_id    (= Σ_j P_ij dP_ij, cheaper)
 //   4. dQ_blk = dS · K[0:i1];  dK[0:i1] += dSᵀ · Q_blk;  dV[0:i1] += Pᵀ · dO_blk
 template <typename Real>
+void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
+                            const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
+                            int64_t KV, int64_t hd) {
+  LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
+  const int64_t C = NH * hd, group = NH / KV;
+  const Real scale = Real(1) / std::sqrt(Real(hd));
+  const int64_t block_area = kAttentionRowBlock * T;
+  // One task per (b, key/value head): it alone writes that head's dK and dV (and its query
+  // heads' dQ), so the sums over the group run in one fixed order, whatever the pool size.
+  for_each_task<Real>(pool, B * KV, 2 * block_area, [&](int64_t task, Real* scratch) {
+    const int64_t b = task / KV, g = task % KV;
+    const int64_t ld = (NH + 2 * KV) * hd;
+    Real* dk = dqkv + b * T * ld + NH * hd + g * hd;
+    Real* dv = dk + KV * hd;
+    for (int64_t t = 0; t < T; ++t) {
+      std::fill(dk + t * ld, dk + t * ld + hd, Real(0));
+      std::fill(dv + t * ld, dv + t * ld + hd, Real(0));
+    }
+    for (int64_t h = g * group; h < (g + 1) * group; ++h)
+      attention_head_backward(dqkv + b * T * ld + h * hd, dk, dv, dout + b * T * C + h * hd,
+                              head_of(qkv, b, h, T, NH, KV, hd), out + b * T * C + h * hd,
+                              lse + (b * NH + h) * T, T, C, hd, scale, scratch, block_area);
+  });
+}
+
+template <typename Real>
 void attention_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
                         const Real* out, const Real* lse, int64_t B, int64_t T, int64_t C,
                         int64_t NH) {
   LOOM_CHECK(NH > 0 && C % NH == 0);
-  const int64_t hd = C / NH;
-  const Real scale = Real(1) / std::sqrt(Real(hd));
-  const int64_t block_area = kAttentionRowBlock * T;
-  for_each_task<Real>(pool, B * NH, 2 * block_area, [&](int64_t task, Real* scratch) {
-    const int64_t b = task / NH, h = task % NH;
-    const Head<Real> x = head_of(qkv, b, h, T, C, hd);
-    Real* dq = dqkv + b * T * 3 * C + h * hd;
-    Real* dk = dq + C;
-    Real* dv = dq + 2 * C;
-    const Real* o = out + b * T * C + h * hd;
-    const Real* dO = dout + b * T * C + h * hd;
-    const Real* l = lse + task * T;
-    Real* P = scratch;
-    Real* dS = scratch + block_area;
-    for (int64_t t = 0; t < T; ++t) {
-      std::fill(dk + t * x.ld, dk + t * x.ld + hd, Real(0));
-      std::fill(dv + t * x.ld, dv + t * x.ld + hd, Real(0));
-    }
-    for (int64_t i0 = 0; i0 < T; i0 += kAttentionRowBlock) {
-      const int64_t i1 = std::min(T, i0 + kAttentionRowBlock), rows = i1 - i0;
-      gemm_serial<Real>(false, true, rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0, P,
-                        i1);
-      gemm_serial<Real>(false, true, rows, i1, hd, 1, dO + i0 * C, C, x.v, x.ld, 0, dS, i1);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r, n = i + 1;
-        Real* p = P + r * i1;
-        Real* ds = dS + r * i1;  // holds dP on entry
-        const Real D = detail::lane_dot<Real>(dO + i * C, o + i * C, hd);
-        const Real li = l[i];
-        if constexpr (std::is_same_v<Real, float>) {
-          vmath::exp_shifted(p, p, li, 1.0f, n);
-          for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - D) * scale;
-        } else {
-          for (int64_t j = 0; j < n; ++j) {
-            p[j] = std::exp(p[j] - li);
-            ds[j] = p[j] * (ds[j] - D) * scale;
-          }
-        }
-        std::fill(p + n, p + i1, Real(0));
-        std::fill(ds + n, ds + i1, Real(0));
-      }
-      gemm_serial<Real>(false, false, rows, hd, i1, 1, dS, i1, x.k, x.ld, 0, dq + i0 * x.ld, x.ld);
-      gemm_serial<Real>(true, false, i1, hd, rows, 1, dS, i1, x.q + i0 * x.ld, x.ld, 1, dk, x.ld);
-      gemm_serial<Real>(true, false, i1, hd, rows, 1, P, i1, dO + i0 * C, C, 1, dv, x.ld);
-    }
-  });
+  attention_gqa_backward(pool, dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH);
 }
+
+template void attention_gqa_forward<float>(ThreadPool&, float*, float*, const float*, int64_t,
+                                           int64_t, int64_t, int64_t, int64_t);
+template void attention_gqa_forward<double>(ThreadPool&, double*, double*, const double*, int64_t,
+                                            int64_t, int64_t, int64_t, int64_t);
+template void attention_gqa_backward<float>(ThreadPool&, float*, const float*, const float*,
+                                            const float*, const float*, int64_t, int64_t, int64_t,
+                                            int64_t, int64_t);
+template void attention_gqa_backward<double>(ThreadPool&, double*, const double*, const double*,
+                                             const double*, const double*, int64_t, int64_t,
+                                             int64_t, int64_t, int64_t);
 
 template void attention_forward<float>(ThreadPool&, float*, float*, const float*, int64_t, int64_t,
                                        int64_t, int64_t);

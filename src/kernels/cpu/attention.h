@@ -30,4 +30,19 @@ void attention_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Re
                         const Real* out, const Real* lse, int64_t B, int64_t T, int64_t C,
                         int64_t NH);
 
+// Grouped-query attention reading the shared heads in place (Llama): qkv (B, T, (NH + 2·KV)·hd)
+// as the qkv projection writes it — NH query heads, then KV key heads, then KV value heads, query
+// head h reading key/value head h / (NH/KV); KV = NH is the 3C layout above, and the functions
+// above are these with KV = NH. out (B, T, NH·hd), lse (B, NH, T).
+template <typename Real>
+void attention_gqa_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd);
+// dqkv (B, T, (NH + 2·KV)·hd) is overwritten. Each (b, key/value head) is one task: it writes its
+// query heads' dQ and adds their dK, dV contributions in ascending query head, so the result does
+// not depend on the pool size.
+template <typename Real>
+void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
+                            const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
+                            int64_t KV, int64_t hd);
+
 }  // namespace loom::cpu

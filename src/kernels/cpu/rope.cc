@@ -113,12 +113,49 @@ void rope_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Rea
   });
 }
 
+// The query and key heads of each (b, t) row of the compact layout turned in place, through a
+// copy of the head (rotate_head's operands do not alias).
+template <typename Real, typename Turn>
+void rotate_rows_in_place(ThreadPool& pool, Real* qkv, const Real* cos_sin, int64_t B, int64_t T,
+                          int64_t NH, int64_t KV, int64_t hd, const Turn& turn) {
+  const int64_t row = (NH + 2 * KV) * hd;
+  pool.parallel_for(B * T, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<Real> head(static_cast<size_t>(hd));
+    for (int64_t r = r0; r < r1; ++r) {
+      const Real* cs = cos_sin + (r % T) * hd;
+      for (int64_t h = 0; h < NH + KV; ++h) {  // the query heads, then the key heads
+        Real* x = qkv + r * row + h * hd;
+        std::copy(x, x + hd, head.data());
+        turn(x, head.data(), cs, hd);
+      }
+    }
+  });
+}
+
+template <typename Real>
+void rope_forward(ThreadPool& pool, Real* qkv, const Real* cos_sin, int64_t B, int64_t T,
+                  int64_t NH, int64_t KV, int64_t hd) {
+  check_rope_gqa_shape("rope_forward", NH, KV, hd);
+  rotate_rows_in_place(pool, qkv, cos_sin, B, T, NH, KV, hd, rotate_head<Real>);
+}
+
+template <typename Real>
+void rope_backward(ThreadPool& pool, Real* dqkv, const Real* cos_sin, int64_t B, int64_t T,
+                   int64_t NH, int64_t KV, int64_t hd) {
+  check_rope_gqa_shape("rope_backward", NH, KV, hd);
+  rotate_rows_in_place(pool, dqkv, cos_sin, B, T, NH, KV, hd, rotate_head_back<Real>);
+}
+
 #define LOOM_INSTANTIATE(Real)                                                                 \
   template void rope_table<Real>(Real*, int64_t, int64_t, const RopeFrequencies&);                             \
   template void rope_gqa_forward<Real>(ThreadPool&, Real*, const Real*, const Real*, int64_t,  \
                                        int64_t, int64_t, int64_t, int64_t);                    \
   template void rope_gqa_backward<Real>(ThreadPool&, Real*, const Real*, const Real*, int64_t, \
-                                        int64_t, int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, int64_t);                   \
+  template void rope_forward<Real>(ThreadPool&, Real*, const Real*, int64_t, int64_t, int64_t, \
+                                   int64_t, int64_t);                                          \
+  template void rope_backward<Real>(ThreadPool&, Real*, const Real*, int64_t, int64_t, int64_t,\
+                                    int64_t, int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

@@ -64,6 +64,17 @@ template <typename Real>
 void rope_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* cos_sin,
                        int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd);
 
+// The rotation alone, in place on the compact layout (the query and key heads of qkv (B, T,
+// (NH + 2·KV)·hd); the value heads untouched), for attention that reads the shared heads in place
+// (attention_gqa_forward); the backward turns dqkv's query and key heads back in place. Each
+// (b, t) row is one thread's.
+template <typename Real>
+void rope_forward(ThreadPool& pool, Real* qkv, const Real* cos_sin, int64_t B, int64_t T,
+                  int64_t NH, int64_t KV, int64_t hd);
+template <typename Real>
+void rope_backward(ThreadPool& pool, Real* dqkv, const Real* cos_sin, int64_t B, int64_t T,
+                   int64_t NH, int64_t KV, int64_t hd);
+
 // Throws loom::Error naming `op` unless the heads can be shared and rotated: NH, KV, hd > 0, KV
 // divides NH and hd is even. The CPU and CUDA kernels check before anything is written.
 inline void check_rope_gqa_shape(const char* op, int64_t NH, int64_t KV, int64_t hd) {

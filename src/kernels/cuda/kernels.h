@@ -269,6 +269,14 @@ void rope_gqa_forward(int device, float* out, const float* qkv, const float* cos
                       int64_t T, int64_t NH, int64_t KV, int64_t hd);
 void rope_gqa_backward(int device, float* dqkv, const float* dout, const float* cos_sin, int64_t B,
                        int64_t T, int64_t NH, int64_t KV, int64_t hd);
+// The rotary embedding in place on qkv (B, T, (NH + 2·KV)·hd)'s NH query and KV key heads, the
+// value heads untouched (cpu/rope.h's rotation, cos_sin as above): one thread per rotation pair.
+// The backward turns dqkv's query and key heads back in place (dx[i] = dy[i]·c + dy[i+hd/2]·s,
+// dx[i+hd/2] = dy[i+hd/2]·c − dy[i]·s).
+void rope_forward(int device, float* qkv, const float* cos_sin, int64_t B, int64_t T, int64_t NH,
+                  int64_t KV, int64_t hd);
+void rope_backward(int device, float* dqkv, const float* cos_sin, int64_t B, int64_t T, int64_t NH,
+                   int64_t KV, int64_t hd);
 
 // SwiGLU (cpu/swiglu.h): h (N, 2H) = [gate | up], out (N, H); dh (N, 2H) overwritten.
 void swiglu_forward(int device, float* out, const float* h, int64_t N, int64_t H);
@@ -290,6 +298,21 @@ void attention_forward(int device, float* out, float* lse, const float* qkv, int
 void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                         int64_t NH);
+
+// Grouped-query attention (attention_gqa.cu) reading the shared key/value heads in place: qkv
+// (B, T, (NH + 2·KV)·hd) as the qkv projection writes it, NH query heads, then KV key heads, then
+// KV value heads (query head h reads key/value head h / (NH/KV)). out (B, T, NH·hd), lse
+// (B, NH, T): attention_forward's, as if each shared head were repeated for its query heads.
+// dqkv (B, T, (NH + 2·KV)·hd) is overwritten; a shared key/value head's gradient is the sum of its
+// query heads' gradients, in ascending query head (no atomics). With KV == NH, attention_forward /
+// attention_backward on qkv itself; otherwise the heads are expanded into (B, T, 3·NH·hd) scratch
+// for the length of the call (and the gradient reduced from it), so nothing repeated is kept
+// between forward and backward.
+void attention_gqa_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd);
+void attention_gqa_backward(int device, float* dqkv, const float* dout, const float* qkv,
+                            const float* out, const float* lse, int64_t B, int64_t T, int64_t NH,
+                            int64_t KV, int64_t hd);
 
 // The attention at bf16 / fp16 matmul precision, its output and input gradient written as GEMM
 // operands in that 16-bit type: by the flash kernels themselves where they apply (bf16, head

@@ -2,7 +2,9 @@
 // one thread per (row, head, rotation pair i / i + hd/2) of the output, in a grid-stride loop.
 // The backward gives each input element one owner that adds the gradients of the query heads
 // sharing its key or value head in ascending head, then rotates back — the CPU's order, so no
-// atomics and the same sums.
+// atomics and the same sums. rope_forward / rope_backward rotate qkv's own query and key heads in
+// place (the value heads untouched): one thread per (row, head, pair), each reading and writing
+// only its pair.
 #include "base/error.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/kernels.h"
@@ -75,6 +77,24 @@ __global__ void rope_gqa_backward_kernel(float* dqkv, const float* dout, const f
   }
 }
 
+// In place on qkv (BT, (NH + 2·KV)·hd): thread e turns pair i of head j (the NH query heads, then
+// the KV key heads) of row r forward (y = x·c ∓ x'·s) or, with kBack, back (dx = dy·c ± dy'·s).
+template <bool kBack>
+__global__ void rope_inplace_kernel(float* qkv, const float* cos_sin, int64_t BT, int64_t T,
+                                    int64_t NH, int64_t KV, int64_t hd) {
+  const int64_t half = hd / 2, heads = NH + KV, row = (NH + 2 * KV) * hd;
+  const int64_t n = BT * heads * half;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t i = e % half, j = (e / half) % heads, r = e / half / heads;
+    float* x = qkv + r * row + j * hd;
+    const float* cs = cos_sin + (r % T) * hd;
+    const float c = cs[i], s = kBack ? -cs[half + i] : cs[half + i], x0 = x[i], x1 = x[i + half];
+    x[i] = x0 * c - x1 * s;
+    x[i + half] = x1 * c + x0 * s;
+  }
+}
+
 }  // namespace
 
 void rope_gqa_forward(int device, float* out, const float* qkv, const float* cos_sin, int64_t B,
@@ -95,6 +115,32 @@ void rope_gqa_backward(int device, float* dqkv, const float* dout, const float* 
   launch("rope_gqa_backward", rope_gqa_backward_kernel,
          blocks_for(B * T * (NH + 2 * KV) * (hd / 2), kThreads), kThreads, dqkv, dout, cos_sin,
          B * T, T, NH, KV, hd);
+}
+
+namespace {
+
+void rope_inplace(const char* op, bool back, int device, float* qkv, const float* cos_sin,
+                  int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  cpu::check_rope_gqa_shape(op, NH, KV, hd);
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  const int blocks = blocks_for(B * T * (NH + KV) * (hd / 2), kThreads);
+  if (back)
+    launch(op, rope_inplace_kernel<true>, blocks, kThreads, qkv, cos_sin, B * T, T, NH, KV, hd);
+  else
+    launch(op, rope_inplace_kernel<false>, blocks, kThreads, qkv, cos_sin, B * T, T, NH, KV, hd);
+}
+
+}  // namespace
+
+void rope_forward(int device, float* qkv, const float* cos_sin, int64_t B, int64_t T, int64_t NH,
+                  int64_t KV, int64_t hd) {
+  rope_inplace("rope_forward", false, device, qkv, cos_sin, B, T, NH, KV, hd);
+}
+
+void rope_backward(int device, float* dqkv, const float* cos_sin, int64_t B, int64_t T, int64_t NH,
+                   int64_t KV, int64_t hd) {
+  rope_inplace("rope_backward", true, device, dqkv, cos_sin, B, T, NH, KV, hd);
 }
 
 }  // namespace loom::cuda
