@@ -401,7 +401,6 @@ int main(int argc, char** argv) {
   sample_cmd->add_flag("--no-kv-cache", no_kv_cache,
                        "run the whole context for every token instead of decoding through the "
                        "key/value cache (the same tokens, slower; for comparisons)");
-  sample_cmd->callback([&] { sample.kv_cache = !no_kv_cache; });
 
   std::vector<std::string> verify_paths;
   auto* checkpoint_cmd = app.add_subcommand("checkpoint", "checkpoint tools");
@@ -595,7 +594,10 @@ int main(int argc, char** argv) {
                    export_format.c_str());
       return 0;
     }
-    if (sample_cmd->parsed()) return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
+    if (sample_cmd->parsed()) {
+      sample.kv_cache = !no_kv_cache;
+      return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
+    }
     if (bench_train->parsed()) return cmd_bench(shape, bench, json);
     if (bench_fma->parsed()) {
       if (fma_threads < 1) fail("--threads must be >= 1, got ", fma_threads);

@@ -306,13 +306,13 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     if (type != "llama3")
       fail(config_path, ": rope_scaling = ", scaling.dump(), ": Loom builds only Llama 3.1's ",
            "\"llama3\" frequency scaling (model.rope_scaling)");
-    if (!(hf_rope_scaling(model) == scaling ||
-          (model.rope_scaling_factor > 0 &&
-           scaling.value("factor", 0.0) == model.rope_scaling_factor &&
-           scaling.value("low_freq_factor", 0.0) == model.rope_low_freq_factor &&
-           scaling.value("high_freq_factor", 0.0) == model.rope_high_freq_factor &&
-           scaling.value("original_max_position_embeddings", int64_t{0}) ==
-               model.rope_original_max_seq_len)))
+    // Field by field: the Hub's files carry other keys beside them ("type", ...).
+    if (!(model.rope_scaling_factor > 0 &&
+          scaling.value("factor", 0.0) == model.rope_scaling_factor &&
+          scaling.value("low_freq_factor", 0.0) == model.rope_low_freq_factor &&
+          scaling.value("high_freq_factor", 0.0) == model.rope_high_freq_factor &&
+          scaling.value("original_max_position_embeddings", int64_t{0}) ==
+              model.rope_original_max_seq_len))
       fail(config_path, ": rope_scaling = ", scaling.dump(), " but the model's is ",
            hf_rope_scaling(model).dump(), " (model.rope_scaling = \"llama3\", ",
            "rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor, ",

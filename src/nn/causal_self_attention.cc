@@ -32,11 +32,8 @@ CausalSelfAttention::CausalSelfAttention(ParameterStore& store, const std::strin
     fail(name, ": head size ", channels / heads, " must be even for the rotary embedding");
 }
 
-namespace {
-// The rotary table for T positions on ctx's device, made on the host (in double, then rounded:
-// the same values on every device) and kept while T stays the same.
-Tensor rope_table_on(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim,
-                     const cpu::RopeFrequencies& frequencies) {
+const Tensor& rotary_table(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim,
+                           const cpu::RopeFrequencies& frequencies) {
   if (cached.defined() && cached.dim(0) == T && cached.device() == ctx.device &&
       cached.dtype() == ctx.dtype)
     return cached;
@@ -48,11 +45,10 @@ Tensor rope_table_on(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim,
   cached = host.to(ctx.device);
   return cached;
 }
-}  // namespace
 
 Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
   const int64_t B = x.dim(0), T = x.dim(1), hd = channels_ / heads_;
-  const Tensor rope = rope_table_on(ctx, rope_, T, hd, rotary_->frequencies);
+  const Tensor& rope = rotary_table(ctx, rope_, T, hd, rotary_->frequencies);
   // (B, T, (NH + 2·KV)·hd): q and k turned in place, the shared heads read where they are.
   qkv_out_ = qkv_.forward(ctx, x);
   lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
@@ -152,8 +148,8 @@ Tensor CausalSelfAttention::decode_adding(Context& ctx, const Tensor& x, const T
     fail("decoding: positions up to ", first + n, " exceed the cache's ", keys.dim(0), " rows");
   Tensor qkv = qkv_.forward(ctx, x);  // (1, n, qkv width)
   if (rotary_) {
-    Tensor rope;
-    rope = rope_table_on(ctx, rope, first + n, hd, rotary_->frequencies);
+    // The table of every position the cache can hold, made once and kept while decoding.
+    const Tensor& rope = rotary_table(ctx, rope_, keys.dim(0), hd, rotary_->frequencies);
     Tensor turned = Tensor::empty({1, n, 3 * C}, ctx.dtype, ctx.device);
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);

@@ -26,6 +26,12 @@ struct Rotary {
   cpu::RopeFrequencies frequencies;
 };
 
+// The rotary embedding's (T, head_dim) cos/sin table on ctx's device, in ctx's dtype: `cached`
+// when it already is that table, else made on the host (cpu::rope_table: in double, then
+// rounded, the same values on every device), copied and kept in `cached`.
+const Tensor& rotary_table(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim,
+                           const cpu::RopeFrequencies& frequencies);
+
 class CausalSelfAttention {
  public:
   CausalSelfAttention(ParameterStore& store, const std::string& name, int64_t channels,

@@ -17,18 +17,11 @@ Tensor Embedding::forward(Context& ctx, const Tensor& tokens) {
   if (tokens.ndim() != 2 || tokens.dtype() != DType::kI32)
     fail("embedding expects (B, T) i32 tokens, got ", shape_str(tokens.shape()), " ",
          dtype_name(tokens.dtype()));
-  const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  const int64_t T = tokens.dim(1);
   if (wpe_ != nullptr && T > max_seq_)
     fail("sequence length ", T, " exceeds the position embedding's ", max_seq_, " rows");
   tokens_ = tokens;
-  Tensor out = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
-  dispatch_float(ctx.dtype, [&](auto zero) {
-    using T_ = decltype(zero);
-    ops::embedding_forward<T_>(ctx.exec(), out.data<T_>(), tokens.data<int32_t>(),
-                               wte_->value.data<T_>(), wpe_ ? wpe_->value.data<T_>() : nullptr, B, T, channels_,
-                               vocab_);
-  });
-  return out;
+  return forward_at(ctx, tokens, 0);
 }
 
 Tensor Embedding::forward_at(Context& ctx, const Tensor& tokens, int64_t first) {

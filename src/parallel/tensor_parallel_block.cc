@@ -98,21 +98,14 @@ Tensor TpGpt2Block::fc_backward(Context& ctx, Tensor& dg) {
   return fc_.backward(ctx, dh);
 }
 
-const Tensor& TpGpt2Block::rope_table(Context& ctx) {
-  if (rope_.defined() && rope_.dim(0) == T_ && rope_.device() == ctx.device) return rope_;
-  Tensor host = Tensor::empty({T_, head_dim_}, DType::kF32, Device::cpu());
-  cpu::rope_table<float>(host.data<float>(), T_, head_dim_, rope_frequencies_);
-  rope_ = host.to(ctx.device);
-  return rope_;
-}
-
 Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   const int64_t B = B_, T = T_;
   const Exec ex = ctx.exec();
   qkv_out_ = qkv_.forward(ctx, ln_1_->forward(ctx, x));  // (B·T, 3C/P): this rank's heads
   if (llama_)  // (B·T, (NH + 2·KV)·hd / P): this rank's q and k turned in place
-    ops::rope_forward<float>(ex, qkv_out_.data<float>(), rope_table(ctx).data<float>(), B, T,
-                             local_heads_, local_kv_heads_, head_dim_);
+    ops::rope_forward<float>(ex, qkv_out_.data<float>(),
+                             rotary_table(ctx, rope_, T, head_dim_, rope_frequencies_).data<float>(),
+                             B, T, local_heads_, local_kv_heads_, head_dim_);
   att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
   lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
   // GPT-2: as many key/value heads as query heads, the 3C/P layout.

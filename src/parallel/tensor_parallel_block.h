@@ -54,7 +54,6 @@ class TpGpt2Block {
   // The gradient at fc's output from dg, the activation's output gradient (overwritten), and
   // fc's backward: the MLP's input gradient.
   Tensor fc_backward(Context& ctx, Tensor& dg);
-  const Tensor& rope_table(Context& ctx);  // Llama: the (T_, head_dim) cos/sin table
   Recompute recompute_;
   bool llama_;
   int64_t local_channels_, local_heads_, local_kv_heads_, local_hidden_, head_dim_;
@@ -70,7 +69,7 @@ class TpGpt2Block {
   // attention inputs (Llama: the compact qkv, q and k turned) and outputs, and the activation's
   // input
   Tensor qkv_out_, att_, lse_, h_;
-  Tensor rope_;
+  Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)
   Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
 };
 
