@@ -369,6 +369,93 @@ void attention_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DT
                                      NH);
 }
 
+void rmsnorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* rstd,
+                             const float* inp, const float* weight, int64_t N, int64_t C,
+                             double eps) {
+  const detail::OpScope op_scope_("rmsnorm_forward", ex, [&] {
+    return detail::work_of<float>(0, 1.5 * N * C + 1.0 * C + 1.0 * N);
+  });
+  expect_rounded_output(ex, out_dtype, "rmsnorm_forward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::rmsnorm_forward_rounded(ex.device.index, out, rstd, inp, weight, N, C, eps);
+}
+
+void rope_forward_rounded(const Exec& ex, void* qkv, DType dtype, const float* cos_sin, int64_t B,
+                          int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  const detail::OpScope op_scope_("rope_forward", ex, [&] {
+    return detail::work_of<float>(0, 1.0 * B * T * (NH + KV) * hd + 1.0 * T * hd);
+  });
+  expect_rounded_output(ex, dtype, "rope_forward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::rope_forward_rounded(ex.device.index, qkv, cos_sin, B, T, NH, KV, hd);
+}
+
+void rope_backward_rounded(const Exec& ex, void* dqkv, DType dtype, const float* cos_sin, int64_t B,
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  const detail::OpScope op_scope_("rope_backward", ex, [&] {
+    return detail::work_of<float>(0, 1.0 * B * T * (NH + KV) * hd + 1.0 * T * hd);
+  });
+  expect_rounded_output(ex, dtype, "rope_backward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::rope_backward_rounded(ex.device.index, dqkv, cos_sin, B, T, NH, KV, hd);
+}
+
+void swiglu_forward_rounded(const Exec& ex, void* out, const void* h, DType dtype, int64_t N,
+                            int64_t H) {
+  const detail::OpScope op_scope_("swiglu_forward", ex,
+                                  [&] { return detail::work_of<float>(0, 1.5 * N * H); });
+  expect_rounded_output(ex, dtype, "swiglu_forward_rounded");
+  if constexpr (detail::kCudaBuild) cuda::swiglu_forward_rounded(ex.device.index, out, h, N, H);
+}
+
+void swiglu_backward_rounded(const Exec& ex, void* dh, const void* dout, const void* h, DType dtype,
+                             int64_t N, int64_t H) {
+  const detail::OpScope op_scope_("swiglu_backward", ex,
+                                  [&] { return detail::work_of<float>(0, 2.5 * N * H); });
+  expect_rounded_output(ex, dtype, "swiglu_backward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::swiglu_backward_rounded(ex.device.index, dh, dout, h, N, H);
+}
+
+void attention_gqa_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse,
+                                   const void* qkv, DType qkv_dtype, int64_t B, int64_t T,
+                                   int64_t NH, int64_t KV, int64_t hd) {
+  // The compact qkv read (16-bit at half an f32 element's bytes), the output written in 16 bits.
+  const double qkv_elements = (qkv_dtype == DType::kF32 ? 1.0 : 0.5) * B * T * (NH + 2 * KV) * hd;
+  const detail::OpScope op_scope_("attention_gqa_forward", ex, [&] {
+    return detail::work_of<float>(2.0 * B * T * T * NH * hd,
+                                  qkv_elements + 0.5 * B * T * NH * hd + 1.0 * B * NH * T);
+  });
+  expect_rounded_output(ex, dtype, "attention_gqa_forward_rounded");
+  const cuda::GemmOperand qkv_op =
+      operand_of(ex, qkv, qkv_dtype, "attention_gqa_forward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::attention_gqa_forward_rounded(ex.device.index, out, lse, qkv_op, B, T, NH, KV, hd);
+}
+
+void attention_gqa_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DType dout_dtype,
+                                    const void* qkv, DType qkv_dtype, const void* out, DType dtype,
+                                    const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                                    int64_t hd) {
+  const double compact = 1.0 * B * T * (NH + 2 * KV) * hd, C = 1.0 * NH * hd;
+  const double qkv_elements = (qkv_dtype == DType::kF32 ? 1.0 : 0.5) * compact;
+  const double dout_elements = (dout_dtype == DType::kF32 ? 1.0 : 0.5) * B * T * C;
+  const detail::OpScope op_scope_("attention_gqa_backward", ex, [&] {
+    return detail::work_of<float>(5.0 * B * T * T * C, qkv_elements + dout_elements +
+                                                           0.5 * B * T * C + 0.5 * compact +
+                                                           1.0 * B * NH * T);
+  });
+  const cuda::GemmOperand kept(out,
+                               rounded_precision(ex, dtype, "attention_gqa_backward_rounded"));
+  const cuda::GemmOperand qkv_op =
+      operand_of(ex, qkv, qkv_dtype, "attention_gqa_backward_rounded");
+  const cuda::GemmOperand dout_op =
+      operand_of(ex, dout, dout_dtype, "attention_gqa_backward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::attention_gqa_backward_rounded(ex.device.index, dqkv, dout_op, qkv_op, kept, lse, B, T,
+                                         NH, KV, hd);
+}
+
 void matmul_backward_rounded_dinp(const Exec& ex, void* dinp, DType dinp_dtype, float* dweight,
                                   float* dbias, const float* dout, const void* inp, DType inp_dtype,
                                   const float* weight, int64_t N, int64_t C, int64_t OC) {

@@ -154,6 +154,38 @@ void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* ls
 void attention_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DType dout_dtype,
                                 const void* qkv, DType qkv_dtype, const void* out, DType dtype,
                                 const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+// Grouped-query attention (attention_gqa_* below) likewise on the compact qkv (B, T,
+// (NH + 2·KV)·hd), rotated already: `out` as above, `dqkv` written as the qkv projection's
+// rounded dout in `dtype`, each shared head's gradient summed in fp32 and rounded once
+// (cuda::attention_gqa_forward_rounded / attention_gqa_backward_rounded). `qkv` 16-bit where
+// attention_takes_rounded_qkv(ex, NH·hd, NH, B), and `dout` with it.
+void attention_gqa_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse,
+                                   const void* qkv, DType qkv_dtype, int64_t B, int64_t T,
+                                   int64_t NH, int64_t KV, int64_t hd);
+void attention_gqa_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DType dout_dtype,
+                                    const void* qkv, DType qkv_dtype, const void* out, DType dtype,
+                                    const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                                    int64_t hd);
+// The rotary embedding in place on a 16-bit qkv (its gradient) of `dtype` = matmul_input_dtype(ex,
+// kF32): the qkv projection's rounded output for the flash kernels, the gradient above. Each
+// pair turned in fp32 and rounded once; cos_sin f32 (cuda::rope_forward_rounded).
+void rope_forward_rounded(const Exec& ex, void* qkv, DType dtype, const float* cos_sin, int64_t B,
+                          int64_t T, int64_t NH, int64_t KV, int64_t hd);
+void rope_backward_rounded(const Exec& ex, void* dqkv, DType dtype, const float* cos_sin, int64_t B,
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd);
+// SwiGLU on 16-bit activations of `dtype` = matmul_input_dtype(ex, kF32): h the fc's rounded
+// output (matmul_forward_rounded_output), out proj's rounded input; dout proj's rounded dinp
+// (matmul_backward_rounded_dinp), dh fc's rounded dout (matmul_backward_from_rounded). In fp32,
+// rounded once (cuda::swiglu_forward_rounded).
+void swiglu_forward_rounded(const Exec& ex, void* out, const void* h, DType dtype, int64_t N,
+                            int64_t H);
+void swiglu_backward_rounded(const Exec& ex, void* dh, const void* dout, const void* h, DType dtype,
+                             int64_t N, int64_t H);
+// RMSNorm forward (f32 in) for an output only a Linear reads, as layernorm_forward_rounded: bit
+// for bit the fp32 output rounded.
+void rmsnorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* rstd,
+                             const float* inp, const float* weight, int64_t N, int64_t C,
+                             double eps);
 // Whether the attention above takes qkv in 16 bits (the qkv projection's rounded output) for
 // these sizes: on a GPU whose fused flash kernels apply (bf16, head size 64); never on a CPU.
 bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t B);

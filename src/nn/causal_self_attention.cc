@@ -49,9 +49,27 @@ const Tensor& rotary_table(Context& ctx, Tensor& cached, int64_t T, int64_t head
 Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
   const int64_t B = x.dim(0), T = x.dim(1), hd = channels_ / heads_;
   const Tensor& rope = rotary_table(ctx, rope_, T, hd, rotary_->frequencies);
+  const int64_t KV = rotary_->kv_heads;
+  lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
+  // On a GPU at bf16 / fp16 matmul precision as GPT-2's attention (attend): qkv in 16 bits where
+  // the flash kernels read it so (turned in place in 16 bits), the output as proj's rounded input.
+  const DType out_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  if (out_dtype != ctx.dtype) {
+    const bool rounded_qkv = ops::attention_takes_rounded_qkv(ctx.exec(), channels_, heads_, B);
+    qkv_out_ = rounded_qkv ? qkv_.forward_rounded_output(ctx, x) : qkv_.forward(ctx, x);
+    if (rounded_qkv)
+      ops::rope_forward_rounded(ctx.exec(), qkv_out_.raw(), qkv_out_.dtype(), rope.data<float>(), B,
+                                T, heads_, KV, hd);
+    else
+      ops::rope_forward<float>(ctx.exec(), qkv_out_.data<float>(), rope.data<float>(), B, T,
+                               heads_, KV, hd);
+    att_ = Tensor::empty({B, T, channels_}, out_dtype, ctx.device);
+    ops::attention_gqa_forward_rounded(ctx.exec(), att_.raw(), out_dtype, lse_.data<float>(),
+                                       qkv_out_.raw(), qkv_out_.dtype(), B, T, heads_, KV, hd);
+    return att_;
+  }
   // (B, T, (NH + 2·KV)·hd): q and k turned in place, the shared heads read where they are.
   qkv_out_ = qkv_.forward(ctx, x);
-  lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
   att_ = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
@@ -64,8 +82,20 @@ Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
 }
 
 Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
-  Tensor datt = proj_.backward(ctx, dy);
   const int64_t B = qkv_out_.dim(0), T = qkv_out_.dim(1), hd = channels_ / heads_;
+  if (att_.dtype() != ctx.dtype) {  // the 16-bit forward: dqkv written as qkv's rounded dout
+    Tensor datt = qkv_out_.dtype() != ctx.dtype ? proj_.backward_rounded_dinp(ctx, dy)
+                                                : proj_.backward(ctx, dy);
+    Tensor dqkv = Tensor::empty(qkv_out_.shape(), att_.dtype(), ctx.device);
+    ops::attention_gqa_backward_rounded(ctx.exec(), dqkv.raw(), datt.raw(), datt.dtype(),
+                                        qkv_out_.raw(), qkv_out_.dtype(), att_.raw(), att_.dtype(),
+                                        lse_.data<float>(), B, T, heads_, rotary_->kv_heads, hd);
+    ops::rope_backward_rounded(ctx.exec(), dqkv.raw(), dqkv.dtype(), rope_.data<float>(), B, T,
+                               heads_, rotary_->kv_heads, hd);
+    qkv_out_ = att_ = lse_ = Tensor();
+    return qkv_.backward(ctx, dqkv);
+  }
+  Tensor datt = proj_.backward(ctx, dy);
   Tensor dqkv = Tensor::empty(qkv_out_.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);

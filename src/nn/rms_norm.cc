@@ -18,11 +18,26 @@ RmsNorm::RmsNorm(ParameterStore& store, const std::string& name, int64_t channel
   weight_ = store.add(name + ".weight", {channels}, InitKind::kOnes);
 }
 
-Tensor RmsNorm::forward(Context& ctx, const Tensor& x) {
+int64_t RmsNorm::cache_input(Context& ctx, const Tensor& x) {
   if (x.dim(-1) != channels_) fail(weight_->name, ": input last dim ", x.dim(-1), " != ", channels_);
   const int64_t n = x.numel() / channels_;
   x_ = x;
   rstd_ = Tensor::empty({n}, ctx.dtype, ctx.device);
+  return n;
+}
+
+Tensor RmsNorm::forward_for_matmul(Context& ctx, const Tensor& x) {
+  const DType out = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
+  if (out == ctx.dtype) return forward(ctx, x);
+  const int64_t n = cache_input(ctx, x);
+  Tensor y = Tensor::empty(x.shape(), out, ctx.device);
+  ops::rmsnorm_forward_rounded(ctx.exec(), y.raw(), out, rstd_.data<float>(), x.data<float>(),
+                               weight_->value.data<float>(), n, channels_, eps_);
+  return y;
+}
+
+Tensor RmsNorm::forward(Context& ctx, const Tensor& x) {
+  const int64_t n = cache_input(ctx, x);
   Tensor y = Tensor::empty(x.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);

@@ -13,8 +13,9 @@ class RmsNorm : public Norm {
  public:
   RmsNorm(ParameterStore& store, const std::string& name, int64_t channels, double eps);
   Tensor forward(Context& ctx, const Tensor& x) override;
-  // No 16-bit output kernel: the Linear rounds the fp32 output itself.
-  Tensor forward_for_matmul(Context& ctx, const Tensor& x) override { return forward(ctx, x); }
+  // On a GPU at bf16 / fp16 matmul precision written straight in the Linear's 16-bit input type
+  // (ops::rmsnorm_forward_rounded, bit for bit forward's output rounded); elsewhere forward.
+  Tensor forward_for_matmul(Context& ctx, const Tensor& x) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
   Tensor backward_adding(Context& ctx, const Tensor& dy, const Tensor& dresidual) override;
   Tensor recompute_output(Context& ctx) override;
@@ -24,6 +25,7 @@ class RmsNorm : public Norm {
 
  private:
   Tensor backward_impl(Context& ctx, const Tensor& dy, const Tensor* dresidual);
+  int64_t cache_input(Context& ctx, const Tensor& x);  // x_ and a fresh rstd_; returns the rows
   int64_t channels_;
   double eps_;
   Parameter* weight_;

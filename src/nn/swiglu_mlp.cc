@@ -16,7 +16,12 @@ Tensor SwiGluMlp::swiglu(Context& ctx) const {
   LOOM_CHECK(h_.defined());
   Shape shape = h_.shape();
   shape.back() = hidden_;
-  Tensor a = Tensor::empty(shape, ctx.dtype, ctx.device);
+  Tensor a = Tensor::empty(shape, h_.dtype(), ctx.device);
+  if (h_.dtype() != ctx.dtype) {  // fc wrote h_ in 16 bits (project_up)
+    ops::swiglu_forward_rounded(ctx.exec(), a.raw(), h_.raw(), h_.dtype(),
+                                h_.numel() / (2 * hidden_), hidden_);
+    return a;
+  }
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
     ops::swiglu_forward<T>(ctx.exec(), a.data<T>(), h_.data<T>(), h_.numel() / (2 * hidden_),
@@ -25,14 +30,18 @@ Tensor SwiGluMlp::swiglu(Context& ctx) const {
   return a;
 }
 
+Tensor SwiGluMlp::project_up(Context& ctx, const Tensor& x) {
+  const bool sixteen_bit = ops::matmul_input_dtype(ctx.exec(), ctx.dtype) != ctx.dtype;
+  h_ = sixteen_bit ? fc_.forward_rounded_output(ctx, x) : fc_.forward(ctx, x);
+  return swiglu(ctx);
+}
+
 Tensor SwiGluMlp::forward(Context& ctx, const Tensor& x) {
-  h_ = fc_.forward(ctx, x);
-  return proj_.forward(ctx, swiglu(ctx));
+  return proj_.forward(ctx, project_up(ctx, x));
 }
 
 Tensor SwiGluMlp::forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) {
-  h_ = fc_.forward(ctx, x);
-  return proj_.forward_adding(ctx, swiglu(ctx), residual);
+  return proj_.forward_adding(ctx, project_up(ctx, x), residual);
 }
 
 void SwiGluMlp::drop_recomputable() {
@@ -45,6 +54,14 @@ Tensor SwiGluMlp::backward(Context& ctx, const Tensor& dy) {
   // No SwiGLU output cached: drop_recomputable() dropped it (the state lives in the cache slots,
   // so it survives stash_activations()).
   if (!proj_.has_input()) proj_.restore_input(swiglu(ctx));
+  if (h_.dtype() != ctx.dtype) {  // 16-bit activations: proj writes da so, fc reads dh so
+    Tensor da = proj_.backward_rounded_dinp(ctx, dy);
+    Tensor dh = Tensor::empty(h_.shape(), h_.dtype(), ctx.device);
+    ops::swiglu_backward_rounded(ctx.exec(), dh.raw(), da.raw(), h_.raw(), h_.dtype(),
+                                 h_.numel() / (2 * hidden_), hidden_);
+    h_ = Tensor();
+    return fc_.backward(ctx, dh);
+  }
   Tensor da = proj_.backward(ctx, dy);
   Tensor dh = Tensor::empty(h_.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {

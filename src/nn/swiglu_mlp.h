@@ -30,11 +30,15 @@ class SwiGluMlp : public FeedForward {
   }
 
  private:
-  Tensor swiglu(Context& ctx) const;  // silu(gate) ⊙ up of h_
+  Tensor swiglu(Context& ctx) const;  // silu(gate) ⊙ up of h_, in h_'s type
+  Tensor project_up(Context& ctx, const Tensor& x);  // fc: h_ and its SwiGLU output
   int64_t hidden_;
   Linear fc_;
   Linear proj_;
-  Tensor h_;  // (..., 2H) fc output: the gate and up projections side by side
+  // (..., 2H) fc output: the gate and up projections side by side. On a GPU at bf16 / fp16
+  // matmul precision in 16 bits (ops::matmul_input_dtype), as are the SwiGLU output (proj's
+  // input) and both gradients: the GEMMs read them so, and h_ is the MLP's largest activation.
+  Tensor h_;
 };
 
 }  // namespace loom

@@ -15,7 +15,8 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // On a GPU at bf16 / fp16 matmul precision an unsharded model (nn::Linear; the tensor-parallel
   // layers keep fp32) holds its GEMM inputs in 16 bits, half a float each: the LayerNorms', the
   // attention's and the GELU's outputs, and the logits (models/gpt2.cc); and fc's output, the
-  // GELU's input, which fc's GEMM writes in 16 bits with the GELU in its epilogue (nn/mlp.h).
+  // GELU's input, which fc's GEMM writes in 16 bits with the GELU in its epilogue (nn/mlp.h). A
+  // Llama likewise (below).
   const bool sixteen_bit =
       par.tp == 1 && config.runtime.device.rfind("cuda", 0) == 0 &&
       (config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16");
@@ -30,19 +31,19 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   double everything = (2 + 2 * half) * rows * C + (qkv + half + 8 * half) * N * C / P;
   double selective = 2 * rows * C + (qkv + half + 4 * half) * N * C / P;
   if (config.model.arch == "llama") {
-    // Llama (nn/causal_self_attention.h, nn/swiglu_mlp.h): the compact qkv, q and k turned
-    // ((n_heads + 2·n_kv_heads)·head_dim wide: the shared heads are read in place) and the
-    // attention output (1) in fp32, and at 16 bits proj's copy of it as its GEMMs read it (half;
-    // else proj keeps the same tensor); fc's output, gate and up (2·H), and the SwiGLU's output
-    // (H, kept by proj as read).
+    // Llama (nn/causal_self_attention.h, nn/swiglu_mlp.h, nn/rms_norm.h): the compact qkv, q and
+    // k turned ((n_heads + 2·n_kv_heads)·head_dim wide: the shared heads are read in place), in
+    // 16 bits where the flash kernels read it; the attention output (1), proj's input; fc's
+    // output, gate and up (2·H), and the SwiGLU's output (H, proj's input) — at 16 bits all but
+    // a non-flash qkv in half a float, as the GEMMs read them.
     const double H = static_cast<double>(config.model.resolved_ffn_hidden());
     const ModelConfig& m = config.model;
     const double qkv_width = m.n_heads > 0
         ? static_cast<double>(m.n_heads + 2 * m.resolved_n_kv_heads()) / static_cast<double>(m.n_heads)
         : 3.0;
-    const double attention = qkv_width + 1 + (sixteen_bit ? half : 0);
-    everything = (2 + 2 * half) * rows * C + attention * N * C / P + (2 + half) * N * H / P;
-    selective = 2 * rows * C + attention * N * C / P + 2 * N * H / P;
+    const double attention = qkv_width * (flash ? half : 1.0) + half;
+    everything = (2 + 2 * half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
+    selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
   }
   double per_block = everything;
   if (mode == "full") per_block = rows * C;

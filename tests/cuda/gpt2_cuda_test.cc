@@ -21,6 +21,8 @@
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
 #include "nn/mlp.h"
+#include "nn/rms_norm.h"
+#include "nn/swiglu_mlp.h"
 #include "optim/adamw.h"
 #include "tensor/rng.h"
 
@@ -456,6 +458,165 @@ TEST(LlamaCuda, Bf16MatmulsStayNearTheCpuRun) {
     // bf16 did round something: the GPU run is not the fp32 one bit for bit.
     EXPECT_FALSE(cpu::ktest::bitwise_equal(on_gpu.final_values, on_cpu.final_values))
         << "heads of " << head_dim;
+  }
+}
+
+// One layer's forward and backward on GPU 0 at a matmul precision: its output, input gradient
+// and parameter gradients, and the types of what its forward kept for the backward.
+struct LayerRun {
+  std::vector<float> y, dx, grads;
+  std::vector<DType> kept;
+};
+
+// The values of a tensor of any float type on any device, as floats.
+std::vector<float> values_of(const Tensor& t) {
+  return t.to(Device::cpu()).to(DType::kF32).to_vector();
+}
+
+// make(store) builds the layer; run(layer, ctx, x, dy, result) runs it on x (B, T, C) and dy.
+template <typename Make, typename Run>
+LayerRun run_layer(const char* precision, int64_t C, Make make, Run run) {
+  const Device gpu = Device::cuda(0);
+  ops::set_matmul_precision(precision);
+  ParameterStore store;
+  auto layer = make(store);
+  store.allocate(DType::kF32, gpu);
+  store.initialize(6);
+  store.zero_grads();
+  ThreadPool pool(1);
+  Context ctx{&pool, gpu, DType::kF32};
+  LayerRun result;
+  run(*layer, ctx, uniform_on(gpu, {2, 9, C}, 3, 1.0f), uniform_on(gpu, {2, 9, C}, 4, 1.0f),
+      result);
+  result.grads = store.grads().to_vector();
+  ops::set_matmul_precision("fp32");
+  return result;
+}
+
+template <typename Layer>
+std::vector<DType> kept_types(Layer& layer) {
+  std::vector<Tensor*> cache;
+  layer.collect_cache(cache);
+  std::vector<DType> types;
+  for (const Tensor* t : cache)
+    if (t->defined()) types.push_back(t->dtype());
+  return types;
+}
+
+// The bf16 run within bf16's rounding of the fp32 one on the same GPU, and not bit for bit it.
+void expect_bf16_near_fp32(const LayerRun& bf16, const LayerRun& fp32) {
+  cpu::ktest::expect_close("output", bf16.y, fp32.y, 2e-2);
+  cpu::ktest::expect_close("input gradient", bf16.dx, fp32.dx, 3e-2);
+  cpu::ktest::expect_close("parameter gradients", bf16.grads, fp32.grads, 3e-2);
+  EXPECT_FALSE(cpu::ktest::bitwise_equal(bf16.y, fp32.y)) << "nothing was rounded";
+}
+
+// At bf16 matmul precision Llama's layers keep their activations in 16 bits, as the GEMMs read
+// them, and compute what they compute at fp32 to bf16's rounding: the RMSNorm writes the next
+// Linear's rounded input; the rotary attention keeps its output in bf16, and qkv too (turned in
+// place in bf16) where the flash kernels read it (head size 64; with heads of 16 qkv stays
+// fp32); the SwiGLU MLP keeps the fc's output h, the SwiGLU output and both their gradients in
+// bf16. A 16-bit path that skipped a step (the rotation, a shared head's gradient) would be far
+// from the fp32 run.
+TEST(LlamaCuda, Bf16LayersKeepSixteenBitActivationsAndComputeTheFp32Layers) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  struct Restore {
+    ~Restore() { ops::set_matmul_precision("fp32"); }
+  } restore;
+  for (const int64_t hd : {16, 64}) {
+    SCOPED_TRACE("heads of " + std::to_string(hd));
+    const Gpt2Config config = small_llama(hd);
+    const int64_t C = config.d_model;
+    const auto make_attention = [&](ParameterStore& store) {
+      return std::make_unique<CausalSelfAttention>(
+          store, "attn", C, config.n_heads, 0.3f, 0.3f,
+          Rotary{config.n_kv_heads, config.rope_frequencies()});
+    };
+    const auto run_attention = [](CausalSelfAttention& attn, Context& ctx, const Tensor& x,
+                                  const Tensor& dy, LayerRun& r) {
+      r.y = values_of(attn.forward(ctx, x));
+      r.kept = kept_types(attn);
+      r.dx = values_of(attn.backward(ctx, dy));
+    };
+    const LayerRun att16 = run_layer("bf16", C, make_attention, run_attention);
+    const LayerRun att32 = run_layer("fp32", C, make_attention, run_attention);
+    {
+      SCOPED_TRACE("attention");
+      expect_bf16_near_fp32(att16, att32);
+      // qkv's and proj's inputs, qkv, the attention output, lse.
+      const DType qkv = hd == 64 ? DType::kBF16 : DType::kF32;
+      EXPECT_EQ(att16.kept, (std::vector<DType>{DType::kBF16, DType::kBF16, qkv, DType::kBF16,
+                                                DType::kF32}));
+      EXPECT_EQ(att32.kept, std::vector<DType>(5, DType::kF32));
+    }
+    const auto make_mlp = [&](ParameterStore& store) {
+      return std::make_unique<SwiGluMlp>(store, "mlp", C, config.ffn_hidden, 0.3f, 0.3f);
+    };
+    const auto run_mlp = [](SwiGluMlp& mlp, Context& ctx, const Tensor& x, const Tensor& dy,
+                            LayerRun& r) {
+      r.y = values_of(mlp.forward(ctx, x));
+      r.kept = kept_types(mlp);
+      r.dx = values_of(mlp.backward(ctx, dy));
+    };
+    const LayerRun mlp16 = run_layer("bf16", C, make_mlp, run_mlp);
+    const LayerRun mlp32 = run_layer("fp32", C, make_mlp, run_mlp);
+    {
+      SCOPED_TRACE("SwiGLU MLP");
+      expect_bf16_near_fp32(mlp16, mlp32);
+      // fc's input, proj's input (the SwiGLU output), h.
+      EXPECT_EQ(mlp16.kept, std::vector<DType>(3, DType::kBF16));
+      EXPECT_EQ(mlp32.kept, std::vector<DType>(3, DType::kF32));
+    }
+    const auto make_norm = [&](ParameterStore& store) {
+      return std::make_unique<RmsNorm>(store, "norm", C, 1e-5);
+    };
+    const auto run_norm = [](RmsNorm& norm, Context& ctx, const Tensor& x, const Tensor& dy,
+                             LayerRun& r) {
+      const Tensor y = norm.forward_for_matmul(ctx, x);
+      r.kept = {y.dtype()};  // here: the output's type
+      r.y = values_of(y);
+      std::vector<float> exact = values_of(norm.recompute_output(ctx));
+      for (float& v : exact) v = bf16_to_float(float_to_bf16(v));
+      if (y.dtype() == DType::kBF16) {
+        EXPECT_TRUE(cpu::ktest::bitwise_equal(r.y, exact)) << "not the fp32 output rounded";
+      }
+      r.dx = values_of(norm.backward(ctx, dy));
+    };
+    const LayerRun norm16 = run_layer("bf16", C, make_norm, run_norm);
+    const LayerRun norm32 = run_layer("fp32", C, make_norm, run_norm);
+    {
+      SCOPED_TRACE("RMSNorm");
+      EXPECT_EQ(norm16.kept, std::vector<DType>{DType::kBF16});
+      EXPECT_EQ(norm32.kept, std::vector<DType>{DType::kF32});
+      cpu::ktest::expect_close("output", norm16.y, norm32.y, 1e-2);
+      EXPECT_TRUE(cpu::ktest::bitwise_equal(norm16.dx, norm32.dx)) << "the backward is fp32";
+    }
+  }
+}
+
+// A small Llama at bf16 (its activations in 16 bits): selective and full recomputation rebuild
+// them bit for bit, so the runs are the stored run's; a second run repeats it.
+TEST(LlamaCuda, Bf16RecomputationAndRepeatsAreBitwiseTheStoredRun) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  struct Restore {
+    ~Restore() { ops::set_matmul_precision("fp32"); }
+  } restore;
+  ops::set_matmul_precision("bf16");
+  for (const int64_t hd : {16, 64}) {
+    SCOPED_TRACE("heads of " + std::to_string(hd));
+    Gpt2Config config = small_llama(hd);
+    const TrainRun stored = train(Device::cuda(0), 2, config);
+    for (const Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      SCOPED_TRACE(recompute_name(mode));
+      config.recompute = mode;
+      const TrainRun run = train(Device::cuda(0), 2, config);
+      ASSERT_EQ(run.losses.size(), stored.losses.size());
+      for (size_t s = 0; s < run.losses.size(); ++s)
+        EXPECT_EQ(std::memcmp(&run.losses[s], &stored.losses[s], sizeof(double)), 0)
+            << "step " << s;
+      EXPECT_TRUE(cpu::ktest::bitwise_equal(run.first_grads, stored.first_grads));
+      EXPECT_TRUE(cpu::ktest::bitwise_equal(run.final_values, stored.final_values));
+    }
   }
 }
 

@@ -595,6 +595,41 @@ TEST_F(TrainTest, LlamaTrainsEvaluatesAndResumes) {
   expect_same_run(metrics("llama"), metrics("llama_resumed"));
 }
 
+// At bf16 on a GPU a Llama keeps its activations in 16 bits as its GEMMs read them (RMSNorm,
+// attention and SwiGLU outputs, fc's output, and with heads of 64 the flash kernels' qkv): it
+// trains the fp32 GPU run's losses to bf16's rounding, its measured activation peak is well
+// under that run's, and the layout report's estimate counts them as kept (near the peak).
+TEST_F(TrainTest, LlamaAtBf16OnTheGpuKeepsItsActivationsInSixteenBits) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  Config c = config(6);
+  c.model.arch = "llama";
+  c.model.d_model = 128;
+  c.model.n_heads = 2;  // heads of 64: the flash kernels at bf16
+  c.model.n_kv_heads = 1;
+  c.model.ffn_hidden = 128;
+  c.runtime.device = "cuda";
+  const TrainSummary fp32 = run_training(c, options("gpu_fp32"));
+  c.runtime.matmul_precision = "bf16";
+  const TrainSummary bf16 = run_training(c, options("gpu_bf16"));
+  const auto m32 = metrics("gpu_fp32"), m16 = metrics("gpu_bf16");
+  ASSERT_EQ(m16.size(), m32.size());
+  for (size_t i = 0; i < m32.size(); ++i) {
+    const double want = m32[i]["loss"], got = m16[i]["loss"];
+    EXPECT_NEAR(got, want, 2e-2 * want) << "step " << i + 1;
+  }
+  EXPECT_LT(bf16.last_loss, bf16.first_loss - 0.3) << "the bf16 Llama did not train";
+  const double kept = static_cast<double>(bf16.activation_peak_bytes) /
+                      static_cast<double>(fp32.activation_peak_bytes);
+  EXPECT_LT(kept, 0.75) << "bf16 peak " << bf16.activation_peak_bytes << " vs fp32 "
+                        << fp32.activation_peak_bytes;
+  const double ratio = static_cast<double>(bf16.expected_activation_bytes) /
+                       static_cast<double>(bf16.activation_peak_bytes);
+  EXPECT_GT(ratio, 0.8) << bf16.layout_report;
+  EXPECT_LT(ratio, 1.2) << bf16.layout_report;
+  RecordProperty("bf16_over_fp32_activation_peak", std::to_string(kept));
+  RecordProperty("activation_estimate_ratio", std::to_string(ratio));
+}
+
 // A Llama on runtime.device = "cuda" (one rank: nccl as a group of one) trains the CPU's run step
 // for step (fp32 rounding, not bits; validation too), and with selective recomputation — the
 // RMSNorm and SwiGLU outputs dropped and rebuilt on the GPU — bit for bit its own run. On two

@@ -122,14 +122,26 @@ void check_shapes(int64_t C, int64_t NH) {
   if (NH <= 0 || C % NH != 0) fail("attention: channels ", C, " not divisible by heads ", NH);
 }
 
+// The key/value heads of a call: KV, 0 meaning NH. Shared ones (fewer than NH) are read in place
+// by the flash kernels only; the batched-GEMM path takes (B, T, 3C).
+int64_t kv_heads_of(const char* what, int64_t C, int64_t NH, int64_t KV, int64_t B) {
+  if (KV == 0 || KV == NH) return NH;
+  if (!flash_attention_applies(C, NH, B))
+    fail(what, ": ", KV, " key/value heads for ", NH,
+         " query heads are read in place by the flash kernels only (bf16, head size 64), which "
+         "do not apply");
+  return KV;
+}
+
 }  // namespace
 
 void attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                       int64_t C, int64_t NH) {
+                       int64_t C, int64_t NH, int64_t KV) {
   check_shapes(C, NH);
+  KV = kv_heads_of("attention_forward", C, NH, KV, B);
   if (B * T == 0) return;
   if (flash_attention_applies(C, NH, B)) {
-    flash_attention_forward(device, out, lse, qkv, B, T, C, NH);
+    flash_attention_forward(device, out, lse, qkv, B, T, C, NH, KV);
     return;
   }
   DeviceGuard guard(device);
@@ -157,9 +169,9 @@ namespace {
 // attention_backward given D = rowsum(dout ∘ out) per head row (row_dot_kernel).
 void attention_backward_given_D(int device, float* dqkv, const float* dout, const float* qkv,
                                 const float* D, const float* lse, int64_t B, int64_t T, int64_t C,
-                                int64_t NH) {
+                                int64_t NH, int64_t KV) {
   if (flash_attention_applies(C, NH, B)) {
-    flash_attention_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH);
+    flash_attention_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH, KV);
     return;
   }
   const int64_t hd = C / NH, heads = B * NH, n = B * T * C, rows = heads * T;
@@ -212,7 +224,7 @@ void row_dots(float* D, const DO* dout, const Out* out, int64_t B, int64_t T, in
 template <typename Out>
 void attention_backward_rounded_from(int device, void* dqkv, GemmOperand dout, GemmOperand qkv,
                                      const Out* out, const float* lse, int64_t B, int64_t T,
-                                     int64_t C, int64_t NH) {
+                                     int64_t C, int64_t NH, int64_t KV) {
   Scratch<float> D(device, B * NH * T);
   const bool dout_bf16 = dout.rounded_to == MatmulPrecision::kBf16;
   if (dout_bf16)
@@ -222,12 +234,12 @@ void attention_backward_rounded_from(int device, void* dqkv, GemmOperand dout, G
   if (flash_attention_applies(C, NH, B)) {
     flash_attention_backward_bf16_dqkv(device, dqkv, dout.data, dout_bf16, qkv.data,
                                        qkv.rounded_to == MatmulPrecision::kBf16, lse, D.get(), B, T,
-                                       C, NH);
+                                       C, NH, KV);
     return;
   }
   Scratch<float> full(device, 3 * B * T * C);
   attention_backward_given_D(device, full.get(), static_cast<const float*>(dout.data),
-                             static_cast<const float*>(qkv.data), D.get(), lse, B, T, C, NH);
+                             static_cast<const float*>(qkv.data), D.get(), lse, B, T, C, NH, NH);
   (void)round_for_gemm(device, dqkv, full.get(), 3 * B * T * C);
 }
 
@@ -249,23 +261,25 @@ bool attention_takes_rounded_qkv(int64_t C, int64_t NH, int64_t B) {
 
 void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t NH) {
+                        int64_t NH, int64_t KV) {
   check_shapes(C, NH);
+  KV = kv_heads_of("attention_backward", C, NH, KV, B);
   if (B * T == 0) return;
   DeviceGuard guard(device);
   Scratch<float> D(device, B * NH * T);
   row_dots(D.get(), dout, out, B, T, C, NH);
-  attention_backward_given_D(device, dqkv, dout, qkv, D.get(), lse, B, T, C, NH);
+  attention_backward_given_D(device, dqkv, dout, qkv, D.get(), lse, B, T, C, NH, KV);
 }
 
 GemmOperand attention_forward_rounded(int device, void* out, float* lse, GemmOperand qkv, int64_t B,
-                                      int64_t T, int64_t C, int64_t NH) {
+                                      int64_t T, int64_t C, int64_t NH, int64_t KV) {
   check_shapes(C, NH);
+  KV = kv_heads_of("attention_forward_rounded", C, NH, KV, B);
   expect_usable_qkv(qkv, B, C, NH, "attention_forward_rounded");
   DeviceGuard guard(device);
   if (B * T > 0 && flash_attention_applies(C, NH, B)) {
     flash_attention_forward_bf16_out(device, out, lse, qkv.data,
-                                     qkv.rounded_to == MatmulPrecision::kBf16, B, T, C, NH);
+                                     qkv.rounded_to == MatmulPrecision::kBf16, B, T, C, NH, KV);
     return GemmOperand(out, MatmulPrecision::kBf16);
   }
   // The batched-GEMM path writes fp32: rounded after.
@@ -276,8 +290,9 @@ GemmOperand attention_forward_rounded(int device, void* out, float* lse, GemmOpe
 
 GemmOperand attention_backward_rounded(int device, void* dqkv, GemmOperand dout, GemmOperand qkv,
                                        GemmOperand out, const float* lse, int64_t B, int64_t T,
-                                       int64_t C, int64_t NH) {
+                                       int64_t C, int64_t NH, int64_t KV) {
   check_shapes(C, NH);
+  KV = kv_heads_of("attention_backward_rounded", C, NH, KV, B);
   out.expect_usable_at(matmul_precision(), "out");
   expect_usable_qkv(qkv, B, C, NH, "attention_backward_rounded");
   expect_usable_qkv(dout, B, C, NH, "attention_backward_rounded", "dout");
@@ -287,12 +302,14 @@ GemmOperand attention_backward_rounded(int device, void* dqkv, GemmOperand dout,
   if (B * T > 0) {
     switch (out.rounded_to) {
       case MatmulPrecision::kBf16:
-        attention_backward_rounded_from(
-            device, dqkv, dout, qkv, static_cast<const __nv_bfloat16*>(out.data), lse, B, T, C, NH);
+        attention_backward_rounded_from(device, dqkv, dout, qkv,
+                                        static_cast<const __nv_bfloat16*>(out.data), lse, B, T, C,
+                                        NH, KV);
         break;
       case MatmulPrecision::kFp16:
         attention_backward_rounded_from(device, dqkv, dout, qkv,
-                                        static_cast<const __half*>(out.data), lse, B, T, C, NH);
+                                        static_cast<const __half*>(out.data), lse, B, T, C, NH,
+                                        KV);
         break;
       case MatmulPrecision::kTf32:
       case MatmulPrecision::kFp32:

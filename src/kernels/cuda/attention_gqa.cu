@@ -1,14 +1,17 @@
 // Grouped-query attention (Ainslie et al. 2023, "GQA") on the qkv projection's own layout,
 // (B, T, (NH + 2·KV)·hd): NH query heads, then KV key heads, then KV value heads, query head h
 // reading key/value head h / (NH/KV). With KV == NH that is attention_forward's (B, T, 3C) and the
-// attention kernels run on it directly. Otherwise, for the length of one call, the shared heads
+// attention kernels run on it directly; where the flash kernels apply (bf16, head size 64) they
+// read the shared heads in place too (flash_attention.cu: the dK/dV pass sums a shared head's
+// query heads in its accumulators). Otherwise, for the length of one call, the shared heads
 // are expanded into a (B, T, 3·NH·hd) scratch qkv from the caching allocator (a copy kernel),
-// attention_forward / attention_backward run on it as they are (the flash kernels where they
-// apply), and the backward's (B, T, 3·NH·hd) gradient is reduced back, each shared key/value head
-// summing its query heads' gradients in ascending query head, one thread per output element (no
-// atomics: bitwise reproducible, and the CPU's sums, cpu::rope_gqa_backward's order). Nothing of
-// the expansion outlives the call: the caller keeps only qkv between forward and backward.
+// the batched-GEMM attention runs on it as it is, and the backward's (B, T, 3·NH·hd) gradient is
+// reduced back, each shared key/value head summing its query heads' gradients in ascending query
+// head, one thread per output element (no atomics: bitwise reproducible, and the CPU's sums,
+// cpu::rope_gqa_backward's order). Nothing of the expansion outlives the call: the caller keeps
+// only qkv between forward and backward.
 #include "base/error.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -17,8 +20,9 @@ namespace {
 
 // Thread e copies kVec consecutive values of row r of `full` (BT, 3·NH·hd): head h of part p (q,
 // k, v) from qkv head h (p = 0), key head NH + h/group (p = 1), value head NH + KV + h/group.
-template <int kVec>
-__global__ void gqa_expand_kernel(float* full, const float* qkv, int64_t BT, int64_t NH, int64_t KV,
+// E: float, or the 16-bit type of a qkv the projection wrote rounded (copied as it is).
+template <int kVec, typename E>
+__global__ void gqa_expand_kernel(E* full, const E* qkv, int64_t BT, int64_t NH, int64_t KV,
                                   int64_t hd) {
   const int64_t group = NH / KV, C = NH * hd, in_row = (NH + 2 * KV) * hd;
   const int64_t per_row = 3 * C / kVec, n = BT * per_row;
@@ -35,24 +39,25 @@ __global__ void gqa_expand_kernel(float* full, const float* qkv, int64_t BT, int
 
 // Thread e writes kVec consecutive values of row r of dqkv (BT, (NH + 2·KV)·hd): a query head's
 // gradient copied from dfull (BT, 3·NH·hd); a key or value head's the sum of its group's query
-// heads' gradients, kv·group first, in ascending head.
-template <int kVec>
-__global__ void gqa_reduce_kernel(float* dqkv, const float* dfull, int64_t BT, int64_t NH,
-                                  int64_t KV, int64_t hd) {
+// heads' gradients, kv·group first, in ascending head. E: float, or a 16-bit type (the sums in
+// fp32, rounded once).
+template <int kVec, typename E>
+__global__ void gqa_reduce_kernel(E* dqkv, const E* dfull, int64_t BT, int64_t NH, int64_t KV,
+                                  int64_t hd) {
   const int64_t group = NH / KV, C = NH * hd, out_row = (NH + 2 * KV) * hd;
   const int64_t per_row = out_row / kVec, n = BT * per_row;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t r = e / per_row, c = (e % per_row) * kVec;
     const int64_t j = c / hd, d = c % hd;
-    const float* row = dfull + r * 3 * C;
+    const E* row = dfull + r * 3 * C;
     float acc[kVec];
     if (j < NH) {
       load_pack<kVec>(row + j * hd + d, acc);
     } else {
       const bool key = j < NH + KV;
       const int64_t kv = j - (key ? NH : NH + KV);
-      const float* dy = row + (key ? C : 2 * C) + kv * group * hd + d;
+      const E* dy = row + (key ? C : 2 * C) + kv * group * hd + d;
       load_pack<kVec>(dy, acc);
       for (int64_t h = 1; h < group; ++h) {
         float x[kVec];
@@ -70,21 +75,50 @@ void check_gqa_shape(const char* op, int64_t NH, int64_t KV, int64_t hd) {
   if (hd <= 0) fail(op, ": head size ", hd, " is not positive");
 }
 
-// 4 floats (16 bytes) a thread where the head size and both pointers allow it, else one.
-bool gqa_takes_vec4(const float* a, const float* b, int64_t hd) {
-  return hd % 4 == 0 && aligned_to(a, 16) && aligned_to(b, 16);
+// 4 values (16 bytes of floats, 8 of a 16-bit type) a thread where the head size and both
+// pointers allow it, else one.
+template <typename E>
+bool gqa_takes_vec4(const E* a, const E* b, int64_t hd) {
+  return hd % 4 == 0 && aligned_to(a, 4 * sizeof(E)) && aligned_to(b, 4 * sizeof(E));
 }
 
 // full (B·T, 3·NH·hd) from qkv (B·T, (NH + 2·KV)·hd).
-void expand_gqa_heads(float* full, const float* qkv, int64_t BT, int64_t NH, int64_t KV,
-                      int64_t hd) {
+template <typename E>
+void expand_gqa_heads(E* full, const E* qkv, int64_t BT, int64_t NH, int64_t KV, int64_t hd) {
   const int64_t n = BT * 3 * NH * hd;
   if (gqa_takes_vec4(full, qkv, hd))
-    launch("attention_gqa (expand heads)", gqa_expand_kernel<4>, blocks_for(n / 4, kThreads),
+    launch("attention_gqa (expand heads)", gqa_expand_kernel<4, E>, blocks_for(n / 4, kThreads),
            kThreads, full, qkv, BT, NH, KV, hd);
   else
-    launch("attention_gqa (expand heads)", gqa_expand_kernel<1>, blocks_for(n, kThreads), kThreads,
-           full, qkv, BT, NH, KV, hd);
+    launch("attention_gqa (expand heads)", gqa_expand_kernel<1, E>, blocks_for(n, kThreads),
+           kThreads, full, qkv, BT, NH, KV, hd);
+}
+
+// dqkv (B·T, (NH + 2·KV)·hd) from dfull (B·T, 3·NH·hd).
+template <typename E>
+void reduce_gqa_heads(E* dqkv, const E* dfull, int64_t BT, int64_t NH, int64_t KV, int64_t hd) {
+  const int64_t n = BT * (NH + 2 * KV) * hd;
+  if (gqa_takes_vec4(dqkv, dfull, hd))
+    launch("attention_gqa_backward (reduce heads)", gqa_reduce_kernel<4, E>,
+           blocks_for(n / 4, kThreads), kThreads, dqkv, dfull, BT, NH, KV, hd);
+  else
+    launch("attention_gqa_backward (reduce heads)", gqa_reduce_kernel<1, E>,
+           blocks_for(n, kThreads), kThreads, dqkv, dfull, BT, NH, KV, hd);
+}
+
+// f(E{}) with E the storage type of values rounded to `precision`: float (fp32 / TF32 operands
+// stay fp32), __nv_bfloat16 or __half.
+template <typename F>
+void with_storage_type(MatmulPrecision precision, F&& f) {
+  switch (precision) {
+    case MatmulPrecision::kBf16:
+      return f(__nv_bfloat16{});
+    case MatmulPrecision::kFp16:
+      return f(__half{});
+    case MatmulPrecision::kTf32:
+    case MatmulPrecision::kFp32:
+      return f(float{});
+  }
 }
 
 }  // namespace
@@ -93,8 +127,9 @@ void attention_gqa_forward(int device, float* out, float* lse, const float* qkv,
                            int64_t T, int64_t NH, int64_t KV, int64_t hd) {
   check_gqa_shape("attention_gqa_forward", NH, KV, hd);
   const int64_t C = NH * hd;
-  if (KV == NH) {  // qkv is attention_forward's layout already
-    attention_forward(device, out, lse, qkv, B, T, C, NH);
+  // qkv is attention_forward's layout already, or the flash kernels read its shared heads in place.
+  if (KV == NH || flash_attention_applies(C, NH, B)) {
+    attention_forward(device, out, lse, qkv, B, T, C, NH, KV);
     return;
   }
   if (B * T == 0) return;
@@ -109,8 +144,8 @@ void attention_gqa_backward(int device, float* dqkv, const float* dout, const fl
                             int64_t KV, int64_t hd) {
   check_gqa_shape("attention_gqa_backward", NH, KV, hd);
   const int64_t C = NH * hd;
-  if (KV == NH) {
-    attention_backward(device, dqkv, dout, qkv, out, lse, B, T, C, NH);
+  if (KV == NH || flash_attention_applies(C, NH, B)) {
+    attention_backward(device, dqkv, dout, qkv, out, lse, B, T, C, NH, KV);
     return;
   }
   if (B * T == 0) return;
@@ -119,13 +154,56 @@ void attention_gqa_backward(int device, float* dqkv, const float* dout, const fl
   Scratch<float> full(device, BT * 3 * C), dfull(device, BT * 3 * C);
   expand_gqa_heads(full.get(), qkv, BT, NH, KV, hd);
   attention_backward(device, dfull.get(), dout, full.get(), out, lse, B, T, C, NH);
-  const int64_t n = BT * (NH + 2 * KV) * hd;
-  if (gqa_takes_vec4(dqkv, dfull.get(), hd))
-    launch("attention_gqa_backward (reduce heads)", gqa_reduce_kernel<4>,
-           blocks_for(n / 4, kThreads), kThreads, dqkv, dfull.get(), BT, NH, KV, hd);
-  else
-    launch("attention_gqa_backward (reduce heads)", gqa_reduce_kernel<1>, blocks_for(n, kThreads),
-           kThreads, dqkv, dfull.get(), BT, NH, KV, hd);
+  reduce_gqa_heads(dqkv, static_cast<const float*>(dfull.get()), BT, NH, KV, hd);
+}
+
+GemmOperand attention_gqa_forward_rounded(int device, void* out, float* lse, GemmOperand qkv,
+                                          int64_t B, int64_t T, int64_t NH, int64_t KV,
+                                          int64_t hd) {
+  check_gqa_shape("attention_gqa_forward_rounded", NH, KV, hd);
+  const int64_t C = NH * hd;
+  if (KV == NH || flash_attention_applies(C, NH, B))
+    return attention_forward_rounded(device, out, lse, qkv, B, T, C, NH, KV);
+  DeviceGuard guard(device);
+  GemmOperand result(out, MatmulPrecision::kFp32);
+  with_storage_type(qkv.rounded_to, [&](auto zero) {
+    using E = decltype(zero);
+    Scratch<E> full(device, B * T * 3 * C);
+    if (B * T > 0)
+      expand_gqa_heads(full.get(), static_cast<const E*>(qkv.data), B * T, NH, KV, hd);
+    result = attention_forward_rounded(device, out, lse, GemmOperand(full.get(), qkv.rounded_to),
+                                       B, T, C, NH);
+  });
+  return result;
+}
+
+GemmOperand attention_gqa_backward_rounded(int device, void* dqkv, GemmOperand dout,
+                                           GemmOperand qkv, GemmOperand out, const float* lse,
+                                           int64_t B, int64_t T, int64_t NH, int64_t KV,
+                                           int64_t hd) {
+  check_gqa_shape("attention_gqa_backward_rounded", NH, KV, hd);
+  const int64_t C = NH * hd, BT = B * T;
+  if (KV == NH || flash_attention_applies(C, NH, B))
+    return attention_backward_rounded(device, dqkv, dout, qkv, out, lse, B, T, C, NH, KV);
+  if (!rounds_to_16_bits(out.rounded_to))
+    fail("attention_gqa_backward_rounded: out is not a 16-bit operand");
+  DeviceGuard guard(device);
+  with_storage_type(qkv.rounded_to, [&](auto qkv_zero) {
+    using Q = decltype(qkv_zero);
+    Scratch<Q> full(device, BT * 3 * C);
+    if (BT > 0) expand_gqa_heads(full.get(), static_cast<const Q*>(qkv.data), BT, NH, KV, hd);
+    with_storage_type(out.rounded_to, [&](auto zero) {
+      using Half = decltype(zero);
+      // The expanded gradient in the 16-bit type dqkv is written in, summed back in fp32.
+      Scratch<Half> dfull(device, BT * 3 * C);
+      attention_backward_rounded(device, dfull.get(), dout, GemmOperand(full.get(), qkv.rounded_to),
+                                 out, lse, B, T, C, NH);
+      if (BT > 0)
+        reduce_gqa_heads(static_cast<Half*>(dqkv), static_cast<const Half*>(dfull.get()), BT, NH,
+                         KV, hd);
+    });
+  });
+  return GemmOperand(dqkv, out.rounded_to);
 }
 
 }  // namespace loom::cuda

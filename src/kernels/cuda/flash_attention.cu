@@ -20,6 +20,12 @@
 // leading dimension (+8 values) puts each 8-row phase of its reads, and a warp's stores, in
 // distinct banks.
 // Warps whose rows the causal mask hides from a whole tile skip its products.
+//
+// qkv is read in place as the qkv projection writes it, (B, T, (NH + 2·KV)·hd): NH query heads,
+// then KV key heads, then KV value heads, query head h reading key/value head h / (NH/KV) —
+// grouped-query attention (GQA); KV = NH is GPT-2's (B, T, 3C). dqkv has the same layout: the
+// dK/dV pass runs per key/value head and walks the query tiles of each of its query heads in
+// ascending head, so a shared head's gradient is summed in its accumulators, not atomically.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -46,6 +52,18 @@ constexpr int kKeyTile = 64;    // forward: keys per shared tile
 constexpr int kSideTile = 32;   // backward: the other side's rows per shared tile
 constexpr int kLdHd = kHd + 8;  // tiles with hd columns
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Where a head's rows are in the compact qkv (B, T, (NH + 2·KV)·hd) and its gradient: row t of
+// batch b's query head h at qkv + b·T·width + t·width + q(h), and so on.
+struct QkvLayout {
+  int64_t NH, KV;
+  __device__ int64_t width() const { return (NH + 2 * KV) * kHd; }
+  __device__ int64_t batch(int64_t b, int64_t T) const { return b * T * width(); }
+  __device__ int64_t q(int64_t h) const { return h * kHd; }
+  __device__ int64_t k_of_kv(int64_t kv) const { return (NH + kv) * kHd; }
+  __device__ int64_t v_of_kv(int64_t kv) const { return (NH + KV + kv) * kHd; }
+  __device__ int64_t kv_of(int64_t h) const { return h / (NH / KV); }
+};
 
 // Four consecutive floats, p 16-byte aligned: one 128-bit load on the GPU.
 __device__ inline float4 load4(const float* p) {
@@ -101,18 +119,19 @@ __device__ void fetch_tile(bf16* tile, const In* src, int64_t row0, int64_t T, i
 template <typename In>
 inline constexpr int kStages = std::is_same_v<In, bf16> ? 2 : 1;
 
-// Walks the K and V tiles of rows [0, end) of a head (part p of row t at head + t·3C + p·C) in
-// steps of Rows, calling body(k, v, key0) with each pair in shared memory (`k`, `v`: kStages
-// buffers each). With a bf16 qkv the next pair's copies fly while the body computes on this one;
-// else each pair is loaded and rounded at its turn. The body may return early; every thread of
-// the block must call this.
+// Walks the K and V tiles of rows [0, end) of a key/value head (row t of K at k_head + t·width,
+// of V at v_head + t·width) in steps of Rows, calling body(k, v, key0) with each pair in shared
+// memory (`k`, `v`: kStages buffers each). With a bf16 qkv the next pair's copies fly while the
+// body computes on this one; else each pair is loaded and rounded at its turn. The body may
+// return early; every thread of the block must call this.
 template <int Rows, typename In, typename Body>
-__device__ void for_each_key_tile(bf16 (*k)[Rows * kLdHd], bf16 (*v)[Rows * kLdHd], const In* head,
-                                  int64_t C, int64_t T, int64_t end, Body&& body) {
+__device__ void for_each_key_tile(bf16 (*k)[Rows * kLdHd], bf16 (*v)[Rows * kLdHd],
+                                  const In* k_head, const In* v_head, int64_t width, int64_t T,
+                                  int64_t end, Body&& body) {
   constexpr bool kAsync = kStages<In> == 2;
   if constexpr (kAsync) {
-    fetch_tile<Rows>(k[0], head + C, 0, T, 3 * C);
-    fetch_tile<Rows>(v[0], head + 2 * C, 0, T, 3 * C);
+    fetch_tile<Rows>(k[0], k_head, 0, T, width);
+    fetch_tile<Rows>(v[0], v_head, 0, T, width);
     cp_async_commit();
   }
   int stage = 0;
@@ -120,14 +139,14 @@ __device__ void for_each_key_tile(bf16 (*k)[Rows * kLdHd], bf16 (*v)[Rows * kLdH
     __syncthreads();  // every warp is done with the buffers the fetch below refills
     if constexpr (kAsync) {
       if (k0 + Rows < end) {
-        fetch_tile<Rows>(k[stage ^ 1], head + C, k0 + Rows, T, 3 * C);
-        fetch_tile<Rows>(v[stage ^ 1], head + 2 * C, k0 + Rows, T, 3 * C);
+        fetch_tile<Rows>(k[stage ^ 1], k_head, k0 + Rows, T, width);
+        fetch_tile<Rows>(v[stage ^ 1], v_head, k0 + Rows, T, width);
       }
       cp_async_commit();
       cp_async_wait<1>();  // this thread's copies of this pair (not the next one's)
     } else {
-      fetch_tile<Rows>(k[0], head + C, k0, T, 3 * C);
-      fetch_tile<Rows>(v[0], head + 2 * C, k0, T, 3 * C);
+      fetch_tile<Rows>(k[0], k_head, k0, T, width);
+      fetch_tile<Rows>(v[0], v_head, k0, T, width);
     }
     __syncthreads();  // ... and every other thread's
     body(k[stage], v[stage], k0);
@@ -231,28 +250,30 @@ __device__ void accumulate_times_tile(float (&acc)[kHd / 8][4], const float (&p)
 // output only the next GEMM (and D = rowsum(dO ∘ O)) reads.
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kFlashThreads, 4)
-    flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_t T, int64_t C, int64_t NH,
+    flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_t T, QkvLayout at,
                          float scale) {
   // K: B(k = hd, n = key) of S = Q·Kᵀ; V: B(k = key, n = hd) of O += P·V.
   __shared__ __align__(16) bf16 k_tiles[kStages<In>][kKeyTile * kLdHd];
   __shared__ __align__(16) bf16 v_tiles[kStages<In>][kKeyTile * kLdHd];
+  const int64_t NH = at.NH, C = NH * kHd, W = at.width();
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   // The last query tiles see the most keys: they start first.
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
-  const In* head = qkv + b * T * 3 * C + h * kHd;  // part p of row t: head + t·3C + p·C
+  const In* rows0 = qkv + at.batch(b, T);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = q0 + 16 * warp;                           // this warp's first row
   const int64_t rows[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two rows
   const float scale2 = scale * kLog2e;                         // scores in log2 units
 
   uint32_t qa[kHd / 16][4];
-  load_row_operands(qa, head, w0, T, 3 * C);
+  load_row_operands(qa, rows0 + at.q(h), w0, T, W);
   float o[kHd / 8][4] = {};
   // Per row: the running max (log2 units) and this lane's part of the running sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;  // causal: up to the last row
   for_each_key_tile<kKeyTile>(
-      k_tiles, v_tiles, head, C, T, kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
+      k_tiles, v_tiles, rows0 + at.k_of_kv(at.kv_of(h)), rows0 + at.v_of_kv(at.kv_of(h)), W, T,
+      kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
         // Key blocks of 8 holding a key at or before this warp's last row (the rest are all
         // masked).
         const int64_t visible = (w0 + 15 - k0) / 8 + 1;
@@ -303,48 +324,60 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
 // The backward kernels: `In` as the forward's; `DO`, dO's type: fp32, or bf16 as the attention
 // projection's backward wrote it (with a bf16 qkv only).
 //
-// dK and dV of one 64-key tile.
+// dK and dV of one 64-key tile of a key/value head, over the query tiles of each of its query
+// heads in ascending head (one walk: a tile's successor is the next tile of the head, or the
+// first of the next head, so the pipeline of copies runs across heads).
 template <typename In, typename DO, typename Out>
 __global__ void flash_backward_kv_kernel(Out* dqkv, const DO* dout, const In* qkv, const float* lse,
-                                         const float* D, int64_t T, int64_t C, int64_t NH,
-                                         float scale) {
+                                         const float* D, int64_t T, QkvLayout at, float scale) {
   // Q: B(k = hd, n = query) of Sᵀ = K·Qᵀ and B(k = query, n = hd) of dK += dSᵀ·Q; dO likewise
   // of dPᵀ = V·dOᵀ and dV += Pᵀ·dO. Each in bf16 arrives by cp.async, the next tile while this
   // one is in use; in fp32 it is loaded, and rounded, at its turn.
   __shared__ __align__(16) bf16 q_tiles[kStages<In>][kSideTile * kLdHd];
   __shared__ __align__(16) bf16 dy_tiles[kStages<DO>][kSideTile * kLdHd];
   __shared__ float lse2_q[kSideTile], d_q[kSideTile];  // per query: lse in log2 units, D
-  const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int64_t NH = at.NH, KV = at.KV, C = NH * kHd, W = at.width(), group = NH / KV;
+  const int64_t bkv = blockIdx.y, b = bkv / KV, kv = bkv % KV;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the first tiles see most
-  const In* head = qkv + b * T * 3 * C + h * kHd;
-  const DO* dhead = dout + b * T * C + h * kHd;
+  const In* rows0 = qkv + at.batch(b, T);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = k0 + 16 * warp;                           // this warp's first key
   const int64_t keys[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two keys
   const float scale2 = scale * kLog2e;
+  // Walk step s: query tile k0 + (s % tiles)·kSideTile of query head kv·group + s / tiles (its
+  // rows in qkv and dout, and its (b, h) index into lse and D).
+  const int64_t tiles = (T - k0 + kSideTile - 1) / kSideTile, steps = group * tiles;
+  const auto q_tile = [&](int64_t s) { return k0 + (s % tiles) * kSideTile; };
+  const auto head_of = [&](int64_t s) { return kv * group + s / tiles; };
 
   uint32_t ka[kHd / 16][4], va[kHd / 16][4];
-  load_row_operands(ka, head + C, w0, T, 3 * C);
-  load_row_operands(va, head + 2 * C, w0, T, 3 * C);
+  load_row_operands(ka, rows0 + at.k_of_kv(kv), w0, T, W);
+  load_row_operands(va, rows0 + at.v_of_kv(kv), w0, T, W);
   float dk[kHd / 8][4] = {}, dv[kHd / 8][4] = {};
   constexpr bool kAsyncQ = kStages<In> == 2, kAsyncDy = kStages<DO> == 2;
   constexpr bool kAsync = kAsyncQ || kAsyncDy;
-  if constexpr (kAsyncQ) fetch_tile<kSideTile>(q_tiles[0], head, k0, T, 3 * C);
-  if constexpr (kAsyncDy) fetch_tile<kSideTile>(dy_tiles[0], dhead, k0, T, C);
+  const auto fetch_q = [&](bf16* tile, int64_t s) {
+    fetch_tile<kSideTile>(tile, rows0 + at.q(head_of(s)), q_tile(s), T, W);
+  };
+  const auto fetch_dy = [&](bf16* tile, int64_t s) {
+    fetch_tile<kSideTile>(tile, dout + b * T * C + head_of(s) * kHd, q_tile(s), T, C);
+  };
+  if constexpr (kAsyncQ) fetch_q(q_tiles[0], 0);
+  if constexpr (kAsyncDy) fetch_dy(dy_tiles[0], 0);
   if constexpr (kAsync) cp_async_commit();
   int stage = 0;
-  for (int64_t q0 = k0; q0 < T; q0 += kSideTile) {  // causal: earlier queries see none of these
+  for (int64_t s = 0; s < steps; ++s) {  // causal: earlier queries see none of these keys
+    const int64_t q0 = q_tile(s), bh = b * NH + head_of(s);
     __syncthreads();  // every warp is done with lse2_q, d_q and the buffers refilled below
-    const int64_t next = q0 + kSideTile;
     if constexpr (kAsyncQ) {
-      if (next < T) fetch_tile<kSideTile>(q_tiles[stage ^ 1], head, next, T, 3 * C);
+      if (s + 1 < steps) fetch_q(q_tiles[stage ^ 1], s + 1);
     } else {
-      fetch_tile<kSideTile>(q_tiles[0], head, q0, T, 3 * C);
+      fetch_q(q_tiles[0], s);
     }
     if constexpr (kAsyncDy) {
-      if (next < T) fetch_tile<kSideTile>(dy_tiles[stage ^ 1], dhead, next, T, C);
+      if (s + 1 < steps) fetch_dy(dy_tiles[stage ^ 1], s + 1);
     } else {
-      fetch_tile<kSideTile>(dy_tiles[0], dhead, q0, T, C);
+      fetch_dy(dy_tiles[0], s);
     }
     if constexpr (kAsync) cp_async_commit();
     for (int e = threadIdx.x; e < kSideTile; e += blockDim.x) {
@@ -376,22 +409,22 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const DO* dout, const In* qk
     accumulate_times_tile(dk, dpt, q);  // dK += dSᵀ·Q
   }
   const float one[2] = {1.0f, 1.0f};
-  Out* dk_rows = dqkv + b * T * 3 * C + C + h * kHd;
-  store_rows(dk_rows, 3 * C, dk, w0, T, one);
-  store_rows(dk_rows + C, 3 * C, dv, w0, T, one);
+  store_rows(dqkv + at.batch(b, T) + at.k_of_kv(kv), W, dk, w0, T, one);
+  store_rows(dqkv + at.batch(b, T) + at.v_of_kv(kv), W, dv, w0, T, one);
 }
 
 // dQ of one 64-query tile.
 template <typename In, typename DO, typename Out>
 __global__ void __launch_bounds__(kFlashThreads, 4)
     flash_backward_q_kernel(Out* dqkv, const DO* dout, const In* qkv, const float* lse,
-                            const float* D, int64_t T, int64_t C, int64_t NH, float scale) {
+                            const float* D, int64_t T, QkvLayout at, float scale) {
   // K: B(k = hd, n = key) of S = Q·Kᵀ and B(k = key, n = hd) of dQ += dS·K; V: B of dP = dO·Vᵀ.
   __shared__ __align__(16) bf16 k_tiles[kStages<In>][kSideTile * kLdHd];
   __shared__ __align__(16) bf16 v_tiles[kStages<In>][kSideTile * kLdHd];
+  const int64_t NH = at.NH, C = NH * kHd, W = at.width();
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
-  const In* head = qkv + b * T * 3 * C + h * kHd;
+  const In* rows0 = qkv + at.batch(b, T);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = q0 + 16 * warp;
   const int64_t rows[2] = {w0 + lane / 4, w0 + lane / 4 + 8};
@@ -403,12 +436,13 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
   }
 
   uint32_t qa[kHd / 16][4], dya[kHd / 16][4];
-  load_row_operands(qa, head, w0, T, 3 * C);
+  load_row_operands(qa, rows0 + at.q(h), w0, T, W);
   load_row_operands(dya, dout + b * T * C + h * kHd, w0, T, C);
   float dq[kHd / 8][4] = {};
   const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;
   for_each_key_tile<kSideTile>(
-      k_tiles, v_tiles, head, C, T, kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
+      k_tiles, v_tiles, rows0 + at.k_of_kv(at.kv_of(h)), rows0 + at.v_of_kv(at.kv_of(h)), W, T,
+      kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
         if (k0 > w0 + 15) return;  // every key after all of this warp's rows
         float s[kSideTile / 8][4], dp[kSideTile / 8][4];
         rows_times_tile_t(s, qa, k);    // S = Q·Kᵀ
@@ -425,7 +459,7 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
         accumulate_times_tile(dq, s, k);  // dQ += dS·K
       });
   const float one[2] = {1.0f, 1.0f};
-  store_rows(dqkv + b * T * 3 * C + h * kHd, 3 * C, dq, w0, T, one);
+  store_rows(dqkv + at.batch(b, T) + at.q(h), W, dq, w0, T, one);
 }
 
 bool flash_disabled_by_environment() {
@@ -443,8 +477,15 @@ void check_aligned(const void* p, size_t bytes, const char* what) {
     fail("flash attention: ", what, " does not start on a ", bytes, "-byte boundary");
 }
 
-dim3 flash_grid(int64_t B, int64_t T, int64_t NH) {
-  return dim3(blocks_of(T, kBlockRows), static_cast<unsigned>(B * NH));
+// Blocks of 64 rows of T, for each of B·heads heads (query heads, or key/value heads).
+dim3 flash_grid(int64_t B, int64_t T, int64_t heads) {
+  return dim3(blocks_of(T, kBlockRows), static_cast<unsigned>(B * heads));
+}
+
+QkvLayout layout_of(int64_t NH, int64_t KV) {
+  if (NH <= 0 || KV <= 0 || NH % KV != 0)
+    fail("flash attention: ", KV, " key/value heads do not divide ", NH, " query heads");
+  return QkvLayout{NH, KV};
 }
 
 float flash_scale() {
@@ -453,23 +494,27 @@ float flash_scale() {
 
 template <typename In, typename Out>
 void flash_forward(int device, Out* out, float* lse, const In* qkv, int64_t B, int64_t T, int64_t C,
-                   int64_t NH, const char* name) {
+                   int64_t NH, int64_t KV, const char* name) {
+  const QkvLayout at = layout_of(NH, KV);
   DeviceGuard guard(device);
   check_aligned(qkv, 16, "qkv");  // 4 floats, or 8 bf16 values (cp.async), at a time
+  (void)C;  // NH·64: flash_attention_applies
   launch(name, flash_forward_kernel<In, Out>, flash_grid(B, T, NH), kFlashThreads, out, lse, qkv, T,
-         C, NH, flash_scale());
+         at, flash_scale());
 }
 
 template <typename In, typename DO, typename Out>
 void flash_backward(int device, Out* dqkv, const DO* dout, const In* qkv, const float* lse,
-                    const float* D, int64_t B, int64_t T, int64_t C, int64_t NH) {
+                    const float* D, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KV) {
+  const QkvLayout at = layout_of(NH, KV);
   DeviceGuard guard(device);
   check_aligned(qkv, 16, "qkv");
   check_aligned(dout, 16, "dout");  // 4 floats, or 8 bf16 values (cp.async), at a time
+  (void)C;
   launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<In, DO, Out>,
-         flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, flash_scale());
+         flash_grid(B, T, KV), kFlashThreads, dqkv, dout, qkv, lse, D, T, at, flash_scale());
   launch("attention_backward (flash dQ)", flash_backward_q_kernel<In, DO, Out>,
-         flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, C, NH, flash_scale());
+         flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, at, flash_scale());
 }
 
 }  // namespace
@@ -480,30 +525,31 @@ bool flash_attention_applies(int64_t C, int64_t NH, int64_t B) {
 }
 
 void flash_attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
-                             int64_t T, int64_t C, int64_t NH) {
-  flash_forward(device, out, lse, qkv, B, T, C, NH, "attention_forward (flash)");
+                             int64_t T, int64_t C, int64_t NH, int64_t KV) {
+  flash_forward(device, out, lse, qkv, B, T, C, NH, KV, "attention_forward (flash)");
 }
 
 void flash_attention_forward_bf16_out(int device, void* out, float* lse, const void* qkv,
-                                      bool qkv_bf16, int64_t B, int64_t T, int64_t C, int64_t NH) {
+                                      bool qkv_bf16, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                      int64_t KV) {
   if (qkv_bf16)
     flash_forward(device, static_cast<bf16*>(out), lse, static_cast<const bf16*>(qkv), B, T, C, NH,
-                  "attention_forward (flash, bf16 qkv and out)");
+                  KV, "attention_forward (flash, bf16 qkv and out)");
   else
     flash_forward(device, static_cast<bf16*>(out), lse, static_cast<const float*>(qkv), B, T, C, NH,
-                  "attention_forward (flash, bf16 out)");
+                  KV, "attention_forward (flash, bf16 out)");
 }
 
 void flash_attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                               const float* lse, const float* D, int64_t B, int64_t T, int64_t C,
-                              int64_t NH) {
-  flash_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH);
+                              int64_t NH, int64_t KV) {
+  flash_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH, KV);
 }
 
 void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout, bool dout_bf16,
                                         const void* qkv, bool qkv_bf16, const float* lse,
-                                        const float* D, int64_t B, int64_t T, int64_t C,
-                                        int64_t NH) {
+                                        const float* D, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                        int64_t KV) {
   bf16* dqkv16 = static_cast<bf16*>(dqkv);
   if (dout_bf16 && !qkv_bf16)
     fail(
@@ -511,13 +557,13 @@ void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout
         "writes it so only where the qkv projection wrote qkv in bf16)");
   if (dout_bf16)
     flash_backward(device, dqkv16, static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv),
-                   lse, D, B, T, C, NH);
+                   lse, D, B, T, C, NH, KV);
   else if (qkv_bf16)
     flash_backward(device, dqkv16, static_cast<const float*>(dout), static_cast<const bf16*>(qkv),
-                   lse, D, B, T, C, NH);
+                   lse, D, B, T, C, NH, KV);
   else
     flash_backward(device, dqkv16, static_cast<const float*>(dout), static_cast<const float*>(qkv),
-                   lse, D, B, T, C, NH);
+                   lse, D, B, T, C, NH, KV);
 }
 
 }  // namespace loom::cuda

@@ -9,27 +9,30 @@ namespace loom::cuda {
 // with LOOM_CUDA_FLASH_ATTENTION=0 (for comparisons with the GEMM path).
 bool flash_attention_applies(int64_t C, int64_t NH, int64_t B);
 
-// attention_forward's contract (kernels.h).
+// attention_forward's contract (kernels.h), qkv (and dqkv below) in the compact layout of KV
+// key/value heads (B, T, (NH + 2·KV)·64), query head h reading key/value head h / (NH/KV); KV = NH:
+// (B, T, 3C).
 void flash_attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
-                             int64_t T, int64_t C, int64_t NH);
+                             int64_t T, int64_t C, int64_t NH, int64_t KV);
 
 // The same with `out` written in bf16 (B·T·C values): attention_forward_rounded. `qkv` holds
 // floats, or bf16 values when qkv_bf16 (as the qkv projection wrote them).
 void flash_attention_forward_bf16_out(int device, void* out, float* lse, const void* qkv,
-                                      bool qkv_bf16, int64_t B, int64_t T, int64_t C, int64_t NH);
+                                      bool qkv_bf16, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                      int64_t KV);
 
 // attention_backward's contract, given D = rowsum(dout ∘ out) per (b, h, t). dqkv must not alias
 // qkv or dout: the dK/dV pass writes it before the dQ pass reads them (callers pass a fresh one).
 void flash_attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                               const float* lse, const float* D, int64_t B, int64_t T, int64_t C,
-                              int64_t NH);
+                              int64_t NH, int64_t KV);
 
-// The same with dqkv written in bf16 (B·T·3C values): attention_backward_rounded; `qkv` as in
+// The same with dqkv written in bf16 (B·T·(NH + 2·KV)·64 values): attention_backward_rounded; `qkv` as in
 // flash_attention_forward_bf16_out, `dout` likewise floats or, with a bf16 qkv, bf16 values (as
 // the attention projection's backward wrote them).
 void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout, bool dout_bf16,
                                         const void* qkv, bool qkv_bf16, const float* lse,
                                         const float* D, int64_t B, int64_t T, int64_t C,
-                                        int64_t NH);
+                                        int64_t NH, int64_t KV);
 
 }  // namespace loom::cuda

@@ -254,6 +254,11 @@ void layernorm_backward_adding(int device, float* dinp, float* dweight, float* d
 // RMSNorm (cpu/rmsnorm.h): a warp per row, dweight as fixed-order column sums.
 void rmsnorm_forward(int device, float* out, float* rstd, const float* inp, const float* weight,
                      int64_t N, int64_t C, double eps);
+// rmsnorm_forward writing its output as the next GEMM's operand (as layernorm_forward_rounded):
+// N·C values rounded to the current matmul precision's 16-bit type (bf16 or fp16, else it
+// fails), bit for bit round_for_gemm(rmsnorm_forward(...)).
+GemmOperand rmsnorm_forward_rounded(int device, void* out, float* rstd, const float* inp,
+                                    const float* weight, int64_t N, int64_t C, double eps);
 void rmsnorm_backward(int device, float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t N, int64_t C);
 // rmsnorm_backward with dresidual (N × C) added to dinp in the same kernel (the skip connection
@@ -278,10 +283,26 @@ void rope_forward(int device, float* qkv, const float* cos_sin, int64_t B, int64
 void rope_backward(int device, float* dqkv, const float* cos_sin, int64_t B, int64_t T, int64_t NH,
                    int64_t KV, int64_t hd);
 
+// rope_forward / rope_backward on a qkv (its gradient) of 16-bit values of the current matmul
+// precision's type (bf16 or fp16, else it fails): the one the qkv projection wrote for the flash
+// kernels, and the gradient attention_gqa_backward_rounded writes. Each pair widened, turned in
+// fp32 and rounded once.
+void rope_forward_rounded(int device, void* qkv, const float* cos_sin, int64_t B, int64_t T,
+                          int64_t NH, int64_t KV, int64_t hd);
+void rope_backward_rounded(int device, void* dqkv, const float* cos_sin, int64_t B, int64_t T,
+                           int64_t NH, int64_t KV, int64_t hd);
+
 // SwiGLU (cpu/swiglu.h): h (N, 2H) = [gate | up], out (N, H); dh (N, 2H) overwritten.
 void swiglu_forward(int device, float* out, const float* h, int64_t N, int64_t H);
 void swiglu_backward(int device, float* dh, const float* dout, const float* h, int64_t N,
                      int64_t H);
+// The same on 16-bit values of the current matmul precision's type (bf16 or fp16, else it
+// fails), computed in fp32 and rounded once: h the fc's rounded output
+// (matmul_forward_rounded_output), out proj's input; dout proj's rounded dinp
+// (matmul_backward_rounded_dinp), dh the fc's rounded dout. Each returned as a GEMM operand.
+GemmOperand swiglu_forward_rounded(int device, void* out, const void* h, int64_t N, int64_t H);
+GemmOperand swiglu_backward_rounded(int device, void* dh, const void* dout, const void* h,
+                                    int64_t N, int64_t H);
 
 // Checks the tokens (a 4-byte copy back) and throws loom::Error naming the first bad one. wpe
 // null: no position embedding (and dwpe null: no position gradient), as on the CPU.
@@ -292,27 +313,42 @@ void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
 
 // Causal self-attention: the fused flash kernels (flash_attention.cu) where they apply (bf16,
 // head size 64), else cuBLAS batched GEMMs around a causal softmax with a (B·NH, T, T) score
-// matrix as scratch.
+// matrix as scratch. KV (here and in the *_rounded calls below): the key/value heads of a compact
+// qkv (B, T, (NH + 2·KV)·hd) and dqkv, query head h reading key/value head h / (NH/KV), which
+// only the flash kernels read in place (else it fails: attention_gqa_* expand the heads first);
+// 0, the default, is NH: (B, T, 3C).
 void attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                       int64_t C, int64_t NH);
+                       int64_t C, int64_t NH, int64_t KV = 0);
 void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t NH);
+                        int64_t NH, int64_t KV = 0);
 
 // Grouped-query attention (attention_gqa.cu) reading the shared key/value heads in place: qkv
 // (B, T, (NH + 2·KV)·hd) as the qkv projection writes it, NH query heads, then KV key heads, then
 // KV value heads (query head h reads key/value head h / (NH/KV)). out (B, T, NH·hd), lse
 // (B, NH, T): attention_forward's, as if each shared head were repeated for its query heads.
 // dqkv (B, T, (NH + 2·KV)·hd) is overwritten; a shared key/value head's gradient is the sum of its
-// query heads' gradients, in ascending query head (no atomics). With KV == NH, attention_forward /
-// attention_backward on qkv itself; otherwise the heads are expanded into (B, T, 3·NH·hd) scratch
-// for the length of the call (and the gradient reduced from it), so nothing repeated is kept
-// between forward and backward.
+// query heads' gradients, in ascending query head (no atomics). With KV == NH, or where the flash
+// kernels apply (they read the shared heads in place and sum a shared head's gradient in their
+// accumulators), attention_forward / attention_backward on qkv itself; otherwise the heads are
+// expanded into (B, T, 3·NH·hd) scratch for the length of the call (and the gradient reduced from
+// it), so nothing repeated is kept between forward and backward.
 void attention_gqa_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
                            int64_t T, int64_t NH, int64_t KV, int64_t hd);
 void attention_gqa_backward(int device, float* dqkv, const float* dout, const float* qkv,
                             const float* out, const float* lse, int64_t B, int64_t T, int64_t NH,
                             int64_t KV, int64_t hd);
+// attention_forward_rounded / attention_backward_rounded (below) on the compact qkv, dqkv
+// (B, T, (NH + 2·KV)·hd) written in out's 16-bit type, the qkv projection's rounded dout: where
+// the flash kernels apply (and with KV == NH) those calls on qkv itself; else the same expansion
+// into scratch of qkv's type (fp32 there), the expanded gradient written in out's 16-bit type and
+// summed back in fp32, rounded once.
+GemmOperand attention_gqa_forward_rounded(int device, void* out, float* lse, GemmOperand qkv,
+                                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd);
+GemmOperand attention_gqa_backward_rounded(int device, void* dqkv, GemmOperand dout,
+                                           GemmOperand qkv, GemmOperand out, const float* lse,
+                                           int64_t B, int64_t T, int64_t NH, int64_t KV,
+                                           int64_t hd);
 
 // The attention at bf16 / fp16 matmul precision, its output and input gradient written as GEMM
 // operands in that 16-bit type: by the flash kernels themselves where they apply (bf16, head
@@ -328,10 +364,10 @@ void attention_gqa_backward(int device, float* dqkv, const float* dout, const fl
 // likewise, with a 16-bit qkv: fp32, or the 16-bit values the attention projection's backward
 // wrote (matmul_backward_rounded_dinp), which the dK/dV kernel fetches by cp.async as it does Q.
 GemmOperand attention_forward_rounded(int device, void* out, float* lse, GemmOperand qkv, int64_t B,
-                                      int64_t T, int64_t C, int64_t NH);
+                                      int64_t T, int64_t C, int64_t NH, int64_t KV = 0);
 GemmOperand attention_backward_rounded(int device, void* dqkv, GemmOperand dout, GemmOperand qkv,
                                        GemmOperand out, const float* lse, int64_t B, int64_t T,
-                                       int64_t C, int64_t NH);
+                                       int64_t C, int64_t NH, int64_t KV = 0);
 // Whether attention_forward_rounded / attention_backward_rounded take a 16-bit qkv at the current
 // matmul precision for these sizes.
 bool attention_takes_rounded_qkv(int64_t C, int64_t NH, int64_t B);

@@ -14,7 +14,9 @@ namespace {
 // (Names distinct from layernorm.cu's: the kernel files share one translation unit.)
 constexpr int kRmsWarpsPerBlock = 8;
 
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp,
+// `Out`: float, or the 16-bit type of the GEMM operand it feeds (rounded from the same float).
+template <typename Out>
+__global__ void rmsnorm_forward_kernel(Out* out, float* rstd, const float* inp,
                                        const float* weight, int64_t N, int64_t C, float eps) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRmsWarpsPerBlock + threadIdx.x / 32;
   if (r >= N) return;
@@ -24,8 +26,8 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
   for (int64_t c = lane; c < C; c += 32) q += x[c] * x[c];
   const float ms = warp_sum(q) / static_cast<float>(C);
   const float rs = 1.0f / sqrtf(ms + eps);
-  float* y = out + r * C;
-  for (int64_t c = lane; c < C; c += 32) y[c] = x[c] * rs * weight[c];
+  Out* y = out + r * C;
+  for (int64_t c = lane; c < C; c += 32) round_to(y[c], x[c] * rs * weight[c]);
   if (lane == 0) rstd[r] = rs;
 }
 
@@ -131,8 +133,21 @@ void rmsnorm_forward(int device, float* out, float* rstd, const float* inp, cons
                      int64_t N, int64_t C, double eps) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  launch("rmsnorm_forward", rmsnorm_forward_kernel, blocks_of(N, kRmsWarpsPerBlock),
+  launch("rmsnorm_forward", rmsnorm_forward_kernel<float>, blocks_of(N, kRmsWarpsPerBlock),
          kRmsWarpsPerBlock * 32, out, rstd, inp, weight, N, C, static_cast<float>(eps));
+}
+
+GemmOperand rmsnorm_forward_rounded(int device, void* out, float* rstd, const float* inp,
+                                    const float* weight, int64_t N, int64_t C, double eps) {
+  DeviceGuard guard(device);
+  const MatmulPrecision precision = with_rounded_type("rmsnorm_forward_rounded", [&](auto zero) {
+    using Half = decltype(zero);
+    if (N > 0)
+      launch("rmsnorm_forward (rounded)", rmsnorm_forward_kernel<Half>,
+             blocks_of(N, kRmsWarpsPerBlock), kRmsWarpsPerBlock * 32, static_cast<Half*>(out),
+             rstd, inp, weight, N, C, static_cast<float>(eps));
+  });
+  return GemmOperand(out, precision);
 }
 
 void rmsnorm_backward_adding(int device, float* dinp, float* dweight, const float* dout,

@@ -79,19 +79,22 @@ __global__ void rope_gqa_backward_kernel(float* dqkv, const float* dout, const f
 
 // In place on qkv (BT, (NH + 2·KV)·hd): thread e turns pair i of head j (the NH query heads, then
 // the KV key heads) of row r forward (y = x·c ∓ x'·s) or, with kBack, back (dx = dy·c ± dy'·s).
-template <bool kBack>
-__global__ void rope_inplace_kernel(float* qkv, const float* cos_sin, int64_t BT, int64_t T,
+// E: float, or the 16-bit type of a qkv (its gradient) kept as GEMM operands, the pair widened,
+// turned in fp32 and rounded back once.
+template <bool kBack, typename E>
+__global__ void rope_inplace_kernel(E* qkv, const float* cos_sin, int64_t BT, int64_t T,
                                     int64_t NH, int64_t KV, int64_t hd) {
   const int64_t half = hd / 2, heads = NH + KV, row = (NH + 2 * KV) * hd;
   const int64_t n = BT * heads * half;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t i = e % half, j = (e / half) % heads, r = e / half / heads;
-    float* x = qkv + r * row + j * hd;
+    E* x = qkv + r * row + j * hd;
     const float* cs = cos_sin + (r % T) * hd;
-    const float c = cs[i], s = kBack ? -cs[half + i] : cs[half + i], x0 = x[i], x1 = x[i + half];
-    x[i] = x0 * c - x1 * s;
-    x[i + half] = x1 * c + x0 * s;
+    const float c = cs[i], s = kBack ? -cs[half + i] : cs[half + i];
+    const float x0 = widen(x[i]), x1 = widen(x[i + half]);
+    round_to(x[i], x0 * c - x1 * s);
+    round_to(x[i + half], x1 * c + x0 * s);
   }
 }
 
@@ -119,16 +122,26 @@ void rope_gqa_backward(int device, float* dqkv, const float* dout, const float* 
 
 namespace {
 
-void rope_inplace(const char* op, bool back, int device, float* qkv, const float* cos_sin,
-                  int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+template <typename E>
+void rope_inplace(const char* op, bool back, int device, E* qkv, const float* cos_sin, int64_t B,
+                  int64_t T, int64_t NH, int64_t KV, int64_t hd) {
   cpu::check_rope_gqa_shape(op, NH, KV, hd);
   if (B * T == 0) return;
   DeviceGuard guard(device);
   const int blocks = blocks_for(B * T * (NH + KV) * (hd / 2), kThreads);
   if (back)
-    launch(op, rope_inplace_kernel<true>, blocks, kThreads, qkv, cos_sin, B * T, T, NH, KV, hd);
+    launch(op, rope_inplace_kernel<true, E>, blocks, kThreads, qkv, cos_sin, B * T, T, NH, KV, hd);
   else
-    launch(op, rope_inplace_kernel<false>, blocks, kThreads, qkv, cos_sin, B * T, T, NH, KV, hd);
+    launch(op, rope_inplace_kernel<false, E>, blocks, kThreads, qkv, cos_sin, B * T, T, NH, KV, hd);
+}
+
+// The in-place rotation on 16-bit values of the current matmul precision's type.
+void rope_inplace_rounded(const char* op, bool back, int device, void* qkv, const float* cos_sin,
+                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  with_rounded_type(op, [&](auto zero) {
+    using Half = decltype(zero);
+    rope_inplace(op, back, device, static_cast<Half*>(qkv), cos_sin, B, T, NH, KV, hd);
+  });
 }
 
 }  // namespace
@@ -141,6 +154,16 @@ void rope_forward(int device, float* qkv, const float* cos_sin, int64_t B, int64
 void rope_backward(int device, float* dqkv, const float* cos_sin, int64_t B, int64_t T, int64_t NH,
                    int64_t KV, int64_t hd) {
   rope_inplace("rope_backward", true, device, dqkv, cos_sin, B, T, NH, KV, hd);
+}
+
+void rope_forward_rounded(int device, void* qkv, const float* cos_sin, int64_t B, int64_t T,
+                          int64_t NH, int64_t KV, int64_t hd) {
+  rope_inplace_rounded("rope_forward_rounded", false, device, qkv, cos_sin, B, T, NH, KV, hd);
+}
+
+void rope_backward_rounded(int device, void* dqkv, const float* cos_sin, int64_t B, int64_t T,
+                           int64_t NH, int64_t KV, int64_t hd) {
+  rope_inplace_rounded("rope_backward_rounded", true, device, dqkv, cos_sin, B, T, NH, KV, hd);
 }
 
 }  // namespace loom::cuda

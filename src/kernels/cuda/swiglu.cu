@@ -11,27 +11,31 @@ __device__ inline float swiglu_sigmoid(float a) {
   return 1.0f / (1.0f + expf(-a));
 }
 
-__global__ void swiglu_forward_kernel(float* out, const float* h, int64_t N, int64_t H) {
+// E: float, or the 16-bit type of activations kept as GEMM operands (the fc's rounded output in,
+// proj's rounded input out; the backward's dout and dh likewise): widened, computed in fp32,
+// rounded once.
+template <typename E>
+__global__ void swiglu_forward_kernel(E* out, const E* h, int64_t N, int64_t H) {
   const int64_t n = N * H;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t r = e / H, j = e % H;
-    const float a = h[r * 2 * H + j], u = h[r * 2 * H + H + j];
-    out[e] = a * swiglu_sigmoid(a) * u;
+    const float a = widen(h[r * 2 * H + j]), u = widen(h[r * 2 * H + H + j]);
+    round_to(out[e], a * swiglu_sigmoid(a) * u);
   }
 }
 
 // dgate = dout ⊙ up ⊙ s·(1 + a·(1 − s)), dup = dout ⊙ a·s, s = sigmoid(a).
-__global__ void swiglu_backward_kernel(float* dh, const float* dout, const float* h, int64_t N,
-                                       int64_t H) {
+template <typename E>
+__global__ void swiglu_backward_kernel(E* dh, const E* dout, const E* h, int64_t N, int64_t H) {
   const int64_t n = N * H;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t r = e / H, j = e % H;
-    const float a = h[r * 2 * H + j], u = h[r * 2 * H + H + j], dy = dout[e];
+    const float a = widen(h[r * 2 * H + j]), u = widen(h[r * 2 * H + H + j]), dy = widen(dout[e]);
     const float s = swiglu_sigmoid(a);
-    dh[r * 2 * H + j] = dy * u * (s * (1.0f + a * (1.0f - s)));
-    dh[r * 2 * H + H + j] = dy * (a * s);
+    round_to(dh[r * 2 * H + j], dy * u * (s * (1.0f + a * (1.0f - s))));
+    round_to(dh[r * 2 * H + H + j], dy * (a * s));
   }
 }
 
@@ -40,7 +44,7 @@ __global__ void swiglu_backward_kernel(float* dh, const float* dout, const float
 void swiglu_forward(int device, float* out, const float* h, int64_t N, int64_t H) {
   if (N * H == 0) return;
   DeviceGuard guard(device);
-  launch("swiglu_forward", swiglu_forward_kernel, blocks_for(N * H, kThreads), kThreads, out, h, N,
+  launch("swiglu_forward", swiglu_forward_kernel<float>, blocks_for(N * H, kThreads), kThreads, out, h, N,
          H);
 }
 
@@ -48,8 +52,32 @@ void swiglu_backward(int device, float* dh, const float* dout, const float* h, i
                      int64_t H) {
   if (N * H == 0) return;
   DeviceGuard guard(device);
-  launch("swiglu_backward", swiglu_backward_kernel, blocks_for(N * H, kThreads), kThreads, dh, dout,
+  launch("swiglu_backward", swiglu_backward_kernel<float>, blocks_for(N * H, kThreads), kThreads, dh, dout,
          h, N, H);
+}
+
+GemmOperand swiglu_forward_rounded(int device, void* out, const void* h, int64_t N, int64_t H) {
+  DeviceGuard guard(device);
+  const MatmulPrecision precision = with_rounded_type("swiglu_forward_rounded", [&](auto zero) {
+    using Half = decltype(zero);
+    if (N * H > 0)
+      launch("swiglu_forward (rounded)", swiglu_forward_kernel<Half>, blocks_for(N * H, kThreads),
+             kThreads, static_cast<Half*>(out), static_cast<const Half*>(h), N, H);
+  });
+  return GemmOperand(out, precision);
+}
+
+GemmOperand swiglu_backward_rounded(int device, void* dh, const void* dout, const void* h,
+                                    int64_t N, int64_t H) {
+  DeviceGuard guard(device);
+  const MatmulPrecision precision = with_rounded_type("swiglu_backward_rounded", [&](auto zero) {
+    using Half = decltype(zero);
+    if (N * H > 0)
+      launch("swiglu_backward (rounded)", swiglu_backward_kernel<Half>,
+             blocks_for(N * H, kThreads), kThreads, static_cast<Half*>(dh),
+             static_cast<const Half*>(dout), static_cast<const Half*>(h), N, H);
+  });
+  return GemmOperand(dh, precision);
 }
 
 }  // namespace loom::cuda
