@@ -187,7 +187,7 @@ void rmsnorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* 
                              const float* inp, const float* weight, int64_t N, int64_t C,
                              double eps);
 // Whether the attention above takes qkv in 16 bits (the qkv projection's rounded output) for
-// these sizes: on a GPU whose fused flash kernels apply (bf16, head size 64); never on a CPU.
+// these sizes: on a GPU whose fused flash kernels apply (bf16, head size 64 or 128); never on a CPU.
 bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t B);
 // matmul_backward (f32) writing dinp in 16 bits, `dinp_dtype` = matmul_input_dtype(ex, kF32)
 // (cuda::matmul_backward_rounded_dinp): the attention projection's, dO for the flash kernels

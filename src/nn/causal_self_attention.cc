@@ -121,7 +121,7 @@ Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   if (x.ndim() != 3) fail("attention expects (B, T, C), got ", shape_str(x.shape()));
   if (rotary_) return attend_rotary(ctx, x);
   const int64_t B = x.dim(0), T = x.dim(1);
-  // Where the fused flash kernels run (a GPU at bf16, head size 64) they round Q, K and V to bf16
+  // Where the fused flash kernels run (a GPU at bf16, head size 64 or 128) they round Q, K and V to bf16
   // as they load them: the projection writes qkv in bf16 itself, half the bytes to write, keep
   // and read (its bias rounded too, as under PyTorch's autocast).
   qkv_out_ = ops::attention_takes_rounded_qkv(ctx.exec(), channels_, heads_, B)

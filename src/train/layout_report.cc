@@ -21,9 +21,12 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
       par.tp == 1 && config.runtime.device.rfind("cuda", 0) == 0 &&
       (config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16");
   const double half = sixteen_bit ? 0.5 : 1.0;
-  // qkv too where the fused flash kernels read it (bf16, head size 64: nn/causal_self_attention).
+  // qkv too where the fused flash kernels read it (bf16, head size 64 or 128:
+  // nn/causal_self_attention).
   const bool flash = sixteen_bit && config.runtime.matmul_precision == "bf16" &&
-                     config.model.n_heads > 0 && config.model.d_model == 64 * config.model.n_heads;
+                     config.model.n_heads > 0 &&
+                     (config.model.d_model == 64 * config.model.n_heads ||
+                      config.model.d_model == 128 * config.model.n_heads);
   const double qkv = flash ? 1.5 : 3.0;
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output

@@ -775,20 +775,23 @@ TEST_F(CudaKernelsTest, AttentionGqaReadsSharedHeadsInPlaceAndMatchesCpu) {
                  "KV = 3 with NH = 4 was accepted");
 }
 
-// At bf16 with head size 64 the flash kernels run on the expanded heads: within bf16's rounding
-// of the fp32 CPU, and still bit for bit the GPU's own composition and itself.
+// At bf16 with head size 64 or 128 the flash kernels read the shared heads in place: within
+// bf16's rounding of the fp32 CPU, and the GPU's own composition on repeated heads (dQ bit for
+// bit, dK and dV to fp32 rounding) and itself bit for bit.
 TEST_F(CudaKernelsTest, AttentionGqaTakesTheFlashKernelsInBf16) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
   } restore;
   cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
   ASSERT_TRUE(cuda::attention_takes_rounded_qkv(4 * 64, 4, 2)) << "the flash kernels do not apply";
+  ASSERT_TRUE(cuda::attention_takes_rounded_qkv(4 * 128, 4, 2)) << "nor at head size 128";
   using Heads = std::pair<int64_t, int64_t>;
-  for (const auto& [NH, KV] : {Heads{4, 2}, Heads{4, 1}, Heads{4, 4}}) {
-    const double worst =
-        expect_attention_gqa_matches_cpu(pool, 2, 77, NH, KV, 64, 190 + KV, 1e-2, 2e-2);
-    EXPECT_GT(worst, 1e-5) << "bf16 was not applied";
-  }
+  for (const int64_t hd : {64, 128})
+    for (const auto& [NH, KV] : {Heads{4, 2}, Heads{4, 1}, Heads{4, 4}}) {
+      const double worst =
+          expect_attention_gqa_matches_cpu(pool, 2, 77, NH, KV, hd, 190 + KV, 1e-2, 2e-2);
+      EXPECT_GT(worst, 1e-5) << "bf16 was not applied";
+    }
 }
 
 // SwiGLU over gates far into both tails of the sigmoid; rows of 300 columns (not a multiple of
@@ -937,7 +940,7 @@ std::vector<float> reduce_heads(const std::vector<float>& dfull, int64_t BT, int
 
 // Grouped-query attention at bf16 on the compact qkv (cuda::attention_gqa_*_rounded), its output
 // and input gradient 16-bit: bit for bit the rounded attention on the heads repeated, the
-// repeated gradient summed back in fp32 and rounded once — with head size 64 on the flash
+// repeated gradient summed back in fp32 and rounded once — with head size 64 and 128 on the flash
 // kernels from a bf16 qkv and dO (which read the shared heads in place: there the shared heads'
 // gradients to a bf16 rounding step), with head size 16 on the batched GEMMs from fp32 ones —
 // and within bf16's rounding of the fp32 CPU. KV = NH is the plain attention on qkv itself.
@@ -949,11 +952,12 @@ TEST_F(CudaKernelsTest, AttentionGqaWritesItsOutputAndGradientRoundedForTheProje
   const Device gpu = Device::cuda(0);
   const int64_t B = 2, T = 37, NH = 4;
   using Shape2 = std::pair<int64_t, int64_t>;  // head size, key/value heads
-  for (const auto& [hd, KV] : {Shape2{64, 2}, Shape2{64, 4}, Shape2{16, 2}, Shape2{16, 1}}) {
+  for (const auto& [hd, KV] :
+       {Shape2{64, 2}, Shape2{64, 4}, Shape2{128, 2}, Shape2{16, 2}, Shape2{16, 1}}) {
     SCOPED_TRACE("hd=" + std::to_string(hd) + " KV=" + std::to_string(KV));
     const int64_t C = NH * hd, BT = B * T, n_in = BT * (NH + 2 * KV) * hd;
     const bool flash = ops::attention_takes_rounded_qkv(on_gpu, C, NH, B);
-    ASSERT_EQ(flash, hd == 64);
+    ASSERT_EQ(flash, hd != 16);
     const DType qkv_dtype = flash ? DType::kBF16 : DType::kF32;
     // qkv and dO as the projections write them: bf16 for the flash kernels, else fp32.
     const Rounded qkv16 = rounded_on_gpu(random_floats(n_in, 210 + hd, -2.0, 2.0), DType::kBF16);
@@ -1132,10 +1136,11 @@ TEST_F(CudaKernelsTest, AttentionWithoutFlashInBf16StaysWithinItsRounding) {
   EXPECT_GT(worst, 1e-5) << "bf16 was not applied";
 }
 
-// With bf16 matmuls and head size 64 the fused flash-attention kernels run (bf16 Q, K, V, P and
-// dS on the tensor cores, fp32 accumulation): within bf16's rounding of the fp32 CPU kernel, over
-// Ts that are not multiples of their 64-row and 32-row tiles, one long enough for the forward's
-// running max and sum to be rescaled over several key tiles, one shorter than a warp's 16 rows.
+// With bf16 matmuls and head size 64 or 128 the fused flash-attention kernels run (bf16 Q, K, V,
+// P and dS on the tensor cores, fp32 accumulation): within bf16's rounding of the fp32 CPU kernel,
+// over Ts that are not multiples of their 64-row and 32-row tiles, one long enough for the
+// forward's running max and sum to be rescaled over several key tiles, one shorter than a warp's
+// 16 rows.
 TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
@@ -1144,6 +1149,10 @@ TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
   expect_attention_matches_cpu(2, 77, 128, 2, 62, 1e-2, 2e-2);  // head size 64
   expect_attention_matches_cpu(1, 203, 64, 1, 63, 1e-2, 2e-2);  // 4 key tiles, the last ragged
   expect_attention_matches_cpu(3, 5, 64, 1, 65, 1e-2, 2e-2);    // warps whose rows are all past T
+  ASSERT_TRUE(cuda::attention_takes_rounded_qkv(256, 2, 2)) << "head size 128 not flash";
+  expect_attention_matches_cpu(2, 77, 256, 2, 66, 1e-2, 2e-2);   // head size 128
+  expect_attention_matches_cpu(1, 203, 128, 1, 67, 1e-2, 2e-2);  // 7 of its 32-key tiles
+  EXPECT_FALSE(cuda::attention_takes_rounded_qkv(96, 1, 2)) << "head size 96";
 }
 
 // The flash kernels read 16 bytes at a time: a qkv view that does not start on a 16-byte boundary

@@ -514,7 +514,7 @@ void expect_bf16_near_fp32(const LayerRun& bf16, const LayerRun& fp32) {
 // At bf16 matmul precision Llama's layers keep their activations in 16 bits, as the GEMMs read
 // them, and compute what they compute at fp32 to bf16's rounding: the RMSNorm writes the next
 // Linear's rounded input; the rotary attention keeps its output in bf16, and qkv too (turned in
-// place in bf16) where the flash kernels read it (head size 64; with heads of 16 qkv stays
+// place in bf16) where the flash kernels read it (head size 64 or 128; with heads of 16 qkv stays
 // fp32); the SwiGLU MLP keeps the fc's output h, the SwiGLU output and both their gradients in
 // bf16. A 16-bit path that skipped a step (the rotation, a shared head's gradient) would be far
 // from the fp32 run.
@@ -523,13 +523,16 @@ TEST(LlamaCuda, Bf16LayersKeepSixteenBitActivationsAndComputeTheFp32Layers) {
   struct Restore {
     ~Restore() { ops::set_matmul_precision("fp32"); }
   } restore;
-  for (const int64_t hd : {16, 64}) {
+  for (const int64_t hd : {16, 64, 128}) {
     SCOPED_TRACE("heads of " + std::to_string(hd));
     const Gpt2Config config = small_llama(hd);
     const int64_t C = config.d_model;
+    // Weights scaled with the width, so that scores and activations have the same size at every
+    // head size (wider, bf16's rounding of larger scores would blur a peaked softmax more).
+    const float std = 0.3f * std::sqrt(64.0f / static_cast<float>(C));
     const auto make_attention = [&](ParameterStore& store) {
       return std::make_unique<CausalSelfAttention>(
-          store, "attn", C, config.n_heads, 0.3f, 0.3f,
+          store, "attn", C, config.n_heads, std, std,
           Rotary{config.n_kv_heads, config.rope_frequencies()});
     };
     const auto run_attention = [](CausalSelfAttention& attn, Context& ctx, const Tensor& x,
@@ -544,13 +547,13 @@ TEST(LlamaCuda, Bf16LayersKeepSixteenBitActivationsAndComputeTheFp32Layers) {
       SCOPED_TRACE("attention");
       expect_bf16_near_fp32(att16, att32);
       // qkv's and proj's inputs, qkv, the attention output, lse.
-      const DType qkv = hd == 64 ? DType::kBF16 : DType::kF32;
+      const DType qkv = hd == 16 ? DType::kF32 : DType::kBF16;  // flash at 64 and 128
       EXPECT_EQ(att16.kept, (std::vector<DType>{DType::kBF16, DType::kBF16, qkv, DType::kBF16,
                                                 DType::kF32}));
       EXPECT_EQ(att32.kept, std::vector<DType>(5, DType::kF32));
     }
     const auto make_mlp = [&](ParameterStore& store) {
-      return std::make_unique<SwiGluMlp>(store, "mlp", C, config.ffn_hidden, 0.3f, 0.3f);
+      return std::make_unique<SwiGluMlp>(store, "mlp", C, config.ffn_hidden, std, std);
     };
     const auto run_mlp = [](SwiGluMlp& mlp, Context& ctx, const Tensor& x, const Tensor& dy,
                             LayerRun& r) {

@@ -1,4 +1,4 @@
-// Causal self-attention. With bf16 matmuls and head size 64 the fused kernels of
+// Causal self-attention. With bf16 matmuls and head size 64 or 128 the fused kernels of
 // flash_attention.cu run; otherwise (fp32 / TF32 / fp16, other head sizes) heads are split out
 // of qkv into contiguous (B·NH, T, hd) tensors, scores go through batched cuBLASLt GEMMs into a
 // (B·NH, T, T) scratch matrix, and a warp per row does the causal softmax. Same contract as the
@@ -128,7 +128,7 @@ int64_t kv_heads_of(const char* what, int64_t C, int64_t NH, int64_t KV, int64_t
   if (KV == 0 || KV == NH) return NH;
   if (!flash_attention_applies(C, NH, B))
     fail(what, ": ", KV, " key/value heads for ", NH,
-         " query heads are read in place by the flash kernels only (bf16, head size 64), which "
+         " query heads are read in place by the flash kernels only (bf16, head size 64 or 128), which "
          "do not apply");
   return KV;
 }
@@ -250,7 +250,7 @@ void expect_usable_qkv(GemmOperand qkv, int64_t B, int64_t C, int64_t NH, const 
   qkv.expect_usable_at(matmul_precision(), name);
   if (!attention_takes_rounded_qkv(C, NH, B))
     fail(what, ": a 16-bit ", name,
-         " needs the flash kernels (bf16, head size 64), which do not apply");
+         " needs the flash kernels (bf16, head size 64 or 128), which do not apply");
 }
 
 }  // namespace

@@ -1,13 +1,13 @@
-// Fused causal attention (FlashAttention-2's schedule) for head size 64 — every GPT-2 size — with
-// bf16 operands on the tensor cores (mma.sync m16n8k16, fp32 accumulation; mma.cuh): what
-// attention.cu uses when the matmul precision is bf16. No (T, T) score matrix ever reaches memory.
+// Fused causal attention (FlashAttention-2's schedule) for head sizes 64 (every GPT-2 size) and
+// 128 (Llama 3's and most larger models') with bf16 operands on the tensor cores (mma.sync
+// m16n8k16, fp32 accumulation; mma.cuh): what attention.cu uses when the matmul precision is bf16. No (T, T) score matrix ever reaches memory.
 // A block of 4 warps owns 64 rows, 16 per warp, and walks the other side's tiles through shared
 // memory; each warp keeps its own rows' operands in registers for the whole walk, and the scores,
 // probabilities and their gradients never leave registers: the accumulators of one product are
 // the A operand of the next (mma.cuh), and a row's max and sum combine the 4 lanes that hold it
 // with two shuffles.
 //
-//  - forward, per query tile: S = Q·Kᵀ per 64-key tile, online softmax (running max m and sum l
+//  - forward, per query tile: S = Q·Kᵀ per 64-key tile (32 at head size 128), online softmax (running max m and sum l
 //    per row, the output rescaled by 2^(m_old - m_new); scores in log2 units for exp2f), O += P·V;
 //    then O / l and lse = (m + log2 l)·ln 2.
 //  - backward, deterministic (no float atomics), in two passes that each recompute P from lse:
@@ -44,24 +44,33 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kHd = 64;         // head size
+// Every function below is templated on kHd, the head size: 64 or 128 (flash_attention_applies).
 constexpr int kFlashWarps = 4;  // 16 rows each: one mma's M
 constexpr int kFlashThreads = 32 * kFlashWarps;
 constexpr int kBlockRows = 16 * kFlashWarps;
-constexpr int kKeyTile = 64;    // forward: keys per shared tile
-constexpr int kSideTile = 32;   // backward: the other side's rows per shared tile
-constexpr int kLdHd = kHd + 8;  // tiles with hd columns
+constexpr int kSideTile = 32;  // backward: the other side's rows per shared tile
 constexpr float kLog2e = 1.4426950408889634f;
+// The leading dimension of a tile with hd columns (padded: module comment).
+template <int kHd>
+constexpr int kLd = kHd + 8;
+// The forward's keys per shared tile: 64, or 32 at head size 128, so that its K and V tiles (two
+// stages each) stay within the 48 KB of static shared memory a block may have.
+template <int kHd>
+constexpr int kKeyTile = kHd == 64 ? 64 : 32;
+// Blocks per multiprocessor the kernels are compiled for: at head size 128 a thread's
+// accumulators double, and half the blocks leave it the registers for them.
+template <int kHd>
+constexpr int kMinBlocks = kHd == 64 ? 4 : 2;
 
 // Where a head's rows are in the compact qkv (B, T, (NH + 2·KV)·hd) and its gradient: row t of
 // batch b's query head h at qkv + b·T·width + t·width + q(h), and so on.
 struct QkvLayout {
-  int64_t NH, KV;
-  __device__ int64_t width() const { return (NH + 2 * KV) * kHd; }
+  int64_t NH, KV, hd;
+  __device__ int64_t width() const { return (NH + 2 * KV) * hd; }
   __device__ int64_t batch(int64_t b, int64_t T) const { return b * T * width(); }
-  __device__ int64_t q(int64_t h) const { return h * kHd; }
-  __device__ int64_t k_of_kv(int64_t kv) const { return (NH + kv) * kHd; }
-  __device__ int64_t v_of_kv(int64_t kv) const { return (NH + KV + kv) * kHd; }
+  __device__ int64_t q(int64_t h) const { return h * hd; }
+  __device__ int64_t k_of_kv(int64_t kv) const { return (NH + kv) * hd; }
+  __device__ int64_t v_of_kv(int64_t kv) const { return (NH + KV + kv) * hd; }
   __device__ int64_t kv_of(int64_t h) const { return h / (NH / KV); }
 };
 
@@ -86,32 +95,32 @@ __device__ inline void store4(bf16* dst, float4 v) {
 }
 
 // Rows [row0, row0 + Rows) of a head's hd columns (row r at src + r·width; src and width
-// multiples of 4 floats), rounded to bf16, into `tile` (row-major, ld kLdHd);
+// multiples of 4 floats), rounded to bf16, into `tile` (row-major, ld kLd<kHd>);
 // zeros past T. A thread moves 4 columns of a row at a time: a warp's 8-byte stores cover whole
 // rows, in distinct banks.
-template <int Rows>
+template <int kHd, int Rows>
 __device__ void load_tile(bf16* tile, const float* src, int64_t row0, int64_t T, int64_t width) {
   for (int e = threadIdx.x; e < Rows * kHd / 4; e += blockDim.x) {
     const int r = e / (kHd / 4), c = e % (kHd / 4) * 4;
     const int64_t row = row0 + r;
     const float4 v = row < T ? load4(src + row * width + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    store4(tile + r * kLdHd + c, v);
+    store4(tile + r * kLd<kHd> + c, v);
   }
 }
 
 // load_tile's rows, asynchronously (cp.async, 16 bytes a copy, zeros past T) when they are bf16
 // already, so a kernel can fetch the next tile while it computes on this one: the caller commits
 // and waits (async_copy.cuh). Else loaded and rounded now.
-template <int Rows, typename In>
+template <int kHd, int Rows, typename In>
 __device__ void fetch_tile(bf16* tile, const In* src, int64_t row0, int64_t T, int64_t width) {
   if constexpr (std::is_same_v<In, bf16>) {
     for (int e = threadIdx.x; e < Rows * kHd / 8; e += blockDim.x) {
       const int r = e / (kHd / 8), c = e % (kHd / 8) * 8;
       const int64_t row = row0 + r;
-      cp_async_16(tile + r * kLdHd + c, row < T ? src + row * width + c : src, row < T);
+      cp_async_16(tile + r * kLd<kHd> + c, row < T ? src + row * width + c : src, row < T);
     }
   } else {
-    load_tile<Rows>(tile, src, row0, T, width);
+    load_tile<kHd, Rows>(tile, src, row0, T, width);
   }
 }
 
@@ -124,14 +133,14 @@ inline constexpr int kStages = std::is_same_v<In, bf16> ? 2 : 1;
 // memory (`k`, `v`: kStages buffers each). With a bf16 qkv the next pair's copies fly while the
 // body computes on this one; else each pair is loaded and rounded at its turn. The body may
 // return early; every thread of the block must call this.
-template <int Rows, typename In, typename Body>
-__device__ void for_each_key_tile(bf16 (*k)[Rows * kLdHd], bf16 (*v)[Rows * kLdHd],
+template <int kHd, int Rows, typename In, typename Body>
+__device__ void for_each_key_tile(bf16 (*k)[Rows * kLd<kHd>], bf16 (*v)[Rows * kLd<kHd>],
                                   const In* k_head, const In* v_head, int64_t width, int64_t T,
                                   int64_t end, Body&& body) {
   constexpr bool kAsync = kStages<In> == 2;
   if constexpr (kAsync) {
-    fetch_tile<Rows>(k[0], k_head, 0, T, width);
-    fetch_tile<Rows>(v[0], v_head, 0, T, width);
+    fetch_tile<kHd, Rows>(k[0], k_head, 0, T, width);
+    fetch_tile<kHd, Rows>(v[0], v_head, 0, T, width);
     cp_async_commit();
   }
   int stage = 0;
@@ -139,14 +148,14 @@ __device__ void for_each_key_tile(bf16 (*k)[Rows * kLdHd], bf16 (*v)[Rows * kLdH
     __syncthreads();  // every warp is done with the buffers the fetch below refills
     if constexpr (kAsync) {
       if (k0 + Rows < end) {
-        fetch_tile<Rows>(k[stage ^ 1], k_head, k0 + Rows, T, width);
-        fetch_tile<Rows>(v[stage ^ 1], v_head, k0 + Rows, T, width);
+        fetch_tile<kHd, Rows>(k[stage ^ 1], k_head, k0 + Rows, T, width);
+        fetch_tile<kHd, Rows>(v[stage ^ 1], v_head, k0 + Rows, T, width);
       }
       cp_async_commit();
       cp_async_wait<1>();  // this thread's copies of this pair (not the next one's)
     } else {
-      fetch_tile<Rows>(k[0], k_head, k0, T, width);
-      fetch_tile<Rows>(v[0], v_head, k0, T, width);
+      fetch_tile<kHd, Rows>(k[0], k_head, k0, T, width);
+      fetch_tile<kHd, Rows>(v[0], v_head, k0, T, width);
     }
     __syncthreads();  // ... and every other thread's
     body(k[stage], v[stage], k0);
@@ -157,7 +166,7 @@ __device__ void for_each_key_tile(bf16 (*k)[Rows * kLdHd], bf16 (*v)[Rows * kLdH
 // A warp's 16 rows [row0, row0 + 16) of a head's hd columns (row r at src + r·width) as the A
 // operands of the four 16-column k steps over hd, rounded to bf16; zeros past T. Read once per
 // block, straight from global memory: each group of 4 lanes reads 32 contiguous bytes.
-template <typename In>
+template <int kHd, typename In>
 __device__ void load_row_operands(uint32_t (&a)[kHd / 16][4], const In* src, int64_t row0,
                                   int64_t T, int64_t width) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -178,7 +187,7 @@ __device__ void load_row_operands(uint32_t (&a)[kHd / 16][4], const In* src, int
 // Writes a warp's 16 rows × hd accumulators (rows row0 + g, row0 + g + 8 in this lane) times
 // `row_scale` at dst + row·width; rows past T are dropped. `Out`: fp32, or bf16 for a GEMM
 // operand (rounded from the same fp32 values).
-template <typename Out>
+template <int kHd, typename Out>
 __device__ void store_rows(Out* dst, int64_t width, const float (&acc)[kHd / 8][4], int64_t row0,
                            int64_t T, const float (&row_scale)[2]) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -205,9 +214,9 @@ __device__ inline float quad_sum(float x) {
 }
 
 // s (this warp's 16 rows × 8·Blocks columns) = A·Bᵀ: A the warp's rows over hd (row operands),
-// B the rows of `tile` (ld kLdHd). Only the 8-column blocks from which the first `used` start are
+// B the rows of `tile` (ld kLd<kHd>). Only the 8-column blocks from which the first `used` start are
 // computed, the rest left zero (the causal mask hides them).
-template <int Blocks>
+template <int kHd, int Blocks>
 __device__ void rows_times_tile_t(float (&s)[Blocks][4], const uint32_t (&a)[kHd / 16][4],
                                   const bf16* tile, int64_t used = Blocks) {
   LOOM_UNROLL
@@ -218,7 +227,7 @@ __device__ void rows_times_tile_t(float (&s)[Blocks][4], const uint32_t (&a)[kHd
     LOOM_UNROLL
     for (int kk = 0; kk < kHd / 16; ++kk) {
       uint32_t b0[2], b1[2];
-      load_b_pair<false>(b0, b1, tile, kLdHd, 8 * j, 16 * kk);
+      load_b_pair<false>(b0, b1, tile, kLd<kHd>, 8 * j, 16 * kk);
       mma_bf16(s[j], a[kk], b0);
       mma_bf16(s[j + 1], a[kk], b1);
     }
@@ -227,8 +236,8 @@ __device__ void rows_times_tile_t(float (&s)[Blocks][4], const uint32_t (&a)[kHd
 
 // acc (16 rows × hd) += P·X: P the accumulators `p` (16 rows × 8·Blocks columns) rounded to
 // bf16, of which only the first `used` 8-column blocks may be nonzero; X the tile of 8·Blocks
-// rows `x` (ld kLdHd), read down its columns by ldmatrix's transposing load.
-template <int Blocks>
+// rows `x` (ld kLd<kHd>), read down its columns by ldmatrix's transposing load.
+template <int kHd, int Blocks>
 __device__ void accumulate_times_tile(float (&acc)[kHd / 8][4], const float (&p)[Blocks][4],
                                       const bf16* x, int64_t used = Blocks) {
   LOOM_UNROLL
@@ -239,7 +248,7 @@ __device__ void accumulate_times_tile(float (&acc)[kHd / 8][4], const float (&p)
     LOOM_UNROLL
     for (int j = 0; j < kHd / 8; j += 2) {
       uint32_t b0[2], b1[2];
-      load_b_pair<true>(b0, b1, x, kLdHd, 8 * j, 16 * kk);
+      load_b_pair<true>(b0, b1, x, kLd<kHd>, 8 * j, 16 * kk);
       mma_bf16(acc[j], a, b0);
       mma_bf16(acc[j + 1], a, b1);
     }
@@ -248,13 +257,13 @@ __device__ void accumulate_times_tile(float (&acc)[kHd / 8][4], const float (&p)
 
 // `In`: qkv in fp32, or in bf16 as the qkv projection wrote it. `Out`: fp32, or bf16 for an
 // output only the next GEMM (and D = rowsum(dO ∘ O)) reads.
-template <typename In, typename Out>
-__global__ void __launch_bounds__(kFlashThreads, 4)
+template <int kHd, typename In, typename Out>
+__global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
     flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_t T, QkvLayout at,
                          float scale) {
   // K: B(k = hd, n = key) of S = Q·Kᵀ; V: B(k = key, n = hd) of O += P·V.
-  __shared__ __align__(16) bf16 k_tiles[kStages<In>][kKeyTile * kLdHd];
-  __shared__ __align__(16) bf16 v_tiles[kStages<In>][kKeyTile * kLdHd];
+  __shared__ __align__(16) bf16 k_tiles[kStages<In>][kKeyTile<kHd> * kLd<kHd>];
+  __shared__ __align__(16) bf16 v_tiles[kStages<In>][kKeyTile<kHd> * kLd<kHd>];
   const int64_t NH = at.NH, C = NH * kHd, W = at.width();
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   // The last query tiles see the most keys: they start first.
@@ -266,22 +275,22 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
   const float scale2 = scale * kLog2e;                         // scores in log2 units
 
   uint32_t qa[kHd / 16][4];
-  load_row_operands(qa, rows0 + at.q(h), w0, T, W);
+  load_row_operands<kHd>(qa, rows0 + at.q(h), w0, T, W);
   float o[kHd / 8][4] = {};
   // Per row: the running max (log2 units) and this lane's part of the running sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;  // causal: up to the last row
-  for_each_key_tile<kKeyTile>(
+  for_each_key_tile<kHd, kKeyTile<kHd>>(
       k_tiles, v_tiles, rows0 + at.k_of_kv(at.kv_of(h)), rows0 + at.v_of_kv(at.kv_of(h)), W, T,
       kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
         // Key blocks of 8 holding a key at or before this warp's last row (the rest are all
         // masked).
         const int64_t visible = (w0 + 15 - k0) / 8 + 1;
-        float s[kKeyTile / 8][4];
-        rows_times_tile_t(s, qa, k, visible);  // S = Q·Kᵀ
+        float s[kKeyTile<kHd> / 8][4];
+        rows_times_tile_t<kHd>(s, qa, k, visible);  // S = Q·Kᵀ
         float mx[2] = {-INFINITY, -INFINITY};
         LOOM_UNROLL
-        for (int j = 0; j < kKeyTile / 8; ++j) {
+        for (int j = 0; j < kKeyTile<kHd> / 8; ++j) {
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) {
             const int64_t key = k0 + 8 * j + 2 * t + e % 2;
@@ -298,7 +307,7 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
           l[r] *= alpha[r];
         }
         LOOM_UNROLL
-        for (int j = 0; j < kKeyTile / 8; ++j) {
+        for (int j = 0; j < kKeyTile<kHd> / 8; ++j) {
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) {
             s[j][e] = exp2f(s[j][e] - base[e / 2]);
@@ -310,7 +319,7 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
         }
-        accumulate_times_tile(o, s, v, visible);  // O += P·V
+        accumulate_times_tile<kHd>(o, s, v, visible);  // O += P·V
       });
   float inverse[2];
   for (int r = 0; r < 2; ++r) {
@@ -318,7 +327,7 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
     inverse[r] = 1.0f / l[r];
     if (rows[r] < T && t == 0) lse[bh * T + rows[r]] = m[r] / kLog2e + logf(l[r]);
   }
-  store_rows(out + b * T * C + h * kHd, C, o, w0, T, inverse);
+  store_rows<kHd>(out + b * T * C + h * kHd, C, o, w0, T, inverse);
 }
 
 // The backward kernels: `In` as the forward's; `DO`, dO's type: fp32, or bf16 as the attention
@@ -327,14 +336,14 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
 // dK and dV of one 64-key tile of a key/value head, over the query tiles of each of its query
 // heads in ascending head (one walk: a tile's successor is the next tile of the head, or the
 // first of the next head, so the pipeline of copies runs across heads).
-template <typename In, typename DO, typename Out>
+template <int kHd, typename In, typename DO, typename Out>
 __global__ void flash_backward_kv_kernel(Out* dqkv, const DO* dout, const In* qkv, const float* lse,
                                          const float* D, int64_t T, QkvLayout at, float scale) {
   // Q: B(k = hd, n = query) of Sᵀ = K·Qᵀ and B(k = query, n = hd) of dK += dSᵀ·Q; dO likewise
   // of dPᵀ = V·dOᵀ and dV += Pᵀ·dO. Each in bf16 arrives by cp.async, the next tile while this
   // one is in use; in fp32 it is loaded, and rounded, at its turn.
-  __shared__ __align__(16) bf16 q_tiles[kStages<In>][kSideTile * kLdHd];
-  __shared__ __align__(16) bf16 dy_tiles[kStages<DO>][kSideTile * kLdHd];
+  __shared__ __align__(16) bf16 q_tiles[kStages<In>][kSideTile * kLd<kHd>];
+  __shared__ __align__(16) bf16 dy_tiles[kStages<DO>][kSideTile * kLd<kHd>];
   __shared__ float lse2_q[kSideTile], d_q[kSideTile];  // per query: lse in log2 units, D
   const int64_t NH = at.NH, KV = at.KV, C = NH * kHd, W = at.width(), group = NH / KV;
   const int64_t bkv = blockIdx.y, b = bkv / KV, kv = bkv % KV;
@@ -351,16 +360,16 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const DO* dout, const In* qk
   const auto head_of = [&](int64_t s) { return kv * group + s / tiles; };
 
   uint32_t ka[kHd / 16][4], va[kHd / 16][4];
-  load_row_operands(ka, rows0 + at.k_of_kv(kv), w0, T, W);
-  load_row_operands(va, rows0 + at.v_of_kv(kv), w0, T, W);
+  load_row_operands<kHd>(ka, rows0 + at.k_of_kv(kv), w0, T, W);
+  load_row_operands<kHd>(va, rows0 + at.v_of_kv(kv), w0, T, W);
   float dk[kHd / 8][4] = {}, dv[kHd / 8][4] = {};
   constexpr bool kAsyncQ = kStages<In> == 2, kAsyncDy = kStages<DO> == 2;
   constexpr bool kAsync = kAsyncQ || kAsyncDy;
   const auto fetch_q = [&](bf16* tile, int64_t s) {
-    fetch_tile<kSideTile>(tile, rows0 + at.q(head_of(s)), q_tile(s), T, W);
+    fetch_tile<kHd, kSideTile>(tile, rows0 + at.q(head_of(s)), q_tile(s), T, W);
   };
   const auto fetch_dy = [&](bf16* tile, int64_t s) {
-    fetch_tile<kSideTile>(tile, dout + b * T * C + head_of(s) * kHd, q_tile(s), T, C);
+    fetch_tile<kHd, kSideTile>(tile, dout + b * T * C + head_of(s) * kHd, q_tile(s), T, C);
   };
   if constexpr (kAsyncQ) fetch_q(q_tiles[0], 0);
   if constexpr (kAsyncDy) fetch_dy(dy_tiles[0], 0);
@@ -391,8 +400,8 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const DO* dout, const In* qk
     if constexpr (kAsync) stage ^= 1;
     if (q0 + kSideTile - 1 < w0) continue;  // every query before all of this warp's keys
     float st[kSideTile / 8][4], dpt[kSideTile / 8][4];
-    rows_times_tile_t(st, ka, q);    // Sᵀ = K·Qᵀ
-    rows_times_tile_t(dpt, va, dy);  // dPᵀ = V·dOᵀ
+    rows_times_tile_t<kHd>(st, ka, q);    // Sᵀ = K·Qᵀ
+    rows_times_tile_t<kHd>(dpt, va, dy);  // dPᵀ = V·dOᵀ
     LOOM_UNROLL
     for (int j = 0; j < kSideTile / 8; ++j) {
       LOOM_UNROLL
@@ -405,22 +414,22 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const DO* dout, const In* qk
         dpt[j][e] = prob * (dpt[j][e] - d_q[c]) * scale;  // dSᵀ
       }
     }
-    accumulate_times_tile(dv, st, dy);  // dV += Pᵀ·dO
-    accumulate_times_tile(dk, dpt, q);  // dK += dSᵀ·Q
+    accumulate_times_tile<kHd>(dv, st, dy);  // dV += Pᵀ·dO
+    accumulate_times_tile<kHd>(dk, dpt, q);  // dK += dSᵀ·Q
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows(dqkv + at.batch(b, T) + at.k_of_kv(kv), W, dk, w0, T, one);
-  store_rows(dqkv + at.batch(b, T) + at.v_of_kv(kv), W, dv, w0, T, one);
+  store_rows<kHd>(dqkv + at.batch(b, T) + at.k_of_kv(kv), W, dk, w0, T, one);
+  store_rows<kHd>(dqkv + at.batch(b, T) + at.v_of_kv(kv), W, dv, w0, T, one);
 }
 
 // dQ of one 64-query tile.
-template <typename In, typename DO, typename Out>
-__global__ void __launch_bounds__(kFlashThreads, 4)
+template <int kHd, typename In, typename DO, typename Out>
+__global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
     flash_backward_q_kernel(Out* dqkv, const DO* dout, const In* qkv, const float* lse,
                             const float* D, int64_t T, QkvLayout at, float scale) {
   // K: B(k = hd, n = key) of S = Q·Kᵀ and B(k = key, n = hd) of dQ += dS·K; V: B of dP = dO·Vᵀ.
-  __shared__ __align__(16) bf16 k_tiles[kStages<In>][kSideTile * kLdHd];
-  __shared__ __align__(16) bf16 v_tiles[kStages<In>][kSideTile * kLdHd];
+  __shared__ __align__(16) bf16 k_tiles[kStages<In>][kSideTile * kLd<kHd>];
+  __shared__ __align__(16) bf16 v_tiles[kStages<In>][kSideTile * kLd<kHd>];
   const int64_t NH = at.NH, C = NH * kHd, W = at.width();
   const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
@@ -436,17 +445,17 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
   }
 
   uint32_t qa[kHd / 16][4], dya[kHd / 16][4];
-  load_row_operands(qa, rows0 + at.q(h), w0, T, W);
-  load_row_operands(dya, dout + b * T * C + h * kHd, w0, T, C);
+  load_row_operands<kHd>(qa, rows0 + at.q(h), w0, T, W);
+  load_row_operands<kHd>(dya, dout + b * T * C + h * kHd, w0, T, C);
   float dq[kHd / 8][4] = {};
   const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;
-  for_each_key_tile<kSideTile>(
+  for_each_key_tile<kHd, kSideTile>(
       k_tiles, v_tiles, rows0 + at.k_of_kv(at.kv_of(h)), rows0 + at.v_of_kv(at.kv_of(h)), W, T,
       kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
         if (k0 > w0 + 15) return;  // every key after all of this warp's rows
         float s[kSideTile / 8][4], dp[kSideTile / 8][4];
-        rows_times_tile_t(s, qa, k);    // S = Q·Kᵀ
-        rows_times_tile_t(dp, dya, v);  // dP = dO·Vᵀ
+        rows_times_tile_t<kHd>(s, qa, k);    // S = Q·Kᵀ
+        rows_times_tile_t<kHd>(dp, dya, v);  // dP = dO·Vᵀ
         LOOM_UNROLL
         for (int j = 0; j < kSideTile / 8; ++j) {
           LOOM_UNROLL
@@ -456,10 +465,10 @@ __global__ void __launch_bounds__(kFlashThreads, 4)
             s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
           }
         }
-        accumulate_times_tile(dq, s, k);  // dQ += dS·K
+        accumulate_times_tile<kHd>(dq, s, k);  // dQ += dS·K
       });
   const float one[2] = {1.0f, 1.0f};
-  store_rows(dqkv + at.batch(b, T) + at.q(h), W, dq, w0, T, one);
+  store_rows<kHd>(dqkv + at.batch(b, T) + at.q(h), W, dq, w0, T, one);
 }
 
 bool flash_disabled_by_environment() {
@@ -482,45 +491,60 @@ dim3 flash_grid(int64_t B, int64_t T, int64_t heads) {
   return dim3(blocks_of(T, kBlockRows), static_cast<unsigned>(B * heads));
 }
 
-QkvLayout layout_of(int64_t NH, int64_t KV) {
+QkvLayout layout_of(int64_t C, int64_t NH, int64_t KV) {
   if (NH <= 0 || KV <= 0 || NH % KV != 0)
     fail("flash attention: ", KV, " key/value heads do not divide ", NH, " query heads");
-  return QkvLayout{NH, KV};
+  if (C != 64 * NH && C != 128 * NH)
+    fail("flash attention: head size ", C / NH, " is not 64 or 128");
+  return QkvLayout{NH, KV, C / NH};
 }
 
-float flash_scale() {
-  return 1.0f / std::sqrt(static_cast<float>(kHd));
+// f(std::integral_constant<int, hd>{}) for the layout's head size (64 or 128: layout_of).
+template <typename F>
+void with_head_size(const QkvLayout& at, F&& f) {
+  if (at.hd == 64)
+    f(std::integral_constant<int, 64>{});
+  else
+    f(std::integral_constant<int, 128>{});
+}
+
+float flash_scale(int64_t hd) {
+  return 1.0f / std::sqrt(static_cast<float>(hd));
 }
 
 template <typename In, typename Out>
 void flash_forward(int device, Out* out, float* lse, const In* qkv, int64_t B, int64_t T, int64_t C,
                    int64_t NH, int64_t KV, const char* name) {
-  const QkvLayout at = layout_of(NH, KV);
+  const QkvLayout at = layout_of(C, NH, KV);
   DeviceGuard guard(device);
   check_aligned(qkv, 16, "qkv");  // 4 floats, or 8 bf16 values (cp.async), at a time
-  (void)C;  // NH·64: flash_attention_applies
-  launch(name, flash_forward_kernel<In, Out>, flash_grid(B, T, NH), kFlashThreads, out, lse, qkv, T,
-         at, flash_scale());
+  with_head_size(at, [&](auto hd) {
+    launch(name, flash_forward_kernel<decltype(hd)::value, In, Out>, flash_grid(B, T, NH), kFlashThreads, out,
+           lse, qkv, T, at, flash_scale(at.hd));
+  });
 }
 
 template <typename In, typename DO, typename Out>
 void flash_backward(int device, Out* dqkv, const DO* dout, const In* qkv, const float* lse,
                     const float* D, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KV) {
-  const QkvLayout at = layout_of(NH, KV);
+  const QkvLayout at = layout_of(C, NH, KV);
   DeviceGuard guard(device);
   check_aligned(qkv, 16, "qkv");
   check_aligned(dout, 16, "dout");  // 4 floats, or 8 bf16 values (cp.async), at a time
-  (void)C;
-  launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<In, DO, Out>,
-         flash_grid(B, T, KV), kFlashThreads, dqkv, dout, qkv, lse, D, T, at, flash_scale());
-  launch("attention_backward (flash dQ)", flash_backward_q_kernel<In, DO, Out>,
-         flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, at, flash_scale());
+  with_head_size(at, [&](auto hd) {
+    launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<decltype(hd)::value, In, DO, Out>,
+           flash_grid(B, T, KV), kFlashThreads, dqkv, dout, qkv, lse, D, T, at,
+           flash_scale(at.hd));
+    launch("attention_backward (flash dQ)", flash_backward_q_kernel<decltype(hd)::value, In, DO, Out>,
+           flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, at,
+           flash_scale(at.hd));
+  });
 }
 
 }  // namespace
 
 bool flash_attention_applies(int64_t C, int64_t NH, int64_t B) {
-  return NH > 0 && C == NH * kHd && B * NH <= 65535 &&
+  return NH > 0 && (C == NH * 64 || C == NH * 128) && B * NH <= 65535 &&
          matmul_precision() == MatmulPrecision::kBf16 && !flash_disabled_by_environment();
 }
 

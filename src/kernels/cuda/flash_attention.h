@@ -5,7 +5,7 @@
 
 namespace loom::cuda {
 
-// Head size 64, the matmul precision bf16 (the kernels' operands are bf16), and not switched off
+// Head size 64 or 128, the matmul precision bf16 (the kernels' operands are bf16), and not switched off
 // with LOOM_CUDA_FLASH_ATTENTION=0 (for comparisons with the GEMM path).
 bool flash_attention_applies(int64_t C, int64_t NH, int64_t B);
 

@@ -312,7 +312,7 @@ void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C);
 
 // Causal self-attention: the fused flash kernels (flash_attention.cu) where they apply (bf16,
-// head size 64), else cuBLAS batched GEMMs around a causal softmax with a (B·NH, T, T) score
+// head size 64 or 128), else cuBLAS batched GEMMs around a causal softmax with a (B·NH, T, T) score
 // matrix as scratch. KV (here and in the *_rounded calls below): the key/value heads of a compact
 // qkv (B, T, (NH + 2·KV)·hd) and dqkv, query head h reading key/value head h / (NH/KV), which
 // only the flash kernels read in place (else it fails: attention_gqa_* expand the heads first);
@@ -352,7 +352,7 @@ GemmOperand attention_gqa_backward_rounded(int device, void* dqkv, GemmOperand d
 
 // The attention at bf16 / fp16 matmul precision, its output and input gradient written as GEMM
 // operands in that 16-bit type: by the flash kernels themselves where they apply (bf16, head
-// size 64), else rounded from the fp32 results. The forward's `out` is the attention
+// size 64 or 128), else rounded from the fp32 results. The forward's `out` is the attention
 // projection's input; the backward takes it for D = rowsum(dout ∘ out), as FlashAttention-2
 // keeps O in bf16, and writes dqkv (B·T·3C) as the qkv projection's dout. At GPT-2 124M,
 // T = 1024, batch 16, ~4 GB less memory traffic per step and 0.6 GB less memory than fp32 out and
