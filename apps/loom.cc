@@ -479,7 +479,7 @@ int main(int argc, char** argv) {
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
   bench_cmd->require_subcommand(1);
   auto* bench_train = bench_cmd->add_subcommand("train", "training throughput on random tokens");
-  bench_train->add_option("--shape", shape, "bench-s, gpt2-124m, tiny, llama-1b, llama-s or llama-tiny")->capture_default_str();
+  bench_train->add_option("--shape", shape, "bench-s, gpt2-124m, tiny, llama-1b, llama-8b-4l, llama-s or llama-tiny")->capture_default_str();
   bench_train->add_option("--threads", bench.threads, "compute threads per rank")->capture_default_str();
   bench_train->add_option("--ranks", bench.ranks, "data-parallel thread ranks (batch per rank)")->capture_default_str();
   bench_train->add_option("--zero", bench.zero, "ZeRO stage with --ranks")->capture_default_str();

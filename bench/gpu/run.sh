@@ -2,7 +2,8 @@
 # One GPU session, prepared: the GPU tests (every CUDA kernel against the CPU's, a small GPT-2 on
 # the GPU against the CPU, nccl as a group of one, the trainer on runtime.device = "cuda", `loom
 # train` with a sharded checkpoint, a timeline and a resume), the
-# GPU's own GEMM rates, GPT-2 124M and a Llama of 1.2 B parameters training at T = 1024
+# GPU's own GEMM rates, GPT-2 124M and a Llama of 1.2 B parameters training at T = 1024 and four of
+# Llama 3 8B's layers at T = 4096
 # (tokens/s, MFU), then the whole suite as time allows; every log kept. For a device machine with
 # ~15 minutes in all:
 #
@@ -235,6 +236,13 @@ figure "bf16, flash attention"
 step llama1b_bf16 bench 90 "$BIN/loom" bench train --shape llama-1b --device cuda --batch 4 --seq 1024 \
   --steps 10 --warmup 2 --precision bf16 --peak-tflops "$BF16_PEAK" --json
 figure "llama-1b, bf16" llama-1b
+# Llama 3 8B's layers, four of them (`--shape llama-8b-4l`: d_model 4096, 32 query heads of 128
+# sharing 8, SwiGLU of 14336; 1.4 B parameters with the tied 128256-token embedding) at T = 4096,
+# batch 2: the flash kernels at head size 128 (their dK/dV kernel spills a little: the figure to
+# tune against), and the layout report's activation estimate against the measured peak.
+step llama8b_layers_bf16 bench 90 "$BIN/loom" bench train --shape llama-8b-4l --device cuda \
+  --batch 2 --seq 4096 --steps 6 --warmup 2 --precision bf16 --peak-tflops "$BF16_PEAK" --json
+figure "llama-8b-4l, bf16" llama-8b-4l
 # The same with attention through batched GEMMs and a (B·NH, T, T) score matrix: what the fused
 # kernels (kernels/cuda/flash_attention.cu) buy.
 step gpt2_bf16_gemm_attention bench 60 env LOOM_CUDA_FLASH_ATTENTION=0 "$BIN/loom" bench train \

@@ -69,6 +69,9 @@ const std::vector<BenchShape>& bench_shapes() {
       make_shape("gpt2-124m", 50304, 1024, 768, 12, 12, 4, 256),
       make_shape("tiny", 256, 32, 64, 2, 4, 4, 32),
       make_llama_shape("llama-1b", 128256, 1024, 2048, 16, 32, 8, 8192, 500000, 4, 1024),
+      // Llama 3 8B's layers (d_model 4096, 32 query heads of 128 sharing 8, SwiGLU of 14336),
+      // four of them, at T = 4096: the flash kernels at head size 128 on a real model's width.
+      make_llama_shape("llama-8b-4l", 128256, 8192, 4096, 4, 32, 8, 14336, 500000, 2, 4096),
       // bench-s's sizes in Llama's form (6 query heads sharing 2 key/value heads, a SwiGLU 1024
       // wide), for the CPU comparison with transformers' LlamaForCausalLM
       // (bench/peers/llama_bench.py).

@@ -22,7 +22,8 @@ struct BenchShape {
   int64_t seq_len = 1;
 };
 
-// bench-s, gpt2-124m, tiny; llama-1b, llama-tiny (Llama's form: Gpt2Config::arch = kLlama)
+// bench-s, gpt2-124m, tiny; llama-1b, llama-8b-4l, llama-s, llama-tiny (Llama's form:
+// Gpt2Config::arch = kLlama)
 const std::vector<BenchShape>& bench_shapes();
 const BenchShape& find_bench_shape(const std::string& name);  // throws naming the known ones
 
