@@ -259,6 +259,12 @@ step gpt2_bf16_gelu_apart bench 40 env LOOM_CUDA_GELU_EPILOGUE=0 "$BIN/loom" ben
   --shape gpt2-124m --device cuda --batch 16 --seq 1024 --steps 8 --warmup 2 --precision bf16 \
   --peak-tflops "$BF16_PEAK" --json
 figure "bf16, GELU apart from the GEMMs"
+# fp8 (runtime.matmul_precision = "fp8"): the Linears' operands quantized in blocks of 128 by
+# kernels/cuda/fp8.cu (the CPU's bits) before bf16 GEMMs: the quantization passes' cost, before
+# an E4M3 tensor-core GEMM replaces the bf16 one.
+step gpt2_fp8 bench 40 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 \
+  --seq 1024 --steps 8 --warmup 2 --precision fp8 --peak-tflops "$BF16_PEAK" --json
+figure "fp8 (quantized on the GPU, bf16 GEMMs)"
 step gpt2_tf32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 8 --warmup 2 --precision tf32 --peak-tflops "$TF32_PEAK" --json
 figure "tf32"

@@ -215,10 +215,6 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
     p.add("runtime.backend = \"nccl\" needs a cuda runtime.device, got ", toml_quote(r.device));
   p.one_of("runtime.matmul_precision", r.matmul_precision, {"fp32", "tf32", "bf16", "fp16", "fp8"});
   p.positive("runtime.fp8_block", r.fp8_block);
-  if (r.matmul_precision == "fp8" && valid_device(r.device) && r.device.starts_with("cuda"))
-    p.add(
-        "runtime.matmul_precision = \"fp8\" runs on CPU ranks only for now (fp8 tensor-core "
-        "GEMMs on GPUs are not built); use \"bf16\" on a GPU");
   if ((r.matmul_precision == "tf32" || r.matmul_precision == "fp16") && valid_device(r.device) &&
       !r.device.starts_with("cuda"))
     p.add("runtime.matmul_precision = ", toml_quote(r.matmul_precision),

@@ -15,9 +15,9 @@ cuda::MatmulPrecision parse_precision(const std::string& name) {
 }  // namespace
 
 void set_matmul_precision(const std::string& name) {
-  if (name == "fp8") {  // CPU ranks only (config validation refuses it on GPUs)
+  if (name == "fp8") {  // the Linears quantize to fp8 (fp8_block), the GEMMs run at bf16
     cpu::set_matmul_precision(cpu::CpuMatmulPrecision::kFp8);
-    if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);
+    if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
     return;
   }
   const cuda::MatmulPrecision precision = parse_precision(name);
@@ -50,16 +50,23 @@ MatmulPrecisionScope::~MatmulPrecisionScope() {
 }
 
 int64_t fp8_block(const Exec& ex) {
-  return ex.device.is_cuda() ? 0 : cpu::fp8_block();
+  (void)ex;  // the same setting on CPU ranks and GPUs (set_matmul_precision("fp8"))
+  return cpu::fp8_block();
 }
 
 void matmul_forward_fp8(const Exec& ex, float* out, const float* inp, const float* weight,
                         const float* bias, int64_t N, int64_t C, int64_t OC) {
   const int64_t block = fp8_block(ex);
-  if (block == 0) fail("matmul_forward_fp8 on ", ex.device.str(), ": fp8 runs on CPU ranks only");
+  if (block == 0)
+    fail("matmul_forward_fp8 on ", ex.device.str(), ": the matmul precision is not fp8");
   const detail::OpScope op_scope_("matmul_forward", ex, [&] {
     return detail::work_of<float>(detail::matmul_forward_counts(N, C, OC, bias != nullptr));
   });
+  if (detail::on_gpu<float>(ex, "matmul_forward_fp8")) {
+    if constexpr (detail::kCudaBuild)
+      cuda::matmul_forward_fp8(ex.device.index, out, inp, weight, bias, N, C, OC, block);
+    return;
+  }
   cpu::matmul_forward_fp8(*ex.pool, out, inp, weight, bias, N, C, OC, block);
 }
 
@@ -67,11 +74,18 @@ void matmul_backward_fp8(const Exec& ex, float* dinp, float* dweight, float* dbi
                          const float* dout, const float* inp, const float* weight, int64_t N,
                          int64_t C, int64_t OC) {
   const int64_t block = fp8_block(ex);
-  if (block == 0) fail("matmul_backward_fp8 on ", ex.device.str(), ": fp8 runs on CPU ranks only");
+  if (block == 0)
+    fail("matmul_backward_fp8 on ", ex.device.str(), ": the matmul precision is not fp8");
   const detail::OpScope op_scope_("matmul_backward", ex, [&] {
     return detail::work_of<float>(
         detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr));
   });
+  if (detail::on_gpu<float>(ex, "matmul_backward_fp8")) {
+    if constexpr (detail::kCudaBuild)
+      cuda::matmul_backward_fp8(ex.device.index, dinp, dweight, dbias, dout, inp, weight, N, C, OC,
+                                block);
+    return;
+  }
   cpu::matmul_backward_fp8(*ex.pool, dinp, dweight, dbias, dout, inp, weight, N, C, OC, block);
 }
 
@@ -141,7 +155,8 @@ void expect_rounded_output(const Exec& ex, DType dtype, const char* op) {
 
 DType matmul_input_dtype(const Exec& ex, DType dtype) {
   if constexpr (detail::kCudaBuild) {
-    if (ex.device.is_cuda() && dtype == DType::kF32) {
+    // At fp8 the Linears quantize fp32 inputs themselves (fp8_block): nothing is kept rounded.
+    if (ex.device.is_cuda() && dtype == DType::kF32 && fp8_block(ex) == 0) {
       switch (cuda::matmul_precision()) {
         case cuda::MatmulPrecision::kBf16:
           return DType::kBF16;
@@ -332,7 +347,7 @@ void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dw
 }
 
 bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t B) {
-  if (!ex.device.is_cuda()) return false;
+  if (!ex.device.is_cuda() || matmul_input_dtype(ex, DType::kF32) == DType::kF32) return false;
   if constexpr (detail::kCudaBuild)
     return NH > 0 && C % NH == 0 && cuda::attention_takes_rounded_qkv(C, NH, B);
   return false;
@@ -380,24 +395,31 @@ void rmsnorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* 
     cuda::rmsnorm_forward_rounded(ex.device.index, out, rstd, inp, weight, N, C, eps);
 }
 
-void rope_forward_rounded(const Exec& ex, void* qkv, DType dtype, const float* cos_sin, int64_t B,
-                          int64_t T, int64_t NH, int64_t KV, int64_t hd) {
-  const detail::OpScope op_scope_("rope_forward", ex, [&] {
+namespace {
+// rope_forward_rounded (back false) or rope_backward_rounded (back true), timed as `op`.
+void rope_rounded(const Exec& ex, const char* op, bool back, void* qkv, DType dtype,
+                  const float* cos_sin, int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  const detail::OpScope op_scope_(op, ex, [&] {
     return detail::work_of<float>(0, 1.0 * B * T * (NH + KV) * hd + 1.0 * T * hd);
   });
-  expect_rounded_output(ex, dtype, "rope_forward_rounded");
-  if constexpr (detail::kCudaBuild)
-    cuda::rope_forward_rounded(ex.device.index, qkv, cos_sin, B, T, NH, KV, hd);
+  expect_rounded_output(ex, dtype, back ? "rope_backward_rounded" : "rope_forward_rounded");
+  if constexpr (detail::kCudaBuild) {
+    if (back)
+      cuda::rope_backward_rounded(ex.device.index, qkv, cos_sin, B, T, NH, KV, hd);
+    else
+      cuda::rope_forward_rounded(ex.device.index, qkv, cos_sin, B, T, NH, KV, hd);
+  }
+}
+}  // namespace
+
+void rope_forward_rounded(const Exec& ex, void* qkv, DType dtype, const float* cos_sin, int64_t B,
+                          int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  rope_rounded(ex, "rope_forward", false, qkv, dtype, cos_sin, B, T, NH, KV, hd);
 }
 
 void rope_backward_rounded(const Exec& ex, void* dqkv, DType dtype, const float* cos_sin, int64_t B,
                            int64_t T, int64_t NH, int64_t KV, int64_t hd) {
-  const detail::OpScope op_scope_("rope_backward", ex, [&] {
-    return detail::work_of<float>(0, 1.0 * B * T * (NH + KV) * hd + 1.0 * T * hd);
-  });
-  expect_rounded_output(ex, dtype, "rope_backward_rounded");
-  if constexpr (detail::kCudaBuild)
-    cuda::rope_backward_rounded(ex.device.index, dqkv, cos_sin, B, T, NH, KV, hd);
+  rope_rounded(ex, "rope_backward", true, dqkv, dtype, cos_sin, B, T, NH, KV, hd);
 }
 
 void swiglu_forward_rounded(const Exec& ex, void* out, const void* h, DType dtype, int64_t N,

@@ -52,7 +52,8 @@ bool on_gpu(const Exec& ex, const char* op) {
 // (cuda::set_matmul_precision) and, for "bf16" and "fp8", on the CPU too
 // (cpu::set_matmul_precision: every float GEMM rounds its operands to bf16, and at fp8 the
 // Linears quantize theirs to fp8 first — fp8_block(); the CPU's GEMMs stay fp32 at the others;
-// fp8 is CPU ranks' only). Throws naming anything else, or bf16 / fp8 on a CPU without AVX-512.
+// at fp8 the GPUs' GEMMs run at bf16 and their Linears quantize likewise, activations staying
+// fp32). Throws naming anything else, or bf16 / fp8 on a CPU without AVX-512.
 void set_matmul_precision(const std::string& name);
 // set_matmul_precision(name) for a scope; the settings before it come back at its end, so a
 // training run or benchmark leaves the process as it found it.
@@ -70,12 +71,13 @@ class MatmulPrecisionScope {
   cuda::MatmulPrecision cuda_before_ = cuda::MatmulPrecision::kFp32;
 };
 
-// The Linears' fp8 quantization block on ex's device when the process runs at fp8 matmul
-// precision (CPU ranks: cpu::fp8_block()), else 0 — and then the plain matmul ops apply.
+// The Linears' fp8 quantization block when the process runs at fp8 matmul precision
+// (cpu::fp8_block(), for CPU ranks and GPUs alike), else 0 — and then the plain matmul ops apply.
 int64_t fp8_block(const Exec& ex);
 // A Linear's forward and backward with its GEMM operands quantized to fp8 in blocks
-// (kernels/cpu/fp8.h): cpu::matmul_forward_fp8 / matmul_backward_fp8, timed as the plain
-// matmul ops. Fail where fp8_block(ex) is 0.
+// (kernels/cpu/fp8.h): cpu::matmul_forward_fp8 / matmul_backward_fp8, on a GPU
+// cuda::matmul_forward_fp8 / matmul_backward_fp8 (the same quantized bits, the bf16 GEMM), timed
+// as the plain matmul ops. Fail where fp8_block(ex) is 0.
 void matmul_forward_fp8(const Exec& ex, float* out, const float* inp, const float* weight,
                         const float* bias, int64_t N, int64_t C, int64_t OC);
 void matmul_backward_fp8(const Exec& ex, float* dinp, float* dweight, float* dbias,

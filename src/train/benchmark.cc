@@ -179,8 +179,6 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.device != "cuda" && o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp8")
     fail("--precision ", o.precision,
          " needs --device cuda: CPU ranks run fp32, bf16 or fp8 GEMMs");
-  if (o.device == "cuda" && o.precision == "fp8")
-    fail("--precision fp8 runs on CPU ranks only for now");
   if (o.device == "cuda" && o.ranks != 1)
     fail("--device cuda runs one rank for now (--ranks 1): GPU ranks need the nccl backend, "
          "which `loom bench train` does not start yet");

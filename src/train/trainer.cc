@@ -91,10 +91,12 @@ double rank_peak_tflops(const Config& config, Device device) {
 #else
     const int64_t n = 4096;  // a few tenths of a second on a GPU
 #endif
-    const double tflops =
-        device.is_cuda()
-            ? ops::measure_gpu_gemm_tflops(device, config.runtime.matmul_precision, n, 5)
-            : cpu::measure_fma_peak(1, 0.05, cpu_peak_kind(config)).gflops / 1e3;
+    // At fp8 a GPU's GEMMs run at bf16 (the quantized operands are exact there): its bf16 rate.
+    const std::string gemm_precision =
+        config.runtime.matmul_precision == "fp8" ? "bf16" : config.runtime.matmul_precision;
+    const double tflops = device.is_cuda()
+                              ? ops::measure_gpu_gemm_tflops(device, gemm_precision, n, 5)
+                              : cpu::measure_fma_peak(1, 0.05, cpu_peak_kind(config)).gflops / 1e3;
     it = measured.emplace(key, tflops).first;
   }
   return device.is_cuda() ? it->second : it->second * config.runtime.resolved_threads_per_rank();

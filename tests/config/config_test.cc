@@ -430,11 +430,12 @@ TEST(Config, ValidationNamesKeysAndValues) {
   EXPECT_TRUE(
       Contains(validate_error([](Config& c) { c.runtime.matmul_precision = "fp4"; }),
                "runtime.matmul_precision = \"fp4\" must be one of: fp32, tf32, bf16, fp16, fp8"));
-  EXPECT_TRUE(Contains(validate_error([](Config& c) {
-                         c.runtime.matmul_precision = "fp8";
-                         c.runtime.device = "cuda";
-                       }),
-                       "runtime.matmul_precision = \"fp8\" runs on CPU ranks only"));
+  {  // fp8 runs on GPUs too (the same quantized operands on the bf16 GEMM)
+    Config c;
+    c.runtime.matmul_precision = "fp8";
+    c.runtime.device = "cuda";
+    EXPECT_NO_THROW(validate(c));
+  }
   EXPECT_TRUE(
       Contains(validate_error([](Config& c) { c.runtime.fp8_block = 0; }), "runtime.fp8_block"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {

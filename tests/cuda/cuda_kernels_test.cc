@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@
 #include "base/thread_pool.h"
 #include "harness/devices.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/kernels.h"
@@ -285,6 +288,81 @@ TEST_F(CudaKernelsTest, MatmulForwardAndBackwardMatchCpu) {
   // No input gradient, no bias (the first layer; the tied LM head).
   ops::matmul_backward<float>(on_cpu, nullptr, dw.h(), nullptr, dout.h(), inp.h(), w.h(), N, C, OC);
   ops::matmul_backward<float>(on_gpu, nullptr, dw.g(), nullptr, dout.g(), inp.g(), w.g(), N, C, OC);
+  expect_pair_close("dweight, twice accumulated", dw);
+}
+
+// fp8 quantization on the GPU (cuda::quantize_fp8_blocks) is the CPU's bit for bit: 1 × b, b × b
+// and b × 1 blocks, edge blocks smaller, over values across 60 binades (E4M3's subnormals in a
+// block whose largest value is far larger), a block of zeros, one with an infinity and one with
+// a NaN (both copied as they are), and largest values at the scale's boundaries (448 · 2^k and
+// 1.75 · 2^k exactly, and an ulp either side).
+TEST_F(CudaKernelsTest, Fp8QuantizationIsTheCpusBitForBit) {
+  const int64_t rows = 37, cols = 300;
+  std::vector<float> x = random_floats(rows * cols, 220);
+  std::mt19937_64 gen(221);
+  std::uniform_int_distribution<int> binade(-30, 30);
+  for (float& v : x) v = std::ldexp(v, binade(gen));
+  for (int64_t c = 0; c < 32; ++c) x[c] = 0.0f;                 // zeros (row 0, first block)
+  x[5 * cols + 40] = std::numeric_limits<float>::infinity();     // row 5
+  x[9 * cols + 250] = std::numeric_limits<float>::quiet_NaN();   // row 9
+  x[12 * cols + 70] = 448.0f * 0x1p-3f;                          // exactly at a boundary
+  x[13 * cols + 70] = std::nextafter(1.75f * 0x1p5f, 0.0f);      // an ulp below 1.75 · 2^5
+  x[14 * cols + 70] = std::nextafter(1.75f * 0x1p5f, 1e9f);      // an ulp above
+  x[15 * cols + 70] = 3e38f;                                     // near the largest float
+  Pair in = pair_of(x);
+  for (const auto& [br, bc] : {std::pair<int64_t, int64_t>{1, 32}, {32, 32}, {32, 1}, {1, 128},
+                               {128, 128}, {128, 1}}) {
+    SCOPED_TRACE(std::to_string(br) + " x " + std::to_string(bc) + " blocks");
+    Pair out = pair_of(std::vector<float>(rows * cols, -1.0f));
+    cpu::quantize_fp8_blocks(pool, out.h(), cols, in.h(), cols, rows, cols, br, bc);
+    cuda::quantize_fp8_blocks(0, out.g(), cols, in.g(), cols, rows, cols, br, bc);
+    const std::vector<float> want = out.from_host(), got = out.from_gpu();
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+    size_t changed = 0;
+    for (size_t i = 0; i < x.size(); ++i) changed += std::memcmp(&want[i], &x[i], 4) != 0;
+    EXPECT_GT(changed, x.size() / 8) << "nothing was quantized";  // (some blocks are copied)
+  }
+}
+
+// A Linear at fp8 on the GPU (ops::matmul_forward_fp8 / matmul_backward_fp8, and the plain
+// linear ops routing to them) computes the CPU's: the same quantized operands, the products
+// exact on the bf16 GEMM, only the order of the fp32 sums differs. At fp8 the GPU keeps no
+// 16-bit activations (the Linears quantize fp32 inputs themselves).
+TEST_F(CudaKernelsTest, Fp8MatmulMatchesTheCpus) {
+  if (!cpu::has_avx512f()) GTEST_SKIP() << "fp8 needs AVX-512 on the CPU side";
+  struct Restore {
+    ~Restore() { ops::set_matmul_precision("fp32"); }
+  } restore;
+  const int64_t N = 70, C = 96, OC = 80;
+  ops::MatmulPrecisionScope fp8("fp8", 32);
+  ASSERT_EQ(ops::fp8_block(on_gpu), 32);
+  EXPECT_EQ(ops::matmul_input_dtype(on_gpu, DType::kF32), DType::kF32);
+  EXPECT_FALSE(ops::attention_takes_rounded_qkv(on_gpu, 128, 2, 2));
+  Pair inp = random_pair(N * C, 230, -3.0, 3.0), w = random_pair(OC * C, 231),
+       b = random_pair(OC, 232);
+  Pair out = pair_of(std::vector<float>(N * OC)), out2 = pair_of(std::vector<float>(N * OC));
+  ops::matmul_forward_fp8(on_cpu, out.h(), inp.h(), w.h(), b.h(), N, C, OC);
+  ops::matmul_forward_fp8(on_gpu, out.g(), inp.g(), w.g(), b.g(), N, C, OC);
+  expect_pair_close("out", out);
+  ops::linear_forward<float>(on_gpu, out2.g(), inp.g(), w.g(), b.g(), nullptr, N, C, OC);
+  EXPECT_TRUE(bitwise_equal(out2.from_gpu(), out.from_gpu())) << "linear_forward is not fp8's";
+  // Not the bf16 GEMM on the unquantized operands.
+  Pair plain = pair_of(std::vector<float>(N * OC));
+  ops::matmul_forward<float>(on_gpu, plain.g(), inp.g(), w.g(), b.g(), N, C, OC);
+  double worst = 0;
+  const std::vector<float> a = plain.from_gpu(), q = out.from_gpu();
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::abs(a[i] - q[i])));
+  EXPECT_GT(worst, 1e-2) << "the operands were not quantized";
+
+  Pair dout = random_pair(N * OC, 233), dinp = pair_of(std::vector<float>(N * C));
+  Pair dw = random_pair(OC * C, 234), db = random_pair(OC, 235);  // accumulated into
+  ops::matmul_backward_fp8(on_cpu, dinp.h(), dw.h(), db.h(), dout.h(), inp.h(), w.h(), N, C, OC);
+  ops::matmul_backward_fp8(on_gpu, dinp.g(), dw.g(), db.g(), dout.g(), inp.g(), w.g(), N, C, OC);
+  expect_pair_close("dinp", dinp);
+  expect_pair_close("dweight", dw);
+  expect_pair_close("dbias", db);
+  ops::matmul_backward_fp8(on_cpu, nullptr, dw.h(), nullptr, dout.h(), inp.h(), w.h(), N, C, OC);
+  ops::matmul_backward_fp8(on_gpu, nullptr, dw.g(), nullptr, dout.g(), inp.g(), w.g(), N, C, OC);
   expect_pair_close("dweight, twice accumulated", dw);
 }
 

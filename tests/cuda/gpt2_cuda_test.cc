@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "harness/devices.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/ops.h"
 #include "models/gpt2.h"
 #include "nn/causal_self_attention.h"
@@ -424,6 +425,41 @@ TEST(Gpt2Cuda, TwoGpuRunsAreBitwiseIdentical) {
   for (size_t s = 0; s < a.losses.size(); ++s)
     EXPECT_EQ(std::memcmp(&a.losses[s], &b.losses[s], sizeof(double)), 0) << "step " << s;
   EXPECT_TRUE(cpu::ktest::bitwise_equal(a.final_values, b.final_values));
+}
+
+// fp8 GEMM operands (runtime.matmul_precision = "fp8", blocks of 32): the GPU quantizes every
+// Linear's operands as the CPU does and multiplies them exactly on the bf16 GEMM, so a few steps
+// of GPT-2 and of a Llama train the CPU's fp8 run to fp32 rounding (a value on a rounding
+// boundary may quantize the other way: 1e-3), and not the GPU's bf16 run.
+TEST(Gpt2Cuda, Fp8TrainsTheCpusFp8Run) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  if (!cpu::has_avx512f()) GTEST_SKIP() << "fp8 needs AVX-512 on the CPU side";
+  constexpr int kSteps = 3;
+  for (const bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "Llama" : "GPT-2");
+    const Gpt2Config config = llama ? small_llama(16) : small_config(4);
+    TrainRun on_cpu, on_gpu, bf16;
+    {
+      ops::MatmulPrecisionScope fp8("fp8", 32);
+      on_cpu = train(Device::cpu(), kSteps, config);
+      on_gpu = train(Device::cuda(0), kSteps, config);
+    }
+    {
+      ops::MatmulPrecisionScope scope("bf16");
+      bf16 = train(Device::cuda(0), kSteps, config);
+    }
+    ASSERT_EQ(on_gpu.losses.size(), on_cpu.losses.size());
+    double from_bf16 = 0;
+    for (size_t s = 0; s < on_cpu.losses.size(); ++s) {
+      EXPECT_NEAR(on_gpu.losses[s], on_cpu.losses[s], 1e-3 * std::abs(on_cpu.losses[s]))
+          << "step " << s;
+      from_bf16 = std::max(from_bf16, std::abs(on_gpu.losses[s] - bf16.losses[s]));
+    }
+    cpu::ktest::expect_close("first gradients", on_gpu.first_grads, on_cpu.first_grads, 1e-3);
+    EXPECT_FALSE(cpu::ktest::bitwise_equal(on_gpu.first_grads, bf16.first_grads))
+        << "fp8 computed the bf16 run";
+    EXPECT_GT(from_bf16, 0.0);
+  }
 }
 
 // Llama on the GPU: RMSNorm, the rotary table uploaded and applied with the shared key/value

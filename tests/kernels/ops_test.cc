@@ -130,19 +130,20 @@ TEST(Ops, AGpuExecIsAClearErrorWithoutCuda) {
   EXPECT_NO_THROW(ops::set_matmul_precision("fp32"));
 }
 
-// fp8 on CPU ranks: inside a precision scope the Linears' block is the scope's on a CPU and 0 on
-// a GPU (fp8 is CPU ranks' only); after it, 0 and fp32 GEMMs again.
-TEST(Ops, Fp8PrecisionScopeSetsTheLinearsBlockOnCpuRanksOnly) {
+// fp8: inside a precision scope the Linears' block is the scope's, on CPU ranks and GPUs alike
+// (whose GEMMs run at bf16 then); after it, 0 and fp32 GEMMs again.
+TEST(Ops, Fp8PrecisionScopeSetsTheLinearsBlock) {
   if (!cpu::has_avx512f()) GTEST_SKIP() << "fp8 GEMMs on CPU ranks need AVX-512";
   ThreadPool pool(1);
   const Exec cpu_exec{&pool, Device::cpu()}, gpu_exec{&pool, Device::cuda(0)};
   {
     const ops::MatmulPrecisionScope fp8("fp8", 32);
     EXPECT_EQ(ops::fp8_block(cpu_exec), 32);
-    EXPECT_EQ(ops::fp8_block(gpu_exec), 0);
+    EXPECT_EQ(ops::fp8_block(gpu_exec), 32);
     EXPECT_EQ(cpu::matmul_precision(), cpu::CpuMatmulPrecision::kFp8);
   }
   EXPECT_EQ(ops::fp8_block(cpu_exec), 0);
+  EXPECT_EQ(ops::fp8_block(gpu_exec), 0);
   EXPECT_EQ(cpu::matmul_precision(), cpu::CpuMatmulPrecision::kFp32);
   float out = 0, x = 1, w = 1;
   EXPECT_THROW(ops::matmul_forward_fp8(cpu_exec, &out, &x, &w, nullptr, 1, 1, 1), Error);

@@ -566,6 +566,33 @@ TEST_F(TrainTest, Fp16GemmsWithDynamicLossScalingTrainOnTheGpu) {
   EXPECT_LT(ratio, 1.2) << s.layout_report;
 }
 
+// runtime.matmul_precision = "fp8" on a GPU: the Linears' operands quantized in blocks as on CPU
+// ranks (here of 16), on the bf16 GEMM. The run trains the CPU ranks' fp8 run (to fp32 rounding:
+// 1e-3), and is not the GPU's bf16 run.
+TEST_F(TrainTest, Fp8OnTheGpuTrainsTheCpusFp8Run) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  if (!cpu::has_avx512f()) GTEST_SKIP() << "fp8 needs AVX-512 on the CPU side";
+  Config c = config(6);
+  c.runtime.matmul_precision = "fp8";
+  c.runtime.fp8_block = 16;
+  const TrainSummary on_cpu = run_training(c, options("fp8_cpu"));
+  EXPECT_LT(on_cpu.last_loss, on_cpu.first_loss - 0.3) << "fp8 did not train";
+  Config gpu = c;
+  gpu.runtime.device = "cuda";
+  run_training(gpu, options("fp8_gpu"));
+  gpu.runtime.matmul_precision = "bf16";
+  run_training(gpu, options("bf16_gpu"));
+  const auto cpu8 = metrics("fp8_cpu"), gpu8 = metrics("fp8_gpu"), gpu16 = metrics("bf16_gpu");
+  ASSERT_EQ(gpu8.size(), cpu8.size());
+  double from_bf16 = 0;
+  for (size_t i = 0; i < cpu8.size(); ++i) {
+    const double want = cpu8[i]["loss"], got = gpu8[i]["loss"], other = gpu16[i]["loss"];
+    EXPECT_NEAR(got, want, 1e-3 * want) << "step " << i + 1;
+    from_bf16 = std::max(from_bf16, std::abs(got - other));
+  }
+  EXPECT_GT(from_bf16, 1e-5) << "the fp8 GPU run is the bf16 one";
+}
+
 // A Llama (model.arch = "llama") trains through the same loop: the loss falls, evaluation runs,
 // the layout report's activation estimate is near the measured peak, and a Llama checkpoint
 // resumes bit for bit.

@@ -213,6 +213,22 @@ void matmul_backward_from_rounded_dout(int device, float* dinp, float* dweight, 
 void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand dout,
                            GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC);
 
+// fp8 GEMM operands (fp8.cu; runtime.matmul_precision = "fp8"): kernels/cpu/fp8.h's recipe with
+// the same bits. quantize_fp8_blocks: each block_rows × block_cols block of `in` (rows × cols,
+// row stride ld_in) scaled by the power of two that fits its largest |value| under 448, rounded
+// to E4M3 and scaled back into `out` (row stride ld_out; no aliasing); a block of zeros stays
+// zeros, one holding an infinity or a NaN is copied. The Linear with its operands so quantized
+// in blocks of `block` (inputs and output gradients 1 × block, weights block × block, the weight
+// gradient's operands block × 1) on the bf16 GEMM: the matmul precision must be bf16 (else it
+// fails); the bias and its gradient stay fp32, dweight and dbias accumulate.
+void quantize_fp8_blocks(int device, float* out, int64_t ld_out, const float* in, int64_t ld_in,
+                         int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols);
+void matmul_forward_fp8(int device, float* out, const float* inp, const float* weight,
+                        const float* bias, int64_t N, int64_t C, int64_t OC, int64_t block);
+void matmul_backward_fp8(int device, float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
+                         int64_t block);
+
 // ---- elementwise and reductions ----------------------------------------------------------------
 
 void add_forward(int device, float* out, const float* a, const float* b, int64_t n);
