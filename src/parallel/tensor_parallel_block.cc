@@ -101,7 +101,9 @@ Tensor TpGpt2Block::fc_backward(Context& ctx, Tensor& dg) {
 Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   const int64_t B = B_, T = T_;
   const Exec ex = ctx.exec();
-  qkv_out_ = qkv_.forward(ctx, ln_1_->forward(ctx, x));  // (B·T, 3C/P): this rank's heads
+  // The norms' outputs feed only the column-parallel qkv and fc: forward_for_matmul writes them
+  // as those keep them (16-bit on a GPU at bf16 / fp16, gathered so with sequence parallelism).
+  qkv_out_ = qkv_.forward(ctx, ln_1_->forward_for_matmul(ctx, x));  // (B·T, 3C/P): its heads
   if (llama_)  // (B·T, (NH + 2·KV)·hd / P): this rank's q and k turned in place
     ops::rope_forward<float>(ex, qkv_out_.data<float>(),
                              rotary_table(ctx, rope_, T, head_dim_, rope_frequencies_).data<float>(),
@@ -114,7 +116,7 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
                                     head_dim_);
   Tensor x1 = attn_proj_.forward(ctx, att_);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
-  h_ = fc_.forward(ctx, ln_2_->forward(ctx, x1));
+  h_ = fc_.forward(ctx, ln_2_->forward_for_matmul(ctx, x1));
   Tensor y = mlp_proj_.forward(ctx, activation(ctx));
   ops::add_inplace<float>(ex, y.data<float>(), x1.data<float>(), y.numel());
   return y;

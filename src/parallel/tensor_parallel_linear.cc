@@ -52,6 +52,13 @@ Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
   x_ = whole_input(x);
   const int64_t n = x_.dim(0);
   Tensor y = Tensor::empty({n, local_out_}, DType::kF32, ctx.device);
+  if (x_.dtype() != DType::kF32) {  // rounded by its producer (a norm's forward_for_matmul)
+    ops::matmul_forward_from_rounded_input(ctx.exec(), y.data<float>(), x_.raw(), x_.dtype(),
+                                           weight_->value.data<float>(),
+                                           bias_ ? bias_->value.data<float>() : nullptr, n, in_,
+                                           local_out_);
+    return y;
+  }
   ops::linear_forward<float>(
       ctx.exec(), y.data<float>(), x_.data<float>(), weight_->value.data<float>(),
       bias_ ? bias_->value.data<float>() : nullptr, nullptr, n, in_, local_out_);
@@ -74,10 +81,21 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
   const int64_t n = x_.dim(0);
   Tensor dx = Tensor::empty({n, in_}, DType::kF32, ctx.device);
   float* dbias = bias_ ? bias_->grad.data<float>() : nullptr;
-  ops::linear_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias,
-                              dy.data<float>(),
-                              gelu_input != nullptr ? gelu_input->data<float>() : nullptr,
-                              x_.data<float>(), weight_->value.data<float>(), n, in_, local_out_);
+  if (x_.dtype() != DType::kF32) {  // kept as its producer rounded it
+    float* d = dy.data<float>();  // backward_before_gelu's dgelu: overwritten, as documented
+    if (gelu_input != nullptr)
+      ops::gelu_backward<float>(ctx.exec(), d, gelu_input->data<float>(), d, dy.numel());
+    ops::matmul_backward_from_rounded_input(ctx.exec(), dx.data<float>(),
+                                            weight_->grad.data<float>(), dbias, dy.data<float>(),
+                                            x_.raw(), x_.dtype(), weight_->value.data<float>(), n,
+                                            in_, local_out_);
+  } else {
+    ops::linear_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias,
+                                dy.data<float>(),
+                                gelu_input != nullptr ? gelu_input->data<float>() : nullptr,
+                                x_.data<float>(), weight_->value.data<float>(), n, in_,
+                                local_out_);
+  }
   x_ = Tensor();
   // Each rank's dx is its output slice's contribution: sum over the group.
   if (!sequence_parallel_) {

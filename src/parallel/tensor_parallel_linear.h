@@ -43,7 +43,10 @@ class ColumnParallelLinear {
   ColumnParallelLinear(ParameterStore& store, const std::string& name, int64_t in, int64_t out,
                        Communicator& tp, bool bias, float init_std, bool sequence_parallel,
                        std::vector<int64_t> out_blocks = {});
-  // x: (N, in), or with sequence parallelism this rank's (N/P, in) rows → (N, out/P).
+  // x: (N, in), or with sequence parallelism this rank's (N/P, in) rows → (N, out/P). x is fp32,
+  // or on a GPU at bf16 / fp16 matmul precision already rounded for the GEMMs by its producer (a
+  // norm's forward_for_matmul): then it is gathered and kept in those 16 bits (half the bytes of
+  // the sequence-parallel all-gather and of the kept input), as nn::Linear keeps it.
   Tensor forward(Context& ctx, const Tensor& x);
   // dy: (N, out/P) → dx shaped like forward's x. Accumulates the weight (and bias) gradient.
   Tensor backward(Context& ctx, const Tensor& dy);

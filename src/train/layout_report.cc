@@ -17,10 +17,14 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // attention's and the GELU's outputs, and the logits (models/gpt2.cc); and fc's output, the
   // GELU's input, which fc's GEMM writes in 16 bits with the GELU in its epilogue (nn/mlp.h). A
   // Llama likewise (below).
-  const bool sixteen_bit =
-      par.tp == 1 && config.runtime.device.rfind("cuda", 0) == 0 &&
+  const bool gpu_sixteen_bit =
+      config.runtime.device.rfind("cuda", 0) == 0 &&
       (config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16");
+  const bool sixteen_bit = par.tp == 1 && gpu_sixteen_bit;
   const double half = sixteen_bit ? 0.5 : 1.0;
+  // Under tp the norms' outputs (the column-parallel layers' kept inputs) are 16-bit too
+  // (parallel/tensor_parallel_block.cc); the parallel layers' other activations stay fp32.
+  const double norm_half = gpu_sixteen_bit ? 0.5 : 1.0;
   // qkv too where the fused flash kernels read it (bf16, head size 64 or 128:
   // nn/causal_self_attention).
   const bool flash = sixteen_bit && config.runtime.matmul_precision == "bf16" &&
@@ -31,7 +35,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output
   // (4) and the GELU's (4), N·C/P each.
-  double everything = (2 + 2 * half) * rows * C + (qkv + half + 8 * half) * N * C / P;
+  double everything = (2 + 2 * norm_half) * rows * C + (qkv + half + 8 * half) * N * C / P;
   double selective = 2 * rows * C + (qkv + half + 4 * half) * N * C / P;
   if (config.model.arch == "llama") {
     // Llama (nn/causal_self_attention.h, nn/swiglu_mlp.h, nn/rms_norm.h): the compact qkv, q and
@@ -45,7 +49,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
         ? static_cast<double>(m.n_heads + 2 * m.resolved_n_kv_heads()) / static_cast<double>(m.n_heads)
         : 3.0;
     const double attention = qkv_width * (flash ? half : 1.0) + half;
-    everything = (2 + 2 * half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
+    everything = (2 + 2 * norm_half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
   }
   double per_block = everything;
