@@ -92,10 +92,11 @@ int cmd_train(const TrainArgs& a) {
                  s.last_checkpoint.empty() ? "" : "; checkpoint ", s.last_checkpoint.c_str());
     return 0;
   }
-  std::fprintf(stderr, "done: step %ld, loss %.4f (first %.4f)%s, %.0f tok/s, peak tensor memory %.1f MiB\n",
+  std::fprintf(stderr, "done: step %ld, loss %.4f (first %.4f)%s, %.0f tok/s, peak tensor memory %.1f MiB, %.2f s in checkpoint saves\n",
                static_cast<long>(s.last_step), s.last_loss, s.first_loss,
                s.last_val_loss >= 0 ? (", val loss " + std::to_string(s.last_val_loss)).c_str() : "",
-               s.tokens_per_s, static_cast<double>(s.peak_bytes) / 1048576.0);
+               s.tokens_per_s, static_cast<double>(s.peak_bytes) / 1048576.0,
+               s.checkpoint_stall_s);
   return 0;
 }
 

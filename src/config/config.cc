@@ -81,6 +81,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(train, eval_batches),
     LOOM_KEY(train, save_every),
     LOOM_KEY(train, keep_checkpoints),
+    LOOM_KEY(train, async_checkpoint),
     LOOM_KEY(train, checkpoint_format),
     LOOM_KEY(train, log_every),
     LOOM_KEY(train, recompute),

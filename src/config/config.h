@@ -96,6 +96,8 @@ struct TrainConfig {
   int64_t eval_batches = 8;      // validation micro-batches per evaluation
   int64_t save_every = 500;      // steps between checkpoints; 0 = never
   int64_t keep_checkpoints = 0;  // the newest complete checkpoints kept after a save; 0 = all
+  // Checkpoint files written by a thread while training goes on (train/async_checkpoint.h).
+  bool async_checkpoint = false;
   // "whole": one file set, assembled on one rank; "sharded": every rank writes what it owns
   std::string checkpoint_format = "whole";
   int64_t log_every = 1;         // steps between log lines

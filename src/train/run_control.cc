@@ -42,10 +42,12 @@ TestFault TestFault::from_env() {
   if (kind == "kill") f.kind = kKill;
   if (kind == "hang") f.kind = kHang;
   if (kind == "term") f.kind = kTerm;
+  if (kind == "savefail") f.kind = kSaveFail;
   char* end = nullptr;
   if (at != std::string::npos) f.step = std::strtoll(s.c_str() + at + 1, &end, 10);
   if (f.kind == kNone || at == std::string::npos || end == nullptr || *end != 0 || f.step < 1)
-    fail("LOOM_TEST_FAULT = '", s, "': expected kill@STEP, hang@STEP or term@STEP (STEP >= 1)");
+    fail("LOOM_TEST_FAULT = '", s,
+         "': expected kill@STEP, hang@STEP, term@STEP or savefail@STEP (STEP >= 1)");
   return f;
 }
 

@@ -18,14 +18,17 @@ int stop_signal_received();  // the first such signal so far, 0 if none
 // "hang@N": it stops responding there; "term@N": it sends its process SIGTERM there — a crashed
 // rank, a wedged one, a scheduler's preemption. The trainer strikes only in a run that started at
 // step 0, so that the restarted run (resumed from a checkpoint) goes past it. For the tests of
-// `loom launch` and the graceful stop (tests/apps/cli_test.cc).
+// `loom launch` and the graceful stop (tests/apps/cli_test.cc). "savefail@N": world rank 0's
+// asynchronous checkpoint write of step N throws, as a full disk would (train.async_checkpoint;
+// tests/train/train_test.cc).
 struct TestFault {
-  enum Kind { kNone, kKill, kHang, kTerm } kind = kNone;
+  enum Kind { kNone, kKill, kHang, kTerm, kSaveFail } kind = kNone;
   int64_t step = 0;
 
   // Throws loom::Error naming the variable for a value that is not one of the above.
   static TestFault from_env();
   void strike_at(int64_t step_done) const;  // does what it says when step_done == step
+  bool fails_save(int64_t step_saved) const { return kind == kSaveFail && step_saved == step; }
 };
 
 }  // namespace loom

@@ -1,5 +1,6 @@
 #include "train/sharded_io.h"
 
+#include <memory>
 #include <set>
 
 #include "base/error.h"
@@ -78,33 +79,35 @@ std::set<std::string> left_to_others(Gpt2Stage& part, int tp_rank) {
   return skip;
 }
 
-std::string save_per_rank(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
-                          const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
-                          const Config& config, const TrainingState& st) {
+StagedCheckpoint stage_per_rank(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
+                                const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
+                                const Config& config, const TrainingState& st,
+                                bool private_copies) {
   Communicator& world = mesh.world();
-  std::vector<ShardSlice> slices;
+  auto slices = std::make_shared<std::vector<ShardSlice>>();
   std::vector<FlatModelState> owned;
   int64_t total = 0;
   for (size_t k = 0; k < parts.size(); ++k) {
     std::vector<std::pair<int64_t, int64_t>> ranges;
-    owned.push_back(on_host(engines[k]->owned_state(ranges)));
+    const FlatModelState state = engines[k]->owned_state(ranges);
+    owned.push_back(private_copies ? private_host_copy(state) : on_host(state));
     for (ShardSlice s :
          slices_of(parts[k]->params(), ranges, left_to_others(*parts[k], mesh.coord("tp")))) {
       s.at += total;  // the parts' arrays follow one another in the file
-      slices.push_back(std::move(s));
+      slices->push_back(std::move(s));
     }
     total += owned.back().values.numel();
   }
   // One part (no interleaved stages): its arrays as they are; several: one after another.
-  FlatModelState arrays = owned[0];
+  auto arrays = std::make_shared<FlatModelState>(owned[0]);
   if (owned.size() > 1) {
-    arrays = zero_state(total);
+    *arrays = zero_state(total);
     int64_t at = 0;
     for (const FlatModelState& o : owned) {
       const int64_t n = o.values.numel();
-      arrays.values.narrow(at, n).copy_from(o.values);
-      arrays.exp_avg.narrow(at, n).copy_from(o.exp_avg);
-      arrays.exp_avg_sq.narrow(at, n).copy_from(o.exp_avg_sq);
+      arrays->values.narrow(at, n).copy_from(o.values);
+      arrays->exp_avg.narrow(at, n).copy_from(o.exp_avg);
+      arrays->exp_avg_sq.narrow(at, n).copy_from(o.exp_avg_sq);
       at += n;
     }
   }
@@ -112,49 +115,88 @@ std::string save_per_rank(const std::string& dir, const std::vector<Gpt2Stage*>&
   if (leader) begin_sharded_checkpoint(dir, st.step);
   world.barrier();  // step_N.tmp exists, empty
   const std::string tmp = checkpoint_tmp_dir(dir, st.step);
-  write_shard(tmp, world.rank(), slices, arrays);
-  world.barrier();  // every shard is on the disk
-  if (!leader) return "";
-  auto layout = whole_layout(config);
-  return finish_sharded_checkpoint(tmp, world.size(), layout->params(), layout->config(), st, true);
+  const int rank = world.rank(), ranks = world.size();
+  StagedCheckpoint staged;
+  staged.write = [tmp, rank, slices, arrays] { write_shard(tmp, rank, *slices, *arrays); };
+  staged.commit = [&world, tmp, ranks, leader, config, st]() -> std::string {
+    world.barrier();  // every shard is on the disk
+    if (!leader) return "";
+    auto layout = whole_layout(config);
+    return finish_sharded_checkpoint(tmp, ranks, layout->params(), layout->config(), st, true);
+  };
+  return staged;
 }
 
-std::string save_whole(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
-                       const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
-                       const Config& config, const TrainingState& st) {
+StagedCheckpoint stage_whole(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
+                             const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
+                             const Config& config, const TrainingState& st) {
   LOOM_CHECK(parts.size() == engines.size());
+  Communicator& world = mesh.world();
+  StagedCheckpoint staged;
+  staged.write = [] {};
+  staged.commit = [&world]() -> std::string {
+    world.barrier();  // the writer (the rank at (0, 0, 0)) has published it
+    return "";
+  };
   std::vector<FlatModelState> mine;
   for (DataParallel* e : engines) mine.push_back(on_host(e->gather_state()));  // collective over dp
-  if (mesh.coord("dp") != 0) return "";
+  if (mesh.coord("dp") != 0) return staged;
   Communicator& pp = mesh.axis("pp");
   Communicator& tp = mesh.axis("tp");
-  auto layout = whole_layout(config);
-  FlatModelState whole = zero_state(layout->params().numel());
+  std::shared_ptr<Gpt2> layout = whole_layout(config);
+  auto whole = std::make_shared<FlatModelState>(zero_state(layout->params().numel()));
   for (size_t k = 0; k < parts.size(); ++k) {
     const Parameter* duplicate = parts[k]->tied_head_copy();
     for (const auto& p : parts[k]->params().parameters()) {
       if (p.get() == duplicate) continue;                  // the first stage's copy is written
       if (p->pieces.empty() && tp.rank() != 0) continue;  // replicated: tp rank 0's copy
-      copy_state(*p, layout->params().get(p->name), mine[k], whole, true);
+      copy_state(*p, layout->params().get(p->name), mine[k], *whole, true);
     }
   }
   // The pieces are disjoint and everything else is zero: sums assemble the whole model.
-  for (Tensor* t : {&whole.values, &whole.exp_avg, &whole.exp_avg_sq}) reduce_to_first(pp, *t);
-  if (pp.rank() != 0) return "";
-  for (Tensor* t : {&whole.values, &whole.exp_avg, &whole.exp_avg_sq}) reduce_to_first(tp, *t);
-  if (tp.rank() != 0) return "";
-  return save_checkpoint(dir, layout->params(), layout->config(), whole, st);
+  for (Tensor* t : {&whole->values, &whole->exp_avg, &whole->exp_avg_sq}) reduce_to_first(pp, *t);
+  if (pp.rank() != 0) return staged;
+  for (Tensor* t : {&whole->values, &whole->exp_avg, &whole->exp_avg_sq}) reduce_to_first(tp, *t);
+  if (tp.rank() != 0) return staged;
+  // `whole` is this function's own buffer: the write reads nothing training changes.
+  auto path = std::make_shared<std::string>();
+  staged.write = [dir, layout, whole, st, path] {
+    *path = save_checkpoint(dir, layout->params(), layout->config(), *whole, st);
+  };
+  staged.commit = [&world, path]() -> std::string {
+    world.barrier();
+    return *path;
+  };
+  return staged;
 }
 
 }  // namespace
 
+FlatModelState private_host_copy(const FlatModelState& state) {
+  const auto copy = [](const Tensor& t) {
+    if (!t.defined()) return t;
+    return t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+  };
+  return {copy(state.values), copy(state.exp_avg), copy(state.exp_avg_sq)};
+}
+
+StagedCheckpoint stage_layout_checkpoint(const std::string& dir,
+                                         const std::vector<Gpt2Stage*>& parts,
+                                         const std::vector<DataParallel*>& engines,
+                                         DeviceMesh& mesh, const Config& config,
+                                         const TrainingState& st, bool private_copies) {
+  LOOM_CHECK(parts.size() == engines.size());
+  if (config.train.checkpoint_format == "sharded")
+    return stage_per_rank(dir, parts, engines, mesh, config, st, private_copies);
+  return stage_whole(dir, parts, engines, mesh, config, st);
+}
+
 std::string save_layout_checkpoint(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
                                    const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
                                    const Config& config, const TrainingState& st) {
-  LOOM_CHECK(parts.size() == engines.size());
-  if (config.train.checkpoint_format == "sharded")
-    return save_per_rank(dir, parts, engines, mesh, config, st);
-  return save_whole(dir, parts, engines, mesh, config, st);
+  StagedCheckpoint staged = stage_layout_checkpoint(dir, parts, engines, mesh, config, st, false);
+  staged.write();
+  return staged.commit();
 }
 
 TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,

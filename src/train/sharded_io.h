@@ -5,6 +5,7 @@
 // either format resumes under any layout.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,28 @@ class Gpt2Stage;
 std::string save_layout_checkpoint(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
                                    const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
                                    const Config& config, const TrainingState& st);
+
+// A save split in three (train.async_checkpoint): staging, what needs the training state and the
+// collectives — the state gathered into host buffers, with `private_copies` copied so that
+// nothing is read from the live buffers afterwards (the whole format's assembled model is its
+// own buffer anyway); `write`, this rank's files, which touches no communicator
+// and may run on a thread of its own while training goes on; `commit`, collective again (every
+// rank of the world calls it, after its write), which publishes the checkpoint (step_N.tmp
+// renamed to step_N) and returns its path on world rank 0, "" elsewhere.
+struct StagedCheckpoint {
+  std::function<void()> write;
+  std::function<std::string()> commit;
+};
+// save_layout_checkpoint is stage_layout_checkpoint, then write, then commit.
+StagedCheckpoint stage_layout_checkpoint(const std::string& dir,
+                                         const std::vector<Gpt2Stage*>& parts,
+                                         const std::vector<DataParallel*>& engines,
+                                         DeviceMesh& mesh, const Config& config,
+                                         const TrainingState& st, bool private_copies);
+
+// A host copy of `state` that shares no buffer with it (on the host: a clone; from a GPU: the
+// copy), for a write that runs while training changes the original.
+FlatModelState private_host_copy(const FlatModelState& state);
 
 // Reads a checkpoint of either format and gives each engine its part's pieces (padding zero).
 // From a sharded one each rank reads only the shard files holding its pieces.

@@ -32,6 +32,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel_gpt2.h"
+#include "train/async_checkpoint.h"
 #include "train/evaluate.h"
 #include "train/layout_report.h"
 #include "train/run_control.h"
@@ -357,25 +358,87 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const double peak_tflops = leader ? rank_peak_tflops(config, device) : 0;
   double time_total = 0;
   int64_t steps_timed = 0;
-  auto checkpoint = [&](int64_t step) {
-    const LoaderState ls = train_loader.state();
-    TrainingState st{step,     engines[0]->optimizer_steps(),  ls.shard,        ls.offset,
-                     ls.epoch, static_cast<uint64_t>(tc.seed), to_toml(config), scaler.state()};
-    if (pipelined || tensor_parallel || tc.checkpoint_format == "sharded") {
-      const std::string path =
-          save_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st);
-      if (leader) summary.last_checkpoint = path;
-    } else {
-      const FlatModelState full = on_host(whole_engine->gather_state());  // collective
-      if (leader)
-        summary.last_checkpoint = save_checkpoint(checkpoints_dir, whole->params(), whole->config(), full, st);
-    }
+  // A checkpoint published: said, and the older ones pruned (only once the new one is complete
+  // on disk).
+  auto published = [&](int64_t step) {
     message("saved " + summary.last_checkpoint);
-    // Older checkpoints go only once the new one is complete on disk.
     if (leader && tc.keep_checkpoints > 0)
       for (const std::string& old : prune_checkpoints(checkpoints_dir, tc.keep_checkpoints, step))
         message("removed " + old +
                 " (train.keep_checkpoints = " + std::to_string(tc.keep_checkpoints) + ")");
+  };
+  // train.async_checkpoint: the save in flight, its files being written by `writer`.
+  CheckpointWriter writer;
+  std::function<std::string()> pending_commit;
+  int64_t pending_step = 0;
+  // Commits the save in flight once every rank's write is done — without `wait` only if they
+  // all are already (one all-reduce of a flag), else after waiting for them. Collective: every
+  // rank calls it at the same point. A write that failed on any rank fails the run on all.
+  auto commit_pending = [&](bool wait) {
+    if (!pending_commit) return;
+    if (!wait && all_reduce_value(world, writer.done() ? 1.0 : 0.0, ReduceOp::kMin) == 0) return;
+    std::string error;
+    try {
+      writer.wait();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const int64_t step = pending_step;
+    std::function<std::string()> commit = std::move(pending_commit);
+    pending_commit = nullptr;
+    if (all_reduce_value(world, error.empty() ? 1.0 : 0.0, ReduceOp::kMin) == 0)
+      fail("the asynchronous checkpoint of step ", step, " failed",
+           error.empty() ? std::string(" on another rank") : ": " + error,
+           "; the checkpoints published before it are intact");
+    const std::string path = commit();
+    if (leader) summary.last_checkpoint = path;
+    published(step);
+  };
+  auto checkpoint = [&](int64_t step) {
+    const double t0 = now_seconds();
+    commit_pending(true);  // one save in flight at a time
+    const LoaderState ls = train_loader.state();
+    TrainingState st{step,     engines[0]->optimizer_steps(),  ls.shard,        ls.offset,
+                     ls.epoch, static_cast<uint64_t>(tc.seed), to_toml(config), scaler.state()};
+    const bool layout = pipelined || tensor_parallel || tc.checkpoint_format == "sharded";
+    if (tc.async_checkpoint) {
+      StagedCheckpoint staged;
+      if (layout) {
+        staged = stage_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st, true);
+      } else {
+        // A copy of the gathered state (collective) that training does not touch; the store's
+        // names and offsets, which the write reads, do not change while training runs.
+        auto full = std::make_shared<FlatModelState>(
+            private_host_copy(whole_engine->gather_state()));
+        auto path = std::make_shared<std::string>();
+        const ParameterStore* store = &whole->params();
+        const Gpt2Config model = whole->config();
+        staged.write = [] {};
+        if (leader)
+          staged.write = [dir = checkpoints_dir, store, model, full, st, path] {
+            *path = save_checkpoint(dir, *store, model, *full, st);
+          };
+        staged.commit = [path] { return *path; };
+      }
+      if (leader && fault.fails_save(step))
+        staged.write = [step] { fail("LOOM_TEST_FAULT: the checkpoint write of step ", step, " fails"); };
+      writer.start(std::move(staged.write));
+      pending_commit = std::move(staged.commit);
+      pending_step = step;
+    } else {
+      if (layout) {
+        const std::string path =
+            save_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st);
+        if (leader) summary.last_checkpoint = path;
+      } else {
+        const FlatModelState full = on_host(whole_engine->gather_state());  // collective
+        if (leader)
+          summary.last_checkpoint =
+              save_checkpoint(checkpoints_dir, whole->params(), whole->config(), full, st);
+      }
+      published(step);
+    }
+    summary.checkpoint_stall_s += now_seconds() - t0;
   };
 
   summary.last_step = summary.start_step;
@@ -522,12 +585,18 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
             : 0;
     const bool stopping =
         (options.stop_after > 0 && step == options.stop_after && !last) || signalled != 0;
+    commit_pending(false);  // the save in flight, if every rank has written it
     if ((tc.save_every > 0 && (step % tc.save_every == 0 || last)) || stopping) checkpoint(step);
     if (step == trace_last) write_trace();
     if (signalled) {
       summary.stopped_by_signal = signalled;
       break;
     }
+  }
+  {  // the run's last save, if still being written
+    const double t0 = now_seconds();
+    commit_pending(true);
+    summary.checkpoint_stall_s += now_seconds() - t0;
   }
   // The run ended inside the traced steps (train.steps, --stop-after, a signal): what there is.
   if (!trace_written && trace_first > 0 && trace_first <= summary.last_step &&

@@ -38,6 +38,9 @@ struct TrainSummary {
   double comm_wait_s = 0;   // rank 0's time blocked on data-parallel communication, all steps
   DataParallelMemory memory;  // rank 0's parameter, gradient and optimizer bytes
   std::string last_checkpoint;
+  // Rank 0's time the training loop spent in checkpoint saves, all of them (with
+  // train.async_checkpoint: staging, and waiting for a write that was not done when needed).
+  double checkpoint_stall_s = 0;
   std::string layout_report;               // printed at start-up (train/layout_report.h)
   int64_t expected_activation_bytes = 0;  // rank 0's estimate in that report
   int stopped_by_signal = 0;  // the signal that ended the run early (stop_on_signal), else 0
