@@ -284,6 +284,21 @@ inline void matmul_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbi
                     dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
+// Gradients communicated in bf16 (parallel.grad_reduce_dtype; cpu/elementwise.h): n floats
+// rounded to bf16 bits, bf16 bits widened, and widened then added into fp32.
+inline void round_to_bf16(const Exec& ex, uint16_t* out, const float* in, int64_t n) {
+  using Real = float;
+  LOOM_OPS_DISPATCH(round_to_bf16, (0, 1.5 * n), out, in, n);
+}
+inline void widen_bf16(const Exec& ex, float* out, const uint16_t* in, int64_t n) {
+  using Real = float;
+  LOOM_OPS_DISPATCH(widen_bf16, (0, 1.5 * n), out, in, n);
+}
+inline void add_widened_bf16(const Exec& ex, float* acc, const uint16_t* in, int64_t n) {
+  using Real = float;
+  LOOM_OPS_DISPATCH(add_widened_bf16, (0, 2.5 * n), acc, in, n);
+}
+
 template <typename Real>
 inline void add_forward(const Exec& ex, Real* out, const Real* a, const Real* b, int64_t n) {
   LOOM_OPS_DISPATCH(add_forward, (0, 3.0 * n), out, a, b, n);

@@ -20,6 +20,7 @@ struct Bucket {
   int units = 0;                 // units in the bucket
   int units_left = 0;            // of which not final yet this step
   WorkHandle work;
+  Tensor wire;  // with a bf16 reduce_dtype: the bucket's gradients as reduced, in bf16
 };
 
 class ZeroDataParallel final : public DataParallel {
@@ -95,8 +96,11 @@ class ZeroDataParallel final : public DataParallel {
   struct PendingReduce {
     size_t unit;
     WorkHandle work;
-    Tensor output;  // chunk(unit) elements
+    Tensor output;  // chunk(unit) elements, of reduce_dtype_
+    Tensor input;   // with a bf16 reduce_dtype_: the unit's gradient rounded, kept until done
   };
+  DType reduce_dtype_ = DType::kF32;
+  Exec exec() const { return Exec{&pool_, device_}; }
   std::deque<PendingReduce> reducing_;
   std::vector<Tensor> unit_grads_;  // full gradients of the units inside their backward
   // Stage 3.
@@ -111,6 +115,11 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
       rank_(dp.rank()), size_(dp.size()) {
   if (stage_ < 0 || stage_ > 3) fail("parallel.zero = ", stage_, ": must be 0, 1, 2 or 3");
   if (params.allocated()) fail("data parallel: the model's parameters are already allocated");
+  if (config.reduce_dtype != DType::kF32 && config.reduce_dtype != DType::kBF16)
+    fail("parallel.grad_reduce_dtype: gradients are reduced in fp32 or bf16, not ",
+         dtype_name(config.reduce_dtype));
+  // A group of one reduces nothing: its gradients stay as they are, as one device's.
+  reduce_dtype_ = size_ > 1 ? config.reduce_dtype : DType::kF32;
   Allocator& allocator = allocator_for(device);
   auto in_use = [&] { return allocator.stats().bytes_in_use; };
 
@@ -249,6 +258,11 @@ void ZeroDataParallel::end_micro_batch() {
     LOOM_CHECK_MSG(b.units_left == 0 && b.work, "a bucket's gradients were never finalised");
     wait(b.work);
     b.work.reset();
+    if (b.wire.defined()) {  // the reduced bf16 gradients back into the fp32 ones
+      ops::widen_bf16(exec(), params_.grads().narrow(b.begin, b.numel).data<float>(),
+                      b.wire.data_u16(), b.numel);
+      b.wire = Tensor();
+    }
   }
 }
 
@@ -294,7 +308,13 @@ void ZeroDataParallel::after_backward(size_t u) {
     LOOM_CHECK(b.units_left > 0);
     if (--b.units_left == 0) {
       Tensor grads = params_.grads().narrow(b.begin, b.numel);
-      b.work = dp_.all_reduce_async(grads, ReduceOp::kAvg);
+      if (reduce_dtype_ == DType::kBF16) {
+        b.wire = Tensor::empty({b.numel}, DType::kBF16, device_);
+        ops::round_to_bf16(exec(), b.wire.data_u16(), grads.data<float>(), b.numel);
+        b.work = dp_.all_reduce_async(b.wire, ReduceOp::kAvg);
+      } else {
+        b.work = dp_.all_reduce_async(grads, ReduceOp::kAvg);
+      }
       ++step_stats_.collectives;
     }
     poll_buckets();
@@ -302,10 +322,16 @@ void ZeroDataParallel::after_backward(size_t u) {
   }
   // Stages 2/3: reduce-scatter the unit's full gradient into a chunk. The pending operation
   // keeps the full buffer alive until it completes; then it is freed.
-  Tensor output = Tensor::empty({chunk(u)}, DType::kF32, device_);
-  WorkHandle work = dp_.reduce_scatter_async(unit_grads_[u], output, ReduceOp::kAvg);
+  Tensor output = Tensor::empty({chunk(u)}, reduce_dtype_, device_);
+  Tensor input;
+  if (reduce_dtype_ == DType::kBF16) {
+    input = Tensor::empty({unit_grads_[u].numel()}, DType::kBF16, device_);
+    ops::round_to_bf16(exec(), input.data_u16(), unit_grads_[u].data<float>(), input.numel());
+  }
+  WorkHandle work = dp_.reduce_scatter_async(input.defined() ? input : unit_grads_[u], output,
+                                             ReduceOp::kAvg);
   ++step_stats_.collectives;
-  reducing_.push_back({u, std::move(work), std::move(output)});
+  reducing_.push_back({u, std::move(work), std::move(output), std::move(input)});
   params_.bind_unit_grads(u, Tensor());
   unit_grads_[u] = Tensor();
   if (stage_ == 3) release_values(u);
@@ -319,8 +345,10 @@ void ZeroDataParallel::drain_reduce_scatters(bool all) {
     if (!all) ++step_stats_.done_before_backward_end;
     wait(front.work);
     Tensor dst = shard_of(shard_grads_, front.unit);
-    ops::add_inplace<float>(Exec{&pool_, device_}, dst.data<float>(), front.output.data<float>(),
-                            dst.numel());
+    if (front.output.dtype() == DType::kBF16)
+      ops::add_widened_bf16(exec(), dst.data<float>(), front.output.data_u16(), dst.numel());
+    else
+      ops::add_inplace<float>(exec(), dst.data<float>(), front.output.data<float>(), dst.numel());
     reducing_.pop_front();
   }
 }

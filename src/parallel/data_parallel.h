@@ -45,6 +45,12 @@ namespace loom {
 struct DataParallelConfig {
   int zero = 0;                             // ZeRO stage 0..3
   int64_t bucket_bytes = int64_t{25} << 20;  // stage 0/1 all-reduce bucket size
+  // What gradients are reduced in over dp (parallel.grad_reduce_dtype): kF32, or kBF16 — each
+  // bucket (stages 0/1) or unit (stages 2/3) rounded to bf16 before its collective and widened
+  // after, into the fp32 gradients (Megatron's --grad-reduce-in-bf16, DeepSpeed's
+  // communication_data_type): half the bytes on the wire, gradients rounded once to bf16 plus
+  // the backend's bf16 sums.
+  DType reduce_dtype = DType::kF32;
   // When the model is itself split over a tensor-parallel group: the gradient norm then sums
   // the sharded parameters' squares over that group and counts replicated ones (those without
   // ShardPiece pieces) once.

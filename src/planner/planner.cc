@@ -149,20 +149,27 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   // two backward, on the critical path.
   plan.tp_comm_s = static_cast<double>(most_blocks) * m * 4 *
                    all_reduce_seconds(activation, par.tp, gbps(par.tp));
-  // Data parallelism over the gradients (f32) of the largest rank's parameters.
-  const double grads = static_cast<double>(most_params) * 4;
+  // Data parallelism over the gradients of the largest rank's parameters: f32, or bf16 with
+  // parallel.grad_reduce_dtype = "bf16"; ZeRO's parameter all-gathers stay f32.
+  const double params_bytes = static_cast<double>(most_params) * 4;
+  const double grads_bytes = params_bytes * (config.parallel.grad_reduce_dtype == "bf16" ? 0.5 : 1);
   const double dp_gbps = gbps(par.tp * par.dp);
-  const double half_reduce = par.dp > 1 ? (par.dp - 1.0) / par.dp * grads / (dp_gbps * 1e9) : 0;
+  // A reduce-scatter's (or all-gather's) time: half an all-reduce's.
+  const auto half_reduce = [&](double bytes) {
+    return par.dp > 1 ? (par.dp - 1.0) / par.dp * bytes / (dp_gbps * 1e9) : 0;
+  };
+  const double grads_half = half_reduce(grads_bytes), params_half = half_reduce(params_bytes);
   const double backward_s = plan.compute_s * 2.0 / 3.0;  // backward is ~2/3 of the FLOPs
   if (par.dp > 1) {
-    if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * half_reduce - backward_s);
+    if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * grads_half - backward_s);
     // Stage 1: the all-reduce as stage 0, then the updated chunks all-gathered (exposed).
-    if (par.zero == 1) plan.dp_comm_s = std::max(0.0, 2 * half_reduce - backward_s) + half_reduce;
+    if (par.zero == 1) plan.dp_comm_s = std::max(0.0, 2 * grads_half - backward_s) + params_half;
     // Stage 2: a reduce-scatter per micro-batch behind backward, the all-gather after the step.
-    if (par.zero == 2) plan.dp_comm_s = std::max(0.0, m * half_reduce - backward_s) + half_reduce;
+    if (par.zero == 2) plan.dp_comm_s = std::max(0.0, m * grads_half - backward_s) + params_half;
     // Stage 3: per micro-batch, the values gathered for forward and for backward and the
     // gradients reduce-scattered, prefetched behind the compute.
-    if (par.zero == 3) plan.dp_comm_s = std::max(0.0, 3 * m * half_reduce - plan.compute_s);
+    if (par.zero == 3)
+      plan.dp_comm_s = std::max(0.0, m * (2 * params_half + grads_half) - plan.compute_s);
   }
   // Pipeline messages: each micro-batch's activations forward and their gradients back, per
   // chunk.

@@ -495,6 +495,28 @@ TEST_F(CudaKernelsTest, ElementwiseAndSumsMatchCpu) {
   EXPECT_EQ(ops::sum<float>(on_gpu, a.g(), 0), 0.0);
 }
 
+// Gradients communicated in bf16 (parallel.grad_reduce_dtype): the GPU's rounding to bf16, its
+// widening and its widened add are the CPU's bit for bit (to nearest even; ties included).
+TEST_F(CudaKernelsTest, Bf16GradientConversionsAreTheCpus) {
+  const int64_t n = 5000;
+  std::vector<float> x = random_floats(n, 240, -50.0, 50.0);
+  x[0] = bf16_to_float(0x3f80) + std::ldexp(1.0f, -8);  // a tie: 1 + half a bf16 ulp
+  x[1] = bf16_to_float(0x3f81) + std::ldexp(1.0f, -8);  // a tie rounding up to even
+  Pair in = pair_of(x), acc = random_pair(n, 241);
+  Tensor h = Tensor::empty({n}, DType::kBF16), g = Tensor::empty({n}, DType::kBF16, Device::cuda(0));
+  ops::round_to_bf16(on_cpu, h.data_u16(), in.h(), n);
+  ops::round_to_bf16(on_gpu, g.data_u16(), in.g(), n);
+  EXPECT_EQ(std::memcmp(h.data_u16(), g.to(Device::cpu()).data_u16(), n * 2), 0) << "rounding";
+  Pair wide = pair_of(std::vector<float>(n));
+  ops::widen_bf16(on_cpu, wide.h(), h.data_u16(), n);
+  ops::widen_bf16(on_gpu, wide.g(), g.data_u16(), n);
+  EXPECT_TRUE(bitwise_equal(wide.from_host(), wide.from_gpu())) << "widening";
+  ops::add_widened_bf16(on_cpu, acc.h(), h.data_u16(), n);
+  ops::add_widened_bf16(on_gpu, acc.g(), g.data_u16(), n);
+  EXPECT_TRUE(bitwise_equal(acc.from_host(), acc.from_gpu())) << "widened add";
+  EXPECT_FALSE(bitwise_equal(wide.from_host(), x)) << "nothing was rounded";
+}
+
 TEST_F(CudaKernelsTest, GeluMatchesCpu) {
   const int64_t n = 4099;
   Pair x = random_pair(n, 30, -6.0, 6.0), y = pair_of(std::vector<float>(n));

@@ -217,6 +217,49 @@ TEST_F(DataParallelRuns, SameLayoutTwiceIsBitwiseIdentical) {
   }
 }
 
+// parallel.grad_reduce_dtype = "bf16": gradients rounded to bf16 for their all-reduce (ZeRO 0)
+// or reduce-scatter (ZeRO 2 with accumulation, ZeRO 3): half the dp bytes of the fp32 run of the
+// same layout (ZeRO 0; less with the parameters' fp32 all-gathers of ZeRO 2 and 3), losses near one device's (bf16's rounding of the gradients, not fp32's 1e-5), not
+// the fp32 run's bits (something was rounded), and the same bits when run twice.
+TEST_F(DataParallelRuns, GradientsReducedInBf16HalveTheBytesAndStayNearOneDevice) {
+  const auto run_with = [&](const std::string& name, int zero, int micro, const std::string& dtype) {
+    Config c = config(2, zero, micro);
+    c.parallel.grad_reduce_dtype = dtype;
+    TrainOptions o;
+    o.run_dir = (root_ / name).string();
+    o.progress = false;
+    run_training(c, o);
+    return metrics(name);
+  };
+  const auto ref = metrics("reference");
+  for (const auto& [zero, micro] : {std::pair{0, 1}, std::pair{2, 3}, std::pair{3, 1}}) {
+    SCOPED_TRACE("zero " + std::to_string(zero) + ", " + std::to_string(micro) + " micro-batches");
+    const std::string tag = std::to_string(zero) + "_" + std::to_string(micro);
+    const auto fp32 = run_with("reduce_fp32_" + tag, zero, micro, "fp32");
+    const auto bf16 = run_with("reduce_bf16_" + tag, zero, micro, "bf16");
+    const auto again = run_with("reduce_bf16_again_" + tag, zero, micro, "bf16");
+    ASSERT_EQ(bf16.size(), ref.size());
+    double worst = 0, from_fp32 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double want = ref[i]["loss"], got = bf16[i]["loss"];
+      worst = std::max(worst, std::abs(got - want) / std::abs(want));
+      from_fp32 = std::max(from_fp32, std::abs(got - fp32[i]["loss"].get<double>()));
+      EXPECT_EQ(bf16[i]["loss"], again[i]["loss"]) << "step " << i + 1 << " not repeatable";
+      const double bytes32 = fp32[i]["comm_bytes"]["dp"], bytes16 = bf16[i]["comm_bytes"]["dp"];
+      // Half, but for a few scalars (the loss, the norm) and, with ZeRO 1-3, the parameters'
+      // all-gathers, which stay fp32.
+      if (zero == 0) {
+        EXPECT_NEAR(bytes16 / bytes32, 0.5, 1e-3) << "step " << i + 1;
+      } else {
+        EXPECT_LT(bytes16, 0.9 * bytes32) << "step " << i + 1;
+      }
+    }
+    EXPECT_LT(worst, 1e-3) << "bf16 gradients strayed from one device";
+    EXPECT_GT(from_fp32, 0.0) << "nothing was rounded";
+    RecordProperty("worst_loss_deviation_zero" + tag, std::to_string(worst));
+  }
+}
+
 TEST_F(DataParallelRuns, ResumesUnderAnotherLayout) {
   // Stop a dp=2 / ZeRO-1 run at step 5; continue it as dp=4 / ZeRO-3 and as one device.
   run("resume_first", 2, 1, 3, "", 5);

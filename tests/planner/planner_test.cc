@@ -159,6 +159,20 @@ TEST(Planner, TimeModelFormulas) {
   o.hardware.devices_per_node = 2;
   const double slow = estimate_layout(t, o).tp_comm_s;
   EXPECT_NEAR(slow / fast, o.hardware.intra_node_gbps / o.hardware.inter_node_gbps, 1e-9);
+  // Gradients reduced in bf16 (parallel.grad_reduce_dtype) move half the bytes: with ZeRO 1 over
+  // the network the exposed all-reduce halves, the parameters' fp32 all-gather does not.
+  Config g = tiny_config("unused");
+  g.train.batch_size = 16;
+  g.train.micro_batch_size = 2;
+  g.parallel.dp = 8;
+  g.parallel.zero = 1;
+  o.hardware.devices_per_node = 1;
+  o.hardware.inter_node_gbps = 0.01;  // slow enough that the all-reduce is exposed
+  const double f32 = estimate_layout(g, o).dp_comm_s;
+  g.parallel.grad_reduce_dtype = "bf16";
+  const double b16 = estimate_layout(g, o).dp_comm_s;
+  EXPECT_LT(b16, f32);
+  EXPECT_GT(b16, f32 / 2);  // the all-gather's share stays
 }
 
 TEST(Planner, OffersEveryRunnableLayoutFittingOnesFirst) {

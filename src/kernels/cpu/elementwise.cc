@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reduce.h"
+#include "tensor/dtype.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -46,6 +47,24 @@ template <typename Real>
 void add_inplace(ThreadPool& pool, Real* acc, const Real* x, int64_t n) {
   pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) acc[i] += x[i];
+  });
+}
+
+void round_to_bf16(ThreadPool& pool, uint16_t* out, const float* in, int64_t n) {
+  pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = float_to_bf16(in[i]);
+  });
+}
+
+void widen_bf16(ThreadPool& pool, float* out, const uint16_t* in, int64_t n) {
+  pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = bf16_to_float(in[i]);
+  });
+}
+
+void add_widened_bf16(ThreadPool& pool, float* acc, const uint16_t* in, int64_t n) {
+  pool.parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) acc[i] += bf16_to_float(in[i]);
   });
 }
 

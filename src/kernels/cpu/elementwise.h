@@ -28,6 +28,13 @@ double sum_squares(ThreadPool& pool, const Real* x, int64_t n);
 template <typename Real>
 double sum(ThreadPool& pool, const Real* x, int64_t n);
 
+// Gradients communicated in bf16 (parallel.grad_reduce_dtype): n floats rounded to bf16 (to
+// nearest even, tensor/dtype.h's float_to_bf16) into `out`; widened back; widened and added
+// into `acc`. `out` / `in` hold bf16 bits.
+void round_to_bf16(ThreadPool& pool, uint16_t* out, const float* in, int64_t n);
+void widen_bf16(ThreadPool& pool, float* out, const uint16_t* in, int64_t n);
+void add_widened_bf16(ThreadPool& pool, float* acc, const uint16_t* in, int64_t n);
+
 namespace detail {
 // Σ x[i]², bit for bit detail::lane_dot<double>(x, x, n) (reduce.h), on a CPU with AVX-512 F
 // (cpu_features.h: has_avx512f()): what sum_squares<float> runs on such CPUs.

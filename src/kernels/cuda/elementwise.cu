@@ -114,6 +114,39 @@ void add_inplace(int device, float* acc, const float* x, int64_t n) {
   launch("add_inplace", add_inplace_kernel, blocks_for(n, kThreads), kThreads, acc, x, n);
 }
 
+namespace {
+__global__ void round_to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
+  LOOM_FOR_EACH(i, n) out[i] = __float2bfloat16_rn(in[i]);
+}
+__global__ void widen_bf16_kernel(float* out, const __nv_bfloat16* in, int64_t n) {
+  LOOM_FOR_EACH(i, n) out[i] = __bfloat162float(in[i]);
+}
+__global__ void add_widened_bf16_kernel(float* acc, const __nv_bfloat16* in, int64_t n) {
+  LOOM_FOR_EACH(i, n) acc[i] += __bfloat162float(in[i]);
+}
+}  // namespace
+
+void round_to_bf16(int device, uint16_t* out, const float* in, int64_t n) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  launch("round_to_bf16", round_to_bf16_kernel, blocks_for(n, kThreads), kThreads,
+         reinterpret_cast<__nv_bfloat16*>(out), in, n);
+}
+
+void widen_bf16(int device, float* out, const uint16_t* in, int64_t n) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  launch("widen_bf16", widen_bf16_kernel, blocks_for(n, kThreads), kThreads, out,
+         reinterpret_cast<const __nv_bfloat16*>(in), n);
+}
+
+void add_widened_bf16(int device, float* acc, const uint16_t* in, int64_t n) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  launch("add_widened_bf16", add_widened_bf16_kernel, blocks_for(n, kThreads), kThreads, acc,
+         reinterpret_cast<const __nv_bfloat16*>(in), n);
+}
+
 void scale_inplace(int device, float* x, float s, int64_t n) {
   if (n == 0) return;
   DeviceGuard guard(device);

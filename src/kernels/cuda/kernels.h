@@ -234,6 +234,11 @@ void matmul_backward_fp8(int device, float* dinp, float* dweight, float* dbias, 
 void add_forward(int device, float* out, const float* a, const float* b, int64_t n);
 void add_inplace(int device, float* acc, const float* x, int64_t n);
 void scale_inplace(int device, float* x, float s, int64_t n);
+// cpu/elementwise.h's bf16 conversions for gradients communicated in bf16 (`out` / `in`: bf16
+// bits), __float2bfloat16_rn: to nearest even.
+void round_to_bf16(int device, uint16_t* out, const float* in, int64_t n);
+void widen_bf16(int device, float* out, const uint16_t* in, int64_t n);
+void add_widened_bf16(int device, float* acc, const uint16_t* in, int64_t n);
 // Σ x² and Σ x in double, in a fixed order (a fixed grid, then the blocks' sums in block order).
 // Wait for the GPU: the value comes back to the host.
 double sum_squares(int device, const float* x, int64_t n);
