@@ -145,9 +145,20 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   const double activation = static_cast<double>(config.train.micro_batch_size *
                                                 config.model.seq_len * config.model.d_model) *
                             4;
-  // Tensor parallelism: two all-reduces of a micro-batch's activations (f32) per block forward,
-  // two backward, on the critical path.
-  plan.tp_comm_s = static_cast<double>(most_blocks) * m * 4 *
+  // Tensor parallelism, on the critical path, per block and micro-batch in all-reduces of a
+  // micro-batch's f32 activations (an all-gather or a reduce-scatter moves half of one): forward
+  // two — without sequence parallelism an all-reduce after each row-parallel layer; with it an
+  // all-gather before each column-parallel one, of the norms' 16-bit outputs on these GPUs (a
+  // quarter), and a reduce-scatter after each row-parallel one — backward two; full
+  // recomputation runs the forward's again, selective with sequence parallelism gathers the two
+  // norm outputs again (rebuilt in f32).
+  const bool sp = par.sequence_parallel;
+  const double tp_forward = sp ? 2 * (0.25 + 0.5) : 2.0;
+  double tp_per_block = tp_forward + 2;
+  const std::string recompute_mode = config.resolved_recompute();
+  if (recompute_mode == "full") tp_per_block += tp_forward;
+  if (recompute_mode == "selective" && sp) tp_per_block += 2 * 0.5;
+  plan.tp_comm_s = static_cast<double>(most_blocks) * m * tp_per_block *
                    all_reduce_seconds(activation, par.tp, gbps(par.tp));
   // Data parallelism over the gradients of the largest rank's parameters: f32, or bf16 with
   // parallel.grad_reduce_dtype = "bf16"; ZeRO's parameter all-gathers stay f32.
