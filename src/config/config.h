@@ -114,6 +114,7 @@ struct ParallelConfig {
   int zero = 0;                   // ZeRO stage 0..3 over the dp axis
   double bucket_mb = 25;          // gradient all-reduce bucket size in MiB (PyTorch DDP's 25)
   std::string grad_reduce_dtype = "fp32";  // "fp32" or "bf16": what dp reduces gradients in
+  std::string param_gather_dtype = "fp32";  // "fp32" or "bf16": what ZeRO-3 gathers weights in
   std::string schedule = "1f1b";  // pipeline schedule: gpipe, 1f1b or interleaved
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved only)
   std::string layer_split;        // blocks per pipeline stage, "3,3,2"; "" = balance by cost

@@ -172,6 +172,10 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   p.non_negative("parallel.pp", par.pp);
   if (!(par.bucket_mb > 0)) p.add("parallel.bucket_mb = ", par.bucket_mb, " must be positive");
   p.one_of("parallel.grad_reduce_dtype", par.grad_reduce_dtype, {"fp32", "bf16"});
+  p.one_of("parallel.param_gather_dtype", par.param_gather_dtype, {"fp32", "bf16"});
+  if (par.param_gather_dtype == "bf16" && par.zero != 3)
+    p.add("parallel.param_gather_dtype = \"bf16\" is for ZeRO-3's parameter gathers: it needs "
+          "parallel.zero = 3, got ", par.zero);
   if (par.zero < 0 || par.zero > 3) p.add("parallel.zero = ", par.zero, " must be 0, 1, 2 or 3");
   p.one_of("parallel.schedule", par.schedule, {"gpipe", "1f1b", "interleaved"});
   p.one_of("parallel.recompute", par.recompute, {"none", "full", "selective"});

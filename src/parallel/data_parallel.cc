@@ -106,6 +106,10 @@ class ZeroDataParallel final : public DataParallel {
   // Stage 3.
   std::vector<Tensor> gathered_;       // full values of gathered units (undefined: not gathered)
   std::vector<WorkHandle> gathering_;  // a gather issued and not yet waited for
+  // With a bf16 gather_dtype_: a gather's bf16 input (this rank's chunk rounded) and output,
+  // kept until it is waited for, then widened into gathered_.
+  std::vector<std::pair<Tensor, Tensor>> gather_wire_;
+  DType gather_dtype_ = DType::kF32;
 };
 
 ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, ThreadPool& pool,
@@ -120,6 +124,13 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
          dtype_name(config.reduce_dtype));
   // A group of one reduces nothing: its gradients stay as they are, as one device's.
   reduce_dtype_ = size_ > 1 ? config.reduce_dtype : DType::kF32;
+  if (config.gather_dtype != DType::kF32 && config.gather_dtype != DType::kBF16)
+    fail("parallel.param_gather_dtype: parameters are gathered in fp32 or bf16, not ",
+         dtype_name(config.gather_dtype));
+  if (config.gather_dtype != DType::kF32 && stage_ != 3)
+    fail("parallel.param_gather_dtype = \"bf16\" is for ZeRO-3's gathers (parallel.zero = 3), "
+         "got parallel.zero = ", stage_);
+  gather_dtype_ = size_ > 1 ? config.gather_dtype : DType::kF32;
   Allocator& allocator = allocator_for(device);
   auto in_use = [&] { return allocator.stats().bytes_in_use; };
 
@@ -145,6 +156,7 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
   unit_grads_.resize(n_units);
   gathered_.resize(n_units);
   gathering_.resize(n_units);
+  gather_wire_.resize(n_units);
 
   if (stage_ == 3) {
     before = in_use();
@@ -356,7 +368,16 @@ void ZeroDataParallel::drain_reduce_scatters(bool all) {
 void ZeroDataParallel::issue_gather(size_t u) {
   if (gathered_[u].defined() || gathering_[u]) return;
   gathered_[u] = Tensor::empty({params_.units()[u].numel}, DType::kF32, device_);
-  gathering_[u] = dp_.all_gather_async(shard_of(shard_values_, u), gathered_[u]);
+  if (gather_dtype_ == DType::kBF16) {
+    auto& [input, output] = gather_wire_[u];
+    input = Tensor::empty({chunk(u)}, DType::kBF16, device_);
+    output = Tensor::empty({params_.units()[u].numel}, DType::kBF16, device_);
+    ops::round_to_bf16(exec(), input.data_u16(), shard_of(shard_values_, u).data<float>(),
+                       chunk(u));
+    gathering_[u] = dp_.all_gather_async(input, output);
+  } else {
+    gathering_[u] = dp_.all_gather_async(shard_of(shard_values_, u), gathered_[u]);
+  }
   ++step_stats_.collectives;
 }
 
@@ -365,6 +386,10 @@ void ZeroDataParallel::gather_values(size_t u) {
   if (gathering_[u]) {
     wait(gathering_[u]);
     gathering_[u].reset();
+    if (auto& [input, output] = gather_wire_[u]; output.defined()) {
+      ops::widen_bf16(exec(), gathered_[u].data<float>(), output.data_u16(), output.numel());
+      input = output = Tensor();
+    }
     params_.bind_unit_values(u, gathered_[u]);
   }
 }

@@ -51,6 +51,11 @@ struct DataParallelConfig {
   // communication_data_type): half the bytes on the wire, gradients rounded once to bf16 plus
   // the backend's bf16 sums.
   DType reduce_dtype = DType::kF32;
+  // What ZeRO-3 gathers the parameters in for forward and backward (parallel.param_gather_dtype):
+  // kF32, or kBF16 — each rank's chunk rounded to bf16, gathered, widened (FSDP's
+  // MixedPrecision(param_dtype=bfloat16)): half the bytes of the gathers, and the forward and
+  // backward compute with the weights rounded to bf16 (the fp32 shards stay the optimizer's).
+  DType gather_dtype = DType::kF32;
   // When the model is itself split over a tensor-parallel group: the gradient norm then sums
   // the sharded parameters' squares over that group and counts replicated ones (those without
   // ShardPiece pieces) once.

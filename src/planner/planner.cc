@@ -161,15 +161,19 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.tp_comm_s = static_cast<double>(most_blocks) * m * tp_per_block *
                    all_reduce_seconds(activation, par.tp, gbps(par.tp));
   // Data parallelism over the gradients of the largest rank's parameters: f32, or bf16 with
-  // parallel.grad_reduce_dtype = "bf16"; ZeRO's parameter all-gathers stay f32.
+  // parallel.grad_reduce_dtype = "bf16"; ZeRO's parameter all-gathers f32, or for ZeRO-3's
+  // forward and backward bf16 with parallel.param_gather_dtype = "bf16".
   const double params_bytes = static_cast<double>(most_params) * 4;
   const double grads_bytes = params_bytes * (config.parallel.grad_reduce_dtype == "bf16" ? 0.5 : 1);
+  const double gathered_bytes =
+      params_bytes * (config.parallel.param_gather_dtype == "bf16" ? 0.5 : 1);
   const double dp_gbps = gbps(par.tp * par.dp);
   // A reduce-scatter's (or all-gather's) time: half an all-reduce's.
   const auto half_reduce = [&](double bytes) {
     return par.dp > 1 ? (par.dp - 1.0) / par.dp * bytes / (dp_gbps * 1e9) : 0;
   };
-  const double grads_half = half_reduce(grads_bytes), params_half = half_reduce(params_bytes);
+  const double grads_half = half_reduce(grads_bytes), params_half = half_reduce(params_bytes),
+               gathered_half = half_reduce(gathered_bytes);
   const double backward_s = plan.compute_s * 2.0 / 3.0;  // backward is ~2/3 of the FLOPs
   if (par.dp > 1) {
     if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * grads_half - backward_s);
@@ -180,7 +184,7 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
     // Stage 3: per micro-batch, the values gathered for forward and for backward and the
     // gradients reduce-scattered, prefetched behind the compute.
     if (par.zero == 3)
-      plan.dp_comm_s = std::max(0.0, m * (2 * params_half + grads_half) - plan.compute_s);
+      plan.dp_comm_s = std::max(0.0, m * (2 * gathered_half + grads_half) - plan.compute_s);
   }
   // Pipeline messages: each micro-batch's activations forward and their gradients back, per
   // chunk.

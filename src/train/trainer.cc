@@ -167,6 +167,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   dp_config.zero = config.parallel.zero;
   dp_config.bucket_bytes = static_cast<int64_t>(config.parallel.bucket_mb * 1048576.0);
   dp_config.reduce_dtype = config.parallel.grad_reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  dp_config.gather_dtype = config.parallel.param_gather_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   if (tensor_parallel) dp_config.tensor_parallel = &tp_count;
   // What this rank trains: its whole model (one device's, or its tensor-parallel shard) under
   // one DataParallel engine, or its pipeline chunks, each under its own engine

@@ -187,6 +187,14 @@ TEST(Planner, TimeModelFormulas) {
   const double b16 = estimate_layout(g, o).dp_comm_s;
   EXPECT_LT(b16, f32);
   EXPECT_GT(b16, f32 / 2);  // the all-gather's share stays
+  // ZeRO-3 gathering the parameters in bf16 too (parallel.param_gather_dtype): all of its
+  // traffic halves.
+  g.parallel.zero = 3;
+  const double z3 = estimate_layout(g, o).dp_comm_s;
+  g.parallel.param_gather_dtype = "bf16";
+  const double z3_bf16 = estimate_layout(g, o).dp_comm_s;
+  EXPECT_GT(z3, 0);
+  EXPECT_LT(z3_bf16, z3 * 0.75);
 }
 
 TEST(Planner, OffersEveryRunnableLayoutFittingOnesFirst) {
