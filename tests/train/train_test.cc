@@ -608,6 +608,34 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
   RecordProperty("activation_estimate_ratio", std::to_string(ratio));
 }
 
+// Data parallelism over two GPUs (nccl) with the gradients reduced in bf16 and ZeRO-3's
+// parameters gathered in bf16: the GPUs' rounding and nccl's bf16 collectives train the CPU
+// ranks' run of the same settings (1e-4: the sums' order differs), with half the bytes.
+TEST_F(TrainTest, Bf16GradientsAndGathersOverTwoGpusTrainTheCpuRanksRun) {
+  if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  Config c = config(4);
+  c.runtime.ranks = 2;
+  c.runtime.threads_per_rank = 1;
+  c.parallel.zero = 3;
+  c.parallel.grad_reduce_dtype = "bf16";
+  c.parallel.param_gather_dtype = "bf16";
+  run_training(c, options("bf16_cpus"));
+  Config gpus = c;
+  gpus.runtime.device = "cuda";
+  run_training(gpus, options("bf16_gpus"));
+  gpus.parallel.grad_reduce_dtype = gpus.parallel.param_gather_dtype = "fp32";
+  run_training(gpus, options("fp32_gpus"));
+  const auto cpu = metrics("bf16_cpus"), gpu = metrics("bf16_gpus"), gpu32 = metrics("fp32_gpus");
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double want = cpu[i]["loss"], got = gpu[i]["loss"];
+    EXPECT_NEAR(got, want, 1e-4 * want) << "step " << i + 1;
+    EXPECT_NEAR(gpu[i]["comm_bytes"]["dp"].get<double>() / gpu32[i]["comm_bytes"]["dp"].get<double>(),
+                0.5, 0.01)
+        << "step " << i + 1;
+  }
+}
+
 // runtime.matmul_precision = "fp8" on a GPU: the Linears' operands quantized in blocks as on CPU
 // ranks (here of 16), on the bf16 GEMM. The run trains the CPU ranks' fp8 run (to fp32 rounding:
 // 1e-3), and is not the GPU's bf16 run.
