@@ -19,7 +19,8 @@
 namespace loom {
 namespace {
 
-void print_rows(const std::vector<CommBenchRow>& rows, const MemcpyProbe& probe, bool json) {
+void print_rows(const std::vector<CommBenchRow>& rows, const MemcpyProbe& probe, bool json,
+                const std::string& dtype) {
   const double memcpy_gbps = probe.gbps;
   if (!json) {
     std::printf("memcpy bandwidth B = %.2f GB/s (read + write); ceiling = busbw bound implied by B\n",
@@ -36,7 +37,7 @@ void print_rows(const std::vector<CommBenchRow>& rows, const MemcpyProbe& probe,
   }
   for (const CommBenchRow& r : rows) {
     if (json) {
-      nlohmann::json j = {{"backend", r.backend},         {"op", r.op},
+      nlohmann::json j = {{"backend", r.backend},         {"op", r.op}, {"dtype", dtype},
                           {"ranks", r.ranks},             {"bytes", r.bytes},
                           {"time_us", r.time_us},         {"algbw_gbps", r.algbw_gbps},
                           {"busbw_gbps", r.busbw_gbps},   {"ceiling_gbps", r.ceiling_gbps},
@@ -60,6 +61,9 @@ CommBenchOptions make_options(const BenchCommArgs& a, const MemcpyProbe& probe) 
   o.sizes_bytes = parse_sizes(a.sizes);
   o.iters = a.iters;
   o.warmup = a.warmup;
+  if (a.dtype == "fp32") o.dtype = DType::kF32;
+  else if (a.dtype == "bf16") o.dtype = DType::kBF16;
+  else fail("--dtype ", a.dtype, ": expected fp32 or bf16");
   o.memcpy_gbps = probe.gbps;
   return o;
 }
@@ -90,7 +94,7 @@ int cmd_bench_comm(const BenchCommArgs& a, const std::vector<std::string>& argv)
       });
     for (auto& t : threads) t.join();
     if (!error.empty()) fail(error);
-    print_rows(rows, probe, a.json);
+    print_rows(rows, probe, a.json, a.dtype);
     return 0;
   }
   if (a.backend == "mpi") {
@@ -132,7 +136,7 @@ int cmd_bench_comm(const BenchCommArgs& a, const std::vector<std::string>& argv)
       return (now_seconds() - t0) / iters;
     };
     auto rows = run_comm_bench(*world, options);
-    if (world->rank() == 0) print_rows(rows, probe, a.json);
+    if (world->rank() == 0) print_rows(rows, probe, a.json, a.dtype);
     return 0;
 #else
     fail("--backend mpi: this Loom was built without MPI (install libopenmpi-dev and rebuild)");

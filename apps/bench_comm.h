@@ -13,6 +13,7 @@ struct BenchCommArgs {
   std::string sizes = "1M,16M,64M";
   int iters = 10;
   int warmup = 2;
+  std::string dtype = "fp32";  // fp32 or bf16 (parallel.grad_reduce_dtype's wire format)
   bool json = false;
 };
 

@@ -530,6 +530,8 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--sizes", comm_args.sizes, "per-rank buffer sizes")->capture_default_str();
   bench_comm->add_option("--iters", comm_args.iters)->capture_default_str();
   bench_comm->add_option("--warmup", comm_args.warmup)->capture_default_str();
+  bench_comm->add_option("--dtype", comm_args.dtype, "fp32 or bf16 elements (sizes stay bytes)")
+      ->capture_default_str();
   bench_comm->add_flag("--json", comm_args.json, "one JSON object per line");
 
   std::string sched_name = "1f1b";
