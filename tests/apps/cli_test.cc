@@ -305,6 +305,12 @@ TEST_F(Cli, BenchCommLocalJson) {
     EXPECT_NE(r.output.find(key), std::string::npos) << key;
   expect_error(run("bench comm --op all_reduse"), "unknown collective 'all_reduse'");
   expect_error(run("bench comm --sizes 1Q"), "--sizes");
+  // bf16 elements (the wire format of parallel.grad_reduce_dtype), named in every row.
+  Result b = run("bench comm --backend local --ranks 2 --op all_reduce --sizes 4K --iters 2 "
+                 "--warmup 1 --dtype bf16 --json");
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_NE(b.output.find("\"dtype\":\"bf16\""), std::string::npos) << b.output;
+  expect_error(run("bench comm --dtype fp16"), "--dtype fp16: expected fp32 or bf16");
 }
 }  // namespace
 
