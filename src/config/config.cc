@@ -92,6 +92,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(parallel, bucket_mb),
     LOOM_KEY(parallel, grad_reduce_dtype),
     LOOM_KEY(parallel, param_gather_dtype),
+    LOOM_KEY(parallel, pp_send_dtype),
     LOOM_KEY(parallel, schedule),
     LOOM_KEY(parallel, virtual_stages),
     LOOM_KEY(parallel, layer_split),

@@ -173,6 +173,7 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   if (!(par.bucket_mb > 0)) p.add("parallel.bucket_mb = ", par.bucket_mb, " must be positive");
   p.one_of("parallel.grad_reduce_dtype", par.grad_reduce_dtype, {"fp32", "bf16"});
   p.one_of("parallel.param_gather_dtype", par.param_gather_dtype, {"fp32", "bf16"});
+  p.one_of("parallel.pp_send_dtype", par.pp_send_dtype, {"fp32", "bf16"});
   if (par.param_gather_dtype == "bf16" && par.zero != 3)
     p.add("parallel.param_gather_dtype = \"bf16\" is for ZeRO-3's parameter gathers: it needs "
           "parallel.zero = 3, got ", par.zero);

@@ -118,9 +118,26 @@ Tensor PipelineParallel::activation() const {
 }
 
 void PipelineParallel::recv(Tensor& t, int src, int tag_value) {
+  recv_boundary(t, src, tag_value, true);
+}
+
+Tensor PipelineParallel::to_wire(const Tensor& t) const {
+  if (config_.send_dtype != DType::kBF16) return t;
+  Tensor wire = Tensor::empty(t.shape(), DType::kBF16, device_);
+  ops::round_to_bf16(Exec{&pool_, device_}, wire.data_u16(), t.data<float>(), t.numel());
+  return wire;
+}
+
+void PipelineParallel::recv_boundary(Tensor& t, int src, int tag_value, bool timed) {
   const double t0 = now_seconds();
-  pp_.recv(t, src, tag_value);
-  stats_.recv_wait_seconds += now_seconds() - t0;
+  if (config_.send_dtype == DType::kBF16) {
+    Tensor wire = Tensor::empty(t.shape(), DType::kBF16, device_);
+    pp_.recv(wire, src, tag_value);
+    ops::widen_bf16(Exec{&pool_, device_}, t.data<float>(), wire.data_u16(), t.numel());
+  } else {
+    pp_.recv(t, src, tag_value);
+  }
+  if (timed) stats_.recv_wait_seconds += now_seconds() - t0;
 }
 
 double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
@@ -136,7 +153,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   std::map<std::pair<int, int>, Tensor> inbox, outbox;
   std::map<std::pair<int, int>, std::vector<Tensor>> stash;
   std::vector<int> backwards_done(chunks_.size(), 0);
-  std::vector<WorkHandle> sends;
+  std::vector<WorkHandle> sends;  // (each holds the tensor it sends until it is done)
   double loss_sum = 0;
   Context ctx{&pool_, device_, DType::kF32, nullptr};
   for (const PipeAction& a : schedule_.actions[static_cast<size_t>(rank)]) {
@@ -182,10 +199,10 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
       case PipeActionKind::kSendForward:
       case PipeActionKind::kSendBackward: {
         const bool backward = a.kind == PipeActionKind::kSendBackward;
-        Tensor t = outbox.at(key);
+        Tensor t = to_wire(outbox.at(key));
         outbox.erase(key);
         sends.push_back(pp_.send_async(t, rank_of_stage(backward ? s - 1 : s + 1), tag(i, s + (backward ? -1 : 1), backward)));
-        stats_.bytes_sent += static_cast<int64_t>(t.numel() * 4);
+        stats_.bytes_sent += static_cast<int64_t>(t.numel() * dtype_size(t.dtype()));
         break;
       }
     }
@@ -245,11 +262,11 @@ double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
     Tensor input = tokens;
     if (s > 0) {
       input = activation();
-      pp_.recv(input, rank_of_stage(s - 1), tag(0, s, false));
+      recv_boundary(input, rank_of_stage(s - 1), tag(0, s, false), false);
     }
     Tensor out = chunks_[c]->forward_part(ctx, input, targets, &loss);
     chunks_[c]->clear_cache();
-    if (s < S - 1) pp_.send(out, rank_of_stage(s + 1), tag(0, s + 1, false));
+    if (s < S - 1) pp_.send(to_wire(out), rank_of_stage(s + 1), tag(0, s + 1, false));
   }
   return all_reduce_value(pp_, loss);  // non-zero on the last stage's rank only
 }

@@ -39,6 +39,11 @@ struct PipelineConfig {
   std::string layer_split;  // "" = balance by cost; else blocks per stage, "3,3,2"
   Communicator* tensor_parallel = nullptr;  // split each stage over this tp group
   bool sequence_parallel = false;           // (with tensor_parallel)
+  // What stage boundaries send (parallel.pp_send_dtype): kF32, or kBF16 — activations and their
+  // gradients rounded to bf16 for the message and widened on arrival (Megatron sends its
+  // activations in the model's bf16): half the pp bytes, the residual stream rounded at each
+  // boundary.
+  DType send_dtype = DType::kF32;
 };
 
 // The blocks of each model stage: as `split` says (comma-separated block counts, one per stage,
@@ -95,6 +100,9 @@ class PipelineParallel {
   int tag(int microbatch, int stage, bool backward) const;
   Tensor activation() const;  // an empty f32 buffer shaped like a stage boundary's activations
   void recv(Tensor& t, int src, int tag);
+  // A boundary tensor on the wire: as it is, or rounded to bf16 (config_.send_dtype), and back.
+  Tensor to_wire(const Tensor& t) const;
+  void recv_boundary(Tensor& t, int src, int tag_value, bool timed);
 
   Gpt2Config model_config_;
   Communicator& pp_;

@@ -188,9 +188,11 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   }
   // Pipeline messages: each micro-batch's activations forward and their gradients back, per
   // chunk.
+  // (In bf16 with parallel.pp_send_dtype = "bf16".)
   if (par.pp > 1)
-    plan.pp_comm_s =
-        2 * m * par.virtual_stages * activation / (gbps(par.tp * par.dp * par.pp) * 1e9);
+    plan.pp_comm_s = 2 * m * par.virtual_stages * activation *
+                     (config.parallel.pp_send_dtype == "bf16" ? 0.5 : 1.0) /
+                     (gbps(par.tp * par.dp * par.pp) * 1e9);
   plan.tokens_per_s = tokens / plan.step_s();
   plan.mfu = flops / (plan.step_s() * o.devices * hw.peak_tflops * 1e12);
   return plan;

@@ -187,6 +187,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     pc.layer_split = config.parallel.layer_split;
     if (tensor_parallel) pc.tensor_parallel = &tp_count;
     pc.sequence_parallel = config.parallel.sequence_parallel;
+    pc.send_dtype = config.parallel.pp_send_dtype == "bf16" ? DType::kBF16 : DType::kF32;
     pipe = std::make_unique<PipelineParallel>(model_config_of(config), pp_count, dp, pool,
                                               device, pc, dp_config, opt_config,
                                               static_cast<uint64_t>(tc.seed));

@@ -144,6 +144,51 @@ std::vector<Layout> layouts() {
 INSTANTIATE_TEST_SUITE_P(Grid, PipelineEquivalence, ::testing::ValuesIn(layouts()),
                          [](const ::testing::TestParamInfo<Layout>& p) { return p.param.name(); });
 
+// parallel.pp_send_dtype = "bf16": stage boundaries send their activations and gradients rounded
+// to bf16 — half the pp bytes of the fp32 run (pp_bytes_sent), the residual stream rounded at
+// each boundary (near one device: 1e-2; not the fp32 run's bits), the same bits twice; in 1F1B
+// and interleaved schedules.
+TEST_F(PipelineRuns, Bf16StageBoundariesHalveTheBytesAndStayNearOneDevice) {
+  for (const Layout& l : {Layout{2, 1, "1f1b", 1, 4}, Layout{2, 1, "interleaved", 2, 4}}) {
+    SCOPED_TRACE(l.name());
+    const auto run_as = [&](const std::string& name, const std::string& dtype) {
+      Config c = config(l);
+      c.parallel.pp_send_dtype = dtype;
+      TrainOptions o;
+      o.progress = false;
+      o.run_dir = (root_ / name).string();
+      run_training(c, o);
+      std::ifstream in(root_ / name / "metrics.jsonl");
+      std::vector<nlohmann::json> out;
+      std::string line;
+      while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+      return out;
+    };
+    const auto fp32 = run_as("send32_" + l.name(), "fp32");
+    const auto bf16 = run_as("send16_" + l.name(), "bf16");
+    const auto again = run_as("send16_again_" + l.name(), "bf16");
+    Config one = config(l);
+    one.parallel = ParallelConfig{};
+    one.runtime.ranks = 1;
+    TrainOptions o;
+    o.progress = false;
+    o.run_dir = (root_ / ("send_one_" + l.name())).string();
+    run_training(one, o);
+    const std::vector<double> ref = losses("send_one_" + l.name());
+    ASSERT_EQ(bf16.size(), ref.size());
+    double from_fp32 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double got = bf16[i]["loss"];
+      EXPECT_NEAR(got, ref[i], 1e-2 * std::abs(ref[i])) << "step " << i + 1;
+      EXPECT_EQ(bf16[i]["loss"], again[i]["loss"]) << "step " << i + 1;
+      from_fp32 = std::max(from_fp32, std::abs(got - fp32[i]["loss"].get<double>()));
+      EXPECT_EQ(bf16[i]["pp_bytes_sent"].get<double>() * 2, fp32[i]["pp_bytes_sent"].get<double>())
+          << "step " << i + 1;
+    }
+    EXPECT_GT(from_fp32, 0.0) << "nothing was rounded";
+  }
+}
+
 TEST_F(PipelineRuns, StopsAndResumesUnderAnotherLayout) {
   const Layout pipe{2, 1, "1f1b", 1, 4};
   TrainOptions o;

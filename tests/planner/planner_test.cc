@@ -151,6 +151,11 @@ TEST(Planner, TimeModelFormulas) {
   const double flops = model_config_of(c).flops_per_token(16) * 64 * 16;
   EXPECT_NEAR(p.compute_s, flops / (8 * 989e12 * 0.5), 1e-20);
   EXPECT_NEAR(p.tokens_per_s, 64 * 16 / p.step_s(), 1e-6);
+  // Stage boundaries in bf16 (parallel.pp_send_dtype): half the pipeline's message time.
+  Config half = c;
+  half.parallel.pp_send_dtype = "bf16";
+  EXPECT_GT(p.pp_comm_s, 0);
+  EXPECT_NEAR(estimate_layout(half, o).pp_comm_s, p.pp_comm_s / 2, 1e-20);
   // Tensor parallelism inside a node rides NVLink; across nodes (2 GPUs a node) the network.
   Config t = tiny_config("unused");
   t.parallel.tp = 4;
