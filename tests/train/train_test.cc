@@ -610,7 +610,8 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
 
 // Data parallelism over two GPUs (nccl) with the gradients reduced in bf16 and ZeRO-3's
 // parameters gathered in bf16: the GPUs' rounding and nccl's bf16 collectives train the CPU
-// ranks' run of the same settings (1e-4: the sums' order differs), with half the bytes.
+// ranks' run of the same settings (1e-4: the sums' order differs), with half the bytes; and two
+// pipeline stages sending in bf16 likewise.
 TEST_F(TrainTest, Bf16GradientsAndGathersOverTwoGpusTrainTheCpuRanksRun) {
   if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
   Config c = config(4);
@@ -633,6 +634,22 @@ TEST_F(TrainTest, Bf16GradientsAndGathersOverTwoGpusTrainTheCpuRanksRun) {
     EXPECT_NEAR(gpu[i]["comm_bytes"]["dp"].get<double>() / gpu32[i]["comm_bytes"]["dp"].get<double>(),
                 0.5, 0.01)
         << "step " << i + 1;
+  }
+  // Pipeline stages sending in bf16 (parallel.pp_send_dtype) GPU to GPU over nccl.
+  Config pp = config(4);
+  pp.runtime.ranks = 2;
+  pp.runtime.threads_per_rank = 1;
+  pp.parallel.pp = 2;
+  pp.parallel.dp = 1;
+  pp.parallel.pp_send_dtype = "bf16";
+  run_training(pp, options("pp16_cpus"));
+  pp.runtime.device = "cuda";
+  run_training(pp, options("pp16_gpus"));
+  const auto pcpu = metrics("pp16_cpus"), pgpu = metrics("pp16_gpus");
+  ASSERT_EQ(pgpu.size(), pcpu.size());
+  for (size_t i = 0; i < pcpu.size(); ++i) {
+    const double want = pcpu[i]["loss"], got = pgpu[i]["loss"];
+    EXPECT_NEAR(got, want, 1e-4 * want) << "pp, step " << i + 1;
   }
 }
 
