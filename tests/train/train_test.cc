@@ -653,6 +653,33 @@ TEST_F(TrainTest, Bf16GradientsAndGathersOverTwoGpusTrainTheCpuRanksRun) {
   }
 }
 
+// train.async_checkpoint on a GPU: the staged copies come from device memory; the files are the
+// synchronous saves' byte for byte (their digests), sharded and whole.
+TEST_F(TrainTest, AsyncCheckpointsFromAGpuAreTheSynchronousOnes) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  for (const std::string format : {"whole", "sharded"}) {
+    SCOPED_TRACE(format);
+    Config c = config(4);
+    c.runtime.device = "cuda";
+    c.train.save_every = 2;
+    c.train.checkpoint_format = format;
+    run_training(c, options("gpu_sync_" + format));
+    c.train.async_checkpoint = true;
+    run_training(c, options("gpu_async_" + format));
+    for (int step : {2, 4}) {
+      const auto files = [&](const std::string& run) {
+        std::ifstream in(dir_ / run / "checkpoints" / ("step_" + std::to_string(step)) /
+                         "state.json");
+        EXPECT_TRUE(in.good()) << run << " step " << step;
+        return in.good() ? nlohmann::json::parse(in)["files"] : nlohmann::json();
+      };
+      const nlohmann::json a = files("gpu_async_" + format), b = files("gpu_sync_" + format);
+      EXPECT_FALSE(a.empty());
+      EXPECT_EQ(a, b) << "step " << step;
+    }
+  }
+}
+
 // runtime.matmul_precision = "fp8" on a GPU: the Linears' operands quantized in blocks as on CPU
 // ranks (here of 16), on the bf16 GEMM. The run trains the CPU ranks' fp8 run (to fp32 rounding:
 // 1e-3), and is not the GPU's bf16 run.
