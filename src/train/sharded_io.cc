@@ -191,14 +191,6 @@ StagedCheckpoint stage_layout_checkpoint(const std::string& dir,
   return stage_whole(dir, parts, engines, mesh, config, st);
 }
 
-std::string save_layout_checkpoint(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
-                                   const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
-                                   const Config& config, const TrainingState& st) {
-  StagedCheckpoint staged = stage_layout_checkpoint(dir, parts, engines, mesh, config, st, false);
-  staged.write();
-  return staged.commit();
-}
-
 TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,
                                      const std::vector<Gpt2Stage*>& parts,
                                      const std::vector<DataParallel*>& engines,

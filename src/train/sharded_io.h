@@ -18,35 +18,32 @@ namespace loom {
 
 class Gpt2Stage;
 
-// Collective over the world. `parts[k]` is a model part this rank holds (its pipeline chunks,
-// or its whole model — possibly a tensor-parallel shard) and `engines[k]` the engine owning its
-// state. Returns the checkpoint's path on world rank 0, "" elsewhere.
+// A save in three parts: staging, what needs the training state and the collectives — the
+// state gathered into host buffers, with `private_copies` copied so that nothing is read from the
+// live buffers afterwards (train.async_checkpoint; the whole format's assembled model is its own
+// buffer anyway); `write`, this rank's files, which touches no communicator and may run on a
+// thread of its own while training goes on; `commit`, collective again (every rank of the world
+// calls it, after its write), which publishes the checkpoint (step_N.tmp renamed to step_N) and
+// returns its path on world rank 0, "" elsewhere. A synchronous save calls the three in a row.
+struct StagedCheckpoint {
+  std::function<void()> write;
+  std::function<std::string()> commit;
+};
+
+// Staging is collective over the world. `parts[k]` is a model part this rank holds (its pipeline
+// chunks, or its whole model — possibly a tensor-parallel shard) and `engines[k]` the engine
+// owning its state.
 //
 // "whole": each part's state is gathered over dp; at dp coordinate 0 every rank writes its pieces
 // into a whole-model buffer (replicated parameters from tp rank 0 only, the tied wte from the
 // first stage only), a sum-reduce over pp, then over tp, assembles the model on the rank at
 // (dp, pp, tp) = (0, 0, 0), which writes it. Memory: three whole-model f32 buffers on each rank
 // of dp replica 0 while saving.
-// "sharded": no communication but two barriers; every rank writes the values and moments of its
-// ZeRO chunks (in stage 0 an equal split of every unit) of its parts, the same replicated
-// parameters and tied wte left to one rank, into shard_<world rank>.safetensors. Memory: one
-// copy of what the rank owns.
-std::string save_layout_checkpoint(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
-                                   const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
-                                   const Config& config, const TrainingState& st);
-
-// A save split in three (train.async_checkpoint): staging, what needs the training state and the
-// collectives — the state gathered into host buffers, with `private_copies` copied so that
-// nothing is read from the live buffers afterwards (the whole format's assembled model is its
-// own buffer anyway); `write`, this rank's files, which touches no communicator
-// and may run on a thread of its own while training goes on; `commit`, collective again (every
-// rank of the world calls it, after its write), which publishes the checkpoint (step_N.tmp
-// renamed to step_N) and returns its path on world rank 0, "" elsewhere.
-struct StagedCheckpoint {
-  std::function<void()> write;
-  std::function<std::string()> commit;
-};
-// save_layout_checkpoint is stage_layout_checkpoint, then write, then commit.
+// "sharded": no communication but two barriers (one staging, one committing); every rank writes
+// the values and moments of its ZeRO chunks (in stage 0 an equal split of every unit) of its
+// parts, the same replicated parameters and tied wte left to one rank, into
+// shard_<world rank>.safetensors. Memory: one copy of what the rank owns (two with
+// `private_copies` on the host).
 StagedCheckpoint stage_layout_checkpoint(const std::string& dir,
                                          const std::vector<Gpt2Stage*>& parts,
                                          const std::vector<DataParallel*>& engines,

@@ -403,42 +403,37 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const LoaderState ls = train_loader.state();
     TrainingState st{step,     engines[0]->optimizer_steps(),  ls.shard,        ls.offset,
                      ls.epoch, static_cast<uint64_t>(tc.seed), to_toml(config), scaler.state()};
-    const bool layout = pipelined || tensor_parallel || tc.checkpoint_format == "sharded";
-    if (tc.async_checkpoint) {
-      StagedCheckpoint staged;
-      if (layout) {
-        staged = stage_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st, true);
-      } else {
-        // A copy of the gathered state (collective) that training does not touch; the store's
-        // names and offsets, which the write reads, do not change while training runs.
-        auto full = std::make_shared<FlatModelState>(
-            private_host_copy(whole_engine->gather_state()));
-        auto path = std::make_shared<std::string>();
-        const ParameterStore* store = &whole->params();
-        const Gpt2Config model = whole->config();
-        staged.write = [] {};
-        if (leader)
-          staged.write = [dir = checkpoints_dir, store, model, full, st, path] {
-            *path = save_checkpoint(dir, *store, model, *full, st);
-          };
-        staged.commit = [path] { return *path; };
-      }
+    // Staged (train/sharded_io.h), then written and committed now, or written by `writer`
+    // while training goes on (with copies of its own that training does not touch).
+    const bool async = tc.async_checkpoint;
+    StagedCheckpoint staged;
+    if (pipelined || tensor_parallel || tc.checkpoint_format == "sharded") {
+      staged = stage_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st, async);
+    } else {
+      const FlatModelState gathered = whole_engine->gather_state();  // collective
+      auto full = std::make_shared<FlatModelState>(async ? private_host_copy(gathered)
+                                                         : on_host(gathered));
+      auto path = std::make_shared<std::string>();
+      // The store's names and offsets, which the write reads, do not change while training runs.
+      const ParameterStore* store = &whole->params();
+      const Gpt2Config model = whole->config();
+      staged.write = [] {};
+      if (leader)
+        staged.write = [dir = checkpoints_dir, store, model, full, st, path] {
+          *path = save_checkpoint(dir, *store, model, *full, st);
+        };
+      staged.commit = [path] { return *path; };
+    }
+    if (async) {
       if (leader && fault.fails_save(step))
         staged.write = [step] { fail("LOOM_TEST_FAULT: the checkpoint write of step ", step, " fails"); };
       writer.start(std::move(staged.write));
       pending_commit = std::move(staged.commit);
       pending_step = step;
     } else {
-      if (layout) {
-        const std::string path =
-            save_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st);
-        if (leader) summary.last_checkpoint = path;
-      } else {
-        const FlatModelState full = on_host(whole_engine->gather_state());  // collective
-        if (leader)
-          summary.last_checkpoint =
-              save_checkpoint(checkpoints_dir, whole->params(), whole->config(), full, st);
-      }
+      staged.write();
+      const std::string path = staged.commit();
+      if (leader) summary.last_checkpoint = path;
       published(step);
     }
     summary.checkpoint_stall_s += now_seconds() - t0;

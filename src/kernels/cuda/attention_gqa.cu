@@ -20,10 +20,9 @@ namespace {
 
 // Thread e copies kVec consecutive values of row r of `full` (BT, 3·NH·hd): head h of part p (q,
 // k, v) from qkv head h (p = 0), key head NH + h/group (p = 1), value head NH + KV + h/group.
-// E: float, or the 16-bit type of a qkv the projection wrote rounded (copied as it is).
-template <int kVec, typename E>
-__global__ void gqa_expand_kernel(E* full, const E* qkv, int64_t BT, int64_t NH, int64_t KV,
-                                  int64_t hd) {
+template <int kVec>
+__global__ void gqa_expand_kernel(float* full, const float* qkv, int64_t BT, int64_t NH,
+                                  int64_t KV, int64_t hd) {
   const int64_t group = NH / KV, C = NH * hd, in_row = (NH + 2 * KV) * hd;
   const int64_t per_row = 3 * C / kVec, n = BT * per_row;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
@@ -83,14 +82,14 @@ bool gqa_takes_vec4(const E* a, const E* b, int64_t hd) {
 }
 
 // full (B·T, 3·NH·hd) from qkv (B·T, (NH + 2·KV)·hd).
-template <typename E>
-void expand_gqa_heads(E* full, const E* qkv, int64_t BT, int64_t NH, int64_t KV, int64_t hd) {
+void expand_gqa_heads(float* full, const float* qkv, int64_t BT, int64_t NH, int64_t KV,
+                      int64_t hd) {
   const int64_t n = BT * 3 * NH * hd;
   if (gqa_takes_vec4(full, qkv, hd))
-    launch("attention_gqa (expand heads)", gqa_expand_kernel<4, E>, blocks_for(n / 4, kThreads),
+    launch("attention_gqa (expand heads)", gqa_expand_kernel<4>, blocks_for(n / 4, kThreads),
            kThreads, full, qkv, BT, NH, KV, hd);
   else
-    launch("attention_gqa (expand heads)", gqa_expand_kernel<1, E>, blocks_for(n, kThreads),
+    launch("attention_gqa (expand heads)", gqa_expand_kernel<1>, blocks_for(n, kThreads),
            kThreads, full, qkv, BT, NH, KV, hd);
 }
 
@@ -106,19 +105,12 @@ void reduce_gqa_heads(E* dqkv, const E* dfull, int64_t BT, int64_t NH, int64_t K
            blocks_for(n, kThreads), kThreads, dqkv, dfull, BT, NH, KV, hd);
 }
 
-// f(E{}) with E the storage type of values rounded to `precision`: float (fp32 / TF32 operands
-// stay fp32), __nv_bfloat16 or __half.
-template <typename F>
-void with_storage_type(MatmulPrecision precision, F&& f) {
-  switch (precision) {
-    case MatmulPrecision::kBf16:
-      return f(__nv_bfloat16{});
-    case MatmulPrecision::kFp16:
-      return f(__half{});
-    case MatmulPrecision::kTf32:
-    case MatmulPrecision::kFp32:
-      return f(float{});
-  }
+// Where the flash kernels do not apply the attention reads qkv (and dO) in fp32 only: a 16-bit
+// one is refused by name, as attention_forward_rounded refuses it.
+void expect_fp32_for_expansion(GemmOperand x, const char* what, const char* name) {
+  if (x.rounded_to != MatmulPrecision::kFp32)
+    fail(what, ": a 16-bit ", name,
+         " needs the flash kernels (bf16, head size 64 or 128), which do not apply");
 }
 
 }  // namespace
@@ -164,17 +156,12 @@ GemmOperand attention_gqa_forward_rounded(int device, void* out, float* lse, Gem
   const int64_t C = NH * hd;
   if (KV == NH || flash_attention_applies(C, NH, B))
     return attention_forward_rounded(device, out, lse, qkv, B, T, C, NH, KV);
+  expect_fp32_for_expansion(qkv, "attention_gqa_forward_rounded", "qkv");
   DeviceGuard guard(device);
-  GemmOperand result(out, MatmulPrecision::kFp32);
-  with_storage_type(qkv.rounded_to, [&](auto zero) {
-    using E = decltype(zero);
-    Scratch<E> full(device, B * T * 3 * C);
-    if (B * T > 0)
-      expand_gqa_heads(full.get(), static_cast<const E*>(qkv.data), B * T, NH, KV, hd);
-    result = attention_forward_rounded(device, out, lse, GemmOperand(full.get(), qkv.rounded_to),
-                                       B, T, C, NH);
-  });
-  return result;
+  Scratch<float> full(device, B * T * 3 * C);
+  if (B * T > 0)
+    expand_gqa_heads(full.get(), static_cast<const float*>(qkv.data), B * T, NH, KV, hd);
+  return attention_forward_rounded(device, out, lse, full.get(), B, T, C, NH);
 }
 
 GemmOperand attention_gqa_backward_rounded(int device, void* dqkv, GemmOperand dout,
@@ -185,23 +172,20 @@ GemmOperand attention_gqa_backward_rounded(int device, void* dqkv, GemmOperand d
   const int64_t C = NH * hd, BT = B * T;
   if (KV == NH || flash_attention_applies(C, NH, B))
     return attention_backward_rounded(device, dqkv, dout, qkv, out, lse, B, T, C, NH, KV);
-  if (!rounds_to_16_bits(out.rounded_to))
-    fail("attention_gqa_backward_rounded: out is not a 16-bit operand");
+  expect_fp32_for_expansion(qkv, "attention_gqa_backward_rounded", "qkv");
+  expect_fp32_for_expansion(dout, "attention_gqa_backward_rounded", "dout");
+  out.expect_usable_at(matmul_precision(), "out");
   DeviceGuard guard(device);
-  with_storage_type(qkv.rounded_to, [&](auto qkv_zero) {
-    using Q = decltype(qkv_zero);
-    Scratch<Q> full(device, BT * 3 * C);
-    if (BT > 0) expand_gqa_heads(full.get(), static_cast<const Q*>(qkv.data), BT, NH, KV, hd);
-    with_storage_type(out.rounded_to, [&](auto zero) {
-      using Half = decltype(zero);
-      // The expanded gradient in the 16-bit type dqkv is written in, summed back in fp32.
-      Scratch<Half> dfull(device, BT * 3 * C);
-      attention_backward_rounded(device, dfull.get(), dout, GemmOperand(full.get(), qkv.rounded_to),
-                                 out, lse, B, T, C, NH);
-      if (BT > 0)
-        reduce_gqa_heads(static_cast<Half*>(dqkv), static_cast<const Half*>(dfull.get()), BT, NH,
-                         KV, hd);
-    });
+  Scratch<float> full(device, BT * 3 * C);
+  if (BT > 0) expand_gqa_heads(full.get(), static_cast<const float*>(qkv.data), BT, NH, KV, hd);
+  // The expanded gradient in out's 16-bit type (the current precision's), summed back in fp32.
+  with_rounded_type("attention_gqa_backward_rounded", [&](auto zero) {
+    using Half = decltype(zero);
+    Scratch<Half> dfull(device, BT * 3 * C);
+    attention_backward_rounded(device, dfull.get(), dout, full.get(), out, lse, B, T, C, NH);
+    if (BT > 0)
+      reduce_gqa_heads(static_cast<Half*>(dqkv), static_cast<const Half*>(dfull.get()), BT, NH, KV,
+                       hd);
   });
   return GemmOperand(dqkv, out.rounded_to);
 }
