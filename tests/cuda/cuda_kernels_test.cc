@@ -1111,11 +1111,12 @@ TEST_F(CudaKernelsTest, AttentionGqaWritesItsOutputAndGradientRoundedForTheProje
                             out_cpu.data(), lse_cpu.data(), B, T, C, NH);
     expect_close("out vs the CPU", widened(out), out_cpu, 1e-2);
     expect_close("dqkv vs the CPU", got, reduce_heads(dfull_cpu, BT, NH, KV, hd), 2e-2);
-    if (!flash && KV != NH)  // the expanding path reads fp32 only: a 16-bit qkv is refused
+    const int64_t kv = KV, head = hd;  // (clang 14 lambdas cannot capture structured bindings)
+    if (!flash && kv != NH)  // the expanding path reads fp32 only: a 16-bit qkv is refused
       expect_refused(
           [&] {
             ops::attention_gqa_forward_rounded(on_gpu, out.raw(), DType::kBF16, lse.g(),
-                                               qkv16.bits.raw(), DType::kBF16, B, T, NH, KV, hd);
+                                               qkv16.bits.raw(), DType::kBF16, B, T, NH, kv, head);
           },
           "a 16-bit qkv needs the flash kernels", "a bf16 qkv was expanded without them");
   }
