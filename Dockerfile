@@ -8,7 +8,7 @@
 FROM debian:12-slim
 WORKDIR /loom
 COPY . .
-RUN bash scripts/install_deps.sh \
+RUN bash scripts/install_deps.sh --no-test-tools \
  && cmake --preset release -DLOOM_TESTS=OFF \
  && cmake --build --preset release --target loom \
  && cp build/release/apps/loom /usr/local/bin/loom \

@@ -292,8 +292,13 @@ LaunchResult supervise(const std::vector<std::string>& command, const LaunchOpti
       log("attempt " + std::to_string(number) + " succeeded after " + format_seconds(a.seconds));
       break;
     }
+    // Exit status 128 + SIGTERM: `loom train` stopped by SIGTERM with a checkpoint, or srun /
+    // mpirun reporting tasks that were. The ranks got the signal without the supervisor (Slurm's
+    // `--signal=TERM@T` and `scancel --signal=TERM` signal a job's tasks, not its batch
+    // script): a stop the scheduler asked for, not a failure to restart.
+    const bool stopped_by_term = !a.stalled && !a.signal && a.exit_code == 128 + SIGTERM;
     std::string ended = "attempt " + std::to_string(number) +
-                        (g_stop_signal ? " ended after " : " failed after ") +
+                        (g_stop_signal || stopped_by_term ? " ended after " : " failed after ") +
                         format_seconds(a.seconds) + ": " + a.describe();
     if (!options.run_dir.empty())
       ended += "; newest checkpoint " + name_of(a.checkpoint_after) +
@@ -302,6 +307,11 @@ LaunchResult supervise(const std::vector<std::string>& command, const LaunchOpti
     if (g_stop_signal) {
       result.interrupted = true;
       log("stopped by " + signal_name(g_stop_signal) + ": not restarting");
+      break;
+    }
+    if (stopped_by_term) {
+      result.interrupted = true;
+      log("exit status 143: its ranks were stopped by SIGTERM: not restarting");
       break;
     }
     if (!a.stalled && !a.signal && a.exit_code == 2) {

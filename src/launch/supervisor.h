@@ -6,8 +6,11 @@
 // What counts as failure: a non-zero exit, death by a signal, or (with a stall timeout) no new
 // training step for that long; a stalled child's process group is sent SIGTERM, then SIGKILL.
 // Not restarted: exit 0 (done), exit 2 (a command-line usage error: the same command fails the
-// same way), and a child that ended after the supervisor was itself asked to stop (SIGINT,
-// SIGTERM, SIGHUP are passed on to the child once, and the supervisor then exits with its status).
+// same way), exit 143 = 128 + SIGTERM (its ranks were stopped by SIGTERM: `loom train` saved a
+// checkpoint and exited so, or srun / mpirun reports tasks that did — a scheduler signalling the
+// tasks themselves, as Slurm's `--signal=TERM@T` does, asks the job to stop), and a child that
+// ended after the supervisor was itself asked to stop (SIGINT, SIGTERM, SIGHUP are passed on to
+// the child once, and the supervisor then exits with its status).
 //
 // The restart budget counts failures in a row without progress: with a run directory, an
 // attempt that wrote a newer checkpoint than the one it started from resets the count, so a
@@ -46,7 +49,9 @@ struct LaunchAttempt {
 
 struct LaunchResult {
   std::vector<LaunchAttempt> attempts;
-  bool interrupted = false;  // the supervisor was asked to stop (SIGINT/SIGTERM/SIGHUP)
+  // the supervisor was asked to stop (SIGINT/SIGTERM/SIGHUP), or the child's ranks were
+  // (exit status 143)
+  bool interrupted = false;
   int exit_code =
       0;  // what `loom launch` exits with: 0, the last child's exit status, or 128 + its signal
 };

@@ -194,6 +194,27 @@ TEST_F(Supervisor, AStopSignalIsPassedOnAndNothingIsRestarted) {
   EXPECT_NE(log_.find("stopped by SIGTERM: not restarting"), std::string::npos) << log_;
 }
 
+// Exit status 143 (128 + SIGTERM): the command's ranks were stopped by SIGTERM — Slurm's
+// `--signal=TERM@T` signals a job's tasks, not the supervisor; they save a checkpoint and end
+// so, and srun reports 143. A stop the scheduler asked for: not restarted, even with a new
+// checkpoint and budget left (tests/deploy/slurm_test.sh runs it on a real Slurm). 137 (a rank
+// killed) is still a failure.
+TEST_F(Supervisor, RanksStoppedBySigtermAreNotRestarted) {
+  options_.run_dir = dir_.string();
+  const LaunchResult r = run(kCount + "mkdir -p checkpoints/step_$n && echo {} > "
+                                      "checkpoints/step_$n/state.json; exit 143");
+  ASSERT_EQ(r.attempts.size(), 1u) << log_;
+  EXPECT_TRUE(r.attempts[0].progressed());
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.exit_code, 143);
+  EXPECT_NE(log_.find("attempt 1 ended after"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("stopped by SIGTERM: not restarting"), std::string::npos) << log_;
+
+  options_.max_restarts = 1;
+  const LaunchResult killed = run(kCount + "exit 137");
+  EXPECT_EQ(killed.attempts.size(), 2u) << log_;
+}
+
 TEST_F(Supervisor, ACommandThatCannotStartIsAnError) {
   const std::string e = error_of(
       [] { supervise({"/nonexistent/train"}, LaunchOptions{}, [](const std::string&) {}); });
