@@ -3,7 +3,7 @@
 # Extra arguments go to `loom train` (e.g. --set train.steps=100).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install_deps.sh
+bash scripts/install_deps.sh --no-test-tools  # the tests install the rest (scripts/test.sh)
 cmake --preset release >/dev/null
 cmake --build --preset release --target loom
 [ -f data/synth/train_000000.bin ] || ./build/release/apps/loom data synth --out data/synth
