@@ -304,14 +304,10 @@ LaunchResult supervise(const std::vector<std::string>& command, const LaunchOpti
       ended += "; newest checkpoint " + name_of(a.checkpoint_after) +
                (a.progressed() ? " (new)" : " (no new one)");
     log(ended);
-    if (g_stop_signal) {
+    if (g_stop_signal || stopped_by_term) {
       result.interrupted = true;
-      log("stopped by " + signal_name(g_stop_signal) + ": not restarting");
-      break;
-    }
-    if (stopped_by_term) {
-      result.interrupted = true;
-      log("exit status 143: its ranks were stopped by SIGTERM: not restarting");
+      log(g_stop_signal ? "stopped by " + signal_name(g_stop_signal) + ": not restarting"
+                        : "exit status 143: its ranks were stopped by SIGTERM: not restarting");
       break;
     }
     if (!a.stalled && !a.signal && a.exit_code == 2) {

@@ -113,12 +113,13 @@ long_steps=8000  # ~1000 steps/s here: the signal, ~0.3 s after step 3, lands we
 config "$dir/long.toml" $long_steps 64 100000
 
 # submit NAME CONFIG RUN [sbatch options...]: the template as docs/deploy.md submits it, on what
-# this machine has; its output in $dir/out-NAME.txt.
+# this machine has; its output in $dir/out-NAME.txt. With --wait, a job that has not ended in
+# 150 s fails the test (instead of waiting for ctest's timeout, which leaves the daemons behind).
 submit() {
   local name=$1 cfg=$2 run=$3
   shift 3
   (cd "$src" && CONFIG=$cfg RUN_DIR=$run LOOM=$loom DEVICE=cpu \
-    sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 \
+    timeout 150 sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 \
     --output="$dir/out-$name.txt" "$@" deploy/slurm/train.sbatch)
 }
 digests() { grep -o '"xxh3_64": *"[0-9a-f]*"' "$1/state.json"; }
