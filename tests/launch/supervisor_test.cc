@@ -201,8 +201,9 @@ TEST_F(Supervisor, AStopSignalIsPassedOnAndNothingIsRestarted) {
 // killed) is still a failure.
 TEST_F(Supervisor, RanksStoppedBySigtermAreNotRestarted) {
   options_.run_dir = dir_.string();
-  const LaunchResult r = run(kCount + "mkdir -p checkpoints/step_$n && echo {} > "
-                                      "checkpoints/step_$n/state.json; exit 143");
+  const LaunchResult r = run(kCount +
+                             "mkdir -p checkpoints/step_$n && echo {} > "
+                             "checkpoints/step_$n/state.json; exit 143");
   ASSERT_EQ(r.attempts.size(), 1u) << log_;
   EXPECT_TRUE(r.attempts[0].progressed());
   EXPECT_TRUE(r.interrupted);
