@@ -178,7 +178,7 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
     p.add("parallel.param_gather_dtype = \"bf16\" is for ZeRO-3's parameter gathers: it needs "
           "parallel.zero = 3, got ", par.zero);
   if (par.zero < 0 || par.zero > 3) p.add("parallel.zero = ", par.zero, " must be 0, 1, 2 or 3");
-  p.one_of("parallel.schedule", par.schedule, {"gpipe", "1f1b", "interleaved"});
+  p.one_of("parallel.schedule", par.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
   p.one_of("parallel.recompute", par.recompute, {"none", "full", "selective"});
   p.positive("parallel.virtual_stages", par.virtual_stages);
   if (par.virtual_stages > 1 && par.schedule != "interleaved")

@@ -244,10 +244,14 @@ inline OpCounts matmul_forward_counts(int64_t N, int64_t C, int64_t OC, bool bia
   return {2.0 * N * C * OC,
           1.0 * N * C + 1.0 * OC * C + (residual ? 2.0 : 1.0) * N * OC + (bias ? OC : 0)};
 }
-inline OpCounts matmul_backward_counts(int64_t N, int64_t C, int64_t OC, bool dinp, bool dbias) {
-  return {(dinp ? 4.0 : 2.0) * N * C * OC, 1.0 * N * OC + 1.0 * N * C + 3.0 * OC * C +
-                                               (dinp ? 1.0 * N * C : 0.0) +
-                                               (dbias ? 2.0 * OC : 0.0)};
+// Without dweight (dweight = false), only the input gradient's GEMM; without dinp, only the weight
+// gradient's (the two halves a zero-bubble pipeline schedule runs apart: linear_backward_input,
+// linear_backward_weight).
+inline OpCounts matmul_backward_counts(int64_t N, int64_t C, int64_t OC, bool dinp, bool dbias,
+                                       bool dweight = true) {
+  return {((dinp ? 2.0 : 0.0) + (dweight ? 2.0 : 0.0)) * N * C * OC,
+          1.0 * N * OC + (dinp ? 1.0 * N * C + 1.0 * OC * C : 0.0) +
+              (dweight ? 1.0 * N * C + 2.0 * OC * C : 0.0) + (dbias ? 2.0 * OC : 0.0)};
 }
 // matmul_backward's, plus the GELU's input h.
 inline OpCounts matmul_backward_before_gelu_counts(int64_t N, int64_t C, int64_t OC, bool dinp,
@@ -280,7 +284,8 @@ inline void matmul_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbi
                             const Real* dout, const Real* inp, const Real* weight, int64_t N,
                             int64_t C, int64_t OC) {
   LOOM_OPS_DISPATCH(matmul_backward,
-                    (detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr)),
+                    (detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr,
+                                                    dweight != nullptr)),
                     dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
@@ -643,6 +648,8 @@ inline void linear_forward(const Exec& ex, Real* out, const Real* inp, const Rea
     matmul_forward(ex, out, inp, weight, bias, N, C, OC);
 }
 
+// dweight = nullptr (and dbias = nullptr) computes dinp alone, dinp = nullptr the weight's
+// gradients alone: see linear_backward_input / linear_backward_weight.
 template <typename Real>
 inline void linear_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbias, Real* dout,
                             const Real* gelu_input, const Real* inp, const Real* weight, int64_t N,
@@ -654,10 +661,32 @@ inline void linear_backward(const Exec& ex, Real* dinp, Real* dweight, Real* dbi
       return;
     }
   }
-  if (gelu_input != nullptr)
+  if (gelu_input != nullptr && dweight != nullptr) {
     matmul_backward_before_gelu(ex, dinp, dweight, dbias, dout, gelu_input, inp, weight, N, C, OC);
-  else
-    matmul_backward(ex, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    return;
+  }
+  // (Without the weight's GEMM the GPU's fused GELU-and-GEMMs op has nothing to fuse with.)
+  if (gelu_input != nullptr) gelu_backward(ex, dout, gelu_input, dout, N * OC);
+  matmul_backward(ex, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+// linear_backward in two halves, for a zero-bubble pipeline schedule (parallel/
+// pipeline_schedule.h), which runs the weight gradients after the input gradient has gone on to
+// the previous stage: linear_backward_input writes dinp (through the GELU when gelu_input is
+// given, dout overwritten by the gradient at the GELU's input as in linear_backward); later,
+// linear_backward_weight accumulates dweight and dbias from that dout and the layer's input. The
+// same GEMMs as linear_backward, so on CPU ranks bit for bit its results.
+template <typename Real>
+inline void linear_backward_input(const Exec& ex, Real* dinp, Real* dout, const Real* gelu_input,
+                                  const Real* weight, int64_t N, int64_t C, int64_t OC) {
+  LOOM_CHECK(dinp != nullptr);
+  linear_backward<Real>(ex, dinp, nullptr, nullptr, dout, gelu_input, nullptr, weight, N, C, OC);
+}
+template <typename Real>
+inline void linear_backward_weight(const Exec& ex, Real* dweight, Real* dbias, Real* dout,
+                                   const Real* inp, int64_t N, int64_t C, int64_t OC) {
+  LOOM_CHECK(dweight != nullptr);
+  linear_backward<Real>(ex, nullptr, dweight, dbias, dout, nullptr, inp, nullptr, N, C, OC);
 }
 
 // Attention of n new query rows over a key/value cache (kernels/cpu/attention_cache.h): the

@@ -10,11 +10,16 @@
 
 namespace loom {
 
+class DeferredWeightGrads;
+
 struct Context {
   ThreadPool* pool = nullptr;
   Device device = Device::cpu();
   DType dtype = DType::kF32;  // activations' compute dtype (f64 in gradient checks)
   ParamHooks* hooks = nullptr;  // a parallel strategy's hooks (nn/hooks.h); none on one device
+  // Set during a zero-bubble schedule's input-gradient pass: Linears add their weight gradients
+  // here instead of computing them (nn/deferred_weight_grads.h).
+  DeferredWeightGrads* deferred_weight_grads = nullptr;
 
   Exec exec() const { return {pool, device}; }  // where kernels/ops.h runs this module's kernels
 };

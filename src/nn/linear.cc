@@ -1,6 +1,7 @@
 #include "nn/linear.h"
 
 #include "kernels/ops.h"
+#include "nn/deferred_weight_grads.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -163,10 +164,16 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T = decltype(zero);
       // backward_before_gelu's dgelu is overwritten; a plain dy is only read.
+      const T* gelu = gelu_input ? gelu_input->data<T>() : nullptr;
+      if (ctx.deferred_weight_grads != nullptr) {  // B of a zero-bubble schedule: dW later
+        ops::linear_backward_input<T>(ctx.exec(), dx.data<T>(), dy.data<T>(), gelu,
+                                      weight_->value.data<T>(), n, in_, out_);
+        defer_weight_grad<T>(*ctx.deferred_weight_grads, weight_, bias_, dy, x_, n, in_, out_);
+        return;
+      }
       ops::linear_backward<T>(ctx.exec(), dx.data<T>(), weight_->grad.data<T>(),
-                              bias_ ? bias_->grad.data<T>() : nullptr, dy.data<T>(),
-                              gelu_input ? gelu_input->data<T>() : nullptr, x_.data<T>(),
-                              weight_->value.data<T>(), n, in_, out_);
+                              bias_ ? bias_->grad.data<T>() : nullptr, dy.data<T>(), gelu,
+                              x_.data<T>(), weight_->value.data<T>(), n, in_, out_);
     });
   }
   x_ = Tensor();

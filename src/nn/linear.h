@@ -10,6 +10,9 @@
 
 namespace loom {
 
+// Backward: the combined one (dx, dW, db together), or with Context::deferred_weight_grads set
+// dx only and dW / db deferred there (the f32 / f64 path, and fp8; where a GPU keeps 16-bit
+// GEMM operands the weight gradients are computed at once all the same).
 class Linear {
  public:
   Linear(ParameterStore& store, const std::string& name, int64_t in, int64_t out, bool bias,

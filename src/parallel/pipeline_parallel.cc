@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/timer.h"
 #include "kernels/ops.h"
+#include "nn/deferred_weight_grads.h"
 #include "parallel/tensor_parallel_gpt2.h"
 
 namespace loom {
@@ -152,6 +153,8 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   // Per (chunk, micro-batch): received inputs / output gradients, outputs to send, stashes.
   std::map<std::pair<int, int>, Tensor> inbox, outbox;
   std::map<std::pair<int, int>, std::vector<Tensor>> stash;
+  // Weight gradients a zero-bubble schedule's B left for its W (nn/deferred_weight_grads.h).
+  std::map<std::pair<int, int>, DeferredWeightGrads> deferred;
   std::vector<int> backwards_done(chunks_.size(), 0);
   std::vector<WorkHandle> sends;  // (each holds the tensor it sends until it is done)
   double loss_sum = 0;
@@ -181,9 +184,13 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
         stats_.max_in_flight = std::max(stats_.max_in_flight, static_cast<int>(stash.size()));
         break;
       }
-      case PipeActionKind::kBackward: {
+      case PipeActionKind::kBackward:
+      case PipeActionKind::kBackwardInput: {
+        // Split (B of a zero-bubble schedule): the Linears leave their weight gradients in
+        // `later`, which also records the units' hook calls for W to replay to the engine.
+        const bool split = a.kind == PipeActionKind::kBackwardInput;
         DataParallel& engine = *engines_[static_cast<size_t>(c)];
-        engine.begin_micro_batch(backwards_done[static_cast<size_t>(c)]++, m);
+        if (!split) engine.begin_micro_batch(backwards_done[static_cast<size_t>(c)]++, m);
         model.unstash_activations(std::move(stash.at(key)));
         stash.erase(key);
         Tensor dy;
@@ -191,9 +198,28 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
           dy = inbox.at(key);
           inbox.erase(key);
         }
+        DeferredWeightGrads* later = split ? &deferred[key] : nullptr;
+        if (split) ctx.hooks = later;
+        ctx.deferred_weight_grads = later;
         Tensor dx = model.backward_part(ctx, dy, loss_scale / m);
-        engine.end_micro_batch();
+        ctx.deferred_weight_grads = nullptr;
+        if (split) {
+          int64_t bytes = 0;
+          for (const auto& [k, d] : deferred) bytes += d.bytes();
+          stats_.max_deferred = std::max(stats_.max_deferred, static_cast<int>(deferred.size()));
+          stats_.max_deferred_bytes = std::max(stats_.max_deferred_bytes, bytes);
+        } else {
+          engine.end_micro_batch();
+        }
         if (s != 0) outbox[key] = dx;
+        break;
+      }
+      case PipeActionKind::kBackwardWeight: {
+        DataParallel& engine = *engines_[static_cast<size_t>(c)];
+        engine.begin_micro_batch(backwards_done[static_cast<size_t>(c)]++, m);
+        deferred.at(key).run(ctx.exec(), &engine);
+        deferred.erase(key);
+        engine.end_micro_batch();
         break;
       }
       case PipeActionKind::kSendForward:
@@ -208,7 +234,8 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
     }
   }
   for (const WorkHandle& w : sends) w->wait();
-  LOOM_CHECK_MSG(stash.empty() && inbox.empty(), "pipeline schedule left activations behind");
+  LOOM_CHECK_MSG(stash.empty() && inbox.empty() && deferred.empty(),
+                 "pipeline schedule left activations or weight gradients behind");
   // The tied embedding: the first stage's wte and the last stage's copy get the sum of both
   // gradients (already averaged over dp), so both update identically.
   if (tied_ != nullptr && tied_->size() > 1) {

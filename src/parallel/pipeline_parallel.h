@@ -5,7 +5,9 @@
 //
 // One engine runs any schedule: it walks this rank's action list; a forward stashes the chunk's
 // activations per micro-batch (Gpt2::stash_activations) so several micro-batches can be in
-// flight, a backward restores them. Activations and their gradients travel with tagged
+// flight, a backward restores them. A zero-bubble schedule's B runs the backward with the
+// Linears' weight gradients deferred (nn/deferred_weight_grads.h), its W runs them and only then
+// lets the chunk's DataParallel engine see the units' gradients final. Activations and their gradients travel with tagged
 // send/recv (shapes are known from the config: (micro_batch, seq_len, d_model) f32). Sends are
 // asynchronous and waited for at the end of the step; receives block, and their waiting time is
 // the measured bubble.
@@ -59,6 +61,10 @@ struct PipelineStepStats {
   double step_seconds = 0;
   double recv_wait_seconds = 0;  // time blocked waiting for a neighbour: the bubble
   int max_in_flight = 0;         // most micro-batches whose activations this rank held at once
+  // Zero-bubble schedules: most micro-batches whose weight gradients waited for their W at once
+  // (after B), and the most bytes they held then (each Linear's input and output gradient).
+  int max_deferred = 0;
+  int64_t max_deferred_bytes = 0;
   int64_t bytes_sent = 0;
   double bubble() const { return step_seconds > 0 ? recv_wait_seconds / step_seconds : 0; }
 };

@@ -1,6 +1,6 @@
 // Pipeline schedules (issue 6): generators, the deadlock check and the text timeline.
 //
-// All three generators share one shape, which is why they are one function: a rank's compute
+// gpipe, 1f1b and interleaved share one shape, which is why they are one function: a rank's compute
 // order is "w warm-up forwards, then alternate one forward / one backward, then the remaining
 // backwards", over a sequence of (micro-batch, chunk) forward slots and backward slots. The
 // schedules differ only in the warm-up length w and in how slot k maps to (micro-batch, chunk):
@@ -10,6 +10,10 @@
 // Communication is then wrapped around each compute: the receive right before the compute that
 // needs it (so the engine blocks as late as possible) and the send right after the compute that
 // produces it (so the neighbour can start as early as possible).
+//
+// zb-h1 (zero_bubble_h1 below) follows the paper's steady-state rule instead: rank r runs, for
+// x = 0, 1, ..., m + pp − 2, the triple (F of micro-batch x, B of x − (pp − 1 − r), W of
+// x − (pp − 1)), each where its micro-batch exists.
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
@@ -37,6 +41,8 @@ const char* kind_name(K k) {
     case K::kRecvBackward: return "RecvBackward";
     case K::kBackward: return "Backward";
     case K::kSendBackward: return "SendBackward";
+    case K::kBackwardInput: return "BackwardInput";
+    case K::kBackwardWeight: return "BackwardWeight";
   }
   return "?";
 }
@@ -76,7 +82,24 @@ struct Simulation {
   bool finished = true;
 };
 
-Simulation simulate(const PipelineSchedule& s, int64_t forward_cost, int64_t backward_cost) {
+// Time units a compute takes in the simulation.
+struct Costs {
+  int64_t forward = 1, backward = 1, backward_input = 1, backward_weight = 1;
+  int64_t of(K k) const {
+    switch (k) {
+      case K::kForward: return forward;
+      case K::kBackward: return backward;
+      case K::kBackwardInput: return backward_input;
+      case K::kBackwardWeight: return backward_weight;
+      default: return 0;
+    }
+  }
+};
+// The timeline's: a backward computes two gradients per weight use (input and weight), twice a
+// forward's work; each half of a split one is one unit.
+constexpr Costs kTimelineCosts{1, 2, 1, 1};
+
+Simulation simulate(const PipelineSchedule& s, const Costs& costs) {
   const int pp = s.pp;
   Simulation sim;
   sim.next.assign(pp, 0);
@@ -98,7 +121,7 @@ Simulation simulate(const PipelineSchedule& s, int64_t forward_cost, int64_t bac
           sent_at[message_of(s, r, a)] = sim.clock[r];
         } else {
           sim.start[r][i] = sim.clock[r];
-          sim.clock[r] += a.kind == K::kForward ? forward_cost : backward_cost;
+          sim.clock[r] += costs.of(a.kind);
         }
         moved = true;
       }
@@ -117,7 +140,7 @@ void check_structure(const PipelineSchedule& s) {
   for (int r = 0; r < s.pp; ++r) {
     const auto& acts = s.actions[r];
     // pos[kind][microbatch·v + chunk] = index of that action on this rank, −1 if absent.
-    std::array<std::vector<int64_t>, 6> pos;
+    std::array<std::vector<int64_t>, 8> pos;
     for (auto& p : pos) p.assign(static_cast<size_t>(m) * v, -1);
     for (size_t i = 0; i < acts.size(); ++i) {
       const PipeAction& a = acts[i];
@@ -142,7 +165,13 @@ void check_structure(const PipelineSchedule& s) {
                wanted ? "" : (stage == 0 ? "; stage 0 has no previous stage" : "; it is the last stage"));
         };
         need(K::kForward, true);
-        need(K::kBackward, true);
+        // A backward whole, or split into its input and weight halves.
+        const bool split = at(K::kBackwardInput) >= 0 || at(K::kBackwardWeight) >= 0;
+        need(K::kBackward, !split);
+        need(K::kBackwardInput, split);
+        need(K::kBackwardWeight, split);
+        // What sends the input gradient and what needs the output gradient.
+        const K backward = split ? K::kBackwardInput : K::kBackward;
         need(K::kRecvForward, stage > 0);
         need(K::kSendBackward, stage > 0);
         need(K::kSendForward, stage < S - 1);
@@ -154,9 +183,10 @@ void check_structure(const PipelineSchedule& s) {
         };
         before(K::kRecvForward, K::kForward);
         before(K::kForward, K::kSendForward);
-        before(K::kForward, K::kBackward);
-        before(K::kRecvBackward, K::kBackward);
-        before(K::kBackward, K::kSendBackward);
+        before(K::kForward, backward);
+        before(K::kRecvBackward, backward);
+        before(backward, K::kSendBackward);
+        before(K::kBackwardInput, K::kBackwardWeight);
       }
     }
   }
@@ -164,17 +194,44 @@ void check_structure(const PipelineSchedule& s) {
 
 std::string cell_label(const PipelineSchedule& s, const PipeAction& a) {
   // (Built by appending: GCC 12 warns falsely (-Wrestrict) about "F" + std::to_string(...).)
-  std::string label(1, a.kind == K::kForward ? 'F' : 'B');
+  std::string label(1, a.kind == K::kForward ? 'F' : a.kind == K::kBackwardWeight ? 'W' : 'B');
   label += std::to_string(a.microbatch);
   if (s.virtual_stages > 1) label += static_cast<char>('a' + a.chunk % 26);
   return label;
 }
 
+// ZB-H1 (Qi et al. 2023, the "H1" variant: 1F1B's memory): rank r's steady state is the triple
+// (F x, B x − (pp − 1 − r), W x − (pp − 1)). Its forwards and input-gradient backwards are
+// 1F1B's order — the same pp − r − 1 warm-up forwards, so at most pp − r micro-batches between
+// F and B —, and its W's trail its B's by r micro-batches: none on the first rank, pp − 1 on
+// the last. The drain that 1F1B spends waiting for backwards to come back, ZB-H1 fills with
+// those W's; with F = B = W = 1 unit a rank idles pp − 1 units a step instead of 3(pp − 1).
+void zero_bubble_h1(PipelineSchedule& s) {
+  const int pp = s.pp, m = s.microbatches, last = pp - 1;
+  for (int r = 0; r < pp; ++r) {
+    auto& acts = s.actions[r];
+    for (int x = 0; x < m + pp - 1; ++x) {
+      if (x < m) {
+        if (r > 0) acts.push_back({K::kRecvForward, x, 0});
+        acts.push_back({K::kForward, x, 0});
+        if (r < last) acts.push_back({K::kSendForward, x, 0});
+      }
+      if (const int b = x - (last - r); b >= 0 && b < m) {
+        if (r < last) acts.push_back({K::kRecvBackward, b, 0});
+        acts.push_back({K::kBackwardInput, b, 0});
+        if (r > 0) acts.push_back({K::kSendBackward, b, 0});
+      }
+      if (const int w = x - last; w >= 0 && w < m) acts.push_back({K::kBackwardWeight, w, 0});
+    }
+  }
+}
+
 }  // namespace
 
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages) {
-  if (name != "gpipe" && name != "1f1b" && name != "interleaved")
-    fail("parallel.schedule = \"", name, "\" is not one of \"gpipe\", \"1f1b\", \"interleaved\"");
+  if (name != "gpipe" && name != "1f1b" && name != "interleaved" && name != "zb-h1")
+    fail("parallel.schedule = \"", name,
+         "\" is not one of \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\"");
   if (pp < 1) fail("parallel.pp = ", pp, " must be at least 1");
   if (microbatches < 1)
     fail("the micro-batch count ", microbatches,
@@ -193,6 +250,10 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches
   s.microbatches = microbatches;
   s.virtual_stages = virtual_stages;
   s.actions.resize(pp);
+  if (name == "zb-h1") {
+    zero_bubble_h1(s);
+    return s;
+  }
   const int m = microbatches, v = virtual_stages, total = m * v;
   for (int r = 0; r < pp; ++r) {
     int warmup = 0;
@@ -248,7 +309,7 @@ void check_schedule(const PipelineSchedule& s) {
   if (static_cast<int>(s.actions.size()) != s.pp)
     fail("pipeline schedule \"", s.name, "\" has action lists for ", s.actions.size(), " ranks, not pp = ", s.pp);
   check_structure(s);
-  const Simulation sim = simulate(s, 1, 1);
+  const Simulation sim = simulate(s, Costs{});
   if (sim.finished) return;
   std::ostringstream os;
   os << "pipeline schedule \"" << s.name << "\" deadlocks:";
@@ -269,7 +330,7 @@ void check_schedule(const PipelineSchedule& s) {
 
 std::string render_timeline(const PipelineSchedule& s) {
   check_schedule(s);
-  const Simulation sim = simulate(s, 1, 2);
+  const Simulation sim = simulate(s, kTimelineCosts);
   const int64_t makespan = *std::max_element(sim.clock.begin(), sim.clock.end());
   std::vector<std::vector<std::string>> cells(s.pp, std::vector<std::string>(makespan, "."));
   size_t width = 1;
@@ -278,7 +339,7 @@ std::string render_timeline(const PipelineSchedule& s) {
     for (size_t i = 0; i < s.actions[r].size(); ++i) {
       const PipeAction& a = s.actions[r][i];
       if (sim.start[r][i] < 0) continue;  // communication takes no time
-      const int64_t cost = a.kind == K::kForward ? 1 : 2;
+      const int64_t cost = kTimelineCosts.of(a.kind);
       const std::string label = cell_label(s, a);
       width = std::max(width, label.size());
       for (int64_t t = sim.start[r][i]; t < sim.start[r][i] + cost; ++t) cells[r][t] = label;
@@ -288,7 +349,12 @@ std::string render_timeline(const PipelineSchedule& s) {
   std::ostringstream os;
   os << s.name << ": pp " << s.pp << ", " << s.microbatches << " micro-batches";
   if (s.virtual_stages > 1) os << ", " << s.virtual_stages << " chunks per rank (a, b, ...)";
-  os << "; forward 1 unit, backward 2 units per column\n";
+  const bool split = std::any_of(s.actions.begin(), s.actions.end(), [](const auto& acts) {
+    return std::any_of(acts.begin(), acts.end(),
+                       [](const PipeAction& a) { return a.kind == K::kBackwardWeight; });
+  });
+  os << (split ? "; forward, backward input (B) and weight (W) 1 unit each per column\n"
+               : "; forward 1 unit, backward 2 units per column\n");
   const size_t rank_width = std::to_string(s.pp - 1).size();
   for (int r = 0; r < s.pp; ++r) {
     std::ostringstream row;
@@ -299,14 +365,23 @@ std::string render_timeline(const PipelineSchedule& s) {
     os << line << '\n';
   }
   const double bubble = makespan == 0 ? 0.0 : 1.0 - static_cast<double>(busy) / (static_cast<double>(makespan) * s.pp);
+  const char* formula = s.name == "interleaved" ? "(p-1)/(m+p-1)/v"
+                        : s.name != "zb-h1"       ? "(p-1)/(m+p-1)"
+                        : s.microbatches >= s.pp  ? "(p-1)/(3m+p-1)"
+                                                  : "(2p-m-1)/(2m+2p-1), m < p";
   os << std::fixed << std::setprecision(3) << "bubble (simulated): " << bubble << '\n'
-     << "bubble (theory, (p-1)/(m+p-1)" << (s.name == "interleaved" ? "/v" : "")
-     << "): " << theoretical_bubble(s) << '\n';
+     << "bubble (theory, " << formula << "): " << theoretical_bubble(s) << '\n';
   return os.str();
 }
 
 double theoretical_bubble(const PipelineSchedule& s) {
   const double p = s.pp, m = s.microbatches;
+  // zb-h1: each rank computes 3m units; with m ≥ p the step takes 3m + p − 1 (the fill's p − 1
+  // units; the drain is filled with W's). With m < p rank 0 runs out of forwards before micro-
+  // batch 0's gradient is back: it starts its first B at 2p − 1 and then alternates B, W to the
+  // end, 2m + 2p − 1.
+  if (s.name == "zb-h1")
+    return m >= p ? (p - 1) / (3 * m + p - 1) : (2 * p - 1 - m) / (2 * m + 2 * p - 1);
   const double b = (p - 1) / (m + p - 1);
   return s.name == "interleaved" ? b / s.virtual_stages : b;
 }

@@ -1,7 +1,7 @@
 // Pipeline schedules as data (issue 6): for each pipeline rank, the ordered list of actions it
 // performs in one training step. One engine (pipeline_parallel.h) executes any schedule; the
-// generators below make GPipe, 1F1B and interleaved 1F1B; check_schedule() proves a schedule
-// free of deadlocks before it runs.
+// generators below make GPipe, 1F1B, interleaved 1F1B and zero-bubble ZB-H1; check_schedule()
+// proves a schedule free of deadlocks before it runs.
 //
 // Model stages: with pp ranks and v virtual stages (chunks) per rank, the model is cut into
 // S = pp·v stages; stage s runs on rank s % pp as its chunk s / pp (Megatron's interleaved
@@ -14,6 +14,10 @@
 // Actions: kRecvForward(i, c) receives stage s−1's output of micro-batch i for chunk c (absent on
 // stage 0), kForward(i, c), kSendForward(i, c) sends to stage s+1 (absent on stage S−1);
 // kRecvBackward / kBackward / kSendBackward mirror them towards stage s−1.
+// Zero-bubble schedules split kBackward in two (Qi et al., "Zero Bubble Pipeline Parallelism",
+// 2023): kBackwardInput (B) computes the input gradient, which kSendBackward then sends, and
+// kBackwardWeight (W), later on the same rank, the weight gradients, which no other stage waits
+// for (nn/deferred_weight_grads.h). A (micro-batch, chunk) has either kBackward or both halves.
 // Execution model (what check_schedule simulates and the engine does): sends are non-blocking
 // (they complete once issued; the engine waits for them at the end of the step), receives block
 // until the matching send has been issued.
@@ -24,7 +28,16 @@
 
 namespace loom {
 
-enum class PipeActionKind { kRecvForward, kForward, kSendForward, kRecvBackward, kBackward, kSendBackward };
+enum class PipeActionKind {
+  kRecvForward,
+  kForward,
+  kSendForward,
+  kRecvBackward,
+  kBackward,
+  kSendBackward,
+  kBackwardInput,
+  kBackwardWeight
+};
 
 struct PipeAction {
   PipeActionKind kind;
@@ -34,7 +47,7 @@ struct PipeAction {
 };
 
 struct PipelineSchedule {
-  std::string name;        // "gpipe", "1f1b", "interleaved"
+  std::string name;        // "gpipe", "1f1b", "interleaved", "zb-h1"
   int pp = 1;              // pipeline ranks
   int microbatches = 1;    // m
   int virtual_stages = 1;  // v (chunks per rank)
@@ -45,10 +58,12 @@ struct PipelineSchedule {
 };
 
 // Builds a schedule: "gpipe" (all forwards, then all backwards), "1f1b" (warm-up forwards, then
-// one forward one backward, at most pp micro-batches in flight on the first stage), or
-// "interleaved" (1F1B over v chunks per rank; needs microbatches % pp == 0). Throws loom::Error
-// naming the parameter for an unknown name or an invalid combination (pp, m, v < 1; v > 1
-// without "interleaved"; interleaved with m not a multiple of pp).
+// one forward one backward, at most pp micro-batches in flight on the first stage),
+// "interleaved" (1F1B over v chunks per rank; needs microbatches % pp == 0), or "zb-h1" (1F1B
+// with each backward split into B and W, the W's put off to fill the drain: a third of 1F1B's
+// bubble when F, B and W cost the same, and no more micro-batches in flight than 1F1B). Throws
+// loom::Error naming the parameter for an unknown name or an invalid combination (pp, m, v < 1;
+// v > 1 without "interleaved"; interleaved with m not a multiple of pp).
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages = 1);
 
 // Simulates the schedule (non-blocking sends, blocking receives) and checks that every rank runs
@@ -58,14 +73,16 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches
 void check_schedule(const PipelineSchedule& schedule);
 
 // A text timeline, one row per rank, one column per time unit of a unit-cost simulation
-// (forward 1 unit, backward 2 units, communication free): "F3" / "B3" cells (micro-batch; with
-// chunks "F3a", "F3b"...), "." idle. Followed by the simulated bubble fraction and the
+// (forward 1 unit, backward 2 units — or its halves B and W 1 unit each —, communication free):
+// "F3" / "B3" / "W3" cells (micro-batch; with chunks "F3a", "F3b"...), "." idle. Followed by the simulated bubble fraction and the
 // theoretical one. For `loom schedule` and the docs. Runs check_schedule() first, so a malformed
 // schedule throws the same loom::Error instead of being drawn.
 std::string render_timeline(const PipelineSchedule& schedule);
 
 // (p − 1) / (m + p − 1), divided by v for interleaved: the idle fraction of 1F1B and GPipe
-// with forward and backward of equal cost per stage.
+// with forward and backward of equal cost per stage; for zb-h1 (p − 1) / (3m + p − 1), its idle
+// fraction when F, B and W cost one unit each (the drain of p − 1 units, not 3(p − 1)), or
+// (2p − m − 1) / (2m + 2p − 1) with fewer micro-batches than ranks.
 double theoretical_bubble(const PipelineSchedule& schedule);
 
 }  // namespace loom

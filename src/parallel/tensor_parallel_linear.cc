@@ -3,6 +3,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/deferred_weight_grads.h"
 
 namespace loom {
 namespace {
@@ -89,6 +90,13 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
                                             weight_->grad.data<float>(), dbias, dy.data<float>(),
                                             x_.raw(), x_.dtype(), weight_->value.data<float>(), n,
                                             in_, local_out_);
+  } else if (ctx.deferred_weight_grads != nullptr) {  // B of a zero-bubble schedule: dW later
+    ops::linear_backward_input<float>(ctx.exec(), dx.data<float>(), dy.data<float>(),
+                                      gelu_input != nullptr ? gelu_input->data<float>() : nullptr,
+                                      weight_->value.data<float>(), n, in_, local_out_);
+    // (Under sequence parallelism x_ is the gathered input: it stays until W.)
+    defer_weight_grad<float>(*ctx.deferred_weight_grads, weight_, bias_, dy, x_, n, in_,
+                             local_out_);
   } else {
     ops::linear_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias,
                                 dy.data<float>(),
@@ -149,6 +157,14 @@ Tensor RowParallelLinear::backward(Context& ctx, const Tensor& dy) {
   }
   // dy_all holds every row, so the (replicated) bias gradient is whole on every rank.
   Tensor dx = Tensor::empty({n, local_in_}, DType::kF32, ctx.device);
+  if (ctx.deferred_weight_grads != nullptr) {  // B of a zero-bubble schedule: dW later
+    ops::linear_backward_input<float>(ctx.exec(), dx.data<float>(), dy_all.data<float>(), nullptr,
+                                      weight_->value.data<float>(), n, local_in_, out_);
+    defer_weight_grad<float>(*ctx.deferred_weight_grads, weight_, bias_, dy_all, x_, n,
+                             local_in_, out_);
+    x_ = Tensor();
+    return dx;
+  }
   ops::linear_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
                               bias_ ? bias_->grad.data<float>() : nullptr, dy_all.data<float>(),
                               nullptr, x_.data<float>(), weight_->value.data<float>(), n, local_in_,

@@ -135,9 +135,14 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   const double recompute = config.resolved_recompute() == "full" ? 4.0 / 3.0 : 1.0;
   plan.compute_s = flops * recompute / (o.devices * hw.peak_tflops * 1e12 * o.efficiency);
   const double m = static_cast<double>(config.grad_accum_steps());
-  if (par.pp > 1)  // the schedule's fill and drain: (pp - 1) micro-batch slots of (v) chunks
+  // The schedule's fill and drain: (pp - 1) micro-batch slots of (v) chunks; zb-h1 fills the
+  // drain with weight gradients, leaving (pp - 1) slots of a third of a micro-batch's work (F, B
+  // and W taken as equal).
+  if (par.pp > 1)
     plan.bubble_s = plan.compute_s * (par.pp - 1) /
-                    (par.schedule == "interleaved" ? m * par.virtual_stages : m);
+                    (par.schedule == "interleaved" ? m * par.virtual_stages
+                     : par.schedule == "zb-h1"     ? 3 * m
+                                                   : m);
   // Links: tp innermost (neighbouring ranks), then dp, then pp.
   const auto gbps = [&](int span) {
     return span <= hw.devices_per_node ? hw.intra_node_gbps : hw.inter_node_gbps;

@@ -103,8 +103,8 @@ std::vector<CheckLayout> parse_layouts(std::string_view text) {
         if (!is_int || n < 0 || n > 3) bad("needs a ZeRO stage 0, 1, 2 or 3");
         l.zero = static_cast<int>(n);
       } else if (key == "schedule") {
-        if (value != "gpipe" && value != "1f1b" && value != "interleaved")
-          bad("needs a schedule gpipe, 1f1b or interleaved");
+        if (value != "gpipe" && value != "1f1b" && value != "interleaved" && value != "zb-h1")
+          bad("needs a schedule gpipe, 1f1b, interleaved or zb-h1");
         l.schedule = std::string(value);
       } else if (key == "virtual_stages") {
         l.virtual_stages = static_cast<int>(positive());

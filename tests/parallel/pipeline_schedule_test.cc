@@ -29,6 +29,7 @@ std::vector<std::tuple<std::string, int, int, int>> grid() {
     for (int m = 1; m <= 9; ++m) {
       out.emplace_back("gpipe", pp, m, 1);
       out.emplace_back("1f1b", pp, m, 1);
+      out.emplace_back("zb-h1", pp, m, 1);
       if (m % pp == 0)
         for (int v : {1, 2, 3}) out.emplace_back("interleaved", pp, m, v);
     }
@@ -37,12 +38,23 @@ std::vector<std::tuple<std::string, int, int, int>> grid() {
 }
 
 // The most micro-batches (chunk activations with v > 1) a rank holds: forwards done minus
-// backwards done, maximised over its action list.
-int peak_in_flight(const std::vector<PipeAction>& actions) {
+// backwards (or their input halves) done, maximised over its action list. `until` = the action
+// that ends a micro-batch's stay: kBackwardWeight counts those whose weight gradients wait too.
+int peak_in_flight(const std::vector<PipeAction>& actions, K until = K::kBackward) {
   int live = 0, peak = 0;
   for (const PipeAction& a : actions) {
     if (a.kind == K::kForward) peak = std::max(peak, ++live);
-    if (a.kind == K::kBackward) --live;
+    if (a.kind == until || (until == K::kBackward && a.kind == K::kBackwardInput)) --live;
+  }
+  return peak;
+}
+
+// The most micro-batches whose W waits after their B on one rank.
+int peak_deferred(const std::vector<PipeAction>& actions) {
+  int live = 0, peak = 0;
+  for (const PipeAction& a : actions) {
+    if (a.kind == K::kBackwardInput) peak = std::max(peak, ++live);
+    if (a.kind == K::kBackwardWeight) --live;
   }
   return peak;
 }
@@ -77,12 +89,13 @@ TEST(PipelineSchedule, EveryGeneratedSchedulePassesTheCheck) {
     ASSERT_EQ(s.actions.size(), static_cast<size_t>(pp));
     EXPECT_NO_THROW(check_schedule(s));
     for (int r = 0; r < pp; ++r) {
-      // Per (micro-batch, chunk): forward + backward, plus a receive and a send in each
-      // direction except at the ends of the model.
+      // Per (micro-batch, chunk): forward + backward (zb-h1: its two halves), plus a receive
+      // and a send in each direction except at the ends of the model.
+      const size_t computes = name == "zb-h1" ? 3 : 2;
       size_t expected = 0;
       for (int c = 0; c < v; ++c) {
         const int stage = s.stage_of(r, c);
-        expected += static_cast<size_t>(m) * (2 + (stage > 0 ? 2 : 0) + (stage < s.stages() - 1 ? 2 : 0));
+        expected += static_cast<size_t>(m) * (computes + (stage > 0 ? 2 : 0) + (stage < s.stages() - 1 ? 2 : 0));
       }
       EXPECT_EQ(s.actions[r].size(), expected) << "rank " << r;
     }
@@ -117,6 +130,63 @@ TEST(PipelineSchedule, OneFOneBBoundsMicroBatchesInFlight) {
       for (int r = 0; r < pp; ++r) {
         EXPECT_EQ(peak_in_flight(f.actions[r]), std::min(pp - r, m)) << "pp " << pp << " m " << m << " rank " << r;
         EXPECT_EQ(peak_in_flight(g.actions[r]), m) << "pp " << pp << " m " << m << " rank " << r;
+      }
+    }
+}
+
+TEST(PipelineSchedule, ZeroBubbleKeepsOneFOneBsOrderAndMemory) {
+  for (int pp : {1, 2, 4})
+    for (int m = 1; m <= 9; ++m) {
+      SCOPED_TRACE("pp " + std::to_string(pp) + " m " + std::to_string(m));
+      const PipelineSchedule z = make_schedule("zb-h1", pp, m);
+      const PipelineSchedule f = make_schedule("1f1b", pp, m);
+      for (int r = 0; r < pp; ++r) {
+        // Forwards and input-gradient backwards in 1F1B's order: the same warm-up, the same
+        // pp − r micro-batches at most between F and B.
+        std::vector<PipeAction> zb_order, one_order;
+        for (PipeAction a : z.actions[r]) {
+          if (a.kind == K::kBackwardWeight) continue;
+          if (a.kind == K::kBackwardInput) a.kind = K::kBackward;
+          zb_order.push_back(a);
+        }
+        for (const PipeAction& a : f.actions[r]) one_order.push_back(a);
+        EXPECT_EQ(zb_order, one_order) << "rank " << r;
+        EXPECT_EQ(peak_in_flight(z.actions[r]), std::min(pp - r, m)) << "rank " << r;
+        // W trails B by r micro-batches (none on the first rank), and no rank holds more than
+        // pp micro-batches between F and W: 1F1B's first-rank peak.
+        EXPECT_EQ(peak_deferred(z.actions[r]), std::min(r, m) + (r < m ? 1 : 0)) << "rank " << r;
+        EXPECT_LE(peak_in_flight(z.actions[r], K::kBackwardWeight), std::min(pp, m)) << "rank " << r;
+        // W's come in micro-batch order: the weight gradients accumulate as in 1F1B.
+        int next_w = 0;
+        for (const PipeAction& a : z.actions[r]) {
+          if (a.kind == K::kBackwardWeight) {
+            EXPECT_EQ(a.microbatch, next_w++);
+          }
+        }
+      }
+    }
+}
+
+TEST(PipelineSchedule, ZeroBubbleCutsTheBubbleToAThird) {
+  // F, B and W one unit each: rank 0 waits p − 1 units for its first gradient, and the drain
+  // that 1F1B idles through is filled with W's: (p−1)/(3m+p−1) against 1F1B's (p−1)/(m+p−1)
+  // (with its backward's 2 units), the makespan 3m + p − 1 against 3(m + p − 1).
+  for (int pp : {1, 2, 4})
+    for (int m = 1; m <= 9; ++m) {
+      SCOPED_TRACE("pp " + std::to_string(pp) + " m " + std::to_string(m));
+      const PipelineSchedule s = make_schedule("zb-h1", pp, m);
+      const Timeline t = parse(render_timeline(s));
+      const int makespan = m >= pp ? 3 * m + pp - 1 : 2 * m + 2 * pp - 1;
+      for (int cols : t.columns) EXPECT_EQ(cols, makespan);
+      const double expected = 1.0 - 3.0 * m / makespan;
+      EXPECT_NEAR(theoretical_bubble(s), expected, 1e-12);
+      EXPECT_NEAR(t.simulated, expected, 6e-4);
+      EXPECT_NEAR(t.theory, expected, 6e-4);
+      if (m >= pp) {
+        EXPECT_DOUBLE_EQ(theoretical_bubble(s), (pp - 1.0) / (3.0 * m + pp - 1.0));
+      }
+      if (pp > 1) {
+        EXPECT_LT(t.simulated, parse(render_timeline(make_schedule("1f1b", pp, m))).simulated);
       }
     }
 }
@@ -171,6 +241,10 @@ TEST(PipelineSchedule, TimelineLooksLikeTheDocs) {
   EXPECT_NE(inter.find("F0a"), std::string::npos) << inter;
   EXPECT_NE(inter.find("B1b"), std::string::npos) << inter;
   EXPECT_NE(inter.find("(p-1)/(m+p-1)/v): 0.167"), std::string::npos) << inter;
+  const std::string zb = render_timeline(make_schedule("zb-h1", 2, 2));
+  EXPECT_NE(zb.find("rank 0 | F0 F1 .  B0 W0 B1 W1\n"), std::string::npos) << zb;
+  EXPECT_NE(zb.find("rank 1 | .  F0 B0 F1 B1 W0 W1\n"), std::string::npos) << zb;
+  EXPECT_NE(zb.find("bubble (theory, (p-1)/(3m+p-1)): 0.143\n"), std::string::npos) << zb;
 }
 
 TEST(PipelineSchedule, DeadlockNamesTheStuckRanks) {
@@ -210,6 +284,29 @@ TEST(PipelineSchedule, MalformedSchedulesAreRejected) {
                 .find("before Forward"),
             std::string::npos);
   EXPECT_NE(broken([](PipelineSchedule& s) { s.actions.pop_back(); }).find("not pp = 2"), std::string::npos);
+  // A split backward needs both halves, the weight half after the input half, and not the
+  // whole backward as well.
+  const PipelineSchedule zb = make_schedule("zb-h1", 2, 2);
+  auto broken_zb = [&](auto edit) {
+    PipelineSchedule s = zb;
+    edit(s);
+    return error_of([&] { check_schedule(s); });
+  };
+  auto find_kind = [](std::vector<PipeAction>& acts, K kind, int mb) {
+    return std::find_if(acts.begin(), acts.end(),
+                        [&](const PipeAction& a) { return a.kind == kind && a.microbatch == mb; });
+  };
+  EXPECT_NE(broken_zb([&](PipelineSchedule& s) { s.actions[1].erase(find_kind(s.actions[1], K::kBackwardWeight, 1)); })
+                .find("rank 1 lacks BackwardWeight of micro-batch 1"),
+            std::string::npos);
+  EXPECT_NE(broken_zb([&](PipelineSchedule& s) {
+              auto& a = s.actions[0];
+              std::iter_swap(find_kind(a, K::kBackwardInput, 0), find_kind(a, K::kBackwardWeight, 0));
+            }).find("runs BackwardWeight of micro-batch 0 chunk 0 (stage 0) (action #"),
+            std::string::npos);
+  EXPECT_NE(broken_zb([&](PipelineSchedule& s) { s.actions[0].push_back({K::kBackward, 1, 0}); })
+                .find("needless Backward of micro-batch 1"),
+            std::string::npos);
 }
 
 TEST(PipelineSchedule, InvalidArgumentsNameTheKey) {
@@ -221,6 +318,8 @@ TEST(PipelineSchedule, InvalidArgumentsNameTheKey) {
   EXPECT_NE(error_of([] { make_schedule("interleaved", 2, 2, 0); }).find("parallel.virtual_stages = 0"),
             std::string::npos);
   EXPECT_NE(error_of([] { make_schedule("1f1b", 2, 2, 2); }).find("parallel.virtual_stages = 2 needs parallel.schedule"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { make_schedule("zb-h1", 2, 2, 2); }).find("parallel.virtual_stages = 2 needs parallel.schedule"),
             std::string::npos);
 }
 

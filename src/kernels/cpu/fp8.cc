@@ -182,10 +182,12 @@ void matmul_backward_fp8(ThreadPool& pool, float* dinp, float* dweight, float* d
     gemm<float>(pool, false, false, N, C, OC, 1, dq, OC, wq, C, 0, dinp, C);
   }
   // dweight (OC, C) += doutᵀ (OC, N) · inp (N, C), contraction over the N tokens.
-  float* xq = scratch(x_buffer, N * C);
-  quantize_fp8_blocks(pool, dq, OC, dout, OC, N, OC, block, 1);
-  quantize_fp8_blocks(pool, xq, C, inp, C, N, C, block, 1);
-  gemm<float>(pool, true, false, OC, C, N, 1, dq, OC, xq, C, 1, dweight, C);
+  if (dweight != nullptr) {
+    float* xq = scratch(x_buffer, N * C);
+    quantize_fp8_blocks(pool, dq, OC, dout, OC, N, OC, block, 1);
+    quantize_fp8_blocks(pool, xq, C, inp, C, N, C, block, 1);
+    gemm<float>(pool, true, false, OC, C, N, 1, dq, OC, xq, C, 1, dweight, C);
+  }
   if (dbias != nullptr) bias_backward(pool, dbias, dout, N, OC);  // from the fp32 dout
 }
 

@@ -149,10 +149,12 @@ void matmul_backward_fp8(int device, float* dinp, float* dweight, float* dbias, 
     gemm(device, false, false, N, C, OC, 1.0f, dq.get(), OC, wq.get(), C, 0.0f, dinp, C);
   }
   // dweight (OC, C) += doutᵀ (OC, N) · inp (N, C), contraction over the N tokens.
-  Scratch<float> xq(device, N * C);
-  quantize_fp8_blocks(device, dq.get(), OC, dout, OC, N, OC, block, 1);
-  quantize_fp8_blocks(device, xq.get(), C, inp, C, N, C, block, 1);
-  gemm(device, true, false, OC, C, N, 1.0f, dq.get(), OC, xq.get(), C, 1.0f, dweight, C);
+  if (dweight != nullptr) {
+    Scratch<float> xq(device, N * C);
+    quantize_fp8_blocks(device, dq.get(), OC, dout, OC, N, OC, block, 1);
+    quantize_fp8_blocks(device, xq.get(), C, inp, C, N, C, block, 1);
+    gemm(device, true, false, OC, C, N, 1.0f, dq.get(), OC, xq.get(), C, 1.0f, dweight, C);
+  }
   if (dbias != nullptr)  // from the fp32 dout
     accumulate_column_sums(device, dbias, Fp8RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");
 }
