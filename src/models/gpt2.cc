@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/deferred_weight_grads.h"
 #include "nn/swiglu_mlp.h"
 #include "tensor/dispatch.h"
 
@@ -302,6 +303,25 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
     } else {
       dispatch_float(ctx.dtype, [&](auto zero) {
         using T_ = decltype(zero);
+        if (ctx.deferred_weight_grads != nullptr) {
+          // B of a zero-bubble schedule: lm_head_backward's two steps — the logits' gradient in
+          // place, dfinal through the head — and the head's weight gradient, the last stage's
+          // largest GEMM, left for W (keeping the logits' gradient and final_ until then).
+          ops::cross_entropy_backward<T_>(ctx.exec(), dlogits_.data<T_>(), dlogits_.data<T_>(),
+                                          lse_.data<T_>(), targets_.data<int32_t>(),
+                                          static_cast<T_>(scale / N), N, V);
+          ops::matmul_backward<T_>(ctx.exec(), dfinal.data<T_>(), nullptr, nullptr,
+                                   dlogits_.data<T_>(), final_.data<T_>(), wte.value.data<T_>(),
+                                   N, C, V);
+          Parameter* head = head_wte_;
+          ctx.deferred_weight_grads->add(
+              [head, dlogits = dlogits_, final = final_, N, C, V](const Exec& ex) {
+                ops::matmul_backward<T_>(ex, nullptr, head->grad.data<T_>(), nullptr,
+                                         dlogits.data<T_>(), final.data<T_>(), nullptr, N, C, V);
+              },
+              static_cast<int64_t>(dlogits_.nbytes() + final_.nbytes()));
+          return;
+        }
         // The logits' gradient, in place over them, through the tied head into dfinal and
         // wte.grad.
         ops::lm_head_backward<T_>(ctx.exec(), dfinal.data<T_>(), wte.grad.data<T_>(),

