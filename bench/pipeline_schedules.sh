@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The pipeline schedules side by side: `loom train` of a GPT-2-shaped model (8 blocks, d_model
+# 384, seq_len 256, vocabulary 8192: 22 M parameters) on a synthetic corpus, pp = 2 thread ranks
+# of one compute thread each (one core each on a 2-core machine), M micro-batches of 2 sequences,
+# each schedule REPEAT times in turn (gpipe, 1f1b, interleaved with 2 chunks per rank, zb-h1).
+# Prints per schedule the median over runs of the median step time (steps after the first 2),
+# tokens/s, the measured bubble (time blocked receiving from a neighbour / step time, the
+# slowest rank's), the unit-cost theory, the activation peak, and the last loss — which is
+# the same for every schedule (zb-h1 bit for bit 1f1b's; the others to reduction order).
+#   bench/pipeline_schedules.sh                (needs a release build)
+#   M=16 REPEAT=5 bench/pipeline_schedules.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LOOM=${LOOM:-./build/release/apps/loom}
+M=${M:-8}
+STEPS=${STEPS:-8}
+REPEAT=${REPEAT:-3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) x $(nproc); OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+echo "# pp 2, $M micro-batches of 2 x 256 tokens, $STEPS steps (first 2 untimed), $REPEAT runs each"
+"$LOOM" data synth --out "$work/data" --train-tokens 400000 --val-tokens 1000 >/dev/null 2>&1
+for run in $(seq "$REPEAT"); do
+  for schedule in gpipe 1f1b interleaved zb-h1; do
+    virtual=1
+    [ "$schedule" = interleaved ] && virtual=2
+    cat >"$work/cfg.toml" <<TOML
+[model]
+vocab_size = 8192
+seq_len = 256
+d_model = 384
+n_layers = 8
+n_heads = 6
+[data]
+train = "$work/data/train_*.bin"
+[train]
+steps = $STEPS
+batch_size = $((2 * M))
+micro_batch_size = 2
+eval_every = 0
+save_every = 0
+warmup_steps = 2
+[parallel]
+pp = 2
+schedule = "$schedule"
+virtual_stages = $virtual
+[runtime]
+ranks = 2
+threads_per_rank = 1
+TOML
+    "$LOOM" train "$work/cfg.toml" --run-dir "$work/run_${schedule}_$run" >/dev/null 2>&1
+  done
+done
+python3 - "$work" "$REPEAT" <<'PY'
+import json, statistics as st, sys
+work, repeat = sys.argv[1], int(sys.argv[2])
+print(f"{'schedule':<12} {'step ms':>8} {'tokens/s':>9} {'bubble':>7} {'theory':>7} {'act MB':>7}  last loss")
+steps = {}
+for s in ["gpipe", "1f1b", "interleaved", "zb-h1"]:
+    runs = []
+    for r in range(1, repeat + 1):
+        rows = [json.loads(l) for l in open(f"{work}/run_{s}_{r}/metrics.jsonl")][2:]
+        runs.append(rows)
+    step = st.median(st.median(x["step_ms"] for x in rows) for rows in runs)
+    tps = st.median(st.median(x["tokens_per_s"] for x in rows) for rows in runs)
+    bubble = st.median(st.median(x["bubble"] for x in rows) for rows in runs)
+    act = max(x["mem_activations_peak_mb"] for rows in runs for x in rows)
+    loss = runs[0][-1]["loss"]
+    steps[s] = step
+    print(f"{s:<12} {step:8.1f} {tps:9.0f} {bubble:7.3f} {runs[0][0]['bubble_theory']:7.3f} {act:7.1f}  {loss:.10f}")
+print(f"zb-h1 / 1f1b step time: {steps['zb-h1'] / steps['1f1b']:.3f}; "
+      f"interleaved / 1f1b: {steps['interleaved'] / steps['1f1b']:.3f}")
+PY
