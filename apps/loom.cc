@@ -539,7 +539,8 @@ int main(int argc, char** argv) {
   auto* schedule_cmd = app.add_subcommand("schedule", "print a pipeline schedule as a timeline (one row per rank)");
   schedule_cmd->add_option("--pp", sched_pp, "pipeline ranks")->capture_default_str();
   schedule_cmd->add_option("--microbatches", sched_m, "micro-batches per step")->capture_default_str();
-  schedule_cmd->add_option("--schedule", sched_name, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
+  schedule_cmd->add_option("--schedule", sched_name, "gpipe, 1f1b, interleaved or zb-h1")
+      ->capture_default_str();
   schedule_cmd->add_option("--virtual-stages", sched_v, "chunks per rank (interleaved)")->capture_default_str();
 
   std::string hang_dir;

@@ -116,7 +116,7 @@ struct ParallelConfig {
   std::string grad_reduce_dtype = "fp32";  // "fp32" or "bf16": what dp reduces gradients in
   std::string param_gather_dtype = "fp32";  // "fp32" or "bf16": what ZeRO-3 gathers weights in
   std::string pp_send_dtype = "fp32";  // "fp32" or "bf16": what pipeline stages send
-  std::string schedule = "1f1b";  // pipeline schedule: gpipe, 1f1b, interleaved or zb-h1
+  std::string schedule = "1f1b";       // pipeline schedule: gpipe, 1f1b, interleaved or zb-h1
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved only)
   std::string layer_split;        // blocks per pipeline stage, "3,3,2"; "" = balance by cost
   bool sequence_parallel = false; // split LayerNorm/residual activations by tokens over tp

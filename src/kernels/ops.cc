@@ -77,9 +77,8 @@ void matmul_backward_fp8(const Exec& ex, float* dinp, float* dweight, float* dbi
   if (block == 0)
     fail("matmul_backward_fp8 on ", ex.device.str(), ": the matmul precision is not fp8");
   const detail::OpScope op_scope_("matmul_backward", ex, [&] {
-    return detail::work_of<float>(
-        detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr,
-                                       dweight != nullptr));
+    return detail::work_of<float>(detail::matmul_backward_counts(
+        N, C, OC, dinp != nullptr, dbias != nullptr, dweight != nullptr));
   });
   if (detail::on_gpu<float>(ex, "matmul_backward_fp8")) {
     if constexpr (detail::kCudaBuild)

@@ -311,8 +311,8 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
                                           lse_.data<T_>(), targets_.data<int32_t>(),
                                           static_cast<T_>(scale / N), N, V);
           ops::matmul_backward<T_>(ctx.exec(), dfinal.data<T_>(), nullptr, nullptr,
-                                   dlogits_.data<T_>(), final_.data<T_>(), wte.value.data<T_>(),
-                                   N, C, V);
+                                   dlogits_.data<T_>(), final_.data<T_>(), wte.value.data<T_>(), N,
+                                   C, V);
           Parameter* head = head_wte_;
           ctx.deferred_weight_grads->add(
               [head, dlogits = dlogits_, final = final_, N, C, V](const Exec& ex) {

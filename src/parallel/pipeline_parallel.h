@@ -7,10 +7,10 @@
 // activations per micro-batch (Gpt2::stash_activations) so several micro-batches can be in
 // flight, a backward restores them. A zero-bubble schedule's B runs the backward with the
 // Linears' weight gradients deferred (nn/deferred_weight_grads.h), its W runs them and only then
-// lets the chunk's DataParallel engine see the units' gradients final. Activations and their gradients travel with tagged
-// send/recv (shapes are known from the config: (micro_batch, seq_len, d_model) f32). Sends are
-// asynchronous and waited for at the end of the step; receives block, and their waiting time is
-// the measured bubble.
+// lets the chunk's DataParallel engine see the units' gradients final. Activations and their
+// gradients travel with tagged send/recv (shapes are known from the config: (micro_batch, seq_len,
+// d_model) f32). Sends are asynchronous and waited for at the end of the step; receives block, and
+// their waiting time is the measured bubble.
 //
 // Each chunk's parameters are owned by a DataParallel engine over the dp group (a group of one
 // without data parallelism), which allocates and initialises them as one device would and

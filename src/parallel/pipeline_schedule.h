@@ -74,9 +74,10 @@ void check_schedule(const PipelineSchedule& schedule);
 
 // A text timeline, one row per rank, one column per time unit of a unit-cost simulation
 // (forward 1 unit, backward 2 units — or its halves B and W 1 unit each —, communication free):
-// "F3" / "B3" / "W3" cells (micro-batch; with chunks "F3a", "F3b"...), "." idle. Followed by the simulated bubble fraction and the
-// theoretical one. For `loom schedule` and the docs. Runs check_schedule() first, so a malformed
-// schedule throws the same loom::Error instead of being drawn.
+// "F3" / "B3" / "W3" cells (micro-batch; with chunks "F3a", "F3b"...), "." idle. Followed by the
+// simulated bubble fraction and the theoretical one. For `loom schedule` and the docs. Runs
+// check_schedule() first, so a malformed schedule throws the same loom::Error instead of being
+// drawn.
 std::string render_timeline(const PipelineSchedule& schedule);
 
 // (p − 1) / (m + p − 1), divided by v for interleaved: the idle fraction of 1F1B and GPipe

@@ -160,8 +160,8 @@ Tensor RowParallelLinear::backward(Context& ctx, const Tensor& dy) {
   if (ctx.deferred_weight_grads != nullptr) {  // B of a zero-bubble schedule: dW later
     ops::linear_backward_input<float>(ctx.exec(), dx.data<float>(), dy_all.data<float>(), nullptr,
                                       weight_->value.data<float>(), n, local_in_, out_);
-    defer_weight_grad<float>(*ctx.deferred_weight_grads, weight_, bias_, dy_all, x_, n,
-                             local_in_, out_);
+    defer_weight_grad<float>(*ctx.deferred_weight_grads, weight_, bias_, dy_all, x_, n, local_in_,
+                             out_);
     x_ = Tensor();
     return dx;
   }

@@ -10,14 +10,16 @@
 // and measured on the allocator); zb-h1 trains bit for bit as 1f1b (GPT-2 and Llama, with dp,
 // ZeRO-1, tp, sp, recomputation, fp8 and bf16 GEMMs) and holds 1F1B's micro-batches plus the
 // weight gradients W still owes; bad layouts are errors naming the keys.
+#include "parallel/pipeline_parallel.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -25,7 +27,6 @@
 #include "data/dataset.h"
 #include "device/allocator.h"
 #include "harness/thread_ranks.h"
-#include "parallel/pipeline_parallel.h"
 #include "tensor/rng.h"
 #include "train/trainer.h"
 
@@ -220,9 +221,15 @@ TEST_F(PipelineRuns, ZeroBubbleIsOneFOneBBitForBit) {
       {"tp2_sp", {2, 1, "", 1, 3, 2, true}, none},
       {"tp2", {2, 1, "", 1, 2, 2}, [](Config& c) { c.parallel.recompute = "selective"; }},
       {"recompute_full", {2, 1, "", 1, 4}, [](Config& c) { c.parallel.recompute = "full"; }},
-      {"fp8", {2, 1, "", 1, 4}, [](Config& c) { c.runtime.matmul_precision = "fp8"; c.runtime.fp8_block = 16; }},
+      {"fp8",
+       {2, 1, "", 1, 4},
+       [](Config& c) {
+         c.runtime.matmul_precision = "fp8";
+         c.runtime.fp8_block = 16;
+       }},
       {"bf16_gemms", {2, 1, "", 1, 4}, [](Config& c) { c.runtime.matmul_precision = "bf16"; }},
-      {"llama", {2, 1, "", 1, 4},
+      {"llama",
+       {2, 1, "", 1, 4},
        [](Config& c) {
          c.model.arch = "llama";
          c.model.n_heads = 4;
@@ -244,13 +251,15 @@ TEST_F(PipelineRuns, ZeroBubbleIsOneFOneBBitForBit) {
       o.run_dir = (root_ / ("bits_" + k.name + "_" + schedule)).string();
       run_training(c, o);
       std::ifstream in(fs::path(o.run_dir) / "metrics.jsonl");
-      for (std::string line; std::getline(in, line);) runs[i].push_back(nlohmann::json::parse(line));
+      for (std::string line; std::getline(in, line);)
+        runs[i].push_back(nlohmann::json::parse(line));
       ++i;
     }
     ASSERT_EQ(runs[0].size(), static_cast<size_t>(kSteps));
     ASSERT_EQ(runs[1].size(), runs[0].size());
     for (size_t s = 0; s < runs[0].size(); ++s) {
-      EXPECT_EQ(runs[1][s]["loss"].get<double>(), runs[0][s]["loss"].get<double>()) << "step " << s + 1;
+      EXPECT_EQ(runs[1][s]["loss"].get<double>(), runs[0][s]["loss"].get<double>())
+          << "step " << s + 1;
       EXPECT_EQ(runs[1][s]["grad_norm"].get<double>(), runs[0][s]["grad_norm"].get<double>())
           << "step " << s + 1;
     }
@@ -434,7 +443,8 @@ TEST(PipelineMemory, ZeroBubbleHoldsOneFOneBsMicroBatchesPlusTheOwedWeightGradie
       pc.microbatches = m;
       pc.micro_batch_size = 4;
       pc.seq_len = 32;
-      PipelineParallel pipe(mc, comm, *solo, pool, device, pc, DataParallelConfig{}, AdamWConfig{}, 1);
+      PipelineParallel pipe(mc, comm, *solo, pool, device, pc, DataParallelConfig{}, AdamWConfig{},
+                            1);
       const MicroBatches mb = random_micro_batches(m, 4, 32, device, 7);
       pipe.train_step(mb.tokens, mb.targets);  // warm the caching allocator
       Allocator& alloc = allocator_for(device);

@@ -95,7 +95,8 @@ TEST(PipelineSchedule, EveryGeneratedSchedulePassesTheCheck) {
       size_t expected = 0;
       for (int c = 0; c < v; ++c) {
         const int stage = s.stage_of(r, c);
-        expected += static_cast<size_t>(m) * (computes + (stage > 0 ? 2 : 0) + (stage < s.stages() - 1 ? 2 : 0));
+        expected += static_cast<size_t>(m) *
+                    (computes + (stage > 0 ? 2 : 0) + (stage < s.stages() - 1 ? 2 : 0));
       }
       EXPECT_EQ(s.actions[r].size(), expected) << "rank " << r;
     }
@@ -155,7 +156,8 @@ TEST(PipelineSchedule, ZeroBubbleKeepsOneFOneBsOrderAndMemory) {
         // W trails B by r micro-batches (none on the first rank), and no rank holds more than
         // pp micro-batches between F and W: 1F1B's first-rank peak.
         EXPECT_EQ(peak_deferred(z.actions[r]), std::min(r, m) + (r < m ? 1 : 0)) << "rank " << r;
-        EXPECT_LE(peak_in_flight(z.actions[r], K::kBackwardWeight), std::min(pp, m)) << "rank " << r;
+        EXPECT_LE(peak_in_flight(z.actions[r], K::kBackwardWeight), std::min(pp, m))
+            << "rank " << r;
         // W's come in micro-batch order: the weight gradients accumulate as in 1F1B.
         int next_w = 0;
         for (const PipeAction& a : z.actions[r]) {
@@ -296,16 +298,19 @@ TEST(PipelineSchedule, MalformedSchedulesAreRejected) {
     return std::find_if(acts.begin(), acts.end(),
                         [&](const PipeAction& a) { return a.kind == kind && a.microbatch == mb; });
   };
-  EXPECT_NE(broken_zb([&](PipelineSchedule& s) { s.actions[1].erase(find_kind(s.actions[1], K::kBackwardWeight, 1)); })
-                .find("rank 1 lacks BackwardWeight of micro-batch 1"),
+  EXPECT_NE(broken_zb([&](PipelineSchedule& s) {
+              s.actions[1].erase(find_kind(s.actions[1], K::kBackwardWeight, 1));
+            }).find("rank 1 lacks BackwardWeight of micro-batch 1"),
             std::string::npos);
   EXPECT_NE(broken_zb([&](PipelineSchedule& s) {
               auto& a = s.actions[0];
-              std::iter_swap(find_kind(a, K::kBackwardInput, 0), find_kind(a, K::kBackwardWeight, 0));
+              std::iter_swap(find_kind(a, K::kBackwardInput, 0),
+                             find_kind(a, K::kBackwardWeight, 0));
             }).find("runs BackwardWeight of micro-batch 0 chunk 0 (stage 0) (action #"),
             std::string::npos);
-  EXPECT_NE(broken_zb([&](PipelineSchedule& s) { s.actions[0].push_back({K::kBackward, 1, 0}); })
-                .find("needless Backward of micro-batch 1"),
+  EXPECT_NE(broken_zb([&](PipelineSchedule& s) {
+              s.actions[0].push_back({K::kBackward, 1, 0});
+            }).find("needless Backward of micro-batch 1"),
             std::string::npos);
 }
 
@@ -319,7 +324,9 @@ TEST(PipelineSchedule, InvalidArgumentsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of([] { make_schedule("1f1b", 2, 2, 2); }).find("parallel.virtual_stages = 2 needs parallel.schedule"),
             std::string::npos);
-  EXPECT_NE(error_of([] { make_schedule("zb-h1", 2, 2, 2); }).find("parallel.virtual_stages = 2 needs parallel.schedule"),
+  EXPECT_NE(error_of([] {
+              make_schedule("zb-h1", 2, 2, 2);
+            }).find("parallel.virtual_stages = 2 needs parallel.schedule"),
             std::string::npos);
 }
 

@@ -218,7 +218,8 @@ void matmul_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* dbias, c
   // dinp (N, C) = dout (N, OC) · weight (OC, C)
   if (dinp != nullptr) gemm<Real>(pool, false, false, N, C, OC, 1, dout, OC, weight, C, 0, dinp, C);
   // dweight (OC, C) += doutᵀ (OC, N) · inp (N, C)
-  if (dweight != nullptr) gemm<Real>(pool, true, false, OC, C, N, 1, dout, OC, inp, C, 1, dweight, C);
+  if (dweight != nullptr)
+    gemm<Real>(pool, true, false, OC, C, N, 1, dout, OC, inp, C, 1, dweight, C);
   if (dbias != nullptr) bias_backward(pool, dbias, dout, N, OC);
 }
 

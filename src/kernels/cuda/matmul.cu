@@ -244,7 +244,8 @@ void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand 
   if (dinp != nullptr)
     gemm(device, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
   // dweight (OC, C) += dout (N, OC)ᵀ · inp (N, C)
-  if (dweight != nullptr) gemm(device, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dweight != nullptr)
+    gemm(device, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
 }
 
 void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
