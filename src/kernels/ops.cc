@@ -247,10 +247,11 @@ void matmul_backward_into_gelu(const Exec& ex, void* dpre, DType dtype, float* d
                                float* dbias, const float* dout, const void* inp,
                                const float* weight, const void* pre, int64_t N, int64_t C,
                                int64_t OC) {
-  // matmul_backward's, its dinp and inp in 16 bits, plus pre's 16 bits.
+  // matmul_backward's, its dinp and inp in 16 bits, plus pre's 16 bits (read with dpre).
   const detail::OpScope op_scope_("matmul_backward_into_gelu", ex, [&] {
-    detail::OpCounts c = detail::matmul_backward_counts(N, C, OC, true, dbias != nullptr);
-    c.elements -= 0.5 * N * C;
+    detail::OpCounts c = detail::matmul_backward_counts(N, C, OC, dpre != nullptr, dbias != nullptr,
+                                                        dweight != nullptr);
+    if (dweight != nullptr) c.elements -= 0.5 * N * C;
     return detail::work_of<float>(c);
   });
   expect_rounded_output(ex, dtype, "matmul_backward_into_gelu");
@@ -282,8 +283,8 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
                                         const float* dout, const void* inp_rounded, DType inp_dtype,
                                         const float* weight, int64_t N, int64_t C, int64_t OC) {
   const detail::OpScope op_scope_("matmul_backward", ex, [&] {
-    return detail::work_of<float>(
-        detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr));
+    return detail::work_of<float>(detail::matmul_backward_counts(
+        N, C, OC, dinp != nullptr, dbias != nullptr, dweight != nullptr));
   });
   // gemm refuses the operand if the matmul precision changed since it was rounded.
   const cuda::GemmOperand kept(
@@ -332,9 +333,12 @@ void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dw
                                           DType logits_dtype, const float* lse,
                                           const int32_t* targets, float dloss, const float* inp,
                                           const float* weight, int64_t N, int64_t C, int64_t V) {
+  // Without dweight (a zero-bubble schedule's B), the logits' gradient and dinp alone.
+  const double weights = dweight != nullptr ? 1.0 : 0.0;
   const detail::OpScope op_scope_("lm_head_backward", ex, [&] {
-    return detail::work_of<float>(4.0 * N * C * V,
-                                  1.0 * N * V + 2.0 * N * C + 3.0 * V * C + 2.0 * N);
+    return detail::work_of<float>(
+        (2.0 + 2.0 * weights) * N * C * V,
+        1.0 * N * V + N * C + V * C + weights * (N * C + 2.0 * V * C) + 2.0 * N);
   });
   const cuda::GemmOperand kept(
       logits, rounded_precision(ex, logits_dtype, "lm_head_backward_from_rounded_logits"));
@@ -483,8 +487,11 @@ void matmul_backward_rounded_dinp(const Exec& ex, void* dinp, DType dinp_dtype, 
                                   const float* weight, int64_t N, int64_t C, int64_t OC) {
   // The 16-bit dinp is written at half an f32 element's bytes.
   const detail::OpScope op_scope_("matmul_backward", ex, [&] {
-    detail::OpCounts c = detail::matmul_backward_counts(N, C, OC, true, dbias != nullptr);
-    c.elements -= 0.5 * N * C * (inp_dtype == DType::kF32 ? 1.0 : 2.0);
+    detail::OpCounts c = detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr,
+                                                        dweight != nullptr);
+    c.elements -= 0.5 * N * C *
+                  ((dinp != nullptr ? 1.0 : 0.0) +
+                   (dweight != nullptr && inp_dtype != DType::kF32 ? 1.0 : 0.0));
     return detail::work_of<float>(c);
   });
   expect_rounded_output(ex, dinp_dtype, "matmul_backward_rounded_dinp");
@@ -498,8 +505,8 @@ void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, f
                                   const void* dout, DType dtype, const void* inp, DType inp_dtype,
                                   const float* weight, int64_t N, int64_t C, int64_t OC) {
   const detail::OpScope op_scope_("matmul_backward", ex, [&] {
-    return detail::work_of<float>(
-        detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr));
+    return detail::work_of<float>(detail::matmul_backward_counts(
+        N, C, OC, dinp != nullptr, dbias != nullptr, dweight != nullptr));
   });
   const cuda::MatmulPrecision precision =
       rounded_precision(ex, dtype, "matmul_backward_from_rounded");

@@ -194,6 +194,9 @@ bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t 
 // matmul_backward (f32) writing dinp in 16 bits, `dinp_dtype` = matmul_input_dtype(ex, kF32)
 // (cuda::matmul_backward_rounded_dinp): the attention projection's, dO for the flash kernels
 // where attention_takes_rounded_qkv. `inp` as matmul_backward_from_rounded's.
+// In these 16-bit backward ops dinp (dpre) = nullptr computes the weight's gradients alone, and
+// dweight = dbias = nullptr the input's alone: a zero-bubble schedule's W and B, each bit for bit
+// its half of the combined op (nn/deferred_weight_grads.h).
 void matmul_backward_rounded_dinp(const Exec& ex, void* dinp, DType dinp_dtype, float* dweight,
                                   float* dbias, const float* dout, const void* inp, DType inp_dtype,
                                   const float* weight, int64_t N, int64_t C, int64_t OC);
@@ -207,7 +210,9 @@ void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, f
 // (`logits_dtype` = matmul_input_dtype(ex, kF32), N × V values): the forward writes them from the
 // head's GEMM and takes their cross-entropy (losses, lse); the backward turns them into their
 // gradient in place and runs the GEMMs (cuda::lm_head_forward_rounded_logits). Elsewhere a model
-// keeps fp32 logits: matmul_forward, cross_entropy_forward and lm_head_backward.
+// keeps fp32 logits: matmul_forward, cross_entropy_forward and lm_head_backward. dweight = nullptr
+// leaves the head's weight gradient for later (a zero-bubble schedule's B), which
+// matmul_backward_from_rounded then takes from the logits' gradient (left in `logits`) and inp.
 void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, void* logits,
                                     DType logits_dtype, const float* inp, const float* weight,
                                     const int32_t* targets, int64_t N, int64_t C, int64_t V);

@@ -296,10 +296,23 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
     const Parameter& wte = *head_wte_;
     Tensor dfinal = Tensor::empty({N, C}, ctx.dtype, ctx.device);
     if (dlogits_.dtype() != ctx.dtype) {  // 16-bit logits (head_forward)
+      // In B of a zero-bubble schedule without the head's weight gradient, which W then takes
+      // from the logits' gradient (in place over them) and final_, as below.
+      const bool later = ctx.deferred_weight_grads != nullptr;
       ops::lm_head_backward_from_rounded_logits(
-          ctx.exec(), dfinal.data<float>(), wte.grad.data<float>(), dlogits_.raw(),
-          dlogits_.dtype(), lse_.data<float>(), targets_.data<int32_t>(),
+          ctx.exec(), dfinal.data<float>(), later ? nullptr : wte.grad.data<float>(),
+          dlogits_.raw(), dlogits_.dtype(), lse_.data<float>(), targets_.data<int32_t>(),
           static_cast<float>(scale / N), final_.data<float>(), wte.value.data<float>(), N, C, V);
+      if (later) {
+        Parameter* head = head_wte_;
+        ctx.deferred_weight_grads->add(
+            [head, dlogits = dlogits_, final = final_, N, C, V](const Exec& ex) {
+              ops::matmul_backward_from_rounded(ex, nullptr, head->grad.data<float>(), nullptr,
+                                                dlogits.raw(), dlogits.dtype(), final.raw(),
+                                                DType::kF32, nullptr, N, C, V);
+            },
+            static_cast<int64_t>(dlogits_.nbytes() + final_.nbytes()));
+      }
     } else {
       dispatch_float(ctx.dtype, [&](auto zero) {
         using T_ = decltype(zero);

@@ -75,4 +75,21 @@ void defer_weight_grad(DeferredWeightGrads& deferred, Parameter* weight, Paramet
       static_cast<int64_t>(dy.nbytes() + x.nbytes()));
 }
 
+// A backward op computing a layer's input gradient and its weight's gradients in one call that
+// can also do either half alone — op(ex, dinp, weights): dinp = nullptr for the weight half,
+// weights = false for the input half (the GPU's 16-bit ops, kernels/ops.h). Without `deferred`
+// the whole op runs now; with it (B of a zero-bubble schedule) the input half runs now and the
+// weight half is added to run at W. `op` holds what the weight half reads (its dy and x:
+// `kept_bytes`) and looks the gradient buffers up when it runs.
+template <typename Op>
+void input_grad_now_weight_grads_at_w(DeferredWeightGrads* deferred, const Exec& ex, void* dinp,
+                                      Op op, int64_t kept_bytes) {
+  if (deferred == nullptr) {
+    op(ex, dinp, true);
+    return;
+  }
+  op(ex, dinp, false);
+  deferred->add([op](const Exec& later) { op(later, nullptr, true); }, kept_bytes);
+}
+
 }  // namespace loom

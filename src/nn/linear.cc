@@ -113,10 +113,16 @@ Tensor Linear::backward_rounded_dinp(Context& ctx, const Tensor& dy) {
     fail(weight_->name, ": a 16-bit input gradient needs bf16 / fp16 GEMMs on a GPU and an ",
          dtype_name(ctx.dtype), " output gradient");
   Tensor dx = Tensor::empty(x_.shape(), dx_dtype, ctx.device);
-  ops::matmul_backward_rounded_dinp(ctx.exec(), dx.raw(), dx_dtype, weight_->grad.data<float>(),
-                                    bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(),
-                                    x_.raw(), x_.dtype(), weight_->value.data<float>(),
-                                    x_.numel() / in_, in_, out_);
+  input_grad_now_weight_grads_at_w(
+      ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
+      [w = weight_, b = bias_, dy, x = x_, dx_dtype, n = x_.numel() / in_, in = in_, out = out_](
+          const Exec& ex, void* dinp, bool weights) {
+        ops::matmul_backward_rounded_dinp(
+            ex, dinp, dx_dtype, weights ? w->grad.data<float>() : nullptr,
+            weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(), x.dtype(),
+            w->value.data<float>(), n, in, out);
+      },
+      static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   x_ = Tensor();
   return dx;
 }
@@ -129,10 +135,17 @@ Tensor Linear::backward_into_gelu(Context& ctx, const Tensor& dy, const Tensor& 
          dtype_name(x_.dtype()), ", ", x_.numel(), " values), not ", dtype_name(dy.dtype()),
          " and ", dtype_name(pre.dtype()), " (", pre.numel(), " values)");
   Tensor dpre = Tensor::empty(x_.shape(), x_.dtype(), ctx.device);
-  ops::matmul_backward_into_gelu(ctx.exec(), dpre.raw(), x_.dtype(), weight_->grad.data<float>(),
-                                 bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(),
-                                 x_.raw(), weight_->value.data<float>(), pre.raw(),
-                                 x_.numel() / in_, in_, out_);
+  // pre by its address: only the input half (now) reads it.
+  input_grad_now_weight_grads_at_w(
+      ctx.deferred_weight_grads, ctx.exec(), dpre.raw(),
+      [w = weight_, b = bias_, dy, x = x_, pre = pre.raw(), n = x_.numel() / in_, in = in_,
+       out = out_](const Exec& ex, void* dinp, bool weights) {
+        ops::matmul_backward_into_gelu(
+            ex, dinp, x.dtype(), weights ? w->grad.data<float>() : nullptr,
+            weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(),
+            w->value.data<float>(), dinp != nullptr ? pre : nullptr, n, in, out);
+      },
+      static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   x_ = Tensor();
   return dpre;
 }
@@ -147,19 +160,31 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_
       fail(weight_->name, ": a ", dtype_name(dy.dtype()),
            " output gradient needs an input kept in ", dtype_name(dy.dtype()), " or ",
            dtype_name(ctx.dtype), ", not ", dtype_name(x_.dtype()));
-    ops::matmul_backward_from_rounded(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
-                                      bias_ ? bias_->grad.data<float>() : nullptr, dy.raw(),
-                                      dy.dtype(), x_.raw(), x_.dtype(),
-                                      weight_->value.data<float>(), n, in_, out_);
+    input_grad_now_weight_grads_at_w(
+        ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
+        [w = weight_, b = bias_, dy, x = x_, n, in = in_, out = out_](const Exec& ex, void* dinp,
+                                                                      bool weights) {
+          ops::matmul_backward_from_rounded(
+              ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
+              weights && b ? b->grad.data<float>() : nullptr, dy.raw(), dy.dtype(), x.raw(),
+              x.dtype(), w->value.data<float>(), n, in, out);
+        },
+        static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   } else if (x_.dtype() != ctx.dtype) {  // kept rounded by forward (an f32 model on a GPU)
     // There the MLP's GELU runs in the GEMMs instead (forward_gelu, backward_into_gelu).
     if (gelu_input != nullptr)
       fail(weight_->name, ": backward_before_gelu on an input kept in ", dtype_name(x_.dtype()),
            ": with 16-bit GEMM inputs the GELU goes through forward_gelu and backward_into_gelu");
-    ops::matmul_backward_from_rounded_input(
-        ctx.exec(), dx.data<float>(), weight_->grad.data<float>(),
-        bias_ ? bias_->grad.data<float>() : nullptr, dy.data<float>(), x_.raw(), x_.dtype(),
-        weight_->value.data<float>(), n, in_, out_);
+    input_grad_now_weight_grads_at_w(
+        ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
+        [w = weight_, b = bias_, dy, x = x_, n, in = in_, out = out_](const Exec& ex, void* dinp,
+                                                                      bool weights) {
+          ops::matmul_backward_from_rounded_input(
+              ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
+              weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(), x.dtype(),
+              w->value.data<float>(), n, in, out);
+        },
+        static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   } else {
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T = decltype(zero);

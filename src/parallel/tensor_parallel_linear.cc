@@ -86,10 +86,16 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
     float* d = dy.data<float>();  // backward_before_gelu's dgelu: overwritten, as documented
     if (gelu_input != nullptr)
       ops::gelu_backward<float>(ctx.exec(), d, gelu_input->data<float>(), d, dy.numel());
-    ops::matmul_backward_from_rounded_input(ctx.exec(), dx.data<float>(),
-                                            weight_->grad.data<float>(), dbias, dy.data<float>(),
-                                            x_.raw(), x_.dtype(), weight_->value.data<float>(), n,
-                                            in_, local_out_);
+    input_grad_now_weight_grads_at_w(
+        ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
+        [w = weight_, b = bias_, dy, x = x_, n, in = in_, out = local_out_](
+            const Exec& ex, void* dinp, bool weights) {
+          ops::matmul_backward_from_rounded_input(
+              ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
+              weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(), x.dtype(),
+              w->value.data<float>(), n, in, out);
+        },
+        static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   } else if (ctx.deferred_weight_grads != nullptr) {  // B of a zero-bubble schedule: dW later
     ops::linear_backward_input<float>(ctx.exec(), dx.data<float>(), dy.data<float>(),
                                       gelu_input != nullptr ? gelu_input->data<float>() : nullptr,

@@ -562,6 +562,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         record["bubble"] = pipe->stats().bubble();
         record["bubble_theory"] = theoretical_bubble(pipe->schedule());
         record["pp_bytes_sent"] = pipe->stats().bytes_sent;
+        if (pipe->schedule().name == "zb-h1")  // what B's deferred weight gradients kept at most
+          record["pp_deferred_mb"] = pipe->stats().max_deferred_bytes / 1048576.0;
       }
       reporter->report(step, record);
       if (options.progress && (step % tc.log_every == 0 || last || step == end_step)) {

@@ -22,6 +22,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "base/error.h"
 #include "data/dataset.h"
@@ -262,6 +263,7 @@ TEST_F(PipelineRuns, ZeroBubbleIsOneFOneBBitForBit) {
           << "step " << s + 1;
       EXPECT_EQ(runs[1][s]["grad_norm"].get<double>(), runs[0][s]["grad_norm"].get<double>())
           << "step " << s + 1;
+      EXPECT_GT(runs[1][s].value("pp_deferred_mb", 0.0), 0.0) << "step " << s + 1;
     }
   }
 }
@@ -370,47 +372,64 @@ MicroBatches random_micro_batches(int m, int64_t B, int64_t T, Device device, ui
   return mb;
 }
 
-// The first stage's activations: 1F1B holds at most pp micro-batches, GPipe all m.
-TEST(PipelineMemory, OneFOneBHoldsAtMostPpMicroBatchesGPipeAll) {
+// A 4-block GPT small enough for the memory tests.
+Gpt2Config small_pipeline_gpt() {
   Gpt2Config mc;
   mc.vocab_size = 256;
   mc.max_seq_len = 32;
   mc.d_model = 64;
   mc.n_layers = 4;
   mc.n_heads = 2;
+  return mc;
+}
+
+// What each rank's allocator and engine saw in the second step of `schedule` (the first warms
+// the caching allocator), each rank its own dp group of one.
+struct StepMemory {
+  int64_t peak = 0;            // allocator peak above what the step started with
+  int64_t deferred_bytes = 0;  // zero bubble: bytes the owed weight gradients kept at most
+  int in_flight = 0;           // micro-batches between F and B at most
+  int deferred = 0;            // micro-batches whose W was still owed at most
+};
+std::vector<StepMemory> second_step_memory(const Gpt2Config& mc, int pp, int m,
+                                           const char* schedule) {
+  std::vector<StepMemory> seen(pp);
+  testing::run_on_thread_ranks(pp, [&](Communicator& comm) {
+    auto solo = comm.split(comm.rank(), 0);
+    ThreadPool pool(1);
+    const Device device = Device::cpu(comm.rank());
+    PipelineConfig pc;
+    pc.schedule = schedule;
+    pc.microbatches = m;
+    pc.micro_batch_size = 4;
+    pc.seq_len = 32;
+    PipelineParallel pipe(mc, comm, *solo, pool, device, pc, DataParallelConfig{}, AdamWConfig{},
+                          1);
+    const MicroBatches mb = random_micro_batches(m, 4, 32, device, 7);
+    pipe.train_step(mb.tokens, mb.targets);
+    Allocator& alloc = allocator_for(device);
+    const int64_t before = alloc.stats().bytes_in_use;
+    alloc.reset_peak();
+    pipe.train_step(mb.tokens, mb.targets);
+    StepMemory& s = seen[comm.rank()];
+    s.peak = alloc.stats().peak_bytes_in_use - before;
+    s.in_flight = pipe.stats().max_in_flight;
+    s.deferred = pipe.stats().max_deferred;
+    s.deferred_bytes = pipe.stats().max_deferred_bytes;
+  });
+  return seen;
+}
+
+// The first stage's activations: 1F1B holds at most pp micro-batches, GPipe all m.
+TEST(PipelineMemory, OneFOneBHoldsAtMostPpMicroBatchesGPipeAll) {
   const int pp = 2, m = 8;
-  int64_t peak[2] = {0, 0};
-  int in_flight[2] = {0, 0};
-  int k = 0;
-  for (const char* schedule : {"gpipe", "1f1b"}) {
-    testing::run_on_thread_ranks(pp, [&](Communicator& comm) {
-      // One dp group per rank (a world of one each).
-      auto solo = comm.split(comm.rank(), 0);
-      ThreadPool pool(1);
-      const Device device = Device::cpu(comm.rank());
-      PipelineConfig pc;
-      pc.schedule = schedule;
-      pc.microbatches = m;
-      pc.micro_batch_size = 4;
-      pc.seq_len = 32;
-      PipelineParallel pipe(mc, comm, *solo, pool, device, pc, DataParallelConfig{}, AdamWConfig{}, 1);
-      const MicroBatches mb = random_micro_batches(m, 4, 32, device, 7);
-      pipe.train_step(mb.tokens, mb.targets);  // warm the caching allocator
-      Allocator& alloc = allocator_for(device);
-      const int64_t before = alloc.stats().bytes_in_use;
-      alloc.reset_peak();
-      pipe.train_step(mb.tokens, mb.targets);
-      if (comm.rank() == 0) {
-        peak[k] = alloc.stats().peak_bytes_in_use - before;
-        in_flight[k] = pipe.stats().max_in_flight;
-      }
-    });
-    ++k;
-  }
-  EXPECT_EQ(in_flight[0], m) << "GPipe holds every micro-batch";
-  EXPECT_LE(in_flight[1], pp) << "1F1B holds at most pp micro-batches";
-  EXPECT_GT(peak[0], 2 * peak[1]) << "GPipe's activation peak on stage 0 (" << peak[0]
-                                  << " B) should be well above 1F1B's (" << peak[1] << " B)";
+  const StepMemory gpipe = second_step_memory(small_pipeline_gpt(), pp, m, "gpipe")[0];
+  const StepMemory one_f_one_b = second_step_memory(small_pipeline_gpt(), pp, m, "1f1b")[0];
+  EXPECT_EQ(gpipe.in_flight, m) << "GPipe holds every micro-batch";
+  EXPECT_LE(one_f_one_b.in_flight, pp) << "1F1B holds at most pp micro-batches";
+  EXPECT_GT(gpipe.peak, 2 * one_f_one_b.peak)
+      << "GPipe's activation peak on stage 0 (" << gpipe.peak << " B) should be well above 1F1B's ("
+      << one_f_one_b.peak << " B)";
 }
 
 // zb-h1 against 1f1b on 4 stages: the same micro-batches between F and B on each rank
@@ -420,45 +439,10 @@ TEST(PipelineMemory, OneFOneBHoldsAtMostPpMicroBatchesGPipeAll) {
 // 1F1B's by at most those bytes; and as the later ranks hold fewer micro-batches between F and B,
 // they hold about what the first one does.
 TEST(PipelineMemory, ZeroBubbleHoldsOneFOneBsMicroBatchesPlusTheOwedWeightGradients) {
-  Gpt2Config mc;
-  mc.vocab_size = 256;
-  mc.max_seq_len = 32;
-  mc.d_model = 64;
-  mc.n_layers = 4;
-  mc.n_heads = 2;
   const int pp = 4, m = 8;
-  struct Seen {
-    int64_t peak = 0, deferred_bytes = 0;
-    int in_flight = 0, deferred = 0;
-  };
-  Seen seen[2][pp];
-  int k = 0;
-  for (const char* schedule : {"1f1b", "zb-h1"}) {
-    testing::run_on_thread_ranks(pp, [&](Communicator& comm) {
-      auto solo = comm.split(comm.rank(), 0);
-      ThreadPool pool(1);
-      const Device device = Device::cpu(comm.rank());
-      PipelineConfig pc;
-      pc.schedule = schedule;
-      pc.microbatches = m;
-      pc.micro_batch_size = 4;
-      pc.seq_len = 32;
-      PipelineParallel pipe(mc, comm, *solo, pool, device, pc, DataParallelConfig{}, AdamWConfig{},
-                            1);
-      const MicroBatches mb = random_micro_batches(m, 4, 32, device, 7);
-      pipe.train_step(mb.tokens, mb.targets);  // warm the caching allocator
-      Allocator& alloc = allocator_for(device);
-      const int64_t before = alloc.stats().bytes_in_use;
-      alloc.reset_peak();
-      pipe.train_step(mb.tokens, mb.targets);
-      Seen& s = seen[k][comm.rank()];
-      s.peak = alloc.stats().peak_bytes_in_use - before;
-      s.in_flight = pipe.stats().max_in_flight;
-      s.deferred = pipe.stats().max_deferred;
-      s.deferred_bytes = pipe.stats().max_deferred_bytes;
-    });
-    ++k;
-  }
+  const Gpt2Config mc = small_pipeline_gpt();
+  const std::vector<StepMemory> seen[2] = {second_step_memory(mc, pp, m, "1f1b"),
+                                           second_step_memory(mc, pp, m, "zb-h1")};
   for (int r = 0; r < pp; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_EQ(seen[0][r].in_flight, pp - r);

@@ -451,6 +451,52 @@ TEST_F(TrainTest, PipelineMessagesGoGpuToGpuOverNcclInEverySchedule) {
   }
 }
 
+// zb-h1 on two GPUs (nccl) at bf16 — the flash kernels (heads of 64), the GELU in the GEMMs,
+// 16-bit logits: B runs the 16-bit backward ops' input halves and W their weight halves
+// (kernels/ops.h), so the run is 1F1B's bit for bit; and the first stage did keep weight
+// gradients for its W (pp_deferred_mb: none were deferred on this path before). GPT-2, and Llama
+// with recomputation (SwiGLU, RMSNorm, grouped-query heads).
+TEST_F(TrainTest, ZeroBubbleOnGpusAtBf16IsOneFOneBBitForBit) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs: " << cuda::unavailable_reason();
+  for (const char* arch : {"gpt2", "llama"}) {
+    SCOPED_TRACE(arch);
+    Config c = config(3);
+    c.model.arch = arch;
+    c.model.d_model = 128;
+    c.model.n_heads = 2;
+    c.model.n_layers = 4;
+    if (std::string(arch) == "llama") {
+      c.model.n_kv_heads = 1;
+      c.model.ffn_hidden = 128;
+      c.parallel.recompute = "selective";
+    }
+    c.train.micro_batch_size = 2;  // 4 micro-batches per step
+    c.train.eval_every = 0;
+    c.runtime.ranks = 2;
+    c.runtime.device = "cuda";
+    c.runtime.matmul_precision = "bf16";
+    c.parallel.pp = 2;
+    c.parallel.dp = c.parallel.tp = 1;
+    std::vector<nlohmann::json> runs[2];
+    int k = 0;
+    for (const char* schedule : {"1f1b", "zb-h1"}) {
+      c.parallel.schedule = schedule;
+      const std::string name = std::string(arch) + "_gpus_bf16_" + schedule;
+      run_training(c, options(name));
+      runs[k++] = metrics(name);
+    }
+    ASSERT_EQ(runs[1].size(), runs[0].size());
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      EXPECT_EQ(runs[1][i]["loss"].get<double>(), runs[0][i]["loss"].get<double>())
+          << "step " << i + 1;
+      EXPECT_EQ(runs[1][i]["grad_norm"].get<double>(), runs[0][i]["grad_norm"].get<double>())
+          << "step " << i + 1;
+      EXPECT_FALSE(runs[0][i].contains("pp_deferred_mb"));
+      EXPECT_GT(runs[1][i].value("pp_deferred_mb", 0.0), 0.0) << "step " << i + 1;
+    }
+  }
+}
+
 TEST_F(TrainTest, EveryStrategyRunsOnOneGpuThroughHostStaging) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   struct Layout {

@@ -193,13 +193,16 @@ GemmOperand matmul_forward_gelu(int device, void* gelu_out, void* pre, GemmOpera
 // (dout·weight), the gradient at the GELU's input, rounded once — fc's dout, its GEMMs' operand
 // (returned). dweight and dbias as matmul_backward. The GELU's gradient in the dinp GEMM's
 // epilogue (gemm_gelu_backward), or apart as above: ~4.8 GB less memory traffic per step at that
-// shape than an fp32 dinp and a pass over it and an fp32 pre.
+// shape than an fp32 dinp and a pass over it and an fp32 pre. dpre = nullptr: the weight's
+// gradients alone (pre unread), as a zero-bubble schedule's W runs them; dweight and dbias =
+// nullptr: dpre alone, its B.
 GemmOperand matmul_backward_into_gelu(int device, void* dpre, float* dweight, float* dbias,
                                       const float* dout, GemmOperand inp, const float* weight,
                                       const void* pre, int64_t N, int64_t C, int64_t OC);
 // matmul_backward writing dinp in the current matmul precision's 16-bit type (bf16 or fp16, else
 // it fails), rounded once from the GEMM's fp32 sums (gemm_rounded_output): a dinp only 16-bit
 // readers take — the attention projection's, dO for the flash kernels. Returns it as an operand.
+// As matmul_backward_into_gelu, dinp or dweight and dbias may be null (a zero-bubble W, B).
 GemmOperand matmul_backward_rounded_dinp(int device, void* dinp, float* dweight, float* dbias,
                                          const float* dout, GemmOperand inp, const float* weight,
                                          int64_t N, int64_t C, int64_t OC);

@@ -263,8 +263,11 @@ GemmOperand matmul_backward_rounded_dinp(int device, void* dinp, float* dweight,
   DeviceGuard guard(device);
   with_dout_for_gemms(device, dbias, dout, N, OC, [&](GemmOperand dout_operand) {
     matmul_backward_gemms(device, nullptr, dweight, dout_operand, inp, weight, N, C, OC);
-    // dinp (N, C) = dout (N, OC) · weight (OC, C), rounded once
-    (void)gemm_rounded_output(device, false, false, N, C, OC, dout_operand, OC, weight, C, dinp, C);
+    // dinp (N, C) = dout (N, OC) · weight (OC, C), rounded once (none: the weight's gradients
+    // alone, a zero-bubble schedule's W)
+    if (dinp != nullptr)
+      (void)gemm_rounded_output(device, false, false, N, C, OC, dout_operand, OC, weight, C, dinp,
+                                C);
   });
   return GemmOperand(dinp, matmul_precision());
 }
@@ -303,7 +306,8 @@ GemmOperand matmul_backward_into_gelu(int device, void* dpre, float* dweight, fl
   const MatmulPrecision precision = matmul_precision();
   with_dout_for_gemms(device, dbias, dout, N, OC, [&](GemmOperand dout_operand) {
     matmul_backward_gemms(device, nullptr, dweight, dout_operand, inp, weight, N, C, OC);
-    // dpre (N, C) = GELU'(pre) ⊙ dout (N, OC) · weight (OC, C)
+    // dpre (N, C) = GELU'(pre) ⊙ dout (N, OC) · weight (OC, C) (none: a zero-bubble W)
+    if (dpre == nullptr) return;
     if (gelu_epilogue_enabled() &&
         gemm_gelu_backward(device, false, false, N, C, OC, dout_operand, OC, weight, C, dpre, pre))
       return;
