@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/deferred_weight_grads.h"
 
 namespace loom {
 
@@ -101,9 +102,21 @@ Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
                                                  max_.data<float>(), sum_.data<float>(),
                                                  targets_.data<int32_t>(), k, N, shard());
   Tensor dfinal = Tensor::empty({N, C}, DType::kF32, ctx.device);
-  ops::matmul_backward<float>(ctx.exec(), dfinal.data<float>(), wte_->grad.data<float>(), nullptr,
+  // B of a zero-bubble schedule: the shard's weight gradient (the stage's largest GEMM) left for
+  // W, which keeps the logits' gradient and final_ until then.
+  DeferredWeightGrads* later = ctx.deferred_weight_grads;
+  ops::matmul_backward<float>(ctx.exec(), dfinal.data<float>(),
+                              later ? nullptr : wte_->grad.data<float>(), nullptr,
                               logits_.data<float>(), final_.data<float>(),
                               wte_->value.data<float>(), N, C, Vl);
+  if (later != nullptr)
+    later->add(
+        [wte = wte_, dlogits = logits_, final = final_, N, C, Vl](const Exec& ex) {
+          ops::matmul_backward<float>(ex, nullptr, wte->grad.data<float>(), nullptr,
+                                      dlogits.data<float>(), final.data<float>(), nullptr, N, C,
+                                      Vl);
+        },
+        static_cast<int64_t>(logits_.nbytes() + final_.nbytes()));
   final_ = logits_ = max_ = sum_ = targets_ = Tensor();
   if (!sequence_parallel_) {
     tp_.all_reduce(dfinal, ReduceOp::kSum);
