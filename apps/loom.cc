@@ -539,7 +539,7 @@ int main(int argc, char** argv) {
   auto* schedule_cmd = app.add_subcommand("schedule", "print a pipeline schedule as a timeline (one row per rank)");
   schedule_cmd->add_option("--pp", sched_pp, "pipeline ranks")->capture_default_str();
   schedule_cmd->add_option("--microbatches", sched_m, "micro-batches per step")->capture_default_str();
-  schedule_cmd->add_option("--schedule", sched_name, "gpipe, 1f1b, interleaved or zb-h1")
+  schedule_cmd->add_option("--schedule", sched_name, "gpipe, 1f1b, interleaved, zb-h1 or zb-interleaved")
       ->capture_default_str();
   schedule_cmd->add_option("--virtual-stages", sched_v, "chunks per rank (interleaved)")->capture_default_str();
 

@@ -2,11 +2,12 @@
 # The pipeline schedules side by side: `loom train` of a GPT-2-shaped model (8 blocks, d_model
 # 384, seq_len 256, vocabulary 8192: 22 M parameters) on a synthetic corpus, pp = 2 thread ranks
 # of one compute thread each (one core each on a 2-core machine), M micro-batches of 2 sequences,
-# each schedule REPEAT times in turn (gpipe, 1f1b, interleaved with 2 chunks per rank, zb-h1).
-# Prints per schedule the median over runs of the median step time (steps after the first 2),
-# tokens/s, the measured bubble (time blocked receiving from a neighbour / step time, the
-# slowest rank's), the unit-cost theory, the activation peak, and the last loss — which is
-# the same for every schedule (zb-h1 bit for bit 1f1b's; the others to reduction order).
+# each schedule REPEAT times in turn (gpipe, 1f1b, interleaved with 2 chunks per rank, zb-h1,
+# zb-interleaved with 2 chunks). Prints per schedule the median over runs of the median step time
+# (steps after the first 2), tokens/s, the measured bubble (rank 0's time blocked receiving from
+# a neighbour / step time), the unit-cost theory, the activation peak, and the last loss — the
+# same for every schedule (zb-h1 bit for bit 1f1b's, zb-interleaved interleaved's; the others to
+# reduction order).
 #   bench/pipeline_schedules.sh                (needs a release build)
 #   M=16 REPEAT=5 bench/pipeline_schedules.sh
 set -euo pipefail
@@ -21,9 +22,9 @@ echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) x $(np
 echo "# pp 2, $M micro-batches of 2 x 256 tokens, $STEPS steps (first 2 untimed), $REPEAT runs each"
 "$LOOM" data synth --out "$work/data" --train-tokens 400000 --val-tokens 1000 >/dev/null 2>&1
 for run in $(seq "$REPEAT"); do
-  for schedule in gpipe 1f1b interleaved zb-h1; do
+  for schedule in gpipe 1f1b interleaved zb-h1 zb-interleaved; do
     virtual=1
-    [ "$schedule" = interleaved ] && virtual=2
+    case "$schedule" in *interleaved) virtual=2 ;; esac
     cat >"$work/cfg.toml" <<TOML
 [model]
 vocab_size = 8192
@@ -54,9 +55,9 @@ done
 python3 - "$work" "$REPEAT" <<'PY'
 import json, statistics as st, sys
 work, repeat = sys.argv[1], int(sys.argv[2])
-print(f"{'schedule':<12} {'step ms':>8} {'tokens/s':>9} {'bubble':>7} {'theory':>7} {'act MB':>7}  last loss")
+print(f"{'schedule':<14} {'step ms':>8} {'tokens/s':>9} {'bubble':>7} {'theory':>7} {'act MB':>7}  last loss")
 steps = {}
-for s in ["gpipe", "1f1b", "interleaved", "zb-h1"]:
+for s in ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved"]:
     runs = []
     for r in range(1, repeat + 1):
         rows = [json.loads(l) for l in open(f"{work}/run_{s}_{r}/metrics.jsonl")][2:]
@@ -67,7 +68,8 @@ for s in ["gpipe", "1f1b", "interleaved", "zb-h1"]:
     act = max(x["mem_activations_peak_mb"] for rows in runs for x in rows)
     loss = runs[0][-1]["loss"]
     steps[s] = step
-    print(f"{s:<12} {step:8.1f} {tps:9.0f} {bubble:7.3f} {runs[0][0]['bubble_theory']:7.3f} {act:7.1f}  {loss:.10f}")
+    print(f"{s:<14} {step:8.1f} {tps:9.0f} {bubble:7.3f} {runs[0][0]['bubble_theory']:7.3f} {act:7.1f}  {loss:.10f}")
 print(f"zb-h1 / 1f1b step time: {steps['zb-h1'] / steps['1f1b']:.3f}; "
-      f"interleaved / 1f1b: {steps['interleaved'] / steps['1f1b']:.3f}")
+      f"interleaved / 1f1b: {steps['interleaved'] / steps['1f1b']:.3f}; "
+      f"zb-interleaved / interleaved: {steps['zb-interleaved'] / steps['interleaved']:.3f}")
 PY

@@ -178,12 +178,14 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
     p.add("parallel.param_gather_dtype = \"bf16\" is for ZeRO-3's parameter gathers: it needs "
           "parallel.zero = 3, got ", par.zero);
   if (par.zero < 0 || par.zero > 3) p.add("parallel.zero = ", par.zero, " must be 0, 1, 2 or 3");
-  p.one_of("parallel.schedule", par.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
+  p.one_of("parallel.schedule", par.schedule,
+           {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved"});
   p.one_of("parallel.recompute", par.recompute, {"none", "full", "selective"});
   p.positive("parallel.virtual_stages", par.virtual_stages);
-  if (par.virtual_stages > 1 && par.schedule != "interleaved")
+  if (par.virtual_stages > 1 && par.schedule != "interleaved" && par.schedule != "zb-interleaved")
     p.add("parallel.virtual_stages = ", par.virtual_stages,
-          " needs parallel.schedule = ", "\"interleaved\", got ", toml_quote(par.schedule));
+          " needs parallel.schedule = ", "\"interleaved\" or \"zb-interleaved\", got ",
+          toml_quote(par.schedule));
   if (par.virtual_stages > 1 && par.pp == 1)
     p.add("parallel.virtual_stages = ", par.virtual_stages, " needs parallel.pp > 1 (chunks ",
           "interleave across pipeline ranks)");

@@ -14,6 +14,10 @@
 // zb-h1 (zero_bubble_h1 below) follows the paper's steady-state rule instead: rank r runs, for
 // x = 0, 1, ..., m + pp − 2, the triple (F of micro-batch x, B of x − (pp − 1 − r), W of
 // x − (pp − 1)), each where its micro-batch exists.
+//
+// zb-interleaved (fill_idle_with_weight_grads below) is interleaved 1F1B with every backward
+// split into B and W, the W's placed by a unit-cost simulation: where a rank would wait for a
+// message it runs its oldest owed W instead, and it never owes more than pp of them.
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
@@ -22,6 +26,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "base/check.h"
 #include "base/error.h"
 
 namespace loom {
@@ -226,22 +231,88 @@ void zero_bubble_h1(PipelineSchedule& s) {
   }
 }
 
+// zb-interleaved: `s` (interleaved 1F1B) with each Backward split in two. Its receives, sends,
+// forwards and input-gradient backwards keep their order on every rank; the W's are put where a
+// time-stepped simulation (F, B, W one unit each, communication free) finds the rank idle:
+// waiting for a message, or after its last B. W's run oldest first — each chunk's in micro-batch
+// order, as its backwards ran in interleaved 1F1B, so every gradient sums the same products in
+// the same order (bit for bit interleaved) — and a rank owing `max_owed` W's runs one before its
+// next compute, which bounds what B's deferred work keeps alive. Inserting computes that neither
+// send nor receive cannot deadlock a schedule that did not.
+void fill_idle_with_weight_grads(PipelineSchedule& s, int max_owed) {
+  const int pp = s.pp;
+  std::vector<std::vector<PipeAction>> base = std::move(s.actions);
+  for (auto& acts : base)
+    for (PipeAction& a : acts)
+      if (a.kind == K::kBackward) a.kind = K::kBackwardInput;
+  s.actions.assign(pp, {});
+  std::vector<size_t> next(pp, 0);
+  std::vector<std::vector<PipeAction>> owed(pp);  // FIFO of W's not yet placed
+  std::vector<int64_t> sent_at(2 * static_cast<size_t>(s.microbatches) * s.stages(), -1);
+  const auto done = [&] {
+    for (int r = 0; r < pp; ++r)
+      if (next[r] < base[r].size() || !owed[r].empty()) return false;
+    return true;
+  };
+  const auto run_oldest_w = [&](int r) {
+    s.actions[r].push_back(owed[r].front());
+    owed[r].erase(owed[r].begin());
+  };
+  size_t total = 0;
+  for (const auto& acts : base) total += 2 * acts.size();  // every compute and every W, one unit
+  for (int64_t t = 0; !done(); ++t) {
+    LOOM_CHECK_MSG(t <= static_cast<int64_t>(total), "zb-interleaved: the base schedule stalls");
+    // At time t: every rank issues its sends and passes the receives already sent (a send at t
+    // is visible at t), until nothing moves; then each rank spends [t, t + 1) on one compute.
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int r = 0; r < pp; ++r) {
+        for (; next[r] < base[r].size(); ++next[r], moved = true) {
+          const PipeAction& a = base[r][next[r]];
+          if (is_send(a.kind)) {
+            sent_at[message_of(s, r, a)] = t;
+          } else if (is_recv(a.kind)) {
+            const int64_t at = sent_at[message_of(s, r, a)];
+            if (at < 0 || at > t) break;
+          } else {
+            break;
+          }
+          s.actions[r].push_back(a);
+        }
+      }
+    }
+    for (int r = 0; r < pp; ++r) {
+      const bool compute_next = next[r] < base[r].size() && !is_recv(base[r][next[r]].kind);
+      if (compute_next && static_cast<int>(owed[r].size()) < max_owed) {
+        const PipeAction a = base[r][next[r]++];
+        s.actions[r].push_back(a);
+        if (a.kind == K::kBackwardInput)
+          owed[r].push_back({K::kBackwardWeight, a.microbatch, a.chunk});
+      } else if (!owed[r].empty()) {
+        run_oldest_w(r);  // idle (waiting, or nothing left but W's), or owing too many
+      }
+    }
+  }
+}
+
 }  // namespace
 
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages) {
-  if (name != "gpipe" && name != "1f1b" && name != "interleaved" && name != "zb-h1")
+  if (name != "gpipe" && name != "1f1b" && name != "interleaved" && name != "zb-h1" &&
+      name != "zb-interleaved")
     fail("parallel.schedule = \"", name,
-         "\" is not one of \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\"");
+         "\" is not one of \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\", \"zb-interleaved\"");
+  const bool interleaved = name == "interleaved" || name == "zb-interleaved";
   if (pp < 1) fail("parallel.pp = ", pp, " must be at least 1");
   if (microbatches < 1)
     fail("the micro-batch count ", microbatches,
          " must be at least 1 (train.batch_size / (train.micro_batch_size × parallel.dp))");
   if (virtual_stages < 1) fail("parallel.virtual_stages = ", virtual_stages, " must be at least 1");
-  if (virtual_stages > 1 && name != "interleaved")
-    fail("parallel.virtual_stages = ", virtual_stages, " needs parallel.schedule = \"interleaved\", not \"",
-         name, "\"");
-  if (name == "interleaved" && microbatches % pp != 0)
-    fail("parallel.schedule = \"interleaved\" needs the micro-batch count ", microbatches,
+  if (virtual_stages > 1 && !interleaved)
+    fail("parallel.virtual_stages = ", virtual_stages,
+         " needs parallel.schedule = \"interleaved\" or \"zb-interleaved\", not \"", name, "\"");
+  if (interleaved && microbatches % pp != 0)
+    fail("parallel.schedule = \"", name, "\" needs the micro-batch count ", microbatches,
          " to be a multiple of parallel.pp = ", pp);
 
   PipelineSchedule s;
@@ -299,6 +370,7 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches
     }
     for (int k = total - warmup; k < total; ++k) backward(k);
   }
+  if (name == "zb-interleaved") fill_idle_with_weight_grads(s, pp);
   return s;
 }
 
@@ -326,6 +398,25 @@ void check_schedule(const PipelineSchedule& s) {
     sep = "; ";
   }
   fail(os.str());
+}
+
+namespace {
+int64_t busy_units(const PipelineSchedule& s) {
+  int64_t busy = 0;
+  for (const auto& acts : s.actions)
+    for (const PipeAction& a : acts) busy += kTimelineCosts.of(a.kind);
+  return busy;
+}
+}  // namespace
+
+double simulated_bubble(const PipelineSchedule& s) {
+  const Simulation sim = simulate(s, kTimelineCosts);
+  if (!sim.finished)
+    fail("pipeline schedule \"", s.name, "\" deadlocks (check_schedule says where)");
+  const int64_t makespan = *std::max_element(sim.clock.begin(), sim.clock.end());
+  return makespan == 0
+             ? 0.0
+             : 1.0 - static_cast<double>(busy_units(s)) / (static_cast<double>(makespan) * s.pp);
 }
 
 std::string render_timeline(const PipelineSchedule& s) {
@@ -365,10 +456,11 @@ std::string render_timeline(const PipelineSchedule& s) {
     os << line << '\n';
   }
   const double bubble = makespan == 0 ? 0.0 : 1.0 - static_cast<double>(busy) / (static_cast<double>(makespan) * s.pp);
-  const char* formula = s.name == "interleaved" ? "(p-1)/(m+p-1)/v"
-                        : s.name != "zb-h1"       ? "(p-1)/(m+p-1)"
-                        : s.microbatches >= s.pp  ? "(p-1)/(3m+p-1)"
-                                                  : "(2p-m-1)/(2m+2p-1), m < p";
+  const char* formula = s.name == "interleaved"      ? "(p-1)/(m+p-1)/v"
+                        : s.name == "zb-interleaved" ? "as simulated"
+                        : s.name != "zb-h1"          ? "(p-1)/(m+p-1)"
+                        : s.microbatches >= s.pp     ? "(p-1)/(3m+p-1)"
+                                                     : "(2p-m-1)/(2m+2p-1), m < p";
   os << std::fixed << std::setprecision(3) << "bubble (simulated): " << bubble << '\n'
      << "bubble (theory, " << formula << "): " << theoretical_bubble(s) << '\n';
   return os.str();
@@ -376,6 +468,9 @@ std::string render_timeline(const PipelineSchedule& s) {
 
 double theoretical_bubble(const PipelineSchedule& s) {
   const double p = s.pp, m = s.microbatches;
+  // zb-interleaved's W's sit where its generator's unit-cost simulation found idle time: its
+  // theory is that simulation's bubble (the timeline's, F, B and W one unit each).
+  if (s.name == "zb-interleaved") return simulated_bubble(s);
   // zb-h1: each rank computes 3m units; with m ≥ p the step takes 3m + p − 1 (the fill's p − 1
   // units; the drain is filled with W's). With m < p rank 0 runs out of forwards before micro-
   // batch 0's gradient is back: it starts its first B at 2p − 1 and then alternates B, W to the

@@ -1,7 +1,7 @@
 // Pipeline schedules as data (issue 6): for each pipeline rank, the ordered list of actions it
 // performs in one training step. One engine (pipeline_parallel.h) executes any schedule; the
-// generators below make GPipe, 1F1B, interleaved 1F1B and zero-bubble ZB-H1; check_schedule()
-// proves a schedule free of deadlocks before it runs.
+// generators below make GPipe, 1F1B, interleaved 1F1B, zero-bubble ZB-H1 and interleaved zero
+// bubble; check_schedule() proves a schedule free of deadlocks before it runs.
 //
 // Model stages: with pp ranks and v virtual stages (chunks) per rank, the model is cut into
 // S = pp·v stages; stage s runs on rank s % pp as its chunk s / pp (Megatron's interleaved
@@ -47,7 +47,7 @@ struct PipeAction {
 };
 
 struct PipelineSchedule {
-  std::string name;        // "gpipe", "1f1b", "interleaved", "zb-h1"
+  std::string name;        // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved"
   int pp = 1;              // pipeline ranks
   int microbatches = 1;    // m
   int virtual_stages = 1;  // v (chunks per rank)
@@ -61,9 +61,11 @@ struct PipelineSchedule {
 // one forward one backward, at most pp micro-batches in flight on the first stage),
 // "interleaved" (1F1B over v chunks per rank; needs microbatches % pp == 0), or "zb-h1" (1F1B
 // with each backward split into B and W, the W's put off to fill the drain: a third of 1F1B's
-// bubble when F, B and W cost the same, and no more micro-batches in flight than 1F1B). Throws
+// bubble when F, B and W cost the same, and no more micro-batches in flight than 1F1B), or
+// "zb-interleaved" (interleaved with each backward split into B and W, the W's filling the
+// time a rank would wait, at most pp owed per rank; the same order of gradient sums). Throws
 // loom::Error naming the parameter for an unknown name or an invalid combination (pp, m, v < 1;
-// v > 1 without "interleaved"; interleaved with m not a multiple of pp).
+// v > 1 without "interleaved" or "zb-interleaved"; those with m not a multiple of pp).
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages = 1);
 
 // Simulates the schedule (non-blocking sends, blocking receives) and checks that every rank runs
@@ -83,7 +85,11 @@ std::string render_timeline(const PipelineSchedule& schedule);
 // (p − 1) / (m + p − 1), divided by v for interleaved: the idle fraction of 1F1B and GPipe
 // with forward and backward of equal cost per stage; for zb-h1 (p − 1) / (3m + p − 1), its idle
 // fraction when F, B and W cost one unit each (the drain of p − 1 units, not 3(p − 1)), or
-// (2p − m − 1) / (2m + 2p − 1) with fewer micro-batches than ranks.
+// (2p − m − 1) / (2m + 2p − 1) with fewer micro-batches than ranks; for zb-interleaved, whose
+// W's its generator placed by simulation, simulated_bubble().
 double theoretical_bubble(const PipelineSchedule& schedule);
+
+// The idle fraction of the timeline's unit-cost simulation (render_timeline's costs).
+double simulated_bubble(const PipelineSchedule& schedule);
 
 }  // namespace loom

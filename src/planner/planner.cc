@@ -137,12 +137,13 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   const double m = static_cast<double>(config.grad_accum_steps());
   // The schedule's fill and drain: (pp - 1) micro-batch slots of (v) chunks; zb-h1 fills the
   // drain with weight gradients, leaving (pp - 1) slots of a third of a micro-batch's work (F, B
-  // and W taken as equal).
+  // and W taken as equal), and zb-interleaved a third of a chunk's.
   if (par.pp > 1)
     plan.bubble_s = plan.compute_s * (par.pp - 1) /
-                    (par.schedule == "interleaved" ? m * par.virtual_stages
-                     : par.schedule == "zb-h1"     ? 3 * m
-                                                   : m);
+                    (par.schedule == "interleaved"      ? m * par.virtual_stages
+                     : par.schedule == "zb-h1"          ? 3 * m
+                     : par.schedule == "zb-interleaved" ? 3 * m * par.virtual_stages
+                                                        : m);
   // Links: tp innermost (neighbouring ranks), then dp, then pp.
   const auto gbps = [&](int span) {
     return span <= hw.devices_per_node ? hw.intra_node_gbps : hw.inter_node_gbps;
@@ -216,7 +217,9 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
         c.parallel.pp = pp;
         c.parallel.zero = zero;
         if (pp == 1) c.parallel.virtual_stages = 1;
-        if (pp == 1 && c.parallel.schedule == "interleaved") c.parallel.schedule = "1f1b";
+        if (pp == 1 &&
+            (c.parallel.schedule == "interleaved" || c.parallel.schedule == "zb-interleaved"))
+          c.parallel.schedule = "1f1b";
         c.parallel.layer_split.clear();
         try {
           plans.push_back(estimate_layout(c, o));

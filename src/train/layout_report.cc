@@ -67,6 +67,11 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     // zb-h1: pp − r micro-batches between F and B as 1F1B, plus the r whose W trails their B
     // (counted whole: they keep their Linears' inputs and output gradients).
     else if (par.schedule == "zb-h1") in_flight = std::min(m, static_cast<double>(par.pp));
+    // zb-interleaved: interleaved's, plus up to pp owed W's of one chunk (1/v of the rank) each.
+    else if (par.schedule == "zb-interleaved")
+      in_flight =
+          std::min(m * par.virtual_stages, static_cast<double>(par.pp) * par.virtual_stages) +
+          std::min(m, static_cast<double>(par.pp)) / par.virtual_stages;
     else in_flight = std::min(m, static_cast<double>(par.pp - pp_rank));
   }
   // While a block runs backward it holds all of its activations again (recomputed) and their

@@ -562,7 +562,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         record["bubble"] = pipe->stats().bubble();
         record["bubble_theory"] = theoretical_bubble(pipe->schedule());
         record["pp_bytes_sent"] = pipe->stats().bytes_sent;
-        if (pipe->schedule().name == "zb-h1")  // what B's deferred weight gradients kept at most
+        if (pipe->schedule().name.rfind("zb-", 0) == 0)  // what B's deferred W's kept at most
           record["pp_deferred_mb"] = pipe->stats().max_deferred_bytes / 1048576.0;
       }
       reporter->report(step, record);

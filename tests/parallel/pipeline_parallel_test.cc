@@ -53,6 +53,20 @@ struct Layout {
   }
 };
 
+struct BitsCase {
+  std::string name;
+  Layout layout;
+  std::function<void(Config&)> edit = [](Config&) {};
+};
+
+// Llama's SwiGLU, RMSNorm and grouped-query heads at the test's size.
+void use_small_llama(Config& c) {
+  c.model.arch = "llama";
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 2;
+  c.model.ffn_hidden = 80;
+}
+
 class PipelineRuns : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -119,6 +133,37 @@ threads_per_rank = 1
       EXPECT_NEAR(got[i], ref[i], 1e-5 * std::abs(ref[i])) << l.name() << " step " << i + 1;
   }
 
+  // Trains k under `base` and under `zero_bubble`; every loss and gradient norm the same bits.
+  static void expect_zero_bubble_is_bit_for_bit(const BitsCase& k, const char* base,
+                                                const char* zero_bubble) {
+    SCOPED_TRACE(k.name);
+    std::vector<nlohmann::json> runs[2];
+    int i = 0;
+    for (const char* schedule : {base, zero_bubble}) {
+      Layout l = k.layout;
+      l.schedule = schedule;
+      Config c = config(l);
+      k.edit(c);
+      TrainOptions o;
+      o.progress = false;
+      o.run_dir = (root_ / ("bits_" + k.name + "_" + schedule)).string();
+      run_training(c, o);
+      std::ifstream in(fs::path(o.run_dir) / "metrics.jsonl");
+      for (std::string line; std::getline(in, line);)
+        runs[i].push_back(nlohmann::json::parse(line));
+      ++i;
+    }
+    ASSERT_EQ(runs[0].size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(runs[1].size(), runs[0].size());
+    for (size_t s = 0; s < runs[0].size(); ++s) {
+      EXPECT_EQ(runs[1][s]["loss"].get<double>(), runs[0][s]["loss"].get<double>())
+          << "step " << s + 1;
+      EXPECT_EQ(runs[1][s]["grad_norm"].get<double>(), runs[0][s]["grad_norm"].get<double>())
+          << "step " << s + 1;
+      EXPECT_GT(runs[1][s].value("pp_deferred_mb", 0.0), 0.0) << "step " << s + 1;
+    }
+  }
+
   static fs::path root_;
 };
 fs::path PipelineRuns::root_;
@@ -135,12 +180,14 @@ std::vector<Layout> layouts() {
       out.push_back({pp, 1, "1f1b", 1, m});
       out.push_back({pp, 1, "zb-h1", 1, m});
       if (m % pp == 0) out.push_back({pp, 1, "interleaved", 2, m});
+      if (m % pp == 0) out.push_back({pp, 1, "zb-interleaved", 2, m});
     }
   }
   out.push_back({4, 1, "zb-h1", 1, 2});  // fewer micro-batches than stages
   out.push_back({2, 2, "1f1b", 1, 4});
   out.push_back({2, 2, "zb-h1", 1, 4});
   out.push_back({2, 2, "interleaved", 2, 2});
+  out.push_back({2, 2, "zb-interleaved", 2, 4});
   // Tensor parallelism inside the stages (the tp rank of a stage talks to the same tp rank of
   // its neighbours), with and without sequence parallelism.
   out.push_back({2, 1, "gpipe", 1, 3, 2});
@@ -150,6 +197,7 @@ std::vector<Layout> layouts() {
   out.push_back({2, 1, "interleaved", 2, 2, 2, true});
   out.push_back({2, 1, "zb-h1", 1, 4, 2});
   out.push_back({2, 1, "zb-h1", 1, 3, 2, true});
+  out.push_back({2, 1, "zb-interleaved", 2, 4, 2, true});
   out.push_back({2, 2, "1f1b", 1, 2, 2, true});  // dp × pp × tp = 2 × 2 × 2
   out.push_back({2, 2, "zb-h1", 1, 2, 2, true});
   return out;
@@ -203,23 +251,18 @@ TEST_F(PipelineRuns, Bf16StageBoundariesHalveTheBytesAndStayNearOneDevice) {
   }
 }
 
-// zb-h1 computes what 1f1b computes, only later: each Linear's weight gradient is the same GEMM
-// on the same operands, accumulated over the micro-batches in the same order (W's come in
-// micro-batch order), so every loss and gradient norm is 1f1b's bit for bit — across the
-// ways a backward can run (recomputation, tensor-parallel Linears with and without sequence
-// parallelism, fp8 and bf16 GEMM operands, Llama's SwiGLU and rotary attention) and with data
-// parallelism (the bucketed all-reduces start from W's replayed hooks) and ZeRO-1.
+// A zero-bubble schedule computes what its base schedule computes, only later: each Linear's
+// weight gradient is the same GEMM on the same operands, accumulated over the micro-batches in
+// the same order (each chunk's W's come in micro-batch order), so every loss and gradient norm
+// is the base's bit for bit — across the ways a backward can run (recomputation,
+// tensor-parallel Linears with and without sequence parallelism, fp8 and bf16 GEMM operands,
+// Llama's SwiGLU and rotary attention) and with data parallelism (the bucketed all-reduces
+// start from W's replayed hooks) and ZeRO-1. And W did owe work (pp_deferred_mb).
 TEST_F(PipelineRuns, ZeroBubbleIsOneFOneBBitForBit) {
-  struct Case {
-    std::string name;
-    Layout layout;
-    std::function<void(Config&)> edit;
-  };
-  const auto none = [](Config&) {};
-  const Case cases[] = {
-      {"plain", {4, 1, "", 1, 5}, none},
+  const BitsCase cases[] = {
+      {"plain", {4, 1, "", 1, 5}},
       {"dp2_zero1", {2, 2, "", 1, 4}, [](Config& c) { c.parallel.zero = 1; }},
-      {"tp2_sp", {2, 1, "", 1, 3, 2, true}, none},
+      {"tp2_sp", {2, 1, "", 1, 3, 2, true}},
       {"tp2", {2, 1, "", 1, 2, 2}, [](Config& c) { c.parallel.recompute = "selective"; }},
       {"recompute_full", {2, 1, "", 1, 4}, [](Config& c) { c.parallel.recompute = "full"; }},
       {"fp8",
@@ -229,43 +272,29 @@ TEST_F(PipelineRuns, ZeroBubbleIsOneFOneBBitForBit) {
          c.runtime.fp8_block = 16;
        }},
       {"bf16_gemms", {2, 1, "", 1, 4}, [](Config& c) { c.runtime.matmul_precision = "bf16"; }},
-      {"llama",
-       {2, 1, "", 1, 4},
-       [](Config& c) {
-         c.model.arch = "llama";
-         c.model.n_heads = 4;
-         c.model.n_kv_heads = 2;
-         c.model.ffn_hidden = 80;
-       }},
+      {"llama", {2, 1, "", 1, 4}, [](Config& c) { use_small_llama(c); }},
   };
-  for (const Case& k : cases) {
-    SCOPED_TRACE(k.name);
-    std::vector<nlohmann::json> runs[2];
-    int i = 0;
-    for (const char* schedule : {"1f1b", "zb-h1"}) {
-      Layout l = k.layout;
-      l.schedule = schedule;
-      Config c = config(l);
-      k.edit(c);
-      TrainOptions o;
-      o.progress = false;
-      o.run_dir = (root_ / ("bits_" + k.name + "_" + schedule)).string();
-      run_training(c, o);
-      std::ifstream in(fs::path(o.run_dir) / "metrics.jsonl");
-      for (std::string line; std::getline(in, line);)
-        runs[i].push_back(nlohmann::json::parse(line));
-      ++i;
-    }
-    ASSERT_EQ(runs[0].size(), static_cast<size_t>(kSteps));
-    ASSERT_EQ(runs[1].size(), runs[0].size());
-    for (size_t s = 0; s < runs[0].size(); ++s) {
-      EXPECT_EQ(runs[1][s]["loss"].get<double>(), runs[0][s]["loss"].get<double>())
-          << "step " << s + 1;
-      EXPECT_EQ(runs[1][s]["grad_norm"].get<double>(), runs[0][s]["grad_norm"].get<double>())
-          << "step " << s + 1;
-      EXPECT_GT(runs[1][s].value("pp_deferred_mb", 0.0), 0.0) << "step " << s + 1;
-    }
-  }
+  for (const BitsCase& k : cases) expect_zero_bubble_is_bit_for_bit(k, "1f1b", "zb-h1");
+}
+
+// zb-interleaved against interleaved likewise: two and four ranks of two chunks (and three
+// chunks), with dp and ZeRO-1, tp with sequence parallelism, recomputation, Llama.
+TEST_F(PipelineRuns, InterleavedZeroBubbleIsInterleavedBitForBit) {
+  const BitsCase cases[] = {
+      {"v2", {2, 1, "", 2, 4}},
+      {"pp4_v2", {4, 1, "", 2, 8}},
+      {"v3_selective",
+       {2, 1, "", 3, 4},
+       [](Config& c) {
+         c.model.n_layers = 6;
+         c.parallel.recompute = "selective";
+       }},
+      {"dp2_zero1_v2", {2, 2, "", 2, 4}, [](Config& c) { c.parallel.zero = 1; }},
+      {"tp2_sp_v2", {2, 1, "", 2, 2, 2, true}},
+      {"llama_v2", {2, 1, "", 2, 4}, [](Config& c) { use_small_llama(c); }},
+  };
+  for (const BitsCase& k : cases)
+    expect_zero_bubble_is_bit_for_bit(k, "interleaved", "zb-interleaved");
 }
 
 TEST_F(PipelineRuns, StopsAndResumesUnderAnotherLayout) {

@@ -31,7 +31,10 @@ std::vector<std::tuple<std::string, int, int, int>> grid() {
       out.emplace_back("1f1b", pp, m, 1);
       out.emplace_back("zb-h1", pp, m, 1);
       if (m % pp == 0)
-        for (int v : {1, 2, 3}) out.emplace_back("interleaved", pp, m, v);
+        for (int v : {1, 2, 3}) {
+          out.emplace_back("interleaved", pp, m, v);
+          out.emplace_back("zb-interleaved", pp, m, v);
+        }
     }
   }
   return out;
@@ -91,7 +94,7 @@ TEST(PipelineSchedule, EveryGeneratedSchedulePassesTheCheck) {
     for (int r = 0; r < pp; ++r) {
       // Per (micro-batch, chunk): forward + backward (zb-h1: its two halves), plus a receive
       // and a send in each direction except at the ends of the model.
-      const size_t computes = name == "zb-h1" ? 3 : 2;
+      const size_t computes = name.rfind("zb-", 0) == 0 ? 3 : 2;
       size_t expected = 0;
       for (int c = 0; c < v; ++c) {
         const int stage = s.stage_of(r, c);
@@ -191,6 +194,50 @@ TEST(PipelineSchedule, ZeroBubbleCutsTheBubbleToAThird) {
         EXPECT_LT(t.simulated, parse(render_timeline(make_schedule("1f1b", pp, m))).simulated);
       }
     }
+}
+
+// zb-interleaved is interleaved 1F1B with its backwards split and the W's put into the idle
+// time: the same order of forwards, input-gradient backwards and messages on every rank; each
+// chunk's W's in micro-batch order (its gradients sum as in interleaved); at most pp owed W's;
+// and a bubble below interleaved's, no more than zb-h1's with chunks, and from m = 2pp on the
+// unit-cost floor of a chunk's fill, (p−1)/(3mv+p−1).
+TEST(PipelineSchedule, InterleavedZeroBubbleKeepsInterleavedsOrderAndFillsItsBubble) {
+  for (int pp : {2, 4})
+    for (int m : {pp, 2 * pp, 4 * pp})
+      for (int v : {1, 2, 3}) {
+        SCOPED_TRACE("pp " + std::to_string(pp) + " m " + std::to_string(m) + " v " +
+                     std::to_string(v));
+        const PipelineSchedule z = make_schedule("zb-interleaved", pp, m, v);
+        const PipelineSchedule i = make_schedule("interleaved", pp, m, v);
+        for (int r = 0; r < pp; ++r) {
+          std::vector<PipeAction> order;
+          std::vector<int> next_w(v, 0);
+          for (PipeAction a : z.actions[r]) {
+            if (a.kind == K::kBackwardWeight) {
+              EXPECT_EQ(a.microbatch, next_w[a.chunk]++) << "rank " << r << " chunk " << a.chunk;
+              continue;
+            }
+            if (a.kind == K::kBackwardInput) a.kind = K::kBackward;
+            order.push_back(a);
+          }
+          EXPECT_EQ(order, i.actions[r]) << "rank " << r;
+          EXPECT_EQ(peak_in_flight(z.actions[r]), peak_in_flight(i.actions[r])) << "rank " << r;
+          EXPECT_LE(peak_deferred(z.actions[r]), pp) << "rank " << r;
+        }
+        const double zb = simulated_bubble(z);
+        EXPECT_DOUBLE_EQ(theoretical_bubble(z), zb);
+        EXPECT_LT(zb, simulated_bubble(i));
+        const double floor = (pp - 1.0) / (3.0 * m * v + pp - 1.0);
+        EXPECT_GE(zb, floor - 1e-12);
+        if (v > 1) {
+          EXPECT_LE(zb, simulated_bubble(make_schedule("zb-h1", pp, m)) + 1e-12);
+        }
+        // With a steady state (m ≥ 2pp) the W's fill every wait but the fill: the floor itself,
+        // 1/v of zb-h1's bubble.
+        if (m >= 2 * pp) {
+          EXPECT_NEAR(zb, floor, 1e-12);
+        }
+      }
 }
 
 TEST(PipelineSchedule, InterleavedHoldsSlightlyMoreThanOneFOneB) {
@@ -318,6 +365,9 @@ TEST(PipelineSchedule, InvalidArgumentsNameTheKey) {
   EXPECT_EQ(error_of([] { make_schedule("interleaved", 4, 6, 2); }),
             "parallel.schedule = \"interleaved\" needs the micro-batch count 6 to be a multiple of parallel.pp = 4");
   EXPECT_NE(error_of([] { make_schedule("zb", 2, 2); }).find("parallel.schedule = \"zb\""), std::string::npos);
+  EXPECT_EQ(error_of([] { make_schedule("zb-interleaved", 4, 6, 2); }),
+            "parallel.schedule = \"zb-interleaved\" needs the micro-batch count 6 to be a "
+            "multiple of parallel.pp = 4");
   EXPECT_NE(error_of([] { make_schedule("1f1b", 0, 2); }).find("parallel.pp = 0"), std::string::npos);
   EXPECT_NE(error_of([] { make_schedule("1f1b", 2, 0); }).find("micro-batch count 0"), std::string::npos);
   EXPECT_NE(error_of([] { make_schedule("interleaved", 2, 2, 0); }).find("parallel.virtual_stages = 0"),

@@ -147,6 +147,16 @@ TEST(Planner, TimeModelFormulas) {
   c.parallel.pp = 4;
   const LayoutPlan p = estimate_layout(c, o);
   EXPECT_NEAR(p.bubble_s, p.compute_s * 3.0 / 16.0, 1e-20);
+  // Zero bubble: a third of a micro-batch's slot per stage of the fill (zb-h1), and of a
+  // chunk's with v chunks (zb-interleaved), as the schedules' unit-cost timelines give.
+  Config zb = c;
+  zb.parallel.schedule = "zb-h1";
+  EXPECT_NEAR(estimate_layout(zb, o).bubble_s, p.compute_s * 3.0 / 48.0, 1e-20);
+  zb.parallel.schedule = "zb-interleaved";
+  zb.parallel.virtual_stages = 2;
+  zb.model.n_layers = std::max<int64_t>(zb.model.n_layers, 8);
+  const LayoutPlan zbi = estimate_layout(zb, o);
+  EXPECT_NEAR(zbi.bubble_s, zbi.compute_s * 3.0 / 96.0, 1e-20);
   // The compute is the model's FLOPs shared by the devices at the efficiency.
   const double flops = model_config_of(c).flops_per_token(16) * 64 * 16;
   EXPECT_NEAR(p.compute_s, flops / (8 * 989e12 * 0.5), 1e-20);

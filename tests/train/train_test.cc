@@ -426,7 +426,8 @@ TEST_F(TrainTest, PipelineMessagesGoGpuToGpuOverNcclInEverySchedule) {
     int virtual_stages;
   };
   for (const Layout& l : {Layout{2, "gpipe", 1}, Layout{2, "1f1b", 1}, Layout{2, "interleaved", 2},
-                          Layout{2, "zb-h1", 1}, Layout{4, "1f1b", 1}}) {
+                          Layout{2, "zb-h1", 1}, Layout{2, "zb-interleaved", 2},
+                          Layout{4, "1f1b", 1}}) {
     if (cuda::device_count() < l.pp) continue;
     Config c = config(3);
     c.model.n_layers = 4;
