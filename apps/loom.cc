@@ -446,6 +446,12 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--efficiency", plan.efficiency, "share of the peak the GEMMs reach")
       ->capture_default_str();
   plan_cmd->add_option("--top", plan_top, "layouts shown")->capture_default_str();
+  std::string plan_schedules = "all";
+  plan_cmd
+      ->add_option("--schedules", plan_schedules,
+                   "pipeline layouts: every schedule (all) or the config's alone (config)")
+      ->check(CLI::IsMember({"all", "config"}))
+      ->capture_default_str();
 
   LaunchOptions launch;
   std::vector<std::string> launch_command;
@@ -568,6 +574,7 @@ int main(int argc, char** argv) {
       Config config = load_config(plan_config);
       for (const auto& s : plan_sets) apply_override(config, s);
       plan.hardware = find_hardware(plan_hardware);
+      plan.every_schedule = plan_schedules == "all";
       const std::vector<LayoutPlan> plans = plan_layouts(config, plan);
       if (plans.empty())
         fail(plan_config, ": no layout of ", plan.devices,

@@ -38,7 +38,10 @@ const Hardware& find_hardware(const std::string& name) {
 std::string LayoutPlan::name() const {
   char buf[64];
   std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d zero%d", dp, tp, pp, zero);
-  return buf;
+  std::string out = buf;
+  if (pp > 1) out += " " + schedule;
+  if (pp > 1 && virtual_stages > 1) out += " v" + std::to_string(virtual_stages);
+  return out;
 }
 
 double all_reduce_seconds(double bytes, int n, double gbps) {
@@ -106,6 +109,8 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.tp = par.tp;
   plan.pp = par.pp;
   plan.zero = par.zero;
+  plan.schedule = par.schedule;
+  plan.virtual_stages = par.virtual_stages;
 
   int64_t most_blocks = 0, most_params = 0;
   const std::vector<int64_t> bounds = pipeline_partition(
@@ -211,21 +216,38 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
     for (int pp = 1; pp <= o.devices / tp; ++pp) {
       if ((o.devices / tp) % pp != 0) continue;
       for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
-        Config c = config;
-        c.parallel.dp = o.devices / (tp * pp);
-        c.parallel.tp = tp;
-        c.parallel.pp = pp;
-        c.parallel.zero = zero;
-        if (pp == 1) c.parallel.virtual_stages = 1;
-        if (pp == 1 &&
-            (c.parallel.schedule == "interleaved" || c.parallel.schedule == "zb-interleaved"))
-          c.parallel.schedule = "1f1b";
-        c.parallel.layer_split.clear();
-        try {
-          plans.push_back(estimate_layout(c, o));
-        } catch (const Error&) {
-          // A layout the config cannot run (tp not dividing the heads, dp not dividing the
-          // batch, more stages than blocks): not a candidate.
+        // The pipeline schedules to try: the config's, and with every_schedule the others.
+        std::vector<std::pair<std::string, int>> schedules = {
+            {config.parallel.schedule, config.parallel.virtual_stages}};
+        if (pp == 1) {
+          schedules = {{"1f1b", 1}};
+        } else if (o.every_schedule) {
+          for (const auto& s : std::vector<std::pair<std::string, int>>{
+                   {"1f1b", 1}, {"zb-h1", 1}, {"interleaved", 2}, {"zb-interleaved", 2}})
+            if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
+              schedules.push_back(s);
+        }
+        for (const auto& [schedule, chunks] : schedules) {
+          Config c = config;
+          c.parallel.dp = o.devices / (tp * pp);
+          c.parallel.tp = tp;
+          c.parallel.pp = pp;
+          c.parallel.zero = zero;
+          c.parallel.schedule = schedule;
+          c.parallel.virtual_stages = chunks;
+          c.parallel.layer_split.clear();
+          // Chunked schedules take the micro-batches in groups of pp.
+          const bool chunked = schedule == "interleaved" || schedule == "zb-interleaved";
+          if (chunked && c.train.micro_batch_size > 0 &&
+              c.train.batch_size % (c.train.micro_batch_size * c.parallel.dp) == 0 &&
+              c.grad_accum_steps() % pp != 0)
+            continue;
+          try {
+            plans.push_back(estimate_layout(c, o));
+          } catch (const Error&) {
+            // A layout the config cannot run (tp not dividing the heads, dp not dividing the
+            // batch, more stages than blocks): not a candidate.
+          }
         }
       }
     }
@@ -262,8 +284,13 @@ std::string format_plan(const Config& config, const PlanOptions& o,
       o.devices, hw.name.c_str(), hw.peak_tflops, o.efficiency * 100, hw.memory_gib,
       hw.link.c_str(), hw.intra_node_gbps, hw.inter_node_gbps, hw.devices_per_node);
   out += line;
+  // The layout column as wide as its longest name (pipeline layouts name their schedule).
+  int width = 20;
+  for (const LayoutPlan& p : plans) width = std::max(width, static_cast<int>(p.name().size()));
+  std::snprintf(line, sizeof line, "%-*s ", width, "layout");
+  out += line;
   out +=
-      "layout               state GiB  activ. GiB  fits  step s   compute  bubble   tp comm  "
+      "state GiB  activ. GiB  fits  step s   compute  bubble   tp comm  "
       "dp comm  pp comm  tokens/s     MFU\n";
   const double gib = 1073741824.0;
   size_t shown = 0, not_fitting = 0;
@@ -271,12 +298,11 @@ std::string format_plan(const Config& config, const PlanOptions& o,
     if (!p.fits) ++not_fitting;
     if (shown == top) continue;
     ++shown;
-    std::snprintf(
-        line, sizeof line,
-        "%-20s %9.1f %11.1f  %-4s %7.3f  %7.3f %7.3f  %8.3f %8.3f %8.3f  %8.0f  %5.1f%%\n",
-        p.name().c_str(), p.state_bytes / gib, p.activation_bytes / gib, p.fits ? "yes" : "NO",
-        p.step_s(), p.compute_s, p.bubble_s, p.tp_comm_s, p.dp_comm_s, p.pp_comm_s, p.tokens_per_s,
-        p.mfu * 100);
+    std::snprintf(line, sizeof line,
+                  "%-*s %9.1f %11.1f  %-4s %7.3f  %7.3f %7.3f  %8.3f %8.3f %8.3f  %8.0f  %5.1f%%\n",
+                  width, p.name().c_str(), p.state_bytes / gib, p.activation_bytes / gib,
+                  p.fits ? "yes" : "NO", p.step_s(), p.compute_s, p.bubble_s, p.tp_comm_s,
+                  p.dp_comm_s, p.pp_comm_s, p.tokens_per_s, p.mfu * 100);
     out += line;
   }
   std::snprintf(line, sizeof line,

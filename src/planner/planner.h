@@ -40,10 +40,16 @@ struct PlanOptions {
   int devices = 8;
   Hardware hardware;
   double efficiency = 0.5;  // the share of the peak the GEMMs reach (PyTorch / llm.c: ~0.4-0.6)
+  // With pp > 1, plan_layouts tries every pipeline schedule (1f1b, zb-h1, and with 2 chunks
+  // per rank interleaved and zb-interleaved, where the micro-batches and blocks allow), not only
+  // the config's (`loom plan --schedules config`: the config's alone).
+  bool every_schedule = true;
 };
 
 struct LayoutPlan {
   int dp = 1, tp = 1, pp = 1, zero = 0;
+  std::string schedule = "1f1b";  // with pp > 1
+  int virtual_stages = 1;
   // The rank with the most bytes.
   int64_t parameters = 0;        // its parameter elements (its shards)
   int64_t state_bytes = 0;       // values + gradients + AdamW moments, as its ZeRO stage keeps them
@@ -54,7 +60,7 @@ struct LayoutPlan {
   double compute_s = 0, bubble_s = 0, tp_comm_s = 0, dp_comm_s = 0, pp_comm_s = 0;
   double step_s() const { return compute_s + bubble_s + tp_comm_s + dp_comm_s + pp_comm_s; }
   double tokens_per_s = 0, mfu = 0;
-  std::string name() const;  // "dp4 tp2 pp1 zero1"
+  std::string name() const;  // "dp4 tp2 pp1 zero1", "dp2 tp1 pp4 zero1 zb-interleaved v2"
 };
 
 // The parameter elements of each unit (an engine's unit of communication: a block, or the root

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -210,6 +211,46 @@ TEST(Planner, TimeModelFormulas) {
   const double z3_bf16 = estimate_layout(g, o).dp_comm_s;
   EXPECT_GT(z3, 0);
   EXPECT_LT(z3_bf16, z3 * 0.75);
+}
+
+// Pipeline layouts come in every schedule (PlanOptions::every_schedule, `loom plan`'s default):
+// 1f1b, zb-h1, and with two chunks per rank interleaved and zb-interleaved where the micro-batches
+// come in groups of pp; the zero-bubble ones with less bubble than their base at the same
+// compute. With every_schedule off, the config's schedule alone.
+TEST(Planner, TriesEveryPipelineScheduleAndNamesIt) {
+  Config c = tiny_config("unused");
+  c.model.n_layers = 8;
+  c.train.batch_size = 64;
+  c.train.micro_batch_size = 2;
+  PlanOptions o;
+  o.devices = 4;
+  o.hardware = find_hardware("h100");
+  std::map<std::string, const LayoutPlan*> by_name;
+  const std::vector<LayoutPlan> plans = plan_layouts(c, o);
+  for (const LayoutPlan& p : plans) by_name[p.name()] = &p;
+  for (const char* name :
+       {"dp2 tp1 pp2 zero0 1f1b", "dp2 tp1 pp2 zero0 zb-h1", "dp2 tp1 pp2 zero0 interleaved v2",
+        "dp2 tp1 pp2 zero0 zb-interleaved v2", "dp1 tp1 pp4 zero0 zb-interleaved v2",
+        "dp4 tp1 pp1 zero0"})
+    ASSERT_TRUE(by_name.count(name)) << name;
+  const auto bubble = [&](const char* name) { return by_name.at(name)->bubble_s; };
+  EXPECT_LT(bubble("dp2 tp1 pp2 zero0 zb-h1"), bubble("dp2 tp1 pp2 zero0 1f1b"));
+  EXPECT_LT(bubble("dp2 tp1 pp2 zero0 zb-interleaved v2"),
+            bubble("dp2 tp1 pp2 zero0 interleaved v2"));
+  EXPECT_LT(bubble("dp2 tp1 pp2 zero0 zb-interleaved v2"), bubble("dp2 tp1 pp2 zero0 zb-h1"));
+  EXPECT_EQ(by_name.at("dp2 tp1 pp2 zero0 zb-h1")->compute_s,
+            by_name.at("dp2 tp1 pp2 zero0 1f1b")->compute_s);
+  // No chunked schedule where the micro-batches do not come in groups of pp.
+  Config odd = c;
+  odd.train.batch_size = 6;  // dp 1: 3 micro-batches, not a multiple of pp 2 or 4
+  for (const LayoutPlan& p : plan_layouts(odd, o)) EXPECT_EQ(p.virtual_stages, 1) << p.name();
+  o.every_schedule = false;
+  c.parallel.schedule = "zb-h1";
+  for (const LayoutPlan& p : plan_layouts(c, o)) {
+    if (p.pp > 1) {
+      EXPECT_EQ(p.schedule, "zb-h1") << p.name();
+    }
+  }
 }
 
 TEST(Planner, OffersEveryRunnableLayoutFittingOnesFirst) {
