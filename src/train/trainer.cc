@@ -507,6 +507,12 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const double comm_dp = dp_count.take_wait_seconds(), comm_pp = pp_count.take_wait_seconds(),
                  comm_tp = tp_count.take_wait_seconds();
     const double compute_s = std::max(0.0, dt - data_seconds - comm_dp - comm_pp - comm_tp);
+    // Each pipeline rank's bubble (rank 0's pipeline group): the busiest stage is the one that
+    // waits least, so rank 0's alone does not say where the step's time went.
+    std::vector<double> bubble_by_pp_rank;
+    if (pipelined)
+      bubble_by_pp_rank = all_gather_values((pipeline_mesh ? *pipeline_mesh : mesh).axis("pp"),
+                                            {pipe->stats().bubble()});
     if (!std::isfinite(loss))
       fail("loss is ", loss, " at step ", step, ": training diverged (lower train.lr?)");
 
@@ -561,6 +567,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       if (pipelined) {
         record["bubble"] = pipe->stats().bubble();
         record["bubble_theory"] = theoretical_bubble(pipe->schedule());
+        record["bubble_by_pp_rank"] = bubble_by_pp_rank;
         record["pp_bytes_sent"] = pipe->stats().bytes_sent;
         if (pipe->schedule().name.rfind("zb-", 0) == 0)  // what B's deferred W's kept at most
           record["pp_deferred_mb"] = pipe->stats().max_deferred_bytes / 1048576.0;

@@ -161,6 +161,14 @@ threads_per_rank = 1
       EXPECT_EQ(runs[1][s]["grad_norm"].get<double>(), runs[0][s]["grad_norm"].get<double>())
           << "step " << s + 1;
       EXPECT_GT(runs[1][s].value("pp_deferred_mb", 0.0), 0.0) << "step " << s + 1;
+      // Every pipeline rank's bubble, rank 0's first.
+      const auto& by_rank = runs[1][s]["bubble_by_pp_rank"];
+      ASSERT_EQ(by_rank.size(), static_cast<size_t>(k.layout.pp));
+      EXPECT_EQ(by_rank[0].get<double>(), runs[1][s]["bubble"].get<double>());
+      for (const auto& b : by_rank) {
+        EXPECT_GE(b.get<double>(), 0.0);
+        EXPECT_LT(b.get<double>(), 1.0);
+      }
     }
   }
 
