@@ -547,7 +547,9 @@ int main(int argc, char** argv) {
   schedule_cmd->add_option("--microbatches", sched_m, "micro-batches per step")->capture_default_str();
   schedule_cmd->add_option("--schedule", sched_name, "gpipe, 1f1b, interleaved, zb-h1 or zb-interleaved")
       ->capture_default_str();
-  schedule_cmd->add_option("--virtual-stages", sched_v, "chunks per rank (interleaved)")->capture_default_str();
+  schedule_cmd
+      ->add_option("--virtual-stages", sched_v, "chunks per rank (interleaved, zb-interleaved)")
+      ->capture_default_str();
 
   std::string hang_dir;
   auto* debug_cmd = app.add_subcommand("debug", "post-mortem tools");

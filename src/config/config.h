@@ -106,6 +106,20 @@ struct TrainConfig {
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
+// parallel.schedule's values (docs/pipeline_schedules.md), in the order messages list them.
+inline constexpr std::string_view kPipelineSchedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1",
+                                                          "zb-interleaved"};
+inline bool is_pipeline_schedule(std::string_view schedule) {
+  for (std::string_view s : kPipelineSchedules)
+    if (s == schedule) return true;
+  return false;
+}
+// Whether a schedule cuts each pipeline rank's part into parallel.virtual_stages chunks (and so
+// takes the micro-batches in groups of parallel.pp).
+inline bool schedule_takes_chunks(std::string_view schedule) {
+  return schedule == "interleaved" || schedule == "zb-interleaved";
+}
+
 struct ParallelConfig {
   // Degrees; 0 (the default) = left out, inferred from the world size (resolve_parallel_degrees).
   int dp = 0;                     // data-parallel degree
@@ -116,8 +130,8 @@ struct ParallelConfig {
   std::string grad_reduce_dtype = "fp32";  // "fp32" or "bf16": what dp reduces gradients in
   std::string param_gather_dtype = "fp32";  // "fp32" or "bf16": what ZeRO-3 gathers weights in
   std::string pp_send_dtype = "fp32";  // "fp32" or "bf16": what pipeline stages send
-  std::string schedule = "1f1b";       // pipeline schedule: gpipe, 1f1b, interleaved or zb-h1
-  int virtual_stages = 1;         // model chunks per pipeline rank (interleaved only)
+  std::string schedule = "1f1b";  // pipeline schedule: one of kPipelineSchedules
+  int virtual_stages = 1;         // model chunks per pipeline rank (schedule_takes_chunks)
   std::string layer_split;        // blocks per pipeline stage, "3,3,2"; "" = balance by cost
   bool sequence_parallel = false; // split LayerNorm/residual activations by tokens over tp
   // activation recomputation per block: none, full or selective (models/gpt2.h: Recompute)

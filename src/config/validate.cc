@@ -34,11 +34,16 @@ class Problems {
       add(key, " = ", format_double(v), " must be in [", format_double(lo), ", ", format_double(hi),
           hi_open ? ")" : "]");
   }
-  void one_of(const char* key, const std::string& v, std::initializer_list<const char*> allowed) {
-    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
+  template <typename List>
+  void one_of(const char* key, const std::string& v, const List& allowed) {
+    for (std::string_view a : allowed)
+      if (a == v) return;
     std::string list;
-    for (const char* a : allowed) list += detail::concat(list.empty() ? "" : ", ", a);
+    for (std::string_view a : allowed) list += detail::concat(list.empty() ? "" : ", ", a);
     add(key, " = ", toml_quote(v), " must be one of: ", list);
+  }
+  void one_of(const char* key, const std::string& v, std::initializer_list<const char*> allowed) {
+    one_of<std::initializer_list<const char*>>(key, v, allowed);
   }
 
   void throw_if_any() const {
@@ -125,6 +130,14 @@ void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p
     p.add("train.batch_size = ", t.batch_size,
           " is not divisible by train.micro_batch_size × parallel.dp = ", t.micro_batch_size, " × ",
           par.dp, " = ", t.micro_batch_size * par.dp);
+  // A chunked schedule takes the micro-batches of a step in groups of pp (make_schedule).
+  else if (t.batch_size > 0 && t.micro_batch_size > 0 && par.dp > 0 && par.pp > 1 &&
+           schedule_takes_chunks(par.schedule) &&
+           (t.batch_size / (t.micro_batch_size * par.dp)) % par.pp != 0)
+    p.add("parallel.schedule = ", toml_quote(par.schedule), " needs the micro-batches per step, ",
+          "train.batch_size / (train.micro_batch_size × parallel.dp) = ",
+          t.batch_size / (t.micro_batch_size * par.dp), ", to be a multiple of parallel.pp = ",
+          par.pp);
   p.in_range("train.lr", t.lr, 0, kInf, /*hi_open=*/true);
   p.non_negative("train.warmup_steps", t.warmup_steps);
   if (t.steps > 0 && t.warmup_steps > t.steps)
@@ -178,11 +191,10 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
     p.add("parallel.param_gather_dtype = \"bf16\" is for ZeRO-3's parameter gathers: it needs "
           "parallel.zero = 3, got ", par.zero);
   if (par.zero < 0 || par.zero > 3) p.add("parallel.zero = ", par.zero, " must be 0, 1, 2 or 3");
-  p.one_of("parallel.schedule", par.schedule,
-           {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved"});
+  p.one_of("parallel.schedule", par.schedule, kPipelineSchedules);
   p.one_of("parallel.recompute", par.recompute, {"none", "full", "selective"});
   p.positive("parallel.virtual_stages", par.virtual_stages);
-  if (par.virtual_stages > 1 && par.schedule != "interleaved" && par.schedule != "zb-interleaved")
+  if (par.virtual_stages > 1 && !schedule_takes_chunks(par.schedule))
     p.add("parallel.virtual_stages = ", par.virtual_stages,
           " needs parallel.schedule = ", "\"interleaved\" or \"zb-interleaved\", got ",
           toml_quote(par.schedule));

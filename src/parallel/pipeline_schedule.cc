@@ -28,6 +28,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "config/config.h"
 
 namespace loom {
 namespace {
@@ -298,11 +299,13 @@ void fill_idle_with_weight_grads(PipelineSchedule& s, int max_owed) {
 }  // namespace
 
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages) {
-  if (name != "gpipe" && name != "1f1b" && name != "interleaved" && name != "zb-h1" &&
-      name != "zb-interleaved")
-    fail("parallel.schedule = \"", name,
-         "\" is not one of \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\", \"zb-interleaved\"");
-  const bool interleaved = name == "interleaved" || name == "zb-interleaved";
+  if (!is_pipeline_schedule(name)) {
+    std::string known;
+    for (std::string_view s : kPipelineSchedules)
+      known += detail::concat(known.empty() ? "" : ", ", "\"", s, "\"");
+    fail("parallel.schedule = \"", name, "\" is not one of ", known);
+  }
+  const bool interleaved = schedule_takes_chunks(name);
   if (pp < 1) fail("parallel.pp = ", pp, " must be at least 1");
   if (microbatches < 1)
     fail("the micro-batch count ", microbatches,
@@ -401,11 +404,14 @@ void check_schedule(const PipelineSchedule& s) {
 }
 
 namespace {
-int64_t busy_units(const PipelineSchedule& s) {
+// The idle fraction of a finished unit-cost simulation: 1 − busy / (ranks × makespan).
+double idle_fraction(const PipelineSchedule& s, const Simulation& sim) {
   int64_t busy = 0;
   for (const auto& acts : s.actions)
     for (const PipeAction& a : acts) busy += kTimelineCosts.of(a.kind);
-  return busy;
+  const int64_t makespan = *std::max_element(sim.clock.begin(), sim.clock.end());
+  return makespan == 0 ? 0.0
+                       : 1.0 - static_cast<double>(busy) / (static_cast<double>(makespan) * s.pp);
 }
 }  // namespace
 
@@ -413,10 +419,7 @@ double simulated_bubble(const PipelineSchedule& s) {
   const Simulation sim = simulate(s, kTimelineCosts);
   if (!sim.finished)
     fail("pipeline schedule \"", s.name, "\" deadlocks (check_schedule says where)");
-  const int64_t makespan = *std::max_element(sim.clock.begin(), sim.clock.end());
-  return makespan == 0
-             ? 0.0
-             : 1.0 - static_cast<double>(busy_units(s)) / (static_cast<double>(makespan) * s.pp);
+  return idle_fraction(s, sim);
 }
 
 std::string render_timeline(const PipelineSchedule& s) {
@@ -425,7 +428,6 @@ std::string render_timeline(const PipelineSchedule& s) {
   const int64_t makespan = *std::max_element(sim.clock.begin(), sim.clock.end());
   std::vector<std::vector<std::string>> cells(s.pp, std::vector<std::string>(makespan, "."));
   size_t width = 1;
-  int64_t busy = 0;
   for (int r = 0; r < s.pp; ++r) {
     for (size_t i = 0; i < s.actions[r].size(); ++i) {
       const PipeAction& a = s.actions[r][i];
@@ -434,7 +436,6 @@ std::string render_timeline(const PipelineSchedule& s) {
       const std::string label = cell_label(s, a);
       width = std::max(width, label.size());
       for (int64_t t = sim.start[r][i]; t < sim.start[r][i] + cost; ++t) cells[r][t] = label;
-      busy += cost;
     }
   }
   std::ostringstream os;
@@ -455,7 +456,7 @@ std::string render_timeline(const PipelineSchedule& s) {
     line.erase(line.find_last_not_of(' ') + 1);  // no trailing blanks after a final "."
     os << line << '\n';
   }
-  const double bubble = makespan == 0 ? 0.0 : 1.0 - static_cast<double>(busy) / (static_cast<double>(makespan) * s.pp);
+  const double bubble = idle_fraction(s, sim);
   const char* formula = s.name == "interleaved"      ? "(p-1)/(m+p-1)/v"
                         : s.name == "zb-interleaved" ? "as simulated"
                         : s.name != "zb-h1"          ? "(p-1)/(m+p-1)"

@@ -236,17 +236,12 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
           c.parallel.schedule = schedule;
           c.parallel.virtual_stages = chunks;
           c.parallel.layer_split.clear();
-          // Chunked schedules take the micro-batches in groups of pp.
-          const bool chunked = schedule == "interleaved" || schedule == "zb-interleaved";
-          if (chunked && c.train.micro_batch_size > 0 &&
-              c.train.batch_size % (c.train.micro_batch_size * c.parallel.dp) == 0 &&
-              c.grad_accum_steps() % pp != 0)
-            continue;
           try {
             plans.push_back(estimate_layout(c, o));
           } catch (const Error&) {
             // A layout the config cannot run (tp not dividing the heads, dp not dividing the
-            // batch, more stages than blocks): not a candidate.
+            // batch, more stages than blocks, chunks without the micro-batches in groups of
+            // pp): not a candidate.
           }
         }
       }

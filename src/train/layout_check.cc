@@ -103,9 +103,12 @@ std::vector<CheckLayout> parse_layouts(std::string_view text) {
         if (!is_int || n < 0 || n > 3) bad("needs a ZeRO stage 0, 1, 2 or 3");
         l.zero = static_cast<int>(n);
       } else if (key == "schedule") {
-        if (value != "gpipe" && value != "1f1b" && value != "interleaved" && value != "zb-h1" &&
-            value != "zb-interleaved")
-          bad("needs a schedule gpipe, 1f1b, interleaved, zb-h1 or zb-interleaved");
+        if (!is_pipeline_schedule(value)) {
+          std::string known;
+          for (std::string_view s : kPipelineSchedules)
+            known += detail::concat(known.empty() ? "" : ", ", s);
+          bad("needs a schedule: " + known);
+        }
         l.schedule = std::string(value);
       } else if (key == "virtual_stages") {
         l.virtual_stages = static_cast<int>(positive());
@@ -176,7 +179,7 @@ Config layout_config(const Config& common, const Config& user, const CheckLayout
   par.virtual_stages = l.virtual_stages.value_or(l.pp > 1 ? base.virtual_stages : 1);
   // Chunks without a schedule named: interleaved, unless the config's own schedule takes them.
   par.schedule = l.schedule.value_or(l.virtual_stages && *l.virtual_stages > 1 &&
-                                             base.schedule != "zb-interleaved"
+                                             !schedule_takes_chunks(base.schedule)
                                          ? std::string("interleaved")
                                          : base.schedule);
   if (par.pp != base.pp || par.virtual_stages != base.virtual_stages) par.layer_split.clear();

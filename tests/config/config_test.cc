@@ -402,6 +402,18 @@ TEST(Config, ValidationNamesKeysAndValues) {
                          c.parallel.pp = 1;
                        }),
                        "parallel.virtual_stages = 2 needs parallel.pp > 1"));
+  // A chunked schedule's micro-batches come in groups of pp: a config error before any rank.
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.parallel.schedule = "zb-interleaved";
+                         c.parallel.virtual_stages = 2;
+                         c.parallel.pp = 4;
+                         c.parallel.dp = 1;
+                         c.train.batch_size = 12;
+                         c.train.micro_batch_size = 2;
+                       }),
+                       "parallel.schedule = \"zb-interleaved\" needs the micro-batches per step, "
+                       "train.batch_size / (train.micro_batch_size × parallel.dp) = 6, to be a "
+                       "multiple of parallel.pp = 4"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
                          c.parallel.tp = 3;
                          c.runtime.ranks = 3;
