@@ -88,6 +88,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(parallel, dp),
     LOOM_KEY(parallel, tp),
     LOOM_KEY(parallel, pp),
+    LOOM_KEY(parallel, cp),
     LOOM_KEY(parallel, zero),
     LOOM_KEY(parallel, bucket_mb),
     LOOM_KEY(parallel, grad_reduce_dtype),
@@ -310,8 +311,11 @@ void resolve_parallel_degrees(ParallelConfig& par, int world) {
     int* value;
   };
   const Degree degrees[] = {{"parallel.dp", &par.dp}, {"parallel.tp", &par.tp}, {"parallel.pp", &par.pp}};
-  int64_t given = 1;
-  std::string given_keys, given_values;
+  // parallel.cp is never inferred: splitting sequences is asked for, not a way to fill ranks.
+  if (par.cp < 1) fail("parallel.cp = ", par.cp, " must be at least 1");
+  int64_t given = par.cp;
+  std::string given_keys = par.cp > 1 ? "parallel.cp" : "";
+  std::string given_values = par.cp > 1 ? std::to_string(par.cp) : "";
   std::vector<Degree> missing;
   for (const Degree& d : degrees) {
     if (*d.value < 0) fail(d.key, " = ", *d.value, " must be positive (or 0: inferred)");
@@ -338,7 +342,7 @@ void resolve_parallel_degrees(ParallelConfig& par, int world) {
   for (const Degree& d : missing)
     *d.value = (dp_missing ? d.value == &par.dp : missing.size() == 1)
                    ? static_cast<int>(world / given) : 1;
-  const int64_t total = int64_t{par.dp} * par.tp * par.pp;
+  const int64_t total = int64_t{par.dp} * par.tp * par.pp * par.cp;
   if (total != world)
     fail(stated, " with parallel.tp and parallel.pp left out: ", total, " ranks, the job has ",
          world, "; set parallel.tp or parallel.pp");

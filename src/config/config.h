@@ -125,6 +125,7 @@ struct ParallelConfig {
   int dp = 0;                     // data-parallel degree
   int tp = 0;                     // tensor-parallel degree
   int pp = 0;                     // pipeline-parallel degree
+  int cp = 1;                     // context-parallel degree: ranks splitting each sequence
   int zero = 0;                   // ZeRO stage 0..3 over the dp axis
   double bucket_mb = 25;          // gradient all-reduce bucket size in MiB (PyTorch DDP's 25)
   std::string grad_reduce_dtype = "fp32";  // "fp32" or "bf16": what dp reduces gradients in
@@ -140,7 +141,7 @@ struct ParallelConfig {
 };
 
 struct RuntimeConfig {
-  int ranks = 1;                  // processes/threads in the job; must equal dp × tp × pp
+  int ranks = 1;                  // processes/threads in the job; must equal dp × tp × pp × cp
   // communication: auto (mpi when started by mpirun/srun, else local), local (thread ranks),
   // mpi or nccl
   std::string backend = "auto";

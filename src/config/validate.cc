@@ -214,6 +214,12 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
       p.add("parallel.tp = ", par.tp, " does not divide the SwiGLU's hidden width ",
             m.resolved_ffn_hidden(), " (model.ffn_hidden)");
   }
+  // Context parallelism cuts each sequence into 2·cp chunks (parallel/context_parallel.h).
+  p.positive("parallel.cp", par.cp);
+  if (par.cp > 1 && m.seq_len > 0 && m.seq_len % (2 * par.cp) != 0)
+    p.add("parallel.cp = ", par.cp, " cuts each sequence into ", 2 * par.cp,
+          " chunks (two per rank, for balance): model.seq_len = ", m.seq_len,
+          " is not a multiple of ", 2 * par.cp);
   // Every pipeline stage (times its virtual chunks) needs at least one block.
   if (par.pp > 0 && par.virtual_stages > 0 && m.n_layers > 0 &&
       int64_t{par.pp} * par.virtual_stages > m.n_layers)
@@ -223,11 +229,20 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
 
 void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problems& p) {
   p.positive("runtime.ranks", r.ranks);
-  const int64_t world = int64_t{par.dp} * par.tp * par.pp;
-  if (r.ranks > 0 && par.dp > 0 && par.tp > 0 && par.pp > 0 && r.ranks != world)
-    p.add("runtime.ranks = ", r.ranks,
-          " does not equal parallel.dp × parallel.tp × parallel.pp = ", par.dp, " × ", par.tp,
-          " × ", par.pp, " = ", world);
+  const int64_t world = int64_t{par.dp} * par.tp * par.pp * std::max(par.cp, 1);
+  if (r.ranks > 0 && par.dp > 0 && par.tp > 0 && par.pp > 0 && r.ranks != world) {
+    if (par.cp > 1)
+      p.add("runtime.ranks = ", r.ranks,
+            " does not equal parallel.dp × parallel.tp × parallel.pp × parallel.cp = ", par.dp,
+            " × ", par.tp, " × ", par.pp, " × ", par.cp, " = ", world);
+    else
+      p.add("runtime.ranks = ", r.ranks,
+            " does not equal parallel.dp × parallel.tp × parallel.pp = ", par.dp, " × ", par.tp,
+            " × ", par.pp, " = ", world);
+  }
+  if (par.cp > 1 && valid_device(r.device) && r.device.starts_with("cuda"))
+    p.add("parallel.cp = ", par.cp, " runs on CPU ranks for now: runtime.device = ",
+          toml_quote(r.device), " needs parallel.cp = 1 (docs/context_parallel.md)");
   p.one_of("runtime.backend", r.backend, {"auto", "local", "mpi", "nccl"});
   if (!valid_device(r.device))
     p.add("runtime.device = ", toml_quote(r.device), " must be \"cpu\", \"cuda\" or \"cuda:N\"");

@@ -65,7 +65,8 @@ std::string MeshShape::str() const {
   return s;
 }
 
-MeshShape training_mesh_shape(int dp, int pp, int tp) {
+MeshShape training_mesh_shape(int dp, int pp, int tp, int cp) {
+  if (cp > 1) return MeshShape({{"pp", pp}, {"dp", dp}, {"cp", cp}, {"tp", tp}});
   return MeshShape({{"pp", pp}, {"dp", dp}, {"tp", tp}});
 }
 

@@ -42,8 +42,9 @@ class MeshShape {
 
 // The training mesh: pp × dp × tp — tp innermost (neighbouring ranks: its per-layer collectives
 // get the fastest links), then dp, pp outermost (only activations cross it), as Megatron-LM
-// orders them.
-MeshShape training_mesh_shape(int dp, int pp, int tp);
+// orders them. With context parallelism (cp > 1) a cp axis between dp and tp: pp × dp × cp × tp
+// (its all-gathers, once per layer, next to tp's).
+MeshShape training_mesh_shape(int dp, int pp, int tp, int cp = 1);
 
 
 }  // namespace loom

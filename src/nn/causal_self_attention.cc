@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/sequence_shard.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -37,13 +38,51 @@ const Tensor& rotary_table(Context& ctx, Tensor& cached, int64_t T, int64_t head
   if (cached.defined() && cached.dim(0) == T && cached.device() == ctx.device &&
       cached.dtype() == ctx.dtype)
     return cached;
-  Tensor host = Tensor::empty({T, head_dim}, ctx.dtype, Device::cpu());
+  // A context-parallel shard (a module sees one kind of context for its lifetime): the rows of
+  // its positions in the whole sequence's table.
+  const int64_t rows = ctx.sequence != nullptr ? ctx.sequence->full_length() : T;
+  Tensor host = Tensor::empty({rows, head_dim}, ctx.dtype, Device::cpu());
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    cpu::rope_table<T_>(host.data<T_>(), T, head_dim, frequencies);
+    cpu::rope_table<T_>(host.data<T_>(), rows, head_dim, frequencies);
   });
+  if (ctx.sequence != nullptr) {
+    LOOM_CHECK(T == ctx.sequence->local_length());
+    host = rows_of(host, ctx.sequence->positions());
+  }
   cached = host.to(ctx.device);
   return cached;
+}
+
+Tensor CausalSelfAttention::attend_shard(Context& ctx, const Tensor& x) {
+  const int64_t B = x.dim(0), T = x.dim(1), hd = channels_ / heads_;
+  const int64_t KV = rotary_ ? rotary_->kv_heads : heads_;
+  Tensor local = qkv_.forward(ctx, x);  // (B, Tl, W): this rank's positions
+  if (rotary_) {
+    const Tensor& rope = rotary_table(ctx, rope_, T, hd, rotary_->frequencies);
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      ops::rope_forward<T_>(ctx.exec(), local.data<T_>(), rope.data<T_>(), B, T, heads_, KV, hd);
+    });
+  }
+  shard_attention_forward(ctx, *ctx.sequence, local, B, heads_, KV, hd, qkv_out_, att_, lse_);
+  att_ = att_.reshape({B, T, channels_});
+  return att_;
+}
+
+Tensor CausalSelfAttention::backward_shard(Context& ctx, const Tensor& dy) {
+  const int64_t B = att_.dim(0), T = att_.dim(1), hd = channels_ / heads_;
+  const int64_t KV = rotary_ ? rotary_->kv_heads : heads_;
+  Tensor datt = proj_.backward(ctx, dy);
+  Tensor dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, att_, lse_, datt,
+                                         {B, T, qkv_out_.dim(2)}, heads_, KV, hd);
+  if (rotary_)
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope_.data<T_>(), B, T, heads_, KV, hd);
+    });
+  qkv_out_ = att_ = lse_ = Tensor();
+  return qkv_.backward(ctx, dqkv);
 }
 
 Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
@@ -119,6 +158,7 @@ Tensor CausalSelfAttention::forward_adding(Context& ctx, const Tensor& x, const 
 
 Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   if (x.ndim() != 3) fail("attention expects (B, T, C), got ", shape_str(x.shape()));
+  if (ctx.sequence != nullptr) return attend_shard(ctx, x);
   if (rotary_) return attend_rotary(ctx, x);
   const int64_t B = x.dim(0), T = x.dim(1);
   // Where the fused flash kernels run (a GPU at bf16, head size 64 or 128) they round Q, K and V to bf16
@@ -146,6 +186,7 @@ Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
 }
 
 Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
+  if (ctx.sequence != nullptr) return backward_shard(ctx, dy);
   if (rotary_) return backward_rotary(ctx, dy);
   // Where the flash kernels read qkv in 16 bits they read dO (proj's dinp) so too, written by
   // proj's GEMM and fetched by cp.async like Q.

@@ -62,11 +62,15 @@ class CausalSelfAttention {
   Tensor attend(Context& ctx, const Tensor& x);  // qkv and attention: proj's input
   Tensor attend_rotary(Context& ctx, const Tensor& x);
   Tensor backward_rotary(Context& ctx, const Tensor& dy);
+  // Context parallelism (ctx.sequence): this rank's query rows over the gathered sequence.
+  Tensor attend_shard(Context& ctx, const Tensor& x);
+  Tensor backward_shard(Context& ctx, const Tensor& dy);
   int64_t channels_, heads_;
   std::optional<Rotary> rotary_;
   Linear qkv_;
   Linear proj_;
-  Tensor qkv_out_;  // (B, T, 3C); with Rotary (B, T, (NH + 2·KV)·hd), q and k turned
+  Tensor qkv_out_;  // (B, T, 3C); with Rotary (B, T, (NH + 2·KV)·hd), q and k turned; with
+                    // context parallelism the whole sequence's, gathered
   Tensor rope_;     // with Rotary: the (T, head_dim) cos/sin table of the last T, on ctx.device
   Tensor att_;      // (B, T, C) attention output before proj
   Tensor lse_;      // (B, NH, T)

@@ -11,6 +11,7 @@
 namespace loom {
 
 class DeferredWeightGrads;
+class SequenceShard;
 
 struct Context {
   ThreadPool* pool = nullptr;
@@ -20,6 +21,9 @@ struct Context {
   // Set during a zero-bubble schedule's input-gradient pass: Linears add their weight gradients
   // here instead of computing them (nn/deferred_weight_grads.h).
   DeferredWeightGrads* deferred_weight_grads = nullptr;
+  // Context parallelism: this rank holds only these positions of each sequence
+  // (nn/sequence_shard.h); null when it holds them all.
+  SequenceShard* sequence = nullptr;
 
   Exec exec() const { return {pool, device}; }  // where kernels/ops.h runs this module's kernels
 };

@@ -2,6 +2,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/sequence_shard.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -21,6 +22,20 @@ Tensor Embedding::forward(Context& ctx, const Tensor& tokens) {
   if (wpe_ != nullptr && T > max_seq_)
     fail("sequence length ", T, " exceeds the position embedding's ", max_seq_, " rows");
   tokens_ = tokens;
+  if (ctx.sequence != nullptr && wpe_ != nullptr) {
+    // A context-parallel shard: its positions' rows of wpe, gathered (nn/sequence_shard.h).
+    LOOM_CHECK(T == ctx.sequence->local_length());
+    const Tensor positions = rows_of(wpe_->value, ctx.sequence->positions());
+    const int64_t B = tokens.dim(0);
+    Tensor out = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      ops::embedding_forward<T_>(ctx.exec(), out.data<T_>(), tokens.data<int32_t>(),
+                                 wte_->value.data<T_>(), positions.data<T_>(), B, T, channels_,
+                                 vocab_);
+    });
+    return out;
+  }
   return forward_at(ctx, tokens, 0);
 }
 
@@ -44,12 +59,17 @@ Tensor Embedding::forward_at(Context& ctx, const Tensor& tokens, int64_t first) 
 void Embedding::backward(Context& ctx, const Tensor& dy) {
   LOOM_CHECK(tokens_.defined());
   const int64_t B = tokens_.dim(0), T = tokens_.dim(1);
+  // A context-parallel shard's positions take their gradient apart, then add it to their rows.
+  const bool shard = ctx.sequence != nullptr && wpe_ != nullptr;
+  Tensor dpositions = shard ? Tensor::zeros({T, channels_}, ctx.dtype, ctx.device) : Tensor();
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::embedding_backward<T_>(ctx.exec(), wte_->grad.data<T_>(),
-                                wpe_ ? wpe_->grad.data<T_>() : nullptr,
+                                shard ? dpositions.data<T_>()
+                                      : wpe_ ? wpe_->grad.data<T_>() : nullptr,
                                 dy.data<T_>(), tokens_.data<int32_t>(), B, T, channels_);
   });
+  if (shard) add_rows_into(wpe_->grad, dpositions, ctx.sequence->positions());
   tokens_ = Tensor();
 }
 

@@ -159,6 +159,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   std::vector<WorkHandle> sends;  // (each holds the tensor it sends until it is done)
   double loss_sum = 0;
   Context ctx{&pool_, device_, DType::kF32, nullptr};
+  ctx.sequence = config_.sequence;
   for (const PipeAction& a : schedule_.actions[static_cast<size_t>(rank)]) {
     const int c = a.chunk, i = a.microbatch, s = schedule_.stage_of(rank, c);
     const auto key = std::make_pair(c, i);
@@ -281,6 +282,7 @@ double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
   // Stage by stage, forward only; each rank visits its stages in increasing order, so every
   // receive's sender is already on its way.
   Context ctx{&pool_, device_, DType::kF32, nullptr};
+  ctx.sequence = config_.sequence;
   const int S = schedule_.stages();
   double loss = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {

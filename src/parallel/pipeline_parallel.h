@@ -46,6 +46,9 @@ struct PipelineConfig {
   // activations in the model's bf16): half the pp bytes, the residual stream rounded at each
   // boundary.
   DType send_dtype = DType::kF32;
+  // Context parallelism: each micro-batch holds these positions of its sequences (seq_len of
+  // them); null without.
+  SequenceShard* sequence = nullptr;
 };
 
 // The blocks of each model stage: as `split` says (comma-separated block counts, one per stage,

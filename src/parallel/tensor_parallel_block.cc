@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/sequence_shard.h"
 
 namespace loom {
 namespace {
@@ -108,12 +109,20 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
     ops::rope_forward<float>(ex, qkv_out_.data<float>(),
                              rotary_table(ctx, rope_, T, head_dim_, rope_frequencies_).data<float>(),
                              B, T, local_heads_, local_kv_heads_, head_dim_);
-  att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
-  lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
-  // GPT-2: as many key/value heads as query heads, the 3C/P layout.
-  ops::attention_gqa_forward<float>(ex, att_.data<float>(), lse_.data<float>(),
-                                    qkv_out_.data<float>(), B, T, local_heads_, local_kv_heads_,
-                                    head_dim_);
+  if (ctx.sequence != nullptr) {
+    // Context parallelism: this rank's heads of the whole sequence gathered over cp, the
+    // attention of its positions' rows (nn/sequence_shard.h); qkv_out_ keeps the gathered.
+    const Tensor local = qkv_out_;
+    shard_attention_forward(ctx, *ctx.sequence, local, B, local_heads_, local_kv_heads_,
+                            head_dim_, qkv_out_, att_, lse_);
+  } else {
+    att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
+    lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
+    // GPT-2: as many key/value heads as query heads, the 3C/P layout.
+    ops::attention_gqa_forward<float>(ex, att_.data<float>(), lse_.data<float>(),
+                                      qkv_out_.data<float>(), B, T, local_heads_, local_kv_heads_,
+                                      head_dim_);
+  }
   Tensor x1 = attn_proj_.forward(ctx, att_);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
   h_ = fc_.forward(ctx, ln_2_->forward_for_matmul(ctx, x1));
@@ -139,10 +148,18 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   Tensor dx1 = ln_2_->backward_adding(ctx, fc_backward(ctx, dg), dy);
   // x1 = x + proj(attention(qkv(ln_1(x))))
   Tensor datt = attn_proj_.backward(ctx, dx1);
-  Tensor dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
-  ops::attention_gqa_backward<float>(ex, dqkv.data<float>(), datt.data<float>(),
-                                     qkv_out_.data<float>(), att_.data<float>(), lse_.data<float>(),
-                                     B_, T_, local_heads_, local_kv_heads_, head_dim_);
+  Tensor dqkv;
+  if (ctx.sequence != nullptr) {
+    dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, att_, lse_, datt,
+                                    {B_ * T_, qkv_out_.dim(2)}, local_heads_, local_kv_heads_,
+                                    head_dim_);
+  } else {
+    dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
+    ops::attention_gqa_backward<float>(ex, dqkv.data<float>(), datt.data<float>(),
+                                       qkv_out_.data<float>(), att_.data<float>(),
+                                       lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_,
+                                       head_dim_);
+  }
   if (llama_)  // q and k turned back (the shared heads' gradients already summed)
     ops::rope_backward<float>(ex, dqkv.data<float>(), rope_.data<float>(), B_, T_, local_heads_,
                               local_kv_heads_, head_dim_);

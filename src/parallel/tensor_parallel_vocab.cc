@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
+#include "nn/sequence_shard.h"
 
 namespace loom {
 
@@ -38,10 +39,14 @@ Tensor VocabParallelEmbedding::forward(Context& ctx, const Tensor& tokens) {
   if (wpe_ != nullptr && T > wpe_->shape[0]) fail("embedding: sequence length ", T, " exceeds max_seq_len ", wpe_->shape[0]);
   Tensor out = Tensor::empty({N, C}, DType::kF32, ctx.device);
   const bool add_positions = tp_.rank() == 0;  // once in the sum over ranks
+  // A context-parallel shard reads its positions' rows of wpe (nn/sequence_shard.h).
+  const Tensor positions = wpe_ && ctx.sequence ? rows_of(wpe_->value, ctx.sequence->positions())
+                                                : Tensor();
   ops::vocab_shard_embedding_forward<float>(ctx.exec(), out.data<float>(), tokens.data<int32_t>(),
                                             wte_->value.data<float>(),
-                                            wpe_ ? wpe_->value.data<float>() : nullptr, N, T, C,
-                                            shard(), add_positions);
+                                            wpe_ ? (ctx.sequence ? positions : wpe_->value).data<float>()
+                                                 : nullptr,
+                                            N, T, C, shard(), add_positions);
   tokens_ = tokens;
   if (!sequence_parallel_) {
     tp_.all_reduce(out, ReduceOp::kSum);
@@ -60,10 +65,15 @@ void VocabParallelEmbedding::backward(Context& ctx, const Tensor& dy) {
     d = Tensor::empty({N, C}, DType::kF32, ctx.device);
     tp_.all_gather(dy, d);
   }
+  const bool positions_apart = wpe_ != nullptr && ctx.sequence != nullptr;
+  Tensor dpositions = positions_apart ? Tensor::zeros({T, C}, DType::kF32, ctx.device) : Tensor();
   ops::vocab_shard_embedding_backward<float>(ctx.exec(), wte_->grad.data<float>(),
-                                             wpe_ ? wpe_->grad.data<float>() : nullptr,
+                                             positions_apart ? dpositions.data<float>()
+                                             : wpe_          ? wpe_->grad.data<float>()
+                                                             : nullptr,
                                              d.data<float>(),
                                              tokens_.data<int32_t>(), N, T, C, shard());
+  if (positions_apart) add_rows_into(wpe_->grad, dpositions, ctx.sequence->positions());
   tokens_ = Tensor();
 }
 

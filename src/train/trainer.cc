@@ -29,6 +29,7 @@
 #include "monitor/trace.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
+#include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel_gpt2.h"
@@ -127,12 +128,35 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const bool tensor_parallel = config.parallel.tp > 1;
   // pp × dp × tp, tp innermost (neighbouring ranks, the fastest links), pp outermost, as
   // Megatron-LM: only activations cross the pp axis, the least traffic (docs/hybrid_parallel.md).
-  const MeshShape shape = training_mesh_shape(config.parallel.dp, config.parallel.pp, config.parallel.tp);
+  // With context parallelism a cp axis between dp and tp: pp × dp × cp × tp.
+  const int cp_degree = config.parallel.cp;
+  const bool context_parallel = cp_degree > 1;
+  const MeshShape shape = training_mesh_shape(config.parallel.dp, config.parallel.pp,
+                                              config.parallel.tp, cp_degree);
   DeviceMesh mesh(world, shape);
   std::unique_ptr<DeviceMesh> pipeline_mesh;  // the same coordinates over pipeline_world
   if (pipeline_world != nullptr) pipeline_mesh = std::make_unique<DeviceMesh>(*pipeline_world, shape);
   // Every strategy talks through counting wrappers, for the per-axis volume in the metrics.
-  CountingCommunicator dp_count(mesh.axis("dp")), tp_count(mesh.axis("tp"));
+  // The gradients' group: dp, or with context parallelism dp × cp — the cp ranks of a replica
+  // hold the same parameters and each computed its positions' share of their gradients
+  // (parallel/context_parallel.h), so ZeRO shards and the all-reduce span both axes.
+  std::unique_ptr<Communicator> dp_cp;
+  if (context_parallel) {
+    const int tp_size = config.parallel.tp;
+    dp_cp = world.split(mesh.coord("pp") * tp_size + mesh.coord("tp"),
+                        mesh.coord("dp") * cp_degree + mesh.coord("cp"));
+  }
+  CountingCommunicator dp_count(context_parallel ? *dp_cp : mesh.axis("dp")),
+      tp_count(mesh.axis("tp"));
+  // cp's own traffic, the attention's gathers (with context parallelism).
+  std::unique_ptr<CountingCommunicator> cp_count;
+  std::unique_ptr<ContextParallel> sequence_shard;
+  if (context_parallel) {
+    cp_count = std::make_unique<CountingCommunicator>(mesh.axis("cp"));
+    sequence_shard = std::make_unique<ContextParallel>(*cp_count, seq_len);
+  }
+  // What this rank's micro-batches hold of each sequence: its positions (all without cp).
+  const int64_t local_seq = context_parallel ? sequence_shard->local_length() : seq_len;
   Communicator* pp_axis = &(pipeline_mesh ? *pipeline_mesh : mesh).axis("pp");
   // nccl's sends block until received, in issue order: the pipeline's messages go one
   // communicator per direction (comm/directed_p2p.h), so crossed sends cannot deadlock.
@@ -183,7 +207,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     pc.virtual_stages = config.parallel.virtual_stages;
     pc.microbatches = static_cast<int>(accum);
     pc.micro_batch_size = micro;
-    pc.seq_len = seq_len;
+    pc.seq_len = local_seq;
+    pc.sequence = sequence_shard.get();
     pc.layer_split = config.parallel.layer_split;
     if (tensor_parallel) pc.tensor_parallel = &tp_count;
     pc.sequence_parallel = config.parallel.sequence_parallel;
@@ -214,9 +239,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   };
   auto model_clear = [&] { if (whole) whole->clear_cache(); };
   Context ctx{&pool, device, DType::kF32, whole_engine.get()};
+  ctx.sequence = sequence_shard.get();
 
+  // The loader's ranks are the data-parallel replicas: a cp group reads one replica's batch.
   DataLoader train_loader(resolve_shards(config.data.train, "data.train"), micro, seq_len,
-                          dp.rank(), dp.size());
+                          mesh.coord("dp"), config.parallel.dp);
   std::vector<std::string> val_shards;
   if (!config.data.val.empty() && tc.eval_every > 0)
     val_shards = resolve_shards(config.data.val, "data.val");
@@ -286,8 +313,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   for (int64_t m = 0; m < accum; ++m) {
     host_inputs.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
     host_targets.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
-    inputs.push_back(device.is_cpu() ? host_inputs.back() : Tensor::empty({micro, seq_len}, DType::kI32, device));
-    targets.push_back(device.is_cpu() ? host_targets.back() : Tensor::empty({micro, seq_len}, DType::kI32, device));
+    inputs.push_back(device.is_cpu() && !context_parallel ? host_inputs.back() : Tensor::empty({micro, local_seq}, DType::kI32, device));
+    targets.push_back(device.is_cpu() && !context_parallel ? host_targets.back() : Tensor::empty({micro, local_seq}, DType::kI32, device));
   }
   // The timeline of steps trace_first..trace_last (metrics.trace_from_step; monitor/trace.h): each
   // rank's phases and every wait on communication, by axis.
@@ -295,6 +322,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const int64_t trace_last = trace_first > 0 ? trace_first + config.metrics.trace_steps - 1 : -1;
   dp_count.on_wait([&](double b, double e) { tracer.span("wait: dp", "comm", b, e); });
   tp_count.on_wait([&](double b, double e) { tracer.span("wait: tp", "comm", b, e); });
+  if (cp_count) cp_count->on_wait([&](double b, double e) { tracer.span("wait: cp", "comm", b, e); });
   pp_count.on_wait([&](double b, double e) { tracer.span("wait: pp", "comm", b, e); });
   bool trace_written = false;
   // Each rank writes its spans; world rank 0 merges them (the ranks' files are complete after
@@ -319,7 +347,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
     train_loader.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
-    if (!device.is_cpu()) {
+    if (context_parallel) {  // this rank's positions of each sequence (CPU ranks)
+      inputs[m].copy_from(shard_tokens(host_inputs[m], sequence_shard->positions()));
+      targets[m].copy_from(shard_tokens(host_targets[m], sequence_shard->positions()));
+    } else if (!device.is_cpu()) {
       inputs[m].copy_from(host_inputs[m]);
       targets[m].copy_from(host_targets[m]);
     }
@@ -442,7 +473,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   summary.last_step = summary.start_step;
   for (int64_t step = summary.start_step + 1; step <= end_step; ++step) {
     const double t0 = now_seconds();
-    for (CountingCommunicator* c : {&dp_count, &pp_count, &tp_count}) {  // not eval's
+    for (CountingCommunicator* c : {&dp_count, &pp_count, &tp_count, cp_count.get()}) {  // not eval's
+      if (c == nullptr) continue;
       c->take_bytes();
       c->take_wait_seconds();
     }
@@ -501,12 +533,14 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const double dt = now_seconds() - t0;
     const nlohmann::json comm_bytes = {{"dp", dp_count.take_bytes()},
                                        {"pp", pp_count.take_bytes()},
-                                       {"tp", tp_count.take_bytes()}};
+                                       {"tp", tp_count.take_bytes()},
+                                       {"cp", cp_count ? cp_count->take_bytes() : 0}};
     // Where the step's time went on this rank: the loader, blocked on each axis' communication
     // (a pipeline's bubble is its stages waiting for each other: pp), and the rest computing.
     const double comm_dp = dp_count.take_wait_seconds(), comm_pp = pp_count.take_wait_seconds(),
-                 comm_tp = tp_count.take_wait_seconds();
-    const double compute_s = std::max(0.0, dt - data_seconds - comm_dp - comm_pp - comm_tp);
+                 comm_tp = tp_count.take_wait_seconds(), comm_cp = cp_count ? cp_count->take_wait_seconds() : 0.0;
+    const double compute_s =
+        std::max(0.0, dt - data_seconds - comm_dp - comm_pp - comm_tp - comm_cp);
     // Each pipeline rank's bubble (rank 0's pipeline group): the busiest stage is the one that
     // waits least, so rank 0's alone does not say where the step's time went.
     std::vector<double> bubble_by_pp_rank;
@@ -530,12 +564,23 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     if (!val_shards.empty() && (step % tc.eval_every == 0 || last)) {
       // Data-parallel replicas (whole pipelines when pp > 1) share the micro-batches out; under
       // ZeRO-3 every forward gathers parameters over dp, so there every rank runs them all.
-      Communicator* split = config.parallel.zero < 3 ? &dp : nullptr;
-      const auto micro_batch_loss = [&](const Tensor& in, const Tensor& tg) {
-        if (pipelined) return pipe->evaluate(in, tg);
-        const double l = model_forward(ctx, in, tg);
-        model_clear();
-        return l;
+      // The replicas are dp's: a cp group evaluates one batch together, each rank its positions,
+      // and their losses' mean is the batch's (equal token counts).
+      Communicator* split = config.parallel.zero < 3 ? &mesh.axis("dp") : nullptr;
+      const auto micro_batch_loss = [&](const Tensor& full_in, const Tensor& full_tg) {
+        Tensor in = full_in, tg = full_tg;
+        if (context_parallel) {
+          in = shard_tokens(full_in, sequence_shard->positions());
+          tg = shard_tokens(full_tg, sequence_shard->positions());
+        }
+        double l = 0;
+        if (pipelined) {
+          l = pipe->evaluate(in, tg);
+        } else {
+          l = model_forward(ctx, in, tg);
+          model_clear();
+        }
+        return context_parallel ? all_reduce_value(*cp_count, l, ReduceOp::kAvg) : l;
       };
       val = evaluate(micro_batch_loss, val_shards, micro, seq_len, tc.eval_batches, device, split);
       summary.last_val_loss = val;
@@ -550,7 +595,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
           {"step_ms", dt * 1e3},
           {"comm_wait_ms", comm_wait * 1e3},
           {"data_ms", data_seconds * 1e3},
-          {"comm_ms", {{"dp", comm_dp * 1e3}, {"pp", comm_pp * 1e3}, {"tp", comm_tp * 1e3}}},
+          {"comm_ms",
+           {{"dp", comm_dp * 1e3}, {"pp", comm_pp * 1e3}, {"tp", comm_tp * 1e3}, {"cp", comm_cp * 1e3}}},
           {"compute_ms", compute_s * 1e3},
           {"tflops", flops_per_step / dt / 1e12},
           {"mfu", flops_per_step / dt / (peak_tflops * 1e12 * world.size())},

@@ -56,47 +56,69 @@ Head<Real> head_of(const Real* qkv, int64_t b, int64_t h, int64_t T, int64_t NH,
 
 }  // namespace
 
+int64_t rows_in(std::span<const RowRange> rows) {
+  int64_t n = 0;
+  for (const RowRange& r : rows) {
+    LOOM_CHECK(r.begin >= 0 && r.end >= r.begin);
+    n += r.size();
+  }
+  return n;
+}
+
 // Per (b, h) and block of query rows i0..i1 (keys 0..i1 are all it can see):
 //   1. S = Q_blk · K[0:i1]ᵀ / sqrt(hd)        one GEMM, into scratch
 //   2. row-wise causal softmax of S, in place, saving lse
 //   3. O_blk = P · V[0:i1]                     one GEMM, straight into out
 template <typename Real>
-void attention_gqa_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
-                           int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
+                                int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                std::span<const RowRange> rows) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
-  const int64_t C = NH * hd;
+  const int64_t C = NH * hd, Tq = rows_in(rows);
   const Real scale = Real(1) / std::sqrt(Real(hd));
   for_each_task<Real>(pool, B * NH, kAttentionRowBlock * T, [&](int64_t task, Real* S) {
     const int64_t b = task / NH, h = task % NH;
     const Head<Real> x = head_of(qkv, b, h, T, NH, KV, hd);
-    Real* o = out + b * T * C + h * hd;
-    Real* l = lse + task * T;
-    for (int64_t i0 = 0; i0 < T; i0 += kAttentionRowBlock) {
-      const int64_t i1 = std::min(T, i0 + kAttentionRowBlock), rows = i1 - i0;
-      gemm_serial<Real>(false, true, rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0, S,
-                        i1);
-      for (int64_t r = 0; r < rows; ++r) {
-        Real* s = S + r * i1;
-        const int64_t n = i0 + r + 1;  // keys 0..i are visible to query i
-        // Subtracting the row max keeps exp() <= 1: no overflow, whatever the scores.
-        Real mx, sum;
-        if constexpr (std::is_same_v<Real, float>) {
-          // Vectorised exp, fused with the sum (kept in double) — see vec_math.h.
-          mx = vmath::max_value(s, n);
-          sum = static_cast<Real>(vmath::exp_sum(s, s, mx, n));
-        } else {
-          mx = *std::max_element(s, s + n);
-          for (int64_t j = 0; j < n; ++j) s[j] = std::exp(s[j] - mx);
-          sum = detail::lane_sum<Real>(s, n);
+    Real* o = out + b * Tq * C + h * hd;
+    Real* l = lse + task * Tq;
+    int64_t local = 0;  // the range's first row in out and lse
+    for (const RowRange& range : rows) {
+      for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttentionRowBlock) {
+        const int64_t i1 = std::min(range.end, i0 + kAttentionRowBlock), n_rows = i1 - i0;
+        const int64_t at = local + (i0 - range.begin);
+        gemm_serial<Real>(false, true, n_rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0,
+                          S, i1);
+        for (int64_t r = 0; r < n_rows; ++r) {
+          Real* s = S + r * i1;
+          const int64_t n = i0 + r + 1;  // keys 0..i are visible to query i
+          // Subtracting the row max keeps exp() <= 1: no overflow, whatever the scores.
+          Real mx, sum;
+          if constexpr (std::is_same_v<Real, float>) {
+            // Vectorised exp, fused with the sum (kept in double) — see vec_math.h.
+            mx = vmath::max_value(s, n);
+            sum = static_cast<Real>(vmath::exp_sum(s, s, mx, n));
+          } else {
+            mx = *std::max_element(s, s + n);
+            for (int64_t j = 0; j < n; ++j) s[j] = std::exp(s[j] - mx);
+            sum = detail::lane_sum<Real>(s, n);
+          }
+          const Real inv = Real(1) / sum;
+          for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+          std::fill(s + n, s + i1, Real(0));
+          l[at + r] = mx + std::log(sum);
         }
-        const Real inv = Real(1) / sum;
-        for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-        std::fill(s + n, s + i1, Real(0));
-        l[i0 + r] = mx + std::log(sum);
+        gemm_serial<Real>(false, false, n_rows, hd, i1, 1, S, i1, x.v, x.ld, 0, o + at * C, C);
       }
-      gemm_serial<Real>(false, false, rows, hd, i1, 1, S, i1, x.v, x.ld, 0, o + i0 * C, C);
+      local += range.size();
     }
   });
+}
+
+template <typename Real>
+void attention_gqa_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  const RowRange all{0, T};
+  attention_gqa_forward_rows(pool, out, lse, qkv, B, T, NH, KV, hd, {&all, 1});
 }
 
 template <typename Real>
@@ -112,36 +134,43 @@ namespace {
 // gradient and lse; scratch: two (kAttentionRowBlock, T) matrices.
 template <typename Real>
 void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const Head<Real>& x,
-                             const Real* o, const Real* l, int64_t T, int64_t C, int64_t hd,
-                             Real scale, Real* scratch, int64_t block_area) {
+                             const Real* o, const Real* l, std::span<const RowRange> rows,
+                             int64_t C, int64_t hd, Real scale, Real* scratch, int64_t block_area) {
   Real* P = scratch;
   Real* dS = scratch + block_area;
-  for (int64_t i0 = 0; i0 < T; i0 += kAttentionRowBlock) {
-    const int64_t i1 = std::min(T, i0 + kAttentionRowBlock), rows = i1 - i0;
-    gemm_serial<Real>(false, true, rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0, P,
-                      i1);
-    gemm_serial<Real>(false, true, rows, i1, hd, 1, dO + i0 * C, C, x.v, x.ld, 0, dS, i1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = i0 + r, n = i + 1;
-      Real* p = P + r * i1;
-      Real* ds = dS + r * i1;  // holds dP on entry
-      const Real D = detail::lane_dot<Real>(dO + i * C, o + i * C, hd);
-      const Real li = l[i];
-      if constexpr (std::is_same_v<Real, float>) {
-        vmath::exp_shifted(p, p, li, 1.0f, n);
-        for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - D) * scale;
-      } else {
-        for (int64_t j = 0; j < n; ++j) {
-          p[j] = std::exp(p[j] - li);
-          ds[j] = p[j] * (ds[j] - D) * scale;
+  int64_t local = 0;  // the range's first row in dO, o and l
+  for (const RowRange& range : rows) {
+    for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttentionRowBlock) {
+      const int64_t i1 = std::min(range.end, i0 + kAttentionRowBlock), n_rows = i1 - i0;
+      const int64_t at = local + (i0 - range.begin);
+      gemm_serial<Real>(false, true, n_rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0, P,
+                        i1);
+      gemm_serial<Real>(false, true, n_rows, i1, hd, 1, dO + at * C, C, x.v, x.ld, 0, dS, i1);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const int64_t n = i0 + r + 1;
+        Real* p = P + r * i1;
+        Real* ds = dS + r * i1;  // holds dP on entry
+        const Real D = detail::lane_dot<Real>(dO + (at + r) * C, o + (at + r) * C, hd);
+        const Real li = l[at + r];
+        if constexpr (std::is_same_v<Real, float>) {
+          vmath::exp_shifted(p, p, li, 1.0f, n);
+          for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - D) * scale;
+        } else {
+          for (int64_t j = 0; j < n; ++j) {
+            p[j] = std::exp(p[j] - li);
+            ds[j] = p[j] * (ds[j] - D) * scale;
+          }
         }
+        std::fill(p + n, p + i1, Real(0));
+        std::fill(ds + n, ds + i1, Real(0));
       }
-      std::fill(p + n, p + i1, Real(0));
-      std::fill(ds + n, ds + i1, Real(0));
+      gemm_serial<Real>(false, false, n_rows, hd, i1, 1, dS, i1, x.k, x.ld, 0, dq + i0 * x.ld,
+                        x.ld);
+      gemm_serial<Real>(true, false, i1, hd, n_rows, 1, dS, i1, x.q + i0 * x.ld, x.ld, 1, dk,
+                        x.ld);
+      gemm_serial<Real>(true, false, i1, hd, n_rows, 1, P, i1, dO + at * C, C, 1, dv, x.ld);
     }
-    gemm_serial<Real>(false, false, rows, hd, i1, 1, dS, i1, x.k, x.ld, 0, dq + i0 * x.ld, x.ld);
-    gemm_serial<Real>(true, false, i1, hd, rows, 1, dS, i1, x.q + i0 * x.ld, x.ld, 1, dk, x.ld);
-    gemm_serial<Real>(true, false, i1, hd, rows, 1, P, i1, dO + i0 * C, C, 1, dv, x.ld);
+    local += range.size();
   }
 }
 }  // namespace
@@ -153,11 +182,13 @@ void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const
 //   3. dS = P ∘ (dP - D) / sqrt(hd), D_i = Σ_d dO_id · O_id    (= Σ_j P_ij dP_ij, cheaper)
 //   4. dQ_blk = dS · K[0:i1];  dK[0:i1] += dSᵀ · Q_blk;  dV[0:i1] += Pᵀ · dO_blk
 template <typename Real>
-void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
-                            const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
-                            int64_t KV, int64_t hd) {
+void attention_gqa_backward_rows(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
+                                 const Real* out, const Real* lse, int64_t B, int64_t T,
+                                 int64_t NH, int64_t KV, int64_t hd,
+                                 std::span<const RowRange> rows) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
-  const int64_t C = NH * hd, group = NH / KV;
+  const int64_t C = NH * hd, group = NH / KV, Tq = rows_in(rows);
+  const bool every_row = rows.size() == 1 && rows[0].begin == 0 && rows[0].end == T;
   const Real scale = Real(1) / std::sqrt(Real(hd));
   const int64_t block_area = kAttentionRowBlock * T;
   // One task per (b, key/value head): it alone writes that head's dK and dV (and its query
@@ -170,12 +201,25 @@ void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, cons
     for (int64_t t = 0; t < T; ++t) {
       std::fill(dk + t * ld, dk + t * ld + hd, Real(0));
       std::fill(dv + t * ld, dv + t * ld + hd, Real(0));
+      // Rows that are not queries here get no dQ (with every row, the GEMMs write them all).
+      if (!every_row)
+        for (int64_t h = g * group; h < (g + 1) * group; ++h)
+          std::fill(dqkv + b * T * ld + t * ld + h * hd, dqkv + b * T * ld + t * ld + (h + 1) * hd,
+                    Real(0));
     }
     for (int64_t h = g * group; h < (g + 1) * group; ++h)
-      attention_head_backward(dqkv + b * T * ld + h * hd, dk, dv, dout + b * T * C + h * hd,
-                              head_of(qkv, b, h, T, NH, KV, hd), out + b * T * C + h * hd,
-                              lse + (b * NH + h) * T, T, C, hd, scale, scratch, block_area);
+      attention_head_backward(dqkv + b * T * ld + h * hd, dk, dv, dout + b * Tq * C + h * hd,
+                              head_of(qkv, b, h, T, NH, KV, hd), out + b * Tq * C + h * hd,
+                              lse + (b * NH + h) * Tq, rows, C, hd, scale, scratch, block_area);
   });
+}
+
+template <typename Real>
+void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
+                            const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
+                            int64_t KV, int64_t hd) {
+  const RowRange all{0, T};
+  attention_gqa_backward_rows(pool, dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, {&all, 1});
 }
 
 template <typename Real>
@@ -196,6 +240,21 @@ template void attention_gqa_backward<float>(ThreadPool&, float*, const float*, c
 template void attention_gqa_backward<double>(ThreadPool&, double*, const double*, const double*,
                                              const double*, const double*, int64_t, int64_t,
                                              int64_t, int64_t, int64_t);
+
+template void attention_gqa_forward_rows<float>(ThreadPool&, float*, float*, const float*, int64_t,
+                                                int64_t, int64_t, int64_t, int64_t,
+                                                std::span<const RowRange>);
+template void attention_gqa_forward_rows<double>(ThreadPool&, double*, double*, const double*,
+                                                 int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                 std::span<const RowRange>);
+template void attention_gqa_backward_rows<float>(ThreadPool&, float*, const float*, const float*,
+                                                 const float*, const float*, int64_t, int64_t,
+                                                 int64_t, int64_t, int64_t,
+                                                 std::span<const RowRange>);
+template void attention_gqa_backward_rows<double>(ThreadPool&, double*, const double*,
+                                                  const double*, const double*, const double*,
+                                                  int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                  std::span<const RowRange>);
 
 template void attention_forward<float>(ThreadPool&, float*, float*, const float*, int64_t, int64_t,
                                        int64_t, int64_t);

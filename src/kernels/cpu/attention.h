@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "base/thread_pool.h"
 
@@ -44,5 +45,30 @@ template <typename Real>
 void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
                             const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
                             int64_t KV, int64_t hd);
+
+// Query positions [begin, end) of the sequence.
+struct RowRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+int64_t rows_in(std::span<const RowRange> rows);
+
+// Context parallelism (parallel/context_parallel.h): the attention of some query rows only.
+// qkv (B, T, (NH + 2·KV)·hd) holds every position's q, k and v; the query rows are the positions
+// in `rows`, in order (Tq = rows_in(rows) of them), each seeing keys 0..its position. out
+// (B, Tq, NH·hd) and lse (B, NH, Tq) hold just those rows. With rows = {[0, T)} this is
+// attention_gqa_forward.
+template <typename Real>
+void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
+                                int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                std::span<const RowRange> rows);
+// dqkv (B, T, (NH + 2·KV)·hd) is overwritten: dQ at the query rows (zero elsewhere), and dK, dV
+// at every key those rows saw (zero past them) — this rank's share, to be summed over the ranks
+// that hold the other rows. dout and out (B, Tq, NH·hd), lse (B, NH, Tq) as the forward's.
+template <typename Real>
+void attention_gqa_backward_rows(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
+                                 const Real* out, const Real* lse, int64_t B, int64_t T,
+                                 int64_t NH, int64_t KV, int64_t hd,
+                                 std::span<const RowRange> rows);
 
 }  // namespace loom::cpu

@@ -1,0 +1,54 @@
+// SequenceShard — what a module needs to know when its rank holds only some positions of each
+// sequence (context parallelism, parallel/context_parallel.h): which positions, and a way to see
+// every position's keys and values. The modules stay free of communication: the exchange is a
+// virtual call whose implementation lives in parallel/.
+//
+// Positions a module reads by index — the position embedding's rows, the rotary embedding's
+// angles — are this shard's (positions()); the attention gathers q, k and v of the whole
+// sequence, computes its own query rows, and hands its share of dK and dV back to be summed
+// (nn/causal_self_attention.cc).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "tensor/tensor.h"
+
+namespace loom {
+
+struct Context;
+
+class SequenceShard {
+ public:
+  virtual ~SequenceShard() = default;
+  // The whole sequence's length T, and the positions this rank holds, in its local order
+  // (Σ sizes = local_length()).
+  virtual int64_t full_length() const = 0;
+  virtual const std::vector<cpu::RowRange>& positions() const = 0;
+  int64_t local_length() const { return cpu::rows_in(positions()); }
+
+  // (B, local_length, W) of every rank of the group → (B, T, W), positions in order.
+  virtual Tensor gather(Context& ctx, const Tensor& local) = 0;
+  // (B, T, W) of every rank → their sum at this rank's positions, (B, local_length, W).
+  virtual Tensor reduce_scatter(Context& ctx, const Tensor& full) = 0;
+};
+
+// Rows `positions` of a (T, W) table, stacked: (Σ sizes, W), on the table's device.
+Tensor rows_of(const Tensor& table, const std::vector<cpu::RowRange>& positions);
+// table's rows at `positions` += rows (Σ sizes, W): rows_of's adjoint.
+void add_rows_into(Tensor& table, const Tensor& rows, const std::vector<cpu::RowRange>& positions);
+
+// The attention of a shard's query rows over the whole sequence (fp32 / f64, CPU ranks):
+// `local` (B·Tl or B, Tl, W) is this rank's qkv, q and k already turned; `full` gets the gathered
+// (B, T, W), kept for the backward; att (B·Tl, NH·hd) and lse (B, NH, Tl) are written.
+void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& local, int64_t B,
+                             int64_t NH, int64_t KV, int64_t hd, Tensor& full, Tensor& att,
+                             Tensor& lse);
+// Its backward: datt shaped as att → dqkv shaped as `local` was, this rank's positions' sum of
+// every rank's dQ, dK, dV.
+Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& full,
+                                const Tensor& att, const Tensor& lse, const Tensor& datt,
+                                const Shape& local_shape, int64_t NH, int64_t KV, int64_t hd);
+
+}  // namespace loom
