@@ -58,6 +58,12 @@ int MeshShape::axis_group_id(int rank, int axis) const {
   return rank_of(c);  // the group's first rank identifies it
 }
 
+bool MeshShape::has_axis(const std::string& name) const {
+  for (const auto& axis : axes_)
+    if (axis.first == name) return true;
+  return false;
+}
+
 std::string MeshShape::str() const {
   std::string s;
   for (int a = 0; a < ndim(); ++a)

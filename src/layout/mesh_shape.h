@@ -22,6 +22,7 @@ class MeshShape {
   const std::string& axis_name(int axis) const { return axes_[axis].first; }
   int axis_size(int axis) const { return axes_[axis].second; }
   int axis_index(const std::string& name) const;  // throws naming the axis and the known ones
+  bool has_axis(const std::string& name) const;
   int axis_size(const std::string& name) const { return axis_size(axis_index(name)); }
 
   std::vector<int> coords(int rank) const;        // rank -> coordinate per axis

@@ -20,7 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kKeys =
-    "dp, tp, pp, zero, schedule, virtual_stages (v), sequence_parallel (sp), micro_batch_size (mbs), "
+    "dp, tp, pp, cp, zero, schedule, virtual_stages (v), sequence_parallel (sp), micro_batch_size (mbs), "
     "recompute";
 
 std::string_view trim(std::string_view s) {
@@ -55,6 +55,7 @@ std::string CheckLayout::name() const {
   if (dp > 1) add("dp=" + std::to_string(dp));
   if (tp > 1) add("tp=" + std::to_string(tp));
   if (pp > 1) add("pp=" + std::to_string(pp));
+  if (cp > 1) add("cp=" + std::to_string(cp));
   if (zero) add("zero=" + std::to_string(*zero));
   if (schedule) add("schedule=" + *schedule);
   if (virtual_stages) add("v=" + std::to_string(*virtual_stages));
@@ -99,6 +100,8 @@ std::vector<CheckLayout> parse_layouts(std::string_view text) {
         l.tp = static_cast<int>(positive());
       } else if (key == "pp") {
         l.pp = static_cast<int>(positive());
+      } else if (key == "cp") {
+        l.cp = static_cast<int>(positive());
       } else if (key == "zero") {
         if (!is_int || n < 0 || n > 3) bad("needs a ZeRO stage 0, 1, 2 or 3");
         l.zero = static_cast<int>(n);
@@ -158,7 +161,7 @@ Config common_config(const Config& in, const LayoutCheckOptions& o) {
 
 Config reference_config(const Config& common) {
   Config c = common;
-  c.parallel.dp = c.parallel.tp = c.parallel.pp = 1;
+  c.parallel.dp = c.parallel.tp = c.parallel.pp = c.parallel.cp = 1;
   c.parallel.zero = 0;
   c.parallel.virtual_stages = 1;
   c.parallel.sequence_parallel = false;
@@ -174,6 +177,7 @@ Config layout_config(const Config& common, const Config& user, const CheckLayout
   par.dp = l.dp;
   par.tp = l.tp;
   par.pp = l.pp;
+  par.cp = l.cp;
   par.zero = l.zero.value_or(l.dp > 1 ? base.zero : 0);
   par.sequence_parallel = l.sequence_parallel.value_or(l.tp > 1 && base.sequence_parallel);
   par.virtual_stages = l.virtual_stages.value_or(l.pp > 1 ? base.virtual_stages : 1);

@@ -26,7 +26,7 @@ namespace loom {
 // config where they apply (zero when dp > 1, schedule and virtual_stages when pp > 1,
 // sequence_parallel when tp > 1) and are off / 1 where they do not.
 struct CheckLayout {
-  int dp = 1, tp = 1, pp = 1;
+  int dp = 1, tp = 1, pp = 1, cp = 1;
   std::optional<int> zero;
   std::optional<std::string> schedule;
   std::optional<int> virtual_stages;
@@ -34,13 +34,13 @@ struct CheckLayout {
   std::optional<int64_t> micro_batch_size;
   std::optional<std::string> recompute;  // none, full or selective (parallel.recompute)
 
-  int ranks() const { return dp * tp * pp; }
+  int ranks() const { return dp * tp * pp * cp; }
   // Canonical text: the degrees above 1, then the optional settings given, "dp=2,tp=2,zero=1";
   // "one device" when nothing is set.
   std::string name() const;
 };
 
-// `;`-separated layouts, each `,`-separated key=value items. Keys: dp, tp, pp, zero, schedule,
+// `;`-separated layouts, each `,`-separated key=value items. Keys: dp, tp, pp, cp, zero, schedule,
 // virtual_stages (v), sequence_parallel (sp, 0/1/true/false), micro_batch_size (mbs). Throws
 // loom::Error naming the offending item (and its layout) for an unknown key, a missing `=`, a
 // repeated key or a value that is not a positive integer / known schedule.

@@ -7,7 +7,10 @@ namespace loom {
 
 int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blocks_on_rank) {
   const ParallelConfig& par = config.parallel;
-  const double N = static_cast<double>(config.train.micro_batch_size * config.model.seq_len);
+  // With context parallelism a rank holds seq_len / cp positions of each sequence, but the
+  // attention keeps the whole sequence's qkv, gathered (parallel/context_parallel.h).
+  const double cp = std::max(par.cp, 1);
+  const double N = static_cast<double>(config.train.micro_batch_size * config.model.seq_len) / cp;
   const double C = static_cast<double>(config.model.d_model);
   const double V = static_cast<double>(config.model.vocab_size);
   const double P = par.tp, rows = par.sequence_parallel ? N / P : N;
@@ -31,7 +34,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
                      config.model.n_heads > 0 &&
                      (config.model.d_model == 64 * config.model.n_heads ||
                       config.model.d_model == 128 * config.model.n_heads);
-  const double qkv = flash ? 1.5 : 3.0;
+  const double qkv = (flash ? 1.5 : 3.0) * cp;
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output
   // (4) and the GELU's (4), N·C/P each.
@@ -48,7 +51,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     const double qkv_width = m.n_heads > 0
         ? static_cast<double>(m.n_heads + 2 * m.resolved_n_kv_heads()) / static_cast<double>(m.n_heads)
         : 3.0;
-    const double attention = qkv_width * (flash ? half : 1.0) + half;
+    const double attention = qkv_width * (flash ? half : 1.0) * cp + half;
     everything = (2 + 2 * norm_half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
   }

@@ -140,7 +140,9 @@ StagedCheckpoint stage_whole(const std::string& dir, const std::vector<Gpt2Stage
   };
   std::vector<FlatModelState> mine;
   for (DataParallel* e : engines) mine.push_back(on_host(e->gather_state()));  // collective over dp
-  if (mesh.coord("dp") != 0) return staged;
+  // One replica writes: dp's first, and of its context-parallel ranks (the same parameters) cp's.
+  if (mesh.coord("dp") != 0 || (mesh.shape().has_axis("cp") && mesh.coord("cp") != 0))
+    return staged;
   Communicator& pp = mesh.axis("pp");
   Communicator& tp = mesh.axis("tp");
   std::shared_ptr<Gpt2> layout = whole_layout(config);

@@ -1,0 +1,329 @@
+// Context parallelism (parallel.cp): each sequence split over the cp ranks in zigzag chunks.
+//
+// The pieces: the attention of some query rows (kernels/cpu/attention.h, *_rows) is the full
+// attention's rows, and the ranks' backward shares sum to the full backward; the zigzag gives
+// every rank the same causal work; the cp exchange gathers and reduce-scatters rows in sequence
+// order. The whole: GPT-2 (learned positions) and Llama (rotary, grouped-query heads) train
+// under cp alone and crossed with dp (ZeRO 1 and 3), tp (with sequence parallelism), pp (1F1B,
+// ZB-H1, interleaved) and recomputation as one device does (losses and final parameters within
+// 1e-5 relative, `loom check`'s measure); the validation loss is one device's; the same layout
+// twice gives the same bits; a cp checkpoint resumes on one device; bad configs are refused.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "data/dataset.h"
+#include "harness/thread_ranks.h"
+#include "kernels/cpu/attention.h"
+#include "nn/context.h"
+#include "parallel/context_parallel.h"
+#include "parallel/run_compare.h"
+#include "train/layout_check.h"
+#include "train/trainer.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+using cpu::RowRange;
+
+std::vector<double> random_values(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> d(0.0, 1.0);
+  std::vector<double> v(n);
+  for (double& x : v) x = d(gen);
+  return v;
+}
+
+// Rows `positions` of a (B, T, W) array: (B, Σ sizes, W).
+std::vector<double> take_rows(const std::vector<double>& a, int64_t B, int64_t T, int64_t W,
+                              const std::vector<RowRange>& positions) {
+  std::vector<double> out;
+  for (int64_t b = 0; b < B; ++b)
+    for (const RowRange& r : positions)
+      out.insert(out.end(), a.begin() + (b * T + r.begin) * W, a.begin() + (b * T + r.end) * W);
+  return out;
+}
+
+struct AttentionShape {
+  int64_t B, T, NH, KV, hd;
+  int cp;
+};
+
+// Each rank's rows of the attention are the full attention's, its lse too; the ranks' backward
+// shares sum to the full backward (f64, so the sums' order is below the tolerance).
+TEST(ContextParallelAttention, RowsAreTheFullAttentionsAndTheirBackwardsSumToIt) {
+  ThreadPool pool(2);
+  // T = 136 over cp 2: chunks of 34 crossing the 64-row blocks; cp 4: chunks of 17; cp 3 on 24.
+  for (const AttentionShape& s : {AttentionShape{2, 136, 4, 2, 8, 2}, AttentionShape{1, 136, 2, 2, 4, 4},
+                                  AttentionShape{2, 24, 6, 3, 4, 3}}) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " cp=" + std::to_string(s.cp));
+    const int64_t W = (s.NH + 2 * s.KV) * s.hd, C = s.NH * s.hd;
+    const std::vector<double> qkv = random_values(s.B * s.T * W, 7);
+    const std::vector<double> dout = random_values(s.B * s.T * C, 8);
+    std::vector<double> out(s.B * s.T * C), lse(s.B * s.NH * s.T), dqkv(s.B * s.T * W);
+    cpu::attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.KV, s.hd);
+    cpu::attention_gqa_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                s.B, s.T, s.NH, s.KV, s.hd);
+    std::vector<double> summed(dqkv.size(), 0.0);
+    for (int r = 0; r < s.cp; ++r) {
+      const std::vector<RowRange> rows = zigzag_positions(s.T, s.cp, r);
+      const int64_t Tq = cpu::rows_in(rows);
+      ASSERT_EQ(Tq, s.T / s.cp);
+      std::vector<double> o(s.B * Tq * C), l(s.B * s.NH * Tq), d(dqkv.size(), 123.0);
+      cpu::attention_gqa_forward_rows(pool, o.data(), l.data(), qkv.data(), s.B, s.T, s.NH, s.KV,
+                                      s.hd, rows);
+      const std::vector<double> want_o = take_rows(out, s.B, s.T, C, rows);
+      for (size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], want_o[i], 1e-12) << "out " << i;
+      // lse (B, NH, T): each (b, h) row's positions.
+      const std::vector<double> want_l = take_rows(lse, s.B * s.NH, s.T, 1, rows);
+      for (size_t i = 0; i < l.size(); ++i) ASSERT_NEAR(l[i], want_l[i], 1e-12) << "lse " << i;
+      const std::vector<double> local_dout = take_rows(dout, s.B, s.T, C, rows);
+      cpu::attention_gqa_backward_rows(pool, d.data(), local_dout.data(), qkv.data(), o.data(),
+                                       l.data(), s.B, s.T, s.NH, s.KV, s.hd, rows);
+      for (size_t i = 0; i < d.size(); ++i) summed[i] += d[i];  // d overwritten: no 123 left
+    }
+    for (size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(summed[i], dqkv[i], 1e-10) << "dqkv " << i;
+  }
+}
+
+TEST(ContextParallelAttention, ZigzagCoversTheSequenceWithEqualCausalWork) {
+  for (int cp : {1, 2, 3, 4, 8}) {
+    const int64_t T = 48 * cp;
+    std::vector<int> owner(T, -1);
+    std::vector<int64_t> work(cp, 0);
+    for (int r = 0; r < cp; ++r)
+      for (const RowRange& range : zigzag_positions(T, cp, r))
+        for (int64_t i = range.begin; i < range.end; ++i) {
+          EXPECT_EQ(owner[i], -1) << "position " << i << " held twice";
+          owner[i] = r;
+          work[r] += i + 1;  // query i sees i + 1 keys
+        }
+    for (int64_t i = 0; i < T; ++i) EXPECT_GE(owner[i], 0) << "position " << i << " not held";
+    for (int r = 0; r < cp; ++r) EXPECT_EQ(work[r], work[0]) << "cp " << cp << " rank " << r;
+  }
+  try {
+    zigzag_positions(20, 4, 0);  // 8 chunks do not divide 20
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.seq_len = 20 is not a multiple of 8"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// gather puts every rank's rows where they belong; reduce_scatter sums and hands each its rows.
+TEST(ContextParallelExchange, GathersAndReduceScattersInSequenceOrder) {
+  constexpr int kRanks = 3;
+  constexpr int64_t B = 2, T = 12, W = 5;
+  testing::run_on_thread_ranks(kRanks, [&](Communicator& comm) {
+    ContextParallel cp(comm, T);
+    ThreadPool pool(1);
+    Context ctx{&pool, Device::cpu(), DType::kF32, nullptr};
+    const int64_t Tl = cp.local_length();
+    ASSERT_EQ(Tl, T / kRanks);
+    // Local row j of batch b holds its global position: value = b·1000 + position·10 + w.
+    Tensor local = Tensor::empty({B, Tl, W});
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t j = 0;
+      for (const RowRange& r : cp.positions())
+        for (int64_t t = r.begin; t < r.end; ++t, ++j)
+          for (int64_t w = 0; w < W; ++w)
+            local.data<float>()[(b * Tl + j) * W + w] = static_cast<float>(b * 1000 + t * 10 + w);
+    }
+    const Tensor full = cp.gather(ctx, local);
+    ASSERT_EQ(full.shape(), (Shape{B, T, W}));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t w = 0; w < W; ++w)
+          ASSERT_EQ(full.data<float>()[(b * T + t) * W + w], b * 1000 + t * 10 + w);
+    // Every rank contributes (its rank + 1) × the gathered: the sum is 6× at each position.
+    Tensor contribution = Tensor::empty({B, T, W});
+    for (int64_t i = 0; i < full.numel(); ++i)
+      contribution.data<float>()[i] = full.data<float>()[i] * static_cast<float>(comm.rank() + 1);
+    const Tensor mine = cp.reduce_scatter(ctx, contribution);
+    ASSERT_EQ(mine.shape(), (Shape{B, Tl, W}));
+    for (int64_t i = 0; i < mine.numel(); ++i)
+      ASSERT_EQ(mine.data<float>()[i], 6 * local.data<float>()[i]);
+  });
+}
+
+class ContextParallelRuns : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / ("loom_context_parallel_test_" + std::to_string(getpid()));
+    fs::remove_all(root_);
+    synthesize_addition((root_ / "data").string(), 40000, 4000, 3);
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  // seq_len 16: cp 2 and 4 cut it into 4 and 8 chunks.
+  static Config config(const std::string& arch) {
+    Config c = parse_config(R"(
+[model]
+vocab_size = 256
+seq_len = 16
+d_model = 32
+n_layers = 4
+n_heads = 4
+[train]
+steps = 4
+batch_size = 8
+micro_batch_size = 4
+lr = 3e-3
+warmup_steps = 2
+eval_every = 0
+save_every = 0
+seed = 5
+[runtime]
+threads_per_rank = 1
+)", "context_parallel_test.toml");
+    c.model.arch = arch;
+    if (arch == "llama") {
+      c.model.n_kv_heads = 2;
+      c.model.ffn_hidden = 80;
+      c.model.rope_theta = 500;
+    }
+    c.data.train = (root_ / "data" / "train_*.bin").string();
+    return c;
+  }
+
+  static TrainOptions options(const std::string& name) {
+    TrainOptions o;
+    o.progress = false;
+    o.run_dir = (root_ / name).string();
+    return o;
+  }
+
+  static void expect_layouts_match_one_device(const Config& c, const char* layouts, size_t n) {
+    LayoutCheckOptions o;
+    o.steps = 4;
+    const LayoutCheckResult r = check_layouts(c, parse_layouts(layouts), o);
+    ASSERT_EQ(r.rows.size(), n);
+    for (const LayoutCheckRow& row : r.rows) {
+      EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
+      EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+      EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
+    }
+    // The runs learn: the loss falls within the four steps.
+    ASSERT_EQ(r.reference_losses.size(), 4u);
+    EXPECT_LT(r.reference_losses.back(), r.reference_losses.front() - 0.1);
+  }
+
+  static fs::path root_;
+};
+fs::path ContextParallelRuns::root_;
+
+TEST_F(ContextParallelRuns, Gpt2UnderEveryLayoutWithCpMatchesOneDevice) {
+  expect_layouts_match_one_device(
+      config("gpt2"),
+      "cp=2;cp=4;dp=2,cp=2,zero=1;dp=2,cp=2,zero=3;cp=2,tp=2;cp=2,tp=2,sp=1;cp=2,pp=2;"
+      "cp=2,pp=2,schedule=zb-h1;cp=2,recompute=full;cp=2,tp=2,recompute=selective;dp=2,pp=2,cp=2",
+      11);
+}
+
+TEST_F(ContextParallelRuns, LlamaUnderEveryLayoutWithCpMatchesOneDevice) {
+  expect_layouts_match_one_device(
+      config("llama"),
+      "cp=2;cp=4;dp=2,cp=2,zero=2;cp=2,tp=2,sp=1;cp=2,pp=2,schedule=interleaved,v=2;"
+      "cp=2,recompute=selective",
+      6);
+}
+
+// Validation: a cp group evaluates one batch together; its loss is one device's.
+TEST_F(ContextParallelRuns, ValidationLossIsOneDevices) {
+  Config c = config("gpt2");
+  c.data.val = (root_ / "data" / "val_*.bin").string();
+  c.train.eval_every = 2;
+  c.train.eval_batches = 4;
+  const TrainSummary one = run_training(c, options("val_one"));
+  Config cp = c;
+  cp.parallel.cp = 2;
+  cp.parallel.dp = 2;
+  cp.runtime.ranks = 4;
+  const TrainSummary four = run_training(cp, options("val_dp2_cp2"));
+  ASSERT_GT(one.last_val_loss, 0);
+  EXPECT_NEAR(four.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
+  // metrics.jsonl counts cp's bytes apart: the attention's gathers and reduce-scatters.
+  const auto m = testing::read_metrics(root_ / "val_dp2_cp2");
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_GT(m[0]["comm_bytes"]["cp"].get<int64_t>(), 0);
+  EXPECT_EQ(testing::read_metrics(root_ / "val_one")[0]["comm_bytes"]["cp"].get<int64_t>(), 0);
+}
+
+// Twice the same layout: the same bits. A cp checkpoint resumes on one device: the same run.
+TEST_F(ContextParallelRuns, RepeatsBitForBitAndItsCheckpointResumesOnOneDevice) {
+  Config c = config("llama");
+  c.parallel.cp = 2;
+  c.parallel.tp = 2;
+  c.parallel.dp = 1;
+  c.runtime.ranks = 4;
+  c.train.save_every = 2;
+  run_training(c, options("cp_a"));
+  run_training(c, options("cp_b"));
+  const auto a = testing::read_metrics(root_ / "cp_a"), b = testing::read_metrics(root_ / "cp_b");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()) << "step " << i + 1;
+  }
+  Config one = config("llama");
+  one.train.save_every = 2;
+  TrainOptions resume = options("cp_resumed");
+  resume.resume = (root_ / "cp_a" / "checkpoints" / "step_2").string();
+  run_training(one, resume);
+  const auto r = testing::read_metrics(root_ / "cp_resumed");
+  ASSERT_EQ(r.size(), 2u);  // steps 3 and 4
+  for (size_t i = 0; i < r.size(); ++i)
+    EXPECT_NEAR(r[i]["loss"].get<double>(), a[i + 2]["loss"].get<double>(),
+                1e-5 * a[i + 2]["loss"].get<double>())
+        << "step " << i + 3;
+}
+
+TEST_F(ContextParallelRuns, ConfigsItCannotRunAreRefusedByName) {
+  const auto error_of = [](Config c) -> std::string {
+    try {
+      validate(c);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  Config c = config("gpt2");
+  c.parallel.dp = c.parallel.tp = c.parallel.pp = 1;
+  c.parallel.cp = 3;  // 6 chunks do not divide 16
+  c.runtime.ranks = 3;
+  EXPECT_NE(error_of(c).find("parallel.cp = 3 cuts each sequence into 6 chunks"), std::string::npos)
+      << error_of(c);
+  c.parallel.cp = 2;
+  c.runtime.ranks = 2;
+  EXPECT_EQ(error_of(c), "");
+  c.runtime.device = "cuda";
+  EXPECT_NE(error_of(c).find("parallel.cp = 2 runs on CPU ranks for now"), std::string::npos)
+      << error_of(c);
+  c.runtime.device = "cpu";
+  c.runtime.ranks = 4;
+  EXPECT_NE(error_of(c).find("parallel.dp × parallel.tp × parallel.pp × parallel.cp"),
+            std::string::npos)
+      << error_of(c);
+  // Degrees inferred from the ranks: dp takes what cp leaves.
+  ParallelConfig par;
+  par.cp = 2;
+  resolve_parallel_degrees(par, 8);
+  EXPECT_EQ(par.dp, 4);
+  EXPECT_EQ(par.tp, 1);
+  EXPECT_EQ(par.pp, 1);
+  par = ParallelConfig{};
+  par.cp = 3;
+  EXPECT_THROW(resolve_parallel_degrees(par, 8), Error);
+}
+
+}  // namespace
+}  // namespace loom
