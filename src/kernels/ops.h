@@ -709,12 +709,13 @@ inline void attention_with_cache(const Exec& ex, Real* out, const Real* q, int64
   cpu::attention_with_cache(*ex.pool, out, q, q_stride, k, v, first, n, C, NH);
 }
 
-// The attention of some query rows over every position's keys (kernels/cpu/attention.h:
-// attention_gqa_forward_rows): context parallelism, which runs on CPU ranks only for now; a GPU
-// is refused by name.
+// The attention of some query rows over every position's keys and values
+// (kernels/cpu/attention.h: attention_gqa_forward_rows): context parallelism, which runs on CPU
+// ranks only for now; a GPU is refused by name.
 template <typename Real>
-inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, const Real* qkv,
-                                       int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, const Real* q,
+                                       int64_t ldq, const Real* kv, int64_t ldkv, int64_t B,
+                                       int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                        std::span<const cpu::RowRange> rows) {
   if (ex.device.is_cuda())
     fail("attention over a context-parallel shard on ", ex.device.str(),
@@ -722,15 +723,16 @@ inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, con
   const int64_t Tq = cpu::rows_in(rows);
   const detail::OpScope op_scope_("attention_gqa_forward", ex, [&] {
     return detail::work_of<Real>(2.0 * B * Tq * T * NH * hd,
-                                 1.0 * B * T * (NH + 2 * KV) * hd + 1.0 * B * Tq * NH * hd);
+                                 1.0 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd);
   });
-  cpu::attention_gqa_forward_rows(*ex.pool, out, lse, qkv, B, T, NH, KV, hd, rows);
+  cpu::attention_gqa_forward_rows(*ex.pool, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
 }
 
 template <typename Real>
-inline void attention_gqa_backward_rows(const Exec& ex, Real* dqkv, const Real* dout,
-                                        const Real* qkv, const Real* out, const Real* lse,
-                                        int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, Real* dkv, const Real* dout,
+                                        const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
+                                        const Real* out, const Real* lse, int64_t B, int64_t T,
+                                        int64_t NH, int64_t KV, int64_t hd,
                                         std::span<const cpu::RowRange> rows) {
   if (ex.device.is_cuda())
     fail("attention over a context-parallel shard on ", ex.device.str(),
@@ -738,9 +740,10 @@ inline void attention_gqa_backward_rows(const Exec& ex, Real* dqkv, const Real* 
   const int64_t Tq = cpu::rows_in(rows);
   const detail::OpScope op_scope_("attention_gqa_backward", ex, [&] {
     return detail::work_of<Real>(5.0 * B * Tq * T * NH * hd,
-                                 3.0 * B * T * (NH + 2 * KV) * hd + 3.0 * B * Tq * NH * hd);
+                                 2.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd);
   });
-  cpu::attention_gqa_backward_rows(*ex.pool, dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, rows);
+  cpu::attention_gqa_backward_rows(*ex.pool, dq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T, NH,
+                                   KV, hd, rows);
 }
 
 #undef LOOM_OPS_DISPATCH

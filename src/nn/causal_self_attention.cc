@@ -65,7 +65,8 @@ Tensor CausalSelfAttention::attend_shard(Context& ctx, const Tensor& x) {
       ops::rope_forward<T_>(ctx.exec(), local.data<T_>(), rope.data<T_>(), B, T, heads_, KV, hd);
     });
   }
-  shard_attention_forward(ctx, *ctx.sequence, local, B, heads_, KV, hd, qkv_out_, att_, lse_);
+  qkv_out_ = local;
+  shard_attention_forward(ctx, *ctx.sequence, qkv_out_, B, heads_, KV, hd, kv_full_, att_, lse_);
   att_ = att_.reshape({B, T, channels_});
   return att_;
 }
@@ -74,8 +75,8 @@ Tensor CausalSelfAttention::backward_shard(Context& ctx, const Tensor& dy) {
   const int64_t B = att_.dim(0), T = att_.dim(1), hd = channels_ / heads_;
   const int64_t KV = rotary_ ? rotary_->kv_heads : heads_;
   Tensor datt = proj_.backward(ctx, dy);
-  Tensor dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, att_, lse_, datt,
-                                         {B, T, qkv_out_.dim(2)}, heads_, KV, hd);
+  Tensor dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
+                                         heads_, KV, hd);
   if (rotary_)
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);
@@ -144,7 +145,7 @@ Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
     ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope_.data<T_>(), B, T, heads_,
                            rotary_->kv_heads, hd);
   });
-  qkv_out_ = att_ = lse_ = Tensor();
+  qkv_out_ = kv_full_ = att_ = lse_ = Tensor();
   return qkv_.backward(ctx, dqkv);
 }
 

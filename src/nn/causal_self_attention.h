@@ -55,7 +55,7 @@ class CausalSelfAttention {
   void collect_cache(std::vector<Tensor*>& out) {
     qkv_.collect_cache(out);
     proj_.collect_cache(out);
-    out.insert(out.end(), {&qkv_out_, &att_, &lse_});
+    out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_});
   }
 
  private:
@@ -69,8 +69,8 @@ class CausalSelfAttention {
   std::optional<Rotary> rotary_;
   Linear qkv_;
   Linear proj_;
-  Tensor qkv_out_;  // (B, T, 3C); with Rotary (B, T, (NH + 2·KV)·hd), q and k turned; with
-                    // context parallelism the whole sequence's, gathered
+  Tensor qkv_out_;  // (B, T, 3C); with Rotary (B, T, (NH + 2·KV)·hd), q and k turned
+  Tensor kv_full_;  // context parallelism: the whole sequence's keys and values, gathered
   Tensor rope_;     // with Rotary: the (T, head_dim) cos/sin table of the last T, on ctx.device
   Tensor att_;      // (B, T, C) attention output before proj
   Tensor lse_;      // (B, NH, T)

@@ -1,5 +1,7 @@
 #include "nn/sequence_shard.h"
 
+#include <cstring>
+
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/context.h"
@@ -37,34 +39,55 @@ void add_rows_into(Tensor& table, const Tensor& rows, const std::vector<cpu::Row
   });
 }
 
-void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& local, int64_t B,
-                             int64_t NH, int64_t KV, int64_t hd, Tensor& full, Tensor& att,
+namespace {
+// Columns [first, first + width) of each of `rows` rows, between row strides (bytes).
+void copy_columns(char* dst, int64_t dst_ld, const char* src, int64_t src_ld, int64_t rows,
+                  int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * dst_ld, src + r * src_ld, width);
+}
+}  // namespace
+
+void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
+                             int64_t NH, int64_t KV, int64_t hd, Tensor& kv, Tensor& att,
                              Tensor& lse) {
-  const int64_t Tl = shard.local_length(), T = shard.full_length(), W = local.shape().back();
-  LOOM_CHECK(local.numel() == B * Tl * W && W == (NH + 2 * KV) * hd);
-  LOOM_CHECK_MSG(local.dtype() == ctx.dtype, "context parallelism runs at fp32 activations");
-  full = shard.gather(ctx, local.reshape({B, Tl, W}));
+  const int64_t Tl = shard.local_length(), T = shard.full_length(), W = qkv.shape().back();
+  LOOM_CHECK(qkv.numel() == B * Tl * W && W == (NH + 2 * KV) * hd);
+  LOOM_CHECK_MSG(qkv.dtype() == ctx.dtype && ctx.device.is_cpu(),
+                 "context parallelism runs on CPU ranks at fp32 activations");
+  const int64_t kv_width = 2 * KV * hd, bytes = static_cast<int64_t>(dtype_size(qkv.dtype()));
+  Tensor kv_local = Tensor::empty({B, Tl, kv_width}, qkv.dtype(), ctx.device);
+  copy_columns(static_cast<char*>(kv_local.raw()), kv_width * bytes,
+               static_cast<const char*>(qkv.raw()) + NH * hd * bytes, W * bytes, B * Tl,
+               kv_width * bytes);
+  kv = shard.gather(ctx, kv_local);
   att = Tensor::empty({B * Tl, NH * hd}, ctx.dtype, ctx.device);
   lse = Tensor::empty({B, NH, Tl}, ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::attention_gqa_forward_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(),
-                                        full.data<T_>(), B, T, NH, KV, hd, shard.positions());
+                                        qkv.data<T_>(), W, kv.data<T_>(), kv_width, B, T, NH, KV,
+                                        hd, shard.positions());
   });
 }
 
-Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& full,
-                                const Tensor& att, const Tensor& lse, const Tensor& datt,
-                                const Shape& local_shape, int64_t NH, int64_t KV, int64_t hd) {
-  const int64_t B = full.dim(0), T = full.dim(1);
-  Tensor dfull = Tensor::empty(full.shape(), ctx.dtype, ctx.device);
+Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& qkv,
+                                const Tensor& kv, const Tensor& att, const Tensor& lse,
+                                const Tensor& datt, int64_t NH, int64_t KV, int64_t hd) {
+  const int64_t B = kv.dim(0), T = kv.dim(1), kv_width = kv.dim(2), W = qkv.shape().back();
+  const int64_t Tl = shard.local_length(), bytes = static_cast<int64_t>(dtype_size(qkv.dtype()));
+  Tensor dqkv = Tensor::empty(qkv.shape(), ctx.dtype, ctx.device);
+  Tensor dkv = Tensor::empty(kv.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    ops::attention_gqa_backward_rows<T_>(ctx.exec(), dfull.data<T_>(), datt.data<T_>(),
-                                         full.data<T_>(), att.data<T_>(), lse.data<T_>(), B, T,
-                                         NH, KV, hd, shard.positions());
+    ops::attention_gqa_backward_rows<T_>(ctx.exec(), dqkv.data<T_>(), dkv.data<T_>(),
+                                         datt.data<T_>(), qkv.data<T_>(), W, kv.data<T_>(),
+                                         kv_width, att.data<T_>(), lse.data<T_>(), B, T, NH, KV,
+                                         hd, shard.positions());
   });
-  return shard.reduce_scatter(ctx, dfull).reshape(local_shape);
+  const Tensor mine = shard.reduce_scatter(ctx, dkv);  // (B, Tl, 2·KV·hd)
+  copy_columns(static_cast<char*>(dqkv.raw()) + NH * hd * bytes, W * bytes,
+               static_cast<const char*>(mine.raw()), kv_width * bytes, B * Tl, kv_width * bytes);
+  return dqkv;
 }
 
 }  // namespace loom

@@ -39,16 +39,17 @@ Tensor rows_of(const Tensor& table, const std::vector<cpu::RowRange>& positions)
 // table's rows at `positions` += rows (Σ sizes, W): rows_of's adjoint.
 void add_rows_into(Tensor& table, const Tensor& rows, const std::vector<cpu::RowRange>& positions);
 
-// The attention of a shard's query rows over the whole sequence (fp32 / f64, CPU ranks):
-// `local` (B·Tl or B, Tl, W) is this rank's qkv, q and k already turned; `full` gets the gathered
-// (B, T, W), kept for the backward; att (B·Tl, NH·hd) and lse (B, NH, Tl) are written.
-void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& local, int64_t B,
-                             int64_t NH, int64_t KV, int64_t hd, Tensor& full, Tensor& att,
+// The attention of a shard's query rows over the whole sequence (fp32 / f64, CPU ranks): `qkv`
+// (B·Tl or B, Tl, W = (NH + 2·KV)·hd) is this rank's, q and k already turned. Only the keys and
+// values cross the group: `kv` gets the whole sequence's (B, T, 2·KV·hd), gathered, kept for the
+// backward with qkv; att (B·Tl, NH·hd) and lse (B, NH, Tl) are written.
+void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
+                             int64_t NH, int64_t KV, int64_t hd, Tensor& kv, Tensor& att,
                              Tensor& lse);
-// Its backward: datt shaped as att → dqkv shaped as `local` was, this rank's positions' sum of
-// every rank's dQ, dK, dV.
-Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& full,
-                                const Tensor& att, const Tensor& lse, const Tensor& datt,
-                                const Shape& local_shape, int64_t NH, int64_t KV, int64_t hd);
+// Its backward: datt shaped as att → dqkv shaped as qkv: this rank's dQ, and its positions' sum
+// of every rank's dK and dV (reduce-scattered).
+Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& qkv,
+                                const Tensor& kv, const Tensor& att, const Tensor& lse,
+                                const Tensor& datt, int64_t NH, int64_t KV, int64_t hd);
 
 }  // namespace loom

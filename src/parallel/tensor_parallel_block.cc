@@ -110,11 +110,10 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
                              rotary_table(ctx, rope_, T, head_dim_, rope_frequencies_).data<float>(),
                              B, T, local_heads_, local_kv_heads_, head_dim_);
   if (ctx.sequence != nullptr) {
-    // Context parallelism: this rank's heads of the whole sequence gathered over cp, the
-    // attention of its positions' rows (nn/sequence_shard.h); qkv_out_ keeps the gathered.
-    const Tensor local = qkv_out_;
-    shard_attention_forward(ctx, *ctx.sequence, local, B, local_heads_, local_kv_heads_,
-                            head_dim_, qkv_out_, att_, lse_);
+    // Context parallelism: this rank's key/value heads of the whole sequence gathered over cp,
+    // the attention of its positions' rows (nn/sequence_shard.h).
+    shard_attention_forward(ctx, *ctx.sequence, qkv_out_, B, local_heads_, local_kv_heads_,
+                            head_dim_, kv_full_, att_, lse_);
   } else {
     att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
     lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
@@ -150,9 +149,8 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   Tensor datt = attn_proj_.backward(ctx, dx1);
   Tensor dqkv;
   if (ctx.sequence != nullptr) {
-    dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, att_, lse_, datt,
-                                    {B_ * T_, qkv_out_.dim(2)}, local_heads_, local_kv_heads_,
-                                    head_dim_);
+    dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
+                                    local_heads_, local_kv_heads_, head_dim_);
   } else {
     dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
     ops::attention_gqa_backward<float>(ex, dqkv.data<float>(), datt.data<float>(),
@@ -176,7 +174,7 @@ void TpGpt2Block::collect_cache(std::vector<Tensor*>& out) {
   ln_2_->collect_cache(out);
   fc_.collect_cache(out);
   mlp_proj_.collect_cache(out);
-  out.insert(out.end(), {&qkv_out_, &att_, &lse_, &h_, &input_});
+  out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_, &h_, &input_});
 }
 
 void TpGpt2Block::clear_cache() {

@@ -69,6 +69,7 @@ class TpGpt2Block {
   // attention inputs (Llama: the compact qkv, q and k turned) and outputs, and the activation's
   // input
   Tensor qkv_out_, att_, lse_, h_;
+  Tensor kv_full_;  // context parallelism: the whole sequence's keys and values of its heads
   Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)
   Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
 };

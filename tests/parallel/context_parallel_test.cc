@@ -56,8 +56,9 @@ struct AttentionShape {
   int cp;
 };
 
-// Each rank's rows of the attention are the full attention's, its lse too; the ranks' backward
-// shares sum to the full backward (f64, so the sums' order is below the tolerance).
+// Each rank's rows of the attention are the full attention's, its lse too; its dQ is the full
+// backward's at its rows and the ranks' dK, dV shares sum to the full backward's (f64, so the
+// sums' order is below the tolerance).
 TEST(ContextParallelAttention, RowsAreTheFullAttentionsAndTheirBackwardsSumToIt) {
   ThreadPool pool(2);
   // T = 136 over cp 2: chunks of 34 crossing the 64-row blocks; cp 4: chunks of 17; cp 3 on 24.
@@ -71,25 +72,46 @@ TEST(ContextParallelAttention, RowsAreTheFullAttentionsAndTheirBackwardsSumToIt)
     cpu::attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.KV, s.hd);
     cpu::attention_gqa_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
                                 s.B, s.T, s.NH, s.KV, s.hd);
+    // Each rank: its rows' q (B, Tq, W) and every position's k, v (B, T, 2·KV·hd).
+    const int64_t kvw = 2 * s.KV * s.hd;
+    std::vector<double> kv;
+    for (int64_t r = 0; r < s.B * s.T; ++r)
+      kv.insert(kv.end(), qkv.begin() + r * W + C, qkv.begin() + (r + 1) * W);
     std::vector<double> summed(dqkv.size(), 0.0);
     for (int r = 0; r < s.cp; ++r) {
       const std::vector<RowRange> rows = zigzag_positions(s.T, s.cp, r);
       const int64_t Tq = cpu::rows_in(rows);
       ASSERT_EQ(Tq, s.T / s.cp);
-      std::vector<double> o(s.B * Tq * C), l(s.B * s.NH * Tq), d(dqkv.size(), 123.0);
-      cpu::attention_gqa_forward_rows(pool, o.data(), l.data(), qkv.data(), s.B, s.T, s.NH, s.KV,
-                                      s.hd, rows);
+      const std::vector<double> q = take_rows(qkv, s.B, s.T, W, rows);
+      std::vector<double> o(s.B * Tq * C), l(s.B * s.NH * Tq);
+      cpu::attention_gqa_forward_rows(pool, o.data(), l.data(), q.data(), W, kv.data(), kvw, s.B,
+                                      s.T, s.NH, s.KV, s.hd, rows);
       const std::vector<double> want_o = take_rows(out, s.B, s.T, C, rows);
       for (size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], want_o[i], 1e-12) << "out " << i;
       // lse (B, NH, T): each (b, h) row's positions.
       const std::vector<double> want_l = take_rows(lse, s.B * s.NH, s.T, 1, rows);
       for (size_t i = 0; i < l.size(); ++i) ASSERT_NEAR(l[i], want_l[i], 1e-12) << "lse " << i;
       const std::vector<double> local_dout = take_rows(dout, s.B, s.T, C, rows);
-      cpu::attention_gqa_backward_rows(pool, d.data(), local_dout.data(), qkv.data(), o.data(),
-                                       l.data(), s.B, s.T, s.NH, s.KV, s.hd, rows);
-      for (size_t i = 0; i < d.size(); ++i) summed[i] += d[i];  // d overwritten: no 123 left
+      // dq in q's layout (B, Tq, W), its first C columns written; dkv overwritten (123: nothing
+      // left of it).
+      std::vector<double> dq(s.B * Tq * W), dkv(kv.size(), 123.0);
+      cpu::attention_gqa_backward_rows(pool, dq.data(), dkv.data(), local_dout.data(), q.data(), W,
+                                       kv.data(), kvw, o.data(), l.data(), s.B, s.T, s.NH, s.KV,
+                                       s.hd, rows);
+      // This rank's dQ is the full backward's at its rows: nobody else adds to it.
+      const std::vector<double> want_dq = take_rows(dqkv, s.B, s.T, W, rows);
+      for (int64_t row = 0; row < s.B * Tq; ++row)
+        for (int64_t c = 0; c < C; ++c)
+          ASSERT_NEAR(dq[row * W + c], want_dq[row * W + c], 1e-10) << "dq " << row;
+      for (int64_t row = 0; row < s.B * s.T; ++row)
+        for (int64_t c = 0; c < kvw; ++c) summed[row * W + C + c] += dkv[row * kvw + c];
     }
-    for (size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(summed[i], dqkv[i], 1e-10) << "dqkv " << i;
+    // The ranks' dK and dV sum to the full backward's.
+    for (int64_t row = 0; row < s.B * s.T; ++row)
+      for (int64_t c = C; c < W; ++c) summed[row * W + c] -= dqkv[row * W + c];
+    for (int64_t row = 0; row < s.B * s.T; ++row)
+      for (int64_t c = 0; c < C; ++c) summed[row * W + c] = 0;
+    for (size_t i = 0; i < summed.size(); ++i) ASSERT_NEAR(summed[i], 0.0, 1e-10) << "dkv " << i;
   }
 }
 

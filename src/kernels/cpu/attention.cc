@@ -36,22 +36,26 @@ void for_each_task(ThreadPool& pool, int64_t tasks, int64_t scratch_size, const 
   });
 }
 
-// Where one (b, h) lives: row t of head h's q is q[t * ld], and so on. Query head h reads
-// key/value head h / (NH / KV) (grouped-query attention; KV = NH: GPT-2's 3C layout).
+// Where one (b, h) lives: query row r of head h is q[r * ldq], key/value position t of its
+// key/value head k[t * ldkv], v[t * ldkv]. Query head h reads key/value head h / (NH / KV)
+// (grouped-query attention; KV = NH: GPT-2's 3C layout).
 template <typename Real>
 struct Head {
-  int64_t ld;  // row stride of q, k, v: (NH + 2·KV)·hd
+  int64_t ldq;
   const Real* q;
+  int64_t ldkv;
   const Real* k;
   const Real* v;
 };
 
+// q (B, Tq, ldq): the query heads from column 0; kv (B, T, ldkv): KV key heads, then KV value
+// heads.
 template <typename Real>
-Head<Real> head_of(const Real* qkv, int64_t b, int64_t h, int64_t T, int64_t NH, int64_t KV,
-                   int64_t hd) {
-  const int64_t ld = (NH + 2 * KV) * hd, kv = h / (NH / KV);
-  const Real* row = qkv + b * T * ld;
-  return {ld, row + h * hd, row + NH * hd + kv * hd, row + (NH + KV) * hd + kv * hd};
+Head<Real> head_of(const Real* q, int64_t ldq, int64_t Tq, const Real* kv, int64_t ldkv, int64_t T,
+                   int64_t b, int64_t h, int64_t NH, int64_t KV, int64_t hd) {
+  const int64_t g = h / (NH / KV);
+  const Real* keys = kv + b * T * ldkv;
+  return {ldq, q + b * Tq * ldq + h * hd, ldkv, keys + g * hd, keys + (KV + g) * hd};
 }
 
 }  // namespace
@@ -70,24 +74,25 @@ int64_t rows_in(std::span<const RowRange> rows) {
 //   2. row-wise causal softmax of S, in place, saving lse
 //   3. O_blk = P · V[0:i1]                     one GEMM, straight into out
 template <typename Real>
-void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
-                                int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                std::span<const RowRange> rows) {
+void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* q, int64_t ldq,
+                                const Real* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
+                                int64_t KV, int64_t hd, std::span<const RowRange> rows) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
   const int64_t C = NH * hd, Tq = rows_in(rows);
   const Real scale = Real(1) / std::sqrt(Real(hd));
   for_each_task<Real>(pool, B * NH, kAttentionRowBlock * T, [&](int64_t task, Real* S) {
     const int64_t b = task / NH, h = task % NH;
-    const Head<Real> x = head_of(qkv, b, h, T, NH, KV, hd);
+    const Head<Real> x = head_of(q, ldq, Tq, kv, ldkv, T, b, h, NH, KV, hd);
     Real* o = out + b * Tq * C + h * hd;
     Real* l = lse + task * Tq;
-    int64_t local = 0;  // the range's first row in out and lse
+    int64_t local = 0;  // the range's first row in q, out and lse
     for (const RowRange& range : rows) {
+      LOOM_CHECK(range.end <= T);
       for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttentionRowBlock) {
         const int64_t i1 = std::min(range.end, i0 + kAttentionRowBlock), n_rows = i1 - i0;
         const int64_t at = local + (i0 - range.begin);
-        gemm_serial<Real>(false, true, n_rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0,
-                          S, i1);
+        gemm_serial<Real>(false, true, n_rows, i1, hd, scale, x.q + at * x.ldq, x.ldq, x.k, x.ldkv,
+                          0, S, i1);
         for (int64_t r = 0; r < n_rows; ++r) {
           Real* s = S + r * i1;
           const int64_t n = i0 + r + 1;  // keys 0..i are visible to query i
@@ -107,7 +112,7 @@ void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Re
           std::fill(s + n, s + i1, Real(0));
           l[at + r] = mx + std::log(sum);
         }
-        gemm_serial<Real>(false, false, n_rows, hd, i1, 1, S, i1, x.v, x.ld, 0, o + at * C, C);
+        gemm_serial<Real>(false, false, n_rows, hd, i1, 1, S, i1, x.v, x.ldkv, 0, o + at * C, C);
       }
       local += range.size();
     }
@@ -118,7 +123,9 @@ template <typename Real>
 void attention_gqa_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
                            int64_t T, int64_t NH, int64_t KV, int64_t hd) {
   const RowRange all{0, T};
-  attention_gqa_forward_rows(pool, out, lse, qkv, B, T, NH, KV, hd, {&all, 1});
+  const int64_t ld = (NH + 2 * KV) * hd;
+  attention_gqa_forward_rows(pool, out, lse, qkv, ld, qkv + NH * hd, ld, B, T, NH, KV, hd,
+                             {&all, 1});
 }
 
 template <typename Real>
@@ -138,14 +145,14 @@ void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const
                              int64_t C, int64_t hd, Real scale, Real* scratch, int64_t block_area) {
   Real* P = scratch;
   Real* dS = scratch + block_area;
-  int64_t local = 0;  // the range's first row in dO, o and l
+  int64_t local = 0;  // the range's first row in q, dq, dO, o and l
   for (const RowRange& range : rows) {
     for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttentionRowBlock) {
       const int64_t i1 = std::min(range.end, i0 + kAttentionRowBlock), n_rows = i1 - i0;
       const int64_t at = local + (i0 - range.begin);
-      gemm_serial<Real>(false, true, n_rows, i1, hd, scale, x.q + i0 * x.ld, x.ld, x.k, x.ld, 0, P,
-                        i1);
-      gemm_serial<Real>(false, true, n_rows, i1, hd, 1, dO + at * C, C, x.v, x.ld, 0, dS, i1);
+      gemm_serial<Real>(false, true, n_rows, i1, hd, scale, x.q + at * x.ldq, x.ldq, x.k, x.ldkv, 0,
+                        P, i1);
+      gemm_serial<Real>(false, true, n_rows, i1, hd, 1, dO + at * C, C, x.v, x.ldkv, 0, dS, i1);
       for (int64_t r = 0; r < n_rows; ++r) {
         const int64_t n = i0 + r + 1;
         Real* p = P + r * i1;
@@ -164,11 +171,11 @@ void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const
         std::fill(p + n, p + i1, Real(0));
         std::fill(ds + n, ds + i1, Real(0));
       }
-      gemm_serial<Real>(false, false, n_rows, hd, i1, 1, dS, i1, x.k, x.ld, 0, dq + i0 * x.ld,
-                        x.ld);
-      gemm_serial<Real>(true, false, i1, hd, n_rows, 1, dS, i1, x.q + i0 * x.ld, x.ld, 1, dk,
-                        x.ld);
-      gemm_serial<Real>(true, false, i1, hd, n_rows, 1, P, i1, dO + at * C, C, 1, dv, x.ld);
+      gemm_serial<Real>(false, false, n_rows, hd, i1, 1, dS, i1, x.k, x.ldkv, 0, dq + at * x.ldq,
+                        x.ldq);
+      gemm_serial<Real>(true, false, i1, hd, n_rows, 1, dS, i1, x.q + at * x.ldq, x.ldq, 1, dk,
+                        x.ldkv);
+      gemm_serial<Real>(true, false, i1, hd, n_rows, 1, P, i1, dO + at * C, C, 1, dv, x.ldkv);
     }
     local += range.size();
   }
@@ -182,35 +189,30 @@ void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const
 //   3. dS = P ∘ (dP - D) / sqrt(hd), D_i = Σ_d dO_id · O_id    (= Σ_j P_ij dP_ij, cheaper)
 //   4. dQ_blk = dS · K[0:i1];  dK[0:i1] += dSᵀ · Q_blk;  dV[0:i1] += Pᵀ · dO_blk
 template <typename Real>
-void attention_gqa_backward_rows(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
+void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, Real* dkv, const Real* dout,
+                                 const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
                                  const Real* out, const Real* lse, int64_t B, int64_t T,
                                  int64_t NH, int64_t KV, int64_t hd,
                                  std::span<const RowRange> rows) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
   const int64_t C = NH * hd, group = NH / KV, Tq = rows_in(rows);
-  const bool every_row = rows.size() == 1 && rows[0].begin == 0 && rows[0].end == T;
   const Real scale = Real(1) / std::sqrt(Real(hd));
   const int64_t block_area = kAttentionRowBlock * T;
   // One task per (b, key/value head): it alone writes that head's dK and dV (and its query
   // heads' dQ), so the sums over the group run in one fixed order, whatever the pool size.
   for_each_task<Real>(pool, B * KV, 2 * block_area, [&](int64_t task, Real* scratch) {
     const int64_t b = task / KV, g = task % KV;
-    const int64_t ld = (NH + 2 * KV) * hd;
-    Real* dk = dqkv + b * T * ld + NH * hd + g * hd;
-    Real* dv = dk + KV * hd;
+    Real* dk = dkv + b * T * ldkv + g * hd;
+    Real* dv = dkv + b * T * ldkv + (KV + g) * hd;
     for (int64_t t = 0; t < T; ++t) {
-      std::fill(dk + t * ld, dk + t * ld + hd, Real(0));
-      std::fill(dv + t * ld, dv + t * ld + hd, Real(0));
-      // Rows that are not queries here get no dQ (with every row, the GEMMs write them all).
-      if (!every_row)
-        for (int64_t h = g * group; h < (g + 1) * group; ++h)
-          std::fill(dqkv + b * T * ld + t * ld + h * hd, dqkv + b * T * ld + t * ld + (h + 1) * hd,
-                    Real(0));
+      std::fill(dk + t * ldkv, dk + t * ldkv + hd, Real(0));
+      std::fill(dv + t * ldkv, dv + t * ldkv + hd, Real(0));
     }
     for (int64_t h = g * group; h < (g + 1) * group; ++h)
-      attention_head_backward(dqkv + b * T * ld + h * hd, dk, dv, dout + b * Tq * C + h * hd,
-                              head_of(qkv, b, h, T, NH, KV, hd), out + b * Tq * C + h * hd,
-                              lse + (b * NH + h) * Tq, rows, C, hd, scale, scratch, block_area);
+      attention_head_backward(dq + b * Tq * ldq + h * hd, dk, dv, dout + b * Tq * C + h * hd,
+                              head_of(q, ldq, Tq, kv, ldkv, T, b, h, NH, KV, hd),
+                              out + b * Tq * C + h * hd, lse + (b * NH + h) * Tq, rows, C, hd,
+                              scale, scratch, block_area);
   });
 }
 
@@ -219,7 +221,9 @@ void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, cons
                             const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
                             int64_t KV, int64_t hd) {
   const RowRange all{0, T};
-  attention_gqa_backward_rows(pool, dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, {&all, 1});
+  const int64_t ld = (NH + 2 * KV) * hd;
+  attention_gqa_backward_rows(pool, dqkv, dqkv + NH * hd, dout, qkv, ld, qkv + NH * hd, ld, out,
+                              lse, B, T, NH, KV, hd, {&all, 1});
 }
 
 template <typename Real>
@@ -242,18 +246,21 @@ template void attention_gqa_backward<double>(ThreadPool&, double*, const double*
                                              int64_t, int64_t, int64_t);
 
 template void attention_gqa_forward_rows<float>(ThreadPool&, float*, float*, const float*, int64_t,
-                                                int64_t, int64_t, int64_t, int64_t,
-                                                std::span<const RowRange>);
+                                                const float*, int64_t, int64_t, int64_t, int64_t,
+                                                int64_t, int64_t, std::span<const RowRange>);
 template void attention_gqa_forward_rows<double>(ThreadPool&, double*, double*, const double*,
-                                                 int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                 int64_t, const double*, int64_t, int64_t, int64_t,
+                                                 int64_t, int64_t, int64_t,
                                                  std::span<const RowRange>);
-template void attention_gqa_backward_rows<float>(ThreadPool&, float*, const float*, const float*,
+template void attention_gqa_backward_rows<float>(ThreadPool&, float*, float*, const float*,
+                                                 const float*, int64_t, const float*, int64_t,
                                                  const float*, const float*, int64_t, int64_t,
                                                  int64_t, int64_t, int64_t,
                                                  std::span<const RowRange>);
-template void attention_gqa_backward_rows<double>(ThreadPool&, double*, const double*,
-                                                  const double*, const double*, const double*,
-                                                  int64_t, int64_t, int64_t, int64_t, int64_t,
+template void attention_gqa_backward_rows<double>(ThreadPool&, double*, double*, const double*,
+                                                  const double*, int64_t, const double*, int64_t,
+                                                  const double*, const double*, int64_t, int64_t,
+                                                  int64_t, int64_t, int64_t,
                                                   std::span<const RowRange>);
 
 template void attention_forward<float>(ThreadPool&, float*, float*, const float*, int64_t, int64_t,

@@ -53,20 +53,25 @@ struct RowRange {
 };
 int64_t rows_in(std::span<const RowRange> rows);
 
-// Context parallelism (parallel/context_parallel.h): the attention of some query rows only.
-// qkv (B, T, (NH + 2·KV)·hd) holds every position's q, k and v; the query rows are the positions
-// in `rows`, in order (Tq = rows_in(rows) of them), each seeing keys 0..its position. out
-// (B, Tq, NH·hd) and lse (B, NH, Tq) hold just those rows. With rows = {[0, T)} this is
-// attention_gqa_forward.
+// Context parallelism (parallel/context_parallel.h): the attention of some query rows only,
+// their queries apart from the keys and values. q (B, Tq, ·) with row stride ldq holds the
+// query rows' NH query heads (from column 0), the positions in `rows` in order (Tq =
+// rows_in(rows)); kv (B, T, ·) with row stride ldkv holds every position's KV key heads and
+// then its KV value heads. Each query row sees the keys 0..its position. out (B, Tq, NH·hd) and
+// lse (B, NH, Tq). With rows = {[0, T)}, q = qkv, kv = qkv + NH·hd and both strides the qkv
+// width this is attention_gqa_forward.
 template <typename Real>
-void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
-                                int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                std::span<const RowRange> rows);
-// dqkv (B, T, (NH + 2·KV)·hd) is overwritten: dQ at the query rows (zero elsewhere), and dK, dV
-// at every key those rows saw (zero past them) — this rank's share, to be summed over the ranks
-// that hold the other rows. dout and out (B, Tq, NH·hd), lse (B, NH, Tq) as the forward's.
+void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* q, int64_t ldq,
+                                const Real* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
+                                int64_t KV, int64_t hd, std::span<const RowRange> rows);
+// dq (B, Tq, ·), row stride ldq, gets the query rows' dQ (its first NH·hd columns written);
+// dkv (B, T, ·), row stride ldkv, is overwritten with dK and dV at every position — this rank's
+// share, zero past the last key its rows saw, to be summed over the ranks holding the other
+// rows. dout and out (B, Tq, NH·hd), lse (B, NH, Tq) as the forward's. dq may share rows with
+// dkv (the whole-sequence case: dqkv and dqkv + NH·hd); their columns must not overlap.
 template <typename Real>
-void attention_gqa_backward_rows(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
+void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, Real* dkv, const Real* dout,
+                                 const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
                                  const Real* out, const Real* lse, int64_t B, int64_t T,
                                  int64_t NH, int64_t KV, int64_t hd,
                                  std::span<const RowRange> rows);
