@@ -454,6 +454,13 @@ int main(int argc, char** argv) {
                    "pipeline layouts: every schedule (all) or the config's alone (config)")
       ->check(CLI::IsMember({"all", "config"}))
       ->capture_default_str();
+  std::string plan_cp = "all";
+  plan_cmd
+      ->add_option("--cp", plan_cp,
+                   "context parallelism: every cp the sequence allows (all) or the config's "
+                   "parallel.cp alone (config)")
+      ->check(CLI::IsMember({"all", "config"}))
+      ->capture_default_str();
 
   LaunchOptions launch;
   std::vector<std::string> launch_command;
@@ -579,6 +586,7 @@ int main(int argc, char** argv) {
       for (const auto& s : plan_sets) apply_override(config, s);
       plan.hardware = find_hardware(plan_hardware);
       plan.every_schedule = plan_schedules == "all";
+      plan.every_cp = plan_cp == "all";
       const std::vector<LayoutPlan> plans = plan_layouts(config, plan);
       if (plans.empty())
         fail(plan_config, ": no layout of ", plan.devices,

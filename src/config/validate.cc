@@ -240,9 +240,7 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
             " does not equal parallel.dp × parallel.tp × parallel.pp = ", par.dp, " × ", par.tp,
             " × ", par.pp, " = ", world);
   }
-  if (par.cp > 1 && valid_device(r.device) && r.device.starts_with("cuda"))
-    p.add("parallel.cp = ", par.cp, " runs on CPU ranks for now: runtime.device = ",
-          toml_quote(r.device), " needs parallel.cp = 1 (docs/context_parallel.md)");
+
   p.one_of("runtime.backend", r.backend, {"auto", "local", "mpi", "nccl"});
   if (!valid_device(r.device))
     p.add("runtime.device = ", toml_quote(r.device), " must be \"cpu\", \"cuda\" or \"cuda:N\"");

@@ -710,22 +710,18 @@ inline void attention_with_cache(const Exec& ex, Real* out, const Real* q, int64
 }
 
 // The attention of some query rows over every position's keys and values
-// (kernels/cpu/attention.h: attention_gqa_forward_rows): context parallelism, which runs on CPU
-// ranks only for now; a GPU is refused by name.
+// (kernels/cpu/attention.h: attention_gqa_forward_rows; cuda::attention_gqa_forward_rows):
+// context parallelism.
 template <typename Real>
 inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, const Real* q,
                                        int64_t ldq, const Real* kv, int64_t ldkv, int64_t B,
                                        int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                        std::span<const cpu::RowRange> rows) {
-  if (ex.device.is_cuda())
-    fail("attention over a context-parallel shard on ", ex.device.str(),
-         ": parallel.cp > 1 runs on CPU ranks only");
   const int64_t Tq = cpu::rows_in(rows);
-  const detail::OpScope op_scope_("attention_gqa_forward", ex, [&] {
-    return detail::work_of<Real>(2.0 * B * Tq * T * NH * hd,
-                                 1.0 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd);
-  });
-  cpu::attention_gqa_forward_rows(*ex.pool, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
+  LOOM_OPS_DISPATCH(attention_gqa_forward_rows,
+                    (2.0 * B * Tq * T * NH * hd,
+                     1.0 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd),
+                    out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
 }
 
 template <typename Real>
@@ -734,16 +730,17 @@ inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, Real* dkv, con
                                         const Real* out, const Real* lse, int64_t B, int64_t T,
                                         int64_t NH, int64_t KV, int64_t hd,
                                         std::span<const cpu::RowRange> rows) {
-  if (ex.device.is_cuda())
-    fail("attention over a context-parallel shard on ", ex.device.str(),
-         ": parallel.cp > 1 runs on CPU ranks only");
   const int64_t Tq = cpu::rows_in(rows);
-  const detail::OpScope op_scope_("attention_gqa_backward", ex, [&] {
-    return detail::work_of<Real>(5.0 * B * Tq * T * NH * hd,
-                                 2.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd);
-  });
-  cpu::attention_gqa_backward_rows(*ex.pool, dq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T, NH,
-                                   KV, hd, rows);
+  LOOM_OPS_DISPATCH(attention_gqa_backward_rows,
+                    (5.0 * B * Tq * T * NH * hd,
+                     2.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd),
+                    dq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T, NH, KV, hd, rows);
+}
+
+template <typename Real>
+inline void copy_columns(const Exec& ex, Real* dst, int64_t ld_dst, const Real* src, int64_t ld_src,
+                         int64_t rows, int64_t width) {
+  LOOM_OPS_DISPATCH(copy_columns, (0, 2.0 * rows * width), dst, ld_dst, src, ld_src, rows, width);
 }
 
 #undef LOOM_OPS_DISPATCH

@@ -69,7 +69,7 @@ void Embedding::backward(Context& ctx, const Tensor& dy) {
                                       : wpe_ ? wpe_->grad.data<T_>() : nullptr,
                                 dy.data<T_>(), tokens_.data<int32_t>(), B, T, channels_);
   });
-  if (shard) add_rows_into(wpe_->grad, dpositions, ctx.sequence->positions());
+  if (shard) add_rows_into(ctx.exec(), wpe_->grad, dpositions, ctx.sequence->positions());
   tokens_ = Tensor();
 }
 

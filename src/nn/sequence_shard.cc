@@ -1,7 +1,5 @@
 #include "nn/sequence_shard.h"
 
-#include <cstring>
-
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/context.h"
@@ -22,46 +20,38 @@ Tensor rows_of(const Tensor& table, const std::vector<cpu::RowRange>& positions)
   return out;
 }
 
-void add_rows_into(Tensor& table, const Tensor& rows, const std::vector<cpu::RowRange>& positions) {
+void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
+                   const std::vector<cpu::RowRange>& positions) {
   LOOM_CHECK(table.ndim() == 2 && rows.ndim() == 2 && rows.dim(1) == table.dim(1) &&
              rows.dim(0) == cpu::rows_in(positions) && rows.dtype() == table.dtype());
-  LOOM_CHECK_MSG(table.device().is_cpu() && rows.device().is_cpu(),
-                 "context parallelism runs on CPU ranks");
   const int64_t W = table.dim(1);
   dispatch_float(table.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const T* src = rows.data<T>();
+    int64_t at = 0;
     for (const cpu::RowRange& r : positions) {
-      T* dst = table.data<T>() + r.begin * W;
-      for (int64_t i = 0; i < r.size() * W; ++i) dst[i] += src[i];
-      src += r.size() * W;
+      ops::add_inplace<T>(ex, table.data<T>() + r.begin * W, rows.data<T>() + at * W, r.size() * W);
+      at += r.size();
     }
   });
 }
-
-namespace {
-// Columns [first, first + width) of each of `rows` rows, between row strides (bytes).
-void copy_columns(char* dst, int64_t dst_ld, const char* src, int64_t src_ld, int64_t rows,
-                  int64_t width) {
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * dst_ld, src + r * src_ld, width);
-}
-}  // namespace
 
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
                              int64_t NH, int64_t KV, int64_t hd, Tensor& kv, Tensor& att,
                              Tensor& lse) {
   const int64_t Tl = shard.local_length(), T = shard.full_length(), W = qkv.shape().back();
   LOOM_CHECK(qkv.numel() == B * Tl * W && W == (NH + 2 * KV) * hd);
-  LOOM_CHECK_MSG(qkv.dtype() == ctx.dtype && ctx.device.is_cpu(),
-                 "context parallelism runs on CPU ranks at fp32 activations");
-  const int64_t kv_width = 2 * KV * hd, bytes = static_cast<int64_t>(dtype_size(qkv.dtype()));
+  LOOM_CHECK_MSG(qkv.dtype() == ctx.dtype,
+                 "context parallelism's attention takes its qkv at the activations' dtype");
+  const int64_t kv_width = 2 * KV * hd;
   Tensor kv_local = Tensor::empty({B, Tl, kv_width}, qkv.dtype(), ctx.device);
-  copy_columns(static_cast<char*>(kv_local.raw()), kv_width * bytes,
-               static_cast<const char*>(qkv.raw()) + NH * hd * bytes, W * bytes, B * Tl,
-               kv_width * bytes);
-  kv = shard.gather(ctx, kv_local);
   att = Tensor::empty({B * Tl, NH * hd}, ctx.dtype, ctx.device);
   lse = Tensor::empty({B, NH, Tl}, ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    ops::copy_columns<T_>(ctx.exec(), kv_local.data<T_>(), kv_width, qkv.data<T_>() + NH * hd, W,
+                          B * Tl, kv_width);
+  });
+  kv = shard.gather(ctx, kv_local);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::attention_gqa_forward_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(),
@@ -74,7 +64,7 @@ Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor
                                 const Tensor& kv, const Tensor& att, const Tensor& lse,
                                 const Tensor& datt, int64_t NH, int64_t KV, int64_t hd) {
   const int64_t B = kv.dim(0), T = kv.dim(1), kv_width = kv.dim(2), W = qkv.shape().back();
-  const int64_t Tl = shard.local_length(), bytes = static_cast<int64_t>(dtype_size(qkv.dtype()));
+  const int64_t Tl = shard.local_length();
   Tensor dqkv = Tensor::empty(qkv.shape(), ctx.dtype, ctx.device);
   Tensor dkv = Tensor::empty(kv.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
@@ -85,8 +75,11 @@ Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor
                                          hd, shard.positions());
   });
   const Tensor mine = shard.reduce_scatter(ctx, dkv);  // (B, Tl, 2·KV·hd)
-  copy_columns(static_cast<char*>(dqkv.raw()) + NH * hd * bytes, W * bytes,
-               static_cast<const char*>(mine.raw()), kv_width * bytes, B * Tl, kv_width * bytes);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    ops::copy_columns<T_>(ctx.exec(), dqkv.data<T_>() + NH * hd, W, mine.data<T_>(), kv_width,
+                          B * Tl, kv_width);
+  });
   return dqkv;
 }
 

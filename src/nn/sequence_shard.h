@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/exec.h"
 #include "tensor/tensor.h"
 
 namespace loom {
@@ -37,7 +38,8 @@ class SequenceShard {
 // Rows `positions` of a (T, W) table, stacked: (Σ sizes, W), on the table's device.
 Tensor rows_of(const Tensor& table, const std::vector<cpu::RowRange>& positions);
 // table's rows at `positions` += rows (Σ sizes, W): rows_of's adjoint.
-void add_rows_into(Tensor& table, const Tensor& rows, const std::vector<cpu::RowRange>& positions);
+void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
+                   const std::vector<cpu::RowRange>& positions);
 
 // The attention of a shard's query rows over the whole sequence (fp32 / f64, CPU ranks): `qkv`
 // (B·Tl or B, Tl, W = (NH + 2·KV)·hd) is this rank's, q and k already turned. Only the keys and

@@ -38,46 +38,44 @@ ContextParallel::ContextParallel(Communicator& cp, int64_t T) : cp_(cp), T_(T) {
 }
 
 namespace {
-// Moves rows between (cp, B, Tl, W) — every rank's local tensor, rank after rank — and the
-// whole sequence's (B, T, W): to_full copies stacked → full, else full → stacked.
-void move_rows(const std::vector<std::vector<cpu::RowRange>>& positions, char* stacked,
-               char* full, int64_t B, int64_t T, int64_t row_bytes, bool to_full) {
+// Moves rows between (cp·B·Tl, W) — every rank's local tensor, rank after rank — and the whole
+// sequence's (B·T, W), on any device: to_full copies stacked → full, else full → stacked.
+void move_rows(const std::vector<std::vector<cpu::RowRange>>& positions, Tensor stacked,
+               Tensor full, int64_t B, int64_t T, bool to_full) {
   const int64_t Tl = cpu::rows_in(positions[0]);
   for (size_t q = 0; q < positions.size(); ++q)
     for (int64_t b = 0; b < B; ++b) {
-      char* local = stacked + ((static_cast<int64_t>(q) * B + b) * Tl) * row_bytes;
+      int64_t local = (static_cast<int64_t>(q) * B + b) * Tl;
       for (const cpu::RowRange& r : positions[q]) {
-        char* whole = full + (b * T + r.begin) * row_bytes;
+        Tensor mine = stacked.narrow(local, r.size());
+        Tensor whole = full.narrow(b * T + r.begin, r.size());
         if (to_full)
-          std::memcpy(whole, local, r.size() * row_bytes);
+          whole.copy_from(mine);
         else
-          std::memcpy(local, whole, r.size() * row_bytes);
-        local += r.size() * row_bytes;
+          mine.copy_from(whole);
+        local += r.size();
       }
     }
 }
 }  // namespace
 
 Tensor ContextParallel::gather(Context& ctx, const Tensor& local) {
-  LOOM_CHECK_MSG(ctx.device.is_cpu(), "context parallelism runs on CPU ranks");
   LOOM_CHECK(local.ndim() == 3 && local.dim(1) == local_length());
-  const int64_t B = local.dim(0), W = local.dim(2), cp = cp_.size();
-  Tensor stacked = Tensor::empty({cp, B, local.dim(1), W}, local.dtype(), ctx.device);
+  const int64_t B = local.dim(0), W = local.dim(2), cp = cp_.size(), Tl = local.dim(1);
+  Tensor stacked = Tensor::empty({cp, B, Tl, W}, local.dtype(), ctx.device);
   cp_.all_gather(local, stacked);
   Tensor full = Tensor::empty({B, T_, W}, local.dtype(), ctx.device);
-  move_rows(positions_, static_cast<char*>(stacked.raw()), static_cast<char*>(full.raw()), B, T_,
-            W * static_cast<int64_t>(dtype_size(local.dtype())), true);
+  move_rows(positions_, stacked.reshape({cp * B * Tl, W}), full.reshape({B * T_, W}), B, T_, true);
   return full;
 }
 
 Tensor ContextParallel::reduce_scatter(Context& ctx, const Tensor& full) {
-  LOOM_CHECK_MSG(ctx.device.is_cpu(), "context parallelism runs on CPU ranks");
   LOOM_CHECK(full.ndim() == 3 && full.dim(1) == T_);
-  const int64_t B = full.dim(0), W = full.dim(2), cp = cp_.size();
-  Tensor stacked = Tensor::empty({cp, B, local_length(), W}, full.dtype(), ctx.device);
-  move_rows(positions_, static_cast<char*>(stacked.raw()), static_cast<char*>(full.raw()), B, T_,
-            W * static_cast<int64_t>(dtype_size(full.dtype())), false);
-  Tensor local = Tensor::empty({B, local_length(), W}, full.dtype(), ctx.device);
+  const int64_t B = full.dim(0), W = full.dim(2), cp = cp_.size(), Tl = local_length();
+  Tensor stacked = Tensor::empty({cp, B, Tl, W}, full.dtype(), ctx.device);
+  move_rows(positions_, stacked.reshape({cp * B * Tl, W}), full.reshape({B * T_, W}), B, T_,
+            false);
+  Tensor local = Tensor::empty({B, Tl, W}, full.dtype(), ctx.device);
   cp_.reduce_scatter(stacked, local, ReduceOp::kSum);
   return local;
 }

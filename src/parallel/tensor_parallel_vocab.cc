@@ -73,7 +73,7 @@ void VocabParallelEmbedding::backward(Context& ctx, const Tensor& dy) {
                                                              : nullptr,
                                              d.data<float>(),
                                              tokens_.data<int32_t>(), N, T, C, shard());
-  if (positions_apart) add_rows_into(wpe_->grad, dpositions, ctx.sequence->positions());
+  if (positions_apart) add_rows_into(ctx.exec(), wpe_->grad, dpositions, ctx.sequence->positions());
   tokens_ = Tensor();
 }
 

@@ -37,7 +37,10 @@ const Hardware& find_hardware(const std::string& name) {
 
 std::string LayoutPlan::name() const {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d zero%d", dp, tp, pp, zero);
+  if (cp > 1)
+    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d cp%d zero%d", dp, tp, pp, cp, zero);
+  else
+    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d zero%d", dp, tp, pp, zero);
   std::string out = buf;
   if (pp > 1) out += " " + schedule;
   if (pp > 1 && virtual_stages > 1) out += " v" + std::to_string(virtual_stages);
@@ -80,7 +83,9 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
 }
 
 std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank) {
-  const int64_t dp = config.parallel.dp, zero = config.parallel.zero;
+  // The engines' group is dp × cp (context parallelism's ranks hold the same parameters).
+  const int64_t dp = int64_t{config.parallel.dp} * std::max(config.parallel.cp, 1);
+  const int64_t zero = config.parallel.zero;
   const int64_t multiple = zero == 0 ? 16 : 16 * dp;
   std::vector<int64_t> buffers;
   for (const std::vector<int64_t>& units : rank_units(config, pp_rank)) {
@@ -108,6 +113,7 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.dp = par.dp;
   plan.tp = par.tp;
   plan.pp = par.pp;
+  plan.cp = par.cp;
   plan.zero = par.zero;
   plan.schedule = par.schedule;
   plan.virtual_stages = par.virtual_stages;
@@ -153,9 +159,10 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   const auto gbps = [&](int span) {
     return span <= hw.devices_per_node ? hw.intra_node_gbps : hw.inter_node_gbps;
   };
+  // A micro-batch's activations on a rank: its seq_len / cp positions.
   const double activation = static_cast<double>(config.train.micro_batch_size *
                                                 config.model.seq_len * config.model.d_model) *
-                            4;
+                            4 / par.cp;
   // Tensor parallelism, on the critical path, per block and micro-batch in all-reduces of a
   // micro-batch's f32 activations (an all-gather or a reduce-scatter moves half of one): forward
   // two — without sequence parallelism an all-reduce after each row-parallel layer; with it an
@@ -178,15 +185,17 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   const double grads_bytes = params_bytes * (config.parallel.grad_reduce_dtype == "bf16" ? 0.5 : 1);
   const double gathered_bytes =
       params_bytes * (config.parallel.param_gather_dtype == "bf16" ? 0.5 : 1);
-  const double dp_gbps = gbps(par.tp * par.dp);
+  // The gradient group: dp × cp (context parallelism's ranks hold the same parameters).
+  const int grad_ranks = par.dp * par.cp;
+  const double dp_gbps = gbps(par.tp * par.cp * par.dp);
   // A reduce-scatter's (or all-gather's) time: half an all-reduce's.
   const auto half_reduce = [&](double bytes) {
-    return par.dp > 1 ? (par.dp - 1.0) / par.dp * bytes / (dp_gbps * 1e9) : 0;
+    return grad_ranks > 1 ? (grad_ranks - 1.0) / grad_ranks * bytes / (dp_gbps * 1e9) : 0;
   };
   const double grads_half = half_reduce(grads_bytes), params_half = half_reduce(params_bytes),
                gathered_half = half_reduce(gathered_bytes);
   const double backward_s = plan.compute_s * 2.0 / 3.0;  // backward is ~2/3 of the FLOPs
-  if (par.dp > 1) {
+  if (grad_ranks > 1) {
     if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * grads_half - backward_s);
     // Stage 1: the all-reduce as stage 0, then the updated chunks all-gathered (exposed).
     if (par.zero == 1) plan.dp_comm_s = std::max(0.0, 2 * grads_half - backward_s) + params_half;
@@ -204,6 +213,19 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
     plan.pp_comm_s = 2 * m * par.virtual_stages * activation *
                      (config.parallel.pp_send_dtype == "bf16" ? 0.5 : 1.0) /
                      (gbps(par.tp * par.dp * par.pp) * 1e9);
+  // Context parallelism, on the critical path (parallel/context_parallel.h): per block and
+  // micro-batch the whole sequence's keys and values of the rank's heads all-gathered forward
+  // and their gradient reduce-scattered backward, fp32; full recomputation gathers again.
+  if (par.cp > 1) {
+    const Gpt2Config model = model_config_of(config);
+    const double kv_bytes = static_cast<double>(config.train.micro_batch_size *
+                                                config.model.seq_len) *
+                            2.0 * static_cast<double>(model.kv_heads() * model.head_dim()) * 4 /
+                            par.tp;
+    const double per_block = recompute_mode == "full" ? 3 : 2;
+    plan.cp_comm_s = static_cast<double>(most_blocks) * m * per_block * (par.cp - 1.0) / par.cp *
+                     kv_bytes / (gbps(par.tp * par.cp) * 1e9);
+  }
   plan.tokens_per_s = tokens / plan.step_s();
   plan.mfu = flops / (plan.step_s() * o.devices * hw.peak_tflops * 1e12);
   return plan;
@@ -211,10 +233,17 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
 
 std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o) {
   std::vector<LayoutPlan> plans;
+  std::vector<int> cps = {std::max(config.parallel.cp, 1)};
+  if (o.every_cp) {
+    cps = {1};
+    for (int cp = 2; cp <= o.devices; cp *= 2)
+      if (config.model.seq_len % (2 * cp) == 0) cps.push_back(cp);
+  }
+  for (int cp : cps)
   for (int tp = 1; tp <= o.devices; ++tp) {
-    if (o.devices % tp != 0) continue;
-    for (int pp = 1; pp <= o.devices / tp; ++pp) {
-      if ((o.devices / tp) % pp != 0) continue;
+    if (o.devices % (tp * cp) != 0) continue;
+    for (int pp = 1; pp <= o.devices / (tp * cp); ++pp) {
+      if ((o.devices / (tp * cp)) % pp != 0) continue;
       for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
         // The pipeline schedules to try: the config's, and with every_schedule the others.
         std::vector<std::pair<std::string, int>> schedules = {
@@ -229,7 +258,8 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
         }
         for (const auto& [schedule, chunks] : schedules) {
           Config c = config;
-          c.parallel.dp = o.devices / (tp * pp);
+          c.parallel.dp = o.devices / (tp * pp * cp);
+          c.parallel.cp = cp;
           c.parallel.tp = tp;
           c.parallel.pp = pp;
           c.parallel.zero = zero;
@@ -286,7 +316,7 @@ std::string format_plan(const Config& config, const PlanOptions& o,
   out += line;
   out +=
       "state GiB  activ. GiB  fits  step s   compute  bubble   tp comm  "
-      "dp comm  pp comm  tokens/s     MFU\n";
+      "dp comm  pp comm  cp comm  tokens/s     MFU\n";
   const double gib = 1073741824.0;
   size_t shown = 0, not_fitting = 0;
   for (const LayoutPlan& p : plans) {
@@ -294,10 +324,10 @@ std::string format_plan(const Config& config, const PlanOptions& o,
     if (shown == top) continue;
     ++shown;
     std::snprintf(line, sizeof line,
-                  "%-*s %9.1f %11.1f  %-4s %7.3f  %7.3f %7.3f  %8.3f %8.3f %8.3f  %8.0f  %5.1f%%\n",
+                  "%-*s %9.1f %11.1f  %-4s %7.3f  %7.3f %7.3f  %8.3f %8.3f %8.3f %8.3f  %8.0f  %5.1f%%\n",
                   width, p.name().c_str(), p.state_bytes / gib, p.activation_bytes / gib,
                   p.fits ? "yes" : "NO", p.step_s(), p.compute_s, p.bubble_s, p.tp_comm_s,
-                  p.dp_comm_s, p.pp_comm_s, p.tokens_per_s, p.mfu * 100);
+                  p.dp_comm_s, p.pp_comm_s, p.cp_comm_s, p.tokens_per_s, p.mfu * 100);
     out += line;
   }
   std::snprintf(line, sizeof line,

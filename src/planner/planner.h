@@ -44,10 +44,13 @@ struct PlanOptions {
   // per rank interleaved and zb-interleaved, where the micro-batches and blocks allow), not only
   // the config's (`loom plan --schedules config`: the config's alone).
   bool every_schedule = true;
+  // Context parallelism: plan_layouts also splits sequences over cp = 2, 4, ... ranks where
+  // model.seq_len allows (a multiple of 2·cp) — `loom plan --cp config`: the config's cp alone.
+  bool every_cp = true;
 };
 
 struct LayoutPlan {
-  int dp = 1, tp = 1, pp = 1, zero = 0;
+  int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
   std::string schedule = "1f1b";  // with pp > 1
   int virtual_stages = 1;
   // The rank with the most bytes.
@@ -57,10 +60,13 @@ struct LayoutPlan {
   int64_t total_bytes() const { return state_bytes + activation_bytes; }
   bool fits = false;  // total within the device's memory (less 10% for the runtime)
   // The step, seconds.
-  double compute_s = 0, bubble_s = 0, tp_comm_s = 0, dp_comm_s = 0, pp_comm_s = 0;
-  double step_s() const { return compute_s + bubble_s + tp_comm_s + dp_comm_s + pp_comm_s; }
+  double compute_s = 0, bubble_s = 0, tp_comm_s = 0, dp_comm_s = 0, pp_comm_s = 0, cp_comm_s = 0;
+  double step_s() const {
+    return compute_s + bubble_s + tp_comm_s + dp_comm_s + pp_comm_s + cp_comm_s;
+  }
   double tokens_per_s = 0, mfu = 0;
-  std::string name() const;  // "dp4 tp2 pp1 zero1", "dp2 tp1 pp4 zero1 zb-interleaved v2"
+  // "dp4 tp2 pp1 zero1", "dp2 tp1 pp4 zero1 zb-interleaved v2", "dp2 tp2 pp1 cp2 zero1"
+  std::string name() const;
 };
 
 // The parameter elements of each unit (an engine's unit of communication: a block, or the root
@@ -80,7 +86,7 @@ std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank);
 // One layout (the config's parallel section, resolved for options.devices ranks).
 LayoutPlan estimate_layout(const Config& config, const PlanOptions& options);
 
-// Every layout of options.devices ranks the config allows (dp × tp × pp = devices, tp dividing
+// Every layout of options.devices ranks the config allows (dp × tp × pp × cp = devices, tp dividing
 // the heads, dp dividing the batch into micro-batches, ZeRO 0-3, 0-1 with pp), fitting ones
 // first, each group by step time.
 std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& options);

@@ -347,7 +347,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
     train_loader.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
-    if (context_parallel) {  // this rank's positions of each sequence (CPU ranks)
+    if (context_parallel) {  // this rank's positions of each sequence, cut on the host
       inputs[m].copy_from(shard_tokens(host_inputs[m], sequence_shard->positions()));
       targets[m].copy_from(shard_tokens(host_targets[m], sequence_shard->positions()));
     } else if (!device.is_cpu()) {
@@ -569,9 +569,14 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       Communicator* split = config.parallel.zero < 3 ? &mesh.axis("dp") : nullptr;
       const auto micro_batch_loss = [&](const Tensor& full_in, const Tensor& full_tg) {
         Tensor in = full_in, tg = full_tg;
-        if (context_parallel) {
-          in = shard_tokens(full_in, sequence_shard->positions());
-          tg = shard_tokens(full_tg, sequence_shard->positions());
+        if (context_parallel) {  // its positions, cut on the host
+          const auto mine = [&](const Tensor& t) {
+            return shard_tokens(t.device().is_cpu() ? t : t.to(Device::cpu()),
+                                sequence_shard->positions())
+                .to(device);
+          };
+          in = mine(full_in);
+          tg = mine(full_tg);
         }
         double l = 0;
         if (pipelined) {

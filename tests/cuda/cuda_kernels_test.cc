@@ -1228,6 +1228,60 @@ TEST_F(CudaKernelsTest, EmbeddingBackwardTakesTokensFourAtATimeInTheSameOrder) {
   expect_pair_close("dwte", four);
 }
 
+// Context parallelism's attention of some query rows (cuda::attention_gqa_*_rows) against the
+// CPU's on random inputs: a rank's zigzag rows (two ranges, the second crossing 64-row blocks),
+// grouped-query heads, q apart from the keys and values; out, lse, dq and dkv within fp32
+// rounding; dkv overwritten wholly (rows past the last key seen: zero); bit for bit on a rerun.
+TEST_F(CudaKernelsTest, AttentionOfSomeQueryRowsMatchesCpuAndRepeats) {
+  for (const auto& [NH, KV] : {std::pair<int64_t, int64_t>{4, 2}, {3, 3}}) {
+    SCOPED_TRACE("NH=" + std::to_string(NH) + " KV=" + std::to_string(KV));
+    const int64_t B = 2, T = 96, hd = 8, C = NH * hd, W = (NH + 2 * KV) * hd, kvw = 2 * KV * hd;
+    const std::vector<cpu::RowRange> rows = {{12, 24}, {60, 84}};  // not the last position
+    const int64_t Tq = cpu::rows_in(rows);
+    Pair q = random_pair(B * Tq * W, 41, -2.0, 2.0), kv = random_pair(B * T * kvw, 42, -2.0, 2.0);
+    Pair dout = random_pair(B * Tq * C, 43);
+    Pair out = pair_of(std::vector<float>(B * Tq * C)), lse = pair_of(std::vector<float>(B * NH * Tq));
+    ops::attention_gqa_forward_rows<float>(on_cpu, out.h(), lse.h(), q.h(), W, kv.h(), kvw, B, T,
+                                           NH, KV, hd, rows);
+    ops::attention_gqa_forward_rows<float>(on_gpu, out.g(), lse.g(), q.g(), W, kv.g(), kvw, B, T,
+                                           NH, KV, hd, rows);
+    expect_pair_close("out", out, kTol);
+    expect_pair_close("lse", lse, kTol);
+    Pair dq = pair_of(std::vector<float>(B * Tq * W)), dkv = pair_of(std::vector<float>(B * T * kvw, 7.0f));
+    ops::attention_gqa_backward_rows<float>(on_cpu, dq.h(), dkv.h(), dout.h(), q.h(), W, kv.h(),
+                                            kvw, out.h(), lse.h(), B, T, NH, KV, hd, rows);
+    ops::attention_gqa_backward_rows<float>(on_gpu, dq.g(), dkv.g(), dout.g(), q.g(), W, kv.g(),
+                                            kvw, out.g(), lse.g(), B, T, NH, KV, hd, rows);
+    // dq's first C columns of each row are written; the rest of its rows are not the kernel's.
+    const std::vector<float> gq = dq.from_gpu(), hq = dq.from_host();
+    std::vector<float> gq_cols, hq_cols;
+    for (int64_t r = 0; r < B * Tq; ++r) {
+      gq_cols.insert(gq_cols.end(), gq.begin() + r * W, gq.begin() + r * W + C);
+      hq_cols.insert(hq_cols.end(), hq.begin() + r * W, hq.begin() + r * W + C);
+    }
+    expect_close("dq", gq_cols, hq_cols, kTol);
+    expect_pair_close("dkv", dkv, kTol);
+    const std::vector<float> g = dkv.from_gpu();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 84; t < T; ++t)
+        for (int64_t c = 0; c < kvw; ++c)
+          ASSERT_EQ(g[(b * T + t) * kvw + c], 0.0f) << "dkv past the last key, t " << t;
+    const std::vector<float> first_out = out.from_gpu(), first_dkv = dkv.from_gpu();
+    ops::attention_gqa_forward_rows<float>(on_gpu, out.g(), lse.g(), q.g(), W, kv.g(), kvw, B, T,
+                                           NH, KV, hd, rows);
+    ops::attention_gqa_backward_rows<float>(on_gpu, dq.g(), dkv.g(), dout.g(), q.g(), W, kv.g(),
+                                            kvw, out.g(), lse.g(), B, T, NH, KV, hd, rows);
+    EXPECT_TRUE(bitwise_equal(out.from_gpu(), first_out)) << "out not reproducible";
+    EXPECT_TRUE(bitwise_equal(dkv.from_gpu(), first_dkv)) << "dkv not reproducible";
+  }
+  // The keys and values of a qkv's rows, column by column.
+  Pair qkv = random_pair(10 * 12, 44), kv = pair_of(std::vector<float>(10 * 8));
+  ops::copy_columns<float>(on_cpu, kv.h(), 8, qkv.h() + 4, 12, 10, 8);
+  ops::copy_columns<float>(on_gpu, kv.g(), 8, qkv.g() + 4, 12, 10, 8);
+  EXPECT_TRUE(bitwise_equal(kv.from_gpu(), kv.from_host()));
+  EXPECT_EQ(kv.from_host()[8], qkv.from_host()[12 + 4]);
+}
+
 TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {
   expect_attention_matches_cpu(2, 67, 48, 4, 60, kTol, kTol);  // head size 12
 }

@@ -8,6 +8,7 @@
 // ZB-H1, interleaved) and recomputation as one device does (losses and final parameters within
 // 1e-5 relative, `loom check`'s measure); the validation loss is one device's; the same layout
 // twice gives the same bits; a cp checkpoint resumes on one device; bad configs are refused.
+// On GPUs: tests/train/train_test.cc (ContextParallelGpus...).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -327,10 +328,6 @@ TEST_F(ContextParallelRuns, ConfigsItCannotRunAreRefusedByName) {
   c.parallel.cp = 2;
   c.runtime.ranks = 2;
   EXPECT_EQ(error_of(c), "");
-  c.runtime.device = "cuda";
-  EXPECT_NE(error_of(c).find("parallel.cp = 2 runs on CPU ranks for now"), std::string::npos)
-      << error_of(c);
-  c.runtime.device = "cpu";
   c.runtime.ranks = 4;
   EXPECT_NE(error_of(c).find("parallel.dp × parallel.tp × parallel.pp × parallel.cp"),
             std::string::npos)

@@ -47,6 +47,7 @@ threads_per_rank = 1
 
 struct Layout {
   int ranks, tp, pp, zero, virtual_stages;
+  int cp = 1;
 };
 
 // Each rank's parameter elements are those of the parts the trainer built (its start-up table),
@@ -58,24 +59,27 @@ void expect_plan_is_what_the_trainer_allocates(Config c, const Layout& l, const 
   c.parallel.pp = l.pp;
   c.parallel.zero = l.zero;
   c.parallel.virtual_stages = l.virtual_stages;
+  c.parallel.cp = l.cp;
   if (l.virtual_stages > 1) c.parallel.schedule = "interleaved";
   resolve_layout(c);
   SCOPED_TRACE(c.model.arch + " dp" + std::to_string(c.parallel.dp) + " tp" + std::to_string(l.tp) +
                " pp" + std::to_string(l.pp) + " zero" + std::to_string(l.zero) + " v" +
-               std::to_string(l.virtual_stages));
+               std::to_string(l.virtual_stages) + " cp" + std::to_string(l.cp));
   TrainOptions o;
   o.run_dir = (dir / "run").string();
   o.progress = false;
   fs::remove_all(o.run_dir);
   const TrainSummary s = run_training(c, o);
-  // The start-up table: "rank pp dp tp parameters ..." rows.
+  // The start-up table: "rank pp dp tp parameters ..." rows ("rank pp dp cp tp ..." with cp).
   std::istringstream report(s.layout_report);
   int rows = 0;
   for (std::string row; std::getline(report, row);) {
     std::istringstream fields(row);
-    int rank = -1, pp = -1, dp = -1, tp = -1;
+    int rank = -1, pp = -1, dp = -1, cp = 0, tp = -1;
     int64_t parameters = -1;
-    if (!(fields >> rank >> pp >> dp >> tp >> parameters)) continue;
+    if (!(fields >> rank >> pp >> dp)) continue;
+    if (l.cp > 1 && !(fields >> cp)) continue;
+    if (!(fields >> tp >> parameters)) continue;
     int64_t planned = 0;
     for (const auto& units : rank_units(c, pp))
       for (int64_t u : units) planned += u;
@@ -106,7 +110,9 @@ TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
   synthesize_addition((dir / "data").string(), 20000, 2000, 5);
   const Layout layouts[] = {{1, 1, 1, 0, 1}, {2, 1, 1, 0, 1}, {2, 1, 1, 1, 1}, {2, 1, 1, 2, 1},
                             {2, 1, 1, 3, 1}, {2, 2, 1, 0, 1}, {2, 1, 2, 0, 1}, {4, 2, 1, 1, 1},
-                            {4, 2, 2, 1, 1}, {2, 1, 2, 1, 2}};
+                            {4, 2, 2, 1, 1}, {2, 1, 2, 1, 2},
+                            // context parallelism: ZeRO over dp × cp
+                            {2, 1, 1, 1, 1, 2}, {4, 1, 1, 3, 1, 2}, {4, 2, 1, 2, 1, 2}};
   for (const Layout& l : layouts)
     expect_plan_is_what_the_trainer_allocates(tiny_config((dir / "data").string()), l, dir);
   fs::remove_all(dir);
@@ -213,6 +219,42 @@ TEST(Planner, TimeModelFormulas) {
   EXPECT_LT(z3_bf16, z3 * 0.75);
 }
 
+// Context parallelism (PlanOptions::every_cp, `loom plan`'s default): cp 2, 4, ... where the
+// sequence splits into 2·cp chunks, named; a rank's activations and micro-batch messages shrink
+// by cp, the gradient group is dp × cp, and the attention's exchange is per block and micro-batch
+// an all-gather of the whole sequence's keys and values and a reduce-scatter of their gradients.
+TEST(Planner, TriesContextParallelismAndCountsItsExchange) {
+  Config c = tiny_config("unused");
+  c.train.batch_size = 8;
+  c.train.micro_batch_size = 2;
+  PlanOptions o;
+  o.devices = 4;
+  o.hardware = find_hardware("h100");
+  std::map<std::string, LayoutPlan> by_name;
+  for (const LayoutPlan& p : plan_layouts(c, o)) by_name[p.name()] = p;
+  for (const char* name : {"dp2 tp1 pp1 cp2 zero1", "dp1 tp1 pp1 cp4 zero0", "dp1 tp2 pp1 cp2 zero0",
+                           "dp4 tp1 pp1 zero0"})
+    ASSERT_TRUE(by_name.count(name)) << name;
+  // cp at most the 4 devices (seq_len 16 would split into the 16 chunks of cp 8 too).
+  for (const auto& [name, p] : by_name) EXPECT_LE(p.cp, 4) << name;
+  const LayoutPlan& cp4 = by_name.at("dp1 tp1 pp1 cp4 zero0");
+  const LayoutPlan& dp4 = by_name.at("dp4 tp1 pp1 zero0");
+  EXPECT_EQ(cp4.compute_s, dp4.compute_s);  // the same FLOPs on the same devices
+  EXPECT_LT(cp4.activation_bytes, dp4.activation_bytes);
+  // The exchange: 4 blocks × m 4 micro-batches × 2 collectives × 3/4 of a micro-batch's keys and
+  // values (2 × 32 × 16 tokens × 2 heads' worth: 2·d_model floats a token) at NVLink's rate.
+  const double kv_bytes = 2.0 * 16 * 2 * 32 * 4;
+  EXPECT_NEAR(cp4.cp_comm_s, 4 * 4 * 2 * 0.75 * kv_bytes / (450e9), 1e-15);
+  EXPECT_EQ(dp4.cp_comm_s, 0);
+  // ZeRO-1 over dp × cp: a rank of dp2 cp2 holds what a rank of dp4 holds.
+  EXPECT_EQ(by_name.at("dp2 tp1 pp1 cp2 zero1").state_bytes, by_name.at("dp4 tp1 pp1 zero1").state_bytes);
+  // With every_cp off, the config's cp alone.
+  o.every_cp = false;
+  for (const LayoutPlan& p : plan_layouts(c, o)) EXPECT_EQ(p.cp, 1) << p.name();
+  c.parallel.cp = 2;
+  for (const LayoutPlan& p : plan_layouts(c, o)) EXPECT_EQ(p.cp, 2) << p.name();
+}
+
 // Pipeline layouts come in every schedule (PlanOptions::every_schedule, `loom plan`'s default):
 // 1f1b, zb-h1, and with two chunks per rank interleaved and zb-interleaved where the micro-batches
 // come in groups of pp; the zero-bubble ones with less bubble than their base at the same
@@ -264,7 +306,7 @@ TEST(Planner, OffersEveryRunnableLayoutFittingOnesFirst) {
   ASSERT_FALSE(plans.empty());
   for (size_t i = 0; i < plans.size(); ++i) {
     const LayoutPlan& p = plans[i];
-    EXPECT_EQ(p.dp * p.tp * p.pp, 8) << p.name();
+    EXPECT_EQ(p.dp * p.tp * p.pp * p.cp, 8) << p.name();
     EXPECT_LE(p.dp, 4) << p.name();      // the batch holds 4 micro-batches
     EXPECT_EQ(4 % p.tp, 0) << p.name();  // tp divides the heads
     EXPECT_LE(p.pp, 4) << p.name();      // no more stages than blocks

@@ -245,6 +245,20 @@ template void attention_gqa_backward<double>(ThreadPool&, double*, const double*
                                              const double*, const double*, int64_t, int64_t,
                                              int64_t, int64_t, int64_t);
 
+template <typename Real>
+void copy_columns(ThreadPool& pool, Real* dst, int64_t ld_dst, const Real* src, int64_t ld_src,
+                  int64_t rows, int64_t width) {
+  pool.parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      std::copy(src + r * ld_src, src + r * ld_src + width, dst + r * ld_dst);
+  });
+}
+
+template void copy_columns<float>(ThreadPool&, float*, int64_t, const float*, int64_t, int64_t,
+                                  int64_t);
+template void copy_columns<double>(ThreadPool&, double*, int64_t, const double*, int64_t, int64_t,
+                                   int64_t);
+
 template void attention_gqa_forward_rows<float>(ThreadPool&, float*, float*, const float*, int64_t,
                                                 const float*, int64_t, int64_t, int64_t, int64_t,
                                                 int64_t, int64_t, std::span<const RowRange>);

@@ -76,4 +76,10 @@ void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, Real* dkv, const Re
                                  int64_t NH, int64_t KV, int64_t hd,
                                  std::span<const RowRange> rows);
 
+// Columns [0, width) of `rows` rows between row strides ld_src and ld_dst (the keys and values
+// of a qkv projection's rows, for context parallelism's exchange).
+template <typename Real>
+void copy_columns(ThreadPool& pool, Real* dst, int64_t ld_dst, const Real* src, int64_t ld_src,
+                  int64_t rows, int64_t width);
+
 }  // namespace loom::cpu

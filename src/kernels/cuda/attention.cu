@@ -319,4 +319,220 @@ GemmOperand attention_backward_rounded(int device, void* dqkv, GemmOperand dout,
   return GemmOperand(dqkv, out.rounded_to);
 }
 
+// ---- Context parallelism: the attention of some query rows --------------------------------------
+
+namespace {
+
+// q (B, Tq, ldq) → qh (B·NH, Tq, hd); kv (B, T, ldkv) → kh, vh (B·NH, T, hd), query head h
+// reading key/value head h / (NH/KV).
+__global__ void rows_split_q_kernel(float* qh, const float* q, int64_t ldq, int64_t Tq, int64_t NH,
+                                    int64_t hd, int64_t n) {
+  LOOM_FOR_EACH(i, n) {
+    const int64_t d = i % hd, t = (i / hd) % Tq, bh = i / (hd * Tq);
+    const int64_t b = bh / NH, h = bh % NH;
+    qh[i] = q[(b * Tq + t) * ldq + h * hd + d];
+  }
+}
+__global__ void rows_split_kv_kernel(float* kh, float* vh, const float* kv, int64_t ldkv, int64_t T,
+                                     int64_t NH, int64_t KV, int64_t hd, int64_t n) {
+  LOOM_FOR_EACH(i, n) {
+    const int64_t d = i % hd, t = (i / hd) % T, bh = i / (hd * T);
+    const int64_t b = bh / NH, g = (bh % NH) / (NH / KV);
+    const float* row = kv + (b * T + t) * ldkv;
+    kh[i] = row[g * hd + d];
+    vh[i] = row[(KV + g) * hd + d];
+  }
+}
+// dqh (B·NH, Tq, hd) → dq's columns [0, NH·hd) (B, Tq, ldq).
+__global__ void rows_merge_dq_kernel(float* dq, int64_t ldq, const float* dqh, int64_t Tq,
+                                     int64_t NH, int64_t hd, int64_t n) {
+  LOOM_FOR_EACH(i, n) {
+    const int64_t d = i % hd, t = (i / hd) % Tq, bh = i / (hd * Tq);
+    const int64_t b = bh / NH, h = bh % NH;
+    dq[(b * Tq + t) * ldq + h * hd + d] = dqh[i];
+  }
+}
+// dkh, dvh (B·NH, T, hd) → dkv (B, T, ldkv): each key/value head the sum of its query heads', in
+// ascending order. n = B·KV·T·hd.
+__global__ void rows_merge_dkv_kernel(float* dkv, int64_t ldkv, const float* dkh, const float* dvh,
+                                      int64_t T, int64_t NH, int64_t KV, int64_t hd, int64_t n) {
+  LOOM_FOR_EACH(i, n) {
+    const int64_t d = i % hd, t = (i / hd) % T, bg = i / (hd * T);
+    const int64_t b = bg / KV, g = bg % KV, group = NH / KV;
+    float k = 0.0f, v = 0.0f;
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const int64_t at = ((b * NH + h) * T + t) * hd + d;
+      k += dkh[at];
+      v += dvh[at];
+    }
+    float* row = dkv + (b * T + t) * ldkv;
+    row[g * hd + d] = k;
+    row[(KV + g) * hd + d] = v;
+  }
+}
+// Row r of each head's (n_rows, keys) scores, the query at position first + r: P_rj = exp(S_rj −
+// lse) for j <= first + r, else 0; lse into lse[bh·Tq + at + r]. One warp per row.
+__global__ void rows_causal_softmax_kernel(float* S, float* lse, int64_t rows, int64_t n_rows,
+                                           int64_t keys, int64_t first, int64_t Tq, int64_t at) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t bh = row / n_rows, r = row % n_rows, i = first + r;
+  float* s = S + row * keys;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, s[j]);
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int64_t j = lane; j <= i; j += 32) sum += expf(s[j] - mx);
+  const float l = mx + logf(warp_sum(sum));
+  for (int64_t j = lane; j < keys; j += 32) s[j] = j <= i ? expf(s[j] - l) : 0.0f;
+  if (lane == 0) lse[bh * Tq + at + r] = l;
+}
+// The backward's P of those rows from the saved lse, in place over the recomputed scores.
+__global__ void rows_probabilities_kernel(float* S, const float* lse, int64_t rows, int64_t n_rows,
+                                          int64_t keys, int64_t first, int64_t Tq, int64_t at) {
+  LOOM_FOR_EACH(e, rows * keys) {
+    const int64_t row = e / keys, j = e % keys, bh = row / n_rows, r = row % n_rows;
+    S[e] = j <= first + r ? expf(S[e] - lse[bh * Tq + at + r]) : 0.0f;
+  }
+}
+// dS = P ∘ (dP − D) · scale over those rows, in place over dP.
+__global__ void rows_softmax_backward_kernel(float* dP, const float* P, const float* D, float scale,
+                                             int64_t rows, int64_t n_rows, int64_t keys, int64_t Tq,
+                                             int64_t at) {
+  LOOM_FOR_EACH(e, rows * keys) {
+    const int64_t row = e / keys, bh = row / n_rows, r = row % n_rows;
+    dP[e] = P[e] * (dP[e] - D[bh * Tq + at + r]) * scale;
+  }
+}
+__global__ void copy_columns_kernel(float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                                    int64_t width, int64_t n) {
+  LOOM_FOR_EACH(i, n) dst[(i / width) * ld_dst + i % width] = src[(i / width) * ld_src + i % width];
+}
+
+void check_rows(const char* what, int64_t NH, int64_t KV, int64_t hd, int64_t T,
+                std::span<const cpu::RowRange> rows) {
+  if (NH <= 0 || KV <= 0 || NH % KV != 0 || hd <= 0)
+    fail(what, ": ", KV, " key/value heads do not serve ", NH, " query heads evenly");
+  for (const cpu::RowRange& r : rows)
+    if (r.begin < 0 || r.end < r.begin || r.end > T)
+      fail(what, ": query rows [", r.begin, ", ", r.end, ") outside the sequence of ", T);
+}
+
+}  // namespace
+
+void copy_columns(int device, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                  int64_t rows, int64_t width) {
+  const int64_t n = rows * width;
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  launch("copy_columns", copy_columns_kernel, blocks_for(n, kThreads), kThreads, dst, ld_dst, src,
+         ld_src, width, n);
+}
+
+// Per range [first, end) of query rows (at: its first local row), over heads h = B·NH:
+//   S = Q[at:at+n]·K[0:end]ᵀ / sqrt(hd);  P = causal softmax (row r sees keys 0..first + r);
+//   Y[at:at+n] = P·V[0:end].
+void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
+                                const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
+                                int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows) {
+  check_rows("attention_gqa_forward_rows", NH, KV, hd, T, rows);
+  const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
+  if (B * Tq == 0) return;
+  DeviceGuard guard(device);
+  Scratch<float> qh(device, heads * Tq * hd), kh(device, heads * T * hd), vh(device, heads * T * hd);
+  Scratch<float> yh(device, heads * Tq * hd);
+  launch("attention_gqa_forward_rows (split q)", rows_split_q_kernel,
+         blocks_for(heads * Tq * hd, kThreads), kThreads, qh.get(), q, ldq, Tq, NH, hd,
+         heads * Tq * hd);
+  launch("attention_gqa_forward_rows (split kv)", rows_split_kv_kernel,
+         blocks_for(heads * T * hd, kThreads), kThreads, kh.get(), vh.get(), kv, ldkv, T, NH, KV,
+         hd, heads * T * hd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  int64_t at = 0;
+  for (const cpu::RowRange& r : rows) {
+    const int64_t n = r.size(), keys = r.end;
+    if (n == 0) continue;
+    Scratch<float> S(device, heads * n * keys);
+    head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),
+              hd, T * hd, S.get(), keys, n * keys, heads);
+    launch("attention_gqa_forward_rows (softmax)", rows_causal_softmax_kernel,
+           blocks_of(heads * n, kRowsPerBlock), kRowsPerBlock * 32, S.get(), lse, heads * n, n,
+           keys, r.begin, Tq, at);
+    head_gemm(device, false, false, n, hd, keys, 1.0f, S.get(), keys, n * keys, vh.get(), hd,
+              T * hd, yh.get() + at * hd, hd, Tq * hd, heads);
+    at += n;
+  }
+  const HeadIndex out_at{Tq, C, NH, hd};
+  launch("attention_gqa_forward_rows (merge heads)", heads_to_rows_kernel,
+         blocks_for(heads * Tq * hd, kThreads), kThreads, out, yh.get(), out_at, heads * Tq * hd);
+}
+
+// Per range, with P recomputed from lse and D_r = Σ_d dO·O:
+//   dV[0:end] += Pᵀ·dO_r,  dP = dO_r·V[0:end]ᵀ,  dS = P ∘ (dP − D) / sqrt(hd),
+//   dQ[at:at+n] = dS·K[0:end],  dK[0:end] += dSᵀ·Q_r.
+void attention_gqa_backward_rows(int device, float* dq, float* dkv, const float* dout,
+                                 const float* q, int64_t ldq, const float* kv, int64_t ldkv,
+                                 const float* out, const float* lse, int64_t B, int64_t T,
+                                 int64_t NH, int64_t KV, int64_t hd,
+                                 std::span<const cpu::RowRange> rows) {
+  check_rows("attention_gqa_backward_rows", NH, KV, hd, T, rows);
+  const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
+  DeviceGuard guard(device);
+  Scratch<float> kh(device, heads * T * hd), vh(device, heads * T * hd);
+  Scratch<float> dkh(device, heads * T * hd), dvh(device, heads * T * hd);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(dkh.get(), 0, static_cast<size_t>(heads * T * hd) * 4, nullptr));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(dvh.get(), 0, static_cast<size_t>(heads * T * hd) * 4, nullptr));
+  if (B * Tq > 0) {
+    Scratch<float> qh(device, heads * Tq * hd), dy(device, heads * Tq * hd);
+    Scratch<float> dqh(device, heads * Tq * hd), D(device, heads * Tq);
+    launch("attention_gqa_backward_rows (split q)", rows_split_q_kernel,
+           blocks_for(heads * Tq * hd, kThreads), kThreads, qh.get(), q, ldq, Tq, NH, hd,
+           heads * Tq * hd);
+    launch("attention_gqa_backward_rows (split kv)", rows_split_kv_kernel,
+           blocks_for(heads * T * hd, kThreads), kThreads, kh.get(), vh.get(), kv, ldkv, T, NH, KV,
+           hd, heads * T * hd);
+    const HeadIndex local{Tq, C, NH, hd};
+    launch("attention_gqa_backward_rows (dout to heads)", rows_to_heads_kernel,
+           blocks_for(heads * Tq * hd, kThreads), kThreads, dy.get(), dout, local, heads * Tq * hd);
+    launch("attention_gqa_backward_rows (D)", row_dot_kernel<float, float>,
+           blocks_of(heads * Tq, kRowsPerBlock), kRowsPerBlock * 32, D.get(), dout, out, local,
+           heads * Tq);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    int64_t at = 0;
+    for (const cpu::RowRange& r : rows) {
+      const int64_t n = r.size(), keys = r.end;
+      if (n == 0) continue;
+      const int64_t rows_n = heads * n;
+      Scratch<float> P(device, rows_n * keys), dP(device, rows_n * keys);
+      head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd,
+                kh.get(), hd, T * hd, P.get(), keys, n * keys, heads);
+      launch("attention_gqa_backward_rows (P)", rows_probabilities_kernel,
+             blocks_for(rows_n * keys, kThreads), kThreads, P.get(), lse, rows_n, n, keys, r.begin,
+             Tq, at);
+      // dV[0:end] += Pᵀ·dO
+      gemm(device, true, false, keys, hd, n, 1.0f, P.get(), keys, dy.get() + at * hd, hd, 1.0f,
+           dvh.get(), hd, nullptr, GemmBatch{heads, n * keys, Tq * hd, T * hd});
+      // dP = dO·Vᵀ, then dS in place
+      head_gemm(device, false, true, n, keys, hd, 1.0f, dy.get() + at * hd, hd, Tq * hd, vh.get(),
+                hd, T * hd, dP.get(), keys, n * keys, heads);
+      launch("attention_gqa_backward_rows (dS)", rows_softmax_backward_kernel,
+             blocks_for(rows_n * keys, kThreads), kThreads, dP.get(), P.get(), D.get(), scale,
+             rows_n, n, keys, Tq, at);
+      // dQ = dS·K, dK[0:end] += dSᵀ·Q
+      head_gemm(device, false, false, n, hd, keys, 1.0f, dP.get(), keys, n * keys, kh.get(), hd,
+                T * hd, dqh.get() + at * hd, hd, Tq * hd, heads);
+      gemm(device, true, false, keys, hd, n, 1.0f, dP.get(), keys, qh.get() + at * hd, hd, 1.0f,
+           dkh.get(), hd, nullptr, GemmBatch{heads, n * keys, Tq * hd, T * hd});
+      at += n;
+    }
+    launch("attention_gqa_backward_rows (merge dq)", rows_merge_dq_kernel,
+           blocks_for(heads * Tq * hd, kThreads), kThreads, dq, ldq, dqh.get(), Tq, NH, hd,
+           heads * Tq * hd);
+  }
+  launch("attention_gqa_backward_rows (merge dkv)", rows_merge_dkv_kernel,
+         blocks_for(B * KV * T * hd, kThreads), kThreads, dkv, ldkv, dkh.get(), dvh.get(), T, NH,
+         KV, hd, B * KV * T * hd);
+}
+
 }  // namespace loom::cuda

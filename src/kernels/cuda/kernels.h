@@ -22,7 +22,10 @@
 
 #include <cstdint>
 
+#include <span>
+
 #include "kernels/adamw_factors.h"    // AdamWRun
+#include "kernels/cpu/attention.h"    // RowRange
 #include "kernels/cpu/vocab_shard.h"  // VocabShard
 
 namespace loom::cuda {
@@ -362,6 +365,25 @@ void attention_gqa_forward(int device, float* out, float* lse, const float* qkv,
 void attention_gqa_backward(int device, float* dqkv, const float* dout, const float* qkv,
                             const float* out, const float* lse, int64_t B, int64_t T, int64_t NH,
                             int64_t KV, int64_t hd);
+// Context parallelism (kernels/cpu/attention.h, attention_gqa_*_rows): the attention of the
+// query rows `rows` (positions, in order) of q (B, Tq, ldq) over every position's keys and
+// values kv (B, T, ldkv: KV key heads, then KV value heads), the CPU kernels' contract. The
+// batched-GEMM path per range of rows (scores (B·NH, rows, keys) in scratch), at any matmul
+// precision; the flash kernels take no row offsets yet. The backward writes dq's first NH·hd
+// columns and overwrites dkv, a shared key/value head's gradient summed over its query heads in
+// ascending order.
+void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
+                                const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
+                                int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows);
+void attention_gqa_backward_rows(int device, float* dq, float* dkv, const float* dout,
+                                 const float* q, int64_t ldq, const float* kv, int64_t ldkv,
+                                 const float* out, const float* lse, int64_t B, int64_t T,
+                                 int64_t NH, int64_t KV, int64_t hd,
+                                 std::span<const cpu::RowRange> rows);
+// Columns [0, width) of `rows` rows between row strides ld_src and ld_dst (cpu/attention.h).
+void copy_columns(int device, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                  int64_t rows, int64_t width);
+
 // attention_forward_rounded / attention_backward_rounded (below) on the compact qkv, dqkv
 // (B, T, (NH + 2·KV)·hd) written in out's 16-bit type, the qkv projection's rounded dout: where
 // the flash kernels apply (and with KV == NH) those calls on qkv itself; else the same expansion
