@@ -718,10 +718,10 @@ inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, con
                                        int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                        std::span<const cpu::RowRange> rows) {
   const int64_t Tq = cpu::rows_in(rows);
-  LOOM_OPS_DISPATCH(attention_gqa_forward_rows,
-                    (2.0 * B * Tq * T * NH * hd,
-                     1.0 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd),
-                    out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
+  LOOM_OPS_DISPATCH(
+      attention_gqa_forward_rows,
+      (2.0 * B * Tq * T * NH * hd, 1.0 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd),
+      out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
 }
 
 template <typename Real>
@@ -731,10 +731,10 @@ inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, Real* dkv, con
                                         int64_t NH, int64_t KV, int64_t hd,
                                         std::span<const cpu::RowRange> rows) {
   const int64_t Tq = cpu::rows_in(rows);
-  LOOM_OPS_DISPATCH(attention_gqa_backward_rows,
-                    (5.0 * B * Tq * T * NH * hd,
-                     2.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd),
-                    dq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T, NH, KV, hd, rows);
+  LOOM_OPS_DISPATCH(
+      attention_gqa_backward_rows,
+      (5.0 * B * Tq * T * NH * hd, 2.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd),
+      dq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T, NH, KV, hd, rows);
 }
 
 template <typename Real>

@@ -47,5 +47,4 @@ class MeshShape {
 // (its all-gathers, once per layer, next to tp's).
 MeshShape training_mesh_shape(int dp, int pp, int tp, int cp = 1);
 
-
 }  // namespace loom

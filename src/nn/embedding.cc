@@ -65,8 +65,9 @@ void Embedding::backward(Context& ctx, const Tensor& dy) {
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::embedding_backward<T_>(ctx.exec(), wte_->grad.data<T_>(),
-                                shard ? dpositions.data<T_>()
-                                      : wpe_ ? wpe_->grad.data<T_>() : nullptr,
+                                shard  ? dpositions.data<T_>()
+                                : wpe_ ? wpe_->grad.data<T_>()
+                                       : nullptr,
                                 dy.data<T_>(), tokens_.data<int32_t>(), B, T, channels_);
   });
   if (shard) add_rows_into(ctx.exec(), wpe_->grad, dpositions, ctx.sequence->positions());

@@ -9,7 +9,8 @@ namespace loom {
 
 Tensor rows_of(const Tensor& table, const std::vector<cpu::RowRange>& positions) {
   LOOM_CHECK(table.ndim() == 2);
-  Tensor out = Tensor::empty({cpu::rows_in(positions), table.dim(1)}, table.dtype(), table.device());
+  Tensor out =
+      Tensor::empty({cpu::rows_in(positions), table.dim(1)}, table.dtype(), table.device());
   int64_t at = 0;
   for (const cpu::RowRange& r : positions) {
     if (r.end > table.dim(0))
@@ -54,9 +55,9 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
   kv = shard.gather(ctx, kv_local);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    ops::attention_gqa_forward_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(),
-                                        qkv.data<T_>(), W, kv.data<T_>(), kv_width, B, T, NH, KV,
-                                        hd, shard.positions());
+    ops::attention_gqa_forward_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(), qkv.data<T_>(),
+                                        W, kv.data<T_>(), kv_width, B, T, NH, KV, hd,
+                                        shard.positions());
   });
 }
 
@@ -71,8 +72,8 @@ Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor
     using T_ = decltype(zero);
     ops::attention_gqa_backward_rows<T_>(ctx.exec(), dqkv.data<T_>(), dkv.data<T_>(),
                                          datt.data<T_>(), qkv.data<T_>(), W, kv.data<T_>(),
-                                         kv_width, att.data<T_>(), lse.data<T_>(), B, T, NH, KV,
-                                         hd, shard.positions());
+                                         kv_width, att.data<T_>(), lse.data<T_>(), B, T, NH, KV, hd,
+                                         shard.positions());
   });
   const Tensor mine = shard.reduce_scatter(ctx, dkv);  // (B, Tl, 2·KV·hd)
   dispatch_float(ctx.dtype, [&](auto zero) {

@@ -73,8 +73,7 @@ Tensor ContextParallel::reduce_scatter(Context& ctx, const Tensor& full) {
   LOOM_CHECK(full.ndim() == 3 && full.dim(1) == T_);
   const int64_t B = full.dim(0), W = full.dim(2), cp = cp_.size(), Tl = local_length();
   Tensor stacked = Tensor::empty({cp, B, Tl, W}, full.dtype(), ctx.device);
-  move_rows(positions_, stacked.reshape({cp * B * Tl, W}), full.reshape({B * T_, W}), B, T_,
-            false);
+  move_rows(positions_, stacked.reshape({cp * B * Tl, W}), full.reshape({B * T_, W}), B, T_, false);
   Tensor local = Tensor::empty({B, Tl, W}, full.dtype(), ctx.device);
   cp_.reduce_scatter(stacked, local, ReduceOp::kSum);
   return local;

@@ -153,10 +153,9 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
                                     local_heads_, local_kv_heads_, head_dim_);
   } else {
     dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
-    ops::attention_gqa_backward<float>(ex, dqkv.data<float>(), datt.data<float>(),
-                                       qkv_out_.data<float>(), att_.data<float>(),
-                                       lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_,
-                                       head_dim_);
+    ops::attention_gqa_backward<float>(
+        ex, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(), att_.data<float>(),
+        lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_, head_dim_);
   }
   if (llama_)  // q and k turned back (the shared heads' gradients already summed)
     ops::rope_backward<float>(ex, dqkv.data<float>(), rope_.data<float>(), B_, T_, local_heads_,

@@ -40,13 +40,12 @@ Tensor VocabParallelEmbedding::forward(Context& ctx, const Tensor& tokens) {
   Tensor out = Tensor::empty({N, C}, DType::kF32, ctx.device);
   const bool add_positions = tp_.rank() == 0;  // once in the sum over ranks
   // A context-parallel shard reads its positions' rows of wpe (nn/sequence_shard.h).
-  const Tensor positions = wpe_ && ctx.sequence ? rows_of(wpe_->value, ctx.sequence->positions())
-                                                : Tensor();
-  ops::vocab_shard_embedding_forward<float>(ctx.exec(), out.data<float>(), tokens.data<int32_t>(),
-                                            wte_->value.data<float>(),
-                                            wpe_ ? (ctx.sequence ? positions : wpe_->value).data<float>()
-                                                 : nullptr,
-                                            N, T, C, shard(), add_positions);
+  const Tensor positions =
+      wpe_ && ctx.sequence ? rows_of(wpe_->value, ctx.sequence->positions()) : Tensor();
+  ops::vocab_shard_embedding_forward<float>(
+      ctx.exec(), out.data<float>(), tokens.data<int32_t>(), wte_->value.data<float>(),
+      wpe_ ? (ctx.sequence ? positions : wpe_->value).data<float>() : nullptr, N, T, C, shard(),
+      add_positions);
   tokens_ = tokens;
   if (!sequence_parallel_) {
     tp_.all_reduce(out, ReduceOp::kSum);
@@ -71,8 +70,8 @@ void VocabParallelEmbedding::backward(Context& ctx, const Tensor& dy) {
                                              positions_apart ? dpositions.data<float>()
                                              : wpe_          ? wpe_->grad.data<float>()
                                                              : nullptr,
-                                             d.data<float>(),
-                                             tokens_.data<int32_t>(), N, T, C, shard());
+                                             d.data<float>(), tokens_.data<int32_t>(), N, T, C,
+                                             shard());
   if (positions_apart) add_rows_into(ctx.exec(), wpe_->grad, dpositions, ctx.sequence->positions());
   tokens_ = Tensor();
 }

@@ -218,10 +218,9 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   // and their gradient reduce-scattered backward, fp32; full recomputation gathers again.
   if (par.cp > 1) {
     const Gpt2Config model = model_config_of(config);
-    const double kv_bytes = static_cast<double>(config.train.micro_batch_size *
-                                                config.model.seq_len) *
-                            2.0 * static_cast<double>(model.kv_heads() * model.head_dim()) * 4 /
-                            par.tp;
+    const double kv_bytes =
+        static_cast<double>(config.train.micro_batch_size * config.model.seq_len) * 2.0 *
+        static_cast<double>(model.kv_heads() * model.head_dim()) * 4 / par.tp;
     const double per_block = recompute_mode == "full" ? 3 : 2;
     plan.cp_comm_s = static_cast<double>(most_blocks) * m * per_block * (par.cp - 1.0) / par.cp *
                      kv_bytes / (gbps(par.tp * par.cp) * 1e9);
@@ -240,43 +239,43 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
       if (config.model.seq_len % (2 * cp) == 0) cps.push_back(cp);
   }
   for (int cp : cps)
-  for (int tp = 1; tp <= o.devices; ++tp) {
-    if (o.devices % (tp * cp) != 0) continue;
-    for (int pp = 1; pp <= o.devices / (tp * cp); ++pp) {
-      if ((o.devices / (tp * cp)) % pp != 0) continue;
-      for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
-        // The pipeline schedules to try: the config's, and with every_schedule the others.
-        std::vector<std::pair<std::string, int>> schedules = {
-            {config.parallel.schedule, config.parallel.virtual_stages}};
-        if (pp == 1) {
-          schedules = {{"1f1b", 1}};
-        } else if (o.every_schedule) {
-          for (const auto& s : std::vector<std::pair<std::string, int>>{
-                   {"1f1b", 1}, {"zb-h1", 1}, {"interleaved", 2}, {"zb-interleaved", 2}})
-            if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
-              schedules.push_back(s);
-        }
-        for (const auto& [schedule, chunks] : schedules) {
-          Config c = config;
-          c.parallel.dp = o.devices / (tp * pp * cp);
-          c.parallel.cp = cp;
-          c.parallel.tp = tp;
-          c.parallel.pp = pp;
-          c.parallel.zero = zero;
-          c.parallel.schedule = schedule;
-          c.parallel.virtual_stages = chunks;
-          c.parallel.layer_split.clear();
-          try {
-            plans.push_back(estimate_layout(c, o));
-          } catch (const Error&) {
-            // A layout the config cannot run (tp not dividing the heads, dp not dividing the
-            // batch, more stages than blocks, chunks without the micro-batches in groups of
-            // pp): not a candidate.
+    for (int tp = 1; tp <= o.devices; ++tp) {
+      if (o.devices % (tp * cp) != 0) continue;
+      for (int pp = 1; pp <= o.devices / (tp * cp); ++pp) {
+        if ((o.devices / (tp * cp)) % pp != 0) continue;
+        for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
+          // The pipeline schedules to try: the config's, and with every_schedule the others.
+          std::vector<std::pair<std::string, int>> schedules = {
+              {config.parallel.schedule, config.parallel.virtual_stages}};
+          if (pp == 1) {
+            schedules = {{"1f1b", 1}};
+          } else if (o.every_schedule) {
+            for (const auto& s : std::vector<std::pair<std::string, int>>{
+                     {"1f1b", 1}, {"zb-h1", 1}, {"interleaved", 2}, {"zb-interleaved", 2}})
+              if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
+                schedules.push_back(s);
+          }
+          for (const auto& [schedule, chunks] : schedules) {
+            Config c = config;
+            c.parallel.dp = o.devices / (tp * pp * cp);
+            c.parallel.cp = cp;
+            c.parallel.tp = tp;
+            c.parallel.pp = pp;
+            c.parallel.zero = zero;
+            c.parallel.schedule = schedule;
+            c.parallel.virtual_stages = chunks;
+            c.parallel.layer_split.clear();
+            try {
+              plans.push_back(estimate_layout(c, o));
+            } catch (const Error&) {
+              // A layout the config cannot run (tp not dividing the heads, dp not dividing the
+              // batch, more stages than blocks, chunks without the micro-batches in groups of
+              // pp): not a candidate.
+            }
           }
         }
       }
     }
-  }
   std::stable_sort(plans.begin(), plans.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
     if (a.fits != b.fits) return a.fits;
     return a.step_s() < b.step_s();
@@ -323,11 +322,12 @@ std::string format_plan(const Config& config, const PlanOptions& o,
     if (!p.fits) ++not_fitting;
     if (shown == top) continue;
     ++shown;
-    std::snprintf(line, sizeof line,
-                  "%-*s %9.1f %11.1f  %-4s %7.3f  %7.3f %7.3f  %8.3f %8.3f %8.3f %8.3f  %8.0f  %5.1f%%\n",
-                  width, p.name().c_str(), p.state_bytes / gib, p.activation_bytes / gib,
-                  p.fits ? "yes" : "NO", p.step_s(), p.compute_s, p.bubble_s, p.tp_comm_s,
-                  p.dp_comm_s, p.pp_comm_s, p.cp_comm_s, p.tokens_per_s, p.mfu * 100);
+    std::snprintf(
+        line, sizeof line,
+        "%-*s %9.1f %11.1f  %-4s %7.3f  %7.3f %7.3f  %8.3f %8.3f %8.3f %8.3f  %8.0f  %5.1f%%\n",
+        width, p.name().c_str(), p.state_bytes / gib, p.activation_bytes / gib,
+        p.fits ? "yes" : "NO", p.step_s(), p.compute_s, p.bubble_s, p.tp_comm_s, p.dp_comm_s,
+        p.pp_comm_s, p.cp_comm_s, p.tokens_per_s, p.mfu * 100);
     out += line;
   }
   std::snprintf(line, sizeof line,

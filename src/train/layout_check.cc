@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kKeys =
-    "dp, tp, pp, cp, zero, schedule, virtual_stages (v), sequence_parallel (sp), micro_batch_size (mbs), "
+    "dp, tp, pp, cp, zero, schedule, virtual_stages (v), sequence_parallel (sp), micro_batch_size "
+    "(mbs), "
     "recompute";
 
 std::string_view trim(std::string_view s) {

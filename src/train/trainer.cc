@@ -131,8 +131,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   // With context parallelism a cp axis between dp and tp: pp × dp × cp × tp.
   const int cp_degree = config.parallel.cp;
   const bool context_parallel = cp_degree > 1;
-  const MeshShape shape = training_mesh_shape(config.parallel.dp, config.parallel.pp,
-                                              config.parallel.tp, cp_degree);
+  const MeshShape shape =
+      training_mesh_shape(config.parallel.dp, config.parallel.pp, config.parallel.tp, cp_degree);
   DeviceMesh mesh(world, shape);
   std::unique_ptr<DeviceMesh> pipeline_mesh;  // the same coordinates over pipeline_world
   if (pipeline_world != nullptr) pipeline_mesh = std::make_unique<DeviceMesh>(*pipeline_world, shape);
@@ -313,8 +313,12 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   for (int64_t m = 0; m < accum; ++m) {
     host_inputs.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
     host_targets.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
-    inputs.push_back(device.is_cpu() && !context_parallel ? host_inputs.back() : Tensor::empty({micro, local_seq}, DType::kI32, device));
-    targets.push_back(device.is_cpu() && !context_parallel ? host_targets.back() : Tensor::empty({micro, local_seq}, DType::kI32, device));
+    inputs.push_back(device.is_cpu() && !context_parallel
+                         ? host_inputs.back()
+                         : Tensor::empty({micro, local_seq}, DType::kI32, device));
+    targets.push_back(device.is_cpu() && !context_parallel
+                          ? host_targets.back()
+                          : Tensor::empty({micro, local_seq}, DType::kI32, device));
   }
   // The timeline of steps trace_first..trace_last (metrics.trace_from_step; monitor/trace.h): each
   // rank's phases and every wait on communication, by axis.
@@ -322,7 +326,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const int64_t trace_last = trace_first > 0 ? trace_first + config.metrics.trace_steps - 1 : -1;
   dp_count.on_wait([&](double b, double e) { tracer.span("wait: dp", "comm", b, e); });
   tp_count.on_wait([&](double b, double e) { tracer.span("wait: tp", "comm", b, e); });
-  if (cp_count) cp_count->on_wait([&](double b, double e) { tracer.span("wait: cp", "comm", b, e); });
+  if (cp_count)
+    cp_count->on_wait([&](double b, double e) { tracer.span("wait: cp", "comm", b, e); });
   pp_count.on_wait([&](double b, double e) { tracer.span("wait: pp", "comm", b, e); });
   bool trace_written = false;
   // Each rank writes its spans; world rank 0 merges them (the ranks' files are complete after
@@ -473,7 +478,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   summary.last_step = summary.start_step;
   for (int64_t step = summary.start_step + 1; step <= end_step; ++step) {
     const double t0 = now_seconds();
-    for (CountingCommunicator* c : {&dp_count, &pp_count, &tp_count, cp_count.get()}) {  // not eval's
+    for (CountingCommunicator* c :
+         {&dp_count, &pp_count, &tp_count, cp_count.get()}) {  // not eval's
       if (c == nullptr) continue;
       c->take_bytes();
       c->take_wait_seconds();
@@ -538,7 +544,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     // Where the step's time went on this rank: the loader, blocked on each axis' communication
     // (a pipeline's bubble is its stages waiting for each other: pp), and the rest computing.
     const double comm_dp = dp_count.take_wait_seconds(), comm_pp = pp_count.take_wait_seconds(),
-                 comm_tp = tp_count.take_wait_seconds(), comm_cp = cp_count ? cp_count->take_wait_seconds() : 0.0;
+                 comm_tp = tp_count.take_wait_seconds(),
+                 comm_cp = cp_count ? cp_count->take_wait_seconds() : 0.0;
     const double compute_s =
         std::max(0.0, dt - data_seconds - comm_dp - comm_pp - comm_tp - comm_cp);
     // Each pipeline rank's bubble (rank 0's pipeline group): the busiest stage is the one that
@@ -591,26 +598,28 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       summary.last_val_loss = val;
     }
     if (leader) {
-      nlohmann::json record = {
-          {"step", step},
-          {"loss", loss},
-          {"lr", lr},
-          {"grad_norm", grad_norm},
-          {"tokens_per_s", tokens_per_step / dt},
-          {"step_ms", dt * 1e3},
-          {"comm_wait_ms", comm_wait * 1e3},
-          {"data_ms", data_seconds * 1e3},
-          {"comm_ms",
-           {{"dp", comm_dp * 1e3}, {"pp", comm_pp * 1e3}, {"tp", comm_tp * 1e3}, {"cp", comm_cp * 1e3}}},
-          {"compute_ms", compute_s * 1e3},
-          {"tflops", flops_per_step / dt / 1e12},
-          {"mfu", flops_per_step / dt / (peak_tflops * 1e12 * world.size())},
-          {"tokens", step * tokens_per_step},
-          {"peak_mem_mb", peak / 1048576.0},
-          {"mem_params_mb", state_bytes.params / 1048576.0},
-          {"mem_grads_mb", state_bytes.grads / 1048576.0},
-          {"mem_optimizer_mb", state_bytes.optimizer / 1048576.0},
-          {"mem_activations_peak_mb", (peak - held) / 1048576.0}};
+      nlohmann::json record = {{"step", step},
+                               {"loss", loss},
+                               {"lr", lr},
+                               {"grad_norm", grad_norm},
+                               {"tokens_per_s", tokens_per_step / dt},
+                               {"step_ms", dt * 1e3},
+                               {"comm_wait_ms", comm_wait * 1e3},
+                               {"data_ms", data_seconds * 1e3},
+                               {"comm_ms",
+                                {{"dp", comm_dp * 1e3},
+                                 {"pp", comm_pp * 1e3},
+                                 {"tp", comm_tp * 1e3},
+                                 {"cp", comm_cp * 1e3}}},
+                               {"compute_ms", compute_s * 1e3},
+                               {"tflops", flops_per_step / dt / 1e12},
+                               {"mfu", flops_per_step / dt / (peak_tflops * 1e12 * world.size())},
+                               {"tokens", step * tokens_per_step},
+                               {"peak_mem_mb", peak / 1048576.0},
+                               {"mem_params_mb", state_bytes.params / 1048576.0},
+                               {"mem_grads_mb", state_bytes.grads / 1048576.0},
+                               {"mem_optimizer_mb", state_bytes.optimizer / 1048576.0},
+                               {"mem_activations_peak_mb", (peak - held) / 1048576.0}};
       if (val >= 0) record["val_loss"] = val;
       if (scaler.enabled()) record["loss_scale"] = loss_scale;
       if (!applied) record["skipped"] = true;

@@ -1240,14 +1240,16 @@ TEST_F(CudaKernelsTest, AttentionOfSomeQueryRowsMatchesCpuAndRepeats) {
     const int64_t Tq = cpu::rows_in(rows);
     Pair q = random_pair(B * Tq * W, 41, -2.0, 2.0), kv = random_pair(B * T * kvw, 42, -2.0, 2.0);
     Pair dout = random_pair(B * Tq * C, 43);
-    Pair out = pair_of(std::vector<float>(B * Tq * C)), lse = pair_of(std::vector<float>(B * NH * Tq));
+    Pair out = pair_of(std::vector<float>(B * Tq * C)),
+         lse = pair_of(std::vector<float>(B * NH * Tq));
     ops::attention_gqa_forward_rows<float>(on_cpu, out.h(), lse.h(), q.h(), W, kv.h(), kvw, B, T,
                                            NH, KV, hd, rows);
     ops::attention_gqa_forward_rows<float>(on_gpu, out.g(), lse.g(), q.g(), W, kv.g(), kvw, B, T,
                                            NH, KV, hd, rows);
     expect_pair_close("out", out, kTol);
     expect_pair_close("lse", lse, kTol);
-    Pair dq = pair_of(std::vector<float>(B * Tq * W)), dkv = pair_of(std::vector<float>(B * T * kvw, 7.0f));
+    Pair dq = pair_of(std::vector<float>(B * Tq * W)),
+         dkv = pair_of(std::vector<float>(B * T * kvw, 7.0f));
     ops::attention_gqa_backward_rows<float>(on_cpu, dq.h(), dkv.h(), dout.h(), q.h(), W, kv.h(),
                                             kvw, out.h(), lse.h(), B, T, NH, KV, hd, rows);
     ops::attention_gqa_backward_rows<float>(on_gpu, dq.g(), dkv.g(), dout.g(), q.g(), W, kv.g(),

@@ -9,6 +9,8 @@
 // 1e-5 relative, `loom check`'s measure); the validation loss is one device's; the same layout
 // twice gives the same bits; a cp checkpoint resumes on one device; bad configs are refused.
 // On GPUs: tests/train/train_test.cc (ContextParallelGpus...).
+#include "parallel/context_parallel.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -24,7 +26,6 @@
 #include "harness/thread_ranks.h"
 #include "kernels/cpu/attention.h"
 #include "nn/context.h"
-#include "parallel/context_parallel.h"
 #include "parallel/run_compare.h"
 #include "train/layout_check.h"
 #include "train/trainer.h"
@@ -63,14 +64,16 @@ struct AttentionShape {
 TEST(ContextParallelAttention, RowsAreTheFullAttentionsAndTheirBackwardsSumToIt) {
   ThreadPool pool(2);
   // T = 136 over cp 2: chunks of 34 crossing the 64-row blocks; cp 4: chunks of 17; cp 3 on 24.
-  for (const AttentionShape& s : {AttentionShape{2, 136, 4, 2, 8, 2}, AttentionShape{1, 136, 2, 2, 4, 4},
-                                  AttentionShape{2, 24, 6, 3, 4, 3}}) {
+  for (const AttentionShape& s :
+       {AttentionShape{2, 136, 4, 2, 8, 2}, AttentionShape{1, 136, 2, 2, 4, 4},
+        AttentionShape{2, 24, 6, 3, 4, 3}}) {
     SCOPED_TRACE("T=" + std::to_string(s.T) + " cp=" + std::to_string(s.cp));
     const int64_t W = (s.NH + 2 * s.KV) * s.hd, C = s.NH * s.hd;
     const std::vector<double> qkv = random_values(s.B * s.T * W, 7);
     const std::vector<double> dout = random_values(s.B * s.T * C, 8);
     std::vector<double> out(s.B * s.T * C), lse(s.B * s.NH * s.T), dqkv(s.B * s.T * W);
-    cpu::attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.KV, s.hd);
+    cpu::attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.KV,
+                               s.hd);
     cpu::attention_gqa_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
                                 s.B, s.T, s.NH, s.KV, s.hd);
     // Each rank: its rows' q (B, Tq, W) and every position's k, v (B, T, 2·KV·hd).
@@ -206,7 +209,8 @@ save_every = 0
 seed = 5
 [runtime]
 threads_per_rank = 1
-)", "context_parallel_test.toml");
+)",
+                            "context_parallel_test.toml");
     c.model.arch = arch;
     if (arch == "llama") {
       c.model.n_kv_heads = 2;

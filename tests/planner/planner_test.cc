@@ -108,11 +108,20 @@ TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
       fs::temp_directory_path() / ("loom_planner_test_" + std::to_string(getpid()));
   fs::remove_all(dir);
   synthesize_addition((dir / "data").string(), 20000, 2000, 5);
-  const Layout layouts[] = {{1, 1, 1, 0, 1}, {2, 1, 1, 0, 1}, {2, 1, 1, 1, 1}, {2, 1, 1, 2, 1},
-                            {2, 1, 1, 3, 1}, {2, 2, 1, 0, 1}, {2, 1, 2, 0, 1}, {4, 2, 1, 1, 1},
-                            {4, 2, 2, 1, 1}, {2, 1, 2, 1, 2},
+  const Layout layouts[] = {{1, 1, 1, 0, 1},
+                            {2, 1, 1, 0, 1},
+                            {2, 1, 1, 1, 1},
+                            {2, 1, 1, 2, 1},
+                            {2, 1, 1, 3, 1},
+                            {2, 2, 1, 0, 1},
+                            {2, 1, 2, 0, 1},
+                            {4, 2, 1, 1, 1},
+                            {4, 2, 2, 1, 1},
+                            {2, 1, 2, 1, 2},
                             // context parallelism: ZeRO over dp × cp
-                            {2, 1, 1, 1, 1, 2}, {4, 1, 1, 3, 1, 2}, {4, 2, 1, 2, 1, 2}};
+                            {2, 1, 1, 1, 1, 2},
+                            {4, 1, 1, 3, 1, 2},
+                            {4, 2, 1, 2, 1, 2}};
   for (const Layout& l : layouts)
     expect_plan_is_what_the_trainer_allocates(tiny_config((dir / "data").string()), l, dir);
   fs::remove_all(dir);
@@ -232,8 +241,8 @@ TEST(Planner, TriesContextParallelismAndCountsItsExchange) {
   o.hardware = find_hardware("h100");
   std::map<std::string, LayoutPlan> by_name;
   for (const LayoutPlan& p : plan_layouts(c, o)) by_name[p.name()] = p;
-  for (const char* name : {"dp2 tp1 pp1 cp2 zero1", "dp1 tp1 pp1 cp4 zero0", "dp1 tp2 pp1 cp2 zero0",
-                           "dp4 tp1 pp1 zero0"})
+  for (const char* name : {"dp2 tp1 pp1 cp2 zero1", "dp1 tp1 pp1 cp4 zero0",
+                           "dp1 tp2 pp1 cp2 zero0", "dp4 tp1 pp1 zero0"})
     ASSERT_TRUE(by_name.count(name)) << name;
   // cp at most the 4 devices (seq_len 16 would split into the 16 chunks of cp 8 too).
   for (const auto& [name, p] : by_name) EXPECT_LE(p.cp, 4) << name;
@@ -247,7 +256,8 @@ TEST(Planner, TriesContextParallelismAndCountsItsExchange) {
   EXPECT_NEAR(cp4.cp_comm_s, 4 * 4 * 2 * 0.75 * kv_bytes / (450e9), 1e-15);
   EXPECT_EQ(dp4.cp_comm_s, 0);
   // ZeRO-1 over dp × cp: a rank of dp2 cp2 holds what a rank of dp4 holds.
-  EXPECT_EQ(by_name.at("dp2 tp1 pp1 cp2 zero1").state_bytes, by_name.at("dp4 tp1 pp1 zero1").state_bytes);
+  EXPECT_EQ(by_name.at("dp2 tp1 pp1 cp2 zero1").state_bytes,
+            by_name.at("dp4 tp1 pp1 zero1").state_bytes);
   // With every_cp off, the config's cp alone.
   o.every_cp = false;
   for (const LayoutPlan& p : plan_layouts(c, o)) EXPECT_EQ(p.cp, 1) << p.name();

@@ -900,7 +900,8 @@ TEST_F(TrainTest, ContextParallelGpusTrainTheCpuRun) {
         if (!want[i].contains(key)) continue;
         const double w = want[i][key];
         EXPECT_NEAR(got[i][key].get<double>(), w, 1e-4 * w) << key << ", step " << i + 1;
-        EXPECT_NEAR(got16[i][key].get<double>(), w, 2e-2 * w) << "bf16 " << key << ", step " << i + 1;
+        EXPECT_NEAR(got16[i][key].get<double>(), w, 2e-2 * w)
+            << "bf16 " << key << ", step " << i + 1;
       }
       EXPECT_GT(got[i]["comm_bytes"]["cp"].get<double>(), 0) << "step " << i + 1;
     }

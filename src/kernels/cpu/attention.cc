@@ -191,9 +191,8 @@ void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const
 template <typename Real>
 void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, Real* dkv, const Real* dout,
                                  const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
-                                 const Real* out, const Real* lse, int64_t B, int64_t T,
-                                 int64_t NH, int64_t KV, int64_t hd,
-                                 std::span<const RowRange> rows) {
+                                 const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
+                                 int64_t KV, int64_t hd, std::span<const RowRange> rows) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
   const int64_t C = NH * hd, group = NH / KV, Tq = rows_in(rows);
   const Real scale = Real(1) / std::sqrt(Real(hd));

@@ -72,9 +72,8 @@ void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Re
 template <typename Real>
 void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, Real* dkv, const Real* dout,
                                  const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
-                                 const Real* out, const Real* lse, int64_t B, int64_t T,
-                                 int64_t NH, int64_t KV, int64_t hd,
-                                 std::span<const RowRange> rows);
+                                 const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
+                                 int64_t KV, int64_t hd, std::span<const RowRange> rows);
 
 // Columns [0, width) of `rows` rows between row strides ld_src and ld_dst (the keys and values
 // of a qkv projection's rows, for context parallelism's exchange).

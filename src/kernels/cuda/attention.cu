@@ -440,7 +440,8 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
   const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
   if (B * Tq == 0) return;
   DeviceGuard guard(device);
-  Scratch<float> qh(device, heads * Tq * hd), kh(device, heads * T * hd), vh(device, heads * T * hd);
+  Scratch<float> qh(device, heads * Tq * hd), kh(device, heads * T * hd),
+      vh(device, heads * T * hd);
   Scratch<float> yh(device, heads * Tq * hd);
   launch("attention_gqa_forward_rows (split q)", rows_split_q_kernel,
          blocks_for(heads * Tq * hd, kThreads), kThreads, qh.get(), q, ldq, Tq, NH, hd,
@@ -505,8 +506,8 @@ void attention_gqa_backward_rows(int device, float* dq, float* dkv, const float*
       if (n == 0) continue;
       const int64_t rows_n = heads * n;
       Scratch<float> P(device, rows_n * keys), dP(device, rows_n * keys);
-      head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd,
-                kh.get(), hd, T * hd, P.get(), keys, n * keys, heads);
+      head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),
+                hd, T * hd, P.get(), keys, n * keys, heads);
       launch("attention_gqa_backward_rows (P)", rows_probabilities_kernel,
              blocks_for(rows_n * keys, kThreads), kThreads, P.get(), lse, rows_n, n, keys, r.begin,
              Tq, at);

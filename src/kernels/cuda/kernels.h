@@ -21,7 +21,6 @@
 #pragma once
 
 #include <cstdint>
-
 #include <span>
 
 #include "kernels/adamw_factors.h"    // AdamWRun
