@@ -458,11 +458,16 @@ TEST_F(Launch, ATrainCommandThatDoesNotResumeIsRefused) {
 namespace {
 TEST_F(Cli, PlanListsLayoutsAndNamesBadInput) {
   const std::string cfg = write_config("");  // d_model 16, 2 heads, 1 layer, batch 4 of 2
-  Result r = run("plan " + cfg + " --devices 4 --hardware a100-80g");
+  Result r = run("plan " + cfg + " --devices 4 --hardware a100-80g --cp config");
   ASSERT_EQ(r.code, 0) << r.output;
   // Two heads, one block, two micro-batches: dp 2 × tp 2 only, with each ZeRO stage.
   for (const char* text : {"layout ", "dp2 tp2 pp1 zero0", "dp2 tp2 pp1 zero3", "4 x a100-80g",
                            "MFU", "\n4 layouts, 0 of them beyond", "model: 7664 parameters"})
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << " in:\n" << r.output;
+  // By default context parallelism too: the 16 positions over cp 2 beside tp 2.
+  r = run("plan " + cfg + " --devices 4 --hardware a100-80g");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* text : {"dp1 tp2 pp1 cp2 zero0", "cp comm", "dp2 tp2 pp1 zero0"})
     EXPECT_NE(r.output.find(text), std::string::npos) << text << " in:\n" << r.output;
   EXPECT_EQ(r.output.find("dp4"), std::string::npos) << r.output;  // 4 sequences: 2 micro-batches
   expect_error(run("plan " + cfg + " --hardware tpu"), "--hardware tpu: unknown; known: h100");
