@@ -59,31 +59,33 @@ __global__ void rows_to_heads_kernel(float* heads, const float* rows, HeadIndex 
   LOOM_FOR_EACH(i, n) heads[i] = rows[at(i, at.C, 0)];
 }
 
-// Row i of each (T, T) score matrix, in place: P_ij = exp(S_ij - lse_i) for j <= i, else 0.
-__global__ void causal_softmax_kernel(float* S, float* lse, int64_t rows, int64_t T) {
+// Row r of each head's (n_rows, keys) scores in place, the query at position first + r (the
+// whole-sequence attention: n_rows = keys = Tq = T, first = at = 0): P_rj =
+// exp(S_rj − lse) for j <= first + r, else 0; lse into lse[bh·Tq + at + r]. One warp per row.
+__global__ void causal_softmax_kernel(float* S, float* lse, int64_t rows, int64_t n_rows,
+                                      int64_t keys, int64_t first, int64_t Tq, int64_t at) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
-  const int64_t i = row % T;
-  float* s = S + row * T;
+  const int64_t bh = row / n_rows, r = row % n_rows, i = first + r;
+  float* s = S + row * keys;
   float mx = -INFINITY;
   for (int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, s[j]);
   mx = warp_max(mx);
   float sum = 0.0f;
   for (int64_t j = lane; j <= i; j += 32) sum += expf(s[j] - mx);
   const float l = mx + logf(warp_sum(sum));
-  for (int64_t j = lane; j < T; j += 32) s[j] = j <= i ? expf(s[j] - l) : 0.0f;
-  if (lane == 0) lse[row] = l;
+  for (int64_t j = lane; j < keys; j += 32) s[j] = j <= i ? expf(s[j] - l) : 0.0f;
+  if (lane == 0) lse[bh * Tq + at + r] = l;
 }
-
-// The backward's P from the saved lse, in place over the recomputed scores.
-__global__ void probabilities_kernel(float* S, const float* lse, int64_t rows, int64_t T) {
-  LOOM_FOR_EACH(e, rows * T) {
-    const int64_t row = e / T, j = e % T, i = row % T;
-    S[e] = j <= i ? expf(S[e] - lse[row]) : 0.0f;
+// The backward's P of those rows from the saved lse, in place over the recomputed scores.
+__global__ void probabilities_kernel(float* S, const float* lse, int64_t rows, int64_t n_rows,
+                                     int64_t keys, int64_t first, int64_t Tq, int64_t at) {
+  LOOM_FOR_EACH(e, rows * keys) {
+    const int64_t row = e / keys, j = e % keys, bh = row / n_rows, r = row % n_rows;
+    S[e] = j <= first + r ? expf(S[e] - lse[bh * Tq + at + r]) : 0.0f;
   }
 }
-
 // D (B·NH·T) = Σ_d dout ∘ out per head row; one warp per row. `Out`: fp32, or the 16-bit type
 // attention_forward_rounded wrote out in; `DO` likewise fp32, or bf16 for the flash kernels.
 template <typename DO, typename Out>
@@ -156,7 +158,7 @@ void attention_forward(int device, float* out, float* lse, const float* qkv, int
   head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, S.get(),
             T, T * T, heads);
   launch("attention_forward (softmax)", causal_softmax_kernel, blocks_of(heads * T, kRowsPerBlock),
-         kRowsPerBlock * 32, S.get(), lse, heads * T, T);
+         kRowsPerBlock * 32, S.get(), lse, heads * T, T, T, int64_t{0}, T, int64_t{0});
   // Y = P·V
   head_gemm(device, false, false, T, hd, T, 1.0f, S.get(), T, T * T, v.get(), hd, T * hd, y.get(),
             hd, T * hd, heads);
@@ -191,7 +193,7 @@ void attention_backward_given_D(int device, float* dqkv, const float* dout, cons
   head_gemm(device, false, true, T, T, hd, scale, q16.operand(), hd, T * hd, k16.operand(), hd,
             T * hd, P.get(), T, T * T, heads);
   launch("attention_backward (P)", probabilities_kernel, blocks_for(rows * T, kThreads), kThreads,
-         P.get(), lse, rows, T);
+         P.get(), lse, rows, T, T, int64_t{0}, T, int64_t{0});
   // dV = Pᵀ·dO
   head_gemm(device, true, false, T, hd, T, 1.0f, P.get(), T, T * T, dy16.operand(), hd, T * hd,
             dv.get(), hd, T * hd, heads);
@@ -370,32 +372,6 @@ __global__ void rows_merge_dkv_kernel(float* dkv, int64_t ldkv, const float* dkh
     row[(KV + g) * hd + d] = v;
   }
 }
-// Row r of each head's (n_rows, keys) scores, the query at position first + r: P_rj = exp(S_rj −
-// lse) for j <= first + r, else 0; lse into lse[bh·Tq + at + r]. One warp per row.
-__global__ void rows_causal_softmax_kernel(float* S, float* lse, int64_t rows, int64_t n_rows,
-                                           int64_t keys, int64_t first, int64_t Tq, int64_t at) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t bh = row / n_rows, r = row % n_rows, i = first + r;
-  float* s = S + row * keys;
-  float mx = -INFINITY;
-  for (int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, s[j]);
-  mx = warp_max(mx);
-  float sum = 0.0f;
-  for (int64_t j = lane; j <= i; j += 32) sum += expf(s[j] - mx);
-  const float l = mx + logf(warp_sum(sum));
-  for (int64_t j = lane; j < keys; j += 32) s[j] = j <= i ? expf(s[j] - l) : 0.0f;
-  if (lane == 0) lse[bh * Tq + at + r] = l;
-}
-// The backward's P of those rows from the saved lse, in place over the recomputed scores.
-__global__ void rows_probabilities_kernel(float* S, const float* lse, int64_t rows, int64_t n_rows,
-                                          int64_t keys, int64_t first, int64_t Tq, int64_t at) {
-  LOOM_FOR_EACH(e, rows * keys) {
-    const int64_t row = e / keys, j = e % keys, bh = row / n_rows, r = row % n_rows;
-    S[e] = j <= first + r ? expf(S[e] - lse[bh * Tq + at + r]) : 0.0f;
-  }
-}
 // dS = P ∘ (dP − D) · scale over those rows, in place over dP.
 __global__ void rows_softmax_backward_kernel(float* dP, const float* P, const float* D, float scale,
                                              int64_t rows, int64_t n_rows, int64_t keys, int64_t Tq,
@@ -457,7 +433,7 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
     Scratch<float> S(device, heads * n * keys);
     head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),
               hd, T * hd, S.get(), keys, n * keys, heads);
-    launch("attention_gqa_forward_rows (softmax)", rows_causal_softmax_kernel,
+    launch("attention_gqa_forward_rows (softmax)", causal_softmax_kernel,
            blocks_of(heads * n, kRowsPerBlock), kRowsPerBlock * 32, S.get(), lse, heads * n, n,
            keys, r.begin, Tq, at);
     head_gemm(device, false, false, n, hd, keys, 1.0f, S.get(), keys, n * keys, vh.get(), hd,
@@ -508,7 +484,7 @@ void attention_gqa_backward_rows(int device, float* dq, float* dkv, const float*
       Scratch<float> P(device, rows_n * keys), dP(device, rows_n * keys);
       head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),
                 hd, T * hd, P.get(), keys, n * keys, heads);
-      launch("attention_gqa_backward_rows (P)", rows_probabilities_kernel,
+      launch("attention_gqa_backward_rows (P)", probabilities_kernel,
              blocks_for(rows_n * keys, kThreads), kThreads, P.get(), lse, rows_n, n, keys, r.begin,
              Tq, at);
       // dV[0:end] += Pᵀ·dO
