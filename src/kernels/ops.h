@@ -725,7 +725,8 @@ inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, con
 }
 
 template <typename Real>
-inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, Real* dkv, const Real* dout,
+inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, int64_t lddq, Real* dkv,
+                                        const Real* dout,
                                         const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
                                         const Real* out, const Real* lse, int64_t B, int64_t T,
                                         int64_t NH, int64_t KV, int64_t hd,
@@ -734,7 +735,7 @@ inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, Real* dkv, con
   LOOM_OPS_DISPATCH(
       attention_gqa_backward_rows,
       (5.0 * B * Tq * T * NH * hd, 2.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd),
-      dq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T, NH, KV, hd, rows);
+      dq, lddq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T, NH, KV, hd, rows);
 }
 
 template <typename Real>

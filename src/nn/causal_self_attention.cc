@@ -65,8 +65,9 @@ Tensor CausalSelfAttention::attend_shard(Context& ctx, const Tensor& x) {
       ops::rope_forward<T_>(ctx.exec(), local.data<T_>(), rope.data<T_>(), B, T, heads_, KV, hd);
     });
   }
-  qkv_out_ = local;
-  shard_attention_forward(ctx, *ctx.sequence, qkv_out_, B, heads_, KV, hd, kv_full_, att_, lse_);
+  // Kept: the queries alone (qkv_out_) and the gathered keys and values.
+  shard_attention_forward(ctx, *ctx.sequence, local, B, heads_, KV, hd, qkv_out_, kv_full_, att_,
+                          lse_);
   att_ = att_.reshape({B, T, channels_});
   return att_;
 }
@@ -76,13 +77,13 @@ Tensor CausalSelfAttention::backward_shard(Context& ctx, const Tensor& dy) {
   const int64_t KV = rotary_ ? rotary_->kv_heads : heads_;
   Tensor datt = proj_.backward(ctx, dy);
   Tensor dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
-                                         heads_, KV, hd);
+                                         heads_, KV, hd);  // (B, T, W)
   if (rotary_)
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);
       ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope_.data<T_>(), B, T, heads_, KV, hd);
     });
-  qkv_out_ = att_ = lse_ = Tensor();
+  qkv_out_ = kv_full_ = att_ = lse_ = Tensor();
   return qkv_.backward(ctx, dqkv);
 }
 
@@ -145,7 +146,7 @@ Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
     ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope_.data<T_>(), B, T, heads_,
                            rotary_->kv_heads, hd);
   });
-  qkv_out_ = kv_full_ = att_ = lse_ = Tensor();
+  qkv_out_ = att_ = lse_ = Tensor();
   return qkv_.backward(ctx, dqkv);
 }
 

@@ -69,7 +69,8 @@ class CausalSelfAttention {
   std::optional<Rotary> rotary_;
   Linear qkv_;
   Linear proj_;
-  Tensor qkv_out_;  // (B, T, 3C); with Rotary (B, T, (NH + 2·KV)·hd), q and k turned
+  Tensor qkv_out_;  // (B, T, 3C); with Rotary (B, T, (NH + 2·KV)·hd), q and k turned; with
+                    // context parallelism the queries alone, (B, T, C)
   Tensor kv_full_;  // context parallelism: the whole sequence's keys and values, gathered
   Tensor rope_;     // with Rotary: the (T, head_dim) cos/sin table of the last T, on ctx.device
   Tensor att_;      // (B, T, C) attention output before proj

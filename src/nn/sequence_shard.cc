@@ -37,49 +37,51 @@ void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
 }
 
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
-                             int64_t NH, int64_t KV, int64_t hd, Tensor& kv, Tensor& att,
-                             Tensor& lse) {
+                             int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
+                             Tensor& att, Tensor& lse) {
   const int64_t Tl = shard.local_length(), T = shard.full_length(), W = qkv.shape().back();
   LOOM_CHECK(qkv.numel() == B * Tl * W && W == (NH + 2 * KV) * hd);
   LOOM_CHECK_MSG(qkv.dtype() == ctx.dtype,
                  "context parallelism's attention takes its qkv at the activations' dtype");
-  const int64_t kv_width = 2 * KV * hd;
+  const int64_t C = NH * hd, kv_width = 2 * KV * hd;
+  q = Tensor::empty({B, Tl, C}, qkv.dtype(), ctx.device);
   Tensor kv_local = Tensor::empty({B, Tl, kv_width}, qkv.dtype(), ctx.device);
-  att = Tensor::empty({B * Tl, NH * hd}, ctx.dtype, ctx.device);
+  att = Tensor::empty({B * Tl, C}, ctx.dtype, ctx.device);
   lse = Tensor::empty({B, NH, Tl}, ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    ops::copy_columns<T_>(ctx.exec(), kv_local.data<T_>(), kv_width, qkv.data<T_>() + NH * hd, W,
+    ops::copy_columns<T_>(ctx.exec(), q.data<T_>(), C, qkv.data<T_>(), W, B * Tl, C);
+    ops::copy_columns<T_>(ctx.exec(), kv_local.data<T_>(), kv_width, qkv.data<T_>() + C, W,
                           B * Tl, kv_width);
   });
   kv = shard.gather(ctx, kv_local);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    ops::attention_gqa_forward_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(), qkv.data<T_>(),
-                                        W, kv.data<T_>(), kv_width, B, T, NH, KV, hd,
+    ops::attention_gqa_forward_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(), q.data<T_>(),
+                                        C, kv.data<T_>(), kv_width, B, T, NH, KV, hd,
                                         shard.positions());
   });
 }
 
-Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& qkv,
+Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& q,
                                 const Tensor& kv, const Tensor& att, const Tensor& lse,
                                 const Tensor& datt, int64_t NH, int64_t KV, int64_t hd) {
-  const int64_t B = kv.dim(0), T = kv.dim(1), kv_width = kv.dim(2), W = qkv.shape().back();
-  const int64_t Tl = shard.local_length();
-  Tensor dqkv = Tensor::empty(qkv.shape(), ctx.dtype, ctx.device);
+  const int64_t B = kv.dim(0), T = kv.dim(1), kv_width = kv.dim(2), C = NH * hd;
+  const int64_t Tl = shard.local_length(), W = C + kv_width;
+  Tensor dqkv = Tensor::empty({B, Tl, W}, ctx.dtype, ctx.device);
   Tensor dkv = Tensor::empty(kv.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    ops::attention_gqa_backward_rows<T_>(ctx.exec(), dqkv.data<T_>(), dkv.data<T_>(),
-                                         datt.data<T_>(), qkv.data<T_>(), W, kv.data<T_>(),
-                                         kv_width, att.data<T_>(), lse.data<T_>(), B, T, NH, KV, hd,
+    ops::attention_gqa_backward_rows<T_>(ctx.exec(), dqkv.data<T_>(), W, dkv.data<T_>(),
+                                         datt.data<T_>(), q.data<T_>(), C, kv.data<T_>(), kv_width,
+                                         att.data<T_>(), lse.data<T_>(), B, T, NH, KV, hd,
                                          shard.positions());
   });
   const Tensor mine = shard.reduce_scatter(ctx, dkv);  // (B, Tl, 2·KV·hd)
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    ops::copy_columns<T_>(ctx.exec(), dqkv.data<T_>() + NH * hd, W, mine.data<T_>(), kv_width,
-                          B * Tl, kv_width);
+    ops::copy_columns<T_>(ctx.exec(), dqkv.data<T_>() + C, W, mine.data<T_>(), kv_width, B * Tl,
+                          kv_width);
   });
   return dqkv;
 }

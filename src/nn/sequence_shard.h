@@ -41,16 +41,17 @@ Tensor rows_of(const Tensor& table, const std::vector<cpu::RowRange>& positions)
 void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
                    const std::vector<cpu::RowRange>& positions);
 
-// The attention of a shard's query rows over the whole sequence (fp32 / f64, CPU ranks): `qkv`
-// (B·Tl or B, Tl, W = (NH + 2·KV)·hd) is this rank's, q and k already turned. Only the keys and
-// values cross the group: `kv` gets the whole sequence's (B, T, 2·KV·hd), gathered, kept for the
-// backward with qkv; att (B·Tl, NH·hd) and lse (B, NH, Tl) are written.
+// The attention of a shard's query rows over the whole sequence: `qkv` (B·Tl or B, Tl, W =
+// (NH + 2·KV)·hd) is this rank's, q and k already turned. Only the keys and values cross the
+// group. Kept for the backward: `q`, a compact copy of the queries (B, Tl, NH·hd), and `kv`, the
+// whole sequence's keys and values (B, T, 2·KV·hd), gathered — the rank's own among them, so qkv
+// itself need not be kept. att (B·Tl, NH·hd) and lse (B, NH, Tl) are written.
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
-                             int64_t NH, int64_t KV, int64_t hd, Tensor& kv, Tensor& att,
-                             Tensor& lse);
-// Its backward: datt shaped as att → dqkv shaped as qkv: this rank's dQ, and its positions' sum
-// of every rank's dK and dV (reduce-scattered).
-Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& qkv,
+                             int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
+                             Tensor& att, Tensor& lse);
+// Its backward: datt shaped as att → dqkv (B, Tl, W): this rank's dQ, and its positions' sum of
+// every rank's dK and dV (reduce-scattered).
+Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& q,
                                 const Tensor& kv, const Tensor& att, const Tensor& lse,
                                 const Tensor& datt, int64_t NH, int64_t KV, int64_t hd);
 

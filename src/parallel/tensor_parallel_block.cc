@@ -112,8 +112,10 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   if (ctx.sequence != nullptr) {
     // Context parallelism: this rank's key/value heads of the whole sequence gathered over cp,
     // the attention of its positions' rows (nn/sequence_shard.h).
-    shard_attention_forward(ctx, *ctx.sequence, qkv_out_, B, local_heads_, local_kv_heads_,
-                            head_dim_, kv_full_, att_, lse_);
+    // Kept: the queries alone (qkv_out_) and the gathered keys and values.
+    const Tensor local = qkv_out_;
+    shard_attention_forward(ctx, *ctx.sequence, local, B, local_heads_, local_kv_heads_,
+                            head_dim_, qkv_out_, kv_full_, att_, lse_);
   } else {
     att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
     lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
@@ -150,7 +152,8 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   Tensor dqkv;
   if (ctx.sequence != nullptr) {
     dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
-                                    local_heads_, local_kv_heads_, head_dim_);
+                                    local_heads_, local_kv_heads_, head_dim_)
+               .reshape({B_ * T_, (local_heads_ + 2 * local_kv_heads_) * head_dim_});
   } else {
     dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
     ops::attention_gqa_backward<float>(

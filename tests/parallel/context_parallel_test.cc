@@ -96,17 +96,16 @@ TEST(ContextParallelAttention, RowsAreTheFullAttentionsAndTheirBackwardsSumToIt)
       const std::vector<double> want_l = take_rows(lse, s.B * s.NH, s.T, 1, rows);
       for (size_t i = 0; i < l.size(); ++i) ASSERT_NEAR(l[i], want_l[i], 1e-12) << "lse " << i;
       const std::vector<double> local_dout = take_rows(dout, s.B, s.T, C, rows);
-      // dq in q's layout (B, Tq, W), its first C columns written; dkv overwritten (123: nothing
-      // left of it).
-      std::vector<double> dq(s.B * Tq * W), dkv(kv.size(), 123.0);
-      cpu::attention_gqa_backward_rows(pool, dq.data(), dkv.data(), local_dout.data(), q.data(), W,
+      // dq compact (B, Tq, C), q read from the qkv layout; dkv overwritten (123: nothing left).
+      std::vector<double> dq(s.B * Tq * C), dkv(kv.size(), 123.0);
+      cpu::attention_gqa_backward_rows(pool, dq.data(), C, dkv.data(), local_dout.data(), q.data(), W,
                                        kv.data(), kvw, o.data(), l.data(), s.B, s.T, s.NH, s.KV,
                                        s.hd, rows);
       // This rank's dQ is the full backward's at its rows: nobody else adds to it.
       const std::vector<double> want_dq = take_rows(dqkv, s.B, s.T, W, rows);
       for (int64_t row = 0; row < s.B * Tq; ++row)
         for (int64_t c = 0; c < C; ++c)
-          ASSERT_NEAR(dq[row * W + c], want_dq[row * W + c], 1e-10) << "dq " << row;
+          ASSERT_NEAR(dq[row * C + c], want_dq[row * W + c], 1e-10) << "dq " << row;
       for (int64_t row = 0; row < s.B * s.T; ++row)
         for (int64_t c = 0; c < kvw; ++c) summed[row * W + C + c] += dkv[row * kvw + c];
     }

@@ -140,7 +140,8 @@ namespace {
 // shared with the rest of its group — added to. x: the head; o, dO, l: its output, output
 // gradient and lse; scratch: two (kAttentionRowBlock, T) matrices.
 template <typename Real>
-void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const Head<Real>& x,
+void attention_head_backward(Real* dq, int64_t lddq, Real* dk, Real* dv, const Real* dO,
+                             const Head<Real>& x,
                              const Real* o, const Real* l, std::span<const RowRange> rows,
                              int64_t C, int64_t hd, Real scale, Real* scratch, int64_t block_area) {
   Real* P = scratch;
@@ -171,8 +172,8 @@ void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const
         std::fill(p + n, p + i1, Real(0));
         std::fill(ds + n, ds + i1, Real(0));
       }
-      gemm_serial<Real>(false, false, n_rows, hd, i1, 1, dS, i1, x.k, x.ldkv, 0, dq + at * x.ldq,
-                        x.ldq);
+      gemm_serial<Real>(false, false, n_rows, hd, i1, 1, dS, i1, x.k, x.ldkv, 0, dq + at * lddq,
+                        lddq);
       gemm_serial<Real>(true, false, i1, hd, n_rows, 1, dS, i1, x.q + at * x.ldq, x.ldq, 1, dk,
                         x.ldkv);
       gemm_serial<Real>(true, false, i1, hd, n_rows, 1, P, i1, dO + at * C, C, 1, dv, x.ldkv);
@@ -189,7 +190,8 @@ void attention_head_backward(Real* dq, Real* dk, Real* dv, const Real* dO, const
 //   3. dS = P ∘ (dP - D) / sqrt(hd), D_i = Σ_d dO_id · O_id    (= Σ_j P_ij dP_ij, cheaper)
 //   4. dQ_blk = dS · K[0:i1];  dK[0:i1] += dSᵀ · Q_blk;  dV[0:i1] += Pᵀ · dO_blk
 template <typename Real>
-void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, Real* dkv, const Real* dout,
+void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, int64_t lddq, Real* dkv,
+                                 const Real* dout,
                                  const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
                                  const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
                                  int64_t KV, int64_t hd, std::span<const RowRange> rows) {
@@ -208,7 +210,7 @@ void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, Real* dkv, const Re
       std::fill(dv + t * ldkv, dv + t * ldkv + hd, Real(0));
     }
     for (int64_t h = g * group; h < (g + 1) * group; ++h)
-      attention_head_backward(dq + b * Tq * ldq + h * hd, dk, dv, dout + b * Tq * C + h * hd,
+      attention_head_backward(dq + b * Tq * lddq + h * hd, lddq, dk, dv, dout + b * Tq * C + h * hd,
                               head_of(q, ldq, Tq, kv, ldkv, T, b, h, NH, KV, hd),
                               out + b * Tq * C + h * hd, lse + (b * NH + h) * Tq, rows, C, hd,
                               scale, scratch, block_area);
@@ -221,8 +223,8 @@ void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, cons
                             int64_t KV, int64_t hd) {
   const RowRange all{0, T};
   const int64_t ld = (NH + 2 * KV) * hd;
-  attention_gqa_backward_rows(pool, dqkv, dqkv + NH * hd, dout, qkv, ld, qkv + NH * hd, ld, out,
-                              lse, B, T, NH, KV, hd, {&all, 1});
+  attention_gqa_backward_rows(pool, dqkv, ld, dqkv + NH * hd, dout, qkv, ld, qkv + NH * hd, ld,
+                              out, lse, B, T, NH, KV, hd, {&all, 1});
 }
 
 template <typename Real>
@@ -265,12 +267,13 @@ template void attention_gqa_forward_rows<double>(ThreadPool&, double*, double*, 
                                                  int64_t, const double*, int64_t, int64_t, int64_t,
                                                  int64_t, int64_t, int64_t,
                                                  std::span<const RowRange>);
-template void attention_gqa_backward_rows<float>(ThreadPool&, float*, float*, const float*,
+template void attention_gqa_backward_rows<float>(ThreadPool&, float*, int64_t, float*, const float*,
                                                  const float*, int64_t, const float*, int64_t,
                                                  const float*, const float*, int64_t, int64_t,
                                                  int64_t, int64_t, int64_t,
                                                  std::span<const RowRange>);
-template void attention_gqa_backward_rows<double>(ThreadPool&, double*, double*, const double*,
+template void attention_gqa_backward_rows<double>(ThreadPool&, double*, int64_t, double*,
+                                                  const double*,
                                                   const double*, int64_t, const double*, int64_t,
                                                   const double*, const double*, int64_t, int64_t,
                                                   int64_t, int64_t, int64_t,

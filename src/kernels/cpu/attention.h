@@ -64,13 +64,14 @@ template <typename Real>
 void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* q, int64_t ldq,
                                 const Real* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
                                 int64_t KV, int64_t hd, std::span<const RowRange> rows);
-// dq (B, Tq, ·), row stride ldq, gets the query rows' dQ (its first NH·hd columns written);
+// dq (B, Tq, ·), row stride lddq, gets the query rows' dQ (its first NH·hd columns written);
 // dkv (B, T, ·), row stride ldkv, is overwritten with dK and dV at every position — this rank's
 // share, zero past the last key its rows saw, to be summed over the ranks holding the other
 // rows. dout and out (B, Tq, NH·hd), lse (B, NH, Tq) as the forward's. dq may share rows with
 // dkv (the whole-sequence case: dqkv and dqkv + NH·hd); their columns must not overlap.
 template <typename Real>
-void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, Real* dkv, const Real* dout,
+void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, int64_t lddq, Real* dkv,
+                                 const Real* dout,
                                  const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
                                  const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
                                  int64_t KV, int64_t hd, std::span<const RowRange> rows);

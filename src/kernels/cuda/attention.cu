@@ -448,7 +448,8 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
 // Per range, with P recomputed from lse and D_r = Σ_d dO·O:
 //   dV[0:end] += Pᵀ·dO_r,  dP = dO_r·V[0:end]ᵀ,  dS = P ∘ (dP − D) / sqrt(hd),
 //   dQ[at:at+n] = dS·K[0:end],  dK[0:end] += dSᵀ·Q_r.
-void attention_gqa_backward_rows(int device, float* dq, float* dkv, const float* dout,
+void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
+                                 const float* dout,
                                  const float* q, int64_t ldq, const float* kv, int64_t ldkv,
                                  const float* out, const float* lse, int64_t B, int64_t T,
                                  int64_t NH, int64_t KV, int64_t hd,
@@ -504,7 +505,7 @@ void attention_gqa_backward_rows(int device, float* dq, float* dkv, const float*
       at += n;
     }
     launch("attention_gqa_backward_rows (merge dq)", rows_merge_dq_kernel,
-           blocks_for(heads * Tq * hd, kThreads), kThreads, dq, ldq, dqh.get(), Tq, NH, hd,
+           blocks_for(heads * Tq * hd, kThreads), kThreads, dq, lddq, dqh.get(), Tq, NH, hd,
            heads * Tq * hd);
   }
   launch("attention_gqa_backward_rows (merge dkv)", rows_merge_dkv_kernel,

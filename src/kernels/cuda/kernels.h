@@ -374,7 +374,8 @@ void attention_gqa_backward(int device, float* dqkv, const float* dout, const fl
 void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
                                 const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
                                 int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows);
-void attention_gqa_backward_rows(int device, float* dq, float* dkv, const float* dout,
+void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
+                                 const float* dout,
                                  const float* q, int64_t ldq, const float* kv, int64_t ldkv,
                                  const float* out, const float* lse, int64_t B, int64_t T,
                                  int64_t NH, int64_t KV, int64_t hd,
