@@ -4,7 +4,7 @@
 # rank 0, not one per process. Then `loom launch` around the same mpirun, with rank 0's process
 # killed after step 3: mpirun ends the job, the launcher restarts it from step_2, and it ends
 # with the same step_4 checkpoint, bit for bit. And a sharded checkpoint written by the two
-# processes, resumed, ends the same way.
+# processes, resumed, ends the same way. And context parallelism over the two processes.
 #   mpi_train_test.sh LOOM_BINARY MPIRUN [MPIRUN_ARGS...]   (ctest passes them; see CMakeLists.txt)
 set -euo pipefail
 loom=$1
@@ -60,4 +60,14 @@ grep -q 'attempt 2 succeeded' "$dir/err" || fail "expected the second attempt to
   fail "the resume from the sharded checkpoint failed"
 [[ "$(digests "$dir/sharded/checkpoints/step_4")" == "$(digests "$dir/run/checkpoints/step_4")" ]] ||
   fail "the job resumed from shards differs from the uninterrupted job"
-echo "ok: one job, two ranks, one voice; killed and relaunched, the same checkpoint; sharded, the same"
+# Context parallelism over two processes: each sequence split between them, the attention's keys
+# and values exchanged over MPI; the run ends with the checkpoint of the same layout on two
+# thread ranks, bit for bit.
+"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/cp_mpi" --quiet --set parallel.cp=2 \
+  2>"$dir/err" >/dev/null || fail "the context-parallel job failed"
+grep -q '(2 ranks: dp 1, pp 1, tp 1, cp 2' "$dir/err" || fail "expected the job to run as cp 2"
+"$loom" train "$dir/cfg.toml" --run-dir "$dir/cp_threads" --quiet --ranks 2 --set parallel.cp=2 \
+  2>"$dir/err" >/dev/null || fail "the context-parallel thread ranks failed"
+[[ "$(digests "$dir/cp_mpi/checkpoints/step_4")" == "$(digests "$dir/cp_threads/checkpoints/step_4")" ]] ||
+  fail "context parallelism over MPI differs from thread ranks"
+echo "ok: one job, two ranks, one voice; killed and relaunched, the same checkpoint; sharded, the same; cp over MPI as over threads"
