@@ -504,16 +504,19 @@ TEST_F(TrainTest, EveryStrategyRunsOnOneGpuThroughHostStaging) {
     const char* name;
     int dp, tp, pp, zero;
     bool sp;
+    int cp = 1;
   };
   for (const Layout& l : {Layout{"dp2_zero3", 2, 1, 1, 3, false}, Layout{"tp2_sp", 1, 2, 1, 0, true},
-                          Layout{"pp2", 1, 1, 2, 0, false}, Layout{"dp2_pp2_tp2", 2, 2, 2, 1, false}}) {
+                          Layout{"pp2", 1, 1, 2, 0, false}, Layout{"dp2_pp2_tp2", 2, 2, 2, 1, false},
+                          Layout{"cp2", 1, 1, 1, 0, false, 2}, Layout{"dp2_cp2_zero1", 2, 1, 1, 1, false, 2}}) {
     SCOPED_TRACE(l.name);
     Config c = config(6);
-    c.runtime.ranks = l.dp * l.tp * l.pp;
+    c.runtime.ranks = l.dp * l.tp * l.pp * l.cp;
     c.runtime.threads_per_rank = 1;
     c.parallel.dp = l.dp;
     c.parallel.tp = l.tp;
     c.parallel.pp = l.pp;
+    c.parallel.cp = l.cp;
     c.parallel.zero = l.zero;
     c.parallel.sequence_parallel = l.sp;
     c.train.micro_batch_size = 8 / (2 * l.dp);  // two micro-batches per step: pipelines fill
