@@ -1257,6 +1257,22 @@ TEST_F(CudaKernelsTest, AttentionOfSomeQueryRowsMatchesCpuAndRepeats) {
                                             kvw, out.g(), lse.g(), B, T, NH, KV, hd, rows);
     expect_pair_close("dq", dq, kTol);
     expect_pair_close("dkv", dkv, kTol);
+    {
+      // Scores cut into pieces of a few rows (as a long sequence's are): the same values.
+      const int64_t budget = cuda::attention_score_bytes();
+      cuda::set_attention_score_bytes(4 * B * NH * 96 * 5);  // the second range 5 rows a piece
+      Pair o = pair_of(std::vector<float>(B * Tq * C)), l = pair_of(std::vector<float>(B * NH * Tq));
+      Pair pq = pair_of(std::vector<float>(B * Tq * C)), pkv = pair_of(std::vector<float>(B * T * kvw));
+      ops::attention_gqa_forward_rows<float>(on_gpu, o.g(), l.g(), q.g(), W, kv.g(), kvw, B, T, NH,
+                                             KV, hd, rows);
+      ops::attention_gqa_backward_rows<float>(on_gpu, pq.g(), C, pkv.g(), dout.g(), q.g(), W,
+                                              kv.g(), kvw, o.g(), l.g(), B, T, NH, KV, hd, rows);
+      cuda::set_attention_score_bytes(budget);
+      expect_close("out (pieces)", o.from_gpu(), out.from_host(), kTol);
+      expect_close("lse (pieces)", l.from_gpu(), lse.from_host(), kTol);
+      expect_close("dq (pieces)", pq.from_gpu(), dq.from_host(), kTol);
+      expect_close("dkv (pieces)", pkv.from_gpu(), dkv.from_host(), kTol);
+    }
     const std::vector<float> g = dkv.from_gpu();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 84; t < T; ++t)

@@ -6,7 +6,9 @@
 //
 // Backward, per head, with P = exp(S - lse) (zero above the diagonal) and D_i = Σ_d dO_id·O_id:
 //   dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP - D) / sqrt(hd),  dQ = dS·K,  dK = dSᵀ·Q.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "base/error.h"
 #include "kernels/cuda/flash_attention.h"
@@ -386,6 +388,19 @@ __global__ void copy_columns_kernel(float* dst, int64_t ld_dst, const float* src
   LOOM_FOR_EACH(i, n) dst[(i / width) * ld_dst + i % width] = src[(i / width) * ld_src + i % width];
 }
 
+// The query rows cut into pieces whose scores (heads × rows × keys floats, a piece's keys the
+// positions up to its last row) stay within attention_score_bytes(): a long sequence's scores
+// would not fit a GPU's memory whole, and a piece whose rows come early sees fewer keys.
+int64_t score_bytes = int64_t{256} << 20;
+std::vector<cpu::RowRange> score_pieces(std::span<const cpu::RowRange> rows, int64_t heads) {
+  std::vector<cpu::RowRange> out;
+  for (const cpu::RowRange& r : rows) {
+    const int64_t n = std::max<int64_t>(1, score_bytes / (4 * heads * std::max<int64_t>(r.end, 1)));
+    for (int64_t i0 = r.begin; i0 < r.end; i0 += n) out.push_back({i0, std::min(r.end, i0 + n)});
+  }
+  return out;
+}
+
 void check_rows(const char* what, int64_t NH, int64_t KV, int64_t hd, int64_t T,
                 std::span<const cpu::RowRange> rows) {
   if (NH <= 0 || KV <= 0 || NH % KV != 0 || hd <= 0)
@@ -396,6 +411,9 @@ void check_rows(const char* what, int64_t NH, int64_t KV, int64_t hd, int64_t T,
 }
 
 }  // namespace
+
+void set_attention_score_bytes(int64_t bytes) { score_bytes = std::max<int64_t>(bytes, 4); }
+int64_t attention_score_bytes() { return score_bytes; }
 
 void copy_columns(int device, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
                   int64_t rows, int64_t width) {
@@ -427,9 +445,8 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
          hd, heads * T * hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   int64_t at = 0;
-  for (const cpu::RowRange& r : rows) {
+  for (const cpu::RowRange& r : score_pieces(rows, heads)) {
     const int64_t n = r.size(), keys = r.end;
-    if (n == 0) continue;
     Scratch<float> S(device, heads * n * keys);
     head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),
               hd, T * hd, S.get(), keys, n * keys, heads);
@@ -478,9 +495,8 @@ void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv
            heads * Tq);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     int64_t at = 0;
-    for (const cpu::RowRange& r : rows) {
+    for (const cpu::RowRange& r : score_pieces(rows, heads)) {
       const int64_t n = r.size(), keys = r.end;
-      if (n == 0) continue;
       const int64_t rows_n = heads * n;
       Scratch<float> P(device, rows_n * keys), dP(device, rows_n * keys);
       head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),

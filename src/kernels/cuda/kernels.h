@@ -367,10 +367,13 @@ void attention_gqa_backward(int device, float* dqkv, const float* dout, const fl
 // Context parallelism (kernels/cpu/attention.h, attention_gqa_*_rows): the attention of the
 // query rows `rows` (positions, in order) of q (B, Tq, ldq) over every position's keys and
 // values kv (B, T, ldkv: KV key heads, then KV value heads), the CPU kernels' contract. The
-// batched-GEMM path per range of rows (scores (B·NH, rows, keys) in scratch), at any matmul
+// batched-GEMM path per piece of the rows (scores (B·NH, rows, keys) in scratch, the pieces cut
+// so that they stay within attention_score_bytes(), 256 MiB unless set), at any matmul
 // precision; the flash kernels take no row offsets yet. The backward writes dq's first NH·hd
-// columns and overwrites dkv, a shared key/value head's gradient summed over its query heads in
-// ascending order.
+// columns (row stride lddq) and overwrites dkv, a shared key/value head's gradient summed over
+// its query heads in ascending order.
+void set_attention_score_bytes(int64_t bytes);  // process-wide, like set_matmul_precision
+int64_t attention_score_bytes();
 void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
                                 const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
                                 int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows);
