@@ -60,15 +60,6 @@ Head<Real> head_of(const Real* q, int64_t ldq, int64_t Tq, const Real* kv, int64
 
 }  // namespace
 
-int64_t rows_in(std::span<const RowRange> rows) {
-  int64_t n = 0;
-  for (const RowRange& r : rows) {
-    LOOM_CHECK(r.begin >= 0 && r.end >= r.begin);
-    n += r.size();
-  }
-  return n;
-}
-
 // Per (b, h) and block of query rows i0..i1 (keys 0..i1 are all it can see):
 //   1. S = Q_blk · K[0:i1]ᵀ / sqrt(hd)        one GEMM, into scratch
 //   2. row-wise causal softmax of S, in place, saving lse
@@ -87,7 +78,7 @@ void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Re
     Real* l = lse + task * Tq;
     int64_t local = 0;  // the range's first row in q, out and lse
     for (const RowRange& range : rows) {
-      LOOM_CHECK(range.end <= T);
+      LOOM_CHECK(range.begin >= 0 && range.begin <= range.end && range.end <= T);
       for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttentionRowBlock) {
         const int64_t i1 = std::min(range.end, i0 + kAttentionRowBlock), n_rows = i1 - i0;
         const int64_t at = local + (i0 - range.begin);
@@ -197,6 +188,7 @@ void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, int64_t lddq, Real*
                                  int64_t KV, int64_t hd, std::span<const RowRange> rows) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
   const int64_t C = NH * hd, group = NH / KV, Tq = rows_in(rows);
+  for (const RowRange& r : rows) LOOM_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= T);
   const Real scale = Real(1) / std::sqrt(Real(hd));
   const int64_t block_area = kAttentionRowBlock * T;
   // One task per (b, key/value head): it alone writes that head's dK and dV (and its query

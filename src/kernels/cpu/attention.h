@@ -51,7 +51,12 @@ struct RowRange {
   int64_t begin = 0, end = 0;
   int64_t size() const { return end - begin; }
 };
-int64_t rows_in(std::span<const RowRange> rows);
+// How many rows `rows` hold. Inline: the CUDA kernels' library calls it too.
+inline int64_t rows_in(std::span<const RowRange> rows) {
+  int64_t n = 0;
+  for (const RowRange& r : rows) n += r.size();
+  return n;
+}
 
 // Context parallelism (parallel/context_parallel.h): the attention of some query rows only,
 // their queries apart from the keys and values. q (B, Tq, ·) with row stride ldq holds the
