@@ -10,6 +10,7 @@
 #include "base/timer.h"
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
+#include "nn/sequence_shard.h"
 #include "parallel/tensor_parallel_gpt2.h"
 
 namespace loom {
@@ -24,7 +25,10 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
          ": pipeline parallelism combines with ZeRO stages 0 and 1 only");
   schedule_ = make_schedule(config.schedule, pp.size(), config.microbatches, config.virtual_stages);
   check_schedule(schedule_);
-  stage_begin_ = pipeline_partition(model, config.seq_len, schedule_.stages(), config.layer_split);
+  // Balanced by the whole sequence's cost: a context-parallel rank's queries see all of its keys.
+  const int64_t cost_seq_len =
+      config.sequence != nullptr ? config.sequence->full_length() : config.seq_len;
+  stage_begin_ = pipeline_partition(model, cost_seq_len, schedule_.stages(), config.layer_split);
   for (int c = 0; c < config.virtual_stages; ++c) {
     const Gpt2Part part = part_of_stage(schedule_.stage_of(pp.rank(), c));
     if (config.tensor_parallel != nullptr)

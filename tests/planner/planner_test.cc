@@ -121,7 +121,8 @@ TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
                             // context parallelism: ZeRO over dp × cp
                             {2, 1, 1, 1, 1, 2},
                             {4, 1, 1, 3, 1, 2},
-                            {4, 2, 1, 2, 1, 2}};
+                            {4, 2, 1, 2, 1, 2},
+                            {4, 1, 2, 1, 1, 2}};  // pp × cp: stages split by the whole sequence
   for (const Layout& l : layouts)
     expect_plan_is_what_the_trainer_allocates(tiny_config((dir / "data").string()), l, dir);
   fs::remove_all(dir);
