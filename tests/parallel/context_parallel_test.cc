@@ -313,6 +313,47 @@ TEST_F(ContextParallelRuns, RepeatsBitForBitAndItsCheckpointResumesOnOneDevice) 
         << "step " << i + 3;
 }
 
+// A sharded checkpoint of dp 2 × cp 2 with ZeRO-1 (each rank its slice of the dp × cp group's
+// optimizer state) resumes under dp 2 without cp, and under tp 2 × cp 2: the run goes on as the
+// uninterrupted one (to reduction order).
+TEST_F(ContextParallelRuns, ShardedCheckpointResumesUnderOtherLayouts) {
+  Config c = config("gpt2");
+  c.train.save_every = 2;
+  c.train.checkpoint_format = "sharded";
+  c.parallel.dp = 2;
+  c.parallel.cp = 2;
+  c.parallel.zero = 1;
+  c.runtime.ranks = 4;
+  run_training(c, options("sharded_whole"));
+  const auto whole = testing::read_metrics(root_ / "sharded_whole");
+  ASSERT_EQ(whole.size(), 4u);
+  struct Resume {
+    const char* name;
+    int dp, tp, cp, zero;
+  };
+  for (const Resume& r : {Resume{"sharded_dp2", 2, 1, 1, 1}, Resume{"sharded_tp2_cp2", 1, 2, 2, 0}}) {
+    SCOPED_TRACE(r.name);
+    TrainOptions first = options(r.name);
+    first.stop_after = 2;
+    run_training(c, first);
+    Config other = c;
+    other.parallel.dp = r.dp;
+    other.parallel.tp = r.tp;
+    other.parallel.cp = r.cp;
+    other.parallel.zero = r.zero;
+    other.runtime.ranks = r.dp * r.tp * r.cp;
+    TrainOptions second = options(r.name);
+    second.resume = "auto";
+    run_training(other, second);
+    const auto got = testing::read_metrics(root_ / r.name);
+    ASSERT_EQ(got.size(), 4u);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i]["loss"].get<double>(), whole[i]["loss"].get<double>(),
+                  1e-5 * whole[i]["loss"].get<double>())
+          << "step " << i + 1;
+  }
+}
+
 TEST_F(ContextParallelRuns, ConfigsItCannotRunAreRefusedByName) {
   const auto error_of = [](Config c) -> std::string {
     try {
