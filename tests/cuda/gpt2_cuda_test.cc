@@ -197,7 +197,10 @@ TEST(Gpt2Cuda, AttentionKeepsQkvInBf16WhereTheFlashKernelsReadIt) {
     const Tensor y = attn.forward(ctx, x);
     std::vector<Tensor*> cache;
     attn.collect_cache(cache);
-    ASSERT_EQ(cache.size(), 5u);  // qkv's and proj's inputs, qkv, the attention output, lse
+    // qkv's and proj's inputs, qkv, the gathered keys and values (context parallelism; none
+    // here), the attention output, lse
+    ASSERT_EQ(cache.size(), 6u);
+    EXPECT_FALSE(cache[3]->defined());
     EXPECT_EQ(cache[2]->dtype(), k.qkv);
     if (k.qkv != DType::kBF16) continue;
     // The ops: the qkv projection rounded to bf16 (bias too), the attention on it, proj.
