@@ -354,6 +354,36 @@ TEST_F(ContextParallelRuns, ShardedCheckpointResumesUnderOtherLayouts) {
   }
 }
 
+// What cp is for: a rank's activation peak falls with cp (its positions' activations; the
+// attention keeps the whole sequence's keys and values), and the start-up table's expectation
+// (train/layout_report.h) stays within 0.6–1.5 of the measured peak.
+TEST_F(ContextParallelRuns, ActivationPeakFallsWithCpAsExpected) {
+  Config c = config("gpt2");
+  c.model.seq_len = 256;
+  c.model.d_model = 64;
+  c.model.n_layers = 2;
+  c.train.steps = 2;
+  c.train.warmup_steps = 1;
+  c.train.batch_size = 2;
+  c.train.micro_batch_size = 2;
+  std::vector<double> peaks;
+  for (int cp : {1, 2, 4}) {
+    SCOPED_TRACE("cp " + std::to_string(cp));
+    Config k = c;
+    k.parallel.cp = cp;
+    k.runtime.ranks = cp;
+    const TrainSummary s = run_training(k, options("peak_cp" + std::to_string(cp)));
+    peaks.push_back(static_cast<double>(s.activation_peak_bytes));
+    const double ratio = static_cast<double>(s.expected_activation_bytes) / peaks.back();
+    EXPECT_GT(ratio, 0.6) << s.layout_report;
+    EXPECT_LT(ratio, 1.5) << s.layout_report;  // 1.35 at cp 1 on this small shape
+  }
+  // Per local position a block keeps 14 d_model floats and the whole sequence's keys and values,
+  // 2·cp: 16, 18 / 2, 22 / 4 of one device's per position — 0.56 at cp 2, 0.61 from cp 2 to 4.
+  EXPECT_LT(peaks[1], 0.65 * peaks[0]);
+  EXPECT_LT(peaks[2], 0.75 * peaks[1]);
+}
+
 TEST_F(ContextParallelRuns, ConfigsItCannotRunAreRefusedByName) {
   const auto error_of = [](Config c) -> std::string {
     try {
