@@ -6,8 +6,9 @@
 #   one rank (2 threads) | dp 2 | tp 2 with sequence parallelism | cp 2 | cp 2 with full recompute
 # Prints per layout the median step time (steps after the first 2), tokens/s, the activation
 # peak of rank 0 (what context parallelism is for: each rank holds T/cp positions through every
-# layer, the attention alone the whole sequence's q, k, v), cp's and tp's bytes per step, and
-# the last loss (every layout trains the same run, to reduction order).
+# layer, the attention alone the whole sequence's keys and values), cp's and tp's bytes per step
+# and rank 0's time blocked in them, and the last loss (every layout trains the same run, to
+# reduction order).
 #   bench/context_parallel.sh                  (needs a release build)
 #   T=4096 STEPS=6 bench/context_parallel.sh
 #   LAYOUTS="one cp2 cp4" bench/context_parallel.sh   (cp4: 4 ranks — on 2 cores its time is
@@ -60,7 +61,7 @@ done
 python3 - "$work" $LAYOUTS <<'PY'
 import json, statistics as st, sys
 work, layouts = sys.argv[1], sys.argv[2:]
-print(f"{'layout':<9} {'step ms':>8} {'tokens/s':>9} {'act MB':>7} {'cp MB':>7} {'tp MB':>7}  last loss")
+print(f"{'layout':<9} {'step ms':>8} {'tokens/s':>9} {'act MB':>7} {'cp MB':>7} {'cp ms':>6} {'tp MB':>7} {'tp ms':>6}  last loss")
 acts = {}
 for name in layouts:
     rows = [json.loads(l) for l in open(f"{work}/run_{name}/metrics.jsonl")]
@@ -71,7 +72,10 @@ for name in layouts:
     acts[name] = act
     cp = rows[-1]["comm_bytes"].get("cp", 0) / 1e6
     tp = rows[-1]["comm_bytes"]["tp"] / 1e6
-    print(f"{name:<9} {step:8.1f} {tps:9.0f} {act:7.1f} {cp:7.1f} {tp:7.1f}  {rows[-1]['loss']:.10f}")
+    # rank 0's time blocked in each axis' collectives, a step (median)
+    cp_ms = st.median(x["comm_ms"].get("cp", 0) for x in timed)
+    tp_ms = st.median(x["comm_ms"]["tp"] for x in timed)
+    print(f"{name:<9} {step:8.1f} {tps:9.0f} {act:7.1f} {cp:7.1f} {cp_ms:6.1f} {tp:7.1f} {tp_ms:6.1f}  {rows[-1]['loss']:.10f}")
 for a in ("tp2sp", "cp2", "cp2full", "cp4"):
     if a in acts and "one" in acts:
         print(f"activation peak {a} / one rank: {acts[a] / acts['one']:.3f}")
