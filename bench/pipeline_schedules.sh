@@ -4,7 +4,8 @@
 # of one compute thread each (one core each on a 2-core machine), M micro-batches of 2 sequences,
 # each schedule REPEAT times in turn (gpipe, 1f1b, interleaved with 2 chunks per rank, zb-h1,
 # zb-interleaved with 2 chunks). Prints per schedule the median over runs of the median step time
-# (steps after the first 2), tokens/s, the measured bubble (rank 0's time blocked receiving from
+# (steps after the first 2), rank 0's compute time (the step less its waits and the loader),
+# tokens/s, the measured bubble (rank 0's time blocked receiving from
 # a neighbour / step time), the unit-cost theory, the activation peak, and the last loss — the
 # same for every schedule (zb-h1 bit for bit 1f1b's, zb-interleaved interleaved's; the others to
 # reduction order).
@@ -57,7 +58,7 @@ done
 python3 - "$work" "$REPEAT" $SCHEDULES <<'PY'
 import json, statistics as st, sys
 work, repeat, schedules = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print(f"{'schedule':<14} {'step ms':>8} {'tokens/s':>9} {'bubble':>7} {'theory':>7} {'act MB':>7}  last loss")
+print(f"{'schedule':<14} {'step ms':>8} {'compute':>8} {'tokens/s':>9} {'bubble':>7} {'theory':>7} {'act MB':>7}  last loss")
 steps = {}
 for s in schedules:
     runs = []
@@ -65,12 +66,14 @@ for s in schedules:
         rows = [json.loads(l) for l in open(f"{work}/run_{s}_{r}/metrics.jsonl")][2:]
         runs.append(rows)
     step = st.median(st.median(x["step_ms"] for x in rows) for rows in runs)
+    # rank 0's step less its waits and the loader: forward, backward, W's, optimizer
+    compute = st.median(st.median(x["compute_ms"] for x in rows) for rows in runs)
     tps = st.median(st.median(x["tokens_per_s"] for x in rows) for rows in runs)
     bubble = st.median(st.median(x["bubble"] for x in rows) for rows in runs)
     act = max(x["mem_activations_peak_mb"] for rows in runs for x in rows)
     loss = runs[0][-1]["loss"]
     steps[s] = step
-    print(f"{s:<14} {step:8.1f} {tps:9.0f} {bubble:7.3f} {runs[0][0]['bubble_theory']:7.3f} {act:7.1f}  {loss:.10f}")
+    print(f"{s:<14} {step:8.1f} {compute:8.1f} {tps:9.0f} {bubble:7.3f} {runs[0][0]['bubble_theory']:7.3f} {act:7.1f}  {loss:.10f}")
 for a, b in [("zb-h1", "1f1b"), ("interleaved", "1f1b"), ("zb-interleaved", "interleaved")]:
     if a in steps and b in steps:
         print(f"{a} / {b} step time: {steps[a] / steps[b]:.3f}")
