@@ -25,16 +25,7 @@ Tensor Embedding::forward(Context& ctx, const Tensor& tokens) {
   if (ctx.sequence != nullptr && wpe_ != nullptr) {
     // A context-parallel shard: its positions' rows of wpe, gathered (nn/sequence_shard.h).
     LOOM_CHECK(T == ctx.sequence->local_length());
-    const Tensor positions = rows_of(wpe_->value, ctx.sequence->positions());
-    const int64_t B = tokens.dim(0);
-    Tensor out = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
-    dispatch_float(ctx.dtype, [&](auto zero) {
-      using T_ = decltype(zero);
-      ops::embedding_forward<T_>(ctx.exec(), out.data<T_>(), tokens.data<int32_t>(),
-                                 wte_->value.data<T_>(), positions.data<T_>(), B, T, channels_,
-                                 vocab_);
-    });
-    return out;
+    return lookup(ctx, tokens, rows_of(wpe_->value, ctx.sequence->positions()));
   }
   return forward_at(ctx, tokens, 0);
 }
@@ -42,15 +33,20 @@ Tensor Embedding::forward(Context& ctx, const Tensor& tokens) {
 Tensor Embedding::forward_at(Context& ctx, const Tensor& tokens, int64_t first) {
   if (tokens.ndim() != 2 || tokens.dtype() != DType::kI32)
     fail("embedding expects (B, T) i32 tokens, got ", shape_str(tokens.shape()));
-  const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  const int64_t T = tokens.dim(1);
   if (wpe_ != nullptr && first + T > max_seq_)
     fail("positions up to ", first + T, " exceed the position embedding's ", max_seq_, " rows");
+  return lookup(ctx, tokens, wpe_ ? wpe_->value.narrow(first, T) : Tensor());
+}
+
+Tensor Embedding::lookup(Context& ctx, const Tensor& tokens, const Tensor& positions) {
+  const int64_t B = tokens.dim(0), T = tokens.dim(1);
   Tensor out = Tensor::empty({B, T, channels_}, ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::embedding_forward<T_>(ctx.exec(), out.data<T_>(), tokens.data<int32_t>(),
                                wte_->value.data<T_>(),
-                               wpe_ ? wpe_->value.data<T_>() + first * channels_ : nullptr, B, T,
+                               positions.defined() ? positions.data<T_>() : nullptr, B, T,
                                channels_, vocab_);
   });
   return out;

@@ -27,6 +27,8 @@ class Embedding {
   Parameter* wpe() const { return wpe_; }  // null without positions
 
  private:
+  // tokens (B, T) → wte rows + `positions` (T, C) rows; undefined positions: none.
+  Tensor lookup(Context& ctx, const Tensor& tokens, const Tensor& positions);
   int64_t vocab_, max_seq_, channels_;
   Parameter* wte_;
   Parameter* wpe_ = nullptr;

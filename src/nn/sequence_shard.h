@@ -4,9 +4,9 @@
 // virtual call whose implementation lives in parallel/.
 //
 // Positions a module reads by index — the position embedding's rows, the rotary embedding's
-// angles — are this shard's (positions()); the attention gathers q, k and v of the whole
-// sequence, computes its own query rows, and hands its share of dK and dV back to be summed
-// (nn/causal_self_attention.cc).
+// angles — are this shard's (positions()); the attention gathers the whole sequence's keys and
+// values, computes its own query rows, and hands its share of dK and dV back to be summed
+// (shard_attention_forward / backward below).
 #pragma once
 
 #include <cstdint>

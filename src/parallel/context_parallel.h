@@ -1,10 +1,10 @@
 // Context parallelism — the sequence split over the ranks of the mesh's cp axis, so activations
 // of long sequences fit (Megatron-LM's context parallelism, torchtitan's CP): every rank of a cp
 // group trains on the same sequences, each holding 1/cp of each one's positions through every
-// layer. Only the attention mixes positions: it all-gathers q, k and v over cp, computes its own
-// query rows against every key, and reduce-scatters dQ, dK and dV in the backward (the all-gather
-// variant of Llama 3's training, not a ring of key/value blocks: the same bytes, one collective
-// each way). Parameters are replicated over cp and their gradients are summed with dp's: the
+// layer. Only the attention mixes positions: it all-gathers the keys and values over cp, computes
+// its own query rows against every key, and reduce-scatters the keys' and values' gradients in
+// the backward; the queries and dQ stay local (the all-gather variant of Llama 3's training, not
+// a ring of key/value blocks: one collective each way). Parameters are replicated over cp and their gradients are summed with dp's: the
 // trainer's data-parallel group is dp × cp (docs/context_parallel.md).
 //
 // Load balance: a causal query row at position i does i + 1 keys' work, so a contiguous split

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -245,8 +246,10 @@ TEST(Planner, TriesContextParallelismAndCountsItsExchange) {
   for (const char* name : {"dp2 tp1 pp1 cp2 zero1", "dp1 tp1 pp1 cp4 zero0",
                            "dp1 tp2 pp1 cp2 zero0", "dp4 tp1 pp1 zero0"})
     ASSERT_TRUE(by_name.count(name)) << name;
-  // cp at most the 4 devices (seq_len 16 would split into the 16 chunks of cp 8 too).
-  for (const auto& [name, p] : by_name) EXPECT_LE(p.cp, 4) << name;
+  // cp 1, 2 and 4: powers of two up to the 4 devices (seq_len 16 allows them all).
+  std::set<int> cps;
+  for (const auto& [name, p] : by_name) cps.insert(p.cp);
+  EXPECT_EQ(cps, (std::set<int>{1, 2, 4}));
   const LayoutPlan& cp4 = by_name.at("dp1 tp1 pp1 cp4 zero0");
   const LayoutPlan& dp4 = by_name.at("dp4 tp1 pp1 zero0");
   EXPECT_EQ(cp4.compute_s, dp4.compute_s);  // the same FLOPs on the same devices
