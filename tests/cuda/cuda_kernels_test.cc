@@ -25,6 +25,7 @@
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/ops.h"
 #include "tensor/dtype.h"
@@ -1292,6 +1293,118 @@ TEST_F(CudaKernelsTest, AttentionOfSomeQueryRowsMatchesCpuAndRepeats) {
   ops::copy_columns<float>(on_gpu, kv.g(), 8, qkv.g() + 4, 12, 10, 8);
   EXPECT_TRUE(bitwise_equal(kv.from_gpu(), kv.from_host()));
   EXPECT_EQ(kv.from_host()[8], qkv.from_host()[12 + 4]);
+}
+
+// Context parallelism at bf16 with head size 64 or 128: the flash kernels compute a rank's query
+// rows at their positions. Each rank's out, lse and dQ rows are bit for bit the whole sequence's
+// flash attention's rows (a row walks the same key tiles; the tiles its mask hides add exact
+// zeros), the ranks' dK/dV shares sum to the whole sequence's dK/dV to fp32 rounding, and all of
+// it is within bf16's rounding of the CPU's rows kernels; keys after every query get zero
+// gradients. Zigzag chunks of cp 2, 3 and 4, grouped-query heads, and rows of odd lengths.
+TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kBf16);
+  struct Case {
+    int64_t NH, KV, hd, T, cp;
+  };
+  for (const Case& c : {Case{4, 2, 64, 160, 2}, Case{2, 1, 128, 96, 3}, Case{2, 2, 64, 64, 4}}) {
+    const int64_t B = 2, NH = c.NH, KV = c.KV, hd = c.hd, T = c.T, C = NH * hd;
+    const int64_t W = (NH + 2 * KV) * hd, kvw = 2 * KV * hd;
+    SCOPED_TRACE("NH=" + std::to_string(NH) + " KV=" + std::to_string(KV) +
+                 " hd=" + std::to_string(hd) + " cp=" + std::to_string(c.cp));
+    // The whole sequence's flash attention.
+    Pair qkv = random_pair(B * T * W, 300 + hd, -2.0, 2.0), dout = random_pair(B * T * C, 301);
+    Pair out = pair_of(std::vector<float>(B * T * C)), lse = pair_of(std::vector<float>(B * NH * T));
+    Pair dqkv = pair_of(std::vector<float>(B * T * W));
+    ASSERT_TRUE(cuda::attention_takes_rounded_qkv(C, NH, B)) << "the flash kernels do not apply";
+    cuda::attention_gqa_forward(0, out.g(), lse.g(), qkv.g(), B, T, NH, KV, hd);
+    cuda::attention_gqa_backward(0, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, NH, KV,
+                                 hd);
+    const std::vector<float> all = qkv.from_host(), dy = dout.from_host(), o = out.from_gpu(),
+                             l = lse.from_gpu(), g = dqkv.from_gpu();
+    std::vector<float> kv_rows(B * T * kvw);  // every position's keys and values
+    for (int64_t bt = 0; bt < B * T; ++bt)
+      std::copy_n(all.begin() + bt * W + C, kvw, kv_rows.begin() + bt * kvw);
+    Pair kv = pair_of(kv_rows);
+
+    // The rows `rows` of (B, T, width) values at column `from`, width `n` each.
+    const auto rows_of = [&](const std::vector<float>& v, int64_t width, int64_t from, int64_t n,
+                             const std::vector<cpu::RowRange>& rows) {
+      std::vector<float> picked;
+      for (int64_t b = 0; b < B; ++b)
+        for (const cpu::RowRange& r : rows)
+          for (int64_t t = r.begin; t < r.end; ++t)
+            picked.insert(picked.end(), v.begin() + (b * T + t) * width + from,
+                          v.begin() + (b * T + t) * width + from + n);
+      return picked;
+    };
+    // lse's rows: (B·NH, T) → (B·NH, rows).
+    const auto lse_rows = [&](const std::vector<cpu::RowRange>& rows) {
+      std::vector<float> picked;
+      for (int64_t bh = 0; bh < B * NH; ++bh)
+        for (const cpu::RowRange& r : rows)
+          picked.insert(picked.end(), l.begin() + bh * T + r.begin, l.begin() + bh * T + r.end);
+      return picked;
+    };
+    // One rank's rows: checked against the whole sequence's and the CPU's; returns its dK/dV.
+    const auto rank = [&](const std::vector<cpu::RowRange>& rows) {
+      const int64_t Tq = cpu::rows_in(rows);
+      EXPECT_TRUE(cuda::flash_attention_applies_to_rows(NH, hd, B, rows));
+      Pair q = pair_of(rows_of(all, W, 0, C, rows)), dy_r = pair_of(rows_of(dy, C, 0, C, rows));
+      Pair o_r = pair_of(std::vector<float>(B * Tq * C)),
+           l_r = pair_of(std::vector<float>(B * NH * Tq));
+      ops::attention_gqa_forward_rows<float>(on_gpu, o_r.g(), l_r.g(), q.g(), C, kv.g(), kvw, B,
+                                             T, NH, KV, hd, rows);
+      ops::attention_gqa_forward_rows<float>(on_cpu, o_r.h(), l_r.h(), q.h(), C, kv.h(), kvw, B,
+                                             T, NH, KV, hd, rows);
+      EXPECT_TRUE(bitwise_equal(o_r.from_gpu(), rows_of(o, C, 0, C, rows))) << "out";
+      EXPECT_TRUE(bitwise_equal(l_r.from_gpu(), lse_rows(rows))) << "lse";
+      expect_pair_close("out against the CPU", o_r, 1e-2);
+      expect_pair_close("lse against the CPU", l_r, 1e-2);
+      // dq in every row of a (B, Tq, W) buffer as context parallelism's dqkv; dkv overwritten.
+      Pair dq = pair_of(std::vector<float>(B * Tq * W, 5.0f)),
+           dkv = pair_of(std::vector<float>(B * T * kvw, 7.0f));
+      ops::attention_gqa_backward_rows<float>(on_gpu, dq.g(), W, dkv.g(), dy_r.g(), q.g(), C,
+                                              kv.g(), kvw, o_r.g(), l_r.g(), B, T, NH, KV, hd,
+                                              rows);
+      ops::attention_gqa_backward_rows<float>(on_cpu, dq.h(), W, dkv.h(), dy_r.h(), q.h(), C,
+                                              kv.h(), kvw, o_r.h(), l_r.h(), B, T, NH, KV, hd,
+                                              rows);
+      const std::vector<float> dq_g = dq.from_gpu();
+      std::vector<float> dq_cols, rest;
+      for (int64_t i = 0; i < B * Tq * W; ++i) (i % W < C ? dq_cols : rest).push_back(dq_g[i]);
+      EXPECT_TRUE(bitwise_equal(dq_cols, rows_of(g, W, 0, C, rows))) << "dq";
+      EXPECT_TRUE(std::all_of(rest.begin(), rest.end(), [](float x) { return x == 5.0f; }))
+          << "dq wrote past its columns";
+      expect_pair_close("dq against the CPU", dq, 2e-2);
+      expect_pair_close("dkv against the CPU", dkv, 2e-2);
+      const std::vector<float> share = dkv.from_gpu();
+      const int64_t last = rows.back().end;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = last; t < T; ++t)
+          for (int64_t col = 0; col < kvw; ++col)
+            EXPECT_EQ(share[(b * T + t) * kvw + col], 0.0f) << "dkv past the last query, t " << t;
+      return share;
+    };
+
+    std::vector<float> summed(B * T * kvw, 0.0f);
+    const int64_t chunk = T / (2 * c.cp);
+    for (int64_t r = 0; r < c.cp; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const std::vector<float> share =
+          rank({{r * chunk, (r + 1) * chunk}, {(2 * c.cp - 1 - r) * chunk, (2 * c.cp - r) * chunk}});
+      for (size_t i = 0; i < summed.size(); ++i) summed[i] += share[i];
+    }
+    expect_close("the ranks' dK/dV summed against the whole sequence's", summed,
+                 rows_of(g, W, C, kvw, {{0, T}}), 1e-5);
+    // Rows of odd lengths, the last position not among them.
+    rank({{5, 21}, {40, 41}, {T - 9, T - 6}});
+  }
+  std::vector<cpu::RowRange> nine;
+  for (int64_t i = 0; i < 9; ++i) nine.push_back({2 * i, 2 * i + 1});
+  EXPECT_FALSE(cuda::flash_attention_applies_to_rows(2, 64, 2, nine)) << "9 runs of rows";
 }
 
 TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {

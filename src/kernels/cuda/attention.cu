@@ -433,6 +433,10 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
   check_rows("attention_gqa_forward_rows", NH, KV, hd, T, rows);
   const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
   if (B * Tq == 0) return;
+  if (flash_attention_applies_to_rows(NH, hd, B, rows)) {
+    flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
+    return;
+  }
   DeviceGuard guard(device);
   Scratch<float> qh(device, heads * Tq * hd), kh(device, heads * T * hd),
       vh(device, heads * T * hd);
@@ -474,25 +478,32 @@ void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv
   check_rows("attention_gqa_backward_rows", NH, KV, hd, T, rows);
   const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
   DeviceGuard guard(device);
+  const HeadIndex local{Tq, C, NH, hd};
+  Scratch<float> D(device, std::max<int64_t>(heads * Tq, 1));
+  if (B * Tq > 0)
+    launch("attention_gqa_backward_rows (D)", row_dot_kernel<float, float>,
+           blocks_of(heads * Tq, kRowsPerBlock), kRowsPerBlock * 32, D.get(), dout, out, local,
+           heads * Tq);
+  if (flash_attention_applies_to_rows(NH, hd, B, rows)) {
+    flash_attention_backward_rows(device, dq, lddq, dkv, dout, q, ldq, kv, ldkv, lse, D.get(), B,
+                                  T, NH, KV, hd, rows);
+    return;
+  }
   Scratch<float> kh(device, heads * T * hd), vh(device, heads * T * hd);
   Scratch<float> dkh(device, heads * T * hd), dvh(device, heads * T * hd);
   LOOM_CUDA_CHECK(cudaMemsetAsync(dkh.get(), 0, static_cast<size_t>(heads * T * hd) * 4, nullptr));
   LOOM_CUDA_CHECK(cudaMemsetAsync(dvh.get(), 0, static_cast<size_t>(heads * T * hd) * 4, nullptr));
   if (B * Tq > 0) {
     Scratch<float> qh(device, heads * Tq * hd), dy(device, heads * Tq * hd);
-    Scratch<float> dqh(device, heads * Tq * hd), D(device, heads * Tq);
+    Scratch<float> dqh(device, heads * Tq * hd);
     launch("attention_gqa_backward_rows (split q)", rows_split_q_kernel,
            blocks_for(heads * Tq * hd, kThreads), kThreads, qh.get(), q, ldq, Tq, NH, hd,
            heads * Tq * hd);
     launch("attention_gqa_backward_rows (split kv)", rows_split_kv_kernel,
            blocks_for(heads * T * hd, kThreads), kThreads, kh.get(), vh.get(), kv, ldkv, T, NH, KV,
            hd, heads * T * hd);
-    const HeadIndex local{Tq, C, NH, hd};
     launch("attention_gqa_backward_rows (dout to heads)", rows_to_heads_kernel,
            blocks_for(heads * Tq * hd, kThreads), kThreads, dy.get(), dout, local, heads * Tq * hd);
-    launch("attention_gqa_backward_rows (D)", row_dot_kernel<float, float>,
-           blocks_of(heads * Tq, kRowsPerBlock), kRowsPerBlock * 32, D.get(), dout, out, local,
-           heads * Tq);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     int64_t at = 0;
     for (const cpu::RowRange& r : score_pieces(rows, heads)) {

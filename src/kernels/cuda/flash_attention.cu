@@ -26,6 +26,13 @@
 // grouped-query attention (GQA); KV = NH is GPT-2's (B, T, 3C). dqkv has the same layout: the
 // dK/dV pass runs per key/value head and walks the query tiles of each of its query heads in
 // ascending head, so a shared head's gradient is summed in its accumulators, not atomically.
+//
+// Context parallelism's attention of a rank's query rows (attention_gqa_*_rows) runs the same
+// kernels: the queries and the gathered keys/values are separate tensors (Strides), and the query
+// rows are runs of positions (Rows: a zigzag rank's two chunks), each row masked by its position,
+// not its local index. The whole sequence is the one run of positions 0..T-1, so both are one
+// code path; a row walks the same key tiles either way, and a rank's rows are bit for bit the
+// whole sequence's (tested).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -62,17 +69,40 @@ constexpr int kKeyTile = kHd == 64 ? 64 : 32;
 template <int kHd>
 constexpr int kMinBlocks = kHd == 64 ? 4 : 2;
 
-// Where a head's rows are in the compact qkv (B, T, (NH + 2·KV)·hd) and its gradient: row t of
-// batch b's query head h at qkv + b·T·width + t·width + q(h), and so on.
-struct QkvLayout {
-  int64_t NH, KV, hd;
-  __device__ int64_t width() const { return (NH + 2 * KV) * hd; }
-  __device__ int64_t batch(int64_t b, int64_t T) const { return b * T * width(); }
-  __device__ int64_t q(int64_t h) const { return h * hd; }
-  __device__ int64_t k_of_kv(int64_t kv) const { return (NH + kv) * hd; }
-  __device__ int64_t v_of_kv(int64_t kv) const { return (NH + KV + kv) * hd; }
+// Where the rows of an operand are: row t of batch b at base + b·batch + t·row, a head's columns
+// further on at its offset (h·hd). One qkv tensor gives the queries, keys and values of the whole
+// sequence; context parallelism passes its local queries and the gathered keys/values apart.
+struct Strides {
+  int64_t row, batch;
+};
+
+// The query rows a launch computes: `count` runs of consecutive positions, run i the positions
+// [begin[i], begin[i] + size[i]) at local rows [at[i], at[i] + size[i]) of the queries, dQ, the
+// output, dO, lse and D (Tq local rows per (b, h)), runs in ascending position. The whole sequence
+// is the one run {0, 0, T}; a context-parallel rank's zigzag chunks are two. Keys are the
+// positions [0, T) (T keys per (b, key/value head)), query position p seeing keys 0..p.
+constexpr int kMaxRuns = 8;
+struct Rows {
+  int64_t NH, KV, T, Tq;
+  int count;
+  int64_t begin[kMaxRuns], at[kMaxRuns], size[kMaxRuns];
   __device__ int64_t kv_of(int64_t h) const { return h / (NH / KV); }
 };
+
+// The 64-row query tile that block x of the forward and dQ launches owns: run `run`, local rows
+// [row0, row0 + 64) of it. The tiles seeing the most keys (the last run's last tile) start first.
+struct QueryTile {
+  int run;
+  int64_t row0;
+};
+__device__ inline QueryTile query_tile_of(const Rows& rows, int64_t x) {
+  for (int i = rows.count - 1; i > 0; --i) {
+    const int64_t tiles = (rows.size[i] + kBlockRows - 1) / kBlockRows;
+    if (x < tiles) return {i, (tiles - 1 - x) * kBlockRows};
+    x -= tiles;
+  }
+  return {0, ((rows.size[0] + kBlockRows - 1) / kBlockRows - 1 - x) * kBlockRows};
+}
 
 // Four consecutive floats, p 16-byte aligned: one 128-bit load on the GPU.
 __device__ inline float4 load4(const float* p) {
@@ -255,46 +285,48 @@ __device__ void accumulate_times_tile(float (&acc)[kHd / 8][4], const float (&p)
   }
 }
 
-// `In`: qkv in fp32, or in bf16 as the qkv projection wrote it. `Out`: fp32, or bf16 for an
-// output only the next GEMM (and D = rowsum(dO ∘ O)) reads.
+// `In`: q, k, v in fp32, or in bf16 as the qkv projection wrote them. `Out`: fp32, or bf16 for an
+// output only the next GEMM (and D = rowsum(dO ∘ O)) reads. out is (B, Tq, NH·hd).
 template <int kHd, typename In, typename Out>
 __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
-    flash_forward_kernel(Out* out, float* lse, const In* qkv, int64_t T, QkvLayout at,
-                         float scale) {
+    flash_forward_kernel(Out* out, float* lse, const In* q, Strides qs, const In* k, const In* v,
+                         Strides kvs, Rows rows, float scale) {
   // K: B(k = hd, n = key) of S = Q·Kᵀ; V: B(k = key, n = hd) of O += P·V.
   __shared__ __align__(16) bf16 k_tiles[kStages<In>][kKeyTile<kHd> * kLd<kHd>];
   __shared__ __align__(16) bf16 v_tiles[kStages<In>][kKeyTile<kHd> * kLd<kHd>];
-  const int64_t NH = at.NH, C = NH * kHd, W = at.width();
-  const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  // The last query tiles see the most keys: they start first.
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
-  const In* rows0 = qkv + at.batch(b, T);
+  const int64_t NH = rows.NH, C = NH * kHd, T = rows.T, Tq = rows.Tq;
+  const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH, g = rows.kv_of(h);
+  const QueryTile tile = query_tile_of(rows, blockIdx.x);
+  // This run: positions p0.., local rows at.., n of them.
+  const int64_t p0 = rows.begin[tile.run], at = rows.at[tile.run], n = rows.size[tile.run];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
-  const int64_t w0 = q0 + 16 * warp;                           // this warp's first row
-  const int64_t rows[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two rows
+  const int64_t w0 = tile.row0 + 16 * warp;                    // this warp's first row in the run
+  const int64_t r0 = p0 + w0;                                  // ... and its position
+  const int64_t pos[2] = {r0 + lane / 4, r0 + lane / 4 + 8};   // this lane's two rows' positions
   const float scale2 = scale * kLog2e;                         // scores in log2 units
 
   uint32_t qa[kHd / 16][4];
-  load_row_operands<kHd>(qa, rows0 + at.q(h), w0, T, W);
+  load_row_operands<kHd>(qa, q + b * qs.batch + at * qs.row + h * kHd, w0, n, qs.row);
   float o[kHd / 8][4] = {};
   // Per row: the running max (log2 units) and this lane's part of the running sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;  // causal: up to the last row
+  // Causal: the keys up to the tile's last row's position.
+  const int64_t kv_end = p0 + (tile.row0 + kBlockRows < n ? tile.row0 + kBlockRows : n);
   for_each_key_tile<kHd, kKeyTile<kHd>>(
-      k_tiles, v_tiles, rows0 + at.k_of_kv(at.kv_of(h)), rows0 + at.v_of_kv(at.kv_of(h)), W, T,
-      kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
+      k_tiles, v_tiles, k + b * kvs.batch + g * kHd, v + b * kvs.batch + g * kHd, kvs.row, T,
+      kv_end, [&](const bf16* k_tile, const bf16* v_tile, int64_t k0) {
         // Key blocks of 8 holding a key at or before this warp's last row (the rest are all
         // masked).
-        const int64_t visible = (w0 + 15 - k0) / 8 + 1;
+        const int64_t visible = (r0 + 15 - k0) / 8 + 1;
         float s[kKeyTile<kHd> / 8][4];
-        rows_times_tile_t<kHd>(s, qa, k, visible);  // S = Q·Kᵀ
+        rows_times_tile_t<kHd>(s, qa, k_tile, visible);  // S = Q·Kᵀ
         float mx[2] = {-INFINITY, -INFINITY};
         LOOM_UNROLL
         for (int j = 0; j < kKeyTile<kHd> / 8; ++j) {
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) {
             const int64_t key = k0 + 8 * j + 2 * t + e % 2;
-            s[j][e] = key <= rows[e / 2] && key < T ? s[j][e] * scale2 : -INFINITY;
+            s[j][e] = key <= pos[e / 2] && key < T ? s[j][e] * scale2 : -INFINITY;
             mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
           }
         }
@@ -319,89 +351,117 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
         }
-        accumulate_times_tile<kHd>(o, s, v, visible);  // O += P·V
+        accumulate_times_tile<kHd>(o, s, v_tile, visible);  // O += P·V
       });
   float inverse[2];
   for (int r = 0; r < 2; ++r) {
     l[r] = quad_sum(l[r]);
     inverse[r] = 1.0f / l[r];
-    if (rows[r] < T && t == 0) lse[bh * T + rows[r]] = m[r] / kLog2e + logf(l[r]);
+    const int64_t row = w0 + lane / 4 + 8 * r;
+    if (row < n && t == 0) lse[bh * Tq + at + row] = m[r] / kLog2e + logf(l[r]);
   }
-  store_rows<kHd>(out + b * T * C + h * kHd, C, o, w0, T, inverse);
+  store_rows<kHd>(out + (b * Tq + at) * C + h * kHd, C, o, w0, n, inverse);
 }
 
 // The backward kernels: `In` as the forward's; `DO`, dO's type: fp32, or bf16 as the attention
-// projection's backward wrote it (with a bf16 qkv only).
+// projection's backward wrote it (with a bf16 qkv only). dO is (B, Tq, NH·hd) as the output.
 //
-// dK and dV of one 64-key tile of a key/value head, over the query tiles of each of its query
-// heads in ascending head (one walk: a tile's successor is the next tile of the head, or the
-// first of the next head, so the pipeline of copies runs across heads).
+// dK and dV of one 64-key tile of a key/value head, over the 32-query tiles of each of its query
+// heads in ascending head, and of each run in ascending position, that hold a position at or
+// after the tile's first key (one walk: a tile's successor is the next tile of the run, or the
+// first of the next run or head, so the pipeline of copies runs across them). dK, dV rows past
+// every query are written zero.
 template <int kHd, typename In, typename DO, typename Out>
-__global__ void flash_backward_kv_kernel(Out* dqkv, const DO* dout, const In* qkv, const float* lse,
-                                         const float* D, int64_t T, QkvLayout at, float scale) {
+__global__ void flash_backward_kv_kernel(Out* dk, Out* dv, Strides dkvs, const DO* dout,
+                                         const In* q, Strides qs, const In* k, const In* v,
+                                         Strides kvs, const float* lse, const float* D, Rows rows,
+                                         float scale) {
   // Q: B(k = hd, n = query) of Sᵀ = K·Qᵀ and B(k = query, n = hd) of dK += dSᵀ·Q; dO likewise
   // of dPᵀ = V·dOᵀ and dV += Pᵀ·dO. Each in bf16 arrives by cp.async, the next tile while this
   // one is in use; in fp32 it is loaded, and rounded, at its turn.
   __shared__ __align__(16) bf16 q_tiles[kStages<In>][kSideTile * kLd<kHd>];
   __shared__ __align__(16) bf16 dy_tiles[kStages<DO>][kSideTile * kLd<kHd>];
   __shared__ float lse2_q[kSideTile], d_q[kSideTile];  // per query: lse in log2 units, D
-  const int64_t NH = at.NH, KV = at.KV, C = NH * kHd, W = at.width(), group = NH / KV;
+  const int64_t NH = rows.NH, KV = rows.KV, C = NH * kHd, T = rows.T, Tq = rows.Tq;
+  const int64_t group = NH / KV;
   const int64_t bkv = blockIdx.y, b = bkv / KV, kv = bkv % KV;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the first tiles see most
-  const In* rows0 = qkv + at.batch(b, T);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = k0 + 16 * warp;                           // this warp's first key
   const int64_t keys[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two keys
   const float scale2 = scale * kLog2e;
-  // Walk step s: query tile k0 + (s % tiles)·kSideTile of query head kv·group + s / tiles (its
-  // rows in qkv and dout, and its (b, h) index into lse and D).
-  const int64_t tiles = (T - k0 + kSideTile - 1) / kSideTile, steps = group * tiles;
-  const auto q_tile = [&](int64_t s) { return k0 + (s % tiles) * kSideTile; };
-  const auto head_of = [&](int64_t s) { return kv * group + s / tiles; };
+  // Per run, its first 32-row tile holding a position at or after k0 and how many tiles from
+  // there: causal, earlier queries see none of these keys.
+  int64_t first[kMaxRuns], count[kMaxRuns], tiles = 0;
+  for (int i = 0; i < rows.count; ++i) {
+    const int64_t skip = k0 > rows.begin[i] ? (k0 - rows.begin[i]) / kSideTile : 0;
+    const int64_t all = (rows.size[i] + kSideTile - 1) / kSideTile;
+    first[i] = skip;
+    count[i] = all > skip ? all - skip : 0;
+    tiles += count[i];
+  }
+  const int64_t steps = group * tiles;
+  // Walk step s: query head kv·group + s / tiles, run and local row of its tile (s % tiles).
+  struct Step {
+    int64_t h, run, row0;
+  };
+  const auto step_of = [&](int64_t s) {
+    int64_t r = s % tiles;
+    int i = 0;
+    while (r >= count[i]) r -= count[i++];
+    return Step{kv * group + s / tiles, i, (first[i] + r) * kSideTile};
+  };
 
   uint32_t ka[kHd / 16][4], va[kHd / 16][4];
-  load_row_operands<kHd>(ka, rows0 + at.k_of_kv(kv), w0, T, W);
-  load_row_operands<kHd>(va, rows0 + at.v_of_kv(kv), w0, T, W);
-  float dk[kHd / 8][4] = {}, dv[kHd / 8][4] = {};
+  load_row_operands<kHd>(ka, k + b * kvs.batch + kv * kHd, w0, T, kvs.row);
+  load_row_operands<kHd>(va, v + b * kvs.batch + kv * kHd, w0, T, kvs.row);
+  float dk_acc[kHd / 8][4] = {}, dv_acc[kHd / 8][4] = {};
   constexpr bool kAsyncQ = kStages<In> == 2, kAsyncDy = kStages<DO> == 2;
   constexpr bool kAsync = kAsyncQ || kAsyncDy;
-  const auto fetch_q = [&](bf16* tile, int64_t s) {
-    fetch_tile<kHd, kSideTile>(tile, rows0 + at.q(head_of(s)), q_tile(s), T, W);
+  const auto fetch_q = [&](bf16* tile, const Step& st) {
+    fetch_tile<kHd, kSideTile>(tile, q + b * qs.batch + rows.at[st.run] * qs.row + st.h * kHd,
+                               st.row0, rows.size[st.run], qs.row);
   };
-  const auto fetch_dy = [&](bf16* tile, int64_t s) {
-    fetch_tile<kHd, kSideTile>(tile, dout + b * T * C + head_of(s) * kHd, q_tile(s), T, C);
+  const auto fetch_dy = [&](bf16* tile, const Step& st) {
+    fetch_tile<kHd, kSideTile>(tile, dout + (b * Tq + rows.at[st.run]) * C + st.h * kHd, st.row0,
+                               rows.size[st.run], C);
   };
-  if constexpr (kAsyncQ) fetch_q(q_tiles[0], 0);
-  if constexpr (kAsyncDy) fetch_dy(dy_tiles[0], 0);
+  if (steps > 0) {
+    if constexpr (kAsyncQ) fetch_q(q_tiles[0], step_of(0));
+    if constexpr (kAsyncDy) fetch_dy(dy_tiles[0], step_of(0));
+  }
   if constexpr (kAsync) cp_async_commit();
   int stage = 0;
-  for (int64_t s = 0; s < steps; ++s) {  // causal: earlier queries see none of these keys
-    const int64_t q0 = q_tile(s), bh = b * NH + head_of(s);
+  for (int64_t s = 0; s < steps; ++s) {
+    const Step st = step_of(s);
+    const int64_t p0 = rows.begin[st.run], n = rows.size[st.run], at = rows.at[st.run];
+    const int64_t bh = b * NH + st.h, q0 = p0 + st.row0;  // the tile's first position
     __syncthreads();  // every warp is done with lse2_q, d_q and the buffers refilled below
     if constexpr (kAsyncQ) {
-      if (s + 1 < steps) fetch_q(q_tiles[stage ^ 1], s + 1);
+      if (s + 1 < steps) fetch_q(q_tiles[stage ^ 1], step_of(s + 1));
     } else {
-      fetch_q(q_tiles[0], s);
+      fetch_q(q_tiles[0], st);
     }
     if constexpr (kAsyncDy) {
-      if (s + 1 < steps) fetch_dy(dy_tiles[stage ^ 1], s + 1);
+      if (s + 1 < steps) fetch_dy(dy_tiles[stage ^ 1], step_of(s + 1));
     } else {
-      fetch_dy(dy_tiles[0], s);
+      fetch_dy(dy_tiles[0], st);
     }
     if constexpr (kAsync) cp_async_commit();
     for (int e = threadIdx.x; e < kSideTile; e += blockDim.x) {
-      lse2_q[e] = q0 + e < T ? lse[bh * T + q0 + e] * kLog2e : 0.0f;
-      d_q[e] = q0 + e < T ? D[bh * T + q0 + e] : 0.0f;
+      const int64_t row = st.row0 + e;
+      lse2_q[e] = row < n ? lse[bh * Tq + at + row] * kLog2e : 0.0f;
+      d_q[e] = row < n ? D[bh * Tq + at + row] : 0.0f;
     }
     if constexpr (kAsync) cp_async_wait<1>();  // this thread's copies of this tile pair
     __syncthreads();                           // ... and every other thread's
-    const bf16* q = q_tiles[kAsyncQ ? stage : 0];
+    const bf16* q_tile = q_tiles[kAsyncQ ? stage : 0];
     const bf16* dy = dy_tiles[kAsyncDy ? stage : 0];
     if constexpr (kAsync) stage ^= 1;
     if (q0 + kSideTile - 1 < w0) continue;  // every query before all of this warp's keys
-    float st[kSideTile / 8][4], dpt[kSideTile / 8][4];
-    rows_times_tile_t<kHd>(st, ka, q);    // Sᵀ = K·Qᵀ
-    rows_times_tile_t<kHd>(dpt, va, dy);  // dPᵀ = V·dOᵀ
+    float sT[kSideTile / 8][4], dpt[kSideTile / 8][4];
+    rows_times_tile_t<kHd>(sT, ka, q_tile);  // Sᵀ = K·Qᵀ
+    rows_times_tile_t<kHd>(dpt, va, dy);     // dPᵀ = V·dOᵀ
     LOOM_UNROLL
     for (int j = 0; j < kSideTile / 8; ++j) {
       LOOM_UNROLL
@@ -409,66 +469,68 @@ __global__ void flash_backward_kv_kernel(Out* dqkv, const DO* dout, const In* qk
         const int c = 8 * j + 2 * t + e % 2;
         const int64_t i = q0 + c, key = keys[e / 2];
         const float prob =
-            i >= key && i < T && key < T ? exp2f(st[j][e] * scale2 - lse2_q[c]) : 0.0f;
-        st[j][e] = prob;                                  // Pᵀ
+            i >= key && st.row0 + c < n && key < T ? exp2f(sT[j][e] * scale2 - lse2_q[c]) : 0.0f;
+        sT[j][e] = prob;                                  // Pᵀ
         dpt[j][e] = prob * (dpt[j][e] - d_q[c]) * scale;  // dSᵀ
       }
     }
-    accumulate_times_tile<kHd>(dv, st, dy);  // dV += Pᵀ·dO
-    accumulate_times_tile<kHd>(dk, dpt, q);  // dK += dSᵀ·Q
+    accumulate_times_tile<kHd>(dv_acc, sT, dy);      // dV += Pᵀ·dO
+    accumulate_times_tile<kHd>(dk_acc, dpt, q_tile);  // dK += dSᵀ·Q
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows<kHd>(dqkv + at.batch(b, T) + at.k_of_kv(kv), W, dk, w0, T, one);
-  store_rows<kHd>(dqkv + at.batch(b, T) + at.v_of_kv(kv), W, dv, w0, T, one);
+  store_rows<kHd>(dk + b * dkvs.batch + kv * kHd, dkvs.row, dk_acc, w0, T, one);
+  store_rows<kHd>(dv + b * dkvs.batch + kv * kHd, dkvs.row, dv_acc, w0, T, one);
 }
 
 // dQ of one 64-query tile.
 template <int kHd, typename In, typename DO, typename Out>
 __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
-    flash_backward_q_kernel(Out* dqkv, const DO* dout, const In* qkv, const float* lse,
-                            const float* D, int64_t T, QkvLayout at, float scale) {
+    flash_backward_q_kernel(Out* dq, Strides dqs, const DO* dout, const In* q, Strides qs,
+                            const In* k, const In* v, Strides kvs, const float* lse,
+                            const float* D, Rows rows, float scale) {
   // K: B(k = hd, n = key) of S = Q·Kᵀ and B(k = key, n = hd) of dQ += dS·K; V: B of dP = dO·Vᵀ.
   __shared__ __align__(16) bf16 k_tiles[kStages<In>][kSideTile * kLd<kHd>];
   __shared__ __align__(16) bf16 v_tiles[kStages<In>][kSideTile * kLd<kHd>];
-  const int64_t NH = at.NH, C = NH * kHd, W = at.width();
-  const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
-  const In* rows0 = qkv + at.batch(b, T);
+  const int64_t NH = rows.NH, C = NH * kHd, T = rows.T, Tq = rows.Tq;
+  const int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH, g = rows.kv_of(h);
+  const QueryTile tile = query_tile_of(rows, blockIdx.x);
+  const int64_t p0 = rows.begin[tile.run], at = rows.at[tile.run], n = rows.size[tile.run];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
-  const int64_t w0 = q0 + 16 * warp;
-  const int64_t rows[2] = {w0 + lane / 4, w0 + lane / 4 + 8};
+  const int64_t w0 = tile.row0 + 16 * warp, r0 = p0 + w0;
+  const int64_t local[2] = {w0 + lane / 4, w0 + lane / 4 + 8};
   const float scale2 = scale * kLog2e;
   float lse2[2], d[2];
   for (int r = 0; r < 2; ++r) {
-    lse2[r] = rows[r] < T ? lse[bh * T + rows[r]] * kLog2e : 0.0f;
-    d[r] = rows[r] < T ? D[bh * T + rows[r]] : 0.0f;
+    lse2[r] = local[r] < n ? lse[bh * Tq + at + local[r]] * kLog2e : 0.0f;
+    d[r] = local[r] < n ? D[bh * Tq + at + local[r]] : 0.0f;
   }
 
   uint32_t qa[kHd / 16][4], dya[kHd / 16][4];
-  load_row_operands<kHd>(qa, rows0 + at.q(h), w0, T, W);
-  load_row_operands<kHd>(dya, dout + b * T * C + h * kHd, w0, T, C);
-  float dq[kHd / 8][4] = {};
-  const int64_t kv_end = q0 + kBlockRows < T ? q0 + kBlockRows : T;
+  load_row_operands<kHd>(qa, q + b * qs.batch + at * qs.row + h * kHd, w0, n, qs.row);
+  load_row_operands<kHd>(dya, dout + (b * Tq + at) * C + h * kHd, w0, n, C);
+  float dq_acc[kHd / 8][4] = {};
+  const int64_t kv_end = p0 + (tile.row0 + kBlockRows < n ? tile.row0 + kBlockRows : n);
   for_each_key_tile<kHd, kSideTile>(
-      k_tiles, v_tiles, rows0 + at.k_of_kv(at.kv_of(h)), rows0 + at.v_of_kv(at.kv_of(h)), W, T,
-      kv_end, [&](const bf16* k, const bf16* v, int64_t k0) {
-        if (k0 > w0 + 15) return;  // every key after all of this warp's rows
+      k_tiles, v_tiles, k + b * kvs.batch + g * kHd, v + b * kvs.batch + g * kHd, kvs.row, T,
+      kv_end, [&](const bf16* k_tile, const bf16* v_tile, int64_t k0) {
+        if (k0 > r0 + 15) return;  // every key after all of this warp's rows
         float s[kSideTile / 8][4], dp[kSideTile / 8][4];
-        rows_times_tile_t<kHd>(s, qa, k);    // S = Q·Kᵀ
-        rows_times_tile_t<kHd>(dp, dya, v);  // dP = dO·Vᵀ
+        rows_times_tile_t<kHd>(s, qa, k_tile);   // S = Q·Kᵀ
+        rows_times_tile_t<kHd>(dp, dya, v_tile);  // dP = dO·Vᵀ
         LOOM_UNROLL
         for (int j = 0; j < kSideTile / 8; ++j) {
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) {
-            const int64_t key = k0 + 8 * j + 2 * t + e % 2, row = rows[e / 2];
-            const float prob = key <= row && row < T ? exp2f(s[j][e] * scale2 - lse2[e / 2]) : 0.0f;
+            const int64_t key = k0 + 8 * j + 2 * t + e % 2, row = local[e / 2];
+            const float prob =
+                key <= p0 + row && row < n ? exp2f(s[j][e] * scale2 - lse2[e / 2]) : 0.0f;
             s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
           }
         }
-        accumulate_times_tile<kHd>(dq, s, k);  // dQ += dS·K
+        accumulate_times_tile<kHd>(dq_acc, s, k_tile);  // dQ += dS·K
       });
   const float one[2] = {1.0f, 1.0f};
-  store_rows<kHd>(dqkv + at.batch(b, T) + at.q(h), W, dq, w0, T, one);
+  store_rows<kHd>(dq + b * dqs.batch + at * dqs.row + h * kHd, dqs.row, dq_acc, w0, n, one);
 }
 
 bool flash_disabled_by_environment() {
@@ -479,30 +541,93 @@ bool flash_disabled_by_environment() {
   return disabled;
 }
 
-// The tiles are read 4 values at a time: every row of a head starts 4 values aligned when the
-// tensor does (C is a multiple of 64). A view starting elsewhere is refused, not misread.
+// The tiles are read 4 values (8 with bf16's cp.async) at a time: every row of a head starts 16
+// bytes aligned when the tensor does and its row stride keeps it so (head sizes are multiples of
+// 64). A view starting elsewhere is refused, not misread.
 void check_aligned(const void* p, size_t bytes, const char* what) {
   if (!aligned_to(p, bytes))
     fail("flash attention: ", what, " does not start on a ", bytes, "-byte boundary");
 }
-
-// Blocks of 64 rows of T, for each of B·heads heads (query heads, or key/value heads).
-dim3 flash_grid(int64_t B, int64_t T, int64_t heads) {
-  return dim3(blocks_of(T, kBlockRows), static_cast<unsigned>(B * heads));
+template <typename In>
+void check_rows_aligned(const In* p, Strides s, const char* what) {
+  check_aligned(p, 16, what);
+  if (s.row * static_cast<int64_t>(sizeof(In)) % 16 != 0)
+    fail("flash attention: ", what, "'s rows are ", s.row, " values apart, not a multiple of 16 bytes");
 }
 
-QkvLayout layout_of(int64_t C, int64_t NH, int64_t KV) {
+void check_heads(int64_t NH, int64_t KV, int64_t hd) {
   if (NH <= 0 || KV <= 0 || NH % KV != 0)
     fail("flash attention: ", KV, " key/value heads do not divide ", NH, " query heads");
-  if (C != 64 * NH && C != 128 * NH)
-    fail("flash attention: head size ", C / NH, " is not 64 or 128");
-  return QkvLayout{NH, KV, C / NH};
+  if (hd != 64 && hd != 128) fail("flash attention: head size ", hd, " is not 64 or 128");
 }
 
-// f(std::integral_constant<int, hd>{}) for the layout's head size (64 or 128: layout_of).
+// The operands of one attention: where its queries and keys/values are, and which query rows.
+template <typename In>
+struct Operands {
+  const In* q;
+  Strides qs;
+  const In* k;
+  const In* v;
+  Strides kvs;
+  Rows rows;
+  int64_t hd;
+};
+
+// The whole sequence's, read in place from qkv (B, T, (NH + 2·KV)·hd): NH query heads, then KV
+// key heads, then KV value heads.
+template <typename In>
+Operands<In> whole_sequence(const In* qkv, int64_t T, int64_t C, int64_t NH, int64_t KV) {
+  if (NH <= 0) fail("flash attention: ", NH, " query heads");
+  const int64_t hd = C / NH, W = (NH + 2 * KV) * hd;
+  check_heads(NH, KV, C % NH == 0 ? hd : 0);
+  Rows rows{NH, KV, T, T, 1, {0}, {0}, {T}};
+  const Strides s{W, T * W};
+  check_rows_aligned(qkv, s, "qkv");
+  return {qkv, s, qkv + NH * hd, qkv + (NH + KV) * hd, s, rows, hd};
+}
+
+// Context parallelism's: queries q (B, Tq, ldq) at positions `ranges`, keys then values of every
+// position in kv (B, T, ldkv).
+Operands<float> query_rows(const float* q, int64_t ldq, const float* kv, int64_t ldkv, int64_t B,
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                           std::span<const cpu::RowRange> ranges) {
+  check_heads(NH, KV, hd);
+  Rows rows{NH, KV, T, cpu::rows_in(ranges), 0, {}, {}, {}};
+  int64_t at = 0, last = 0;
+  for (const cpu::RowRange& r : ranges) {
+    if (r.size() == 0) continue;
+    if (rows.count == kMaxRuns)
+      fail("flash attention: more than ", kMaxRuns, " runs of query rows");
+    if (r.begin < last || r.end > T)
+      fail("flash attention: query rows [", r.begin, ", ", r.end, ") out of order or past ", T);
+    rows.begin[rows.count] = r.begin;
+    rows.at[rows.count] = at;
+    rows.size[rows.count] = r.size();
+    ++rows.count;
+    at += r.size();
+    last = r.end;
+  }
+  const Strides qs{ldq, rows.Tq * ldq}, kvs{ldkv, T * ldkv};
+  check_rows_aligned(q, qs, "q");
+  check_rows_aligned(kv, kvs, "kv");
+  return {q, qs, kv, kv + KV * hd, kvs, rows, hd};
+}
+
+// The forward's and dQ's blocks: one per 64 query rows of each run, for each of B·NH heads.
+dim3 query_grid(int64_t B, const Rows& rows) {
+  int64_t tiles = 0;
+  for (int i = 0; i < rows.count; ++i) tiles += blocks_of(rows.size[i], kBlockRows);
+  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(B * rows.NH));
+}
+// dK/dV's: one per 64 keys, for each of B·KV key/value heads.
+dim3 key_grid(int64_t B, const Rows& rows) {
+  return dim3(blocks_of(rows.T, kBlockRows), static_cast<unsigned>(B * rows.KV));
+}
+
+// f(std::integral_constant<int, hd>{}) for head size 64 or 128 (check_heads).
 template <typename F>
-void with_head_size(const QkvLayout& at, F&& f) {
-  if (at.hd == 64)
+void with_head_size(int64_t hd, F&& f) {
+  if (hd == 64)
     f(std::integral_constant<int, 64>{});
   else
     f(std::integral_constant<int, 128>{});
@@ -513,32 +638,45 @@ float flash_scale(int64_t hd) {
 }
 
 template <typename In, typename Out>
-void flash_forward(int device, Out* out, float* lse, const In* qkv, int64_t B, int64_t T, int64_t C,
-                   int64_t NH, int64_t KV, const char* name) {
-  const QkvLayout at = layout_of(C, NH, KV);
+void flash_forward(int device, Out* out, float* lse, const Operands<In>& x, int64_t B,
+                   const char* name) {
   DeviceGuard guard(device);
-  check_aligned(qkv, 16, "qkv");  // 4 floats, or 8 bf16 values (cp.async), at a time
-  with_head_size(at, [&](auto hd) {
-    launch(name, flash_forward_kernel<decltype(hd)::value, In, Out>, flash_grid(B, T, NH), kFlashThreads, out,
-           lse, qkv, T, at, flash_scale(at.hd));
+  if (B * x.rows.Tq == 0) return;
+  with_head_size(x.hd, [&](auto hd) {
+    launch(name, flash_forward_kernel<decltype(hd)::value, In, Out>, query_grid(B, x.rows),
+           kFlashThreads, out, lse, x.q, x.qs, x.k, x.v, x.kvs, x.rows, flash_scale(x.hd));
   });
 }
 
+// dQ at dq (strides dqs), dK and dV at dk, dv (strides dkvs: every key's row written, zero where
+// no query sees it).
 template <typename In, typename DO, typename Out>
-void flash_backward(int device, Out* dqkv, const DO* dout, const In* qkv, const float* lse,
-                    const float* D, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KV) {
-  const QkvLayout at = layout_of(C, NH, KV);
+void flash_backward(int device, Out* dq, Strides dqs, Out* dk, Out* dv, Strides dkvs,
+                    const DO* dout, const float* lse, const float* D, const Operands<In>& x,
+                    int64_t B) {
   DeviceGuard guard(device);
-  check_aligned(qkv, 16, "qkv");
   check_aligned(dout, 16, "dout");  // 4 floats, or 8 bf16 values (cp.async), at a time
-  with_head_size(at, [&](auto hd) {
-    launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<decltype(hd)::value, In, DO, Out>,
-           flash_grid(B, T, KV), kFlashThreads, dqkv, dout, qkv, lse, D, T, at,
-           flash_scale(at.hd));
-    launch("attention_backward (flash dQ)", flash_backward_q_kernel<decltype(hd)::value, In, DO, Out>,
-           flash_grid(B, T, NH), kFlashThreads, dqkv, dout, qkv, lse, D, T, at,
-           flash_scale(at.hd));
+  if (B * x.rows.T == 0) return;
+  with_head_size(x.hd, [&](auto hd) {
+    constexpr int kHd = decltype(hd)::value;
+    launch("attention_backward (flash dK, dV)", flash_backward_kv_kernel<kHd, In, DO, Out>,
+           key_grid(B, x.rows), kFlashThreads, dk, dv, dkvs, dout, x.q, x.qs, x.k, x.v, x.kvs,
+           lse, D, x.rows, flash_scale(x.hd));
+    if (x.rows.Tq > 0)
+      launch("attention_backward (flash dQ)", flash_backward_q_kernel<kHd, In, DO, Out>,
+             query_grid(B, x.rows), kFlashThreads, dq, dqs, dout, x.q, x.qs, x.k, x.v, x.kvs,
+             lse, D, x.rows, flash_scale(x.hd));
   });
+}
+
+// flash_backward of the whole sequence: dqkv in qkv's layout.
+template <typename In, typename DO, typename Out>
+void flash_backward_whole(int device, Out* dqkv, const DO* dout, const In* qkv, const float* lse,
+                          const float* D, int64_t B, int64_t T, int64_t C, int64_t NH,
+                          int64_t KV) {
+  const Operands<In> x = whole_sequence(qkv, T, C, NH, KV);
+  flash_backward(device, dqkv, x.qs, dqkv + NH * x.hd, dqkv + (NH + KV) * x.hd, x.kvs, dout, lse,
+                 D, x, B);
 }
 
 }  // namespace
@@ -548,26 +686,36 @@ bool flash_attention_applies(int64_t C, int64_t NH, int64_t B) {
          matmul_precision() == MatmulPrecision::kBf16 && !flash_disabled_by_environment();
 }
 
+bool flash_attention_applies_to_rows(int64_t NH, int64_t hd, int64_t B,
+                                     std::span<const cpu::RowRange> rows) {
+  int64_t runs = 0;
+  for (const cpu::RowRange& r : rows) runs += r.size() > 0;
+  return runs <= kMaxRuns && flash_attention_applies(NH * hd, NH, B);
+}
+
 void flash_attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
                              int64_t T, int64_t C, int64_t NH, int64_t KV) {
-  flash_forward(device, out, lse, qkv, B, T, C, NH, KV, "attention_forward (flash)");
+  flash_forward(device, out, lse, whole_sequence(qkv, T, C, NH, KV), B,
+                "attention_forward (flash)");
 }
 
 void flash_attention_forward_bf16_out(int device, void* out, float* lse, const void* qkv,
                                       bool qkv_bf16, int64_t B, int64_t T, int64_t C, int64_t NH,
                                       int64_t KV) {
   if (qkv_bf16)
-    flash_forward(device, static_cast<bf16*>(out), lse, static_cast<const bf16*>(qkv), B, T, C, NH,
-                  KV, "attention_forward (flash, bf16 qkv and out)");
+    flash_forward(device, static_cast<bf16*>(out), lse,
+                  whole_sequence(static_cast<const bf16*>(qkv), T, C, NH, KV), B,
+                  "attention_forward (flash, bf16 qkv and out)");
   else
-    flash_forward(device, static_cast<bf16*>(out), lse, static_cast<const float*>(qkv), B, T, C, NH,
-                  KV, "attention_forward (flash, bf16 out)");
+    flash_forward(device, static_cast<bf16*>(out), lse,
+                  whole_sequence(static_cast<const float*>(qkv), T, C, NH, KV), B,
+                  "attention_forward (flash, bf16 out)");
 }
 
 void flash_attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                               const float* lse, const float* D, int64_t B, int64_t T, int64_t C,
                               int64_t NH, int64_t KV) {
-  flash_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH, KV);
+  flash_backward_whole(device, dqkv, dout, qkv, lse, D, B, T, C, NH, KV);
 }
 
 void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout, bool dout_bf16,
@@ -580,14 +728,31 @@ void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout
         "flash attention: a bf16 dout needs a bf16 qkv (the attention projection's backward "
         "writes it so only where the qkv projection wrote qkv in bf16)");
   if (dout_bf16)
-    flash_backward(device, dqkv16, static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv),
-                   lse, D, B, T, C, NH, KV);
+    flash_backward_whole(device, dqkv16, static_cast<const bf16*>(dout),
+                         static_cast<const bf16*>(qkv), lse, D, B, T, C, NH, KV);
   else if (qkv_bf16)
-    flash_backward(device, dqkv16, static_cast<const float*>(dout), static_cast<const bf16*>(qkv),
-                   lse, D, B, T, C, NH, KV);
+    flash_backward_whole(device, dqkv16, static_cast<const float*>(dout),
+                         static_cast<const bf16*>(qkv), lse, D, B, T, C, NH, KV);
   else
-    flash_backward(device, dqkv16, static_cast<const float*>(dout), static_cast<const float*>(qkv),
-                   lse, D, B, T, C, NH, KV);
+    flash_backward_whole(device, dqkv16, static_cast<const float*>(dout),
+                         static_cast<const float*>(qkv), lse, D, B, T, C, NH, KV);
+}
+
+void flash_attention_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
+                                  const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
+                                  int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows) {
+  flash_forward(device, out, lse, query_rows(q, ldq, kv, ldkv, B, T, NH, KV, hd, rows), B,
+                "attention_gqa_forward_rows (flash)");
+}
+
+void flash_attention_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
+                                   const float* dout, const float* q, int64_t ldq,
+                                   const float* kv, int64_t ldkv, const float* lse,
+                                   const float* D, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                                   int64_t hd, std::span<const cpu::RowRange> rows) {
+  const Operands<float> x = query_rows(q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
+  flash_backward(device, dq, Strides{lddq, x.rows.Tq * lddq}, dkv, dkv + KV * hd, x.kvs, dout,
+                 lse, D, x, B);
 }
 
 }  // namespace loom::cuda

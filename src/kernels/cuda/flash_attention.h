@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+
+#include "kernels/cpu/attention.h"  // RowRange
 
 namespace loom::cuda {
 
@@ -34,5 +37,20 @@ void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout
                                         const void* qkv, bool qkv_bf16, const float* lse,
                                         const float* D, int64_t B, int64_t T, int64_t C,
                                         int64_t NH, int64_t KV);
+
+// Context parallelism's attention of some query rows (attention_gqa_forward_rows' and
+// attention_gqa_backward_rows' contracts, kernels.h) by the same kernels, the queries at their
+// positions: where flash_attention_applies and the rows are at most 8 runs of positions.
+bool flash_attention_applies_to_rows(int64_t NH, int64_t hd, int64_t B,
+                                     std::span<const cpu::RowRange> rows);
+void flash_attention_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
+                                  const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
+                                  int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows);
+// D = rowsum(dout ∘ out) per (b, h, local row), as lse. dkv's every row is written.
+void flash_attention_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
+                                   const float* dout, const float* q, int64_t ldq,
+                                   const float* kv, int64_t ldkv, const float* lse,
+                                   const float* D, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                                   int64_t hd, std::span<const cpu::RowRange> rows);
 
 }  // namespace loom::cuda

@@ -366,10 +366,12 @@ void attention_gqa_backward(int device, float* dqkv, const float* dout, const fl
                             int64_t KV, int64_t hd);
 // Context parallelism (kernels/cpu/attention.h, attention_gqa_*_rows): the attention of the
 // query rows `rows` (positions, in order) of q (B, Tq, ldq) over every position's keys and
-// values kv (B, T, ldkv: KV key heads, then KV value heads), the CPU kernels' contract. The
-// batched-GEMM path per piece of the rows (scores (B·NH, rows, keys) in scratch, the pieces cut
-// so that they stay within attention_score_bytes(), 256 MiB unless set), at any matmul
-// precision; the flash kernels take no row offsets yet. The backward writes dq's first NH·hd
+// values kv (B, T, ldkv: KV key heads, then KV value heads), the CPU kernels' contract. Where
+// the whole sequence's attention takes the flash kernels (bf16, head size 64 or 128) they run
+// here too, the queries at their positions and grouped key/value heads read in place (up to 8
+// runs of rows); else the batched-GEMM path per piece of the rows (scores (B·NH, rows, keys) in
+// scratch, the pieces cut so that they stay within attention_score_bytes(), 256 MiB unless set).
+// The backward writes dq's first NH·hd
 // columns (row stride lddq) and overwrites dkv, a shared key/value head's gradient summed over
 // its query heads in ascending order.
 void set_attention_score_bytes(int64_t bytes);  // process-wide, like set_matmul_precision
