@@ -738,6 +738,27 @@ inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, int64_t lddq, 
       dq, lddq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T, NH, KV, hd, rows);
 }
 
+// Context parallelism on a GPU at bf16 where the flash kernels apply to the rank's query rows
+// (bf16 matmuls, head size 64 or 128, at most 8 runs of rows; never on a CPU): q and the gathered
+// keys and values kept and exchanged as bf16 values (DType::kBF16), rounded once from the fp32
+// qkv by copy_columns_to_bf16 as the flash kernels would round them when they load them — the
+// fp32 path's results bit for bit, half the bytes (cuda::attention_gqa_*_rows_bf16). out, lse,
+// dout, dq and dkv stay f32.
+bool attention_rows_take_bf16(const Exec& ex, int64_t NH, int64_t hd, int64_t B,
+                              std::span<const cpu::RowRange> rows);
+void copy_columns_to_bf16(const Exec& ex, void* dst, int64_t ld_dst, const float* src,
+                          int64_t ld_src, int64_t rows, int64_t width);
+void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, const void* q,
+                                     int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
+                                     int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                     std::span<const cpu::RowRange> rows);
+void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,
+                                      const float* dout, const void* q, int64_t ldq,
+                                      const void* kv, int64_t ldkv, const float* out,
+                                      const float* lse, int64_t B, int64_t T, int64_t NH,
+                                      int64_t KV, int64_t hd,
+                                      std::span<const cpu::RowRange> rows);
+
 template <typename Real>
 inline void copy_columns(const Exec& ex, Real* dst, int64_t ld_dst, const Real* src, int64_t ld_src,
                          int64_t rows, int64_t width) {

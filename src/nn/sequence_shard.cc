@@ -44,10 +44,24 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
   LOOM_CHECK_MSG(qkv.dtype() == ctx.dtype,
                  "context parallelism's attention takes its qkv at the activations' dtype");
   const int64_t C = NH * hd, kv_width = 2 * KV * hd;
-  q = Tensor::empty({B, Tl, C}, qkv.dtype(), ctx.device);
-  Tensor kv_local = Tensor::empty({B, Tl, kv_width}, qkv.dtype(), ctx.device);
+  // On a GPU at bf16 whose flash kernels take these rows: q and kv in bf16 (half the bytes kept
+  // and exchanged; the kernels would round them to bf16 as they load them anyway).
+  const bool bf16 = ops::attention_rows_take_bf16(ctx.exec(), NH, hd, B, shard.positions());
+  const DType kept = bf16 ? DType::kBF16 : qkv.dtype();
+  q = Tensor::empty({B, Tl, C}, kept, ctx.device);
+  Tensor kv_local = Tensor::empty({B, Tl, kv_width}, kept, ctx.device);
   att = Tensor::empty({B * Tl, C}, ctx.dtype, ctx.device);
   lse = Tensor::empty({B, NH, Tl}, ctx.dtype, ctx.device);
+  if (bf16) {
+    ops::copy_columns_to_bf16(ctx.exec(), q.raw(), C, qkv.data<float>(), W, B * Tl, C);
+    ops::copy_columns_to_bf16(ctx.exec(), kv_local.raw(), kv_width, qkv.data<float>() + C, W,
+                              B * Tl, kv_width);
+    kv = shard.gather(ctx, kv_local);
+    ops::attention_gqa_forward_rows_bf16(ctx.exec(), att.data<float>(), lse.data<float>(), q.raw(),
+                                         C, kv.raw(), kv_width, B, T, NH, KV, hd,
+                                         shard.positions());
+    return;
+  }
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::copy_columns<T_>(ctx.exec(), q.data<T_>(), C, qkv.data<T_>(), W, B * Tl, C);
@@ -70,7 +84,13 @@ Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor
   const int64_t Tl = shard.local_length(), W = C + kv_width;
   Tensor dqkv = Tensor::empty({B, Tl, W}, ctx.dtype, ctx.device);
   Tensor dkv = Tensor::empty(kv.shape(), ctx.dtype, ctx.device);
-  dispatch_float(ctx.dtype, [&](auto zero) {
+  if (kv.dtype() == DType::kBF16)  // the forward's bf16 q and kv (attention_rows_take_bf16)
+    ops::attention_gqa_backward_rows_bf16(ctx.exec(), dqkv.data<float>(), W, dkv.data<float>(),
+                                          datt.data<float>(), q.raw(), C, kv.raw(), kv_width,
+                                          att.data<float>(), lse.data<float>(), B, T, NH, KV, hd,
+                                          shard.positions());
+  else
+    dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::attention_gqa_backward_rows<T_>(ctx.exec(), dqkv.data<T_>(), W, dkv.data<T_>(),
                                          datt.data<T_>(), q.data<T_>(), C, kv.data<T_>(), kv_width,

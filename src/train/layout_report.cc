@@ -8,7 +8,7 @@ namespace loom {
 int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blocks_on_rank) {
   const ParallelConfig& par = config.parallel;
   // With context parallelism a rank holds seq_len / cp positions of each sequence, but the
-  // attention keeps the whole sequence's qkv, gathered (parallel/context_parallel.h).
+  // attention keeps the whole sequence's keys and values, gathered (nn/sequence_shard.h).
   const double cp = std::max(par.cp, 1);
   const double N = static_cast<double>(config.train.micro_batch_size * config.model.seq_len) / cp;
   const double C = static_cast<double>(config.model.d_model);
@@ -34,12 +34,25 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
                      config.model.n_heads > 0 &&
                      (config.model.d_model == 64 * config.model.n_heads ||
                       config.model.d_model == 128 * config.model.n_heads);
-  const double qkv = (flash ? 1.5 : 3.0) * cp;
+  const double qkv = flash ? 1.5 : 3.0;
+  // Under cp the attention keeps its queries (this rank's positions), the keys and values of
+  // every position (cp × as many) — in bf16 where a GPU's flash kernels take the rows (bf16,
+  // head size 64 or 128, at any tp) — and its output in floats: per position, in floats.
+  const ModelConfig& model = config.model;
+  const bool rows_bf16 = gpu_sixteen_bit && config.runtime.matmul_precision == "bf16" &&
+                         model.n_heads > 0 &&
+                         (model.d_model == 64 * model.n_heads || model.d_model == 128 * model.n_heads);
+  const double kv_width = model.n_heads > 0 && model.arch == "llama"
+                              ? 2.0 * static_cast<double>(model.resolved_n_kv_heads()) /
+                                    static_cast<double>(model.n_heads)
+                              : 2.0;
+  const double cp_attention = (1 + kv_width * cp) * (rows_bf16 ? 0.5 : 1.0) + 1;
+  const double gpt2_attention = cp > 1 ? cp_attention : qkv + half;
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output
   // (4) and the GELU's (4), N·C/P each.
-  double everything = (2 + 2 * norm_half) * rows * C + (qkv + half + 8 * half) * N * C / P;
-  double selective = 2 * rows * C + (qkv + half + 4 * half) * N * C / P;
+  double everything = (2 + 2 * norm_half) * rows * C + (gpt2_attention + 8 * half) * N * C / P;
+  double selective = 2 * rows * C + (gpt2_attention + 4 * half) * N * C / P;
   if (config.model.arch == "llama") {
     // Llama (nn/causal_self_attention.h, nn/swiglu_mlp.h, nn/rms_norm.h): the compact qkv, q and
     // k turned ((n_heads + 2·n_kv_heads)·head_dim wide: the shared heads are read in place), in
@@ -47,11 +60,10 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     // output, gate and up (2·H), and the SwiGLU's output (H, proj's input) — at 16 bits all but
     // a non-flash qkv in half a float, as the GEMMs read them.
     const double H = static_cast<double>(config.model.resolved_ffn_hidden());
-    const ModelConfig& m = config.model;
-    const double qkv_width = m.n_heads > 0
-        ? static_cast<double>(m.n_heads + 2 * m.resolved_n_kv_heads()) / static_cast<double>(m.n_heads)
+    const double qkv_width = model.n_heads > 0
+        ? static_cast<double>(model.n_heads + 2 * model.resolved_n_kv_heads()) / static_cast<double>(model.n_heads)
         : 3.0;
-    const double attention = qkv_width * (flash ? half : 1.0) * cp + half;
+    const double attention = cp > 1 ? cp_attention : qkv_width * (flash ? half : 1.0) + half;
     everything = (2 + 2 * norm_half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
   }

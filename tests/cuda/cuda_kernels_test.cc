@@ -1381,6 +1381,28 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
       expect_pair_close("dq against the CPU", dq, 2e-2);
       expect_pair_close("dkv against the CPU", dkv, 2e-2);
       const std::vector<float> share = dkv.from_gpu();
+      {
+        // q and kv kept in bf16 (rounded once, as the kernels round them when they load): the
+        // same bits, from cp.async's path.
+        EXPECT_TRUE(ops::attention_rows_take_bf16(on_gpu, NH, hd, B, rows));
+        Tensor q16 = Tensor::empty({B * Tq, C}, DType::kBF16, Device::cuda(0));
+        Tensor kv16 = Tensor::empty({B * T, kvw}, DType::kBF16, Device::cuda(0));
+        ops::copy_columns_to_bf16(on_gpu, q16.raw(), C, q.g(), C, B * Tq, C);
+        ops::copy_columns_to_bf16(on_gpu, kv16.raw(), kvw, kv.g(), kvw, B * T, kvw);
+        Pair o16 = pair_of(std::vector<float>(B * Tq * C)),
+             l16 = pair_of(std::vector<float>(B * NH * Tq));
+        Pair dq16 = pair_of(std::vector<float>(B * Tq * W, 5.0f)),
+             dkv16 = pair_of(std::vector<float>(B * T * kvw, 7.0f));
+        ops::attention_gqa_forward_rows_bf16(on_gpu, o16.g(), l16.g(), q16.raw(), C, kv16.raw(),
+                                             kvw, B, T, NH, KV, hd, rows);
+        ops::attention_gqa_backward_rows_bf16(on_gpu, dq16.g(), W, dkv16.g(), dy_r.g(), q16.raw(),
+                                              C, kv16.raw(), kvw, o16.g(), l16.g(), B, T, NH, KV,
+                                              hd, rows);
+        EXPECT_TRUE(bitwise_equal(o16.from_gpu(), o_r.from_gpu())) << "out, bf16 q and kv";
+        EXPECT_TRUE(bitwise_equal(l16.from_gpu(), l_r.from_gpu())) << "lse, bf16 q and kv";
+        EXPECT_TRUE(bitwise_equal(dq16.from_gpu(), dq_g)) << "dq, bf16 q and kv";
+        EXPECT_TRUE(bitwise_equal(dkv16.from_gpu(), share)) << "dkv, bf16 q and kv";
+      }
       const int64_t last = rows.back().end;
       for (int64_t b = 0; b < B; ++b)
         for (int64_t t = last; t < T; ++t)
@@ -1405,6 +1427,19 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
   std::vector<cpu::RowRange> nine;
   for (int64_t i = 0; i < 9; ++i) nine.push_back({2 * i, 2 * i + 1});
   EXPECT_FALSE(cuda::flash_attention_applies_to_rows(2, 64, 2, nine)) << "9 runs of rows";
+  EXPECT_FALSE(ops::attention_rows_take_bf16(on_cpu, 2, 64, 2, nine)) << "on a CPU";
+  cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);
+  const std::vector<cpu::RowRange> two = {{0, 4}, {12, 16}};
+  EXPECT_FALSE(ops::attention_rows_take_bf16(on_gpu, 2, 64, 2, two)) << "at fp32";
+  Pair o = pair_of(std::vector<float>(2 * 8 * 128)), l = pair_of(std::vector<float>(2 * 2 * 8));
+  Tensor q16 = Tensor::empty({2 * 8, 128}, DType::kBF16, Device::cuda(0)),
+         kv16 = Tensor::empty({2 * 16, 256}, DType::kBF16, Device::cuda(0));
+  expect_refused(
+      [&] {
+        ops::attention_gqa_forward_rows_bf16(on_gpu, o.g(), l.g(), q16.raw(), 128, kv16.raw(),
+                                             256, 2, 16, 2, 2, 64, two);
+      },
+      "bf16 queries and keys/values are for a GPU's flash kernels", "bf16 rows taken at fp32");
 }
 
 TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {

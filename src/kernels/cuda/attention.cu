@@ -383,6 +383,12 @@ __global__ void rows_softmax_backward_kernel(float* dP, const float* P, const fl
     dP[e] = P[e] * (dP[e] - D[bh * Tq + at + r]) * scale;
   }
 }
+__global__ void copy_columns_to_bf16_kernel(__nv_bfloat16* dst, int64_t ld_dst, const float* src,
+                                            int64_t ld_src, int64_t width, int64_t n) {
+  LOOM_FOR_EACH(i, n) {
+    round_to(dst[(i / width) * ld_dst + i % width], src[(i / width) * ld_src + i % width]);
+  }
+}
 __global__ void copy_columns_kernel(float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
                                     int64_t width, int64_t n) {
   LOOM_FOR_EACH(i, n) dst[(i / width) * ld_dst + i % width] = src[(i / width) * ld_src + i % width];
@@ -410,6 +416,23 @@ void check_rows(const char* what, int64_t NH, int64_t KV, int64_t hd, int64_t T,
       fail(what, ": query rows [", r.begin, ", ", r.end, ") outside the sequence of ", T);
 }
 
+// D = rowsum(dout ∘ out) per (b, h, local row) of the rows' attention (B, Tq, NH·hd each).
+void rows_row_dots(float* D, const float* dout, const float* out, int64_t B, int64_t Tq,
+                   int64_t NH, int64_t hd) {
+  const int64_t n = B * NH * Tq;
+  if (n > 0)
+    launch("attention_gqa_backward_rows (D)", row_dot_kernel<float, float>,
+           blocks_of(n, kRowsPerBlock), kRowsPerBlock * 32, D, dout, out,
+           HeadIndex{Tq, NH * hd, NH, hd}, n);
+}
+
+void expect_bf16_rows(const char* what, int64_t NH, int64_t hd, int64_t B,
+                      std::span<const cpu::RowRange> rows) {
+  if (!flash_attention_applies_to_rows(NH, hd, B, rows))
+    fail(what, ": a bf16 q and kv are for the flash kernels only (bf16 matmuls, head size 64 or ",
+         "128, at most 8 runs of rows), which do not apply");
+}
+
 }  // namespace
 
 void set_attention_score_bytes(int64_t bytes) { score_bytes = std::max<int64_t>(bytes, 4); }
@@ -424,6 +447,46 @@ void copy_columns(int device, float* dst, int64_t ld_dst, const float* src, int6
          ld_src, width, n);
 }
 
+void copy_columns_to_bf16(int device, void* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                          int64_t rows, int64_t width) {
+  const int64_t n = rows * width;
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  launch("copy_columns_to_bf16", copy_columns_to_bf16_kernel, blocks_for(n, kThreads), kThreads,
+         static_cast<__nv_bfloat16*>(dst), ld_dst, src, ld_src, width, n);
+}
+
+bool attention_rows_take_bf16(int64_t NH, int64_t hd, int64_t B,
+                              std::span<const cpu::RowRange> rows) {
+  return flash_attention_applies_to_rows(NH, hd, B, rows);
+}
+
+void attention_gqa_forward_rows_bf16(int device, float* out, float* lse, const void* q,
+                                     int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
+                                     int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                     std::span<const cpu::RowRange> rows) {
+  check_rows("attention_gqa_forward_rows_bf16", NH, KV, hd, T, rows);
+  expect_bf16_rows("attention_gqa_forward_rows_bf16", NH, hd, B, rows);
+  if (B * cpu::rows_in(rows) == 0) return;
+  flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, true, B, T, NH, KV, hd, rows);
+}
+
+void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
+                                      const float* dout, const void* q, int64_t ldq,
+                                      const void* kv, int64_t ldkv, const float* out,
+                                      const float* lse, int64_t B, int64_t T, int64_t NH,
+                                      int64_t KV, int64_t hd,
+                                      std::span<const cpu::RowRange> rows) {
+  check_rows("attention_gqa_backward_rows_bf16", NH, KV, hd, T, rows);
+  expect_bf16_rows("attention_gqa_backward_rows_bf16", NH, hd, B, rows);
+  const int64_t Tq = cpu::rows_in(rows);
+  DeviceGuard guard(device);
+  Scratch<float> D(device, B * NH * Tq);
+  rows_row_dots(D.get(), dout, out, B, Tq, NH, hd);
+  flash_attention_backward_rows(device, dq, lddq, dkv, dout, q, ldq, kv, ldkv, true, lse, D.get(),
+                                B, T, NH, KV, hd, rows);
+}
+
 // Per range [first, end) of query rows (at: its first local row), over heads h = B·NH:
 //   S = Q[at:at+n]·K[0:end]ᵀ / sqrt(hd);  P = causal softmax (row r sees keys 0..first + r);
 //   Y[at:at+n] = P·V[0:end].
@@ -434,7 +497,8 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
   const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
   if (B * Tq == 0) return;
   if (flash_attention_applies_to_rows(NH, hd, B, rows)) {
-    flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
+    flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, false, B, T, NH, KV, hd,
+                                 rows);
     return;
   }
   DeviceGuard guard(device);
@@ -479,14 +543,11 @@ void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv
   const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
   DeviceGuard guard(device);
   const HeadIndex local{Tq, C, NH, hd};
-  Scratch<float> D(device, std::max<int64_t>(heads * Tq, 1));
-  if (B * Tq > 0)
-    launch("attention_gqa_backward_rows (D)", row_dot_kernel<float, float>,
-           blocks_of(heads * Tq, kRowsPerBlock), kRowsPerBlock * 32, D.get(), dout, out, local,
-           heads * Tq);
+  Scratch<float> D(device, heads * Tq);
+  rows_row_dots(D.get(), dout, out, B, Tq, NH, hd);
   if (flash_attention_applies_to_rows(NH, hd, B, rows)) {
-    flash_attention_backward_rows(device, dq, lddq, dkv, dout, q, ldq, kv, ldkv, lse, D.get(), B,
-                                  T, NH, KV, hd, rows);
+    flash_attention_backward_rows(device, dq, lddq, dkv, dout, q, ldq, kv, ldkv, false, lse,
+                                  D.get(), B, T, NH, KV, hd, rows);
     return;
   }
   Scratch<float> kh(device, heads * T * hd), vh(device, heads * T * hd);

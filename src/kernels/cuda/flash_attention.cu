@@ -588,9 +588,10 @@ Operands<In> whole_sequence(const In* qkv, int64_t T, int64_t C, int64_t NH, int
 
 // Context parallelism's: queries q (B, Tq, ldq) at positions `ranges`, keys then values of every
 // position in kv (B, T, ldkv).
-Operands<float> query_rows(const float* q, int64_t ldq, const float* kv, int64_t ldkv, int64_t B,
-                           int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                           std::span<const cpu::RowRange> ranges) {
+template <typename In>
+Operands<In> query_rows(const In* q, int64_t ldq, const In* kv, int64_t ldkv, int64_t T,
+                        int64_t NH, int64_t KV, int64_t hd,
+                        std::span<const cpu::RowRange> ranges) {
   check_heads(NH, KV, hd);
   Rows rows{NH, KV, T, cpu::rows_in(ranges), 0, {}, {}, {}};
   int64_t at = 0, last = 0;
@@ -738,21 +739,36 @@ void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout
                          static_cast<const float*>(qkv), lse, D, B, T, C, NH, KV);
 }
 
-void flash_attention_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
-                                  const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
-                                  int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows) {
-  flash_forward(device, out, lse, query_rows(q, ldq, kv, ldkv, B, T, NH, KV, hd, rows), B,
-                "attention_gqa_forward_rows (flash)");
+void flash_attention_forward_rows(int device, float* out, float* lse, const void* q, int64_t ldq,
+                                  const void* kv, int64_t ldkv, bool bf16_in, int64_t B, int64_t T,
+                                  int64_t NH, int64_t KV, int64_t hd,
+                                  std::span<const cpu::RowRange> rows) {
+  if (bf16_in)
+    flash_forward(device, out, lse,
+                  query_rows(static_cast<const bf16*>(q), ldq, static_cast<const bf16*>(kv), ldkv,
+                             T, NH, KV, hd, rows),
+                  B, "attention_gqa_forward_rows (flash, bf16 q and kv)");
+  else
+    flash_forward(device, out, lse,
+                  query_rows(static_cast<const float*>(q), ldq, static_cast<const float*>(kv),
+                             ldkv, T, NH, KV, hd, rows),
+                  B, "attention_gqa_forward_rows (flash)");
 }
 
 void flash_attention_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
-                                   const float* dout, const float* q, int64_t ldq,
-                                   const float* kv, int64_t ldkv, const float* lse,
-                                   const float* D, int64_t B, int64_t T, int64_t NH, int64_t KV,
-                                   int64_t hd, std::span<const cpu::RowRange> rows) {
-  const Operands<float> x = query_rows(q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
-  flash_backward(device, dq, Strides{lddq, x.rows.Tq * lddq}, dkv, dkv + KV * hd, x.kvs, dout,
-                 lse, D, x, B);
+                                   const float* dout, const void* q, int64_t ldq, const void* kv,
+                                   int64_t ldkv, bool bf16_in, const float* lse, const float* D,
+                                   int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                   std::span<const cpu::RowRange> rows) {
+  const auto run = [&](const auto* typed_q, const auto* typed_kv) {
+    const auto x = query_rows(typed_q, ldq, typed_kv, ldkv, T, NH, KV, hd, rows);
+    flash_backward(device, dq, Strides{lddq, x.rows.Tq * lddq}, dkv, dkv + KV * hd, x.kvs, dout,
+                   lse, D, x, B);
+  };
+  if (bf16_in)
+    run(static_cast<const bf16*>(q), static_cast<const bf16*>(kv));
+  else
+    run(static_cast<const float*>(q), static_cast<const float*>(kv));
 }
 
 }  // namespace loom::cuda

@@ -43,14 +43,16 @@ void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout
 // positions: where flash_attention_applies and the rows are at most 8 runs of positions.
 bool flash_attention_applies_to_rows(int64_t NH, int64_t hd, int64_t B,
                                      std::span<const cpu::RowRange> rows);
-void flash_attention_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
-                                  const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
-                                  int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows);
+// q and kv floats, or bf16 values when `bf16_in` (context parallelism keeps and exchanges them so).
+void flash_attention_forward_rows(int device, float* out, float* lse, const void* q, int64_t ldq,
+                                  const void* kv, int64_t ldkv, bool bf16_in, int64_t B, int64_t T,
+                                  int64_t NH, int64_t KV, int64_t hd,
+                                  std::span<const cpu::RowRange> rows);
 // D = rowsum(dout ∘ out) per (b, h, local row), as lse. dkv's every row is written.
 void flash_attention_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
-                                   const float* dout, const float* q, int64_t ldq,
-                                   const float* kv, int64_t ldkv, const float* lse,
-                                   const float* D, int64_t B, int64_t T, int64_t NH, int64_t KV,
-                                   int64_t hd, std::span<const cpu::RowRange> rows);
+                                   const float* dout, const void* q, int64_t ldq, const void* kv,
+                                   int64_t ldkv, bool bf16_in, const float* lse, const float* D,
+                                   int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                   std::span<const cpu::RowRange> rows);
 
 }  // namespace loom::cuda

@@ -385,6 +385,24 @@ void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv
                                  const float* out, const float* lse, int64_t B, int64_t T,
                                  int64_t NH, int64_t KV, int64_t hd,
                                  std::span<const cpu::RowRange> rows);
+// Context parallelism at bf16 on the flash kernels (attention_rows_take_bf16: where they apply to
+// these rows): q and kv kept and exchanged as bf16 values, rounded once as the flash kernels
+// would round them when they load — the same results, half the bytes; out, lse, dout, dq and dkv
+// fp32. copy_columns_to_bf16 rounds a qkv's columns into them.
+bool attention_rows_take_bf16(int64_t NH, int64_t hd, int64_t B,
+                              std::span<const cpu::RowRange> rows);
+void copy_columns_to_bf16(int device, void* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                          int64_t rows, int64_t width);
+void attention_gqa_forward_rows_bf16(int device, float* out, float* lse, const void* q,
+                                     int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
+                                     int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                     std::span<const cpu::RowRange> rows);
+void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
+                                      const float* dout, const void* q, int64_t ldq,
+                                      const void* kv, int64_t ldkv, const float* out,
+                                      const float* lse, int64_t B, int64_t T, int64_t NH,
+                                      int64_t KV, int64_t hd,
+                                      std::span<const cpu::RowRange> rows);
 // Columns [0, width) of `rows` rows between row strides ld_src and ld_dst (cpu/attention.h).
 void copy_columns(int device, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
                   int64_t rows, int64_t width);
