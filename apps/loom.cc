@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/thread_pool.h"
+#include "bench_attention.h"
 #include "bench_comm.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/export.h"
@@ -537,6 +538,37 @@ int main(int argc, char** argv) {
   bench_gemm->add_option("--n", gemm_n, "the n of the n x n x n product")->capture_default_str();
   bench_gemm->add_option("--iters", gemm_iters, "timed products (the best counts)")->capture_default_str();
 
+  BenchAttentionArgs attention_args;
+  auto* bench_attention = bench_cmd->add_subcommand(
+      "attention",
+      "causal attention of a whole sequence against one context-parallel rank's rows (its zigzag "
+      "chunks over every key)");
+  bench_attention->add_option("--device", attention_args.device, "cpu, or cuda / cuda:N")
+      ->capture_default_str();
+  bench_attention
+      ->add_option(
+          "--precision", attention_args.precision,
+          "a GPU's matmul precision: fp32, or bf16 (the flash kernels at head size 64 or 128)")
+      ->capture_default_str();
+  bench_attention->add_option("--threads", attention_args.threads, "CPU threads")
+      ->capture_default_str();
+  bench_attention->add_option("--batch", attention_args.batch, "sequences")->capture_default_str();
+  bench_attention->add_option("--seq", attention_args.seq_len, "tokens per sequence")
+      ->capture_default_str();
+  bench_attention->add_option("--heads", attention_args.heads, "query heads")
+      ->capture_default_str();
+  bench_attention->add_option("--kv-heads", attention_args.kv_heads, "key/value heads (0: --heads)")
+      ->capture_default_str();
+  bench_attention->add_option("--head-dim", attention_args.head_dim, "head size")
+      ->capture_default_str();
+  bench_attention
+      ->add_option("--cp", attention_args.cp, "context-parallel ranks the sequence splits over")
+      ->capture_default_str();
+  bench_attention
+      ->add_option("--iters", attention_args.iters, "timed runs of each (the best counts)")
+      ->capture_default_str();
+  bench_attention->add_flag("--json", attention_args.json, "one JSON object");
+
   BenchCommArgs comm_args;
   auto* bench_comm = bench_cmd->add_subcommand("comm", "collective bandwidth (algbw, busbw, memcpy ceiling)");
   bench_comm->add_option("--backend", comm_args.backend, "local or mpi")->capture_default_str();
@@ -645,6 +677,7 @@ int main(int argc, char** argv) {
                   memory_device.c_str(), static_cast<long>(memory_mib), gbps);
       return 0;
     }
+    if (bench_attention->parsed()) return cmd_bench_attention(attention_args);
     if (bench_comm->parsed()) return cmd_bench_comm(comm_args, std::vector<std::string>(argv, argv + argc));
     if (schedule_cmd->parsed()) return cmd_schedule(sched_name, sched_pp, sched_m, sched_v);
     if (hang_cmd->parsed()) {

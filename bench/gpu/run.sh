@@ -265,6 +265,21 @@ figure "bf16, GELU apart from the GEMMs"
 step gpt2_fp8 bench 40 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 \
   --seq 1024 --steps 8 --warmup 2 --precision fp8 --peak-tflops "$BF16_PEAK" --json
 figure "fp8 (quantized on the GPU, bf16 GEMMs)"
+# Context parallelism's attention (`loom bench attention`): one cp rank's zigzag rows over every
+# key on the flash kernels, against the whole sequence's, at Llama 3 8B's heads (32 query heads
+# of 128 sharing 8) and T = 32768 for cp 2, 4 and 8: how near a rank's time comes to 1/cp of one
+# device's (cp_*_efficiency 1), and the rows' TFLOP/s.
+cp_attention() {
+  for cp in 2 4 8; do
+    "$BIN/loom" bench attention --device cuda --precision bf16 --seq 32768 --heads 32 \
+      --kv-heads 8 --head-dim 128 --cp "$cp" --iters 3 --json || return 1
+  done
+}
+export -f cp_attention
+step cp_attention bench 45 cp_attention
+grep '"cp_fwd_efficiency"' "$OUT/bench.log" 2>/dev/null | tail -n 3 | while read -r line; do
+  note "      cp attention: $line"
+done
 step gpt2_tf32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 8 --warmup 2 --precision tf32 --peak-tflops "$TF32_PEAK" --json
 figure "tf32"

@@ -312,6 +312,27 @@ TEST_F(Cli, BenchCommLocalJson) {
   EXPECT_NE(b.output.find("\"dtype\":\"bf16\""), std::string::npos) << b.output;
   expect_error(run("bench comm --dtype fp16"), "--dtype fp16: expected fp32 or bf16");
 }
+
+// `loom bench attention`: the whole sequence's attention against a cp rank's rows, timed, with
+// the rows' output checked against the whole sequence's rows; bad sizes refused by name.
+TEST_F(Cli, BenchAttentionTimesTheRowsAndChecksThem) {
+  Result r =
+      run("bench attention --seq 64 --heads 2 --kv-heads 1 --head-dim 16 --cp 2 --iters 1 "
+          "--json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["seq"], 64);
+  EXPECT_EQ(j["cp"], 2);
+  EXPECT_EQ(j["kv_heads"], 1);
+  for (const char* key : {"whole_fwd_ms", "whole_bwd_ms", "rows_fwd_ms", "rows_bwd_ms",
+                          "cp_fwd_efficiency", "cp_bwd_efficiency"})
+    EXPECT_GT(j[key].get<double>(), 0) << key;
+  EXPECT_LT(j["max_diff"].get<double>(), 1e-6) << "the rows are not the whole sequence's";
+  expect_error(run("bench attention --seq 100 --cp 4"), "--seq 100 must split into 2 x --cp = 8");
+  expect_error(run("bench attention --seq 64 --heads 3 --kv-heads 2"),
+               "--kv-heads 2 does not divide --heads 3");
+  expect_error(run("bench attention --seq 64 --precision bf16"), "is for a GPU");
+}
 }  // namespace
 
 namespace {
