@@ -868,8 +868,9 @@ TEST_F(TrainTest, LlamaOnTheGpuTrainsTheCpuRun) {
 // Context parallelism on GPUs: each rank's positions on its own GPU, the keys and values
 // all-gathered and their gradients reduce-scattered over nccl, the attention of the rank's query
 // rows in the CUDA kernels (cuda::attention_gqa_*_rows), the position embedding's rows on the
-// device. GPT-2 and Llama (with tp 2 when there are four GPUs) train the CPU's one-device run,
-// validation included; at bf16 GEMMs the run stays within bf16's rounding of it.
+// device. GPT-2 and Llama train the CPU's one-device run, validation included; at bf16 GEMMs the
+// run stays within bf16's rounding of it, and so does GPT-2 under cp 2 × tp 2 on four GPUs (the
+// tensor-parallel block's attention, one head a rank, on the flash kernels' rows).
 TEST_F(TrainTest, ContextParallelGpusTrainTheCpuRun) {
   if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
   for (const char* arch : {"gpt2", "llama"}) {
@@ -924,6 +925,23 @@ TEST_F(TrainTest, ContextParallelGpusTrainTheCpuRun) {
       const double ratio = got16[i]["comm_bytes"]["cp"].get<double>() /
                            got[i]["comm_bytes"]["cp"].get<double>();
       EXPECT_NEAR(ratio, 5.0 / 6.0, 1e-12) << "bf16 keys and values, step " << i + 1;
+    }
+    if (c.model.arch != "gpt2" || cuda::device_count() < 4) continue;
+    Config tp = cp;
+    tp.runtime.ranks = 4;
+    tp.parallel.tp = 2;
+    const std::string cp_tp = "cp_tp_gpus_bf16";
+    run_training(tp, options(cp_tp));
+    const auto got_tp = metrics(cp_tp);
+    ASSERT_EQ(got_tp.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double w = want[i]["loss"];
+      EXPECT_NEAR(got_tp[i]["loss"].get<double>(), w, 2e-2 * w) << "cp × tp, step " << i + 1;
+      // A rank's keys and values are its half of the heads: half the cp bytes of cp 2 alone.
+      EXPECT_NEAR(got_tp[i]["comm_bytes"]["cp"].get<double>() /
+                      got16[i]["comm_bytes"]["cp"].get<double>(),
+                  0.5, 1e-12)
+          << "cp × tp bytes, step " << i + 1;
     }
   }
 }
