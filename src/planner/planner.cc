@@ -214,14 +214,17 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
                      (config.parallel.pp_send_dtype == "bf16" ? 0.5 : 1.0) /
                      (gbps(par.tp * par.dp * par.pp) * 1e9);
   // Context parallelism, on the critical path (parallel/context_parallel.h): per block and
-  // micro-batch the whole sequence's keys and values of the rank's heads all-gathered forward
-  // and their gradient reduce-scattered backward, fp32; full recomputation gathers again.
+  // micro-batch the whole sequence's keys and values of the rank's heads all-gathered forward —
+  // in bf16 where the flash kernels take the rows (head size 64 or 128 at the plan's bf16:
+  // nn/sequence_shard.h), else fp32 — and their gradient reduce-scattered backward in fp32; full
+  // recomputation gathers again.
   if (par.cp > 1) {
     const Gpt2Config model = model_config_of(config);
     const double kv_bytes =
         static_cast<double>(config.train.micro_batch_size * config.model.seq_len) * 2.0 *
         static_cast<double>(model.kv_heads() * model.head_dim()) * 4 / par.tp;
-    const double per_block = recompute_mode == "full" ? 3 : 2;
+    const double gather = model.head_dim() == 64 || model.head_dim() == 128 ? 0.5 : 1.0;
+    const double per_block = (recompute_mode == "full" ? 2 : 1) * gather + 1;
     plan.cp_comm_s = static_cast<double>(most_blocks) * m * per_block * (par.cp - 1.0) / par.cp *
                      kv_bytes / (gbps(par.tp * par.cp) * 1e9);
   }

@@ -259,6 +259,19 @@ TEST(Planner, TriesContextParallelismAndCountsItsExchange) {
   const double kv_bytes = 2.0 * 16 * 2 * 32 * 4;
   EXPECT_NEAR(cp4.cp_comm_s, 4 * 4 * 2 * 0.75 * kv_bytes / (450e9), 1e-15);
   EXPECT_EQ(dp4.cp_comm_s, 0);
+  {
+    // Heads of 64 (d_model 128, 2 heads): the flash kernels' rows, their keys and values gathered
+    // in bf16 (half), the gradients reduce-scattered in fp32; full recomputation gathers twice.
+    Config h = c;
+    h.model.d_model = 128;
+    h.model.n_heads = 2;
+    h.parallel.dp = 1;
+    h.parallel.cp = 4;
+    const double kv64 = 2.0 * 16 * 2 * 128 * 4;
+    EXPECT_NEAR(estimate_layout(h, o).cp_comm_s, 4 * 4 * 1.5 * 0.75 * kv64 / 450e9, 1e-15);
+    h.parallel.recompute = "full";
+    EXPECT_NEAR(estimate_layout(h, o).cp_comm_s, 4 * 4 * 2.0 * 0.75 * kv64 / 450e9, 1e-15);
+  }
   // ZeRO-1 over dp × cp: a rank of dp2 cp2 holds what a rank of dp4 holds.
   EXPECT_EQ(by_name.at("dp2 tp1 pp1 cp2 zero1").state_bytes,
             by_name.at("dp4 tp1 pp1 zero1").state_bytes);
