@@ -109,6 +109,15 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   cuda::copy_bytes(dst, dst_device, src, src_device, bytes);
 }
 
+void copy_bytes_queued(void* dst, const void* src, Device device, size_t bytes) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  cuda::copy_bytes_queued(dst, src, device.index, bytes);
+}
+
 void zero_bytes(void* dst, Device device, size_t bytes) {
   if (bytes == 0) return;
   if (device.is_cpu()) {

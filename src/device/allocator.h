@@ -61,6 +61,12 @@ Allocator& allocator_for(Device device);
 // Copies `bytes` between any two devices (host<->host, host<->cuda, cuda<->cuda).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 
+// Copies `bytes` within one device: on a GPU queued on its compute stream after the work queued
+// there (not waited for: what reads dst later on that stream, or a collective, which waits for
+// that stream, sees the bytes); on the CPU a memcpy now. For many small moves, e.g. context
+// parallelism's rows, which synchronous copies would each stall the GPU's queue for.
+void copy_bytes_queued(void* dst, const void* src, Device device, size_t bytes);
+
 // Sets `bytes` bytes at dst to zero (on a GPU: queued on its compute stream, not waited for).
 void zero_bytes(void* dst, Device device, size_t bytes);
 

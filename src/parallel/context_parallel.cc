@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "device/allocator.h"
 #include "nn/context.h"
 
 namespace loom {
@@ -49,10 +50,12 @@ void move_rows(const std::vector<std::vector<cpu::RowRange>>& positions, Tensor 
       for (const cpu::RowRange& r : positions[q]) {
         Tensor mine = stacked.narrow(local, r.size());
         Tensor whole = full.narrow(b * T + r.begin, r.size());
+        // Queued on a GPU's compute stream, not one synchronous copy each: the collective that
+        // reads `stacked` next, and the attention that reads `full`, run after them there.
         if (to_full)
-          whole.copy_from(mine);
+          copy_bytes_queued(whole.raw(), mine.raw(), full.device(), mine.nbytes());
         else
-          mine.copy_from(whole);
+          copy_bytes_queued(mine.raw(), whole.raw(), full.device(), mine.nbytes());
         local += r.size();
       }
     }

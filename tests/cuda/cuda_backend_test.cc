@@ -88,6 +88,29 @@ TEST_F(CudaBackendTest, DeviceToDeviceCopy) {
   EXPECT_EQ(back, src);
 }
 
+// A queued copy (copy_bytes_queued: on the compute stream, not waited for) is ordered with what
+// follows on that stream: a chain of them, a kernel after them and a copy to the host see their
+// bytes; on the host it is a memcpy.
+TEST_F(CudaBackendTest, QueuedCopiesAreOrderedWithTheStream) {
+  auto alloc = cuda::make_cuda_allocator(0);
+  const size_t n = (1 << 20) + 5, bytes = n * sizeof(float);
+  std::vector<float> src(n);
+  for (size_t i = 0; i < n; ++i) src[i] = static_cast<float>(i % 1000) * 0.5f;
+  DeviceBuffer a(*alloc, bytes), b(*alloc, bytes), c(*alloc, bytes);
+  copy_bytes(a.ptr, kGpu, src.data(), kHost, bytes);
+  copy_bytes_queued(b.ptr, a.ptr, kGpu, bytes);
+  copy_bytes_queued(c.ptr, b.ptr, kGpu, bytes);
+  // c = 2·c + a, after the copies on the same stream.
+  cuda::axpy_f32(0, static_cast<int64_t>(n), 2.0f, static_cast<const float*>(c.ptr),
+                 static_cast<const float*>(a.ptr), static_cast<float*>(c.ptr));
+  std::vector<float> back(n, -1.0f);
+  copy_bytes(back.data(), kHost, c.ptr, kGpu, bytes);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 3.0f * src[i]) << i;
+  std::vector<float> host(n, 0.0f);
+  copy_bytes_queued(host.data(), src.data(), kHost, bytes);
+  EXPECT_EQ(host, src);
+}
+
 TEST_F(CudaBackendTest, CopyBetweenTwoGpus) {
   if (cuda::device_count() < 2)
     GTEST_SKIP() << "needs two GPUs, " << cuda::device_count() << " visible";

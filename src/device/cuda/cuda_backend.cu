@@ -233,6 +233,12 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (kind != cudaMemcpyDeviceToHost) LOOM_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
+void copy_bytes_queued(void* dst, const void* src, int device_index, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceGuard guard(device_index);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
+}
+
 void synchronize(int device_index) {
   DeviceGuard guard(device_index);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());

@@ -26,6 +26,10 @@ std::unique_ptr<Allocator> make_cuda_allocator(int index);
 // Copies between host and GPU or GPU and GPU (synchronous: the bytes are there on return).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 
+// Copies within GPU `device_index`: cudaMemcpyAsync on the legacy default stream, where the
+// kernels run, so it is ordered with them without a wait (nor a stall of the host).
+void copy_bytes_queued(void* dst, const void* src, int device_index, size_t bytes);
+
 // Waits for every kernel and copy queued on GPU `device_index`.
 void synchronize(int device_index);
 
