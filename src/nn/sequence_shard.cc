@@ -84,19 +84,20 @@ Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor
   const int64_t Tl = shard.local_length(), W = C + kv_width;
   Tensor dqkv = Tensor::empty({B, Tl, W}, ctx.dtype, ctx.device);
   Tensor dkv = Tensor::empty(kv.shape(), ctx.dtype, ctx.device);
-  if (kv.dtype() == DType::kBF16)  // the forward's bf16 q and kv (attention_rows_take_bf16)
+  if (kv.dtype() == DType::kBF16) {  // the forward's bf16 q and kv (attention_rows_take_bf16)
     ops::attention_gqa_backward_rows_bf16(ctx.exec(), dqkv.data<float>(), W, dkv.data<float>(),
                                           datt.data<float>(), q.raw(), C, kv.raw(), kv_width,
                                           att.data<float>(), lse.data<float>(), B, T, NH, KV, hd,
                                           shard.positions());
-  else
+  } else {
     dispatch_float(ctx.dtype, [&](auto zero) {
-    using T_ = decltype(zero);
-    ops::attention_gqa_backward_rows<T_>(ctx.exec(), dqkv.data<T_>(), W, dkv.data<T_>(),
-                                         datt.data<T_>(), q.data<T_>(), C, kv.data<T_>(), kv_width,
-                                         att.data<T_>(), lse.data<T_>(), B, T, NH, KV, hd,
-                                         shard.positions());
-  });
+      using T_ = decltype(zero);
+      ops::attention_gqa_backward_rows<T_>(ctx.exec(), dqkv.data<T_>(), W, dkv.data<T_>(),
+                                           datt.data<T_>(), q.data<T_>(), C, kv.data<T_>(),
+                                           kv_width, att.data<T_>(), lse.data<T_>(), B, T, NH, KV,
+                                           hd, shard.positions());
+    });
+  }
   const Tensor mine = shard.reduce_scatter(ctx, dkv);  // (B, Tl, 2·KV·hd)
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);

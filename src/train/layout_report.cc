@@ -28,25 +28,22 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // Under tp the norms' outputs (the column-parallel layers' kept inputs) are 16-bit too
   // (parallel/tensor_parallel_block.cc); the parallel layers' other activations stay fp32.
   const double norm_half = gpu_sixteen_bit ? 0.5 : 1.0;
-  // qkv too where the fused flash kernels read it (bf16, head size 64 or 128:
-  // nn/causal_self_attention).
-  const bool flash = sixteen_bit && config.runtime.matmul_precision == "bf16" &&
-                     config.model.n_heads > 0 &&
-                     (config.model.d_model == 64 * config.model.n_heads ||
-                      config.model.d_model == 128 * config.model.n_heads);
+  // Where a GPU's fused flash kernels run (bf16, head size 64 or 128): qkv is 16-bit too in an
+  // unsharded model (nn/causal_self_attention), and so are cp's queries and gathered keys and
+  // values at any tp (nn/sequence_shard.h).
+  const ModelConfig& model = config.model;
+  const bool flash_kernels = gpu_sixteen_bit && config.runtime.matmul_precision == "bf16" &&
+                             model.n_heads > 0 &&
+                             (model.d_model == 64 * model.n_heads ||
+                              model.d_model == 128 * model.n_heads);
+  const bool flash = sixteen_bit && flash_kernels;
   const double qkv = flash ? 1.5 : 3.0;
   // Under cp the attention keeps its queries (this rank's positions), the keys and values of
-  // every position (cp × as many) — in bf16 where a GPU's flash kernels take the rows (bf16,
-  // head size 64 or 128, at any tp) — and its output in floats: per position, in floats.
-  const ModelConfig& model = config.model;
-  const bool rows_bf16 = gpu_sixteen_bit && config.runtime.matmul_precision == "bf16" &&
-                         model.n_heads > 0 &&
-                         (model.d_model == 64 * model.n_heads || model.d_model == 128 * model.n_heads);
-  const double kv_width = model.n_heads > 0 && model.arch == "llama"
-                              ? 2.0 * static_cast<double>(model.resolved_n_kv_heads()) /
-                                    static_cast<double>(model.n_heads)
-                              : 2.0;
-  const double cp_attention = (1 + kv_width * cp) * (rows_bf16 ? 0.5 : 1.0) + 1;
+  // every position (cp × as many) and its output in floats: per position, in floats.
+  const double kv_width = model.n_heads > 0 ? 2.0 * static_cast<double>(model.resolved_n_kv_heads()) /
+                                                  static_cast<double>(model.n_heads)
+                                            : 2.0;
+  const double cp_attention = (1 + kv_width * cp) * (flash_kernels ? 0.5 : 1.0) + 1;
   const double gpt2_attention = cp > 1 ? cp_attention : qkv + half;
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output

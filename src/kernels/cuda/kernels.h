@@ -371,9 +371,8 @@ void attention_gqa_backward(int device, float* dqkv, const float* dout, const fl
 // here too, the queries at their positions and grouped key/value heads read in place (up to 8
 // runs of rows); else the batched-GEMM path per piece of the rows (scores (B·NH, rows, keys) in
 // scratch, the pieces cut so that they stay within attention_score_bytes(), 256 MiB unless set).
-// The backward writes dq's first NH·hd
-// columns (row stride lddq) and overwrites dkv, a shared key/value head's gradient summed over
-// its query heads in ascending order.
+// The backward writes dq's first NH·hd columns (row stride lddq) and overwrites dkv, a shared
+// key/value head's gradient summed over its query heads in ascending order.
 void set_attention_score_bytes(int64_t bytes);  // process-wide, like set_matmul_precision
 int64_t attention_score_bytes();
 void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
