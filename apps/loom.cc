@@ -582,15 +582,18 @@ int main(int argc, char** argv) {
   bench_comm->add_flag("--json", comm_args.json, "one JSON object per line");
 
   std::string sched_name = "1f1b";
-  int sched_pp = 4, sched_m = 8, sched_v = 1;
+  int sched_pp = 4, sched_m = 8, sched_v = 0;
   auto* schedule_cmd = app.add_subcommand("schedule", "print a pipeline schedule as a timeline (one row per rank)");
   schedule_cmd->add_option("--pp", sched_pp, "pipeline ranks")->capture_default_str();
-  schedule_cmd->add_option("--microbatches", sched_m, "micro-batches per step")->capture_default_str();
-  schedule_cmd->add_option("--schedule", sched_name, "gpipe, 1f1b, interleaved, zb-h1 or zb-interleaved")
+  schedule_cmd->add_option("--microbatches", sched_m, "micro-batches per step")
       ->capture_default_str();
   schedule_cmd
-      ->add_option("--virtual-stages", sched_v, "chunks per rank (interleaved, zb-interleaved)")
+      ->add_option("--schedule", sched_name,
+                   "gpipe, 1f1b, interleaved, zb-h1, zb-interleaved or zb-v")
       ->capture_default_str();
+  schedule_cmd->add_option("--virtual-stages", sched_v,
+                           "chunks per rank (interleaved, zb-interleaved; zb-v's are 2); "
+                           "default: 2 for zb-v, else 1");
 
   std::string hang_dir;
   auto* debug_cmd = app.add_subcommand("debug", "post-mortem tools");
@@ -679,7 +682,11 @@ int main(int argc, char** argv) {
     }
     if (bench_attention->parsed()) return cmd_bench_attention(attention_args);
     if (bench_comm->parsed()) return cmd_bench_comm(comm_args, std::vector<std::string>(argv, argv + argc));
-    if (schedule_cmd->parsed()) return cmd_schedule(sched_name, sched_pp, sched_m, sched_v);
+    if (schedule_cmd->parsed())
+      return cmd_schedule(sched_name, sched_pp, sched_m,
+                          sched_v != 0           ? sched_v
+                          : sched_name == "zb-v" ? 2
+                                                 : 1);
     if (hang_cmd->parsed()) {
       const std::string flight = (std::filesystem::path(hang_dir) / "flight").string();
       std::cout << analyze_flight_dumps(std::filesystem::is_directory(flight) ? flight : hang_dir).text();

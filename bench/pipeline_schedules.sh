@@ -3,12 +3,12 @@
 # 384, seq_len 256, vocabulary 8192: 22 M parameters) on a synthetic corpus, pp = 2 thread ranks
 # of one compute thread each (one core each on a 2-core machine), M micro-batches of 2 sequences,
 # each schedule REPEAT times in turn (gpipe, 1f1b, interleaved with 2 chunks per rank, zb-h1,
-# zb-interleaved with 2 chunks). Prints per schedule the median over runs of the median step time
+# zb-interleaved with 2 chunks, zb-v with its 2 chunks in a V). Prints per schedule the median over runs of the median step time
 # (steps after the first 2), rank 0's compute time (the step less its waits and the loader),
 # tokens/s, the measured bubble (rank 0's time blocked receiving from
 # a neighbour / step time), the unit-cost theory, the activation peak, and the last loss — the
-# same for every schedule (zb-h1 bit for bit 1f1b's, zb-interleaved interleaved's; the others to
-# reduction order).
+# same for every schedule (zb-h1 bit for bit 1f1b's, zb-interleaved's and zb-v's interleaved's;
+# the others to reduction order).
 #   bench/pipeline_schedules.sh                (needs a release build)
 #   M=16 REPEAT=5 bench/pipeline_schedules.sh
 #   SCHEDULES="interleaved zb-interleaved" REPEAT=5 bench/pipeline_schedules.sh   (a subset)
@@ -18,7 +18,7 @@ LOOM=${LOOM:-./build/release/apps/loom}
 M=${M:-8}
 STEPS=${STEPS:-8}
 REPEAT=${REPEAT:-3}
-SCHEDULES=${SCHEDULES:-gpipe 1f1b interleaved zb-h1 zb-interleaved}
+SCHEDULES=${SCHEDULES:-gpipe 1f1b interleaved zb-h1 zb-interleaved zb-v}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) x $(nproc); OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
@@ -27,7 +27,7 @@ echo "# pp 2, $M micro-batches of 2 x 256 tokens, $STEPS steps (first 2 untimed)
 for run in $(seq "$REPEAT"); do
   for schedule in $SCHEDULES; do
     virtual=1
-    case "$schedule" in *interleaved) virtual=2 ;; esac
+    case "$schedule" in *interleaved | zb-v) virtual=2 ;; esac
     cat >"$work/cfg.toml" <<TOML
 [model]
 vocab_size = 8192
@@ -74,7 +74,8 @@ for s in schedules:
     loss = runs[0][-1]["loss"]
     steps[s] = step
     print(f"{s:<14} {step:8.1f} {compute:8.1f} {tps:9.0f} {bubble:7.3f} {runs[0][0]['bubble_theory']:7.3f} {act:7.1f}  {loss:.10f}")
-for a, b in [("zb-h1", "1f1b"), ("interleaved", "1f1b"), ("zb-interleaved", "interleaved")]:
+for a, b in [("zb-h1", "1f1b"), ("interleaved", "1f1b"), ("zb-interleaved", "interleaved"),
+             ("zb-v", "interleaved"), ("zb-v", "zb-interleaved")]:
     if a in steps and b in steps:
         print(f"{a} / {b} step time: {steps[a] / steps[b]:.3f}")
 PY

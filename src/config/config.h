@@ -107,16 +107,20 @@ struct TrainConfig {
 };
 
 // parallel.schedule's values (docs/pipeline_schedules.md), in the order messages list them.
-inline constexpr std::string_view kPipelineSchedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1",
-                                                          "zb-interleaved"};
+inline constexpr std::string_view kPipelineSchedules[] = {"gpipe", "1f1b",           "interleaved",
+                                                          "zb-h1", "zb-interleaved", "zb-v"};
 inline bool is_pipeline_schedule(std::string_view schedule) {
   for (std::string_view s : kPipelineSchedules)
     if (s == schedule) return true;
   return false;
 }
-// Whether a schedule cuts each pipeline rank's part into parallel.virtual_stages chunks (and so
-// takes the micro-batches in groups of parallel.pp).
+// Whether a schedule cuts each pipeline rank's part into parallel.virtual_stages chunks (zb-v:
+// exactly two, in a V).
 inline bool schedule_takes_chunks(std::string_view schedule) {
+  return schedule == "interleaved" || schedule == "zb-interleaved" || schedule == "zb-v";
+}
+// Whether a schedule takes the micro-batches of a step in groups of parallel.pp (interleaved's).
+inline bool schedule_takes_groups_of_pp(std::string_view schedule) {
   return schedule == "interleaved" || schedule == "zb-interleaved";
 }
 

@@ -130,9 +130,9 @@ void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p
     p.add("train.batch_size = ", t.batch_size,
           " is not divisible by train.micro_batch_size × parallel.dp = ", t.micro_batch_size, " × ",
           par.dp, " = ", t.micro_batch_size * par.dp);
-  // A chunked schedule takes the micro-batches of a step in groups of pp (make_schedule).
+  // An interleaved schedule takes the micro-batches of a step in groups of pp (make_schedule).
   else if (t.batch_size > 0 && t.micro_batch_size > 0 && par.dp > 0 && par.pp > 1 &&
-           schedule_takes_chunks(par.schedule) &&
+           schedule_takes_groups_of_pp(par.schedule) &&
            (t.batch_size / (t.micro_batch_size * par.dp)) % par.pp != 0)
     p.add("parallel.schedule = ", toml_quote(par.schedule), " needs the micro-batches per step, ",
           "train.batch_size / (train.micro_batch_size × parallel.dp) = ",
@@ -196,8 +196,13 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   p.positive("parallel.virtual_stages", par.virtual_stages);
   if (par.virtual_stages > 1 && !schedule_takes_chunks(par.schedule))
     p.add("parallel.virtual_stages = ", par.virtual_stages,
-          " needs parallel.schedule = ", "\"interleaved\" or \"zb-interleaved\", got ",
+          " needs parallel.schedule = ", "\"interleaved\", \"zb-interleaved\" or \"zb-v\", got ",
           toml_quote(par.schedule));
+  if (par.schedule == "zb-v" && par.pp > 1 && par.virtual_stages != 2)
+    p.add(
+        "parallel.schedule = \"zb-v\" runs two chunks per rank in a V: it needs "
+        "parallel.virtual_stages = 2, got ",
+        par.virtual_stages);
   if (par.virtual_stages > 1 && par.pp == 1)
     p.add("parallel.virtual_stages = ", par.virtual_stages, " needs parallel.pp > 1 (chunks ",
           "interleave across pipeline ranks)");

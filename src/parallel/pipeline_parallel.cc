@@ -39,7 +39,8 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
     engines_.push_back(
         DataParallel::create(chunks_.back()->params(), dp, pool, device, dp_config, adamw, seed));
   }
-  // An untied head (model.tie_embeddings = false) has nothing to share with the embedding.
+  // An untied head (model.tie_embeddings = false) has nothing to share with the embedding. In
+  // the V placement rank 0 holds both copies, and its group is itself.
   const bool holds_wte = model.tie_embeddings && (pp.rank() == 0 ||
                                                   pp.rank() == rank_of_stage(schedule_.stages() - 1));
   tied_ = pp.split(holds_wte ? 0 : -1, pp.rank());
@@ -133,15 +134,36 @@ Tensor PipelineParallel::to_wire(const Tensor& t) const {
   return wire;
 }
 
+WorkHandle PipelineParallel::send_boundary(const Tensor& t, int dst, int tag_value) {
+  Tensor wire = to_wire(t);
+  if (dst == pp_.rank()) {
+    // The V's turn (stage pp − 1 to pp, both on rank pp − 1): the message stays in memory, rounded
+    // as on the wire, so the run is the same as where the stages sit on two ranks.
+    to_self_[tag_value] = wire.dtype() == DType::kF32 ? wire.clone() : wire;
+    return nullptr;
+  }
+  return pp_.send_async(wire, dst, tag_value);
+}
+
 void PipelineParallel::recv_boundary(Tensor& t, int src, int tag_value, bool timed) {
   const double t0 = now_seconds();
-  if (config_.send_dtype == DType::kBF16) {
-    Tensor wire = Tensor::empty(t.shape(), DType::kBF16, device_);
-    pp_.recv(wire, src, tag_value);
-    ops::widen_bf16(Exec{&pool_, device_}, t.data<float>(), wire.data_u16(), t.numel());
+  Tensor wire =
+      config_.send_dtype == DType::kBF16 ? Tensor::empty(t.shape(), DType::kBF16, device_) : t;
+  if (src == pp_.rank()) {
+    const auto it = to_self_.find(tag_value);
+    LOOM_CHECK_MSG(it != to_self_.end(),
+                   "pipeline: a stage's message to its own rank was not sent");
+    wire = it->second;
+    to_self_.erase(it);
+    if (config_.send_dtype != DType::kBF16) {
+      t = wire;
+      return;
+    }
   } else {
-    pp_.recv(t, src, tag_value);
+    pp_.recv(wire, src, tag_value);
   }
+  if (config_.send_dtype == DType::kBF16)
+    ops::widen_bf16(Exec{&pool_, device_}, t.data<float>(), wire.data_u16(), t.numel());
   if (timed) stats_.recv_wait_seconds += now_seconds() - t0;
 }
 
@@ -230,16 +252,19 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
       case PipeActionKind::kSendForward:
       case PipeActionKind::kSendBackward: {
         const bool backward = a.kind == PipeActionKind::kSendBackward;
-        Tensor t = to_wire(outbox.at(key));
+        const int to = s + (backward ? -1 : 1);
+        const Tensor& t = outbox.at(key);
+        if (rank_of_stage(to) != rank)
+          stats_.bytes_sent += t.numel() * static_cast<int64_t>(dtype_size(config_.send_dtype));
+        if (WorkHandle w = send_boundary(t, rank_of_stage(to), tag(i, to, backward)))
+          sends.push_back(std::move(w));
         outbox.erase(key);
-        sends.push_back(pp_.send_async(t, rank_of_stage(backward ? s - 1 : s + 1), tag(i, s + (backward ? -1 : 1), backward)));
-        stats_.bytes_sent += static_cast<int64_t>(t.numel() * dtype_size(t.dtype()));
         break;
       }
     }
   }
   for (const WorkHandle& w : sends) w->wait();
-  LOOM_CHECK_MSG(stash.empty() && inbox.empty() && deferred.empty(),
+  LOOM_CHECK_MSG(stash.empty() && inbox.empty() && deferred.empty() && to_self_.empty(),
                  "pipeline schedule left activations or weight gradients behind");
   // The tied embedding: the first stage's wte and the last stage's copy get the sum of both
   // gradients (already averaged over dp), so both update identically.
@@ -247,6 +272,13 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
     Parameter* wte = chunks_.front()->part().embedding ? chunks_.front()->head_weight()
                                                        : chunks_.back()->head_weight();
     tied_->all_reduce(wte->grad, ReduceOp::kSum);
+  } else if (Parameter* copy = chunks_.back()->tied_head_copy();
+             copy != nullptr && chunks_.front()->part().embedding) {
+    // Both copies on this rank (the V placement): the same sum, a + b, without a message.
+    Parameter* wte = chunks_.front()->head_weight();
+    ops::add_inplace(Exec{&pool_, device_}, wte->grad.data<float>(), copy->grad.data<float>(),
+                     wte->grad.numel());
+    copy->grad.copy_from(wte->grad);
   }
   // The loss lives on the last stage; share the mean over micro-batches (and over dp).
   const double loss = all_reduce_value(dp_, all_reduce_value(pp_, loss_sum / m), ReduceOp::kAvg);
@@ -256,18 +288,28 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
 
 double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
   Communicator* tp = config_.tensor_parallel;
-  double sum = 0;
-  for (auto& model : chunks_) {
+  // Summed per stage, then over the stages in order: the same bits wherever the stages sit
+  // (interleaved and zb-v place the same stages on other ranks).
+  const int S = schedule_.stages();
+  Tensor per_stage = Tensor::zeros({S}, DType::kF64);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Gpt2Stage& model = *chunks_[c];
+    double sum = 0;
     // The last stage's copy of the tied wte is the same gradient as the first stage's; a
     // parameter replicated over tp (no shard pieces) counts on tp rank 0 only.
-    const Parameter* duplicate = model->tied_head_copy();
-    for (const auto& p : model->params().parameters()) {
+    const Parameter* duplicate = model.tied_head_copy();
+    for (const auto& p : model.params().parameters()) {
       if (p.get() == duplicate) continue;
       if (tp != nullptr && p->pieces.empty() && tp->rank() != 0) continue;
       sum += ops::sum_squares<float>(Exec{&pool_, device_}, p->grad.data<float>(), p->numel());
     }
+    per_stage.data<double>()[stage_of_chunk(static_cast<int>(c))] = sum;
   }
-  sum = all_reduce_value(pp_, sum);
+  Tensor reduced = per_stage.to(pp_.tensor_device());
+  pp_.all_reduce(reduced, ReduceOp::kSum);  // each entry: one stage's sum plus zeros
+  per_stage = reduced.to(Device::cpu());
+  double sum = 0;
+  for (int st = 0; st < S; ++st) sum += per_stage.data<double>()[st];
   if (tp != nullptr) sum = all_reduce_value(*tp, sum);
   // Unscaled as DataParallel::clip_grad_norm does (exact: loss_scale is a power of two).
   const double norm = std::sqrt(sum) / loss_scale;  // NaN stays NaN: an overflow
@@ -299,7 +341,8 @@ double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
     }
     Tensor out = chunks_[c]->forward_part(ctx, input, targets, &loss);
     chunks_[c]->clear_cache();
-    if (s < S - 1) pp_.send(to_wire(out), rank_of_stage(s + 1), tag(0, s + 1, false));
+    if (s < S - 1)
+      if (WorkHandle w = send_boundary(out, rank_of_stage(s + 1), tag(0, s + 1, false))) w->wait();
   }
   return all_reduce_value(pp_, loss);  // non-zero on the last stage's rank only
 }

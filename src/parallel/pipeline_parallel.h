@@ -1,7 +1,8 @@
-// Pipeline parallelism (issue 6): the model's blocks are cut into S = pp × v stages; stage s runs
-// on pipeline rank s % pp as its chunk s / pp (pipeline_schedule.h). Stage 0 holds the
-// embedding, stage S−1 the final LayerNorm, LM head and loss; the tied token embedding lives on
-// both and its two copies' gradients are summed, so they stay equal.
+// Pipeline parallelism (issue 6): the model's blocks are cut into S = pp × v stages, placed on
+// the pipeline ranks as the schedule says (pipeline_schedule.h: looped, stage s on rank s % pp
+// as its chunk s / pp, or zb-v's V). Stage 0 holds the embedding, stage S−1 the final LayerNorm,
+// LM head and loss; the tied token embedding lives on both and its two copies' gradients are
+// summed, so they stay equal (on one rank, in the V, without a message).
 //
 // One engine runs any schedule: it walks this rank's action list; a forward stashes the chunk's
 // activations per micro-batch (Gpt2::stash_activations) so several micro-batches can be in
@@ -10,7 +11,8 @@
 // lets the chunk's DataParallel engine see the units' gradients final. Activations and their
 // gradients travel with tagged send/recv (shapes are known from the config: (micro_batch, seq_len,
 // d_model) f32). Sends are asynchronous and waited for at the end of the step; receives block, and
-// their waiting time is the measured bubble.
+// their waiting time is the measured bubble. A message between two stages of one rank (the V's
+// turn) stays in memory.
 //
 // Each chunk's parameters are owned by a DataParallel engine over the dp group (a group of one
 // without data parallelism), which allocates and initialises them as one device would and
@@ -22,6 +24,7 @@
 // are (B·T, C), or the rank's (B·T/P, C) rows under sequence parallelism.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -105,12 +108,15 @@ class PipelineParallel {
   int chunks() const { return static_cast<int>(chunks_.size()); }
 
  private:
-  int rank_of_stage(int s) const { return s % pp_.size(); }
+  int rank_of_stage(int s) const { return schedule_.rank_of_stage(s); }
   int tag(int microbatch, int stage, bool backward) const;
   Tensor activation() const;  // an empty f32 buffer shaped like a stage boundary's activations
   void recv(Tensor& t, int src, int tag);
   // A boundary tensor on the wire: as it is, or rounded to bf16 (config_.send_dtype), and back.
   Tensor to_wire(const Tensor& t) const;
+  // Sends a boundary tensor (as to_wire makes it) to pipeline rank dst; to this rank itself it
+  // is kept for recv_boundary, and the handle is null.
+  WorkHandle send_boundary(const Tensor& t, int dst, int tag_value);
   void recv_boundary(Tensor& t, int src, int tag_value, bool timed);
 
   Gpt2Config model_config_;
@@ -124,6 +130,7 @@ class PipelineParallel {
   std::vector<std::unique_ptr<Gpt2Stage>> chunks_;
   std::vector<std::unique_ptr<DataParallel>> engines_;
   std::unique_ptr<Communicator> tied_;  // first and last stage's ranks (null elsewhere)
+  std::map<int, Tensor> to_self_;       // messages between this rank's stages, by tag
   PipelineStepStats stats_;
 };
 

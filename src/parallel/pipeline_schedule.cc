@@ -18,13 +18,19 @@
 // zb-interleaved (fill_idle_with_weight_grads below) is interleaved 1F1B with every backward
 // split into B and W, the W's placed by a unit-cost simulation: where a rank would wait for a
 // message it runs its oldest owed W instead, and it never owes more than pp of them.
+//
+// zb-v (zero_bubble_v below) is a list schedule: a unit-time simulation in which every idle rank
+// picks its next compute from what its messages allow, under a memory bound.
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <iomanip>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -198,6 +204,44 @@ void check_structure(const PipelineSchedule& s) {
   }
 }
 
+// Checks that between every two ranks the receiver takes the messages in the order the sender
+// sends them. nccl matches point-to-point messages by issue order, not by tag (the engine's tags
+// only name them for the host backends), so a schedule that receives out of order would pair a
+// receive with another message of the same shape: wrong numbers, or a hang.
+void check_pair_order(const PipelineSchedule& s) {
+  const int pp = s.pp;
+  // sent[a][b]: the messages rank a sends to rank b, in its order; received likewise.
+  std::vector<std::vector<std::vector<int64_t>>> sent(pp, std::vector<std::vector<int64_t>>(pp));
+  std::vector<std::vector<std::vector<size_t>>> received(pp, std::vector<std::vector<size_t>>(pp));
+  for (int r = 0; r < pp; ++r)
+    for (size_t i = 0; i < s.actions[r].size(); ++i) {
+      const PipeAction& a = s.actions[r][i];
+      if (!is_send(a.kind) && !is_recv(a.kind)) continue;
+      const int stage = s.stage_of(r, a.chunk);
+      const int other =
+          s.rank_of_stage(stage + (is_forward_dir(a.kind) == is_send(a.kind) ? 1 : -1));
+      if (other == r) continue;  // between two stages of one rank: kept in memory
+      if (is_send(a.kind))
+        sent[r][other].push_back(message_of(s, r, a));
+      else
+        received[r][other].push_back(i);
+    }
+  for (int to = 0; to < pp; ++to)
+    for (int from = 0; from < pp; ++from) {
+      const auto& order = sent[from][to];
+      const auto& recvs = received[to][from];
+      for (size_t k = 0; k < recvs.size() && k < order.size(); ++k) {
+        const PipeAction& a = s.actions[to][recvs[k]];
+        if (message_of(s, to, a) == order[k]) continue;
+        fail("pipeline schedule \"", s.name, "\": rank ", to, "'s receive #", k, " from rank ",
+             from, " (action #", recvs[k], ", ", describe(s, to, a), ") is not rank ", from,
+             "'s send #", k,
+             " to it: nccl pairs point-to-point messages in issue order, so a "
+             "rank must receive them in the order they were sent");
+      }
+    }
+}
+
 std::string cell_label(const PipelineSchedule& s, const PipeAction& a) {
   // (Built by appending: GCC 12 warns falsely (-Wrestrict) about "F" + std::to_string(...).)
   std::string label(1, a.kind == K::kForward ? 'F' : a.kind == K::kBackwardWeight ? 'W' : 'B');
@@ -296,6 +340,158 @@ void fill_idle_with_weight_grads(PipelineSchedule& s, int max_owed) {
   }
 }
 
+// ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", 2023, §6): two chunks per rank in the V
+// placement, every backward split into B and W, built by list scheduling in unit time (F, B and
+// W one unit each, communication free, as the timeline counts). At each time every rank runs one
+// compute, chosen from what is ready by a policy (VPolicy): a B whose output gradient has
+// arrived first (the critical path: it frees the next stage down), else an F whose input has
+// arrived, if the rank then holds at most `limit` chunk micro-batches between their F and their
+// W, else its oldest owed W, else it idles. A chunk's F's, B's and W's each go in micro-batch
+// order, so every gradient sums the same products in the same order as interleaved 1F1B's (its
+// W's are B's order per chunk). With limit = 2·pp a rank holds what a 1F1B rank holds: pp
+// micro-batches of a stage twice as deep as a chunk. The V is what takes the fill's bubble away:
+// rank 0 runs the first and the last stage, so the backward starts on the rank that began the
+// forward, and the W's fill the drain. A greedy choice is not always best (the last ranks fill
+// their memory with warm-up forwards and then starve the pipeline of the last micro-batches), so
+// zero_bubble_v tries ~8·pp policies and keeps the shortest step, as the paper's scheduler tries
+// its variants.
+struct VPolicy {
+  bool b_chunk1_first = false;  // of two ready B's, chunk 1's; else the older micro-batch's
+  int max_owed = 0;             // a rank owing this many W's runs one before anything else
+  bool w_when_full = false;     // a rank whose memory bound stops a ready F runs a W before a B
+};
+
+// Fills s.actions by the policy; returns the makespan in units, or −1 where the policy stalls
+// (its bounds leave nothing to run).
+int64_t list_schedule_v(PipelineSchedule& s, int limit, const VPolicy& policy) {
+  const int pp = s.pp, m = s.microbatches, S = s.stages();
+  struct Lane {
+    int next_forward = 0, next_backward = 0;
+  };
+  std::vector<std::array<Lane, 2>> lanes(pp);
+  std::vector<std::deque<PipeAction>> owed(pp);  // W's not yet run, oldest first
+  std::vector<int> held(pp, 0);                  // chunk micro-batches after F, before W
+  // When the input (forward) or output gradient (backward) of micro-batch i reaches stage st:
+  // arrive[dir][i·S + st], −1 until its sender has run.
+  std::array<std::vector<int64_t>, 2> arrive;
+  for (auto& a : arrive) a.assign(static_cast<size_t>(m) * S, -1);
+  const auto arrived = [&](int dir, int i, int stage, int64_t t) {
+    const int64_t at = arrive[dir][static_cast<size_t>(i) * S + stage];
+    return at >= 0 && at <= t;
+  };
+  // Of the chunks whose next compute of a kind is ready, the one to run, or −1: the older
+  // micro-batch's (a tie: chunk 0's), or chunk 1's if `chunk1_first`.
+  const auto choose = [](const std::array<bool, 2>& ready, const std::array<int, 2>& microbatch,
+                         bool chunk1_first) {
+    if (!ready[0] || !ready[1]) return ready[0] ? 0 : ready[1] ? 1 : -1;
+    return chunk1_first || microbatch[1] < microbatch[0] ? 1 : 0;
+  };
+  // Messages sent from rank a to rank b and not yet received, oldest first, as b's receive
+  // actions. nccl pairs messages in issue order (check_pair_order), so a rank that needs a later
+  // message receives the earlier ones of that sender first (already sent: no wait in unit time)
+  // and keeps them for their computes.
+  std::vector<std::vector<std::deque<PipeAction>>> in_transit(
+      pp, std::vector<std::deque<PipeAction>>(pp));
+  std::set<std::tuple<K, int, int>> received;  // (kind, micro-batch, chunk), of every rank
+  const auto send = [&](int from, int to_stage, const PipeAction& recv_there) {
+    in_transit[from][s.rank_of_stage(to_stage)].push_back(recv_there);
+  };
+  const auto receive = [&](int r, int from, const PipeAction& wanted) {
+    const auto key = [&](const PipeAction& a) {
+      return std::tuple{a.kind, a.microbatch, s.stage_of(r, a.chunk)};
+    };
+    if (received.count(key(wanted))) return;
+    for (auto& queue = in_transit[from][r];;) {
+      LOOM_CHECK(!queue.empty());
+      const PipeAction a = queue.front();
+      queue.pop_front();
+      s.actions[r].push_back(a);
+      received.insert(key(a));
+      if (a == wanted) break;
+    }
+  };
+  int64_t remaining = int64_t{3} * m * S, makespan = 0;  // computes still to place
+  for (int64_t t = 0; remaining > 0; ++t) {
+    if (t > int64_t{6} * m * S) return -1;  // stalled
+    for (int r = 0; r < pp; ++r) {
+      auto& acts = s.actions[r];
+      std::array<bool, 2> b_ready{}, f_ready{};
+      bool f_waits_for_memory = false;  // an F's input is here, but the bound stops it
+      std::array<int, 2> b_mb{}, f_mb{};
+      for (int c = 0; c < 2; ++c) {
+        const Lane& lane = lanes[r][c];
+        const int stage = s.stage_of(r, c);
+        b_mb[c] = lane.next_backward;
+        b_ready[c] =
+            b_mb[c] < lane.next_forward && (stage == S - 1 || arrived(1, b_mb[c], stage, t));
+        f_mb[c] = lane.next_forward;
+        const bool input = f_mb[c] < m && (stage == 0 || arrived(0, f_mb[c], stage, t));
+        f_ready[c] = input && held[r] < limit;
+        f_waits_for_memory = f_waits_for_memory || (input && held[r] >= limit);
+      }
+      const int b_chunk = choose(b_ready, b_mb, policy.b_chunk1_first);
+      const int f_chunk = choose(f_ready, f_mb, false);
+      const bool owes = !owed[r].empty();
+      const bool w_first =
+          owes && ((policy.max_owed > 0 && static_cast<int>(owed[r].size()) >= policy.max_owed) ||
+                   (policy.w_when_full && f_waits_for_memory));
+      if (b_chunk >= 0 && !w_first) {
+        const int c = b_chunk, stage = s.stage_of(r, c), i = lanes[r][c].next_backward++;
+        if (stage < S - 1) receive(r, s.rank_of_stage(stage + 1), {K::kRecvBackward, i, c});
+        acts.push_back({K::kBackwardInput, i, c});
+        if (stage > 0) {
+          acts.push_back({K::kSendBackward, i, c});
+          arrive[1][static_cast<size_t>(i) * S + stage - 1] = t + 1;
+          send(r, stage - 1, {K::kRecvBackward, i, s.chunk_of_stage(stage - 1)});
+        }
+        owed[r].push_back({K::kBackwardWeight, i, c});
+      } else if (f_chunk >= 0 && !w_first) {
+        const int c = f_chunk, stage = s.stage_of(r, c), i = lanes[r][c].next_forward++;
+        if (stage > 0) receive(r, s.rank_of_stage(stage - 1), {K::kRecvForward, i, c});
+        acts.push_back({K::kForward, i, c});
+        if (stage < S - 1) {
+          acts.push_back({K::kSendForward, i, c});
+          arrive[0][static_cast<size_t>(i) * S + stage + 1] = t + 1;
+          send(r, stage + 1, {K::kRecvForward, i, s.chunk_of_stage(stage + 1)});
+        }
+        ++held[r];
+      } else if (owes) {
+        acts.push_back(owed[r].front());
+        owed[r].pop_front();
+        --held[r];
+      } else {
+        continue;  // idle
+      }
+      --remaining;
+      makespan = t + 1;
+    }
+  }
+  return makespan;
+}
+
+// The V schedule of the policies tried with the shortest step (the first found of equals): the
+// plain greedy one first, then with W's forced at each count owed, or where memory stops an F.
+void zero_bubble_v(PipelineSchedule& s) {
+  const int pp = s.pp;
+  int64_t best_makespan = -1;
+  std::vector<std::vector<PipeAction>> best;
+  VPolicy p;
+  for (p.max_owed = 0; p.max_owed <= 2 * pp; ++p.max_owed)
+    for (const bool w_when_full : {false, true})
+      for (const bool b_chunk1_first : {false, true}) {
+        p.w_when_full = w_when_full;
+        p.b_chunk1_first = b_chunk1_first;
+        s.actions.assign(pp, {});
+        const int64_t makespan = list_schedule_v(s, 2 * pp, p);
+        if (makespan > 0 && (best_makespan < 0 || makespan < best_makespan)) {
+          best_makespan = makespan;
+          best = s.actions;
+        }
+      }
+  LOOM_CHECK_MSG(best_makespan > 0, "zb-v: no policy schedules this pipeline");
+  s.actions = std::move(best);
+}
+
 }  // namespace
 
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages) {
@@ -305,16 +501,23 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches
       known += detail::concat(known.empty() ? "" : ", ", "\"", s, "\"");
     fail("parallel.schedule = \"", name, "\" is not one of ", known);
   }
-  const bool interleaved = schedule_takes_chunks(name);
+  const bool chunks = schedule_takes_chunks(name);
+  const bool groups = schedule_takes_groups_of_pp(name);
   if (pp < 1) fail("parallel.pp = ", pp, " must be at least 1");
   if (microbatches < 1)
     fail("the micro-batch count ", microbatches,
          " must be at least 1 (train.batch_size / (train.micro_batch_size × parallel.dp))");
   if (virtual_stages < 1) fail("parallel.virtual_stages = ", virtual_stages, " must be at least 1");
-  if (virtual_stages > 1 && !interleaved)
+  if (virtual_stages > 1 && !chunks)
     fail("parallel.virtual_stages = ", virtual_stages,
-         " needs parallel.schedule = \"interleaved\" or \"zb-interleaved\", not \"", name, "\"");
-  if (interleaved && microbatches % pp != 0)
+         " needs parallel.schedule = \"interleaved\", \"zb-interleaved\" or \"zb-v\", not \"", name,
+         "\"");
+  if (name == "zb-v" && virtual_stages != 2)
+    fail(
+        "parallel.schedule = \"zb-v\" runs two chunks per rank in a V: it needs "
+        "parallel.virtual_stages = 2, got ",
+        virtual_stages);
+  if (groups && microbatches % pp != 0)
     fail("parallel.schedule = \"", name, "\" needs the micro-batch count ", microbatches,
          " to be a multiple of parallel.pp = ", pp);
 
@@ -326,6 +529,11 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches
   s.actions.resize(pp);
   if (name == "zb-h1") {
     zero_bubble_h1(s);
+    return s;
+  }
+  s.v_placement = stage_placement(name, pp, virtual_stages).v_placement;
+  if (name == "zb-v") {
+    zero_bubble_v(s);
     return s;
   }
   const int m = microbatches, v = virtual_stages, total = m * v;
@@ -377,6 +585,15 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches
   return s;
 }
 
+PipelineSchedule stage_placement(const std::string& name, int pp, int virtual_stages) {
+  PipelineSchedule s;
+  s.name = name;
+  s.pp = pp;
+  s.virtual_stages = virtual_stages;
+  s.v_placement = name == "zb-v";
+  return s;
+}
+
 void check_schedule(const PipelineSchedule& s) {
   if (s.pp < 1 || s.microbatches < 1 || s.virtual_stages < 1)
     fail("pipeline schedule \"", s.name, "\": pp ", s.pp, ", micro-batches ", s.microbatches,
@@ -384,6 +601,7 @@ void check_schedule(const PipelineSchedule& s) {
   if (static_cast<int>(s.actions.size()) != s.pp)
     fail("pipeline schedule \"", s.name, "\" has action lists for ", s.actions.size(), " ranks, not pp = ", s.pp);
   check_structure(s);
+  check_pair_order(s);
   const Simulation sim = simulate(s, Costs{});
   if (sim.finished) return;
   std::ostringstream os;
@@ -397,7 +615,8 @@ void check_schedule(const PipelineSchedule& s) {
     const int from = is_forward_dir(a.kind) ? stage - 1 : stage + 1;
     os << sep << "rank " << r << " is stuck at action #" << sim.next[r] << " " << describe(s, r, a)
        << ", waiting for " << (is_forward_dir(a.kind) ? "SendForward" : "SendBackward")
-       << " of micro-batch " << a.microbatch << " from stage " << from << " on rank " << from % s.pp;
+       << " of micro-batch " << a.microbatch << " from stage " << from << " on rank "
+       << s.rank_of_stage(from);
     sep = "; ";
   }
   fail(os.str());
@@ -459,6 +678,7 @@ std::string render_timeline(const PipelineSchedule& s) {
   const double bubble = idle_fraction(s, sim);
   const char* formula = s.name == "interleaved"      ? "(p-1)/(m+p-1)/v"
                         : s.name == "zb-interleaved" ? "as simulated"
+                        : s.name == "zb-v"           ? "as simulated"
                         : s.name != "zb-h1"          ? "(p-1)/(m+p-1)"
                         : s.microbatches >= s.pp     ? "(p-1)/(3m+p-1)"
                                                      : "(2p-m-1)/(2m+2p-1), m < p";
@@ -471,7 +691,7 @@ double theoretical_bubble(const PipelineSchedule& s) {
   const double p = s.pp, m = s.microbatches;
   // zb-interleaved's W's sit where its generator's unit-cost simulation found idle time: its
   // theory is that simulation's bubble (the timeline's, F, B and W one unit each).
-  if (s.name == "zb-interleaved") return simulated_bubble(s);
+  if (s.name == "zb-interleaved" || s.name == "zb-v") return simulated_bubble(s);
   // zb-h1: each rank computes 3m units; with m ≥ p the step takes 3m + p − 1 (the fill's p − 1
   // units; the drain is filled with W's). With m < p rank 0 runs out of forwards before micro-
   // batch 0's gradient is back: it starts its first B at 2p − 1 and then alternates B, W to the

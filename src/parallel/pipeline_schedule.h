@@ -1,12 +1,15 @@
 // Pipeline schedules as data (issue 6): for each pipeline rank, the ordered list of actions it
 // performs in one training step. One engine (pipeline_parallel.h) executes any schedule; the
-// generators below make GPipe, 1F1B, interleaved 1F1B, zero-bubble ZB-H1 and interleaved zero
-// bubble; check_schedule() proves a schedule free of deadlocks before it runs.
+// generators below make GPipe, 1F1B, interleaved 1F1B, zero-bubble ZB-H1, interleaved zero
+// bubble and ZB-V; check_schedule() proves a schedule free of deadlocks before it runs.
 //
 // Model stages: with pp ranks and v virtual stages (chunks) per rank, the model is cut into
-// S = pp·v stages; stage s runs on rank s % pp as its chunk s / pp (Megatron's interleaved
-// assignment; v = 1 gives stage s = rank s). Stage 0 holds the embedding, stage S−1 the final
-// LayerNorm, LM head and loss.
+// S = pp·v stages. Looped placement (every schedule but zb-v): stage s runs on rank s % pp as its
+// chunk s / pp (Megatron's interleaved assignment; v = 1 gives stage s = rank s). V placement
+// (zb-v, v = 2): chunk 0 of rank r is stage r and chunk 1 is stage 2pp − 1 − r, so the model goes
+// down the ranks and back up: rank 0 holds the first and the last stage, and rank pp − 1 hands
+// stage pp − 1's output to its own stage pp (a message to itself, which the engine keeps in
+// memory). Stage 0 holds the embedding, stage S−1 the final LayerNorm, LM head and loss.
 //
 // Data flow of micro-batch i: Forward(i, s) needs the activation Stage s−1 sent (s > 0);
 // Backward(i, s) needs Forward(i, s) done on this rank and the activation gradient stage s+1
@@ -47,14 +50,21 @@ struct PipeAction {
 };
 
 struct PipelineSchedule {
-  std::string name;        // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved"
+  std::string name;        // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved", "zb-v"
   int pp = 1;              // pipeline ranks
   int microbatches = 1;    // m
   int virtual_stages = 1;  // v (chunks per rank)
+  bool v_placement = false;  // odd chunks run the ranks backwards (zb-v); else looped
   std::vector<std::vector<PipeAction>> actions;  // [rank] -> ordered actions
 
   int stages() const { return pp * virtual_stages; }
-  int stage_of(int rank, int chunk) const { return chunk * pp + rank; }
+  int stage_of(int rank, int chunk) const {
+    return v_placement && chunk % 2 == 1 ? (chunk + 1) * pp - 1 - rank : chunk * pp + rank;
+  }
+  int rank_of_stage(int stage) const {
+    return v_placement && (stage / pp) % 2 == 1 ? pp - 1 - stage % pp : stage % pp;
+  }
+  int chunk_of_stage(int stage) const { return stage / pp; }
 };
 
 // Builds a schedule: "gpipe" (all forwards, then all backwards), "1f1b" (warm-up forwards, then
@@ -63,10 +73,19 @@ struct PipelineSchedule {
 // with each backward split into B and W, the W's put off to fill the drain: a third of 1F1B's
 // bubble when F, B and W cost the same, and no more micro-batches in flight than 1F1B), or
 // "zb-interleaved" (interleaved with each backward split into B and W, the W's filling the
-// time a rank would wait, at most pp owed per rank; the same order of gradient sums). Throws
-// loom::Error naming the parameter for an unknown name or an invalid combination (pp, m, v < 1;
-// v > 1 without "interleaved" or "zb-interleaved"; those with m not a multiple of pp).
+// time a rank would wait, at most pp owed per rank; the same order of gradient sums), or "zb-v"
+// (two chunks per rank in the V placement, v = 2, any m: F, B and W placed by a unit-cost list
+// scheduler that keeps at most 2·pp chunk micro-batches between F and W on a rank — 1F1B's
+// activations, each chunk being half a 1F1B stage — the oldest ready B first, then the oldest
+// ready F, then an owed W; each chunk's B's and W's in micro-batch order, so the gradients sum as
+// interleaved's do). Throws loom::Error naming the parameter for an unknown name or an invalid
+// combination (pp, m, v < 1; v > 1 without "interleaved", "zb-interleaved" or "zb-v"; those two
+// with m not a multiple of pp; "zb-v" with v ≠ 2).
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages = 1);
+
+// Where a schedule puts the stages: a PipelineSchedule with no actions, its placement fields set
+// (v_placement for "zb-v"), for code that only asks stage_of / rank_of_stage (the planner).
+PipelineSchedule stage_placement(const std::string& name, int pp, int virtual_stages);
 
 // Simulates the schedule (non-blocking sends, blocking receives) and checks that every rank runs
 // to the end, that every micro-batch goes forward then backward through every stage exactly
@@ -86,7 +105,7 @@ std::string render_timeline(const PipelineSchedule& schedule);
 // with forward and backward of equal cost per stage; for zb-h1 (p − 1) / (3m + p − 1), its idle
 // fraction when F, B and W cost one unit each (the drain of p − 1 units, not 3(p − 1)), or
 // (2p − m − 1) / (2m + 2p − 1) with fewer micro-batches than ranks; for zb-interleaved, whose
-// W's its generator placed by simulation, simulated_bubble().
+// W's its generator placed by simulation, simulated_bubble(); for zb-v likewise.
 double theoretical_bubble(const PipelineSchedule& schedule);
 
 // The idle fraction of the timeline's unit-cost simulation (render_timeline's costs).

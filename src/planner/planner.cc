@@ -68,9 +68,10 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
   const std::vector<int64_t> bounds =
       pipeline_partition(model, config.model.seq_len, stages, par.layer_split);
   std::vector<std::vector<int64_t>> chunks;
+  const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
   for (int c = 0; c < par.virtual_stages; ++c) {
     std::vector<int64_t>& units = chunks.emplace_back();
-    const int stage = pp_rank + c * par.pp;
+    const int stage = placement.stage_of(pp_rank, c);
     int64_t root = 0;
     if (stage == 0) root += vocab_rows * d + model.position_rows() * d;         // wte, wpe
     // ln_f, and the head's copy of the tied wte (on a later stage) or its own lm_head.weight
@@ -126,8 +127,9 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
     for (const std::vector<int64_t>& units : rank_units(config, r))
       for (int64_t u : units) params += u;
     for (int64_t b : rank_state_buffers(config, r)) state += b;
+    const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
     for (int c = 0; c < par.virtual_stages; ++c)
-      blocks += bounds[r + c * par.pp + 1] - bounds[r + c * par.pp];
+      blocks += bounds[placement.stage_of(r, c) + 1] - bounds[placement.stage_of(r, c)];
     const int64_t activations = expected_activation_bytes(config, r, blocks);
     if (state + activations > plan.total_bytes()) {
       plan.state_bytes = state;
@@ -148,13 +150,15 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   const double m = static_cast<double>(config.grad_accum_steps());
   // The schedule's fill and drain: (pp - 1) micro-batch slots of (v) chunks; zb-h1 fills the
   // drain with weight gradients, leaving (pp - 1) slots of a third of a micro-batch's work (F, B
-  // and W taken as equal), and zb-interleaved a third of a chunk's.
+  // and W taken as equal), and zb-interleaved and zb-v a third of a chunk's (pipeline_schedules.md:
+  // their unit-cost floor, which their generators reach with m ≥ 2·pp).
+  const bool zero_bubble_chunks = par.schedule == "zb-interleaved" || par.schedule == "zb-v";
   if (par.pp > 1)
     plan.bubble_s = plan.compute_s * (par.pp - 1) /
-                    (par.schedule == "interleaved"      ? m * par.virtual_stages
-                     : par.schedule == "zb-h1"          ? 3 * m
-                     : par.schedule == "zb-interleaved" ? 3 * m * par.virtual_stages
-                                                        : m);
+                    (par.schedule == "interleaved" ? m * par.virtual_stages
+                     : par.schedule == "zb-h1"     ? 3 * m
+                     : zero_bubble_chunks          ? 3 * m * par.virtual_stages
+                                                   : m);
   // Links: tp innermost (neighbouring ranks), then dp, then pp.
   const auto gbps = [&](int span) {
     return span <= hw.devices_per_node ? hw.intra_node_gbps : hw.inter_node_gbps;
@@ -253,8 +257,11 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
           if (pp == 1) {
             schedules = {{"1f1b", 1}};
           } else if (o.every_schedule) {
-            for (const auto& s : std::vector<std::pair<std::string, int>>{
-                     {"1f1b", 1}, {"zb-h1", 1}, {"interleaved", 2}, {"zb-interleaved", 2}})
+            for (const auto& s : std::vector<std::pair<std::string, int>>{{"1f1b", 1},
+                                                                          {"zb-h1", 1},
+                                                                          {"interleaved", 2},
+                                                                          {"zb-interleaved", 2},
+                                                                          {"zb-v", 2}})
               if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
                 schedules.push_back(s);
           }

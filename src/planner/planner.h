@@ -41,8 +41,8 @@ struct PlanOptions {
   Hardware hardware;
   double efficiency = 0.5;  // the share of the peak the GEMMs reach (PyTorch / llm.c: ~0.4-0.6)
   // With pp > 1, plan_layouts tries every pipeline schedule (1f1b, zb-h1, and with 2 chunks
-  // per rank interleaved and zb-interleaved, where the micro-batches and blocks allow), not only
-  // the config's (`loom plan --schedules config`: the config's alone).
+  // per rank interleaved, zb-interleaved and zb-v, where the micro-batches and blocks allow), not
+  // only the config's (`loom plan --schedules config`: the config's alone).
   bool every_schedule = true;
   // Context parallelism: plan_layouts also splits sequences over cp = 2, 4, ... ranks where
   // model.seq_len allows (a multiple of 2·cp) — `loom plan --cp config`: the config's cp alone.

@@ -68,7 +68,8 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   if (mode == "full") per_block = rows * C;
   else if (mode == "selective") per_block = selective;
   double per_micro_batch = per_block * static_cast<double>(blocks_on_rank);
-  const bool last = pp_rank == par.pp - 1;
+  // The last stage's rank: pp − 1, or rank 0 in zb-v's V (which holds the first and the last).
+  const bool last = pp_rank == (par.pp > 1 && par.schedule == "zb-v" ? 0 : par.pp - 1);
   if (last)
     per_micro_batch += N * V / P * half + N * C;  // the logits and the final LayerNorm's output
   double in_flight = 1;
@@ -84,6 +85,9 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
       in_flight =
           std::min(m * par.virtual_stages, static_cast<double>(par.pp) * par.virtual_stages) +
           std::min(m, static_cast<double>(par.pp)) / par.virtual_stages;
+    // zb-v: at most 2·pp chunk micro-batches between F and W, pp of the rank's two chunks.
+    else if (par.schedule == "zb-v")
+      in_flight = std::min(m, static_cast<double>(par.pp));
     else in_flight = std::min(m, static_cast<double>(par.pp - pp_rank));
   }
   // While a block runs backward it holds all of its activations again (recomputed) and their

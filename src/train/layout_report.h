@@ -18,9 +18,10 @@ namespace loom {
 //   selective without the LayerNorm and GELU outputs;  full  the block input only
 // times the blocks of this pipeline rank, plus the head's logits (N·V/P) and final LayerNorm on
 // the last stage, times the micro-batches in flight (1 without pipelining; pp − stage for 1F1B,
-// a bound of pp·v for interleaved; pp for zb-h1; every micro-batch for GPipe), plus one block's
-// everything for the block in backward (recomputed activations, gradients). An estimate: the step
-// metrics report the measured peak (mem_activations_peak_mb).
+// a bound of pp·v for interleaved; pp for zb-h1 and zb-v (whose last stage is on rank 0); every
+// micro-batch for GPipe), plus one block's everything for the block in backward (recomputed
+// activations, gradients). An estimate: the step metrics report the measured peak
+// (mem_activations_peak_mb).
 int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blocks_on_rank);
 
 struct RankFootprint {

@@ -117,6 +117,16 @@ TEST_F(Cli, ScheduleTimeline) {
   EXPECT_NE(r.output.find("bubble (simulated): 0.273"), std::string::npos) << r.output;
   expect_error(run("schedule --pp 4 --microbatches 6 --schedule interleaved --virtual-stages 2"),
                "needs the micro-batch count 6 to be a multiple of parallel.pp = 4");
+  // zb-v takes its two chunks without --virtual-stages, and any micro-batch count; a third
+  // chunk is refused by name.
+  Result v = run("schedule --pp 2 --microbatches 3 --schedule zb-v");
+  ASSERT_EQ(v.code, 0) << v.output;
+  EXPECT_NE(v.output.find("zb-v: pp 2, 3 micro-batches, 2 chunks per rank"), std::string::npos)
+      << v.output;
+  EXPECT_NE(v.output.find("rank 0 | F0a F1a F2a F0b B0b"), std::string::npos) << v.output;
+  EXPECT_NE(v.output.find("bubble (simulated): 0.053"), std::string::npos) << v.output;  // 1/19
+  expect_error(run("schedule --pp 2 --microbatches 3 --schedule zb-v --virtual-stages 3"),
+               "it needs parallel.virtual_stages = 2, got 3");
 }
 
 TEST_F(Cli, MissingDataFile) {

@@ -397,6 +397,24 @@ TEST(Config, ValidationNamesKeysAndValues) {
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.parallel.virtual_stages = 2; }),
                        "parallel.virtual_stages = 2 needs parallel.schedule = \"interleaved\""));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.parallel.schedule = "zb-v";
+                         c.parallel.pp = 2;
+                       }),
+                       "parallel.schedule = \"zb-v\" runs two chunks per rank in a V: it needs "
+                       "parallel.virtual_stages = 2, got 1"));
+  // zb-v takes any micro-batch count (interleaved's need groups of pp).
+  EXPECT_NO_THROW(validate([] {
+    Config c;
+    c.parallel.schedule = "zb-v";
+    c.parallel.pp = 2;
+    c.parallel.dp = 1;
+    c.parallel.virtual_stages = 2;
+    c.runtime.ranks = 2;
+    c.train.batch_size = 3;
+    c.train.micro_batch_size = 1;
+    return c;
+  }()));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
                          c.parallel.virtual_stages = 2;
                          c.parallel.schedule = "interleaved";
                          c.parallel.pp = 1;

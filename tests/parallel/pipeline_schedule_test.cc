@@ -1,5 +1,6 @@
-// Pipeline schedules as data: every generated schedule is deadlock-free and complete, 1F1B
-// bounds the micro-batches in flight, the unit-time bubble matches the formula, and malformed
+// Pipeline schedules as data: every generated schedule is deadlock-free and complete (and takes
+// each neighbour's messages in the order they were sent, as nccl needs), 1F1B bounds the
+// micro-batches in flight, the unit-time bubble matches the formula, and malformed
 // schedules or arguments are errors that name the culprit.
 #include "parallel/pipeline_schedule.h"
 
@@ -35,6 +36,7 @@ std::vector<std::tuple<std::string, int, int, int>> grid() {
           out.emplace_back("interleaved", pp, m, v);
           out.emplace_back("zb-interleaved", pp, m, v);
         }
+      out.emplace_back("zb-v", pp, m, 2);
     }
   }
   return out;
@@ -240,6 +242,57 @@ TEST(PipelineSchedule, InterleavedZeroBubbleKeepsInterleavedsOrderAndFillsItsBub
       }
 }
 
+// zb-v: the V placement (rank 0 holds the first and the last stage), each chunk's B's and W's
+// in micro-batch order (its gradients sum as interleaved's), no more than 2·pp chunk
+// micro-batches between F and W on any rank (1F1B's activations: pp micro-batches of a stage
+// twice a chunk's depth; zb-interleaved's rank 0 holds more), any m (no groups of pp), and a
+// bubble at the unit-cost floor (p−1)/(6m+p−1) — rank pp−1 cannot start before p−1 units, then
+// computes 6m — at m = pp and from m = 2pp on (between them the list scheduler's policies can
+// miss it: pp 5, m 6 gives 0.122 for 0.100), never above zb-h1's or zb-interleaved's.
+TEST(PipelineSchedule, ZbVHoldsOneFOneBsActivationsAtTheFloorOfTheBubble) {
+  for (int pp : {2, 3, 4, 8})
+    for (int m = 1; m <= 3 * pp; ++m) {
+      SCOPED_TRACE("pp " + std::to_string(pp) + " m " + std::to_string(m));
+      const PipelineSchedule z = make_schedule("zb-v", pp, m, 2);
+      ASSERT_TRUE(z.v_placement);
+      for (int r = 0; r < pp; ++r) {
+        EXPECT_EQ(z.stage_of(r, 0), r);
+        EXPECT_EQ(z.stage_of(r, 1), 2 * pp - 1 - r);
+        for (int c = 0; c < 2; ++c) {
+          EXPECT_EQ(z.rank_of_stage(z.stage_of(r, c)), r);
+          EXPECT_EQ(z.chunk_of_stage(z.stage_of(r, c)), c);
+        }
+        std::vector<int> next_b(2, 0), next_w(2, 0);
+        for (const PipeAction& a : z.actions[r]) {
+          if (a.kind == K::kBackwardInput) {
+            EXPECT_EQ(a.microbatch, next_b[a.chunk]++) << "rank " << r << " chunk " << a.chunk;
+          }
+          if (a.kind == K::kBackwardWeight) {
+            EXPECT_EQ(a.microbatch, next_w[a.chunk]++) << "rank " << r << " chunk " << a.chunk;
+          }
+        }
+        EXPECT_LE(peak_in_flight(z.actions[r], K::kBackwardWeight), 2 * pp) << "rank " << r;
+      }
+      EXPECT_EQ(z.rank_of_stage(0), 0);
+      EXPECT_EQ(z.rank_of_stage(2 * pp - 1), 0);
+      const double zb = simulated_bubble(z);
+      EXPECT_DOUBLE_EQ(theoretical_bubble(z), zb);
+      const double floor = (pp - 1.0) / (6.0 * m + pp - 1.0);
+      EXPECT_GE(zb, floor - 1e-12);
+      if (m == pp || m >= 2 * pp) {
+        EXPECT_NEAR(zb, floor, 1e-12);
+      }
+      // Never worse than zb-h1 with its chunks twice as deep (zb-h1's floor is 2·zb-v's).
+      EXPECT_LE(zb, simulated_bubble(make_schedule("zb-h1", pp, m)) + 1e-12);
+      if (m % pp == 0) {
+        const PipelineSchedule zi = make_schedule("zb-interleaved", pp, m, 2);
+        EXPECT_LE(zb, simulated_bubble(zi) + 1e-12);
+        EXPECT_LE(peak_in_flight(z.actions[0], K::kBackwardWeight),
+                  peak_in_flight(zi.actions[0], K::kBackwardWeight));
+      }
+    }
+}
+
 TEST(PipelineSchedule, InterleavedHoldsSlightlyMoreThanOneFOneB) {
   // Rank 0 holds its warm-up plus one chunk activations: 2(pp−1) + (v−1)·pp + 1 of m·v, i.e.
   // pp + (pp−1)/v micro-batches' worth (a chunk is 1/v of a stage) — against pp for 1F1B.
@@ -333,6 +386,22 @@ TEST(PipelineSchedule, MalformedSchedulesAreRejected) {
                 .find("before Forward"),
             std::string::npos);
   EXPECT_NE(broken([](PipelineSchedule& s) { s.actions.pop_back(); }).find("not pp = 2"), std::string::npos);
+  // nccl pairs messages in issue order: rank 1 of a GPipe schedule receiving micro-batch 1's
+  // activation before micro-batch 0's (both sent, so no deadlock) would take 0's data for 1.
+  {
+    PipelineSchedule g = make_schedule("gpipe", 2, 2);
+    auto& r1 = g.actions[1];  // RecvForward 0, Forward 0, RecvForward 1, Forward 1, ...
+    ASSERT_EQ(r1[0], (PipeAction{K::kRecvForward, 0, 0}));
+    ASSERT_EQ(r1[2], (PipeAction{K::kRecvForward, 1, 0}));
+    std::swap(r1[0], r1[2]);
+    std::swap(r1[1], r1[3]);
+    EXPECT_EQ(
+        error_of([&] { check_schedule(g); }),
+        "pipeline schedule \"gpipe\": rank 1's receive #0 from rank 0 (action #0, RecvForward "
+        "of micro-batch 1 chunk 0 (stage 1)) is not rank 0's send #0 to it: nccl pairs "
+        "point-to-point messages in issue order, so a rank must receive them in the order "
+        "they were sent");
+  }
   // A split backward needs both halves, the weight half after the input half, and not the
   // whole backward as well.
   const PipelineSchedule zb = make_schedule("zb-h1", 2, 2);
@@ -378,6 +447,11 @@ TEST(PipelineSchedule, InvalidArgumentsNameTheKey) {
               make_schedule("zb-h1", 2, 2, 2);
             }).find("parallel.virtual_stages = 2 needs parallel.schedule"),
             std::string::npos);
+  for (int v : {1, 3})
+    EXPECT_EQ(error_of([v] { make_schedule("zb-v", 2, 4, v); }),
+              "parallel.schedule = \"zb-v\" runs two chunks per rank in a V: it needs "
+              "parallel.virtual_stages = 2, got " +
+                  std::to_string(v));
 }
 
 }  // namespace

@@ -284,8 +284,9 @@ TEST(Planner, TriesContextParallelismAndCountsItsExchange) {
 
 // Pipeline layouts come in every schedule (PlanOptions::every_schedule, `loom plan`'s default):
 // 1f1b, zb-h1, and with two chunks per rank interleaved and zb-interleaved where the micro-batches
-// come in groups of pp; the zero-bubble ones with less bubble than their base at the same
-// compute. With every_schedule off, the config's schedule alone.
+// come in groups of pp, and zb-v (any count); the zero-bubble ones with less bubble than their
+// base at the same compute, zb-v's that of zb-interleaved. With every_schedule off, the config's
+// schedule alone.
 TEST(Planner, TriesEveryPipelineScheduleAndNamesIt) {
   Config c = tiny_config("unused");
   c.model.n_layers = 8;
@@ -300,19 +301,29 @@ TEST(Planner, TriesEveryPipelineScheduleAndNamesIt) {
   for (const char* name :
        {"dp2 tp1 pp2 zero0 1f1b", "dp2 tp1 pp2 zero0 zb-h1", "dp2 tp1 pp2 zero0 interleaved v2",
         "dp2 tp1 pp2 zero0 zb-interleaved v2", "dp1 tp1 pp4 zero0 zb-interleaved v2",
-        "dp4 tp1 pp1 zero0"})
+        "dp2 tp1 pp2 zero0 zb-v v2", "dp4 tp1 pp1 zero0"})
     ASSERT_TRUE(by_name.count(name)) << name;
   const auto bubble = [&](const char* name) { return by_name.at(name)->bubble_s; };
   EXPECT_LT(bubble("dp2 tp1 pp2 zero0 zb-h1"), bubble("dp2 tp1 pp2 zero0 1f1b"));
   EXPECT_LT(bubble("dp2 tp1 pp2 zero0 zb-interleaved v2"),
             bubble("dp2 tp1 pp2 zero0 interleaved v2"));
   EXPECT_LT(bubble("dp2 tp1 pp2 zero0 zb-interleaved v2"), bubble("dp2 tp1 pp2 zero0 zb-h1"));
+  EXPECT_EQ(bubble("dp2 tp1 pp2 zero0 zb-v v2"), bubble("dp2 tp1 pp2 zero0 zb-interleaved v2"));
   EXPECT_EQ(by_name.at("dp2 tp1 pp2 zero0 zb-h1")->compute_s,
             by_name.at("dp2 tp1 pp2 zero0 1f1b")->compute_s);
-  // No chunked schedule where the micro-batches do not come in groups of pp.
+  // In the V the last stage (the LM head) sits on rank 0 with the first: the planner counts its
+  // parameters there, as the trainer places them.
+  EXPECT_GT(by_name.at("dp2 tp1 pp2 zero0 zb-v v2")->parameters,
+            by_name.at("dp2 tp1 pp2 zero0 zb-interleaved v2")->parameters);
+  // No interleaved schedule where the micro-batches do not come in groups of pp; zb-v, yes.
   Config odd = c;
   odd.train.batch_size = 6;  // dp 1: 3 micro-batches, not a multiple of pp 2 or 4
-  for (const LayoutPlan& p : plan_layouts(odd, o)) EXPECT_EQ(p.virtual_stages, 1) << p.name();
+  bool v_shaped = false;
+  for (const LayoutPlan& p : plan_layouts(odd, o)) {
+    EXPECT_TRUE(p.virtual_stages == 1 || p.schedule == "zb-v") << p.name();
+    v_shaped = v_shaped || p.schedule == "zb-v";
+  }
+  EXPECT_TRUE(v_shaped);
   o.every_schedule = false;
   c.parallel.schedule = "zb-h1";
   for (const LayoutPlan& p : plan_layouts(c, o)) {

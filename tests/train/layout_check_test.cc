@@ -105,6 +105,19 @@ TEST(ParseLayouts, BadItemsAreNamed) {
   expect_error_naming(" ; ", "no layouts");
 }
 
+// zb-v named alone runs its two chunks (v = 2), here on a model of four blocks, and matches one
+// device.
+TEST_F(LayoutCheckTest, ZbVNamedAloneTakesItsTwoChunks) {
+  Config c = config();
+  c.model.n_layers = 4;
+  const LayoutCheckResult r = check_layouts(c, parse_layouts("pp=2,schedule=zb-v"), options());
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(r.rows[0].status, "ok") << r.rows[0].error;
+  EXPECT_EQ(r.rows[0].virtual_stages, 2);
+  EXPECT_LT(r.rows[0].loss_max_rel_dev, 1e-5);
+  EXPECT_LT(r.rows[0].param_rel_dev, 1e-5);
+}
+
 TEST_F(LayoutCheckTest, DataTensorAndPipelineParallelMatchOneDevice) {
   const LayoutCheckResult r =
       check_layouts(config(), parse_layouts("dp=2;tp=2;pp=2;dp=2,zero=1;pp=2,tp=2,recompute=full"),

@@ -427,10 +427,10 @@ TEST_F(TrainTest, PipelineMessagesGoGpuToGpuOverNcclInEverySchedule) {
   };
   for (const Layout& l : {Layout{2, "gpipe", 1}, Layout{2, "1f1b", 1}, Layout{2, "interleaved", 2},
                           Layout{2, "zb-h1", 1}, Layout{2, "zb-interleaved", 2},
-                          Layout{4, "1f1b", 1}}) {
+                          Layout{2, "zb-v", 2}, Layout{4, "1f1b", 1}, Layout{4, "zb-v", 2}}) {
     if (cuda::device_count() < l.pp) continue;
     Config c = config(3);
-    c.model.n_layers = 4;
+    c.model.n_layers = l.pp * l.virtual_stages > 4 ? 8 : 4;
     c.train.micro_batch_size = 2;  // 4 micro-batches per step
     c.train.eval_every = 0;
     c.runtime.ranks = l.pp;
