@@ -23,12 +23,15 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
   if (dp_config.zero > 1)
     fail("parallel.zero = ", dp_config.zero, " with parallel.pp = ", pp.size(),
          ": pipeline parallelism combines with ZeRO stages 0 and 1 only");
-  schedule_ = make_schedule(config.schedule, pp.size(), config.microbatches, config.virtual_stages);
-  check_schedule(schedule_);
   // Balanced by the whole sequence's cost: a context-parallel rank's queries see all of its keys.
   const int64_t cost_seq_len =
       config.sequence != nullptr ? config.sequence->full_length() : config.seq_len;
-  stage_begin_ = pipeline_partition(model, cost_seq_len, schedule_.stages(), config.layer_split);
+  stage_begin_ = pipeline_partition(model, cost_seq_len, pp.size() * config.virtual_stages,
+                                    config.layer_split);
+  // zb-v's order is simulated on the stages' costs (the others' are formulas).
+  schedule_ = make_schedule(config.schedule, pp.size(), config.microbatches, config.virtual_stages,
+                            pipeline_stage_costs(model, cost_seq_len, stage_begin_));
+  check_schedule(schedule_);
   for (int c = 0; c < config.virtual_stages; ++c) {
     const Gpt2Part part = part_of_stage(schedule_.stage_of(pp.rank(), c));
     if (config.tensor_parallel != nullptr)
@@ -53,6 +56,37 @@ Gpt2Part PipelineParallel::part_of_stage(int s) const {
   part.embedding = s == 0;
   part.head = s == schedule_.stages() - 1;
   return part;
+}
+
+namespace {
+// Forward FLOPs per token of a block — 2 per weight of its matrices (GPT-2: 12·C² weights) plus
+// the attention's 4·T·C — and of the LM head (2·V·C); the embedding lookup is free.
+struct StageFlops {
+  double block_matrices = 0, block_attention = 0, head = 0;
+};
+StageFlops stage_flops(const Gpt2Config& model, int64_t seq_len) {
+  const double C = static_cast<double>(model.d_model), T = static_cast<double>(seq_len);
+  const double matrices = C * static_cast<double>(model.qkv_width()) + C * C +
+                          (model.llama() ? 3.0 : 2.0) * C * static_cast<double>(model.hidden());
+  return {2 * matrices, 4 * T * C, 2 * static_cast<double>(model.vocab_size) * C};
+}
+}  // namespace
+
+StageCosts pipeline_stage_costs(const Gpt2Config& model, int64_t seq_len,
+                                const std::vector<int64_t>& stage_begin) {
+  const StageFlops f = stage_flops(model, seq_len);
+  StageCosts costs;
+  const size_t stages = stage_begin.size() - 1;
+  for (size_t s = 0; s < stages; ++s) {
+    const double blocks = static_cast<double>(stage_begin[s + 1] - stage_begin[s]);
+    const double head = s + 1 == stages ? f.head : 0;
+    // B: the input gradients' GEMMs (as many FLOPs as the forward's) and the attention's
+    // backward (about twice its forward); W: the weight gradients' GEMMs.
+    costs.forward.push_back(blocks * (f.block_matrices + f.block_attention) + head);
+    costs.backward_input.push_back(blocks * (f.block_matrices + 2 * f.block_attention) + head);
+    costs.backward_weight.push_back(blocks * f.block_matrices + head);
+  }
+  return costs;
 }
 
 std::vector<int64_t> pipeline_partition(const Gpt2Config& model, int64_t seq_len, int stages,
@@ -86,11 +120,8 @@ std::vector<int64_t> pipeline_partition(const Gpt2Config& model, int64_t seq_len
     return begin;
   }
   // Minimise the largest stage cost over contiguous splits (dynamic programming, O(S·L²)).
-  const double C = static_cast<double>(model.d_model), T = static_cast<double>(seq_len);
-  // A block's forward FLOPs per token: 2 per weight of its matrices (GPT-2: 12·C²) plus attention.
-  const double matrices = C * static_cast<double>(model.qkv_width()) + C * C +
-                          (model.llama() ? 3.0 : 2.0) * C * static_cast<double>(model.hidden());
-  const double block = 2 * matrices + 4 * T * C, head = 2 * static_cast<double>(model.vocab_size) * C;
+  const StageFlops f = stage_flops(model, seq_len);
+  const double block = f.block_matrices + f.block_attention, head = f.head;
   const double inf = 1e300;
   // best[s][l]: the smallest possible maximum cost of stages 0..s−1 holding blocks 0..l−1.
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));

@@ -63,6 +63,12 @@ struct PipelineConfig {
 std::vector<int64_t> pipeline_partition(const Gpt2Config& model, int64_t seq_len, int stages,
                                         const std::string& split);
 
+// What a micro-batch costs on each stage (stage_begin: pipeline_partition's), in FLOPs per token,
+// for zb-v's list scheduler: forward the partition's cost; B the input gradients' GEMMs plus
+// twice the attention; W the weight gradients' GEMMs (the LM head's on the last stage).
+StageCosts pipeline_stage_costs(const Gpt2Config& model, int64_t seq_len,
+                                const std::vector<int64_t>& stage_begin);
+
 struct PipelineStepStats {
   double step_seconds = 0;
   double recv_wait_seconds = 0;  // time blocked waiting for a neighbour: the bubble

@@ -88,16 +88,30 @@ int64_t message_of(const PipelineSchedule& s, int rank, const PipeAction& a) {
 // when it has to wait for it. Sweeping the ranks until nothing moves reaches the same state in
 // any sweep order, because a blocked receive only ever waits on a send, never on time.
 struct Simulation {
-  std::vector<size_t> next;                    // [rank] index of the first action not run
-  std::vector<int64_t> clock;                  // [rank] time after its last action
-  std::vector<std::vector<int64_t>> start;     // [rank][action] start time of computes
+  std::vector<size_t> next;                  // [rank] index of the first action not run
+  std::vector<double> clock;                 // [rank] time after its last action
+  std::vector<std::vector<double>> start;    // [rank][action] start time of computes
   bool finished = true;
 };
 
-// Time units a compute takes in the simulation.
+// Time units a compute takes in the simulation; with `stages`, the stage's own costs instead
+// (a whole backward then costs B + W).
 struct Costs {
-  int64_t forward = 1, backward = 1, backward_input = 1, backward_weight = 1;
-  int64_t of(K k) const {
+  double forward = 1, backward = 1, backward_input = 1, backward_weight = 1;
+  const StageCosts* stages = nullptr;
+  double of(K k, int stage) const {
+    if (stages != nullptr) {
+      const auto at = [&](const std::vector<double>& c) {
+        return c.empty() ? 1.0 : c[static_cast<size_t>(stage)];
+      };
+      switch (k) {
+        case K::kForward: return at(stages->forward);
+        case K::kBackward: return at(stages->backward_input) + at(stages->backward_weight);
+        case K::kBackwardInput: return at(stages->backward_input);
+        case K::kBackwardWeight: return at(stages->backward_weight);
+        default: return 0;
+      }
+    }
     switch (k) {
       case K::kForward: return forward;
       case K::kBackward: return backward;
@@ -118,7 +132,7 @@ Simulation simulate(const PipelineSchedule& s, const Costs& costs) {
   sim.clock.assign(pp, 0);
   sim.start.resize(pp);
   for (int r = 0; r < pp; ++r) sim.start[r].assign(s.actions[r].size(), -1);
-  std::vector<int64_t> sent_at(2 * static_cast<size_t>(s.microbatches) * s.stages(), -1);
+  std::vector<double> sent_at(2 * static_cast<size_t>(s.microbatches) * s.stages(), -1);
   for (bool moved = true; moved;) {
     moved = false;
     for (int r = 0; r < pp; ++r) {
@@ -126,14 +140,14 @@ Simulation simulate(const PipelineSchedule& s, const Costs& costs) {
       for (size_t& i = sim.next[r]; i < acts.size(); ++i) {
         const PipeAction& a = acts[i];
         if (is_recv(a.kind)) {
-          const int64_t t = sent_at[message_of(s, r, a)];
+          const double t = sent_at[message_of(s, r, a)];
           if (t < 0) break;  // blocked: its send has not been issued yet
           sim.clock[r] = std::max(sim.clock[r], t);
         } else if (is_send(a.kind)) {
           sent_at[message_of(s, r, a)] = sim.clock[r];
         } else {
           sim.start[r][i] = sim.clock[r];
-          sim.clock[r] += costs.of(a.kind);
+          sim.clock[r] += costs.of(a.kind, s.stage_of(r, a.chunk));
         }
         moved = true;
       }
@@ -359,40 +373,46 @@ struct VPolicy {
   bool b_chunk1_first = false;  // of two ready B's, chunk 1's; else the older micro-batch's
   int max_owed = 0;             // a rank owing this many W's runs one before anything else
   bool w_when_full = false;     // a rank whose memory bound stops a ready F runs a W before a B
+  // Chunk 0's F's leave the last slot under the bound to chunk 1's: a rank full of chunk 0
+  // micro-batches could not start the forward the next backward depends on (with stages of
+  // unequal cost the plain greedy order can deadlock that way).
+  bool keep_a_slot_for_chunk1 = false;
 };
 
-// Fills s.actions by the policy; returns the makespan in units, or −1 where the policy stalls
-// (its bounds leave nothing to run).
-int64_t list_schedule_v(PipelineSchedule& s, int limit, const VPolicy& policy) {
+// Fills s.actions by the policy; returns the step's length in the costs' unit, or −1 where the
+// policy stalls (its bounds leave nothing to run). Event-driven: the rank that is free earliest
+// (the lowest of equals) picks its next compute from the messages that have arrived by then; a
+// message arrives when the compute that sends it ends (communication free); a rank with nothing
+// ready waits for the next end of a compute anywhere. With unit costs this is the unit-time
+// simulation the timeline draws.
+double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
+                       const VPolicy& policy) {
   const int pp = s.pp, m = s.microbatches, S = s.stages();
+  const auto cost = [&](const std::vector<double>& c, int stage) {
+    return c.empty() ? 1.0 : c[static_cast<size_t>(stage)];
+  };
   struct Lane {
     int next_forward = 0, next_backward = 0;
   };
   std::vector<std::array<Lane, 2>> lanes(pp);
   std::vector<std::deque<PipeAction>> owed(pp);  // W's not yet run, oldest first
   std::vector<int> held(pp, 0);                  // chunk micro-batches after F, before W
+  std::vector<double> free_at(pp, 0.0);          // when each rank's last compute ends
   // When the input (forward) or output gradient (backward) of micro-batch i reaches stage st:
-  // arrive[dir][i·S + st], −1 until its sender has run.
-  std::array<std::vector<int64_t>, 2> arrive;
-  for (auto& a : arrive) a.assign(static_cast<size_t>(m) * S, -1);
-  const auto arrived = [&](int dir, int i, int stage, int64_t t) {
-    const int64_t at = arrive[dir][static_cast<size_t>(i) * S + stage];
+  // arrive[dir][i·S + st], −1 until its sender has been scheduled.
+  std::array<std::vector<double>, 2> arrive;
+  for (auto& a : arrive) a.assign(static_cast<size_t>(m) * S, -1.0);
+  const auto arrived = [&](int dir, int i, int stage, double t) {
+    const double at = arrive[dir][static_cast<size_t>(i) * S + stage];
     return at >= 0 && at <= t;
-  };
-  // Of the chunks whose next compute of a kind is ready, the one to run, or −1: the older
-  // micro-batch's (a tie: chunk 0's), or chunk 1's if `chunk1_first`.
-  const auto choose = [](const std::array<bool, 2>& ready, const std::array<int, 2>& microbatch,
-                         bool chunk1_first) {
-    if (!ready[0] || !ready[1]) return ready[0] ? 0 : ready[1] ? 1 : -1;
-    return chunk1_first || microbatch[1] < microbatch[0] ? 1 : 0;
   };
   // Messages sent from rank a to rank b and not yet received, oldest first, as b's receive
   // actions. nccl pairs messages in issue order (check_pair_order), so a rank that needs a later
-  // message receives the earlier ones of that sender first (already sent: no wait in unit time)
-  // and keeps them for their computes.
+  // message receives the earlier ones of that sender first (sent earlier: no wait in the
+  // simulation) and keeps them for their computes.
   std::vector<std::vector<std::deque<PipeAction>>> in_transit(
       pp, std::vector<std::deque<PipeAction>>(pp));
-  std::set<std::tuple<K, int, int>> received;  // (kind, micro-batch, chunk), of every rank
+  std::set<std::tuple<K, int, int>> received;  // (kind, micro-batch, stage)
   const auto send = [&](int from, int to_stage, const PipeAction& recv_there) {
     in_transit[from][s.rank_of_stage(to_stage)].push_back(recv_there);
   };
@@ -410,91 +430,141 @@ int64_t list_schedule_v(PipelineSchedule& s, int limit, const VPolicy& policy) {
       if (a == wanted) break;
     }
   };
-  int64_t remaining = int64_t{3} * m * S, makespan = 0;  // computes still to place
-  for (int64_t t = 0; remaining > 0; ++t) {
-    if (t > int64_t{6} * m * S) return -1;  // stalled
-    for (int r = 0; r < pp; ++r) {
-      auto& acts = s.actions[r];
-      std::array<bool, 2> b_ready{}, f_ready{};
-      bool f_waits_for_memory = false;  // an F's input is here, but the bound stops it
-      std::array<int, 2> b_mb{}, f_mb{};
-      for (int c = 0; c < 2; ++c) {
-        const Lane& lane = lanes[r][c];
-        const int stage = s.stage_of(r, c);
-        b_mb[c] = lane.next_backward;
-        b_ready[c] =
-            b_mb[c] < lane.next_forward && (stage == S - 1 || arrived(1, b_mb[c], stage, t));
-        f_mb[c] = lane.next_forward;
-        const bool input = f_mb[c] < m && (stage == 0 || arrived(0, f_mb[c], stage, t));
-        f_ready[c] = input && held[r] < limit;
-        f_waits_for_memory = f_waits_for_memory || (input && held[r] >= limit);
-      }
-      const int b_chunk = choose(b_ready, b_mb, policy.b_chunk1_first);
-      const int f_chunk = choose(f_ready, f_mb, false);
-      const bool owes = !owed[r].empty();
-      const bool w_first =
-          owes && ((policy.max_owed > 0 && static_cast<int>(owed[r].size()) >= policy.max_owed) ||
-                   (policy.w_when_full && f_waits_for_memory));
-      if (b_chunk >= 0 && !w_first) {
-        const int c = b_chunk, stage = s.stage_of(r, c), i = lanes[r][c].next_backward++;
-        if (stage < S - 1) receive(r, s.rank_of_stage(stage + 1), {K::kRecvBackward, i, c});
-        acts.push_back({K::kBackwardInput, i, c});
-        if (stage > 0) {
-          acts.push_back({K::kSendBackward, i, c});
-          arrive[1][static_cast<size_t>(i) * S + stage - 1] = t + 1;
-          send(r, stage - 1, {K::kRecvBackward, i, s.chunk_of_stage(stage - 1)});
+  // Of the chunks whose next compute of a kind is ready, the one to run, or −1: the older
+  // micro-batch's (a tie: chunk 0's), or chunk 1's if `chunk1_first`.
+  const auto choose = [](const std::array<bool, 2>& ready, const std::array<int, 2>& microbatch,
+                         bool chunk1_first) {
+    if (!ready[0] || !ready[1]) return ready[0] ? 0 : ready[1] ? 1 : -1;
+    return chunk1_first || microbatch[1] < microbatch[0] ? 1 : 0;
+  };
+  int64_t remaining = int64_t{3} * m * S;  // computes still to place
+  double makespan = 0;
+  // waiting[r]: r found nothing to run at free_at[r]. Computes take time, so nothing decided at a
+  // time makes anything ready at that same time.
+  std::vector<char> waiting(pp, 0);
+  while (remaining > 0) {
+    int r = 0;  // the earliest free rank, one still to decide before one waiting
+    for (int q = 1; q < pp; ++q)
+      if (std::tie(free_at[q], waiting[q]) < std::tie(free_at[r], waiting[r])) r = q;
+    const double t = free_at[r];
+    if (waiting[r]) {
+      // Every rank free at t waits: move them all on to the next end of a compute.
+      double next = -1;
+      for (int q = 0; q < pp; ++q)
+        if (free_at[q] > t && (next < 0 || free_at[q] < next)) next = free_at[q];
+      if (next < 0) return -1;  // stalled: no compute is under way that could change anything
+      for (int q = 0; q < pp; ++q)
+        if (waiting[q] && free_at[q] == t) {
+          free_at[q] = next;
+          waiting[q] = 0;
         }
-        owed[r].push_back({K::kBackwardWeight, i, c});
-      } else if (f_chunk >= 0 && !w_first) {
-        const int c = f_chunk, stage = s.stage_of(r, c), i = lanes[r][c].next_forward++;
-        if (stage > 0) receive(r, s.rank_of_stage(stage - 1), {K::kRecvForward, i, c});
-        acts.push_back({K::kForward, i, c});
-        if (stage < S - 1) {
-          acts.push_back({K::kSendForward, i, c});
-          arrive[0][static_cast<size_t>(i) * S + stage + 1] = t + 1;
-          send(r, stage + 1, {K::kRecvForward, i, s.chunk_of_stage(stage + 1)});
-        }
-        ++held[r];
-      } else if (owes) {
-        acts.push_back(owed[r].front());
-        owed[r].pop_front();
-        --held[r];
-      } else {
-        continue;  // idle
-      }
-      --remaining;
-      makespan = t + 1;
+      continue;
     }
+    auto& acts = s.actions[r];
+    std::array<bool, 2> b_ready{}, f_ready{};
+    std::array<int, 2> b_mb{}, f_mb{};
+    bool f_waits_for_memory = false;  // an F's input is here, but the bound stops it
+    for (int c = 0; c < 2; ++c) {
+      const Lane& lane = lanes[r][c];
+      const int stage = s.stage_of(r, c);
+      b_mb[c] = lane.next_backward;
+      b_ready[c] = b_mb[c] < lane.next_forward && (stage == S - 1 || arrived(1, b_mb[c], stage, t));
+      f_mb[c] = lane.next_forward;
+      const bool input = f_mb[c] < m && (stage == 0 || arrived(0, f_mb[c], stage, t));
+      const int bound =
+          c == 0 && policy.keep_a_slot_for_chunk1 && lanes[r][1].next_forward < m ? limit - 1 : limit;
+      f_ready[c] = input && held[r] < bound;
+      f_waits_for_memory = f_waits_for_memory || (input && held[r] >= limit);
+    }
+    const int b_chunk = choose(b_ready, b_mb, policy.b_chunk1_first);
+    const int f_chunk = choose(f_ready, f_mb, false);
+    const bool owes = !owed[r].empty();
+    const bool w_first =
+        owes && ((policy.max_owed > 0 && static_cast<int>(owed[r].size()) >= policy.max_owed) ||
+                 (policy.w_when_full && f_waits_for_memory));
+    double end = -1;
+    if (b_chunk >= 0 && !w_first) {
+      const int c = b_chunk, stage = s.stage_of(r, c), i = lanes[r][c].next_backward++;
+      if (stage < S - 1) receive(r, s.rank_of_stage(stage + 1), {K::kRecvBackward, i, c});
+      acts.push_back({K::kBackwardInput, i, c});
+      end = t + cost(costs.backward_input, stage);
+      if (stage > 0) {
+        acts.push_back({K::kSendBackward, i, c});
+        arrive[1][static_cast<size_t>(i) * S + stage - 1] = end;
+        send(r, stage - 1, {K::kRecvBackward, i, s.chunk_of_stage(stage - 1)});
+      }
+      owed[r].push_back({K::kBackwardWeight, i, c});
+    } else if (f_chunk >= 0 && !w_first) {
+      const int c = f_chunk, stage = s.stage_of(r, c), i = lanes[r][c].next_forward++;
+      if (stage > 0) receive(r, s.rank_of_stage(stage - 1), {K::kRecvForward, i, c});
+      acts.push_back({K::kForward, i, c});
+      end = t + cost(costs.forward, stage);
+      if (stage < S - 1) {
+        acts.push_back({K::kSendForward, i, c});
+        arrive[0][static_cast<size_t>(i) * S + stage + 1] = end;
+        send(r, stage + 1, {K::kRecvForward, i, s.chunk_of_stage(stage + 1)});
+      }
+      ++held[r];
+    } else if (owes) {
+      const PipeAction w = owed[r].front();
+      owed[r].pop_front();
+      acts.push_back(w);
+      end = t + cost(costs.backward_weight, s.stage_of(r, w.chunk));
+      --held[r];
+    }
+    if (end >= 0) {
+      free_at[r] = end;
+      makespan = std::max(makespan, end);
+      --remaining;
+      continue;
+    }
+    waiting[r] = 1;  // idle until another rank's compute ends
   }
   return makespan;
 }
 
 // The V schedule of the policies tried with the shortest step (the first found of equals): the
-// plain greedy one first, then with W's forced at each count owed, or where memory stops an F.
-void zero_bubble_v(PipelineSchedule& s) {
+// plain greedy one first, then with W's forced at each count owed, or where memory stops an F,
+// then all of those keeping a slot for chunk 1. With stage costs, each policy is also scheduled
+// as if the stages cost the same, and that order timed on the real costs: the greedy choices on
+// the real costs are not always better.
+void zero_bubble_v(PipelineSchedule& s, const StageCosts& costs) {
   const int pp = s.pp;
-  int64_t best_makespan = -1;
+  const bool unequal = !costs.forward.empty() || !costs.backward_input.empty() ||
+                       !costs.backward_weight.empty();
+  Costs timed;
+  timed.stages = &costs;
+  double best_step = -1;
   std::vector<std::vector<PipeAction>> best;
   VPolicy p;
-  for (p.max_owed = 0; p.max_owed <= 2 * pp; ++p.max_owed)
-    for (const bool w_when_full : {false, true})
-      for (const bool b_chunk1_first : {false, true}) {
-        p.w_when_full = w_when_full;
-        p.b_chunk1_first = b_chunk1_first;
-        s.actions.assign(pp, {});
-        const int64_t makespan = list_schedule_v(s, 2 * pp, p);
-        if (makespan > 0 && (best_makespan < 0 || makespan < best_makespan)) {
-          best_makespan = makespan;
-          best = s.actions;
-        }
-      }
-  LOOM_CHECK_MSG(best_makespan > 0, "zb-v: no policy schedules this pipeline");
+  for (const bool keep_a_slot : {false, true})
+    for (p.max_owed = 0; p.max_owed <= 2 * pp; ++p.max_owed)
+      for (const bool w_when_full : {false, true})
+        for (const bool b_chunk1_first : {false, true})
+          for (const bool on_unit_costs : {false, true}) {
+            if (on_unit_costs && !unequal) continue;
+            p.keep_a_slot_for_chunk1 = keep_a_slot;
+            p.w_when_full = w_when_full;
+            p.b_chunk1_first = b_chunk1_first;
+            s.actions.assign(pp, {});
+            double step = list_schedule_v(s, on_unit_costs ? StageCosts{} : costs, 2 * pp, p);
+            if (step > 0 && on_unit_costs) {
+              const Simulation sim = simulate(s, timed);
+              step = *std::max_element(sim.clock.begin(), sim.clock.end());
+            }
+            if (step > 0 && (best_step < 0 || step < best_step)) {
+              best_step = step;
+              best = s.actions;
+            }
+          }
+  LOOM_CHECK_MSG(best_step > 0, "zb-v: no policy schedules this pipeline");
   s.actions = std::move(best);
 }
 
 }  // namespace
 
-PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages) {
+PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages,
+                               const StageCosts& costs) {
   if (!is_pipeline_schedule(name)) {
     std::string known;
     for (std::string_view s : kPipelineSchedules)
@@ -533,7 +603,10 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches
   }
   s.v_placement = stage_placement(name, pp, virtual_stages).v_placement;
   if (name == "zb-v") {
-    zero_bubble_v(s);
+    for (const std::vector<double>* c : {&costs.forward, &costs.backward_input, &costs.backward_weight})
+      LOOM_CHECK_MSG(c->empty() || static_cast<int>(c->size()) == s.stages(),
+                     "zb-v: stage costs for another number of stages");
+    zero_bubble_v(s, costs);
     return s;
   }
   const int m = microbatches, v = virtual_stages, total = m * v;
@@ -624,13 +697,12 @@ void check_schedule(const PipelineSchedule& s) {
 
 namespace {
 // The idle fraction of a finished unit-cost simulation: 1 − busy / (ranks × makespan).
-double idle_fraction(const PipelineSchedule& s, const Simulation& sim) {
-  int64_t busy = 0;
-  for (const auto& acts : s.actions)
-    for (const PipeAction& a : acts) busy += kTimelineCosts.of(a.kind);
-  const int64_t makespan = *std::max_element(sim.clock.begin(), sim.clock.end());
-  return makespan == 0 ? 0.0
-                       : 1.0 - static_cast<double>(busy) / (static_cast<double>(makespan) * s.pp);
+double idle_fraction(const PipelineSchedule& s, const Simulation& sim, const Costs& costs) {
+  double busy = 0;
+  for (int r = 0; r < s.pp; ++r)
+    for (const PipeAction& a : s.actions[r]) busy += costs.of(a.kind, s.stage_of(r, a.chunk));
+  const double makespan = *std::max_element(sim.clock.begin(), sim.clock.end());
+  return makespan == 0 ? 0.0 : 1.0 - busy / (makespan * s.pp);
 }
 }  // namespace
 
@@ -638,23 +710,33 @@ double simulated_bubble(const PipelineSchedule& s) {
   const Simulation sim = simulate(s, kTimelineCosts);
   if (!sim.finished)
     fail("pipeline schedule \"", s.name, "\" deadlocks (check_schedule says where)");
-  return idle_fraction(s, sim);
+  return idle_fraction(s, sim, kTimelineCosts);
+}
+
+double simulated_bubble(const PipelineSchedule& s, const StageCosts& costs) {
+  Costs c;
+  c.stages = &costs;
+  const Simulation sim = simulate(s, c);
+  if (!sim.finished)
+    fail("pipeline schedule \"", s.name, "\" deadlocks (check_schedule says where)");
+  return idle_fraction(s, sim, c);
 }
 
 std::string render_timeline(const PipelineSchedule& s) {
   check_schedule(s);
   const Simulation sim = simulate(s, kTimelineCosts);
-  const int64_t makespan = *std::max_element(sim.clock.begin(), sim.clock.end());
+  const auto makespan = static_cast<int64_t>(*std::max_element(sim.clock.begin(), sim.clock.end()));
   std::vector<std::vector<std::string>> cells(s.pp, std::vector<std::string>(makespan, "."));
   size_t width = 1;
   for (int r = 0; r < s.pp; ++r) {
     for (size_t i = 0; i < s.actions[r].size(); ++i) {
       const PipeAction& a = s.actions[r][i];
       if (sim.start[r][i] < 0) continue;  // communication takes no time
-      const int64_t cost = kTimelineCosts.of(a.kind);
+      const auto cost = static_cast<int64_t>(kTimelineCosts.of(a.kind, 0));
       const std::string label = cell_label(s, a);
       width = std::max(width, label.size());
-      for (int64_t t = sim.start[r][i]; t < sim.start[r][i] + cost; ++t) cells[r][t] = label;
+      const auto begin = static_cast<int64_t>(sim.start[r][i]);
+      for (int64_t t = begin; t < begin + cost; ++t) cells[r][t] = label;
     }
   }
   std::ostringstream os;
@@ -675,7 +757,7 @@ std::string render_timeline(const PipelineSchedule& s) {
     line.erase(line.find_last_not_of(' ') + 1);  // no trailing blanks after a final "."
     os << line << '\n';
   }
-  const double bubble = idle_fraction(s, sim);
+  const double bubble = idle_fraction(s, sim, kTimelineCosts);
   const char* formula = s.name == "interleaved"      ? "(p-1)/(m+p-1)/v"
                         : s.name == "zb-interleaved" ? "as simulated"
                         : s.name == "zb-v"           ? "as simulated"

@@ -74,14 +74,22 @@ struct PipelineSchedule {
 // bubble when F, B and W cost the same, and no more micro-batches in flight than 1F1B), or
 // "zb-interleaved" (interleaved with each backward split into B and W, the W's filling the
 // time a rank would wait, at most pp owed per rank; the same order of gradient sums), or "zb-v"
-// (two chunks per rank in the V placement, v = 2, any m: F, B and W placed by a unit-cost list
-// scheduler that keeps at most 2·pp chunk micro-batches between F and W on a rank — 1F1B's
-// activations, each chunk being half a 1F1B stage — the oldest ready B first, then the oldest
-// ready F, then an owed W; each chunk's B's and W's in micro-batch order, so the gradients sum as
+// (two chunks per rank in the V placement, v = 2, any m: F, B and W placed by a list scheduler
+// that keeps at most 2·pp chunk micro-batches between F and W on a rank — 1F1B's activations,
+// each chunk being half a 1F1B stage — a ready B first, then the oldest ready F, then an owed W,
+// simulated on `costs` where given (the stages' own: unequal stages shift the best order), else
+// one unit each; each chunk's B's and W's in micro-batch order, so the gradients sum as
 // interleaved's do). Throws loom::Error naming the parameter for an unknown name or an invalid
 // combination (pp, m, v < 1; v > 1 without "interleaved", "zb-interleaved" or "zb-v"; those two
 // with m not a multiple of pp; "zb-v" with v ≠ 2).
-PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages = 1);
+// What one micro-batch's forward, input-gradient backward (B) and weight-gradient backward (W)
+// cost on each stage (any unit, one entry per stage); empty = one unit each.
+struct StageCosts {
+  std::vector<double> forward, backward_input, backward_weight;
+};
+
+PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages = 1,
+                               const StageCosts& costs = {});
 
 // Where a schedule puts the stages: a PipelineSchedule with no actions, its placement fields set
 // (v_placement for "zb-v"), for code that only asks stage_of / rank_of_stage (the planner).
@@ -110,5 +118,7 @@ double theoretical_bubble(const PipelineSchedule& schedule);
 
 // The idle fraction of the timeline's unit-cost simulation (render_timeline's costs).
 double simulated_bubble(const PipelineSchedule& schedule);
+// The idle fraction of a simulation on the stages' own costs (a whole backward costs B + W).
+double simulated_bubble(const PipelineSchedule& schedule, const StageCosts& costs);
 
 }  // namespace loom
