@@ -26,8 +26,9 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
   // Balanced by the whole sequence's cost: a context-parallel rank's queries see all of its keys.
   const int64_t cost_seq_len =
       config.sequence != nullptr ? config.sequence->full_length() : config.seq_len;
-  stage_begin_ = pipeline_partition(model, cost_seq_len, pp.size() * config.virtual_stages,
-                                    config.layer_split);
+  stage_begin_ = pipeline_partition(
+      model, cost_seq_len, pp.size() * config.virtual_stages, config.layer_split,
+      stage_placement(config.schedule, pp.size(), config.virtual_stages).v_placement);
   // zb-v's order is simulated on the stages' costs (the others' are formulas).
   schedule_ = make_schedule(config.schedule, pp.size(), config.microbatches, config.virtual_stages,
                             pipeline_stage_costs(model, cost_seq_len, stage_begin_));
@@ -89,8 +90,48 @@ StageCosts pipeline_stage_costs(const Gpt2Config& model, int64_t seq_len,
   return costs;
 }
 
+namespace {
+// The V placement's partition (v_placement): rank r runs stages r and S − 1 − r, so what bounds
+// the step is a rank's two stages together. Every block costs the same, so only each rank's
+// count matters: blocks go one at a time to the rank whose load then stays lowest (rank 0 starts
+// with the LM head), each rank at least two; then each rank's pair is split as evenly as its
+// costs allow (on rank 0 the head's stage takes fewer blocks).
+std::vector<int64_t> v_partition(int64_t L, int stages, double block, double head) {
+  const int pp = stages / 2;
+  std::vector<int64_t> per_rank(pp, 2);
+  for (int64_t left = L - 2 * pp; left > 0; --left) {
+    int best = 0;
+    for (int r = 1; r < pp; ++r) {
+      const double load = static_cast<double>(per_rank[r] + 1) * block;
+      const double best_load =
+          static_cast<double>(per_rank[best] + 1) * block + (best == 0 ? head : 0);
+      if (load < best_load) best = r;
+    }
+    ++per_rank[best];
+  }
+  std::vector<int64_t> count(stages);
+  for (int r = 0; r < pp; ++r) {
+    const int64_t k = per_rank[r];
+    // The later stage (S − 1 − r) takes n of the k blocks; on rank 0 it also holds the head.
+    int64_t n = k / 2;
+    if (r == 0) {
+      n = 1;
+      for (int64_t t = 1; t < k; ++t)
+        if (std::max(static_cast<double>(k - t) * block, static_cast<double>(t) * block + head) <
+            std::max(static_cast<double>(k - n) * block, static_cast<double>(n) * block + head))
+          n = t;
+    }
+    count[r] = k - n;
+    count[stages - 1 - r] = n;
+  }
+  std::vector<int64_t> begin = {0};
+  for (int64_t c : count) begin.push_back(begin.back() + c);
+  return begin;
+}
+}  // namespace
+
 std::vector<int64_t> pipeline_partition(const Gpt2Config& model, int64_t seq_len, int stages,
-                                        const std::string& split) {
+                                        const std::string& split, bool v_placement) {
   const int64_t L = model.n_layers;
   if (stages > L)
     fail("parallel.pp × parallel.virtual_stages = ", stages, " stages for model.n_layers = ", L,
@@ -119,9 +160,10 @@ std::vector<int64_t> pipeline_partition(const Gpt2Config& model, int64_t seq_len
            "model.n_layers = ", L);
     return begin;
   }
-  // Minimise the largest stage cost over contiguous splits (dynamic programming, O(S·L²)).
   const StageFlops f = stage_flops(model, seq_len);
   const double block = f.block_matrices + f.block_attention, head = f.head;
+  if (v_placement && stages % 2 == 0 && L >= stages) return v_partition(L, stages, block, head);
+  // Minimise the largest stage cost over contiguous splits (dynamic programming, O(S·L²)).
   const double inf = 1e300;
   // best[s][l]: the smallest possible maximum cost of stages 0..s−1 holding blocks 0..l−1.
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));

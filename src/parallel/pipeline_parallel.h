@@ -60,8 +60,11 @@ struct PipelineConfig {
 // on the last stage (the embedding lookup is free). Returns the first block of each stage and
 // n_layers at the end (stages + 1 entries). Throws naming parallel.layer_split when it does not
 // fit, or model.n_layers when there are fewer blocks than stages.
+// With `v_placement` (zb-v: rank r runs stages r and S − 1 − r) the blocks instead balance each
+// rank's two stages together (what bounds its step), then split each rank's blocks between its
+// two stages as evenly as the costs allow.
 std::vector<int64_t> pipeline_partition(const Gpt2Config& model, int64_t seq_len, int stages,
-                                        const std::string& split);
+                                        const std::string& split, bool v_placement = false);
 
 // What a micro-batch costs on each stage (stage_begin: pipeline_partition's), in FLOPs per token,
 // for zb-v's list scheduler: forward the partition's cost; B the input gradients' GEMMs plus

@@ -65,10 +65,10 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
                                           : 12 * d * d + 13 * d;
   const int64_t ln_f = model.llama() ? d : 2 * d;
   const int stages = par.pp * par.virtual_stages;
-  const std::vector<int64_t> bounds =
-      pipeline_partition(model, config.model.seq_len, stages, par.layer_split);
-  std::vector<std::vector<int64_t>> chunks;
   const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
+  const std::vector<int64_t> bounds = pipeline_partition(model, config.model.seq_len, stages,
+                                                         par.layer_split, placement.v_placement);
+  std::vector<std::vector<int64_t>> chunks;
   for (int c = 0; c < par.virtual_stages; ++c) {
     std::vector<int64_t>& units = chunks.emplace_back();
     const int stage = placement.stage_of(pp_rank, c);
@@ -120,14 +120,15 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.virtual_stages = par.virtual_stages;
 
   int64_t most_blocks = 0, most_params = 0;
-  const std::vector<int64_t> bounds = pipeline_partition(
-      model_config_of(config), config.model.seq_len, par.pp * par.virtual_stages, par.layer_split);
+  const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
+  const std::vector<int64_t> bounds =
+      pipeline_partition(model_config_of(config), config.model.seq_len, par.pp * par.virtual_stages,
+                         par.layer_split, placement.v_placement);
   for (int r = 0; r < par.pp; ++r) {
     int64_t params = 0, blocks = 0, state = 0;
     for (const std::vector<int64_t>& units : rank_units(config, r))
       for (int64_t u : units) params += u;
     for (int64_t b : rank_state_buffers(config, r)) state += b;
-    const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
     for (int c = 0; c < par.virtual_stages; ++c)
       blocks += bounds[placement.stage_of(r, c) + 1] - bounds[placement.stage_of(r, c)];
     const int64_t activations = expected_activation_bytes(config, r, blocks);
