@@ -606,6 +606,7 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches
     for (const std::vector<double>* c : {&costs.forward, &costs.backward_input, &costs.backward_weight})
       LOOM_CHECK_MSG(c->empty() || static_cast<int>(c->size()) == s.stages(),
                      "zb-v: stage costs for another number of stages");
+    s.costs = costs;
     zero_bubble_v(s, costs);
     return s;
   }
@@ -773,7 +774,8 @@ double theoretical_bubble(const PipelineSchedule& s) {
   const double p = s.pp, m = s.microbatches;
   // zb-interleaved's W's sit where its generator's unit-cost simulation found idle time: its
   // theory is that simulation's bubble (the timeline's, F, B and W one unit each).
-  if (s.name == "zb-interleaved" || s.name == "zb-v") return simulated_bubble(s);
+  if (s.name == "zb-interleaved") return simulated_bubble(s);
+  if (s.name == "zb-v") return simulated_bubble(s, s.costs);
   // zb-h1: each rank computes 3m units; with m ≥ p the step takes 3m + p − 1 (the fill's p − 1
   // units; the drain is filled with W's). With m < p rank 0 runs out of forwards before micro-
   // batch 0's gradient is back: it starts its first B at 2p − 1 and then alternates B, W to the

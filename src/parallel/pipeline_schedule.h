@@ -49,12 +49,19 @@ struct PipeAction {
   bool operator==(const PipeAction&) const = default;
 };
 
+// What one micro-batch's forward, input-gradient backward (B) and weight-gradient backward (W)
+// cost on each stage (any unit, one entry per stage); empty = one unit each.
+struct StageCosts {
+  std::vector<double> forward, backward_input, backward_weight;
+};
+
 struct PipelineSchedule {
   std::string name;        // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved", "zb-v"
   int pp = 1;              // pipeline ranks
   int microbatches = 1;    // m
   int virtual_stages = 1;  // v (chunks per rank)
   bool v_placement = false;  // odd chunks run the ranks backwards (zb-v); else looped
+  StageCosts costs;          // what zb-v's order was simulated on (empty: one unit each)
   std::vector<std::vector<PipeAction>> actions;  // [rank] -> ordered actions
 
   int stages() const { return pp * virtual_stages; }
@@ -82,12 +89,6 @@ struct PipelineSchedule {
 // interleaved's do). Throws loom::Error naming the parameter for an unknown name or an invalid
 // combination (pp, m, v < 1; v > 1 without "interleaved", "zb-interleaved" or "zb-v"; those two
 // with m not a multiple of pp; "zb-v" with v ≠ 2).
-// What one micro-batch's forward, input-gradient backward (B) and weight-gradient backward (W)
-// cost on each stage (any unit, one entry per stage); empty = one unit each.
-struct StageCosts {
-  std::vector<double> forward, backward_input, backward_weight;
-};
-
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int virtual_stages = 1,
                                const StageCosts& costs = {});
 
@@ -113,7 +114,8 @@ std::string render_timeline(const PipelineSchedule& schedule);
 // with forward and backward of equal cost per stage; for zb-h1 (p − 1) / (3m + p − 1), its idle
 // fraction when F, B and W cost one unit each (the drain of p − 1 units, not 3(p − 1)), or
 // (2p − m − 1) / (2m + 2p − 1) with fewer micro-batches than ranks; for zb-interleaved, whose
-// W's its generator placed by simulation, simulated_bubble(); for zb-v likewise.
+// W's its generator placed by simulation, simulated_bubble(); for zb-v the simulation on the
+// stage costs its order was built for (simulated_bubble(s, s.costs)).
 double theoretical_bubble(const PipelineSchedule& schedule);
 
 // The idle fraction of the timeline's unit-cost simulation (render_timeline's costs).
