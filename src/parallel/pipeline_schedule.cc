@@ -355,19 +355,19 @@ void fill_idle_with_weight_grads(PipelineSchedule& s, int max_owed) {
 }
 
 // ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", 2023, §6): two chunks per rank in the V
-// placement, every backward split into B and W, built by list scheduling in unit time (F, B and
-// W one unit each, communication free, as the timeline counts). At each time every rank runs one
-// compute, chosen from what is ready by a policy (VPolicy): a B whose output gradient has
-// arrived first (the critical path: it frees the next stage down), else an F whose input has
-// arrived, if the rank then holds at most `limit` chunk micro-batches between their F and their
-// W, else its oldest owed W, else it idles. A chunk's F's, B's and W's each go in micro-batch
-// order, so every gradient sums the same products in the same order as interleaved 1F1B's (its
-// W's are B's order per chunk). With limit = 2·pp a rank holds what a 1F1B rank holds: pp
-// micro-batches of a stage twice as deep as a chunk. The V is what takes the fill's bubble away:
+// placement, every backward split into B and W, built by list scheduling on the stages' costs
+// (F, B and W one unit each where none are given, as the timeline counts; communication free).
+// Each free rank runs one compute, chosen from what is ready by a policy (VPolicy): a B whose
+// output gradient has arrived first (the critical path: it frees the next stage down), else an F
+// whose input has arrived, if the rank then holds at most `limit` chunk micro-batches between their
+// F and their W, else its oldest owed W, else it idles. A chunk's F's, B's and W's each go in
+// micro-batch order, so every gradient sums the same products in the same order as interleaved
+// 1F1B's (its W's are B's order per chunk). With limit = 2·pp a rank holds what a 1F1B rank holds:
+// pp micro-batches of a stage twice as deep as a chunk. The V is what takes the fill's bubble away:
 // rank 0 runs the first and the last stage, so the backward starts on the rank that began the
 // forward, and the W's fill the drain. A greedy choice is not always best (the last ranks fill
 // their memory with warm-up forwards and then starve the pipeline of the last micro-batches), so
-// zero_bubble_v tries ~8·pp policies and keeps the shortest step, as the paper's scheduler tries
+// zero_bubble_v tries ~16·pp policies and keeps the shortest step, as the paper's scheduler tries
 // its variants.
 struct VPolicy {
   bool b_chunk1_first = false;  // of two ready B's, chunk 1's; else the older micro-batch's

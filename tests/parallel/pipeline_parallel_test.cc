@@ -457,7 +457,8 @@ TEST(PipelinePartition, TheVBalancesEachRanksTwoStages) {
     EXPECT_EQ(v.front(), 0);
     EXPECT_EQ(v.back(), 12);
     for (int st = 0; st < S; ++st) EXPECT_GE(v[st + 1] - v[st], 1) << "stage " << st;
-    EXPECT_LE(busiest_v_rank(mc, pp, v), busiest_v_rank(mc, pp, pipeline_partition(mc, 1024, S, "")));
+    EXPECT_LE(busiest_v_rank(mc, pp, v),
+              busiest_v_rank(mc, pp, pipeline_partition(mc, 1024, S, "")));
   }
   for (const auto& [blocks, pp] : {std::pair{24, 4}, std::pair{8, 2}}) {
     Gpt2Config g = mc;
