@@ -151,15 +151,22 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   const double m = static_cast<double>(config.grad_accum_steps());
   // The schedule's fill and drain: (pp - 1) micro-batch slots of (v) chunks; zb-h1 fills the
   // drain with weight gradients, leaving (pp - 1) slots of a third of a micro-batch's work (F, B
-  // and W taken as equal), and zb-interleaved and zb-v a third of a chunk's (pipeline_schedules.md:
-  // their unit-cost floor, which their generators reach with m ≥ 2·pp).
-  const bool zero_bubble_chunks = par.schedule == "zb-interleaved" || par.schedule == "zb-v";
-  if (par.pp > 1)
+  // and W taken as equal), and zb-interleaved a third of a chunk's (pipeline_schedules.md: its
+  // unit-cost floor, which its generator reaches with m ≥ 2·pp). zb-v's order is itself a
+  // simulation, good for any m (far from its floor with fewer micro-batches than ranks): its
+  // unit-cost schedule's idle fraction b (stages of equal cost, as the other schedules' figures
+  // take them) makes the bubble b / (1 − b) of the compute.
+  if (par.pp > 1 && par.schedule == "zb-v") {
+    const double b = simulated_bubble(
+        make_schedule(par.schedule, par.pp, static_cast<int>(m), par.virtual_stages));
+    plan.bubble_s = plan.compute_s * b / (1 - b);
+  } else if (par.pp > 1) {
     plan.bubble_s = plan.compute_s * (par.pp - 1) /
-                    (par.schedule == "interleaved" ? m * par.virtual_stages
-                     : par.schedule == "zb-h1"     ? 3 * m
-                     : zero_bubble_chunks          ? 3 * m * par.virtual_stages
-                                                   : m);
+                    (par.schedule == "interleaved"      ? m * par.virtual_stages
+                     : par.schedule == "zb-h1"          ? 3 * m
+                     : par.schedule == "zb-interleaved" ? 3 * m * par.virtual_stages
+                                                        : m);
+  }
   // Links: tp innermost (neighbouring ranks), then dp, then pp.
   const auto gbps = [&](int span) {
     return span <= hw.devices_per_node ? hw.intra_node_gbps : hw.inter_node_gbps;
