@@ -6,9 +6,10 @@
 // interleaved with 2 chunks per rank} (where pp > 1; interleaved where 2·pp ≤ 8 blocks),
 // m ∈ {pp, 2·pp} micro-batches per step (m ∈ {1, 2} without pipelining) and recomputation off /
 // on (on = full with ZeRO 0, selective with ZeRO 1; sequence parallelism on with it where the
-// tokens split over tp). Each run is 6 steps on local thread ranks with the global batch of the
-// one-device reference (48 sequences); the losses match it to 1e-5 relative at every step.
-// Plus: the same layout run twice gives the same bits.
+// tokens split over tp); and zb-v (two chunks per rank in a V, where 2·pp ≤ 8 blocks) once per
+// ZeRO stage, with 2·pp micro-batches and recomputation on. Each run is 6 steps on local thread
+// ranks with the global batch of the one-device reference (48 sequences); the losses match it to
+// 1e-5 relative at every step. Plus: the same layout run twice gives the same bits.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -39,7 +40,7 @@ struct Mesh {
 
 struct Variant {
   int zero;
-  std::string schedule;  // "1f1b" or "interleaved" (pp > 1)
+  std::string schedule;  // "1f1b", "interleaved" or "zb-v" (pp > 1)
   int microbatches;
   std::string recompute;
   bool sequence_parallel;
@@ -93,7 +94,7 @@ threads_per_rank = 1
     c.parallel.tp = mesh.tp;
     c.parallel.zero = v.zero;
     c.parallel.schedule = v.schedule;
-    c.parallel.virtual_stages = v.schedule == "interleaved" ? 2 : 1;
+    c.parallel.virtual_stages = v.schedule == "interleaved" || v.schedule == "zb-v" ? 2 : 1;
     c.parallel.recompute = v.recompute;
     c.parallel.sequence_parallel = v.sequence_parallel;
     c.train.micro_batch_size = kBatch / (mesh.dp * v.microbatches);
@@ -129,6 +130,12 @@ std::vector<Variant> variants(const Mesh& mesh) {
           const bool sp = recompute && mesh.tp > 1 && (micro * kSeq) % mesh.tp == 0;
           out.push_back({zero, schedule, m, recompute ? (zero == 0 ? "full" : "selective") : "none", sp});
         }
+  if (mesh.pp > 1 && 2 * mesh.pp <= 8)
+    for (int zero : mesh.dp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0}) {
+      const int m = 2 * mesh.pp;
+      const bool sp = mesh.tp > 1 && (kBatch / (mesh.dp * m) * kSeq) % mesh.tp == 0;
+      out.push_back({zero, "zb-v", m, zero == 0 ? "full" : "selective", sp});
+    }
   return out;
 }
 
