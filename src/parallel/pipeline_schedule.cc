@@ -388,9 +388,8 @@ struct VPolicy {
 double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
                        const VPolicy& policy) {
   const int pp = s.pp, m = s.microbatches, S = s.stages();
-  const auto cost = [&](const std::vector<double>& c, int stage) {
-    return c.empty() ? 1.0 : c[static_cast<size_t>(stage)];
-  };
+  Costs cost;
+  cost.stages = &costs;
   struct Lane {
     int next_forward = 0, next_backward = 0;
   };
@@ -487,7 +486,7 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
       const int c = b_chunk, stage = s.stage_of(r, c), i = lanes[r][c].next_backward++;
       if (stage < S - 1) receive(r, s.rank_of_stage(stage + 1), {K::kRecvBackward, i, c});
       acts.push_back({K::kBackwardInput, i, c});
-      end = t + cost(costs.backward_input, stage);
+      end = t + cost.of(K::kBackwardInput, stage);
       if (stage > 0) {
         acts.push_back({K::kSendBackward, i, c});
         arrive[1][static_cast<size_t>(i) * S + stage - 1] = end;
@@ -498,7 +497,7 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
       const int c = f_chunk, stage = s.stage_of(r, c), i = lanes[r][c].next_forward++;
       if (stage > 0) receive(r, s.rank_of_stage(stage - 1), {K::kRecvForward, i, c});
       acts.push_back({K::kForward, i, c});
-      end = t + cost(costs.forward, stage);
+      end = t + cost.of(K::kForward, stage);
       if (stage < S - 1) {
         acts.push_back({K::kSendForward, i, c});
         arrive[0][static_cast<size_t>(i) * S + stage + 1] = end;
@@ -509,7 +508,7 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
       const PipeAction w = owed[r].front();
       owed[r].pop_front();
       acts.push_back(w);
-      end = t + cost(costs.backward_weight, s.stage_of(r, w.chunk));
+      end = t + cost.of(K::kBackwardWeight, s.stage_of(r, w.chunk));
       --held[r];
     }
     if (end >= 0) {
@@ -527,9 +526,10 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
 // plain greedy one first, then with W's forced at each count owed, or where memory stops an F,
 // then all of those keeping a slot for chunk 1. With stage costs, each policy is also scheduled
 // as if the stages cost the same, and that order timed on the real costs: the greedy choices on
-// the real costs are not always better.
-void zero_bubble_v(PipelineSchedule& s, const StageCosts& costs) {
+// the real costs are not always better. The costs are s.costs.
+void zero_bubble_v(PipelineSchedule& s) {
   const int pp = s.pp;
+  const StageCosts& costs = s.costs;
   const bool unequal = !costs.forward.empty() || !costs.backward_input.empty() ||
                        !costs.backward_weight.empty();
   Costs timed;
@@ -607,7 +607,7 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches
       LOOM_CHECK_MSG(c->empty() || static_cast<int>(c->size()) == s.stages(),
                      "zb-v: stage costs for another number of stages");
     s.costs = costs;
-    zero_bubble_v(s, costs);
+    zero_bubble_v(s);
     return s;
   }
   const int m = microbatches, v = virtual_stages, total = m * v;

@@ -182,10 +182,10 @@ Config layout_config(const Config& common, const Config& user, const CheckLayout
   par.zero = l.zero.value_or(l.dp > 1 ? base.zero : 0);
   par.sequence_parallel = l.sequence_parallel.value_or(l.tp > 1 && base.sequence_parallel);
   // zb-v named without v: its two chunks.
-  par.virtual_stages = l.virtual_stages.value_or(l.pp <= 1 ? 1
-                                                 : l.schedule == std::optional<std::string>("zb-v")
-                                                     ? 2
-                                                     : base.virtual_stages);
+  par.virtual_stages =
+      l.virtual_stages.value_or(l.pp <= 1                           ? 1
+                                : l.schedule.value_or("") == "zb-v" ? 2
+                                                                    : base.virtual_stages);
   // Chunks without a schedule named: interleaved, unless the config's own schedule takes them.
   par.schedule = l.schedule.value_or(l.virtual_stages && *l.virtual_stages > 1 &&
                                              !schedule_takes_chunks(base.schedule)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "parallel/pipeline_schedule.h"
+
 namespace loom {
 
 int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blocks_on_rank) {
@@ -68,8 +70,10 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   if (mode == "full") per_block = rows * C;
   else if (mode == "selective") per_block = selective;
   double per_micro_batch = per_block * static_cast<double>(blocks_on_rank);
-  // The last stage's rank: pp − 1, or rank 0 in zb-v's V (which holds the first and the last).
-  const bool last = pp_rank == (par.pp > 1 && par.schedule == "zb-v" ? 0 : par.pp - 1);
+  // The last stage's rank, where the schedule places it (rank 0 in zb-v's V).
+  const bool last =
+      pp_rank == stage_placement(par.schedule, std::max(par.pp, 1), par.virtual_stages)
+                     .rank_of_stage(std::max(par.pp, 1) * par.virtual_stages - 1);
   if (last)
     per_micro_batch += N * V / P * half + N * C;  // the logits and the final LayerNorm's output
   double in_flight = 1;
