@@ -130,6 +130,10 @@ struct ParallelConfig {
   int tp = 0;                     // tensor-parallel degree
   int pp = 0;                     // pipeline-parallel degree
   int cp = 1;                     // context-parallel degree: ranks splitting each sequence
+  // how cp exchanges keys and values: "all_gather" (one collective each way, the whole
+  // sequence's keys and values held) or "ring" (blocks passed round, overlapped with the
+  // attention; only the rank's own held; CPU ranks): parallel/context_parallel.h
+  std::string cp_comm = "all_gather";
   int zero = 0;                   // ZeRO stage 0..3 over the dp axis
   double bucket_mb = 25;          // gradient all-reduce bucket size in MiB (PyTorch DDP's 25)
   std::string grad_reduce_dtype = "fp32";  // "fp32" or "bf16": what dp reduces gradients in

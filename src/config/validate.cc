@@ -221,6 +221,7 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   }
   // Context parallelism cuts each sequence into 2·cp chunks (parallel/context_parallel.h).
   p.positive("parallel.cp", par.cp);
+  p.one_of("parallel.cp_comm", par.cp_comm, {"all_gather", "ring"});
   if (par.cp > 1 && m.seq_len > 0 && m.seq_len % (2 * par.cp) != 0)
     p.add("parallel.cp = ", par.cp, " cuts each sequence into ", 2 * par.cp,
           " chunks (two per rank, for balance): model.seq_len = ", m.seq_len,
@@ -251,6 +252,10 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
     p.add("runtime.device = ", toml_quote(r.device), " must be \"cpu\", \"cuda\" or \"cuda:N\"");
   else if (r.backend == "nccl" && !r.device.starts_with("cuda"))
     p.add("runtime.backend = \"nccl\" needs a cuda runtime.device, got ", toml_quote(r.device));
+  if (par.cp > 1 && par.cp_comm == "ring" && r.device.starts_with("cuda"))
+    p.add("parallel.cp_comm = \"ring\" runs on CPU ranks (the GPU attention kernels take the ",
+          "whole sequence's keys): with runtime.device = ", toml_quote(r.device),
+          " use parallel.cp_comm = \"all_gather\"");
   p.one_of("runtime.matmul_precision", r.matmul_precision, {"fp32", "tf32", "bf16", "fp16", "fp8"});
   p.positive("runtime.fp8_block", r.fp8_block);
   if ((r.matmul_precision == "tf32" || r.matmul_precision == "fp16") && valid_device(r.device) &&

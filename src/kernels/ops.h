@@ -711,17 +711,37 @@ inline void attention_with_cache(const Exec& ex, Real* out, const Real* q, int64
 
 // The attention of some query rows over every position's keys and values
 // (kernels/cpu/attention.h: attention_gqa_forward_rows; cuda::attention_gqa_forward_rows):
-// context parallelism.
+// context parallelism. `keys` (the positions kv holds, for the ring's blocks) runs on CPU ranks
+// only: a GPU is refused by name with them (its kernels take the whole sequence's keys).
+namespace detail {
+inline void refuse_key_runs_on_gpu(const Exec& ex, std::span<const cpu::RowRange> keys,
+                                   const char* op) {
+  if (!keys.empty() && ex.device.is_cuda())
+    fail(op, " on ", ex.device.str(), ": the attention of a block of keys (context parallelism's ",
+         "ring, parallel.cp_comm = \"ring\") runs on CPU ranks; on GPUs use the all-gather ",
+         "exchange, parallel.cp_comm = \"all_gather\"");
+}
+}  // namespace detail
+
 template <typename Real>
 inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, const Real* q,
                                        int64_t ldq, const Real* kv, int64_t ldkv, int64_t B,
                                        int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                       std::span<const cpu::RowRange> rows) {
+                                       std::span<const cpu::RowRange> rows,
+                                       std::span<const cpu::RowRange> keys = {}) {
   const int64_t Tq = cpu::rows_in(rows);
-  LOOM_OPS_DISPATCH(
-      attention_gqa_forward_rows,
-      (2.0 * B * Tq * T * NH * hd, 1.0 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd),
-      out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows);
+  detail::refuse_key_runs_on_gpu(ex, keys, "attention_gqa_forward_rows");
+  const detail::OpScope op_scope_("attention_gqa_forward_rows", ex, [&] {
+    return detail::work_of<Real>(2.0 * B * Tq * T * NH * hd,
+                                 1.0 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd);
+  });
+  if (detail::on_gpu<Real>(ex, "attention_gqa_forward_rows")) {
+    if constexpr (detail::kRunsOnGpu<Real>)
+      return cuda::attention_gqa_forward_rows(ex.device.index, out, lse, q, ldq, kv, ldkv, B, T,
+                                              NH, KV, hd, rows);
+  }
+  cpu::attention_gqa_forward_rows(*ex.pool, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows,
+                                  keys);
 }
 
 template <typename Real>
@@ -730,12 +750,36 @@ inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, int64_t lddq, 
                                         const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
                                         const Real* out, const Real* lse, int64_t B, int64_t T,
                                         int64_t NH, int64_t KV, int64_t hd,
-                                        std::span<const cpu::RowRange> rows) {
+                                        std::span<const cpu::RowRange> rows,
+                                        std::span<const cpu::RowRange> keys = {}) {
   const int64_t Tq = cpu::rows_in(rows);
-  LOOM_OPS_DISPATCH(
-      attention_gqa_backward_rows,
-      (5.0 * B * Tq * T * NH * hd, 2.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd),
-      dq, lddq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T, NH, KV, hd, rows);
+  detail::refuse_key_runs_on_gpu(ex, keys, "attention_gqa_backward_rows");
+  const detail::OpScope op_scope_("attention_gqa_backward_rows", ex, [&] {
+    return detail::work_of<Real>(5.0 * B * Tq * T * NH * hd,
+                                 2.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd);
+  });
+  if (detail::on_gpu<Real>(ex, "attention_gqa_backward_rows")) {
+    if constexpr (detail::kRunsOnGpu<Real>)
+      return cuda::attention_gqa_backward_rows(ex.device.index, dq, lddq, dkv, dout, q, ldq, kv,
+                                               ldkv, out, lse, B, T, NH, KV, hd, rows);
+  }
+  cpu::attention_gqa_backward_rows(*ex.pool, dq, lddq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T,
+                                   NH, KV, hd, rows, keys);
+}
+
+// The ring's merge of two partial attentions of the same rows (cpu::attention_merge_rows); CPU
+// ranks only, as the ring's blocks.
+template <typename Real>
+inline void attention_merge_rows(const Exec& ex, Real* out, Real* lse, const Real* part_out,
+                                 const Real* part_lse, int64_t B, int64_t Tq, int64_t NH,
+                                 int64_t hd) {
+  if (ex.device.is_cuda())
+    fail("attention_merge_rows on ", ex.device.str(), ": context parallelism's ring runs on CPU ",
+         "ranks");
+  const detail::OpScope op_scope_("attention_merge_rows", ex, [&] {
+    return detail::work_of<Real>(4.0 * B * Tq * NH * hd, 3.0 * B * Tq * NH * (hd + 1));
+  });
+  cpu::attention_merge_rows(*ex.pool, out, lse, part_out, part_lse, B, Tq, NH, hd);
 }
 
 // Context parallelism on a GPU at bf16 where the flash kernels apply to the rank's query rows

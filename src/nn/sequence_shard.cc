@@ -36,6 +36,61 @@ void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
   });
 }
 
+void SequenceShard::ring_blocks(Context&, const Tensor&, const BlockVisit&) {
+  fail("this sequence shard has no ring exchange");
+}
+Tensor SequenceShard::ring_blocks_backward(Context&, const Tensor&, const GradVisit&) {
+  fail("this sequence shard has no ring exchange");
+}
+
+namespace {
+// The ring's forward: the rows' attention over each block as it comes round, merged into att and
+// lse (the own block's written straight in: it comes first).
+template <typename T_>
+void ring_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q, const Tensor& kv,
+                            int64_t B, int64_t NH, int64_t KV, int64_t hd, Tensor& att,
+                            Tensor& lse) {
+  const int64_t Tl = shard.local_length(), C = NH * hd, kv_width = kv.dim(2);
+  Tensor part_att = Tensor::empty(att.shape(), att.dtype(), ctx.device);
+  Tensor part_lse = Tensor::empty(lse.shape(), lse.dtype(), ctx.device);
+  bool first = true;
+  shard.ring_blocks(ctx, kv, [&](const Tensor& block, const std::vector<cpu::RowRange>& keys) {
+    Tensor& o = first ? att : part_att;
+    Tensor& l = first ? lse : part_lse;
+    ops::attention_gqa_forward_rows<T_>(ctx.exec(), o.data<T_>(), l.data<T_>(), q.data<T_>(), C,
+                                        block.data<T_>(), kv_width, B, cpu::rows_in(keys), NH, KV,
+                                        hd, shard.positions(), keys);
+    if (!first)
+      ops::attention_merge_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(),
+                                    part_att.data<T_>(), part_lse.data<T_>(), B, Tl, NH, hd);
+    first = false;
+  });
+}
+
+// Its backward: dQ summed over the blocks in ring order, each block's dK and dV handed to the
+// ring to travel home. Returns (B, Tl, 2·KV·hd), the group's sum for this rank's keys and values.
+template <typename T_>
+Tensor ring_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& q,
+                               const Tensor& kv, const Tensor& att, const Tensor& lse,
+                               const Tensor& datt, int64_t NH, int64_t KV, int64_t hd,
+                               Tensor& dq) {
+  const int64_t B = kv.dim(0), C = NH * hd, kv_width = kv.dim(2);
+  Tensor part_dq = Tensor::empty(dq.shape(), dq.dtype(), ctx.device);
+  bool first = true;
+  return shard.ring_blocks_backward(
+      ctx, kv,
+      [&](const Tensor& block, const std::vector<cpu::RowRange>& keys, Tensor& grad) {
+        Tensor& d = first ? dq : part_dq;
+        ops::attention_gqa_backward_rows<T_>(
+            ctx.exec(), d.data<T_>(), C, grad.data<T_>(), datt.data<T_>(), q.data<T_>(), C,
+            block.data<T_>(), kv_width, att.data<T_>(), lse.data<T_>(), B, cpu::rows_in(keys), NH,
+            KV, hd, shard.positions(), keys);
+        if (!first) ops::add_inplace<T_>(ctx.exec(), dq.data<T_>(), part_dq.data<T_>(), dq.numel());
+        first = false;
+      });
+}
+}  // namespace
+
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
                              int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
                              Tensor& att, Tensor& lse) {
@@ -68,6 +123,13 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
     ops::copy_columns<T_>(ctx.exec(), kv_local.data<T_>(), kv_width, qkv.data<T_>() + C, W,
                           B * Tl, kv_width);
   });
+  if (shard.ring()) {  // keep this rank's keys and values only; the others come round
+    kv = kv_local;
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      ring_attention_forward<decltype(zero)>(ctx, shard, q, kv, B, NH, KV, hd, att, lse);
+    });
+    return;
+  }
   kv = shard.gather(ctx, kv_local);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
@@ -83,6 +145,18 @@ Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor
   const int64_t B = kv.dim(0), T = kv.dim(1), kv_width = kv.dim(2), C = NH * hd;
   const int64_t Tl = shard.local_length(), W = C + kv_width;
   Tensor dqkv = Tensor::empty({B, Tl, W}, ctx.dtype, ctx.device);
+  if (shard.ring()) {
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      Tensor dq = Tensor::empty({B, Tl, C}, ctx.dtype, ctx.device);
+      const Tensor mine =
+          ring_attention_backward<T_>(ctx, shard, q, kv, att, lse, datt, NH, KV, hd, dq);
+      ops::copy_columns<T_>(ctx.exec(), dqkv.data<T_>(), W, dq.data<T_>(), C, B * Tl, C);
+      ops::copy_columns<T_>(ctx.exec(), dqkv.data<T_>() + C, W, mine.data<T_>(), kv_width, B * Tl,
+                            kv_width);
+    });
+    return dqkv;
+  }
   Tensor dkv = Tensor::empty(kv.shape(), ctx.dtype, ctx.device);
   if (kv.dtype() == DType::kBF16) {  // the forward's bf16 q and kv (attention_rows_take_bf16)
     ops::attention_gqa_backward_rows_bf16(ctx.exec(), dqkv.data<float>(), W, dkv.data<float>(),

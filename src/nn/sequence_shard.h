@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -33,6 +34,23 @@ class SequenceShard {
   virtual Tensor gather(Context& ctx, const Tensor& local) = 0;
   // (B, T, W) of every rank → their sum at this rank's positions, (B, local_length, W).
   virtual Tensor reduce_scatter(Context& ctx, const Tensor& full) = 0;
+
+  // The ring form of the exchange (parallel.cp_comm = "ring"): when ring() is true the attention
+  // never holds the whole sequence's keys and values; each rank's block passes around the group
+  // instead, the next one arriving while the current one computes.
+  virtual bool ring() const { return false; }
+  using BlockVisit =
+      std::function<void(const Tensor& block, const std::vector<cpu::RowRange>& positions)>;
+  // visit(block, its positions) for every rank's `local` (B, local_length, W) of the group, this
+  // rank's first, then the previous rank's, and so on round the ring.
+  virtual void ring_blocks(Context& ctx, const Tensor& local, const BlockVisit& visit);
+  using GradVisit = std::function<void(const Tensor& block,
+                                       const std::vector<cpu::RowRange>& positions, Tensor& grad)>;
+  // The backward's pass: visit(block, positions, grad) overwrites grad (shaped as block) with
+  // this rank's gradient of that block. Each block's gradient travels with it, summed rank after
+  // rank from its owner on, and comes home: the result is the group's sum for this rank's own
+  // block, (B, local_length, W).
+  virtual Tensor ring_blocks_backward(Context& ctx, const Tensor& local, const GradVisit& visit);
 };
 
 // Rows `positions` of a (T, W) table, stacked: (Σ sizes, W), on the table's device.
@@ -45,7 +63,8 @@ void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
 // (NH + 2·KV)·hd) is this rank's, q and k already turned. Only the keys and values cross the
 // group. Kept for the backward: `q`, a compact copy of the queries (B, Tl, NH·hd), and `kv`, the
 // whole sequence's keys and values (B, T, 2·KV·hd), gathered — the rank's own among them, so qkv
-// itself need not be kept. att (B·Tl, NH·hd) and lse (B, NH, Tl) are written. On a GPU at bf16
+// itself need not be kept; with the ring (shard.ring()) only this rank's keys and values (B, Tl,
+// 2·KV·hd), every other block passed round again in the backward. att (B·Tl, NH·hd) and lse (B, NH, Tl) are written. On a GPU at bf16
 // whose flash kernels take the rows (ops::attention_rows_take_bf16) q and kv are bf16: half the
 // bytes kept and all-gathered, the same results.
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,

@@ -4,7 +4,9 @@
 
 #include "base/error.h"
 #include "device/allocator.h"
+#include "kernels/ops.h"
 #include "nn/context.h"
+#include "tensor/dispatch.h"
 
 namespace loom {
 
@@ -34,7 +36,11 @@ Tensor shard_tokens(const Tensor& tokens, const std::vector<cpu::RowRange>& posi
   return out;
 }
 
-ContextParallel::ContextParallel(Communicator& cp, int64_t T) : cp_(cp), T_(T) {
+ContextParallel::ContextParallel(Communicator& cp, int64_t T, bool ring)
+    : cp_(cp), T_(T), ring_(ring) {
+  if (ring && cp.tensor_device().is_cuda())
+    fail("parallel.cp_comm = \"ring\" runs on CPU ranks (the GPU kernels take the whole ",
+         "sequence's keys); on GPUs use parallel.cp_comm = \"all_gather\"");
   for (int r = 0; r < cp.size(); ++r) positions_.push_back(zigzag_positions(T, cp.size(), r));
 }
 
@@ -80,6 +86,79 @@ Tensor ContextParallel::reduce_scatter(Context& ctx, const Tensor& full) {
   Tensor local = Tensor::empty({B, Tl, W}, full.dtype(), ctx.device);
   cp_.reduce_scatter(stacked, local, ReduceOp::kSum);
   return local;
+}
+
+// The ring. Step s of n: this rank holds rank (r − s)'s block and computes on it while rank
+// (r − s − 1)'s arrives from the previous rank (and its own block leaves for the next). Two
+// receive buffers alternate; a block is overwritten only after its send completed.
+namespace {
+constexpr int kTagBlock = 0, kTagGrad = 1;
+}
+
+void ContextParallel::ring_blocks(Context& ctx, const Tensor& local, const BlockVisit& visit) {
+  const int n = cp_.size(), r = cp_.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+  Tensor buffers[2] = {Tensor::empty(local.shape(), local.dtype(), ctx.device),
+                       Tensor::empty(local.shape(), local.dtype(), ctx.device)};
+  Tensor current = local;
+  for (int s = 0; s < n; ++s) {
+    WorkHandle sent, received;
+    if (s + 1 < n) {
+      sent = cp_.send_async(current, next, kTagBlock);
+      received = cp_.recv_async(buffers[s % 2], prev, kTagBlock);
+    }
+    visit(current, positions_[(r - s + n) % n]);
+    if (s + 1 < n) {
+      sent->wait();
+      received->wait();
+      current = buffers[s % 2];
+    }
+  }
+}
+
+// The blocks go round as in the forward. Block o's gradient starts on its owner (step 0), gains
+// each rank's share as it follows the block (rank o + s adds its own at step s: the sum in ring
+// order from the owner, the same bits on every run), and after the last step, complete, goes
+// one rank further: home. Each rank's share is computed while the running sum it joins is still
+// in flight.
+Tensor ContextParallel::ring_blocks_backward(Context& ctx, const Tensor& local,
+                                             const GradVisit& visit) {
+  const int n = cp_.size(), r = cp_.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto like = [&] { return Tensor::empty(local.shape(), local.dtype(), ctx.device); };
+  Tensor blocks[2] = {like(), like()};
+  Tensor sums[2] = {like(), like()};  // a running sum received, then added to and sent on
+  Tensor share = like();
+  Tensor current = local;
+  WorkHandle sum_sent, sum_received;
+  for (int s = 0; s < n; ++s) {
+    WorkHandle sent, received;
+    if (s + 1 < n) {
+      sent = cp_.send_async(current, next, kTagBlock);
+      received = cp_.recv_async(blocks[s % 2], prev, kTagBlock);
+    }
+    Tensor& sum = sums[s % 2];
+    if (s == 0) {
+      visit(current, positions_[r], sum);  // the own block's sum starts here
+    } else {
+      visit(current, positions_[(r - s + n) % n], share);
+      sum_received->wait();  // the block's sum from its owner up to the previous rank
+      dispatch_float(sum.dtype(), [&](auto zero) {
+        using Real = decltype(zero);
+        ops::add_inplace<Real>(ctx.exec(), sum.data<Real>(), share.data<Real>(), sum.numel());
+      });
+    }
+    if (sum_sent) sum_sent->wait();  // the other buffer is free again
+    sum_sent = cp_.send_async(sum, next, kTagGrad);
+    // The next block's running sum, or after the last step this rank's own, complete.
+    sum_received = cp_.recv_async(sums[(s + 1) % 2], prev, kTagGrad);
+    if (s + 1 < n) {
+      sent->wait();
+      received->wait();
+      current = blocks[s % 2];
+    }
+  }
+  sum_sent->wait();
+  sum_received->wait();
+  return sums[n % 2];
 }
 
 }  // namespace loom

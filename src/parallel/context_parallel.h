@@ -1,11 +1,18 @@
 // Context parallelism — the sequence split over the ranks of the mesh's cp axis, so activations
 // of long sequences fit (Megatron-LM's context parallelism, torchtitan's CP): every rank of a cp
 // group trains on the same sequences, each holding 1/cp of each one's positions through every
-// layer. Only the attention mixes positions: it all-gathers the keys and values over cp, computes
-// its own query rows against every key, and reduce-scatters the keys' and values' gradients in
-// the backward; the queries and dQ stay local (the all-gather variant of Llama 3's training, not
-// a ring of key/value blocks: one collective each way). Parameters are replicated over cp and their gradients are summed with dp's: the
-// trainer's data-parallel group is dp × cp (docs/context_parallel.md).
+// layer. Only the attention mixes positions. Two exchanges (parallel.cp_comm):
+// - "all_gather" (Llama 3's training): all-gather the keys and values over cp, compute the
+//   rank's query rows against every key, reduce-scatter the keys' and values' gradients in the
+//   backward — one collective each way, the whole sequence's keys and values held per layer.
+// - "ring" (Megatron-LM's p2p, ring attention): each rank's keys and values pass round the group
+//   one block at a time, the next arriving from the previous rank while the current one
+//   computes; partial results merge by their log-sum-exp. The backward passes the blocks round
+//   again, each block's gradient travelling with it and summed on the way home. Only the rank's
+//   own keys and values are kept: 1/cp of the all-gather's.
+// The queries and dQ stay local either way. Parameters are replicated over cp and their
+// gradients are summed with dp's: the trainer's data-parallel group is dp × cp
+// (docs/context_parallel.md).
 //
 // Load balance: a causal query row at position i does i + 1 keys' work, so a contiguous split
 // would leave the last rank cp times the first's. Each sequence is cut into 2·cp chunks and rank
@@ -29,17 +36,22 @@ Tensor shard_tokens(const Tensor& tokens, const std::vector<cpu::RowRange>& posi
 
 class ContextParallel final : public SequenceShard {
  public:
-  // cp: this rank's group along the cp axis; T: the whole sequence's length.
-  ContextParallel(Communicator& cp, int64_t T);
+  // cp: this rank's group along the cp axis; T: the whole sequence's length; ring: the ring
+  // exchange (parallel.cp_comm = "ring"; CPU ranks only), else the all-gather.
+  ContextParallel(Communicator& cp, int64_t T, bool ring = false);
 
   int64_t full_length() const override { return T_; }
   const std::vector<cpu::RowRange>& positions() const override { return positions_[cp_.rank()]; }
   Tensor gather(Context& ctx, const Tensor& local) override;
   Tensor reduce_scatter(Context& ctx, const Tensor& full) override;
+  bool ring() const override { return ring_; }
+  void ring_blocks(Context& ctx, const Tensor& local, const BlockVisit& visit) override;
+  Tensor ring_blocks_backward(Context& ctx, const Tensor& local, const GradVisit& visit) override;
 
  private:
   Communicator& cp_;
   int64_t T_;
+  bool ring_;
   std::vector<std::vector<cpu::RowRange>> positions_;  // every rank's
 };
 

@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 constexpr const char* kKeys =
     "dp, tp, pp, cp, zero, schedule, virtual_stages (v), sequence_parallel (sp), micro_batch_size "
     "(mbs), "
-    "recompute";
+    "recompute, cp_comm";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -63,6 +63,7 @@ std::string CheckLayout::name() const {
   if (sequence_parallel) add(std::string("sp=") + (*sequence_parallel ? "1" : "0"));
   if (micro_batch_size) add("mbs=" + std::to_string(*micro_batch_size));
   if (recompute) add("recompute=" + *recompute);
+  if (cp_comm) add("cp_comm=" + *cp_comm);
   return s.empty() ? "one device" : s;
 }
 
@@ -126,6 +127,9 @@ std::vector<CheckLayout> parse_layouts(std::string_view text) {
         if (value != "none" && value != "full" && value != "selective")
           bad("needs none, full or selective");
         l.recompute = std::string(value);
+      } else if (key == "cp_comm") {
+        if (value != "all_gather" && value != "ring") bad("needs all_gather or ring");
+        l.cp_comm = std::string(value);
       } else {
         bad("has an unknown key '" + key + "' (keys: " + kKeys + ")");
       }
@@ -192,6 +196,7 @@ Config layout_config(const Config& common, const Config& user, const CheckLayout
                                          ? std::string("interleaved")
                                          : base.schedule);
   if (par.pp != base.pp || par.virtual_stages != base.virtual_stages) par.layer_split.clear();
+  if (l.cp_comm) par.cp_comm = *l.cp_comm;
   if (l.recompute) {
     par.recompute = *l.recompute;
     c.train.recompute = false;  // the deprecated alias would otherwise turn "none" into "full"

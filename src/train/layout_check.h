@@ -33,6 +33,7 @@ struct CheckLayout {
   std::optional<bool> sequence_parallel;
   std::optional<int64_t> micro_batch_size;
   std::optional<std::string> recompute;  // none, full or selective (parallel.recompute)
+  std::optional<std::string> cp_comm;    // all_gather or ring (parallel.cp_comm)
 
   int ranks() const { return dp * tp * pp * cp; }
   // Canonical text: the degrees above 1, then the optional settings given, "dp=2,tp=2,zero=1";

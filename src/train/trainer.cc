@@ -153,7 +153,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   std::unique_ptr<ContextParallel> sequence_shard;
   if (context_parallel) {
     cp_count = std::make_unique<CountingCommunicator>(mesh.axis("cp"));
-    sequence_shard = std::make_unique<ContextParallel>(*cp_count, seq_len);
+    sequence_shard = std::make_unique<ContextParallel>(*cp_count, seq_len,
+                                                       config.parallel.cp_comm == "ring");
   }
   // What this rank's micro-batches hold of each sequence: its positions (all without cp).
   const int64_t local_seq = context_parallel ? sequence_shard->local_length() : seq_len;

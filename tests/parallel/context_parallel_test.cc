@@ -118,6 +118,88 @@ TEST(ContextParallelAttention, RowsAreTheFullAttentionsAndTheirBackwardsSumToIt)
   }
 }
 
+// The ring's pieces: a rank's rows over one block of keys at a time (each block a rank's zigzag
+// positions), merged by their log-sum-exp, are the full attention's rows; the blocks' dQ sum to
+// the full dQ, and each block's dK, dV summed over the ranks are the full backward's at its
+// positions. Rank 0's first chunk sees no key of later blocks: lse -inf, output 0, dQ 0.
+TEST(ContextParallelAttention, RingBlocksMergeToTheFullAttentionAndTheirBackwardsSumToIt) {
+  ThreadPool pool(2);
+  for (const AttentionShape& s :
+       {AttentionShape{2, 136, 4, 2, 8, 2}, AttentionShape{1, 136, 2, 2, 4, 4},
+        AttentionShape{2, 24, 6, 3, 4, 3}}) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " cp=" + std::to_string(s.cp));
+    const int64_t W = (s.NH + 2 * s.KV) * s.hd, C = s.NH * s.hd, kvw = 2 * s.KV * s.hd;
+    const std::vector<double> qkv = random_values(s.B * s.T * W, 17);
+    const std::vector<double> dout = random_values(s.B * s.T * C, 18);
+    std::vector<double> out(s.B * s.T * C), lse(s.B * s.NH * s.T), dqkv(s.B * s.T * W);
+    cpu::attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.KV,
+                               s.hd);
+    cpu::attention_gqa_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                s.B, s.T, s.NH, s.KV, s.hd);
+    std::vector<double> kv;  // (B, T, kvw)
+    for (int64_t r = 0; r < s.B * s.T; ++r)
+      kv.insert(kv.end(), qkv.begin() + r * W + C, qkv.begin() + (r + 1) * W);
+    std::vector<std::vector<double>> dkv_sum(s.cp);  // per block: the ranks' shares summed
+    for (int j = 0; j < s.cp; ++j)
+      dkv_sum[j].assign(s.B * (s.T / s.cp) * kvw, 0.0);
+    bool saw_nothing = false;
+    for (int r = 0; r < s.cp; ++r) {
+      const std::vector<RowRange> rows = zigzag_positions(s.T, s.cp, r);
+      const int64_t Tq = cpu::rows_in(rows);
+      const std::vector<double> q = take_rows(qkv, s.B, s.T, W, rows);
+      std::vector<double> o(s.B * Tq * C, 0.0), l(s.B * s.NH * Tq);
+      std::vector<double> po(o.size()), pl(l.size());
+      for (int step = 0; step < s.cp; ++step) {  // the blocks in ring order: r, r - 1, ...
+        const int j = (r - step + s.cp) % s.cp;
+        const std::vector<RowRange> keys = zigzag_positions(s.T, s.cp, j);
+        const std::vector<double> block = take_rows(kv, s.B, s.T, kvw, keys);
+        std::vector<double>& to = step == 0 ? o : po;
+        std::vector<double>& tl = step == 0 ? l : pl;
+        cpu::attention_gqa_forward_rows(pool, to.data(), tl.data(), q.data(), W, block.data(), kvw,
+                                        s.B, cpu::rows_in(keys), s.NH, s.KV, s.hd, rows, keys);
+        for (size_t i = 0; i < tl.size(); ++i)
+          if (std::isinf(tl[i])) {
+            ASSERT_LT(tl[i], 0);
+            saw_nothing = true;
+          }
+        if (step > 0)
+          cpu::attention_merge_rows(pool, o.data(), l.data(), po.data(), pl.data(), s.B, Tq, s.NH,
+                                    s.hd);
+      }
+      const std::vector<double> want_o = take_rows(out, s.B, s.T, C, rows);
+      for (size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], want_o[i], 1e-12) << "out " << i;
+      const std::vector<double> want_l = take_rows(lse, s.B * s.NH, s.T, 1, rows);
+      for (size_t i = 0; i < l.size(); ++i) ASSERT_NEAR(l[i], want_l[i], 1e-12) << "lse " << i;
+      // The backward, block by block with the merged out and lse.
+      const std::vector<double> local_dout = take_rows(dout, s.B, s.T, C, rows);
+      std::vector<double> dq(s.B * Tq * C, 0.0), part(dq.size(), 123.0);
+      for (int j = 0; j < s.cp; ++j) {
+        const std::vector<RowRange> keys = zigzag_positions(s.T, s.cp, j);
+        const std::vector<double> block = take_rows(kv, s.B, s.T, kvw, keys);
+        std::vector<double> dblock(block.size(), 123.0);  // overwritten
+        cpu::attention_gqa_backward_rows(pool, part.data(), C, dblock.data(), local_dout.data(),
+                                         q.data(), W, block.data(), kvw, o.data(), l.data(), s.B,
+                                         cpu::rows_in(keys), s.NH, s.KV, s.hd, rows, keys);
+        for (size_t i = 0; i < dq.size(); ++i) dq[i] += part[i];
+        for (size_t i = 0; i < dblock.size(); ++i) dkv_sum[j][i] += dblock[i];
+      }
+      const std::vector<double> want_dq = take_rows(dqkv, s.B, s.T, W, rows);
+      for (int64_t row = 0; row < s.B * Tq; ++row)
+        for (int64_t c = 0; c < C; ++c)
+          ASSERT_NEAR(dq[row * C + c], want_dq[row * W + c], 1e-10) << "dq " << row;
+    }
+    EXPECT_TRUE(saw_nothing) << "some rows of some block should see no key";
+    for (int j = 0; j < s.cp; ++j) {
+      const std::vector<double> want = take_rows(dqkv, s.B, s.T, W, zigzag_positions(s.T, s.cp, j));
+      const int64_t rows_j = s.B * (s.T / s.cp);
+      for (int64_t row = 0; row < rows_j; ++row)
+        for (int64_t c = 0; c < kvw; ++c)
+          ASSERT_NEAR(dkv_sum[j][row * kvw + c], want[row * W + C + c], 1e-10)
+              << "block " << j << " dkv " << row;
+    }
+  }
+}
+
 TEST(ContextParallelAttention, ZigzagCoversTheSequenceWithEqualCausalWork) {
   for (int cp : {1, 2, 3, 4, 8}) {
     const int64_t T = 48 * cp;
@@ -177,6 +259,57 @@ TEST(ContextParallelExchange, GathersAndReduceScattersInSequenceOrder) {
     for (int64_t i = 0; i < mine.numel(); ++i)
       ASSERT_EQ(mine.data<float>()[i], 6 * local.data<float>()[i]);
   });
+}
+
+// The ring visits every rank's block with its positions, the own first and then the previous
+// rank's; the backward's sums come home: each rank gets the sum of every rank's gradient of its
+// block, added in ring order from the owner.
+TEST(ContextParallelExchange, RingVisitsEveryBlockAndBringsItsGradientSumHome) {
+  for (int ranks : {2, 3, 4}) {
+    SCOPED_TRACE("ranks " + std::to_string(ranks));
+    const int64_t B = 2, T = 8 * ranks, W = 3;
+    testing::run_on_thread_ranks(ranks, [&](Communicator& comm) {
+      ContextParallel cp(comm, T, /*ring=*/true);
+      ASSERT_TRUE(cp.ring());
+      ThreadPool pool(1);
+      Context ctx{&pool, Device::cpu(), DType::kF32, nullptr};
+      const int64_t Tl = cp.local_length();
+      // Block of rank r: every value = r·100 + b·10 + w.
+      const auto block_of = [&](int r) {
+        Tensor t = Tensor::empty({B, Tl, W});
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t j = 0; j < Tl; ++j)
+            for (int64_t w = 0; w < W; ++w)
+              t.data<float>()[(b * Tl + j) * W + w] = static_cast<float>(r * 100 + b * 10 + w);
+        return t;
+      };
+      const int r = comm.rank();
+      int step = 0;
+      cp.ring_blocks(ctx, block_of(r), [&](const Tensor& block, const std::vector<RowRange>& pos) {
+        const int owner = (r - step + ranks) % ranks;
+        EXPECT_EQ(pos[0].begin, zigzag_positions(T, ranks, owner)[0].begin) << "step " << step;
+        for (int64_t i = 0; i < block.numel(); ++i)
+          ASSERT_EQ(block.data<float>()[i], block_of(owner).data<float>()[i]) << "step " << step;
+        ++step;
+      });
+      EXPECT_EQ(step, ranks);
+      // Rank q's gradient of block j: (q + 1) × block j. Summed over q: ranks·(ranks+1)/2 × it.
+      step = 0;
+      const Tensor sum = cp.ring_blocks_backward(
+          ctx, block_of(r),
+          [&](const Tensor& block, const std::vector<RowRange>&, Tensor& grad) {
+            for (int64_t i = 0; i < block.numel(); ++i)
+              grad.data<float>()[i] = block.data<float>()[i] * static_cast<float>(r + 1);
+            ++step;
+          });
+      EXPECT_EQ(step, ranks);
+      ASSERT_EQ(sum.shape(), (Shape{B, Tl, W}));
+      const float factor = static_cast<float>(ranks * (ranks + 1) / 2);
+      const Tensor mine = block_of(r);
+      for (int64_t i = 0; i < sum.numel(); ++i)
+        ASSERT_EQ(sum.data<float>()[i], factor * mine.data<float>()[i]) << i;
+    });
+  }
 }
 
 class ContextParallelRuns : public ::testing::Test {
@@ -262,7 +395,22 @@ TEST_F(ContextParallelRuns, LlamaUnderEveryLayoutWithCpMatchesOneDevice) {
       6);
 }
 
-// Validation: a cp group evaluates one batch together; its loss is one device's.
+// The ring exchange (parallel.cp_comm = "ring") under the same layouts: one device's run.
+TEST_F(ContextParallelRuns, RingExchangeUnderEveryLayoutMatchesOneDevice) {
+  expect_layouts_match_one_device(
+      config("gpt2"),
+      "cp=2,cp_comm=ring;cp=4,cp_comm=ring;dp=2,cp=2,zero=1,cp_comm=ring;"
+      "dp=2,cp=2,zero=3,cp_comm=ring;cp=2,tp=2,sp=1,cp_comm=ring;cp=2,pp=2,cp_comm=ring;"
+      "cp=2,recompute=full,cp_comm=ring;cp=2,tp=2,recompute=selective,cp_comm=ring",
+      8);
+  expect_layouts_match_one_device(
+      config("llama"),
+      "cp=2,cp_comm=ring;cp=4,cp_comm=ring;cp=2,tp=2,sp=1,cp_comm=ring;"
+      "cp=2,pp=2,schedule=zb-v,cp_comm=ring;cp=2,recompute=selective,cp_comm=ring",
+      5);
+}
+
+// Validation: a cp group evaluates one batch together; its loss is one device's.// Validation: a cp group evaluates one batch together; its loss is one device's.
 TEST_F(ContextParallelRuns, ValidationLossIsOneDevices) {
   Config c = config("gpt2");
   c.data.val = (root_ / "data" / "val_*.bin").string();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -58,17 +59,55 @@ Head<Real> head_of(const Real* q, int64_t ldq, int64_t Tq, const Real* kv, int64
   return {ldq, q + b * Tq * ldq + h * hd, ldkv, keys + g * hd, keys + (KV + g) * hd};
 }
 
+// The keys a kernel call holds: kv's rows at the positions of `keys` (runs in ascending
+// position), or with no runs positions 0..T-1. A query at position p sees the keys at positions
+// <= p: a prefix of kv's rows, visible(p) of them.
+struct KeyRuns {
+  std::span<const RowRange> runs;
+  int64_t T;
+  // Whether the keys are the whole sequence 0..T-1 (one-device attention, the gathered
+  // exchange): the query rows must then lie within it.
+  bool whole() const { return runs.empty(); }
+  int64_t visible(int64_t p) const {
+    if (whole()) return std::min(p + 1, T);
+    int64_t n = 0;
+    for (const RowRange& r : runs) n += std::clamp<int64_t>(p + 1 - r.begin, 0, r.size());
+    return n;
+  }
+};
+
+KeyRuns key_runs_of(std::span<const RowRange> keys, int64_t T,
+                    std::span<const RowRange> rows) {
+  if (keys.empty()) {
+    for (const RowRange& r : rows) LOOM_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= T);
+    return {keys, T};
+  }
+  LOOM_CHECK(rows_in(keys) == T);
+  int64_t end = 0;
+  for (const RowRange& k : keys) {
+    LOOM_CHECK_MSG(k.begin >= end && k.begin <= k.end, "key runs must ascend without overlap");
+    end = k.end;
+  }
+  for (const RowRange& r : rows) LOOM_CHECK(r.begin >= 0 && r.begin <= r.end);
+  return {keys, T};
+}
+
 }  // namespace
 
-// Per (b, h) and block of query rows i0..i1 (keys 0..i1 are all it can see):
-//   1. S = Q_blk · K[0:i1]ᵀ / sqrt(hd)        one GEMM, into scratch
+// Per (b, h) and block of query rows i0..i1 (the first `cols` keys are all it can see: keys
+// 0..i1 - 1 over the whole sequence):
+//   1. S = Q_blk · K[0:cols]ᵀ / sqrt(hd)      one GEMM, into scratch
 //   2. row-wise causal softmax of S, in place, saving lse
-//   3. O_blk = P · V[0:i1]                     one GEMM, straight into out
+//   3. O_blk = P · V[0:cols]                   one GEMM, straight into out
+// A row that sees no key (a ring's block of later positions) gets output 0 and lse -inf: the
+// empty sum, which attention_merge_rows then weighs by exp(-inf) = 0.
 template <typename Real>
 void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* q, int64_t ldq,
                                 const Real* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
-                                int64_t KV, int64_t hd, std::span<const RowRange> rows) {
+                                int64_t KV, int64_t hd, std::span<const RowRange> rows,
+                                std::span<const RowRange> keys) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
+  const KeyRuns seen = key_runs_of(keys, T, rows);
   const int64_t C = NH * hd, Tq = rows_in(rows);
   const Real scale = Real(1) / std::sqrt(Real(hd));
   for_each_task<Real>(pool, B * NH, kAttentionRowBlock * T, [&](int64_t task, Real* S) {
@@ -78,15 +117,27 @@ void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Re
     Real* l = lse + task * Tq;
     int64_t local = 0;  // the range's first row in q, out and lse
     for (const RowRange& range : rows) {
-      LOOM_CHECK(range.begin >= 0 && range.begin <= range.end && range.end <= T);
       for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttentionRowBlock) {
         const int64_t i1 = std::min(range.end, i0 + kAttentionRowBlock), n_rows = i1 - i0;
         const int64_t at = local + (i0 - range.begin);
-        gemm_serial<Real>(false, true, n_rows, i1, hd, scale, x.q + at * x.ldq, x.ldq, x.k, x.ldkv,
-                          0, S, i1);
+        const int64_t cols = seen.visible(i1 - 1);  // the block's last row sees the most
+        if (cols == 0) {
+          for (int64_t r = 0; r < n_rows; ++r) {
+            std::fill(o + (at + r) * C, o + (at + r) * C + hd, Real(0));
+            l[at + r] = -std::numeric_limits<Real>::infinity();
+          }
+          continue;
+        }
+        gemm_serial<Real>(false, true, n_rows, cols, hd, scale, x.q + at * x.ldq, x.ldq, x.k,
+                          x.ldkv, 0, S, cols);
         for (int64_t r = 0; r < n_rows; ++r) {
-          Real* s = S + r * i1;
-          const int64_t n = i0 + r + 1;  // keys 0..i are visible to query i
+          Real* s = S + r * cols;
+          const int64_t n = seen.visible(i0 + r);  // keys at positions <= i0 + r
+          if (n == 0) {
+            std::fill(s, s + cols, Real(0));
+            l[at + r] = -std::numeric_limits<Real>::infinity();
+            continue;
+          }
           // Subtracting the row max keeps exp() <= 1: no overflow, whatever the scores.
           Real mx, sum;
           if constexpr (std::is_same_v<Real, float>) {
@@ -100,10 +151,11 @@ void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Re
           }
           const Real inv = Real(1) / sum;
           for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-          std::fill(s + n, s + i1, Real(0));
+          std::fill(s + n, s + cols, Real(0));
           l[at + r] = mx + std::log(sum);
         }
-        gemm_serial<Real>(false, false, n_rows, hd, i1, 1, S, i1, x.v, x.ldkv, 0, o + at * C, C);
+        gemm_serial<Real>(false, false, n_rows, hd, cols, 1, S, cols, x.v, x.ldkv, 0, o + at * C,
+                          C);
       }
       local += range.size();
     }
@@ -116,7 +168,7 @@ void attention_gqa_forward(ThreadPool& pool, Real* out, Real* lse, const Real* q
   const RowRange all{0, T};
   const int64_t ld = (NH + 2 * KV) * hd;
   attention_gqa_forward_rows(pool, out, lse, qkv, ld, qkv + NH * hd, ld, B, T, NH, KV, hd,
-                             {&all, 1});
+                             {&all, 1}, {});
 }
 
 template <typename Real>
@@ -134,7 +186,8 @@ template <typename Real>
 void attention_head_backward(Real* dq, int64_t lddq, Real* dk, Real* dv, const Real* dO,
                              const Head<Real>& x,
                              const Real* o, const Real* l, std::span<const RowRange> rows,
-                             int64_t C, int64_t hd, Real scale, Real* scratch, int64_t block_area) {
+                             const KeyRuns& seen, int64_t C, int64_t hd, Real scale, Real* scratch,
+                             int64_t block_area) {
   Real* P = scratch;
   Real* dS = scratch + block_area;
   int64_t local = 0;  // the range's first row in q, dq, dO, o and l
@@ -142,13 +195,19 @@ void attention_head_backward(Real* dq, int64_t lddq, Real* dk, Real* dv, const R
     for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttentionRowBlock) {
       const int64_t i1 = std::min(range.end, i0 + kAttentionRowBlock), n_rows = i1 - i0;
       const int64_t at = local + (i0 - range.begin);
-      gemm_serial<Real>(false, true, n_rows, i1, hd, scale, x.q + at * x.ldq, x.ldq, x.k, x.ldkv, 0,
-                        P, i1);
-      gemm_serial<Real>(false, true, n_rows, i1, hd, 1, dO + at * C, C, x.v, x.ldkv, 0, dS, i1);
+      const int64_t cols = seen.visible(i1 - 1);
+      if (cols == 0) {  // no key here for these rows: their dQ is 0, no key gets anything
+        for (int64_t r = 0; r < n_rows; ++r)
+          std::fill(dq + (at + r) * lddq, dq + (at + r) * lddq + hd, Real(0));
+        continue;
+      }
+      gemm_serial<Real>(false, true, n_rows, cols, hd, scale, x.q + at * x.ldq, x.ldq, x.k, x.ldkv,
+                        0, P, cols);
+      gemm_serial<Real>(false, true, n_rows, cols, hd, 1, dO + at * C, C, x.v, x.ldkv, 0, dS, cols);
       for (int64_t r = 0; r < n_rows; ++r) {
-        const int64_t n = i0 + r + 1;
-        Real* p = P + r * i1;
-        Real* ds = dS + r * i1;  // holds dP on entry
+        const int64_t n = seen.visible(i0 + r);
+        Real* p = P + r * cols;
+        Real* ds = dS + r * cols;  // holds dP on entry
         const Real D = detail::lane_dot<Real>(dO + (at + r) * C, o + (at + r) * C, hd);
         const Real li = l[at + r];
         if constexpr (std::is_same_v<Real, float>) {
@@ -160,14 +219,14 @@ void attention_head_backward(Real* dq, int64_t lddq, Real* dk, Real* dv, const R
             ds[j] = p[j] * (ds[j] - D) * scale;
           }
         }
-        std::fill(p + n, p + i1, Real(0));
-        std::fill(ds + n, ds + i1, Real(0));
+        std::fill(p + n, p + cols, Real(0));
+        std::fill(ds + n, ds + cols, Real(0));
       }
-      gemm_serial<Real>(false, false, n_rows, hd, i1, 1, dS, i1, x.k, x.ldkv, 0, dq + at * lddq,
-                        lddq);
-      gemm_serial<Real>(true, false, i1, hd, n_rows, 1, dS, i1, x.q + at * x.ldq, x.ldq, 1, dk,
+      gemm_serial<Real>(false, false, n_rows, hd, cols, 1, dS, cols, x.k, x.ldkv, 0,
+                        dq + at * lddq, lddq);
+      gemm_serial<Real>(true, false, cols, hd, n_rows, 1, dS, cols, x.q + at * x.ldq, x.ldq, 1, dk,
                         x.ldkv);
-      gemm_serial<Real>(true, false, i1, hd, n_rows, 1, P, i1, dO + at * C, C, 1, dv, x.ldkv);
+      gemm_serial<Real>(true, false, cols, hd, n_rows, 1, P, cols, dO + at * C, C, 1, dv, x.ldkv);
     }
     local += range.size();
   }
@@ -185,10 +244,11 @@ void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, int64_t lddq, Real*
                                  const Real* dout,
                                  const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
                                  const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
-                                 int64_t KV, int64_t hd, std::span<const RowRange> rows) {
+                                 int64_t KV, int64_t hd, std::span<const RowRange> rows,
+                                 std::span<const RowRange> keys) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
+  const KeyRuns seen = key_runs_of(keys, T, rows);
   const int64_t C = NH * hd, group = NH / KV, Tq = rows_in(rows);
-  for (const RowRange& r : rows) LOOM_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= T);
   const Real scale = Real(1) / std::sqrt(Real(hd));
   const int64_t block_area = kAttentionRowBlock * T;
   // One task per (b, key/value head): it alone writes that head's dK and dV (and its query
@@ -204,8 +264,8 @@ void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, int64_t lddq, Real*
     for (int64_t h = g * group; h < (g + 1) * group; ++h)
       attention_head_backward(dq + b * Tq * lddq + h * hd, lddq, dk, dv, dout + b * Tq * C + h * hd,
                               head_of(q, ldq, Tq, kv, ldkv, T, b, h, NH, KV, hd),
-                              out + b * Tq * C + h * hd, lse + (b * NH + h) * Tq, rows, C, hd,
-                              scale, scratch, block_area);
+                              out + b * Tq * C + h * hd, lse + (b * NH + h) * Tq, rows, seen, C,
+                              hd, scale, scratch, block_area);
   });
 }
 
@@ -216,7 +276,7 @@ void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, cons
   const RowRange all{0, T};
   const int64_t ld = (NH + 2 * KV) * hd;
   attention_gqa_backward_rows(pool, dqkv, ld, dqkv + NH * hd, dout, qkv, ld, qkv + NH * hd, ld,
-                              out, lse, B, T, NH, KV, hd, {&all, 1});
+                              out, lse, B, T, NH, KV, hd, {&all, 1}, {});
 }
 
 template <typename Real>
@@ -254,21 +314,25 @@ template void copy_columns<double>(ThreadPool&, double*, int64_t, const double*,
 
 template void attention_gqa_forward_rows<float>(ThreadPool&, float*, float*, const float*, int64_t,
                                                 const float*, int64_t, int64_t, int64_t, int64_t,
-                                                int64_t, int64_t, std::span<const RowRange>);
+                                                int64_t, int64_t, std::span<const RowRange>,
+                                                std::span<const RowRange>);
 template void attention_gqa_forward_rows<double>(ThreadPool&, double*, double*, const double*,
                                                  int64_t, const double*, int64_t, int64_t, int64_t,
                                                  int64_t, int64_t, int64_t,
+                                                 std::span<const RowRange>,
                                                  std::span<const RowRange>);
 template void attention_gqa_backward_rows<float>(ThreadPool&, float*, int64_t, float*, const float*,
                                                  const float*, int64_t, const float*, int64_t,
                                                  const float*, const float*, int64_t, int64_t,
                                                  int64_t, int64_t, int64_t,
+                                                 std::span<const RowRange>,
                                                  std::span<const RowRange>);
 template void attention_gqa_backward_rows<double>(ThreadPool&, double*, int64_t, double*,
                                                   const double*,
                                                   const double*, int64_t, const double*, int64_t,
                                                   const double*, const double*, int64_t, int64_t,
                                                   int64_t, int64_t, int64_t,
+                                                  std::span<const RowRange>,
                                                   std::span<const RowRange>);
 
 template void attention_forward<float>(ThreadPool&, float*, float*, const float*, int64_t, int64_t,
@@ -281,5 +345,40 @@ template void attention_backward<float>(ThreadPool&, float*, const float*, const
 template void attention_backward<double>(ThreadPool&, double*, const double*, const double*,
                                          const double*, const double*, int64_t, int64_t, int64_t,
                                          int64_t);
+
+// Per (b, h, row): the two partial softmaxes weighed by their sums, relative to the larger lse
+// so that neither exp overflows; a side with lse -inf (no key) weighs 0.
+template <typename Real>
+void attention_merge_rows(ThreadPool& pool, Real* out, Real* lse, const Real* part_out,
+                          const Real* part_lse, int64_t B, int64_t Tq, int64_t NH, int64_t hd) {
+  const int64_t C = NH * hd;
+  pool.parallel_for(B * Tq, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t row = r0; row < r1; ++row) {
+      const int64_t b = row / Tq, t = row % Tq;
+      for (int64_t h = 0; h < NH; ++h) {
+        Real& l = lse[(b * NH + h) * Tq + t];
+        const Real pl = part_lse[(b * NH + h) * Tq + t];
+        if (pl == -std::numeric_limits<Real>::infinity()) continue;  // the part saw no key
+        Real* o = out + row * C + h * hd;
+        const Real* po = part_out + row * C + h * hd;
+        if (l == -std::numeric_limits<Real>::infinity()) {  // nothing yet: the part alone
+          std::copy(po, po + hd, o);
+          l = pl;
+          continue;
+        }
+        const Real m = std::max(l, pl);
+        const Real w = std::exp(l - m), pw = std::exp(pl - m), sum = w + pw;
+        const Real a = w / sum, pa = pw / sum;
+        for (int64_t d = 0; d < hd; ++d) o[d] = a * o[d] + pa * po[d];
+        l = m + std::log(sum);
+      }
+    }
+  });
+}
+
+template void attention_merge_rows<float>(ThreadPool&, float*, float*, const float*, const float*,
+                                          int64_t, int64_t, int64_t, int64_t);
+template void attention_merge_rows<double>(ThreadPool&, double*, double*, const double*,
+                                           const double*, int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace loom::cpu

@@ -61,25 +61,39 @@ inline int64_t rows_in(std::span<const RowRange> rows) {
 // Context parallelism (parallel/context_parallel.h): the attention of some query rows only,
 // their queries apart from the keys and values. q (B, Tq, ·) with row stride ldq holds the
 // query rows' NH query heads (from column 0), the positions in `rows` in order (Tq =
-// rows_in(rows)); kv (B, T, ·) with row stride ldkv holds every position's KV key heads and
-// then its KV value heads. Each query row sees the keys 0..its position. out (B, Tq, NH·hd) and
-// lse (B, NH, Tq). With rows = {[0, T)}, q = qkv, kv = qkv + NH·hd and both strides the qkv
-// width this is attention_gqa_forward.
+// rows_in(rows)); kv (B, T, ·) with row stride ldkv holds T positions' KV key heads and then
+// their KV value heads: with `keys` empty every position 0..T-1 (the query rows then lie in
+// [0, T)), else the positions of the runs `keys` (ascending, Σ sizes = T: one rank's block of a
+// ring). Each query row sees the keys at positions up to its own — a prefix of kv's rows; a row
+// that sees none gets output 0 and lse -inf. out (B, Tq, NH·hd) and lse (B, NH, Tq). With rows
+// = {[0, T)}, q = qkv, kv = qkv + NH·hd and both strides the qkv width this is
+// attention_gqa_forward.
 template <typename Real>
 void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* q, int64_t ldq,
                                 const Real* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
-                                int64_t KV, int64_t hd, std::span<const RowRange> rows);
+                                int64_t KV, int64_t hd, std::span<const RowRange> rows,
+                                std::span<const RowRange> keys = {});
+// The ring's merge: out and lse (the rows' attention over some keys; from nothing, out 0 and lse
+// -inf) absorb part_out and part_lse, the same rows' attention over other keys — lse' = log(e^lse
+// + e^part_lse), out' = (e^lse · out + e^part_lse · part_out) / e^lse'. Layouts as the forward's:
+// out (B, Tq, NH·hd), lse (B, NH, Tq).
+template <typename Real>
+void attention_merge_rows(ThreadPool& pool, Real* out, Real* lse, const Real* part_out,
+                          const Real* part_lse, int64_t B, int64_t Tq, int64_t NH, int64_t hd);
 // dq (B, Tq, ·), row stride lddq, gets the query rows' dQ (its first NH·hd columns written);
-// dkv (B, T, ·), row stride ldkv, is overwritten with dK and dV at every position — this rank's
-// share, zero past the last key its rows saw, to be summed over the ranks holding the other
-// rows. dout and out (B, Tq, NH·hd), lse (B, NH, Tq) as the forward's. dq may share rows with
-// dkv (the whole-sequence case: dqkv and dqkv + NH·hd); their columns must not overlap.
+// dkv (B, T, ·), row stride ldkv, is overwritten with dK and dV at every position kv holds —
+// this rank's share, zero past the last key its rows saw, to be summed over the ranks holding
+// the other rows. dout and out (B, Tq, NH·hd), lse (B, NH, Tq) as the forward's: with keys, out
+// and lse are the rows' attention over every key (the ring's merged result), so that the
+// blocks' dQ sum to the whole dQ. dq may share rows with dkv (the whole-sequence case: dqkv and
+// dqkv + NH·hd); their columns must not overlap.
 template <typename Real>
 void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, int64_t lddq, Real* dkv,
                                  const Real* dout,
                                  const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
                                  const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
-                                 int64_t KV, int64_t hd, std::span<const RowRange> rows);
+                                 int64_t KV, int64_t hd, std::span<const RowRange> rows,
+                                 std::span<const RowRange> keys = {});
 
 // Columns [0, width) of `rows` rows between row strides ld_src and ld_dst (the keys and values
 // of a qkv projection's rows, for context parallelism's exchange).
