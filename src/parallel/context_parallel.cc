@@ -89,22 +89,24 @@ Tensor ContextParallel::reduce_scatter(Context& ctx, const Tensor& full) {
 }
 
 // The ring. Step s of n: this rank holds rank (r − s)'s block and computes on it while rank
-// (r − s − 1)'s arrives from the previous rank (and its own block leaves for the next). Two
-// receive buffers alternate; a block is overwritten only after its send completed.
+// (r − s − 1)'s arrives from the previous rank (and the current one leaves for the next). Two
+// receive buffers alternate (one with two ranks), allocated as first needed; a block is
+// overwritten only after its send completed.
 namespace {
 constexpr int kTagBlock = 0, kTagGrad = 1;
 }
 
 void ContextParallel::ring_blocks(Context& ctx, const Tensor& local, const BlockVisit& visit) {
   const int n = cp_.size(), r = cp_.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
-  Tensor buffers[2] = {Tensor::empty(local.shape(), local.dtype(), ctx.device),
-                       Tensor::empty(local.shape(), local.dtype(), ctx.device)};
+  Tensor buffers[2];
   Tensor current = local;
   for (int s = 0; s < n; ++s) {
     WorkHandle sent, received;
     if (s + 1 < n) {
+      Tensor& into = buffers[s % 2];
+      if (!into.defined()) into = Tensor::empty(local.shape(), local.dtype(), ctx.device);
       sent = cp_.send_async(current, next, kTagBlock);
-      received = cp_.recv_async(buffers[s % 2], prev, kTagBlock);
+      received = cp_.recv_async(into, prev, kTagBlock);
     }
     visit(current, positions_[(r - s + n) % n]);
     if (s + 1 < n) {
@@ -119,37 +121,40 @@ void ContextParallel::ring_blocks(Context& ctx, const Tensor& local, const Block
 // each rank's share as it follows the block (rank o + s adds its own at step s: the sum in ring
 // order from the owner, the same bits on every run), and after the last step, complete, goes
 // one rank further: home. Each rank's share is computed while the running sum it joins is still
-// in flight.
+// in flight. Three gradient buffers rotate: the running sum in hand (then sent on), the one
+// being received, and the share.
 Tensor ContextParallel::ring_blocks_backward(Context& ctx, const Tensor& local,
                                              const GradVisit& visit) {
   const int n = cp_.size(), r = cp_.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
   auto like = [&] { return Tensor::empty(local.shape(), local.dtype(), ctx.device); };
-  Tensor blocks[2] = {like(), like()};
-  Tensor sums[2] = {like(), like()};  // a running sum received, then added to and sent on
-  Tensor share = like();
+  Tensor blocks[2];
+  Tensor sum = like(), incoming = like(), share = like();
   Tensor current = local;
   WorkHandle sum_sent, sum_received;
   for (int s = 0; s < n; ++s) {
     WorkHandle sent, received;
     if (s + 1 < n) {
+      Tensor& into = blocks[s % 2];
+      if (!into.defined()) into = like();
       sent = cp_.send_async(current, next, kTagBlock);
-      received = cp_.recv_async(blocks[s % 2], prev, kTagBlock);
+      received = cp_.recv_async(into, prev, kTagBlock);
     }
-    Tensor& sum = sums[s % 2];
     if (s == 0) {
       visit(current, positions_[r], sum);  // the own block's sum starts here
     } else {
       visit(current, positions_[(r - s + n) % n], share);
       sum_received->wait();  // the block's sum from its owner up to the previous rank
-      dispatch_float(sum.dtype(), [&](auto zero) {
+      dispatch_float(incoming.dtype(), [&](auto zero) {
         using Real = decltype(zero);
-        ops::add_inplace<Real>(ctx.exec(), sum.data<Real>(), share.data<Real>(), sum.numel());
+        ops::add_inplace<Real>(ctx.exec(), incoming.data<Real>(), share.data<Real>(),
+                               incoming.numel());
       });
+      sum_sent->wait();  // the last sum sent: its buffer takes the next one
+      std::swap(sum, incoming);
     }
-    if (sum_sent) sum_sent->wait();  // the other buffer is free again
     sum_sent = cp_.send_async(sum, next, kTagGrad);
     // The next block's running sum, or after the last step this rank's own, complete.
-    sum_received = cp_.recv_async(sums[(s + 1) % 2], prev, kTagGrad);
+    sum_received = cp_.recv_async(incoming, prev, kTagGrad);
     if (s + 1 < n) {
       sent->wait();
       received->wait();
@@ -158,7 +163,7 @@ Tensor ContextParallel::ring_blocks_backward(Context& ctx, const Tensor& local,
   }
   sum_sent->wait();
   sum_received->wait();
-  return sums[n % 2];
+  return incoming;
 }
 
 }  // namespace loom

@@ -10,7 +10,8 @@ namespace loom {
 int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blocks_on_rank) {
   const ParallelConfig& par = config.parallel;
   // With context parallelism a rank holds seq_len / cp positions of each sequence, but the
-  // attention keeps the whole sequence's keys and values, gathered (nn/sequence_shard.h).
+  // attention keeps the whole sequence's keys and values, gathered — unless they go round a
+  // ring (nn/sequence_shard.h).
   const double cp = std::max(par.cp, 1);
   const double N = static_cast<double>(config.train.micro_batch_size * config.model.seq_len) / cp;
   const double C = static_cast<double>(config.model.d_model);
@@ -41,11 +42,13 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   const bool flash = sixteen_bit && flash_kernels;
   const double qkv = flash ? 1.5 : 3.0;
   // Under cp the attention keeps its queries (this rank's positions), the keys and values of
-  // every position (cp × as many) and its output in floats: per position, in floats.
+  // every position (cp × as many; with the ring exchange only its own) and its output in
+  // floats: per position, in floats.
   const double kv_width = model.n_heads > 0 ? 2.0 * static_cast<double>(model.resolved_n_kv_heads()) /
                                                   static_cast<double>(model.n_heads)
                                             : 2.0;
-  const double cp_attention = (1 + kv_width * cp) * (flash_kernels ? 0.5 : 1.0) + 1;
+  const double kv_kept = par.cp_comm == "ring" ? 1.0 : cp;
+  const double cp_attention = (1 + kv_width * kv_kept) * (flash_kernels ? 0.5 : 1.0) + 1;
   const double gpt2_attention = cp > 1 ? cp_attention : qkv + half;
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output
