@@ -4,6 +4,7 @@
 # seq_len T (default 2048) on a synthetic corpus, a global batch of 2 sequences per step, on
 # thread ranks of one compute thread each (one core each on a 2-core machine):
 #   one rank (2 threads) | dp 2 | tp 2 with sequence parallelism | cp 2 | cp 2 with full recompute
+#   | cp 2 with the ring exchange (parallel.cp_comm = "ring")
 # Prints per layout the median step time (steps after the first 2), tokens/s, the activation
 # peak of rank 0 (what context parallelism is for: each rank holds T/cp positions through every
 # layer, the attention alone the whole sequence's keys and values), cp's and tp's bytes per step
@@ -13,6 +14,7 @@
 #   T=4096 STEPS=6 bench/context_parallel.sh
 #   LAYOUTS="one cp2 cp4" bench/context_parallel.sh   (cp4: 4 ranks — on 2 cores its time is
 #                                                      oversubscribed; its memory is what it is)
+#   LAYOUTS="one cp2 cp2ring cp4 cp4ring" bench/context_parallel.sh   (the two exchanges)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-./build/release/apps/loom}
@@ -23,7 +25,7 @@ trap 'rm -rf "$work"' EXIT
 echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) x $(nproc); OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 echo "# seq_len $T, 2 sequences a step, $STEPS steps (first 2 untimed)"
 "$LOOM" data synth --out "$work/data" --train-tokens 400000 --val-tokens 1000 >/dev/null 2>&1
-LAYOUTS=${LAYOUTS:-one dp2 tp2sp cp2 cp2full}
+LAYOUTS=${LAYOUTS:-one dp2 tp2sp cp2 cp2full cp2ring}
 for layout in $LAYOUTS; do
   ranks=2 threads=1 par=""
   case "$layout" in
@@ -33,6 +35,8 @@ for layout in $LAYOUTS; do
     cp2) par="cp = 2" ;;
     cp2full) par=$'cp = 2\nrecompute = "full"' ;;
     cp4) ranks=4 par="cp = 4" ;;
+    cp2ring) par=$'cp = 2\ncp_comm = "ring"' ;;
+    cp4ring) ranks=4 par=$'cp = 4\ncp_comm = "ring"' ;;
   esac
   cat >"$work/cfg.toml" <<TOML
 [model]
@@ -76,7 +80,7 @@ for name in layouts:
     cp_ms = st.median(x["comm_ms"].get("cp", 0) for x in timed)
     tp_ms = st.median(x["comm_ms"]["tp"] for x in timed)
     print(f"{name:<9} {step:8.1f} {tps:9.0f} {act:7.1f} {cp:7.1f} {cp_ms:6.1f} {tp:7.1f} {tp_ms:6.1f}  {rows[-1]['loss']:.10f}")
-for a in ("tp2sp", "cp2", "cp2full", "cp4"):
+for a in ("tp2sp", "cp2", "cp2full", "cp4", "cp2ring", "cp4ring"):
     if a in acts and "one" in acts:
         print(f"activation peak {a} / one rank: {acts[a] / acts['one']:.3f}")
 PY

@@ -70,4 +70,12 @@ grep -q '(2 ranks: dp 1, pp 1, tp 1, cp 2' "$dir/err" || fail "expected the job 
   2>"$dir/err" >/dev/null || fail "the context-parallel thread ranks failed"
 [[ "$(digests "$dir/cp_mpi/checkpoints/step_4")" == "$(digests "$dir/cp_threads/checkpoints/step_4")" ]] ||
   fail "context parallelism over MPI differs from thread ranks"
-echo "ok: one job, two ranks, one voice; killed and relaunched, the same checkpoint; sharded, the same; cp over MPI as over threads"
+# The ring exchange (parallel.cp_comm = "ring"): the blocks and their gradients' running sums go
+# rank to rank as MPI messages; the same bits as the ring on thread ranks.
+"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/ring_mpi" --quiet --set parallel.cp=2 \
+  --set parallel.cp_comm=ring 2>"$dir/err" >/dev/null || fail "the ring job failed"
+"$loom" train "$dir/cfg.toml" --run-dir "$dir/ring_threads" --quiet --ranks 2 --set parallel.cp=2 \
+  --set parallel.cp_comm=ring 2>"$dir/err" >/dev/null || fail "the ring on thread ranks failed"
+[[ "$(digests "$dir/ring_mpi/checkpoints/step_4")" == "$(digests "$dir/ring_threads/checkpoints/step_4")" ]] ||
+  fail "the cp ring over MPI differs from thread ranks"
+echo "ok: one job, two ranks, one voice; killed and relaunched, the same checkpoint; sharded, the same; cp over MPI as over threads, all-gather and ring"
