@@ -96,7 +96,8 @@ namespace {
 constexpr int kTagBlock = 0, kTagGrad = 1;
 }
 
-void ContextParallel::ring_blocks(Context& ctx, const Tensor& local, const BlockVisit& visit) {
+void ContextParallel::walk_ring(Context& ctx, const Tensor& local,
+                                const std::function<void(int, const Tensor&)>& step) {
   const int n = cp_.size(), r = cp_.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
   Tensor buffers[2];
   Tensor current = local;
@@ -108,13 +109,19 @@ void ContextParallel::ring_blocks(Context& ctx, const Tensor& local, const Block
       sent = cp_.send_async(current, next, kTagBlock);
       received = cp_.recv_async(into, prev, kTagBlock);
     }
-    visit(current, positions_[(r - s + n) % n]);
+    step(s, current);
     if (s + 1 < n) {
       sent->wait();
       received->wait();
       current = buffers[s % 2];
     }
   }
+}
+
+void ContextParallel::ring_blocks(Context& ctx, const Tensor& local, const BlockVisit& visit) {
+  const int n = cp_.size(), r = cp_.rank();
+  walk_ring(ctx, local,
+            [&](int s, const Tensor& block) { visit(block, positions_[(r - s + n) % n]); });
 }
 
 // The blocks go round as in the forward. Block o's gradient starts on its owner (step 0), gains
@@ -127,22 +134,13 @@ Tensor ContextParallel::ring_blocks_backward(Context& ctx, const Tensor& local,
                                              const GradVisit& visit) {
   const int n = cp_.size(), r = cp_.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
   auto like = [&] { return Tensor::empty(local.shape(), local.dtype(), ctx.device); };
-  Tensor blocks[2];
   Tensor sum = like(), incoming = like(), share = like();
-  Tensor current = local;
   WorkHandle sum_sent, sum_received;
-  for (int s = 0; s < n; ++s) {
-    WorkHandle sent, received;
-    if (s + 1 < n) {
-      Tensor& into = blocks[s % 2];
-      if (!into.defined()) into = like();
-      sent = cp_.send_async(current, next, kTagBlock);
-      received = cp_.recv_async(into, prev, kTagBlock);
-    }
+  walk_ring(ctx, local, [&](int s, const Tensor& block) {
     if (s == 0) {
-      visit(current, positions_[r], sum);  // the own block's sum starts here
+      visit(block, positions_[r], sum);  // the own block's sum starts here
     } else {
-      visit(current, positions_[(r - s + n) % n], share);
+      visit(block, positions_[(r - s + n) % n], share);
       sum_received->wait();  // the block's sum from its owner up to the previous rank
       dispatch_float(incoming.dtype(), [&](auto zero) {
         using Real = decltype(zero);
@@ -155,12 +153,7 @@ Tensor ContextParallel::ring_blocks_backward(Context& ctx, const Tensor& local,
     sum_sent = cp_.send_async(sum, next, kTagGrad);
     // The next block's running sum, or after the last step this rank's own, complete.
     sum_received = cp_.recv_async(incoming, prev, kTagGrad);
-    if (s + 1 < n) {
-      sent->wait();
-      received->wait();
-      current = blocks[s % 2];
-    }
-  }
+  });
   sum_sent->wait();
   sum_received->wait();
   return incoming;

@@ -20,6 +20,7 @@
 // every rank does the same work.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -49,6 +50,11 @@ class ContextParallel final : public SequenceShard {
   Tensor ring_blocks_backward(Context& ctx, const Tensor& local, const GradVisit& visit) override;
 
  private:
+  // The ring's walk: step(s, block) for s = 0..cp-1 with rank (rank - s)'s block, the next one
+  // already on its way from the previous rank (and this one to the next) while step runs.
+  void walk_ring(Context& ctx, const Tensor& local,
+                 const std::function<void(int, const Tensor&)>& step);
+
   Communicator& cp_;
   int64_t T_;
   bool ring_;
