@@ -86,6 +86,10 @@ TEST(ParseLayouts, KeysAliasesAndCanonicalNames) {
   EXPECT_EQ(r[0].recompute, "selective");
   EXPECT_EQ(r[0].name(), "dp=2,recompute=selective");
   EXPECT_EQ(r[1].recompute, "none");
+  const auto c = parse_layouts("cp=2,cp_comm=ring");
+  EXPECT_EQ(c[0].cp, 2);
+  EXPECT_EQ(c[0].cp_comm, "ring");
+  EXPECT_EQ(c[0].name(), "cp=2,cp_comm=ring");
   EXPECT_EQ(parse_layouts("dp=1")[0].name(), "one device");
   EXPECT_EQ(parse_layouts(kDefaultCheckLayouts).size(), 6u);
 }
@@ -99,6 +103,7 @@ TEST(ParseLayouts, BadItemsAreNamed) {
   expect_error_naming("dp=2,,tp=2", "is empty");
   expect_error_naming("dp=2,dp=4", "repeats the key dp");
   expect_error_naming("dp=2,recompute=some", "needs none, full or selective");
+  expect_error_naming("cp=2,cp_comm=tree", "needs all_gather or ring");
   expect_error_naming("zero=4", "\"zero=4\"");
   expect_error_naming("pp=2,schedule=zigzag", "schedule=zigzag");
   expect_error_naming("tp=2,sp=yes", "sp=yes");
