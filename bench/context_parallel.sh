@@ -7,9 +7,9 @@
 #   | cp 2 with the ring exchange (parallel.cp_comm = "ring")
 # Prints per layout the median step time (steps after the first 2), tokens/s, the activation
 # peak of rank 0 (what context parallelism is for: each rank holds T/cp positions through every
-# layer, the attention alone the whole sequence's keys and values), cp's and tp's bytes per step
-# and rank 0's time blocked in them, and the last loss (every layout trains the same run, to
-# reduction order).
+# layer, the attention alone the whole sequence's keys and values — with the ring only its own),
+# cp's and tp's bytes per step and rank 0's time blocked in them, and the last loss (every
+# layout trains the same run, to reduction order).
 #   bench/context_parallel.sh                  (needs a release build)
 #   T=4096 STEPS=6 bench/context_parallel.sh
 #   LAYOUTS="one cp2 cp4" bench/context_parallel.sh   (cp4: 4 ranks — on 2 cores its time is

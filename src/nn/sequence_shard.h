@@ -64,9 +64,10 @@ void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
 // group. Kept for the backward: `q`, a compact copy of the queries (B, Tl, NH·hd), and `kv`, the
 // whole sequence's keys and values (B, T, 2·KV·hd), gathered — the rank's own among them, so qkv
 // itself need not be kept; with the ring (shard.ring()) only this rank's keys and values (B, Tl,
-// 2·KV·hd), every other block passed round again in the backward. att (B·Tl, NH·hd) and lse (B, NH, Tl) are written. On a GPU at bf16
-// whose flash kernels take the rows (ops::attention_rows_take_bf16) q and kv are bf16: half the
-// bytes kept and all-gathered, the same results.
+// 2·KV·hd), every other block passed round again in the backward. att (B·Tl, NH·hd) and lse
+// (B, NH, Tl) are written. On a GPU at bf16 whose flash kernels take the rows
+// (ops::attention_rows_take_bf16) q and kv are bf16: half the bytes kept and all-gathered, the
+// same results.
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
                              int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
                              Tensor& att, Tensor& lse);

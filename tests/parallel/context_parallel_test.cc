@@ -58,30 +58,42 @@ struct AttentionShape {
   int64_t B, T, NH, KV, hd;
   int cp;
 };
+// The shapes the kernel tests run: T = 136 over cp 2: chunks of 34 crossing the 64-row blocks;
+// cp 4: chunks of 17; cp 3 on 24.
+const AttentionShape kAttentionShapes[] = {
+    {2, 136, 4, 2, 8, 2}, {1, 136, 2, 2, 4, 4}, {2, 24, 6, 3, 4, 3}};
+
+// The whole sequence's attention on one device (f64), what a cp rank's pieces are checked
+// against: random qkv and dout, the forward's out and lse, the backward's dqkv, and kv (B, T,
+// 2·KV·hd), every position's keys and values.
+struct FullAttention {
+  int64_t W, C, kvw;
+  std::vector<double> qkv, dout, out, lse, dqkv, kv;
+  FullAttention(ThreadPool& pool, const AttentionShape& s, uint32_t seed)
+      : W((s.NH + 2 * s.KV) * s.hd), C(s.NH * s.hd), kvw(2 * s.KV * s.hd),
+        qkv(random_values(s.B * s.T * W, seed)), dout(random_values(s.B * s.T * C, seed + 1)),
+        out(s.B * s.T * C), lse(s.B * s.NH * s.T), dqkv(s.B * s.T * W) {
+    cpu::attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.KV,
+                               s.hd);
+    cpu::attention_gqa_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                s.B, s.T, s.NH, s.KV, s.hd);
+    for (int64_t r = 0; r < s.B * s.T; ++r)
+      kv.insert(kv.end(), qkv.begin() + r * W + C, qkv.begin() + (r + 1) * W);
+  }
+};
 
 // Each rank's rows of the attention are the full attention's, its lse too; its dQ is the full
 // backward's at its rows and the ranks' dK, dV shares sum to the full backward's (f64, so the
 // sums' order is below the tolerance).
 TEST(ContextParallelAttention, RowsAreTheFullAttentionsAndTheirBackwardsSumToIt) {
   ThreadPool pool(2);
-  // T = 136 over cp 2: chunks of 34 crossing the 64-row blocks; cp 4: chunks of 17; cp 3 on 24.
-  for (const AttentionShape& s :
-       {AttentionShape{2, 136, 4, 2, 8, 2}, AttentionShape{1, 136, 2, 2, 4, 4},
-        AttentionShape{2, 24, 6, 3, 4, 3}}) {
+  for (const AttentionShape& s : kAttentionShapes) {
     SCOPED_TRACE("T=" + std::to_string(s.T) + " cp=" + std::to_string(s.cp));
-    const int64_t W = (s.NH + 2 * s.KV) * s.hd, C = s.NH * s.hd;
-    const std::vector<double> qkv = random_values(s.B * s.T * W, 7);
-    const std::vector<double> dout = random_values(s.B * s.T * C, 8);
-    std::vector<double> out(s.B * s.T * C), lse(s.B * s.NH * s.T), dqkv(s.B * s.T * W);
-    cpu::attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.KV,
-                               s.hd);
-    cpu::attention_gqa_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
-                                s.B, s.T, s.NH, s.KV, s.hd);
+    const FullAttention full(pool, s, 7);
+    const int64_t W = full.W, C = full.C, kvw = full.kvw;
+    const std::vector<double>&qkv = full.qkv, &dout = full.dout, &out = full.out, &lse = full.lse,
+                         &dqkv = full.dqkv, &kv = full.kv;
     // Each rank: its rows' q (B, Tq, W) and every position's k, v (B, T, 2·KV·hd).
-    const int64_t kvw = 2 * s.KV * s.hd;
-    std::vector<double> kv;
-    for (int64_t r = 0; r < s.B * s.T; ++r)
-      kv.insert(kv.end(), qkv.begin() + r * W + C, qkv.begin() + (r + 1) * W);
     std::vector<double> summed(dqkv.size(), 0.0);
     for (int r = 0; r < s.cp; ++r) {
       const std::vector<RowRange> rows = zigzag_positions(s.T, s.cp, r);
@@ -125,21 +137,12 @@ TEST(ContextParallelAttention, RowsAreTheFullAttentionsAndTheirBackwardsSumToIt)
 // positions. Rank 0's first chunk sees no key of later blocks: lse -inf, output 0, dQ 0.
 TEST(ContextParallelAttention, RingBlocksMergeToTheFullAttentionAndTheirBackwardsSumToIt) {
   ThreadPool pool(2);
-  for (const AttentionShape& s :
-       {AttentionShape{2, 136, 4, 2, 8, 2}, AttentionShape{1, 136, 2, 2, 4, 4},
-        AttentionShape{2, 24, 6, 3, 4, 3}}) {
+  for (const AttentionShape& s : kAttentionShapes) {
     SCOPED_TRACE("T=" + std::to_string(s.T) + " cp=" + std::to_string(s.cp));
-    const int64_t W = (s.NH + 2 * s.KV) * s.hd, C = s.NH * s.hd, kvw = 2 * s.KV * s.hd;
-    const std::vector<double> qkv = random_values(s.B * s.T * W, 17);
-    const std::vector<double> dout = random_values(s.B * s.T * C, 18);
-    std::vector<double> out(s.B * s.T * C), lse(s.B * s.NH * s.T), dqkv(s.B * s.T * W);
-    cpu::attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.KV,
-                               s.hd);
-    cpu::attention_gqa_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
-                                s.B, s.T, s.NH, s.KV, s.hd);
-    std::vector<double> kv;  // (B, T, kvw)
-    for (int64_t r = 0; r < s.B * s.T; ++r)
-      kv.insert(kv.end(), qkv.begin() + r * W + C, qkv.begin() + (r + 1) * W);
+    const FullAttention full(pool, s, 17);
+    const int64_t W = full.W, C = full.C, kvw = full.kvw;
+    const std::vector<double>&qkv = full.qkv, &dout = full.dout, &out = full.out, &lse = full.lse,
+                         &dqkv = full.dqkv, &kv = full.kv;
     std::vector<std::vector<double>> dkv_sum(s.cp);  // per block: the ranks' shares summed
     for (int j = 0; j < s.cp; ++j)
       dkv_sum[j].assign(s.B * (s.T / s.cp) * kvw, 0.0);
