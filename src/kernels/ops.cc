@@ -358,18 +358,21 @@ bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t 
 }
 
 bool attention_rows_take_bf16(const Exec& ex, int64_t NH, int64_t hd, int64_t B,
-                              std::span<const cpu::RowRange> rows) {
+                              std::span<const cpu::RowRange> rows,
+                              std::span<const cpu::RowRange> keys) {
   if (!ex.device.is_cuda() || matmul_input_dtype(ex, DType::kF32) != DType::kBF16) return false;
-  if constexpr (detail::kCudaBuild) return cuda::attention_rows_take_bf16(NH, hd, B, rows);
+  if constexpr (detail::kCudaBuild) return cuda::attention_rows_take_bf16(NH, hd, B, rows, keys);
   return false;
 }
 
 namespace {
 void expect_bf16_rows(const Exec& ex, int64_t NH, int64_t hd, int64_t B,
-                      std::span<const cpu::RowRange> rows, const char* op) {
-  if (!attention_rows_take_bf16(ex, NH, hd, B, rows))
+                      std::span<const cpu::RowRange> rows, std::span<const cpu::RowRange> keys,
+                      const char* op) {
+  if (!attention_rows_take_bf16(ex, NH, hd, B, rows, keys))
     fail(op, " on ", ex.device.str(), ": bf16 queries and keys/values are for a GPU's flash ",
-         "kernels at bf16 matmul precision (head size 64 or 128, at most 8 runs of rows)");
+         "kernels at bf16 matmul precision (head size 64 or 128, at most 8 runs of rows and of ",
+         "keys)");
 }
 }  // namespace
 
@@ -386,17 +389,18 @@ void copy_columns_to_bf16(const Exec& ex, void* dst, int64_t ld_dst, const float
 void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, const void* q,
                                      int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
                                      int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                     std::span<const cpu::RowRange> rows) {
+                                     std::span<const cpu::RowRange> rows,
+                                     std::span<const cpu::RowRange> keys) {
   const int64_t Tq = cpu::rows_in(rows);
   // q and kv read at half an f32 element's bytes.
   const detail::OpScope op_scope_("attention_gqa_forward_rows", ex, [&] {
     return detail::work_of<float>(2.0 * B * Tq * T * NH * hd,
                                   0.5 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd);
   });
-  expect_bf16_rows(ex, NH, hd, B, rows, "attention_gqa_forward_rows_bf16");
+  expect_bf16_rows(ex, NH, hd, B, rows, keys, "attention_gqa_forward_rows_bf16");
   if constexpr (detail::kCudaBuild)
     cuda::attention_gqa_forward_rows_bf16(ex.device.index, out, lse, q, ldq, kv, ldkv, B, T, NH, KV,
-                                          hd, rows);
+                                          hd, rows, keys);
 }
 
 void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,
@@ -404,16 +408,17 @@ void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, f
                                       const void* kv, int64_t ldkv, const float* out,
                                       const float* lse, int64_t B, int64_t T, int64_t NH,
                                       int64_t KV, int64_t hd,
-                                      std::span<const cpu::RowRange> rows) {
+                                      std::span<const cpu::RowRange> rows,
+                                      std::span<const cpu::RowRange> keys) {
   const int64_t Tq = cpu::rows_in(rows);
   const detail::OpScope op_scope_("attention_gqa_backward_rows", ex, [&] {
     return detail::work_of<float>(5.0 * B * Tq * T * NH * hd,
                                   1.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd);
   });
-  expect_bf16_rows(ex, NH, hd, B, rows, "attention_gqa_backward_rows_bf16");
+  expect_bf16_rows(ex, NH, hd, B, rows, keys, "attention_gqa_backward_rows_bf16");
   if constexpr (detail::kCudaBuild)
     cuda::attention_gqa_backward_rows_bf16(ex.device.index, dq, lddq, dkv, dout, q, ldq, kv, ldkv,
-                                           out, lse, B, T, NH, KV, hd, rows);
+                                           out, lse, B, T, NH, KV, hd, rows, keys);
 }
 
 void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const void* qkv,

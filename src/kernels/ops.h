@@ -709,20 +709,9 @@ inline void attention_with_cache(const Exec& ex, Real* out, const Real* q, int64
   cpu::attention_with_cache(*ex.pool, out, q, q_stride, k, v, first, n, C, NH);
 }
 
-// The attention of some query rows over every position's keys and values
-// (kernels/cpu/attention.h: attention_gqa_forward_rows; cuda::attention_gqa_forward_rows):
-// context parallelism. `keys` (the positions kv holds, for the ring's blocks) runs on CPU ranks
-// only: a GPU is refused by name with them (its kernels take the whole sequence's keys).
-namespace detail {
-inline void refuse_key_runs_on_gpu(const Exec& ex, std::span<const cpu::RowRange> keys,
-                                   const char* op) {
-  if (!keys.empty() && ex.device.is_cuda())
-    fail(op, " on ", ex.device.str(), ": the attention of a block of keys (context parallelism's ",
-         "ring, parallel.cp_comm = \"ring\") runs on CPU ranks; on GPUs use the all-gather ",
-         "exchange, parallel.cp_comm = \"all_gather\"");
-}
-}  // namespace detail
-
+// The attention of some query rows over every position's keys and values, or with `keys` over a
+// block of them (context parallelism's ring): kernels/cpu/attention.h,
+// attention_gqa_forward_rows; cuda::attention_gqa_forward_rows.
 template <typename Real>
 inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, const Real* q,
                                        int64_t ldq, const Real* kv, int64_t ldkv, int64_t B,
@@ -730,7 +719,6 @@ inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, con
                                        std::span<const cpu::RowRange> rows,
                                        std::span<const cpu::RowRange> keys = {}) {
   const int64_t Tq = cpu::rows_in(rows);
-  detail::refuse_key_runs_on_gpu(ex, keys, "attention_gqa_forward_rows");
   const detail::OpScope op_scope_("attention_gqa_forward_rows", ex, [&] {
     return detail::work_of<Real>(2.0 * B * Tq * T * NH * hd,
                                  1.0 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd);
@@ -738,7 +726,7 @@ inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, con
   if (detail::on_gpu<Real>(ex, "attention_gqa_forward_rows")) {
     if constexpr (detail::kRunsOnGpu<Real>)
       return cuda::attention_gqa_forward_rows(ex.device.index, out, lse, q, ldq, kv, ldkv, B, T,
-                                              NH, KV, hd, rows);
+                                              NH, KV, hd, rows, keys);
   }
   cpu::attention_gqa_forward_rows(*ex.pool, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows,
                                   keys);
@@ -753,7 +741,6 @@ inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, int64_t lddq, 
                                         std::span<const cpu::RowRange> rows,
                                         std::span<const cpu::RowRange> keys = {}) {
   const int64_t Tq = cpu::rows_in(rows);
-  detail::refuse_key_runs_on_gpu(ex, keys, "attention_gqa_backward_rows");
   const detail::OpScope op_scope_("attention_gqa_backward_rows", ex, [&] {
     return detail::work_of<Real>(5.0 * B * Tq * T * NH * hd,
                                  2.0 * B * (Tq * NH + 2 * T * KV) * hd + 3.0 * B * Tq * NH * hd);
@@ -761,47 +748,52 @@ inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, int64_t lddq, 
   if (detail::on_gpu<Real>(ex, "attention_gqa_backward_rows")) {
     if constexpr (detail::kRunsOnGpu<Real>)
       return cuda::attention_gqa_backward_rows(ex.device.index, dq, lddq, dkv, dout, q, ldq, kv,
-                                               ldkv, out, lse, B, T, NH, KV, hd, rows);
+                                               ldkv, out, lse, B, T, NH, KV, hd, rows, keys);
   }
   cpu::attention_gqa_backward_rows(*ex.pool, dq, lddq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T,
                                    NH, KV, hd, rows, keys);
 }
 
-// The ring's merge of two partial attentions of the same rows (cpu::attention_merge_rows); CPU
-// ranks only, as the ring's blocks.
+// The ring's merge of two partial attentions of the same rows (cpu::attention_merge_rows;
+// cuda::attention_merge_rows).
 template <typename Real>
 inline void attention_merge_rows(const Exec& ex, Real* out, Real* lse, const Real* part_out,
                                  const Real* part_lse, int64_t B, int64_t Tq, int64_t NH,
                                  int64_t hd) {
-  if (ex.device.is_cuda())
-    fail("attention_merge_rows on ", ex.device.str(), ": context parallelism's ring runs on CPU ",
-         "ranks");
   const detail::OpScope op_scope_("attention_merge_rows", ex, [&] {
     return detail::work_of<Real>(4.0 * B * Tq * NH * hd, 3.0 * B * Tq * NH * (hd + 1));
   });
+  if (detail::on_gpu<Real>(ex, "attention_merge_rows")) {
+    if constexpr (detail::kRunsOnGpu<Real>)
+      return cuda::attention_merge_rows(ex.device.index, out, lse, part_out, part_lse, B, Tq, NH,
+                                        hd);
+  }
   cpu::attention_merge_rows(*ex.pool, out, lse, part_out, part_lse, B, Tq, NH, hd);
 }
 
 // Context parallelism on a GPU at bf16 where the flash kernels apply to the rank's query rows
-// (bf16 matmuls, head size 64 or 128, at most 8 runs of rows; never on a CPU): q and the gathered
-// keys and values kept and exchanged as bf16 values (DType::kBF16), rounded once from the fp32
-// qkv by copy_columns_to_bf16 as the flash kernels would round them when they load them — the
-// fp32 path's results bit for bit, half the bytes (cuda::attention_gqa_*_rows_bf16). out, lse,
-// dout, dq and dkv stay f32.
+// (bf16 matmuls, head size 64 or 128, at most 8 runs of rows and of keys; never on a CPU): q and
+// the gathered keys and values (or the ring's blocks) kept and exchanged as bf16 values
+// (DType::kBF16), rounded once from the fp32 qkv by copy_columns_to_bf16 as the flash kernels
+// would round them when they load them — the fp32 path's results bit for bit, half the bytes
+// (cuda::attention_gqa_*_rows_bf16). out, lse, dout, dq and dkv stay f32.
 bool attention_rows_take_bf16(const Exec& ex, int64_t NH, int64_t hd, int64_t B,
-                              std::span<const cpu::RowRange> rows);
+                              std::span<const cpu::RowRange> rows,
+                              std::span<const cpu::RowRange> keys = {});
 void copy_columns_to_bf16(const Exec& ex, void* dst, int64_t ld_dst, const float* src,
                           int64_t ld_src, int64_t rows, int64_t width);
 void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, const void* q,
                                      int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
                                      int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                     std::span<const cpu::RowRange> rows);
+                                     std::span<const cpu::RowRange> rows,
+                                     std::span<const cpu::RowRange> keys = {});
 void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
                                       const void* kv, int64_t ldkv, const float* out,
                                       const float* lse, int64_t B, int64_t T, int64_t NH,
                                       int64_t KV, int64_t hd,
-                                      std::span<const cpu::RowRange> rows);
+                                      std::span<const cpu::RowRange> rows,
+                                      std::span<const cpu::RowRange> keys = {});
 
 template <typename Real>
 inline void copy_columns(const Exec& ex, Real* dst, int64_t ld_dst, const Real* src, int64_t ld_src,

@@ -1442,6 +1442,175 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
       "bf16 queries and keys/values are for a GPU's flash kernels", "bf16 rows taken at fp32");
 }
 
+// Context parallelism's ring on a GPU (cuda::attention_gqa_*_rows with key runs, and
+// attention_merge_rows) against the CPU's kernels on random inputs. Every rank of a zigzag cp 3
+// takes every rank's block of keys and values as it would come round (its own first): per block
+// out and lse (rows that see none of the block: 0 and -inf, as the CPU's), the merge, and with
+// the merged result dq and dkv; the merged rows are within rounding of the whole sequence's rows
+// and the blocks' dq sum to the whole sequence's. At fp32 on the batched-GEMM path (head sizes 8
+// and 64) and at bf16 on the flash kernels (64 and 128; bf16 q and kv: the same bits).
+TEST_F(CudaKernelsTest, RingBlocksOfKeysMatchTheCpuAndMergeIntoTheWholeRows) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  struct Case {
+    cuda::MatmulPrecision precision;
+    int64_t NH, KV, hd;
+    double tol, grad_tol;
+  };
+  constexpr float kNoKey = -std::numeric_limits<float>::infinity();
+  // lse compared with its -inf rows (a block none of whose keys a row sees) where the CPU's are.
+  const auto expect_lse_close = [](const std::string& what, const std::vector<float>& got,
+                                   const std::vector<float>& want, double tol) {
+    ASSERT_EQ(got.size(), want.size());
+    std::vector<float> g = got, w = want;
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_EQ(g[i] == kNoKey, w[i] == kNoKey) << what << "[" << i << "]: " << g[i] << " vs "
+                                                << w[i];
+      if (w[i] == kNoKey) g[i] = w[i] = 0.0f;
+    }
+    expect_close(what, g, w, tol);
+  };
+  for (const Case& c : {Case{cuda::MatmulPrecision::kFp32, 4, 2, 8, kTol, kTol},
+                        Case{cuda::MatmulPrecision::kFp32, 2, 1, 64, kTol, kTol},
+                        Case{cuda::MatmulPrecision::kBf16, 4, 2, 64, 1e-2, 2e-2},
+                        Case{cuda::MatmulPrecision::kBf16, 2, 2, 128, 1e-2, 2e-2}}) {
+    cuda::set_matmul_precision(c.precision);
+    const bool flash = c.precision == cuda::MatmulPrecision::kBf16;
+    const int64_t B = 2, cp = 3, chunk = 16, T = 2 * cp * chunk, NH = c.NH, KV = c.KV, hd = c.hd;
+    const int64_t C = NH * hd, W = (NH + 2 * KV) * hd, kvw = 2 * KV * hd;
+    SCOPED_TRACE("NH=" + std::to_string(NH) + " KV=" + std::to_string(KV) +
+                 " hd=" + std::to_string(hd) + (flash ? " bf16" : " fp32"));
+    const std::vector<float> all = random_floats(B * T * W, 400 + hd, -2.0, 2.0),
+                             dy = random_floats(B * T * C, 401 + hd);
+    // Rows `rows` of (B, T, width) values from column `from`, n columns each.
+    const auto rows_of = [&](const std::vector<float>& v, int64_t width, int64_t from, int64_t n,
+                             const std::vector<cpu::RowRange>& rows) {
+      std::vector<float> picked;
+      for (int64_t b = 0; b < B; ++b)
+        for (const cpu::RowRange& r : rows)
+          for (int64_t t = r.begin; t < r.end; ++t)
+            picked.insert(picked.end(), v.begin() + (b * T + t) * width + from,
+                          v.begin() + (b * T + t) * width + from + n);
+      return picked;
+    };
+    const auto positions = [&](int64_t r) {
+      return std::vector<cpu::RowRange>{{r * chunk, (r + 1) * chunk},
+                                        {(2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk}};
+    };
+    const std::vector<float> kv_all = rows_of(all, W, C, kvw, {{0, T}});
+    for (int64_t r = 0; r < cp; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const std::vector<cpu::RowRange> rows = positions(r);
+      const int64_t Tq = cpu::rows_in(rows);
+      Pair q = pair_of(rows_of(all, W, 0, C, rows)), dout = pair_of(rows_of(dy, C, 0, C, rows));
+      // The whole sequence's rows (the CPU's, every key gathered).
+      std::vector<float> whole_out(B * Tq * C), whole_lse(B * NH * Tq), whole_dq(B * Tq * C),
+          whole_dkv(B * T * kvw);
+      ops::attention_gqa_forward_rows<float>(on_cpu, whole_out.data(), whole_lse.data(), q.h(), C,
+                                             kv_all.data(), kvw, B, T, NH, KV, hd, rows);
+      ops::attention_gqa_backward_rows<float>(on_cpu, whole_dq.data(), C, whole_dkv.data(),
+                                              dout.h(), q.h(), C, kv_all.data(), kvw,
+                                              whole_out.data(), whole_lse.data(), B, T, NH, KV,
+                                              hd, rows);
+      Pair out = pair_of(std::vector<float>(B * Tq * C)), lse = pair_of(std::vector<float>(B * NH * Tq));
+      Pair part = pair_of(std::vector<float>(B * Tq * C)),
+           part_lse = pair_of(std::vector<float>(B * NH * Tq));
+      std::vector<Pair> blocks;
+      for (int64_t s = 0; s < cp; ++s) {
+        const std::vector<cpu::RowRange> keys = positions((r - s + cp) % cp);
+        SCOPED_TRACE("block of positions from " + std::to_string(keys[0].begin));
+        EXPECT_EQ(cuda::flash_attention_applies_to_rows(NH, hd, B, rows, keys), flash);
+        const int64_t Tk = cpu::rows_in(keys);
+        blocks.push_back(pair_of(rows_of(all, W, C, kvw, keys)));
+        const Pair& kv = blocks.back();
+        Pair& o = s == 0 ? out : part;
+        Pair& l = s == 0 ? lse : part_lse;
+        ops::attention_gqa_forward_rows<float>(on_cpu, o.h(), l.h(), q.h(), C, kv.h(), kvw, B, Tk,
+                                               NH, KV, hd, rows, keys);
+        ops::attention_gqa_forward_rows<float>(on_gpu, o.g(), l.g(), q.g(), C, kv.g(), kvw, B, Tk,
+                                               NH, KV, hd, rows, keys);
+        expect_pair_close("block out", o, c.tol);
+        expect_lse_close("block lse", l.from_gpu(), l.from_host(), c.tol);
+        if (s == 0) continue;
+        ops::attention_merge_rows<float>(on_cpu, out.h(), lse.h(), part.h(), part_lse.h(), B, Tq,
+                                         NH, hd);
+        ops::attention_merge_rows<float>(on_gpu, out.g(), lse.g(), part.g(), part_lse.g(), B, Tq,
+                                         NH, hd);
+        expect_pair_close("merged out", out, c.tol);
+        expect_lse_close("merged lse", lse.from_gpu(), lse.from_host(), c.tol);
+      }
+      expect_close("merged out against the whole sequence's rows", out.from_gpu(), whole_out,
+                   c.tol);
+      expect_close("merged lse against the whole sequence's rows", lse.from_gpu(), whole_lse,
+                   c.tol);
+      // The backward of each block with the merged result: dq summed over them.
+      std::vector<float> dq_sum(B * Tq * C, 0.0f);
+      for (int64_t s = 0; s < cp; ++s) {
+        const std::vector<cpu::RowRange> keys = positions((r - s + cp) % cp);
+        SCOPED_TRACE("backward, block of positions from " + std::to_string(keys[0].begin));
+        const int64_t Tk = cpu::rows_in(keys);
+        const Pair& kv = blocks[static_cast<size_t>(s)];
+        Pair dq = pair_of(std::vector<float>(B * Tq * C)),
+             dkv = pair_of(std::vector<float>(B * Tk * kvw, 7.0f));
+        ops::attention_gqa_backward_rows<float>(on_cpu, dq.h(), C, dkv.h(), dout.h(), q.h(), C,
+                                                kv.h(), kvw, out.h(), lse.h(), B, Tk, NH, KV, hd,
+                                                rows, keys);
+        ops::attention_gqa_backward_rows<float>(on_gpu, dq.g(), C, dkv.g(), dout.g(), q.g(), C,
+                                                kv.g(), kvw, out.g(), lse.g(), B, Tk, NH, KV, hd,
+                                                rows, keys);
+        expect_pair_close("block dq", dq, c.grad_tol);
+        expect_pair_close("block dkv", dkv, c.grad_tol);
+        // This block's keys' share against the gathered attention's rows of them.
+        expect_close("block dkv against the whole sequence's", dkv.from_gpu(),
+                     rows_of(whole_dkv, kvw, 0, kvw, keys), c.grad_tol);
+        const std::vector<float> g = dq.from_gpu();
+        for (size_t i = 0; i < g.size(); ++i) dq_sum[i] += g[i];
+        if (!flash) continue;
+        // q and kv in bf16 (rounded once, as the flash kernels round them when they load them):
+        // the same bits.
+        EXPECT_TRUE(ops::attention_rows_take_bf16(on_gpu, NH, hd, B, rows, keys));
+        Tensor q16 = Tensor::empty({B * Tq, C}, DType::kBF16, Device::cuda(0));
+        Tensor kv16 = Tensor::empty({B * Tk, kvw}, DType::kBF16, Device::cuda(0));
+        ops::copy_columns_to_bf16(on_gpu, q16.raw(), C, q.g(), C, B * Tq, C);
+        ops::copy_columns_to_bf16(on_gpu, kv16.raw(), kvw, kv.g(), kvw, B * Tk, kvw);
+        Pair o16 = pair_of(std::vector<float>(B * Tq * C)),
+             l16 = pair_of(std::vector<float>(B * NH * Tq));
+        Pair o32 = pair_of(std::vector<float>(B * Tq * C)),
+             l32 = pair_of(std::vector<float>(B * NH * Tq));
+        ops::attention_gqa_forward_rows_bf16(on_gpu, o16.g(), l16.g(), q16.raw(), C, kv16.raw(),
+                                             kvw, B, Tk, NH, KV, hd, rows, keys);
+        ops::attention_gqa_forward_rows<float>(on_gpu, o32.g(), l32.g(), q.g(), C, kv.g(), kvw, B,
+                                               Tk, NH, KV, hd, rows, keys);
+        EXPECT_TRUE(bitwise_equal(o16.from_gpu(), o32.from_gpu())) << "out, bf16 q and kv";
+        EXPECT_TRUE(bitwise_equal(l16.from_gpu(), l32.from_gpu())) << "lse, bf16 q and kv";
+        Pair dq16 = pair_of(std::vector<float>(B * Tq * C)),
+             dkv16 = pair_of(std::vector<float>(B * Tk * kvw));
+        ops::attention_gqa_backward_rows_bf16(on_gpu, dq16.g(), C, dkv16.g(), dout.g(), q16.raw(),
+                                              C, kv16.raw(), kvw, out.g(), lse.g(), B, Tk, NH, KV,
+                                              hd, rows, keys);
+        EXPECT_TRUE(bitwise_equal(dq16.from_gpu(), g)) << "dq, bf16 q and kv";
+        EXPECT_TRUE(bitwise_equal(dkv16.from_gpu(), dkv.from_gpu())) << "dkv, bf16 q and kv";
+      }
+      expect_close("the blocks' dq summed against the whole sequence's", dq_sum, whole_dq,
+                   c.grad_tol);
+    }
+  }
+  // Runs of keys that overlap, or do not add up to the key rows, are refused by name.
+  Pair o = pair_of(std::vector<float>(2 * 4 * 16)), l = pair_of(std::vector<float>(2 * 2 * 4));
+  Pair q = random_pair(2 * 4 * 16, 402), kv = random_pair(2 * 8 * 16, 403);
+  const std::vector<cpu::RowRange> rows = {{8, 12}};
+  for (const auto& keys : {std::vector<cpu::RowRange>{{0, 4}, {2, 6}},
+                           std::vector<cpu::RowRange>{{0, 4}, {8, 10}}}) {
+    expect_refused(
+        [&] {
+          cuda::attention_gqa_forward_rows(0, o.g(), l.g(), q.g(), 16, kv.g(), 16, 2, 8, 2, 2, 4,
+                                           rows, keys);
+        },
+        "key", "bad key runs taken");
+  }
+}
+
 TEST_F(CudaKernelsTest, AttentionMatchesCpuAndRepeats) {
   expect_attention_matches_cpu(2, 67, 48, 4, 60, kTol, kTol);  // head size 12
 }

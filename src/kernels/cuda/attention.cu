@@ -61,31 +61,54 @@ __global__ void rows_to_heads_kernel(float* heads, const float* rows, HeadIndex 
   LOOM_FOR_EACH(i, n) heads[i] = rows[at(i, at.C, 0)];
 }
 
+// Which key rows a query sees: with count 0 the keys are the positions 0..T-1 (key row j at
+// position j); else a ring's block (context parallelism), `count` runs of positions in ascending
+// order, run i the positions [begin[i], begin[i] + size[i]) at the next size[i] rows. Positions
+// ascend with the rows, so a query at position p sees the first visible(p) rows.
+constexpr int kMaxKeyRuns = 8;
+struct KeyRuns {
+  int64_t T = 0;
+  int count = 0;
+  int64_t begin[kMaxKeyRuns] = {}, size[kMaxKeyRuns] = {};
+  __host__ __device__ int64_t visible(int64_t p) const {
+    if (count == 0) return p + 1 < T ? p + 1 : T;
+    int64_t n = 0;
+    for (int i = 0; i < count; ++i) {
+      const int64_t s = p + 1 - begin[i];
+      n += s <= 0 ? 0 : (s < size[i] ? s : size[i]);
+    }
+    return n;
+  }
+};
+
 // Row r of each head's (n_rows, keys) scores in place, the query at position first + r (the
 // whole-sequence attention: n_rows = keys = Tq = T, first = at = 0): P_rj =
-// exp(S_rj − lse) for j <= first + r, else 0; lse into lse[bh·Tq + at + r]. One warp per row.
+// exp(S_rj − lse) for the key rows j the row sees, else 0; lse into lse[bh·Tq + at + r]. A row
+// that sees no key gets P = 0 and lse -inf. One warp per row.
 __global__ void causal_softmax_kernel(float* S, float* lse, int64_t rows, int64_t n_rows,
-                                      int64_t keys, int64_t first, int64_t Tq, int64_t at) {
+                                      int64_t keys, int64_t first, int64_t Tq, int64_t at,
+                                      KeyRuns seen) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
-  const int64_t bh = row / n_rows, r = row % n_rows, i = first + r;
+  const int64_t bh = row / n_rows, r = row % n_rows, end = seen.visible(first + r);
   float* s = S + row * keys;
   float mx = -INFINITY;
-  for (int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, s[j]);
+  for (int64_t j = lane; j < end; j += 32) mx = fmaxf(mx, s[j]);
   mx = warp_max(mx);
   float sum = 0.0f;
-  for (int64_t j = lane; j <= i; j += 32) sum += expf(s[j] - mx);
-  const float l = mx + logf(warp_sum(sum));
-  for (int64_t j = lane; j < keys; j += 32) s[j] = j <= i ? expf(s[j] - l) : 0.0f;
+  for (int64_t j = lane; j < end; j += 32) sum += expf(s[j] - mx);
+  const float l = end > 0 ? mx + logf(warp_sum(sum)) : -INFINITY;
+  for (int64_t j = lane; j < keys; j += 32) s[j] = j < end ? expf(s[j] - l) : 0.0f;
   if (lane == 0) lse[bh * Tq + at + r] = l;
 }
 // The backward's P of those rows from the saved lse, in place over the recomputed scores.
 __global__ void probabilities_kernel(float* S, const float* lse, int64_t rows, int64_t n_rows,
-                                     int64_t keys, int64_t first, int64_t Tq, int64_t at) {
+                                     int64_t keys, int64_t first, int64_t Tq, int64_t at,
+                                     KeyRuns seen) {
   LOOM_FOR_EACH(e, rows * keys) {
     const int64_t row = e / keys, j = e % keys, bh = row / n_rows, r = row % n_rows;
-    S[e] = j <= first + r ? expf(S[e] - lse[bh * Tq + at + r]) : 0.0f;
+    S[e] = j < seen.visible(first + r) ? expf(S[e] - lse[bh * Tq + at + r]) : 0.0f;
   }
 }
 // D (B·NH·T) = Σ_d dout ∘ out per head row; one warp per row. `Out`: fp32, or the 16-bit type
@@ -160,7 +183,8 @@ void attention_forward(int device, float* out, float* lse, const float* qkv, int
   head_gemm(device, false, true, T, T, hd, scale, q.get(), hd, T * hd, k.get(), hd, T * hd, S.get(),
             T, T * T, heads);
   launch("attention_forward (softmax)", causal_softmax_kernel, blocks_of(heads * T, kRowsPerBlock),
-         kRowsPerBlock * 32, S.get(), lse, heads * T, T, T, int64_t{0}, T, int64_t{0});
+         kRowsPerBlock * 32, S.get(), lse, heads * T, T, T, int64_t{0}, T, int64_t{0},
+         KeyRuns{T});
   // Y = P·V
   head_gemm(device, false, false, T, hd, T, 1.0f, S.get(), T, T * T, v.get(), hd, T * hd, y.get(),
             hd, T * hd, heads);
@@ -195,7 +219,7 @@ void attention_backward_given_D(int device, float* dqkv, const float* dout, cons
   head_gemm(device, false, true, T, T, hd, scale, q16.operand(), hd, T * hd, k16.operand(), hd,
             T * hd, P.get(), T, T * T, heads);
   launch("attention_backward (P)", probabilities_kernel, blocks_for(rows * T, kThreads), kThreads,
-         P.get(), lse, rows, T, T, int64_t{0}, T, int64_t{0});
+         P.get(), lse, rows, T, T, int64_t{0}, T, int64_t{0}, KeyRuns{T});
   // dV = Pᵀ·dO
   head_gemm(device, true, false, T, hd, T, 1.0f, P.get(), T, T * T, dy16.operand(), hd, T * hd,
             dv.get(), hd, T * hd, heads);
@@ -393,6 +417,42 @@ __global__ void copy_columns_kernel(float* dst, int64_t ld_dst, const float* src
                                     int64_t width, int64_t n) {
   LOOM_FOR_EACH(i, n) dst[(i / width) * ld_dst + i % width] = src[(i / width) * ld_src + i % width];
 }
+// The ring's merge, cpu::attention_merge_rows' formula and order of operations: per (b, h, row)
+// of out (B, Tq, NH·hd) and lse (B, NH, Tq), with m the larger lse, w = e^(lse − m) and pw =
+// e^(part − m): out' = w/(w + pw)·out + pw/(w + pw)·part_out, lse' = m + log(w + pw). A part
+// that saw no key (lse -inf) leaves the row; a row that had none takes the part. One thread a
+// row.
+__global__ void merge_rows_kernel(float* out, float* lse, const float* part_out,
+                                  const float* part_lse, int64_t Tq, int64_t NH, int64_t hd,
+                                  int64_t n) {
+  LOOM_FOR_EACH(i, n) {  // i = (b·NH + h)·Tq + t: lse's index
+    const int64_t t = i % Tq, bh = i / Tq, b = bh / NH, h = bh % NH;
+    const float l = lse[i], pl = part_lse[i];
+    if (pl == -INFINITY) continue;
+    float* o = out + (b * Tq + t) * NH * hd + h * hd;
+    const float* po = part_out + (b * Tq + t) * NH * hd + h * hd;
+    if (l == -INFINITY) {
+      for (int64_t d = 0; d < hd; ++d) o[d] = po[d];
+      lse[i] = pl;
+      continue;
+    }
+    const float m = fmaxf(l, pl);
+    const float w = expf(l - m), pw = expf(pl - m), sum = w + pw;
+    const float a = w / sum, pa = pw / sum;
+    for (int64_t d = 0; d < hd; ++d) o[d] = a * o[d] + pa * po[d];
+    lse[i] = m + logf(sum);
+  }
+}
+// Rows [at, at + n) of each head's (Tq, hd) rows of y set to 0, and (lse non-null) their lse
+// to -inf: a piece of rows that sees no key. e over heads × n × hd.
+__global__ void fill_rows_kernel(float* y, float* lse, int64_t Tq, int64_t n, int64_t hd,
+                                 int64_t at, int64_t count) {
+  LOOM_FOR_EACH(e, count) {
+    const int64_t d = e % hd, r = (e / hd) % n, bh = e / (hd * n);
+    y[(bh * Tq + at + r) * hd + d] = 0.0f;
+    if (lse != nullptr && d == 0) lse[bh * Tq + at + r] = -INFINITY;
+  }
+}
 
 // The query rows cut into pieces whose scores (heads × rows × keys floats, a piece's keys the
 // positions up to its last row) stay within attention_score_bytes(): a long sequence's scores
@@ -407,13 +467,31 @@ std::vector<cpu::RowRange> score_pieces(std::span<const cpu::RowRange> rows, int
   return out;
 }
 
-void check_rows(const char* what, int64_t NH, int64_t KV, int64_t hd, int64_t T,
-                std::span<const cpu::RowRange> rows) {
+// Checks the shapes, the rows and the key runs (none: the keys are positions 0..T-1, and the rows
+// must lie within them; else ascending runs of T positions in all) and returns the key runs.
+KeyRuns check_rows(const char* what, int64_t NH, int64_t KV, int64_t hd, int64_t T,
+                   std::span<const cpu::RowRange> rows, std::span<const cpu::RowRange> keys) {
   if (NH <= 0 || KV <= 0 || NH % KV != 0 || hd <= 0)
     fail(what, ": ", KV, " key/value heads do not serve ", NH, " query heads evenly");
   for (const cpu::RowRange& r : rows)
-    if (r.begin < 0 || r.end < r.begin || r.end > T)
+    if (r.begin < 0 || r.end < r.begin || (keys.empty() && r.end > T))
       fail(what, ": query rows [", r.begin, ", ", r.end, ") outside the sequence of ", T);
+  KeyRuns seen{T};
+  int64_t last = 0;
+  for (const cpu::RowRange& k : keys) {
+    if (k.size() == 0) continue;
+    if (k.begin < last || k.end < k.begin)
+      fail(what, ": key positions [", k.begin, ", ", k.end, ") out of order");
+    if (seen.count == kMaxKeyRuns)
+      fail(what, ": more than ", kMaxKeyRuns, " runs of key positions");
+    seen.begin[seen.count] = k.begin;
+    seen.size[seen.count] = k.size();
+    ++seen.count;
+    last = k.end;
+  }
+  if (!keys.empty() && cpu::rows_in(keys) != T)
+    fail(what, ": key runs of ", cpu::rows_in(keys), " positions for ", T, " key rows");
+  return seen;
 }
 
 // D = rowsum(dout ∘ out) per (b, h, local row) of the rows' attention (B, Tq, NH·hd each).
@@ -427,8 +505,8 @@ void rows_row_dots(float* D, const float* dout, const float* out, int64_t B, int
 }
 
 void expect_bf16_rows(const char* what, int64_t NH, int64_t hd, int64_t B,
-                      std::span<const cpu::RowRange> rows) {
-  if (!flash_attention_applies_to_rows(NH, hd, B, rows))
+                      std::span<const cpu::RowRange> rows, std::span<const cpu::RowRange> keys) {
+  if (!flash_attention_applies_to_rows(NH, hd, B, rows, keys))
     fail(what, ": a bf16 q and kv are for the flash kernels only (bf16 matmuls, head size 64 or ",
          "128, at most 8 runs of rows), which do not apply");
 }
@@ -457,18 +535,30 @@ void copy_columns_to_bf16(int device, void* dst, int64_t ld_dst, const float* sr
 }
 
 bool attention_rows_take_bf16(int64_t NH, int64_t hd, int64_t B,
-                              std::span<const cpu::RowRange> rows) {
-  return flash_attention_applies_to_rows(NH, hd, B, rows);
+                              std::span<const cpu::RowRange> rows,
+                              std::span<const cpu::RowRange> keys) {
+  return flash_attention_applies_to_rows(NH, hd, B, rows, keys);
+}
+
+void attention_merge_rows(int device, float* out, float* lse, const float* part_out,
+                          const float* part_lse, int64_t B, int64_t Tq, int64_t NH, int64_t hd) {
+  const int64_t n = B * NH * Tq;
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  launch("attention_merge_rows", merge_rows_kernel, blocks_for(n, kThreads), kThreads, out, lse,
+         part_out, part_lse, Tq, NH, hd, n);
 }
 
 void attention_gqa_forward_rows_bf16(int device, float* out, float* lse, const void* q,
                                      int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
                                      int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                     std::span<const cpu::RowRange> rows) {
-  check_rows("attention_gqa_forward_rows_bf16", NH, KV, hd, T, rows);
-  expect_bf16_rows("attention_gqa_forward_rows_bf16", NH, hd, B, rows);
+                                     std::span<const cpu::RowRange> rows,
+                                     std::span<const cpu::RowRange> keys) {
+  check_rows("attention_gqa_forward_rows_bf16", NH, KV, hd, T, rows, keys);
+  expect_bf16_rows("attention_gqa_forward_rows_bf16", NH, hd, B, rows, keys);
   if (B * cpu::rows_in(rows) == 0) return;
-  flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, true, B, T, NH, KV, hd, rows);
+  flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, true, B, T, NH, KV, hd, rows,
+                               keys);
 }
 
 void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
@@ -476,29 +566,33 @@ void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float
                                       const void* kv, int64_t ldkv, const float* out,
                                       const float* lse, int64_t B, int64_t T, int64_t NH,
                                       int64_t KV, int64_t hd,
-                                      std::span<const cpu::RowRange> rows) {
-  check_rows("attention_gqa_backward_rows_bf16", NH, KV, hd, T, rows);
-  expect_bf16_rows("attention_gqa_backward_rows_bf16", NH, hd, B, rows);
+                                      std::span<const cpu::RowRange> rows,
+                                      std::span<const cpu::RowRange> keys) {
+  check_rows("attention_gqa_backward_rows_bf16", NH, KV, hd, T, rows, keys);
+  expect_bf16_rows("attention_gqa_backward_rows_bf16", NH, hd, B, rows, keys);
   const int64_t Tq = cpu::rows_in(rows);
   DeviceGuard guard(device);
   Scratch<float> D(device, B * NH * Tq);
   rows_row_dots(D.get(), dout, out, B, Tq, NH, hd);
   flash_attention_backward_rows(device, dq, lddq, dkv, dout, q, ldq, kv, ldkv, true, lse, D.get(),
-                                B, T, NH, KV, hd, rows);
+                                B, T, NH, KV, hd, rows, keys);
 }
 
-// Per range [first, end) of query rows (at: its first local row), over heads h = B·NH:
-//   S = Q[at:at+n]·K[0:end]ᵀ / sqrt(hd);  P = causal softmax (row r sees keys 0..first + r);
-//   Y[at:at+n] = P·V[0:end].
+// Per piece [first, end) of query rows (at: its first local row), over heads h = B·NH, with
+// `keys` = the key rows the piece's last row sees (0..end - 1 over the whole sequence):
+//   S = Q[at:at+n]·K[0:keys]ᵀ / sqrt(hd);  P = causal softmax (row r sees the key rows at
+//   positions up to first + r);  Y[at:at+n] = P·V[0:keys].
+// A piece that sees no key (a ring's block of later positions) gets Y = 0 and lse -inf.
 void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
                                 const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
-                                int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows) {
-  check_rows("attention_gqa_forward_rows", NH, KV, hd, T, rows);
+                                int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows,
+                                std::span<const cpu::RowRange> keys) {
+  const KeyRuns seen = check_rows("attention_gqa_forward_rows", NH, KV, hd, T, rows, keys);
   const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
   if (B * Tq == 0) return;
-  if (flash_attention_applies_to_rows(NH, hd, B, rows)) {
+  if (flash_attention_applies_to_rows(NH, hd, B, rows, keys)) {
     flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, false, B, T, NH, KV, hd,
-                                 rows);
+                                 rows, keys);
     return;
   }
   DeviceGuard guard(device);
@@ -514,14 +608,21 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   int64_t at = 0;
   for (const cpu::RowRange& r : score_pieces(rows, heads)) {
-    const int64_t n = r.size(), keys = r.end;
-    Scratch<float> S(device, heads * n * keys);
-    head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),
-              hd, T * hd, S.get(), keys, n * keys, heads);
+    const int64_t n = r.size(), cols = seen.visible(r.end - 1);
+    if (cols == 0) {  // every row of the piece: output 0, lse -inf
+      launch("attention_gqa_forward_rows (no keys)", fill_rows_kernel,
+             blocks_for(heads * n * hd, kThreads), kThreads, yh.get(), lse, Tq, n, hd, at,
+             heads * n * hd);
+      at += n;
+      continue;
+    }
+    Scratch<float> S(device, heads * n * cols);
+    head_gemm(device, false, true, n, cols, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),
+              hd, T * hd, S.get(), cols, n * cols, heads);
     launch("attention_gqa_forward_rows (softmax)", causal_softmax_kernel,
            blocks_of(heads * n, kRowsPerBlock), kRowsPerBlock * 32, S.get(), lse, heads * n, n,
-           keys, r.begin, Tq, at);
-    head_gemm(device, false, false, n, hd, keys, 1.0f, S.get(), keys, n * keys, vh.get(), hd,
+           cols, r.begin, Tq, at, seen);
+    head_gemm(device, false, false, n, hd, cols, 1.0f, S.get(), cols, n * cols, vh.get(), hd,
               T * hd, yh.get() + at * hd, hd, Tq * hd, heads);
     at += n;
   }
@@ -530,24 +631,26 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
          blocks_for(heads * Tq * hd, kThreads), kThreads, out, yh.get(), out_at, heads * Tq * hd);
 }
 
-// Per range, with P recomputed from lse and D_r = Σ_d dO·O:
-//   dV[0:end] += Pᵀ·dO_r,  dP = dO_r·V[0:end]ᵀ,  dS = P ∘ (dP − D) / sqrt(hd),
-//   dQ[at:at+n] = dS·K[0:end],  dK[0:end] += dSᵀ·Q_r.
+// Per piece, with P recomputed from lse and D_r = Σ_d dO·O:
+//   dV[0:keys] += Pᵀ·dO_r,  dP = dO_r·V[0:keys]ᵀ,  dS = P ∘ (dP − D) / sqrt(hd),
+//   dQ[at:at+n] = dS·K[0:keys],  dK[0:keys] += dSᵀ·Q_r.
+// A piece that sees no key adds nothing and gets dQ = 0.
 void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
                                  const float* dout,
                                  const float* q, int64_t ldq, const float* kv, int64_t ldkv,
                                  const float* out, const float* lse, int64_t B, int64_t T,
                                  int64_t NH, int64_t KV, int64_t hd,
-                                 std::span<const cpu::RowRange> rows) {
-  check_rows("attention_gqa_backward_rows", NH, KV, hd, T, rows);
+                                 std::span<const cpu::RowRange> rows,
+                                 std::span<const cpu::RowRange> keys) {
+  const KeyRuns seen = check_rows("attention_gqa_backward_rows", NH, KV, hd, T, rows, keys);
   const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
   DeviceGuard guard(device);
   const HeadIndex local{Tq, C, NH, hd};
   Scratch<float> D(device, heads * Tq);
   rows_row_dots(D.get(), dout, out, B, Tq, NH, hd);
-  if (flash_attention_applies_to_rows(NH, hd, B, rows)) {
+  if (flash_attention_applies_to_rows(NH, hd, B, rows, keys)) {
     flash_attention_backward_rows(device, dq, lddq, dkv, dout, q, ldq, kv, ldkv, false, lse,
-                                  D.get(), B, T, NH, KV, hd, rows);
+                                  D.get(), B, T, NH, KV, hd, rows, keys);
     return;
   }
   Scratch<float> kh(device, heads * T * hd), vh(device, heads * T * hd);
@@ -568,28 +671,35 @@ void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     int64_t at = 0;
     for (const cpu::RowRange& r : score_pieces(rows, heads)) {
-      const int64_t n = r.size(), keys = r.end;
+      const int64_t n = r.size(), cols = seen.visible(r.end - 1);
       const int64_t rows_n = heads * n;
-      Scratch<float> P(device, rows_n * keys), dP(device, rows_n * keys);
-      head_gemm(device, false, true, n, keys, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),
-                hd, T * hd, P.get(), keys, n * keys, heads);
+      if (cols == 0) {  // dQ of these rows 0; no key's gradient changes
+        launch("attention_gqa_backward_rows (no keys)", fill_rows_kernel,
+               blocks_for(heads * n * hd, kThreads), kThreads, dqh.get(), nullptr, Tq, n, hd, at,
+               heads * n * hd);
+        at += n;
+        continue;
+      }
+      Scratch<float> P(device, rows_n * cols), dP(device, rows_n * cols);
+      head_gemm(device, false, true, n, cols, hd, scale, qh.get() + at * hd, hd, Tq * hd, kh.get(),
+                hd, T * hd, P.get(), cols, n * cols, heads);
       launch("attention_gqa_backward_rows (P)", probabilities_kernel,
-             blocks_for(rows_n * keys, kThreads), kThreads, P.get(), lse, rows_n, n, keys, r.begin,
-             Tq, at);
+             blocks_for(rows_n * cols, kThreads), kThreads, P.get(), lse, rows_n, n, cols, r.begin,
+             Tq, at, seen);
       // dV[0:end] += Pᵀ·dO
-      gemm(device, true, false, keys, hd, n, 1.0f, P.get(), keys, dy.get() + at * hd, hd, 1.0f,
-           dvh.get(), hd, nullptr, GemmBatch{heads, n * keys, Tq * hd, T * hd});
+      gemm(device, true, false, cols, hd, n, 1.0f, P.get(), cols, dy.get() + at * hd, hd, 1.0f,
+           dvh.get(), hd, nullptr, GemmBatch{heads, n * cols, Tq * hd, T * hd});
       // dP = dO·Vᵀ, then dS in place
-      head_gemm(device, false, true, n, keys, hd, 1.0f, dy.get() + at * hd, hd, Tq * hd, vh.get(),
-                hd, T * hd, dP.get(), keys, n * keys, heads);
+      head_gemm(device, false, true, n, cols, hd, 1.0f, dy.get() + at * hd, hd, Tq * hd, vh.get(),
+                hd, T * hd, dP.get(), cols, n * cols, heads);
       launch("attention_gqa_backward_rows (dS)", rows_softmax_backward_kernel,
-             blocks_for(rows_n * keys, kThreads), kThreads, dP.get(), P.get(), D.get(), scale,
-             rows_n, n, keys, Tq, at);
+             blocks_for(rows_n * cols, kThreads), kThreads, dP.get(), P.get(), D.get(), scale,
+             rows_n, n, cols, Tq, at);
       // dQ = dS·K, dK[0:end] += dSᵀ·Q
-      head_gemm(device, false, false, n, hd, keys, 1.0f, dP.get(), keys, n * keys, kh.get(), hd,
+      head_gemm(device, false, false, n, hd, cols, 1.0f, dP.get(), cols, n * cols, kh.get(), hd,
                 T * hd, dqh.get() + at * hd, hd, Tq * hd, heads);
-      gemm(device, true, false, keys, hd, n, 1.0f, dP.get(), keys, qh.get() + at * hd, hd, 1.0f,
-           dkh.get(), hd, nullptr, GemmBatch{heads, n * keys, Tq * hd, T * hd});
+      gemm(device, true, false, cols, hd, n, 1.0f, dP.get(), cols, qh.get() + at * hd, hd, 1.0f,
+           dkh.get(), hd, nullptr, GemmBatch{heads, n * cols, Tq * hd, T * hd});
       at += n;
     }
     launch("attention_gqa_backward_rows (merge dq)", rows_merge_dq_kernel,

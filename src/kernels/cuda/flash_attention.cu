@@ -33,6 +33,7 @@
 // not its local index. The whole sequence is the one run of positions 0..T-1, so both are one
 // code path; a row walks the same key tiles either way, and a rank's rows are bit for bit the
 // whole sequence's (tested).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -79,14 +80,49 @@ struct Strides {
 // The query rows a launch computes: `count` runs of consecutive positions, run i the positions
 // [begin[i], begin[i] + size[i]) at local rows [at[i], at[i] + size[i]) of the queries, dQ, the
 // output, dO, lse and D (Tq local rows per (b, h)), runs in ascending position. The whole sequence
-// is the one run {0, 0, T}; a context-parallel rank's zigzag chunks are two. Keys are the
-// positions [0, T) (T keys per (b, key/value head)), query position p seeing keys 0..p.
+// is the one run {0, 0, T}; a context-parallel rank's zigzag chunks are two.
+//
+// The keys (T per (b, key/value head)): with key_count 0 the positions [0, T), key row j at
+// position j (the whole sequence, or every position gathered); else, for a block of context
+// parallelism's ring, key_count runs of positions in ascending order, run i the positions
+// [key_begin[i], key_begin[i] + key_size[i]) at the next key_size[i] rows. Either way positions
+// ascend with the rows, so the keys a query at position p sees (those at positions <= p) are the
+// first visible(p) rows: a query's mask is one comparison of a key's row with its limit.
 constexpr int kMaxRuns = 8;
+constexpr int64_t kNeverSeen = INT64_MAX / 4;  // the position of a key row past the last
 struct Rows {
   int64_t NH, KV, T, Tq;
   int count;
   int64_t begin[kMaxRuns], at[kMaxRuns], size[kMaxRuns];
+  int key_count;
+  int64_t key_begin[kMaxRuns], key_size[kMaxRuns];
   __device__ int64_t kv_of(int64_t h) const { return h / (NH / KV); }
+  // How many key rows a query at position p sees.
+  __device__ int64_t visible(int64_t p) const {
+    if (key_count == 0) return p + 1 < T ? p + 1 : T;
+    int64_t n = 0;
+    for (int i = 0; i < key_count; ++i) {
+      const int64_t s = p + 1 - key_begin[i];
+      n += s <= 0 ? 0 : (s < key_size[i] ? s : key_size[i]);
+    }
+    return n;
+  }
+  // The position of key row j.
+  __device__ int64_t key_position(int64_t j) const {
+    if (key_count == 0) return j;
+    for (int i = 0; i < key_count; ++i) {
+      if (j < key_size[i]) return key_begin[i] + j;
+      j -= key_size[i];
+    }
+    return kNeverSeen;
+  }
+  // The 8-key blocks from key row k0 on holding a key that a warp whose last row is at position
+  // `last` sees (what rows_times_tile_t computes; the rest are all masked).
+  __device__ int64_t blocks_seen(int64_t last, int64_t k0) const {
+    if (key_count == 0) return (last - k0) / 8 + 1;
+    const int64_t end = visible(last);
+    return end > k0 ? (end - k0 + 7) / 8 : 0;
+  }
 };
 
 // The 64-row query tile that block x of the forward and dQ launches owns: run `run`, local rows
@@ -168,6 +204,7 @@ __device__ void for_each_key_tile(bf16 (*k)[Rows * kLd<kHd>], bf16 (*v)[Rows * k
                                   const In* k_head, const In* v_head, int64_t width, int64_t T,
                                   int64_t end, Body&& body) {
   constexpr bool kAsync = kStages<In> == 2;
+  if (end <= 0) return;  // a ring's block none of whose keys the rows see: nothing to fetch
   if constexpr (kAsync) {
     fetch_tile<kHd, Rows>(k[0], k_head, 0, T, width);
     fetch_tile<kHd, Rows>(v[0], v_head, 0, T, width);
@@ -302,8 +339,9 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = tile.row0 + 16 * warp;                    // this warp's first row in the run
   const int64_t r0 = p0 + w0;                                  // ... and its position
-  const int64_t pos[2] = {r0 + lane / 4, r0 + lane / 4 + 8};   // this lane's two rows' positions
-  const float scale2 = scale * kLog2e;                         // scores in log2 units
+  // This lane's two rows: how many key rows each sees (the keys at or before its position).
+  const int64_t limit[2] = {rows.visible(r0 + lane / 4), rows.visible(r0 + lane / 4 + 8)};
+  const float scale2 = scale * kLog2e;  // scores in log2 units
 
   uint32_t qa[kHd / 16][4];
   load_row_operands<kHd>(qa, q + b * qs.batch + at * qs.row + h * kHd, w0, n, qs.row);
@@ -311,13 +349,12 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
   // Per row: the running max (log2 units) and this lane's part of the running sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   // Causal: the keys up to the tile's last row's position.
-  const int64_t kv_end = p0 + (tile.row0 + kBlockRows < n ? tile.row0 + kBlockRows : n);
+  const int64_t kv_end =
+      rows.visible(p0 + (tile.row0 + kBlockRows < n ? tile.row0 + kBlockRows : n) - 1);
   for_each_key_tile<kHd, kKeyTile<kHd>>(
       k_tiles, v_tiles, k + b * kvs.batch + g * kHd, v + b * kvs.batch + g * kHd, kvs.row, T,
       kv_end, [&](const bf16* k_tile, const bf16* v_tile, int64_t k0) {
-        // Key blocks of 8 holding a key at or before this warp's last row (the rest are all
-        // masked).
-        const int64_t visible = (r0 + 15 - k0) / 8 + 1;
+        const int64_t visible = rows.blocks_seen(r0 + 15, k0);
         float s[kKeyTile<kHd> / 8][4];
         rows_times_tile_t<kHd>(s, qa, k_tile, visible);  // S = Q·Kᵀ
         float mx[2] = {-INFINITY, -INFINITY};
@@ -326,7 +363,7 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) {
             const int64_t key = k0 + 8 * j + 2 * t + e % 2;
-            s[j][e] = key <= pos[e / 2] && key < T ? s[j][e] * scale2 : -INFINITY;
+            s[j][e] = key < limit[e / 2] ? s[j][e] * scale2 : -INFINITY;
             mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
           }
         }
@@ -356,7 +393,8 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
   float inverse[2];
   for (int r = 0; r < 2; ++r) {
     l[r] = quad_sum(l[r]);
-    inverse[r] = 1.0f / l[r];
+    // A row that sees no key (a ring's block of later positions): output 0, lse -inf.
+    inverse[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     const int64_t row = w0 + lane / 4 + 8 * r;
     if (row < n && t == 0) lse[bh * Tq + at + row] = m[r] / kLog2e + logf(l[r]);
   }
@@ -388,13 +426,16 @@ __global__ void flash_backward_kv_kernel(Out* dk, Out* dv, Strides dkvs, const D
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the first tiles see most
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = k0 + 16 * warp;                           // this warp's first key
-  const int64_t keys[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two keys
+  const int64_t keys[2] = {w0 + lane / 4, w0 + lane / 4 + 8};  // this lane's two key rows
+  const int64_t key_pos[2] = {rows.key_position(keys[0]), rows.key_position(keys[1])};
+  const int64_t first_pos = rows.key_position(k0), warp_pos = rows.key_position(w0);
   const float scale2 = scale * kLog2e;
-  // Per run, its first 32-row tile holding a position at or after k0 and how many tiles from
-  // there: causal, earlier queries see none of these keys.
+  // Per run, its first 32-row tile holding a position at or after the first key's and how many
+  // tiles from there: causal, earlier queries see none of these keys.
   int64_t first[kMaxRuns], count[kMaxRuns], tiles = 0;
   for (int i = 0; i < rows.count; ++i) {
-    const int64_t skip = k0 > rows.begin[i] ? (k0 - rows.begin[i]) / kSideTile : 0;
+    const int64_t skip =
+        first_pos > rows.begin[i] ? (first_pos - rows.begin[i]) / kSideTile : 0;
     const int64_t all = (rows.size[i] + kSideTile - 1) / kSideTile;
     first[i] = skip;
     count[i] = all > skip ? all - skip : 0;
@@ -458,7 +499,7 @@ __global__ void flash_backward_kv_kernel(Out* dk, Out* dv, Strides dkvs, const D
     const bf16* q_tile = q_tiles[kAsyncQ ? stage : 0];
     const bf16* dy = dy_tiles[kAsyncDy ? stage : 0];
     if constexpr (kAsync) stage ^= 1;
-    if (q0 + kSideTile - 1 < w0) continue;  // every query before all of this warp's keys
+    if (q0 + kSideTile - 1 < warp_pos) continue;  // every query before all of this warp's keys
     float sT[kSideTile / 8][4], dpt[kSideTile / 8][4];
     rows_times_tile_t<kHd>(sT, ka, q_tile);  // Sᵀ = K·Qᵀ
     rows_times_tile_t<kHd>(dpt, va, dy);     // dPᵀ = V·dOᵀ
@@ -467,9 +508,10 @@ __global__ void flash_backward_kv_kernel(Out* dk, Out* dv, Strides dkvs, const D
       LOOM_UNROLL
       for (int e = 0; e < 4; ++e) {
         const int c = 8 * j + 2 * t + e % 2;
-        const int64_t i = q0 + c, key = keys[e / 2];
-        const float prob =
-            i >= key && st.row0 + c < n && key < T ? exp2f(sT[j][e] * scale2 - lse2_q[c]) : 0.0f;
+        const int64_t i = q0 + c;
+        const float prob = i >= key_pos[e / 2] && st.row0 + c < n && keys[e / 2] < T
+                               ? exp2f(sT[j][e] * scale2 - lse2_q[c])
+                               : 0.0f;
         sT[j][e] = prob;                                  // Pᵀ
         dpt[j][e] = prob * (dpt[j][e] - d_q[c]) * scale;  // dSᵀ
       }
@@ -509,11 +551,15 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
   load_row_operands<kHd>(qa, q + b * qs.batch + at * qs.row + h * kHd, w0, n, qs.row);
   load_row_operands<kHd>(dya, dout + (b * Tq + at) * C + h * kHd, w0, n, C);
   float dq_acc[kHd / 8][4] = {};
-  const int64_t kv_end = p0 + (tile.row0 + kBlockRows < n ? tile.row0 + kBlockRows : n);
+  // How many key rows this lane's two rows see, and the warp's last row.
+  const int64_t limit[2] = {rows.visible(p0 + local[0]), rows.visible(p0 + local[1])};
+  const int64_t warp_end = rows.key_count == 0 ? r0 + 16 : rows.visible(r0 + 15);
+  const int64_t kv_end =
+      rows.visible(p0 + (tile.row0 + kBlockRows < n ? tile.row0 + kBlockRows : n) - 1);
   for_each_key_tile<kHd, kSideTile>(
       k_tiles, v_tiles, k + b * kvs.batch + g * kHd, v + b * kvs.batch + g * kHd, kvs.row, T,
       kv_end, [&](const bf16* k_tile, const bf16* v_tile, int64_t k0) {
-        if (k0 > r0 + 15) return;  // every key after all of this warp's rows
+        if (k0 >= warp_end) return;  // every key after all of this warp's rows
         float s[kSideTile / 8][4], dp[kSideTile / 8][4];
         rows_times_tile_t<kHd>(s, qa, k_tile);   // S = Q·Kᵀ
         rows_times_tile_t<kHd>(dp, dya, v_tile);  // dP = dO·Vᵀ
@@ -521,9 +567,10 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
         for (int j = 0; j < kSideTile / 8; ++j) {
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) {
-            const int64_t key = k0 + 8 * j + 2 * t + e % 2, row = local[e / 2];
-            const float prob =
-                key <= p0 + row && row < n ? exp2f(s[j][e] * scale2 - lse2[e / 2]) : 0.0f;
+            const int64_t key = k0 + 8 * j + 2 * t + e % 2;
+            const float prob = key < limit[e / 2] && local[e / 2] < n
+                                   ? exp2f(s[j][e] * scale2 - lse2[e / 2])
+                                   : 0.0f;
             s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
           }
         }
@@ -580,33 +627,51 @@ Operands<In> whole_sequence(const In* qkv, int64_t T, int64_t C, int64_t NH, int
   if (NH <= 0) fail("flash attention: ", NH, " query heads");
   const int64_t hd = C / NH, W = (NH + 2 * KV) * hd;
   check_heads(NH, KV, C % NH == 0 ? hd : 0);
-  Rows rows{NH, KV, T, T, 1, {0}, {0}, {T}};
+  Rows rows{NH, KV, T, T, 1, {0}, {0}, {T}, 0, {}, {}};
   const Strides s{W, T * W};
   check_rows_aligned(qkv, s, "qkv");
   return {qkv, s, qkv + NH * hd, qkv + (NH + KV) * hd, s, rows, hd};
 }
 
-// Context parallelism's: queries q (B, Tq, ldq) at positions `ranges`, keys then values of every
-// position in kv (B, T, ldkv).
+// Context parallelism's: queries q (B, Tq, ldq) at positions `ranges`, keys then values in kv
+// (B, T, ldkv): every position's, or with `keys` those of its runs of positions (a ring's block).
 template <typename In>
 Operands<In> query_rows(const In* q, int64_t ldq, const In* kv, int64_t ldkv, int64_t T,
-                        int64_t NH, int64_t KV, int64_t hd,
-                        std::span<const cpu::RowRange> ranges) {
+                        int64_t NH, int64_t KV, int64_t hd, std::span<const cpu::RowRange> ranges,
+                        std::span<const cpu::RowRange> keys) {
   check_heads(NH, KV, hd);
-  Rows rows{NH, KV, T, cpu::rows_in(ranges), 0, {}, {}, {}};
+  Rows rows{NH, KV, T, cpu::rows_in(ranges), 0, {}, {}, {}, 0, {}, {}};
   int64_t at = 0, last = 0;
   for (const cpu::RowRange& r : ranges) {
     if (r.size() == 0) continue;
     if (rows.count == kMaxRuns)
       fail("flash attention: more than ", kMaxRuns, " runs of query rows");
-    if (r.begin < last || r.end > T)
-      fail("flash attention: query rows [", r.begin, ", ", r.end, ") out of order or past ", T);
+    if (r.begin < last)
+      fail("flash attention: query rows [", r.begin, ", ", r.end, ") out of order");
     rows.begin[rows.count] = r.begin;
     rows.at[rows.count] = at;
     rows.size[rows.count] = r.size();
     ++rows.count;
     at += r.size();
     last = r.end;
+  }
+  if (!keys.empty()) {
+    last = 0;
+    for (const cpu::RowRange& r : keys) {
+      if (r.size() == 0) continue;
+      if (rows.key_count == kMaxRuns)
+        fail("flash attention: more than ", kMaxRuns, " runs of key positions");
+      if (r.begin < last) fail("flash attention: key positions [", r.begin, ", ", r.end,
+                               ") out of order");
+      rows.key_begin[rows.key_count] = r.begin;
+      rows.key_size[rows.key_count] = r.size();
+      ++rows.key_count;
+      last = r.end;
+    }
+    if (cpu::rows_in(keys) != T)
+      fail("flash attention: key runs of ", cpu::rows_in(keys), " positions for ", T, " key rows");
+  } else if (last > T) {
+    fail("flash attention: query rows past the ", T, " keys");
   }
   const Strides qs{ldq, rows.Tq * ldq}, kvs{ldkv, T * ldkv};
   check_rows_aligned(q, qs, "q");
@@ -688,10 +753,13 @@ bool flash_attention_applies(int64_t C, int64_t NH, int64_t B) {
 }
 
 bool flash_attention_applies_to_rows(int64_t NH, int64_t hd, int64_t B,
-                                     std::span<const cpu::RowRange> rows) {
-  int64_t runs = 0;
-  for (const cpu::RowRange& r : rows) runs += r.size() > 0;
-  return runs <= kMaxRuns && flash_attention_applies(NH * hd, NH, B);
+                                     std::span<const cpu::RowRange> rows,
+                                     std::span<const cpu::RowRange> keys) {
+  const auto runs = [](std::span<const cpu::RowRange> r) {
+    return std::count_if(r.begin(), r.end(), [](const cpu::RowRange& x) { return x.size() > 0; });
+  };
+  return runs(rows) <= kMaxRuns && runs(keys) <= kMaxRuns &&
+         flash_attention_applies(NH * hd, NH, B);
 }
 
 void flash_attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
@@ -742,16 +810,17 @@ void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout
 void flash_attention_forward_rows(int device, float* out, float* lse, const void* q, int64_t ldq,
                                   const void* kv, int64_t ldkv, bool bf16_in, int64_t B, int64_t T,
                                   int64_t NH, int64_t KV, int64_t hd,
-                                  std::span<const cpu::RowRange> rows) {
+                                  std::span<const cpu::RowRange> rows,
+                                  std::span<const cpu::RowRange> keys) {
   if (bf16_in)
     flash_forward(device, out, lse,
                   query_rows(static_cast<const bf16*>(q), ldq, static_cast<const bf16*>(kv), ldkv,
-                             T, NH, KV, hd, rows),
+                             T, NH, KV, hd, rows, keys),
                   B, "attention_gqa_forward_rows (flash, bf16 q and kv)");
   else
     flash_forward(device, out, lse,
                   query_rows(static_cast<const float*>(q), ldq, static_cast<const float*>(kv),
-                             ldkv, T, NH, KV, hd, rows),
+                             ldkv, T, NH, KV, hd, rows, keys),
                   B, "attention_gqa_forward_rows (flash)");
 }
 
@@ -759,9 +828,10 @@ void flash_attention_backward_rows(int device, float* dq, int64_t lddq, float* d
                                    const float* dout, const void* q, int64_t ldq, const void* kv,
                                    int64_t ldkv, bool bf16_in, const float* lse, const float* D,
                                    int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                   std::span<const cpu::RowRange> rows) {
+                                   std::span<const cpu::RowRange> rows,
+                                   std::span<const cpu::RowRange> keys) {
   const auto run = [&](const auto* typed_q, const auto* typed_kv) {
-    const auto x = query_rows(typed_q, ldq, typed_kv, ldkv, T, NH, KV, hd, rows);
+    const auto x = query_rows(typed_q, ldq, typed_kv, ldkv, T, NH, KV, hd, rows, keys);
     flash_backward(device, dq, Strides{lddq, x.rows.Tq * lddq}, dkv, dkv + KV * hd, x.kvs, dout,
                    lse, D, x, B);
   };

@@ -40,19 +40,24 @@ void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout
 
 // Context parallelism's attention of some query rows (attention_gqa_forward_rows' and
 // attention_gqa_backward_rows' contracts, kernels.h) by the same kernels, the queries at their
-// positions: where flash_attention_applies and the rows are at most 8 runs of positions.
+// positions, and with `keys` the keys and values of a ring's block (at those runs of positions):
+// where flash_attention_applies and the rows and the keys are at most 8 runs of positions each.
 bool flash_attention_applies_to_rows(int64_t NH, int64_t hd, int64_t B,
-                                     std::span<const cpu::RowRange> rows);
+                                     std::span<const cpu::RowRange> rows,
+                                     std::span<const cpu::RowRange> keys = {});
 // q and kv floats, or bf16 values when `bf16_in` (context parallelism keeps and exchanges them so).
+// A row that sees none of the keys gets output 0 and lse -inf.
 void flash_attention_forward_rows(int device, float* out, float* lse, const void* q, int64_t ldq,
                                   const void* kv, int64_t ldkv, bool bf16_in, int64_t B, int64_t T,
                                   int64_t NH, int64_t KV, int64_t hd,
-                                  std::span<const cpu::RowRange> rows);
+                                  std::span<const cpu::RowRange> rows,
+                                  std::span<const cpu::RowRange> keys = {});
 // D = rowsum(dout ∘ out) per (b, h, local row), as lse. dkv's every row is written.
 void flash_attention_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
                                    const float* dout, const void* q, int64_t ldq, const void* kv,
                                    int64_t ldkv, bool bf16_in, const float* lse, const float* D,
                                    int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                   std::span<const cpu::RowRange> rows);
+                                   std::span<const cpu::RowRange> rows,
+                                   std::span<const cpu::RowRange> keys = {});
 
 }  // namespace loom::cuda

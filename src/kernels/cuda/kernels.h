@@ -365,43 +365,54 @@ void attention_gqa_backward(int device, float* dqkv, const float* dout, const fl
                             const float* out, const float* lse, int64_t B, int64_t T, int64_t NH,
                             int64_t KV, int64_t hd);
 // Context parallelism (kernels/cpu/attention.h, attention_gqa_*_rows): the attention of the
-// query rows `rows` (positions, in order) of q (B, Tq, ldq) over every position's keys and
-// values kv (B, T, ldkv: KV key heads, then KV value heads), the CPU kernels' contract. Where
-// the whole sequence's attention takes the flash kernels (bf16, head size 64 or 128) they run
-// here too, the queries at their positions and grouped key/value heads read in place (up to 8
-// runs of rows); else the batched-GEMM path per piece of the rows (scores (B·NH, rows, keys) in
-// scratch, the pieces cut so that they stay within attention_score_bytes(), 256 MiB unless set).
-// The backward writes dq's first NH·hd columns (row stride lddq) and overwrites dkv, a shared
-// key/value head's gradient summed over its query heads in ascending order.
+// query rows `rows` (positions, in order) of q (B, Tq, ldq) over the keys and values kv (B, T,
+// ldkv: KV key heads, then KV value heads) — every position's, or with `keys` a ring's block
+// (the positions of those runs, ascending, T in all; a row that sees none of them gets output 0
+// and lse -inf) — the CPU kernels' contract. Where the whole sequence's attention takes the
+// flash kernels (bf16, head size 64 or 128) they run here too, the queries at their positions
+// and grouped key/value heads read in place (up to 8 runs of rows, and of keys); else the
+// batched-GEMM path per piece of the rows (scores (B·NH, rows, keys) in scratch, the pieces cut
+// so that they stay within attention_score_bytes(), 256 MiB unless set). The backward writes
+// dq's first NH·hd columns (row stride lddq) and overwrites dkv, a shared key/value head's
+// gradient summed over its query heads in ascending order.
 void set_attention_score_bytes(int64_t bytes);  // process-wide, like set_matmul_precision
 int64_t attention_score_bytes();
 void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
                                 const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
-                                int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows);
+                                int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows,
+                                std::span<const cpu::RowRange> keys = {});
 void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
                                  const float* dout,
                                  const float* q, int64_t ldq, const float* kv, int64_t ldkv,
                                  const float* out, const float* lse, int64_t B, int64_t T,
                                  int64_t NH, int64_t KV, int64_t hd,
-                                 std::span<const cpu::RowRange> rows);
+                                 std::span<const cpu::RowRange> rows,
+                                 std::span<const cpu::RowRange> keys = {});
+// The ring's merge of two partial attentions of the same rows (cpu::attention_merge_rows: the
+// same formula, in the same order).
+void attention_merge_rows(int device, float* out, float* lse, const float* part_out,
+                          const float* part_lse, int64_t B, int64_t Tq, int64_t NH, int64_t hd);
 // Context parallelism at bf16 on the flash kernels (attention_rows_take_bf16: where they apply to
-// these rows): q and kv kept and exchanged as bf16 values, rounded once as the flash kernels
-// would round them when they load — the same results, half the bytes; out, lse, dout, dq and dkv
-// fp32. copy_columns_to_bf16 rounds a qkv's columns into them.
+// these rows and keys): q and kv kept and exchanged as bf16 values, rounded once as the flash
+// kernels would round them when they load — the same results, half the bytes; out, lse, dout, dq
+// and dkv fp32. copy_columns_to_bf16 rounds a qkv's columns into them.
 bool attention_rows_take_bf16(int64_t NH, int64_t hd, int64_t B,
-                              std::span<const cpu::RowRange> rows);
+                              std::span<const cpu::RowRange> rows,
+                              std::span<const cpu::RowRange> keys = {});
 void copy_columns_to_bf16(int device, void* dst, int64_t ld_dst, const float* src, int64_t ld_src,
                           int64_t rows, int64_t width);
 void attention_gqa_forward_rows_bf16(int device, float* out, float* lse, const void* q,
                                      int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
                                      int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                     std::span<const cpu::RowRange> rows);
+                                     std::span<const cpu::RowRange> rows,
+                                     std::span<const cpu::RowRange> keys = {});
 void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
                                       const void* kv, int64_t ldkv, const float* out,
                                       const float* lse, int64_t B, int64_t T, int64_t NH,
                                       int64_t KV, int64_t hd,
-                                      std::span<const cpu::RowRange> rows);
+                                      std::span<const cpu::RowRange> rows,
+                                      std::span<const cpu::RowRange> keys = {});
 // Columns [0, width) of `rows` rows between row strides ld_src and ld_dst (cpu/attention.h).
 void copy_columns(int device, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
                   int64_t rows, int64_t width);
