@@ -12,6 +12,32 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+namespace {
+// Two operations as one: done when both are; wait() waits for each (the first error thrown).
+class BothWork final : public Work {
+ public:
+  BothWork(WorkHandle first, WorkHandle second)
+      : first_(std::move(first)), second_(std::move(second)) {}
+  void wait() override {
+    first_->wait();
+    second_->wait();
+  }
+  bool test() override {
+    const bool a = first_->test();
+    return second_->test() && a;
+  }
+
+ private:
+  WorkHandle first_, second_;
+};
+}  // namespace
+
+WorkHandle Communicator::send_recv_async(const Tensor& to_send, int dst, Tensor& into, int src,
+                                         int tag) {
+  WorkHandle sent = send_async(to_send, dst, tag);
+  return std::make_shared<BothWork>(std::move(sent), recv_async(into, src, tag));
+}
+
 double all_reduce_value(Communicator& comm, double value, ReduceOp op) {
   Tensor host = Tensor::empty({1}, DType::kF64);
   host.data<double>()[0] = value;

@@ -92,6 +92,12 @@ class Communicator {
   // Point to point; a send matches the recv of the same (source, destination, tag), in order.
   virtual WorkHandle send_async(const Tensor& tensor, int dst, int tag) = 0;
   virtual WorkHandle recv_async(Tensor& tensor, int src, int tag) = 0;
+  // Both at once, one handle: `to_send` to dst and `into` from src — a ring's step, where every
+  // rank sends to its next and receives from its previous. A backend whose sends block until
+  // received and whose operations run in issue order (nccl) posts the two together, so that a
+  // ring of sends cannot wait on itself; the default posts send_async, then recv_async.
+  virtual WorkHandle send_recv_async(const Tensor& to_send, int dst, Tensor& into, int src,
+                                     int tag);
 
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // old rank). color < 0 → nullptr for that rank (it joins no group).
@@ -111,6 +117,9 @@ class Communicator {
   void barrier() { barrier_async()->wait(); }
   void send(const Tensor& tensor, int dst, int tag = 0) { send_async(tensor, dst, tag)->wait(); }
   void recv(Tensor& tensor, int src, int tag = 0) { recv_async(tensor, src, tag)->wait(); }
+  void send_recv(const Tensor& to_send, int dst, Tensor& into, int src, int tag = 0) {
+    send_recv_async(to_send, dst, into, src, tag)->wait();
+  }
 };
 
 // Host values through any communicator, staged through its tensor_device() (a GPU under nccl):

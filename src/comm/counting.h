@@ -97,6 +97,10 @@ class CountingCommunicator final : public Communicator {
   WorkHandle recv_async(Tensor& t, int src, int tag) override {
     return timed(inner_.recv_async(t, src, tag));
   }
+  WorkHandle send_recv_async(const Tensor& t, int dst, Tensor& into, int src, int tag) override {
+    count(t);
+    return timed(inner_.send_recv_async(t, dst, into, src, tag));
+  }
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
 
  private:

@@ -252,10 +252,6 @@ void validate_runtime(const RuntimeConfig& r, const ParallelConfig& par, Problem
     p.add("runtime.device = ", toml_quote(r.device), " must be \"cpu\", \"cuda\" or \"cuda:N\"");
   else if (r.backend == "nccl" && !r.device.starts_with("cuda"))
     p.add("runtime.backend = \"nccl\" needs a cuda runtime.device, got ", toml_quote(r.device));
-  if (par.cp > 1 && par.cp_comm == "ring" && r.device.starts_with("cuda"))
-    p.add("parallel.cp_comm = \"ring\" runs on CPU ranks (the GPU attention kernels take the ",
-          "whole sequence's keys): with runtime.device = ", toml_quote(r.device),
-          " use parallel.cp_comm = \"all_gather\"");
   p.one_of("runtime.matmul_precision", r.matmul_precision, {"fp32", "tf32", "bf16", "fp16", "fp8"});
   p.positive("runtime.fp8_block", r.fp8_block);
   if ((r.matmul_precision == "tf32" || r.matmul_precision == "fp16") && valid_device(r.device) &&

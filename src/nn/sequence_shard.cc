@@ -39,53 +39,55 @@ void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
 void SequenceShard::ring_blocks(Context&, const Tensor&, const BlockVisit&) {
   fail("this sequence shard has no ring exchange");
 }
-Tensor SequenceShard::ring_blocks_backward(Context&, const Tensor&, const GradVisit&) {
+Tensor SequenceShard::ring_blocks_backward(Context&, const Tensor&, DType, const GradVisit&) {
   fail("this sequence shard has no ring exchange");
 }
 
 namespace {
+// The rows' attention over one block of keys and values (o, l shaped as att and lse).
+using AttendBlock = std::function<void(Tensor& o, Tensor& l, const Tensor& block,
+                                       const std::vector<cpu::RowRange>& keys)>;
+// Its backward: this rank's dQ over the block into dq, the block's dK/dV share into grad.
+using AttendBlockBackward = std::function<void(Tensor& dq, Tensor& grad, const Tensor& block,
+                                               const std::vector<cpu::RowRange>& keys)>;
+
 // The ring's forward: the rows' attention over each block as it comes round, merged into att and
 // lse (the own block's written straight in: it comes first).
-template <typename T_>
-void ring_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q, const Tensor& kv,
-                            int64_t B, int64_t NH, int64_t KV, int64_t hd, Tensor& att,
-                            Tensor& lse) {
-  const int64_t Tl = shard.local_length(), C = NH * hd, kv_width = kv.dim(2);
+void ring_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& kv, int64_t B,
+                            int64_t NH, int64_t hd, Tensor& att, Tensor& lse,
+                            const AttendBlock& attend) {
+  const int64_t Tl = shard.local_length();
   Tensor part_att = Tensor::empty(att.shape(), att.dtype(), ctx.device);
   Tensor part_lse = Tensor::empty(lse.shape(), lse.dtype(), ctx.device);
   bool first = true;
   shard.ring_blocks(ctx, kv, [&](const Tensor& block, const std::vector<cpu::RowRange>& keys) {
-    Tensor& o = first ? att : part_att;
-    Tensor& l = first ? lse : part_lse;
-    ops::attention_gqa_forward_rows<T_>(ctx.exec(), o.data<T_>(), l.data<T_>(), q.data<T_>(), C,
-                                        block.data<T_>(), kv_width, B, cpu::rows_in(keys), NH, KV,
-                                        hd, shard.positions(), keys);
+    attend(first ? att : part_att, first ? lse : part_lse, block, keys);
     if (!first)
-      ops::attention_merge_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(),
-                                    part_att.data<T_>(), part_lse.data<T_>(), B, Tl, NH, hd);
+      dispatch_float(att.dtype(), [&](auto zero) {
+        using T_ = decltype(zero);
+        ops::attention_merge_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(),
+                                      part_att.data<T_>(), part_lse.data<T_>(), B, Tl, NH, hd);
+      });
     first = false;
   });
 }
 
-// Its backward: dQ summed over the blocks in ring order, each block's dK and dV handed to the
-// ring to travel home. Returns (B, Tl, 2·KV·hd), the group's sum for this rank's keys and values.
-template <typename T_>
-Tensor ring_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& q,
-                               const Tensor& kv, const Tensor& att, const Tensor& lse,
-                               const Tensor& datt, int64_t NH, int64_t KV, int64_t hd,
-                               Tensor& dq) {
-  const int64_t B = kv.dim(0), C = NH * hd, kv_width = kv.dim(2);
+// Its backward: dQ summed over the blocks in ring order, each block's dK and dV (in dq's dtype)
+// handed to the ring to travel home. Returns (B, Tl, 2·KV·hd), the group's sum for this rank's
+// keys and values.
+Tensor ring_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& kv, Tensor& dq,
+                               const AttendBlockBackward& attend) {
   Tensor part_dq = Tensor::empty(dq.shape(), dq.dtype(), ctx.device);
   bool first = true;
   return shard.ring_blocks_backward(
-      ctx, kv,
+      ctx, kv, dq.dtype(),
       [&](const Tensor& block, const std::vector<cpu::RowRange>& keys, Tensor& grad) {
-        Tensor& d = first ? dq : part_dq;
-        ops::attention_gqa_backward_rows<T_>(
-            ctx.exec(), d.data<T_>(), C, grad.data<T_>(), datt.data<T_>(), q.data<T_>(), C,
-            block.data<T_>(), kv_width, att.data<T_>(), lse.data<T_>(), B, cpu::rows_in(keys), NH,
-            KV, hd, shard.positions(), keys);
-        if (!first) ops::add_inplace<T_>(ctx.exec(), dq.data<T_>(), part_dq.data<T_>(), dq.numel());
+        attend(first ? dq : part_dq, grad, block, keys);
+        if (!first)
+          dispatch_float(dq.dtype(), [&](auto zero) {
+            using T_ = decltype(zero);
+            ops::add_inplace<T_>(ctx.exec(), dq.data<T_>(), part_dq.data<T_>(), dq.numel());
+          });
         first = false;
       });
 }
@@ -99,9 +101,12 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
   LOOM_CHECK_MSG(qkv.dtype() == ctx.dtype,
                  "context parallelism's attention takes its qkv at the activations' dtype");
   const int64_t C = NH * hd, kv_width = 2 * KV * hd;
-  // On a GPU at bf16 whose flash kernels take these rows: q and kv in bf16 (half the bytes kept
-  // and exchanged; the kernels would round them to bf16 as they load them anyway).
-  const bool bf16 = ops::attention_rows_take_bf16(ctx.exec(), NH, hd, B, shard.positions());
+  // On a GPU at bf16 whose flash kernels take these rows (and, with the ring, a block of keys at
+  // positions like them): q and kv in bf16 (half the bytes kept and exchanged; the kernels would
+  // round them to bf16 as they load them anyway).
+  const std::vector<cpu::RowRange> no_keys;
+  const bool bf16 = ops::attention_rows_take_bf16(ctx.exec(), NH, hd, B, shard.positions(),
+                                                  shard.ring() ? shard.positions() : no_keys);
   const DType kept = bf16 ? DType::kBF16 : qkv.dtype();
   q = Tensor::empty({B, Tl, C}, kept, ctx.device);
   Tensor kv_local = Tensor::empty({B, Tl, kv_width}, kept, ctx.device);
@@ -111,68 +116,83 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
     ops::copy_columns_to_bf16(ctx.exec(), q.raw(), C, qkv.data<float>(), W, B * Tl, C);
     ops::copy_columns_to_bf16(ctx.exec(), kv_local.raw(), kv_width, qkv.data<float>() + C, W,
                               B * Tl, kv_width);
-    kv = shard.gather(ctx, kv_local);
-    ops::attention_gqa_forward_rows_bf16(ctx.exec(), att.data<float>(), lse.data<float>(), q.raw(),
-                                         C, kv.raw(), kv_width, B, T, NH, KV, hd,
-                                         shard.positions());
-    return;
+  } else {
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      ops::copy_columns<T_>(ctx.exec(), q.data<T_>(), C, qkv.data<T_>(), W, B * Tl, C);
+      ops::copy_columns<T_>(ctx.exec(), kv_local.data<T_>(), kv_width, qkv.data<T_>() + C, W,
+                            B * Tl, kv_width);
+    });
   }
-  dispatch_float(ctx.dtype, [&](auto zero) {
-    using T_ = decltype(zero);
-    ops::copy_columns<T_>(ctx.exec(), q.data<T_>(), C, qkv.data<T_>(), W, B * Tl, C);
-    ops::copy_columns<T_>(ctx.exec(), kv_local.data<T_>(), kv_width, qkv.data<T_>() + C, W,
-                          B * Tl, kv_width);
-  });
+  // The rows' attention over keys and values `block` at positions `keys` (none: every position).
+  const auto attend = [&](Tensor& o, Tensor& l, const Tensor& block,
+                          const std::vector<cpu::RowRange>& keys) {
+    const int64_t Tk = keys.empty() ? T : cpu::rows_in(keys);
+    if (bf16) {
+      ops::attention_gqa_forward_rows_bf16(ctx.exec(), o.data<float>(), l.data<float>(), q.raw(),
+                                           C, block.raw(), kv_width, B, Tk, NH, KV, hd,
+                                           shard.positions(), keys);
+      return;
+    }
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      ops::attention_gqa_forward_rows<T_>(ctx.exec(), o.data<T_>(), l.data<T_>(), q.data<T_>(), C,
+                                          block.data<T_>(), kv_width, B, Tk, NH, KV, hd,
+                                          shard.positions(), keys);
+    });
+  };
   if (shard.ring()) {  // keep this rank's keys and values only; the others come round
     kv = kv_local;
-    dispatch_float(ctx.dtype, [&](auto zero) {
-      ring_attention_forward<decltype(zero)>(ctx, shard, q, kv, B, NH, KV, hd, att, lse);
-    });
+    ring_attention_forward(ctx, shard, kv, B, NH, hd, att, lse, attend);
     return;
   }
   kv = shard.gather(ctx, kv_local);
-  dispatch_float(ctx.dtype, [&](auto zero) {
-    using T_ = decltype(zero);
-    ops::attention_gqa_forward_rows<T_>(ctx.exec(), att.data<T_>(), lse.data<T_>(), q.data<T_>(),
-                                        C, kv.data<T_>(), kv_width, B, T, NH, KV, hd,
-                                        shard.positions());
-  });
+  attend(att, lse, kv, no_keys);
 }
 
 Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& q,
                                 const Tensor& kv, const Tensor& att, const Tensor& lse,
                                 const Tensor& datt, int64_t NH, int64_t KV, int64_t hd) {
-  const int64_t B = kv.dim(0), T = kv.dim(1), kv_width = kv.dim(2), C = NH * hd;
+  const int64_t B = kv.dim(0), kv_width = kv.dim(2), C = NH * hd;
   const int64_t Tl = shard.local_length(), W = C + kv_width;
   Tensor dqkv = Tensor::empty({B, Tl, W}, ctx.dtype, ctx.device);
+  // dq (row stride ld) and the block's dK/dV share `grad` over keys and values `block` at
+  // positions `keys` (none: every position), with the forward's merged att and lse.
+  const auto attend = [&](Tensor& dq, int64_t ld, Tensor& grad, const Tensor& block,
+                          const std::vector<cpu::RowRange>& keys) {
+    const int64_t Tk = block.dim(1);
+    if (block.dtype() == DType::kBF16) {  // the forward's bf16 q and kv (attention_rows_take_bf16)
+      ops::attention_gqa_backward_rows_bf16(ctx.exec(), dq.data<float>(), ld, grad.data<float>(),
+                                            datt.data<float>(), q.raw(), C, block.raw(), kv_width,
+                                            att.data<float>(), lse.data<float>(), B, Tk, NH, KV,
+                                            hd, shard.positions(), keys);
+      return;
+    }
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      ops::attention_gqa_backward_rows<T_>(ctx.exec(), dq.data<T_>(), ld, grad.data<T_>(),
+                                           datt.data<T_>(), q.data<T_>(), C, block.data<T_>(),
+                                           kv_width, att.data<T_>(), lse.data<T_>(), B, Tk, NH, KV,
+                                           hd, shard.positions(), keys);
+    });
+  };
+  Tensor mine;  // (B, Tl, 2·KV·hd): the group's sum of dK and dV at this rank's positions
   if (shard.ring()) {
+    Tensor dq = Tensor::empty({B, Tl, C}, ctx.dtype, ctx.device);
+    mine = ring_attention_backward(
+        ctx, shard, kv, dq,
+        [&](Tensor& d, Tensor& grad, const Tensor& block, const std::vector<cpu::RowRange>& keys) {
+          attend(d, C, grad, block, keys);
+        });
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);
-      Tensor dq = Tensor::empty({B, Tl, C}, ctx.dtype, ctx.device);
-      const Tensor mine =
-          ring_attention_backward<T_>(ctx, shard, q, kv, att, lse, datt, NH, KV, hd, dq);
       ops::copy_columns<T_>(ctx.exec(), dqkv.data<T_>(), W, dq.data<T_>(), C, B * Tl, C);
-      ops::copy_columns<T_>(ctx.exec(), dqkv.data<T_>() + C, W, mine.data<T_>(), kv_width, B * Tl,
-                            kv_width);
     });
-    return dqkv;
-  }
-  Tensor dkv = Tensor::empty(kv.shape(), ctx.dtype, ctx.device);
-  if (kv.dtype() == DType::kBF16) {  // the forward's bf16 q and kv (attention_rows_take_bf16)
-    ops::attention_gqa_backward_rows_bf16(ctx.exec(), dqkv.data<float>(), W, dkv.data<float>(),
-                                          datt.data<float>(), q.raw(), C, kv.raw(), kv_width,
-                                          att.data<float>(), lse.data<float>(), B, T, NH, KV, hd,
-                                          shard.positions());
   } else {
-    dispatch_float(ctx.dtype, [&](auto zero) {
-      using T_ = decltype(zero);
-      ops::attention_gqa_backward_rows<T_>(ctx.exec(), dqkv.data<T_>(), W, dkv.data<T_>(),
-                                           datt.data<T_>(), q.data<T_>(), C, kv.data<T_>(),
-                                           kv_width, att.data<T_>(), lse.data<T_>(), B, T, NH, KV,
-                                           hd, shard.positions());
-    });
+    Tensor dkv = Tensor::empty(kv.shape(), ctx.dtype, ctx.device);
+    attend(dqkv, W, dkv, kv, {});
+    mine = shard.reduce_scatter(ctx, dkv);
   }
-  const Tensor mine = shard.reduce_scatter(ctx, dkv);  // (B, Tl, 2·KV·hd)
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::copy_columns<T_>(ctx.exec(), dqkv.data<T_>() + C, W, mine.data<T_>(), kv_width, B * Tl,

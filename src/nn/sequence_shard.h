@@ -46,11 +46,12 @@ class SequenceShard {
   virtual void ring_blocks(Context& ctx, const Tensor& local, const BlockVisit& visit);
   using GradVisit = std::function<void(const Tensor& block,
                                        const std::vector<cpu::RowRange>& positions, Tensor& grad)>;
-  // The backward's pass: visit(block, positions, grad) overwrites grad (shaped as block) with
-  // this rank's gradient of that block. Each block's gradient travels with it, summed rank after
-  // rank from its owner on, and comes home: the result is the group's sum for this rank's own
-  // block, (B, local_length, W).
-  virtual Tensor ring_blocks_backward(Context& ctx, const Tensor& local, const GradVisit& visit);
+  // The backward's pass: visit(block, positions, grad) overwrites grad (shaped as block, of
+  // dtype grad_dtype: a GPU's bf16 blocks have fp32 gradients) with this rank's gradient of that
+  // block. Each block's gradient travels with it, summed rank after rank from its owner on, and
+  // comes home: the result is the group's sum for this rank's own block, (B, local_length, W).
+  virtual Tensor ring_blocks_backward(Context& ctx, const Tensor& local, DType grad_dtype,
+                                      const GradVisit& visit);
 };
 
 // Rows `positions` of a (T, W) table, stacked: (Σ sizes, W), on the table's device.
@@ -66,8 +67,8 @@ void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
 // itself need not be kept; with the ring (shard.ring()) only this rank's keys and values (B, Tl,
 // 2·KV·hd), every other block passed round again in the backward. att (B·Tl, NH·hd) and lse
 // (B, NH, Tl) are written. On a GPU at bf16 whose flash kernels take the rows
-// (ops::attention_rows_take_bf16) q and kv are bf16: half the bytes kept and all-gathered, the
-// same results.
+// (ops::attention_rows_take_bf16) q and kv are bf16: half the bytes kept and exchanged
+// (all-gathered or passed round the ring), the same results.
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
                              int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
                              Tensor& att, Tensor& lse);

@@ -38,9 +38,6 @@ Tensor shard_tokens(const Tensor& tokens, const std::vector<cpu::RowRange>& posi
 
 ContextParallel::ContextParallel(Communicator& cp, int64_t T, bool ring)
     : cp_(cp), T_(T), ring_(ring) {
-  if (ring && cp.tensor_device().is_cuda())
-    fail("parallel.cp_comm = \"ring\" runs on CPU ranks (the GPU kernels take the whole ",
-         "sequence's keys); on GPUs use parallel.cp_comm = \"all_gather\"");
   for (int r = 0; r < cp.size(); ++r) positions_.push_back(zigzag_positions(T, cp.size(), r));
 }
 
@@ -102,17 +99,17 @@ void ContextParallel::walk_ring(Context& ctx, const Tensor& local,
   Tensor buffers[2];
   Tensor current = local;
   for (int s = 0; s < n; ++s) {
-    WorkHandle sent, received;
+    WorkHandle passed;
     if (s + 1 < n) {
       Tensor& into = buffers[s % 2];
       if (!into.defined()) into = Tensor::empty(local.shape(), local.dtype(), ctx.device);
-      sent = cp_.send_async(current, next, kTagBlock);
-      received = cp_.recv_async(into, prev, kTagBlock);
+      // One operation: under nccl the send and the recv go in one group (a ring of separate
+      // sends would wait on itself).
+      passed = cp_.send_recv_async(current, next, into, prev, kTagBlock);
     }
     step(s, current);
     if (s + 1 < n) {
-      sent->wait();
-      received->wait();
+      passed->wait();
       current = buffers[s % 2];
     }
   }
@@ -130,32 +127,32 @@ void ContextParallel::ring_blocks(Context& ctx, const Tensor& local, const Block
 // one rank further: home. Each rank's share is computed while the running sum it joins is still
 // in flight. Three gradient buffers rotate: the running sum in hand (then sent on), the one
 // being received, and the share.
-Tensor ContextParallel::ring_blocks_backward(Context& ctx, const Tensor& local,
+Tensor ContextParallel::ring_blocks_backward(Context& ctx, const Tensor& local, DType grad_dtype,
                                              const GradVisit& visit) {
   const int n = cp_.size(), r = cp_.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
-  auto like = [&] { return Tensor::empty(local.shape(), local.dtype(), ctx.device); };
+  auto like = [&] { return Tensor::empty(local.shape(), grad_dtype, ctx.device); };
   Tensor sum = like(), incoming = like(), share = like();
-  WorkHandle sum_sent, sum_received;
+  WorkHandle sums_passed;
   walk_ring(ctx, local, [&](int s, const Tensor& block) {
     if (s == 0) {
       visit(block, positions_[r], sum);  // the own block's sum starts here
     } else {
       visit(block, positions_[(r - s + n) % n], share);
-      sum_received->wait();  // the block's sum from its owner up to the previous rank
+      // The block's sum from its owner up to the previous rank is in; the last sum sent, so its
+      // buffer takes the next one.
+      sums_passed->wait();
       dispatch_float(incoming.dtype(), [&](auto zero) {
         using Real = decltype(zero);
         ops::add_inplace<Real>(ctx.exec(), incoming.data<Real>(), share.data<Real>(),
                                incoming.numel());
       });
-      sum_sent->wait();  // the last sum sent: its buffer takes the next one
       std::swap(sum, incoming);
     }
-    sum_sent = cp_.send_async(sum, next, kTagGrad);
-    // The next block's running sum, or after the last step this rank's own, complete.
-    sum_received = cp_.recv_async(incoming, prev, kTagGrad);
+    // The sum on to the next rank; in comes the next block's running sum, or after the last step
+    // this rank's own, complete.
+    sums_passed = cp_.send_recv_async(sum, next, incoming, prev, kTagGrad);
   });
-  sum_sent->wait();
-  sum_received->wait();
+  sums_passed->wait();
   return incoming;
 }
 

@@ -38,7 +38,7 @@ Tensor shard_tokens(const Tensor& tokens, const std::vector<cpu::RowRange>& posi
 class ContextParallel final : public SequenceShard {
  public:
   // cp: this rank's group along the cp axis; T: the whole sequence's length; ring: the ring
-  // exchange (parallel.cp_comm = "ring"; CPU ranks only), else the all-gather.
+  // exchange (parallel.cp_comm = "ring"), else the all-gather.
   ContextParallel(Communicator& cp, int64_t T, bool ring = false);
 
   int64_t full_length() const override { return T_; }
@@ -47,7 +47,8 @@ class ContextParallel final : public SequenceShard {
   Tensor reduce_scatter(Context& ctx, const Tensor& full) override;
   bool ring() const override { return ring_; }
   void ring_blocks(Context& ctx, const Tensor& local, const BlockVisit& visit) override;
-  Tensor ring_blocks_backward(Context& ctx, const Tensor& local, const GradVisit& visit) override;
+  Tensor ring_blocks_backward(Context& ctx, const Tensor& local, DType grad_dtype,
+                              const GradVisit& visit) override;
 
  private:
   // The ring's walk: step(s, block) for s = 0..cp-1 with rank (rank - s)'s block, the next one

@@ -317,6 +317,39 @@ TEST_F(NcclTest, ThreadRanksSendRecvRing) {
   if (ran == 0) GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
 }
 
+// send_recv: every rank sends to its next and receives from its previous at once (context
+// parallelism's ring). Sent and received in one NCCL group, so the ring needs no ordering of
+// ranks — posted apart, every rank's send first, it would deadlock (the emulator's NCCL blocks
+// sends as NCCL does: EmulatedSendsBlockUntilReceivedSoCrossedSendsTimeOut). Several steps, the
+// block passed on each time, as the ring passes its blocks; a group of one sends to itself.
+TEST_F(NcclTest, ThreadRanksSendRecvTogetherMakeARingInAnyOrder) {
+  int ran = 0;
+  for (int ranks : {1, 2, 3, 4}) {
+    ran += on_gpus(ranks, [](Communicator& comm) {
+      const int n = comm.size(), me = comm.rank(), dev = me;
+      Tensor block = gpu_tensor(inputs(me, 1000), DType::kF32, dev);
+      for (int step = 1; step <= n; ++step) {
+        Tensor in = gpu_tensor(std::vector<double>(1000, -1.0), DType::kF32, dev);
+        comm.send_recv(block, (me + 1) % n, in, (me + n - 1) % n, /*tag=*/3);
+        EXPECT_EQ(host_values(in), inputs((me - step % n + n) % n, 1000)) << "step " << step;
+        block = in;
+      }
+      // A mismatched message is still named: the peer's tag 4 where tag 3 was expected.
+      if (n == 2) {
+        Tensor in = gpu_tensor(std::vector<double>(1000, 0.0), DType::kF32, dev);
+        try {
+          comm.send_recv(block, 1 - me, in, 1 - me, /*tag=*/3 + me);
+          ADD_FAILURE() << "a message with another tag was taken";
+        } catch (const CommError& e) {
+          EXPECT_NE(std::string(e.what()).find("got a message with tag"), std::string::npos)
+              << e.what();
+        }
+      }
+    });
+  }
+  if (ran == 0) GTEST_SKIP() << "needs a GPU, found " << gpu_count();
+}
+
 TEST_F(NcclTest, ThreadRanksRecvInAnotherOrderThanTheSendsIsACommError) {
   if (!on_gpus(2, [](Communicator& comm) {
         Tensor t = gpu_tensor({1, 2, 3}, DType::kF32, comm.rank());

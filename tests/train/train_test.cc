@@ -946,6 +946,59 @@ TEST_F(TrainTest, ContextParallelGpusTrainTheCpuRun) {
   }
 }
 
+// Context parallelism's ring (parallel.cp_comm = "ring") on GPUs: each rank's block of keys and
+// values passed round over nccl (send and recv in one group), the flash kernels (bf16, head size
+// 64) or the batched GEMMs (fp32) taking a block's key positions — the CPU run's losses, at cp 2
+// and, with 4 GPUs, cp 4. The bytes say what crossed: per layer at cp 2 the forward's block and
+// the backward's again, and the gradients' two sends (the share on, the sum home) — 4 block-sized
+// messages in fp32 against the all-gather's 3 (1 gathered + 2 reduce-scattered); at bf16 the
+// blocks cross in bf16 and their gradients in fp32 (0.5 + 0.5 + 2 = 3 of 4).
+TEST_F(TrainTest, ContextParallelRingOnGpusTrainsTheCpuRun) {
+  if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  Config c = config(3);
+  c.model.d_model = 128;
+  c.runtime.threads_per_rank = 1;
+  run_training(c, options("ring_cpu"));
+  const auto want = metrics("ring_cpu");
+  Config cp = c;
+  cp.runtime.ranks = 2;
+  cp.runtime.device = "cuda";
+  cp.parallel.cp = 2;
+  cp.parallel.dp = 1;
+  run_training(cp, options("gather_gpus"));
+  cp.parallel.cp_comm = "ring";
+  const TrainSummary s32 = run_training(cp, options("ring_gpus"));
+  cp.runtime.matmul_precision = "bf16";
+  const TrainSummary s16 = run_training(cp, options("ring_gpus_bf16"));
+  EXPECT_LT(static_cast<double>(s16.activation_peak_bytes),
+            0.9 * static_cast<double>(s32.activation_peak_bytes))
+      << "bf16 blocks";
+  const auto gather = metrics("gather_gpus"), got = metrics("ring_gpus"),
+             got16 = metrics("ring_gpus_bf16");
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(got16.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double w = want[i]["loss"];
+    EXPECT_NEAR(got[i]["loss"].get<double>(), w, 1e-4 * w) << "step " << i + 1;
+    EXPECT_NEAR(got16[i]["loss"].get<double>(), w, 2e-2 * w) << "bf16, step " << i + 1;
+    const double ring = got[i]["comm_bytes"]["cp"].get<double>();
+    EXPECT_NEAR(ring / gather[i]["comm_bytes"]["cp"].get<double>(), 4.0 / 3.0, 1e-12)
+        << "ring against all-gather bytes, step " << i + 1;
+    EXPECT_NEAR(got16[i]["comm_bytes"]["cp"].get<double>() / ring, 3.0 / 4.0, 1e-12)
+        << "bf16 blocks, step " << i + 1;
+  }
+  if (cuda::device_count() < 4) return;
+  cp.runtime.ranks = 4;
+  cp.parallel.cp = 4;
+  run_training(cp, options("ring_gpus_cp4"));
+  const auto got4 = metrics("ring_gpus_cp4");
+  ASSERT_EQ(got4.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double w = want[i]["loss"];
+    EXPECT_NEAR(got4[i]["loss"].get<double>(), w, 2e-2 * w) << "cp 4 bf16, step " << i + 1;
+  }
+}
+
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
   // Recomputation changes memory, not numbers: full (here by its deprecated spelling) and
   // selective.

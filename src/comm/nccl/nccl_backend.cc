@@ -502,6 +502,45 @@ std::string p2p_what(NcclShared& s, const char* op, const char* peer_name, int p
                         s.group());
 }
 
+// A message's header on the tensor's GPU: its tag, size, dtype and number, which the receiver
+// compares with what it expects (NCCL matches a recv with the peer's next send, whatever its tag).
+// Copied synchronously: a few µs (the device layer is synchronous anyway).
+Tensor header_of(const Tensor& tensor, int tag, int64_t number) {
+  Tensor header = Tensor::empty({kHeaderFields}, DType::kI64);
+  const int64_t fields[kHeaderFields] = {tag, tensor.numel(), static_cast<int64_t>(tensor.dtype()),
+                                         number};
+  std::memcpy(header.raw(), fields, sizeof fields);
+  return header.to(tensor.device());
+}
+
+// The receiver's check of a header that arrived into `header`, run once the recv completed.
+std::function<void()> header_check(const Tensor& header, const std::string& what, int tag,
+                                   const Tensor& into, int64_t number) {
+  return [header, what, tag, n = into.numel(), dtype = into.dtype(), number] {
+    Tensor host = header.to(Device::cpu());
+    const int64_t* h = host.data<int64_t>();
+    if (h[kTag] == tag && h[kCount] == n && h[kDType] == static_cast<int64_t>(dtype)) return;
+    comm_fail(what, ": got a message with tag ", h[kTag], ", ", h[kCount], " × ",
+              dtype_name(static_cast<DType>(h[kDType])), " (the peer's send #", h[kNumber],
+              "), expected tag ", tag, ", ", n, " × ", dtype_name(dtype), " (recv #", number,
+              "); NCCL matches messages by order, so post recvs in the order of the sends");
+  };
+}
+
+// The NCCL calls of a send (header, then payload) and of a recv, inside a group.
+ncclResult_t nccl_send(NcclShared& s, const Tensor& header, const Tensor& tensor, int dst) {
+  ncclResult_t r = ncclSend(header.raw(), kHeaderFields, ncclInt64, dst, s.comm, s.stream);
+  if (r == ncclSuccess && tensor.numel() > 0)
+    r = ncclSend(tensor.raw(), count(tensor), nccl_type(tensor.dtype()), dst, s.comm, s.stream);
+  return r;
+}
+ncclResult_t nccl_recv(NcclShared& s, const Tensor& header, Tensor& tensor, int src) {
+  ncclResult_t r = ncclRecv(header.raw(), kHeaderFields, ncclInt64, src, s.comm, s.stream);
+  if (r == ncclSuccess && tensor.numel() > 0)
+    r = ncclRecv(tensor.raw(), count(tensor), nccl_type(tensor.dtype()), src, s.comm, s.stream);
+  return r;
+}
+
 ncclResult_t copy_on_stream(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return ncclSuccess;
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess
@@ -526,23 +565,9 @@ WorkHandle NcclCommunicator::send_async(const Tensor& tensor, int dst, int tag) 
     s.self_messages[tag].push_back(copy);
     return work;
   }
-  // The header is copied synchronously: a few µs (the device layer is synchronous anyway).
-  Tensor header = Tensor::empty({kHeaderFields}, DType::kI64);
-  const int64_t fields[kHeaderFields] = {tag, tensor.numel(), static_cast<int64_t>(tensor.dtype()),
-                                         number};
-  std::memcpy(header.raw(), fields, sizeof fields);
-  header = header.to(tensor.device());
+  const Tensor header = header_of(tensor, tag, number);
   return launch(shared_, what, "ncclSend",
-                [&] {
-                  return grouped([&] {
-                    ncclResult_t r =
-                        ncclSend(header.raw(), kHeaderFields, ncclInt64, dst, s.comm, s.stream);
-                    if (r == ncclSuccess && tensor.numel() > 0)
-                      r = ncclSend(tensor.raw(), count(tensor), nccl_type(tensor.dtype()), dst,
-                                   s.comm, s.stream);
-                    return r;
-                  });
-                },
+                [&] { return grouped([&] { return nccl_send(s, header, tensor, dst); }); },
                 {tensor, header});
 }
 
@@ -574,28 +599,33 @@ WorkHandle NcclCommunicator::recv_async(Tensor& tensor, int src, int tag) {
         {tensor, message});
   }
   Tensor header = Tensor::empty({kHeaderFields}, DType::kI64, tensor.device());
-  // NCCL matched this recv with the peer's next send whatever its tag: compare the header.
-  auto check = [header, what, tag, n = tensor.numel(), dtype = tensor.dtype(), number] {
-    Tensor host = header.to(Device::cpu());
-    const int64_t* h = host.data<int64_t>();
-    if (h[kTag] == tag && h[kCount] == n && h[kDType] == static_cast<int64_t>(dtype)) return;
-    comm_fail(what, ": got a message with tag ", h[kTag], ", ", h[kCount], " × ",
-              dtype_name(static_cast<DType>(h[kDType])), " (the peer's send #", h[kNumber],
-              "), expected tag ", tag, ", ", n, " × ", dtype_name(dtype), " (recv #", number,
-              "); NCCL matches messages by order, so post recvs in the order of the sends");
-  };
-  return launch(
-      shared_, what, "ncclRecv",
-      [&] {
-        return grouped([&] {
-          ncclResult_t r = ncclRecv(header.raw(), kHeaderFields, ncclInt64, src, s.comm, s.stream);
-          if (r == ncclSuccess && tensor.numel() > 0)
-            r = ncclRecv(tensor.raw(), count(tensor), nccl_type(tensor.dtype()), src, s.comm,
-                         s.stream);
-          return r;
-        });
-      },
-      {tensor, header}, std::move(check));
+  return launch(shared_, what, "ncclRecv",
+                [&] { return grouped([&] { return nccl_recv(s, header, tensor, src); }); },
+                {tensor, header}, header_check(header, what, tag, tensor, number));
+}
+
+WorkHandle NcclCommunicator::send_recv_async(const Tensor& to_send, int dst, Tensor& into, int src,
+                                             int tag) {
+  // A message to or from oneself goes through the eager self-copy of send_async / recv_async.
+  if (dst == rank_ || src == rank_)
+    return Communicator::send_recv_async(to_send, dst, into, src, tag);
+  expect_on_gpu(to_send, shared_->device, "send", "the");
+  expect_on_gpu(into, shared_->device, "recv", "the");
+  NcclShared& s = *shared_;
+  int64_t sent_number = 0, received_number = 0;
+  const std::string sent = p2p_what(s, "send", "dst", dst, tag, s.sent, &sent_number);
+  const std::string received = p2p_what(s, "recv", "src", src, tag, s.received, &received_number);
+  const Tensor out_header = header_of(to_send, tag, sent_number);
+  Tensor in_header = Tensor::empty({kHeaderFields}, DType::kI64, into.device());
+  return launch(shared_, sent + " with " + received, "ncclSend/ncclRecv",
+                [&] {
+                  return grouped([&] {
+                    const ncclResult_t r = nccl_send(s, out_header, to_send, dst);
+                    return r == ncclSuccess ? nccl_recv(s, in_header, into, src) : r;
+                  });
+                },
+                {to_send, into, out_header, in_header},
+                header_check(in_header, received, tag, into, received_number));
 }
 
 // ---- split and construction ------------------------------------------------------------------

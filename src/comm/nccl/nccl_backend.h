@@ -97,6 +97,9 @@ class NcclCommunicator final : public Communicator {
   WorkHandle barrier_async() override;
   WorkHandle send_async(const Tensor& tensor, int dst, int tag) override;
   WorkHandle recv_async(Tensor& tensor, int src, int tag) override;
+  // The send and the recv in one NCCL group (ncclSend and ncclRecv progress together).
+  WorkHandle send_recv_async(const Tensor& to_send, int dst, Tensor& into, int src,
+                             int tag) override;
   // ncclCommSplit (NCCL >= 2.18); the child gets a stream of its own. Named
   // "<name>/split(color=C)".
   std::unique_ptr<Communicator> split(int color, int key) override;
