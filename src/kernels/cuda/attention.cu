@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/key_runs.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -60,26 +61,6 @@ __global__ void heads_to_rows_kernel(float* rows, const float* heads, HeadIndex 
 __global__ void rows_to_heads_kernel(float* heads, const float* rows, HeadIndex at, int64_t n) {
   LOOM_FOR_EACH(i, n) heads[i] = rows[at(i, at.C, 0)];
 }
-
-// Which key rows a query sees: with count 0 the keys are the positions 0..T-1 (key row j at
-// position j); else a ring's block (context parallelism), `count` runs of positions in ascending
-// order, run i the positions [begin[i], begin[i] + size[i]) at the next size[i] rows. Positions
-// ascend with the rows, so a query at position p sees the first visible(p) rows.
-constexpr int kMaxKeyRuns = 8;
-struct KeyRuns {
-  int64_t T = 0;
-  int count = 0;
-  int64_t begin[kMaxKeyRuns] = {}, size[kMaxKeyRuns] = {};
-  __host__ __device__ int64_t visible(int64_t p) const {
-    if (count == 0) return p + 1 < T ? p + 1 : T;
-    int64_t n = 0;
-    for (int i = 0; i < count; ++i) {
-      const int64_t s = p + 1 - begin[i];
-      n += s <= 0 ? 0 : (s < size[i] ? s : size[i]);
-    }
-    return n;
-  }
-};
 
 // Row r of each head's (n_rows, keys) scores in place, the query at position first + r (the
 // whole-sequence attention: n_rows = keys = Tq = T, first = at = 0): P_rj =
@@ -476,22 +457,7 @@ KeyRuns check_rows(const char* what, int64_t NH, int64_t KV, int64_t hd, int64_t
   for (const cpu::RowRange& r : rows)
     if (r.begin < 0 || r.end < r.begin || (keys.empty() && r.end > T))
       fail(what, ": query rows [", r.begin, ", ", r.end, ") outside the sequence of ", T);
-  KeyRuns seen{T};
-  int64_t last = 0;
-  for (const cpu::RowRange& k : keys) {
-    if (k.size() == 0) continue;
-    if (k.begin < last || k.end < k.begin)
-      fail(what, ": key positions [", k.begin, ", ", k.end, ") out of order");
-    if (seen.count == kMaxKeyRuns)
-      fail(what, ": more than ", kMaxKeyRuns, " runs of key positions");
-    seen.begin[seen.count] = k.begin;
-    seen.size[seen.count] = k.size();
-    ++seen.count;
-    last = k.end;
-  }
-  if (!keys.empty() && cpu::rows_in(keys) != T)
-    fail(what, ": key runs of ", cpu::rows_in(keys), " positions for ", T, " key rows");
-  return seen;
+  return key_runs_of(what, T, keys);
 }
 
 // D = rowsum(dout ∘ out) per (b, h, local row) of the rows' attention (B, Tq, NH·hd each).

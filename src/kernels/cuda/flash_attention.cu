@@ -32,7 +32,9 @@
 // rows are runs of positions (Rows: a zigzag rank's two chunks), each row masked by its position,
 // not its local index. The whole sequence is the one run of positions 0..T-1, so both are one
 // code path; a row walks the same key tiles either way, and a rank's rows are bit for bit the
-// whole sequence's (tested).
+// whole sequence's (tested). The ring's blocks of keys are runs of key positions likewise
+// (Rows::key_*): a query masks a key row by how many rows it sees (visible(p): the block's keys
+// ascend), which for the whole sequence's keys is p + 1, the same comparison as before.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -43,6 +45,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/key_runs.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -82,44 +85,22 @@ struct Strides {
 // output, dO, lse and D (Tq local rows per (b, h)), runs in ascending position. The whole sequence
 // is the one run {0, 0, T}; a context-parallel rank's zigzag chunks are two.
 //
-// The keys (T per (b, key/value head)): with key_count 0 the positions [0, T), key row j at
-// position j (the whole sequence, or every position gathered); else, for a block of context
-// parallelism's ring, key_count runs of positions in ascending order, run i the positions
-// [key_begin[i], key_begin[i] + key_size[i]) at the next key_size[i] rows. Either way positions
-// ascend with the rows, so the keys a query at position p sees (those at positions <= p) are the
-// first visible(p) rows: a query's mask is one comparison of a key's row with its limit.
+// The keys (T per (b, key/value head)): `keys` (key_runs.cuh) says where they are — the
+// positions [0, T), or a ring's block of runs of positions — and how many of them a query sees.
 constexpr int kMaxRuns = 8;
-constexpr int64_t kNeverSeen = INT64_MAX / 4;  // the position of a key row past the last
 struct Rows {
   int64_t NH, KV, T, Tq;
   int count;
   int64_t begin[kMaxRuns], at[kMaxRuns], size[kMaxRuns];
-  int key_count;
-  int64_t key_begin[kMaxRuns], key_size[kMaxRuns];
+  KeyRuns keys;
   __device__ int64_t kv_of(int64_t h) const { return h / (NH / KV); }
-  // How many key rows a query at position p sees.
-  __device__ int64_t visible(int64_t p) const {
-    if (key_count == 0) return p + 1 < T ? p + 1 : T;
-    int64_t n = 0;
-    for (int i = 0; i < key_count; ++i) {
-      const int64_t s = p + 1 - key_begin[i];
-      n += s <= 0 ? 0 : (s < key_size[i] ? s : key_size[i]);
-    }
-    return n;
-  }
-  // The position of key row j.
-  __device__ int64_t key_position(int64_t j) const {
-    if (key_count == 0) return j;
-    for (int i = 0; i < key_count; ++i) {
-      if (j < key_size[i]) return key_begin[i] + j;
-      j -= key_size[i];
-    }
-    return kNeverSeen;
-  }
+  // How many key rows a query at position p sees, and the position of key row j.
+  __device__ int64_t visible(int64_t p) const { return keys.visible(p); }
+  __device__ int64_t key_position(int64_t j) const { return keys.position(j); }
   // The 8-key blocks from key row k0 on holding a key that a warp whose last row is at position
   // `last` sees (what rows_times_tile_t computes; the rest are all masked).
   __device__ int64_t blocks_seen(int64_t last, int64_t k0) const {
-    if (key_count == 0) return (last - k0) / 8 + 1;
+    if (keys.count == 0) return (last - k0) / 8 + 1;
     const int64_t end = visible(last);
     return end > k0 ? (end - k0 + 7) / 8 : 0;
   }
@@ -553,7 +534,7 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
   float dq_acc[kHd / 8][4] = {};
   // How many key rows this lane's two rows see, and the warp's last row.
   const int64_t limit[2] = {rows.visible(p0 + local[0]), rows.visible(p0 + local[1])};
-  const int64_t warp_end = rows.key_count == 0 ? r0 + 16 : rows.visible(r0 + 15);
+  const int64_t warp_end = rows.keys.count == 0 ? r0 + 16 : rows.visible(r0 + 15);
   const int64_t kv_end =
       rows.visible(p0 + (tile.row0 + kBlockRows < n ? tile.row0 + kBlockRows : n) - 1);
   for_each_key_tile<kHd, kSideTile>(
@@ -627,7 +608,7 @@ Operands<In> whole_sequence(const In* qkv, int64_t T, int64_t C, int64_t NH, int
   if (NH <= 0) fail("flash attention: ", NH, " query heads");
   const int64_t hd = C / NH, W = (NH + 2 * KV) * hd;
   check_heads(NH, KV, C % NH == 0 ? hd : 0);
-  Rows rows{NH, KV, T, T, 1, {0}, {0}, {T}, 0, {}, {}};
+  Rows rows{NH, KV, T, T, 1, {0}, {0}, {T}, KeyRuns{T}};
   const Strides s{W, T * W};
   check_rows_aligned(qkv, s, "qkv");
   return {qkv, s, qkv + NH * hd, qkv + (NH + KV) * hd, s, rows, hd};
@@ -640,7 +621,7 @@ Operands<In> query_rows(const In* q, int64_t ldq, const In* kv, int64_t ldkv, in
                         int64_t NH, int64_t KV, int64_t hd, std::span<const cpu::RowRange> ranges,
                         std::span<const cpu::RowRange> keys) {
   check_heads(NH, KV, hd);
-  Rows rows{NH, KV, T, cpu::rows_in(ranges), 0, {}, {}, {}, 0, {}, {}};
+  Rows rows{NH, KV, T, cpu::rows_in(ranges), 0, {}, {}, {}, key_runs_of("flash attention", T, keys)};
   int64_t at = 0, last = 0;
   for (const cpu::RowRange& r : ranges) {
     if (r.size() == 0) continue;
@@ -655,24 +636,7 @@ Operands<In> query_rows(const In* q, int64_t ldq, const In* kv, int64_t ldkv, in
     at += r.size();
     last = r.end;
   }
-  if (!keys.empty()) {
-    last = 0;
-    for (const cpu::RowRange& r : keys) {
-      if (r.size() == 0) continue;
-      if (rows.key_count == kMaxRuns)
-        fail("flash attention: more than ", kMaxRuns, " runs of key positions");
-      if (r.begin < last) fail("flash attention: key positions [", r.begin, ", ", r.end,
-                               ") out of order");
-      rows.key_begin[rows.key_count] = r.begin;
-      rows.key_size[rows.key_count] = r.size();
-      ++rows.key_count;
-      last = r.end;
-    }
-    if (cpu::rows_in(keys) != T)
-      fail("flash attention: key runs of ", cpu::rows_in(keys), " positions for ", T, " key rows");
-  } else if (last > T) {
-    fail("flash attention: query rows past the ", T, " keys");
-  }
+  if (keys.empty() && last > T) fail("flash attention: query rows past the ", T, " keys");
   const Strides qs{ldq, rows.Tq * ldq}, kvs{ldkv, T * ldkv};
   check_rows_aligned(q, qs, "q");
   check_rows_aligned(kv, kvs, "kv");
@@ -758,7 +722,7 @@ bool flash_attention_applies_to_rows(int64_t NH, int64_t hd, int64_t B,
   const auto runs = [](std::span<const cpu::RowRange> r) {
     return std::count_if(r.begin(), r.end(), [](const cpu::RowRange& x) { return x.size() > 0; });
   };
-  return runs(rows) <= kMaxRuns && runs(keys) <= kMaxRuns &&
+  return runs(rows) <= kMaxRuns && runs(keys) <= KeyRuns::kMaxRuns &&
          flash_attention_applies(NH * hd, NH, B);
 }
 
