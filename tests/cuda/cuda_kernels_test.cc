@@ -105,6 +105,19 @@ void expect_pair_close(const std::string& what, const Pair& p, double tol = kTol
   expect_close(what, p.from_gpu(), p.from_host(), tol);
 }
 
+// The rows at positions `rows` of (B, T, width) values, columns [from, from + n) of each:
+// (B, Σ sizes, n), a context-parallel rank's share of a whole sequence's tensor.
+std::vector<float> rows_at(const std::vector<float>& v, int64_t B, int64_t T, int64_t width,
+                           int64_t from, int64_t n, const std::vector<cpu::RowRange>& rows) {
+  std::vector<float> picked;
+  for (int64_t b = 0; b < B; ++b)
+    for (const cpu::RowRange& r : rows)
+      for (int64_t t = r.begin; t < r.end; ++t)
+        picked.insert(picked.end(), v.begin() + (b * T + t) * width + from,
+                      v.begin() + (b * T + t) * width + from + n);
+  return picked;
+}
+
 class CudaKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override { LOOM_SKIP_UNLESS_CUDA_DEVICES(1); }
@@ -1329,16 +1342,9 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
       std::copy_n(all.begin() + bt * W + C, kvw, kv_rows.begin() + bt * kvw);
     Pair kv = pair_of(kv_rows);
 
-    // The rows `rows` of (B, T, width) values at column `from`, width `n` each.
     const auto rows_of = [&](const std::vector<float>& v, int64_t width, int64_t from, int64_t n,
                              const std::vector<cpu::RowRange>& rows) {
-      std::vector<float> picked;
-      for (int64_t b = 0; b < B; ++b)
-        for (const cpu::RowRange& r : rows)
-          for (int64_t t = r.begin; t < r.end; ++t)
-            picked.insert(picked.end(), v.begin() + (b * T + t) * width + from,
-                          v.begin() + (b * T + t) * width + from + n);
-      return picked;
+      return rows_at(v, B, T, width, from, n, rows);
     };
     // lse's rows: (B·NH, T) → (B·NH, rows).
     const auto lse_rows = [&](const std::vector<cpu::RowRange>& rows) {
@@ -1483,16 +1489,9 @@ TEST_F(CudaKernelsTest, RingBlocksOfKeysMatchTheCpuAndMergeIntoTheWholeRows) {
                  " hd=" + std::to_string(hd) + (flash ? " bf16" : " fp32"));
     const std::vector<float> all = random_floats(B * T * W, 400 + hd, -2.0, 2.0),
                              dy = random_floats(B * T * C, 401 + hd);
-    // Rows `rows` of (B, T, width) values from column `from`, n columns each.
     const auto rows_of = [&](const std::vector<float>& v, int64_t width, int64_t from, int64_t n,
                              const std::vector<cpu::RowRange>& rows) {
-      std::vector<float> picked;
-      for (int64_t b = 0; b < B; ++b)
-        for (const cpu::RowRange& r : rows)
-          for (int64_t t = r.begin; t < r.end; ++t)
-            picked.insert(picked.end(), v.begin() + (b * T + t) * width + from,
-                          v.begin() + (b * T + t) * width + from + n);
-      return picked;
+      return rows_at(v, B, T, width, from, n, rows);
     };
     const auto positions = [&](int64_t r) {
       return std::vector<cpu::RowRange>{{r * chunk, (r + 1) * chunk},
