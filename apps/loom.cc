@@ -458,8 +458,8 @@ int main(int argc, char** argv) {
   std::string plan_cp = "all";
   plan_cmd
       ->add_option("--cp", plan_cp,
-                   "context parallelism: every cp the sequence allows (all) or the config's "
-                   "parallel.cp alone (config)")
+                   "context parallelism: every cp the sequence allows, each with both "
+                   "exchanges (all), or the config's parallel.cp and cp_comm alone (config)")
       ->check(CLI::IsMember({"all", "config"}))
       ->capture_default_str();
 

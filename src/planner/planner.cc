@@ -38,7 +38,8 @@ const Hardware& find_hardware(const std::string& name) {
 std::string LayoutPlan::name() const {
   char buf[64];
   if (cp > 1)
-    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d cp%d zero%d", dp, tp, pp, cp, zero);
+    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d cp%d%s zero%d", dp, tp, pp, cp,
+                  cp_comm == "ring" ? " ring" : "", zero);
   else
     std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d zero%d", dp, tp, pp, zero);
   std::string out = buf;
@@ -115,6 +116,7 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.tp = par.tp;
   plan.pp = par.pp;
   plan.cp = par.cp;
+  plan.cp_comm = par.cp_comm;
   plan.zero = par.zero;
   plan.schedule = par.schedule;
   plan.virtual_stages = par.virtual_stages;
@@ -225,20 +227,39 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
     plan.pp_comm_s = 2 * m * par.virtual_stages * activation *
                      (config.parallel.pp_send_dtype == "bf16" ? 0.5 : 1.0) /
                      (gbps(par.tp * par.dp * par.pp) * 1e9);
-  // Context parallelism, on the critical path (parallel/context_parallel.h): per block and
-  // micro-batch the whole sequence's keys and values of the rank's heads all-gathered forward —
-  // in bf16 where the flash kernels take the rows (head size 64 or 128 at the plan's bf16:
-  // nn/sequence_shard.h), else fp32 — and their gradient reduce-scattered backward in fp32; full
-  // recomputation gathers again.
+  // Context parallelism (parallel/context_parallel.h), per block and micro-batch. kv_bytes: the
+  // whole sequence's keys and values of the rank's heads in fp32; in bf16 where the flash kernels
+  // take the rows (head size 64 or 128 at the plan's bf16: nn/sequence_shard.h).
   if (par.cp > 1) {
     const Gpt2Config model = model_config_of(config);
+    const double cp = par.cp, link = gbps(par.tp * par.cp) * 1e9;
     const double kv_bytes =
         static_cast<double>(config.train.micro_batch_size * config.model.seq_len) * 2.0 *
         static_cast<double>(model.kv_heads() * model.head_dim()) * 4 / par.tp;
-    const double gather = model.head_dim() == 64 || model.head_dim() == 128 ? 0.5 : 1.0;
-    const double per_block = (recompute_mode == "full" ? 2 : 1) * gather + 1;
-    plan.cp_comm_s = static_cast<double>(most_blocks) * m * per_block * (par.cp - 1.0) / par.cp *
-                     kv_bytes / (gbps(par.tp * par.cp) * 1e9);
+    const double kept = model.head_dim() == 64 || model.head_dim() == 128 ? 0.5 : 1.0;
+    const double passes = recompute_mode == "full" ? 2 : 1;  // full recomputation: forward again
+    double per_block = 0;
+    if (par.cp_comm == "ring") {
+      // The ring: each of cp − 1 steps passes a block (1/cp of kv_bytes) while the attention
+      // computes on the one before, so only what the transfer takes beyond that compute is on
+      // the critical path. A rank's attention per step: the causal attention's FLOPs (forward
+      // 2·T²·C a sequence, its heads over tp; backward twice that) over cp ranks and cp blocks.
+      // Backward: each step passes the next block and the gradient sum of the last; the last
+      // sum's trip home follows the last compute.
+      const double block = kept * kv_bytes / cp / link, grad = kv_bytes / cp / link;
+      const double forward_step =
+          2.0 * static_cast<double>(config.train.micro_batch_size) *
+          static_cast<double>(config.model.seq_len * config.model.seq_len) *
+          static_cast<double>(config.model.d_model) / par.tp / (cp * cp) /
+          (hw.peak_tflops * 1e12 * o.efficiency);
+      per_block = passes * (cp - 1) * std::max(0.0, block - forward_step) +
+                  (cp - 1) * std::max(0.0, block + grad - 2 * forward_step) + grad;
+    } else {
+      // The all-gather, on the critical path: the keys and values gathered forward, their
+      // gradient reduce-scattered backward in fp32; (cp − 1)/cp of kv_bytes each.
+      per_block = (passes * kept + 1) * (cp - 1) / cp * kv_bytes / link;
+    }
+    plan.cp_comm_s = static_cast<double>(most_blocks) * m * per_block;
   }
   plan.tokens_per_s = tokens / plan.step_s();
   plan.mfu = flops / (plan.step_s() * o.devices * hw.peak_tflops * 1e12);
@@ -253,47 +274,55 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
     for (int cp = 2; cp <= o.devices; cp *= 2)
       if (config.model.seq_len % (2 * cp) == 0) cps.push_back(cp);
   }
-  for (int cp : cps)
-    for (int tp = 1; tp <= o.devices; ++tp) {
-      if (o.devices % (tp * cp) != 0) continue;
-      for (int pp = 1; pp <= o.devices / (tp * cp); ++pp) {
-        if ((o.devices / (tp * cp)) % pp != 0) continue;
-        for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
-          // The pipeline schedules to try: the config's, and with every_schedule the others.
-          std::vector<std::pair<std::string, int>> schedules = {
-              {config.parallel.schedule, config.parallel.virtual_stages}};
-          if (pp == 1) {
-            schedules = {{"1f1b", 1}};
-          } else if (o.every_schedule) {
-            for (const auto& s : std::vector<std::pair<std::string, int>>{{"1f1b", 1},
-                                                                          {"zb-h1", 1},
-                                                                          {"interleaved", 2},
-                                                                          {"zb-interleaved", 2},
-                                                                          {"zb-v", 2}})
-              if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
-                schedules.push_back(s);
-          }
-          for (const auto& [schedule, chunks] : schedules) {
-            Config c = config;
-            c.parallel.dp = o.devices / (tp * pp * cp);
-            c.parallel.cp = cp;
-            c.parallel.tp = tp;
-            c.parallel.pp = pp;
-            c.parallel.zero = zero;
-            c.parallel.schedule = schedule;
-            c.parallel.virtual_stages = chunks;
-            c.parallel.layer_split.clear();
-            try {
-              plans.push_back(estimate_layout(c, o));
-            } catch (const Error&) {
-              // A layout the config cannot run (tp not dividing the heads, dp not dividing the
-              // batch, more stages than blocks, chunks without the micro-batches in groups of
-              // pp): not a candidate.
+  // The exchanges to try at cp > 1: the config's, and with every_cp both.
+  std::vector<std::string> cp_comms = {config.parallel.cp_comm};
+  if (o.every_cp) cp_comms = {"all_gather", "ring"};
+  for (int cp : cps) {
+    for (const std::string& cp_comm : cp_comms) {
+      if (cp == 1 && cp_comm != cp_comms.front()) continue;  // one exchange is none at cp 1
+      for (int tp = 1; tp <= o.devices; ++tp) {
+        if (o.devices % (tp * cp) != 0) continue;
+        for (int pp = 1; pp <= o.devices / (tp * cp); ++pp) {
+          if ((o.devices / (tp * cp)) % pp != 0) continue;
+          for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
+            // The pipeline schedules to try: the config's, and with every_schedule the others.
+            std::vector<std::pair<std::string, int>> schedules = {
+                {config.parallel.schedule, config.parallel.virtual_stages}};
+            if (pp == 1) {
+              schedules = {{"1f1b", 1}};
+            } else if (o.every_schedule) {
+              for (const auto& s : std::vector<std::pair<std::string, int>>{{"1f1b", 1},
+                                                                            {"zb-h1", 1},
+                                                                            {"interleaved", 2},
+                                                                            {"zb-interleaved", 2},
+                                                                            {"zb-v", 2}})
+                if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
+                  schedules.push_back(s);
+            }
+            for (const auto& [schedule, chunks] : schedules) {
+              Config c = config;
+              c.parallel.dp = o.devices / (tp * pp * cp);
+              c.parallel.cp = cp;
+              c.parallel.cp_comm = cp_comm;
+              c.parallel.tp = tp;
+              c.parallel.pp = pp;
+              c.parallel.zero = zero;
+              c.parallel.schedule = schedule;
+              c.parallel.virtual_stages = chunks;
+              c.parallel.layer_split.clear();
+              try {
+                plans.push_back(estimate_layout(c, o));
+              } catch (const Error&) {
+                // A layout the config cannot run (tp not dividing the heads, dp not dividing the
+                // batch, more stages than blocks, chunks without the micro-batches in groups of
+                // pp): not a candidate.
+              }
             }
           }
         }
       }
     }
+  }
   std::stable_sort(plans.begin(), plans.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
     if (a.fits != b.fits) return a.fits;
     return a.step_s() < b.step_s();

@@ -45,13 +45,15 @@ struct PlanOptions {
   // only the config's (`loom plan --schedules config`: the config's alone).
   bool every_schedule = true;
   // Context parallelism: plan_layouts also splits sequences over cp = 2, 4, ... ranks where
-  // model.seq_len allows (a multiple of 2·cp) — `loom plan --cp config`: the config's cp alone.
+  // model.seq_len allows (a multiple of 2·cp), each with both exchanges (parallel.cp_comm =
+  // "all_gather" and "ring") — `loom plan --cp config`: the config's cp and exchange alone.
   bool every_cp = true;
 };
 
 struct LayoutPlan {
   int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
-  std::string schedule = "1f1b";  // with pp > 1
+  std::string cp_comm = "all_gather";  // with cp > 1: parallel.cp_comm
+  std::string schedule = "1f1b";       // with pp > 1
   int virtual_stages = 1;
   // The rank with the most bytes.
   int64_t parameters = 0;        // its parameter elements (its shards)
@@ -65,7 +67,8 @@ struct LayoutPlan {
     return compute_s + bubble_s + tp_comm_s + dp_comm_s + pp_comm_s + cp_comm_s;
   }
   double tokens_per_s = 0, mfu = 0;
-  // "dp4 tp2 pp1 zero1", "dp2 tp1 pp4 zero1 zb-interleaved v2", "dp2 tp2 pp1 cp2 zero1"
+  // "dp4 tp2 pp1 zero1", "dp2 tp1 pp4 zero1 zb-interleaved v2", "dp2 tp2 pp1 cp2 zero1",
+  // "dp1 tp1 pp1 cp4 ring zero0" (the ring exchange)
   std::string name() const;
 };
 

@@ -296,6 +296,51 @@ TEST(Planner, TriesContextParallelismAndCountsItsExchange) {
   for (const LayoutPlan& p : plan_layouts(c, o)) EXPECT_EQ(p.cp, 2) << p.name();
 }
 
+// The ring exchange (parallel.cp_comm = "ring"): plan_layouts tries it beside the all-gather at
+// every cp > 1, named; it keeps 1/cp of the keys and values, and its time is what each step's
+// transfer takes beyond the attention it overlaps — with a fast link only the last gradient sum's
+// trip home, with a slow one the transfers less the attention.
+TEST(Planner, TriesTheRingAndCountsWhatItsAttentionDoesNotHide) {
+  Config c = tiny_config("unused");
+  c.model.seq_len = 32768;  // long enough for a step's attention (T²) to outlast its block (T)
+  PlanOptions o;
+  o.devices = 4;
+  o.hardware = find_hardware("h100");
+  std::map<std::string, LayoutPlan> by_name;
+  for (const LayoutPlan& p : plan_layouts(c, o)) by_name[p.name()] = p;
+  for (const char* name : {"dp1 tp1 pp1 cp4 ring zero0", "dp2 tp1 pp1 cp2 ring zero1",
+                           "dp1 tp1 pp1 cp4 zero0"})
+    ASSERT_TRUE(by_name.count(name)) << name;
+  const LayoutPlan& ring = by_name.at("dp1 tp1 pp1 cp4 ring zero0");
+  const LayoutPlan& gather = by_name.at("dp1 tp1 pp1 cp4 zero0");
+  EXPECT_EQ(ring.cp_comm, "ring");
+  EXPECT_EQ(ring.compute_s, gather.compute_s);
+  EXPECT_LT(ring.activation_bytes, gather.activation_bytes);
+  // Per block (4) and micro-batch (4): a block of 1/4 of a micro-batch's keys and values (2
+  // sequences × T tokens × 2·d_model floats) a step, against a step's attention: 2·T²·C of a
+  // micro-batch's 2 sequences over cp² = 16, at the h100's peak × 0.5.
+  const double T = 32768, kv_bytes = 2.0 * T * 2 * 32 * 4, link = 450e9;
+  const double block = kv_bytes / 4 / link, grad = block;
+  const double step = 2.0 * 2 * T * T * 32 / 16 / (o.hardware.peak_tflops * 1e12 * 0.5);
+  ASSERT_GT(step, block);  // NVLink: the attention hides the transfers
+  EXPECT_NEAR(ring.cp_comm_s, 4 * 4 * grad, 1e-15);
+  EXPECT_LT(ring.cp_comm_s, gather.cp_comm_s);
+  // A link 100× slower: 3 steps forward (block − step), 3 backward (block + grad − 2·step), and
+  // the last sum home.
+  o.hardware.intra_node_gbps = 4.5;
+  Config r = c;
+  r.parallel.dp = 1;
+  r.parallel.cp = 4;
+  r.parallel.cp_comm = "ring";
+  const double slow = 100 * block;
+  ASSERT_GT(slow, 2 * step);
+  EXPECT_NEAR(estimate_layout(r, o).cp_comm_s,
+              4 * 4 * (3 * (slow - step) + 3 * (2 * slow - 2 * step) + slow), 1e-12);
+  // With every_cp off the config's exchange alone.
+  o.every_cp = false;
+  for (const LayoutPlan& p : plan_layouts(r, o)) EXPECT_EQ(p.cp_comm, "ring") << p.name();
+}
+
 // Pipeline layouts come in every schedule (PlanOptions::every_schedule, `loom plan`'s default):
 // 1f1b, zb-h1, and with two chunks per rank interleaved and zb-interleaved where the micro-batches
 // come in groups of pp, and zb-v (any count); the zero-bubble ones with less bubble than their
