@@ -405,9 +405,9 @@ void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, con
 
 void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
-                                      const void* kv, int64_t ldkv, const float* out,
-                                      const float* lse, int64_t B, int64_t T, int64_t NH,
-                                      int64_t KV, int64_t hd,
+                                      const void* kv, int64_t ldkv, const void* out,
+                                      DType out_dtype, const float* lse, int64_t B, int64_t T,
+                                      int64_t NH, int64_t KV, int64_t hd,
                                       std::span<const cpu::RowRange> rows,
                                       std::span<const cpu::RowRange> keys) {
   const int64_t Tq = cpu::rows_in(rows);
@@ -417,8 +417,10 @@ void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, f
   });
   expect_bf16_rows(ex, NH, hd, B, rows, keys, "attention_gqa_backward_rows_bf16");
   if constexpr (detail::kCudaBuild)
-    cuda::attention_gqa_backward_rows_bf16(ex.device.index, dq, lddq, dkv, dout, q, ldq, kv, ldkv,
-                                           out, lse, B, T, NH, KV, hd, rows, keys);
+    cuda::attention_gqa_backward_rows_bf16(
+        ex.device.index, dq, lddq, dkv, dout, q, ldq, kv, ldkv,
+        operand_of(ex, out, out_dtype, "attention_gqa_backward_rows_bf16"), lse, B, T, NH, KV, hd,
+        rows, keys);
 }
 
 void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const void* qkv,

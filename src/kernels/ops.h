@@ -776,7 +776,8 @@ inline void attention_merge_rows(const Exec& ex, Real* out, Real* lse, const Rea
 // the gathered keys and values (or the ring's blocks) kept and exchanged as bf16 values
 // (DType::kBF16), rounded once from the fp32 qkv by copy_columns_to_bf16 as the flash kernels
 // would round them when they load them — the fp32 path's results bit for bit, half the bytes
-// (cuda::attention_gqa_*_rows_bf16). out, lse, dout, dq and dkv stay f32.
+// (cuda::attention_gqa_*_rows_bf16). out, lse, dout, dq and dkv stay f32; the backward reads out
+// (for D = rowsum(dO ∘ O) alone) as f32 or as the 16-bit values proj keeps (out_dtype).
 bool attention_rows_take_bf16(const Exec& ex, int64_t NH, int64_t hd, int64_t B,
                               std::span<const cpu::RowRange> rows,
                               std::span<const cpu::RowRange> keys = {});
@@ -789,8 +790,8 @@ void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, con
                                      std::span<const cpu::RowRange> keys = {});
 void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
-                                      const void* kv, int64_t ldkv, const float* out,
-                                      const float* lse, int64_t B, int64_t T, int64_t NH,
+                                      const void* kv, int64_t ldkv, const void* out,
+                                      DType out_dtype, const float* lse, int64_t B, int64_t T, int64_t NH,
                                       int64_t KV, int64_t hd,
                                       std::span<const cpu::RowRange> rows,
                                       std::span<const cpu::RowRange> keys = {});

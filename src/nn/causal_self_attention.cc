@@ -69,6 +69,16 @@ Tensor CausalSelfAttention::attend_shard(Context& ctx, const Tensor& x) {
   shard_attention_forward(ctx, *ctx.sequence, local, B, heads_, KV, hd, qkv_out_, kv_full_, att_,
                           lse_);
   att_ = att_.reshape({B, T, channels_});
+  // Where the flash kernels take the rows (bf16 q and kv kept) the output is kept as proj's
+  // rounded input, as the whole sequence's attention keeps it (attend): one 16-bit copy for proj
+  // and for the backward's D = rowsum(dO ∘ O), not an fp32 one beside proj's. (The rows were
+  // merged, or written, in fp32: the ring's merge needs them so.)
+  if (qkv_out_.dtype() == DType::kBF16 &&
+      ops::matmul_input_dtype(ctx.exec(), ctx.dtype) == DType::kBF16) {
+    Tensor rounded = Tensor::empty(att_.shape(), DType::kBF16, ctx.device);
+    ops::round_to_bf16(ctx.exec(), rounded.data_u16(), att_.data<float>(), att_.numel());
+    att_ = rounded;
+  }
   return att_;
 }
 

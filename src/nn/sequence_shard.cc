@@ -164,8 +164,8 @@ Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor
     if (block.dtype() == DType::kBF16) {  // the forward's bf16 q and kv (attention_rows_take_bf16)
       ops::attention_gqa_backward_rows_bf16(ctx.exec(), dq.data<float>(), ld, grad.data<float>(),
                                             datt.data<float>(), q.raw(), C, block.raw(), kv_width,
-                                            att.data<float>(), lse.data<float>(), B, Tk, NH, KV,
-                                            hd, shard.positions(), keys);
+                                            att.raw(), att.dtype(), lse.data<float>(), B, Tk, NH,
+                                            KV, hd, shard.positions(), keys);
       return;
     }
     dispatch_float(ctx.dtype, [&](auto zero) {

@@ -73,7 +73,8 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
                              int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
                              Tensor& att, Tensor& lse);
 // Its backward: datt shaped as att → dqkv (B, Tl, W): this rank's dQ, and its positions' sum of
-// every rank's dK and dV (reduce-scattered).
+// every rank's dK and dV (reduce-scattered). With bf16 q and kv, att may be the bf16 values the
+// projection keeps (the backward reads it for D = rowsum(dO ∘ O) alone).
 Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& q,
                                 const Tensor& kv, const Tensor& att, const Tensor& lse,
                                 const Tensor& datt, int64_t NH, int64_t KV, int64_t hd);

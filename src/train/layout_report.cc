@@ -42,13 +42,15 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   const bool flash = sixteen_bit && flash_kernels;
   const double qkv = flash ? 1.5 : 3.0;
   // Under cp the attention keeps its queries (this rank's positions), the keys and values of
-  // every position (cp × as many; with the ring exchange only its own) and its output in
-  // floats: per position, in floats.
+  // every position (cp × as many; with the ring exchange only its own) and its output — in 16
+  // bits where the flash kernels run in an unsharded model, proj's rounded input — per
+  // position, in floats.
   const double kv_width = model.n_heads > 0 ? 2.0 * static_cast<double>(model.resolved_n_kv_heads()) /
                                                   static_cast<double>(model.n_heads)
                                             : 2.0;
   const double kv_kept = par.cp_comm == "ring" ? 1.0 : cp;
-  const double cp_attention = (1 + kv_width * kv_kept) * (flash_kernels ? 0.5 : 1.0) + 1;
+  const double cp_output = flash ? 0.5 : 1.0;
+  const double cp_attention = (1 + kv_width * kv_kept) * (flash_kernels ? 0.5 : 1.0) + cp_output;
   const double gpt2_attention = cp > 1 ? cp_attention : qkv + half;
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output

@@ -1402,8 +1402,8 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
         ops::attention_gqa_forward_rows_bf16(on_gpu, o16.g(), l16.g(), q16.raw(), C, kv16.raw(),
                                              kvw, B, T, NH, KV, hd, rows);
         ops::attention_gqa_backward_rows_bf16(on_gpu, dq16.g(), W, dkv16.g(), dy_r.g(), q16.raw(),
-                                              C, kv16.raw(), kvw, o16.g(), l16.g(), B, T, NH, KV,
-                                              hd, rows);
+                                              C, kv16.raw(), kvw, o16.g(), DType::kF32, l16.g(), B,
+                                              T, NH, KV, hd, rows);
         EXPECT_TRUE(bitwise_equal(o16.from_gpu(), o_r.from_gpu())) << "out, bf16 q and kv";
         EXPECT_TRUE(bitwise_equal(l16.from_gpu(), l_r.from_gpu())) << "lse, bf16 q and kv";
         EXPECT_TRUE(bitwise_equal(dq16.from_gpu(), dq_g)) << "dq, bf16 q and kv";
@@ -1586,10 +1586,20 @@ TEST_F(CudaKernelsTest, RingBlocksOfKeysMatchTheCpuAndMergeIntoTheWholeRows) {
         Pair dq16 = pair_of(std::vector<float>(B * Tq * C)),
              dkv16 = pair_of(std::vector<float>(B * Tk * kvw));
         ops::attention_gqa_backward_rows_bf16(on_gpu, dq16.g(), C, dkv16.g(), dout.g(), q16.raw(),
-                                              C, kv16.raw(), kvw, out.g(), lse.g(), B, Tk, NH, KV,
-                                              hd, rows, keys);
+                                              C, kv16.raw(), kvw, out.g(), DType::kF32, lse.g(), B,
+                                              Tk, NH, KV, hd, rows, keys);
         EXPECT_TRUE(bitwise_equal(dq16.from_gpu(), g)) << "dq, bf16 q and kv";
         EXPECT_TRUE(bitwise_equal(dkv16.from_gpu(), dkv.from_gpu())) << "dkv, bf16 q and kv";
+        // out as the projection keeps it, in bf16 (read for D = rowsum(dO ∘ O) alone): the
+        // CPU's within bf16 rounding.
+        Tensor out16 = Tensor::empty({B * Tq, C}, DType::kBF16, Device::cuda(0));
+        ops::round_to_bf16(on_gpu, out16.data_u16(), out.g(), B * Tq * C);
+        Pair dq_r = pair_of(dq.from_host()), dkv_r = pair_of(dkv.from_host());
+        ops::attention_gqa_backward_rows_bf16(on_gpu, dq_r.g(), C, dkv_r.g(), dout.g(), q16.raw(),
+                                              C, kv16.raw(), kvw, out16.raw(), DType::kBF16,
+                                              lse.g(), B, Tk, NH, KV, hd, rows, keys);
+        expect_pair_close("dq, bf16 out", dq_r, c.grad_tol);
+        expect_pair_close("dkv, bf16 out", dkv_r, c.grad_tol);
       }
       expect_close("the blocks' dq summed against the whole sequence's", dq_sum, whole_dq,
                    c.grad_tol);

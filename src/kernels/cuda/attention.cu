@@ -460,14 +460,28 @@ KeyRuns check_rows(const char* what, int64_t NH, int64_t KV, int64_t hd, int64_t
   return key_runs_of(what, T, keys);
 }
 
-// D = rowsum(dout ∘ out) per (b, h, local row) of the rows' attention (B, Tq, NH·hd each).
-void rows_row_dots(float* D, const float* dout, const float* out, int64_t B, int64_t Tq,
+// D = rowsum(dout ∘ out) per (b, h, local row) of the rows' attention (B, Tq, NH·hd each); out
+// f32, or 16-bit as kept for the projection.
+void rows_row_dots(float* D, const float* dout, GemmOperand out, int64_t B, int64_t Tq,
                    int64_t NH, int64_t hd) {
   const int64_t n = B * NH * Tq;
-  if (n > 0)
-    launch("attention_gqa_backward_rows (D)", row_dot_kernel<float, float>,
-           blocks_of(n, kRowsPerBlock), kRowsPerBlock * 32, D, dout, out,
-           HeadIndex{Tq, NH * hd, NH, hd}, n);
+  if (n == 0) return;
+  const HeadIndex at{Tq, NH * hd, NH, hd};
+  const auto dots = [&](auto zero) {
+    using Out = decltype(zero);
+    launch("attention_gqa_backward_rows (D)", row_dot_kernel<float, Out>,
+           blocks_of(n, kRowsPerBlock), kRowsPerBlock * 32, D, dout,
+           static_cast<const Out*>(out.data), at, n);
+  };
+  switch (out.rounded_to) {
+    case MatmulPrecision::kFp32:
+    case MatmulPrecision::kTf32:
+      return dots(float{});
+    case MatmulPrecision::kBf16:
+      return dots(__nv_bfloat16{});
+    case MatmulPrecision::kFp16:
+      return dots(__half{});
+  }
 }
 
 void expect_bf16_rows(const char* what, int64_t NH, int64_t hd, int64_t B,
@@ -529,7 +543,7 @@ void attention_gqa_forward_rows_bf16(int device, float* out, float* lse, const v
 
 void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
-                                      const void* kv, int64_t ldkv, const float* out,
+                                      const void* kv, int64_t ldkv, GemmOperand out,
                                       const float* lse, int64_t B, int64_t T, int64_t NH,
                                       int64_t KV, int64_t hd,
                                       std::span<const cpu::RowRange> rows,

@@ -394,8 +394,9 @@ void attention_merge_rows(int device, float* out, float* lse, const float* part_
                           const float* part_lse, int64_t B, int64_t Tq, int64_t NH, int64_t hd);
 // Context parallelism at bf16 on the flash kernels (attention_rows_take_bf16: where they apply to
 // these rows and keys): q and kv kept and exchanged as bf16 values, rounded once as the flash
-// kernels would round them when they load — the same results, half the bytes; out, lse, dout, dq
-// and dkv fp32. copy_columns_to_bf16 rounds a qkv's columns into them.
+// kernels would round them when they load — the same results, half the bytes; lse, dout, dq and
+// dkv fp32, out fp32 or (the backward reads it for D alone) the 16-bit values of the current
+// matmul precision. copy_columns_to_bf16 rounds a qkv's columns into them.
 bool attention_rows_take_bf16(int64_t NH, int64_t hd, int64_t B,
                               std::span<const cpu::RowRange> rows,
                               std::span<const cpu::RowRange> keys = {});
@@ -408,7 +409,7 @@ void attention_gqa_forward_rows_bf16(int device, float* out, float* lse, const v
                                      std::span<const cpu::RowRange> keys = {});
 void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
-                                      const void* kv, int64_t ldkv, const float* out,
+                                      const void* kv, int64_t ldkv, GemmOperand out,
                                       const float* lse, int64_t B, int64_t T, int64_t NH,
                                       int64_t KV, int64_t hd,
                                       std::span<const cpu::RowRange> rows,
