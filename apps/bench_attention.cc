@@ -148,7 +148,8 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
     if (rows16)
       ops::attention_gqa_backward_rows_bf16(
           ex, dq.data<float>(), C, dkv.data<float>(), dout_r.data<float>(), q16.raw(), C,
-          kv16.raw(), kvw, out_r.data<float>(), lse_r.data<float>(), B, T, NH, KV, hd, rows);
+          kv16.raw(), kvw, out_r.raw(), DType::kF32, lse_r.data<float>(), B, T, NH, KV, hd,
+          rows);
     else
       ops::attention_gqa_backward_rows<float>(
           ex, dq.data<float>(), C, dkv.data<float>(), dout_r.data<float>(), q.data<float>(), C,
