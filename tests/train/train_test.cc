@@ -505,10 +505,12 @@ TEST_F(TrainTest, EveryStrategyRunsOnOneGpuThroughHostStaging) {
     int dp, tp, pp, zero;
     bool sp;
     int cp = 1;
+    const char* cp_comm = "all_gather";
   };
   for (const Layout& l : {Layout{"dp2_zero3", 2, 1, 1, 3, false}, Layout{"tp2_sp", 1, 2, 1, 0, true},
                           Layout{"pp2", 1, 1, 2, 0, false}, Layout{"dp2_pp2_tp2", 2, 2, 2, 1, false},
-                          Layout{"cp2", 1, 1, 1, 0, false, 2}, Layout{"dp2_cp2_zero1", 2, 1, 1, 1, false, 2}}) {
+                          Layout{"cp2", 1, 1, 1, 0, false, 2}, Layout{"dp2_cp2_zero1", 2, 1, 1, 1, false, 2},
+                          Layout{"cp2_ring", 1, 1, 1, 0, false, 2, "ring"}}) {
     SCOPED_TRACE(l.name);
     Config c = config(6);
     c.runtime.ranks = l.dp * l.tp * l.pp * l.cp;
@@ -517,6 +519,7 @@ TEST_F(TrainTest, EveryStrategyRunsOnOneGpuThroughHostStaging) {
     c.parallel.tp = l.tp;
     c.parallel.pp = l.pp;
     c.parallel.cp = l.cp;
+    c.parallel.cp_comm = l.cp_comm;
     c.parallel.zero = l.zero;
     c.parallel.sequence_parallel = l.sp;
     c.train.micro_batch_size = 8 / (2 * l.dp);  // two micro-batches per step: pipelines fill
