@@ -386,6 +386,16 @@ void copy_columns_to_bf16(const Exec& ex, void* dst, int64_t ld_dst, const float
     cuda::copy_columns_to_bf16(ex.device.index, dst, ld_dst, src, ld_src, rows, width);
 }
 
+void copy_columns_16(const Exec& ex, void* dst, int64_t ld_dst, const void* src, int64_t ld_src,
+                     int64_t rows, int64_t width) {
+  const detail::OpScope op_scope_("copy_columns", ex, [&] {
+    return detail::work_of<float>(0, 1.0 * rows * width);
+  });
+  if (!ex.device.is_cuda()) fail("copy_columns_16 on ", ex.device.str(), ": GPUs only");
+  if constexpr (detail::kCudaBuild)
+    cuda::copy_columns_16(ex.device.index, dst, ld_dst, src, ld_src, rows, width);
+}
+
 void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, const void* q,
                                      int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
                                      int64_t T, int64_t NH, int64_t KV, int64_t hd,

@@ -783,6 +783,9 @@ bool attention_rows_take_bf16(const Exec& ex, int64_t NH, int64_t hd, int64_t B,
                               std::span<const cpu::RowRange> keys = {});
 void copy_columns_to_bf16(const Exec& ex, void* dst, int64_t ld_dst, const float* src,
                           int64_t ld_src, int64_t rows, int64_t width);
+// The same from a bf16 qkv (the projection wrote it rounded): copied as they are.
+void copy_columns_16(const Exec& ex, void* dst, int64_t ld_dst, const void* src, int64_t ld_src,
+                     int64_t rows, int64_t width);
 void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, const void* q,
                                      int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
                                      int64_t T, int64_t NH, int64_t KV, int64_t hd,

@@ -57,13 +57,20 @@ const Tensor& rotary_table(Context& ctx, Tensor& cached, int64_t T, int64_t head
 Tensor CausalSelfAttention::attend_shard(Context& ctx, const Tensor& x) {
   const int64_t B = x.dim(0), T = x.dim(1), hd = channels_ / heads_;
   const int64_t KV = rotary_ ? rotary_->kv_heads : heads_;
-  Tensor local = qkv_.forward(ctx, x);  // (B, Tl, W): this rank's positions
+  // (B, Tl, W): this rank's positions — in bf16 where the attention keeps q and kv so, as the
+  // whole sequence's projection writes qkv for the flash kernels (turned in place in 16 bits).
+  const bool rounded = shard_attention_takes_bf16(ctx, *ctx.sequence, B, heads_, hd);
+  Tensor local = rounded ? qkv_.forward_rounded_output(ctx, x) : qkv_.forward(ctx, x);
   if (rotary_) {
     const Tensor& rope = rotary_table(ctx, rope_, T, hd, rotary_->frequencies);
-    dispatch_float(ctx.dtype, [&](auto zero) {
-      using T_ = decltype(zero);
-      ops::rope_forward<T_>(ctx.exec(), local.data<T_>(), rope.data<T_>(), B, T, heads_, KV, hd);
-    });
+    if (rounded)
+      ops::rope_forward_rounded(ctx.exec(), local.raw(), local.dtype(), rope.data<float>(), B, T,
+                                heads_, KV, hd);
+    else
+      dispatch_float(ctx.dtype, [&](auto zero) {
+        using T_ = decltype(zero);
+        ops::rope_forward<T_>(ctx.exec(), local.data<T_>(), rope.data<T_>(), B, T, heads_, KV, hd);
+      });
   }
   // Kept: the queries alone (qkv_out_) and the gathered keys and values.
   shard_attention_forward(ctx, *ctx.sequence, local, B, heads_, KV, hd, qkv_out_, kv_full_, att_,
@@ -73,11 +80,10 @@ Tensor CausalSelfAttention::attend_shard(Context& ctx, const Tensor& x) {
   // rounded input, as the whole sequence's attention keeps it (attend): one 16-bit copy for proj
   // and for the backward's D = rowsum(dO ∘ O), not an fp32 one beside proj's. (The rows were
   // merged, or written, in fp32: the ring's merge needs them so.)
-  if (qkv_out_.dtype() == DType::kBF16 &&
-      ops::matmul_input_dtype(ctx.exec(), ctx.dtype) == DType::kBF16) {
-    Tensor rounded = Tensor::empty(att_.shape(), DType::kBF16, ctx.device);
-    ops::round_to_bf16(ctx.exec(), rounded.data_u16(), att_.data<float>(), att_.numel());
-    att_ = rounded;
+  if (rounded) {
+    Tensor att16 = Tensor::empty(att_.shape(), DType::kBF16, ctx.device);
+    ops::round_to_bf16(ctx.exec(), att16.data_u16(), att_.data<float>(), att_.numel());
+    att_ = att16;
   }
   return att_;
 }

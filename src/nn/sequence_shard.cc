@@ -93,26 +93,37 @@ Tensor ring_attention_backward(Context& ctx, SequenceShard& shard, const Tensor&
 }
 }  // namespace
 
+bool shard_attention_takes_bf16(const Context& ctx, const SequenceShard& shard, int64_t B,
+                                int64_t NH, int64_t hd) {
+  const std::vector<cpu::RowRange> no_keys;
+  return ops::attention_rows_take_bf16(ctx.exec(), NH, hd, B, shard.positions(),
+                                       shard.ring() ? shard.positions() : no_keys);
+}
+
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
                              int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
                              Tensor& att, Tensor& lse) {
   const int64_t Tl = shard.local_length(), T = shard.full_length(), W = qkv.shape().back();
   LOOM_CHECK(qkv.numel() == B * Tl * W && W == (NH + 2 * KV) * hd);
-  LOOM_CHECK_MSG(qkv.dtype() == ctx.dtype,
-                 "context parallelism's attention takes its qkv at the activations' dtype");
   const int64_t C = NH * hd, kv_width = 2 * KV * hd;
   // On a GPU at bf16 whose flash kernels take these rows (and, with the ring, a block of keys at
   // positions like them): q and kv in bf16 (half the bytes kept and exchanged; the kernels would
   // round them to bf16 as they load them anyway).
   const std::vector<cpu::RowRange> no_keys;
-  const bool bf16 = ops::attention_rows_take_bf16(ctx.exec(), NH, hd, B, shard.positions(),
-                                                  shard.ring() ? shard.positions() : no_keys);
-  const DType kept = bf16 ? DType::kBF16 : qkv.dtype();
+  const bool bf16 = shard_attention_takes_bf16(ctx, shard, B, NH, hd);
+  LOOM_CHECK_MSG(qkv.dtype() == ctx.dtype || (bf16 && qkv.dtype() == DType::kBF16),
+                 "context parallelism's attention takes its qkv at the activations' dtype, or in "
+                 "bf16 where it keeps q and kv so");
+  const DType kept = bf16 ? DType::kBF16 : ctx.dtype;
   q = Tensor::empty({B, Tl, C}, kept, ctx.device);
   Tensor kv_local = Tensor::empty({B, Tl, kv_width}, kept, ctx.device);
   att = Tensor::empty({B * Tl, C}, ctx.dtype, ctx.device);
   lse = Tensor::empty({B, NH, Tl}, ctx.dtype, ctx.device);
-  if (bf16) {
+  if (bf16 && qkv.dtype() == DType::kBF16) {
+    const uint16_t* rounded = qkv.data_u16();
+    ops::copy_columns_16(ctx.exec(), q.raw(), C, rounded, W, B * Tl, C);
+    ops::copy_columns_16(ctx.exec(), kv_local.raw(), kv_width, rounded + C, W, B * Tl, kv_width);
+  } else if (bf16) {
     ops::copy_columns_to_bf16(ctx.exec(), q.raw(), C, qkv.data<float>(), W, B * Tl, C);
     ops::copy_columns_to_bf16(ctx.exec(), kv_local.raw(), kv_width, qkv.data<float>() + C, W,
                               B * Tl, kv_width);

@@ -69,6 +69,11 @@ void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
 // (B, NH, Tl) are written. On a GPU at bf16 whose flash kernels take the rows
 // (ops::attention_rows_take_bf16) q and kv are bf16: half the bytes kept and exchanged
 // (all-gathered or passed round the ring), the same results.
+// Whether shard_attention_forward keeps q and kv in bf16 (a GPU at bf16 whose flash kernels
+// take this shard's rows, and with the ring its blocks of keys): then qkv may come in bf16
+// itself, as the projection writes it for the flash kernels (no fp32 copy of it at all).
+bool shard_attention_takes_bf16(const Context& ctx, const SequenceShard& shard, int64_t B,
+                                int64_t NH, int64_t hd);
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
                              int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
                              Tensor& att, Tensor& lse);

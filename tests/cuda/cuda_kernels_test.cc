@@ -1306,6 +1306,15 @@ TEST_F(CudaKernelsTest, AttentionOfSomeQueryRowsMatchesCpuAndRepeats) {
   ops::copy_columns<float>(on_gpu, kv.g(), 8, qkv.g() + 4, 12, 10, 8);
   EXPECT_TRUE(bitwise_equal(kv.from_gpu(), kv.from_host()));
   EXPECT_EQ(kv.from_host()[8], qkv.from_host()[12 + 4]);
+  // The same of 16-bit values (a bf16 qkv, as the projection writes it for the flash kernels):
+  // rounding then copying is copying then rounding.
+  Tensor qkv16 = Tensor::empty({10, 12}, DType::kBF16, Device::cuda(0)),
+         kv16 = Tensor::empty({10, 8}, DType::kBF16, Device::cuda(0)),
+         want16 = Tensor::empty({10, 8}, DType::kBF16, Device::cuda(0));
+  ops::round_to_bf16(on_gpu, qkv16.data_u16(), qkv.g(), 10 * 12);
+  ops::copy_columns_16(on_gpu, kv16.raw(), 8, qkv16.data_u16() + 4, 12, 10, 8);
+  ops::copy_columns_to_bf16(on_gpu, want16.raw(), 8, qkv.g() + 4, 12, 10, 8);
+  EXPECT_EQ(widened(kv16), widened(want16));
 }
 
 // Context parallelism at bf16 with head size 64 or 128: the flash kernels compute a rank's query

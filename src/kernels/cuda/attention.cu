@@ -394,7 +394,8 @@ __global__ void copy_columns_to_bf16_kernel(__nv_bfloat16* dst, int64_t ld_dst, 
     round_to(dst[(i / width) * ld_dst + i % width], src[(i / width) * ld_src + i % width]);
   }
 }
-__global__ void copy_columns_kernel(float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+template <typename E>
+__global__ void copy_columns_kernel(E* dst, int64_t ld_dst, const E* src, int64_t ld_src,
                                     int64_t width, int64_t n) {
   LOOM_FOR_EACH(i, n) dst[(i / width) * ld_dst + i % width] = src[(i / width) * ld_src + i % width];
 }
@@ -501,8 +502,17 @@ void copy_columns(int device, float* dst, int64_t ld_dst, const float* src, int6
   const int64_t n = rows * width;
   if (n == 0) return;
   DeviceGuard guard(device);
-  launch("copy_columns", copy_columns_kernel, blocks_for(n, kThreads), kThreads, dst, ld_dst, src,
-         ld_src, width, n);
+  launch("copy_columns", copy_columns_kernel<float>, blocks_for(n, kThreads), kThreads, dst,
+         ld_dst, src, ld_src, width, n);
+}
+
+void copy_columns_16(int device, void* dst, int64_t ld_dst, const void* src, int64_t ld_src,
+                     int64_t rows, int64_t width) {
+  const int64_t n = rows * width;
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  launch("copy_columns (16-bit)", copy_columns_kernel<uint16_t>, blocks_for(n, kThreads), kThreads,
+         static_cast<uint16_t*>(dst), ld_dst, static_cast<const uint16_t*>(src), ld_src, width, n);
 }
 
 void copy_columns_to_bf16(int device, void* dst, int64_t ld_dst, const float* src, int64_t ld_src,
