@@ -413,6 +413,23 @@ void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, con
                                           hd, rows, keys);
 }
 
+void attention_gqa_forward_rows_bf16_out(const Exec& ex, void* out, float* lse, const void* q,
+                                         int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
+                                         int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                         std::span<const cpu::RowRange> rows,
+                                         std::span<const cpu::RowRange> keys) {
+  const int64_t Tq = cpu::rows_in(rows);
+  // q, kv and out at half an f32 element's bytes.
+  const detail::OpScope op_scope_("attention_gqa_forward_rows", ex, [&] {
+    return detail::work_of<float>(2.0 * B * Tq * T * NH * hd,
+                                  0.5 * B * (Tq * NH + 2 * T * KV) * hd + 0.5 * B * Tq * NH * hd);
+  });
+  expect_bf16_rows(ex, NH, hd, B, rows, keys, "attention_gqa_forward_rows_bf16_out");
+  if constexpr (detail::kCudaBuild)
+    cuda::attention_gqa_forward_rows_bf16_out(ex.device.index, out, lse, q, ldq, kv, ldkv, B, T, NH,
+                                              KV, hd, rows, keys);
+}
+
 void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
                                       const void* kv, int64_t ldkv, const void* out,

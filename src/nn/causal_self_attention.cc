@@ -73,18 +73,12 @@ Tensor CausalSelfAttention::attend_shard(Context& ctx, const Tensor& x) {
       });
   }
   // Kept: the queries alone (qkv_out_) and the gathered keys and values.
+  // Where the flash kernels take the rows the output too is kept as proj's rounded input, as the
+  // whole sequence's attention keeps it (attend): one 16-bit copy for proj and for the
+  // backward's D = rowsum(dO ∘ O), not an fp32 one beside proj's.
   shard_attention_forward(ctx, *ctx.sequence, local, B, heads_, KV, hd, qkv_out_, kv_full_, att_,
-                          lse_);
+                          lse_, /*rounded_output=*/rounded);
   att_ = att_.reshape({B, T, channels_});
-  // Where the flash kernels take the rows (bf16 q and kv kept) the output is kept as proj's
-  // rounded input, as the whole sequence's attention keeps it (attend): one 16-bit copy for proj
-  // and for the backward's D = rowsum(dO ∘ O), not an fp32 one beside proj's. (The rows were
-  // merged, or written, in fp32: the ring's merge needs them so.)
-  if (rounded) {
-    Tensor att16 = Tensor::empty(att_.shape(), DType::kBF16, ctx.device);
-    ops::round_to_bf16(ctx.exec(), att16.data_u16(), att_.data<float>(), att_.numel());
-    att_ = att16;
-  }
   return att_;
 }
 

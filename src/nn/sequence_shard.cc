@@ -102,7 +102,7 @@ bool shard_attention_takes_bf16(const Context& ctx, const SequenceShard& shard, 
 
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
                              int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
-                             Tensor& att, Tensor& lse) {
+                             Tensor& att, Tensor& lse, bool rounded_output) {
   const int64_t Tl = shard.local_length(), T = shard.full_length(), W = qkv.shape().back();
   LOOM_CHECK(qkv.numel() == B * Tl * W && W == (NH + 2 * KV) * hd);
   const int64_t C = NH * hd, kv_width = 2 * KV * hd;
@@ -152,12 +152,25 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
                                           shard.positions(), keys);
     });
   };
+  rounded_output = rounded_output && bf16;
   if (shard.ring()) {  // keep this rank's keys and values only; the others come round
     kv = kv_local;
     ring_attention_forward(ctx, shard, kv, B, NH, hd, att, lse, attend);
+    if (rounded_output) {  // merged in fp32, rounded once
+      Tensor att16 = Tensor::empty(att.shape(), DType::kBF16, ctx.device);
+      ops::round_to_bf16(ctx.exec(), att16.data_u16(), att.data<float>(), att.numel());
+      att = att16;
+    }
     return;
   }
   kv = shard.gather(ctx, kv_local);
+  if (rounded_output) {  // written in bf16 by the flash kernels, as the whole sequence's
+    att = Tensor::empty({B * Tl, C}, DType::kBF16, ctx.device);
+    ops::attention_gqa_forward_rows_bf16_out(ctx.exec(), att.raw(), lse.data<float>(), q.raw(), C,
+                                             kv.raw(), kv_width, B, T, NH, KV, hd,
+                                             shard.positions());
+    return;
+  }
   attend(att, lse, kv, no_keys);
 }
 

@@ -60,6 +60,11 @@ Tensor rows_of(const Tensor& table, const std::vector<cpu::RowRange>& positions)
 void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
                    const std::vector<cpu::RowRange>& positions);
 
+// Whether shard_attention_forward keeps q and kv in bf16 (a GPU at bf16 whose flash kernels
+// take this shard's rows, and with the ring its blocks of keys): then qkv may come in bf16
+// itself, as the projection writes it for the flash kernels (no fp32 copy of it at all).
+bool shard_attention_takes_bf16(const Context& ctx, const SequenceShard& shard, int64_t B,
+                                int64_t NH, int64_t hd);
 // The attention of a shard's query rows over the whole sequence: `qkv` (B·Tl or B, Tl, W =
 // (NH + 2·KV)·hd) is this rank's, q and k already turned. Only the keys and values cross the
 // group. Kept for the backward: `q`, a compact copy of the queries (B, Tl, NH·hd), and `kv`, the
@@ -67,16 +72,13 @@ void add_rows_into(const Exec& ex, Tensor& table, const Tensor& rows,
 // itself need not be kept; with the ring (shard.ring()) only this rank's keys and values (B, Tl,
 // 2·KV·hd), every other block passed round again in the backward. att (B·Tl, NH·hd) and lse
 // (B, NH, Tl) are written. On a GPU at bf16 whose flash kernels take the rows
-// (ops::attention_rows_take_bf16) q and kv are bf16: half the bytes kept and exchanged
-// (all-gathered or passed round the ring), the same results.
-// Whether shard_attention_forward keeps q and kv in bf16 (a GPU at bf16 whose flash kernels
-// take this shard's rows, and with the ring its blocks of keys): then qkv may come in bf16
-// itself, as the projection writes it for the flash kernels (no fp32 copy of it at all).
-bool shard_attention_takes_bf16(const Context& ctx, const SequenceShard& shard, int64_t B,
-                                int64_t NH, int64_t hd);
+// (shard_attention_takes_bf16) q and kv are bf16: half the bytes kept and exchanged
+// (all-gathered or passed round the ring), the same results; with `rounded_output` att is bf16
+// too, the projection's rounded input (the flash kernels write it so where no merge follows, the
+// ring's merged rows are rounded once).
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
                              int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
-                             Tensor& att, Tensor& lse);
+                             Tensor& att, Tensor& lse, bool rounded_output = false);
 // Its backward: datt shaped as att → dqkv (B, Tl, W): this rank's dQ, and its positions' sum of
 // every rank's dK and dV (reduce-scattered). With bf16 q and kv, att may be the bf16 values the
 // projection keeps (the backward reads it for D = rowsum(dO ∘ O) alone).

@@ -1344,6 +1344,12 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
     cuda::attention_gqa_forward(0, out.g(), lse.g(), qkv.g(), B, T, NH, KV, hd);
     cuda::attention_gqa_backward(0, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, NH, KV,
                                  hd);
+    // ... and with its output in bf16, as one GPU's training path writes it.
+    Tensor out16 = Tensor::empty({B * T, C}, DType::kBF16, Device::cuda(0));
+    Pair lse16 = pair_of(std::vector<float>(B * NH * T));
+    cuda::flash_attention_forward_bf16_out(0, out16.raw(), lse16.g(), qkv.g(), false, B, T, C, NH,
+                                           KV);
+    const std::vector<float> whole_bf16 = widened(out16);
     const std::vector<float> all = qkv.from_host(), dy = dout.from_host(), o = out.from_gpu(),
                              l = lse.from_gpu(), g = dqkv.from_gpu();
     std::vector<float> kv_rows(B * T * kvw);  // every position's keys and values
@@ -1414,6 +1420,15 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
                                               C, kv16.raw(), kvw, o16.g(), DType::kF32, l16.g(), B,
                                               T, NH, KV, hd, rows);
         EXPECT_TRUE(bitwise_equal(o16.from_gpu(), o_r.from_gpu())) << "out, bf16 q and kv";
+        // out written in bf16 (the projection's rounded input): the rows of the whole
+        // sequence's bf16 output, bit for bit.
+        Tensor out_bf16 = Tensor::empty({B * Tq, C}, DType::kBF16, Device::cuda(0));
+        Pair l_b = pair_of(std::vector<float>(B * NH * Tq));
+        ops::attention_gqa_forward_rows_bf16_out(on_gpu, out_bf16.raw(), l_b.g(), q16.raw(), C,
+                                                 kv16.raw(), kvw, B, T, NH, KV, hd, rows);
+        EXPECT_TRUE(bitwise_equal(widened(out_bf16), rows_of(whole_bf16, C, 0, C, rows)))
+            << "bf16 out";
+        EXPECT_TRUE(bitwise_equal(l_b.from_gpu(), l_r.from_gpu())) << "lse, bf16 out";
         EXPECT_TRUE(bitwise_equal(l16.from_gpu(), l_r.from_gpu())) << "lse, bf16 q and kv";
         EXPECT_TRUE(bitwise_equal(dq16.from_gpu(), dq_g)) << "dq, bf16 q and kv";
         EXPECT_TRUE(bitwise_equal(dkv16.from_gpu(), share)) << "dkv, bf16 q and kv";

@@ -788,6 +788,17 @@ void flash_attention_forward_rows(int device, float* out, float* lse, const void
                   B, "attention_gqa_forward_rows (flash)");
 }
 
+void flash_attention_forward_rows_bf16_out(int device, void* out, float* lse, const void* q,
+                                          int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
+                                          int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                          std::span<const cpu::RowRange> rows,
+                                          std::span<const cpu::RowRange> keys) {
+  flash_forward(device, static_cast<bf16*>(out), lse,
+                query_rows(static_cast<const bf16*>(q), ldq, static_cast<const bf16*>(kv), ldkv, T,
+                           NH, KV, hd, rows, keys),
+                B, "attention_gqa_forward_rows (flash, bf16 q, kv and out)");
+}
+
 void flash_attention_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
                                    const float* dout, const void* q, int64_t ldq, const void* kv,
                                    int64_t ldkv, bool bf16_in, const float* lse, const float* D,

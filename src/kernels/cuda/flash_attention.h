@@ -52,6 +52,13 @@ void flash_attention_forward_rows(int device, float* out, float* lse, const void
                                   int64_t NH, int64_t KV, int64_t hd,
                                   std::span<const cpu::RowRange> rows,
                                   std::span<const cpu::RowRange> keys = {});
+// The same with bf16 q and kv and `out` written in bf16, as flash_attention_forward_bf16_out
+// writes the whole sequence's (the projection's rounded input).
+void flash_attention_forward_rows_bf16_out(int device, void* out, float* lse, const void* q,
+                                          int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
+                                          int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                          std::span<const cpu::RowRange> rows,
+                                          std::span<const cpu::RowRange> keys = {});
 // D = rowsum(dout ∘ out) per (b, h, local row), as lse. dkv's every row is written.
 void flash_attention_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
                                    const float* dout, const void* q, int64_t ldq, const void* kv,

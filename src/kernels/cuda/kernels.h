@@ -410,6 +410,12 @@ void attention_gqa_forward_rows_bf16(int device, float* out, float* lse, const v
                                      int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                      std::span<const cpu::RowRange> rows,
                                      std::span<const cpu::RowRange> keys = {});
+// The forward with out written in bf16 (B, Tq, NH·hd), the projection's rounded input.
+void attention_gqa_forward_rows_bf16_out(int device, void* out, float* lse, const void* q,
+                                         int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
+                                         int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                         std::span<const cpu::RowRange> rows,
+                                         std::span<const cpu::RowRange> keys = {});
 void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
                                       const void* kv, int64_t ldkv, GemmOperand out,
