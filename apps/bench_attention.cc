@@ -156,10 +156,64 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
           kv.data<float>(), kvw, out_r.data<float>(), lse_r.data<float>(), B, T, NH, KV, hd, rows);
   };
 
+  // The same rows as the ring computes them (parallel.cp_comm = "ring"): over every rank's block
+  // of keys and values in ring order from rank 0's own, each block's partial result merged by
+  // log-sum-exp; the backward per block with the merged result, dQ summed. The compute of a
+  // rank's ring step, without the transfers it overlaps.
+  std::vector<std::vector<cpu::RowRange>> block_keys;
+  std::vector<Tensor> blocks;
+  for (int s = 0; s < a.cp; ++s) {
+    block_keys.push_back(zigzag_positions(T, a.cp, (a.cp - s) % a.cp));
+    const Tensor block = on(device, rows_of(qkv_h, B, T, W, C, kvw, block_keys.back()));
+    blocks.push_back(rows16 ? rounded(ex, block, B * Tq, kvw) : block);
+  }
+  Tensor out_ring = Tensor::empty({B * Tq * C}, DType::kF32, device);
+  Tensor lse_ring = Tensor::empty({B * NH * Tq}, DType::kF32, device);
+  Tensor part = Tensor::empty({B * Tq * C}, DType::kF32, device);
+  Tensor part_lse = Tensor::empty({B * NH * Tq}, DType::kF32, device);
+  Tensor dkv_block = Tensor::empty({B * Tq * kvw}, DType::kF32, device);
+  const auto ring_forward = [&] {
+    for (int s = 0; s < a.cp; ++s) {
+      float* o = (s == 0 ? out_ring : part).data<float>();
+      float* l = (s == 0 ? lse_ring : part_lse).data<float>();
+      const std::vector<cpu::RowRange>& keys = block_keys[static_cast<size_t>(s)];
+      const Tensor& block = blocks[static_cast<size_t>(s)];
+      if (rows16)
+        ops::attention_gqa_forward_rows_bf16(ex, o, l, q16.raw(), C, block.raw(), kvw, B, Tq, NH,
+                                             KV, hd, rows, keys);
+      else
+        ops::attention_gqa_forward_rows<float>(ex, o, l, q.data<float>(), C, block.data<float>(),
+                                               kvw, B, Tq, NH, KV, hd, rows, keys);
+      if (s > 0)
+        ops::attention_merge_rows<float>(ex, out_ring.data<float>(), lse_ring.data<float>(),
+                                         part.data<float>(), part_lse.data<float>(), B, Tq, NH, hd);
+    }
+  };
+  const auto ring_backward = [&] {
+    for (int s = 0; s < a.cp; ++s) {
+      float* d = (s == 0 ? dq : part).data<float>();
+      const std::vector<cpu::RowRange>& keys = block_keys[static_cast<size_t>(s)];
+      const Tensor& block = blocks[static_cast<size_t>(s)];
+      if (rows16)
+        ops::attention_gqa_backward_rows_bf16(ex, d, C, dkv_block.data<float>(),
+                                              dout_r.data<float>(), q16.raw(), C, block.raw(), kvw,
+                                              out_ring.raw(), DType::kF32, lse_ring.data<float>(),
+                                              B, Tq, NH, KV, hd, rows, keys);
+      else
+        ops::attention_gqa_backward_rows<float>(
+            ex, d, C, dkv_block.data<float>(), dout_r.data<float>(), q.data<float>(), C,
+            block.data<float>(), kvw, out_ring.data<float>(), lse_ring.data<float>(), B, Tq, NH,
+            KV, hd, rows, keys);
+      if (s > 0) ops::add_inplace<float>(ex, dq.data<float>(), part.data<float>(), B * Tq * C);
+    }
+  };
+
   const double whole_f = best_seconds(device, a.iters, whole_forward);
   const double whole_b = best_seconds(device, a.iters, whole_backward);
   const double rows_f = best_seconds(device, a.iters, rows_forward);
   const double rows_b = best_seconds(device, a.iters, rows_backward);
+  const double ring_f = a.cp > 1 ? best_seconds(device, a.iters, ring_forward) : rows_f;
+  const double ring_b = a.cp > 1 ? best_seconds(device, a.iters, ring_backward) : rows_b;
 
   // The rows' output against the whole sequence's rows: the same attention (to the rounding of
   // the whole path's bf16 output, where it has one).
@@ -169,6 +223,13 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
   double max_diff = 0;
   for (size_t i = 0; i < want.size(); ++i)
     max_diff = std::max(max_diff, std::abs(static_cast<double>(mine[i]) - want[i]));
+  // The ring's merged output against the gathered rows' (the merge reorders the softmax's sums).
+  double ring_diff = 0;
+  if (a.cp > 1) {
+    const std::vector<float> merged = out_ring.to_vector();
+    for (size_t i = 0; i < mine.size(); ++i)
+      ring_diff = std::max(ring_diff, std::abs(static_cast<double>(merged[i]) - mine[i]));
+  }
 
   // Flops of the causal products: forward S = Q·Kᵀ and O = P·V, 2 each per (query, key, column);
   // backward S again, dV, dP, dK and dQ.
@@ -186,12 +247,15 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
         "\"whole_fwd_ms\": %.3f, \"whole_bwd_ms\": %.3f, \"rows_fwd_ms\": %.3f, "
         "\"rows_bwd_ms\": %.3f, \"whole_fwd_tflops\": %.3f, \"whole_bwd_tflops\": %.3f, "
         "\"rows_fwd_tflops\": %.3f, \"rows_bwd_tflops\": %.3f, \"cp_fwd_efficiency\": %.3f, "
-        "\"cp_bwd_efficiency\": %.3f, \"max_diff\": %.3g}\n",
+        "\"cp_bwd_efficiency\": %.3f, \"max_diff\": %.3g, \"ring_fwd_ms\": %.3f, "
+        "\"ring_bwd_ms\": %.3f, \"ring_fwd_vs_rows\": %.3f, \"ring_bwd_vs_rows\": %.3f, "
+        "\"ring_max_diff\": %.3g}\n",
         device.str().c_str(), a.precision.c_str(), a.threads, static_cast<long>(B),
         static_cast<long>(T), static_cast<long>(NH), static_cast<long>(KV), static_cast<long>(hd),
         a.cp, whole_f * 1e3, whole_b * 1e3, rows_f * 1e3, rows_b * 1e3,
         tflops(4 * whole_pairs, whole_f), tflops(10 * whole_pairs, whole_b),
-        tflops(4 * rows_pairs, rows_f), tflops(10 * rows_pairs, rows_b), eff_f, eff_b, max_diff);
+        tflops(4 * rows_pairs, rows_f), tflops(10 * rows_pairs, rows_b), eff_f, eff_b, max_diff,
+        ring_f * 1e3, ring_b * 1e3, ring_f / rows_f, ring_b / rows_b, ring_diff);
     return 0;
   }
   std::printf("causal attention, B %ld, T %ld, %ld query / %ld key-value heads of %ld, on %s (%s",
@@ -210,7 +274,18 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
               tflops(4 * rows_pairs, rows_f), tflops(10 * rows_pairs, rows_b));
   std::printf("cp efficiency (whole / cp / rows; 1 = perfect split): forward %.3f, backward %.3f\n",
               eff_f, eff_b);
+  if (a.cp > 1) {
+    std::snprintf(label, sizeof label, "the same rows by the ring (%d blocks)", a.cp);
+    std::printf("%-34s %12.3f %12.3f %14.3f %14.3f\n", label, ring_f * 1e3, ring_b * 1e3,
+                tflops(4 * rows_pairs, ring_f), tflops(10 * rows_pairs, ring_b));
+    std::printf("ring / gathered rows (the ring's compute, transfers aside): forward %.3f, "
+                "backward %.3f\n",
+                ring_f / rows_f, ring_b / rows_b);
+  }
   std::printf("rows' output against the whole sequence's rows: max |difference| %.3g\n", max_diff);
+  if (a.cp > 1)
+    std::printf("the ring's merged output against the gathered rows': max |difference| %.3g\n",
+                ring_diff);
   return 0;
 }
 

@@ -268,7 +268,9 @@ figure "fp8 (quantized on the GPU, bf16 GEMMs)"
 # Context parallelism's attention (`loom bench attention`): one cp rank's zigzag rows over every
 # key on the flash kernels, against the whole sequence's, at Llama 3 8B's heads (32 query heads
 # of 128 sharing 8) and T = 32768 for cp 2, 4 and 8: how near a rank's time comes to 1/cp of one
-# device's (cp_*_efficiency 1), and the rows' TFLOP/s.
+# device's (cp_*_efficiency 1), and the rows' TFLOP/s; and the same rows as the ring computes
+# them, block by block with key positions and merged (ring_*_vs_rows: its compute against the
+# gathered rows', the transfers aside).
 cp_attention() {
   for cp in 2 4 8; do
     "$BIN/loom" bench attention --device cuda --precision bf16 --seq 32768 --heads 32 \
