@@ -137,8 +137,8 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
   Tensor dkv = Tensor::empty({B * T * kvw}, DType::kF32, device);
   const auto rows_forward = [&] {
     if (rows16)
-      ops::attention_gqa_forward_rows_bf16(ex, out_r.data<float>(), lse_r.data<float>(), q16.raw(),
-                                           C, kv16.raw(), kvw, B, T, NH, KV, hd, rows);
+      ops::attention_gqa_forward_rows_bf16(ex, out_r.raw(), DType::kF32, lse_r.data<float>(),
+                                           q16.raw(), C, kv16.raw(), kvw, B, T, NH, KV, hd, rows);
     else
       ops::attention_gqa_forward_rows<float>(ex, out_r.data<float>(), lse_r.data<float>(),
                                              q.data<float>(), C, kv.data<float>(), kvw, B, T, NH,
@@ -179,8 +179,8 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
       const std::vector<cpu::RowRange>& keys = block_keys[static_cast<size_t>(s)];
       const Tensor& block = blocks[static_cast<size_t>(s)];
       if (rows16)
-        ops::attention_gqa_forward_rows_bf16(ex, o, l, q16.raw(), C, block.raw(), kvw, B, Tq, NH,
-                                             KV, hd, rows, keys);
+        ops::attention_gqa_forward_rows_bf16(ex, o, DType::kF32, l, q16.raw(), C, block.raw(), kvw,
+                                             B, Tq, NH, KV, hd, rows, keys);
       else
         ops::attention_gqa_forward_rows<float>(ex, o, l, q.data<float>(), C, block.data<float>(),
                                                kvw, B, Tq, NH, KV, hd, rows, keys);

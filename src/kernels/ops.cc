@@ -396,38 +396,25 @@ void copy_columns_16(const Exec& ex, void* dst, int64_t ld_dst, const void* src,
     cuda::copy_columns_16(ex.device.index, dst, ld_dst, src, ld_src, rows, width);
 }
 
-void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, const void* q,
-                                     int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
-                                     int64_t T, int64_t NH, int64_t KV, int64_t hd,
+void attention_gqa_forward_rows_bf16(const Exec& ex, void* out, DType out_dtype, float* lse,
+                                     const void* q, int64_t ldq, const void* kv, int64_t ldkv,
+                                     int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                      std::span<const cpu::RowRange> rows,
                                      std::span<const cpu::RowRange> keys) {
   const int64_t Tq = cpu::rows_in(rows);
-  // q and kv read at half an f32 element's bytes.
+  if (out_dtype != DType::kF32 && out_dtype != DType::kBF16)
+    fail("attention_gqa_forward_rows_bf16: out is f32 or bf16, not ", dtype_name(out_dtype));
+  const double out_bytes = out_dtype == DType::kBF16 ? 0.5 : 1.0;
+  // q and kv (and a bf16 out) at half an f32 element's bytes.
   const detail::OpScope op_scope_("attention_gqa_forward_rows", ex, [&] {
-    return detail::work_of<float>(2.0 * B * Tq * T * NH * hd,
-                                  0.5 * B * (Tq * NH + 2 * T * KV) * hd + 1.0 * B * Tq * NH * hd);
+    return detail::work_of<float>(
+        2.0 * B * Tq * T * NH * hd,
+        0.5 * B * (Tq * NH + 2 * T * KV) * hd + out_bytes * B * Tq * NH * hd);
   });
   expect_bf16_rows(ex, NH, hd, B, rows, keys, "attention_gqa_forward_rows_bf16");
   if constexpr (detail::kCudaBuild)
-    cuda::attention_gqa_forward_rows_bf16(ex.device.index, out, lse, q, ldq, kv, ldkv, B, T, NH, KV,
-                                          hd, rows, keys);
-}
-
-void attention_gqa_forward_rows_bf16_out(const Exec& ex, void* out, float* lse, const void* q,
-                                         int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
-                                         int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                         std::span<const cpu::RowRange> rows,
-                                         std::span<const cpu::RowRange> keys) {
-  const int64_t Tq = cpu::rows_in(rows);
-  // q, kv and out at half an f32 element's bytes.
-  const detail::OpScope op_scope_("attention_gqa_forward_rows", ex, [&] {
-    return detail::work_of<float>(2.0 * B * Tq * T * NH * hd,
-                                  0.5 * B * (Tq * NH + 2 * T * KV) * hd + 0.5 * B * Tq * NH * hd);
-  });
-  expect_bf16_rows(ex, NH, hd, B, rows, keys, "attention_gqa_forward_rows_bf16_out");
-  if constexpr (detail::kCudaBuild)
-    cuda::attention_gqa_forward_rows_bf16_out(ex.device.index, out, lse, q, ldq, kv, ldkv, B, T, NH,
-                                              KV, hd, rows, keys);
+    cuda::attention_gqa_forward_rows_bf16(ex.device.index, out, out_dtype == DType::kBF16, lse, q,
+                                          ldq, kv, ldkv, B, T, NH, KV, hd, rows, keys);
 }
 
 void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,

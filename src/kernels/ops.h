@@ -786,18 +786,13 @@ void copy_columns_to_bf16(const Exec& ex, void* dst, int64_t ld_dst, const float
 // The same from a bf16 qkv (the projection wrote it rounded): copied as they are.
 void copy_columns_16(const Exec& ex, void* dst, int64_t ld_dst, const void* src, int64_t ld_src,
                      int64_t rows, int64_t width);
-void attention_gqa_forward_rows_bf16(const Exec& ex, float* out, float* lse, const void* q,
-                                     int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
-                                     int64_t T, int64_t NH, int64_t KV, int64_t hd,
+// The forward writes out in f32, or (out_dtype bf16) as the projection's rounded input where no
+// merge follows (the all-gather's rows).
+void attention_gqa_forward_rows_bf16(const Exec& ex, void* out, DType out_dtype, float* lse,
+                                     const void* q, int64_t ldq, const void* kv, int64_t ldkv,
+                                     int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                      std::span<const cpu::RowRange> rows,
                                      std::span<const cpu::RowRange> keys = {});
-// The forward with out written in bf16, the projection's rounded input (where no merge follows:
-// the all-gather's rows).
-void attention_gqa_forward_rows_bf16_out(const Exec& ex, void* out, float* lse, const void* q,
-                                         int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
-                                         int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                         std::span<const cpu::RowRange> rows,
-                                         std::span<const cpu::RowRange> keys = {});
 void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
                                       const void* kv, int64_t ldkv, const void* out,

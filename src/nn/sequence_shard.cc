@@ -140,8 +140,8 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
                           const std::vector<cpu::RowRange>& keys) {
     const int64_t Tk = keys.empty() ? T : cpu::rows_in(keys);
     if (bf16) {
-      ops::attention_gqa_forward_rows_bf16(ctx.exec(), o.data<float>(), l.data<float>(), q.raw(),
-                                           C, block.raw(), kv_width, B, Tk, NH, KV, hd,
+      ops::attention_gqa_forward_rows_bf16(ctx.exec(), o.raw(), DType::kF32, l.data<float>(),
+                                           q.raw(), C, block.raw(), kv_width, B, Tk, NH, KV, hd,
                                            shard.positions(), keys);
       return;
     }
@@ -166,9 +166,9 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
   kv = shard.gather(ctx, kv_local);
   if (rounded_output) {  // written in bf16 by the flash kernels, as the whole sequence's
     att = Tensor::empty({B * Tl, C}, DType::kBF16, ctx.device);
-    ops::attention_gqa_forward_rows_bf16_out(ctx.exec(), att.raw(), lse.data<float>(), q.raw(), C,
-                                             kv.raw(), kv_width, B, T, NH, KV, hd,
-                                             shard.positions());
+    ops::attention_gqa_forward_rows_bf16(ctx.exec(), att.raw(), DType::kBF16, lse.data<float>(),
+                                         q.raw(), C, kv.raw(), kv_width, B, T, NH, KV, hd,
+                                         shard.positions());
     return;
   }
   attend(att, lse, kv, no_keys);

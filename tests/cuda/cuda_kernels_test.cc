@@ -1414,8 +1414,8 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
              l16 = pair_of(std::vector<float>(B * NH * Tq));
         Pair dq16 = pair_of(std::vector<float>(B * Tq * W, 5.0f)),
              dkv16 = pair_of(std::vector<float>(B * T * kvw, 7.0f));
-        ops::attention_gqa_forward_rows_bf16(on_gpu, o16.g(), l16.g(), q16.raw(), C, kv16.raw(),
-                                             kvw, B, T, NH, KV, hd, rows);
+        ops::attention_gqa_forward_rows_bf16(on_gpu, o16.g(), DType::kF32, l16.g(), q16.raw(), C,
+                                             kv16.raw(), kvw, B, T, NH, KV, hd, rows);
         ops::attention_gqa_backward_rows_bf16(on_gpu, dq16.g(), W, dkv16.g(), dy_r.g(), q16.raw(),
                                               C, kv16.raw(), kvw, o16.g(), DType::kF32, l16.g(), B,
                                               T, NH, KV, hd, rows);
@@ -1424,8 +1424,8 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
         // sequence's bf16 output, bit for bit.
         Tensor out_bf16 = Tensor::empty({B * Tq, C}, DType::kBF16, Device::cuda(0));
         Pair l_b = pair_of(std::vector<float>(B * NH * Tq));
-        ops::attention_gqa_forward_rows_bf16_out(on_gpu, out_bf16.raw(), l_b.g(), q16.raw(), C,
-                                                 kv16.raw(), kvw, B, T, NH, KV, hd, rows);
+        ops::attention_gqa_forward_rows_bf16(on_gpu, out_bf16.raw(), DType::kBF16, l_b.g(),
+                                             q16.raw(), C, kv16.raw(), kvw, B, T, NH, KV, hd, rows);
         EXPECT_TRUE(bitwise_equal(widened(out_bf16), rows_of(whole_bf16, C, 0, C, rows)))
             << "bf16 out";
         EXPECT_TRUE(bitwise_equal(l_b.from_gpu(), l_r.from_gpu())) << "lse, bf16 out";
@@ -1466,8 +1466,8 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
          kv16 = Tensor::empty({2 * 16, 256}, DType::kBF16, Device::cuda(0));
   expect_refused(
       [&] {
-        ops::attention_gqa_forward_rows_bf16(on_gpu, o.g(), l.g(), q16.raw(), 128, kv16.raw(),
-                                             256, 2, 16, 2, 2, 64, two);
+        ops::attention_gqa_forward_rows_bf16(on_gpu, o.g(), DType::kF32, l.g(), q16.raw(), 128,
+                                             kv16.raw(), 256, 2, 16, 2, 2, 64, two);
       },
       "bf16 queries and keys/values are for a GPU's flash kernels", "bf16 rows taken at fp32");
 }
@@ -1601,8 +1601,8 @@ TEST_F(CudaKernelsTest, RingBlocksOfKeysMatchTheCpuAndMergeIntoTheWholeRows) {
              l16 = pair_of(std::vector<float>(B * NH * Tq));
         Pair o32 = pair_of(std::vector<float>(B * Tq * C)),
              l32 = pair_of(std::vector<float>(B * NH * Tq));
-        ops::attention_gqa_forward_rows_bf16(on_gpu, o16.g(), l16.g(), q16.raw(), C, kv16.raw(),
-                                             kvw, B, Tk, NH, KV, hd, rows, keys);
+        ops::attention_gqa_forward_rows_bf16(on_gpu, o16.g(), DType::kF32, l16.g(), q16.raw(), C,
+                                             kv16.raw(), kvw, B, Tk, NH, KV, hd, rows, keys);
         ops::attention_gqa_forward_rows<float>(on_gpu, o32.g(), l32.g(), q.g(), C, kv.g(), kvw, B,
                                                Tk, NH, KV, hd, rows, keys);
         EXPECT_TRUE(bitwise_equal(o16.from_gpu(), o32.from_gpu())) << "out, bf16 q and kv";

@@ -539,28 +539,20 @@ void attention_merge_rows(int device, float* out, float* lse, const float* part_
          part_out, part_lse, Tq, NH, hd, n);
 }
 
-void attention_gqa_forward_rows_bf16(int device, float* out, float* lse, const void* q,
-                                     int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
-                                     int64_t T, int64_t NH, int64_t KV, int64_t hd,
+void attention_gqa_forward_rows_bf16(int device, void* out, bool out_bf16, float* lse,
+                                     const void* q, int64_t ldq, const void* kv, int64_t ldkv,
+                                     int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                      std::span<const cpu::RowRange> rows,
                                      std::span<const cpu::RowRange> keys) {
   check_rows("attention_gqa_forward_rows_bf16", NH, KV, hd, T, rows, keys);
   expect_bf16_rows("attention_gqa_forward_rows_bf16", NH, hd, B, rows, keys);
   if (B * cpu::rows_in(rows) == 0) return;
-  flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, true, B, T, NH, KV, hd, rows,
-                               keys);
-}
-
-void attention_gqa_forward_rows_bf16_out(int device, void* out, float* lse, const void* q,
-                                         int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
-                                         int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                         std::span<const cpu::RowRange> rows,
-                                         std::span<const cpu::RowRange> keys) {
-  check_rows("attention_gqa_forward_rows_bf16_out", NH, KV, hd, T, rows, keys);
-  expect_bf16_rows("attention_gqa_forward_rows_bf16_out", NH, hd, B, rows, keys);
-  if (B * cpu::rows_in(rows) == 0) return;
-  flash_attention_forward_rows_bf16_out(device, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows,
-                                        keys);
+  if (out_bf16)
+    flash_attention_forward_rows_bf16_out(device, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd,
+                                          rows, keys);
+  else
+    flash_attention_forward_rows(device, static_cast<float*>(out), lse, q, ldq, kv, ldkv, true, B,
+                                 T, NH, KV, hd, rows, keys);
 }
 
 void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,

@@ -405,17 +405,12 @@ void copy_columns_to_bf16(int device, void* dst, int64_t ld_dst, const float* sr
 // The same of 16-bit values (a bf16 qkv's columns into them), copied as they are.
 void copy_columns_16(int device, void* dst, int64_t ld_dst, const void* src, int64_t ld_src,
                      int64_t rows, int64_t width);
-void attention_gqa_forward_rows_bf16(int device, float* out, float* lse, const void* q,
-                                     int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
-                                     int64_t T, int64_t NH, int64_t KV, int64_t hd,
+// The forward writes out in f32, or with out_bf16 in bf16 (the projection's rounded input).
+void attention_gqa_forward_rows_bf16(int device, void* out, bool out_bf16, float* lse,
+                                     const void* q, int64_t ldq, const void* kv, int64_t ldkv,
+                                     int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                      std::span<const cpu::RowRange> rows,
                                      std::span<const cpu::RowRange> keys = {});
-// The forward with out written in bf16 (B, Tq, NH·hd), the projection's rounded input.
-void attention_gqa_forward_rows_bf16_out(int device, void* out, float* lse, const void* q,
-                                         int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
-                                         int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                         std::span<const cpu::RowRange> rows,
-                                         std::span<const cpu::RowRange> keys = {});
 void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
                                       const float* dout, const void* q, int64_t ldq,
                                       const void* kv, int64_t ldkv, GemmOperand out,
