@@ -358,16 +358,16 @@ void fill_idle_with_weight_grads(PipelineSchedule& s, int max_owed) {
 // placement, every backward split into B and W, built by list scheduling on the stages' costs
 // (F, B and W one unit each where none are given, as the timeline counts; communication free).
 // Each free rank runs one compute, chosen from what is ready by a policy (VPolicy): a B whose
-// output gradient has arrived first (the critical path: it frees the next stage down), else an F
-// whose input has arrived, if the rank then holds at most `limit` chunk micro-batches between their
-// F and their W, else its oldest owed W, else it idles. A chunk's F's, B's and W's each go in
+// output gradient has arrived first (the critical path: it frees the next stage down; or, by
+// policy, an F first), else an F whose input has arrived, if the rank then holds at most `limit`
+// chunk micro-batches between their F and their W, else its oldest owed W, else it idles. A chunk's F's, B's and W's each go in
 // micro-batch order, so every gradient sums the same products in the same order as interleaved
 // 1F1B's (its W's are B's order per chunk). With limit = 2·pp a rank holds what a 1F1B rank holds:
 // pp micro-batches of a stage twice as deep as a chunk. The V is what takes the fill's bubble away:
 // rank 0 runs the first and the last stage, so the backward starts on the rank that began the
 // forward, and the W's fill the drain. A greedy choice is not always best (the last ranks fill
 // their memory with warm-up forwards and then starve the pipeline of the last micro-batches), so
-// zero_bubble_v tries ~16·pp policies and keeps the shortest step, as the paper's scheduler tries
+// zero_bubble_v tries ~32·pp policies and keeps the shortest step, as the paper's scheduler tries
 // its variants.
 struct VPolicy {
   bool b_chunk1_first = false;  // of two ready B's, chunk 1's; else the older micro-batch's
@@ -377,6 +377,10 @@ struct VPolicy {
   // micro-batches could not start the forward the next backward depends on (with stages of
   // unequal cost the plain greedy order can deadlock that way).
   bool keep_a_slot_for_chunk1 = false;
+  // Of a ready B and a ready F within the bound, the F: the forward runs ahead while memory
+  // allows. With a few more micro-batches than ranks (pp < m < 2·pp) the B-first order leaves
+  // the last ranks without forwards at the end; this one reaches the unit-cost floor there.
+  bool f_before_b = false;
 };
 
 // Fills s.actions by the policy; returns the step's length in the costs' unit, or −1 where the
@@ -482,7 +486,7 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
         owes && ((policy.max_owed > 0 && static_cast<int>(owed[r].size()) >= policy.max_owed) ||
                  (policy.w_when_full && f_waits_for_memory));
     double end = -1;
-    if (b_chunk >= 0 && !w_first) {
+    if (b_chunk >= 0 && !w_first && !(policy.f_before_b && f_chunk >= 0)) {
       const int c = b_chunk, stage = s.stage_of(r, c), i = lanes[r][c].next_backward++;
       if (stage < S - 1) receive(r, s.rank_of_stage(stage + 1), {K::kRecvBackward, i, c});
       acts.push_back({K::kBackwardInput, i, c});
@@ -524,7 +528,7 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
 
 // The V schedule of the policies tried with the shortest step (the first found of equals): the
 // plain greedy one first, then with W's forced at each count owed, or where memory stops an F,
-// then all of those keeping a slot for chunk 1. With stage costs, each policy is also scheduled
+// then all of those keeping a slot for chunk 1, then all of those running F's before B's. With stage costs, each policy is also scheduled
 // as if the stages cost the same, and that order timed on the real costs: the greedy choices on
 // the real costs are not always better. The costs are s.costs.
 void zero_bubble_v(PipelineSchedule& s) {
@@ -537,26 +541,28 @@ void zero_bubble_v(PipelineSchedule& s) {
   double best_step = -1;
   std::vector<std::vector<PipeAction>> best;
   VPolicy p;
-  for (const bool keep_a_slot : {false, true})
-    for (p.max_owed = 0; p.max_owed <= 2 * pp; ++p.max_owed)
-      for (const bool w_when_full : {false, true})
-        for (const bool b_chunk1_first : {false, true})
-          for (const bool on_unit_costs : {false, true}) {
-            if (on_unit_costs && !unequal) continue;
-            p.keep_a_slot_for_chunk1 = keep_a_slot;
-            p.w_when_full = w_when_full;
-            p.b_chunk1_first = b_chunk1_first;
-            s.actions.assign(pp, {});
-            double step = list_schedule_v(s, on_unit_costs ? StageCosts{} : costs, 2 * pp, p);
-            if (step > 0 && on_unit_costs) {
-              const Simulation sim = simulate(s, timed);
-              step = *std::max_element(sim.clock.begin(), sim.clock.end());
+  for (const bool f_before_b : {false, true})
+    for (const bool keep_a_slot : {false, true})
+      for (p.max_owed = 0; p.max_owed <= 2 * pp; ++p.max_owed)
+        for (const bool w_when_full : {false, true})
+          for (const bool b_chunk1_first : {false, true})
+            for (const bool on_unit_costs : {false, true}) {
+              if (on_unit_costs && !unequal) continue;
+              p.keep_a_slot_for_chunk1 = keep_a_slot;
+              p.f_before_b = f_before_b;
+              p.w_when_full = w_when_full;
+              p.b_chunk1_first = b_chunk1_first;
+              s.actions.assign(pp, {});
+              double step = list_schedule_v(s, on_unit_costs ? StageCosts{} : costs, 2 * pp, p);
+              if (step > 0 && on_unit_costs) {
+                const Simulation sim = simulate(s, timed);
+                step = *std::max_element(sim.clock.begin(), sim.clock.end());
+              }
+              if (step > 0 && (best_step < 0 || step < best_step)) {
+                best_step = step;
+                best = s.actions;
+              }
             }
-            if (step > 0 && (best_step < 0 || step < best_step)) {
-              best_step = step;
-              best = s.actions;
-            }
-          }
   LOOM_CHECK_MSG(best_step > 0, "zb-v: no policy schedules this pipeline");
   s.actions = std::move(best);
 }
