@@ -117,7 +117,11 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
   const DType kept = bf16 ? DType::kBF16 : ctx.dtype;
   q = Tensor::empty({B, Tl, C}, kept, ctx.device);
   Tensor kv_local = Tensor::empty({B, Tl, kv_width}, kept, ctx.device);
-  att = Tensor::empty({B * Tl, C}, ctx.dtype, ctx.device);
+  // With `rounded_output` after the all-gather the flash kernels write att in bf16 themselves;
+  // the ring merges its blocks in fp32 and rounds once at the end.
+  rounded_output = rounded_output && bf16;
+  const bool written_rounded = rounded_output && !shard.ring();
+  att = Tensor::empty({B * Tl, C}, written_rounded ? DType::kBF16 : ctx.dtype, ctx.device);
   lse = Tensor::empty({B, NH, Tl}, ctx.dtype, ctx.device);
   if (bf16 && qkv.dtype() == DType::kBF16) {
     const uint16_t* rounded = qkv.data_u16();
@@ -152,7 +156,6 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
                                           shard.positions(), keys);
     });
   };
-  rounded_output = rounded_output && bf16;
   if (shard.ring()) {  // keep this rank's keys and values only; the others come round
     kv = kv_local;
     ring_attention_forward(ctx, shard, kv, B, NH, hd, att, lse, attend);
@@ -164,8 +167,7 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
     return;
   }
   kv = shard.gather(ctx, kv_local);
-  if (rounded_output) {  // written in bf16 by the flash kernels, as the whole sequence's
-    att = Tensor::empty({B * Tl, C}, DType::kBF16, ctx.device);
+  if (written_rounded) {  // in bf16 by the flash kernels, as the whole sequence's
     ops::attention_gqa_forward_rows_bf16(ctx.exec(), att.raw(), DType::kBF16, lse.data<float>(),
                                          q.raw(), C, kv.raw(), kv_width, B, T, NH, KV, hd,
                                          shard.positions());

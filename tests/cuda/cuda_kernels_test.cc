@@ -157,6 +157,14 @@ class CudaKernelsTest : public ::testing::Test {
     return worst;
   }
 
+  // A GPU copy of `rows` × `width` floats of x (row stride width) rounded to bf16, as
+  // context parallelism keeps q and kv for the flash kernels.
+  Tensor bf16_copy(const Pair& x, int64_t rows, int64_t width) {
+    Tensor out = Tensor::empty({rows, width}, DType::kBF16, Device::cuda(0));
+    ops::copy_columns_to_bf16(on_gpu, out.raw(), width, x.g(), width, rows, width);
+    return out;
+  }
+
   ThreadPool pool{2};
   Exec on_cpu{&pool, Device::cpu()};
   Exec on_gpu{nullptr, Device::cuda(0)};
@@ -1406,10 +1414,7 @@ TEST_F(CudaKernelsTest, FlashAttentionOfSomeQueryRowsIsTheWholeSequencesRows) {
         // q and kv kept in bf16 (rounded once, as the kernels round them when they load): the
         // same bits, from cp.async's path.
         EXPECT_TRUE(ops::attention_rows_take_bf16(on_gpu, NH, hd, B, rows));
-        Tensor q16 = Tensor::empty({B * Tq, C}, DType::kBF16, Device::cuda(0));
-        Tensor kv16 = Tensor::empty({B * T, kvw}, DType::kBF16, Device::cuda(0));
-        ops::copy_columns_to_bf16(on_gpu, q16.raw(), C, q.g(), C, B * Tq, C);
-        ops::copy_columns_to_bf16(on_gpu, kv16.raw(), kvw, kv.g(), kvw, B * T, kvw);
+        const Tensor q16 = bf16_copy(q, B * Tq, C), kv16 = bf16_copy(kv, B * T, kvw);
         Pair o16 = pair_of(std::vector<float>(B * Tq * C)),
              l16 = pair_of(std::vector<float>(B * NH * Tq));
         Pair dq16 = pair_of(std::vector<float>(B * Tq * W, 5.0f)),
@@ -1593,10 +1598,7 @@ TEST_F(CudaKernelsTest, RingBlocksOfKeysMatchTheCpuAndMergeIntoTheWholeRows) {
         // q and kv in bf16 (rounded once, as the flash kernels round them when they load them):
         // the same bits.
         EXPECT_TRUE(ops::attention_rows_take_bf16(on_gpu, NH, hd, B, rows, keys));
-        Tensor q16 = Tensor::empty({B * Tq, C}, DType::kBF16, Device::cuda(0));
-        Tensor kv16 = Tensor::empty({B * Tk, kvw}, DType::kBF16, Device::cuda(0));
-        ops::copy_columns_to_bf16(on_gpu, q16.raw(), C, q.g(), C, B * Tq, C);
-        ops::copy_columns_to_bf16(on_gpu, kv16.raw(), kvw, kv.g(), kvw, B * Tk, kvw);
+        const Tensor q16 = bf16_copy(q, B * Tq, C), kv16 = bf16_copy(kv, B * Tk, kvw);
         Pair o16 = pair_of(std::vector<float>(B * Tq * C)),
              l16 = pair_of(std::vector<float>(B * NH * Tq));
         Pair o32 = pair_of(std::vector<float>(B * Tq * C)),

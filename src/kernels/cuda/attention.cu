@@ -489,7 +489,7 @@ void expect_bf16_rows(const char* what, int64_t NH, int64_t hd, int64_t B,
                       std::span<const cpu::RowRange> rows, std::span<const cpu::RowRange> keys) {
   if (!flash_attention_applies_to_rows(NH, hd, B, rows, keys))
     fail(what, ": a bf16 q and kv are for the flash kernels only (bf16 matmuls, head size 64 or ",
-         "128, at most 8 runs of rows), which do not apply");
+         "128, at most 8 runs of rows and of keys), which do not apply");
 }
 
 }  // namespace
@@ -573,9 +573,9 @@ void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float
 }
 
 // Per piece [first, end) of query rows (at: its first local row), over heads h = B·NH, with
-// `keys` = the key rows the piece's last row sees (0..end - 1 over the whole sequence):
-//   S = Q[at:at+n]·K[0:keys]ᵀ / sqrt(hd);  P = causal softmax (row r sees the key rows at
-//   positions up to first + r);  Y[at:at+n] = P·V[0:keys].
+// `cols` = the key rows the piece's last row sees (0..end - 1 over the whole sequence):
+//   S = Q[at:at+n]·K[0:cols]ᵀ / sqrt(hd);  P = causal softmax (row r sees the key rows at
+//   positions up to first + r);  Y[at:at+n] = P·V[0:cols].
 // A piece that sees no key (a ring's block of later positions) gets Y = 0 and lse -inf.
 void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
                                 const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
@@ -626,8 +626,8 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
 }
 
 // Per piece, with P recomputed from lse and D_r = Σ_d dO·O:
-//   dV[0:keys] += Pᵀ·dO_r,  dP = dO_r·V[0:keys]ᵀ,  dS = P ∘ (dP − D) / sqrt(hd),
-//   dQ[at:at+n] = dS·K[0:keys],  dK[0:keys] += dSᵀ·Q_r.
+//   dV[0:cols] += Pᵀ·dO_r,  dP = dO_r·V[0:cols]ᵀ,  dS = P ∘ (dP − D) / sqrt(hd),
+//   dQ[at:at+n] = dS·K[0:cols],  dK[0:cols] += dSᵀ·Q_r.
 // A piece that sees no key adds nothing and gets dQ = 0.
 void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
                                  const float* dout,

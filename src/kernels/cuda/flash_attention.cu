@@ -33,7 +33,7 @@
 // not its local index. The whole sequence is the one run of positions 0..T-1, so both are one
 // code path; a row walks the same key tiles either way, and a rank's rows are bit for bit the
 // whole sequence's (tested). The ring's blocks of keys are runs of key positions likewise
-// (Rows::key_*): a query masks a key row by how many rows it sees (visible(p): the block's keys
+// (Rows::keys): a query masks a key row by how many rows it sees (visible(p): the block's keys
 // ascend), which for the whole sequence's keys is p + 1, the same comparison as before.
 #include <algorithm>
 #include <cmath>
