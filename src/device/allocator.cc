@@ -118,6 +118,15 @@ void copy_bytes_queued(void* dst, const void* src, Device device, size_t bytes) 
   cuda::copy_bytes_queued(dst, src, device.index, bytes);
 }
 
+void copy_bytes_from_host_queued(void* dst, Device device, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  cuda::copy_bytes_from_host_queued(dst, device.index, src, bytes);
+}
+
 void zero_bytes(void* dst, Device device, size_t bytes) {
   if (bytes == 0) return;
   if (device.is_cpu()) {

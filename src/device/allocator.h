@@ -67,6 +67,12 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // parallelism's rows, which synchronous copies would each stall the GPU's queue for.
 void copy_bytes_queued(void* dst, const void* src, Device device, size_t bytes);
 
+// Copies `bytes` of host memory to `device` without waiting for it: on a GPU the bytes are copied
+// at once into page-locked staging memory and from there by a copy queued on the compute stream
+// (a copy from pageable memory would first wait for everything queued before it); on the CPU a
+// memcpy. src may be reused when this returns.
+void copy_bytes_from_host_queued(void* dst, Device device, const void* src, size_t bytes);
+
 // Sets `bytes` bytes at dst to zero (on a GPU: queued on its compute stream, not waited for).
 void zero_bytes(void* dst, Device device, size_t bytes);
 

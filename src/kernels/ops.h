@@ -350,6 +350,26 @@ inline double sum_squares(const Exec& ex, const Real* x, int64_t n) {
   LOOM_OPS_DISPATCH(sum_squares, (0, 1.0 * n), x, n);
 }
 
+// The sums of squares of several float arrays, each what sum_squares returns for it; on a GPU the
+// host waits once for all of them instead of once each.
+inline std::vector<double> sum_squares_each(const Exec& ex, std::span<const float* const> xs,
+                                            std::span<const int64_t> ns) {
+  std::vector<double> sums(xs.size());
+  if constexpr (detail::kRunsOnGpu<float>) {
+    if (ex.device.is_cuda()) {
+      double work = 0;
+      for (int64_t n : ns) work += static_cast<double>(n);
+      const detail::OpScope op_scope_("sum_squares", ex,
+                                      [&] { return detail::work_of<float>(0, work); });
+      cuda::sum_squares_each(ex.device.index, xs, ns, sums.data());
+      return sums;
+    }
+  }
+  if (xs.size() != ns.size()) fail("sum_squares_each: ", xs.size(), " arrays but ", ns.size(), " sizes");
+  for (size_t i = 0; i < xs.size(); ++i) sums[i] = sum_squares<float>(ex, xs[i], ns[i]);
+  return sums;
+}
+
 template <typename Real>
 inline double sum(const Exec& ex, const Real* x, int64_t n) {
   LOOM_OPS_DISPATCH(sum, (0, 1.0 * n), x, n);

@@ -419,9 +419,15 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
     local = ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>(), grads.numel());
   } else {
     // Under tensor parallelism a replicated parameter's gradient is the same on every tp rank:
-    // count it on tp rank 0 only.
-    for (const auto& [offset, numel] : norm_ranges_)
-      local += ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>() + offset, numel);
+    // count it on tp rank 0 only. The ranges' sums come back together (one wait on a GPU) and
+    // are added in order.
+    std::vector<const float*> starts;
+    std::vector<int64_t> sizes;
+    for (const auto& [offset, numel] : norm_ranges_) {
+      starts.push_back(grads.data<float>() + offset);
+      sizes.push_back(numel);
+    }
+    for (double s : ops::sum_squares_each(Exec{&pool_, device_}, starts, sizes)) local += s;
   }
   double sum = local;
   const double t0 = now_seconds();  // waiting for the other ranks counts as communication

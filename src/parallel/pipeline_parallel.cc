@@ -367,18 +367,24 @@ double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
   Tensor per_stage = Tensor::zeros({S}, DType::kF64);
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Gpt2Stage& model = *chunks_[c];
-    double sum = 0;
     // The last stage's copy of the tied wte is the same gradient as the first stage's; a
-    // parameter replicated over tp (no shard pieces) counts on tp rank 0 only.
+    // parameter replicated over tp (no shard pieces) counts on tp rank 0 only. The parameters'
+    // sums come back together (one wait on a GPU) and are added in order.
     const Parameter* duplicate = model.tied_head_copy();
+    std::vector<const float*> grads;
+    std::vector<int64_t> sizes;
     for (const auto& p : model.params().parameters()) {
       if (p.get() == duplicate) continue;
       if (tp != nullptr && p->pieces.empty() && tp->rank() != 0) continue;
-      sum += ops::sum_squares<float>(Exec{&pool_, device_}, p->grad.data<float>(), p->numel());
+      grads.push_back(p->grad.data<float>());
+      sizes.push_back(p->numel());
     }
+    double sum = 0;
+    for (double s : ops::sum_squares_each(Exec{&pool_, device_}, grads, sizes)) sum += s;
     per_stage.data<double>()[stage_of_chunk(static_cast<int>(c))] = sum;
   }
-  Tensor reduced = per_stage.to(pp_.tensor_device());
+  Tensor reduced = Tensor::empty({S}, DType::kF64, pp_.tensor_device());
+  reduced.copy_from_host_queued(per_stage);
   pp_.all_reduce(reduced, ReduceOp::kSum);  // each entry: one stage's sum plus zeros
   per_stage = reduced.to(Device::cpu());
   double sum = 0;

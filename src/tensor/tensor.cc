@@ -170,6 +170,15 @@ void Tensor::copy_from(const Tensor& src) {
   copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
 }
 
+void Tensor::copy_from_host_queued(const Tensor& src) {
+  if (src.shape_ != shape_ || src.dtype_ != dtype_)
+    fail("copy_from_host_queued: source ", shape_str(src.shape_), " ", dtype_name(src.dtype_),
+         " does not match destination ", shape_str(shape_), " ", dtype_name(dtype_));
+  if (!src.device().is_cpu())
+    fail("copy_from_host_queued: the source is on ", src.device().str(), ", not the host");
+  copy_bytes_from_host_queued(raw(), device(), src.raw(), nbytes());
+}
+
 std::vector<float> Tensor::to_vector() const {
   Tensor host = device().is_cpu() ? *this : to(Device::cpu());
   std::vector<float> out(static_cast<size_t>(numel_));

@@ -81,6 +81,10 @@ class Tensor {
   // tensor is zeroed on the GPU as by zero_().
   void zero_(ThreadPool& pool);
   void copy_from(const Tensor& src);  // same shape and dtype, any devices
+  // The same from a host tensor, without waiting for the device: on a GPU through page-locked
+  // staging, queued on the compute stream after the work queued there (copy_bytes_from_host_queued).
+  // For a training step's batches, which copy_from would make wait for the last micro-batch.
+  void copy_from_host_queued(const Tensor& src);
   std::vector<float> to_vector() const;  // host copy as f32 (float dtypes only)
 
   // Throws loom::Error "<what>: expected shape [..], got [..]" on mismatch.

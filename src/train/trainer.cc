@@ -353,12 +353,14 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
     train_loader.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
+    // To a GPU queued behind the last micro-batch's work, not waiting for it (which would also
+    // count that work's time as the loader's).
     if (context_parallel) {  // this rank's positions of each sequence, cut on the host
-      inputs[m].copy_from(shard_tokens(host_inputs[m], sequence_shard->positions()));
-      targets[m].copy_from(shard_tokens(host_targets[m], sequence_shard->positions()));
+      inputs[m].copy_from_host_queued(shard_tokens(host_inputs[m], sequence_shard->positions()));
+      targets[m].copy_from_host_queued(shard_tokens(host_targets[m], sequence_shard->positions()));
     } else if (!device.is_cpu()) {
-      inputs[m].copy_from(host_inputs[m]);
-      targets[m].copy_from(host_targets[m]);
+      inputs[m].copy_from_host_queued(host_inputs[m]);
+      targets[m].copy_from_host_queued(host_targets[m]);
     }
     const double t1 = now_seconds();
     tracer.span("data", "data", t, t1);

@@ -14,6 +14,9 @@
 
 #include "base/error.h"
 #include "device/allocator.h"
+#ifdef LOOM_CUDA_EMULATE
+#include "device/cuda/emulator/scheduler.h"
+#endif
 #include "tensor/tensor.h"
 
 namespace loom {
@@ -109,6 +112,51 @@ TEST_F(CudaBackendTest, QueuedCopiesAreOrderedWithTheStream) {
   std::vector<float> host(n, 0.0f);
   copy_bytes_queued(host.data(), src.data(), kHost, bytes);
   EXPECT_EQ(host, src);
+}
+
+// An upload that does not wait (copy_bytes_from_host_queued: through page-locked staging, queued
+// on the compute stream): its source may be overwritten as soon as it returns, uploads in a row
+// (more than one staging block in flight, of different sizes) land in order, a kernel queued
+// after them reads them; on the host it is a memcpy. Under the CUDA emulator: none of them makes
+// the host wait for the GPU, where a copy_bytes from the host does.
+TEST_F(CudaBackendTest, QueuedUploadsLeaveTheSourceFreeAndAreOrderedWithTheStream) {
+  auto alloc = cuda::make_cuda_allocator(0);
+  const size_t n = (1 << 18) + 3, bytes = n * sizeof(float);
+  DeviceBuffer a(*alloc, bytes), b(*alloc, bytes), small(*alloc, 64);
+  std::vector<float> host = random_floats(n, 1);
+  const std::vector<float> first = host;
+#ifdef LOOM_CUDA_EMULATE
+  copy_bytes_queued(b.ptr, a.ptr, kGpu, 64);  // work queued before, not waited for
+  const int64_t waits_before = cuda_emu::host_activity().host_waits;
+#endif
+  copy_bytes_from_host_queued(a.ptr, kGpu, host.data(), bytes);
+  for (float& v : host) v = -v;  // the source, overwritten at once
+  copy_bytes_from_host_queued(b.ptr, kGpu, host.data(), bytes);
+  const char tag[] = "sixteen bytes!!";
+  copy_bytes_from_host_queued(small.ptr, kGpu, tag, sizeof tag);
+#ifdef LOOM_CUDA_EMULATE
+  EXPECT_EQ(cuda_emu::host_activity().host_waits, waits_before) << "an upload waited";
+#endif
+  // b = 2·a + b after the uploads on the same stream: a's first values, b their negatives.
+  cuda::axpy_f32(0, static_cast<int64_t>(n), 2.0f, a.as<float>(), b.as<float>(), b.as<float>());
+  std::vector<float> back(n), back_a(n);
+  char tag_back[sizeof tag] = {};
+  copy_bytes(back.data(), kHost, b.ptr, kGpu, bytes);
+  copy_bytes(back_a.data(), kHost, a.ptr, kGpu, bytes);
+  copy_bytes(tag_back, kHost, small.ptr, kGpu, sizeof tag);
+  EXPECT_EQ(back_a, first);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], std::fma(2.0f, first[i], -first[i])) << i;
+  EXPECT_STREQ(tag_back, tag);
+#ifdef LOOM_CUDA_EMULATE
+  const int64_t waits_after_reads = cuda_emu::host_activity().host_waits;
+  EXPECT_GT(waits_after_reads, waits_before);  // reading back waits
+  copy_bytes_queued(small.ptr, a.ptr, kGpu, 64);
+  copy_bytes(a.ptr, kGpu, host.data(), kHost, sizeof(float));  // from pageable memory: waits
+  EXPECT_EQ(cuda_emu::host_activity().host_waits, waits_after_reads + 1);
+#endif
+  std::vector<float> on_host(n, 0.0f);
+  copy_bytes_from_host_queued(on_host.data(), kHost, host.data(), bytes);
+  EXPECT_EQ(on_host, host);
 }
 
 TEST_F(CudaBackendTest, CopyBetweenTwoGpus) {

@@ -19,6 +19,9 @@
 #include "data/dataset.h"
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
+#ifdef LOOM_CUDA_EMULATE
+#include "device/cuda/emulator/scheduler.h"
+#endif
 #include "harness/error_of.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
@@ -823,6 +826,54 @@ TEST_F(TrainTest, LlamaAtBf16OnTheGpuKeepsItsActivationsInSixteenBits) {
   RecordProperty("bf16_over_fp32_activation_peak", std::to_string(kept));
   RecordProperty("activation_estimate_ratio", std::to_string(ratio));
 }
+
+#ifdef LOOM_CUDA_EMULATE
+// How often a GPU step makes the host wait for the GPU (a drain: the GPU runs dry until the host
+// queues more), counted by the CUDA emulator (cuda_emu::host_activity). Each micro-batch waits
+// for its loss and its two token checks (a pipeline's stages: their share of those and a
+// message's header check), each step for the loss over the ranks and the gradient norm, and
+// nothing waits per layer or per parameter: the count does not grow with the depth, on one GPU
+// and under pipeline and tensor parallelism (the norm's sums of the parameters or ranges come
+// back in one copy). The batches go up without a wait (copy_from_host_queued).
+TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
+  struct Layout {
+    const char* name;
+    int pp, tp;
+  };
+  // Waits per step and rank: a 2-step run's less a 1-step run's (start-up apart).
+  const auto waits_per_step = [&](const Layout& l, int64_t layers) {
+    double waits[2] = {0, 0};
+    for (int64_t steps : {1, 2}) {
+      Config c = config(steps);
+      c.runtime.device = "cuda";
+      c.runtime.matmul_precision = "bf16";
+      c.train.warmup_steps = 0;
+      c.train.eval_every = 0;
+      c.model.n_layers = layers;
+      c.runtime.ranks = l.pp * l.tp;
+      c.parallel.dp = 1;
+      c.parallel.pp = l.pp;
+      c.parallel.tp = l.tp;
+      const cuda_emu::HostActivity before = cuda_emu::host_activity();
+      run_training(c, options(std::string(l.name) + "_" + std::to_string(layers) + "_" +
+                              std::to_string(steps)));
+      waits[steps - 1] =
+          static_cast<double>(cuda_emu::host_activity().host_waits - before.host_waits) /
+          c.runtime.ranks;
+    }
+    return waits[1] - waits[0];
+  };
+  constexpr double kMicroBatches = 2;  // batch 8 in micro-batches of 4
+  for (const Layout& l : {Layout{"one_gpu", 1, 1}, Layout{"pp2", 2, 1}, Layout{"tp2", 1, 2}}) {
+    SCOPED_TRACE(l.name);
+    const double shallow = waits_per_step(l, 2), deep = waits_per_step(l, 4);
+    EXPECT_EQ(deep, shallow) << "waits that grow with the layers";
+    EXPECT_LE(shallow, 3 * kMicroBatches + 4);
+    EXPECT_GE(shallow, 1);  // the loss comes back
+    RecordProperty(std::string(l.name) + "_host_waits_per_step", std::to_string(shallow));
+  }
+}
+#endif
 
 // A Llama on runtime.device = "cuda" (one rank: nccl as a group of one) trains the CPU's run step
 // for step (fp32 rounding, not bits; validation too), and with selective recomputation — the

@@ -504,13 +504,16 @@ std::string p2p_what(NcclShared& s, const char* op, const char* peer_name, int p
 
 // A message's header on the tensor's GPU: its tag, size, dtype and number, which the receiver
 // compares with what it expects (NCCL matches a recv with the peer's next send, whatever its tag).
-// Copied synchronously: a few µs (the device layer is synchronous anyway).
+// Uploaded queued on the compute stream, which the send's stream waits for, so the host does
+// not wait for the GPU's work before each send.
 Tensor header_of(const Tensor& tensor, int tag, int64_t number) {
-  Tensor header = Tensor::empty({kHeaderFields}, DType::kI64);
+  Tensor host = Tensor::empty({kHeaderFields}, DType::kI64);
   const int64_t fields[kHeaderFields] = {tag, tensor.numel(), static_cast<int64_t>(tensor.dtype()),
                                          number};
-  std::memcpy(header.raw(), fields, sizeof fields);
-  return header.to(tensor.device());
+  std::memcpy(host.raw(), fields, sizeof fields);
+  Tensor header = Tensor::empty({kHeaderFields}, DType::kI64, tensor.device());
+  header.copy_from_host_queued(host);
+  return header;
 }
 
 // The receiver's check of a header that arrived into `header`, run once the recv completed.

@@ -1,10 +1,14 @@
 // The CUDA device backend: GPU discovery, a counting caching allocator over cudaMalloc, copies
 // between host and GPUs, and one elementwise kernel (axpy) that proves the toolchain end to end.
 //
-// Everything here is synchronous on the default stream: a call returns when the GPU is done.
-// Streams, events and the kernels proper arrive with the CUDA kernels issue.
+// The kernels (kernels/cuda) run on each GPU's legacy default stream, the compute stream, and
+// the host goes on while they run. Here copy_bytes waits for the GPU (the bytes are there on
+// return); copy_bytes_queued, copy_bytes_from_host_queued and zero_bytes are queued on the
+// compute stream and do not wait.
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -193,6 +197,70 @@ __global__ void axpy_f32_kernel(int64_t n, float a, const float* x, const float*
     out[i] = fmaf(a, x[i], y[i]);
 }
 
+// Page-locked blocks that uploads pass through. A copy from pageable memory waits for the work
+// queued before it, so each micro-batch's tokens would stall the host until the last
+// micro-batch's backward had run; from page-locked memory it is queued like a kernel. A block is
+// reused once an event recorded after its copy says the copy is done (in a training loop, the
+// last step's); blocks are kept for the process's life, one set per GPU.
+class UploadStaging {
+ public:
+  explicit UploadStaging(int device) : device_(device) {}
+
+  void upload(void* dst, const void* src, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceGuard guard(device_);
+    Block& block = free_block_locked(bytes);
+    std::memcpy(block.ptr, src, bytes);
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, block.ptr, bytes, cudaMemcpyHostToDevice, nullptr));
+    LOOM_CUDA_CHECK(cudaEventRecord(block.copied, nullptr));
+    block.in_flight = true;
+  }
+
+ private:
+  struct Block {
+    void* ptr = nullptr;
+    size_t size = 0;
+    cudaEvent_t copied = nullptr;
+    bool in_flight = false;
+  };
+
+  // The smallest block of at least `bytes` whose copy has finished, or a new one.
+  Block& free_block_locked(size_t bytes) {
+    Block* best = nullptr;
+    for (Block& b : blocks_) {
+      if (b.size < bytes || (best != nullptr && b.size >= best->size)) continue;
+      if (b.in_flight) {
+        const cudaError_t state = cudaEventQuery(b.copied);
+        if (state == cudaErrorNotReady) continue;
+        LOOM_CUDA_CHECK(state);
+        b.in_flight = false;
+      }
+      best = &b;
+    }
+    if (best != nullptr) return *best;
+    Block b;
+    b.size = round_size(bytes);
+    LOOM_CUDA_CHECK(cudaHostAlloc(&b.ptr, b.size, cudaHostAllocPortable));
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&b.copied, cudaEventDisableTiming));
+    blocks_.push_back(b);
+    return blocks_.back();
+  }
+
+  const int device_;
+  std::mutex mutex_;
+  std::deque<Block> blocks_;  // a deque: references stay valid as it grows
+};
+
+UploadStaging& upload_staging(int device) {
+  static std::mutex mutex;
+  // Never destroyed: the CUDA runtime may be gone when static destructors run.
+  static auto* staging = new std::unordered_map<int, std::unique_ptr<UploadStaging>>;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& s = (*staging)[device];
+  if (!s) s = std::make_unique<UploadStaging>(device);
+  return *s;
+}
+
 }  // namespace
 
 int device_count() {
@@ -237,6 +305,11 @@ void copy_bytes_queued(void* dst, const void* src, int device_index, size_t byte
   if (bytes == 0) return;
   DeviceGuard guard(device_index);
   LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
+}
+
+void copy_bytes_from_host_queued(void* dst, int device_index, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  upload_staging(device_index).upload(dst, src, bytes);
 }
 
 void synchronize(int device_index) {

@@ -30,6 +30,11 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // kernels run, so it is ordered with them without a wait (nor a stall of the host).
 void copy_bytes_queued(void* dst, const void* src, int device_index, size_t bytes);
 
+// Copies host bytes to GPU `device_index` without a wait: into page-locked staging memory (kept
+// and reused once the copy out of it has finished), then cudaMemcpyAsync from there on the legacy
+// default stream, ordered with the kernels. src may be reused when this returns.
+void copy_bytes_from_host_queued(void* dst, int device_index, const void* src, size_t bytes);
+
 // Waits for every kernel and copy queued on GPU `device_index`.
 void synchronize(int device_index);
 

@@ -15,6 +15,7 @@ std::string unavailable_reason() { return kNoCuda; }
 std::unique_ptr<Allocator> make_cuda_allocator(int) { no_cuda(); }
 void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void copy_bytes_queued(void*, const void*, int, size_t) { no_cuda(); }
+void copy_bytes_from_host_queued(void*, int, const void*, size_t) { no_cuda(); }
 void synchronize(int) { no_cuda(); }
 void zero_bytes(void*, int, size_t) { no_cuda(); }
 void axpy_f32(int, int64_t, float, const float*, const float*, float*) { no_cuda(); }

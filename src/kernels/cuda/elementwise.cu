@@ -157,6 +157,28 @@ double sum_squares(int device, const float* x, int64_t n) {
   return reduce<true>(device, x, n, "sum_squares");
 }
 
+void sum_squares_each(int device, std::span<const float* const> xs, std::span<const int64_t> ns,
+                      double* sums) {
+  if (xs.size() != ns.size())
+    fail("sum_squares_each: ", xs.size(), " arrays but ", ns.size(), " sizes");
+  if (xs.empty()) return;
+  DeviceGuard guard(device);
+  const size_t k = xs.size();
+  // One partials buffer for every array (the kernels run in issue order on the one stream),
+  // reduce's kernels with their grid, each result into its own slot.
+  Scratch<double> partials(device, kSumBlocks);
+  Scratch<double> results(device, static_cast<int64_t>(k));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(results.get(), 0, k * sizeof(double), nullptr));  // n = 0: 0
+  for (size_t i = 0; i < k; ++i) {
+    if (ns[i] == 0) continue;
+    launch("sum_squares", partial_sums_kernel<true>, kSumBlocks, kThreads, partials.get(), xs[i],
+           ns[i]);
+    launch("sum_squares", final_sum_kernel, 1, kThreads, results.get() + i, partials.get(),
+           kSumBlocks);
+  }
+  LOOM_CUDA_CHECK(cudaMemcpy(sums, results.get(), k * sizeof(double), cudaMemcpyDeviceToHost));
+}
+
 double sum(int device, const float* x, int64_t n) {
   return reduce<false>(device, x, n, "sum");
 }

@@ -74,8 +74,8 @@ int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* ba
   int device = 0;
   LOOM_CUDA_CHECK(cudaGetDevice(&device));
   Scratch<unsigned long long> first(device, 1);
-  const unsigned long long none = ~0ull;
-  LOOM_CUDA_CHECK(cudaMemcpy(first.get(), &none, sizeof none, cudaMemcpyHostToDevice));
+  const unsigned long long none = ~0ull;  // all 0xff bytes: queued, no wait
+  LOOM_CUDA_CHECK(cudaMemsetAsync(first.get(), 0xff, sizeof none, nullptr));
   launch("first_bad_kernel", first_bad_kernel, blocks_for(n, kThreads), kThreads, first.get(), ids,
          n, V);
   unsigned long long at = none;

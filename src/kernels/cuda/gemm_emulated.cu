@@ -92,6 +92,7 @@ void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool tr
     fail("cuda::gemm: bad sizes M=", M, " N=", N, " K=", K, " batch=", batch.count);
   if (M == 0 || N == 0) return;
   if (K == 0) fail("cuda::gemm: K = 0 is not supported (M=", M, " N=", N, ")");
+  cuda_emu::note_kernel();  // one cuBLASLt call on a GPU
   if (bias != nullptr && batch.count > 1)
     fail("cuda::gemm: a bias is supported on unbatched GEMMs only");
   A.expect_usable_at(precision, "A");

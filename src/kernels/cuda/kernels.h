@@ -247,6 +247,10 @@ void add_widened_bf16(int device, float* acc, const uint16_t* in, int64_t n);
 // Σ x² and Σ x in double, in a fixed order (a fixed grid, then the blocks' sums in block order).
 // Wait for the GPU: the value comes back to the host.
 double sum_squares(int device, const float* x, int64_t n);
+// sums[i] = sum_squares(device, xs[i], ns[i]) for every i, each to the same bits, with one wait
+// for all of them instead of one each (a gradient norm over many parameters or ranges).
+void sum_squares_each(int device, std::span<const float* const> xs, std::span<const int64_t> ns,
+                      double* sums);
 double sum(int device, const float* x, int64_t n);
 
 void gelu_forward(int device, float* out, const float* inp, int64_t n);

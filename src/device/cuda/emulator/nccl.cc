@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "device/cuda/emulator/scheduler.h"
 #include "device/cuda/emulator/streams.h"
 
 using loom::cuda_emu::StreamWork;
@@ -326,6 +327,7 @@ bool same_collective(const Post& a, const Post& b) {
 // Enqueues this rank's part of collective number next_collective (a split runs on the host as
 // soon as every rank has posted, outside the queue).
 ncclResult_t post(ncclComm* c, Post part, cudaStream_t stream) {
+  loom::cuda_emu::note_queued();
   std::shared_ptr<StreamWork> work;
   {
     std::lock_guard<std::mutex> lock(g_mutex);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "device/cuda/emulator/poison.h"
+#include "device/cuda/emulator/scheduler.h"
 #include "device/cuda/emulator/streams.h"
 
 namespace {
@@ -49,6 +50,7 @@ struct Allocation {
 
 std::mutex g_mutex;
 std::map<uintptr_t, Allocation> g_allocations;  // start -> allocation
+std::map<uintptr_t, size_t> g_page_locked;       // cudaHostAlloc's blocks: start -> bytes
 size_t g_allocated[64] = {};
 
 thread_local int t_device = 0;
@@ -70,6 +72,15 @@ const Allocation* find_locked(const void* p, size_t bytes, uintptr_t* start = nu
   if (addr + bytes > it->first + it->second.bytes || addr < it->first) return nullptr;
   if (start != nullptr) *start = it->first;
   return &it->second;
+}
+
+bool is_page_locked(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = g_page_locked.upper_bound(addr);
+  if (it == g_page_locked.begin()) return false;
+  --it;
+  return addr >= it->first && addr + bytes <= it->first + it->second;
 }
 
 bool is_device(const void* p) {
@@ -98,7 +109,10 @@ cudaError_t check_range(const char* call, const char* what, const void* p, size_
   return cudaSuccess;
 }
 
-cudaError_t copy(const char* call, void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+// `queued`: cudaMemcpyAsync, which leaves the host free only when its host side is page-locked;
+// otherwise the host waits (note_host_wait) as for cudaMemcpy.
+cudaError_t copy(const char* call, void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                 bool queued = false) {
   if (kind == cudaMemcpyDefault)
     kind = is_device(src) ? (is_device(dst) ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
                           : (is_device(dst) ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
@@ -109,6 +123,11 @@ cudaError_t copy(const char* call, void* dst, const void* src, size_t count, cud
   if (cudaError_t e = check_range(call, "destination", dst, count, dst_device); e != cudaSuccess)
     return e;
   if (count > 0) std::memmove(dst, src, count);
+  const void* host = kind == cudaMemcpyHostToDevice ? src : dst;
+  if (kind != cudaMemcpyDeviceToDevice && !(queued && is_page_locked(host, count)))
+    loom::cuda_emu::note_host_wait();
+  else
+    loom::cuda_emu::note_queued();
   return cudaSuccess;
 }
 
@@ -248,6 +267,24 @@ cudaError_t cudaFree(void* ptr) {
   return cudaSuccess;
 }
 
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
+  void* p = std::aligned_alloc(256, (std::max<size_t>(size, 1) + 255) / 256 * 256);
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation, "cudaHostAlloc: host memory exhausted");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_page_locked[reinterpret_cast<uintptr_t>(p)] = size;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_page_locked.erase(reinterpret_cast<uintptr_t>(ptr)) == 0)
+    return fail(cudaErrorInvalidValue, "cudaFreeHost(" + hex(ptr) + "): not from cudaHostAlloc");
+  std::free(ptr);
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   std::lock_guard<std::mutex> lock(g_mutex);
   *total = kBytesPerGpu;
@@ -261,7 +298,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t) {
-  return copy("cudaMemcpyAsync", dst, src, count, kind);
+  return copy("cudaMemcpyAsync", dst, src, count, kind, /*queued=*/true);
 }
 
 cudaError_t cudaMemcpyPeer(void* dst, int, const void* src, int, size_t count) {
@@ -273,10 +310,12 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
       e != cudaSuccess)
     return e;
   std::memset(ptr, value, count);
+  loom::cuda_emu::note_queued();
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  loom::cuda_emu::note_host_wait();
   std::vector<cudaStream_t> streams;
   {
     std::lock_guard<std::mutex> lock(g_streams_mutex);
@@ -287,6 +326,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  loom::cuda_emu::note_host_wait();
   if (is_created(stream)) wait_for(stream->unfinished());
   return cudaSuccess;
 }
@@ -347,6 +387,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  loom::cuda_emu::note_host_wait();
   wait_for(event->waits_for);
   return cudaSuccess;
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -470,7 +471,33 @@ Scheduler& in_kernel() {
 
 }  // namespace
 
+namespace {
+std::atomic<int64_t> g_kernels{0};
+std::atomic<int64_t> g_host_waits{0};
+thread_local bool t_queued = false;  // work queued by this thread since it last waited
+}  // namespace
+
+HostActivity host_activity() {
+  return {g_kernels.load(), g_host_waits.load()};
+}
+
+void note_kernel() {
+  g_kernels.fetch_add(1, std::memory_order_relaxed);
+  t_queued = true;
+}
+
+void note_queued() {
+  t_queued = true;
+}
+
+void note_host_wait() {
+  if (!t_queued) return;
+  t_queued = false;
+  g_host_waits.fetch_add(1, std::memory_order_relaxed);
+}
+
 void run_kernel(const char* kernel, Dim3 grid, Dim3 block, void (*body)(void*), void* context) {
+  note_kernel();
   scheduler().run(kernel, grid, block, body, context);
 }
 

@@ -87,4 +87,22 @@ void cp_async_commit();
 // Completes this thread's committed groups but the `pending` most recent.
 void cp_async_wait(int pending);
 
+// What the host has asked of the emulated GPUs since the process started, all host threads
+// together: two figures behind a GPU step's speed that an emulator can count truthfully, where
+// its timings say nothing. A kernel is a grid (run_kernel) or a GEMM (cuBLASLt's place). A host
+// wait is a drain: the host waiting for work it queued since it last waited — a kernel, a queued
+// copy or memset, an NCCL operation — so the GPU runs dry until the host queues more. The calls
+// that wait: cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize, and cudaMemcpy
+// (or cudaMemcpyAsync with pageable host memory) to or from the host. Waits in a row count once:
+// the first drains, the next finds nothing queued. Counted per host thread (a thread rank's GPU),
+// summed over them.
+struct HostActivity {
+  int64_t kernels = 0;
+  int64_t host_waits = 0;
+};
+HostActivity host_activity();
+void note_kernel();       // a kernel or GEMM queued
+void note_queued();       // other work queued: a copy, a memset, an NCCL operation
+void note_host_wait();    // a call that waits for the calling thread's queued work
+
 }  // namespace loom::cuda_emu
