@@ -446,10 +446,13 @@ void ZeroDataParallel::optimizer_step(float lr) {
     case 2: optimizer_->step(pool_, lr, params_.values().data<float>(), shard_grads_.data<float>(), gs); break;
     case 3: optimizer_->step(pool_, lr, shard_values_.data<float>(), shard_grads_.data<float>(), gs); return;
   }
-  // Stages 1/2: every rank updated its chunks of the full values; gather the others'.
+  // Stages 1/2: every rank updated its chunks of the full values; gather the others'. The chunks
+  // are copied in the compute stream's order, which the gathers wait for: on a GPU no wait per
+  // unit.
   Tensor own = Tensor::empty({shard_numel_}, DType::kF32, device_);
   for (size_t u = 0; u < num_units(); ++u)
-    shard_of(own, u).copy_from(params_.values().narrow(chunk_begin(u), chunk(u)));
+    copy_bytes_queued(shard_of(own, u).raw(), params_.values().narrow(chunk_begin(u), chunk(u)).raw(),
+                      device_, static_cast<size_t>(chunk(u)) * sizeof(float));
   all_gather_units(own, params_.values());
 }
 

@@ -828,17 +828,18 @@ TEST_F(TrainTest, LlamaAtBf16OnTheGpuKeepsItsActivationsInSixteenBits) {
 }
 
 #ifdef LOOM_CUDA_EMULATE
-// How often a GPU step makes the host wait for the GPU (a drain: the GPU runs dry until the host
-// queues more), counted by the CUDA emulator (cuda_emu::host_activity). Each micro-batch waits
-// for its loss and its two token checks (a pipeline's stages: their share of those and a
-// message's header check), each step for the loss over the ranks and the gradient norm, and
-// nothing waits per layer or per parameter: the count does not grow with the depth, on one GPU
-// and under pipeline and tensor parallelism (the norm's sums of the parameters or ranges come
-// back in one copy). The batches go up without a wait (copy_from_host_queued).
+// How often a GPU step makes the host wait for the GPU (a drain: the compute stream runs dry
+// until the host queues more), counted by the CUDA emulator (cuda_emu::host_activity). Each
+// micro-batch waits for its loss and its two token checks, each step for the loss over the
+// ranks and the gradient norm, and nothing waits per layer or per parameter: the count does not
+// grow with the depth, on one GPU and under ZeRO-2, pipeline and tensor parallelism and the
+// context-parallel ring (a norm's sums of many parameters or ranges come back in one copy; ZeRO's
+// chunks are copied in the stream's order; a received message's header is read on a stream of
+// its own; the batches go up without a wait, copy_from_host_queued).
 TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
   struct Layout {
     const char* name;
-    int pp, tp;
+    int dp, pp, tp, cp, zero;
   };
   // Waits per step and rank: a 2-step run's less a 1-step run's (start-up apart).
   const auto waits_per_step = [&](const Layout& l, int64_t layers) {
@@ -850,10 +851,13 @@ TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
       c.train.warmup_steps = 0;
       c.train.eval_every = 0;
       c.model.n_layers = layers;
-      c.runtime.ranks = l.pp * l.tp;
-      c.parallel.dp = 1;
+      c.runtime.ranks = l.dp * l.pp * l.tp * l.cp;
+      c.parallel.dp = l.dp;
       c.parallel.pp = l.pp;
       c.parallel.tp = l.tp;
+      c.parallel.cp = l.cp;
+      c.parallel.cp_comm = "ring";
+      c.parallel.zero = l.zero;
       const cuda_emu::HostActivity before = cuda_emu::host_activity();
       run_training(c, options(std::string(l.name) + "_" + std::to_string(layers) + "_" +
                               std::to_string(steps)));
@@ -863,12 +867,14 @@ TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
     }
     return waits[1] - waits[0];
   };
-  constexpr double kMicroBatches = 2;  // batch 8 in micro-batches of 4
-  for (const Layout& l : {Layout{"one_gpu", 1, 1}, Layout{"pp2", 2, 1}, Layout{"tp2", 1, 2}}) {
+  for (const Layout& l : {Layout{"one_gpu", 1, 1, 1, 1, 0}, Layout{"dp2_zero2", 2, 1, 1, 1, 2},
+                          Layout{"pp2", 1, 2, 1, 1, 0}, Layout{"tp2", 1, 1, 2, 1, 0},
+                          Layout{"cp2_ring", 1, 1, 1, 2, 0}}) {
     SCOPED_TRACE(l.name);
+    const double micro_batches = 8.0 / 4 / l.dp;  // batch 8 in micro-batches of 4, over dp
     const double shallow = waits_per_step(l, 2), deep = waits_per_step(l, 4);
     EXPECT_EQ(deep, shallow) << "waits that grow with the layers";
-    EXPECT_LE(shallow, 3 * kMicroBatches + 4);
+    EXPECT_LE(shallow, 3 * micro_batches + 4);
     EXPECT_GE(shallow, 1);  // the loss comes back
     RecordProperty(std::string(l.name) + "_host_waits_per_step", std::to_string(shallow));
   }
@@ -1276,3 +1282,4 @@ TEST_F(TrainTest, CheckpointWithoutDigestsStillResumes) {
 
 }  // namespace
 }  // namespace loom
+

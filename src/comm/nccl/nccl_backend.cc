@@ -105,6 +105,10 @@ struct NcclShared {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t inputs_ready = nullptr;  // recorded on the legacy stream before each enqueue
+  // Reads a received message's header back once the recv completed: a stream of its own, so
+  // that the read waits neither for the compute stream's kernels (a copy on the legacy stream
+  // would: a drain per message) nor for operations queued on `stream` after the recv.
+  cudaStream_t readback = nullptr;
   int device = 0;
   int rank = 0;
   int size = 1;
@@ -189,6 +193,7 @@ struct NcclShared {
   ~NcclShared() {
     for (Parked& p : parked) (void)cudaEventDestroy(p.event);
     if (inputs_ready != nullptr) (void)cudaEventDestroy(inputs_ready);
+    if (readback != nullptr) (void)cudaStreamDestroy(readback);
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
   }
 };
@@ -207,6 +212,7 @@ std::shared_ptr<NcclShared> wrap(ncclComm_t comm, int device, std::string name,
   try {
     cuda::DeviceGuard guard(device);
     LOOM_NCCL_CUDA(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    LOOM_NCCL_CUDA(cudaStreamCreateWithFlags(&s->readback, cudaStreamNonBlocking));
     LOOM_NCCL_CUDA(cudaEventCreateWithFlags(&s->inputs_ready, cudaEventDisableTiming));
     if (ncclCommUserRank(comm, &s->rank) != ncclSuccess ||
         ncclCommCount(comm, &s->size) != ncclSuccess)
@@ -516,12 +522,19 @@ Tensor header_of(const Tensor& tensor, int tag, int64_t number) {
   return header;
 }
 
-// The receiver's check of a header that arrived into `header`, run once the recv completed.
-std::function<void()> header_check(const Tensor& header, const std::string& what, int tag,
-                                   const Tensor& into, int64_t number) {
-  return [header, what, tag, n = into.numel(), dtype = into.dtype(), number] {
-    Tensor host = header.to(Device::cpu());
-    const int64_t* h = host.data<int64_t>();
+// The receiver's check of a header that arrived into `header`, run once the recv completed (its
+// event done, so the bytes are there for any stream): read on the readback stream.
+std::function<void()> header_check(const std::shared_ptr<NcclShared>& shared, const Tensor& header,
+                                   const std::string& what, int tag, const Tensor& into,
+                                   int64_t number) {
+  return [shared, header, what, tag, n = into.numel(), dtype = into.dtype(), number] {
+    int64_t h[kHeaderFields] = {};
+    {
+      cuda::DeviceGuard guard(shared->device);
+      LOOM_NCCL_CUDA(cudaMemcpyAsync(h, header.raw(), sizeof h, cudaMemcpyDeviceToHost,
+                                     shared->readback));
+      LOOM_NCCL_CUDA(cudaStreamSynchronize(shared->readback));
+    }
     if (h[kTag] == tag && h[kCount] == n && h[kDType] == static_cast<int64_t>(dtype)) return;
     comm_fail(what, ": got a message with tag ", h[kTag], ", ", h[kCount], " × ",
               dtype_name(static_cast<DType>(h[kDType])), " (the peer's send #", h[kNumber],
@@ -604,7 +617,7 @@ WorkHandle NcclCommunicator::recv_async(Tensor& tensor, int src, int tag) {
   Tensor header = Tensor::empty({kHeaderFields}, DType::kI64, tensor.device());
   return launch(shared_, what, "ncclRecv",
                 [&] { return grouped([&] { return nccl_recv(s, header, tensor, src); }); },
-                {tensor, header}, header_check(header, what, tag, tensor, number));
+                {tensor, header}, header_check(shared_, header, what, tag, tensor, number));
 }
 
 WorkHandle NcclCommunicator::send_recv_async(const Tensor& to_send, int dst, Tensor& into, int src,
@@ -628,7 +641,7 @@ WorkHandle NcclCommunicator::send_recv_async(const Tensor& to_send, int dst, Ten
                   });
                 },
                 {to_send, into, out_header, in_header},
-                header_check(in_header, received, tag, into, received_number));
+                header_check(shared_, in_header, received, tag, into, received_number));
 }
 
 // ---- split and construction ------------------------------------------------------------------

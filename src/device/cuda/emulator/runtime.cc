@@ -109,10 +109,18 @@ cudaError_t check_range(const char* call, const char* what, const void* p, size_
   return cudaSuccess;
 }
 
-// `queued`: cudaMemcpyAsync, which leaves the host free only when its host side is page-locked;
-// otherwise the host waits (note_host_wait) as for cudaMemcpy.
+// How a copy stands with the compute stream (the legacy default stream, where the kernels run):
+enum class Order {
+  kCompute,        // cudaMemcpy, or cudaMemcpyAsync on a default stream: after its work
+  kComputeQueued,  // the same, asynchronous
+  kSideStream,     // cudaMemcpyAsync on a created stream: apart from the compute stream's work
+};
+
+// A copy to or from the host after the compute stream's work makes the host wait for that work
+// (note_host_wait) unless it is queued and its host side page-locked; on a side stream it waits
+// for that stream only, which is no drain of the compute stream.
 cudaError_t copy(const char* call, void* dst, const void* src, size_t count, cudaMemcpyKind kind,
-                 bool queued = false) {
+                 Order order = Order::kCompute) {
   if (kind == cudaMemcpyDefault)
     kind = is_device(src) ? (is_device(dst) ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
                           : (is_device(dst) ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
@@ -123,8 +131,10 @@ cudaError_t copy(const char* call, void* dst, const void* src, size_t count, cud
   if (cudaError_t e = check_range(call, "destination", dst, count, dst_device); e != cudaSuccess)
     return e;
   if (count > 0) std::memmove(dst, src, count);
+  if (order == Order::kSideStream) return cudaSuccess;
   const void* host = kind == cudaMemcpyHostToDevice ? src : dst;
-  if (kind != cudaMemcpyDeviceToDevice && !(queued && is_page_locked(host, count)))
+  if (kind != cudaMemcpyDeviceToDevice &&
+      !(order == Order::kComputeQueued && is_page_locked(host, count)))
     loom::cuda_emu::note_host_wait();
   else
     loom::cuda_emu::note_queued();
@@ -150,7 +160,8 @@ void wait_for(const Works& works) {
 
 struct CUevent_st {
   std::chrono::steady_clock::time_point at{};
-  Works waits_for;  // the stream's unfinished work when recorded
+  Works waits_for;           // the stream's unfinished work when recorded
+  bool on_compute = true;    // recorded on a default stream, after the compute stream's work
 };
 
 struct CUstream_st {
@@ -296,10 +307,6 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
   return copy("cudaMemcpy", dst, src, count, kind);
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
-                            cudaStream_t) {
-  return copy("cudaMemcpyAsync", dst, src, count, kind, /*queued=*/true);
-}
 
 cudaError_t cudaMemcpyPeer(void* dst, int, const void* src, int, size_t count) {
   return copy("cudaMemcpyPeer", dst, src, count, cudaMemcpyDeviceToDevice);
@@ -325,9 +332,18 @@ cudaError_t cudaDeviceSynchronize(void) {
   return cudaSuccess;
 }
 
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  return copy("cudaMemcpyAsync", dst, src, count, kind,
+              is_created(stream) ? Order::kSideStream : Order::kComputeQueued);
+}
+
+// A side stream's synchronisation waits for that stream only: no drain of the compute stream.
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  loom::cuda_emu::note_host_wait();
-  if (is_created(stream)) wait_for(stream->unfinished());
+  if (is_created(stream))
+    wait_for(stream->unfinished());
+  else
+    loom::cuda_emu::note_host_wait();
   return cudaSuccess;
 }
 
@@ -383,11 +399,12 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->at = std::chrono::steady_clock::now();
   event->waits_for = is_created(stream) ? stream->unfinished() : Works{};
+  event->on_compute = !is_created(stream);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  loom::cuda_emu::note_host_wait();
+  if (event->on_compute) loom::cuda_emu::note_host_wait();
   wait_for(event->waits_for);
   return cudaSuccess;
 }

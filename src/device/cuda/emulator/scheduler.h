@@ -92,10 +92,11 @@ void cp_async_wait(int pending);
 // its timings say nothing. A kernel is a grid (run_kernel) or a GEMM (cuBLASLt's place). A host
 // wait is a drain: the host waiting for work it queued since it last waited — a kernel, a queued
 // copy or memset, an NCCL operation — so the GPU runs dry until the host queues more. The calls
-// that wait: cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize, and cudaMemcpy
-// (or cudaMemcpyAsync with pageable host memory) to or from the host. Waits in a row count once:
-// the first drains, the next finds nothing queued. Counted per host thread (a thread rank's GPU),
-// summed over them.
+// that wait: cudaDeviceSynchronize, cudaStreamSynchronize and cudaEventSynchronize of the compute
+// stream (the legacy default stream, where the kernels run), and cudaMemcpy (or cudaMemcpyAsync
+// with pageable host memory on that stream) to or from the host; a side stream's (a
+// communicator's) waits only for that stream. Waits in a row count once: the first drains, the
+// next finds nothing queued. Counted per host thread (a thread rank's GPU), summed over them.
 struct HostActivity {
   int64_t kernels = 0;
   int64_t host_waits = 0;
