@@ -201,7 +201,9 @@ __global__ void axpy_f32_kernel(int64_t n, float a, const float* x, const float*
 // queued before it, so each micro-batch's tokens would stall the host until the last
 // micro-batch's backward had run; from page-locked memory it is queued like a kernel. A block is
 // reused once an event recorded after its copy says the copy is done (in a training loop, the
-// last step's); blocks are kept for the process's life, one set per GPU.
+// last step's); blocks are kept for the process's life, one set per GPU, at most kMaxBytes of
+// them. Past that, or where page-locked memory cannot be had (a container's limits), the upload
+// is a plain synchronous copy: slower, never wrong.
 class UploadStaging {
  public:
   explicit UploadStaging(int device) : device_(device) {}
@@ -209,7 +211,12 @@ class UploadStaging {
   void upload(void* dst, const void* src, size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceGuard guard(device_);
-    Block& block = free_block_locked(bytes);
+    Block* found = free_block_locked(bytes);
+    if (found == nullptr) {
+      cuda::copy_bytes(dst, Device::cuda(device_), src, Device::cpu(), bytes);
+      return;
+    }
+    Block& block = *found;
     std::memcpy(block.ptr, src, bytes);
     LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, block.ptr, bytes, cudaMemcpyHostToDevice, nullptr));
     LOOM_CUDA_CHECK(cudaEventRecord(block.copied, nullptr));
@@ -224,8 +231,11 @@ class UploadStaging {
     bool in_flight = false;
   };
 
-  // The smallest block of at least `bytes` whose copy has finished, or a new one.
-  Block& free_block_locked(size_t bytes) {
+  static constexpr size_t kMaxBytes = size_t{256} << 20;
+
+  // The smallest block of at least `bytes` whose copy has finished, or a new one; null when no
+  // more page-locked memory is to be had.
+  Block* free_block_locked(size_t bytes) {
     Block* best = nullptr;
     for (Block& b : blocks_) {
       if (b.size < bytes || (best != nullptr && b.size >= best->size)) continue;
@@ -237,17 +247,23 @@ class UploadStaging {
       }
       best = &b;
     }
-    if (best != nullptr) return *best;
+    if (best != nullptr) return best;
     Block b;
     b.size = round_size(bytes);
-    LOOM_CUDA_CHECK(cudaHostAlloc(&b.ptr, b.size, cudaHostAllocPortable));
+    if (held_ + b.size > kMaxBytes) return nullptr;
+    if (cudaHostAlloc(&b.ptr, b.size, cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: the synchronous copy goes on
+      return nullptr;
+    }
     LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&b.copied, cudaEventDisableTiming));
+    held_ += b.size;
     blocks_.push_back(b);
-    return blocks_.back();
+    return &blocks_.back();
   }
 
   const int device_;
   std::mutex mutex_;
+  size_t held_ = 0;
   std::deque<Block> blocks_;  // a deque: references stay valid as it grows
 };
 

@@ -5,8 +5,9 @@
 //
 // Execution model (docs/architecture.md, "CUDA"):
 //  - every kernel is enqueued on the legacy default stream of its GPU, the rank's compute stream,
-//    and returns at once; the host waits only where it needs a value (sum, sum_squares, and the
-//    token / target checks, which copy 8 bytes back). The nccl communicator's stream waits on
+//    and returns at once; the host waits only where it needs a value (sum, sum_squares and
+//    sum_squares_each — one wait for many sums —, and the token / target checks, which copy 8
+//    bytes back). The nccl communicator's stream waits on
 //    this stream with an event before each collective, so communication overlaps the kernels
 //    queued after it.
 //  - scratch memory (attention scores, partial sums) comes from the GPU's caching allocator;
