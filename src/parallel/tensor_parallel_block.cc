@@ -104,7 +104,32 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   const Exec ex = ctx.exec();
   // The norms' outputs feed only the column-parallel qkv and fc: forward_for_matmul writes them
   // as those keep them (16-bit on a GPU at bf16 / fp16, gathered so with sequence parallelism).
-  qkv_out_ = qkv_.forward(ctx, ln_1_->forward_for_matmul(ctx, x));  // (B·T, 3C/P): its heads
+  const Tensor normed = ln_1_->forward_for_matmul(ctx, x);
+  // On a GPU at bf16 / fp16 (no cp) the attention of this rank's heads runs as one GPU's does
+  // (nn/causal_self_attention.cc, attend_rotary): qkv in 16 bits where the flash kernels read it
+  // so (turned in place in 16 bits), the output written as proj's rounded input.
+  const DType out_dtype = ops::matmul_input_dtype(ex, DType::kF32);
+  if (ctx.sequence == nullptr && out_dtype != DType::kF32) {
+    const bool rounded_qkv =
+        ops::attention_takes_rounded_qkv(ex, local_channels_, local_heads_, B);
+    qkv_out_ = rounded_qkv ? qkv_.forward_rounded_output(ctx, normed) : qkv_.forward(ctx, normed);
+    if (llama_) {
+      const Tensor& rope = rotary_table(ctx, rope_, T, head_dim_, rope_frequencies_);
+      if (rounded_qkv)
+        ops::rope_forward_rounded(ex, qkv_out_.raw(), qkv_out_.dtype(), rope.data<float>(), B, T,
+                                  local_heads_, local_kv_heads_, head_dim_);
+      else
+        ops::rope_forward<float>(ex, qkv_out_.data<float>(), rope.data<float>(), B, T,
+                                 local_heads_, local_kv_heads_, head_dim_);
+    }
+    att_ = Tensor::empty({B * T, local_channels_}, out_dtype, ctx.device);
+    lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
+    ops::attention_gqa_forward_rounded(ex, att_.raw(), out_dtype, lse_.data<float>(),
+                                       qkv_out_.raw(), qkv_out_.dtype(), B, T, local_heads_,
+                                       local_kv_heads_, head_dim_);
+    return after_attention(ctx, x);
+  }
+  qkv_out_ = qkv_.forward(ctx, normed);  // (B·T, 3C/P): its heads
   if (llama_)  // (B·T, (NH + 2·KV)·hd / P): this rank's q and k turned in place
     ops::rope_forward<float>(ex, qkv_out_.data<float>(),
                              rotary_table(ctx, rope_, T, head_dim_, rope_frequencies_).data<float>(),
@@ -124,6 +149,11 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
                                       qkv_out_.data<float>(), B, T, local_heads_, local_kv_heads_,
                                       head_dim_);
   }
+  return after_attention(ctx, x);
+}
+
+Tensor TpGpt2Block::after_attention(Context& ctx, const Tensor& x) {
+  const Exec ex = ctx.exec();
   Tensor x1 = attn_proj_.forward(ctx, att_);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
   h_ = fc_.forward(ctx, ln_2_->forward_for_matmul(ctx, x1));
@@ -148,19 +178,32 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   if (selective) fc_.restore_input(ln_2_->recompute_output(ctx));
   Tensor dx1 = ln_2_->backward_adding(ctx, fc_backward(ctx, dg), dy);
   // x1 = x + proj(attention(qkv(ln_1(x))))
-  Tensor datt = attn_proj_.backward(ctx, dx1);
   Tensor dqkv;
-  if (ctx.sequence != nullptr) {
+  if (att_.dtype() != DType::kF32) {  // the 16-bit forward: dqkv written as qkv's rounded dout
+    // Where the flash kernels read qkv in 16 bits they read dO (proj's dinp) so too.
+    const Tensor datt = qkv_out_.dtype() != DType::kF32 ? attn_proj_.backward_rounded_dinp(ctx, dx1)
+                                                        : attn_proj_.backward(ctx, dx1);
+    dqkv = Tensor::empty(qkv_out_.shape(), att_.dtype(), ctx.device);
+    ops::attention_gqa_backward_rounded(ex, dqkv.raw(), datt.raw(), datt.dtype(), qkv_out_.raw(),
+                                        qkv_out_.dtype(), att_.raw(), att_.dtype(),
+                                        lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_,
+                                        head_dim_);
+    if (llama_)
+      ops::rope_backward_rounded(ex, dqkv.raw(), dqkv.dtype(), rope_.data<float>(), B_, T_,
+                                 local_heads_, local_kv_heads_, head_dim_);
+  } else if (ctx.sequence != nullptr) {
+    Tensor datt = attn_proj_.backward(ctx, dx1);
     dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
                                     local_heads_, local_kv_heads_, head_dim_)
                .reshape({B_ * T_, (local_heads_ + 2 * local_kv_heads_) * head_dim_});
   } else {
+    Tensor datt = attn_proj_.backward(ctx, dx1);
     dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
     ops::attention_gqa_backward<float>(
         ex, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(), att_.data<float>(),
         lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_, head_dim_);
   }
-  if (llama_)  // q and k turned back (the shared heads' gradients already summed)
+  if (llama_ && dqkv.dtype() == DType::kF32)  // q and k turned back (shared heads' sums in)
     ops::rope_backward<float>(ex, dqkv.data<float>(), rope_.data<float>(), B_, T_, local_heads_,
                               local_kv_heads_, head_dim_);
   if (selective) qkv_.restore_input(ln_1_->recompute_output(ctx));

@@ -50,6 +50,9 @@ class TpGpt2Block {
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
+  // The rest of run_forward once att_ holds the attention's output: proj, the skip connection
+  // and the MLP.
+  Tensor after_attention(Context& ctx, const Tensor& x);
   Tensor activation(Context& ctx) const;  // GELU(h_), or Llama's SwiGLU of h_
   // The gradient at fc's output from dg, the activation's output gradient (overwritten), and
   // fc's backward: the MLP's input gradient.
@@ -67,7 +70,8 @@ class TpGpt2Block {
   RowParallelLinear mlp_proj_;
   std::vector<Parameter*> sp_params_;
   // attention inputs (Llama: the compact qkv, q and k turned) and outputs, and the activation's
-  // input
+  // input; on a GPU at bf16 / fp16 (no cp) att_ in 16 bits, proj's rounded input, and qkv_out_
+  // too where the flash kernels read it so
   Tensor qkv_out_, att_, lse_, h_;
   Tensor kv_full_;  // context parallelism: the whole sequence's keys and values of its heads
   Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)

@@ -66,6 +66,22 @@ Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
   return y;
 }
 
+Tensor ColumnParallelLinear::forward_rounded_output(Context& ctx, const Tensor& x) {
+  const DType out_dtype = ops::matmul_input_dtype(ctx.exec(), DType::kF32);
+  if (out_dtype == DType::kF32)
+    fail(weight_->name, ": a 16-bit output needs a GPU at bf16 / fp16 matmul precision");
+  const Tensor whole = whole_input(x);
+  // Kept as the GEMMs read it: as its producer rounded it, else rounded by the op into x_.
+  x_ = whole.dtype() != DType::kF32 ? whole : Tensor::empty(whole.shape(), out_dtype, ctx.device);
+  const int64_t n = whole.dim(0);
+  Tensor y = Tensor::empty({n, local_out_}, out_dtype, ctx.device);
+  ops::matmul_forward_rounded_output(ctx.exec(), y.raw(), out_dtype, whole.raw(), whole.dtype(),
+                                     x_.raw(), weight_->value.data<float>(),
+                                     bias_ ? bias_->value.data<float>() : nullptr, n, in_,
+                                     local_out_);
+  return y;
+}
+
 Tensor ColumnParallelLinear::backward(Context& ctx, const Tensor& dy) {
   return backward_impl(ctx, dy, nullptr);
 }
@@ -82,7 +98,21 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
   const int64_t n = x_.dim(0);
   Tensor dx = Tensor::empty({n, in_}, DType::kF32, ctx.device);
   float* dbias = bias_ ? bias_->grad.data<float>() : nullptr;
-  if (x_.dtype() != DType::kF32) {  // kept as its producer rounded it
+  if (dy.dtype() != DType::kF32) {  // rounded by its producer (the attention's dqkv)
+    if ((x_.dtype() != dy.dtype() && x_.dtype() != DType::kF32) || gelu_input != nullptr)
+      fail(weight_->name, ": a ", dtype_name(dy.dtype()), " output gradient needs an input kept in ",
+           dtype_name(dy.dtype()), " or f32, not ", dtype_name(x_.dtype()));
+    input_grad_now_weight_grads_at_w(
+        ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
+        [w = weight_, b = bias_, dy, x = x_, n, in = in_, out = local_out_](
+            const Exec& ex, void* dinp, bool weights) {
+          ops::matmul_backward_from_rounded(
+              ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
+              weights && b ? b->grad.data<float>() : nullptr, dy.raw(), dy.dtype(), x.raw(),
+              x.dtype(), w->value.data<float>(), n, in, out);
+        },
+        static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
+  } else if (x_.dtype() != DType::kF32) {  // kept as its producer rounded it
     float* d = dy.data<float>();  // backward_before_gelu's dgelu: overwritten, as documented
     if (gelu_input != nullptr)
       ops::gelu_backward<float>(ctx.exec(), d, gelu_input->data<float>(), d, dy.numel());
@@ -142,8 +172,12 @@ Tensor RowParallelLinear::forward(Context& ctx, const Tensor& x) {
   Tensor partial = Tensor::empty({n, out_}, DType::kF32, ctx.device);
   // The bias joins the sum once: rank 0 adds it to its partial output.
   const float* bias = bias_ != nullptr && tp_.rank() == 0 ? bias_->value.data<float>() : nullptr;
-  ops::linear_forward<float>(ctx.exec(), partial.data<float>(), x.data<float>(),
-                             weight_->value.data<float>(), bias, nullptr, n, local_in_, out_);
+  if (x.dtype() != DType::kF32)  // rounded by its producer (the attention's output), kept so
+    ops::matmul_forward_from_rounded_input(ctx.exec(), partial.data<float>(), x.raw(), x.dtype(),
+                                           weight_->value.data<float>(), bias, n, local_in_, out_);
+  else
+    ops::linear_forward<float>(ctx.exec(), partial.data<float>(), x.data<float>(),
+                               weight_->value.data<float>(), bias, nullptr, n, local_in_, out_);
   if (!sequence_parallel_) {
     tp_.all_reduce(partial, ReduceOp::kSum);
     return partial;
@@ -153,16 +187,55 @@ Tensor RowParallelLinear::forward(Context& ctx, const Tensor& x) {
   return mine;
 }
 
-Tensor RowParallelLinear::backward(Context& ctx, const Tensor& dy) {
+Tensor RowParallelLinear::gathered_output_grad(Context& ctx, const Tensor& dy) {
   LOOM_CHECK(x_.defined());
+  if (!sequence_parallel_) return dy;
+  Tensor dy_all = Tensor::empty({x_.dim(0), out_}, DType::kF32, ctx.device);
+  tp_.all_gather(dy, dy_all);
+  return dy_all;
+}
+
+Tensor RowParallelLinear::backward_rounded_dinp(Context& ctx, const Tensor& dy) {
+  const Tensor dy_all = gathered_output_grad(ctx, dy);
+  const DType dx_dtype = ops::matmul_input_dtype(ctx.exec(), DType::kF32);
+  if (dx_dtype == DType::kF32 || dy.dtype() != DType::kF32)
+    fail(weight_->name, ": a 16-bit input gradient needs bf16 / fp16 GEMMs on a GPU and an f32 "
+         "output gradient");
   const int64_t n = x_.dim(0);
-  Tensor dy_all = dy;
-  if (sequence_parallel_) {
-    dy_all = Tensor::empty({n, out_}, DType::kF32, ctx.device);
-    tp_.all_gather(dy, dy_all);
-  }
+  Tensor dx = Tensor::empty({n, local_in_}, dx_dtype, ctx.device);
+  input_grad_now_weight_grads_at_w(
+      ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
+      [w = weight_, b = bias_, dy_all, x = x_, dx_dtype, n, in = local_in_, out = out_](
+          const Exec& ex, void* dinp, bool weights) {
+        ops::matmul_backward_rounded_dinp(
+            ex, dinp, dx_dtype, weights ? w->grad.data<float>() : nullptr,
+            weights && b ? b->grad.data<float>() : nullptr, dy_all.data<float>(), x.raw(),
+            x.dtype(), w->value.data<float>(), n, in, out);
+      },
+      static_cast<int64_t>(dy_all.nbytes() + x_.nbytes()));
+  x_ = Tensor();
+  return dx;
+}
+
+Tensor RowParallelLinear::backward(Context& ctx, const Tensor& dy) {
+  const Tensor dy_all = gathered_output_grad(ctx, dy);
+  const int64_t n = x_.dim(0);
   // dy_all holds every row, so the (replicated) bias gradient is whole on every rank.
   Tensor dx = Tensor::empty({n, local_in_}, DType::kF32, ctx.device);
+  if (x_.dtype() != DType::kF32) {  // kept as its producer rounded it
+    input_grad_now_weight_grads_at_w(
+        ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
+        [w = weight_, b = bias_, dy_all, x = x_, n, in = local_in_, out = out_](
+            const Exec& ex, void* dinp, bool weights) {
+          ops::matmul_backward_from_rounded_input(
+              ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
+              weights && b ? b->grad.data<float>() : nullptr, dy_all.data<float>(), x.raw(),
+              x.dtype(), w->value.data<float>(), n, in, out);
+        },
+        static_cast<int64_t>(dy_all.nbytes() + x_.nbytes()));
+    x_ = Tensor();
+    return dx;
+  }
   if (ctx.deferred_weight_grads != nullptr) {  // B of a zero-bubble schedule: dW later
     ops::linear_backward_input<float>(ctx.exec(), dx.data<float>(), dy_all.data<float>(), nullptr,
                                       weight_->value.data<float>(), n, local_in_, out_);

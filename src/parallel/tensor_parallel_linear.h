@@ -48,7 +48,13 @@ class ColumnParallelLinear {
   // norm's forward_for_matmul): then it is gathered and kept in those 16 bits (half the bytes of
   // the sequence-parallel all-gather and of the kept input), as nn::Linear keeps it.
   Tensor forward(Context& ctx, const Tensor& x);
+  // forward writing y in 16 bits (a GPU at bf16 / fp16 matmul precision; fails elsewhere), its
+  // bias rounded too: nn::Linear::forward_rounded_output's, for the attention's qkv where the
+  // flash kernels read it so. The input is kept rounded as forward keeps it.
+  Tensor forward_rounded_output(Context& ctx, const Tensor& x);
   // dy: (N, out/P) → dx shaped like forward's x. Accumulates the weight (and bias) gradient.
+  // dy is fp32, or 16-bit as its producer rounded it for the GEMMs (the attention's dqkv on a GPU
+  // at bf16 / fp16), as nn::Linear::backward takes it.
   Tensor backward(Context& ctx, const Tensor& dy);
   // backward of a layer whose output h went into a GELU (the MLP's fc), from dgelu, the gradient
   // at the GELU's output (overwritten): nn::Linear::backward_before_gelu's one op.
@@ -80,10 +86,15 @@ class RowParallelLinear {
   // in must be divisible by tp.size().
   RowParallelLinear(ParameterStore& store, const std::string& name, int64_t in, int64_t out,
                     Communicator& tp, bool bias, float init_std, bool sequence_parallel);
-  // x: (N, in/P) → (N, out), or with sequence parallelism this rank's (N/P, out) rows.
+  // x: (N, in/P) → (N, out), or with sequence parallelism this rank's (N/P, out) rows. x is fp32,
+  // or 16-bit as its producer rounded it for the GEMMs (the attention's output on a GPU at bf16 /
+  // fp16), then kept so.
   Tensor forward(Context& ctx, const Tensor& x);
   // dy shaped like forward's output → dx (N, in/P).
   Tensor backward(Context& ctx, const Tensor& dy);
+  // backward writing dx in 16 bits (a GPU at bf16 / fp16): the attention's dO where the flash
+  // kernels read it so, as nn::Linear::backward_rounded_dinp.
+  Tensor backward_rounded_dinp(Context& ctx, const Tensor& dy);
   void clear_cache() { x_ = Tensor(); }
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
   // Selective recomputation: as ColumnParallelLinear, without communication (x is local).
@@ -96,6 +107,7 @@ class RowParallelLinear {
 
  private:
   void check_input(const Tensor& x) const;
+  Tensor gathered_output_grad(Context& ctx, const Tensor& dy);  // dy, all-gathered under sp
   int64_t local_in_, out_;
   Communicator& tp_;
   bool sequence_parallel_;

@@ -19,7 +19,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   const double P = par.tp, rows = par.sequence_parallel ? N / P : N;
   const std::string mode = config.resolved_recompute();
   // On a GPU at bf16 / fp16 matmul precision an unsharded model (nn::Linear; the tensor-parallel
-  // layers keep fp32) holds its GEMM inputs in 16 bits, half a float each: the LayerNorms', the
+  // MLP keeps fp32) holds its GEMM inputs in 16 bits, half a float each: the LayerNorms', the
   // attention's and the GELU's outputs, and the logits (models/gpt2.cc); and fc's output, the
   // GELU's input, which fc's GEMM writes in 16 bits with the GELU in its epilogue (nn/mlp.h). A
   // Llama likewise (below).
@@ -28,8 +28,9 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
       (config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16");
   const bool sixteen_bit = par.tp == 1 && gpu_sixteen_bit;
   const double half = sixteen_bit ? 0.5 : 1.0;
-  // Under tp the norms' outputs (the column-parallel layers' kept inputs) are 16-bit too
-  // (parallel/tensor_parallel_block.cc); the parallel layers' other activations stay fp32.
+  // Under tp the norms' outputs (the column-parallel layers' kept inputs) and, without cp, the
+  // attention's output and (where the flash kernels read it) qkv are 16-bit too
+  // (parallel/tensor_parallel_block.cc); the MLP's activations stay fp32.
   const double norm_half = gpu_sixteen_bit ? 0.5 : 1.0;
   // Where a GPU's fused flash kernels run (bf16, head size 64 or 128): qkv is 16-bit too in an
   // unsharded model (nn/causal_self_attention), and so are cp's queries and gathered keys and
@@ -40,7 +41,8 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
                              (model.d_model == 64 * model.n_heads ||
                               model.d_model == 128 * model.n_heads);
   const bool flash = sixteen_bit && flash_kernels;
-  const double qkv = flash ? 1.5 : 3.0;
+  const double qkv = flash_kernels ? 1.5 : 3.0;
+  const double attention_output = gpu_sixteen_bit ? 0.5 : 1.0;  // proj's rounded input, any tp
   // Under cp the attention keeps its queries (this rank's positions), the keys and values of
   // every position (cp × as many; with the ring exchange only its own) and its output — in 16
   // bits where the flash kernels run in an unsharded model, proj's rounded input — per
@@ -51,7 +53,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   const double kv_kept = par.cp_comm == "ring" ? 1.0 : cp;
   const double cp_output = flash ? 0.5 : 1.0;
   const double cp_attention = (1 + kv_width * kv_kept) * (flash_kernels ? 0.5 : 1.0) + cp_output;
-  const double gpt2_attention = cp > 1 ? cp_attention : qkv + half;
+  const double gpt2_attention = cp > 1 ? cp_attention : qkv + attention_output;
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output
   // (4) and the GELU's (4), N·C/P each.
@@ -67,7 +69,8 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     const double qkv_width = model.n_heads > 0
         ? static_cast<double>(model.n_heads + 2 * model.resolved_n_kv_heads()) / static_cast<double>(model.n_heads)
         : 3.0;
-    const double attention = cp > 1 ? cp_attention : qkv_width * (flash ? half : 1.0) + half;
+    const double attention =
+        cp > 1 ? cp_attention : qkv_width * (flash_kernels ? 0.5 : 1.0) + attention_output;
     everything = (2 + 2 * norm_half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
   }

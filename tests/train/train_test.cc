@@ -623,15 +623,19 @@ TEST_F(TrainTest, Fp16GemmsWithDynamicLossScalingTrainOnTheGpu) {
 }
 
 // Tensor parallelism on GPUs at bf16 (two GPUs, sequence parallelism): the norms write their
-// outputs in bf16 as the column-parallel layers keep them, gathered so, which lowers the measured
-// activation peak against the fp32 run, and the layout report counts it. The run stays near one
-// GPU's bf16 run, and selective recomputation (the norm outputs rebuilt in fp32, rounded by the
-// GEMMs) is bit for bit the stored run.
+// outputs in bf16 as the column-parallel layers keep them, gathered so, and each rank's heads'
+// attention runs as one GPU's does — qkv written in bf16 for the flash kernels, the output as
+// proj's rounded input, dO and dqkv likewise —, which lowers the measured activation peak
+// against the fp32 run (0.85 of it with the norms alone, 0.77 with the attention too), and the
+// layout report counts it. The run stays near one GPU's bf16 run, and selective recomputation
+// (the norm outputs rebuilt in fp32, rounded by the GEMMs) is bit for bit the stored run; a Llama
+// (grouped-query heads, the rotation turned in 16 bits) likewise.
 TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
   if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
   Config c = config(3);
   c.runtime.device = "cuda";
   c.runtime.matmul_precision = "bf16";
+  c.model.d_model = 128;  // heads of 64: the flash kernels' size, on one GPU and one head a rank
   run_training(c, options("one_gpu"));
   Config tp = c;
   tp.runtime.ranks = 2;
@@ -651,7 +655,8 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
     EXPECT_NEAR(got, want, 2e-2 * want) << "step " << i + 1;
   }
   expect_same_run(two, metrics("tp_bf16_selective"));
-  EXPECT_LT(bf16.activation_peak_bytes, fp32.activation_peak_bytes)
+  EXPECT_LT(static_cast<double>(bf16.activation_peak_bytes),
+            0.81 * static_cast<double>(fp32.activation_peak_bytes))
       << "bf16 " << bf16.activation_peak_bytes << " vs fp32 " << fp32.activation_peak_bytes;
   EXPECT_LT(bf16.expected_activation_bytes, fp32.expected_activation_bytes);
   const double ratio = static_cast<double>(bf16.expected_activation_bytes) /
@@ -662,6 +667,29 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
                  std::to_string(static_cast<double>(bf16.activation_peak_bytes) /
                                 static_cast<double>(fp32.activation_peak_bytes)));
   RecordProperty("activation_estimate_ratio", std::to_string(ratio));
+
+  Config llama = c;  // 4 query heads of 64 sharing 2 key/value heads: one of those a rank
+  llama.model.arch = "llama";
+  llama.model.d_model = 256;
+  llama.model.n_heads = 4;
+  llama.model.n_kv_heads = 2;
+  llama.model.ffn_hidden = 128;
+  run_training(llama, options("llama_one_gpu"));
+  Config llama_tp = llama;
+  llama_tp.runtime.ranks = 2;
+  llama_tp.parallel.tp = 2;
+  llama_tp.parallel.dp = 1;
+  llama_tp.parallel.sequence_parallel = true;
+  run_training(llama_tp, options("llama_tp_bf16"));
+  llama_tp.parallel.recompute = "selective";
+  run_training(llama_tp, options("llama_tp_bf16_selective"));
+  const auto llama_one = metrics("llama_one_gpu"), llama_two = metrics("llama_tp_bf16");
+  ASSERT_EQ(llama_two.size(), llama_one.size());
+  for (size_t i = 0; i < llama_one.size(); ++i) {
+    const double want = llama_one[i]["loss"], got = llama_two[i]["loss"];
+    EXPECT_NEAR(got, want, 2e-2 * want) << "Llama, step " << i + 1;
+  }
+  expect_same_run(llama_two, metrics("llama_tp_bf16_selective"));
 }
 
 // Data parallelism over two GPUs (nccl) with the gradients reduced in bf16 and ZeRO-3's
