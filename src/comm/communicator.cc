@@ -43,8 +43,7 @@ WorkHandle Communicator::send_recv_async(const Tensor& to_send, int dst, Tensor&
 double all_reduce_value(Communicator& comm, double value, ReduceOp op) {
   Tensor host = Tensor::empty({1}, DType::kF64);
   host.data<double>()[0] = value;
-  Tensor t = Tensor::empty({1}, DType::kF64, comm.tensor_device());
-  t.copy_from_host_queued(host);
+  Tensor t = host.to_queued(comm.tensor_device());
   comm.all_reduce(t, op);
   return t.to(Device::cpu()).data<double>()[0];
 }
@@ -54,9 +53,7 @@ std::vector<double> all_gather_values(Communicator& comm, const std::vector<doub
   Tensor host = Tensor::empty({n}, DType::kF64);
   std::copy(mine.begin(), mine.end(), host.data<double>());
   Tensor all = Tensor::empty({n * comm.size()}, DType::kF64, comm.tensor_device());
-  Tensor up = Tensor::empty({n}, DType::kF64, comm.tensor_device());
-  up.copy_from_host_queued(host);
-  comm.all_gather(up, all);
+  comm.all_gather(host.to_queued(comm.tensor_device()), all);
   Tensor back = all.to(Device::cpu());
   return std::vector<double>(back.data<double>(), back.data<double>() + back.numel());
 }

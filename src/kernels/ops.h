@@ -365,7 +365,8 @@ inline std::vector<double> sum_squares_each(const Exec& ex, std::span<const floa
       return sums;
     }
   }
-  if (xs.size() != ns.size()) fail("sum_squares_each: ", xs.size(), " arrays but ", ns.size(), " sizes");
+  if (xs.size() != ns.size())
+    fail("sum_squares_each: ", xs.size(), " arrays but ", ns.size(), " sizes");
   for (size_t i = 0; i < xs.size(); ++i) sums[i] = sum_squares<float>(ex, xs[i], ns[i]);
   return sums;
 }

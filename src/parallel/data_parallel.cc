@@ -450,9 +450,10 @@ void ZeroDataParallel::optimizer_step(float lr) {
   // are copied in the compute stream's order, which the gathers wait for: on a GPU no wait per
   // unit.
   Tensor own = Tensor::empty({shard_numel_}, DType::kF32, device_);
-  for (size_t u = 0; u < num_units(); ++u)
-    copy_bytes_queued(shard_of(own, u).raw(), params_.values().narrow(chunk_begin(u), chunk(u)).raw(),
-                      device_, static_cast<size_t>(chunk(u)) * sizeof(float));
+  for (size_t u = 0; u < num_units(); ++u) {
+    const Tensor mine = params_.values().narrow(chunk_begin(u), chunk(u));
+    copy_bytes_queued(shard_of(own, u).raw(), mine.raw(), device_, mine.nbytes());
+  }
   all_gather_units(own, params_.values());
 }
 

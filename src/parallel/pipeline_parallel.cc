@@ -364,27 +364,27 @@ double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
   // Summed per stage, then over the stages in order: the same bits wherever the stages sit
   // (interleaved and zb-v place the same stages on other ranks).
   const int S = schedule_.stages();
-  Tensor per_stage = Tensor::zeros({S}, DType::kF64);
+  // The last stage's copy of the tied wte is the same gradient as the first stage's; a
+  // parameter replicated over tp (no shard pieces) counts on tp rank 0 only. Every chunk's
+  // parameters' sums come back together (one wait on a GPU) and are added in order.
+  std::vector<const float*> grads;
+  std::vector<int64_t> sizes;
+  std::vector<size_t> chunk_of;  // of each summed parameter
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    Gpt2Stage& model = *chunks_[c];
-    // The last stage's copy of the tied wte is the same gradient as the first stage's; a
-    // parameter replicated over tp (no shard pieces) counts on tp rank 0 only. The parameters'
-    // sums come back together (one wait on a GPU) and are added in order.
-    const Parameter* duplicate = model.tied_head_copy();
-    std::vector<const float*> grads;
-    std::vector<int64_t> sizes;
-    for (const auto& p : model.params().parameters()) {
+    const Parameter* duplicate = chunks_[c]->tied_head_copy();
+    for (const auto& p : chunks_[c]->params().parameters()) {
       if (p.get() == duplicate) continue;
       if (tp != nullptr && p->pieces.empty() && tp->rank() != 0) continue;
       grads.push_back(p->grad.data<float>());
       sizes.push_back(p->numel());
+      chunk_of.push_back(c);
     }
-    double sum = 0;
-    for (double s : ops::sum_squares_each(Exec{&pool_, device_}, grads, sizes)) sum += s;
-    per_stage.data<double>()[stage_of_chunk(static_cast<int>(c))] = sum;
   }
-  Tensor reduced = Tensor::empty({S}, DType::kF64, pp_.tensor_device());
-  reduced.copy_from_host_queued(per_stage);
+  const std::vector<double> sums = ops::sum_squares_each(Exec{&pool_, device_}, grads, sizes);
+  Tensor per_stage = Tensor::zeros({S}, DType::kF64);
+  for (size_t i = 0; i < sums.size(); ++i)
+    per_stage.data<double>()[stage_of_chunk(static_cast<int>(chunk_of[i]))] += sums[i];
+  Tensor reduced = per_stage.to_queued(pp_.tensor_device());
   pp_.all_reduce(reduced, ReduceOp::kSum);  // each entry: one stage's sum plus zeros
   per_stage = reduced.to(Device::cpu());
   double sum = 0;

@@ -360,9 +360,9 @@ void fill_idle_with_weight_grads(PipelineSchedule& s, int max_owed) {
 // Each free rank runs one compute, chosen from what is ready by a policy (VPolicy): a B whose
 // output gradient has arrived first (the critical path: it frees the next stage down; or, by
 // policy, an F first), else an F whose input has arrived, if the rank then holds at most `limit`
-// chunk micro-batches between their F and their W, else its oldest owed W, else it idles. A chunk's F's, B's and W's each go in
-// micro-batch order, so every gradient sums the same products in the same order as interleaved
-// 1F1B's (its W's are B's order per chunk). With limit = 2·pp a rank holds what a 1F1B rank holds:
+// chunk micro-batches between their F and their W, else its oldest owed W, else it idles. A
+// chunk's F's, B's and W's each go in micro-batch order, so every gradient sums the same products
+// in the same order as interleaved 1F1B's (its W's are B's order per chunk). With limit = 2·pp a rank holds what a 1F1B rank holds:
 // pp micro-batches of a stage twice as deep as a chunk. The V is what takes the fill's bubble away:
 // rank 0 runs the first and the last stage, so the backward starts on the rank that began the
 // forward, and the W's fill the drain. A greedy choice is not always best (the last ranks fill
@@ -528,9 +528,10 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
 
 // The V schedule of the policies tried with the shortest step (the first found of equals): the
 // plain greedy one first, then with W's forced at each count owed, or where memory stops an F,
-// then all of those keeping a slot for chunk 1, then all of those running F's before B's. With stage costs, each policy is also scheduled
-// as if the stages cost the same, and that order timed on the real costs: the greedy choices on
-// the real costs are not always better. The costs are s.costs.
+// then all of those keeping a slot for chunk 1, then all of those running F's before B's. With
+// stage costs, each policy is also scheduled as if the stages cost the same, and that order timed
+// on the real costs: the greedy choices on the real costs are not always better. The costs are
+// s.costs.
 void zero_bubble_v(PipelineSchedule& s) {
   const int pp = s.pp;
   const StageCosts& costs = s.costs;
@@ -540,29 +541,31 @@ void zero_bubble_v(PipelineSchedule& s) {
   timed.stages = &costs;
   double best_step = -1;
   std::vector<std::vector<PipeAction>> best;
-  VPolicy p;
+  std::vector<VPolicy> policies;  // in the order above
   for (const bool f_before_b : {false, true})
     for (const bool keep_a_slot : {false, true})
-      for (p.max_owed = 0; p.max_owed <= 2 * pp; ++p.max_owed)
+      for (int max_owed = 0; max_owed <= 2 * pp; ++max_owed)
         for (const bool w_when_full : {false, true})
           for (const bool b_chunk1_first : {false, true})
-            for (const bool on_unit_costs : {false, true}) {
-              if (on_unit_costs && !unequal) continue;
-              p.keep_a_slot_for_chunk1 = keep_a_slot;
-              p.f_before_b = f_before_b;
-              p.w_when_full = w_when_full;
-              p.b_chunk1_first = b_chunk1_first;
-              s.actions.assign(pp, {});
-              double step = list_schedule_v(s, on_unit_costs ? StageCosts{} : costs, 2 * pp, p);
-              if (step > 0 && on_unit_costs) {
-                const Simulation sim = simulate(s, timed);
-                step = *std::max_element(sim.clock.begin(), sim.clock.end());
-              }
-              if (step > 0 && (best_step < 0 || step < best_step)) {
-                best_step = step;
-                best = s.actions;
-              }
-            }
+            policies.push_back({.b_chunk1_first = b_chunk1_first,
+                                .max_owed = max_owed,
+                                .w_when_full = w_when_full,
+                                .keep_a_slot_for_chunk1 = keep_a_slot,
+                                .f_before_b = f_before_b});
+  for (const VPolicy& p : policies)
+    for (const bool on_unit_costs : {false, true}) {
+      if (on_unit_costs && !unequal) continue;
+      s.actions.assign(pp, {});
+      double step = list_schedule_v(s, on_unit_costs ? StageCosts{} : costs, 2 * pp, p);
+      if (step > 0 && on_unit_costs) {
+        const Simulation sim = simulate(s, timed);
+        step = *std::max_element(sim.clock.begin(), sim.clock.end());
+      }
+      if (step > 0 && (best_step < 0 || step < best_step)) {
+        best_step = step;
+        best = s.actions;
+      }
+    }
   LOOM_CHECK_MSG(best_step > 0, "zb-v: no policy schedules this pipeline");
   s.actions = std::move(best);
 }

@@ -144,6 +144,12 @@ Tensor Tensor::to(Device device) const {
   return t;
 }
 
+Tensor Tensor::to_queued(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from_host_queued(*this);
+  return t;
+}
+
 void Tensor::zero_() {
   if (numel_ == 0) return;
   zero_bytes(raw(), device(), nbytes());

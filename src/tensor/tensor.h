@@ -74,6 +74,8 @@ class Tensor {
   Tensor clone() const;
   Tensor to(DType dtype) const;    // host conversion between float dtypes (f32/f64/bf16/f16)
   Tensor to(Device device) const;  // copy to another device (same dtype)
+  // A host tensor's copy on `device`, uploaded without waiting for it (copy_from_host_queued).
+  Tensor to_queued(Device device) const;
 
   void zero_();
   // The same, a host tensor's bytes split over `pool`'s threads: one thread's memset of a large

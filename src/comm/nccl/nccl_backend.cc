@@ -517,9 +517,7 @@ Tensor header_of(const Tensor& tensor, int tag, int64_t number) {
   const int64_t fields[kHeaderFields] = {tag, tensor.numel(), static_cast<int64_t>(tensor.dtype()),
                                          number};
   std::memcpy(host.raw(), fields, sizeof fields);
-  Tensor header = Tensor::empty({kHeaderFields}, DType::kI64, tensor.device());
-  header.copy_from_host_queued(host);
-  return header;
+  return host.to_queued(tensor.device());
 }
 
 // The receiver's check of a header that arrived into `header`, run once the recv completed (its

@@ -307,7 +307,6 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
   return copy("cudaMemcpy", dst, src, count, kind);
 }
 
-
 cudaError_t cudaMemcpyPeer(void* dst, int, const void* src, int, size_t count) {
   return copy("cudaMemcpyPeer", dst, src, count, cudaMemcpyDeviceToDevice);
 }
