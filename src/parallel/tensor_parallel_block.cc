@@ -79,18 +79,61 @@ Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T)
 }
 
 Tensor TpGpt2Block::activation(Context& ctx) const {
+  const Exec ex = ctx.exec();
+  const bool sixteen_bit = h_.dtype() != DType::kF32;  // fc wrote h_ so (mlp_up)
   if (llama_) {
     const int64_t rows = h_.dim(0);
-    Tensor a = Tensor::empty({rows, local_hidden_}, DType::kF32, ctx.device);
-    ops::swiglu_forward<float>(ctx.exec(), a.data<float>(), h_.data<float>(), rows, local_hidden_);
+    Tensor a = Tensor::empty({rows, local_hidden_}, h_.dtype(), ctx.device);
+    if (sixteen_bit)
+      ops::swiglu_forward_rounded(ex, a.raw(), h_.raw(), h_.dtype(), rows, local_hidden_);
+    else
+      ops::swiglu_forward<float>(ex, a.data<float>(), h_.data<float>(), rows, local_hidden_);
     return a;
   }
-  Tensor g = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
-  ops::gelu_forward<float>(ctx.exec(), g.data<float>(), h_.data<float>(), h_.numel());
+  Tensor g = Tensor::empty(h_.shape(), h_.dtype(), ctx.device);
+  if (sixteen_bit)  // to an ulp of the forward's, whose epilogue took the GELU before rounding
+    ops::gelu_forward_of_rounded(ex, g.raw(), h_.raw(), h_.dtype(), h_.numel());
+  else
+    ops::gelu_forward<float>(ex, g.data<float>(), h_.data<float>(), h_.numel());
   return g;
 }
 
-Tensor TpGpt2Block::fc_backward(Context& ctx, Tensor& dg) {
+Tensor TpGpt2Block::mlp_up(Context& ctx, const Tensor& normed) {
+  if (ops::matmul_input_dtype(ctx.exec(), DType::kF32) == DType::kF32) {
+    h_ = fc_.forward(ctx, normed);
+    return activation(ctx);
+  }
+  // On a GPU at bf16 / fp16 the MLP runs as one GPU's (nn/mlp.cc, nn/swiglu_mlp.cc): fc writes
+  // its output in 16 bits — GPT-2's with the GELU in the GEMM's epilogue —, and the activation's
+  // output is proj's rounded input.
+  if (llama_) {
+    h_ = fc_.forward_rounded_output(ctx, normed);
+    return activation(ctx);
+  }
+  Tensor g;
+  h_ = fc_.forward_gelu(ctx, normed, g);
+  return g;
+}
+
+Tensor TpGpt2Block::mlp_down_backward(Context& ctx, const Tensor& dy, bool selective) {
+  const auto restore_fc_input = [&] {
+    if (selective) fc_.restore_input(ln_2_->recompute_output(ctx));
+  };
+  if (h_.dtype() != DType::kF32) {  // mlp_up's 16-bit path: the gradient at fc's output so too
+    Tensor dh;
+    if (llama_) {
+      const Tensor da = mlp_proj_.backward_rounded_dinp(ctx, dy);
+      dh = Tensor::empty(h_.shape(), h_.dtype(), ctx.device);
+      ops::swiglu_backward_rounded(ctx.exec(), dh.raw(), da.raw(), h_.raw(), h_.dtype(), h_.dim(0),
+                                   local_hidden_);
+    } else {
+      dh = mlp_proj_.backward_into_gelu(ctx, dy, h_);  // the GELU's backward in the epilogue
+    }
+    restore_fc_input();
+    return fc_.backward(ctx, dh);
+  }
+  Tensor dg = mlp_proj_.backward(ctx, dy);
+  restore_fc_input();
   if (!llama_) return fc_.backward_before_gelu(ctx, dg, h_);
   const int64_t rows = h_.dim(0);
   Tensor dh = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
@@ -156,8 +199,7 @@ Tensor TpGpt2Block::after_attention(Context& ctx, const Tensor& x) {
   const Exec ex = ctx.exec();
   Tensor x1 = attn_proj_.forward(ctx, att_);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
-  h_ = fc_.forward(ctx, ln_2_->forward_for_matmul(ctx, x1));
-  Tensor y = mlp_proj_.forward(ctx, activation(ctx));
+  Tensor y = mlp_proj_.forward(ctx, mlp_up(ctx, ln_2_->forward_for_matmul(ctx, x1)));
   ops::add_inplace<float>(ex, y.data<float>(), x1.data<float>(), y.numel());
   return y;
 }
@@ -174,9 +216,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   // before the backward that reads it (the GELU output from h, the LayerNorm outputs from their
   // kept inputs, mean and rstd — with sequence parallelism all-gathered again).
   if (selective) mlp_proj_.restore_input(activation(ctx));
-  Tensor dg = mlp_proj_.backward(ctx, dy);
-  if (selective) fc_.restore_input(ln_2_->recompute_output(ctx));
-  Tensor dx1 = ln_2_->backward_adding(ctx, fc_backward(ctx, dg), dy);
+  Tensor dx1 = ln_2_->backward_adding(ctx, mlp_down_backward(ctx, dy, selective), dy);
   // x1 = x + proj(attention(qkv(ln_1(x))))
   Tensor dqkv;
   if (att_.dtype() != DType::kF32) {  // the 16-bit forward: dqkv written as qkv's rounded dout

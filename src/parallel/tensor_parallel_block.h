@@ -53,10 +53,14 @@ class TpGpt2Block {
   // The rest of run_forward once att_ holds the attention's output: proj, the skip connection
   // and the MLP.
   Tensor after_attention(Context& ctx, const Tensor& x);
-  Tensor activation(Context& ctx) const;  // GELU(h_), or Llama's SwiGLU of h_
-  // The gradient at fc's output from dg, the activation's output gradient (overwritten), and
-  // fc's backward: the MLP's input gradient.
-  Tensor fc_backward(Context& ctx, Tensor& dg);
+  // GELU(h_), or Llama's SwiGLU of h_, in h_'s type (16-bit where mlp_up wrote it so).
+  Tensor activation(Context& ctx) const;
+  // fc and the activation from the second norm's output: the activation's output, proj's input
+  // (h_ kept).
+  Tensor mlp_up(Context& ctx, const Tensor& normed);
+  // proj's, the activation's and fc's backward from the block output's gradient dy: the MLP's
+  // input gradient. `selective`: fc's dropped input is rebuilt right before fc's backward.
+  Tensor mlp_down_backward(Context& ctx, const Tensor& dy, bool selective);
   Recompute recompute_;
   bool llama_;
   int64_t local_channels_, local_heads_, local_kv_heads_, local_hidden_, head_dim_;
@@ -70,8 +74,8 @@ class TpGpt2Block {
   RowParallelLinear mlp_proj_;
   std::vector<Parameter*> sp_params_;
   // attention inputs (Llama: the compact qkv, q and k turned) and outputs, and the activation's
-  // input; on a GPU at bf16 / fp16 (no cp) att_ in 16 bits, proj's rounded input, and qkv_out_
-  // too where the flash kernels read it so
+  // input; on a GPU at bf16 / fp16 h_ in 16 bits, and (no cp) att_, proj's rounded input, and
+  // qkv_out_ too where the flash kernels read it so
   Tensor qkv_out_, att_, lse_, h_;
   Tensor kv_full_;  // context parallelism: the whole sequence's keys and values of its heads
   Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)

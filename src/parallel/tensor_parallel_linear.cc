@@ -66,13 +66,21 @@ Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
   return y;
 }
 
-Tensor ColumnParallelLinear::forward_rounded_output(Context& ctx, const Tensor& x) {
-  const DType out_dtype = ops::matmul_input_dtype(ctx.exec(), DType::kF32);
+Tensor ColumnParallelLinear::keep_input_for_sixteen_bit_output(Context& ctx, const Tensor& x,
+                                                               const char* what,
+                                                               DType& out_dtype) {
+  out_dtype = ops::matmul_input_dtype(ctx.exec(), DType::kF32);
   if (out_dtype == DType::kF32)
-    fail(weight_->name, ": a 16-bit output needs a GPU at bf16 / fp16 matmul precision");
-  const Tensor whole = whole_input(x);
+    fail(weight_->name, ": ", what, " needs a GPU at bf16 / fp16 matmul precision");
+  Tensor whole = whole_input(x);
   // Kept as the GEMMs read it: as its producer rounded it, else rounded by the op into x_.
   x_ = whole.dtype() != DType::kF32 ? whole : Tensor::empty(whole.shape(), out_dtype, ctx.device);
+  return whole;
+}
+
+Tensor ColumnParallelLinear::forward_rounded_output(Context& ctx, const Tensor& x) {
+  DType out_dtype;
+  const Tensor whole = keep_input_for_sixteen_bit_output(ctx, x, "a 16-bit output", out_dtype);
   const int64_t n = whole.dim(0);
   Tensor y = Tensor::empty({n, local_out_}, out_dtype, ctx.device);
   ops::matmul_forward_rounded_output(ctx.exec(), y.raw(), out_dtype, whole.raw(), whole.dtype(),
@@ -80,6 +88,18 @@ Tensor ColumnParallelLinear::forward_rounded_output(Context& ctx, const Tensor& 
                                      bias_ ? bias_->value.data<float>() : nullptr, n, in_,
                                      local_out_);
   return y;
+}
+
+Tensor ColumnParallelLinear::forward_gelu(Context& ctx, const Tensor& x, Tensor& gelu_out) {
+  DType out_dtype;
+  const Tensor whole = keep_input_for_sixteen_bit_output(ctx, x, "a GELU in the GEMM", out_dtype);
+  const int64_t n = whole.dim(0);
+  Tensor pre = Tensor::empty({n, local_out_}, out_dtype, ctx.device);
+  gelu_out = Tensor::empty(pre.shape(), out_dtype, ctx.device);
+  ops::matmul_forward_gelu(ctx.exec(), gelu_out.raw(), pre.raw(), out_dtype, whole.raw(),
+                           whole.dtype(), x_.raw(), weight_->value.data<float>(),
+                           bias_ ? bias_->value.data<float>() : nullptr, n, in_, local_out_);
+  return pre;
 }
 
 Tensor ColumnParallelLinear::backward(Context& ctx, const Tensor& dy) {
@@ -215,6 +235,30 @@ Tensor RowParallelLinear::backward_rounded_dinp(Context& ctx, const Tensor& dy) 
       static_cast<int64_t>(dy_all.nbytes() + x_.nbytes()));
   x_ = Tensor();
   return dx;
+}
+
+Tensor RowParallelLinear::backward_into_gelu(Context& ctx, const Tensor& dy, const Tensor& pre) {
+  const Tensor dy_all = gathered_output_grad(ctx, dy);
+  const int64_t n = x_.dim(0);
+  if (pre.numel() != x_.numel() || pre.dtype() != x_.dtype() || dy.dtype() != DType::kF32)
+    fail(weight_->name, ": backward into a GELU takes an f32 output gradient and the GELU's input "
+         "in the type this layer's input was kept in (", dtype_name(x_.dtype()), ", ", x_.numel(),
+         " values), not ", dtype_name(dy.dtype()), " and ", dtype_name(pre.dtype()), " (",
+         pre.numel(), " values)");
+  Tensor dpre = Tensor::empty({n, local_in_}, x_.dtype(), ctx.device);
+  // pre by its address: only the input half (now) reads it.
+  input_grad_now_weight_grads_at_w(
+      ctx.deferred_weight_grads, ctx.exec(), dpre.raw(),
+      [w = weight_, b = bias_, dy_all, x = x_, pre = pre.raw(), n, in = local_in_, out = out_](
+          const Exec& ex, void* dinp, bool weights) {
+        ops::matmul_backward_into_gelu(
+            ex, dinp, x.dtype(), weights ? w->grad.data<float>() : nullptr,
+            weights && b ? b->grad.data<float>() : nullptr, dy_all.data<float>(), x.raw(),
+            w->value.data<float>(), dinp != nullptr ? pre : nullptr, n, in, out);
+      },
+      static_cast<int64_t>(dy_all.nbytes() + x_.nbytes()));
+  x_ = Tensor();
+  return dpre;
 }
 
 Tensor RowParallelLinear::backward(Context& ctx, const Tensor& dy) {

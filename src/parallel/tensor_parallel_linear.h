@@ -52,6 +52,11 @@ class ColumnParallelLinear {
   // bias rounded too: nn::Linear::forward_rounded_output's, for the attention's qkv where the
   // flash kernels read it so. The input is kept rounded as forward keeps it.
   Tensor forward_rounded_output(Context& ctx, const Tensor& x);
+  // forward of a layer a GELU follows (the MLP's fc) on a GPU at bf16 / fp16 (fails elsewhere),
+  // the GELU in the GEMM's epilogue: returns its input pre = x·Wᵀ + b and sets `gelu_out` =
+  // GELU(pre), both (N, out/P) in 16 bits — nn::Linear::forward_gelu's. The caller keeps pre for
+  // the row-parallel proj's backward_into_gelu, whose 16-bit result backward takes.
+  Tensor forward_gelu(Context& ctx, const Tensor& x, Tensor& gelu_out);
   // dy: (N, out/P) → dx shaped like forward's x. Accumulates the weight (and bias) gradient.
   // dy is fp32, or 16-bit as its producer rounded it for the GEMMs (the attention's dqkv on a GPU
   // at bf16 / fp16), as nn::Linear::backward takes it.
@@ -72,6 +77,11 @@ class ColumnParallelLinear {
 
  private:
   Tensor whole_input(const Tensor& x);  // x, all-gathered with sequence parallelism
+  // forward_rounded_output's and forward_gelu's start: x gathered, kept in x_ as the GEMMs read
+  // it (as its producer rounded it, else a buffer the op rounds it into); returns the gathered x
+  // and sets `out_dtype`, the 16-bit type (failing where GEMM inputs are not 16-bit: `what`).
+  Tensor keep_input_for_sixteen_bit_output(Context& ctx, const Tensor& x, const char* what,
+                                           DType& out_dtype);
   Tensor backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_input);
   int64_t in_, local_out_;
   Communicator& tp_;
@@ -95,6 +105,11 @@ class RowParallelLinear {
   // backward writing dx in 16 bits (a GPU at bf16 / fp16): the attention's dO where the flash
   // kernels read it so, as nn::Linear::backward_rounded_dinp.
   Tensor backward_rounded_dinp(Context& ctx, const Tensor& dy);
+  // backward of the layer after a GELU (the MLP's proj, its input the 16-bit gelu_out of the
+  // column-parallel fc's forward_gelu): returns the gradient at the GELU's input, dpre =
+  // GELU'(pre) ⊙ dx, (N, in/P) in pre's 16 bits — fc's dy for backward (nn::Linear::
+  // backward_into_gelu's).
+  Tensor backward_into_gelu(Context& ctx, const Tensor& dy, const Tensor& pre);
   void clear_cache() { x_ = Tensor(); }
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
   // Selective recomputation: as ColumnParallelLinear, without communication (x is local).

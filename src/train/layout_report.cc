@@ -18,20 +18,17 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   const double V = static_cast<double>(config.model.vocab_size);
   const double P = par.tp, rows = par.sequence_parallel ? N / P : N;
   const std::string mode = config.resolved_recompute();
-  // On a GPU at bf16 / fp16 matmul precision an unsharded model (nn::Linear; the tensor-parallel
-  // MLP keeps fp32) holds its GEMM inputs in 16 bits, half a float each: the LayerNorms', the
-  // attention's and the GELU's outputs, and the logits (models/gpt2.cc); and fc's output, the
-  // GELU's input, which fc's GEMM writes in 16 bits with the GELU in its epilogue (nn/mlp.h). A
-  // Llama likewise (below).
+  // On a GPU at bf16 / fp16 matmul precision a model holds its GEMM inputs in 16 bits, half a
+  // float each: the LayerNorms', the attention's and the GELU's outputs; and fc's output, the
+  // GELU's input, which fc's GEMM writes in 16 bits with the GELU in its epilogue (nn/mlp.h; under
+  // tp parallel/tensor_parallel_block.cc); a Llama likewise (below). An unsharded model's logits
+  // too (models/gpt2.cc); the vocabulary-parallel head's stay fp32.
   const bool gpu_sixteen_bit =
       config.runtime.device.rfind("cuda", 0) == 0 &&
       (config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16");
   const bool sixteen_bit = par.tp == 1 && gpu_sixteen_bit;
-  const double half = sixteen_bit ? 0.5 : 1.0;
-  // Under tp the norms' outputs (the column-parallel layers' kept inputs) and, without cp, the
-  // attention's output and (where the flash kernels read it) qkv are 16-bit too
-  // (parallel/tensor_parallel_block.cc); the MLP's activations stay fp32.
-  const double norm_half = gpu_sixteen_bit ? 0.5 : 1.0;
+  const double half = gpu_sixteen_bit ? 0.5 : 1.0;
+  const double logits_half = sixteen_bit ? 0.5 : 1.0;
   // Where a GPU's fused flash kernels run (bf16, head size 64 or 128): qkv is 16-bit too in an
   // unsharded model (nn/causal_self_attention), and so are cp's queries and gathered keys and
   // values at any tp (nn/sequence_shard.h).
@@ -57,7 +54,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output
   // (4) and the GELU's (4), N·C/P each.
-  double everything = (2 + 2 * norm_half) * rows * C + (gpt2_attention + 8 * half) * N * C / P;
+  double everything = (2 + 2 * half) * rows * C + (gpt2_attention + 8 * half) * N * C / P;
   double selective = 2 * rows * C + (gpt2_attention + 4 * half) * N * C / P;
   if (config.model.arch == "llama") {
     // Llama (nn/causal_self_attention.h, nn/swiglu_mlp.h, nn/rms_norm.h): the compact qkv, q and
@@ -71,7 +68,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
         : 3.0;
     const double attention =
         cp > 1 ? cp_attention : qkv_width * (flash_kernels ? 0.5 : 1.0) + attention_output;
-    everything = (2 + 2 * norm_half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
+    everything = (2 + 2 * half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
   }
   double per_block = everything;
@@ -83,7 +80,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
       pp_rank == stage_placement(par.schedule, std::max(par.pp, 1), par.virtual_stages)
                      .rank_of_stage(std::max(par.pp, 1) * par.virtual_stages - 1);
   if (last)
-    per_micro_batch += N * V / P * half + N * C;  // the logits and the final LayerNorm's output
+    per_micro_batch += N * V / P * logits_half + N * C;  // the logits and the final LayerNorm's output
   double in_flight = 1;
   if (par.pp > 1) {
     const double m = static_cast<double>(config.grad_accum_steps());

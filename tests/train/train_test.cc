@@ -101,6 +101,9 @@ threads_per_rank = 2
     return out;
   }
 
+  // ZeroBubbleOn*GpusAtBf16IsOneFOneBBitForBit's check, below.
+  void expect_zero_bubble_is_one_f_one_b_on_gpus(const std::string& arch, int tp);
+
   fs::path dir_;
 };
 
@@ -461,46 +464,58 @@ TEST_F(TrainTest, PipelineMessagesGoGpuToGpuOverNcclInEverySchedule) {
 // 16-bit logits: B runs the 16-bit backward ops' input halves and W their weight halves
 // (kernels/ops.h), so the run is 1F1B's bit for bit; and the first stage did keep weight
 // gradients for its W (pp_deferred_mb: none were deferred on this path before). GPT-2, and Llama
-// with recomputation (SwiGLU, RMSNorm, grouped-query heads).
+// with recomputation (SwiGLU, RMSNorm, grouped-query heads). `tp`: each stage split over that
+// many GPUs with sequence parallelism (a head and a key/value head a rank).
+void TrainTest::expect_zero_bubble_is_one_f_one_b_on_gpus(const std::string& arch, int tp) {
+  SCOPED_TRACE(arch + " tp " + std::to_string(tp));
+  Config c = config(3);
+  c.model.arch = arch;
+  c.model.d_model = 128;
+  c.model.n_heads = 2;
+  c.model.n_layers = 4;
+  if (arch == "llama") {
+    c.model.n_kv_heads = tp > 1 ? 2 : 1;
+    c.model.ffn_hidden = 128;
+    c.parallel.recompute = "selective";
+  }
+  c.train.micro_batch_size = 2;  // 4 micro-batches per step
+  c.train.eval_every = 0;
+  c.runtime.ranks = 2 * tp;
+  c.runtime.device = "cuda";
+  c.runtime.matmul_precision = "bf16";
+  c.parallel.pp = 2;
+  c.parallel.dp = 1;
+  c.parallel.tp = tp;
+  c.parallel.sequence_parallel = tp > 1;
+  std::vector<nlohmann::json> runs[2];
+  int k = 0;
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    c.parallel.schedule = schedule;
+    const std::string name = arch + "_tp" + std::to_string(tp) + "_gpus_bf16_" + schedule;
+    run_training(c, options(name));
+    runs[k++] = metrics(name);
+  }
+  ASSERT_EQ(runs[1].size(), runs[0].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_EQ(runs[1][i]["loss"].get<double>(), runs[0][i]["loss"].get<double>())
+        << "step " << i + 1;
+    EXPECT_EQ(runs[1][i]["grad_norm"].get<double>(), runs[0][i]["grad_norm"].get<double>())
+        << "step " << i + 1;
+    EXPECT_FALSE(runs[0][i].contains("pp_deferred_mb"));
+    EXPECT_GT(runs[1][i].value("pp_deferred_mb", 0.0), 0.0) << "step " << i + 1;
+  }
+}
+
 TEST_F(TrainTest, ZeroBubbleOnGpusAtBf16IsOneFOneBBitForBit) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs: " << cuda::unavailable_reason();
-  for (const char* arch : {"gpt2", "llama"}) {
-    SCOPED_TRACE(arch);
-    Config c = config(3);
-    c.model.arch = arch;
-    c.model.d_model = 128;
-    c.model.n_heads = 2;
-    c.model.n_layers = 4;
-    if (std::string(arch) == "llama") {
-      c.model.n_kv_heads = 1;
-      c.model.ffn_hidden = 128;
-      c.parallel.recompute = "selective";
-    }
-    c.train.micro_batch_size = 2;  // 4 micro-batches per step
-    c.train.eval_every = 0;
-    c.runtime.ranks = 2;
-    c.runtime.device = "cuda";
-    c.runtime.matmul_precision = "bf16";
-    c.parallel.pp = 2;
-    c.parallel.dp = c.parallel.tp = 1;
-    std::vector<nlohmann::json> runs[2];
-    int k = 0;
-    for (const char* schedule : {"1f1b", "zb-h1"}) {
-      c.parallel.schedule = schedule;
-      const std::string name = std::string(arch) + "_gpus_bf16_" + schedule;
-      run_training(c, options(name));
-      runs[k++] = metrics(name);
-    }
-    ASSERT_EQ(runs[1].size(), runs[0].size());
-    for (size_t i = 0; i < runs[0].size(); ++i) {
-      EXPECT_EQ(runs[1][i]["loss"].get<double>(), runs[0][i]["loss"].get<double>())
-          << "step " << i + 1;
-      EXPECT_EQ(runs[1][i]["grad_norm"].get<double>(), runs[0][i]["grad_norm"].get<double>())
-          << "step " << i + 1;
-      EXPECT_FALSE(runs[0][i].contains("pp_deferred_mb"));
-      EXPECT_GT(runs[1][i].value("pp_deferred_mb", 0.0), 0.0) << "step " << i + 1;
-    }
-  }
+  for (const char* arch : {"gpt2", "llama"}) expect_zero_bubble_is_one_f_one_b_on_gpus(arch, 1);
+}
+
+// The same with tensor-parallel stages (four GPUs): the tp block's 16-bit MLP and attention
+// backward (ColumnParallelLinear / RowParallelLinear's 16-bit ops) defer their weight halves too.
+TEST_F(TrainTest, ZeroBubbleOnTensorParallelGpusAtBf16IsOneFOneBBitForBit) {
+  if (cuda::device_count() < 4) GTEST_SKIP() << "needs 4 GPUs: " << cuda::unavailable_reason();
+  for (const char* arch : {"gpt2", "llama"}) expect_zero_bubble_is_one_f_one_b_on_gpus(arch, 2);
 }
 
 TEST_F(TrainTest, EveryStrategyRunsOnOneGpuThroughHostStaging) {
@@ -625,13 +640,17 @@ TEST_F(TrainTest, Fp16GemmsWithDynamicLossScalingTrainOnTheGpu) {
 }
 
 // Tensor parallelism on GPUs at bf16 (two GPUs, sequence parallelism): the norms write their
-// outputs in bf16 as the column-parallel layers keep them, gathered so, and each rank's heads'
+// outputs in bf16 as the column-parallel layers keep them, gathered so; each rank's heads'
 // attention runs as one GPU's does — qkv written in bf16 for the flash kernels, the output as
-// proj's rounded input, dO and dqkv likewise —, which lowers the measured activation peak
-// against the fp32 run (0.85 of it with the norms alone, 0.77 with the attention too), and the
-// layout report counts it. The run stays near one GPU's bf16 run, and selective recomputation
-// (the norm outputs rebuilt in fp32, rounded by the GEMMs) is bit for bit the stored run; a Llama
-// (grouped-query heads, the rotation turned in 16 bits) likewise.
+// proj's rounded input, dO and dqkv likewise —; and so does its slice of the MLP — fc's output
+// and the GELU's in bf16 from the GEMM's epilogue, the gradient at the GELU's input from proj's
+// (a Llama's SwiGLU in 16 bits). That lowers the measured activation peak against the fp32 run
+// (0.85 of it with the norms alone, 0.77 with the attention too, 0.70 with the MLP), and the
+// layout report counts it (its estimate 1.03 of the peak). The run stays near one GPU's bf16 run.
+// Selective recomputation rebuilds the norm outputs in fp32 (rounded by the GEMMs: bit for bit)
+// and the GELU's output from its bf16 input (to an ulp of the epilogue's, which took the GELU
+// before rounding, as on one GPU): near the stored run; a Llama (grouped-query heads, the
+// rotation turned in 16 bits, the SwiGLU rebuilt from the same bf16 input) bit for bit.
 TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
   if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
   Config c = config(3);
@@ -656,9 +675,16 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
     const double want = one[i]["loss"], got = two[i]["loss"];
     EXPECT_NEAR(got, want, 2e-2 * want) << "step " << i + 1;
   }
-  expect_same_run(two, metrics("tp_bf16_selective"));
+  const auto selective = metrics("tp_bf16_selective");
+  ASSERT_EQ(selective.size(), two.size());
+  for (size_t i = 0; i < two.size(); ++i)
+    for (const char* key : {"loss", "grad_norm", "val_loss"}) {
+      if (!two[i].contains(key)) continue;
+      const double want = two[i][key], got = selective[i][key];
+      EXPECT_NEAR(got, want, 1e-3 * want) << "selective, " << key << " at step " << i + 1;
+    }
   EXPECT_LT(static_cast<double>(bf16.activation_peak_bytes),
-            0.81 * static_cast<double>(fp32.activation_peak_bytes))
+            0.74 * static_cast<double>(fp32.activation_peak_bytes))
       << "bf16 " << bf16.activation_peak_bytes << " vs fp32 " << fp32.activation_peak_bytes;
   EXPECT_LT(bf16.expected_activation_bytes, fp32.expected_activation_bytes);
   const double ratio = static_cast<double>(bf16.expected_activation_bytes) /
