@@ -142,56 +142,60 @@ Tensor TpGpt2Block::mlp_down_backward(Context& ctx, const Tensor& dy, bool selec
   return fc_.backward(ctx, dh);
 }
 
+Tensor TpGpt2Block::project_qkv(Context& ctx, const Tensor& normed, bool rounded) {
+  // (rows, (NH + 2·KV)·hd / P): this rank's heads — in 16 bits where `rounded`.
+  Tensor qkv = rounded ? qkv_.forward_rounded_output(ctx, normed) : qkv_.forward(ctx, normed);
+  if (!llama_) return qkv;
+  // Llama: this rank's q and k turned in place, in the type they were written in.
+  const Tensor& rope = rotary_table(ctx, rope_, T_, head_dim_, rope_frequencies_);
+  if (rounded)
+    ops::rope_forward_rounded(ctx.exec(), qkv.raw(), qkv.dtype(), rope.data<float>(), B_, T_,
+                              local_heads_, local_kv_heads_, head_dim_);
+  else
+    ops::rope_forward<float>(ctx.exec(), qkv.data<float>(), rope.data<float>(), B_, T_,
+                             local_heads_, local_kv_heads_, head_dim_);
+  return qkv;
+}
+
 Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   const int64_t B = B_, T = T_;
   const Exec ex = ctx.exec();
   // The norms' outputs feed only the column-parallel qkv and fc: forward_for_matmul writes them
   // as those keep them (16-bit on a GPU at bf16 / fp16, gathered so with sequence parallelism).
   const Tensor normed = ln_1_->forward_for_matmul(ctx, x);
-  // On a GPU at bf16 / fp16 (no cp) the attention of this rank's heads runs as one GPU's does
+  if (ctx.sequence != nullptr) {
+    // Context parallelism: this rank's key/value heads of the whole sequence gathered over cp
+    // (or passed round the ring), the attention of its positions' rows (nn/sequence_shard.h).
+    // Where the flash kernels take the rows (a GPU at bf16) as an unsharded model's attention
+    // under cp (nn/causal_self_attention.cc, attend_shard): qkv written in bf16, the output kept
+    // as proj's rounded input. Kept: the queries alone (qkv_out_) and the keys and values.
+    const bool rounded =
+        shard_attention_takes_bf16(ctx, *ctx.sequence, B, local_heads_, head_dim_);
+    const Tensor local = project_qkv(ctx, normed, rounded);
+    shard_attention_forward(ctx, *ctx.sequence, local, B, local_heads_, local_kv_heads_,
+                            head_dim_, qkv_out_, kv_full_, att_, lse_, /*rounded_output=*/rounded);
+    return after_attention(ctx, x);
+  }
+  lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
+  // On a GPU at bf16 / fp16 the attention of this rank's heads runs as one GPU's does
   // (nn/causal_self_attention.cc, attend_rotary): qkv in 16 bits where the flash kernels read it
-  // so (turned in place in 16 bits), the output written as proj's rounded input.
+  // so, the output written as proj's rounded input.
   const DType out_dtype = ops::matmul_input_dtype(ex, DType::kF32);
-  if (ctx.sequence == nullptr && out_dtype != DType::kF32) {
-    const bool rounded_qkv =
-        ops::attention_takes_rounded_qkv(ex, local_channels_, local_heads_, B);
-    qkv_out_ = rounded_qkv ? qkv_.forward_rounded_output(ctx, normed) : qkv_.forward(ctx, normed);
-    if (llama_) {
-      const Tensor& rope = rotary_table(ctx, rope_, T, head_dim_, rope_frequencies_);
-      if (rounded_qkv)
-        ops::rope_forward_rounded(ex, qkv_out_.raw(), qkv_out_.dtype(), rope.data<float>(), B, T,
-                                  local_heads_, local_kv_heads_, head_dim_);
-      else
-        ops::rope_forward<float>(ex, qkv_out_.data<float>(), rope.data<float>(), B, T,
-                                 local_heads_, local_kv_heads_, head_dim_);
-    }
+  if (out_dtype != DType::kF32) {
+    qkv_out_ = project_qkv(ctx, normed,
+                           ops::attention_takes_rounded_qkv(ex, local_channels_, local_heads_, B));
     att_ = Tensor::empty({B * T, local_channels_}, out_dtype, ctx.device);
-    lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
     ops::attention_gqa_forward_rounded(ex, att_.raw(), out_dtype, lse_.data<float>(),
                                        qkv_out_.raw(), qkv_out_.dtype(), B, T, local_heads_,
                                        local_kv_heads_, head_dim_);
     return after_attention(ctx, x);
   }
-  qkv_out_ = qkv_.forward(ctx, normed);  // (B·T, 3C/P): its heads
-  if (llama_)  // (B·T, (NH + 2·KV)·hd / P): this rank's q and k turned in place
-    ops::rope_forward<float>(ex, qkv_out_.data<float>(),
-                             rotary_table(ctx, rope_, T, head_dim_, rope_frequencies_).data<float>(),
-                             B, T, local_heads_, local_kv_heads_, head_dim_);
-  if (ctx.sequence != nullptr) {
-    // Context parallelism: this rank's key/value heads of the whole sequence gathered over cp,
-    // the attention of its positions' rows (nn/sequence_shard.h).
-    // Kept: the queries alone (qkv_out_) and the gathered keys and values.
-    const Tensor local = qkv_out_;
-    shard_attention_forward(ctx, *ctx.sequence, local, B, local_heads_, local_kv_heads_,
-                            head_dim_, qkv_out_, kv_full_, att_, lse_);
-  } else {
-    att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
-    lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
-    // GPT-2: as many key/value heads as query heads, the 3C/P layout.
-    ops::attention_gqa_forward<float>(ex, att_.data<float>(), lse_.data<float>(),
-                                      qkv_out_.data<float>(), B, T, local_heads_, local_kv_heads_,
-                                      head_dim_);
-  }
+  qkv_out_ = project_qkv(ctx, normed, false);
+  att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
+  // GPT-2: as many key/value heads as query heads, the 3C/P layout.
+  ops::attention_gqa_forward<float>(ex, att_.data<float>(), lse_.data<float>(),
+                                    qkv_out_.data<float>(), B, T, local_heads_, local_kv_heads_,
+                                    head_dim_);
   return after_attention(ctx, x);
 }
 
@@ -219,7 +223,12 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   Tensor dx1 = ln_2_->backward_adding(ctx, mlp_down_backward(ctx, dy, selective), dy);
   // x1 = x + proj(attention(qkv(ln_1(x))))
   Tensor dqkv;
-  if (att_.dtype() != DType::kF32) {  // the 16-bit forward: dqkv written as qkv's rounded dout
+  if (ctx.sequence != nullptr) {  // proj's input gradient in fp32 whatever att_'s type
+    Tensor datt = attn_proj_.backward(ctx, dx1);
+    dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
+                                    local_heads_, local_kv_heads_, head_dim_)
+               .reshape({B_ * T_, (local_heads_ + 2 * local_kv_heads_) * head_dim_});
+  } else if (att_.dtype() != DType::kF32) {  // the 16-bit forward: dqkv as qkv's rounded dout
     // Where the flash kernels read qkv in 16 bits they read dO (proj's dinp) so too.
     const Tensor datt = qkv_out_.dtype() != DType::kF32 ? attn_proj_.backward_rounded_dinp(ctx, dx1)
                                                         : attn_proj_.backward(ctx, dx1);
@@ -231,11 +240,6 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
     if (llama_)
       ops::rope_backward_rounded(ex, dqkv.raw(), dqkv.dtype(), rope_.data<float>(), B_, T_,
                                  local_heads_, local_kv_heads_, head_dim_);
-  } else if (ctx.sequence != nullptr) {
-    Tensor datt = attn_proj_.backward(ctx, dx1);
-    dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
-                                    local_heads_, local_kv_heads_, head_dim_)
-               .reshape({B_ * T_, (local_heads_ + 2 * local_kv_heads_) * head_dim_});
   } else {
     Tensor datt = attn_proj_.backward(ctx, dx1);
     dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);

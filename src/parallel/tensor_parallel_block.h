@@ -50,6 +50,9 @@ class TpGpt2Block {
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
+  // The qkv projection of the first norm's output (Llama's q and k turned), in 16 bits where
+  // `rounded` (the flash kernels read it so), else fp32.
+  Tensor project_qkv(Context& ctx, const Tensor& normed, bool rounded);
   // The rest of run_forward once att_ holds the attention's output: proj, the skip connection
   // and the MLP.
   Tensor after_attention(Context& ctx, const Tensor& x);
@@ -74,8 +77,9 @@ class TpGpt2Block {
   RowParallelLinear mlp_proj_;
   std::vector<Parameter*> sp_params_;
   // attention inputs (Llama: the compact qkv, q and k turned) and outputs, and the activation's
-  // input; on a GPU at bf16 / fp16 h_ in 16 bits, and (no cp) att_, proj's rounded input, and
-  // qkv_out_ too where the flash kernels read it so
+  // input; on a GPU at bf16 / fp16 h_ in 16 bits, and att_, proj's rounded input, and qkv_out_
+  // too where the flash kernels read it so (under cp: where they take the rows, qkv_out_ then
+  // the bf16 queries)
   Tensor qkv_out_, att_, lse_, h_;
   Tensor kv_full_;  // context parallelism: the whole sequence's keys and values of its heads
   Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)

@@ -29,26 +29,24 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   const bool sixteen_bit = par.tp == 1 && gpu_sixteen_bit;
   const double half = gpu_sixteen_bit ? 0.5 : 1.0;
   const double logits_half = sixteen_bit ? 0.5 : 1.0;
-  // Where a GPU's fused flash kernels run (bf16, head size 64 or 128): qkv is 16-bit too in an
-  // unsharded model (nn/causal_self_attention), and so are cp's queries and gathered keys and
-  // values at any tp (nn/sequence_shard.h).
+  // Where a GPU's fused flash kernels run (bf16, head size 64 or 128): qkv is 16-bit too
+  // (nn/causal_self_attention, parallel/tensor_parallel_block.cc), and so are cp's queries and
+  // gathered keys and values (nn/sequence_shard.h), at any tp.
   const ModelConfig& model = config.model;
   const bool flash_kernels = gpu_sixteen_bit && config.runtime.matmul_precision == "bf16" &&
                              model.n_heads > 0 &&
                              (model.d_model == 64 * model.n_heads ||
                               model.d_model == 128 * model.n_heads);
-  const bool flash = sixteen_bit && flash_kernels;
   const double qkv = flash_kernels ? 1.5 : 3.0;
   const double attention_output = gpu_sixteen_bit ? 0.5 : 1.0;  // proj's rounded input, any tp
   // Under cp the attention keeps its queries (this rank's positions), the keys and values of
   // every position (cp × as many; with the ring exchange only its own) and its output — in 16
-  // bits where the flash kernels run in an unsharded model, proj's rounded input — per
-  // position, in floats.
+  // bits where the flash kernels run, proj's rounded input, at any tp — per position, in floats.
   const double kv_width = model.n_heads > 0 ? 2.0 * static_cast<double>(model.resolved_n_kv_heads()) /
                                                   static_cast<double>(model.n_heads)
                                             : 2.0;
   const double kv_kept = par.cp_comm == "ring" ? 1.0 : cp;
-  const double cp_output = flash ? 0.5 : 1.0;
+  const double cp_output = flash_kernels ? 0.5 : 1.0;
   const double cp_attention = (1 + kv_width * kv_kept) * (flash_kernels ? 0.5 : 1.0) + cp_output;
   const double gpt2_attention = cp > 1 ? cp_attention : qkv + attention_output;
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
