@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -15,6 +16,8 @@
 #include "base/error.h"
 #include "device/allocator.h"
 #ifdef LOOM_CUDA_EMULATE
+#include <cuda_runtime_api.h>
+
 #include "device/cuda/emulator/scheduler.h"
 #endif
 #include "tensor/tensor.h"
@@ -157,6 +160,36 @@ TEST_F(CudaBackendTest, QueuedUploadsLeaveTheSourceFreeAndAreOrderedWithTheStrea
   std::vector<float> on_host(n, 0.0f);
   copy_bytes_from_host_queued(on_host.data(), kHost, host.data(), bytes);
   EXPECT_EQ(on_host, host);
+}
+
+// Where page-locked memory cannot be had (a container's locked-memory limit; here the emulator's
+// LOOM_CUDA_EMULATE_PAGE_LOCKED_MIB = 0), a queued upload is a plain synchronous copy: it waits
+// for the work queued before it, and is still right, the source free at once; the refused
+// cudaHostAlloc leaves no error behind for the next call to trip on.
+TEST_F(CudaBackendTest, QueuedUploadsFallBackToSynchronousCopiesWithoutPageLockedMemory) {
+#ifndef LOOM_CUDA_EMULATE
+  GTEST_SKIP() << "the emulator refuses page-locked memory on request; a GPU does not";
+#else
+  auto alloc = cuda::make_cuda_allocator(0);
+  // Larger than any staging block the other tests left, so that the upload needs a new one.
+  const size_t n = (3 << 20) + 5, bytes = n * sizeof(float);
+  DeviceBuffer a(*alloc, bytes), b(*alloc, bytes);
+  std::vector<float> host = random_floats(n, 4);
+  const std::vector<float> first = host;
+  ASSERT_EQ(setenv("LOOM_CUDA_EMULATE_PAGE_LOCKED_MIB", "0", 1), 0);
+  copy_bytes_queued(b.ptr, a.ptr, kGpu, 64);  // work queued before, not waited for
+  const int64_t waits_before = cuda_emu::host_activity().host_waits;
+  copy_bytes_from_host_queued(a.ptr, kGpu, host.data(), bytes);
+  EXPECT_EQ(cuda_emu::host_activity().host_waits, waits_before + 1)
+      << "without page-locked memory the upload is synchronous";
+  unsetenv("LOOM_CUDA_EMULATE_PAGE_LOCKED_MIB");
+  for (float& v : host) v = -v;  // the source, overwritten at once
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the refusal left an error behind";
+  cuda::axpy_f32(0, static_cast<int64_t>(n), 1.0f, a.as<float>(), a.as<float>(), b.as<float>());
+  std::vector<float> back(n);
+  copy_bytes(back.data(), kHost, b.ptr, kGpu, bytes);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 2.0f * first[i]) << i;
+#endif
 }
 
 TEST_F(CudaBackendTest, CopyBetweenTwoGpus) {

@@ -9,7 +9,10 @@
 // and synchronisations wait for.
 //
 // LOOM_CUDA_EMULATE_DEVICES (default 4) sets the number of emulated GPUs, each with 2 SMs (grids
-// sized by SM count stay small) and 80 GiB.
+// sized by SM count stay small) and 80 GiB. LOOM_CUDA_EMULATE_PAGE_LOCKED_MIB (read at each
+// cudaHostAlloc; default no limit) caps the page-locked memory a process may hold, as a
+// container's locked-memory limit does: past it cudaHostAlloc fails, for testing the code that
+// then does without.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -279,6 +282,15 @@ cudaError_t cudaFree(void* ptr) {
 }
 
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
+  if (const char* limit = std::getenv("LOOM_CUDA_EMULATE_PAGE_LOCKED_MIB");
+      limit != nullptr && *limit != '\0') {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    size_t held = 0;
+    for (const auto& [start, bytes] : g_page_locked) held += bytes;
+    if (held + size > (static_cast<size_t>(std::max(std::atoll(limit), 0LL)) << 20))
+      return fail(cudaErrorMemoryAllocation,
+                  "cudaHostAlloc: past LOOM_CUDA_EMULATE_PAGE_LOCKED_MIB = " + std::string(limit));
+  }
   void* p = std::aligned_alloc(256, (std::max<size_t>(size, 1) + 255) / 256 * 256);
   if (p == nullptr) return fail(cudaErrorMemoryAllocation, "cudaHostAlloc: host memory exhausted");
   std::lock_guard<std::mutex> lock(g_mutex);
