@@ -69,6 +69,12 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
   const int64_t begin = state_.offset + rank_ * chunk;
   LOOM_CHECK(state_.offset + step_span() <= shard_tokens_[state_.shard]);
   const auto copy = [&](const auto* src) {
+    if (vocab_size_ > 0)
+      for (int64_t i = 0; i <= chunk; ++i)
+        if (static_cast<int64_t>(src[i]) >= vocab_size_)
+          fail(paths_[static_cast<size_t>(state_.shard)], ": token id ", static_cast<int64_t>(src[i]),
+               " at token ", begin + i, " is outside the model's vocabulary [0, ", vocab_size_,
+               ") (model.vocab_size)");
     for (int64_t i = 0; i < chunk; ++i) {
       inputs[i] = static_cast<int32_t>(src[i]);
       targets[i] = static_cast<int32_t>(src[i + 1]);

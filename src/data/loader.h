@@ -40,8 +40,13 @@ class DataLoader {
   DataLoader(std::vector<std::string> shard_paths, int64_t batch, int64_t seq_len, int rank = 0,
              int world = 1);
 
-  // Fills inputs (B, T) and targets (B, T), row-major, then advances the position.
+  // Fills inputs (B, T) and targets (B, T), row-major, then advances the position. With a
+  // vocabulary size set, first checks every id it returns against it: one outside [0, V) throws
+  // loom::Error naming the shard, the token's index in it and the vocabulary — before the batch
+  // reaches a device (whose kernels may then skip their own check: kernels/exec.h).
   void next_batch(int32_t* inputs, int32_t* targets);
+  // The model's vocabulary, for next_batch's check (0: unchecked, the default).
+  void set_vocab_size(int64_t vocab_size) { vocab_size_ = vocab_size; }
 
   // The position of the next step. Always valid: a full step fits at state().offset.
   LoaderState state() const { return state_; }
@@ -68,6 +73,7 @@ class DataLoader {
   int64_t total_tokens_ = 0;
   int64_t batch_, seq_len_;
   int rank_, world_;
+  int64_t vocab_size_ = 0;
   LoaderState state_;
   int64_t loaded_shard_ = -1;     // which shard tokens_ holds
   // The current shard: uint16 tokens, or uint32 ones from a "llama-3" shard (the other empty).

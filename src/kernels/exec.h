@@ -10,6 +10,11 @@ namespace loom {
 struct Exec {
   ThreadPool* pool = nullptr;  // CPU kernels' parallelism; unused on a GPU
   Device device = Device::cpu();
+  // The token ids the ops take (embedding inputs, cross-entropy targets) were checked against the
+  // vocabulary where they came from (a training loader: data/loader.h, set_vocab_size). A GPU's
+  // kernels then skip their own check, which reads its verdict back (a wait for the GPU per op);
+  // unchecked ids would be read out of bounds there. The CPU kernels check anyway (no wait).
+  bool ids_checked = false;
 };
 
 }  // namespace loom

@@ -326,7 +326,7 @@ void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, v
   expect_rounded_output(ex, logits_dtype, "lm_head_forward_rounded_logits");
   if constexpr (detail::kCudaBuild)
     cuda::lm_head_forward_rounded_logits(ex.device.index, losses, lse, logits, inp, weight, targets,
-                                         N, C, V);
+                                         N, C, V, ex.ids_checked);
 }
 
 void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dweight, void* logits,

@@ -277,6 +277,16 @@ inline OpCounts matmul_backward_before_gelu_counts(int64_t N, int64_t C, int64_t
   }                                                                                          \
   return cpu::name(*ex.pool, __VA_ARGS__)
 
+// LOOM_OPS_DISPATCH for an op that takes token ids: the CUDA kernel also gets ex.ids_checked
+// (kernels/exec.h), whether it may skip its own check of them.
+#define LOOM_OPS_DISPATCH_IDS(name, work, ...)                                              \
+  const detail::OpScope op_scope_(#name, ex, [&] { return detail::work_of<Real> work; });    \
+  if (detail::on_gpu<Real>(ex, #name)) {                                                     \
+    if constexpr (detail::kRunsOnGpu<Real>)                                                  \
+      return cuda::name(ex.device.index, __VA_ARGS__, ex.ids_checked);                       \
+  }                                                                                          \
+  return cpu::name(*ex.pool, __VA_ARGS__)
+
 template <typename Real>
 inline void matmul_forward(const Exec& ex, Real* out, const Real* inp, const Real* weight,
                            const Real* bias, int64_t N, int64_t C, int64_t OC) {
@@ -374,6 +384,19 @@ inline std::vector<double> sum_squares_each(const Exec& ex, std::span<const floa
 template <typename Real>
 inline double sum(const Exec& ex, const Real* x, int64_t n) {
   LOOM_OPS_DISPATCH(sum, (0, 1.0 * n), x, n);
+}
+
+// sum's value written to `result`, a double in ex's device memory (the same bits): on a GPU
+// queued, without the wait for the value that sum makes.
+template <typename Real>
+inline void sum_into(const Exec& ex, const Real* x, int64_t n, double* result) {
+  if constexpr (detail::kRunsOnGpu<Real>) {
+    if (detail::on_gpu<Real>(ex, "sum_into")) {
+      const detail::OpScope op_scope_("sum", ex, [&] { return detail::work_of<Real>(0, 1.0 * n); });
+      return cuda::sum_into(ex.device.index, x, n, result);
+    }
+  }
+  *result = sum(ex, x, n);
 }
 
 template <typename Real>
@@ -553,9 +576,9 @@ inline void swiglu_backward(const Exec& ex, Real* dh, const Real* dout, const Re
 template <typename Real>
 inline void embedding_forward(const Exec& ex, Real* out, const int32_t* tokens, const Real* wte,
                               const Real* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
-  LOOM_OPS_DISPATCH(embedding_forward,
-                    (0, 2.0 * B * T * C + (wpe != nullptr ? 1.0 * T * C : 0.0) + 1.0 * B * T), out,
-                    tokens, wte, wpe, B, T, C, V);
+  LOOM_OPS_DISPATCH_IDS(embedding_forward,
+                        (0, 2.0 * B * T * C + (wpe != nullptr ? 1.0 * T * C : 0.0) + 1.0 * B * T),
+                        out, tokens, wte, wpe, B, T, C, V);
 }
 
 template <typename Real>
@@ -584,8 +607,8 @@ inline void attention_backward(const Exec& ex, Real* dqkv, const Real* dout, con
 template <typename Real>
 inline void cross_entropy_forward(const Exec& ex, Real* losses, Real* lse, const Real* logits,
                                   const int32_t* targets, int64_t N, int64_t V) {
-  LOOM_OPS_DISPATCH(cross_entropy_forward, (0, 1.0 * N * V + 3.0 * N), losses, lse, logits, targets,
-                    N, V);
+  LOOM_OPS_DISPATCH_IDS(cross_entropy_forward, (0, 1.0 * N * V + 3.0 * N), losses, lse, logits,
+                        targets, N, V);
 }
 
 template <typename Real>
@@ -618,8 +641,8 @@ template <typename Real>
 inline void vocab_shard_embedding_forward(const Exec& ex, Real* out, const int32_t* tokens,
                                           const Real* wte, const Real* wpe, int64_t N, int64_t T,
                                           int64_t C, const VocabShard& shard, bool add_positions) {
-  LOOM_OPS_DISPATCH(vocab_shard_embedding_forward, (0, 2.0 * N * T * C + 1.0 * N * T), out, tokens,
-                    wte, wpe, N, T, C, shard, add_positions);
+  LOOM_OPS_DISPATCH_IDS(vocab_shard_embedding_forward, (0, 2.0 * N * T * C + 1.0 * N * T), out,
+                        tokens, wte, wpe, N, T, C, shard, add_positions);
 }
 
 template <typename Real>

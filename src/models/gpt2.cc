@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
+#include "nn/step_losses.h"
 #include "nn/swiglu_mlp.h"
 #include "tensor/dispatch.h"
 
@@ -227,7 +228,7 @@ Tensor Gpt2::run_blocks(Context& ctx, Tensor x) {
   return x;
 }
 
-double Gpt2::head_forward(Context& ctx, const Tensor& x, const Tensor& targets) {
+void Gpt2::head_forward(Context& ctx, const Tensor& x, const Tensor& targets, double* loss) {
   if (targets.dtype() != DType::kI32 || targets.numel() * config_.d_model != x.numel())
     fail("targets ", shape_str(targets.shape()), " must be i32 with one target per position of ",
          shape_str(x.shape()));
@@ -245,17 +246,17 @@ double Gpt2::head_forward(Context& ctx, const Tensor& x, const Tensor& targets) 
     ops::lm_head_forward_rounded_logits(ctx.exec(), losses.data<float>(), lse_.data<float>(),
                                         dlogits_.raw(), logits_dtype, final_.data<float>(),
                                         wte.value.data<float>(), targets.data<int32_t>(), N, C, V);
-    return ops::sum<float>(ctx.exec(), losses.data<float>(), N) / static_cast<double>(N);
+  } else {
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      // logits = final · Wᵀ, W the tied token embedding or lm_head.weight.
+      ops::matmul_forward<T>(ctx.exec(), dlogits_.data<T>(), final_.data<T>(),
+                             wte.value.data<T>(), nullptr, N, C, V);
+      ops::cross_entropy_forward<T>(ctx.exec(), losses.data<T>(), lse_.data<T>(),
+                                    dlogits_.data<T>(), targets.data<int32_t>(), N, V);
+    });
   }
-  return dispatch_float(ctx.dtype, [&](auto zero) {
-    using T = decltype(zero);
-    // logits = final · Wᵀ, W the tied token embedding or lm_head.weight.
-    ops::matmul_forward<T>(ctx.exec(), dlogits_.data<T>(), final_.data<T>(), wte.value.data<T>(),
-                           nullptr, N, C, V);
-    ops::cross_entropy_forward<T>(ctx.exec(), losses.data<T>(), lse_.data<T>(), dlogits_.data<T>(),
-                                  targets.data<int32_t>(), N, V);
-    return ops::sum<T>(ctx.exec(), losses.data<T>(), N) / static_cast<double>(N);
-  });
+  report_mean_loss(ctx, losses, N, loss);
 }
 
 double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) {
@@ -273,8 +274,7 @@ Tensor Gpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& targe
   x = run_blocks(ctx, x);
   Tensor out;
   if (part_.head) {
-    LOOM_CHECK(loss != nullptr);
-    *loss = head_forward(ctx, x, targets);
+    head_forward(ctx, x, targets, loss);
   } else {
     out = x;
   }

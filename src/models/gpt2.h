@@ -139,8 +139,9 @@ class Gpt2Stage {
   virtual ParameterStore& params() = 0;
   // A part's forward: `input` is tokens (B, T) i32 when the part has the embedding, else the
   // previous part's output. targets (B, T) i32 are always given (their shape is the batch's).
-  // With the head, sets *loss (mean over positions) and returns an undefined tensor; else
-  // returns the output.
+  // With the head, returns an undefined tensor and sets *loss (mean over positions) — or, where
+  // a training step set ctx.losses, queues it there (nn/step_losses.h) and leaves *loss (which
+  // may then be null); else returns the output.
   virtual Tensor forward_part(Context& ctx, const Tensor& input, const Tensor& targets,
                               double* loss) = 0;
   // A part's backward: `dy` is the gradient of the output (ignored with the head, which starts
@@ -210,7 +211,8 @@ class Gpt2 : public Gpt2Stage {
 
  private:
   Tensor run_blocks(Context& ctx, Tensor x);
-  double head_forward(Context& ctx, const Tensor& x, const Tensor& targets);
+  // The head's loss into ctx.losses where set, else into *loss (report_mean_loss).
+  void head_forward(Context& ctx, const Tensor& x, const Tensor& targets, double* loss);
   void before_forward_root(Context& ctx);
   void after_forward_root(Context& ctx);
   std::vector<Tensor*> cache_slots() override;

@@ -12,6 +12,7 @@ namespace loom {
 
 class DeferredWeightGrads;
 class SequenceShard;
+class StepLosses;
 
 struct Context {
   ThreadPool* pool = nullptr;
@@ -24,8 +25,15 @@ struct Context {
   // Context parallelism: this rank holds only these positions of each sequence
   // (nn/sequence_shard.h); null when it holds them all.
   SequenceShard* sequence = nullptr;
+  // Set by a training step: the head queues its loss here, read with the step's others at its
+  // end, instead of reading it after each forward (nn/step_losses.h); null: read at once.
+  StepLosses* losses = nullptr;
 
-  Exec exec() const { return {pool, device}; }  // where kernels/ops.h runs this module's kernels
+  // The token ids were checked where they came from (kernels/exec.h): a training step's.
+  bool ids_checked = false;
+
+  // Where kernels/ops.h runs this module's kernels.
+  Exec exec() const { return {pool, device, ids_checked}; }
 };
 
 // Hook calls that do nothing without hooks.

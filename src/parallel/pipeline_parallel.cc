@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
 #include "nn/sequence_shard.h"
+#include "nn/step_losses.h"
 #include "parallel/tensor_parallel_gpt2.h"
 
 namespace loom {
@@ -256,9 +257,12 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   std::map<std::pair<int, int>, DeferredWeightGrads> deferred;
   std::vector<int> backwards_done(chunks_.size(), 0);
   std::vector<WorkHandle> sends;  // (each holds the tensor it sends until it is done)
-  double loss_sum = 0;
+  // The last stage's micro-batch losses, read at the step's end (nn/step_losses.h).
+  StepLosses losses(device_);
   Context ctx{&pool_, device_, DType::kF32, nullptr};
   ctx.sequence = config_.sequence;
+  ctx.losses = &losses;
+  ctx.ids_checked = config_.ids_checked;
   for (const PipeAction& a : schedule_.actions[static_cast<size_t>(rank)]) {
     const int c = a.chunk, i = a.microbatch, s = schedule_.stage_of(rank, c);
     const auto key = std::make_pair(c, i);
@@ -274,12 +278,10 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
         break;
       }
       case PipeActionKind::kForward: {
-        double loss = 0;
         const Tensor input = s == 0 ? tokens[static_cast<size_t>(i)] : inbox.at(key);
         inbox.erase(key);
-        Tensor out = model.forward_part(ctx, input, targets[static_cast<size_t>(i)], &loss);
-        if (s == S - 1) loss_sum += loss;
-        else outbox[key] = out;
+        Tensor out = model.forward_part(ctx, input, targets[static_cast<size_t>(i)], nullptr);
+        if (s != S - 1) outbox[key] = out;
         stash[key] = model.stash_activations();
         stats_.max_in_flight = std::max(stats_.max_in_flight, static_cast<int>(stash.size()));
         break;
@@ -354,6 +356,8 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
     copy->grad.copy_from(wte->grad);
   }
   // The loss lives on the last stage; share the mean over micro-batches (and over dp).
+  double loss_sum = 0;
+  for (double mean : losses.take()) loss_sum += mean;  // in the order they ran
   const double loss = all_reduce_value(dp_, all_reduce_value(pp_, loss_sum / m), ReduceOp::kAvg);
   stats_.step_seconds = now_seconds() - t0;
   return loss;

@@ -3,6 +3,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/step_losses.h"
 
 namespace loom {
 
@@ -75,14 +76,20 @@ Tensor TpGpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& tar
   }
   Tensor out;
   if (part_.head) {
-    LOOM_CHECK(loss != nullptr);
     Tensor h = ln_f_->forward(ctx, x);
     if (sequence_parallel_) {
       Tensor all = Tensor::empty({N, C}, DType::kF32, ctx.device);
       tp_.all_gather(h, all);
       h = all;
     }
-    *loss = head_->head_forward(ctx, h, targets.reshape({N}));
+    // The vocabulary-parallel loss is summed on the host (parallel/tensor_parallel_vocab.h).
+    const double mean = head_->head_forward(ctx, h, targets.reshape({N}));
+    if (ctx.losses != nullptr) {
+      ctx.losses->add_mean(mean);
+    } else {
+      LOOM_CHECK(loss != nullptr);
+      *loss = mean;
+    }
   } else {
     out = x;
   }

@@ -27,6 +27,7 @@
 #include "monitor/metrics_log.h"
 #include "monitor/step_reporter.h"
 #include "monitor/trace.h"
+#include "nn/step_losses.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "parallel/context_parallel.h"
@@ -210,6 +211,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     pc.micro_batch_size = micro;
     pc.seq_len = local_seq;
     pc.sequence = sequence_shard.get();
+    pc.ids_checked = true;  // by train_loader, below
     pc.layer_split = config.parallel.layer_split;
     if (tensor_parallel) pc.tensor_parallel = &tp_count;
     pc.sequence_parallel = config.parallel.sequence_parallel;
@@ -241,10 +243,14 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   auto model_clear = [&] { if (whole) whole->clear_cache(); };
   Context ctx{&pool, device, DType::kF32, whole_engine.get()};
   ctx.sequence = sequence_shard.get();
+  StepLosses step_losses(device);  // nn/step_losses.h
 
   // The loader's ranks are the data-parallel replicas: a cp group reads one replica's batch.
   DataLoader train_loader(resolve_shards(config.data.train, "data.train"), micro, seq_len,
                           mesh.coord("dp"), config.parallel.dp);
+  // Every id is checked here, on the host, naming the shard: the GPU's kernels need not check
+  // them again (a wait for the GPU per op: kernels/exec.h).
+  train_loader.set_vocab_size(config.model.vocab_size);
   std::vector<std::string> val_shards;
   if (!config.data.val.empty() && tc.eval_every > 0)
     val_shards = resolve_shards(config.data.val, "data.val");
@@ -514,14 +520,21 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     } else {
       DataParallel& engine = *whole_engine;
       engine.begin_step();
+      // Each micro-batch's loss read at the step's end, not after its forward; its ids checked by
+      // the loader.
+      ctx.losses = &step_losses;
+      ctx.ids_checked = true;
       for (int64_t m = 0; m < accum; ++m) {
         engine.begin_micro_batch(m, accum);
         next_batch(0);
         TraceScope span(&tracer, "forward + backward, micro-batch ", "compute", m);
-        loss += model_forward(ctx, inputs[0], targets[0]) / static_cast<double>(accum);
+        whole->forward_part(ctx, inputs[0], targets[0], nullptr);
         whole->backward_part(ctx, Tensor(), loss_scale / static_cast<double>(accum));
         engine.end_micro_batch();
       }
+      ctx.losses = nullptr;
+      ctx.ids_checked = false;  // (evaluation's loader does not check them)
+      for (double mean : step_losses.take()) loss += mean / static_cast<double>(accum);
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
       loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
       TraceScope span(&tracer, "optimizer", "compute");

@@ -57,6 +57,26 @@ TEST(DataLoader, WindowsAndShiftedTargets) {
   EXPECT_EQ(b.targets, iota(9, 8));
 }
 
+// With the model's vocabulary set, every id a batch would hold (its last target included) is
+// checked on the host: the first outside [0, V) fails naming the shard, the token's index in it
+// and the vocabulary, before anything reaches a device; the position does not move. Ids below V
+// pass, and without a vocabulary nothing is checked.
+TEST(DataLoader, IdsOutsideTheVocabularyFailNamingTheShard) {
+  TempDir dir;
+  const std::vector<std::string> shards = make_shards(dir, {40});  // tokens 0..39
+  DataLoader loader(shards, /*batch=*/2, /*seq_len=*/4);
+  loader.set_vocab_size(9);  // step 0 reads tokens 0..8: all inside
+  EXPECT_EQ(next(loader).targets, iota(1, 8));
+  // Step 1 reads tokens 8..16: id 9, the second token of the step, is the first outside [0, 9).
+  expect_error([&] { next(loader); },
+               {shards[0], "token id 9 at token 9", "vocabulary [0, 9)", "model.vocab_size"});
+  EXPECT_EQ(loader.state(), (LoaderState{0, 8, 0}));
+  loader.set_vocab_size(17);  // the last target, token 16, inside
+  EXPECT_EQ(next(loader).targets, iota(9, 8));
+  loader.set_vocab_size(0);
+  EXPECT_EQ(next(loader).inputs, iota(16, 8));
+}
+
 // uint32 ("llama-3") shards beside uint16 ones: ids past 65535 arrive as they are, the loader
 // crossing from one width to the other; an id past int32 is an error naming the shard.
 TEST(DataLoader, ReadsUint32ShardsAndMixesWidths) {

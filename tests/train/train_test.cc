@@ -904,28 +904,26 @@ TEST_F(TrainTest, LlamaAtBf16OnTheGpuKeepsItsActivationsInSixteenBits) {
 
 #ifdef LOOM_CUDA_EMULATE
 // How often a GPU step makes the host wait for the GPU (a drain: the compute stream runs dry
-// until the host queues more), counted by the CUDA emulator (cuda_emu::host_activity). Each
-// micro-batch waits for its loss and its two token checks, each step for the loss over the
-// ranks and the gradient norm, and nothing waits per layer or per parameter: the count does not
-// grow with the depth, on one GPU and under ZeRO-2, pipeline and tensor parallelism and the
-// context-parallel ring (a norm's sums of many parameters or ranges come back in one copy; ZeRO's
-// chunks are copied in the stream's order; a received message's header is read on a stream of
-// its own; the batches go up without a wait, copy_from_host_queued). Under AddressSanitizer (CI's
-// emulated GPUs, ~15× slower here) two of them, the ring (which waited most per layer) and ZeRO-2
-// over dp 2, in one micro-batch a step.
+// until the host queues more), counted by the CUDA emulator (cuda_emu::host_activity). A step
+// waits for its micro-batches' losses once, at its end (nn/step_losses.h), for the loss over the
+// ranks and for the gradient norm; a micro-batch does not wait for its loss nor for checks of
+// its token ids (the loader checked them on the host: kernels/exec.h), and nothing waits per
+// layer or per parameter. So the count grows neither with the depth nor with the micro-batches,
+// on one GPU and under ZeRO-2, pipeline parallelism and the context-parallel ring; under tensor
+// parallelism the vocabulary-parallel head sums each micro-batch's loss on the host, one wait a
+// micro-batch. (A norm's sums of many parameters or ranges come back in one copy; ZeRO's chunks
+// are copied in the stream's order; a received message's header is read on a stream of its own;
+// the batches go up without a wait, copy_from_host_queued.) Under AddressSanitizer (CI's
+// emulated GPUs, ~15× slower here) two layouts, the ring (which waited most per layer) and ZeRO-2
+// over dp 2.
 TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
-#ifdef LOOM_EMU_ASAN
-  constexpr int64_t kBatch = 2;
-#else
-  constexpr int64_t kBatch = 4;
-#endif
   struct Layout {
     const char* name;
     int dp, pp, tp, cp, zero;
   };
   // Waits per step and rank: a 2-step run's less a 1-step run's (start-up apart). Small, as it
-  // runs under ASan in CI: 16 positions, kBatch sequences a dp rank in micro-batches of 2.
-  const auto waits_per_step = [&](const Layout& l, int64_t layers) {
+  // runs under ASan in CI: 16 positions, micro-batches of 2 sequences.
+  const auto waits_per_step = [&](const Layout& l, int64_t layers, int64_t micro_batches) {
     double waits[2] = {0, 0};
     for (int64_t steps : {1, 2}) {
       Config c = config(steps);
@@ -933,7 +931,7 @@ TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
       c.runtime.matmul_precision = "bf16";
       c.train.warmup_steps = 0;
       c.train.eval_every = 0;
-      c.train.batch_size = kBatch * l.dp;
+      c.train.batch_size = 2 * micro_batches * l.dp;
       c.train.micro_batch_size = 2;
       c.model.seq_len = 16;
       c.model.n_layers = layers;
@@ -946,7 +944,7 @@ TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
       c.parallel.zero = l.zero;
       const cuda_emu::HostActivity before = cuda_emu::host_activity();
       run_training(c, options(std::string(l.name) + "_" + std::to_string(layers) + "_" +
-                              std::to_string(steps)));
+                              std::to_string(micro_batches) + "_" + std::to_string(steps)));
       waits[steps - 1] =
           static_cast<double>(cuda_emu::host_activity().host_waits - before.host_waits) /
           c.runtime.ranks;
@@ -962,13 +960,16 @@ TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
 #endif
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
-    const double micro_batches = static_cast<double>(kBatch) / 2;  // a rank's, a step
-    const int64_t layers = l.pp;                                   // at least one a stage
-    const double shallow = waits_per_step(l, layers), deep = waits_per_step(l, layers + 1);
+    const int64_t layers = l.pp;  // at least one a stage
+    const double shallow = waits_per_step(l, layers, 1), deep = waits_per_step(l, layers + 1, 1),
+                 more = waits_per_step(l, layers, 3);
     EXPECT_EQ(deep, shallow) << "waits that grow with the layers";
-    EXPECT_LE(shallow, 3 * micro_batches + 4);
+    EXPECT_EQ(more, shallow + (l.tp > 1 ? 2 : 0)) << "waits that grow with the micro-batches";
+    EXPECT_LE(shallow, 6);
     EXPECT_GE(shallow, 1);  // the loss comes back
     RecordProperty(std::string(l.name) + "_host_waits_per_step", std::to_string(shallow));
+    RecordProperty(std::string(l.name) + "_host_waits_per_step_3_micro_batches",
+                   std::to_string(more));
   }
 }
 #endif
@@ -1222,6 +1223,29 @@ TEST_F(TrainTest, CorruptShardIsAClearError) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bad.bin"), std::string::npos) << e.what();
+  }
+}
+
+// A token id past model.vocab_size fails the run naming the shard and the vocabulary — on CPU
+// ranks and on a GPU alike: the loader checks every id on the host (data/loader.h) before the
+// batch goes up, and the GPU's kernels, told so, do not check again (a wait per op).
+TEST_F(TrainTest, TokensOutsideTheVocabularyFailNamingTheShard) {
+  for (const char* device : {"cpu", "cuda"}) {
+    if (std::string(device) == "cuda" && !cuda_available()) continue;
+    SCOPED_TRACE(device);
+    Config c = config(4);
+    c.runtime.device = device;
+    c.model.vocab_size = 40;  // the corpus's digits and signs are ASCII, past 40
+    try {
+      run_training(c, options(std::string("vocab_") + device));
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("train"), std::string::npos) << msg;  // the shard's name
+      EXPECT_NE(msg.find(".bin"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("vocabulary [0, 40)"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("model.vocab_size"), std::string::npos) << msg;
+    }
   }
 }
 

@@ -86,18 +86,23 @@ __global__ void final_sum_kernel(double* result, const double* partials, int cou
   if (threadIdx.x == 0) *result = acc;
 }
 
+// Queues the reduction of x into *result (device memory); n > 0.
+template <bool kSquares>
+void reduce_into(int device, const float* x, int64_t n, const char* name, double* result) {
+  Scratch<double> partials(device, kSumBlocks);
+  launch(name, partial_sums_kernel<kSquares>, kSumBlocks, kThreads, partials.get(), x, n);
+  launch(name, final_sum_kernel, 1, kThreads, result, partials.get(), kSumBlocks);
+}
+
 template <bool kSquares>
 double reduce(int device, const float* x, int64_t n, const char* name) {
   if (n == 0) return 0;
   DeviceGuard guard(device);
-  Scratch<double> partials(device, kSumBlocks + 1);
-  launch(name, partial_sums_kernel<kSquares>, kSumBlocks, kThreads, partials.get(), x, n);
-  launch(name, final_sum_kernel, 1, kThreads, partials.get() + kSumBlocks, partials.get(),
-         kSumBlocks);
-  double result = 0;
-  LOOM_CUDA_CHECK(
-      cudaMemcpy(&result, partials.get() + kSumBlocks, sizeof result, cudaMemcpyDeviceToHost));
-  return result;
+  Scratch<double> result(device, 1);
+  reduce_into<kSquares>(device, x, n, name, result.get());
+  double value = 0;
+  LOOM_CUDA_CHECK(cudaMemcpy(&value, result.get(), sizeof value, cudaMemcpyDeviceToHost));
+  return value;
 }
 
 }  // namespace
@@ -181,6 +186,15 @@ void sum_squares_each(int device, std::span<const float* const> xs, std::span<co
 
 double sum(int device, const float* x, int64_t n) {
   return reduce<false>(device, x, n, "sum");
+}
+
+void sum_into(int device, const float* x, int64_t n, double* result) {
+  DeviceGuard guard(device);
+  if (n == 0) {
+    LOOM_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof *result, nullptr));  // +0.0: all zero bits
+    return;
+  }
+  reduce_into<false>(device, x, n, "sum", result);
 }
 
 void gelu_forward(int device, float* out, const float* inp, int64_t n) {

@@ -253,6 +253,9 @@ double sum_squares(int device, const float* x, int64_t n);
 void sum_squares_each(int device, std::span<const float* const> xs, std::span<const int64_t> ns,
                       double* sums);
 double sum(int device, const float* x, int64_t n);
+// sum's value written to `result`, a double in device memory, queued: no wait (a micro-batch's
+// loss, read with the step's others at its end).
+void sum_into(int device, const float* x, int64_t n, double* result);
 
 void gelu_forward(int device, float* out, const float* inp, int64_t n);
 // GELU(pre) of n 16-bit values in the current matmul precision's type (bf16 or fp16, else it
@@ -335,10 +338,12 @@ GemmOperand swiglu_forward_rounded(int device, void* out, const void* h, int64_t
 GemmOperand swiglu_backward_rounded(int device, void* dh, const void* dout, const void* h,
                                     int64_t N, int64_t H);
 
-// Checks the tokens (a 4-byte copy back) and throws loom::Error naming the first bad one. wpe
-// null: no position embedding (and dwpe null: no position gradient), as on the CPU.
+// Checks the tokens (a 4-byte copy back: a wait) and throws loom::Error naming the first bad one
+// — unless `ids_checked`, where they were checked before they came (Exec::ids_checked). wpe null:
+// no position embedding (and dwpe null: no position gradient), as on the CPU.
 void embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
-                       const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V);
+                       const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V,
+                       bool ids_checked = false);
 void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C);
 
@@ -463,7 +468,7 @@ bool attention_takes_rounded_qkv(int64_t C, int64_t NH, int64_t B);
 
 // Checks the targets like embedding_forward.
 void cross_entropy_forward(int device, float* losses, float* lse, const float* logits,
-                           const int32_t* targets, int64_t N, int64_t V);
+                           const int32_t* targets, int64_t N, int64_t V, bool ids_checked = false);
 void cross_entropy_backward(int device, float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int64_t N, int64_t V);
 // The LM head's backward (cpu/cross_entropy.h: lm_head_backward): cross_entropy_backward, then
@@ -484,7 +489,7 @@ void lm_head_backward(int device, float* dinp, float* dweight, float* logits, co
 // rounded operand, then matmul_backward without a bias (dinp, dweight accumulated).
 void lm_head_forward_rounded_logits(int device, float* losses, float* lse, void* logits,
                                     GemmOperand inp, const float* weight, const int32_t* targets,
-                                    int64_t N, int64_t C, int64_t V);
+                                    int64_t N, int64_t C, int64_t V, bool ids_checked = false);
 void lm_head_backward_from_rounded_logits(int device, float* dinp, float* dweight, void* logits,
                                           const float* lse, const int32_t* targets, float dloss,
                                           GemmOperand inp, const float* weight, int64_t N,
@@ -495,7 +500,8 @@ void lm_head_backward_from_rounded_logits(int device, float* dinp, float* dweigh
 
 void vocab_shard_embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
                                    const float* wpe, int64_t N, int64_t T, int64_t C,
-                                   const VocabShard& shard, bool add_positions);
+                                   const VocabShard& shard, bool add_positions,
+                                   bool ids_checked = false);
 void vocab_shard_embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
                                     const int32_t* tokens, int64_t N, int64_t T, int64_t C,
                                     const VocabShard& shard);

@@ -88,11 +88,11 @@ __global__ void shard_ce_backward_kernel(float* logits, const float* max, const 
 
 void vocab_shard_embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
                                    const float* wpe, int64_t N, int64_t T, int64_t C,
-                                   const VocabShard& shard, bool add_positions) {
+                                   const VocabShard& shard, bool add_positions, bool ids_checked) {
   if (N == 0) return;
   DeviceGuard guard(device);
   int32_t bad = 0;
-  if (const int64_t i = first_out_of_range(tokens, N, shard.vocab, &bad); i >= 0)
+  if (const int64_t i = ids_checked ? -1 : first_out_of_range(tokens, N, shard.vocab, &bad); i >= 0)
     fail("embedding: token ", bad, " at position ", i, " outside [0, ", shard.vocab, ")");
   launch("vocab_shard_embedding_forward", shard_embedding_forward_kernel,
          blocks_for(N * C, kThreads), kThreads, out, tokens, wte, wpe, N, T, C, shard,
