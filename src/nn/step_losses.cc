@@ -11,6 +11,14 @@ namespace loom {
 void StepLosses::add_mean_of(const Exec& ex, const Tensor& losses, int64_t n) {
   LOOM_CHECK_MSG(losses.numel() >= n && losses.device() == device_,
                  "StepLosses: losses on another device, or fewer than n");
+  double* slot = add_sum_of(n);
+  dispatch_float(losses.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    ops::sum_into<T>(ex, losses.data<T>(), n, slot);
+  });
+}
+
+double* StepLosses::add_sum_of(int64_t n) {
   if (used_ == (slots_.defined() ? slots_.numel() : 0)) {
     // Grown by doubling; a step's micro-batches fit the first allocation in a training loop
     // (the copy of the slots in use waits for them: rare, never per micro-batch).
@@ -18,15 +26,9 @@ void StepLosses::add_mean_of(const Exec& ex, const Tensor& losses, int64_t n) {
     if (used_ > 0) grown.narrow(0, used_).copy_from(slots_.narrow(0, used_));
     slots_ = grown;
   }
-  double* slot = slots_.data<double>() + used_;
-  dispatch_float(losses.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    ops::sum_into<T>(ex, losses.data<T>(), n, slot);
-  });
-  entries_.push_back({used_++, n, 0.0});
+  entries_.push_back({used_, n});
+  return slots_.data<double>() + used_++;
 }
-
-void StepLosses::add_mean(double mean) { entries_.push_back({-1, 0, mean}); }
 
 std::vector<double> StepLosses::take() {
   std::vector<double> sums;
@@ -37,7 +39,7 @@ std::vector<double> StepLosses::take() {
   std::vector<double> means;
   means.reserve(entries_.size());
   for (const Entry& e : entries_)
-    means.push_back(e.slot < 0 ? e.mean : sums[static_cast<size_t>(e.slot)] / static_cast<double>(e.n));
+    means.push_back(sums[static_cast<size_t>(e.slot)] / static_cast<double>(e.n));
   entries_.clear();
   used_ = 0;
   return means;

@@ -25,8 +25,10 @@ class StepLosses {
   // One micro-batch's mean loss: Σ losses[0..n) / n, summed where `losses` lives (f32, or f64
   // on a CPU rank), queued on a GPU.
   void add_mean_of(const Exec& ex, const Tensor& losses, int64_t n);
-  // A mean the caller has on the host already (the vocabulary-parallel head's).
-  void add_mean(double mean);
+  // One micro-batch's mean loss as a sum of n rows' losses that the caller's op writes (queued)
+  // into the returned double, in device memory, before the next take (the vocabulary-parallel
+  // head's: ops::vocab_shard_loss_sum).
+  double* add_sum_of(int64_t n);
   int64_t size() const { return static_cast<int64_t>(entries_.size()); }
   // The means in the order they were added — each sum / n in double, as ops::sum(...) / n —,
   // with one read of the device's slots; then empty for the next step.
@@ -34,9 +36,8 @@ class StepLosses {
 
  private:
   struct Entry {
-    int64_t slot = -1;  // index into slots_, or -1: `mean` is the value
+    int64_t slot = 0;  // index into slots_
     int64_t n = 0;
-    double mean = 0;
   };
   Device device_;
   Tensor slots_;  // f64 sums, on device_; grown by doubling

@@ -3,7 +3,6 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
-#include "nn/step_losses.h"
 
 namespace loom {
 
@@ -82,14 +81,7 @@ Tensor TpGpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& tar
       tp_.all_gather(h, all);
       h = all;
     }
-    // The vocabulary-parallel loss is summed on the host (parallel/tensor_parallel_vocab.h).
-    const double mean = head_->head_forward(ctx, h, targets.reshape({N}));
-    if (ctx.losses != nullptr) {
-      ctx.losses->add_mean(mean);
-    } else {
-      LOOM_CHECK(loss != nullptr);
-      *loss = mean;
-    }
+    head_->head_forward(ctx, h, targets.reshape({N}), loss);
   } else {
     out = x;
   }

@@ -8,6 +8,7 @@
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
 #include "nn/sequence_shard.h"
+#include "nn/step_losses.h"
 
 namespace loom {
 
@@ -76,7 +77,8 @@ void VocabParallelEmbedding::backward(Context& ctx, const Tensor& dy) {
   tokens_ = Tensor();
 }
 
-double VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, const Tensor& targets) {
+void VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, const Tensor& targets,
+                                          double* loss) {
   const int64_t N = final.dim(0), C = channels_, Vl = local_vocab_;
   final_ = final;
   targets_ = targets;
@@ -93,13 +95,18 @@ double VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, c
                                   max_.data<float>(), N, shard());
   tp_.all_reduce(sum_, ReduceOp::kSum);
   tp_.all_reduce(target_logit, ReduceOp::kSum);
-  // N values of each, read on the host (a copy from a GPU).
-  const std::vector<float> sum = sum_.to_vector(), max = max_.to_vector(),
-                           target = target_logit.to_vector();
-  double loss = 0;
-  for (int64_t i = 0; i < N; ++i)
-    loss += std::log(static_cast<double>(sum[i])) + max[i] - target[i];
-  return loss / static_cast<double>(N);
+  // The rows' losses summed where they are: into a slot of the step's (nn/step_losses.h), or
+  // read now.
+  if (ctx.losses != nullptr) {
+    ops::vocab_shard_loss_sum<float>(ctx.exec(), ctx.losses->add_sum_of(N), sum_.data<float>(),
+                                     max_.data<float>(), target_logit.data<float>(), N);
+    return;
+  }
+  LOOM_CHECK(loss != nullptr);
+  Tensor total = Tensor::empty({1}, DType::kF64, ctx.device);
+  ops::vocab_shard_loss_sum<float>(ctx.exec(), total.data<double>(), sum_.data<float>(),
+                                   max_.data<float>(), target_logit.data<float>(), N);
+  *loss = total.to(Device::cpu()).data<double>()[0] / static_cast<double>(N);
 }
 
 Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {

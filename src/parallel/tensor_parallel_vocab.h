@@ -38,7 +38,9 @@ class VocabParallelEmbedding {
   // The tied LM head: mean cross-entropy of next-token prediction. final: (B·T, C) on every
   // rank (gathered by the caller under sequence parallelism); targets (B·T) i32. Keeps what
   // head_backward needs.
-  double head_forward(Context& ctx, const Tensor& final, const Tensor& targets);
+  // The mean loss into ctx.losses where a training step set it, else into *loss
+  // (nn/step_losses.h).
+  void head_forward(Context& ctx, const Tensor& final, const Tensor& targets, double* loss);
   // The gradient of scale × the loss: accumulates into wte's slice and returns this rank's part
   // of d final summed over the group — (B·T, C), or its rows with sequence parallelism.
   Tensor head_backward(Context& ctx, double scale);

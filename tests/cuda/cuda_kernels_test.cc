@@ -2198,7 +2198,8 @@ TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {
 }
 
 // A tensor-parallel rank's vocabulary shard (rows 40..69 of 100, padded to 34 local rows): the
-// embedding's forward and backward bit for bit, the cross-entropy pieces to rounding.
+// embedding's forward and backward bit for bit, the cross-entropy pieces and the loss's sum to
+// rounding.
 TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
   const int64_t N = 60, T = 12, C = 24, V = 100;
   const VocabShard shard{40, 30, 34, V};
@@ -2235,6 +2236,23 @@ TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
   ops::vocab_shard_sum_exp<float>(on_cpu, sum.h(), logits.h(), max.h(), N, shard);
   ops::vocab_shard_sum_exp<float>(on_gpu, sum.g(), logits.g(), max.g(), N, shard);
   expect_pair_close("sum", sum);
+  // The rows' losses summed, the GPU's into its memory (queued): the same inputs, 1000 rows (more
+  // than a block's threads), to the rounding of the sum's order.
+  {
+    const int64_t rows = 1000;
+    const std::vector<float> s = random_floats(rows, 98, 1.0, 50.0),
+                             m = random_floats(rows, 99, -3.0, 3.0),
+                             t = random_floats(rows, 100, -6.0, 6.0);
+    double want = 0;
+    ops::vocab_shard_loss_sum<float>(on_cpu, &want, s.data(), m.data(), t.data(), rows);
+    const Tensor sg = Tensor::from_vector(s, {rows}).to(on_gpu.device),
+                 mg = Tensor::from_vector(m, {rows}).to(on_gpu.device),
+                 tg = Tensor::from_vector(t, {rows}).to(on_gpu.device);
+    Tensor got = Tensor::empty({1}, DType::kF64, on_gpu.device);
+    ops::vocab_shard_loss_sum<float>(on_gpu, got.data<double>(), sg.data<float>(),
+                                     mg.data<float>(), tg.data<float>(), rows);
+    EXPECT_NEAR(got.to(Device::cpu()).data<double>()[0], want, 1e-12 * std::abs(want)) << "loss";
+  }
   ops::vocab_shard_cross_entropy_backward<float>(on_cpu, logits.h(), max.h(), sum.h(),
                                                  targets.host.data<int32_t>(), 0.5f, N, shard);
   ops::vocab_shard_cross_entropy_backward<float>(on_gpu, logits.g(), max.g(), sum.g(),

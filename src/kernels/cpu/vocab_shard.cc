@@ -72,6 +72,14 @@ void vocab_shard_sum_exp(ThreadPool& pool, float* sum, const float* logits, cons
   });
 }
 
+void vocab_shard_loss_sum(ThreadPool&, double* result, const float* sum, const float* max,
+                          const float* target_logit, int64_t N) {
+  double loss = 0;
+  for (int64_t i = 0; i < N; ++i)
+    loss += std::log(static_cast<double>(sum[i])) + max[i] - target_logit[i];
+  *result = loss;
+}
+
 void vocab_shard_cross_entropy_backward(ThreadPool& pool, float* logits, const float* max,
                                         const float* sum, const int32_t* targets, float k,
                                         int64_t N, const VocabShard& shard) {

@@ -45,6 +45,16 @@ __global__ void shard_embedding_wte_kernel(float* dwte, const float* dout, const
   }
 }
 
+__global__ void shard_loss_sum_kernel(double* result, const float* sum, const float* max,
+                                      const float* target_logit, int64_t N) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x)
+    acc += log(static_cast<double>(sum[i])) + max[i] - target_logit[i];
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) *result = acc;
+}
+
 __global__ void shard_logit_max_kernel(float* max, float* target_logit, const float* logits,
                                        const int32_t* targets, VocabShard shard) {
   __shared__ float shared[32];
@@ -85,6 +95,13 @@ __global__ void shard_ce_backward_kernel(float* logits, const float* max, const 
 }
 
 }  // namespace
+
+void vocab_shard_loss_sum(int device, double* result, const float* sum, const float* max,
+                          const float* target_logit, int64_t N) {
+  DeviceGuard guard(device);
+  launch("vocab_shard_loss_sum", shard_loss_sum_kernel, 1, kThreads, result, sum, max,
+         target_logit, N);
+}
 
 void vocab_shard_embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
                                    const float* wpe, int64_t N, int64_t T, int64_t C,
