@@ -29,7 +29,6 @@ class StepLosses {
   // into the returned double, in device memory, before the next take (the vocabulary-parallel
   // head's: ops::vocab_shard_loss_sum).
   double* add_sum_of(int64_t n);
-  int64_t size() const { return static_cast<int64_t>(entries_.size()); }
   // The means in the order they were added — each sum / n in double, as ops::sum(...) / n —,
   // with one read of the device's slots; then empty for the next step.
   std::vector<double> take();

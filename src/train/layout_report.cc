@@ -26,9 +26,8 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   const bool gpu_sixteen_bit =
       config.runtime.device.rfind("cuda", 0) == 0 &&
       (config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16");
-  const bool sixteen_bit = par.tp == 1 && gpu_sixteen_bit;
   const double half = gpu_sixteen_bit ? 0.5 : 1.0;
-  const double logits_half = sixteen_bit ? 0.5 : 1.0;
+  const double logits_half = par.tp == 1 ? half : 1.0;
   // Where a GPU's fused flash kernels run (bf16, head size 64 or 128): qkv is 16-bit too
   // (nn/causal_self_attention, parallel/tensor_parallel_block.cc), and so are cp's queries and
   // gathered keys and values (nn/sequence_shard.h), at any tp.
@@ -37,8 +36,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
                              model.n_heads > 0 &&
                              (model.d_model == 64 * model.n_heads ||
                               model.d_model == 128 * model.n_heads);
-  const double qkv = flash_kernels ? 1.5 : 3.0;
-  const double attention_output = gpu_sixteen_bit ? 0.5 : 1.0;  // proj's rounded input, any tp
+  const double flash_half = flash_kernels ? 0.5 : 1.0;
   // Under cp the attention keeps its queries (this rank's positions), the keys and values of
   // every position (cp × as many; with the ring exchange only its own) and its output — in 16
   // bits where the flash kernels run, proj's rounded input, at any tp — per position, in floats.
@@ -46,9 +44,9 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
                                                   static_cast<double>(model.n_heads)
                                             : 2.0;
   const double kv_kept = par.cp_comm == "ring" ? 1.0 : cp;
-  const double cp_output = flash_kernels ? 0.5 : 1.0;
-  const double cp_attention = (1 + kv_width * kv_kept) * (flash_kernels ? 0.5 : 1.0) + cp_output;
-  const double gpt2_attention = cp > 1 ? cp_attention : qkv + attention_output;
+  const double cp_attention = (1 + kv_width * kv_kept) * flash_half + flash_half;
+  // Without cp: qkv (3) and the output, proj's rounded input (1) at any tp.
+  const double gpt2_attention = cp > 1 ? cp_attention : 3 * flash_half + half;
   // Per block, in floats: the block's input and x1 (kept by the LayerNorms) and the LayerNorms'
   // outputs (by qkv and fc), rows each; qkv's output (3), the attention output (1), fc's output
   // (4) and the GELU's (4), N·C/P each.
@@ -65,7 +63,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
         ? static_cast<double>(model.n_heads + 2 * model.resolved_n_kv_heads()) / static_cast<double>(model.n_heads)
         : 3.0;
     const double attention =
-        cp > 1 ? cp_attention : qkv_width * (flash_kernels ? 0.5 : 1.0) + attention_output;
+        cp > 1 ? cp_attention : qkv_width * flash_half + half;
     everything = (2 + 2 * half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
   }
