@@ -26,6 +26,10 @@ class BothWork final : public Work {
     const bool a = first_->test();
     return second_->test() && a;
   }
+  void wait_on_device() override {
+    first_->wait_on_device();
+    second_->wait_on_device();
+  }
 
  private:
   WorkHandle first_, second_;
@@ -38,14 +42,17 @@ WorkHandle Communicator::send_recv_async(const Tensor& to_send, int dst, Tensor&
   return std::make_shared<BothWork>(std::move(sent), recv_async(into, src, tag));
 }
 
-// A GPU communicator's value goes up queued behind the GPU's work (copy_from_host_queued), so the
-// host waits once, for the result.
+// A GPU communicator's value goes up queued behind the GPU's work (copy_from_host_queued) and
+// comes back by a copy behind the operation (wait_on_device), so the host waits once, for the
+// result; check() then says whether the operation failed (the value would be garbage).
 double all_reduce_value(Communicator& comm, double value, ReduceOp op) {
   Tensor host = Tensor::empty({1}, DType::kF64);
   host.data<double>()[0] = value;
   Tensor t = host.to_queued(comm.tensor_device());
-  comm.all_reduce(t, op);
-  return t.to(Device::cpu()).data<double>()[0];
+  comm.all_reduce_async(t, op)->wait_on_device();
+  const double result = t.to(Device::cpu()).data<double>()[0];
+  comm.check();
+  return result;
 }
 
 std::vector<double> all_gather_values(Communicator& comm, const std::vector<double>& mine) {
@@ -53,8 +60,9 @@ std::vector<double> all_gather_values(Communicator& comm, const std::vector<doub
   Tensor host = Tensor::empty({n}, DType::kF64);
   std::copy(mine.begin(), mine.end(), host.data<double>());
   Tensor all = Tensor::empty({n * comm.size()}, DType::kF64, comm.tensor_device());
-  comm.all_gather(host.to_queued(comm.tensor_device()), all);
+  comm.all_gather_async(host.to_queued(comm.tensor_device()), all)->wait_on_device();
   Tensor back = all.to(Device::cpu());
+  comm.check();
   return std::vector<double>(back.data<double>(), back.data<double>() + back.numel());
 }
 

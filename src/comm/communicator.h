@@ -15,6 +15,12 @@
 // - Every blocking wait has a timeout (CommOptions::timeout). On expiry the waiting rank throws a
 //   CommError naming the operation, its sequence number, the group and the ranks that did not
 //   arrive.
+// - wait_on_device() is wait() for what runs on the tensors' device: on a GPU backend (nccl) the
+//   compute stream waits for the operation and the host goes on queueing work, so it never drains
+//   the GPU; the timeout and the backend's checks then run beside the host (a watchdog) and a
+//   failure is thrown by the communicator's next call or by check(). Host backends block there.
+//   For operations whose results only device work reads (a layer's all-reduce, a gradient
+//   bucket, a ring step); a value the host reads goes through a copy, which waits anyway.
 #pragma once
 
 #include <chrono>
@@ -59,6 +65,10 @@ class Work {
   virtual void wait() = 0;
   // True when the operation completed (successfully or not: wait() then reports).
   virtual bool test() = 0;
+  // Orders the device work queued after this call behind the operation, without blocking the
+  // host where the backend can (nccl); a failure or timeout is then thrown by a later call on the
+  // communicator or by Communicator::check(). Host backends: wait().
+  virtual void wait_on_device() { wait(); }
 };
 using WorkHandle = std::shared_ptr<Work>;
 
@@ -102,6 +112,11 @@ class Communicator {
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // old rank). color < 0 → nullptr for that rank (it joins no group).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // Throws the CommError of an operation waited for with wait_on_device() that failed or timed
+  // out since (the backend's watchdog aborted the communicator then). The trainer calls it once
+  // a step, after reading the step's losses and before judging them. Host backends: nothing.
+  virtual void check() {}
 
   // Blocking forms.
   void all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) { all_reduce_async(tensor, op)->wait(); }

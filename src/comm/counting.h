@@ -29,15 +29,23 @@ class TimedWork final : public Work {
   TimedWork(WorkHandle inner, std::shared_ptr<WaitLog> log)
       : inner_(std::move(inner)), log_(std::move(log)) {}
   void wait() override {
+    timed([&] { inner_->wait(); });
+  }
+  bool test() override { return inner_->test(); }
+  // On a GPU (nccl) the host does not block here: its seconds are ~0.
+  void wait_on_device() override {
+    timed([&] { inner_->wait_on_device(); });
+  }
+
+ private:
+  template <typename Wait>
+  void timed(Wait wait) {
     const double t0 = now_seconds();
-    inner_->wait();
+    wait();
     const double t1 = now_seconds();
     log_->blocked.fetch_add(t1 - t0, std::memory_order_relaxed);
     if (log_->on_wait) log_->on_wait(t0, t1);
   }
-  bool test() override { return inner_->test(); }
-
- private:
   WorkHandle inner_;
   std::shared_ptr<WaitLog> log_;
 };
@@ -102,6 +110,7 @@ class CountingCommunicator final : public Communicator {
     return timed(inner_.send_recv_async(t, dst, into, src, tag));
   }
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
+  void check() override { inner_.check(); }
 
  private:
   WorkHandle timed(WorkHandle w) { return std::make_shared<TimedWork>(std::move(w), log_); }

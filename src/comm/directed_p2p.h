@@ -51,6 +51,11 @@ class DirectedP2pCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     return base_.split(color, key);
   }
+  void check() override {
+    base_.check();
+    up_->check();
+    down_->check();
+  }
 
  private:
   Communicator& base_;

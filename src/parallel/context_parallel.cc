@@ -69,7 +69,7 @@ Tensor ContextParallel::gather(Context& ctx, const Tensor& local) {
   LOOM_CHECK(local.ndim() == 3 && local.dim(1) == local_length());
   const int64_t B = local.dim(0), W = local.dim(2), cp = cp_.size(), Tl = local.dim(1);
   Tensor stacked = Tensor::empty({cp, B, Tl, W}, local.dtype(), ctx.device);
-  cp_.all_gather(local, stacked);
+  cp_.all_gather_async(local, stacked)->wait_on_device();
   Tensor full = Tensor::empty({B, T_, W}, local.dtype(), ctx.device);
   move_rows(positions_, stacked.reshape({cp * B * Tl, W}), full.reshape({B * T_, W}), B, T_, true);
   return full;
@@ -81,7 +81,7 @@ Tensor ContextParallel::reduce_scatter(Context& ctx, const Tensor& full) {
   Tensor stacked = Tensor::empty({cp, B, Tl, W}, full.dtype(), ctx.device);
   move_rows(positions_, stacked.reshape({cp * B * Tl, W}), full.reshape({B * T_, W}), B, T_, false);
   Tensor local = Tensor::empty({B, Tl, W}, full.dtype(), ctx.device);
-  cp_.reduce_scatter(stacked, local, ReduceOp::kSum);
+  cp_.reduce_scatter_async(stacked, local, ReduceOp::kSum)->wait_on_device();
   return local;
 }
 
@@ -109,7 +109,7 @@ void ContextParallel::walk_ring(Context& ctx, const Tensor& local,
     }
     step(s, current);
     if (s + 1 < n) {
-      passed->wait();
+      passed->wait_on_device();
       current = buffers[s % 2];
     }
   }
@@ -140,7 +140,7 @@ Tensor ContextParallel::ring_blocks_backward(Context& ctx, const Tensor& local, 
       visit(block, positions_[(r - s + n) % n], share);
       // The block's sum from its owner up to the previous rank is in; the last sum sent, so its
       // buffer takes the next one.
-      sums_passed->wait();
+      sums_passed->wait_on_device();
       dispatch_float(incoming.dtype(), [&](auto zero) {
         using Real = decltype(zero);
         ops::add_inplace<Real>(ctx.exec(), incoming.data<Real>(), share.data<Real>(),
@@ -152,7 +152,7 @@ Tensor ContextParallel::ring_blocks_backward(Context& ctx, const Tensor& local, 
     // this rank's own, complete.
     sums_passed = cp_.send_recv_async(sum, next, incoming, prev, kTagGrad);
   });
-  sums_passed->wait();
+  sums_passed->wait_on_device();
   return incoming;
 }
 

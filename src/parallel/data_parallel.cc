@@ -240,7 +240,7 @@ std::vector<AdamWSegment> ZeroDataParallel::shard_segments() const {
 
 void ZeroDataParallel::wait(const WorkHandle& work) {
   const double t0 = now_seconds();
-  work->wait();
+  work->wait_on_device();
   step_stats_.wait_seconds += now_seconds() - t0;
 }
 

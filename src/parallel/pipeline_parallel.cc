@@ -234,7 +234,9 @@ void PipelineParallel::recv_boundary(Tensor& t, int src, int tag_value, bool tim
       return;
     }
   } else {
-    pp_.recv(wire, src, tag_value);
+    // On GPUs (nccl) the compute stream waits for the message, not the host: the wait counted
+    // below is then the host's only, ~0 (the bubble shows on the GPU's timeline).
+    pp_.recv_async(wire, src, tag_value)->wait_on_device();
   }
   if (config_.send_dtype == DType::kBF16)
     ops::widen_bf16(Exec{&pool_, device_}, t.data<float>(), wire.data_u16(), t.numel());
@@ -338,7 +340,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
       }
     }
   }
-  for (const WorkHandle& w : sends) w->wait();
+  for (const WorkHandle& w : sends) w->wait_on_device();
   LOOM_CHECK_MSG(stash.empty() && inbox.empty() && deferred.empty() && to_self_.empty(),
                  "pipeline schedule left activations or weight gradients behind");
   // The tied embedding: the first stage's wte and the last stage's copy get the sum of both
@@ -346,7 +348,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   if (tied_ != nullptr && tied_->size() > 1) {
     Parameter* wte = chunks_.front()->part().embedding ? chunks_.front()->head_weight()
                                                        : chunks_.back()->head_weight();
-    tied_->all_reduce(wte->grad, ReduceOp::kSum);
+    tied_->all_reduce_async(wte->grad, ReduceOp::kSum)->wait_on_device();
   } else if (Parameter* copy = chunks_.back()->tied_head_copy();
              copy != nullptr && chunks_.front()->part().embedding) {
     // Both copies on this rank (the V placement): the same sum, a + b, without a message.
@@ -389,8 +391,10 @@ double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
   for (size_t i = 0; i < sums.size(); ++i)
     per_stage.data<double>()[stage_of_chunk(static_cast<int>(chunk_of[i]))] += sums[i];
   Tensor reduced = per_stage.to_queued(pp_.tensor_device());
-  pp_.all_reduce(reduced, ReduceOp::kSum);  // each entry: one stage's sum plus zeros
+  // Each entry: one stage's sum plus zeros. Read by a copy behind the reduction (one wait).
+  pp_.all_reduce_async(reduced, ReduceOp::kSum)->wait_on_device();
   per_stage = reduced.to(Device::cpu());
+  pp_.check();
   double sum = 0;
   for (int st = 0; st < S; ++st) sum += per_stage.data<double>()[st];
   if (tp != nullptr) sum = all_reduce_value(*tp, sum);
@@ -425,7 +429,8 @@ double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
     Tensor out = chunks_[c]->forward_part(ctx, input, targets, &loss);
     chunks_[c]->clear_cache();
     if (s < S - 1)
-      if (WorkHandle w = send_boundary(out, rank_of_stage(s + 1), tag(0, s + 1, false))) w->wait();
+      if (WorkHandle w = send_boundary(out, rank_of_stage(s + 1), tag(0, s + 1, false)))
+        w->wait_on_device();
   }
   return all_reduce_value(pp_, loss);  // non-zero on the last stage's rank only
 }

@@ -78,7 +78,7 @@ Tensor TpGpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& tar
     Tensor h = ln_f_->forward(ctx, x);
     if (sequence_parallel_) {
       Tensor all = Tensor::empty({N, C}, DType::kF32, ctx.device);
-      tp_.all_gather(h, all);
+      tp_.all_gather_async(h, all)->wait_on_device();
       h = all;
     }
     head_->head_forward(ctx, h, targets.reshape({N}), loss);
@@ -99,7 +99,7 @@ Tensor TpGpt2::reduced_over_tp(Context& ctx, const std::vector<Parameter*>& para
   Tensor out = backward();
   for (size_t i = 0; i < params.size(); ++i) {
     Parameter* p = params[i];
-    tp_.all_reduce(p->grad, ReduceOp::kSum);
+    tp_.all_reduce_async(p->grad, ReduceOp::kSum)->wait_on_device();
     ops::add_inplace<float>(ctx.exec(), real[i].data<float>(), p->grad.data<float>(), p->numel());
     p->grad = real[i];
   }

@@ -43,7 +43,7 @@ Tensor ColumnParallelLinear::whole_input(const Tensor& x) {
   check_2d(x, in_, weight_->name);
   if (!sequence_parallel_) return x;
   Tensor all = Tensor::empty({x.dim(0) * tp_.size(), in_}, x.dtype(), x.device());
-  tp_.all_gather(x, all);
+  tp_.all_gather_async(x, all)->wait_on_device();
   return all;
 }
 
@@ -163,11 +163,11 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
   x_ = Tensor();
   // Each rank's dx is its output slice's contribution: sum over the group.
   if (!sequence_parallel_) {
-    tp_.all_reduce(dx, ReduceOp::kSum);
+    tp_.all_reduce_async(dx, ReduceOp::kSum)->wait_on_device();
     return dx;
   }
   Tensor mine = Tensor::empty({n / tp_.size(), in_}, DType::kF32, ctx.device);
-  tp_.reduce_scatter(dx, mine, ReduceOp::kSum);
+  tp_.reduce_scatter_async(dx, mine, ReduceOp::kSum)->wait_on_device();
   return mine;
 }
 
@@ -199,11 +199,11 @@ Tensor RowParallelLinear::forward(Context& ctx, const Tensor& x) {
     ops::linear_forward<float>(ctx.exec(), partial.data<float>(), x.data<float>(),
                                weight_->value.data<float>(), bias, nullptr, n, local_in_, out_);
   if (!sequence_parallel_) {
-    tp_.all_reduce(partial, ReduceOp::kSum);
+    tp_.all_reduce_async(partial, ReduceOp::kSum)->wait_on_device();
     return partial;
   }
   Tensor mine = Tensor::empty({n / tp_.size(), out_}, DType::kF32, ctx.device);
-  tp_.reduce_scatter(partial, mine, ReduceOp::kSum);
+  tp_.reduce_scatter_async(partial, mine, ReduceOp::kSum)->wait_on_device();
   return mine;
 }
 
@@ -211,7 +211,7 @@ Tensor RowParallelLinear::gathered_output_grad(Context& ctx, const Tensor& dy) {
   LOOM_CHECK(x_.defined());
   if (!sequence_parallel_) return dy;
   Tensor dy_all = Tensor::empty({x_.dim(0), out_}, DType::kF32, ctx.device);
-  tp_.all_gather(dy, dy_all);
+  tp_.all_gather_async(dy, dy_all)->wait_on_device();
   return dy_all;
 }
 

@@ -49,11 +49,11 @@ Tensor VocabParallelEmbedding::forward(Context& ctx, const Tensor& tokens) {
       add_positions);
   tokens_ = tokens;
   if (!sequence_parallel_) {
-    tp_.all_reduce(out, ReduceOp::kSum);
+    tp_.all_reduce_async(out, ReduceOp::kSum)->wait_on_device();
     return out;
   }
   Tensor mine = Tensor::empty({N / tp_.size(), C}, DType::kF32, ctx.device);
-  tp_.reduce_scatter(out, mine, ReduceOp::kSum);
+  tp_.reduce_scatter_async(out, mine, ReduceOp::kSum)->wait_on_device();
   return mine;
 }
 
@@ -63,7 +63,7 @@ void VocabParallelEmbedding::backward(Context& ctx, const Tensor& dy) {
   Tensor d = dy;
   if (sequence_parallel_) {
     d = Tensor::empty({N, C}, DType::kF32, ctx.device);
-    tp_.all_gather(dy, d);
+    tp_.all_gather_async(dy, d)->wait_on_device();
   }
   const bool positions_apart = wpe_ != nullptr && ctx.sequence != nullptr;
   Tensor dpositions = positions_apart ? Tensor::zeros({T, C}, DType::kF32, ctx.device) : Tensor();
@@ -90,11 +90,11 @@ void VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, con
   Tensor target_logit = Tensor::zeros({N}, DType::kF32, ctx.device);
   ops::vocab_shard_logit_max<float>(ctx.exec(), max_.data<float>(), target_logit.data<float>(),
                                     logits_.data<float>(), targets.data<int32_t>(), N, shard());
-  tp_.all_reduce(max_, ReduceOp::kMax);
+  tp_.all_reduce_async(max_, ReduceOp::kMax)->wait_on_device();
   ops::vocab_shard_sum_exp<float>(ctx.exec(), sum_.data<float>(), logits_.data<float>(),
                                   max_.data<float>(), N, shard());
-  tp_.all_reduce(sum_, ReduceOp::kSum);
-  tp_.all_reduce(target_logit, ReduceOp::kSum);
+  tp_.all_reduce_async(sum_, ReduceOp::kSum)->wait_on_device();
+  tp_.all_reduce_async(target_logit, ReduceOp::kSum)->wait_on_device();
   // The rows' losses summed where they are: into a slot of the step's (nn/step_losses.h), or
   // read now.
   if (ctx.losses != nullptr) {
@@ -135,11 +135,11 @@ Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
         static_cast<int64_t>(logits_.nbytes() + final_.nbytes()));
   final_ = logits_ = max_ = sum_ = targets_ = Tensor();
   if (!sequence_parallel_) {
-    tp_.all_reduce(dfinal, ReduceOp::kSum);
+    tp_.all_reduce_async(dfinal, ReduceOp::kSum)->wait_on_device();
     return dfinal;
   }
   Tensor mine = Tensor::empty({N / tp_.size(), C}, DType::kF32, ctx.device);
-  tp_.reduce_scatter(dfinal, mine, ReduceOp::kSum);
+  tp_.reduce_scatter_async(dfinal, mine, ReduceOp::kSum)->wait_on_device();
   return mine;
 }
 

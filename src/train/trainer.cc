@@ -485,10 +485,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   };
 
   summary.last_step = summary.start_step;
+  const std::vector<CountingCommunicator*> axis_counts = {&dp_count, &pp_count, &tp_count,
+                                                          cp_count.get()};  // not eval's
   for (int64_t step = summary.start_step + 1; step <= end_step; ++step) {
     const double t0 = now_seconds();
-    for (CountingCommunicator* c :
-         {&dp_count, &pp_count, &tp_count, cp_count.get()}) {  // not eval's
+    for (CountingCommunicator* c : axis_counts) {
       if (c == nullptr) continue;
       c->take_bytes();
       c->take_wait_seconds();
@@ -544,6 +545,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       comm_wait = engine.step_stats().wait_seconds;
     }
     step_span.end();
+    // Communication the GPU waited for (Work::wait_on_device) reports its failures here, before
+    // the step's numbers are judged: a timeout named as one, not a loss that "diverged".
+    for (CountingCommunicator* c : axis_counts)
+      if (c != nullptr) c->check();
     if (!applied) {
       ++summary.skipped_steps;
       char buf[128];

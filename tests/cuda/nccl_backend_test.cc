@@ -371,6 +371,87 @@ TEST_F(NcclTest, ThreadRanksRecvInAnotherOrderThanTheSendsIsACommError) {
     GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
 }
 
+// wait_on_device: the compute stream waits for the operation, the host does not (no wait() is
+// counted by nccl_host_waits). What runs after it on the GPU sees the result: a chain of
+// all-reduces, each reading the last one's output, a bf16 ring step and an all-gather, read back
+// once at the end. A device-waited recv's header check runs on the watchdog: a message with
+// another tag fails the communicator, and check() says so naming the recv.
+TEST_F(NcclTest, ThreadRanksDeviceWaitsOrderTheGpuWithoutTheHost) {
+  if (!on_gpus(2, [](Communicator& comm) {
+        const int me = comm.rank(), other = 1 - me;
+        const int64_t host_waits = nccl_host_waits();
+        Tensor t = gpu_tensor(inputs(me, 1000), DType::kF32, me);
+        for (int i = 0; i < 4; ++i) comm.all_reduce_async(t, ReduceOp::kSum)->wait_on_device();
+        Tensor in = gpu_tensor(std::vector<double>(1000, 0.0), DType::kBF16, me);
+        comm.send_recv_async(gpu_tensor(inputs(me, 1000), DType::kBF16, me), other, in, other, 2)
+            ->wait_on_device();
+        Tensor all = gpu_tensor(std::vector<double>(2000, 0.0), DType::kBF16, me);
+        comm.all_gather_async(in, all)->wait_on_device();
+        // Both ranks' inputs summed, then doubled three times: 8 (input(0, i) + input(1, i)).
+        std::vector<double> want(1000);
+        for (int64_t i = 0; i < 1000; ++i) want[i] = 8 * (input(0, i) + input(1, i));
+        EXPECT_EQ(host_values(t), want);
+        std::vector<double> gathered = inputs(1, 1000), first = inputs(0, 1000);
+        gathered.insert(gathered.end(), first.begin(), first.end());  // rank 0 got rank 1's
+        EXPECT_EQ(host_values(all), gathered);
+        comm.check();  // nothing failed
+        EXPECT_EQ(nccl_host_waits(), host_waits) << "a device wait blocked the host";
+
+        if (me == 0) {
+          comm.send_async(t, 1, /*tag=*/7)->wait_on_device();
+          return;
+        }
+        comm.recv_async(t, 0, /*tag=*/8)->wait_on_device();
+        try {
+          (void)host_values(t);  // the recv completed; the watchdog checks its header
+          comm.check();
+          ADD_FAILURE() << "a message with tag 7 was taken for tag 8";
+        } catch (const CommError& e) {
+          EXPECT_NE(std::string(e.what()).find("recv(src=0, tag=8) #1 on group 'world' (size 2, "
+                                               "rank 1): got a message with tag 7"),
+                    std::string::npos)
+              << e.what();
+        }
+        EXPECT_THROW(comm.barrier(), CommError);  // aborted: refuses further calls
+      }))
+    GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+}
+
+// A collective the GPU waits for but a peer skipped: the watchdog aborts the communicator after
+// the timeout, which releases the GPU's stream (and the host's copy behind it), and check()
+// names the operation; the communicator then refuses further calls.
+TEST_F(NcclTest, ThreadRanksSkippedCollectiveWaitedOnTheGpuTimesOutNamingIt) {
+  CommOptions options;
+  options.timeout = std::chrono::seconds(2);
+  if (!on_gpus(
+          2,
+          [](Communicator& comm) {
+            comm.barrier();
+            if (comm.rank() == 1) {
+              std::this_thread::sleep_for(std::chrono::seconds(4));  // past rank 0's timeout
+              return;
+            }
+            Tensor t = gpu_tensor({1, 2}, DType::kF32, 0);
+            const auto t0 = std::chrono::steady_clock::now();
+            comm.all_reduce_async(t, ReduceOp::kSum)->wait_on_device();
+            (void)host_values(t);  // released by the abort
+            EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+            try {
+              comm.check();
+              ADD_FAILURE() << "an all-reduce missing a rank passed the check";
+            } catch (const CommError& e) {
+              const std::string what = e.what();
+              EXPECT_NE(what.find("timed out after 2.0 s waiting (on the GPU) for all_reduce #1 "
+                                  "(sum, 2 × f32) on group 'world' (size 2, rank 0)"),
+                        std::string::npos)
+                  << what;
+            }
+            EXPECT_THROW(comm.barrier(), CommError);
+          },
+          options))
+    GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+}
+
 #ifdef LOOM_CUDA_EMULATE
 // NCCL documents a send as blocking for the GPU until its receive runs, and a communicator's
 // operations run in issue order: two ranks that each send to the other before receiving, outside

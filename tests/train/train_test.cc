@@ -21,6 +21,7 @@
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
 #ifdef LOOM_CUDA_EMULATE
+#include "comm/nccl/nccl_backend.h"  // nccl_host_waits
 #include "device/cuda/emulator/sanitizers.h"  // LOOM_EMU_ASAN
 #include "device/cuda/emulator/scheduler.h"
 #endif
@@ -898,11 +899,14 @@ TEST_F(TrainTest, LlamaAtBf16OnTheGpuKeepsItsActivationsInSixteenBits) {
 
 #ifdef LOOM_CUDA_EMULATE
 // How often a GPU step makes the host wait for the GPU (a drain: the compute stream runs dry
-// until the host queues more), counted by the CUDA emulator (cuda_emu::host_activity). A step
+// until the host queues more), counted by the CUDA emulator (cuda_emu::host_activity) and, for
+// the host's waits on communication, by the nccl backend (nccl_host_waits). A step
 // waits for its micro-batches' losses once, at its end (nn/step_losses.h), for the loss over the
 // ranks and for the gradient norm; a micro-batch does not wait for its loss nor for checks of
 // its token ids (the loader checked them on the host: kernels/exec.h), and nothing waits per
-// layer or per parameter. So the count grows neither with the depth nor with the micro-batches,
+// layer or per parameter: a layer's tensor-parallel all-reduce, a gradient bucket, ZeRO's gathers,
+// a ring step and a pipeline's messages are waited for by the GPU's stream, not by the host
+// (Work::wait_on_device). So the count grows neither with the depth nor with the micro-batches,
 // on one GPU and under ZeRO-2, pipeline and tensor parallelism (the vocabulary-parallel head's
 // loss summed on the GPU too) and the context-parallel ring. (A norm's sums of many parameters or ranges come back in one copy; ZeRO's chunks
 // are copied in the stream's order; a received message's header is read on a stream of its own;
@@ -935,12 +939,12 @@ TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
       c.parallel.cp = l.cp;
       c.parallel.cp_comm = "ring";
       c.parallel.zero = l.zero;
-      const cuda_emu::HostActivity before = cuda_emu::host_activity();
+      const int64_t before = cuda_emu::host_activity().host_waits + nccl_host_waits();
       run_training(c, options(std::string(l.name) + "_" + std::to_string(layers) + "_" +
                               std::to_string(micro_batches) + "_" + std::to_string(steps)));
-      waits[steps - 1] =
-          static_cast<double>(cuda_emu::host_activity().host_waits - before.host_waits) /
-          c.runtime.ranks;
+      waits[steps - 1] = static_cast<double>(cuda_emu::host_activity().host_waits +
+                                             nccl_host_waits() - before) /
+                         c.runtime.ranks;
     }
     return waits[1] - waits[0];
   };

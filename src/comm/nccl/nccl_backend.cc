@@ -3,7 +3,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -91,6 +93,19 @@ std::string timed_out(std::chrono::milliseconds timeout, const std::string& whil
                         "; ranks that did not arrive: unknown with the nccl backend");
 }
 
+// A completion event, shared by the handle and the watchdog's list (destroyed with the last).
+using EventRef = std::shared_ptr<std::remove_pointer_t<cudaEvent_t>>;
+EventRef owned_event(cudaEvent_t event) {
+  return EventRef(event, [](cudaEvent_t e) { (void)cudaEventDestroy(e); });
+}
+
+std::atomic<int64_t> g_host_waits{0};
+
+// "nccl: why" thrown by a check, stored without its prefix (fail_locked adds it back).
+std::string without_prefix(const std::string& message) {
+  return message.rfind("nccl: ", 0) == 0 ? message.substr(6) : message;
+}
+
 ncclConfig_t nonblocking_config() {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -120,10 +135,24 @@ struct NcclShared {
   std::string aborted;  // why the communicator refuses calls (aborted, destroyed); empty: usable
   bool failed = false;  // aborted after a failure: results of unfinished operations are garbage
   struct Parked {
-    cudaEvent_t event;
+    EventRef event;
     std::vector<Tensor> keep;
   };
   std::vector<Parked> parked;  // buffers of dropped handles, until their event completes
+  // Operations the compute stream waits for (Work::wait_on_device): the watchdog thread runs
+  // their checks once they complete and aborts the communicator when one fails or outlives the
+  // timeout, which releases the stream (NCCL's kernels return on abort).
+  struct Watched {
+    EventRef event;
+    std::vector<Tensor> keep;
+    std::string what;
+    Clock::time_point deadline;
+    std::function<void()> on_done;  // a recv's header check
+  };
+  std::vector<Watched> watched;
+  std::thread watchdog;  // started by the first wait_on_device
+  std::condition_variable watched_changed;
+  bool stopping = false;
   std::map<int, std::deque<Tensor>> self_messages;  // tag -> sends to oneself, FIFO
   std::vector<int64_t> sent, received;              // per peer: messages so far
   int64_t next_seq = 0;
@@ -162,16 +191,84 @@ struct NcclShared {
   }
 
   void reap_locked() {
-    std::erase_if(parked, [](Parked& p) {
-      if (cudaEventQuery(p.event) == cudaErrorNotReady) return false;
-      (void)cudaEventDestroy(p.event);
+    std::erase_if(parked, [](const Parked& p) {
+      return cudaEventQuery(p.event.get()) != cudaErrorNotReady;
+    });
+  }
+
+  // Hands a device-waited operation to the watchdog (started now if it is not yet).
+  void watch_locked(Watched w) {
+    watched.push_back(std::move(w));
+    if (!watchdog.joinable()) watchdog = std::thread([this] { watch_loop(); });
+    watched_changed.notify_one();
+  }
+
+  // The watchdog's round: completed operations leave the list after their check (none once the
+  // communicator failed: their results are garbage and the failure is what gets reported); an
+  // unfinished one fails the communicator on NCCL's asynchronous error or past its deadline.
+  void sweep_locked() {
+    const auto now = Clock::now();
+    ncclResult_t async = ncclSuccess;
+    bool async_read = false;
+    std::erase_if(watched, [&](Watched& w) {
+      const cudaError_t state = cudaEventQuery(w.event.get());
+      if (state == cudaErrorNotReady) {
+        if (failed) return false;  // the abort releases it soon
+        if (!async_read && comm != nullptr) {
+          async_read = true;
+          if (ncclCommGetAsyncError(comm, &async) != ncclSuccess) async = ncclInternalError;
+        }
+        if (async != ncclSuccess && async != ncclInProgress)
+          abort_locked(detail::concat(w.what, " failed: ", ncclGetErrorString(async), ": ",
+                                      ncclGetLastError(comm)));
+        else if (now > w.deadline)
+          abort_locked(timed_out(options.timeout, "waiting (on the GPU) for " + w.what));
+        return false;
+      }
+      if (failed) return true;
+      if (state != cudaSuccess) {
+        abort_locked(detail::concat(w.what, ": cudaEventQuery failed: ", cudaGetErrorName(state)));
+      } else if (w.on_done) {
+        try {
+          w.on_done();
+        } catch (const std::exception& e) {
+          abort_locked(without_prefix(e.what()));
+        }
+      }
       return true;
     });
+  }
+
+  void watch_loop() {
+    std::unique_lock<std::mutex> lock(mutex);
+    try {
+      cuda::DeviceGuard guard(device);
+      while (!stopping) {
+        if (watched.empty()) {
+          watched_changed.wait(lock);
+          continue;
+        }
+        sweep_locked();
+        watched_changed.wait_for(lock, std::chrono::milliseconds(1));
+      }
+    } catch (const std::exception& e) {  // a broken CUDA runtime: nothing can be watched
+      abort_locked(detail::concat("the watchdog of ", group(), " failed: ", e.what()));
+    }
+  }
+
+  void stop_watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    watched_changed.notify_all();
+    if (watchdog.joinable()) watchdog.join();
   }
 
   // Flushes and frees the NCCL communicator (bounded by the timeout, then aborted), then waits
   // for the stream so that no parked buffer is still in use. Never throws.
   void close() noexcept try {
+    stop_watchdog();
     std::lock_guard<std::mutex> lock(mutex);
     cuda::DeviceGuard guard(device);
     if (comm != nullptr) {
@@ -186,12 +283,13 @@ struct NcclShared {
     if (aborted.empty()) aborted = "communicator destroyed";
     (void)cudaStreamSynchronize(stream);
     reap_locked();
+    watched.clear();  // complete after the synchronisation; unchecked, as nobody is left to tell
   } catch (...) {
     // Only DeviceGuard can throw (a broken CUDA runtime): nothing more can be freed then.
   }
 
   ~NcclShared() {
-    for (Parked& p : parked) (void)cudaEventDestroy(p.event);
+    stop_watchdog();
     if (inputs_ready != nullptr) (void)cudaEventDestroy(inputs_ready);
     if (readback != nullptr) (void)cudaStreamDestroy(readback);
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
@@ -229,10 +327,10 @@ std::shared_ptr<NcclShared> wrap(ncclComm_t comm, int device, std::string name,
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclShared> shared, cudaEvent_t event, std::string what,
+  NcclWork(std::shared_ptr<NcclShared> shared, EventRef event, std::string what,
            std::vector<Tensor> keep, std::function<void()> on_done)
       : s_(std::move(shared)),
-        event_(event),
+        event_(std::move(event)),
         what_(std::move(what)),
         keep_(std::move(keep)),
         on_done_(std::move(on_done)) {}
@@ -240,12 +338,12 @@ class NcclWork final : public Work {
   ~NcclWork() override {
     if (done_) return;
     std::lock_guard<std::mutex> lock(s_->mutex);
-    s_->parked.push_back({event_, std::move(keep_)});
+    s_->parked.push_back({std::move(event_), std::move(keep_)});
   }
 
   bool test() override {
     if (done_) return true;
-    const cudaError_t state = cudaEventQuery(event_);
+    const cudaError_t state = cudaEventQuery(event_.get());
     {
       std::lock_guard<std::mutex> lock(s_->mutex);
       // After a failure NCCL's kernels were killed: a completed event proves nothing.
@@ -261,7 +359,7 @@ class NcclWork final : public Work {
     }
     LOOM_NCCL_CUDA(state);
     done_ = true;
-    (void)cudaEventDestroy(event_);
+    event_.reset();
     keep_.clear();
     if (on_done_) on_done_();  // the recv header check: may throw, once
     return true;
@@ -270,6 +368,7 @@ class NcclWork final : public Work {
   // Yields for the first polls (short operations), then sleeps briefly so waiting ranks do not
   // take every core; on timeout aborts the communicator (NCCL cannot cancel one operation).
   void wait() override {
+    if (!done_) g_host_waits.fetch_add(1, std::memory_order_relaxed);
     const auto deadline = Clock::now() + s_->options.timeout;
     for (int polls = 0; !test(); ++polls) {
       if (Clock::now() > deadline) {
@@ -283,9 +382,27 @@ class NcclWork final : public Work {
     }
   }
 
+  // The compute stream (the legacy default stream) waits for the event; the watchdog takes the
+  // buffers, the deadline and the recv's check. The event is held here until the stream waits on
+  // it (the watchdog may finish with it first). Outside the mutex: the emulator's default stream
+  // waits on the host, until the operation completes or the watchdog aborts it.
+  void wait_on_device() override {
+    if (done_) return;
+    EventRef event = event_;
+    {
+      std::lock_guard<std::mutex> lock(s_->mutex);
+      s_->check_usable_locked(what_);
+      s_->watch_locked({std::move(event_), std::move(keep_), what_,
+                        Clock::now() + s_->options.timeout, std::move(on_done_)});
+    }
+    done_ = true;
+    cuda::DeviceGuard guard(s_->device);
+    LOOM_NCCL_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, event.get(), 0));
+  }
+
  private:
   std::shared_ptr<NcclShared> s_;
-  cudaEvent_t event_;
+  EventRef event_;
   std::string what_;
   std::vector<Tensor> keep_;  // buffers NCCL reads or writes until the event completes
   std::function<void()> on_done_;
@@ -305,13 +422,12 @@ WorkHandle launch(const std::shared_ptr<NcclShared>& shared, const std::string& 
   LOOM_NCCL_CUDA(cudaEventRecord(s.inputs_ready, cudaStreamLegacy));
   LOOM_NCCL_CUDA(cudaStreamWaitEvent(s.stream, s.inputs_ready, 0));
   if (call) s.settle_locked(call(), call_name, what);
-  cudaEvent_t done = nullptr;
-  LOOM_NCCL_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  if (const cudaError_t err = cudaEventRecord(done, s.stream); err != cudaSuccess) {
-    (void)cudaEventDestroy(done);
-    cuda_call(err, "cudaEventRecord");
-  }
-  return std::make_shared<NcclWork>(shared, done, what, std::move(keep), std::move(on_done));
+  cudaEvent_t created = nullptr;
+  LOOM_NCCL_CUDA(cudaEventCreateWithFlags(&created, cudaEventDisableTiming));
+  EventRef done = owned_event(created);
+  LOOM_NCCL_CUDA(cudaEventRecord(done.get(), s.stream));
+  return std::make_shared<NcclWork>(shared, std::move(done), what, std::move(keep),
+                                    std::move(on_done));
 }
 
 // An NCCL group: `body` issues the calls; ncclGroupEnd is always called so the group closes.
@@ -345,6 +461,17 @@ NcclCommunicator::~NcclCommunicator() {
 
 int NcclCommunicator::cuda_device() const {
   return shared_->device;
+}
+
+void NcclCommunicator::check() {
+  NcclShared& s = *shared_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.failed) s.sweep_locked();  // the completed operations' checks, now
+  if (s.failed) comm_fail(s.aborted, "; communicator aborted");
+}
+
+int64_t nccl_host_waits() {
+  return g_host_waits.load(std::memory_order_relaxed);
 }
 
 namespace {

@@ -20,6 +20,17 @@
 // communication: wait() (or test() == true) before touching the buffers, as with every backend.
 // The handle keeps the tensors alive; a handle dropped before completion parks them until the
 // event completes, so the caching allocator never reuses a buffer NCCL still writes.
+// Work::wait_on_device() instead makes the legacy default stream wait for the event
+// (cudaStreamWaitEvent) and returns at once: the GPU runs what the host queues next after the
+// communication, and the host never drains it (the parallel strategies wait so for everything
+// only kernels read). The communicator's watchdog thread (started by the first such wait) then
+// owns the event and the buffers: it polls them every millisecond, runs a recv's header check
+// when it completes, and on NCCL's asynchronous error, a failed check or the timeout (counted
+// from the wait_on_device call) aborts the communicator — NCCL's kernels return, so a stream or
+// a host copy stuck behind the operation is released — and remembers why. The next call on the
+// communicator, or check() (the trainer calls it each step before judging the loss), throws
+// that reason ("nccl: timed out after 5.0 s waiting (on the GPU) for all_reduce #7 ...").
+// nccl_host_waits() counts the host's waits, for the tests that count a step's drains.
 //
 // Failure: communicators are created non-blocking (ncclConfig_t::blocking = 0), so init, split
 // and every enqueue return at once and are polled with the same timeout: a rank whose peers
@@ -103,6 +114,9 @@ class NcclCommunicator final : public Communicator {
   // ncclCommSplit (NCCL >= 2.18); the child gets a stream of its own. Named
   // "<name>/split(color=C)".
   std::unique_ptr<Communicator> split(int color, int key) override;
+  // Throws the failure the watchdog found (a device-waited operation that failed, timed out or
+  // whose message header did not match), after running the checks of those now complete.
+  void check() override;
 
  private:
   std::shared_ptr<NcclShared> shared_;
@@ -116,5 +130,10 @@ class NcclCommunicator final : public Communicator {
 // the host (local or mpi backend). Throws CommError when the GPU does not exist or NCCL fails.
 std::unique_ptr<Communicator> make_nccl_world(Communicator& bootstrap, int cuda_device,
                                               const CommOptions& options = {});
+
+// How many times this process's host waited for an nccl operation (Work::wait on one not yet
+// seen complete), every communicator and rank together: each is a drain of the GPU's queue.
+// For the tests and benchmarks that count a step's host waits.
+int64_t nccl_host_waits();
 
 }  // namespace loom
