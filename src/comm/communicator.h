@@ -117,6 +117,10 @@ class Communicator {
   // out since (the backend's watchdog aborted the communicator then). The trainer calls it once
   // a step, after reading the step's losses and before judging them. Host backends: nothing.
   virtual void check() {}
+  // Seconds the device's compute stream spent waiting for this communicator's operations at
+  // wait_on_device since the last call (what the host no longer sees: on a GPU it does not
+  // block). Host backends: 0 (their waits block the host, which times them).
+  virtual double take_device_wait_seconds() { return 0.0; }
 
   // Blocking forms.
   void all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) { all_reduce_async(tensor, op)->wait(); }

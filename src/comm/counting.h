@@ -1,7 +1,8 @@
 // CountingCommunicator — forwards every call to another communicator and counts the bytes this
 // rank hands to it, for the per-axis communication volume in the step metrics, and the time the
 // rank spent blocked in wait() on the operations it issued (blocking calls are async + wait), for
-// the per-axis communication time. The count is the
+// the per-axis communication time (on a GPU communicator, the compute stream's stalls at
+// wait_on_device instead, which the backend times). The count is the
 // payload of each call as issued: all_reduce / broadcast / reduce / send: the tensor;
 // reduce_scatter / all_gather / all_to_all: the input; recv and barrier: nothing. (What the
 // algorithm moves on the wire depends on the backend: a ring all-reduce sends 2(n−1)/n of it.)
@@ -23,18 +24,22 @@ struct WaitLog {
   std::function<void(double, double)> on_wait;  // (begin, end) in now_seconds(); set before use
 };
 
-// A handle whose wait() adds the seconds it blocked to the communicator's WaitLog.
+// A handle whose wait() adds the seconds it blocked to the communicator's WaitLog. On a device
+// communicator (nccl) wait_on_device() does not block the host and the backend times the device's
+// stall itself (take_device_wait_seconds), so it is not timed here.
 class TimedWork final : public Work {
  public:
-  TimedWork(WorkHandle inner, std::shared_ptr<WaitLog> log)
-      : inner_(std::move(inner)), log_(std::move(log)) {}
+  TimedWork(WorkHandle inner, std::shared_ptr<WaitLog> log, bool device)
+      : inner_(std::move(inner)), log_(std::move(log)), device_(device) {}
   void wait() override {
     timed([&] { inner_->wait(); });
   }
   bool test() override { return inner_->test(); }
-  // On a GPU (nccl) the host does not block here: its seconds are ~0.
   void wait_on_device() override {
-    timed([&] { inner_->wait_on_device(); });
+    if (device_)
+      inner_->wait_on_device();
+    else
+      timed([&] { inner_->wait_on_device(); });
   }
 
  private:
@@ -48,6 +53,7 @@ class TimedWork final : public Work {
   }
   WorkHandle inner_;
   std::shared_ptr<WaitLog> log_;
+  bool device_;
 };
 
 class CountingCommunicator final : public Communicator {
@@ -60,8 +66,11 @@ class CountingCommunicator final : public Communicator {
     bytes_ = 0;
     return b;
   }
-  double take_wait_seconds() {  // time blocked in wait() since the last call
-    return log_->blocked.exchange(0.0, std::memory_order_relaxed);
+  // Time blocked in wait() since the last call, and on a device communicator the device's
+  // stalls at wait_on_device (the host's time there is ~0).
+  double take_wait_seconds() {
+    return log_->blocked.exchange(0.0, std::memory_order_relaxed) +
+           inner_.take_device_wait_seconds();
   }
   // Called with (begin, end) of every wait from now on (before any operation is issued).
   void on_wait(std::function<void(double, double)> observer) {
@@ -111,9 +120,12 @@ class CountingCommunicator final : public Communicator {
   }
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
   void check() override { inner_.check(); }
+  double take_device_wait_seconds() override { return inner_.take_device_wait_seconds(); }
 
  private:
-  WorkHandle timed(WorkHandle w) { return std::make_shared<TimedWork>(std::move(w), log_); }
+  WorkHandle timed(WorkHandle w) {
+    return std::make_shared<TimedWork>(std::move(w), log_, inner_.tensor_device().is_cuda());
+  }
   void count(const Tensor& t) { bytes_ += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(dtype_size(t.dtype())); }
   Communicator& inner_;
   int64_t bytes_ = 0;

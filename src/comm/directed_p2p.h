@@ -56,6 +56,10 @@ class DirectedP2pCommunicator final : public Communicator {
     up_->check();
     down_->check();
   }
+  double take_device_wait_seconds() override {
+    return base_.take_device_wait_seconds() + up_->take_device_wait_seconds() +
+           down_->take_device_wait_seconds();
+  }
 
  private:
   Communicator& base_;

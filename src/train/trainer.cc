@@ -571,10 +571,16 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         std::max(0.0, dt - data_seconds - comm_dp - comm_pp - comm_tp - comm_cp);
     // Each pipeline rank's bubble (rank 0's pipeline group): the busiest stage is the one that
     // waits least, so rank 0's alone does not say where the step's time went.
+    // On GPUs under nccl the host does not wait for the stages' messages, the compute stream does:
+    // the bubble is then the stream's stalls on the pp axis (comm_pp) over the step.
     std::vector<double> bubble_by_pp_rank;
-    if (pipelined)
-      bubble_by_pp_rank = all_gather_values((pipeline_mesh ? *pipeline_mesh : mesh).axis("pp"),
-                                            {pipe->stats().bubble()});
+    double bubble = 0;
+    if (pipelined) {
+      bubble = pp_count.tensor_device().is_cuda() ? (dt > 0 ? comm_pp / dt : 0.0)
+                                                  : pipe->stats().bubble();
+      bubble_by_pp_rank =
+          all_gather_values((pipeline_mesh ? *pipeline_mesh : mesh).axis("pp"), {bubble});
+    }
     if (!std::isfinite(loss))
       fail("loss is ", loss, " at step ", step, ": training diverged (lower train.lr?)");
 
@@ -646,7 +652,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       if (!applied) record["skipped"] = true;
       record["comm_bytes"] = comm_bytes;
       if (pipelined) {
-        record["bubble"] = pipe->stats().bubble();
+        record["bubble"] = bubble;
         record["bubble_theory"] = theoretical_bubble(pipe->schedule());
         record["bubble_by_pp_rank"] = bubble_by_pp_rank;
         record["pp_bytes_sent"] = pipe->stats().bytes_sent;

@@ -417,6 +417,29 @@ TEST_F(NcclTest, ThreadRanksDeviceWaitsOrderTheGpuWithoutTheHost) {
     GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
 }
 
+// The host no longer blocks where the GPU waits, so the backend times the compute stream's stall
+// instead (events around each cudaStreamWaitEvent): a rank whose peer comes 300 ms late stalls
+// ~300 ms, the late one hardly at all; taking the figure restarts it.
+TEST_F(NcclTest, ThreadRanksDeviceWaitsTimeTheGpusStall) {
+  if (!on_gpus(2, [](Communicator& comm) {
+        comm.barrier();
+        const int me = comm.rank();
+        if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        Tensor t = gpu_tensor({1, 2, 3}, DType::kF32, me);
+        comm.all_reduce_async(t, ReduceOp::kSum)->wait_on_device();
+        EXPECT_EQ(host_values(t), (std::vector<double>{2, 4, 6}));  // the stream is past the wait
+        const double stalled = comm.take_device_wait_seconds();
+        if (me == 0) {
+          EXPECT_GE(stalled, 0.25);
+          EXPECT_LT(stalled, 10.0);
+        } else {
+          EXPECT_LT(stalled, 0.1);
+        }
+        EXPECT_EQ(comm.take_device_wait_seconds(), 0.0);
+      }))
+    GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+}
+
 // A collective the GPU waits for but a peer skipped: the watchdog aborts the communicator after
 // the timeout, which releases the GPU's stream (and the host's copy behind it), and check()
 // names the operation; the communicator then refuses further calls.

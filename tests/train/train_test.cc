@@ -437,7 +437,8 @@ TEST_F(TrainTest, CudaDeviceTrainsTheCpuRunOrSaysWhyNot) {
 // Under nccl the pipeline's messages go GPU to GPU, one nccl communicator per direction
 // (comm/directed_p2p.h), in every schedule: each trains as on CPU ranks. On the CUDA emulator,
 // whose NCCL blocks a send until its receive runs, in issue order, as NCCL documents, a schedule
-// that could deadlock on GPUs times out here instead.
+// that could deadlock on GPUs times out here instead. The GPU's stream, not the host, waits for
+// the messages there: the bubble reported is its stalls on the pp axis over the step.
 TEST_F(TrainTest, PipelineMessagesGoGpuToGpuOverNcclInEverySchedule) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs: " << cuda::unavailable_reason();
   struct Layout {
@@ -465,10 +466,18 @@ TEST_F(TrainTest, PipelineMessagesGoGpuToGpuOverNcclInEverySchedule) {
     run_training(gpu, options(name + "_gpus"));
     const auto on_cpus = metrics(name + "_cpus"), on_gpus = metrics(name + "_gpus");
     ASSERT_EQ(on_cpus.size(), on_gpus.size()) << name;
+    double stalled = 0;
     for (size_t i = 0; i < on_cpus.size(); ++i) {
       const double want = on_cpus[i]["loss"], got = on_gpus[i]["loss"];
       EXPECT_NEAR(got, want, 1e-4 * want) << name << ", step " << i + 1;
+      const double bubble = on_gpus[i]["bubble"], pp_ms = on_gpus[i]["comm_ms"]["pp"],
+                   step_ms = on_gpus[i]["step_ms"];
+      EXPECT_NEAR(bubble, pp_ms / step_ms, 1e-9) << name << ", step " << i + 1;
+      EXPECT_LE(bubble, 1.0) << name;
+      EXPECT_EQ(on_gpus[i]["bubble_by_pp_rank"].size(), static_cast<size_t>(l.pp)) << name;
+      stalled += pp_ms;
     }
+    EXPECT_GT(stalled, 0) << name << ": the first stage never waited for the last";
   }
 }
 

@@ -99,6 +99,14 @@ EventRef owned_event(cudaEvent_t event) {
   return EventRef(event, [](cudaEvent_t e) { (void)cudaEventDestroy(e); });
 }
 
+EventRef timing_event() {
+  cudaEvent_t e = nullptr;
+  const cudaError_t err = cudaEventCreate(&e);
+  if (err != cudaSuccess)
+    throw CommError(detail::concat("nccl: cudaEventCreate failed: ", cudaGetErrorName(err)));
+  return owned_event(e);
+}
+
 std::atomic<int64_t> g_host_waits{0};
 
 // "nccl: why" thrown by a check, stored without its prefix (fail_locked adds it back).
@@ -150,6 +158,11 @@ struct NcclShared {
     std::function<void()> on_done;  // a recv's header check
   };
   std::vector<Watched> watched;
+  // The compute stream's stall at each wait_on_device: timing events recorded just before and
+  // after its cudaStreamWaitEvent, so their interval is how long the stream waited for the
+  // communication (0 when it was done in time). Summed as they complete, until taken.
+  std::vector<std::pair<EventRef, EventRef>> stalls;
+  double stalled_seconds = 0;
   std::thread watchdog;  // started by the first wait_on_device
   std::condition_variable watched_changed;
   bool stopping = false;
@@ -193,6 +206,13 @@ struct NcclShared {
   void reap_locked() {
     std::erase_if(parked, [](const Parked& p) {
       return cudaEventQuery(p.event.get()) != cudaErrorNotReady;
+    });
+    std::erase_if(stalls, [&](const auto& stall) {
+      if (cudaEventQuery(stall.second.get()) == cudaErrorNotReady) return false;
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, stall.first.get(), stall.second.get()) == cudaSuccess)
+        stalled_seconds += ms / 1000.0;
+      return true;
     });
   }
 
@@ -284,6 +304,7 @@ struct NcclShared {
     (void)cudaStreamSynchronize(stream);
     reap_locked();
     watched.clear();  // complete after the synchronisation; unchecked, as nobody is left to tell
+    stalls.clear();
   } catch (...) {
     // Only DeviceGuard can throw (a broken CUDA runtime): nothing more can be freed then.
   }
@@ -397,7 +418,12 @@ class NcclWork final : public Work {
     }
     done_ = true;
     cuda::DeviceGuard guard(s_->device);
+    const EventRef before = timing_event(), after = timing_event();
+    LOOM_NCCL_CUDA(cudaEventRecord(before.get(), cudaStreamLegacy));
     LOOM_NCCL_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, event.get(), 0));
+    LOOM_NCCL_CUDA(cudaEventRecord(after.get(), cudaStreamLegacy));
+    std::lock_guard<std::mutex> lock(s_->mutex);
+    s_->stalls.emplace_back(before, after);
   }
 
  private:
@@ -468,6 +494,13 @@ void NcclCommunicator::check() {
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!s.failed) s.sweep_locked();  // the completed operations' checks, now
   if (s.failed) comm_fail(s.aborted, "; communicator aborted");
+}
+
+double NcclCommunicator::take_device_wait_seconds() {
+  NcclShared& s = *shared_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.reap_locked();
+  return std::exchange(s.stalled_seconds, 0.0);
 }
 
 int64_t nccl_host_waits() {

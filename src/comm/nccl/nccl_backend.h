@@ -30,7 +30,10 @@
 // a host copy stuck behind the operation is released — and remembers why. The next call on the
 // communicator, or check() (the trainer calls it each step before judging the loss), throws
 // that reason ("nccl: timed out after 5.0 s waiting (on the GPU) for all_reduce #7 ...").
-// nccl_host_waits() counts the host's waits, for the tests that count a step's drains.
+// Timing events recorded around each such cudaStreamWaitEvent say how long the compute stream
+// stalled there (take_device_wait_seconds: the step metrics' communication time on GPUs, where
+// the host no longer blocks). nccl_host_waits() counts the host's waits, for the tests that
+// count a step's drains.
 //
 // Failure: communicators are created non-blocking (ncclConfig_t::blocking = 0), so init, split
 // and every enqueue return at once and are polled with the same timeout: a rank whose peers
@@ -117,6 +120,9 @@ class NcclCommunicator final : public Communicator {
   // Throws the failure the watchdog found (a device-waited operation that failed, timed out or
   // whose message header did not match), after running the checks of those now complete.
   void check() override;
+  // The compute stream's stalls at this communicator's wait_on_device calls that completed since
+  // the last call (timing events around each cudaStreamWaitEvent).
+  double take_device_wait_seconds() override;
 
  private:
   std::shared_ptr<NcclShared> shared_;
