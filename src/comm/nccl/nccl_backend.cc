@@ -409,6 +409,9 @@ class NcclWork final : public Work {
   // waits on the host, until the operation completes or the watchdog aborts it.
   void wait_on_device() override {
     if (done_) return;
+    cuda::DeviceGuard guard(s_->device);
+    // Created first: once the watchdog has the operation, nothing may fail before the wait.
+    const EventRef before = timing_event(), after = timing_event();
     EventRef event = event_;
     {
       std::lock_guard<std::mutex> lock(s_->mutex);
@@ -417,8 +420,6 @@ class NcclWork final : public Work {
                         Clock::now() + s_->options.timeout, std::move(on_done_)});
     }
     done_ = true;
-    cuda::DeviceGuard guard(s_->device);
-    const EventRef before = timing_event(), after = timing_event();
     LOOM_NCCL_CUDA(cudaEventRecord(before.get(), cudaStreamLegacy));
     LOOM_NCCL_CUDA(cudaStreamWaitEvent(cudaStreamLegacy, event.get(), 0));
     LOOM_NCCL_CUDA(cudaEventRecord(after.get(), cudaStreamLegacy));
