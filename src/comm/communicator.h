@@ -67,7 +67,9 @@ class Work {
   virtual bool test() = 0;
   // Orders the device work queued after this call behind the operation, without blocking the
   // host where the backend can (nccl); a failure or timeout is then thrown by a later call on the
-  // communicator or by Communicator::check(). Host backends: wait().
+  // communicator or by Communicator::check(), and this handle's wait() and test() return at once
+  // (copies to the host are queued behind the operation, so they see its result). Host
+  // backends: wait().
   virtual void wait_on_device() { wait(); }
 };
 using WorkHandle = std::shared_ptr<Work>;

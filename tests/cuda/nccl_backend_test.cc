@@ -476,6 +476,45 @@ TEST_F(NcclTest, ThreadRanksSkippedCollectiveWaitedOnTheGpuTimesOutNamingIt) {
 }
 
 #ifdef LOOM_CUDA_EMULATE
+// NCCL's asynchronous error while the GPU waits: the emulator's NCCL fails a rank that posts a
+// collective of another size than its peer's (real NCCL may hang or corrupt instead, which the
+// timeout then reports). The watchdog sees the error, aborts, and check() names the operation
+// and NCCL's reason on that rank; the peer, whose part is left waiting, times out.
+TEST_F(NcclTest, EmulatedMismatchWaitedOnTheGpuFailsThroughTheWatchdog) {
+  CommOptions options;
+  options.timeout = std::chrono::seconds(2);
+  ASSERT_TRUE(on_gpus(
+      2,
+      [](Communicator& comm) {
+        comm.barrier();
+        const int me = comm.rank();
+        if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // posts second
+        Tensor t = gpu_tensor(std::vector<double>(3 + me, 1.0), DType::kF32, me);
+        comm.all_reduce_async(t, ReduceOp::kSum)->wait_on_device();
+        (void)host_values(t);  // released by the abort
+        try {
+          comm.check();
+          ADD_FAILURE() << "a mismatched all-reduce passed the check";
+        } catch (const CommError& e) {
+          const std::string what = e.what();
+          if (me == 1) {
+            EXPECT_NE(what.find("all_reduce #1 (sum, 4 × f32) on group 'world' (size 2, rank 1) "
+                                "failed: invalid usage"),
+                      std::string::npos)
+                << what;
+            EXPECT_NE(what.find("rank 1 posted ncclAllReduce of 4"), std::string::npos) << what;
+          } else {
+            EXPECT_NE(what.find("timed out after 2.0 s waiting (on the GPU) for all_reduce #1"),
+                      std::string::npos)
+                << what;
+          }
+        }
+      },
+      options));
+}
+#endif
+
+#ifdef LOOM_CUDA_EMULATE
 // NCCL documents a send as blocking for the GPU until its receive runs, and a communicator's
 // operations run in issue order: two ranks that each send to the other before receiving, outside
 // a group, deadlock. The emulator's NCCL keeps those semantics (its first version buffered sends,
