@@ -622,6 +622,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         return context_parallel ? all_reduce_value(*cp_count, l, ReduceOp::kAvg) : l;
       };
       val = evaluate(micro_batch_loss, val_shards, micro, seq_len, tc.eval_batches, device, split);
+      for (CountingCommunicator* c : axis_counts)  // as after the step: before val is believed
+        if (c != nullptr) c->check();
       summary.last_val_loss = val;
     }
     if (leader) {
