@@ -416,6 +416,7 @@ double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
   // receive's sender is already on its way.
   Context ctx{&pool_, device_, DType::kF32, nullptr};
   ctx.sequence = config_.sequence;
+  ctx.ids_checked = config_.ids_checked;  // the trainer's loaders check them, evaluation's too
   const int S = schedule_.stages();
   double loss = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {

@@ -52,8 +52,8 @@ struct PipelineConfig {
   // Context parallelism: each micro-batch holds these positions of its sequences (seq_len of
   // them); null without.
   SequenceShard* sequence = nullptr;
-  // train_step's token ids were checked against the vocabulary where they came from (a training
-  // loader): a GPU's kernels skip their own check (kernels/exec.h).
+  // train_step's and evaluate's token ids were checked against the vocabulary where they came
+  // from (the trainer's loaders): a GPU's kernels skip their own check (kernels/exec.h).
   bool ids_checked = false;
 };
 

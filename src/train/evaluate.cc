@@ -6,8 +6,9 @@ namespace loom {
 
 double evaluate(const std::function<double(const Tensor& inputs, const Tensor& targets)>& loss,
                 const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
-                int64_t batches, Device device, Communicator* split) {
+                int64_t batches, Device device, Communicator* split, int64_t vocab_size) {
   DataLoader loader(shards, batch, seq_len);
+  loader.set_vocab_size(vocab_size);
   // Tokens are read on the host; a GPU gets a copy.
   const Device host = device.is_cpu() ? device : Device::cpu();
   Tensor host_inputs = Tensor::empty({batch, seq_len}, DType::kI32, host);
@@ -21,8 +22,8 @@ double evaluate(const std::function<double(const Tensor& inputs, const Tensor& t
     loader.next_batch(host_inputs.data<int32_t>(), host_targets.data<int32_t>());
     if (i % parts != part) continue;
     if (!device.is_cpu()) {
-      inputs.copy_from(host_inputs);
-      targets.copy_from(host_targets);
+      inputs.copy_from_host_queued(host_inputs);  // staged: the host buffers are free at once
+      targets.copy_from_host_queued(host_targets);
     }
     total += loss(inputs, targets);
   }

@@ -18,9 +18,12 @@ namespace loom {
 // keeping nothing for backward. With `split` (a data-parallel group), rank r runs the
 // micro-batches i with i mod size = r and the sums are all-reduced (f64), so a dp-way run spends
 // 1/dp of one device's evaluation time (every rank returns the same value); without, this rank
-// runs them all. Tokens are read on the host and handed to `loss` on `device` (a GPU gets a copy).
+// runs them all. Tokens are read on the host and handed to `loss` on `device` (a GPU gets a copy,
+// queued behind its work: no wait per batch). With `vocab_size` > 0 the loader checks every
+// token id against it, naming the shard (DataLoader::set_vocab_size), so `loss` may tell the
+// kernels to skip their own checks (Exec::ids_checked), each a wait on a GPU.
 double evaluate(const std::function<double(const Tensor& inputs, const Tensor& targets)>& loss,
                 const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
-                int64_t batches, Device device, Communicator* split);
+                int64_t batches, Device device, Communicator* split, int64_t vocab_size = 0);
 
 }  // namespace loom

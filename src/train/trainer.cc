@@ -534,7 +534,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         engine.end_micro_batch();
       }
       ctx.losses = nullptr;
-      ctx.ids_checked = false;  // (evaluation's loader does not check them)
+      ctx.ids_checked = false;
       for (double mean : step_losses.take()) loss += mean / static_cast<double>(accum);
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
       loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
@@ -621,7 +621,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         }
         return context_parallel ? all_reduce_value(*cp_count, l, ReduceOp::kAvg) : l;
       };
-      val = evaluate(micro_batch_loss, val_shards, micro, seq_len, tc.eval_batches, device, split);
+      ctx.ids_checked = true;  // by evaluate's loader, naming the shard
+      val = evaluate(micro_batch_loss, val_shards, micro, seq_len, tc.eval_batches, device, split,
+                     config.model.vocab_size);
+      ctx.ids_checked = false;
       for (CountingCommunicator* c : axis_counts)  // as after the step: before val is believed
         if (c != nullptr) c->check();
       summary.last_val_loss = val;

@@ -18,6 +18,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/export.h"
 #include "data/dataset.h"
+#include "data/shard.h"
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
 #ifdef LOOM_CUDA_EMULATE
@@ -978,6 +979,25 @@ TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
                    std::to_string(more));
   }
 }
+
+// Evaluation on a GPU: its batches go up queued and their ids were checked by its loader, so a
+// validation batch waits once, for its loss (3 before: synchronous uploads and the embedding
+// kernel's own id check too). From 1-step runs evaluating 1 and 3 batches.
+TEST_F(TrainTest, GpuEvaluationWaitsOnceAValidationBatch) {
+  const auto waits = [&](int64_t batches) {
+    Config c = config(1);
+    c.runtime.device = "cuda";
+    c.train.warmup_steps = 0;
+    c.train.eval_every = 1;
+    c.train.eval_batches = batches;
+    const int64_t before = cuda_emu::host_activity().host_waits + nccl_host_waits();
+    run_training(c, options("eval_" + std::to_string(batches)));
+    return cuda_emu::host_activity().host_waits + nccl_host_waits() - before;
+  };
+  const double per_batch = static_cast<double>(waits(3) - waits(1)) / 2;
+  EXPECT_EQ(per_batch, 1.0);
+  RecordProperty("host_waits_per_validation_batch", std::to_string(per_batch));
+}
 #endif
 
 // A Llama on runtime.device = "cuda" (one rank: nccl as a group of one) trains the CPU's run step
@@ -1243,6 +1263,32 @@ TEST_F(TrainTest, TokensOutsideTheVocabularyFailNamingTheShard) {
       EXPECT_NE(msg.find(".bin"), std::string::npos) << msg;
       EXPECT_NE(msg.find("vocabulary [0, 40)"), std::string::npos) << msg;
       EXPECT_NE(msg.find("model.vocab_size"), std::string::npos) << msg;
+    }
+  }
+}
+
+// The validation loader checks its ids too (so that evaluation's kernels may skip their own
+// checks, a wait each on a GPU): a bad id in a validation shard fails the first evaluation,
+// naming that shard, on CPU ranks and on the GPU.
+TEST_F(TrainTest, ValidationTokensOutsideTheVocabularyFailNamingTheShard) {
+  std::vector<uint16_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 200);
+  tokens[70] = 300;  // in the first evaluation's batches
+  fs::create_directories(dir_ / "bad_val");
+  write_shard((dir_ / "bad_val" / "val_000.bin").string(), tokens);
+  for (const char* device : {"cpu", "cuda"}) {
+    if (std::string(device) == "cuda" && !cuda_available()) continue;
+    SCOPED_TRACE(device);
+    Config c = config(4);
+    c.runtime.device = device;
+    c.data.val = (dir_ / "bad_val" / "val_*.bin").string();
+    try {
+      run_training(c, options(std::string("bad_val_") + device));
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("val_000.bin"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("vocabulary [0, 256)"), std::string::npos) << msg;
     }
   }
 }
