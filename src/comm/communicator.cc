@@ -1,5 +1,7 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
+
 namespace loom {
 
 std::string_view reduce_op_name(ReduceOp op) {
@@ -45,14 +47,19 @@ WorkHandle Communicator::send_recv_async(const Tensor& to_send, int dst, Tensor&
 // A GPU communicator's value goes up queued behind the GPU's work (copy_from_host_queued) and
 // comes back by a copy behind the operation (wait_on_device), so the host waits once, for the
 // result; check() then says whether the operation failed (the value would be garbage).
-double all_reduce_value(Communicator& comm, double value, ReduceOp op) {
-  Tensor host = Tensor::empty({1}, DType::kF64);
-  host.data<double>()[0] = value;
+std::vector<double> all_reduce_values(Communicator& comm, const std::vector<double>& values,
+                                      ReduceOp op) {
+  Tensor host = Tensor::empty({static_cast<int64_t>(values.size())}, DType::kF64);
+  std::copy(values.begin(), values.end(), host.data<double>());
   Tensor t = host.to_queued(comm.tensor_device());
   comm.all_reduce_async(t, op)->wait_on_device();
-  const double result = t.to(Device::cpu()).data<double>()[0];
+  const Tensor back = t.to(Device::cpu());
   comm.check();
-  return result;
+  return std::vector<double>(back.data<double>(), back.data<double>() + back.numel());
+}
+
+double all_reduce_value(Communicator& comm, double value, ReduceOp op) {
+  return all_reduce_values(comm, {value}, op)[0];
 }
 
 std::vector<double> all_gather_values(Communicator& comm, const std::vector<double>& mine) {

@@ -146,6 +146,9 @@ class Communicator {
 // Host values through any communicator, staged through its tensor_device() (a GPU under nccl):
 // the few scalars a training loop exchanges (losses, norms, memory figures). Blocking.
 double all_reduce_value(Communicator& comm, double value, ReduceOp op = ReduceOp::kSum);
+// The same for several values at once (one operation, one wait).
+std::vector<double> all_reduce_values(Communicator& comm, const std::vector<double>& values,
+                                      ReduceOp op = ReduceOp::kSum);
 // Every rank's `mine` (the same length on each), rank r's at [r·n, (r+1)·n).
 std::vector<double> all_gather_values(Communicator& comm, const std::vector<double>& mine);
 

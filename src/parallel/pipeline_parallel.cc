@@ -235,7 +235,7 @@ void PipelineParallel::recv_boundary(Tensor& t, int src, int tag_value, bool tim
     }
   } else {
     // On GPUs (nccl) the compute stream waits for the message, not the host: the wait counted
-    // below is then the host's only, ~0 (the bubble shows on the GPU's timeline).
+    // below is then the host's only, ~0 (the trainer's bubble takes the stream's pp stalls).
     pp_.recv_async(wire, src, tag_value)->wait_on_device();
   }
   if (config_.send_dtype == DType::kBF16)
@@ -387,16 +387,12 @@ double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
     }
   }
   const std::vector<double> sums = ops::sum_squares_each(Exec{&pool_, device_}, grads, sizes);
-  Tensor per_stage = Tensor::zeros({S}, DType::kF64);
+  std::vector<double> per_stage(static_cast<size_t>(S), 0.0);
   for (size_t i = 0; i < sums.size(); ++i)
-    per_stage.data<double>()[stage_of_chunk(static_cast<int>(chunk_of[i]))] += sums[i];
-  Tensor reduced = per_stage.to_queued(pp_.tensor_device());
-  // Each entry: one stage's sum plus zeros. Read by a copy behind the reduction (one wait).
-  pp_.all_reduce_async(reduced, ReduceOp::kSum)->wait_on_device();
-  per_stage = reduced.to(Device::cpu());
-  pp_.check();
+    per_stage[static_cast<size_t>(stage_of_chunk(static_cast<int>(chunk_of[i])))] += sums[i];
+  per_stage = all_reduce_values(pp_, per_stage);  // each entry: one stage's sum plus zeros
   double sum = 0;
-  for (int st = 0; st < S; ++st) sum += per_stage.data<double>()[st];
+  for (double stage_sum : per_stage) sum += stage_sum;
   if (tp != nullptr) sum = all_reduce_value(*tp, sum);
   // Unscaled as DataParallel::clip_grad_norm does (exact: loss_scale is a power of two).
   const double norm = std::sqrt(sum) / loss_scale;  // NaN stays NaN: an overflow

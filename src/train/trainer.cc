@@ -487,6 +487,12 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   summary.last_step = summary.start_step;
   const std::vector<CountingCommunicator*> axis_counts = {&dp_count, &pp_count, &tp_count,
                                                           cp_count.get()};  // not eval's
+  // Communication the GPU waited for (Work::wait_on_device) reports its failures here, before
+  // the numbers it fed are judged: a timeout named as one, not a loss that "diverged".
+  const auto check_axes = [&] {
+    for (CountingCommunicator* c : axis_counts)
+      if (c != nullptr) c->check();
+  };
   for (int64_t step = summary.start_step + 1; step <= end_step; ++step) {
     const double t0 = now_seconds();
     for (CountingCommunicator* c : axis_counts) {
@@ -545,10 +551,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       comm_wait = engine.step_stats().wait_seconds;
     }
     step_span.end();
-    // Communication the GPU waited for (Work::wait_on_device) reports its failures here, before
-    // the step's numbers are judged: a timeout named as one, not a loss that "diverged".
-    for (CountingCommunicator* c : axis_counts)
-      if (c != nullptr) c->check();
+    check_axes();
     if (!applied) {
       ++summary.skipped_steps;
       char buf[128];
@@ -625,8 +628,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       val = evaluate(micro_batch_loss, val_shards, micro, seq_len, tc.eval_batches, device, split,
                      config.model.vocab_size);
       ctx.ids_checked = false;
-      for (CountingCommunicator* c : axis_counts)  // as after the step: before val is believed
-        if (c != nullptr) c->check();
+      check_axes();  // as after the step: before val is believed
       summary.last_val_loss = val;
     }
     if (leader) {
