@@ -80,14 +80,23 @@ std::vector<FlightRecord> FlightRecorder::snapshot() const {
   return out;
 }
 
+int64_t FlightRecorder::last_seq(const std::string& group) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t last = -1;
+  for (const FlightRecord& r : ring_)
+    if (r.group == group) last = std::max(last, r.seq);
+  return last;
+}
+
 std::string FlightRecorder::dump(const std::string& dir, int world_rank, int world_size,
-                                 const std::string& reason) const {
+                                 const std::string& reason, const std::string& backend) const {
   json j;
   j["format"] = "loom-flight-recorder";
   j["version"] = 1;
   j["rank"] = world_rank;
   j["world_size"] = world_size;
   j["reason"] = reason;
+  if (!backend.empty()) j["backend"] = backend;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     j["groups"] = groups_;
@@ -101,10 +110,12 @@ std::string FlightRecorder::dump(const std::string& dir, int world_rank, int wor
   j["records"] = records;
   std::error_code ec;
   fs::create_directories(dir, ec);
-  char name[32];
-  std::snprintf(name, sizeof name, "rank_%05d.json", world_rank);
+  char number[16];
+  std::snprintf(number, sizeof number, "%05d", world_rank);
+  const std::string name =
+      std::string("rank_") + number + (backend.empty() ? "" : "." + backend) + ".json";
   const fs::path path = fs::path(dir) / name;
-  const fs::path tmp = fs::path(dir) / (std::string(name) + ".tmp");
+  const fs::path tmp = fs::path(dir) / (name + ".tmp");
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << j.dump(1) << '\n';
@@ -142,11 +153,11 @@ HangReport analyze_flight_dumps(const std::string& dir) {
     }
     if (j.value("format", "") != "loom-flight-recorder")
       fail(entry.path().string(), " is not a Loom flight recorder dump");
-    Rank r;
-    r.groups = j.at("groups").get<std::map<std::string, std::vector<int>>>();
+    Rank& r = ranks[j.at("rank").get<int>()];  // a rank's second dump adds to its first
+    for (auto& [group, members] : j.at("groups").get<std::map<std::string, std::vector<int>>>())
+      r.groups[group] = std::move(members);
     for (const auto& rec : j.at("records")) r.records.push_back(rec);
     report.world_size = std::max(report.world_size, j.at("world_size").get<int>());
-    ranks[j.at("rank").get<int>()] = std::move(r);
   }
   if (ranks.empty()) fail("no flight recorder dumps (rank_*.json) in ", dir);
   for (int r = 0; r < report.world_size; ++r)
@@ -166,7 +177,8 @@ HangReport analyze_flight_dumps(const std::string& dir) {
     std::map<int, json> last_record;
     for (int rank : world_ranks) {
       auto it = ranks.find(rank);
-      if (it == ranks.end()) continue;
+      // A rank whose dumps lack the group (e.g. its nccl dump is missing) says nothing of it.
+      if (it == ranks.end() || !it->second.groups.count(group)) continue;
       last_issued[rank] = -1;
       for (const json& rec : it->second.records) {
         if (rec.at("group") != group) continue;
@@ -189,10 +201,12 @@ HangReport analyze_flight_dumps(const std::string& dir) {
         wait_op = rec.at("op").get<std::string>();
       }
     }
-    std::vector<int> waiting, behind, missing;
+    std::vector<int> waiting, behind, missing, unrecorded;
     for (int rank : world_ranks) {
-      if (!last_issued.count(rank)) {
+      if (!ranks.count(rank)) {
         missing.push_back(rank);
+      } else if (!last_issued.count(rank)) {
+        unrecorded.push_back(rank);
       } else if (last_issued[rank] < wait_seq) {
         behind.push_back(rank);
       } else if (stuck.count(rank)) {
@@ -215,6 +229,7 @@ HangReport analyze_flight_dumps(const std::string& dir) {
       line += ")";
     }
     if (!missing.empty()) line += "; no dump from rank(s) " + join(missing);
+    if (!unrecorded.empty()) line += "; no records of this group from rank(s) " + join(unrecorded);
     // Most useful first: groups where somebody is behind.
     if (!behind.empty()) {
       report.findings.insert(report.findings.begin() + (report.missing_dumps.empty() ? 0 : 1), line);

@@ -43,9 +43,14 @@ class FlightRecorder {
   void failed(uint64_t id);
 
   std::vector<FlightRecord> snapshot() const;  // oldest first
-  // Writes DIR/rank_NNNNN.json (atomically: .tmp + rename); returns the path.
+  // The highest sequence number recorded for `group` (-1: none held), e.g. to tell whether a
+  // peer in the same process issued a collective yet.
+  int64_t last_seq(const std::string& group) const;
+  // Writes DIR/rank_NNNNN.json (atomically: .tmp + rename); returns the path. A rank with a
+  // second recorder (the nccl backend's, beside its host bootstrap's) names it by `backend`:
+  // DIR/rank_NNNNN.<backend>.json; the analysis merges a rank's dumps.
   std::string dump(const std::string& dir, int world_rank, int world_size,
-                   const std::string& reason) const;
+                   const std::string& reason, const std::string& backend = "") const;
 
  private:
   void set_state(uint64_t id, FlightState state);
@@ -64,7 +69,9 @@ struct HangReport {
   std::string text() const;
 };
 
-// Reads DIR/rank_*.json (DIR = RUN_DIR/flight) and explains where each group is stuck.
+// Reads DIR/rank_*.json (DIR = RUN_DIR/flight) and explains where each group is stuck; a rank's
+// several dumps (rank_NNNNN.json, rank_NNNNN.nccl.json) count as one: their groups and records
+// together.
 // Throws loom::Error naming the directory or file when there is nothing to read.
 HangReport analyze_flight_dumps(const std::string& dir);
 

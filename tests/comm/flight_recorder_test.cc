@@ -63,6 +63,35 @@ TEST_F(FlightRecorderTest, ReportsMissingDumps) {
   EXPECT_NE(report.text().find("no dump from rank(s) 3"), std::string::npos) << report.text();
 }
 
+// Thread ranks under nccl write two dumps each: their host bootstrap's (rank_N.json) and nccl's
+// (rank_N.nccl.json). They count as one rank: no rank is missing, and each group is judged on
+// the records of the dump that has it.
+TEST_F(FlightRecorderTest, ARanksDumpsOfTwoBackendsCountAsOne) {
+  for (int r = 0; r < 4; ++r) {
+    FlightRecorder host;
+    record(host, 1, false);  // the bootstrap's broadcast, completed
+    host.dump(dir_.string(), r, 4, "world aborted");
+    if (r == 2) continue;  // rank 2's nccl records were never dumped
+    FlightRecorder nccl;
+    nccl.add_group("nccl:world", {0, 1, 2, 3});
+    for (int s = 0; s < 3; ++s) nccl.completed(nccl.issued("nccl:world", s, "all_reduce", "f32", 8));
+    if (r != 1) nccl.started(nccl.issued("nccl:world", 3, "all_reduce", "f32", 8));
+    EXPECT_EQ(nccl.dump(dir_.string(), r, 4, "timeout", "nccl"),
+              (dir_ / ("rank_0000" + std::to_string(r) + ".nccl.json")).string());
+  }
+  const HangReport report = analyze_flight_dumps(dir_.string());
+  EXPECT_TRUE(report.missing_dumps.empty()) << report.text();
+  ASSERT_FALSE(report.findings.empty());
+  const std::string& line = report.findings.front();
+  EXPECT_NE(line.find("group 'nccl:world' (ranks 0, 1, 2, 3): rank(s) 0, 3 wait in all_reduce "
+                      "#3; rank(s) 1 never reached #3"),
+            std::string::npos)
+      << report.text();
+  EXPECT_NE(line.find("; no records of this group from rank(s) 2"), std::string::npos)
+      << report.text();
+  EXPECT_EQ(report.text().find("group 'world'"), std::string::npos) << report.text();
+}
+
 TEST_F(FlightRecorderTest, AllCompletedMeansNoHang) {
   for (int r = 0; r < 4; ++r) {
     FlightRecorder fr;

@@ -9,13 +9,19 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "comm/host_tensors.h"
 #include "comm/local/local_backend.h"
 #include "device/cuda/cuda_backend.h"
@@ -458,7 +464,8 @@ TEST_F(NcclTest, ThreadRanksSkippedCollectiveWaitedOnTheGpuTimesOutNamingIt) {
             EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
             const std::string what = testutil::error_of([&] { comm.check(); });
             EXPECT_NE(what.find("timed out after 2.0 s waiting (on the GPU) for all_reduce #1 "
-                                "(sum, 2 × f32) on group 'world' (size 2, rank 0)"),
+                                "(sum, 2 × f32) on group 'world' (size 2, rank 0); rank(s) 1 did "
+                                "not arrive"),
                       std::string::npos)
                 << what;
             EXPECT_THROW(comm.barrier(), CommError);
@@ -546,7 +553,8 @@ TEST_F(NcclTest, ThreadRanksSkippedCollectiveTimesOutNamingIt) {
             } catch (const CommError& e) {
               const std::string what = e.what();
               EXPECT_NE(what.find("timed out after 3.0 s"), std::string::npos) << what;
-              EXPECT_NE(what.find("all_reduce #1 (sum, 2 × f32) on group 'world' (size 2, rank 0)"),
+              EXPECT_NE(what.find("all_reduce #1 (sum, 2 × f32) on group 'world' (size 2, rank 0); "
+                                  "rank(s) 1 did not arrive"),
                         std::string::npos)
                   << what;
             }
@@ -554,6 +562,66 @@ TEST_F(NcclTest, ThreadRanksSkippedCollectiveTimesOutNamingIt) {
           },
           options))
     GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+}
+
+// The flight recorder under nccl: the first rank to time out dumps its records and those of
+// its world's other ranks in this process (thread ranks), before its abort, to
+// flight_dir/rank_NNNNN.nccl.json; `loom debug hang` (analyze_flight_dumps) then names the rank
+// that never reached the collective, and a split group is recorded with its members' world ranks.
+TEST_F(NcclTest, ThreadRanksThatTimeOutDumpEveryRanksFlightRecords) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_nccl_flight_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  CommOptions options;
+  options.timeout = std::chrono::seconds(2);
+  options.flight_dir = dir.string();
+  std::vector<std::string> errors(4);
+  if (!on_gpus(
+          4,
+          [&](Communicator& comm) {
+            const int me = comm.rank();
+            comm.barrier();                                   // #0
+            auto pair = comm.split(me % 2, me);               // #1: {0, 2} and {1, 3}
+            Tensor t = gpu_tensor({1, 2, 3}, DType::kF32, me);
+            pair->all_reduce(t);
+            if (me == 3) {  // skips the world's all-reduce, alive past the others' timeouts
+              std::this_thread::sleep_for(std::chrono::seconds(4));
+              return;
+            }
+            if (me != 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            errors[static_cast<size_t>(me)] = testutil::error_of([&] { comm.all_reduce(t); });
+          },
+          options))
+    GTEST_SKIP() << "needs 4 GPUs, found " << gpu_count();
+  EXPECT_NE(errors[0].find("all_reduce #2 (sum, 3 × f32) on group 'world' (size 4, rank 0); "
+                           "rank(s) 3 did not arrive"),
+            std::string::npos)
+      << errors[0];
+  for (int r = 0; r < 4; ++r) {
+    char name[32];
+    std::snprintf(name, sizeof name, "rank_%05d.nccl.json", r);
+    ASSERT_TRUE(fs::exists(dir / name)) << name;
+  }
+  const HangReport report = analyze_flight_dumps(dir.string());
+  ASSERT_FALSE(report.findings.empty());
+  const std::string& line = report.findings.front();
+  EXPECT_NE(line.find("group 'nccl:world' (ranks 0, 1, 2, 3): rank(s) 0, 1, 2 wait in "
+                      "all_reduce #2; rank(s) 3 never reached #2"),
+            std::string::npos)
+      << report.text();
+  EXPECT_TRUE(report.missing_dumps.empty());
+  // Rank 3's dump: the split group with its members' world ranks, its all-reduce completed.
+  std::ifstream in(dir / "rank_00003.nccl.json");
+  const nlohmann::json dump = nlohmann::json::parse(in);
+  EXPECT_EQ(dump.at("backend"), "nccl");
+  EXPECT_EQ(dump.at("groups").at("nccl:world/split(color=1)"), (std::vector<int>{1, 3}));
+  bool pair_done = false;
+  for (const auto& rec : dump.at("records"))
+    if (rec.at("group") == "nccl:world/split(color=1)" && rec.at("op") == "all_reduce")
+      pair_done = rec.at("state") == "completed";
+  EXPECT_TRUE(pair_done) << dump.dump(1);
+  fs::remove_all(dir);
 }
 
 }  // namespace

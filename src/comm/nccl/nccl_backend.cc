@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "device/cuda/cuda_check.h"
 
 static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0), "ncclCommSplit needs NCCL >= 2.18");
@@ -88,11 +90,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-std::string timed_out(std::chrono::milliseconds timeout, const std::string& while_) {
-  return detail::concat("timed out after ", seconds_str(timeout), " ", while_,
-                        "; ranks that did not arrive: unknown with the nccl backend");
-}
-
 // A completion event, shared by the handle and the watchdog's list (destroyed with the last).
 using EventRef = std::shared_ptr<std::remove_pointer_t<cudaEvent_t>>;
 EventRef owned_event(cudaEvent_t event) {
@@ -119,6 +116,184 @@ ncclConfig_t nonblocking_config() {
   config.blocking = 0;
   return config;
 }
+
+std::string join(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+// An operation as its handle, the watchdog and the error messages know it: "all_reduce #7 (sum,
+// 1001 × f32) on group ...", its sequence number in the group (collectives; -1 for messages),
+// and its flight records.
+struct OpInfo {
+  OpInfo(std::string what_, int64_t seq_ = -1) : what(std::move(what_)), seq(seq_) {}
+  std::string what;
+  int64_t seq = -1;
+  std::vector<uint64_t> flight_ids;
+};
+
+// What an operation puts in the flight recorder (flight_recorder.h).
+struct FlightNote {
+  bool p2p = false;  // recorded under "<group>:p2p", numbered per peer, as the local backend does
+  int64_t seq = 0;
+  std::string op;
+  std::string dtype;
+  int64_t count = 0;
+};
+
+struct NcclFlight;
+
+// The ranks of one nccl world that this process drives (thread ranks; one per process under
+// mpirun), by world rank: a rank that fails dumps its in-process peers' records with its own,
+// and names those that did not arrive at a collective. Registered by the world's ncclUniqueId.
+struct NcclWorldPeers {
+  std::mutex mutex;
+  std::map<int, std::weak_ptr<NcclFlight>> by_rank;
+
+  std::shared_ptr<NcclFlight> find(int world_rank) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = by_rank.find(world_rank);
+    return it == by_rank.end() ? nullptr : it->second.lock();
+  }
+  std::vector<std::shared_ptr<NcclFlight>> all() {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::vector<std::shared_ptr<NcclFlight>> out;
+    for (auto& [rank, flight] : by_rank)
+      if (auto f = flight.lock()) out.push_back(std::move(f));
+    return out;
+  }
+};
+
+std::shared_ptr<NcclWorldPeers> world_peers(const ncclUniqueId& id) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<NcclWorldPeers>> worlds;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::erase_if(worlds, [](const auto& w) { return w.second.expired(); });
+  std::weak_ptr<NcclWorldPeers>& slot = worlds[std::string(id.internal, sizeof id.internal)];
+  std::shared_ptr<NcclWorldPeers> peers = slot.lock();
+  if (!peers) {
+    peers = std::make_shared<NcclWorldPeers>();
+    slot = peers;
+  }
+  return peers;
+}
+
+// One rank's flight recorder for one nccl world, shared by the world communicator and every
+// communicator split from it. States: issued (asked for), started (enqueued on the
+// communicator's stream), completed (its event seen done: by a wait, the watchdog, the next
+// operation's reaping or the dump), failed (the operation that failed). Dumps once, to
+// CommOptions::flight_dir/rank_NNNNN.nccl.json, when the first of its communicators fails.
+struct NcclFlight {
+  NcclFlight(const CommOptions& options, int rank, int ranks, std::shared_ptr<NcclWorldPeers> p)
+      : recorder(options.flight_capacity),
+        dir(options.flight_dir),
+        world_rank(rank),
+        world_size(ranks),
+        peers(std::move(p)) {}
+
+  FlightRecorder recorder;
+  const std::string dir;
+  const int world_rank;
+  const int world_size;
+  const std::shared_ptr<NcclWorldPeers> peers;
+
+  std::mutex mutex;  // guards pending and dumped; taken after a communicator's, never before
+  struct Pending {
+    uint64_t id;
+    EventRef done;
+    const void* owner;  // the communicator's NcclShared
+  };
+  std::vector<Pending> pending;  // started, not yet seen complete
+  bool dumped = false;
+
+  void started(const std::vector<uint64_t>& ids, const EventRef& done, const void* owner) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (uint64_t id : ids) {
+      recorder.started(id);
+      pending.push_back({id, done, owner});
+    }
+  }
+
+  // Marks the operations whose event completed.
+  void reap_locked() {
+    std::erase_if(pending, [&](const Pending& p) {
+      const cudaError_t state = cudaEventQuery(p.done.get());
+      if (state == cudaErrorNotReady) return false;
+      if (state == cudaSuccess)
+        recorder.completed(p.id);
+      else
+        recorder.failed(p.id);
+      return true;
+    });
+  }
+  void reap() {
+    std::lock_guard<std::mutex> lock(mutex);
+    reap_locked();
+  }
+
+  // Dumps once (with a flight_dir); returns a note for the error message when the dump failed.
+  std::string dump(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (dir.empty() || dumped) return "";
+    dumped = true;
+    reap_locked();
+    try {
+      recorder.dump(dir, world_rank, world_size, reason, "nccl");
+      return "";
+    } catch (const std::exception& e) {
+      return std::string(" (flight recorder dump failed: ") + e.what() + ")";
+    }
+  }
+
+  void failed(const std::vector<uint64_t>& ids) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (uint64_t id : ids) recorder.failed(id);
+    std::erase_if(pending, [&](const Pending& p) { return std::ranges::count(ids, p.id) > 0; });
+  }
+  // A communicator aborted: its unfinished operations stay as they are (NCCL's killed kernels
+  // complete their events too, which proves nothing).
+  void abandon(const void* owner) {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::erase_if(pending, [&](const Pending& p) { return p.owner == owner; });
+  }
+
+  // This rank's dump, then its in-process peers' (where they are now), so that `loom debug hang`
+  // sees every rank of a thread-rank world at once.
+  std::string dump_world(const std::string& reason) {
+    const std::string note = dump(reason);
+    for (const auto& peer : peers->all())
+      if (peer.get() != this)
+        (void)peer->dump(detail::concat("rank ", world_rank, " failed: ", reason));
+    return note;
+  }
+
+  // The end of a timeout's message for collective `seq` of `group` (members by world rank): the
+  // members in this process that never issued it, or where to look for those elsewhere.
+  std::string not_arrived(const std::string& group, int64_t seq,
+                          const std::vector<int>& members) const {
+    std::vector<int> absent, elsewhere;
+    for (int m : members) {
+      if (m == world_rank) continue;
+      const std::shared_ptr<NcclFlight> peer = peers->find(m);
+      if (!peer)
+        elsewhere.push_back(m);
+      else if (peer->recorder.last_seq(group) < seq)
+        absent.push_back(m);
+    }
+    std::string out;
+    if (!absent.empty())
+      out = detail::concat("; rank(s) ", join(absent), " did not arrive");
+    else if (elsewhere.empty())
+      out = "; every rank issued it";
+    if (!elsewhere.empty())
+      out += detail::concat("; whether rank(s) ", join(elsewhere),
+                            " arrived is unknown here (other processes)");
+    if (!dir.empty() && !elsewhere.empty())
+      out += detail::concat(": `loom debug hang` reads the flight dumps in ", dir);
+    return out;
+  }
+};
 
 }  // namespace
 
@@ -153,7 +328,7 @@ struct NcclShared {
   struct Watched {
     EventRef event;
     std::vector<Tensor> keep;
-    std::string what;
+    OpInfo op;
     Clock::time_point deadline;
     std::function<void()> on_done;  // a recv's header check
   };
@@ -169,24 +344,55 @@ struct NcclShared {
   std::map<int, std::deque<Tensor>> self_messages;  // tag -> sends to oneself, FIFO
   std::vector<int64_t> sent, received;              // per peer: messages so far
   int64_t next_seq = 0;
+  // This rank's flight recorder (shared with the world and its splits); the group's name there
+  // ("nccl:<name>") and its members' world ranks. Null while the communicator is being set up.
+  std::shared_ptr<NcclFlight> flight;
+  std::string flight_group;
+  std::vector<int> world_ranks;
 
   std::string group() const {
     return detail::concat("group '", name, "' (size ", size, ", rank ", rank, ")");
   }
 
-  // Aborts the NCCL communicator once, remembering why; later calls refuse with `why`.
-  void abort_locked(const std::string& why) {
+  // Aborts the NCCL communicator once, remembering why; later calls refuse with `why`. The
+  // operation that failed (`op`, when one did) is marked in the flight recorder, which dumps
+  // (this rank's and its in-process peers') before the abort. Returns a note when the dump
+  // failed.
+  std::string abort_locked(const std::string& why, const OpInfo* op = nullptr) {
     if (aborted.empty()) aborted = why;
+    const bool first = !failed;
     failed = true;
+    std::string note;
+    if (flight) {
+      if (op != nullptr) flight->failed(op->flight_ids);
+      if (first) note = flight->dump_world(why);
+      flight->abandon(this);
+    }
     if (comm != nullptr) {
       (void)ncclCommAbort(comm);
       comm = nullptr;
     }
+    return note;
   }
 
-  [[noreturn]] void fail_locked(const std::string& why) {
-    abort_locked(why);
-    comm_fail(why, "; communicator aborted");
+  [[noreturn]] void fail_locked(const std::string& why, const OpInfo* op = nullptr) {
+    const std::string note = abort_locked(why, op);
+    comm_fail(why, "; communicator aborted", note);
+  }
+
+  // "timed out after 5.0 s waiting for all_reduce #7 (...) on group ...; rank(s) 1 did not
+  // arrive": the arrival part from the flight records of the ranks in this process.
+  std::string timed_out(const std::string& doing, const OpInfo& op) const {
+    std::string arrival;
+    if (flight && op.seq >= 0)
+      arrival = flight->not_arrived(flight_group, op.seq, world_ranks);
+    else if (flight && !flight->dir.empty())
+      arrival = "; `loom debug hang` names the ranks that did not arrive from the flight dumps in " +
+                flight->dir;
+    else
+      arrival = "; ranks that did not arrive: unknown with the nccl backend";
+    return detail::concat("timed out after ", seconds_str(options.timeout), " ", doing, op.what,
+                          arrival);
   }
 
   void check_usable_locked(const std::string& what) const {
@@ -194,13 +400,14 @@ struct NcclShared {
   }
 
   // Waits for an NCCL call's result (see poll_state); on failure or timeout aborts and throws.
-  void settle_locked(ncclResult_t result, const char* call, const std::string& what) {
+  void settle_locked(ncclResult_t result, const char* call, const OpInfo& op) {
     result = poll_state(comm, result, Clock::now() + options.timeout);
     if (result == ncclSuccess) return;
     fail_locked(result == ncclInProgress
-                    ? timed_out(options.timeout, detail::concat("in ", call, " for ", what))
-                    : detail::concat(what, ": ", call, " failed: ", ncclGetErrorString(result),
-                                     ": ", ncclGetLastError(comm)));
+                    ? timed_out(detail::concat("in ", call, " for "), op)
+                    : detail::concat(op.what, ": ", call, " failed: ", ncclGetErrorString(result),
+                                     ": ", ncclGetLastError(comm)),
+                &op);
   }
 
   void reap_locked() {
@@ -239,20 +446,23 @@ struct NcclShared {
           if (ncclCommGetAsyncError(comm, &async) != ncclSuccess) async = ncclInternalError;
         }
         if (async != ncclSuccess && async != ncclInProgress)
-          abort_locked(detail::concat(w.what, " failed: ", ncclGetErrorString(async), ": ",
-                                      ncclGetLastError(comm)));
+          abort_locked(detail::concat(w.op.what, " failed: ", ncclGetErrorString(async), ": ",
+                                      ncclGetLastError(comm)),
+                       &w.op);
         else if (now > w.deadline)
-          abort_locked(timed_out(options.timeout, "waiting (on the GPU) for " + w.what));
+          abort_locked(timed_out("waiting (on the GPU) for ", w.op), &w.op);
         return false;
       }
       if (failed) return true;
       if (state != cudaSuccess) {
-        abort_locked(detail::concat(w.what, ": cudaEventQuery failed: ", cudaGetErrorName(state)));
+        abort_locked(
+            detail::concat(w.op.what, ": cudaEventQuery failed: ", cudaGetErrorName(state)),
+            &w.op);
       } else if (w.on_done) {
         try {
           w.on_done();
         } catch (const std::exception& e) {
-          abort_locked(without_prefix(e.what()));
+          abort_locked(without_prefix(e.what()), &w.op);
         }
       }
       return true;
@@ -348,11 +558,11 @@ std::shared_ptr<NcclShared> wrap(ncclComm_t comm, int device, std::string name,
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclShared> shared, EventRef event, std::string what,
+  NcclWork(std::shared_ptr<NcclShared> shared, EventRef event, OpInfo op,
            std::vector<Tensor> keep, std::function<void()> on_done)
       : s_(std::move(shared)),
         event_(std::move(event)),
-        what_(std::move(what)),
+        op_(std::move(op)),
         keep_(std::move(keep)),
         on_done_(std::move(on_done)) {}
 
@@ -368,14 +578,15 @@ class NcclWork final : public Work {
     {
       std::lock_guard<std::mutex> lock(s_->mutex);
       // After a failure NCCL's kernels were killed: a completed event proves nothing.
-      if (s_->failed || state == cudaErrorNotReady) s_->check_usable_locked(what_);
+      if (s_->failed || state == cudaErrorNotReady) s_->check_usable_locked(op_.what);
       if (state == cudaErrorNotReady) {
         ncclResult_t async = ncclSuccess;
         if (ncclCommGetAsyncError(s_->comm, &async) == ncclSuccess &&
             (async == ncclSuccess || async == ncclInProgress))
           return false;
-        s_->fail_locked(detail::concat(what_, " failed: ", ncclGetErrorString(async), ": ",
-                                       ncclGetLastError(s_->comm)));
+        s_->fail_locked(detail::concat(op_.what, " failed: ", ncclGetErrorString(async), ": ",
+                                       ncclGetLastError(s_->comm)),
+                        &op_);
       }
     }
     LOOM_NCCL_CUDA(state);
@@ -394,7 +605,7 @@ class NcclWork final : public Work {
     for (int polls = 0; !test(); ++polls) {
       if (Clock::now() > deadline) {
         std::lock_guard<std::mutex> lock(s_->mutex);
-        s_->fail_locked(timed_out(s_->options.timeout, "waiting for " + what_));
+        s_->fail_locked(s_->timed_out("waiting for ", op_), &op_);
       }
       if (polls < 2000)
         std::this_thread::yield();
@@ -415,8 +626,8 @@ class NcclWork final : public Work {
     EventRef event = event_;
     {
       std::lock_guard<std::mutex> lock(s_->mutex);
-      s_->check_usable_locked(what_);
-      s_->watch_locked({std::move(event_), std::move(keep_), what_,
+      s_->check_usable_locked(op_.what);
+      s_->watch_locked({std::move(event_), std::move(keep_), op_,
                         Clock::now() + s_->options.timeout, std::move(on_done_)});
     }
     done_ = true;
@@ -430,30 +641,38 @@ class NcclWork final : public Work {
  private:
   std::shared_ptr<NcclShared> s_;
   EventRef event_;
-  std::string what_;
+  OpInfo op_;
   std::vector<Tensor> keep_;  // buffers NCCL reads or writes until the event completes
   std::function<void()> on_done_;
   bool done_ = false;
 };
 
 // Enqueues `call` (NCCL calls on s.comm / s.stream, returning the last result) after the work
-// of the legacy default stream, and returns a handle on its completion event.
-WorkHandle launch(const std::shared_ptr<NcclShared>& shared, const std::string& what,
-                  const char* call_name, const std::function<ncclResult_t()>& call,
-                  std::vector<Tensor> keep, std::function<void()> on_done = {}) {
+// of the legacy default stream, records it in the flight recorder (`notes`: one per operation
+// it carries), and returns a handle on its completion event.
+WorkHandle launch(const std::shared_ptr<NcclShared>& shared, OpInfo op, const char* call_name,
+                  const std::function<ncclResult_t()>& call, std::vector<Tensor> keep,
+                  const std::vector<FlightNote>& notes, std::function<void()> on_done = {}) {
   NcclShared& s = *shared;
   std::lock_guard<std::mutex> lock(s.mutex);
-  s.check_usable_locked(what);
+  s.check_usable_locked(op.what);
   s.reap_locked();
+  if (s.flight) {
+    s.flight->reap();
+    for (const FlightNote& n : notes)
+      op.flight_ids.push_back(s.flight->recorder.issued(
+          n.p2p ? s.flight_group + ":p2p" : s.flight_group, n.seq, n.op, n.dtype, n.count));
+  }
   cuda::DeviceGuard guard(s.device);
   LOOM_NCCL_CUDA(cudaEventRecord(s.inputs_ready, cudaStreamLegacy));
   LOOM_NCCL_CUDA(cudaStreamWaitEvent(s.stream, s.inputs_ready, 0));
-  if (call) s.settle_locked(call(), call_name, what);
+  if (call) s.settle_locked(call(), call_name, op);
   cudaEvent_t created = nullptr;
   LOOM_NCCL_CUDA(cudaEventCreateWithFlags(&created, cudaEventDisableTiming));
   EventRef done = owned_event(created);
   LOOM_NCCL_CUDA(cudaEventRecord(done.get(), s.stream));
-  return std::make_shared<NcclWork>(shared, std::move(done), what, std::move(keep),
+  if (s.flight) s.flight->started(op.flight_ids, done, &s);
+  return std::make_shared<NcclWork>(shared, std::move(done), std::move(op), std::move(keep),
                                     std::move(on_done));
 }
 
@@ -541,9 +760,12 @@ WorkHandle collective(const std::shared_ptr<NcclShared>& s, const char* op, cons
     std::lock_guard<std::mutex> lock(s->mutex);
     seq = s->next_seq++;
   }
-  const std::string what =
-      detail::concat(op, " #", seq, inner.empty() ? "" : " (" + inner + ")", " on ", s->group());
-  return launch(s, what, call_name, call, std::move(keep));
+  OpInfo info(
+      detail::concat(op, " #", seq, inner.empty() ? "" : " (" + inner + ")", " on ", s->group()),
+      seq);
+  FlightNote note{false, seq, op, t ? std::string(dtype_name(t->dtype())) : "",
+                  t ? t->numel() : 0};
+  return launch(s, std::move(info), call_name, call, std::move(keep), {note});
 }
 }  // namespace
 
@@ -657,16 +879,26 @@ WorkHandle NcclCommunicator::barrier_async() {
 namespace {
 enum HeaderField { kTag, kCount, kDType, kNumber, kHeaderFields };
 
-// Checks the peer and numbers the message: "send(dst=1, tag=3) #4 on group ...", where #4 counts
-// the earlier messages this rank sent to (received from) that peer.
-std::string p2p_what(NcclShared& s, const char* op, const char* peer_name, int peer, int tag,
-                     std::vector<int64_t>& counter, int64_t* number) {
+// A message, checked and numbered: "send(dst=1, tag=3) #4 on group ...", where #4 counts the
+// earlier messages this rank sent to (received from) that peer; its flight record likewise.
+struct P2p {
+  std::string what;
+  int64_t number = 0;
+  FlightNote note;
+};
+P2p p2p_op(NcclShared& s, const char* op, const char* peer_name, int peer, int tag,
+           std::vector<int64_t>& counter, const Tensor& t) {
   if (peer < 0 || peer >= s.size)
     comm_fail(op, " on group '", s.name, "': ", peer_name, " ", peer, " outside [0, ", s.size, ")");
-  std::lock_guard<std::mutex> lock(s.mutex);
-  *number = counter[static_cast<size_t>(peer)]++;
-  return detail::concat(op, "(", peer_name, "=", peer, ", tag=", tag, ") #", *number, " on ",
-                        s.group());
+  int64_t number = 0;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    number = counter[static_cast<size_t>(peer)]++;
+  }
+  std::string name = detail::concat(op, "(", peer_name, "=", peer, ", tag=", tag, ")");
+  return {detail::concat(name, " #", number, " on ", s.group()), number,
+          FlightNote{true, number, std::move(name), std::string(dtype_name(t.dtype())),
+                     t.numel()}};
 }
 
 // A message's header on the tensor's GPU: its tag, size, dtype and number, which the receiver
@@ -727,30 +959,29 @@ ncclResult_t copy_on_stream(void* dst, const void* src, size_t bytes, cudaStream
 WorkHandle NcclCommunicator::send_async(const Tensor& tensor, int dst, int tag) {
   expect_on_gpu(tensor, shared_->device, "send", "the");
   NcclShared& s = *shared_;
-  int64_t number = 0;
-  const std::string what = p2p_what(s, "send", "dst", dst, tag, s.sent, &number);
+  P2p send = p2p_op(s, "send", "dst", dst, tag, s.sent, tensor);
   if (dst == rank_) {
     // To oneself: an eager copy, queued for the recv (NCCL would need both in one group).
     Tensor copy = Tensor::empty(tensor.shape(), tensor.dtype(), tensor.device());
     WorkHandle work =
-        launch(shared_, what, "cudaMemcpyAsync",
+        launch(shared_, {send.what}, "cudaMemcpyAsync",
                [&] { return copy_on_stream(copy.raw(), tensor.raw(), tensor.nbytes(), s.stream); },
-               {tensor, copy});
+               {tensor, copy}, {send.note});
     std::lock_guard<std::mutex> lock(s.mutex);
     s.self_messages[tag].push_back(copy);
     return work;
   }
-  const Tensor header = header_of(tensor, tag, number);
-  return launch(shared_, what, "ncclSend",
+  const Tensor header = header_of(tensor, tag, send.number);
+  return launch(shared_, {send.what}, "ncclSend",
                 [&] { return grouped([&] { return nccl_send(s, header, tensor, dst); }); },
-                {tensor, header});
+                {tensor, header}, {send.note});
 }
 
 WorkHandle NcclCommunicator::recv_async(Tensor& tensor, int src, int tag) {
   expect_on_gpu(tensor, shared_->device, "recv", "the");
   NcclShared& s = *shared_;
-  int64_t number = 0;
-  const std::string what = p2p_what(s, "recv", "src", src, tag, s.received, &number);
+  P2p recv = p2p_op(s, "recv", "src", src, tag, s.received, tensor);
+  const std::string& what = recv.what;
   if (src == rank_) {
     Tensor message;
     {
@@ -769,14 +1000,15 @@ WorkHandle NcclCommunicator::recv_async(Tensor& tensor, int src, int tag) {
       comm_fail(what, ": rank ", src, " sent ", message.numel(), " × ", dtype_name(message.dtype()),
                 ", expected ", tensor.numel(), " × ", dtype_name(tensor.dtype()));
     return launch(
-        shared_, what, "cudaMemcpyAsync",
+        shared_, {what}, "cudaMemcpyAsync",
         [&] { return copy_on_stream(tensor.raw(), message.raw(), tensor.nbytes(), s.stream); },
-        {tensor, message});
+        {tensor, message}, {recv.note});
   }
   Tensor header = Tensor::empty({kHeaderFields}, DType::kI64, tensor.device());
-  return launch(shared_, what, "ncclRecv",
+  return launch(shared_, {what}, "ncclRecv",
                 [&] { return grouped([&] { return nccl_recv(s, header, tensor, src); }); },
-                {tensor, header}, header_check(shared_, header, what, tag, tensor, number));
+                {tensor, header}, {recv.note},
+                header_check(shared_, header, what, tag, tensor, recv.number));
 }
 
 WorkHandle NcclCommunicator::send_recv_async(const Tensor& to_send, int dst, Tensor& into, int src,
@@ -787,20 +1019,19 @@ WorkHandle NcclCommunicator::send_recv_async(const Tensor& to_send, int dst, Ten
   expect_on_gpu(to_send, shared_->device, "send", "the");
   expect_on_gpu(into, shared_->device, "recv", "the");
   NcclShared& s = *shared_;
-  int64_t sent_number = 0, received_number = 0;
-  const std::string sent = p2p_what(s, "send", "dst", dst, tag, s.sent, &sent_number);
-  const std::string received = p2p_what(s, "recv", "src", src, tag, s.received, &received_number);
-  const Tensor out_header = header_of(to_send, tag, sent_number);
+  const P2p send = p2p_op(s, "send", "dst", dst, tag, s.sent, to_send);
+  const P2p recv = p2p_op(s, "recv", "src", src, tag, s.received, into);
+  const Tensor out_header = header_of(to_send, tag, send.number);
   Tensor in_header = Tensor::empty({kHeaderFields}, DType::kI64, into.device());
-  return launch(shared_, sent + " with " + received, "ncclSend/ncclRecv",
+  return launch(shared_, {send.what + " with " + recv.what}, "ncclSend/ncclRecv",
                 [&] {
                   return grouped([&] {
                     const ncclResult_t r = nccl_send(s, out_header, to_send, dst);
                     return r == ncclSuccess ? nccl_recv(s, in_header, into, src) : r;
                   });
                 },
-                {to_send, into, out_header, in_header},
-                header_check(shared_, in_header, received, tag, into, received_number));
+                {to_send, into, out_header, in_header}, {send.note, recv.note},
+                header_check(shared_, in_header, recv.what, tag, into, recv.number));
 }
 
 // ---- split and construction ------------------------------------------------------------------
@@ -821,26 +1052,73 @@ void settle_new(ncclComm_t comm, ncclResult_t result, std::chrono::milliseconds 
 }
 }  // namespace
 
+namespace {
+// The world ranks of a new communicator's members, by its ranks: one all-gather of an i32 each
+// over it (ncclCommSplit orders them by key, then by parent rank; only the members know theirs).
+std::vector<int> gather_world_ranks(const std::shared_ptr<NcclShared>& s, int world_rank) {
+  Tensor mine = Tensor::empty({1}, DType::kI32);
+  std::memcpy(mine.raw(), &world_rank, sizeof world_rank);
+  mine = mine.to(Device::cuda(s->device));
+  Tensor all = Tensor::empty({s->size}, DType::kI32, Device::cuda(s->device));
+  launch(s, {"the exchange of world ranks on " + s->group()}, "ncclAllGather",
+         [&] { return ncclAllGather(mine.raw(), all.raw(), 1, ncclInt32, s->comm, s->stream); },
+         {mine, all}, {})
+      ->wait();
+  const Tensor host = all.to(Device::cpu());
+  const auto* ranks = static_cast<const int32_t*>(host.raw());
+  return std::vector<int>(ranks, ranks + s->size);
+}
+
+// Gives a set-up communicator its flight state: this rank's recorder, its group's name there
+// ("nccl:<name>") and its members' world ranks.
+void join_flight(const std::shared_ptr<NcclShared>& s, std::shared_ptr<NcclFlight> flight,
+                 std::vector<int> world_ranks) {
+  std::lock_guard<std::mutex> lock(s->mutex);
+  s->flight_group = "nccl:" + s->name;
+  flight->recorder.add_group(s->flight_group, world_ranks);
+  s->world_ranks = std::move(world_ranks);
+  s->flight = std::move(flight);
+}
+}  // namespace
+
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   NcclShared& s = *shared_;
   ncclComm_t child = nullptr;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    const std::string what = detail::concat("split #", s.next_seq++, " (color ", color, ", key ",
-                                            key, ") on ", s.group());
+    const int64_t seq = s.next_seq++;
+    OpInfo op(detail::concat("split #", seq, " (color ", color, ", key ", key, ") on ", s.group()),
+              seq);
+    const std::string& what = op.what;
     s.check_usable_locked(what);
+    // In the flight records as the local backend has it: completed once the child is ready.
+    if (s.flight) op.flight_ids = {s.flight->recorder.issued(s.flight_group, seq, "split", "", 0)};
+    const auto record = [&](void (FlightRecorder::*state)(uint64_t)) {
+      for (uint64_t id : op.flight_ids) (s.flight->recorder.*state)(id);
+    };
     cuda::DeviceGuard guard(s.device);
     ncclConfig_t config = nonblocking_config();
     const ncclResult_t r =
         ncclCommSplit(s.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
     // Without a child (color < 0, or an error) the parent's state says how the split went.
-    if (child == nullptr || r != ncclInProgress) s.settle_locked(r, "ncclCommSplit", what);
+    if (child == nullptr || r != ncclInProgress) s.settle_locked(r, "ncclCommSplit", op);
+    if (child != nullptr) {
+      try {
+        settle_new(child, r, s.options.timeout, "ncclCommSplit", what, "");
+      } catch (...) {
+        record(&FlightRecorder::failed);
+        throw;
+      }
+    }
+    record(&FlightRecorder::completed);
     if (child == nullptr) return nullptr;
-    settle_new(child, r, s.options.timeout, "ncclCommSplit", what, "");
   }
   const std::string child_name = detail::concat(name_, "/split(color=", color, ")");
-  return std::make_unique<NcclCommunicator>(wrap(child, s.device, child_name, s.options),
-                                            child_name);
+  std::shared_ptr<NcclShared> made = wrap(child, s.device, child_name, s.options);
+  // A new communicator aborts and frees itself when a later step fails (~NcclCommunicator).
+  auto result = std::make_unique<NcclCommunicator>(made, child_name);
+  if (s.flight) join_flight(made, s.flight, gather_world_ranks(made, s.flight->world_rank));
+  return result;
 }
 
 std::unique_ptr<Communicator> make_nccl_world(Communicator& bootstrap, int cuda_device,
@@ -874,8 +1152,19 @@ std::unique_ptr<Communicator> make_nccl_world(Communicator& bootstrap, int cuda_
       ncclCommInitRankConfig(&comm, bootstrap.size(), id, bootstrap.rank(), &config);
   settle_new(comm, r, options.timeout, "ncclCommInitRankConfig", where,
              " (did every rank call make_nccl_world?)");
-  return std::make_unique<NcclCommunicator>(wrap(comm, cuda_device, bootstrap.name(), options),
-                                            bootstrap.name());
+  std::shared_ptr<NcclShared> made = wrap(comm, cuda_device, bootstrap.name(), options);
+  // The ranks of this world in this process find each other by its id (thread ranks).
+  std::shared_ptr<NcclWorldPeers> peers = world_peers(id);
+  auto flight =
+      std::make_shared<NcclFlight>(options, bootstrap.rank(), bootstrap.size(), peers);
+  {
+    std::lock_guard<std::mutex> lock(peers->mutex);
+    peers->by_rank[bootstrap.rank()] = flight;
+  }
+  std::vector<int> world_ranks(static_cast<size_t>(bootstrap.size()));
+  for (int i = 0; i < bootstrap.size(); ++i) world_ranks[static_cast<size_t>(i)] = i;
+  join_flight(made, std::move(flight), std::move(world_ranks));
+  return std::make_unique<NcclCommunicator>(made, bootstrap.name());
 }
 
 }  // namespace loom

@@ -39,10 +39,21 @@
 // and every enqueue return at once and are polled with the same timeout: a rank whose peers
 // never arrive fails instead of hanging inside NCCL. On a timeout or an asynchronous NCCL error
 // the waiting rank calls ncclCommAbort and throws CommError naming the operation, its sequence
-// number and the group ("nccl: timed out after 5.0 s waiting for all_reduce #7 (sum, 1001 × f32)
-// on group 'world' (size 2, rank 0); ranks that did not arrive: unknown with the nccl backend;
-// communicator aborted"). An aborted communicator refuses every later call with that reason
-// (its peers then fail by their own timeouts, or by NCCL's error when the connection drops).
+// number, the group and, for a collective, the ranks of this process that never issued it
+// ("nccl: timed out after 5.0 s waiting for all_reduce #7 (sum, 1001 × f32) on group 'world'
+// (size 2, rank 0); rank(s) 1 did not arrive; communicator aborted" — ranks in other processes
+// cannot be asked: the message says so, and `loom debug hang` names them from the dumps). An
+// aborted communicator refuses every later call with that reason (its peers then fail by their
+// own timeouts, or by NCCL's error when the connection drops).
+//
+// Flight recorder (comm/flight_recorder.h): each rank has one per world, shared by the world's
+// communicator and its splits, recording every operation (groups "nccl:<name>", messages under
+// "nccl:<name>:p2p" numbered per peer) as issued, started (enqueued on the stream), completed
+// (its event seen done) or failed. A split's members' world ranks are gathered over the new
+// communicator (one all-gather of an i32 each). The first failure of any of a rank's
+// communicators dumps, with CommOptions::flight_dir set, CommOptions::flight_dir/
+// rank_NNNNN.nccl.json before the abort — its own records and, through a registry of the ranks
+// sharing the world's ncclUniqueId in this process, those of its thread-rank peers as they are.
 //
 // Semantics per collective:
 // - all_reduce / reduce_scatter / reduce: ncclSum/ncclMax/ncclMin; avg is ncclAvg (floats are
@@ -72,8 +83,7 @@
 // even ranks send first) or use all_to_all. A send to oneself is copied into a per-tag FIFO and
 // a recv from oneself takes it, as in the local backend.
 //
-// Leaves out: CommOptions::debug_checks / LOOM_COMM_DEBUG and the flight recorder are not
-// implemented for nccl yet; the ranks that did not arrive cannot be named (NCCL does not say).
+// Leaves out: CommOptions::debug_checks / LOOM_COMM_DEBUG are not implemented for nccl yet.
 #pragma once
 
 #include <memory>
