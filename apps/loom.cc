@@ -502,7 +502,7 @@ int main(int argc, char** argv) {
   bench_train->add_option("--zero", bench.zero, "ZeRO stage with --ranks")->capture_default_str();
   bench_train->add_option("--steps", bench.steps, "timed steps")->capture_default_str();
   bench_train->add_option("--warmup", bench.warmup, "untimed steps first")->capture_default_str();
-  bench_train->add_option("--device", bench.device, "cpu, or cuda (one rank on GPU 0)")->capture_default_str();
+  bench_train->add_option("--device", bench.device, "cpu, or cuda (rank r on GPU r, gradients over nccl)")->capture_default_str();
   bench_train->add_option("--batch", bench.batch, "sequences per rank (0: the shape's)")->capture_default_str();
   bench_train->add_option("--seq", bench.seq_len, "tokens per sequence (0: the shape's)")->capture_default_str();
   bench_train

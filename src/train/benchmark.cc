@@ -126,6 +126,7 @@ void bench_rank(Communicator& host, const BenchShape& shape, const BenchOptions&
     targets.copy_from(host_targets);
     synchronize(device);
     if (o.profile && step == o.warmup) ops::start_profile();
+    (void)comm.take_device_wait_seconds();  // restarts the count of the GPU stream's stalls
     const double t0 = now_seconds();
     engine->begin_step();
     engine->begin_micro_batch(0, 1);
@@ -144,7 +145,8 @@ void bench_rank(Communicator& host, const BenchShape& shape, const BenchOptions&
       fwd.push_back(t1 - t0);
       bwd.push_back(t2 - t1);
       opt.push_back(t3 - t2);
-      wait.push_back(engine->step_stats().wait_seconds);
+      // The host's waits, and under nccl the compute stream's (the host does not wait there).
+      wait.push_back(engine->step_stats().wait_seconds + comm.take_device_wait_seconds());
     }
   }
   if (o.profile) r.ops = ops::stop_profile();
@@ -179,9 +181,6 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.device != "cuda" && o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp8")
     fail("--precision ", o.precision,
          " needs --device cuda: CPU ranks run fp32, bf16 or fp8 GEMMs");
-  if (o.device == "cuda" && o.ranks != 1)
-    fail("--device cuda runs one rank for now (--ranks 1): GPU ranks need the nccl backend, "
-         "which `loom bench train` does not start yet");
   if (o.profile && o.ranks != 1)
     fail("--profile times one rank (--ranks 1); got --ranks ", o.ranks);
   if (o.batch < 0 || o.seq_len < 0)
@@ -190,6 +189,10 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
     fail("--seq ", o.seq_len, " exceeds the block size ", shape.model.max_seq_len, " of ", shape.name);
   if (o.device == "cuda") {
     if (!cuda_available()) fail("--device cuda: no usable GPU (", cuda::unavailable_reason(), ")");
+    // Thread ranks, GPU r each, gradients reduced by nccl (which refuses two ranks on one GPU).
+    if (o.ranks > cuda::device_count())
+      fail("--device cuda --ranks ", o.ranks, ": one GPU per rank, and only ",
+           cuda::device_count(), " GPU(s) are visible");
   }
   const ops::MatmulPrecisionScope precision(o.precision);
   BenchResult r;

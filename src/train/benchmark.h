@@ -54,6 +54,7 @@ struct BenchResult {
   double peak_rss_mb = 0;    // process peak resident set
   double peak_alloc_mb = 0;  // tensor allocator peak (rank 0)
   double comm_wait_ms = 0;   // median per step, rank 0 blocked on data-parallel communication
+                             // (on a GPU: its compute stream, waiting on nccl)
   double comm_wait_fraction = 0;  // comm_wait_ms / step_ms
   double flops_per_token = 0;
   int64_t num_parameters = 0;

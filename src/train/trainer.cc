@@ -576,11 +576,13 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     // waits least, so rank 0's alone does not say where the step's time went.
     // On GPUs under nccl the host does not wait for the stages' messages, the compute stream does:
     // the bubble is then the stream's stalls on the pp axis (comm_pp) over the step.
+    // Likewise comm_wait_ms: the stream's stalls on dp (on pp with a pipeline), not the host's ~0.
     std::vector<double> bubble_by_pp_rank;
     double bubble = 0;
+    const bool stream_waits = pp_count.tensor_device().is_cuda();
+    if (stream_waits) comm_wait = pipelined ? comm_pp : comm_dp;
     if (pipelined) {
-      bubble = pp_count.tensor_device().is_cuda() ? (dt > 0 ? comm_pp / dt : 0.0)
-                                                  : pipe->stats().bubble();
+      bubble = stream_waits ? (dt > 0 ? comm_pp / dt : 0.0) : pipe->stats().bubble();
       bubble_by_pp_rank =
           all_gather_values((pipeline_mesh ? *pipeline_mesh : mesh).axis("pp"), {bubble});
     }

@@ -31,6 +31,7 @@
 #include "kernels/cpu/gemm.h"
 #include "models/gpt2.h"
 #include "optim/adamw.h"
+#include "train/benchmark.h"
 #include "train/run_compare.h"
 #include "train/trainer.h"
 
@@ -474,6 +475,7 @@ TEST_F(TrainTest, PipelineMessagesGoGpuToGpuOverNcclInEverySchedule) {
       const double bubble = on_gpus[i]["bubble"], pp_ms = on_gpus[i]["comm_ms"]["pp"],
                    step_ms = on_gpus[i]["step_ms"];
       EXPECT_NEAR(bubble, pp_ms / step_ms, 1e-9) << name << ", step " << i + 1;
+      EXPECT_EQ(on_gpus[i]["comm_wait_ms"], pp_ms) << name << ", step " << i + 1;
       EXPECT_LE(bubble, 1.0) << name;
       EXPECT_EQ(on_gpus[i]["bubble_by_pp_rank"].size(), static_cast<size_t>(l.pp)) << name;
       stalled += pp_ms;
@@ -770,6 +772,8 @@ TEST_F(TrainTest, Bf16GradientsAndGathersOverTwoGpusTrainTheCpuRanksRun) {
     EXPECT_NEAR(gpu[i]["comm_bytes"]["dp"].get<double>() / gpu32[i]["comm_bytes"]["dp"].get<double>(),
                 0.5, 0.01)
         << "step " << i + 1;
+    // The host does not wait for ZeRO-3's gathers and reductions, the GPU's stream does.
+    EXPECT_EQ(gpu[i]["comm_wait_ms"], gpu[i]["comm_ms"]["dp"]) << "step " << i + 1;
   }
   // Pipeline stages sending in bf16 (parallel.pp_send_dtype) GPU to GPU over nccl.
   Config pp = config(4);
@@ -787,6 +791,29 @@ TEST_F(TrainTest, Bf16GradientsAndGathersOverTwoGpusTrainTheCpuRanksRun) {
     const double want = pcpu[i]["loss"], got = pgpu[i]["loss"];
     EXPECT_NEAR(got, want, 1e-4 * want) << "pp, step " << i + 1;
   }
+}
+
+// `loom bench train --device cuda --ranks 2`: thread ranks on GPUs 0 and 1, gradients (ZeRO-2's
+// reduce-scatters and gathers) over nccl; the tokens of both ranks counted; more ranks than GPUs
+// refused, naming the count.
+TEST_F(TrainTest, BenchTrainRunsDataParallelGpus) {
+  if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  BenchOptions o;
+  o.device = "cuda";
+  o.ranks = 2;
+  o.zero = 2;
+  o.steps = 2;
+  o.warmup = 1;
+  const BenchResult r = benchmark_training(find_bench_shape("tiny"), o);
+  EXPECT_EQ(r.ranks, 2);
+  EXPECT_NEAR(r.tokens_per_s * r.step_ms / 1e3, 2.0 * r.batch * r.seq_len, 1e-6 * r.batch * r.seq_len);
+  EXPECT_GE(r.comm_wait_ms, 0);
+  EXPECT_GT(r.peak_alloc_mb, 0);
+  o.ranks = cuda::device_count() + 1;
+  EXPECT_NE(testutil::error_of([&] { (void)benchmark_training(find_bench_shape("tiny"), o); })
+                .find("one GPU per rank, and only " + std::to_string(cuda::device_count()) +
+                      " GPU(s) are visible"),
+            std::string::npos);
 }
 
 // train.async_checkpoint on a GPU: the staged copies come from device memory; the files are the
