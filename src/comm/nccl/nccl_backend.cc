@@ -338,6 +338,10 @@ struct NcclShared {
   // communication (0 when it was done in time). Summed as they complete, until taken.
   std::vector<std::pair<EventRef, EventRef>> stalls;
   double stalled_seconds = 0;
+  // Timing events of stalls already summed, for the next waits: creating and destroying two
+  // events per wait would cost the host a few µs each, a hundred times a micro-batch under tp.
+  std::vector<EventRef> spare_timing;
+  static constexpr size_t kSpareTiming = 64;
   std::thread watchdog;  // started by the first wait_on_device
   std::condition_variable watched_changed;
   bool stopping = false;
@@ -419,8 +423,18 @@ struct NcclShared {
       float ms = 0;
       if (cudaEventElapsedTime(&ms, stall.first.get(), stall.second.get()) == cudaSuccess)
         stalled_seconds += ms / 1000.0;
+      // Both recorded and complete (the second follows the first on the stream): reusable.
+      for (const EventRef& e : {stall.first, stall.second})
+        if (spare_timing.size() < kSpareTiming) spare_timing.push_back(e);
       return true;
     });
+  }
+
+  EventRef timing_event_locked() {
+    if (spare_timing.empty()) return timing_event();
+    EventRef e = std::move(spare_timing.back());
+    spare_timing.pop_back();
+    return e;
   }
 
   // Hands a device-waited operation to the watchdog (started now if it is not yet).
@@ -515,6 +529,7 @@ struct NcclShared {
     reap_locked();
     watched.clear();  // complete after the synchronisation; unchecked, as nobody is left to tell
     stalls.clear();
+    spare_timing.clear();
   } catch (...) {
     // Only DeviceGuard can throw (a broken CUDA runtime): nothing more can be freed then.
   }
@@ -621,12 +636,13 @@ class NcclWork final : public Work {
   void wait_on_device() override {
     if (done_) return;
     cuda::DeviceGuard guard(s_->device);
-    // Created first: once the watchdog has the operation, nothing may fail before the wait.
-    const EventRef before = timing_event(), after = timing_event();
-    EventRef event = event_;
+    EventRef before, after, event = event_;
     {
       std::lock_guard<std::mutex> lock(s_->mutex);
       s_->check_usable_locked(op_.what);
+      // Taken first: once the watchdog has the operation, nothing may fail before the wait.
+      before = s_->timing_event_locked();
+      after = s_->timing_event_locked();
       s_->watch_locked({std::move(event_), std::move(keep_), op_,
                         Clock::now() + s_->options.timeout, std::move(on_done_)});
     }
