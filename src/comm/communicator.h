@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,6 +124,10 @@ class Communicator {
   // wait_on_device since the last call (what the host no longer sees: on a GPU it does not
   // block). Host backends: 0 (their waits block the host, which times them).
   virtual double take_device_wait_seconds() { return 0.0; }
+  // Called with each of those stalls as (begin, end) on the host's clock (now_seconds()) once
+  // the stream passed it, where the device's clock is anchored (cuda::anchor_clock): the GPU's
+  // row of a timeline. Set before the operations it should see. Host backends: never called.
+  virtual void on_device_wait(std::function<void(double, double)> observer) { (void)observer; }
 
   // Blocking forms.
   void all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) { all_reduce_async(tensor, op)->wait(); }

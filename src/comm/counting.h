@@ -121,6 +121,9 @@ class CountingCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
   void check() override { inner_.check(); }
   double take_device_wait_seconds() override { return inner_.take_device_wait_seconds(); }
+  void on_device_wait(std::function<void(double, double)> observer) override {
+    inner_.on_device_wait(std::move(observer));
+  }
 
  private:
   WorkHandle timed(WorkHandle w) {

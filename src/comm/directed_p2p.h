@@ -60,6 +60,11 @@ class DirectedP2pCommunicator final : public Communicator {
     return base_.take_device_wait_seconds() + up_->take_device_wait_seconds() +
            down_->take_device_wait_seconds();
   }
+  void on_device_wait(std::function<void(double, double)> observer) override {
+    base_.on_device_wait(observer);
+    up_->on_device_wait(observer);
+    down_->on_device_wait(std::move(observer));
+  }
 
  private:
   Communicator& base_;

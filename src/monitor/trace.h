@@ -7,11 +7,19 @@
 // Times are microseconds of the monotonic clock, the same for every process of one machine;
 // processes on other machines have clocks of their own (their rows are shifted by the clocks'
 // difference).
+//
+// On a GPU the host's spans say when it queued the work; the GPU's row (tid 1, "GPU stream")
+// says when the compute stream ran it: the same phases, between marks the stream passes (events,
+// placed on the host's clock by an anchor: cuda::anchor_clock), and the stream's stalls on
+// communication. The trainer gives the tracer its marks (set_device_marks) and resolves the
+// spans once the stream has passed them (resolve_device_spans).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +35,24 @@ class Tracer {
     std::lock_guard<std::mutex> lock(mutex_);
     return spans_.empty();
   }
+  // The rows of a rank: what the host does, and what its GPU's compute stream runs.
+  enum Lane { kHost = 0, kDevice = 1 };
   // A span [begin, end) in seconds of now_seconds(); dropped while inactive. Thread-safe.
-  void span(const std::string& name, const std::string& category, double begin, double end);
+  void span(const std::string& name, const std::string& category, double begin, double end,
+            Lane lane = kHost);
+
+  // A point of the GPU's stream, recorded when made: when the stream passed it, on the host's
+  // clock, or nullopt while it has not.
+  using DeviceMark = std::function<std::optional<double>()>;
+  // Makes a mark now (a GPU rank's trainer sets it); TraceScopes then time the GPU's row too.
+  void set_device_marks(std::function<DeviceMark()> make) { make_mark_ = std::move(make); }
+  // A mark now, while active with device marks; else an empty function.
+  DeviceMark device_mark() const { return active_ && make_mark_ ? make_mark_() : DeviceMark(); }
+  // A span of the GPU's row between two marks, added by resolve_device_spans once both resolve.
+  void device_span(const std::string& name, const std::string& category, DeviceMark begin,
+                   DeviceMark end);
+  // Adds the pending device spans whose marks the stream passed (after a synchronisation, all).
+  void resolve_device_spans();
 
   // Writes this rank's spans to `path` (a JSON object with "traceEvents").
   void write(const std::string& path) const;
@@ -37,11 +61,18 @@ class Tracer {
   struct Span {
     std::string name, category;
     double begin, end;
+    Lane lane;
+  };
+  struct PendingSpan {
+    std::string name, category;
+    DeviceMark begin, end;
   };
   int rank_;
   std::atomic<bool> active_{false};
+  std::function<DeviceMark()> make_mark_;
   mutable std::mutex mutex_;
   std::vector<Span> spans_;
+  std::vector<PendingSpan> pending_;
 };
 
 // Merges rank files (as Tracer::write makes them) into one trace file.
@@ -64,6 +95,7 @@ class TraceScope {
   const char* category_;
   int64_t number_;
   double begin_;
+  Tracer::DeviceMark device_begin_;  // the GPU's row, on GPU ranks while tracing
   bool open_ = true;
 };
 

@@ -20,6 +20,7 @@
 #include "data/loader.h"
 #include "data/shard.h"
 #include "device/allocator.h"
+#include "device/cuda/cuda_backend.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/ops.h"
 #include "mesh/device_mesh.h"
@@ -336,11 +337,33 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   if (cp_count)
     cp_count->on_wait([&](double b, double e) { tracer.span("wait: cp", "comm", b, e); });
   pp_count.on_wait([&](double b, double e) { tracer.span("wait: pp", "comm", b, e); });
+  if (device.is_cuda()) {
+    // The GPU's row: the phases as its stream ran them (events between them), and the stream's
+    // stalls on each axis' communication, on the host's clock from an anchor taken at the first
+    // traced step's start (cuda::anchor_clock).
+    tracer.set_device_marks([gpu = device.index]() -> Tracer::DeviceMark {
+      std::shared_ptr<cuda::StreamMark> mark = cuda::record_mark(gpu);
+      return [mark] { return cuda::mark_seconds(*mark); };
+    });
+    const auto stalls_as = [&](const char* name) {
+      return [&tracer, name](double b, double e) { tracer.span(name, "comm", b, e, Tracer::kDevice); };
+    };
+    dp_count.on_device_wait(stalls_as("wait: dp"));
+    tp_count.on_device_wait(stalls_as("wait: tp"));
+    if (cp_count) cp_count->on_device_wait(stalls_as("wait: cp"));
+    pp_count.on_device_wait(stalls_as("wait: pp"));
+  }
   bool trace_written = false;
   // Each rank writes its spans; world rank 0 merges them (the ranks' files are complete after
   // the barrier). Every rank calls it at the same step.
   auto write_trace = [&] {
     trace_written = true;
+    if (device.is_cuda()) {  // the GPU's row complete: its stream done, its stalls reaped
+      cuda::synchronize_compute(device.index);  // not nccl's streams: they may wait for peers
+      for (CountingCommunicator* c : {&dp_count, &pp_count, &tp_count, cp_count.get()})
+        if (c != nullptr) (void)c->take_wait_seconds();  // the next step's start drops them too
+      tracer.resolve_device_spans();
+    }
     const fs::path dir = fs::path(options.run_dir) / "trace";
     if (leader) fs::create_directories(dir);
     world.barrier();
@@ -512,6 +535,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const double loss_scale = scaler.scale();
     bool applied = true;
     tracer.set_active(step >= trace_first && step <= trace_last);
+    if (device.is_cuda() && step == trace_first) cuda::anchor_clock(device.index);
     TraceScope step_span(&tracer, "step ", "step", step);
     if (pipelined) {
       for (int64_t m = 0; m < accum; ++m) next_batch(static_cast<size_t>(m));
@@ -552,6 +576,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     }
     step_span.end();
     check_axes();
+    tracer.resolve_device_spans();  // those the stream has passed
     if (!applied) {
       ++summary.skipped_steps;
       char buf[128];

@@ -12,12 +12,15 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/error_of.h"
 #include "monitor/prometheus.h"
 #include "monitor/tensorboard.h"
+#include "monitor/trace.h"
 
 namespace loom {
 namespace {
@@ -94,6 +97,60 @@ std::vector<std::string> read_records(const std::string& path) {
     i += 12 + length + 4;
   }
   return records;
+}
+
+// A GPU rank's timeline: TraceScopes record device marks beside their host span, and the GPU's
+// row (tid 1, named) gets a span once both of its marks resolve; unresolved ones wait; nothing is
+// marked while inactive.
+TEST(Trace, DeviceMarksMakeTheGpuRowOnceTheStreamPassedThem) {
+  Tracer tracer(3);
+  std::vector<std::optional<double>> clock;  // mark i -> when the "stream" passed it
+  tracer.set_device_marks([&]() -> Tracer::DeviceMark {
+    const size_t i = clock.size();
+    clock.emplace_back();
+    return [&clock, i] { return clock[i]; };
+  });
+  { TraceScope idle(&tracer, "step ", "step", 1); }  // inactive: no marks, no spans
+  EXPECT_TRUE(clock.empty());
+  tracer.set_active(true);
+  { TraceScope step(&tracer, "step ", "step", 2); }
+  { TraceScope opt(&tracer, "optimizer", "compute"); }
+  ASSERT_EQ(clock.size(), 4u);
+  clock[0] = 10.0;
+  clock[1] = 10.5;
+  clock[2] = 10.6;  // the optimizer's end not yet passed
+  tracer.resolve_device_spans();
+  tracer.span("wait: dp", "comm", 10.1, 10.2, Tracer::kDevice);
+  const fs::path file = fs::temp_directory_path() / ("loom_trace_" + std::to_string(getpid()) + ".json");
+  tracer.write(file.string());
+  clock[3] = 10.9;
+  tracer.resolve_device_spans();
+  const fs::path later = file.string() + ".later";
+  tracer.write(later.string());
+  const auto rows = [](const fs::path& f) {
+    std::ifstream in(f);
+    std::map<std::string, std::vector<double>> gpu;  // name -> (ts, dur) of the GPU row
+    std::map<int, std::string> names;
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    for (const auto& e : doc.at("traceEvents")) {
+      if (e["ph"] == "M" && e["name"] == "thread_name") names[e["tid"]] = e["args"]["name"];
+      if (e["ph"] == "X" && e["tid"] == 1)
+        gpu[e["name"]] = {e["ts"].get<double>(), e["dur"].get<double>()};
+    }
+    return std::pair{gpu, names};
+  };
+  const auto [gpu, names] = rows(file);
+  EXPECT_EQ(names.at(0), "host");
+  EXPECT_EQ(names.at(1), "GPU stream");
+  ASSERT_EQ(gpu.size(), 2u);  // step 2 and the stall; the optimizer waits for its end
+  EXPECT_NEAR(gpu.at("step 2")[0], 10.0e6, 1e-3);
+  EXPECT_NEAR(gpu.at("step 2")[1], 0.5e6, 1e-3);
+  EXPECT_NEAR(gpu.at("wait: dp")[1], 0.1e6, 1e-3);
+  const auto [gpu_later, unused] = rows(later);
+  ASSERT_EQ(gpu_later.count("optimizer"), 1u);
+  EXPECT_NEAR(gpu_later.at("optimizer")[1], 0.3e6, 1e-3);
+  fs::remove(file);
+  fs::remove(later);
 }
 
 TEST(TensorBoard, EventFileHoldsOneEventPerStepWithEveryNumber) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <tuple>
 #include <vector>
 #include <nlohmann/json.hpp>
 
@@ -104,6 +105,20 @@ threads_per_rank = 2
     return out;
   }
 
+  // Two thread ranks trace steps 2 and 3 of `c` (set so, and resolved) into run `run`; its
+  // trace.json's events (none when it is missing: the callers' counts then fail).
+  nlohmann::json traced_events(Config& c, const std::string& run) const {
+    c.runtime.ranks = 2;
+    c.runtime.threads_per_rank = 1;
+    c.metrics.trace_from_step = 2;
+    c.metrics.trace_steps = 2;
+    resolve_layout(c);
+    run_training(c, options(run));
+    std::ifstream in(dir_ / run / "trace.json");
+    EXPECT_TRUE(in) << "no trace.json";
+    return in ? nlohmann::json::parse(in).at("traceEvents") : nlohmann::json::array();
+  }
+
   // ZeroBubbleOn*GpusAtBf16IsOneFOneBBitForBit's check, below.
   void expect_zero_bubble_is_one_f_one_b_on_gpus(const std::string& arch, int tp);
   // Every step's loss, and validation loss where there is one, of run `got` within `tol`
@@ -161,15 +176,7 @@ TEST_F(TrainTest, LossFallsAndMetricsAreComplete) {
 // waits lie inside their step; a run that ends inside the window writes what it has.
 TEST_F(TrainTest, TraceHoldsTheChosenStepsOfEveryRank) {
   Config c = config(6);
-  c.runtime.ranks = 2;
-  c.runtime.threads_per_rank = 1;
-  c.metrics.trace_from_step = 2;
-  c.metrics.trace_steps = 2;
-  resolve_layout(c);
-  run_training(c, options("run"));
-  std::ifstream in(dir_ / "run" / "trace.json");
-  ASSERT_TRUE(in) << "no trace.json";
-  const nlohmann::json events = nlohmann::json::parse(in).at("traceEvents");
+  const nlohmann::json events = traced_events(c, "run");
   std::map<std::pair<int, std::string>, int> count;  // (rank, name up to a comma) -> spans
   std::map<int, std::vector<std::pair<double, double>>> steps;  // rank -> step spans
   for (const auto& e : events) {
@@ -209,6 +216,64 @@ TEST_F(TrainTest, TraceHoldsTheChosenStepsOfEveryRank) {
   EXPECT_NE(std::string((std::istreambuf_iterator<char>(stopped)), std::istreambuf_iterator<char>())
                 .find("\"step 2\""),
             std::string::npos);
+}
+
+// On GPUs the timeline has a second row per rank (tid 1, "GPU stream"): the same phases between
+// events the compute stream passed, and the stream's stalls on nccl ("wait: dp"), on the host's
+// clock from an anchor; the stalls add up to the step's comm_ms.dp, and the stream runs a step no
+// earlier than the host queued it.
+TEST_F(TrainTest, TraceOfGpuRanksHasTheirStreamsRow) {
+  if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  Config c = config(4);
+  c.runtime.device = "cuda";
+  c.parallel.zero = 2;
+  c.train.eval_every = 0;
+  const nlohmann::json events = traced_events(c, "run");
+  struct Span {
+    double begin, end;
+  };
+  // (rank, row, name up to a comma) -> spans
+  std::map<std::tuple<int, int, std::string>, std::vector<Span>> spans;
+  std::map<std::pair<int, int>, std::string> rows;  // (rank, tid) -> its name
+  for (const auto& e : events) {
+    if (e["ph"] == "M" && e["name"] == "thread_name")
+      rows[{e["pid"].get<int>(), e["tid"].get<int>()}] = e["args"]["name"];
+    if (e["ph"] != "X") continue;
+    const std::string name = e["name"];
+    const double b = e["ts"].get<double>() / 1e3, end = b + e["dur"].get<double>() / 1e3;  // ms
+    spans[{e["pid"].get<int>(), e["tid"].get<int>(), name.substr(0, name.find(','))}].push_back(
+        {b, end});
+  }
+  const auto records = metrics("run");
+  ASSERT_EQ(records.size(), 4u);
+  const double comm_dp = records[1]["comm_ms"]["dp"].get<double>() +
+                         records[2]["comm_ms"]["dp"].get<double>();
+  const int64_t accum = c.grad_accum_steps();
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ((rows[{rank, 1}]), "GPU stream");
+    for (const char* step : {"step 2", "step 3"}) {
+      const auto& host = spans[{rank, 0, step}];
+      const auto& gpu = spans[{rank, 1, step}];
+      ASSERT_EQ(host.size(), 1u) << step;
+      ASSERT_EQ(gpu.size(), 1u) << step;
+      EXPECT_GE(gpu[0].begin, host[0].begin - 1e-3) << step;
+      EXPECT_GE(gpu[0].end, gpu[0].begin) << step;
+    }
+    EXPECT_EQ((spans[{rank, 1, "forward + backward"}].size()), static_cast<size_t>(2 * accum));
+    EXPECT_EQ((spans[{rank, 1, "optimizer"}].size()), 2u);
+    EXPECT_EQ((spans[{rank, 1, "step 1"}].size() + spans[{rank, 1, "step 4"}].size()), 0u);
+    const auto& stalls = spans[{rank, 1, "wait: dp"}];
+    EXPECT_GE(stalls.size(), 2u);  // at least the gradients' reduce-scatters
+    if (rank == 0) {  // the metrics are rank 0's
+      double stalled = 0;
+      for (const Span& s : stalls) stalled += s.end - s.begin;
+      EXPECT_NEAR(stalled, comm_dp, 1e-3 + 1e-3 * comm_dp);
+    }
+    // The micro-batches one after the other on the stream.
+    const auto& mbs = spans[{rank, 1, "forward + backward"}];
+    for (size_t i = 1; i < mbs.size(); ++i) EXPECT_GE(mbs[i].begin, mbs[i - 1].end - 1e-3) << i;
+  }
 }
 
 // Each step's time split into loader, communication per axis and compute, the model TFLOP/s and

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/flight_recorder.h"
+#include "device/cuda/clock.h"
 #include "device/cuda/cuda_check.h"
 
 static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0), "ncclCommSplit needs NCCL >= 2.18");
@@ -338,6 +339,7 @@ struct NcclShared {
   // communication (0 when it was done in time). Summed as they complete, until taken.
   std::vector<std::pair<EventRef, EventRef>> stalls;
   double stalled_seconds = 0;
+  std::function<void(double, double)> on_stall;  // each stall on the host's clock (a timeline)
   // Timing events of stalls already summed, for the next waits: creating and destroying two
   // events per wait would cost the host a few µs each, a hundred times a micro-batch under tp.
   std::vector<EventRef> spare_timing;
@@ -423,6 +425,11 @@ struct NcclShared {
       float ms = 0;
       if (cudaEventElapsedTime(&ms, stall.first.get(), stall.second.get()) == cudaSuccess)
         stalled_seconds += ms / 1000.0;
+      if (on_stall) {
+        const std::optional<double> begin = cuda::event_seconds(device, stall.first.get()),
+                                    end = cuda::event_seconds(device, stall.second.get());
+        if (begin && end) on_stall(*begin, *end);
+      }
       // Both recorded and complete (the second follows the first on the stream): reusable.
       for (const EventRef& e : {stall.first, stall.second})
         if (spare_timing.size() < kSpareTiming) spare_timing.push_back(e);
@@ -730,6 +737,11 @@ void NcclCommunicator::check() {
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!s.failed) s.sweep_locked();  // the completed operations' checks, now
   if (s.failed) comm_fail(s.aborted, "; communicator aborted");
+}
+
+void NcclCommunicator::on_device_wait(std::function<void(double, double)> observer) {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  shared_->on_stall = std::move(observer);
 }
 
 double NcclCommunicator::take_device_wait_seconds() {

@@ -133,6 +133,8 @@ class NcclCommunicator final : public Communicator {
   // The compute stream's stalls at this communicator's wait_on_device calls that completed since
   // the last call (timing events around each cudaStreamWaitEvent).
   double take_device_wait_seconds() override;
+  // Each of those stalls, on the host's clock where the GPU's is anchored (cuda::anchor_clock).
+  void on_device_wait(std::function<void(double, double)> observer) override;
 
  private:
   std::shared_ptr<NcclShared> shared_;

@@ -15,7 +15,9 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/timer.h"
 #include "device/cuda/cuda_backend.h"
+#include "device/cuda/clock.h"
 #include "device/cuda/cuda_check.h"
 #ifdef LOOM_CUDA_EMULATE
 #include "device/cuda/emulator/poison.h"
@@ -331,6 +333,69 @@ void copy_bytes_from_host_queued(void* dst, int device_index, const void* src, s
 void synchronize(int device_index) {
   DeviceGuard guard(device_index);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void synchronize_compute(int device_index) {
+  DeviceGuard guard(device_index);
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+}
+
+namespace {
+// A GPU's clock anchor (anchor_clock): an event of its compute stream and the host time the
+// stream passed it. The mutex orders a re-anchoring with the readings against the old event.
+struct ClockAnchor {
+  std::mutex mutex;
+  cudaEvent_t event = nullptr;
+  double host_seconds = 0;
+};
+ClockAnchor& clock_anchor(int device_index) {
+  static std::mutex mutex;
+  static std::unordered_map<int, std::unique_ptr<ClockAnchor>> anchors;  // never freed
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<ClockAnchor>& anchor = anchors[device_index];
+  if (!anchor) anchor = std::make_unique<ClockAnchor>();
+  return *anchor;
+}
+}  // namespace
+
+struct StreamMark {
+  int device = 0;
+  cudaEvent_t event = nullptr;
+  ~StreamMark() {
+    if (event != nullptr) (void)cudaEventDestroy(event);
+  }
+};
+
+void anchor_clock(int device_index) {
+  ClockAnchor& anchor = clock_anchor(device_index);
+  DeviceGuard guard(device_index);
+  std::lock_guard<std::mutex> lock(anchor.mutex);
+  if (anchor.event == nullptr) LOOM_CUDA_CHECK(cudaEventCreate(&anchor.event));
+  LOOM_CUDA_CHECK(cudaEventRecord(anchor.event, cudaStreamLegacy));
+  LOOM_CUDA_CHECK(cudaEventSynchronize(anchor.event));
+  anchor.host_seconds = now_seconds();
+}
+
+std::optional<double> event_seconds(int device_index, cudaEvent_t event) {
+  ClockAnchor& anchor = clock_anchor(device_index);
+  std::lock_guard<std::mutex> lock(anchor.mutex);
+  if (anchor.event == nullptr || cudaEventQuery(event) != cudaSuccess) return std::nullopt;
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, anchor.event, event) != cudaSuccess || ms < 0) return std::nullopt;
+  return anchor.host_seconds + ms / 1e3;
+}
+
+std::shared_ptr<StreamMark> record_mark(int device_index) {
+  DeviceGuard guard(device_index);
+  auto mark = std::make_shared<StreamMark>();
+  mark->device = device_index;
+  LOOM_CUDA_CHECK(cudaEventCreate(&mark->event));
+  LOOM_CUDA_CHECK(cudaEventRecord(mark->event, cudaStreamLegacy));
+  return mark;
+}
+
+std::optional<double> mark_seconds(const StreamMark& mark) {
+  return event_seconds(mark.device, mark.event);
 }
 
 void zero_bytes(void* dst, int device_index, size_t bytes) {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "device/allocator.h"
@@ -37,6 +38,21 @@ void copy_bytes_from_host_queued(void* dst, int device_index, const void* src, s
 
 // Waits for every kernel and copy queued on GPU `device_index`.
 void synchronize(int device_index);
+// Waits for the compute stream of GPU `device_index` only (the legacy default stream, where the
+// kernels and copies run), not for a communicator's streams, whose operations may wait for peers.
+void synchronize_compute(int device_index);
+
+// GPU timelines: points of GPU `device_index`'s compute stream (the legacy default stream) on the
+// host's clock (now_seconds()). anchor_clock records an event there and waits for it, so its host
+// time is the stream's to the wait's latency (µs); it waits for everything queued, so call it
+// where the stream is idle or nearly (a step's start). A mark is an event recorded now;
+// mark_seconds says when the stream passed it — the anchor's host time plus the GPU's time from
+// the anchor to the mark —, nullopt while the stream has not, or when no anchor precedes it.
+// Over seconds, not hours: the GPU's and the host's clocks drift apart (re-anchor).
+struct StreamMark;
+void anchor_clock(int device_index);
+std::shared_ptr<StreamMark> record_mark(int device_index);
+std::optional<double> mark_seconds(const StreamMark& mark);
 
 // Zeroes `bytes` bytes of GPU `device_index` memory: cudaMemsetAsync on the legacy default
 // stream, where the kernels run, so it is ordered with them without a wait.

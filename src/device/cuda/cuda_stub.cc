@@ -17,6 +17,11 @@ void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void copy_bytes_queued(void*, const void*, int, size_t) { no_cuda(); }
 void copy_bytes_from_host_queued(void*, int, const void*, size_t) { no_cuda(); }
 void synchronize(int) { no_cuda(); }
+void synchronize_compute(int) { no_cuda(); }
+struct StreamMark {};
+void anchor_clock(int) { no_cuda(); }
+std::shared_ptr<StreamMark> record_mark(int) { no_cuda(); }
+std::optional<double> mark_seconds(const StreamMark&) { return std::nullopt; }
 void zero_bytes(void*, int, size_t) { no_cuda(); }
 void axpy_f32(int, int64_t, float, const float*, const float*, float*) { no_cuda(); }
 
