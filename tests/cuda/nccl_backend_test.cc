@@ -564,6 +564,39 @@ TEST_F(NcclTest, ThreadRanksSkippedCollectiveTimesOutNamingIt) {
     GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
 }
 
+// CommOptions::debug_checks: matching collectives pass (the whole check_collectives suite), a
+// mismatch in count throws on both ranks naming both calls before NCCL sees it, and the group
+// goes on.
+TEST_F(NcclTest, ThreadRanksDebugChecksNameAMismatchOnEveryRank) {
+  CommOptions options = test_options();
+  options.debug_checks = true;
+  std::vector<std::string> errors(2);
+  if (!on_gpus(
+          2,
+          [&](Communicator& comm) {
+            const int me = comm.rank();
+            check_collectives(comm, me);
+            Tensor t = gpu_tensor(std::vector<double>(5 + me, 1.0), DType::kF32, me);
+            errors[static_cast<size_t>(me)] = testutil::error_of([&] { comm.all_reduce(t); });
+            Tensor u = gpu_tensor({1, 2}, DType::kF32, me);
+            comm.all_reduce(u);  // still usable
+            EXPECT_EQ(host_values(u), (std::vector<double>{2, 4}));
+          },
+          options))
+    GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    const std::string& e = errors[static_cast<size_t>(r)];
+    EXPECT_NE(e.find("nccl debug check: at sequence number"), std::string::npos) << e;
+    EXPECT_NE(e.find(r == 0 ? "rank 0 calls all_reduce(sum, 5 × f32) but rank 1 calls "
+                              "all_reduce(sum, 6 × f32)"
+                            : "rank 1 calls all_reduce(sum, 6 × f32) but rank 0 calls "
+                              "all_reduce(sum, 5 × f32)"),
+              std::string::npos)
+        << e;
+  }
+}
+
 // The flight recorder under nccl: the first rank to time out dumps its records and those of
 // its world's other ranks in this process (thread ranks), before its abort, to
 // flight_dir/rank_NNNNN.nccl.json; `loom debug hang` (analyze_flight_dumps) then names the rank

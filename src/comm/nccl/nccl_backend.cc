@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -773,6 +774,34 @@ void expect_root(int root, int size, const std::string& name, const char* op) {
     comm_fail(op, " on group '", name, "': root ", root, " outside [0, ", size, ")");
 }
 
+// CommOptions::debug_checks: every rank's sequence number and collective as text ("all_reduce(sum,
+// 5 × f32)") gathered before the collective is enqueued; the first rank whose differ is named and
+// the collective is not enqueued (mismatched NCCL collectives hang, or read or write past a
+// buffer). One all-gather and one host wait a collective: for debugging. The group stays usable.
+void debug_check(const std::shared_ptr<NcclShared>& s, int64_t seq, const std::string& text) {
+  constexpr int64_t kWords = 12;  // the sequence number, then up to 87 bytes of text and a 0
+  Tensor mine = Tensor::zeros({kWords}, DType::kI64);
+  int64_t* words = mine.data<int64_t>();
+  words[0] = seq;
+  std::memcpy(words + 1, text.data(), std::min(text.size(), size_t{8 * (kWords - 1) - 1}));
+  const Tensor sent = mine.to(Device::cuda(s->device));
+  Tensor all = Tensor::empty({s->size * kWords}, DType::kI64, Device::cuda(s->device));
+  launch(s, {detail::concat("the debug check before ", text, " #", seq, " on ", s->group())},
+         "ncclAllGather",
+         [&] { return ncclAllGather(sent.raw(), all.raw(), kWords, ncclInt64, s->comm, s->stream); },
+         {sent, all}, {})
+      ->wait();
+  const Tensor rows = all.to(Device::cpu());
+  for (int r = 0; r < s->size; ++r) {
+    const int64_t* row = rows.data<int64_t>() + r * kWords;
+    if (std::equal(row, row + kWords, words)) continue;
+    throw CommError(detail::concat(
+        "nccl debug check: at sequence number ", seq, " on group '", s->name, "' rank ", s->rank,
+        " calls ", text, " but rank ", r, " calls ", reinterpret_cast<const char*>(row + 1),
+        " (its sequence number ", row[0], ")"));
+  }
+}
+
 // Names the group's next collective ("all_reduce #7 (sum, 1001 × f32) on group ...") and
 // enqueues `call`; an empty `t` enqueues nothing NCCL-side (NCCL gains nothing from it).
 WorkHandle collective(const std::shared_ptr<NcclShared>& s, const char* op, const Tensor* t,
@@ -788,6 +817,8 @@ WorkHandle collective(const std::shared_ptr<NcclShared>& s, const char* op, cons
     std::lock_guard<std::mutex> lock(s->mutex);
     seq = s->next_seq++;
   }
+  if (s->options.debug_checks)
+    debug_check(s, seq, detail::concat(op, inner.empty() ? "" : "(" + inner + ")"));
   OpInfo info(
       detail::concat(op, " #", seq, inner.empty() ? "" : " (" + inner + ")", " on ", s->group()),
       seq);
@@ -1180,11 +1211,13 @@ std::unique_ptr<Communicator> make_nccl_world(Communicator& bootstrap, int cuda_
       ncclCommInitRankConfig(&comm, bootstrap.size(), id, bootstrap.rank(), &config);
   settle_new(comm, r, options.timeout, "ncclCommInitRankConfig", where,
              " (did every rank call make_nccl_world?)");
-  std::shared_ptr<NcclShared> made = wrap(comm, cuda_device, bootstrap.name(), options);
+  CommOptions opts = options;
+  if (const char* env = std::getenv("LOOM_COMM_DEBUG"); env && std::string_view(env) == "1")
+    opts.debug_checks = true;
+  std::shared_ptr<NcclShared> made = wrap(comm, cuda_device, bootstrap.name(), opts);
   // The ranks of this world in this process find each other by its id (thread ranks).
   std::shared_ptr<NcclWorldPeers> peers = world_peers(id);
-  auto flight =
-      std::make_shared<NcclFlight>(options, bootstrap.rank(), bootstrap.size(), peers);
+  auto flight = std::make_shared<NcclFlight>(opts, bootstrap.rank(), bootstrap.size(), peers);
   {
     std::lock_guard<std::mutex> lock(peers->mutex);
     peers->by_rank[bootstrap.rank()] = flight;
