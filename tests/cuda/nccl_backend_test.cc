@@ -564,6 +564,24 @@ TEST_F(NcclTest, ThreadRanksSkippedCollectiveTimesOutNamingIt) {
     GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
 }
 
+// cudaDeviceSynchronize waits for the current GPU's streams, not for another GPU's: rank 0 can
+// synchronise its GPU while rank 1's all-reduce, queued on GPU 1, waits for rank 0 (the CUDA
+// emulator once waited for every GPU's streams, which deadlocked here).
+TEST_F(NcclTest, ThreadRanksSynchronizingOneGpuDoesNotWaitForAnothersCollective) {
+  if (!on_gpus(2, [](Communicator& comm) {
+        const int me = comm.rank();
+        comm.barrier();
+        Tensor t = gpu_tensor({1, 2}, DType::kF32, me);
+        if (me == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 1's is queued
+          cuda::synchronize(0);
+        }
+        comm.all_reduce(t);
+        EXPECT_EQ(host_values(t), (std::vector<double>{2, 4}));
+      }))
+    GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
+}
+
 // CommOptions::debug_checks: matching collectives pass (the whole check_collectives suite), a
 // mismatch in count throws on both ranks naming both calls before NCCL sees it, and the group
 // goes on.

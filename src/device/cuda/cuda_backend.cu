@@ -347,10 +347,14 @@ struct ClockAnchor {
   std::mutex mutex;
   cudaEvent_t event = nullptr;
   double host_seconds = 0;
+  // At exit; a CUDA runtime already shutting down answers with an error, which changes nothing.
+  ~ClockAnchor() {
+    if (event != nullptr) (void)cudaEventDestroy(event);
+  }
 };
 ClockAnchor& clock_anchor(int device_index) {
   static std::mutex mutex;
-  static std::unordered_map<int, std::unique_ptr<ClockAnchor>> anchors;  // never freed
+  static std::unordered_map<int, std::unique_ptr<ClockAnchor>> anchors;
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<ClockAnchor>& anchor = anchors[device_index];
   if (!anchor) anchor = std::make_unique<ClockAnchor>();

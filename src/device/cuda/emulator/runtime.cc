@@ -168,6 +168,7 @@ struct CUevent_st {
 };
 
 struct CUstream_st {
+  int device = 0;  // the GPU current when it was created: what cudaDeviceSynchronize waits on
   std::mutex mutex;
   Works pending;
   Works unfinished() {
@@ -181,7 +182,7 @@ namespace {
 
 std::mutex g_streams_mutex;
 std::set<cudaStream_t>
-    g_streams;  // created and not destroyed: what cudaDeviceSynchronize waits for
+    g_streams;  // created and not destroyed: what cudaDeviceSynchronize waits for (its GPU's)
 
 bool is_created(cudaStream_t stream) {
   return stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
@@ -339,7 +340,10 @@ cudaError_t cudaDeviceSynchronize(void) {
     std::lock_guard<std::mutex> lock(g_streams_mutex);
     streams.assign(g_streams.begin(), g_streams.end());
   }
-  for (cudaStream_t s : streams) wait_for(s->unfinished());
+  // The current GPU's streams only, as CUDA does: another GPU's may wait for this one (a peer's
+  // collective), which a wait for every stream would deadlock on.
+  for (cudaStream_t s : streams)
+    if (s->device == t_device) wait_for(s->unfinished());
   return cudaSuccess;
 }
 
@@ -436,6 +440,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
   *stream = new CUstream_st;
+  (*stream)->device = t_device;
   std::lock_guard<std::mutex> lock(g_streams_mutex);
   g_streams.insert(*stream);
   return cudaSuccess;
