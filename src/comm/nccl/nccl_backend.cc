@@ -774,27 +774,41 @@ void expect_root(int root, int size, const std::string& name, const char* op) {
     comm_fail(op, " on group '", name, "': root ", root, " outside [0, ", size, ")");
 }
 
+// Every rank's `words` (the same number each), by rank: uploaded, all-gathered on the
+// communicator's stream outside its sequence numbers and flight records, and read back with a
+// host wait. For set-up and checks, not for a step's data.
+std::vector<int64_t> all_gather_words(const std::shared_ptr<NcclShared>& s,
+                                      const std::vector<int64_t>& words, const std::string& what) {
+  const auto n = static_cast<int64_t>(words.size());
+  Tensor mine = Tensor::empty({n}, DType::kI64);
+  std::copy(words.begin(), words.end(), mine.data<int64_t>());
+  const Tensor sent = mine.to(Device::cuda(s->device));
+  Tensor all = Tensor::empty({s->size * n}, DType::kI64, Device::cuda(s->device));
+  launch(s, {what}, "ncclAllGather",
+         [&] {
+           return ncclAllGather(sent.raw(), all.raw(), static_cast<size_t>(n), ncclInt64, s->comm,
+                                s->stream);
+         },
+         {sent, all}, {})
+      ->wait();
+  const Tensor rows = all.to(Device::cpu());
+  return std::vector<int64_t>(rows.data<int64_t>(), rows.data<int64_t>() + rows.numel());
+}
+
 // CommOptions::debug_checks: every rank's sequence number and collective as text ("all_reduce(sum,
 // 5 × f32)") gathered before the collective is enqueued; the first rank whose differ is named and
 // the collective is not enqueued (mismatched NCCL collectives hang, or read or write past a
 // buffer). One all-gather and one host wait a collective: for debugging. The group stays usable.
 void debug_check(const std::shared_ptr<NcclShared>& s, int64_t seq, const std::string& text) {
-  constexpr int64_t kWords = 12;  // the sequence number, then up to 87 bytes of text and a 0
-  Tensor mine = Tensor::zeros({kWords}, DType::kI64);
-  int64_t* words = mine.data<int64_t>();
+  constexpr size_t kWords = 12;  // the sequence number, then up to 87 bytes of text and a 0
+  std::vector<int64_t> words(kWords, 0);
   words[0] = seq;
-  std::memcpy(words + 1, text.data(), std::min(text.size(), size_t{8 * (kWords - 1) - 1}));
-  const Tensor sent = mine.to(Device::cuda(s->device));
-  Tensor all = Tensor::empty({s->size * kWords}, DType::kI64, Device::cuda(s->device));
-  launch(s, {detail::concat("the debug check before ", text, " #", seq, " on ", s->group())},
-         "ncclAllGather",
-         [&] { return ncclAllGather(sent.raw(), all.raw(), kWords, ncclInt64, s->comm, s->stream); },
-         {sent, all}, {})
-      ->wait();
-  const Tensor rows = all.to(Device::cpu());
+  std::memcpy(words.data() + 1, text.data(), std::min(text.size(), 8 * (kWords - 1) - 1));
+  const std::vector<int64_t> rows = all_gather_words(
+      s, words, detail::concat("the debug check before ", text, " #", seq, " on ", s->group()));
   for (int r = 0; r < s->size; ++r) {
-    const int64_t* row = rows.data<int64_t>() + r * kWords;
-    if (std::equal(row, row + kWords, words)) continue;
+    const int64_t* row = rows.data() + static_cast<size_t>(r) * kWords;
+    if (std::equal(row, row + kWords, words.begin())) continue;
     throw CommError(detail::concat(
         "nccl debug check: at sequence number ", seq, " on group '", s->name, "' rank ", s->rank,
         " calls ", text, " but rank ", r, " calls ", reinterpret_cast<const char*>(row + 1),
@@ -1112,20 +1126,12 @@ void settle_new(ncclComm_t comm, ncclResult_t result, std::chrono::milliseconds 
 }  // namespace
 
 namespace {
-// The world ranks of a new communicator's members, by its ranks: one all-gather of an i32 each
+// The world ranks of a new communicator's members, by its ranks: one all-gather of a word each
 // over it (ncclCommSplit orders them by key, then by parent rank; only the members know theirs).
 std::vector<int> gather_world_ranks(const std::shared_ptr<NcclShared>& s, int world_rank) {
-  Tensor mine = Tensor::empty({1}, DType::kI32);
-  std::memcpy(mine.raw(), &world_rank, sizeof world_rank);
-  mine = mine.to(Device::cuda(s->device));
-  Tensor all = Tensor::empty({s->size}, DType::kI32, Device::cuda(s->device));
-  launch(s, {"the exchange of world ranks on " + s->group()}, "ncclAllGather",
-         [&] { return ncclAllGather(mine.raw(), all.raw(), 1, ncclInt32, s->comm, s->stream); },
-         {mine, all}, {})
-      ->wait();
-  const Tensor host = all.to(Device::cpu());
-  const auto* ranks = static_cast<const int32_t*>(host.raw());
-  return std::vector<int>(ranks, ranks + s->size);
+  const std::vector<int64_t> ranks =
+      all_gather_words(s, {world_rank}, "the exchange of world ranks on " + s->group());
+  return std::vector<int>(ranks.begin(), ranks.end());
 }
 
 // Gives a set-up communicator its flight state: this rank's recorder, its group's name there

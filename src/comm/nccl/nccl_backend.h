@@ -50,7 +50,7 @@
 // communicator and its splits, recording every operation (groups "nccl:<name>", messages under
 // "nccl:<name>:p2p" numbered per peer) as issued, started (enqueued on the stream), completed
 // (its event seen done) or failed. A split's members' world ranks are gathered over the new
-// communicator (one all-gather of an i32 each). The first failure of any of a rank's
+// communicator (one all-gather of a word each). The first failure of any of a rank's
 // communicators dumps, with CommOptions::flight_dir set, CommOptions::flight_dir/
 // rank_NNNNN.nccl.json before the abort — its own records and, through a registry of the ranks
 // sharing the world's ncclUniqueId in this process, those of its thread-rank peers as they are.
