@@ -3,8 +3,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "base/error.h"
 
@@ -43,15 +45,18 @@ TestFault TestFault::from_env() {
   if (kind == "hang") f.kind = kHang;
   if (kind == "term") f.kind = kTerm;
   if (kind == "savefail") f.kind = kSaveFail;
+  if (kind == "slow") f.kind = kSlow;
   char* end = nullptr;
   if (at != std::string::npos) f.step = std::strtoll(s.c_str() + at + 1, &end, 10);
   if (f.kind == kNone || at == std::string::npos || end == nullptr || *end != 0 || f.step < 1)
     fail("LOOM_TEST_FAULT = '", s,
-         "': expected kill@STEP, hang@STEP, term@STEP or savefail@STEP (STEP >= 1)");
+         "': expected kill@STEP, hang@STEP, term@STEP, slow@STEP or savefail@STEP (STEP >= 1)");
   return f;
 }
 
 void TestFault::strike_at(int64_t step_done) const {
+  if (kind == kSlow && step_done >= step)
+    std::this_thread::sleep_for(std::chrono::milliseconds(kSlowStepMs));
   if (kind == kNone || step_done != step) return;
   if (kind == kKill) raise(SIGKILL);
   if (kind == kTerm) raise(SIGTERM);  // handled before raise returns

@@ -18,11 +18,15 @@ int stop_signal_received();  // the first such signal so far, 0 if none
 // "hang@N": it stops responding there; "term@N": it sends its process SIGTERM there — a crashed
 // rank, a wedged one, a scheduler's preemption. The trainer strikes only in a run that started at
 // step 0, so that the restarted run (resumed from a checkpoint) goes past it. For the tests of
-// `loom launch` and the graceful stop (tests/apps/cli_test.cc). "savefail@N": world rank 0's
-// asynchronous checkpoint write of step N throws, as a full disk would (train.async_checkpoint;
+// `loom launch` and the graceful stop (tests/apps/cli_test.cc). "slow@N": from step N on it
+// sleeps kSlowStepMs after each step, so that a signal sent after step N surely lands before a
+// short run ends, however slowly the machine delivers it (tests/deploy/slurm_test.sh's
+// preemption: under load its scancel once arrived after all 8000 steps). "savefail@N": world rank
+// 0's asynchronous checkpoint write of step N throws, as a full disk would (train.async_checkpoint;
 // tests/train/train_test.cc).
 struct TestFault {
-  enum Kind { kNone, kKill, kHang, kTerm, kSaveFail } kind = kNone;
+  enum Kind { kNone, kKill, kHang, kTerm, kSlow, kSaveFail } kind = kNone;
+  static constexpr int kSlowStepMs = 20;
   int64_t step = 0;
 
   // Throws loom::Error naming the variable for a value that is not one of the above.

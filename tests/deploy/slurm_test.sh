@@ -109,7 +109,13 @@ keep_checkpoints = 1
 TOML
 }
 config "$dir/short.toml" 4 16 2
-long_steps=8000  # ~1000 steps/s here: the signal, ~0.3 s after step 3, lands well before the end
+# ~1000 steps/s here, but the preempted job runs with LOOM_TEST_FAULT=slow@3 (rank 0 sleeps
+# 20 ms a step from step 3 on: at most 50 steps/s, 60 s to the end), so the signal lands before
+# it ends however slowly this machine delivers it — under load it once took longer than all of
+# the 8000 steps this run had then. The reference and the resumed job run at full speed (the
+# fault strikes only in a run that started at step 0): fewer steps, less for a busy machine to
+# slow down past the job's 150 s.
+long_steps=3000
 config "$dir/long.toml" $long_steps 64 100000
 
 # submit NAME CONFIG RUN [sbatch options...]: the template as docs/deploy.md submits it, on what
@@ -152,7 +158,7 @@ grep -q 'attempt 2 succeeded' "$out" || fail "expected the second attempt to suc
 
 # 3. preempted while training, then resumed by the next job
 reference "$dir/long.toml" "$dir/ref-long"
-job=$(submit preempted "$dir/long.toml" "$dir/preempted")
+job=$(LOOM_TEST_FAULT=slow@3 submit preempted "$dir/long.toml" "$dir/preempted")
 for _ in $(seq 600); do  # until it has trained a few steps (metrics.jsonl: a line a step)
   [[ -f $dir/preempted/metrics.jsonl && $(grep -c '"step"' "$dir/preempted/metrics.jsonl") -ge 3 ]] && break
   sleep 0.1
