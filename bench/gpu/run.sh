@@ -259,6 +259,16 @@ step gpt2_bf16_gelu_apart bench 40 env LOOM_CUDA_GELU_EPILOGUE=0 "$BIN/loom" ben
   --shape gpt2-124m --device cuda --batch 16 --seq 1024 --steps 8 --warmup 2 --precision bf16 \
   --peak-tflops "$BF16_PEAK" --json
 figure "bf16, GELU apart from the GEMMs"
+# The weights' 16-bit copies (nn/rounded_weights.h: cast once a step) against GEMMs that cast the
+# fp32 weights at every call (LOOM_CUDA_WEIGHT_COPIES=0), at 2 sequences a step, where the casts
+# weigh ~8x what they do at 16.
+step gpt2_bf16_b2 bench 30 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 2 \
+  --seq 1024 --steps 10 --warmup 2 --precision bf16 --peak-tflops "$BF16_PEAK" --json
+figure "bf16, batch 2, weight copies"
+step gpt2_bf16_b2_cast bench 30 env LOOM_CUDA_WEIGHT_COPIES=0 "$BIN/loom" bench train \
+  --shape gpt2-124m --device cuda --batch 2 --seq 1024 --steps 10 --warmup 2 --precision bf16 \
+  --peak-tflops "$BF16_PEAK" --json
+figure "bf16, batch 2, weights cast at each GEMM"
 # fp8 (runtime.matmul_precision = "fp8"): the Linears' operands quantized in blocks of 128 by
 # kernels/cuda/fp8.cu (the CPU's bits) before bf16 GEMMs: the quantization passes' cost, before
 # an E4M3 tensor-core GEMM replaces the bf16 one.

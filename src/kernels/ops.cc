@@ -133,6 +133,16 @@ cuda::GemmOperand operand_of(const Exec& ex, const void* data, DType dtype, cons
   return cuda::GemmOperand(data, rounded_precision(ex, dtype, what));
 }
 
+// A weight as the GPU's GEMMs take it: its 16-bit copy where the caller has one (of the type
+// GEMM inputs are rounded to now, else it fails naming `op`), else its fp32 values.
+cuda::GemmOperand weight_operand(const Exec& ex, const GemmWeight& weight, const char* op) {
+  if (weight.rounded == nullptr) return cuda::GemmOperand(weight.values);
+  if (weight.rounded_dtype != matmul_input_dtype(ex, DType::kF32))
+    fail(op, " on ", ex.device.str(), ": a weight rounded to ", dtype_name(weight.rounded_dtype),
+         ", but GEMM inputs are ", dtype_name(matmul_input_dtype(ex, DType::kF32)), " here");
+  return cuda::GemmOperand(weight.rounded, rounded_precision(ex, weight.rounded_dtype, op));
+}
+
 // A forward's input as its GEMM operand: 16-bit values rounded already (`inp_dtype`), or f32
 // values rounded here into `inp_rounded` (n values), which the layer keeps for its backward.
 cuda::GemmOperand forward_input(const Exec& ex, const void* inp, DType inp_dtype, void* inp_rounded,
@@ -153,6 +163,13 @@ void expect_rounded_output(const Exec& ex, DType dtype, const char* op) {
 }
 }  // namespace
 
+void round_weight(const Exec& ex, void* out, DType dtype, const float* weight, int64_t n) {
+  const detail::OpScope op_scope_("round_weight", ex,
+                                  [&] { return detail::work_of<float>(0, 1.5 * n); });
+  expect_rounded_output(ex, dtype, "round_weight");
+  if constexpr (detail::kCudaBuild) (void)cuda::round_for_gemm(ex.device.index, out, weight, n);
+}
+
 DType matmul_input_dtype(const Exec& ex, DType dtype) {
   if constexpr (detail::kCudaBuild) {
     // At fp8 the Linears quantize fp32 inputs themselves (fp8_block): nothing is kept rounded.
@@ -172,9 +189,9 @@ DType matmul_input_dtype(const Exec& ex, DType dtype) {
 }
 
 namespace {
-void matmul_forward_on_gpu(const Exec& ex, float* out, cuda::GemmOperand inp, const float* weight,
-                           const float* bias, int64_t N, int64_t C, int64_t OC,
-                           const float* residual) {
+void matmul_forward_on_gpu(const Exec& ex, float* out, cuda::GemmOperand inp,
+                           cuda::GemmOperand weight, const float* bias, int64_t N, int64_t C,
+                           int64_t OC, const float* residual) {
   if constexpr (detail::kCudaBuild) {
     if (residual != nullptr)
       cuda::matmul_forward_adding(ex.device.index, out, inp, weight, bias, residual, N, C, OC);
@@ -185,8 +202,10 @@ void matmul_forward_on_gpu(const Exec& ex, float* out, cuda::GemmOperand inp, co
 }  // namespace
 
 void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_rounded,
-                                          const float* inp, const float* weight, const float* bias,
+                                          const float* inp, GemmWeight weight, const float* bias,
                                           int64_t N, int64_t C, int64_t OC, const float* residual) {
+  const cuda::GemmOperand weight_op =
+      weight_operand(ex, weight, "matmul_forward_keeping_rounded_input");
   const detail::OpScope op_scope_("matmul_forward", ex, [&] {
     return detail::work_of<float>(
         detail::matmul_forward_counts(N, C, OC, bias != nullptr, residual != nullptr));
@@ -195,25 +214,28 @@ void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_
                         "matmul_forward_keeping_rounded_input");
   if constexpr (detail::kCudaBuild) {
     const cuda::GemmOperand kept = cuda::round_for_gemm(ex.device.index, inp_rounded, inp, N * C);
-    matmul_forward_on_gpu(ex, out, kept, weight, bias, N, C, OC, residual);
+    matmul_forward_on_gpu(ex, out, kept, weight_op, bias, N, C, OC, residual);
   }
 }
 
 void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* inp, DType inp_dtype,
-                                       const float* weight, const float* bias, int64_t N, int64_t C,
+                                       GemmWeight weight, const float* bias, int64_t N, int64_t C,
                                        int64_t OC, const float* residual) {
+  const cuda::GemmOperand weight_op =
+      weight_operand(ex, weight, "matmul_forward_from_rounded_input");
   const detail::OpScope op_scope_("matmul_forward", ex, [&] {
     return detail::work_of<float>(
         detail::matmul_forward_counts(N, C, OC, bias != nullptr, residual != nullptr));
   });
   const cuda::GemmOperand kept(
       inp, rounded_precision(ex, inp_dtype, "matmul_forward_from_rounded_input"));
-  matmul_forward_on_gpu(ex, out, kept, weight, bias, N, C, OC, residual);
+  matmul_forward_on_gpu(ex, out, kept, weight_op, bias, N, C, OC, residual);
 }
 
 void matmul_forward_rounded_output(const Exec& ex, void* out, DType out_dtype, const void* inp,
-                                   DType inp_dtype, void* inp_rounded, const float* weight,
+                                   DType inp_dtype, void* inp_rounded, GemmWeight weight,
                                    const float* bias, int64_t N, int64_t C, int64_t OC) {
+  const cuda::GemmOperand weight_op = weight_operand(ex, weight, "matmul_forward_rounded_output");
   // The 16-bit output is written at half an f32 element's bytes.
   const detail::OpScope op_scope_("matmul_forward", ex, [&] {
     detail::OpCounts c = detail::matmul_forward_counts(N, C, OC, bias != nullptr);
@@ -224,12 +246,13 @@ void matmul_forward_rounded_output(const Exec& ex, void* out, DType out_dtype, c
   const cuda::GemmOperand operand =
       forward_input(ex, inp, inp_dtype, inp_rounded, N * C, "matmul_forward_rounded_output");
   if constexpr (detail::kCudaBuild)
-    cuda::matmul_forward_rounded_output(ex.device.index, out, operand, weight, bias, N, C, OC);
+    cuda::matmul_forward_rounded_output(ex.device.index, out, operand, weight_op, bias, N, C, OC);
 }
 
 void matmul_forward_gelu(const Exec& ex, void* gelu_out, void* pre, DType dtype, const void* inp,
-                         DType inp_dtype, void* inp_rounded, const float* weight, const float* bias,
+                         DType inp_dtype, void* inp_rounded, GemmWeight weight, const float* bias,
                          int64_t N, int64_t C, int64_t OC) {
+  const cuda::GemmOperand weight_op = weight_operand(ex, weight, "matmul_forward_gelu");
   // Two 16-bit outputs: an f32 output's bytes.
   const detail::OpScope op_scope_("matmul_forward_gelu", ex, [&] {
     detail::OpCounts c = detail::matmul_forward_counts(N, C, OC, bias != nullptr);
@@ -240,13 +263,13 @@ void matmul_forward_gelu(const Exec& ex, void* gelu_out, void* pre, DType dtype,
   const cuda::GemmOperand operand =
       forward_input(ex, inp, inp_dtype, inp_rounded, N * C, "matmul_forward_gelu");
   if constexpr (detail::kCudaBuild)
-    cuda::matmul_forward_gelu(ex.device.index, gelu_out, pre, operand, weight, bias, N, C, OC);
+    cuda::matmul_forward_gelu(ex.device.index, gelu_out, pre, operand, weight_op, bias, N, C, OC);
 }
 
 void matmul_backward_into_gelu(const Exec& ex, void* dpre, DType dtype, float* dweight,
-                               float* dbias, const float* dout, const void* inp,
-                               const float* weight, const void* pre, int64_t N, int64_t C,
-                               int64_t OC) {
+                               float* dbias, const float* dout, const void* inp, GemmWeight weight,
+                               const void* pre, int64_t N, int64_t C, int64_t OC) {
+  const cuda::GemmOperand weight_op = weight_operand(ex, weight, "matmul_backward_into_gelu");
   // matmul_backward's, its dinp and inp in 16 bits, plus pre's 16 bits (read with dpre).
   const detail::OpScope op_scope_("matmul_backward_into_gelu", ex, [&] {
     detail::OpCounts c = detail::matmul_backward_counts(N, C, OC, dpre != nullptr, dbias != nullptr,
@@ -257,8 +280,8 @@ void matmul_backward_into_gelu(const Exec& ex, void* dpre, DType dtype, float* d
   expect_rounded_output(ex, dtype, "matmul_backward_into_gelu");
   const cuda::GemmOperand kept(inp, rounded_precision(ex, dtype, "matmul_backward_into_gelu"));
   if constexpr (detail::kCudaBuild)
-    cuda::matmul_backward_into_gelu(ex.device.index, dpre, dweight, dbias, dout, kept, weight, pre,
-                                    N, C, OC);
+    cuda::matmul_backward_into_gelu(ex.device.index, dpre, dweight, dbias, dout, kept, weight_op,
+                                    pre, N, C, OC);
 }
 
 void gelu_forward_of_rounded(const Exec& ex, void* out, const void* pre, DType dtype, int64_t n) {
@@ -281,7 +304,9 @@ void layernorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float
 
 void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dweight, float* dbias,
                                         const float* dout, const void* inp_rounded, DType inp_dtype,
-                                        const float* weight, int64_t N, int64_t C, int64_t OC) {
+                                        GemmWeight weight, int64_t N, int64_t C, int64_t OC) {
+  const cuda::GemmOperand weight_op =
+      weight_operand(ex, weight, "matmul_backward_from_rounded_input");
   const detail::OpScope op_scope_("matmul_backward", ex, [&] {
     return detail::work_of<float>(detail::matmul_backward_counts(
         N, C, OC, dinp != nullptr, dbias != nullptr, dweight != nullptr));
@@ -290,7 +315,7 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
   const cuda::GemmOperand kept(
       inp_rounded, rounded_precision(ex, inp_dtype, "matmul_backward_from_rounded_input"));
   if constexpr (detail::kCudaBuild)
-    cuda::matmul_backward(ex.device.index, dinp, dweight, dbias, dout, kept, weight, N, C, OC);
+    cuda::matmul_backward(ex.device.index, dinp, dweight, dbias, dout, kept, weight_op, N, C, OC);
 }
 
 void adamw_update_runs(const Exec& ex, float* values, const float* grads, float* m, float* v,
@@ -316,8 +341,9 @@ void adamw_update_runs(const Exec& ex, float* values, const float* grads, float*
 }
 
 void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, void* logits,
-                                    DType logits_dtype, const float* inp, const float* weight,
+                                    DType logits_dtype, const float* inp, GemmWeight weight,
                                     const int32_t* targets, int64_t N, int64_t C, int64_t V) {
+  const cuda::GemmOperand weight_op = weight_operand(ex, weight, "lm_head_forward_rounded_logits");
   // 16-bit logits written and read once: one fp32 element's bytes per logit.
   const detail::OpScope op_scope_("lm_head_forward", ex, [&] {
     return detail::work_of<float>(2.0 * N * C * V,
@@ -325,14 +351,16 @@ void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, v
   });
   expect_rounded_output(ex, logits_dtype, "lm_head_forward_rounded_logits");
   if constexpr (detail::kCudaBuild)
-    cuda::lm_head_forward_rounded_logits(ex.device.index, losses, lse, logits, inp, weight, targets,
-                                         N, C, V, ex.ids_checked);
+    cuda::lm_head_forward_rounded_logits(ex.device.index, losses, lse, logits, inp, weight_op,
+                                         targets, N, C, V, ex.ids_checked);
 }
 
 void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dweight, void* logits,
                                           DType logits_dtype, const float* lse,
                                           const int32_t* targets, float dloss, const float* inp,
-                                          const float* weight, int64_t N, int64_t C, int64_t V) {
+                                          GemmWeight weight, int64_t N, int64_t C, int64_t V) {
+  const cuda::GemmOperand weight_op =
+      weight_operand(ex, weight, "lm_head_backward_from_rounded_logits");
   // Without dweight (a zero-bubble schedule's B), the logits' gradient and dinp alone.
   const double weights = dweight != nullptr ? 1.0 : 0.0;
   const detail::OpScope op_scope_("lm_head_backward", ex, [&] {
@@ -346,7 +374,7 @@ void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dw
     // Refused before the kernel reads them as another type, if the precision changed since.
     kept.expect_usable_at(cuda::matmul_precision(), "logits");
     cuda::lm_head_backward_from_rounded_logits(ex.device.index, dinp, dweight, logits, lse, targets,
-                                               dloss, inp, weight, N, C, V);
+                                               dloss, inp, weight_op, N, C, V);
   }
 }
 
@@ -564,7 +592,8 @@ void attention_gqa_backward_rounded(const Exec& ex, void* dqkv, const void* dout
 
 void matmul_backward_rounded_dinp(const Exec& ex, void* dinp, DType dinp_dtype, float* dweight,
                                   float* dbias, const float* dout, const void* inp, DType inp_dtype,
-                                  const float* weight, int64_t N, int64_t C, int64_t OC) {
+                                  GemmWeight weight, int64_t N, int64_t C, int64_t OC) {
+  const cuda::GemmOperand weight_op = weight_operand(ex, weight, "matmul_backward_rounded_dinp");
   // The 16-bit dinp is written at half an f32 element's bytes.
   const detail::OpScope op_scope_("matmul_backward", ex, [&] {
     detail::OpCounts c = detail::matmul_backward_counts(N, C, OC, dinp != nullptr, dbias != nullptr,
@@ -577,13 +606,14 @@ void matmul_backward_rounded_dinp(const Exec& ex, void* dinp, DType dinp_dtype, 
   expect_rounded_output(ex, dinp_dtype, "matmul_backward_rounded_dinp");
   const cuda::GemmOperand inp_op = operand_of(ex, inp, inp_dtype, "matmul_backward_rounded_dinp");
   if constexpr (detail::kCudaBuild)
-    cuda::matmul_backward_rounded_dinp(ex.device.index, dinp, dweight, dbias, dout, inp_op, weight,
-                                       N, C, OC);
+    cuda::matmul_backward_rounded_dinp(ex.device.index, dinp, dweight, dbias, dout, inp_op,
+                                       weight_op, N, C, OC);
 }
 
 void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, float* dbias,
                                   const void* dout, DType dtype, const void* inp, DType inp_dtype,
-                                  const float* weight, int64_t N, int64_t C, int64_t OC) {
+                                  GemmWeight weight, int64_t N, int64_t C, int64_t OC) {
+  const cuda::GemmOperand weight_op = weight_operand(ex, weight, "matmul_backward_from_rounded");
   const detail::OpScope op_scope_("matmul_backward", ex, [&] {
     return detail::work_of<float>(detail::matmul_backward_counts(
         N, C, OC, dinp != nullptr, dbias != nullptr, dweight != nullptr));
@@ -597,8 +627,8 @@ void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, f
       operand_of(ex, inp, inp_dtype, "matmul_backward_from_rounded");
   if constexpr (detail::kCudaBuild)
     cuda::matmul_backward_from_rounded_dout(ex.device.index, dinp, dweight, dbias,
-                                            cuda::GemmOperand(dout, precision), inp_operand, weight,
-                                            N, C, OC);
+                                            cuda::GemmOperand(dout, precision), inp_operand,
+                                            weight_op, N, C, OC);
 }
 
 }  // namespace loom::ops

@@ -92,6 +92,23 @@ double measure_gpu_gemm_tflops(Device device, const std::string& precision, int6
 // (each byte read and written): the roofline of the streaming kernels.
 double measure_gpu_copy_gbps(Device device, int64_t bytes, int iters);
 
+// A weight as the 16-bit GEMM ops below take it: its fp32 values, which they round to the matmul
+// precision at every call, or also a copy of them already rounded to that 16-bit type
+// (`rounded`, of `rounded_dtype` = matmul_input_dtype(ex, kF32); nn/rounded_weights.h makes it
+// once per optimizer step), which they read instead: a weight read by four GEMMs per micro-batch
+// (forward and input gradient, each micro-batch of a step) is cast once a step.
+struct GemmWeight {
+  GemmWeight(const float* values_) : values(values_) {}  // NOLINT(google-explicit-constructor)
+  GemmWeight(const float* values_, const void* rounded_, DType rounded_dtype_)
+      : values(values_), rounded(rounded_), rounded_dtype(rounded_dtype_) {}
+  const float* values;
+  const void* rounded = nullptr;
+  DType rounded_dtype = DType::kF32;
+};
+// weight's n values rounded into `out` (n values of `dtype` = matmul_input_dtype(ex, kF32), 16-bit,
+// else it fails): the copy a GemmWeight carries.
+void round_weight(const Exec& ex, void* out, DType dtype, const float* weight, int64_t n);
+
 // nn::Linear's input on a GPU at bf16 / fp16 matmul precision: rounded once in the forward and
 // kept in that 16-bit type instead of fp32 for the backward's weight-gradient GEMM, which then
 // needs no cast of its own (and the kept input takes half the bytes). matmul_input_dtype is the
@@ -101,13 +118,13 @@ DType matmul_input_dtype(const Exec& ex, DType dtype);
 // matmul_forward (f32) that also leaves inp rounded in `inp_rounded`: N·C values of
 // matmul_input_dtype(ex, kF32), which must be 16-bit. With a `residual`, matmul_forward_adding.
 void matmul_forward_keeping_rounded_input(const Exec& ex, float* out, void* inp_rounded,
-                                          const float* inp, const float* weight, const float* bias,
+                                          const float* inp, GemmWeight weight, const float* bias,
                                           int64_t N, int64_t C, int64_t OC,
                                           const float* residual = nullptr);
 // matmul_forward (f32) on an input already rounded (of type `inp_dtype`) by one of the producers
 // below; kept as it is for the backward. With a `residual`, matmul_forward_adding.
 void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* inp, DType inp_dtype,
-                                       const float* weight, const float* bias, int64_t N, int64_t C,
+                                       GemmWeight weight, const float* bias, int64_t N, int64_t C,
                                        int64_t OC, const float* residual = nullptr);
 // matmul_forward writing `out` in 16 bits (`out_dtype` = matmul_input_dtype(ex, kF32)), its bias
 // rounded to that type too (cuda::matmul_forward_rounded_output): an output only 16-bit readers
@@ -115,22 +132,21 @@ void matmul_forward_from_rounded_input(const Exec& ex, float* out, const void* i
 // (`inp_dtype` 16-bit), or f32 (kF32) and then rounded into `inp_rounded` (N·C values of
 // out_dtype) for the backward; `inp_rounded` is unused otherwise.
 void matmul_forward_rounded_output(const Exec& ex, void* out, DType out_dtype, const void* inp,
-                                   DType inp_dtype, void* inp_rounded, const float* weight,
+                                   DType inp_dtype, void* inp_rounded, GemmWeight weight,
                                    const float* bias, int64_t N, int64_t C, int64_t OC);
 // The MLP's fc and GELU on a GPU at bf16 / fp16 (cuda::matmul_forward_gelu): pre = inp·Wᵀ + bias
 // and gelu_out = GELU(pre), N·OC values each of `dtype` = matmul_input_dtype(ex, kF32), 16-bit,
 // with the GELU in the GEMM's epilogue. `inp` as for matmul_forward_rounded_output.
 void matmul_forward_gelu(const Exec& ex, void* gelu_out, void* pre, DType dtype, const void* inp,
-                         DType inp_dtype, void* inp_rounded, const float* weight, const float* bias,
+                         DType inp_dtype, void* inp_rounded, GemmWeight weight, const float* bias,
                          int64_t N, int64_t C, int64_t OC);
 // The backward of the Linear after it (the MLP's proj, its input `inp` that gelu_out): dweight
 // and dbias as matmul_backward, and in place of its dinp dpre = GELU'(pre) ⊙ (dout·W), the
 // gradient at the GELU's input, N·C values of `dtype` (cuda::matmul_backward_into_gelu) — fc's
 // rounded dout (matmul_backward_from_rounded).
 void matmul_backward_into_gelu(const Exec& ex, void* dpre, DType dtype, float* dweight,
-                               float* dbias, const float* dout, const void* inp,
-                               const float* weight, const void* pre, int64_t N, int64_t C,
-                               int64_t OC);
+                               float* dbias, const float* dout, const void* inp, GemmWeight weight,
+                               const void* pre, int64_t N, int64_t C, int64_t OC);
 // GELU(pre) of such a 16-bit pre, rounded to `dtype` (gelu_out rebuilt for recomputation, to an
 // ulp: the forward's GELU took pre before its rounding).
 void gelu_forward_of_rounded(const Exec& ex, void* out, const void* pre, DType dtype, int64_t n);
@@ -143,7 +159,7 @@ void layernorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float
 // matmul_backward (f32) on such a kept input, of type `inp_dtype`.
 void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dweight, float* dbias,
                                         const float* dout, const void* inp_rounded, DType inp_dtype,
-                                        const float* weight, int64_t N, int64_t C, int64_t OC);
+                                        GemmWeight weight, int64_t N, int64_t C, int64_t OC);
 
 // The attention on a GPU at bf16 / fp16 matmul precision: `out` written as the attention
 // projection's rounded input, and the backward on that out writing `dqkv` as the qkv
@@ -199,12 +215,12 @@ bool attention_takes_rounded_qkv(const Exec& ex, int64_t C, int64_t NH, int64_t 
 // its half of the combined op (nn/deferred_weight_grads.h).
 void matmul_backward_rounded_dinp(const Exec& ex, void* dinp, DType dinp_dtype, float* dweight,
                                   float* dbias, const float* dout, const void* inp, DType inp_dtype,
-                                  const float* weight, int64_t N, int64_t C, int64_t OC);
+                                  GemmWeight weight, int64_t N, int64_t C, int64_t OC);
 // matmul_backward (f32) with dout rounded already, of 16-bit `dtype`, and inp too (`inp_dtype`
 // that dtype) or f32 (kF32: an input restored for recomputation as it came).
 void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, float* dbias,
                                   const void* dout, DType dtype, const void* inp, DType inp_dtype,
-                                  const float* weight, int64_t N, int64_t C, int64_t OC);
+                                  GemmWeight weight, int64_t N, int64_t C, int64_t OC);
 
 // The LM head on a GPU at bf16 / fp16 matmul precision, its logits kept in that 16-bit type
 // (`logits_dtype` = matmul_input_dtype(ex, kF32), N × V values): the forward writes them from the
@@ -214,12 +230,12 @@ void matmul_backward_from_rounded(const Exec& ex, float* dinp, float* dweight, f
 // leaves the head's weight gradient for later (a zero-bubble schedule's B), which
 // matmul_backward_from_rounded then takes from the logits' gradient (left in `logits`) and inp.
 void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, void* logits,
-                                    DType logits_dtype, const float* inp, const float* weight,
+                                    DType logits_dtype, const float* inp, GemmWeight weight,
                                     const int32_t* targets, int64_t N, int64_t C, int64_t V);
 void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dweight, void* logits,
                                           DType logits_dtype, const float* lse,
                                           const int32_t* targets, float dloss, const float* inp,
-                                          const float* weight, int64_t N, int64_t C, int64_t V);
+                                          GemmWeight weight, int64_t N, int64_t C, int64_t V);
 
 // AdamW over runs of the same flat buffers (kernels/adamw_factors.h), each element what
 // adamw_update computes with `weight_decay` where a run's decay is set: on a GPU one launch for all

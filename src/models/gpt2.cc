@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
+#include "nn/rounded_weights.h"
 #include "nn/step_losses.h"
 #include "nn/swiglu_mlp.h"
 #include "tensor/dispatch.h"
@@ -203,6 +204,7 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part) : config_(config), pa
       head_wte_ = params_.add("wte.weight", {config.vocab_size, config.d_model}, InitKind::kNormal,
                               config.init_std);
     ln_f_ = make_norm(params_, "ln_f", config.d_model, config_.llama(), config_.norm_eps);
+    head_wte_->gemm_operand = true;  // the head's GEMMs read it (the tied embedding too)
   }
   for (int64_t l = part_.first_block; l < part_.end_block; ++l) {
     const std::string name = "blocks." + std::to_string(l);
@@ -245,7 +247,7 @@ void Gpt2::head_forward(Context& ctx, const Tensor& x, const Tensor& targets, do
   if (logits_dtype != ctx.dtype) {
     ops::lm_head_forward_rounded_logits(ctx.exec(), losses.data<float>(), lse_.data<float>(),
                                         dlogits_.raw(), logits_dtype, final_.data<float>(),
-                                        wte.value.data<float>(), targets.data<int32_t>(), N, C, V);
+                                        gemm_weight(ctx, wte), targets.data<int32_t>(), N, C, V);
   } else {
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T = decltype(zero);
@@ -302,7 +304,7 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
       ops::lm_head_backward_from_rounded_logits(
           ctx.exec(), dfinal.data<float>(), later ? nullptr : wte.grad.data<float>(),
           dlogits_.raw(), dlogits_.dtype(), lse_.data<float>(), targets_.data<int32_t>(),
-          static_cast<float>(scale / N), final_.data<float>(), wte.value.data<float>(), N, C, V);
+          static_cast<float>(scale / N), final_.data<float>(), gemm_weight(ctx, wte), N, C, V);
       if (later) {
         Parameter* head = head_wte_;
         ctx.deferred_weight_grads->add(

@@ -11,6 +11,7 @@
 namespace loom {
 
 class DeferredWeightGrads;
+class RoundedWeights;
 class SequenceShard;
 class StepLosses;
 
@@ -28,6 +29,10 @@ struct Context {
   // Set by a training step: the head queues its loss here, read with the step's others at its
   // end, instead of reading it after each forward (nn/step_losses.h); null: read at once.
   StepLosses* losses = nullptr;
+
+  // Set by a training step on a GPU at bf16 / fp16: the weights' 16-bit copies, made once a step,
+  // that the Linears' and the LM head's GEMMs read (nn/rounded_weights.h); null: each GEMM casts.
+  RoundedWeights* rounded_weights = nullptr;
 
   // The token ids were checked where they came from (kernels/exec.h): a training step's.
   bool ids_checked = false;

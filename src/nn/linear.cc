@@ -2,6 +2,7 @@
 
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
+#include "nn/rounded_weights.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -17,6 +18,7 @@ Linear::Linear(ParameterStore& store, const std::string& name, int64_t in, int64
                float init_std)
     : in_(in), out_(out) {
   weight_ = store.add(name + ".weight", {out, in}, InitKind::kNormal, init_std);
+  weight_->gemm_operand = true;
   if (bias) bias_ = store.add(name + ".bias", {out}, InitKind::kZeros);
 }
 
@@ -39,7 +41,7 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x, const Tensor* residua
   if (x.dtype() != ctx.dtype) {  // rounded by its producer (LayerNorm, GELU) already
     x_ = x;
     ops::matmul_forward_from_rounded_input(
-        ctx.exec(), y.data<float>(), x.raw(), x.dtype(), weight_->value.data<float>(),
+        ctx.exec(), y.data<float>(), x.raw(), x.dtype(), gemm_weight(ctx, *weight_),
         bias_ ? bias_->value.data<float>() : nullptr, n, in_, out_, residual_f32());
     return y;
   }
@@ -47,7 +49,7 @@ Tensor Linear::forward_impl(Context& ctx, const Tensor& x, const Tensor* residua
     // A GPU rounding GEMM inputs to 16 bits: keep the input as the GEMMs read it (ops.h).
     x_ = Tensor::empty(x.shape(), kept, ctx.device);
     ops::matmul_forward_keeping_rounded_input(
-        ctx.exec(), y.data<float>(), x_.raw(), x.data<float>(), weight_->value.data<float>(),
+        ctx.exec(), y.data<float>(), x_.raw(), x.data<float>(), gemm_weight(ctx, *weight_),
         bias_ ? bias_->value.data<float>() : nullptr, n, in_, out_, residual_f32());
     return y;
   }
@@ -75,7 +77,7 @@ Tensor Linear::forward_rounded_output(Context& ctx, const Tensor& x) {
   const DType out_dtype = keep_input_for_sixteen_bit_output(ctx, x, "a 16-bit output");
   Tensor y = Tensor::empty(with_last(x.shape(), out_), out_dtype, ctx.device);
   ops::matmul_forward_rounded_output(
-      ctx.exec(), y.raw(), out_dtype, x.raw(), x.dtype(), x_.raw(), weight_->value.data<float>(),
+      ctx.exec(), y.raw(), out_dtype, x.raw(), x.dtype(), x_.raw(), gemm_weight(ctx, *weight_),
       bias_ ? bias_->value.data<float>() : nullptr, x.numel() / in_, in_, out_);
   return y;
 }
@@ -85,7 +87,7 @@ Tensor Linear::forward_gelu(Context& ctx, const Tensor& x, Tensor& gelu_out) {
   Tensor pre = Tensor::empty(with_last(x.shape(), out_), out_dtype, ctx.device);
   gelu_out = Tensor::empty(pre.shape(), out_dtype, ctx.device);
   ops::matmul_forward_gelu(ctx.exec(), gelu_out.raw(), pre.raw(), out_dtype, x.raw(), x.dtype(),
-                           x_.raw(), weight_->value.data<float>(),
+                           x_.raw(), gemm_weight(ctx, *weight_),
                            bias_ ? bias_->value.data<float>() : nullptr, x.numel() / in_, in_,
                            out_);
   return pre;
@@ -115,12 +117,12 @@ Tensor Linear::backward_rounded_dinp(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::empty(x_.shape(), dx_dtype, ctx.device);
   input_grad_now_weight_grads_at_w(
       ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
-      [w = weight_, b = bias_, dy, x = x_, dx_dtype, n = x_.numel() / in_, in = in_, out = out_](
-          const Exec& ex, void* dinp, bool weights) {
-        ops::matmul_backward_rounded_dinp(
-            ex, dinp, dx_dtype, weights ? w->grad.data<float>() : nullptr,
-            weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(), x.dtype(),
-            w->value.data<float>(), n, in, out);
+      [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, dx_dtype,
+       n = x_.numel() / in_, in = in_, out = out_](const Exec& ex, void* dinp, bool weights) {
+        ops::matmul_backward_rounded_dinp(ex, dinp, dx_dtype,
+                                          weights ? w->grad.data<float>() : nullptr,
+                                          weights && b ? b->grad.data<float>() : nullptr,
+                                          dy.data<float>(), x.raw(), x.dtype(), wop, n, in, out);
       },
       static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   x_ = Tensor();
@@ -138,12 +140,12 @@ Tensor Linear::backward_into_gelu(Context& ctx, const Tensor& dy, const Tensor& 
   // pre by its address: only the input half (now) reads it.
   input_grad_now_weight_grads_at_w(
       ctx.deferred_weight_grads, ctx.exec(), dpre.raw(),
-      [w = weight_, b = bias_, dy, x = x_, pre = pre.raw(), n = x_.numel() / in_, in = in_,
-       out = out_](const Exec& ex, void* dinp, bool weights) {
+      [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, pre = pre.raw(),
+       n = x_.numel() / in_, in = in_, out = out_](const Exec& ex, void* dinp, bool weights) {
         ops::matmul_backward_into_gelu(
             ex, dinp, x.dtype(), weights ? w->grad.data<float>() : nullptr,
-            weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(),
-            w->value.data<float>(), dinp != nullptr ? pre : nullptr, n, in, out);
+            weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(), wop,
+            dinp != nullptr ? pre : nullptr, n, in, out);
       },
       static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   x_ = Tensor();
@@ -162,12 +164,12 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_
            dtype_name(ctx.dtype), ", not ", dtype_name(x_.dtype()));
     input_grad_now_weight_grads_at_w(
         ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
-        [w = weight_, b = bias_, dy, x = x_, n, in = in_, out = out_](const Exec& ex, void* dinp,
-                                                                      bool weights) {
+        [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, n, in = in_,
+         out = out_](const Exec& ex, void* dinp, bool weights) {
           ops::matmul_backward_from_rounded(
               ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
               weights && b ? b->grad.data<float>() : nullptr, dy.raw(), dy.dtype(), x.raw(),
-              x.dtype(), w->value.data<float>(), n, in, out);
+              x.dtype(), wop, n, in, out);
         },
         static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   } else if (x_.dtype() != ctx.dtype) {  // kept rounded by forward (an f32 model on a GPU)
@@ -177,12 +179,12 @@ Tensor Linear::backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_
            ": with 16-bit GEMM inputs the GELU goes through forward_gelu and backward_into_gelu");
     input_grad_now_weight_grads_at_w(
         ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
-        [w = weight_, b = bias_, dy, x = x_, n, in = in_, out = out_](const Exec& ex, void* dinp,
-                                                                      bool weights) {
+        [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, n, in = in_,
+         out = out_](const Exec& ex, void* dinp, bool weights) {
           ops::matmul_backward_from_rounded_input(
               ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
               weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(), x.dtype(),
-              w->value.data<float>(), n, in, out);
+              wop, n, in, out);
         },
         static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   } else {

@@ -45,6 +45,9 @@ struct Parameter {
   // AdamW's decoupled weight decay applies to weight matrices (2-D and above) only: not to
   // biases, not to LayerNorm gains (docs/training.md).
   bool weight_decay = false;
+  // A GEMM's weight operand (a Linear's matrix, the LM head's): on a GPU at bf16 / fp16 a
+  // training step keeps a 16-bit copy of it (nn/rounded_weights.h).
+  bool gemm_operand = false;
   int64_t offset = 0;  // element offset in the flat buffers
   Shape full_shape;    // the unsharded parameter's shape (= shape when not sharded)
   std::vector<ShardPiece> pieces;  // empty: the local tensor is the whole parameter

@@ -182,6 +182,12 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
     optimizer_ = std::make_unique<AdamW>(adamw, shard_segments(), shard_numel_, device);
   memory_.optimizer = in_use() - before;
   if (stage_ < 2) build_buckets(config.bucket_bytes);
+  if (stage_ < 3) {
+    before = in_use();
+    rounded_weights_ = std::make_unique<RoundedWeights>(params, exec());
+    memory_.params += in_use() - before;
+    if (!rounded_weights_->active()) rounded_weights_.reset();
+  }
   tensor_parallel_ = config.tensor_parallel;
   if (tensor_parallel_ != nullptr) {
     const bool first = tensor_parallel_->rank() == 0;
@@ -438,6 +444,7 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
 }
 
 void ZeroDataParallel::optimizer_step(float lr) {
+  if (rounded_weights_) rounded_weights_->invalidate();  // copied again at their next use
   const float gs = grad_scale_;
   grad_scale_ = 1.0f;
   switch (stage_) {
@@ -515,6 +522,7 @@ FlatModelState ZeroDataParallel::owned_state(std::vector<std::pair<int64_t, int6
 
 void ZeroDataParallel::load_state(const FlatModelState& state, int64_t optimizer_steps) {
   LOOM_CHECK(state.values.numel() == params_.numel() && state.exp_avg.defined());
+  if (rounded_weights_) rounded_weights_->invalidate();
   optimizer_->set_steps_taken(optimizer_steps);
   if (stage_ == 0) {
     params_.values().copy_from(state.values);

@@ -38,6 +38,7 @@
 #include "comm/communicator.h"
 #include "nn/hooks.h"
 #include "nn/parameter.h"
+#include "nn/rounded_weights.h"
 #include "optim/adamw.h"
 
 namespace loom {
@@ -124,11 +125,18 @@ class DataParallel : public ParamHooks {
 
   virtual int zero_stage() const = 0;
   const DataParallelMemory& memory() const { return memory_; }
+  // On a GPU at bf16 / fp16 matmul precision under stages 0-2, the 16-bit copies of this rank's
+  // weights that its GEMMs read (nn/rounded_weights.h; a training step puts them in its Context):
+  // made again at their first use after each optimizer_step or load_state, counted in
+  // memory().params. Null elsewhere — stage 3 holds no whole weights between a unit's forward
+  // and its backward, so its GEMMs cast the gathered values as they come.
+  RoundedWeights* rounded_weights() const { return rounded_weights_.get(); }
   const DataParallelStepStats& step_stats() const { return step_stats_; }
 
  protected:
   DataParallelMemory memory_;
   DataParallelStepStats step_stats_;
+  std::unique_ptr<RoundedWeights> rounded_weights_;
 };
 
 }  // namespace loom

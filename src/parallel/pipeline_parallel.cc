@@ -270,6 +270,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
     const auto key = std::make_pair(c, i);
     Gpt2Stage& model = *chunks_[static_cast<size_t>(c)];
     ctx.hooks = engines_[static_cast<size_t>(c)].get();
+    ctx.rounded_weights = engines_[static_cast<size_t>(c)]->rounded_weights();
     switch (a.kind) {
       case PipeActionKind::kRecvForward:
       case PipeActionKind::kRecvBackward: {
@@ -418,6 +419,7 @@ double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const int s = schedule_.stage_of(pp_.rank(), static_cast<int>(c));
     ctx.hooks = engines_[c].get();
+    ctx.rounded_weights = engines_[c]->rounded_weights();
     Tensor input = tokens;
     if (s > 0) {
       input = activation();

@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
+#include "nn/rounded_weights.h"
 
 namespace loom {
 namespace {
@@ -35,6 +36,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::str
   local_out_ = local_row;
   weight_ = store.add_shard(name + ".weight", {local_out_, in}, {out, in}, weight_pieces,
                             InitKind::kNormal, init_std);
+  weight_->gemm_operand = true;
   if (bias)
     bias_ = store.add_shard(name + ".bias", {local_out_}, {out}, bias_pieces, InitKind::kZeros);
 }
@@ -54,10 +56,9 @@ Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
   const int64_t n = x_.dim(0);
   Tensor y = Tensor::empty({n, local_out_}, DType::kF32, ctx.device);
   if (x_.dtype() != DType::kF32) {  // rounded by its producer (a norm's forward_for_matmul)
-    ops::matmul_forward_from_rounded_input(ctx.exec(), y.data<float>(), x_.raw(), x_.dtype(),
-                                           weight_->value.data<float>(),
-                                           bias_ ? bias_->value.data<float>() : nullptr, n, in_,
-                                           local_out_);
+    ops::matmul_forward_from_rounded_input(
+        ctx.exec(), y.data<float>(), x_.raw(), x_.dtype(), gemm_weight(ctx, *weight_),
+        bias_ ? bias_->value.data<float>() : nullptr, n, in_, local_out_);
     return y;
   }
   ops::linear_forward<float>(
@@ -83,10 +84,9 @@ Tensor ColumnParallelLinear::forward_rounded_output(Context& ctx, const Tensor& 
   const Tensor whole = keep_input_for_sixteen_bit_output(ctx, x, "a 16-bit output", out_dtype);
   const int64_t n = whole.dim(0);
   Tensor y = Tensor::empty({n, local_out_}, out_dtype, ctx.device);
-  ops::matmul_forward_rounded_output(ctx.exec(), y.raw(), out_dtype, whole.raw(), whole.dtype(),
-                                     x_.raw(), weight_->value.data<float>(),
-                                     bias_ ? bias_->value.data<float>() : nullptr, n, in_,
-                                     local_out_);
+  ops::matmul_forward_rounded_output(
+      ctx.exec(), y.raw(), out_dtype, whole.raw(), whole.dtype(), x_.raw(),
+      gemm_weight(ctx, *weight_), bias_ ? bias_->value.data<float>() : nullptr, n, in_, local_out_);
   return y;
 }
 
@@ -97,7 +97,7 @@ Tensor ColumnParallelLinear::forward_gelu(Context& ctx, const Tensor& x, Tensor&
   Tensor pre = Tensor::empty({n, local_out_}, out_dtype, ctx.device);
   gelu_out = Tensor::empty(pre.shape(), out_dtype, ctx.device);
   ops::matmul_forward_gelu(ctx.exec(), gelu_out.raw(), pre.raw(), out_dtype, whole.raw(),
-                           whole.dtype(), x_.raw(), weight_->value.data<float>(),
+                           whole.dtype(), x_.raw(), gemm_weight(ctx, *weight_),
                            bias_ ? bias_->value.data<float>() : nullptr, n, in_, local_out_);
   return pre;
 }
@@ -124,12 +124,12 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
            dtype_name(dy.dtype()), " or f32, not ", dtype_name(x_.dtype()));
     input_grad_now_weight_grads_at_w(
         ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
-        [w = weight_, b = bias_, dy, x = x_, n, in = in_, out = local_out_](
-            const Exec& ex, void* dinp, bool weights) {
+        [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, n, in = in_,
+         out = local_out_](const Exec& ex, void* dinp, bool weights) {
           ops::matmul_backward_from_rounded(
               ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
               weights && b ? b->grad.data<float>() : nullptr, dy.raw(), dy.dtype(), x.raw(),
-              x.dtype(), w->value.data<float>(), n, in, out);
+              x.dtype(), wop, n, in, out);
         },
         static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   } else if (x_.dtype() != DType::kF32) {  // kept as its producer rounded it
@@ -138,12 +138,12 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
       ops::gelu_backward<float>(ctx.exec(), d, gelu_input->data<float>(), d, dy.numel());
     input_grad_now_weight_grads_at_w(
         ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
-        [w = weight_, b = bias_, dy, x = x_, n, in = in_, out = local_out_](
-            const Exec& ex, void* dinp, bool weights) {
+        [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, n, in = in_,
+         out = local_out_](const Exec& ex, void* dinp, bool weights) {
           ops::matmul_backward_from_rounded_input(
               ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
               weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(), x.dtype(),
-              w->value.data<float>(), n, in, out);
+              wop, n, in, out);
         },
         static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
   } else if (ctx.deferred_weight_grads != nullptr) {  // B of a zero-bubble schedule: dW later
@@ -180,6 +180,7 @@ RowParallelLinear::RowParallelLinear(ParameterStore& store, const std::string& n
   local_in_ = in / P;
   weight_ = store.add_shard(name + ".weight", {out, local_in_}, {out, in},
                             {{0, out, Region{{out, in}, {0, r * local_in_}}}}, InitKind::kNormal, init_std);
+  weight_->gemm_operand = true;
   if (bias) bias_ = store.add(name + ".bias", {out}, InitKind::kZeros);
 }
 
@@ -194,7 +195,7 @@ Tensor RowParallelLinear::forward(Context& ctx, const Tensor& x) {
   const float* bias = bias_ != nullptr && tp_.rank() == 0 ? bias_->value.data<float>() : nullptr;
   if (x.dtype() != DType::kF32)  // rounded by its producer (the attention's output), kept so
     ops::matmul_forward_from_rounded_input(ctx.exec(), partial.data<float>(), x.raw(), x.dtype(),
-                                           weight_->value.data<float>(), bias, n, local_in_, out_);
+                                           gemm_weight(ctx, *weight_), bias, n, local_in_, out_);
   else
     ops::linear_forward<float>(ctx.exec(), partial.data<float>(), x.data<float>(),
                                weight_->value.data<float>(), bias, nullptr, n, local_in_, out_);
@@ -225,12 +226,12 @@ Tensor RowParallelLinear::backward_rounded_dinp(Context& ctx, const Tensor& dy) 
   Tensor dx = Tensor::empty({n, local_in_}, dx_dtype, ctx.device);
   input_grad_now_weight_grads_at_w(
       ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
-      [w = weight_, b = bias_, dy_all, x = x_, dx_dtype, n, in = local_in_, out = out_](
-          const Exec& ex, void* dinp, bool weights) {
+      [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy_all, x = x_, dx_dtype, n,
+       in = local_in_, out = out_](const Exec& ex, void* dinp, bool weights) {
         ops::matmul_backward_rounded_dinp(
             ex, dinp, dx_dtype, weights ? w->grad.data<float>() : nullptr,
             weights && b ? b->grad.data<float>() : nullptr, dy_all.data<float>(), x.raw(),
-            x.dtype(), w->value.data<float>(), n, in, out);
+            x.dtype(), wop, n, in, out);
       },
       static_cast<int64_t>(dy_all.nbytes() + x_.nbytes()));
   x_ = Tensor();
@@ -249,12 +250,12 @@ Tensor RowParallelLinear::backward_into_gelu(Context& ctx, const Tensor& dy, con
   // pre by its address: only the input half (now) reads it.
   input_grad_now_weight_grads_at_w(
       ctx.deferred_weight_grads, ctx.exec(), dpre.raw(),
-      [w = weight_, b = bias_, dy_all, x = x_, pre = pre.raw(), n, in = local_in_, out = out_](
-          const Exec& ex, void* dinp, bool weights) {
+      [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy_all, x = x_, pre = pre.raw(), n,
+       in = local_in_, out = out_](const Exec& ex, void* dinp, bool weights) {
         ops::matmul_backward_into_gelu(
             ex, dinp, x.dtype(), weights ? w->grad.data<float>() : nullptr,
-            weights && b ? b->grad.data<float>() : nullptr, dy_all.data<float>(), x.raw(),
-            w->value.data<float>(), dinp != nullptr ? pre : nullptr, n, in, out);
+            weights && b ? b->grad.data<float>() : nullptr, dy_all.data<float>(), x.raw(), wop,
+            dinp != nullptr ? pre : nullptr, n, in, out);
       },
       static_cast<int64_t>(dy_all.nbytes() + x_.nbytes()));
   x_ = Tensor();
@@ -269,12 +270,12 @@ Tensor RowParallelLinear::backward(Context& ctx, const Tensor& dy) {
   if (x_.dtype() != DType::kF32) {  // kept as its producer rounded it
     input_grad_now_weight_grads_at_w(
         ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
-        [w = weight_, b = bias_, dy_all, x = x_, n, in = local_in_, out = out_](
-            const Exec& ex, void* dinp, bool weights) {
+        [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy_all, x = x_, n,
+         in = local_in_, out = out_](const Exec& ex, void* dinp, bool weights) {
           ops::matmul_backward_from_rounded_input(
               ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
               weights && b ? b->grad.data<float>() : nullptr, dy_all.data<float>(), x.raw(),
-              x.dtype(), w->value.data<float>(), n, in, out);
+              x.dtype(), wop, n, in, out);
         },
         static_cast<int64_t>(dy_all.nbytes() + x_.nbytes()));
     x_ = Tensor();

@@ -98,7 +98,39 @@ std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank) {
     buffers.push_back(zero >= 1 ? 4 * n / dp : 4 * n);  // first moment
     buffers.push_back(zero >= 1 ? 4 * n / dp : 4 * n);  // second moment
   }
+  // On a GPU at bf16 / fp16 under ZeRO 0-2: each chunk's engine keeps its GEMM weights' 16-bit
+  // copies (nn/rounded_weights.h), each padded to 8 values.
+  const bool sixteen_bit =
+      config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16";
+  if (config.runtime.device == "cuda" && sixteen_bit && zero < 3)
+    for (int64_t values : rank_weight_copy_values(config, pp_rank)) buffers.push_back(2 * values);
   return buffers;
+}
+
+std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank) {
+  const ParallelConfig& par = config.parallel;
+  const Gpt2Config model = model_config_of(config);
+  const int64_t d = model.d_model, P = par.tp;
+  const auto padded = [](int64_t n) { return (n + 7) / 8 * 8; };
+  // A block's Linears: qkv and the MLP's fc split by rows over tp, the two projections by
+  // columns (a Llama's gate and up are one fc of 2H rows).
+  const int64_t fc_rows = model.llama() ? 2 * model.hidden() : model.hidden();
+  const int64_t per_block = padded(model.qkv_width() / P * d) + padded(d * (d / P)) +
+                            padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
+  const int stages = par.pp * par.virtual_stages;
+  const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
+  const std::vector<int64_t> bounds = pipeline_partition(model, config.model.seq_len, stages,
+                                                         par.layer_split, placement.v_placement);
+  std::vector<int64_t> chunks;
+  for (int c = 0; c < par.virtual_stages; ++c) {
+    const int stage = placement.stage_of(pp_rank, c);
+    int64_t values = (bounds[stage + 1] - bounds[stage]) * per_block;
+    // The LM head's weight on the last stage (tied or not); the vocabulary-parallel head of
+    // tensor parallelism runs fp32 GEMMs' own casts instead.
+    if (stage == stages - 1 && P == 1) values += padded(model.vocab_size * d);
+    chunks.push_back(values);
+  }
+  return chunks;
 }
 
 LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {

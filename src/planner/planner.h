@@ -84,7 +84,13 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank);
 // elements, 16 × dp under ZeRO), 4 bytes an element, divided by dp where the ZeRO stage shards
 // the buffer (moments from 1, gradients from 2, values at 3). What the engines ask their
 // allocator for; a caching allocator rounds each request up (CPU: up to 12.5%).
+// On a GPU at bf16 / fp16 under ZeRO 0-2 also each chunk's 16-bit weight copies
+// (rank_weight_copy_values × 2 bytes).
 std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank);
+// The values of the 16-bit weight copies each of the rank's chunks keeps on a GPU at bf16 / fp16
+// (nn/rounded_weights.h): its blocks' Linears' weights and, on the last stage without tensor
+// parallelism, the LM head's, each padded to 8 values.
+std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank);
 
 // One layout (the config's parallel section, resolved for options.devices ranks).
 LayoutPlan estimate_layout(const Config& config, const PlanOptions& options);

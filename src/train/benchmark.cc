@@ -107,6 +107,7 @@ void bench_rank(Communicator& host, const BenchShape& shape, const BenchOptions&
   dp_config.zero = o.zero;
   auto engine = DataParallel::create(model.params(), comm, pool, device, dp_config, AdamWConfig{}, 1337);
   Context ctx{&pool, device, DType::kF32, engine.get()};
+  ctx.rounded_weights = engine->rounded_weights();  // nn/rounded_weights.h
 
   const int64_t B = shape.batch, T = shape.seq_len;  // with --batch / --seq applied
   // Made on the host, then copied to the device outside the timed part.

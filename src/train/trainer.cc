@@ -244,6 +244,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   auto model_clear = [&] { if (whole) whole->clear_cache(); };
   Context ctx{&pool, device, DType::kF32, whole_engine.get()};
   ctx.sequence = sequence_shard.get();
+  // The weights' 16-bit copies on a GPU at bf16 / fp16 (nn/rounded_weights.h), kept by the engine.
+  if (whole_engine) ctx.rounded_weights = whole_engine->rounded_weights();
   StepLosses step_losses(device);  // nn/step_losses.h
 
   // The loader's ranks are the data-parallel replicas: a cp group reads one replica's batch.

@@ -23,6 +23,7 @@
 #include "nn/linear.h"
 #include "nn/mlp.h"
 #include "nn/rms_norm.h"
+#include "nn/rounded_weights.h"
 #include "nn/swiglu_mlp.h"
 #include "optim/adamw.h"
 #include "tensor/rng.h"
@@ -428,6 +429,89 @@ TEST(Gpt2Cuda, TwoGpuRunsAreBitwiseIdentical) {
   for (size_t s = 0; s < a.losses.size(); ++s)
     EXPECT_EQ(std::memcmp(&a.losses[s], &b.losses[s], sizeof(double)), 0) << "step " << s;
   EXPECT_TRUE(cpu::ktest::bitwise_equal(a.final_values, b.final_values));
+}
+
+// The weights' 16-bit copies (nn/rounded_weights.h): steps of two micro-batches each, the
+// GEMMs reading each weight four times a step, train the same bits as GEMMs that cast the fp32
+// weights themselves — GPT-2 on the attention's GEMM path and on the flash kernels (qkv written in
+// bf16), a Llama with its own LM head — each weight copied once a step; and copies not made again
+// after the optimizer step (stale) train something else, which this comparison would see.
+TEST(Gpt2Cuda, WeightCopiesAreMadeOnceAStepAndChangeNoBit) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  enum class Copies { kNone, kFresh, kStale };
+  constexpr int kSteps = 3, kMicroBatches = 2;
+  constexpr int64_t B = 2, T = 32;
+  struct Result {
+    std::vector<double> losses;
+    std::vector<float> final_values;
+    int64_t roundings = 0, copied_values = 0, bytes = 0;
+  };
+  const auto run = [&](const Gpt2Config& config, Copies copies) {
+    const Device device = Device::cuda(0);
+    ThreadPool pool(2);
+    Context ctx{&pool, device, DType::kF32};
+    Gpt2 model(config);
+    model.build(DType::kF32, device, 11);
+    AdamW opt(model.params(), AdamWConfig{});
+    RoundedWeights rounded(model.params(), ctx.exec());
+    EXPECT_TRUE(rounded.active());
+    if (copies != Copies::kNone) ctx.rounded_weights = &rounded;
+    Result r;
+    for (const auto& p : model.params().parameters())
+      if (p->gemm_operand) r.copied_values += p->numel();
+    for (int step = 0; step < kSteps; ++step) {
+      model.params().zero_grads();
+      for (int m = 0; m < kMicroBatches; ++m) {
+        Tensor tokens = Tensor::empty({B, T}, DType::kI32),
+               targets = Tensor::empty({B, T}, DType::kI32);
+        RandomStream rng(200 + static_cast<uint64_t>(step * kMicroBatches + m), "copies.batch");
+        for (int64_t i = 0; i < B * T; ++i) {
+          tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % 97);
+          targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % 97);
+        }
+        r.losses.push_back(model.forward(ctx, tokens.to(device), targets.to(device)));
+        model.backward(ctx, 1.0 / kMicroBatches);
+      }
+      const float scale = clip_coefficient(grad_norm(pool, model.params()), 1.0);
+      opt.step(pool, 1e-3f, scale);
+      if (copies == Copies::kFresh) rounded.invalidate();
+    }
+    r.final_values = model.params().values().to_vector();
+    r.roundings = rounded.roundings();
+    r.bytes = rounded.bytes();
+    return r;
+  };
+  struct Case {
+    const char* name;
+    Gpt2Config config;
+    const char* precision;
+  };
+  Gpt2Config flash = small_config(1);  // one head of 64: the flash kernels at bf16
+  for (const Case& c :
+       {Case{"gpt2, GEMM attention", small_config(4), "bf16"},
+        Case{"gpt2, flash attention", flash, "bf16"}, Case{"gpt2, fp16", small_config(4), "fp16"},
+        Case{"llama, own head", small_llama(64, false), "bf16"}}) {
+    SCOPED_TRACE(c.name);
+    ops::MatmulPrecisionScope scope(c.precision);
+    const Result cast = run(c.config, Copies::kNone);
+    const Result copied = run(c.config, Copies::kFresh);
+    const Result stale = run(c.config, Copies::kStale);
+    EXPECT_EQ(cast.roundings, 0);
+    ASSERT_EQ(copied.losses.size(), cast.losses.size());
+    for (size_t i = 0; i < cast.losses.size(); ++i)
+      EXPECT_EQ(std::memcmp(&copied.losses[i], &cast.losses[i], sizeof(double)), 0)
+          << "micro-batch " << i << ": " << copied.losses[i] << " vs " << cast.losses[i];
+    EXPECT_TRUE(cpu::ktest::bitwise_equal(copied.final_values, cast.final_values));
+    // Every Linear's weight and the head's, once a step: 4 Linears a block (qkv, the attention's
+    // projection, the MLP's two: a Llama's gate and up are one fused fc) and the head.
+    const int64_t weights = 4 * c.config.n_layers + 1;
+    EXPECT_EQ(copied.roundings, kSteps * weights);
+    EXPECT_GE(copied.bytes, 2 * copied.copied_values);
+    EXPECT_LT(copied.bytes, 2 * (copied.copied_values + 8 * weights));
+    // Made once and never again: the later steps' GEMMs read the first step's weights.
+    EXPECT_EQ(stale.roundings, weights);
+    EXPECT_FALSE(cpu::ktest::bitwise_equal(stale.final_values, cast.final_values));
+  }
 }
 
 // fp8 GEMM operands (runtime.matmul_precision = "fp8", blocks of 32): the GPU quantizes every

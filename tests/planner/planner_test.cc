@@ -14,6 +14,7 @@
 
 #include "data/dataset.h"
 #include "device/allocator.h"
+#include "harness/devices.h"
 #include "harness/error_of.h"
 #include "models/gpt2.h"
 #include "parallel/pipeline_parallel.h"
@@ -101,8 +102,11 @@ void expect_plan_is_what_the_trainer_allocates(Config c, const Layout& l, const 
     planned += static_cast<int64_t>(CachingCpuAllocator::round_size(static_cast<size_t>(b)));
   // The trainer measures its engines' buffers as the growth of the allocator's bytes in use,
   // which thread ranks share: another rank's small tensor made meanwhile (a few hundred bytes)
-  // can land in it.
-  EXPECT_NEAR(static_cast<double>(planned), measured, 1024);
+  // can land in it. On a GPU AdamW's table of runs (optim/adamw.h: 48 bytes a run of
+  // parameters, ~2 KiB here) lives in device memory too and is counted with the moments.
+  const double table = c.runtime.device == "cuda" ? 4096 : 0;
+  EXPECT_GE(measured, static_cast<double>(planned) - 1024);
+  EXPECT_LE(measured, static_cast<double>(planned) + 1024 + table);
 }
 
 TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
@@ -127,6 +131,47 @@ TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
                             {4, 1, 2, 1, 1, 2}};  // pp × cp: stages split by the whole sequence
   for (const Layout& l : layouts)
     expect_plan_is_what_the_trainer_allocates(tiny_config((dir / "data").string()), l, dir);
+  fs::remove_all(dir);
+}
+
+// On GPUs at bf16 the engines of ZeRO 0-2 also keep their weights' 16-bit copies
+// (nn/rounded_weights.h: each block's four Linears, the LM head's weight without tensor
+// parallelism): the plan counts them as the engines allocate them, under every kind of layout,
+// and none at ZeRO-3.
+TEST(Planner, StateBytesOnGpusAtBf16CountTheWeightCopies) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(2);
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_planner_gpu_test_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  synthesize_addition((dir / "data").string(), 20000, 2000, 5);
+  for (const std::string arch : {"gpt2", "llama"}) {
+    Config c = tiny_config((dir / "data").string());
+    c.model.arch = arch;
+    if (arch == "llama") {
+      c.model.n_kv_heads = 2;
+      c.model.ffn_hidden = 48;
+    }
+    c.runtime.device = "cuda";
+    c.runtime.matmul_precision = "bf16";
+    const Layout layouts[] = {{1, 1, 1, 0, 1}, {2, 1, 1, 1, 1}, {2, 1, 1, 2, 1},
+                              {2, 2, 1, 0, 1}, {2, 1, 2, 0, 1}, {2, 1, 1, 3, 1}};
+    for (const Layout& l : layouts) expect_plan_is_what_the_trainer_allocates(c, l, dir);
+    // The copies are there: 2 bytes a weight value (and none at ZeRO-3).
+    Config one = c;
+    one.runtime.ranks = 1;
+    resolve_layout(one);
+    const Gpt2Config m = model_config_of(one);
+    const int64_t d = m.d_model, weights = m.n_layers * (m.qkv_width() * d + d * d +
+                                                         (m.llama() ? 3 : 2) * m.hidden() * d) +
+                                           m.vocab_size * d;
+    EXPECT_EQ(rank_weight_copy_values(one, 0), std::vector<int64_t>{weights});
+    Config fp32 = one;
+    fp32.runtime.matmul_precision = "fp32";
+    int64_t with = 0, without = 0;
+    for (int64_t b : rank_state_buffers(one, 0)) with += b;
+    for (int64_t b : rank_state_buffers(fp32, 0)) without += b;
+    EXPECT_EQ(with - without, 2 * weights);
+  }
   fs::remove_all(dir);
 }
 

@@ -30,6 +30,7 @@
 #include "harness/error_of.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/op_profile.h"
 #include "models/gpt2.h"
 #include "optim/adamw.h"
 #include "train/benchmark.h"
@@ -1010,11 +1011,91 @@ TEST_F(TrainTest, LlamaAtBf16OnTheGpuKeepsItsActivationsInSixteenBits) {
 // a ring step and a pipeline's messages are waited for by the GPU's stream, not by the host
 // (Work::wait_on_device). So the count grows neither with the depth nor with the micro-batches,
 // on one GPU and under ZeRO-2, pipeline and tensor parallelism (the vocabulary-parallel head's
-// loss summed on the GPU too) and the context-parallel ring. (A norm's sums of many parameters or ranges come back in one copy; ZeRO's chunks
-// are copied in the stream's order; a received message's header is read on a stream of its own;
-// the batches go up without a wait, copy_from_host_queued.) Under AddressSanitizer (CI's
-// emulated GPUs, ~15× slower here) two layouts, the ring (which waited most per layer) and ZeRO-2
-// over dp 2.
+// loss summed on the GPU too) and the context-parallel ring. (A norm's sums of many parameters or
+// ranges come back in one copy; ZeRO's chunks are copied in the stream's order; a received
+// message's header is read on a stream of its own; the batches go up without a wait,
+// copy_from_host_queued.) Under AddressSanitizer (CI's emulated GPUs, ~15× slower here) two
+// layouts, the ring (which waited most per layer) and ZeRO-2 over dp 2. The weights' 16-bit copies
+// on GPUs at bf16 (nn/rounded_weights.h, kept by the engines, made again after each optimizer
+// step): every layout trains bit for bit the run whose GEMMs cast the fp32 weights themselves
+// (LOOM_CUDA_WEIGHT_COPIES=0) — one GPU with two micro-batches a step and an evaluation between
+// steps, ZeRO-1 over two GPUs (the values all-gathered after the update), a zero-bubble pipeline
+// (the weight-gradient halves run later), tensor parallelism with sequence parallelism — and the
+// copies are counted in mem_params_mb (none at ZeRO-3).
+TEST_F(TrainTest, GpuWeightCopiesTrainEveryLayoutsRunBitForBit) {
+  if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  struct Layout {
+    const char* name;
+    int dp, pp, tp, zero;
+  };
+  struct NoCopies {
+    NoCopies() { setenv("LOOM_CUDA_WEIGHT_COPIES", "0", 1); }
+    ~NoCopies() { unsetenv("LOOM_CUDA_WEIGHT_COPIES"); }
+  };
+  for (const Layout& l : {Layout{"one_gpu", 1, 1, 1, 0}, Layout{"zero1", 2, 1, 1, 1},
+                          Layout{"zb_pipeline", 1, 2, 1, 0}, Layout{"tp_sp", 1, 1, 2, 0},
+                          Layout{"zero3", 2, 1, 1, 3}}) {
+    SCOPED_TRACE(l.name);
+    Config c = config(3);
+    c.runtime.device = "cuda";
+    c.runtime.matmul_precision = "bf16";
+    c.train.eval_every = 2;
+    c.train.batch_size = 4 * l.dp;
+    c.train.micro_batch_size = 2;  // two micro-batches a step
+    c.runtime.ranks = l.dp * l.pp * l.tp;
+    c.parallel.dp = l.dp;
+    c.parallel.pp = l.pp;
+    c.parallel.tp = l.tp;
+    c.parallel.zero = l.zero;
+    c.parallel.sequence_parallel = l.tp > 1;
+    if (l.pp > 1) c.parallel.schedule = "zb-h1";
+    const std::string copied = std::string(l.name) + "_copies",
+                      cast = std::string(l.name) + "_cast";
+    // The copies made, counted by the op profile (process-wide: every rank's).
+    const auto roundings = [] {
+      int64_t calls = 0;
+      for (const ops::OpTime& t : ops::stop_profile())
+        if (t.name == "round_weight") calls += t.calls;
+      return calls;
+    };
+    ops::start_profile();
+    run_training(c, options(copied));
+    const int64_t made = roundings();
+    {
+      NoCopies off;
+      ops::start_profile();
+      run_training(c, options(cast));
+      EXPECT_EQ(roundings(), 0);
+    }
+    // One GPU: its 9 weights (4 Linears a block, the head) copied for step 1, for step 2, for the
+    // evaluation after step 2 (step 3 reads the same weights), and for the one after step 3: 36,
+    // where the GEMMs cast each weight 4 times a step (forward and input gradient of two
+    // micro-batches) and once an evaluation batch.
+    if (std::string(l.name) == "one_gpu") {
+      EXPECT_EQ(made, 36);
+    } else if (l.zero == 3) {
+      EXPECT_EQ(made, 0);
+    } else {
+      EXPECT_GT(made, 0);
+    }
+    const auto with = metrics(copied), without = metrics(cast);
+    expect_same_run(with, without);
+    ASSERT_FALSE(with.empty());
+    EXPECT_TRUE(with.back().contains("val_loss"));
+    // Rank 0's copies: its Linears' weights (its stage's blocks, the tp shards) and, on one GPU
+    // or the last stage without tp, the LM head's: 2 bytes a value.
+    const double d = 32, V = 256, blocks = 2.0 / l.pp, weights_per_block = 12 * d * d / l.tp;
+    const double head = l.pp == 1 && l.tp == 1 ? V * d : 0;
+    const double copies_mb = 2 * (blocks * weights_per_block + head) / 1048576.0;
+    const double extra =
+        with.back()["mem_params_mb"].get<double>() - without.back()["mem_params_mb"].get<double>();
+    if (l.zero == 3)
+      EXPECT_EQ(extra, 0);
+    else
+      EXPECT_NEAR(extra, copies_mb, 1e-9) << "mem_params_mb";
+  }
+}
+
 TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
   struct Layout {
     const char* name;

@@ -147,7 +147,7 @@ void lm_head_backward(int device, float* dinp, float* dweight, float* logits, co
 }
 
 void lm_head_forward_rounded_logits(int device, float* losses, float* lse, void* logits,
-                                    GemmOperand inp, const float* weight, const int32_t* targets,
+                                    GemmOperand inp, GemmOperand weight, const int32_t* targets,
                                     int64_t N, int64_t C, int64_t V, bool ids_checked) {
   DeviceGuard guard(device);
   int32_t bad = 0;
@@ -165,8 +165,8 @@ void lm_head_forward_rounded_logits(int device, float* losses, float* lse, void*
 
 void lm_head_backward_from_rounded_logits(int device, float* dinp, float* dweight, void* logits,
                                           const float* lse, const int32_t* targets, float dloss,
-                                          GemmOperand inp, const float* weight, int64_t N,
-                                          int64_t C, int64_t V) {
+                                          GemmOperand inp, GemmOperand weight, int64_t N, int64_t C,
+                                          int64_t V) {
   if (N == 0) return;
   DeviceGuard guard(device);
   const MatmulPrecision precision = with_rounded_type("lm_head_backward", [&](auto zero) {

@@ -154,24 +154,25 @@ double measure_copy_gbps(int device, int64_t bytes, int iters);
 double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters);
 
 // Linear (cpu/gemm.h). `inp` may come already rounded (round_for_gemm), as nn::Linear keeps it at
-// bf16 / fp16 matmul precision.
-void matmul_forward(int device, float* out, GemmOperand inp, const float* weight, const float* bias,
+// bf16 / fp16 matmul precision, and `weight` too (its copy a training step keeps rounded:
+// nn/rounded_weights.h); fp32 operands are cast by each GEMM.
+void matmul_forward(int device, float* out, GemmOperand inp, GemmOperand weight, const float* bias,
                     int64_t N, int64_t C, int64_t OC);
 // matmul_forward writing `out` in the current matmul precision's 16-bit type (gemm_rounded_output,
 // the bias rounded too): the qkv projection's output for the flash kernels.
 GemmOperand matmul_forward_rounded_output(int device, void* out, GemmOperand inp,
-                                          const float* weight, const float* bias, int64_t N,
+                                          GemmOperand weight, const float* bias, int64_t N,
                                           int64_t C, int64_t OC);
 // matmul_forward plus a residual (N × OC) added in the GEMM's epilogue: out = inp·Wᵀ + bias +
 // residual, rounded once (the separate add rounds the GEMM's output first: the two differ in the
 // last bit). A block's skip connection (x + proj(...)) without an add over three activations.
-void matmul_forward_adding(int device, float* out, GemmOperand inp, const float* weight,
+void matmul_forward_adding(int device, float* out, GemmOperand inp, GemmOperand weight,
                            const float* bias, const float* residual, int64_t N, int64_t C,
                            int64_t OC);
 // At bf16 / fp16 with a bias, the bias gradient's pass over dout also writes dout's rounding
 // for the two GEMMs: dout read once, not twice.
 void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
-                     GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+                     GemmOperand inp, GemmOperand weight, int64_t N, int64_t C, int64_t OC);
 // matmul_backward of a Linear whose output h went into a GELU (the MLP's fc), from `dgelu`, the
 // gradient at the GELU's output: gelu_backward then matmul_backward, with dgelu overwritten
 // (scratch). One pass over dgelu and h makes the GELU's input gradient, fp32 in place or at
@@ -179,7 +180,7 @@ void matmul_backward(int device, float* dinp, float* dweight, float* dbias, cons
 // bit the two ops. At GPT-2 124M, T = 1024, batch 16 (N·OC = 16384 × 3072 per layer) ~7 GB less
 // memory traffic per step at bf16 than gelu_backward, a cast and a bias pass, each over fp32.
 void matmul_backward_before_gelu(int device, float* dinp, float* dweight, float* dbias,
-                                 float* dgelu, const float* h, GemmOperand inp, const float* weight,
+                                 float* dgelu, const float* h, GemmOperand inp, GemmOperand weight,
                                  int64_t N, int64_t C, int64_t OC);
 // The MLP's fc and its GELU at bf16 / fp16 (else it fails): pre (N × OC) = inp·weightᵀ + bias and
 // gelu_out = GELU(pre), both written in that 16-bit type — pre kept for the backward, gelu_out as
@@ -189,7 +190,7 @@ void matmul_backward_before_gelu(int device, float* dinp, float* dweight, float*
 // (N·OC = 16384 × 3072 per layer) ~3.6 GB less memory traffic per step than an fp32 fc output
 // and a GELU pass over it, and 1.2 GB less memory (pre in 16 bits, not fp32).
 GemmOperand matmul_forward_gelu(int device, void* gelu_out, void* pre, GemmOperand inp,
-                                const float* weight, const float* bias, int64_t N, int64_t C,
+                                GemmOperand weight, const float* bias, int64_t N, int64_t C,
                                 int64_t OC);
 // matmul_backward of the Linear after that GELU (the MLP's proj: its input `inp` is gelu_out),
 // whose input gradient is taken on through the GELU: dpre (N × C, 16-bit) = GELU'(pre) ⊙
@@ -200,24 +201,24 @@ GemmOperand matmul_forward_gelu(int device, void* gelu_out, void* pre, GemmOpera
 // gradients alone (pre unread), as a zero-bubble schedule's W runs them; dweight and dbias =
 // nullptr: dpre alone, its B.
 GemmOperand matmul_backward_into_gelu(int device, void* dpre, float* dweight, float* dbias,
-                                      const float* dout, GemmOperand inp, const float* weight,
+                                      const float* dout, GemmOperand inp, GemmOperand weight,
                                       const void* pre, int64_t N, int64_t C, int64_t OC);
 // matmul_backward writing dinp in the current matmul precision's 16-bit type (bf16 or fp16, else
 // it fails), rounded once from the GEMM's fp32 sums (gemm_rounded_output): a dinp only 16-bit
 // readers take — the attention projection's, dO for the flash kernels. Returns it as an operand.
 // As matmul_backward_into_gelu, dinp or dweight and dbias may be null (a zero-bubble W, B).
 GemmOperand matmul_backward_rounded_dinp(int device, void* dinp, float* dweight, float* dbias,
-                                         const float* dout, GemmOperand inp, const float* weight,
+                                         const float* dout, GemmOperand inp, GemmOperand weight,
                                          int64_t N, int64_t C, int64_t OC);
 // matmul_backward on a dout its producer wrote rounded to 16 bits (attention_backward_rounded):
 // the bias gradient sums those values, the GEMMs read them as they are.
 void matmul_backward_from_rounded_dout(int device, float* dinp, float* dweight, float* dbias,
-                                       GemmOperand dout, GemmOperand inp, const float* weight,
+                                       GemmOperand dout, GemmOperand inp, GemmOperand weight,
                                        int64_t N, int64_t C, int64_t OC);
 // matmul_backward's two GEMMs (dinp when non-null, dweight accumulated) on a dout given as an
 // operand, possibly already rounded.
 void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand dout,
-                           GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+                           GemmOperand inp, GemmOperand weight, int64_t N, int64_t C, int64_t OC);
 
 // fp8 GEMM operands (fp8.cu; runtime.matmul_precision = "fp8"): kernels/cpu/fp8.h's recipe with
 // the same bits. quantize_fp8_blocks: each block_rows × block_cols block of `in` (rows × cols,
@@ -488,12 +489,12 @@ void lm_head_backward(int device, float* dinp, float* dweight, float* logits, co
 // (targets checked). The backward: the logits' gradient in place over them, already the GEMMs'
 // rounded operand, then matmul_backward without a bias (dinp, dweight accumulated).
 void lm_head_forward_rounded_logits(int device, float* losses, float* lse, void* logits,
-                                    GemmOperand inp, const float* weight, const int32_t* targets,
+                                    GemmOperand inp, GemmOperand weight, const int32_t* targets,
                                     int64_t N, int64_t C, int64_t V, bool ids_checked = false);
 void lm_head_backward_from_rounded_logits(int device, float* dinp, float* dweight, void* logits,
                                           const float* lse, const int32_t* targets, float dloss,
-                                          GemmOperand inp, const float* weight, int64_t N,
-                                          int64_t C, int64_t V);
+                                          GemmOperand inp, GemmOperand weight, int64_t N, int64_t C,
+                                          int64_t V);
 
 // ---- a vocabulary-parallel embedding and LM head (kernels/cpu/vocab_shard.h) -----------------
 // (wpe / dwpe null: no position table, as on the CPU.)

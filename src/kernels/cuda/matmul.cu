@@ -141,7 +141,8 @@ void expect_sixteen_bit_precision(const char* op) {
 }
 
 // kVec values a thread at a time (launch.cuh: load_pack): 4 where n is a multiple of 4 and both
-// buffers are 16-byte aligned (a weight's cast each GEMM: ~1.5 GB a step at GPT-2 124M), else 1.
+// buffers are 16-byte aligned (a weight's cast each GEMM without nn/rounded_weights.h's copies:
+// ~1.5 GB a micro-batch at GPT-2 124M), else 1.
 template <typename Half, int kVec>
 __global__ void round_kernel(Half* out, const float* in, int64_t n) {
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; i < n;
@@ -220,26 +221,26 @@ RoundedOperand::~RoundedOperand() {
   if (bits_ != nullptr) allocator_for(Device::cuda(device_)).deallocate(bits_, bytes_);
 }
 
-void matmul_forward(int device, float* out, GemmOperand inp, const float* weight, const float* bias,
+void matmul_forward(int device, float* out, GemmOperand inp, GemmOperand weight, const float* bias,
                     int64_t N, int64_t C, int64_t OC) {
   // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias
   gemm(device, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
 }
 
 GemmOperand matmul_forward_rounded_output(int device, void* out, GemmOperand inp,
-                                          const float* weight, const float* bias, int64_t N,
+                                          GemmOperand weight, const float* bias, int64_t N,
                                           int64_t C, int64_t OC) {
   return gemm_rounded_output(device, false, true, N, OC, C, inp, C, weight, C, out, OC, bias);
 }
 
-void matmul_forward_adding(int device, float* out, GemmOperand inp, const float* weight,
+void matmul_forward_adding(int device, float* out, GemmOperand inp, GemmOperand weight,
                            const float* bias, const float* residual, int64_t N, int64_t C,
                            int64_t OC) {
   gemm_adding(device, false, true, N, OC, C, inp, C, weight, C, residual, out, OC, bias);
 }
 
 void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand dout,
-                           GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
+                           GemmOperand inp, GemmOperand weight, int64_t N, int64_t C, int64_t OC) {
   // dinp (N, C) = dout (N, OC) · weight (OC, C)
   if (dinp != nullptr)
     gemm(device, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
@@ -249,7 +250,7 @@ void matmul_backward_gemms(int device, float* dinp, float* dweight, GemmOperand 
 }
 
 void matmul_backward(int device, float* dinp, float* dweight, float* dbias, const float* dout,
-                     GemmOperand inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
+                     GemmOperand inp, GemmOperand weight, int64_t N, int64_t C, int64_t OC) {
   DeviceGuard guard(device);
   with_dout_for_gemms(device, dbias, dout, N, OC, [&](GemmOperand dout_operand) {
     matmul_backward_gemms(device, dinp, dweight, dout_operand, inp, weight, N, C, OC);
@@ -257,7 +258,7 @@ void matmul_backward(int device, float* dinp, float* dweight, float* dbias, cons
 }
 
 GemmOperand matmul_backward_rounded_dinp(int device, void* dinp, float* dweight, float* dbias,
-                                         const float* dout, GemmOperand inp, const float* weight,
+                                         const float* dout, GemmOperand inp, GemmOperand weight,
                                          int64_t N, int64_t C, int64_t OC) {
   expect_sixteen_bit_precision("matmul_backward_rounded_dinp");
   DeviceGuard guard(device);
@@ -278,7 +279,7 @@ bool gelu_epilogue_enabled() {
 }
 
 GemmOperand matmul_forward_gelu(int device, void* gelu_out, void* pre, GemmOperand inp,
-                                const float* weight, const float* bias, int64_t N, int64_t C,
+                                GemmOperand weight, const float* bias, int64_t N, int64_t C,
                                 int64_t OC) {
   expect_sixteen_bit_precision("matmul_forward_gelu");
   DeviceGuard guard(device);
@@ -299,7 +300,7 @@ GemmOperand matmul_forward_gelu(int device, void* gelu_out, void* pre, GemmOpera
 }
 
 GemmOperand matmul_backward_into_gelu(int device, void* dpre, float* dweight, float* dbias,
-                                      const float* dout, GemmOperand inp, const float* weight,
+                                      const float* dout, GemmOperand inp, GemmOperand weight,
                                       const void* pre, int64_t N, int64_t C, int64_t OC) {
   expect_sixteen_bit_precision("matmul_backward_into_gelu");
   DeviceGuard guard(device);
@@ -324,7 +325,7 @@ GemmOperand matmul_backward_into_gelu(int device, void* dpre, float* dweight, fl
 }
 
 void matmul_backward_from_rounded_dout(int device, float* dinp, float* dweight, float* dbias,
-                                       GemmOperand dout, GemmOperand inp, const float* weight,
+                                       GemmOperand dout, GemmOperand inp, GemmOperand weight,
                                        int64_t N, int64_t C, int64_t OC) {
   const MatmulPrecision precision = matmul_precision();
   dout.expect_usable_at(precision, "dout");
@@ -342,7 +343,7 @@ void matmul_backward_from_rounded_dout(int device, float* dinp, float* dweight, 
 }
 
 void matmul_backward_before_gelu(int device, float* dinp, float* dweight, float* dbias,
-                                 float* dgelu, const float* h, GemmOperand inp, const float* weight,
+                                 float* dgelu, const float* h, GemmOperand inp, GemmOperand weight,
                                  int64_t N, int64_t C, int64_t OC) {
   DeviceGuard guard(device);
   if (!rounds_to_16_bits(matmul_precision())) {
