@@ -32,6 +32,7 @@ TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_paralle
           /*lookup=*/false, config_.tie_embeddings ? "wte.weight" : "lm_head.weight");
       head_ = head_vocab_.get();
     }
+    head_->wte()->gemm_operand = true;  // the head's GEMMs read it (nn/rounded_weights.h)
     ln_f_ = make_norm(params_, "ln_f", config.d_model, config_.llama(), config_.norm_eps);
     if (sequence_parallel) ln_f_params_ = ln_f_->parameters();
   }

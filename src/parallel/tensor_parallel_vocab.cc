@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
+#include "nn/rounded_weights.h"
 #include "nn/sequence_shard.h"
 #include "nn/step_losses.h"
 
@@ -80,11 +81,20 @@ void VocabParallelEmbedding::backward(Context& ctx, const Tensor& dy) {
 void VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, const Tensor& targets,
                                           double* loss) {
   const int64_t N = final.dim(0), C = channels_, Vl = local_vocab_;
-  final_ = final;
   targets_ = targets;
   logits_ = Tensor::empty({N, Vl}, DType::kF32, ctx.device);
-  ops::matmul_forward<float>(ctx.exec(), logits_.data<float>(), final.data<float>(),
-                             wte_->value.data<float>(), nullptr, N, C, Vl);
+  if (const DType kept = ops::matmul_input_dtype(ctx.exec(), DType::kF32); kept != DType::kF32) {
+    // A GPU at bf16 / fp16: final kept as both GEMMs read it, rounded once, and the weight's
+    // 16-bit copy where the step keeps one (nn/rounded_weights.h) — the GEMMs' own casts' bits.
+    final_ = Tensor::empty(final.shape(), kept, ctx.device);
+    ops::matmul_forward_keeping_rounded_input(ctx.exec(), logits_.data<float>(), final_.raw(),
+                                              final.data<float>(), gemm_weight(ctx, *wte_), nullptr,
+                                              N, C, Vl);
+  } else {
+    final_ = final;
+    ops::matmul_forward<float>(ctx.exec(), logits_.data<float>(), final.data<float>(),
+                               wte_->value.data<float>(), nullptr, N, C, Vl);
+  }
   max_ = Tensor::empty({N}, DType::kF32, ctx.device);
   sum_ = Tensor::empty({N}, DType::kF32, ctx.device);
   Tensor target_logit = Tensor::zeros({N}, DType::kF32, ctx.device);
@@ -121,16 +131,22 @@ Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
   // B of a zero-bubble schedule: the shard's weight gradient (the stage's largest GEMM) left for
   // W, which keeps the logits' gradient and final_ until then.
   DeferredWeightGrads* later = ctx.deferred_weight_grads;
-  ops::matmul_backward<float>(ctx.exec(), dfinal.data<float>(),
-                              later ? nullptr : wte_->grad.data<float>(), nullptr,
-                              logits_.data<float>(), final_.data<float>(),
-                              wte_->value.data<float>(), N, C, Vl);
+  // final_ as head_forward kept it: f32, or rounded to 16 bits for the GEMMs.
+  const auto gemms = [N, C, Vl](const Exec& ex, float* dinp, float* dweight, const Tensor& dlogits,
+                                const Tensor& final, ops::GemmWeight weight) {
+    if (final.dtype() == DType::kF32)
+      ops::matmul_backward<float>(ex, dinp, dweight, nullptr, dlogits.data<float>(),
+                                  final.data<float>(), weight.values, N, C, Vl);
+    else
+      ops::matmul_backward_from_rounded_input(ex, dinp, dweight, nullptr, dlogits.data<float>(),
+                                              final.raw(), final.dtype(), weight, N, C, Vl);
+  };
+  gemms(ctx.exec(), dfinal.data<float>(), later ? nullptr : wte_->grad.data<float>(), logits_,
+        final_, gemm_weight(ctx, *wte_));
   if (later != nullptr)
     later->add(
-        [wte = wte_, dlogits = logits_, final = final_, N, C, Vl](const Exec& ex) {
-          ops::matmul_backward<float>(ex, nullptr, wte->grad.data<float>(), nullptr,
-                                      dlogits.data<float>(), final.data<float>(), nullptr, N, C,
-                                      Vl);
+        [gemms, wte = wte_, dlogits = logits_, final = final_](const Exec& ex) {
+          gemms(ex, nullptr, wte->grad.data<float>(), dlogits, final, nullptr);
         },
         static_cast<int64_t>(logits_.nbytes() + final_.nbytes()));
   final_ = logits_ = max_ = sum_ = targets_ = Tensor();

@@ -111,6 +111,7 @@ std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank) 
   const ParallelConfig& par = config.parallel;
   const Gpt2Config model = model_config_of(config);
   const int64_t d = model.d_model, P = par.tp;
+  const int64_t vocab_rows = P > 1 ? (model.vocab_size + P - 1) / P : model.vocab_size;
   const auto padded = [](int64_t n) { return (n + 7) / 8 * 8; };
   // A block's Linears: qkv and the MLP's fc split by rows over tp, the two projections by
   // columns (a Llama's gate and up are one fc of 2H rows).
@@ -125,9 +126,8 @@ std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank) 
   for (int c = 0; c < par.virtual_stages; ++c) {
     const int stage = placement.stage_of(pp_rank, c);
     int64_t values = (bounds[stage + 1] - bounds[stage]) * per_block;
-    // The LM head's weight on the last stage (tied or not); the vocabulary-parallel head of
-    // tensor parallelism runs fp32 GEMMs' own casts instead.
-    if (stage == stages - 1 && P == 1) values += padded(model.vocab_size * d);
+    // The LM head's weight on the last stage (tied or not; under tp its vocabulary rows).
+    if (stage == stages - 1) values += padded(vocab_rows * d);
     chunks.push_back(values);
   }
   return chunks;

@@ -88,8 +88,8 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank);
 // (rank_weight_copy_values × 2 bytes).
 std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank);
 // The values of the 16-bit weight copies each of the rank's chunks keeps on a GPU at bf16 / fp16
-// (nn/rounded_weights.h): its blocks' Linears' weights and, on the last stage without tensor
-// parallelism, the LM head's, each padded to 8 values.
+// (nn/rounded_weights.h): its blocks' Linears' weights and, on the last stage, the LM head's (its
+// vocabulary rows under tensor parallelism), each padded to 8 values.
 std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank);
 
 // One layout (the config's parallel section, resolved for options.devices ranks).

@@ -135,9 +135,9 @@ TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
 }
 
 // On GPUs at bf16 the engines of ZeRO 0-2 also keep their weights' 16-bit copies
-// (nn/rounded_weights.h: each block's four Linears, the LM head's weight without tensor
-// parallelism): the plan counts them as the engines allocate them, under every kind of layout,
-// and none at ZeRO-3.
+// (nn/rounded_weights.h: each block's four Linears, the LM head's weight or its vocabulary rows
+// under tensor parallelism): the plan counts them as the engines allocate them, under every kind of
+// layout, and none at ZeRO-3.
 TEST(Planner, StateBytesOnGpusAtBf16CountTheWeightCopies) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(2);
   const fs::path dir =
