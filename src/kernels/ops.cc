@@ -1,5 +1,7 @@
 #include "kernels/ops.h"
 
+#include <atomic>
+
 #include "device/cuda/cuda_backend.h"
 
 namespace loom::ops {
@@ -135,8 +137,11 @@ cuda::GemmOperand operand_of(const Exec& ex, const void* data, DType dtype, cons
 
 // A weight as the GPU's GEMMs take it: its 16-bit copy where the caller has one (of the type
 // GEMM inputs are rounded to now, else it fails naming `op`), else its fp32 values.
+std::atomic<int64_t> g_weight_copy_reads{0};
+
 cuda::GemmOperand weight_operand(const Exec& ex, const GemmWeight& weight, const char* op) {
   if (weight.rounded == nullptr) return cuda::GemmOperand(weight.values);
+  g_weight_copy_reads.fetch_add(1, std::memory_order_relaxed);
   if (weight.rounded_dtype != matmul_input_dtype(ex, DType::kF32))
     fail(op, " on ", ex.device.str(), ": a weight rounded to ", dtype_name(weight.rounded_dtype),
          ", but GEMM inputs are ", dtype_name(matmul_input_dtype(ex, DType::kF32)), " here");
@@ -162,6 +167,10 @@ void expect_rounded_output(const Exec& ex, DType dtype, const char* op) {
                              : ", but GEMM inputs are rounded to " + std::string(dtype_name(want)));
 }
 }  // namespace
+
+int64_t weight_copy_reads() {
+  return g_weight_copy_reads.load(std::memory_order_relaxed);
+}
 
 void round_weight(const Exec& ex, void* out, DType dtype, const float* weight, int64_t n) {
   const detail::OpScope op_scope_("round_weight", ex,

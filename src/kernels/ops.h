@@ -108,6 +108,9 @@ struct GemmWeight {
 // weight's n values rounded into `out` (n values of `dtype` = matmul_input_dtype(ex, kF32), 16-bit,
 // else it fails): the copy a GemmWeight carries.
 void round_weight(const Exec& ex, void* out, DType dtype, const float* weight, int64_t n);
+// How many times the ops below were given a weight's copy (process-wide, since the start): for
+// the tests that show the copies are read.
+int64_t weight_copy_reads();
 
 // nn::Linear's input on a GPU at bf16 / fp16 matmul precision: rounded once in the forward and
 // kept in that 16-bit type instead of fp32 for the backward's weight-gradient GEMM, which then

@@ -12,9 +12,13 @@ bool RoundedWeights::enabled_by_environment() {
   return v == nullptr || std::string(v) != "0";
 }
 
-RoundedWeights::RoundedWeights(const ParameterStore& store, const Exec& ex) {
+RoundedWeights::RoundedWeights(const ParameterStore& store, const Exec& ex, bool own_copies) {
   dtype_ = ops::matmul_input_dtype(ex, DType::kF32);
   if (dtype_ == DType::kF32 || !enabled_by_environment()) return;
+  if (!own_copies) {
+    lending_ = true;
+    return;
+  }
   if (!store.allocated()) fail("RoundedWeights: the parameter store is not allocated yet");
   int64_t n = 0;
   for (const auto& p : store.parameters()) {
@@ -28,7 +32,9 @@ RoundedWeights::RoundedWeights(const ParameterStore& store, const Exec& ex) {
 
 ops::GemmWeight RoundedWeights::of(const Exec& ex, const Parameter& p) {
   const float* values = p.value.data<float>();
-  const auto it = active() ? copies_.find(&p) : copies_.end();
+  if (const auto lent = lent_.find(&p); lent != lent_.end())
+    return ops::GemmWeight(values, lent->second, dtype_);
+  const auto it = buffer_.defined() ? copies_.find(&p) : copies_.end();
   if (it == copies_.end()) return ops::GemmWeight(values);
   Copy& copy = it->second;
   void* bits = static_cast<char*>(buffer_.raw()) +
@@ -43,6 +49,16 @@ ops::GemmWeight RoundedWeights::of(const Exec& ex, const Parameter& p) {
 
 void RoundedWeights::invalidate() {
   for (auto& [param, copy] : copies_) copy.from = nullptr;
+  lent_.clear();
+}
+
+void RoundedWeights::lend(const Parameter& p, const void* bits) {
+  if (!lending_) fail("RoundedWeights: ", p.name, " lent to copies that take none");
+  lent_[&p] = bits;
+}
+
+void RoundedWeights::take_back(const Parameter& p) {
+  lent_.erase(&p);
 }
 
 ops::GemmWeight gemm_weight(Context& ctx, const Parameter& p) {

@@ -17,6 +17,11 @@
 // while copies are in use; a parameter whose values moved to another buffer is copied again.
 // The copies are the rounding every GEMM made before, bit for bit, so a run is the same with or
 // without them (LOOM_CUDA_WEIGHT_COPIES=0 in the environment turns them off, for comparisons).
+//
+// ZeRO-3 keeps no copies of its own (it holds no whole weights between a unit's forward and its
+// backward), but where it gathers the values in bf16 at bf16 matmul precision the gathered bf16
+// values are those copies already — the bf16 rounding of the fp32 shard, what each GEMM's cast
+// of the widened values gives again: the engine lends them (lend) while the unit is gathered.
 #pragma once
 
 #include <cstdint>
@@ -36,16 +41,23 @@ class RoundedWeights {
   // at bf16 / fp16; not at fp8, whose Linears quantize their own operands) and the environment
   // does not turn them off; elsewhere none, and of() gives the fp32 values. The store must be
   // allocated, and its parameters stay where they are for this object's lifetime.
-  RoundedWeights(const ParameterStore& store, const Exec& ex);
+  // own_copies = false: none made here, only those lent (ZeRO-3).
+  RoundedWeights(const ParameterStore& store, const Exec& ex, bool own_copies = true);
 
   // p as the 16-bit GEMM ops take it (ops::GemmWeight): with its copy, rounded now if this is
   // its first use since invalidate() (queued on ex's device), or its fp32 values alone where
   // there are no copies or p is not one of them.
   ops::GemmWeight of(const Exec& ex, const Parameter& p);
-  // The values changed (an optimizer step): each copy is made again at its next use.
+  // The values changed (an optimizer step): each copy is made again at its next use (and lent
+  // ones are forgotten).
   void invalidate();
+  // p's copy is `bits` (values of the 16-bit type GEMM inputs are rounded to, p's layout), owned
+  // by the caller, until take_back(p): of() gives it instead of a copy of its own.
+  void lend(const Parameter& p, const void* bits);
+  void take_back(const Parameter& p);
 
-  bool active() const { return buffer_.defined(); }
+  // Whether there are copies: its own, or lent ones where own_copies was false.
+  bool active() const { return buffer_.defined() || lending_; }
   int64_t bytes() const { return active() ? static_cast<int64_t>(buffer_.nbytes()) : 0; }
   // Copies made since this object was created (for tests: once per parameter per step).
   int64_t roundings() const { return roundings_; }
@@ -59,7 +71,9 @@ class RoundedWeights {
     const float* from = nullptr;        // the values it was made from; null: to be made
   };
   DType dtype_ = DType::kF32;
+  bool lending_ = false;
   Tensor buffer_;
+  std::unordered_map<const Parameter*, const void*> lent_;
   std::unordered_map<const Parameter*, Copy> copies_;
   int64_t roundings_ = 0;
 };

@@ -186,8 +186,12 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
     before = in_use();
     rounded_weights_ = std::make_unique<RoundedWeights>(params, exec());
     memory_.params += in_use() - before;
-    if (!rounded_weights_->active()) rounded_weights_.reset();
+  } else if (gather_dtype_ == DType::kBF16 &&
+             ops::matmul_input_dtype(exec(), DType::kF32) == DType::kBF16) {
+    // The gathered bf16 values are the copies (gather_values lends them).
+    rounded_weights_ = std::make_unique<RoundedWeights>(params, exec(), /*own_copies=*/false);
   }
+  if (rounded_weights_ && !rounded_weights_->active()) rounded_weights_.reset();
   tensor_parallel_ = config.tensor_parallel;
   if (tensor_parallel_ != nullptr) {
     const bool first = tensor_parallel_->rank() == 0;
@@ -394,7 +398,16 @@ void ZeroDataParallel::gather_values(size_t u) {
     gathering_[u].reset();
     if (auto& [input, output] = gather_wire_[u]; output.defined()) {
       ops::widen_bf16(exec(), gathered_[u].data<float>(), output.data_u16(), output.numel());
-      input = output = Tensor();
+      input = Tensor();
+      if (rounded_weights_) {
+        // Kept while the unit is gathered: its GEMM weights' bf16 copies, in the unit's layout.
+        const ParamUnit& unit = params_.units()[u];
+        for (const Parameter* p : unit.params)
+          if (p->gemm_operand)
+            rounded_weights_->lend(*p, output.data_u16() + (p->offset - unit.begin));
+      } else {
+        output = Tensor();
+      }
     }
     params_.bind_unit_values(u, gathered_[u]);
   }
@@ -404,6 +417,11 @@ void ZeroDataParallel::release_values(size_t u) {
   LOOM_CHECK(!gathering_[u]);
   params_.bind_unit_values(u, Tensor());
   gathered_[u] = Tensor();
+  if (Tensor& wire = gather_wire_[u].second; wire.defined()) {
+    if (rounded_weights_)
+      for (const Parameter* p : params_.units()[u].params) rounded_weights_->take_back(*p);
+    wire = Tensor();
+  }
 }
 
 // ---- step -------------------------------------------------------------------------------------

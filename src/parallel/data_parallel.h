@@ -128,8 +128,10 @@ class DataParallel : public ParamHooks {
   // On a GPU at bf16 / fp16 matmul precision under stages 0-2, the 16-bit copies of this rank's
   // weights that its GEMMs read (nn/rounded_weights.h; a training step puts them in its Context):
   // made again at their first use after each optimizer_step or load_state, counted in
-  // memory().params. Null elsewhere — stage 3 holds no whole weights between a unit's forward
-  // and its backward, so its GEMMs cast the gathered values as they come.
+  // memory().params. Stage 3 holds no whole weights between a unit's forward and its backward:
+  // with bf16 gathers at bf16 matmul precision it lends the gathered bf16 values as the copies
+  // while the unit is gathered (kept that long beside the fp32 ones); else its GEMMs cast the
+  // gathered values as they come (null).
   RoundedWeights* rounded_weights() const { return rounded_weights_.get(); }
   const DataParallelStepStats& step_stats() const { return step_stats_; }
 

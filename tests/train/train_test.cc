@@ -1034,7 +1034,7 @@ TEST_F(TrainTest, GpuWeightCopiesTrainEveryLayoutsRunBitForBit) {
   };
   for (const Layout& l : {Layout{"one_gpu", 1, 1, 1, 0}, Layout{"zero1", 2, 1, 1, 1},
                           Layout{"zb_pipeline", 1, 2, 1, 0}, Layout{"tp_sp", 1, 1, 2, 0},
-                          Layout{"zero3", 2, 1, 1, 3}}) {
+                          Layout{"zero3", 2, 1, 1, 3}, Layout{"zero3_bf16_gathers", 2, 1, 1, 3}}) {
     SCOPED_TRACE(l.name);
     Config c = config(3);
     c.runtime.device = "cuda";
@@ -1049,6 +1049,8 @@ TEST_F(TrainTest, GpuWeightCopiesTrainEveryLayoutsRunBitForBit) {
     c.parallel.zero = l.zero;
     c.parallel.sequence_parallel = l.tp > 1;
     if (l.pp > 1) c.parallel.schedule = "zb-h1";
+    const bool lent = std::string(l.name) == "zero3_bf16_gathers";
+    if (lent) c.parallel.param_gather_dtype = "bf16";
     const std::string copied = std::string(l.name) + "_copies",
                       cast = std::string(l.name) + "_cast";
     // The copies made, counted by the op profile (process-wide: every rank's).
@@ -1058,15 +1060,28 @@ TEST_F(TrainTest, GpuWeightCopiesTrainEveryLayoutsRunBitForBit) {
         if (t.name == "round_weight") calls += t.calls;
       return calls;
     };
+    // The weight operands the GEMM ops read as copies (ops::weight_copy_reads): ZeRO-3's too
+    // where its bf16 gathers are lent as the copies.
     ops::start_profile();
+    int64_t read_before = ops::weight_copy_reads();
     run_training(c, options(copied));
-    const int64_t made = roundings();
+    const int64_t made = roundings(), reads = ops::weight_copy_reads() - read_before;
     {
       NoCopies off;
       ops::start_profile();
+      read_before = ops::weight_copy_reads();
       run_training(c, options(cast));
       EXPECT_EQ(roundings(), 0);
+      EXPECT_EQ(ops::weight_copy_reads(), read_before);
     }
+    // One GPU: 9 weights read by the forward and the backward of 6 micro-batches and by the
+    // forward of 4 validation batches.
+    if (std::string(l.name) == "one_gpu")
+      EXPECT_EQ(reads, 9 * (2 * 6 + 4));
+    else if (l.zero == 3 && !lent)
+      EXPECT_EQ(reads, 0);
+    else
+      EXPECT_GT(reads, 0);
     // One GPU: its 9 weights (4 Linears a block, the head) copied for step 1, for step 2, for the
     // evaluation after step 2 (step 3 reads the same weights), and for the one after step 3: 36,
     // where the GEMMs cast each weight 4 times a step (forward and input gradient of two
