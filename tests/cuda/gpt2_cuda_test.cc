@@ -433,13 +433,13 @@ TEST(Gpt2Cuda, TwoGpuRunsAreBitwiseIdentical) {
 
 // The weights' 16-bit copies (nn/rounded_weights.h): steps of two micro-batches each, the
 // GEMMs reading each weight four times a step, train the same bits as GEMMs that cast the fp32
-// weights themselves — GPT-2 on the attention's GEMM path and on the flash kernels (qkv written in
-// bf16), a Llama with its own LM head — each weight copied once a step; and copies not made again
-// after the optimizer step (stale) train something else, which this comparison would see.
+// weights themselves — GPT-2 on the flash kernels (qkv written in bf16), a Llama with its own LM
+// head at fp16 on the attention's GEMM path — each weight copied once a step; and copies not made
+// again after the optimizer step (stale) train something else, which this comparison would see.
 TEST(Gpt2Cuda, WeightCopiesAreMadeOnceAStepAndChangeNoBit) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   enum class Copies { kNone, kFresh, kStale };
-  constexpr int kSteps = 3, kMicroBatches = 2;
+  constexpr int kSteps = 2, kMicroBatches = 2;
   constexpr int64_t B = 2, T = 32;
   struct Result {
     std::vector<double> losses;
@@ -487,10 +487,8 @@ TEST(Gpt2Cuda, WeightCopiesAreMadeOnceAStepAndChangeNoBit) {
     const char* precision;
   };
   Gpt2Config flash = small_config(1);  // one head of 64: the flash kernels at bf16
-  for (const Case& c :
-       {Case{"gpt2, GEMM attention", small_config(4), "bf16"},
-        Case{"gpt2, flash attention", flash, "bf16"}, Case{"gpt2, fp16", small_config(4), "fp16"},
-        Case{"llama, own head", small_llama(64, false), "bf16"}}) {
+  for (const Case& c : {Case{"gpt2, flash attention", flash, "bf16"},
+                        Case{"llama, own head, GEMM attention", small_llama(16, false), "fp16"}}) {
     SCOPED_TRACE(c.name);
     ops::MatmulPrecisionScope scope(c.precision);
     const Result cast = run(c.config, Copies::kNone);
