@@ -6,7 +6,8 @@ namespace loom {
 
 double evaluate(const std::function<double(const Tensor& inputs, const Tensor& targets)>& loss,
                 const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
-                int64_t batches, Device device, Communicator* split, int64_t vocab_size) {
+                int64_t batches, Device device, Communicator* split, int64_t vocab_size,
+                const std::function<double()>& queued_sum) {
   DataLoader loader(shards, batch, seq_len);
   loader.set_vocab_size(vocab_size);
   // Tokens are read on the host; a GPU gets a copy.
@@ -27,6 +28,7 @@ double evaluate(const std::function<double(const Tensor& inputs, const Tensor& t
     }
     total += loss(inputs, targets);
   }
+  if (queued_sum) total += queued_sum();
   if (parts > 1) {
     total = all_reduce_value(*split, total, ReduceOp::kSum);
   }

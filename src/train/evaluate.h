@@ -22,8 +22,12 @@ namespace loom {
 // queued behind its work: no wait per batch). With `vocab_size` > 0 the loader checks every
 // token id against it, naming the shard (DataLoader::set_vocab_size), so `loss` may tell the
 // kernels to skip their own checks (Exec::ids_checked), each a wait on a GPU.
+// With `queued_sum`, `loss` may instead queue its micro-batch's mean where it is computed (a
+// model's head into a StepLosses, nn/step_losses.h) and return 0: queued_sum() gives the sum of
+// those means after the last micro-batch — on a GPU one wait for the evaluation, not one a batch.
 double evaluate(const std::function<double(const Tensor& inputs, const Tensor& targets)>& loss,
                 const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
-                int64_t batches, Device device, Communicator* split, int64_t vocab_size = 0);
+                int64_t batches, Device device, Communicator* split, int64_t vocab_size = 0,
+                const std::function<double()>& queued_sum = nullptr);
 
 }  // namespace loom

@@ -633,6 +633,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       // The replicas are dp's: a cp group evaluates one batch together, each rank its positions,
       // and their losses' mean is the batch's (equal token counts).
       Communicator* split = config.parallel.zero < 3 ? &mesh.axis("dp") : nullptr;
+      // One model's batches queue their losses (nn/step_losses.h) and the host reads them once,
+      // as a step's: on a GPU one wait for the evaluation instead of one a batch. (A pipeline's
+      // come from its last stage, a cp group's are averaged over it per batch: read each.)
+      const bool queue_eval_losses = !pipelined && !context_parallel;
       const auto micro_batch_loss = [&](const Tensor& full_in, const Tensor& full_tg) {
         Tensor in = full_in, tg = full_tg;
         if (context_parallel) {  // its positions, cut on the host
@@ -647,15 +651,26 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         double l = 0;
         if (pipelined) {
           l = pipe->evaluate(in, tg);
+        } else if (queue_eval_losses) {  // read with the others after the last batch
+          ctx.losses = &step_losses;
+          whole->forward_part(ctx, in, tg, nullptr);
+          ctx.losses = nullptr;
+          model_clear();
         } else {
           l = model_forward(ctx, in, tg);
           model_clear();
         }
         return context_parallel ? all_reduce_value(*cp_count, l, ReduceOp::kAvg) : l;
       };
+      const auto queued_sum = [&] {
+        double sum = 0;
+        for (double mean : step_losses.take()) sum += mean;
+        return sum;
+      };
       ctx.ids_checked = true;  // by evaluate's loader, naming the shard
       val = evaluate(micro_batch_loss, val_shards, micro, seq_len, tc.eval_batches, device, split,
-                     config.model.vocab_size);
+                     config.model.vocab_size,
+                     queue_eval_losses ? std::function<double()>(queued_sum) : nullptr);
       ctx.ids_checked = false;
       check_axes();  // as after the step: before val is believed
       summary.last_val_loss = val;
