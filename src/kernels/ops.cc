@@ -135,10 +135,11 @@ cuda::GemmOperand operand_of(const Exec& ex, const void* data, DType dtype, cons
   return cuda::GemmOperand(data, rounded_precision(ex, dtype, what));
 }
 
-// A weight as the GPU's GEMMs take it: its 16-bit copy where the caller has one (of the type
-// GEMM inputs are rounded to now, else it fails naming `op`), else its fp32 values.
+// weight_copy_reads(): the copies weight_operand has handed on.
 std::atomic<int64_t> g_weight_copy_reads{0};
 
+// A weight as the GPU's GEMMs take it: its 16-bit copy where the caller has one (of the type
+// GEMM inputs are rounded to now, else it fails naming `op`), else its fp32 values.
 cuda::GemmOperand weight_operand(const Exec& ex, const GemmWeight& weight, const char* op) {
   if (weight.rounded == nullptr) return cuda::GemmOperand(weight.values);
   g_weight_copy_reads.fetch_add(1, std::memory_order_relaxed);

@@ -53,6 +53,28 @@ double all_reduce_seconds(double bytes, int n, double gbps) {
   return 2.0 * (n - 1) / n * bytes / (gbps * 1e9);
 }
 
+namespace {
+// One of a rank's model chunks (virtual stages): its pipeline stage and blocks [first, end), as
+// the trainer partitions them (pipeline_partition, stage_placement).
+struct ChunkBlocks {
+  int stage = 0;
+  int64_t first = 0, end = 0;
+};
+std::vector<ChunkBlocks> rank_chunks(const Config& config, int pp_rank) {
+  const ParallelConfig& par = config.parallel;
+  const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
+  const std::vector<int64_t> bounds =
+      pipeline_partition(model_config_of(config), config.model.seq_len, par.pp * par.virtual_stages,
+                         par.layer_split, placement.v_placement);
+  std::vector<ChunkBlocks> chunks;
+  for (int c = 0; c < par.virtual_stages; ++c) {
+    const int stage = placement.stage_of(pp_rank, c);
+    chunks.push_back({stage, bounds[stage], bounds[stage + 1]});
+  }
+  return chunks;
+}
+}  // namespace
+
 std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) {
   const ParallelConfig& par = config.parallel;
   const Gpt2Config model = model_config_of(config);
@@ -66,20 +88,17 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
                                           : 12 * d * d + 13 * d;
   const int64_t ln_f = model.llama() ? d : 2 * d;
   const int stages = par.pp * par.virtual_stages;
-  const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
-  const std::vector<int64_t> bounds = pipeline_partition(model, config.model.seq_len, stages,
-                                                         par.layer_split, placement.v_placement);
   std::vector<std::vector<int64_t>> chunks;
-  for (int c = 0; c < par.virtual_stages; ++c) {
+  for (const ChunkBlocks& chunk : rank_chunks(config, pp_rank)) {
     std::vector<int64_t>& units = chunks.emplace_back();
-    const int stage = placement.stage_of(pp_rank, c);
+    const int stage = chunk.stage;
     int64_t root = 0;
     if (stage == 0) root += vocab_rows * d + model.position_rows() * d;         // wte, wpe
     // ln_f, and the head's copy of the tied wte (on a later stage) or its own lm_head.weight
     if (stage == stages - 1)
       root += ln_f + (stages > 1 || !model.tie_embeddings ? vocab_rows * d : 0);
     if (root > 0) units.push_back(root);
-    for (int64_t b = bounds[stage]; b < bounds[stage + 1]; ++b) units.push_back(per_block);
+    for (int64_t b = chunk.first; b < chunk.end; ++b) units.push_back(per_block);
   }
   return chunks;
 }
@@ -100,9 +119,7 @@ std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank) {
   }
   // On a GPU at bf16 / fp16 under ZeRO 0-2: each chunk's engine keeps its GEMM weights' 16-bit
   // copies (nn/rounded_weights.h), each padded to 8 values.
-  const bool sixteen_bit =
-      config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16";
-  if (config.runtime.device == "cuda" && sixteen_bit && zero < 3)
+  if (gpu_sixteen_bit_operands(config) && zero < 3)
     for (int64_t values : rank_weight_copy_values(config, pp_rank)) buffers.push_back(2 * values);
   return buffers;
 }
@@ -119,15 +136,11 @@ std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank) 
   const int64_t per_block = padded(model.qkv_width() / P * d) + padded(d * (d / P)) +
                             padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
   const int stages = par.pp * par.virtual_stages;
-  const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
-  const std::vector<int64_t> bounds = pipeline_partition(model, config.model.seq_len, stages,
-                                                         par.layer_split, placement.v_placement);
   std::vector<int64_t> chunks;
-  for (int c = 0; c < par.virtual_stages; ++c) {
-    const int stage = placement.stage_of(pp_rank, c);
-    int64_t values = (bounds[stage + 1] - bounds[stage]) * per_block;
+  for (const ChunkBlocks& chunk : rank_chunks(config, pp_rank)) {
+    int64_t values = (chunk.end - chunk.first) * per_block;
     // The LM head's weight on the last stage (tied or not; under tp its vocabulary rows).
-    if (stage == stages - 1) values += padded(vocab_rows * d);
+    if (chunk.stage == stages - 1) values += padded(vocab_rows * d);
     chunks.push_back(values);
   }
   return chunks;
@@ -154,17 +167,12 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.virtual_stages = par.virtual_stages;
 
   int64_t most_blocks = 0, most_params = 0;
-  const PipelineSchedule placement = stage_placement(par.schedule, par.pp, par.virtual_stages);
-  const std::vector<int64_t> bounds =
-      pipeline_partition(model_config_of(config), config.model.seq_len, par.pp * par.virtual_stages,
-                         par.layer_split, placement.v_placement);
   for (int r = 0; r < par.pp; ++r) {
     int64_t params = 0, blocks = 0, state = 0;
     for (const std::vector<int64_t>& units : rank_units(config, r))
       for (int64_t u : units) params += u;
     for (int64_t b : rank_state_buffers(config, r)) state += b;
-    for (int c = 0; c < par.virtual_stages; ++c)
-      blocks += bounds[placement.stage_of(r, c) + 1] - bounds[placement.stage_of(r, c)];
+    for (const ChunkBlocks& chunk : rank_chunks(config, r)) blocks += chunk.end - chunk.first;
     const int64_t activations = expected_activation_bytes(config, r, blocks);
     if (state + activations > plan.total_bytes()) {
       plan.state_bytes = state;

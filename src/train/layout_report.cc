@@ -7,6 +7,11 @@
 
 namespace loom {
 
+bool gpu_sixteen_bit_operands(const Config& config) {
+  return config.runtime.device.rfind("cuda", 0) == 0 &&
+         (config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16");
+}
+
 int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blocks_on_rank) {
   const ParallelConfig& par = config.parallel;
   // With context parallelism a rank holds seq_len / cp positions of each sequence, but the
@@ -23,9 +28,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // GELU's input, which fc's GEMM writes in 16 bits with the GELU in its epilogue (nn/mlp.h; under
   // tp parallel/tensor_parallel_block.cc); a Llama likewise (below). An unsharded model's logits
   // too (models/gpt2.cc); the vocabulary-parallel head's stay fp32.
-  const bool gpu_sixteen_bit =
-      config.runtime.device.rfind("cuda", 0) == 0 &&
-      (config.runtime.matmul_precision == "bf16" || config.runtime.matmul_precision == "fp16");
+  const bool gpu_sixteen_bit = gpu_sixteen_bit_operands(config);
   const double half = gpu_sixteen_bit ? 0.5 : 1.0;
   const double logits_half = par.tp == 1 ? half : 1.0;
   // Where a GPU's fused flash kernels run (bf16, head size 64 or 128): qkv is 16-bit too

@@ -24,6 +24,11 @@ namespace loom {
 // (mem_activations_peak_mb).
 int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blocks_on_rank);
 
+// Whether the config's ranks are GPUs ("cuda", "cuda:N") whose GEMMs read 16-bit operands (bf16 /
+// fp16 matmul precision): where activations are kept in 16 bits and the engines keep the
+// weights' 16-bit copies (nn/rounded_weights.h).
+bool gpu_sixteen_bit_operands(const Config& config);
+
 struct RankFootprint {
   int64_t parameters = 0;         // elements this rank holds (its shards, padding included)
   int64_t state_bytes = 0;        // parameters + gradients + optimizer moments, as allocated

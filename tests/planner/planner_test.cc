@@ -201,6 +201,34 @@ TEST(Planner, LlamaStateBytesAreWhatTheEnginesAllocate) {
   fs::remove_all(dir);
 }
 
+// The weights' 16-bit copies are counted for any GPU device name ("cuda" or "cuda:N") at bf16 /
+// fp16 under ZeRO 0-2, and not on CPU ranks or at fp32.
+TEST(Planner, WeightCopiesAreCountedWhereTheEnginesKeepThem) {
+  Config c = tiny_config("unused");
+  c.runtime.ranks = 1;
+  resolve_layout(c);
+  const auto total = [](const Config& k) {
+    int64_t sum = 0;
+    for (int64_t b : rank_state_buffers(k, 0)) sum += b;
+    return sum;
+  };
+  const int64_t cpu = total(c);
+  const int64_t copies = 2 * rank_weight_copy_values(c, 0).at(0);
+  EXPECT_GT(copies, 0);
+  for (const char* device : {"cuda", "cuda:0"}) {
+    Config g = c;
+    g.runtime.device = device;
+    for (const char* precision : {"bf16", "fp16"}) {
+      g.runtime.matmul_precision = precision;
+      EXPECT_EQ(total(g), cpu + copies) << device << " " << precision;
+    }
+    g.runtime.matmul_precision = "fp32";
+    EXPECT_EQ(total(g), cpu) << device << " fp32";
+  }
+  c.runtime.matmul_precision = "bf16";  // CPU ranks at bf16 round while packing: no copies
+  EXPECT_EQ(total(c), cpu);
+}
+
 TEST(Planner, TimeModelFormulas) {
   // A ring all-reduce moves 2 (n - 1) / n of the buffer over each rank's link.
   EXPECT_DOUBLE_EQ(all_reduce_seconds(1e9, 4, 100), 2.0 * 3 / 4 * 1e9 / 100e9);
