@@ -97,7 +97,7 @@
 
 namespace loom {
 
-struct NcclShared;  // the NCCL communicator, its stream and its state (nccl_backend.cc)
+struct NcclShared;  // the NCCL communicator, its stream and its state (nccl_shared.h)
 
 class NcclCommunicator final : public Communicator {
  public:
