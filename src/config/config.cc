@@ -99,6 +99,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(parallel, virtual_stages),
     LOOM_KEY(parallel, layer_split),
     LOOM_KEY(parallel, sequence_parallel),
+    LOOM_KEY(parallel, tp_backward_overlap),
     LOOM_KEY(parallel, recompute),
     LOOM_KEY(runtime, ranks),
     LOOM_KEY(runtime, backend),

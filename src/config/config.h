@@ -143,6 +143,10 @@ struct ParallelConfig {
   int virtual_stages = 1;         // model chunks per pipeline rank (schedule_takes_chunks)
   std::string layer_split;        // blocks per pipeline stage, "3,3,2"; "" = balance by cost
   bool sequence_parallel = false; // split LayerNorm/residual activations by tokens over tp
+  // tp layers compute their weight gradients while their input gradient's all-reduce (or
+  // reduce-scatter) is in flight (parallel/tp_backward_overlap.h): "on", "off", or "auto" — on
+  // GPUs, off on CPU ranks (whose cores the reduction would take from the GEMM: no gain there)
+  std::string tp_backward_overlap = "auto";
   // activation recomputation per block: none, full or selective (models/gpt2.h: Recompute)
   std::string recompute = "none";
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;

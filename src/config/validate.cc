@@ -187,6 +187,7 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   p.one_of("parallel.grad_reduce_dtype", par.grad_reduce_dtype, {"fp32", "bf16"});
   p.one_of("parallel.param_gather_dtype", par.param_gather_dtype, {"fp32", "bf16"});
   p.one_of("parallel.pp_send_dtype", par.pp_send_dtype, {"fp32", "bf16"});
+  p.one_of("parallel.tp_backward_overlap", par.tp_backward_overlap, {"auto", "on", "off"});
   if (par.param_gather_dtype == "bf16" && par.zero != 3)
     p.add("parallel.param_gather_dtype = \"bf16\" is for ZeRO-3's parameter gathers: it needs "
           "parallel.zero = 3, got ", par.zero);

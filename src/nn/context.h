@@ -34,6 +34,11 @@ struct Context {
   // that the Linears' and the LM head's GEMMs read (nn/rounded_weights.h); null: each GEMM casts.
   RoundedWeights* rounded_weights = nullptr;
 
+  // Tensor-parallel layers compute their weight gradients while their input gradient's
+  // collective is in flight (parallel/tp_backward_overlap.h; the trainer sets it from
+  // parallel.tp_backward_overlap); the same bits either way.
+  bool tp_backward_overlap = true;
+
   // The token ids were checked where they came from (kernels/exec.h): a training step's.
   bool ids_checked = false;
 

@@ -5,6 +5,7 @@
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
 #include "nn/rounded_weights.h"
+#include "parallel/tp_backward_overlap.h"
 
 namespace loom {
 namespace {
@@ -118,12 +119,15 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
   const int64_t n = x_.dim(0);
   Tensor dx = Tensor::empty({n, in_}, DType::kF32, ctx.device);
   float* dbias = bias_ ? bias_->grad.data<float>() : nullptr;
+  // The weight gradients go to a zero-bubble schedule's W, or behind the collective below.
+  WeightGradsBehindComm weight_grads(ctx);
+  DeferredWeightGrads* later = weight_grads.later();
   if (dy.dtype() != DType::kF32) {  // rounded by its producer (the attention's dqkv)
     if ((x_.dtype() != dy.dtype() && x_.dtype() != DType::kF32) || gelu_input != nullptr)
       fail(weight_->name, ": a ", dtype_name(dy.dtype()), " output gradient needs an input kept in ",
            dtype_name(dy.dtype()), " or f32, not ", dtype_name(x_.dtype()));
     input_grad_now_weight_grads_at_w(
-        ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
+        later, ctx.exec(), dx.raw(),
         [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, n, in = in_,
          out = local_out_](const Exec& ex, void* dinp, bool weights) {
           ops::matmul_backward_from_rounded(
@@ -137,7 +141,7 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
     if (gelu_input != nullptr)
       ops::gelu_backward<float>(ctx.exec(), d, gelu_input->data<float>(), d, dy.numel());
     input_grad_now_weight_grads_at_w(
-        ctx.deferred_weight_grads, ctx.exec(), dx.raw(),
+        later, ctx.exec(), dx.raw(),
         [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, n, in = in_,
          out = local_out_](const Exec& ex, void* dinp, bool weights) {
           ops::matmul_backward_from_rounded_input(
@@ -146,13 +150,12 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
               wop, n, in, out);
         },
         static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
-  } else if (ctx.deferred_weight_grads != nullptr) {  // B of a zero-bubble schedule: dW later
+  } else if (later != nullptr) {  // dW at W, or behind the collective
     ops::linear_backward_input<float>(ctx.exec(), dx.data<float>(), dy.data<float>(),
                                       gelu_input != nullptr ? gelu_input->data<float>() : nullptr,
                                       weight_->value.data<float>(), n, in_, local_out_);
     // (Under sequence parallelism x_ is the gathered input: it stays until W.)
-    defer_weight_grad<float>(*ctx.deferred_weight_grads, weight_, bias_, dy, x_, n, in_,
-                             local_out_);
+    defer_weight_grad<float>(*later, weight_, bias_, dy, x_, n, in_, local_out_);
   } else {
     ops::linear_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias,
                                 dy.data<float>(),
@@ -163,11 +166,11 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
   x_ = Tensor();
   // Each rank's dx is its output slice's contribution: sum over the group.
   if (!sequence_parallel_) {
-    tp_.all_reduce_async(dx, ReduceOp::kSum)->wait_on_device();
+    weight_grads.finish(tp_.all_reduce_async(dx, ReduceOp::kSum));
     return dx;
   }
   Tensor mine = Tensor::empty({n / tp_.size(), in_}, DType::kF32, ctx.device);
-  tp_.reduce_scatter_async(dx, mine, ReduceOp::kSum)->wait_on_device();
+  weight_grads.finish(tp_.reduce_scatter_async(dx, mine, ReduceOp::kSum));
   return mine;
 }
 

@@ -10,6 +10,7 @@
 #include "nn/rounded_weights.h"
 #include "nn/sequence_shard.h"
 #include "nn/step_losses.h"
+#include "parallel/tp_backward_overlap.h"
 
 namespace loom {
 
@@ -128,9 +129,10 @@ Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
                                                  max_.data<float>(), sum_.data<float>(),
                                                  targets_.data<int32_t>(), k, N, shard());
   Tensor dfinal = Tensor::empty({N, C}, DType::kF32, ctx.device);
-  // B of a zero-bubble schedule: the shard's weight gradient (the stage's largest GEMM) left for
-  // W, which keeps the logits' gradient and final_ until then.
-  DeferredWeightGrads* later = ctx.deferred_weight_grads;
+  // The shard's weight gradient (the stage's largest GEMM) left for a zero-bubble schedule's W,
+  // which keeps the logits' gradient and final_ until then, or run behind dfinal's collective.
+  WeightGradsBehindComm weight_grads(ctx);
+  DeferredWeightGrads* later = weight_grads.later();
   // final_ as head_forward kept it: f32, or rounded to 16 bits for the GEMMs.
   const auto gemms = [N, C, Vl](const Exec& ex, float* dinp, float* dweight, const Tensor& dlogits,
                                 const Tensor& final, ops::GemmWeight weight) {
@@ -151,11 +153,11 @@ Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
         static_cast<int64_t>(logits_.nbytes() + final_.nbytes()));
   final_ = logits_ = max_ = sum_ = targets_ = Tensor();
   if (!sequence_parallel_) {
-    tp_.all_reduce_async(dfinal, ReduceOp::kSum)->wait_on_device();
+    weight_grads.finish(tp_.all_reduce_async(dfinal, ReduceOp::kSum));
     return dfinal;
   }
   Tensor mine = Tensor::empty({N / tp_.size(), C}, DType::kF32, ctx.device);
-  tp_.reduce_scatter_async(dfinal, mine, ReduceOp::kSum)->wait_on_device();
+  weight_grads.finish(tp_.reduce_scatter_async(dfinal, mine, ReduceOp::kSum));
   return mine;
 }
 

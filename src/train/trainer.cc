@@ -72,6 +72,13 @@ Gpt2Config model_config_of(const Config& config) {
 
 namespace {
 
+// parallel.tp_backward_overlap: "auto" overlaps on GPUs only — on CPU ranks the collective's
+// reduction needs the cores the weight-gradient GEMM runs on (bench/tp_overlap.sh: no gain).
+bool tp_backward_overlap(const Config& config, Device device) {
+  const std::string& v = config.parallel.tp_backward_overlap;
+  return v == "on" || (v == "auto" && device.is_cuda());
+}
+
 // The peak one rank computes at, TFLOP/s, for the MFU: metrics.peak_tflops, else measured once
 // per process and device kind: on a CPU the fp32 FMA rate of one thread (50 ms; at bf16 matmul
 // precision that of the bf16 GEMM's instruction, cpu::PeakKind::kBf16Gemm) times the rank's compute
@@ -216,6 +223,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     pc.layer_split = config.parallel.layer_split;
     if (tensor_parallel) pc.tensor_parallel = &tp_count;
     pc.sequence_parallel = config.parallel.sequence_parallel;
+    pc.tp_backward_overlap = tp_backward_overlap(config, device);
     pc.send_dtype = config.parallel.pp_send_dtype == "bf16" ? DType::kBF16 : DType::kF32;
     pipe = std::make_unique<PipelineParallel>(model_config_of(config), pp_count, dp, pool,
                                               device, pc, dp_config, opt_config,
@@ -244,6 +252,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   auto model_clear = [&] { if (whole) whole->clear_cache(); };
   Context ctx{&pool, device, DType::kF32, whole_engine.get()};
   ctx.sequence = sequence_shard.get();
+  ctx.tp_backward_overlap = tp_backward_overlap(config, device);
   // The weights' 16-bit copies on a GPU at bf16 / fp16 (nn/rounded_weights.h), kept by the engine.
   if (whole_engine) ctx.rounded_weights = whole_engine->rounded_weights();
   StepLosses step_losses(device);  // nn/step_losses.h

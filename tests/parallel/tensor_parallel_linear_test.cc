@@ -2,12 +2,16 @@
 // one (an MLP without the activation), on tp = 2 and 4 thread ranks, with and without sequence
 // parallelism, computes the single-device pair: the output, the input gradient and every
 // weight/bias gradient (each rank's shard against its block of the full gradient), to 1e-5 of
-// the tensor's scale. Also a fused QKV weight split block by block.
+// the tensor's scale. Also a fused QKV weight split block by block, and the backward's overlap
+// of the input gradient's collective with the weight gradient (parallel.tp_backward_overlap).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "base/error.h"
+#include "harness/probing_communicator.h"
 #include "harness/thread_ranks.h"
 #include "nn/linear.h"
 #include "parallel/tensor_parallel_linear.h"
@@ -138,6 +142,78 @@ TEST(TensorParallelLinear, FeaturesThatDoNotSplitAreErrors) {
     EXPECT_THROW(RowParallelLinear(store, "b", 5, 4, tp, false, 0.02f, false), Error);
   });
 }
+
+bool any_nonzero(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (t.data<float>()[i] != 0.0f) return true;
+  return false;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// parallel.tp_backward_overlap (parallel/tp_backward_overlap.h), on 2 ranks: with it, the
+// column-parallel layer issues its input gradient's all-reduce (reduce-scatter under sequence
+// parallelism) before computing its weight gradient and waits for it after; without, the
+// gradient is computed before the collective is issued. Both give the same bits — input
+// gradients, weight and bias gradients —, through the GELU (backward_before_gelu) too.
+class TpBackwardOverlap : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TpBackwardOverlap, WeightGradientComputesWhileTheCollectiveIsInFlightToTheSameBits) {
+  const bool sp = GetParam();
+  constexpr int kRanks = 2;
+  const Tensor x = random({kRows, kIn}, "x");
+  struct Run {
+    Tensor dx, dx_gelu, weight_grad, bias_grad;
+    std::vector<bool> computed_at_issue, computed_at_wait;  // the weight gradient, 1st backward
+  };
+  std::vector<Run> runs(2 * kRanks);  // [overlap][rank]
+  for (const bool overlap : {false, true}) {
+    testing::run_on_thread_ranks(kRanks, [&](Communicator& inner) {
+      testing::ProbingCommunicator tp(inner);
+      ThreadPool pool(1);
+      Context ctx{&pool, Device::cpu(), DType::kF32};
+      ctx.tp_backward_overlap = overlap;
+      ParameterStore store;
+      ColumnParallelLinear fc(store, "fc", kIn, kHidden, tp, true, 0.02f, sp);
+      store.allocate(DType::kF32, Device::cpu());
+      store.initialize(5);
+      const int r = tp.rank();
+      Run& run = runs[static_cast<size_t>((overlap ? kRanks : 0) + r)];
+      const Tensor& weight_grad = store.get("fc.weight").grad;
+      tp.on_issue = [&] { run.computed_at_issue.push_back(any_nonzero(weight_grad)); };
+      tp.on_wait = [&] { run.computed_at_wait.push_back(any_nonzero(weight_grad)); };
+      const int64_t rows = kRows / kRanks, h = kHidden / kRanks;
+      const Tensor x_in = sp ? x.narrow(r * rows, rows).clone() : x;
+      const std::string rank = std::to_string(r);
+      (void)fc.forward(ctx, x_in);
+      run.dx = fc.backward(ctx, random({kRows, h}, "dy" + rank));
+      tp.on_issue = tp.on_wait = nullptr;
+      (void)fc.forward(ctx, x_in);
+      Tensor dgelu = random({kRows, h}, "dgelu" + rank);
+      run.dx_gelu = fc.backward_before_gelu(ctx, dgelu, random({kRows, h}, "h" + rank));
+      run.weight_grad = weight_grad.clone();
+      run.bias_grad = store.get("fc.bias").grad.clone();
+    });
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    const Run &off = runs[static_cast<size_t>(r)], &on = runs[static_cast<size_t>(kRanks + r)];
+    EXPECT_EQ(off.computed_at_issue, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(off.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(on.computed_at_issue, std::vector<bool>{false}) << "rank " << r;
+    EXPECT_EQ(on.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_TRUE(same_bits(off.dx, on.dx)) << "rank " << r;
+    EXPECT_TRUE(same_bits(off.dx_gelu, on.dx_gelu)) << "rank " << r;
+    EXPECT_TRUE(same_bits(off.weight_grad, on.weight_grad)) << "rank " << r;
+    EXPECT_TRUE(same_bits(off.bias_grad, on.bias_grad)) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TpBackwardOverlap, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "sequence_parallel" : "tp";
+                         });
 
 }  // namespace
 }  // namespace loom

@@ -3,7 +3,8 @@
 // and without sequence parallelism and tp = 2 × dp = 2 (ZeRO 0 and 3), against the
 // single-device run: losses within 1e-5 relative at every step, final parameters (gathered into
 // the whole-model checkpoint) within 1e-4 relative L2 error per tensor. Plus: resuming a tp = 2
-// run as tp = 4 with sequence parallelism, sequence parallelism lowering activation memory, and
+// run as tp = 4 with sequence parallelism, sequence parallelism lowering activation memory, the
+// backward's overlap of collectives and weight gradients training the same bits, and
 // misconfigurations named in errors.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -147,6 +148,34 @@ TEST_F(TensorParallelRuns, SequenceParallelismLowersActivationMemory) {
   const double plain = metrics("mem_plain").back()["mem_activations_peak_mb"].get<double>();
   const double sp = metrics("mem_sp").back()["mem_activations_peak_mb"].get<double>();
   EXPECT_LT(sp, plain) << "activation peak with sequence parallelism " << sp << " MiB, without " << plain;
+}
+
+// parallel.tp_backward_overlap = "on" trains the bits of "off" (waiting at once): every step's
+// loss and gradient norm and the final weights, with and without sequence parallelism, also
+// under dp 2 with ZeRO-3.
+TEST_F(TensorParallelRuns, BackwardOverlapTrainsTheSameBits) {
+  for (const Layout& l : {Layout{2, 1, false, 0}, Layout{2, 1, true, 0}, Layout{2, 2, true, 3}}) {
+    std::string names[2];
+    for (const bool overlap : {false, true}) {
+      Config c = config(l);
+      c.train.steps = 4;
+      c.train.save_every = 4;
+      c.parallel.tp_backward_overlap = overlap ? "on" : "off";
+      names[overlap] = l.name() + (overlap ? "_overlap" : "_no_overlap");
+      run_training(c, options(names[overlap]));
+    }
+    const auto off = metrics(names[0]), on = metrics(names[1]);
+    ASSERT_EQ(off.size(), 4u) << l.name();
+    ASSERT_EQ(on.size(), off.size()) << l.name();
+    for (size_t i = 0; i < off.size(); ++i)
+      for (const char* key : {"loss", "grad_norm"})
+        EXPECT_EQ(on[i][key].get<double>(), off[i][key].get<double>())
+            << l.name() << ": " << key << " at step " << i + 1;
+    const auto weights = [&](const std::string& run) {
+      return root_ / run / "checkpoints" / "step_4" / "model.safetensors";
+    };
+    testing::expect_weights_match(weights(names[0]), weights(names[1]), l.name(), 0.0);
+  }
 }
 
 TEST_F(TensorParallelRuns, MisconfigurationsAreNamedErrors) {

@@ -2,11 +2,15 @@
 // single-device embedding + head + cross-entropy, with a vocabulary of 257 (padded on tp = 2
 // and 4): the embedding output, the loss, the gradient of the head's input and the wte/wpe
 // gradients (each rank's real rows; padding rows stay zero) agree to 1e-5 of their scale, with
-// and without sequence parallelism.
+// and without sequence parallelism. The head's backward computes its weight gradient while the
+// all-reduce of its input gradient is in flight (parallel.tp_backward_overlap), to the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
+#include "harness/probing_communicator.h"
 #include "harness/thread_ranks.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gemm.h"
@@ -18,6 +22,12 @@ namespace loom {
 namespace {
 
 constexpr int64_t kV = 257, kC = 8, kB = 2, kT = 4, kN = kB * kT;
+
+bool any_nonzero(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (t.data<float>()[i] != 0.0f) return true;
+  return false;
+}
 
 double scale_of(const Tensor& t) {
   double m = 0;
@@ -105,6 +115,64 @@ INSTANTIATE_TEST_SUITE_P(Ranks, VocabParallel,
                          [](const ::testing::TestParamInfo<std::tuple<int, bool>>& p) {
                            return "tp" + std::to_string(std::get<0>(p.param)) +
                                   (std::get<1>(p.param) ? "_sequence_parallel" : "");
+                         });
+
+// parallel.tp_backward_overlap at the head, on 2 ranks: with it, head_backward issues dfinal's
+// all-reduce (reduce-scatter under sequence parallelism) before its shard's weight gradient — the
+// largest GEMM of a model — and waits for it after; without, the gradient comes first. The same
+// bits either way.
+class HeadBackwardOverlap : public ::testing::TestWithParam<bool> {};
+
+TEST_P(HeadBackwardOverlap, WeightGradientComputesWhileTheCollectiveIsInFlightToTheSameBits) {
+  const bool sp = GetParam();
+  constexpr int kRanks = 2;
+  Tensor targets = Tensor::empty({kN}, DType::kI32);
+  RandomStream rng(4, "targets");
+  for (int64_t i = 0; i < kN; ++i)
+    targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % kV);
+  Tensor final = Tensor::empty({kN, kC}, DType::kF32);
+  init_normal(final, 2, "final", 0.0f, 1.0f);
+  struct Run {
+    Tensor dfinal, dwte;
+    std::vector<bool> computed_at_issue, computed_at_wait;  // the wte shard's gradient
+  };
+  std::vector<Run> runs(2 * kRanks);  // [overlap][rank]
+  for (const bool overlap : {false, true}) {
+    testing::run_on_thread_ranks(kRanks, [&](Communicator& inner) {
+      testing::ProbingCommunicator tp(inner);
+      ThreadPool pool(1);
+      Context ctx{&pool, Device::cpu(), DType::kF32};
+      ctx.tp_backward_overlap = overlap;
+      ParameterStore store;
+      VocabParallelEmbedding vocab(store, kV, kT, kC, 0.02f, tp, sp);
+      store.allocate(DType::kF32, Device::cpu());
+      store.initialize(6);
+      double loss = 0;
+      vocab.head_forward(ctx, final, targets, &loss);  // (its all-reduces are not probed yet)
+      Run& run = runs[static_cast<size_t>((overlap ? kRanks : 0) + tp.rank())];
+      const Tensor& dwte = vocab.wte()->grad;
+      tp.on_issue = [&] { run.computed_at_issue.push_back(any_nonzero(dwte)); };
+      tp.on_wait = [&] { run.computed_at_wait.push_back(any_nonzero(dwte)); };
+      run.dfinal = vocab.head_backward(ctx, 1.0);
+      tp.on_issue = tp.on_wait = nullptr;
+      run.dwte = dwte.clone();
+    });
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    const Run &off = runs[static_cast<size_t>(r)], &on = runs[static_cast<size_t>(kRanks + r)];
+    EXPECT_EQ(off.computed_at_issue, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(off.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(on.computed_at_issue, std::vector<bool>{false}) << "rank " << r;
+    EXPECT_EQ(on.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(std::memcmp(off.dfinal.raw(), on.dfinal.raw(), off.dfinal.nbytes()), 0)
+        << "rank " << r;
+    EXPECT_EQ(std::memcmp(off.dwte.raw(), on.dwte.raw(), off.dwte.nbytes()), 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, HeadBackwardOverlap, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "sequence_parallel" : "tp";
                          });
 
 }  // namespace

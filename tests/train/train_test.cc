@@ -754,6 +754,12 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
   tp.parallel.dp = 1;
   tp.parallel.sequence_parallel = true;
   const TrainSummary bf16 = run_training(tp, options("tp_bf16"));
+  // The backward's collectives waited for at once instead of after the weight gradients
+  // (parallel/tp_backward_overlap.h): the same bits.
+  tp.parallel.tp_backward_overlap = "off";  // ("auto": on, on GPUs)
+  run_training(tp, options("tp_bf16_no_overlap"));
+  expect_same_run(metrics("tp_bf16"), metrics("tp_bf16_no_overlap"));
+  tp.parallel.tp_backward_overlap = "auto";
   tp.parallel.recompute = "selective";
   run_training(tp, options("tp_bf16_selective"));
   tp.parallel.recompute = "none";
