@@ -9,9 +9,14 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <exception>
 #include <functional>
+#include <string>
 #include <thread>
+
+#include "comm/communicator.h"
+#include "train/sharded_io.h"
 
 namespace loom {
 
@@ -36,6 +41,46 @@ class CheckpointWriter {
   std::thread thread_;
   std::atomic<bool> done_{false};
   std::exception_ptr error_;
+};
+
+// A run's saves as the trainer makes them: each staged save written now or, asynchronously, by a
+// CheckpointWriter; published once every rank's files are on disk (staged.commit), then said and
+// the older checkpoints pruned (train.keep_checkpoints). Collective: every rank calls save() and
+// commit_pending() at the same points.
+class RunCheckpoints {
+ public:
+  // `message` says what was saved and pruned (the trainer's progress line); `leader` (world rank
+  // 0) prunes and keeps the published path.
+  RunCheckpoints(Communicator& world, std::string checkpoints_dir, int64_t keep_checkpoints,
+                 bool leader, std::function<void(const std::string&)> message);
+
+  // The save of `step`: after the save in flight, if any, is published (one at a time), stages
+  // it (`stage`: collective) and writes and publishes it now, or with `async` starts its write and
+  // leaves it in flight.
+  void save(int64_t step, const std::function<StagedCheckpoint()>& stage, bool async);
+  // Publishes the save in flight once every rank's write is done: without `wait` only if they all
+  // are already (one all-reduce of a flag), else after waiting for them. A write that failed on
+  // any rank fails the run on every rank, naming the error.
+  void commit_pending(bool wait);
+  // commit_pending(true), timed as a stall: the run's end.
+  void finish();
+
+  const std::string& last_checkpoint() const { return last_checkpoint_; }  // the leader's
+  double stall_seconds() const { return stall_seconds_; }  // training held up by saves
+
+ private:
+  void published(int64_t step, const std::string& path);
+
+  Communicator& world_;
+  const std::string dir_;
+  const int64_t keep_;
+  const bool leader_;
+  std::function<void(const std::string&)> message_;
+  CheckpointWriter writer_;
+  std::function<std::string()> pending_commit_;
+  int64_t pending_step_ = 0;
+  std::string last_checkpoint_;
+  double stall_seconds_ = 0;
 };
 
 }  // namespace loom

@@ -39,6 +39,7 @@
 #include "train/evaluate.h"
 #include "train/layout_report.h"
 #include "train/run_control.h"
+#include "train/run_timeline.h"
 #include "train/sharded_io.h"
 
 namespace loom {
@@ -113,6 +114,48 @@ double rank_peak_tflops(const Config& config, Device device) {
   return device.is_cuda() ? it->second : it->second * config.runtime.resolved_threads_per_rank();
 }
 
+// The optimizer's, the schedule's, the loss scaler's and the data-parallel engine's settings, as
+// the config gives them.
+AdamWConfig adamw_config_of(const TrainConfig& tc) {
+  AdamWConfig c;
+  c.beta1 = static_cast<float>(tc.beta1);
+  c.beta2 = static_cast<float>(tc.beta2);
+  c.eps = static_cast<float>(tc.eps);
+  c.weight_decay = static_cast<float>(tc.weight_decay);
+  return c;
+}
+
+LrSchedule lr_schedule_of(const TrainConfig& tc) {
+  LrSchedule s;
+  s.decay = parse_lr_decay(tc.lr_schedule);
+  s.total = tc.steps;
+  s.warmup = tc.warmup_steps;
+  s.lr = static_cast<float>(tc.lr);
+  s.min_ratio = static_cast<float>(tc.min_lr_ratio);
+  s.decay_fraction = tc.lr_decay_fraction;
+  return s;
+}
+
+LossScalerConfig loss_scaler_config_of(const Config& config) {
+  const TrainConfig& tc = config.train;
+  LossScalerConfig c;
+  c.mode = parse_loss_scale_mode(tc.loss_scale, config.runtime.matmul_precision);
+  c.init = tc.loss_scale_init;
+  c.window = tc.loss_scale_window;
+  c.min = tc.loss_scale_min;
+  return c;
+}
+
+// (Its tensor-parallel group is the trainer's to set.)
+DataParallelConfig data_parallel_config_of(const ParallelConfig& p) {
+  DataParallelConfig c;
+  c.zero = p.zero;
+  c.bucket_bytes = static_cast<int64_t>(p.bucket_mb * 1048576.0);
+  c.reduce_dtype = p.grad_reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  c.gather_dtype = p.param_gather_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  return c;
+}
+
 }  // namespace
 
 // One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
@@ -179,29 +222,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   Communicator& dp = dp_count;
 
   ThreadPool pool(config.runtime.resolved_threads_per_rank());
-  AdamWConfig opt_config;
-  opt_config.beta1 = static_cast<float>(tc.beta1);
-  opt_config.beta2 = static_cast<float>(tc.beta2);
-  opt_config.eps = static_cast<float>(tc.eps);
-  opt_config.weight_decay = static_cast<float>(tc.weight_decay);
-  LrSchedule lr_schedule;
-  lr_schedule.decay = parse_lr_decay(tc.lr_schedule);
-  lr_schedule.total = tc.steps;
-  lr_schedule.warmup = tc.warmup_steps;
-  lr_schedule.lr = static_cast<float>(tc.lr);
-  lr_schedule.min_ratio = static_cast<float>(tc.min_lr_ratio);
-  lr_schedule.decay_fraction = tc.lr_decay_fraction;
-  LossScalerConfig scaler_config;
-  scaler_config.mode = parse_loss_scale_mode(tc.loss_scale, config.runtime.matmul_precision);
-  scaler_config.init = tc.loss_scale_init;
-  scaler_config.window = tc.loss_scale_window;
-  scaler_config.min = tc.loss_scale_min;
-  LossScaler scaler(scaler_config);
-  DataParallelConfig dp_config;
-  dp_config.zero = config.parallel.zero;
-  dp_config.bucket_bytes = static_cast<int64_t>(config.parallel.bucket_mb * 1048576.0);
-  dp_config.reduce_dtype = config.parallel.grad_reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  dp_config.gather_dtype = config.parallel.param_gather_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  const AdamWConfig opt_config = adamw_config_of(tc);
+  const LrSchedule lr_schedule = lr_schedule_of(tc);
+  LossScaler scaler(loss_scaler_config_of(config));
+  DataParallelConfig dp_config = data_parallel_config_of(config.parallel);
   if (tensor_parallel) dp_config.tensor_parallel = &tp_count;
   // What this rank trains: its whole model (one device's, or its tensor-parallel shard) under
   // one DataParallel engine, or its pipeline chunks, each under its own engine
@@ -339,56 +363,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                           ? host_targets.back()
                           : Tensor::empty({micro, local_seq}, DType::kI32, device));
   }
-  // The timeline of steps trace_first..trace_last (metrics.trace_from_step; monitor/trace.h): each
-  // rank's phases and every wait on communication, by axis.
-  const int64_t trace_first = config.metrics.trace_from_step;
-  const int64_t trace_last = trace_first > 0 ? trace_first + config.metrics.trace_steps - 1 : -1;
-  dp_count.on_wait([&](double b, double e) { tracer.span("wait: dp", "comm", b, e); });
-  tp_count.on_wait([&](double b, double e) { tracer.span("wait: tp", "comm", b, e); });
-  if (cp_count)
-    cp_count->on_wait([&](double b, double e) { tracer.span("wait: cp", "comm", b, e); });
-  pp_count.on_wait([&](double b, double e) { tracer.span("wait: pp", "comm", b, e); });
-  if (device.is_cuda()) {
-    // The GPU's row: the phases as its stream ran them (events between them), and the stream's
-    // stalls on each axis' communication, on the host's clock from an anchor taken at the first
-    // traced step's start (cuda::anchor_clock).
-    tracer.set_device_marks([gpu = device.index]() -> Tracer::DeviceMark {
-      std::shared_ptr<cuda::StreamMark> mark = cuda::record_mark(gpu);
-      return [mark] { return cuda::mark_seconds(*mark); };
-    });
-    const auto stalls_as = [&](const char* name) {
-      return [&tracer, name](double b, double e) { tracer.span(name, "comm", b, e, Tracer::kDevice); };
-    };
-    dp_count.on_device_wait(stalls_as("wait: dp"));
-    tp_count.on_device_wait(stalls_as("wait: tp"));
-    if (cp_count) cp_count->on_device_wait(stalls_as("wait: cp"));
-    pp_count.on_device_wait(stalls_as("wait: pp"));
-  }
-  bool trace_written = false;
-  // Each rank writes its spans; world rank 0 merges them (the ranks' files are complete after
-  // the barrier). Every rank calls it at the same step.
-  auto write_trace = [&] {
-    trace_written = true;
-    if (device.is_cuda()) {  // the GPU's row complete: its stream done, its stalls reaped
-      cuda::synchronize_compute(device.index);  // not nccl's streams: they may wait for peers
-      for (CountingCommunicator* c : {&dp_count, &pp_count, &tp_count, cp_count.get()})
-        if (c != nullptr) (void)c->take_wait_seconds();  // the next step's start drops them too
-      tracer.resolve_device_spans();
-    }
-    const fs::path dir = fs::path(options.run_dir) / "trace";
-    if (leader) fs::create_directories(dir);
-    world.barrier();
-    tracer.write((dir / ("rank_" + std::to_string(world.rank()) + ".json")).string());
-    world.barrier();
-    if (!leader) return;
-    std::vector<std::string> files;
-    for (int r = 0; r < world.size(); ++r)
-      files.push_back((dir / ("rank_" + std::to_string(r) + ".json")).string());
-    merge_traces(files, (fs::path(options.run_dir) / "trace.json").string());
-    message("wrote the timeline of steps " + std::to_string(trace_first) + "-" +
-            std::to_string(trace_last) + " to " +
-            (fs::path(options.run_dir) / "trace.json").string() + " (open it in ui.perfetto.dev)");
-  };
+  // The timeline of the steps metrics.trace_from_step names (train/run_timeline.h).
+  RunTimeline timeline(
+      tracer, config.metrics, device,
+      {{"dp", &dp_count}, {"tp", &tp_count}, {"cp", cp_count.get()}, {"pp", &pp_count}});
   double data_seconds = 0;  // this step's time in the loader (and copies to the device)
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
@@ -440,82 +418,47 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const double peak_tflops = leader ? rank_peak_tflops(config, device) : 0;
   double time_total = 0;
   int64_t steps_timed = 0;
-  // A checkpoint published: said, and the older ones pruned (only once the new one is complete
-  // on disk).
-  auto published = [&](int64_t step) {
-    message("saved " + summary.last_checkpoint);
-    if (leader && tc.keep_checkpoints > 0)
-      for (const std::string& old : prune_checkpoints(checkpoints_dir, tc.keep_checkpoints, step))
-        message("removed " + old +
-                " (train.keep_checkpoints = " + std::to_string(tc.keep_checkpoints) + ")");
-  };
-  // train.async_checkpoint: the save in flight, its files being written by `writer`.
-  CheckpointWriter writer;
-  std::function<std::string()> pending_commit;
-  int64_t pending_step = 0;
-  // Commits the save in flight once every rank's write is done — without `wait` only if they
-  // all are already (one all-reduce of a flag), else after waiting for them. Collective: every
-  // rank calls it at the same point. A write that failed on any rank fails the run on all.
-  auto commit_pending = [&](bool wait) {
-    if (!pending_commit) return;
-    if (!wait && all_reduce_value(world, writer.done() ? 1.0 : 0.0, ReduceOp::kMin) == 0) return;
-    std::string error;
-    try {
-      writer.wait();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    const int64_t step = pending_step;
-    std::function<std::string()> commit = std::move(pending_commit);
-    pending_commit = nullptr;
-    if (all_reduce_value(world, error.empty() ? 1.0 : 0.0, ReduceOp::kMin) == 0)
-      fail("the asynchronous checkpoint of step ", step, " failed",
-           error.empty() ? std::string(" on another rank") : ": " + error,
-           "; the checkpoints published before it are intact");
-    const std::string path = commit();
-    if (leader) summary.last_checkpoint = path;
-    published(step);
-  };
+  // The run's saves (train/async_checkpoint.h): staged here, from this rank's parts of the model,
+  // written now or in the background, published once every rank wrote its files.
+  RunCheckpoints saves(world, checkpoints_dir, tc.keep_checkpoints, leader, message);
   auto checkpoint = [&](int64_t step) {
-    const double t0 = now_seconds();
-    commit_pending(true);  // one save in flight at a time
-    const LoaderState ls = train_loader.state();
-    TrainingState st{step,     engines[0]->optimizer_steps(),  ls.shard,        ls.offset,
-                     ls.epoch, static_cast<uint64_t>(tc.seed), to_toml(config), scaler.state()};
-    // Staged (train/sharded_io.h), then written and committed now, or written by `writer`
-    // while training goes on (with copies of its own that training does not touch).
     const bool async = tc.async_checkpoint;
-    StagedCheckpoint staged;
-    if (pipelined || tensor_parallel || tc.checkpoint_format == "sharded") {
-      staged = stage_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st, async);
-    } else {
-      const FlatModelState gathered = whole_engine->gather_state();  // collective
-      auto full = std::make_shared<FlatModelState>(async ? private_host_copy(gathered)
-                                                         : on_host(gathered));
-      auto path = std::make_shared<std::string>();
-      // The store's names and offsets, which the write reads, do not change while training runs.
-      const ParameterStore* store = &whole->params();
-      const Gpt2Config model = whole->config();
-      staged.write = [] {};
-      if (leader)
-        staged.write = [dir = checkpoints_dir, store, model, full, st, path] {
-          *path = save_checkpoint(dir, *store, model, *full, st);
-        };
-      staged.commit = [path] { return *path; };
-    }
-    if (async) {
-      if (leader && fault.fails_save(step))
-        staged.write = [step] { fail("LOOM_TEST_FAULT: the checkpoint write of step ", step, " fails"); };
-      writer.start(std::move(staged.write));
-      pending_commit = std::move(staged.commit);
-      pending_step = step;
-    } else {
-      staged.write();
-      const std::string path = staged.commit();
-      if (leader) summary.last_checkpoint = path;
-      published(step);
-    }
-    summary.checkpoint_stall_s += now_seconds() - t0;
+    saves.save(
+        step,
+        [&] {
+          const LoaderState ls = train_loader.state();
+          TrainingState st{
+              step,     engines[0]->optimizer_steps(),  ls.shard,        ls.offset,
+              ls.epoch, static_cast<uint64_t>(tc.seed), to_toml(config), scaler.state()};
+          // Staged (train/sharded_io.h): with `async`, with copies of its own that training does
+          // not touch.
+          StagedCheckpoint staged;
+          if (pipelined || tensor_parallel || tc.checkpoint_format == "sharded") {
+            staged =
+                stage_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st, async);
+          } else {
+            const FlatModelState gathered = whole_engine->gather_state();  // collective
+            auto full = std::make_shared<FlatModelState>(async ? private_host_copy(gathered)
+                                                               : on_host(gathered));
+            auto path = std::make_shared<std::string>();
+            // The store's names and offsets, which the write reads, do not change while training
+            // runs.
+            const ParameterStore* store = &whole->params();
+            const Gpt2Config model = whole->config();
+            staged.write = [] {};
+            if (leader)
+              staged.write = [dir = checkpoints_dir, store, model, full, st, path] {
+                *path = save_checkpoint(dir, *store, model, *full, st);
+              };
+            staged.commit = [path] { return *path; };
+          }
+          if (async && leader && fault.fails_save(step))
+            staged.write = [step] {
+              fail("LOOM_TEST_FAULT: the checkpoint write of step ", step, " fails");
+            };
+          return staged;
+        },
+        async);
   };
 
   summary.last_step = summary.start_step;
@@ -545,8 +488,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     // position); AdamW's own step count does not move.
     const double loss_scale = scaler.scale();
     bool applied = true;
-    tracer.set_active(step >= trace_first && step <= trace_last);
-    if (device.is_cuda() && step == trace_first) cuda::anchor_clock(device.index);
+    timeline.begin_step(step);
     TraceScope step_span(&tracer, "step ", "step", step);
     if (pipelined) {
       for (int64_t m = 0; m < accum; ++m) next_batch(static_cast<size_t>(m));
@@ -739,23 +681,18 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
             : 0;
     const bool stopping =
         (options.stop_after > 0 && step == options.stop_after && !last) || signalled != 0;
-    commit_pending(false);  // the save in flight, if every rank has written it
+    saves.commit_pending(false);  // the save in flight, if every rank has written it
     if ((tc.save_every > 0 && (step % tc.save_every == 0 || last)) || stopping) checkpoint(step);
-    if (step == trace_last) write_trace();
+    timeline.end_step(step, world, options.run_dir, message);
     if (signalled) {
       summary.stopped_by_signal = signalled;
       break;
     }
   }
-  {  // the run's last save, if still being written
-    const double t0 = now_seconds();
-    commit_pending(true);
-    summary.checkpoint_stall_s += now_seconds() - t0;
-  }
-  // The run ended inside the traced steps (train.steps, --stop-after, a signal): what there is.
-  if (!trace_written && trace_first > 0 && trace_first <= summary.last_step &&
-      summary.last_step < trace_last)
-    write_trace();
+  saves.finish();  // the run's last save, if still being written
+  summary.last_checkpoint = saves.last_checkpoint();
+  summary.checkpoint_stall_s = saves.stall_seconds();
+  timeline.finish(summary.last_step, world, options.run_dir, message);
   if (leader) progress.finish();
   summary.tokens_per_s =
       steps_timed > 0 ? tokens_per_step * static_cast<double>(steps_timed) / time_total : 0;
