@@ -301,6 +301,41 @@ void gelu_forward_of_rounded(const Exec& ex, void* out, const void* pre, DType d
   if constexpr (detail::kCudaBuild) cuda::gelu_forward_of_rounded(ex.device.index, out, pre, n);
 }
 
+void vocab_shard_logit_max_rounded(const Exec& ex, float* max, float* target_logit,
+                                   const void* logits, DType dtype, const int32_t* targets,
+                                   int64_t N, const VocabShard& shard) {
+  const detail::OpScope op_scope_("vocab_shard_logit_max", ex, [&] {
+    return detail::work_of<float>(0, 0.5 * N * shard.rows + 3.0 * N);
+  });
+  expect_rounded_output(ex, dtype, "vocab_shard_logit_max_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::vocab_shard_logit_max_rounded(ex.device.index, max, target_logit, logits, targets, N,
+                                        shard);
+}
+
+void vocab_shard_sum_exp_rounded(const Exec& ex, float* sum, const void* logits, DType dtype,
+                                 const float* max, int64_t N, const VocabShard& shard) {
+  const detail::OpScope op_scope_("vocab_shard_sum_exp", ex, [&] {
+    return detail::work_of<float>(0, 0.5 * N * shard.rows + 2.0 * N);
+  });
+  expect_rounded_output(ex, dtype, "vocab_shard_sum_exp_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::vocab_shard_sum_exp_rounded(ex.device.index, sum, logits, max, N, shard);
+}
+
+void vocab_shard_cross_entropy_backward_rounded(const Exec& ex, void* logits, DType dtype,
+                                                const float* max, const float* sum,
+                                                const int32_t* targets, float k, int64_t N,
+                                                const VocabShard& shard) {
+  const detail::OpScope op_scope_("vocab_shard_cross_entropy_backward", ex, [&] {
+    return detail::work_of<float>(0, 1.0 * N * shard.rows + 3.0 * N);
+  });
+  expect_rounded_output(ex, dtype, "vocab_shard_cross_entropy_backward_rounded");
+  if constexpr (detail::kCudaBuild)
+    cuda::vocab_shard_cross_entropy_backward_rounded(ex.device.index, logits, max, sum, targets, k,
+                                                     N, shard);
+}
+
 void layernorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* mean, float* rstd,
                                const float* inp, const float* weight, const float* bias, int64_t N,
                                int64_t C) {

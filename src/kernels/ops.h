@@ -702,6 +702,22 @@ inline void vocab_shard_cross_entropy_backward(const Exec& ex, Real* logits, con
                     max, sum, targets, k, N, shard);
 }
 
+// The vocabulary-parallel head's cross-entropy on a GPU at bf16 / fp16 matmul precision, its
+// logits kept as the head's GEMM wrote them, 16-bit (`dtype` = matmul_input_dtype(ex, kF32):
+// matmul_forward_rounded_output): vocab_shard_logit_max, _sum_exp and _cross_entropy_backward on
+// those values, widened; the backward writes the logits' gradient over them in `dtype`, the
+// operand of the head's backward GEMMs (matmul_backward_from_rounded). Elsewhere the head keeps
+// fp32 logits and takes the ops above.
+void vocab_shard_logit_max_rounded(const Exec& ex, float* max, float* target_logit,
+                                   const void* logits, DType dtype, const int32_t* targets,
+                                   int64_t N, const VocabShard& shard);
+void vocab_shard_sum_exp_rounded(const Exec& ex, float* sum, const void* logits, DType dtype,
+                                 const float* max, int64_t N, const VocabShard& shard);
+void vocab_shard_cross_entropy_backward_rounded(const Exec& ex, void* logits, DType dtype,
+                                                const float* max, const float* sum,
+                                                const int32_t* targets, float k, int64_t N,
+                                                const VocabShard& shard);
+
 // A Linear layer's GEMMs (nn::Linear, the tensor-parallel Linears; never the LM head): the
 // matmul ops above — with a `residual`, matmul_forward_adding; with a `gelu_input` h, the
 // backward from dgelu (overwritten) through the GELU, matmul_backward_before_gelu — or, where the

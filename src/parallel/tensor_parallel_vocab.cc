@@ -83,27 +83,34 @@ void VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, con
                                           double* loss) {
   const int64_t N = final.dim(0), C = channels_, Vl = local_vocab_;
   targets_ = targets;
-  logits_ = Tensor::empty({N, Vl}, DType::kF32, ctx.device);
-  if (const DType kept = ops::matmul_input_dtype(ctx.exec(), DType::kF32); kept != DType::kF32) {
-    // A GPU at bf16 / fp16: final kept as both GEMMs read it, rounded once, and the weight's
-    // 16-bit copy where the step keeps one (nn/rounded_weights.h) — the GEMMs' own casts' bits.
-    final_ = Tensor::empty(final.shape(), kept, ctx.device);
-    ops::matmul_forward_keeping_rounded_input(ctx.exec(), logits_.data<float>(), final_.raw(),
-                                              final.data<float>(), gemm_weight(ctx, *wte_), nullptr,
-                                              N, C, Vl);
-  } else {
-    final_ = final;
-    ops::matmul_forward<float>(ctx.exec(), logits_.data<float>(), final.data<float>(),
-                               wte_->value.data<float>(), nullptr, N, C, Vl);
-  }
   max_ = Tensor::empty({N}, DType::kF32, ctx.device);
   sum_ = Tensor::empty({N}, DType::kF32, ctx.device);
   Tensor target_logit = Tensor::zeros({N}, DType::kF32, ctx.device);
-  ops::vocab_shard_logit_max<float>(ctx.exec(), max_.data<float>(), target_logit.data<float>(),
-                                    logits_.data<float>(), targets.data<int32_t>(), N, shard());
-  tp_.all_reduce_async(max_, ReduceOp::kMax)->wait_on_device();
-  ops::vocab_shard_sum_exp<float>(ctx.exec(), sum_.data<float>(), logits_.data<float>(),
-                                  max_.data<float>(), N, shard());
+  if (const DType kept = ops::matmul_input_dtype(ctx.exec(), DType::kF32); kept != DType::kF32) {
+    // A GPU at bf16 / fp16: the shard's logits written in that 16-bit type by the GEMM, as the
+    // unsharded head keeps them (models/gpt2.cc) — half the bytes of the largest activation —,
+    // and turned into their gradient in place; final kept as both GEMMs read it, rounded once;
+    // the weight's 16-bit copy where the step keeps one (nn/rounded_weights.h).
+    final_ = Tensor::empty(final.shape(), kept, ctx.device);
+    logits_ = Tensor::empty({N, Vl}, kept, ctx.device);
+    ops::matmul_forward_rounded_output(ctx.exec(), logits_.raw(), kept, final.raw(), DType::kF32,
+                                       final_.raw(), gemm_weight(ctx, *wte_), nullptr, N, C, Vl);
+    ops::vocab_shard_logit_max_rounded(ctx.exec(), max_.data<float>(), target_logit.data<float>(),
+                                       logits_.raw(), kept, targets.data<int32_t>(), N, shard());
+    tp_.all_reduce_async(max_, ReduceOp::kMax)->wait_on_device();
+    ops::vocab_shard_sum_exp_rounded(ctx.exec(), sum_.data<float>(), logits_.raw(), kept,
+                                     max_.data<float>(), N, shard());
+  } else {
+    final_ = final;
+    logits_ = Tensor::empty({N, Vl}, DType::kF32, ctx.device);
+    ops::matmul_forward<float>(ctx.exec(), logits_.data<float>(), final.data<float>(),
+                               wte_->value.data<float>(), nullptr, N, C, Vl);
+    ops::vocab_shard_logit_max<float>(ctx.exec(), max_.data<float>(), target_logit.data<float>(),
+                                      logits_.data<float>(), targets.data<int32_t>(), N, shard());
+    tp_.all_reduce_async(max_, ReduceOp::kMax)->wait_on_device();
+    ops::vocab_shard_sum_exp<float>(ctx.exec(), sum_.data<float>(), logits_.data<float>(),
+                                    max_.data<float>(), N, shard());
+  }
   tp_.all_reduce_async(sum_, ReduceOp::kSum)->wait_on_device();
   tp_.all_reduce_async(target_logit, ReduceOp::kSum)->wait_on_device();
   // The rows' losses summed where they are: into a slot of the step's (nn/step_losses.h), or
@@ -124,24 +131,31 @@ Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
   LOOM_CHECK(logits_.defined());
   const int64_t N = final_.dim(0), C = channels_, Vl = local_vocab_;
   const float k = static_cast<float>(scale / static_cast<double>(N));
-  // dlogits = (softmax − onehot) · scale / N, in place; padding columns zero.
-  ops::vocab_shard_cross_entropy_backward<float>(ctx.exec(), logits_.data<float>(),
-                                                 max_.data<float>(), sum_.data<float>(),
-                                                 targets_.data<int32_t>(), k, N, shard());
+  // dlogits = (softmax − onehot) · scale / N, in place (in the logits' type); padding columns
+  // zero.
+  if (logits_.dtype() != DType::kF32)
+    ops::vocab_shard_cross_entropy_backward_rounded(ctx.exec(), logits_.raw(), logits_.dtype(),
+                                                    max_.data<float>(), sum_.data<float>(),
+                                                    targets_.data<int32_t>(), k, N, shard());
+  else
+    ops::vocab_shard_cross_entropy_backward<float>(ctx.exec(), logits_.data<float>(),
+                                                   max_.data<float>(), sum_.data<float>(),
+                                                   targets_.data<int32_t>(), k, N, shard());
   Tensor dfinal = Tensor::empty({N, C}, DType::kF32, ctx.device);
   // The shard's weight gradient (the stage's largest GEMM) left for a zero-bubble schedule's W,
   // which keeps the logits' gradient and final_ until then, or run behind dfinal's collective.
   WeightGradsBehindComm weight_grads(ctx);
   DeferredWeightGrads* later = weight_grads.later();
-  // final_ as head_forward kept it: f32, or rounded to 16 bits for the GEMMs.
+  // The logits' gradient and final_ as head_forward kept them: f32, or both rounded to 16 bits
+  // for the GEMMs.
   const auto gemms = [N, C, Vl](const Exec& ex, float* dinp, float* dweight, const Tensor& dlogits,
                                 const Tensor& final, ops::GemmWeight weight) {
-    if (final.dtype() == DType::kF32)
+    if (dlogits.dtype() == DType::kF32)
       ops::matmul_backward<float>(ex, dinp, dweight, nullptr, dlogits.data<float>(),
                                   final.data<float>(), weight.values, N, C, Vl);
     else
-      ops::matmul_backward_from_rounded_input(ex, dinp, dweight, nullptr, dlogits.data<float>(),
-                                              final.raw(), final.dtype(), weight, N, C, Vl);
+      ops::matmul_backward_from_rounded(ex, dinp, dweight, nullptr, dlogits.raw(), dlogits.dtype(),
+                                        final.raw(), final.dtype(), weight, N, C, Vl);
   };
   gemms(ctx.exec(), dfinal.data<float>(), later ? nullptr : wte_->grad.data<float>(), logits_,
         final_, gemm_weight(ctx, *wte_));

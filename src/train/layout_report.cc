@@ -26,11 +26,10 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // On a GPU at bf16 / fp16 matmul precision a model holds its GEMM inputs in 16 bits, half a
   // float each: the LayerNorms', the attention's and the GELU's outputs; and fc's output, the
   // GELU's input, which fc's GEMM writes in 16 bits with the GELU in its epilogue (nn/mlp.h; under
-  // tp parallel/tensor_parallel_block.cc); a Llama likewise (below). An unsharded model's logits
-  // too (models/gpt2.cc); the vocabulary-parallel head's stay fp32.
+  // tp parallel/tensor_parallel_block.cc); a Llama likewise (below). The logits too, the
+  // unsharded head's (models/gpt2.cc) and the vocabulary-parallel head's shard alike.
   const bool gpu_sixteen_bit = gpu_sixteen_bit_operands(config);
   const double half = gpu_sixteen_bit ? 0.5 : 1.0;
-  const double logits_half = par.tp == 1 ? half : 1.0;
   // Where a GPU's fused flash kernels run (bf16, head size 64 or 128): qkv is 16-bit too
   // (nn/causal_self_attention, parallel/tensor_parallel_block.cc), and so are cp's queries and
   // gathered keys and values (nn/sequence_shard.h), at any tp.
@@ -79,7 +78,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
       pp_rank == stage_placement(par.schedule, std::max(par.pp, 1), par.virtual_stages)
                      .rank_of_stage(std::max(par.pp, 1) * par.virtual_stages - 1);
   if (last)
-    per_micro_batch += N * V / P * logits_half + N * C;  // the logits and the final LayerNorm's output
+    per_micro_batch += N * V / P * half + N * C;  // the logits and the final LayerNorm's output
   double in_flight = 1;
   if (par.pp > 1) {
     const double m = static_cast<double>(config.grad_accum_steps());

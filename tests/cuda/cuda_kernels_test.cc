@@ -2268,6 +2268,53 @@ TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
       Error);
 }
 
+// The vocabulary-parallel head's cross-entropy on 16-bit logits (a GPU at bf16 / fp16): the row
+// max, the target's logit and the sum of exponentials are the fp32 kernels' on the same values,
+// widened; the gradient written over them is the fp32 kernel's rounded once.
+TEST_F(CudaKernelsTest, VocabShardCrossEntropyOnSixteenBitLogitsIsTheFp32OnesOnThoseValues) {
+  struct Restore {
+    ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
+  } restore;
+  const int64_t N = 60, V = 100;
+  const VocabShard shard{40, 30, 34, V};
+  IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 96));
+  const std::vector<float> values = random_floats(N * shard.rows, 97, -6.0, 6.0);
+  for (auto [precision, dtype] : {std::pair{cuda::MatmulPrecision::kBf16, DType::kBF16},
+                                  std::pair{cuda::MatmulPrecision::kFp16, DType::kF16}}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    cuda::set_matmul_precision(precision);
+    Rounded logits = rounded_on_gpu(values, dtype);
+    Pair max = pair_of(std::vector<float>(N)), target = pair_of(std::vector<float>(N)),
+         sum = pair_of(std::vector<float>(N));
+    Pair max16 = pair_of(std::vector<float>(N)), target16 = pair_of(std::vector<float>(N)),
+         sum16 = pair_of(std::vector<float>(N));
+    ops::vocab_shard_logit_max<float>(on_gpu, max.g(), target.g(), logits.values.g(),
+                                      targets.gpu.data<int32_t>(), N, shard);
+    ops::vocab_shard_logit_max_rounded(on_gpu, max16.g(), target16.g(), logits.bits.raw(), dtype,
+                                       targets.gpu.data<int32_t>(), N, shard);
+    EXPECT_TRUE(bitwise_equal(max16.from_gpu(), max.from_gpu())) << "max";
+    EXPECT_TRUE(bitwise_equal(target16.from_gpu(), target.from_gpu())) << "target logit";
+    ops::vocab_shard_sum_exp<float>(on_gpu, sum.g(), logits.values.g(), max.g(), N, shard);
+    ops::vocab_shard_sum_exp_rounded(on_gpu, sum16.g(), logits.bits.raw(), dtype, max.g(), N,
+                                     shard);
+    EXPECT_TRUE(bitwise_equal(sum16.from_gpu(), sum.from_gpu())) << "sum";
+    ops::vocab_shard_cross_entropy_backward<float>(on_gpu, logits.values.g(), max.g(), sum.g(),
+                                                   targets.gpu.data<int32_t>(), 0.5f, N, shard);
+    ops::vocab_shard_cross_entropy_backward_rounded(on_gpu, logits.bits.raw(), dtype, max.g(),
+                                                    sum.g(), targets.gpu.data<int32_t>(), 0.5f, N,
+                                                    shard);
+    EXPECT_TRUE(bitwise_equal(widened(logits.bits), rounded_to(logits.values.from_gpu(), dtype)))
+        << "dlogits";
+  }
+  // At fp32 GEMM inputs the 16-bit ops are refused.
+  Rounded logits = rounded_on_gpu(values, DType::kBF16);
+  Pair max = pair_of(std::vector<float>(N)), target = pair_of(std::vector<float>(N));
+  EXPECT_THROW(
+      ops::vocab_shard_logit_max_rounded(on_gpu, max.g(), target.g(), logits.bits.raw(),
+                                         DType::kBF16, targets.gpu.data<int32_t>(), N, shard),
+      Error);
+}
+
 TEST_F(CudaKernelsTest, AdamWIsBitwiseTheCpuUpdate) {
   const int64_t n = 70001;
   Pair p = random_pair(n, 80), g = random_pair(n, 81), m = random_pair(n, 82, -0.1, 0.1),

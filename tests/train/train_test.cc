@@ -818,6 +818,43 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
   RecordProperty("llama_cp_tp_activation_estimate_ratio", std::to_string(cp_tp_ratio));
 }
 
+// The vocabulary-parallel head at bf16 keeps its shard of the logits, and their gradient over
+// them, in 16 bits, as the unsharded head does: with a vocabulary large enough for the logits to
+// be most of a step's activations, tp 2 at bf16 peaks at well under its fp32 run (0.55 of it
+// here; with fp32 logits, which the backward's GEMMs then read through a rounded copy, the bf16
+// run peaked at 1.26 times it), trains the one GPU's run to bf16's tolerance, and the layout
+// report's estimate counts the logits so.
+TEST_F(TrainTest, TensorParallelHeadAtBf16KeepsItsLogitsInSixteenBits) {
+  if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  Config c = config(3);
+  c.model.vocab_size = 8192;
+  c.model.d_model = 128;  // heads of 64: the flash kernels' size
+  c.model.n_heads = 2;
+  c.model.n_layers = 1;
+  c.train.eval_every = 0;
+  c.runtime.device = "cuda";
+  c.runtime.matmul_precision = "bf16";
+  run_training(c, options("head_one_gpu"));
+  Config tp = c;
+  tp.runtime.ranks = 2;
+  tp.parallel.tp = 2;
+  tp.parallel.dp = 1;
+  const TrainSummary bf16 = run_training(tp, options("head_tp_bf16"));
+  tp.runtime.matmul_precision = "fp32";
+  const TrainSummary fp32 = run_training(tp, options("head_tp_fp32"));
+  expect_losses_near("head_one_gpu", "head_tp_bf16", 2e-2);
+  const double kept = static_cast<double>(bf16.activation_peak_bytes) /
+                      static_cast<double>(fp32.activation_peak_bytes);
+  EXPECT_LT(kept, 0.65) << "bf16 peak " << bf16.activation_peak_bytes << " vs fp32 "
+                        << fp32.activation_peak_bytes;
+  const double ratio = static_cast<double>(bf16.expected_activation_bytes) /
+                       static_cast<double>(bf16.activation_peak_bytes);
+  EXPECT_GT(ratio, 0.7) << bf16.layout_report;
+  EXPECT_LT(ratio, 1.4) << bf16.layout_report;
+  RecordProperty("bf16_over_fp32_activation_peak", std::to_string(kept));
+  RecordProperty("activation_estimate_ratio", std::to_string(ratio));
+}
+
 // Data parallelism over two GPUs (nccl) with the gradients reduced in bf16 and ZeRO-3's
 // parameters gathered in bf16: the GPUs' rounding and nccl's bf16 collectives train the CPU
 // ranks' run of the same settings (1e-4: the sums' order differs), with half the bytes; and two
@@ -1000,8 +1037,10 @@ TEST_F(TrainTest, LlamaAtBf16OnTheGpuKeepsItsActivationsInSixteenBits) {
                         << fp32.activation_peak_bytes;
   const double ratio = static_cast<double>(bf16.expected_activation_bytes) /
                        static_cast<double>(bf16.activation_peak_bytes);
+  // (1.22 since the emulator's 16-bit-output GEMMs stopped counting an fp32 accumulator that a GPU
+  // holds in registers: the estimate's block inventory runs above this small model's peak.)
   EXPECT_GT(ratio, 0.8) << bf16.layout_report;
-  EXPECT_LT(ratio, 1.2) << bf16.layout_report;
+  EXPECT_LT(ratio, 1.3) << bf16.layout_report;
   RecordProperty("bf16_over_fp32_activation_peak", std::to_string(kept));
   RecordProperty("activation_estimate_ratio", std::to_string(ratio));
 }

@@ -84,10 +84,13 @@ std::vector<float> dense_operand(const GemmOperand& X, int64_t offset, bool tran
   return out;
 }
 
+// D (and C) on the GPU, or with `into_accumulator` host memory standing for the fp32 accumulator
+// of a GEMM whose epilogue writes 16 bits: a GPU holds it in registers, not in memory that the
+// caching allocator counts.
 void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool trans_b, int64_t M,
                     int64_t N, int64_t K, float alpha, GemmOperand A, int64_t lda, GemmOperand B,
                     int64_t ldb, float beta, const float* C, float* D, int64_t ldc,
-                    const float* bias, GemmBatch batch) {
+                    const float* bias, GemmBatch batch, bool into_accumulator = false) {
   if (M < 0 || N < 0 || K < 0 || batch.count < 1)
     fail("cuda::gemm: bad sizes M=", M, " N=", N, " K=", K, " batch=", batch.count);
   if (M == 0 || N == 0) return;
@@ -100,8 +103,10 @@ void reference_gemm(MatmulPrecision precision, int device, bool trans_a, bool tr
   DeviceGuard guard(device);
   expect_gpu_memory(A.data, device, "A");
   expect_gpu_memory(B.data, device, "B");
-  expect_gpu_memory(C, device, "C");
-  expect_gpu_memory(D, device, "D");
+  if (!into_accumulator) {
+    expect_gpu_memory(C, device, "C");
+    expect_gpu_memory(D, device, "D");
+  }
   if (bias != nullptr) expect_gpu_memory(bias, device, "the bias");
   for (int64_t b = 0; b < batch.count; ++b) {
     // Rows of op(A) (M × K) and of op(B)ᵀ (N × K), so each output is a contiguous dot product.
@@ -152,12 +157,12 @@ GemmOperand gemm_rounded_output(int device, bool trans_a, bool trans_b, int64_t 
   if (M == 0 || N == 0) return GemmOperand(C, precision);
   // The fp32 result (what the GPU's fp32 accumulator holds, to its rounding), plus the bias as
   // cuBLASLt takes it for a 16-bit output (rounded to that type), then rounded.
-  Scratch<float> full(device, M * N);
+  std::vector<float> full(static_cast<size_t>(M * N));
   reference_gemm(precision, device, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f,
-                 full.get(), full.get(), N, nullptr, GemmBatch{});
+                 full.data(), full.data(), N, nullptr, GemmBatch{}, true);
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
-      float x = full.get()[i * N + j];
+      float x = full[static_cast<size_t>(i * N + j)];
       if (bias != nullptr) x += operand_value(GemmOperand(bias), j, precision);
       store_rounded(C, i * ldc + j, x, precision);
     }
@@ -177,13 +182,13 @@ bool emulated_gemm_gelu(bool backward, int device, bool trans_a, bool trans_b, i
   expect_gpu_memory(backward ? pre_in : pre_out, device, "the GELU's input");
   if (bias != nullptr) expect_gpu_memory(bias, device, "the bias");
   if (M == 0 || N == 0) return true;
-  Scratch<float> full(device, M * N);
+  std::vector<float> full(static_cast<size_t>(M * N));  // the accumulator, as above
   reference_gemm(precision, device, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f,
-                 full.get(), full.get(), N, nullptr, GemmBatch{});
+                 full.data(), full.data(), N, nullptr, GemmBatch{}, true);
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       const int64_t e = i * N + j;
-      float x = full.get()[e];
+      float x = full[static_cast<size_t>(e)];
       if (backward) {
         store_rounded(D, e, gelu_grad(load_rounded(pre_in, e, precision), x), precision);
         continue;

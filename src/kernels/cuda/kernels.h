@@ -517,6 +517,16 @@ void vocab_shard_loss_sum(int device, double* result, const float* sum, const fl
 void vocab_shard_cross_entropy_backward(int device, float* logits, const float* max,
                                         const float* sum, const int32_t* targets, float k,
                                         int64_t N, const VocabShard& shard);
+// vocab_shard_logit_max, _sum_exp and _cross_entropy_backward on the 16-bit logits the head's GEMM
+// wrote at bf16 / fp16 matmul precision (its rounded type), the gradient written over them in
+// that type, for the GEMMs to read.
+void vocab_shard_logit_max_rounded(int device, float* max, float* target_logit, const void* logits,
+                                   const int32_t* targets, int64_t N, const VocabShard& shard);
+void vocab_shard_sum_exp_rounded(int device, float* sum, const void* logits, const float* max,
+                                 int64_t N, const VocabShard& shard);
+void vocab_shard_cross_entropy_backward_rounded(int device, void* logits, const float* max,
+                                                const float* sum, const int32_t* targets, float k,
+                                                int64_t N, const VocabShard& shard);
 
 void adamw_update(int device, float* param, const float* grad, float* m, float* v, int64_t n,
                   double lr, double beta1, double beta2, double eps, double weight_decay,

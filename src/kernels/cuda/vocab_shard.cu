@@ -55,42 +55,56 @@ __global__ void shard_loss_sum_kernel(double* result, const float* sum, const fl
   if (threadIdx.x == 0) *result = acc;
 }
 
-__global__ void shard_logit_max_kernel(float* max, float* target_logit, const float* logits,
+// The cross-entropy pieces read logits of type L: fp32, or the 16-bit values the head's GEMM
+// wrote at bf16 / fp16 (widened exactly); the backward writes the gradient over them in L.
+template <typename L>
+__global__ void shard_logit_max_kernel(float* max, float* target_logit, const L* logits,
                                        const int32_t* targets, VocabShard shard) {
   __shared__ float shared[32];
   const int64_t i = blockIdx.x;
-  const float* l = logits + i * shard.rows;
+  const L* l = logits + i * shard.rows;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < shard.real_rows; j += blockDim.x) m = fmaxf(m, l[j]);
+  for (int64_t j = threadIdx.x; j < shard.real_rows; j += blockDim.x) m = fmaxf(m, widen(l[j]));
   m = block_max(m, shared);
   if (threadIdx.x == 0) {
     max[i] = m;
     const int64_t t = targets[i] - shard.first_row;
-    if (t >= 0 && t < shard.real_rows) target_logit[i] = l[t];
+    if (t >= 0 && t < shard.real_rows) target_logit[i] = widen(l[t]);
   }
 }
 
-__global__ void shard_sum_exp_kernel(float* sum, const float* logits, const float* max,
+template <typename L>
+__global__ void shard_sum_exp_kernel(float* sum, const L* logits, const float* max,
                                      VocabShard shard) {
   __shared__ double shared[32];
   const int64_t i = blockIdx.x;
-  const float* l = logits + i * shard.rows;
+  const L* l = logits + i * shard.rows;
   const float m = max[i];
   double s = 0;
-  for (int64_t j = threadIdx.x; j < shard.real_rows; j += blockDim.x) s += exp(double(l[j] - m));
+  for (int64_t j = threadIdx.x; j < shard.real_rows; j += blockDim.x)
+    s += exp(double(widen(l[j]) - m));
   s = block_sum(s, shared);
   if (threadIdx.x == 0) sum[i] = static_cast<float>(s);
 }
 
-__global__ void shard_ce_backward_kernel(float* logits, const float* max, const float* sum,
+__device__ inline void store_as(float& out, float x) {
+  out = x;
+}
+template <typename Half>
+__device__ inline void store_as(Half& out, float x) {
+  round_to(out, x);
+}
+
+template <typename L>
+__global__ void shard_ce_backward_kernel(L* logits, const float* max, const float* sum,
                                          const int32_t* targets, float k, VocabShard shard) {
   const int64_t i = blockIdx.x;
-  float* l = logits + i * shard.rows;
+  L* l = logits + i * shard.rows;
   const float m = max[i], s = sum[i];
   const int64_t t = targets[i] - shard.first_row;
   for (int64_t j = threadIdx.x; j < shard.rows; j += blockDim.x) {
-    const float p = j < shard.real_rows ? expf(l[j] - m) / s : 0.0f;
-    l[j] = (p - (j == t ? 1.0f : 0.0f)) * k;
+    const float p = j < shard.real_rows ? expf(widen(l[j]) - m) / s : 0.0f;
+    store_as(l[j], (p - (j == t ? 1.0f : 0.0f)) * k);
   }
 }
 
@@ -133,16 +147,16 @@ void vocab_shard_logit_max(int device, float* max, float* target_logit, const fl
                            const int32_t* targets, int64_t N, const VocabShard& shard) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  launch("vocab_shard_logit_max", shard_logit_max_kernel, static_cast<unsigned>(N), kThreads, max,
-         target_logit, logits, targets, shard);
+  launch("vocab_shard_logit_max", shard_logit_max_kernel<float>, static_cast<unsigned>(N), kThreads,
+         max, target_logit, logits, targets, shard);
 }
 
 void vocab_shard_sum_exp(int device, float* sum, const float* logits, const float* max, int64_t N,
                          const VocabShard& shard) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  launch("vocab_shard_sum_exp", shard_sum_exp_kernel, static_cast<unsigned>(N), kThreads, sum,
-         logits, max, shard);
+  launch("vocab_shard_sum_exp", shard_sum_exp_kernel<float>, static_cast<unsigned>(N), kThreads,
+         sum, logits, max, shard);
 }
 
 void vocab_shard_cross_entropy_backward(int device, float* logits, const float* max,
@@ -150,8 +164,44 @@ void vocab_shard_cross_entropy_backward(int device, float* logits, const float* 
                                         int64_t N, const VocabShard& shard) {
   if (N == 0) return;
   DeviceGuard guard(device);
-  launch("vocab_shard_cross_entropy_backward", shard_ce_backward_kernel, static_cast<unsigned>(N),
-         kThreads, logits, max, sum, targets, k, shard);
+  launch("vocab_shard_cross_entropy_backward", shard_ce_backward_kernel<float>,
+         static_cast<unsigned>(N), kThreads, logits, max, sum, targets, k, shard);
+}
+
+void vocab_shard_logit_max_rounded(int device, float* max, float* target_logit, const void* logits,
+                                   const int32_t* targets, int64_t N, const VocabShard& shard) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  with_rounded_type("vocab_shard_logit_max_rounded", [&](auto zero) {
+    using Half = decltype(zero);
+    launch("vocab_shard_logit_max (16-bit logits)", shard_logit_max_kernel<Half>,
+           static_cast<unsigned>(N), kThreads, max, target_logit, static_cast<const Half*>(logits),
+           targets, shard);
+  });
+}
+
+void vocab_shard_sum_exp_rounded(int device, float* sum, const void* logits, const float* max,
+                                 int64_t N, const VocabShard& shard) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  with_rounded_type("vocab_shard_sum_exp_rounded", [&](auto zero) {
+    using Half = decltype(zero);
+    launch("vocab_shard_sum_exp (16-bit logits)", shard_sum_exp_kernel<Half>,
+           static_cast<unsigned>(N), kThreads, sum, static_cast<const Half*>(logits), max, shard);
+  });
+}
+
+void vocab_shard_cross_entropy_backward_rounded(int device, void* logits, const float* max,
+                                                const float* sum, const int32_t* targets, float k,
+                                                int64_t N, const VocabShard& shard) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  with_rounded_type("vocab_shard_cross_entropy_backward_rounded", [&](auto zero) {
+    using Half = decltype(zero);
+    launch("vocab_shard_cross_entropy_backward (16-bit logits, in place)",
+           shard_ce_backward_kernel<Half>, static_cast<unsigned>(N), kThreads,
+           static_cast<Half*>(logits), max, sum, targets, k, shard);
+  });
 }
 
 }  // namespace loom::cuda
