@@ -14,8 +14,8 @@
 // first use after invalidate(), so it is taken after whatever brought the values up to date — a
 // ZeRO all-gather, which the unit's hooks have the GPU wait for before its forward — and the
 // engine (parallel/data_parallel.h) calls invalidate() in each optimizer_step and load_state.
-// Nothing else may change the values
-// while copies are in use; a parameter whose values moved to another buffer is copied again.
+// Nothing else may change the values while copies are in use; a parameter whose values moved to
+// another buffer is copied again.
 // The copies are the rounding every GEMM made before, bit for bit, so a run is the same with or
 // without them (LOOM_CUDA_WEIGHT_COPIES=0 in the environment turns them off, for comparisons).
 //

@@ -226,6 +226,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const LrSchedule lr_schedule = lr_schedule_of(tc);
   LossScaler scaler(loss_scaler_config_of(config));
   DataParallelConfig dp_config = data_parallel_config_of(config.parallel);
+  const bool overlap_tp_backward = tp_backward_overlap(config, device);
   if (tensor_parallel) dp_config.tensor_parallel = &tp_count;
   // What this rank trains: its whole model (one device's, or its tensor-parallel shard) under
   // one DataParallel engine, or its pipeline chunks, each under its own engine
@@ -247,7 +248,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     pc.layer_split = config.parallel.layer_split;
     if (tensor_parallel) pc.tensor_parallel = &tp_count;
     pc.sequence_parallel = config.parallel.sequence_parallel;
-    pc.tp_backward_overlap = tp_backward_overlap(config, device);
+    pc.tp_backward_overlap = overlap_tp_backward;
     pc.send_dtype = config.parallel.pp_send_dtype == "bf16" ? DType::kBF16 : DType::kF32;
     pipe = std::make_unique<PipelineParallel>(model_config_of(config), pp_count, dp, pool,
                                               device, pc, dp_config, opt_config,
@@ -276,7 +277,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   auto model_clear = [&] { if (whole) whole->clear_cache(); };
   Context ctx{&pool, device, DType::kF32, whole_engine.get()};
   ctx.sequence = sequence_shard.get();
-  ctx.tp_backward_overlap = tp_backward_overlap(config, device);
+  ctx.tp_backward_overlap = overlap_tp_backward;
   // The weights' 16-bit copies on a GPU at bf16 / fp16 (nn/rounded_weights.h), kept by the engine.
   if (whole_engine) ctx.rounded_weights = whole_engine->rounded_weights();
   StepLosses step_losses(device);  // nn/step_losses.h
@@ -366,7 +367,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   // The timeline of the steps metrics.trace_from_step names (train/run_timeline.h).
   RunTimeline timeline(
       tracer, config.metrics, device,
-      {{"dp", &dp_count}, {"tp", &tp_count}, {"cp", cp_count.get()}, {"pp", &pp_count}});
+      {{"dp", &dp_count}, {"tp", &tp_count}, {"cp", cp_count.get()}, {"pp", &pp_count}}, world,
+      options.run_dir, message);
   double data_seconds = 0;  // this step's time in the loader (and copies to the device)
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
@@ -683,7 +685,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         (options.stop_after > 0 && step == options.stop_after && !last) || signalled != 0;
     saves.commit_pending(false);  // the save in flight, if every rank has written it
     if ((tc.save_every > 0 && (step % tc.save_every == 0 || last)) || stopping) checkpoint(step);
-    timeline.end_step(step, world, options.run_dir, message);
+    timeline.end_step(step);
     if (signalled) {
       summary.stopped_by_signal = signalled;
       break;
@@ -692,7 +694,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   saves.finish();  // the run's last save, if still being written
   summary.last_checkpoint = saves.last_checkpoint();
   summary.checkpoint_stall_s = saves.stall_seconds();
-  timeline.finish(summary.last_step, world, options.run_dir, message);
+  timeline.finish(summary.last_step);
   if (leader) progress.finish();
   summary.tokens_per_s =
       steps_timed > 0 ? tokens_per_step * static_cast<double>(steps_timed) / time_total : 0;
