@@ -14,7 +14,7 @@
 #include <memory>
 
 #include "base/timer.h"
-#include "comm/communicator.h"
+#include "comm/forwarding.h"
 
 namespace loom {
 
@@ -56,9 +56,9 @@ class TimedWork final : public Work {
   bool device_;
 };
 
-class CountingCommunicator final : public Communicator {
+class CountingCommunicator final : public ForwardingCommunicator {
  public:
-  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+  explicit CountingCommunicator(Communicator& inner) : ForwardingCommunicator(inner) {}
 
   int64_t bytes() const { return bytes_; }
   int64_t take_bytes() {  // returns the count and restarts it
@@ -70,67 +70,57 @@ class CountingCommunicator final : public Communicator {
   // stalls at wait_on_device (the host's time there is ~0).
   double take_wait_seconds() {
     return log_->blocked.exchange(0.0, std::memory_order_relaxed) +
-           inner_.take_device_wait_seconds();
+           inner().take_device_wait_seconds();
   }
   // Called with (begin, end) of every wait from now on (before any operation is issued).
   void on_wait(std::function<void(double, double)> observer) {
     log_->on_wait = std::move(observer);
   }
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string name() const override { return inner_.name(); }
-  std::string backend() const override { return inner_.backend(); }
-  Device tensor_device() const override { return inner_.tensor_device(); }
   WorkHandle all_reduce_async(Tensor& t, ReduceOp op) override {
     count(t);
-    return timed(inner_.all_reduce_async(t, op));
+    return timed(inner().all_reduce_async(t, op));
   }
   WorkHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op) override {
     count(in);
-    return timed(inner_.reduce_scatter_async(in, out, op));
+    return timed(inner().reduce_scatter_async(in, out, op));
   }
   WorkHandle all_gather_async(const Tensor& in, Tensor& out) override {
     count(in);
-    return timed(inner_.all_gather_async(in, out));
+    return timed(inner().all_gather_async(in, out));
   }
   WorkHandle broadcast_async(Tensor& t, int root) override {
     count(t);
-    return timed(inner_.broadcast_async(t, root));
+    return timed(inner().broadcast_async(t, root));
   }
   WorkHandle reduce_async(Tensor& t, int root, ReduceOp op) override {
     count(t);
-    return timed(inner_.reduce_async(t, root, op));
+    return timed(inner().reduce_async(t, root, op));
   }
   WorkHandle all_to_all_async(const Tensor& in, Tensor& out) override {
     count(in);
-    return timed(inner_.all_to_all_async(in, out));
+    return timed(inner().all_to_all_async(in, out));
   }
-  WorkHandle barrier_async() override { return timed(inner_.barrier_async()); }
+  WorkHandle barrier_async() override { return timed(inner().barrier_async()); }
   WorkHandle send_async(const Tensor& t, int dst, int tag) override {
     count(t);
-    return timed(inner_.send_async(t, dst, tag));
+    return timed(inner().send_async(t, dst, tag));
   }
   WorkHandle recv_async(Tensor& t, int src, int tag) override {
-    return timed(inner_.recv_async(t, src, tag));
+    return timed(inner().recv_async(t, src, tag));
   }
   WorkHandle send_recv_async(const Tensor& t, int dst, Tensor& into, int src, int tag) override {
     count(t);
-    return timed(inner_.send_recv_async(t, dst, into, src, tag));
-  }
-  std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
-  void check() override { inner_.check(); }
-  double take_device_wait_seconds() override { return inner_.take_device_wait_seconds(); }
-  void on_device_wait(std::function<void(double, double)> observer) override {
-    inner_.on_device_wait(std::move(observer));
+    return timed(inner().send_recv_async(t, dst, into, src, tag));
   }
 
  private:
   WorkHandle timed(WorkHandle w) {
-    return std::make_shared<TimedWork>(std::move(w), log_, inner_.tensor_device().is_cuda());
+    return std::make_shared<TimedWork>(std::move(w), log_, inner().tensor_device().is_cuda());
   }
-  void count(const Tensor& t) { bytes_ += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(dtype_size(t.dtype())); }
-  Communicator& inner_;
+  void count(const Tensor& t) {
+    bytes_ += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(dtype_size(t.dtype()));
+  }
   int64_t bytes_ = 0;
   std::shared_ptr<WaitLog> log_ = std::make_shared<WaitLog>();
 };

@@ -8,48 +8,21 @@
 #include <memory>
 #include <utility>
 
-#include "comm/communicator.h"
+#include "comm/forwarding.h"
 
 namespace loom::testing {
 
-class ProbingCommunicator final : public Communicator {
+class ProbingCommunicator final : public ForwardingCommunicator {
  public:
-  explicit ProbingCommunicator(Communicator& inner) : inner_(inner) {}
+  explicit ProbingCommunicator(Communicator& inner) : ForwardingCommunicator(inner) {}
 
   std::function<void()> on_issue, on_wait;
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string name() const override { return inner_.name(); }
-  std::string backend() const override { return inner_.backend(); }
-  Device tensor_device() const override { return inner_.tensor_device(); }
   WorkHandle all_reduce_async(Tensor& t, ReduceOp op) override {
-    return probed(inner_.all_reduce_async(t, op));
+    return probed(inner().all_reduce_async(t, op));
   }
   WorkHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op) override {
-    return probed(inner_.reduce_scatter_async(in, out, op));
-  }
-  WorkHandle all_gather_async(const Tensor& in, Tensor& out) override {
-    return inner_.all_gather_async(in, out);
-  }
-  WorkHandle broadcast_async(Tensor& t, int root) override {
-    return inner_.broadcast_async(t, root);
-  }
-  WorkHandle reduce_async(Tensor& t, int root, ReduceOp op) override {
-    return inner_.reduce_async(t, root, op);
-  }
-  WorkHandle all_to_all_async(const Tensor& in, Tensor& out) override {
-    return inner_.all_to_all_async(in, out);
-  }
-  WorkHandle barrier_async() override { return inner_.barrier_async(); }
-  WorkHandle send_async(const Tensor& t, int dst, int tag) override {
-    return inner_.send_async(t, dst, tag);
-  }
-  WorkHandle recv_async(Tensor& t, int src, int tag) override {
-    return inner_.recv_async(t, src, tag);
-  }
-  std::unique_ptr<Communicator> split(int color, int key) override {
-    return inner_.split(color, key);
+    return probed(inner().reduce_scatter_async(in, out, op));
   }
 
  private:
@@ -76,8 +49,6 @@ class ProbingCommunicator final : public Communicator {
     if (on_issue) on_issue();
     return std::make_shared<ProbedWork>(std::move(work), on_wait);
   }
-
-  Communicator& inner_;
 };
 
 }  // namespace loom::testing
