@@ -172,6 +172,26 @@ StagedCheckpoint stage_whole(const std::string& dir, const std::vector<Gpt2Stage
   return staged;
 }
 
+// The whole format when every rank holds the whole model (no pipeline, no tensor parallelism):
+// the engine gathers its state over its group (collective) and world rank 0 writes it.
+StagedCheckpoint stage_replica(const std::string& dir, Gpt2Stage& model, DataParallel& engine,
+                               DeviceMesh& mesh, const TrainingState& st, bool private_copies) {
+  const FlatModelState gathered = engine.gather_state();
+  auto full = std::make_shared<FlatModelState>(private_copies ? private_host_copy(gathered)
+                                                              : on_host(gathered));
+  auto path = std::make_shared<std::string>();
+  // The store's names and offsets, which the write reads, do not change while training runs.
+  const ParameterStore* store = &model.params();
+  StagedCheckpoint staged;
+  staged.write = [] {};
+  if (mesh.world().rank() == 0)
+    staged.write = [dir, store, config = model.config(), full, st, path] {
+      *path = save_checkpoint(dir, *store, config, *full, st);
+    };
+  staged.commit = [path] { return *path; };
+  return staged;
+}
+
 }  // namespace
 
 FlatModelState private_host_copy(const FlatModelState& state) {
@@ -190,6 +210,8 @@ StagedCheckpoint stage_layout_checkpoint(const std::string& dir,
   LOOM_CHECK(parts.size() == engines.size());
   if (config.train.checkpoint_format == "sharded")
     return stage_per_rank(dir, parts, engines, mesh, config, st, private_copies);
+  if (config.parallel.pp == 1 && config.parallel.tp == 1)
+    return stage_replica(dir, *parts[0], *engines[0], mesh, st, private_copies);
   return stage_whole(dir, parts, engines, mesh, config, st);
 }
 

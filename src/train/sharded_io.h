@@ -34,10 +34,12 @@ struct StagedCheckpoint {
 // chunks, or its whole model — possibly a tensor-parallel shard) and `engines[k]` the engine
 // owning its state.
 //
-// "whole": each part's state is gathered over dp; at dp coordinate 0 every rank writes its pieces
-// into a whole-model buffer (replicated parameters from tp rank 0 only, the tied wte from the
-// first stage only), a sum-reduce over pp, then over tp, assembles the model on the rank at
-// (dp, pp, tp) = (0, 0, 0), which writes it. Memory: three whole-model f32 buffers on each rank
+// "whole": without pipeline and tensor parallelism every rank holds the whole model: its engine
+// gathers the state over its group (dp, or dp × cp) and world rank 0 writes it (one whole-model
+// buffer). Otherwise each part's state is gathered over dp; at dp coordinate 0 every rank writes
+// its pieces into a whole-model buffer (replicated parameters from tp rank 0 only, the tied wte
+// from the first stage only), a sum-reduce over pp, then over tp, assembles the model on the rank
+// at (dp, pp, tp) = (0, 0, 0), which writes it. Memory: three whole-model f32 buffers on each rank
 // of dp replica 0 while saving.
 // "sharded": no communication but two barriers (one staging, one committing); every rank writes
 // the values and moments of its ZeRO chunks (in stage 0 an equal split of every unit) of its

@@ -41,6 +41,7 @@
 #include "train/run_control.h"
 #include "train/run_timeline.h"
 #include "train/sharded_io.h"
+#include "train/step_record.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -156,6 +157,135 @@ DataParallelConfig data_parallel_config_of(const ParallelConfig& p) {
   return c;
 }
 
+// The pipeline's settings for this rank: its micro-batches of `local_seq` positions (with context
+// parallelism `sequence`'s), its tensor-parallel group if any. Token ids are checked by the
+// trainer's loader.
+PipelineConfig pipeline_config_of(const Config& config, int64_t local_seq,
+                                  ContextParallel* sequence, Communicator* tensor_parallel,
+                                  bool tp_backward_overlap) {
+  PipelineConfig pc;
+  pc.schedule = config.parallel.schedule;
+  pc.virtual_stages = config.parallel.virtual_stages;
+  pc.microbatches = static_cast<int>(config.grad_accum_steps());
+  pc.micro_batch_size = config.train.micro_batch_size;
+  pc.seq_len = local_seq;
+  pc.sequence = sequence;
+  pc.ids_checked = true;
+  pc.layer_split = config.parallel.layer_split;
+  pc.tensor_parallel = tensor_parallel;
+  pc.sequence_parallel = config.parallel.sequence_parallel;
+  pc.tp_backward_overlap = tp_backward_overlap;
+  pc.send_dtype = config.parallel.pp_send_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  return pc;
+}
+
+// Resumes from a checkpoint of either format (train/sharded_io.h): every rank reads the
+// layout-free checkpoint by parameter name and keeps its part; the loader and the loss scaler
+// continue where it left them. Returns its step.
+int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& parts,
+               const std::vector<DataParallel*>& engines, const Config& config, DataLoader& loader,
+               LossScaler& scaler) {
+  // Another architecture's checkpoint would fail on its first parameter's shape; say why.
+  const Gpt2Config saved = read_checkpoint_model(checkpoint), wanted = model_config_of(config);
+  if (saved.arch != wanted.arch || saved.tie_embeddings != wanted.tie_embeddings)
+    fail("checkpoint ", checkpoint, " holds a ", arch_name(saved.arch),
+         saved.tie_embeddings ? "" : " with an untied head", " model, but model.arch = \"",
+         config.model.arch, "\"", wanted.tie_embeddings ? "" : " with model.tie_embeddings = false",
+         ": resume with the config it was trained with (RUN_DIR/config.toml)");
+  const TrainingState st = load_layout_checkpoint(checkpoint, parts, engines, config);
+  if (st.step > config.train.steps)
+    fail("checkpoint ", checkpoint, " is at step ", st.step,
+         ", past train.steps = ", config.train.steps);
+  loader.set_state({st.loader_shard, st.loader_offset, st.loader_epoch});
+  if (st.loss_scaler) scaler.set_state(*st.loss_scaler);
+  return st.step;
+}
+
+// What this rank runs batches through: its whole model (one device's, or its tensor-parallel
+// shard) under `ctx`, or its pipeline's chunks; with context parallelism its positions of each
+// sequence.
+struct RankModel {
+  Gpt2Stage* whole = nullptr;
+  PipelineParallel* pipe = nullptr;
+  Context* ctx = nullptr;        // the whole model's
+  StepLosses* losses = nullptr;  // where the whole model's head queues its losses
+  ContextParallel* sequence = nullptr;
+  Communicator* cp = nullptr;  // the cp group, with `sequence`
+};
+
+// The validation loss (train/evaluate.h), the same on every rank. Data-parallel replicas (whole
+// pipelines when pp > 1) share the micro-batches out; under ZeRO-3 every forward gathers
+// parameters over dp, so there every rank runs them all. The replicas are dp's: a cp group
+// evaluates one batch together, each rank its positions, and their losses' mean is the batch's
+// (equal token counts).
+double validation_loss(const RankModel& model, const Config& config, DeviceMesh& mesh,
+                       const std::vector<std::string>& shards, Device device) {
+  Communicator* split = config.parallel.zero < 3 ? &mesh.axis("dp") : nullptr;
+  // One model's batches queue their losses (nn/step_losses.h) and the host reads them once, as a
+  // step's: on a GPU one wait for the evaluation instead of one a batch. (A pipeline's come from
+  // its last stage, a cp group's are averaged over it per batch: read each.)
+  const bool queue_losses = model.pipe == nullptr && model.sequence == nullptr;
+  Context& ctx = *model.ctx;
+  const auto micro_batch_loss = [&](const Tensor& full_in, const Tensor& full_tg) {
+    Tensor in = full_in, tg = full_tg;
+    if (model.sequence != nullptr) {  // its positions, cut on the host
+      const auto mine = [&](const Tensor& t) {
+        return shard_tokens(t.device().is_cpu() ? t : t.to(Device::cpu()),
+                            model.sequence->positions())
+            .to(device);
+      };
+      in = mine(full_in);
+      tg = mine(full_tg);
+    }
+    double l = 0;
+    if (model.pipe != nullptr) {
+      l = model.pipe->evaluate(in, tg);
+    } else {
+      ctx.losses = queue_losses ? model.losses : nullptr;  // read after the last batch
+      model.whole->forward_part(ctx, in, tg, &l);
+      ctx.losses = nullptr;
+      model.whole->clear_cache();
+    }
+    return model.sequence != nullptr ? all_reduce_value(*model.cp, l, ReduceOp::kAvg) : l;
+  };
+  const auto queued_sum = [&] {
+    double sum = 0;
+    for (double mean : model.losses->take()) sum += mean;
+    return sum;
+  };
+  ctx.ids_checked = true;  // by evaluate's loader, naming the shard
+  const double val =
+      evaluate(micro_batch_loss, shards, config.train.micro_batch_size, config.model.seq_len,
+               config.train.eval_batches, device, split, config.model.vocab_size,
+               queue_losses ? std::function<double()>(queued_sum) : nullptr);
+  ctx.ids_checked = false;
+  return val;
+}
+
+// The start-up table (train/layout_report.h): every rank's coordinates, parameters and expected
+// memory, gathered over the world (collective). Sets *activation_bytes to rank 0's estimate.
+std::string startup_layout_report(Communicator& world, DeviceMesh& mesh, const Config& config,
+                                  const std::vector<Gpt2Stage*>& parts,
+                                  const DataParallelMemory& state_bytes,
+                                  int64_t* activation_bytes) {
+  int64_t parameters = 0, blocks = 0;
+  for (Gpt2Stage* part : parts) {
+    for (const auto& p : part->params().parameters()) parameters += p->numel();
+    blocks += part->part().end_block - part->part().first_block;  // parts are resolved
+  }
+  const std::vector<double> all = all_gather_values(
+      world, {static_cast<double>(parameters), static_cast<double>(state_bytes.state()),
+              static_cast<double>(expected_activation_bytes(config, mesh.coord("pp"), blocks))});
+  std::vector<RankFootprint> footprints;
+  for (int r = 0; r < world.size(); ++r) {
+    const double* f = all.data() + 3 * r;
+    footprints.push_back(
+        {static_cast<int64_t>(f[0]), static_cast<int64_t>(f[1]), static_cast<int64_t>(f[2])});
+  }
+  *activation_bytes = footprints[0].activation_bytes;
+  return layout_report(config, mesh.shape(), footprints);
+}
+
 }  // namespace
 
 // One rank's training loop. Rank 0 of the world writes the run directory (metrics, config,
@@ -237,19 +367,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   std::vector<Gpt2Stage*> parts;
   std::vector<DataParallel*> engines;
   if (pipelined) {
-    PipelineConfig pc;
-    pc.schedule = config.parallel.schedule;
-    pc.virtual_stages = config.parallel.virtual_stages;
-    pc.microbatches = static_cast<int>(accum);
-    pc.micro_batch_size = micro;
-    pc.seq_len = local_seq;
-    pc.sequence = sequence_shard.get();
-    pc.ids_checked = true;  // by train_loader, below
-    pc.layer_split = config.parallel.layer_split;
-    if (tensor_parallel) pc.tensor_parallel = &tp_count;
-    pc.sequence_parallel = config.parallel.sequence_parallel;
-    pc.tp_backward_overlap = overlap_tp_backward;
-    pc.send_dtype = config.parallel.pp_send_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+    const PipelineConfig pc =
+        pipeline_config_of(config, local_seq, sequence_shard.get(),
+                           tensor_parallel ? &tp_count : nullptr, overlap_tp_backward);
     pipe = std::make_unique<PipelineParallel>(model_config_of(config), pp_count, dp, pool,
                                               device, pc, dp_config, opt_config,
                                               static_cast<uint64_t>(tc.seed));
@@ -268,19 +388,14 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     parts.push_back(whole.get());
     engines.push_back(whole_engine.get());
   }
-  // The model this rank steps through micro-batch by micro-batch (not the pipeline's).
-  auto model_forward = [&](Context& c, const Tensor& in, const Tensor& tgt) {
-    double loss = 0;
-    whole->forward_part(c, in, tgt, &loss);
-    return loss;
-  };
-  auto model_clear = [&] { if (whole) whole->clear_cache(); };
   Context ctx{&pool, device, DType::kF32, whole_engine.get()};
   ctx.sequence = sequence_shard.get();
   ctx.tp_backward_overlap = overlap_tp_backward;
   // The weights' 16-bit copies on a GPU at bf16 / fp16 (nn/rounded_weights.h), kept by the engine.
   if (whole_engine) ctx.rounded_weights = whole_engine->rounded_weights();
   StepLosses step_losses(device);  // nn/step_losses.h
+  const RankModel rank_model{whole.get(),  pipe.get(),           &ctx,
+                             &step_losses, sequence_shard.get(), cp_count.get()};
 
   // The loader's ranks are the data-parallel replicas: a cp group reads one replica's batch.
   DataLoader train_loader(resolve_shards(config.data.train, "data.train"), micro, seq_len,
@@ -316,20 +431,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   }
   TrainSummary summary;
   if (!resume_from.empty()) {
-    // Another architecture's checkpoint would fail on its first parameter's shape; say why.
-    const Gpt2Config saved = read_checkpoint_model(resume_from), wanted = model_config_of(config);
-    if (saved.arch != wanted.arch || saved.tie_embeddings != wanted.tie_embeddings)
-      fail("checkpoint ", resume_from, " holds a ", arch_name(saved.arch),
-           saved.tie_embeddings ? "" : " with an untied head", " model, but model.arch = \"",
-           config.model.arch, "\"", wanted.tie_embeddings ? "" : " with model.tie_embeddings = false",
-           ": resume with the config it was trained with (RUN_DIR/config.toml)");
-    // Every rank reads the (layout-free) checkpoint by parameter name and keeps its part.
-    const TrainingState st = load_layout_checkpoint(resume_from, parts, engines, config);
-    if (st.step > tc.steps)
-      fail("checkpoint ", resume_from, " is at step ", st.step, ", past train.steps = ", tc.steps);
-    train_loader.set_state({st.loader_shard, st.loader_offset, st.loader_epoch});
-    if (st.loss_scaler) scaler.set_state(*st.loss_scaler);
-    summary.start_step = st.step;
+    summary.start_step = resume(resume_from, parts, engines, config, train_loader, scaler);
     message("resumed from " + resume_from);
   } else if (!tc.init_from.empty()) {
     init_layout_from_hf(tc.init_from, parts, engines, config);
@@ -393,26 +495,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     state_bytes.grads += e->memory().grads;
     state_bytes.optimizer += e->memory().optimizer;
   }
-  {
-    // Start-up: the layout, each rank's coordinates, parameters and expected memory.
-    int64_t parameters = 0, blocks = 0;
-    for (Gpt2Stage* part : parts) {
-      for (const auto& p : part->params().parameters()) parameters += p->numel();
-      blocks += part->part().end_block - part->part().first_block;  // parts are resolved
-    }
-    const std::vector<double> all = all_gather_values(
-        world, {static_cast<double>(parameters), static_cast<double>(state_bytes.state()),
-                static_cast<double>(expected_activation_bytes(config, mesh.coord("pp"), blocks))});
-    std::vector<RankFootprint> footprints;
-    for (int r = 0; r < world.size(); ++r) {
-      const double* f = all.data() + 3 * r;
-      footprints.push_back({static_cast<int64_t>(f[0]), static_cast<int64_t>(f[1]),
-                            static_cast<int64_t>(f[2])});
-    }
-    summary.layout_report = layout_report(config, mesh.shape(), footprints);
-    summary.expected_activation_bytes = footprints[0].activation_bytes;
-    if (leader && options.progress) std::fputs(summary.layout_report.c_str(), stderr);
-  }
+  // Start-up: the layout, each rank's coordinates, parameters and expected memory.
+  summary.layout_report = startup_layout_report(world, mesh, config, parts, state_bytes,
+                                                &summary.expected_activation_bytes);
+  if (leader && options.progress) std::fputs(summary.layout_report.c_str(), stderr);
   const int64_t end_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   // Model flops of a step (all ranks) and the peak of one rank, for tflops and the MFU.
   const double flops_per_step =
@@ -434,26 +520,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
               ls.epoch, static_cast<uint64_t>(tc.seed), to_toml(config), scaler.state()};
           // Staged (train/sharded_io.h): with `async`, with copies of its own that training does
           // not touch.
-          StagedCheckpoint staged;
-          if (pipelined || tensor_parallel || tc.checkpoint_format == "sharded") {
-            staged =
-                stage_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st, async);
-          } else {
-            const FlatModelState gathered = whole_engine->gather_state();  // collective
-            auto full = std::make_shared<FlatModelState>(async ? private_host_copy(gathered)
-                                                               : on_host(gathered));
-            auto path = std::make_shared<std::string>();
-            // The store's names and offsets, which the write reads, do not change while training
-            // runs.
-            const ParameterStore* store = &whole->params();
-            const Gpt2Config model = whole->config();
-            staged.write = [] {};
-            if (leader)
-              staged.write = [dir = checkpoints_dir, store, model, full, st, path] {
-                *path = save_checkpoint(dir, *store, model, *full, st);
-              };
-            staged.commit = [path] { return *path; };
-          }
+          StagedCheckpoint staged =
+              stage_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st, async);
           if (async && leader && fault.fails_save(step))
             staged.write = [step] {
               fail("LOOM_TEST_FAULT: the checkpoint write of step ", step, " fails");
@@ -472,6 +540,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     for (CountingCommunicator* c : axis_counts)
       if (c != nullptr) c->check();
   };
+  // The schedule's bubble at unit costs, beside each step's measured one.
+  const double bubble_theory = pipelined ? theoretical_bubble(pipe->schedule()) : 0.0;
   for (int64_t step = summary.start_step + 1; step <= end_step; ++step) {
     const double t0 = now_seconds();
     for (CountingCommunicator* c : axis_counts) {
@@ -480,7 +550,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       c->take_wait_seconds();
     }
     data_seconds = 0;
-    const int64_t held = allocator.stats().bytes_in_use;
+    StepFigures figures;
+    figures.step = step;
+    figures.held_bytes = allocator.stats().bytes_in_use;
     allocator.reset_peak();
     double loss = 0, grad_norm = 0, comm_wait = 0;
     const float lr = lr_schedule.at(step - 1);
@@ -541,30 +613,31 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       message(buf);
     }
     const double dt = now_seconds() - t0;
-    const nlohmann::json comm_bytes = {{"dp", dp_count.take_bytes()},
-                                       {"pp", pp_count.take_bytes()},
-                                       {"tp", tp_count.take_bytes()},
-                                       {"cp", cp_count ? cp_count->take_bytes() : 0}};
+    figures.comm_bytes = {dp_count.take_bytes(), pp_count.take_bytes(), tp_count.take_bytes(),
+                          cp_count ? cp_count->take_bytes() : 0};
     // Where the step's time went on this rank: the loader, blocked on each axis' communication
     // (a pipeline's bubble is its stages waiting for each other: pp), and the rest computing.
-    const double comm_dp = dp_count.take_wait_seconds(), comm_pp = pp_count.take_wait_seconds(),
-                 comm_tp = tp_count.take_wait_seconds(),
-                 comm_cp = cp_count ? cp_count->take_wait_seconds() : 0.0;
-    const double compute_s =
-        std::max(0.0, dt - data_seconds - comm_dp - comm_pp - comm_tp - comm_cp);
+    figures.comm_seconds = {dp_count.take_wait_seconds(), pp_count.take_wait_seconds(),
+                            tp_count.take_wait_seconds(),
+                            cp_count ? cp_count->take_wait_seconds() : 0.0};
     // Each pipeline rank's bubble (rank 0's pipeline group): the busiest stage is the one that
     // waits least, so rank 0's alone does not say where the step's time went.
     // On GPUs under nccl the host does not wait for the stages' messages, the compute stream does:
-    // the bubble is then the stream's stalls on the pp axis (comm_pp) over the step.
+    // the bubble is then the stream's stalls on the pp axis over the step.
     // Likewise comm_wait_ms: the stream's stalls on dp (on pp with a pipeline), not the host's ~0.
-    std::vector<double> bubble_by_pp_rank;
-    double bubble = 0;
     const bool stream_waits = pp_count.tensor_device().is_cuda();
-    if (stream_waits) comm_wait = pipelined ? comm_pp : comm_dp;
+    if (stream_waits) comm_wait = pipelined ? figures.comm_seconds.pp : figures.comm_seconds.dp;
     if (pipelined) {
-      bubble = stream_waits ? (dt > 0 ? comm_pp / dt : 0.0) : pipe->stats().bubble();
-      bubble_by_pp_rank =
-          all_gather_values((pipeline_mesh ? *pipeline_mesh : mesh).axis("pp"), {bubble});
+      PipelineFigures p;
+      p.bubble =
+          stream_waits ? (dt > 0 ? figures.comm_seconds.pp / dt : 0.0) : pipe->stats().bubble();
+      p.bubble_by_pp_rank =
+          all_gather_values((pipeline_mesh ? *pipeline_mesh : mesh).axis("pp"), {p.bubble});
+      p.bubble_theory = bubble_theory;
+      p.bytes_sent = pipe->stats().bytes_sent;
+      if (pipe->schedule().name.rfind("zb-", 0) == 0)
+        p.max_deferred_bytes = pipe->stats().max_deferred_bytes;
+      figures.pipeline = std::move(p);
     }
     if (!std::isfinite(loss))
       fail("loss is ", loss, " at step ", step, ": training diverged (lower train.lr?)");
@@ -574,103 +647,40 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     if (step == summary.start_step + 1) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.last_step = step;
-    const int64_t peak = allocator.stats().peak_bytes_in_use;
-    summary.peak_bytes = std::max(summary.peak_bytes, peak);
-    summary.activation_peak_bytes = std::max(summary.activation_peak_bytes, peak - held);
+    figures.peak_bytes = allocator.stats().peak_bytes_in_use;
+    summary.peak_bytes = std::max(summary.peak_bytes, figures.peak_bytes);
+    summary.activation_peak_bytes =
+        std::max(summary.activation_peak_bytes, figures.peak_bytes - figures.held_bytes);
     summary.comm_wait_s += comm_wait;
     const bool last = step == tc.steps;
-    double val = -1;
     if (!val_shards.empty() && (step % tc.eval_every == 0 || last)) {
-      // Data-parallel replicas (whole pipelines when pp > 1) share the micro-batches out; under
-      // ZeRO-3 every forward gathers parameters over dp, so there every rank runs them all.
-      // The replicas are dp's: a cp group evaluates one batch together, each rank its positions,
-      // and their losses' mean is the batch's (equal token counts).
-      Communicator* split = config.parallel.zero < 3 ? &mesh.axis("dp") : nullptr;
-      // One model's batches queue their losses (nn/step_losses.h) and the host reads them once,
-      // as a step's: on a GPU one wait for the evaluation instead of one a batch. (A pipeline's
-      // come from its last stage, a cp group's are averaged over it per batch: read each.)
-      const bool queue_eval_losses = !pipelined && !context_parallel;
-      const auto micro_batch_loss = [&](const Tensor& full_in, const Tensor& full_tg) {
-        Tensor in = full_in, tg = full_tg;
-        if (context_parallel) {  // its positions, cut on the host
-          const auto mine = [&](const Tensor& t) {
-            return shard_tokens(t.device().is_cpu() ? t : t.to(Device::cpu()),
-                                sequence_shard->positions())
-                .to(device);
-          };
-          in = mine(full_in);
-          tg = mine(full_tg);
-        }
-        double l = 0;
-        if (pipelined) {
-          l = pipe->evaluate(in, tg);
-        } else if (queue_eval_losses) {  // read with the others after the last batch
-          ctx.losses = &step_losses;
-          whole->forward_part(ctx, in, tg, nullptr);
-          ctx.losses = nullptr;
-          model_clear();
-        } else {
-          l = model_forward(ctx, in, tg);
-          model_clear();
-        }
-        return context_parallel ? all_reduce_value(*cp_count, l, ReduceOp::kAvg) : l;
-      };
-      const auto queued_sum = [&] {
-        double sum = 0;
-        for (double mean : step_losses.take()) sum += mean;
-        return sum;
-      };
-      ctx.ids_checked = true;  // by evaluate's loader, naming the shard
-      val = evaluate(micro_batch_loss, val_shards, micro, seq_len, tc.eval_batches, device, split,
-                     config.model.vocab_size,
-                     queue_eval_losses ? std::function<double()>(queued_sum) : nullptr);
-      ctx.ids_checked = false;
-      check_axes();  // as after the step: before val is believed
-      summary.last_val_loss = val;
+      figures.val_loss = validation_loss(rank_model, config, mesh, val_shards, device);
+      check_axes();  // as after the step: before the loss is believed
+      summary.last_val_loss = *figures.val_loss;
     }
     if (leader) {
-      nlohmann::json record = {{"step", step},
-                               {"loss", loss},
-                               {"lr", lr},
-                               {"grad_norm", grad_norm},
-                               {"tokens_per_s", tokens_per_step / dt},
-                               {"step_ms", dt * 1e3},
-                               {"comm_wait_ms", comm_wait * 1e3},
-                               {"data_ms", data_seconds * 1e3},
-                               {"comm_ms",
-                                {{"dp", comm_dp * 1e3},
-                                 {"pp", comm_pp * 1e3},
-                                 {"tp", comm_tp * 1e3},
-                                 {"cp", comm_cp * 1e3}}},
-                               {"compute_ms", compute_s * 1e3},
-                               {"tflops", flops_per_step / dt / 1e12},
-                               {"mfu", flops_per_step / dt / (peak_tflops * 1e12 * world.size())},
-                               {"tokens", step * tokens_per_step},
-                               {"peak_mem_mb", peak / 1048576.0},
-                               {"mem_params_mb", state_bytes.params / 1048576.0},
-                               {"mem_grads_mb", state_bytes.grads / 1048576.0},
-                               {"mem_optimizer_mb", state_bytes.optimizer / 1048576.0},
-                               {"mem_activations_peak_mb", (peak - held) / 1048576.0}};
-      if (val >= 0) record["val_loss"] = val;
-      if (scaler.enabled()) record["loss_scale"] = loss_scale;
-      if (!applied) record["skipped"] = true;
-      record["comm_bytes"] = comm_bytes;
-      if (pipelined) {
-        record["bubble"] = bubble;
-        record["bubble_theory"] = theoretical_bubble(pipe->schedule());
-        record["bubble_by_pp_rank"] = bubble_by_pp_rank;
-        record["pp_bytes_sent"] = pipe->stats().bytes_sent;
-        if (pipe->schedule().name.rfind("zb-", 0) == 0)  // what B's deferred W's kept at most
-          record["pp_deferred_mb"] = pipe->stats().max_deferred_bytes / 1048576.0;
-      }
-      reporter->report(step, record);
+      figures.loss = loss;
+      figures.lr = lr;
+      figures.grad_norm = grad_norm;
+      figures.seconds = dt;
+      figures.data_seconds = data_seconds;
+      figures.comm_wait_seconds = comm_wait;
+      figures.tokens_per_step = tokens_per_step;
+      figures.flops_per_step = flops_per_step;
+      figures.peak_tflops = peak_tflops;
+      figures.world_size = world.size();
+      figures.state_bytes = state_bytes;
+      if (scaler.enabled()) figures.loss_scale = loss_scale;
+      figures.skipped = !applied;
+      reporter->report(step, step_record(figures));
       if (options.progress && (step % tc.log_every == 0 || last || step == end_step)) {
         const double mean_dt = time_total / static_cast<double>(steps_timed);
         progress.step(step, loss, lr, grad_norm, tokens_per_step / dt,
                       mean_dt * static_cast<double>(end_step - step));
-        if (val >= 0) {
+        if (figures.val_loss) {
           char buf[96];
-          std::snprintf(buf, sizeof buf, "step %ld: val loss %.4f", static_cast<long>(step), val);
+          std::snprintf(buf, sizeof buf, "step %ld: val loss %.4f", static_cast<long>(step),
+                        *figures.val_loss);
           progress.message(buf);
         }
       }

@@ -1,0 +1,50 @@
+#include "train/step_record.h"
+
+namespace loom {
+
+nlohmann::json step_record(const StepFigures& f) {
+  constexpr double kMiB = 1048576.0;
+  const auto ms = [](const AxisFigures& a) {
+    return nlohmann::json{
+        {"dp", a.dp * 1e3}, {"pp", a.pp * 1e3}, {"tp", a.tp * 1e3}, {"cp", a.cp * 1e3}};
+  };
+  const double flops_per_s = f.flops_per_step / f.seconds;
+  nlohmann::json record = {
+      {"step", f.step},
+      {"loss", f.loss},
+      {"lr", f.lr},
+      {"grad_norm", f.grad_norm},
+      {"tokens_per_s", static_cast<double>(f.tokens_per_step) / f.seconds},
+      {"step_ms", f.seconds * 1e3},
+      {"comm_wait_ms", f.comm_wait_seconds * 1e3},
+      {"data_ms", f.data_seconds * 1e3},
+      {"comm_ms", ms(f.comm_seconds)},
+      {"compute_ms", f.compute_seconds() * 1e3},
+      {"tflops", flops_per_s / 1e12},
+      {"mfu", flops_per_s / (f.peak_tflops * 1e12 * f.world_size)},
+      {"tokens", f.step * f.tokens_per_step},
+      {"peak_mem_mb", static_cast<double>(f.peak_bytes) / kMiB},
+      {"mem_params_mb", static_cast<double>(f.state_bytes.params) / kMiB},
+      {"mem_grads_mb", static_cast<double>(f.state_bytes.grads) / kMiB},
+      {"mem_optimizer_mb", static_cast<double>(f.state_bytes.optimizer) / kMiB},
+      {"mem_activations_peak_mb", static_cast<double>(f.peak_bytes - f.held_bytes) / kMiB}};
+  if (f.val_loss) record["val_loss"] = *f.val_loss;
+  if (f.loss_scale) record["loss_scale"] = *f.loss_scale;
+  if (f.skipped) record["skipped"] = true;
+  record["comm_bytes"] = {{"dp", f.comm_bytes.dp},
+                          {"pp", f.comm_bytes.pp},
+                          {"tp", f.comm_bytes.tp},
+                          {"cp", f.comm_bytes.cp}};
+  if (f.pipeline) {
+    const PipelineFigures& p = *f.pipeline;
+    record["bubble"] = p.bubble;
+    record["bubble_theory"] = p.bubble_theory;
+    record["bubble_by_pp_rank"] = p.bubble_by_pp_rank;
+    record["pp_bytes_sent"] = p.bytes_sent;
+    if (p.max_deferred_bytes)
+      record["pp_deferred_mb"] = static_cast<double>(*p.max_deferred_bytes) / kMiB;
+  }
+  return record;
+}
+
+}  // namespace loom

@@ -1,0 +1,63 @@
+// What one training step measured on a rank, and the metrics.jsonl record world rank 0 writes
+// from it (the fields: docs/formats.md, metrics.jsonl). Kept apart from the training loop, which
+// gathers the figures, so that the loop reads as the step it runs.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "parallel/data_parallel.h"
+
+namespace loom {
+
+// One value per mesh axis, in the record's order.
+struct AxisFigures {
+  double dp = 0, pp = 0, tp = 0, cp = 0;
+};
+struct AxisBytes {
+  int64_t dp = 0, pp = 0, tp = 0, cp = 0;
+};
+
+// A pipeline's share of the record (pp > 1).
+struct PipelineFigures {
+  double bubble = 0;         // this rank's, over the step
+  double bubble_theory = 0;  // the schedule's, at unit costs
+  std::vector<double> bubble_by_pp_rank;
+  int64_t bytes_sent = 0;
+  // What the zero-bubble schedules' deferred weight gradients kept at most (zb-* only).
+  std::optional<int64_t> max_deferred_bytes;
+};
+
+struct StepFigures {
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double seconds = 0;            // the step's wall time on this rank
+  double data_seconds = 0;       // in the loader, and copying batches to the device
+  double comm_wait_seconds = 0;  // comm_wait_ms: the engine's waits (the stream's on GPUs)
+  AxisFigures comm_seconds;      // blocked on each axis' communication
+  AxisBytes comm_bytes;          // handed to each axis' communicator
+  int64_t tokens_per_step = 0;
+  double flops_per_step = 0;  // the model's, all ranks
+  double peak_tflops = 0;     // one rank's, for the MFU
+  int world_size = 1;
+  int64_t peak_bytes = 0;  // the allocator's peak during the step
+  int64_t held_bytes = 0;  // in use when the step began: the peak above it is activations
+  DataParallelMemory state_bytes;
+  std::optional<double> val_loss;
+  std::optional<double> loss_scale;  // with loss scaling on
+  bool skipped = false;              // overflowed gradients: no optimizer step
+  std::optional<PipelineFigures> pipeline;
+
+  // Where the step went apart from the loader and the waits on communication: computing.
+  double compute_seconds() const {
+    const double c = seconds - data_seconds - comm_seconds.dp - comm_seconds.pp - comm_seconds.tp -
+                     comm_seconds.cp;
+    return c > 0 ? c : 0.0;
+  }
+};
+
+nlohmann::json step_record(const StepFigures& f);
+
+}  // namespace loom
