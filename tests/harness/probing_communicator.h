@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "comm/forwarding.h"
 
@@ -48,6 +49,22 @@ class ProbingCommunicator final : public ForwardingCommunicator {
   WorkHandle probed(WorkHandle work) {
     if (on_issue) on_issue();
     return std::make_shared<ProbedWork>(std::move(work), on_wait);
+  }
+};
+
+// Whether a layer had computed `grad` (f32, host memory; zero until computed) when each reducing
+// collective was issued and when it was waited for: watch() sets the communicator's probes.
+struct GradientProbe {
+  std::vector<bool> computed_at_issue, computed_at_wait;
+
+  void watch(ProbingCommunicator& comm, const Tensor& grad) {
+    comm.on_issue = [this, &grad] { computed_at_issue.push_back(any_nonzero(grad)); };
+    comm.on_wait = [this, &grad] { computed_at_wait.push_back(any_nonzero(grad)); };
+  }
+  static bool any_nonzero(const Tensor& t) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (t.data<float>()[i] != 0.0f) return true;
+    return false;
   }
 };
 

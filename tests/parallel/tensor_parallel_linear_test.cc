@@ -143,12 +143,6 @@ TEST(TensorParallelLinear, FeaturesThatDoNotSplitAreErrors) {
   });
 }
 
-bool any_nonzero(const Tensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i)
-    if (t.data<float>()[i] != 0.0f) return true;
-  return false;
-}
-
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
@@ -166,7 +160,7 @@ TEST_P(TpBackwardOverlap, WeightGradientComputesWhileTheCollectiveIsInFlightToTh
   const Tensor x = random({kRows, kIn}, "x");
   struct Run {
     Tensor dx, dx_gelu, weight_grad, bias_grad;
-    std::vector<bool> computed_at_issue, computed_at_wait;  // the weight gradient, 1st backward
+    testing::GradientProbe weight_grad_probe;  // in the first backward
   };
   std::vector<Run> runs(2 * kRanks);  // [overlap][rank]
   for (const bool overlap : {false, true}) {
@@ -182,8 +176,7 @@ TEST_P(TpBackwardOverlap, WeightGradientComputesWhileTheCollectiveIsInFlightToTh
       const int r = tp.rank();
       Run& run = runs[static_cast<size_t>((overlap ? kRanks : 0) + r)];
       const Tensor& weight_grad = store.get("fc.weight").grad;
-      tp.on_issue = [&] { run.computed_at_issue.push_back(any_nonzero(weight_grad)); };
-      tp.on_wait = [&] { run.computed_at_wait.push_back(any_nonzero(weight_grad)); };
+      run.weight_grad_probe.watch(tp, weight_grad);
       const int64_t rows = kRows / kRanks, h = kHidden / kRanks;
       const Tensor x_in = sp ? x.narrow(r * rows, rows).clone() : x;
       const std::string rank = std::to_string(r);
@@ -199,10 +192,10 @@ TEST_P(TpBackwardOverlap, WeightGradientComputesWhileTheCollectiveIsInFlightToTh
   }
   for (int r = 0; r < kRanks; ++r) {
     const Run &off = runs[static_cast<size_t>(r)], &on = runs[static_cast<size_t>(kRanks + r)];
-    EXPECT_EQ(off.computed_at_issue, std::vector<bool>{true}) << "rank " << r;
-    EXPECT_EQ(off.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
-    EXPECT_EQ(on.computed_at_issue, std::vector<bool>{false}) << "rank " << r;
-    EXPECT_EQ(on.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(off.weight_grad_probe.computed_at_issue, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(off.weight_grad_probe.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(on.weight_grad_probe.computed_at_issue, std::vector<bool>{false}) << "rank " << r;
+    EXPECT_EQ(on.weight_grad_probe.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
     EXPECT_TRUE(same_bits(off.dx, on.dx)) << "rank " << r;
     EXPECT_TRUE(same_bits(off.dx_gelu, on.dx_gelu)) << "rank " << r;
     EXPECT_TRUE(same_bits(off.weight_grad, on.weight_grad)) << "rank " << r;

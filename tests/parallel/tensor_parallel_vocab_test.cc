@@ -23,12 +23,6 @@ namespace {
 
 constexpr int64_t kV = 257, kC = 8, kB = 2, kT = 4, kN = kB * kT;
 
-bool any_nonzero(const Tensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i)
-    if (t.data<float>()[i] != 0.0f) return true;
-  return false;
-}
-
 double scale_of(const Tensor& t) {
   double m = 0;
   for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(double{t.data<float>()[i]}));
@@ -134,7 +128,7 @@ TEST_P(HeadBackwardOverlap, WeightGradientComputesWhileTheCollectiveIsInFlightTo
   init_normal(final, 2, "final", 0.0f, 1.0f);
   struct Run {
     Tensor dfinal, dwte;
-    std::vector<bool> computed_at_issue, computed_at_wait;  // the wte shard's gradient
+    testing::GradientProbe dwte_probe;  // the wte shard's gradient
   };
   std::vector<Run> runs(2 * kRanks);  // [overlap][rank]
   for (const bool overlap : {false, true}) {
@@ -151,8 +145,7 @@ TEST_P(HeadBackwardOverlap, WeightGradientComputesWhileTheCollectiveIsInFlightTo
       vocab.head_forward(ctx, final, targets, &loss);  // (its all-reduces are not probed yet)
       Run& run = runs[static_cast<size_t>((overlap ? kRanks : 0) + tp.rank())];
       const Tensor& dwte = vocab.wte()->grad;
-      tp.on_issue = [&] { run.computed_at_issue.push_back(any_nonzero(dwte)); };
-      tp.on_wait = [&] { run.computed_at_wait.push_back(any_nonzero(dwte)); };
+      run.dwte_probe.watch(tp, dwte);
       run.dfinal = vocab.head_backward(ctx, 1.0);
       tp.on_issue = tp.on_wait = nullptr;
       run.dwte = dwte.clone();
@@ -160,10 +153,10 @@ TEST_P(HeadBackwardOverlap, WeightGradientComputesWhileTheCollectiveIsInFlightTo
   }
   for (int r = 0; r < kRanks; ++r) {
     const Run &off = runs[static_cast<size_t>(r)], &on = runs[static_cast<size_t>(kRanks + r)];
-    EXPECT_EQ(off.computed_at_issue, std::vector<bool>{true}) << "rank " << r;
-    EXPECT_EQ(off.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
-    EXPECT_EQ(on.computed_at_issue, std::vector<bool>{false}) << "rank " << r;
-    EXPECT_EQ(on.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(off.dwte_probe.computed_at_issue, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(off.dwte_probe.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
+    EXPECT_EQ(on.dwte_probe.computed_at_issue, std::vector<bool>{false}) << "rank " << r;
+    EXPECT_EQ(on.dwte_probe.computed_at_wait, std::vector<bool>{true}) << "rank " << r;
     EXPECT_EQ(std::memcmp(off.dfinal.raw(), on.dfinal.raw(), off.dfinal.nbytes()), 0)
         << "rank " << r;
     EXPECT_EQ(std::memcmp(off.dwte.raw(), on.dwte.raw(), off.dwte.nbytes()), 0) << "rank " << r;

@@ -142,6 +142,28 @@ void TrainTest::expect_losses_near(const std::string& want, const std::string& g
     }
 }
 
+// Run s's start-up estimate of its activations (train/layout_report.h) over their measured
+// peak, expected within (low, high) and kept in the test's XML output as `property` (none: "").
+double expect_activation_estimate(const TrainSummary& s, double low, double high,
+                                  const std::string& property = "activation_estimate_ratio") {
+  const double ratio = static_cast<double>(s.expected_activation_bytes) /
+                       static_cast<double>(s.activation_peak_bytes);
+  EXPECT_GT(ratio, low) << s.layout_report;
+  EXPECT_LT(ratio, high) << s.layout_report;
+  if (!property.empty()) ::testing::Test::RecordProperty(property, std::to_string(ratio));
+  return ratio;
+}
+
+// A run with 16-bit activations' measured peak over its fp32 twin's, expected below `most` and
+// kept in the test's XML output.
+void expect_sixteen_bit_peak_below(const TrainSummary& s16, const TrainSummary& s32, double most) {
+  const double kept = static_cast<double>(s16.activation_peak_bytes) /
+                      static_cast<double>(s32.activation_peak_bytes);
+  EXPECT_LT(kept, most) << "16-bit peak " << s16.activation_peak_bytes << " vs fp32 "
+                        << s32.activation_peak_bytes;
+  ::testing::Test::RecordProperty("bf16_over_fp32_activation_peak", std::to_string(kept));
+}
+
 // The fields that define the run (timing fields differ between runs by nature).
 void expect_same_run(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b) {
   ASSERT_EQ(a.size(), b.size());
@@ -723,10 +745,7 @@ TEST_F(TrainTest, Fp16GemmsWithDynamicLossScalingTrainOnTheGpu) {
   EXPECT_LT(s.last_loss, s.first_loss - 0.3) << "fp16 with loss scaling did not train";
   // The layout report's activation estimate counts the activations kept in 16 bits as such
   // (1.10 of the measured peak here; 1.37 when it counted them as fp32).
-  const double ratio = static_cast<double>(s.expected_activation_bytes) /
-                       static_cast<double>(s.activation_peak_bytes);
-  EXPECT_GT(ratio, 0.8) << s.layout_report;
-  EXPECT_LT(ratio, 1.2) << s.layout_report;
+  expect_activation_estimate(s, 0.8, 1.2, "");
 }
 
 // Tensor parallelism on GPUs at bf16 (two GPUs, sequence parallelism): the norms write their
@@ -772,18 +791,9 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
     const double want = two[i]["grad_norm"], got = selective[i]["grad_norm"];
     EXPECT_NEAR(got, want, 1e-3 * want) << "selective, grad_norm at step " << i + 1;
   }
-  EXPECT_LT(static_cast<double>(bf16.activation_peak_bytes),
-            0.74 * static_cast<double>(fp32.activation_peak_bytes))
-      << "bf16 " << bf16.activation_peak_bytes << " vs fp32 " << fp32.activation_peak_bytes;
+  expect_sixteen_bit_peak_below(bf16, fp32, 0.74);
   EXPECT_LT(bf16.expected_activation_bytes, fp32.expected_activation_bytes);
-  const double ratio = static_cast<double>(bf16.expected_activation_bytes) /
-                       static_cast<double>(bf16.activation_peak_bytes);
-  EXPECT_GT(ratio, 0.7) << bf16.layout_report;
-  EXPECT_LT(ratio, 1.4) << bf16.layout_report;
-  RecordProperty("bf16_over_fp32_activation_peak",
-                 std::to_string(static_cast<double>(bf16.activation_peak_bytes) /
-                                static_cast<double>(fp32.activation_peak_bytes)));
-  RecordProperty("activation_estimate_ratio", std::to_string(ratio));
+  expect_activation_estimate(bf16, 0.7, 1.4);
 
   Config llama = c;  // 4 query heads of 64 sharing 2 key/value heads: one of those a rank
   llama.model.arch = "llama";
@@ -811,11 +821,7 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
   llama_tp.parallel.recompute = "none";
   const TrainSummary cp_tp = run_training(llama_tp, options("llama_cp_tp_bf16"));
   expect_losses_near("llama_one_gpu", "llama_cp_tp_bf16", 2e-2);
-  const double cp_tp_ratio = static_cast<double>(cp_tp.expected_activation_bytes) /
-                             static_cast<double>(cp_tp.activation_peak_bytes);
-  EXPECT_GT(cp_tp_ratio, 0.9) << cp_tp.layout_report;
-  EXPECT_LT(cp_tp_ratio, 1.2) << cp_tp.layout_report;
-  RecordProperty("llama_cp_tp_activation_estimate_ratio", std::to_string(cp_tp_ratio));
+  expect_activation_estimate(cp_tp, 0.9, 1.2, "llama_cp_tp_activation_estimate_ratio");
 }
 
 // The vocabulary-parallel head at bf16 keeps its shard of the logits, and their gradient over
@@ -843,16 +849,8 @@ TEST_F(TrainTest, TensorParallelHeadAtBf16KeepsItsLogitsInSixteenBits) {
   tp.runtime.matmul_precision = "fp32";
   const TrainSummary fp32 = run_training(tp, options("head_tp_fp32"));
   expect_losses_near("head_one_gpu", "head_tp_bf16", 2e-2);
-  const double kept = static_cast<double>(bf16.activation_peak_bytes) /
-                      static_cast<double>(fp32.activation_peak_bytes);
-  EXPECT_LT(kept, 0.65) << "bf16 peak " << bf16.activation_peak_bytes << " vs fp32 "
-                        << fp32.activation_peak_bytes;
-  const double ratio = static_cast<double>(bf16.expected_activation_bytes) /
-                       static_cast<double>(bf16.activation_peak_bytes);
-  EXPECT_GT(ratio, 0.7) << bf16.layout_report;
-  EXPECT_LT(ratio, 1.4) << bf16.layout_report;
-  RecordProperty("bf16_over_fp32_activation_peak", std::to_string(kept));
-  RecordProperty("activation_estimate_ratio", std::to_string(ratio));
+  expect_sixteen_bit_peak_below(bf16, fp32, 0.65);
+  expect_activation_estimate(bf16, 0.7, 1.4);
 }
 
 // Data parallelism over two GPUs (nccl) with the gradients reduced in bf16 and ZeRO-3's
@@ -993,17 +991,12 @@ TEST_F(TrainTest, LlamaTrainsEvaluatesAndResumes) {
   EXPECT_GT(s.last_val_loss, 0);
   // The estimate over the measured peak: as close as GPT-2's on the same sizes (1.31 here: two
   // small blocks, where the one block's worth the estimate adds on top weighs most).
-  const auto ratio_of = [](const TrainSummary& t) {
-    return static_cast<double>(t.expected_activation_bytes) /
-           static_cast<double>(t.activation_peak_bytes);
-  };
   Config gpt2 = config(3);
   gpt2.model.n_heads = 4;
-  const double ratio = ratio_of(s), gpt2_ratio = ratio_of(run_training(gpt2, options("gpt2")));
-  EXPECT_GT(ratio, 0.8) << s.layout_report;
-  EXPECT_LT(ratio, 1.4) << s.layout_report;
+  const double ratio = expect_activation_estimate(s, 0.8, 1.4);
+  const double gpt2_ratio =
+      expect_activation_estimate(run_training(gpt2, options("gpt2")), 0.8, 1.4, "");
   EXPECT_NEAR(ratio, gpt2_ratio, 0.1) << s.layout_report;
-  RecordProperty("activation_estimate_ratio", std::to_string(ratio));
   stop_and_resume(c, "llama_resumed", 4);
   expect_same_run(metrics("llama"), metrics("llama_resumed"));
 }
@@ -1031,18 +1024,10 @@ TEST_F(TrainTest, LlamaAtBf16OnTheGpuKeepsItsActivationsInSixteenBits) {
     EXPECT_NEAR(got, want, 2e-2 * want) << "step " << i + 1;
   }
   EXPECT_LT(bf16.last_loss, bf16.first_loss - 0.3) << "the bf16 Llama did not train";
-  const double kept = static_cast<double>(bf16.activation_peak_bytes) /
-                      static_cast<double>(fp32.activation_peak_bytes);
-  EXPECT_LT(kept, 0.75) << "bf16 peak " << bf16.activation_peak_bytes << " vs fp32 "
-                        << fp32.activation_peak_bytes;
-  const double ratio = static_cast<double>(bf16.expected_activation_bytes) /
-                       static_cast<double>(bf16.activation_peak_bytes);
+  expect_sixteen_bit_peak_below(bf16, fp32, 0.75);
   // (1.22 since the emulator's 16-bit-output GEMMs stopped counting an fp32 accumulator that a GPU
   // holds in registers: the estimate's block inventory runs above this small model's peak.)
-  EXPECT_GT(ratio, 0.8) << bf16.layout_report;
-  EXPECT_LT(ratio, 1.3) << bf16.layout_report;
-  RecordProperty("bf16_over_fp32_activation_peak", std::to_string(kept));
-  RecordProperty("activation_estimate_ratio", std::to_string(ratio));
+  expect_activation_estimate(bf16, 0.8, 1.3);
 }
 
 #ifdef LOOM_CUDA_EMULATE
@@ -1310,9 +1295,7 @@ TEST_F(TrainTest, ContextParallelGpusTrainTheCpuRun) {
       return static_cast<double>(t.activation_peak_bytes);
     };
     EXPECT_LT(peak(s16), 0.75 * peak(s32));
-    const double estimate = static_cast<double>(s16.expected_activation_bytes) / peak(s16);
-    EXPECT_GT(estimate, 0.95) << s16.layout_report;
-    EXPECT_LT(estimate, 1.15) << s16.layout_report;
+    expect_activation_estimate(s16, 0.95, 1.15, "");
     const auto want = metrics(one), got = metrics(gpus), got16 = metrics(bf16);
     ASSERT_EQ(got.size(), want.size());
     ASSERT_EQ(got16.size(), want.size());
@@ -1341,11 +1324,8 @@ TEST_F(TrainTest, ContextParallelGpusTrainTheCpuRun) {
     const TrainSummary s_tp = run_training(tp, options(cp_tp));
     // GPT-2's peak here was 659456 B when the tp block kept its qkv and output in fp32 under cp
     // (estimate 1.11 of it), 643072 B now (1.10).
-    const double estimate_tp = static_cast<double>(s_tp.expected_activation_bytes) / peak(s_tp);
-    EXPECT_GT(estimate_tp, 0.95) << s_tp.layout_report;
-    EXPECT_LT(estimate_tp, 1.15) << s_tp.layout_report;
+    expect_activation_estimate(s_tp, 0.95, 1.15, cp_tp + "_estimate_ratio");
     RecordProperty(cp_tp + "_activation_peak", std::to_string(peak(s_tp)));
-    RecordProperty(cp_tp + "_estimate_ratio", std::to_string(estimate_tp));
     const auto got_tp = metrics(cp_tp);
     ASSERT_EQ(got_tp.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
