@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -37,6 +38,22 @@
 namespace {
 
 using namespace loom;
+
+// CLI11's PositiveNumber / NonNegativeNumber reject a 0 with "Value 0 not in range 0.000000 to
+// 1797693134862315708...": these say it plainly ("--devices: must be positive, got 0").
+CLI::Validator number_at_least(double least, bool inclusive, const std::string& what) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        const bool number = end != text.c_str() && *end == '\0';
+        if (number && (inclusive ? v >= least : v > least)) return "";
+        return "must be " + what + ", got '" + text + "'";
+      },
+      what == "positive" ? "POSITIVE" : "NONNEGATIVE");
+}
+const CLI::Validator kPositive = number_at_least(0, false, "positive");
+const CLI::Validator kNonNegative = number_at_least(0, true, "zero or more");
 
 struct TrainArgs {
   std::string config_path;
@@ -330,14 +347,17 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   train_cmd->add_option("--run-dir", train.run_dir, "output directory (default runs/<config name>)");
   train_cmd->add_option("--resume", train.resume, "'auto' (latest checkpoint in the run dir) or a checkpoint dir");
-  train_cmd->add_option("--stop-after", train.stop_after,
-                        "end after this step with a checkpoint (the LR schedule still follows train.steps)")
-      ->check(CLI::PositiveNumber);
+  train_cmd
+      ->add_option(
+          "--stop-after", train.stop_after,
+          "end after this step with a checkpoint (the LR schedule still follows train.steps)")
+      ->check(kPositive);
   train_cmd->add_flag("--quiet", train.quiet, "no progress output");
-  train_cmd->add_option("--ranks", train.ranks,
-                        "thread ranks of the local backend (sets runtime.ranks; with no parallel "
-                        "degree set, all go to data parallelism)")
-      ->check(CLI::PositiveNumber);
+  train_cmd
+      ->add_option("--ranks", train.ranks,
+                   "thread ranks of the local backend (sets runtime.ranks; with no parallel "
+                   "degree set, all go to data parallelism)")
+      ->check(kPositive);
 
   CheckArgs check;
   auto* check_cmd = app.add_subcommand(
@@ -350,18 +370,19 @@ int main(int argc, char** argv) {
                         "schedule, virtual_stages|v, sequence_parallel|sp, micro_batch_size|mbs)")
       ->capture_default_str();
   check_cmd->add_option("--steps", check.options.steps, "training steps per run")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(kPositive);
   check_cmd->add_option("--layers", check.options.max_layers, "cap model.n_layers")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   check_cmd->add_option("--seq-len", check.options.max_seq_len, "cap model.seq_len")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   check.tolerance =
       check_cmd
           ->add_option("--tolerance", check.options.tolerance,
                        "largest relative deviation reported as ok (default 1e-2 at bf16 / fp16 "
                        "matmul precision)")
           ->capture_default_str()
-          ->check(CLI::NonNegativeNumber);
+          ->check(kNonNegative);
   check_cmd->add_option("--out", check.options.out_dir,
                         "directory for the runs, kept (default: a temporary directory, removed)");
   check_cmd->add_flag("--keep", check.options.keep, "keep the temporary directory of the runs");
@@ -442,7 +463,7 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   plan_cmd->add_option("--devices", plan.devices, "GPUs in the job")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   plan_cmd
       ->add_option("--hardware", plan_hardware, "h100, h200, a100-80g, a100-40g, h100-pcie or l40s")
       ->capture_default_str();
@@ -471,10 +492,10 @@ int main(int argc, char** argv) {
       ->add_option("--max-restarts", launch.max_restarts,
                    "restarts after failures in a row that saved no new checkpoint")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   launch_cmd->add_option("--restart-delay", launch.restart_delay_s, "seconds before each restart")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   launch_cmd->add_option(
       "--run-dir", launch.run_dir,
       "the run directory to watch (default: the command's loom train --run-dir)");
@@ -482,12 +503,12 @@ int main(int argc, char** argv) {
       ->add_option("--stall-timeout", launch.stall_timeout_s,
                    "stop and restart an attempt that logs no step for this many seconds (0: never)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   launch_cmd
       ->add_option("--kill-grace", launch.kill_grace_s,
                    "seconds between SIGTERM and SIGKILL for a stalled attempt")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   launch_cmd->add_option("command", launch_command, "the command, after --")->required();
 
   std::string shape = "bench-s";

@@ -329,16 +329,17 @@ void resolve_parallel_degrees(ParallelConfig& par, int world) {
     given_keys += std::string(given_keys.empty() ? "" : " × ") + d.key;
     given_values += (given_values.empty() ? "" : " × ") + std::to_string(*d.value);
   }
-  const std::string stated = given_keys.empty() ? std::string("1 (no degree set)")
-                                                : given_keys + " = " + given_values;
+  // "parallel.dp = 2", or "parallel.dp × parallel.tp = 2 × 3 = 6" for a product.
+  std::string stated =
+      given_keys.empty() ? std::string("1 (no degree set)") : given_keys + " = " + given_values;
+  if (given_values.find(" × ") != std::string::npos) stated += " = " + std::to_string(given);
   if (missing.empty()) {
-    if (given != world)
-      fail(stated, " = ", given, " does not equal the ", world, " ranks of the job");
+    if (given != world) fail(stated, " does not equal the ", world, " ranks of the job");
     return;
   }
   if (world % given != 0)
-    fail(stated, " = ", given, " does not divide the ", world, " ranks of the job, so ",
-         missing.front().key, " cannot be inferred");
+    fail(stated, " does not divide the ", world, " ranks of the job, so ", missing.front().key,
+         " cannot be inferred");
   // Who takes the rest: dp when left out, else the one left-out degree.
   const bool dp_missing = par.dp == 0;
   for (const Degree& d : missing)

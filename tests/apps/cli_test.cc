@@ -144,6 +144,15 @@ TEST_F(Cli, BadCommandLineIsUsageError) {
   Result r = run("train");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(run("frobnicate").code, 0);
+  // A number out of range names the option and the value, plainly (not CLI11's "not in range
+  // 0.000000 to 1.79...e308").
+  r = run("plan " + path("any.toml") + " --devices 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--devices: must be positive, got '0'"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("not in range"), std::string::npos) << r.output;
+  r = run("train " + path("any.toml") + " --ranks -2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--ranks: must be positive, got '-2'"), std::string::npos) << r.output;
 }
 
 // `loom checkpoint verify` checks a run's checkpoints against their recorded digests: exit 0 when

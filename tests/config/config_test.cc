@@ -294,8 +294,9 @@ TEST(Config, ParallelDegreesLeftOutAreInferred) {
   };
   EXPECT_EQ(error(2, 2, 1, 8),
             "parallel.dp × parallel.tp × parallel.pp = 2 × 2 × 1 = 4 does not equal the 8 ranks of the job");
-  EXPECT_EQ(error(0, 3, 0, 8),
-            "parallel.tp = 3 = 3 does not divide the 8 ranks of the job, so parallel.dp cannot be inferred");
+  EXPECT_EQ(
+      error(0, 3, 0, 8),
+      "parallel.tp = 3 does not divide the 8 ranks of the job, so parallel.dp cannot be inferred");
   EXPECT_TRUE(Contains(error(2, 0, 0, 8), "set parallel.tp or parallel.pp"));
   EXPECT_TRUE(Contains(error(-1, 0, 0, 8), "parallel.dp = -1 must be positive"));
 }
