@@ -409,11 +409,12 @@ void PipelineParallel::optimizer_step(float lr) {
   for (auto& engine : engines_) engine->optimizer_step(lr);
 }
 
-double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
+double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets, StepLosses* queue) {
   // Stage by stage, forward only; each rank visits its stages in increasing order, so every
   // receive's sender is already on its way.
   Context ctx{&pool_, device_, DType::kF32, nullptr};
   ctx.sequence = config_.sequence;
+  ctx.losses = queue;
   ctx.ids_checked = config_.ids_checked;  // the trainer's loaders check them, evaluation's too
   const int S = schedule_.stages();
   double loss = 0;
@@ -432,7 +433,14 @@ double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets) {
       if (WorkHandle w = send_boundary(out, rank_of_stage(s + 1), tag(0, s + 1, false)))
         w->wait_on_device();
   }
+  if (queue != nullptr) return 0.0;
   return all_reduce_value(pp_, loss);  // non-zero on the last stage's rank only
+}
+
+double PipelineParallel::queued_loss_sum(StepLosses& queue) {
+  double sum = 0;
+  for (double mean : queue.take()) sum += mean;  // the last stage's rank's; empty elsewhere
+  return all_reduce_value(pp_, sum);
 }
 
 }  // namespace loom

@@ -107,8 +107,12 @@ class PipelineParallel {
   // over tp counted once); clips.
   double clip_grad_norm(double max_norm, double loss_scale = 1.0);
   void optimizer_step(float lr);
-  // Mean loss of one batch through the stages, forward only (evaluation), on every pp rank.
-  double evaluate(const Tensor& tokens, const Tensor& targets);
+  // Mean loss of one batch through the stages, forward only (evaluation), on every pp rank. With
+  // `queue`, the last stage's head queues the mean there instead (nn/step_losses.h) and every
+  // rank returns 0; queued_loss_sum then gives the sum of the queued means on every pp rank, with
+  // one read of the device and one collective for all the batches — on GPUs no wait per batch.
+  double evaluate(const Tensor& tokens, const Tensor& targets, StepLosses* queue = nullptr);
+  double queued_loss_sum(StepLosses& queue);
 
   const PipelineSchedule& schedule() const { return schedule_; }
   // The part of the model that stage s holds.

@@ -221,43 +221,40 @@ struct RankModel {
 double validation_loss(const RankModel& model, const Config& config, DeviceMesh& mesh,
                        const std::vector<std::string>& shards, Device device) {
   Communicator* split = config.parallel.zero < 3 ? &mesh.axis("dp") : nullptr;
-  // One model's batches queue their losses (nn/step_losses.h) and the host reads them once, as a
-  // step's: on a GPU one wait for the evaluation instead of one a batch. (A pipeline's come from
-  // its last stage, a cp group's are averaged over it per batch: read each.)
-  const bool queue_losses = model.pipe == nullptr && model.sequence == nullptr;
+  // The batches queue their losses (nn/step_losses.h) and the host reads them once, as a step's:
+  // on a GPU no wait per batch. A pipeline's come from its last stage, summed over pp once; a cp
+  // group's ranks each sum their positions' means, averaged over cp once (equal token counts).
+  // With context parallelism the loader's batches stay on the host, where each rank cuts its
+  // positions and uploads only those, queued.
+  const bool cut_on_host = model.sequence != nullptr;
   Context& ctx = *model.ctx;
   const auto micro_batch_loss = [&](const Tensor& full_in, const Tensor& full_tg) {
     Tensor in = full_in, tg = full_tg;
-    if (model.sequence != nullptr) {  // its positions, cut on the host
-      const auto mine = [&](const Tensor& t) {
-        return shard_tokens(t.device().is_cpu() ? t : t.to(Device::cpu()),
-                            model.sequence->positions())
-            .to(device);
-      };
-      in = mine(full_in);
-      tg = mine(full_tg);
+    if (cut_on_host) {
+      in = shard_tokens(full_in, model.sequence->positions()).to_queued(device);
+      tg = shard_tokens(full_tg, model.sequence->positions()).to_queued(device);
     }
-    double l = 0;
-    if (model.pipe != nullptr) {
-      l = model.pipe->evaluate(in, tg);
-    } else {
-      ctx.losses = queue_losses ? model.losses : nullptr;  // read after the last batch
-      model.whole->forward_part(ctx, in, tg, &l);
-      ctx.losses = nullptr;
-      model.whole->clear_cache();
-    }
-    return model.sequence != nullptr ? all_reduce_value(*model.cp, l, ReduceOp::kAvg) : l;
+    if (model.pipe != nullptr) return model.pipe->evaluate(in, tg, model.losses);
+    ctx.losses = model.losses;  // read after the last batch
+    model.whole->forward_part(ctx, in, tg, nullptr);
+    ctx.losses = nullptr;
+    model.whole->clear_cache();
+    return 0.0;
   };
   const auto queued_sum = [&] {
     double sum = 0;
-    for (double mean : model.losses->take()) sum += mean;
-    return sum;
+    if (model.pipe != nullptr) {
+      sum = model.pipe->queued_loss_sum(*model.losses);
+    } else {
+      for (double mean : model.losses->take()) sum += mean;
+    }
+    return cut_on_host ? all_reduce_value(*model.cp, sum, ReduceOp::kAvg) : sum;
   };
   ctx.ids_checked = true;  // by evaluate's loader, naming the shard
   const double val =
       evaluate(micro_batch_loss, shards, config.train.micro_batch_size, config.model.seq_len,
-               config.train.eval_batches, device, split, config.model.vocab_size,
-               queue_losses ? std::function<double()>(queued_sum) : nullptr);
+               config.train.eval_batches, cut_on_host && device.is_cuda() ? Device::cpu() : device,
+               split, config.model.vocab_size, queued_sum);
   ctx.ids_checked = false;
   return val;
 }

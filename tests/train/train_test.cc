@@ -1203,19 +1203,34 @@ TEST_F(TrainTest, GpuStepsWaitForTheGpuAFewTimesWhateverTheDepth) {
 // that: synchronous uploads and the embedding kernel's own id check too). From 1-step runs
 // evaluating 1 and 3 batches.
 TEST_F(TrainTest, GpuEvaluationBatchesDoNotWaitForTheGpu) {
-  const auto waits = [&](int64_t batches) {
+  const auto waits = [&](const std::string& axis, int ranks, int64_t batches) {
     Config c = config(1);
     c.runtime.device = "cuda";
+    c.runtime.ranks = ranks;
+    c.parallel.pp = axis == "pp" ? ranks : 1;
+    c.parallel.cp = axis == "cp" ? ranks : 1;
+    c.parallel.dp = 1;
     c.train.warmup_steps = 0;
     c.train.eval_every = 1;
     c.train.eval_batches = batches;
     const int64_t before = cuda_emu::host_activity().host_waits + nccl_host_waits();
-    run_training(c, options("eval_" + std::to_string(batches)));
+    run_training(c,
+                 options("eval_" + axis + std::to_string(ranks) + "_" + std::to_string(batches)));
     return cuda_emu::host_activity().host_waits + nccl_host_waits() - before;
   };
-  const double per_batch = static_cast<double>(waits(3) - waits(1)) / 2;
+  const double per_batch = static_cast<double>(waits("pp", 1, 3) - waits("pp", 1, 1)) / 2;
   EXPECT_EQ(per_batch, 0.0);
   RecordProperty("host_waits_per_validation_batch", std::to_string(per_batch));
+  // A pipeline's last stage queues them too, summed over pp once, and a cp group's ranks their
+  // positions' (cut on the host and uploaded queued), averaged over cp once: none a batch either
+  // (both ranks' waits counted). The validation losses are one GPU's.
+  if (cuda::device_count() < 2) return;
+  for (const std::string axis : {"pp", "cp"}) {
+    const double two = static_cast<double>(waits(axis, 2, 3) - waits(axis, 2, 1)) / 2;
+    EXPECT_EQ(two, 0.0) << axis;
+    RecordProperty(axis + "2_host_waits_per_validation_batch", std::to_string(two));
+    expect_losses_near("eval_pp1_3", "eval_" + axis + "2_3", 1e-5);
+  }
 }
 #endif
 
