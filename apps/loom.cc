@@ -555,7 +555,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   auto* bench_gemm = bench_cmd->add_subcommand("gemm", "a GPU's dense GEMM rate (the peak `bench train --device cuda` MFU is measured against)");
   bench_gemm->add_option("--device", gemm_device, "cuda or cuda:N")->capture_default_str();
-  bench_gemm->add_option("--precision", gemm_precision, "fp32, tf32, bf16 or fp16")->capture_default_str();
+  bench_gemm
+      ->add_option("--precision", gemm_precision,
+                   "fp32, tf32, bf16, fp16, or fp8 (the E4M3 tensor cores, block-scaled)")
+      ->capture_default_str();
   bench_gemm->add_option("--n", gemm_n, "the n of the n x n x n product")->capture_default_str();
   bench_gemm->add_option("--iters", gemm_iters, "timed products (the best counts)")->capture_default_str();
 

@@ -106,6 +106,11 @@ void expect_usable_gpu(Device device, const char* what) {
 }  // namespace
 
 double measure_gpu_gemm_tflops(Device device, const std::string& precision, int64_t n, int iters) {
+  if (precision == "fp8") {  // the E4M3 tensor cores (cuda::gemm_fp8)
+    expect_usable_gpu(device, "GEMM rate");
+    if constexpr (detail::kCudaBuild) return cuda::measure_fp8_gemm_tflops(device.index, n, iters);
+    return 0;
+  }
   const cuda::MatmulPrecision p = parse_precision(precision);
   expect_usable_gpu(device, "GEMM rate");
   if constexpr (detail::kCudaBuild) return cuda::measure_gemm_tflops(device.index, p, n, iters);

@@ -85,8 +85,8 @@ void matmul_backward_fp8(const Exec& ex, float* dinp, float* dweight, float* dbi
                          int64_t C, int64_t OC);
 
 // The dense GEMM rate of a GPU in TFLOP/s at a precision ("fp32", "tf32", "bf16", "fp16": 16-bit
-// operands stored as such, no casts), best of `iters` n×n×n products: the peak an MFU is measured
-// against.
+// operands stored as such, no casts; "fp8": the E4M3 tensor cores' block-scaled GEMM,
+// cuda::gemm_fp8), best of `iters` n×n×n products: the peak an MFU is measured against.
 double measure_gpu_gemm_tflops(Device device, const std::string& precision, int64_t n, int iters);
 // The memory bandwidth of a GPU in GB/s, best of `iters` device-to-device copies of `bytes`
 // (each byte read and written): the roofline of the streaming kernels.

@@ -346,6 +346,105 @@ TEST_F(CudaKernelsTest, Fp8QuantizationIsTheCpusBitForBit) {
   }
 }
 
+// E4M3's value of a byte (sign, 4 exponent bits of bias 7, 3 mantissa bits; 0x7F / 0xFF NaN).
+double e4m3_value(uint8_t bits) {
+  const int exponent = (bits >> 3) & 0xF, mantissa = bits & 7;
+  double magnitude =
+      exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  if (exponent == 0xF && mantissa == 7) magnitude = std::numeric_limits<double>::quiet_NaN();
+  return (bits & 0x80) != 0 ? -magnitude : magnitude;
+}
+
+// The fp8 tensor cores' operands and GEMM (cuda::quantize_e4m3, cuda::gemm_fp8): each E4M3 byte
+// times its block's scale is bit for bit quantize_fp8_blocks' value (1 × 128 and 128 × 128
+// blocks, edge blocks smaller, values across 16 binades, a block of zeros); a block holding an
+// infinity is stored as NaNs, so its rows' products are NaN; and the GEMM of A (1 × 128 scales)
+// with B (either scaling) is the product of those values — exact products summed in fp32, so
+// within 1e-5 of Σ|a·b| of the double product. K = 768: six column blocks, the 128 × 128 scales'
+// row padded to eight. On the emulator this checks Loom's side (quantization, scale layout, the
+// emulator's reference GEMM); on a GPU cuBLASLt's reading of the scales too.
+TEST_F(CudaKernelsTest, Fp8TensorCoreGemmIsTheQuantizedOperandsProduct) {
+  const int64_t M = 200, N = 300, K = 768;
+  std::mt19937_64 gen(230);
+  std::uniform_int_distribution<int> binade(-8, 8);
+  const auto values = [&](int64_t n, uint64_t seed) {
+    std::vector<float> x = random_floats(n, seed);
+    for (float& v : x) v = std::ldexp(v, binade(gen));
+    return x;
+  };
+  std::vector<float> a = values(M * K, 231), b = values(N * K, 232);
+  for (int64_t k = 128; k < 256; ++k) a[3 * K + k] = 0.0f;  // row 3's second block: zeros
+  a[7 * K + 500] = std::numeric_limits<float>::infinity();  // row 7's fourth block
+  const Pair pa = pair_of(a), pb = pair_of(b);
+  // The E4M3 bytes of an operand (in a float tensor's storage) and its scales.
+  struct Quantized {
+    Tensor bytes, scales;
+    cuda::Fp8Operand operand() const {
+      return {static_cast<const uint8_t*>(bytes.raw()), scales.data<float>(), scaling};
+    }
+    cuda::Fp8Scaling scaling;
+  };
+  const auto quantize = [&](const Pair& x, int64_t rows, cuda::Fp8Scaling scaling) {
+    Quantized q{
+        Tensor::empty({(rows * K + 3) / 4}, DType::kF32, Device::cuda(0)),
+        Tensor::empty({cuda::fp8_scale_count(rows, K, scaling)}, DType::kF32, Device::cuda(0)),
+        scaling};
+    cuda::quantize_e4m3(0, static_cast<uint8_t*>(q.bytes.raw()), q.scales.data<float>(), x.g(),
+                        rows, K, scaling);
+    // Bit for bit quantize_fp8_blocks' values, but for the block with the infinity.
+    const int64_t block_rows = scaling == cuda::Fp8Scaling::kVec128 ? 1 : 128;
+    Pair want = pair_of(std::vector<float>(rows * K));
+    cuda::quantize_fp8_blocks(0, want.g(), K, x.g(), K, rows, K, block_rows, 128);
+    const std::vector<float> w = want.from_gpu(), scales = q.scales.to_vector();
+    const Tensor host_bytes = q.bytes.to(Device::cpu());
+    const auto* bits = static_cast<const uint8_t*>(host_bytes.raw());
+    std::vector<double> dequantized(static_cast<size_t>(rows * K));
+    int64_t mismatches = 0, nans = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < K; ++c) {
+        const int64_t e = r * K + c;
+        const double v = e4m3_value(bits[e]) *
+                         scales[static_cast<size_t>(cuda::fp8_scale_index(rows, K, scaling, r, c))];
+        dequantized[static_cast<size_t>(e)] = v;
+        if (std::isnan(v)) {
+          ++nans;
+          continue;
+        }
+        mismatches += static_cast<float>(v) != w[static_cast<size_t>(e)];
+      }
+    EXPECT_EQ(mismatches, 0) << "bytes × scales are not quantize_fp8_blocks' values";
+    return std::make_pair(q, dequantized);
+  };
+  const auto [qa, da] = quantize(pa, M, cuda::Fp8Scaling::kVec128);
+  for (const cuda::Fp8Scaling scaling : {cuda::Fp8Scaling::kVec128, cuda::Fp8Scaling::kBlock128}) {
+    SCOPED_TRACE(scaling == cuda::Fp8Scaling::kVec128 ? "B in 1 x 128 blocks"
+                                                      : "B in 128 x 128 blocks");
+    const auto [qb, db] = quantize(pb, N, scaling);
+    Pair c = pair_of(std::vector<float>(M * N));
+    cuda::gemm_fp8(0, M, N, K, qa.operand(), qb.operand(), c.g());
+    const std::vector<float> got = c.from_gpu();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        const float g = got[static_cast<size_t>(i * N + j)];
+        if (i == 7) {  // the row with the infinity
+          bad += !std::isnan(g);
+          continue;
+        }
+        double sum = 0, magnitude = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = da[static_cast<size_t>(i * K + k)] * db[static_cast<size_t>(j * K + k)];
+          sum += p;
+          magnitude += std::abs(p);
+        }
+        if (!(std::abs(g - sum) <= 1e-5 * magnitude + 1e-30)) {
+          if (bad++ < 5) ADD_FAILURE() << "C[" << i << "][" << j << "] = " << g << ", want " << sum;
+        }
+      }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 // A Linear at fp8 on the GPU (ops::matmul_forward_fp8 / matmul_backward_fp8, and the plain
 // linear ops routing to them) computes the CPU's: the same quantized operands, the products
 // exact on the bf16 GEMM, only the order of the fp32 sums differs. At fp8 the GPU keeps no

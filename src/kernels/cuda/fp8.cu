@@ -4,8 +4,9 @@
 // E4M3 (to nearest even, saturating; subnormal steps of 2^-9) and scaled back. Such a value is
 // exact in bf16, so the GEMMs run at bf16 on the quantized operands and their products are exact,
 // summed in fp32: what an fp8 tensor-core GEMM with per-block scales computes, up to the order
-// of the sums. (The E4M3 tensor-core GEMM itself, cuBLASLt's VEC128 / BLK128x128 scale modes, is
-// the next step; these kernels are its quantization and its reference.)
+// of the sums. The E4M3 tensor-core GEMM itself (gemm.cu: gemm_fp8, cuBLASLt's VEC128 /
+// BLK128x128 scale modes) takes the same values as bytes and scales, from quantize_e4m3 here;
+// training does not use it yet.
 //
 // One CUDA block per quantization block: its largest |value| by a block reduction in which a NaN
 // wins (the block is then copied as it is, so an overflow still reaches the loss scaler), then
@@ -69,6 +70,24 @@ __device__ inline float nan_max(float m, float a) {
   return (a > m || a != a) ? a : m;
 }
 
+// The largest |value| of the nr × nc values of `in` (row stride ld) from row r0, column c0, a NaN
+// winning: by the CUDA block's kFp8Threads threads, `warp_max` their shared scratch; every thread
+// gets it.
+__device__ float block_amax(float* warp_max, const float* in, int64_t ld, int64_t r0, int64_t c0,
+                            int64_t nr, int64_t nc) {
+  const int64_t n = nr * nc;
+  float m = 0.0f;
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x)
+    m = nan_max(m, fabsf(in[(r0 + e / nc) * ld + c0 + e % nc]));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  float amax = 0.0f;
+  for (int w = 0; w < kFp8Threads / 32; ++w) amax = nan_max(amax, warp_max[w]);
+  return amax;
+}
+
 __global__ void quantize_fp8_kernel(float* out, int64_t ld_out, const float* in, int64_t ld_in,
                                     int64_t rows, int64_t cols, int64_t block_rows,
                                     int64_t block_cols) {
@@ -78,15 +97,7 @@ __global__ void quantize_fp8_kernel(float* out, int64_t ld_out, const float* in,
   const int64_t nr = rows - r0 < block_rows ? rows - r0 : block_rows;
   const int64_t nc = cols - c0 < block_cols ? cols - c0 : block_cols;
   const int64_t n = nr * nc;
-  float m = 0.0f;
-  for (int64_t e = threadIdx.x; e < n; e += blockDim.x)
-    m = nan_max(m, fabsf(in[(r0 + e / nc) * ld_in + c0 + e % nc]));
-  for (int offset = 16; offset > 0; offset >>= 1)
-    m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
-  float amax = 0.0f;
-  for (int w = 0; w < kFp8Threads / 32; ++w) amax = nan_max(amax, warp_max[w]);
+  const float amax = block_amax(warp_max, in, ld_in, r0, c0, nr, nc);
   const bool finite = amax <= 3.40282347e38f;  // not an infinity, not a NaN
   const float s = finite && amax > 0.0f ? fp8_block_scale(amax) : 0.0f;
   const float inverse = s == 0.0f ? 0.0f : 1.0f / s;
@@ -110,7 +121,89 @@ void expect_bf16_gemms(const char* what) {
     fail(what, ": fp8 operands are multiplied by the bf16 GEMM; the matmul precision is not bf16");
 }
 
+// E4M3's bits of a value round_to_e4m3 gave (|r| ≤ 448, finite): sign, 4 exponent bits (bias 7),
+// 3 mantissa bits; below 2^-6 the subnormals, multiples of 2^-9.
+__device__ inline uint8_t e4m3_bits(float r) {
+  const uint32_t u = fp8_bits_of(r);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const float a = fabsf(r);
+  uint32_t magnitude = 0;
+  if (a >= 0x1p-6f) {
+    const uint32_t exponent = ((u >> 23) & 0xFFu) - 127u + 7u;  // 1..15
+    magnitude = (exponent << 3) | ((u >> 20) & 7u);
+  } else {
+    magnitude = static_cast<uint32_t>(a * 512.0f);  // 0..7, exact
+  }
+  return static_cast<uint8_t>(sign | magnitude);
+}
+
+// fp8_scale_index's layout (kernels.h), on both sides.
+__host__ __device__ inline int64_t scale_index(int64_t rows, int64_t cols, bool vec128, int64_t r,
+                                               int64_t c) {
+  const int64_t j = c / kFp8GemmBlock;
+  if (vec128) return r + j * rows;
+  const int64_t col_blocks = (cols + kFp8GemmBlock - 1) / kFp8GemmBlock;
+  return r / kFp8GemmBlock * ((col_blocks + 3) / 4 * 4) + j;
+}
+
+// quantize_fp8_kernel's blocks and values, stored as E4M3 bytes and the scale's reciprocal.
+__global__ void quantize_e4m3_kernel(uint8_t* out, float* scales, const float* in, int64_t rows,
+                                     int64_t cols, int64_t block_rows) {
+  __shared__ float warp_max[kFp8Threads / 32];
+  const int64_t block_cols = kFp8GemmBlock;
+  const int64_t col_blocks = (cols + block_cols - 1) / block_cols;
+  const int64_t q = blockIdx.x, r0 = q / col_blocks * block_rows, c0 = q % col_blocks * block_cols;
+  const int64_t nr = rows - r0 < block_rows ? rows - r0 : block_rows;
+  const int64_t nc = cols - c0 < block_cols ? cols - c0 : block_cols;
+  const int64_t n = nr * nc;
+  const float amax = block_amax(warp_max, in, cols, r0, c0, nr, nc);
+  const bool finite = amax <= 3.40282347e38f;  // not an infinity, not a NaN
+  const float s = finite && amax > 0.0f ? fp8_block_scale(amax) : 0.0f;
+  if (threadIdx.x == 0)
+    scales[scale_index(rows, cols, block_rows == 1, r0, c0)] =
+        finite ? (s == 0.0f ? 1.0f : 1.0f / s) : 1.0f;
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+    const int64_t r = r0 + e / nc, c = c0 + e % nc;
+    const float x = in[r * cols + c];
+    out[r * cols + c] = !finite ? static_cast<uint8_t>(0x7F)  // E4M3's NaN
+                                : e4m3_bits(s == 0.0f ? 0.0f : round_to_e4m3(x * s));
+  }
+}
+
 }  // namespace
+
+int64_t fp8_scale_count(int64_t rows, int64_t cols, Fp8Scaling scaling) {
+  const int64_t col_blocks = (cols + kFp8GemmBlock - 1) / kFp8GemmBlock;
+  if (scaling == Fp8Scaling::kVec128) return rows * col_blocks;
+  return (rows + kFp8GemmBlock - 1) / kFp8GemmBlock * ((col_blocks + 3) / 4 * 4);
+}
+
+int64_t fp8_scale_index(int64_t rows, int64_t cols, Fp8Scaling scaling, int64_t r, int64_t c) {
+  return scale_index(rows, cols, scaling == Fp8Scaling::kVec128, r, c);
+}
+
+void expect_fp8_gemm_shapes(int64_t M, int64_t N, int64_t K, const Fp8Operand& A) {
+  if (M < 0 || N < 0 || K <= 0 || K % 16 != 0)
+    fail("cuda::gemm_fp8: bad sizes M=", M, " N=", N, " K=", K, " (K a positive multiple of 16)");
+  if (A.scaling != Fp8Scaling::kVec128)
+    fail("cuda::gemm_fp8: A's scales are one a row and 128 columns (kVec128)");
+}
+
+void quantize_e4m3(int device, uint8_t* out, float* scales, const float* in, int64_t rows,
+                   int64_t cols, Fp8Scaling scaling) {
+  if (rows < 0 || cols < 0) fail("quantize_e4m3: bad shape (", rows, " x ", cols, ")");
+  if (rows == 0 || cols == 0) return;
+  DeviceGuard guard(device);
+  const int64_t block_rows = scaling == Fp8Scaling::kVec128 ? 1 : kFp8GemmBlock;
+  const int64_t blocks =
+      ((rows + block_rows - 1) / block_rows) * ((cols + kFp8GemmBlock - 1) / kFp8GemmBlock);
+  if (blocks > 0x7FFFFFFF) fail("quantize_e4m3: ", blocks, " blocks exceed one grid");
+  LOOM_CUDA_CHECK(cudaMemsetAsync(
+      scales, 0, static_cast<size_t>(fp8_scale_count(rows, cols, scaling)) * sizeof(float),
+      nullptr));
+  launch("quantize_e4m3", quantize_e4m3_kernel, static_cast<unsigned>(blocks), kFp8Threads, out,
+         scales, in, rows, cols, block_rows);
+}
 
 void quantize_fp8_blocks(int device, float* out, int64_t ld_out, const float* in, int64_t ld_in,
                          int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols) {

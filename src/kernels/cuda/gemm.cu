@@ -166,6 +166,29 @@ struct GeluEpilogue {
   const void* aux = nullptr;
 };
 
+// The heuristic's algorithm for `key` (D's layout is C's), asked once per problem and kept.
+AlgoChoice choose_algo(GpuBlas& blas, const AlgoKey& key, const MatmulDesc& desc,
+                       const Layout& a_layout, const Layout& b_layout, const Layout& c_layout,
+                       uint32_t align_a, uint32_t align_b, uint32_t align_c) {
+  {
+    std::lock_guard<std::mutex> lock(blas.algos_mutex);
+    if (const auto it = blas.algos.find(key); it != blas.algos.end()) return it->second;
+  }
+  AlgoChoice choice;
+  const Preference preference(align_a, align_b, align_c);
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      blas.handle, desc.desc, a_layout.layout, b_layout.layout, c_layout.layout, c_layout.layout,
+      preference.pref, 1, &heuristic, &found);
+  // An epilogue or a scale mode this cuBLASLt does not offer is NOT_SUPPORTED, not an error.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) LOOM_CUBLAS_CHECK(status);
+  if (status == CUBLAS_STATUS_SUCCESS && found > 0) choice = {true, heuristic.algo};
+  std::lock_guard<std::mutex> lock(blas.algos_mutex);
+  blas.algos.emplace(key, choice);
+  return choice;
+}
+
 // Row-major D = alpha·op(A)·op(B) + beta·C (+ bias) through cuBLASLt, A and B of `ab_type`
 // (fp32, bf16 or fp16), C and D of `cd_type` (fp32, or A and B's 16-bit type) with the same
 // layout; C may be D itself (in place). Accumulation in fp32. The bias is fp32, or of `cd_type`
@@ -223,28 +246,8 @@ bool lt_matmul(int device, cublasComputeType_t compute, cudaDataType ab_type, bo
       algo_key(compute, ab_type, op_a, op_b, m, n, k, lda, ldb, ldc, batch.count, batch.stride_a,
                batch.stride_b, batch.stride_c, bias != nullptr ? 1 + cd_type : 0, align_a, align_b,
                align_c, beta != 0.0f, cd_type, epilogue);
-  AlgoChoice choice;
-  bool known = false;
-  {
-    std::lock_guard<std::mutex> lock(blas.algos_mutex);
-    if (const auto it = blas.algos.find(key); it != blas.algos.end()) {
-      choice = it->second;
-      known = true;
-    }
-  }
-  if (!known) {
-    const Preference preference(align_a, align_b, align_c);
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        blas.handle, desc.desc, a_layout.layout, b_layout.layout, c_layout.layout, c_layout.layout,
-        preference.pref, 1, &heuristic, &found);
-    // An epilogue this cuBLASLt does not offer for these types is NOT_SUPPORTED, not an error.
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) LOOM_CUBLAS_CHECK(status);
-    if (status == CUBLAS_STATUS_SUCCESS && found > 0) choice = {true, heuristic.algo};
-    std::lock_guard<std::mutex> lock(blas.algos_mutex);
-    blas.algos.emplace(key, choice);
-  }
+  const AlgoChoice choice =
+      choose_algo(blas, key, desc, a_layout, b_layout, c_layout, align_a, align_b, align_c);
   if (!choice.found) {
     if (gelu != nullptr) return false;
     fail("cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N, " K=", K,
@@ -378,26 +381,59 @@ bool gemm_gelu_backward(int device, bool trans_a, bool trans_b, int64_t M, int64
                         GeluEpilogue{true, pre});
 }
 
+void gemm_fp8(int device, int64_t M, int64_t N, int64_t K, const Fp8Operand& A, const Fp8Operand& B,
+              float* C) {
+  expect_fp8_gemm_shapes(M, N, K, A);
+  if (M == 0 || N == 0) return;
+  DeviceGuard guard(device);
+  GpuBlas& blas = blas_for(device);
+  // Column-major, as lt_matmul: D (N × M) = op(A')·op(B') with A' our B (stored K × N, op T) and
+  // B' our A (stored K × M): the "TN" form Hopper's fp8 tensor cores take, K contiguous in both.
+  const int64_t m = N, n = M, k = K;
+  const Layout a_layout(CUDA_R_8F_E4M3, k, m, K, 1, 0);
+  const Layout b_layout(CUDA_R_8F_E4M3, k, n, K, 1, 0);
+  const Layout c_layout(CUDA_R_32F, m, n, N, 1, 0);
+  MatmulDesc desc(CUBLAS_COMPUTE_32F);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  const int32_t a_mode = B.scaling == Fp8Scaling::kBlock128
+                             ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                             : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode);
+  desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode);
+  desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(B.scales));
+  desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(A.scales));
+  const int8_t fast_accumulation = 0;  // sums kept in fp32, not the tensor cores' shorter ones
+  desc.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accumulation);
+  const uint32_t align_a = alignment(B.data, 0), align_b = alignment(A.data, 0),
+                 align_c = alignment(C, 0);
+  const AlgoKey key = algo_key(CUBLAS_COMPUTE_32F, CUDA_R_8F_E4M3, CUBLAS_OP_T, CUBLAS_OP_N, m, n,
+                               k, a_mode, b_mode, align_a, align_b, align_c, -8);
+  const AlgoChoice choice =
+      choose_algo(blas, key, desc, a_layout, b_layout, c_layout, align_a, align_b, align_c);
+  if (!choice.found)
+    fail("cuda::gemm_fp8: cuBLASLt has no block-scaled E4M3 algorithm for M=", M, " N=", N,
+         " K=", K, " (it needs CUDA 12.9+ and an sm_90 GPU)");
+  const float alpha = 1.0f, beta = 0.0f;
+  LOOM_CUBLAS_CHECK(cublasLtMatmul(blas.handle, desc.desc, &alpha, B.data, a_layout.layout, A.data,
+                                   b_layout.layout, &beta, C, c_layout.layout, C, c_layout.layout,
+                                   &choice.algo, blas.workspace, kWorkspaceBytes, nullptr));
+  check_launch("cublasLtMatmul (fp8)");
+}
+
 namespace {
 
-// The best of `iters` timed n×n×n GEMMs on operands of type T (`type`), after one warm-up.
-template <typename T>
-double time_square_gemm(int device, cublasComputeType_t compute, cudaDataType type, int64_t n,
-                        int iters) {
-  Scratch<float> c(device, n * n);
-  Scratch<T> a(device, n * n), b(device, n * n);
-  launch("measure_gemm_tflops (fill)", fill_kernel<T>, blocks_for(n * n, 256), 256, a.get(), n * n,
-         1u);
-  launch("measure_gemm_tflops (fill)", fill_kernel<T>, blocks_for(n * n, 256), 256, b.get(), n * n,
-         2u);
+// TFLOP/s of the best of `iters` timed runs of `gemm`, an n×n×n product, after one warm-up.
+template <typename Gemm>
+double best_square_tflops(int64_t n, int iters, Gemm gemm) {
   cudaEvent_t start = nullptr, stop = nullptr;
   LOOM_CUDA_CHECK(cudaEventCreate(&start));
   LOOM_CUDA_CHECK(cudaEventCreate(&stop));
   float best_ms = 0;
   for (int i = 0; i <= iters; ++i) {  // i == 0: warm-up
     LOOM_CUDA_CHECK(cudaEventRecord(start, nullptr));
-    lt_matmul(device, compute, type, false, false, n, n, n, 1.0f, a.get(), n, b.get(), n, 0.0f,
-              c.get(), c.get(), n, nullptr, GemmBatch{});
+    gemm();
     LOOM_CUDA_CHECK(cudaEventRecord(stop, nullptr));
     LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
@@ -409,7 +445,56 @@ double time_square_gemm(int device, cublasComputeType_t compute, cudaDataType ty
   return 2.0 * static_cast<double>(n) * n * n / (best_ms * 1e-3) / 1e12;
 }
 
+// The best of `iters` timed n×n×n GEMMs on operands of type T (`type`), after one warm-up.
+template <typename T>
+double time_square_gemm(int device, cublasComputeType_t compute, cudaDataType type, int64_t n,
+                        int iters) {
+  Scratch<float> c(device, n * n);
+  Scratch<T> a(device, n * n), b(device, n * n);
+  launch("measure_gemm_tflops (fill)", fill_kernel<T>, blocks_for(n * n, 256), 256, a.get(), n * n,
+         1u);
+  launch("measure_gemm_tflops (fill)", fill_kernel<T>, blocks_for(n * n, 256), 256, b.get(), n * n,
+         2u);
+  return best_square_tflops(n, iters, [&] {
+    lt_matmul(device, compute, type, false, false, n, n, n, 1.0f, a.get(), n, b.get(), n, 0.0f,
+              c.get(), c.get(), n, nullptr, GemmBatch{});
+  });
+}
+
+// Deterministic E4M3 bytes, none a NaN (exponent fields up to 14).
+__global__ void fill_e4m3_kernel(uint8_t* out, int64_t n, uint32_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    out[i] = static_cast<uint8_t>((h >> 8) & 0xF7u);
+  }
+}
+
 }  // namespace
+
+double measure_fp8_gemm_tflops(int device, int64_t n, int iters) {
+  if (n < 1 || iters < 1 || n % 128 != 0)
+    fail("measure_fp8_gemm_tflops: n a positive multiple of 128 and iters positive");
+  DeviceGuard guard(device);
+  Scratch<uint8_t> a(device, n * n), b(device, n * n);
+  const int64_t a_scales = fp8_scale_count(n, n, Fp8Scaling::kVec128),
+                b_scales = fp8_scale_count(n, n, Fp8Scaling::kBlock128);
+  Scratch<float> sa(device, a_scales), sb(device, b_scales), c(device, n * n);
+  launch("measure_fp8_gemm_tflops (fill)", fill_e4m3_kernel, blocks_for(n * n, 256), 256, a.get(),
+         n * n, 1u);
+  launch("measure_fp8_gemm_tflops (fill)", fill_e4m3_kernel, blocks_for(n * n, 256), 256, b.get(),
+         n * n, 2u);
+  launch("measure_fp8_gemm_tflops (fill)", fill_kernel<float>, blocks_for(a_scales, 256), 256,
+         sa.get(), a_scales, 3u);
+  launch("measure_fp8_gemm_tflops (fill)", fill_kernel<float>, blocks_for(b_scales, 256), 256,
+         sb.get(), b_scales, 4u);
+  // DeepSeek-V3's forward: activations in 1 × 128 blocks, weights in 128 × 128.
+  const Fp8Operand A{a.get(), sa.get(), Fp8Scaling::kVec128},
+      B{b.get(), sb.get(), Fp8Scaling::kBlock128};
+  return best_square_tflops(n, iters, [&] { gemm_fp8(device, n, n, n, A, B, c.get()); });
+}
 
 double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters) {
   if (n < 1 || iters < 1) fail("measure_gemm_tflops: n and iters must be positive");

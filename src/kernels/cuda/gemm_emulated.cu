@@ -6,7 +6,9 @@
 // anything, as cuBLAS allows). So the emulated GEMM is at least as accurate as the GPU's, and the
 // tolerances the CUDA tests allow the GPU hold for it too.
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "base/error.h"
@@ -216,6 +218,55 @@ bool gemm_gelu_backward(int device, bool trans_a, bool trans_b, int64_t M, int64
                             nullptr, nullptr);
 }
 
+namespace {
+
+// E4M3's value of a byte: sign, 4 exponent bits (bias 7), 3 mantissa bits, subnormals below
+// 2^-6, 0x7F / 0xFF NaN (no infinities).
+float e4m3_value(uint8_t bits) {
+  const int exponent = (bits >> 3) & 0xF, mantissa = bits & 7;
+  float magnitude = 0;
+  if (exponent == 0xF && mantissa == 7)
+    magnitude = std::numeric_limits<float>::quiet_NaN();
+  else if (exponent == 0)
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);
+  else
+    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
+  return (bits & 0x80) != 0 ? -magnitude : magnitude;
+}
+
+// Row r of an fp8 operand (rows × K) dequantized: each byte's value times its block's scale.
+void dequantize_row(const Fp8Operand& X, int64_t rows, int64_t K, int64_t r, double* out) {
+  for (int64_t k = 0; k < K; ++k)
+    out[k] = static_cast<double>(e4m3_value(X.data[r * K + k])) *
+             X.scales[fp8_scale_index(rows, K, X.scaling, r, k)];
+}
+
+}  // namespace
+
+void gemm_fp8(int device, int64_t M, int64_t N, int64_t K, const Fp8Operand& A, const Fp8Operand& B,
+              float* C) {
+  expect_fp8_gemm_shapes(M, N, K, A);
+  if (M == 0 || N == 0) return;
+  cuda_emu::note_kernel();  // one cuBLASLt call on a GPU
+  DeviceGuard guard(device);
+  for (const void* p : {static_cast<const void*>(A.data), static_cast<const void*>(A.scales),
+                        static_cast<const void*>(B.data), static_cast<const void*>(B.scales),
+                        static_cast<const void*>(C)})
+    expect_gpu_memory(p, device, "an fp8 GEMM's operand, scales or output");
+  // The products of the dequantized values are exact in double; their sums rounded once.
+  std::vector<double> a(static_cast<size_t>(K)), b(static_cast<size_t>(N * K));
+  for (int64_t j = 0; j < N; ++j) dequantize_row(B, N, K, j, b.data() + j * K);
+  for (int64_t i = 0; i < M; ++i) {
+    dequantize_row(A, M, K, i, a.data());
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += a[static_cast<size_t>(k)] * b[static_cast<size_t>(j * K + k)];
+      C[i * N + j] = static_cast<float>(acc);
+    }
+  }
+}
+
 // The emulator's own rate, for benchmarks run under it (n capped at 256: it is a loop nest).
 double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters) {
   if (n < 1 || iters < 1) fail("measure_gemm_tflops: n and iters must be positive");
@@ -229,6 +280,31 @@ double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int
     const auto start = std::chrono::steady_clock::now();
     reference_gemm(precision, device, false, false, n, n, n, 1.0f, a.get(), n, b.get(), n, 0.0f,
                    c.get(), c.get(), n, nullptr, GemmBatch{});
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (best == 0 || s < best) best = s;
+  }
+  return 2.0 * static_cast<double>(n) * n * n / best / 1e12;
+}
+
+double measure_fp8_gemm_tflops(int device, int64_t n, int iters) {
+  if (n < 1 || iters < 1 || n % 128 != 0)
+    fail("measure_fp8_gemm_tflops: n a positive multiple of 128 and iters positive");
+  n = std::min<int64_t>(n, 256);
+  DeviceGuard guard(device);
+  Scratch<uint8_t> a(device, n * n), b(device, n * n);
+  const int64_t a_scales = fp8_scale_count(n, n, Fp8Scaling::kVec128),
+                b_scales = fp8_scale_count(n, n, Fp8Scaling::kBlock128);
+  Scratch<float> sa(device, a_scales), sb(device, b_scales), c(device, n * n);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(a.get(), 0, static_cast<size_t>(n * n), nullptr));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, static_cast<size_t>(n * n), nullptr));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(sa.get(), 0, static_cast<size_t>(a_scales) * 4, nullptr));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(sb.get(), 0, static_cast<size_t>(b_scales) * 4, nullptr));
+  double best = 0;
+  for (int i = 0; i < iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    gemm_fp8(device, n, n, n, {a.get(), sa.get(), Fp8Scaling::kVec128},
+             {b.get(), sb.get(), Fp8Scaling::kBlock128}, c.get());
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (best == 0 || s < best) best = s;

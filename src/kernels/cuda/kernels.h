@@ -152,6 +152,9 @@ double measure_copy_gbps(int device, int64_t bytes, int iters);
 // The GPU's dense matrix rate at `precision`, in TFLOP/s: the best of `iters` timed n×n×n GEMMs
 // (after one warm-up), for MFU figures measured on the machine itself.
 double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters);
+// The same for gemm_fp8 (A in 1 × 128 blocks, B in 128 × 128: DeepSeek-V3's forward); n a
+// multiple of 128.
+double measure_fp8_gemm_tflops(int device, int64_t n, int iters);
 
 // Linear (cpu/gemm.h). `inp` may come already rounded (round_for_gemm), as nn::Linear keeps it at
 // bf16 / fp16 matmul precision, and `weight` too (its copy a training step keeps rounded:
@@ -235,6 +238,42 @@ void matmul_forward_fp8(int device, float* out, const float* inp, const float* w
 void matmul_backward_fp8(int device, float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
                          int64_t block);
+
+// E4M3 operands for the tensor cores' fp8 GEMM (cuBLASLt's block-scaled fp8 on sm_90; fp8.cu,
+// gemm.cu): the values quantize_fp8_blocks gives, as E4M3 bytes, with one fp32 scale a block — the
+// reciprocal of the power of two the block was multiplied by, so that a value is its byte's E4M3
+// value times its block's scale, exactly. Blocks of 128 along the contraction (an operand's
+// columns, K): kVec128 one a row and 128 columns (DeepSeek-V3's activations and gradients),
+// kBlock128 one a 128 × 128 block (its weights). The scales lie as cuBLASLt's VEC128_32F and
+// BLK128x128_32F modes read them — kVec128's rows fastest (scale of row r, column block j at
+// r + j·rows), kBlock128's row blocks apart by the column-block count rounded up to 4 (at
+// i·round_up(ceil(cols / 128), 4) + j) — as PyTorch's _scaled_mm lays them out for those modes.
+// Not checked on a GPU yet: CudaKernelsTest.Fp8TensorCoreGemmIsTheQuantizedOperandsProduct
+// compares the GEMM with the product of the dequantized values (bench/gpu/run.sh).
+enum class Fp8Scaling { kVec128, kBlock128 };
+inline constexpr int64_t kFp8GemmBlock = 128;
+struct Fp8Operand {
+  const uint8_t* data = nullptr;  // rows × cols E4M3 bytes, row-major, row stride cols
+  const float* scales = nullptr;  // fp8_scale_count(rows, cols, scaling) of them
+  Fp8Scaling scaling = Fp8Scaling::kVec128;
+};
+int64_t fp8_scale_count(int64_t rows, int64_t cols, Fp8Scaling scaling);
+// Index of the scale of the block holding row r, column c.
+int64_t fp8_scale_index(int64_t rows, int64_t cols, Fp8Scaling scaling, int64_t r, int64_t c);
+// `in` (rows × cols, fp32, row-major) quantized in blocks of `scaling` into E4M3 bytes `out` and
+// `scales` (unused padding scales 0): bit for bit quantize_fp8_blocks' values with 1 × 128 or
+// 128 × 128 blocks. A block holding an infinity or a NaN is stored as NaNs with scale 1 (its
+// product must not pass for finite: the loss scaler skips the step).
+void quantize_e4m3(int device, uint8_t* out, float* scales, const float* in, int64_t rows,
+                   int64_t cols, Fp8Scaling scaling);
+// C (M × N, fp32, row-major, row stride N) = A · Bᵀ on the fp8 tensor cores: A (M × K) scaled
+// kVec128, B (N × K) either way; K a multiple of 16. The products of E4M3 values are exact and
+// summed in fp32 (cuBLASLt's accumulation, not its fast one), so C is the dequantized operands'
+// product up to the order of the sums. The CUDA emulator sums them in double.
+void gemm_fp8(int device, int64_t M, int64_t N, int64_t K, const Fp8Operand& A, const Fp8Operand& B,
+              float* C);
+// gemm_fp8's argument checks (fails naming what is wrong).
+void expect_fp8_gemm_shapes(int64_t M, int64_t N, int64_t K, const Fp8Operand& A);
 
 // ---- elementwise and reductions ----------------------------------------------------------------
 
