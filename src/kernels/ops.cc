@@ -51,6 +51,15 @@ MatmulPrecisionScope::~MatmulPrecisionScope() {
   if constexpr (detail::kCudaBuild) cuda::set_matmul_precision(cuda_before_);
 }
 
+void set_fp8_tensor_cores(bool on) {
+  if constexpr (detail::kCudaBuild) cuda::set_fp8_tensor_cores(on);
+}
+
+bool fp8_tensor_cores() {
+  if constexpr (detail::kCudaBuild) return cuda::fp8_tensor_cores();
+  return false;
+}
+
 int64_t fp8_block(const Exec& ex) {
   (void)ex;  // the same setting on CPU ranks and GPUs (set_matmul_precision("fp8"))
   return cpu::fp8_block();

@@ -74,6 +74,10 @@ class MatmulPrecisionScope {
 // The Linears' fp8 quantization block when the process runs at fp8 matmul precision
 // (cpu::fp8_block(), for CPU ranks and GPUs alike), else 0 — and then the plain matmul ops apply.
 int64_t fp8_block(const Exec& ex);
+// Whether a GPU's fp8 Linears run on the E4M3 tensor cores (cuda::set_fp8_tensor_cores; off
+// unless LOOM_CUDA_FP8_TENSOR_CORES=1, until checked on a GPU). Without CUDA: nothing, false.
+void set_fp8_tensor_cores(bool on);
+bool fp8_tensor_cores();
 // A Linear's forward and backward with its GEMM operands quantized to fp8 in blocks
 // (kernels/cpu/fp8.h): cpu::matmul_forward_fp8 / matmul_backward_fp8, on a GPU
 // cuda::matmul_forward_fp8 / matmul_backward_fp8 (the same quantized bits, the bf16 GEMM), timed

@@ -487,6 +487,58 @@ TEST_F(CudaKernelsTest, Fp8MatmulMatchesTheCpus) {
   expect_pair_close("dweight, twice accumulated", dw);
 }
 
+// A Linear at fp8 on the E4M3 tensor cores (cuda::set_fp8_tensor_cores: gemm_fp8 on
+// quantize_e4m3's operands — the weight in 128 × 128 blocks and, for the input gradient, its
+// transpose; the weight gradient's operands transposed into 1 × 128 blocks along the tokens) is
+// the bf16 GEMMs' on the quantized values up to the order of the fp32 sums: output, input,
+// weight (accumulated) and bias gradients within 1e-5 of the largest value. Shapes that are not
+// multiples of 16, and other block sizes, stay on the bf16 path (bit for bit).
+TEST_F(CudaKernelsTest, Fp8LinearOnTheTensorCoresIsTheBf16PathsToRounding) {
+  const int64_t N = 256, C = 384, OC = 128;
+  ops::MatmulPrecisionScope fp8("fp8", 128);
+  struct Restore {
+    ~Restore() { cuda::set_fp8_tensor_cores(false); }
+  } restore;
+  const Pair inp = random_pair(N * C, 240), w = random_pair(OC * C, 241), b = random_pair(OC, 242),
+             dout = random_pair(N * OC, 243);
+  struct Result {
+    std::vector<float> out, dinp, dw, db;
+  };
+  const auto run = [&](bool tensor_cores) {
+    cuda::set_fp8_tensor_cores(tensor_cores);
+    EXPECT_EQ(cuda::fp8_tensor_cores(), tensor_cores);
+    Pair out = pair_of(std::vector<float>(N * OC)), dinp = pair_of(std::vector<float>(N * C));
+    Pair dw = random_pair(OC * C, 244), db = random_pair(OC, 245);  // accumulated into
+    ops::matmul_forward_fp8(on_gpu, out.g(), inp.g(), w.g(), b.g(), N, C, OC);
+    ops::matmul_backward_fp8(on_gpu, dinp.g(), dw.g(), db.g(), dout.g(), inp.g(), w.g(), N, C, OC);
+    return Result{out.from_gpu(), dinp.from_gpu(), dw.from_gpu(), db.from_gpu()};
+  };
+  const Result bf16 = run(false), cores = run(true);
+  const auto expect_near = [](const char* what, const std::vector<float>& want,
+                              const std::vector<float>& got) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    float largest = 0, worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      largest = std::max(largest, std::abs(want[i]));
+      worst = std::max(worst, std::abs(got[i] - want[i]));
+    }
+    EXPECT_GT(largest, 0.0f) << what;
+    EXPECT_LE(worst, 1e-5f * largest) << what << ": off by " << worst << " of " << largest;
+  };
+  expect_near("out", bf16.out, cores.out);
+  expect_near("dinp", bf16.dinp, cores.dinp);
+  expect_near("dweight", bf16.dw, cores.dw);
+  expect_near("dbias", bf16.db, cores.db);
+  // N = 250 is not a multiple of 16: the bf16 path, the same bits either way.
+  cuda::set_fp8_tensor_cores(true);
+  Pair out_on = pair_of(std::vector<float>(250 * OC)), out_off = out_on;
+  out_off = pair_of(std::vector<float>(250 * OC));
+  ops::matmul_forward_fp8(on_gpu, out_on.g(), inp.g(), w.g(), b.g(), 250, C, OC);
+  cuda::set_fp8_tensor_cores(false);
+  ops::matmul_forward_fp8(on_gpu, out_off.g(), inp.g(), w.g(), b.g(), 250, C, OC);
+  EXPECT_TRUE(bitwise_equal(out_on.from_gpu(), out_off.from_gpu()));
+}
+
 // A skip connection added in the GEMM's epilogue (cuda::gemm_adding): out = inp·Wᵀ + b + r,
 // rounded once, so within an ulp of the GEMM then add_inplace, at every precision; the addend
 // may be the output itself.

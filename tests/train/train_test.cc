@@ -31,6 +31,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/op_profile.h"
+#include "kernels/ops.h"
 #include "models/gpt2.h"
 #include "optim/adamw.h"
 #include "train/benchmark.h"
@@ -975,6 +976,26 @@ TEST_F(TrainTest, Fp8OnTheGpuTrainsTheCpusFp8Run) {
     from_bf16 = std::max(from_bf16, std::abs(got - other));
   }
   EXPECT_GT(from_bf16, 1e-5) << "the fp8 GPU run is the bf16 one";
+  // In blocks of 128 the Linears may run on the E4M3 tensor cores (ops::set_fp8_tensor_cores):
+  // the same quantized products summed in another order, so the run is the bf16 GEMMs' to fp32
+  // rounding (1e-4) and the CPU's (1e-3).
+  Config wide = config(3);
+  wide.runtime.matmul_precision = "fp8";
+  wide.model.d_model = 128;
+  wide.model.n_heads = 2;
+  wide.model.n_layers = 1;
+  wide.train.eval_every = 0;
+  wide.runtime.fp8_block = 128;
+  run_training(wide, options("fp8_128_cpu"));
+  wide.runtime.device = "cuda";
+  run_training(wide, options("fp8_128_gpu"));
+  struct Restore {
+    ~Restore() { ops::set_fp8_tensor_cores(false); }
+  } restore;
+  ops::set_fp8_tensor_cores(true);
+  run_training(wide, options("fp8_128_gpu_tensor_cores"));
+  expect_losses_near("fp8_128_gpu", "fp8_128_gpu_tensor_cores", 1e-4);
+  expect_losses_near("fp8_128_cpu", "fp8_128_gpu_tensor_cores", 1e-3);
 }
 
 // A Llama (model.arch = "llama") trains through the same loop: the loss falls, evaluation runs,

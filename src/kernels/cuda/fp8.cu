@@ -6,13 +6,15 @@
 // summed in fp32: what an fp8 tensor-core GEMM with per-block scales computes, up to the order
 // of the sums. The E4M3 tensor-core GEMM itself (gemm.cu: gemm_fp8, cuBLASLt's VEC128 /
 // BLK128x128 scale modes) takes the same values as bytes and scales, from quantize_e4m3 here;
-// training does not use it yet.
+// the Linears below run on it where set_fp8_tensor_cores says so (kernels.h).
 //
 // One CUDA block per quantization block: its largest |value| by a block reduction in which a NaN
 // wins (the block is then copied as it is, so an overflow still reaches the loss scaler), then
 // each value. Activations and output gradients in 1 × b blocks, weights b × b, the weight
 // gradient's operands b × 1 (along the tokens): one kernel for all three.
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/error.h"
@@ -115,6 +117,32 @@ struct Fp8RowMajor {
   __device__ float operator()(int64_t r, int64_t c) const { return data[r * ld + c]; }
 };
 
+// out (rows × cols) += bias, broadcast over the rows.
+__global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int64_t cols) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    out[i] += bias[i % cols];
+}
+
+// An operand quantized for gemm_fp8 into scratch of its own.
+struct E4m3Operand {
+  Scratch<uint8_t> bytes;
+  Scratch<float> scales;
+  Fp8Scaling scaling;
+  E4m3Operand(int device, const float* in, int64_t rows, int64_t cols, Fp8Scaling s,
+              bool transposed = false)
+      : bytes(device, rows * cols), scales(device, fp8_scale_count(rows, cols, s)), scaling(s) {
+    quantize_e4m3(device, bytes.get(), scales.get(), in, rows, cols, s, transposed);
+  }
+  Fp8Operand operand() const { return {bytes.get(), scales.get(), scaling}; }
+};
+
+// Whether a Linear at fp8 runs on the E4M3 tensor cores (set_fp8_tensor_cores): blocks of 128,
+// every contraction a multiple of 16.
+bool tensor_core_fp8(int64_t block, int64_t N, int64_t C, int64_t OC) {
+  return fp8_tensor_cores() && block == kFp8GemmBlock && N % 16 == 0 && C % 16 == 0 && OC % 16 == 0;
+}
+
 // GEMMs on quantized operands run at bf16 (exact for them) whatever the precision's name.
 void expect_bf16_gemms(const char* what) {
   if (matmul_precision() != MatmulPrecision::kBf16)
@@ -146,9 +174,11 @@ __host__ __device__ inline int64_t scale_index(int64_t rows, int64_t cols, bool 
   return r / kFp8GemmBlock * ((col_blocks + 3) / 4 * 4) + j;
 }
 
-// quantize_fp8_kernel's blocks and values, stored as E4M3 bytes and the scale's reciprocal.
+// quantize_fp8_kernel's blocks and values, stored as E4M3 bytes and the scale's reciprocal. The
+// operand's (r, c) is in[r·cols + c], or with `transposed` in[c·rows + r] (`in` stored cols ×
+// rows).
 __global__ void quantize_e4m3_kernel(uint8_t* out, float* scales, const float* in, int64_t rows,
-                                     int64_t cols, int64_t block_rows) {
+                                     int64_t cols, int64_t block_rows, bool transposed) {
   __shared__ float warp_max[kFp8Threads / 32];
   const int64_t block_cols = kFp8GemmBlock;
   const int64_t col_blocks = (cols + block_cols - 1) / block_cols;
@@ -156,7 +186,8 @@ __global__ void quantize_e4m3_kernel(uint8_t* out, float* scales, const float* i
   const int64_t nr = rows - r0 < block_rows ? rows - r0 : block_rows;
   const int64_t nc = cols - c0 < block_cols ? cols - c0 : block_cols;
   const int64_t n = nr * nc;
-  const float amax = block_amax(warp_max, in, cols, r0, c0, nr, nc);
+  const float amax = transposed ? block_amax(warp_max, in, rows, c0, r0, nc, nr)
+                                : block_amax(warp_max, in, cols, r0, c0, nr, nc);
   const bool finite = amax <= 3.40282347e38f;  // not an infinity, not a NaN
   const float s = finite && amax > 0.0f ? fp8_block_scale(amax) : 0.0f;
   if (threadIdx.x == 0)
@@ -164,13 +195,34 @@ __global__ void quantize_e4m3_kernel(uint8_t* out, float* scales, const float* i
         finite ? (s == 0.0f ? 1.0f : 1.0f / s) : 1.0f;
   for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
     const int64_t r = r0 + e / nc, c = c0 + e % nc;
-    const float x = in[r * cols + c];
+    const float x = transposed ? in[c * rows + r] : in[r * cols + c];
     out[r * cols + c] = !finite ? static_cast<uint8_t>(0x7F)  // E4M3's NaN
                                 : e4m3_bits(s == 0.0f ? 0.0f : round_to_e4m3(x * s));
   }
 }
 
 }  // namespace
+
+namespace {
+// LOOM_CUDA_FP8_TENSOR_CORES=1 in the environment turns it on (off until checked on a GPU).
+std::atomic<int> tensor_cores{-1};  // -1: not read yet
+}  // namespace
+
+void set_fp8_tensor_cores(bool on) {
+  tensor_cores.store(on ? 1 : 0);
+}
+
+bool fp8_tensor_cores() {
+  int v = tensor_cores.load();
+  if (v < 0) {
+    const char* env = std::getenv("LOOM_CUDA_FP8_TENSOR_CORES");
+    v = env != nullptr && std::strcmp(env, "1") == 0 ? 1 : 0;
+    int unset = -1;
+    tensor_cores.compare_exchange_strong(unset, v);
+    v = tensor_cores.load();
+  }
+  return v == 1;
+}
 
 int64_t fp8_scale_count(int64_t rows, int64_t cols, Fp8Scaling scaling) {
   const int64_t col_blocks = (cols + kFp8GemmBlock - 1) / kFp8GemmBlock;
@@ -190,7 +242,7 @@ void expect_fp8_gemm_shapes(int64_t M, int64_t N, int64_t K, const Fp8Operand& A
 }
 
 void quantize_e4m3(int device, uint8_t* out, float* scales, const float* in, int64_t rows,
-                   int64_t cols, Fp8Scaling scaling) {
+                   int64_t cols, Fp8Scaling scaling, bool transposed) {
   if (rows < 0 || cols < 0) fail("quantize_e4m3: bad shape (", rows, " x ", cols, ")");
   if (rows == 0 || cols == 0) return;
   DeviceGuard guard(device);
@@ -202,7 +254,7 @@ void quantize_e4m3(int device, uint8_t* out, float* scales, const float* in, int
       scales, 0, static_cast<size_t>(fp8_scale_count(rows, cols, scaling)) * sizeof(float),
       nullptr));
   launch("quantize_e4m3", quantize_e4m3_kernel, static_cast<unsigned>(blocks), kFp8Threads, out,
-         scales, in, rows, cols, block_rows);
+         scales, in, rows, cols, block_rows, transposed);
 }
 
 void quantize_fp8_blocks(int device, float* out, int64_t ld_out, const float* in, int64_t ld_in,
@@ -223,6 +275,15 @@ void matmul_forward_fp8(int device, float* out, const float* inp, const float* w
                         const float* bias, int64_t N, int64_t C, int64_t OC, int64_t block) {
   expect_bf16_gemms("matmul_forward_fp8");
   DeviceGuard guard(device);
+  if (tensor_core_fp8(block, N, C, OC)) {  // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ
+    const E4m3Operand x(device, inp, N, C, Fp8Scaling::kVec128),
+        w(device, weight, OC, C, Fp8Scaling::kBlock128);
+    gemm_fp8(device, N, OC, C, x.operand(), w.operand(), out);
+    if (bias != nullptr)
+      launch("matmul_forward_fp8 (bias)", add_bias_kernel, blocks_for(N * OC, 256), 256, out, bias,
+             N, OC);
+    return;
+  }
   Scratch<float> xq(device, N * C), wq(device, OC * C);
   quantize_fp8_blocks(device, xq.get(), C, inp, C, N, C, 1, block);
   quantize_fp8_blocks(device, wq.get(), C, weight, C, OC, C, block, block);
@@ -234,19 +295,34 @@ void matmul_backward_fp8(int device, float* dinp, float* dweight, float* dbias, 
                          int64_t block) {
   expect_bf16_gemms("matmul_backward_fp8");
   DeviceGuard guard(device);
-  Scratch<float> dq(device, N * OC);
-  if (dinp != nullptr) {  // dinp (N, C) = dout (N, OC) · weight (OC, C), contraction over OC
-    Scratch<float> wq(device, OC * C);
-    quantize_fp8_blocks(device, dq.get(), OC, dout, OC, N, OC, 1, block);
-    quantize_fp8_blocks(device, wq.get(), C, weight, C, OC, C, block, block);
-    gemm(device, false, false, N, C, OC, 1.0f, dq.get(), OC, wq.get(), C, 0.0f, dinp, C);
-  }
-  // dweight (OC, C) += doutᵀ (OC, N) · inp (N, C), contraction over the N tokens.
-  if (dweight != nullptr) {
-    Scratch<float> xq(device, N * C);
-    quantize_fp8_blocks(device, dq.get(), OC, dout, OC, N, OC, block, 1);
-    quantize_fp8_blocks(device, xq.get(), C, inp, C, N, C, block, 1);
-    gemm(device, true, false, OC, C, N, 1.0f, dq.get(), OC, xq.get(), C, 1.0f, dweight, C);
+  if (tensor_core_fp8(block, N, C, OC)) {
+    if (dinp != nullptr) {  // dinp (N, C) = dout (N, OC) · weight (OC, C): B = weightᵀ (C, OC)
+      const E4m3Operand d(device, dout, N, OC, Fp8Scaling::kVec128),
+          wt(device, weight, C, OC, Fp8Scaling::kBlock128, true);
+      gemm_fp8(device, N, C, OC, d.operand(), wt.operand(), dinp);
+    }
+    if (dweight != nullptr) {  // dweight (OC, C) += doutᵀ (OC, N) · inpᵀ (C, N)ᵀ, over the tokens
+      const E4m3Operand dt(device, dout, OC, N, Fp8Scaling::kVec128, true),
+          xt(device, inp, C, N, Fp8Scaling::kVec128, true);
+      Scratch<float> product(device, OC * C);
+      gemm_fp8(device, OC, C, N, dt.operand(), xt.operand(), product.get());
+      add_inplace(device, dweight, product.get(), OC * C);
+    }
+  } else {
+    Scratch<float> dq(device, N * OC);
+    if (dinp != nullptr) {  // dinp (N, C) = dout (N, OC) · weight (OC, C), contraction over OC
+      Scratch<float> wq(device, OC * C);
+      quantize_fp8_blocks(device, dq.get(), OC, dout, OC, N, OC, 1, block);
+      quantize_fp8_blocks(device, wq.get(), C, weight, C, OC, C, block, block);
+      gemm(device, false, false, N, C, OC, 1.0f, dq.get(), OC, wq.get(), C, 0.0f, dinp, C);
+    }
+    // dweight (OC, C) += doutᵀ (OC, N) · inp (N, C), contraction over the N tokens.
+    if (dweight != nullptr) {
+      Scratch<float> xq(device, N * C);
+      quantize_fp8_blocks(device, dq.get(), OC, dout, OC, N, OC, block, 1);
+      quantize_fp8_blocks(device, xq.get(), C, inp, C, N, C, block, 1);
+      gemm(device, true, false, OC, C, N, 1.0f, dq.get(), OC, xq.get(), C, 1.0f, dweight, C);
+    }
   }
   if (dbias != nullptr)  // from the fp32 dout
     accumulate_column_sums(device, dbias, Fp8RowMajor{dout, OC}, N, OC, "matmul_backward (dbias)");

@@ -264,14 +264,23 @@ int64_t fp8_scale_index(int64_t rows, int64_t cols, Fp8Scaling scaling, int64_t 
 // `scales` (unused padding scales 0): bit for bit quantize_fp8_blocks' values with 1 × 128 or
 // 128 × 128 blocks. A block holding an infinity or a NaN is stored as NaNs with scale 1 (its
 // product must not pass for finite: the loss scaler skips the step).
+// With `transposed`, the operand is inᵀ: `in` stored cols × rows, the operand's (r, c) at
+// in[c·rows + r] (the weight gradient's operands, blocked along the tokens).
 void quantize_e4m3(int device, uint8_t* out, float* scales, const float* in, int64_t rows,
-                   int64_t cols, Fp8Scaling scaling);
+                   int64_t cols, Fp8Scaling scaling, bool transposed = false);
 // C (M × N, fp32, row-major, row stride N) = A · Bᵀ on the fp8 tensor cores: A (M × K) scaled
 // kVec128, B (N × K) either way; K a multiple of 16. The products of E4M3 values are exact and
 // summed in fp32 (cuBLASLt's accumulation, not its fast one), so C is the dequantized operands'
 // product up to the order of the sums. The CUDA emulator sums them in double.
 void gemm_fp8(int device, int64_t M, int64_t N, int64_t K, const Fp8Operand& A, const Fp8Operand& B,
               float* C);
+// Whether matmul_forward_fp8 / matmul_backward_fp8 run on the E4M3 tensor cores (gemm_fp8, at
+// fp8_block = 128 with every dimension a multiple of 16) instead of the bf16 GEMM on the
+// quantized values: the same products, summed in another order. Off unless set or
+// LOOM_CUDA_FP8_TENSOR_CORES=1 is in the environment, until a GPU run has checked cuBLASLt's
+// reading of the scales (CudaKernelsTest.Fp8TensorCoreGemmIsTheQuantizedOperandsProduct).
+void set_fp8_tensor_cores(bool on);
+bool fp8_tensor_cores();
 // gemm_fp8's argument checks (fails naming what is wrong).
 void expect_fp8_gemm_shapes(int64_t M, int64_t N, int64_t K, const Fp8Operand& A);
 
