@@ -200,8 +200,8 @@ note "      gpu_tests: $(count PASSED) passed, $(count FAILED) failed, $(count S
 # ---- 4. speed: the GPU's dense GEMM rates (cuBLASLt, 8192³), then GPT-2 124M at T = 1024, batch
 # 16: bf16 GEMM inputs (fp32 weights and everything else; MFU against the measured bf16 rate, the
 # issue's ~790 TFLOP/s when the measurement failed), then TF32, then pure fp32. The fp8 E4M3
-# tensor cores' block-scaled GEMM (cuda::gemm_fp8, not yet used by training) last: a cuBLASLt
-# without it fails only that line. -------------------------------------------------------------
+# tensor cores' block-scaled GEMM (cuda::gemm_fp8) last: a cuBLASLt without it fails only that
+# line. -------------------------------------------------------------
 peaks() {
   for p in bf16 fp16 tf32 fp32 fp8; do "$BIN/loom" bench gemm --device cuda --precision "$p" --n 8192 --iters 10 || return 1; done
 }
@@ -272,11 +272,16 @@ step gpt2_bf16_b2_cast bench 30 env LOOM_CUDA_WEIGHT_COPIES=0 "$BIN/loom" bench 
   --peak-tflops "$BF16_PEAK" --json
 figure "bf16, batch 2, weights cast at each GEMM"
 # fp8 (runtime.matmul_precision = "fp8"): the Linears' operands quantized in blocks of 128 by
-# kernels/cuda/fp8.cu (the CPU's bits) before bf16 GEMMs: the quantization passes' cost, before
-# an E4M3 tensor-core GEMM replaces the bf16 one.
+# kernels/cuda/fp8.cu (the CPU's bits) before bf16 GEMMs: the quantization passes' cost; then the
+# same on the E4M3 tensor cores (cuda::gemm_fp8, LOOM_CUDA_FP8_TENSOR_CORES=1: off by default
+# until this machine's gpu_tests pass Fp8TensorCoreGemmIsTheQuantizedOperandsProduct).
 step gpt2_fp8 bench 40 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 \
   --seq 1024 --steps 8 --warmup 2 --precision fp8 --peak-tflops "$BF16_PEAK" --json
 figure "fp8 (quantized on the GPU, bf16 GEMMs)"
+step gpt2_fp8_tensor_cores bench 40 env LOOM_CUDA_FP8_TENSOR_CORES=1 "$BIN/loom" bench train \
+  --shape gpt2-124m --device cuda --batch 16 --seq 1024 --steps 8 --warmup 2 --precision fp8 \
+  --peak-tflops "$BF16_PEAK" --json
+figure "fp8 on the E4M3 tensor cores"
 # Context parallelism's attention (`loom bench attention`): one cp rank's zigzag rows over every
 # key on the flash kernels, against the whole sequence's, at Llama 3 8B's heads (32 query heads
 # of 128 sharing 8) and T = 32768 for cp 2, 4 and 8: how near a rank's time comes to 1/cp of one
