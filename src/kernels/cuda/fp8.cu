@@ -165,20 +165,30 @@ __device__ inline uint8_t e4m3_bits(float r) {
   return static_cast<uint8_t>(sign | magnitude);
 }
 
-// fp8_scale_index's layout (kernels.h), on both sides.
+// fp8_scale_index's layout (kernels.h), on both sides: `layout` one of set_fp8_scale_layout's
+// variants, v % 2 choosing kVec128's order and v / 2 kBlock128's.
 __host__ __device__ inline int64_t scale_index(int64_t rows, int64_t cols, bool vec128, int64_t r,
-                                               int64_t c) {
+                                               int64_t c, int layout) {
   const int64_t j = c / kFp8GemmBlock;
-  if (vec128) return r + j * rows;
   const int64_t col_blocks = (cols + kFp8GemmBlock - 1) / kFp8GemmBlock;
-  return r / kFp8GemmBlock * ((col_blocks + 3) / 4 * 4) + j;
+  if (vec128) return layout % 2 == 0 ? r + j * rows : r * col_blocks + j;
+  const int64_t i = r / kFp8GemmBlock;
+  switch (layout / 2) {
+    case 0:
+      return i * ((col_blocks + 3) / 4 * 4) + j;  // row blocks apart by col_blocks rounded up to 4
+    case 1:
+      return i * col_blocks + j;
+    default:
+      return i + j * ((rows + kFp8GemmBlock - 1) / kFp8GemmBlock);  // row blocks fastest
+  }
 }
 
 // quantize_fp8_kernel's blocks and values, stored as E4M3 bytes and the scale's reciprocal. The
 // operand's (r, c) is in[r·cols + c], or with `transposed` in[c·rows + r] (`in` stored cols ×
 // rows).
 __global__ void quantize_e4m3_kernel(uint8_t* out, float* scales, const float* in, int64_t rows,
-                                     int64_t cols, int64_t block_rows, bool transposed) {
+                                     int64_t cols, int64_t block_rows, bool transposed,
+                                     int layout) {
   __shared__ float warp_max[kFp8Threads / 32];
   const int64_t block_cols = kFp8GemmBlock;
   const int64_t col_blocks = (cols + block_cols - 1) / block_cols;
@@ -191,7 +201,7 @@ __global__ void quantize_e4m3_kernel(uint8_t* out, float* scales, const float* i
   const bool finite = amax <= 3.40282347e38f;  // not an infinity, not a NaN
   const float s = finite && amax > 0.0f ? fp8_block_scale(amax) : 0.0f;
   if (threadIdx.x == 0)
-    scales[scale_index(rows, cols, block_rows == 1, r0, c0)] =
+    scales[scale_index(rows, cols, block_rows == 1, r0, c0, layout)] =
         finite ? (s == 0.0f ? 1.0f : 1.0f / s) : 1.0f;
   for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
     const int64_t r = r0 + e / nc, c = c0 + e % nc;
@@ -206,7 +216,18 @@ __global__ void quantize_e4m3_kernel(uint8_t* out, float* scales, const float* i
 namespace {
 // LOOM_CUDA_FP8_TENSOR_CORES=1 in the environment turns it on (off until checked on a GPU).
 std::atomic<int> tensor_cores{-1};  // -1: not read yet
+std::atomic<int> scale_layout{0};
 }  // namespace
+
+void set_fp8_scale_layout(int variant) {
+  if (variant < 0 || variant >= kFp8ScaleLayouts)
+    fail("set_fp8_scale_layout: variant ", variant, " is not in [0, ", kFp8ScaleLayouts, ")");
+  scale_layout.store(variant);
+}
+
+int fp8_scale_layout() {
+  return scale_layout.load();
+}
 
 void set_fp8_tensor_cores(bool on) {
   tensor_cores.store(on ? 1 : 0);
@@ -227,11 +248,12 @@ bool fp8_tensor_cores() {
 int64_t fp8_scale_count(int64_t rows, int64_t cols, Fp8Scaling scaling) {
   const int64_t col_blocks = (cols + kFp8GemmBlock - 1) / kFp8GemmBlock;
   if (scaling == Fp8Scaling::kVec128) return rows * col_blocks;
-  return (rows + kFp8GemmBlock - 1) / kFp8GemmBlock * ((col_blocks + 3) / 4 * 4);
+  const int64_t row_blocks = (rows + kFp8GemmBlock - 1) / kFp8GemmBlock;
+  return row_blocks * (fp8_scale_layout() / 2 == 0 ? (col_blocks + 3) / 4 * 4 : col_blocks);
 }
 
 int64_t fp8_scale_index(int64_t rows, int64_t cols, Fp8Scaling scaling, int64_t r, int64_t c) {
-  return scale_index(rows, cols, scaling == Fp8Scaling::kVec128, r, c);
+  return scale_index(rows, cols, scaling == Fp8Scaling::kVec128, r, c, fp8_scale_layout());
 }
 
 void expect_fp8_gemm_shapes(int64_t M, int64_t N, int64_t K, const Fp8Operand& A) {
@@ -254,7 +276,7 @@ void quantize_e4m3(int device, uint8_t* out, float* scales, const float* in, int
       scales, 0, static_cast<size_t>(fp8_scale_count(rows, cols, scaling)) * sizeof(float),
       nullptr));
   launch("quantize_e4m3", quantize_e4m3_kernel, static_cast<unsigned>(blocks), kFp8Threads, out,
-         scales, in, rows, cols, block_rows, transposed);
+         scales, in, rows, cols, block_rows, transposed, fp8_scale_layout());
 }
 
 void quantize_fp8_blocks(int device, float* out, int64_t ld_out, const float* in, int64_t ld_in,

@@ -258,6 +258,14 @@ struct Fp8Operand {
   Fp8Scaling scaling = Fp8Scaling::kVec128;
 };
 int64_t fp8_scale_count(int64_t rows, int64_t cols, Fp8Scaling scaling);
+// The scales' layout: variant 0 is the one above; the others are the alternatives a GPU run tries
+// when 0 does not match cuBLASLt's reading, so that one run says which does (v % 2 = 1: kVec128's
+// column blocks fastest, at r·ceil(cols / 128) + j; v / 2 = 1: kBlock128's rows unpadded, at
+// i·ceil(cols / 128) + j; v / 2 = 2: its row blocks fastest, at i + j·ceil(rows / 128)). For that
+// test only; process-wide.
+inline constexpr int kFp8ScaleLayouts = 6;
+void set_fp8_scale_layout(int variant);
+int fp8_scale_layout();
 // Index of the scale of the block holding row r, column c.
 int64_t fp8_scale_index(int64_t rows, int64_t cols, Fp8Scaling scaling, int64_t r, int64_t c);
 // `in` (rows × cols, fp32, row-major) quantized in blocks of `scaling` into E4M3 bytes `out` and
