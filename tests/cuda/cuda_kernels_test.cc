@@ -564,8 +564,8 @@ TEST_F(CudaKernelsTest, Fp8LinearOnTheTensorCoresIsTheBf16PathsToRounding) {
   expect_near("dbias", bf16.db, cores.db);
   // N = 250 is not a multiple of 16: the bf16 path, the same bits either way.
   cuda::set_fp8_tensor_cores(true);
-  Pair out_on = pair_of(std::vector<float>(250 * OC)), out_off = out_on;
-  out_off = pair_of(std::vector<float>(250 * OC));
+  Pair out_on = pair_of(std::vector<float>(250 * OC)),
+       out_off = pair_of(std::vector<float>(250 * OC));
   ops::matmul_forward_fp8(on_gpu, out_on.g(), inp.g(), w.g(), b.g(), 250, C, OC);
   cuda::set_fp8_tensor_cores(false);
   ops::matmul_forward_fp8(on_gpu, out_off.g(), inp.g(), w.g(), b.g(), 250, C, OC);

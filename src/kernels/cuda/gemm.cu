@@ -144,18 +144,22 @@ int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t count, int64_t stri
   return (count - 1) * stride + (rows - 1) * ld + cols;
 }
 
-// Deterministic pseudo-random values in [-1, 1) (bf16 or fp32): operands for the rate
-// measurement (zeros would flatter the tensor cores' power draw).
+// Element i's pseudo-random bits under `seed`, for the rate measurements' operands (zeros would
+// flatter the tensor cores' power draw).
+__device__ inline uint32_t fill_hash(int64_t i, uint32_t seed) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  return h;
+}
+
+// Deterministic pseudo-random values in [-1, 1) (bf16 or fp32).
 template <typename T>
 __global__ void fill_kernel(T* out, int64_t n, uint32_t seed) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    out[i] = T(static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
-  }
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    out[i] = T(static_cast<float>(fill_hash(i, seed) >> 8) / 8388608.0f - 1.0f);
 }
 
 // A GELU in lt_matmul's epilogue: forward (GELU_AUX, GELU_AUX_BIAS with a bias), D = GELU(the
@@ -461,15 +465,11 @@ double time_square_gemm(int device, cublasComputeType_t compute, cudaDataType ty
   });
 }
 
-// Deterministic E4M3 bytes, none a NaN (exponent fields up to 14).
+// Deterministic E4M3 bytes, none a NaN (the exponent field's low bit cleared: at most 14).
 __global__ void fill_e4m3_kernel(uint8_t* out, int64_t n, uint32_t seed) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    out[i] = static_cast<uint8_t>((h >> 8) & 0xF7u);
-  }
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    out[i] = static_cast<uint8_t>((fill_hash(i, seed) >> 8) & 0xF7u);
 }
 
 }  // namespace

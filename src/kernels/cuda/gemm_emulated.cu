@@ -267,6 +267,22 @@ void gemm_fp8(int device, int64_t M, int64_t N, int64_t K, const Fp8Operand& A, 
   }
 }
 
+namespace {
+// TFLOP/s of the best of `iters` wall-clock-timed runs of `gemm`, an n×n×n product.
+template <typename Gemm>
+double best_square_tflops(int64_t n, int iters, Gemm gemm) {
+  double best = 0;
+  for (int i = 0; i < iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    gemm();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (best == 0 || s < best) best = s;
+  }
+  return 2.0 * static_cast<double>(n) * n * n / best / 1e12;
+}
+}  // namespace
+
 // The emulator's own rate, for benchmarks run under it (n capped at 256: it is a loop nest).
 double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int iters) {
   if (n < 1 || iters < 1) fail("measure_gemm_tflops: n and iters must be positive");
@@ -275,16 +291,10 @@ double measure_gemm_tflops(int device, MatmulPrecision precision, int64_t n, int
   Scratch<float> a(device, n * n), b(device, n * n), c(device, n * n);
   LOOM_CUDA_CHECK(cudaMemsetAsync(a.get(), 0, static_cast<size_t>(n * n) * 4, nullptr));
   LOOM_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, static_cast<size_t>(n * n) * 4, nullptr));
-  double best = 0;
-  for (int i = 0; i < iters; ++i) {
-    const auto start = std::chrono::steady_clock::now();
+  return best_square_tflops(n, iters, [&] {
     reference_gemm(precision, device, false, false, n, n, n, 1.0f, a.get(), n, b.get(), n, 0.0f,
                    c.get(), c.get(), n, nullptr, GemmBatch{});
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (best == 0 || s < best) best = s;
-  }
-  return 2.0 * static_cast<double>(n) * n * n / best / 1e12;
+  });
 }
 
 double measure_fp8_gemm_tflops(int device, int64_t n, int iters) {
@@ -300,16 +310,10 @@ double measure_fp8_gemm_tflops(int device, int64_t n, int iters) {
   LOOM_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, static_cast<size_t>(n * n), nullptr));
   LOOM_CUDA_CHECK(cudaMemsetAsync(sa.get(), 0, static_cast<size_t>(a_scales) * 4, nullptr));
   LOOM_CUDA_CHECK(cudaMemsetAsync(sb.get(), 0, static_cast<size_t>(b_scales) * 4, nullptr));
-  double best = 0;
-  for (int i = 0; i < iters; ++i) {
-    const auto start = std::chrono::steady_clock::now();
+  return best_square_tflops(n, iters, [&] {
     gemm_fp8(device, n, n, n, {a.get(), sa.get(), Fp8Scaling::kVec128},
              {b.get(), sb.get(), Fp8Scaling::kBlock128}, c.get());
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (best == 0 || s < best) best = s;
-  }
-  return 2.0 * static_cast<double>(n) * n * n / best / 1e12;
+  });
 }
 
 }  // namespace loom::cuda
