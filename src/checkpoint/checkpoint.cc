@@ -222,6 +222,11 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
   j["loader"] = {{"shard", state.loader_shard},
                  {"offset", state.loader_offset},
                  {"epoch", state.loader_epoch}};
+  for (const BlendSourceState& source : state.loader_sources)
+    j["loader"]["sources"].push_back({{"shard", source.position.shard},
+                                      {"offset", source.position.offset},
+                                      {"epoch", source.position.epoch},
+                                      {"sequences", source.sequences}});
   j["seed"] = state.seed;
   if (state.loss_scaler)
     j["loss_scale"] = {{"scale", state.loss_scaler->scale},
@@ -261,6 +266,12 @@ TrainingState training_state_of(const std::string& checkpoint_dir, const json& j
     s.loader_shard = j.at("loader").at("shard").get<int64_t>();
     s.loader_offset = j.at("loader").at("offset").get<int64_t>();
     s.loader_epoch = j.at("loader").at("epoch").get<int64_t>();
+    if (j.at("loader").contains("sources"))
+      for (const json& source : j.at("loader").at("sources"))
+        s.loader_sources.push_back(
+            {{source.at("shard").get<int64_t>(), source.at("offset").get<int64_t>(),
+              source.at("epoch").get<int64_t>()},
+             source.at("sequences").get<int64_t>()});
     s.seed = j.at("seed").get<uint64_t>();
     s.config_toml = j.value("config", std::string());
     if (j.contains("loss_scale"))

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "checkpoint/file_digest.h"
+#include "data/blend.h"
 #include "models/gpt2.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
@@ -40,6 +41,8 @@ struct TrainingState {
   // The loss scaler's state (optim/loss_scaler.h); absent in checkpoints written before loss
   // scaling existed, which then resume with the configured initial scale.
   std::optional<LossScalerState> loss_scaler;
+  // A blended loader's position, per source of data.blend (data/blend.h); empty otherwise.
+  std::vector<BlendSourceState> loader_sources;
 };
 
 // Writes step_N under `checkpoints_dir` (created if missing) and returns its path.

@@ -58,6 +58,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, norm_eps),
     LOOM_KEY(data, train),
     LOOM_KEY(data, val),
+    LOOM_KEY(data, blend),
     LOOM_KEY(train, steps),
     LOOM_KEY(train, batch_size),
     LOOM_KEY(train, micro_batch_size),

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom {
 
@@ -60,8 +61,26 @@ struct ModelConfig {
 struct DataConfig {
   std::string train;  // token shards: a file, a directory or a glob; required by the data layer
   std::string val;    // same forms; empty = no evaluation
+  // Several training corpora mixed by weight, Megatron-LM's --data-path: "W1 SPEC1 W2 SPEC2 ..."
+  // or "SPEC1 SPEC2 ..." (shares by token count); each SPEC one of data.train's forms. Set this
+  // or `train`, not both (parse_data_blend, data/blend.h).
+  std::string blend;
   friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
+
+// One source of data.blend.
+struct BlendSource {
+  double weight = 0;  // > 0, as written (not normalised); 0 in every source: by token count
+  std::string spec;   // a shard file, directory or glob, as data.train
+  friend bool operator==(const BlendSource&, const BlendSource&) = default;
+};
+
+// Splits data.blend's text at whitespace. When its first word is a number the words are
+// weight / spec pairs, every weight finite and positive; otherwise every word is a spec and the
+// weights are left 0 (the loader shares by token count). Throws loom::Error naming data.blend for
+// an empty text, an odd number of words, a weight that is not a positive number, or a spec where
+// a weight should be. Paths with whitespace cannot be named here (as in Megatron-LM).
+std::vector<BlendSource> parse_data_blend(const std::string& text);
 
 struct TrainConfig {
   int64_t steps = 1000;          // optimizer steps

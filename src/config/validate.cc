@@ -121,6 +121,20 @@ void validate_model(const ModelConfig& m, Problems& p) {
   validate_llama_keys(m, p);
 }
 
+void validate_data(const DataConfig& d, Problems& p) {
+  if (d.blend.empty()) return;
+  if (!d.train.empty())
+    p.add("data.train = ", toml_quote(d.train), " and data.blend = ", toml_quote(d.blend),
+          " are both set: set one (data.blend mixes several training corpora; `--set data.train=` "
+          "clears ",
+          "data.train)");
+  try {
+    (void)parse_data_blend(d.blend);
+  } catch (const Error& e) {
+    p.add(e.what());
+  }
+}
+
 void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p) {
   p.positive("train.steps", t.steps);
   p.positive("train.batch_size", t.batch_size);
@@ -274,6 +288,7 @@ void validate_metrics(const MetricsConfig& m, Problems& p) {
 void validate(const Config& config) {
   Problems problems;
   validate_model(config.model, problems);
+  validate_data(config.data, problems);
   validate_train(config.train, config.parallel, problems);
   validate_parallel(config.parallel, config.model, problems);
   validate_runtime(config.runtime, config.parallel, problems);

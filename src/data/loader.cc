@@ -82,7 +82,11 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
   };
   if (shard_token_bytes_[state_.shard] == 2) copy(tokens_.data() + begin);
   else copy(wide_tokens_.data() + begin);
-  // 3. Advance the shared position; skip to the next shard (wrapping) if a step no longer fits.
+  skip_batch();
+}
+
+// 3. Advances the shared position; skips to the next shard (wrapping) if a step no longer fits.
+void DataLoader::skip_batch() {
   state_.offset += tokens_per_step();
   if (state_.offset + step_span() > shard_tokens_[state_.shard]) {
     state_.offset = 0;

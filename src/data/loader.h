@@ -45,6 +45,9 @@ class DataLoader {
   // loom::Error naming the shard, the token's index in it and the vocabulary — before the batch
   // reaches a device (whose kernels may then skip their own check: kernels/exec.h).
   void next_batch(int32_t* inputs, int32_t* targets);
+  // Advances the position as next_batch does, reading nothing (a blended loader's sequence that
+  // another rank reads: data/blend.h).
+  void skip_batch();
   // The model's vocabulary, for next_batch's check (0: unchecked, the default).
   void set_vocab_size(int64_t vocab_size) { vocab_size_ = vocab_size; }
 

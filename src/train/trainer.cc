@@ -17,7 +17,6 @@
 #include "comm/counting.h"
 #include "comm/directed_p2p.h"
 #include "data/dataset.h"
-#include "data/loader.h"
 #include "data/shard.h"
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
@@ -42,6 +41,7 @@
 #include "train/run_timeline.h"
 #include "train/sharded_io.h"
 #include "train/step_record.h"
+#include "train/train_data.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -183,7 +183,7 @@ PipelineConfig pipeline_config_of(const Config& config, int64_t local_seq,
 // layout-free checkpoint by parameter name and keeps its part; the loader and the loss scaler
 // continue where it left them. Returns its step.
 int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& parts,
-               const std::vector<DataParallel*>& engines, const Config& config, DataLoader& loader,
+               const std::vector<DataParallel*>& engines, const Config& config, TrainData& data,
                LossScaler& scaler) {
   // Another architecture's checkpoint would fail on its first parameter's shape; say why.
   const Gpt2Config saved = read_checkpoint_model(checkpoint), wanted = model_config_of(config);
@@ -196,7 +196,7 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
   if (st.step > config.train.steps)
     fail("checkpoint ", checkpoint, " is at step ", st.step,
          ", past train.steps = ", config.train.steps);
-  loader.set_state({st.loader_shard, st.loader_offset, st.loader_epoch});
+  data.resume(st, checkpoint);
   if (st.loss_scaler) scaler.set_state(*st.loss_scaler);
   return st.step;
 }
@@ -395,11 +395,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                              &step_losses, sequence_shard.get(), cp_count.get()};
 
   // The loader's ranks are the data-parallel replicas: a cp group reads one replica's batch.
-  DataLoader train_loader(resolve_shards(config.data.train, "data.train"), micro, seq_len,
-                          mesh.coord("dp"), config.parallel.dp);
-  // Every id is checked here, on the host, naming the shard: the GPU's kernels need not check
+  // Every id is checked by it, on the host, naming the shard: the GPU's kernels need not check
   // them again (a wait for the GPU per op: kernels/exec.h).
-  train_loader.set_vocab_size(config.model.vocab_size);
+  TrainData train_data(config, micro, seq_len, mesh.coord("dp"), config.parallel.dp);
   std::vector<std::string> val_shards;
   if (!config.data.val.empty() && tc.eval_every > 0)
     val_shards = resolve_shards(config.data.val, "data.val");
@@ -428,7 +426,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   }
   TrainSummary summary;
   if (!resume_from.empty()) {
-    summary.start_step = resume(resume_from, parts, engines, config, train_loader, scaler);
+    summary.start_step = resume(resume_from, parts, engines, config, train_data, scaler);
     message("resumed from " + resume_from);
   } else if (!tc.init_from.empty()) {
     init_layout_from_hf(tc.init_from, parts, engines, config);
@@ -471,7 +469,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   double data_seconds = 0;  // this step's time in the loader (and copies to the device)
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
-    train_loader.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
+    train_data.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
     // To a GPU queued behind the last micro-batch's work, not waiting for it (which would also
     // count that work's time as the loader's).
     if (context_parallel) {  // this rank's positions of each sequence, cut on the host
@@ -495,6 +493,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   // Start-up: the layout, each rank's coordinates, parameters and expected memory.
   summary.layout_report = startup_layout_report(world, mesh, config, parts, state_bytes,
                                                 &summary.expected_activation_bytes);
+  summary.layout_report += train_data.describe(tc.steps * tc.batch_size * seq_len);
   if (leader && options.progress) std::fputs(summary.layout_report.c_str(), stderr);
   const int64_t end_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   // Model flops of a step (all ranks) and the peak of one rank, for tflops and the MFU.
@@ -511,10 +510,13 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     saves.save(
         step,
         [&] {
-          const LoaderState ls = train_loader.state();
-          TrainingState st{
-              step,     engines[0]->optimizer_steps(),  ls.shard,        ls.offset,
-              ls.epoch, static_cast<uint64_t>(tc.seed), to_toml(config), scaler.state()};
+          TrainingState st;
+          st.step = step;
+          st.optimizer_steps = engines[0]->optimizer_steps();
+          st.seed = static_cast<uint64_t>(tc.seed);
+          st.config_toml = to_toml(config);
+          st.loss_scaler = scaler.state();
+          train_data.save(st);
           // Staged (train/sharded_io.h): with `async`, with copies of its own that training does
           // not touch.
           StagedCheckpoint staged =

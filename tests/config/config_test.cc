@@ -604,6 +604,41 @@ TEST(Config, RecomputeModesAndTheDeprecatedAlias) {
   EXPECT_TRUE(Contains(to_toml(c), "recompute = \"selective\"\n"));
 }
 
+// data.blend: Megatron-LM's --data-path list, weighted or by token count; the config names the
+// key and the word at fault.
+TEST(Config, DataBlendParsesWeightsAndSpecs) {
+  EXPECT_EQ(parse_data_blend("0.7 web/train_*.bin  0.3\tcode/"),
+            (std::vector<BlendSource>{{0.7, "web/train_*.bin"}, {0.3, "code/"}}));
+  EXPECT_EQ(parse_data_blend("a.bin b/"), (std::vector<BlendSource>{{0, "a.bin"}, {0, "b/"}}));
+  EXPECT_EQ(parse_data_blend("2 a.bin"), (std::vector<BlendSource>{{2, "a.bin"}}));
+  EXPECT_TRUE(Contains(error_of([] { parse_data_blend("  "); }), "data.blend is empty"));
+  EXPECT_TRUE(Contains(error_of([] { parse_data_blend("0.7 a.bin 0.3"); }),
+                       "3 words, but weights and specs come in pairs"));
+  EXPECT_TRUE(Contains(error_of([] { parse_data_blend("0.7 a.bin b.bin c.bin"); }),
+                       "source 2's weight 'b.bin' is not a number"));
+  EXPECT_TRUE(Contains(error_of([] { parse_data_blend("0.7 a.bin 0 b.bin"); }),
+                       "source 2's weight 0 must be a positive number"));
+  EXPECT_TRUE(Contains(error_of([] { parse_data_blend("1 a.bin -1 b.bin"); }),
+                       "source 2's weight -1 must be a positive number"));
+  EXPECT_TRUE(Contains(error_of([] { parse_data_blend("1 a.bin nan b.bin"); }),
+                       "source 2's weight nan must be a positive number"));
+  EXPECT_TRUE(Contains(error_of([] { parse_data_blend("0.5 0.5 a.bin b.bin"); }),
+                       "source 1 has the weight 0.5 and then another number, '0.5'"));
+  // validate() reports a bad list and a blend beside data.train; the key takes --set's bare text.
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.data.blend = "0.7 a.bin 0.3"; }),
+                       "invalid config: data.blend"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.data.train = "t.bin";
+                         c.data.blend = "1 a.bin 1 b.bin";
+                       }),
+                       "data.train = \"t.bin\" and data.blend = \"1 a.bin 1 b.bin\" are both set"));
+  Config c;
+  apply_override(c, "data.blend=0.7 web/*.bin 0.3 code/*.bin");
+  EXPECT_EQ(c.data.blend, "0.7 web/*.bin 0.3 code/*.bin");
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_EQ(parse_config(to_toml(c), "blend.toml"), c);
+}
+
 TEST(Config, ToTomlRoundTrips) {
   EXPECT_EQ(parse_config(to_toml(Config{}), "defaults.toml"), Config{});
 

@@ -1429,6 +1429,68 @@ TEST_F(TrainTest, ContextParallelRingOnGpusTrainsTheCpuRun) {
   }
 }
 
+// data.blend mixes two corpora by weight into one stream of sequences that every layout reads
+// alike: two data-parallel ranks train one rank's run; a checkpoint holds each source's position
+// and resumes bit for bit under its layout and to rounding under another; a blended checkpoint
+// resumed with data.train (or the other way round) is an error naming both.
+TEST_F(TrainTest, DataBlendTrainsEveryLayoutOnOneStreamAndResumes) {
+  synthesize_addition((dir_ / "data2").string(), 30000, 0, 8);
+  Config c = config(6);
+  c.train.eval_every = 0;
+  c.data.train.clear();
+  c.data.blend = "3 " + (dir_ / "data" / "train_*.bin").string() + " 1 " +
+                 (dir_ / "data2" / "train_*.bin").string();
+  c.train.save_every = 3;
+  const TrainSummary one = run_training(c, options("one"));
+  EXPECT_NE(one.layout_report.find("data.blend source 2:  25.0% of the sequences"),
+            std::string::npos)
+      << one.layout_report;
+  // The checkpoint's positions: 48 sequences, three in four from the first corpus.
+  std::ifstream in(dir_ / "one" / "checkpoints" / "step_6" / "state.json");
+  const nlohmann::json sources = nlohmann::json::parse(in).at("loader").at("sources");
+  ASSERT_EQ(sources.size(), 2u);
+  EXPECT_EQ(sources[0].at("sequences"), 36);
+  EXPECT_EQ(sources[1].at("sequences"), 12);
+  EXPECT_EQ(sources[1].at("offset"), 12 * 32);  // 12 windows of T = 32 into its first shard
+
+  Config dp = c;
+  dp.runtime.ranks = 2;
+  dp.runtime.threads_per_rank = 1;
+  dp.parallel.dp = 2;
+  run_training(dp, options("dp2"));
+  expect_losses_near("one", "dp2", 1e-5);
+  stop_and_resume(dp, "dp2_resumed", 3);
+  expect_same_run(metrics("dp2"), metrics("dp2_resumed"));
+  // dp 2's step-3 checkpoint, resumed on one rank.
+  fs::create_directories(dir_ / "moved" / "checkpoints");
+  fs::copy(dir_ / "dp2" / "checkpoints" / "step_3", dir_ / "moved" / "checkpoints" / "step_3",
+           fs::copy_options::recursive);
+  TrainOptions moved = options("moved");
+  moved.resume = "auto";
+  EXPECT_EQ(run_training(c, moved).start_step, 3);
+  const auto mo = metrics("moved"), mw = metrics("one");
+  ASSERT_EQ(mo.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(mo[i].at("loss").get<double>(), mw[i + 3].at("loss").get<double>(), 1e-5)
+        << "step " << i + 4;
+
+  Config single = config(6);
+  TrainOptions r = options("one");
+  r.resume = (dir_ / "one" / "checkpoints" / "step_3").string();
+  const std::string e = error_of([&] { run_training(single, r); });
+  EXPECT_NE(e.find("step_3 was written by a run reading data.blend (2 sources); this run reads "
+                   "data.train"),
+            std::string::npos)
+      << e;
+  TrainOptions plain_run = options("plain");
+  plain_run.stop_after = 3;
+  run_training(single, plain_run);
+  r.resume = (dir_ / "plain" / "checkpoints" / "step_3").string();
+  EXPECT_NE(
+      error_of([&] { run_training(c, r); }).find("reading data.train; this run reads data.blend"),
+      std::string::npos);
+}
+
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
   // Recomputation changes memory, not numbers: full (here by its deprecated spelling) and
   // selective.
