@@ -65,6 +65,9 @@ struct DataConfig {
   // or "SPEC1 SPEC2 ..." (shares by token count); each SPEC one of data.train's forms. Set this
   // or `train`, not both (parse_data_blend, data/blend.h).
   std::string blend;
+  // Each epoch of a corpus in another order: its shards' and each shard's sequences' orders
+  // permuted by train.seed and the epoch (data/sequence_reader.h). Off: llm.c's sequential order.
+  bool shuffle = false;
   friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
 

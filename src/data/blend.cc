@@ -12,7 +12,7 @@ namespace loom {
 
 BlendedLoader::BlendedLoader(const std::vector<std::vector<std::string>>& source_shards,
                              std::vector<double> weights, int64_t batch, int64_t seq_len, int rank,
-                             int world)
+                             int world, std::optional<uint64_t> shuffle_seed)
     : batch_(batch), seq_len_(seq_len), rank_(rank), world_(world) {
   if (source_shards.empty()) fail("blended loader: no sources");
   if (weights.size() != source_shards.size())
@@ -28,10 +28,11 @@ BlendedLoader::BlendedLoader(const std::vector<std::vector<std::string>>& source
     if (!by_tokens && !(weights[d] > 0 && std::isfinite(weights[d])))
       fail("blended loader: source ", d + 1, "'s weight ", weights[d],
            " must be positive (or every weight 0: shares by token count)");
-  // Each source reads one sequence at a time, as a loader of batch 1 (its shard checks included).
+  // Each source reads one sequence at a time (a loader of batch 1's shard checks included).
   sources_.reserve(source_shards.size());
-  for (const std::vector<std::string>& shards : source_shards)
-    sources_.emplace_back(shards, /*batch=*/1, seq_len_);
+  for (size_t d = 0; d < source_shards.size(); ++d)
+    sources_.emplace_back(source_shards[d], seq_len_, shuffle_seed,
+                          "data.shuffle/source " + std::to_string(d + 1));
   if (by_tokens)
     for (size_t d = 0; d < sources_.size(); ++d)
       weights[d] = static_cast<double>(sources_[d].total_tokens());
@@ -57,19 +58,19 @@ void BlendedLoader::next_batch(int32_t* inputs, int32_t* targets) {
   const int64_t mine = static_cast<int64_t>(rank_) * batch_;  // this rank's first sequence
   for (int64_t i = 0; i < world_ * batch_; ++i) {
     const int64_t d = next_source();
-    DataLoader& source = sources_[static_cast<size_t>(d)];
+    SequenceReader& source = sources_[static_cast<size_t>(d)];
     if (i >= mine && i < mine + batch_) {
       const int64_t row = (i - mine) * seq_len_;
-      source.next_batch(inputs + row, targets + row);
+      source.next(inputs + row, targets + row);
     } else {
-      source.skip_batch();
+      source.skip();
     }
     ++sequences_[static_cast<size_t>(d)];
   }
 }
 
 void BlendedLoader::set_vocab_size(int64_t vocab_size) {
-  for (DataLoader& source : sources_) source.set_vocab_size(vocab_size);
+  for (SequenceReader& source : sources_) source.set_vocab_size(vocab_size);
 }
 
 std::vector<BlendSourceState> BlendedLoader::state() const {

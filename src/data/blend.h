@@ -7,10 +7,12 @@
 // all ranks) comes from the source d that maximises  share_d * (g + 1) - n_d,  n_d being the
 // sequences source d has given so far (ties: the first such source). This is Megatron-LM's
 // blending rule (build_blending_indices): it uses no random numbers and keeps every source's
-// count within one sequence of its share at every g. Within a source, sequences are read as by a
-// DataLoader of batch 1: T tokens and the one after them (the last target), consecutive windows
-// T apart; a shard's tail shorter than T + 1 is skipped, and after its last shard the source
-// wraps to its first (that source's epoch; a small source repeats while a large one goes on).
+// count within one sequence of its share at every g. Within a source, sequences are read by a
+// SequenceReader (data/sequence_reader.h): in order, as a DataLoader of batch 1 — T tokens and
+// the one after them, consecutive windows T apart, a shard's tail shorter than T + 1 skipped,
+// after its last shard the source wraps to its first (that source's epoch: a small source repeats
+// while a large one goes on) — or shuffled within each epoch. One source of weight 1 is the
+// single corpus read a sequence at a time (data.shuffle without data.blend).
 //
 // Each next_batch takes the next W*B sequences of the stream, rank r the r-th B of them: the union
 // over ranks is what one rank with batch W*B reads. Every rank follows every sequence (it advances
@@ -20,16 +22,18 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "data/loader.h"
+#include "data/sequence_reader.h"
 
 namespace loom {
 
 // A blended loader's position in one source.
 struct BlendSourceState {
-  LoaderState position;   // in the source's shards, as a DataLoader of batch 1 and world 1
+  LoaderState position;   // in the source's shards (SequenceReader::state)
   int64_t sequences = 0;  // the sequences it has given so far
   bool operator==(const BlendSourceState&) const = default;
 };
@@ -37,12 +41,13 @@ struct BlendSourceState {
 class BlendedLoader {
  public:
   // source_shards[d]: source d's shards in reading order; weights[d] > 0 its weight (normalised
-  // here), or 0 for every source to weigh each by its tokens. Throws loom::Error for no sources,
-  // weights that do not match the sources or mix 0 with positive values, and whatever a
+  // here), or 0 for every source to weigh each by its tokens. With `shuffle_seed` every source is
+  // shuffled (source d's stream named "data.shuffle/source d"). Throws loom::Error for no
+  // sources, weights that do not match the sources or mix 0 with positive values, and whatever a
   // DataLoader of batch 1 throws for a source's shards (a shard shorter than T + 1 tokens).
   BlendedLoader(const std::vector<std::vector<std::string>>& source_shards,
                 std::vector<double> weights, int64_t batch, int64_t seq_len, int rank = 0,
-                int world = 1);
+                int world = 1, std::optional<uint64_t> shuffle_seed = std::nullopt);
 
   // Fills inputs (B, T) and targets (B, T), row-major, with this rank's sequences of the next
   // W*B, then advances past all W*B. With a vocabulary set, every id is checked (DataLoader's
@@ -68,7 +73,7 @@ class BlendedLoader {
  private:
   int64_t next_source() const;  // the source of the next sequence of the stream
 
-  std::vector<DataLoader> sources_;  // each batch 1, world 1
+  std::vector<SequenceReader> sources_;
   std::vector<double> shares_;       // normalised weights
   std::vector<int64_t> sequences_;   // n_d
   int64_t batch_, seq_len_;

@@ -62,17 +62,23 @@ void DataLoader::load(int64_t shard) {
 }
 
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
-  LOOM_CHECK(inputs != nullptr && targets != nullptr);
-  load(state_.shard);
-  // 1-2. This rank's chunk: B*T tokens (plus one for the last target) at offset + rank*B*T.
-  const int64_t chunk = batch_ * seq_len_;
-  const int64_t begin = state_.offset + rank_ * chunk;
   LOOM_CHECK(state_.offset + step_span() <= shard_tokens_[state_.shard]);
+  // 1-2. This rank's chunk: B*T tokens (plus one for the last target) at offset + rank*B*T.
+  read_at(state_.shard, state_.offset + rank_ * batch_ * seq_len_, inputs, targets);
+  advance();
+}
+
+void DataLoader::read_at(int64_t shard, int64_t begin, int32_t* inputs, int32_t* targets) {
+  LOOM_CHECK(inputs != nullptr && targets != nullptr);
+  const int64_t chunk = batch_ * seq_len_;
+  LOOM_CHECK(shard >= 0 && shard < num_shards() && begin >= 0 &&
+             begin + chunk + 1 <= shard_tokens_[shard]);
+  load(shard);
   const auto copy = [&](const auto* src) {
     if (vocab_size_ > 0)
       for (int64_t i = 0; i <= chunk; ++i)
         if (static_cast<int64_t>(src[i]) >= vocab_size_)
-          fail(paths_[static_cast<size_t>(state_.shard)], ": token id ", static_cast<int64_t>(src[i]),
+          fail(paths_[static_cast<size_t>(shard)], ": token id ", static_cast<int64_t>(src[i]),
                " at token ", begin + i, " is outside the model's vocabulary [0, ", vocab_size_,
                ") (model.vocab_size)");
     for (int64_t i = 0; i < chunk; ++i) {
@@ -80,13 +86,14 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
       targets[i] = static_cast<int32_t>(src[i + 1]);
     }
   };
-  if (shard_token_bytes_[state_.shard] == 2) copy(tokens_.data() + begin);
-  else copy(wide_tokens_.data() + begin);
-  skip_batch();
+  if (shard_token_bytes_[shard] == 2)
+    copy(tokens_.data() + begin);
+  else
+    copy(wide_tokens_.data() + begin);
 }
 
 // 3. Advances the shared position; skips to the next shard (wrapping) if a step no longer fits.
-void DataLoader::skip_batch() {
+void DataLoader::advance() {
   state_.offset += tokens_per_step();
   if (state_.offset + step_span() > shard_tokens_[state_.shard]) {
     state_.offset = 0;

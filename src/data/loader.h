@@ -45,9 +45,10 @@ class DataLoader {
   // loom::Error naming the shard, the token's index in it and the vocabulary — before the batch
   // reaches a device (whose kernels may then skip their own check: kernels/exec.h).
   void next_batch(int32_t* inputs, int32_t* targets);
-  // Advances the position as next_batch does, reading nothing (a blended loader's sequence that
-  // another rank reads: data/blend.h).
-  void skip_batch();
+  // Fills inputs and targets (batch × seq_len each) from the batch × seq_len + 1 tokens at token
+  // `begin` of shard `shard` (which must hold them), checked as next_batch checks; the position
+  // is left alone. For readers that choose their own order (data/sequence_reader.h).
+  void read_at(int64_t shard, int64_t begin, int32_t* inputs, int32_t* targets);
   // The model's vocabulary, for next_batch's check (0: unchecked, the default).
   void set_vocab_size(int64_t vocab_size) { vocab_size_ = vocab_size; }
 
@@ -66,10 +67,12 @@ class DataLoader {
   int64_t num_shards() const { return static_cast<int64_t>(paths_.size()); }
   const std::vector<std::string>& shard_paths() const { return paths_; }
   int64_t total_tokens() const { return total_tokens_; }  // over all shards
+  int64_t shard_tokens(int64_t shard) const { return shard_tokens_[static_cast<size_t>(shard)]; }
 
  private:
   int64_t step_span() const { return tokens_per_step() + 1; }  // tokens one step reads
   void load(int64_t shard);
+  void advance();  // step 3
 
   std::vector<std::string> paths_;
   std::vector<int64_t> shard_tokens_;  // per shard, from the headers

@@ -1,28 +1,50 @@
 #include "train/train_data.h"
 
 #include <cstdio>
+#include <optional>
 
 #include "base/error.h"
 #include "data/dataset.h"
 
 namespace loom {
 
-TrainData::TrainData(const Config& config, int64_t micro, int64_t seq_len, int rank, int world) {
-  if (config.data.blend.empty()) {
+namespace {
+
+// How a run reads its training data, for resume's messages.
+std::string reading(const DataConfig& data) {
+  std::string how =
+      data.blend.empty()
+          ? std::string("data.train")
+          : detail::concat("data.blend (", parse_data_blend(data.blend).size(), " sources)");
+  return how + (data.shuffle ? ", shuffled (data.shuffle = true)" : ", in order");
+}
+
+}  // namespace
+
+TrainData::TrainData(const Config& config, int64_t micro, int64_t seq_len, int rank, int world)
+    : data_(config.data) {
+  if (config.data.blend.empty() && !config.data.shuffle) {
     single_ = std::make_unique<DataLoader>(resolve_shards(config.data.train, "data.train"), micro,
                                            seq_len, rank, world);
     single_->set_vocab_size(config.model.vocab_size);
     return;
   }
-  sources_ = parse_data_blend(config.data.blend);
+  // A sequence at a time: a blend's sources, or data.train as a blend of one to shuffle it.
+  sources_ = config.data.blend.empty() ? std::vector<BlendSource>{{1, config.data.train}}
+                                       : parse_data_blend(config.data.blend);
   std::vector<std::vector<std::string>> shards;
   std::vector<double> weights;
   for (size_t d = 0; d < sources_.size(); ++d) {
-    const std::string key = "data.blend source " + std::to_string(d + 1);
+    const std::string key = config.data.blend.empty()
+                                ? std::string("data.train")
+                                : "data.blend source " + std::to_string(d + 1);
     shards.push_back(resolve_shards(sources_[d].spec, key));
     weights.push_back(sources_[d].weight);
   }
-  blend_ = std::make_unique<BlendedLoader>(shards, weights, micro, seq_len, rank, world);
+  std::optional<uint64_t> shuffle_seed;
+  if (config.data.shuffle) shuffle_seed = static_cast<uint64_t>(config.train.seed);
+  blend_ =
+      std::make_unique<BlendedLoader>(shards, weights, micro, seq_len, rank, world, shuffle_seed);
   blend_->set_vocab_size(config.model.vocab_size);
 }
 
@@ -46,14 +68,22 @@ void TrainData::save(TrainingState& state) const {
 }
 
 void TrainData::resume(const TrainingState& state, const std::string& checkpoint) {
-  const bool saved_blend = !state.loader_sources.empty();
-  if (saved_blend && !blend_)
-    fail("checkpoint ", checkpoint, " was written by a run reading data.blend (",
-         state.loader_sources.size(), " sources); this run reads data.train: resume with the ",
-         "config it was trained with (RUN_DIR/config.toml)");
-  if (!saved_blend && blend_)
-    fail("checkpoint ", checkpoint, " was written by a run reading data.train; this run reads ",
-         "data.blend: resume with the config it was trained with (RUN_DIR/config.toml)");
+  // The position means something only to the reading it came from: a blend's or a shuffled
+  // order's, or the loader's in order. The checkpoint's config says which (older checkpoints
+  // without one: whether it holds a position per source).
+  std::optional<DataConfig> saved;
+  if (!state.config_toml.empty()) saved = parse_config(state.config_toml, checkpoint).data;
+  const bool same_reading =
+      saved ? saved->blend.empty() == data_.blend.empty() && saved->shuffle == data_.shuffle &&
+                  (saved->blend.empty() || parse_data_blend(saved->blend).size() == sources_.size())
+            : state.loader_sources.empty() == !blend_;
+  if (!same_reading)
+    fail("checkpoint ", checkpoint, " was written by a run reading ",
+         saved ? reading(*saved)
+               : (state.loader_sources.empty() ? std::string("data.train, in order")
+                                               : std::string("data.blend or data.shuffle")),
+         "; this run reads ", reading(data_),
+         ": resume with the config it was trained with (RUN_DIR/config.toml)");
   try {
     if (blend_) {
       blend_->set_state(state.loader_sources);
@@ -72,13 +102,19 @@ std::string TrainData::describe(int64_t run_tokens) const {
     const double share = blend_->share(d);
     const double passes =
         share * static_cast<double>(run_tokens) / static_cast<double>(blend_->source_tokens(d));
-    char line[160];
-    std::snprintf(line, sizeof line, "data.blend source %lld: %5.1f%% of the sequences, ",
+    char figures[200];
+    std::snprintf(figures, sizeof figures, " (%lld tokens; %.2f passes over this run%s)\n",
+                  static_cast<long long>(blend_->source_tokens(d)), passes,
+                  data_.shuffle ? ", each in another order" : "");
+    if (data_.blend.empty()) {
+      out += "data.train: " + sources_[0].spec + figures;
+      continue;
+    }
+    char share_text[96];
+    std::snprintf(share_text, sizeof share_text,
+                  "data.blend source %lld: %5.1f%% of the sequences, ",
                   static_cast<long long>(d + 1), 100 * share);
-    char figures[160];
-    std::snprintf(figures, sizeof figures, " (%lld tokens; %.2f passes over this run)\n",
-                  static_cast<long long>(blend_->source_tokens(d)), passes);
-    out += line + sources_[static_cast<size_t>(d)].spec + figures;
+    out += share_text + sources_[static_cast<size_t>(d)].spec + figures;
   }
   return out;
 }

@@ -1,6 +1,7 @@
-// The training batches of a run: data.train's shards through a DataLoader (data/loader.h), or
-// data.blend's corpora through a BlendedLoader (data/blend.h), behind one interface for the
-// trainer — reading, the position in checkpoints, resuming, and the start-up lines.
+// The training batches of a run: data.train's shards in order through a DataLoader
+// (data/loader.h), or a sequence at a time through a BlendedLoader (data/blend.h) — data.blend's
+// corpora, or data.train alone when data.shuffle asks for another order each epoch — behind one
+// interface for the trainer: reading, the position in checkpoints, resuming, start-up lines.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +26,9 @@ class TrainData {
 
   // The position into `state` (loader_shard / _offset / _epoch, or loader_sources).
   void save(TrainingState& state) const;
-  // Continues from a checkpoint's position. A checkpoint of a blended run resumed without
-  // data.blend, or the other way round, or with another number of sources, is an error naming the
-  // checkpoint and the keys.
+  // Continues from a checkpoint's position. A checkpoint read otherwise than this run reads —
+  // with or without data.blend, another number of sources, data.shuffle on or off — is an error
+  // naming the checkpoint and both readings.
   void resume(const TrainingState& state, const std::string& checkpoint);
 
   // With data.blend, a line per source: its share, shards, tokens, and the passes over it that
@@ -37,7 +38,8 @@ class TrainData {
  private:
   std::unique_ptr<DataLoader> single_;
   std::unique_ptr<BlendedLoader> blend_;
-  std::vector<BlendSource> sources_;  // data.blend's, when blend_
+  DataConfig data_;
+  std::vector<BlendSource> sources_;  // blend_'s: data.blend's, or data.train alone
 };
 
 }  // namespace loom

@@ -635,6 +635,8 @@ TEST(Config, DataBlendParsesWeightsAndSpecs) {
   Config c;
   apply_override(c, "data.blend=0.7 web/*.bin 0.3 code/*.bin");
   EXPECT_EQ(c.data.blend, "0.7 web/*.bin 0.3 code/*.bin");
+  apply_override(c, "data.shuffle=true");
+  EXPECT_TRUE(c.data.shuffle);
   EXPECT_NO_THROW(validate(c));
   EXPECT_EQ(parse_config(to_toml(c), "blend.toml"), c);
 }

@@ -100,27 +100,31 @@ TEST(BlendedLoader, SharesHoldAtEveryPointAndSourcesReadInOrder) {
   EXPECT_EQ(state[0].position.epoch, state[0].sequences / 14);
 }
 
-// Rank r's rows are rows r*B .. r*B + B - 1 of one loader of batch W*B, at every step; all ranks
-// hold the same state.
+// Rank r's rows are rows r*B .. r*B + B - 1 of one loader of batch W*B, at every step, in order
+// and shuffled; all ranks hold the same state.
 TEST(BlendedLoader, RanksPartitionTheSingleLoaderStream) {
   TempDir dir;
   const auto sources = make_sources(dir, {{200, 90}, {150}});
   const int world = 3, batch = 2, t = 5;
-  BlendedLoader single(sources, {2, 1}, world * batch, t);
-  std::vector<BlendedLoader> ranks;
-  for (int r = 0; r < world; ++r)
-    ranks.emplace_back(sources, std::vector<double>{2, 1}, batch, t, r, world);
-  for (int step = 0; step < 40; ++step) {
-    const Rows all = next(single);
-    for (int r = 0; r < world; ++r) {
-      const Rows mine = next(ranks[static_cast<size_t>(r)]);
-      const auto begin = static_cast<ptrdiff_t>(r * batch * t);
-      ASSERT_EQ(mine.inputs, std::vector<int32_t>(all.inputs.begin() + begin,
-                                                  all.inputs.begin() + begin + batch * t))
-          << "step " << step << " rank " << r;
-      ASSERT_EQ(mine.targets, std::vector<int32_t>(all.targets.begin() + begin,
-                                                   all.targets.begin() + begin + batch * t));
-      ASSERT_EQ(ranks[static_cast<size_t>(r)].state(), single.state());
+  for (const std::optional<uint64_t> shuffle :
+       {std::optional<uint64_t>{}, std::optional<uint64_t>{9}}) {
+    SCOPED_TRACE(shuffle ? "shuffled" : "in order");
+    BlendedLoader single(sources, {2, 1}, world * batch, t, 0, 1, shuffle);
+    std::vector<BlendedLoader> ranks;
+    for (int r = 0; r < world; ++r)
+      ranks.emplace_back(sources, std::vector<double>{2, 1}, batch, t, r, world, shuffle);
+    for (int step = 0; step < 40; ++step) {
+      const Rows all = next(single);
+      for (int r = 0; r < world; ++r) {
+        const Rows mine = next(ranks[static_cast<size_t>(r)]);
+        const auto begin = static_cast<ptrdiff_t>(r * batch * t);
+        ASSERT_EQ(mine.inputs, std::vector<int32_t>(all.inputs.begin() + begin,
+                                                    all.inputs.begin() + begin + batch * t))
+            << "step " << step << " rank " << r;
+        ASSERT_EQ(mine.targets, std::vector<int32_t>(all.targets.begin() + begin,
+                                                     all.targets.begin() + begin + batch * t));
+        ASSERT_EQ(ranks[static_cast<size_t>(r)].state(), single.state());
+      }
     }
   }
 }

@@ -9,19 +9,8 @@ namespace loom {
 namespace {
 
 using testing::expect_error;
+using testing::make_numbered_shards;
 using testing::TempDir;
-
-// Shard s holds tokens 1000*s + j, j = 0..sizes[s]-1, so every token tells where it came from.
-std::vector<std::string> make_shards(const TempDir& dir, const std::vector<int>& sizes) {
-  std::vector<std::string> paths;
-  for (size_t s = 0; s < sizes.size(); ++s) {
-    std::vector<uint16_t> tokens(sizes[s]);
-    for (int j = 0; j < sizes[s]; ++j) tokens[j] = static_cast<uint16_t>(1000 * s + j);
-    paths.push_back(dir.file("train_00000" + std::to_string(s) + ".bin"));
-    write_shard(paths.back(), tokens);
-  }
-  return paths;
-}
 
 struct Batch {
   std::vector<int32_t> inputs, targets;
@@ -44,7 +33,7 @@ std::vector<int32_t> iota(int32_t first, int n) {
 
 TEST(DataLoader, WindowsAndShiftedTargets) {
   TempDir dir;
-  DataLoader loader(make_shards(dir, {100}), /*batch=*/2, /*seq_len=*/4);
+  DataLoader loader(make_numbered_shards(dir, {100}), /*batch=*/2, /*seq_len=*/4);
   EXPECT_EQ(loader.total_tokens(), 100);
   EXPECT_EQ(loader.tokens_per_step(), 8);
   // Step 0 reads tokens [0, 9): rows [0..3], [4..7]; targets shifted by one.
@@ -63,7 +52,7 @@ TEST(DataLoader, WindowsAndShiftedTargets) {
 // pass, and without a vocabulary nothing is checked.
 TEST(DataLoader, IdsOutsideTheVocabularyFailNamingTheShard) {
   TempDir dir;
-  const std::vector<std::string> shards = make_shards(dir, {40});  // tokens 0..39
+  const std::vector<std::string> shards = make_numbered_shards(dir, {40});  // tokens 0..39
   DataLoader loader(shards, /*batch=*/2, /*seq_len=*/4);
   loader.set_vocab_size(9);  // step 0 reads tokens 0..8: all inside
   EXPECT_EQ(next(loader).targets, iota(1, 8));
@@ -103,7 +92,7 @@ TEST(DataLoader, CrossesShardsAndWrapsAround) {
   TempDir dir;
   // A step reads 2*4 + 1 = 9 tokens. Shard 0 (20 tokens) holds steps at 0 and 8 (16 + 9 > 20,
   // so its tail 16..19 is skipped); shard 1 (9 tokens) exactly one step; shard 2 (17) two.
-  DataLoader loader(make_shards(dir, {20, 9, 17}), 2, 4);
+  DataLoader loader(make_numbered_shards(dir, {20, 9, 17}), 2, 4);
   const std::vector<std::pair<int32_t, LoaderState>> expect = {
       {0, {0, 8, 0}},    {8, {1, 0, 0}},    {1000, {2, 0, 0}},
       {2000, {2, 8, 0}}, {2008, {0, 0, 1}}, {0, {0, 8, 1}},
@@ -121,7 +110,7 @@ TEST(DataLoader, CrossesShardsAndWrapsAround) {
 
 TEST(DataLoader, ResumeFromStateIsExact) {
   TempDir dir;
-  const auto paths = make_shards(dir, {50, 31, 64});
+  const auto paths = make_numbered_shards(dir, {50, 31, 64});
   DataLoader a(paths, 3, 5);
   for (int i = 0; i < 4; ++i) next(a);
   const LoaderState saved = a.state();
@@ -137,7 +126,7 @@ TEST(DataLoader, ResumeFromStateIsExact) {
 
 TEST(DataLoader, BadStateIsAnError) {
   TempDir dir;
-  const auto paths = make_shards(dir, {50, 31});
+  const auto paths = make_numbered_shards(dir, {50, 31});
   DataLoader loader(paths, 3, 5);  // a step reads 16 tokens
   expect_error([&] { loader.set_state({2, 0, 0}); }, {"shard 2", "out of range", "2 shards"});
   expect_error([&] { loader.set_state({-1, 0, 0}); }, {"shard -1"});
@@ -152,7 +141,7 @@ TEST(DataLoader, BadStateIsAnError) {
 // The union over ranks is one loader with batch × world, at every step.
 TEST(DataLoader, RanksPartitionTheSingleLoaderBatch) {
   TempDir dir;
-  const auto paths = make_shards(dir, {61, 25, 100, 49});
+  const auto paths = make_numbered_shards(dir, {61, 25, 100, 49});
   for (int world : {2, 3}) {
     const int64_t batch = 2, seq_len = 4;
     DataLoader whole(paths, batch * world, seq_len);
@@ -175,7 +164,7 @@ TEST(DataLoader, RanksPartitionTheSingleLoaderBatch) {
 
 TEST(DataLoader, ConstructionErrors) {
   TempDir dir;
-  const auto paths = make_shards(dir, {40, 8});
+  const auto paths = make_numbered_shards(dir, {40, 8});
   // world 1, batch 2, seq_len 4: a step reads 9 tokens; shard 1 has 8.
   expect_error([&] { DataLoader(paths, 2, 4); }, {paths[1], "8 tokens", "9"});
   // world 5: 5 × 2 × 4 + 1 = 41 > 40.

@@ -10,8 +10,10 @@
 #include <initializer_list>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
+#include "data/shard.h"
 
 namespace loom::testing {
 
@@ -51,6 +53,20 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 inline std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Shards train_00000s.bin in `dir`, shard s holding tokens 1000*s + j, j = 0..sizes[s]-1, so
+// every token tells where it came from. Their paths, in order.
+inline std::vector<std::string> make_numbered_shards(const TempDir& dir,
+                                                     const std::vector<int>& sizes) {
+  std::vector<std::string> paths;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    std::vector<uint16_t> tokens(static_cast<size_t>(sizes[s]));
+    for (size_t j = 0; j < tokens.size(); ++j) tokens[j] = static_cast<uint16_t>(1000 * s + j);
+    paths.push_back(dir.file("train_00000" + std::to_string(s) + ".bin"));
+    write_shard(paths.back(), tokens);
+  }
+  return paths;
 }
 
 // Expects `fn` to throw loom::Error whose message contains every one of `parts`.

@@ -121,6 +121,11 @@ threads_per_rank = 2
     return in ? nlohmann::json::parse(in).at("traceEvents") : nlohmann::json::array();
   }
 
+  // `c` on two data-parallel thread ranks as run `dp2`: its losses those of run `one` (`c` on one
+  // rank, already run) to 1e-5, and stopped at step 3 and resumed (run `dp2_resumed`) bit for
+  // bit run `dp2`'s.
+  void expect_dp2_trains_one_ranks_run_and_resumes(const Config& c) const;
+
   // ZeroBubbleOn*GpusAtBf16IsOneFOneBBitForBit's check, below.
   void expect_zero_bubble_is_one_f_one_b_on_gpus(const std::string& arch, int tp);
   // Every step's loss, and validation loss where there is one, of run `got` within `tol`
@@ -352,6 +357,17 @@ TEST_F(TrainTest, MetricsSplitTheStepAndGoToTensorBoardAndPrometheus) {
   }
   EXPECT_EQ(records, 7);
   EXPECT_NE(data.find("mfu"), std::string::npos);
+}
+
+void TrainTest::expect_dp2_trains_one_ranks_run_and_resumes(const Config& c) const {
+  Config dp = c;
+  dp.runtime.ranks = 2;
+  dp.runtime.threads_per_rank = 1;
+  dp.parallel.dp = 2;
+  run_training(dp, options("dp2"));
+  expect_losses_near("one", "dp2", 1e-5);
+  stop_and_resume(dp, "dp2_resumed", 3);
+  expect_same_run(metrics("dp2"), metrics("dp2_resumed"));
 }
 
 TEST_F(TrainTest, StopAndResumeIsBitwiseIdentical) {
@@ -1453,14 +1469,7 @@ TEST_F(TrainTest, DataBlendTrainsEveryLayoutOnOneStreamAndResumes) {
   EXPECT_EQ(sources[1].at("sequences"), 12);
   EXPECT_EQ(sources[1].at("offset"), 12 * 32);  // 12 windows of T = 32 into its first shard
 
-  Config dp = c;
-  dp.runtime.ranks = 2;
-  dp.runtime.threads_per_rank = 1;
-  dp.parallel.dp = 2;
-  run_training(dp, options("dp2"));
-  expect_losses_near("one", "dp2", 1e-5);
-  stop_and_resume(dp, "dp2_resumed", 3);
-  expect_same_run(metrics("dp2"), metrics("dp2_resumed"));
+  expect_dp2_trains_one_ranks_run_and_resumes(c);
   // dp 2's step-3 checkpoint, resumed on one rank.
   fs::create_directories(dir_ / "moved" / "checkpoints");
   fs::copy(dir_ / "dp2" / "checkpoints" / "step_3", dir_ / "moved" / "checkpoints" / "step_3",
@@ -1478,17 +1487,48 @@ TEST_F(TrainTest, DataBlendTrainsEveryLayoutOnOneStreamAndResumes) {
   TrainOptions r = options("one");
   r.resume = (dir_ / "one" / "checkpoints" / "step_3").string();
   const std::string e = error_of([&] { run_training(single, r); });
-  EXPECT_NE(e.find("step_3 was written by a run reading data.blend (2 sources); this run reads "
-                   "data.train"),
+  EXPECT_NE(e.find("step_3 was written by a run reading data.blend (2 sources), in order; this run "
+                   "reads data.train, in order"),
             std::string::npos)
       << e;
   TrainOptions plain_run = options("plain");
   plain_run.stop_after = 3;
   run_training(single, plain_run);
   r.resume = (dir_ / "plain" / "checkpoints" / "step_3").string();
-  EXPECT_NE(
-      error_of([&] { run_training(c, r); }).find("reading data.train; this run reads data.blend"),
-      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              run_training(c, r);
+            }).find("reading data.train, in order; this run reads data.blend (2 sources)"),
+            std::string::npos);
+}
+
+// data.shuffle: data.train in another order each epoch. The run reads other sequences than in
+// order (its losses differ), two data-parallel ranks train one rank's run, it stops and resumes
+// bit for bit, and a checkpoint resumed with shuffling switched off is an error naming both.
+TEST_F(TrainTest, ShuffledDataTrainsEveryLayoutAlikeAndResumes) {
+  Config c = config(6);
+  c.train.eval_every = 0;
+  c.train.save_every = 3;
+  run_training(c, options("in_order"));
+  c.data.shuffle = true;
+  const TrainSummary one = run_training(c, options("one"));
+  EXPECT_NE(one.layout_report.find("passes over this run, each in another order"),
+            std::string::npos)
+      << one.layout_report;
+  const auto shuffled = metrics("one"), in_order = metrics("in_order");
+  ASSERT_EQ(shuffled.size(), in_order.size());
+  EXPECT_NE(shuffled[0].at("loss"), in_order[0].at("loss"));
+
+  expect_dp2_trains_one_ranks_run_and_resumes(c);
+
+  Config plain = c;
+  plain.data.shuffle = false;
+  TrainOptions r = options("one");
+  r.resume = (dir_ / "one" / "checkpoints" / "step_3").string();
+  const std::string e = error_of([&] { run_training(plain, r); });
+  EXPECT_NE(e.find("written by a run reading data.train, shuffled (data.shuffle = true); this run "
+                   "reads data.train, in order"),
+            std::string::npos)
+      << e;
 }
 
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
