@@ -14,6 +14,10 @@
 // Rank r's sequence i is therefore sequence r*B + i of a single loader with batch W*B: the union
 // over ranks is exactly what one rank would read, for every step, at shard ends and wrap-around.
 //
+// Training reads a sequence at a time instead (data/blend.h, data/sequence_reader.h: a shard's
+// tail skipped per sequence, not per step, so layouts with another W*B read the same sequences);
+// this loader reads the validation batches and is the sequence reader's access to the shards.
+//
 // The position (LoaderState) is part of the training state; it is in global tokens, so it does
 // not depend on the rank and a run can resume with another world size or batch. Only the current
 // shard is in memory (loaded on first use, reloaded on a shard change).

@@ -23,13 +23,9 @@ std::string reading(const DataConfig& data) {
 
 TrainData::TrainData(const Config& config, int64_t micro, int64_t seq_len, int rank, int world)
     : data_(config.data) {
-  if (config.data.blend.empty() && !config.data.shuffle) {
-    single_ = std::make_unique<DataLoader>(resolve_shards(config.data.train, "data.train"), micro,
-                                           seq_len, rank, world);
-    single_->set_vocab_size(config.model.vocab_size);
-    return;
-  }
-  // A sequence at a time: a blend's sources, or data.train as a blend of one to shuffle it.
+  // A sequence at a time, whatever the reading: a blend's sources, or data.train as a blend of
+  // one. (A loader reading whole steps would skip a shard's tail whose length depends on the
+  // layout's ranks × micro-batch, and layouts would part at every shard's end.)
   sources_ = config.data.blend.empty() ? std::vector<BlendSource>{{1, config.data.train}}
                                        : parse_data_blend(config.data.blend);
   std::vector<std::vector<std::string>> shards;
@@ -43,68 +39,71 @@ TrainData::TrainData(const Config& config, int64_t micro, int64_t seq_len, int r
   }
   std::optional<uint64_t> shuffle_seed;
   if (config.data.shuffle) shuffle_seed = static_cast<uint64_t>(config.train.seed);
-  blend_ =
+  loader_ =
       std::make_unique<BlendedLoader>(shards, weights, micro, seq_len, rank, world, shuffle_seed);
-  blend_->set_vocab_size(config.model.vocab_size);
+  loader_->set_vocab_size(config.model.vocab_size);
 }
 
 void TrainData::next_batch(int32_t* inputs, int32_t* targets) {
-  if (blend_) {
-    blend_->next_batch(inputs, targets);
-  } else {
-    single_->next_batch(inputs, targets);
-  }
+  loader_->next_batch(inputs, targets);
+}
+
+bool TrainData::in_order_single_corpus() const {
+  return data_.blend.empty() && !data_.shuffle;
 }
 
 void TrainData::save(TrainingState& state) const {
-  if (blend_) {
-    state.loader_sources = blend_->state();
-    return;
+  state.loader_sources = loader_->state();
+  // data.train in order: its position also where checkpoints before loader.sources kept it.
+  if (in_order_single_corpus()) {
+    const LoaderState& position = state.loader_sources[0].position;
+    state.loader_shard = position.shard;
+    state.loader_offset = position.offset;
+    state.loader_epoch = position.epoch;
   }
-  const LoaderState position = single_->state();
-  state.loader_shard = position.shard;
-  state.loader_offset = position.offset;
-  state.loader_epoch = position.epoch;
 }
 
 void TrainData::resume(const TrainingState& state, const std::string& checkpoint) {
-  // The position means something only to the reading it came from: a blend's or a shuffled
-  // order's, or the loader's in order. The checkpoint's config says which (older checkpoints
-  // without one: whether it holds a position per source).
+  // The position means something only to the reading it came from: a blend's, a shuffled
+  // order's, or data.train's in order. The checkpoint's config says which (one without a config
+  // it can parse: whether it holds a position per source).
   std::optional<DataConfig> saved;
-  if (!state.config_toml.empty()) saved = parse_config(state.config_toml, checkpoint).data;
+  try {
+    if (!state.config_toml.empty()) saved = parse_config(state.config_toml, checkpoint).data;
+  } catch (const Error&) {
+  }
   const bool same_reading =
       saved ? saved->blend.empty() == data_.blend.empty() && saved->shuffle == data_.shuffle &&
                   (saved->blend.empty() || parse_data_blend(saved->blend).size() == sources_.size())
-            : state.loader_sources.empty() == !blend_;
+            : state.loader_sources.empty() == in_order_single_corpus() ||
+                  state.loader_sources.size() == 1;
   if (!same_reading)
     fail("checkpoint ", checkpoint, " was written by a run reading ",
-         saved ? reading(*saved)
-               : (state.loader_sources.empty() ? std::string("data.train, in order")
-                                               : std::string("data.blend or data.shuffle")),
+         saved ? reading(*saved) : detail::concat(state.loader_sources.size(), " sources"),
          "; this run reads ", reading(data_),
          ": resume with the config it was trained with (RUN_DIR/config.toml)");
+  // Checkpoints from before loader.sources: data.train's position in order, and a single
+  // corpus's count of sequences does not matter (every sequence is its).
+  std::vector<BlendSourceState> position = state.loader_sources;
+  if (position.empty())
+    position.push_back({{state.loader_shard, state.loader_offset, state.loader_epoch}, 0});
   try {
-    if (blend_) {
-      blend_->set_state(state.loader_sources);
-    } else {
-      single_->set_state({state.loader_shard, state.loader_offset, state.loader_epoch});
-    }
+    loader_->set_state(position);
   } catch (const Error& e) {
     fail("checkpoint ", checkpoint, ": ", e.what());
   }
 }
 
 std::string TrainData::describe(int64_t run_tokens) const {
-  if (!blend_) return "";
+  if (in_order_single_corpus()) return "";
   std::string out;
-  for (int64_t d = 0; d < blend_->num_sources(); ++d) {
-    const double share = blend_->share(d);
+  for (int64_t d = 0; d < loader_->num_sources(); ++d) {
+    const double share = loader_->share(d);
     const double passes =
-        share * static_cast<double>(run_tokens) / static_cast<double>(blend_->source_tokens(d));
+        share * static_cast<double>(run_tokens) / static_cast<double>(loader_->source_tokens(d));
     char figures[200];
     std::snprintf(figures, sizeof figures, " (%lld tokens; %.2f passes over this run%s)\n",
-                  static_cast<long long>(blend_->source_tokens(d)), passes,
+                  static_cast<long long>(loader_->source_tokens(d)), passes,
                   data_.shuffle ? ", each in another order" : "");
     if (data_.blend.empty()) {
       out += "data.train: " + sources_[0].spec + figures;

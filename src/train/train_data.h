@@ -1,7 +1,8 @@
-// The training batches of a run: data.train's shards in order through a DataLoader
-// (data/loader.h), or a sequence at a time through a BlendedLoader (data/blend.h) — data.blend's
-// corpora, or data.train alone when data.shuffle asks for another order each epoch — behind one
-// interface for the trainer: reading, the position in checkpoints, resuming, start-up lines.
+// The training batches of a run, read a sequence at a time by a BlendedLoader (data/blend.h):
+// data.blend's corpora, or data.train as a blend of one — in order (the sequences a DataLoader of
+// the whole step would read, but for shard tails: a layout-free stream, see blend.h) or shuffled
+// each epoch (data.shuffle). One interface for the trainer: reading, the position in
+// checkpoints, resuming, start-up lines.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,6 @@
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
 #include "data/blend.h"
-#include "data/loader.h"
 
 namespace loom {
 
@@ -24,22 +24,25 @@ class TrainData {
 
   void next_batch(int32_t* inputs, int32_t* targets);
 
-  // The position into `state` (loader_shard / _offset / _epoch, or loader_sources).
+  // The position into `state`: loader_sources, and for data.train in order also loader_shard /
+  // _offset / _epoch (where checkpoints before loader_sources kept it).
   void save(TrainingState& state) const;
-  // Continues from a checkpoint's position. A checkpoint read otherwise than this run reads —
-  // with or without data.blend, another number of sources, data.shuffle on or off — is an error
-  // naming the checkpoint and both readings.
+  // Continues from a checkpoint's position (one from before loader_sources: data.train's in
+  // order). A checkpoint read otherwise than this run reads — with or without data.blend, another
+  // number of sources, data.shuffle on or off — is an error naming the checkpoint and both
+  // readings.
   void resume(const TrainingState& state, const std::string& checkpoint);
 
-  // With data.blend, a line per source: its share, shards, tokens, and the passes over it that
-  // `run_tokens` training tokens make ("" without data.blend).
+  // With data.blend or data.shuffle, a line per source: its share, tokens, and the passes over
+  // it that `run_tokens` training tokens make ("" for data.train in order).
   std::string describe(int64_t run_tokens) const;
 
  private:
-  std::unique_ptr<DataLoader> single_;
-  std::unique_ptr<BlendedLoader> blend_;
+  bool in_order_single_corpus() const;  // data.train without data.shuffle
+
   DataConfig data_;
-  std::vector<BlendSource> sources_;  // blend_'s: data.blend's, or data.train alone
+  std::vector<BlendSource> sources_;  // data.blend's, or data.train alone
+  std::unique_ptr<BlendedLoader> loader_;
 };
 
 }  // namespace loom

@@ -1445,6 +1445,26 @@ TEST_F(TrainTest, ContextParallelRingOnGpusTrainsTheCpuRun) {
   }
 }
 
+// With the corpus in shards of 1000 tokens a shard's end falls inside a step, every few steps.
+// Layouts that split a step's sequences differently read the same ones there too: one rank
+// accumulating two micro-batches of 4 sequences trains two data-parallel ranks' run of one
+// micro-batch each (a loader reading whole steps would skip a shard's tail of a length that
+// depends on the layout: 28 sequences of each shard for the one, 24 for the two).
+TEST_F(TrainTest, EveryLayoutReadsTheSameSequencesAcrossShardEnds) {
+  const std::vector<uint16_t> corpus = read_shard((dir_ / "data" / "train_000000.bin").string());
+  fs::create_directories(dir_ / "small");
+  for (size_t k = 0; k < 20; ++k)
+    write_shard((dir_ / "small" / shard_file_name("train", static_cast<int64_t>(k))).string(),
+                std::vector<uint16_t>(corpus.begin() + static_cast<ptrdiff_t>(k * 1000),
+                                      corpus.begin() + static_cast<ptrdiff_t>((k + 1) * 1000)));
+  Config c = config(12);
+  c.data.train = (dir_ / "small" / "train_*.bin").string();
+  c.train.eval_every = 0;
+  c.train.save_every = 5;
+  run_training(c, options("one"));
+  expect_dp2_trains_one_ranks_run_and_resumes(c);
+}
+
 // data.blend mixes two corpora by weight into one stream of sequences that every layout reads
 // alike: two data-parallel ranks train one rank's run; a checkpoint holds each source's position
 // and resumes bit for bit under its layout and to rounding under another; a blended checkpoint
@@ -1778,6 +1798,27 @@ TEST_F(TrainTest, DamagedCheckpointFileIsNamedNeverResumedFrom) {
 
 // A checkpoint from before digests existed (no "files" in state.json) still resumes; there is
 // nothing to verify it against, which verify_checkpoint says.
+// A checkpoint written before state.json's loader.sources (data.train's position in loader.shard,
+// .offset and .epoch alone) resumes on the same sequences: bit for bit the run not stopped.
+TEST_F(TrainTest, CheckpointFromBeforeLoaderSourcesResumesInOrder) {
+  Config c = config(6);
+  c.train.eval_every = 0;
+  run_training(c, options("straight"));
+  TrainOptions stop = options("old");
+  stop.stop_after = 3;
+  run_training(c, stop);
+  const fs::path state = dir_ / "old" / "checkpoints" / "step_3" / "state.json";
+  nlohmann::json j = nlohmann::json::parse(read_bytes(state));
+  ASSERT_EQ(j.at("loader").at("sources").size(), 1u);
+  EXPECT_EQ(j.at("loader").at("offset"), 3 * 8 * 32);  // in order: the token offset
+  j["loader"].erase("sources");
+  write_bytes(state, j.dump(2));
+  TrainOptions resume = options("old");
+  resume.resume = "auto";
+  EXPECT_EQ(run_training(c, resume).start_step, 3);
+  expect_same_run(metrics("straight"), metrics("old"));
+}
+
 TEST_F(TrainTest, CheckpointWithoutDigestsStillResumes) {
   Config c = config(4);
   c.train.save_every = 2;
