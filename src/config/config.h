@@ -68,6 +68,9 @@ struct DataConfig {
   // Each epoch of a corpus in another order: its shards' and each shard's sequences' orders
   // permuted by train.seed and the epoch (data/sequence_reader.h). Off: llm.c's sequential order.
   bool shuffle = false;
+  // More validation corpora, each evaluated and reported on its own: "NAME=SPEC NAME=SPEC ..."
+  // (parse_val_sets), beside `val`'s val_loss.
+  std::string val_sets;
   friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
 
@@ -84,6 +87,18 @@ struct BlendSource {
 // an empty text, an odd number of words, a weight that is not a positive number, or a spec where
 // a weight should be. Paths with whitespace cannot be named here (as in Megatron-LM).
 std::vector<BlendSource> parse_data_blend(const std::string& text);
+
+// One corpus of data.val_sets.
+struct ValSet {
+  std::string name;  // letters, digits, '_' and '-': a metrics field's key
+  std::string spec;  // a shard file, directory or glob, as data.val
+  friend bool operator==(const ValSet&, const ValSet&) = default;
+};
+
+// Splits data.val_sets' text at whitespace into NAME=SPEC words. Throws loom::Error naming
+// data.val_sets and the word for an empty text, a word without '=', an empty or ill-formed name,
+// an empty spec, or a name given twice.
+std::vector<ValSet> parse_val_sets(const std::string& text);
 
 struct TrainConfig {
   int64_t steps = 1000;          // optimizer steps

@@ -122,6 +122,11 @@ void validate_model(const ModelConfig& m, Problems& p) {
 }
 
 void validate_data(const DataConfig& d, Problems& p) {
+  try {
+    if (!d.val_sets.empty()) (void)parse_val_sets(d.val_sets);
+  } catch (const Error& e) {
+    p.add(e.what());
+  }
   if (d.blend.empty()) return;
   if (!d.train.empty())
     p.add("data.train = ", toml_quote(d.train), " and data.blend = ", toml_quote(d.blend),

@@ -57,10 +57,11 @@ void send_all(int fd, const std::string& data) {
 
 void PrometheusMetrics::update(const nlohmann::json& record) {
   for (const auto& [field, value] : record.items()) {
-    if (value.is_object()) {  // per mesh axis
-      for (const auto& [axis, v] : value.items())
+    if (value.is_object()) {  // per mesh axis, or per validation set (val_losses)
+      const std::string label = field == "val_losses" ? "set" : "axis";
+      for (const auto& [key, v] : value.items())
         if (const auto n = number_of(v))
-          values_[metric_name(field)]["{axis=\"" + axis + "\"}"] = *n;
+          values_[metric_name(field)]["{" + label + "=\"" + key + "\"}"] = *n;
     } else if (const auto n = number_of(value)) {
       values_[metric_name(field)][""] = *n;
     }

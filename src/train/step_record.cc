@@ -29,6 +29,7 @@ nlohmann::json step_record(const StepFigures& f) {
       {"mem_optimizer_mb", static_cast<double>(f.state_bytes.optimizer) / kMiB},
       {"mem_activations_peak_mb", static_cast<double>(f.peak_bytes - f.held_bytes) / kMiB}};
   if (f.val_loss) record["val_loss"] = *f.val_loss;
+  for (const auto& [name, val] : f.val_losses) record["val_losses"][name] = val;
   if (f.loss_scale) record["loss_scale"] = *f.loss_scale;
   if (f.skipped) record["skipped"] = true;
   record["comm_bytes"] = {{"dp", f.comm_bytes.dp},

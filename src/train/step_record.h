@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/data_parallel.h"
@@ -46,6 +48,7 @@ struct StepFigures {
   int64_t held_bytes = 0;  // in use when the step began: the peak above it is activations
   DataParallelMemory state_bytes;
   std::optional<double> val_loss;
+  std::vector<std::pair<std::string, double>> val_losses;  // data.val_sets', by name
   std::optional<double> loss_scale;  // with loss scaling on
   bool skipped = false;              // overflowed gradients: no optimizer step
   std::optional<PipelineFigures> pipeline;

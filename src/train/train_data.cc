@@ -104,7 +104,7 @@ std::string TrainData::describe(int64_t run_tokens) const {
     char figures[200];
     std::snprintf(figures, sizeof figures, " (%lld tokens; %.2f passes over this run%s)\n",
                   static_cast<long long>(loader_->source_tokens(d)), passes,
-                  data_.shuffle ? ", each in another order" : "");
+                  data_.shuffle ? ", each pass in its own order" : "");
     if (data_.blend.empty()) {
       out += "data.train: " + sources_[0].spec + figures;
       continue;

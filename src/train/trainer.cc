@@ -398,12 +398,22 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   // Every id is checked by it, on the host, naming the shard: the GPU's kernels need not check
   // them again (a wait for the GPU per op: kernels/exec.h).
   TrainData train_data(config, micro, seq_len, mesh.coord("dp"), config.parallel.dp);
-  std::vector<std::string> val_shards;
+  // The validation corpora: data.val's (val_loss), then data.val_sets' (val_losses.NAME).
+  struct ValCorpus {
+    std::string name;  // "" for data.val
+    std::vector<std::string> shards;
+  };
+  std::vector<ValCorpus> val_corpora;
   if (!config.data.val.empty() && tc.eval_every > 0)
-    val_shards = resolve_shards(config.data.val, "data.val");
+    val_corpora.push_back({"", resolve_shards(config.data.val, "data.val")});
+  if (!config.data.val_sets.empty() && tc.eval_every > 0)
+    for (const ValSet& set : parse_val_sets(config.data.val_sets))
+      val_corpora.push_back(
+          {set.name, resolve_shards(set.spec, "data.val_sets '" + set.name + "'")});
   // Their headers now, as the train loader checks its own: a bad validation shard is an error
   // before the first step, not at the first evaluation, maybe hours in.
-  for (const std::string& path : val_shards) (void)read_shard_header(path);
+  for (const ValCorpus& corpus : val_corpora)
+    for (const std::string& path : corpus.shards) (void)read_shard_header(path);
 
   // Run directory and resume.
   const std::string checkpoints_dir = (fs::path(options.run_dir) / "checkpoints").string();
@@ -652,10 +662,18 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         std::max(summary.activation_peak_bytes, figures.peak_bytes - figures.held_bytes);
     summary.comm_wait_s += comm_wait;
     const bool last = step == tc.steps;
-    if (!val_shards.empty() && (step % tc.eval_every == 0 || last)) {
-      figures.val_loss = validation_loss(rank_model, config, mesh, val_shards, device);
-      check_axes();  // as after the step: before the loss is believed
-      summary.last_val_loss = *figures.val_loss;
+    if (!val_corpora.empty() && (step % tc.eval_every == 0 || last)) {
+      for (const ValCorpus& corpus : val_corpora) {
+        const double val = validation_loss(rank_model, config, mesh, corpus.shards, device);
+        if (corpus.name.empty()) {
+          figures.val_loss = val;
+          summary.last_val_loss = val;
+        } else {
+          figures.val_losses.emplace_back(corpus.name, val);
+          summary.last_val_losses[corpus.name] = val;
+        }
+      }
+      check_axes();  // as after the step: before the losses are believed
     }
     if (leader) {
       figures.loss = loss;
@@ -676,11 +694,22 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         const double mean_dt = time_total / static_cast<double>(steps_timed);
         progress.step(step, loss, lr, grad_norm, tokens_per_step / dt,
                       mean_dt * static_cast<double>(end_step - step));
-        if (figures.val_loss) {
-          char buf[96];
-          std::snprintf(buf, sizeof buf, "step %ld: val loss %.4f", static_cast<long>(step),
-                        *figures.val_loss);
-          progress.message(buf);
+        if (figures.val_loss || !figures.val_losses.empty()) {
+          // "step 8: val loss 4.1234 | web 4.0012 | code 4.3001"
+          std::string text = "step " + std::to_string(step) + ": val loss";
+          const char* separator = " ";
+          char value[48];
+          if (figures.val_loss) {
+            std::snprintf(value, sizeof value, " %.4f", *figures.val_loss);
+            text += value;
+            separator = " | ";
+          }
+          for (const auto& [name, val] : figures.val_losses) {
+            std::snprintf(value, sizeof value, " %.4f", val);
+            text += separator + name + value;
+            separator = " | ";
+          }
+          progress.message(text);
         }
       }
     }

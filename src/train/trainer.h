@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "config/config.h"
@@ -31,6 +32,7 @@ struct TrainSummary {
   double last_loss = 0;
   double first_loss = 0;    // loss of the first step this run took
   double last_val_loss = -1;
+  std::map<std::string, double> last_val_losses;  // data.val_sets', at the last evaluation
   int64_t skipped_steps = 0;  // steps whose gradients overflowed under loss scaling
   double tokens_per_s = 0;  // mean over the steps this run took
   int64_t peak_bytes = 0;   // allocator peak on rank 0's device during a step

@@ -641,6 +641,22 @@ TEST(Config, DataBlendParsesWeightsAndSpecs) {
   EXPECT_EQ(parse_config(to_toml(c), "blend.toml"), c);
 }
 
+// data.val_sets: NAME=SPEC words, each error naming the key and the word.
+TEST(Config, ValSetsParseNamesAndSpecs) {
+  EXPECT_EQ(parse_val_sets(" web=data/web/val_*.bin\tcode-2=code/ "),
+            (std::vector<ValSet>{{"web", "data/web/val_*.bin"}, {"code-2", "code/"}}));
+  EXPECT_EQ(parse_val_sets("a=x=y.bin"), (std::vector<ValSet>{{"a", "x=y.bin"}}));
+  EXPECT_TRUE(Contains(error_of([] { parse_val_sets(""); }), "data.val_sets is empty"));
+  EXPECT_TRUE(Contains(error_of([] { parse_val_sets("web"); }), "'web' is not NAME=SPEC"));
+  EXPECT_TRUE(Contains(error_of([] { parse_val_sets("=a.bin"); }), "'=a.bin': the name"));
+  EXPECT_TRUE(Contains(error_of([] { parse_val_sets("w.b=a.bin"); }), "'w.b=a.bin': the name"));
+  EXPECT_TRUE(Contains(error_of([] { parse_val_sets("web="); }), "'web=' names no shards"));
+  EXPECT_TRUE(
+      Contains(error_of([] { parse_val_sets("a=x.bin a=y.bin"); }), "the name 'a' is given twice"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.data.val_sets = "web"; }),
+                       "invalid config: data.val_sets: 'web' is not NAME=SPEC"));
+}
+
 TEST(Config, ToTomlRoundTrips) {
   EXPECT_EQ(parse_config(to_toml(Config{}), "defaults.toml"), Config{});
 

@@ -146,6 +146,16 @@ void TrainTest::expect_losses_near(const std::string& want, const std::string& g
       const double w = mw[i][key], g = mg[i][key];
       EXPECT_NEAR(g, w, tol * w) << got << " vs " << want << ": " << key << ", step " << i + 1;
     }
+  // data.val_sets' losses, by name.
+  for (size_t i = 0; i < mw.size(); ++i) {
+    ASSERT_EQ(mw[i].contains("val_losses"), mg[i].contains("val_losses")) << "step " << i + 1;
+    if (!mw[i].contains("val_losses")) continue;
+    ASSERT_EQ(mg[i]["val_losses"].size(), mw[i]["val_losses"].size());
+    for (const auto& [name, w] : mw[i]["val_losses"].items())
+      EXPECT_NEAR(mg[i]["val_losses"].at(name).get<double>(), w.get<double>(),
+                  tol * w.get<double>())
+          << got << " vs " << want << ": val_losses." << name << ", step " << i + 1;
+  }
 }
 
 // Run s's start-up estimate of its activations (train/layout_report.h) over their measured
@@ -1470,9 +1480,12 @@ TEST_F(TrainTest, EveryLayoutReadsTheSameSequencesAcrossShardEnds) {
 // and resumes bit for bit under its layout and to rounding under another; a blended checkpoint
 // resumed with data.train (or the other way round) is an error naming both.
 TEST_F(TrainTest, DataBlendTrainsEveryLayoutOnOneStreamAndResumes) {
-  synthesize_addition((dir_ / "data2").string(), 30000, 0, 8);
+  synthesize_addition((dir_ / "data2").string(), 30000, 4000, 8);
   Config c = config(6);
-  c.train.eval_every = 0;
+  c.train.eval_every = 3;
+  // Each corpus' validation loss on its own (data.val_sets), beside data.val's.
+  c.data.val_sets = "addition=" + (dir_ / "data" / "val_*.bin").string() +
+                    " other=" + (dir_ / "data2" / "val_*.bin").string();
   c.data.train.clear();
   c.data.blend = "3 " + (dir_ / "data" / "train_*.bin").string() + " 1 " +
                  (dir_ / "data2" / "train_*.bin").string();
@@ -1481,6 +1494,16 @@ TEST_F(TrainTest, DataBlendTrainsEveryLayoutOnOneStreamAndResumes) {
   EXPECT_NE(one.layout_report.find("data.blend source 2:  25.0% of the sequences"),
             std::string::npos)
       << one.layout_report;
+  const auto records = metrics("one");
+  ASSERT_EQ(records.size(), 6u);
+  for (const size_t i : {2u, 5u}) {  // steps 3 and 6
+    ASSERT_TRUE(records[i].contains("val_losses")) << records[i];
+    // data.val's shards again: its loss to the bit.
+    EXPECT_EQ(records[i]["val_losses"]["addition"], records[i]["val_loss"]);
+    EXPECT_NE(records[i]["val_losses"]["other"], records[i]["val_loss"]);
+  }
+  EXPECT_FALSE(records[0].contains("val_losses"));
+  EXPECT_EQ(one.last_val_losses.at("other"), records[5]["val_losses"]["other"].get<double>());
   // The checkpoint's positions: 48 sequences, three in four from the first corpus.
   std::ifstream in(dir_ / "one" / "checkpoints" / "step_6" / "state.json");
   const nlohmann::json sources = nlohmann::json::parse(in).at("loader").at("sources");
@@ -1531,7 +1554,7 @@ TEST_F(TrainTest, ShuffledDataTrainsEveryLayoutAlikeAndResumes) {
   run_training(c, options("in_order"));
   c.data.shuffle = true;
   const TrainSummary one = run_training(c, options("one"));
-  EXPECT_NE(one.layout_report.find("passes over this run, each in another order"),
+  EXPECT_NE(one.layout_report.find("passes over this run, each pass in its own order"),
             std::string::npos)
       << one.layout_report;
   const auto shuffled = metrics("one"), in_order = metrics("in_order");

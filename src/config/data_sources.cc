@@ -1,7 +1,11 @@
-// parse_data_blend: data.blend's text, Megatron-LM's --data-path list, into its sources.
+// parse_data_blend: data.blend's text, Megatron-LM's --data-path list, into its sources; and
+// parse_val_sets: data.val_sets' NAME=SPEC words.
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "base/error.h"
 #include "config/config.h"
@@ -15,6 +19,13 @@ bool parse_number(const std::string& word, double& value) {
   char* end = nullptr;
   value = std::strtod(word.c_str(), &end);
   return end == word.c_str() + word.size();
+}
+
+std::vector<std::string> words_of(const std::string& text) {
+  std::vector<std::string> words;
+  std::istringstream in(text);
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
 }
 
 }  // namespace
@@ -51,6 +62,29 @@ std::vector<BlendSource> parse_data_blend(const std::string& text) {
     sources.push_back({weight, words[i + 1]});
   }
   return sources;
+}
+
+std::vector<ValSet> parse_val_sets(const std::string& text) {
+  const std::vector<std::string> words = words_of(text);
+  if (words.empty()) fail("data.val_sets is empty: give \"NAME=SPEC NAME=SPEC ...\"");
+  std::vector<ValSet> sets;
+  for (const std::string& word : words) {
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos)
+      fail("data.val_sets: '", word, "' is not NAME=SPEC (\"web=data/web/val_*.bin\")");
+    ValSet set{word.substr(0, eq), word.substr(eq + 1)};
+    const bool name_ok =
+        !set.name.empty() && std::all_of(set.name.begin(), set.name.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+        });
+    if (!name_ok)
+      fail("data.val_sets: '", word, "': the name before '=' must be letters, digits, '_' or '-'");
+    if (set.spec.empty()) fail("data.val_sets: '", word, "' names no shards after '='");
+    for (const ValSet& earlier : sets)
+      if (earlier.name == set.name) fail("data.val_sets: the name '", set.name, "' is given twice");
+    sets.push_back(std::move(set));
+  }
+  return sets;
 }
 
 }  // namespace loom
