@@ -1,5 +1,7 @@
 #include "train/train_data.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 
@@ -63,7 +65,34 @@ void TrainData::save(TrainingState& state) const {
   }
 }
 
-void TrainData::resume(const TrainingState& state, const std::string& checkpoint) {
+namespace {
+
+// A blend's shares as written: normalised weights, or empty for shares by token count.
+std::vector<double> written_shares(const std::vector<BlendSource>& sources) {
+  double total = 0;
+  for (const BlendSource& s : sources) total += s.weight;
+  std::vector<double> shares;
+  if (total > 0)
+    for (const BlendSource& s : sources) shares.push_back(s.weight / total);
+  return shares;
+}
+
+bool same_shares(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::abs(a[i] - b[i]) > 1e-12 * std::max(a[i], b[i])) return false;
+  return true;
+}
+
+std::string weights_text(const std::vector<BlendSource>& sources) {
+  std::string text;
+  for (const BlendSource& s : sources) text += detail::concat(text.empty() ? "" : " ", s.weight);
+  return text;
+}
+
+}  // namespace
+
+std::string TrainData::resume(const TrainingState& state, const std::string& checkpoint) {
   // The position means something only to the reading it came from: a blend's, a shuffled
   // order's, or data.train's in order. The checkpoint's config says which (one without a config
   // it can parse: whether it holds a position per source).
@@ -87,11 +116,26 @@ void TrainData::resume(const TrainingState& state, const std::string& checkpoint
   std::vector<BlendSourceState> position = state.loader_sources;
   if (position.empty())
     position.push_back({{state.loader_shard, state.loader_offset, state.loader_epoch}, 0});
+  // New weights (a data mix changed for the run's next phase, as an annealing phase's): the
+  // blending rule starts counting again, so the sequences from here on are mixed at the new
+  // shares — not at whatever would bring the whole run's counts to them — and each source goes
+  // on from its position.
+  std::string note;
+  if (saved && !saved->blend.empty()) {
+    const std::vector<BlendSource> before = parse_data_blend(saved->blend);
+    if (!same_shares(written_shares(before), written_shares(sources_))) {
+      for (BlendSourceState& source : position) source.sequences = 0;
+      note = detail::concat("data.blend's weights changed since the checkpoint (",
+                            weights_text(before), " -> ", weights_text(sources_),
+                            "): the sequences from here on are mixed at the new shares");
+    }
+  }
   try {
     loader_->set_state(position);
   } catch (const Error& e) {
     fail("checkpoint ", checkpoint, ": ", e.what());
   }
+  return note;
 }
 
 std::string TrainData::describe(int64_t run_tokens) const {

@@ -30,8 +30,10 @@ class TrainData {
   // Continues from a checkpoint's position (one from before loader_sources: data.train's in
   // order). A checkpoint read otherwise than this run reads — with or without data.blend, another
   // number of sources, data.shuffle on or off — is an error naming the checkpoint and both
-  // readings.
-  void resume(const TrainingState& state, const std::string& checkpoint);
+  // readings. With data.blend's weights changed (another mix for the run's next phase) the
+  // sources go on from their positions and the blending rule counts afresh, so the sequences from
+  // here on follow the new shares; the return value then says so ("" otherwise).
+  std::string resume(const TrainingState& state, const std::string& checkpoint);
 
   // With data.blend or data.shuffle, a line per source: its share, tokens, and the passes over
   // it that `run_tokens` training tokens make ("" for data.train in order).

@@ -181,10 +181,11 @@ PipelineConfig pipeline_config_of(const Config& config, int64_t local_seq,
 
 // Resumes from a checkpoint of either format (train/sharded_io.h): every rank reads the
 // layout-free checkpoint by parameter name and keeps its part; the loader and the loss scaler
-// continue where it left them. Returns its step.
+// continue where it left them. Returns its step; *data_note is what the loader has to say
+// (TrainData::resume: a data mix changed), or "".
 int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& parts,
                const std::vector<DataParallel*>& engines, const Config& config, TrainData& data,
-               LossScaler& scaler) {
+               LossScaler& scaler, std::string* data_note) {
   // Another architecture's checkpoint would fail on its first parameter's shape; say why.
   const Gpt2Config saved = read_checkpoint_model(checkpoint), wanted = model_config_of(config);
   if (saved.arch != wanted.arch || saved.tie_embeddings != wanted.tie_embeddings)
@@ -196,7 +197,7 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
   if (st.step > config.train.steps)
     fail("checkpoint ", checkpoint, " is at step ", st.step,
          ", past train.steps = ", config.train.steps);
-  data.resume(st, checkpoint);
+  *data_note = data.resume(st, checkpoint);
   if (st.loss_scaler) scaler.set_state(*st.loss_scaler);
   return st.step;
 }
@@ -436,8 +437,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   }
   TrainSummary summary;
   if (!resume_from.empty()) {
-    summary.start_step = resume(resume_from, parts, engines, config, train_data, scaler);
+    std::string data_note;
+    summary.start_step =
+        resume(resume_from, parts, engines, config, train_data, scaler, &data_note);
     message("resumed from " + resume_from);
+    if (!data_note.empty()) message(data_note);
   } else if (!tc.init_from.empty()) {
     init_layout_from_hf(tc.init_from, parts, engines, config);
     message("weights from " + tc.init_from);

@@ -1544,6 +1544,45 @@ TEST_F(TrainTest, DataBlendTrainsEveryLayoutOnOneStreamAndResumes) {
             std::string::npos);
 }
 
+// A run resumed with other data.blend weights (a new mix for its next phase, as an annealing
+// phase's) mixes the sequences from there on at the new shares, each source going on from its
+// position; the same shares written otherwise (6:2 for 3:1) resume bit for bit.
+TEST_F(TrainTest, ANewDataMixOnResumeHoldsFromThere) {
+  synthesize_addition((dir_ / "data2").string(), 30000, 0, 8);
+  const std::string a = (dir_ / "data" / "train_*.bin").string();
+  const std::string b = (dir_ / "data2" / "train_*.bin").string();
+  Config c = config(6);
+  c.train.eval_every = 0;
+  c.train.save_every = 3;
+  c.data.train.clear();
+  c.data.blend = "3 " + a + " 1 " + b;
+  run_training(c, options("straight"));
+  TrainOptions stop = options("rewritten");
+  stop.stop_after = 3;
+  run_training(c, stop);
+  stop.run_dir = (dir_ / "remixed").string();
+  run_training(c, stop);
+
+  Config rewritten = c;
+  rewritten.data.blend = "6 " + a + " 2 " + b;
+  TrainOptions resume = options("rewritten");
+  resume.resume = "auto";
+  run_training(rewritten, resume);
+  expect_same_run(metrics("straight"), metrics("rewritten"));
+
+  Config remixed = c;
+  remixed.data.blend = "1 " + a + " 3 " + b;
+  resume.run_dir = (dir_ / "remixed").string();
+  run_training(remixed, resume);
+  // Steps 1-3: 24 sequences at 3:1 (18 + 6); steps 4-6: 24 at 1:3 (6 + 18), counted afresh.
+  std::ifstream in(dir_ / "remixed" / "checkpoints" / "step_6" / "state.json");
+  const nlohmann::json sources = nlohmann::json::parse(in).at("loader").at("sources");
+  EXPECT_EQ(sources[0].at("sequences"), 6);
+  EXPECT_EQ(sources[1].at("sequences"), 18);
+  EXPECT_EQ(sources[0].at("offset"), (18 + 6) * 32);
+  EXPECT_EQ(sources[1].at("offset"), (6 + 18) * 32);
+}
+
 // data.shuffle: data.train in another order each epoch. The run reads other sequences than in
 // order (its losses differ), two data-parallel ranks train one rank's run, it stops and resumes
 // bit for bit, and a checkpoint resumed with shuffling switched off is an error naming both.
