@@ -86,13 +86,13 @@ int cmd_train(const TrainArgs& a) {
     std::fprintf(
         stderr,
         "loom train: %s -> %s (%d rank%s: dp %d, pp %d, tp %d%s, zero %d; %ld steps, %ld "
-        "micro-batches of %ld x %ld tokens per dp rank per step)\n",
+        "micro-batch%s of %ld x %ld tokens per dp rank per step)\n",
         a.config_path.c_str(), options.run_dir.c_str(), config.runtime.ranks,
         config.runtime.ranks == 1 ? "" : "s", config.parallel.dp, config.parallel.pp,
         config.parallel.tp,
         config.parallel.cp > 1 ? (", cp " + std::to_string(config.parallel.cp)).c_str() : "",
         config.parallel.zero, static_cast<long>(config.train.steps),
-        static_cast<long>(config.grad_accum_steps()),
+        static_cast<long>(config.grad_accum_steps()), config.grad_accum_steps() == 1 ? "" : "es",
         static_cast<long>(config.train.micro_batch_size), static_cast<long>(config.model.seq_len));
   TrainSummary s = run_training(config, options);
   if (s.stopped_by_signal != 0) {  // every rank stopped at the same step, with a checkpoint

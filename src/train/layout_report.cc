@@ -106,15 +106,15 @@ std::string layout_report(const Config& config, const MeshShape& mesh,
                           const std::vector<RankFootprint>& ranks) {
   const ParallelConfig& par = config.parallel;
   char line[256];
-  std::snprintf(line, sizeof line,
-                "layout %s (%d ranks): zero %d, %s%s, %ld micro-batches of %ld per dp rank, "
-                "recompute %s\n",
-                mesh.str().c_str(), mesh.size(), par.zero,
-                par.pp > 1 ? ("schedule " + par.schedule).c_str() : "no pipeline",
-                par.tp > 1 && par.sequence_parallel ? ", sequence parallel" : "",
-                static_cast<long>(config.grad_accum_steps()),
-                static_cast<long>(config.train.micro_batch_size),
-                config.resolved_recompute().c_str());
+  std::snprintf(
+      line, sizeof line,
+      "layout %s (%d rank%s): zero %d, %s%s, %ld micro-batch%s of %ld per dp rank, "
+      "recompute %s\n",
+      mesh.str().c_str(), mesh.size(), mesh.size() == 1 ? "" : "s", par.zero,
+      par.pp > 1 ? ("schedule " + par.schedule).c_str() : "no pipeline",
+      par.tp > 1 && par.sequence_parallel ? ", sequence parallel" : "",
+      static_cast<long>(config.grad_accum_steps()), config.grad_accum_steps() == 1 ? "" : "es",
+      static_cast<long>(config.train.micro_batch_size), config.resolved_recompute().c_str());
   std::string out = line;
   out += "rank";
   for (int a = 0; a < mesh.ndim(); ++a) out += "  " + mesh.axis_name(a);

@@ -1585,11 +1585,14 @@ TEST_F(TrainTest, ANewDataMixOnResumeHoldsFromThere) {
 
 // data.shuffle: data.train in another order each epoch. The run reads other sequences than in
 // order (its losses differ), two data-parallel ranks train one rank's run, it stops and resumes
-// bit for bit, and a checkpoint resumed with shuffling switched off is an error naming both.
+// bit for bit (through sharded checkpoints, whose state.json carries the loader's position as
+// the whole format's does), and a checkpoint resumed with shuffling switched off is an error
+// naming both.
 TEST_F(TrainTest, ShuffledDataTrainsEveryLayoutAlikeAndResumes) {
   Config c = config(6);
   c.train.eval_every = 0;
   c.train.save_every = 3;
+  c.train.checkpoint_format = "sharded";
   run_training(c, options("in_order"));
   c.data.shuffle = true;
   const TrainSummary one = run_training(c, options("one"));
