@@ -63,6 +63,8 @@ class BlendedLoader {
 
   int64_t num_sources() const { return static_cast<int64_t>(sources_.size()); }
   double share(int64_t source) const { return shares_[static_cast<size_t>(source)]; }
+  // Source `source`'s epochs read so far (SequenceReader::epochs_read).
+  double epochs_read(int64_t source) { return sources_[static_cast<size_t>(source)].epochs_read(); }
   int64_t source_tokens(int64_t source) const {
     return sources_[static_cast<size_t>(source)].total_tokens();
   }

@@ -78,6 +78,18 @@ void SequenceReader::skip() {
   }
 }
 
+double SequenceReader::epochs_read() {
+  int64_t per_epoch = 0, before = 0;
+  for (int64_t place = 0; place < num_shards(); ++place) {
+    const int64_t n = windows(shard_at(state_.epoch, place));
+    per_epoch += n;
+    if (place < state_.shard) before += n;
+  }
+  const int64_t read = before + state_.offset / seq_len_;
+  return static_cast<double>(state_.epoch) +
+         static_cast<double>(read) / static_cast<double>(per_epoch);
+}
+
 void SequenceReader::set_state(const LoaderState& state) {
   const bool place_ok = state.shard >= 0 && state.shard < num_shards() && state.epoch >= 0;
   const int64_t shard = place_ok ? shard_at(state.epoch, state.shard) : -1;

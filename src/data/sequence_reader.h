@@ -45,6 +45,10 @@ class SequenceReader {
   // Throws loom::Error naming the state, the shard and its windows when it is out of range.
   void set_state(const LoaderState& state);
 
+  // Epochs read so far, fractional: the completed ones plus the share of this epoch's sequences
+  // read (0.5: half of every shard's windows). (Not const: the epoch's shard order is cached.)
+  double epochs_read();
+
   bool shuffled() const { return shuffle_seed_.has_value(); }
   int64_t total_tokens() const { return shards_.total_tokens(); }
   int64_t num_shards() const { return shards_.num_shards(); }

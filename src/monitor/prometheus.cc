@@ -58,7 +58,9 @@ void send_all(int fd, const std::string& data) {
 void PrometheusMetrics::update(const nlohmann::json& record) {
   for (const auto& [field, value] : record.items()) {
     if (value.is_object()) {  // per mesh axis, or per validation set (val_losses)
-      const std::string label = field == "val_losses" ? "set" : "axis";
+      const std::string label = field == "val_losses"    ? "set"
+                                : field == "data_epochs" ? "source"
+                                                         : "axis";
       for (const auto& [key, v] : value.items())
         if (const auto n = number_of(v))
           values_[metric_name(field)]["{" + label + "=\"" + key + "\"}"] = *n;

@@ -4,7 +4,8 @@
 //
 // Every number of a metrics.jsonl record becomes a gauge loom_<field>; an object of numbers per
 // mesh axis (comm_bytes, comm_ms) becomes one gauge with an `axis` label, the validation sets'
-// losses (val_losses) one with a `set` label; a boolean is 0 or 1.
+// losses (val_losses) one with a `set` label, the training sources' epochs (data_epochs) one
+// with a `source` label; a boolean is 0 or 1.
 // A field keeps its last value when later records lack it (val_loss between evaluations).
 #pragma once
 

@@ -30,6 +30,8 @@ nlohmann::json step_record(const StepFigures& f) {
       {"mem_activations_peak_mb", static_cast<double>(f.peak_bytes - f.held_bytes) / kMiB}};
   if (f.val_loss) record["val_loss"] = *f.val_loss;
   for (const auto& [name, val] : f.val_losses) record["val_losses"][name] = val;
+  for (size_t d = 0; d < f.data_epochs.size(); ++d)
+    record["data_epochs"][std::to_string(d + 1)] = f.data_epochs[d];
   if (f.loss_scale) record["loss_scale"] = *f.loss_scale;
   if (f.skipped) record["skipped"] = true;
   record["comm_bytes"] = {{"dp", f.comm_bytes.dp},

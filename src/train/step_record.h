@@ -49,6 +49,7 @@ struct StepFigures {
   DataParallelMemory state_bytes;
   std::optional<double> val_loss;
   std::vector<std::pair<std::string, double>> val_losses;  // data.val_sets', by name
+  std::vector<double> data_epochs;   // each training source's epochs read (TrainData::epochs_read)
   std::optional<double> loss_scale;  // with loss scaling on
   bool skipped = false;              // overflowed gradients: no optimizer step
   std::optional<PipelineFigures> pipeline;

@@ -138,6 +138,12 @@ std::string TrainData::resume(const TrainingState& state, const std::string& che
   return note;
 }
 
+std::vector<double> TrainData::epochs_read() {
+  std::vector<double> epochs;
+  for (int64_t d = 0; d < loader_->num_sources(); ++d) epochs.push_back(loader_->epochs_read(d));
+  return epochs;
+}
+
 std::string TrainData::describe(int64_t run_tokens) const {
   if (in_order_single_corpus()) return "";
   std::string out;

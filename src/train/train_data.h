@@ -35,6 +35,9 @@ class TrainData {
   // here on follow the new shares; the return value then says so ("" otherwise).
   std::string resume(const TrainingState& state, const std::string& checkpoint);
 
+  // Each source's epochs read so far, fractional (data.train: one source).
+  std::vector<double> epochs_read();
+
   // With data.blend or data.shuffle, a line per source: its share, tokens, and the passes over
   // it that `run_tokens` training tokens make ("" for data.train in order).
   std::string describe(int64_t run_tokens) const;

@@ -693,6 +693,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       figures.state_bytes = state_bytes;
       if (scaler.enabled()) figures.loss_scale = loss_scale;
       figures.skipped = !applied;
+      figures.data_epochs = train_data.epochs_read();
       reporter->report(step, step_record(figures));
       if (options.progress && (step % tc.log_every == 0 || last || step == end_step)) {
         const double mean_dt = time_total / static_cast<double>(steps_timed);

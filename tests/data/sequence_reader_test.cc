@@ -78,6 +78,22 @@ TEST(SequenceReader, ShuffledEpochReadsEveryWindowOnceInAnotherOrder) {
   EXPECT_EQ(reader.state(), (LoaderState{0, 0, 2}));
 }
 
+// Epochs read, fractional, in order and shuffled: the completed ones plus the share of this
+// epoch's windows read (the shards before the current one in the epoch's order, then its own).
+TEST(SequenceReader, EpochsReadCountEveryShardsWindows) {
+  TempDir dir;
+  const auto shards = make_numbered_shards(dir, {41, 21, 81});  // 10 + 5 + 20 = 35 windows
+  for (const std::optional<uint64_t> seed :
+       {std::optional<uint64_t>{}, std::optional<uint64_t>{3}}) {
+    SequenceReader reader(shards, kT, seed, "e");
+    EXPECT_EQ(reader.epochs_read(), 0.0);
+    for (int i = 1; i <= 80; ++i) {
+      reader.skip();
+      ASSERT_DOUBLE_EQ(reader.epochs_read(), i / 35 + static_cast<double>(i % 35) / 35) << i;
+    }
+  }
+}
+
 // The order is a function of (seed, name) and the shards: the same twice, another for another
 // seed or name; a reader resumed from a state continues it exactly.
 TEST(SequenceReader, ShuffledOrderIsTheSeedsAndResumes) {

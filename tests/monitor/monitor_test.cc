@@ -209,15 +209,17 @@ TEST(Prometheus, GaugesPerFieldAxisLabelsAndLastValues) {
             {"skipped", true},
             {"grad_norm", nullptr},
             {"comm_bytes", {{"dp", 1024}, {"tp", 0}}},
-            {"val_losses", {{"web", 3.5}, {"code", 1.25}}}});
+            {"val_losses", {{"web", 3.5}, {"code", 1.25}}},
+            {"data_epochs", {{"1", 0.5}}}});
   m.update({{"step", 5}, {"loss", 2.25}, {"comm_bytes", {{"dp", 2048}, {"tp", 0}}}});
   const std::string text = m.text();
-  for (const char* line : {"# TYPE loom_loss gauge\n", "\nloom_loss 2.25\n", "\nloom_step 5\n",
-                           "\nloom_val_loss 2.75\n",  // kept from step 4
-                           "\nloom_skipped 1\n", "\nloom_comm_bytes{axis=\"dp\"} 2048\n",
-                           "\nloom_comm_bytes{axis=\"tp\"} 0\n", "# HELP loom_comm_bytes ",
-                           "\nloom_val_losses{set=\"web\"} 3.5\n",  // data.val_sets', by name
-                           "\nloom_val_losses{set=\"code\"} 1.25\n"})
+  for (const char* line :
+       {"# TYPE loom_loss gauge\n", "\nloom_loss 2.25\n", "\nloom_step 5\n",
+        "\nloom_val_loss 2.75\n",  // kept from step 4
+        "\nloom_skipped 1\n", "\nloom_comm_bytes{axis=\"dp\"} 2048\n",
+        "\nloom_comm_bytes{axis=\"tp\"} 0\n", "# HELP loom_comm_bytes ",
+        "\nloom_val_losses{set=\"web\"} 3.5\n",  // data.val_sets', by name
+        "\nloom_val_losses{set=\"code\"} 1.25\n", "\nloom_data_epochs{source=\"1\"} 0.5\n"})
     EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "in:\n" << text;
   EXPECT_EQ(text.find("grad_norm"), std::string::npos) << text;  // null: no sample
   const fs::path file =

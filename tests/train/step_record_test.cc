@@ -59,6 +59,8 @@ TEST(StepRecord, OptionalFieldsAppearWhenGiven) {
   f.val_loss = 2.25;
   f.loss_scale = 65536.0;
   f.skipped = true;
+  f.val_losses = {{"web", 3.5}, {"code", 1.5}};
+  f.data_epochs = {0.25, 2.5};
   PipelineFigures p;
   p.bubble = 0.2;
   p.bubble_theory = 0.25;
@@ -69,6 +71,8 @@ TEST(StepRecord, OptionalFieldsAppearWhenGiven) {
   EXPECT_EQ(r.at("val_loss").get<double>(), 2.25);
   EXPECT_EQ(r.at("loss_scale").get<double>(), 65536.0);
   EXPECT_TRUE(r.at("skipped").get<bool>());
+  EXPECT_EQ(r.at("val_losses"), (nlohmann::json{{"web", 3.5}, {"code", 1.5}}));
+  EXPECT_EQ(r.at("data_epochs"), (nlohmann::json{{"1", 0.25}, {"2", 2.5}}));
   EXPECT_EQ(r.at("bubble_by_pp_rank").size(), 2u);
   EXPECT_EQ(r.at("pp_bytes_sent").get<int64_t>(), 12345);
   EXPECT_FALSE(r.contains("pp_deferred_mb"));  // not a zero-bubble schedule

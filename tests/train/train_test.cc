@@ -1503,6 +1503,9 @@ TEST_F(TrainTest, DataBlendTrainsEveryLayoutOnOneStreamAndResumes) {
     EXPECT_NE(records[i]["val_losses"]["other"], records[i]["val_loss"]);
   }
   EXPECT_FALSE(records[0].contains("val_losses"));
+  // Each source's epochs read: 36 of 59999 / 32 = 1874 windows, 12 of 29999 / 32 = 937.
+  EXPECT_DOUBLE_EQ(records[5].at("data_epochs").at("1").get<double>(), 36.0 / 1874);
+  EXPECT_DOUBLE_EQ(records[5].at("data_epochs").at("2").get<double>(), 12.0 / 937);
   EXPECT_EQ(one.last_val_losses.at("other"), records[5]["val_losses"]["other"].get<double>());
   // The checkpoint's positions: 48 sequences, three in four from the first corpus.
   std::ifstream in(dir_ / "one" / "checkpoints" / "step_6" / "state.json");
