@@ -40,24 +40,14 @@ DataLoader::DataLoader(std::vector<std::string> shard_paths, int64_t batch, int6
 
 void DataLoader::load(int64_t shard) {
   if (loaded_shard_ == shard) return;
-  loaded_shard_ = -1;                     // stays invalid if read_shard throws
-  std::vector<uint16_t>().swap(tokens_);  // free the old shard first: one shard in memory at most
-  std::vector<uint32_t>().swap(wide_tokens_);
-  int64_t count = 0;
-  if (shard_token_bytes_[shard] == 4) {
-    wide_tokens_ = read_shard32(paths_[shard]);
-    count = static_cast<int64_t>(wide_tokens_.size());
-    for (size_t i = 0; i < wide_tokens_.size(); ++i)
-      if (wide_tokens_[i] > static_cast<uint32_t>(std::numeric_limits<int32_t>::max()))
-        fail("data loader: token shard '", paths_[shard], "': token ", i, " is ", wide_tokens_[i],
-             ", beyond any vocabulary (int32 ids)");
-  } else {
-    tokens_ = read_shard(paths_[shard]);
-    count = static_cast<int64_t>(tokens_.size());
-  }
-  if (count != shard_tokens_[shard])
+  loaded_shard_ = -1;  // stays invalid if the mapping fails
+  mapped_.reset();     // one shard mapped at most
+  mapped_ = std::make_unique<MappedShard>(paths_[shard]);
+  const ShardInfo& info = mapped_->info();
+  if (info.num_tokens != shard_tokens_[shard] || info.token_bytes != shard_token_bytes_[shard])
     fail("data loader: token shard '", paths_[shard], "' changed on disk: it had ",
-         shard_tokens_[shard], " tokens when the loader opened it, now ", count);
+         shard_tokens_[shard], " tokens of ", shard_token_bytes_[shard],
+         " bytes when the loader opened it, now ", info.num_tokens, " of ", info.token_bytes);
   loaded_shard_ = shard;
 }
 
@@ -75,6 +65,12 @@ void DataLoader::read_at(int64_t shard, int64_t begin, int32_t* inputs, int32_t*
              begin + chunk + 1 <= shard_tokens_[shard]);
   load(shard);
   const auto copy = [&](const auto* src) {
+    // A uint32 shard's id must be an int32 (the model's ids); checked as read, not at mapping.
+    if constexpr (sizeof(*src) == 4)
+      for (int64_t i = 0; i <= chunk; ++i)
+        if (src[i] > static_cast<uint32_t>(std::numeric_limits<int32_t>::max()))
+          fail("data loader: token shard '", paths_[static_cast<size_t>(shard)], "': token ",
+               begin + i, " is ", src[i], ", beyond any vocabulary (int32 ids)");
     if (vocab_size_ > 0)
       for (int64_t i = 0; i <= chunk; ++i)
         if (static_cast<int64_t>(src[i]) >= vocab_size_)
@@ -87,9 +83,9 @@ void DataLoader::read_at(int64_t shard, int64_t begin, int32_t* inputs, int32_t*
     }
   };
   if (shard_token_bytes_[shard] == 2)
-    copy(tokens_.data() + begin);
+    copy(mapped_->tokens16() + begin);
   else
-    copy(wide_tokens_.data() + begin);
+    copy(mapped_->tokens32() + begin);
 }
 
 // 3. Advances the shared position; skips to the next shard (wrapping) if a step no longer fits.

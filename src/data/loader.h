@@ -20,12 +20,16 @@
 //
 // The position (LoaderState) is part of the training state; it is in global tokens, so it does
 // not depend on the rank and a run can resume with another world size or batch. Only the current
-// shard is in memory (loaded on first use, reloaded on a shard change).
+// shard is mapped (on first use, again on a shard change; data/shard.h, MappedShard), and only
+// the windows read are read from its file.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "data/shard.h"
 
 namespace loom {
 
@@ -85,10 +89,9 @@ class DataLoader {
   int rank_, world_;
   int64_t vocab_size_ = 0;
   LoaderState state_;
-  int64_t loaded_shard_ = -1;     // which shard tokens_ holds
-  // The current shard: uint16 tokens, or uint32 ones from a "llama-3" shard (the other empty).
-  std::vector<uint16_t> tokens_;
-  std::vector<uint32_t> wide_tokens_;
+  int64_t loaded_shard_ = -1;  // which shard mapped_ maps
+  // The current shard, mapped: only the windows read are read from the file.
+  std::unique_ptr<MappedShard> mapped_;
   std::vector<int> shard_token_bytes_;  // per shard, from the headers
 };
 

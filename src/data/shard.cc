@@ -1,5 +1,6 @@
 #include "data/shard.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <memory>
 #include <string_view>
 
+#include "base/check.h"
 #include "base/error.h"
 
 namespace loom {
@@ -130,6 +132,33 @@ ShardInfo read_shard_header(const std::string& path) {
   int64_t file_bytes = 0;
   File f = open_for_read(path, file_bytes);
   return read_and_check_header(f.get(), path, file_bytes);
+}
+
+MappedShard::MappedShard(const std::string& path) {
+  int64_t file_bytes = 0;
+  File f = open_for_read(path, file_bytes);
+  info_ = read_and_check_header(f.get(), path, file_bytes);
+  bytes_ = static_cast<size_t>(file_bytes);
+  base_ = mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fileno(f.get()), 0);
+  if (base_ == MAP_FAILED) {
+    base_ = nullptr;
+    fail("token shard '", path, "': cannot map ", bytes_, " bytes: ", errno_str());
+  }
+  // The mapping outlives the descriptor, which `f` closes.
+}
+
+MappedShard::~MappedShard() {
+  if (base_ != nullptr) munmap(base_, bytes_);
+}
+
+const uint16_t* MappedShard::tokens16() const {
+  LOOM_CHECK(info_.token_bytes == 2);
+  return reinterpret_cast<const uint16_t*>(static_cast<const char*>(base_) + kShardHeaderBytes);
+}
+
+const uint32_t* MappedShard::tokens32() const {
+  LOOM_CHECK(info_.token_bytes == 4);
+  return reinterpret_cast<const uint32_t*>(static_cast<const char*>(base_) + kShardHeaderBytes);
 }
 
 std::vector<uint16_t> read_shard(const std::string& path) {

@@ -40,6 +40,30 @@ void write_shard32(const std::string& path, const std::vector<uint32_t>& tokens)
 // magic, an unsupported version or a count that does not match the file size.
 ShardInfo read_shard_header(const std::string& path);
 
+// A shard's tokens mapped read-only from its file (mmap): nothing is read until touched, so a
+// reader that takes a few windows of a large shard (an evaluation's batches) reads those pages
+// only, and the pages are the page cache's, shared by every reader of the file (thread ranks
+// mapping the same shard hold it once). The file must not shrink while mapped (a read past its
+// end is SIGBUS): shards are replaced by rename, as write_shard does, never truncated in place.
+class MappedShard {
+ public:
+  // Opens and maps `path` with read_shard_header's checks. Throws loom::Error naming the file.
+  explicit MappedShard(const std::string& path);
+  ~MappedShard();
+  MappedShard(const MappedShard&) = delete;
+  MappedShard& operator=(const MappedShard&) = delete;
+
+  const ShardInfo& info() const { return info_; }
+  // The tokens after the header: uint16 (info().token_bytes == 2) or uint32 ones.
+  const uint16_t* tokens16() const;
+  const uint32_t* tokens32() const;
+
+ private:
+  ShardInfo info_;
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // Reads a whole uint16 shard, with the same checks as read_shard_header (a uint32 shard is an
 // error: read_shard32).
 std::vector<uint16_t> read_shard(const std::string& path);

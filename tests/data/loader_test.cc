@@ -86,6 +86,24 @@ TEST(DataLoader, ReadsUint32ShardsAndMixesWidths) {
   write_shard32(a, wide);
   DataLoader bad({a}, 1, 8);
   expect_error([&] { next(bad); }, {a, "token 3 is 2147483648"});
+  // The shard is mapped, its ids checked as read: windows before a bad id read as ever.
+  wide[3] = 3;
+  wide[16] = 0x80000000u;  // the last target of the second window
+  write_shard32(a, wide);
+  DataLoader late({a}, 1, 8);
+  EXPECT_EQ(next(late).inputs,
+            (std::vector<int32_t>{128000, 128001, 128002, 3, 128004, 128005, 128006, 128007}));
+  expect_error([&] { next(late); }, {a, "token 16 is 2147483648"});
+}
+
+// A shard replaced by another of a different length between the loader's opening it (its
+// header) and its reading is an error naming it, not a read of the wrong tokens.
+TEST(DataLoader, AShardChangedOnDiskIsNamed) {
+  TempDir dir;
+  const auto paths = make_numbered_shards(dir, {40, 40});
+  DataLoader loader(paths, 1, 8);
+  write_shard(paths[0], std::vector<uint16_t>(30, 1));
+  expect_error([&] { next(loader); }, {paths[0], "changed on disk", "40 tokens", "now 30"});
 }
 
 TEST(DataLoader, CrossesShardsAndWrapsAround) {
