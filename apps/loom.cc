@@ -1,7 +1,7 @@
-// loom — the command line: train, launch, plan, check, data prepare/synth, sample, bench train,
-// schedule. This is the only place that turns errors into exit codes: loom::Error (a user, config,
-// data or environment mistake) prints one line "loom: error: ..." and exits 1; bad command-line
-// syntax exits 2 (CLI11's usage message).
+// loom — the command line: train, launch, plan, check, data prepare/synth/inspect, sample, bench
+// train, schedule. This is the only place that turns errors into exit codes: loom::Error (a user,
+// config, data or environment mistake) prints one line "loom: error: ..." and exits 1; bad
+// command-line syntax exits 2 (CLI11's usage message).
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -22,6 +22,7 @@
 #include "comm/mpi/launch_env.h"
 #include "config/config.h"
 #include "data/dataset.h"
+#include "data/inspect.h"
 #include "data/tokenizer.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
@@ -406,6 +407,17 @@ int main(int argc, char** argv) {
   synth_cmd->add_option("--train-tokens", synth_train)->capture_default_str();
   synth_cmd->add_option("--val-tokens", synth_val)->capture_default_str();
   synth_cmd->add_option("--seed", synth_seed)->capture_default_str();
+  std::vector<std::string> inspect_specs;
+  int64_t inspect_seq_len = 0, inspect_vocab = 0;
+  auto* inspect_cmd = data_cmd->add_subcommand(
+      "inspect", "what token shards hold: tokens, width, sequences, every id against a vocabulary");
+  inspect_cmd->add_option("specs", inspect_specs, "shard files, directories or globs")->required();
+  inspect_cmd->add_option("--seq-len", inspect_seq_len, "count the sequences of this length")
+      ->check(kNonNegative);
+  inspect_cmd
+      ->add_option("--vocab", inspect_vocab,
+                   "read every id and check it is below this vocabulary size (exit 1 if not)")
+      ->check(kNonNegative);
 
   std::string checkpoint, prompt = "\n";
   SampleOptions sample;
@@ -666,6 +678,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens\n", out_dir.c_str(),
                    static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens));
       return 0;
+    }
+    if (inspect_cmd->parsed()) {
+      int64_t outside = 0;
+      for (const std::string& spec : inspect_specs) {
+        const CorpusSummary corpus = inspect_corpus(spec, inspect_seq_len, inspect_vocab);
+        std::cout << format_corpus(corpus, inspect_seq_len, inspect_vocab);
+        outside += corpus.ids_outside();
+      }
+      return outside > 0 ? 1 : 0;
     }
     if (verify_cmd->parsed()) return cmd_verify(verify_paths);
     if (export_cmd->parsed()) {

@@ -90,6 +90,25 @@ TEST_F(Cli, SynthTrainSampleHappyPath) {
   expect_error(run(sample + " --prompt ''"), "non-empty prompt");
 }
 
+// `loom data inspect`: a corpus' shards, tokens and sequences on stdout; with --vocab every id
+// read, exit 1 when one is past it (naming the shard and the position), a missing spec an error.
+TEST_F(Cli, DataInspectCountsAndChecksIds) {
+  ASSERT_EQ(
+      run("data synth --out " + path("data") + " --train-tokens 20000 --val-tokens 4000").code, 0);
+  Result ok = run("data inspect '" + path("data") + "/train_*.bin' --seq-len 64 --vocab 256");
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("1 shard, 20000 tokens, 312 sequences of 64"), std::string::npos)
+      << ok.output;
+  EXPECT_NE(ok.output.find("ids >= 256: none"), std::string::npos) << ok.output;
+  // The synthetic corpus' bytes are digits, '+', '=' and '\n': ids up to '9' = 57.
+  Result bad = run("data inspect " + path("data") + " --vocab 50");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("ids >= 50: "), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("train_000000.bin, the first at token "), std::string::npos)
+      << bad.output;
+  expect_error(run("data inspect " + path("nope")), "nope");
+}
+
 TEST_F(Cli, UnknownConfigKey) {
   expect_error(run("train " + write_config("learnig_rate = 0.1\n")), "train.learnig_rate");
 }

@@ -1,0 +1,121 @@
+#include "data/inspect.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "data/dataset.h"
+#include "data/shard.h"
+
+namespace loom {
+namespace {
+
+// Scans every token of `shard` against `vocab_size`.
+template <typename Token>
+void scan_ids(const Token* tokens, int64_t vocab_size, ShardSummary& shard) {
+  int64_t max_id = -1;
+  for (int64_t i = 0; i < shard.tokens; ++i) {
+    const auto id = static_cast<int64_t>(tokens[i]);
+    max_id = std::max(max_id, id);
+    if (id >= vocab_size) {
+      if (shard.ids_outside == 0) shard.first_outside = i;
+      ++shard.ids_outside;
+    }
+  }
+  shard.max_id = max_id;
+}
+
+}  // namespace
+
+int64_t CorpusSummary::tokens() const {
+  int64_t n = 0;
+  for (const ShardSummary& s : shards) n += s.tokens;
+  return n;
+}
+
+int64_t CorpusSummary::windows() const {
+  int64_t n = 0;
+  for (const ShardSummary& s : shards) n += s.windows;
+  return n;
+}
+
+int64_t CorpusSummary::ids_outside() const {
+  int64_t n = 0;
+  for (const ShardSummary& s : shards) n += s.ids_outside;
+  return n;
+}
+
+CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t vocab_size) {
+  CorpusSummary corpus{spec, {}};
+  for (const std::string& path : resolve_shards(spec, "data inspect")) {
+    ShardSummary shard;
+    shard.path = path;
+    if (vocab_size > 0) {
+      const MappedShard mapped(path);
+      shard.tokens = mapped.info().num_tokens;
+      shard.token_bytes = mapped.info().token_bytes;
+      if (shard.token_bytes == 2)
+        scan_ids(mapped.tokens16(), vocab_size, shard);
+      else
+        scan_ids(mapped.tokens32(), vocab_size, shard);
+    } else {
+      const ShardInfo info = read_shard_header(path);
+      shard.tokens = info.num_tokens;
+      shard.token_bytes = info.token_bytes;
+    }
+    if (seq_len > 0 && shard.tokens > 0) shard.windows = (shard.tokens - 1) / seq_len;
+    corpus.shards.push_back(shard);
+  }
+  return corpus;
+}
+
+std::string format_corpus(const CorpusSummary& corpus, int64_t seq_len, int64_t vocab_size) {
+  char line[512];
+  std::string out;
+  std::snprintf(line, sizeof line, "%s: %zu shard%s, %lld tokens", corpus.spec.c_str(),
+                corpus.shards.size(), corpus.shards.size() == 1 ? "" : "s",
+                static_cast<long long>(corpus.tokens()));
+  out += line;
+  if (seq_len > 0) {
+    std::snprintf(line, sizeof line, ", %lld sequences of %lld",
+                  static_cast<long long>(corpus.windows()), static_cast<long long>(seq_len));
+    out += line;
+  }
+  out += "\n";
+  size_t width = 5;
+  for (const ShardSummary& s : corpus.shards) width = std::max(width, s.path.size());
+  std::snprintf(line, sizeof line, "  %-*s %12s %6s%s%s\n", static_cast<int>(width), "shard",
+                "tokens", "width", seq_len > 0 ? "    sequences" : "",
+                vocab_size > 0 ? "   max id" : "");
+  out += line;
+  for (const ShardSummary& s : corpus.shards) {
+    std::snprintf(line, sizeof line, "  %-*s %12lld %6s", static_cast<int>(width), s.path.c_str(),
+                  static_cast<long long>(s.tokens), s.token_bytes == 2 ? "uint16" : "uint32");
+    out += line;
+    if (seq_len > 0) {
+      std::snprintf(line, sizeof line, " %12lld", static_cast<long long>(s.windows));
+      out += line;
+    }
+    if (vocab_size > 0) {
+      std::snprintf(line, sizeof line, " %9lld", static_cast<long long>(s.max_id));
+      out += line;
+    }
+    out += "\n";
+  }
+  if (vocab_size > 0) {
+    if (corpus.ids_outside() == 0) {
+      std::snprintf(line, sizeof line, "  ids >= %lld: none\n", static_cast<long long>(vocab_size));
+      out += line;
+    } else {
+      for (const ShardSummary& s : corpus.shards) {
+        if (s.ids_outside == 0) continue;
+        std::snprintf(line, sizeof line, "  ids >= %lld: %lld in %s, the first at token %lld\n",
+                      static_cast<long long>(vocab_size), static_cast<long long>(s.ids_outside),
+                      s.path.c_str(), static_cast<long long>(s.first_outside));
+        out += line;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,39 @@
+// `loom data inspect`: what a corpus holds before a run reads it — its shards, their tokens and
+// token width, the sequences they give at a sequence length, and (with a vocabulary) every id
+// checked, so a multi-day run does not find a bad shard hours in.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+struct ShardSummary {
+  std::string path;
+  int64_t tokens = 0;
+  int token_bytes = 2;         // 2: uint16 ("gpt-2"), 4: uint32 ("llama-3")
+  int64_t windows = 0;         // sequences of seq_len it gives ((tokens - 1) / seq_len); 0 without
+  int64_t max_id = -1;         // with a vocabulary: the largest id (-1: not scanned, or no tokens)
+  int64_t ids_outside = 0;     // ids >= the vocabulary
+  int64_t first_outside = -1;  // the first one's index in the shard
+};
+
+struct CorpusSummary {
+  std::string spec;
+  std::vector<ShardSummary> shards;
+  int64_t tokens() const;
+  int64_t windows() const;
+  int64_t ids_outside() const;
+};
+
+// The shards `spec` names (resolve_shards' forms), each header checked; with seq_len > 0 their
+// windows; with vocab_size > 0 every token read and checked against it. Throws loom::Error as
+// resolve_shards and read_shard_header do (naming the spec or the shard).
+CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t vocab_size);
+
+// The summary as text: a line for the corpus, a row per shard, and, with a vocabulary, the ids
+// outside it (the first one's shard and position) or "none".
+std::string format_corpus(const CorpusSummary& corpus, int64_t seq_len, int64_t vocab_size);
+
+}  // namespace loom
