@@ -34,6 +34,7 @@
 #include "train/generate.h"
 #include "train/layout_check.h"
 #include "train/run_control.h"
+#include "train/train_data.h"
 #include "train/trainer.h"
 
 namespace {
@@ -191,6 +192,46 @@ std::vector<std::string> checkpoints_at(const std::string& path) {
 
 // `loom checkpoint verify`: each path is a checkpoint (step_N), a directory of them, or a run
 // directory (its checkpoints/). Every checkpoint is checked; exit 1 when any is not as written.
+// `loom data inspect`: each spec at seq_len / vocab; with a config, its data keys' corpora at its
+// model's, and the training sources' shares and passes over the run (TrainData's start-up lines).
+// Exit 1 when an id is past the vocabulary.
+int cmd_inspect(const std::vector<std::string>& specs, int64_t seq_len, int64_t vocab,
+                const std::string& config_path, const std::vector<std::string>& sets) {
+  if (specs.empty() && config_path.empty())
+    fail("loom data inspect: give shard specs, or --config CONFIG.toml");
+  int64_t outside = 0;
+  const auto inspect = [&](const std::string& label, const std::string& spec, int64_t t,
+                           int64_t v) {
+    if (!label.empty()) std::cout << label << " = ";
+    const CorpusSummary corpus = inspect_corpus(spec, t, v);
+    std::cout << format_corpus(corpus, t, v);
+    outside += corpus.ids_outside();
+  };
+  for (const std::string& spec : specs) inspect("", spec, seq_len, vocab);
+  if (!config_path.empty()) {
+    Config config = load_config(config_path);
+    for (const auto& s : sets) apply_override(config, s);
+    validate(config);
+    const DataConfig& d = config.data;
+    const int64_t t = config.model.seq_len, v = config.model.vocab_size;
+    if (d.blend.empty()) {
+      inspect("data.train", d.train, t, v);
+    } else {
+      const std::vector<BlendSource> sources = parse_data_blend(d.blend);
+      for (size_t s = 0; s < sources.size(); ++s)
+        inspect("data.blend source " + std::to_string(s + 1), sources[s].spec, t, v);
+    }
+    if (!d.val.empty()) inspect("data.val", d.val, t, v);
+    if (!d.val_sets.empty())
+      for (const ValSet& set : parse_val_sets(d.val_sets))
+        inspect("data.val_sets " + set.name, set.spec, t, v);
+    // Each training source's share and the passes over it the run makes, as training says.
+    const TrainData data(config, config.train.micro_batch_size, t, 0, 1);
+    std::cout << data.describe(config.train.steps * config.train.batch_size * t);
+  }
+  return outside > 0 ? 1 : 0;
+}
+
 int cmd_verify(const std::vector<std::string>& paths) {
   int bad = 0, checked = 0, not_found = 0;
   for (const std::string& path : paths) {
@@ -411,7 +452,13 @@ int main(int argc, char** argv) {
   int64_t inspect_seq_len = 0, inspect_vocab = 0;
   auto* inspect_cmd = data_cmd->add_subcommand(
       "inspect", "what token shards hold: tokens, width, sequences, every id against a vocabulary");
-  inspect_cmd->add_option("specs", inspect_specs, "shard files, directories or globs")->required();
+  std::string inspect_config;
+  std::vector<std::string> inspect_sets;
+  inspect_cmd->add_option("specs", inspect_specs, "shard files, directories or globs");
+  inspect_cmd->add_option("--config", inspect_config,
+                          "a training config: its data keys' corpora, at its model.seq_len and "
+                          "model.vocab_size, and each training source's share and passes");
+  inspect_cmd->add_option("--set", inspect_sets, "section.key=value override of --config");
   inspect_cmd->add_option("--seq-len", inspect_seq_len, "count the sequences of this length")
       ->check(kNonNegative);
   inspect_cmd
@@ -679,15 +726,9 @@ int main(int argc, char** argv) {
                    static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens));
       return 0;
     }
-    if (inspect_cmd->parsed()) {
-      int64_t outside = 0;
-      for (const std::string& spec : inspect_specs) {
-        const CorpusSummary corpus = inspect_corpus(spec, inspect_seq_len, inspect_vocab);
-        std::cout << format_corpus(corpus, inspect_seq_len, inspect_vocab);
-        outside += corpus.ids_outside();
-      }
-      return outside > 0 ? 1 : 0;
-    }
+    if (inspect_cmd->parsed())
+      return cmd_inspect(inspect_specs, inspect_seq_len, inspect_vocab, inspect_config,
+                         inspect_sets);
     if (verify_cmd->parsed()) return cmd_verify(verify_paths);
     if (export_cmd->parsed()) {
       const std::vector<std::string> found = checkpoints_at(export_checkpoint_path);

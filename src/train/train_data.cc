@@ -145,7 +145,6 @@ std::vector<double> TrainData::epochs_read() {
 }
 
 std::string TrainData::describe(int64_t run_tokens) const {
-  if (in_order_single_corpus()) return "";
   std::string out;
   for (int64_t d = 0; d < loader_->num_sources(); ++d) {
     const double share = loader_->share(d);

@@ -38,8 +38,8 @@ class TrainData {
   // Each source's epochs read so far, fractional (data.train: one source).
   std::vector<double> epochs_read();
 
-  // With data.blend or data.shuffle, a line per source: its share, tokens, and the passes over
-  // it that `run_tokens` training tokens make ("" for data.train in order).
+  // A line per source: (with data.blend) its share, its tokens, and the passes over it that
+  // `run_tokens` training tokens make.
   std::string describe(int64_t run_tokens) const;
 
  private:

@@ -107,6 +107,20 @@ TEST_F(Cli, DataInspectCountsAndChecksIds) {
   EXPECT_NE(bad.output.find("train_000000.bin, the first at token "), std::string::npos)
       << bad.output;
   expect_error(run("data inspect " + path("nope")), "nope");
+  expect_error(run("data inspect"), "give shard specs, or --config");
+  // A config's corpora at its model's sequence length and vocabulary, and the passes the run
+  // makes over its training corpus: 4 steps of 4 sequences of 16 = 256 of 20000 tokens.
+  Result config = run("data inspect --config " + write_config(""));
+  ASSERT_EQ(config.code, 0) << config.output;
+  EXPECT_NE(config.output.find("data.train = " + path("data/train_*.bin") +
+                               ": 1 shard, 20000 tokens, 1249 sequences of 16"),
+            std::string::npos)
+      << config.output;
+  EXPECT_NE(config.output.find("data.val = "), std::string::npos) << config.output;
+  EXPECT_NE(config.output.find("(20000 tokens; 0.01 passes over this run)"), std::string::npos)
+      << config.output;
+  EXPECT_EQ(run("data inspect --config " + write_config("") + " --set model.vocab_size=60").code,
+            1);
 }
 
 TEST_F(Cli, UnknownConfigKey) {
