@@ -51,6 +51,7 @@ CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t v
     shard.path = path;
     if (vocab_size > 0) {
       const MappedShard mapped(path);
+      const MappedShard::Reading reading(mapped);
       shard.tokens = mapped.info().num_tokens;
       shard.token_bytes = mapped.info().token_bytes;
       if (shard.token_bytes == 2)

@@ -64,6 +64,7 @@ void DataLoader::read_at(int64_t shard, int64_t begin, int32_t* inputs, int32_t*
   LOOM_CHECK(shard >= 0 && shard < num_shards() && begin >= 0 &&
              begin + chunk + 1 <= shard_tokens_[shard]);
   load(shard);
+  const MappedShard::Reading reading(*mapped_);  // a shard shrunk under us is named, not a crash
   const auto copy = [&](const auto* src) {
     // A uint32 shard's id must be an int32 (the model's ids); checked as read, not at mapping.
     if constexpr (sizeof(*src) == 4)

@@ -1,5 +1,6 @@
 #include "data/shard.h"
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string_view>
 
 #include "base/check.h"
@@ -134,7 +136,55 @@ ShardInfo read_shard_header(const std::string& path) {
   return read_and_check_header(f.get(), path, file_bytes);
 }
 
+namespace {
+
+// The shard this thread is copying tokens from (MappedShard::Reading), for the SIGBUS handler. A
+// SIGBUS from a read is delivered to the reading thread, so its thread-local is the one to look at.
+thread_local const std::string* tl_reading_shard = nullptr;
+struct sigaction previous_sigbus {};
+
+// Async-signal-safe: write(2) and _exit only.
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  if (const std::string* path = tl_reading_shard) {
+    constexpr char head[] = "loom: error: token shard '";
+    constexpr char tail[] =
+        "' is shorter than when it was opened (SIGBUS reading it while mapped): truncated or "
+        "rewritten in place? Replace shards by writing a new file and renaming it over\n";
+    ssize_t ignored = write(STDERR_FILENO, head, sizeof head - 1);
+    ignored = write(STDERR_FILENO, path->data(), path->size());
+    ignored = write(STDERR_FILENO, tail, sizeof tail - 1);
+    (void)ignored;
+    _exit(1);
+  }
+  // Not a shard's: the handler before ours takes it (the faulting read runs again on return).
+  sigaction(sig, &previous_sigbus, nullptr);
+  (void)info;
+  (void)context;
+}
+
+void install_sigbus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &previous_sigbus);
+  });
+}
+
+}  // namespace
+
+MappedShard::Reading::Reading(const MappedShard& shard) : previous_(tl_reading_shard) {
+  tl_reading_shard = &shard.info_.path;
+}
+
+MappedShard::Reading::~Reading() {
+  tl_reading_shard = previous_;
+}
+
 MappedShard::MappedShard(const std::string& path) {
+  install_sigbus_handler();
   int64_t file_bytes = 0;
   File f = open_for_read(path, file_bytes);
   info_ = read_and_check_header(f.get(), path, file_bytes);

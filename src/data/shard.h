@@ -43,8 +43,11 @@ ShardInfo read_shard_header(const std::string& path);
 // A shard's tokens mapped read-only from its file (mmap): nothing is read until touched, so a
 // reader that takes a few windows of a large shard (an evaluation's batches) reads those pages
 // only, and the pages are the page cache's, shared by every reader of the file (thread ranks
-// mapping the same shard hold it once). The file must not shrink while mapped (a read past its
-// end is SIGBUS): shards are replaced by rename, as write_shard does, never truncated in place.
+// mapping the same shard hold it once). The file must not shrink while mapped: shards are
+// replaced by rename, as write_shard does, never truncated in place. If one is (or a network
+// file system loses it), the read past its end is a SIGBUS; a reader that holds a Reading for the
+// shard while it copies tokens then ends the process with exit status 1 and a line naming the
+// shard, instead of a crash (a SIGBUS elsewhere goes to the handler installed before).
 class MappedShard {
  public:
   // Opens and maps `path` with read_shard_header's checks. Throws loom::Error naming the file.
@@ -57,6 +60,18 @@ class MappedShard {
   // The tokens after the header: uint16 (info().token_bytes == 2) or uint32 ones.
   const uint16_t* tokens16() const;
   const uint32_t* tokens32() const;
+
+  // While alive, a SIGBUS on this thread names this shard (see above).
+  class Reading {
+   public:
+    explicit Reading(const MappedShard& shard);
+    ~Reading();
+    Reading(const Reading&) = delete;
+    Reading& operator=(const Reading&) = delete;
+
+   private:
+    const std::string* previous_;
+  };
 
  private:
   ShardInfo info_;

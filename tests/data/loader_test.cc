@@ -1,8 +1,12 @@
 #include "data/loader.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include "data/shard.h"
+#include "device/cuda/emulator/sanitizers.h"  // LOOM_EMU_ASAN, LOOM_EMU_TSAN
 #include "test_files.h"
 
 namespace loom {
@@ -104,6 +108,28 @@ TEST(DataLoader, AShardChangedOnDiskIsNamed) {
   DataLoader loader(paths, 1, 8);
   write_shard(paths[0], std::vector<uint16_t>(30, 1));
   expect_error([&] { next(loader); }, {paths[0], "changed on disk", "40 tokens", "now 30"});
+}
+
+// A mapped shard truncated in place under a reader (which Loom never does: shards are replaced by
+// rename) makes the read past its end a SIGBUS: the process ends with status 1 and a line naming
+// the shard, not a crash. (Not under the sanitizers, whose own SIGBUS handling comes first.)
+TEST(DataLoaderDeathTest, AShardTruncatedWhileMappedIsNamedNotACrash) {
+#if LOOM_EMU_ASAN || LOOM_EMU_TSAN
+  GTEST_SKIP() << "the sanitizers handle SIGBUS themselves";
+#else
+  TempDir dir;
+  const auto paths = make_numbered_shards(dir, {60000});  // 120 KB of tokens: 30 pages
+  EXPECT_EXIT(
+      {
+        DataLoader loader(paths, 1, 8);
+        next(loader);  // the shard is mapped
+        if (::truncate(paths[0].c_str(), kShardHeaderBytes + 16) != 0) std::_Exit(3);
+        loader.set_state({0, 50000, 0});
+        next(loader);
+      },
+      ::testing::ExitedWithCode(1),
+      "token shard '.*train_000000.bin' is shorter than when it was opened");
+#endif
 }
 
 TEST(DataLoader, CrossesShardsAndWrapsAround) {
