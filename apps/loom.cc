@@ -190,8 +190,6 @@ std::vector<std::string> checkpoints_at(const std::string& path) {
   return dirs;
 }
 
-// `loom checkpoint verify`: each path is a checkpoint (step_N), a directory of them, or a run
-// directory (its checkpoints/). Every checkpoint is checked; exit 1 when any is not as written.
 // `loom data inspect`: each spec at seq_len / vocab; with a config, its data keys' corpora at its
 // model's, and the training sources' shares and passes over the run (TrainData's start-up lines).
 // Exit 1 when an id is past the vocabulary.
@@ -232,6 +230,8 @@ int cmd_inspect(const std::vector<std::string>& specs, int64_t seq_len, int64_t 
   return outside > 0 ? 1 : 0;
 }
 
+// `loom checkpoint verify`: each path is a checkpoint (step_N), a directory of them, or a run
+// directory (its checkpoints/). Every checkpoint is checked; exit 1 when any is not as written.
 int cmd_verify(const std::vector<std::string>& paths) {
   int bad = 0, checked = 0, not_found = 0;
   for (const std::string& path : paths) {

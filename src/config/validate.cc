@@ -130,9 +130,8 @@ void validate_data(const DataConfig& d, Problems& p) {
   if (d.blend.empty()) return;
   if (!d.train.empty())
     p.add("data.train = ", toml_quote(d.train), " and data.blend = ", toml_quote(d.blend),
-          " are both set: set one (data.blend mixes several training corpora; `--set data.train=` "
-          "clears ",
-          "data.train)");
+          " are both set: set one (data.blend mixes several training corpora; "
+          "`--set data.train=` clears data.train)");
   try {
     (void)parse_data_blend(d.blend);
   } catch (const Error& e) {

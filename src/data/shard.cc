@@ -144,7 +144,7 @@ thread_local const std::string* tl_reading_shard = nullptr;
 struct sigaction previous_sigbus {};
 
 // Async-signal-safe: write(2) and _exit only.
-void on_sigbus(int sig, siginfo_t* info, void* context) {
+void on_sigbus(int sig, siginfo_t*, void*) {
   if (const std::string* path = tl_reading_shard) {
     constexpr char head[] = "loom: error: token shard '";
     constexpr char tail[] =
@@ -158,8 +158,6 @@ void on_sigbus(int sig, siginfo_t* info, void* context) {
   }
   // Not a shard's: the handler before ours takes it (the faulting read runs again on return).
   sigaction(sig, &previous_sigbus, nullptr);
-  (void)info;
-  (void)context;
 }
 
 void install_sigbus_handler() {

@@ -1,5 +1,7 @@
 #include "train/step_record.h"
 
+#include <cstdio>
+
 namespace loom {
 
 nlohmann::json step_record(const StepFigures& f) {
@@ -48,6 +50,24 @@ nlohmann::json step_record(const StepFigures& f) {
       record["pp_deferred_mb"] = static_cast<double>(*p.max_deferred_bytes) / kMiB;
   }
   return record;
+}
+
+std::string validation_message(const StepFigures& f) {
+  if (!f.val_loss && f.val_losses.empty()) return "";
+  std::string text = "step " + std::to_string(f.step) + ": val loss";
+  const char* separator = " ";
+  char value[48];
+  if (f.val_loss) {
+    std::snprintf(value, sizeof value, " %.4f", *f.val_loss);
+    text += value;
+    separator = " | ";
+  }
+  for (const auto& [name, val] : f.val_losses) {
+    std::snprintf(value, sizeof value, " %.4f", val);
+    text += separator + name + value;
+    separator = " | ";
+  }
+  return text;
 }
 
 }  // namespace loom

@@ -64,4 +64,8 @@ struct StepFigures {
 
 nlohmann::json step_record(const StepFigures& f);
 
+// The progress line of an evaluation step, "step 8: val loss 4.1234 | web 4.0012 | code 4.3001"
+// (data.val's loss, then data.val_sets'), or "" on a step without evaluation.
+std::string validation_message(const StepFigures& f);
+
 }  // namespace loom

@@ -21,6 +21,29 @@ std::string reading(const DataConfig& data) {
   return how + (data.shuffle ? ", shuffled (data.shuffle = true)" : ", in order");
 }
 
+// A blend's shares as written: normalised weights, or empty for shares by token count.
+std::vector<double> written_shares(const std::vector<BlendSource>& sources) {
+  double total = 0;
+  for (const BlendSource& s : sources) total += s.weight;
+  std::vector<double> shares;
+  if (total > 0)
+    for (const BlendSource& s : sources) shares.push_back(s.weight / total);
+  return shares;
+}
+
+bool same_shares(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::abs(a[i] - b[i]) > 1e-12 * std::max(a[i], b[i])) return false;
+  return true;
+}
+
+std::string weights_text(const std::vector<BlendSource>& sources) {
+  std::string text;
+  for (const BlendSource& s : sources) text += detail::concat(text.empty() ? "" : " ", s.weight);
+  return text;
+}
+
 }  // namespace
 
 TrainData::TrainData(const Config& config, int64_t micro, int64_t seq_len, int rank, int world)
@@ -65,37 +88,11 @@ void TrainData::save(TrainingState& state) const {
   }
 }
 
-namespace {
-
-// A blend's shares as written: normalised weights, or empty for shares by token count.
-std::vector<double> written_shares(const std::vector<BlendSource>& sources) {
-  double total = 0;
-  for (const BlendSource& s : sources) total += s.weight;
-  std::vector<double> shares;
-  if (total > 0)
-    for (const BlendSource& s : sources) shares.push_back(s.weight / total);
-  return shares;
-}
-
-bool same_shares(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::abs(a[i] - b[i]) > 1e-12 * std::max(a[i], b[i])) return false;
-  return true;
-}
-
-std::string weights_text(const std::vector<BlendSource>& sources) {
-  std::string text;
-  for (const BlendSource& s : sources) text += detail::concat(text.empty() ? "" : " ", s.weight);
-  return text;
-}
-
-}  // namespace
-
 std::string TrainData::resume(const TrainingState& state, const std::string& checkpoint) {
   // The position means something only to the reading it came from: a blend's, a shuffled
-  // order's, or data.train's in order. The checkpoint's config says which (one without a config
-  // it can parse: whether it holds a position per source).
+  // order's, or data.train's in order. The checkpoint's config says which. Without a config it
+  // can parse, a checkpoint with no position per source is from before them: data.train in
+  // order; one with them is checked by their count (set_state).
   std::optional<DataConfig> saved;
   try {
     if (!state.config_toml.empty()) saved = parse_config(state.config_toml, checkpoint).data;
@@ -104,13 +101,11 @@ std::string TrainData::resume(const TrainingState& state, const std::string& che
   const bool same_reading =
       saved ? saved->blend.empty() == data_.blend.empty() && saved->shuffle == data_.shuffle &&
                   (saved->blend.empty() || parse_data_blend(saved->blend).size() == sources_.size())
-            : state.loader_sources.empty() == in_order_single_corpus() ||
-                  state.loader_sources.size() == 1;
+            : !state.loader_sources.empty() || in_order_single_corpus();
   if (!same_reading)
     fail("checkpoint ", checkpoint, " was written by a run reading ",
-         saved ? reading(*saved) : detail::concat(state.loader_sources.size(), " sources"),
-         "; this run reads ", reading(data_),
-         ": resume with the config it was trained with (RUN_DIR/config.toml)");
+         saved ? reading(*saved) : std::string("data.train, in order"), "; this run reads ",
+         reading(data_), ": resume with the config it was trained with (RUN_DIR/config.toml)");
   // Checkpoints from before loader.sources: data.train's position in order, and a single
   // corpus's count of sequences does not matter (every sequence is its).
   std::vector<BlendSourceState> position = state.loader_sources;

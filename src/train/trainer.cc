@@ -214,6 +214,28 @@ struct RankModel {
   Communicator* cp = nullptr;  // the cp group, with `sequence`
 };
 
+// A validation corpus: data.val's (name "", reported as val_loss) or a data.val_sets set's.
+struct ValCorpus {
+  std::string name;
+  std::vector<std::string> shards;
+};
+
+// The run's validation corpora, data.val's first; none when train.eval_every = 0. Their shards'
+// headers are checked now, as the train loader checks its own: a bad validation shard is an
+// error before the first step, not at the first evaluation, maybe hours in.
+std::vector<ValCorpus> validation_corpora(const Config& config) {
+  std::vector<ValCorpus> corpora;
+  if (config.train.eval_every <= 0) return corpora;
+  if (!config.data.val.empty())
+    corpora.push_back({"", resolve_shards(config.data.val, "data.val")});
+  if (!config.data.val_sets.empty())
+    for (const ValSet& set : parse_val_sets(config.data.val_sets))
+      corpora.push_back({set.name, resolve_shards(set.spec, "data.val_sets '" + set.name + "'")});
+  for (const ValCorpus& corpus : corpora)
+    for (const std::string& path : corpus.shards) (void)read_shard_header(path);
+  return corpora;
+}
+
 // The validation loss (train/evaluate.h), the same on every rank. Data-parallel replicas (whole
 // pipelines when pp > 1) share the micro-batches out; under ZeRO-3 every forward gathers
 // parameters over dp, so there every rank runs them all. The replicas are dp's: a cp group
@@ -399,22 +421,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   // Every id is checked by it, on the host, naming the shard: the GPU's kernels need not check
   // them again (a wait for the GPU per op: kernels/exec.h).
   TrainData train_data(config, micro, seq_len, mesh.coord("dp"), config.parallel.dp);
-  // The validation corpora: data.val's (val_loss), then data.val_sets' (val_losses.NAME).
-  struct ValCorpus {
-    std::string name;  // "" for data.val
-    std::vector<std::string> shards;
-  };
-  std::vector<ValCorpus> val_corpora;
-  if (!config.data.val.empty() && tc.eval_every > 0)
-    val_corpora.push_back({"", resolve_shards(config.data.val, "data.val")});
-  if (!config.data.val_sets.empty() && tc.eval_every > 0)
-    for (const ValSet& set : parse_val_sets(config.data.val_sets))
-      val_corpora.push_back(
-          {set.name, resolve_shards(set.spec, "data.val_sets '" + set.name + "'")});
-  // Their headers now, as the train loader checks its own: a bad validation shard is an error
-  // before the first step, not at the first evaluation, maybe hours in.
-  for (const ValCorpus& corpus : val_corpora)
-    for (const std::string& path : corpus.shards) (void)read_shard_header(path);
+  const std::vector<ValCorpus> val_corpora = validation_corpora(config);
 
   // Run directory and resume.
   const std::string checkpoints_dir = (fs::path(options.run_dir) / "checkpoints").string();
@@ -699,23 +706,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         const double mean_dt = time_total / static_cast<double>(steps_timed);
         progress.step(step, loss, lr, grad_norm, tokens_per_step / dt,
                       mean_dt * static_cast<double>(end_step - step));
-        if (figures.val_loss || !figures.val_losses.empty()) {
-          // "step 8: val loss 4.1234 | web 4.0012 | code 4.3001"
-          std::string text = "step " + std::to_string(step) + ": val loss";
-          const char* separator = " ";
-          char value[48];
-          if (figures.val_loss) {
-            std::snprintf(value, sizeof value, " %.4f", *figures.val_loss);
-            text += value;
-            separator = " | ";
-          }
-          for (const auto& [name, val] : figures.val_losses) {
-            std::snprintf(value, sizeof value, " %.4f", val);
-            text += separator + name + value;
-            separator = " | ";
-          }
-          progress.message(text);
-        }
+        const std::string val_text = validation_message(figures);
+        if (!val_text.empty()) progress.message(val_text);
       }
     }
     if (leader && summary.start_step == 0) fault.strike_at(step);

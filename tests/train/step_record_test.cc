@@ -73,6 +73,13 @@ TEST(StepRecord, OptionalFieldsAppearWhenGiven) {
   EXPECT_TRUE(r.at("skipped").get<bool>());
   EXPECT_EQ(r.at("val_losses"), (nlohmann::json{{"web", 3.5}, {"code", 1.5}}));
   EXPECT_EQ(r.at("data_epochs"), (nlohmann::json{{"1", 0.25}, {"2", 2.5}}));
+  EXPECT_EQ(validation_message(f),
+            "step " + std::to_string(f.step) + ": val loss 2.2500 | web 3.5000 | code 1.5000");
+  StepFigures sets_only = f;
+  sets_only.val_loss.reset();
+  EXPECT_EQ(validation_message(sets_only),
+            "step " + std::to_string(f.step) + ": val loss web 3.5000 | code 1.5000");
+  EXPECT_EQ(validation_message(figures()), "");
   EXPECT_EQ(r.at("bubble_by_pp_rank").size(), 2u);
   EXPECT_EQ(r.at("pp_bytes_sent").get<int64_t>(), 12345);
   EXPECT_FALSE(r.contains("pp_deferred_mb"));  // not a zero-bubble schedule

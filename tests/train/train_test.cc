@@ -121,6 +121,13 @@ threads_per_rank = 2
     return in ? nlohmann::json::parse(in).at("traceEvents") : nlohmann::json::array();
   }
 
+  // The error of resuming run `run`'s checkpoint of step `step` under `c`.
+  std::string resume_error(const Config& c, const std::string& run, int step) const {
+    TrainOptions r = options(run);
+    r.resume = (dir_ / run / "checkpoints" / ("step_" + std::to_string(step))).string();
+    return error_of([&] { run_training(c, r); });
+  }
+
   // `c` on two data-parallel thread ranks as run `dp2`: its losses those of run `one` (`c` on one
   // rank, already run) to 1e-5, and stopped at step 3 and resumed (run `dp2_resumed`) bit for
   // bit run `dp2`'s.
@@ -1530,9 +1537,7 @@ TEST_F(TrainTest, DataBlendTrainsEveryLayoutOnOneStreamAndResumes) {
         << "step " << i + 4;
 
   Config single = config(6);
-  TrainOptions r = options("one");
-  r.resume = (dir_ / "one" / "checkpoints" / "step_3").string();
-  const std::string e = error_of([&] { run_training(single, r); });
+  const std::string e = resume_error(single, "one", 3);
   EXPECT_NE(e.find("step_3 was written by a run reading data.blend (2 sources), in order; this run "
                    "reads data.train, in order"),
             std::string::npos)
@@ -1540,10 +1545,8 @@ TEST_F(TrainTest, DataBlendTrainsEveryLayoutOnOneStreamAndResumes) {
   TrainOptions plain_run = options("plain");
   plain_run.stop_after = 3;
   run_training(single, plain_run);
-  r.resume = (dir_ / "plain" / "checkpoints" / "step_3").string();
-  EXPECT_NE(error_of([&] {
-              run_training(c, r);
-            }).find("reading data.train, in order; this run reads data.blend (2 sources)"),
+  EXPECT_NE(resume_error(c, "plain", 3)
+                .find("reading data.train, in order; this run reads data.blend (2 sources)"),
             std::string::npos);
 }
 
@@ -1610,9 +1613,7 @@ TEST_F(TrainTest, ShuffledDataTrainsEveryLayoutAlikeAndResumes) {
 
   Config plain = c;
   plain.data.shuffle = false;
-  TrainOptions r = options("one");
-  r.resume = (dir_ / "one" / "checkpoints" / "step_3").string();
-  const std::string e = error_of([&] { run_training(plain, r); });
+  const std::string e = resume_error(plain, "one", 3);
   EXPECT_NE(e.find("written by a run reading data.train, shuffled (data.shuffle = true); this run "
                    "reads data.train, in order"),
             std::string::npos)
@@ -1881,10 +1882,29 @@ TEST_F(TrainTest, CheckpointFromBeforeLoaderSourcesResumesInOrder) {
   EXPECT_EQ(j.at("loader").at("offset"), 3 * 8 * 32);  // in order: the token offset
   j["loader"].erase("sources");
   write_bytes(state, j.dump(2));
+  // The same without the config a checkpoint records (which says how its run read): no position
+  // per source is data.train in order, so a shuffled run may not take it.
+  fs::create_directories(dir_ / "no_config" / "checkpoints");
+  fs::copy(state.parent_path(), dir_ / "no_config" / "checkpoints" / "step_3",
+           fs::copy_options::recursive);
+  fs::copy(dir_ / "old" / "metrics.jsonl", dir_ / "no_config" / "metrics.jsonl");
+  nlohmann::json bare = j;
+  bare.erase("config");
+  write_bytes((dir_ / "no_config" / "checkpoints" / "step_3" / "state.json").string(),
+              bare.dump(2));
   TrainOptions resume = options("old");
   resume.resume = "auto";
   EXPECT_EQ(run_training(c, resume).start_step, 3);
   expect_same_run(metrics("straight"), metrics("old"));
+  Config shuffled = c;
+  shuffled.data.shuffle = true;
+  EXPECT_NE(resume_error(shuffled, "no_config", 3)
+                .find("reading data.train, in order; this run reads data.train, shuffled"),
+            std::string::npos);
+  TrainOptions bare_resume = options("no_config");
+  bare_resume.resume = "auto";
+  EXPECT_EQ(run_training(c, bare_resume).start_step, 3);
+  expect_same_run(metrics("straight"), metrics("no_config"));
 }
 
 TEST_F(TrainTest, CheckpointWithoutDigestsStillResumes) {
