@@ -71,6 +71,11 @@ struct DataConfig {
   // More validation corpora, each evaluated and reported on its own: "NAME=SPEC NAME=SPEC ..."
   // (parse_val_sets), beside `val`'s val_loss.
   std::string val_sets;
+  // Document masking: each token attends only to its own document's earlier tokens, documents
+  // ending at each `eot_token` (block-causal attention, Llama 3's pretraining; data/documents.h).
+  // Off: causal attention over the whole sequence, llm.c's and GPT-2's.
+  bool document_mask = false;
+  int64_t eot_token = 50256;  // GPT-2's <|endoftext|>, as llm.c's shards separate documents
   friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
 

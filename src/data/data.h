@@ -4,6 +4,7 @@
 
 #include "data/blend.h"
 #include "data/dataset.h"
+#include "data/documents.h"
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"

@@ -487,7 +487,8 @@ void attention_gqa_forward_rows_bf16(const Exec& ex, void* out, DType out_dtype,
                                      const void* q, int64_t ldq, const void* kv, int64_t ldkv,
                                      int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                      std::span<const cpu::RowRange> rows,
-                                     std::span<const cpu::RowRange> keys) {
+                                     std::span<const cpu::RowRange> keys,
+                                     cpu::DocumentStarts docs) {
   const int64_t Tq = cpu::rows_in(rows);
   if (out_dtype != DType::kF32 && out_dtype != DType::kBF16)
     fail("attention_gqa_forward_rows_bf16: out is f32 or bf16, not ", dtype_name(out_dtype));
@@ -501,16 +502,16 @@ void attention_gqa_forward_rows_bf16(const Exec& ex, void* out, DType out_dtype,
   expect_bf16_rows(ex, NH, hd, B, rows, keys, "attention_gqa_forward_rows_bf16");
   if constexpr (detail::kCudaBuild)
     cuda::attention_gqa_forward_rows_bf16(ex.device.index, out, out_dtype == DType::kBF16, lse, q,
-                                          ldq, kv, ldkv, B, T, NH, KV, hd, rows, keys);
+                                          ldq, kv, ldkv, B, T, NH, KV, hd, rows, keys, docs);
 }
 
 void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,
-                                      const float* dout, const void* q, int64_t ldq,
-                                      const void* kv, int64_t ldkv, const void* out,
-                                      DType out_dtype, const float* lse, int64_t B, int64_t T,
-                                      int64_t NH, int64_t KV, int64_t hd,
-                                      std::span<const cpu::RowRange> rows,
-                                      std::span<const cpu::RowRange> keys) {
+                                      const float* dout, const void* q, int64_t ldq, const void* kv,
+                                      int64_t ldkv, const void* out, DType out_dtype,
+                                      const float* lse, int64_t B, int64_t T, int64_t NH,
+                                      int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows,
+                                      std::span<const cpu::RowRange> keys,
+                                      cpu::DocumentStarts docs) {
   const int64_t Tq = cpu::rows_in(rows);
   const detail::OpScope op_scope_("attention_gqa_backward_rows", ex, [&] {
     return detail::work_of<float>(5.0 * B * Tq * T * NH * hd,
@@ -521,11 +522,12 @@ void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, f
     cuda::attention_gqa_backward_rows_bf16(
         ex.device.index, dq, lddq, dkv, dout, q, ldq, kv, ldkv,
         operand_of(ex, out, out_dtype, "attention_gqa_backward_rows_bf16"), lse, B, T, NH, KV, hd,
-        rows, keys);
+        rows, keys, docs);
 }
 
 void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const void* qkv,
-                               DType qkv_dtype, int64_t B, int64_t T, int64_t C, int64_t NH) {
+                               DType qkv_dtype, int64_t B, int64_t T, int64_t C, int64_t NH,
+                               cpu::DocumentStarts docs) {
   // A 16-bit qkv is read at half an f32 element's bytes.
   const double qkv_elements = (qkv_dtype == DType::kF32 ? 3.0 : 1.5) * B * T * C;
   const detail::OpScope op_scope_("attention_forward", ex, [&] {
@@ -535,12 +537,13 @@ void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* ls
   expect_rounded_output(ex, dtype, "attention_forward_rounded");
   const cuda::GemmOperand qkv_op = operand_of(ex, qkv, qkv_dtype, "attention_forward_rounded");
   if constexpr (detail::kCudaBuild)
-    cuda::attention_forward_rounded(ex.device.index, out, lse, qkv_op, B, T, C, NH);
+    cuda::attention_forward_rounded(ex.device.index, out, lse, qkv_op, B, T, C, NH, docs);
 }
 
 void attention_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DType dout_dtype,
                                 const void* qkv, DType qkv_dtype, const void* out, DType dtype,
-                                const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) {
+                                const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                cpu::DocumentStarts docs) {
   const double qkv_elements = (qkv_dtype == DType::kF32 ? 3.0 : 1.5) * B * T * C;
   const double dout_elements = (dout_dtype == DType::kF32 ? 1.0 : 0.5) * B * T * C;
   const detail::OpScope op_scope_("attention_backward", ex, [&] {
@@ -551,8 +554,8 @@ void attention_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DT
   const cuda::GemmOperand qkv_op = operand_of(ex, qkv, qkv_dtype, "attention_backward_rounded");
   const cuda::GemmOperand dout_op = operand_of(ex, dout, dout_dtype, "attention_backward_rounded");
   if constexpr (detail::kCudaBuild)
-    cuda::attention_backward_rounded(ex.device.index, dqkv, dout_op, qkv_op, kept, lse, B, T, C,
-                                     NH);
+    cuda::attention_backward_rounded(ex.device.index, dqkv, dout_op, qkv_op, kept, lse, B, T, C, NH,
+                                     docs);
 }
 
 void rmsnorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* rstd,
@@ -612,7 +615,7 @@ void swiglu_backward_rounded(const Exec& ex, void* dh, const void* dout, const v
 
 void attention_gqa_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse,
                                    const void* qkv, DType qkv_dtype, int64_t B, int64_t T,
-                                   int64_t NH, int64_t KV, int64_t hd) {
+                                   int64_t NH, int64_t KV, int64_t hd, cpu::DocumentStarts docs) {
   // The compact qkv read (16-bit at half an f32 element's bytes), the output written in 16 bits.
   const double qkv_elements = (qkv_dtype == DType::kF32 ? 1.0 : 0.5) * B * T * (NH + 2 * KV) * hd;
   const detail::OpScope op_scope_("attention_gqa_forward", ex, [&] {
@@ -623,13 +626,13 @@ void attention_gqa_forward_rounded(const Exec& ex, void* out, DType dtype, float
   const cuda::GemmOperand qkv_op =
       operand_of(ex, qkv, qkv_dtype, "attention_gqa_forward_rounded");
   if constexpr (detail::kCudaBuild)
-    cuda::attention_gqa_forward_rounded(ex.device.index, out, lse, qkv_op, B, T, NH, KV, hd);
+    cuda::attention_gqa_forward_rounded(ex.device.index, out, lse, qkv_op, B, T, NH, KV, hd, docs);
 }
 
 void attention_gqa_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DType dout_dtype,
                                     const void* qkv, DType qkv_dtype, const void* out, DType dtype,
                                     const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
-                                    int64_t hd) {
+                                    int64_t hd, cpu::DocumentStarts docs) {
   const double compact = 1.0 * B * T * (NH + 2 * KV) * hd, C = 1.0 * NH * hd;
   const double qkv_elements = (qkv_dtype == DType::kF32 ? 1.0 : 0.5) * compact;
   const double dout_elements = (dout_dtype == DType::kF32 ? 1.0 : 0.5) * B * T * C;
@@ -646,7 +649,7 @@ void attention_gqa_backward_rounded(const Exec& ex, void* dqkv, const void* dout
       operand_of(ex, dout, dout_dtype, "attention_gqa_backward_rounded");
   if constexpr (detail::kCudaBuild)
     cuda::attention_gqa_backward_rounded(ex.device.index, dqkv, dout_op, qkv_op, kept, lse, B, T,
-                                         NH, KV, hd);
+                                         NH, KV, hd, docs);
 }
 
 void matmul_backward_rounded_dinp(const Exec& ex, void* dinp, DType dinp_dtype, float* dweight,

@@ -175,10 +175,12 @@ void matmul_backward_from_rounded_input(const Exec& ex, float* dinp, float* dwei
 // kF32), or of `dtype` where attention_takes_rounded_qkv says so; `dout` likewise f32, or (with
 // such a qkv) of `dtype` as matmul_backward_rounded_dinp writes it.
 void attention_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse, const void* qkv,
-                               DType qkv_dtype, int64_t B, int64_t T, int64_t C, int64_t NH);
+                               DType qkv_dtype, int64_t B, int64_t T, int64_t C, int64_t NH,
+                               cpu::DocumentStarts docs = {});
 void attention_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DType dout_dtype,
                                 const void* qkv, DType qkv_dtype, const void* out, DType dtype,
-                                const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+                                const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                cpu::DocumentStarts docs = {});
 // Grouped-query attention (attention_gqa_* below) likewise on the compact qkv (B, T,
 // (NH + 2·KV)·hd), rotated already: `out` as above, `dqkv` written as the qkv projection's
 // rounded dout in `dtype`, each shared head's gradient summed in fp32 and rounded once
@@ -186,11 +188,12 @@ void attention_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DT
 // attention_takes_rounded_qkv(ex, NH·hd, NH, B), and `dout` with it.
 void attention_gqa_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse,
                                    const void* qkv, DType qkv_dtype, int64_t B, int64_t T,
-                                   int64_t NH, int64_t KV, int64_t hd);
+                                   int64_t NH, int64_t KV, int64_t hd,
+                                   cpu::DocumentStarts docs = {});
 void attention_gqa_backward_rounded(const Exec& ex, void* dqkv, const void* dout, DType dout_dtype,
                                     const void* qkv, DType qkv_dtype, const void* out, DType dtype,
                                     const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
-                                    int64_t hd);
+                                    int64_t hd, cpu::DocumentStarts docs = {});
 // The rotary embedding in place on a 16-bit qkv (its gradient) of `dtype` = matmul_input_dtype(ex,
 // kF32): the qkv projection's rounded output for the flash kernels, the gradient above. Each
 // pair turned in fp32 and rounded once; cos_sin f32 (cuda::rope_forward_rounded).
@@ -567,21 +570,23 @@ inline void rope_backward(const Exec& ex, Real* dqkv, const Real* cos_sin, int64
 // (cuda::attention_gqa_*): nothing repeated is kept between the forward and the backward.
 template <typename Real>
 inline void attention_gqa_forward(const Exec& ex, Real* out, Real* lse, const Real* qkv, int64_t B,
-                                  int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+                                  int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                  cpu::DocumentStarts docs = {}) {
   LOOM_OPS_DISPATCH(attention_gqa_forward,
                     (2.0 * B * T * T * NH * hd,
                      1.0 * B * T * (NH + 2 * KV) * hd + 1.0 * B * T * NH * hd + 1.0 * B * NH * T),
-                    out, lse, qkv, B, T, NH, KV, hd);
+                    out, lse, qkv, B, T, NH, KV, hd, docs);
 }
 
 template <typename Real>
 inline void attention_gqa_backward(const Exec& ex, Real* dqkv, const Real* dout, const Real* qkv,
                                    const Real* out, const Real* lse, int64_t B, int64_t T,
-                                   int64_t NH, int64_t KV, int64_t hd) {
+                                   int64_t NH, int64_t KV, int64_t hd,
+                                   cpu::DocumentStarts docs = {}) {
   LOOM_OPS_DISPATCH(attention_gqa_backward,
                     (5.0 * B * T * T * NH * hd,
                      2.0 * B * T * (NH + 2 * KV) * hd + 3.0 * B * T * NH * hd + 1.0 * B * NH * T),
-                    dqkv, dout, qkv, out, lse, B, T, NH, KV, hd);
+                    dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, docs);
 }
 
 // SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H).
@@ -614,17 +619,17 @@ inline void embedding_backward(const Exec& ex, Real* dwte, Real* dwpe, const Rea
 
 template <typename Real>
 inline void attention_forward(const Exec& ex, Real* out, Real* lse, const Real* qkv, int64_t B,
-                              int64_t T, int64_t C, int64_t NH) {
+                              int64_t T, int64_t C, int64_t NH, cpu::DocumentStarts docs = {}) {
   LOOM_OPS_DISPATCH(attention_forward, (2.0 * B * T * T * C, 4.0 * B * T * C + 1.0 * B * NH * T),
-                    out, lse, qkv, B, T, C, NH);
+                    out, lse, qkv, B, T, C, NH, docs);
 }
 
 template <typename Real>
 inline void attention_backward(const Exec& ex, Real* dqkv, const Real* dout, const Real* qkv,
                                const Real* out, const Real* lse, int64_t B, int64_t T, int64_t C,
-                               int64_t NH) {
+                               int64_t NH, cpu::DocumentStarts docs = {}) {
   LOOM_OPS_DISPATCH(attention_backward, (5.0 * B * T * T * C, 8.0 * B * T * C + 1.0 * B * NH * T),
-                    dqkv, dout, qkv, out, lse, B, T, C, NH);
+                    dqkv, dout, qkv, out, lse, B, T, C, NH, docs);
 }
 
 template <typename Real>
@@ -808,7 +813,8 @@ inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, con
                                        int64_t ldq, const Real* kv, int64_t ldkv, int64_t B,
                                        int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                        std::span<const cpu::RowRange> rows,
-                                       std::span<const cpu::RowRange> keys = {}) {
+                                       std::span<const cpu::RowRange> keys = {},
+                                       cpu::DocumentStarts docs = {}) {
   const int64_t Tq = cpu::rows_in(rows);
   const detail::OpScope op_scope_("attention_gqa_forward_rows", ex, [&] {
     return detail::work_of<Real>(2.0 * B * Tq * T * NH * hd,
@@ -816,21 +822,21 @@ inline void attention_gqa_forward_rows(const Exec& ex, Real* out, Real* lse, con
   });
   if (detail::on_gpu<Real>(ex, "attention_gqa_forward_rows")) {
     if constexpr (detail::kRunsOnGpu<Real>)
-      return cuda::attention_gqa_forward_rows(ex.device.index, out, lse, q, ldq, kv, ldkv, B, T,
-                                              NH, KV, hd, rows, keys);
+      return cuda::attention_gqa_forward_rows(ex.device.index, out, lse, q, ldq, kv, ldkv, B, T, NH,
+                                              KV, hd, rows, keys, docs);
   }
   cpu::attention_gqa_forward_rows(*ex.pool, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd, rows,
-                                  keys);
+                                  keys, docs);
 }
 
 template <typename Real>
 inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, int64_t lddq, Real* dkv,
-                                        const Real* dout,
-                                        const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
-                                        const Real* out, const Real* lse, int64_t B, int64_t T,
-                                        int64_t NH, int64_t KV, int64_t hd,
-                                        std::span<const cpu::RowRange> rows,
-                                        std::span<const cpu::RowRange> keys = {}) {
+                                        const Real* dout, const Real* q, int64_t ldq,
+                                        const Real* kv, int64_t ldkv, const Real* out,
+                                        const Real* lse, int64_t B, int64_t T, int64_t NH,
+                                        int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows,
+                                        std::span<const cpu::RowRange> keys = {},
+                                        cpu::DocumentStarts docs = {}) {
   const int64_t Tq = cpu::rows_in(rows);
   const detail::OpScope op_scope_("attention_gqa_backward_rows", ex, [&] {
     return detail::work_of<Real>(5.0 * B * Tq * T * NH * hd,
@@ -839,10 +845,10 @@ inline void attention_gqa_backward_rows(const Exec& ex, Real* dq, int64_t lddq, 
   if (detail::on_gpu<Real>(ex, "attention_gqa_backward_rows")) {
     if constexpr (detail::kRunsOnGpu<Real>)
       return cuda::attention_gqa_backward_rows(ex.device.index, dq, lddq, dkv, dout, q, ldq, kv,
-                                               ldkv, out, lse, B, T, NH, KV, hd, rows, keys);
+                                               ldkv, out, lse, B, T, NH, KV, hd, rows, keys, docs);
   }
   cpu::attention_gqa_backward_rows(*ex.pool, dq, lddq, dkv, dout, q, ldq, kv, ldkv, out, lse, B, T,
-                                   NH, KV, hd, rows, keys);
+                                   NH, KV, hd, rows, keys, docs);
 }
 
 // The ring's merge of two partial attentions of the same rows (cpu::attention_merge_rows;
@@ -883,14 +889,15 @@ void attention_gqa_forward_rows_bf16(const Exec& ex, void* out, DType out_dtype,
                                      const void* q, int64_t ldq, const void* kv, int64_t ldkv,
                                      int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                      std::span<const cpu::RowRange> rows,
-                                     std::span<const cpu::RowRange> keys = {});
+                                     std::span<const cpu::RowRange> keys = {},
+                                     cpu::DocumentStarts docs = {});
 void attention_gqa_backward_rows_bf16(const Exec& ex, float* dq, int64_t lddq, float* dkv,
-                                      const float* dout, const void* q, int64_t ldq,
-                                      const void* kv, int64_t ldkv, const void* out,
-                                      DType out_dtype, const float* lse, int64_t B, int64_t T, int64_t NH,
-                                      int64_t KV, int64_t hd,
-                                      std::span<const cpu::RowRange> rows,
-                                      std::span<const cpu::RowRange> keys = {});
+                                      const float* dout, const void* q, int64_t ldq, const void* kv,
+                                      int64_t ldkv, const void* out, DType out_dtype,
+                                      const float* lse, int64_t B, int64_t T, int64_t NH,
+                                      int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows,
+                                      std::span<const cpu::RowRange> keys = {},
+                                      cpu::DocumentStarts docs = {});
 
 template <typename Real>
 inline void copy_columns(const Exec& ex, Real* dst, int64_t ld_dst, const Real* src, int64_t ld_src,

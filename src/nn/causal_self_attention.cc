@@ -77,7 +77,7 @@ Tensor CausalSelfAttention::attend_shard(Context& ctx, const Tensor& x) {
   // whole sequence's attention keeps it (attend): one 16-bit copy for proj and for the
   // backward's D = rowsum(dO ∘ O), not an fp32 one beside proj's.
   shard_attention_forward(ctx, *ctx.sequence, local, B, heads_, KV, hd, qkv_out_, kv_full_, att_,
-                          lse_, /*rounded_output=*/rounded);
+                          lse_, /*rounded_output=*/rounded, document_starts_of(documents_));
   att_ = att_.reshape({B, T, channels_});
   return att_;
 }
@@ -87,13 +87,14 @@ Tensor CausalSelfAttention::backward_shard(Context& ctx, const Tensor& dy) {
   const int64_t KV = rotary_ ? rotary_->kv_heads : heads_;
   Tensor datt = proj_.backward(ctx, dy);
   Tensor dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
-                                         heads_, KV, hd);  // (B, T, W)
+                                         heads_, KV, hd,
+                                         document_starts_of(documents_));  // (B, T, W)
   if (rotary_)
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);
       ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope_.data<T_>(), B, T, heads_, KV, hd);
     });
-  qkv_out_ = kv_full_ = att_ = lse_ = Tensor();
+  qkv_out_ = kv_full_ = att_ = lse_ = documents_ = Tensor();
   return qkv_.backward(ctx, dqkv);
 }
 
@@ -116,7 +117,8 @@ Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
                                heads_, KV, hd);
     att_ = Tensor::empty({B, T, channels_}, out_dtype, ctx.device);
     ops::attention_gqa_forward_rounded(ctx.exec(), att_.raw(), out_dtype, lse_.data<float>(),
-                                       qkv_out_.raw(), qkv_out_.dtype(), B, T, heads_, KV, hd);
+                                       qkv_out_.raw(), qkv_out_.dtype(), B, T, heads_, KV, hd,
+                                       document_starts_of(documents_));
     return att_;
   }
   // (B, T, (NH + 2·KV)·hd): q and k turned in place, the shared heads read where they are.
@@ -127,7 +129,8 @@ Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
     ops::rope_forward<T_>(ctx.exec(), qkv_out_.data<T_>(), rope.data<T_>(), B, T, heads_,
                           rotary_->kv_heads, hd);
     ops::attention_gqa_forward<T_>(ctx.exec(), att_.data<T_>(), lse_.data<T_>(),
-                                   qkv_out_.data<T_>(), B, T, heads_, rotary_->kv_heads, hd);
+                                   qkv_out_.data<T_>(), B, T, heads_, rotary_->kv_heads, hd,
+                                   document_starts_of(documents_));
   });
   return att_;
 }
@@ -140,10 +143,11 @@ Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
     Tensor dqkv = Tensor::empty(qkv_out_.shape(), att_.dtype(), ctx.device);
     ops::attention_gqa_backward_rounded(ctx.exec(), dqkv.raw(), datt.raw(), datt.dtype(),
                                         qkv_out_.raw(), qkv_out_.dtype(), att_.raw(), att_.dtype(),
-                                        lse_.data<float>(), B, T, heads_, rotary_->kv_heads, hd);
+                                        lse_.data<float>(), B, T, heads_, rotary_->kv_heads, hd,
+                                        document_starts_of(documents_));
     ops::rope_backward_rounded(ctx.exec(), dqkv.raw(), dqkv.dtype(), rope_.data<float>(), B, T,
                                heads_, rotary_->kv_heads, hd);
-    qkv_out_ = att_ = lse_ = Tensor();
+    qkv_out_ = att_ = lse_ = documents_ = Tensor();
     return qkv_.backward(ctx, dqkv);
   }
   Tensor datt = proj_.backward(ctx, dy);
@@ -152,11 +156,11 @@ Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
     using T_ = decltype(zero);
     ops::attention_gqa_backward<T_>(ctx.exec(), dqkv.data<T_>(), datt.data<T_>(),
                                     qkv_out_.data<T_>(), att_.data<T_>(), lse_.data<T_>(), B, T,
-                                    heads_, rotary_->kv_heads, hd);
+                                    heads_, rotary_->kv_heads, hd, document_starts_of(documents_));
     ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope_.data<T_>(), B, T, heads_,
                            rotary_->kv_heads, hd);
   });
-  qkv_out_ = att_ = lse_ = Tensor();
+  qkv_out_ = att_ = lse_ = documents_ = Tensor();
   return qkv_.backward(ctx, dqkv);
 }
 
@@ -170,6 +174,7 @@ Tensor CausalSelfAttention::forward_adding(Context& ctx, const Tensor& x, const 
 
 Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   if (x.ndim() != 3) fail("attention expects (B, T, C), got ", shape_str(x.shape()));
+  documents_ = documents_of(ctx);
   if (ctx.sequence != nullptr) return attend_shard(ctx, x);
   if (rotary_) return attend_rotary(ctx, x);
   const int64_t B = x.dim(0), T = x.dim(1);
@@ -186,13 +191,14 @@ Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   att_ = Tensor::empty({B, T, channels_}, out_dtype, ctx.device);
   if (out_dtype != ctx.dtype) {
     ops::attention_forward_rounded(ctx.exec(), att_.raw(), out_dtype, lse_.data<float>(),
-                                   qkv_out_.raw(), qkv_out_.dtype(), B, T, channels_, heads_);
+                                   qkv_out_.raw(), qkv_out_.dtype(), B, T, channels_, heads_,
+                                   document_starts_of(documents_));
     return att_;
   }
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::attention_forward<T_>(ctx.exec(), att_.data<T_>(), lse_.data<T_>(), qkv_out_.data<T_>(), B,
-                               T, channels_, heads_);
+                               T, channels_, heads_, document_starts_of(documents_));
   });
   return att_;
 }
@@ -210,15 +216,17 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
   if (att_.dtype() != ctx.dtype) {
     ops::attention_backward_rounded(ctx.exec(), dqkv.raw(), datt.raw(), datt.dtype(),
                                     qkv_out_.raw(), qkv_out_.dtype(), att_.raw(), att_.dtype(),
-                                    lse_.data<float>(), B, T, channels_, heads_);
+                                    lse_.data<float>(), B, T, channels_, heads_,
+                                    document_starts_of(documents_));
   } else {
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);
       ops::attention_backward<T_>(ctx.exec(), dqkv.data<T_>(), datt.data<T_>(), qkv_out_.data<T_>(),
-                                  att_.data<T_>(), lse_.data<T_>(), B, T, channels_, heads_);
+                                  att_.data<T_>(), lse_.data<T_>(), B, T, channels_, heads_,
+                                  document_starts_of(documents_));
     });
   }
-  qkv_out_ = att_ = lse_ = Tensor();
+  qkv_out_ = att_ = lse_ = documents_ = Tensor();
   return qkv_.backward(ctx, dqkv);
 }
 
@@ -261,7 +269,7 @@ Tensor CausalSelfAttention::decode_adding(Context& ctx, const Tensor& x, const T
 void CausalSelfAttention::clear_cache() {
   qkv_.clear_cache();
   proj_.clear_cache();
-  qkv_out_ = att_ = lse_ = Tensor();
+  qkv_out_ = att_ = lse_ = documents_ = Tensor();
 }
 
 }  // namespace loom

@@ -55,7 +55,7 @@ class CausalSelfAttention {
   void collect_cache(std::vector<Tensor*>& out) {
     qkv_.collect_cache(out);
     proj_.collect_cache(out);
-    out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_});
+    out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_, &documents_});
   }
 
  private:
@@ -75,6 +75,7 @@ class CausalSelfAttention {
   Tensor rope_;     // with Rotary: the (T, head_dim) cos/sin table of the last T, on ctx.device
   Tensor att_;      // (B, T, C) attention output before proj
   Tensor lse_;      // (B, NH, T)
+  Tensor documents_;  // document masking: the forward's ctx.documents, for the backward
 };
 
 }  // namespace loom

@@ -4,9 +4,11 @@
 
 #include "base/thread_pool.h"
 #include "device/device.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/exec.h"
 #include "nn/hooks.h"
 #include "tensor/dtype.h"
+#include "tensor/tensor.h"
 
 namespace loom {
 
@@ -42,9 +44,24 @@ struct Context {
   // The token ids were checked where they came from (kernels/exec.h): a training step's.
   bool ids_checked = false;
 
+  // Document masking (data.document_mask): the micro-batch's document starts, (B, T) int32 on
+  // `device` for the whole sequences (data/documents.h), set by whoever runs its forward; each
+  // attention keeps it for its backward. Null: causal attention.
+  const Tensor* documents = nullptr;
+
   // Where kernels/ops.h runs this module's kernels.
   Exec exec() const { return {pool, device, ids_checked}; }
 };
+
+// What the attention kernels take of a documents tensor like Context::documents (none: causal).
+inline cpu::DocumentStarts document_starts_of(const Tensor& documents) {
+  if (!documents.defined()) return {};
+  return {documents.data<int32_t>(), documents.dim(1)};
+}
+// The micro-batch's documents as an attention keeps them: ctx.documents, or none.
+inline Tensor documents_of(const Context& ctx) {
+  return ctx.documents != nullptr ? *ctx.documents : Tensor();
+}
 
 // Hook calls that do nothing without hooks.
 inline void hook_before_forward(Context& ctx, size_t unit) { if (ctx.hooks) ctx.hooks->before_forward(unit); }

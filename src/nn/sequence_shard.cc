@@ -104,8 +104,8 @@ bool shard_attention_takes_bf16(const Context& ctx, const SequenceShard& shard, 
 }
 
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
-                             int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
-                             Tensor& att, Tensor& lse, bool rounded_output) {
+                             int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv, Tensor& att,
+                             Tensor& lse, bool rounded_output, cpu::DocumentStarts docs) {
   const int64_t Tl = shard.local_length(), T = shard.full_length(), W = qkv.shape().back();
   LOOM_CHECK(qkv.numel() == B * Tl * W && W == (NH + 2 * KV) * hd);
   const int64_t C = NH * hd, kv_width = 2 * KV * hd;
@@ -149,14 +149,14 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
     if (bf16) {
       ops::attention_gqa_forward_rows_bf16(ctx.exec(), o.raw(), DType::kF32, l.data<float>(),
                                            q.raw(), C, block.raw(), kv_width, B, Tk, NH, KV, hd,
-                                           shard.positions(), keys);
+                                           shard.positions(), keys, docs);
       return;
     }
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);
       ops::attention_gqa_forward_rows<T_>(ctx.exec(), o.data<T_>(), l.data<T_>(), q.data<T_>(), C,
                                           block.data<T_>(), kv_width, B, Tk, NH, KV, hd,
-                                          shard.positions(), keys);
+                                          shard.positions(), keys, docs);
     });
   };
   if (shard.ring()) {  // keep this rank's keys and values only; the others come round
@@ -173,7 +173,7 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
   if (written_rounded) {  // in bf16 by the flash kernels, as the whole sequence's
     ops::attention_gqa_forward_rows_bf16(ctx.exec(), att.raw(), DType::kBF16, lse.data<float>(),
                                          q.raw(), C, kv.raw(), kv_width, B, T, NH, KV, hd,
-                                         shard.positions());
+                                         shard.positions(), {}, docs);
     return;
   }
   attend(att, lse, kv, no_keys);
@@ -181,7 +181,8 @@ void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& q
 
 Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& q,
                                 const Tensor& kv, const Tensor& att, const Tensor& lse,
-                                const Tensor& datt, int64_t NH, int64_t KV, int64_t hd) {
+                                const Tensor& datt, int64_t NH, int64_t KV, int64_t hd,
+                                cpu::DocumentStarts docs) {
   const int64_t B = kv.dim(0), kv_width = kv.dim(2), C = NH * hd;
   const int64_t Tl = shard.local_length(), W = C + kv_width;
   Tensor dqkv = Tensor::empty({B, Tl, W}, ctx.dtype, ctx.device);
@@ -194,7 +195,7 @@ Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor
       ops::attention_gqa_backward_rows_bf16(ctx.exec(), dq.data<float>(), ld, grad.data<float>(),
                                             datt.data<float>(), q.raw(), C, block.raw(), kv_width,
                                             att.raw(), att.dtype(), lse.data<float>(), B, Tk, NH,
-                                            KV, hd, shard.positions(), keys);
+                                            KV, hd, shard.positions(), keys, docs);
       return;
     }
     dispatch_float(ctx.dtype, [&](auto zero) {
@@ -202,7 +203,7 @@ Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor
       ops::attention_gqa_backward_rows<T_>(ctx.exec(), dq.data<T_>(), ld, grad.data<T_>(),
                                            datt.data<T_>(), q.data<T_>(), C, block.data<T_>(),
                                            kv_width, att.data<T_>(), lse.data<T_>(), B, Tk, NH, KV,
-                                           hd, shard.positions(), keys);
+                                           hd, shard.positions(), keys, docs);
     });
   };
   Tensor mine;  // (B, Tl, 2·KV·hd): the group's sum of dK and dV at this rank's positions

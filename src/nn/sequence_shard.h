@@ -75,15 +75,19 @@ bool shard_attention_takes_bf16(const Context& ctx, const SequenceShard& shard, 
 // (shard_attention_takes_bf16) q and kv are bf16: half the bytes kept and exchanged
 // (all-gathered or passed round the ring), the same results; with `rounded_output` att is bf16
 // too, the projection's rounded input (the flash kernels write it so where no merge follows, the
-// ring's merged rows are rounded once).
+// ring's merged rows are rounded once). `docs`: document masking, the whole sequences' starts
+// (B, T) on ctx's device; none: causal.
 void shard_attention_forward(Context& ctx, SequenceShard& shard, const Tensor& qkv, int64_t B,
-                             int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv,
-                             Tensor& att, Tensor& lse, bool rounded_output = false);
+                             int64_t NH, int64_t KV, int64_t hd, Tensor& q, Tensor& kv, Tensor& att,
+                             Tensor& lse, bool rounded_output = false,
+                             cpu::DocumentStarts docs = {});
 // Its backward: datt shaped as att → dqkv (B, Tl, W): this rank's dQ, and its positions' sum of
 // every rank's dK and dV (reduce-scattered). With bf16 q and kv, att may be the bf16 values the
-// projection keeps (the backward reads it for D = rowsum(dO ∘ O) alone).
+// projection keeps (the backward reads it for D = rowsum(dO ∘ O) alone). `docs`: document
+// masking, the whole sequences' starts (B, T) as the forward's.
 Tensor shard_attention_backward(Context& ctx, SequenceShard& shard, const Tensor& q,
                                 const Tensor& kv, const Tensor& att, const Tensor& lse,
-                                const Tensor& datt, int64_t NH, int64_t KV, int64_t hd);
+                                const Tensor& datt, int64_t NH, int64_t KV, int64_t hd,
+                                cpu::DocumentStarts docs = {});
 
 }  // namespace loom

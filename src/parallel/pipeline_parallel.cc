@@ -244,9 +244,11 @@ void PipelineParallel::recv_boundary(Tensor& t, int src, int tag_value, bool tim
 }
 
 double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
-                                    const std::vector<Tensor>& targets, double loss_scale) {
+                                    const std::vector<Tensor>& targets, double loss_scale,
+                                    const std::vector<Tensor>* documents) {
   const int m = config_.microbatches;
   LOOM_CHECK(static_cast<int>(tokens.size()) == m && static_cast<int>(targets.size()) == m);
+  LOOM_CHECK(documents == nullptr || static_cast<int>(documents->size()) == m);
   const double t0 = now_seconds();
   stats_ = PipelineStepStats{};
   for (auto& engine : engines_) engine->begin_step();
@@ -272,6 +274,9 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
     Gpt2Stage& model = *chunks_[static_cast<size_t>(c)];
     ctx.hooks = engines_[static_cast<size_t>(c)].get();
     ctx.rounded_weights = engines_[static_cast<size_t>(c)]->rounded_weights();
+    // This micro-batch's documents, for its forward and for its backward (which may run the
+    // forward again: recomputation).
+    ctx.documents = documents != nullptr ? &(*documents)[static_cast<size_t>(i)] : nullptr;
     switch (a.kind) {
       case PipeActionKind::kRecvForward:
       case PipeActionKind::kRecvBackward: {
@@ -409,13 +414,15 @@ void PipelineParallel::optimizer_step(float lr) {
   for (auto& engine : engines_) engine->optimizer_step(lr);
 }
 
-double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets, StepLosses* queue) {
+double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets, StepLosses* queue,
+                                  const Tensor* documents) {
   // Stage by stage, forward only; each rank visits its stages in increasing order, so every
   // receive's sender is already on its way.
   Context ctx{&pool_, device_, DType::kF32, nullptr};
   ctx.sequence = config_.sequence;
   ctx.losses = queue;
   ctx.ids_checked = config_.ids_checked;  // the trainer's loaders check them, evaluation's too
+  ctx.documents = documents;
   const int S = schedule_.stages();
   double loss = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {

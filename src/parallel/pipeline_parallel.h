@@ -101,8 +101,10 @@ class PipelineParallel {
   // tensor per micro-batch (read on the first / last stage). Returns the mean loss over the
   // micro-batches, on every rank of the pp group. The backward pass starts from the loss times
   // `loss_scale` (optim/loss_scaler.h; clip_grad_norm takes the same factor back out).
+  // `documents`: with document masking, each micro-batch's document starts (nn/context.h,
+  // Context::documents), which every stage's attention reads in its forward and backward.
   double train_step(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
-                    double loss_scale = 1.0);
+                    double loss_scale = 1.0, const std::vector<Tensor>* documents = nullptr);
   // The global gradient norm (all stages, the tied embedding counted once, parameters replicated
   // over tp counted once); clips.
   double clip_grad_norm(double max_norm, double loss_scale = 1.0);
@@ -111,7 +113,8 @@ class PipelineParallel {
   // `queue`, the last stage's head queues the mean there instead (nn/step_losses.h) and every
   // rank returns 0; queued_loss_sum then gives the sum of the queued means on every pp rank, with
   // one read of the device and one collective for all the batches — on GPUs no wait per batch.
-  double evaluate(const Tensor& tokens, const Tensor& targets, StepLosses* queue = nullptr);
+  double evaluate(const Tensor& tokens, const Tensor& targets, StepLosses* queue = nullptr,
+                  const Tensor* documents = nullptr);
   double queued_loss_sum(StepLosses& queue);
 
   const PipelineSchedule& schedule() const { return schedule_; }

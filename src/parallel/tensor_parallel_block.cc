@@ -163,6 +163,8 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   // The norms' outputs feed only the column-parallel qkv and fc: forward_for_matmul writes them
   // as those keep them (16-bit on a GPU at bf16 / fp16, gathered so with sequence parallelism).
   const Tensor normed = ln_1_->forward_for_matmul(ctx, x);
+  documents_ = documents_of(ctx);
+  const cpu::DocumentStarts docs = document_starts_of(documents_);
   if (ctx.sequence != nullptr) {
     // Context parallelism: this rank's key/value heads of the whole sequence gathered over cp
     // (or passed round the ring), the attention of its positions' rows (nn/sequence_shard.h).
@@ -172,8 +174,8 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
     const bool rounded =
         shard_attention_takes_bf16(ctx, *ctx.sequence, B, local_heads_, head_dim_);
     const Tensor local = project_qkv(ctx, normed, rounded);
-    shard_attention_forward(ctx, *ctx.sequence, local, B, local_heads_, local_kv_heads_,
-                            head_dim_, qkv_out_, kv_full_, att_, lse_, /*rounded_output=*/rounded);
+    shard_attention_forward(ctx, *ctx.sequence, local, B, local_heads_, local_kv_heads_, head_dim_,
+                            qkv_out_, kv_full_, att_, lse_, /*rounded_output=*/rounded, docs);
     return after_attention(ctx, x);
   }
   lse_ = Tensor::empty({B, local_heads_, T}, DType::kF32, ctx.device);
@@ -187,7 +189,7 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
     att_ = Tensor::empty({B * T, local_channels_}, out_dtype, ctx.device);
     ops::attention_gqa_forward_rounded(ex, att_.raw(), out_dtype, lse_.data<float>(),
                                        qkv_out_.raw(), qkv_out_.dtype(), B, T, local_heads_,
-                                       local_kv_heads_, head_dim_);
+                                       local_kv_heads_, head_dim_, docs);
     return after_attention(ctx, x);
   }
   qkv_out_ = project_qkv(ctx, normed, false);
@@ -195,7 +197,7 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   // GPT-2: as many key/value heads as query heads, the 3C/P layout.
   ops::attention_gqa_forward<float>(ex, att_.data<float>(), lse_.data<float>(),
                                     qkv_out_.data<float>(), B, T, local_heads_, local_kv_heads_,
-                                    head_dim_);
+                                    head_dim_, docs);
   return after_attention(ctx, x);
 }
 
@@ -222,21 +224,21 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   if (selective) mlp_proj_.restore_input(activation(ctx));
   Tensor dx1 = ln_2_->backward_adding(ctx, mlp_down_backward(ctx, dy, selective), dy);
   // x1 = x + proj(attention(qkv(ln_1(x))))
+  const cpu::DocumentStarts docs = document_starts_of(documents_);
   Tensor dqkv;
   if (ctx.sequence != nullptr) {  // proj's input gradient in fp32 whatever att_'s type
     Tensor datt = attn_proj_.backward(ctx, dx1);
     dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
-                                    local_heads_, local_kv_heads_, head_dim_)
+                                    local_heads_, local_kv_heads_, head_dim_, docs)
                .reshape({B_ * T_, (local_heads_ + 2 * local_kv_heads_) * head_dim_});
   } else if (att_.dtype() != DType::kF32) {  // the 16-bit forward: dqkv as qkv's rounded dout
     // Where the flash kernels read qkv in 16 bits they read dO (proj's dinp) so too.
     const Tensor datt = qkv_out_.dtype() != DType::kF32 ? attn_proj_.backward_rounded_dinp(ctx, dx1)
                                                         : attn_proj_.backward(ctx, dx1);
     dqkv = Tensor::empty(qkv_out_.shape(), att_.dtype(), ctx.device);
-    ops::attention_gqa_backward_rounded(ex, dqkv.raw(), datt.raw(), datt.dtype(), qkv_out_.raw(),
-                                        qkv_out_.dtype(), att_.raw(), att_.dtype(),
-                                        lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_,
-                                        head_dim_);
+    ops::attention_gqa_backward_rounded(
+        ex, dqkv.raw(), datt.raw(), datt.dtype(), qkv_out_.raw(), qkv_out_.dtype(), att_.raw(),
+        att_.dtype(), lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_, head_dim_, docs);
     if (llama_)
       ops::rope_backward_rounded(ex, dqkv.raw(), dqkv.dtype(), rope_.data<float>(), B_, T_,
                                  local_heads_, local_kv_heads_, head_dim_);
@@ -245,7 +247,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
     dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
     ops::attention_gqa_backward<float>(
         ex, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(), att_.data<float>(),
-        lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_, head_dim_);
+        lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_, head_dim_, docs);
   }
   if (llama_ && dqkv.dtype() == DType::kF32)  // q and k turned back (shared heads' sums in)
     ops::rope_backward<float>(ex, dqkv.data<float>(), rope_.data<float>(), B_, T_, local_heads_,
@@ -263,7 +265,7 @@ void TpGpt2Block::collect_cache(std::vector<Tensor*>& out) {
   ln_2_->collect_cache(out);
   fc_.collect_cache(out);
   mlp_proj_.collect_cache(out);
-  out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_, &h_, &input_});
+  out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_, &h_, &input_, &documents_});
 }
 
 void TpGpt2Block::clear_cache() {

@@ -82,6 +82,7 @@ class TpGpt2Block {
   // the bf16 queries)
   Tensor qkv_out_, att_, lse_, h_;
   Tensor kv_full_;  // context parallelism: the whole sequence's keys and values of its heads
+  Tensor documents_;  // document masking: the forward's ctx.documents, for the backward
   Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)
   Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
 };

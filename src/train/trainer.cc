@@ -17,6 +17,7 @@
 #include "comm/counting.h"
 #include "comm/directed_p2p.h"
 #include "data/dataset.h"
+#include "data/documents.h"
 #include "data/shard.h"
 #include "device/allocator.h"
 #include "device/cuda/cuda_backend.h"
@@ -248,18 +249,33 @@ double validation_loss(const RankModel& model, const Config& config, DeviceMesh&
   // on a GPU no wait per batch. A pipeline's come from its last stage, summed over pp once; a cp
   // group's ranks each sum their positions' means, averaged over cp once (equal token counts).
   // With context parallelism the loader's batches stay on the host, where each rank cuts its
-  // positions and uploads only those, queued.
+  // positions and uploads only those, queued; with document masking too, where the documents'
+  // starts are found (and uploaded with the batch).
   const bool cut_on_host = model.sequence != nullptr;
+  const bool masked = config.data.document_mask;
+  const bool on_host = cut_on_host || masked;
   Context& ctx = *model.ctx;
   const auto micro_batch_loss = [&](const Tensor& full_in, const Tensor& full_tg) {
-    Tensor in = full_in, tg = full_tg;
+    Tensor in = full_in, tg = full_tg, documents;
+    if (masked) {
+      documents = Tensor::empty(full_in.shape(), DType::kI32, Device::cpu());
+      document_starts(documents.data<int32_t>(), full_in.data<int32_t>(), full_in.dim(0),
+                      full_in.dim(1), static_cast<int32_t>(config.data.eot_token));
+      documents = documents.to_queued(device);
+    }
     if (cut_on_host) {
       in = shard_tokens(full_in, model.sequence->positions()).to_queued(device);
       tg = shard_tokens(full_tg, model.sequence->positions()).to_queued(device);
+    } else if (on_host) {
+      in = full_in.to_queued(device);
+      tg = full_tg.to_queued(device);
     }
-    if (model.pipe != nullptr) return model.pipe->evaluate(in, tg, model.losses);
+    if (model.pipe != nullptr)
+      return model.pipe->evaluate(in, tg, model.losses, masked ? &documents : nullptr);
     ctx.losses = model.losses;  // read after the last batch
+    ctx.documents = masked ? &documents : nullptr;
     model.whole->forward_part(ctx, in, tg, nullptr);
+    ctx.documents = nullptr;
     ctx.losses = nullptr;
     model.whole->clear_cache();
     return 0.0;
@@ -276,7 +292,7 @@ double validation_loss(const RankModel& model, const Config& config, DeviceMesh&
   ctx.ids_checked = true;  // by evaluate's loader, naming the shard
   const double val =
       evaluate(micro_batch_loss, shards, config.train.micro_batch_size, config.model.seq_len,
-               config.train.eval_batches, cut_on_host && device.is_cuda() ? Device::cpu() : device,
+               config.train.eval_batches, on_host && device.is_cuda() ? Device::cpu() : device,
                split, config.model.vocab_size, queued_sum);
   ctx.ids_checked = false;
   return val;
@@ -472,6 +488,15 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const Device host = device.is_cpu() ? device : Device::cpu();
   std::vector<Tensor> inputs, targets;  // one per micro-batch, on the device
   std::vector<Tensor> host_inputs, host_targets;  // what the loader fills (the same on a cpu)
+  // Document masking: each micro-batch's document starts (data/documents.h), of the whole
+  // sequences also under context parallelism (the attention masks by position), on the device.
+  const bool masked = config.data.document_mask;
+  std::vector<Tensor> documents, host_documents;
+  for (int64_t m = 0; masked && m < accum; ++m) {
+    host_documents.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
+    documents.push_back(device.is_cpu() ? host_documents.back()
+                                        : Tensor::empty({micro, seq_len}, DType::kI32, device));
+  }
   for (int64_t m = 0; m < accum; ++m) {
     host_inputs.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
     host_targets.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
@@ -491,6 +516,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
     train_data.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
+    if (masked) {
+      document_starts(host_documents[m].data<int32_t>(), host_inputs[m].data<int32_t>(), micro,
+                      seq_len, static_cast<int32_t>(config.data.eot_token));
+      if (!device.is_cpu()) documents[m].copy_from_host_queued(host_documents[m]);
+    }
     // To a GPU queued behind the last micro-batch's work, not waiting for it (which would also
     // count that work's time as the loader's).
     if (context_parallel) {  // this rank's positions of each sequence, cut on the host
@@ -588,7 +618,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (int64_t m = 0; m < accum; ++m) next_batch(static_cast<size_t>(m));
       {
         TraceScope span(&tracer, "pipeline: forward + backward of every micro-batch", "compute");
-        loss = pipe->train_step(inputs, targets, loss_scale);
+        loss = pipe->train_step(inputs, targets, loss_scale, masked ? &documents : nullptr);
       }
       TraceScope span(&tracer, "optimizer", "compute");
       grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale);
@@ -602,6 +632,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       // the loader.
       ctx.losses = &step_losses;
       ctx.ids_checked = true;
+      ctx.documents = masked ? &documents[0] : nullptr;  // refilled by each next_batch(0)
       for (int64_t m = 0; m < accum; ++m) {
         engine.begin_micro_batch(m, accum);
         next_batch(0);
@@ -612,6 +643,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       }
       ctx.losses = nullptr;
       ctx.ids_checked = false;
+      ctx.documents = nullptr;
       for (double mean : step_losses.take()) loss += mean / static_cast<double>(accum);
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
       loss = all_reduce_value(dp, loss, ReduceOp::kAvg);

@@ -198,5 +198,86 @@ TEST(AttentionGqa, SharedHeadsReadInPlaceEqualRepeatedHeads) {
   }
 }
 
+// Document masking: with the starts of documents in each sequence, every document's rows of the
+// attention, its lse and its rows of dqkv are those of the causal attention of that document as
+// a sequence of its own — nothing crosses a document's edge, either way. Documents of 1 token,
+// of more than a 64-row block, starting mid-block and at a block's first row; a sequence of one
+// document is the causal attention; float and double; any pool size gives the same bits.
+TEST(AttentionDocuments, EachDocumentAttendsAsItsOwnSequence) {
+  ThreadPool pool(3);
+  const int64_t B = 3, T = 150, NH = 4, KV = 2, hd = 6;
+  const int64_t W = (NH + 2 * KV) * hd, C = NH * hd;
+  // Each sequence's document starts (after position 0).
+  const std::vector<std::vector<int64_t>> cuts = {{1, 2, 40, 64, 65, 140}, {}, {75, 149}};
+  std::vector<int32_t> starts(B * T);
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t start = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t c : cuts[b])
+        if (c == t) start = static_cast<int32_t>(t);
+      starts[b * T + t] = start;
+    }
+  }
+  const DocumentStarts docs{starts.data(), T};
+  const auto qkv = random_vector(B * T * W, 11, -2, 2);
+  const auto dout = random_vector(B * T * C, 12);
+  std::vector<double> out(B * T * C), lse(B * NH * T);
+  attention_gqa_forward(pool, out.data(), lse.data(), qkv.data(), B, T, NH, KV, hd, docs);
+  auto dqkv = ktest::nan_vector(B * T * W);
+  attention_gqa_backward(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
+                         NH, KV, hd, docs);
+  int checked = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> edges = {0};
+    edges.insert(edges.end(), cuts[b].begin(), cuts[b].end());
+    edges.push_back(T);
+    for (size_t d = 0; d + 1 < edges.size(); ++d) {
+      const int64_t s0 = edges[d], n = edges[d + 1] - s0;
+      SCOPED_TRACE("sequence " + std::to_string(b) + " document at " + std::to_string(s0));
+      // The document alone: its rows of qkv and dout as a sequence of n.
+      const std::vector<double> q1(qkv.begin() + (b * T + s0) * W,
+                                   qkv.begin() + (b * T + s0 + n) * W);
+      const std::vector<double> dy1(dout.begin() + (b * T + s0) * C,
+                                    dout.begin() + (b * T + s0 + n) * C);
+      std::vector<double> o1(n * C), l1(NH * n), dq1(n * W);
+      attention_gqa_forward(pool, o1.data(), l1.data(), q1.data(), 1, n, NH, KV, hd);
+      attention_gqa_backward(pool, dq1.data(), dy1.data(), q1.data(), o1.data(), l1.data(), 1, n,
+                             NH, KV, hd);
+      ktest::expect_close(
+          "out",
+          std::vector<double>(out.begin() + (b * T + s0) * C, out.begin() + (b * T + s0 + n) * C),
+          o1, 1e-12);
+      for (int64_t h = 0; h < NH; ++h)
+        ktest::expect_close("lse",
+                            std::vector<double>(lse.begin() + (b * NH + h) * T + s0,
+                                                lse.begin() + (b * NH + h) * T + s0 + n),
+                            std::vector<double>(l1.begin() + h * n, l1.begin() + (h + 1) * n),
+                            1e-12);
+      ktest::expect_close(
+          "dqkv",
+          std::vector<double>(dqkv.begin() + (b * T + s0) * W, dqkv.begin() + (b * T + s0 + n) * W),
+          dq1, 1e-11);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 7 + 1 + 3);
+  // Without a cut the masked attention is the causal one (sequence 1 above checks its values);
+  // float agrees with double and the pool size changes no bit.
+  const auto run_float = [&](ThreadPool& p) {
+    const std::vector<float> q = convert<float>(qkv), dy = convert<float>(dout);
+    std::vector<float> o(B * T * C), l(B * NH * T), dq(B * T * W);
+    attention_gqa_forward(p, o.data(), l.data(), q.data(), B, T, NH, KV, hd, docs);
+    attention_gqa_backward(p, dq.data(), dy.data(), q.data(), o.data(), l.data(), B, T, NH, KV, hd,
+                           docs);
+    o.insert(o.end(), dq.begin(), dq.end());
+    return o;
+  };
+  std::vector<double> both = out;
+  both.insert(both.end(), dqkv.begin(), dqkv.end());
+  auto runs = ktest::expect_reproducible("documents", run_float);
+  ktest::expect_close("float vs double", runs[0], both, 1e-4);
+  EXPECT_TRUE(ktest::bitwise_equal(runs[0], runs[1])) << "1 thread vs 3";
+}
+
 }  // namespace
 }  // namespace loom::cpu

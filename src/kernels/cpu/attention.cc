@@ -92,20 +92,43 @@ KeyRuns key_runs_of(std::span<const RowRange> keys, int64_t T,
   return {keys, T};
 }
 
+// The key rows [begin, end) a query at position p sees: those at positions in [first, p],
+// first its document's start (0 without document masking).
+struct KeySpan {
+  int64_t begin, end;
+  int64_t size() const { return end > begin ? end - begin : 0; }
+};
+KeySpan key_span(const KeyRuns& seen, const DocumentStarts& docs, int64_t b, int64_t p) {
+  const int64_t first = docs.first(b, p);
+  return {first > 0 ? seen.visible(first - 1) : 0, seen.visible(p)};
+}
+
+// The key rows a block of query rows [i0, i1) (ascending positions) sees in all: from the
+// earliest document start among them (its first row's, as starts never decrease; the minimum
+// all the same) to its last row's position.
+KeySpan block_span(const KeyRuns& seen, const DocumentStarts& docs, int64_t b, int64_t i0,
+                   int64_t i1) {
+  KeySpan span{key_span(seen, docs, b, i0).begin, seen.visible(i1 - 1)};
+  if (docs.masked())
+    for (int64_t p = i0 + 1; p < i1; ++p)
+      span.begin = std::min(span.begin, key_span(seen, docs, b, p).begin);
+  return span;
+}
+
 }  // namespace
 
-// Per (b, h) and block of query rows i0..i1 (the first `cols` keys are all it can see: keys
-// 0..i1 - 1 over the whole sequence):
-//   1. S = Q_blk · K[0:cols]ᵀ / sqrt(hd)      one GEMM, into scratch
-//   2. row-wise causal softmax of S, in place, saving lse
-//   3. O_blk = P · V[0:cols]                   one GEMM, straight into out
-// A row that sees no key (a ring's block of later positions) gets output 0 and lse -inf: the
-// empty sum, which attention_merge_rows then weighs by exp(-inf) = 0.
+// Per (b, h) and block of query rows i0..i1 (key rows k0..k1 are all it can see: keys 0..i1 - 1
+// over the whole sequence, from the block's first document start with document masking):
+//   1. S = Q_blk · K[k0:k1]ᵀ / sqrt(hd)      one GEMM, into scratch
+//   2. row-wise masked softmax of S, in place, saving lse
+//   3. O_blk = P · V[k0:k1]                   one GEMM, straight into out
+// A row that sees no key (a ring's block of later positions, or of an earlier document) gets
+// output 0 and lse -inf: the empty sum, which attention_merge_rows then weighs by exp(-inf) = 0.
 template <typename Real>
 void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Real* q, int64_t ldq,
                                 const Real* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
                                 int64_t KV, int64_t hd, std::span<const RowRange> rows,
-                                std::span<const RowRange> keys) {
+                                std::span<const RowRange> keys, DocumentStarts docs) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
   const KeyRuns seen = key_runs_of(keys, T, rows);
   const int64_t C = NH * hd, Tq = rows_in(rows);
@@ -120,7 +143,8 @@ void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Re
       for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttentionRowBlock) {
         const int64_t i1 = std::min(range.end, i0 + kAttentionRowBlock), n_rows = i1 - i0;
         const int64_t at = local + (i0 - range.begin);
-        const int64_t cols = seen.visible(i1 - 1);  // the block's last row sees the most
+        const KeySpan block = block_span(seen, docs, b, i0, i1);
+        const int64_t k0 = block.begin, cols = block.size();
         if (cols == 0) {
           for (int64_t r = 0; r < n_rows; ++r) {
             std::fill(o + (at + r) * C, o + (at + r) * C + hd, Real(0));
@@ -128,16 +152,20 @@ void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Re
           }
           continue;
         }
-        gemm_serial<Real>(false, true, n_rows, cols, hd, scale, x.q + at * x.ldq, x.ldq, x.k,
-                          x.ldkv, 0, S, cols);
+        gemm_serial<Real>(false, true, n_rows, cols, hd, scale, x.q + at * x.ldq, x.ldq,
+                          x.k + k0 * x.ldkv, x.ldkv, 0, S, cols);
         for (int64_t r = 0; r < n_rows; ++r) {
           Real* s = S + r * cols;
-          const int64_t n = seen.visible(i0 + r);  // keys at positions <= i0 + r
+          const KeySpan row = key_span(seen, docs, b, i0 + r);
+          const int64_t n = row.size();
           if (n == 0) {
             std::fill(s, s + cols, Real(0));
             l[at + r] = -std::numeric_limits<Real>::infinity();
             continue;
           }
+          const int64_t lo = row.begin - k0;  // the row's keys are s[lo, lo + n)
+          std::fill(s, s + lo, Real(0));
+          s += lo;
           // Subtracting the row max keeps exp() <= 1: no overflow, whatever the scores.
           Real mx, sum;
           if constexpr (std::is_same_v<Real, float>) {
@@ -151,11 +179,11 @@ void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Re
           }
           const Real inv = Real(1) / sum;
           for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-          std::fill(s + n, s + cols, Real(0));
+          std::fill(s + n, S + (r + 1) * cols, Real(0));
           l[at + r] = mx + std::log(sum);
         }
-        gemm_serial<Real>(false, false, n_rows, hd, cols, 1, S, cols, x.v, x.ldkv, 0, o + at * C,
-                          C);
+        gemm_serial<Real>(false, false, n_rows, hd, cols, 1, S, cols, x.v + k0 * x.ldkv, x.ldkv, 0,
+                          o + at * C, C);
       }
       local += range.size();
     }
@@ -164,30 +192,30 @@ void attention_gqa_forward_rows(ThreadPool& pool, Real* out, Real* lse, const Re
 
 template <typename Real>
 void attention_gqa_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
-                           int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd, DocumentStarts docs) {
   const RowRange all{0, T};
   const int64_t ld = (NH + 2 * KV) * hd;
   attention_gqa_forward_rows(pool, out, lse, qkv, ld, qkv + NH * hd, ld, B, T, NH, KV, hd,
-                             {&all, 1}, {});
+                             {&all, 1}, {}, docs);
 }
 
 template <typename Real>
 void attention_forward(ThreadPool& pool, Real* out, Real* lse, const Real* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t NH) {
+                       int64_t T, int64_t C, int64_t NH, DocumentStarts docs) {
   LOOM_CHECK(NH > 0 && C % NH == 0);
-  attention_gqa_forward(pool, out, lse, qkv, B, T, NH, NH, C / NH);
+  attention_gqa_forward(pool, out, lse, qkv, B, T, NH, NH, C / NH, docs);
 }
 
 namespace {
 // One query head's share of the backward: its dQ written, and dK and dV — its key/value head's,
-// shared with the rest of its group — added to. x: the head; o, dO, l: its output, output
-// gradient and lse; scratch: two (kAttentionRowBlock, T) matrices.
+// shared with the rest of its group — added to. x: the head of sequence b; o, dO, l: its output,
+// output gradient and lse; scratch: two (kAttentionRowBlock, T) matrices.
 template <typename Real>
 void attention_head_backward(Real* dq, int64_t lddq, Real* dk, Real* dv, const Real* dO,
-                             const Head<Real>& x,
-                             const Real* o, const Real* l, std::span<const RowRange> rows,
-                             const KeyRuns& seen, int64_t C, int64_t hd, Real scale, Real* scratch,
-                             int64_t block_area) {
+                             const Head<Real>& x, const Real* o, const Real* l,
+                             std::span<const RowRange> rows, const KeyRuns& seen,
+                             const DocumentStarts& docs, int64_t b, int64_t C, int64_t hd,
+                             Real scale, Real* scratch, int64_t block_area) {
   Real* P = scratch;
   Real* dS = scratch + block_area;
   int64_t local = 0;  // the range's first row in q, dq, dO, o and l
@@ -195,38 +223,47 @@ void attention_head_backward(Real* dq, int64_t lddq, Real* dk, Real* dv, const R
     for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttentionRowBlock) {
       const int64_t i1 = std::min(range.end, i0 + kAttentionRowBlock), n_rows = i1 - i0;
       const int64_t at = local + (i0 - range.begin);
-      const int64_t cols = seen.visible(i1 - 1);
+      const KeySpan block = block_span(seen, docs, b, i0, i1);
+      const int64_t k0 = block.begin, cols = block.size();
       if (cols == 0) {  // no key here for these rows: their dQ is 0, no key gets anything
         for (int64_t r = 0; r < n_rows; ++r)
           std::fill(dq + (at + r) * lddq, dq + (at + r) * lddq + hd, Real(0));
         continue;
       }
-      gemm_serial<Real>(false, true, n_rows, cols, hd, scale, x.q + at * x.ldq, x.ldq, x.k, x.ldkv,
-                        0, P, cols);
-      gemm_serial<Real>(false, true, n_rows, cols, hd, 1, dO + at * C, C, x.v, x.ldkv, 0, dS, cols);
+      const Real* k = x.k + k0 * x.ldkv;
+      const Real* v = x.v + k0 * x.ldkv;
+      gemm_serial<Real>(false, true, n_rows, cols, hd, scale, x.q + at * x.ldq, x.ldq, k, x.ldkv, 0,
+                        P, cols);
+      gemm_serial<Real>(false, true, n_rows, cols, hd, 1, dO + at * C, C, v, x.ldkv, 0, dS, cols);
       for (int64_t r = 0; r < n_rows; ++r) {
-        const int64_t n = seen.visible(i0 + r);
+        const KeySpan row = key_span(seen, docs, b, i0 + r);
+        const int64_t n = row.size(), lo = n > 0 ? row.begin - k0 : 0;
         Real* p = P + r * cols;
         Real* ds = dS + r * cols;  // holds dP on entry
+        std::fill(p, p + lo, Real(0));
+        std::fill(ds, ds + lo, Real(0));
         const Real D = detail::lane_dot<Real>(dO + (at + r) * C, o + (at + r) * C, hd);
         const Real li = l[at + r];
+        Real* pr = p + lo;
+        Real* dsr = ds + lo;
         if constexpr (std::is_same_v<Real, float>) {
-          vmath::exp_shifted(p, p, li, 1.0f, n);
-          for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - D) * scale;
+          vmath::exp_shifted(pr, pr, li, 1.0f, n);
+          for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dsr[j] - D) * scale;
         } else {
           for (int64_t j = 0; j < n; ++j) {
-            p[j] = std::exp(p[j] - li);
-            ds[j] = p[j] * (ds[j] - D) * scale;
+            pr[j] = std::exp(pr[j] - li);
+            dsr[j] = pr[j] * (dsr[j] - D) * scale;
           }
         }
-        std::fill(p + n, p + cols, Real(0));
-        std::fill(ds + n, ds + cols, Real(0));
+        std::fill(pr + n, p + cols, Real(0));
+        std::fill(dsr + n, ds + cols, Real(0));
       }
-      gemm_serial<Real>(false, false, n_rows, hd, cols, 1, dS, cols, x.k, x.ldkv, 0,
-                        dq + at * lddq, lddq);
-      gemm_serial<Real>(true, false, cols, hd, n_rows, 1, dS, cols, x.q + at * x.ldq, x.ldq, 1, dk,
-                        x.ldkv);
-      gemm_serial<Real>(true, false, cols, hd, n_rows, 1, P, cols, dO + at * C, C, 1, dv, x.ldkv);
+      gemm_serial<Real>(false, false, n_rows, hd, cols, 1, dS, cols, k, x.ldkv, 0, dq + at * lddq,
+                        lddq);
+      gemm_serial<Real>(true, false, cols, hd, n_rows, 1, dS, cols, x.q + at * x.ldq, x.ldq, 1,
+                        dk + k0 * x.ldkv, x.ldkv);
+      gemm_serial<Real>(true, false, cols, hd, n_rows, 1, P, cols, dO + at * C, C, 1,
+                        dv + k0 * x.ldkv, x.ldkv);
     }
     local += range.size();
   }
@@ -234,18 +271,18 @@ void attention_head_backward(Real* dq, int64_t lddq, Real* dk, Real* dv, const R
 }  // namespace
 
 // Per (b, key/value head), with its dK and dV zeroed first, then for each query head it serves,
-// in ascending order, per block of query rows i0..i1:
-//   1. P = exp(Q_blk · K[0:i1]ᵀ / sqrt(hd) - lse), causal      recomputed, not stored
-//   2. dP = dO_blk · V[0:i1]ᵀ
+// in ascending order, per block of query rows i0..i1 seeing key rows k0..k1 (the forward's):
+//   1. P = exp(Q_blk · K[k0:k1]ᵀ / sqrt(hd) - lse), masked      recomputed, not stored
+//   2. dP = dO_blk · V[k0:k1]ᵀ
 //   3. dS = P ∘ (dP - D) / sqrt(hd), D_i = Σ_d dO_id · O_id    (= Σ_j P_ij dP_ij, cheaper)
-//   4. dQ_blk = dS · K[0:i1];  dK[0:i1] += dSᵀ · Q_blk;  dV[0:i1] += Pᵀ · dO_blk
+//   4. dQ_blk = dS · K[k0:k1];  dK[k0:k1] += dSᵀ · Q_blk;  dV[k0:k1] += Pᵀ · dO_blk
 template <typename Real>
 void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, int64_t lddq, Real* dkv,
-                                 const Real* dout,
-                                 const Real* q, int64_t ldq, const Real* kv, int64_t ldkv,
-                                 const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
-                                 int64_t KV, int64_t hd, std::span<const RowRange> rows,
-                                 std::span<const RowRange> keys) {
+                                 const Real* dout, const Real* q, int64_t ldq, const Real* kv,
+                                 int64_t ldkv, const Real* out, const Real* lse, int64_t B,
+                                 int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                 std::span<const RowRange> rows, std::span<const RowRange> keys,
+                                 DocumentStarts docs) {
   LOOM_CHECK(NH > 0 && KV > 0 && NH % KV == 0 && hd > 0);
   const KeyRuns seen = key_runs_of(keys, T, rows);
   const int64_t C = NH * hd, group = NH / KV, Tq = rows_in(rows);
@@ -264,39 +301,39 @@ void attention_gqa_backward_rows(ThreadPool& pool, Real* dq, int64_t lddq, Real*
     for (int64_t h = g * group; h < (g + 1) * group; ++h)
       attention_head_backward(dq + b * Tq * lddq + h * hd, lddq, dk, dv, dout + b * Tq * C + h * hd,
                               head_of(q, ldq, Tq, kv, ldkv, T, b, h, NH, KV, hd),
-                              out + b * Tq * C + h * hd, lse + (b * NH + h) * Tq, rows, seen, C,
-                              hd, scale, scratch, block_area);
+                              out + b * Tq * C + h * hd, lse + (b * NH + h) * Tq, rows, seen, docs,
+                              b, C, hd, scale, scratch, block_area);
   });
 }
 
 template <typename Real>
 void attention_gqa_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
                             const Real* out, const Real* lse, int64_t B, int64_t T, int64_t NH,
-                            int64_t KV, int64_t hd) {
+                            int64_t KV, int64_t hd, DocumentStarts docs) {
   const RowRange all{0, T};
   const int64_t ld = (NH + 2 * KV) * hd;
-  attention_gqa_backward_rows(pool, dqkv, ld, dqkv + NH * hd, dout, qkv, ld, qkv + NH * hd, ld,
-                              out, lse, B, T, NH, KV, hd, {&all, 1}, {});
+  attention_gqa_backward_rows(pool, dqkv, ld, dqkv + NH * hd, dout, qkv, ld, qkv + NH * hd, ld, out,
+                              lse, B, T, NH, KV, hd, {&all, 1}, {}, docs);
 }
 
 template <typename Real>
 void attention_backward(ThreadPool& pool, Real* dqkv, const Real* dout, const Real* qkv,
                         const Real* out, const Real* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t NH) {
+                        int64_t NH, DocumentStarts docs) {
   LOOM_CHECK(NH > 0 && C % NH == 0);
-  attention_gqa_backward(pool, dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH);
+  attention_gqa_backward(pool, dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH, docs);
 }
 
 template void attention_gqa_forward<float>(ThreadPool&, float*, float*, const float*, int64_t,
-                                           int64_t, int64_t, int64_t, int64_t);
+                                           int64_t, int64_t, int64_t, int64_t, DocumentStarts);
 template void attention_gqa_forward<double>(ThreadPool&, double*, double*, const double*, int64_t,
-                                            int64_t, int64_t, int64_t, int64_t);
+                                            int64_t, int64_t, int64_t, int64_t, DocumentStarts);
 template void attention_gqa_backward<float>(ThreadPool&, float*, const float*, const float*,
                                             const float*, const float*, int64_t, int64_t, int64_t,
-                                            int64_t, int64_t);
+                                            int64_t, int64_t, DocumentStarts);
 template void attention_gqa_backward<double>(ThreadPool&, double*, const double*, const double*,
                                              const double*, const double*, int64_t, int64_t,
-                                             int64_t, int64_t, int64_t);
+                                             int64_t, int64_t, int64_t, DocumentStarts);
 
 template <typename Real>
 void copy_columns(ThreadPool& pool, Real* dst, int64_t ld_dst, const Real* src, int64_t ld_src,
@@ -315,36 +352,35 @@ template void copy_columns<double>(ThreadPool&, double*, int64_t, const double*,
 template void attention_gqa_forward_rows<float>(ThreadPool&, float*, float*, const float*, int64_t,
                                                 const float*, int64_t, int64_t, int64_t, int64_t,
                                                 int64_t, int64_t, std::span<const RowRange>,
-                                                std::span<const RowRange>);
+                                                std::span<const RowRange>, DocumentStarts);
 template void attention_gqa_forward_rows<double>(ThreadPool&, double*, double*, const double*,
                                                  int64_t, const double*, int64_t, int64_t, int64_t,
                                                  int64_t, int64_t, int64_t,
                                                  std::span<const RowRange>,
-                                                 std::span<const RowRange>);
+                                                 std::span<const RowRange>, DocumentStarts);
 template void attention_gqa_backward_rows<float>(ThreadPool&, float*, int64_t, float*, const float*,
                                                  const float*, int64_t, const float*, int64_t,
                                                  const float*, const float*, int64_t, int64_t,
                                                  int64_t, int64_t, int64_t,
                                                  std::span<const RowRange>,
-                                                 std::span<const RowRange>);
+                                                 std::span<const RowRange>, DocumentStarts);
 template void attention_gqa_backward_rows<double>(ThreadPool&, double*, int64_t, double*,
-                                                  const double*,
-                                                  const double*, int64_t, const double*, int64_t,
-                                                  const double*, const double*, int64_t, int64_t,
-                                                  int64_t, int64_t, int64_t,
-                                                  std::span<const RowRange>,
-                                                  std::span<const RowRange>);
+                                                  const double*, const double*, int64_t,
+                                                  const double*, int64_t, const double*,
+                                                  const double*, int64_t, int64_t, int64_t, int64_t,
+                                                  int64_t, std::span<const RowRange>,
+                                                  std::span<const RowRange>, DocumentStarts);
 
 template void attention_forward<float>(ThreadPool&, float*, float*, const float*, int64_t, int64_t,
-                                       int64_t, int64_t);
+                                       int64_t, int64_t, DocumentStarts);
 template void attention_forward<double>(ThreadPool&, double*, double*, const double*, int64_t,
-                                        int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, DocumentStarts);
 template void attention_backward<float>(ThreadPool&, float*, const float*, const float*,
                                         const float*, const float*, int64_t, int64_t, int64_t,
-                                        int64_t);
+                                        int64_t, DocumentStarts);
 template void attention_backward<double>(ThreadPool&, double*, const double*, const double*,
                                          const double*, const double*, int64_t, int64_t, int64_t,
-                                         int64_t);
+                                         int64_t, DocumentStarts);
 
 // Per (b, h, row): the two partial softmaxes weighed by their sums, relative to the larger lse
 // so that neither exp overflows; a side with lse -inf (no key) weighs 0.

@@ -64,32 +64,35 @@ __global__ void rows_to_heads_kernel(float* heads, const float* rows, HeadIndex 
 
 // Row r of each head's (n_rows, keys) scores in place, the query at position first + r (the
 // whole-sequence attention: n_rows = keys = Tq = T, first = at = 0): P_rj =
-// exp(S_rj − lse) for the key rows j the row sees, else 0; lse into lse[bh·Tq + at + r]. A row
-// that sees no key gets P = 0 and lse -inf. One warp per row.
+// exp(S_rj − lse) for the key rows j the row sees (mask: causal, and its document's with
+// document masking), else 0; lse into lse[bh·Tq + at + r], bh = b·NH + h. A row that sees no key
+// gets P = 0 and lse -inf. One warp per row.
 __global__ void causal_softmax_kernel(float* S, float* lse, int64_t rows, int64_t n_rows,
                                       int64_t keys, int64_t first, int64_t Tq, int64_t at,
-                                      KeyRuns seen) {
+                                      KeyMask mask, int64_t NH) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
-  const int64_t bh = row / n_rows, r = row % n_rows, end = seen.visible(first + r);
+  const int64_t bh = row / n_rows, r = row % n_rows;
+  const int64_t begin = mask.begin(bh / NH, first + r), end = mask.end(first + r);
   float* s = S + row * keys;
   float mx = -INFINITY;
-  for (int64_t j = lane; j < end; j += 32) mx = fmaxf(mx, s[j]);
+  for (int64_t j = begin + lane; j < end; j += 32) mx = fmaxf(mx, s[j]);
   mx = warp_max(mx);
   float sum = 0.0f;
-  for (int64_t j = lane; j < end; j += 32) sum += expf(s[j] - mx);
-  const float l = end > 0 ? mx + logf(warp_sum(sum)) : -INFINITY;
-  for (int64_t j = lane; j < keys; j += 32) s[j] = j < end ? expf(s[j] - l) : 0.0f;
+  for (int64_t j = begin + lane; j < end; j += 32) sum += expf(s[j] - mx);
+  const float l = end > begin ? mx + logf(warp_sum(sum)) : -INFINITY;
+  for (int64_t j = lane; j < keys; j += 32) s[j] = j >= begin && j < end ? expf(s[j] - l) : 0.0f;
   if (lane == 0) lse[bh * Tq + at + r] = l;
 }
 // The backward's P of those rows from the saved lse, in place over the recomputed scores.
 __global__ void probabilities_kernel(float* S, const float* lse, int64_t rows, int64_t n_rows,
                                      int64_t keys, int64_t first, int64_t Tq, int64_t at,
-                                     KeyRuns seen) {
+                                     KeyMask mask, int64_t NH) {
   LOOM_FOR_EACH(e, rows * keys) {
     const int64_t row = e / keys, j = e % keys, bh = row / n_rows, r = row % n_rows;
-    S[e] = j < seen.visible(first + r) ? expf(S[e] - lse[bh * Tq + at + r]) : 0.0f;
+    const bool seen = j >= mask.begin(bh / NH, first + r) && j < mask.end(first + r);
+    S[e] = seen ? expf(S[e] - lse[bh * Tq + at + r]) : 0.0f;
   }
 }
 // D (B·NH·T) = Σ_d dout ∘ out per head row; one warp per row. `Out`: fp32, or the 16-bit type
@@ -144,12 +147,12 @@ int64_t kv_heads_of(const char* what, int64_t C, int64_t NH, int64_t KV, int64_t
 }  // namespace
 
 void attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                       int64_t C, int64_t NH, int64_t KV) {
+                       int64_t C, int64_t NH, cpu::DocumentStarts docs, int64_t KV) {
   check_shapes(C, NH);
   KV = kv_heads_of("attention_forward", C, NH, KV, B);
   if (B * T == 0) return;
   if (flash_attention_applies(C, NH, B)) {
-    flash_attention_forward(device, out, lse, qkv, B, T, C, NH, KV);
+    flash_attention_forward(device, out, lse, qkv, B, T, C, NH, KV, docs);
     return;
   }
   DeviceGuard guard(device);
@@ -165,7 +168,7 @@ void attention_forward(int device, float* out, float* lse, const float* qkv, int
             T, T * T, heads);
   launch("attention_forward (softmax)", causal_softmax_kernel, blocks_of(heads * T, kRowsPerBlock),
          kRowsPerBlock * 32, S.get(), lse, heads * T, T, T, int64_t{0}, T, int64_t{0},
-         KeyRuns{T});
+         KeyMask{KeyRuns{T}, docs}, NH);
   // Y = P·V
   head_gemm(device, false, false, T, hd, T, 1.0f, S.get(), T, T * T, v.get(), hd, T * hd, y.get(),
             hd, T * hd, heads);
@@ -178,9 +181,9 @@ namespace {
 // attention_backward given D = rowsum(dout ∘ out) per head row (row_dot_kernel).
 void attention_backward_given_D(int device, float* dqkv, const float* dout, const float* qkv,
                                 const float* D, const float* lse, int64_t B, int64_t T, int64_t C,
-                                int64_t NH, int64_t KV) {
+                                int64_t NH, int64_t KV, cpu::DocumentStarts docs) {
   if (flash_attention_applies(C, NH, B)) {
-    flash_attention_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH, KV);
+    flash_attention_backward(device, dqkv, dout, qkv, lse, D, B, T, C, NH, KV, docs);
     return;
   }
   const int64_t hd = C / NH, heads = B * NH, n = B * T * C, rows = heads * T;
@@ -200,7 +203,7 @@ void attention_backward_given_D(int device, float* dqkv, const float* dout, cons
   head_gemm(device, false, true, T, T, hd, scale, q16.operand(), hd, T * hd, k16.operand(), hd,
             T * hd, P.get(), T, T * T, heads);
   launch("attention_backward (P)", probabilities_kernel, blocks_for(rows * T, kThreads), kThreads,
-         P.get(), lse, rows, T, T, int64_t{0}, T, int64_t{0}, KeyRuns{T});
+         P.get(), lse, rows, T, T, int64_t{0}, T, int64_t{0}, KeyMask{KeyRuns{T}, docs}, NH);
   // dV = Pᵀ·dO
   head_gemm(device, true, false, T, hd, T, 1.0f, P.get(), T, T * T, dy16.operand(), hd, T * hd,
             dv.get(), hd, T * hd, heads);
@@ -233,7 +236,7 @@ void row_dots(float* D, const DO* dout, const Out* out, int64_t B, int64_t T, in
 template <typename Out>
 void attention_backward_rounded_from(int device, void* dqkv, GemmOperand dout, GemmOperand qkv,
                                      const Out* out, const float* lse, int64_t B, int64_t T,
-                                     int64_t C, int64_t NH, int64_t KV) {
+                                     int64_t C, int64_t NH, int64_t KV, cpu::DocumentStarts docs) {
   Scratch<float> D(device, B * NH * T);
   const bool dout_bf16 = dout.rounded_to == MatmulPrecision::kBf16;
   if (dout_bf16)
@@ -243,12 +246,13 @@ void attention_backward_rounded_from(int device, void* dqkv, GemmOperand dout, G
   if (flash_attention_applies(C, NH, B)) {
     flash_attention_backward_bf16_dqkv(device, dqkv, dout.data, dout_bf16, qkv.data,
                                        qkv.rounded_to == MatmulPrecision::kBf16, lse, D.get(), B, T,
-                                       C, NH, KV);
+                                       C, NH, KV, docs);
     return;
   }
   Scratch<float> full(device, 3 * B * T * C);
   attention_backward_given_D(device, full.get(), static_cast<const float*>(dout.data),
-                             static_cast<const float*>(qkv.data), D.get(), lse, B, T, C, NH, NH);
+                             static_cast<const float*>(qkv.data), D.get(), lse, B, T, C, NH, NH,
+                             docs);
   (void)round_for_gemm(device, dqkv, full.get(), 3 * B * T * C);
 }
 
@@ -270,36 +274,40 @@ bool attention_takes_rounded_qkv(int64_t C, int64_t NH, int64_t B) {
 
 void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t NH, int64_t KV) {
+                        int64_t NH, cpu::DocumentStarts docs, int64_t KV) {
   check_shapes(C, NH);
   KV = kv_heads_of("attention_backward", C, NH, KV, B);
   if (B * T == 0) return;
   DeviceGuard guard(device);
   Scratch<float> D(device, B * NH * T);
   row_dots(D.get(), dout, out, B, T, C, NH);
-  attention_backward_given_D(device, dqkv, dout, qkv, D.get(), lse, B, T, C, NH, KV);
+  attention_backward_given_D(device, dqkv, dout, qkv, D.get(), lse, B, T, C, NH, KV, docs);
 }
 
 GemmOperand attention_forward_rounded(int device, void* out, float* lse, GemmOperand qkv, int64_t B,
-                                      int64_t T, int64_t C, int64_t NH, int64_t KV) {
+                                      int64_t T, int64_t C, int64_t NH, cpu::DocumentStarts docs,
+                                      int64_t KV) {
   check_shapes(C, NH);
   KV = kv_heads_of("attention_forward_rounded", C, NH, KV, B);
   expect_usable_qkv(qkv, B, C, NH, "attention_forward_rounded");
   DeviceGuard guard(device);
   if (B * T > 0 && flash_attention_applies(C, NH, B)) {
     flash_attention_forward_bf16_out(device, out, lse, qkv.data,
-                                     qkv.rounded_to == MatmulPrecision::kBf16, B, T, C, NH, KV);
+                                     qkv.rounded_to == MatmulPrecision::kBf16, B, T, C, NH, KV,
+                                     docs);
     return GemmOperand(out, MatmulPrecision::kBf16);
   }
   // The batched-GEMM path writes fp32: rounded after.
   Scratch<float> full(device, B * T * C);
-  attention_forward(device, full.get(), lse, static_cast<const float*>(qkv.data), B, T, C, NH);
+  attention_forward(device, full.get(), lse, static_cast<const float*>(qkv.data), B, T, C, NH,
+                    docs);
   return round_for_gemm(device, out, full.get(), B * T * C);
 }
 
 GemmOperand attention_backward_rounded(int device, void* dqkv, GemmOperand dout, GemmOperand qkv,
                                        GemmOperand out, const float* lse, int64_t B, int64_t T,
-                                       int64_t C, int64_t NH, int64_t KV) {
+                                       int64_t C, int64_t NH, cpu::DocumentStarts docs,
+                                       int64_t KV) {
   check_shapes(C, NH);
   KV = kv_heads_of("attention_backward_rounded", C, NH, KV, B);
   out.expect_usable_at(matmul_precision(), "out");
@@ -313,12 +321,12 @@ GemmOperand attention_backward_rounded(int device, void* dqkv, GemmOperand dout,
       case MatmulPrecision::kBf16:
         attention_backward_rounded_from(device, dqkv, dout, qkv,
                                         static_cast<const __nv_bfloat16*>(out.data), lse, B, T, C,
-                                        NH, KV);
+                                        NH, KV, docs);
         break;
       case MatmulPrecision::kFp16:
         attention_backward_rounded_from(device, dqkv, dout, qkv,
-                                        static_cast<const __half*>(out.data), lse, B, T, C, NH,
-                                        KV);
+                                        static_cast<const __half*>(out.data), lse, B, T, C, NH, KV,
+                                        docs);
         break;
       case MatmulPrecision::kTf32:
       case MatmulPrecision::kFp32:
@@ -543,25 +551,26 @@ void attention_gqa_forward_rows_bf16(int device, void* out, bool out_bf16, float
                                      const void* q, int64_t ldq, const void* kv, int64_t ldkv,
                                      int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                      std::span<const cpu::RowRange> rows,
-                                     std::span<const cpu::RowRange> keys) {
+                                     std::span<const cpu::RowRange> keys,
+                                     cpu::DocumentStarts docs) {
   check_rows("attention_gqa_forward_rows_bf16", NH, KV, hd, T, rows, keys);
   expect_bf16_rows("attention_gqa_forward_rows_bf16", NH, hd, B, rows, keys);
   if (B * cpu::rows_in(rows) == 0) return;
   if (out_bf16)
     flash_attention_forward_rows_bf16_out(device, out, lse, q, ldq, kv, ldkv, B, T, NH, KV, hd,
-                                          rows, keys);
+                                          rows, keys, docs);
   else
     flash_attention_forward_rows(device, static_cast<float*>(out), lse, q, ldq, kv, ldkv, true, B,
-                                 T, NH, KV, hd, rows, keys);
+                                 T, NH, KV, hd, rows, keys, docs);
 }
 
 void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
-                                      const float* dout, const void* q, int64_t ldq,
-                                      const void* kv, int64_t ldkv, GemmOperand out,
-                                      const float* lse, int64_t B, int64_t T, int64_t NH,
-                                      int64_t KV, int64_t hd,
+                                      const float* dout, const void* q, int64_t ldq, const void* kv,
+                                      int64_t ldkv, GemmOperand out, const float* lse, int64_t B,
+                                      int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                       std::span<const cpu::RowRange> rows,
-                                      std::span<const cpu::RowRange> keys) {
+                                      std::span<const cpu::RowRange> keys,
+                                      cpu::DocumentStarts docs) {
   check_rows("attention_gqa_backward_rows_bf16", NH, KV, hd, T, rows, keys);
   expect_bf16_rows("attention_gqa_backward_rows_bf16", NH, hd, B, rows, keys);
   const int64_t Tq = cpu::rows_in(rows);
@@ -569,7 +578,7 @@ void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float
   Scratch<float> D(device, B * NH * Tq);
   rows_row_dots(D.get(), dout, out, B, Tq, NH, hd);
   flash_attention_backward_rows(device, dq, lddq, dkv, dout, q, ldq, kv, ldkv, true, lse, D.get(),
-                                B, T, NH, KV, hd, rows, keys);
+                                B, T, NH, KV, hd, rows, keys, docs);
 }
 
 // Per piece [first, end) of query rows (at: its first local row), over heads h = B·NH, with
@@ -580,13 +589,13 @@ void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float
 void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
                                 const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
                                 int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows,
-                                std::span<const cpu::RowRange> keys) {
+                                std::span<const cpu::RowRange> keys, cpu::DocumentStarts docs) {
   const KeyRuns seen = check_rows("attention_gqa_forward_rows", NH, KV, hd, T, rows, keys);
   const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
   if (B * Tq == 0) return;
   if (flash_attention_applies_to_rows(NH, hd, B, rows, keys)) {
-    flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, false, B, T, NH, KV, hd,
-                                 rows, keys);
+    flash_attention_forward_rows(device, out, lse, q, ldq, kv, ldkv, false, B, T, NH, KV, hd, rows,
+                                 keys, docs);
     return;
   }
   DeviceGuard guard(device);
@@ -615,7 +624,7 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
               hd, T * hd, S.get(), cols, n * cols, heads);
     launch("attention_gqa_forward_rows (softmax)", causal_softmax_kernel,
            blocks_of(heads * n, kRowsPerBlock), kRowsPerBlock * 32, S.get(), lse, heads * n, n,
-           cols, r.begin, Tq, at, seen);
+           cols, r.begin, Tq, at, KeyMask{seen, docs}, NH);
     head_gemm(device, false, false, n, hd, cols, 1.0f, S.get(), cols, n * cols, vh.get(), hd,
               T * hd, yh.get() + at * hd, hd, Tq * hd, heads);
     at += n;
@@ -629,13 +638,12 @@ void attention_gqa_forward_rows(int device, float* out, float* lse, const float*
 //   dV[0:cols] += Pᵀ·dO_r,  dP = dO_r·V[0:cols]ᵀ,  dS = P ∘ (dP − D) / sqrt(hd),
 //   dQ[at:at+n] = dS·K[0:cols],  dK[0:cols] += dSᵀ·Q_r.
 // A piece that sees no key adds nothing and gets dQ = 0.
-void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
-                                 const float* dout,
+void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv, const float* dout,
                                  const float* q, int64_t ldq, const float* kv, int64_t ldkv,
                                  const float* out, const float* lse, int64_t B, int64_t T,
                                  int64_t NH, int64_t KV, int64_t hd,
                                  std::span<const cpu::RowRange> rows,
-                                 std::span<const cpu::RowRange> keys) {
+                                 std::span<const cpu::RowRange> keys, cpu::DocumentStarts docs) {
   const KeyRuns seen = check_rows("attention_gqa_backward_rows", NH, KV, hd, T, rows, keys);
   const int64_t Tq = cpu::rows_in(rows), heads = B * NH, C = NH * hd;
   DeviceGuard guard(device);
@@ -644,7 +652,7 @@ void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv
   rows_row_dots(D.get(), dout, out, B, Tq, NH, hd);
   if (flash_attention_applies_to_rows(NH, hd, B, rows, keys)) {
     flash_attention_backward_rows(device, dq, lddq, dkv, dout, q, ldq, kv, ldkv, false, lse,
-                                  D.get(), B, T, NH, KV, hd, rows, keys);
+                                  D.get(), B, T, NH, KV, hd, rows, keys, docs);
     return;
   }
   Scratch<float> kh(device, heads * T * hd), vh(device, heads * T * hd);
@@ -679,7 +687,7 @@ void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv
                 hd, T * hd, P.get(), cols, n * cols, heads);
       launch("attention_gqa_backward_rows (P)", probabilities_kernel,
              blocks_for(rows_n * cols, kThreads), kThreads, P.get(), lse, rows_n, n, cols, r.begin,
-             Tq, at, seen);
+             Tq, at, KeyMask{seen, docs}, NH);
       // dV[0:end] += Pᵀ·dO
       gemm(device, true, false, cols, hd, n, 1.0f, P.get(), cols, dy.get() + at * hd, hd, 1.0f,
            dvh.get(), hd, nullptr, GemmBatch{heads, n * cols, Tq * hd, T * hd});

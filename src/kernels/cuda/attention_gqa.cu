@@ -116,28 +116,29 @@ void expect_fp32_for_expansion(GemmOperand x, const char* what, const char* name
 }  // namespace
 
 void attention_gqa_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
-                           int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                           cpu::DocumentStarts docs) {
   check_gqa_shape("attention_gqa_forward", NH, KV, hd);
   const int64_t C = NH * hd;
   // qkv is attention_forward's layout already, or the flash kernels read its shared heads in place.
   if (KV == NH || flash_attention_applies(C, NH, B)) {
-    attention_forward(device, out, lse, qkv, B, T, C, NH, KV);
+    attention_forward(device, out, lse, qkv, B, T, C, NH, docs, KV);
     return;
   }
   if (B * T == 0) return;
   DeviceGuard guard(device);
   Scratch<float> full(device, B * T * 3 * C);
   expand_gqa_heads(full.get(), qkv, B * T, NH, KV, hd);
-  attention_forward(device, out, lse, full.get(), B, T, C, NH);
+  attention_forward(device, out, lse, full.get(), B, T, C, NH, docs);
 }
 
 void attention_gqa_backward(int device, float* dqkv, const float* dout, const float* qkv,
                             const float* out, const float* lse, int64_t B, int64_t T, int64_t NH,
-                            int64_t KV, int64_t hd) {
+                            int64_t KV, int64_t hd, cpu::DocumentStarts docs) {
   check_gqa_shape("attention_gqa_backward", NH, KV, hd);
   const int64_t C = NH * hd;
   if (KV == NH || flash_attention_applies(C, NH, B)) {
-    attention_backward(device, dqkv, dout, qkv, out, lse, B, T, C, NH, KV);
+    attention_backward(device, dqkv, dout, qkv, out, lse, B, T, C, NH, docs, KV);
     return;
   }
   if (B * T == 0) return;
@@ -145,33 +146,33 @@ void attention_gqa_backward(int device, float* dqkv, const float* dout, const fl
   const int64_t BT = B * T;
   Scratch<float> full(device, BT * 3 * C), dfull(device, BT * 3 * C);
   expand_gqa_heads(full.get(), qkv, BT, NH, KV, hd);
-  attention_backward(device, dfull.get(), dout, full.get(), out, lse, B, T, C, NH);
+  attention_backward(device, dfull.get(), dout, full.get(), out, lse, B, T, C, NH, docs);
   reduce_gqa_heads(dqkv, static_cast<const float*>(dfull.get()), BT, NH, KV, hd);
 }
 
 GemmOperand attention_gqa_forward_rounded(int device, void* out, float* lse, GemmOperand qkv,
-                                          int64_t B, int64_t T, int64_t NH, int64_t KV,
-                                          int64_t hd) {
+                                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                          cpu::DocumentStarts docs) {
   check_gqa_shape("attention_gqa_forward_rounded", NH, KV, hd);
   const int64_t C = NH * hd;
   if (KV == NH || flash_attention_applies(C, NH, B))
-    return attention_forward_rounded(device, out, lse, qkv, B, T, C, NH, KV);
+    return attention_forward_rounded(device, out, lse, qkv, B, T, C, NH, docs, KV);
   expect_fp32_for_expansion(qkv, "attention_gqa_forward_rounded", "qkv");
   DeviceGuard guard(device);
   Scratch<float> full(device, B * T * 3 * C);
   if (B * T > 0)
     expand_gqa_heads(full.get(), static_cast<const float*>(qkv.data), B * T, NH, KV, hd);
-  return attention_forward_rounded(device, out, lse, full.get(), B, T, C, NH);
+  return attention_forward_rounded(device, out, lse, full.get(), B, T, C, NH, docs);
 }
 
 GemmOperand attention_gqa_backward_rounded(int device, void* dqkv, GemmOperand dout,
                                            GemmOperand qkv, GemmOperand out, const float* lse,
-                                           int64_t B, int64_t T, int64_t NH, int64_t KV,
-                                           int64_t hd) {
+                                           int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                           cpu::DocumentStarts docs) {
   check_gqa_shape("attention_gqa_backward_rounded", NH, KV, hd);
   const int64_t C = NH * hd, BT = B * T;
   if (KV == NH || flash_attention_applies(C, NH, B))
-    return attention_backward_rounded(device, dqkv, dout, qkv, out, lse, B, T, C, NH, KV);
+    return attention_backward_rounded(device, dqkv, dout, qkv, out, lse, B, T, C, NH, docs, KV);
   expect_fp32_for_expansion(qkv, "attention_gqa_backward_rounded", "qkv");
   expect_fp32_for_expansion(dout, "attention_gqa_backward_rounded", "dout");
   out.expect_usable_at(matmul_precision(), "out");
@@ -182,7 +183,7 @@ GemmOperand attention_gqa_backward_rounded(int device, void* dqkv, GemmOperand d
   with_rounded_type("attention_gqa_backward_rounded", [&](auto zero) {
     using Half = decltype(zero);
     Scratch<Half> dfull(device, BT * 3 * C);
-    attention_backward_rounded(device, dfull.get(), dout, full.get(), out, lse, B, T, C, NH);
+    attention_backward_rounded(device, dfull.get(), dout, full.get(), out, lse, B, T, C, NH, docs);
     if (BT > 0)
       reduce_gqa_heads(static_cast<Half*>(dqkv), static_cast<const Half*>(dfull.get()), BT, NH, KV,
                        hd);

@@ -93,9 +93,16 @@ struct Rows {
   int count;
   int64_t begin[kMaxRuns], at[kMaxRuns], size[kMaxRuns];
   KeyRuns keys;
+  cpu::DocumentStarts docs;  // document masking (device memory); none: causal
   __device__ int64_t kv_of(int64_t h) const { return h / (NH / KV); }
   // How many key rows a query at position p sees, and the position of key row j.
   __device__ int64_t visible(int64_t p) const { return keys.visible(p); }
+  // The first key row the query at position p of sequence b sees: those before it belong to
+  // earlier documents (0 without document masking). Starts never decrease along a sequence, so
+  // a tile's first row has the smallest.
+  __device__ int64_t first_key(int64_t b, int64_t p) const {
+    return KeyMask{keys, docs}.begin(b, p);
+  }
   __device__ int64_t key_position(int64_t j) const { return keys.position(j); }
   // The 8-key blocks from key row k0 on holding a key that a warp whose last row is at position
   // `last` sees (what rows_times_tile_t computes; the rest are all masked).
@@ -183,16 +190,17 @@ inline constexpr int kStages = std::is_same_v<In, bf16> ? 2 : 1;
 template <int kHd, int Rows, typename In, typename Body>
 __device__ void for_each_key_tile(bf16 (*k)[Rows * kLd<kHd>], bf16 (*v)[Rows * kLd<kHd>],
                                   const In* k_head, const In* v_head, int64_t width, int64_t T,
-                                  int64_t end, Body&& body) {
+                                  int64_t begin, int64_t end, Body&& body) {
   constexpr bool kAsync = kStages<In> == 2;
-  if (end <= 0) return;  // a ring's block none of whose keys the rows see: nothing to fetch
+  begin -= begin % Rows;     // the tile holding key row `begin` (earlier ones: other documents)
+  if (end <= begin) return;  // a ring's block none of whose keys the rows see: nothing to fetch
   if constexpr (kAsync) {
-    fetch_tile<kHd, Rows>(k[0], k_head, 0, T, width);
-    fetch_tile<kHd, Rows>(v[0], v_head, 0, T, width);
+    fetch_tile<kHd, Rows>(k[0], k_head, begin, T, width);
+    fetch_tile<kHd, Rows>(v[0], v_head, begin, T, width);
     cp_async_commit();
   }
   int stage = 0;
-  for (int64_t k0 = 0; k0 < end; k0 += Rows) {
+  for (int64_t k0 = begin; k0 < end; k0 += Rows) {
     __syncthreads();  // every warp is done with the buffers the fetch below refills
     if constexpr (kAsync) {
       if (k0 + Rows < end) {
@@ -320,8 +328,14 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const int64_t w0 = tile.row0 + 16 * warp;                    // this warp's first row in the run
   const int64_t r0 = p0 + w0;                                  // ... and its position
-  // This lane's two rows: how many key rows each sees (the keys at or before its position).
+  // This lane's two rows: the key rows each sees, [first, limit) (the keys at or before its
+  // position, and with document masking from its document's start).
   const int64_t limit[2] = {rows.visible(r0 + lane / 4), rows.visible(r0 + lane / 4 + 8)};
+  const int64_t first[2] = {w0 + lane / 4 < n ? rows.first_key(b, r0 + lane / 4) : 0,
+                            w0 + lane / 4 + 8 < n ? rows.first_key(b, r0 + lane / 4 + 8) : 0};
+  // The warp's earliest key (its first row's) and the tile's (where the walk starts).
+  const int64_t warp_first = w0 < n ? rows.first_key(b, r0) : 0;
+  const int64_t kv_begin = rows.first_key(b, p0 + tile.row0);
   const float scale2 = scale * kLog2e;  // scores in log2 units
 
   uint32_t qa[kHd / 16][4];
@@ -334,7 +348,8 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
       rows.visible(p0 + (tile.row0 + kBlockRows < n ? tile.row0 + kBlockRows : n) - 1);
   for_each_key_tile<kHd, kKeyTile<kHd>>(
       k_tiles, v_tiles, k + b * kvs.batch + g * kHd, v + b * kvs.batch + g * kHd, kvs.row, T,
-      kv_end, [&](const bf16* k_tile, const bf16* v_tile, int64_t k0) {
+      kv_begin, kv_end, [&](const bf16* k_tile, const bf16* v_tile, int64_t k0) {
+        if (k0 + kKeyTile<kHd> <= warp_first) return;  // every key before the warp's documents
         const int64_t visible = rows.blocks_seen(r0 + 15, k0);
         float s[kKeyTile<kHd> / 8][4];
         rows_times_tile_t<kHd>(s, qa, k_tile, visible);  // S = Q·Kᵀ
@@ -344,7 +359,7 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) {
             const int64_t key = k0 + 8 * j + 2 * t + e % 2;
-            s[j][e] = key < limit[e / 2] ? s[j][e] * scale2 : -INFINITY;
+            s[j][e] = key >= first[e / 2] && key < limit[e / 2] ? s[j][e] * scale2 : -INFINITY;
             mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
           }
         }
@@ -401,6 +416,7 @@ __global__ void flash_backward_kv_kernel(Out* dk, Out* dv, Strides dkvs, const D
   __shared__ __align__(16) bf16 q_tiles[kStages<In>][kSideTile * kLd<kHd>];
   __shared__ __align__(16) bf16 dy_tiles[kStages<DO>][kSideTile * kLd<kHd>];
   __shared__ float lse2_q[kSideTile], d_q[kSideTile];  // per query: lse in log2 units, D
+  __shared__ int64_t first_q[kSideTile];  // per query: the first key row it sees (documents)
   const int64_t NH = rows.NH, KV = rows.KV, C = NH * kHd, T = rows.T, Tq = rows.Tq;
   const int64_t group = NH / KV;
   const int64_t bkv = blockIdx.y, b = bkv / KV, kv = bkv % KV;
@@ -474,6 +490,7 @@ __global__ void flash_backward_kv_kernel(Out* dk, Out* dv, Strides dkvs, const D
       const int64_t row = st.row0 + e;
       lse2_q[e] = row < n ? lse[bh * Tq + at + row] * kLog2e : 0.0f;
       d_q[e] = row < n ? D[bh * Tq + at + row] : 0.0f;
+      first_q[e] = row < n ? rows.first_key(b, p0 + row) : 0;
     }
     if constexpr (kAsync) cp_async_wait<1>();  // this thread's copies of this tile pair
     __syncthreads();                           // ... and every other thread's
@@ -481,6 +498,7 @@ __global__ void flash_backward_kv_kernel(Out* dk, Out* dv, Strides dkvs, const D
     const bf16* dy = dy_tiles[kAsyncDy ? stage : 0];
     if constexpr (kAsync) stage ^= 1;
     if (q0 + kSideTile - 1 < warp_pos) continue;  // every query before all of this warp's keys
+    if (first_q[0] > w0 + 15) continue;  // every query's document after all of this warp's keys
     float sT[kSideTile / 8][4], dpt[kSideTile / 8][4];
     rows_times_tile_t<kHd>(sT, ka, q_tile);  // Sᵀ = K·Qᵀ
     rows_times_tile_t<kHd>(dpt, va, dy);     // dPᵀ = V·dOᵀ
@@ -490,9 +508,10 @@ __global__ void flash_backward_kv_kernel(Out* dk, Out* dv, Strides dkvs, const D
       for (int e = 0; e < 4; ++e) {
         const int c = 8 * j + 2 * t + e % 2;
         const int64_t i = q0 + c;
-        const float prob = i >= key_pos[e / 2] && st.row0 + c < n && keys[e / 2] < T
-                               ? exp2f(sT[j][e] * scale2 - lse2_q[c])
-                               : 0.0f;
+        const float prob =
+            i >= key_pos[e / 2] && st.row0 + c < n && keys[e / 2] < T && keys[e / 2] >= first_q[c]
+                ? exp2f(sT[j][e] * scale2 - lse2_q[c])
+                : 0.0f;
         sT[j][e] = prob;                                  // Pᵀ
         dpt[j][e] = prob * (dpt[j][e] - d_q[c]) * scale;  // dSᵀ
       }
@@ -532,15 +551,20 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
   load_row_operands<kHd>(qa, q + b * qs.batch + at * qs.row + h * kHd, w0, n, qs.row);
   load_row_operands<kHd>(dya, dout + (b * Tq + at) * C + h * kHd, w0, n, C);
   float dq_acc[kHd / 8][4] = {};
-  // How many key rows this lane's two rows see, and the warp's last row.
+  // The key rows this lane's two rows see, [first, limit), and the warp's last row.
   const int64_t limit[2] = {rows.visible(p0 + local[0]), rows.visible(p0 + local[1])};
+  const int64_t first[2] = {local[0] < n ? rows.first_key(b, p0 + local[0]) : 0,
+                            local[1] < n ? rows.first_key(b, p0 + local[1]) : 0};
+  const int64_t warp_first = w0 < n ? rows.first_key(b, r0) : 0;
+  const int64_t kv_begin = rows.first_key(b, p0 + tile.row0);
   const int64_t warp_end = rows.keys.count == 0 ? r0 + 16 : rows.visible(r0 + 15);
   const int64_t kv_end =
       rows.visible(p0 + (tile.row0 + kBlockRows < n ? tile.row0 + kBlockRows : n) - 1);
   for_each_key_tile<kHd, kSideTile>(
       k_tiles, v_tiles, k + b * kvs.batch + g * kHd, v + b * kvs.batch + g * kHd, kvs.row, T,
-      kv_end, [&](const bf16* k_tile, const bf16* v_tile, int64_t k0) {
+      kv_begin, kv_end, [&](const bf16* k_tile, const bf16* v_tile, int64_t k0) {
         if (k0 >= warp_end) return;  // every key after all of this warp's rows
+        if (k0 + kSideTile <= warp_first) return;  // every key before the warp's documents
         float s[kSideTile / 8][4], dp[kSideTile / 8][4];
         rows_times_tile_t<kHd>(s, qa, k_tile);   // S = Q·Kᵀ
         rows_times_tile_t<kHd>(dp, dya, v_tile);  // dP = dO·Vᵀ
@@ -549,7 +573,7 @@ __global__ void __launch_bounds__(kFlashThreads, kMinBlocks<kHd>)
           LOOM_UNROLL
           for (int e = 0; e < 4; ++e) {
             const int64_t key = k0 + 8 * j + 2 * t + e % 2;
-            const float prob = key < limit[e / 2] && local[e / 2] < n
+            const float prob = key >= first[e / 2] && key < limit[e / 2] && local[e / 2] < n
                                    ? exp2f(s[j][e] * scale2 - lse2[e / 2])
                                    : 0.0f;
             s[j][e] = prob * (dp[j][e] - d[e / 2]) * scale;  // dS
@@ -604,11 +628,12 @@ struct Operands {
 // The whole sequence's, read in place from qkv (B, T, (NH + 2·KV)·hd): NH query heads, then KV
 // key heads, then KV value heads.
 template <typename In>
-Operands<In> whole_sequence(const In* qkv, int64_t T, int64_t C, int64_t NH, int64_t KV) {
+Operands<In> whole_sequence(const In* qkv, int64_t T, int64_t C, int64_t NH, int64_t KV,
+                            cpu::DocumentStarts docs) {
   if (NH <= 0) fail("flash attention: ", NH, " query heads");
   const int64_t hd = C / NH, W = (NH + 2 * KV) * hd;
   check_heads(NH, KV, C % NH == 0 ? hd : 0);
-  Rows rows{NH, KV, T, T, 1, {0}, {0}, {T}, KeyRuns{T}};
+  Rows rows{NH, KV, T, T, 1, {0}, {0}, {T}, KeyRuns{T}, docs};
   const Strides s{W, T * W};
   check_rows_aligned(qkv, s, "qkv");
   return {qkv, s, qkv + NH * hd, qkv + (NH + KV) * hd, s, rows, hd};
@@ -617,11 +642,13 @@ Operands<In> whole_sequence(const In* qkv, int64_t T, int64_t C, int64_t NH, int
 // Context parallelism's: queries q (B, Tq, ldq) at positions `ranges`, keys then values in kv
 // (B, T, ldkv): every position's, or with `keys` those of its runs of positions (a ring's block).
 template <typename In>
-Operands<In> query_rows(const In* q, int64_t ldq, const In* kv, int64_t ldkv, int64_t T,
-                        int64_t NH, int64_t KV, int64_t hd, std::span<const cpu::RowRange> ranges,
-                        std::span<const cpu::RowRange> keys) {
+Operands<In> query_rows(const In* q, int64_t ldq, const In* kv, int64_t ldkv, int64_t T, int64_t NH,
+                        int64_t KV, int64_t hd, std::span<const cpu::RowRange> ranges,
+                        std::span<const cpu::RowRange> keys, cpu::DocumentStarts docs) {
   check_heads(NH, KV, hd);
-  Rows rows{NH, KV, T, cpu::rows_in(ranges), 0, {}, {}, {}, key_runs_of("flash attention", T, keys)};
+  Rows rows{
+      NH,  KV, T, cpu::rows_in(ranges), 0, {}, {}, {}, key_runs_of("flash attention", T, keys),
+      docs};
   int64_t at = 0, last = 0;
   for (const cpu::RowRange& r : ranges) {
     if (r.size() == 0) continue;
@@ -702,9 +729,9 @@ void flash_backward(int device, Out* dq, Strides dqs, Out* dk, Out* dv, Strides 
 // flash_backward of the whole sequence: dqkv in qkv's layout.
 template <typename In, typename DO, typename Out>
 void flash_backward_whole(int device, Out* dqkv, const DO* dout, const In* qkv, const float* lse,
-                          const float* D, int64_t B, int64_t T, int64_t C, int64_t NH,
-                          int64_t KV) {
-  const Operands<In> x = whole_sequence(qkv, T, C, NH, KV);
+                          const float* D, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KV,
+                          cpu::DocumentStarts docs) {
+  const Operands<In> x = whole_sequence(qkv, T, C, NH, KV, docs);
   flash_backward(device, dqkv, x.qs, dqkv + NH * x.hd, dqkv + (NH + KV) * x.hd, x.kvs, dout, lse,
                  D, x, B);
 }
@@ -727,34 +754,35 @@ bool flash_attention_applies_to_rows(int64_t NH, int64_t hd, int64_t B,
 }
 
 void flash_attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
-                             int64_t T, int64_t C, int64_t NH, int64_t KV) {
-  flash_forward(device, out, lse, whole_sequence(qkv, T, C, NH, KV), B,
+                             int64_t T, int64_t C, int64_t NH, int64_t KV,
+                             cpu::DocumentStarts docs) {
+  flash_forward(device, out, lse, whole_sequence(qkv, T, C, NH, KV, docs), B,
                 "attention_forward (flash)");
 }
 
 void flash_attention_forward_bf16_out(int device, void* out, float* lse, const void* qkv,
                                       bool qkv_bf16, int64_t B, int64_t T, int64_t C, int64_t NH,
-                                      int64_t KV) {
+                                      int64_t KV, cpu::DocumentStarts docs) {
   if (qkv_bf16)
     flash_forward(device, static_cast<bf16*>(out), lse,
-                  whole_sequence(static_cast<const bf16*>(qkv), T, C, NH, KV), B,
+                  whole_sequence(static_cast<const bf16*>(qkv), T, C, NH, KV, docs), B,
                   "attention_forward (flash, bf16 qkv and out)");
   else
     flash_forward(device, static_cast<bf16*>(out), lse,
-                  whole_sequence(static_cast<const float*>(qkv), T, C, NH, KV), B,
+                  whole_sequence(static_cast<const float*>(qkv), T, C, NH, KV, docs), B,
                   "attention_forward (flash, bf16 out)");
 }
 
 void flash_attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                               const float* lse, const float* D, int64_t B, int64_t T, int64_t C,
-                              int64_t NH, int64_t KV) {
-  flash_backward_whole(device, dqkv, dout, qkv, lse, D, B, T, C, NH, KV);
+                              int64_t NH, int64_t KV, cpu::DocumentStarts docs) {
+  flash_backward_whole(device, dqkv, dout, qkv, lse, D, B, T, C, NH, KV, docs);
 }
 
 void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout, bool dout_bf16,
                                         const void* qkv, bool qkv_bf16, const float* lse,
                                         const float* D, int64_t B, int64_t T, int64_t C, int64_t NH,
-                                        int64_t KV) {
+                                        int64_t KV, cpu::DocumentStarts docs) {
   bf16* dqkv16 = static_cast<bf16*>(dqkv);
   if (dout_bf16 && !qkv_bf16)
     fail(
@@ -762,40 +790,41 @@ void flash_attention_backward_bf16_dqkv(int device, void* dqkv, const void* dout
         "writes it so only where the qkv projection wrote qkv in bf16)");
   if (dout_bf16)
     flash_backward_whole(device, dqkv16, static_cast<const bf16*>(dout),
-                         static_cast<const bf16*>(qkv), lse, D, B, T, C, NH, KV);
+                         static_cast<const bf16*>(qkv), lse, D, B, T, C, NH, KV, docs);
   else if (qkv_bf16)
     flash_backward_whole(device, dqkv16, static_cast<const float*>(dout),
-                         static_cast<const bf16*>(qkv), lse, D, B, T, C, NH, KV);
+                         static_cast<const bf16*>(qkv), lse, D, B, T, C, NH, KV, docs);
   else
     flash_backward_whole(device, dqkv16, static_cast<const float*>(dout),
-                         static_cast<const float*>(qkv), lse, D, B, T, C, NH, KV);
+                         static_cast<const float*>(qkv), lse, D, B, T, C, NH, KV, docs);
 }
 
 void flash_attention_forward_rows(int device, float* out, float* lse, const void* q, int64_t ldq,
                                   const void* kv, int64_t ldkv, bool bf16_in, int64_t B, int64_t T,
                                   int64_t NH, int64_t KV, int64_t hd,
                                   std::span<const cpu::RowRange> rows,
-                                  std::span<const cpu::RowRange> keys) {
+                                  std::span<const cpu::RowRange> keys, cpu::DocumentStarts docs) {
   if (bf16_in)
     flash_forward(device, out, lse,
                   query_rows(static_cast<const bf16*>(q), ldq, static_cast<const bf16*>(kv), ldkv,
-                             T, NH, KV, hd, rows, keys),
+                             T, NH, KV, hd, rows, keys, docs),
                   B, "attention_gqa_forward_rows (flash, bf16 q and kv)");
   else
     flash_forward(device, out, lse,
-                  query_rows(static_cast<const float*>(q), ldq, static_cast<const float*>(kv),
-                             ldkv, T, NH, KV, hd, rows, keys),
+                  query_rows(static_cast<const float*>(q), ldq, static_cast<const float*>(kv), ldkv,
+                             T, NH, KV, hd, rows, keys, docs),
                   B, "attention_gqa_forward_rows (flash)");
 }
 
 void flash_attention_forward_rows_bf16_out(int device, void* out, float* lse, const void* q,
-                                          int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
-                                          int64_t T, int64_t NH, int64_t KV, int64_t hd,
-                                          std::span<const cpu::RowRange> rows,
-                                          std::span<const cpu::RowRange> keys) {
+                                           int64_t ldq, const void* kv, int64_t ldkv, int64_t B,
+                                           int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                           std::span<const cpu::RowRange> rows,
+                                           std::span<const cpu::RowRange> keys,
+                                           cpu::DocumentStarts docs) {
   flash_forward(device, static_cast<bf16*>(out), lse,
                 query_rows(static_cast<const bf16*>(q), ldq, static_cast<const bf16*>(kv), ldkv, T,
-                           NH, KV, hd, rows, keys),
+                           NH, KV, hd, rows, keys, docs),
                 B, "attention_gqa_forward_rows (flash, bf16 q, kv and out)");
 }
 
@@ -804,9 +833,9 @@ void flash_attention_backward_rows(int device, float* dq, int64_t lddq, float* d
                                    int64_t ldkv, bool bf16_in, const float* lse, const float* D,
                                    int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                    std::span<const cpu::RowRange> rows,
-                                   std::span<const cpu::RowRange> keys) {
+                                   std::span<const cpu::RowRange> keys, cpu::DocumentStarts docs) {
   const auto run = [&](const auto* typed_q, const auto* typed_kv) {
-    const auto x = query_rows(typed_q, ldq, typed_kv, ldkv, T, NH, KV, hd, rows, keys);
+    const auto x = query_rows(typed_q, ldq, typed_kv, ldkv, T, NH, KV, hd, rows, keys, docs);
     flash_backward(device, dq, Strides{lddq, x.rows.Tq * lddq}, dkv, dkv + KV * hd, x.kvs, dout,
                    lse, D, x, B);
   };

@@ -409,12 +409,13 @@ void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
 // matrix as scratch. KV (here and in the *_rounded calls below): the key/value heads of a compact
 // qkv (B, T, (NH + 2·KV)·hd) and dqkv, query head h reading key/value head h / (NH/KV), which
 // only the flash kernels read in place (else it fails: attention_gqa_* expand the heads first);
-// 0, the default, is NH: (B, T, 3C).
+// 0, the default, is NH: (B, T, 3C). `docs` (here and in every attention call below): document
+// masking, the starts on the device (cpu::DocumentStarts; none: causal).
 void attention_forward(int device, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                       int64_t C, int64_t NH, int64_t KV = 0);
+                       int64_t C, int64_t NH, cpu::DocumentStarts docs = {}, int64_t KV = 0);
 void attention_backward(int device, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t NH, int64_t KV = 0);
+                        int64_t NH, cpu::DocumentStarts docs = {}, int64_t KV = 0);
 
 // Grouped-query attention (attention_gqa.cu) reading the shared key/value heads in place: qkv
 // (B, T, (NH + 2·KV)·hd) as the qkv projection writes it, NH query heads, then KV key heads, then
@@ -427,10 +428,11 @@ void attention_backward(int device, float* dqkv, const float* dout, const float*
 // expanded into (B, T, 3·NH·hd) scratch for the length of the call (and the gradient reduced from
 // it), so nothing repeated is kept between forward and backward.
 void attention_gqa_forward(int device, float* out, float* lse, const float* qkv, int64_t B,
-                           int64_t T, int64_t NH, int64_t KV, int64_t hd);
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                           cpu::DocumentStarts docs = {});
 void attention_gqa_backward(int device, float* dqkv, const float* dout, const float* qkv,
                             const float* out, const float* lse, int64_t B, int64_t T, int64_t NH,
-                            int64_t KV, int64_t hd);
+                            int64_t KV, int64_t hd, cpu::DocumentStarts docs = {});
 // Context parallelism (kernels/cpu/attention.h, attention_gqa_*_rows): the attention of the
 // query rows `rows` (positions, in order) of q (B, Tq, ldq) over the keys and values kv (B, T,
 // ldkv: KV key heads, then KV value heads) — every position's, or with `keys` a ring's block
@@ -447,14 +449,15 @@ int64_t attention_score_bytes();
 void attention_gqa_forward_rows(int device, float* out, float* lse, const float* q, int64_t ldq,
                                 const float* kv, int64_t ldkv, int64_t B, int64_t T, int64_t NH,
                                 int64_t KV, int64_t hd, std::span<const cpu::RowRange> rows,
-                                std::span<const cpu::RowRange> keys = {});
-void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv,
-                                 const float* dout,
+                                std::span<const cpu::RowRange> keys = {},
+                                cpu::DocumentStarts docs = {});
+void attention_gqa_backward_rows(int device, float* dq, int64_t lddq, float* dkv, const float* dout,
                                  const float* q, int64_t ldq, const float* kv, int64_t ldkv,
                                  const float* out, const float* lse, int64_t B, int64_t T,
                                  int64_t NH, int64_t KV, int64_t hd,
                                  std::span<const cpu::RowRange> rows,
-                                 std::span<const cpu::RowRange> keys = {});
+                                 std::span<const cpu::RowRange> keys = {},
+                                 cpu::DocumentStarts docs = {});
 // The ring's merge of two partial attentions of the same rows (cpu::attention_merge_rows: the
 // same formula, in the same order).
 void attention_merge_rows(int device, float* out, float* lse, const float* part_out,
@@ -477,14 +480,15 @@ void attention_gqa_forward_rows_bf16(int device, void* out, bool out_bf16, float
                                      const void* q, int64_t ldq, const void* kv, int64_t ldkv,
                                      int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                      std::span<const cpu::RowRange> rows,
-                                     std::span<const cpu::RowRange> keys = {});
+                                     std::span<const cpu::RowRange> keys = {},
+                                     cpu::DocumentStarts docs = {});
 void attention_gqa_backward_rows_bf16(int device, float* dq, int64_t lddq, float* dkv,
-                                      const float* dout, const void* q, int64_t ldq,
-                                      const void* kv, int64_t ldkv, GemmOperand out,
-                                      const float* lse, int64_t B, int64_t T, int64_t NH,
-                                      int64_t KV, int64_t hd,
+                                      const float* dout, const void* q, int64_t ldq, const void* kv,
+                                      int64_t ldkv, GemmOperand out, const float* lse, int64_t B,
+                                      int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                       std::span<const cpu::RowRange> rows,
-                                      std::span<const cpu::RowRange> keys = {});
+                                      std::span<const cpu::RowRange> keys = {},
+                                      cpu::DocumentStarts docs = {});
 // Columns [0, width) of `rows` rows between row strides ld_src and ld_dst (cpu/attention.h).
 void copy_columns(int device, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
                   int64_t rows, int64_t width);
@@ -495,11 +499,12 @@ void copy_columns(int device, float* dst, int64_t ld_dst, const float* src, int6
 // into scratch of qkv's type (fp32 there), the expanded gradient written in out's 16-bit type and
 // summed back in fp32, rounded once.
 GemmOperand attention_gqa_forward_rounded(int device, void* out, float* lse, GemmOperand qkv,
-                                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd);
+                                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                          cpu::DocumentStarts docs = {});
 GemmOperand attention_gqa_backward_rounded(int device, void* dqkv, GemmOperand dout,
                                            GemmOperand qkv, GemmOperand out, const float* lse,
-                                           int64_t B, int64_t T, int64_t NH, int64_t KV,
-                                           int64_t hd);
+                                           int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                           cpu::DocumentStarts docs = {});
 
 // The attention at bf16 / fp16 matmul precision, its output and input gradient written as GEMM
 // operands in that 16-bit type: by the flash kernels themselves where they apply (bf16, head
@@ -515,10 +520,12 @@ GemmOperand attention_gqa_backward_rounded(int device, void* dqkv, GemmOperand d
 // likewise, with a 16-bit qkv: fp32, or the 16-bit values the attention projection's backward
 // wrote (matmul_backward_rounded_dinp), which the dK/dV kernel fetches by cp.async as it does Q.
 GemmOperand attention_forward_rounded(int device, void* out, float* lse, GemmOperand qkv, int64_t B,
-                                      int64_t T, int64_t C, int64_t NH, int64_t KV = 0);
+                                      int64_t T, int64_t C, int64_t NH,
+                                      cpu::DocumentStarts docs = {}, int64_t KV = 0);
 GemmOperand attention_backward_rounded(int device, void* dqkv, GemmOperand dout, GemmOperand qkv,
                                        GemmOperand out, const float* lse, int64_t B, int64_t T,
-                                       int64_t C, int64_t NH, int64_t KV = 0);
+                                       int64_t C, int64_t NH, cpu::DocumentStarts docs = {},
+                                       int64_t KV = 0);
 // Whether attention_forward_rounded / attention_backward_rounded take a 16-bit qkv at the current
 // matmul precision for these sizes.
 bool attention_takes_rounded_qkv(int64_t C, int64_t NH, int64_t B);

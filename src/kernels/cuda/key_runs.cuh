@@ -43,6 +43,20 @@ struct KeyRuns {
   }
 };
 
+// The key rows a query sees with document masking too (cpu::DocumentStarts, `docs.start` in
+// device memory): [begin(b, p), end(p)) for the query at position p of sequence b — those of
+// `seen` at positions from its document's first up to p. Without documents begin is 0.
+struct KeyMask {
+  KeyRuns seen;
+  cpu::DocumentStarts docs;
+  __device__ int64_t begin(int64_t b, int64_t p) const {
+    if (docs.start == nullptr) return 0;
+    const int64_t first = docs.start[b * docs.stride + p];
+    return first > 0 ? seen.visible(first - 1) : 0;
+  }
+  __device__ int64_t end(int64_t p) const { return seen.visible(p); }
+};
+
 // The runs `keys` of T key rows (none: the positions 0..T-1), checked: ascending, not
 // overlapping, T positions in all, at most KeyRuns::kMaxRuns non-empty runs; `what` names the
 // operation in the error.
