@@ -1324,6 +1324,32 @@ TEST_F(TrainTest, LlamaOnTheGpuTrainsTheCpuRun) {
   expect_same_losses("tp_cpus", "tp_gpus");
 }
 
+// Document masking on GPUs (data.document_mask; each "a+b=c\n" problem a document ending at its
+// newline): the starts uploaded with each micro-batch; one GPU trains the CPU's masked run, at
+// fp32 on the batched attention and at bf16 on the flash kernels (head size 64) within bf16's
+// rounding; two GPUs under cp 2 (the rows' flash kernels masked by position) likewise.
+TEST_F(TrainTest, DocumentMaskOnGpusTrainsTheCpuRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  Config c = config(4);
+  c.model.d_model = 128;  // head size 64: the flash kernels at bf16
+  c.data.document_mask = true;
+  c.data.eot_token = '\n';
+  run_training(c, options("doc_cpu"));
+  Config gpu = c;
+  gpu.runtime.device = "cuda";
+  run_training(gpu, options("doc_gpu"));
+  expect_losses_near("doc_cpu", "doc_gpu", 1e-4);
+  gpu.runtime.matmul_precision = "bf16";
+  run_training(gpu, options("doc_gpu_bf16"));
+  expect_losses_near("doc_cpu", "doc_gpu_bf16", 2e-2);
+  if (cuda::device_count() < 2) return;
+  gpu.runtime.ranks = 2;
+  gpu.parallel.cp = 2;
+  gpu.parallel.dp = 1;
+  run_training(gpu, options("doc_gpus_cp2_bf16"));
+  expect_losses_near("doc_cpu", "doc_gpus_cp2_bf16", 2e-2);
+}
+
 // Context parallelism on GPUs: each rank's positions on its own GPU, the keys and values
 // all-gathered and their gradients reduce-scattered over nccl, the attention of the rank's query
 // rows in the CUDA kernels (cuda::attention_gqa_*_rows), the position embedding's rows on the
