@@ -199,9 +199,10 @@ TEST(Gpt2Cuda, AttentionKeepsQkvInBf16WhereTheFlashKernelsReadIt) {
     std::vector<Tensor*> cache;
     attn.collect_cache(cache);
     // qkv's and proj's inputs, qkv, the gathered keys and values (context parallelism; none
-    // here), the attention output, lse
-    ASSERT_EQ(cache.size(), 6u);
+    // here), the attention output, lse, the documents (document masking; none here)
+    ASSERT_EQ(cache.size(), 7u);
     EXPECT_FALSE(cache[3]->defined());
+    EXPECT_FALSE(cache[6]->defined());
     EXPECT_EQ(cache[2]->dtype(), k.qkv);
     if (k.qkv != DType::kBF16) continue;
     // The ops: the qkv projection rounded to bf16 (bias too), the attention on it, proj.
