@@ -74,6 +74,7 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
   if (B < 1 || T < 1 || NH < 1 || hd < 1 || a.threads < 1 || a.iters < 1)
     fail("--batch, --seq, --heads, --head-dim, --threads and --iters must be at least 1");
   if (NH % KV != 0) fail("--kv-heads ", KV, " does not divide --heads ", NH);
+  if (a.documents < 0) fail("--documents must be 0 (none) or a document length");
   if (a.cp < 1 || T % (2 * a.cp) != 0)
     fail("--seq ", T, " must split into 2 x --cp = ", 2 * a.cp, " equal chunks");
   const Device device = Device::parse(a.device);
@@ -104,24 +105,36 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
   Tensor out = Tensor::empty({B * T * C}, whole16 ? DType::kBF16 : DType::kF32, device);
   Tensor lse = Tensor::empty({B * NH * T}, DType::kF32, device);
   Tensor dqkv = Tensor::empty({B * T * W}, whole16 ? DType::kBF16 : DType::kF32, device);
-  const auto whole_forward = [&] {
+  // With --documents: each sequence's documents of that many tokens (the last one shorter).
+  Tensor starts;
+  cpu::DocumentStarts docs;
+  if (a.documents > 0) {
+    Tensor host_starts = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+    for (int64_t i = 0; i < B * T; ++i)
+      host_starts.data<int32_t>()[i] = static_cast<int32_t>(i % T / a.documents * a.documents);
+    starts = host_starts.to(device);
+    docs = {starts.data<int32_t>(), T};
+  }
+  const auto whole_forward_masked = [&](cpu::DocumentStarts d) {
     if (whole16)
       ops::attention_gqa_forward_rounded(ex, out.raw(), DType::kBF16, lse.data<float>(),
-                                         qkv16.raw(), DType::kBF16, B, T, NH, KV, hd);
+                                         qkv16.raw(), DType::kBF16, B, T, NH, KV, hd, d);
     else
       ops::attention_gqa_forward<float>(ex, out.data<float>(), lse.data<float>(), qkv.data<float>(),
-                                        B, T, NH, KV, hd);
+                                        B, T, NH, KV, hd, d);
   };
-  const auto whole_backward = [&] {
+  const auto whole_backward_masked = [&](cpu::DocumentStarts d) {
     if (whole16)
       ops::attention_gqa_backward_rounded(ex, dqkv.raw(), dout.data<float>(), DType::kF32,
                                           qkv16.raw(), DType::kBF16, out.raw(), DType::kBF16,
-                                          lse.data<float>(), B, T, NH, KV, hd);
+                                          lse.data<float>(), B, T, NH, KV, hd, d);
     else
       ops::attention_gqa_backward<float>(ex, dqkv.data<float>(), dout.data<float>(),
                                          qkv.data<float>(), out.data<float>(), lse.data<float>(), B,
-                                         T, NH, KV, hd);
+                                         T, NH, KV, hd, d);
   };
+  const auto whole_forward = [&] { whole_forward_masked({}); };
+  const auto whole_backward = [&] { whole_backward_masked({}); };
 
   // Rank 0's rows, as context parallelism holds them: its queries (B, Tq, C), every position's
   // keys and values (B, T, 2·KV·hd) — in bf16 where the flash kernels take the rows.
@@ -214,6 +227,13 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
   const double rows_b = best_seconds(device, a.iters, rows_backward);
   const double ring_f = a.cp > 1 ? best_seconds(device, a.iters, ring_forward) : rows_f;
   const double ring_b = a.cp > 1 ? best_seconds(device, a.iters, ring_backward) : rows_b;
+  // Timed last (after the comparisons below read the causal output): it leaves out and lse masked.
+  double doc_f = 0, doc_b = 0;
+  const auto doc_checks = [&] {
+    if (a.documents == 0) return;
+    doc_f = best_seconds(device, a.iters, [&] { whole_forward_masked(docs); });
+    doc_b = best_seconds(device, a.iters, [&] { whole_backward_masked(docs); });
+  };
 
   // The rows' output against the whole sequence's rows: the same attention (to the rounding of
   // the whole path's bf16 output, where it has one).
@@ -229,6 +249,14 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
     const std::vector<float> merged = out_ring.to_vector();
     for (size_t i = 0; i < mine.size(); ++i)
       ring_diff = std::max(ring_diff, std::abs(static_cast<double>(merged[i]) - mine[i]));
+  }
+
+  doc_checks();
+  // Pairs a document mask leaves per sequence: Σ over documents of L(L + 1)/2.
+  double doc_pairs_per_sequence = 0;
+  for (int64_t s0 = 0; a.documents > 0 && s0 < T; s0 += a.documents) {
+    const double L = static_cast<double>(std::min(a.documents, T - s0));
+    doc_pairs_per_sequence += 0.5 * L * (L + 1);
   }
 
   // Flops of the causal products: forward S = Q·Kᵀ and O = P·V, 2 each per (query, key, column);
@@ -249,13 +277,16 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
         "\"rows_fwd_tflops\": %.3f, \"rows_bwd_tflops\": %.3f, \"cp_fwd_efficiency\": %.3f, "
         "\"cp_bwd_efficiency\": %.3f, \"max_diff\": %.3g, \"ring_fwd_ms\": %.3f, "
         "\"ring_bwd_ms\": %.3f, \"ring_fwd_vs_rows\": %.3f, \"ring_bwd_vs_rows\": %.3f, "
-        "\"ring_max_diff\": %.3g}\n",
+        "\"ring_max_diff\": %.3g, \"documents\": %ld, \"doc_fwd_ms\": %.3f, "
+        "\"doc_bwd_ms\": %.3f, \"doc_pairs_fraction\": %.4f}\n",
         device.str().c_str(), a.precision.c_str(), a.threads, static_cast<long>(B),
         static_cast<long>(T), static_cast<long>(NH), static_cast<long>(KV), static_cast<long>(hd),
         a.cp, whole_f * 1e3, whole_b * 1e3, rows_f * 1e3, rows_b * 1e3,
         tflops(4 * whole_pairs, whole_f), tflops(10 * whole_pairs, whole_b),
         tflops(4 * rows_pairs, rows_f), tflops(10 * rows_pairs, rows_b), eff_f, eff_b, max_diff,
-        ring_f * 1e3, ring_b * 1e3, ring_f / rows_f, ring_b / rows_b, ring_diff);
+        ring_f * 1e3, ring_b * 1e3, ring_f / rows_f, ring_b / rows_b, ring_diff,
+        static_cast<long>(a.documents), doc_f * 1e3, doc_b * 1e3,
+        doc_pairs_per_sequence * per_pair / whole_pairs);
     return 0;
   }
   std::printf("causal attention, B %ld, T %ld, %ld query / %ld key-value heads of %ld, on %s (%s",
@@ -281,6 +312,16 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
     std::printf("ring / gathered rows (the ring's compute, transfers aside): forward %.3f, "
                 "backward %.3f\n",
                 ring_f / rows_f, ring_b / rows_b);
+  }
+  if (a.documents > 0) {
+    std::snprintf(label, sizeof label, "whole, documents of %ld", static_cast<long>(a.documents));
+    const double doc_pairs = doc_pairs_per_sequence * per_pair;
+    std::printf("%-34s %12.3f %12.3f %14.3f %14.3f\n", label, doc_f * 1e3, doc_b * 1e3,
+                tflops(4 * doc_pairs, doc_f), tflops(10 * doc_pairs, doc_b));
+    std::printf(
+        "document masking: %.3f of the causal pairs; time masked / causal: forward %.3f, "
+        "backward %.3f\n",
+        doc_pairs / whole_pairs, doc_f / whole_f, doc_b / whole_b);
   }
   std::printf("rows' output against the whole sequence's rows: max |difference| %.3g\n", max_diff);
   if (a.cp > 1)

@@ -1,6 +1,7 @@
 // `loom bench attention`: causal attention forward and backward over a whole sequence against
 // one context-parallel rank's query rows (its zigzag chunks over every position's keys), as the
-// training step calls them: how close cp's attention comes to 1/cp of one device's.
+// training step calls them: how close cp's attention comes to 1/cp of one device's. With
+// --documents L also the whole sequence under document masking (documents of L tokens).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,9 @@ struct BenchAttentionArgs {
   int64_t head_dim = 64;
   int cp = 2;
   int iters = 3;  // timed repetitions of each; the best counts
+  // Document masking: the whole sequence's attention again with documents of this many tokens
+  // (data.document_mask), against the causal one; 0: not measured.
+  int64_t documents = 0;
   bool json = false;
 };
 

@@ -650,6 +650,11 @@ int main(int argc, char** argv) {
   bench_attention
       ->add_option("--iters", attention_args.iters, "timed runs of each (the best counts)")
       ->capture_default_str();
+  bench_attention
+      ->add_option("--documents", attention_args.documents,
+                   "also time the whole sequence under document masking, documents of this many "
+                   "tokens (0: not)")
+      ->capture_default_str();
   bench_attention->add_flag("--json", attention_args.json, "one JSON object");
 
   BenchCommArgs comm_args;

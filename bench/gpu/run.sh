@@ -287,11 +287,15 @@ figure "fp8 on the E4M3 tensor cores"
 # of 128 sharing 8) and T = 32768 for cp 2, 4 and 8: how near a rank's time comes to 1/cp of one
 # device's (cp_*_efficiency 1), and the rows' TFLOP/s; and the same rows as the ring computes
 # them, block by block with key positions and merged (ring_*_vs_rows: its compute against the
-# gathered rows', the transfers aside).
+# gathered rows', the transfers aside). With cp 2 also the whole sequence under document masking
+# (documents of 4096 tokens: 1/8 of the causal pairs; doc_fwd_ms / doc_bwd_ms against
+# whole_fwd_ms / whole_bwd_ms: what the flash kernels' skipped tiles save).
 cp_attention() {
   for cp in 2 4 8; do
+    docs=0
+    if [ "$cp" = 2 ]; then docs=4096; fi
     "$BIN/loom" bench attention --device cuda --precision bf16 --seq 32768 --heads 32 \
-      --kv-heads 8 --head-dim 128 --cp "$cp" --iters 3 --json || return 1
+      --kv-heads 8 --head-dim 128 --cp "$cp" --documents "$docs" --iters 3 --json || return 1
   done
 }
 export -f cp_attention
