@@ -380,6 +380,17 @@ TEST_F(Cli, BenchAttentionTimesTheRowsAndChecksThem) {
                           "cp_fwd_efficiency", "cp_bwd_efficiency"})
     EXPECT_GT(j[key].get<double>(), 0) << key;
   EXPECT_LT(j["max_diff"].get<double>(), 1e-6) << "the rows are not the whole sequence's";
+  EXPECT_EQ(j["documents"], 0);
+  EXPECT_EQ(j["doc_fwd_ms"].get<double>(), 0) << "not timed without --documents";
+  // With documents of 16 tokens (4 of the 64): 4 · 136 of 2080 causal pairs.
+  r = run(
+      "bench attention --seq 64 --heads 2 --head-dim 16 --cp 2 --iters 1 --documents 16 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json d = nlohmann::json::parse(r.output);
+  EXPECT_GT(d["doc_fwd_ms"].get<double>(), 0);
+  EXPECT_GT(d["doc_bwd_ms"].get<double>(), 0);
+  EXPECT_NEAR(d["doc_pairs_fraction"].get<double>(), 4.0 * 136 / 2080, 1e-4);
+  expect_error(run("bench attention --seq 64 --documents -1"), "--documents must be 0");
   expect_error(run("bench attention --seq 100 --cp 4"), "--seq 100 must split into 2 x --cp = 8");
   expect_error(run("bench attention --seq 64 --heads 3 --kv-heads 2"),
                "--kv-heads 2 does not divide --heads 3");
