@@ -193,7 +193,7 @@ std::vector<std::string> checkpoints_at(const std::string& path) {
 // `loom data inspect`: each spec at seq_len / vocab; with a config, its data keys' corpora at its
 // model's, and the training sources' shares and passes over the run (TrainData's start-up lines).
 // Exit 1 when an id is past the vocabulary.
-int cmd_inspect(const std::vector<std::string>& specs, int64_t seq_len, int64_t vocab,
+int cmd_inspect(const std::vector<std::string>& specs, int64_t seq_len, int64_t vocab, int64_t eot,
                 const std::string& config_path, const std::vector<std::string>& sets) {
   if (specs.empty() && config_path.empty())
     fail("loom data inspect: give shard specs, or --config CONFIG.toml");
@@ -201,8 +201,8 @@ int cmd_inspect(const std::vector<std::string>& specs, int64_t seq_len, int64_t 
   const auto inspect = [&](const std::string& label, const std::string& spec, int64_t t,
                            int64_t v) {
     if (!label.empty()) std::cout << label << " = ";
-    const CorpusSummary corpus = inspect_corpus(spec, t, v);
-    std::cout << format_corpus(corpus, t, v);
+    const CorpusSummary corpus = inspect_corpus(spec, t, v, eot);
+    std::cout << format_corpus(corpus, t, v, eot);
     outside += corpus.ids_outside();
   };
   for (const std::string& spec : specs) inspect("", spec, seq_len, vocab);
@@ -211,6 +211,7 @@ int cmd_inspect(const std::vector<std::string>& specs, int64_t seq_len, int64_t 
     for (const auto& s : sets) apply_override(config, s);
     validate(config);
     const DataConfig& d = config.data;
+    if (d.document_mask && eot < 0) eot = d.eot_token;  // the documents the run will mask
     const int64_t t = config.model.seq_len, v = config.model.vocab_size;
     if (d.blend.empty()) {
       inspect("data.train", d.train, t, v);
@@ -464,6 +465,12 @@ int main(int argc, char** argv) {
   inspect_cmd
       ->add_option("--vocab", inspect_vocab,
                    "read every id and check it is below this vocabulary size (exit 1 if not)")
+      ->check(kNonNegative);
+  int64_t inspect_eot = -1;
+  inspect_cmd
+      ->add_option("--eot", inspect_eot,
+                   "count the documents ending at this end-of-text id (GPT-2's: 50256); with "
+                   "--config, data.eot_token where data.document_mask is on")
       ->check(kNonNegative);
 
   std::string checkpoint, prompt = "\n";
@@ -732,7 +739,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (inspect_cmd->parsed())
-      return cmd_inspect(inspect_specs, inspect_seq_len, inspect_vocab, inspect_config,
+      return cmd_inspect(inspect_specs, inspect_seq_len, inspect_vocab, inspect_eot, inspect_config,
                          inspect_sets);
     if (verify_cmd->parsed()) return cmd_verify(verify_paths);
     if (export_cmd->parsed()) {

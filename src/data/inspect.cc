@@ -9,19 +9,30 @@
 namespace loom {
 namespace {
 
-// Scans every token of `shard` against `vocab_size`.
+// Scans every token of `shard`: against `vocab_size` when it is positive, for end-of-text
+// tokens when eot >= 0.
 template <typename Token>
-void scan_ids(const Token* tokens, int64_t vocab_size, ShardSummary& shard) {
-  int64_t max_id = -1;
+void scan_ids(const Token* tokens, int64_t vocab_size, int64_t eot, ShardSummary& shard) {
+  int64_t max_id = -1, since_eot = 0;
   for (int64_t i = 0; i < shard.tokens; ++i) {
     const auto id = static_cast<int64_t>(tokens[i]);
     max_id = std::max(max_id, id);
-    if (id >= vocab_size) {
+    if (vocab_size > 0 && id >= vocab_size) {
       if (shard.ids_outside == 0) shard.first_outside = i;
       ++shard.ids_outside;
     }
+    ++since_eot;
+    if (id == eot) {
+      ++shard.documents;
+      shard.longest_document = std::max(shard.longest_document, since_eot);
+      since_eot = 0;
+    }
   }
-  shard.max_id = max_id;
+  if (eot >= 0 && since_eot > 0) {  // the tokens after the last end-of-text: one more document
+    ++shard.documents;
+    shard.longest_document = std::max(shard.longest_document, since_eot);
+  }
+  if (vocab_size > 0) shard.max_id = max_id;
 }
 
 }  // namespace
@@ -44,20 +55,33 @@ int64_t CorpusSummary::ids_outside() const {
   return n;
 }
 
-CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t vocab_size) {
+int64_t CorpusSummary::documents() const {
+  int64_t n = 0;
+  for (const ShardSummary& s : shards) n += s.documents;
+  return n;
+}
+
+int64_t CorpusSummary::longest_document() const {
+  int64_t n = 0;
+  for (const ShardSummary& s : shards) n = std::max(n, s.longest_document);
+  return n;
+}
+
+CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t vocab_size,
+                             int64_t eot) {
   CorpusSummary corpus{spec, {}};
   for (const std::string& path : resolve_shards(spec, "data inspect")) {
     ShardSummary shard;
     shard.path = path;
-    if (vocab_size > 0) {
+    if (vocab_size > 0 || eot >= 0) {
       const MappedShard mapped(path);
       const MappedShard::Reading reading(mapped);
       shard.tokens = mapped.info().num_tokens;
       shard.token_bytes = mapped.info().token_bytes;
       if (shard.token_bytes == 2)
-        scan_ids(mapped.tokens16(), vocab_size, shard);
+        scan_ids(mapped.tokens16(), vocab_size, eot, shard);
       else
-        scan_ids(mapped.tokens32(), vocab_size, shard);
+        scan_ids(mapped.tokens32(), vocab_size, eot, shard);
     } else {
       const ShardInfo info = read_shard_header(path);
       shard.tokens = info.num_tokens;
@@ -69,7 +93,8 @@ CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t v
   return corpus;
 }
 
-std::string format_corpus(const CorpusSummary& corpus, int64_t seq_len, int64_t vocab_size) {
+std::string format_corpus(const CorpusSummary& corpus, int64_t seq_len, int64_t vocab_size,
+                          int64_t eot) {
   char line[512];
   std::string out;
   std::snprintf(line, sizeof line, "%s: %zu shard%s, %lld tokens", corpus.spec.c_str(),
@@ -79,6 +104,15 @@ std::string format_corpus(const CorpusSummary& corpus, int64_t seq_len, int64_t 
   if (seq_len > 0) {
     std::snprintf(line, sizeof line, ", %lld sequences of %lld",
                   static_cast<long long>(corpus.windows()), static_cast<long long>(seq_len));
+    out += line;
+  }
+  if (eot >= 0 && corpus.documents() > 0) {
+    std::snprintf(line, sizeof line,
+                  ", %lld documents ending at token %lld (mean %.1f tokens, "
+                  "longest %lld)",
+                  static_cast<long long>(corpus.documents()), static_cast<long long>(eot),
+                  static_cast<double>(corpus.tokens()) / static_cast<double>(corpus.documents()),
+                  static_cast<long long>(corpus.longest_document()));
     out += line;
   }
   out += "\n";

@@ -17,6 +17,11 @@ struct ShardSummary {
   int64_t max_id = -1;         // with a vocabulary: the largest id (-1: not scanned, or no tokens)
   int64_t ids_outside = 0;     // ids >= the vocabulary
   int64_t first_outside = -1;  // the first one's index in the shard
+  // With an end-of-text id (data.eot_token): the documents the shard holds — each ending at an
+  // end-of-text token, and the tokens after the last one, if any, as one more — and the longest
+  // one's tokens. A document continuing into the next shard counts in both.
+  int64_t documents = 0;
+  int64_t longest_document = 0;
 };
 
 struct CorpusSummary {
@@ -25,15 +30,21 @@ struct CorpusSummary {
   int64_t tokens() const;
   int64_t windows() const;
   int64_t ids_outside() const;
+  int64_t documents() const;
+  int64_t longest_document() const;
 };
 
 // The shards `spec` names (resolve_shards' forms), each header checked; with seq_len > 0 their
-// windows; with vocab_size > 0 every token read and checked against it. Throws loom::Error as
-// resolve_shards and read_shard_header do (naming the spec or the shard).
-CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t vocab_size);
+// windows; with vocab_size > 0 every token read and checked against it; with eot >= 0 its
+// documents counted. Throws loom::Error as resolve_shards and read_shard_header do (naming the
+// spec or the shard).
+CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t vocab_size,
+                             int64_t eot = -1);
 
-// The summary as text: a line for the corpus, a row per shard, and, with a vocabulary, the ids
-// outside it (the first one's shard and position) or "none".
-std::string format_corpus(const CorpusSummary& corpus, int64_t seq_len, int64_t vocab_size);
+// The summary as text: a line for the corpus (with eot >= 0 its documents' count, mean and
+// longest length), a row per shard, and, with a vocabulary, the ids outside it (the first one's
+// shard and position) or "none".
+std::string format_corpus(const CorpusSummary& corpus, int64_t seq_len, int64_t vocab_size,
+                          int64_t eot = -1);
 
 }  // namespace loom

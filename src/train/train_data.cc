@@ -159,6 +159,11 @@ std::string TrainData::describe(int64_t run_tokens) const {
                   static_cast<long long>(d + 1), 100 * share);
     out += share_text + sources_[static_cast<size_t>(d)].spec + figures;
   }
+  if (data_.document_mask)
+    out +=
+        "data.document_mask: each token attends within its document, documents ending at "
+        "token " +
+        std::to_string(data_.eot_token) + "\n";
   return out;
 }
 

@@ -121,6 +121,18 @@ TEST_F(Cli, DataInspectCountsAndChecksIds) {
       << config.output;
   EXPECT_EQ(run("data inspect --config " + write_config("") + " --set model.vocab_size=60").code,
             1);
+  // Documents: each "a+b=c\n" problem ends at its newline (10), by --eot or, with --config, by
+  // data.eot_token where data.document_mask is on.
+  Result docs = run("data inspect " + path("data") + "/train_000000.bin --eot 10");
+  ASSERT_EQ(docs.code, 0) << docs.output;
+  EXPECT_NE(docs.output.find(" documents ending at token 10 (mean "), std::string::npos)
+      << docs.output;
+  Result masked = run("data inspect --config " + write_config("") +
+                      " --set data.document_mask=true --set data.eot_token=10");
+  ASSERT_EQ(masked.code, 0) << masked.output;
+  EXPECT_NE(masked.output.find(" documents ending at token 10 (mean "), std::string::npos)
+      << masked.output;
+  EXPECT_EQ(config.output.find("documents ending"), std::string::npos) << "no mask, no count";
 }
 
 TEST_F(Cli, UnknownConfigKey) {

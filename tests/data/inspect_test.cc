@@ -49,5 +49,30 @@ TEST(InspectCorpus, CountsTokensSequencesAndIdsPastTheVocabulary) {
   expect_error([&] { inspect_corpus(dir.file("nope_*.bin"), 0, 0); }, {"nope_*.bin"});
 }
 
+// With an end-of-text id: each shard's documents (one per end-of-text token, and the tokens after
+// the last one as one more) and the longest, with or without a vocabulary; the corpus line gives
+// their count, mean and longest.
+TEST(InspectCorpus, CountsDocumentsEndingAtTheEotToken) {
+  TempDir dir;
+  write_shard(dir.file("train_000000.bin"), std::vector<uint16_t>{1, 2, 9, 3, 9, 4, 5, 6, 7, 9});
+  write_shard(dir.file("train_000001.bin"), std::vector<uint16_t>{9, 1, 2, 3});
+  const CorpusSummary corpus = inspect_corpus(dir.str(), 0, 0, /*eot=*/9);
+  ASSERT_EQ(corpus.shards.size(), 2u);
+  EXPECT_EQ(corpus.shards[0].documents, 3);  // [1 2 9] [3 9] [4 5 6 7 9]
+  EXPECT_EQ(corpus.shards[0].longest_document, 5);
+  EXPECT_EQ(corpus.shards[1].documents, 2);  // [9] [1 2 3]
+  EXPECT_EQ(corpus.shards[1].longest_document, 3);
+  EXPECT_EQ(corpus.documents(), 5);
+  EXPECT_EQ(corpus.shards[0].max_id, -1) << "no vocabulary given";
+  const std::string text = format_corpus(corpus, 0, 0, 9);
+  EXPECT_NE(text.find("5 documents ending at token 9 (mean 2.8 tokens, longest 5)"),
+            std::string::npos)
+      << text;
+  const CorpusSummary checked = inspect_corpus(dir.str(), 0, 8, 9);
+  EXPECT_EQ(checked.documents(), 5);
+  EXPECT_EQ(checked.ids_outside(), 4);  // the 9s
+  EXPECT_EQ(inspect_corpus(dir.str(), 0, 0).documents(), 0) << "no eot given";
+}
+
 }  // namespace
 }  // namespace loom

@@ -489,6 +489,10 @@ TEST_F(ContextParallelRuns, DocumentMaskUnderEveryLayoutMatchesOneDevice) {
   c.train.eval_every = 2;
   c.train.eval_batches = 4;
   const TrainSummary masked = run_training(c, options("documents_one"));
+  EXPECT_NE(masked.layout_report.find("data.document_mask: each token attends within its "
+                                      "document, documents ending at token 10"),
+            std::string::npos)
+      << masked.layout_report;
   Config causal = c;
   causal.data.document_mask = false;
   run_training(causal, options("documents_causal"));
