@@ -1,13 +1,14 @@
 // Fused causal attention (FlashAttention-2's schedule) for head sizes 64 (every GPT-2 size) and
 // 128 (Llama 3's and most larger models') with bf16 operands on the tensor cores (mma.sync
-// m16n8k16, fp32 accumulation; mma.cuh): what attention.cu uses when the matmul precision is bf16. No (T, T) score matrix ever reaches memory.
-// A block of 4 warps owns 64 rows, 16 per warp, and walks the other side's tiles through shared
-// memory; each warp keeps its own rows' operands in registers for the whole walk, and the scores,
-// probabilities and their gradients never leave registers: the accumulators of one product are
-// the A operand of the next (mma.cuh), and a row's max and sum combine the 4 lanes that hold it
-// with two shuffles.
+// m16n8k16, fp32 accumulation; mma.cuh): what attention.cu uses when the matmul precision is bf16.
+// No (T, T) score matrix ever reaches memory. A block of 4 warps owns 64 rows, 16 per warp, and
+// walks the other side's tiles through shared memory; each warp keeps its own rows' operands in
+// registers for the whole walk, and the scores, probabilities and their gradients never leave
+// registers: the accumulators of one product are the A operand of the next (mma.cuh), and a row's
+// max and sum combine the 4 lanes that hold it with two shuffles.
 //
-//  - forward, per query tile: S = Q·Kᵀ per 64-key tile (32 at head size 128), online softmax (running max m and sum l
+//  - forward, per query tile: S = Q·Kᵀ per 64-key tile (32 at head size 128), online softmax
+//  (running max m and sum l
 //    per row, the output rescaled by 2^(m_old - m_new); scores in log2 units for exp2f), O += P·V;
 //    then O / l and lse = (m + log2 l)·ln 2.
 //  - backward, deterministic (no float atomics), in two passes that each recompute P from lse:
@@ -19,7 +20,10 @@
 // mmas at a time out of them, along their rows or (transposing) down their columns: the padded
 // leading dimension (+8 values) puts each 8-row phase of its reads, and a warp's stores, in
 // distinct banks.
-// Warps whose rows the causal mask hides from a whole tile skip its products.
+// Warps whose rows the causal mask hides from a whole tile skip its products. With document
+// masking (Rows::docs) a query tile's walk over the keys starts at the tile of its first row's
+// document, and a key tile's walk over the queries ends at the last query whose document
+// reaches it; each score is masked by its row's document start as well as its position.
 //
 // qkv is read in place as the qkv projection writes it, (B, T, (NH + 2·KV)·hd): NH query heads,
 // then KV key heads, then KV value heads, query head h reading key/value head h / (NH/KV) —
@@ -429,11 +433,27 @@ __global__ void flash_backward_kv_kernel(Out* dk, Out* dv, Strides dkvs, const D
   const float scale2 = scale * kLog2e;
   // Per run, its first 32-row tile holding a position at or after the first key's and how many
   // tiles from there: causal, earlier queries see none of these keys.
+  // With document masking the walk also ends at the last tile holding a query whose document
+  // starts at or before this block's last key: document starts never decrease along a run, so
+  // the queries that see any of these keys are a prefix of it (found by bisection) — short
+  // documents leave O(T·L) of the walk, not O(T²).
+  const int64_t last_key = (k0 + kBlockRows < T ? k0 + kBlockRows : T) - 1;
   int64_t first[kMaxRuns], count[kMaxRuns], tiles = 0;
   for (int i = 0; i < rows.count; ++i) {
     const int64_t skip =
         first_pos > rows.begin[i] ? (first_pos - rows.begin[i]) / kSideTile : 0;
-    const int64_t all = (rows.size[i] + kSideTile - 1) / kSideTile;
+    int64_t all = (rows.size[i] + kSideTile - 1) / kSideTile;
+    if (rows.docs.start != nullptr) {
+      int64_t lo = 0, hi = rows.size[i];  // the first local row whose document starts later
+      while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (rows.first_key(b, rows.begin[i] + mid) <= last_key)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      all = (lo + kSideTile - 1) / kSideTile;
+    }
     first[i] = skip;
     count[i] = all > skip ? all - skip : 0;
     tiles += count[i];
