@@ -76,6 +76,11 @@ struct DataConfig {
   // Off: causal attention over the whole sequence, llm.c's and GPT-2's.
   bool document_mask = false;
   int64_t eot_token = 50256;  // GPT-2's <|endoftext|>, as llm.c's shards separate documents
+  // The seed of data.shuffle's orders; -1: train.seed's (Megatron-LM's one --seed). Set it to
+  // sweep train.seed (the initialisation) over the same data order, as transformers' data_seed.
+  int64_t seed = -1;
+  // The seed the shuffled orders are drawn from: `seed`, or train_seed where it is -1.
+  int64_t order_seed(int64_t train_seed) const { return seed >= 0 ? seed : train_seed; }
   friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
 
@@ -133,7 +138,7 @@ struct TrainConfig {
   double loss_scale_init = 65536;
   int64_t loss_scale_window = 1000;
   double loss_scale_min = 1;
-  int64_t seed = 1337;           // parameter init and data order; >= 0
+  int64_t seed = 1337;           // parameter init, and data order unless data.seed; >= 0
   int64_t eval_every = 100;      // steps between evaluations; 0 = never
   int64_t eval_batches = 8;      // validation micro-batches per evaluation
   int64_t save_every = 500;      // steps between checkpoints; 0 = never

@@ -122,6 +122,7 @@ void validate_model(const ModelConfig& m, Problems& p) {
 }
 
 void validate_data(const DataConfig& d, Problems& p) {
+  if (d.seed < -1) p.add("data.seed = ", d.seed, " must be >= 0, or -1 for train.seed's");
   try {
     if (!d.val_sets.empty()) (void)parse_val_sets(d.val_sets);
   } catch (const Error& e) {

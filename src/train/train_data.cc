@@ -12,13 +12,17 @@ namespace loom {
 
 namespace {
 
-// How a run reads its training data, for resume's messages.
-std::string reading(const DataConfig& data) {
+// How a run reads its training data, for resume's messages; a shuffled reading with the seed of
+// its orders.
+std::string reading(const DataConfig& data, int64_t train_seed) {
   std::string how =
       data.blend.empty()
           ? std::string("data.train")
           : detail::concat("data.blend (", parse_data_blend(data.blend).size(), " sources)");
-  return how + (data.shuffle ? ", shuffled (data.shuffle = true)" : ", in order");
+  if (!data.shuffle) return how + ", in order";
+  return detail::concat(how, ", shuffled (data.shuffle = true) by seed ",
+                        data.order_seed(train_seed),
+                        data.seed >= 0 ? " (data.seed)" : " (train.seed)");
 }
 
 // A blend's shares as written: normalised weights, or empty for shares by token count.
@@ -47,7 +51,7 @@ std::string weights_text(const std::vector<BlendSource>& sources) {
 }  // namespace
 
 TrainData::TrainData(const Config& config, int64_t micro, int64_t seq_len, int rank, int world)
-    : data_(config.data) {
+    : data_(config.data), train_seed_(config.train.seed) {
   // A sequence at a time, whatever the reading: a blend's sources, or data.train as a blend of
   // one. (A loader reading whole steps would skip a shard's tail whose length depends on the
   // layout's ranks × micro-batch, and layouts would part at every shard's end.)
@@ -63,7 +67,8 @@ TrainData::TrainData(const Config& config, int64_t micro, int64_t seq_len, int r
     weights.push_back(sources_[d].weight);
   }
   std::optional<uint64_t> shuffle_seed;
-  if (config.data.shuffle) shuffle_seed = static_cast<uint64_t>(config.train.seed);
+  if (config.data.shuffle)
+    shuffle_seed = static_cast<uint64_t>(config.data.order_seed(config.train.seed));
   loader_ =
       std::make_unique<BlendedLoader>(shards, weights, micro, seq_len, rank, world, shuffle_seed);
   loader_->set_vocab_size(config.model.vocab_size);
@@ -94,18 +99,33 @@ std::string TrainData::resume(const TrainingState& state, const std::string& che
   // can parse, a checkpoint with no position per source is from before them: data.train in
   // order; one with them is checked by their count (set_state).
   std::optional<DataConfig> saved;
+  int64_t saved_train_seed = 0;
   try {
-    if (!state.config_toml.empty()) saved = parse_config(state.config_toml, checkpoint).data;
+    if (!state.config_toml.empty()) {
+      const Config config = parse_config(state.config_toml, checkpoint);
+      saved = config.data;
+      saved_train_seed = config.train.seed;
+    }
   } catch (const Error&) {
   }
+  // A shuffled position is a place in the orders its seed drew: another seed's would read some
+  // sequences of the epoch twice and others never.
   const bool same_reading =
       saved ? saved->blend.empty() == data_.blend.empty() && saved->shuffle == data_.shuffle &&
-                  (saved->blend.empty() || parse_data_blend(saved->blend).size() == sources_.size())
+                  (saved->blend.empty() ||
+                   parse_data_blend(saved->blend).size() == sources_.size()) &&
+                  (!data_.shuffle ||
+                   saved->order_seed(saved_train_seed) == data_.order_seed(train_seed_))
             : !state.loader_sources.empty() || in_order_single_corpus();
   if (!same_reading)
     fail("checkpoint ", checkpoint, " was written by a run reading ",
-         saved ? reading(*saved) : std::string("data.train, in order"), "; this run reads ",
-         reading(data_), ": resume with the config it was trained with (RUN_DIR/config.toml)");
+         saved ? reading(*saved, saved_train_seed) : std::string("data.train, in order"),
+         "; this run reads ", reading(data_, train_seed_),
+         ": resume with the config it was trained with (RUN_DIR/config.toml)",
+         data_.shuffle && saved && saved->shuffle
+             ? detail::concat(", or set data.seed = ", saved->order_seed(saved_train_seed),
+                              " to keep its data order")
+             : std::string());
   // Checkpoints from before loader.sources: data.train's position in order, and a single
   // corpus's count of sequences does not matter (every sequence is its).
   std::vector<BlendSourceState> position = state.loader_sources;

@@ -46,6 +46,7 @@ class TrainData {
   bool in_order_single_corpus() const;  // data.train without data.shuffle
 
   DataConfig data_;
+  int64_t train_seed_ = 0;            // train.seed: the shuffled orders' seed unless data.seed
   std::vector<BlendSource> sources_;  // data.blend's, or data.train alone
   std::unique_ptr<BlendedLoader> loader_;
 };

@@ -36,6 +36,7 @@
 #include "optim/adamw.h"
 #include "train/benchmark.h"
 #include "train/run_compare.h"
+#include "train/train_data.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -1640,10 +1641,50 @@ TEST_F(TrainTest, ShuffledDataTrainsEveryLayoutAlikeAndResumes) {
   Config plain = c;
   plain.data.shuffle = false;
   const std::string e = resume_error(plain, "one", 3);
-  EXPECT_NE(e.find("written by a run reading data.train, shuffled (data.shuffle = true); this run "
-                   "reads data.train, in order"),
+  EXPECT_NE(e.find("written by a run reading data.train, shuffled (data.shuffle = true) by seed 11 "
+                   "(train.seed); this run reads data.train, in order"),
             std::string::npos)
       << e;
+
+  // data.seed: the orders' own seed. Equal to train.seed it is the same run, bit for bit; another
+  // data.seed reads other sequences (the same initialisation, another first loss); another
+  // train.seed over the same data.seed reads the same ones (the loader's first 12 sequences).
+  Config same = c;
+  same.data.seed = c.train.seed;
+  run_training(same, options("data_seed_same"));
+  expect_same_run(metrics("one"), metrics("data_seed_same"));
+  Config reorder = c;
+  reorder.data.seed = 99;
+  run_training(reorder, options("data_seed_99"));
+  EXPECT_NE(metrics("data_seed_99")[0].at("loss"), metrics("one")[0].at("loss"));
+  const auto first_sequences = [](const Config& config) {
+    TrainData data(config, 4, config.model.seq_len, 0, 1);
+    std::vector<int32_t> in(4 * config.model.seq_len), tg(in.size()), all;
+    for (int i = 0; i < 3; ++i) {
+      data.next_batch(in.data(), tg.data());
+      all.insert(all.end(), in.begin(), in.end());
+    }
+    return all;
+  };
+  Config sweep = reorder;
+  sweep.train.seed = c.train.seed + 1;
+  EXPECT_EQ(first_sequences(sweep), first_sequences(reorder));
+  sweep.data.seed = -1;  // the orders of train.seed 12
+  EXPECT_NE(first_sequences(sweep), first_sequences(reorder));
+  // Resuming a shuffled run under another order's seed would reread and skip sequences: refused,
+  // naming both seeds and the data.seed that keeps the order.
+  Config other = c;
+  other.train.seed = c.train.seed + 1;
+  const std::string e2 = resume_error(other, "one", 3);
+  EXPECT_NE(e2.find("shuffled (data.shuffle = true) by seed 11 (train.seed); this run reads "
+                    "data.train, shuffled (data.shuffle = true) by seed 12 (train.seed)"),
+            std::string::npos)
+      << e2;
+  EXPECT_NE(e2.find("or set data.seed = 11 to keep its data order"), std::string::npos) << e2;
+  other.data.seed = 11;  // ... which resumes
+  TrainOptions o = options("one_reseeded");
+  o.resume = (dir_ / "one" / "checkpoints" / "step_3").string();
+  EXPECT_NO_THROW(run_training(other, o));
 }
 
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
