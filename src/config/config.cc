@@ -67,6 +67,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(train, steps),
     LOOM_KEY(train, batch_size),
     LOOM_KEY(train, micro_batch_size),
+    LOOM_KEY(train, batch_rampup),
     LOOM_KEY(train, lr),
     LOOM_KEY(train, warmup_steps),
     LOOM_KEY(train, lr_schedule),

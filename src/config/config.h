@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -110,10 +111,27 @@ struct ValSet {
 // an empty spec, or a name given twice.
 std::vector<ValSet> parse_val_sets(const std::string& text);
 
+// train.batch_rampup's three numbers.
+struct BatchRampup {
+  int64_t start = 0, increment = 0, samples = 0;
+};
+// Nothing for an empty text; throws loom::Error naming train.batch_rampup for anything but three
+// positive whole numbers.
+std::optional<BatchRampup> parse_batch_rampup(const std::string& text);
+
 struct TrainConfig {
   int64_t steps = 1000;          // optimizer steps
   int64_t batch_size = 8;        // global batch, in sequences, per optimizer step
   int64_t micro_batch_size = 8;  // sequences per forward/backward on one data-parallel rank
+  // Batch-size ramp-up, Megatron-LM's --rampup-batch-size: "START INCREMENT SAMPLES" — the global
+  // batch starts at START sequences and grows by INCREMENT in (batch_size - START) / INCREMENT
+  // equal steps over the run's first SAMPLES sequences (parse_batch_rampup, batch_size_at).
+  // Empty: batch_size from the first step. The learning-rate schedule stays by steps.
+  std::string batch_rampup;
+  // The global batch of the step that begins after `consumed` sequences: batch_size, or during
+  // the ramp-up its batch then. And the sequences the steps before `step` read.
+  int64_t batch_size_at(int64_t consumed) const;
+  int64_t samples_before(int64_t step) const;
   double lr = 6e-4;              // peak learning rate
   int64_t warmup_steps = 100;    // linear warmup from 0 to lr, then lr_schedule's decay
   // After warm-up: "cosine" or "linear" decay to lr * min_lr_ratio at `steps`, "constant", or

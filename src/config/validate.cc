@@ -140,6 +140,36 @@ void validate_data(const DataConfig& d, Problems& p) {
   }
 }
 
+// Every batch of the ramp-up must split as batch_size does: into micro-batches of every
+// data-parallel rank (and, under an interleaved schedule, into groups of pp of them).
+void validate_batch_rampup(const TrainConfig& t, const ParallelConfig& par, Problems& p) {
+  std::optional<BatchRampup> ramp;
+  try {
+    ramp = parse_batch_rampup(t.batch_rampup);
+  } catch (const Error& e) {
+    p.add(e.what());
+    return;
+  }
+  if (!ramp || t.batch_size <= 0 || t.micro_batch_size <= 0 || par.dp <= 0) return;
+  if (ramp->start >= t.batch_size) {
+    p.add("train.batch_rampup's START = ", ramp->start,
+          " is not below train.batch_size = ", t.batch_size);
+    return;
+  }
+  if ((t.batch_size - ramp->start) % ramp->increment != 0)
+    p.add("train.batch_rampup: train.batch_size - START = ", t.batch_size - ramp->start,
+          " is not a multiple of INCREMENT = ", ramp->increment);
+  int64_t unit = t.micro_batch_size * par.dp;
+  const char* what = "train.micro_batch_size × parallel.dp";
+  if (par.pp > 1 && schedule_takes_groups_of_pp(par.schedule)) {
+    unit *= par.pp;
+    what = "train.micro_batch_size × parallel.dp × parallel.pp (an interleaved schedule's groups)";
+  }
+  if (ramp->start % unit != 0 || ramp->increment % unit != 0)
+    p.add("train.batch_rampup: START = ", ramp->start, " and INCREMENT = ", ramp->increment,
+          " must be multiples of ", what, " = ", unit, ", as every step's batch splits so");
+}
+
 void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p) {
   p.positive("train.steps", t.steps);
   p.positive("train.batch_size", t.batch_size);
@@ -157,6 +187,7 @@ void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p
           "train.batch_size / (train.micro_batch_size × parallel.dp) = ",
           t.batch_size / (t.micro_batch_size * par.dp), ", to be a multiple of parallel.pp = ",
           par.pp);
+  validate_batch_rampup(t, par, p);
   p.in_range("train.lr", t.lr, 0, kInf, /*hi_open=*/true);
   p.non_negative("train.warmup_steps", t.warmup_steps);
   if (t.steps > 0 && t.warmup_steps > t.steps)

@@ -31,8 +31,9 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
       model, cost_seq_len, pp.size() * config.virtual_stages, config.layer_split,
       stage_placement(config.schedule, pp.size(), config.virtual_stages).v_placement);
   // zb-v's order is simulated on the stages' costs (the others' are formulas).
+  stage_costs_ = pipeline_stage_costs(model, cost_seq_len, stage_begin_);
   schedule_ = make_schedule(config.schedule, pp.size(), config.microbatches, config.virtual_stages,
-                            pipeline_stage_costs(model, cost_seq_len, stage_begin_));
+                            stage_costs_);
   check_schedule(schedule_);
   for (int c = 0; c < config.virtual_stages; ++c) {
     const Gpt2Part part = part_of_stage(schedule_.stage_of(pp.rank(), c));
@@ -49,6 +50,15 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
   const bool holds_wte = model.tie_embeddings && (pp.rank() == 0 ||
                                                   pp.rank() == rank_of_stage(schedule_.stages() - 1));
   tied_ = pp.split(holds_wte ? 0 : -1, pp.rank());
+}
+
+void PipelineParallel::set_microbatches(int microbatches) {
+  if (microbatches == config_.microbatches) return;
+  PipelineSchedule schedule = make_schedule(config_.schedule, pp_.size(), microbatches,
+                                            config_.virtual_stages, stage_costs_);
+  check_schedule(schedule);
+  schedule_ = std::move(schedule);
+  config_.microbatches = microbatches;
 }
 
 Gpt2Part PipelineParallel::part_of_stage(int s) const {

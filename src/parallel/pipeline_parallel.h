@@ -117,6 +117,11 @@ class PipelineParallel {
                   const Tensor* documents = nullptr);
   double queued_loss_sum(StepLosses& queue);
 
+  // Another number of micro-batches for the steps from here on (train.batch_rampup): the
+  // schedule made again for it; the stages, their parameters and state stay. Throws, naming the
+  // schedule, for a count it cannot take.
+  void set_microbatches(int microbatches);
+
   const PipelineSchedule& schedule() const { return schedule_; }
   // The part of the model that stage s holds.
   Gpt2Part part_of_stage(int s) const;
@@ -147,6 +152,7 @@ class PipelineParallel {
   PipelineConfig config_;
   PipelineSchedule schedule_;
   std::vector<int64_t> stage_begin_;  // pipeline_partition
+  StageCosts stage_costs_;            // what zb-v's simulated order is made from
   std::vector<std::unique_ptr<Gpt2Stage>> chunks_;
   std::vector<std::unique_ptr<DataParallel>> engines_;
   std::unique_ptr<Communicator> tied_;  // first and last stage's ranks (null elsewhere)

@@ -24,12 +24,13 @@ nlohmann::json step_record(const StepFigures& f) {
       {"compute_ms", f.compute_seconds() * 1e3},
       {"tflops", flops_per_s / 1e12},
       {"mfu", flops_per_s / (f.peak_tflops * 1e12 * f.world_size)},
-      {"tokens", f.step * f.tokens_per_step},
+      {"tokens", f.tokens_total >= 0 ? f.tokens_total : f.step * f.tokens_per_step},
       {"peak_mem_mb", static_cast<double>(f.peak_bytes) / kMiB},
       {"mem_params_mb", static_cast<double>(f.state_bytes.params) / kMiB},
       {"mem_grads_mb", static_cast<double>(f.state_bytes.grads) / kMiB},
       {"mem_optimizer_mb", static_cast<double>(f.state_bytes.optimizer) / kMiB},
       {"mem_activations_peak_mb", static_cast<double>(f.peak_bytes - f.held_bytes) / kMiB}};
+  if (f.batch_size > 0) record["batch_size"] = f.batch_size;
   if (f.val_loss) record["val_loss"] = *f.val_loss;
   for (const auto& [name, val] : f.val_losses) record["val_losses"][name] = val;
   for (size_t d = 0; d < f.data_epochs.size(); ++d)

@@ -41,6 +41,8 @@ struct StepFigures {
   AxisFigures comm_seconds;      // blocked on each axis' communication
   AxisBytes comm_bytes;          // handed to each axis' communicator
   int64_t tokens_per_step = 0;
+  int64_t tokens_total = -1;  // the run's tokens up to this step's end; -1: step × tokens_per_step
+  int64_t batch_size = 0;     // the step's global batch in sequences (train.batch_rampup); 0: none
   double flops_per_step = 0;  // the model's, all ranks
   double peak_tflops = 0;     // one rank's, for the MFU
   int world_size = 1;

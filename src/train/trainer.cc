@@ -341,7 +341,6 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const int64_t seq_len = config.model.seq_len;
   const int64_t micro = tc.micro_batch_size;
   const int64_t accum = config.grad_accum_steps();
-  const int64_t tokens_per_step = tc.batch_size * seq_len;
   const bool pipelined = config.parallel.pp > 1;
   const bool tensor_parallel = config.parallel.tp > 1;
   // pp × dp × tp, tp innermost (neighbouring ranks, the fastest links), pp outermost, as
@@ -544,15 +543,27 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   // Start-up: the layout, each rank's coordinates, parameters and expected memory.
   summary.layout_report = startup_layout_report(world, mesh, config, parts, state_bytes,
                                                 &summary.expected_activation_bytes);
-  summary.layout_report += train_data.describe(tc.steps * tc.batch_size * seq_len);
+  summary.layout_report += train_data.describe(tc.samples_before(tc.steps) * seq_len);
+  if (const std::optional<BatchRampup> ramp = parse_batch_rampup(tc.batch_rampup)) {
+    int64_t ramp_steps = 0;
+    for (int64_t read = 0; tc.batch_size_at(read) < tc.batch_size; ++ramp_steps)
+      read += tc.batch_size_at(read);
+    summary.layout_report +=
+        detail::concat("train.batch_rampup: the batch grows from ", ramp->start, " by ",
+                       ramp->increment, " to ", tc.batch_size, " over the first ", ramp->samples,
+                       " sequences (steps 1-", ramp_steps, ")\n");
+  }
   if (leader && options.progress) std::fputs(summary.layout_report.c_str(), stderr);
   const int64_t end_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
-  // Model flops of a step (all ranks) and the peak of one rank, for tflops and the MFU.
-  const double flops_per_step =
-      model_config_of(config).flops_per_token(seq_len) * static_cast<double>(tokens_per_step);
+  // Model flops of a token and the peak of one rank, for tflops and the MFU.
+  const double flops_per_token = model_config_of(config).flops_per_token(seq_len);
   const double peak_tflops = leader ? rank_peak_tflops(config, device) : 0;
   double time_total = 0;
   int64_t steps_timed = 0;
+  double tokens_timed = 0;
+  // train.batch_rampup: each step's global batch from the sequences read before it (the same
+  // on every rank and layout, and on a resume); its micro-batches per rank, `accum` at most.
+  int64_t consumed = tc.samples_before(summary.start_step);
   // The run's saves (train/async_checkpoint.h): staged here, from this rank's parts of the model,
   // written now or in the background, published once every rank wrote its files.
   RunCheckpoints saves(world, checkpoints_dir, tc.keep_checkpoints, leader, message);
@@ -590,10 +601,15 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     for (CountingCommunicator* c : axis_counts)
       if (c != nullptr) c->check();
   };
-  // The schedule's bubble at unit costs, beside each step's measured one.
-  const double bubble_theory = pipelined ? theoretical_bubble(pipe->schedule()) : 0.0;
+  // The schedule's bubble at unit costs, beside each step's measured one (a ramp-up step's
+  // schedule's own).
+  const auto bubble_theory = [&] { return pipelined ? theoretical_bubble(pipe->schedule()) : 0.0; };
   for (int64_t step = summary.start_step + 1; step <= end_step; ++step) {
     const double t0 = now_seconds();
+    const int64_t step_batch = tc.batch_size_at(consumed);
+    const int64_t step_accum = step_batch / (micro * config.parallel.dp);
+    const int64_t step_tokens = step_batch * seq_len;
+    consumed += step_batch;
     for (CountingCommunicator* c : axis_counts) {
       if (c == nullptr) continue;
       c->take_bytes();
@@ -615,10 +631,21 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     timeline.begin_step(step);
     TraceScope step_span(&tracer, "step ", "step", step);
     if (pipelined) {
-      for (int64_t m = 0; m < accum; ++m) next_batch(static_cast<size_t>(m));
+      for (int64_t m = 0; m < step_accum; ++m) next_batch(static_cast<size_t>(m));
       {
         TraceScope span(&tracer, "pipeline: forward + backward of every micro-batch", "compute");
-        loss = pipe->train_step(inputs, targets, loss_scale, masked ? &documents : nullptr);
+        if (step_accum == accum) {
+          pipe->set_microbatches(static_cast<int>(accum));
+          loss = pipe->train_step(inputs, targets, loss_scale, masked ? &documents : nullptr);
+        } else {  // a ramp-up step: its first micro-batches, its own schedule
+          const auto first = [&](const std::vector<Tensor>& all) {
+            return std::vector<Tensor>(all.begin(), all.begin() + step_accum);
+          };
+          const std::vector<Tensor> step_documents = masked ? first(documents) : documents;
+          pipe->set_microbatches(static_cast<int>(step_accum));
+          loss = pipe->train_step(first(inputs), first(targets), loss_scale,
+                                  masked ? &step_documents : nullptr);
+        }
       }
       TraceScope span(&tracer, "optimizer", "compute");
       grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale);
@@ -633,18 +660,18 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       ctx.losses = &step_losses;
       ctx.ids_checked = true;
       ctx.documents = masked ? &documents[0] : nullptr;  // refilled by each next_batch(0)
-      for (int64_t m = 0; m < accum; ++m) {
-        engine.begin_micro_batch(m, accum);
+      for (int64_t m = 0; m < step_accum; ++m) {
+        engine.begin_micro_batch(m, step_accum);
         next_batch(0);
         TraceScope span(&tracer, "forward + backward, micro-batch ", "compute", m);
         whole->forward_part(ctx, inputs[0], targets[0], nullptr);
-        whole->backward_part(ctx, Tensor(), loss_scale / static_cast<double>(accum));
+        whole->backward_part(ctx, Tensor(), loss_scale / static_cast<double>(step_accum));
         engine.end_micro_batch();
       }
       ctx.losses = nullptr;
       ctx.ids_checked = false;
       ctx.documents = nullptr;
-      for (double mean : step_losses.take()) loss += mean / static_cast<double>(accum);
+      for (double mean : step_losses.take()) loss += mean / static_cast<double>(step_accum);
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
       loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
       TraceScope span(&tracer, "optimizer", "compute");
@@ -685,7 +712,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
           stream_waits ? (dt > 0 ? figures.comm_seconds.pp / dt : 0.0) : pipe->stats().bubble();
       p.bubble_by_pp_rank =
           all_gather_values((pipeline_mesh ? *pipeline_mesh : mesh).axis("pp"), {p.bubble});
-      p.bubble_theory = bubble_theory;
+      p.bubble_theory = bubble_theory();
       p.bytes_sent = pipe->stats().bytes_sent;
       if (pipe->schedule().name.rfind("zb-", 0) == 0)
         p.max_deferred_bytes = pipe->stats().max_deferred_bytes;
@@ -696,6 +723,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
 
     time_total += dt;
     ++steps_timed;
+    tokens_timed += static_cast<double>(step_tokens);
     if (step == summary.start_step + 1) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.last_step = step;
@@ -725,8 +753,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       figures.seconds = dt;
       figures.data_seconds = data_seconds;
       figures.comm_wait_seconds = comm_wait;
-      figures.tokens_per_step = tokens_per_step;
-      figures.flops_per_step = flops_per_step;
+      figures.tokens_per_step = step_tokens;
+      figures.tokens_total = consumed * seq_len;
+      figures.batch_size = step_batch;
+      figures.flops_per_step = flops_per_token * static_cast<double>(step_tokens);
       figures.peak_tflops = peak_tflops;
       figures.world_size = world.size();
       figures.state_bytes = state_bytes;
@@ -736,7 +766,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       reporter->report(step, step_record(figures));
       if (options.progress && (step % tc.log_every == 0 || last || step == end_step)) {
         const double mean_dt = time_total / static_cast<double>(steps_timed);
-        progress.step(step, loss, lr, grad_norm, tokens_per_step / dt,
+        progress.step(step, loss, lr, grad_norm, static_cast<double>(step_tokens) / dt,
                       mean_dt * static_cast<double>(end_step - step));
         const std::string val_text = validation_message(figures);
         if (!val_text.empty()) progress.message(val_text);
@@ -763,8 +793,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   summary.checkpoint_stall_s = saves.stall_seconds();
   timeline.finish(summary.last_step);
   if (leader) progress.finish();
-  summary.tokens_per_s =
-      steps_timed > 0 ? tokens_per_step * static_cast<double>(steps_timed) / time_total : 0;
+  summary.tokens_per_s = steps_timed > 0 ? tokens_timed / time_total : 0;
   summary.memory = state_bytes;
   return summary;
 }

@@ -604,6 +604,42 @@ TEST(Config, RecomputeModesAndTheDeprecatedAlias) {
   EXPECT_TRUE(Contains(to_toml(c), "recompute = \"selective\"\n"));
 }
 
+// train.batch_rampup: Megatron-LM's rule — (batch_size - START) / INCREMENT equal increments over
+// SAMPLES sequences, each once its share is consumed — and the sequences before a step; the text
+// refused by name unless it is three positive whole numbers; validate() checks the batches split.
+TEST(Config, BatchRampupFollowsMegatronsRule) {
+  TrainConfig t;
+  t.batch_size = 512;
+  EXPECT_EQ(t.batch_size_at(0), 512) << "no ramp";
+  EXPECT_EQ(t.samples_before(10), 5120);
+  t.batch_rampup = "32 32 1000";  // 15 increments, one per 66.67 sequences
+  EXPECT_EQ(t.batch_size_at(0), 32);
+  EXPECT_EQ(t.batch_size_at(66), 32);
+  EXPECT_EQ(t.batch_size_at(67), 64);
+  EXPECT_EQ(t.batch_size_at(999), 480);  // 999 / 66.67 = 14.985: 32 + 14 · 32
+  EXPECT_EQ(t.batch_size_at(1000), 512);
+  EXPECT_EQ(t.samples_before(0), 0);
+  EXPECT_EQ(t.samples_before(3), 32 + 32 + 32);  // 0, 32, 64 read: all below 66.67
+  // After the ramp each step adds batch_size.
+  const int64_t ramp_end = t.samples_before(100);
+  EXPECT_EQ(t.samples_before(101) - ramp_end, 512);
+  EXPECT_FALSE(parse_batch_rampup("  ").has_value());
+  EXPECT_TRUE(Contains(error_of([] { parse_batch_rampup("32 32"); }), "give three numbers"));
+  EXPECT_TRUE(Contains(error_of([] { parse_batch_rampup("32 x 1000"); }),
+                       "'x' is not a positive whole number (INCREMENT"));
+  EXPECT_TRUE(Contains(error_of([] { parse_batch_rampup("0 32 1000"); }),
+                       "'0' is not a positive whole number (START"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.parallel.dp = 1;  // as resolved for a run
+                         c.train.batch_size = 8;
+                         c.train.batch_rampup = "8 8 100";
+                       }),
+                       "START = 8 is not below train.batch_size = 8"));
+  Config c;
+  apply_override(c, "train.batch_rampup=4 4 100");
+  EXPECT_EQ(c.train.batch_rampup, "4 4 100");
+}
+
 // data.blend: Megatron-LM's --data-path list, weighted or by token count; the config names the
 // key and the word at fault.
 TEST(Config, DataBlendParsesWeightsAndSpecs) {

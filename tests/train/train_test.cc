@@ -1687,6 +1687,65 @@ TEST_F(TrainTest, ShuffledDataTrainsEveryLayoutAlikeAndResumes) {
   EXPECT_NO_THROW(run_training(other, o));
 }
 
+// train.batch_rampup (Megatron-LM's --rampup-batch-size "4 4 40" to 16): the steps' batches are
+// the rule's, 4 4 4 4 8 8 12 16 16, with the metrics' tokens their running sum; two data-parallel
+// ranks train one rank's run and a run stopped mid-ramp resumes bit for bit; a pipeline (1F1B,
+// and interleaved: each step's schedule made for its micro-batches) trains it too. A START that
+// does not split into every rank's micro-batches is refused by name.
+TEST_F(TrainTest, BatchRampupGrowsTheBatchAndEveryLayoutFollowsIt) {
+  Config c = config(9);
+  c.model.n_layers = 4;  // interleaved pp 2: two chunks a rank
+  c.train.batch_size = 16;
+  c.train.micro_batch_size = 2;
+  c.train.batch_rampup = "4 4 40";
+  c.train.eval_every = 0;
+  c.train.save_every = 3;
+  const TrainSummary one = run_training(c, options("one"));
+  const auto records = metrics("one");
+  ASSERT_EQ(records.size(), 9u);
+  const std::vector<int64_t> batches = {4, 4, 4, 4, 8, 8, 12, 16, 16};
+  int64_t tokens = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    tokens += batches[i] * c.model.seq_len;
+    EXPECT_EQ(records[i].at("batch_size").get<int64_t>(), batches[i]) << "step " << i + 1;
+    EXPECT_EQ(records[i].at("tokens").get<int64_t>(), tokens) << "step " << i + 1;
+  }
+  EXPECT_NE(one.layout_report.find("train.batch_rampup: the batch grows from 4 by 4 to 16 over "
+                                   "the first 40 sequences (steps 1-7)"),
+            std::string::npos)
+      << one.layout_report;
+  // The ramp's first passes over data.train: 76 sequences of 32 of the run, not 9 × 16.
+  EXPECT_NE(one.layout_report.find("0.04 passes over this run"), std::string::npos)
+      << one.layout_report;
+  expect_dp2_trains_one_ranks_run_and_resumes(c);
+  for (const char* schedule : {"1f1b", "interleaved"}) {
+    SCOPED_TRACE(schedule);
+    Config pp = c;
+    pp.runtime.ranks = 2;
+    pp.runtime.threads_per_rank = 1;
+    pp.parallel.pp = 2;
+    pp.parallel.schedule = schedule;
+    if (std::string(schedule) == "interleaved") pp.parallel.virtual_stages = 2;
+    const std::string run = std::string("pp2_") + schedule;
+    run_training(pp, options(run));
+    expect_losses_near("one", run, 1e-5);
+  }
+  Config bad = c;
+  bad.train.batch_rampup = "6 4 40";
+  const std::string e = error_of([&] { run_training(bad, options("bad")); });
+  EXPECT_NE(e.find("train.batch_rampup: train.batch_size - START = 10 is not a multiple of "
+                   "INCREMENT = 4"),
+            std::string::npos)
+      << e;
+  bad.train.batch_rampup = "6 2 40";
+  bad.parallel.dp = 2;
+  bad.runtime.ranks = 2;
+  EXPECT_NE(error_of([&] { run_training(bad, options("bad")); })
+                .find("START = 6 and INCREMENT = 2 must be multiples of train.micro_batch_size × "
+                      "parallel.dp = 4"),
+            std::string::npos);
+}
+
 TEST_F(TrainTest, RecomputeAndAccumulationKeepTheRun) {
   // Recomputation changes memory, not numbers: full (here by its deprecated spelling) and
   // selective.
