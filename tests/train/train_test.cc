@@ -1329,6 +1329,31 @@ TEST_F(TrainTest, LlamaOnTheGpuTrainsTheCpuRun) {
 // newline): the starts uploaded with each micro-batch; one GPU trains the CPU's masked run, at
 // fp32 on the batched attention and at bf16 on the flash kernels (head size 64) within bf16's
 // rounding; two GPUs under cp 2 (the rows' flash kernels masked by position) likewise.
+// train.batch_rampup on GPUs: the ramp's smaller steps from the same device buffers, one GPU and a
+// pipeline over two (each step's schedule for its micro-batches), against the CPU's ramped run.
+TEST_F(TrainTest, BatchRampupOnGpusTrainsTheCpuRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  Config c = config(6);
+  c.model.n_layers = 2;
+  c.train.batch_size = 16;
+  c.train.micro_batch_size = 2;
+  c.train.batch_rampup = "4 4 24";  // 4 4 8 12 16 16
+  c.train.eval_every = 0;
+  run_training(c, options("ramp_cpu"));
+  Config gpu = c;
+  gpu.runtime.device = "cuda";
+  run_training(gpu, options("ramp_gpu"));
+  expect_losses_near("ramp_cpu", "ramp_gpu", 1e-4);
+  const auto records = metrics("ramp_gpu");
+  ASSERT_EQ(records.size(), 6u);
+  EXPECT_EQ(records[2].at("batch_size").get<int64_t>(), 8);
+  if (cuda::device_count() < 2) return;
+  gpu.runtime.ranks = 2;
+  gpu.parallel.pp = 2;
+  run_training(gpu, options("ramp_gpus_pp2"));
+  expect_losses_near("ramp_cpu", "ramp_gpus_pp2", 1e-4);
+}
+
 TEST_F(TrainTest, DocumentMaskOnGpusTrainsTheCpuRun) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   Config c = config(4);
