@@ -12,13 +12,4 @@ void document_starts(int32_t* starts, const int32_t* tokens, int64_t B, int64_t 
   }
 }
 
-int64_t documents_in(const int32_t* tokens, int64_t B, int64_t T, int32_t eot) {
-  int64_t n = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    if (T > 0) ++n;
-    for (int64_t t = 0; t + 1 < T; ++t) n += tokens[b * T + t] == eot;
-  }
-  return n;
-}
-
 }  // namespace loom

@@ -18,8 +18,4 @@ namespace loom {
 // what cpu::DocumentStarts takes.
 void document_starts(int32_t* starts, const int32_t* tokens, int64_t B, int64_t T, int32_t eot);
 
-// How many documents the sequences hold in all (each sequence's count of starts: its first
-// position and every position after an end-of-text token but its last).
-int64_t documents_in(const int32_t* tokens, int64_t B, int64_t T, int32_t eot);
-
 }  // namespace loom

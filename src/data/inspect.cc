@@ -37,28 +37,26 @@ void scan_ids(const Token* tokens, int64_t vocab_size, int64_t eot, ShardSummary
 
 }  // namespace
 
+namespace {
+// A count of `shards` summed over them.
+int64_t sum_of(const std::vector<ShardSummary>& shards, int64_t ShardSummary::*count) {
+  int64_t n = 0;
+  for (const ShardSummary& s : shards) n += s.*count;
+  return n;
+}
+}  // namespace
+
 int64_t CorpusSummary::tokens() const {
-  int64_t n = 0;
-  for (const ShardSummary& s : shards) n += s.tokens;
-  return n;
+  return sum_of(shards, &ShardSummary::tokens);
 }
-
 int64_t CorpusSummary::windows() const {
-  int64_t n = 0;
-  for (const ShardSummary& s : shards) n += s.windows;
-  return n;
+  return sum_of(shards, &ShardSummary::windows);
 }
-
 int64_t CorpusSummary::ids_outside() const {
-  int64_t n = 0;
-  for (const ShardSummary& s : shards) n += s.ids_outside;
-  return n;
+  return sum_of(shards, &ShardSummary::ids_outside);
 }
-
 int64_t CorpusSummary::documents() const {
-  int64_t n = 0;
-  for (const ShardSummary& s : shards) n += s.documents;
-  return n;
+  return sum_of(shards, &ShardSummary::documents);
 }
 
 int64_t CorpusSummary::longest_document() const {

@@ -255,20 +255,24 @@ double validation_loss(const RankModel& model, const Config& config, DeviceMesh&
   const bool masked = config.data.document_mask;
   const bool on_host = cut_on_host || masked;
   Context& ctx = *model.ctx;
+  // A host batch to a GPU, queued; on a CPU it stays where it is.
+  const auto to_device = [&](const Tensor& t) {
+    return device.is_cuda() ? t.to_queued(device) : t;
+  };
   const auto micro_batch_loss = [&](const Tensor& full_in, const Tensor& full_tg) {
     Tensor in = full_in, tg = full_tg, documents;
     if (masked) {
       documents = Tensor::empty(full_in.shape(), DType::kI32, Device::cpu());
       document_starts(documents.data<int32_t>(), full_in.data<int32_t>(), full_in.dim(0),
                       full_in.dim(1), static_cast<int32_t>(config.data.eot_token));
-      documents = documents.to_queued(device);
+      documents = to_device(documents);
     }
     if (cut_on_host) {
-      in = shard_tokens(full_in, model.sequence->positions()).to_queued(device);
-      tg = shard_tokens(full_tg, model.sequence->positions()).to_queued(device);
+      in = to_device(shard_tokens(full_in, model.sequence->positions()));
+      tg = to_device(shard_tokens(full_tg, model.sequence->positions()));
     } else if (on_host) {
-      in = full_in.to_queued(device);
-      tg = full_tg.to_queued(device);
+      in = to_device(full_in);
+      tg = to_device(full_tg);
     }
     if (model.pipe != nullptr)
       return model.pipe->evaluate(in, tg, model.losses, masked ? &documents : nullptr);
@@ -634,18 +638,15 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (int64_t m = 0; m < step_accum; ++m) next_batch(static_cast<size_t>(m));
       {
         TraceScope span(&tracer, "pipeline: forward + backward of every micro-batch", "compute");
-        if (step_accum == accum) {
-          pipe->set_microbatches(static_cast<int>(accum));
-          loss = pipe->train_step(inputs, targets, loss_scale, masked ? &documents : nullptr);
-        } else {  // a ramp-up step: its first micro-batches, its own schedule
-          const auto first = [&](const std::vector<Tensor>& all) {
-            return std::vector<Tensor>(all.begin(), all.begin() + step_accum);
-          };
-          const std::vector<Tensor> step_documents = masked ? first(documents) : documents;
-          pipe->set_microbatches(static_cast<int>(step_accum));
-          loss = pipe->train_step(first(inputs), first(targets), loss_scale,
-                                  masked ? &step_documents : nullptr);
-        }
+        // The step's micro-batches (a ramp-up step's are the first few) under a schedule for
+        // their count (made again only when the count changes).
+        const auto first = [&](const std::vector<Tensor>& all) {
+          return std::vector<Tensor>(all.begin(), all.begin() + (all.empty() ? 0 : step_accum));
+        };
+        const std::vector<Tensor> step_documents = first(documents);
+        pipe->set_microbatches(static_cast<int>(step_accum));
+        loss = pipe->train_step(first(inputs), first(targets), loss_scale,
+                                masked ? &step_documents : nullptr);
       }
       TraceScope span(&tracer, "optimizer", "compute");
       grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale);

@@ -186,11 +186,11 @@ __device__ void fetch_tile(bf16* tile, const In* src, int64_t row0, int64_t T, i
 template <typename In>
 inline constexpr int kStages = std::is_same_v<In, bf16> ? 2 : 1;
 
-// Walks the K and V tiles of rows [0, end) of a key/value head (row t of K at k_head + t·width,
-// of V at v_head + t·width) in steps of Rows, calling body(k, v, key0) with each pair in shared
-// memory (`k`, `v`: kStages buffers each). With a bf16 qkv the next pair's copies fly while the
-// body computes on this one; else each pair is loaded and rounded at its turn. The body may
-// return early; every thread of the block must call this.
+// Walks the K and V tiles of rows [begin, end) of a key/value head (row t of K at k_head +
+// t·width, of V at v_head + t·width) in steps of Rows from the tile holding row `begin`, calling
+// body(k, v, key0) with each pair in shared memory (`k`, `v`: kStages buffers each). With a bf16
+// qkv the next pair's copies fly while the body computes on this one; else each pair is loaded and
+// rounded at its turn. The body may return early; every thread of the block must call this.
 template <int kHd, int Rows, typename In, typename Body>
 __device__ void for_each_key_tile(bf16 (*k)[Rows * kLd<kHd>], bf16 (*v)[Rows * kLd<kHd>],
                                   const In* k_head, const In* v_head, int64_t width, int64_t T,
