@@ -77,6 +77,10 @@ struct DataConfig {
   // Off: causal attention over the whole sequence, llm.c's and GPT-2's.
   bool document_mask = false;
   int64_t eot_token = 50256;  // GPT-2's <|endoftext|>, as llm.c's shards separate documents
+  // No loss where the input is `eot_token` (Megatron-LM's --eod-mask-loss): the prediction of
+  // the next document's first token; the loss is the mean over the targets left (training and
+  // validation alike). Independent of document_mask.
+  bool eod_mask_loss = false;
   // The seed of data.shuffle's orders; -1: train.seed's (Megatron-LM's one --seed). Set it to
   // sweep train.seed (the initialisation) over the same data order, as transformers' data_seed.
   int64_t seed = -1;

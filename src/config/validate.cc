@@ -325,11 +325,12 @@ void validate(const Config& config) {
   Problems problems;
   validate_model(config.model, problems);
   validate_data(config.data, problems);
-  if (config.data.document_mask &&
+  if ((config.data.document_mask || config.data.eod_mask_loss) &&
       (config.data.eot_token < 0 || config.data.eot_token >= config.model.vocab_size))
     problems.add("data.eot_token = ", config.data.eot_token,
                  " is not a token id of model.vocab_size = ", config.model.vocab_size,
-                 " (data.document_mask ends documents at it)");
+                 config.data.document_mask ? " (data.document_mask ends documents at it)"
+                                           : " (data.eod_mask_loss masks the loss at it)");
   validate_train(config.train, config.parallel, problems);
   validate_parallel(config.parallel, config.model, problems);
   validate_runtime(config.runtime, config.parallel, problems);

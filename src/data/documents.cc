@@ -1,5 +1,7 @@
 #include "data/documents.h"
 
+#include "kernels/targets.h"
+
 namespace loom {
 
 void document_starts(int32_t* starts, const int32_t* tokens, int64_t B, int64_t T, int32_t eot) {
@@ -10,6 +12,17 @@ void document_starts(int32_t* starts, const int32_t* tokens, int64_t B, int64_t 
       if (tokens[b * T + t] == eot) start = static_cast<int32_t>(t + 1);
     }
   }
+}
+
+int64_t mask_targets_after_eot(int32_t* targets, const int32_t* inputs, int64_t n, int32_t eot) {
+  int64_t counted = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (inputs[i] == eot)
+      targets[i] = kIgnoredTarget;
+    else
+      ++counted;
+  }
+  return counted;
 }
 
 }  // namespace loom

@@ -7,6 +7,11 @@
 // ends with its end-of-text token, as Megatron-LM and torchtitan count it: the token after one
 // starts the next document. Positions are not reset: a document's first token keeps its place in
 // the sequence (as torchtitan; Megatron-LM's --reset-position-ids is not offered).
+//
+// With data.eod_mask_loss (Megatron-LM's --eod-mask-loss) the position whose input is the
+// end-of-text token predicts nothing: its target (the next document's first token, which the
+// previous document cannot tell) is kIgnoredTarget, and the loss is the mean over the targets
+// that count (docs/data.md).
 #pragma once
 
 #include <cstdint>
@@ -17,5 +22,9 @@ namespace loom {
 // begins at — 0, or one past the last `eot` token before it. Never decreasing along a sequence:
 // what cpu::DocumentStarts takes.
 void document_starts(int32_t* starts, const int32_t* tokens, int64_t B, int64_t T, int32_t eot);
+
+// targets[i] = kIgnoredTarget (kernels/targets.h) wherever inputs[i] is `eot`, over n positions;
+// returns how many targets still count.
+int64_t mask_targets_after_eot(int32_t* targets, const int32_t* inputs, int64_t n, int32_t eot);
 
 }  // namespace loom

@@ -688,12 +688,13 @@ inline void vocab_shard_logit_max(const Exec& ex, Real* max, Real* target_logit,
                     logits, targets, N, shard);
 }
 
-// N times the mean loss of the rows (the group's sum, max and target logit) into *result, on ex's
-// device: on a GPU queued, read with a step's losses (nn/step_losses.h).
+// N times the mean loss of the rows (the group's sum, max and target logit; rows whose target is
+// kIgnoredTarget count 0) into *result, on ex's device: on a GPU queued, read with a step's
+// losses (nn/step_losses.h).
 template <typename Real>
 inline void vocab_shard_loss_sum(const Exec& ex, double* result, const Real* sum, const Real* max,
-                                 const Real* target_logit, int64_t N) {
-  LOOM_OPS_DISPATCH(vocab_shard_loss_sum, (0, 3.0 * N), result, sum, max, target_logit, N);
+                                 const Real* target_logit, const int32_t* targets, int64_t N) {
+  LOOM_OPS_DISPATCH(vocab_shard_loss_sum, (0, 3.0 * N), result, sum, max, target_logit, targets, N);
 }
 
 template <typename Real>

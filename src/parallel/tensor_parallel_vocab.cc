@@ -117,13 +117,15 @@ void VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, con
   // read now.
   if (ctx.losses != nullptr) {
     ops::vocab_shard_loss_sum<float>(ctx.exec(), ctx.losses->add_sum_of(N), sum_.data<float>(),
-                                     max_.data<float>(), target_logit.data<float>(), N);
+                                     max_.data<float>(), target_logit.data<float>(),
+                                     targets.data<int32_t>(), N);
     return;
   }
   LOOM_CHECK(loss != nullptr);
   Tensor total = Tensor::empty({1}, DType::kF64, ctx.device);
   ops::vocab_shard_loss_sum<float>(ctx.exec(), total.data<double>(), sum_.data<float>(),
-                                   max_.data<float>(), target_logit.data<float>(), N);
+                                   max_.data<float>(), target_logit.data<float>(),
+                                   targets.data<int32_t>(), N);
   *loss = total.to(Device::cpu()).data<double>()[0] / static_cast<double>(N);
 }
 

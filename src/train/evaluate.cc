@@ -1,5 +1,6 @@
 #include "train/evaluate.h"
 
+#include "data/documents.h"
 #include "data/loader.h"
 
 namespace loom {
@@ -7,7 +8,7 @@ namespace loom {
 double evaluate(const std::function<double(const Tensor& inputs, const Tensor& targets)>& loss,
                 const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
                 int64_t batches, Device device, Communicator* split, int64_t vocab_size,
-                const std::function<double()>& queued_sum) {
+                const std::function<double()>& queued_sum, int32_t masked_eot) {
   DataLoader loader(shards, batch, seq_len);
   loader.set_vocab_size(vocab_size);
   // Tokens are read on the host; a GPU gets a copy.
@@ -19,8 +20,13 @@ double evaluate(const std::function<double(const Tensor& inputs, const Tensor& t
   const int parts = split != nullptr ? split->size() : 1;
   const int part = split != nullptr ? split->rank() : 0;
   double total = 0;
+  int64_t counted = batches * batch * seq_len;  // the targets that count
   for (int64_t i = 0; i < batches; ++i) {
     loader.next_batch(host_inputs.data<int32_t>(), host_targets.data<int32_t>());
+    if (masked_eot >= 0)
+      counted -= batch * seq_len - mask_targets_after_eot(host_targets.data<int32_t>(),
+                                                          host_inputs.data<int32_t>(),
+                                                          batch * seq_len, masked_eot);
     if (i % parts != part) continue;
     if (!device.is_cpu()) {
       inputs.copy_from_host_queued(host_inputs);  // staged: the host buffers are free at once
@@ -32,7 +38,12 @@ double evaluate(const std::function<double(const Tensor& inputs, const Tensor& t
   if (parts > 1) {
     total = all_reduce_value(*split, total, ReduceOp::kSum);
   }
-  return total / static_cast<double>(batches);
+  // Each batch's mean is over all its positions; the mean over the targets that count scales
+  // their mean by positions / counted (none counted: no loss).
+  const double mean = total / static_cast<double>(batches);
+  if (masked_eot < 0) return mean;
+  const double positions = static_cast<double>(batches * batch * seq_len);
+  return counted == 0 ? 0.0 : mean * (positions / static_cast<double>(counted));
 }
 
 }  // namespace loom

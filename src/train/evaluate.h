@@ -25,9 +25,12 @@ namespace loom {
 // With `queued_sum`, `loss` may instead queue its micro-batch's mean where it is computed (a
 // model's head into a StepLosses, nn/step_losses.h) and return 0: queued_sum() gives the sum of
 // those means after the last micro-batch — on a GPU one wait for the evaluation, not one a batch.
+// With `masked_eot` >= 0 (data.eod_mask_loss) the targets after that token are kIgnoredTarget
+// (data/documents.h: the heads' means count them 0) and the result is the mean over the targets
+// left, counted on every rank, which reads every batch.
 double evaluate(const std::function<double(const Tensor& inputs, const Tensor& targets)>& loss,
                 const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
                 int64_t batches, Device device, Communicator* split, int64_t vocab_size = 0,
-                const std::function<double()>& queued_sum = nullptr);
+                const std::function<double()>& queued_sum = nullptr, int32_t masked_eot = -1);
 
 }  // namespace loom

@@ -179,6 +179,9 @@ std::string TrainData::describe(int64_t run_tokens) const {
                   static_cast<long long>(d + 1), 100 * share);
     out += share_text + sources_[static_cast<size_t>(d)].spec + figures;
   }
+  if (data_.eod_mask_loss)
+    out += "data.eod_mask_loss: no loss where the input is token " +
+           std::to_string(data_.eot_token) + "; the mean over the targets left\n";
   if (data_.document_mask)
     out +=
         "data.document_mask: each token attends within its document, documents ending at "

@@ -297,7 +297,8 @@ double validation_loss(const RankModel& model, const Config& config, DeviceMesh&
   const double val =
       evaluate(micro_batch_loss, shards, config.train.micro_batch_size, config.model.seq_len,
                config.train.eval_batches, on_host && device.is_cuda() ? Device::cpu() : device,
-               split, config.model.vocab_size, queued_sum);
+               split, config.model.vocab_size, queued_sum,
+               config.data.eod_mask_loss ? static_cast<int32_t>(config.data.eot_token) : -1);
   ctx.ids_checked = false;
   return val;
 }
@@ -516,9 +517,17 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       {{"dp", &dp_count}, {"tp", &tp_count}, {"cp", cp_count.get()}, {"pp", &pp_count}}, world,
       options.run_dir, message);
   double data_seconds = 0;  // this step's time in the loader (and copies to the device)
+  // data.eod_mask_loss: no target after an end-of-text input; this rank's targets that count in
+  // this step so far.
+  const bool eod_masked = config.data.eod_mask_loss;
+  int64_t counted_targets = 0;
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
     train_data.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
+    if (eod_masked)
+      counted_targets +=
+          mask_targets_after_eot(host_targets[m].data<int32_t>(), host_inputs[m].data<int32_t>(),
+                                 micro * seq_len, static_cast<int32_t>(config.data.eot_token));
     if (masked) {
       document_starts(host_documents[m].data<int32_t>(), host_inputs[m].data<int32_t>(), micro,
                       seq_len, static_cast<int32_t>(config.data.eot_token));
@@ -631,6 +640,19 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     // A skipped step still consumes its batch and advances the LR schedule (step is the data
     // position); AdamW's own step count does not move.
     const double loss_scale = scaler.scale();
+    // The heads take each micro-batch's mean over all its positions; with data.eod_mask_loss the
+    // step's loss is the mean over the targets that count in the whole batch (every layout's
+    // the same): one factor, positions / counted, on the loss and on the gradients — folded into
+    // their unscaling, so no pass of its own. Known once the step's batches are read.
+    const auto masked_loss_factor = [&] {
+      if (!eod_masked) return 1.0;
+      // Over the data-parallel group, whose ranks under context parallelism include each cp
+      // group's, which counts its sequences once a rank: the factor the same.
+      const double counted = all_reduce_value(dp, static_cast<double>(counted_targets));
+      counted_targets = 0;
+      const double positions = static_cast<double>(step_accum * micro * seq_len * dp.size());
+      return counted > 0 ? positions / counted : 1.0;  // none counted: no loss, no gradient
+    };
     bool applied = true;
     timeline.begin_step(step);
     TraceScope step_span(&tracer, "step ", "step", step);
@@ -648,8 +670,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         loss = pipe->train_step(first(inputs), first(targets), loss_scale,
                                 masked ? &step_documents : nullptr);
       }
+      const double factor = masked_loss_factor();
+      loss *= factor;
       TraceScope span(&tracer, "optimizer", "compute");
-      grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale);
+      grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale / factor);
       applied = scaler.update(grad_norm);
       if (applied) pipe->optimizer_step(lr);
       comm_wait = pipe->stats().recv_wait_seconds;
@@ -675,8 +699,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (double mean : step_losses.take()) loss += mean / static_cast<double>(step_accum);
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
       loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
+      const double factor = masked_loss_factor();
+      loss *= factor;
       TraceScope span(&tracer, "optimizer", "compute");
-      grad_norm = engine.clip_grad_norm(tc.grad_clip, loss_scale);
+      grad_norm = engine.clip_grad_norm(tc.grad_clip, loss_scale / factor);
       applied = scaler.update(grad_norm);
       if (applied) engine.optimizer_step(lr);
       comm_wait = engine.step_stats().wait_seconds;

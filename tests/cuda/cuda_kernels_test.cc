@@ -28,6 +28,7 @@
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/ops.h"
+#include "kernels/targets.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
@@ -60,6 +61,13 @@ std::vector<int32_t> random_ids(int64_t n, int32_t V, uint64_t seed) {
   std::uniform_int_distribution<int32_t> dist(0, V - 1);
   std::vector<int32_t> ids(n);
   for (int32_t& id : ids) id = dist(gen);
+  return ids;
+}
+
+// Targets: random ids with every 7th row kIgnoredTarget (data.eod_mask_loss: no loss, no gradient).
+std::vector<int32_t> random_targets(int64_t n, int32_t V, uint64_t seed) {
+  std::vector<int32_t> ids = random_ids(n, V, seed);
+  for (int64_t i = 3; i < n; i += 7) ids[static_cast<size_t>(i)] = kIgnoredTarget;
   return ids;
 }
 
@@ -2141,7 +2149,7 @@ TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
     for (int64_t v : {0, 1, 17, 4000}) values[v] = -INFINITY;
     values[3 * V + 5] = -INFINITY;
     Pair logits = pair_of(values);
-    IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 71));
+    IdPair targets = ids_pair(random_targets(N, static_cast<int32_t>(V), 71));
     Pair losses = pair_of(std::vector<float>(N)), lse = pair_of(std::vector<float>(N));
     ops::cross_entropy_forward<float>(on_cpu, losses.h(), lse.h(), logits.h(),
                                       targets.host.data<int32_t>(), N, V);
@@ -2180,7 +2188,7 @@ TEST_F(CudaKernelsTest, LmHeadBackwardMatchesTheSeparateOpsAndCpu) {
     cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32);  // the last V left it at fp16
     const float dloss = 1.0f / N;
     const std::vector<float> logits0 = random_floats(N * V, 80, -6.0, 6.0);
-    IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 81));
+    IdPair targets = ids_pair(random_targets(N, static_cast<int32_t>(V), 81));
     Pair inp = random_pair(N * C, 82), w = random_pair(V * C, 83), lse = random_pair(N, 84);
     Pair losses = pair_of(std::vector<float>(N));
     Pair logits = pair_of(logits0);
@@ -2432,7 +2440,7 @@ TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {
   for (const int64_t V : {int64_t{1009}, int64_t{1024}}) {  // 1024: 16-byte accesses
     SCOPED_TRACE("V=" + std::to_string(V));
     const float dloss = 1.0f / N;
-    IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 90));
+    IdPair targets = ids_pair(random_targets(N, static_cast<int32_t>(V), 90));
     Pair inp = random_pair(N * C, 91, -3.0, 3.0), w = random_pair(V * C, 92);
     const std::vector<float> dw0 = random_floats(V * C, 93);
     for (auto [precision, dtype] : {std::pair{cuda::MatmulPrecision::kBf16, DType::kBF16},
@@ -2522,7 +2530,7 @@ TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
   EXPECT_TRUE(bitwise_equal(dwte.from_gpu(), dwte.from_host())) << "dwte";
   EXPECT_TRUE(bitwise_equal(dwpe.from_gpu(), dwpe.from_host())) << "dwpe";
 
-  IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 96));
+  IdPair targets = ids_pair(random_targets(N, static_cast<int32_t>(V), 96));
   Pair logits = random_pair(N * shard.rows, 97, -6.0, 6.0);
   Pair max = pair_of(std::vector<float>(N)), target = pair_of(std::vector<float>(N)),
        sum = pair_of(std::vector<float>(N));
@@ -2542,14 +2550,16 @@ TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
     const std::vector<float> s = random_floats(rows, 98, 1.0, 50.0),
                              m = random_floats(rows, 99, -3.0, 3.0),
                              t = random_floats(rows, 100, -6.0, 6.0);
+    const std::vector<int32_t> ids = random_targets(rows, 50, 101);
     double want = 0;
-    ops::vocab_shard_loss_sum<float>(on_cpu, &want, s.data(), m.data(), t.data(), rows);
+    ops::vocab_shard_loss_sum<float>(on_cpu, &want, s.data(), m.data(), t.data(), ids.data(), rows);
     const Tensor sg = Tensor::from_vector(s, {rows}).to(on_gpu.device),
                  mg = Tensor::from_vector(m, {rows}).to(on_gpu.device),
                  tg = Tensor::from_vector(t, {rows}).to(on_gpu.device);
+    const IdPair idg = ids_pair(ids);
     Tensor got = Tensor::empty({1}, DType::kF64, on_gpu.device);
-    ops::vocab_shard_loss_sum<float>(on_gpu, got.data<double>(), sg.data<float>(),
-                                     mg.data<float>(), tg.data<float>(), rows);
+    ops::vocab_shard_loss_sum<float>(on_gpu, got.data<double>(), sg.data<float>(), mg.data<float>(),
+                                     tg.data<float>(), idg.gpu.data<int32_t>(), rows);
     EXPECT_NEAR(got.to(Device::cpu()).data<double>()[0], want, 1e-12 * std::abs(want)) << "loss";
   }
   ops::vocab_shard_cross_entropy_backward<float>(on_cpu, logits.h(), max.h(), sum.h(),
@@ -2576,7 +2586,7 @@ TEST_F(CudaKernelsTest, VocabShardCrossEntropyOnSixteenBitLogitsIsTheFp32OnesOnT
   } restore;
   const int64_t N = 60, V = 100;
   const VocabShard shard{40, 30, 34, V};
-  IdPair targets = ids_pair(random_ids(N, static_cast<int32_t>(V), 96));
+  IdPair targets = ids_pair(random_targets(N, static_cast<int32_t>(V), 96));
   const std::vector<float> values = random_floats(N * shard.rows, 97, -6.0, 6.0);
   for (auto [precision, dtype] : {std::pair{cuda::MatmulPrecision::kBf16, DType::kBF16},
                                   std::pair{cuda::MatmulPrecision::kFp16, DType::kF16}}) {

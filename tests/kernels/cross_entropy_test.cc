@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "kernel_test_util.h"
+#include "kernels/targets.h"
 
 namespace loom::cpu {
 namespace {
@@ -90,6 +91,39 @@ TEST(CrossEntropy, BadTargetThrowsNamingIt) {
       }
     }
   }
+}
+
+// Rows whose target is kIgnoredTarget (data.eod_mask_loss) have loss 0 and a zero gradient,
+// whatever their logits; every other row is bit for bit what it is with no row ignored.
+TEST(CrossEntropy, IgnoredTargetsHaveNoLossAndNoGradient) {
+  ThreadPool pool(3);
+  const int64_t N = 10, V = 11;
+  const auto logits = random_vector(N * V, 1, -3, 3);
+  const auto targets = make_targets(N, V);
+  auto ignored = targets;
+  for (int64_t r : {0, 4, 9}) ignored[r] = kIgnoredTarget;
+  const auto run = [&](const std::vector<int32_t>& t, std::vector<double>* losses,
+                       std::vector<double>* dlogits) {
+    std::vector<double> lse(N);
+    losses->assign(N, -1.0);
+    dlogits->assign(N * V, -1.0);
+    cross_entropy_forward(pool, losses->data(), lse.data(), logits.data(), t.data(), N, V);
+    cross_entropy_backward(pool, dlogits->data(), logits.data(), lse.data(), t.data(), 0.25, N, V);
+  };
+  std::vector<double> all_losses, all_dlogits, losses, dlogits;
+  run(targets, &all_losses, &all_dlogits);
+  run(ignored, &losses, &dlogits);
+  for (int64_t r = 0; r < N; ++r) {
+    const bool is_ignored = ignored[r] == kIgnoredTarget;
+    EXPECT_EQ(losses[r], is_ignored ? 0.0 : all_losses[r]) << "row " << r;
+    EXPECT_GT(all_losses[r], 0.0) << "row " << r;
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_EQ(dlogits[r * V + v], is_ignored ? 0.0 : all_dlogits[r * V + v])
+          << "row " << r << ", logit " << v;
+  }
+  // Only -100 is ignored: another negative target is still refused.
+  ignored[5] = -99;
+  EXPECT_THROW(run(ignored, &losses, &dlogits), Error);
 }
 
 // losses, lse and dlogits of one forward/backward in Real, in a row.

@@ -24,8 +24,11 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "data/dataset.h"
+#include "data/documents.h"
+#include "data/loader.h"
 #include "harness/thread_ranks.h"
 #include "kernels/cpu/attention.h"
+#include "models/gpt2.h"
 #include "nn/context.h"
 #include "parallel/run_compare.h"
 #include "train/layout_check.h"
@@ -389,6 +392,18 @@ threads_per_rank = 1
     return o;
   }
 
+  // c's validation loss under dp 2 × cp 2 (run `name`): within 1e-5 of `one`'s.
+  static void expect_dp2_cp2_validation_is(const Config& c, const TrainSummary& one,
+                                           const std::string& name) {
+    Config cp = c;
+    cp.parallel.cp = 2;
+    cp.parallel.dp = 2;
+    cp.runtime.ranks = 4;
+    const TrainSummary four = run_training(cp, options(name));
+    ASSERT_GT(one.last_val_loss, 0);
+    EXPECT_NEAR(four.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
+  }
+
   static void expect_layouts_match_one_device(const Config& c, const char* layouts, size_t n) {
     LayoutCheckOptions o;
     o.steps = 4;
@@ -446,13 +461,7 @@ TEST_F(ContextParallelRuns, ValidationLossIsOneDevices) {
   c.train.eval_every = 2;
   c.train.eval_batches = 4;
   const TrainSummary one = run_training(c, options("val_one"));
-  Config cp = c;
-  cp.parallel.cp = 2;
-  cp.parallel.dp = 2;
-  cp.runtime.ranks = 4;
-  const TrainSummary four = run_training(cp, options("val_dp2_cp2"));
-  ASSERT_GT(one.last_val_loss, 0);
-  EXPECT_NEAR(four.last_val_loss, one.last_val_loss, 1e-5 * one.last_val_loss);
+  expect_dp2_cp2_validation_is(c, one, "val_dp2_cp2");
   // metrics.jsonl counts cp's bytes apart: the attention's gathers and reduce-scatters.
   const auto m = testing::read_metrics(root_ / "val_dp2_cp2");
   ASSERT_EQ(m.size(), 4u);
@@ -503,13 +512,79 @@ TEST_F(ContextParallelRuns, DocumentMaskUnderEveryLayoutMatchesOneDevice) {
   EXPECT_GT(std::abs(masked_steps[0]["loss"].get<double>() - causal_steps[0]["loss"].get<double>()),
             1e-4);
   // Validation under dp 2 × cp 2 (documents found on the host, whole sequences): one device's.
-  Config cp = c;
-  cp.parallel.cp = 2;
-  cp.parallel.dp = 2;
-  cp.runtime.ranks = 4;
-  const TrainSummary four = run_training(cp, options("documents_dp2_cp2"));
-  ASSERT_GT(masked.last_val_loss, 0);
-  EXPECT_NEAR(four.last_val_loss, masked.last_val_loss, 1e-5 * masked.last_val_loss);
+  expect_dp2_cp2_validation_is(c, masked, "documents_dp2_cp2");
+}
+
+// data.eod_mask_loss: no loss where the input is the end-of-text token (each problem's newline:
+// the next problem's first digit cannot be told), the step's loss the mean over the targets
+// left in the whole batch. One device's first step is the model's own: its mean over the
+// batch's counted targets and that mean's gradient (its norm), computed here from the loader's
+// first batch. Every layout — dp (ranks counting different targets), ZeRO-3, tp's vocabulary-
+// parallel head, sp, pp, cp, recomputation — trains one device's run; with document masking
+// too (Llama). Validation under dp 2 × cp 2 is one device's; the mask changes the losses.
+TEST_F(ContextParallelRuns, EodMaskLossIsTheMeanOverTheTargetsLeftUnderEveryLayout) {
+  Config c = config("gpt2");
+  c.data.eod_mask_loss = true;
+  c.data.eot_token = '\n';
+  c.data.val = (root_ / "data" / "val_*.bin").string();
+  c.train.eval_every = 2;
+  c.train.eval_batches = 4;
+  const TrainSummary one = run_training(c, options("eod_one"));
+  EXPECT_NE(one.layout_report.find("data.eod_mask_loss: no loss where the input is token 10"),
+            std::string::npos)
+      << one.layout_report;
+  const auto steps = testing::read_metrics(root_ / "eod_one");
+  ASSERT_EQ(steps.size(), 4u);
+
+  // The reference: the first batch (8 sequences of 16) through the initial model.
+  {
+    const int64_t B = c.train.batch_size, T = c.model.seq_len, N = B * T;
+    ThreadPool pool(1);
+    Context ctx{&pool, Device::cpu(), DType::kF32};
+    Gpt2 model(model_config_of(c));
+    model.build(DType::kF32, Device::cpu(), static_cast<uint64_t>(c.train.seed));
+    DataLoader loader(resolve_shards(c.data.train, "data.train"), B, T);
+    Tensor tokens = Tensor::empty({B, T}, DType::kI32),
+           targets = Tensor::empty({B, T}, DType::kI32);
+    loader.next_batch(tokens.data<int32_t>(), targets.data<int32_t>());
+    const int64_t counted =
+        mask_targets_after_eot(targets.data<int32_t>(), tokens.data<int32_t>(), N, '\n');
+    ASSERT_GT(counted, N / 2);
+    ASSERT_LT(counted, N - B);  // problems of ~9 tokens: a dozen newlines in the batch
+    const double scale = static_cast<double>(N) / static_cast<double>(counted);
+    const double want_loss = model.forward(ctx, tokens, targets) * scale;
+    model.backward(ctx, scale);
+    double squares = 0;
+    const Tensor& grads = model.params().grads();
+    for (int64_t i = 0; i < grads.numel(); ++i)
+      squares += static_cast<double>(grads.data<float>()[i]) * grads.data<float>()[i];
+    EXPECT_NEAR(steps[0]["loss"].get<double>(), want_loss, 1e-6 * want_loss);
+    EXPECT_NEAR(steps[0]["grad_norm"].get<double>(), std::sqrt(squares), 1e-5 * std::sqrt(squares));
+  }
+  // The mask changes the run: the loss over every position is another (lower: the eot targets
+  // it keeps are the corpus' most certain).
+  Config all = c;
+  all.data.eod_mask_loss = false;
+  const TrainSummary unmasked = run_training(all, options("eod_off"));
+  EXPECT_GT(std::abs(testing::read_metrics(root_ / "eod_off")[0]["loss"].get<double>() -
+                     steps[0]["loss"].get<double>()),
+            1e-3);
+  EXPECT_GT(std::abs(unmasked.last_val_loss - one.last_val_loss), 1e-3);
+  // Validation under dp 2 × cp 2: every rank counts the targets of every batch.
+  expect_dp2_cp2_validation_is(c, one, "eod_dp2_cp2");
+
+  c.data.val.clear();
+  c.train.eval_every = 0;
+  expect_layouts_match_one_device(
+      c,
+      "dp=2;dp=2,zero=3;tp=2;tp=2,sp=1;pp=2;pp=2,schedule=zb-h1;cp=2;cp=2,tp=2,sp=1;"
+      "dp=2,cp=2,zero=1;recompute=full",
+      10);
+  Config llama = config("llama");
+  llama.data.eod_mask_loss = true;
+  llama.data.document_mask = true;
+  llama.data.eot_token = '\n';
+  expect_layouts_match_one_device(llama, "dp=2;cp=2,cp_comm=ring;tp=2,sp=1;pp=2,schedule=1f1b", 4);
 }
 
 // An end-of-text token outside the vocabulary is refused by name.
@@ -523,7 +598,17 @@ TEST_F(ContextParallelRuns, DocumentMaskRefusesAnEotTokenOutsideTheVocabulary) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("data.eot_token = 256"), std::string::npos) << e.what();
   }
-  c.data.document_mask = false;  // unused without the mask: no error
+  c.data.document_mask = false;
+  c.data.eod_mask_loss = true;  // the loss mask needs it too
+  try {
+    validate(c);
+    FAIL() << "data.eod_mask_loss took an eot_token past the vocabulary";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(data.eod_mask_loss masks the loss at it)"),
+              std::string::npos)
+        << e.what();
+  }
+  c.data.eod_mask_loss = false;  // unused without either: no error
   EXPECT_NO_THROW(validate(c));
 }
 

@@ -4,6 +4,8 @@
 // gradients (each rank's real rows; padding rows stay zero) agree to 1e-5 of their scale, with
 // and without sequence parallelism. The head's backward computes its weight gradient while the
 // all-reduce of its input gradient is in flight (parallel.tp_backward_overlap), to the same bits.
+#include "parallel/tensor_parallel_vocab.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,8 +16,8 @@
 #include "harness/thread_ranks.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/targets.h"
 #include "nn/embedding.h"
-#include "parallel/tensor_parallel_vocab.h"
 #include "tensor/rng.h"
 
 namespace loom {
@@ -67,6 +69,9 @@ TEST_P(VocabParallel, EqualsTheSingleDeviceEmbeddingAndLoss) {
   for (int64_t i = 0; i < kN; ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % kV);
   for (int64_t i = 0; i < kN; ++i) targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % kV);
   targets.data<int32_t>()[0] = kV - 1;  // the last real row, next to the padding
+  // Ignored rows (data.eod_mask_loss): no loss and no gradient on any rank, as on one device.
+  targets.data<int32_t>()[3] = kIgnoredTarget;
+  targets.data<int32_t>()[kN - 1] = kIgnoredTarget;
   Tensor final = Tensor::empty({kN, kC}, DType::kF32), dy = Tensor::empty({kN, kC}, DType::kF32);
   init_normal(final, 2, "final", 0.0f, 1.0f);
   init_normal(dy, 2, "dy", 0.0f, 1.0f);

@@ -139,6 +139,11 @@ threads_per_rank = 2
   // Every step's loss, and validation loss where there is one, of run `got` within `tol`
   // (relative) of run `want`'s.
   void expect_losses_near(const std::string& want, const std::string& got, double tol) const;
+  // c's one-device CPU run trained on one GPU at fp32 (to 1e-4) and at bf16 (to 2e-2), and
+  // where there are two GPUs, at bf16 over two ranks laid out as `two_ranks` sets (to 2e-2).
+  // Runs are named `name` + _cpu, _gpu, _gpu_bf16, _gpus_bf16.
+  void expect_gpus_train_the_cpu_run(const Config& c, const std::string& name,
+                                     const std::function<void(ParallelConfig&)>& two_ranks) const;
 
   fs::path dir_;
 };
@@ -1354,26 +1359,43 @@ TEST_F(TrainTest, BatchRampupOnGpusTrainsTheCpuRun) {
   expect_losses_near("ramp_cpu", "ramp_gpus_pp2", 1e-4);
 }
 
+void TrainTest::expect_gpus_train_the_cpu_run(
+    const Config& c, const std::string& name,
+    const std::function<void(ParallelConfig&)>& two_ranks) const {
+  run_training(c, options(name + "_cpu"));
+  Config gpu = c;
+  gpu.runtime.device = "cuda";
+  run_training(gpu, options(name + "_gpu"));
+  expect_losses_near(name + "_cpu", name + "_gpu", 1e-4);
+  gpu.runtime.matmul_precision = "bf16";
+  run_training(gpu, options(name + "_gpu_bf16"));
+  expect_losses_near(name + "_cpu", name + "_gpu_bf16", 2e-2);
+  if (cuda::device_count() < 2) return;
+  gpu.runtime.ranks = 2;
+  gpu.parallel.dp = 1;
+  two_ranks(gpu.parallel);
+  run_training(gpu, options(name + "_gpus_bf16"));
+  expect_losses_near(name + "_cpu", name + "_gpus_bf16", 2e-2);
+}
+
 TEST_F(TrainTest, DocumentMaskOnGpusTrainsTheCpuRun) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   Config c = config(4);
   c.model.d_model = 128;  // head size 64: the flash kernels at bf16
   c.data.document_mask = true;
   c.data.eot_token = '\n';
-  run_training(c, options("doc_cpu"));
-  Config gpu = c;
-  gpu.runtime.device = "cuda";
-  run_training(gpu, options("doc_gpu"));
-  expect_losses_near("doc_cpu", "doc_gpu", 1e-4);
-  gpu.runtime.matmul_precision = "bf16";
-  run_training(gpu, options("doc_gpu_bf16"));
-  expect_losses_near("doc_cpu", "doc_gpu_bf16", 2e-2);
-  if (cuda::device_count() < 2) return;
-  gpu.runtime.ranks = 2;
-  gpu.parallel.cp = 2;
-  gpu.parallel.dp = 1;
-  run_training(gpu, options("doc_gpus_cp2_bf16"));
-  expect_losses_near("doc_cpu", "doc_gpus_cp2_bf16", 2e-2);
+  expect_gpus_train_the_cpu_run(c, "doc", [](ParallelConfig& p) { p.cp = 2; });
+}
+
+// data.eod_mask_loss on GPUs: the cross-entropy kernels skip the ignored rows (fp32 logits, and
+// the 16-bit logits at bf16), the vocabulary-parallel head's too under tp 2 on two GPUs; the
+// runs train the CPU's masked run.
+TEST_F(TrainTest, EodMaskLossOnGpusTrainsTheCpuRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  Config c = config(4);
+  c.data.eod_mask_loss = true;
+  c.data.eot_token = '\n';
+  expect_gpus_train_the_cpu_run(c, "eod", [](ParallelConfig& p) { p.tp = 2; });
 }
 
 // Context parallelism on GPUs: each rank's positions on its own GPU, the keys and values

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/targets.h"
 
 namespace loom::cpu {
 namespace {
@@ -14,9 +15,9 @@ namespace {
 // On the calling thread: an exception must not escape a pool worker.
 void check_targets(const int32_t* targets, int64_t N, int64_t V) {
   for (int64_t i = 0; i < N; ++i) {
-    if (targets[i] < 0 || targets[i] >= V)
+    if (!is_valid_target(targets[i], V))
       fail("cross_entropy: target ", targets[i], " in row ", i, " is outside the vocabulary [0, ",
-           V, ")");
+           V, ") and not the ignored target ", kIgnoredTarget);
   }
 }
 
@@ -42,7 +43,7 @@ void cross_entropy_forward(ThreadPool& pool, Real* losses, Real* lse, const Real
         for (int64_t v = 0; v < V; ++v) sum += static_cast<double>(std::exp(x[v] - mx));
       }
       lse[r] = mx + static_cast<Real>(std::log(sum));
-      losses[r] = lse[r] - x[targets[r]];
+      losses[r] = targets[r] == kIgnoredTarget ? Real(0) : lse[r] - x[targets[r]];
     }
   });
 }
@@ -55,6 +56,10 @@ void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits,
     for (int64_t r = r0; r < r1; ++r) {
       const Real* x = logits + r * V;
       Real* dx = dlogits + r * V;  // may be x: each element is read before it is written
+      if (targets[r] == kIgnoredTarget) {
+        std::fill(dx, dx + V, Real(0));
+        continue;
+      }
       const Real l = lse[r];
       if constexpr (std::is_same_v<Real, float>)
         vmath::exp_shifted(dx, x, l, dloss, V);

@@ -11,7 +11,8 @@
 namespace loom::cpu {
 
 // losses (N)[i] = lse[i] - logits[i, targets[i]], lse (N)[i] = log Σ_v exp(logits[i, v]);
-// logits (N, V). A target outside [0, V) throws loom::Error naming it and its row, before
+// logits (N, V). A row whose target is kIgnoredTarget (kernels/targets.h) has loss 0 (its lse is
+// written). Any other target outside [0, V) throws loom::Error naming it and its row, before
 // anything is written.
 template <typename Real>
 void cross_entropy_forward(ThreadPool& pool, Real* losses, Real* lse, const Real* logits,
@@ -19,7 +20,7 @@ void cross_entropy_forward(ThreadPool& pool, Real* losses, Real* lse, const Real
 
 // dlogits (N, V) = (softmax(logits) - onehot(targets)) · dloss, overwritten; it may alias
 // logits, which saves the largest activation of a language model. dloss is the gradient of
-// every row's loss (1/N for a mean over rows).
+// every row's loss (1/N for a mean over rows). An ignored row's gradient is zero.
 template <typename Real>
 void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits, const Real* lse,
                             const int32_t* targets, Real dloss, int64_t N, int64_t V);

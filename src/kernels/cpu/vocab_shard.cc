@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "base/error.h"
+#include "kernels/targets.h"
 
 namespace loom::cpu {
 
@@ -73,10 +74,11 @@ void vocab_shard_sum_exp(ThreadPool& pool, float* sum, const float* logits, cons
 }
 
 void vocab_shard_loss_sum(ThreadPool&, double* result, const float* sum, const float* max,
-                          const float* target_logit, int64_t N) {
+                          const float* target_logit, const int32_t* targets, int64_t N) {
   double loss = 0;
   for (int64_t i = 0; i < N; ++i)
-    loss += std::log(static_cast<double>(sum[i])) + max[i] - target_logit[i];
+    if (targets[i] != kIgnoredTarget)
+      loss += std::log(static_cast<double>(sum[i])) + max[i] - target_logit[i];
   *result = loss;
 }
 
@@ -86,6 +88,10 @@ void vocab_shard_cross_entropy_backward(ThreadPool& pool, float* logits, const f
   pool.parallel_for(N, 8, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       float* l = logits + i * shard.rows;
+      if (targets[i] == kIgnoredTarget) {
+        std::fill(l, l + shard.rows, 0.0f);
+        continue;
+      }
       const float m = max[i], s = sum[i];
       const int64_t t = targets[i] - shard.first_row;
       for (int64_t j = 0; j < shard.rows; ++j) {

@@ -46,12 +46,13 @@ void vocab_shard_sum_exp(ThreadPool& pool, float* sum, const float* logits, cons
                          int64_t N, const VocabShard& shard);
 
 // *result = Σ_i log(sum[i]) + max[i] − target_logit[i] over the N rows (their losses, the
-// group's sum, max and target logit), in double, in row order: N times the mean loss.
+// group's sum, max and target logit) but those whose target is kIgnoredTarget
+// (kernels/targets.h), in double, in row order: N times the mean loss.
 void vocab_shard_loss_sum(ThreadPool& pool, double* result, const float* sum, const float* max,
-                          const float* target_logit, int64_t N);
+                          const float* target_logit, const int32_t* targets, int64_t N);
 
 // In place: logits (N, rows) become (softmax - onehot(target)) · k, softmax = exp(l - max) / sum
-// with the group's max and sum; padding columns zero.
+// with the group's max and sum; padding columns zero; a row whose target is kIgnoredTarget zero.
 void vocab_shard_cross_entropy_backward(ThreadPool& pool, float* logits, const float* max,
                                         const float* sum, const int32_t* targets, float k,
                                         int64_t N, const VocabShard& shard);

@@ -3,6 +3,7 @@
 #include "base/error.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/targets.h"
 
 namespace loom::cuda {
 namespace {
@@ -46,7 +47,8 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const In
   if (threadIdx.x == 0) {
     const float l = mx + static_cast<float>(log(sum));
     lse[r] = l;
-    losses[r] = l - widen(x[targets[r]]);
+    const int32_t t = targets[r];
+    losses[r] = t == kIgnoredTarget ? 0.0f : l - widen(x[t]);
   }
 }
 
@@ -60,6 +62,7 @@ __global__ void cross_entropy_backward_kernel(Out* dlogits, const In* logits, co
   Out* dx = dlogits + r * V;
   const float l = lse[r];
   const int32_t t = targets[r];
+  if (t == kIgnoredTarget) dloss = 0.0f;  // an ignored row's gradient: zeros (exp(x - l) <= 1)
   for (int64_t v0 = static_cast<int64_t>(threadIdx.x) * kVec; v0 < V;
        v0 += static_cast<int64_t>(blockDim.x) * kVec) {
     float xs[kVec];
@@ -113,8 +116,9 @@ void cross_entropy_forward(int device, float* losses, float* lse, const float* l
   if (N == 0) return;
   DeviceGuard guard(device);
   int32_t bad = 0;
-  if (const int64_t i = ids_checked ? -1 : first_out_of_range(targets, N, V, &bad); i >= 0)
-    fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V, ")");
+  if (const int64_t i = ids_checked ? -1 : first_out_of_range(targets, N, V, &bad, true); i >= 0)
+    fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V,
+         ") and not the ignored target ", kIgnoredTarget);
   launch_cross_entropy_forward("cross_entropy_forward", losses, lse, logits, targets, N, V);
 }
 
@@ -151,8 +155,9 @@ void lm_head_forward_rounded_logits(int device, float* losses, float* lse, void*
                                     int64_t N, int64_t C, int64_t V, bool ids_checked) {
   DeviceGuard guard(device);
   int32_t bad = 0;
-  if (const int64_t i = ids_checked ? -1 : first_out_of_range(targets, N, V, &bad); i >= 0)
-    fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V, ")");
+  if (const int64_t i = ids_checked ? -1 : first_out_of_range(targets, N, V, &bad, true); i >= 0)
+    fail("cross_entropy: target ", bad, " in row ", i, " is outside the vocabulary [0, ", V,
+         ") and not the ignored target ", kIgnoredTarget);
   // logits (N, V) = inp (N, C) · weight (V, C)ᵀ, stored in 16 bits.
   (void)gemm_rounded_output(device, false, true, N, V, C, inp, C, weight, C, logits, V);
   if (N == 0) return;

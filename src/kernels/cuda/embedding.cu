@@ -6,15 +6,17 @@
 #include "base/error.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/targets.h"
 
 namespace loom::cuda {
 namespace {
 
 __global__ void first_bad_kernel(unsigned long long* first, const int32_t* ids, int64_t n,
-                                 int64_t V) {
+                                 int64_t V, bool targets) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-    if (ids[i] < 0 || ids[i] >= V) atomicMin(first, static_cast<unsigned long long>(i));
+    if ((ids[i] < 0 || ids[i] >= V) && !(targets && ids[i] == kIgnoredTarget))
+      atomicMin(first, static_cast<unsigned long long>(i));
 }
 
 __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
@@ -69,7 +71,7 @@ __global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, co
 
 }  // namespace
 
-int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* bad) {
+int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* bad, bool targets) {
   if (n == 0) return -1;
   int device = 0;
   LOOM_CUDA_CHECK(cudaGetDevice(&device));
@@ -77,7 +79,7 @@ int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* ba
   const unsigned long long none = ~0ull;  // all 0xff bytes: queued, no wait
   LOOM_CUDA_CHECK(cudaMemsetAsync(first.get(), 0xff, sizeof none, nullptr));
   launch("first_bad_kernel", first_bad_kernel, blocks_for(n, kThreads), kThreads, first.get(), ids,
-         n, V);
+         n, V, targets);
   unsigned long long at = none;
   LOOM_CUDA_CHECK(cudaMemcpy(&at, first.get(), sizeof at, cudaMemcpyDeviceToHost));
   if (at == none) return -1;

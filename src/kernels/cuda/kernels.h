@@ -576,7 +576,7 @@ void vocab_shard_sum_exp(int device, float* sum, const float* logits, const floa
 // The rows' losses summed into *result (device memory), queued: one block, each thread's rows in
 // order, the threads' sums in a fixed order (to rounding the CPU's row-order sum).
 void vocab_shard_loss_sum(int device, double* result, const float* sum, const float* max,
-                          const float* target_logit, int64_t N);
+                          const float* target_logit, const int32_t* targets, int64_t N);
 void vocab_shard_cross_entropy_backward(int device, float* logits, const float* max,
                                         const float* sum, const int32_t* targets, float k,
                                         int64_t N, const VocabShard& shard);

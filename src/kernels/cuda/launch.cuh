@@ -87,8 +87,10 @@ inline unsigned blocks_of(int64_t items, int64_t per_block) {
 }
 
 // The index of the first id outside [0, V) among ids[0, n) on the current GPU, or -1; with its
-// value in *bad. Waits for the GPU (8 bytes come back): token and target checks.
-int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* bad);
+// value in *bad. Waits for the GPU (8 bytes come back): token and target checks. Targets pass
+// `targets` = true, which also takes kIgnoredTarget (kernels/targets.h).
+int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* bad,
+                           bool targets = false);
 
 // Scratch memory of GPU `device` for the length of one call, from its caching allocator. Freed
 // when the call returns, possibly before the GPU ran the kernels that use it: sound, because

@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/targets.h"
 
 namespace loom::cuda {
 namespace {
@@ -46,11 +47,13 @@ __global__ void shard_embedding_wte_kernel(float* dwte, const float* dout, const
 }
 
 __global__ void shard_loss_sum_kernel(double* result, const float* sum, const float* max,
-                                      const float* target_logit, int64_t N) {
+                                      const float* target_logit, const int32_t* targets,
+                                      int64_t N) {
   __shared__ double shared[32];
   double acc = 0;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x)
-    acc += log(static_cast<double>(sum[i])) + max[i] - target_logit[i];
+    if (targets[i] != kIgnoredTarget)
+      acc += log(static_cast<double>(sum[i])) + max[i] - target_logit[i];
   acc = block_sum(acc, shared);
   if (threadIdx.x == 0) *result = acc;
 }
@@ -102,19 +105,20 @@ __global__ void shard_ce_backward_kernel(L* logits, const float* max, const floa
   L* l = logits + i * shard.rows;
   const float m = max[i], s = sum[i];
   const int64_t t = targets[i] - shard.first_row;
+  const float row_k = targets[i] == kIgnoredTarget ? 0.0f : k;  // an ignored row: zeros
   for (int64_t j = threadIdx.x; j < shard.rows; j += blockDim.x) {
     const float p = j < shard.real_rows ? expf(widen(l[j]) - m) / s : 0.0f;
-    store_as(l[j], (p - (j == t ? 1.0f : 0.0f)) * k);
+    store_as(l[j], (p - (j == t ? 1.0f : 0.0f)) * row_k);
   }
 }
 
 }  // namespace
 
 void vocab_shard_loss_sum(int device, double* result, const float* sum, const float* max,
-                          const float* target_logit, int64_t N) {
+                          const float* target_logit, const int32_t* targets, int64_t N) {
   DeviceGuard guard(device);
-  launch("vocab_shard_loss_sum", shard_loss_sum_kernel, 1, kThreads, result, sum, max,
-         target_logit, N);
+  launch("vocab_shard_loss_sum", shard_loss_sum_kernel, 1, kThreads, result, sum, max, target_logit,
+         targets, N);
 }
 
 void vocab_shard_embedding_forward(int device, float* out, const int32_t* tokens, const float* wte,
