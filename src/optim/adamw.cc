@@ -74,17 +74,22 @@ LrDecay parse_lr_decay(const std::string& name) {
 }
 
 float LrSchedule::at(int64_t step) const {
-  if (step < warmup) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
-  int64_t start = warmup;  // where the decay begins
+  return at_progress(static_cast<double>(step), static_cast<double>(step + 1));
+}
+
+float LrSchedule::at_progress(double done, double through) const {
+  // Whole steps give exact integers throughout: the per-step schedule's values bit for bit.
+  const auto warmup_steps = static_cast<double>(warmup);
+  if (done < warmup_steps)
+    return lr * static_cast<float>(std::min(through, warmup_steps)) / static_cast<float>(warmup);
+  double start = warmup_steps;  // where the decay begins
   if (decay == LrDecay::kConstant) return lr;
   if (decay == LrDecay::kWsd)
-    start = std::max(
-        warmup,
-        total - static_cast<int64_t>(std::llround(decay_fraction * static_cast<double>(total))));
-  const int64_t decay_steps = total - start;
-  if (decay_steps <= 0 || step < start) return lr;
-  const double progress =
-      std::min(1.0, static_cast<double>(step - start) / static_cast<double>(decay_steps));
+    start =
+        std::max(warmup_steps, total - static_cast<double>(std::llround(decay_fraction * total)));
+  const double decay_steps = total - start;
+  if (decay_steps <= 0 || done < start) return lr;
+  const double progress = std::min(1.0, (done - start) / decay_steps);
   const double left = decay == LrDecay::kCosine ? 0.5 * (1.0 + std::cos(M_PI * progress))
                                                 : 1.0 - progress;  // linear, wsd
   return static_cast<float>(lr * (min_ratio + (1.0 - min_ratio) * left));

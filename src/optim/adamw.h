@@ -86,12 +86,20 @@ LrDecay parse_lr_decay(const std::string& name);
 
 struct LrSchedule {
   LrDecay decay = LrDecay::kCosine;
-  int64_t total = 0, warmup = 0;
+  // The run's length and the warm-up's, in steps of the full batch; `total` is a fraction where
+  // a batch-size ramp-up's smaller steps make the run shorter than a whole number of them.
+  double total = 0;
+  int64_t warmup = 0;
   float lr = 0, min_ratio = 0;
   double decay_fraction = 0.2;  // kWsd only
 
-  // The rate at step `step` (0-based).
+  // The rate at step `step` (0-based): at_progress(step, step + 1).
   float at(int64_t step) const;
+  // The rate of a step that begins `done` full batches into the run and ends `through` full
+  // batches into it: a batch-size ramp-up's steps are fractions of one, so the schedule follows
+  // the sequences consumed (Megatron-LM's schedules by samples). Warm-up to `through` (never past
+  // lr), the decay from `done`.
+  float at_progress(double done, double through) const;
 };
 
 // The global L2 norm of all gradients; when max_norm > 0 and the norm exceeds it, scales every

@@ -130,7 +130,8 @@ AdamWConfig adamw_config_of(const TrainConfig& tc) {
 LrSchedule lr_schedule_of(const TrainConfig& tc) {
   LrSchedule s;
   s.decay = parse_lr_decay(tc.lr_schedule);
-  s.total = tc.steps;
+  // In full batches: with a batch-size ramp-up the run's sequences over batch_size.
+  s.total = static_cast<double>(tc.samples_before(tc.steps)) / static_cast<double>(tc.batch_size);
   s.warmup = tc.warmup_steps;
   s.lr = static_cast<float>(tc.lr);
   s.min_ratio = static_cast<float>(tc.min_lr_ratio);
@@ -634,7 +635,13 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     figures.held_bytes = allocator.stats().bytes_in_use;
     allocator.reset_peak();
     double loss = 0, grad_norm = 0, comm_wait = 0;
-    const float lr = lr_schedule.at(step - 1);
+    // The schedule follows the sequences consumed, in full batches: step - 1 and step but for a
+    // batch-size ramp-up's steps.
+    const auto full_batches = [&](int64_t sequences) {
+      return static_cast<double>(sequences) / static_cast<double>(tc.batch_size);
+    };
+    const float lr =
+        lr_schedule.at_progress(full_batches(consumed - step_batch), full_batches(consumed));
     // Backward runs on loss × S; the norm comes back unscaled, non-finite on an overflow, and
     // every rank sees the same norm, so all of them skip the same steps (optim/loss_scaler.h).
     // A skipped step still consumes its batch and advances the LR schedule (step is the data

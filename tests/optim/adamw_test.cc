@@ -13,7 +13,7 @@ LrSchedule schedule(LrDecay decay, int64_t total, int64_t warmup, float lr, floa
                     double decay_fraction = 0.2) {
   LrSchedule s;
   s.decay = decay;
-  s.total = total;
+  s.total = static_cast<double>(total);
   s.warmup = warmup;
   s.lr = lr;
   s.min_ratio = min_ratio;
@@ -61,6 +61,29 @@ TEST(LrSchedule, LinearConstantAndWarmupStableDecay) {
   EXPECT_EQ(parse_lr_decay("wsd"), LrDecay::kWsd);
   EXPECT_EQ(parse_lr_decay("linear"), LrDecay::kLinear);
   EXPECT_THROW(parse_lr_decay("step"), Error);
+}
+
+// A batch-size ramp-up's steps are fractions of a full batch: the schedule follows the
+// sequences consumed. Warm-up by the step's end (never past lr), the decay by its start, over a
+// run of a fractional number of full batches.
+TEST(LrSchedule, FollowsFractionsOfAFullBatch) {
+  for (LrDecay d : {LrDecay::kCosine, LrDecay::kLinear, LrDecay::kWsd}) {
+    const LrSchedule s = schedule(d, 110, 10, 1e-3f, 0.1f);
+    for (int step = 0; step <= 110; ++step)
+      EXPECT_EQ(s.at_progress(step, step + 1), s.at(step)) << step;  // the same bits
+  }
+  LrSchedule ramp = schedule(LrDecay::kCosine, 0, 2, 1e-3f, 0.1f);
+  ramp.total = 10.5;
+  EXPECT_FLOAT_EQ(ramp.at_progress(0.0, 0.25), 1e-3f * 0.25f / 2);  // a quarter batch
+  EXPECT_FLOAT_EQ(ramp.at_progress(0.25, 0.75), 1e-3f * 0.75f / 2);
+  EXPECT_FLOAT_EQ(ramp.at_progress(1.5, 2.5), 1e-3f);  // ends past warm-up: lr, not more
+  EXPECT_FLOAT_EQ(ramp.at_progress(2.0, 2.5), 1e-3f);  // the decay's start
+  EXPECT_NEAR(ramp.at_progress(6.25, 7.0), 1e-4 + 0.9e-3 * 0.5 * (1 + std::cos(M_PI * 0.5)),
+              1e-9);  // (6.25 - 2) / (10.5 - 2) = half way
+  EXPECT_NEAR(ramp.at_progress(10.5, 11.0), 1e-4, 1e-10);
+  ramp.decay = LrDecay::kWsd;  // 20% of 10.5 rounds to 2: stable until 8.5
+  EXPECT_FLOAT_EQ(ramp.at_progress(8.5, 9.5), 1e-3f);
+  EXPECT_NEAR(ramp.at_progress(9.5, 10.5), 0.55e-3, 1e-9);
 }
 
 struct Store {

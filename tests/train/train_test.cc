@@ -1757,6 +1757,24 @@ TEST_F(TrainTest, BatchRampupGrowsTheBatchAndEveryLayoutFollowsIt) {
     EXPECT_EQ(records[i].at("batch_size").get<int64_t>(), batches[i]) << "step " << i + 1;
     EXPECT_EQ(records[i].at("tokens").get<int64_t>(), tokens) << "step " << i + 1;
   }
+  // The LR schedule follows the sequences consumed, in full batches of 16 (Megatron-LM's by
+  // samples): warm-up over 3 × 16 = 48 sequences (steps 1-9 consume 4 8 12 16 24 32 44 60 76),
+  // cosine from 48 to the run's 76 sequences.
+  {
+    const double lr = c.train.lr, warmup = static_cast<double>(c.train.warmup_steps) * 16,
+                 total = 76, min_lr = lr * c.train.min_lr_ratio;
+    double consumed = 0;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const double done = consumed;
+      consumed += static_cast<double>(batches[i]);
+      const double want =
+          done < warmup ? lr * std::min(consumed, warmup) / warmup
+                        : min_lr + (lr - min_lr) * 0.5 *
+                                       (1 + std::cos(M_PI * (done - warmup) / (total - warmup)));
+      EXPECT_NEAR(records[i].at("lr").get<double>(), want, 1e-6 * lr) << "step " << i + 1;
+    }
+    EXPECT_EQ(c.train.lr_schedule, "cosine");
+  }
   EXPECT_NE(one.layout_report.find("train.batch_rampup: the batch grows from 4 by 4 to 16 over "
                                    "the first 40 sequences (steps 1-7)"),
             std::string::npos)
