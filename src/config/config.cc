@@ -80,6 +80,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(train, beta2),
     LOOM_KEY(train, eps),
     LOOM_KEY(train, grad_clip),
+    LOOM_KEY(train, z_loss),
     LOOM_KEY(train, loss_scale),
     LOOM_KEY(train, loss_scale_init),
     LOOM_KEY(train, loss_scale_window),

@@ -153,6 +153,10 @@ struct TrainConfig {
   double beta2 = 0.95;           // AdamW
   double eps = 1e-8;             // AdamW
   double grad_clip = 1.0;        // global gradient-norm clip; 0 = off
+  // PaLM's auxiliary z-loss: z_loss · (log Σ exp logits)² added to each position's loss, keeping
+  // the softmax's normaliser near 1 (logit drift is a source of instability); PaLM and OLMo 2
+  // use 1e-4. In the gradient only: the reported loss stays the cross-entropy. 0 = off.
+  double z_loss = 0;
   // Loss scaling (optim/loss_scaler.h): auto (dynamic under fp16 GEMMs, else none), none,
   // static or dynamic; the first scale, the good steps before a dynamic scale doubles, and the
   // floor it never halves below. Scales are powers of two in [1, 2^64].

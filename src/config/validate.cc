@@ -203,6 +203,7 @@ void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p
   if (!(t.eps > 0 && std::isfinite(t.eps)))
     p.add("train.eps = ", format_double(t.eps), " must be positive");
   p.in_range("train.grad_clip", t.grad_clip, 0, kInf, true);
+  p.in_range("train.z_loss", t.z_loss, 0, 1, true);
   p.one_of("train.loss_scale", t.loss_scale, {"auto", "none", "static", "dynamic"});
   const auto power_of_two = [](double s) {
     int exponent = 0;

@@ -340,14 +340,14 @@ void vocab_shard_sum_exp_rounded(const Exec& ex, float* sum, const void* logits,
 void vocab_shard_cross_entropy_backward_rounded(const Exec& ex, void* logits, DType dtype,
                                                 const float* max, const float* sum,
                                                 const int32_t* targets, float k, int64_t N,
-                                                const VocabShard& shard) {
+                                                const VocabShard& shard, float z_loss) {
   const detail::OpScope op_scope_("vocab_shard_cross_entropy_backward", ex, [&] {
     return detail::work_of<float>(0, 1.0 * N * shard.rows + 3.0 * N);
   });
   expect_rounded_output(ex, dtype, "vocab_shard_cross_entropy_backward_rounded");
   if constexpr (detail::kCudaBuild)
     cuda::vocab_shard_cross_entropy_backward_rounded(ex.device.index, logits, max, sum, targets, k,
-                                                     N, shard);
+                                                     N, shard, z_loss);
 }
 
 void layernorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* mean, float* rstd,
@@ -417,7 +417,8 @@ void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, v
 void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dweight, void* logits,
                                           DType logits_dtype, const float* lse,
                                           const int32_t* targets, float dloss, const float* inp,
-                                          GemmWeight weight, int64_t N, int64_t C, int64_t V) {
+                                          GemmWeight weight, int64_t N, int64_t C, int64_t V,
+                                          float z_loss) {
   const cuda::GemmOperand weight_op =
       weight_operand(ex, weight, "lm_head_backward_from_rounded_logits");
   // Without dweight (a zero-bubble schedule's B), the logits' gradient and dinp alone.
@@ -433,7 +434,7 @@ void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dw
     // Refused before the kernel reads them as another type, if the precision changed since.
     kept.expect_usable_at(cuda::matmul_precision(), "logits");
     cuda::lm_head_backward_from_rounded_logits(ex.device.index, dinp, dweight, logits, lse, targets,
-                                               dloss, inp, weight_op, N, C, V);
+                                               dloss, inp, weight_op, N, C, V, z_loss);
   }
 }
 

@@ -245,7 +245,8 @@ void lm_head_forward_rounded_logits(const Exec& ex, float* losses, float* lse, v
 void lm_head_backward_from_rounded_logits(const Exec& ex, float* dinp, float* dweight, void* logits,
                                           DType logits_dtype, const float* lse,
                                           const int32_t* targets, float dloss, const float* inp,
-                                          GemmWeight weight, int64_t N, int64_t C, int64_t V);
+                                          GemmWeight weight, int64_t N, int64_t C, int64_t V,
+                                          float z_loss = 0);
 
 // AdamW over runs of the same flat buffers (kernels/adamw_factors.h), each element what
 // adamw_update computes with `weight_decay` where a run's decay is set: on a GPU one launch for all
@@ -642,18 +643,19 @@ inline void cross_entropy_forward(const Exec& ex, Real* losses, Real* lse, const
 template <typename Real>
 inline void cross_entropy_backward(const Exec& ex, Real* dlogits, const Real* logits,
                                    const Real* lse, const int32_t* targets, Real dloss, int64_t N,
-                                   int64_t V) {
+                                   int64_t V, float z_loss = 0) {
   LOOM_OPS_DISPATCH(cross_entropy_backward, (0, 2.0 * N * V + 2.0 * N), dlogits, logits, lse,
-                    targets, dloss, N, V);
+                    targets, dloss, N, V, z_loss);
 }
 
 template <typename Real>
 inline void lm_head_backward(const Exec& ex, Real* dinp, Real* dweight, Real* logits,
                              const Real* lse, const int32_t* targets, Real dloss, const Real* inp,
-                             const Real* weight, int64_t N, int64_t C, int64_t V) {
+                             const Real* weight, int64_t N, int64_t C, int64_t V,
+                             float z_loss = 0) {
   LOOM_OPS_DISPATCH(lm_head_backward,
                     (4.0 * N * C * V, 1.0 * N * V + 2.0 * N * C + 3.0 * V * C + 2.0 * N), dinp,
-                    dweight, logits, lse, targets, dloss, inp, weight, N, C, V);
+                    dweight, logits, lse, targets, dloss, inp, weight, N, C, V, z_loss);
 }
 
 template <typename Real>
@@ -707,9 +709,10 @@ inline void vocab_shard_sum_exp(const Exec& ex, Real* sum, const Real* logits, c
 template <typename Real>
 inline void vocab_shard_cross_entropy_backward(const Exec& ex, Real* logits, const Real* max,
                                                const Real* sum, const int32_t* targets, Real k,
-                                               int64_t N, const VocabShard& shard) {
+                                               int64_t N, const VocabShard& shard,
+                                               float z_loss = 0) {
   LOOM_OPS_DISPATCH(vocab_shard_cross_entropy_backward, (0, 2.0 * N * shard.rows + 3.0 * N), logits,
-                    max, sum, targets, k, N, shard);
+                    max, sum, targets, k, N, shard, z_loss);
 }
 
 // The vocabulary-parallel head's cross-entropy on a GPU at bf16 / fp16 matmul precision, its
@@ -726,7 +729,7 @@ void vocab_shard_sum_exp_rounded(const Exec& ex, float* sum, const void* logits,
 void vocab_shard_cross_entropy_backward_rounded(const Exec& ex, void* logits, DType dtype,
                                                 const float* max, const float* sum,
                                                 const int32_t* targets, float k, int64_t N,
-                                                const VocabShard& shard);
+                                                const VocabShard& shard, float z_loss = 0);
 
 // A Linear layer's GEMMs (nn::Linear, the tensor-parallel Linears; never the LM head): the
 // matmul ops above — with a `residual`, matmul_forward_adding; with a `gelu_input` h, the

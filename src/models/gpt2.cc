@@ -304,7 +304,8 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
       ops::lm_head_backward_from_rounded_logits(
           ctx.exec(), dfinal.data<float>(), later ? nullptr : wte.grad.data<float>(),
           dlogits_.raw(), dlogits_.dtype(), lse_.data<float>(), targets_.data<int32_t>(),
-          static_cast<float>(scale / N), final_.data<float>(), gemm_weight(ctx, wte), N, C, V);
+          static_cast<float>(scale / N), final_.data<float>(), gemm_weight(ctx, wte), N, C, V,
+          ctx.z_loss);
       if (later) {
         Parameter* head = head_wte_;
         ctx.deferred_weight_grads->add(
@@ -324,7 +325,7 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
           // largest GEMM, left for W (keeping the logits' gradient and final_ until then).
           ops::cross_entropy_backward<T_>(ctx.exec(), dlogits_.data<T_>(), dlogits_.data<T_>(),
                                           lse_.data<T_>(), targets_.data<int32_t>(),
-                                          static_cast<T_>(scale / N), N, V);
+                                          static_cast<T_>(scale / N), N, V, ctx.z_loss);
           ops::matmul_backward<T_>(ctx.exec(), dfinal.data<T_>(), nullptr, nullptr,
                                    dlogits_.data<T_>(), final_.data<T_>(), wte.value.data<T_>(), N,
                                    C, V);
@@ -342,7 +343,7 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
         ops::lm_head_backward<T_>(ctx.exec(), dfinal.data<T_>(), wte.grad.data<T_>(),
                                   dlogits_.data<T_>(), lse_.data<T_>(), targets_.data<int32_t>(),
                                   static_cast<T_>(scale / N), final_.data<T_>(),
-                                  wte.value.data<T_>(), N, C, V);
+                                  wte.value.data<T_>(), N, C, V, ctx.z_loss);
       });
     }
     const Shape shape = {targets_.dim(0), targets_.dim(1), C};

@@ -41,6 +41,10 @@ struct Context {
   // parallel.tp_backward_overlap); the same bits either way.
   bool tp_backward_overlap = true;
 
+  // The LM head's auxiliary z-loss coefficient (train.z_loss): its backward adds the gradient of
+  // z_loss · lse² per position. 0: none.
+  float z_loss = 0;
+
   // The token ids were checked where they came from (kernels/exec.h): a training step's.
   bool ids_checked = false;
 

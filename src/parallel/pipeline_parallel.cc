@@ -278,6 +278,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   ctx.losses = &losses;
   ctx.ids_checked = config_.ids_checked;
   ctx.tp_backward_overlap = config_.tp_backward_overlap;
+  ctx.z_loss = config_.z_loss;
   for (const PipeAction& a : schedule_.actions[static_cast<size_t>(rank)]) {
     const int c = a.chunk, i = a.microbatch, s = schedule_.stage_of(rank, c);
     const auto key = std::make_pair(c, i);

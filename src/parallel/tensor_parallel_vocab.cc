@@ -136,13 +136,13 @@ Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
   // dlogits = (softmax − onehot) · scale / N, in place (in the logits' type); padding columns
   // zero.
   if (logits_.dtype() != DType::kF32)
-    ops::vocab_shard_cross_entropy_backward_rounded(ctx.exec(), logits_.raw(), logits_.dtype(),
-                                                    max_.data<float>(), sum_.data<float>(),
-                                                    targets_.data<int32_t>(), k, N, shard());
+    ops::vocab_shard_cross_entropy_backward_rounded(
+        ctx.exec(), logits_.raw(), logits_.dtype(), max_.data<float>(), sum_.data<float>(),
+        targets_.data<int32_t>(), k, N, shard(), ctx.z_loss);
   else
-    ops::vocab_shard_cross_entropy_backward<float>(ctx.exec(), logits_.data<float>(),
-                                                   max_.data<float>(), sum_.data<float>(),
-                                                   targets_.data<int32_t>(), k, N, shard());
+    ops::vocab_shard_cross_entropy_backward<float>(
+        ctx.exec(), logits_.data<float>(), max_.data<float>(), sum_.data<float>(),
+        targets_.data<int32_t>(), k, N, shard(), ctx.z_loss);
   Tensor dfinal = Tensor::empty({N, C}, DType::kF32, ctx.device);
   // The shard's weight gradient (the stage's largest GEMM) left for a zero-bubble schedule's W,
   // which keeps the logits' gradient and final_ until then, or run behind dfinal's collective.

@@ -177,6 +177,7 @@ PipelineConfig pipeline_config_of(const Config& config, int64_t local_seq,
   pc.tensor_parallel = tensor_parallel;
   pc.sequence_parallel = config.parallel.sequence_parallel;
   pc.tp_backward_overlap = tp_backward_overlap;
+  pc.z_loss = static_cast<float>(config.train.z_loss);
   pc.send_dtype = config.parallel.pp_send_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   return pc;
 }
@@ -432,6 +433,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   Context ctx{&pool, device, DType::kF32, whole_engine.get()};
   ctx.sequence = sequence_shard.get();
   ctx.tp_backward_overlap = overlap_tp_backward;
+  ctx.z_loss = static_cast<float>(tc.z_loss);
   // The weights' 16-bit copies on a GPU at bf16 / fp16 (nn/rounded_weights.h), kept by the engine.
   if (whole_engine) ctx.rounded_weights = whole_engine->rounded_weights();
   StepLosses step_losses(device);  // nn/step_losses.h

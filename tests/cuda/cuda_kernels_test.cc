@@ -64,6 +64,10 @@ std::vector<int32_t> random_ids(int64_t n, int32_t V, uint64_t seed) {
   return ids;
 }
 
+// The cross-entropy backwards run with PaLM's auxiliary z-loss (train.z_loss) at this
+// coefficient: their softmax term scaled by 1 + 2 · z · lse, checked against the CPU's.
+constexpr float kZLoss = 0.01f;
+
 // Targets: random ids with every 7th row kIgnoredTarget (data.eod_mask_loss: no loss, no gradient).
 std::vector<int32_t> random_targets(int64_t n, int32_t V, uint64_t seed) {
   std::vector<int32_t> ids = random_ids(n, V, seed);
@@ -2160,9 +2164,9 @@ TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
     // In place over the logits, as the model does.
     const float dloss = 1.0f / static_cast<float>(N);
     ops::cross_entropy_backward<float>(on_cpu, logits.h(), logits.h(), lse.h(),
-                                       targets.host.data<int32_t>(), dloss, N, V);
+                                       targets.host.data<int32_t>(), dloss, N, V, kZLoss);
     ops::cross_entropy_backward<float>(on_gpu, logits.g(), logits.g(), lse.g(),
-                                       targets.gpu.data<int32_t>(), dloss, N, V);
+                                       targets.gpu.data<int32_t>(), dloss, N, V, kZLoss);
     expect_pair_close("dlogits", logits);
 
     std::vector<int32_t> bad_ids = random_ids(N, static_cast<int32_t>(V), 71);
@@ -2199,9 +2203,11 @@ TEST_F(CudaKernelsTest, LmHeadBackwardMatchesTheSeparateOpsAndCpu) {
     const std::vector<float> dw0 = random_floats(V * C, 85);
     Pair dinp = pair_of(std::vector<float>(N * C)), dw = pair_of(dw0);
     ops::lm_head_backward<float>(on_cpu, dinp.h(), dw.h(), logits.h(), lse.h(),
-                                 targets.host.data<int32_t>(), dloss, inp.h(), w.h(), N, C, V);
+                                 targets.host.data<int32_t>(), dloss, inp.h(), w.h(), N, C, V,
+                                 kZLoss);
     ops::lm_head_backward<float>(on_gpu, dinp.g(), dw.g(), logits.g(), lse.g(),
-                                 targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V);
+                                 targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V,
+                                 kZLoss);
     expect_pair_close("fp32 dinp", dinp);
     expect_pair_close("fp32 dweight", dw);
 
@@ -2212,11 +2218,12 @@ TEST_F(CudaKernelsTest, LmHeadBackwardMatchesTheSeparateOpsAndCpu) {
       Pair fused_dinp = pair_of(std::vector<float>(N * C)), fused_dw = pair_of(dw0);
       logits.gpu.copy_from(Tensor::from_vector(logits0, {N * V}));
       ops::lm_head_backward<float>(on_gpu, fused_dinp.g(), fused_dw.g(), logits.g(), lse.g(),
-                                   targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V);
+                                   targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V,
+                                   kZLoss);
       Pair split_dinp = pair_of(std::vector<float>(N * C)), split_dw = pair_of(dw0);
       logits.gpu.copy_from(Tensor::from_vector(logits0, {N * V}));
       ops::cross_entropy_backward<float>(on_gpu, logits.g(), logits.g(), lse.g(),
-                                         targets.gpu.data<int32_t>(), dloss, N, V);
+                                         targets.gpu.data<int32_t>(), dloss, N, V, kZLoss);
       ops::matmul_backward<float>(on_gpu, split_dinp.g(), split_dw.g(), nullptr, logits.g(),
                                   inp.g(), w.g(), N, C, V);
       EXPECT_TRUE(bitwise_equal(fused_dinp.from_gpu(), split_dinp.from_gpu())) << "dinp";
@@ -2480,9 +2487,10 @@ TEST_F(CudaKernelsTest, LmHeadWithSixteenBitLogitsIsTheHeadOnRoundedLogits) {
       Pair dinp_ref = pair_of(std::vector<float>(N * C)), dw_ref = pair_of(dw0);
       ops::lm_head_backward_from_rounded_logits(on_gpu, dinp.g(), dw.g(), logits.raw(), dtype,
                                                 lse.g(), targets.gpu.data<int32_t>(), dloss,
-                                                inp.g(), w.g(), N, C, V);
+                                                inp.g(), w.g(), N, C, V, kZLoss);
       ops::lm_head_backward<float>(on_gpu, dinp_ref.g(), dw_ref.g(), rounded.g(), lse.g(),
-                                   targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V);
+                                   targets.gpu.data<int32_t>(), dloss, inp.g(), w.g(), N, C, V,
+                                   kZLoss);
       EXPECT_TRUE(bitwise_equal(dinp.from_gpu(), dinp_ref.from_gpu())) << "dinp";
       EXPECT_TRUE(bitwise_equal(dw.from_gpu(), dw_ref.from_gpu())) << "dweight";
 
@@ -2562,10 +2570,10 @@ TEST_F(CudaKernelsTest, VocabShardKernelsMatchCpu) {
                                      tg.data<float>(), idg.gpu.data<int32_t>(), rows);
     EXPECT_NEAR(got.to(Device::cpu()).data<double>()[0], want, 1e-12 * std::abs(want)) << "loss";
   }
-  ops::vocab_shard_cross_entropy_backward<float>(on_cpu, logits.h(), max.h(), sum.h(),
-                                                 targets.host.data<int32_t>(), 0.5f, N, shard);
-  ops::vocab_shard_cross_entropy_backward<float>(on_gpu, logits.g(), max.g(), sum.g(),
-                                                 targets.gpu.data<int32_t>(), 0.5f, N, shard);
+  ops::vocab_shard_cross_entropy_backward<float>(
+      on_cpu, logits.h(), max.h(), sum.h(), targets.host.data<int32_t>(), 0.5f, N, shard, kZLoss);
+  ops::vocab_shard_cross_entropy_backward<float>(
+      on_gpu, logits.g(), max.g(), sum.g(), targets.gpu.data<int32_t>(), 0.5f, N, shard, kZLoss);
   expect_pair_close("dlogits", logits);
 
   std::vector<int32_t> bad = random_ids(N, static_cast<int32_t>(V), 90);
@@ -2608,10 +2616,11 @@ TEST_F(CudaKernelsTest, VocabShardCrossEntropyOnSixteenBitLogitsIsTheFp32OnesOnT
                                      shard);
     EXPECT_TRUE(bitwise_equal(sum16.from_gpu(), sum.from_gpu())) << "sum";
     ops::vocab_shard_cross_entropy_backward<float>(on_gpu, logits.values.g(), max.g(), sum.g(),
-                                                   targets.gpu.data<int32_t>(), 0.5f, N, shard);
+                                                   targets.gpu.data<int32_t>(), 0.5f, N, shard,
+                                                   kZLoss);
     ops::vocab_shard_cross_entropy_backward_rounded(on_gpu, logits.bits.raw(), dtype, max.g(),
                                                     sum.g(), targets.gpu.data<int32_t>(), 0.5f, N,
-                                                    shard);
+                                                    shard, kZLoss);
     EXPECT_TRUE(bitwise_equal(widened(logits.bits), rounded_to(logits.values.from_gpu(), dtype)))
         << "dlogits";
   }

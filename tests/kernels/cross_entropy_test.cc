@@ -66,6 +66,37 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   EXPECT_EQ(in_place, dlogits);
 }
 
+// With PaLM's z-loss the backward is the gradient of Σ dloss · (loss + z · lse²); an ignored row
+// has neither term.
+TEST(CrossEntropy, ZLossBackwardMatchesFiniteDifferences) {
+  ThreadPool pool(3);
+  const int64_t N = 10, V = 11;
+  const double dloss = 0.37;
+  const float z = 0.25f;  // large, for the term to show against the cross-entropy's
+  auto targets = make_targets(N, V);
+  targets[6] = kIgnoredTarget;
+  auto logits = random_vector(N * V, 1, -3, 3);
+  for (int64_t v = 0; v < V; ++v) logits[2 * V + v] += 4.0;  // a row whose lse is far from 0
+  std::vector<double> losses(N), lse(N);
+  auto loss = [&] {
+    cross_entropy_forward(pool, losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+    double total = 0;
+    for (int64_t r = 0; r < N; ++r)
+      if (targets[r] != kIgnoredTarget) total += dloss * (losses[r] + z * lse[r] * lse[r]);
+    return total;
+  };
+  loss();
+  auto dlogits = ktest::nan_vector(N * V);
+  cross_entropy_backward(pool, dlogits.data(), logits.data(), lse.data(), targets.data(), dloss, N,
+                         V, z);
+  ktest::expect_gradient("dlogits with z-loss", logits, loss, dlogits);
+  // The z-loss moved the gradient: without it, row 2's sums to 0; with it, to 2 · z · lse · dloss.
+  double row_sum = 0;
+  for (int64_t v = 0; v < V; ++v) row_sum += dlogits[2 * V + v];
+  EXPECT_NEAR(row_sum, 2.0 * z * lse[2] * dloss, 1e-12);
+  EXPECT_GT(std::abs(row_sum), 0.5);
+}
+
 TEST(CrossEntropy, BadTargetThrowsNamingIt) {
   ThreadPool pool(2);
   const int64_t N = 4, V = 11;

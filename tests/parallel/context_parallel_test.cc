@@ -392,6 +392,40 @@ threads_per_rank = 1
     return o;
   }
 
+  // One device's first step of c, from the model itself: the first batch's mean loss over its
+  // counted targets (every one unless data.eod_mask_loss) and its gradient's norm (with
+  // train.z_loss's term), and how many targets counted.
+  struct FirstStep {
+    double loss = 0, grad_norm = 0;
+    int64_t counted = 0;
+  };
+  static FirstStep first_step_of(const Config& c) {
+    const int64_t B = c.train.batch_size, T = c.model.seq_len, N = B * T;
+    ThreadPool pool(1);
+    Context ctx{&pool, Device::cpu(), DType::kF32};
+    ctx.z_loss = static_cast<float>(c.train.z_loss);
+    Gpt2 model(model_config_of(c));
+    model.build(DType::kF32, Device::cpu(), static_cast<uint64_t>(c.train.seed));
+    DataLoader loader(resolve_shards(c.data.train, "data.train"), B, T);
+    Tensor tokens = Tensor::empty({B, T}, DType::kI32),
+           targets = Tensor::empty({B, T}, DType::kI32);
+    loader.next_batch(tokens.data<int32_t>(), targets.data<int32_t>());
+    FirstStep step;
+    step.counted = c.data.eod_mask_loss
+                       ? mask_targets_after_eot(targets.data<int32_t>(), tokens.data<int32_t>(), N,
+                                                static_cast<int32_t>(c.data.eot_token))
+                       : N;
+    const double scale = static_cast<double>(N) / static_cast<double>(step.counted);
+    step.loss = model.forward(ctx, tokens, targets) * scale;
+    model.backward(ctx, scale);
+    double squares = 0;
+    const Tensor& grads = model.params().grads();
+    for (int64_t i = 0; i < grads.numel(); ++i)
+      squares += static_cast<double>(grads.data<float>()[i]) * grads.data<float>()[i];
+    step.grad_norm = std::sqrt(squares);
+    return step;
+  }
+
   // c's validation loss under dp 2 × cp 2 (run `name`): within 1e-5 of `one`'s.
   static void expect_dp2_cp2_validation_is(const Config& c, const TrainSummary& one,
                                            const std::string& name) {
@@ -537,30 +571,12 @@ TEST_F(ContextParallelRuns, EodMaskLossIsTheMeanOverTheTargetsLeftUnderEveryLayo
   ASSERT_EQ(steps.size(), 4u);
 
   // The reference: the first batch (8 sequences of 16) through the initial model.
-  {
-    const int64_t B = c.train.batch_size, T = c.model.seq_len, N = B * T;
-    ThreadPool pool(1);
-    Context ctx{&pool, Device::cpu(), DType::kF32};
-    Gpt2 model(model_config_of(c));
-    model.build(DType::kF32, Device::cpu(), static_cast<uint64_t>(c.train.seed));
-    DataLoader loader(resolve_shards(c.data.train, "data.train"), B, T);
-    Tensor tokens = Tensor::empty({B, T}, DType::kI32),
-           targets = Tensor::empty({B, T}, DType::kI32);
-    loader.next_batch(tokens.data<int32_t>(), targets.data<int32_t>());
-    const int64_t counted =
-        mask_targets_after_eot(targets.data<int32_t>(), tokens.data<int32_t>(), N, '\n');
-    ASSERT_GT(counted, N / 2);
-    ASSERT_LT(counted, N - B);  // problems of ~9 tokens: a dozen newlines in the batch
-    const double scale = static_cast<double>(N) / static_cast<double>(counted);
-    const double want_loss = model.forward(ctx, tokens, targets) * scale;
-    model.backward(ctx, scale);
-    double squares = 0;
-    const Tensor& grads = model.params().grads();
-    for (int64_t i = 0; i < grads.numel(); ++i)
-      squares += static_cast<double>(grads.data<float>()[i]) * grads.data<float>()[i];
-    EXPECT_NEAR(steps[0]["loss"].get<double>(), want_loss, 1e-6 * want_loss);
-    EXPECT_NEAR(steps[0]["grad_norm"].get<double>(), std::sqrt(squares), 1e-5 * std::sqrt(squares));
-  }
+  const FirstStep want = first_step_of(c);
+  ASSERT_GT(want.counted, c.train.batch_size * c.model.seq_len / 2);
+  // Problems of ~9 tokens: more than a newline a sequence.
+  ASSERT_LT(want.counted, c.train.batch_size * (c.model.seq_len - 1));
+  EXPECT_NEAR(steps[0]["loss"].get<double>(), want.loss, 1e-6 * want.loss);
+  EXPECT_NEAR(steps[0]["grad_norm"].get<double>(), want.grad_norm, 1e-5 * want.grad_norm);
   // The mask changes the run: the loss over every position is another (lower: the eot targets
   // it keeps are the corpus' most certain).
   Config all = c;
@@ -585,6 +601,38 @@ TEST_F(ContextParallelRuns, EodMaskLossIsTheMeanOverTheTargetsLeftUnderEveryLayo
   llama.data.document_mask = true;
   llama.data.eot_token = '\n';
   expect_layouts_match_one_device(llama, "dp=2;cp=2,cp_comm=ring;tp=2,sp=1;pp=2,schedule=1f1b", 4);
+}
+
+// train.z_loss (PaLM's auxiliary z-loss): the gradient of z · lse² joins each position's, the
+// reported loss stays the cross-entropy. One device's first step is the model's own (the same
+// loss as without the z-loss, another gradient); every layout trains one device's run — the
+// vocabulary-parallel head under tp (the group's lse), sp, pp (the last stage's head), cp, ZeRO-3
+// — GPT-2 and Llama, with data.eod_mask_loss too.
+TEST_F(ContextParallelRuns, ZLossUnderEveryLayoutMatchesOneDevice) {
+  Config c = config("gpt2");
+  c.train.z_loss = 0.01;  // lse ≈ log 256 at initialisation: the gradient's softmax term × 1.11
+  run_training(c, options("z_one"));
+  Config plain = c;
+  plain.train.z_loss = 0;
+  run_training(plain, options("z_off"));
+  const auto z = testing::read_metrics(root_ / "z_one"),
+             off = testing::read_metrics(root_ / "z_off");
+  ASSERT_EQ(z.size(), 4u);
+  ASSERT_EQ(off.size(), 4u);
+  EXPECT_EQ(z[0]["loss"].get<double>(), off[0]["loss"].get<double>());  // the cross-entropy's
+  const FirstStep want = first_step_of(c);
+  EXPECT_NEAR(z[0]["loss"].get<double>(), want.loss, 1e-6 * want.loss);
+  EXPECT_NEAR(z[0]["grad_norm"].get<double>(), want.grad_norm, 1e-5 * want.grad_norm);
+  EXPECT_GT(std::abs(z[0]["grad_norm"].get<double>() / off[0]["grad_norm"].get<double>() - 1),
+            1e-3);
+  EXPECT_NE(z[3]["loss"].get<double>(), off[3]["loss"].get<double>());
+  expect_layouts_match_one_device(
+      c, "dp=2;dp=2,zero=3;tp=2;tp=2,sp=1;pp=2;pp=2,schedule=zb-h1;cp=2;cp=2,tp=2,sp=1", 8);
+  Config llama = config("llama");
+  llama.train.z_loss = 0.01;
+  llama.data.eod_mask_loss = true;
+  llama.data.eot_token = '\n';
+  expect_layouts_match_one_device(llama, "dp=2;tp=2;pp=2,schedule=interleaved,v=2;cp=2", 4);
 }
 
 // An end-of-text token outside the vocabulary is refused by name.

@@ -36,7 +36,8 @@ struct Reference {
   double loss = 0;
 };
 
-Reference single_device(const Tensor& tokens, const Tensor& final, const Tensor& targets, const Tensor& dy) {
+Reference single_device(const Tensor& tokens, const Tensor& final, const Tensor& targets,
+                        const Tensor& dy, float z_loss) {
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF32};
   ParameterStore store;
@@ -52,7 +53,9 @@ Reference single_device(const Tensor& tokens, const Tensor& final, const Tensor&
   cpu::cross_entropy_forward<float>(pool, losses.data<float>(), lse.data<float>(), logits.data<float>(), targets.data<int32_t>(), kN, kV);
   for (int64_t i = 0; i < kN; ++i) r.loss += losses.data<float>()[i];
   r.loss /= kN;
-  cpu::cross_entropy_backward<float>(pool, logits.data<float>(), logits.data<float>(), lse.data<float>(), targets.data<int32_t>(), 1.0f / kN, kN, kV);
+  cpu::cross_entropy_backward<float>(pool, logits.data<float>(), logits.data<float>(),
+                                     lse.data<float>(), targets.data<int32_t>(), 1.0f / kN, kN, kV,
+                                     z_loss);
   r.dfinal = Tensor::empty({kN, kC}, DType::kF32);
   cpu::matmul_backward<float>(pool, r.dfinal.data<float>(), emb.wte()->grad.data<float>(), nullptr, logits.data<float>(), final.data<float>(), emb.wte()->value.data<float>(), kN, kC, kV);
   r.dwte = emb.wte()->grad.clone();
@@ -75,38 +78,50 @@ TEST_P(VocabParallel, EqualsTheSingleDeviceEmbeddingAndLoss) {
   Tensor final = Tensor::empty({kN, kC}, DType::kF32), dy = Tensor::empty({kN, kC}, DType::kF32);
   init_normal(final, 2, "final", 0.0f, 1.0f);
   init_normal(dy, 2, "dy", 0.0f, 1.0f);
-  const Reference ref = single_device(tokens, final, targets, dy);
+  // Without and with the z-loss (train.z_loss), whose gradient the shards take from the group's
+  // lse.
+  for (const float z_loss : {0.0f, 0.05f}) {
+    SCOPED_TRACE("z_loss " + std::to_string(z_loss));
+    const Reference ref = single_device(tokens, final, targets, dy, z_loss);
 
-  testing::run_on_thread_ranks(P, [&, P = P, sp = sp](Communicator& tp) {
-    ThreadPool pool(1);
-    Context ctx{&pool, Device::cpu(), DType::kF32};
-    ParameterStore store;
-    VocabParallelEmbedding vocab(store, kV, kT, kC, 0.02f, tp, sp);
-    store.allocate(DType::kF32, Device::cpu());
-    store.initialize(6);
-    const int64_t rows = sp ? kN / P : kN, row0 = sp ? tp.rank() * rows : 0;
-    const Tensor e = vocab.forward(ctx, tokens);
-    for (int64_t i = 0; i < rows * kC; ++i)
-      ASSERT_NEAR(e.data<float>()[i], ref.embedded.data<float>()[row0 * kC + i], 1e-6) << "embedding " << i;
-    vocab.backward(ctx, dy.narrow(row0, rows).clone());
-    double loss = 0;
-    vocab.head_forward(ctx, final, targets, &loss);
-    EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss);
-    const Tensor dfinal = vocab.head_backward(ctx, 1.0);
-    for (int64_t i = 0; i < rows * kC; ++i)
-      ASSERT_NEAR(dfinal.data<float>()[i], ref.dfinal.data<float>()[row0 * kC + i], 1e-5 * scale_of(ref.dfinal)) << "dfinal " << i;
-    const int64_t first = tp.rank() * vocab.local_vocab();
-    for (int64_t row = 0; row < vocab.local_vocab(); ++row)
-      for (int64_t c = 0; c < kC; ++c) {
-        const float got = vocab.wte()->grad.data<float>()[row * kC + c];
-        if (row < vocab.real_rows())
-          ASSERT_NEAR(got, ref.dwte.data<float>()[(first + row) * kC + c], 1e-5 * scale_of(ref.dwte)) << "wte row " << first + row;
-        else
-          ASSERT_EQ(got, 0.0f) << "padding row " << row << " got a gradient";
-      }
-    for (int64_t i = 0; i < ref.dwpe.numel(); ++i)
-      ASSERT_NEAR(vocab.wpe()->grad.data<float>()[i], ref.dwpe.data<float>()[i], 1e-5 * scale_of(ref.dwpe));
-  });
+    testing::run_on_thread_ranks(P, [&, P = P, sp = sp, z_loss = z_loss](Communicator& tp) {
+      ThreadPool pool(1);
+      Context ctx{&pool, Device::cpu(), DType::kF32};
+      ctx.z_loss = z_loss;
+      ParameterStore store;
+      VocabParallelEmbedding vocab(store, kV, kT, kC, 0.02f, tp, sp);
+      store.allocate(DType::kF32, Device::cpu());
+      store.initialize(6);
+      const int64_t rows = sp ? kN / P : kN, row0 = sp ? tp.rank() * rows : 0;
+      const Tensor e = vocab.forward(ctx, tokens);
+      for (int64_t i = 0; i < rows * kC; ++i)
+        ASSERT_NEAR(e.data<float>()[i], ref.embedded.data<float>()[row0 * kC + i], 1e-6)
+            << "embedding " << i;
+      vocab.backward(ctx, dy.narrow(row0, rows).clone());
+      double loss = 0;
+      vocab.head_forward(ctx, final, targets, &loss);
+      EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss);
+      const Tensor dfinal = vocab.head_backward(ctx, 1.0);
+      for (int64_t i = 0; i < rows * kC; ++i)
+        ASSERT_NEAR(dfinal.data<float>()[i], ref.dfinal.data<float>()[row0 * kC + i],
+                    1e-5 * scale_of(ref.dfinal))
+            << "dfinal " << i;
+      const int64_t first = tp.rank() * vocab.local_vocab();
+      for (int64_t row = 0; row < vocab.local_vocab(); ++row)
+        for (int64_t c = 0; c < kC; ++c) {
+          const float got = vocab.wte()->grad.data<float>()[row * kC + c];
+          if (row < vocab.real_rows())
+            ASSERT_NEAR(got, ref.dwte.data<float>()[(first + row) * kC + c],
+                        1e-5 * scale_of(ref.dwte))
+                << "wte row " << first + row;
+          else
+            ASSERT_EQ(got, 0.0f) << "padding row " << row << " got a gradient";
+        }
+      for (int64_t i = 0; i < ref.dwpe.numel(); ++i)
+        ASSERT_NEAR(vocab.wpe()->grad.data<float>()[i], ref.dwpe.data<float>()[i],
+                    1e-5 * scale_of(ref.dwpe));
+    });
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, VocabParallel,

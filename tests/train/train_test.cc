@@ -1398,6 +1398,15 @@ TEST_F(TrainTest, EodMaskLossOnGpusTrainsTheCpuRun) {
   expect_gpus_train_the_cpu_run(c, "eod", [](ParallelConfig& p) { p.tp = 2; });
 }
 
+// train.z_loss on GPUs: the cross-entropy backwards' softmax term × (1 + 2 z lse) — fp32 logits,
+// 16-bit logits at bf16, and the vocabulary-parallel head's shards under tp 2 on two GPUs.
+TEST_F(TrainTest, ZLossOnGpusTrainsTheCpuRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  Config c = config(4);
+  c.train.z_loss = 0.01;
+  expect_gpus_train_the_cpu_run(c, "z_loss", [](ParallelConfig& p) { p.tp = 2; });
+}
+
 // Context parallelism on GPUs: each rank's positions on its own GPU, the keys and values
 // all-gathered and their gradients reduce-scattered over nccl, the attention of the rank's query
 // rows in the CUDA kernels (cuda::attention_gqa_*_rows), the position embedding's rows on the

@@ -50,7 +50,8 @@ void cross_entropy_forward(ThreadPool& pool, Real* losses, Real* lse, const Real
 
 template <typename Real>
 void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits, const Real* lse,
-                            const int32_t* targets, Real dloss, int64_t N, int64_t V) {
+                            const int32_t* targets, Real dloss, int64_t N, int64_t V,
+                            float z_loss) {
   check_targets(targets, N, V);
   pool.parallel_for(N, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -61,10 +62,12 @@ void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits,
         continue;
       }
       const Real l = lse[r];
+      // d(z · lse²)/d logit = 2 · z · lse · softmax: the softmax's factor (exactly dloss at 0).
+      const Real softmax_factor = dloss * (Real(1) + Real(2) * static_cast<Real>(z_loss) * l);
       if constexpr (std::is_same_v<Real, float>)
-        vmath::exp_shifted(dx, x, l, dloss, V);
+        vmath::exp_shifted(dx, x, l, softmax_factor, V);
       else
-        for (int64_t v = 0; v < V; ++v) dx[v] = std::exp(x[v] - l) * dloss;
+        for (int64_t v = 0; v < V; ++v) dx[v] = std::exp(x[v] - l) * softmax_factor;
       dx[targets[r]] -= dloss;
     }
   });
@@ -73,8 +76,8 @@ void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits,
 template <typename Real>
 void lm_head_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* logits, const Real* lse,
                       const int32_t* targets, Real dloss, const Real* inp, const Real* weight,
-                      int64_t N, int64_t C, int64_t V) {
-  cross_entropy_backward(pool, logits, logits, lse, targets, dloss, N, V);
+                      int64_t N, int64_t C, int64_t V, float z_loss) {
+  cross_entropy_backward(pool, logits, logits, lse, targets, dloss, N, V, z_loss);
   matmul_backward<Real>(pool, dinp, dweight, nullptr, logits, inp, weight, N, C, V);
 }
 
@@ -83,14 +86,14 @@ template void cross_entropy_forward<float>(ThreadPool&, float*, float*, const fl
 template void cross_entropy_forward<double>(ThreadPool&, double*, double*, const double*,
                                             const int32_t*, int64_t, int64_t);
 template void cross_entropy_backward<float>(ThreadPool&, float*, const float*, const float*,
-                                            const int32_t*, float, int64_t, int64_t);
+                                            const int32_t*, float, int64_t, int64_t, float);
 template void cross_entropy_backward<double>(ThreadPool&, double*, const double*, const double*,
-                                             const int32_t*, double, int64_t, int64_t);
+                                             const int32_t*, double, int64_t, int64_t, float);
 template void lm_head_backward<float>(ThreadPool&, float*, float*, float*, const float*,
                                       const int32_t*, float, const float*, const float*, int64_t,
-                                      int64_t, int64_t);
+                                      int64_t, int64_t, float);
 template void lm_head_backward<double>(ThreadPool&, double*, double*, double*, const double*,
                                        const int32_t*, double, const double*, const double*,
-                                       int64_t, int64_t, int64_t);
+                                       int64_t, int64_t, int64_t, float);
 
 }  // namespace loom::cpu

@@ -21,9 +21,12 @@ void cross_entropy_forward(ThreadPool& pool, Real* losses, Real* lse, const Real
 // dlogits (N, V) = (softmax(logits) - onehot(targets)) · dloss, overwritten; it may alias
 // logits, which saves the largest activation of a language model. dloss is the gradient of
 // every row's loss (1/N for a mean over rows). An ignored row's gradient is zero.
+// With z_loss > 0 each row's loss also has PaLM's auxiliary z_loss · lse² (train.z_loss), which
+// pulls log Σ exp toward 0: the softmax term becomes softmax · (1 + 2 · z_loss · lse).
 template <typename Real>
 void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits, const Real* lse,
-                            const int32_t* targets, Real dloss, int64_t N, int64_t V);
+                            const int32_t* targets, Real dloss, int64_t N, int64_t V,
+                            float z_loss = 0);
 
 // A language model's head after its loss: cross_entropy_backward in place over logits (N, V),
 // then matmul_backward without a bias through the head's weight (V, C) and input (N, C): dinp
@@ -33,6 +36,6 @@ void cross_entropy_backward(ThreadPool& pool, Real* dlogits, const Real* logits,
 template <typename Real>
 void lm_head_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* logits, const Real* lse,
                       const int32_t* targets, Real dloss, const Real* inp, const Real* weight,
-                      int64_t N, int64_t C, int64_t V);
+                      int64_t N, int64_t C, int64_t V, float z_loss = 0);
 
 }  // namespace loom::cpu

@@ -84,7 +84,7 @@ void vocab_shard_loss_sum(ThreadPool&, double* result, const float* sum, const f
 
 void vocab_shard_cross_entropy_backward(ThreadPool& pool, float* logits, const float* max,
                                         const float* sum, const int32_t* targets, float k,
-                                        int64_t N, const VocabShard& shard) {
+                                        int64_t N, const VocabShard& shard, float z_loss) {
   pool.parallel_for(N, 8, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       float* l = logits + i * shard.rows;
@@ -94,8 +94,9 @@ void vocab_shard_cross_entropy_backward(ThreadPool& pool, float* logits, const f
       }
       const float m = max[i], s = sum[i];
       const int64_t t = targets[i] - shard.first_row;
+      const float softmax_factor = 1.0f + 2.0f * z_loss * (m + std::log(s));  // 1 without z-loss
       for (int64_t j = 0; j < shard.rows; ++j) {
-        const float p = j < shard.real_rows ? std::exp(l[j] - m) / s : 0.0f;
+        const float p = j < shard.real_rows ? std::exp(l[j] - m) / s * softmax_factor : 0.0f;
         l[j] = (p - (j == t ? 1.0f : 0.0f)) * k;
       }
     }

@@ -53,8 +53,10 @@ void vocab_shard_loss_sum(ThreadPool& pool, double* result, const float* sum, co
 
 // In place: logits (N, rows) become (softmax - onehot(target)) · k, softmax = exp(l - max) / sum
 // with the group's max and sum; padding columns zero; a row whose target is kIgnoredTarget zero.
+// With z_loss > 0 the softmax term is softmax · (1 + 2 · z_loss · lse), lse = max + log(sum)
+// (cpu::cross_entropy_backward's auxiliary z-loss).
 void vocab_shard_cross_entropy_backward(ThreadPool& pool, float* logits, const float* max,
                                         const float* sum, const int32_t* targets, float k,
-                                        int64_t N, const VocabShard& shard);
+                                        int64_t N, const VocabShard& shard, float z_loss = 0);
 
 }  // namespace loom::cpu

@@ -56,19 +56,22 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const In
 // 16-bit type): each element is read, then written, by one thread. kVec as above.
 template <typename Out, typename In, int kVec>
 __global__ void cross_entropy_backward_kernel(Out* dlogits, const In* logits, const float* lse,
-                                              const int32_t* targets, float dloss, int64_t V) {
+                                              const int32_t* targets, float dloss, int64_t V,
+                                              float z_loss) {
   const int64_t r = blockIdx.x;
   const In* x = logits + r * V;
   Out* dx = dlogits + r * V;
   const float l = lse[r];
   const int32_t t = targets[r];
   if (t == kIgnoredTarget) dloss = 0.0f;  // an ignored row's gradient: zeros (exp(x - l) <= 1)
+  // The z-loss's d(z · lse²) = 2 · z · lse · softmax: the softmax's factor (dloss without it).
+  const float softmax_factor = dloss * (1.0f + 2.0f * z_loss * l);
   for (int64_t v0 = static_cast<int64_t>(threadIdx.x) * kVec; v0 < V;
        v0 += static_cast<int64_t>(blockDim.x) * kVec) {
     float xs[kVec];
     load_pack<kVec>(x + v0, xs);
     for (int k = 0; k < kVec; ++k) {
-      const float p = expf(xs[k] - l) * dloss;
+      const float p = expf(xs[k] - l) * softmax_factor;
       xs[k] = v0 + k == t ? p - dloss : p;
     }
     store_pack<kVec>(dx + v0, xs);
@@ -100,13 +103,13 @@ void launch_cross_entropy_forward(const char* name, float* losses, float* lse, c
 template <typename Out, typename In>
 void launch_cross_entropy_backward(const char* name, Out* dlogits, const In* logits,
                                    const float* lse, const int32_t* targets, float dloss, int64_t N,
-                                   int64_t V) {
+                                   int64_t V, float z_loss) {
   if (rows_go_by_packs(logits, dlogits, V))
     launch(name, cross_entropy_backward_kernel<Out, In, kPack<In, Out>>, static_cast<unsigned>(N),
-           kRowThreads, dlogits, logits, lse, targets, dloss, V);
+           kRowThreads, dlogits, logits, lse, targets, dloss, V, z_loss);
   else
     launch(name, cross_entropy_backward_kernel<Out, In, 1>, static_cast<unsigned>(N), kRowThreads,
-           dlogits, logits, lse, targets, dloss, V);
+           dlogits, logits, lse, targets, dloss, V, z_loss);
 }
 
 }  // namespace
@@ -123,19 +126,20 @@ void cross_entropy_forward(int device, float* losses, float* lse, const float* l
 }
 
 void cross_entropy_backward(int device, float* dlogits, const float* logits, const float* lse,
-                            const int32_t* targets, float dloss, int64_t N, int64_t V) {
+                            const int32_t* targets, float dloss, int64_t N, int64_t V,
+                            float z_loss) {
   if (N == 0) return;
   DeviceGuard guard(device);
   launch_cross_entropy_backward("cross_entropy_backward", dlogits, logits, lse, targets, dloss, N,
-                                V);
+                                V, z_loss);
 }
 
 void lm_head_backward(int device, float* dinp, float* dweight, float* logits, const float* lse,
                       const int32_t* targets, float dloss, const float* inp, const float* weight,
-                      int64_t N, int64_t C, int64_t V) {
+                      int64_t N, int64_t C, int64_t V, float z_loss) {
   if (N == 0) return;
   if (!rounds_to_16_bits(matmul_precision())) {
-    cross_entropy_backward(device, logits, logits, lse, targets, dloss, N, V);
+    cross_entropy_backward(device, logits, logits, lse, targets, dloss, N, V, z_loss);
     matmul_backward(device, dinp, dweight, nullptr, logits, inp, weight, N, C, V);
     return;
   }
@@ -145,7 +149,7 @@ void lm_head_backward(int device, float* dinp, float* dweight, float* logits, co
     using Half = decltype(zero);
     launch_cross_entropy_backward("lm_head_backward (16-bit dlogits)",
                                   static_cast<Half*>(dlogits.bits()), logits, lse, targets, dloss,
-                                  N, V);
+                                  N, V, z_loss);
   });
   matmul_backward_gemms(device, dinp, dweight, dlogits.operand(), inp, weight, N, C, V);
 }
@@ -171,14 +175,14 @@ void lm_head_forward_rounded_logits(int device, float* losses, float* lse, void*
 void lm_head_backward_from_rounded_logits(int device, float* dinp, float* dweight, void* logits,
                                           const float* lse, const int32_t* targets, float dloss,
                                           GemmOperand inp, GemmOperand weight, int64_t N, int64_t C,
-                                          int64_t V) {
+                                          int64_t V, float z_loss) {
   if (N == 0) return;
   DeviceGuard guard(device);
   const MatmulPrecision precision = with_rounded_type("lm_head_backward", [&](auto zero) {
     using Half = decltype(zero);
     Half* x = static_cast<Half*>(logits);
     launch_cross_entropy_backward("lm_head_backward (16-bit logits, in place)", x,
-                                  static_cast<const Half*>(x), lse, targets, dloss, N, V);
+                                  static_cast<const Half*>(x), lse, targets, dloss, N, V, z_loss);
   });
   matmul_backward_gemms(device, dinp, dweight, GemmOperand(logits, precision), inp, weight, N, C,
                         V);

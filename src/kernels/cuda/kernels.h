@@ -534,7 +534,8 @@ bool attention_takes_rounded_qkv(int64_t C, int64_t NH, int64_t B);
 void cross_entropy_forward(int device, float* losses, float* lse, const float* logits,
                            const int32_t* targets, int64_t N, int64_t V, bool ids_checked = false);
 void cross_entropy_backward(int device, float* dlogits, const float* logits, const float* lse,
-                            const int32_t* targets, float dloss, int64_t N, int64_t V);
+                            const int32_t* targets, float dloss, int64_t N, int64_t V,
+                            float z_loss = 0);
 // The LM head's backward (cpu/cross_entropy.h: lm_head_backward): cross_entropy_backward, then
 // matmul_backward without a bias. At bf16 / fp16 matmul precision the logit gradient is written
 // once, already rounded, as the GEMMs' operand (16 bits per logit, `logits` left as they were)
@@ -542,7 +543,7 @@ void cross_entropy_backward(int device, float* dlogits, const float* logits, con
 // 50304 logits) ~6.6 GB less memory traffic per step.
 void lm_head_backward(int device, float* dinp, float* dweight, float* logits, const float* lse,
                       const int32_t* targets, float dloss, const float* inp, const float* weight,
-                      int64_t N, int64_t C, int64_t V);
+                      int64_t N, int64_t C, int64_t V, float z_loss = 0);
 
 // The LM head with its logits stored in the current matmul precision's 16-bit type (bf16 or fp16,
 // else it fails), as PyTorch's autocast leaves them: the head's GEMM writes them in 16 bits
@@ -557,7 +558,7 @@ void lm_head_forward_rounded_logits(int device, float* losses, float* lse, void*
 void lm_head_backward_from_rounded_logits(int device, float* dinp, float* dweight, void* logits,
                                           const float* lse, const int32_t* targets, float dloss,
                                           GemmOperand inp, GemmOperand weight, int64_t N, int64_t C,
-                                          int64_t V);
+                                          int64_t V, float z_loss = 0);
 
 // ---- a vocabulary-parallel embedding and LM head (kernels/cpu/vocab_shard.h) -----------------
 // (wpe / dwpe null: no position table, as on the CPU.)
@@ -579,7 +580,7 @@ void vocab_shard_loss_sum(int device, double* result, const float* sum, const fl
                           const float* target_logit, const int32_t* targets, int64_t N);
 void vocab_shard_cross_entropy_backward(int device, float* logits, const float* max,
                                         const float* sum, const int32_t* targets, float k,
-                                        int64_t N, const VocabShard& shard);
+                                        int64_t N, const VocabShard& shard, float z_loss = 0);
 // vocab_shard_logit_max, _sum_exp and _cross_entropy_backward on the 16-bit logits the head's GEMM
 // wrote at bf16 / fp16 matmul precision (its rounded type), the gradient written over them in
 // that type, for the GEMMs to read.
@@ -589,7 +590,8 @@ void vocab_shard_sum_exp_rounded(int device, float* sum, const void* logits, con
                                  int64_t N, const VocabShard& shard);
 void vocab_shard_cross_entropy_backward_rounded(int device, void* logits, const float* max,
                                                 const float* sum, const int32_t* targets, float k,
-                                                int64_t N, const VocabShard& shard);
+                                                int64_t N, const VocabShard& shard,
+                                                float z_loss = 0);
 
 void adamw_update(int device, float* param, const float* grad, float* m, float* v, int64_t n,
                   double lr, double beta1, double beta2, double eps, double weight_decay,

@@ -100,14 +100,16 @@ __device__ inline void store_as(Half& out, float x) {
 
 template <typename L>
 __global__ void shard_ce_backward_kernel(L* logits, const float* max, const float* sum,
-                                         const int32_t* targets, float k, VocabShard shard) {
+                                         const int32_t* targets, float k, VocabShard shard,
+                                         float z_loss) {
   const int64_t i = blockIdx.x;
   L* l = logits + i * shard.rows;
   const float m = max[i], s = sum[i];
   const int64_t t = targets[i] - shard.first_row;
   const float row_k = targets[i] == kIgnoredTarget ? 0.0f : k;  // an ignored row: zeros
+  const float softmax_factor = 1.0f + 2.0f * z_loss * (m + logf(s));  // the z-loss's; else 1
   for (int64_t j = threadIdx.x; j < shard.rows; j += blockDim.x) {
-    const float p = j < shard.real_rows ? expf(widen(l[j]) - m) / s : 0.0f;
+    const float p = j < shard.real_rows ? expf(widen(l[j]) - m) / s * softmax_factor : 0.0f;
     store_as(l[j], (p - (j == t ? 1.0f : 0.0f)) * row_k);
   }
 }
@@ -165,11 +167,11 @@ void vocab_shard_sum_exp(int device, float* sum, const float* logits, const floa
 
 void vocab_shard_cross_entropy_backward(int device, float* logits, const float* max,
                                         const float* sum, const int32_t* targets, float k,
-                                        int64_t N, const VocabShard& shard) {
+                                        int64_t N, const VocabShard& shard, float z_loss) {
   if (N == 0) return;
   DeviceGuard guard(device);
   launch("vocab_shard_cross_entropy_backward", shard_ce_backward_kernel<float>,
-         static_cast<unsigned>(N), kThreads, logits, max, sum, targets, k, shard);
+         static_cast<unsigned>(N), kThreads, logits, max, sum, targets, k, shard, z_loss);
 }
 
 void vocab_shard_logit_max_rounded(int device, float* max, float* target_logit, const void* logits,
@@ -197,14 +199,14 @@ void vocab_shard_sum_exp_rounded(int device, float* sum, const void* logits, con
 
 void vocab_shard_cross_entropy_backward_rounded(int device, void* logits, const float* max,
                                                 const float* sum, const int32_t* targets, float k,
-                                                int64_t N, const VocabShard& shard) {
+                                                int64_t N, const VocabShard& shard, float z_loss) {
   if (N == 0) return;
   DeviceGuard guard(device);
   with_rounded_type("vocab_shard_cross_entropy_backward_rounded", [&](auto zero) {
     using Half = decltype(zero);
     launch("vocab_shard_cross_entropy_backward (16-bit logits, in place)",
            shard_ce_backward_kernel<Half>, static_cast<unsigned>(N), kThreads,
-           static_cast<Half*>(logits), max, sum, targets, k, shard);
+           static_cast<Half*>(logits), max, sum, targets, k, shard, z_loss);
   });
 }
 
