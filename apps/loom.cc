@@ -211,7 +211,8 @@ int cmd_inspect(const std::vector<std::string>& specs, int64_t seq_len, int64_t 
     for (const auto& s : sets) apply_override(config, s);
     validate(config);
     const DataConfig& d = config.data;
-    if (d.document_mask && eot < 0) eot = d.eot_token;  // the documents the run will mask
+    // The documents the run will mask, or whose boundaries it takes out of the loss.
+    if ((d.document_mask || d.eod_mask_loss) && eot < 0) eot = d.eot_token;
     const int64_t t = config.model.seq_len, v = config.model.vocab_size;
     if (d.blend.empty()) {
       inspect("data.train", d.train, t, v);
@@ -470,7 +471,7 @@ int main(int argc, char** argv) {
   inspect_cmd
       ->add_option("--eot", inspect_eot,
                    "count the documents ending at this end-of-text id (GPT-2's: 50256); with "
-                   "--config, data.eot_token where data.document_mask is on")
+                   "--config, data.eot_token where data.document_mask or data.eod_mask_loss is on")
       ->check(kNonNegative);
 
   std::string checkpoint, prompt = "\n";
