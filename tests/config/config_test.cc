@@ -387,6 +387,8 @@ TEST(Config, ValidationNamesKeysAndValues) {
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.eps = 0; }), "train.eps"));
   EXPECT_TRUE(
       Contains(validate_error([](Config& c) { c.train.grad_clip = -1; }), "train.grad_clip"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.z_loss = -1e-4; }), "train.z_loss"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.z_loss = 2; }), "train.z_loss"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.save_every = -1; }),
                        "train.save_every = -1 must be >= 0"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.train.keep_checkpoints = -1; }),
