@@ -569,6 +569,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                        ramp->increment, " to ", tc.batch_size, " over the first ", ramp->samples,
                        " sequences (steps 1-", ramp_steps, ")\n");
   }
+  if (tc.z_loss > 0)
+    summary.layout_report += detail::concat("train.z_loss: ", tc.z_loss,
+                                            " x lse^2 in each position's gradient (the loss "
+                                            "shown is the cross-entropy)\n");
   if (leader && options.progress) std::fputs(summary.layout_report.c_str(), stderr);
   const int64_t end_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   // Model flops of a token and the peak of one rank, for tflops and the MFU.

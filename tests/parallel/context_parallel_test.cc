@@ -611,7 +611,10 @@ TEST_F(ContextParallelRuns, EodMaskLossIsTheMeanOverTheTargetsLeftUnderEveryLayo
 TEST_F(ContextParallelRuns, ZLossUnderEveryLayoutMatchesOneDevice) {
   Config c = config("gpt2");
   c.train.z_loss = 0.01;  // lse ≈ log 256 at initialisation: the gradient's softmax term × 1.11
-  run_training(c, options("z_one"));
+  const TrainSummary one = run_training(c, options("z_one"));
+  EXPECT_NE(one.layout_report.find("train.z_loss: 0.01 x lse^2 in each position's gradient"),
+            std::string::npos)
+      << one.layout_report;
   Config plain = c;
   plain.train.z_loss = 0;
   run_training(plain, options("z_off"));
