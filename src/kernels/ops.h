@@ -648,6 +648,14 @@ inline void cross_entropy_backward(const Exec& ex, Real* dlogits, const Real* lo
                     targets, dloss, N, V, z_loss);
 }
 
+// N times the mean z-loss term, Σ lse² over the rows that count (cpu::lse_square_sum), into
+// *result on ex's device: on a GPU queued, read with a step's losses (nn/step_losses.h). f32.
+template <typename Real>
+inline void lse_square_sum(const Exec& ex, double* result, const Real* lse, const Real* sum,
+                           const int32_t* targets, int64_t N) {
+  LOOM_OPS_DISPATCH(lse_square_sum, (0, 2.0 * N), result, lse, sum, targets, N);
+}
+
 template <typename Real>
 inline void lm_head_backward(const Exec& ex, Real* dinp, Real* dweight, Real* logits,
                              const Real* lse, const int32_t* targets, Real dloss, const Real* inp,

@@ -86,6 +86,9 @@ struct PipelineStepStats {
   int max_deferred = 0;
   int64_t max_deferred_bytes = 0;
   int64_t bytes_sent = 0;
+  // With PipelineConfig::z_loss > 0: the step's mean lse² over its positions (every stage's
+  // figure, as the loss), which times z_loss is the z-loss the step added.
+  double mean_lse_square = 0;
   double bubble() const { return step_seconds > 0 ? recv_wait_seconds / step_seconds : 0; }
 };
 

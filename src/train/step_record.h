@@ -53,6 +53,7 @@ struct StepFigures {
   std::vector<std::pair<std::string, double>> val_losses;  // data.val_sets', by name
   std::vector<double> data_epochs;   // each training source's epochs read (TrainData::epochs_read)
   std::optional<double> loss_scale;  // with loss scaling on
+  std::optional<double> z_loss;  // with train.z_loss: the z-loss the step added (z · mean lse²)
   bool skipped = false;              // overflowed gradients: no optimizer step
   std::optional<PipelineFigures> pipeline;
 

@@ -437,6 +437,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   // The weights' 16-bit copies on a GPU at bf16 / fp16 (nn/rounded_weights.h), kept by the engine.
   if (whole_engine) ctx.rounded_weights = whole_engine->rounded_weights();
   StepLosses step_losses(device);  // nn/step_losses.h
+  StepLosses step_z_terms(device);  // Σ lse² of each micro-batch, with train.z_loss
   const RankModel rank_model{whole.get(),  pipe.get(),           &ctx,
                              &step_losses, sequence_shard.get(), cp_count.get()};
 
@@ -641,6 +642,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     figures.held_bytes = allocator.stats().bytes_in_use;
     allocator.reset_peak();
     double loss = 0, grad_norm = 0, comm_wait = 0;
+    double mean_lse_square = 0;  // with train.z_loss: the step's mean lse² (its z-loss / z_loss)
     // The schedule follows the sequences consumed, in full batches: step - 1 and step but for a
     // batch-size ramp-up's steps.
     const auto full_batches = [&](int64_t sequences) {
@@ -685,6 +687,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       }
       const double factor = masked_loss_factor();
       loss *= factor;
+      mean_lse_square = pipe->stats().mean_lse_square * factor;
       TraceScope span(&tracer, "optimizer", "compute");
       grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale / factor);
       applied = scaler.update(grad_norm);
@@ -696,6 +699,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       // Each micro-batch's loss read at the step's end, not after its forward; its ids checked by
       // the loader.
       ctx.losses = &step_losses;
+      if (tc.z_loss > 0) ctx.z_terms = &step_z_terms;
       ctx.ids_checked = true;
       ctx.documents = masked ? &documents[0] : nullptr;  // refilled by each next_batch(0)
       for (int64_t m = 0; m < step_accum; ++m) {
@@ -707,13 +711,24 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         engine.end_micro_batch();
       }
       ctx.losses = nullptr;
+      ctx.z_terms = nullptr;
       ctx.ids_checked = false;
       ctx.documents = nullptr;
       for (double mean : step_losses.take()) loss += mean / static_cast<double>(step_accum);
+      for (double mean : step_z_terms.take())
+        mean_lse_square += mean / static_cast<double>(step_accum);
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
-      loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
+      if (tc.z_loss > 0) {
+        const std::vector<double> means =
+            all_reduce_values(dp, {loss, mean_lse_square}, ReduceOp::kAvg);
+        loss = means[0];
+        mean_lse_square = means[1];
+      } else {
+        loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
+      }
       const double factor = masked_loss_factor();
       loss *= factor;
+      mean_lse_square *= factor;
       TraceScope span(&tracer, "optimizer", "compute");
       grad_norm = engine.clip_grad_norm(tc.grad_clip, loss_scale / factor);
       applied = scaler.update(grad_norm);
@@ -788,6 +803,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     }
     if (leader) {
       figures.loss = loss;
+      if (tc.z_loss > 0) figures.z_loss = tc.z_loss * mean_lse_square;
       figures.lr = lr;
       figures.grad_norm = grad_norm;
       figures.seconds = dt;

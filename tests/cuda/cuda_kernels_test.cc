@@ -2161,6 +2161,26 @@ TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRefusesBadTargets) {
                                       targets.gpu.data<int32_t>(), N, V);
     expect_pair_close("losses", losses);
     expect_pair_close("lse", lse);
+    // The z-loss's Σ lse² over the rows that count, and the vocabulary-parallel head's form of it
+    // (lse = max + log sum; here max = lse - 1, sum = e).
+    {
+      std::vector<float> max = lse.from_host(), sum(max.size(), std::exp(1.0f));
+      for (float& m : max) m -= 1.0f;
+      Pair maxp = pair_of(max), sump = pair_of(sum);
+      double want = 0, want_shard = 0;
+      ops::lse_square_sum<float>(on_cpu, &want, lse.h(), nullptr, targets.host.data<int32_t>(), N);
+      ops::lse_square_sum<float>(on_cpu, &want_shard, maxp.h(), sump.h(),
+                                 targets.host.data<int32_t>(), N);
+      EXPECT_NEAR(want_shard, want, 1e-4 * want);
+      Tensor got = Tensor::empty({2}, DType::kF64, on_gpu.device);
+      ops::lse_square_sum<float>(on_gpu, got.data<double>(), lse.g(), nullptr,
+                                 targets.gpu.data<int32_t>(), N);
+      ops::lse_square_sum<float>(on_gpu, got.data<double>() + 1, maxp.g(), sump.g(),
+                                 targets.gpu.data<int32_t>(), N);
+      const Tensor host = got.to(Device::cpu());
+      EXPECT_NEAR(host.data<double>()[0], want, 1e-5 * want) << "Σ lse²";
+      EXPECT_NEAR(host.data<double>()[1], want_shard, 1e-5 * want_shard) << "Σ (max + log sum)²";
+    }
     // In place over the logits, as the model does.
     const float dloss = 1.0f / static_cast<float>(N);
     ops::cross_entropy_backward<float>(on_cpu, logits.h(), logits.h(), lse.h(),

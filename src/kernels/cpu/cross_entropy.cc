@@ -81,6 +81,17 @@ void lm_head_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* logits,
   matmul_backward<Real>(pool, dinp, dweight, nullptr, logits, inp, weight, N, C, V);
 }
 
+void lse_square_sum(ThreadPool&, double* result, const float* lse, const float* sum,
+                    const int32_t* targets, int64_t N) {
+  double total = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (targets[i] == kIgnoredTarget) continue;
+    const double l = sum != nullptr ? lse[i] + std::log(static_cast<double>(sum[i])) : lse[i];
+    total += l * l;
+  }
+  *result = total;
+}
+
 template void cross_entropy_forward<float>(ThreadPool&, float*, float*, const float*,
                                            const int32_t*, int64_t, int64_t);
 template void cross_entropy_forward<double>(ThreadPool&, double*, double*, const double*,

@@ -38,4 +38,10 @@ void lm_head_backward(ThreadPool& pool, Real* dinp, Real* dweight, Real* logits,
                       const int32_t* targets, Real dloss, const Real* inp, const Real* weight,
                       int64_t N, int64_t C, int64_t V, float z_loss = 0);
 
+// *result = Σ lse_i² over the rows whose target is not kIgnoredTarget, in double, in row order:
+// N times the mean z-loss term (train.z_loss's, before its coefficient). lse_i = lse[i], or with
+// `sum`, the vocabulary-parallel head's lse[i] + log(sum[i]) (lse then holding each row's max).
+void lse_square_sum(ThreadPool& pool, double* result, const float* lse, const float* sum,
+                    const int32_t* targets, int64_t N);
+
 }  // namespace loom::cpu

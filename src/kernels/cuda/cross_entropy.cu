@@ -112,7 +112,26 @@ void launch_cross_entropy_backward(const char* name, Out* dlogits, const In* log
            dlogits, logits, lse, targets, dloss, V, z_loss);
 }
 
+__global__ void lse_square_sum_kernel(double* result, const float* lse, const float* sum,
+                                      const int32_t* targets, int64_t N) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+    if (targets[i] == kIgnoredTarget) continue;
+    const double l = sum != nullptr ? lse[i] + log(static_cast<double>(sum[i])) : lse[i];
+    acc += l * l;
+  }
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) *result = acc;
+}
+
 }  // namespace
+
+void lse_square_sum(int device, double* result, const float* lse, const float* sum,
+                    const int32_t* targets, int64_t N) {
+  DeviceGuard guard(device);
+  launch("lse_square_sum", lse_square_sum_kernel, 1, kRowThreads, result, lse, sum, targets, N);
+}
 
 void cross_entropy_forward(int device, float* losses, float* lse, const float* logits,
                            const int32_t* targets, int64_t N, int64_t V, bool ids_checked) {

@@ -541,6 +541,9 @@ void cross_entropy_backward(int device, float* dlogits, const float* logits, con
 // once, already rounded, as the GEMMs' operand (16 bits per logit, `logits` left as they were)
 // instead of fp32 over the logits and a cast after: at GPT-2 124M, T = 1024, batch 16 (16384 ×
 // 50304 logits) ~6.6 GB less memory traffic per step.
+// cpu::lse_square_sum into *result (device memory), queued: one block, to rounding the CPU's sum.
+void lse_square_sum(int device, double* result, const float* lse, const float* sum,
+                    const int32_t* targets, int64_t N);
 void lm_head_backward(int device, float* dinp, float* dweight, float* logits, const float* lse,
                       const int32_t* targets, float dloss, const float* inp, const float* weight,
                       int64_t N, int64_t C, int64_t V, float z_loss = 0);
