@@ -259,9 +259,9 @@ void Gpt2::head_forward(Context& ctx, const Tensor& x, const Tensor& targets, do
     });
   }
   report_mean_loss(ctx, losses, N, loss);
-  if (ctx.z_terms != nullptr && ctx.dtype == DType::kF32)
-    ops::lse_square_sum<float>(ctx.exec(), ctx.z_terms->add_sum_of(N), lse_.data<float>(), nullptr,
-                               targets.data<int32_t>(), N);
+  if (ctx.z_loss > 0 && ctx.losses != nullptr && ctx.dtype == DType::kF32)
+    ops::lse_square_sum<float>(ctx.exec(), ctx.losses->add_lse_square_sum_of(N), lse_.data<float>(),
+                               nullptr, targets.data<int32_t>(), N);
 }
 
 double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) {

@@ -43,10 +43,9 @@ struct Context {
 
   // The LM head's auxiliary z-loss coefficient (train.z_loss): its backward adds the gradient of
   // z_loss · lse² per position. 0: none.
+  // With z_loss > 0 and `losses` set, the head also queues its Σ lse² over the positions that
+  // count there (StepLosses::add_lse_square_sum_of), for the step's reported z-loss.
   float z_loss = 0;
-  // Set by a training step with z_loss > 0: the head queues Σ lse² over the positions that count
-  // here (a sum over N rows, as `losses`), for the step's reported z-loss; null: not reported.
-  StepLosses* z_terms = nullptr;
 
   // The token ids were checked where they came from (kernels/exec.h): a training step's.
   bool ids_checked = false;

@@ -30,6 +30,12 @@ double* StepLosses::add_sum_of(int64_t n) {
   return slots_.data<double>() + used_++;
 }
 
+double* StepLosses::add_lse_square_sum_of(int64_t n) {
+  double* slot = add_sum_of(n);
+  entries_.back().lse_square = true;
+  return slot;
+}
+
 std::vector<double> StepLosses::take() {
   std::vector<double> sums;
   if (used_ > 0) {
@@ -38,8 +44,10 @@ std::vector<double> StepLosses::take() {
   }
   std::vector<double> means;
   means.reserve(entries_.size());
+  taken_lse_squares_.clear();
   for (const Entry& e : entries_)
-    means.push_back(sums[static_cast<size_t>(e.slot)] / static_cast<double>(e.n));
+    (e.lse_square ? taken_lse_squares_ : means)
+        .push_back(sums[static_cast<size_t>(e.slot)] / static_cast<double>(e.n));
   entries_.clear();
   used_ = 0;
   return means;

@@ -29,19 +29,27 @@ class StepLosses {
   // into the returned double, in device memory, before the next take (the vocabulary-parallel
   // head's: ops::vocab_shard_loss_sum).
   double* add_sum_of(int64_t n);
-  // The means in the order they were added — each sum / n in double, as ops::sum(...) / n —,
-  // with one read of the device's slots; then empty for the next step.
+  // Beside the losses, in the same slots (so read by the same copy): one micro-batch's Σ lse²
+  // over n rows, which its head's op writes into the returned double (ops::lse_square_sum), for
+  // the step's reported z-loss (train.z_loss).
+  double* add_lse_square_sum_of(int64_t n);
+  // The losses' means in the order they were added — each sum / n in double, as
+  // ops::sum(...) / n —, with one read of the device's slots; then empty for the next step.
   std::vector<double> take();
+  // The Σ lse² entries' means (sum / n) that the last take() read, in the order they were added.
+  const std::vector<double>& taken_lse_square_means() const { return taken_lse_squares_; }
 
  private:
   struct Entry {
     int64_t slot = 0;  // index into slots_
     int64_t n = 0;
+    bool lse_square = false;  // an add_lse_square_sum_of entry, not a loss
   };
   Device device_;
   Tensor slots_;  // f64 sums, on device_; grown by doubling
   int64_t used_ = 0;
   std::vector<Entry> entries_;
+  std::vector<double> taken_lse_squares_;
 };
 
 // A head's loss, the mean of the first n of `losses`: queued into ctx.losses where a training

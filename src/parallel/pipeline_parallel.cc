@@ -272,11 +272,10 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   std::vector<int> backwards_done(chunks_.size(), 0);
   std::vector<WorkHandle> sends;  // (each holds the tensor it sends until it is done)
   // The last stage's micro-batch losses, read at the step's end (nn/step_losses.h).
-  StepLosses losses(device_), z_terms(device_);
+  StepLosses losses(device_);
   Context ctx{&pool_, device_, DType::kF32, nullptr};
   ctx.sequence = config_.sequence;
   ctx.losses = &losses;
-  if (config_.z_loss > 0) ctx.z_terms = &z_terms;
   ctx.ids_checked = config_.ids_checked;
   ctx.tp_backward_overlap = config_.tp_backward_overlap;
   ctx.z_loss = config_.z_loss;
@@ -379,7 +378,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   // The loss lives on the last stage; share the mean over micro-batches (and over dp).
   double loss_sum = 0, lse_square_sum = 0;
   for (double mean : losses.take()) loss_sum += mean;  // in the order they ran
-  for (double mean : z_terms.take()) lse_square_sum += mean;
+  for (double mean : losses.taken_lse_square_means()) lse_square_sum += mean;
   const std::vector<double> means = all_reduce_values(
       dp_, all_reduce_values(pp_, {loss_sum / m, lse_square_sum / m}), ReduceOp::kAvg);
   const double loss = means[0];

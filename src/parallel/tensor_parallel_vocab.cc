@@ -115,8 +115,9 @@ void VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, con
   tp_.all_reduce_async(target_logit, ReduceOp::kSum)->wait_on_device();
   // The rows' losses summed where they are: into a slot of the step's (nn/step_losses.h), or
   // read now.
-  if (ctx.z_terms != nullptr)  // lse = the group's max + log(sum), the same on every rank
-    ops::lse_square_sum<float>(ctx.exec(), ctx.z_terms->add_sum_of(N), max_.data<float>(),
+  // lse = the group's max + log(sum), the same on every rank.
+  if (ctx.z_loss > 0 && ctx.losses != nullptr)
+    ops::lse_square_sum<float>(ctx.exec(), ctx.losses->add_lse_square_sum_of(N), max_.data<float>(),
                                sum_.data<float>(), targets.data<int32_t>(), N);
   if (ctx.losses != nullptr) {
     ops::vocab_shard_loss_sum<float>(ctx.exec(), ctx.losses->add_sum_of(N), sum_.data<float>(),

@@ -437,7 +437,6 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   // The weights' 16-bit copies on a GPU at bf16 / fp16 (nn/rounded_weights.h), kept by the engine.
   if (whole_engine) ctx.rounded_weights = whole_engine->rounded_weights();
   StepLosses step_losses(device);  // nn/step_losses.h
-  StepLosses step_z_terms(device);  // Σ lse² of each micro-batch, with train.z_loss
   const RankModel rank_model{whole.get(),  pipe.get(),           &ctx,
                              &step_losses, sequence_shard.get(), cp_count.get()};
 
@@ -699,7 +698,6 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       // Each micro-batch's loss read at the step's end, not after its forward; its ids checked by
       // the loader.
       ctx.losses = &step_losses;
-      if (tc.z_loss > 0) ctx.z_terms = &step_z_terms;
       ctx.ids_checked = true;
       ctx.documents = masked ? &documents[0] : nullptr;  // refilled by each next_batch(0)
       for (int64_t m = 0; m < step_accum; ++m) {
@@ -711,11 +709,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         engine.end_micro_batch();
       }
       ctx.losses = nullptr;
-      ctx.z_terms = nullptr;
       ctx.ids_checked = false;
       ctx.documents = nullptr;
       for (double mean : step_losses.take()) loss += mean / static_cast<double>(step_accum);
-      for (double mean : step_z_terms.take())
+      for (double mean : step_losses.taken_lse_square_means())
         mean_lse_square += mean / static_cast<double>(step_accum);
       // The loss of the global batch: the mean of the ranks' means (equal token counts).
       if (tc.z_loss > 0) {
