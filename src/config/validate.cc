@@ -168,6 +168,14 @@ void validate_batch_rampup(const TrainConfig& t, const ParallelConfig& par, Prob
   if (ramp->start % unit != 0 || ramp->increment % unit != 0)
     p.add("train.batch_rampup: START = ", ramp->start, " and INCREMENT = ", ramp->increment,
           " must be multiples of ", what, " = ", unit, ", as every step's batch splits so");
+  // The LR schedule counts sequences in full batches under a ramp: a warm-up longer than the
+  // run's sequences would never reach train.lr.
+  if (t.steps > 0 && t.warmup_steps > 0 &&
+      t.warmup_steps * t.batch_size > t.samples_before(t.steps))
+    p.add("train.warmup_steps = ", t.warmup_steps, " full batches (", t.warmup_steps * t.batch_size,
+          " sequences) exceeds the run's ", t.samples_before(t.steps),
+          " sequences under train.batch_rampup (the LR schedule counts sequences: the rate would "
+          "never reach train.lr)");
 }
 
 void validate_train(const TrainConfig& t, const ParallelConfig& par, Problems& p) {

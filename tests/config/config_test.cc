@@ -637,6 +637,24 @@ TEST(Config, BatchRampupFollowsMegatronsRule) {
                          c.train.batch_rampup = "8 8 100";
                        }),
                        "START = 8 is not below train.batch_size = 8"));
+  // Under a ramp the LR schedule counts sequences: batches 4 4 4 4 8 8 12 16 16 are 76 of them,
+  // short of 5 full batches' warm-up (80); 4 (64) are taken.
+  const auto ramped = [](int64_t warmup) {
+    return [warmup](Config& c) {
+      c.parallel.dp = 1;
+      c.train.micro_batch_size = 4;
+      c.train.batch_size = 16;
+      c.train.batch_rampup = "4 4 40";
+      c.train.steps = 9;
+      c.train.warmup_steps = warmup;
+    };
+  };
+  EXPECT_TRUE(Contains(validate_error(ramped(5)),
+                       "train.warmup_steps = 5 full batches (80 sequences) exceeds the run's 76 "
+                       "sequences under train.batch_rampup"));
+  Config ok;
+  ramped(4)(ok);
+  EXPECT_NO_THROW(validate(ok));
   Config c;
   apply_override(c, "train.batch_rampup=4 4 100");
   EXPECT_EQ(c.train.batch_rampup, "4 4 100");
