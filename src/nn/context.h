@@ -42,9 +42,9 @@ struct Context {
   bool tp_backward_overlap = true;
 
   // The LM head's auxiliary z-loss coefficient (train.z_loss): its backward adds the gradient of
-  // z_loss · lse² per position. 0: none.
-  // With z_loss > 0 and `losses` set, the head also queues its Σ lse² over the positions that
-  // count there (StepLosses::add_lse_square_sum_of), for the step's reported z-loss.
+  // z_loss · lse² per position, and with `losses` set its forward queues Σ lse² over the
+  // positions that count there (StepLosses::add_lse_square_sum_of) for the step's reported
+  // z-loss. 0: none.
   float z_loss = 0;
 
   // The token ids were checked where they came from (kernels/exec.h): a training step's.

@@ -113,12 +113,13 @@ void VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, con
   }
   tp_.all_reduce_async(sum_, ReduceOp::kSum)->wait_on_device();
   tp_.all_reduce_async(target_logit, ReduceOp::kSum)->wait_on_device();
-  // The rows' losses summed where they are: into a slot of the step's (nn/step_losses.h), or
-  // read now.
-  // lse = the group's max + log(sum), the same on every rank.
+  // The z-loss's Σ lse² for the step's report, lse = the group's max + log(sum) (the same on
+  // every rank).
   if (ctx.z_loss > 0 && ctx.losses != nullptr)
     ops::lse_square_sum<float>(ctx.exec(), ctx.losses->add_lse_square_sum_of(N), max_.data<float>(),
                                sum_.data<float>(), targets.data<int32_t>(), N);
+  // The rows' losses summed where they are: into a slot of the step's (nn/step_losses.h), or
+  // read now.
   if (ctx.losses != nullptr) {
     ops::vocab_shard_loss_sum<float>(ctx.exec(), ctx.losses->add_sum_of(N), sum_.data<float>(),
                                      max_.data<float>(), target_logit.data<float>(),

@@ -296,12 +296,16 @@ double validation_loss(const RankModel& model, const Config& config, DeviceMesh&
     return cut_on_host ? all_reduce_value(*model.cp, sum, ReduceOp::kAvg) : sum;
   };
   ctx.ids_checked = true;  // by evaluate's loader, naming the shard
+  // The validation loss is the cross-entropy: the heads queue no z-loss terms for it.
+  const float z_loss = ctx.z_loss;
+  ctx.z_loss = 0;
   const double val =
       evaluate(micro_batch_loss, shards, config.train.micro_batch_size, config.model.seq_len,
                config.train.eval_batches, on_host && device.is_cuda() ? Device::cpu() : device,
                split, config.model.vocab_size, queued_sum,
                config.data.eod_mask_loss ? static_cast<int32_t>(config.data.eot_token) : -1);
   ctx.ids_checked = false;
+  ctx.z_loss = z_loss;
   return val;
 }
 
@@ -714,15 +718,12 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (double mean : step_losses.take()) loss += mean / static_cast<double>(step_accum);
       for (double mean : step_losses.taken_lse_square_means())
         mean_lse_square += mean / static_cast<double>(step_accum);
-      // The loss of the global batch: the mean of the ranks' means (equal token counts).
-      if (tc.z_loss > 0) {
-        const std::vector<double> means =
-            all_reduce_values(dp, {loss, mean_lse_square}, ReduceOp::kAvg);
-        loss = means[0];
-        mean_lse_square = means[1];
-      } else {
-        loss = all_reduce_value(dp, loss, ReduceOp::kAvg);
-      }
+      // The loss of the global batch: the mean of the ranks' means (equal token counts); the
+      // z-loss's mean lse² (0 without it) in the same all-reduce.
+      const std::vector<double> means =
+          all_reduce_values(dp, {loss, mean_lse_square}, ReduceOp::kAvg);
+      loss = means[0];
+      mean_lse_square = means[1];
       const double factor = masked_loss_factor();
       loss *= factor;
       mean_lse_square *= factor;
