@@ -64,6 +64,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(data, document_mask),
     LOOM_KEY(data, eot_token),
     LOOM_KEY(data, eod_mask_loss),
+    LOOM_KEY(data, reset_position_ids),
     LOOM_KEY(data, seed),
     LOOM_KEY(train, steps),
     LOOM_KEY(train, batch_size),

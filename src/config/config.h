@@ -81,6 +81,12 @@ struct DataConfig {
   // the next document's first token; the loss is the mean over the targets left (training and
   // validation alike). Independent of document_mask.
   bool eod_mask_loss = false;
+  // Positions restart at each document (Megatron-LM's --reset-position-ids): a learned position
+  // table's row for a token is its place in its document, so a document reads the rows it would
+  // at the start of a sequence (nn/embedding.h). Needs document_mask (a token that attends
+  // across the boundary would see two documents at the same positions). Rotary positions
+  // (Llama) are relative: under the mask they are already the same, and nothing changes.
+  bool reset_position_ids = false;
   // The seed of data.shuffle's orders; -1: train.seed's (Megatron-LM's one --seed). Set it to
   // sweep train.seed (the initialisation) over the same data order, as transformers' data_seed.
   int64_t seed = -1;

@@ -340,6 +340,10 @@ void validate(const Config& config) {
                  " is not a token id of model.vocab_size = ", config.model.vocab_size,
                  config.data.document_mask ? " (data.document_mask ends documents at it)"
                                            : " (data.eod_mask_loss masks the loss at it)");
+  if (config.data.reset_position_ids && !config.data.document_mask)
+    problems.add(
+        "data.reset_position_ids = true needs data.document_mask = true: positions "
+        "restart at each document only where each token attends within its document");
   validate_train(config.train, config.parallel, problems);
   validate_parallel(config.parallel, config.model, problems);
   validate_runtime(config.runtime, config.parallel, problems);

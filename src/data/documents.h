@@ -5,8 +5,9 @@
 // token attends only to the earlier tokens of its own document (block-causal attention: Llama 3's
 // pretraining, Megatron-LM's --reset-attention-mask, torchtitan's block_causal mask). A document
 // ends with its end-of-text token, as Megatron-LM and torchtitan count it: the token after one
-// starts the next document. Positions are not reset: a document's first token keeps its place in
-// the sequence (as torchtitan; Megatron-LM's --reset-position-ids is not offered).
+// starts the next document. Positions are not reset unless data.reset_position_ids is on (Megatron-
+// LM's --reset-position-ids; nn/embedding.h): by default a document's first token keeps its place
+// in the sequence, as torchtitan.
 //
 // With data.eod_mask_loss (Megatron-LM's --eod-mask-loss) the position whose input is the
 // end-of-text token predicts nothing: its target (the next document's first token, which the

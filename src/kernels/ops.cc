@@ -187,6 +187,18 @@ int64_t weight_copy_reads() {
   return g_weight_copy_reads.load(std::memory_order_relaxed);
 }
 
+void document_positions(const Exec& ex, int32_t* ids, const int32_t* starts, const int32_t* global,
+                        int64_t B, int64_t Tl, int64_t T) {
+  const detail::OpScope op_scope_("document_positions", ex, [&] {
+    return detail::work_of<int32_t>(0, 2.0 * B * Tl + (global != nullptr ? 1.0 * Tl : 0.0));
+  });
+  if (detail::on_gpu<float>(ex, "document_positions")) {
+    if constexpr (detail::kCudaBuild)
+      return cuda::document_positions(ex.device.index, ids, starts, global, B, Tl, T);
+  }
+  cpu::document_positions(*ex.pool, ids, starts, global, B, Tl, T);
+}
+
 void round_weight(const Exec& ex, void* out, DType dtype, const float* weight, int64_t n) {
   const detail::OpScope op_scope_("round_weight", ex,
                                   [&] { return detail::work_of<float>(0, 1.5 * n); });

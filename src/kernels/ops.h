@@ -618,6 +618,17 @@ inline void embedding_backward(const Exec& ex, Real* dwte, Real* dwpe, const Rea
                     dwte, dwpe, dout, tokens, B, T, C);
 }
 
+// data.reset_position_ids: each token's place in its document (cpu::document_positions), and the
+// position table's rows at those places added to the embedding (cpu::add_rows_by_id).
+void document_positions(const Exec& ex, int32_t* ids, const int32_t* starts, const int32_t* global,
+                        int64_t B, int64_t Tl, int64_t T);
+
+template <typename Real>
+inline void add_rows_by_id(const Exec& ex, Real* out, const Real* table, const int32_t* ids,
+                           int64_t N, int64_t C) {
+  LOOM_OPS_DISPATCH(add_rows_by_id, (0, 3.0 * N * C + 1.0 * N), out, table, ids, N, C);
+}
+
 template <typename Real>
 inline void attention_forward(const Exec& ex, Real* out, Real* lse, const Real* qkv, int64_t B,
                               int64_t T, int64_t C, int64_t NH, cpu::DocumentStarts docs = {}) {

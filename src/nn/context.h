@@ -54,6 +54,11 @@ struct Context {
   // `device` for the whole sequences (data/documents.h), set by whoever runs its forward; each
   // attention keeps it for its backward. Null: causal attention.
   const Tensor* documents = nullptr;
+  // Positions reset at each document (data.reset_position_ids, which needs documents): a learned
+  // position table's row for a token is its place in its document, not in the sequence
+  // (document_position_ids, nn/embedding.h). Rotary positions need nothing: under the document
+  // mask a query sees only its document's keys, at the same distances either way.
+  bool reset_position_ids = false;
 
   // Where kernels/ops.h runs this module's kernels.
   Exec exec() const { return {pool, device, ids_checked}; }

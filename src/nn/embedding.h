@@ -10,6 +10,14 @@
 
 namespace loom {
 
+// The rows of a position table the micro-batch's (B, Tl) tokens read when positions restart at
+// each document (ctx.reset_position_ids, with ctx.documents): (B, Tl) int32 on ctx.device, the
+// token at position g of its sequence reading row g − its document's start (ops::document_
+// positions), at this rank's positions g under context parallelism (ctx.sequence). Undefined
+// where positions are not reset: position t reads row t. The whole sequence must fit the table's
+// `table_rows` (the error names both).
+Tensor document_position_ids(Context& ctx, int64_t B, int64_t Tl, int64_t table_rows);
+
 class Embedding {
  public:
   Embedding(ParameterStore& store, int64_t vocab, int64_t max_seq, int64_t channels,
@@ -20,8 +28,11 @@ class Embedding {
   Tensor forward_at(Context& ctx, const Tensor& tokens, int64_t first);
   // Accumulates into wte/wpe gradients. `tokens` as given to forward.
   void backward(Context& ctx, const Tensor& dy);
-  void clear_cache() { tokens_ = Tensor(); }
-  void collect_cache(std::vector<Tensor*>& out) { out.push_back(&tokens_); }
+  void clear_cache() { tokens_ = Tensor(), position_ids_ = Tensor(); }
+  void collect_cache(std::vector<Tensor*>& out) {
+    out.push_back(&tokens_);
+    out.push_back(&position_ids_);
+  }
 
   Parameter* wte() const { return wte_; }
   Parameter* wpe() const { return wpe_; }  // null without positions
@@ -33,6 +44,7 @@ class Embedding {
   Parameter* wte_;
   Parameter* wpe_ = nullptr;
   Tensor tokens_;
+  Tensor position_ids_;  // with reset positions: document_position_ids' of the forward
 };
 
 }  // namespace loom

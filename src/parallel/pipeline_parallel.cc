@@ -279,6 +279,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   ctx.ids_checked = config_.ids_checked;
   ctx.tp_backward_overlap = config_.tp_backward_overlap;
   ctx.z_loss = config_.z_loss;
+  ctx.reset_position_ids = config_.reset_position_ids;
   for (const PipeAction& a : schedule_.actions[static_cast<size_t>(rank)]) {
     const int c = a.chunk, i = a.microbatch, s = schedule_.stage_of(rank, c);
     const auto key = std::make_pair(c, i);
@@ -438,6 +439,7 @@ double PipelineParallel::evaluate(const Tensor& tokens, const Tensor& targets, S
   ctx.losses = queue;
   ctx.ids_checked = config_.ids_checked;  // the trainer's loaders check them, evaluation's too
   ctx.documents = documents;
+  ctx.reset_position_ids = config_.reset_position_ids;
   const int S = schedule_.stages();
   double loss = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {

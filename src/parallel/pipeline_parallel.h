@@ -46,6 +46,7 @@ struct PipelineConfig {
   bool sequence_parallel = false;           // (with tensor_parallel)
   bool tp_backward_overlap = true;          // (with tensor_parallel): Context::tp_backward_overlap
   float z_loss = 0;                         // the last stage's head: Context::z_loss
+  bool reset_position_ids = false;          // the first stage's embedding: Context's
   // What stage boundaries send (parallel.pp_send_dtype): kF32, or kBF16 — activations and their
   // gradients rounded to bf16 for the message and widened on arrival (Megatron sends its
   // activations in the model's bf16): half the pp bytes, the residual stream rounded at each

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
+#include "nn/embedding.h"
 #include "nn/rounded_weights.h"
 #include "nn/sequence_shard.h"
 #include "nn/step_losses.h"
@@ -42,13 +43,19 @@ Tensor VocabParallelEmbedding::forward(Context& ctx, const Tensor& tokens) {
   if (wpe_ != nullptr && T > wpe_->shape[0]) fail("embedding: sequence length ", T, " exceeds max_seq_len ", wpe_->shape[0]);
   Tensor out = Tensor::empty({N, C}, DType::kF32, ctx.device);
   const bool add_positions = tp_.rank() == 0;  // once in the sum over ranks
+  // Positions reset at each document: each token's row of wpe by its place in its document.
+  position_ids_ = wpe_ ? document_position_ids(ctx, B, T, wpe_->shape[0]) : Tensor();
+  const bool by_id = position_ids_.defined();
   // A context-parallel shard reads its positions' rows of wpe (nn/sequence_shard.h).
   const Tensor positions =
-      wpe_ && ctx.sequence ? rows_of(wpe_->value, ctx.sequence->positions()) : Tensor();
+      wpe_ && ctx.sequence && !by_id ? rows_of(wpe_->value, ctx.sequence->positions()) : Tensor();
   ops::vocab_shard_embedding_forward<float>(
       ctx.exec(), out.data<float>(), tokens.data<int32_t>(), wte_->value.data<float>(),
-      wpe_ ? (ctx.sequence ? positions : wpe_->value).data<float>() : nullptr, N, T, C, shard(),
-      add_positions);
+      wpe_ && !by_id ? (ctx.sequence ? positions : wpe_->value).data<float>() : nullptr, N, T, C,
+      shard(), add_positions);
+  if (by_id && add_positions)
+    ops::add_rows_by_id<float>(ctx.exec(), out.data<float>(), wpe_->value.data<float>(),
+                               position_ids_.data<int32_t>(), N, C);
   tokens_ = tokens;
   if (!sequence_parallel_) {
     tp_.all_reduce_async(out, ReduceOp::kSum)->wait_on_device();
@@ -67,16 +74,21 @@ void VocabParallelEmbedding::backward(Context& ctx, const Tensor& dy) {
     d = Tensor::empty({N, C}, DType::kF32, ctx.device);
     tp_.all_gather_async(dy, d)->wait_on_device();
   }
-  const bool positions_apart = wpe_ != nullptr && ctx.sequence != nullptr;
+  const bool by_id = position_ids_.defined();  // positions reset at each document
+  const bool positions_apart = wpe_ != nullptr && ctx.sequence != nullptr && !by_id;
   Tensor dpositions = positions_apart ? Tensor::zeros({T, C}, DType::kF32, ctx.device) : Tensor();
   ops::vocab_shard_embedding_backward<float>(ctx.exec(), wte_->grad.data<float>(),
-                                             positions_apart ? dpositions.data<float>()
-                                             : wpe_          ? wpe_->grad.data<float>()
-                                                             : nullptr,
+                                             positions_apart  ? dpositions.data<float>()
+                                             : wpe_ && !by_id ? wpe_->grad.data<float>()
+                                                              : nullptr,
                                              d.data<float>(), tokens_.data<int32_t>(), N, T, C,
                                              shard());
   if (positions_apart) add_rows_into(ctx.exec(), wpe_->grad, dpositions, ctx.sequence->positions());
+  if (by_id)  // every rank's whole table, as above: the rows the tokens read (ids as tokens)
+    ops::embedding_backward<float>(ctx.exec(), wpe_->grad.data<float>(), nullptr, d.data<float>(),
+                                   position_ids_.data<int32_t>(), 1, N, C);
   tokens_ = Tensor();
+  position_ids_ = Tensor();
 }
 
 void VocabParallelEmbedding::head_forward(Context& ctx, const Tensor& final, const Tensor& targets,
@@ -183,7 +195,7 @@ Tensor VocabParallelEmbedding::head_backward(Context& ctx, double scale) {
 }
 
 void VocabParallelEmbedding::collect_cache(std::vector<Tensor*>& out) {
-  out.insert(out.end(), {&tokens_, &final_, &logits_, &max_, &sum_, &targets_});
+  out.insert(out.end(), {&tokens_, &position_ids_, &final_, &logits_, &max_, &sum_, &targets_});
 }
 
 void VocabParallelEmbedding::clear_cache() {

@@ -61,6 +61,7 @@ class VocabParallelEmbedding {
   Parameter* wte_;
   Parameter* wpe_ = nullptr;
   Tensor tokens_;                               // embedding
+  Tensor position_ids_;  // embedding with positions reset at each document (nn/embedding.h)
   Tensor final_, logits_, max_, sum_, targets_;  // head: logits become their gradient
 };
 

@@ -178,6 +178,7 @@ PipelineConfig pipeline_config_of(const Config& config, int64_t local_seq,
   pc.sequence_parallel = config.parallel.sequence_parallel;
   pc.tp_backward_overlap = tp_backward_overlap;
   pc.z_loss = static_cast<float>(config.train.z_loss);
+  pc.reset_position_ids = config.data.reset_position_ids;
   pc.send_dtype = config.parallel.pp_send_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   return pc;
 }
@@ -438,6 +439,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   ctx.sequence = sequence_shard.get();
   ctx.tp_backward_overlap = overlap_tp_backward;
   ctx.z_loss = static_cast<float>(tc.z_loss);
+  ctx.reset_position_ids = config.data.reset_position_ids;
   // The weights' 16-bit copies on a GPU at bf16 / fp16 (nn/rounded_weights.h), kept by the engine.
   if (whole_engine) ctx.rounded_weights = whole_engine->rounded_weights();
   StepLosses step_losses(device);  // nn/step_losses.h
@@ -573,6 +575,13 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                        ramp->increment, " to ", tc.batch_size, " over the first ", ramp->samples,
                        " sequences (steps 1-", ramp_steps, ")\n");
   }
+  if (config.data.reset_position_ids)
+    summary.layout_report +=
+        model_config_of(config).position_rows() > 0
+            ? "data.reset_position_ids: each token reads the position row of its place in its "
+              "document\n"
+            : "data.reset_position_ids: rotary positions are relative, the same within each "
+              "document already: nothing to reset\n";
   if (tc.z_loss > 0)
     summary.layout_report += detail::concat("train.z_loss: ", tc.z_loss,
                                             " x lse^2 in each position's gradient (the loss "

@@ -516,6 +516,14 @@ TEST(Config, ValidationNamesKeysAndValues) {
   Config bf16_on_cpu;  // CPU ranks run bf16 GEMMs (cpu::set_matmul_precision)
   bf16_on_cpu.runtime.matmul_precision = "bf16";
   EXPECT_NO_THROW(validate(bf16_on_cpu));
+
+  // Positions restart at each document only under the document mask.
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.data.reset_position_ids = true; }),
+                       "data.reset_position_ids = true needs data.document_mask = true"));
+  Config reset;
+  reset.data.reset_position_ids = true;
+  reset.data.document_mask = true;
+  EXPECT_NO_THROW(validate(reset));
 }
 
 TEST(Config, OverridesParseByKeyType) {

@@ -1384,6 +1384,58 @@ TEST_F(CudaKernelsTest, EmbeddingWithoutAPositionTableMatchesCpu) {
   EXPECT_TRUE(bitwise_equal(shard_dwte.from_gpu(), shard_dwte.from_host())) << "shard dwte";
 }
 
+// Positions reset at each document (data.reset_position_ids): the places in their documents, of
+// whole sequences and of a context-parallel shard's positions, exactly the CPU's; the position
+// rows they read added bit for bit as on the CPU; their gradient (embedding_backward with the ids
+// as tokens) the CPU's to rounding, and the same bits when run again.
+TEST_F(CudaKernelsTest, DocumentPositionsAndTheirRowsMatchCpu) {
+  const int64_t B = 3, T = 37, C = 40;
+  std::vector<int32_t> starts(B * T);
+  const std::vector<int32_t> ends = random_ids(B * T, 5, 180);  // a document ends where 0
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t start = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      starts[b * T + t] = start;
+      if (ends[b * T + t] == 0) start = static_cast<int32_t>(t + 1);
+    }
+  }
+  IdPair docs = ids_pair(starts);
+  std::vector<int32_t> shard_positions;  // load-balanced cp's halves of two chunks
+  for (int64_t t = 0; t < 9; ++t) shard_positions.push_back(static_cast<int32_t>(t));
+  for (int64_t t = 28; t < T; ++t) shard_positions.push_back(static_cast<int32_t>(t));
+  IdPair global = ids_pair(shard_positions);
+  for (const bool shard : {false, true}) {
+    SCOPED_TRACE(shard ? "a shard's positions" : "whole sequences");
+    const int64_t Tl = shard ? static_cast<int64_t>(shard_positions.size()) : T;
+    IdPair ids = ids_pair(std::vector<int32_t>(B * Tl, -1));
+    ops::document_positions(on_cpu, ids.host.data<int32_t>(), docs.host.data<int32_t>(),
+                            shard ? global.host.data<int32_t>() : nullptr, B, Tl, T);
+    ops::document_positions(on_gpu, ids.gpu.data<int32_t>(), docs.gpu.data<int32_t>(),
+                            shard ? global.gpu.data<int32_t>() : nullptr, B, Tl, T);
+    const Tensor back = ids.gpu.to(Device::cpu());
+    ASSERT_TRUE(
+        std::equal(back.data<int32_t>(), back.data<int32_t>() + B * Tl, ids.host.data<int32_t>()));
+    ASSERT_LT(*std::max_element(ids.host.data<int32_t>(), ids.host.data<int32_t>() + B * Tl), T);
+
+    Pair wpe = random_pair(T * C, 181), out = random_pair(B * Tl * C, 182);
+    ops::add_rows_by_id<float>(on_cpu, out.h(), wpe.h(), ids.host.data<int32_t>(), B * Tl, C);
+    ops::add_rows_by_id<float>(on_gpu, out.g(), wpe.g(), ids.gpu.data<int32_t>(), B * Tl, C);
+    EXPECT_TRUE(bitwise_equal(out.from_gpu(), out.from_host())) << "rows added";
+    Pair dout = random_pair(B * Tl * C, 183), dwpe = random_pair(T * C, 184);
+    const std::vector<float> dwpe0 = dwpe.from_gpu();
+    ops::embedding_backward<float>(on_cpu, dwpe.h(), nullptr, dout.h(), ids.host.data<int32_t>(), 1,
+                                   B * Tl, C);
+    ops::embedding_backward<float>(on_gpu, dwpe.g(), nullptr, dout.g(), ids.gpu.data<int32_t>(), 1,
+                                   B * Tl, C);
+    expect_pair_close("dwpe", dwpe);
+    const std::vector<float> once = dwpe.from_gpu();
+    dwpe.gpu.copy_from(Tensor::from_vector(dwpe0, {T * C}));
+    ops::embedding_backward<float>(on_gpu, dwpe.g(), nullptr, dout.g(), ids.gpu.data<int32_t>(), 1,
+                                   B * Tl, C);
+    EXPECT_TRUE(bitwise_equal(dwpe.from_gpu(), once)) << "dwpe not reproducible";
+  }
+}
+
 TEST_F(CudaKernelsTest, EmbeddingMatchesCpuAndRefusesBadTokens) {
   const int64_t B = 3, T = 17, C = 40, V = 200;
   std::vector<int32_t> ids = random_ids(B * T, static_cast<int32_t>(V), 50);

@@ -97,6 +97,67 @@ TEST(Embedding, WithoutAPositionTableIsTheTokenRows) {
   EXPECT_NE(shard_dwpe, std::vector<float>(T * C, 0.0f)) << "the table's gradient, with one";
 }
 
+// Positions reset at each document (data.reset_position_ids): each position's place in its
+// document, of the whole sequence or of the positions a context-parallel shard holds.
+TEST(Embedding, DocumentPositionsRestartAtEachDocument) {
+  ThreadPool pool(2);
+  const int64_t B = 2, T = 7;
+  const std::vector<int32_t> starts = {0, 0, 0, 3, 3, 5, 5,   // row 0: documents at 0, 3, 5
+                                       0, 1, 2, 2, 2, 2, 2};  // row 1: at 0, 1, 2
+  std::vector<int32_t> ids(B * T, -1);
+  document_positions(pool, ids.data(), starts.data(), nullptr, B, T, T);
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 1, 2, 0, 1, 0, 1, 0, 0, 0, 1, 2, 3, 4}));
+  const std::vector<int32_t> global = {1, 5, 6, 0};  // a shard's positions, in its order
+  std::vector<int32_t> shard(B * 4, -1);
+  document_positions(pool, shard.data(), starts.data(), global.data(), B, 4, T);
+  EXPECT_EQ(shard, (std::vector<int32_t>{1, 0, 1, 0, 0, 3, 4, 0}));
+}
+
+// add_rows_by_id adds each token's row of the table; embedding_backward with the ids as tokens
+// (and no position table) is its gradient. With ids = each token's position, the two are bit for
+// bit the embedding's own position path, forward and backward.
+TEST(Embedding, RowsByIdAreThePositionRowsAndTheirGradient) {
+  ThreadPool pool(3);
+  const int64_t B = 2, T = 5, C = 8, V = 11, maxT = 7;
+  const auto tokens = make_tokens(B * T, V);
+  const std::vector<int32_t> ids = {0, 1, 0, 1, 2, 3, 0, 1, 2, 3};
+  auto wte = random_vector(V * C, 1), wpe = random_vector(maxT * C, 2);
+  const auto R = random_vector(B * T * C, 3);
+  auto forward = [&] {
+    std::vector<double> out(B * T * C);
+    embedding_forward<double>(pool, out.data(), tokens.data(), wte.data(), nullptr, B, T, C, V);
+    add_rows_by_id(pool, out.data(), wpe.data(), ids.data(), B * T, C);
+    return out;
+  };
+  const std::vector<double> out = forward();
+  for (int64_t i = 0; i < B * T; ++i)
+    for (int64_t c = 0; c < C; ++c)
+      ASSERT_EQ(out[i * C + c], wte[tokens[i] * C + c] + wpe[ids[i] * C + c]) << i << ", " << c;
+  const auto dwpe0 = random_vector(maxT * C, 5);
+  auto dwpe = dwpe0;
+  embedding_backward<double>(pool, dwpe.data(), nullptr, R.data(), ids.data(), 1, B * T, C);
+  for (size_t i = 0; i < dwpe.size(); ++i) dwpe[i] -= dwpe0[i];
+  ktest::expect_gradient(
+      "dwpe", wpe, [&] { return ktest::weighted_sum(forward(), R); }, dwpe);
+
+  // ids = position t of each row: the embedding's own forward and backward, bit for bit.
+  const auto wte_f = convert<float>(wte), wpe_f = convert<float>(wpe), R_f = convert<float>(R);
+  std::vector<int32_t> positions(B * T);
+  for (int64_t i = 0; i < B * T; ++i) positions[i] = static_cast<int32_t>(i % T);
+  std::vector<float> by_id(B * T * C), table(B * T * C);
+  embedding_forward<float>(pool, by_id.data(), tokens.data(), wte_f.data(), nullptr, B, T, C, V);
+  add_rows_by_id<float>(pool, by_id.data(), wpe_f.data(), positions.data(), B * T, C);
+  embedding_forward<float>(pool, table.data(), tokens.data(), wte_f.data(), wpe_f.data(), B, T, C,
+                           V);
+  EXPECT_EQ(by_id, table);
+  const auto d0 = convert<float>(random_vector(maxT * C, 6));
+  std::vector<float> dwte(V * C, 0.0f), d_table = d0, d_by_id = d0;
+  embedding_backward<float>(pool, dwte.data(), d_table.data(), R_f.data(), tokens.data(), B, T, C);
+  embedding_backward<float>(pool, d_by_id.data(), nullptr, R_f.data(), positions.data(), 1, B * T,
+                            C);
+  EXPECT_EQ(d_by_id, d_table);
+}
+
 TEST(Embedding, BadTokenThrowsNamingIt) {
   ThreadPool pool(2);
   const int64_t B = 2, T = 3, C = 4, V = 11;

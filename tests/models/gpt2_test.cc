@@ -201,6 +201,103 @@ TEST(Recompute, NamesRoundTripAndABadNameIsAnError) {
   }
 }
 
+// Document starts of (B, T) tokens ending documents at `eot` (data/documents.h's rule, here
+// without the data library).
+Tensor starts_of(const Tensor& tokens, int32_t eot) {
+  const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  Tensor starts = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t start = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      starts.data<int32_t>()[b * T + t] = start;
+      if (tokens.data<int32_t>()[b * T + t] == eot) start = static_cast<int32_t>(t + 1);
+    }
+  }
+  return starts;
+}
+
+// data.reset_position_ids with data.document_mask: a document packed after another reads exactly
+// as it does at the start of a sequence — the same logits at each of its tokens, to rounding —
+// for GPT-2's learned positions (its tokens read the rows of their places in the document), and
+// for Llama's rotary ones with the mask alone (relative: nothing to reset). Without the reset
+// GPT-2's packed document reads other rows of wpe and its logits part from those at the start.
+TEST(Gpt2, ResetPositionsReadEachDocumentAsIfItBeganTheSequence) {
+  const int32_t eot = 10;
+  // Row 0: [1 2 3 eot | 4 5 6 7]; row 1 begins with the second document: [4 5 6 7 eot 2 9 2].
+  Tensor tokens = Tensor::empty({2, 8}, DType::kI32);
+  const int32_t ids[16] = {1, 2, 3, eot, 4, 5, 6, 7, 4, 5, 6, 7, eot, 2, 9, 2};
+  std::memcpy(tokens.data<int32_t>(), ids, sizeof ids);
+  const Tensor starts = starts_of(tokens, eot);
+  for (const bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    Gpt2Config c = tiny_config();
+    c.max_seq_len = 8;
+    if (llama) {
+      c.arch = Arch::kLlama;
+      c.n_kv_heads = 1;
+      c.ffn_hidden = 12;
+      c.rope_theta = 10.0;
+    }
+    ThreadPool pool(2);
+    Gpt2 model(c);
+    model.build(DType::kF32, Device::cpu(), 7);
+    // The largest difference between the second document's logits in row 0 (positions 4..7)
+    // and in row 1 (positions 0..3).
+    const auto packed_vs_first = [&](bool reset) {
+      Context ctx{&pool, Device::cpu(), DType::kF32};
+      ctx.documents = &starts;
+      ctx.reset_position_ids = reset;
+      const Tensor logits = model.logits(ctx, tokens);
+      const int64_t V = c.vocab_size;
+      double worst = 0;
+      for (int64_t t = 0; t < 4; ++t)
+        for (int64_t v = 0; v < V; ++v)
+          worst =
+              std::max(worst, std::abs(static_cast<double>(logits.data<float>()[(4 + t) * V + v] -
+                                                           logits.data<float>()[(8 + t) * V + v])));
+      return worst;
+    };
+    EXPECT_LT(packed_vs_first(true), 1e-5);
+    if (llama)
+      EXPECT_EQ(packed_vs_first(true), packed_vs_first(false));  // no table: nothing changes
+    else
+      EXPECT_GT(packed_vs_first(false), 1e-2);
+  }
+}
+
+// The gradient with positions reset at each document against finite differences in double:
+// wpe's rows gather the gradient of every token at their place in its document.
+TEST(Gpt2, ResetPositionsGradCheckInDouble) {
+  ThreadPool pool(2);
+  Context ctx{&pool, Device::cpu(), DType::kF64};
+  Gpt2 model(tiny_config());
+  model.build(DType::kF64, Device::cpu(), 3);
+  Tensor tokens = Tensor::empty({2, 5}, DType::kI32), targets = Tensor::empty({2, 5}, DType::kI32);
+  fill_batch(tokens, targets, 11, 2);
+  const int32_t eot = 10;
+  tokens.data<int32_t>()[1] = eot;  // row 0: documents at 0 and 2; row 1: at 0, 3 and 4
+  tokens.data<int32_t>()[7] = eot;
+  tokens.data<int32_t>()[8] = eot;
+  const Tensor starts = starts_of(tokens, eot);
+  ctx.documents = &starts;
+  ctx.reset_position_ids = true;
+  testing::GradCheck gc{[&] { return model.forward(ctx, tokens, targets); },
+                        [&] {
+                          model.backward(ctx);
+                          return Tensor();
+                        },
+                        [&] { model.clear_cache(); }};
+  gc.run(model.params(), nullptr);
+  // Only rows 0..2 of wpe are read (the longest document has 3 tokens): rows 3.. get nothing.
+  const Parameter* wpe = model.params().find("wpe.weight");
+  ASSERT_NE(wpe, nullptr);
+  const int64_t C = tiny_config().d_model;
+  for (int64_t i = 3 * C; i < wpe->numel(); ++i) ASSERT_EQ(wpe->grad.data<double>()[i], 0.0) << i;
+  double row2 = 0;
+  for (int64_t i = 2 * C; i < 3 * C; ++i) row2 += std::abs(wpe->grad.data<double>()[i]);
+  EXPECT_GT(row2, 0);
+}
+
 TEST(Gpt2, ParameterNamesAndCount) {
   Gpt2 model(tiny_config());
   const auto& ps = model.params().parameters();

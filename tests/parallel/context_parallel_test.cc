@@ -440,6 +440,23 @@ threads_per_rank = 1
     return step;
   }
 
+  // c evaluated at steps 2 and 4 on four batches of the validation corpus.
+  static void evaluate_every_other_step(Config& c) {
+    c.data.val = (root_ / "data" / "val_*.bin").string();
+    c.train.eval_every = 2;
+    c.train.eval_batches = 4;
+  }
+
+  // Runs a and b (four steps each) part at the first step: their losses more than tol apart.
+  static void expect_first_losses_part(const std::string& a, const std::string& b, double tol) {
+    const auto a_steps = testing::read_metrics(root_ / a),
+               b_steps = testing::read_metrics(root_ / b);
+    ASSERT_EQ(a_steps.size(), 4u);
+    ASSERT_EQ(b_steps.size(), 4u);
+    EXPECT_GT(std::abs(a_steps[0]["loss"].get<double>() - b_steps[0]["loss"].get<double>()), tol)
+        << a << " vs " << b;
+  }
+
   // c's validation loss under dp 2 × cp 2 (run `name`): within 1e-5 of `one`'s.
   static void expect_dp2_cp2_validation_is(const Config& c, const TrainSummary& one,
                                            const std::string& name) {
@@ -508,9 +525,7 @@ TEST_F(ContextParallelRuns, RingExchangeUnderEveryLayoutMatchesOneDevice) {
 // Validation: a cp group evaluates one batch together; its loss is one device's.
 TEST_F(ContextParallelRuns, ValidationLossIsOneDevices) {
   Config c = config("gpt2");
-  c.data.val = (root_ / "data" / "val_*.bin").string();
-  c.train.eval_every = 2;
-  c.train.eval_batches = 4;
+  evaluate_every_other_step(c);
   const TrainSummary one = run_training(c, options("val_one"));
   expect_dp2_cp2_validation_is(c, one, "val_dp2_cp2");
   // metrics.jsonl counts cp's bytes apart: the attention's gathers and reduce-scatters.
@@ -545,9 +560,7 @@ TEST_F(ContextParallelRuns, DocumentMaskUnderEveryLayoutMatchesOneDevice) {
       5);
 
   // The mask changes the run: unmasked, the first step's loss is another.
-  c.data.val = (root_ / "data" / "val_*.bin").string();
-  c.train.eval_every = 2;
-  c.train.eval_batches = 4;
+  evaluate_every_other_step(c);
   const TrainSummary masked = run_training(c, options("documents_one"));
   EXPECT_NE(masked.layout_report.find("data.document_mask: each token attends within its "
                                       "document, documents ending at token 10"),
@@ -556,12 +569,7 @@ TEST_F(ContextParallelRuns, DocumentMaskUnderEveryLayoutMatchesOneDevice) {
   Config causal = c;
   causal.data.document_mask = false;
   run_training(causal, options("documents_causal"));
-  const auto masked_steps = testing::read_metrics(root_ / "documents_one");
-  const auto causal_steps = testing::read_metrics(root_ / "documents_causal");
-  ASSERT_EQ(masked_steps.size(), 4u);
-  ASSERT_EQ(causal_steps.size(), 4u);
-  EXPECT_GT(std::abs(masked_steps[0]["loss"].get<double>() - causal_steps[0]["loss"].get<double>()),
-            1e-4);
+  expect_first_losses_part("documents_one", "documents_causal", 1e-4);
   // Validation under dp 2 × cp 2 (documents found on the host, whole sequences): one device's.
   expect_dp2_cp2_validation_is(c, masked, "documents_dp2_cp2");
 }
@@ -577,9 +585,7 @@ TEST_F(ContextParallelRuns, EodMaskLossIsTheMeanOverTheTargetsLeftUnderEveryLayo
   Config c = config("gpt2");
   c.data.eod_mask_loss = true;
   c.data.eot_token = '\n';
-  c.data.val = (root_ / "data" / "val_*.bin").string();
-  c.train.eval_every = 2;
-  c.train.eval_batches = 4;
+  evaluate_every_other_step(c);
   const TrainSummary one = run_training(c, options("eod_one"));
   EXPECT_NE(one.layout_report.find("data.eod_mask_loss: no loss where the input is token 10"),
             std::string::npos)
@@ -599,9 +605,7 @@ TEST_F(ContextParallelRuns, EodMaskLossIsTheMeanOverTheTargetsLeftUnderEveryLayo
   Config all = c;
   all.data.eod_mask_loss = false;
   const TrainSummary unmasked = run_training(all, options("eod_off"));
-  EXPECT_GT(std::abs(testing::read_metrics(root_ / "eod_off")[0]["loss"].get<double>() -
-                     steps[0]["loss"].get<double>()),
-            1e-3);
+  expect_first_losses_part("eod_one", "eod_off", 1e-3);
   EXPECT_GT(std::abs(unmasked.last_val_loss - one.last_val_loss), 1e-3);
   // Validation under dp 2 × cp 2: every rank counts the targets of every batch.
   expect_dp2_cp2_validation_is(c, one, "eod_dp2_cp2");
@@ -693,6 +697,54 @@ TEST_F(ContextParallelRuns, ZLossUnderEveryLayoutMatchesOneDevice) {
   llama.data.eod_mask_loss = true;
   llama.data.eot_token = '\n';
   expect_layouts_match_one_device(llama, "dp=2;tp=2;pp=2,schedule=interleaved,v=2;cp=2", 4, 3e-5);
+}
+
+// data.reset_position_ids (with the document mask): each token of GPT-2 reads the position row of
+// its place in its document. Every layout trains one device's run — tp's vocabulary-parallel
+// embedding (rank 0 adding the rows), cp (a shard's positions' places, gathered and ring), sp, pp
+// schedules, recomputation, ZeRO-3 — and validation under dp × cp is one device's. The reset
+// changes GPT-2's run; Llama's rotary positions need nothing, and its run is the same bit for bit.
+TEST_F(ContextParallelRuns, ResetPositionIdsUnderEveryLayoutMatchesOneDevice) {
+  Config c = config("gpt2");
+  c.data.document_mask = true;
+  c.data.reset_position_ids = true;
+  c.data.eot_token = '\n';
+  evaluate_every_other_step(c);
+  const TrainSummary one = run_training(c, options("reset_one"));
+  EXPECT_NE(one.layout_report.find("data.reset_position_ids: each token reads the position row "
+                                   "of its place in its document"),
+            std::string::npos)
+      << one.layout_report;
+  Config kept = c;
+  kept.data.reset_position_ids = false;
+  const TrainSummary unreset = run_training(kept, options("reset_off"));
+  expect_first_losses_part("reset_one", "reset_off", 1e-4);
+  EXPECT_GT(std::abs(unreset.last_val_loss - one.last_val_loss), 1e-4);
+  expect_dp2_cp2_validation_is(c, one, "reset_dp2_cp2");
+
+  c.data.val.clear();
+  c.train.eval_every = 0;
+  expect_layouts_match_one_device(
+      c,
+      "dp=2;tp=2;tp=2,sp=1;pp=2;pp=2,schedule=zb-h1;cp=2;cp=4;cp=2,cp_comm=ring;"
+      "dp=2,cp=2,zero=3;cp=2,tp=2,sp=1;cp=2,pp=2;recompute=full;tp=2,recompute=selective",
+      13);
+
+  Config llama = config("llama");
+  llama.data.document_mask = true;
+  llama.data.eot_token = '\n';
+  run_training(llama, options("reset_llama_off"));
+  llama.data.reset_position_ids = true;
+  const TrainSummary rotary = run_training(llama, options("reset_llama"));
+  EXPECT_NE(rotary.layout_report.find("data.reset_position_ids: rotary positions are relative"),
+            std::string::npos)
+      << rotary.layout_report;
+  const auto with = testing::read_metrics(root_ / "reset_llama"),
+             without = testing::read_metrics(root_ / "reset_llama_off");
+  ASSERT_EQ(with.size(), 4u);
+  ASSERT_EQ(without.size(), 4u);
+  for (size_t i = 0; i < with.size(); ++i)
+    EXPECT_EQ(with[i]["loss"].get<double>(), without[i]["loss"].get<double>()) << "step " << i + 1;
 }
 
 // An end-of-text token outside the vocabulary is refused by name.

@@ -1398,6 +1398,25 @@ TEST_F(TrainTest, EodMaskLossOnGpusTrainsTheCpuRun) {
   expect_gpus_train_the_cpu_run(c, "eod", [](ParallelConfig& p) { p.tp = 2; });
 }
 
+// data.reset_position_ids on GPUs: each token's place in its document found on the GPU, its row of
+// wpe added and the rows' gradient summed in token order (no atomics); under cp 2 and tp 2 on
+// two GPUs (a shard's places, the vocabulary-parallel embedding) too.
+TEST_F(TrainTest, ResetPositionIdsOnGpusTrainsTheCpuRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  Config c = config(4);
+  c.data.document_mask = true;
+  c.data.reset_position_ids = true;
+  c.data.eot_token = '\n';
+  expect_gpus_train_the_cpu_run(c, "reset", [](ParallelConfig& p) { p.cp = 2; });
+  Config tp = c;
+  tp.runtime.device = "cuda";
+  tp.runtime.ranks = 2;
+  tp.parallel.tp = 2;
+  if (cuda::device_count() < 2) return;
+  run_training(tp, options("reset_gpus_tp2"));
+  expect_losses_near("reset_cpu", "reset_gpus_tp2", 1e-4);
+}
+
 // train.z_loss on GPUs: the cross-entropy backwards' softmax term × (1 + 2 z lse) — fp32 logits,
 // 16-bit logits at bf16, and the vocabulary-parallel head's shards under tp 2 on two GPUs.
 TEST_F(TrainTest, ZLossOnGpusTrainsTheCpuRun) {

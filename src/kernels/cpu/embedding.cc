@@ -48,6 +48,33 @@ void embedding_backward(ThreadPool& pool, Real* dwte, Real* dwpe, const Real* do
   });
 }
 
+void document_positions(ThreadPool& pool, int32_t* ids, const int32_t* starts,
+                        const int32_t* global, int64_t B, int64_t Tl, int64_t T) {
+  pool.parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t i = 0; i < Tl; ++i) {
+        const int64_t g = global != nullptr ? global[i] : i;
+        ids[b * Tl + i] = static_cast<int32_t>(g - starts[b * T + g]);
+      }
+  });
+}
+
+template <typename Real>
+void add_rows_by_id(ThreadPool& pool, Real* out, const Real* table, const int32_t* ids, int64_t N,
+                    int64_t C) {
+  pool.parallel_for(N, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Real* row = table + static_cast<int64_t>(ids[i]) * C;
+      Real* o = out + i * C;
+      for (int64_t c = 0; c < C; ++c) o[c] += row[c];
+    }
+  });
+}
+
+template void add_rows_by_id<float>(ThreadPool&, float*, const float*, const int32_t*, int64_t,
+                                    int64_t);
+template void add_rows_by_id<double>(ThreadPool&, double*, const double*, const int32_t*, int64_t,
+                                     int64_t);
 template void embedding_forward<float>(ThreadPool&, float*, const int32_t*, const float*,
                                        const float*, int64_t, int64_t, int64_t, int64_t);
 template void embedding_forward<double>(ThreadPool&, double*, const int32_t*, const double*,

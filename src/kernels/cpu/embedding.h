@@ -27,4 +27,18 @@ template <typename Real>
 void embedding_backward(ThreadPool& pool, Real* dwte, Real* dwpe, const Real* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C);
 
+// Positions reset at each document (data.reset_position_ids, Megatron-LM's --reset-position-ids):
+// ids (B, Tl)[b, i] = g − starts[b, g], g = global[i] (null global: g = i) — the place of the
+// sequence's position g in its document, the row of the position table its token reads. starts
+// (B, T) as data/documents.h's document_starts; global (Tl): the positions of the whole sequence
+// (of length T) a context-parallel shard holds, in its order.
+void document_positions(ThreadPool& pool, int32_t* ids, const int32_t* starts,
+                        const int32_t* global, int64_t B, int64_t Tl, int64_t T);
+
+// out (N, C)[i] += table (rows, C)[ids[i]]: the position rows of tokens whose positions are ids.
+// Its adjoint is embedding_backward(dtable, nullptr, dout, ids, 1, N, C) — ids taken as tokens.
+template <typename Real>
+void add_rows_by_id(ThreadPool& pool, Real* out, const Real* table, const int32_t* ids, int64_t N,
+                    int64_t C);
+
 }  // namespace loom::cpu

@@ -69,7 +69,42 @@ __global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, co
   }
 }
 
+__global__ void document_positions_kernel(int32_t* ids, const int32_t* starts,
+                                          const int32_t* global, int64_t B, int64_t Tl, int64_t T) {
+  const int64_t n = B * Tl;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+       k += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t b = k / Tl, i = k % Tl;
+    const int64_t g = global != nullptr ? global[i] : i;
+    ids[k] = static_cast<int32_t>(g - starts[b * T + g]);
+  }
+}
+
+__global__ void add_rows_by_id_kernel(float* out, const float* table, const int32_t* ids, int64_t N,
+                                      int64_t C) {
+  const int64_t n = N * C;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    out[i] += table[static_cast<int64_t>(ids[i / C]) * C + i % C];
+}
+
 }  // namespace
+
+void document_positions(int device, int32_t* ids, const int32_t* starts, const int32_t* global,
+                        int64_t B, int64_t Tl, int64_t T) {
+  if (B * Tl == 0) return;
+  DeviceGuard guard(device);
+  launch("document_positions", document_positions_kernel, blocks_for(B * Tl, kThreads), kThreads,
+         ids, starts, global, B, Tl, T);
+}
+
+void add_rows_by_id(int device, float* out, const float* table, const int32_t* ids, int64_t N,
+                    int64_t C) {
+  if (N * C == 0) return;
+  DeviceGuard guard(device);
+  launch("add_rows_by_id", add_rows_by_id_kernel, blocks_for(N * C, kThreads), kThreads, out, table,
+         ids, N, C);
+}
 
 int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t V, int32_t* bad, bool targets) {
   if (n == 0) return -1;

@@ -403,6 +403,13 @@ void embedding_forward(int device, float* out, const int32_t* tokens, const floa
                        bool ids_checked = false);
 void embedding_backward(int device, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C);
+// Positions reset at each document (cpu::document_positions; global null or on the GPU), and the
+// rows of a position table added by those ids (cpu::add_rows_by_id: bit for bit the CPU's). The
+// ids are computed, never read from outside: not checked.
+void document_positions(int device, int32_t* ids, const int32_t* starts, const int32_t* global,
+                        int64_t B, int64_t Tl, int64_t T);
+void add_rows_by_id(int device, float* out, const float* table, const int32_t* ids, int64_t N,
+                    int64_t C);
 
 // Causal self-attention: the fused flash kernels (flash_attention.cu) where they apply (bf16,
 // head size 64 or 128), else cuBLAS batched GEMMs around a causal softmax with a (B·NH, T, T) score
