@@ -450,6 +450,10 @@ int main(int argc, char** argv) {
   synth_cmd->add_option("--train-tokens", synth_train)->capture_default_str();
   synth_cmd->add_option("--val-tokens", synth_val)->capture_default_str();
   synth_cmd->add_option("--seed", synth_seed)->capture_default_str();
+  bool synth_answer_masks = false;
+  synth_cmd->add_flag("--answer-masks", synth_answer_masks,
+                      "loss masks beside the shards: only the answers count as targets "
+                      "(data.loss_mask; fine-tuning's shape)");
   std::vector<std::string> inspect_specs;
   int64_t inspect_seq_len = 0, inspect_vocab = 0;
   auto* inspect_cmd = data_cmd->add_subcommand(
@@ -737,6 +741,14 @@ int main(int argc, char** argv) {
       SynthResult r = synthesize_addition(out_dir, synth_train, synth_val, synth_seed);
       std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens\n", out_dir.c_str(),
                    static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens));
+      if (synth_answer_masks) {
+        const int64_t train_counted = write_addition_answer_masks(r.train_shards);
+        const int64_t val_counted = write_addition_answer_masks(r.val_shards);
+        std::fprintf(stderr,
+                     "wrote loss masks beside them: %ld train and %ld val targets count (the "
+                     "answers)\n",
+                     static_cast<long>(train_counted), static_cast<long>(val_counted));
+      }
       return 0;
     }
     if (inspect_cmd->parsed())

@@ -65,6 +65,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(data, eot_token),
     LOOM_KEY(data, eod_mask_loss),
     LOOM_KEY(data, reset_position_ids),
+    LOOM_KEY(data, loss_mask),
     LOOM_KEY(data, seed),
     LOOM_KEY(train, steps),
     LOOM_KEY(train, batch_size),

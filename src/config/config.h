@@ -87,6 +87,11 @@ struct DataConfig {
   // across the boundary would see two documents at the same positions). Rotary positions
   // (Llama) are relative: under the mask they are already the same, and nothing changes.
   bool reset_position_ids = false;
+  // Loss masks (supervised fine-tuning: no loss on the prompt): each shard with a SHARD.mask file
+  // beside it (data/shard.h, docs/formats.md) has the targets whose entry is 0 taken out of the
+  // loss; shards without one count every target. The loss is the mean over the targets left, as
+  // with eod_mask_loss (the two combine); validation shards' masks apply too.
+  bool loss_mask = false;
   // The seed of data.shuffle's orders; -1: train.seed's (Megatron-LM's one --seed). Set it to
   // sweep train.seed (the initialisation) over the same data order, as transformers' data_seed.
   int64_t seed = -1;

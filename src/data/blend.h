@@ -54,6 +54,16 @@ class BlendedLoader {
   // check, naming the shard).
   void next_batch(int32_t* inputs, int32_t* targets);
   void set_vocab_size(int64_t vocab_size);
+  // Every source's targets masked by its shards' loss masks (DataLoader::use_loss_masks): how
+  // many shards have one, per source.
+  std::vector<int64_t> use_loss_masks() {
+    std::vector<int64_t> counts;
+    for (SequenceReader& s : sources_) counts.push_back(s.use_loss_masks());
+    return counts;
+  }
+  int64_t source_shards(int64_t source) const {
+    return sources_[static_cast<size_t>(source)].num_shards();
+  }
 
   // Per source, in the order given.
   std::vector<BlendSourceState> state() const;

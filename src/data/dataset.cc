@@ -243,6 +243,23 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
   return result;
 }
 
+int64_t write_addition_answer_masks(const std::vector<std::string>& split_shards) {
+  bool in_answer = false;  // a split starts on a line; a line may go on in the next shard
+  int64_t counted = 0;
+  for (const std::string& path : split_shards) {
+    const std::vector<uint16_t> tokens = read_shard(path);
+    std::vector<uint8_t> counts(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      counts[i] = in_answer ? 1 : 0;
+      counted += counts[i];
+      if (tokens[i] == '=') in_answer = true;
+      if (tokens[i] == '\n') in_answer = false;
+    }
+    write_loss_mask(loss_mask_path(path), counts);
+  }
+  return counted;
+}
+
 SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_tokens,
                                 int64_t n_val_tokens, uint64_t seed) {
   if (n_train_tokens < 1)

@@ -64,4 +64,9 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
 SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_tokens,
                                 int64_t n_val_tokens, uint64_t seed);
 
+// Loss masks (data/shard.h) for one split of synthesize_addition's corpus, its shards in order:
+// only the answers count as targets — "46\n" of "12+34=46\n", the problem "12+34=" given as a
+// fine-tuning prompt is. Writes SHARD.mask beside each shard; returns the targets that count.
+int64_t write_addition_answer_masks(const std::vector<std::string>& split_shards);
+
 }  // namespace loom

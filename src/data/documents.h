@@ -25,7 +25,9 @@ namespace loom {
 void document_starts(int32_t* starts, const int32_t* tokens, int64_t B, int64_t T, int32_t eot);
 
 // targets[i] = kIgnoredTarget (kernels/targets.h) wherever inputs[i] is `eot`, over n positions;
-// returns how many targets still count.
+// returns how many targets still count (counted_targets: a loss mask's too are left out).
 int64_t mask_targets_after_eot(int32_t* targets, const int32_t* inputs, int64_t n, int32_t eot);
+// How many of n targets count: those that are not kIgnoredTarget.
+int64_t counted_targets(const int32_t* targets, int64_t n);
 
 }  // namespace loom

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
+#include "base/error.h"
 #include "data/dataset.h"
 #include "data/shard.h"
 
@@ -55,6 +57,11 @@ int64_t CorpusSummary::windows() const {
 int64_t CorpusSummary::ids_outside() const {
   return sum_of(shards, &ShardSummary::ids_outside);
 }
+int64_t CorpusSummary::masked_shards() const {
+  return std::count_if(shards.begin(), shards.end(),
+                       [](const ShardSummary& s) { return s.mask_counted >= 0; });
+}
+
 int64_t CorpusSummary::documents() const {
   return sum_of(shards, &ShardSummary::documents);
 }
@@ -86,6 +93,19 @@ CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t v
       shard.token_bytes = info.token_bytes;
     }
     if (seq_len > 0 && shard.tokens > 0) shard.windows = (shard.tokens - 1) / seq_len;
+    if (const std::string mask_path = loss_mask_path(path); std::filesystem::exists(mask_path)) {
+      const LossMaskFile mask(mask_path);
+      if (mask.tokens() != shard.tokens)
+        fail("loss mask '", mask_path, "' has ", mask.tokens(), " entries, but its shard '", path,
+             "' has ", shard.tokens, " tokens (one entry per token)");
+      std::vector<uint8_t> entries(static_cast<size_t>(std::min<int64_t>(shard.tokens, 1 << 20)));
+      shard.mask_counted = 0;
+      for (int64_t at = 0; at < shard.tokens; at += static_cast<int64_t>(entries.size())) {
+        const int64_t n = std::min<int64_t>(shard.tokens - at, entries.size());
+        mask.read(at, n, entries.data());
+        shard.mask_counted += std::count(entries.begin(), entries.begin() + n, uint8_t{1});
+      }
+    }
     corpus.shards.push_back(shard);
   }
   return corpus;
@@ -111,6 +131,19 @@ std::string format_corpus(const CorpusSummary& corpus, int64_t seq_len, int64_t 
                   static_cast<long long>(corpus.documents()), static_cast<long long>(eot),
                   static_cast<double>(corpus.tokens()) / static_cast<double>(corpus.documents()),
                   static_cast<long long>(corpus.longest_document()));
+    out += line;
+  }
+  if (const int64_t masked = corpus.masked_shards(); masked > 0) {
+    int64_t counted = 0, tokens = 0;
+    for (const ShardSummary& s : corpus.shards)
+      if (s.mask_counted >= 0) counted += s.mask_counted, tokens += s.tokens;
+    std::snprintf(
+        line, sizeof line,
+        ", loss masks beside %lld of the shards: %lld of their %lld tokens count as "
+        "targets (%.1f%%)",
+        static_cast<long long>(masked), static_cast<long long>(counted),
+        static_cast<long long>(tokens),
+        100.0 * static_cast<double>(counted) / static_cast<double>(std::max<int64_t>(tokens, 1)));
     out += line;
   }
   out += "\n";

@@ -22,6 +22,8 @@ struct ShardSummary {
   // one's tokens. A document continuing into the next shard counts in both.
   int64_t documents = 0;
   int64_t longest_document = 0;
+  // With a loss mask beside it (data/shard.h): the tokens it counts as targets; -1: no mask.
+  int64_t mask_counted = -1;
 };
 
 struct CorpusSummary {
@@ -32,17 +34,20 @@ struct CorpusSummary {
   int64_t ids_outside() const;
   int64_t documents() const;
   int64_t longest_document() const;
+  int64_t masked_shards() const;  // shards with a loss mask
 };
 
 // The shards `spec` names (resolve_shards' forms), each header checked; with seq_len > 0 their
 // windows; with vocab_size > 0 every token read and checked against it; with eot >= 0 its
-// documents counted. Throws loom::Error as resolve_shards and read_shard_header do (naming the
-// spec or the shard).
+// documents counted; each shard's loss mask, where it has one, read and its counted targets
+// summed. Throws loom::Error as resolve_shards and read_shard_header do (naming the spec or the
+// shard), and for a mask that does not fit its shard (naming both).
 CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t vocab_size,
                              int64_t eot = -1);
 
 // The summary as text: a line for the corpus (with eot >= 0 its documents' count, mean and
-// longest length), a row per shard, and, with a vocabulary, the ids outside it (the first one's
+// longest length; with loss masks the shards that have one and the share of their targets that
+// count), a row per shard, and, with a vocabulary, the ids outside it (the first one's
 // shard and position) or "none".
 std::string format_corpus(const CorpusSummary& corpus, int64_t seq_len, int64_t vocab_size,
                           int64_t eot = -1);

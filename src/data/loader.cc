@@ -1,11 +1,16 @@
 #include "data/loader.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <limits>
 #include <utility>
 
 #include "base/check.h"
 #include "base/error.h"
 #include "data/shard.h"
+#include "kernels/targets.h"
 
 namespace loom {
 
@@ -42,12 +47,19 @@ void DataLoader::load(int64_t shard) {
   if (loaded_shard_ == shard) return;
   loaded_shard_ = -1;  // stays invalid if the mapping fails
   mapped_.reset();     // one shard mapped at most
+  mask_.reset();
   mapped_ = std::make_unique<MappedShard>(paths_[shard]);
   const ShardInfo& info = mapped_->info();
   if (info.num_tokens != shard_tokens_[shard] || info.token_bytes != shard_token_bytes_[shard])
     fail("data loader: token shard '", paths_[shard], "' changed on disk: it had ",
          shard_tokens_[shard], " tokens of ", shard_token_bytes_[shard],
          " bytes when the loader opened it, now ", info.num_tokens, " of ", info.token_bytes);
+  if (!masked_.empty() && masked_[static_cast<size_t>(shard)]) {
+    mask_ = std::make_unique<LossMaskFile>(loss_mask_path(paths_[shard]));
+    if (mask_->tokens() != shard_tokens_[shard])
+      fail("data loader: loss mask '", loss_mask_path(paths_[shard]), "' changed on disk: it has ",
+           mask_->tokens(), " entries, its shard ", shard_tokens_[shard], " tokens");
+  }
   loaded_shard_ = shard;
 }
 
@@ -87,6 +99,33 @@ void DataLoader::read_at(int64_t shard, int64_t begin, int32_t* inputs, int32_t*
     copy(mapped_->tokens16() + begin);
   else
     copy(mapped_->tokens32() + begin);
+  if (mask_ != nullptr) {  // the targets are tokens begin + 1 .. begin + chunk
+    mask_entries_.resize(static_cast<size_t>(chunk));
+    mask_->read(begin + 1, chunk, mask_entries_.data());
+    for (int64_t i = 0; i < chunk; ++i)
+      if (mask_entries_[static_cast<size_t>(i)] == 0) targets[i] = kIgnoredTarget;
+  }
+}
+
+int64_t DataLoader::use_loss_masks() {
+  masked_.assign(paths_.size(), false);
+  int64_t count = 0;
+  for (size_t s = 0; s < paths_.size(); ++s) {
+    const std::string path = loss_mask_path(paths_[s]);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) continue;  // no mask: this shard's targets all count
+      fail("data loader: loss mask '", path, "': cannot stat: ", std::strerror(errno));
+    }
+    const LossMaskFile mask(path);
+    if (mask.tokens() != shard_tokens_[s])
+      fail("data loader: loss mask '", path, "' has ", mask.tokens(), " entries, but its shard '",
+           paths_[s], "' has ", shard_tokens_[s], " tokens (one entry per token)");
+    masked_[s] = true;
+    ++count;
+  }
+  loaded_shard_ = -1;  // the current shard's mask opened at the next read
+  return count;
 }
 
 // 3. Advances the shared position; skips to the next shard (wrapping) if a step no longer fits.

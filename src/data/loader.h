@@ -59,6 +59,11 @@ class DataLoader {
   void read_at(int64_t shard, int64_t begin, int32_t* inputs, int32_t* targets);
   // The model's vocabulary, for next_batch's check (0: unchecked, the default).
   void set_vocab_size(int64_t vocab_size) { vocab_size_ = vocab_size; }
+  // Loss masks (data.loss_mask; data/shard.h): from now on each shard with a mask file beside it
+  // (loss_mask_path) has its targets masked by it — one whose entry is 0 is kIgnoredTarget
+  // (kernels/targets.h) — and the others are read as before. Checks every mask now (header, a
+  // count equal to its shard's, naming both files); returns how many shards have one.
+  int64_t use_loss_masks();
 
   // The position of the next step. Always valid: a full step fits at state().offset.
   LoaderState state() const { return state_; }
@@ -93,6 +98,9 @@ class DataLoader {
   // The current shard, mapped: only the windows read are read from the file.
   std::unique_ptr<MappedShard> mapped_;
   std::vector<int> shard_token_bytes_;  // per shard, from the headers
+  std::vector<bool> masked_;            // per shard: has a loss mask (use_loss_masks)
+  std::unique_ptr<LossMaskFile> mask_;  // the current shard's, where it has one
+  std::vector<uint8_t> mask_entries_;   // a read's entries
 };
 
 }  // namespace loom

@@ -40,6 +40,8 @@ class SequenceReader {
   void skip();
   // The vocabulary every id read is checked against (DataLoader::set_vocab_size).
   void set_vocab_size(int64_t vocab_size) { shards_.set_vocab_size(vocab_size); }
+  // Targets masked by the shards' loss masks (DataLoader::use_loss_masks): how many have one.
+  int64_t use_loss_masks() { return shards_.use_loss_masks(); }
 
   LoaderState state() const { return state_; }
   // Throws loom::Error naming the state, the shard and its windows when it is out of range.

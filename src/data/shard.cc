@@ -1,5 +1,6 @@
 #include "data/shard.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -88,16 +89,18 @@ ShardInfo read_and_check_header(std::FILE* f, const std::string& path, int64_t f
 }  // namespace
 
 namespace {
-template <typename Token>
-void write_shard_of(const std::string& path, const std::vector<Token>& tokens) {
-  constexpr bool wide = sizeof(Token) == 4;
-  const int64_t n = static_cast<int64_t>(tokens.size());
+// Writes `header` (magic, version, n) and the n elements of `items` to `path` atomically; `kind`
+// ("token shard", "loss mask") names the file in errors.
+template <typename Item>
+void write_headed_file(const std::string& path, const char* kind, int32_t magic, int32_t version,
+                       const std::vector<Item>& items) {
+  const int64_t n = static_cast<int64_t>(items.size());
   if (n > std::numeric_limits<int32_t>::max())
-    fail("token shard '", path, "': ", n, " tokens do not fit the int32 count of the header (max ",
+    fail(kind, " '", path, "': ", n, " tokens do not fit the int32 count of the header (max ",
          std::numeric_limits<int32_t>::max(), "); write smaller shards");
   std::array<int32_t, kShardHeaderInts> header{};
-  header[0] = wide ? kShardMagic32 : kShardMagic;
-  header[1] = wide ? kShardVersion32 : kShardVersion;
+  header[0] = magic;
+  header[1] = version;
   header[2] = static_cast<int32_t>(n);
 
   const std::string tmp = path + ".tmp";
@@ -105,16 +108,15 @@ void write_shard_of(const std::string& path, const std::vector<Token>& tokens) {
   auto fail_io = [&](const char* what) {
     const std::string err = errno_str();
     std::remove(tmp.c_str());
-    fail("token shard '", path, "': ", what, " '", tmp, "': ", err);
+    fail(kind, " '", path, "': ", what, " '", tmp, "': ", err);
   };
   std::FILE* raw = std::fopen(tmp.c_str(), "wb");
   if (!raw) fail_io("cannot create");
   File f(raw);
   if (std::fwrite(header.data(), sizeof(int32_t), header.size(), f.get()) != header.size())
     fail_io("cannot write header to");
-  if (n > 0 &&
-      std::fwrite(tokens.data(), sizeof(Token), tokens.size(), f.get()) != tokens.size())
-    fail_io("cannot write tokens to");
+  if (n > 0 && std::fwrite(items.data(), sizeof(Item), items.size(), f.get()) != items.size())
+    fail_io("cannot write the contents to");
   if (std::fflush(f.get()) != 0) fail_io("cannot flush");
   if (fsync(fileno(f.get())) != 0) fail_io("cannot fsync");
   if (std::fclose(f.release()) != 0) fail_io("cannot close");
@@ -122,12 +124,84 @@ void write_shard_of(const std::string& path, const std::vector<Token>& tokens) {
 }
 }  // namespace
 
+// A new shard's tokens are not those a loss mask beside it was made for: the mask goes.
+void remove_stale_loss_mask(const std::string& shard_path) {
+  const std::string mask = loss_mask_path(shard_path);
+  if (std::remove(mask.c_str()) != 0 && errno != ENOENT)
+    fail("token shard '", shard_path, "': cannot remove the loss mask of its old tokens '", mask,
+         "': ", errno_str());
+}
+
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  write_shard_of(path, tokens);
+  write_headed_file(path, "token shard", kShardMagic, kShardVersion, tokens);
+  remove_stale_loss_mask(path);
 }
 
 void write_shard32(const std::string& path, const std::vector<uint32_t>& tokens) {
-  write_shard_of(path, tokens);
+  write_headed_file(path, "token shard", kShardMagic32, kShardVersion32, tokens);
+  remove_stale_loss_mask(path);
+}
+
+std::string loss_mask_path(const std::string& shard_path) {
+  return shard_path + ".mask";
+}
+
+void write_loss_mask(const std::string& path, const std::vector<uint8_t>& counts) {
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] > 1)
+      fail("loss mask '", path, "': entry ", i, " is ", static_cast<int>(counts[i]),
+           " (each token's entry is 0 or 1)");
+  write_headed_file(path, "loss mask", kLossMaskMagic, kLossMaskVersion, counts);
+}
+
+LossMaskFile::LossMaskFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) fail("loss mask '", path, "': cannot open: ", errno_str());
+  struct stat st {};
+  if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fail("loss mask '", path, "': not a regular file");
+  }
+  std::array<int32_t, kShardHeaderInts> header{};
+  const auto bytes = static_cast<int64_t>(st.st_size);
+  if (bytes < kShardHeaderBytes ||
+      ::pread(fd_, header.data(), kShardHeaderBytes, 0) != kShardHeaderBytes) {
+    ::close(fd_);
+    fail("loss mask '", path, "': truncated header: the file has ", bytes, " bytes, a loss mask ",
+         "starts with a ", kShardHeaderBytes, "-byte header");
+  }
+  if (header[0] != kLossMaskMagic || header[1] != kLossMaskVersion) {
+    ::close(fd_);
+    fail("loss mask '", path, "': bad magic / version ", header[0], " / ", header[1], " (expected ",
+         kLossMaskMagic, " / ", kLossMaskVersion, ": a loss mask file, docs/formats.md)");
+  }
+  tokens_ = header[2];
+  if (tokens_ < 0 || kShardHeaderBytes + tokens_ != bytes) {
+    ::close(fd_);
+    fail("loss mask '", path, "': the header says ", tokens_, " tokens, which needs ",
+         kShardHeaderBytes + tokens_, " bytes (a byte per token), but the file has ", bytes);
+  }
+}
+
+LossMaskFile::~LossMaskFile() {
+  ::close(fd_);
+}
+
+void LossMaskFile::read(int64_t begin, int64_t n, uint8_t* out) const {
+  LOOM_CHECK(begin >= 0 && n >= 0 && begin + n <= tokens_);
+  int64_t done = 0;
+  while (done < n) {
+    const ssize_t got =
+        ::pread(fd_, out + done, static_cast<size_t>(n - done), kShardHeaderBytes + begin + done);
+    if (got <= 0)
+      fail("loss mask '", path_, "': cannot read entries ", begin, "..", begin + n, ": ",
+           got < 0 ? errno_str() : std::string("the file is shorter than its header says"));
+    done += got;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (out[i] > 1)
+      fail("loss mask '", path_, "': entry ", begin + i, " is ", static_cast<int>(out[i]),
+           " (each token's entry is 0 or 1)");
 }
 
 ShardInfo read_shard_header(const std::string& path) {

@@ -29,7 +29,8 @@ struct ShardInfo {
 };
 
 // Writes `tokens` to `path` atomically: to path + ".tmp", flushed and fsync'ed, then renamed, so
-// a reader (or a crash) never sees a half-written shard. Throws loom::Error naming the file on
+// a reader (or a crash) never sees a half-written shard; a loss mask beside it (made for its old
+// tokens) is removed. Throws loom::Error naming the file on
 // any I/O failure, or if there are more tokens than the int32 header count can hold.
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 // The same as a uint32 "llama-3" shard.
@@ -77,6 +78,37 @@ class MappedShard {
   ShardInfo info_;
   void* base_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Loss masks (data.loss_mask; docs/formats.md): beside a shard, SHARD.mask (loss_mask_path) says
+// which of its tokens count as targets — a fine-tuning corpus' prompt tokens do not. The same
+// 1024-byte header as a shard's, header[0] = kLossMaskMagic, header[1] = kLossMaskVersion,
+// header[2] = the shard's number of tokens, then one byte per token: 1 = the token counts where
+// it is a target (the prediction of it from the tokens before), 0 = it does not.
+constexpr int32_t kLossMaskMagic = 20261205;
+constexpr int32_t kLossMaskVersion = 1;
+std::string loss_mask_path(const std::string& shard_path);  // shard_path + ".mask"
+// Writes `counts` (0 or 1 each; anything else is an error naming the entry) atomically, as
+// write_shard.
+void write_loss_mask(const std::string& path, const std::vector<uint8_t>& counts);
+
+// A loss mask open for reading: its header checked (magic, version, the size its count needs),
+// entries read where asked. Throws loom::Error naming the file.
+class LossMaskFile {
+ public:
+  explicit LossMaskFile(const std::string& path);
+  ~LossMaskFile();
+  LossMaskFile(const LossMaskFile&) = delete;
+  LossMaskFile& operator=(const LossMaskFile&) = delete;
+
+  int64_t tokens() const { return tokens_; }
+  // Entries [begin, begin + n) into out; an entry other than 0 or 1 is an error naming it.
+  void read(int64_t begin, int64_t n, uint8_t* out) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t tokens_ = 0;
 };
 
 // Reads a whole uint16 shard, with the same checks as read_shard_header (a uint32 shard is an

@@ -27,10 +27,12 @@ namespace loom {
 // those means after the last micro-batch — on a GPU one wait for the evaluation, not one a batch.
 // With `masked_eot` >= 0 (data.eod_mask_loss) the targets after that token are kIgnoredTarget
 // (data/documents.h: the heads' means count them 0) and the result is the mean over the targets
-// left, counted on every rank, which reads every batch.
+// left, counted on every rank, which reads every batch. With `loss_masks` (data.loss_mask) the
+// shards' loss masks leave targets out likewise (DataLoader::use_loss_masks).
 double evaluate(const std::function<double(const Tensor& inputs, const Tensor& targets)>& loss,
                 const std::vector<std::string>& shards, int64_t batch, int64_t seq_len,
                 int64_t batches, Device device, Communicator* split, int64_t vocab_size = 0,
-                const std::function<double()>& queued_sum = nullptr, int32_t masked_eot = -1);
+                const std::function<double()>& queued_sum = nullptr, int32_t masked_eot = -1,
+                bool loss_masks = false);
 
 }  // namespace loom

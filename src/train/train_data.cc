@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "data/dataset.h"
+#include "data/shard.h"
 
 namespace loom {
 
@@ -72,6 +73,16 @@ TrainData::TrainData(const Config& config, int64_t micro, int64_t seq_len, int r
   loader_ =
       std::make_unique<BlendedLoader>(shards, weights, micro, seq_len, rank, world, shuffle_seed);
   loader_->set_vocab_size(config.model.vocab_size);
+  if (config.data.loss_mask) {
+    masked_shards_ = loader_->use_loss_masks();
+    int64_t masked = 0;
+    for (int64_t n : masked_shards_) masked += n;
+    if (masked == 0)
+      fail("data.loss_mask = true, but no shard of ",
+           config.data.blend.empty() ? "data.train" : "data.blend",
+           " has a loss mask beside it (for '", shards[0][0], "' that is '",
+           loss_mask_path(shards[0][0]), "'; docs/formats.md)");
+  }
 }
 
 void TrainData::next_batch(int32_t* inputs, int32_t* targets) {
@@ -179,6 +190,12 @@ std::string TrainData::describe(int64_t run_tokens) const {
                   static_cast<long long>(d + 1), 100 * share);
     out += share_text + sources_[static_cast<size_t>(d)].spec + figures;
   }
+  for (size_t d = 0; d < masked_shards_.size(); ++d)
+    out += detail::concat("data.loss_mask: ", masked_shards_[d], " of ",
+                          loader_->source_shards(static_cast<int64_t>(d)), " shards of ",
+                          data_.blend.empty() ? std::string("data.train")
+                                              : detail::concat("data.blend source ", d + 1),
+                          " have loss masks (the loss is the mean over the targets they keep)\n");
   if (data_.eod_mask_loss)
     out += "data.eod_mask_loss: no loss where the input is token " +
            std::to_string(data_.eot_token) + "; the mean over the targets left\n";

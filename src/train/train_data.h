@@ -49,6 +49,7 @@ class TrainData {
   int64_t train_seed_ = 0;            // train.seed: the shuffled orders' seed unless data.seed
   std::vector<BlendSource> sources_;  // data.blend's, or data.train alone
   std::unique_ptr<BlendedLoader> loader_;
+  std::vector<int64_t> masked_shards_;  // data.loss_mask: per source, its shards with a mask
 };
 
 }  // namespace loom

@@ -304,7 +304,8 @@ double validation_loss(const RankModel& model, const Config& config, DeviceMesh&
       evaluate(micro_batch_loss, shards, config.train.micro_batch_size, config.model.seq_len,
                config.train.eval_batches, on_host && device.is_cuda() ? Device::cpu() : device,
                split, config.model.vocab_size, queued_sum,
-               config.data.eod_mask_loss ? static_cast<int32_t>(config.data.eot_token) : -1);
+               config.data.eod_mask_loss ? static_cast<int32_t>(config.data.eot_token) : -1,
+               config.data.loss_mask);
   ctx.ids_checked = false;
   ctx.z_loss = z_loss;
   return val;
@@ -526,17 +527,19 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       {{"dp", &dp_count}, {"tp", &tp_count}, {"cp", cp_count.get()}, {"pp", &pp_count}}, world,
       options.run_dir, message);
   double data_seconds = 0;  // this step's time in the loader (and copies to the device)
-  // data.eod_mask_loss: no target after an end-of-text input; this rank's targets that count in
-  // this step so far.
-  const bool eod_masked = config.data.eod_mask_loss;
-  int64_t counted_targets = 0;
+  // data.eod_mask_loss: no target after an end-of-text input; data.loss_mask: none where the
+  // shards' masks say so (the loader leaves them kIgnoredTarget). This rank's targets that count
+  // in this step so far.
+  const bool targets_masked = config.data.eod_mask_loss || config.data.loss_mask;
+  int64_t step_counted_targets = 0;
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
     train_data.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
-    if (eod_masked)
-      counted_targets +=
-          mask_targets_after_eot(host_targets[m].data<int32_t>(), host_inputs[m].data<int32_t>(),
-                                 micro * seq_len, static_cast<int32_t>(config.data.eot_token));
+    if (config.data.eod_mask_loss)
+      mask_targets_after_eot(host_targets[m].data<int32_t>(), host_inputs[m].data<int32_t>(),
+                             micro * seq_len, static_cast<int32_t>(config.data.eot_token));
+    if (targets_masked)
+      step_counted_targets += counted_targets(host_targets[m].data<int32_t>(), micro * seq_len);
     if (masked) {
       document_starts(host_documents[m].data<int32_t>(), host_inputs[m].data<int32_t>(), micro,
                       seq_len, static_cast<int32_t>(config.data.eot_token));
@@ -667,16 +670,16 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     // A skipped step still consumes its batch and advances the LR schedule (step is the data
     // position); AdamW's own step count does not move.
     const double loss_scale = scaler.scale();
-    // The heads take each micro-batch's mean over all its positions; with data.eod_mask_loss the
-    // step's loss is the mean over the targets that count in the whole batch (every layout's
-    // the same): one factor, positions / counted, on the loss and on the gradients — folded into
-    // their unscaling, so no pass of its own. Known once the step's batches are read.
+    // The heads take each micro-batch's mean over all its positions; with data.eod_mask_loss or
+    // data.loss_mask the step's loss is the mean over the targets that count in the whole batch
+    // (every layout's the same): one factor, positions / counted, on the loss and on the gradients
+    // — folded into their unscaling, so no pass of its own. Known once the step's batches are read.
     const auto masked_loss_factor = [&] {
-      if (!eod_masked) return 1.0;
+      if (!targets_masked) return 1.0;
       // Over the data-parallel group, whose ranks under context parallelism include each cp
       // group's, which counts its sequences once a rank: the factor the same.
-      const double counted = all_reduce_value(dp, static_cast<double>(counted_targets));
-      counted_targets = 0;
+      const double counted = all_reduce_value(dp, static_cast<double>(step_counted_targets));
+      step_counted_targets = 0;
       const double positions = static_cast<double>(step_accum * micro * seq_len * dp.size());
       return counted > 0 ? positions / counted : 1.0;  // none counted: no loss, no gradient
     };

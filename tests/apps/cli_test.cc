@@ -135,6 +135,35 @@ TEST_F(Cli, DataInspectCountsAndChecksIds) {
   EXPECT_EQ(config.output.find("documents ending"), std::string::npos) << "no mask, no count";
 }
 
+// Fine-tuning's loss masks end to end: `loom data synth --answer-masks` writes them beside the
+// shards, `data inspect` reports them, `train` with data.loss_mask says what it reads; a run that
+// asks for masks its corpus lacks is refused naming the file it looked for; a corpus written again
+// loses its old masks.
+TEST_F(Cli, AnswerMasksFromSynthTrainWithDataLossMask) {
+  Result synth = run("data synth --out " + path("data") +
+                     " --train-tokens 20000 --val-tokens 4000 --answer-masks");
+  ASSERT_EQ(synth.code, 0) << synth.output;
+  EXPECT_NE(synth.output.find("wrote loss masks beside them: "), std::string::npos) << synth.output;
+  ASSERT_TRUE(fs::exists(path("data/train_000000.bin.mask")));
+  Result inspect = run("data inspect '" + path("data") + "/train_*.bin'");
+  ASSERT_EQ(inspect.code, 0) << inspect.output;
+  EXPECT_NE(inspect.output.find("loss masks beside 1 of the shards: "), std::string::npos)
+      << inspect.output;
+  Result t =
+      run("train " + write_config("") + " --set data.loss_mask=true --run-dir " + path("run"));
+  ASSERT_EQ(t.code, 0) << t.output;
+  EXPECT_NE(t.output.find("data.loss_mask: 1 of 1 shards of data.train have loss masks"),
+            std::string::npos)
+      << t.output;
+  ASSERT_EQ(
+      run("data synth --out " + path("data") + " --train-tokens 20000 --val-tokens 4000").code, 0);
+  EXPECT_FALSE(fs::exists(path("data/train_000000.bin.mask")));
+  expect_error(
+      run("train " + write_config("") + " --set data.loss_mask=true --run-dir " + path("run2")),
+      "no shard of data.train has a loss mask beside it (for '" + path("data/train_000000.bin") +
+          "' that is '" + path("data/train_000000.bin.mask") + "'");
+}
+
 TEST_F(Cli, UnknownConfigKey) {
   expect_error(run("train " + write_config("learnig_rate = 0.1\n")), "train.learnig_rate");
 }

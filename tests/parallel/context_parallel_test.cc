@@ -352,6 +352,10 @@ class ContextParallelRuns : public ::testing::Test {
     root_ = fs::temp_directory_path() / ("loom_context_parallel_test_" + std::to_string(getpid()));
     fs::remove_all(root_);
     synthesize_addition((root_ / "data").string(), 40000, 4000, 3);
+    // The same corpus with loss masks beside its shards: only the answers count (data.loss_mask).
+    const SynthResult sft = synthesize_addition((root_ / "sft").string(), 40000, 4000, 3);
+    write_addition_answer_masks(sft.train_shards);
+    write_addition_answer_masks(sft.val_shards);
   }
   static void TearDownTestSuite() { fs::remove_all(root_); }
 
@@ -410,6 +414,7 @@ threads_per_rank = 1
     Gpt2 model(model_config_of(c));
     model.build(DType::kF32, Device::cpu(), static_cast<uint64_t>(c.train.seed));
     DataLoader loader(resolve_shards(c.data.train, "data.train"), B, T);
+    if (c.data.loss_mask) loader.use_loss_masks();
     Tensor tokens = Tensor::empty({B, T}, DType::kI32),
            targets = Tensor::empty({B, T}, DType::kI32);
     loader.next_batch(tokens.data<int32_t>(), targets.data<int32_t>());
@@ -417,7 +422,7 @@ threads_per_rank = 1
     step.counted = c.data.eod_mask_loss
                        ? mask_targets_after_eot(targets.data<int32_t>(), tokens.data<int32_t>(), N,
                                                 static_cast<int32_t>(c.data.eot_token))
-                       : N;
+                       : counted_targets(targets.data<int32_t>(), N);
     const double scale = static_cast<double>(N) / static_cast<double>(step.counted);
     const Tensor logits = model.logits(ctx, tokens);
     const int64_t V = c.model.vocab_size;
@@ -455,6 +460,43 @@ threads_per_rank = 1
     ASSERT_EQ(b_steps.size(), 4u);
     EXPECT_GT(std::abs(a_steps[0]["loss"].get<double>() - b_steps[0]["loss"].get<double>()), tol)
         << a << " vs " << b;
+  }
+
+  // A run of c that leaves targets out of its loss (data.eod_mask_loss, data.loss_mask): the run
+  // `base`_one, with validation on `val` (default: the corpus' own), has one device's first step
+  // — first_step_of's mean over the counted targets and its gradient's norm —; c `unmask`ed (run
+  // `base`_off) parts from it at the first step and in validation; validation under dp 2 × cp 2
+  // is one device's; and, without validation, `layouts` (n of them) train one device's run —
+  // parameters to 3e-5: built by Clang (CI's sanitizer stage), tp's partial sums leave
+  // blocks.3.mlp.proj.weight 1.1e-5 from one device's after four AdamW steps (GCC: below 1e-5).
+  struct MaskedRun {
+    TrainSummary one;
+    FirstStep first;
+  };
+  static MaskedRun expect_masked_run_is_one_devices(Config c, const std::string& base,
+                                                    const std::function<void(Config&)>& unmask,
+                                                    const char* layouts, size_t n,
+                                                    const std::string& val = "") {
+    evaluate_every_other_step(c);
+    if (!val.empty()) c.data.val = val;
+    MaskedRun run{run_training(c, options(base + "_one")), first_step_of(c)};
+    const auto steps = testing::read_metrics(root_ / (base + "_one"));
+    EXPECT_EQ(steps.size(), 4u);
+    if (steps.empty()) return run;
+    EXPECT_NEAR(steps[0]["loss"].get<double>(), run.first.loss, 1e-6 * run.first.loss);
+    EXPECT_NEAR(steps[0]["grad_norm"].get<double>(), run.first.grad_norm,
+                1e-5 * run.first.grad_norm);
+    Config all = c;
+    unmask(all);
+    const TrainSummary unmasked = run_training(all, options(base + "_off"));
+    expect_first_losses_part(base + "_one", base + "_off", 1e-3);
+    EXPECT_GT(std::abs(unmasked.last_val_loss - run.one.last_val_loss), 1e-3);
+    // Every rank counts the targets of every validation batch.
+    expect_dp2_cp2_validation_is(c, run.one, base + "_dp2_cp2");
+    c.data.val.clear();
+    c.train.eval_every = 0;
+    expect_layouts_match_one_device(c, layouts, n, 3e-5);
+    return run;
   }
 
   // c's validation loss under dp 2 × cp 2 (run `name`): within 1e-5 of `one`'s.
@@ -585,40 +627,19 @@ TEST_F(ContextParallelRuns, EodMaskLossIsTheMeanOverTheTargetsLeftUnderEveryLayo
   Config c = config("gpt2");
   c.data.eod_mask_loss = true;
   c.data.eot_token = '\n';
-  evaluate_every_other_step(c);
-  const TrainSummary one = run_training(c, options("eod_one"));
-  EXPECT_NE(one.layout_report.find("data.eod_mask_loss: no loss where the input is token 10"),
-            std::string::npos)
-      << one.layout_report;
-  const auto steps = testing::read_metrics(root_ / "eod_one");
-  ASSERT_EQ(steps.size(), 4u);
-
-  // The reference: the first batch (8 sequences of 16) through the initial model.
-  const FirstStep want = first_step_of(c);
-  ASSERT_GT(want.counted, c.train.batch_size * c.model.seq_len / 2);
-  // Problems of ~9 tokens: more than a newline a sequence.
-  ASSERT_LT(want.counted, c.train.batch_size * (c.model.seq_len - 1));
-  EXPECT_NEAR(steps[0]["loss"].get<double>(), want.loss, 1e-6 * want.loss);
-  EXPECT_NEAR(steps[0]["grad_norm"].get<double>(), want.grad_norm, 1e-5 * want.grad_norm);
   // The mask changes the run: the loss over every position is another (lower: the eot targets
   // it keeps are the corpus' most certain).
-  Config all = c;
-  all.data.eod_mask_loss = false;
-  const TrainSummary unmasked = run_training(all, options("eod_off"));
-  expect_first_losses_part("eod_one", "eod_off", 1e-3);
-  EXPECT_GT(std::abs(unmasked.last_val_loss - one.last_val_loss), 1e-3);
-  // Validation under dp 2 × cp 2: every rank counts the targets of every batch.
-  expect_dp2_cp2_validation_is(c, one, "eod_dp2_cp2");
-
-  c.data.val.clear();
-  c.train.eval_every = 0;
-  // Parameters to 3e-5: built by Clang (CI's sanitizer stage), tp's partial sums leave
-  // blocks.3.mlp.proj.weight 1.1e-5 from one device's after four AdamW steps (GCC: below 1e-5).
-  expect_layouts_match_one_device(
-      c,
+  const MaskedRun run = expect_masked_run_is_one_devices(
+      c, "eod", [](Config& all) { all.data.eod_mask_loss = false; },
       "dp=2;dp=2,zero=3;tp=2;tp=2,sp=1;pp=2;pp=2,schedule=zb-h1;cp=2;cp=2,tp=2,sp=1;"
       "dp=2,cp=2,zero=1;recompute=full",
-      10, 3e-5);
+      10);
+  EXPECT_NE(run.one.layout_report.find("data.eod_mask_loss: no loss where the input is token 10"),
+            std::string::npos)
+      << run.one.layout_report;
+  // The first batch has 8 sequences of 16, problems of ~9 tokens: more than a newline a sequence.
+  EXPECT_GT(run.first.counted, c.train.batch_size * c.model.seq_len / 2);
+  EXPECT_LT(run.first.counted, c.train.batch_size * (c.model.seq_len - 1));
   Config llama = config("llama");
   llama.data.eod_mask_loss = true;
   llama.data.document_mask = true;
@@ -745,6 +766,48 @@ TEST_F(ContextParallelRuns, ResetPositionIdsUnderEveryLayoutMatchesOneDevice) {
   ASSERT_EQ(without.size(), 4u);
   for (size_t i = 0; i < with.size(); ++i)
     EXPECT_EQ(with[i]["loss"].get<double>(), without[i]["loss"].get<double>()) << "step " << i + 1;
+}
+
+// data.loss_mask: the corpus' shards carry loss masks that count only the answers ("46\n" of
+// "12+34=46\n", a fine-tuning corpus' shape). One device's first step is the model's own mean
+// over the answers' targets and its gradient; the mask changes the run (the loss over every
+// target is another); every layout — dp (ranks counting different targets), ZeRO-3, tp's
+// vocabulary-parallel head, sp, pp, cp, recomputation — trains one device's run, with
+// data.eod_mask_loss too (the two masks combine) and with Llama; validation (its shards' masks)
+// under dp 2 × cp 2 is one device's.
+TEST_F(ContextParallelRuns, LossMasksTrainOnTheTargetsTheyKeepUnderEveryLayout) {
+  Config c = config("gpt2");
+  c.data.train = (root_ / "sft" / "train_*.bin").string();
+  c.data.loss_mask = true;
+  const MaskedRun run = expect_masked_run_is_one_devices(
+      c, "mask",
+      [](Config& all) { all.data.loss_mask = false; },  // the masks beside the shards unread
+      "dp=2;dp=2,zero=3;tp=2;tp=2,sp=1;pp=2;pp=2,schedule=zb-h1;cp=2;cp=2,tp=2,sp=1;"
+      "dp=2,cp=2,zero=1;recompute=full",
+      10, (root_ / "sft" / "val_*.bin").string());
+  EXPECT_NE(
+      run.one.layout_report.find("data.loss_mask: 1 of 1 shards of data.train have loss masks"),
+      std::string::npos)
+      << run.one.layout_report;
+  // Problems of ~9 tokens, ~3.5 of them the answer and its newline.
+  const int64_t N = c.train.batch_size * c.model.seq_len;
+  EXPECT_GT(run.first.counted, N / 5);
+  EXPECT_LT(run.first.counted, N / 2);
+  // The two masks combine: with eod_mask_loss at '=' the answers but their first digits count.
+  Config both = c;
+  both.data.eod_mask_loss = true;
+  both.data.eot_token = '=';
+  const FirstStep combined = first_step_of(both);
+  EXPECT_LT(combined.counted, run.first.counted);
+  run_training(both, options("mask_eod_one"));
+  EXPECT_NEAR(testing::read_metrics(root_ / "mask_eod_one")[0]["loss"].get<double>(), combined.loss,
+              1e-6 * combined.loss);
+  expect_layouts_match_one_device(both, "dp=2;tp=2;pp=2;cp=2", 4, 3e-5);
+  Config llama = config("llama");
+  llama.data.train = c.data.train;
+  llama.data.loss_mask = true;
+  expect_layouts_match_one_device(llama, "dp=2;cp=2,cp_comm=ring;tp=2,sp=1;pp=2,schedule=1f1b", 4,
+                                  3e-5);
 }
 
 // An end-of-text token outside the vocabulary is refused by name.

@@ -1417,6 +1417,19 @@ TEST_F(TrainTest, ResetPositionIdsOnGpusTrainsTheCpuRun) {
   expect_losses_near("reset_cpu", "reset_gpus_tp2", 1e-4);
 }
 
+// data.loss_mask on GPUs: the loader's masked targets (only the answers of the addition corpus)
+// through the GPU's cross-entropy kernels — fp32 and 16-bit logits, the vocabulary-parallel head
+// under tp 2 on two GPUs — and validation by its shards' masks: the CPU's run.
+TEST_F(TrainTest, LossMaskOnGpusTrainsTheCpuRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  for (const char* split : {"train_*.bin", "val_*.bin"})
+    write_addition_answer_masks(resolve_shards((dir_ / "data" / split).string(), "test data"));
+  Config c = config(4);
+  c.data.loss_mask = true;
+  c.train.eval_every = 2;
+  expect_gpus_train_the_cpu_run(c, "loss_mask", [](ParallelConfig& p) { p.tp = 2; });
+}
+
 // train.z_loss on GPUs: the cross-entropy backwards' softmax term × (1 + 2 z lse) — fp32 logits,
 // 16-bit logits at bf16, and the vocabulary-parallel head's shards under tp 2 on two GPUs.
 TEST_F(TrainTest, ZLossOnGpusTrainsTheCpuRun) {

@@ -1,0 +1,183 @@
+// Loss masks (data.loss_mask; data/shard.h): the file format, and every reader — the loader of
+// whole steps (validation's), a shuffled sequence reader, a blend — leaving out exactly the
+// targets a shard's mask says, wherever its windows are read from; shards without a mask count
+// every target.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "data/blend.h"
+#include "data/dataset.h"
+#include "data/inspect.h"
+#include "data/loader.h"
+#include "data/sequence_reader.h"
+#include "data/shard.h"
+#include "kernels/targets.h"
+#include "test_files.h"
+
+namespace loom {
+namespace {
+
+using testing::expect_error;
+using testing::make_numbered_shards;
+using testing::TempDir;
+
+// make_numbered_shards' tokens are 1000·s + j: a mask that counts the even ones, beside the
+// shards `masked` names.
+void write_even_masks(const std::vector<std::string>& shards, const std::vector<size_t>& masked) {
+  for (size_t s : masked) {
+    const std::vector<uint16_t> tokens = read_shard(shards[s]);
+    std::vector<uint8_t> counts(tokens.size());
+    for (size_t j = 0; j < tokens.size(); ++j) counts[j] = tokens[j] % 2 == 0 ? 1 : 0;
+    write_loss_mask(loss_mask_path(shards[s]), counts);
+  }
+}
+
+// `masked` is `plain`'s reading with the masks: each target kept where it is even or its shard
+// (1000·s + j) has no mask, kIgnoredTarget otherwise. Returns how many are left out.
+int64_t expect_masked(const std::vector<int32_t>& plain, const std::vector<int32_t>& masked,
+                      const std::vector<size_t>& masked_shards) {
+  EXPECT_EQ(plain.size(), masked.size());
+  int64_t ignored = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const size_t shard = static_cast<size_t>(plain[i] / 1000);
+    const bool has_mask =
+        std::find(masked_shards.begin(), masked_shards.end(), shard) != masked_shards.end();
+    const int32_t want = has_mask && plain[i] % 2 != 0 ? kIgnoredTarget : plain[i];
+    EXPECT_EQ(masked[i], want) << "target " << i << " (token " << plain[i] << ")";
+    ignored += masked[i] == kIgnoredTarget ? 1 : 0;
+  }
+  return ignored;
+}
+
+TEST(LossMask, RoundTripsAndRefusesWhatIsNotOne) {
+  TempDir dir;
+  const std::string path = dir.file("a.bin.mask");
+  EXPECT_EQ(loss_mask_path(dir.file("a.bin")), path);
+  write_loss_mask(path, {1, 0, 0, 1, 1});
+  const LossMaskFile mask(path);
+  EXPECT_EQ(mask.tokens(), 5);
+  std::vector<uint8_t> got(3);
+  mask.read(2, 3, got.data());
+  EXPECT_EQ(got, (std::vector<uint8_t>{0, 1, 1}));
+  EXPECT_EQ(std::filesystem::file_size(path), static_cast<uintmax_t>(kShardHeaderBytes + 5));
+
+  expect_error(
+      [&] {
+        write_loss_mask(dir.file("b.mask"), {1, 2});
+      },
+      {"loss mask '", "b.mask", "entry 1 is 2", "0 or 1"});
+  // A token shard is not a loss mask, and a truncated mask is named.
+  write_shard(dir.file("c.bin"), {1, 2, 3});
+  expect_error([&] { LossMaskFile bad(dir.file("c.bin")); },
+               {"loss mask '", "c.bin", "bad magic", std::to_string(kLossMaskMagic)});
+  std::filesystem::resize_file(path, kShardHeaderBytes + 3);
+  expect_error([&] { LossMaskFile bad(path); }, {"a.bin.mask", "the header says 5 tokens"});
+  expect_error([&] { LossMaskFile none(dir.file("none.mask")); },
+               {"loss mask '", "none.mask", "cannot open"});
+}
+
+// The loader of whole steps (validation's, and the shards' access for every reader): each
+// masked shard's targets, across shard ends, ranks and wrap-around; an unmasked shard's all
+// kept; without use_loss_masks the masks are not read.
+TEST(LossMask, TheLoaderLeavesOutTheTargetsEachShardsMaskSays) {
+  TempDir dir;
+  const std::vector<std::string> shards = make_numbered_shards(dir, {41, 33, 50});
+  write_even_masks(shards, {0, 2});
+  for (int rank = 0; rank < 2; ++rank) {
+    DataLoader plain(shards, 2, 4, rank, 2), masked(shards, 2, 4, rank, 2);
+    EXPECT_EQ(masked.use_loss_masks(), 2);
+    int64_t ignored = 0;
+    for (int step = 0; step < 12; ++step) {  // past the end of all three shards
+      std::vector<int32_t> in(8), tg(8), min(8), mtg(8);
+      plain.next_batch(in.data(), tg.data());
+      masked.next_batch(min.data(), mtg.data());
+      ASSERT_EQ(in, min);
+      ignored += expect_masked(tg, mtg, {0, 2});
+    }
+    EXPECT_GT(ignored, 12 * 8 / 4);
+  }
+  // A mask of another length than its shard is refused naming both.
+  write_loss_mask(loss_mask_path(shards[1]), std::vector<uint8_t>(32, 1));
+  DataLoader loader(shards, 2, 4);
+  expect_error([&] { loader.use_loss_masks(); },
+               {"loss mask '", "train_000001.bin.mask", "has 32 entries", "has 33 tokens"});
+}
+
+// A shuffled sequence reader and a blend read windows in their own orders: each target is still
+// masked by its own entry.
+TEST(LossMask, ShuffledAndBlendedReadsMaskEachTargetByItsOwnEntry) {
+  TempDir dir;
+  const std::vector<std::string> shards = make_numbered_shards(dir, {41, 33, 50});
+  write_even_masks(shards, {1, 2});
+  SequenceReader plain(shards, 4, 7), masked(shards, 4, 7);
+  EXPECT_EQ(masked.use_loss_masks(), 2);
+  int64_t ignored = 0;
+  for (int i = 0; i < 60; ++i) {
+    std::vector<int32_t> in(4), tg(4), min(4), mtg(4);
+    plain.next(in.data(), tg.data());
+    masked.next(min.data(), mtg.data());
+    ASSERT_EQ(in, min);
+    ignored += expect_masked(tg, mtg, {1, 2});
+  }
+  EXPECT_GT(ignored, 60 * 4 / 4);
+  const std::vector<std::vector<std::string>> sources = {{shards[0]}, {shards[1], shards[2]}};
+  BlendedLoader blend_plain(sources, {0.4, 0.6}, 3, 4, 0, 1, 11),
+      blend_masked(sources, {0.4, 0.6}, 3, 4, 0, 1, 11);
+  EXPECT_EQ(blend_masked.use_loss_masks(), (std::vector<int64_t>{0, 2}));
+  for (int i = 0; i < 20; ++i) {
+    std::vector<int32_t> in(12), tg(12), min(12), mtg(12);
+    blend_plain.next_batch(in.data(), tg.data());
+    blend_masked.next_batch(min.data(), mtg.data());
+    ASSERT_EQ(in, min);
+    ignored += expect_masked(tg, mtg, {1, 2});
+  }
+  EXPECT_GT(ignored, 60 * 4 / 4 + 20 * 12 / 4);
+}
+
+// Writing a shard removes a mask beside it (made for its old tokens).
+TEST(LossMask, ANewShardRemovesTheOldMask) {
+  TempDir dir;
+  const std::string shard = dir.file("train_000000.bin");
+  write_shard(shard, {1, 2, 3});
+  write_loss_mask(loss_mask_path(shard), {1, 1, 0});
+  ASSERT_TRUE(std::filesystem::exists(loss_mask_path(shard)));
+  write_shard(shard, {4, 5, 6});
+  EXPECT_FALSE(std::filesystem::exists(loss_mask_path(shard)));
+}
+
+// The synthetic corpus' answer masks count the answers and their newlines only; `loom data
+// inspect` reports the masked shards and the share they count.
+TEST(LossMask, AdditionAnswerMasksCountTheAnswers) {
+  TempDir dir;
+  const SynthResult r = synthesize_addition(dir.file("synth"), 3000, 0, 5);
+  const int64_t counted = write_addition_answer_masks(r.train_shards);
+  const std::vector<uint16_t> tokens = read_shard(r.train_shards[0]);
+  const LossMaskFile mask(loss_mask_path(r.train_shards[0]));
+  std::vector<uint8_t> counts(tokens.size());
+  mask.read(0, static_cast<int64_t>(tokens.size()), counts.data());
+  // "12+34=46\n": 0 0 0 0 0 0 1 1 1.
+  bool after_equals = false;
+  int64_t answers = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    ASSERT_EQ(counts[i], after_equals ? 1 : 0) << i;
+    answers += counts[i];
+    if (tokens[i] == '=') after_equals = true;
+    if (tokens[i] == '\n') after_equals = false;
+  }
+  EXPECT_EQ(counted, answers);
+  EXPECT_GT(answers, 3000 / 5);
+  EXPECT_LT(answers, 3000 / 2);
+  const CorpusSummary corpus = inspect_corpus(r.train_shards[0], 0, 0);
+  EXPECT_EQ(corpus.masked_shards(), 1);
+  ASSERT_EQ(corpus.shards.size(), 1u);
+  EXPECT_EQ(corpus.shards[0].mask_counted, answers);
+  EXPECT_NE(format_corpus(corpus, 0, 0)
+                .find("loss masks beside 1 of the shards: " + std::to_string(answers) +
+                      " of their 3000 tokens"),
+            std::string::npos)
+      << format_corpus(corpus, 0, 0);
+}
+
+}  // namespace
+}  // namespace loom
