@@ -443,6 +443,16 @@ int main(int argc, char** argv) {
   prepare_cmd->add_option("--out", out_dir, "output directory")->required();
   prepare_cmd->add_option("--val-fraction", prep.val_fraction, "held-out tail fraction")->capture_default_str();
   prepare_cmd->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard")->capture_default_str();
+  bool prepare_sft = false;
+  int64_t prepare_eot = -1;
+  prepare_cmd->add_flag("--sft", prepare_sft,
+                        "the inputs are JSONL prompt-completion examples ({\"prompt\": ..., "
+                        "\"completion\": ...}): shards with loss masks counting the completions "
+                        "(data.loss_mask); --val-fraction of the examples held out");
+  prepare_cmd
+      ->add_option("--eot", prepare_eot,
+                   "with --sft: an end-of-text byte after each completion, counted")
+      ->check(CLI::Range(0, 255));
   int64_t synth_train = 2'000'000, synth_val = 100'000;
   uint64_t synth_seed = 1;
   auto* synth_cmd = data_cmd->add_subcommand("synth", "make a learnable synthetic corpus (addition problems)");
@@ -732,9 +742,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (prepare_cmd->parsed()) {
-      PrepareResult r = prepare_dataset(inputs, out_dir, prep);
-      std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens\n", out_dir.c_str(),
-                   static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens));
+      if (prepare_eot >= 0 && !prepare_sft) fail("loom data prepare: --eot needs --sft");
+      PrepareResult r = prepare_sft ? prepare_sft_dataset(inputs, out_dir, prep, prepare_eot)
+                                    : prepare_dataset(inputs, out_dir, prep);
+      std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens%s\n", out_dir.c_str(),
+                   static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens),
+                   prepare_sft ? ", loss masks beside them (the completions count)" : "");
       return 0;
     }
     if (synth_cmd->parsed()) {

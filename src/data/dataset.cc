@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "base/check.h"
@@ -64,6 +66,13 @@ class ShardWriter {
     ++tokens_;
     if (static_cast<int64_t>(buffer_.size()) == shard_tokens_) flush();
   }
+  // The same with the token's loss-mask entry (1: it counts as a target): every shard of this
+  // writer then gets its mask (data/shard.h).
+  void push(uint16_t token, bool counts) {
+    masks_ = true;
+    mask_buffer_.push_back(counts ? 1 : 0);
+    push(token);
+  }
 
   // Writes the last (short) shard and deletes stale shards of this split left by earlier runs.
   std::vector<std::string> finish() {
@@ -76,6 +85,7 @@ class ShardWriter {
       if (ec)
         fail("dataset '", out_dir_, "': cannot remove stale shard '", entry.string(),
              "': ", ec.message());
+      fs::remove(loss_mask_path(entry.string()), ec);  // its mask, if it had one
     }
     return paths_;
   }
@@ -87,14 +97,18 @@ class ShardWriter {
     const std::string path =
         (fs::path(out_dir_) / shard_file_name(split_, static_cast<int64_t>(paths_.size())))
             .string();
-    write_shard(path, buffer_);
+    write_shard(path, buffer_);  // removes a mask of the shard's old tokens
+    if (masks_) write_loss_mask(loss_mask_path(path), mask_buffer_);
     paths_.push_back(path);
     buffer_.clear();
+    mask_buffer_.clear();
   }
 
   std::string out_dir_, split_;
   int64_t shard_tokens_;
   std::vector<uint16_t> buffer_;
+  bool masks_ = false;
+  std::vector<uint8_t> mask_buffer_;
   std::vector<std::string> paths_;
   int64_t tokens_ = 0;
 };
@@ -240,6 +254,96 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
   result.train_tokens = train.tokens();
   result.val_tokens = val.tokens();
   LOOM_CHECK(result.train_tokens == n_train && result.val_tokens == n_val);
+  return result;
+}
+
+namespace {
+
+// A prompt-completion example of a JSONL file, its strings' bytes; `where` ("FILE line N")
+// names it in errors.
+struct SftExample {
+  std::string prompt, completion;
+};
+SftExample parse_sft_line(const std::string& line, const std::string& where) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("prepare_sft_dataset: ", where, ": not JSON: ", e.what());
+  }
+  if (!j.is_object()) fail("prepare_sft_dataset: ", where, ": not a JSON object");
+  SftExample example;
+  for (const char* key : {"prompt", "completion"}) {
+    if (!j.contains(key) || !j[key].is_string())
+      fail("prepare_sft_dataset: ", where, ": no string \"", key,
+           "\" (each line is {\"prompt\": \"...\", \"completion\": \"...\"})");
+    (std::string_view(key) == "prompt" ? example.prompt : example.completion) =
+        j[key].get<std::string>();
+  }
+  if (example.completion.empty())
+    fail("prepare_sft_dataset: ", where, ": an empty \"completion\" (nothing to learn)");
+  return example;
+}
+
+// Calls visit(example, where) for each non-blank line of the JSONL files, in order.
+void for_each_sft_example(const std::vector<std::string>& inputs,
+                          const std::function<void(const SftExample&)>& visit) {
+  for (const std::string& input : inputs) {
+    std::ifstream in(input);
+    if (!in) fail("prepare_sft_dataset: input file '", input, "': cannot open");
+    std::string line;
+    for (int64_t number = 1; std::getline(in, line); ++number) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      visit(parse_sft_line(line, detail::concat("'", input, "' line ", number)));
+    }
+    if (in.bad()) fail("prepare_sft_dataset: input file '", input, "': read error");
+  }
+}
+
+}  // namespace
+
+PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
+                                  const std::string& out_dir, const PrepareOptions& options,
+                                  int64_t eot) {
+  if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0))
+    fail("prepare_sft_dataset: val_fraction = ", options.val_fraction, ": must be in [0, 1)");
+  check_shard_tokens(options.shard_tokens);
+  if (inputs.empty()) fail("prepare_sft_dataset: no input files");
+  if (eot > 255) fail("prepare_sft_dataset: eot = ", eot, " is not a byte token (0..255, or -1)");
+  // 1. Every line parsed once to count the examples (errors before anything is written); the
+  //    last val_fraction of them are held out, whole.
+  int64_t n = 0;
+  for_each_sft_example(inputs, [&](const SftExample&) { ++n; });
+  if (n == 0)
+    fail("prepare_sft_dataset: no examples in the input files (first: '", inputs[0], "')");
+  int64_t n_val = 0;
+  if (options.val_fraction > 0)
+    n_val = std::max<int64_t>(1, std::llround(static_cast<double>(n) * options.val_fraction));
+  if (n - n_val < 1)
+    fail("prepare_sft_dataset: ", n, " examples with val_fraction = ", options.val_fraction,
+         " leave nothing for training");
+
+  // 2. Each example's prompt bytes (no target counts) then its completion's and the end-of-text
+  //    token (each a target that counts), into its split's shards with their masks.
+  create_out_dir(out_dir);
+  const int64_t buffer = std::min<int64_t>(options.shard_tokens, 1 << 20);  // grows as needed
+  ShardWriter train(out_dir, "train", options.shard_tokens, buffer);
+  ShardWriter val(out_dir, "val", options.shard_tokens, buffer);
+  const ByteTokenizer tokenizer;
+  int64_t seen = 0;
+  for_each_sft_example(inputs, [&](const SftExample& example) {
+    ShardWriter& split = seen++ < n - n_val ? train : val;
+    for (int32_t token : tokenizer.encode(example.prompt))
+      split.push(static_cast<uint16_t>(token), false);
+    for (int32_t token : tokenizer.encode(example.completion))
+      split.push(static_cast<uint16_t>(token), true);
+    if (eot >= 0) split.push(static_cast<uint16_t>(eot), true);
+  });
+  PrepareResult result;
+  result.train_shards = train.finish();
+  result.val_shards = val.finish();
+  result.train_tokens = train.tokens();
+  result.val_tokens = val.tokens();
   return result;
 }
 

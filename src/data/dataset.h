@@ -64,6 +64,19 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
 SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_tokens,
                                 int64_t n_val_tokens, uint64_t seed);
 
+// Supervised fine-tuning data: JSONL files whose every non-blank line is a prompt-completion
+// example, {"prompt": "...", "completion": "..."} (TRL's prompt-completion format), byte-tokenised
+// into out_dir's train/val shards with loss masks beside them (data/shard.h, data.loss_mask):
+// each example's prompt bytes, whose targets do not count, then its completion's and, with
+// eot >= 0 (a byte: 0..255), that end-of-text token after it, whose do — so training learns the
+// completions, and to end them, given the prompts. The last round(examples × val_fraction) (at
+// least one when > 0) whole examples go to validation. Every line is checked before anything is
+// written (an error names the file and line). Stale shards and their masks are deleted as by
+// prepare_dataset.
+PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
+                                  const std::string& out_dir, const PrepareOptions& options = {},
+                                  int64_t eot = -1);
+
 // Loss masks (data/shard.h) for one split of synthesize_addition's corpus, its shards in order:
 // only the answers count as targets — "46\n" of "12+34=46\n", the problem "12+34=" given as a
 // fine-tuning prompt is. Writes SHARD.mask beside each shard; returns the targets that count.

@@ -138,8 +138,9 @@ TEST_F(Cli, DataInspectCountsAndChecksIds) {
 // Fine-tuning's loss masks end to end: `loom data synth --answer-masks` writes them beside the
 // shards, `data inspect` reports them, `train` with data.loss_mask says what it reads; a run that
 // asks for masks its corpus lacks is refused naming the file it looked for; a corpus written again
-// loses its old masks.
-TEST_F(Cli, AnswerMasksFromSynthTrainWithDataLossMask) {
+// loses its old masks. `data prepare --sft` makes them from prompt-completion JSONL, and a run
+// trains on them.
+TEST_F(Cli, LossMasksFromSynthAndPrepareTrainWithDataLossMask) {
   Result synth = run("data synth --out " + path("data") +
                      " --train-tokens 20000 --val-tokens 4000 --answer-masks");
   ASSERT_EQ(synth.code, 0) << synth.output;
@@ -162,6 +163,28 @@ TEST_F(Cli, AnswerMasksFromSynthTrainWithDataLossMask) {
       run("train " + write_config("") + " --set data.loss_mask=true --run-dir " + path("run2")),
       "no shard of data.train has a loss mask beside it (for '" + path("data/train_000000.bin") +
           "' that is '" + path("data/train_000000.bin.mask") + "'");
+
+  // `data prepare --sft`: prompt-completion JSONL, the completions counted; a training run on it.
+  {
+    std::ofstream jsonl(path("sft.jsonl"));
+    for (int i = 0; i < 400; ++i)
+      jsonl << "{\"prompt\": \"" << i << " doubled is \", \"completion\": \"" << 2 * i << "\"}\n";
+  }
+  Result sft = run("data prepare " + path("sft.jsonl") + " --sft --eot 10 --out " + path("sft"));
+  ASSERT_EQ(sft.code, 0) << sft.output;
+  EXPECT_NE(sft.output.find("val tokens, loss masks beside them (the completions count)"),
+            std::string::npos)
+      << sft.output;
+  ASSERT_TRUE(fs::exists(path("sft/val_000000.bin.mask")));
+  Result tuned = run("train " + write_config("") +
+                     " --set data.loss_mask=true --set data.train=" + path("sft/train_*.bin") +
+                     " --set data.val=" + path("sft/val_*.bin") + " --run-dir " + path("run_sft"));
+  ASSERT_EQ(tuned.code, 0) << tuned.output;
+  EXPECT_NE(tuned.output.find("data.loss_mask: 1 of 1 shards of data.train have loss masks"),
+            std::string::npos)
+      << tuned.output;
+  expect_error(run("data prepare " + path("sft.jsonl") + " --eot 10 --out " + path("x")),
+               "--eot needs --sft");
 }
 
 TEST_F(Cli, UnknownConfigKey) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "data/blend.h"
 #include "data/dataset.h"
@@ -177,6 +178,79 @@ TEST(LossMask, AdditionAnswerMasksCountTheAnswers) {
                       " of their 3000 tokens"),
             std::string::npos)
       << format_corpus(corpus, 0, 0);
+}
+
+// The entries of shard `path`'s loss mask.
+std::vector<uint8_t> mask_of(const std::string& path) {
+  const LossMaskFile mask(loss_mask_path(path));
+  std::vector<uint8_t> counts(static_cast<size_t>(mask.tokens()));
+  mask.read(0, mask.tokens(), counts.data());
+  return counts;
+}
+
+// Prompt-completion JSONL into shards with masks: each example's prompt bytes (entries 0), its
+// completion's and the end-of-text byte (1); the last examples, whole, held out; shards cut at
+// shard_tokens each with its mask; stale shards of a bigger earlier run gone with their masks.
+TEST(LossMask, PreparedSftExamplesCountTheirCompletions) {
+  TempDir dir;
+  const std::string jsonl = dir.file("sft.jsonl");
+  std::ofstream(jsonl) << R"({"prompt": "2+2=", "completion": "4"})"
+                       << "\n"
+                       << R"({"prompt": "Hi", "completion": " there", "id": 7})"
+                       << "\n\n"
+                       << R"({"prompt": "", "completion": "ok"})"
+                       << "\n"
+                       << R"({"prompt": "9+1=", "completion": "10"})"
+                       << "\n";
+  PrepareOptions options;
+  options.val_fraction = 0.25;  // one of the four examples
+  options.shard_tokens = 1000;
+  const PrepareResult r = prepare_sft_dataset({jsonl}, dir.file("out"), options, '\n');
+  ASSERT_EQ(r.train_shards.size(), 1u);
+  ASSERT_EQ(r.val_shards.size(), 1u);
+  const std::string train_text = "2+2=4\nHi there\nok\n", val_text = "9+1=10\n";
+  const std::vector<uint8_t> train_mask = {0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                             val_mask = {0, 0, 0, 0, 1, 1, 1};
+  EXPECT_EQ(read_shard(r.train_shards[0]),
+            std::vector<uint16_t>(train_text.begin(), train_text.end()));
+  EXPECT_EQ(mask_of(r.train_shards[0]), train_mask);
+  EXPECT_EQ(read_shard(r.val_shards[0]), std::vector<uint16_t>(val_text.begin(), val_text.end()));
+  EXPECT_EQ(mask_of(r.val_shards[0]), val_mask);
+  EXPECT_EQ(r.train_tokens, 18);
+  EXPECT_EQ(r.val_tokens, 7);
+
+  // Shards of 5 tokens: four of train, each with its mask; then a run of bigger shards leaves
+  // one, the other three and their masks removed.
+  options.shard_tokens = 5;
+  const PrepareResult cut = prepare_sft_dataset({jsonl}, dir.file("out"), options, '\n');
+  ASSERT_EQ(cut.train_shards.size(), 4u);
+  std::vector<uint8_t> joined;
+  for (const std::string& shard : cut.train_shards) {
+    const std::vector<uint8_t> part = mask_of(shard);
+    joined.insert(joined.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(joined, train_mask);
+  options.shard_tokens = 1000;
+  prepare_sft_dataset({jsonl}, dir.file("out"), options, '\n');
+  EXPECT_TRUE(std::filesystem::exists(loss_mask_path(dir.file("out/train_000000.bin"))));
+  for (const char* gone :
+       {"out/train_000001.bin", "out/train_000001.bin.mask", "out/train_000003.bin.mask"})
+    EXPECT_FALSE(std::filesystem::exists(dir.file(gone))) << gone;
+
+  // Bad lines are named by file and line before anything is written.
+  const std::string bad = dir.file("bad.jsonl");
+  std::ofstream(bad) << R"({"prompt": "a", "completion": "b"})"
+                     << "\n"
+                     << R"({"prompt": "a"})";
+  expect_error([&] { prepare_sft_dataset({bad}, dir.file("bad_out"), options); },
+               {"bad.jsonl' line 2", "no string \"completion\""});
+  EXPECT_FALSE(std::filesystem::exists(dir.file("bad_out")));
+  std::ofstream(bad) << "{\"prompt\": \"a\", \"completion\": 3}\n";
+  expect_error([&] { prepare_sft_dataset({bad}, dir.file("bad_out"), options); },
+               {"bad.jsonl' line 1", "no string \"completion\""});
+  std::ofstream(bad) << "not json\n";
+  expect_error([&] { prepare_sft_dataset({bad}, dir.file("bad_out"), options); },
+               {"bad.jsonl' line 1", "not JSON"});
 }
 
 }  // namespace
