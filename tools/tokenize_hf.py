@@ -14,11 +14,21 @@ are followed by the tokenizer's end-of-text token unless --no-eos (and the BOS t
 tokenizer adds one, comes first, as the tokenizer decides). Prints the counts and the vocabulary
 size to put in model.vocab_size (at least; a padded size such as 50304 for GPT-2 is fine).
 
+With --sft the inputs are JSONL fine-tuning examples, one object a line, {"prompt": "...",
+"completion": "..."} (TRL's prompt-completion format): each example is its prompt's tokens (with
+the BOS the tokenizer adds), then its completion's and the end-of-text token, and beside each
+shard a loss mask (SHARD.mask, docs/formats.md) counts the completion's targets and the
+end-of-text's, not the prompt's — train them with data.loss_mask = true. The last val-fraction of
+the examples, whole, go to validation.
+
 Needs the `tokenizers` package (pip install tokenizers) — the tokenizer.json of a Hub directory
-is read directly, no network. Not used by the test suite: Loom reads the shards it writes
-(tests/data/shard_test.cc checks both layouts).
+is read directly, no network. `--tokenizer bytes` is Loom's byte tokenizer instead (no package;
+--sft then writes what `loom data prepare --sft --eot 10` writes, which is how this script is
+checked). Not used by the test suite: Loom reads the shards it writes (tests/data/shard_test.cc
+checks both layouts).
 """
 import argparse
+import json
 import os
 import struct
 import sys
@@ -38,6 +48,49 @@ def write_shard(path, tokens, wide):
     os.replace(tmp, path)
 
 
+def write_loss_mask(shard_path, counts):
+    """SHARD.mask: the shard's header with magic 20261205, version 1, then a byte per token."""
+    tmp = shard_path + ".mask.tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<256i", 20261205, 1, len(counts), *([0] * 253)))
+        f.write(bytes(counts))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, shard_path + ".mask")
+
+
+class ByteTokenizer:
+    """Loom's byte tokenizer (data/tokenizer.h): each UTF-8 byte a token, 256 ids, no specials."""
+
+    def encode(self, text, add_special_tokens=True):
+        return list(text.encode("utf-8"))
+
+    def vocab(self):
+        return 256
+
+
+def sft_examples(names):
+    """(prompt, completion) of each non-blank line of the JSONL files, checked as Loom checks."""
+    for name in names:
+        with open(name, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{name} line {number}"
+                try:
+                    example = json.loads(line)
+                except json.JSONDecodeError as e:
+                    sys.exit(f"tokenize_hf: {where}: not JSON: {e}")
+                if not isinstance(example, dict):
+                    sys.exit(f"tokenize_hf: {where}: not a JSON object")
+                for key in ("prompt", "completion"):
+                    if not isinstance(example.get(key), str):
+                        sys.exit(f'tokenize_hf: {where}: no string "{key}"')
+                if not example["completion"]:
+                    sys.exit(f'tokenize_hf: {where}: an empty "completion"')
+                yield example["prompt"], example["completion"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+")
@@ -46,44 +99,85 @@ def main():
     ap.add_argument("--val-fraction", type=float, default=0.1)
     ap.add_argument("--shard-tokens", type=int, default=100_000_000)
     ap.add_argument("--no-eos", action="store_true")
+    ap.add_argument("--sft", action="store_true", help="the inputs are prompt-completion JSONL")
     args = ap.parse_args()
     if not 0 <= args.val_fraction < 1:
         sys.exit(f"tokenize_hf: --val-fraction {args.val_fraction} must be in [0, 1)")
-    from tokenizers import Tokenizer
+    if args.sft and args.no_eos:
+        sys.exit("tokenize_hf: --sft needs the end-of-text token (the model learns to stop)")
+    if args.tokenizer == "bytes":
+        tok, path = ByteTokenizer(), "bytes"
+        vocab, eos = 256, (10 if args.sft else None)  # a newline ends each completion
+        if not args.sft and not args.no_eos:
+            sys.exit("tokenize_hf: the byte tokenizer has no end-of-text token; pass --no-eos")
+        encode = tok.encode
+    else:
+        from tokenizers import Tokenizer
 
-    path = args.tokenizer
-    if os.path.isdir(path):
-        path = os.path.join(path, "tokenizer.json")
-    if not os.path.isfile(path):
-        sys.exit(f"tokenize_hf: {path}: no tokenizer.json (a HuggingFace tokenizer directory?)")
-    tok = Tokenizer.from_file(path)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    eos = None
-    if not args.no_eos:
+        path = args.tokenizer
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            sys.exit(f"tokenize_hf: {path}: no tokenizer.json (a HuggingFace tokenizer directory?)")
+        tok = Tokenizer.from_file(path)
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        eos = None
+
+        def encode(text, add_special_tokens=True):
+            return tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    if not args.no_eos and eos is None:
         for name in ("<|end_of_text|>", "<|endoftext|>", "</s>", "<|im_end|>", "<eos>"):
             eos = tok.token_to_id(name)
             if eos is not None:
                 break
         if eos is None:
             sys.exit(f"tokenize_hf: {path} has no end-of-text token I know; pass --no-eos")
-    tokens = []
-    for name in args.inputs:
-        with open(name, encoding="utf-8") as f:
-            tokens += tok.encode(f.read()).ids
-        if eos is not None:
-            tokens.append(eos)
-    n_val = round(len(tokens) * args.val_fraction)
-    if args.val_fraction > 0:
-        n_val = max(n_val, 1)
+    tokens, counts = [], None
+    if args.sft:  # each example: the prompt (not counted), the completion and eos (counted)
+        examples = [(encode(p), encode(c, add_special_tokens=False) + [eos])
+                    for p, c in sft_examples(args.inputs)]
+        if not examples:
+            sys.exit("tokenize_hf: no examples in the input files")
+        n_val = int(len(examples) * args.val_fraction + 0.5)  # as Loom's llround
+        if args.val_fraction > 0:
+            n_val = max(n_val, 1)
+        if n_val >= len(examples):
+            sys.exit(f"tokenize_hf: {len(examples)} examples leave nothing for training")
+        split_at = 0
+        counts = []
+        for k, (prompt, completion) in enumerate(examples):
+            if k == len(examples) - n_val:
+                split_at = len(tokens)
+            tokens += prompt + completion
+            counts += [0] * len(prompt) + [1] * len(completion)
+        if n_val == 0:
+            split_at = len(tokens)
+        n_val = len(tokens) - split_at  # in tokens from here on
+    else:
+        for name in args.inputs:
+            with open(name, encoding="utf-8") as f:
+                tokens += encode(f.read())
+            if eos is not None:
+                tokens.append(eos)
+        n_val = round(len(tokens) * args.val_fraction)
+        if args.val_fraction > 0:
+            n_val = max(n_val, 1)
     wide = max(tokens, default=0) > 65535 or vocab > 65536
     os.makedirs(args.out, exist_ok=True)
-    splits = {"train": tokens[:len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
-    for split, ids in splits.items():
+    cut = len(tokens) - n_val
+    splits = {"train": (tokens[:cut], counts[:cut] if counts else None),
+              "val": (tokens[cut:], counts[cut:] if counts else None)}
+    for split, (ids, mask) in splits.items():
         for i in range(0, max(len(ids), 1), args.shard_tokens):
             if ids:
-                write_shard(os.path.join(args.out, f"{split}_{i // args.shard_tokens:06d}.bin"),
-                            ids[i:i + args.shard_tokens], wide)
-    print(f"{args.out}: {len(splits['train'])} train tokens, {len(splits['val'])} val tokens, "
+                shard = os.path.join(args.out, f"{split}_{i // args.shard_tokens:06d}.bin")
+                write_shard(shard, ids[i:i + args.shard_tokens], wide)
+                if os.path.exists(shard + ".mask"):
+                    os.remove(shard + ".mask")  # made for the shard's old tokens
+                if mask is not None:
+                    write_loss_mask(shard, mask[i:i + args.shard_tokens])
+    print(f"{args.out}: {len(splits['train'][0])} train tokens, {len(splits['val'][0])} val tokens, "
           f"{'uint32' if wide else 'uint16'} shards; the tokenizer's vocabulary: {vocab} "
           f"(model.vocab_size >= {vocab})")
 

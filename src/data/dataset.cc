@@ -113,6 +113,16 @@ class ShardWriter {
   int64_t tokens_ = 0;
 };
 
+// Both splits' last shards written: what was written where.
+PrepareResult finish_splits(ShardWriter& train, ShardWriter& val) {
+  PrepareResult result;
+  result.train_shards = train.finish();
+  result.val_shards = val.finish();
+  result.train_tokens = train.tokens();
+  result.val_tokens = val.tokens();
+  return result;
+}
+
 void create_out_dir(const std::string& out_dir) {
   if (out_dir.empty()) fail("dataset output directory is empty");
   std::error_code ec;
@@ -248,11 +258,7 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
   if (seen != n)
     fail("prepare_dataset: the input files shrank while reading (", seen, " of ", n, " bytes)");
 
-  PrepareResult result;
-  result.train_shards = train.finish();
-  result.val_shards = val.finish();
-  result.train_tokens = train.tokens();
-  result.val_tokens = val.tokens();
+  PrepareResult result = finish_splits(train, val);
   LOOM_CHECK(result.train_tokens == n_train && result.val_tokens == n_val);
   return result;
 }
@@ -339,12 +345,7 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
       split.push(static_cast<uint16_t>(token), true);
     if (eot >= 0) split.push(static_cast<uint16_t>(eot), true);
   });
-  PrepareResult result;
-  result.train_shards = train.finish();
-  result.val_shards = val.finish();
-  result.train_tokens = train.tokens();
-  result.val_tokens = val.tokens();
-  return result;
+  return finish_splits(train, val);
 }
 
 int64_t write_addition_answer_masks(const std::vector<std::string>& split_shards) {
@@ -378,12 +379,7 @@ SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_toke
   write_additions(rng, n_train_tokens, train);
   write_additions(rng, n_val_tokens, val);
 
-  SynthResult result;
-  result.train_shards = train.finish();
-  result.val_shards = val.finish();
-  result.train_tokens = train.tokens();
-  result.val_tokens = val.tokens();
-  return result;
+  return finish_splits(train, val);
 }
 
 }  // namespace loom
