@@ -501,6 +501,13 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--tokens", sample.tokens, "tokens to generate")->capture_default_str();
   sample_cmd->add_option("--temperature", sample.temperature, "0 = greedy")->capture_default_str();
   sample_cmd->add_option("--top-k", sample.top_k, "0 = all")->capture_default_str();
+  sample_cmd->add_option("--top-p", sample.top_p, "nucleus: 1 = all of the top-k")
+      ->capture_default_str();
+  sample_cmd
+      ->add_option("--stop-token", sample.stop_token,
+                   "stop after generating this token id (kept), e.g. the end-of-text a "
+                   "fine-tuned model ends its completions with; -1 = none")
+      ->capture_default_str();
   sample_cmd->add_option("--seed", sample_seed)->capture_default_str();
   sample_cmd->add_option("--threads", sample_threads, "0 = all cores");
   bool no_kv_cache = false;

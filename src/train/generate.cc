@@ -16,6 +16,10 @@ std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> to
   if (options.temperature < 0) fail("--temperature must be >= 0, got ", options.temperature);
   if (options.tokens < 0) fail("--tokens must be >= 0, got ", options.tokens);
   if (options.top_k < 0) fail("--top-k must be >= 0, got ", options.top_k);
+  if (!(options.top_p > 0 && options.top_p <= 1))
+    fail("--top-p must be in (0, 1], got ", options.top_p);
+  if (options.stop_token < -1 || options.stop_token >= V)
+    fail("--stop-token ", options.stop_token, " is outside the vocabulary [0, ", V, ")");
   for (int32_t t : tokens)
     if (t < 0 || t >= V) fail("prompt token ", t, " is outside the vocabulary [0, ", V, ")");
   std::vector<double> probs(static_cast<size_t>(V));
@@ -51,7 +55,7 @@ std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> to
     } else {
       // Keep the top-k logits (ties broken by index, for determinism), softmax, draw.
       std::iota(order.begin(), order.end(), 0);
-      const int64_t k = options.top_k > 0 ? std::min(options.top_k, V) : V;
+      int64_t k = options.top_k > 0 ? std::min(options.top_k, V) : V;
       std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
         return last[a] != last[b] ? last[a] > last[b] : a < b;
       });
@@ -60,6 +64,14 @@ std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> to
       for (int64_t j = 0; j < k; ++j) {
         probs[j] = std::exp((last[order[j]] - mx) / options.temperature);
         total += probs[j];
+      }
+      if (options.top_p < 1) {  // the nucleus: the first tokens (in order) reaching top_p
+        const double reach = options.top_p * total;
+        double kept = 0;
+        int64_t nucleus = 0;
+        while (nucleus < k && kept < reach) kept += probs[nucleus++];
+        k = std::max<int64_t>(nucleus, 1);
+        total = kept > 0 ? kept : probs[0];
       }
       double u = static_cast<double>(rng.next_uniform()) * total;
       next = order[k - 1];
@@ -72,6 +84,7 @@ std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> to
       }
     }
     tokens.push_back(next);
+    if (next == options.stop_token) break;
   }
   return tokens;
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "base/error.h"
@@ -88,6 +89,73 @@ TEST_P(Decode, SamplingWithTheCacheIsSamplingWithout) {
     EXPECT_EQ(cached, plain) << "temperature " << temperature;
     EXPECT_EQ(cached.size(), 48u);
   }
+}
+
+// --stop-token ends the generation after that token (kept); --top-p keeps each draw within the
+// nucleus of that step's distribution — the fewest most likely tokens reaching top_p of it,
+// recomputed here from the model's logits — and a vanishing top_p is the greedy choice.
+TEST(Sampling, StopTokenEndsItAndTopPDrawsFromTheNucleus) {
+  ThreadPool pool(2);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  const Gpt2Config config = small(false, true);
+  Gpt2 model(config);
+  model.build(DType::kF32, Device::cpu(), 6);
+  const std::vector<int32_t> prompt = {5, 6, 7};
+  SampleOptions greedy;
+  greedy.tokens = 12;
+  greedy.temperature = 0;
+  RandomStream unused(1, "sample");
+  const std::vector<int32_t> g = generate(ctx, model, prompt, greedy, unused);
+  ASSERT_EQ(g.size(), 15u);
+  SampleOptions stopping = greedy;
+  stopping.stop_token = g[4];  // the second generated token: the output ends at its first one
+  const auto first = std::find(g.begin() + 3, g.end(), g[4]);
+  EXPECT_EQ(generate(ctx, model, prompt, stopping, unused),
+            std::vector<int32_t>(g.begin(), first + 1));
+
+  SampleOptions narrow;
+  narrow.tokens = 12;
+  narrow.top_p = 1e-9;
+  RandomStream r1(3, "sample");
+  EXPECT_EQ(generate(ctx, model, prompt, narrow, r1), g);
+
+  SampleOptions nucleus;
+  nucleus.tokens = 16;
+  nucleus.top_p = 0.6;
+  RandomStream r2(4, "sample");
+  const std::vector<int32_t> s = generate(ctx, model, prompt, nucleus, r2);
+  ASSERT_EQ(s.size(), 19u);
+  const int64_t V = config.vocab_size;
+  int64_t not_argmax = 0;
+  for (size_t i = 3; i < s.size(); ++i) {
+    Tensor context = Tensor::empty({1, static_cast<int64_t>(i)}, DType::kI32);
+    std::copy(s.begin(), s.begin() + static_cast<int64_t>(i), context.data<int32_t>());
+    const Tensor logits = model.logits(ctx, context);
+    const float* row = logits.data<float>() + (static_cast<int64_t>(i) - 1) * V;
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+    double total = 0;
+    for (int64_t v = 0; v < V; ++v) total += std::exp(row[v] - row[order[0]]);
+    double kept = 0;
+    std::vector<int32_t> core;
+    for (int32_t v : order) {
+      if (kept >= 0.6 * total) break;
+      kept += std::exp(row[v] - row[order[0]]);
+      core.push_back(v);
+    }
+    EXPECT_NE(std::find(core.begin(), core.end(), s[i]), core.end())
+        << "token " << i << " = " << s[i] << " outside the nucleus of " << core.size();
+    not_argmax += s[i] != order[0] ? 1 : 0;
+  }
+  EXPECT_GT(not_argmax, 0);  // it samples
+  SampleOptions bad = nucleus;
+  bad.top_p = 0;
+  EXPECT_THROW(generate(ctx, model, prompt, bad, r2), Error);
+  bad = nucleus;
+  bad.stop_token = V;
+  EXPECT_THROW(generate(ctx, model, prompt, bad, r2), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Decode,
