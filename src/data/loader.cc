@@ -1,9 +1,5 @@
 #include "data/loader.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -111,18 +107,8 @@ int64_t DataLoader::use_loss_masks() {
   masked_.assign(paths_.size(), false);
   int64_t count = 0;
   for (size_t s = 0; s < paths_.size(); ++s) {
-    const std::string path = loss_mask_path(paths_[s]);
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-      if (errno == ENOENT) continue;  // no mask: this shard's targets all count
-      fail("data loader: loss mask '", path, "': cannot stat: ", std::strerror(errno));
-    }
-    const LossMaskFile mask(path);
-    if (mask.tokens() != shard_tokens_[s])
-      fail("data loader: loss mask '", path, "' has ", mask.tokens(), " entries, but its shard '",
-           paths_[s], "' has ", shard_tokens_[s], " tokens (one entry per token)");
-    masked_[s] = true;
-    ++count;
+    masked_[s] = has_loss_mask(paths_[s], shard_tokens_[s]);
+    count += masked_[s] ? 1 : 0;
   }
   loaded_shard_ = -1;  // the current shard's mask opened at the next read
   return count;

@@ -154,6 +154,20 @@ void write_loss_mask(const std::string& path, const std::vector<uint8_t>& counts
   write_headed_file(path, "loss mask", kLossMaskMagic, kLossMaskVersion, counts);
 }
 
+bool has_loss_mask(const std::string& shard_path, int64_t shard_tokens) {
+  const std::string path = loss_mask_path(shard_path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return false;  // no mask: the shard's targets all count
+    fail("loss mask '", path, "': cannot stat: ", errno_str());
+  }
+  const LossMaskFile mask(path);
+  if (mask.tokens() != shard_tokens)
+    fail("loss mask '", path, "' has ", mask.tokens(), " entries, but its shard '", shard_path,
+         "' has ", shard_tokens, " tokens (one entry per token)");
+  return true;
+}
+
 LossMaskFile::LossMaskFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) fail("loss mask '", path, "': cannot open: ", errno_str());

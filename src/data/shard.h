@@ -92,6 +92,10 @@ std::string loss_mask_path(const std::string& shard_path);  // shard_path + ".ma
 // write_shard.
 void write_loss_mask(const std::string& path, const std::vector<uint8_t>& counts);
 
+// Whether the shard at `shard_path` of `shard_tokens` tokens has a loss mask beside it; one that
+// cannot be read, has a bad header or another count than its shard's is an error naming both.
+bool has_loss_mask(const std::string& shard_path, int64_t shard_tokens);
+
 // A loss mask open for reading: its header checked (magic, version, the size its count needs),
 // entries read where asked. Throws loom::Error naming the file.
 class LossMaskFile {

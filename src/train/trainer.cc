@@ -225,8 +225,9 @@ struct ValCorpus {
 };
 
 // The run's validation corpora, data.val's first; none when train.eval_every = 0. Their shards'
-// headers are checked now, as the train loader checks its own: a bad validation shard is an
-// error before the first step, not at the first evaluation, maybe hours in.
+// headers — and with data.loss_mask their masks' — are checked now, as the train loader checks
+// its own: a bad validation shard is an error before the first step, not at the first
+// evaluation, maybe hours in.
 std::vector<ValCorpus> validation_corpora(const Config& config) {
   std::vector<ValCorpus> corpora;
   if (config.train.eval_every <= 0) return corpora;
@@ -236,7 +237,10 @@ std::vector<ValCorpus> validation_corpora(const Config& config) {
     for (const ValSet& set : parse_val_sets(config.data.val_sets))
       corpora.push_back({set.name, resolve_shards(set.spec, "data.val_sets '" + set.name + "'")});
   for (const ValCorpus& corpus : corpora)
-    for (const std::string& path : corpus.shards) (void)read_shard_header(path);
+    for (const std::string& path : corpus.shards) {
+      const ShardInfo info = read_shard_header(path);
+      if (config.data.loss_mask) (void)has_loss_mask(path, info.num_tokens);
+    }
   return corpora;
 }
 

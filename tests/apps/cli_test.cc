@@ -185,6 +185,14 @@ TEST_F(Cli, LossMasksFromSynthAndPrepareTrainWithDataLossMask) {
       << tuned.output;
   expect_error(run("data prepare " + path("sft.jsonl") + " --eot 10 --out " + path("x")),
                "--eot needs --sft");
+  // A validation shard's mask that does not fit is refused before the first step.
+  fs::resize_file(path("sft/val_000000.bin.mask"), 1024 + 3);
+  const Result bad =
+      run("train " + write_config("") +
+          " --set data.loss_mask=true --set data.train=" + path("sft/train_*.bin") +
+          " --set data.val=" + path("sft/val_*.bin") + " --run-dir " + path("run_bad"));
+  expect_error(bad, "loss mask '" + path("sft/val_000000.bin.mask") + "': the header says");
+  EXPECT_EQ(bad.output.find("step "), std::string::npos) << bad.output;
 }
 
 TEST_F(Cli, UnknownConfigKey) {
