@@ -278,14 +278,13 @@ SftExample parse_sft_line(const std::string& line, const std::string& where) {
     fail("prepare_sft_dataset: ", where, ": not JSON: ", e.what());
   }
   if (!j.is_object()) fail("prepare_sft_dataset: ", where, ": not a JSON object");
-  SftExample example;
-  for (const char* key : {"prompt", "completion"}) {
+  const auto text = [&](const char* key) {
     if (!j.contains(key) || !j[key].is_string())
       fail("prepare_sft_dataset: ", where, ": no string \"", key,
            "\" (each line is {\"prompt\": \"...\", \"completion\": \"...\"})");
-    (std::string_view(key) == "prompt" ? example.prompt : example.completion) =
-        j[key].get<std::string>();
-  }
+    return j[key].get<std::string>();
+  };
+  SftExample example{text("prompt"), text("completion")};
   if (example.completion.empty())
     fail("prepare_sft_dataset: ", where, ": an empty \"completion\" (nothing to learn)");
   return example;

@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 
-#include "base/error.h"
 #include "data/dataset.h"
 #include "data/shard.h"
 
@@ -93,11 +91,8 @@ CorpusSummary inspect_corpus(const std::string& spec, int64_t seq_len, int64_t v
       shard.token_bytes = info.token_bytes;
     }
     if (seq_len > 0 && shard.tokens > 0) shard.windows = (shard.tokens - 1) / seq_len;
-    if (const std::string mask_path = loss_mask_path(path); std::filesystem::exists(mask_path)) {
-      const LossMaskFile mask(mask_path);
-      if (mask.tokens() != shard.tokens)
-        fail("loss mask '", mask_path, "' has ", mask.tokens(), " entries, but its shard '", path,
-             "' has ", shard.tokens, " tokens (one entry per token)");
+    if (has_loss_mask(path, shard.tokens)) {
+      const LossMaskFile mask(loss_mask_path(path));
       std::vector<uint8_t> entries(static_cast<size_t>(std::min<int64_t>(shard.tokens, 1 << 20)));
       shard.mask_counted = 0;
       for (int64_t at = 0; at < shard.tokens; at += static_cast<int64_t>(entries.size())) {

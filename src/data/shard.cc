@@ -124,6 +124,7 @@ void write_headed_file(const std::string& path, const char* kind, int32_t magic,
 }
 }  // namespace
 
+namespace {
 // A new shard's tokens are not those a loss mask beside it was made for: the mask goes.
 void remove_stale_loss_mask(const std::string& shard_path) {
   const std::string mask = loss_mask_path(shard_path);
@@ -131,6 +132,7 @@ void remove_stale_loss_mask(const std::string& shard_path) {
     fail("token shard '", shard_path, "': cannot remove the loss mask of its old tokens '", mask,
          "': ", errno_str());
 }
+}  // namespace
 
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   write_headed_file(path, "token shard", kShardMagic, kShardVersion, tokens);
@@ -171,30 +173,26 @@ bool has_loss_mask(const std::string& shard_path, int64_t shard_tokens) {
 LossMaskFile::LossMaskFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) fail("loss mask '", path, "': cannot open: ", errno_str());
-  struct stat st {};
-  if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+  // The constructor throws: the destructor will not run, so the file is closed here.
+  const auto refuse = [&](const auto&... what) {
     ::close(fd_);
-    fail("loss mask '", path, "': not a regular file");
-  }
+    fail("loss mask '", path, "': ", what...);
+  };
+  struct stat st {};
+  if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) refuse("not a regular file");
   std::array<int32_t, kShardHeaderInts> header{};
   const auto bytes = static_cast<int64_t>(st.st_size);
   if (bytes < kShardHeaderBytes ||
-      ::pread(fd_, header.data(), kShardHeaderBytes, 0) != kShardHeaderBytes) {
-    ::close(fd_);
-    fail("loss mask '", path, "': truncated header: the file has ", bytes, " bytes, a loss mask ",
-         "starts with a ", kShardHeaderBytes, "-byte header");
-  }
-  if (header[0] != kLossMaskMagic || header[1] != kLossMaskVersion) {
-    ::close(fd_);
-    fail("loss mask '", path, "': bad magic / version ", header[0], " / ", header[1], " (expected ",
-         kLossMaskMagic, " / ", kLossMaskVersion, ": a loss mask file, docs/formats.md)");
-  }
+      ::pread(fd_, header.data(), kShardHeaderBytes, 0) != kShardHeaderBytes)
+    refuse("truncated header: the file has ", bytes, " bytes, a loss mask starts with a ",
+           kShardHeaderBytes, "-byte header");
+  if (header[0] != kLossMaskMagic || header[1] != kLossMaskVersion)
+    refuse("bad magic / version ", header[0], " / ", header[1], " (expected ", kLossMaskMagic,
+           " / ", kLossMaskVersion, ": a loss mask file, docs/formats.md)");
   tokens_ = header[2];
-  if (tokens_ < 0 || kShardHeaderBytes + tokens_ != bytes) {
-    ::close(fd_);
-    fail("loss mask '", path, "': the header says ", tokens_, " tokens, which needs ",
-         kShardHeaderBytes + tokens_, " bytes (a byte per token), but the file has ", bytes);
-  }
+  if (tokens_ < 0 || kShardHeaderBytes + tokens_ != bytes)
+    refuse("the header says ", tokens_, " tokens, which needs ", kShardHeaderBytes + tokens_,
+           " bytes (a byte per token), but the file has ", bytes);
 }
 
 LossMaskFile::~LossMaskFile() {

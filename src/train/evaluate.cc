@@ -25,10 +25,10 @@ double evaluate(const std::function<double(const Tensor& inputs, const Tensor& t
   int64_t counted = 0;  // the targets that count
   for (int64_t i = 0; i < batches; ++i) {
     loader.next_batch(host_inputs.data<int32_t>(), host_targets.data<int32_t>());
-    if (masked_eot >= 0)
-      mask_targets_after_eot(host_targets.data<int32_t>(), host_inputs.data<int32_t>(),
-                             batch * seq_len, masked_eot);
-    counted += counted_targets(host_targets.data<int32_t>(), batch * seq_len);
+    counted += masked_eot >= 0 ? mask_targets_after_eot(host_targets.data<int32_t>(),
+                                                        host_inputs.data<int32_t>(),
+                                                        batch * seq_len, masked_eot)
+                               : counted_targets(host_targets.data<int32_t>(), batch * seq_len);
     if (i % parts != part) continue;
     if (!device.is_cpu()) {
       inputs.copy_from_host_queued(host_inputs);  // staged: the host buffers are free at once

@@ -66,12 +66,13 @@ std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> to
         total += probs[j];
       }
       if (options.top_p < 1) {  // the nucleus: the first tokens (in order) reaching top_p
+        // probs[0] = 1 (the top logit) and top_p > 0: the nucleus holds at least that token.
         const double reach = options.top_p * total;
         double kept = 0;
         int64_t nucleus = 0;
         while (nucleus < k && kept < reach) kept += probs[nucleus++];
-        k = std::max<int64_t>(nucleus, 1);
-        total = kept > 0 ? kept : probs[0];
+        k = nucleus;
+        total = kept;
       }
       double u = static_cast<double>(rng.next_uniform()) * total;
       next = order[k - 1];

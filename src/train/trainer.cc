@@ -539,10 +539,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   auto next_batch = [&](size_t m) {
     const double t = now_seconds();
     train_data.next_batch(host_inputs[m].data<int32_t>(), host_targets[m].data<int32_t>());
-    if (config.data.eod_mask_loss)
-      mask_targets_after_eot(host_targets[m].data<int32_t>(), host_inputs[m].data<int32_t>(),
-                             micro * seq_len, static_cast<int32_t>(config.data.eot_token));
-    if (targets_masked)
+    if (config.data.eod_mask_loss)  // which also counts what is left
+      step_counted_targets +=
+          mask_targets_after_eot(host_targets[m].data<int32_t>(), host_inputs[m].data<int32_t>(),
+                                 micro * seq_len, static_cast<int32_t>(config.data.eot_token));
+    else if (targets_masked)
       step_counted_targets += counted_targets(host_targets[m].data<int32_t>(), micro * seq_len);
     if (masked) {
       document_starts(host_documents[m].data<int32_t>(), host_inputs[m].data<int32_t>(), micro,
