@@ -375,9 +375,9 @@ std::string find_latest_checkpoint(const std::string& checkpoints_dir) {
 
 Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
   json j = read_state_json(checkpoint_dir);
+  Gpt2Config c;
   try {
     const json& m = j.at("model");
-    Gpt2Config c;
     c.arch = parse_arch(m.value("arch", std::string("gpt2")));  // older checkpoints: GPT-2
     c.vocab_size = m.at("vocab_size").get<int64_t>();
     c.max_seq_len = m.at("max_seq_len").get<int64_t>();
@@ -398,10 +398,26 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
         c.rope_original_max_seq_len = s.at("original_max_seq_len").get<int64_t>();
       }
     }
-    return c;
   } catch (const json::exception& e) {
     fail("checkpoint ", checkpoint_dir, ": state.json lacks the model shape: ", e.what());
   }
+  // `loom sample` and `loom checkpoint export` build the model this describes before reading its
+  // tensors: a damaged shape is named here, not met as an allocation of its size or a division
+  // by zero. Every checkpoint holds the f32 values of every parameter in its tensor files.
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("checkpoint ", checkpoint_dir, ": state.json's model: ", e.what());
+  }
+  int64_t tensor_bytes = 0;
+  for (const auto& entry : fs::directory_iterator(checkpoint_dir))
+    if (entry.path().extension() == ".safetensors" && entry.is_regular_file())
+      tensor_bytes += static_cast<int64_t>(entry.file_size());
+  if (4 * c.num_parameters() > tensor_bytes)
+    fail("checkpoint ", checkpoint_dir, ": state.json's model has ", c.num_parameters(),
+         " parameters, more than its tensor files' ", tensor_bytes, " bytes hold (a damaged ",
+         "state.json, or tensor files missing)");
+  return c;
 }
 
 TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, AdamW* optimizer) {

@@ -230,15 +230,21 @@ HfName hf_name_of(const std::string& loom_name) {
 
 namespace {
 
+// A HuggingFace directory's config.json: a JSON object (its keys' types are checked where read).
 nlohmann::json read_hf_config(const fs::path& dir, const char* kind) {
   const fs::path config_path = dir / "config.json";
   std::ifstream config_file(config_path);
   if (!config_file) fail(config_path.string(), ": cannot read (a HuggingFace ", kind, " directory?)");
+  nlohmann::json config;
   try {
-    return nlohmann::json::parse(config_file);
+    config = nlohmann::json::parse(config_file);
   } catch (const nlohmann::json::exception& e) {
     fail(config_path.string(), ": not JSON: ", e.what());
   }
+  if (!config.is_object())
+    fail(config_path.string(), ": not a JSON object of the model's settings, but ",
+         config.type_name(), " ", config.dump().substr(0, 40));
+  return config;
 }
 
 // The tensors of a HuggingFace directory: model.safetensors, or the files that
@@ -266,13 +272,10 @@ std::map<std::string, Tensor> read_hf_tensors(const fs::path& dir) {
   return all;
 }
 
-// A Llama's HuggingFace tensors (LlamaForCausalLM's names) in Loom's parameters: the fused qkv
-// and gate/up weights from their row blocks; everything else one to one.
-void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layout,
-                           const Gpt2Config& model, FlatModelState& into) {
-  const fs::path dir(hf_dir);
-  const std::string config_path = (dir / "config.json").string();
-  const nlohmann::json config = read_hf_config(dir, "Llama");
+// Checks a LlamaForCausalLM's config.json against the model; returns its vocab_size. A key of
+// another type than LlamaConfig's (nlohmann's value() throws) is refused by the caller.
+int64_t check_llama_config(const std::string& config_path, const nlohmann::json& config,
+                           const Gpt2Config& model) {
   if (config.value("model_type", "") != "llama")
     fail(config_path, ": model_type = ", config.value("model_type", std::string("(none)")),
          ", but model.arch = \"llama\" starts from a LlamaForCausalLM directory");
@@ -331,6 +334,22 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
   const int64_t vocab = integer("vocab_size");
   if (vocab > model.vocab_size)
     fail(config_path, ": vocab_size = ", vocab, " exceeds model.vocab_size = ", model.vocab_size);
+  return vocab;
+}
+
+// A Llama's HuggingFace tensors (LlamaForCausalLM's names) in Loom's parameters: the fused qkv
+// and gate/up weights from their row blocks; everything else one to one.
+void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layout,
+                           const Gpt2Config& model, FlatModelState& into) {
+  const fs::path dir(hf_dir);
+  const std::string config_path = (dir / "config.json").string();
+  const nlohmann::json config = read_hf_config(dir, "Llama");
+  int64_t vocab = 0;
+  try {
+    vocab = check_llama_config(config_path, config, model);
+  } catch (const nlohmann::json::exception& e) {
+    fail(config_path, ": a key of another type than LlamaConfig's: ", e.what());
+  }
 
   const std::map<std::string, Tensor> tensors = read_hf_tensors(dir);
   const auto tensor = [&](const std::string& name, const Shape& shape) {
@@ -385,14 +404,7 @@ void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
          "model.tie_embeddings = false");
   const fs::path dir(hf_dir);
   const fs::path config_path = dir / "config.json";
-  std::ifstream config_file(config_path);
-  if (!config_file) fail(config_path.string(), ": cannot read (a HuggingFace GPT-2 directory?)");
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(config_file);
-  } catch (const nlohmann::json::exception& e) {
-    fail(config_path.string(), ": not JSON: ", e.what());
-  }
+  const nlohmann::json config = read_hf_config(dir, "GPT-2");
   const auto key = [&](const char* name) -> int64_t {
     if (!config.contains(name) || !config[name].is_number_integer())
       fail(config_path.string(), ": no integer \"", name, "\"");

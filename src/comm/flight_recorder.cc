@@ -132,34 +132,98 @@ std::string HangReport::text() const {
   return os.str();
 }
 
+namespace {
+
+// One rank's dump as written by FlightRecorder::dump, read and checked.
+struct Dump {
+  int rank = 0;
+  int world_size = 0;
+  std::map<std::string, std::vector<int>> groups;
+  std::vector<FlightRecord> records;
+};
+
+// Largest world a dump may claim: the analysis lists every rank without a dump.
+constexpr int kMaxDumpWorld = 1 << 20;
+
+// Reads `path`; throws loom::Error naming it and what is wrong (a dump damaged on its way to
+// the disk, or a file that is not one).
+Dump read_dump(const fs::path& path) {
+  const auto damaged = [&](const auto&... why) -> void {
+    fail("flight recorder dump ", path.string(), ": ", why...);
+  };
+  std::ifstream in(path);
+  Dump d;
+  try {
+    const json j = json::parse(in);
+    if (!j.is_object() || j.value("format", "") != "loom-flight-recorder")
+      damaged("not a Loom flight recorder dump");
+    d.rank = j.at("rank").get<int>();
+    d.world_size = j.at("world_size").get<int>();
+    if (d.world_size < 1 || d.world_size > kMaxDumpWorld || d.rank < 0 || d.rank >= d.world_size)
+      damaged("rank ", d.rank, " of world_size ", d.world_size);
+    d.groups = j.at("groups").get<std::map<std::string, std::vector<int>>>();
+    for (const auto& [group, members] : d.groups)
+      for (const int m : members)
+        if (m < 0 || m >= d.world_size) damaged("group '", group, "' has rank ", m);
+    for (const json& rec : j.at("records")) {
+      FlightRecord r;
+      r.group = rec.at("group").get<std::string>();
+      r.seq = rec.at("seq").get<int64_t>();
+      r.op = rec.at("op").get<std::string>();
+      const std::string state = rec.at("state").get<std::string>();
+      const FlightState states[] = {FlightState::kIssued, FlightState::kStarted,
+                                    FlightState::kCompleted, FlightState::kFailed};
+      const auto known = std::find_if(std::begin(states), std::end(states),
+                                      [&](FlightState s) { return flight_state_name(s) == state; });
+      if (known == std::end(states)) damaged("a record's state '", state, "'");
+      r.state = *known;
+      d.records.push_back(std::move(r));
+    }
+  } catch (const json::exception& e) {
+    damaged("not valid: ", e.what());
+  }
+  return d;
+}
+
+}  // namespace
+
 HangReport analyze_flight_dumps(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail("flight recorder directory ", dir, " does not exist");
   struct Rank {
     std::map<std::string, std::vector<int>> groups;
-    std::vector<json> records;
+    std::vector<FlightRecord> records;
   };
   std::map<int, Rank> ranks;
   HangReport report;
+  // A damaged dump (cut short by a full disk, say) is named and skipped: the others still tell
+  // where the job hangs, and its rank counts as one without a dump.
+  std::vector<std::string> damaged;
+  std::vector<fs::path> paths;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("rank_", 0) != 0 || entry.path().extension() != ".json") continue;
-    std::ifstream in(entry.path());
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      fail("flight recorder dump ", entry.path().string(), " is not valid JSON: ", e.what());
-    }
-    if (j.value("format", "") != "loom-flight-recorder")
-      fail(entry.path().string(), " is not a Loom flight recorder dump");
-    Rank& r = ranks[j.at("rank").get<int>()];  // a rank's second dump adds to its first
-    for (auto& [group, members] : j.at("groups").get<std::map<std::string, std::vector<int>>>())
-      r.groups[group] = std::move(members);
-    for (const auto& rec : j.at("records")) r.records.push_back(rec);
-    report.world_size = std::max(report.world_size, j.at("world_size").get<int>());
+    if (name.rfind("rank_", 0) == 0 && entry.path().extension() == ".json")
+      paths.push_back(entry.path());
   }
-  if (ranks.empty()) fail("no flight recorder dumps (rank_*.json) in ", dir);
+  std::sort(paths.begin(), paths.end());
+  for (const fs::path& path : paths) {
+    Dump d;
+    try {
+      d = read_dump(path);
+    } catch (const Error& e) {
+      damaged.push_back(e.what());
+      continue;
+    }
+    Rank& r = ranks[d.rank];  // a rank's second dump adds to its first
+    for (auto& [group, members] : d.groups) r.groups[group] = std::move(members);
+    for (FlightRecord& rec : d.records) r.records.push_back(std::move(rec));
+    report.world_size = std::max(report.world_size, d.world_size);
+  }
+  if (ranks.empty()) {
+    if (!damaged.empty())
+      fail(damaged.front(), damaged.size() > 1 ? " (and every other dump)" : "");
+    fail("no flight recorder dumps (rank_*.json) in ", dir);
+  }
   for (int r = 0; r < report.world_size; ++r)
     if (!ranks.count(r)) report.missing_dumps.push_back(r);
   if (!report.missing_dumps.empty())
@@ -173,21 +237,21 @@ HangReport analyze_flight_dumps(const std::string& dir) {
     for (const auto& [group, world_ranks] : r.groups) members[group] = world_ranks;
   for (const auto& [group, world_ranks] : members) {
     std::map<int, int64_t> last_issued;      // rank -> highest seq issued (-1: none)
-    std::map<int, json> stuck;               // rank -> first record not completed
-    std::map<int, json> last_record;
+    std::map<int, FlightRecord> stuck;       // rank -> first record not completed
+    std::map<int, FlightRecord> last_record;
     for (int rank : world_ranks) {
       auto it = ranks.find(rank);
       // A rank whose dumps lack the group (e.g. its nccl dump is missing) says nothing of it.
       if (it == ranks.end() || !it->second.groups.count(group)) continue;
       last_issued[rank] = -1;
-      for (const json& rec : it->second.records) {
-        if (rec.at("group") != group) continue;
-        const int64_t seq = rec.at("seq").get<int64_t>();
-        if (seq > last_issued[rank]) {
-          last_issued[rank] = seq;
+      for (const FlightRecord& rec : it->second.records) {
+        if (rec.group != group) continue;
+        if (rec.seq > last_issued[rank]) {
+          last_issued[rank] = rec.seq;
           last_record[rank] = rec;
         }
-        if (rec.at("state") != "completed" && (!stuck.count(rank) || seq < stuck[rank]["seq"].get<int64_t>()))
+        if (rec.state != FlightState::kCompleted &&
+            (!stuck.count(rank) || rec.seq < stuck[rank].seq))
           stuck[rank] = rec;
       }
     }
@@ -196,9 +260,9 @@ HangReport analyze_flight_dumps(const std::string& dir) {
     int64_t wait_seq = INT64_MAX;
     std::string wait_op;
     for (const auto& [rank, rec] : stuck) {
-      if (rec.at("seq").get<int64_t>() < wait_seq) {
-        wait_seq = rec.at("seq").get<int64_t>();
-        wait_op = rec.at("op").get<std::string>();
+      if (rec.seq < wait_seq) {
+        wait_seq = rec.seq;
+        wait_op = rec.op;
       }
     }
     std::vector<int> waiting, behind, missing, unrecorded;
@@ -219,12 +283,13 @@ HangReport analyze_flight_dumps(const std::string& dir) {
     if (!behind.empty()) {
       line += "; rank(s) " + join(behind) + " never reached #" + std::to_string(wait_seq);
       for (int rank : behind) {
-        const json& rec = last_record[rank];
         line += rank == behind.front() ? " (last:" : ";";
-        line += rec.is_null() ? " rank " + std::to_string(rank) + " issued nothing in this group"
-                              : " rank " + std::to_string(rank) + " " + rec.at("op").get<std::string>() +
-                                    " #" + std::to_string(rec.at("seq").get<int64_t>()) + " " +
-                                    rec.at("state").get<std::string>();
+        const auto rec = last_record.find(rank);
+        line += rec == last_record.end()
+                    ? " rank " + std::to_string(rank) + " issued nothing in this group"
+                    : " rank " + std::to_string(rank) + " " + rec->second.op + " #" +
+                          std::to_string(rec->second.seq) + " " +
+                          std::string(flight_state_name(rec->second.state));
       }
       line += ")";
     }
@@ -238,6 +303,7 @@ HangReport analyze_flight_dumps(const std::string& dir) {
     }
   }
   if (report.findings.empty()) report.findings.push_back("every recorded operation completed: no hang in the dumps");
+  for (const std::string& why : damaged) report.findings.push_back(why + "; skipped");
   return report;
 }
 

@@ -18,6 +18,18 @@
 
 namespace loom {
 
+// The largest model sizes Loom builds: far past today's largest dense models (Llama 3.1 405B:
+// vocabulary 128256, d_model 16384, 126 layers, SwiGLU width 53248), and small enough that every
+// count derived from them (parameters, flops per token, buffer sizes) fits an int64_t. A token id
+// is an int32_t wherever it is read.
+struct ModelLimits {
+  static constexpr int64_t kVocabSize = int64_t{1} << 31;
+  static constexpr int64_t kSeqLen = int64_t{1} << 24;  // also max_seq_len
+  static constexpr int64_t kDModel = int64_t{1} << 17;
+  static constexpr int64_t kLayers = int64_t{1} << 14;
+  static constexpr int64_t kFfnHidden = int64_t{1} << 20;
+};
+
 struct ModelConfig {
   // "gpt2" (learned positions, LayerNorm, GELU MLP, biases) or "llama" (rotary positions,
   // RMSNorm, SwiGLU MLP, no biases, grouped-query attention): models/gpt2.h

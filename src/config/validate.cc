@@ -27,6 +27,9 @@ class Problems {
   void non_negative(const char* key, int64_t v) {
     if (v < 0) add(key, " = ", v, " must be >= 0");
   }
+  void at_most(const char* key, int64_t v, int64_t most) {
+    if (v > most) add(key, " = ", v, " is past the largest Loom builds, ", most);
+  }
   // [lo, hi] or, with hi_open, [lo, hi). NaN fails every range.
   void in_range(const char* key, double v, double lo, double hi, bool hi_open = false) {
     const bool ok = v >= lo && (hi_open ? v < hi : v <= hi);
@@ -111,6 +114,12 @@ void validate_model(const ModelConfig& m, Problems& p) {
   p.positive("model.d_model", m.d_model);
   p.positive("model.n_layers", m.n_layers);
   p.positive("model.n_heads", m.n_heads);
+  p.at_most("model.vocab_size", m.vocab_size, ModelLimits::kVocabSize);
+  p.at_most("model.seq_len", m.seq_len, ModelLimits::kSeqLen);
+  p.at_most("model.max_seq_len", m.max_seq_len, ModelLimits::kSeqLen);
+  p.at_most("model.d_model", m.d_model, ModelLimits::kDModel);
+  p.at_most("model.n_layers", m.n_layers, ModelLimits::kLayers);
+  p.at_most("model.ffn_hidden", m.ffn_hidden, ModelLimits::kFfnHidden);
   if (m.n_heads > 0 && m.d_model % m.n_heads != 0)
     p.add("model.n_heads = ", m.n_heads, " does not divide model.d_model = ", m.d_model);
   p.non_negative("model.max_seq_len", m.max_seq_len);
@@ -275,7 +284,8 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
     if (m.resolved_n_kv_heads() > 0 && m.resolved_n_kv_heads() % par.tp != 0)
       p.add("parallel.tp = ", par.tp, " does not divide the key/value heads, model.n_kv_heads = ",
             m.resolved_n_kv_heads());
-    if (m.d_model > 0 && m.ffn_hidden >= 0 && m.resolved_ffn_hidden() % par.tp != 0)
+    if (m.d_model > 0 && m.d_model <= ModelLimits::kDModel && m.ffn_hidden >= 0 &&
+        m.resolved_ffn_hidden() % par.tp != 0)
       p.add("parallel.tp = ", par.tp, " does not divide the SwiGLU's hidden width ",
             m.resolved_ffn_hidden(), " (model.ffn_hidden)");
   }

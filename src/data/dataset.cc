@@ -274,7 +274,7 @@ SftExample parse_sft_line(const std::string& line, const std::string& where) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range
     fail("prepare_sft_dataset: ", where, ": not JSON: ", e.what());
   }
   if (!j.is_object()) fail("prepare_sft_dataset: ", where, ": not a JSON object");

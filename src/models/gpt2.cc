@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "base/error.h"
+#include "config/config.h"
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
 #include "nn/rounded_weights.h"
@@ -44,7 +45,15 @@ void Gpt2Config::validate() const {
   if (n_layers <= 0) fail("model.n_layers must be positive, got ", n_layers);
   if (n_heads <= 0 || d_model % n_heads != 0)
     fail("model.n_heads = ", n_heads, " does not divide model.d_model = ", d_model);
+  const auto at_most = [](const char* key, int64_t v, int64_t most) {
+    if (v > most) fail(key, " = ", v, " is past the largest Loom builds, ", most);
+  };
+  at_most("model.vocab_size", vocab_size, ModelLimits::kVocabSize);
+  at_most("model.max_seq_len", max_seq_len, ModelLimits::kSeqLen);
+  at_most("model.d_model", d_model, ModelLimits::kDModel);
+  at_most("model.n_layers", n_layers, ModelLimits::kLayers);
   if (!llama()) return;
+  at_most("model.ffn_hidden", ffn_hidden, ModelLimits::kFfnHidden);
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
     fail("model.n_kv_heads = ", n_kv_heads, " does not divide model.n_heads = ", n_heads);
   if (head_dim() % 2 != 0)

@@ -9,15 +9,16 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "harness/error_of.h"
 #include "tensor/dtype.h"
 
 namespace loom {
@@ -203,6 +204,35 @@ TEST_F(ExportTest, HuggingFaceWeightsLoadWithPaddedVocabularyAndShorterContext) 
     EXPECT_NE(std::string(e.what()).find("n_embd = 24 but model.d_model = 48"), std::string::npos)
         << e.what();
   }
+}
+
+// A damaged model shape in state.json (which no digest covers: it holds them) is named by
+// read_checkpoint_model — before `loom sample` or an export builds the model it describes — not
+// met as a division by zero or an allocation of its size.
+TEST_F(ExportTest, ADamagedModelShapeIsNamedBeforeTheModelIsBuilt) {
+  const fs::path state = fs::path(checkpoint_) / "state.json";
+  std::ifstream in(state);
+  const nlohmann::json good = nlohmann::json::parse(in);
+  in.close();
+  const auto error_with = [&](const char* key, int64_t value) {
+    nlohmann::json j = good;
+    j["model"][key] = value;
+    std::ofstream(state) << j.dump(2);
+    return testutil::error_of([&] { read_checkpoint_model(checkpoint_); });
+  };
+  std::string e = error_with("n_heads", 0);
+  EXPECT_NE(e.find("state.json's model: model.n_heads = 0 does not divide model.d_model = 24"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find(checkpoint_), std::string::npos) << e;
+  e = error_with("n_layers", 1000);  // a bit flipped: a model the files cannot hold
+  EXPECT_NE(e.find("more than its tensor files'"), std::string::npos) << e;
+  e = error_with("d_model", int64_t{3} << 40);  // divisible by n_heads = 3
+  EXPECT_NE(e.find("model.d_model = 3298534883328 is past the largest Loom builds"),
+            std::string::npos)
+      << e;
+  std::ofstream(state) << good.dump(2);
+  EXPECT_EQ(read_checkpoint_model(checkpoint_).n_layers, 2);
 }
 
 TEST_F(ExportTest, BadFormatAndMissingCheckpointAreNamed) {
@@ -482,6 +512,17 @@ TEST(ImportLlama, AConfigThatDiffersIsNamed) {
                 .find("tie_word_embeddings = false but model.tie_embeddings = true"),
             std::string::npos);
   EXPECT_NE(error_with([](nlohmann::json& j) { j["model_type"] = "mistral"; }, c).find("model_type"),
+            std::string::npos);
+  // Found by tests/fuzz (fuzz_hf_import): a config.json that is no object, or a key of another
+  // type than LlamaConfig's, was an exception of the JSON library's that named no file.
+  EXPECT_NE(error_with([](nlohmann::json& j) { j = 4; }, c)
+                .find("config.json: not a JSON object of the model's settings, but number 4"),
+            std::string::npos);
+  EXPECT_NE(error_with([](nlohmann::json& j) { j["rope_theta"] = "500"; }, c)
+                .find("config.json: a key of another type than LlamaConfig's"),
+            std::string::npos);
+  EXPECT_NE(error_with([](nlohmann::json& j) { j["rope_scaling"] = 8; }, c)
+                .find("config.json: a key of another type than LlamaConfig's"),
             std::string::npos);
   EXPECT_EQ(error_with([](nlohmann::json&) {}, c), "no error");
   fs::remove_all(dir);

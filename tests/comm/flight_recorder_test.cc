@@ -136,5 +136,40 @@ TEST_F(FlightRecorderTest, BadDirectoryIsAClearError) {
   }
 }
 
+// A damaged dump among good ones (found by tests/fuzz: a dump without "rank", a record without
+// "seq", a world of 2^31 ranks escaped as the JSON library's exceptions, or listed every rank of
+// that world) is named and skipped; the others still say who never arrived, and its rank counts
+// as one without a dump.
+TEST_F(FlightRecorderTest, ADamagedDumpIsNamedAndSkipped) {
+  for (int r = 0; r < 4; ++r) {
+    FlightRecorder fr;
+    record(fr, 5, /*stuck=*/r != 3);
+    fr.dump(dir_.string(), r, 4, "timeout");
+  }
+  const auto damage = [&](const std::string& text) {
+    std::ofstream(dir_ / "rank_00002.json") << text;
+    return analyze_flight_dumps(dir_.string());
+  };
+  for (
+      const char* text :
+      {R"({"format": "loom-flight-recorder", "world_size": 4, "groups": {}, "records": []})",
+       R"({"format": "loom-flight-recorder", "rank": 2, "world_size": 2147483647, "groups": {}, "records": []})",
+       R"({"format": "loom-flight-recorder", "rank": 2, "world_size": 4, "groups": {"world": [0, 9]}, "records": []})",
+       R"({"format": "loom-flight-recorder", "rank": 2, "world_size": 4, "groups": {}, "records": [{"group": "world"}]})",
+       R"({"format": "loom-flight-recorder", "rank": 2, "world_size": 4, "groups": {}, "records": [{"group": "world", "seq": 1, "op": "send", "state": "lost"}]})",
+       R"([1, 2])"}) {
+    const HangReport report = damage(text);
+    SCOPED_TRACE(text);
+    EXPECT_EQ(report.world_size, 4);
+    EXPECT_EQ(report.missing_dumps, std::vector<int>{2});
+    const std::string out = report.text();
+    EXPECT_NE(out.find("rank(s) 3 never reached #5"), std::string::npos) << out;
+    EXPECT_NE(out.find("flight recorder dump " + (dir_ / "rank_00002.json").string() + ": "),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("; skipped"), std::string::npos) << out;
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -548,6 +548,34 @@ TEST(Config, OverridesParseByKeyType) {
   EXPECT_EQ(c.data.val, "a=b");
 }
 
+// Sizes past what Loom builds are refused by name: every count derived from them (parameters,
+// flops, buffer sizes) must fit an int64_t.
+TEST(Config, ModelSizesPastTheLimitsAreNamed) {
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.d_model = int64_t{1} << 40; }),
+                       "model.d_model = 1099511627776 is past the largest Loom builds, 131072"));
+  EXPECT_TRUE(
+      Contains(validate_error([](Config& c) { c.model.vocab_size = (int64_t{1} << 31) + 1; }),
+               "model.vocab_size"));
+  const std::string e = validate_error([](Config& c) {
+    c.model.arch = "llama";
+    c.model.n_layers = 1 << 20;
+    c.model.ffn_hidden = int64_t{1} << 21;
+    c.parallel.tp = 2;
+  });
+  EXPECT_TRUE(Contains(e, "model.n_layers = 1048576 is past the largest Loom builds, 16384")) << e;
+  EXPECT_TRUE(Contains(e, "model.ffn_hidden = 2097152 is past")) << e;
+  Config llama405b;  // Llama 3.1 405B's shape is inside them
+  llama405b.model.arch = "llama";
+  llama405b.model.vocab_size = 128256;
+  llama405b.model.d_model = 16384;
+  llama405b.model.n_layers = 126;
+  llama405b.model.n_heads = 128;
+  llama405b.model.n_kv_heads = 8;
+  llama405b.model.ffn_hidden = 53248;
+  llama405b.model.seq_len = 131072;
+  EXPECT_NO_THROW(validate(llama405b));
+}
+
 TEST(Config, BadOverridesAreNamed) {
   std::string e = override_error("train.steps=abc");
   EXPECT_TRUE(Contains(e, "--set 'train.steps=abc'"));
@@ -558,6 +586,19 @@ TEST(Config, BadOverridesAreNamed) {
 
   e = override_error("train.recompute=yes");
   EXPECT_TRUE(Contains(e, "key 'train.recompute' expects a boolean"));
+
+  // A bare string must be UTF-8, as TOML's are: the run directory's config.toml, which a resume
+  // reads back, could not hold it (found by tests/fuzz: fuzz_config's round trip).
+  e = override_error("data.train=/data/\xff.bin");
+  EXPECT_TRUE(Contains(e, "--set 'data.train=/data/")) << e;
+  EXPECT_TRUE(Contains(e, "the value is not UTF-8 (byte 6 of it)")) << e;
+  EXPECT_TRUE(Contains(override_error("data.train=\xc0\xaf"), "not UTF-8 (byte 0"));  // overlong
+  EXPECT_TRUE(
+      Contains(override_error("data.train=a\xed\xa0\x80"), "not UTF-8 (byte 1"));       // surrogate
+  EXPECT_TRUE(Contains(override_error("data.train=ab\xe2\x82"), "not UTF-8 (byte 2"));  // cut short
+  Config c;
+  apply_override(c, "data.train=/données/€/𝄞\tx.bin");
+  EXPECT_EQ(parse_config(to_toml(c), "config.toml"), c);
 
   e = override_error("train.lr=1\nx=2");  // no smuggling extra TOML in
   EXPECT_TRUE(Contains(e, "key 'train.lr' expects a float"));

@@ -251,6 +251,12 @@ TEST(LossMask, PreparedSftExamplesCountTheirCompletions) {
   std::ofstream(bad) << "not json\n";
   expect_error([&] { prepare_sft_dataset({bad}, dir.file("bad_out"), options); },
                {"bad.jsonl' line 1", "not JSON"});
+  // A number past a double's range (found by tests/fuzz: the JSON library's out_of_range, not a
+  // parse error, escaped as an internal error).
+  std::ofstream(bad) << R"({"prompt": "a", "completion": "b", "weight": 1e999})"
+                     << "\n";
+  expect_error([&] { prepare_sft_dataset({bad}, dir.file("bad_out"), options); },
+               {"bad.jsonl' line 1", "not JSON", "number overflow"});
 }
 
 }  // namespace

@@ -1,0 +1,92 @@
+// Fuzzes train.init_from's reader of a HuggingFace model directory (config.json and
+// model.safetensors) for GPT-2 and Llama: the directories of two small models' exports are made
+// once; each input replaces one file — byte 0: bit 0 picks config.json or model.safetensors,
+// bit 1 GPT-2 or Llama — with the rest. Properties: a refusal is a loom::Error; the unchanged
+// directory loads (checked once), and an accepted one sets every parameter's values
+// from the file (none left from before).
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/export.h"
+#include "fuzz_common.h"
+
+namespace {
+namespace fs = std::filesystem;
+using namespace loom;
+
+struct HfDir {
+  Gpt2Config config;
+  std::unique_ptr<Gpt2> model;
+  fs::path dir;
+  std::string files[2];
+};
+const char* const kFiles[2] = {"config.json", "model.safetensors"};
+
+HfDir make(bool llama) {
+  HfDir h;
+  h.config.vocab_size = 8;
+  h.config.max_seq_len = 4;
+  h.config.d_model = 8;
+  h.config.n_layers = 1;
+  h.config.n_heads = 2;
+  if (llama) {
+    h.config.arch = Arch::kLlama;
+    h.config.n_kv_heads = 1;
+    h.config.ffn_hidden = 12;
+  }
+  h.model = std::make_unique<Gpt2>(h.config);
+  h.model->build(DType::kF32, Device::cpu(), 5);
+  const fs::path base = fuzz::scratch_dir() / (llama ? "llama" : "gpt2");
+  const std::string ckpt = save_checkpoint((base / "checkpoints").string(), *h.model, nullptr, {});
+  h.dir = base / "hf";
+  export_checkpoint(ckpt, "hf", h.dir.string());
+  for (int i = 0; i < 2; ++i) {
+    std::ifstream f(h.dir / kFiles[i], std::ios::binary);
+    h.files[i] = {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    fuzz::seed(std::string(llama ? "llama_" : "gpt2_") + kFiles[i],
+               static_cast<char>(i | (llama ? 2 : 0)) + h.files[i]);
+  }
+  return h;
+}
+
+FlatModelState load(HfDir& h) {
+  const int64_t n = h.model->params().numel();
+  FlatModelState into{Tensor::zeros({n}, DType::kF32), Tensor::zeros({n}, DType::kF32),
+                      Tensor::zeros({n}, DType::kF32)};
+  float* v = into.values.data<float>();
+  std::fill(v, v + n, -1234.5f);
+  load_hf_weights(h.dir.string(), h.model->params(), h.config, into);
+  return into;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static HfDir dirs[2] = {make(false), make(true)};
+  static const bool unchanged_loads = [] {
+    for (HfDir& h : dirs) load(h);  // throws (and so fails) if the exports do not load
+    return true;
+  }();
+  fuzz::require(unchanged_loads, "the unchanged directories load");
+  if (size == 0) return 0;
+  HfDir& h = dirs[(data[0] >> 1) & 1];
+  const int which = data[0] & 1;
+  const std::string_view content(reinterpret_cast<const char*>(data) + 1, size - 1);
+  for (int i = 0; i < 2; ++i)
+    fuzz::write_file(h.dir / kFiles[i], i == which ? content : h.files[i]);
+  FlatModelState into;
+  if (!fuzz::accepts([&] { into = load(h); })) return 0;
+  // Padding between parameters stays as filled; every parameter's own values were written.
+  for (const auto& p : h.model->params().parameters()) {
+    const float* v = into.values.data<float>() + p->offset;
+    for (int64_t i = 0; i < p->value.numel(); ++i)
+      fuzz::require(v[i] != -1234.5f, "every parameter is set from the file");
+  }
+  return 0;
+}
