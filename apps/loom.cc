@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -21,6 +22,7 @@
 #include "comm/flight_recorder.h"
 #include "comm/mpi/launch_env.h"
 #include "config/config.h"
+#include "data/bpe_tokenizer.h"
 #include "data/dataset.h"
 #include "data/inspect.h"
 #include "data/tokenizer.h"
@@ -267,7 +269,8 @@ int cmd_verify(const std::vector<std::string>& paths) {
 }
 
 int cmd_sample(const std::string& checkpoint_path, const std::string& prompt,
-               const SampleOptions& opt, uint64_t seed, int threads) {
+               const SampleOptions& opt, uint64_t seed, int threads,
+               const std::string& tokenizer_path) {
   // A run directory (or one of checkpoints): its newest; nothing there: the path as given, so
   // that reading it says what is missing.
   const std::vector<std::string> found = checkpoints_at(checkpoint_path);
@@ -281,10 +284,26 @@ int cmd_sample(const std::string& checkpoint_path, const std::string& prompt,
   runtime.threads_per_rank = threads;
   ThreadPool pool(runtime.resolved_threads_per_rank());
   Context ctx{&pool, Device::cpu(), DType::kF32};
+  RandomStream rng(seed, "sample");
+  if (!tokenizer_path.empty()) {  // the model's own BPE vocabulary (an imported Hub model's)
+    const BpeTokenizer tok(tokenizer_path);
+    if (mc.vocab_size < tok.vocab_size())
+      fail("checkpoint ", checkpoint, ": vocab_size ", mc.vocab_size, " is smaller than ",
+           tok.path(), "'s ", tok.vocab_size(), " tokens: a model of another vocabulary");
+    const std::vector<int32_t> ids = tok.encode(prompt);  // with the BOS the tokenizer adds
+    SampleOptions in_vocabulary = opt;
+    in_vocabulary.vocab = tok.vocab_size();  // never a padding row of the model's
+    const std::vector<int32_t> out = generate(ctx, model, ids, in_vocabulary, rng);
+    // The prompt as given, then the new tokens' text (byte-level BPE decodes token by token).
+    std::cout << prompt
+              << tok.decode({out.begin() + static_cast<std::ptrdiff_t>(ids.size()), out.end()})
+              << std::endl;
+    return 0;
+  }
   ByteTokenizer tok;
   if (mc.vocab_size < ByteTokenizer::kVocabSize)
-    fail("checkpoint ", checkpoint, ": vocab_size ", mc.vocab_size, " is smaller than the byte tokenizer's 256");
-  RandomStream rng(seed, "sample");
+    fail("checkpoint ", checkpoint, ": vocab_size ", mc.vocab_size,
+         " is smaller than the byte tokenizer's 256");
   std::vector<int32_t> out = generate(ctx, model, tok.encode(prompt), opt, rng);
   std::string text;
   for (int32_t t : out) text += t < 256 ? static_cast<char>(t) : '?';
@@ -438,7 +457,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputs;
   std::string out_dir;
   PrepareOptions prep;
-  auto* prepare_cmd = data_cmd->add_subcommand("prepare", "byte-tokenise text files into train/val shards");
+  auto* prepare_cmd = data_cmd->add_subcommand(
+      "prepare", "tokenise text files (bytes, or --tokenizer) into train/val shards");
   prepare_cmd->add_option("inputs", inputs, "text files")->required();
   prepare_cmd->add_option("--out", out_dir, "output directory")->required();
   prepare_cmd->add_option("--val-fraction", prep.val_fraction, "held-out tail fraction")->capture_default_str();
@@ -451,8 +471,18 @@ int main(int argc, char** argv) {
                         "(data.loss_mask); --val-fraction of the examples held out");
   prepare_cmd
       ->add_option("--eot", prepare_eot,
-                   "with --sft: an end-of-text byte after each completion, counted")
-      ->check(CLI::Range(0, 255));
+                   "the end-of-text token: with --sft after each completion, counted (a byte "
+                   "0..255 without --tokenizer); with --tokenizer after each file too (default: "
+                   "the tokenizer's <|end_of_text|>, <|endoftext|>, </s>, <|im_end|> or <eos>)")
+      ->check(CLI::NonNegativeNumber);
+  std::string prepare_tokenizer;
+  bool prepare_no_eot = false;
+  prepare_cmd->add_option("--tokenizer", prepare_tokenizer,
+                          "a HuggingFace byte-level BPE tokenizer (tokenizer.json, or a model "
+                          "directory with one: GPT-2, Llama 3, SmolLM, ...) instead of bytes; "
+                          "the same shards as tools/tokenize_hf.py");
+  prepare_cmd->add_flag("--no-eot", prepare_no_eot,
+                        "with --tokenizer: no end-of-text token after each file");
   int64_t synth_train = 2'000'000, synth_val = 100'000;
   uint64_t synth_seed = 1;
   auto* synth_cmd = data_cmd->add_subcommand("synth", "make a learnable synthetic corpus (addition problems)");
@@ -509,6 +539,10 @@ int main(int argc, char** argv) {
                    "fine-tuned model ends its completions with; -1 = none")
       ->capture_default_str();
   sample_cmd->add_option("--seed", sample_seed)->capture_default_str();
+  std::string sample_tokenizer;
+  sample_cmd->add_option("--tokenizer", sample_tokenizer,
+                         "the model's HuggingFace byte-level BPE tokenizer (tokenizer.json, or a "
+                         "model directory with one) for the prompt and the output; default: bytes");
   sample_cmd->add_option("--threads", sample_threads, "0 = all cores");
   bool no_kv_cache = false;
   sample_cmd->add_flag("--no-kv-cache", no_kv_cache,
@@ -749,12 +783,35 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (prepare_cmd->parsed()) {
-      if (prepare_eot >= 0 && !prepare_sft) fail("loom data prepare: --eot needs --sft");
-      PrepareResult r = prepare_sft ? prepare_sft_dataset(inputs, out_dir, prep, prepare_eot)
-                                    : prepare_dataset(inputs, out_dir, prep);
+      std::optional<BpeTokenizer> tok;
+      if (!prepare_tokenizer.empty()) tok.emplace(prepare_tokenizer);
+      if (!tok && prepare_no_eot) fail("loom data prepare: --no-eot needs --tokenizer");
+      if (!tok && prepare_eot >= 0 && !prepare_sft)
+        fail(
+            "loom data prepare: --eot needs --sft or --tokenizer (the byte tokenizer has no "
+            "end-of-text token)");
+      if (prepare_sft && prepare_no_eot)
+        fail("loom data prepare: --sft needs the end-of-text token (the model learns to stop)");
+      int64_t eot = prepare_eot;
+      if (tok && eot < 0 && !prepare_no_eot) {
+        const std::optional<int32_t> known = tok->end_of_text();
+        if (!known)
+          fail("loom data prepare: ", tok->path(), " has no end-of-text token Loom knows ",
+               "(<|end_of_text|>, <|endoftext|>, </s>, <|im_end|>, <eos>): give --eot ID or "
+               "--no-eot");
+        eot = *known;
+      }
+      PrepareResult r = prepare_sft
+                            ? prepare_sft_dataset(inputs, out_dir, prep, eot, tok ? &*tok : nullptr)
+                        : tok ? prepare_tokenized_dataset(inputs, out_dir, *tok, prep, eot)
+                              : prepare_dataset(inputs, out_dir, prep);
       std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens%s\n", out_dir.c_str(),
                    static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens),
                    prepare_sft ? ", loss masks beside them (the completions count)" : "");
+      if (tok)
+        std::fprintf(stderr, "%s shards of %s (end-of-text %ld): model.vocab_size >= %ld\n",
+                     tok->vocab_size() > 65536 ? "uint32" : "uint16", tok->path().c_str(),
+                     static_cast<long>(eot), static_cast<long>(tok->vocab_size()));
       return 0;
     }
     if (synth_cmd->parsed()) {
@@ -785,7 +842,7 @@ int main(int argc, char** argv) {
     }
     if (sample_cmd->parsed()) {
       sample.kv_cache = !no_kv_cache;
-      return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads);
+      return cmd_sample(checkpoint, prompt, sample, sample_seed, sample_threads, sample_tokenizer);
     }
     if (bench_train->parsed()) return cmd_bench(shape, bench, json);
     if (bench_fma->parsed()) {

@@ -160,7 +160,7 @@ def main():
                 tokens += encode(f.read())
             if eos is not None:
                 tokens.append(eos)
-        n_val = round(len(tokens) * args.val_fraction)
+        n_val = int(len(tokens) * args.val_fraction + 0.5)  # as Loom's llround (not round's ties to even)
         if args.val_fraction > 0:
             n_val = max(n_val, 1)
     wide = max(tokens, default=0) > 65535 or vocab > 65536

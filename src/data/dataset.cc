@@ -10,10 +10,12 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <system_error>
 
 #include "base/check.h"
 #include "base/error.h"
+#include "data/bpe_tokenizer.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "tensor/rng.h"
@@ -52,23 +54,29 @@ int64_t shard_index_of(const std::string& name, std::string_view split) {
 }
 
 // Accumulates the tokens of one split and writes them as out_dir/<split>_NNNNNN.bin shards of
-// shard_tokens tokens each.
+// shard_tokens tokens each: uint16 ones, or with `wide` uint32 ones (vocabularies past 65536).
 class ShardWriter {
  public:
   // total_tokens only sizes the buffer: min(shard_tokens, total_tokens).
-  ShardWriter(std::string out_dir, std::string split, int64_t shard_tokens, int64_t total_tokens)
-      : out_dir_(std::move(out_dir)), split_(std::move(split)), shard_tokens_(shard_tokens) {
-    buffer_.reserve(static_cast<size_t>(std::min(shard_tokens_, total_tokens)));
+  ShardWriter(std::string out_dir, std::string split, int64_t shard_tokens, int64_t total_tokens,
+              bool wide = false)
+      : out_dir_(std::move(out_dir)),
+        split_(std::move(split)),
+        shard_tokens_(shard_tokens),
+        wide_(wide) {
+    const auto reserve = static_cast<size_t>(std::min(shard_tokens_, total_tokens));
+    wide_ ? buffer32_.reserve(reserve) : buffer_.reserve(reserve);
   }
 
-  void push(uint16_t token) {
-    buffer_.push_back(token);
+  void push(uint32_t token) {
+    LOOM_CHECK(wide_ || token <= 0xffff);
+    wide_ ? buffer32_.push_back(token) : buffer_.push_back(static_cast<uint16_t>(token));
     ++tokens_;
-    if (static_cast<int64_t>(buffer_.size()) == shard_tokens_) flush();
+    if (static_cast<int64_t>(wide_ ? buffer32_.size() : buffer_.size()) == shard_tokens_) flush();
   }
   // The same with the token's loss-mask entry (1: it counts as a target): every shard of this
   // writer then gets its mask (data/shard.h).
-  void push(uint16_t token, bool counts) {
+  void push(uint32_t token, bool counts) {
     masks_ = true;
     mask_buffer_.push_back(counts ? 1 : 0);
     push(token);
@@ -76,7 +84,7 @@ class ShardWriter {
 
   // Writes the last (short) shard and deletes stale shards of this split left by earlier runs.
   std::vector<std::string> finish() {
-    if (!buffer_.empty()) flush();
+    if (!buffer_.empty() || !buffer32_.empty()) flush();
     for (const fs::path& entry : list_dir(out_dir_, "dataset '" + out_dir_ + "'")) {
       const int64_t index = shard_index_of(entry.filename().string(), split_);
       if (index < static_cast<int64_t>(paths_.size())) continue;  // -1: not a shard of split_
@@ -97,16 +105,23 @@ class ShardWriter {
     const std::string path =
         (fs::path(out_dir_) / shard_file_name(split_, static_cast<int64_t>(paths_.size())))
             .string();
-    write_shard(path, buffer_);  // removes a mask of the shard's old tokens
+    if (wide_) {
+      write_shard32(path, buffer32_);  // removes a mask of the shard's old tokens
+    } else {
+      write_shard(path, buffer_);
+    }
     if (masks_) write_loss_mask(loss_mask_path(path), mask_buffer_);
     paths_.push_back(path);
     buffer_.clear();
+    buffer32_.clear();
     mask_buffer_.clear();
   }
 
   std::string out_dir_, split_;
   int64_t shard_tokens_;
+  bool wide_;
   std::vector<uint16_t> buffer_;
+  std::vector<uint32_t> buffer32_;
   bool masks_ = false;
   std::vector<uint8_t> mask_buffer_;
   std::vector<std::string> paths_;
@@ -129,6 +144,18 @@ void create_out_dir(const std::string& out_dir) {
   fs::create_directories(out_dir, ec);
   if (ec) fail("dataset '", out_dir, "': cannot create the directory: ", ec.message());
   if (!fs::is_directory(out_dir, ec)) fail("dataset '", out_dir, "': not a directory");
+}
+
+// How many of n tokens (or examples) the split rule holds out for validation: the last
+// round(n × val_fraction), at least one when val_fraction > 0; at least one must be left.
+int64_t held_out(int64_t n, double val_fraction, const char* what, const char* unit) {
+  int64_t n_val = 0;
+  if (val_fraction > 0)
+    n_val = std::max<int64_t>(1, std::llround(static_cast<double>(n) * val_fraction));
+  if (n - n_val < 1)
+    fail(what, ": ", n, " ", unit, " with val_fraction = ", val_fraction,
+         " leave nothing for training");
+  return n_val;
 }
 
 void check_shard_tokens(int64_t shard_tokens) {
@@ -225,13 +252,8 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
     if (ec) fail("prepare_dataset: input file '", input, "': ", ec.message());
   }
   if (n == 0) fail("prepare_dataset: the input files are all empty (first: '", inputs[0], "')");
-  int64_t n_val = 0;
-  if (options.val_fraction > 0)
-    n_val = std::max<int64_t>(1, std::llround(static_cast<double>(n) * options.val_fraction));
+  const int64_t n_val = held_out(n, options.val_fraction, "prepare_dataset", "tokens");
   const int64_t n_train = n - n_val;
-  if (n_train < 1)
-    fail("prepare_dataset: ", n, " tokens with val_fraction = ", options.val_fraction,
-         " leave nothing for training");
 
   // 2. Stream the bytes: the first n_train tokens to train shards, the rest to val shards.
   create_out_dir(out_dir);
@@ -249,7 +271,7 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
       if (got == 0) break;
       for (int32_t token : tokenizer.encode(std::string_view(block.data(), got))) {
         if (seen == n) fail("prepare_dataset: input file '", input, "' grew while reading");
-        (seen < n_train ? train : val).push(static_cast<uint16_t>(token));
+        (seen < n_train ? train : val).push(static_cast<uint32_t>(token));
         ++seen;
       }
     }
@@ -309,41 +331,81 @@ void for_each_sft_example(const std::vector<std::string>& inputs,
 
 PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
                                   const std::string& out_dir, const PrepareOptions& options,
-                                  int64_t eot) {
+                                  int64_t eot, const BpeTokenizer* tokenizer) {
   if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0))
     fail("prepare_sft_dataset: val_fraction = ", options.val_fraction, ": must be in [0, 1)");
   check_shard_tokens(options.shard_tokens);
   if (inputs.empty()) fail("prepare_sft_dataset: no input files");
-  if (eot > 255) fail("prepare_sft_dataset: eot = ", eot, " is not a byte token (0..255, or -1)");
+  if (tokenizer == nullptr && eot > 255)
+    fail("prepare_sft_dataset: eot = ", eot, " is not a byte token (0..255, or -1)");
+  if (tokenizer != nullptr && !(eot >= 0 && eot < tokenizer->vocab_size()))
+    fail("prepare_sft_dataset: eot = ", eot, " is not a token of ", tokenizer->path(), " (0..",
+         tokenizer->vocab_size() - 1, "): the completions need their end-of-text");
   // 1. Every line parsed once to count the examples (errors before anything is written); the
   //    last val_fraction of them are held out, whole.
   int64_t n = 0;
   for_each_sft_example(inputs, [&](const SftExample&) { ++n; });
   if (n == 0)
     fail("prepare_sft_dataset: no examples in the input files (first: '", inputs[0], "')");
-  int64_t n_val = 0;
-  if (options.val_fraction > 0)
-    n_val = std::max<int64_t>(1, std::llround(static_cast<double>(n) * options.val_fraction));
-  if (n - n_val < 1)
-    fail("prepare_sft_dataset: ", n, " examples with val_fraction = ", options.val_fraction,
-         " leave nothing for training");
+  const int64_t n_val = held_out(n, options.val_fraction, "prepare_sft_dataset", "examples");
 
   // 2. Each example's prompt bytes (no target counts) then its completion's and the end-of-text
   //    token (each a target that counts), into its split's shards with their masks.
   create_out_dir(out_dir);
   const int64_t buffer = std::min<int64_t>(options.shard_tokens, 1 << 20);  // grows as needed
-  ShardWriter train(out_dir, "train", options.shard_tokens, buffer);
-  ShardWriter val(out_dir, "val", options.shard_tokens, buffer);
-  const ByteTokenizer tokenizer;
+  const bool wide = tokenizer != nullptr && tokenizer->vocab_size() > 65536;
+  ShardWriter train(out_dir, "train", options.shard_tokens, buffer, wide);
+  ShardWriter val(out_dir, "val", options.shard_tokens, buffer, wide);
+  // The prompt with the tokenizer's BOS (as a model is prompted), the completion without.
+  const auto encode = [&](const std::string& text, bool add_special) {
+    return tokenizer != nullptr ? tokenizer->encode(text, add_special)
+                                : ByteTokenizer().encode(text);
+  };
   int64_t seen = 0;
   for_each_sft_example(inputs, [&](const SftExample& example) {
     ShardWriter& split = seen++ < n - n_val ? train : val;
-    for (int32_t token : tokenizer.encode(example.prompt))
-      split.push(static_cast<uint16_t>(token), false);
-    for (int32_t token : tokenizer.encode(example.completion))
-      split.push(static_cast<uint16_t>(token), true);
-    if (eot >= 0) split.push(static_cast<uint16_t>(eot), true);
+    for (int32_t token : encode(example.prompt, true))
+      split.push(static_cast<uint32_t>(token), false);
+    for (int32_t token : encode(example.completion, false))
+      split.push(static_cast<uint32_t>(token), true);
+    if (eot >= 0) split.push(static_cast<uint32_t>(eot), true);
   });
+  return finish_splits(train, val);
+}
+
+PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
+                                        const std::string& out_dir, const BpeTokenizer& tokenizer,
+                                        const PrepareOptions& options, int64_t eot) {
+  if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0))
+    fail("prepare_dataset: val_fraction = ", options.val_fraction, ": must be in [0, 1)");
+  check_shard_tokens(options.shard_tokens);
+  if (inputs.empty()) fail("prepare_dataset: no input files");
+  if (eot >= tokenizer.vocab_size())
+    fail("prepare_dataset: eot = ", eot, " is not a token of ", tokenizer.path(), " (0..",
+         tokenizer.vocab_size() - 1, ")");
+  // 1. Every file whole through the tokenizer (its pre-tokenizer's pieces may span any line), a
+  //    document each: its tokens, then the end-of-text token.
+  std::vector<uint32_t> tokens;
+  for (const std::string& input : inputs) {
+    std::ifstream in(input, std::ios::binary);
+    if (!in) fail("prepare_dataset: input file '", input, "': cannot open");
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (in.bad()) fail("prepare_dataset: input file '", input, "': read error");
+    for (const int32_t token : tokenizer.encode(text.str()))
+      tokens.push_back(static_cast<uint32_t>(token));
+    if (eot >= 0) tokens.push_back(static_cast<uint32_t>(eot));
+  }
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0) fail("prepare_dataset: the input files give no tokens (first: '", inputs[0], "')");
+  const int64_t n_val = held_out(n, options.val_fraction, "prepare_dataset", "tokens");
+  // 2. The first n - n_val tokens to train shards, the rest to val shards.
+  create_out_dir(out_dir);
+  const bool wide = tokenizer.vocab_size() > 65536;
+  ShardWriter train(out_dir, "train", options.shard_tokens, n - n_val, wide);
+  ShardWriter val(out_dir, "val", options.shard_tokens, n_val, wide);
+  for (int64_t i = 0; i < n; ++i)
+    (i < n - n_val ? train : val).push(tokens[static_cast<size_t>(i)]);
   return finish_splits(train, val);
 }
 

@@ -2,9 +2,10 @@
 //
 // A dataset is a directory of llm.c token shards (data/shard.h) named train_NNNNNN.bin and
 // val_NNNNNN.bin (six digits, from 000000). prepare_dataset makes one from text files with the
-// byte tokenizer; synthesize_addition makes a small learnable one ("12+345=357\n" lines) so the
-// quick start needs no download. Tokenising with BPE is left to llm.c's dev/data scripts, whose
-// output Loom reads unchanged.
+// byte tokenizer, prepare_tokenized_dataset with a HuggingFace byte-level BPE tokenizer (a Hub
+// model's own); synthesize_addition makes a small learnable one ("12+345=357\n" lines) so the
+// quick start needs no download. Shards tokenized elsewhere (llm.c's dev/data scripts,
+// tools/tokenize_hf.py) are read unchanged.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,8 @@
 #include <vector>
 
 namespace loom {
+
+class BpeTokenizer;  // data/bpe_tokenizer.h
 
 // The shard paths named by a config value `spec` (what_key, e.g. "data.train", names the key in
 // errors). `spec` is
@@ -73,9 +76,24 @@ SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_toke
 // least one when > 0) whole examples go to validation. Every line is checked before anything is
 // written (an error names the file and line). Stale shards and their masks are deleted as by
 // prepare_dataset.
+//
+// With a `tokenizer` (a HuggingFace byte-level BPE, data/bpe_tokenizer.h) the strings are its
+// tokens instead of bytes — each prompt with the BOS it adds, each completion without — and
+// `eot` (its end-of-text token: BpeTokenizer::end_of_text()) is required; the shards are uint32
+// where its vocabulary passes 65536. tools/tokenize_hf.py --sft writes the same files.
 PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
                                   const std::string& out_dir, const PrepareOptions& options = {},
-                                  int64_t eot = -1);
+                                  int64_t eot = -1, const BpeTokenizer* tokenizer = nullptr);
+
+// Text files through a HuggingFace byte-level BPE tokenizer, as tools/tokenize_hf.py writes them
+// (the same files, bit for bit): each file one document — its tokens, with the BOS the tokenizer
+// adds, then `eot` (-1: nothing) —, the documents concatenated in order, the last val_fraction of
+// the tokens (rounded, at least one when > 0) to validation; uint32 shards where the vocabulary
+// passes 65536, else uint16. Each file is read and tokenized whole, and the corpus's tokens are
+// held (4 bytes each) until the split point is known: prepare a corpus past memory in parts.
+PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
+                                        const std::string& out_dir, const BpeTokenizer& tokenizer,
+                                        const PrepareOptions& options = {}, int64_t eot = -1);
 
 // Loss masks (data/shard.h) for one split of synthesize_addition's corpus, its shards in order:
 // only the answers count as targets — "46\n" of "12+34=46\n", the problem "12+34=" given as a

@@ -10,20 +10,23 @@ namespace loom {
 
 std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> tokens,
                               const SampleOptions& options, RandomStream& rng) {
-  const int64_t V = model.config().vocab_size;
+  const int64_t V = model.config().vocab_size;  // the logits' rows
   const int64_t max_t = model.config().max_seq_len;
+  if (options.vocab < 0 || options.vocab > V)
+    fail("sampling from the first ", options.vocab, " ids of a model of vocab_size ", V);
+  const int64_t drawn = options.vocab > 0 ? options.vocab : V;  // the ids that may be drawn
   if (tokens.empty()) fail("sampling needs a non-empty prompt");
   if (options.temperature < 0) fail("--temperature must be >= 0, got ", options.temperature);
   if (options.tokens < 0) fail("--tokens must be >= 0, got ", options.tokens);
   if (options.top_k < 0) fail("--top-k must be >= 0, got ", options.top_k);
   if (!(options.top_p > 0 && options.top_p <= 1))
     fail("--top-p must be in (0, 1], got ", options.top_p);
-  if (options.stop_token < -1 || options.stop_token >= V)
-    fail("--stop-token ", options.stop_token, " is outside the vocabulary [0, ", V, ")");
+  if (options.stop_token < -1 || options.stop_token >= drawn)
+    fail("--stop-token ", options.stop_token, " is outside the vocabulary [0, ", drawn, ")");
   for (int32_t t : tokens)
     if (t < 0 || t >= V) fail("prompt token ", t, " is outside the vocabulary [0, ", V, ")");
-  std::vector<double> probs(static_cast<size_t>(V));
-  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::vector<double> probs(static_cast<size_t>(drawn));
+  std::vector<int32_t> order(static_cast<size_t>(drawn));
   KvCache cache;
   int64_t cache_start = -1;  // the index in `tokens` of the cache's position 0
   for (int64_t i = 0; i < options.tokens; ++i) {
@@ -51,11 +54,11 @@ std::vector<int32_t> generate(Context& ctx, Gpt2& model, std::vector<int32_t> to
     }
     int32_t next = 0;
     if (options.temperature == 0) {
-      next = static_cast<int32_t>(std::max_element(last, last + V) - last);
+      next = static_cast<int32_t>(std::max_element(last, last + drawn) - last);
     } else {
       // Keep the top-k logits (ties broken by index, for determinism), softmax, draw.
       std::iota(order.begin(), order.end(), 0);
-      int64_t k = options.top_k > 0 ? std::min(options.top_k, V) : V;
+      int64_t k = options.top_k > 0 ? std::min(options.top_k, drawn) : drawn;
       std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
         return last[a] != last[b] ? last[a] > last[b] : a < b;
       });

@@ -20,6 +20,9 @@ struct SampleOptions {
   // Generation ends after this token (a fine-tuned model's end-of-text; it is kept in the
   // output), or after `tokens`; -1: none.
   int64_t stop_token = -1;
+  // Draw only ids below this (a tokenizer's vocabulary in a model padded past it — GPT-2's
+  // 50257 in 50304 —: the padding rows are never drawn, as llm.c samples); 0: every id.
+  int64_t vocab = 0;
   // Decode through a key/value cache (Gpt2::decode): each new token costs one token's forward
   // while the context fits max_seq_len; past it the window slides and the context is run again
   // each step, as without the cache. false: run the whole context every step (for comparisons).

@@ -335,6 +335,56 @@ TEST_F(Cli, LlamaTrainsSamplesExportsAndRefusesAnotherArchitecturesCheckpoint) {
                "holds a gpt2 model, but model.arch = \"llama\"");
 }
 
+// A HuggingFace byte-level BPE tokenizer through the command line: `data prepare --tokenizer`
+// writes shards in its vocabulary (and says how large model.vocab_size must be), a model trains
+// on them, and `sample --tokenizer` reads the prompt and writes the new tokens as text; a model of
+// a smaller vocabulary is refused.
+TEST_F(Cli, ATokenizersShardsTrainAndItsModelSamplesText) {
+  const std::string tokenizer = std::string(LOOM_SOURCE_DIR) + "/tests/data/tokenizers/gpt2.json";
+  {
+    std::ofstream text(path("play.txt"));
+    for (int i = 0; i < 60; ++i)
+      text << "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, "
+              "speak.\n\n";
+  }
+  Result prep = run("data prepare " + path("play.txt") + " --tokenizer " + tokenizer + " --out " +
+                    path("data"));
+  ASSERT_EQ(prep.code, 0) << prep.output;
+  EXPECT_NE(prep.output.find("uint16 shards of " + tokenizer +
+                             " (end-of-text 0): "
+                             "model.vocab_size >= 600"),
+            std::string::npos)
+      << prep.output;
+  Result t = run("train " + write_config("") + " --set model.vocab_size=640 --run-dir " +
+                 path("run") + " --quiet");
+  ASSERT_EQ(t.code, 0) << t.output;
+  const std::string sample = "sample --checkpoint " + path("run") +
+                             " --prompt 'First Citizen:' "
+                             "--tokens 6 --temperature 0 --tokenizer " +
+                             tokenizer;
+  Result s = run(sample);
+  ASSERT_EQ(s.code, 0) << s.output;
+  const size_t at = s.output.find("First Citizen:");
+  ASSERT_NE(at, std::string::npos) << s.output;
+  EXPECT_GT(s.output.size(), at + std::string("First Citizen:").size() + 1) << s.output;
+  EXPECT_EQ(run(sample).output, s.output);  // greedy: the same text again
+
+  ASSERT_EQ(
+      run("data synth --out " + path("bytes") + " --train-tokens 20000 --val-tokens 4000").code, 0);
+  ASSERT_EQ(run("train " + write_config("") + " --set data.train=" + path("bytes/train_*.bin") +
+                " --set data.val=" + path("bytes/val_*.bin") + " --run-dir " + path("byte_run"))
+                .code,
+            0);
+  expect_error(
+      run("sample --checkpoint " + path("byte_run") + " --prompt x --tokenizer " + tokenizer),
+      "vocab_size 256 is smaller than " + tokenizer + "'s 600 tokens");
+  expect_error(run("data prepare " + path("play.txt") + " --no-eot --out " + path("x")),
+               "--no-eot needs --tokenizer");
+  expect_error(run("data prepare " + path("play.txt") + " --tokenizer " + path("play.txt") +
+                   " --out " + path("x")),
+               "tokenizer " + path("play.txt") + ": not a tokenizer.json Loom reads");
+}
+
 TEST_F(Cli, SampleFromMissingCheckpoint) {
   expect_error(run("sample --checkpoint " + path("none") + " --prompt x"), path("none"));
 }

@@ -158,6 +158,41 @@ TEST(Sampling, StopTokenEndsItAndTopPDrawsFromTheNucleus) {
   EXPECT_THROW(generate(ctx, model, prompt, bad, r2), Error);
 }
 
+// SampleOptions::vocab: with a tokenizer's vocabulary smaller than the model's padded one, no id
+// past it is drawn, greedily or not — here the 8 rows past it are made the likeliest for every
+// context: the final LayerNorm's bias all 10, their (tied) head rows all 1, so their logits are
+// about 10·C while the others' stay small.
+TEST(Sampling, IdsPastTheTokenizersVocabularyAreNeverDrawn) {
+  ThreadPool pool(2);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  const Gpt2Config config = small(false, true);
+  const int64_t V = config.vocab_size, kept = V - 8, C = config.d_model;
+  Gpt2 model(config);
+  model.build(DType::kF32, Device::cpu(), 6);
+  float* wte = model.params().get("wte.weight").value.data<float>();
+  float* bias = model.params().get("ln_f.bias").value.data<float>();
+  std::fill(bias, bias + C, 10.0f);
+  std::fill(wte + kept * C, wte + V * C, 1.0f);
+  const std::vector<int32_t> prompt = {5, 6, 7};
+  for (const double temperature : {0.0, 1.0}) {
+    SampleOptions all, in_vocab;
+    all.tokens = in_vocab.tokens = 20;
+    all.temperature = in_vocab.temperature = temperature;
+    in_vocab.vocab = kept;
+    RandomStream r1(9, "sample"), r2(9, "sample");
+    const std::vector<int32_t> padded = generate(ctx, model, prompt, all, r1);
+    const std::vector<int32_t> limited = generate(ctx, model, prompt, in_vocab, r2);
+    EXPECT_GT(std::count_if(padded.begin() + 3, padded.end(), [&](int32_t t) { return t >= kept; }),
+              0)
+        << "the padding rows are the likeliest without the limit";
+    for (size_t i = 3; i < limited.size(); ++i) EXPECT_LT(limited[i], kept) << i;
+  }
+  SampleOptions bad;
+  bad.vocab = V + 1;
+  RandomStream r(1, "sample");
+  EXPECT_THROW(generate(ctx, model, prompt, bad, r), Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, Decode,
                          ::testing::Values(Case{false, true}, Case{true, true}, Case{true, false}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {

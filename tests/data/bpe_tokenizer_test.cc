@@ -1,0 +1,242 @@
+#include "data/bpe_tokenizer.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "data/dataset.h"
+#include "data/shard.h"
+#include "harness/error_of.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+using testutil::error_of;
+
+const std::string kFixtures = LOOM_SOURCE_DIR "/tests/data/tokenizers";
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+class BpeGolden : public ::testing::TestWithParam<const char*> {};
+
+// Every string of tools/make_tokenizer_fixtures.py — contractions, digits, whitespace runs,
+// Windows line ends, accented and non-Latin letters, emoji, Unicode spaces, added tokens in the
+// text, a long run — gives HuggingFace tokenizers' ids (its BOS included where the tokenizer
+// adds one) and decodes to its text.
+TEST_P(BpeGolden, EncodesAndDecodesAsHuggingFaceTokenizers) {
+  const std::string name = GetParam();
+  const nlohmann::json expected = read_json(kFixtures + "/expected.json");
+  const BpeTokenizer tok(kFixtures + "/" + name + ".json");
+  const auto& strings = expected.at("strings");
+  const auto& ids = expected.at(name).at("ids");
+  const auto& decoded = expected.at(name).at("decoded");
+  ASSERT_EQ(strings.size(), ids.size());
+  for (size_t i = 0; i < strings.size(); ++i) {
+    const std::string text = strings[i].get<std::string>();
+    SCOPED_TRACE(text);
+    const std::vector<int32_t> got = tok.encode(text);
+    EXPECT_EQ(got, ids[i].get<std::vector<int32_t>>());
+    EXPECT_EQ(tok.decode(got), decoded[i].get<std::string>());
+  }
+  EXPECT_EQ(tok.vocab_size(), 600);
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, BpeGolden, ::testing::Values("gpt2", "llama3", "smollm"));
+
+// Writes `j` as a tokenizer.json in a directory of the test's own; returns the directory.
+class BpeTokenizerFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("loom_bpe_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const nlohmann::json& j) {
+    std::ofstream(dir_ / "tokenizer.json") << j.dump();
+    return dir_.string();
+  }
+  fs::path dir_;
+};
+
+// The Hub's older files write merges as "a b" strings; a directory is read through its
+// tokenizer.json; the end-of-text token is found by name; bytes that are not UTF-8 still encode,
+// losslessly, and so does every byte value; without add_special no BOS.
+TEST_F(BpeTokenizerFile, MergesAsStringsDirectoriesEndOfTextAndAnyBytes) {
+  nlohmann::json j = read_json(kFixtures + "/gpt2.json");
+  for (auto& m : j["model"]["merges"]) m = m[0].get<std::string>() + " " + m[1].get<std::string>();
+  const BpeTokenizer as_strings(write(j)), as_pairs(kFixtures + "/gpt2.json");
+  EXPECT_EQ(as_strings.path(), (dir_ / "tokenizer.json").string());
+  const std::string text = "First Citizen: we are accounted poor citizens, the patricians good.";
+  EXPECT_EQ(as_strings.encode(text), as_pairs.encode(text));
+  EXPECT_EQ(as_pairs.end_of_text(), as_pairs.token_id("<|endoftext|>"));
+  EXPECT_TRUE(as_pairs.end_of_text().has_value());
+
+  std::string bytes;
+  for (int b = 0; b < 256; ++b) bytes += static_cast<char>(b);
+  bytes += "\xff\xfe caf\xc3 \xe2\x82 end";  // cut-short and stray bytes
+  for (const char* name : {"gpt2", "llama3", "smollm"}) {
+    const BpeTokenizer tok(kFixtures + "/" + std::string(name) + ".json");
+    EXPECT_EQ(tok.decode(tok.encode(bytes, /*add_special=*/false)), bytes) << name;
+  }
+  const BpeTokenizer llama3(kFixtures + "/llama3.json");
+  EXPECT_EQ(llama3.encode("Hello").front(), *llama3.token_id("<|begin_of_text|>"));
+  EXPECT_NE(llama3.encode("Hello", false).front(), *llama3.token_id("<|begin_of_text|>"));
+  EXPECT_EQ(llama3.end_of_text(), llama3.token_id("<|end_of_text|>"));
+}
+
+// What Loom cannot run is refused naming the file and the key: a sentencepiece-style tokenizer
+// (Llama 2: a normalizer, byte fallback, a Metaspace pre-tokenizer), an unknown pre-tokenizer, a
+// bad regex, a missing file, ids out of the vocabulary.
+TEST_F(BpeTokenizerFile, WhatItCannotRunIsNamed) {
+  const nlohmann::json good = read_json(kFixtures + "/gpt2.json");
+  const auto error_with = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json j = good;
+    change(j);
+    const std::string dir = write(j);
+    return error_of([&] { BpeTokenizer t(dir); });
+  };
+  std::string e = error_with([](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", nlohmann::json::array()}};
+  });
+  EXPECT_NE(e.find("tokenizer " + (dir_ / "tokenizer.json").string() + ": a normalizer"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("tools/tokenize_hf.py"), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) { j["model"]["byte_fallback"] = true; });
+  EXPECT_NE(e.find("byte fallback"), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; });
+  EXPECT_NE(e.find("pre_tokenizer \"Metaspace\""), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers",
+                           {{{"type", "Split"},
+                             {"pattern", {{"Regex", "(unclosed"}}},
+                             {"behavior", "Isolated"},
+                             {"invert", false}},
+                            {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+  });
+  EXPECT_NE(e.find("the regex '(unclosed' does not compile"), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) { j["model"]["vocab"] = 5; });
+  EXPECT_NE(e.find("model.vocab is not an object"), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) { j["model"]["merges"][0] = 7; });
+  EXPECT_NE(e.find("not a tokenizer.json Loom reads"), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) { j["model"]["vocab"]["x"] = 1 << 30; });
+  EXPECT_NE(e.find("ids up to 1073741824 for 601 tokens"), std::string::npos) << e;
+  e = error_of([&] { BpeTokenizer t((dir_ / "nowhere").string()); });
+  EXPECT_NE(e.find("nowhere: cannot read"), std::string::npos) << e;
+
+  const BpeTokenizer tok(kFixtures + "/gpt2.json");
+  e = error_of([&] { tok.decode({5, 600}); });
+  EXPECT_NE(e.find("token 600 at position 1 is not in its vocabulary"), std::string::npos) << e;
+}
+
+std::vector<uint32_t> read_split(const std::vector<std::string>& shards) {
+  std::vector<uint32_t> all;
+  for (const std::string& s : shards) {
+    const std::vector<uint32_t> t = read_shard32(s);
+    all.insert(all.end(), t.begin(), t.end());
+  }
+  return all;
+}
+
+// `loom data prepare --tokenizer`: each file its tokens then the end-of-text token, the last
+// val_fraction to validation, uint16 shards — uint32 once the vocabulary passes 65536 (an added
+// token at id 70000 here). (bpe_tokenizer.h: the same files as tools/tokenize_hf.py, checked on
+// Tiny Shakespeare for the three styles.)
+TEST_F(BpeTokenizerFile, PreparedShardsHoldEachFilesTokensThenTheEndOfText) {
+  const std::string a = (dir_ / "a.txt").string(), b = (dir_ / "b.txt").string();
+  std::ofstream(a) << "First Citizen:\nBefore we proceed any further, hear me speak.\n";
+  std::ofstream(b) << "All:\nSpeak, speak. 12345 café\n";
+  nlohmann::json wide_json = read_json(kFixtures + "/llama3.json");
+  wide_json["added_tokens"].push_back({{"id", 70000},
+                                       {"content", "<|wide|>"},
+                                       {"special", true},
+                                       {"single_word", false},
+                                       {"lstrip", false},
+                                       {"rstrip", false},
+                                       {"normalized", false}});
+  const BpeTokenizer narrow(kFixtures + "/llama3.json"), wide(write(wide_json));
+  for (const BpeTokenizer* tok : {&narrow, &wide}) {
+    SCOPED_TRACE(tok->path());
+    PrepareOptions options;
+    options.val_fraction = 0.25;
+    options.shard_tokens = 7;
+    const int64_t eot = *tok->end_of_text();
+    const PrepareResult r =
+        prepare_tokenized_dataset({a, b}, (dir_ / "out").string(), *tok, options, eot);
+    std::vector<uint32_t> want;
+    for (const char* text : {"First Citizen:\nBefore we proceed any further, hear me speak.\n",
+                             "All:\nSpeak, speak. 12345 café\n"}) {
+      for (const int32_t id : tok->encode(text)) want.push_back(static_cast<uint32_t>(id));
+      want.push_back(static_cast<uint32_t>(eot));
+    }
+    const auto n_val = static_cast<int64_t>(std::llround(0.25 * static_cast<double>(want.size())));
+    EXPECT_EQ(r.val_tokens, n_val);
+    EXPECT_EQ(r.train_tokens + r.val_tokens, static_cast<int64_t>(want.size()));
+    std::vector<uint32_t> got = read_split(r.train_shards);
+    const std::vector<uint32_t> val = read_split(r.val_shards);
+    got.insert(got.end(), val.begin(), val.end());
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(read_shard_header(r.train_shards[0]).token_bytes, tok == &wide ? 4 : 2);
+    fs::remove_all(dir_ / "out");
+  }
+  const std::string e =
+      error_of([&] { prepare_tokenized_dataset({a}, (dir_ / "out").string(), narrow, {}, 600); });
+  EXPECT_NE(e.find("eot = 600 is not a token of"), std::string::npos) << e;
+}
+
+// `loom data prepare --sft --tokenizer`: each prompt with the tokenizer's BOS, not counted; the
+// completion without one and the end-of-text token, counted.
+TEST_F(BpeTokenizerFile, SftExamplesInTheTokenizersVocabularyCountTheirCompletions) {
+  const std::string jsonl = (dir_ / "ex.jsonl").string();
+  std::ofstream(jsonl) << R"({"prompt": "Who speaks?", "completion": " First Citizen."})"
+                       << "\n"
+                       << R"({"prompt": "What then?", "completion": " Speak, speak."})"
+                       << "\n";
+  const BpeTokenizer tok(kFixtures + "/llama3.json");
+  const int64_t eot = *tok.end_of_text();
+  PrepareOptions options;
+  options.val_fraction = 0;
+  const PrepareResult r = prepare_sft_dataset({jsonl}, (dir_ / "out").string(), options, eot, &tok);
+  std::vector<uint32_t> want;
+  std::vector<uint8_t> want_counts;
+  for (const auto& [prompt, completion] :
+       {std::pair{"Who speaks?", " First Citizen."}, std::pair{"What then?", " Speak, speak."}}) {
+    for (const int32_t id : tok.encode(prompt)) {
+      want.push_back(static_cast<uint32_t>(id));
+      want_counts.push_back(0);
+    }
+    for (const int32_t id : tok.encode(completion, false)) {
+      want.push_back(static_cast<uint32_t>(id));
+      want_counts.push_back(1);
+    }
+    want.push_back(static_cast<uint32_t>(eot));
+    want_counts.push_back(1);
+  }
+  ASSERT_EQ(r.train_shards.size(), 1u);
+  EXPECT_EQ(read_shard32(r.train_shards[0]), want);
+  std::vector<uint8_t> counts(want.size());
+  LossMaskFile(loss_mask_path(r.train_shards[0]))
+      .read(0, static_cast<int64_t>(counts.size()), counts.data());
+  EXPECT_EQ(counts, want_counts);
+  EXPECT_EQ(want.front(), static_cast<uint32_t>(*tok.token_id("<|begin_of_text|>")));
+  const std::string e =
+      error_of([&] { prepare_sft_dataset({jsonl}, (dir_ / "out").string(), options, -1, &tok); });
+  EXPECT_NE(e.find("the completions need their end-of-text"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace loom
