@@ -483,6 +483,11 @@ int main(int argc, char** argv) {
                           "the same shards as tools/tokenize_hf.py");
   prepare_cmd->add_flag("--no-eot", prepare_no_eot,
                         "with --tokenizer: no end-of-text token after each file");
+  prepare_cmd
+      ->add_option("--chat-template", prep.chat_template,
+                   "with --sft: conversations ({\"messages\": [{\"role\", \"content\"}...]}) "
+                   "rendered as chatml (SmolLM2, Qwen) or llama3, the assistant turns counted")
+      ->check(CLI::IsMember({"chatml", "llama3"}));
   int64_t synth_train = 2'000'000, synth_val = 100'000;
   uint64_t synth_seed = 1;
   auto* synth_cmd = data_cmd->add_subcommand("synth", "make a learnable synthetic corpus (addition problems)");
@@ -790,6 +795,8 @@ int main(int argc, char** argv) {
         fail(
             "loom data prepare: --eot needs --sft or --tokenizer (the byte tokenizer has no "
             "end-of-text token)");
+      if (!prep.chat_template.empty() && !prepare_sft)
+        fail("loom data prepare: --chat-template needs --sft");
       if (prepare_sft && prepare_no_eot)
         fail("loom data prepare: --sft needs the end-of-text token (the model learns to stop)");
       int64_t eot = prepare_eot;

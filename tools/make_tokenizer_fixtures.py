@@ -9,8 +9,10 @@ the text `tokenizers` gives for a list of strings — what data/bpe_tokenizer.h 
 
   gpt2.json    GPT-2's: ByteLevel pre-tokenizer with its regex, <|endoftext|> special
   llama3.json  Llama 3's: Split on its regex (case-insensitive contractions, digits in threes),
-               ByteLevel without a regex, ignore_merges, a BOS added by a TemplateProcessing
-  smollm.json  SmolLM's: Digits (each digit alone), then ByteLevel with GPT-2's regex
+               ByteLevel without a regex, ignore_merges, a BOS added by a TemplateProcessing,
+               its chat template's header and end-of-turn tokens
+  smollm.json  SmolLM's: Digits (each digit alone), then ByteLevel with GPT-2's regex; ChatML's
+               <|im_start|> and <|im_end|>
   expected.json  {"strings": [...], "<name>": {"ids": [[...]...], "decoded": [...]}} per tokenizer
 """
 import json
@@ -33,6 +35,7 @@ STRINGS = [
     "unicode: café naïve Straße ÆØÅ Ελληνικά русский 日本語 한국어",
     "emoji: 🙂👍🏽 and symbols ∑∫√ ← → ★",
     "<|endoftext|>a document after the end-of-text<|endoftext|>",
+    "<|im_start|>user\nHi<|im_end|>\n<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>",
     "trailing space ",
     "ROMEO: O, she doth teach the torches to burn bright!",
     "\u00a0non-breaking\u2003em space\u3000ideographic",
@@ -60,7 +63,8 @@ def main():
         "llama3": trained(pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
-            True, ["<|begin_of_text|>", "<|end_of_text|>"], corpus),
+            True, ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                   "<|end_header_id|>", "<|eot_id|>"], corpus),
         "smollm": trained(pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True), byte_level]),
             False, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], corpus),

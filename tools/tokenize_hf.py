@@ -14,6 +14,10 @@ are followed by the tokenizer's end-of-text token unless --no-eos (and the BOS t
 tokenizer adds one, comes first, as the tokenizer decides). Prints the counts and the vocabulary
 size to put in model.vocab_size (at least; a padded size such as 50304 for GPT-2 is fine).
 
+With --sft --chat-template chatml|llama3, conversations ({"messages": [...]}, or "prompt" and
+"completion" as lists of messages) are rendered and counted as `loom data prepare` does
+(docs/data.md): the assistant turns' content and end markers count.
+
 With --sft the inputs are JSONL fine-tuning examples, one object a line, {"prompt": "...",
 "completion": "..."} (TRL's prompt-completion format): each example is its prompt's tokens (with
 the BOS the tokenizer adds), then its completion's and the end-of-text token, and beside each
@@ -69,8 +73,32 @@ class ByteTokenizer:
         return 256
 
 
-def sft_examples(names):
-    """(prompt, completion) of each non-blank line of the JSONL files, checked as Loom checks."""
+def render_chat(template, messages, first_counted):
+    """A conversation's (text, counts) parts in a chat template, as Loom renders it
+    (data/dataset.h): each assistant turn from first_counted on counts, its content and end marker."""
+    parts = []
+
+    def add(text, counts):
+        if parts and parts[-1][1] == counts:
+            parts[-1] = (parts[-1][0] + text, counts)
+        else:
+            parts.append((text, counts))
+
+    for i, m in enumerate(messages):
+        counts = m["role"] == "assistant" and i >= first_counted
+        if template == "chatml":
+            add("<|im_start|>" + m["role"] + "\n", False)
+            add(m["content"] + "<|im_end|>", counts)
+            add("\n", False)
+        else:
+            add("<|start_header_id|>" + m["role"] + "<|end_header_id|>\n\n", False)
+            add(m["content"] + "<|eot_id|>", counts)
+    return parts
+
+
+def sft_examples(names, chat_template=None):
+    """(prompt, completion) of each non-blank line of the JSONL files, checked as Loom checks; a
+    conversation as a list of (text, counts) parts instead."""
     for name in names:
         with open(name, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
@@ -83,6 +111,19 @@ def sft_examples(names):
                     sys.exit(f"tokenize_hf: {where}: not JSON: {e}")
                 if not isinstance(example, dict):
                     sys.exit(f"tokenize_hf: {where}: not a JSON object")
+                if "messages" in example or isinstance(example.get("prompt"), list):
+                    if not chat_template:
+                        sys.exit(f"tokenize_hf: {where}: a conversation needs --chat-template")
+                    if "messages" in example:
+                        messages, first = example["messages"], 0
+                    else:
+                        messages = example["prompt"] + example["completion"]
+                        first = len(example["prompt"])
+                    for m in messages:
+                        if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+                            sys.exit(f"tokenize_hf: {where}: a message is not {{role, content}}")
+                    yield render_chat(chat_template, messages, first)
+                    continue
                 for key in ("prompt", "completion"):
                     if not isinstance(example.get(key), str):
                         sys.exit(f'tokenize_hf: {where}: no string "{key}"')
@@ -100,6 +141,8 @@ def main():
     ap.add_argument("--shard-tokens", type=int, default=100_000_000)
     ap.add_argument("--no-eos", action="store_true")
     ap.add_argument("--sft", action="store_true", help="the inputs are prompt-completion JSONL")
+    ap.add_argument("--chat-template", choices=["chatml", "llama3"],
+                    help="with --sft: how conversations ({\"messages\": [...]}) are rendered")
     args = ap.parse_args()
     if not 0 <= args.val_fraction < 1:
         sys.exit(f"tokenize_hf: --val-fraction {args.val_fraction} must be in [0, 1)")
@@ -135,8 +178,18 @@ def main():
             sys.exit(f"tokenize_hf: {path} has no end-of-text token I know; pass --no-eos")
     tokens, counts = [], None
     if args.sft:  # each example: the prompt (not counted), the completion and eos (counted)
-        examples = [(encode(p), encode(c, add_special_tokens=False) + [eos])
-                    for p, c in sft_examples(args.inputs)]
+        examples = []
+        for e in sft_examples(args.inputs, args.chat_template):
+            if isinstance(e, list):  # a conversation: the BOS, then each part on its own
+                ids, mask = encode(""), [0] * len(encode(""))
+                for text, counts in e:
+                    part = encode(text, add_special_tokens=False)
+                    ids += part
+                    mask += [int(counts)] * len(part)
+                examples.append((ids, mask))
+            else:
+                p, c = encode(e[0]), encode(e[1], add_special_tokens=False) + [eos]
+                examples.append((p + c, [0] * len(p) + [1] * len(c)))
         if not examples:
             sys.exit("tokenize_hf: no examples in the input files")
         n_val = int(len(examples) * args.val_fraction + 0.5)  # as Loom's llround
@@ -146,11 +199,11 @@ def main():
             sys.exit(f"tokenize_hf: {len(examples)} examples leave nothing for training")
         split_at = 0
         counts = []
-        for k, (prompt, completion) in enumerate(examples):
+        for k, (ids, mask) in enumerate(examples):
             if k == len(examples) - n_val:
                 split_at = len(tokens)
-            tokens += prompt + completion
-            counts += [0] * len(prompt) + [1] * len(completion)
+            tokens += ids
+            counts += mask
         if n_val == 0:
             split_at = len(tokens)
         n_val = len(tokens) - split_at  # in tokens from here on

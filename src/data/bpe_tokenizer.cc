@@ -256,8 +256,11 @@ struct BpeTokenizer::Impl {
       if (id < 0) refuse("a negative id " + std::to_string(id));
       size = std::max<int64_t>(size, int64_t{id} + 1);
     }
-    for (const int32_t id : prefix) size = std::max<int64_t>(size, int64_t{id} + 1);
-    for (const int32_t id : suffix) size = std::max<int64_t>(size, int64_t{id} + 1);
+    for (const auto* ids : {&prefix, &suffix})
+      for (const int32_t id : *ids) {
+        if (id < 0) refuse("a negative id " + std::to_string(id) + " in the post_processor");
+        size = std::max<int64_t>(size, int64_t{id} + 1);
+      }
     // Ids are dense in every tokenizer there is; a sparse one is held to 2^21 ids (the table of
     // tokens by id is built for all of them).
     if (size >

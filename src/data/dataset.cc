@@ -287,12 +287,47 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
 
 namespace {
 
-// A prompt-completion example of a JSONL file, its strings' bytes; `where` ("FILE line N")
-// names it in errors.
+// A fine-tuning example of a JSONL file: a prompt-completion pair of strings (the prompt, then
+// the completion, which counts; the end-of-text token follows), or a conversation rendered by a
+// chat template into parts of text, each counted or not.
 struct SftExample {
-  std::string prompt, completion;
+  std::string prompt, completion;                   // a prompt-completion pair
+  std::vector<std::pair<std::string, bool>> parts;  // a conversation: (text, counts)
+  bool conversation() const { return !parts.empty(); }
 };
-SftExample parse_sft_line(const std::string& line, const std::string& where) {
+
+// A conversation's messages in a chat template (PrepareOptions::chat_template): the turns
+// before `first_counted` and every turn not the assistant's are context; each assistant turn
+// from there counts — its content and the template's end-of-turn marker, not its header.
+std::vector<std::pair<std::string, bool>> render_chat(const std::string& chat_template,
+                                                      const nlohmann::json& messages,
+                                                      size_t first_counted) {
+  std::vector<std::pair<std::string, bool>> parts;
+  const auto add = [&](std::string text, bool counts) {
+    if (!parts.empty() && parts.back().second == counts) {
+      parts.back().first += text;
+    } else {
+      parts.emplace_back(std::move(text), counts);
+    }
+  };
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string role = messages[i]["role"].get<std::string>();
+    const std::string content = messages[i]["content"].get<std::string>();
+    const bool counts = role == "assistant" && i >= first_counted;
+    if (chat_template == "chatml") {  // <|im_start|>ROLE\nCONTENT<|im_end|>\n
+      add("<|im_start|>" + role + "\n", false);
+      add(content + "<|im_end|>", counts);
+      add("\n", false);
+    } else {  // llama3: <|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>
+      add("<|start_header_id|>" + role + "<|end_header_id|>\n\n", false);
+      add(content + "<|eot_id|>", counts);
+    }
+  }
+  return parts;
+}
+
+SftExample parse_sft_line(const std::string& line, const std::string& where,
+                          const std::string& chat_template) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
@@ -300,20 +335,63 @@ SftExample parse_sft_line(const std::string& line, const std::string& where) {
     fail("prepare_sft_dataset: ", where, ": not JSON: ", e.what());
   }
   if (!j.is_object()) fail("prepare_sft_dataset: ", where, ": not a JSON object");
+  // TRL's conversational forms: {"messages": [...]}, or {"prompt": [...], "completion": [...]}.
+  const bool prompt_list = j.contains("prompt") && j["prompt"].is_array();
+  if (j.contains("messages") || prompt_list) {
+    if (chat_template.empty())
+      fail("prepare_sft_dataset: ", where, ": a conversation (\"messages\", or \"prompt\" and ",
+           "\"completion\" as lists of messages) needs a chat template: --chat-template chatml "
+           "or llama3");
+    nlohmann::json messages = nlohmann::json::array();
+    size_t first_counted = 0;
+    const auto append = [&](const char* key) {
+      if (!j.contains(key) || !j[key].is_array())
+        fail("prepare_sft_dataset: ", where, ": \"", key, "\" is not a list of messages");
+      for (const nlohmann::json& m : j[key]) messages.push_back(m);
+    };
+    if (prompt_list) {  // only the completion's assistant turns count
+      append("prompt");
+      first_counted = messages.size();
+      append("completion");
+    } else {
+      append("messages");
+    }
+    bool learns = false;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const nlohmann::json& m = messages[i];
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+          !m.contains("content") || !m["content"].is_string())
+        fail("prepare_sft_dataset: ", where, ": message ", i,
+             " is not {\"role\": \"...\", \"content\": \"...\"}");
+      const std::string role = m["role"].get<std::string>();
+      if (role != "system" && role != "user" && role != "assistant")
+        fail("prepare_sft_dataset: ", where, ": message ", i, "'s role \"", role,
+             "\" is not system, user or assistant");
+      learns |=
+          role == "assistant" && i >= first_counted && !m["content"].get<std::string>().empty();
+    }
+    if (!learns)
+      fail("prepare_sft_dataset: ", where, ": no assistant message with content to learn",
+           prompt_list ? " in \"completion\"" : "");
+    SftExample example;
+    example.parts = render_chat(chat_template, messages, first_counted);
+    return example;
+  }
   const auto text = [&](const char* key) {
     if (!j.contains(key) || !j[key].is_string())
       fail("prepare_sft_dataset: ", where, ": no string \"", key,
-           "\" (each line is {\"prompt\": \"...\", \"completion\": \"...\"})");
+           "\" (each line is {\"prompt\": \"...\", \"completion\": \"...\"}, or a "
+           "conversation: {\"messages\": [...]})");
     return j[key].get<std::string>();
   };
-  SftExample example{text("prompt"), text("completion")};
+  SftExample example{text("prompt"), text("completion"), {}};
   if (example.completion.empty())
     fail("prepare_sft_dataset: ", where, ": an empty \"completion\" (nothing to learn)");
   return example;
 }
 
 // Calls visit(example, where) for each non-blank line of the JSONL files, in order.
-void for_each_sft_example(const std::vector<std::string>& inputs,
+void for_each_sft_example(const std::vector<std::string>& inputs, const std::string& chat_template,
                           const std::function<void(const SftExample&)>& visit) {
   for (const std::string& input : inputs) {
     std::ifstream in(input);
@@ -321,7 +399,7 @@ void for_each_sft_example(const std::vector<std::string>& inputs,
     std::string line;
     for (int64_t number = 1; std::getline(in, line); ++number) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      visit(parse_sft_line(line, detail::concat("'", input, "' line ", number)));
+      visit(parse_sft_line(line, detail::concat("'", input, "' line ", number), chat_template));
     }
     if (in.bad()) fail("prepare_sft_dataset: input file '", input, "': read error");
   }
@@ -341,16 +419,30 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
   if (tokenizer != nullptr && !(eot >= 0 && eot < tokenizer->vocab_size()))
     fail("prepare_sft_dataset: eot = ", eot, " is not a token of ", tokenizer->path(), " (0..",
          tokenizer->vocab_size() - 1, "): the completions need their end-of-text");
+  const std::string& chat = options.chat_template;
+  if (!chat.empty() && chat != "chatml" && chat != "llama3")
+    fail("prepare_sft_dataset: chat template '", chat, "' is not chatml or llama3");
+  // A chat template's markers must be single tokens of the tokenizer (its added tokens), as the
+  // model's own template has them; with bytes they are text.
+  if (!chat.empty() && tokenizer != nullptr)
+    for (const char* marker :
+         chat == "chatml"
+             ? std::vector<const char*>{"<|im_start|>", "<|im_end|>"}
+             : std::vector<const char*>{"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"})
+      if (!tokenizer->token_id(marker))
+        fail("prepare_sft_dataset: chat template ", chat, " needs the token ", marker, ", which ",
+             tokenizer->path(), " does not have");
   // 1. Every line parsed once to count the examples (errors before anything is written); the
   //    last val_fraction of them are held out, whole.
   int64_t n = 0;
-  for_each_sft_example(inputs, [&](const SftExample&) { ++n; });
+  for_each_sft_example(inputs, chat, [&](const SftExample&) { ++n; });
   if (n == 0)
     fail("prepare_sft_dataset: no examples in the input files (first: '", inputs[0], "')");
   const int64_t n_val = held_out(n, options.val_fraction, "prepare_sft_dataset", "examples");
 
-  // 2. Each example's prompt bytes (no target counts) then its completion's and the end-of-text
-  //    token (each a target that counts), into its split's shards with their masks.
+  // 2. Each example's prompt (no target counts) then its completion's and the end-of-text token
+  //    (each a target that counts) — or a conversation's parts, counted as rendered —, into its
+  //    split's shards with their masks.
   create_out_dir(out_dir);
   const int64_t buffer = std::min<int64_t>(options.shard_tokens, 1 << 20);  // grows as needed
   const bool wide = tokenizer != nullptr && tokenizer->vocab_size() > 65536;
@@ -362,8 +454,16 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
                                 : ByteTokenizer().encode(text);
   };
   int64_t seen = 0;
-  for_each_sft_example(inputs, [&](const SftExample& example) {
+  for_each_sft_example(inputs, chat, [&](const SftExample& example) {
     ShardWriter& split = seen++ < n - n_val ? train : val;
+    if (example.conversation()) {
+      // The tokenizer's BOS, then each part on its own (as torchtune tokenizes a message's
+      // header and content): its tokens counted or not as a whole.
+      for (int32_t token : encode("", true)) split.push(static_cast<uint32_t>(token), false);
+      for (const auto& [text, counts] : example.parts)
+        for (int32_t token : encode(text, false)) split.push(static_cast<uint32_t>(token), counts);
+      return;
+    }
     for (int32_t token : encode(example.prompt, true))
       split.push(static_cast<uint32_t>(token), false);
     for (int32_t token : encode(example.completion, false))

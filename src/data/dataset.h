@@ -32,6 +32,8 @@ std::string shard_file_name(std::string_view split, int64_t index);
 struct PrepareOptions {
   double val_fraction = 0.1;           // the last val_fraction of the tokens; [0, 1)
   int64_t shard_tokens = 100'000'000;  // tokens per shard (the last shard of a split may be short)
+  // prepare_sft_dataset's conversations: "" (none), "chatml" or "llama3".
+  std::string chat_template{};
 };
 
 struct PrepareResult {
@@ -81,6 +83,15 @@ SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_toke
 // tokens instead of bytes — each prompt with the BOS it adds, each completion without — and
 // `eot` (its end-of-text token: BpeTokenizer::end_of_text()) is required; the shards are uint32
 // where its vocabulary passes 65536. tools/tokenize_hf.py --sft writes the same files.
+//
+// Conversations (TRL's conversational forms): a line {"messages": [{"role": "system" | "user" |
+// "assistant", "content": "..."}, ...]}, or {"prompt": [messages], "completion": [messages]},
+// rendered by options.chat_template — "chatml" ("<|im_start|>ROLE\nCONTENT<|im_end|>\n":
+// SmolLM2, Qwen) or "llama3" ("<|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>") —
+// after the tokenizer's BOS: each assistant turn's content and end-of-turn marker count (in the
+// second form only the completion's), headers and other turns do not; no end-of-text token is
+// added (the marker ends each turn). Each part is tokenized on its own, as torchtune tokenizes a
+// message's header and content; the markers must be tokens of the tokenizer (with bytes: text).
 PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
                                   const std::string& out_dir, const PrepareOptions& options = {},
                                   int64_t eot = -1, const BpeTokenizer* tokenizer = nullptr);

@@ -238,5 +238,109 @@ TEST_F(BpeTokenizerFile, SftExamplesInTheTokenizersVocabularyCountTheirCompletio
   EXPECT_NE(e.find("the completions need their end-of-text"), std::string::npos) << e;
 }
 
+// Conversations (`--sft --chat-template`): TRL's {"messages": [...]} rendered in ChatML (SmolLM's
+// tokenizer) or Llama 3's template after the BOS, each part tokenized on its own: the assistant
+// turns' content and end marker count, headers, system and user turns do not; with
+// {"prompt": [...], "completion": [...]} only the completion's. The markers are single tokens.
+TEST_F(BpeTokenizerFile, ConversationsCountTheAssistantTurnsInTheirChatTemplate) {
+  const std::string jsonl = (dir_ / "chat.jsonl").string();
+  std::ofstream(jsonl)
+      << R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who speaks?"}, {"role": "assistant", "content": "First Citizen."}, {"role": "user", "content": "Then?"}, {"role": "assistant", "content": "All."}]})"
+      << "\n"
+      << R"({"prompt": [{"role": "user", "content": "Who?"}, {"role": "assistant", "content": "Me."}], "completion": [{"role": "assistant", "content": "You."}]})"
+      << "\n";
+  struct Case {
+    const char* tokenizer;
+    const char* chat_template;
+    const char* end;  // the end-of-turn marker
+  };
+  for (const Case& c :
+       {Case{"smollm", "chatml", "<|im_end|>"}, Case{"llama3", "llama3", "<|eot_id|>"}}) {
+    SCOPED_TRACE(c.chat_template);
+    const BpeTokenizer tok(kFixtures + "/" + c.tokenizer + ".json");
+    PrepareOptions options;
+    options.val_fraction = 0;
+    options.chat_template = c.chat_template;
+    const PrepareResult r =
+        prepare_sft_dataset({jsonl}, (dir_ / "out").string(), options, *tok.end_of_text(), &tok);
+    std::vector<uint32_t> want;
+    std::vector<uint8_t> want_counts;
+    const auto add = [&](const std::string& text, bool counts) {
+      for (const int32_t id : tok.encode(text, false)) {
+        want.push_back(static_cast<uint32_t>(id));
+        want_counts.push_back(counts ? 1 : 0);
+      }
+    };
+    const auto turn = [&](const std::string& role, const std::string& content, bool counts) {
+      if (std::string(c.chat_template) == "chatml") {
+        add("<|im_start|>" + role + "\n", false);
+        add(content + "<|im_end|>", counts);
+        add("\n", false);
+      } else {
+        add("<|start_header_id|>" + role + "<|end_header_id|>\n\n", false);
+        add(content + "<|eot_id|>", counts);
+      }
+    };
+    for (int example = 0; example < 2; ++example) {
+      add("", false);
+      for (const int32_t id : tok.encode("", true)) {  // the BOS, where the tokenizer adds one
+        want.push_back(static_cast<uint32_t>(id));
+        want_counts.push_back(0);
+      }
+      if (example == 0) {
+        turn("system", "Be brief.", false);
+        turn("user", "Who speaks?", false);
+        turn("assistant", "First Citizen.", true);
+        turn("user", "Then?", false);
+        turn("assistant", "All.", true);
+      } else {
+        turn("user", "Who?", false);
+        turn("assistant", "Me.", false);  // the prompt's: context
+        turn("assistant", "You.", true);
+      }
+    }
+    ASSERT_EQ(r.train_shards.size(), 1u);
+    const std::vector<uint32_t> got = read_shard32(r.train_shards[0]);
+    EXPECT_EQ(got, want);
+    std::vector<uint8_t> counts(got.size());
+    LossMaskFile(loss_mask_path(r.train_shards[0]))
+        .read(0, static_cast<int64_t>(counts.size()), counts.data());
+    EXPECT_EQ(counts, want_counts);
+    // The end marker is one token, and it counts.
+    const auto end_id = static_cast<uint32_t>(*tok.token_id(c.end));
+    int64_t counted_ends = 0;
+    for (size_t i = 0; i < got.size(); ++i) counted_ends += got[i] == end_id && counts[i] ? 1 : 0;
+    EXPECT_EQ(counted_ends, 3);
+    fs::remove_all(dir_ / "out");
+  }
+
+  const BpeTokenizer smollm(kFixtures + "/smollm.json");
+  const auto error_with = [&](const std::string& line, const std::string& chat_template,
+                              const BpeTokenizer* tok) {
+    std::ofstream(jsonl) << line << "\n";
+    PrepareOptions options;
+    options.chat_template = chat_template;
+    return error_of([&] {
+      prepare_sft_dataset({jsonl}, (dir_ / "bad").string(), options, tok ? *tok->end_of_text() : -1,
+                          tok);
+    });
+  };
+  const std::string chat =
+      R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})";
+  EXPECT_NE(error_with(chat, "", &smollm).find("line 1: a conversation"), std::string::npos);
+  EXPECT_NE(error_with(chat, "llama3", &smollm).find("needs the token <|start_header_id|>"),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"messages": [{"role": "user", "content": "a"}]})", "chatml", &smollm)
+                .find("no assistant message with content to learn"),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"messages": [{"role": "tool", "content": "a"}]})", "chatml", nullptr)
+                .find("message 0's role \"tool\" is not system, user or assistant"),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"messages": [{"role": "user"}]})", "chatml", nullptr)
+                .find("message 0 is not {\"role\""),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "bad"));
+}
+
 }  // namespace
 }  // namespace loom

@@ -1,4 +1,5 @@
-// Fuzzes `loom data prepare --sft`: the input is a JSONL file of prompt-completion examples.
+// Fuzzes `loom data prepare --sft --chat-template chatml`: the input is a JSONL file of
+// prompt-completion examples and conversations.
 // Properties: a refusal is a loom::Error (naming the file and line); an accepted file gives
 // shards whose tokens are the counted bytes, each with a loss mask of its count that counts at
 // least the completions' bytes, and `loom data inspect` reads them.
@@ -20,6 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   PrepareOptions options;
   options.val_fraction = 0.25;
   options.shard_tokens = 64;
+  options.chat_template = "chatml";  // conversations too (TRL's "messages")
   PrepareResult result;
   if (!fuzz::accepts([&] { result = prepare_sft_dataset({input.string()}, out, options, 10); }))
     return 0;
