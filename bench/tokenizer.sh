@@ -5,7 +5,8 @@
 # be identical, bit for bit. Each of the three fixture tokenizers (tests/data/tokenizers: GPT-2,
 # Llama 3 and SmolLM styles, 600 tokens); the corpus is Tiny Shakespeare repeated COPIES times (a
 # different file each, so no cache carries over between them). Best of RUNS runs each; MB/s of
-# text in, end to end (reading, tokenizing, writing the shards).
+# text in, end to end (reading, tokenizing, writing the shards). The peer at its best besides:
+# `tokenizers` alone, its encode_batch over the files (Rust, every core), no shards written.
 #   bench/tokenizer.sh     (needs a release build and `pip install tokenizers`; LOOM=, COPIES=, RUNS=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,11 +36,25 @@ best() {  # best wall seconds of RUNS runs of the command
   done
   echo "$b"
 }
-printf '%-8s %12s %12s %10s %10s %s\n' tokenizer "loom s" "tokenizers s" "loom MB/s" "hf MB/s" shards
+cat > "$WORK/hf_encode.py" <<'PY'
+import sys, time
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+texts = [open(f, encoding="utf-8").read() for f in sys.argv[3:]]
+best = None
+for _ in range(int(sys.argv[2])):
+    t0 = time.perf_counter()
+    n = sum(len(e.ids) for e in tok.encode_batch(texts))
+    t = time.perf_counter() - t0
+    best = t if best is None or t < best else best
+print(best)
+PY
+printf '%-8s %8s %14s %14s %10s %10s %12s %s\n' tokenizer "loom s" "tokenize_hf s" "encode_batch s" "loom MB/s" "hf MB/s" "batch MB/s" shards
 for t in gpt2 llama3 smollm; do
   tok=tests/data/tokenizers/$t.json
   l=$(best "$LOOM" data prepare "${files[@]}" --tokenizer "$tok" --out "$WORK/loom_$t")
   h=$(best python3 tools/tokenize_hf.py --tokenizer "$tok" "${files[@]}" --out "$WORK/hf_$t")
+  e=$(python3 "$WORK/hf_encode.py" "$tok" "$RUNS" "${files[@]}")
   same=$(diff -rq "$WORK/loom_$t" "$WORK/hf_$t" > /dev/null && echo "identical" || echo "DIFFER")
-  python3 -c "print('%-8s %12.2f %12.2f %10.1f %10.1f %s' % ('$t', $l, $h, $mb / $l, $mb / $h, '$same'))"
+  python3 -c "print('%-8s %8.2f %14.2f %14.2f %10.1f %10.1f %12.1f %s' % ('$t', $l, $h, $e, $mb / $l, $mb / $h, $mb / $e, '$same'))"
 done

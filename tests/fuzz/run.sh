@@ -13,7 +13,9 @@ seconds=${2:-30}
 shift $(( $# >= 2 ? 2 : 1 ))
 here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(config safetensors shard sft checkpoint hf_import); fi
+if [ ${#targets[@]} -eq 0 ]; then  # every target: one corpus directory each
+  for d in "$here"/corpus/*/; do targets+=("$(basename "$d")"); done
+fi
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 failed=()
 for t in "${targets[@]}"; do
