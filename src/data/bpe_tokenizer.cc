@@ -399,17 +399,22 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_specia
   std::vector<int32_t> out;
   if (add_special) out = t.prefix;
   // Added tokens first: the earliest occurrence of any (the longest where several start there).
+  // Each token's next occurrence is kept and searched for again only once passed, so a text
+  // holding many added tokens is scanned once per token, not once per occurrence.
+  constexpr size_t kUnsearched = std::string_view::npos - 1;
+  std::vector<size_t> next(t.added.size(), kUnsearched);
   size_t at = 0;
   while (at < text.size()) {
     size_t found = std::string_view::npos;
     int32_t found_id = -1;
     size_t found_length = 0;
-    for (const auto& [content, id] : t.added) {
-      const size_t p = text.find(content, at);
-      if (p < found) {
-        found = p;
-        found_id = id;
-        found_length = content.size();
+    for (size_t k = 0; k < t.added.size(); ++k) {
+      if (next[k] == kUnsearched || (next[k] != std::string_view::npos && next[k] < at))
+        next[k] = text.find(t.added[k].first, at);
+      if (next[k] < found) {
+        found = next[k];
+        found_id = t.added[k].second;
+        found_length = t.added[k].first.size();
       }
     }
     const std::string_view plain = text.substr(at, std::min(found, text.size()) - at);

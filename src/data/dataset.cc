@@ -158,10 +158,16 @@ int64_t held_out(int64_t n, double val_fraction, const char* what, const char* u
   return n_val;
 }
 
-void check_shard_tokens(int64_t shard_tokens) {
-  if (shard_tokens < 1 || shard_tokens > std::numeric_limits<int32_t>::max())
-    fail("dataset shard_tokens = ", shard_tokens, ": must be in [1, ",
+// The checks every prepare_* function makes first: a val_fraction in [0, 1), a shard size the
+// header can count, some input files; `what` starts each error.
+void check_prepare(const std::vector<std::string>& inputs, const PrepareOptions& options,
+                   const char* what) {
+  if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0))
+    fail(what, ": val_fraction = ", options.val_fraction, ": must be in [0, 1)");
+  if (options.shard_tokens < 1 || options.shard_tokens > std::numeric_limits<int32_t>::max())
+    fail("dataset shard_tokens = ", options.shard_tokens, ": must be in [1, ",
          std::numeric_limits<int32_t>::max(), "] (the shard header counts tokens in an int32)");
+  if (inputs.empty()) fail(what, ": no input files");
 }
 
 // Appends one "a+b=c\n" problem drawn from `rng` to `out`.
@@ -236,10 +242,7 @@ std::vector<std::string> resolve_shards(const std::string& spec, const std::stri
 
 PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std::string& out_dir,
                               const PrepareOptions& options) {
-  if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0))
-    fail("prepare_dataset: val_fraction = ", options.val_fraction, ": must be in [0, 1)");
-  check_shard_tokens(options.shard_tokens);
-  if (inputs.empty()) fail("prepare_dataset: no input files");
+  check_prepare(inputs, options, "prepare_dataset");
 
   // 1. Sizes first: with the byte tokenizer a file of B bytes is B tokens, so the split point is
   //    known before reading anything and the files can stream through.
@@ -410,10 +413,7 @@ void for_each_sft_example(const std::vector<std::string>& inputs, const std::str
 PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
                                   const std::string& out_dir, const PrepareOptions& options,
                                   int64_t eot, const BpeTokenizer* tokenizer) {
-  if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0))
-    fail("prepare_sft_dataset: val_fraction = ", options.val_fraction, ": must be in [0, 1)");
-  check_shard_tokens(options.shard_tokens);
-  if (inputs.empty()) fail("prepare_sft_dataset: no input files");
+  check_prepare(inputs, options, "prepare_sft_dataset");
   if (tokenizer == nullptr && eot > 255)
     fail("prepare_sft_dataset: eot = ", eot, " is not a byte token (0..255, or -1)");
   if (tokenizer != nullptr && !(eot >= 0 && eot < tokenizer->vocab_size()))
@@ -476,10 +476,7 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
 PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
                                         const std::string& out_dir, const BpeTokenizer& tokenizer,
                                         const PrepareOptions& options, int64_t eot) {
-  if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0))
-    fail("prepare_dataset: val_fraction = ", options.val_fraction, ": must be in [0, 1)");
-  check_shard_tokens(options.shard_tokens);
-  if (inputs.empty()) fail("prepare_dataset: no input files");
+  check_prepare(inputs, options, "prepare_dataset");
   if (eot >= tokenizer.vocab_size())
     fail("prepare_dataset: eot = ", eot, " is not a token of ", tokenizer.path(), " (0..",
          tokenizer.vocab_size() - 1, ")");

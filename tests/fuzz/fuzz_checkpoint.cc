@@ -11,8 +11,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -44,11 +42,6 @@ struct Checkpoints {
   std::unique_ptr<AdamW> optimizer;
   fs::path path(int f) const { return dir[kFiles[f].sharded] / kFiles[f].name; }
 };
-
-std::string read_file(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 Checkpoints& checkpoints() {
   static Checkpoints c = [] {
@@ -84,7 +77,7 @@ Checkpoints& checkpoints() {
     }
     made.dir[1] = finish_sharded_checkpoint(tmp, 2, store, shape, state, true);
     for (int f = 0; f < kNumFiles; ++f) {
-      made.original[f] = read_file(made.path(f));
+      made.original[f] = fuzz::read_file(made.path(f));
       fuzz::seed(std::string(kFiles[f].sharded ? "sharded_" : "") + kFiles[f].name,
                  static_cast<char>(f) + made.original[f]);
     }

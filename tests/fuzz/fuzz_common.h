@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <string_view>
 
@@ -44,6 +45,12 @@ inline void write_file(const std::filesystem::path& path, std::string_view bytes
     std::fprintf(stderr, "fuzz: cannot write %s\n", path.c_str());
     std::abort();
   }
+}
+
+// A whole file's bytes ("" where it cannot be read).
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
 // Runs `f`; a loom::Error is the accepted way to refuse the input. Its message must name

@@ -30,10 +30,7 @@ void write_seed() {
       recorder.started(id);
       if (seq < 2) recorder.completed(id);
     }
-    const std::string path = recorder.dump(dir.string(), rank, 2, "timeout after 1 s");
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    for (int c; (c = std::fgetc(f)) != EOF;) joined += static_cast<char>(c);
-    std::fclose(f);
+    joined += loom::fuzz::read_file(recorder.dump(dir.string(), rank, 2, "timeout after 1 s"));
     if (rank == 0) joined += '\0';
   }
   loom::fuzz::seed("two_ranks_hang", joined);

@@ -7,8 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 
@@ -47,8 +45,7 @@ HfDir make(bool llama) {
   h.dir = base / "hf";
   export_checkpoint(ckpt, "hf", h.dir.string());
   for (int i = 0; i < 2; ++i) {
-    std::ifstream f(h.dir / kFiles[i], std::ios::binary);
-    h.files[i] = {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    h.files[i] = fuzz::read_file(h.dir / kFiles[i]);
     fuzz::seed(std::string(llama ? "llama_" : "gpt2_") + kFiles[i],
                static_cast<char>(i | (llama ? 2 : 0)) + h.files[i]);
   }
