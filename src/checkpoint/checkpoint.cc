@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "base/error.h"
+#include "base/json_number.h"
 #include "checkpoint/checkpoint_io.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
@@ -111,7 +112,7 @@ std::optional<FileDigest> recorded_digest(const std::string& dir, const std::str
   const json& record = state["files"][file];
   FileDigest want;
   try {
-    want.bytes = record.at("bytes").get<int64_t>();
+    want.bytes = json_integer<int64_t>(record.at("bytes"));
     if (parse_xxh3(record.at("xxh3_64").get<std::string>(), want.xxh3)) return want;
   } catch (const json::exception&) {
   }
@@ -261,22 +262,22 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
 TrainingState training_state_of(const std::string& checkpoint_dir, const json& j) {
   TrainingState s;
   try {
-    s.step = j.at("step").get<int64_t>();
-    s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
-    s.loader_shard = j.at("loader").at("shard").get<int64_t>();
-    s.loader_offset = j.at("loader").at("offset").get<int64_t>();
-    s.loader_epoch = j.at("loader").at("epoch").get<int64_t>();
+    s.step = json_integer<int64_t>(j.at("step"));
+    s.optimizer_steps = json_integer<int64_t>(j.at("optimizer_steps"));
+    s.loader_shard = json_integer<int64_t>(j.at("loader").at("shard"));
+    s.loader_offset = json_integer<int64_t>(j.at("loader").at("offset"));
+    s.loader_epoch = json_integer<int64_t>(j.at("loader").at("epoch"));
     if (j.at("loader").contains("sources"))
       for (const json& source : j.at("loader").at("sources"))
         s.loader_sources.push_back(
-            {{source.at("shard").get<int64_t>(), source.at("offset").get<int64_t>(),
-              source.at("epoch").get<int64_t>()},
-             source.at("sequences").get<int64_t>()});
-    s.seed = j.at("seed").get<uint64_t>();
+            {{json_integer<int64_t>(source.at("shard")), json_integer<int64_t>(source.at("offset")),
+              json_integer<int64_t>(source.at("epoch"))},
+             json_integer<int64_t>(source.at("sequences"))});
+    s.seed = json_integer<uint64_t>(j.at("seed"));
     s.config_toml = j.value("config", std::string());
     if (j.contains("loss_scale"))
       s.loss_scaler = LossScalerState{j.at("loss_scale").at("scale").get<double>(),
-                                      j.at("loss_scale").at("good_steps").get<int64_t>()};
+                                      json_integer<int64_t>(j.at("loss_scale").at("good_steps"))};
   } catch (const json::exception& e) {
     fail("checkpoint ", checkpoint_dir, ": state.json is incomplete: ", e.what());
   }
@@ -379,15 +380,15 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
   try {
     const json& m = j.at("model");
     c.arch = parse_arch(m.value("arch", std::string("gpt2")));  // older checkpoints: GPT-2
-    c.vocab_size = m.at("vocab_size").get<int64_t>();
-    c.max_seq_len = m.at("max_seq_len").get<int64_t>();
-    c.d_model = m.at("d_model").get<int64_t>();
-    c.n_layers = m.at("n_layers").get<int64_t>();
-    c.n_heads = m.at("n_heads").get<int64_t>();
+    c.vocab_size = json_integer<int64_t>(m.at("vocab_size"));
+    c.max_seq_len = json_integer<int64_t>(m.at("max_seq_len"));
+    c.d_model = json_integer<int64_t>(m.at("d_model"));
+    c.n_layers = json_integer<int64_t>(m.at("n_layers"));
+    c.n_heads = json_integer<int64_t>(m.at("n_heads"));
     c.tie_embeddings = m.value("tie_embeddings", true);
     if (c.llama()) {
-      c.n_kv_heads = m.at("n_kv_heads").get<int64_t>();
-      c.ffn_hidden = m.at("ffn_hidden").get<int64_t>();
+      c.n_kv_heads = json_integer<int64_t>(m.at("n_kv_heads"));
+      c.ffn_hidden = json_integer<int64_t>(m.at("ffn_hidden"));
       c.rope_theta = m.at("rope_theta").get<double>();
       c.norm_eps = m.at("norm_eps").get<double>();
       if (m.contains("rope_scaling")) {
@@ -395,7 +396,7 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
         c.rope_scaling_factor = s.at("factor").get<double>();
         c.rope_low_freq_factor = s.at("low_freq_factor").get<double>();
         c.rope_high_freq_factor = s.at("high_freq_factor").get<double>();
-        c.rope_original_max_seq_len = s.at("original_max_seq_len").get<int64_t>();
+        c.rope_original_max_seq_len = json_integer<int64_t>(s.at("original_max_seq_len"));
       }
     }
   } catch (const json::exception& e) {

@@ -7,12 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <utility>
 #include <vector>
 
 #include "base/error.h"
+#include "base/json_number.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "device/device.h"
@@ -280,9 +281,11 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
     fail(config_path, ": model_type = ", config.value("model_type", std::string("(none)")),
          ", but model.arch = \"llama\" starts from a LlamaForCausalLM directory");
   const auto integer = [&](const char* name) -> int64_t {
-    if (!config.contains(name) || !config[name].is_number_integer())
-      fail(config_path, ": no integer \"", name, "\"");
-    return config[name].get<int64_t>();
+    try {
+      return json_integer<int64_t>(config.at(name));
+    } catch (const nlohmann::json::exception&) {
+      fail(config_path, ": no integer \"", name, "\" (of int64's range)");
+    }
   };
   const auto expect_equal = [&](const char* name, int64_t theirs, int64_t ours, const char* key) {
     if (theirs != ours) fail(config_path, ": ", name, " = ", theirs, " but ", key, " = ", ours);
@@ -314,7 +317,8 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
           scaling.value("factor", 0.0) == model.rope_scaling_factor &&
           scaling.value("low_freq_factor", 0.0) == model.rope_low_freq_factor &&
           scaling.value("high_freq_factor", 0.0) == model.rope_high_freq_factor &&
-          scaling.value("original_max_position_embeddings", int64_t{0}) ==
+          json_integer<int64_t>(
+              scaling.value("original_max_position_embeddings", nlohmann::json(0))) ==
               model.rope_original_max_seq_len))
       fail(config_path, ": rope_scaling = ", scaling.dump(), " but the model's is ",
            hf_rope_scaling(model).dump(), " (model.rope_scaling = \"llama3\", ",
@@ -406,9 +410,11 @@ void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
   const fs::path config_path = dir / "config.json";
   const nlohmann::json config = read_hf_config(dir, "GPT-2");
   const auto key = [&](const char* name) -> int64_t {
-    if (!config.contains(name) || !config[name].is_number_integer())
-      fail(config_path.string(), ": no integer \"", name, "\"");
-    return config[name].get<int64_t>();
+    try {
+      return json_integer<int64_t>(config.at(name));
+    } catch (const nlohmann::json::exception&) {
+      fail(config_path.string(), ": no integer \"", name, "\" (of int64's range)");
+    }
   };
   const auto expect_equal = [&](const char* name, int64_t ours, const char* our_key) {
     if (key(name) != ours)

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/json_number.h"
 #include "checkpoint/checkpoint_io.h"
 #include "checkpoint/safetensors.h"
 
@@ -54,9 +55,10 @@ json slice_json(const ShardSlice& s) {
 
 ShardSlice slice_from(const std::string& dir, const json& j) {
   try {
-    return {j.at(0).get<std::string>(), j.at(1).get<int64_t>(), j.at(2).get<int64_t>(),
-            j.at(3).get<int64_t>(),     j.at(4).get<int64_t>(), j.at(5).get<int64_t>(),
-            j.at(6).get<int64_t>(),     j.at(7).get<int64_t>()};
+    return {j.at(0).get<std::string>(),     json_integer<int64_t>(j.at(1)),
+            json_integer<int64_t>(j.at(2)), json_integer<int64_t>(j.at(3)),
+            json_integer<int64_t>(j.at(4)), json_integer<int64_t>(j.at(5)),
+            json_integer<int64_t>(j.at(6)), json_integer<int64_t>(j.at(7))};
   } catch (const json::exception&) {
     fail("checkpoint ", dir,
          ": a slice in state.json is not [name, row, col, rows, cols, begin, "
@@ -131,7 +133,7 @@ std::string finish_sharded_checkpoint(const std::string& tmp_dir, int ranks,
     const json index = json::parse(in);
     if (!index.contains("file")) continue;  // a rank that holds nothing
     for (const json& s : index["slices"])
-      held[s.at(0).get<std::string>()] += s.at(6).get<int64_t>();
+      held[s.at(0).get<std::string>()] += json_integer<int64_t>(s.at(6));
     shards.push_back({{"file", index["file"]}, {"slices", index["slices"]}});
     files[index["file"].get<std::string>()] = index["digest"];
   }
@@ -172,7 +174,7 @@ TrainingState load_sharded_checkpoint_into(const std::string& dir,
       if (!shapes.contains(p->name))
         fail("checkpoint ", dir, ": has no parameter '", p->name,
              "' (a checkpoint of another model?)");
-      const Shape recorded = shapes[p->name].get<Shape>();
+      const Shape recorded = json_integers<int64_t>(shapes[p->name]);
       if (recorded != p->full_shape)
         fail("checkpoint ", dir, ": '", p->name, "' has shape ", shape_str(recorded),
              " but the model expects ", shape_str(p->full_shape));

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/json_number.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -157,18 +158,19 @@ Dump read_dump(const fs::path& path) {
     const json j = json::parse(in);
     if (!j.is_object() || j.value("format", "") != "loom-flight-recorder")
       damaged("not a Loom flight recorder dump");
-    d.rank = j.at("rank").get<int>();
-    d.world_size = j.at("world_size").get<int>();
+    d.rank = json_integer<int>(j.at("rank"));
+    d.world_size = json_integer<int>(j.at("world_size"));
     if (d.world_size < 1 || d.world_size > kMaxDumpWorld || d.rank < 0 || d.rank >= d.world_size)
       damaged("rank ", d.rank, " of world_size ", d.world_size);
-    d.groups = j.at("groups").get<std::map<std::string, std::vector<int>>>();
+    for (const auto& [group, members] : j.at("groups").items())
+      d.groups[group] = json_integers<int>(members);
     for (const auto& [group, members] : d.groups)
       for (const int m : members)
         if (m < 0 || m >= d.world_size) damaged("group '", group, "' has rank ", m);
     for (const json& rec : j.at("records")) {
       FlightRecord r;
       r.group = rec.at("group").get<std::string>();
-      r.seq = rec.at("seq").get<int64_t>();
+      r.seq = json_integer<int64_t>(rec.at("seq"));
       r.op = rec.at("op").get<std::string>();
       const std::string state = rec.at("state").get<std::string>();
       const FlightState states[] = {FlightState::kIssued, FlightState::kStarted,

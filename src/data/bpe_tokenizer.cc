@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/json_number.h"
 
 namespace loom {
 namespace {
@@ -193,7 +194,7 @@ struct BpeTokenizer::Impl {
         }
         const std::string name = item.at("SpecialToken").at("id").get<std::string>();
         for (const json& id : p.at("special_tokens").at(name).at("ids"))
-          (before ? prefix : suffix).push_back(id.get<int32_t>());
+          (before ? prefix : suffix).push_back(json_integer<int32_t>(id));
       }
     } else if (type != "ByteLevel") {
       refuse("post_processor \"" + type + "\"");
@@ -216,7 +217,8 @@ struct BpeTokenizer::Impl {
     ignore_merges = model.value("ignore_merges", false);
     if (!model.at("vocab").is_object() || !model.at("merges").is_array())
       refuse("model.vocab is not an object of tokens, or model.merges not an array");
-    for (const auto& [token, id] : model.at("vocab").items()) vocab[token] = id.get<int32_t>();
+    for (const auto& [token, id] : model.at("vocab").items())
+      vocab[token] = json_integer<int32_t>(id);
     int32_t rank = 0;
     for (const json& m : model.at("merges")) {
       std::string key;
@@ -230,7 +232,7 @@ struct BpeTokenizer::Impl {
       merge_rank.emplace(std::move(key), rank++);
     }
     for (const json& t : j.value("added_tokens", json::array()))
-      added.emplace_back(t.at("content").get<std::string>(), t.at("id").get<int32_t>());
+      added.emplace_back(t.at("content").get<std::string>(), json_integer<int32_t>(t.at("id")));
     std::erase_if(added, [](const auto& a) { return a.first.empty(); });
     std::stable_sort(added.begin(), added.end(),
                      [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });

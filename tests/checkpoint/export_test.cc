@@ -214,7 +214,7 @@ TEST_F(ExportTest, ADamagedModelShapeIsNamedBeforeTheModelIsBuilt) {
   std::ifstream in(state);
   const nlohmann::json good = nlohmann::json::parse(in);
   in.close();
-  const auto error_with = [&](const char* key, int64_t value) {
+  const auto error_with = [&](const char* key, nlohmann::json value) {
     nlohmann::json j = good;
     j["model"][key] = value;
     std::ofstream(state) << j.dump(2);
@@ -231,6 +231,12 @@ TEST_F(ExportTest, ADamagedModelShapeIsNamedBeforeTheModelIsBuilt) {
   EXPECT_NE(e.find("model.d_model = 3298534883328 is past the largest Loom builds"),
             std::string::npos)
       << e;
+  // A number that is no int64: a plain cast of 1e30 is undefined behaviour; 2^63 would wrap.
+  e = error_with("n_layers", 1e30);
+  EXPECT_NE(e.find("lacks the model shape"), std::string::npos) << e;
+  EXPECT_NE(e.find("type must be an integer, but is 1e+30"), std::string::npos) << e;
+  e = error_with("vocab_size", uint64_t{1} << 63);
+  EXPECT_NE(e.find("integer 9223372036854775808 is outside"), std::string::npos) << e;
   std::ofstream(state) << good.dump(2);
   EXPECT_EQ(read_checkpoint_model(checkpoint_).n_layers, 2);
 }
@@ -522,6 +528,29 @@ TEST(ImportLlama, AConfigThatDiffersIsNamed) {
                 .find("config.json: a key of another type than LlamaConfig's"),
             std::string::npos);
   EXPECT_NE(error_with([](nlohmann::json& j) { j["rope_scaling"] = 8; }, c)
+                .find("config.json: a key of another type than LlamaConfig's"),
+            std::string::npos);
+  // A number that is no int64 (a plain cast of 1e30 is undefined behaviour, 2^64 - 1 wraps to -1).
+  EXPECT_NE(error_with([](nlohmann::json& j) { j["hidden_size"] = 1e30; }, c)
+                .find("config.json: no integer \"hidden_size\" (of int64's range)"),
+            std::string::npos);
+  EXPECT_NE(error_with([](nlohmann::json& j) { j["num_hidden_layers"] = UINT64_MAX; }, c)
+                .find("config.json: no integer \"num_hidden_layers\" (of int64's range)"),
+            std::string::npos);
+  Gpt2Config scaled = c;
+  scaled.rope_scaling_factor = 8;
+  scaled.rope_low_freq_factor = 1;
+  scaled.rope_high_freq_factor = 4;
+  scaled.rope_original_max_seq_len = 8192;
+  EXPECT_NE(error_with(
+                [](nlohmann::json& j) {
+                  j["rope_scaling"] = {{"rope_type", "llama3"},
+                                       {"factor", 8.0},
+                                       {"low_freq_factor", 1.0},
+                                       {"high_freq_factor", 4.0},
+                                       {"original_max_position_embeddings", 1e300}};
+                },
+                scaled)
                 .find("config.json: a key of another type than LlamaConfig's"),
             std::string::npos);
   EXPECT_EQ(error_with([](nlohmann::json&) {}, c), "no error");

@@ -157,7 +157,13 @@ TEST_F(FlightRecorderTest, ADamagedDumpIsNamedAndSkipped) {
        R"({"format": "loom-flight-recorder", "rank": 2, "world_size": 4, "groups": {"world": [0, 9]}, "records": []})",
        R"({"format": "loom-flight-recorder", "rank": 2, "world_size": 4, "groups": {}, "records": [{"group": "world"}]})",
        R"({"format": "loom-flight-recorder", "rank": 2, "world_size": 4, "groups": {}, "records": [{"group": "world", "seq": 1, "op": "send", "state": "lost"}]})",
-       R"([1, 2])"}) {
+       R"([1, 2])",
+       // Numbers that are no int: read with a plain cast, UBSan's float-cast-overflow (CI's
+       // fuzzing found the first) or a rank that wraps into range.
+       R"({"format": "loom-flight-recorder", "rank": 6.66667e+27, "world_size": 4, "groups": {}, "records": []})",
+       R"({"format": "loom-flight-recorder", "rank": 4294967298, "world_size": 4, "groups": {}, "records": []})",
+       R"({"format": "loom-flight-recorder", "rank": 2, "world_size": 4, "groups": {"world": [0, 1.5]}, "records": []})",
+       R"({"format": "loom-flight-recorder", "rank": 2, "world_size": 4, "groups": {}, "records": [{"group": "world", "seq": 1e300, "op": "send", "state": "started"}]})"}) {
     const HangReport report = damage(text);
     SCOPED_TRACE(text);
     EXPECT_EQ(report.world_size, 4);
