@@ -294,7 +294,8 @@ int cmd_sample(const std::string& checkpoint_path, const std::string& prompt,
     SampleOptions in_vocabulary = opt;
     in_vocabulary.vocab = tok.vocab_size();  // never a padding row of the model's
     const std::vector<int32_t> out = generate(ctx, model, ids, in_vocabulary, rng);
-    // The prompt as given, then the new tokens' text (byte-level BPE decodes token by token).
+    // The prompt as given, then the new tokens' text (decoded together: a sentencepiece-style
+    // decoder strips the first token's leading space, and byte fallback joins its byte tokens).
     std::cout << prompt
               << tok.decode({out.begin() + static_cast<std::ptrdiff_t>(ids.size()), out.end()})
               << std::endl;
@@ -477,10 +478,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   std::string prepare_tokenizer;
   bool prepare_no_eot = false;
-  prepare_cmd->add_option("--tokenizer", prepare_tokenizer,
-                          "a HuggingFace byte-level BPE tokenizer (tokenizer.json, or a model "
-                          "directory with one: GPT-2, Llama 3, SmolLM, ...) instead of bytes; "
-                          "the same shards as tools/tokenize_hf.py");
+  prepare_cmd->add_option(
+      "--tokenizer", prepare_tokenizer,
+      "a HuggingFace BPE tokenizer, byte-level or sentencepiece-style (tokenizer.json, or a model "
+      "directory with one: GPT-2, Llama 2 and 3, Mistral, ...) instead of bytes; "
+      "the same shards as tools/tokenize_hf.py");
   prepare_cmd->add_flag("--no-eot", prepare_no_eot,
                         "with --tokenizer: no end-of-text token after each file");
   prepare_cmd
@@ -546,7 +548,7 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--seed", sample_seed)->capture_default_str();
   std::string sample_tokenizer;
   sample_cmd->add_option("--tokenizer", sample_tokenizer,
-                         "the model's HuggingFace byte-level BPE tokenizer (tokenizer.json, or a "
+                         "the model's HuggingFace BPE tokenizer (tokenizer.json, or a "
                          "model directory with one) for the prompt and the output; default: bytes");
   sample_cmd->add_option("--threads", sample_threads, "0 = all cores");
   bool no_kv_cache = false;

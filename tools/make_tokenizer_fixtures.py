@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes the byte-level BPE tokenizer fixtures of tests/data/tokenizers/ with HuggingFace's
-`tokenizers` (pip install tokenizers; checked with 0.23.3): three small tokenizers trained on Tiny
-Shakespeare in the three pre-tokenizer styles of the Hub's byte-level BPE models, and the ids and
-the text `tokenizers` gives for a list of strings — what data/bpe_tokenizer.h must reproduce
-(tests/data/bpe_tokenizer_test.cc).
+"""Writes the BPE tokenizer fixtures of tests/data/tokenizers/ with HuggingFace's `tokenizers`
+(pip install tokenizers; checked with 0.23.3): small tokenizers trained on Tiny Shakespeare in the
+three pre-tokenizer styles of the Hub's byte-level BPE models and two sentencepiece styles, and
+the ids and the text `tokenizers` gives for a list of strings — what data/bpe_tokenizer.h must
+reproduce (tests/data/bpe_tokenizer_test.cc).
 
     python3 tools/make_tokenizer_fixtures.py ../shared/data/tinyshakespeare.txt tests/data/tokenizers
 
@@ -13,13 +13,21 @@ the text `tokenizers` gives for a list of strings — what data/bpe_tokenizer.h 
                its chat template's header and end-of-turn tokens
   smollm.json  SmolLM's: Digits (each digit alone), then ByteLevel with GPT-2's regex; ChatML's
                <|im_start|> and <|im_end|>
+  llama2.json  Llama 2's (TinyLlama, Mistral 7B): normalizer Prepend "▁" + Replace " " by "▁", no
+               pre-tokenizer, byte fallback (<0x00>..<0xFF> at ids 3..258 after <unk> <s> </s>),
+               a BOS, decoder Replace "▁" by " ", ByteFallback, Fuse, Strip one leading space
+  metaspace.json  a Metaspace pre-tokenizer (prepend_scheme "first", split), no byte fallback:
+               characters without a token are <unk>, a run of them one (fuse_unk); a BOS;
+               decoder Metaspace. expected.json's "variants": its ids with the pre-tokenizer's
+               other prepend schemes and split or not
   expected.json  {"strings": [...], "<name>": {"ids": [[...]...], "decoded": [...]}} per tokenizer
 """
 import json
 import os
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors, trainers)
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -40,6 +48,11 @@ STRINGS = [
     "ROMEO: O, she doth teach the torches to burn bright!",
     "\u00a0non-breaking\u2003em space\u3000ideographic",
     "x" * 300,
+    "Hello</s>world <s>again",
+    "<s>Hello",
+    " one leading space",
+    "x▁y and ▁▁ marks",
+    "unknown 日本語 runs ★★ mixed",
 ]
 
 
@@ -52,6 +65,44 @@ def trained(pre, ignore_merges, specials, corpus, vocab=600):
                                   show_progress=False)
     tok.train([corpus], trainer)
     return tok
+
+
+def with_bos(tok, bos="<s>"):
+    tok.post_processor = processors.TemplateProcessing(
+        single=bos + " $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))])
+    return tok
+
+
+def sentencepiece_style(corpus):
+    """Llama 2's layout: trained on words (Metaspace splits them), then run on whole stretches."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                           normalizers.Replace(" ", "\u2581")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never")
+    tok.train([corpus], trainers.BpeTrainer(vocab_size=600 - 256, show_progress=False,
+                                            special_tokens=["<unk>", "<s>", "</s>"]))
+    j = json.loads(tok.to_str())
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({"<0x%02X>" % b: 3 + b for b in range(256)})
+    for token, _ in sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        vocab.setdefault(token, len(vocab))
+    j["model"]["vocab"] = vocab
+    for added in j["added_tokens"]:
+        added["id"] = vocab[added["content"]]
+    j["pre_tokenizer"] = None
+    tok = Tokenizer.from_str(json.dumps(j))
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return with_bos(tok)
+
+
+def metaspace_style(corpus):
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.train([corpus], trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                            special_tokens=["<unk>", "<s>", "</s>"]))
+    return with_bos(tok)
 
 
 def main():
@@ -69,6 +120,8 @@ def main():
             pre_tokenizers.Digits(individual_digits=True), byte_level]),
             False, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], corpus),
     }
+    toks["llama2"] = sentencepiece_style(corpus)
+    toks["metaspace"] = metaspace_style(corpus)
     llama3 = toks["llama3"]
     bos = llama3.token_to_id("<|begin_of_text|>")
     llama3.post_processor = processors.TemplateProcessing(
@@ -80,6 +133,16 @@ def main():
         ids = [tok.encode(s).ids for s in STRINGS]
         expected[name] = {"ids": ids,
                           "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids]}
+    # metaspace.json with its pre-tokenizer's other settings: "variants": {"SCHEME split|whole":
+    # ids of every string}.
+    expected["variants"] = {}
+    for scheme in ("always", "first", "never"):
+        for split in (True, False):
+            tok = Tokenizer.from_str(toks["metaspace"].to_str())
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme,
+                                                         split=split)
+            expected["variants"][f"{scheme} {'split' if split else 'whole'}"] = [
+                tok.encode(s).ids for s in STRINGS]
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False, indent=0)
         f.write("\n")

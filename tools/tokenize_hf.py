@@ -209,7 +209,7 @@ def main():
         n_val = len(tokens) - split_at  # in tokens from here on
     else:
         for name in args.inputs:
-            with open(name, encoding="utf-8") as f:
+            with open(name, encoding="utf-8", newline="") as f:  # bytes as they are: no \r\n -> \n
                 tokens += encode(f.read())
             if eos is not None:
                 tokens.append(eos)

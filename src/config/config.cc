@@ -16,6 +16,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/utf8.h"
 #include "config/format.h"
 
 namespace loom {
@@ -409,35 +410,6 @@ Config load_config(const std::string& path) {
   if (in.bad()) fail("cannot read config file '", path, "': ", std::strerror(errno));
   return parse_config(text.str(), path);
 }
-
-namespace {
-
-// The index of the first byte of `s` that does not belong to well-formed UTF-8 (RFC 3629: no
-// overlong forms, no surrogates, nothing past U+10FFFF), or npos.
-size_t invalid_utf8_at(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80           ? 1
-                     : (c >> 5) == 0x6  ? 2
-                     : (c >> 4) == 0xe  ? 3
-                     : (c >> 3) == 0x1e ? 4
-                                        : 0;
-    if (n == 0 || i + n > s.size()) return i;
-    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-    for (size_t k = 1; k < n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xc0) != 0x80) return i;
-      cp = cp << 6 | (b & 0x3f);
-    }
-    static constexpr uint32_t kLeast[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kLeast[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-    i += n;
-  }
-  return std::string_view::npos;
-}
-
-}  // namespace
 
 void apply_override(Config& config, std::string_view assignment) {
   const std::string where = detail::concat("--set '", assignment, "'");

@@ -5,18 +5,21 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <utility>
 
 #include "base/error.h"
 #include "base/json_number.h"
+#include "base/utf8.h"
 
 namespace loom {
 namespace {
@@ -64,13 +67,8 @@ const ByteChars& byte_chars() {
 
 // The length of the UTF-8 character starting at s[i] (1 for a byte that starts none).
 size_t char_length(std::string_view s, size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  const size_t n = c < 0x80           ? 1
-                   : (c >> 5) == 0x6  ? 2
-                   : (c >> 4) == 0xe  ? 3
-                   : (c >> 3) == 0x1e ? 4
-                                      : 1;
-  if (i + n > s.size()) return 1;
+  const size_t n = utf8_sequence_length(static_cast<unsigned char>(s[i]));
+  if (n == 0 || i + n > s.size()) return 1;
   for (size_t k = 1; k < n; ++k)
     if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 1;
   return n;
@@ -124,22 +122,85 @@ class Regex {
   pcre2_code* code_ = nullptr;
 };
 
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t at = 0;
+  for (size_t hit; (hit = s.find(from, at)) != std::string::npos; at = hit + from.size()) {
+    out.append(s, at, hit - at);
+    out += to;
+  }
+  if (at == 0) return;
+  out.append(s, at, std::string::npos);
+  s = std::move(out);
+}
+
+// One normalizer step (sentencepiece-style tokenizers: Llama 2's prepends "▁" and replaces each
+// space by it).
+struct Normalizer {
+  enum Kind { kPrepend, kReplace } kind = kPrepend;
+  std::string text;  // kPrepend: what goes first; kReplace: what is replaced
+  std::string with;  // kReplace
+};
+
+// Metaspace's prepend_scheme: "▁" before every piece, before the text's first only, or never.
+enum class Prepend { kAlways, kFirst, kNever };
+
 // One pre-tokenizer step (tokenizer.json's pre_tokenizer, or one of its Sequence).
 struct PreTokenizer {
-  enum Kind { kSplit, kByteLevel } kind = kSplit;  // Digits is a Split on \p{N}
-  std::shared_ptr<Regex> regex;                    // kSplit, and kByteLevel with use_regex
+  enum Kind { kSplit, kByteLevel, kMetaspace } kind = kSplit;  // Digits is a Split on \p{N}
+  std::shared_ptr<Regex> regex;  // kSplit, and kByteLevel with use_regex
   bool add_prefix_space = false;
+  std::string replacement;  // kMetaspace: spaces become it ("▁"); it starts each split piece
+  Prepend prepend = Prepend::kAlways;
+  bool split = true;
 };
+
+// One decoder step of a sentencepiece-style tokenizer (a byte-level one has ByteLevel alone).
+struct Decoder {
+  enum Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind = kReplace;
+  std::string from, to;         // kReplace; kMetaspace: from is the replacement, to " "
+  std::string content;          // kStrip: the character stripped
+  int64_t start = 0, stop = 0;  // kStrip: at most this many from each end of each token
+  bool strip_first = false;     // kMetaspace: the first token's replacements are dropped
+};
+
+// "<0xAB>" -> 0xAB: a byte-fallback token (Rust's u8::from_str_radix, which takes "+A" too).
+std::optional<uint8_t> byte_token(std::string_view token) {
+  if (token.size() != 6 || !token.starts_with("<0x") || token[5] != '>') return std::nullopt;
+  const auto digit = [](char c) -> int {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+  };
+  const int hi = token[3] == '+' ? 0 : digit(token[3]), lo = digit(token[4]);
+  if (hi < 0 || lo < 0) return std::nullopt;
+  return static_cast<uint8_t>(hi * 16 + lo);
+}
+
+std::string byte_token_of(uint8_t b) {
+  char s[8];
+  std::snprintf(s, sizeof s, "<0x%02X>", b);
+  return s;
+}
 
 }  // namespace
 
 struct BpeTokenizer::Impl {
   std::string path;
+  bool byte_level = true;  // else sentencepiece-style: text as characters, bytes as a fallback
+  std::vector<Normalizer> normalizers;
   std::vector<PreTokenizer> pre;
+  std::vector<Decoder> decoders;  // sentencepiece-style only
   std::unordered_map<std::string, int32_t> vocab;
-  // Each merge "a b" by its rank (a byte-level token never holds a space: byte 0x20 is "Ġ").
+  // Each merge "a b" by its rank (a byte-level token never holds a space: byte 0x20 is "Ġ"; a
+  // sentencepiece-style one writes it "▁").
   std::unordered_map<std::string, int32_t> merge_rank;
   bool ignore_merges = false;
+  bool byte_fallback = false;      // a character without a token: its bytes' <0xAB> tokens
+  std::optional<std::string> unk;  // else (or without byte fallback) the unknown token
+  bool fuse_unk = false;           // unknown characters in a row: one unknown token
   std::vector<std::pair<std::string, int32_t>> added;  // longest first
   std::vector<std::string> token_of;                   // by id ("" where no token)
   std::vector<bool> is_added;
@@ -148,8 +209,82 @@ struct BpeTokenizer::Impl {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;  // piece -> ids
 
   [[noreturn]] void refuse(const std::string& what) const {
-    fail("tokenizer ", path, ": ", what, " (Loom runs byte-level BPE tokenizers: ",
-         "data/bpe_tokenizer.h; tools/tokenize_hf.py runs any)");
+    fail("tokenizer ", path, ": ", what, " (Loom runs byte-level and sentencepiece-style BPE ",
+         "tokenizers: data/bpe_tokenizer.h; tools/tokenize_hf.py runs any)");
+  }
+
+  // A string of one character (a Metaspace replacement, a Strip's content: Rust chars).
+  std::string one_char(const json& j, const char* what) const {
+    const std::string s = j.get<std::string>();
+    if (s.empty() || char_length(s, 0) != s.size() || invalid_utf8_at(s) != std::string::npos)
+      refuse(std::string(what) + " \"" + s + "\" that is not one character");
+    return s;
+  }
+
+  // A Replace's pattern: a string (a regex is refused).
+  std::string pattern_string(const json& p, const char* what) const {
+    if (!p.at("pattern").contains("String"))
+      refuse(std::string(what) + " Replace on a regex, not a string");
+    const std::string s = p.at("pattern").at("String").get<std::string>();
+    if (s.empty()) refuse(std::string(what) + " Replace of an empty string");
+    return s;
+  }
+
+  static Prepend prepend_scheme(const json& p, const std::function<void(const std::string&)>& bad) {
+    if (!p.contains("prepend_scheme"))  // files before tokenizers 0.15: add_prefix_space
+      return p.value("add_prefix_space", true) ? Prepend::kAlways : Prepend::kNever;
+    const std::string s = p.at("prepend_scheme").get<std::string>();
+    if (s == "always") return Prepend::kAlways;
+    if (s == "first") return Prepend::kFirst;
+    if (s != "never") bad("a Metaspace prepend_scheme \"" + s + "\"");
+    return Prepend::kNever;
+  }
+
+  void read_normalizer(const json& n) {
+    if (n.is_null()) return;
+    const std::string type = n.at("type").get<std::string>();
+    if (type == "Sequence") {
+      for (const json& s : n.at("normalizers")) read_normalizer(s);
+    } else if (type == "Prepend") {
+      normalizers.push_back({Normalizer::kPrepend, n.at("prepend").get<std::string>(), ""});
+    } else if (type == "Replace") {
+      normalizers.push_back({Normalizer::kReplace, pattern_string(n, "a normalizer"),
+                             n.at("content").get<std::string>()});
+    } else {
+      refuse("normalizer \"" + type + "\"");
+    }
+  }
+
+  void read_decoder(const json& d) {
+    const std::string type = d.at("type").get<std::string>();
+    Decoder step;
+    if (type == "Sequence") {
+      for (const json& s : d.at("decoders")) read_decoder(s);
+      return;
+    }
+    if (type == "Replace") {
+      step.from = pattern_string(d, "a decoder");
+      step.to = d.at("content").get<std::string>();
+    } else if (type == "ByteFallback") {
+      step.kind = Decoder::kByteFallback;
+    } else if (type == "Fuse") {
+      step.kind = Decoder::kFuse;
+    } else if (type == "Strip") {
+      step.kind = Decoder::kStrip;
+      step.content = one_char(d.at("content"), "a Strip decoder's content");
+      step.start = json_integer<int64_t>(d.at("start"));
+      step.stop = json_integer<int64_t>(d.at("stop"));
+      if (step.start < 0 || step.stop < 0) refuse("a Strip decoder of a negative count");
+    } else if (type == "Metaspace") {
+      step.kind = Decoder::kMetaspace;
+      step.from = one_char(d.value("replacement", json("\u2581")), "a Metaspace replacement");
+      step.to = " ";
+      step.strip_first =
+          prepend_scheme(d, [&](const std::string& w) { refuse(w); }) != Prepend::kNever;
+    } else {
+      refuse("decoder \"" + type + "\" in a tokenizer that is not byte-level");
+    }
+    decoders.push_back(std::move(step));
   }
 
   void read_pre_tokenizer(const json& p) {
@@ -174,6 +309,12 @@ struct BpeTokenizer::Impl {
       step.add_prefix_space = p.value("add_prefix_space", false);
       if (p.value("use_regex", true))
         step.regex = std::make_shared<Regex>(kGpt2Pattern, "tokenizer " + path);
+    } else if (type == "Metaspace") {
+      step.kind = PreTokenizer::kMetaspace;
+      step.replacement =
+          one_char(p.value("replacement", json("\u2581")), "a Metaspace replacement");
+      step.prepend = prepend_scheme(p, [&](const std::string& w) { refuse(w); });
+      step.split = p.value("split", true);
     } else {
       refuse("pre_tokenizer \"" + type + "\"");
     }
@@ -203,7 +344,7 @@ struct BpeTokenizer::Impl {
 
   void read(const json& j) {
     if (!j.is_object()) refuse("not a JSON object");
-    if (!j.value("normalizer", json()).is_null()) refuse("a normalizer");
+    read_normalizer(j.value("normalizer", json()));
     const json& model = j.at("model");
     if (model.value("type", std::string("BPE")) != "BPE")
       refuse("model type \"" + model.value("type", std::string()) + "\"");
@@ -211,10 +352,12 @@ struct BpeTokenizer::Impl {
       const json& v = model.value(key, json());
       return !v.is_null() && !(v.is_string() && v.get<std::string>().empty());
     };
-    if (model.value("byte_fallback", false) || set("dropout") || set("continuing_subword_prefix") ||
-        set("end_of_word_suffix"))
-      refuse("BPE with byte fallback, dropout, a subword prefix or a word suffix");
+    if (set("dropout") || set("continuing_subword_prefix") || set("end_of_word_suffix"))
+      refuse("BPE with dropout, a subword prefix or a word suffix");
     ignore_merges = model.value("ignore_merges", false);
+    byte_fallback = model.value("byte_fallback", false);
+    fuse_unk = model.value("fuse_unk", false);
+    if (const json& u = model.value("unk_token", json()); !u.is_null()) unk = u.get<std::string>();
     if (!model.at("vocab").is_object() || !model.at("merges").is_array())
       refuse("model.vocab is not an object of tokens, or model.merges not an array");
     for (const auto& [token, id] : model.at("vocab").items())
@@ -236,18 +379,31 @@ struct BpeTokenizer::Impl {
     std::erase_if(added, [](const auto& a) { return a.first.empty(); });
     std::stable_sort(added.begin(), added.end(),
                      [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-    const json& pre_tokenizer = j.value("pre_tokenizer", json());
-    if (pre_tokenizer.is_null()) refuse("no pre_tokenizer (a byte-level BPE has ByteLevel)");
-    read_pre_tokenizer(pre_tokenizer);
-    if (pre.empty() || pre.back().kind != PreTokenizer::kByteLevel ||
-        std::count_if(pre.begin(), pre.end(), [](const PreTokenizer& p) {
-          return p.kind == PreTokenizer::kByteLevel;
-        }) != 1)
-      refuse("a pre_tokenizer that does not end with its one ByteLevel (not byte-level BPE)");
+    if (const json& p = j.value("pre_tokenizer", json()); !p.is_null()) read_pre_tokenizer(p);
+    const auto steps = [&](PreTokenizer::Kind kind) {
+      return std::count_if(pre.begin(), pre.end(),
+                           [&](const PreTokenizer& p) { return p.kind == kind; });
+    };
+    // Byte-level (GPT-2's kind): ByteLevel, last, turns every byte into a character of the
+    // vocabulary. Sentencepiece-style (Llama 2's): no ByteLevel; the text's characters are the
+    // symbols, a character without a token falls back to its bytes' <0xAB> tokens (or unk_token).
+    byte_level = steps(PreTokenizer::kByteLevel) > 0;
     read_post_processor(j.value("post_processor", json()));
     const json& decoder = j.value("decoder", json());
-    if (decoder.is_null() || decoder.value("type", std::string()) != "ByteLevel")
-      refuse("a decoder other than ByteLevel");
+    if (byte_level) {
+      if (pre.back().kind != PreTokenizer::kByteLevel || steps(PreTokenizer::kByteLevel) != 1 ||
+          steps(PreTokenizer::kMetaspace) > 0)
+        refuse("a pre_tokenizer whose one ByteLevel is not its last step");
+      if (decoder.is_null() || decoder.value("type", std::string()) != "ByteLevel")
+        refuse("a byte-level tokenizer whose decoder is not ByteLevel");
+    } else {
+      if (decoder.is_null())
+        refuse(
+            "no decoder (a byte-level BPE has ByteLevel; a sentencepiece-style one Replace or "
+            "Metaspace, ByteFallback, Fuse, Strip)");
+      read_decoder(decoder);
+    }
+    if (unk && !vocab.contains(*unk)) refuse("unk_token \"" + *unk + "\", not in model.vocab");
 
     int64_t size = 0;
     for (const auto& [token, id] : vocab) {
@@ -278,12 +434,44 @@ struct BpeTokenizer::Impl {
     }
   }
 
-  // The pre-tokenizers' pieces of a text without added tokens, each as the byte characters
-  // the vocabulary is written in.
-  std::vector<std::string> pieces(std::string_view text) const {
-    std::vector<std::string> current{std::string(text)}, next;
+  // The pre-tokenizers' pieces of a text without added tokens (normalized first, as HuggingFace
+  // normalizes each stretch between added tokens), each in the characters the vocabulary is
+  // written in. `at_start`: the stretch begins the whole text (Metaspace's "first").
+  std::vector<std::string> pieces(std::string_view text, bool at_start) const {
+    std::string normalized(text);
+    for (const Normalizer& n : normalizers) {
+      if (n.kind == Normalizer::kPrepend) {
+        if (!normalized.empty()) normalized.insert(0, n.text);
+      } else {
+        replace_all(normalized, n.text, n.with);
+      }
+    }
+    std::vector<std::string> current{std::move(normalized)}, next;
     for (const PreTokenizer& step : pre) {
       next.clear();
+      if (step.kind == PreTokenizer::kMetaspace) {
+        for (size_t k = 0; k < current.size(); ++k) {
+          std::string piece = current[k];
+          replace_all(piece, " ", step.replacement);
+          const bool prepend = step.prepend == Prepend::kAlways ||
+                               (step.prepend == Prepend::kFirst && at_start && k == 0);
+          if (prepend && !piece.starts_with(step.replacement)) piece.insert(0, step.replacement);
+          if (!step.split) {
+            next.push_back(std::move(piece));
+            continue;
+          }
+          // Split before each replacement, which starts the piece after it ("MergedWithNext").
+          size_t begin = 0;
+          for (size_t at = piece.find(step.replacement); at != std::string::npos;
+               at = piece.find(step.replacement, at + step.replacement.size())) {
+            if (at > begin) next.push_back(piece.substr(begin, at - begin));
+            begin = at;
+          }
+          if (begin < piece.size()) next.push_back(piece.substr(begin));
+        }
+        std::swap(current, next);
+        continue;
+      }
       for (const std::string& piece : current) {
         // ByteLevel's add_prefix_space: a space before every piece that lacks one, as
         // HuggingFace's ByteLevel does to each split it is given.
@@ -299,6 +487,7 @@ struct BpeTokenizer::Impl {
       }
       std::swap(current, next);
     }
+    if (!byte_level) return current;
     for (std::string& piece : current) {  // the last step, ByteLevel: bytes to characters
       std::string chars;
       for (const char c : piece) chars += byte_chars().of_byte[static_cast<uint8_t>(c)];
@@ -331,13 +520,34 @@ struct BpeTokenizer::Impl {
         int prev, next;
       };
       std::vector<Symbol> symbols;
+      const auto add = [&](std::string text) {
+        const int k = static_cast<int>(symbols.size());
+        symbols.push_back({std::move(text), k - 1, -1});
+        if (k > 0) symbols[static_cast<size_t>(k - 1)].next = k;
+      };
+      // A character without a token: its bytes' tokens, else unk_token (one for a run of them
+      // with fuse_unk). As HuggingFace's BPE, an unknown token waits until the next character
+      // with a token of its own, so bytes of a fallback in between come before it.
+      bool unk_pending = false;
       for (size_t i = 0; i < piece.size();) {
         const size_t n = char_length(piece, i);
-        const int k = static_cast<int>(symbols.size());
-        symbols.push_back({piece.substr(i, n), k - 1, -1});
-        if (k > 0) symbols[static_cast<size_t>(k - 1)].next = k;
+        std::string c = piece.substr(i, n);
         i += n;
+        const auto byte_known = [&](char b) {
+          return vocab.contains(byte_token_of(static_cast<uint8_t>(b)));
+        };
+        if (!vocab.contains(c) && byte_fallback && std::all_of(c.begin(), c.end(), byte_known)) {
+          for (const char b : c) add(byte_token_of(static_cast<uint8_t>(b)));
+        } else if (!vocab.contains(c) && unk) {
+          if (unk_pending && !fuse_unk) add(*unk);
+          unk_pending = true;
+        } else {  // a token (every character of a byte-level piece), or one found missing below
+          if (unk_pending) add(*unk);
+          unk_pending = false;
+          add(std::move(c));
+        }
       }
+      if (unk_pending) add(*unk);
       using Candidate = std::pair<int32_t, int>;  // (rank, left symbol)
       std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
       const auto rank_of = [&](int left) {
@@ -369,7 +579,9 @@ struct BpeTokenizer::Impl {
         const std::string& s = symbol.text;
         const auto id = vocab.find(s);
         if (id == vocab.end())
-          fail("tokenizer ", path, ": no token for '", s, "' (its vocabulary lacks a byte)");
+          fail("tokenizer ", path, ": no token for '", s, "' (",
+               byte_level ? "its vocabulary lacks a byte" : "no byte fallback or unk_token for it",
+               ")");
         ids.push_back(id->second);
       }
     }
@@ -377,6 +589,65 @@ struct BpeTokenizer::Impl {
     std::lock_guard<std::mutex> lock(cache_mutex);
     if (cache.size() > 100000) cache.clear();  // bounded: a corpus has a long tail of pieces
     cache.emplace(piece, std::move(ids));
+  }
+
+  // A sentencepiece-style tokenizer's decoder: its steps, in order, on the tokens' strings (added
+  // tokens too), as HuggingFace's decode_chain runs them; then the strings joined.
+  std::string decode_chain(const std::vector<int32_t>& ids) const {
+    std::vector<std::string> tokens;
+    tokens.reserve(ids.size());
+    for (const int32_t id : ids) tokens.push_back(token_of[static_cast<size_t>(id)]);
+    for (const Decoder& step : decoders) {
+      switch (step.kind) {
+        case Decoder::kReplace:
+          for (std::string& s : tokens) replace_all(s, step.from, step.to);
+          break;
+        case Decoder::kByteFallback: {
+          // Each run of <0xAB> tokens: its bytes, as they are (HuggingFace shows a run that is
+          // not UTF-8 as U+FFFD, one a byte; Loom returns bytes, as for a byte-level tokenizer).
+          std::vector<std::string> out;
+          std::string bytes;
+          for (std::string& s : tokens) {
+            if (const std::optional<uint8_t> b = byte_token(s)) {
+              bytes += static_cast<char>(*b);
+              continue;
+            }
+            if (!bytes.empty()) out.push_back(std::exchange(bytes, std::string()));
+            out.push_back(std::move(s));
+          }
+          if (!bytes.empty()) out.push_back(std::move(bytes));
+          tokens = std::move(out);
+          break;
+        }
+        case Decoder::kFuse: {
+          std::string all;
+          for (const std::string& s : tokens) all += s;
+          tokens.assign(1, std::move(all));
+          break;
+        }
+        case Decoder::kStrip:
+          for (std::string& s : tokens) {
+            size_t begin = 0, end = s.size();
+            for (int64_t k = 0;
+                 k < step.start && s.compare(begin, step.content.size(), step.content) == 0; ++k)
+              begin += step.content.size();
+            for (int64_t k = 0;
+                 k < step.stop && end >= begin + step.content.size() &&
+                 s.compare(end - step.content.size(), step.content.size(), step.content) == 0;
+                 ++k)
+              end -= step.content.size();
+            s = s.substr(begin, end - begin);
+          }
+          break;
+        case Decoder::kMetaspace:  // as HuggingFace: every replacement of the first token dropped
+          for (size_t k = 0; k < tokens.size(); ++k)
+            replace_all(tokens[k], step.from, k == 0 && step.strip_first ? "" : step.to);
+          break;
+      }
+    }
+    std::string text;
+    for (const std::string& s : tokens) text += s;
+    return text;
   }
 };
 
@@ -421,7 +692,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_specia
     }
     const std::string_view plain = text.substr(at, std::min(found, text.size()) - at);
     if (!plain.empty())
-      for (const std::string& piece : t.pieces(plain)) t.bpe(piece, out);
+      for (const std::string& piece : t.pieces(plain, at == 0)) t.bpe(piece, out);
     if (found == std::string_view::npos) break;
     out.push_back(found_id);
     at = found + found_length;
@@ -432,12 +703,15 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_specia
 
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   const Impl& t = *impl_;
-  std::string out;
   for (size_t k = 0; k < ids.size(); ++k) {
     const int32_t id = ids[k];
     if (id < 0 || static_cast<size_t>(id) >= t.token_of.size() ||
         (t.token_of[static_cast<size_t>(id)].empty() && !t.is_added[static_cast<size_t>(id)]))
       fail("tokenizer ", t.path, ": token ", id, " at position ", k, " is not in its vocabulary");
+  }
+  if (!t.byte_level) return t.decode_chain(ids);
+  std::string out;
+  for (const int32_t id : ids) {
     const std::string& token = t.token_of[static_cast<size_t>(id)];
     if (t.is_added[static_cast<size_t>(id)]) {
       out += token;
@@ -455,6 +729,10 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
     }
   }
   return out;
+}
+
+bool BpeTokenizer::lossless() const {
+  return impl_->byte_level;
 }
 
 int64_t BpeTokenizer::vocab_size() const {

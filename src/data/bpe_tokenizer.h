@@ -1,25 +1,35 @@
-// BpeTokenizer — a HuggingFace byte-level BPE tokenizer (tokenizer.json) read and run natively:
-// the tokenizer of GPT-2, Llama 3, SmolLM, Qwen and most Hub models since, so that `loom sample`
-// reads and writes text in an imported model's vocabulary and `loom data prepare --tokenizer`
-// makes its shards without Python. Checked against HuggingFace's `tokenizers` on the three
-// pre-tokenizer styles those models use (tests/data/tokenizers, tools/make_tokenizer_fixtures.py).
+// BpeTokenizer — a HuggingFace BPE tokenizer (tokenizer.json) read and run natively, so that
+// `loom sample` reads and writes text in an imported model's vocabulary and `loom data prepare
+// --tokenizer` makes its shards without Python. Two kinds, checked against HuggingFace's
+// `tokenizers` on each style below (tests/data/tokenizers, tools/make_tokenizer_fixtures.py):
+//   byte-level          GPT-2, Llama 3, SmolLM, Qwen and most Hub models since: every byte is a
+//                       character of the vocabulary (ByteLevel), so any bytes encode losslessly
+//   sentencepiece-style Llama 2, TinyLlama, Mistral 7B, Vicuna: the text's characters are the
+//                       symbols, "▁" marks spaces and a word's start, and a character without a
+//                       token becomes its UTF-8 bytes' <0xAB> tokens (byte fallback)
 //
 // What a tokenizer.json may hold (anything else is refused, naming the file and the key):
-//   normalizer     null
-//   pre_tokenizer  ByteLevel (with or without GPT-2's regex), or a Sequence of Split (a regex,
-//                  behavior "Isolated") and Digits, ending with ByteLevel
-//   model          BPE: vocab, merges ("a b" strings or [a, b] pairs), ignore_merges; no dropout,
-//                  no continuing-subword prefix or end-of-word suffix, no byte fallback
+//   normalizer     null, Prepend, Replace (of a string), or a Sequence of those (Llama 2's:
+//                  Prepend "▁", Replace " " by "▁"); run on each stretch between added tokens
+//   pre_tokenizer  byte-level: ByteLevel (with or without GPT-2's regex), or a Sequence of Split
+//                  (a regex, behavior "Isolated") and Digits, ending with ByteLevel;
+//                  sentencepiece-style: null, Metaspace (prepend_scheme always / first / never,
+//                  split or not), Split, Digits, or a Sequence of those
+//   model          BPE: vocab, merges ("a b" strings or [a, b] pairs), ignore_merges,
+//                  byte_fallback, unk_token, fuse_unk; no dropout, no continuing-subword prefix
+//                  or end-of-word suffix
 //   post_processor null, ByteLevel, TemplateProcessing (its single-sequence template: a BOS),
 //                  or a Sequence of those
-//   decoder        ByteLevel
+//   decoder        byte-level: ByteLevel; sentencepiece-style: Replace (of a string),
+//                  ByteFallback, Fuse, Strip, Metaspace, or a Sequence of those
 //   added_tokens   matched literally in the text before anything else, as HuggingFace does
-// Sentencepiece-style BPE (Llama 2, TinyLlama: "▁" and byte fallback) is not byte-level: it is
-// refused by name (tools/tokenize_hf.py tokenizes for those).
+//                  (lstrip / rstrip / single_word are not applied)
 //
-// The regexes run on PCRE2 with Unicode properties. Text that is not UTF-8 is still encoded
-// losslessly: the bytes no pattern matches become pieces of their own, and every byte has a
-// token in a byte-level vocabulary.
+// The regexes run on PCRE2 with Unicode properties. Text that is not UTF-8 is still encoded: a
+// byte-level tokenizer's bytes no pattern matches become pieces of their own, and every byte has
+// a token; a sentencepiece-style one gives each stray byte its <0xAB> token (HuggingFace takes
+// only UTF-8 text). Decoding returns the tokens' bytes as they are, where HuggingFace shows
+// bytes that are not UTF-8 as U+FFFD.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +56,11 @@ class BpeTokenizer {
   // vocabulary throws loom::Error naming it.
   std::string decode(const std::vector<int32_t>& ids) const;
 
+  // Whether decode(encode(text, false)) is `text` for any bytes: a byte-level tokenizer. A
+  // sentencepiece-style one may change leading spaces, "▁" and the spaces beside added tokens
+  // (its normalizer and decoder do, in HuggingFace too), and without byte fallback gives
+  // unk_token for what it has no token for.
+  bool lossless() const;
   // 1 + the largest id of the vocabulary and the added tokens: what model.vocab_size must reach.
   int64_t vocab_size() const;
   // The id of a token (a vocabulary entry or an added token), if it has one.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -52,7 +53,8 @@ TEST_P(BpeGolden, EncodesAndDecodesAsHuggingFaceTokenizers) {
   EXPECT_EQ(tok.vocab_size(), 600);
 }
 
-INSTANTIATE_TEST_SUITE_P(Styles, BpeGolden, ::testing::Values("gpt2", "llama3", "smollm"));
+INSTANTIATE_TEST_SUITE_P(Styles, BpeGolden,
+                         ::testing::Values("gpt2", "llama3", "smollm", "llama2", "metaspace"));
 
 // Writes `j` as a tokenizer.json in a directory of the test's own; returns the directory.
 class BpeTokenizerFile : public ::testing::Test {
@@ -97,9 +99,10 @@ TEST_F(BpeTokenizerFile, MergesAsStringsDirectoriesEndOfTextAndAnyBytes) {
   EXPECT_EQ(llama3.end_of_text(), llama3.token_id("<|end_of_text|>"));
 }
 
-// What Loom cannot run is refused naming the file and the key: a sentencepiece-style tokenizer
-// (Llama 2: a normalizer, byte fallback, a Metaspace pre-tokenizer), an unknown pre-tokenizer, a
-// bad regex, a missing file, ids out of the vocabulary.
+// What Loom cannot run is refused naming the file and the key: a normalizer other than Prepend
+// and Replace (NFC, a regex replace), a byte-level tokenizer mixed with Metaspace or without
+// its ByteLevel decoder, a sentencepiece-style one without a decoder, an unknown decoder or
+// prepend scheme, a bad regex, a missing file, ids out of the vocabulary.
 TEST_F(BpeTokenizerFile, WhatItCannotRunIsNamed) {
   const nlohmann::json good = read_json(kFixtures + "/gpt2.json");
   const auto error_with = [&](const std::function<void(nlohmann::json&)>& change) {
@@ -109,16 +112,42 @@ TEST_F(BpeTokenizerFile, WhatItCannotRunIsNamed) {
     return error_of([&] { BpeTokenizer t(dir); });
   };
   std::string e = error_with([](nlohmann::json& j) {
-    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", nlohmann::json::array()}};
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}}}};
   });
-  EXPECT_NE(e.find("tokenizer " + (dir_ / "tokenizer.json").string() + ": a normalizer"),
+  EXPECT_NE(e.find("tokenizer " + (dir_ / "tokenizer.json").string() + ": normalizer \"NFC\""),
             std::string::npos)
       << e;
   EXPECT_NE(e.find("tools/tokenize_hf.py"), std::string::npos) << e;
-  e = error_with([](nlohmann::json& j) { j["model"]["byte_fallback"] = true; });
-  EXPECT_NE(e.find("byte fallback"), std::string::npos) << e;
-  e = error_with([](nlohmann::json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; });
-  EXPECT_NE(e.find("pre_tokenizer \"Metaspace\""), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", "_"}};
+  });
+  EXPECT_NE(e.find("a normalizer Replace on a regex, not a string"), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers", {{{"type", "Metaspace"}}, {{"type", "ByteLevel"}}}}};
+  });
+  EXPECT_NE(e.find("a pre_tokenizer whose one ByteLevel is not its last step"), std::string::npos)
+      << e;
+  e = error_with([](nlohmann::json& j) { j["decoder"] = {{"type", "Fuse"}}; });
+  EXPECT_NE(e.find("a byte-level tokenizer whose decoder is not ByteLevel"), std::string::npos)
+      << e;
+  e = error_with([](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "Metaspace"}};
+    j["decoder"] = nullptr;
+  });
+  EXPECT_NE(e.find("no decoder"), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}};
+  });
+  EXPECT_NE(e.find("a Metaspace prepend_scheme \"sometimes\""), std::string::npos) << e;
+  e = error_with([](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "Metaspace"}};
+    j["decoder"] = {{"type", "CTC"}};
+  });
+  EXPECT_NE(e.find("decoder \"CTC\" in a tokenizer that is not byte-level"), std::string::npos)
+      << e;
+  e = error_with([](nlohmann::json& j) { j["model"]["unk_token"] = "<unk>"; });
+  EXPECT_NE(e.find("unk_token \"<unk>\", not in model.vocab"), std::string::npos) << e;
   e = error_with([](nlohmann::json& j) {
     j["pre_tokenizer"] = {{"type", "Sequence"},
                           {"pretokenizers",
@@ -141,6 +170,47 @@ TEST_F(BpeTokenizerFile, WhatItCannotRunIsNamed) {
   const BpeTokenizer tok(kFixtures + "/gpt2.json");
   e = error_of([&] { tok.decode({5, 600}); });
   EXPECT_NE(e.find("token 600 at position 1 is not in its vocabulary"), std::string::npos) << e;
+}
+
+// Sentencepiece-style: the Metaspace pre-tokenizer's prepend schemes, split or not (and the older
+// files' add_prefix_space for a scheme) give tokenizers' ids; Llama 2's byte fallback encodes
+// any bytes, stray ones (not UTF-8) too, as their <0xAB> tokens, and decodes them back.
+TEST_F(BpeTokenizerFile, SentencepieceStylesPrependSchemesAndByteFallback) {
+  const nlohmann::json expected = read_json(kFixtures + "/expected.json");
+  const auto& strings = expected.at("strings");
+  nlohmann::json j = read_json(kFixtures + "/metaspace.json");
+  for (const char* scheme : {"always", "first", "never"})
+    for (const bool split : {true, false}) {
+      const std::string variant = std::string(scheme) + (split ? " split" : " whole");
+      SCOPED_TRACE(variant);
+      j["pre_tokenizer"] = {{"type", "Metaspace"},
+                            {"replacement", "\u2581"},
+                            {"prepend_scheme", scheme},
+                            {"split", split}};
+      const BpeTokenizer tok(write(j));
+      for (size_t i = 0; i < strings.size(); ++i)
+        EXPECT_EQ(tok.encode(strings[i].get<std::string>()),
+                  expected.at("variants").at(variant).at(i).get<std::vector<int32_t>>())
+            << strings[i];
+    }
+  j["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true}};
+  const BpeTokenizer older(write(j));
+  EXPECT_EQ(older.encode(strings[1].get<std::string>()),
+            expected.at("variants").at("always split").at(1).get<std::vector<int32_t>>());
+  EXPECT_FALSE(older.lossless());
+
+  const BpeTokenizer llama2(kFixtures + "/llama2.json");
+  EXPECT_FALSE(llama2.lossless());
+  const std::string stray = "a\xff\xe6\x97 b";  // a byte that starts nothing, a cut-short 日
+  const std::vector<int32_t> ids = llama2.encode(stray, /*add_special=*/false);
+  const auto id = [&](const char* token) { return *llama2.token_id(token); };
+  EXPECT_NE(std::find(ids.begin(), ids.end(), id("<0xFF>")), ids.end());
+  EXPECT_NE(std::find(ids.begin(), ids.end(), id("<0xE6>")), ids.end());
+  EXPECT_NE(std::find(ids.begin(), ids.end(), id("<0x97>")), ids.end());
+  EXPECT_EQ(llama2.decode(ids), stray);
+  EXPECT_EQ(llama2.decode(llama2.encode("日本語 and ★", false)), "日本語 and ★");
+  EXPECT_EQ(*llama2.end_of_text(), id("</s>"));
 }
 
 std::vector<uint32_t> read_split(const std::vector<std::string>& shards) {
