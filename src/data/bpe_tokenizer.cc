@@ -98,12 +98,20 @@ class Regex {
   // HuggingFace's Split with behavior "Isolated": the matches and the text between them, each a
   // piece, in order (empty matches split nothing).
   void split(std::string_view text, std::vector<std::string>& out) const {
-    pcre2_match_data* data = pcre2_match_data_create_from_pattern(code_, nullptr);
+    // Only the whole match is read: one pair of offsets, a block per thread made once (split
+    // runs once per piece of the step before, so many times a text).
+    struct MatchData {
+      pcre2_match_data* data = pcre2_match_data_create(1, nullptr);
+      ~MatchData() { pcre2_match_data_free(data); }
+    };
+    thread_local const MatchData match;
+    pcre2_match_data* data = match.data;
     size_t at = 0, piece_start = 0;
     while (at < text.size()) {
       const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
                                  0, data, nullptr);
       if (rc < 0) break;  // no further match (or a matching limit): the rest is one piece
+      // (rc 0: the pattern's groups did not fit the one pair; the whole match is in it)
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data);
       const size_t begin = ov[0], end = ov[1];
       if (end == begin) {  // an empty match: try again after the next character
@@ -115,7 +123,6 @@ class Regex {
       piece_start = at = end;
     }
     if (piece_start < text.size()) out.emplace_back(text.substr(piece_start));
-    pcre2_match_data_free(data);
   }
 
  private:
@@ -194,12 +201,19 @@ struct BpeTokenizer::Impl {
   std::vector<PreTokenizer> pre;
   std::vector<Decoder> decoders;  // sentencepiece-style only
   std::unordered_map<std::string, int32_t> vocab;
-  // Each merge "a b" by its rank (a byte-level token never holds a space: byte 0x20 is "Ġ"; a
-  // sentencepiece-style one writes it "▁").
-  std::unordered_map<std::string, int32_t> merge_rank;
+  // Each merge by the ids of its pair, id_a << 32 | id_b: its rank and the merged token's id.
+  struct Merge {
+    int32_t rank, id;
+  };
+  std::unordered_map<uint64_t, Merge> merges;
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
+  }
+  std::array<int32_t, 256> byte_token_id{};  // each byte's <0xAB> token, -1 if none
   bool ignore_merges = false;
   bool byte_fallback = false;      // a character without a token: its bytes' <0xAB> tokens
   std::optional<std::string> unk;  // else (or without byte fallback) the unknown token
+  int32_t unk_id = -1;
   bool fuse_unk = false;           // unknown characters in a row: one unknown token
   std::vector<std::pair<std::string, int32_t>> added;  // longest first
   std::vector<std::string> token_of;                   // by id ("" where no token)
@@ -364,15 +378,27 @@ struct BpeTokenizer::Impl {
       vocab[token] = json_integer<int32_t>(id);
     int32_t rank = 0;
     for (const json& m : model.at("merges")) {
-      std::string key;
+      std::string a, b;
       if (m.is_string()) {
-        key = m.get<std::string>();
-        if (std::count(key.begin(), key.end(), ' ') != 1)
-          refuse("a merge \"" + key + "\" not of two tokens");
+        const std::string both = m.get<std::string>();
+        const size_t space = both.find(' ');
+        if (space == std::string::npos || both.find(' ', space + 1) != std::string::npos)
+          refuse("a merge \"" + both + "\" not of two tokens");
+        a = both.substr(0, space);
+        b = both.substr(space + 1);
       } else {
-        key = m.at(0).get<std::string>() + " " + m.at(1).get<std::string>();
+        a = m.at(0).get<std::string>();
+        b = m.at(1).get<std::string>();
       }
-      merge_rank.emplace(std::move(key), rank++);
+      const auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
+      if (ia == vocab.end() || ib == vocab.end() || iab == vocab.end())
+        refuse("a merge \"" + a + " " + b + "\" of tokens not in model.vocab");
+      // A pair merged twice takes its later rank, as HuggingFace's map of merges does.
+      merges.insert_or_assign(pair_key(ia->second, ib->second), Merge{rank++, iab->second});
+    }
+    for (int b = 0; b < 256; ++b) {
+      const auto it = vocab.find(byte_token_of(static_cast<uint8_t>(b)));
+      byte_token_id[static_cast<size_t>(b)] = it == vocab.end() ? -1 : it->second;
     }
     for (const json& t : j.value("added_tokens", json::array()))
       added.emplace_back(t.at("content").get<std::string>(), json_integer<int32_t>(t.at("id")));
@@ -403,7 +429,10 @@ struct BpeTokenizer::Impl {
             "Metaspace, ByteFallback, Fuse, Strip)");
       read_decoder(decoder);
     }
-    if (unk && !vocab.contains(*unk)) refuse("unk_token \"" + *unk + "\", not in model.vocab");
+    if (unk) {
+      if (!vocab.contains(*unk)) refuse("unk_token \"" + *unk + "\", not in model.vocab");
+      unk_id = vocab.at(*unk);
+    }
 
     int64_t size = 0;
     for (const auto& [token, id] : vocab) {
@@ -516,13 +545,14 @@ struct BpeTokenizer::Impl {
       // order — in O(n log n), so a long run of one character (a line of "=", a blob of base64)
       // is not quadratic. A candidate whose symbols have changed since is skipped.
       struct Symbol {
-        std::string text;
+        int32_t id;
         int prev, next;
+        bool alive;
       };
       std::vector<Symbol> symbols;
-      const auto add = [&](std::string text) {
+      const auto add = [&](int32_t id) {
         const int k = static_cast<int>(symbols.size());
-        symbols.push_back({std::move(text), k - 1, -1});
+        symbols.push_back({id, k - 1, -1, true});
         if (k > 0) symbols[static_cast<size_t>(k - 1)].next = k;
       };
       // A character without a token: its bytes' tokens, else unk_token (one for a run of them
@@ -531,59 +561,56 @@ struct BpeTokenizer::Impl {
       bool unk_pending = false;
       for (size_t i = 0; i < piece.size();) {
         const size_t n = char_length(piece, i);
-        std::string c = piece.substr(i, n);
+        const std::string_view c = std::string_view(piece).substr(i, n);
         i += n;
-        const auto byte_known = [&](char b) {
-          return vocab.contains(byte_token_of(static_cast<uint8_t>(b)));
-        };
-        if (!vocab.contains(c) && byte_fallback && std::all_of(c.begin(), c.end(), byte_known)) {
-          for (const char b : c) add(byte_token_of(static_cast<uint8_t>(b)));
-        } else if (!vocab.contains(c) && unk) {
-          if (unk_pending && !fuse_unk) add(*unk);
-          unk_pending = true;
-        } else {  // a token (every character of a byte-level piece), or one found missing below
-          if (unk_pending) add(*unk);
+        const auto token = vocab.find(std::string(c));
+        const auto byte_known = [&](char b) { return byte_token_id[static_cast<uint8_t>(b)] >= 0; };
+        if (token != vocab.end()) {
+          if (unk_pending) add(unk_id);
           unk_pending = false;
-          add(std::move(c));
+          add(token->second);
+        } else if (byte_fallback && std::all_of(c.begin(), c.end(), byte_known)) {
+          for (const char b : c) add(byte_token_id[static_cast<uint8_t>(b)]);
+        } else if (unk) {
+          if (unk_pending && !fuse_unk) add(unk_id);
+          unk_pending = true;
+        } else {
+          fail("tokenizer ", path, ": no token for '", c, "' (",
+               byte_level ? "its vocabulary lacks a byte" : "no byte fallback or unk_token for it",
+               ")");
         }
       }
-      if (unk_pending) add(*unk);
+      if (unk_pending) add(unk_id);
       using Candidate = std::pair<int32_t, int>;  // (rank, left symbol)
       std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
-      const auto rank_of = [&](int left) {
+      const auto merge_of = [&](int left) -> const Merge* {
         const Symbol& a = symbols[static_cast<size_t>(left)];
-        if (a.next < 0) return -1;
-        const auto m = merge_rank.find(a.text + " " + symbols[static_cast<size_t>(a.next)].text);
-        return m == merge_rank.end() ? -1 : m->second;
+        if (a.next < 0) return nullptr;
+        const auto m = merges.find(pair_key(a.id, symbols[static_cast<size_t>(a.next)].id));
+        return m == merges.end() ? nullptr : &m->second;
       };
       const auto consider = [&](int left) {
         if (left < 0) return;
-        if (const int32_t r = rank_of(left); r >= 0) heap.emplace(r, left);
+        if (const Merge* m = merge_of(left)) heap.emplace(m->rank, left);
       };
       for (int k = 0; k + 1 < static_cast<int>(symbols.size()); ++k) consider(k);
       while (!heap.empty()) {
         const auto [rank, left] = heap.top();
         heap.pop();
         Symbol& a = symbols[static_cast<size_t>(left)];
-        if (a.text.empty() || rank_of(left) != rank) continue;  // merged away, or changed
+        if (!a.alive) continue;  // merged away
+        const Merge* m = merge_of(left);
+        if (m == nullptr || m->rank != rank) continue;  // its right neighbour changed since
         Symbol& b = symbols[static_cast<size_t>(a.next)];
-        a.text += b.text;
-        b.text.clear();
+        a.id = m->id;
+        b.alive = false;
         a.next = b.next;
         if (a.next >= 0) symbols[static_cast<size_t>(a.next)].prev = left;
         consider(a.prev);
         consider(left);
       }
-      for (const Symbol& symbol : symbols) {
-        if (symbol.text.empty()) continue;
-        const std::string& s = symbol.text;
-        const auto id = vocab.find(s);
-        if (id == vocab.end())
-          fail("tokenizer ", path, ": no token for '", s, "' (",
-               byte_level ? "its vocabulary lacks a byte" : "no byte fallback or unk_token for it",
-               ")");
-        ids.push_back(id->second);
-      }
+      for (const Symbol& symbol : symbols)
+        if (symbol.alive) ids.push_back(symbol.id);
     }
     out.insert(out.end(), ids.begin(), ids.end());
     std::lock_guard<std::mutex> lock(cache_mutex);

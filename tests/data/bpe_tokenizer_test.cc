@@ -172,6 +172,25 @@ TEST_F(BpeTokenizerFile, WhatItCannotRunIsNamed) {
   EXPECT_NE(e.find("token 600 at position 1 is not in its vocabulary"), std::string::npos) << e;
 }
 
+// A pair listed twice among the merges takes its later rank, as in HuggingFace's map of merges
+// (checked with tokenizers 0.23: " th" is then "Ġ" "th", not "Ġth"); a merge of a token the
+// vocabulary lacks is refused, as tokenizers refuses it.
+TEST_F(BpeTokenizerFile, ARepeatedMergeTakesItsLaterRank) {
+  nlohmann::json j = read_json(kFixtures + "/gpt2.json");
+  const BpeTokenizer once(kFixtures + "/gpt2.json");
+  const auto id = [&](const char* token) { return *once.token_id(token); };
+  EXPECT_EQ(once.encode(" th"), (std::vector<int32_t>{id("\u0120th")}));
+  j["model"]["merges"].push_back(j["model"]["merges"][0]);  // ["Ġ", "t"], the first merge
+  ASSERT_EQ(j["model"]["merges"][0], nlohmann::json::array({"\u0120", "t"}));
+  const BpeTokenizer twice(write(j));
+  EXPECT_EQ(twice.encode(" th"), (std::vector<int32_t>{id("\u0120"), id("th")}));
+  j["model"]["merges"].push_back({"q", "\u00ff"});
+  EXPECT_NE(error_of([&] {
+              BpeTokenizer t(write(j));
+            }).find("a merge \"q \u00ff\" of tokens not in model.vocab"),
+            std::string::npos);
+}
+
 // Sentencepiece-style: the Metaspace pre-tokenizer's prepend schemes, split or not (and the older
 // files' add_prefix_space for a scheme) give tokenizers' ids; Llama 2's byte fallback encodes
 // any bytes, stray ones (not UTF-8) too, as their <0xAB> tokens, and decodes them back.
