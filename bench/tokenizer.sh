@@ -2,8 +2,8 @@
 # Tokenizing a corpus with a HuggingFace BPE tokenizer: `loom data prepare --tokenizer`
 # (data/bpe_tokenizer.h, one thread) against tools/tokenize_hf.py (HuggingFace `tokenizers`, its
 # Rust encoder), on the same files into the same shards — which are checked to be identical, bit
-# for bit. Each of the five fixture tokenizers (tests/data/tokenizers: byte-level GPT-2, Llama 3
-# and SmolLM styles; sentencepiece-style Llama 2 and Metaspace; 600 tokens); the corpus is Tiny Shakespeare repeated COPIES times (a
+# for bit. Each of the six fixture tokenizers (tests/data/tokenizers: byte-level GPT-2, Llama 3,
+# SmolLM and Qwen 2 (NFC) styles; sentencepiece-style Llama 2 and Metaspace; 600 tokens); the corpus is Tiny Shakespeare repeated COPIES times (a
 # different file each, so no cache carries over between them). Best of RUNS runs each; MB/s of
 # text in, end to end (reading, tokenizing, writing the shards). The peer at its best besides:
 # `tokenizers` alone, its encode_batch over the files (Rust, every core), no shards written.
@@ -50,7 +50,7 @@ for _ in range(int(sys.argv[2])):
 print(best)
 PY
 printf '%-8s %8s %14s %14s %10s %10s %12s %s\n' tokenizer "loom s" "tokenize_hf s" "encode_batch s" "loom MB/s" "hf MB/s" "batch MB/s" shards
-for t in gpt2 llama3 smollm llama2 metaspace; do
+for t in gpt2 llama3 smollm qwen2 llama2 metaspace; do
   tok=tests/data/tokenizers/$t.json
   l=$(best "$LOOM" data prepare "${files[@]}" --tokenizer "$tok" --out "$WORK/loom_$t")
   h=$(best python3 tools/tokenize_hf.py --tokenizer "$tok" "${files[@]}" --out "$WORK/hf_$t")

@@ -16,6 +16,9 @@ reproduce (tests/data/bpe_tokenizer_test.cc).
   llama2.json  Llama 2's (TinyLlama, Mistral 7B): normalizer Prepend "▁" + Replace " " by "▁", no
                pre-tokenizer, byte fallback (<0x00>..<0xFF> at ids 3..258 after <unk> <s> </s>),
                a BOS, decoder Replace "▁" by " ", ByteFallback, Fuse, Strip one leading space
+  qwen2.json   Qwen 2's: a NFC normalizer, then Split on its regex (each digit alone) and
+               ByteLevel without a regex; ChatML's tokens. expected.json's "normalizer_variants":
+               its ids with NFD, NFKC and NFKD instead
   metaspace.json  a Metaspace pre-tokenizer (prepend_scheme "first", split), no byte fallback:
                characters without a token are <unk>, a run of them one (fuse_unk); a BOS;
                decoder Metaspace. expected.json's "variants": its ids with the pre-tokenizer's
@@ -29,6 +32,8 @@ import sys
 from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
                         processors, trainers)
 
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -53,11 +58,15 @@ STRINGS = [
     " one leading space",
     "x▁y and ▁▁ marks",
     "unknown 日本語 runs ★★ mixed",
+    "composed \u00e9 and decomposed e\u0301, \u212b and A\u030a, \u1100\u1161 jamo",
+    "compatibility: \ufb01ne \u2460 \uff21\uff22 x\u00b2 \u00bd",
 ]
 
 
-def trained(pre, ignore_merges, specials, corpus, vocab=600):
+def trained(pre, ignore_merges, specials, corpus, vocab=600, normalizer=None):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    if normalizer is not None:
+        tok.normalizer = normalizer
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
@@ -120,6 +129,10 @@ def main():
             pre_tokenizers.Digits(individual_digits=True), byte_level]),
             False, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], corpus),
     }
+    toks["qwen2"] = trained(pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+        False, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], corpus, normalizer=normalizers.NFC())
     toks["llama2"] = sentencepiece_style(corpus)
     toks["metaspace"] = metaspace_style(corpus)
     llama3 = toks["llama3"]
@@ -143,6 +156,11 @@ def main():
                                                          split=split)
             expected["variants"][f"{scheme} {'split' if split else 'whole'}"] = [
                 tok.encode(s).ids for s in STRINGS]
+    expected["normalizer_variants"] = {}
+    for form in ("NFD", "NFKC", "NFKD"):
+        tok = Tokenizer.from_str(toks["qwen2"].to_str())
+        tok.normalizer = getattr(normalizers, form)()
+        expected["normalizer_variants"][form] = [tok.encode(s).ids for s in STRINGS]
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False, indent=0)
         f.write("\n")

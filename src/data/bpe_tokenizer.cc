@@ -2,10 +2,12 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -144,11 +146,35 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
 
 // One normalizer step (sentencepiece-style tokenizers: Llama 2's prepends "▁" and replaces each
 // space by it).
+// Unicode normalization forms (Qwen 2's: NFC) run on utf8proc.
 struct Normalizer {
-  enum Kind { kPrepend, kReplace } kind = kPrepend;
+  enum Kind { kPrepend, kReplace, kUnicode } kind = kPrepend;
   std::string text;  // kPrepend: what goes first; kReplace: what is replaced
   std::string with;  // kReplace
+  int unicode_form = 0;  // kUnicode: utf8proc's options for NFC, NFD, NFKC or NFKD
 };
+
+// `text` in a Unicode normalization form (utf8proc_option_t flags). Bytes that are not UTF-8
+// stay as they are; the UTF-8 between them is normalized (HuggingFace takes only UTF-8).
+std::string unicode_normalized(std::string_view text, int form) {
+  std::string out;
+  while (!text.empty()) {
+    const size_t bad = std::min(invalid_utf8_at(text), text.size());
+    if (bad > 0) {
+      utf8proc_uint8_t* mapped = nullptr;
+      const utf8proc_ssize_t n = utf8proc_map(
+          reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+          static_cast<utf8proc_ssize_t>(bad), &mapped, static_cast<utf8proc_option_t>(form));
+      if (n < 0) fail("Unicode normalization: ", utf8proc_errmsg(n));  // out of memory, say
+      out.append(reinterpret_cast<const char*>(mapped), static_cast<size_t>(n));
+      std::free(mapped);
+    }
+    if (bad == text.size()) break;
+    out += text[bad];
+    text.remove_prefix(bad + 1);
+  }
+  return out;
+}
 
 // Metaspace's prepend_scheme: "▁" before every piece, before the text's first only, or never.
 enum class Prepend { kAlways, kFirst, kNever };
@@ -264,6 +290,11 @@ struct BpeTokenizer::Impl {
     } else if (type == "Replace") {
       normalizers.push_back({Normalizer::kReplace, pattern_string(n, "a normalizer"),
                              n.at("content").get<std::string>()});
+    } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+      const int form = UTF8PROC_STABLE |
+                       (type[type.size() - 1] == 'C' ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE) |
+                       (type.size() == 4 ? UTF8PROC_COMPAT : 0);
+      normalizers.push_back({Normalizer::kUnicode, "", "", form});
     } else {
       refuse("normalizer \"" + type + "\"");
     }
@@ -471,8 +502,10 @@ struct BpeTokenizer::Impl {
     for (const Normalizer& n : normalizers) {
       if (n.kind == Normalizer::kPrepend) {
         if (!normalized.empty()) normalized.insert(0, n.text);
-      } else {
+      } else if (n.kind == Normalizer::kReplace) {
         replace_all(normalized, n.text, n.with);
+      } else {
+        normalized = unicode_normalized(normalized, n.unicode_form);
       }
     }
     std::vector<std::string> current{std::move(normalized)}, next;
@@ -759,7 +792,7 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 bool BpeTokenizer::lossless() const {
-  return impl_->byte_level;
+  return impl_->byte_level && impl_->normalizers.empty();
 }
 
 int64_t BpeTokenizer::vocab_size() const {

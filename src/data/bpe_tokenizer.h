@@ -2,15 +2,16 @@
 // `loom sample` reads and writes text in an imported model's vocabulary and `loom data prepare
 // --tokenizer` makes its shards without Python. Two kinds, checked against HuggingFace's
 // `tokenizers` on each style below (tests/data/tokenizers, tools/make_tokenizer_fixtures.py):
-//   byte-level          GPT-2, Llama 3, SmolLM, Qwen and most Hub models since: every byte is a
+//   byte-level          GPT-2, Llama 3, SmolLM, Qwen 2 and most Hub models since: every byte is a
 //                       character of the vocabulary (ByteLevel), so any bytes encode losslessly
 //   sentencepiece-style Llama 2, TinyLlama, Mistral 7B, Vicuna: the text's characters are the
 //                       symbols, "▁" marks spaces and a word's start, and a character without a
 //                       token becomes its UTF-8 bytes' <0xAB> tokens (byte fallback)
 //
 // What a tokenizer.json may hold (anything else is refused, naming the file and the key):
-//   normalizer     null, Prepend, Replace (of a string), or a Sequence of those (Llama 2's:
-//                  Prepend "▁", Replace " " by "▁"); run on each stretch between added tokens
+//   normalizer     null, Prepend, Replace (of a string), NFC / NFD / NFKC / NFKD (on utf8proc;
+//                  Qwen 2's: NFC), or a Sequence of those (Llama 2's: Prepend "▁", Replace " "
+//                  by "▁"); run on each stretch between added tokens
 //   pre_tokenizer  byte-level: ByteLevel (with or without GPT-2's regex), or a Sequence of Split
 //                  (a regex, behavior "Isolated") and Digits, ending with ByteLevel;
 //                  sentencepiece-style: null, Metaspace (prepend_scheme always / first / never,
@@ -56,7 +57,8 @@ class BpeTokenizer {
   // vocabulary throws loom::Error naming it.
   std::string decode(const std::vector<int32_t>& ids) const;
 
-  // Whether decode(encode(text, false)) is `text` for any bytes: a byte-level tokenizer. A
+  // Whether decode(encode(text, false)) is `text` for any bytes: a byte-level tokenizer without
+  // a normalizer (NFC composes "e" + U+0301 into "é", HuggingFace's too). A
   // sentencepiece-style one may change leading spaces, "▁" and the spaces beside added tokens
   // (its normalizer and decoder do, in HuggingFace too), and without byte fallback gives
   // unk_token for what it has no token for.

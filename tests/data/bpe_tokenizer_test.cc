@@ -54,7 +54,8 @@ TEST_P(BpeGolden, EncodesAndDecodesAsHuggingFaceTokenizers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, BpeGolden,
-                         ::testing::Values("gpt2", "llama3", "smollm", "llama2", "metaspace"));
+                         ::testing::Values("gpt2", "llama3", "smollm", "qwen2", "llama2",
+                                           "metaspace"));
 
 // Writes `j` as a tokenizer.json in a directory of the test's own; returns the directory.
 class BpeTokenizerFile : public ::testing::Test {
@@ -99,10 +100,10 @@ TEST_F(BpeTokenizerFile, MergesAsStringsDirectoriesEndOfTextAndAnyBytes) {
   EXPECT_EQ(llama3.end_of_text(), llama3.token_id("<|end_of_text|>"));
 }
 
-// What Loom cannot run is refused naming the file and the key: a normalizer other than Prepend
-// and Replace (NFC, a regex replace), a byte-level tokenizer mixed with Metaspace or without
-// its ByteLevel decoder, a sentencepiece-style one without a decoder, an unknown decoder or
-// prepend scheme, a bad regex, a missing file, ids out of the vocabulary.
+// What Loom cannot run is refused naming the file and the key: a normalizer other than Prepend,
+// Replace and the Unicode forms (Lowercase, a regex replace), a byte-level tokenizer mixed with
+// Metaspace or without its ByteLevel decoder, a sentencepiece-style one without a decoder, an
+// unknown decoder or prepend scheme, a bad regex, a missing file, ids out of the vocabulary.
 TEST_F(BpeTokenizerFile, WhatItCannotRunIsNamed) {
   const nlohmann::json good = read_json(kFixtures + "/gpt2.json");
   const auto error_with = [&](const std::function<void(nlohmann::json&)>& change) {
@@ -112,10 +113,11 @@ TEST_F(BpeTokenizerFile, WhatItCannotRunIsNamed) {
     return error_of([&] { BpeTokenizer t(dir); });
   };
   std::string e = error_with([](nlohmann::json& j) {
-    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}}}};
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "Lowercase"}}}}};
   });
-  EXPECT_NE(e.find("tokenizer " + (dir_ / "tokenizer.json").string() + ": normalizer \"NFC\""),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("tokenizer " + (dir_ / "tokenizer.json").string() + ": normalizer \"Lowercase\""),
+      std::string::npos)
       << e;
   EXPECT_NE(e.find("tools/tokenize_hf.py"), std::string::npos) << e;
   e = error_with([](nlohmann::json& j) {
@@ -170,6 +172,31 @@ TEST_F(BpeTokenizerFile, WhatItCannotRunIsNamed) {
   const BpeTokenizer tok(kFixtures + "/gpt2.json");
   e = error_of([&] { tok.decode({5, 600}); });
   EXPECT_NE(e.find("token 600 at position 1 is not in its vocabulary"), std::string::npos) << e;
+}
+
+// Unicode normalizers (utf8proc): Qwen 2's NFC, and NFD, NFKC, NFKD in its place, give
+// tokenizers' ids on composed and decomposed letters, Hangul jamo, ligatures, circled and
+// full-width forms; bytes that are not UTF-8 pass through them as they are.
+TEST_F(BpeTokenizerFile, UnicodeNormalizersGiveTokenizersIds) {
+  const nlohmann::json expected = read_json(kFixtures + "/expected.json");
+  const auto& strings = expected.at("strings");
+  nlohmann::json j = read_json(kFixtures + "/qwen2.json");
+  ASSERT_EQ(j["normalizer"]["type"], "NFC");
+  EXPECT_FALSE(BpeTokenizer(kFixtures + "/qwen2.json").lossless());  // NFC composes "e\u0301"
+  for (const char* form : {"NFD", "NFKC", "NFKD"}) {
+    SCOPED_TRACE(form);
+    j["normalizer"] = {{"type", form}};
+    const BpeTokenizer tok(write(j));
+    for (size_t i = 0; i < strings.size(); ++i)
+      EXPECT_EQ(tok.encode(strings[i].get<std::string>()),
+                expected.at("normalizer_variants").at(form).at(i).get<std::vector<int32_t>>())
+          << strings[i];
+  }
+  const BpeTokenizer nfc(kFixtures + "/qwen2.json");
+  const std::string mixed =
+      "e\u0301\xff\xfe"
+      "A\u030a";  // valid, stray bytes, valid
+  EXPECT_EQ(nfc.decode(nfc.encode(mixed, false)), "\u00e9\xff\xfe\u00c5");
 }
 
 // A pair listed twice among the merges takes its later rank, as in HuggingFace's map of merges

@@ -1,8 +1,9 @@
 // Fuzzes the HuggingFace BPE tokenizer (data/bpe_tokenizer.h) on both of its inputs: byte 0 even
 // — the rest is a tokenizer.json (`loom sample --tokenizer`, `loom data prepare --tokenizer` read
 // the user's), and a fixed text is encoded and decoded with it; byte 0 odd — the rest is text,
-// encoded and decoded by the five fixture tokenizers (tests/data/tokenizers: GPT-2, Llama 3 and
-// SmolLM styles, byte-level; Llama 2 and Metaspace styles, sentencepiece). Properties: a refusal
+// encoded and decoded by the six fixture tokenizers (tests/data/tokenizers: GPT-2, Llama 3 and
+// SmolLM styles, byte-level; Llama 2 and Metaspace styles, sentencepiece; Qwen 2's, byte-level
+// after NFC). Properties: a refusal
 // is a loom::Error; every id encode gives is inside vocab_size() and decodes; a byte-level
 // tokenizer is lossless — decode(encode(text)) is the text, whatever its bytes (not UTF-8
 // included); so is the Llama 2 style with its byte fallback, for text without "▁" or an added
@@ -39,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loom;
   static const std::vector<std::unique_ptr<BpeTokenizer>> fixtures = [] {
     std::vector<std::unique_ptr<BpeTokenizer>> t;
-    for (const char* name : {"gpt2", "llama3", "smollm", "llama2", "metaspace"})
+    for (const char* name : {"gpt2", "llama3", "smollm", "llama2", "metaspace", "qwen2"})
       t.push_back(std::make_unique<BpeTokenizer>(std::string(LOOM_SOURCE_DIR) +
                                                  "/tests/data/tokenizers/" + name + ".json"));
     return t;
