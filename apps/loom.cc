@@ -464,6 +464,11 @@ int main(int argc, char** argv) {
   prepare_cmd->add_option("--out", out_dir, "output directory")->required();
   prepare_cmd->add_option("--val-fraction", prep.val_fraction, "held-out tail fraction")->capture_default_str();
   prepare_cmd->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard")->capture_default_str();
+  prepare_cmd
+      ->add_option("--threads", prep.threads,
+                   "with --tokenizer: files tokenized at once, one a thread (0 = one a core; the "
+                   "same shards whatever the count)")
+      ->capture_default_str();
   bool prepare_sft = false;
   int64_t prepare_eot = -1;
   prepare_cmd->add_flag("--sft", prepare_sft,

@@ -245,8 +245,13 @@ struct BpeTokenizer::Impl {
   std::vector<std::string> token_of;                   // by id ("" where no token)
   std::vector<bool> is_added;
   std::vector<int32_t> prefix, suffix;  // the post-processor's tokens
-  mutable std::mutex cache_mutex;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;  // piece -> ids
+  // Pieces' ids, in shards by the piece's hash, so threads tokenizing files at once
+  // (prepare_tokenized_dataset) seldom wait on one another's lookups.
+  struct CacheShard {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::vector<int32_t>> ids;
+  };
+  mutable std::array<CacheShard, 64> cache;
 
   [[noreturn]] void refuse(const std::string& what) const {
     fail("tokenizer ", path, ": ", what, " (Loom runs byte-level and sentencepiece-style BPE ",
@@ -560,10 +565,11 @@ struct BpeTokenizer::Impl {
 
   // BPE on one piece: its characters merged pair by pair, the lowest-ranked pair first.
   void bpe(const std::string& piece, std::vector<int32_t>& out) const {
+    CacheShard& shard = cache[std::hash<std::string>{}(piece) % cache.size()];
     {
-      std::lock_guard<std::mutex> lock(cache_mutex);
-      const auto hit = cache.find(piece);
-      if (hit != cache.end()) {
+      std::lock_guard<std::mutex> lock(shard.mutex);
+      const auto hit = shard.ids.find(piece);
+      if (hit != shard.ids.end()) {
         out.insert(out.end(), hit->second.begin(), hit->second.end());
         return;
       }
@@ -646,9 +652,12 @@ struct BpeTokenizer::Impl {
         if (symbol.alive) ids.push_back(symbol.id);
     }
     out.insert(out.end(), ids.begin(), ids.end());
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    if (cache.size() > 100000) cache.clear();  // bounded: a corpus has a long tail of pieces
-    cache.emplace(piece, std::move(ids));
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    // Bounded: a corpus has a long tail of pieces. A piece past 4 KiB (a sentencepiece-style
+    // tokenizer's whole stretch of text) is not kept: it will not come again.
+    if (piece.size() > 4096) return;
+    if (shard.ids.size() > 100000 / cache.size()) shard.ids.clear();
+    shard.ids.emplace(piece, std::move(ids));
   }
 
   // A sentencepiece-style tokenizer's decoder: its steps, in order, on the tokens' strings (added

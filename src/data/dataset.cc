@@ -12,9 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <system_error>
+#include <thread>
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/thread_pool.h"
 #include "data/bpe_tokenizer.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
@@ -168,6 +170,8 @@ void check_prepare(const std::vector<std::string>& inputs, const PrepareOptions&
     fail("dataset shard_tokens = ", options.shard_tokens, ": must be in [1, ",
          std::numeric_limits<int32_t>::max(), "] (the shard header counts tokens in an int32)");
   if (inputs.empty()) fail(what, ": no input files");
+  if (options.threads < 0)
+    fail(what, ": threads = ", options.threads, ": must be >= 0 (0: a core each)");
 }
 
 // Appends one "a+b=c\n" problem drawn from `rng` to `out`.
@@ -480,29 +484,85 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
   if (eot >= tokenizer.vocab_size())
     fail("prepare_dataset: eot = ", eot, " is not a token of ", tokenizer.path(), " (0..",
          tokenizer.vocab_size() - 1, ")");
+  for (const std::string& input : inputs)  // every file named before any is read
+    if (std::error_code ec; !fs::is_regular_file(input, ec))
+      fail("prepare_dataset: input file '", input, "': cannot open (not a file)");
+  create_out_dir(out_dir);
   // 1. Every file whole through the tokenizer (its pre-tokenizer's pieces may span any line), a
-  //    document each: its tokens, then the end-of-text token.
-  std::vector<uint32_t> tokens;
-  for (const std::string& input : inputs) {
-    std::ifstream in(input, std::ios::binary);
-    if (!in) fail("prepare_dataset: input file '", input, "': cannot open");
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (in.bad()) fail("prepare_dataset: input file '", input, "': read error");
-    for (const int32_t token : tokenizer.encode(text.str()))
-      tokens.push_back(static_cast<uint32_t>(token));
-    if (eot >= 0) tokens.push_back(static_cast<uint32_t>(eot));
+  //    document each: its tokens, then the end-of-text token. Files are tokenized in parallel, a
+  //    batch at a time (each file on one thread: a stretch of text cannot be cut anywhere without
+  //    changing its pieces), and their tokens appended in the files' order to a scratch file —
+  //    the split point is known only at the end, and the corpus' tokens need not fit in memory.
+  const fs::path scratch = fs::path(out_dir) / ".prepare_tokens.tmp";
+  struct RemoveScratch {
+    fs::path path;
+    ~RemoveScratch() {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+  } remove_scratch{scratch};
+  int64_t n = 0;
+  {
+    std::ofstream out(scratch, std::ios::binary | std::ios::trunc);
+    if (!out) fail("prepare_dataset: cannot write ", scratch.string());
+    const int threads = options.threads > 0
+                            ? options.threads
+                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    ThreadPool pool(threads);
+    // A batch: up to 4 files a thread and 1 GiB of text, so memory stays near the batch's text
+    // and its tokens (4 bytes each) however large the corpus.
+    constexpr uintmax_t kBatchBytes = uintmax_t{1} << 30;
+    for (size_t first = 0; first < inputs.size();) {
+      size_t last = first;
+      uintmax_t bytes = 0;
+      while (last < inputs.size() && last - first < 4 * static_cast<size_t>(threads) &&
+             (last == first || bytes < kBatchBytes)) {
+        std::error_code ec;
+        bytes += fs::file_size(inputs[last], ec);
+        ++last;
+      }
+      std::vector<std::vector<int32_t>> ids(last - first);
+      std::vector<std::string> errors(last - first);
+      pool.parallel_tasks(static_cast<int64_t>(last - first), [&](int64_t k) {
+        const std::string& input = inputs[first + static_cast<size_t>(k)];
+        try {
+          std::ifstream in(input, std::ios::binary);
+          if (!in) fail("prepare_dataset: input file '", input, "': cannot open");
+          std::ostringstream text;
+          text << in.rdbuf();
+          if (in.bad()) fail("prepare_dataset: input file '", input, "': read error");
+          ids[static_cast<size_t>(k)] = tokenizer.encode(text.str());
+        } catch (const Error& e) {  // the first file's error, as one thread would meet it
+          errors[static_cast<size_t>(k)] = e.what();
+        }
+      });
+      for (size_t k = 0; k < ids.size(); ++k) {
+        if (!errors[k].empty()) throw Error(errors[k]);
+        if (eot >= 0) ids[k].push_back(static_cast<int32_t>(eot));
+        out.write(reinterpret_cast<const char*>(ids[k].data()),
+                  static_cast<std::streamsize>(ids[k].size() * sizeof(int32_t)));
+        n += static_cast<int64_t>(ids[k].size());
+      }
+      if (!out) fail("prepare_dataset: cannot write ", scratch.string(), " (disk full?)");
+      first = last;
+    }
   }
-  const auto n = static_cast<int64_t>(tokens.size());
   if (n == 0) fail("prepare_dataset: the input files give no tokens (first: '", inputs[0], "')");
   const int64_t n_val = held_out(n, options.val_fraction, "prepare_dataset", "tokens");
   // 2. The first n - n_val tokens to train shards, the rest to val shards.
-  create_out_dir(out_dir);
   const bool wide = tokenizer.vocab_size() > 65536;
   ShardWriter train(out_dir, "train", options.shard_tokens, n - n_val, wide);
   ShardWriter val(out_dir, "val", options.shard_tokens, n_val, wide);
-  for (int64_t i = 0; i < n; ++i)
-    (i < n - n_val ? train : val).push(tokens[static_cast<size_t>(i)]);
+  std::ifstream in(scratch, std::ios::binary);
+  std::vector<uint32_t> block(1 << 20);
+  for (int64_t i = 0; i < n;) {
+    const int64_t count = std::min<int64_t>(static_cast<int64_t>(block.size()), n - i);
+    in.read(reinterpret_cast<char*>(block.data()),
+            static_cast<std::streamsize>(count * static_cast<int64_t>(sizeof(uint32_t))));
+    if (!in) fail("prepare_dataset: cannot read back ", scratch.string());
+    for (int64_t k = 0; k < count; ++k, ++i)
+      (i < n - n_val ? train : val).push(block[static_cast<size_t>(k)]);
+  }
   return finish_splits(train, val);
 }
 

@@ -34,6 +34,8 @@ struct PrepareOptions {
   int64_t shard_tokens = 100'000'000;  // tokens per shard (the last shard of a split may be short)
   // prepare_sft_dataset's conversations: "" (none), "chatml" or "llama3".
   std::string chat_template{};
+  // prepare_tokenized_dataset's threads, a file each at a time: 0 = one a core.
+  int threads = 0;
 };
 
 struct PrepareResult {
@@ -100,8 +102,10 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
 // (the same files, bit for bit): each file one document — its tokens, with the BOS the tokenizer
 // adds, then `eot` (-1: nothing) —, the documents concatenated in order, the last val_fraction of
 // the tokens (rounded, at least one when > 0) to validation; uint32 shards where the vocabulary
-// passes 65536, else uint16. Each file is read and tokenized whole, and the corpus's tokens are
-// held (4 bytes each) until the split point is known: prepare a corpus past memory in parts.
+// passes 65536, else uint16. Each file is read and tokenized whole, by options.threads threads a
+// batch of files at a time (the same files whatever the count); the corpus' tokens wait in a
+// scratch file in out_dir (4 bytes each) until the split point is known, so memory holds a batch
+// (at most 4 files a thread or 1 GiB of text), not the corpus.
 PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
                                         const std::string& out_dir, const BpeTokenizer& tokenizer,
                                         const PrepareOptions& options = {}, int64_t eot = -1);

@@ -270,10 +270,18 @@ std::vector<uint32_t> read_split(const std::vector<std::string>& shards) {
 
 // `loom data prepare --tokenizer`: each file its tokens then the end-of-text token, the last
 // val_fraction to validation, uint16 shards — uint32 once the vocabulary passes 65536 (an added
-// token at id 70000 here). (bpe_tokenizer.h: the same files as tools/tokenize_hf.py, checked on
-// Tiny Shakespeare for the three styles.)
+// token at id 70000 here); 37 files tokenized on 1, 3 or 8 threads give the same shards.
+// (bpe_tokenizer.h: the same files as tools/tokenize_hf.py, checked on Tiny Shakespeare for the
+// three styles.)
 TEST_F(BpeTokenizerFile, PreparedShardsHoldEachFilesTokensThenTheEndOfText) {
   const std::string a = (dir_ / "a.txt").string(), b = (dir_ / "b.txt").string();
+  std::vector<std::string> many;  // files tokenized in parallel, appended in their order
+  for (int k = 0; k < 37; ++k) {
+    many.push_back((dir_ / ("m" + std::to_string(k) + ".txt")).string());
+    std::ofstream(many.back()) << "file " << k << ": "
+                               << std::string(static_cast<size_t>(k * 7), 'x') << " caf\u00e9 "
+                               << (k % 2 ? "\r\n" : "\n");
+  }
   std::ofstream(a) << "First Citizen:\nBefore we proceed any further, hear me speak.\n";
   std::ofstream(b) << "All:\nSpeak, speak. 12345 café\n";
   nlohmann::json wide_json = read_json(kFixtures + "/llama3.json");
@@ -309,9 +317,40 @@ TEST_F(BpeTokenizerFile, PreparedShardsHoldEachFilesTokensThenTheEndOfText) {
     EXPECT_EQ(read_shard_header(r.train_shards[0]).token_bytes, tok == &wide ? 4 : 2);
     fs::remove_all(dir_ / "out");
   }
-  const std::string e =
+  // One thread or several, batches of any size: the same shards, and no scratch file left.
+  std::vector<uint32_t> want;
+  for (const std::string& file : many) {
+    std::ifstream in(file, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const int32_t id : narrow.encode(text)) want.push_back(static_cast<uint32_t>(id));
+    want.push_back(1);
+  }
+  for (const int threads : {1, 3, 8}) {
+    SCOPED_TRACE(threads);
+    PrepareOptions options;
+    options.shard_tokens = 100;
+    options.threads = threads;
+    const PrepareResult r =
+        prepare_tokenized_dataset(many, (dir_ / "par").string(), narrow, options, 1);
+    std::vector<uint32_t> got = read_split(r.train_shards);
+    const std::vector<uint32_t> val = read_split(r.val_shards);
+    got.insert(got.end(), val.begin(), val.end());
+    EXPECT_EQ(got, want);
+    EXPECT_FALSE(fs::exists(dir_ / "par" / ".prepare_tokens.tmp"));
+  }
+  std::string e =
       error_of([&] { prepare_tokenized_dataset({a}, (dir_ / "out").string(), narrow, {}, 600); });
   EXPECT_NE(e.find("eot = 600 is not a token of"), std::string::npos) << e;
+  many.insert(many.begin() + 20, (dir_ / "missing.txt").string());
+  e = error_of([&] { prepare_tokenized_dataset(many, (dir_ / "par").string(), narrow, {}, 1); });
+  EXPECT_NE(e.find("input file '" + (dir_ / "missing.txt").string() + "': cannot open"),
+            std::string::npos)
+      << e;
+  PrepareOptions negative;
+  negative.threads = -1;
+  e = error_of(
+      [&] { prepare_tokenized_dataset({a}, (dir_ / "out").string(), narrow, negative, 1); });
+  EXPECT_NE(e.find("threads = -1: must be >= 0"), std::string::npos) << e;
 }
 
 // `loom data prepare --sft --tokenizer`: each prompt with the tokenizer's BOS, not counted; the
