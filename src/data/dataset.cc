@@ -534,6 +534,9 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
           ids[static_cast<size_t>(k)] = tokenizer.encode(text.str());
         } catch (const Error& e) {  // the first file's error, as one thread would meet it
           errors[static_cast<size_t>(k)] = e.what();
+        } catch (const std::exception& e) {  // out of memory for a huge file, say: named too
+          errors[static_cast<size_t>(k)] =
+              detail::concat("prepare_dataset: input file '", input, "': ", e.what());
         }
       });
       for (size_t k = 0; k < ids.size(); ++k) {
