@@ -294,10 +294,10 @@ int cmd_sample(const std::string& checkpoint_path, const std::string& prompt,
     SampleOptions in_vocabulary = opt;
     in_vocabulary.vocab = tok.vocab_size();  // never a padding row of the model's
     const std::vector<int32_t> out = generate(ctx, model, ids, in_vocabulary, rng);
-    // The prompt as given, then the new tokens' text (decoded together: a sentencepiece-style
-    // decoder strips the first token's leading space, and byte fallback joins its byte tokens).
+    // The prompt as given, then the text the new tokens add to it.
     std::cout << prompt
-              << tok.decode({out.begin() + static_cast<std::ptrdiff_t>(ids.size()), out.end()})
+              << tok.decode_after(
+                     ids, {out.begin() + static_cast<std::ptrdiff_t>(ids.size()), out.end()})
               << std::endl;
     return 0;
   }

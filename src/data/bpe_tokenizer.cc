@@ -800,6 +800,15 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+std::string BpeTokenizer::decode_after(const std::vector<int32_t>& prefix,
+                                       const std::vector<int32_t>& ids) const {
+  std::vector<int32_t> all = prefix;
+  all.insert(all.end(), ids.begin(), ids.end());
+  const std::string whole = decode(all), before = decode(prefix);
+  if (whole.starts_with(before)) return whole.substr(before.size());
+  return decode(ids);
+}
+
 bool BpeTokenizer::lossless() const {
   return impl_->byte_level && impl_->normalizers.empty();
 }

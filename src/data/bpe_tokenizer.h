@@ -63,6 +63,12 @@ class BpeTokenizer {
   // (its normalizer and decoder do, in HuggingFace too), and without byte fallback gives
   // unk_token for what it has no token for.
   bool lossless() const;
+  // The text `ids` add after `prefix` (a prompt's): decode(prefix + ids) less decode(prefix)'s
+  // text. Not decode(ids): a sentencepiece-style decoder strips the leading space of the text it
+  // is given (Llama 2's "▁O" after "ROMEO:" is " O"), and byte tokens may finish a character the
+  // prefix began. Where the prefix's text is not a prefix of the whole one, decode(ids).
+  std::string decode_after(const std::vector<int32_t>& prefix,
+                           const std::vector<int32_t>& ids) const;
   // 1 + the largest id of the vocabulary and the added tokens: what model.vocab_size must reach.
   int64_t vocab_size() const;
   // The id of a token (a vocabulary entry or an added token), if it has one.

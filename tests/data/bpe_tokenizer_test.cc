@@ -199,6 +199,27 @@ TEST_F(BpeTokenizerFile, UnicodeNormalizersGiveTokenizersIds) {
   EXPECT_EQ(nfc.decode(nfc.encode(mixed, false)), "\u00e9\xff\xfe\u00c5");
 }
 
+// `loom sample --tokenizer` prints the prompt, then the text the new tokens add to it: with
+// Llama 2's decoder, decoding the new tokens alone would strip the first one's space ("▁world"
+// after "Hello" is " world"); a byte-level tokenizer's bytes of one character split across the
+// prompt and the continuation come out whole.
+TEST_F(BpeTokenizerFile, TheTextNewTokensAddAfterAPrompt) {
+  const BpeTokenizer llama2(kFixtures + "/llama2.json"), gpt2(kFixtures + "/gpt2.json");
+  const std::vector<int32_t> prompt = llama2.encode("Hello");             // <s> ▁H ell o
+  const std::vector<int32_t> more = llama2.encode("world again", false);  // ▁wor ld ▁again
+  EXPECT_EQ(llama2.decode(more), "world again");  // what printing decode(new) got wrong
+  EXPECT_EQ(llama2.decode_after(prompt, more), " world again");
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), more.begin(), more.end());
+  EXPECT_EQ(llama2.decode(all), "<s> Hello world again");
+  // A character cut by the split: the prompt ends with 日's first byte token, the rest follow.
+  const std::vector<int32_t> ji = llama2.encode("\u65e5", false);  // ▁ <0xE6> <0x97> <0xA5>
+  ASSERT_EQ(ji.size(), 4u);
+  EXPECT_EQ(llama2.decode_after({ji[0], ji[1]}, {ji[2], ji[3]}), "\x97\xa5");
+  const std::vector<int32_t> p = gpt2.encode("ROMEO:"), q = gpt2.encode(" O, she", false);
+  EXPECT_EQ(gpt2.decode_after(p, q), " O, she");
+}
+
 // A pair listed twice among the merges takes its later rank, as in HuggingFace's map of merges
 // (checked with tokenizers 0.23: " th" is then "Ġ" "th", not "Ġth"); a merge of a token the
 // vocabulary lacks is refused, as tokenizers refuses it.
