@@ -144,9 +144,8 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
   s = std::move(out);
 }
 
-// One normalizer step (sentencepiece-style tokenizers: Llama 2's prepends "▁" and replaces each
-// space by it).
-// Unicode normalization forms (Qwen 2's: NFC) run on utf8proc.
+// One normalizer step: Prepend and Replace (sentencepiece-style tokenizers: Llama 2's prepends
+// "▁" and replaces each space by it), or a Unicode normalization form on utf8proc (Qwen 2's NFC).
 struct Normalizer {
   enum Kind { kPrepend, kReplace, kUnicode } kind = kPrepend;
   std::string text;  // kPrepend: what goes first; kReplace: what is replaced
@@ -238,8 +237,7 @@ struct BpeTokenizer::Impl {
   std::array<int32_t, 256> byte_token_id{};  // each byte's <0xAB> token, -1 if none
   bool ignore_merges = false;
   bool byte_fallback = false;      // a character without a token: its bytes' <0xAB> tokens
-  std::optional<std::string> unk;  // else (or without byte fallback) the unknown token
-  int32_t unk_id = -1;
+  int32_t unk_id = -1;             // else (or without byte fallback) unk_token; -1: none
   bool fuse_unk = false;           // unknown characters in a row: one unknown token
   std::vector<std::pair<std::string, int32_t>> added;  // longest first
   std::vector<std::string> token_of;                   // by id ("" where no token)
@@ -275,13 +273,13 @@ struct BpeTokenizer::Impl {
     return s;
   }
 
-  static Prepend prepend_scheme(const json& p, const std::function<void(const std::string&)>& bad) {
+  Prepend prepend_scheme(const json& p) const {
     if (!p.contains("prepend_scheme"))  // files before tokenizers 0.15: add_prefix_space
       return p.value("add_prefix_space", true) ? Prepend::kAlways : Prepend::kNever;
     const std::string s = p.at("prepend_scheme").get<std::string>();
     if (s == "always") return Prepend::kAlways;
     if (s == "first") return Prepend::kFirst;
-    if (s != "never") bad("a Metaspace prepend_scheme \"" + s + "\"");
+    if (s != "never") refuse("a Metaspace prepend_scheme \"" + s + "\"");
     return Prepend::kNever;
   }
 
@@ -329,8 +327,7 @@ struct BpeTokenizer::Impl {
       step.kind = Decoder::kMetaspace;
       step.from = one_char(d.value("replacement", json("\u2581")), "a Metaspace replacement");
       step.to = " ";
-      step.strip_first =
-          prepend_scheme(d, [&](const std::string& w) { refuse(w); }) != Prepend::kNever;
+      step.strip_first = prepend_scheme(d) != Prepend::kNever;
     } else {
       refuse("decoder \"" + type + "\" in a tokenizer that is not byte-level");
     }
@@ -363,7 +360,7 @@ struct BpeTokenizer::Impl {
       step.kind = PreTokenizer::kMetaspace;
       step.replacement =
           one_char(p.value("replacement", json("\u2581")), "a Metaspace replacement");
-      step.prepend = prepend_scheme(p, [&](const std::string& w) { refuse(w); });
+      step.prepend = prepend_scheme(p);
       step.split = p.value("split", true);
     } else {
       refuse("pre_tokenizer \"" + type + "\"");
@@ -407,7 +404,7 @@ struct BpeTokenizer::Impl {
     ignore_merges = model.value("ignore_merges", false);
     byte_fallback = model.value("byte_fallback", false);
     fuse_unk = model.value("fuse_unk", false);
-    if (const json& u = model.value("unk_token", json()); !u.is_null()) unk = u.get<std::string>();
+    const json unk_token = model.value("unk_token", json());
     if (!model.at("vocab").is_object() || !model.at("merges").is_array())
       refuse("model.vocab is not an object of tokens, or model.merges not an array");
     for (const auto& [token, id] : model.at("vocab").items())
@@ -465,9 +462,11 @@ struct BpeTokenizer::Impl {
             "Metaspace, ByteFallback, Fuse, Strip)");
       read_decoder(decoder);
     }
-    if (unk) {
-      if (!vocab.contains(*unk)) refuse("unk_token \"" + *unk + "\", not in model.vocab");
-      unk_id = vocab.at(*unk);
+    if (!unk_token.is_null()) {
+      const auto it = vocab.find(unk_token.get<std::string>());
+      if (it == vocab.end())
+        refuse("unk_token \"" + unk_token.get<std::string>() + "\", not in model.vocab");
+      unk_id = it->second;
     }
 
     int64_t size = 0;
@@ -610,7 +609,7 @@ struct BpeTokenizer::Impl {
           add(token->second);
         } else if (byte_fallback && std::all_of(c.begin(), c.end(), byte_known)) {
           for (const char b : c) add(byte_token_id[static_cast<uint8_t>(b)]);
-        } else if (unk) {
+        } else if (unk_id >= 0) {
           if (unk_pending && !fuse_unk) add(unk_id);
           unk_pending = true;
         } else {
