@@ -460,14 +460,23 @@ int main(int argc, char** argv) {
   PrepareOptions prep;
   auto* prepare_cmd = data_cmd->add_subcommand(
       "prepare", "tokenise text files (bytes, or --tokenizer) into train/val shards");
-  prepare_cmd->add_option("inputs", inputs, "text files")->required();
+  prepare_cmd
+      ->add_option("inputs", inputs,
+                   "text files (each a document), or with --tokenizer JSON Lines files (.jsonl, "
+                   ".ndjson, .json: a document a line); any of them .gz or .zst compressed")
+      ->required();
   prepare_cmd->add_option("--out", out_dir, "output directory")->required();
   prepare_cmd->add_option("--val-fraction", prep.val_fraction, "held-out tail fraction")->capture_default_str();
   prepare_cmd->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard")->capture_default_str();
   prepare_cmd
       ->add_option("--threads", prep.threads,
-                   "with --tokenizer: files tokenized at once, one a thread (0 = one a core; the "
-                   "same shards whatever the count)")
+                   "with --tokenizer: documents tokenized at once, one a thread (0 = one a core; "
+                   "the same shards whatever the count)")
+      ->capture_default_str();
+  prepare_cmd
+      ->add_option("--json-key", prep.json_key,
+                   "with --tokenizer: the key of a JSON line's document text (Megatron-LM's "
+                   "--json-keys)")
       ->capture_default_str();
   bool prepare_sft = false;
   int64_t prepare_eot = -1;
@@ -476,10 +485,11 @@ int main(int argc, char** argv) {
                         "\"completion\": ...}): shards with loss masks counting the completions "
                         "(data.loss_mask); --val-fraction of the examples held out");
   prepare_cmd
-      ->add_option("--eot", prepare_eot,
-                   "the end-of-text token: with --sft after each completion, counted (a byte "
-                   "0..255 without --tokenizer); with --tokenizer after each file too (default: "
-                   "the tokenizer's <|end_of_text|>, <|endoftext|>, </s>, <|im_end|> or <eos>)")
+      ->add_option(
+          "--eot", prepare_eot,
+          "the end-of-text token: with --sft after each completion, counted (a byte "
+          "0..255 without --tokenizer); with --tokenizer after each document too (default: "
+          "the tokenizer's <|end_of_text|>, <|endoftext|>, </s>, <|im_end|> or <eos>)")
       ->check(CLI::NonNegativeNumber);
   std::string prepare_tokenizer;
   bool prepare_no_eot = false;
@@ -489,7 +499,7 @@ int main(int argc, char** argv) {
       "directory with one: GPT-2, Llama 2 and 3, Mistral, ...) instead of bytes; "
       "the same shards as tools/tokenize_hf.py");
   prepare_cmd->add_flag("--no-eot", prepare_no_eot,
-                        "with --tokenizer: no end-of-text token after each file");
+                        "with --tokenizer: no end-of-text token after each document");
   prepare_cmd
       ->add_option("--chat-template", prep.chat_template,
                    "with --sft: conversations ({\"messages\": [{\"role\", \"content\"}...]}) "
@@ -798,6 +808,8 @@ int main(int argc, char** argv) {
       std::optional<BpeTokenizer> tok;
       if (!prepare_tokenizer.empty()) tok.emplace(prepare_tokenizer);
       if (!tok && prepare_no_eot) fail("loom data prepare: --no-eot needs --tokenizer");
+      if (!tok && prepare_cmd->count("--json-key") > 0)
+        fail("loom data prepare: --json-key needs --tokenizer");
       if (!tok && prepare_eot >= 0 && !prepare_sft)
         fail(
             "loom data prepare: --eot needs --sft or --tokenizer (the byte tokenizer has no "
@@ -819,8 +831,16 @@ int main(int argc, char** argv) {
                             ? prepare_sft_dataset(inputs, out_dir, prep, eot, tok ? &*tok : nullptr)
                         : tok ? prepare_tokenized_dataset(inputs, out_dir, *tok, prep, eot)
                               : prepare_dataset(inputs, out_dir, prep);
-      std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens%s\n", out_dir.c_str(),
+      std::string documents;
+      if (tok && !prepare_sft)
+        documents =
+            detail::concat(" from ", r.documents, r.documents == 1 ? " document" : " documents");
+      if (tok && r.empty_documents > 0)
+        documents += detail::concat(" (", r.empty_documents, " empty ",
+                                    r.empty_documents == 1 ? "one" : "ones", " skipped)");
+      std::fprintf(stderr, "wrote %s: %ld train tokens, %ld val tokens%s%s\n", out_dir.c_str(),
                    static_cast<long>(r.train_tokens), static_cast<long>(r.val_tokens),
+                   documents.c_str(),
                    prepare_sft ? ", loss masks beside them (the completions count)" : "");
       if (tok)
         std::fprintf(stderr, "%s shards of %s (end-of-text %ld): model.vocab_size >= %ld\n",

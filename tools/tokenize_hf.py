@@ -9,10 +9,13 @@ Llama 2 / 3 started with train.init_from; docs/formats.md).
 Writes DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin as `loom data prepare` does (the same split
 rule: the files concatenated in order, the last val-fraction of the tokens to validation), in
 llm.c's format: uint16 tokens (magic 20240520, version 1) when every id fits, else uint32 (magic
-20240801, version 7: Llama 3's 128256-token vocabulary). Each file is one document: its tokens
-are followed by the tokenizer's end-of-text token unless --no-eos (and the BOS token, when the
-tokenizer adds one, comes first, as the tokenizer decides). Prints the counts and the vocabulary
-size to put in model.vocab_size (at least; a padded size such as 50304 for GPT-2 is fine).
+20240801, version 7: Llama 3's 128256-token vocabulary). Each text file is one document, and a
+JSON Lines file (.jsonl, .ndjson, .json) one a line: the string at --json-key (default "text"),
+blank lines and empty texts skipped; any input may be .gz or .zst (the `zstandard` package)
+compressed. A document's tokens are followed by the tokenizer's end-of-text token unless --no-eos
+(and the BOS token, when the tokenizer adds one, comes first, as the tokenizer decides). Prints
+the counts and the vocabulary size to put in model.vocab_size (at least; a padded size such as
+50304 for GPT-2 is fine).
 
 With --sft --chat-template chatml|llama3, conversations ({"messages": [...]}, or "prompt" and
 "completion" as lists of messages) are rendered and counted as `loom data prepare` does
@@ -32,6 +35,8 @@ checked). Not used by the test suite: Loom reads the shards it writes (tests/dat
 checks both layouts).
 """
 import argparse
+import gzip
+import io
 import json
 import os
 import struct
@@ -73,6 +78,48 @@ class ByteTokenizer:
         return 256
 
 
+def open_input(name):
+    """A (maybe .gz or .zst compressed) input as text: UTF-8, newlines as written."""
+    if name.endswith(".gz"):
+        raw = gzip.open(name, "rb")
+    elif name.endswith((".zst", ".zstd")):
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().stream_reader(open(name, "rb"), read_across_frames=True)
+    else:
+        raw = open(name, "rb")
+    return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+
+
+def is_json_lines(name):
+    for suffix in (".gz", ".zst", ".zstd"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return name.endswith((".jsonl", ".ndjson", ".json"))
+
+
+def documents(names, key):
+    """Each text file whole; each non-blank line of a JSON Lines file, its string at `key` (empty
+    ones skipped), as Loom reads them (data/dataset.h)."""
+    for name in names:
+        with open_input(name) as f:
+            if not is_json_lines(name):
+                yield f.read()
+                continue
+            for number, line in enumerate(f.read().split("\n"), 1):
+                if not line.strip(" \t\r"):
+                    continue
+                try:
+                    doc = json.loads(line)
+                except json.JSONDecodeError as e:
+                    sys.exit(f"tokenize_hf: {name} line {number}: not JSON: {e}")
+                if not isinstance(doc, dict) or not isinstance(doc.get(key), str):
+                    sys.exit(f'tokenize_hf: {name} line {number}: no string "{key}"')
+                if doc[key]:
+                    yield doc[key]
+
+
 def render_chat(template, messages, first_counted):
     """A conversation's (text, counts) parts in a chat template, as Loom renders it
     (data/dataset.h): each assistant turn from first_counted on counts, its content and end marker."""
@@ -100,9 +147,9 @@ def sft_examples(names, chat_template=None):
     """(prompt, completion) of each non-blank line of the JSONL files, checked as Loom checks; a
     conversation as a list of (text, counts) parts instead."""
     for name in names:
-        with open(name, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
+        with open_input(name) as f:
+            for number, line in enumerate(f.read().split("\n"), 1):
+                if not line.strip(" \t\r"):
                     continue
                 where = f"{name} line {number}"
                 try:
@@ -140,6 +187,7 @@ def main():
     ap.add_argument("--val-fraction", type=float, default=0.1)
     ap.add_argument("--shard-tokens", type=int, default=100_000_000)
     ap.add_argument("--no-eos", action="store_true")
+    ap.add_argument("--json-key", default="text", help="a JSON Lines document's text key")
     ap.add_argument("--sft", action="store_true", help="the inputs are prompt-completion JSONL")
     ap.add_argument("--chat-template", choices=["chatml", "llama3"],
                     help="with --sft: how conversations ({\"messages\": [...]}) are rendered")
@@ -208,9 +256,8 @@ def main():
             split_at = len(tokens)
         n_val = len(tokens) - split_at  # in tokens from here on
     else:
-        for name in args.inputs:
-            with open(name, encoding="utf-8", newline="") as f:  # bytes as they are: no \r\n -> \n
-                tokens += encode(f.read())
+        for text in documents(args.inputs, args.json_key):  # bytes as they are: no \r\n -> \n
+            tokens += encode(text)
             if eos is not None:
                 tokens.append(eos)
         n_val = int(len(tokens) * args.val_fraction + 0.5)  # as Loom's llround (not round's ties to even)

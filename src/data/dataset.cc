@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -18,6 +20,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "data/bpe_tokenizer.h"
+#include "data/input_file.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "tensor/rng.h"
@@ -172,6 +175,8 @@ void check_prepare(const std::vector<std::string>& inputs, const PrepareOptions&
   if (inputs.empty()) fail(what, ": no input files");
   if (options.threads < 0)
     fail(what, ": threads = ", options.threads, ": must be >= 0 (0: a core each)");
+  if (options.batch_bytes < 1)
+    fail(what, ": batch_bytes = ", options.batch_bytes, ": must be >= 1");
 }
 
 // Appends one "a+b=c\n" problem drawn from `rng` to `out`.
@@ -249,14 +254,24 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
   check_prepare(inputs, options, "prepare_dataset");
 
   // 1. Sizes first: with the byte tokenizer a file of B bytes is B tokens, so the split point is
-  //    known before reading anything and the files can stream through.
+  //    known before reading anything and the files can stream through (a compressed file's
+  //    size is counted by decompressing it).
   int64_t n = 0;
+  std::vector<char> block(1 << 20);
   for (const std::string& input : inputs) {
     std::error_code ec;
     if (!fs::is_regular_file(input, ec))
       fail("prepare_dataset: input file '", input, "': not found");
-    n += static_cast<int64_t>(fs::file_size(input, ec));
-    if (ec) fail("prepare_dataset: input file '", input, "': ", ec.message());
+    if (is_json_lines(input))
+      fail("prepare_dataset: input file '", input, "': JSON Lines documents need --tokenizer (the ",
+           "byte vocabulary has no end-of-text token to end each one)");
+    if (compression_of(input) == Compression::none) {
+      n += static_cast<int64_t>(fs::file_size(input, ec));
+      if (ec) fail("prepare_dataset: input file '", input, "': ", ec.message());
+      continue;
+    }
+    InputFile file(input);
+    while (const size_t got = file.read(block.data(), block.size())) n += static_cast<int64_t>(got);
   }
   if (n == 0) fail("prepare_dataset: the input files are all empty (first: '", inputs[0], "')");
   const int64_t n_val = held_out(n, options.val_fraction, "prepare_dataset", "tokens");
@@ -267,22 +282,16 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
   ShardWriter train(out_dir, "train", options.shard_tokens, n_train);
   ShardWriter val(out_dir, "val", options.shard_tokens, n_val);
   const ByteTokenizer tokenizer;
-  std::vector<char> block(1 << 20);
   int64_t seen = 0;
   for (const std::string& input : inputs) {
-    std::ifstream in(input, std::ios::binary);
-    if (!in) fail("prepare_dataset: input file '", input, "': cannot open");
-    while (in) {
-      in.read(block.data(), static_cast<std::streamsize>(block.size()));
-      const auto got = static_cast<size_t>(in.gcount());
-      if (got == 0) break;
+    InputFile file(input);
+    while (const size_t got = file.read(block.data(), block.size())) {
       for (int32_t token : tokenizer.encode(std::string_view(block.data(), got))) {
         if (seen == n) fail("prepare_dataset: input file '", input, "' grew while reading");
         (seen < n_train ? train : val).push(static_cast<uint32_t>(token));
         ++seen;
       }
     }
-    if (in.bad()) fail("prepare_dataset: input file '", input, "': read error");
   }
   if (seen != n)
     fail("prepare_dataset: the input files shrank while reading (", seen, " of ", n, " bytes)");
@@ -401,14 +410,13 @@ SftExample parse_sft_line(const std::string& line, const std::string& where,
 void for_each_sft_example(const std::vector<std::string>& inputs, const std::string& chat_template,
                           const std::function<void(const SftExample&)>& visit) {
   for (const std::string& input : inputs) {
-    std::ifstream in(input);
-    if (!in) fail("prepare_sft_dataset: input file '", input, "': cannot open");
+    LineReader lines(input);  // plain, gzip or zstd
     std::string line;
-    for (int64_t number = 1; std::getline(in, line); ++number) {
+    while (lines.next(line)) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      visit(parse_sft_line(line, detail::concat("'", input, "' line ", number), chat_template));
+      visit(parse_sft_line(line, detail::concat("'", input, "' line ", lines.line_number()),
+                           chat_template));
     }
-    if (in.bad()) fail("prepare_sft_dataset: input file '", input, "': read error");
   }
 }
 
@@ -477,6 +485,77 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
   return finish_splits(train, val);
 }
 
+namespace {
+
+// A document waiting for the tokenizer: a text file's whole text, or a JSON line (parsed by the
+// thread that tokenizes it).
+struct PendingDocument {
+  std::string text;
+  size_t input = 0;  // which of the inputs
+  int64_t line = 0;  // a JSON line's number; 0: a text file
+};
+
+// The inputs' documents in order, a batch at a time: at least one document, then more while the
+// batch holds less than max_bytes of text and fewer than max_files text files.
+class DocumentBatches {
+ public:
+  DocumentBatches(const std::vector<std::string>& inputs, size_t max_files, size_t max_bytes)
+      : inputs_(inputs), max_files_(max_files), max_bytes_(max_bytes) {}
+
+  // The next batch; empty after the last document.
+  std::vector<PendingDocument> next() {
+    std::vector<PendingDocument> batch;
+    size_t bytes = 0, files = 0;
+    while (input_ < inputs_.size() && bytes < max_bytes_ && files < max_files_) {
+      const std::string& path = inputs_[input_];
+      if (!is_json_lines(path)) {
+        batch.push_back({read_input_file(path), input_, 0});
+        bytes += batch.back().text.size();
+        ++files;
+        ++input_;
+        continue;
+      }
+      if (!lines_) lines_.emplace(path);
+      std::string line;
+      bool more = true;
+      while (bytes < max_bytes_ && (more = lines_->next(line))) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank
+        bytes += line.size();
+        batch.push_back({std::move(line), input_, lines_->line_number()});
+      }
+      if (!more) {  // the file's end
+        lines_.reset();
+        ++input_;
+      }
+    }
+    return batch;
+  }
+
+ private:
+  const std::vector<std::string>& inputs_;
+  size_t max_files_, max_bytes_;
+  size_t input_ = 0;                 // the input being read
+  std::optional<LineReader> lines_;  // its lines, when it is JSON Lines
+};
+
+// The document of line `number` of JSON Lines file `input`: the string at `key`.
+std::string json_document(const std::string& line, const std::string& input, int64_t number,
+                          const std::string& key) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, bad UTF-8, a huge number
+    fail("prepare_dataset: '", input, "' line ", number, ": not JSON: ", e.what());
+  }
+  const auto found = j.is_object() ? j.find(key) : j.end();
+  if (!j.is_object() || found == j.end() || !found->is_string())
+    fail("prepare_dataset: '", input, "' line ", number, ": no string \"", key, "\" (a JSON ",
+         "Lines corpus holds an object a line, its document's text at --json-key)");
+  return found->get<std::string>();
+}
+
+}  // namespace
+
 PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
                                         const std::string& out_dir, const BpeTokenizer& tokenizer,
                                         const PrepareOptions& options, int64_t eot) {
@@ -501,7 +580,7 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
       fs::remove(path, ec);
     }
   } remove_scratch{scratch};
-  int64_t n = 0;
+  int64_t n = 0, documents = 0, empty_documents = 0;
   {
     std::ofstream out(scratch, std::ios::binary | std::ios::trunc);
     if (!out) fail("prepare_dataset: cannot write ", scratch.string());
@@ -509,48 +588,58 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
                             ? options.threads
                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     ThreadPool pool(threads);
-    // A batch: up to 4 files a thread and 1 GiB of text, so memory stays near the batch's text
-    // and its tokens (4 bytes each) however large the corpus.
-    constexpr uintmax_t kBatchBytes = uintmax_t{1} << 30;
-    for (size_t first = 0; first < inputs.size();) {
-      size_t last = first;
-      uintmax_t bytes = 0;
-      while (last < inputs.size() && last - first < 4 * static_cast<size_t>(threads) &&
-             (last == first || bytes < kBatchBytes)) {
-        std::error_code ec;
-        bytes += fs::file_size(inputs[last], ec);
-        ++last;
-      }
-      std::vector<std::vector<int32_t>> ids(last - first);
-      std::vector<std::string> errors(last - first);
-      pool.parallel_tasks(static_cast<int64_t>(last - first), [&](int64_t k) {
-        const std::string& input = inputs[first + static_cast<size_t>(k)];
+    // Batches of options.batch_bytes of text or 4 text files a thread, the next read (and
+    // decompressed) by a thread of its own while the pool tokenizes one: memory holds two
+    // batches and their tokens.
+    DocumentBatches batches(inputs, 4 * static_cast<size_t>(threads),
+                            static_cast<size_t>(options.batch_bytes));
+    std::future<std::vector<PendingDocument>> ahead =
+        std::async(std::launch::async, [&batches] { return batches.next(); });
+    for (;;) {
+      std::vector<PendingDocument> batch = ahead.get();
+      if (batch.empty()) break;
+      ahead = std::async(std::launch::async, [&batches] { return batches.next(); });
+      std::vector<std::vector<int32_t>> ids(batch.size());
+      std::vector<std::string> errors(batch.size());
+      std::vector<uint8_t> empty(batch.size(), 0);
+      pool.parallel_tasks(static_cast<int64_t>(batch.size()), [&](int64_t t) {
+        const auto k = static_cast<size_t>(t);
+        PendingDocument& doc = batch[k];
+        const std::string& input = inputs[doc.input];
         try {
-          std::ifstream in(input, std::ios::binary);
-          if (!in) fail("prepare_dataset: input file '", input, "': cannot open");
-          std::ostringstream text;
-          text << in.rdbuf();
-          if (in.bad()) fail("prepare_dataset: input file '", input, "': read error");
-          ids[static_cast<size_t>(k)] = tokenizer.encode(text.str());
-        } catch (const Error& e) {  // the first file's error, as one thread would meet it
-          errors[static_cast<size_t>(k)] = e.what();
+          if (doc.line > 0) {  // a JSON line, parsed here so that parsing runs in parallel too
+            doc.text = json_document(doc.text, input, doc.line, options.json_key);
+            if (doc.text.empty()) {
+              empty[k] = 1;
+              return;
+            }
+          }
+          ids[k] = tokenizer.encode(doc.text);
+          std::string().swap(doc.text);
+        } catch (const Error& e) {  // the first document's error, as one thread would meet it
+          errors[k] = e.what();
         } catch (const std::exception& e) {  // out of memory for a huge file, say: named too
-          errors[static_cast<size_t>(k)] =
-              detail::concat("prepare_dataset: input file '", input, "': ", e.what());
+          errors[k] = detail::concat("prepare_dataset: input file '", input, "': ", e.what());
         }
       });
       for (size_t k = 0; k < ids.size(); ++k) {
         if (!errors[k].empty()) throw Error(errors[k]);
+        if (empty[k]) {
+          ++empty_documents;
+          continue;
+        }
+        ++documents;
         if (eot >= 0) ids[k].push_back(static_cast<int32_t>(eot));
         out.write(reinterpret_cast<const char*>(ids[k].data()),
                   static_cast<std::streamsize>(ids[k].size() * sizeof(int32_t)));
         n += static_cast<int64_t>(ids[k].size());
       }
       if (!out) fail("prepare_dataset: cannot write ", scratch.string(), " (disk full?)");
-      first = last;
     }
   }
-  if (n == 0) fail("prepare_dataset: the input files give no tokens (first: '", inputs[0], "')");
+  if (n == 0)
+    fail("prepare_dataset: the input files give no tokens (first: '", inputs[0], "'",
+         empty_documents > 0 ? detail::concat("; ", empty_documents, " empty documents") : "", ")");
   const int64_t n_val = held_out(n, options.val_fraction, "prepare_dataset", "tokens");
   // 2. The first n - n_val tokens to train shards, the rest to val shards.
   const bool wide = tokenizer.vocab_size() > 65536;
@@ -566,7 +655,10 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
     for (int64_t k = 0; k < count; ++k, ++i)
       (i < n - n_val ? train : val).push(block[static_cast<size_t>(k)]);
   }
-  return finish_splits(train, val);
+  PrepareResult result = finish_splits(train, val);
+  result.documents = documents;
+  result.empty_documents = empty_documents;
+  return result;
 }
 
 int64_t write_addition_answer_masks(const std::vector<std::string>& split_shards) {

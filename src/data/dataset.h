@@ -34,8 +34,14 @@ struct PrepareOptions {
   int64_t shard_tokens = 100'000'000;  // tokens per shard (the last shard of a split may be short)
   // prepare_sft_dataset's conversations: "" (none), "chatml" or "llama3".
   std::string chat_template{};
-  // prepare_tokenized_dataset's threads, a file each at a time: 0 = one a core.
+  // prepare_tokenized_dataset's threads, a document each at a time: 0 = one a core.
   int threads = 0;
+  // prepare_tokenized_dataset's JSON Lines inputs: the key of each object's document text
+  // (Megatron-LM's preprocess_data.py --json-keys).
+  std::string json_key = "text";
+  // prepare_tokenized_dataset's batches: documents are read until a batch holds this many bytes
+  // of text (or 4 text files a thread); two batches are in memory at once.
+  int64_t batch_bytes = int64_t{256} << 20;
 };
 
 struct PrepareResult {
@@ -43,11 +49,17 @@ struct PrepareResult {
   int64_t val_tokens = 0;
   std::vector<std::string> train_shards;  // full paths, in order
   std::vector<std::string> val_shards;
+  // prepare_tokenized_dataset: the documents tokenized, and the JSON lines skipped for an empty
+  // text.
+  int64_t documents = 0;
+  int64_t empty_documents = 0;
 };
 using SynthResult = PrepareResult;
 
-// Tokenises the text files `inputs` (bytes, read in binary) with ByteTokenizer and writes
-// out_dir/train_NNNNNN.bin and out_dir/val_NNNNNN.bin, creating out_dir.
+// Tokenises the text files `inputs` (bytes, read in binary; gzip or zstd ones decompressed,
+// data/input_file.h) with ByteTokenizer and writes out_dir/train_NNNNNN.bin and
+// out_dir/val_NNNNNN.bin, creating out_dir. JSON Lines files are refused: the byte vocabulary
+// has no end-of-text token to end their documents (they need a tokenizer).
 //
 // Split rule (deterministic, no shuffling): the files are concatenated in the order given, with
 // no separator between them (the byte vocabulary has no end-of-text token; a text file's final
@@ -55,7 +67,8 @@ using SynthResult = PrepareResult;
 // n_val = round(N * val_fraction), at least 1 when val_fraction > 0; the first N - n_val go to
 // training. Each split is cut into shards of shard_tokens tokens.
 //
-// Files stream through one shard-sized buffer, so memory stays at about 2 * shard_tokens bytes.
+// Files stream through one shard-sized buffer, so memory stays at about 2 * shard_tokens bytes
+// (a compressed file is read twice: once to count its bytes).
 // Stale shards of an earlier run (train_/val_NNNNNN.bin beyond the ones written now) are deleted
 // so that out_dir/train_*.bin names exactly this dataset.
 PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std::string& out_dir,
@@ -98,14 +111,20 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
                                   const std::string& out_dir, const PrepareOptions& options = {},
                                   int64_t eot = -1, const BpeTokenizer* tokenizer = nullptr);
 
-// Text files through a HuggingFace byte-level BPE tokenizer, as tools/tokenize_hf.py writes them
-// (the same files, bit for bit): each file one document — its tokens, with the BOS the tokenizer
-// adds, then `eot` (-1: nothing) —, the documents concatenated in order, the last val_fraction of
-// the tokens (rounded, at least one when > 0) to validation; uint32 shards where the vocabulary
-// passes 65536, else uint16. Each file is read and tokenized whole, by options.threads threads a
-// batch of files at a time (the same files whatever the count); the corpus' tokens wait in a
-// scratch file in out_dir (4 bytes each) until the split point is known, so memory holds a batch
-// (at most 4 files a thread or 1 GiB of text), not the corpus.
+// Documents through a HuggingFace BPE tokenizer, as tools/tokenize_hf.py writes them (the same
+// files, bit for bit). A text file is one document; a JSON Lines file (data/input_file.h:
+// ".jsonl", ".ndjson" or ".json", maybe compressed) is one a line, the string at
+// options.json_key of each object (blank lines skipped; an empty text skipped and counted in
+// PrepareResult::empty_documents; a line that is not an object with that string is an error
+// naming the file and line). Any input may be gzip or zstd compressed (".gz", ".zst"). Each
+// document: its tokens, with the BOS the tokenizer adds, then `eot` (-1: nothing); the documents
+// concatenated in order, the last val_fraction of the tokens (rounded, at least one when > 0) to
+// validation; uint32 shards where the vocabulary passes 65536, else uint16. Documents are
+// tokenized whole (a text cannot be cut anywhere without changing its pieces) by
+// options.threads threads, a batch at a time (256 MiB of text or 4 text files a thread; the next
+// batch read while one is tokenized), and the same files come out whatever the count; the
+// corpus' tokens wait in a scratch file in out_dir (4 bytes each) until the split point is
+// known, so memory holds two batches, not the corpus.
 PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
                                         const std::string& out_dir, const BpeTokenizer& tokenizer,
                                         const PrepareOptions& options = {}, int64_t eot = -1);

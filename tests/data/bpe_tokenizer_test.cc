@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "compress.h"
 #include "data/dataset.h"
 #include "data/shard.h"
 #include "harness/error_of.h"
@@ -372,6 +373,111 @@ TEST_F(BpeTokenizerFile, PreparedShardsHoldEachFilesTokensThenTheEndOfText) {
   e = error_of(
       [&] { prepare_tokenized_dataset({a}, (dir_ / "out").string(), narrow, negative, 1); });
   EXPECT_NE(e.find("threads = -1: must be >= 0"), std::string::npos) << e;
+}
+
+// `loom data prepare CORPUS.jsonl[.gz|.zst] --tokenizer`: a document a JSON line, the text at
+// --json-key; the same shards as the documents written as text files, compressed or not, with
+// any thread count and batch size (batches that cut a file between lines included).
+TEST_F(BpeTokenizerFile, JsonLinesCorporaAreADocumentALine) {
+  const BpeTokenizer tok(kFixtures + "/llama3.json");
+  const std::vector<std::string> texts{
+      "First Citizen:\nBefore we proceed any further, hear me speak.\n",
+      "All:\nSpeak, speak. 12345 caf\u00e9 \u2603",
+      "",  // skipped: no BOS and end-of-text for nothing
+      "  leading spaces, a tab\tand \"quotes\"",
+      "Second Citizen:\r\nYou are all resolved rather to die than to famish?"};
+  // The corpus as JSON Lines: other keys beside the text, blank lines, a \r\n line end.
+  std::string jsonl;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    nlohmann::json line = {{"id", i}, {"text", texts[i]}, {"meta", {{"url", "x"}}}};
+    jsonl += line.dump() + (i == 1 ? "\r\n\n   \n" : "\n");
+  }
+  const auto file = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir_ / name, std::ios::binary) << bytes;
+    return (dir_ / name).string();
+  };
+  const std::string plain = file("c.jsonl", jsonl), gz = file("c.jsonl.gz", testing::gzip(jsonl)),
+                    zst = file("c.json.zst", testing::zstd(jsonl));
+  // The documents as text files (each one document), the empty one left out.
+  std::vector<std::string> text_files;
+  for (size_t i = 0; i < texts.size(); ++i)
+    if (!texts[i].empty()) text_files.push_back(file("d" + std::to_string(i) + ".txt", texts[i]));
+  const int64_t eot = *tok.end_of_text();
+  const auto tokens_of = [&](const std::vector<std::string>& inputs, PrepareOptions options,
+                             PrepareResult* result = nullptr) {
+    options.val_fraction = 0.3;
+    options.shard_tokens = 11;
+    const PrepareResult r =
+        prepare_tokenized_dataset(inputs, (dir_ / "out").string(), tok, options, eot);
+    if (result != nullptr) *result = r;
+    std::vector<uint32_t> got = read_split(r.train_shards);
+    const std::vector<uint32_t> val = read_split(r.val_shards);
+    got.insert(got.end(), val.begin(), val.end());
+    fs::remove_all(dir_ / "out");
+    return got;
+  };
+  std::vector<uint32_t> want;
+  for (const std::string& text : texts) {
+    if (text.empty()) continue;
+    for (const int32_t id : tok.encode(text)) want.push_back(static_cast<uint32_t>(id));
+    want.push_back(static_cast<uint32_t>(eot));
+  }
+  EXPECT_EQ(tokens_of(text_files, {}), want);
+  PrepareResult r;
+  EXPECT_EQ(tokens_of({plain}, {}, &r), want);
+  EXPECT_EQ(r.documents, 4);
+  EXPECT_EQ(r.empty_documents, 1);
+  for (const std::string& input : {gz, zst})
+    for (const int threads : {1, 3})
+      for (const int64_t batch_bytes : {int64_t{1}, int64_t{60}, int64_t{1} << 20}) {
+        SCOPED_TRACE(input + " threads " + std::to_string(threads) + " batch " +
+                     std::to_string(batch_bytes));
+        PrepareOptions options;
+        options.threads = threads;
+        options.batch_bytes = batch_bytes;
+        EXPECT_EQ(tokens_of({input}, options), want);
+      }
+  // Text files and JSON Lines mixed, in the order given.
+  std::vector<uint32_t> mixed = want;
+  mixed.insert(mixed.end(), want.begin(), want.end());
+  PrepareOptions small;
+  small.batch_bytes = 100;
+  EXPECT_EQ(tokens_of({zst, text_files[0], text_files[1], text_files[2], text_files[3]}, small),
+            mixed);
+  // Another key.
+  const std::string body = file("b.jsonl", "{\"body\": \"Speak, speak.\"}\n");
+  PrepareOptions by_body;
+  by_body.json_key = "body";
+  std::vector<uint32_t> speak;
+  for (const int32_t id : tok.encode("Speak, speak.")) speak.push_back(static_cast<uint32_t>(id));
+  speak.push_back(static_cast<uint32_t>(eot));
+  EXPECT_EQ(tokens_of({body}, by_body), speak);
+
+  // A line without the text, not an object or not JSON: named by file and line, nothing written.
+  for (const auto& [bytes, words] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {jsonl + "{\"txt\": \"a\"}\n", {"line 8", "no string \"text\""}},
+           {jsonl + "{\"text\": 7}\n", {"line 8", "no string \"text\""}},
+           {jsonl + "[\"text\"]\n", {"line 8", "no string \"text\""}},
+           {"\n{\"text\": \"a\n", {"line 2", "not JSON"}},
+           {"{\"text\": \"\xff\"}\n", {"line 1", "not JSON"}}}) {
+    const std::string bad = file("bad.jsonl.gz", testing::gzip(bytes));
+    for (const int threads : {1, 3}) {
+      PrepareOptions options;
+      options.threads = threads;
+      options.batch_bytes = 50;
+      const std::string e = error_of(
+          [&] { prepare_tokenized_dataset({bad}, (dir_ / "bad").string(), tok, options, eot); });
+      for (const std::string& word : words) EXPECT_NE(e.find(word), std::string::npos) << e;
+      EXPECT_NE(e.find(bad), std::string::npos) << e;
+      EXPECT_FALSE(fs::exists(dir_ / "bad" / "train_000000.bin"));
+    }
+  }
+  // Only empty documents: no tokens, said so.
+  const std::string empty = file("e.jsonl", "{\"text\": \"\"}\n");
+  const std::string e =
+      error_of([&] { prepare_tokenized_dataset({empty}, (dir_ / "e").string(), tok, {}, eot); });
+  EXPECT_NE(e.find("give no tokens"), std::string::npos) << e;
+  EXPECT_NE(e.find("1 empty documents"), std::string::npos) << e;
 }
 
 // `loom data prepare --sft --tokenizer`: each prompt with the tokenizer's BOS, not counted; the

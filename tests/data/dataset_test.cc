@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "compress.h"
 #include "data/shard.h"
 #include "test_files.h"
 
@@ -123,6 +124,38 @@ TEST(PrepareDataset, BadInputs) {
                {"shard_tokens"});
   testing::write_bytes(dir.file("e.txt"), "");
   expect_error([&] { prepare_dataset({dir.file("e.txt")}, dir.str()); }, {"empty"});
+  // JSON Lines documents need an end-of-text token between them: a tokenizer's.
+  testing::write_bytes(dir.file("c.jsonl.gz"), testing::gzip("{\"text\": \"abc\"}\n"));
+  expect_error([&] { prepare_dataset({dir.file("c.jsonl.gz")}, dir.str()); },
+               {dir.file("c.jsonl.gz"), "JSON Lines", "--tokenizer"});
+  testing::write_bytes(dir.file("cut.txt.zst"), testing::zstd("some text").substr(0, 8));
+  expect_error(
+      [&] {
+        prepare_dataset({dir.file("x.txt"), dir.file("cut.txt.zst")}, dir.str());
+      },
+      {dir.file("cut.txt.zst"), "ends early"});
+}
+
+// Compressed text files give the bytes of the plain ones: the same shards and split.
+TEST(PrepareDataset, CompressedTextIsReadAsThePlainText) {
+  TempDir dir;
+  std::string a, b;
+  for (int i = 0; i < 300; ++i) a += "first file, line " + std::to_string(i) + "\n";
+  for (int i = 0; i < 200; ++i) b += "second " + std::to_string(i * i) + "\n";
+  testing::write_bytes(dir.file("a.txt"), a);
+  testing::write_bytes(dir.file("b.txt"), b);
+  testing::write_bytes(dir.file("a.txt.gz"), testing::gzip(a));
+  testing::write_bytes(dir.file("b.txt.zst"), testing::zstd(b));
+  const PrepareOptions options{.val_fraction = 0.2, .shard_tokens = 1000};
+  const PrepareResult plain =
+      prepare_dataset({dir.file("a.txt"), dir.file("b.txt")}, dir.file("plain"), options);
+  const PrepareResult packed =
+      prepare_dataset({dir.file("a.txt.gz"), dir.file("b.txt.zst")}, dir.file("packed"), options);
+  EXPECT_EQ(packed.train_tokens, plain.train_tokens);
+  EXPECT_EQ(packed.val_tokens, plain.val_tokens);
+  EXPECT_EQ(shards_text(packed.train_shards), shards_text(plain.train_shards));
+  EXPECT_EQ(shards_text(packed.val_shards), shards_text(plain.val_shards));
+  EXPECT_EQ(shards_text(packed.train_shards) + shards_text(packed.val_shards), a + b);
 }
 
 // Parses "a+b=c" lines; the last line of a split may be cut, and is then skipped.

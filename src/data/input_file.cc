@@ -1,0 +1,204 @@
+#include "data/input_file.h"
+
+#include <zlib.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "base/error.h"
+
+namespace loom {
+namespace {
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+constexpr size_t kBufferBytes = size_t{1} << 20;
+
+}  // namespace
+
+Compression compression_of(std::string_view path) {
+  if (ends_with(path, ".gz")) return Compression::gzip;
+  if (ends_with(path, ".zst") || ends_with(path, ".zstd")) return Compression::zstd;
+  return Compression::none;
+}
+
+bool is_json_lines(std::string_view path) {
+  for (std::string_view suffix : {".gz", ".zst", ".zstd"})
+    if (ends_with(path, suffix)) {
+      path.remove_suffix(suffix.size());
+      break;
+    }
+  return ends_with(path, ".jsonl") || ends_with(path, ".ndjson") || ends_with(path, ".json");
+}
+
+// The compressed side: a buffer of the file's bytes and the library's stream state. A "stream"
+// is a gzip member or a zstd frame; several may follow one another.
+struct InputFile::Decoder {
+  std::vector<char> in = std::vector<char>(kBufferBytes);
+  size_t in_begin = 0, in_end = 0;  // unread compressed bytes
+  bool eof = false;                 // the file has no more
+  bool stream_open = false;         // inside a member / frame
+  int64_t streams = 0;              // members / frames decoded whole
+  z_stream z{};
+  ZSTD_DStream* zstd = nullptr;
+
+  ~Decoder() {
+    if (zstd != nullptr) ZSTD_freeDStream(zstd);
+  }
+};
+
+InputFile::InputFile(std::string path)
+    : path_(std::move(path)), compression_(compression_of(path_)) {
+  file_ = std::fopen(path_.c_str(), "rb");
+  if (file_ == nullptr) fail("input file '", path_, "': cannot open: ", std::strerror(errno));
+  if (compression_ == Compression::none) return;
+  decoder_ = std::make_unique<Decoder>();
+  if (compression_ == Compression::gzip) {
+    // 16 + MAX_WBITS: a gzip header and trailer (CRC-32 and length checked), not zlib's.
+    if (inflateInit2(&decoder_->z, 16 + MAX_WBITS) != Z_OK) {
+      std::fclose(file_);
+      fail("input file '", path_, "': cannot start zlib");
+    }
+  } else {
+    decoder_->zstd = ZSTD_createDStream();
+    if (decoder_->zstd == nullptr) {
+      std::fclose(file_);
+      fail("input file '", path_, "': cannot start zstd");
+    }
+  }
+}
+
+InputFile::~InputFile() {
+  if (decoder_ && compression_ == Compression::gzip) inflateEnd(&decoder_->z);
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+size_t InputFile::fill_input() {
+  Decoder& d = *decoder_;
+  d.in_begin = 0;
+  d.in_end = std::fread(d.in.data(), 1, d.in.size(), file_);
+  if (d.in_end == 0) {
+    if (std::ferror(file_)) fail("input file '", path_, "': read error");
+    d.eof = true;
+  }
+  return d.in_end;
+}
+
+size_t InputFile::read(char* out, size_t n) {
+  if (n == 0) return 0;
+  if (compression_ == Compression::none) {
+    const size_t got = std::fread(out, 1, n, file_);
+    if (got == 0 && std::ferror(file_)) fail("input file '", path_, "': read error");
+    return got;
+  }
+  Decoder& d = *decoder_;
+  const char* kind = compression_ == Compression::gzip ? "gzip" : "zstd";
+  for (;;) {
+    if (d.in_begin == d.in_end && !d.eof) fill_input();
+    const bool input_left = d.in_begin < d.in_end;
+    const size_t in_before = d.in_begin;
+    if (!input_left && !d.stream_open) {  // the end, between streams
+      if (d.streams == 0) fail("input file '", path_, "': empty, not ", kind, " data");
+      return 0;
+    }
+    size_t produced = 0;
+    if (compression_ == Compression::gzip) {
+      if (!d.stream_open) {
+        inflateReset(&d.z);
+        d.stream_open = true;
+      }
+      d.z.next_in = reinterpret_cast<Bytef*>(d.in.data() + d.in_begin);
+      d.z.avail_in = static_cast<uInt>(d.in_end - d.in_begin);
+      d.z.next_out = reinterpret_cast<Bytef*>(out);
+      d.z.avail_out = static_cast<uInt>(std::min<size_t>(n, UINT32_MAX));
+      const uInt out_before = d.z.avail_out;
+      const int rc = inflate(&d.z, Z_NO_FLUSH);
+      d.in_begin = d.in_end - d.z.avail_in;
+      produced = out_before - d.z.avail_out;
+      if (rc == Z_STREAM_END) {
+        d.stream_open = false;
+        ++d.streams;
+      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {  // Z_BUF_ERROR: no progress without input
+        if (d.streams > 0 && d.z.total_out == 0)     // not the header of another member
+          fail("input file '", path_, "': bytes that are not gzip after its gzip data (", d.streams,
+               " member", d.streams == 1 ? "" : "s", " read)");
+        fail("input file '", path_,
+             "': damaged gzip data (zlib: ", d.z.msg != nullptr ? d.z.msg : "error", ")");
+      }
+    } else {
+      ZSTD_inBuffer in{d.in.data() + d.in_begin, d.in_end - d.in_begin, 0};
+      ZSTD_outBuffer buffer{out, n, 0};
+      const size_t hint = ZSTD_decompressStream(d.zstd, &buffer, &in);
+      if (ZSTD_isError(hint))
+        fail("input file '", path_, "': damaged zstd data (", ZSTD_getErrorName(hint), ")");
+      d.in_begin += in.pos;
+      produced = buffer.pos;
+      if (hint == 0) {  // a frame decoded and flushed whole
+        if (d.stream_open || in.pos > 0) ++d.streams;
+        d.stream_open = false;
+      } else {
+        d.stream_open = true;
+      }
+    }
+    if (produced > 0) return produced;
+    if (input_left && d.in_begin == in_before)  // neither side moved: never expected, never a hang
+      fail("input file '", path_, "': damaged ", kind, " data (the decoder made no progress)");
+    if (!input_left && d.eof)
+      fail("input file '", path_, "': the ", kind, " data ends early (a truncated file?)");
+  }
+}
+
+std::string read_input_file(const std::string& path) {
+  InputFile file(path);
+  std::string text;
+  if (compression_of(path) == Compression::none) {  // the size known: one allocation
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      if (std::fseek(f, 0, SEEK_END) == 0) {
+        const long size = std::ftell(f);
+        if (size > 0) text.reserve(static_cast<size_t>(size));
+      }
+      std::fclose(f);
+    }
+  }
+  std::vector<char> block(kBufferBytes);
+  while (const size_t got = file.read(block.data(), block.size())) text.append(block.data(), got);
+  return text;
+}
+
+LineReader::LineReader(std::string path) : file_(std::move(path)), buffer_(kBufferBytes, '\0') {}
+
+bool LineReader::next(std::string& line) {
+  line.clear();
+  bool partial = false;  // bytes of a line taken before the buffer ran out
+  for (;;) {
+    if (begin_ < end_) {
+      const char* data = buffer_.data();
+      const void* newline = std::memchr(data + begin_, '\n', end_ - begin_);
+      if (newline != nullptr) {
+        const size_t at = static_cast<size_t>(static_cast<const char*>(newline) - data);
+        line.append(data + begin_, at - begin_);
+        begin_ = at + 1;
+        ++line_number_;
+        return true;
+      }
+      line.append(data + begin_, end_ - begin_);
+      begin_ = end_;
+      partial = true;
+    }
+    if (!at_end_) {
+      begin_ = 0;
+      end_ = file_.read(buffer_.data(), buffer_.size());
+      at_end_ = end_ == 0;
+      continue;
+    }
+    if (!partial) return false;
+    ++line_number_;
+    return true;
+  }
+}
+
+}  // namespace loom
