@@ -7,6 +7,7 @@
 # different file each, so no cache carries over between them). Best of RUNS runs each; MB/s of
 # text in, end to end (reading, tokenizing, writing the shards). The peer at its best besides:
 # `tokenizers` alone, its encode_batch over the files (Rust, every core), no shards written.
+# Then one JSON Lines file of the same text (below).
 #   bench/tokenizer.sh     (needs a release build and `pip install tokenizers`; LOOM=, COPIES=, RUNS=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,4 +58,50 @@ for t in gpt2 llama3 smollm qwen2 llama2 metaspace; do
   e=$(python3 "$WORK/hf_encode.py" "$tok" "$RUNS" "${files[@]}")
   same=$(diff -rq "$WORK/loom_$t" "$WORK/hf_$t" > /dev/null && echo "identical" || echo "DIFFER")
   python3 -c "print('%-8s %8.2f %14.2f %14.2f %10.1f %10.1f %12.1f %s' % ('$t', $l, $h, $e, $mb / $l, $mb / $h, $mb / $e, '$same'))"
+done
+
+# A JSON Lines corpus: the same text as ONE file, a paragraph a line ({"text": ...}), plain and
+# compressed (.jsonl.gz, .jsonl.zst). One file used to be one thread; documents are now handed
+# out a document a thread, so one file uses every core. Loom at 1 thread and at every core, its
+# shards checked against tools/tokenize_hf.py's on the .jsonl.gz; the peer besides:
+# `tokenizers`' encode_batch over the paragraphs (every core, no reading or shards).
+python3 - "$WORK/corpus.jsonl" "${files[@]}" <<'PY'
+import json, sys
+with open(sys.argv[1], "w", encoding="utf-8") as out:
+    for name in sys.argv[2:]:
+        for para in open(name, encoding="utf-8", newline="").read().split("\n\n"):
+            out.write(json.dumps({"text": para}) + "\n")
+PY
+gzip -k -6 "$WORK/corpus.jsonl"
+zstd -q -3 -k "$WORK/corpus.jsonl"
+docs=$(wc -l < "$WORK/corpus.jsonl")
+cat > "$WORK/hf_encode_jsonl.py" <<'PY'
+import json, sys, time
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+texts = [json.loads(line)["text"] for line in open(sys.argv[3], encoding="utf-8")]
+best = None
+for _ in range(int(sys.argv[2])):
+    t0 = time.perf_counter()
+    n = sum(len(e.ids) for e in tok.encode_batch(texts))
+    t = time.perf_counter() - t0
+    best = t if best is None or t < best else best
+print(best)
+PY
+echo
+echo "# one JSON Lines file of $docs paragraphs ($mb MB of text); loom at 1 and $(nproc) threads; MB/s of text"
+printf '%-8s %-6s %10s %10s %12s %12s %s\n' tokenizer file "loom 1 s" "loom $(nproc) s" "loom MB/s" "batch MB/s" shards
+for t in gpt2 llama2; do
+  tok=tests/data/tokenizers/$t.json
+  e=$(python3 "$WORK/hf_encode_jsonl.py" "$tok" "$RUNS" "$WORK/corpus.jsonl")
+  for f in jsonl jsonl.gz jsonl.zst; do
+    one=$(best "$LOOM" data prepare "$WORK/corpus.$f" --tokenizer "$tok" --threads 1 --out "$WORK/j1_$t")
+    all=$(best "$LOOM" data prepare "$WORK/corpus.$f" --tokenizer "$tok" --out "$WORK/jn_$t")
+    same=$(diff -rq "$WORK/j1_$t" "$WORK/jn_$t" > /dev/null && echo "1 = $(nproc) threads" || echo "THREADS DIFFER")
+    if [ "$f" = jsonl.gz ]; then
+      python3 tools/tokenize_hf.py --tokenizer "$tok" "$WORK/corpus.$f" --out "$WORK/jh_$t" > /dev/null
+      same="$same, $(diff -rq "$WORK/jn_$t" "$WORK/jh_$t" > /dev/null && echo "= tokenize_hf" || echo "DIFFER from tokenize_hf")"
+    fi
+    python3 -c "print('%-8s %-6s %10.2f %10.2f %12.1f %12.1f %s' % ('$t', '$f'.replace('jsonl', 'j'), $one, $all, $mb / $all, $mb / $e, '$same'))"
+  done
 done

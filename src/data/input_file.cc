@@ -3,6 +3,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -38,7 +39,8 @@ bool is_json_lines(std::string_view path) {
 // The compressed side: a buffer of the file's bytes and the library's stream state. A "stream"
 // is a gzip member or a zstd frame; several may follow one another.
 struct InputFile::Decoder {
-  std::vector<char> in = std::vector<char>(kBufferBytes);
+  explicit Decoder(size_t buffer_bytes) : in(buffer_bytes) {}
+  std::vector<char> in;
   size_t in_begin = 0, in_end = 0;  // unread compressed bytes
   bool eof = false;                 // the file has no more
   bool stream_open = false;         // inside a member / frame
@@ -51,12 +53,12 @@ struct InputFile::Decoder {
   }
 };
 
-InputFile::InputFile(std::string path)
+InputFile::InputFile(std::string path, size_t buffer_bytes)
     : path_(std::move(path)), compression_(compression_of(path_)) {
   file_ = std::fopen(path_.c_str(), "rb");
   if (file_ == nullptr) fail("input file '", path_, "': cannot open: ", std::strerror(errno));
   if (compression_ == Compression::none) return;
-  decoder_ = std::make_unique<Decoder>();
+  decoder_ = std::make_unique<Decoder>(std::max<size_t>(buffer_bytes, 1));
   if (compression_ == Compression::gzip) {
     // 16 + MAX_WBITS: a gzip header and trailer (CRC-32 and length checked), not zlib's.
     if (inflateInit2(&decoder_->z, 16 + MAX_WBITS) != Z_OK) {
@@ -169,7 +171,8 @@ std::string read_input_file(const std::string& path) {
   return text;
 }
 
-LineReader::LineReader(std::string path) : file_(std::move(path)), buffer_(kBufferBytes, '\0') {}
+LineReader::LineReader(std::string path, size_t buffer_bytes)
+    : file_(std::move(path), buffer_bytes), buffer_(std::max<size_t>(buffer_bytes, 1), '\0') {}
 
 bool LineReader::next(std::string& line) {
   line.clear();

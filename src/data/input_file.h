@@ -29,8 +29,9 @@ bool is_json_lines(std::string_view path);
 // another read as their concatenation (as `zcat` and `zstdcat` do).
 class InputFile {
  public:
-  // Throws loom::Error naming the file if it cannot be opened.
-  explicit InputFile(std::string path);
+  // Throws loom::Error naming the file if it cannot be opened. `buffer_bytes`: the compressed
+  // bytes read at a time (small ones test the refills).
+  explicit InputFile(std::string path, size_t buffer_bytes = size_t{1} << 20);
   ~InputFile();
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;
@@ -58,7 +59,8 @@ std::string read_input_file(const std::string& path);
 // a line; a '\r' before the '\n' is kept (JSON and text readers treat it as they do).
 class LineReader {
  public:
-  explicit LineReader(std::string path);
+  // `buffer_bytes`: the content read at a time, and the compressed bytes (InputFile).
+  explicit LineReader(std::string path, size_t buffer_bytes = size_t{1} << 20);
 
   // The next line into `line`; false at the end of the file.
   bool next(std::string& line);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "compress.h"
 #include "data/blend.h"
 #include "data/dataset.h"
 #include "data/inspect.h"
@@ -218,6 +219,13 @@ TEST(LossMask, PreparedSftExamplesCountTheirCompletions) {
   EXPECT_EQ(mask_of(r.val_shards[0]), val_mask);
   EXPECT_EQ(r.train_tokens, 18);
   EXPECT_EQ(r.val_tokens, 7);
+  // Compressed, the same examples (data/input_file.h).
+  testing::write_bytes(dir.file("sft.jsonl.zst"), testing::zstd(testing::read_bytes(jsonl)));
+  const PrepareResult packed =
+      prepare_sft_dataset({dir.file("sft.jsonl.zst")}, dir.file("packed"), options, '\n');
+  EXPECT_EQ(read_shard(packed.train_shards[0]), read_shard(r.train_shards[0]));
+  EXPECT_EQ(mask_of(packed.train_shards[0]), train_mask);
+  EXPECT_EQ(mask_of(packed.val_shards[0]), val_mask);
 
   // Shards of 5 tokens: four of train, each with its mask; then a run of bigger shards leaves
   // one, the other three and their masks removed.
