@@ -18,6 +18,17 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 }
 
 constexpr size_t kBufferBytes = size_t{1} << 20;
+constexpr size_t kMaxFrameHead = 18;  // ZSTD_FRAMEHEADERSIZE_MAX: a frame header's most bytes
+
+// Whether a frame's first 4 bytes are zstd's magic number or a skippable frame's. libzstd also
+// decodes the formats before 1.0 (0.5-0.7), whose streaming decoders accept damaged frames that
+// they refuse whole (fuzz_compressed found one); nothing ships corpora in them.
+bool zstd_magic(std::string_view head) {
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(head[i]); };
+  const uint32_t magic = byte(0) | byte(1) << 8 | byte(2) << 16 | uint32_t{byte(3)} << 24;
+  return magic == ZSTD_MAGICNUMBER ||
+         (magic & ZSTD_MAGIC_SKIPPABLE_MASK) == ZSTD_MAGIC_SKIPPABLE_START;
+}
 
 }  // namespace
 
@@ -47,6 +58,11 @@ struct InputFile::Decoder {
   int64_t streams = 0;              // members / frames decoded whole
   z_stream z{};
   ZSTD_DStream* zstd = nullptr;
+  // The zstd frame being read: its first bytes (the header: at most 18) and the bytes it gave.
+  // libzstd checks a frame's declared content size only when the frame arrives whole in one
+  // call; fed a buffer at a time, a frame that declares more than it holds ends quietly short.
+  std::string frame_head;
+  uint64_t frame_out = 0;
 
   ~Decoder() {
     if (zstd != nullptr) ZSTD_freeDStream(zstd);
@@ -137,12 +153,27 @@ size_t InputFile::read(char* out, size_t n) {
       const size_t hint = ZSTD_decompressStream(d.zstd, &buffer, &in);
       if (ZSTD_isError(hint))
         fail("input file '", path_, "': damaged zstd data (", ZSTD_getErrorName(hint), ")");
+      const size_t head = std::min(in.pos, kMaxFrameHead - d.frame_head.size());
+      const bool magic_seen = d.frame_head.size() >= 4;
+      d.frame_head.append(d.in.data() + d.in_begin, head);
+      if (!magic_seen && d.frame_head.size() >= 4 && !zstd_magic(d.frame_head))
+        fail("input file '", path_, "': not zstd data (frame ", d.streams + 1,
+             " starts with no zstd magic number: a format before zstd 1.0, or another)");
       d.in_begin += in.pos;
       produced = buffer.pos;
-      if (hint == 0) {  // a frame decoded and flushed whole
-        if (d.stream_open || in.pos > 0) ++d.streams;
+      d.frame_out += produced;
+      if (hint == 0 && (d.stream_open || in.pos > 0)) {  // a frame decoded and flushed whole
+        const unsigned long long declared =
+            ZSTD_getFrameContentSize(d.frame_head.data(), d.frame_head.size());
+        if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != ZSTD_CONTENTSIZE_ERROR &&
+            declared != d.frame_out)
+          fail("input file '", path_, "': damaged zstd data (frame ", d.streams + 1, " declares ",
+               declared, " bytes and holds ", d.frame_out, ")");
+        ++d.streams;
+        d.frame_head.clear();
+        d.frame_out = 0;
         d.stream_open = false;
-      } else {
+      } else if (hint != 0) {
         d.stream_open = true;
       }
     }

@@ -116,6 +116,23 @@ TEST(InputFile, DamagedTruncatedOrTrailingDataIsNamed) {
   expect_named("empty.zst", "", {"empty, not zstd data"});
   expect_named("tail.gz", gz + "garbage!", {"not gzip after its gzip data", "1 member"});
   expect_named("tail.zst", zs + "garbage!", {"damaged zstd data"});
+  // A zstd frame that declares 5 bytes and holds an empty last block: libzstd refuses it when
+  // the frame comes whole, but passes it fed a few bytes at a time; InputFile counts itself.
+  // A frame of zstd 0.7 (magic 0xFD2FB527): libzstd's old decoders, like the short frame, pass
+  // damaged frames fed piecemeal; refused by their magic number, whole or not.
+  write_bytes(dir.file("short.zst"), std::string("\x28\xb5\x2f\xfd\x20\x05\x01\x00\x00", 9));
+  write_bytes(dir.file("v07.zst"), std::string("\x27\xb5\x2f\xfd\x00\x00\xd7\x00\x95", 9));
+  // (Whole, libzstd names the damage; piecemeal, InputFile does.)
+  for (const char* name : {"short.zst", "v07.zst"})
+    for (const size_t buffer : {size_t{1}, size_t{4}, size_t{1} << 20})
+      expect_error(
+          [&] {
+            InputFile file(dir.file(name), buffer);
+            char block[16];
+            while (file.read(block, sizeof(block)) > 0) {
+            }
+          },
+          {dir.file(name), "zstd data ("});
   expect_error([&] { InputFile file(dir.file("missing.gz")); },
                {dir.file("missing.gz"), "cannot open"});
 }
