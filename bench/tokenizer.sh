@@ -7,7 +7,7 @@
 # different file each, so no cache carries over between them). Best of RUNS runs each; MB/s of
 # text in, end to end (reading, tokenizing, writing the shards). The peer at its best besides:
 # `tokenizers` alone, its encode_batch over the files (Rust, every core), no shards written.
-# Then one JSON Lines file of the same text (below).
+# Then one JSON Lines file of the same text (below). FILES_STYLES=" " skips the first table.
 #   bench/tokenizer.sh     (needs a release build and `pip install tokenizers`; LOOM=, COPIES=, RUNS=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +51,7 @@ for _ in range(int(sys.argv[2])):
 print(best)
 PY
 printf '%-8s %8s %14s %14s %10s %10s %12s %s\n' tokenizer "loom s" "tokenize_hf s" "encode_batch s" "loom MB/s" "hf MB/s" "batch MB/s" shards
-for t in gpt2 llama3 smollm qwen2 llama2 metaspace; do
+for t in ${FILES_STYLES:-gpt2 llama3 smollm qwen2 llama2 metaspace}; do
   tok=tests/data/tokenizers/$t.json
   l=$(best "$LOOM" data prepare "${files[@]}" --tokenizer "$tok" --out "$WORK/loom_$t")
   h=$(best python3 tools/tokenize_hf.py --tokenizer "$tok" "${files[@]}" --out "$WORK/hf_$t")
@@ -60,18 +60,25 @@ for t in gpt2 llama3 smollm qwen2 llama2 metaspace; do
   python3 -c "print('%-8s %8.2f %14.2f %14.2f %10.1f %10.1f %12.1f %s' % ('$t', $l, $h, $e, $mb / $l, $mb / $h, $mb / $e, '$same'))"
 done
 
-# A JSON Lines corpus: the same text as ONE file, a paragraph a line ({"text": ...}), plain and
+# A JSON Lines corpus: Tiny Shakespeare's paragraphs COPIES times (each copy's numbered) as ONE
+# file, a paragraph a line ({"text": ...}), plain and
 # compressed (.jsonl.gz, .jsonl.zst). One file used to be one thread; documents are now handed
 # out a document a thread, so one file uses every core. Loom at 1 thread and at every core, its
 # shards checked against tools/tokenize_hf.py's on the .jsonl.gz; the peer besides:
 # `tokenizers`' encode_batch over the paragraphs (every core, no reading or shards).
-python3 - "$WORK/corpus.jsonl" "${files[@]}" <<'PY'
+jmb=$(python3 - "$WORK/corpus.jsonl" "$CORPUS" "$COPIES" <<'PY'
 import json, sys
+text = open(sys.argv[2], encoding="utf-8", newline="").read()
+size = 0
 with open(sys.argv[1], "w", encoding="utf-8") as out:
-    for name in sys.argv[2:]:
-        for para in open(name, encoding="utf-8", newline="").read().split("\n\n"):
-            out.write(json.dumps({"text": para}) + "\n")
+    for i in range(1, int(sys.argv[3]) + 1):  # each copy's paragraphs a little different
+        for para in text.split("\n\n"):
+            doc = f"{i} {para}"
+            size += len(doc.encode("utf-8"))
+            out.write(json.dumps({"text": doc}) + "\n")
+print("%.1f" % (size / 1e6))
 PY
+)
 gzip -k -6 "$WORK/corpus.jsonl"
 zstd -q -3 -k "$WORK/corpus.jsonl"
 docs=$(wc -l < "$WORK/corpus.jsonl")
@@ -89,7 +96,7 @@ for _ in range(int(sys.argv[2])):
 print(best)
 PY
 echo
-echo "# one JSON Lines file of $docs paragraphs ($mb MB of text); loom at 1 and $(nproc) threads; MB/s of text"
+echo "# one JSON Lines file of $docs paragraphs ($jmb MB of text, $COPIES copies); loom at 1 and $(nproc) threads; MB/s of text"
 printf '%-8s %-6s %10s %10s %12s %12s %s\n' tokenizer file "loom 1 s" "loom $(nproc) s" "loom MB/s" "batch MB/s" shards
 for t in gpt2 llama2; do
   tok=tests/data/tokenizers/$t.json
@@ -102,6 +109,6 @@ for t in gpt2 llama2; do
       python3 tools/tokenize_hf.py --tokenizer "$tok" "$WORK/corpus.$f" --out "$WORK/jh_$t" > /dev/null
       same="$same, $(diff -rq "$WORK/jn_$t" "$WORK/jh_$t" > /dev/null && echo "= tokenize_hf" || echo "DIFFER from tokenize_hf")"
     fi
-    python3 -c "print('%-8s %-6s %10.2f %10.2f %12.1f %12.1f %s' % ('$t', '$f'.replace('jsonl', 'j'), $one, $all, $mb / $all, $mb / $e, '$same'))"
+    python3 -c "print('%-8s %-6s %10.2f %10.2f %12.1f %12.1f %s' % ('$t', '$f'.replace('jsonl', 'j'), $one, $all, $jmb / $all, $jmb / $e, '$same'))"
   done
 done
