@@ -17,7 +17,6 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-constexpr size_t kBufferBytes = size_t{1} << 20;
 constexpr size_t kMaxFrameHead = 18;  // ZSTD_FRAMEHEADERSIZE_MAX: a frame header's most bytes
 
 // Whether a frame's first 4 bytes are zstd's magic number or a skippable frame's. libzstd also
@@ -50,8 +49,9 @@ bool is_json_lines(std::string_view path) {
 // The compressed side: a buffer of the file's bytes and the library's stream state. A "stream"
 // is a gzip member or a zstd frame; several may follow one another.
 struct InputFile::Decoder {
-  explicit Decoder(size_t buffer_bytes) : in(buffer_bytes) {}
-  std::vector<char> in;
+  explicit Decoder(size_t buffer_bytes) : in(new char[buffer_bytes]), capacity(buffer_bytes) {}
+  std::unique_ptr<char[]> in;  // not zeroed: only what fread wrote is looked at
+  size_t capacity;
   size_t in_begin = 0, in_end = 0;  // unread compressed bytes
   bool eof = false;                 // the file has no more
   bool stream_open = false;         // inside a member / frame
@@ -98,7 +98,7 @@ InputFile::~InputFile() {
 size_t InputFile::fill_input() {
   Decoder& d = *decoder_;
   d.in_begin = 0;
-  d.in_end = std::fread(d.in.data(), 1, d.in.size(), file_);
+  d.in_end = std::fread(d.in.get(), 1, d.capacity, file_);
   if (d.in_end == 0) {
     if (std::ferror(file_)) fail("input file '", path_, "': read error");
     d.eof = true;
@@ -129,7 +129,7 @@ size_t InputFile::read(char* out, size_t n) {
         inflateReset(&d.z);
         d.stream_open = true;
       }
-      d.z.next_in = reinterpret_cast<Bytef*>(d.in.data() + d.in_begin);
+      d.z.next_in = reinterpret_cast<Bytef*>(d.in.get() + d.in_begin);
       d.z.avail_in = static_cast<uInt>(d.in_end - d.in_begin);
       d.z.next_out = reinterpret_cast<Bytef*>(out);
       d.z.avail_out = static_cast<uInt>(std::min<size_t>(n, UINT32_MAX));
@@ -148,14 +148,14 @@ size_t InputFile::read(char* out, size_t n) {
              "': damaged gzip data (zlib: ", d.z.msg != nullptr ? d.z.msg : "error", ")");
       }
     } else {
-      ZSTD_inBuffer in{d.in.data() + d.in_begin, d.in_end - d.in_begin, 0};
+      ZSTD_inBuffer in{d.in.get() + d.in_begin, d.in_end - d.in_begin, 0};
       ZSTD_outBuffer buffer{out, n, 0};
       const size_t hint = ZSTD_decompressStream(d.zstd, &buffer, &in);
       if (ZSTD_isError(hint))
         fail("input file '", path_, "': damaged zstd data (", ZSTD_getErrorName(hint), ")");
       const size_t head = std::min(in.pos, kMaxFrameHead - d.frame_head.size());
       const bool magic_seen = d.frame_head.size() >= 4;
-      d.frame_head.append(d.in.data() + d.in_begin, head);
+      d.frame_head.append(d.in.get() + d.in_begin, head);
       if (!magic_seen && d.frame_head.size() >= 4 && !zstd_magic(d.frame_head))
         fail("input file '", path_, "': not zstd data (frame ", d.streams + 1,
              " starts with no zstd magic number: a format before zstd 1.0, or another)");
@@ -197,20 +197,22 @@ std::string read_input_file(const std::string& path) {
       std::fclose(f);
     }
   }
-  std::vector<char> block(kBufferBytes);
+  std::vector<char> block(kInputBufferBytes);
   while (const size_t got = file.read(block.data(), block.size())) text.append(block.data(), got);
   return text;
 }
 
 LineReader::LineReader(std::string path, size_t buffer_bytes)
-    : file_(std::move(path), buffer_bytes), buffer_(std::max<size_t>(buffer_bytes, 1), '\0') {}
+    : file_(std::move(path), buffer_bytes),
+      buffer_(new char[std::max<size_t>(buffer_bytes, 1)]),
+      capacity_(std::max<size_t>(buffer_bytes, 1)) {}
 
 bool LineReader::next(std::string& line) {
   line.clear();
   bool partial = false;  // bytes of a line taken before the buffer ran out
   for (;;) {
     if (begin_ < end_) {
-      const char* data = buffer_.data();
+      const char* data = buffer_.get();
       const void* newline = std::memchr(data + begin_, '\n', end_ - begin_);
       if (newline != nullptr) {
         const size_t at = static_cast<size_t>(static_cast<const char*>(newline) - data);
@@ -225,7 +227,7 @@ bool LineReader::next(std::string& line) {
     }
     if (!at_end_) {
       begin_ = 0;
-      end_ = file_.read(buffer_.data(), buffer_.size());
+      end_ = file_.read(buffer_.get(), capacity_);
       at_end_ = end_ == 0;
       continue;
     }

@@ -18,6 +18,10 @@ namespace loom {
 
 enum class Compression { none, gzip, zstd };
 
+// Bytes read at a time: enough that a read is cheap beside decoding, little enough that opening
+// many small files (fine-tuning examples, a fuzzer's inputs) touches few fresh pages.
+inline constexpr size_t kInputBufferBytes = size_t{64} << 10;
+
 // By the name's last suffix: ".gz" gzip, ".zst" or ".zstd" Zstandard, anything else none.
 Compression compression_of(std::string_view path);
 
@@ -31,7 +35,7 @@ class InputFile {
  public:
   // Throws loom::Error naming the file if it cannot be opened. `buffer_bytes`: the compressed
   // bytes read at a time (small ones test the refills).
-  explicit InputFile(std::string path, size_t buffer_bytes = size_t{1} << 20);
+  explicit InputFile(std::string path, size_t buffer_bytes = kInputBufferBytes);
   ~InputFile();
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;
@@ -60,7 +64,7 @@ std::string read_input_file(const std::string& path);
 class LineReader {
  public:
   // `buffer_bytes`: the content read at a time, and the compressed bytes (InputFile).
-  explicit LineReader(std::string path, size_t buffer_bytes = size_t{1} << 20);
+  explicit LineReader(std::string path, size_t buffer_bytes = kInputBufferBytes);
 
   // The next line into `line`; false at the end of the file.
   bool next(std::string& line);
@@ -70,7 +74,8 @@ class LineReader {
 
  private:
   InputFile file_;
-  std::string buffer_;
+  std::unique_ptr<char[]> buffer_;  // not zeroed: only what a read wrote is looked at
+  size_t capacity_;
   size_t begin_ = 0;  // unread bytes are buffer_[begin_, end_)
   size_t end_ = 0;
   bool at_end_ = false;
