@@ -827,6 +827,16 @@ int main(int argc, char** argv) {
                "--no-eot");
         eot = *known;
       }
+      // A line every 10 s through a long corpus (--tokenizer): how far, how fast.
+      double next_report = 10;
+      prep.progress = [&next_report](const PrepareProgress& p) {
+        if (p.seconds < next_report) return;
+        next_report = p.seconds + 10;
+        std::fprintf(
+            stderr, "prepare: %.2f GB of text, %ld documents, %ld tokens in %.0f s (%.1f MB/s)\n",
+            static_cast<double>(p.bytes) / 1e9, static_cast<long>(p.documents),
+            static_cast<long>(p.tokens), p.seconds, static_cast<double>(p.bytes) / 1e6 / p.seconds);
+      };
       PrepareResult r = prepare_sft
                             ? prepare_sft_dataset(inputs, out_dir, prep, eot, tok ? &*tok : nullptr)
                         : tok ? prepare_tokenized_dataset(inputs, out_dir, *tok, prep, eot)

@@ -3,6 +3,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -595,9 +596,12 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
                             static_cast<size_t>(options.batch_bytes));
     std::future<std::vector<PendingDocument>> ahead =
         std::async(std::launch::async, [&batches] { return batches.next(); });
+    const auto start = std::chrono::steady_clock::now();
+    int64_t bytes = 0;
     for (;;) {
       std::vector<PendingDocument> batch = ahead.get();
       if (batch.empty()) break;
+      for (const PendingDocument& doc : batch) bytes += static_cast<int64_t>(doc.text.size());
       ahead = std::async(std::launch::async, [&batches] { return batches.next(); });
       std::vector<std::vector<int32_t>> ids(batch.size());
       std::vector<std::string> errors(batch.size());
@@ -635,6 +639,10 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
         n += static_cast<int64_t>(ids[k].size());
       }
       if (!out) fail("prepare_dataset: cannot write ", scratch.string(), " (disk full?)");
+      if (options.progress)
+        options.progress(
+            {bytes, documents, n,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
     }
   }
   if (n == 0)

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +30,14 @@ std::vector<std::string> resolve_shards(const std::string& spec, const std::stri
 // "train", 3 -> "train_000003.bin".
 std::string shard_file_name(std::string_view split, int64_t index);
 
+// How far prepare_tokenized_dataset has come, after each batch of documents.
+struct PrepareProgress {
+  int64_t bytes = 0;      // text read (decompressed; a JSON Lines file's lines, blank ones not)
+  int64_t documents = 0;  // documents tokenized (JSON lines with an empty text not counted)
+  int64_t tokens = 0;     // their tokens, end-of-text tokens included
+  double seconds = 0;     // since the start
+};
+
 struct PrepareOptions {
   double val_fraction = 0.1;           // the last val_fraction of the tokens; [0, 1)
   int64_t shard_tokens = 100'000'000;  // tokens per shard (the last shard of a split may be short)
@@ -42,6 +51,9 @@ struct PrepareOptions {
   // prepare_tokenized_dataset's batches: documents are read until a batch holds this many bytes
   // of text (or 4 text files a thread); two batches are in memory at once.
   int64_t batch_bytes = int64_t{64} << 20;
+  // prepare_tokenized_dataset: called after each batch (on the calling thread), e.g. to print
+  // progress through a corpus of hours; empty: not called.
+  std::function<void(const PrepareProgress&)> progress{};
 };
 
 struct PrepareResult {

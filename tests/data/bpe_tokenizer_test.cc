@@ -444,6 +444,29 @@ TEST_F(BpeTokenizerFile, JsonLinesCorporaAreADocumentALine) {
   small.batch_bytes = 100;
   EXPECT_EQ(tokens_of({zst, text_files[0], text_files[1], text_files[2], text_files[3]}, small),
             mixed);
+  // Progress after each batch: growing counts, the last one the whole corpus.
+  std::vector<PrepareProgress> reports;
+  PrepareOptions watched;
+  watched.batch_bytes = 60;
+  watched.progress = [&](const PrepareProgress& p) { reports.push_back(p); };
+  EXPECT_EQ(tokens_of({zst}, watched), want);
+  ASSERT_GE(reports.size(), 3u);  // 60-byte batches of ~100-byte lines: a line each
+  for (size_t i = 1; i < reports.size(); ++i) {
+    EXPECT_GT(reports[i].bytes, reports[i - 1].bytes);
+    EXPECT_GE(reports[i].documents, reports[i - 1].documents);
+    EXPECT_GE(reports[i].tokens, reports[i - 1].tokens);
+    EXPECT_GE(reports[i].seconds, reports[i - 1].seconds);
+  }
+  size_t line_bytes = 0;  // the non-blank lines, as read (a \r kept)
+  for (size_t from = 0; from < jsonl.size();) {
+    const size_t end = jsonl.find('\n', from);
+    const std::string line = jsonl.substr(from, end - from);
+    if (line.find_first_not_of(" \t\r") != std::string::npos) line_bytes += line.size();
+    from = end + 1;
+  }
+  EXPECT_EQ(reports.back().bytes, static_cast<int64_t>(line_bytes));
+  EXPECT_EQ(reports.back().documents, 4);
+  EXPECT_EQ(reports.back().tokens, static_cast<int64_t>(want.size()));
   // Another key.
   const std::string body = file("b.jsonl", "{\"body\": \"Speak, speak.\"}\n");
   PrepareOptions by_body;
