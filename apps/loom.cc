@@ -470,7 +470,8 @@ int main(int argc, char** argv) {
   prepare_cmd->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard")->capture_default_str();
   prepare_cmd
       ->add_option("--threads", prep.threads,
-                   "with --tokenizer: documents tokenized at once, one a thread (0 = one a core; "
+                   "with --tokenizer or --sft: documents (examples) tokenized at once, one a "
+                   "thread (0 = one a core; "
                    "the same shards whatever the count)")
       ->capture_default_str();
   prepare_cmd

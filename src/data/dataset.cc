@@ -421,6 +421,122 @@ void for_each_sft_example(const std::vector<std::string>& inputs, const std::str
   }
 }
 
+// A document waiting for the tokenizer: a text file's whole text, or a JSON line (parsed by the
+// thread that tokenizes it).
+struct PendingDocument {
+  std::string text;
+  size_t input = 0;  // which of the inputs
+  int64_t line = 0;  // a JSON line's number; 0: a text file
+};
+
+// The inputs' documents in order, a batch at a time: at least one document, then more while the
+// batch holds less than max_bytes of text and fewer than max_files text files. With all_lines
+// every input is read as JSON Lines whatever its name (fine-tuning examples).
+class DocumentBatches {
+ public:
+  DocumentBatches(const std::vector<std::string>& inputs, size_t max_files, size_t max_bytes,
+                  bool all_lines)
+      : inputs_(inputs), max_files_(max_files), max_bytes_(max_bytes), all_lines_(all_lines) {}
+
+  // The next batch; empty after the last document.
+  std::vector<PendingDocument> next() {
+    std::vector<PendingDocument> batch;
+    size_t bytes = 0, files = 0;
+    while (input_ < inputs_.size() && bytes < max_bytes_ && files < max_files_) {
+      const std::string& path = inputs_[input_];
+      if (!all_lines_ && !is_json_lines(path)) {
+        batch.push_back({read_input_file(path), input_, 0});
+        bytes += batch.back().text.size();
+        ++files;
+        ++input_;
+        continue;
+      }
+      if (!lines_) lines_.emplace(path);
+      std::string line;
+      bool more = true;
+      while (bytes < max_bytes_ && (more = lines_->next(line))) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank
+        bytes += line.size();
+        batch.push_back({std::move(line), input_, lines_->line_number()});
+      }
+      if (!more) {  // the file's end
+        lines_.reset();
+        ++input_;
+      }
+    }
+    return batch;
+  }
+
+ private:
+  const std::vector<std::string>& inputs_;
+  size_t max_files_, max_bytes_;
+  bool all_lines_;
+  size_t input_ = 0;                 // the input being read
+  std::optional<LineReader> lines_;  // its lines, when it is JSON Lines
+};
+
+// The document of line `number` of JSON Lines file `input`: the string at `key`.
+std::string json_document(const std::string& line, const std::string& input, int64_t number,
+                          const std::string& key) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, bad UTF-8, a huge number
+    fail("prepare_dataset: '", input, "' line ", number, ": not JSON: ", e.what());
+  }
+  const auto found = j.is_object() ? j.find(key) : j.end();
+  if (!j.is_object() || found == j.end() || !found->is_string())
+    fail("prepare_dataset: '", input, "' line ", number, ": no string \"", key, "\" (a JSON ",
+         "Lines corpus holds an object a line, its document's text at --json-key)");
+  return found->get<std::string>();
+}
+
+int resolve_threads(int threads) {
+  return threads > 0 ? threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// Runs `tokenize(doc)` (returning a Result) on each document of the inputs on `pool`, a batch at a
+// time (options.batch_bytes of text, or 4 text files a thread), the next batch read and
+// decompressed on a thread of its own meanwhile — memory holds two batches and their tokens —;
+// then, on the calling thread and in the documents' order, `take(doc, result)` for each, and
+// `batch_done(bytes)` with the batch's text bytes. The first document's error in that order is
+// thrown, as one thread would meet it, whatever the thread count. `what` starts an error a
+// tokenizer did not name (out of memory for a huge file, say).
+template <typename Result, typename Tokenize, typename Take, typename BatchDone>
+void tokenize_in_batches(const std::vector<std::string>& inputs, bool all_lines,
+                         const PrepareOptions& options, ThreadPool& pool, const char* what,
+                         Tokenize&& tokenize, Take&& take, BatchDone&& batch_done) {
+  DocumentBatches batches(inputs, 4 * static_cast<size_t>(pool.size()),
+                          static_cast<size_t>(options.batch_bytes), all_lines);
+  std::future<std::vector<PendingDocument>> ahead =
+      std::async(std::launch::async, [&batches] { return batches.next(); });
+  for (;;) {
+    std::vector<PendingDocument> batch = ahead.get();
+    if (batch.empty()) return;
+    int64_t bytes = 0;
+    for (const PendingDocument& doc : batch) bytes += static_cast<int64_t>(doc.text.size());
+    ahead = std::async(std::launch::async, [&batches] { return batches.next(); });
+    std::vector<Result> results(batch.size());
+    std::vector<std::string> errors(batch.size());
+    pool.parallel_tasks(static_cast<int64_t>(batch.size()), [&](int64_t t) {
+      const auto k = static_cast<size_t>(t);
+      try {
+        results[k] = tokenize(batch[k]);
+        std::string().swap(batch[k].text);
+      } catch (const Error& e) {
+        errors[k] = e.what();
+      } catch (const std::exception& e) {
+        errors[k] = detail::concat(what, ": input file '", inputs[batch[k].input], "': ", e.what());
+      }
+    });
+    for (size_t k = 0; k < batch.size(); ++k) {
+      if (!errors[k].empty()) throw Error(errors[k]);
+      take(batch[k], results[k]);
+    }
+    batch_done(bytes);
+  }
+}
+
 }  // namespace
 
 PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
@@ -466,96 +582,46 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
     return tokenizer != nullptr ? tokenizer->encode(text, add_special)
                                 : ByteTokenizer().encode(text);
   };
-  int64_t seen = 0;
-  for_each_sft_example(inputs, chat, [&](const SftExample& example) {
-    ShardWriter& split = seen++ < n - n_val ? train : val;
-    if (example.conversation()) {
-      // The tokenizer's BOS, then each part on its own (as torchtune tokenizes a message's
-      // header and content): its tokens counted or not as a whole.
-      for (int32_t token : encode("", true)) split.push(static_cast<uint32_t>(token), false);
-      for (const auto& [text, counts] : example.parts)
-        for (int32_t token : encode(text, false)) split.push(static_cast<uint32_t>(token), counts);
-      return;
+  // Examples are parsed again and tokenized in parallel, a batch at a time, and written in order.
+  struct Tokens {
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> counts;
+    void add(const std::vector<int32_t>& part, bool count) {
+      ids.insert(ids.end(), part.begin(), part.end());
+      counts.insert(counts.end(), part.size(), count ? 1 : 0);
     }
-    for (int32_t token : encode(example.prompt, true))
-      split.push(static_cast<uint32_t>(token), false);
-    for (int32_t token : encode(example.completion, false))
-      split.push(static_cast<uint32_t>(token), true);
-    if (eot >= 0) split.push(static_cast<uint32_t>(eot), true);
-  });
+  };
+  ThreadPool pool(resolve_threads(options.threads));
+  int64_t seen = 0;
+  tokenize_in_batches<Tokens>(
+      inputs, true, options, pool, "prepare_sft_dataset",
+      [&](const PendingDocument& line) {
+        const SftExample example = parse_sft_line(
+            line.text, detail::concat("'", inputs[line.input], "' line ", line.line), chat);
+        Tokens tokens;
+        if (example.conversation()) {
+          // The tokenizer's BOS, then each part on its own (as torchtune tokenizes a message's
+          // header and content): its tokens counted or not as a whole.
+          tokens.add(encode("", true), false);
+          for (const auto& [text, counts] : example.parts) tokens.add(encode(text, false), counts);
+          return tokens;
+        }
+        tokens.add(encode(example.prompt, true), false);
+        tokens.add(encode(example.completion, false), true);
+        if (eot >= 0) tokens.add({static_cast<int32_t>(eot)}, true);
+        return tokens;
+      },
+      [&](const PendingDocument&, const Tokens& tokens) {
+        ShardWriter& split = seen++ < n - n_val ? train : val;
+        for (size_t i = 0; i < tokens.ids.size(); ++i)
+          split.push(static_cast<uint32_t>(tokens.ids[i]), tokens.counts[i] != 0);
+      },
+      [](int64_t) {});
+  if (seen != n)
+    fail("prepare_sft_dataset: the input files changed while read (", n, " examples, then ", seen,
+         ")");
   return finish_splits(train, val);
 }
-
-namespace {
-
-// A document waiting for the tokenizer: a text file's whole text, or a JSON line (parsed by the
-// thread that tokenizes it).
-struct PendingDocument {
-  std::string text;
-  size_t input = 0;  // which of the inputs
-  int64_t line = 0;  // a JSON line's number; 0: a text file
-};
-
-// The inputs' documents in order, a batch at a time: at least one document, then more while the
-// batch holds less than max_bytes of text and fewer than max_files text files.
-class DocumentBatches {
- public:
-  DocumentBatches(const std::vector<std::string>& inputs, size_t max_files, size_t max_bytes)
-      : inputs_(inputs), max_files_(max_files), max_bytes_(max_bytes) {}
-
-  // The next batch; empty after the last document.
-  std::vector<PendingDocument> next() {
-    std::vector<PendingDocument> batch;
-    size_t bytes = 0, files = 0;
-    while (input_ < inputs_.size() && bytes < max_bytes_ && files < max_files_) {
-      const std::string& path = inputs_[input_];
-      if (!is_json_lines(path)) {
-        batch.push_back({read_input_file(path), input_, 0});
-        bytes += batch.back().text.size();
-        ++files;
-        ++input_;
-        continue;
-      }
-      if (!lines_) lines_.emplace(path);
-      std::string line;
-      bool more = true;
-      while (bytes < max_bytes_ && (more = lines_->next(line))) {
-        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank
-        bytes += line.size();
-        batch.push_back({std::move(line), input_, lines_->line_number()});
-      }
-      if (!more) {  // the file's end
-        lines_.reset();
-        ++input_;
-      }
-    }
-    return batch;
-  }
-
- private:
-  const std::vector<std::string>& inputs_;
-  size_t max_files_, max_bytes_;
-  size_t input_ = 0;                 // the input being read
-  std::optional<LineReader> lines_;  // its lines, when it is JSON Lines
-};
-
-// The document of line `number` of JSON Lines file `input`: the string at `key`.
-std::string json_document(const std::string& line, const std::string& input, int64_t number,
-                          const std::string& key) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception& e) {  // a syntax error, bad UTF-8, a huge number
-    fail("prepare_dataset: '", input, "' line ", number, ": not JSON: ", e.what());
-  }
-  const auto found = j.is_object() ? j.find(key) : j.end();
-  if (!j.is_object() || found == j.end() || !found->is_string())
-    fail("prepare_dataset: '", input, "' line ", number, ": no string \"", key, "\" (a JSON ",
-         "Lines corpus holds an object a line, its document's text at --json-key)");
-  return found->get<std::string>();
-}
-
-}  // namespace
 
 PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
                                         const std::string& out_dir, const BpeTokenizer& tokenizer,
@@ -568,11 +634,11 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
     if (std::error_code ec; !fs::is_regular_file(input, ec))
       fail("prepare_dataset: input file '", input, "': cannot open (not a file)");
   create_out_dir(out_dir);
-  // 1. Every file whole through the tokenizer (its pre-tokenizer's pieces may span any line), a
-  //    document each: its tokens, then the end-of-text token. Files are tokenized in parallel, a
-  //    batch at a time (each file on one thread: a stretch of text cannot be cut anywhere without
-  //    changing its pieces), and their tokens appended in the files' order to a scratch file —
-  //    the split point is known only at the end, and the corpus' tokens need not fit in memory.
+  // 1. Every document whole through the tokenizer (its pre-tokenizer's pieces may span any
+  //    line): its tokens, then the end-of-text token. Documents are tokenized in parallel, a batch
+  //    at a time (each on one thread: a stretch of text cannot be cut anywhere without changing
+  //    its pieces), and their tokens appended in the documents' order to a scratch file — the
+  //    split point is known only at the end, and the corpus' tokens need not fit in memory.
   const fs::path scratch = fs::path(out_dir) / ".prepare_tokens.tmp";
   struct RemoveScratch {
     fs::path path;
@@ -585,65 +651,44 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
   {
     std::ofstream out(scratch, std::ios::binary | std::ios::trunc);
     if (!out) fail("prepare_dataset: cannot write ", scratch.string());
-    const int threads = options.threads > 0
-                            ? options.threads
-                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    ThreadPool pool(threads);
-    // Batches of options.batch_bytes of text or 4 text files a thread, the next read (and
-    // decompressed) by a thread of its own while the pool tokenizes one: memory holds two
-    // batches and their tokens.
-    DocumentBatches batches(inputs, 4 * static_cast<size_t>(threads),
-                            static_cast<size_t>(options.batch_bytes));
-    std::future<std::vector<PendingDocument>> ahead =
-        std::async(std::launch::async, [&batches] { return batches.next(); });
+    ThreadPool pool(resolve_threads(options.threads));
     const auto start = std::chrono::steady_clock::now();
     int64_t bytes = 0;
-    for (;;) {
-      std::vector<PendingDocument> batch = ahead.get();
-      if (batch.empty()) break;
-      for (const PendingDocument& doc : batch) bytes += static_cast<int64_t>(doc.text.size());
-      ahead = std::async(std::launch::async, [&batches] { return batches.next(); });
-      std::vector<std::vector<int32_t>> ids(batch.size());
-      std::vector<std::string> errors(batch.size());
-      std::vector<uint8_t> empty(batch.size(), 0);
-      pool.parallel_tasks(static_cast<int64_t>(batch.size()), [&](int64_t t) {
-        const auto k = static_cast<size_t>(t);
-        PendingDocument& doc = batch[k];
-        const std::string& input = inputs[doc.input];
-        try {
+    struct Tokens {
+      std::vector<int32_t> ids;
+      bool empty = false;  // a JSON line with an empty text: skipped
+    };
+    tokenize_in_batches<Tokens>(
+        inputs, false, options, pool, "prepare_dataset",
+        [&](PendingDocument& doc) {
+          Tokens tokens;
           if (doc.line > 0) {  // a JSON line, parsed here so that parsing runs in parallel too
-            doc.text = json_document(doc.text, input, doc.line, options.json_key);
-            if (doc.text.empty()) {
-              empty[k] = 1;
-              return;
-            }
+            doc.text = json_document(doc.text, inputs[doc.input], doc.line, options.json_key);
+            tokens.empty = doc.text.empty();
+            if (tokens.empty) return tokens;
           }
-          ids[k] = tokenizer.encode(doc.text);
-          std::string().swap(doc.text);
-        } catch (const Error& e) {  // the first document's error, as one thread would meet it
-          errors[k] = e.what();
-        } catch (const std::exception& e) {  // out of memory for a huge file, say: named too
-          errors[k] = detail::concat("prepare_dataset: input file '", input, "': ", e.what());
-        }
-      });
-      for (size_t k = 0; k < ids.size(); ++k) {
-        if (!errors[k].empty()) throw Error(errors[k]);
-        if (empty[k]) {
-          ++empty_documents;
-          continue;
-        }
-        ++documents;
-        if (eot >= 0) ids[k].push_back(static_cast<int32_t>(eot));
-        out.write(reinterpret_cast<const char*>(ids[k].data()),
-                  static_cast<std::streamsize>(ids[k].size() * sizeof(int32_t)));
-        n += static_cast<int64_t>(ids[k].size());
-      }
-      if (!out) fail("prepare_dataset: cannot write ", scratch.string(), " (disk full?)");
-      if (options.progress)
-        options.progress(
-            {bytes, documents, n,
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
-    }
+          tokens.ids = tokenizer.encode(doc.text);
+          return tokens;
+        },
+        [&](const PendingDocument&, Tokens& tokens) {
+          if (tokens.empty) {
+            ++empty_documents;
+            return;
+          }
+          ++documents;
+          if (eot >= 0) tokens.ids.push_back(static_cast<int32_t>(eot));
+          out.write(reinterpret_cast<const char*>(tokens.ids.data()),
+                    static_cast<std::streamsize>(tokens.ids.size() * sizeof(int32_t)));
+          n += static_cast<int64_t>(tokens.ids.size());
+        },
+        [&](int64_t batch_bytes) {
+          if (!out) fail("prepare_dataset: cannot write ", scratch.string(), " (disk full?)");
+          bytes += batch_bytes;
+          if (options.progress)
+            options.progress(
+                {bytes, documents, n,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
+        });
   }
   if (n == 0)
     fail("prepare_dataset: the input files give no tokens (first: '", inputs[0], "'",

@@ -43,13 +43,14 @@ struct PrepareOptions {
   int64_t shard_tokens = 100'000'000;  // tokens per shard (the last shard of a split may be short)
   // prepare_sft_dataset's conversations: "" (none), "chatml" or "llama3".
   std::string chat_template{};
-  // prepare_tokenized_dataset's threads, a document each at a time: 0 = one a core.
+  // prepare_tokenized_dataset's and prepare_sft_dataset's threads, a document (an example) each
+  // at a time: 0 = one a core.
   int threads = 0;
   // prepare_tokenized_dataset's JSON Lines inputs: the key of each object's document text
   // (Megatron-LM's preprocess_data.py --json-keys).
   std::string json_key = "text";
-  // prepare_tokenized_dataset's batches: documents are read until a batch holds this many bytes
-  // of text (or 4 text files a thread); two batches are in memory at once.
+  // prepare_tokenized_dataset's and prepare_sft_dataset's batches: documents are read until a batch
+  // holds this many bytes of text (or 4 text files a thread); two batches are in memory at once.
   int64_t batch_bytes = int64_t{64} << 20;
   // prepare_tokenized_dataset: called after each batch (on the calling thread), e.g. to print
   // progress through a corpus of hours; empty: not called.
@@ -119,6 +120,10 @@ SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_toke
 // second form only the completion's), headers and other turns do not; no end-of-text token is
 // added (the marker ends each turn). Each part is tokenized on its own, as torchtune tokenizes a
 // message's header and content; the markers must be tokens of the tokenizer (with bytes: text).
+//
+// Every line is parsed first to count the examples; then the examples are tokenized by
+// options.threads threads a batch at a time (as prepare_tokenized_dataset's documents), the same
+// files whatever the count. Inputs may be gzip or zstd compressed (data/input_file.h).
 PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
                                   const std::string& out_dir, const PrepareOptions& options = {},
                                   int64_t eot = -1, const BpeTokenizer* tokenizer = nullptr);

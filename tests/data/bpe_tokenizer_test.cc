@@ -617,6 +617,16 @@ TEST_F(BpeTokenizerFile, ConversationsCountTheAssistantTurnsInTheirChatTemplate)
     for (size_t i = 0; i < got.size(); ++i) counted_ends += got[i] == end_id && counts[i] ? 1 : 0;
     EXPECT_EQ(counted_ends, 3);
     fs::remove_all(dir_ / "out");
+    // A conversation a thread (batches of one line): the same tokens and counts.
+    options.threads = 2;
+    options.batch_bytes = 1;
+    const PrepareResult dealt =
+        prepare_sft_dataset({jsonl}, (dir_ / "out").string(), options, *tok.end_of_text(), &tok);
+    EXPECT_EQ(read_shard32(dealt.train_shards[0]), want);
+    LossMaskFile(loss_mask_path(dealt.train_shards[0]))
+        .read(0, static_cast<int64_t>(counts.size()), counts.data());
+    EXPECT_EQ(counts, want_counts);
+    fs::remove_all(dir_ / "out");
   }
 
   const BpeTokenizer smollm(kFixtures + "/smollm.json");

@@ -226,6 +226,16 @@ TEST(LossMask, PreparedSftExamplesCountTheirCompletions) {
   EXPECT_EQ(read_shard(packed.train_shards[0]), read_shard(r.train_shards[0]));
   EXPECT_EQ(mask_of(packed.train_shards[0]), train_mask);
   EXPECT_EQ(mask_of(packed.val_shards[0]), val_mask);
+  // Tokenized by three threads in batches of a line or two: the same shards and masks.
+  PrepareOptions parallel = options;
+  parallel.threads = 3;
+  parallel.batch_bytes = 40;
+  const PrepareResult dealt =
+      prepare_sft_dataset({dir.file("sft.jsonl.zst")}, dir.file("dealt"), parallel, '\n');
+  EXPECT_EQ(read_shard(dealt.train_shards[0]), read_shard(r.train_shards[0]));
+  EXPECT_EQ(read_shard(dealt.val_shards[0]), read_shard(r.val_shards[0]));
+  EXPECT_EQ(mask_of(dealt.train_shards[0]), train_mask);
+  EXPECT_EQ(mask_of(dealt.val_shards[0]), val_mask);
 
   // Shards of 5 tokens: four of train, each with its mask; then a run of bigger shards leaves
   // one, the other three and their masks removed.
