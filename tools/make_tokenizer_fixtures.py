@@ -24,13 +24,20 @@ reproduce (tests/data/bpe_tokenizer_test.cc).
                decoder Metaspace. expected.json's "variants": its ids with the pre-tokenizer's
                other prepend schemes and split or not
   expected.json  {"strings": [...], "<name>": {"ids": [[...]...], "decoded": [...]}} per tokenizer
+               and "added_flags": added tokens with lstrip / rstrip / single_word / normalized
+               appended to gpt2.json and llama2.json (their added_tokens entries, and the ids of
+               ADDED_STRINGS with them)
+
+    python3 tools/make_tokenizer_fixtures.py --added-flags tests/data/tokenizers
+
+only (re)writes expected.json's "added_flags", from the fixtures as they are.
 """
 import json
 import os
 import sys
 
-from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
-                        processors, trainers)
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                        pre_tokenizers, processors, trainers)
 
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -114,7 +121,56 @@ def metaspace_style(corpus):
     return with_bos(tok)
 
 
+# Added tokens' flags, as HuggingFace's AddedVocabulary applies them: lstrip / rstrip take the
+# whitespace (Unicode's) beside a match into the token, single_word drops a match with a word
+# character (\w) beside it, and a "normalized" token is matched in a second pass, on what the
+# first (the other tokens) left. "m>!" overlaps "<norm>": the first pass's token wins.
+ADDED_TOKENS = [
+    AddedToken("<mask>", lstrip=True, special=True, normalized=False),
+    AddedToken("<|assistant|>", rstrip=True, special=True, normalized=False),
+    AddedToken("<both>", lstrip=True, rstrip=True, special=True, normalized=False),
+    AddedToken("thee", single_word=True, special=False, normalized=False),
+    AddedToken("m>!", special=False, normalized=False),
+]
+NORMALIZED_TOKENS = [AddedToken("<norm>", special=False, normalized=True)]  # gpt2: no normalizer
+ADDED_STRINGS = [
+    "I saw a <mask> here",
+    "a   <mask>",
+    "<mask>x and x<mask>",
+    "<|assistant|>   Hello\n",
+    "<|assistant|>\n\nHi<|assistant|>",
+    "thee and thee, thou thee's, theeing, _thee, 日thee, éthee, thee",
+    "  <both>  x <both>",
+    "<norm>! and <norm> and m>! <norm>",
+    "x <mask><|assistant|> y <both><both> z",
+    "\u3000<mask>\u3000<|assistant|>\u00a0z\u2003<both>\u2003",
+    "tab\t<mask>\t\t<|assistant|>\r\n",
+    "<|endoftext|> <mask> </s> <mask>",
+]
+
+
+def added_flags(out):
+    """expected.json's "added_flags": for gpt2 and llama2, the added tokens' entries and the ids."""
+    flags = {"strings": ADDED_STRINGS}
+    for name, extra in (("gpt2", ADDED_TOKENS + NORMALIZED_TOKENS), ("llama2", ADDED_TOKENS)):
+        tok = Tokenizer.from_file(os.path.join(out, name + ".json"))
+        known = len(json.loads(tok.to_str())["added_tokens"])
+        tok.add_tokens(extra)
+        entries = json.loads(tok.to_str())["added_tokens"][known:]
+        flags[name] = {"added_tokens": entries, "ids": [tok.encode(s).ids for s in ADDED_STRINGS]}
+    return flags
+
+
 def main():
+    if sys.argv[1] == "--added-flags":
+        path = os.path.join(sys.argv[2], "expected.json")
+        with open(path, encoding="utf-8") as f:
+            expected = json.load(f)
+        expected["added_flags"] = added_flags(sys.argv[2])
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(expected, f, ensure_ascii=False, indent=0)
+            f.write("\n")
+        return
     corpus, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -161,6 +217,7 @@ def main():
         tok = Tokenizer.from_str(toks["qwen2"].to_str())
         tok.normalizer = getattr(normalizers, form)()
         expected["normalizer_variants"][form] = [tok.encode(s).ids for s in STRINGS]
+    expected["added_flags"] = added_flags(out)
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False, indent=0)
         f.write("\n")

@@ -76,6 +76,67 @@ size_t char_length(std::string_view s, size_t i) {
   return n;
 }
 
+// The code point of the UTF-8 character at s[i] (its length in *length), or -1 where the bytes
+// there are not one (text that is not UTF-8 is tokenized, never refused).
+int32_t code_point_at(std::string_view s, size_t i, size_t* length) {
+  utf8proc_int32_t c = -1;
+  const utf8proc_ssize_t n =
+      utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                       static_cast<utf8proc_ssize_t>(s.size() - i), &c);
+  *length = n > 0 ? static_cast<size_t>(n) : 1;
+  return n > 0 ? c : -1;
+}
+
+// The code point of the character that ends at s[end] (exclusive), its start in *start; -1 where
+// none or not UTF-8.
+int32_t code_point_before(std::string_view s, size_t end, size_t* start) {
+  size_t b = end;
+  while (b > 0 && end - b < 4) {
+    --b;
+    if ((static_cast<unsigned char>(s[b]) & 0xc0) != 0x80) break;
+  }
+  *start = end > 0 ? b : 0;
+  if (end == 0) return -1;
+  size_t length = 0;
+  const int32_t c = code_point_at(s.substr(0, end), b, &length);
+  if (c < 0 || b + length != end) {
+    *start = end - 1;
+    return -1;
+  }
+  return c;
+}
+
+// Unicode's White_Space, as the regex \s of HuggingFace's added tokens' lstrip / rstrip.
+bool is_white_space(int32_t c) {
+  if (c < 0) return false;
+  if ((c >= 0x09 && c <= 0x0d) || c == 0x85) return true;
+  const utf8proc_category_t k = utf8proc_category(c);
+  return k == UTF8PROC_CATEGORY_ZS || k == UTF8PROC_CATEGORY_ZL || k == UTF8PROC_CATEGORY_ZP;
+}
+
+// A word character, as the regex \w of HuggingFace's single_word check (Unicode's: letters,
+// marks, decimal and letter numbers, connector punctuation, the joiners).
+bool is_word_char(int32_t c) {
+  if (c < 0) return false;
+  if (c == 0x200c || c == 0x200d) return true;
+  switch (utf8proc_category(c)) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // A compiled regex (UTF, Unicode properties; text that is not UTF-8 is matched, never refused).
 class Regex {
  public:
@@ -253,8 +314,17 @@ struct BpeTokenizer::Impl {
   bool byte_fallback = false;      // a character without a token: its bytes' <0xAB> tokens
   int32_t unk_id = -1;             // else (or without byte fallback) unk_token; -1: none
   bool fuse_unk = false;           // unknown characters in a row: one unknown token
-  std::vector<std::pair<std::string, int32_t>> added;  // longest first
-  std::vector<std::string> token_of;                   // by id ("" where no token)
+  // Added tokens, longest first, with HuggingFace's flags: lstrip / rstrip take the whitespace
+  // beside a match into the token; single_word drops a match with a word character beside it;
+  // a "normalized" one is matched in a second pass, in the stretches the others left.
+  struct Added {
+    std::string content;
+    int32_t id;
+    bool single_word, lstrip, rstrip, normalized;
+  };
+  std::vector<Added> added;
+  std::vector<size_t> added_raw, added_normalized;  // indices into added, by pass
+  std::vector<std::string> token_of;                // by id ("" where no token)
   std::vector<bool> is_added;
   std::vector<int32_t> prefix, suffix;  // the post-processor's tokens
   // Pieces' ids are cached per thread (PieceCache): threads tokenizing documents at once
@@ -444,11 +514,17 @@ struct BpeTokenizer::Impl {
       const auto it = vocab.find(byte_token_of(static_cast<uint8_t>(b)));
       byte_token_id[static_cast<size_t>(b)] = it == vocab.end() ? -1 : it->second;
     }
-    for (const json& t : j.value("added_tokens", json::array()))
-      added.emplace_back(t.at("content").get<std::string>(), json_integer<int32_t>(t.at("id")));
-    std::erase_if(added, [](const auto& a) { return a.first.empty(); });
-    std::stable_sort(added.begin(), added.end(),
-                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+    for (const json& t : j.value("added_tokens", json::array())) {
+      const auto flag = [&](const char* key) { return t.contains(key) && t.at(key).get<bool>(); };
+      added.push_back({t.at("content").get<std::string>(), json_integer<int32_t>(t.at("id")),
+                       flag("single_word"), flag("lstrip"), flag("rstrip"), flag("normalized")});
+    }
+    std::erase_if(added, [](const Added& a) { return a.content.empty(); });
+    std::stable_sort(added.begin(), added.end(), [](const Added& a, const Added& b) {
+      return a.content.size() > b.content.size();
+    });
+    for (size_t k = 0; k < added.size(); ++k)
+      (added[k].normalized ? added_normalized : added_raw).push_back(k);
     if (const json& p = j.value("pre_tokenizer", json()); !p.is_null()) read_pre_tokenizer(p);
     const auto steps = [&](PreTokenizer::Kind kind) {
       return std::count_if(pre.begin(), pre.end(),
@@ -480,14 +556,21 @@ struct BpeTokenizer::Impl {
       unk_id = it->second;
     }
 
+    // HuggingFace matches a "normalized" added token in the normalized text (after a Prepend's
+    // "▁", say), which Loom does not model; without a normalizer the text is its normalized self.
+    if (!normalizers.empty())
+      for (const Added& a : added)
+        if (a.normalized)
+          refuse("the added token \"" + a.content +
+                 "\" is matched after the normalizer (\"normalized\": true)");
     int64_t size = 0;
     for (const auto& [token, id] : vocab) {
       if (id < 0) refuse("a negative id " + std::to_string(id));
       size = std::max<int64_t>(size, int64_t{id} + 1);
     }
-    for (const auto& [token, id] : added) {
-      if (id < 0) refuse("a negative id " + std::to_string(id));
-      size = std::max<int64_t>(size, int64_t{id} + 1);
+    for (const Added& a : added) {
+      if (a.id < 0) refuse("a negative id " + std::to_string(a.id));
+      size = std::max<int64_t>(size, int64_t{a.id} + 1);
     }
     for (const auto* ids : {&prefix, &suffix})
       for (const int32_t id : *ids) {
@@ -503,9 +586,9 @@ struct BpeTokenizer::Impl {
     token_of.assign(static_cast<size_t>(size), std::string());
     is_added.assign(static_cast<size_t>(size), false);
     for (const auto& [token, id] : vocab) token_of[static_cast<size_t>(id)] = token;
-    for (const auto& [token, id] : added) {
-      token_of[static_cast<size_t>(id)] = token;
-      is_added[static_cast<size_t>(id)] = true;
+    for (const Added& a : added) {
+      token_of[static_cast<size_t>(a.id)] = a.content;
+      is_added[static_cast<size_t>(a.id)] = true;
     }
   }
 
@@ -745,36 +828,81 @@ BpeTokenizer::~BpeTokenizer() = default;
 BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
 BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 
+namespace {
+
+// HuggingFace's AddedVocabulary::find_matches on `sentence` with the added tokens `pass` (indices
+// into `added`, longest first): at the leftmost occurrence of any, the longest; a single_word one
+// with a word character beside it is passed over (its text stays plain); lstrip / rstrip take
+// the whitespace beside it, not past the previous token. Calls plain(offset, length) for each
+// stretch between tokens (none empty) and token(id) for each token, in order. A token's next
+// occurrence is kept and searched for again only once passed, so a text holding many added
+// tokens is scanned once per token, not once per occurrence.
+template <typename Added, typename Plain, typename Token>
+void split_at_added(std::string_view sentence, const std::vector<Added>& added,
+                    const std::vector<size_t>& pass, Plain&& plain, Token&& token) {
+  constexpr size_t kNone = std::string_view::npos, kUnsearched = kNone - 1;
+  std::vector<size_t> next(pass.size(), kUnsearched);
+  size_t stretch = 0, from = 0;  // plain text from `stretch`; the search goes on from `from`
+  for (;;) {
+    size_t found = kNone;
+    const Added* match = nullptr;
+    for (size_t k = 0; k < pass.size(); ++k) {
+      if (next[k] == kUnsearched || (next[k] != kNone && next[k] < from))
+        next[k] = sentence.find(added[pass[k]].content, from);
+      if (next[k] < found) {
+        found = next[k];
+        match = &added[pass[k]];
+      }
+    }
+    if (match == nullptr) break;
+    size_t start = found, stop = found + match->content.size(), at = 0;
+    from = stop;
+    if (match->single_word &&
+        (is_word_char(code_point_before(sentence, start, &at)) ||
+         (stop < sentence.size() && is_word_char(code_point_at(sentence, stop, &at)))))
+      continue;
+    if (match->lstrip)
+      while (start > stretch) {
+        size_t before = 0;
+        if (!is_white_space(code_point_before(sentence, start, &before))) break;
+        start = std::max(before, stretch);
+      }
+    if (match->rstrip) {
+      size_t length = 0;
+      while (stop < sentence.size() && is_white_space(code_point_at(sentence, stop, &length)))
+        stop += length;
+      from = stop;
+    }
+    if (stretch < start) plain(stretch, start - stretch);
+    token(match->id);
+    stretch = stop;
+  }
+  if (stretch < sentence.size()) plain(stretch, sentence.size() - stretch);
+}
+
+}  // namespace
+
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_special) const {
   const Impl& t = *impl_;
   std::vector<int32_t> out;
   if (add_special) out = t.prefix;
-  // Added tokens first: the earliest occurrence of any (the longest where several start there).
-  // Each token's next occurrence is kept and searched for again only once passed, so a text
-  // holding many added tokens is scanned once per token, not once per occurrence.
-  constexpr size_t kUnsearched = std::string_view::npos - 1;
-  std::vector<size_t> next(t.added.size(), kUnsearched);
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t found = std::string_view::npos;
-    int32_t found_id = -1;
-    size_t found_length = 0;
-    for (size_t k = 0; k < t.added.size(); ++k) {
-      if (next[k] == kUnsearched || (next[k] != std::string_view::npos && next[k] < at))
-        next[k] = text.find(t.added[k].first, at);
-      if (next[k] < found) {
-        found = next[k];
-        found_id = t.added[k].second;
-        found_length = t.added[k].first.size();
-      }
-    }
-    const std::string_view plain = text.substr(at, std::min(found, text.size()) - at);
-    if (!plain.empty())
-      for (const std::string& piece : t.pieces(plain, at == 0)) t.bpe(piece, out);
-    if (found == std::string_view::npos) break;
-    out.push_back(found_id);
-    at = found + found_length;
-  }
+  // Added tokens first, as HuggingFace matches them: the others in the text, then the
+  // "normalized" ones in the stretches left (a normalizer's tokenizer has none: refused at load).
+  const auto tokenize = [&](size_t offset, size_t length) {
+    for (const std::string& piece : t.pieces(text.substr(offset, length), offset == 0))
+      t.bpe(piece, out);
+  };
+  const auto token = [&](int32_t id) { out.push_back(id); };
+  split_at_added(
+      text, t.added, t.added_raw,
+      [&](size_t offset, size_t length) {
+        if (t.added_normalized.empty()) return tokenize(offset, length);
+        split_at_added(
+            text.substr(offset, length), t.added, t.added_normalized,
+            [&](size_t inner, size_t inner_length) { tokenize(offset + inner, inner_length); },
+            token);
+      },
+      token);
   if (add_special) out.insert(out.end(), t.suffix.begin(), t.suffix.end());
   return out;
 }
@@ -827,8 +955,8 @@ int64_t BpeTokenizer::vocab_size() const {
 }
 
 std::optional<int32_t> BpeTokenizer::token_id(std::string_view token) const {
-  for (const auto& [content, id] : impl_->added)
-    if (content == token) return id;
+  for (const auto& a : impl_->added)
+    if (a.content == token) return a.id;
   const auto it = impl_->vocab.find(std::string(token));
   if (it == impl_->vocab.end()) return std::nullopt;
   return it->second;

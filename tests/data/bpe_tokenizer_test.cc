@@ -175,6 +175,41 @@ TEST_F(BpeTokenizerFile, WhatItCannotRunIsNamed) {
   EXPECT_NE(e.find("token 600 at position 1 is not in its vocabulary"), std::string::npos) << e;
 }
 
+// Added tokens' flags as HuggingFace applies them (expected.json's "added_flags", from
+// tools/make_tokenizer_fixtures.py): lstrip / rstrip take Unicode whitespace beside a match
+// (never past the previous token), single_word passes over a match inside a word (Unicode word
+// characters: 日thee, éthee, _thee), and a "normalized" token is matched after the others, in
+// the stretches they leave (m>! before <norm> in "<norm>!"). Byte-level (GPT-2) and
+// sentencepiece-style (Llama 2, its normalizer) tokenizers.
+TEST_F(BpeTokenizerFile, AddedTokensFlagsGiveTokenizersIds) {
+  const nlohmann::json flags = read_json(kFixtures + "/expected.json").at("added_flags");
+  const auto& strings = flags.at("strings");
+  for (const char* name : {"gpt2", "llama2"}) {
+    SCOPED_TRACE(name);
+    nlohmann::json j = read_json(kFixtures + "/" + name + ".json");
+    for (const nlohmann::json& entry : flags.at(name).at("added_tokens"))
+      j["added_tokens"].push_back(entry);
+    const BpeTokenizer tok(write(j));
+    for (size_t i = 0; i < strings.size(); ++i)
+      EXPECT_EQ(tok.encode(strings[i].get<std::string>()),
+                flags.at(name).at("ids").at(i).get<std::vector<int32_t>>())
+          << strings[i];
+  }
+  // With a normalizer, a "normalized" added token would be matched in the normalized text: not
+  // modelled, so refused by name rather than tokenized otherwise.
+  nlohmann::json j = read_json(kFixtures + "/llama2.json");
+  j["added_tokens"].push_back({{"id", 600},
+                               {"content", "<norm>"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", true},
+                               {"special", false}});
+  const std::string e = error_of([&] { BpeTokenizer t(write(j)); });
+  EXPECT_NE(e.find("the added token \"<norm>\" is matched after the normalizer"), std::string::npos)
+      << e;
+}
+
 // Unicode normalizers (utf8proc): Qwen 2's NFC, and NFD, NFKC, NFKD in its place, give
 // tokenizers' ids on composed and decomposed letters, Hangul jamo, ligatures, circled and
 // full-width forms; bytes that are not UTF-8 pass through them as they are.
