@@ -947,7 +947,9 @@ std::string BpeTokenizer::decode_after(const std::vector<int32_t>& prefix,
 }
 
 bool BpeTokenizer::lossless() const {
-  return impl_->byte_level && impl_->normalizers.empty();
+  return impl_->byte_level && impl_->normalizers.empty() &&
+         std::none_of(impl_->added.begin(), impl_->added.end(),
+                      [](const Impl::Added& a) { return a.lstrip || a.rstrip; });
 }
 
 int64_t BpeTokenizer::vocab_size() const {

@@ -58,7 +58,8 @@ class BpeTokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
 
   // Whether decode(encode(text, false)) is `text` for any bytes: a byte-level tokenizer without
-  // a normalizer (NFC composes "e" + U+0301 into "é", HuggingFace's too). A
+  // a normalizer (NFC composes "e" + U+0301 into "é", HuggingFace's too) nor an added token that
+  // strips the whitespace beside it (lstrip / rstrip: the whitespace is gone). A
   // sentencepiece-style one may change leading spaces, "▁" and the spaces beside added tokens
   // (its normalizer and decoder do, in HuggingFace too), and without byte fallback gives
   // unk_token for what it has no token for.

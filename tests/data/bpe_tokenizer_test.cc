@@ -194,6 +194,7 @@ TEST_F(BpeTokenizerFile, AddedTokensFlagsGiveTokenizersIds) {
       EXPECT_EQ(tok.encode(strings[i].get<std::string>()),
                 flags.at(name).at("ids").at(i).get<std::vector<int32_t>>())
           << strings[i];
+    EXPECT_FALSE(tok.lossless());  // "a   <mask>" decodes as "a<mask>"
   }
   // With a normalizer, a "normalized" added token would be matched in the normalized text: not
   // modelled, so refused by name rather than tokenized otherwise.
