@@ -3,7 +3,8 @@
 // the user's), and a fixed text is encoded and decoded with it; byte 0 odd — the rest is text,
 // encoded and decoded by the six fixture tokenizers (tests/data/tokenizers: GPT-2, Llama 3 and
 // SmolLM styles, byte-level; Llama 2 and Metaspace styles, sentencepiece; Qwen 2's, byte-level
-// after NFC). Properties: a refusal
+// after NFC) and GPT-2's with expected.json's "added_flags" tokens (lstrip, rstrip, single_word,
+// normalized). Properties: a refusal
 // is a loom::Error; every id encode gives is inside vocab_size() and decodes; a byte-level
 // tokenizer is lossless — decode(encode(text)) is the text, whatever its bytes (not UTF-8
 // included); so is the Llama 2 style with its byte fallback, for text without "▁" or an added
@@ -11,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -40,9 +42,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loom;
   static const std::vector<std::unique_ptr<BpeTokenizer>> fixtures = [] {
     std::vector<std::unique_ptr<BpeTokenizer>> t;
+    const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/data/tokenizers/";
     for (const char* name : {"gpt2", "llama3", "smollm", "llama2", "metaspace", "qwen2"})
-      t.push_back(std::make_unique<BpeTokenizer>(std::string(LOOM_SOURCE_DIR) +
-                                                 "/tests/data/tokenizers/" + name + ".json"));
+      t.push_back(std::make_unique<BpeTokenizer>(dir + name + ".json"));
+    // GPT-2's with added tokens of every flag, as BpeTokenizerFile.AddedTokensFlags... reads it.
+    nlohmann::json gpt2 = nlohmann::json::parse(fuzz::read_file(dir + "gpt2.json"));
+    const nlohmann::json expected = nlohmann::json::parse(fuzz::read_file(dir + "expected.json"));
+    for (const nlohmann::json& entry : expected.at("added_flags").at("gpt2").at("added_tokens"))
+      gpt2["added_tokens"].push_back(entry);
+    const auto flagged = fuzz::scratch_dir() / "gpt2_added_flags.json";
+    fuzz::write_file(flagged, gpt2.dump());
+    t.push_back(std::make_unique<BpeTokenizer>(flagged.string()));
     return t;
   }();
   if (size == 0) return 0;
