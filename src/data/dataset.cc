@@ -639,6 +639,9 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
   //    at a time (each on one thread: a stretch of text cannot be cut anywhere without changing
   //    its pieces), and their tokens appended in the documents' order to a scratch file — the
   //    split point is known only at the end, and the corpus' tokens need not fit in memory.
+  //    The scratch file holds each token as the shards will (uint16 up to 65536 ids, else uint32).
+  const bool wide = tokenizer.vocab_size() > 65536;
+  const size_t token_bytes = wide ? sizeof(uint32_t) : sizeof(uint16_t);
   const fs::path scratch = fs::path(out_dir) / ".prepare_tokens.tmp";
   struct RemoveScratch {
     fs::path path;
@@ -677,8 +680,14 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
           }
           ++documents;
           if (eot >= 0) tokens.ids.push_back(static_cast<int32_t>(eot));
-          out.write(reinterpret_cast<const char*>(tokens.ids.data()),
-                    static_cast<std::streamsize>(tokens.ids.size() * sizeof(int32_t)));
+          if (wide) {
+            out.write(reinterpret_cast<const char*>(tokens.ids.data()),
+                      static_cast<std::streamsize>(tokens.ids.size() * sizeof(int32_t)));
+          } else {  // every id < vocab_size() <= 65536
+            const std::vector<uint16_t> narrow(tokens.ids.begin(), tokens.ids.end());
+            out.write(reinterpret_cast<const char*>(narrow.data()),
+                      static_cast<std::streamsize>(narrow.size() * sizeof(uint16_t)));
+          }
           n += static_cast<int64_t>(tokens.ids.size());
         },
         [&](int64_t batch_bytes) {
@@ -695,18 +704,22 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
          empty_documents > 0 ? detail::concat("; ", empty_documents, " empty documents") : "", ")");
   const int64_t n_val = held_out(n, options.val_fraction, "prepare_dataset", "tokens");
   // 2. The first n - n_val tokens to train shards, the rest to val shards.
-  const bool wide = tokenizer.vocab_size() > 65536;
   ShardWriter train(out_dir, "train", options.shard_tokens, n - n_val, wide);
   ShardWriter val(out_dir, "val", options.shard_tokens, n_val, wide);
   std::ifstream in(scratch, std::ios::binary);
-  std::vector<uint32_t> block(1 << 20);
+  constexpr int64_t kBlock = 1 << 20;
+  std::vector<uint32_t> block32(wide ? kBlock : 0);
+  std::vector<uint16_t> block16(wide ? 0 : kBlock);
   for (int64_t i = 0; i < n;) {
-    const int64_t count = std::min<int64_t>(static_cast<int64_t>(block.size()), n - i);
-    in.read(reinterpret_cast<char*>(block.data()),
-            static_cast<std::streamsize>(count * static_cast<int64_t>(sizeof(uint32_t))));
+    const int64_t count = std::min<int64_t>(kBlock, n - i);
+    in.read(
+        wide ? reinterpret_cast<char*>(block32.data()) : reinterpret_cast<char*>(block16.data()),
+        static_cast<std::streamsize>(count * static_cast<int64_t>(token_bytes)));
     if (!in) fail("prepare_dataset: cannot read back ", scratch.string());
-    for (int64_t k = 0; k < count; ++k, ++i)
-      (i < n - n_val ? train : val).push(block[static_cast<size_t>(k)]);
+    for (int64_t k = 0; k < count; ++k, ++i) {
+      const auto at = static_cast<size_t>(k);
+      (i < n - n_val ? train : val).push(wide ? block32[at] : block16[at]);
+    }
   }
   PrepareResult result = finish_splits(train, val);
   result.documents = documents;
