@@ -140,8 +140,8 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
 // tokenized whole (a text cannot be cut anywhere without changing its pieces) by
 // options.threads threads, a batch at a time (64 MiB of text or 4 text files a thread; the next
 // batch read while one is tokenized), and the same files come out whatever the count; the
-// corpus' tokens wait in a scratch file in out_dir (2 bytes each, 4 past 65536 ids) until the split
-// point is known, so memory holds two batches, not the corpus.
+// corpus' tokens wait in a scratch file in out_dir (2 bytes each, 4 past 65536 ids) until the
+// split point is known, so memory holds two batches, not the corpus.
 PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
                                         const std::string& out_dir, const BpeTokenizer& tokenizer,
                                         const PrepareOptions& options = {}, int64_t eot = -1);
