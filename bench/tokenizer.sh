@@ -38,10 +38,13 @@ best() {  # best wall seconds of RUNS runs of the command
   echo "$b"
 }
 cat > "$WORK/hf_encode.py" <<'PY'
-import sys, time
+import json, sys, time
 from tokenizers import Tokenizer
 tok = Tokenizer.from_file(sys.argv[1])
-texts = [open(f, encoding="utf-8").read() for f in sys.argv[3:]]
+texts = []  # each text file whole, each JSON line's "text"
+for f in sys.argv[3:]:
+    with open(f, encoding="utf-8") as lines:
+        texts += [json.loads(l)["text"] for l in lines] if f.endswith(".jsonl") else [lines.read()]
 best = None
 for _ in range(int(sys.argv[2])):
     t0 = time.perf_counter()
@@ -82,25 +85,12 @@ PY
 gzip -k -6 "$WORK/corpus.jsonl"
 zstd -q -3 -k "$WORK/corpus.jsonl"
 docs=$(wc -l < "$WORK/corpus.jsonl")
-cat > "$WORK/hf_encode_jsonl.py" <<'PY'
-import json, sys, time
-from tokenizers import Tokenizer
-tok = Tokenizer.from_file(sys.argv[1])
-texts = [json.loads(line)["text"] for line in open(sys.argv[3], encoding="utf-8")]
-best = None
-for _ in range(int(sys.argv[2])):
-    t0 = time.perf_counter()
-    n = sum(len(e.ids) for e in tok.encode_batch(texts))
-    t = time.perf_counter() - t0
-    best = t if best is None or t < best else best
-print(best)
-PY
 echo
 echo "# one JSON Lines file of $docs paragraphs ($jmb MB of text, $COPIES copies); loom at 1 and $(nproc) threads; MB/s of text"
 printf '%-8s %-6s %10s %10s %12s %12s %s\n' tokenizer file "loom 1 s" "loom $(nproc) s" "loom MB/s" "batch MB/s" shards
 for t in gpt2 llama2; do
   tok=tests/data/tokenizers/$t.json
-  e=$(python3 "$WORK/hf_encode_jsonl.py" "$tok" "$RUNS" "$WORK/corpus.jsonl")
+  e=$(python3 "$WORK/hf_encode.py" "$tok" "$RUNS" "$WORK/corpus.jsonl")
   for f in jsonl jsonl.gz jsonl.zst; do
     one=$(best "$LOOM" data prepare "$WORK/corpus.$f" --tokenizer "$tok" --threads 1 --out "$WORK/j1_$t")
     all=$(best "$LOOM" data prepare "$WORK/corpus.$f" --tokenizer "$tok" --out "$WORK/jn_$t")
