@@ -498,7 +498,7 @@ int resolve_threads(int threads) {
 // Runs `tokenize(doc)` (returning a Result) on each document of the inputs on `pool`, a batch at a
 // time (options.batch_bytes of text, or 4 text files a thread), the next batch read and
 // decompressed on a thread of its own meanwhile — memory holds two batches and their tokens —;
-// then, on the calling thread and in the documents' order, `take(doc, result)` for each, and
+// then, on the calling thread and in the documents' order, `take(result)` for each, and
 // `batch_done(bytes)` with the batch's text bytes. The first document's error in that order is
 // thrown, as one thread would meet it, whatever the thread count. `what` starts an error a
 // tokenizer did not name (out of memory for a huge file, say).
@@ -531,7 +531,7 @@ void tokenize_in_batches(const std::vector<std::string>& inputs, bool all_lines,
     });
     for (size_t k = 0; k < batch.size(); ++k) {
       if (!errors[k].empty()) throw Error(errors[k]);
-      take(batch[k], results[k]);
+      take(results[k]);
     }
     batch_done(bytes);
   }
@@ -611,7 +611,7 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
         if (eot >= 0) tokens.add({static_cast<int32_t>(eot)}, true);
         return tokens;
       },
-      [&](const PendingDocument&, const Tokens& tokens) {
+      [&](const Tokens& tokens) {
         ShardWriter& split = seen++ < n - n_val ? train : val;
         for (size_t i = 0; i < tokens.ids.size(); ++i)
           split.push(static_cast<uint32_t>(tokens.ids[i]), tokens.counts[i] != 0);
@@ -673,7 +673,7 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
           tokens.ids = tokenizer.encode(doc.text);
           return tokens;
         },
-        [&](const PendingDocument&, Tokens& tokens) {
+        [&](Tokens& tokens) {
           if (tokens.empty) {
             ++empty_documents;
             return;

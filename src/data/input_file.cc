@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "base/error.h"
@@ -189,13 +190,9 @@ std::string read_input_file(const std::string& path) {
   InputFile file(path);
   std::string text;
   if (compression_of(path) == Compression::none) {  // the size known: one allocation
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-      if (std::fseek(f, 0, SEEK_END) == 0) {
-        const long size = std::ftell(f);
-        if (size > 0) text.reserve(static_cast<size_t>(size));
-      }
-      std::fclose(f);
-    }
+    std::error_code ec;
+    const std::uintmax_t size = std::filesystem::file_size(path, ec);
+    if (!ec) text.reserve(static_cast<size_t>(size));
   }
   std::vector<char> block(kInputBufferBytes);
   while (const size_t got = file.read(block.data(), block.size())) text.append(block.data(), got);
