@@ -161,8 +161,26 @@ TrainingState load_sharded_checkpoint_into(const std::string& dir, const Paramet
   return load_sharded_checkpoint_into(dir, {{&store, &into}});
 }
 
+namespace {
+
+TrainingState load_sharded(const std::string& dir, const std::vector<ShardTarget>& targets);
+
+}  // namespace
+
 TrainingState load_sharded_checkpoint_into(const std::string& dir,
                                            const std::vector<ShardTarget>& targets) {
+  // A key missing from state.json or of another type (nlohmann's out_of_range / type_error) is
+  // the checkpoint's error, named, not an exception no caller expects (fuzz_checkpoint).
+  try {
+    return load_sharded(dir, targets);
+  } catch (const json::exception& e) {
+    fail("checkpoint ", dir, ": state.json is not a sharded checkpoint's: ", e.what());
+  }
+}
+
+namespace {
+
+TrainingState load_sharded(const std::string& dir, const std::vector<ShardTarget>& targets) {
   const json j = read_state_json(dir);
   std::set<std::string> wanted;
   for (const auto& [store, into] : targets)
@@ -253,5 +271,7 @@ TrainingState load_sharded_checkpoint_into(const std::string& dir,
     }
   return training_state_of(dir, j);
 }
+
+}  // namespace
 
 }  // namespace loom
