@@ -463,7 +463,8 @@ int main(int argc, char** argv) {
   prepare_cmd
       ->add_option("inputs", inputs,
                    "text files (each a document), or with --tokenizer JSON Lines files (.jsonl, "
-                   ".ndjson, .json: a document a line); any of them .gz or .zst compressed")
+                   ".ndjson, .json: a document a line; any of these .gz or .zst compressed) and "
+                   "Parquet files (.parquet: a document a row)")
       ->required();
   prepare_cmd->add_option("--out", out_dir, "output directory")->required();
   prepare_cmd->add_option("--val-fraction", prep.val_fraction, "held-out tail fraction")->capture_default_str();
@@ -477,7 +478,7 @@ int main(int argc, char** argv) {
   prepare_cmd
       ->add_option("--json-key", prep.json_key,
                    "with --tokenizer: the key of a JSON line's document text (Megatron-LM's "
-                   "--json-keys)")
+                   "--json-keys), or a Parquet file's text column")
       ->capture_default_str();
   bool prepare_sft = false;
   int64_t prepare_eot = -1;

@@ -12,9 +12,9 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 PKGS=(cmake ninja-build g++ pkg-config libgtest-dev libopenblas-dev libtomlplusplus-dev
       nlohmann-json3-dev libcli11-dev libxxhash-dev libspdlog-dev libopenmpi-dev openmpi-bin
-      libpcre2-dev libutf8proc-dev zlib1g-dev libzstd-dev)
+      libpcre2-dev libutf8proc-dev zlib1g-dev libzstd-dev libsnappy-dev libbrotli-dev liblz4-dev)
 TEST_TOOLS=(slurmctld slurmd slurm-client munge)
-RUNTIME=(libtomlplusplus3 libopenblas0-pthread openmpi-bin libpcre2-8-0 libutf8proc2 zlib1g libzstd1)  # ldd build/release/apps/loom
+RUNTIME=(libtomlplusplus3 libopenblas0-pthread openmpi-bin libpcre2-8-0 libutf8proc2 zlib1g libzstd1 libsnappy1v5 libbrotli1 liblz4-1)  # ldd build/release/apps/loom
 case "${1:-}" in
   "") PKGS+=("${TEST_TOOLS[@]}") ;;
   --no-test-tools) ;;

@@ -22,6 +22,7 @@
 #include "base/thread_pool.h"
 #include "data/bpe_tokenizer.h"
 #include "data/input_file.h"
+#include "data/parquet_file.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "tensor/rng.h"
@@ -263,9 +264,11 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
     std::error_code ec;
     if (!fs::is_regular_file(input, ec))
       fail("prepare_dataset: input file '", input, "': not found");
-    if (is_json_lines(input))
-      fail("prepare_dataset: input file '", input, "': JSON Lines documents need --tokenizer (the ",
-           "byte vocabulary has no end-of-text token to end each one)");
+    if (is_json_lines(input) || is_parquet(input))
+      fail("prepare_dataset: input file '", input,
+           "': ", is_parquet(input) ? "Parquet" : "JSON Lines",
+           " documents need --tokenizer (the byte ",
+           "vocabulary has no end-of-text token to end each one)");
     if (compression_of(input) == Compression::none) {
       n += static_cast<int64_t>(fs::file_size(input, ec));
       if (ec) fail("prepare_dataset: input file '", input, "': ", ec.message());
@@ -421,22 +424,28 @@ void for_each_sft_example(const std::vector<std::string>& inputs, const std::str
   }
 }
 
-// A document waiting for the tokenizer: a text file's whole text, or a JSON line (parsed by the
-// thread that tokenizes it).
+// A document waiting for the tokenizer: a text file's whole text, a JSON line (parsed by the
+// thread that tokenizes it), or a Parquet row's text (empty for a null).
 struct PendingDocument {
   std::string text;
-  size_t input = 0;  // which of the inputs
-  int64_t line = 0;  // a JSON line's number; 0: a text file
+  size_t input = 0;   // which of the inputs
+  int64_t line = 0;   // a JSON line's number or a Parquet row's; 0: a text file
+  bool json = false;  // `text` is the JSON line
 };
 
 // The inputs' documents in order, a batch at a time: at least one document, then more while the
 // batch holds less than max_bytes of text and fewer than max_files text files. With all_lines
-// every input is read as JSON Lines whatever its name (fine-tuning examples).
+// every input is read as JSON Lines whatever its name (fine-tuning examples); otherwise a
+// Parquet file's documents are its column `column`.
 class DocumentBatches {
  public:
   DocumentBatches(const std::vector<std::string>& inputs, size_t max_files, size_t max_bytes,
-                  bool all_lines)
-      : inputs_(inputs), max_files_(max_files), max_bytes_(max_bytes), all_lines_(all_lines) {}
+                  bool all_lines, std::string column)
+      : inputs_(inputs),
+        max_files_(max_files),
+        max_bytes_(max_bytes),
+        all_lines_(all_lines),
+        column_(std::move(column)) {}
 
   // The next batch; empty after the last document.
   std::vector<PendingDocument> next() {
@@ -444,6 +453,22 @@ class DocumentBatches {
     size_t bytes = 0, files = 0;
     while (input_ < inputs_.size() && bytes < max_bytes_ && files < max_files_) {
       const std::string& path = inputs_[input_];
+      if (!all_lines_ && is_parquet(path)) {
+        if (!parquet_) parquet_.emplace(path, column_);
+        std::string text;
+        bool more = true;
+        // A row counts a byte beside its text, so that a batch of nulls ends too.
+        while (bytes < max_bytes_ &&
+               (more = parquet_->next(text) != ParquetColumnReader::Next::end)) {
+          bytes += text.size() + 1;
+          batch.push_back({std::move(text), input_, parquet_->row()});
+        }
+        if (!more) {
+          parquet_.reset();
+          ++input_;
+        }
+        continue;
+      }
       if (!all_lines_ && !is_json_lines(path)) {
         batch.push_back({read_input_file(path), input_, 0});
         bytes += batch.back().text.size();
@@ -457,7 +482,7 @@ class DocumentBatches {
       while (bytes < max_bytes_ && (more = lines_->next(line))) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank
         bytes += line.size();
-        batch.push_back({std::move(line), input_, lines_->line_number()});
+        batch.push_back({std::move(line), input_, lines_->line_number(), true});
       }
       if (!more) {  // the file's end
         lines_.reset();
@@ -471,8 +496,10 @@ class DocumentBatches {
   const std::vector<std::string>& inputs_;
   size_t max_files_, max_bytes_;
   bool all_lines_;
-  size_t input_ = 0;                 // the input being read
-  std::optional<LineReader> lines_;  // its lines, when it is JSON Lines
+  std::string column_;
+  size_t input_ = 0;                            // the input being read
+  std::optional<LineReader> lines_;             // its lines, when it is JSON Lines
+  std::optional<ParquetColumnReader> parquet_;  // its column, when it is Parquet
 };
 
 // The document of line `number` of JSON Lines file `input`: the string at `key`.
@@ -507,7 +534,7 @@ void tokenize_in_batches(const std::vector<std::string>& inputs, bool all_lines,
                          const PrepareOptions& options, ThreadPool& pool, const char* what,
                          Tokenize&& tokenize, Take&& take, BatchDone&& batch_done) {
   DocumentBatches batches(inputs, 4 * static_cast<size_t>(pool.size()),
-                          static_cast<size_t>(options.batch_bytes), all_lines);
+                          static_cast<size_t>(options.batch_bytes), all_lines, options.json_key);
   std::future<std::vector<PendingDocument>> ahead =
       std::async(std::launch::async, [&batches] { return batches.next(); });
   for (;;) {
@@ -543,6 +570,10 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
                                   const std::string& out_dir, const PrepareOptions& options,
                                   int64_t eot, const BpeTokenizer* tokenizer) {
   check_prepare(inputs, options, "prepare_sft_dataset");
+  for (const std::string& input : inputs)
+    if (is_parquet(input))
+      fail("prepare_sft_dataset: input file '", input, "': fine-tuning examples are read from ",
+           "JSON Lines, not Parquet");
   if (tokenizer == nullptr && eot > 255)
     fail("prepare_sft_dataset: eot = ", eot, " is not a byte token (0..255, or -1)");
   if (tokenizer != nullptr && !(eot >= 0 && eot < tokenizer->vocab_size()))
@@ -630,9 +661,15 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
   if (eot >= tokenizer.vocab_size())
     fail("prepare_dataset: eot = ", eot, " is not a token of ", tokenizer.path(), " (0..",
          tokenizer.vocab_size() - 1, ")");
-  for (const std::string& input : inputs)  // every file named before any is read
+  for (const std::string& input : inputs) {  // every file named before any is read
     if (std::error_code ec; !fs::is_regular_file(input, ec))
       fail("prepare_dataset: input file '", input, "': cannot open (not a file)");
+    try {  // a Parquet file's footer and column, checked up front
+      if (is_parquet(input)) ParquetColumnReader(input, options.json_key);
+    } catch (const Error& e) {
+      fail("prepare_dataset: ", e.what());
+    }
+  }
   create_out_dir(out_dir);
   // 1. Every document whole through the tokenizer (its pre-tokenizer's pieces may span any
   //    line): its tokens, then the end-of-text token. Documents are tokenized in parallel, a batch
@@ -665,8 +702,9 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
         inputs, false, options, pool, "prepare_dataset",
         [&](PendingDocument& doc) {
           Tokens tokens;
-          if (doc.line > 0) {  // a JSON line, parsed here so that parsing runs in parallel too
+          if (doc.json)  // parsed here so that parsing runs in parallel too
             doc.text = json_document(doc.text, inputs[doc.input], doc.line, options.json_key);
+          if (doc.line > 0) {  // a JSON line's or a Parquet row's text: an empty one skipped
             tokens.empty = doc.text.empty();
             if (tokens.empty) return tokens;
           }

@@ -326,6 +326,20 @@ std::vector<uint32_t> read_split(const std::vector<std::string>& shards) {
   return all;
 }
 
+// The tokens prepare_tokenized_dataset writes for `inputs` into `out` (removed after), train then
+// validation.
+std::vector<uint32_t> prepared_tokens(const std::vector<std::string>& inputs, const fs::path& out,
+                                      const BpeTokenizer& tok, const PrepareOptions& options,
+                                      int64_t eot, PrepareResult* result) {
+  const PrepareResult r = prepare_tokenized_dataset(inputs, out.string(), tok, options, eot);
+  if (result != nullptr) *result = r;
+  std::vector<uint32_t> got = read_split(r.train_shards);
+  const std::vector<uint32_t> val = read_split(r.val_shards);
+  got.insert(got.end(), val.begin(), val.end());
+  fs::remove_all(out);
+  return got;
+}
+
 // `loom data prepare --tokenizer`: each file its tokens then the end-of-text token, the last
 // val_fraction to validation, uint16 shards — uint32 once the vocabulary passes 65536 (an added
 // token at id 70000 here); 37 files tokenized on 1, 3 or 8 threads give the same shards.
@@ -443,14 +457,7 @@ TEST_F(BpeTokenizerFile, JsonLinesCorporaAreADocumentALine) {
                              PrepareResult* result = nullptr) {
     options.val_fraction = 0.3;
     options.shard_tokens = 11;
-    const PrepareResult r =
-        prepare_tokenized_dataset(inputs, (dir_ / "out").string(), tok, options, eot);
-    if (result != nullptr) *result = r;
-    std::vector<uint32_t> got = read_split(r.train_shards);
-    const std::vector<uint32_t> val = read_split(r.val_shards);
-    got.insert(got.end(), val.begin(), val.end());
-    fs::remove_all(dir_ / "out");
-    return got;
+    return prepared_tokens(inputs, dir_ / "out", tok, options, eot, result);
   };
   std::vector<uint32_t> want;
   for (const std::string& text : texts) {
@@ -537,6 +544,85 @@ TEST_F(BpeTokenizerFile, JsonLinesCorporaAreADocumentALine) {
       error_of([&] { prepare_tokenized_dataset({empty}, (dir_ / "e").string(), tok, {}, eot); });
   EXPECT_NE(e.find("give no tokens"), std::string::npos) << e;
   EXPECT_NE(e.find("1 empty documents"), std::string::npos) << e;
+}
+
+// `loom data prepare CORPUS.parquet --tokenizer`: a document a row, the text in column --json-key;
+// a null or empty text skipped and counted; the same tokens from every writer's layout of the
+// same texts (tests/data/parquet), with any thread count and batch size; a Parquet file and a
+// JSON Lines one mixed in order; a missing column named before anything is written.
+TEST_F(BpeTokenizerFile, ParquetCorporaAreADocumentARow) {
+  const BpeTokenizer tok(kFixtures + "/gpt2.json");
+  const int64_t eot = *tok.end_of_text();
+  const std::string parquet = std::string(LOOM_SOURCE_DIR) + "/tests/data/parquet/";
+  const nlohmann::json expected = read_json(parquet + "expected.json");
+  std::vector<uint32_t> want, want_with_nulls;
+  int64_t documents = 0, empty = 0;
+  for (size_t i = 0; i < expected["texts"].size(); ++i) {
+    const std::string text = expected["texts"][i].get<std::string>();
+    const bool null = i % 11 == 3;  // as tools/make_parquet_fixtures.py writes "with_nulls"
+    if (text.empty() || null) ++empty;
+    if (text.empty()) continue;
+    std::vector<uint32_t> tokens;
+    for (const int32_t id : tok.encode(text)) tokens.push_back(static_cast<uint32_t>(id));
+    tokens.push_back(static_cast<uint32_t>(eot));
+    want.insert(want.end(), tokens.begin(), tokens.end());
+    if (!null) {
+      ++documents;
+      want_with_nulls.insert(want_with_nulls.end(), tokens.begin(), tokens.end());
+    }
+  }
+  const auto tokens_of = [&](const std::vector<std::string>& inputs, PrepareOptions options,
+                             PrepareResult* result = nullptr) {
+    options.val_fraction = 0.1;
+    options.shard_tokens = 1000;
+    return prepared_tokens(inputs, dir_ / "out", tok, options, eot, result);
+  };
+  for (const auto& [name, kind] : expected["files"].items()) {
+    if (kind == "empty") continue;
+    for (const int threads : {1, 3})
+      for (const int64_t batch_bytes : {int64_t{1}, int64_t{5000}, int64_t{64} << 20}) {
+        SCOPED_TRACE(name + " threads " + std::to_string(threads) + " batch " +
+                     std::to_string(batch_bytes));
+        PrepareOptions options;
+        options.threads = threads;
+        options.batch_bytes = batch_bytes;
+        PrepareResult r;
+        EXPECT_EQ(tokens_of({parquet + name}, options, &r),
+                  kind == "texts" ? want : want_with_nulls);
+        if (kind == "with_nulls") {
+          EXPECT_EQ(r.documents, documents);
+          EXPECT_EQ(r.empty_documents, empty);
+        }
+      }
+  }
+  // With JSON Lines, in the order given; the empty file adds nothing.
+  std::string jsonl;
+  for (const auto& text : expected["texts"]) jsonl += nlohmann::json{{"text", text}}.dump() + "\n";
+  std::ofstream(dir_ / "c.jsonl") << jsonl;
+  std::vector<uint32_t> mixed = want_with_nulls;
+  mixed.insert(mixed.end(), want.begin(), want.end());
+  EXPECT_EQ(tokens_of({parquet + "zstd_dict_v2.parquet", parquet + "empty.parquet",
+                       (dir_ / "c.jsonl").string()},
+                      {}),
+            mixed);
+  // Another column, a missing one, and the byte tokenizer: named, nothing written.
+  PrepareOptions by_id;
+  by_id.json_key = "body";
+  std::string e = error_of([&] {
+    prepare_tokenized_dataset({(dir_ / "c.jsonl").string(), parquet + "snappy_dict_v1.parquet"},
+                              (dir_ / "bad").string(), tok, by_id, eot);
+  });
+  EXPECT_NE(e.find("snappy_dict_v1.parquet': no column 'body' (its columns: id, text, meta"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(dir_ / "bad" / "train_000000.bin"));
+  e = error_of(
+      [&] { prepare_dataset({parquet + "snappy_dict_v1.parquet"}, (dir_ / "b").string()); });
+  EXPECT_NE(e.find("Parquet documents need --tokenizer"), std::string::npos) << e;
+  e = error_of([&] {
+    prepare_sft_dataset({parquet + "snappy_dict_v1.parquet"}, (dir_ / "b").string(), {}, eot, &tok);
+  });
+  EXPECT_NE(e.find("read from JSON Lines, not Parquet"), std::string::npos) << e;
 }
 
 // `loom data prepare --sft --tokenizer`: each prompt with the tokenizer's BOS, not counted; the

@@ -1,0 +1,78 @@
+// A text column of a Parquet file, read a value at a time (`loom data prepare CORPUS.parquet`).
+//
+// The Hub ships most pretraining corpora as Parquet: FineWeb and FineWeb-Edu, The Stack, and every
+// dataset's auto-converted `refs/convert/parquet` branch. Apache Arrow's C++ Parquet library is not
+// in Debian 12, so this is a reader of our own for what a corpus needs: one top-level string
+// column (BYTE_ARRAY, required or optional), its pages streamed a row group at a time.
+//
+// What it reads (the Parquet format 2.x): the footer's Thrift compact-protocol metadata; data pages
+// v1 and v2 and dictionary pages; the PLAIN, PLAIN_DICTIONARY / RLE_DICTIONARY, DELTA_LENGTH_BYTE_
+// ARRAY and DELTA_BYTE_ARRAY encodings; definition levels (RLE / bit-packed hybrid); the codecs
+// UNCOMPRESSED, SNAPPY, GZIP, BROTLI, ZSTD, LZ4 (Hadoop's framing) and LZ4_RAW; a page's CRC-32
+// when the writer stored one. What pyarrow, fastparquet, DuckDB, Polars, Spark and datatrove write.
+// Refused, with an error naming the file and the column: nested or repeated columns, other types,
+// encrypted files, columns in other files, LZO, and any damage — never a silently shorter corpus.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+// Whether a corpus file is Parquet: its name ends in ".parquet".
+bool is_parquet(std::string_view path);
+
+class ParquetColumnReader {
+ public:
+  // Maps `path` and reads its footer; throws loom::Error naming the file if it is not Parquet or
+  // is damaged, and naming the column (and the file's columns) if `column` is not a top-level
+  // string column of it.
+  ParquetColumnReader(std::string path, std::string column);
+  ~ParquetColumnReader();
+  ParquetColumnReader(const ParquetColumnReader&) = delete;
+  ParquetColumnReader& operator=(const ParquetColumnReader&) = delete;
+
+  enum class Next { value, null, end };
+  // The next row's string into `value` (Next::value), or Next::null for a null (value emptied),
+  // or Next::end after the last row. Throws loom::Error naming the file, column and row on
+  // damaged data.
+  Next next(std::string& value);
+
+  int64_t rows() const { return rows_; }  // the file's rows, by its footer
+  int64_t row() const { return row_; }    // the row `next` returned last, from 1
+  const std::string& path() const { return path_; }
+  const std::string& column() const { return column_; }
+
+  struct ColumnChunk;  // where a row group's pages of the column are, and how they are coded
+  struct Page;         // the data page being read
+
+ private:
+  bool next_page();  // loads the next data page (a dictionary page on the way); false at the end
+  void load_dictionary(const uint8_t* data, size_t size, int32_t count, int encoding);
+  const uint8_t* page_bytes(const uint8_t* compressed, size_t compressed_size,
+                            size_t uncompressed_size);  // decompressed into scratch_, or in place
+  [[noreturn]] void damaged(const std::string& why) const;
+
+  std::string path_, column_;
+  const uint8_t* file_ = nullptr;  // the mapping
+  size_t size_ = 0;
+  bool optional_ = false;  // nullable: definition levels are stored
+  int64_t rows_ = 0, row_ = 0;
+  std::vector<ColumnChunk> chunks_;  // one a row group
+  size_t chunk_ = 0;                 // the row group being read
+  const uint8_t* at_ = nullptr;      // its next page header
+  const uint8_t* chunk_end_ = nullptr;
+  bool has_dictionary_ = false;
+  int64_t chunk_values_left_ = 0;
+  std::unique_ptr<Page> page_;
+  std::unique_ptr<char[]> scratch_;  // a decompressed page (not zeroed)
+  size_t scratch_capacity_ = 0;
+  std::unique_ptr<char[]> dictionary_data_;
+  std::vector<std::string_view> dictionary_;
+};
+
+}  // namespace loom
