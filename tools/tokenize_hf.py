@@ -12,7 +12,8 @@ llm.c's format: uint16 tokens (magic 20240520, version 1) when every id fits, el
 20240801, version 7: Llama 3's 128256-token vocabulary). Each text file is one document, and a
 JSON Lines file (.jsonl, .ndjson, .json) one a line: the string at --json-key (default "text"),
 blank lines and empty texts skipped; any input may be .gz or .zst (the `zstandard` package)
-compressed. A document's tokens are followed by the tokenizer's end-of-text token unless --no-eos
+compressed. A Parquet file (.parquet; the `pyarrow` package) is one document a row: its column
+--json-key, nulls and empty texts skipped. A document's tokens are followed by the tokenizer's end-of-text token unless --no-eos
 (and the BOS token, when the tokenizer adds one, comes first, as the tokenizer decides). Prints
 the counts and the vocabulary size to put in model.vocab_size (at least; a padded size such as
 50304 for GPT-2 is fine).
@@ -101,8 +102,17 @@ def is_json_lines(name):
 
 def documents(names, key):
     """Each text file whole; each non-blank line of a JSON Lines file, its string at `key` (empty
-    ones skipped), as Loom reads them (data/dataset.h)."""
+    ones skipped); each row of a Parquet file, its column `key` (nulls and empty ones skipped), as
+    Loom reads them (data/dataset.h)."""
     for name in names:
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(name).iter_batches(columns=[key], batch_size=4096):
+                for text in batch.column(0).to_pylist():
+                    if text:
+                        yield text
+            continue
         with open_input(name) as f:
             if not is_json_lines(name):
                 yield f.read()
@@ -187,7 +197,8 @@ def main():
     ap.add_argument("--val-fraction", type=float, default=0.1)
     ap.add_argument("--shard-tokens", type=int, default=100_000_000)
     ap.add_argument("--no-eos", action="store_true")
-    ap.add_argument("--json-key", default="text", help="a JSON Lines document's text key")
+    ap.add_argument("--json-key", default="text",
+                    help="a JSON Lines document's text key, or a Parquet file's text column")
     ap.add_argument("--sft", action="store_true", help="the inputs are prompt-completion JSONL")
     ap.add_argument("--chat-template", choices=["chatml", "llama3"],
                     help="with --sft: how conversations ({\"messages\": [...]}) are rendered")

@@ -859,6 +859,12 @@ const uint8_t* ParquetColumnReader::page_bytes(const uint8_t* compressed, size_t
       throw DecodeError{"an uncompressed page whose two sizes differ"};
     return compressed;
   }
+  // Writers cut pages at about 1 MiB (a page holds at least one whole value); a size read from the
+  // file is checked before it is allocated.
+  constexpr size_t kMaxPageBytes = size_t{512} << 20;
+  if (uncompressed_size > kMaxPageBytes)
+    throw DecodeError{"a page of " + std::to_string(uncompressed_size) +
+                      " bytes, over the 512 MiB this reader takes"};
   if (uncompressed_size > scratch_capacity_) {
     scratch_.reset(new char[uncompressed_size]);  // not zeroed: the codec writes every byte
     scratch_capacity_ = uncompressed_size;

@@ -24,7 +24,7 @@ if [ $ci = 0 ] && [ $# -gt 0 ]; then seconds=$1; shift; fi
 # checkpoint's files; a tokenizer input may parse a 27 KB tokenizer.json).
 declare -A ci_runs=([checkpoint]=700 [config]=14000 [flight_dump]=30000 [hf_import]=100000
                     [safetensors]=80000 [sft]=150000 [shard]=120000 [tokenizer]=3500
-                    [compressed]=40000)
+                    [compressed]=40000 [parquet]=30000)
 here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then  # every target: one corpus directory each
