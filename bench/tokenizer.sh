@@ -7,8 +7,10 @@
 # different file each, so no cache carries over between them). Best of RUNS runs each; MB/s of
 # text in, end to end (reading, tokenizing, writing the shards). The peer at its best besides:
 # `tokenizers` alone, its encode_batch over the files (Rust, every core), no shards written.
-# Then one JSON Lines file of the same text (below). FILES_STYLES=" " skips the first table.
-#   bench/tokenizer.sh     (needs a release build and `pip install tokenizers`; LOOM=, COPIES=, RUNS=)
+# Then one JSON Lines file of the same text, and one Parquet file (below). FILES_STYLES=" " skips
+# the first table.
+#   bench/tokenizer.sh     (needs a release build and `pip install tokenizers pyarrow`; LOOM=,
+#                           COPIES=, RUNS=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-./build/release/apps/loom}
@@ -65,10 +67,12 @@ done
 
 # A JSON Lines corpus: Tiny Shakespeare's paragraphs COPIES times (each copy's numbered) as ONE
 # file, a paragraph a line ({"text": ...}), plain and
-# compressed (.jsonl.gz, .jsonl.zst). One file used to be one thread; documents are now handed
+# compressed (.jsonl.gz, .jsonl.zst); and the same paragraphs as a Parquet file's "text" column,
+# as pyarrow writes it by default (SNAPPY, a dictionary that falls back to PLAIN pages: "pq") and
+# with ZSTD ("zstd.pq"). One file used to be one thread; documents are now handed
 # out a document a thread, so one file uses every core. Loom at 1 thread and at every core, its
-# shards checked against tools/tokenize_hf.py's on the .jsonl.gz; the peer besides:
-# `tokenizers`' encode_batch over the paragraphs (every core, no reading or shards).
+# shards checked against tools/tokenize_hf.py's on the .jsonl.gz and the Parquet files; the peer
+# besides: `tokenizers`' encode_batch over the paragraphs (every core, no reading or shards).
 jmb=$(python3 - "$WORK/corpus.jsonl" "$CORPUS" "$COPIES" <<'PY'
 import json, sys
 text = open(sys.argv[2], encoding="utf-8", newline="").read()
@@ -82,23 +86,33 @@ with open(sys.argv[1], "w", encoding="utf-8") as out:
 print("%.1f" % (size / 1e6))
 PY
 )
+python3 - "$WORK/corpus.jsonl" <<'PY'
+import json, sys
+import pyarrow as pa, pyarrow.parquet as pq
+with open(sys.argv[1], encoding="utf-8") as f:
+    table = pa.table({"text": [json.loads(line)["text"] for line in f]})
+pq.write_table(table, sys.argv[1].replace(".jsonl", ".parquet"))
+pq.write_table(table, sys.argv[1].replace(".jsonl", ".zstd.parquet"), compression="zstd")
+PY
+)
 gzip -k -6 "$WORK/corpus.jsonl"
 zstd -q -3 -k "$WORK/corpus.jsonl"
 docs=$(wc -l < "$WORK/corpus.jsonl")
 echo
 echo "# one JSON Lines file of $docs paragraphs ($jmb MB of text, $COPIES copies); loom at 1 and $(nproc) threads; MB/s of text"
-printf '%-8s %-6s %10s %10s %12s %12s %s\n' tokenizer file "loom 1 s" "loom $(nproc) s" "loom MB/s" "batch MB/s" shards
+printf '%-8s %-7s %10s %10s %12s %12s %s\n' tokenizer file "loom 1 s" "loom $(nproc) s" "loom MB/s" "batch MB/s" shards
 for t in gpt2 llama2; do
   tok=tests/data/tokenizers/$t.json
   e=$(python3 "$WORK/hf_encode.py" "$tok" "$RUNS" "$WORK/corpus.jsonl")
-  for f in jsonl jsonl.gz jsonl.zst; do
+  for f in jsonl jsonl.gz jsonl.zst parquet zstd.parquet; do
     one=$(best "$LOOM" data prepare "$WORK/corpus.$f" --tokenizer "$tok" --threads 1 --out "$WORK/j1_$t")
     all=$(best "$LOOM" data prepare "$WORK/corpus.$f" --tokenizer "$tok" --out "$WORK/jn_$t")
     same=$(diff -rq "$WORK/j1_$t" "$WORK/jn_$t" > /dev/null && echo "1 = $(nproc) threads" || echo "THREADS DIFFER")
-    if [ "$f" = jsonl.gz ]; then
+    if [ "$f" != jsonl ] && [ "$f" != jsonl.zst ]; then
+      rm -rf "$WORK/jh_$t"
       python3 tools/tokenize_hf.py --tokenizer "$tok" "$WORK/corpus.$f" --out "$WORK/jh_$t" > /dev/null
       same="$same, $(diff -rq "$WORK/jn_$t" "$WORK/jh_$t" > /dev/null && echo "= tokenize_hf" || echo "DIFFER from tokenize_hf")"
     fi
-    python3 -c "print('%-8s %-6s %10.2f %10.2f %12.1f %12.1f %s' % ('$t', '$f'.replace('jsonl', 'j'), $one, $all, $jmb / $all, $jmb / $e, '$same'))"
+    python3 -c "print('%-8s %-7s %10.2f %10.2f %12.1f %12.1f %s' % ('$t', '$f'.replace('jsonl', 'j').replace('parquet', 'pq'), $one, $all, $jmb / $all, $jmb / $e, '$same'))"
   done
 done

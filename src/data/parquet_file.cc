@@ -572,6 +572,7 @@ FileMeta read_footer(Thrift& t) {
     switch (id) {
       case 2:
         t.elements(type, [&](int element) {
+          if (element != kStruct) throw DecodeError{"a schema element that is not a struct"};
           SchemaElement e;
           t.fields([&](int64_t sid, int stype) {
             switch (sid) {
@@ -591,7 +592,6 @@ FileMeta read_footer(Thrift& t) {
                 t.skip(stype);
             }
           });
-          if (element != kStruct) throw DecodeError{"a schema element that is not a struct"};
           meta.schema.push_back(std::move(e));
         });
         break;
@@ -604,7 +604,10 @@ FileMeta read_footer(Thrift& t) {
           RowGroupMeta g;
           t.fields([&](int64_t gid, int gtype) {
             if (gid == 1)
-              t.elements(gtype, [&](int) { g.chunks.push_back(read_chunk(t)); });
+              t.elements(gtype, [&](int chunk) {
+                if (chunk != kStruct) throw DecodeError{"a column chunk that is not a struct"};
+                g.chunks.push_back(read_chunk(t));
+              });
             else if (gid == 3)
               g.rows = t.integer(gtype);
             else
@@ -744,15 +747,15 @@ ParquetColumnReader::ParquetColumnReader(std::string path, std::string column)
     ::close(fd);
     fail("input file '", path_, "': cannot stat: ", std::strerror(errno));
   }
-  size_ = static_cast<size_t>(st.st_size);
-  if (size_ > 0) {
-    void* map = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  file_.size = static_cast<size_t>(st.st_size);
+  if (file_.size > 0) {
+    void* map = ::mmap(nullptr, file_.size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
       ::close(fd);
       fail("input file '", path_, "': cannot map: ", std::strerror(errno));
     }
-    file_ = static_cast<const uint8_t*>(map);
-    ::madvise(map, size_, MADV_SEQUENTIAL);
+    file_.data = static_cast<const uint8_t*>(map);
+    ::madvise(map, file_.size, MADV_SEQUENTIAL);
   }
   ::close(fd);
   page_ = std::make_unique<Page>();
@@ -761,17 +764,18 @@ ParquetColumnReader::ParquetColumnReader(std::string path, std::string column)
   const auto not_parquet = [&](const char* why) {
     fail("input file '", path_, "': not a Parquet file (", why, ")");
   };
-  if (size_ < 12) not_parquet("shorter than its magic numbers and footer length");
-  if (std::memcmp(file_ + size_ - 4, "PARE", 4) == 0)
+  if (file_.size < 12) not_parquet("shorter than its magic numbers and footer length");
+  if (std::memcmp(file_.data + file_.size - 4, "PARE", 4) == 0)
     fail("input file '", path_, "': an encrypted Parquet file (not read)");
-  if (std::memcmp(file_, "PAR1", 4) != 0 || std::memcmp(file_ + size_ - 4, "PAR1", 4) != 0)
+  if (std::memcmp(file_.data, "PAR1", 4) != 0 ||
+      std::memcmp(file_.data + file_.size - 4, "PAR1", 4) != 0)
     not_parquet("no PAR1 at its start and end");
-  const uint32_t footer_size = little_u32(file_ + size_ - 8);
-  if (footer_size > size_ - 12) not_parquet("its footer's length is past its start");
-  const uint8_t* footer = file_ + size_ - 8 - footer_size;
+  const uint32_t footer_size = little_u32(file_.data + file_.size - 8);
+  if (footer_size > file_.size - 12) not_parquet("its footer's length is past its start");
+  const uint8_t* footer = file_.data + file_.size - 8 - footer_size;
   FileMeta meta;
   try {
-    Thrift t(footer, file_ + size_ - 8);
+    Thrift t(footer, file_.data + file_.size - 8);
     meta = read_footer(t);
     if (meta.schema.empty()) throw DecodeError{"no schema"};
     // The top-level fields are the root's children, each followed by its own subtree.
@@ -829,7 +833,7 @@ ParquetColumnReader::ParquetColumnReader(std::string path, std::string column)
                       (chunk->data_offset <= 0 || chunk->dictionary_offset < chunk->data_offset)
                   ? chunk->dictionary_offset
                   : chunk->data_offset;
-    const auto footer_begin = static_cast<int64_t>(size_ - 8 - footer_size);
+    const auto footer_begin = static_cast<int64_t>(file_.size - 8 - footer_size);
     if (c.begin < 4 || chunk->compressed < 0 || chunk->compressed > footer_begin - c.begin)
       bad("its pages' bytes are not between the file's magic number and its footer");
     c.end = c.begin + chunk->compressed;
@@ -842,8 +846,10 @@ ParquetColumnReader::ParquetColumnReader(std::string path, std::string column)
   rows_ = rows;
 }
 
-ParquetColumnReader::~ParquetColumnReader() {
-  if (file_ != nullptr) ::munmap(const_cast<uint8_t*>(file_), size_);
+ParquetColumnReader::~ParquetColumnReader() = default;
+
+ParquetColumnReader::Mapping::~Mapping() {
+  if (data != nullptr) ::munmap(const_cast<uint8_t*>(data), size);
 }
 
 void ParquetColumnReader::damaged(const std::string& why) const {
@@ -900,8 +906,8 @@ bool ParquetColumnReader::next_page() {
     if (chunk_values_left_ == 0) {  // the next row group's chunk
       if (chunk_ == chunks_.size()) return false;
       const ColumnChunk& c = chunks_[chunk_++];
-      at_ = file_ + c.begin;
-      chunk_end_ = file_ + c.end;
+      at_ = file_.data + c.begin;
+      chunk_end_ = file_.data + c.end;
       chunk_values_left_ = c.rows;
       dictionary_.clear();
       has_dictionary_ = false;

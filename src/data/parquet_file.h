@@ -57,9 +57,18 @@ class ParquetColumnReader {
                             size_t uncompressed_size);  // decompressed into scratch_, or in place
   [[noreturn]] void damaged(const std::string& why) const;
 
+  // The file mapped read-only; unmapped by its destructor, also when the constructor throws.
+  struct Mapping {
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    Mapping() = default;
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+    ~Mapping();
+  };
+
   std::string path_, column_;
-  const uint8_t* file_ = nullptr;  // the mapping
-  size_t size_ = 0;
+  Mapping file_;
   bool optional_ = false;  // nullable: definition levels are stored
   int64_t rows_ = 0, row_ = 0;
   std::vector<ColumnChunk> chunks_;  // one a row group
