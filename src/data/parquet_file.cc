@@ -852,6 +852,18 @@ ParquetColumnReader::Mapping::~Mapping() {
   if (data != nullptr) ::munmap(const_cast<uint8_t*>(data), size);
 }
 
+void ParquetColumnReader::release_before(const uint8_t* at) {
+  // The pages before `at` are read (values are copied out; a dictionary is kept as a copy), so
+  // their memory goes back: a file read a page at a time holds a page or two, not the whole file
+  // that the mapping has touched (its pages come back from the page cache if read again).
+  constexpr size_t kPage = 4096;
+  const auto end = static_cast<size_t>(at - file_.data) / kPage * kPage;
+  if (end > released_) {
+    ::madvise(const_cast<uint8_t*>(file_.data) + released_, end - released_, MADV_DONTNEED);
+    released_ = end;
+  }
+}
+
 void ParquetColumnReader::damaged(const std::string& why) const {
   fail("input file '", path_, "': column '", column_, "', row ", row_, ": damaged Parquet data (",
        why, ")");
@@ -916,6 +928,7 @@ bool ParquetColumnReader::next_page() {
     if (at_ == chunk_end_)
       damaged("the column's chunk ends before its rows (" + std::to_string(chunk_values_left_) +
               " left)");
+    release_before(at_);
     PageHeader h;
     const uint8_t* body = nullptr;
     try {

@@ -55,6 +55,7 @@ class ParquetColumnReader {
   void load_dictionary(const uint8_t* data, size_t size, int32_t count, int encoding);
   const uint8_t* page_bytes(const uint8_t* compressed, size_t compressed_size,
                             size_t uncompressed_size);  // decompressed into scratch_, or in place
+  void release_before(const uint8_t* at);  // gives back the mapping's pages read before `at`
   [[noreturn]] void damaged(const std::string& why) const;
 
   // The file mapped read-only; unmapped by its destructor, also when the constructor throws.
@@ -76,6 +77,7 @@ class ParquetColumnReader {
   const uint8_t* at_ = nullptr;      // its next page header
   const uint8_t* chunk_end_ = nullptr;
   bool has_dictionary_ = false;
+  size_t released_ = 0;  // the mapping's bytes before this are given back
   int64_t chunk_values_left_ = 0;
   std::unique_ptr<Page> page_;
   std::unique_ptr<char[]> scratch_;  // a decompressed page (not zeroed)
