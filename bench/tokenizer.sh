@@ -94,7 +94,6 @@ with open(sys.argv[1], encoding="utf-8") as f:
 pq.write_table(table, sys.argv[1].replace(".jsonl", ".parquet"))
 pq.write_table(table, sys.argv[1].replace(".jsonl", ".zstd.parquet"), compression="zstd")
 PY
-)
 gzip -k -6 "$WORK/corpus.jsonl"
 zstd -q -3 -k "$WORK/corpus.jsonl"
 docs=$(wc -l < "$WORK/corpus.jsonl")
