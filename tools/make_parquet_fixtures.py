@@ -25,6 +25,18 @@ back (tests/data/parquet_file_test.cc); they also seed tests/fuzz's fuzz_parquet
                                page [big-endian size, compressed size, LZ4 block]; fastparquet's
                                compressor swapped for one that frames)
   empty.parquet                no rows
+
+and fine-tuning examples in the Hub's layouts (`loom data prepare --sft`), with conversations.json:
+{name: [row, ...]}, each row the JSON object of the columns the file holds:
+
+  sft_messages.parquet         "messages": list<struct<content, role>> (HuggingFaceH4/ultrachat_200k's
+                               layout) beside "prompt" and "id" columns; a null list, an empty list,
+                               a null content, a null element among the rows; SNAPPY, pages v1
+  sft_messages_zstd_v2.parquet the same rows (not repeated in conversations.json): ZSTD, data
+                               pages v2, 2 KB pages, row groups of 30
+  sft_prompt_completion.parquet  TRL's prompt-completion: "prompt" and "completion" strings
+  sft_prompt_completion_conversational.parquet  TRL's conversational prompt-completion:
+                               "prompt" and "completion" lists of messages
 """
 import json
 import os
@@ -62,6 +74,51 @@ def texts():
 
 def with_nulls(values):
     return [None if i % 11 == 3 else v for i, v in enumerate(values)]
+
+
+def write_sft_fixtures(out_dir, texts):
+    rng = random.Random(7)
+    roles = ["user", "assistant"]
+    rows = []
+    for i in range(90):
+        turns = rng.choice([1, 2, 2, 4, 6])
+        messages = []
+        if i % 5 == 0:
+            messages.append({"content": "You are a helpful assistant.", "role": "system"})
+        for k in range(turns):
+            messages.append({"content": texts[rng.randrange(len(texts))][:120] or "ok",
+                             "role": roles[k % 2]})
+        rows.append({"id": i, "prompt": messages[0]["content"], "messages": messages})
+    rows[3]["messages"] = None      # a null list
+    rows[4]["messages"] = []        # an empty list
+    rows[5]["messages"][1]["content"] = None  # a null string inside an element
+    rows[6]["messages"] = [None, {"content": "hi", "role": "user"}]  # a null element
+    message = pa.struct([("content", pa.string()), ("role", pa.string())])
+    schema = pa.schema([("id", pa.int64()), ("prompt", pa.string()), ("messages", pa.list_(message))])
+    table = pa.Table.from_pylist(rows, schema=schema)
+    pq.write_table(table, os.path.join(out_dir, "sft_messages.parquet"), compression="snappy",
+                   data_page_version="1.0")
+    pq.write_table(table, os.path.join(out_dir, "sft_messages_zstd_v2.parquet"), compression="zstd",
+                   data_page_version="2.0", data_page_size=2048, row_group_size=30)
+    pairs = [{"prompt": texts[i][:120], "completion": texts[i + 1][:120]} for i in range(0, 120, 2)]
+    pairs[5]["completion"] = None
+    pq.write_table(pa.Table.from_pylist(pairs, schema=pa.schema([("prompt", pa.string()),
+                                                                 ("completion", pa.string())])),
+                   os.path.join(out_dir, "sft_prompt_completion.parquet"))
+    conversational = [{"prompt": [{"role": "user", "content": p["prompt"]}],
+                       "completion": [{"role": "assistant", "content": p["completion"] or "yes"}]}
+                      for p in pairs]
+    turn = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    pq.write_table(pa.Table.from_pylist(conversational, schema=pa.schema([("prompt", turn),
+                                                                          ("completion", turn)])),
+                   os.path.join(out_dir, "sft_prompt_completion_conversational.parquet"))
+    expected = {}
+    for name in ["sft_messages.parquet", "sft_prompt_completion.parquet",
+                 "sft_prompt_completion_conversational.parquet"]:  # the zstd one: sft_messages's
+        expected[name] = pq.read_table(os.path.join(out_dir, name)).to_pylist()
+    with open(os.path.join(out_dir, "conversations.json"), "w", encoding="utf-8") as f:
+        json.dump(expected, f, ensure_ascii=False, indent=0, sort_keys=True)
+        f.write("\n")
 
 
 def main():
@@ -125,6 +182,8 @@ def main():
                       pd.DataFrame({"text": pd.Series(nullable, dtype=object)}), compression="LZ4",
                       row_group_offsets=100)
     expected["fastparquet_lz4_hadoop.parquet"] = "with_nulls"
+
+    write_sft_fixtures(out_dir, plain)
 
     with open(os.path.join(out_dir, "expected.json"), "w", encoding="utf-8") as f:
         json.dump({"texts": plain, "files": expected}, f, ensure_ascii=False, indent=0,

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 
+#include "base/check.h"
 #include "base/error.h"
 
 namespace loom {
@@ -623,17 +624,47 @@ FileMeta read_footer(Thrift& t) {
   return meta;
 }
 
-// The index after the subtree of schema[i] (its descendants follow it depth first).
-size_t after_subtree(const std::vector<SchemaElement>& schema, size_t i, int depth = 0) {
+// A leaf column (a field of a primitive type) and its levels: an entry's definition level counts
+// the optional and repeated fields on its path that are present, its repetition level the
+// repeated field it repeats (0: a new row).
+struct Leaf {
+  std::string path;  // the names of its fields from the top, joined by '.'
+  int32_t type = -1;
+  int max_def = 0, max_rep = 0;
+  int list_def = 0;  // the definition level of its innermost repeated field
+};
+
+// Appends the leaves of schema[i]'s subtree, depth first; returns the index after the subtree.
+size_t collect_leaves(const std::vector<SchemaElement>& schema, size_t i, const std::string& prefix,
+                      int def, int rep, int list_def, std::vector<Leaf>& leaves, int depth = 0) {
   if (depth > 64) throw DecodeError{"a schema nested over 64 deep"};
-  const int32_t children = schema[i].children;
-  if (children < 0) throw DecodeError{"a negative number of schema children"};
+  const SchemaElement& e = schema[i];
+  if (e.children < 0) throw DecodeError{"a negative number of schema children"};
+  if (e.repetition < kRequired || e.repetition > kRepeated)
+    throw DecodeError{"a field's repetition is not REQUIRED, OPTIONAL or REPEATED"};
+  def += e.repetition != kRequired ? 1 : 0;
+  if (e.repetition == kRepeated) {
+    ++rep;
+    list_def = def;
+  }
+  const std::string path = prefix.empty() ? e.name : prefix + "." + e.name;
   ++i;
-  for (int32_t k = 0; k < children; ++k) {
+  if (e.children == 0) {
+    leaves.push_back({path, e.type, def, rep, list_def});
+    return i;
+  }
+  for (int32_t k = 0; k < e.children; ++k) {
     if (i >= schema.size()) throw DecodeError{"schema children past its end"};
-    i = after_subtree(schema, i, depth + 1);
+    i = collect_leaves(schema, i, path, def, rep, list_def, leaves, depth + 1);
   }
   return i;
+}
+
+// The bits a level up to `max` takes.
+int bit_width(int max) {
+  int bits = 0;
+  while ((max >> bits) != 0) ++bits;
+  return bits;
 }
 
 struct PageHeader {
@@ -723,14 +754,15 @@ bool is_parquet(std::string_view path) {
 
 struct ParquetColumnReader::ColumnChunk {
   int32_t codec = kUncompressed;
-  int64_t rows = 0;
+  int64_t rows = 0, values = 0;  // values: its entries, nulls and lists' elements included
   int64_t begin = 0, end = 0;  // its pages' bytes in the file
 };
 
 struct ParquetColumnReader::Page {
-  int64_t values_left = 0;  // rows left, nulls included
+  int64_t values_left = 0;  // entries left, nulls included
   int32_t encoding = kPlain;
-  RleDecoder levels;              // definition levels: 1 a value, 0 a null
+  RleDecoder levels;       // definition levels: max_def_ a value, less a null (of some field)
+  RleDecoder repetitions;  // repetition levels (list columns): 0 a row's first entry
   const uint8_t* data = nullptr;  // PLAIN values; the delta encodings' bytes
   const uint8_t* data_end = nullptr;
   RleDecoder indices;              // dictionary encodings
@@ -738,75 +770,112 @@ struct ParquetColumnReader::Page {
   std::string previous;            // DELTA_BYTE_ARRAY's last value
 };
 
-ParquetColumnReader::ParquetColumnReader(std::string path, std::string column)
-    : path_(std::move(path)), column_(std::move(column)) {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("input file '", path_, "': cannot open: ", std::strerror(errno));
+namespace {
+
+// The footer of a mapped Parquet file: its metadata, its leaves, the names of its top-level
+// columns, and where the footer starts.
+struct Footer {
+  FileMeta meta;
+  std::vector<Leaf> leaves;
+  std::vector<std::string> top_level;
+  int64_t begin = 0;
+};
+
+Footer read_parquet_footer(const uint8_t* file, size_t size, const std::string& path) {
+  // A Parquet file: "PAR1", the column chunks, the footer's metadata, its length, "PAR1".
+  const auto not_parquet = [&](const char* why) {
+    fail("input file '", path, "': not a Parquet file (", why, ")");
+  };
+  if (size < 12) not_parquet("shorter than its magic numbers and footer length");
+  if (std::memcmp(file + size - 4, "PARE", 4) == 0)
+    fail("input file '", path, "': an encrypted Parquet file (not read)");
+  if (std::memcmp(file, "PAR1", 4) != 0 || std::memcmp(file + size - 4, "PAR1", 4) != 0)
+    not_parquet("no PAR1 at its start and end");
+  const uint32_t footer_size = little_u32(file + size - 8);
+  if (footer_size > size - 12) not_parquet("its footer's length is past its start");
+  Footer footer;
+  footer.begin = static_cast<int64_t>(size - 8 - footer_size);
+  try {
+    Thrift t(file + footer.begin, file + size - 8);
+    footer.meta = read_footer(t);
+    const std::vector<SchemaElement>& schema = footer.meta.schema;
+    if (schema.empty()) throw DecodeError{"no schema"};
+    // The top-level fields are the root's children, each followed by its own subtree.
+    size_t i = 1;
+    for (int32_t k = 0; k < schema[0].children; ++k) {
+      if (i >= schema.size()) throw DecodeError{"schema children past its end"};
+      footer.top_level.push_back(schema[i].name);
+      i = collect_leaves(schema, i, "", 0, 0, 0, footer.leaves);
+    }
+  } catch (const DecodeError& d) {
+    fail("input file '", path, "': damaged Parquet footer (", d.why, ")");
+  }
+  return footer;
+}
+
+}  // namespace
+
+void ParquetColumnReader::map(const std::string& path, Mapping& mapping) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("input file '", path, "': cannot open: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
-    fail("input file '", path_, "': cannot stat: ", std::strerror(errno));
+    fail("input file '", path, "': cannot stat: ", std::strerror(errno));
   }
-  file_.size = static_cast<size_t>(st.st_size);
-  if (file_.size > 0) {
-    void* map = ::mmap(nullptr, file_.size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
+  mapping.size = static_cast<size_t>(st.st_size);
+  if (mapping.size > 0) {
+    void* data = ::mmap(nullptr, mapping.size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (data == MAP_FAILED) {
       ::close(fd);
-      fail("input file '", path_, "': cannot map: ", std::strerror(errno));
+      fail("input file '", path, "': cannot map: ", std::strerror(errno));
     }
-    file_.data = static_cast<const uint8_t*>(map);
-    ::madvise(map, file_.size, MADV_SEQUENTIAL);
+    mapping.data = static_cast<const uint8_t*>(data);
+    ::madvise(data, mapping.size, MADV_SEQUENTIAL);
   }
   ::close(fd);
+}
+
+std::vector<ParquetColumnReader::Column> ParquetColumnReader::columns(const std::string& path) {
+  Mapping mapping;
+  map(path, mapping);
+  std::vector<Column> columns;
+  for (const Leaf& leaf : read_parquet_footer(mapping.data, mapping.size, path).leaves)
+    columns.push_back({leaf.path, leaf.type == kByteArray, leaf.max_rep});
+  return columns;
+}
+
+ParquetColumnReader::ParquetColumnReader(std::string path, std::string column, bool list)
+    : path_(std::move(path)), column_(std::move(column)), list_(list) {
+  map(path_, file_);
   page_ = std::make_unique<Page>();
-
-  // A Parquet file: "PAR1", the column chunks, the footer's metadata, its length, "PAR1".
-  const auto not_parquet = [&](const char* why) {
-    fail("input file '", path_, "': not a Parquet file (", why, ")");
+  const Footer footer = read_parquet_footer(file_.data, file_.size, path_);
+  const FileMeta& meta = footer.meta;
+  const Leaf* leaf = nullptr;
+  for (const Leaf& l : footer.leaves)
+    if (l.path == column_) leaf = &l;
+  const auto refuse = [&](const auto&... why) {
+    fail("input file '", path_, "': column '", column_, "' ", why...);
   };
-  if (file_.size < 12) not_parquet("shorter than its magic numbers and footer length");
-  if (std::memcmp(file_.data + file_.size - 4, "PARE", 4) == 0)
-    fail("input file '", path_, "': an encrypted Parquet file (not read)");
-  if (std::memcmp(file_.data, "PAR1", 4) != 0 ||
-      std::memcmp(file_.data + file_.size - 4, "PAR1", 4) != 0)
-    not_parquet("no PAR1 at its start and end");
-  const uint32_t footer_size = little_u32(file_.data + file_.size - 8);
-  if (footer_size > file_.size - 12) not_parquet("its footer's length is past its start");
-  const uint8_t* footer = file_.data + file_.size - 8 - footer_size;
-  FileMeta meta;
-  try {
-    Thrift t(footer, file_.data + file_.size - 8);
-    meta = read_footer(t);
-    if (meta.schema.empty()) throw DecodeError{"no schema"};
-    // The top-level fields are the root's children, each followed by its own subtree.
-    std::vector<std::string> names;
-    size_t i = 1, found = 0;
-    for (int32_t k = 0; k < meta.schema[0].children; ++k) {
-      if (i >= meta.schema.size()) throw DecodeError{"schema children past its end"};
-      names.push_back(meta.schema[i].name);
-      if (meta.schema[i].name == column_) found = i;
-      i = after_subtree(meta.schema, i);
-    }
-    if (found == 0) {
-      std::string list;
-      for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;
-      fail("input file '", path_, "': no column '", column_, "' (its columns: ", list,
-           "; --json-key names the text column)");
-    }
-    const SchemaElement& e = meta.schema[found];
-    if (e.children > 0)
-      fail("input file '", path_, "': column '", column_, "' is a group of columns, not a string");
-    if (e.repetition == kRepeated)
-      fail("input file '", path_, "': column '", column_, "' is repeated (a list), not a string");
-    if (e.type != kByteArray)
-      fail("input file '", path_, "': column '", column_, "' holds ", type_name(e.type),
-           ", not strings (BYTE_ARRAY)");
-    optional_ = e.repetition == kOptional;
-  } catch (const DecodeError& d) {
-    fail("input file '", path_, "': damaged Parquet footer (", d.why, ")");
+  if (leaf == nullptr) {
+    for (const std::string& name : footer.top_level)
+      if (name == column_)
+        refuse("is a group of columns (a struct or a list), not ",
+               list ? "a list of strings" : "a string");
+    std::string names;
+    for (const std::string& name : footer.top_level) names += (names.empty() ? "" : ", ") + name;
+    fail("input file '", path_, "': no column '", column_, "' (its columns: ", names,
+         "; --json-key names the text column)");
   }
+  if (leaf->type != kByteArray)
+    refuse("holds ", type_name(leaf->type), ", not strings (BYTE_ARRAY)");
+  if (!list && leaf->max_rep > 0) refuse("is repeated (a list), not a string");
+  if (list && leaf->max_rep != 1) refuse("is not in a list (or in lists of lists)");
+  max_def_ = leaf->max_def;
+  max_rep_ = leaf->max_rep;
+  list_def_ = leaf->list_def;
 
-  // The column's chunk in each row group: its pages' bytes, codec and row count.
+  // The column's chunk in each row group: its pages' bytes, codec, rows and entries.
   int64_t rows = 0;
   for (size_t g = 0; g < meta.row_groups.size(); ++g) {
     const RowGroupMeta& group = meta.row_groups[g];
@@ -824,17 +893,19 @@ ParquetColumnReader::ParquetColumnReader(std::string path, std::string column)
     if (chunk->codec < 0 || chunk->codec > kLz4Raw || chunk->codec == kLzo)
       bad("compressed with ", codec_name(chunk->codec), ", which is not read (UNCOMPRESSED, ",
           "SNAPPY, GZIP, BROTLI, LZ4, ZSTD and LZ4_RAW are)");
-    if (group.rows < 0 || chunk->values != group.rows)
+    // A row is an entry, or in a list column one or more.
+    if (group.rows < 0 || chunk->values < group.rows ||
+        (max_rep_ == 0 && chunk->values != group.rows))
       bad(chunk->values, " values for ", group.rows, " rows (damaged footer)");
     ColumnChunk c;
     c.codec = chunk->codec;
     c.rows = group.rows;
+    c.values = chunk->values;
     c.begin = chunk->dictionary_offset > 0 &&
                       (chunk->data_offset <= 0 || chunk->dictionary_offset < chunk->data_offset)
                   ? chunk->dictionary_offset
                   : chunk->data_offset;
-    const auto footer_begin = static_cast<int64_t>(file_.size - 8 - footer_size);
-    if (c.begin < 4 || chunk->compressed < 0 || chunk->compressed > footer_begin - c.begin)
+    if (c.begin < 4 || chunk->compressed < 0 || chunk->compressed > footer.begin - c.begin)
       bad("its pages' bytes are not between the file's magic number and its footer");
     c.end = c.begin + chunk->compressed;
     rows += c.rows;
@@ -916,11 +987,15 @@ void ParquetColumnReader::load_dictionary(const uint8_t* data, size_t size, int3
 bool ParquetColumnReader::next_page() {
   for (;;) {
     if (chunk_values_left_ == 0) {  // the next row group's chunk
+      if (chunk_ > 0 && chunk_rows_ != chunks_[chunk_ - 1].rows)
+        damaged("a row group's entries hold " + std::to_string(chunk_rows_) + " rows, not its " +
+                std::to_string(chunks_[chunk_ - 1].rows));
       if (chunk_ == chunks_.size()) return false;
       const ColumnChunk& c = chunks_[chunk_++];
       at_ = file_.data + c.begin;
       chunk_end_ = file_.data + c.end;
-      chunk_values_left_ = c.rows;
+      chunk_values_left_ = c.values;
+      chunk_rows_ = 0;
       dictionary_.clear();
       has_dictionary_ = false;
       continue;
@@ -960,26 +1035,35 @@ bool ParquetColumnReader::next_page() {
       if (h.type == kDataPage) {  // levels and values compressed together
         data = page_bytes(body, compressed, uncompressed);
         end = data + uncompressed;
-        if (optional_) {
+        // Each kind of levels: its byte length, then its RLE / bit-packed runs.
+        const auto levels = [&](int max, RleDecoder& decoder) {
+          if (max == 0) return;
           if (h.level_encoding != kRle)
-            throw DecodeError{"definition levels not RLE-encoded (BIT_PACKED is not read)"};
-          if (end - data < 4) throw DecodeError{"definition levels past the page's end"};
+            throw DecodeError{"levels not RLE-encoded (BIT_PACKED is not read)"};
+          if (end - data < 4) throw DecodeError{"levels past the page's end"};
           const uint32_t n = little_u32(data);
           if (n > static_cast<size_t>(end - data - 4))
-            throw DecodeError{"definition levels past the page's end"};
-          page.levels = RleDecoder(data + 4, data + 4 + n, 1);
+            throw DecodeError{"levels past the page's end"};
+          decoder = RleDecoder(data + 4, data + 4 + n, bit_width(max));
           data += 4 + n;
-        }
+        };
+        levels(max_rep_, page.repetitions);
+        levels(max_def_, page.levels);
       } else {  // v2: the levels uncompressed, then the values, compressed or not
-        if (h.repetition_bytes != 0) throw DecodeError{"repetition levels in a flat column"};
-        if (h.level_bytes < 0 || static_cast<size_t>(h.level_bytes) > compressed ||
-            static_cast<size_t>(h.level_bytes) > uncompressed)
-          throw DecodeError{"definition levels past the page's end"};
-        const auto levels = static_cast<size_t>(h.level_bytes);
-        if (optional_)
-          page.levels = RleDecoder(body, body + levels, 1);
-        else if (levels != 0)
-          throw DecodeError{"definition levels in a required column"};
+        if (h.repetition_bytes < 0 || h.level_bytes < 0 ||
+            static_cast<size_t>(h.repetition_bytes) + static_cast<size_t>(h.level_bytes) >
+                std::min(compressed, uncompressed))
+          throw DecodeError{"levels past the page's end"};
+        const auto repetitions = static_cast<size_t>(h.repetition_bytes);
+        const auto definitions = static_cast<size_t>(h.level_bytes);
+        if ((max_rep_ == 0 && repetitions != 0) || (max_def_ == 0 && definitions != 0))
+          throw DecodeError{"levels in a page of a column that has none"};
+        if (max_rep_ > 0)
+          page.repetitions = RleDecoder(body, body + repetitions, bit_width(max_rep_));
+        if (max_def_ > 0)
+          page.levels =
+              RleDecoder(body + repetitions, body + repetitions + definitions, bit_width(max_def_));
+        const size_t levels = repetitions + definitions;
         data = h.values_compressed
                    ? page_bytes(body + levels, compressed - levels, uncompressed - levels)
                    : body + levels;
@@ -1022,22 +1106,25 @@ bool ParquetColumnReader::next_page() {
   }
 }
 
-ParquetColumnReader::Next ParquetColumnReader::next(std::string& value) {
+bool ParquetColumnReader::next_entry(Entry& entry) {
   while (page_->values_left == 0)
-    if (!next_page()) {
-      value.clear();
-      return Next::end;
-    }
+    if (!next_page()) return false;
   Page& page = *page_;
   --page.values_left;
-  ++row_;
   try {
-    if (optional_) {
-      const uint32_t level = page.levels.next();
-      if (level == 0) {
-        value.clear();
-        return Next::null;
-      }
+    entry.repetition = max_rep_ > 0 ? static_cast<int>(page.repetitions.next()) : 0;
+    entry.definition = max_def_ > 0 ? static_cast<int>(page.levels.next()) : 0;
+    if (entry.repetition > max_rep_ || entry.definition > max_def_)
+      throw DecodeError{"a level past its column's most"};
+    if (entry.repetition == 0) {
+      ++chunk_rows_;
+    } else if (chunk_rows_ == 0) {
+      throw DecodeError{"a row group's first entry continues a row"};
+    }
+    std::string& value = entry.value;
+    if (entry.definition < max_def_) {  // a null: the string's, or a field's above it
+      value.clear();
+      return true;
     }
     const auto take = [&](uint64_t n) {
       if (n > static_cast<uint64_t>(page.data_end - page.data))
@@ -1080,7 +1167,53 @@ ParquetColumnReader::Next ParquetColumnReader::next(std::string& value) {
   } catch (const DecodeError& d) {
     damaged(d.why);
   }
-  return Next::value;
+  return true;
+}
+
+ParquetColumnReader::Next ParquetColumnReader::next(std::string& value) {
+  LOOM_CHECK(!list_);
+  if (!next_entry(pending_)) {
+    value.clear();
+    return Next::end;
+  }
+  ++row_;
+  value.swap(pending_.value);
+  return pending_.definition == max_def_ ? Next::value : Next::null;
+}
+
+ParquetColumnReader::Next ParquetColumnReader::next_list(
+    std::vector<std::optional<std::string>>& items) {
+  LOOM_CHECK(list_);
+  items.clear();
+  // pending_ holds the row's first entry once a row has been read: it ended the row before.
+  if (!has_pending_ && !next_entry(pending_)) return Next::end;
+  has_pending_ = false;
+  ++row_;
+  // Below the list's definition level an entry holds no element: one level below, an empty
+  // list; further, a null list (or a null field above it).
+  const Next got = pending_.definition >= list_def_ - 1 ? Next::value : Next::null;
+  bool element = pending_.definition >= list_def_;
+  for (;;) {
+    if (element) {
+      if (pending_.definition == max_def_)
+        items.emplace_back(std::move(pending_.value));
+      else
+        items.emplace_back();  // a null element, or a null string in it
+    }
+    if (!next_entry(pending_)) break;
+    if (pending_.repetition == 0) {  // the next row's
+      has_pending_ = true;
+      break;
+    }
+    if (!element) damaged("a list's element after an empty or null list");
+    // A row's list is held whole; a file may declare billions of elements in a few bytes.
+    if (items.size() >= (size_t{1} << 20))
+      fail("input file '", path_, "': column '", column_, "', row ", row_,
+           ": a list of over 1048576 elements (not read)");
+    element = pending_.definition >= list_def_;
+    if (!element) damaged("an empty or null list inside a list");
+  }
+  return got;
 }
 
 }  // namespace loom

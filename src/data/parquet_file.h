@@ -5,18 +5,23 @@
 // in Debian 12, so this is a reader of our own for what a corpus needs: one top-level string
 // column (BYTE_ARRAY, required or optional), its pages streamed a row group at a time.
 //
+// A column is a leaf of the schema named by its path ("text", "meta.url", or in a list
+// "messages.list.element.content": `loom data prepare --sft` reads conversations so).
+//
 // What it reads (the Parquet format 2.x): the footer's Thrift compact-protocol metadata; data pages
 // v1 and v2 and dictionary pages; the PLAIN, PLAIN_DICTIONARY / RLE_DICTIONARY, DELTA_LENGTH_BYTE_
-// ARRAY and DELTA_BYTE_ARRAY encodings; definition levels (RLE / bit-packed hybrid); the codecs
+// ARRAY and DELTA_BYTE_ARRAY encodings; definition and repetition levels (RLE / bit-packed
+// hybrid; strings in structs and in one level of lists); the codecs
 // UNCOMPRESSED, SNAPPY, GZIP, BROTLI, ZSTD, LZ4 (Hadoop's framing) and LZ4_RAW; a page's CRC-32
 // when the writer stored one. What pyarrow, fastparquet, DuckDB, Polars, Spark and datatrove write.
-// Refused, with an error naming the file and the column: nested or repeated columns, other types,
-// encrypted files, columns in other files, LZO, and any damage — never a silently shorter corpus.
+// Refused, with an error naming the file and the column: lists of lists, other types, encrypted
+// files, columns in other files, LZO, and any damage — never a silently shorter corpus.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,19 +33,32 @@ bool is_parquet(std::string_view path);
 
 class ParquetColumnReader {
  public:
+  // A leaf column of a file: its path, whether it holds strings, and the lists it is in.
+  struct Column {
+    std::string path;
+    bool strings = false;
+    int lists = 0;
+  };
+  // The leaf columns of `path`, in the file's order (throws as the constructor does).
+  static std::vector<Column> columns(const std::string& path);
+
   // Maps `path` and reads its footer; throws loom::Error naming the file if it is not Parquet or
-  // is damaged, and naming the column (and the file's columns) if `column` is not a top-level
-  // string column of it.
-  ParquetColumnReader(std::string path, std::string column);
+  // is damaged, and naming the column (and the file's top-level columns) if `column` is not a
+  // string column of it outside lists — or with `list`, one inside exactly one list.
+  ParquetColumnReader(std::string path, std::string column, bool list = false);
   ~ParquetColumnReader();
   ParquetColumnReader(const ParquetColumnReader&) = delete;
   ParquetColumnReader& operator=(const ParquetColumnReader&) = delete;
 
   enum class Next { value, null, end };
-  // The next row's string into `value` (Next::value), or Next::null for a null (value emptied),
-  // or Next::end after the last row. Throws loom::Error naming the file, column and row on
-  // damaged data.
+  // The next row's string into `value` (Next::value), or Next::null for a null (value emptied;
+  // also where a struct above it is null), or Next::end after the last row. Throws loom::Error
+  // naming the file, column and row on damaged data. Not for a `list` column.
   Next next(std::string& value);
+  // A `list` column's next row: its list's elements into `items` (nullopt: a null element, or a
+  // null string in one) and Next::value, or Next::null for a null list (items empty), or
+  // Next::end. A list of over 2^20 elements is refused.
+  Next next_list(std::vector<std::optional<std::string>>& items);
 
   int64_t rows() const { return rows_; }  // the file's rows, by its footer
   int64_t row() const { return row_; }    // the row `next` returned last, from 1
@@ -51,6 +69,14 @@ class ParquetColumnReader {
   struct Page;         // the data page being read
 
  private:
+  struct Mapping;
+  static void map(const std::string& path, Mapping& mapping);
+  // An entry of the column: its levels, and its string where the definition level is full.
+  struct Entry {
+    int repetition = 0, definition = 0;
+    std::string value;
+  };
+  bool next_entry(Entry& entry);  // false after the last
   bool next_page();  // loads the next data page (a dictionary page on the way); false at the end
   void load_dictionary(const uint8_t* data, size_t size, int32_t count, int encoding);
   const uint8_t* page_bytes(const uint8_t* compressed, size_t compressed_size,
@@ -69,9 +95,14 @@ class ParquetColumnReader {
   };
 
   std::string path_, column_;
+  bool list_ = false;
   Mapping file_;
-  bool optional_ = false;  // nullable: definition levels are stored
+  int max_def_ = 0, max_rep_ = 0;  // the column's most levels (0: none stored)
+  int list_def_ = 0;               // the definition level of its list (list_)
   int64_t rows_ = 0, row_ = 0;
+  int64_t chunk_rows_ = 0;  // rows begun in the chunk being read
+  Entry pending_;           // next_list: the entry that began the next row
+  bool has_pending_ = false;
   std::vector<ColumnChunk> chunks_;  // one a row group
   size_t chunk_ = 0;                 // the row group being read
   const uint8_t* at_ = nullptr;      // its next page header
