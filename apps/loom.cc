@@ -484,8 +484,9 @@ int main(int argc, char** argv) {
   int64_t prepare_eot = -1;
   prepare_cmd->add_flag("--sft", prepare_sft,
                         "the inputs are JSONL prompt-completion examples ({\"prompt\": ..., "
-                        "\"completion\": ...}): shards with loss masks counting the completions "
-                        "(data.loss_mask); --val-fraction of the examples held out");
+                        "\"completion\": ...}) or conversations ({\"messages\": [...]}), or "
+                        "Parquet files of such rows: shards with loss masks counting the "
+                        "completions (data.loss_mask); --val-fraction of the examples held out");
   prepare_cmd
       ->add_option(
           "--eot", prepare_eot,

@@ -30,10 +30,10 @@ and fine-tuning examples in the Hub's layouts (`loom data prepare --sft`), with 
 {name: [row, ...]}, each row the JSON object of the columns the file holds:
 
   sft_messages.parquet         "messages": list<struct<content, role>> (HuggingFaceH4/ultrachat_200k's
-                               layout) beside "prompt" and "id" columns; a null list, an empty list,
-                               a null content, a null element among the rows; SNAPPY, pages v1
-  sft_messages_zstd_v2.parquet the same rows (not repeated in conversations.json): ZSTD, data
-                               pages v2, 2 KB pages, row groups of 30
+                               layout) beside "prompt" and "id" columns; SNAPPY, pages v1
+  sft_messages_zstd_v2.parquet the same rows but rows 4-7: a null list, an empty list, a null
+                               content, a null element; ZSTD, data pages v2, 2 KB pages, row
+                               groups of 30
   sft_prompt_completion.parquet  TRL's prompt-completion: "prompt" and "completion" strings
   sft_prompt_completion_conversational.parquet  TRL's conversational prompt-completion:
                                "prompt" and "completion" lists of messages
@@ -81,40 +81,42 @@ def write_sft_fixtures(out_dir, texts):
     roles = ["user", "assistant"]
     rows = []
     for i in range(90):
-        turns = rng.choice([1, 2, 2, 4, 6])
+        turns = rng.choice([2, 2, 4, 6])  # ending on an assistant turn
         messages = []
         if i % 5 == 0:
             messages.append({"content": "You are a helpful assistant.", "role": "system"})
         for k in range(turns):
-            messages.append({"content": texts[rng.randrange(len(texts))][:120] or "ok",
+            messages.append({"content": texts[rng.randrange(len(texts))][:60] or "ok",
                              "role": roles[k % 2]})
         rows.append({"id": i, "prompt": messages[0]["content"], "messages": messages})
+    message = pa.struct([("content", pa.string()), ("role", pa.string())])
+    schema = pa.schema([("id", pa.int64()), ("prompt", pa.string()), ("messages", pa.list_(message))])
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema),
+                   os.path.join(out_dir, "sft_messages.parquet"), compression="snappy",
+                   data_page_version="1.0")
+    rows = json.loads(json.dumps(rows))
     rows[3]["messages"] = None      # a null list
     rows[4]["messages"] = []        # an empty list
     rows[5]["messages"][1]["content"] = None  # a null string inside an element
     rows[6]["messages"] = [None, {"content": "hi", "role": "user"}]  # a null element
-    message = pa.struct([("content", pa.string()), ("role", pa.string())])
-    schema = pa.schema([("id", pa.int64()), ("prompt", pa.string()), ("messages", pa.list_(message))])
-    table = pa.Table.from_pylist(rows, schema=schema)
-    pq.write_table(table, os.path.join(out_dir, "sft_messages.parquet"), compression="snappy",
-                   data_page_version="1.0")
-    pq.write_table(table, os.path.join(out_dir, "sft_messages_zstd_v2.parquet"), compression="zstd",
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema),
+                   os.path.join(out_dir, "sft_messages_zstd_v2.parquet"), compression="zstd",
                    data_page_version="2.0", data_page_size=2048, row_group_size=30)
-    pairs = [{"prompt": texts[i][:120], "completion": texts[i + 1][:120]} for i in range(0, 120, 2)]
-    pairs[5]["completion"] = None
+    pairs = [{"prompt": texts[i][:120], "completion": texts[i + 1][:120] or "yes"}
+             for i in range(0, 120, 2)]
     pq.write_table(pa.Table.from_pylist(pairs, schema=pa.schema([("prompt", pa.string()),
                                                                  ("completion", pa.string())])),
                    os.path.join(out_dir, "sft_prompt_completion.parquet"))
     conversational = [{"prompt": [{"role": "user", "content": p["prompt"]}],
-                       "completion": [{"role": "assistant", "content": p["completion"] or "yes"}]}
+                       "completion": [{"role": "assistant", "content": p["completion"]}]}
                       for p in pairs]
     turn = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
     pq.write_table(pa.Table.from_pylist(conversational, schema=pa.schema([("prompt", turn),
                                                                           ("completion", turn)])),
                    os.path.join(out_dir, "sft_prompt_completion_conversational.parquet"))
     expected = {}
-    for name in ["sft_messages.parquet", "sft_prompt_completion.parquet",
-                 "sft_prompt_completion_conversational.parquet"]:  # the zstd one: sft_messages's
+    for name in ["sft_messages.parquet", "sft_messages_zstd_v2.parquet",
+                 "sft_prompt_completion.parquet", "sft_prompt_completion_conversational.parquet"]:
         expected[name] = pq.read_table(os.path.join(out_dir, name)).to_pylist()
     with open(os.path.join(out_dir, "conversations.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False, indent=0, sort_keys=True)

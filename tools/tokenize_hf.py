@@ -153,40 +153,54 @@ def render_chat(template, messages, first_counted):
     return parts
 
 
-def sft_examples(names, chat_template=None):
-    """(prompt, completion) of each non-blank line of the JSONL files, checked as Loom checks; a
-    conversation as a list of (text, counts) parts instead."""
+def example_objects(names):
+    """(where, object) of each non-blank line of the JSONL files, and each row of the Parquet files
+    as Loom reads it: its "messages" column, or else its "prompt" and "completion"."""
     for name in names:
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            columns = pq.ParquetFile(name).schema_arrow.names
+            keys = ["messages"] if "messages" in columns else ["prompt", "completion"]
+            for number, row in enumerate(pq.read_table(name, columns=keys).to_pylist(), 1):
+                yield f"{name} row {number}", row
+            continue
         with open_input(name) as f:
             for number, line in enumerate(f.read().split("\n"), 1):
                 if not line.strip(" \t\r"):
                     continue
                 where = f"{name} line {number}"
                 try:
-                    example = json.loads(line)
+                    yield where, json.loads(line)
                 except json.JSONDecodeError as e:
                     sys.exit(f"tokenize_hf: {where}: not JSON: {e}")
-                if not isinstance(example, dict):
-                    sys.exit(f"tokenize_hf: {where}: not a JSON object")
-                if "messages" in example or isinstance(example.get("prompt"), list):
-                    if not chat_template:
-                        sys.exit(f"tokenize_hf: {where}: a conversation needs --chat-template")
-                    if "messages" in example:
-                        messages, first = example["messages"], 0
-                    else:
-                        messages = example["prompt"] + example["completion"]
-                        first = len(example["prompt"])
-                    for m in messages:
-                        if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
-                            sys.exit(f"tokenize_hf: {where}: a message is not {{role, content}}")
-                    yield render_chat(chat_template, messages, first)
-                    continue
-                for key in ("prompt", "completion"):
-                    if not isinstance(example.get(key), str):
-                        sys.exit(f'tokenize_hf: {where}: no string "{key}"')
-                if not example["completion"]:
-                    sys.exit(f'tokenize_hf: {where}: an empty "completion"')
-                yield example["prompt"], example["completion"]
+
+
+def sft_examples(names, chat_template=None):
+    """(prompt, completion) of each non-blank line of the JSONL files (and row of the Parquet
+    files), checked as Loom checks; a conversation as a list of (text, counts) parts instead."""
+    for where, example in example_objects(names):
+        if not isinstance(example, dict):
+            sys.exit(f"tokenize_hf: {where}: not a JSON object")
+        if "messages" in example or isinstance(example.get("prompt"), list):
+            if not chat_template:
+                sys.exit(f"tokenize_hf: {where}: a conversation needs --chat-template")
+            if "messages" in example:
+                messages, first = example["messages"], 0
+            else:
+                messages = example["prompt"] + example["completion"]
+                first = len(example["prompt"])
+            for m in messages:
+                if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+                    sys.exit(f"tokenize_hf: {where}: a message is not {{role, content}}")
+            yield render_chat(chat_template, messages, first)
+            continue
+        for key in ("prompt", "completion"):
+            if not isinstance(example.get(key), str):
+                sys.exit(f'tokenize_hf: {where}: no string "{key}"')
+        if not example["completion"]:
+            sys.exit(f'tokenize_hf: {where}: an empty "completion"')
+        yield example["prompt"], example["completion"]
 
 
 def main():

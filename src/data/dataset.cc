@@ -410,10 +410,114 @@ SftExample parse_sft_line(const std::string& line, const std::string& where,
   return example;
 }
 
-// Calls visit(example, where) for each non-blank line of the JSONL files, in order.
+// Fine-tuning examples in a Parquet file, a row at a time as the JSON object its JSON Lines line
+// would be, so that one parser (parse_sft_line) reads both: "messages", a list of {role,
+// content} (the Hub's SFT datasets: HuggingFaceH4/ultrachat_200k's layout), or else TRL's
+// "prompt" and "completion", strings or lists of messages. Other columns are not read; a null
+// is a JSON null, which the parser refuses naming the row.
+class ParquetExamples {
+ public:
+  explicit ParquetExamples(const std::string& path) {
+    const std::vector<ParquetColumnReader::Column> columns = ParquetColumnReader::columns(path);
+    const auto open = [&](const std::string& key) {
+      Field field;
+      field.key = key;
+      std::string role, content;
+      for (const ParquetColumnReader::Column& c : columns) {
+        if (c.path == key && c.strings && c.lists == 0)
+          field.text = std::make_unique<ParquetColumnReader>(path, key);
+        // A list of structs of "role" and "content": KEY.list.element.role as pyarrow names
+        // them (KEY.*.role whatever a writer calls its list's levels).
+        const bool in_key = c.path.rfind(key + ".", 0) == 0 && c.strings && c.lists == 1;
+        const size_t dot = c.path.rfind('.');
+        if (in_key && c.path.substr(dot + 1) == "role" && role.empty()) role = c.path;
+        if (in_key && c.path.substr(dot + 1) == "content" && content.empty()) content = c.path;
+      }
+      if (!field.text && !role.empty() && !content.empty()) {
+        field.roles = std::make_unique<ParquetColumnReader>(path, role, true);
+        field.contents = std::make_unique<ParquetColumnReader>(path, content, true);
+      }
+      return field;
+    };
+    Field messages = open("messages");
+    if (messages.present()) {
+      fields_.push_back(std::move(messages));
+    } else {
+      fields_.push_back(open("prompt"));
+      fields_.push_back(open("completion"));
+    }
+    for (const Field& f : fields_)
+      if (!f.present()) {
+        std::string names;
+        for (const ParquetColumnReader::Column& c : columns)
+          names += (names.empty() ? "" : ", ") + c.path;
+        fail("prepare_sft_dataset: input file '", path, "': no column \"messages\" (a list of ",
+             "{role, content}) nor \"prompt\" and \"completion\" (strings or lists of messages)",
+             " (its columns: ", names, ")");
+      }
+  }
+
+  // The next row as a JSON object's text into `line`; false after the last row.
+  bool next(std::string& line) {
+    nlohmann::json row = nlohmann::json::object();
+    for (Field& f : fields_) {
+      ParquetColumnReader& first = f.text ? *f.text : *f.roles;
+      if (f.text) {
+        std::string text;
+        const auto got = f.text->next(text);
+        if (got == ParquetColumnReader::Next::end) return false;  // every column's last row
+        row[f.key] =
+            got == ParquetColumnReader::Next::null ? nlohmann::json() : nlohmann::json(text);
+        continue;
+      }
+      const auto got = f.roles->next_list(roles_);
+      if (got == ParquetColumnReader::Next::end) return false;
+      if (f.contents->next_list(contents_) != got || contents_.size() != roles_.size())
+        fail("prepare_sft_dataset: input file '", first.path(), "' row ", first.row(),
+             ": damaged Parquet data (its messages' roles and contents differ in number)");
+      nlohmann::json& messages = row[f.key];
+      if (got == ParquetColumnReader::Next::null) continue;  // null
+      messages = nlohmann::json::array();
+      for (size_t m = 0; m < roles_.size(); ++m)
+        messages.push_back(
+            !roles_[m] && !contents_[m]
+                ? nlohmann::json()  // a null message
+                : nlohmann::json{
+                      {"role", roles_[m] ? nlohmann::json(*roles_[m]) : nlohmann::json()},
+                      {"content",
+                       contents_[m] ? nlohmann::json(*contents_[m]) : nlohmann::json()}});
+    }
+    row_ = fields_[0].text ? fields_[0].text->row() : fields_[0].roles->row();
+    line = row.dump();
+    return true;
+  }
+  int64_t row() const { return row_; }  // the row `next` returned last, from 1
+
+ private:
+  struct Field {
+    std::string key;
+    std::unique_ptr<ParquetColumnReader> text;             // a string column
+    std::unique_ptr<ParquetColumnReader> roles, contents;  // a list of messages
+    bool present() const { return text || roles; }
+  };
+  std::vector<Field> fields_;
+  std::vector<std::optional<std::string>> roles_, contents_;
+  int64_t row_ = 0;
+};
+
+// Calls visit(example, where) for each non-blank line of the JSONL files and each row of the
+// Parquet files, in order.
 void for_each_sft_example(const std::vector<std::string>& inputs, const std::string& chat_template,
                           const std::function<void(const SftExample&)>& visit) {
   for (const std::string& input : inputs) {
+    if (is_parquet(input)) {
+      ParquetExamples rows(input);
+      std::string line;
+      while (rows.next(line))
+        visit(
+            parse_sft_line(line, detail::concat("'", input, "' row ", rows.row()), chat_template));
+      continue;
+    }
     LineReader lines(input);  // plain, gzip or zstd
     std::string line;
     while (lines.next(line)) {
@@ -430,7 +534,8 @@ struct PendingDocument {
   std::string text;
   size_t input = 0;   // which of the inputs
   int64_t line = 0;   // a JSON line's number or a Parquet row's; 0: a text file
-  bool json = false;  // `text` is the JSON line
+  bool json = false;  // `text` is the JSON line (or a Parquet row's example as one)
+  bool row = false;   // `line` is a Parquet row's number
 };
 
 // The inputs' documents in order, a batch at a time: at least one document, then more while the
@@ -453,6 +558,20 @@ class DocumentBatches {
     size_t bytes = 0, files = 0;
     while (input_ < inputs_.size() && bytes < max_bytes_ && files < max_files_) {
       const std::string& path = inputs_[input_];
+      if (all_lines_ && is_parquet(path)) {  // fine-tuning examples
+        if (!examples_) examples_.emplace(path);
+        std::string line;
+        bool more = true;
+        while (bytes < max_bytes_ && (more = examples_->next(line))) {
+          bytes += line.size();
+          batch.push_back({std::move(line), input_, examples_->row(), true, true});
+        }
+        if (!more) {
+          examples_.reset();
+          ++input_;
+        }
+        continue;
+      }
       if (!all_lines_ && is_parquet(path)) {
         if (!parquet_) parquet_.emplace(path, column_);
         std::string text;
@@ -461,7 +580,7 @@ class DocumentBatches {
         while (bytes < max_bytes_ &&
                (more = parquet_->next(text) != ParquetColumnReader::Next::end)) {
           bytes += text.size() + 1;
-          batch.push_back({std::move(text), input_, parquet_->row()});
+          batch.push_back({std::move(text), input_, parquet_->row(), false, true});
         }
         if (!more) {
           parquet_.reset();
@@ -500,6 +619,7 @@ class DocumentBatches {
   size_t input_ = 0;                            // the input being read
   std::optional<LineReader> lines_;             // its lines, when it is JSON Lines
   std::optional<ParquetColumnReader> parquet_;  // its column, when it is Parquet
+  std::optional<ParquetExamples> examples_;     // its examples, when it is Parquet and all_lines
 };
 
 // The document of line `number` of JSON Lines file `input`: the string at `key`.
@@ -570,10 +690,6 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
                                   const std::string& out_dir, const PrepareOptions& options,
                                   int64_t eot, const BpeTokenizer* tokenizer) {
   check_prepare(inputs, options, "prepare_sft_dataset");
-  for (const std::string& input : inputs)
-    if (is_parquet(input))
-      fail("prepare_sft_dataset: input file '", input, "': fine-tuning examples are read from ",
-           "JSON Lines, not Parquet");
   if (tokenizer == nullptr && eot > 255)
     fail("prepare_sft_dataset: eot = ", eot, " is not a byte token (0..255, or -1)");
   if (tokenizer != nullptr && !(eot >= 0 && eot < tokenizer->vocab_size()))
@@ -628,7 +744,9 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
       inputs, true, options, pool, "prepare_sft_dataset",
       [&](const PendingDocument& line) {
         const SftExample example = parse_sft_line(
-            line.text, detail::concat("'", inputs[line.input], "' line ", line.line), chat);
+            line.text,
+            detail::concat("'", inputs[line.input], line.row ? "' row " : "' line ", line.line),
+            chat);
         Tokens tokens;
         if (example.conversation()) {
           // The tokenizer's BOS, then each part on its own (as torchtune tokenizes a message's

@@ -619,10 +619,6 @@ TEST_F(BpeTokenizerFile, ParquetCorporaAreADocumentARow) {
   e = error_of(
       [&] { prepare_dataset({parquet + "snappy_dict_v1.parquet"}, (dir_ / "b").string()); });
   EXPECT_NE(e.find("Parquet documents need --tokenizer"), std::string::npos) << e;
-  e = error_of([&] {
-    prepare_sft_dataset({parquet + "snappy_dict_v1.parquet"}, (dir_ / "b").string(), {}, eot, &tok);
-  });
-  EXPECT_NE(e.find("read from JSON Lines, not Parquet"), std::string::npos) << e;
 }
 
 // `loom data prepare --sft --tokenizer`: each prompt with the tokenizer's BOS, not counted; the
@@ -669,6 +665,75 @@ TEST_F(BpeTokenizerFile, SftExamplesInTheTokenizersVocabularyCountTheirCompletio
 // tokenizer) or Llama 3's template after the BOS, each part tokenized on its own: the assistant
 // turns' content and end marker count, headers, system and user turns do not; with
 // {"prompt": [...], "completion": [...]} only the completion's. The markers are single tokens.
+// `loom data prepare EXAMPLES.parquet --sft`: the Hub's layouts — "messages" as a list of {role,
+// content} beside other columns (ultrachat_200k's), TRL's "prompt" and "completion" as lists of
+// messages, or as strings — give the shards and loss masks of the same rows as JSON Lines, with
+// any thread count and batch; a null or missing field is refused naming the file and row.
+TEST_F(BpeTokenizerFile, ParquetExamplesAreTheirRowsAsJsonLines) {
+  const BpeTokenizer tok(kFixtures + "/smollm.json");
+  const std::string parquet = std::string(LOOM_SOURCE_DIR) + "/tests/data/parquet/";
+  const nlohmann::json expected = read_json(parquet + "conversations.json");
+  // Shards and masks, train then validation.
+  const auto prepared = [&](const std::string& input, const PrepareOptions& options) {
+    const PrepareResult r =
+        prepare_sft_dataset({input}, (dir_ / "out").string(), options, *tok.end_of_text(), &tok);
+    std::pair<std::vector<uint32_t>, std::vector<uint8_t>> got;
+    for (const auto* split : {&r.train_shards, &r.val_shards})
+      for (const std::string& shard : *split) {
+        const std::vector<uint32_t> tokens = read_shard32(shard);
+        std::vector<uint8_t> counts(tokens.size());
+        LossMaskFile(loss_mask_path(shard))
+            .read(0, static_cast<int64_t>(counts.size()), counts.data());
+        got.first.insert(got.first.end(), tokens.begin(), tokens.end());
+        got.second.insert(got.second.end(), counts.begin(), counts.end());
+      }
+    fs::remove_all(dir_ / "out");
+    return got;
+  };
+  for (const char* name : {"sft_messages.parquet", "sft_prompt_completion.parquet",
+                           "sft_prompt_completion_conversational.parquet"}) {
+    SCOPED_TRACE(name);
+    // The rows as JSON Lines, less the columns the examples do not read.
+    std::string jsonl;
+    for (nlohmann::json row : expected[name]) {
+      row.erase("id");
+      if (row.contains("messages")) row.erase("prompt");
+      jsonl += row.dump() + "\n";
+    }
+    std::ofstream(dir_ / "rows.jsonl") << jsonl;
+    PrepareOptions options;
+    options.val_fraction = 0.2;
+    options.chat_template = "chatml";
+    const auto want = prepared((dir_ / "rows.jsonl").string(), options);
+    ASSERT_GT(want.first.size(), 1000u);
+    EXPECT_GT(std::count(want.second.begin(), want.second.end(), 1), 100);
+    for (const int threads : {1, 2})
+      for (const int64_t batch_bytes : {int64_t{1}, int64_t{1} << 20}) {
+        options.threads = threads;
+        options.batch_bytes = batch_bytes;
+        EXPECT_EQ(prepared(parquet + name, options), want);
+      }
+  }
+  // A null list of messages (the zstd file's row 4): named.
+  PrepareOptions chatml;
+  chatml.chat_template = "chatml";
+  std::string e = error_of([&] {
+    prepare_sft_dataset({parquet + "sft_messages_zstd_v2.parquet"}, (dir_ / "bad").string(), chatml,
+                        *tok.end_of_text(), &tok);
+  });
+  EXPECT_NE(e.find("sft_messages_zstd_v2.parquet' row 4: \"messages\" is not a list"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(dir_ / "bad" / "train_000000.bin"));
+  // A file of other columns: named, with its columns.
+  e = error_of([&] {
+    prepare_sft_dataset({parquet + "snappy_dict_v1.parquet"}, (dir_ / "bad").string(), {},
+                        *tok.end_of_text(), &tok);
+  });
+  EXPECT_NE(e.find("no column \"messages\""), std::string::npos) << e;
+  EXPECT_NE(e.find("its columns: id, text, meta.url, meta.score"), std::string::npos) << e;
+}
+
 TEST_F(BpeTokenizerFile, ConversationsCountTheAssistantTurnsInTheirChatTemplate) {
   const std::string jsonl = (dir_ / "chat.jsonl").string();
   std::ofstream(jsonl)
