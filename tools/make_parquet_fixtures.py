@@ -34,6 +34,8 @@ and fine-tuning examples in the Hub's layouts (`loom data prepare --sft`), with 
   sft_messages_zstd_v2.parquet the same rows but rows 4-7: a null list, an empty list, a null
                                content, a null element; ZSTD, data pages v2, 2 KB pages, row
                                groups of 30
+  sft_sharegpt.parquet         sft_messages's conversations in ShareGPT's layout: "conversations":
+                               list<struct<from, value>>, "human" / "gpt" / "system"
   sft_prompt_completion.parquet  TRL's prompt-completion: "prompt" and "completion" strings
   sft_prompt_completion_conversational.parquet  TRL's conversational prompt-completion:
                                "prompt" and "completion" lists of messages
@@ -94,6 +96,12 @@ def write_sft_fixtures(out_dir, texts):
     pq.write_table(pa.Table.from_pylist(rows, schema=schema),
                    os.path.join(out_dir, "sft_messages.parquet"), compression="snappy",
                    data_page_version="1.0")
+    sharegpt = [{"conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]),
+                                     "value": m["content"]} for m in row["messages"]]}
+                for row in rows]
+    turn = pa.struct([("from", pa.string()), ("value", pa.string())])
+    pq.write_table(pa.Table.from_pylist(sharegpt, schema=pa.schema([("conversations", pa.list_(turn))])),
+                   os.path.join(out_dir, "sft_sharegpt.parquet"))
     rows = json.loads(json.dumps(rows))
     rows[3]["messages"] = None      # a null list
     rows[4]["messages"] = []        # an empty list

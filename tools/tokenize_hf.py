@@ -161,7 +161,8 @@ def example_objects(names):
             import pyarrow.parquet as pq
 
             columns = pq.ParquetFile(name).schema_arrow.names
-            keys = ["messages"] if "messages" in columns else ["prompt", "completion"]
+            keys = (["messages"] if "messages" in columns else ["conversations"]
+                    if "conversations" in columns else ["prompt", "completion"])
             for number, row in enumerate(pq.read_table(name, columns=keys).to_pylist(), 1):
                 yield f"{name} row {number}", row
             continue
@@ -182,6 +183,15 @@ def sft_examples(names, chat_template=None):
     for where, example in example_objects(names):
         if not isinstance(example, dict):
             sys.exit(f"tokenize_hf: {where}: not a JSON object")
+        if "conversations" in example and "messages" not in example:  # ShareGPT's {from, value}
+            roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                     "system": "system"}
+            turns = example["conversations"]
+            if not isinstance(turns, list) or not all(
+                    isinstance(t, dict) and t.get("from") in roles and isinstance(t.get("value"), str)
+                    for t in turns):
+                sys.exit(f"tokenize_hf: {where}: a turn is not {{from: human|gpt|system, value}}")
+            example = {"messages": [{"role": roles[t["from"]], "content": t["value"]} for t in turns]}
         if "messages" in example or isinstance(example.get("prompt"), list):
             if not chat_template:
                 sys.exit(f"tokenize_hf: {where}: a conversation needs --chat-template")

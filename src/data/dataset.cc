@@ -355,6 +355,29 @@ SftExample parse_sft_line(const std::string& line, const std::string& where,
     fail("prepare_sft_dataset: ", where, ": not JSON: ", e.what());
   }
   if (!j.is_object()) fail("prepare_sft_dataset: ", where, ": not a JSON object");
+  // ShareGPT's {"conversations": [{"from": "human" | "gpt" | "system", "value": ...}]} (OpenHermes,
+  // SlimOrca; axolotl's "sharegpt" type) is read as the messages it stands for.
+  if (j.contains("conversations") && !j.contains("messages")) {
+    if (!j["conversations"].is_array())
+      fail("prepare_sft_dataset: ", where, ": \"conversations\" is not a list of turns");
+    nlohmann::json messages = nlohmann::json::array();
+    for (const nlohmann::json& turn : j["conversations"]) {
+      if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() ||
+          !turn.contains("value") || !turn["value"].is_string())
+        fail("prepare_sft_dataset: ", where, ": turn ", messages.size(),
+             " is not {\"from\": \"...\", \"value\": \"...\"}");
+      const std::string from = turn["from"].get<std::string>();
+      const char* role = from == "human" || from == "user"      ? "user"
+                         : from == "gpt" || from == "assistant" ? "assistant"
+                         : from == "system"                     ? "system"
+                                                                : nullptr;
+      if (role == nullptr)
+        fail("prepare_sft_dataset: ", where, ": turn ", messages.size(), "'s \"from\": \"", from,
+             "\" is not human, gpt or system");
+      messages.push_back({{"role", role}, {"content", turn["value"]}});
+    }
+    j["messages"] = std::move(messages);
+  }
   // TRL's conversational forms: {"messages": [...]}, or {"prompt": [...], "completion": [...]}.
   const bool prompt_list = j.contains("prompt") && j["prompt"].is_array();
   if (j.contains("messages") || prompt_list) {
@@ -412,16 +435,20 @@ SftExample parse_sft_line(const std::string& line, const std::string& where,
 
 // Fine-tuning examples in a Parquet file, a row at a time as the JSON object its JSON Lines line
 // would be, so that one parser (parse_sft_line) reads both: "messages", a list of {role,
-// content} (the Hub's SFT datasets: HuggingFaceH4/ultrachat_200k's layout), or else TRL's
-// "prompt" and "completion", strings or lists of messages. Other columns are not read; a null
-// is a JSON null, which the parser refuses naming the row.
+// content} (the Hub's SFT datasets: HuggingFaceH4/ultrachat_200k's layout), or ShareGPT's
+// "conversations", a list of {from, value}, or else TRL's "prompt" and "completion", strings or
+// lists of messages. Other columns are not read; a null is a JSON null, which the parser
+// refuses naming the row.
 class ParquetExamples {
  public:
   explicit ParquetExamples(const std::string& path) {
     const std::vector<ParquetColumnReader::Column> columns = ParquetColumnReader::columns(path);
-    const auto open = [&](const std::string& key) {
+    const auto open = [&](const std::string& key, const std::string& role_name = "role",
+                          const std::string& content_name = "content") {
       Field field;
       field.key = key;
+      field.role_name = role_name;
+      field.content_name = content_name;
       std::string role, content;
       for (const ParquetColumnReader::Column& c : columns) {
         if (c.path == key && c.strings && c.lists == 0)
@@ -430,8 +457,8 @@ class ParquetExamples {
         // them (KEY.*.role whatever a writer calls its list's levels).
         const bool in_key = c.path.rfind(key + ".", 0) == 0 && c.strings && c.lists == 1;
         const size_t dot = c.path.rfind('.');
-        if (in_key && c.path.substr(dot + 1) == "role" && role.empty()) role = c.path;
-        if (in_key && c.path.substr(dot + 1) == "content" && content.empty()) content = c.path;
+        if (in_key && c.path.substr(dot + 1) == role_name && role.empty()) role = c.path;
+        if (in_key && c.path.substr(dot + 1) == content_name && content.empty()) content = c.path;
       }
       if (!field.text && !role.empty() && !content.empty()) {
         field.roles = std::make_unique<ParquetColumnReader>(path, role, true);
@@ -440,8 +467,11 @@ class ParquetExamples {
       return field;
     };
     Field messages = open("messages");
+    Field conversations = open("conversations", "from", "value");
     if (messages.present()) {
       fields_.push_back(std::move(messages));
+    } else if (conversations.present()) {
+      fields_.push_back(std::move(conversations));
     } else {
       fields_.push_back(open("prompt"));
       fields_.push_back(open("completion"));
@@ -452,8 +482,8 @@ class ParquetExamples {
         for (const ParquetColumnReader::Column& c : columns)
           names += (names.empty() ? "" : ", ") + c.path;
         fail("prepare_sft_dataset: input file '", path, "': no column \"messages\" (a list of ",
-             "{role, content}) nor \"prompt\" and \"completion\" (strings or lists of messages)",
-             " (its columns: ", names, ")");
+             "{role, content}), \"conversations\" (a list of {from, value}) nor \"prompt\" and ",
+             "\"completion\" (strings or lists of messages) (its columns: ", names, ")");
       }
   }
 
@@ -483,8 +513,8 @@ class ParquetExamples {
             !roles_[m] && !contents_[m]
                 ? nlohmann::json()  // a null message
                 : nlohmann::json{
-                      {"role", roles_[m] ? nlohmann::json(*roles_[m]) : nlohmann::json()},
-                      {"content",
+                      {f.role_name, roles_[m] ? nlohmann::json(*roles_[m]) : nlohmann::json()},
+                      {f.content_name,
                        contents_[m] ? nlohmann::json(*contents_[m]) : nlohmann::json()}});
     }
     row_ = fields_[0].text ? fields_[0].text->row() : fields_[0].roles->row();
@@ -495,7 +525,7 @@ class ParquetExamples {
 
  private:
   struct Field {
-    std::string key;
+    std::string key, role_name, content_name;  // a list of messages': its structs' field names
     std::unique_ptr<ParquetColumnReader> text;             // a string column
     std::unique_ptr<ParquetColumnReader> roles, contents;  // a list of messages
     bool present() const { return text || roles; }

@@ -714,6 +714,11 @@ TEST_F(BpeTokenizerFile, ParquetExamplesAreTheirRowsAsJsonLines) {
         EXPECT_EQ(prepared(parquet + name, options), want);
       }
   }
+  // ShareGPT's "conversations" of {from, value}: the messages' shards and masks.
+  PrepareOptions chat_options;
+  chat_options.chat_template = "chatml";
+  EXPECT_EQ(prepared(parquet + "sft_sharegpt.parquet", chat_options),
+            prepared(parquet + "sft_messages.parquet", chat_options));
   // A null list of messages (the zstd file's row 4): named.
   PrepareOptions chatml;
   chatml.chat_template = "chatml";
@@ -840,6 +845,16 @@ TEST_F(BpeTokenizerFile, ConversationsCountTheAssistantTurnsInTheirChatTemplate)
             std::string::npos);
   EXPECT_NE(error_with(R"({"messages": [{"role": "user"}]})", "chatml", nullptr)
                 .find("message 0 is not {\"role\""),
+            std::string::npos);
+  // ShareGPT's turns: "human", "gpt" and "system" (or the roles' own names), nothing else.
+  EXPECT_NE(error_with(R"({"conversations": [{"from": "tool", "value": "a"}]})", "chatml", nullptr)
+                .find("turn 0's \"from\": \"tool\" is not human, gpt or system"),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"conversations": [{"from": "human"}]})", "chatml", nullptr)
+                .find("turn 0 is not {\"from\""),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"conversations": [{"from": "human", "value": "a"}]})", "chatml", nullptr)
+                .find("no assistant message with content to learn"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(dir_ / "bad"));
 }
