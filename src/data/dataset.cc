@@ -842,9 +842,13 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
     ThreadPool pool(resolve_threads(options.threads));
     const auto start = std::chrono::steady_clock::now();
     int64_t bytes = 0;
+    // A document's tokens and end-of-text as the scratch file holds them: a batch's wait in
+    // memory at 2 bytes a token where the ids fit (half of int32's), and the writing thread only
+    // copies them out.
     struct Tokens {
-      std::vector<int32_t> ids;
-      bool empty = false;  // a JSON line with an empty text: skipped
+      std::vector<int32_t> ids;      // wide
+      std::vector<uint16_t> narrow;  // otherwise: every id < vocab_size() <= 65536
+      bool empty = false;            // a JSON line's or a row's empty text: skipped
     };
     tokenize_in_batches<Tokens>(
         inputs, false, options, pool, "prepare_dataset",
@@ -857,6 +861,11 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
             if (tokens.empty) return tokens;
           }
           tokens.ids = tokenizer.encode(doc.text);
+          if (eot >= 0) tokens.ids.push_back(static_cast<int32_t>(eot));
+          if (!wide) {
+            tokens.narrow.assign(tokens.ids.begin(), tokens.ids.end());
+            std::vector<int32_t>().swap(tokens.ids);
+          }
           return tokens;
         },
         [&](Tokens& tokens) {
@@ -865,16 +874,15 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
             return;
           }
           ++documents;
-          if (eot >= 0) tokens.ids.push_back(static_cast<int32_t>(eot));
           if (wide) {
             out.write(reinterpret_cast<const char*>(tokens.ids.data()),
                       static_cast<std::streamsize>(tokens.ids.size() * sizeof(int32_t)));
-          } else {  // every id < vocab_size() <= 65536
-            const std::vector<uint16_t> narrow(tokens.ids.begin(), tokens.ids.end());
-            out.write(reinterpret_cast<const char*>(narrow.data()),
-                      static_cast<std::streamsize>(narrow.size() * sizeof(uint16_t)));
+            n += static_cast<int64_t>(tokens.ids.size());
+          } else {
+            out.write(reinterpret_cast<const char*>(tokens.narrow.data()),
+                      static_cast<std::streamsize>(tokens.narrow.size() * sizeof(uint16_t)));
+            n += static_cast<int64_t>(tokens.narrow.size());
           }
-          n += static_cast<int64_t>(tokens.ids.size());
         },
         [&](int64_t batch_bytes) {
           if (!out) fail("prepare_dataset: cannot write ", scratch.string(), " (disk full?)");

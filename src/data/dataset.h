@@ -51,7 +51,7 @@ struct PrepareOptions {
   std::string json_key = "text";
   // prepare_tokenized_dataset's and prepare_sft_dataset's batches: documents are read until a batch
   // holds this many bytes of text (or 4 text files a thread); two batches are in memory at once.
-  int64_t batch_bytes = int64_t{64} << 20;
+  int64_t batch_bytes = int64_t{16} << 20;
   // prepare_tokenized_dataset: called after each batch (on the calling thread), e.g. to print
   // progress through a corpus of hours; empty: not called.
   std::function<void(const PrepareProgress&)> progress{};
@@ -138,7 +138,7 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
 // concatenated in order, the last val_fraction of the tokens (rounded, at least one when > 0) to
 // validation; uint32 shards where the vocabulary passes 65536, else uint16. Documents are
 // tokenized whole (a text cannot be cut anywhere without changing its pieces) by
-// options.threads threads, a batch at a time (64 MiB of text or 4 text files a thread; the next
+// options.threads threads, a batch at a time (16 MiB of text or 4 text files a thread; the next
 // batch read while one is tokenized), and the same files come out whatever the count; the
 // corpus' tokens wait in a scratch file in out_dir (2 bytes each, 4 past 65536 ids) until the
 // split point is known, so memory holds two batches, not the corpus.
