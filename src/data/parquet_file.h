@@ -1,19 +1,21 @@
 // A text column of a Parquet file, read a value at a time (`loom data prepare CORPUS.parquet`).
 //
 // The Hub ships most pretraining corpora as Parquet: FineWeb and FineWeb-Edu, The Stack, and every
-// dataset's auto-converted `refs/convert/parquet` branch. Apache Arrow's C++ Parquet library is not
-// in Debian 12, so this is a reader of our own for what a corpus needs: one top-level string
-// column (BYTE_ARRAY, required or optional), its pages streamed a row group at a time.
-//
-// A column is a leaf of the schema named by its path ("text", "meta.url", or in a list
-// "messages.list.element.content": `loom data prepare --sft` reads conversations so).
+// dataset's auto-converted `refs/convert/parquet` branch; and its fine-tuning sets. Apache Arrow's
+// C++ Parquet library is not in Debian 12, so this is a reader of our own for what a corpus needs:
+// one string column (BYTE_ARRAY, required or optional), its pages streamed a row group at a time
+// from the mapped file. A column is a leaf of the schema named by its path ("text", a struct's
+// "meta.url", or in a list "messages.list.element.content", read a row's list at a time:
+// `loom data prepare --sft` reads conversations so).
 //
 // What it reads (the Parquet format 2.x): the footer's Thrift compact-protocol metadata; data pages
 // v1 and v2 and dictionary pages; the PLAIN, PLAIN_DICTIONARY / RLE_DICTIONARY, DELTA_LENGTH_BYTE_
 // ARRAY and DELTA_BYTE_ARRAY encodings; definition and repetition levels (RLE / bit-packed
 // hybrid; strings in structs and in one level of lists); the codecs
-// UNCOMPRESSED, SNAPPY, GZIP, BROTLI, ZSTD, LZ4 (Hadoop's framing) and LZ4_RAW; a page's CRC-32
-// when the writer stored one. What pyarrow, fastparquet, DuckDB, Polars, Spark and datatrove write.
+// UNCOMPRESSED, SNAPPY, GZIP, BROTLI, ZSTD, LZ4 (Hadoop's framing, or plain blocks) and LZ4_RAW;
+// a page's CRC-32 when the writer stored one. Checked on what pyarrow (also datatrove's writer,
+// FineWeb's) and fastparquet write (tests/data/parquet); other writers use the same pages and
+// encodings but were not tried.
 // Refused, with an error naming the file and the column: lists of lists, other types, encrypted
 // files, columns in other files, LZO, and any damage — never a silently shorter corpus.
 #pragma once
