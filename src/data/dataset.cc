@@ -64,34 +64,42 @@ int64_t shard_index_of(const std::string& name, std::string_view split) {
 // shard_tokens tokens each: uint16 ones, or with `wide` uint32 ones (vocabularies past 65536).
 class ShardWriter {
  public:
-  // total_tokens only sizes the buffer: min(shard_tokens, total_tokens).
-  ShardWriter(std::string out_dir, std::string split, int64_t shard_tokens, int64_t total_tokens,
-              bool wide = false)
+  // Shards of shard_tokens tokens, the last shorter, each streamed to its file as tokens come
+  // (StreamedShardFile: 64 Ki tokens buffered, not the shard).
+  ShardWriter(std::string out_dir, std::string split, int64_t shard_tokens, bool wide = false)
       : out_dir_(std::move(out_dir)),
         split_(std::move(split)),
         shard_tokens_(shard_tokens),
-        wide_(wide) {
-    const auto reserve = static_cast<size_t>(std::min(shard_tokens_, total_tokens));
-    wide_ ? buffer32_.reserve(reserve) : buffer_.reserve(reserve);
-  }
+        wide_(wide) {}
 
   void push(uint32_t token) {
     LOOM_CHECK(wide_ || token <= 0xffff);
+    if (!shard_) open();
     wide_ ? buffer32_.push_back(token) : buffer_.push_back(static_cast<uint16_t>(token));
     ++tokens_;
-    if (static_cast<int64_t>(wide_ ? buffer32_.size() : buffer_.size()) == shard_tokens_) flush();
+    if (++in_shard_ == shard_tokens_) {
+      flush_buffers();
+      close();
+    } else if (buffer_.size() + buffer32_.size() == kBufferTokens) {
+      flush_buffers();
+    }
   }
   // The same with the token's loss-mask entry (1: it counts as a target): every shard of this
   // writer then gets its mask (data/shard.h).
   void push(uint32_t token, bool counts) {
     masks_ = true;
+    if (!shard_) open();
+    LOOM_CHECK(mask_ != nullptr);  // a writer's tokens all have entries, or none
     mask_buffer_.push_back(counts ? 1 : 0);
     push(token);
   }
 
   // Writes the last (short) shard and deletes stale shards of this split left by earlier runs.
   std::vector<std::string> finish() {
-    if (!buffer_.empty() || !buffer32_.empty()) flush();
+    if (shard_) {
+      flush_buffers();
+      close();
+    }
     for (const fs::path& entry : list_dir(out_dir_, "dataset '" + out_dir_ + "'")) {
       const int64_t index = shard_index_of(entry.filename().string(), split_);
       if (index < static_cast<int64_t>(paths_.size())) continue;  // -1: not a shard of split_
@@ -108,25 +116,44 @@ class ShardWriter {
   int64_t tokens() const { return tokens_; }
 
  private:
-  void flush() {
-    const std::string path =
-        (fs::path(out_dir_) / shard_file_name(split_, static_cast<int64_t>(paths_.size())))
-            .string();
+  static constexpr size_t kBufferTokens = size_t{1} << 16;
+
+  void open() {
+    path_ = (fs::path(out_dir_) / shard_file_name(split_, static_cast<int64_t>(paths_.size())))
+                .string();
+    shard_ = std::make_unique<StreamedShardFile>(
+        path_, wide_ ? StreamedShardFile::Kind::tokens32 : StreamedShardFile::Kind::tokens16);
+    if (masks_)
+      mask_ = std::make_unique<StreamedShardFile>(loss_mask_path(path_),
+                                                  StreamedShardFile::Kind::loss_mask);
+    in_shard_ = 0;
+  }
+  void flush_buffers() {
     if (wide_) {
-      write_shard32(path, buffer32_);  // removes a mask of the shard's old tokens
+      shard_->append(buffer32_.data(), static_cast<int64_t>(buffer32_.size()));
     } else {
-      write_shard(path, buffer_);
+      shard_->append(buffer_.data(), static_cast<int64_t>(buffer_.size()));
     }
-    if (masks_) write_loss_mask(loss_mask_path(path), mask_buffer_);
-    paths_.push_back(path);
+    if (mask_) mask_->append(mask_buffer_.data(), static_cast<int64_t>(mask_buffer_.size()));
     buffer_.clear();
     buffer32_.clear();
     mask_buffer_.clear();
+  }
+  // The shard into place (which removes a mask of its old tokens), then its mask.
+  void close() {
+    shard_->finish();
+    if (mask_) mask_->finish();
+    shard_.reset();
+    mask_.reset();
+    paths_.push_back(path_);
   }
 
   std::string out_dir_, split_;
   int64_t shard_tokens_;
   bool wide_;
+  std::unique_ptr<StreamedShardFile> shard_, mask_;  // the shard being written, and its mask
+  std::string path_;
+  int64_t in_shard_ = 0;
   std::vector<uint16_t> buffer_;
   std::vector<uint32_t> buffer32_;
   bool masks_ = false;
@@ -283,8 +310,8 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const std:
 
   // 2. Stream the bytes: the first n_train tokens to train shards, the rest to val shards.
   create_out_dir(out_dir);
-  ShardWriter train(out_dir, "train", options.shard_tokens, n_train);
-  ShardWriter val(out_dir, "val", options.shard_tokens, n_val);
+  ShardWriter train(out_dir, "train", options.shard_tokens);
+  ShardWriter val(out_dir, "val", options.shard_tokens);
   const ByteTokenizer tokenizer;
   int64_t seen = 0;
   for (const std::string& input : inputs) {
@@ -750,10 +777,9 @@ PrepareResult prepare_sft_dataset(const std::vector<std::string>& inputs,
   //    (each a target that counts) — or a conversation's parts, counted as rendered —, into its
   //    split's shards with their masks.
   create_out_dir(out_dir);
-  const int64_t buffer = std::min<int64_t>(options.shard_tokens, 1 << 20);  // grows as needed
   const bool wide = tokenizer != nullptr && tokenizer->vocab_size() > 65536;
-  ShardWriter train(out_dir, "train", options.shard_tokens, buffer, wide);
-  ShardWriter val(out_dir, "val", options.shard_tokens, buffer, wide);
+  ShardWriter train(out_dir, "train", options.shard_tokens, wide);
+  ShardWriter val(out_dir, "val", options.shard_tokens, wide);
   // The prompt with the tokenizer's BOS (as a model is prompted), the completion without.
   const auto encode = [&](const std::string& text, bool add_special) {
     return tokenizer != nullptr ? tokenizer->encode(text, add_special)
@@ -898,8 +924,8 @@ PrepareResult prepare_tokenized_dataset(const std::vector<std::string>& inputs,
          empty_documents > 0 ? detail::concat("; ", empty_documents, " empty documents") : "", ")");
   const int64_t n_val = held_out(n, options.val_fraction, "prepare_dataset", "tokens");
   // 2. The first n - n_val tokens to train shards, the rest to val shards.
-  ShardWriter train(out_dir, "train", options.shard_tokens, n - n_val, wide);
-  ShardWriter val(out_dir, "val", options.shard_tokens, n_val, wide);
+  ShardWriter train(out_dir, "train", options.shard_tokens, wide);
+  ShardWriter val(out_dir, "val", options.shard_tokens, wide);
   std::ifstream in(scratch, std::ios::binary);
   constexpr int64_t kBlock = 1 << 20;
   std::vector<uint32_t> block32(wide ? kBlock : 0);
@@ -946,8 +972,8 @@ SynthResult synthesize_addition(const std::string& out_dir, int64_t n_train_toke
     fail("synthesize_addition: n_val_tokens = ", n_val_tokens, ": must be >= 0");
   create_out_dir(out_dir);
   const int64_t shard_tokens = PrepareOptions{}.shard_tokens;
-  ShardWriter train(out_dir, "train", shard_tokens, n_train_tokens);
-  ShardWriter val(out_dir, "val", shard_tokens, n_val_tokens);
+  ShardWriter train(out_dir, "train", shard_tokens);
+  ShardWriter val(out_dir, "val", shard_tokens);
   RandomStream rng(seed, "synth");
   write_additions(rng, n_train_tokens, train);
   write_additions(rng, n_val_tokens, val);

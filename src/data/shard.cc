@@ -89,43 +89,99 @@ ShardInfo read_and_check_header(std::FILE* f, const std::string& path, int64_t f
 }  // namespace
 
 namespace {
-// Writes `header` (magic, version, n) and the n elements of `items` to `path` atomically; `kind`
-// ("token shard", "loss mask") names the file in errors.
-template <typename Item>
-void write_headed_file(const std::string& path, const char* kind, int32_t magic, int32_t version,
-                       const std::vector<Item>& items) {
-  const int64_t n = static_cast<int64_t>(items.size());
-  if (n > std::numeric_limits<int32_t>::max())
-    fail(kind, " '", path, "': ", n, " tokens do not fit the int32 count of the header (max ",
-         std::numeric_limits<int32_t>::max(), "); write smaller shards");
-  std::array<int32_t, kShardHeaderInts> header{};
-  header[0] = magic;
-  header[1] = version;
-  header[2] = static_cast<int32_t>(n);
+const char* kind_name(StreamedShardFile::Kind kind) {
+  return kind == StreamedShardFile::Kind::loss_mask ? "loss mask" : "token shard";
+}
+size_t item_bytes(StreamedShardFile::Kind kind) {
+  return kind == StreamedShardFile::Kind::tokens16   ? sizeof(uint16_t)
+         : kind == StreamedShardFile::Kind::tokens32 ? sizeof(uint32_t)
+                                                     : sizeof(uint8_t);
+}
+// A new shard's tokens are not those a loss mask beside it was made for: the mask goes.
+void remove_stale_loss_mask(const std::string& shard_path);
+}  // namespace
 
-  const std::string tmp = path + ".tmp";
-  // Any failure below removes the temporary file; the target is only replaced by rename(2).
-  auto fail_io = [&](const char* what) {
-    const std::string err = errno_str();
-    std::remove(tmp.c_str());
-    fail(kind, " '", path, "': ", what, " '", tmp, "': ", err);
-  };
-  std::FILE* raw = std::fopen(tmp.c_str(), "wb");
-  if (!raw) fail_io("cannot create");
-  File f(raw);
-  if (std::fwrite(header.data(), sizeof(int32_t), header.size(), f.get()) != header.size())
+StreamedShardFile::StreamedShardFile(std::string path, Kind kind)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), kind_(kind) {
+  file_ = std::fopen(tmp_.c_str(), "wb");
+  if (file_ == nullptr) fail_io("cannot create");
+  std::array<int32_t, kShardHeaderInts> header{};  // its count written by finish()
+  if (std::fwrite(header.data(), sizeof(int32_t), header.size(), file_) != header.size())
     fail_io("cannot write header to");
-  if (n > 0 && std::fwrite(items.data(), sizeof(Item), items.size(), f.get()) != items.size())
+}
+
+StreamedShardFile::~StreamedShardFile() {
+  if (file_ != nullptr) {  // unfinished: nothing replaces path_
+    std::fclose(file_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void StreamedShardFile::fail_io(const char* what) {
+  const std::string err = errno_str();
+  if (file_ != nullptr) std::fclose(file_);
+  file_ = nullptr;
+  std::remove(tmp_.c_str());
+  fail(kind_name(kind_), " '", path_, "': ", what, " '", tmp_, "': ", err);
+}
+
+void StreamedShardFile::append(const void* items, int64_t count) {
+  LOOM_CHECK(file_ != nullptr && count >= 0);
+  if (count_ + count > std::numeric_limits<int32_t>::max()) {
+    std::fclose(file_);
+    file_ = nullptr;
+    std::remove(tmp_.c_str());
+    fail(kind_name(kind_), " '", path_, "': ", count_ + count,
+         " tokens do not fit the int32 count of the header (max ",
+         std::numeric_limits<int32_t>::max(), "); write smaller shards");
+  }
+  const auto n = static_cast<size_t>(count);
+  if (n > 0 && std::fwrite(items, item_bytes(kind_), n, file_) != n)
     fail_io("cannot write the contents to");
-  if (std::fflush(f.get()) != 0) fail_io("cannot flush");
-  if (fsync(fileno(f.get())) != 0) fail_io("cannot fsync");
-  if (std::fclose(f.release()) != 0) fail_io("cannot close");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_io("cannot rename into place");
+  count_ += count;
+}
+
+void StreamedShardFile::finish() {
+  LOOM_CHECK(file_ != nullptr);
+  const std::array<int32_t, 3> head{kind_ == Kind::tokens16   ? kShardMagic
+                                    : kind_ == Kind::tokens32 ? kShardMagic32
+                                                              : kLossMaskMagic,
+                                    kind_ == Kind::tokens16   ? kShardVersion
+                                    : kind_ == Kind::tokens32 ? kShardVersion32
+                                                              : kLossMaskVersion,
+                                    static_cast<int32_t>(count_)};
+  if (std::fseek(file_, 0, SEEK_SET) != 0) fail_io("cannot seek in");
+  if (std::fwrite(head.data(), sizeof(int32_t), head.size(), file_) != head.size())
+    fail_io("cannot write header to");
+  if (std::fflush(file_) != 0) fail_io("cannot flush");
+  if (fsync(fileno(file_)) != 0) fail_io("cannot fsync");
+  std::FILE* closing = file_;
+  file_ = nullptr;
+  if (std::fclose(closing) != 0) {
+    const std::string err = errno_str();
+    std::remove(tmp_.c_str());
+    fail(kind_name(kind_), " '", path_, "': cannot close '", tmp_, "': ", err);
+  }
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const std::string err = errno_str();
+    std::remove(tmp_.c_str());
+    fail(kind_name(kind_), " '", path_, "': cannot rename into place '", tmp_, "': ", err);
+  }
+  if (kind_ != Kind::loss_mask) remove_stale_loss_mask(path_);
+}
+
+namespace {
+// Writes the n elements of `items` to `path` atomically, as a file of `kind`.
+template <typename Item>
+void write_headed_file(const std::string& path, StreamedShardFile::Kind kind,
+                       const std::vector<Item>& items) {
+  StreamedShardFile file(path, kind);
+  file.append(items.data(), static_cast<int64_t>(items.size()));
+  file.finish();
 }
 }  // namespace
 
 namespace {
-// A new shard's tokens are not those a loss mask beside it was made for: the mask goes.
 void remove_stale_loss_mask(const std::string& shard_path) {
   const std::string mask = loss_mask_path(shard_path);
   if (std::remove(mask.c_str()) != 0 && errno != ENOENT)
@@ -135,13 +191,11 @@ void remove_stale_loss_mask(const std::string& shard_path) {
 }  // namespace
 
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  write_headed_file(path, "token shard", kShardMagic, kShardVersion, tokens);
-  remove_stale_loss_mask(path);
+  write_headed_file(path, StreamedShardFile::Kind::tokens16, tokens);
 }
 
 void write_shard32(const std::string& path, const std::vector<uint32_t>& tokens) {
-  write_headed_file(path, "token shard", kShardMagic32, kShardVersion32, tokens);
-  remove_stale_loss_mask(path);
+  write_headed_file(path, StreamedShardFile::Kind::tokens32, tokens);
 }
 
 std::string loss_mask_path(const std::string& shard_path) {
@@ -153,7 +207,7 @@ void write_loss_mask(const std::string& path, const std::vector<uint8_t>& counts
     if (counts[i] > 1)
       fail("loss mask '", path, "': entry ", i, " is ", static_cast<int>(counts[i]),
            " (each token's entry is 0 or 1)");
-  write_headed_file(path, "loss mask", kLossMaskMagic, kLossMaskVersion, counts);
+  write_headed_file(path, StreamedShardFile::Kind::loss_mask, counts);
 }
 
 bool has_loss_mask(const std::string& shard_path, int64_t shard_tokens) {

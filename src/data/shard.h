@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,34 @@ struct ShardInfo {
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 // The same as a uint32 "llama-3" shard.
 void write_shard32(const std::string& path, const std::vector<uint32_t>& tokens);
+
+// A token shard or a loss mask written as its items come, so that a writer need not hold them
+// all (`loom data prepare` writes shards of 10^8 tokens): to path + ".tmp" behind a header whose
+// count is written at finish(), then flushed, fsync'ed and renamed — the same file, as atomically,
+// as write_shard / write_shard32 / write_loss_mask write. Destroyed unfinished (an exception
+// unwinding), it removes the temporary file and leaves `path` as it was.
+class StreamedShardFile {
+ public:
+  enum class Kind { tokens16, tokens32, loss_mask };
+  StreamedShardFile(std::string path, Kind kind);
+  ~StreamedShardFile();
+  StreamedShardFile(const StreamedShardFile&) = delete;
+  StreamedShardFile& operator=(const StreamedShardFile&) = delete;
+
+  // Appends `count` items of the kind's width (2, 4 or 1 bytes) from `items`. Throws loom::Error
+  // naming the file on an I/O failure or past the header's int32 count.
+  void append(const void* items, int64_t count);
+  // Writes the count, then renames into place; a token shard's stale loss mask is removed.
+  void finish();
+  int64_t count() const { return count_; }
+
+ private:
+  [[noreturn]] void fail_io(const char* what);
+  std::string path_, tmp_;
+  Kind kind_;
+  std::FILE* file_ = nullptr;
+  int64_t count_ = 0;
+};
 
 // Reads and validates the header only (magic, version, and that the token count matches the file
 // size). Throws loom::Error naming the file for a missing file, a truncated header, a wrong

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -132,6 +133,54 @@ TEST(Shard, CountMustMatchFileSize) {
   expect_error([&] { read_shard(path); }, {path, "10 tokens", "1054 bytes"});
   testing::write_bytes(path, raw_shard(kShardMagic, 1, -5, 0));
   expect_error([&] { read_shard(path); }, {path, "-5 tokens"});
+}
+
+// A shard streamed a piece at a time is the file write_shard writes, byte for byte (and a loss
+// mask write_loss_mask's); unfinished — an exception between its pieces — it leaves the old file
+// as it was and no temporary file behind.
+TEST(Shard, StreamedFilesAreTheWholeWritesAndUnfinishedOnesLeaveNothing) {
+  TempDir dir;
+  std::vector<uint16_t> tokens(70000);
+  std::vector<uint32_t> wide(1000);
+  std::vector<uint8_t> counts(70000);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<uint16_t>(i * 7919);
+    counts[i] = static_cast<uint8_t>(i % 3 == 0);
+  }
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = static_cast<uint32_t>(i * 104729);
+  write_shard(dir.file("whole.bin"), tokens);
+  write_shard32(dir.file("whole32.bin"), wide);
+  write_loss_mask(dir.file("whole.mask"), counts);
+  {
+    StreamedShardFile shard(dir.file("streamed.bin"), StreamedShardFile::Kind::tokens16);
+    StreamedShardFile shard32(dir.file("streamed32.bin"), StreamedShardFile::Kind::tokens32);
+    StreamedShardFile mask(dir.file("streamed.mask"), StreamedShardFile::Kind::loss_mask);
+    for (size_t from = 0; from < tokens.size(); from += 4096) {
+      const auto n = static_cast<int64_t>(std::min<size_t>(4096, tokens.size() - from));
+      shard.append(tokens.data() + from, n);
+      mask.append(counts.data() + from, n);
+    }
+    shard32.append(wide.data(), 600);
+    shard32.append(wide.data() + 600, 400);
+    EXPECT_EQ(shard.count(), 70000);
+    shard.finish();
+    shard32.finish();
+    mask.finish();
+  }
+  EXPECT_EQ(testing::read_bytes(dir.file("streamed.bin")),
+            testing::read_bytes(dir.file("whole.bin")));
+  EXPECT_EQ(testing::read_bytes(dir.file("streamed32.bin")),
+            testing::read_bytes(dir.file("whole32.bin")));
+  EXPECT_EQ(testing::read_bytes(dir.file("streamed.mask")),
+            testing::read_bytes(dir.file("whole.mask")));
+  // Unfinished over an existing shard: the shard stays, no .tmp.
+  {
+    StreamedShardFile shard(dir.file("whole.bin"), StreamedShardFile::Kind::tokens16);
+    shard.append(tokens.data(), 5);
+    EXPECT_TRUE(std::filesystem::exists(dir.file("whole.bin.tmp")));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("whole.bin.tmp")));
+  EXPECT_EQ(read_shard(dir.file("whole.bin")), tokens);
 }
 
 TEST(Shard, WriteIntoMissingDirectoryNamesTheFile) {
