@@ -18,9 +18,10 @@ compressed. A Parquet file (.parquet; the `pyarrow` package) is one document a r
 the counts and the vocabulary size to put in model.vocab_size (at least; a padded size such as
 50304 for GPT-2 is fine).
 
-With --sft --chat-template chatml|llama3, conversations ({"messages": [...]}, or "prompt" and
-"completion" as lists of messages) are rendered and counted as `loom data prepare` does
-(docs/data.md): the assistant turns' content and end markers count.
+With --sft --chat-template chatml|llama3, conversations ({"messages": [...]}, ShareGPT's
+{"conversations": [{"from": ..., "value": ...}]}, or "prompt" and "completion" as lists of
+messages) are rendered and counted as `loom data prepare` does (docs/data.md): the assistant
+turns' content and end markers count. Parquet files of such rows are read too (pyarrow).
 
 With --sft the inputs are JSONL fine-tuning examples, one object a line, {"prompt": "...",
 "completion": "..."} (TRL's prompt-completion format): each example is its prompt's tokens (with
