@@ -470,40 +470,35 @@ class ParquetExamples {
  public:
   explicit ParquetExamples(const std::string& path) {
     const std::vector<ParquetColumnReader::Column> columns = ParquetColumnReader::columns(path);
-    const auto open = [&](const std::string& key, const std::string& role_name = "role",
+    // Where `key`'s column is: a string column, or a list of structs of strings `role_name` and
+    // `content_name` (KEY.list.element.role as pyarrow names them; KEY.*.role whatever a writer
+    // calls its list's levels). Nothing is opened yet.
+    const auto find = [&](const std::string& key, const std::string& role_name = "role",
                           const std::string& content_name = "content") {
       Field field;
       field.key = key;
       field.role_name = role_name;
       field.content_name = content_name;
-      std::string role, content;
       for (const ParquetColumnReader::Column& c : columns) {
-        if (c.path == key && c.strings && c.lists == 0)
-          field.text = std::make_unique<ParquetColumnReader>(path, key);
-        // A list of structs of "role" and "content": KEY.list.element.role as pyarrow names
-        // them (KEY.*.role whatever a writer calls its list's levels).
-        const bool in_key = c.path.rfind(key + ".", 0) == 0 && c.strings && c.lists == 1;
-        const size_t dot = c.path.rfind('.');
-        if (in_key && c.path.substr(dot + 1) == role_name && role.empty()) role = c.path;
-        if (in_key && c.path.substr(dot + 1) == content_name && content.empty()) content = c.path;
-      }
-      if (!field.text && !role.empty() && !content.empty()) {
-        field.roles = std::make_unique<ParquetColumnReader>(path, role, true);
-        field.contents = std::make_unique<ParquetColumnReader>(path, content, true);
+        if (c.path == key && c.strings && c.lists == 0) field.text_path = key;
+        const bool in_key = c.path.starts_with(key + ".") && c.strings && c.lists == 1;
+        const std::string leaf = c.path.substr(c.path.rfind('.') + 1);
+        if (in_key && leaf == role_name && field.role_path.empty()) field.role_path = c.path;
+        if (in_key && leaf == content_name && field.content_path.empty())
+          field.content_path = c.path;
       }
       return field;
     };
-    Field messages = open("messages");
-    Field conversations = open("conversations", "from", "value");
-    if (messages.present()) {
+    if (Field messages = find("messages"); messages.present()) {
       fields_.push_back(std::move(messages));
-    } else if (conversations.present()) {
+    } else if (Field conversations = find("conversations", "from", "value");
+               conversations.present()) {
       fields_.push_back(std::move(conversations));
     } else {
-      fields_.push_back(open("prompt"));
-      fields_.push_back(open("completion"));
+      fields_.push_back(find("prompt"));
+      fields_.push_back(find("completion"));
     }
-    for (const Field& f : fields_)
+    for (Field& f : fields_) {
       if (!f.present()) {
         std::string names;
         for (const ParquetColumnReader::Column& c : columns)
@@ -512,13 +507,19 @@ class ParquetExamples {
              "{role, content}), \"conversations\" (a list of {from, value}) nor \"prompt\" and ",
              "\"completion\" (strings or lists of messages) (its columns: ", names, ")");
       }
+      if (!f.text_path.empty()) {
+        f.text = std::make_unique<ParquetColumnReader>(path, f.text_path);
+      } else {
+        f.roles = std::make_unique<ParquetColumnReader>(path, f.role_path, true);
+        f.contents = std::make_unique<ParquetColumnReader>(path, f.content_path, true);
+      }
+    }
   }
 
   // The next row as a JSON object's text into `line`; false after the last row.
   bool next(std::string& line) {
     nlohmann::json row = nlohmann::json::object();
     for (Field& f : fields_) {
-      ParquetColumnReader& first = f.text ? *f.text : *f.roles;
       if (f.text) {
         std::string text;
         const auto got = f.text->next(text);
@@ -530,7 +531,7 @@ class ParquetExamples {
       const auto got = f.roles->next_list(roles_);
       if (got == ParquetColumnReader::Next::end) return false;
       if (f.contents->next_list(contents_) != got || contents_.size() != roles_.size())
-        fail("prepare_sft_dataset: input file '", first.path(), "' row ", first.row(),
+        fail("prepare_sft_dataset: input file '", f.roles->path(), "' row ", f.roles->row(),
              ": damaged Parquet data (its messages' roles and contents differ in number)");
       nlohmann::json& messages = row[f.key];
       if (got == ParquetColumnReader::Next::null) continue;  // null
@@ -553,9 +554,12 @@ class ParquetExamples {
  private:
   struct Field {
     std::string key, role_name, content_name;  // a list of messages': its structs' field names
+    std::string text_path, role_path, content_path;        // its columns, as found
     std::unique_ptr<ParquetColumnReader> text;             // a string column
     std::unique_ptr<ParquetColumnReader> roles, contents;  // a list of messages
-    bool present() const { return text || roles; }
+    bool present() const {
+      return !text_path.empty() || (!role_path.empty() && !content_path.empty());
+    }
   };
   std::vector<Field> fields_;
   std::vector<std::optional<std::string>> roles_, contents_;

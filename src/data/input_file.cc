@@ -14,10 +14,6 @@
 namespace loom {
 namespace {
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 constexpr size_t kMaxFrameHead = 18;  // ZSTD_FRAMEHEADERSIZE_MAX: a frame header's most bytes
 
 // Whether a frame's first 4 bytes are zstd's magic number or a skippable frame's. libzstd also
@@ -33,18 +29,18 @@ bool zstd_magic(std::string_view head) {
 }  // namespace
 
 Compression compression_of(std::string_view path) {
-  if (ends_with(path, ".gz")) return Compression::gzip;
-  if (ends_with(path, ".zst") || ends_with(path, ".zstd")) return Compression::zstd;
+  if (path.ends_with(".gz")) return Compression::gzip;
+  if (path.ends_with(".zst") || path.ends_with(".zstd")) return Compression::zstd;
   return Compression::none;
 }
 
 bool is_json_lines(std::string_view path) {
   for (std::string_view suffix : {".gz", ".zst", ".zstd"})
-    if (ends_with(path, suffix)) {
+    if (path.ends_with(suffix)) {
       path.remove_suffix(suffix.size());
       break;
     }
-  return ends_with(path, ".jsonl") || ends_with(path, ".ndjson") || ends_with(path, ".json");
+  return path.ends_with(".jsonl") || path.ends_with(".ndjson") || path.ends_with(".json");
 }
 
 // The compressed side: a buffer of the file's bytes and the library's stream state. A "stream"

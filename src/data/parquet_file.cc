@@ -25,10 +25,6 @@ struct DecodeError {
   std::string why;
 };
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 uint32_t little_u32(const uint8_t* p) {
   return p[0] | p[1] << 8 | p[2] << 16 | uint32_t{p[3]} << 24;
 }
@@ -321,7 +317,7 @@ class DeltaDecoder {
   DeltaDecoder(const uint8_t* begin, const uint8_t* end) : p_(begin), end_(end) {
     const uint64_t block = varint_at(p_, end_);
     miniblocks_ = varint_at(p_, end_);
-    total_ = varint_at(p_, end_);
+    left_ = varint_at(p_, end_);
     Thrift t(p_, end_);
     last_ = t.zigzag();
     p_ = t.position();
@@ -329,10 +325,7 @@ class DeltaDecoder {
         block % miniblocks_ != 0 || (block / miniblocks_) % 32 != 0)
       throw DecodeError{"a DELTA_BINARY_PACKED header of impossible block sizes"};
     per_miniblock_ = block / miniblocks_;
-    left_ = total_;
   }
-
-  uint64_t left() const { return left_; }
 
   int64_t next() {
     if (left_ == 0) throw DecodeError{"fewer delta-coded values than the page's"};
@@ -395,7 +388,7 @@ class DeltaDecoder {
 
   const uint8_t* p_ = nullptr;
   const uint8_t* end_ = nullptr;
-  uint64_t miniblocks_ = 1, per_miniblock_ = 32, total_ = 0, left_ = 0;
+  uint64_t miniblocks_ = 1, per_miniblock_ = 32, left_ = 0;
   int64_t last_ = 0, min_delta_ = 0;
   bool first_done_ = false;
   const uint8_t* widths_ = nullptr;
@@ -749,7 +742,7 @@ PageHeader read_page_header(Thrift& t) {
 }  // namespace
 
 bool is_parquet(std::string_view path) {
-  return ends_with(path, ".parquet");
+  return path.ends_with(".parquet");
 }
 
 struct ParquetColumnReader::ColumnChunk {

@@ -67,10 +67,9 @@ class ParquetColumnReader {
   const std::string& path() const { return path_; }
   const std::string& column() const { return column_; }
 
+ private:
   struct ColumnChunk;  // where a row group's pages of the column are, and how they are coded
   struct Page;         // the data page being read
-
- private:
   struct Mapping;
   static void map(const std::string& path, Mapping& mapping);
   // An entry of the column: its levels, and its string where the definition level is full.
