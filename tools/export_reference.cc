@@ -1,10 +1,12 @@
-// Writes the inputs of the PyTorch reference tests: the initial weights of a small GPT-2 (vocab 256,
-// T 32, d 64, 2 layers, 4 heads; seed 1234) and one batch of tokens/targets, as safetensors.
+// Writes the inputs of the PyTorch reference tests: the initial weights of a small GPT-2 (vocab
+// 256, T 32, d 64, 2 layers, 4 heads; seed 1234) and one batch of tokens/targets, as safetensors.
 // tools/torch_reference.py reads this file, runs the same step in PyTorch and writes the golden
 // file that tests/models/gpt2_reference_test.cc compares against. With --llama the same for the
 // Llama form (4 query heads sharing 2 key/value heads, SwiGLU 96 wide, rope_theta 10000):
 // tools/hf_llama_reference.py runs it in HuggingFace transformers' LlamaForCausalLM for
-// tests/models/llama_reference_test.cc. See tools/README.md.
+// tests/models/llama_reference_test.cc. With --moe that Llama with a mixture of 4 SwiGLU experts
+// (48 wide, top 2) in each block: tools/hf_mixtral_reference.py runs it in transformers'
+// MixtralForCausalLM for tests/models/moe_reference_test.cc. See tools/README.md.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -14,9 +16,10 @@
 #include "tensor/rng.h"
 
 int main(int argc, char** argv) {
-  const bool llama = argc == 3 && std::string(argv[1]) == "--llama";
+  const bool moe = argc == 3 && std::string(argv[1]) == "--moe";
+  const bool llama = moe || (argc == 3 && std::string(argv[1]) == "--llama");
   if (argc != 2 && !llama) {
-    std::fprintf(stderr, "usage: %s [--llama] OUT.safetensors\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--llama | --moe] OUT.safetensors\n", argv[0]);
     return 2;
   }
   const char* out_path = argv[argc - 1];
@@ -28,6 +31,12 @@ int main(int argc, char** argv) {
       c.ffn_hidden = 96;
       c.rope_theta = 10000;
       c.norm_eps = 1e-5;
+    }
+    if (moe) {
+      c.ffn_hidden = 48;
+      c.moe_experts = 4;
+      c.moe_top_k = 2;
+      c.moe_aux_loss_coef = 0.05f;
     }
     c.vocab_size = 256;
     c.max_seq_len = 32;
@@ -48,6 +57,10 @@ int main(int argc, char** argv) {
     if (llama)
       meta.insert({{"arch", "llama"}, {"n_kv_heads", "2"}, {"ffn_hidden", "96"},
                    {"rope_theta", "10000"}, {"norm_eps", "1e-5"}});
+    if (moe) {
+      meta["ffn_hidden"] = "48";
+      meta.insert({{"moe_experts", "4"}, {"moe_top_k", "2"}, {"moe_aux_loss_coef", "0.05"}});
+    }
     loom::save_safetensors(out_path, out, meta);
     std::fprintf(stderr, "wrote %s\n", out_path);
   } catch (const std::exception& e) {

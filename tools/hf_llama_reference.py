@@ -46,26 +46,41 @@ def build(tensors, meta, dtype):
                          attention_bias=False, mlp_bias=False, hidden_act="silu")
     config._attn_implementation = "eager"
     model = LlamaForCausalLM(config).to(dtype)
-    state = {"model.embed_tokens.weight": tensors["wte.weight"], "model.norm.weight": tensors["ln_f.weight"]}
-    kv = kv_heads * hd
+    state = attention_state(tensors, n_layers, kv_heads * hd)
     for l in range(n_layers):
         ours, hf = f"blocks.{l}.", f"model.layers.{l}."
-        qkv, fc = tensors[ours + "attn.qkv.weight"], tensors[ours + "mlp.fc.weight"]
+        fc = tensors[ours + "mlp.fc.weight"]
+        state[hf + "mlp.gate_proj.weight"] = fc[:hidden]
+        state[hf + "mlp.up_proj.weight"] = fc[hidden:]
+        state[hf + "mlp.down_proj.weight"] = tensors[ours + "mlp.proj.weight"]
+    load_tied(model, state, dtype)
+    return model, n_layers, hidden, C + kv_heads * hd
+
+
+def attention_state(tensors, n_layers, kv):
+    """transformers' names for what a Llama-form model holds besides its MLPs, from Loom's tensors:
+    the embedding, the norms, and q/k/v_proj split out of the fused qkv rows."""
+    C = tensors["wte.weight"].shape[1]
+    state = {"model.embed_tokens.weight": tensors["wte.weight"], "model.norm.weight": tensors["ln_f.weight"]}
+    for l in range(n_layers):
+        ours, hf = f"blocks.{l}.", f"model.layers.{l}."
+        qkv = tensors[ours + "attn.qkv.weight"]
         state[hf + "input_layernorm.weight"] = tensors[ours + "ln_1.weight"]
         state[hf + "self_attn.q_proj.weight"] = qkv[:C]
         state[hf + "self_attn.k_proj.weight"] = qkv[C:C + kv]
         state[hf + "self_attn.v_proj.weight"] = qkv[C + kv:]
         state[hf + "self_attn.o_proj.weight"] = tensors[ours + "attn.proj.weight"]
         state[hf + "post_attention_layernorm.weight"] = tensors[ours + "ln_2.weight"]
-        state[hf + "mlp.gate_proj.weight"] = fc[:hidden]
-        state[hf + "mlp.up_proj.weight"] = fc[hidden:]
-        state[hf + "mlp.down_proj.weight"] = tensors[ours + "mlp.proj.weight"]
+    return state
+
+
+def load_tied(model, state, dtype):
+    """Loads `state` into the model, its LM head tied to the embedding."""
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)).to(dtype)
                                                  for k, v in state.items()}, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    return model, n_layers, hidden, C + kv
 
 
 def loss_of(model, tokens, targets):
@@ -73,15 +88,41 @@ def loss_of(model, tokens, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def loom_grads(model, names, n_layers, hidden, q_end):
+def attention_grads(model, n_layers):
+    """Loom's names for the gradients of what attention_state loads (qkv fused back)."""
     g = {"wte.weight": model.model.embed_tokens.weight.grad, "ln_f.weight": model.model.norm.weight.grad}
     for l in range(n_layers):
         ours, layer = f"blocks.{l}.", model.model.layers[l]
-        a, m = layer.self_attn, layer.mlp
+        a = layer.self_attn
         g[ours + "ln_1.weight"] = layer.input_layernorm.weight.grad
         g[ours + "attn.qkv.weight"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad, a.v_proj.weight.grad])
         g[ours + "attn.proj.weight"] = a.o_proj.weight.grad
         g[ours + "ln_2.weight"] = layer.post_attention_layernorm.weight.grad
+    return g
+
+
+def adamw_losses(model, train_loss, eval_loss, steps=5):
+    """The losses after each of `steps` AdamW steps (lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight
+    decay 0.1 on 2-D weights only) on train_loss(model)."""
+    params = list(model.parameters())  # the tied head appears once
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        train_loss(model).backward()
+        opt.step()
+        with torch.no_grad():
+            losses.append(eval_loss(model).item())
+    return np.array(losses, dtype=np.float64)
+
+
+def loom_grads(model, names, n_layers, hidden, q_end):
+    g = attention_grads(model, n_layers)
+    for l in range(n_layers):
+        ours, m = f"blocks.{l}.", model.model.layers[l].mlp
         g[ours + "mlp.fc.weight"] = torch.cat([m.gate_proj.weight.grad, m.up_proj.weight.grad])
         g[ours + "mlp.proj.weight"] = m.down_proj.weight.grad
     assert set(g) == set(names), set(g) ^ set(names)
@@ -104,19 +145,8 @@ def main(inp, out):
     golden["init_sumsq"] = np.array([sum(float((v.astype(np.float64) ** 2).sum()) for v in tensors.values())])
 
     model32, *_ = build(tensors, meta, torch.float32)
-    params = list(model32.parameters())  # the tied head appears once
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    losses = []
-    for _ in range(5):
-        opt.zero_grad()
-        loss_of(model32, tokens, targets).backward()
-        opt.step()
-        with torch.no_grad():
-            losses.append(loss_of(model32, tokens, targets).item())
-    golden["adamw_losses"] = np.array(losses, dtype=np.float64)
+    step_loss = lambda m: loss_of(m, tokens, targets)  # noqa: E731
+    losses = golden["adamw_losses"] = adamw_losses(model32, step_loss, step_loss)
     import transformers
     save_safetensors(out, golden, {"torch": torch.__version__, "transformers": transformers.__version__,
                                    "source": "tools/hf_llama_reference.py"})

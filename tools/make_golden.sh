@@ -3,13 +3,18 @@
 #   tools/make_golden.sh        tests/data/gpt2_reference_golden.safetensors (PyTorch GPT-2)
 #   tools/make_golden.sh llama  tests/data/llama_reference_golden.safetensors (transformers'
 #                               LlamaForCausalLM)
+#   tools/make_golden.sh moe    tests/data/moe_reference_golden.safetensors (transformers'
+#                               MixtralForCausalLM)
 # Needs a release build and PyTorch (apt-get install python3-torch, or pip install torch); llama
-# also transformers (pip install transformers; EXTRA_PYTHONPATH for a pip --target install).
+# and moe also transformers (pip install transformers; EXTRA_PYTHONPATH for a pip --target install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake --build --preset release --target loom_export_reference
 tmp=$(mktemp -d)
-if [ "${1:-gpt2}" = llama ]; then
+if [ "${1:-gpt2}" = moe ]; then
+  ./build/release/tools/loom_export_reference --moe "$tmp/init.safetensors"
+  "${PYTHON:-python3}" tools/hf_mixtral_reference.py "$tmp/init.safetensors" tests/data/moe_reference_golden.safetensors
+elif [ "${1:-gpt2}" = llama ]; then
   ./build/release/tools/loom_export_reference --llama "$tmp/init.safetensors"
   "${PYTHON:-python3}" tools/hf_llama_reference.py "$tmp/init.safetensors" tests/data/llama_reference_golden.safetensors
 else

@@ -246,6 +246,10 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     shape["ffn_hidden"] = mc.ffn_hidden;
     shape["rope_theta"] = mc.rope_theta;
     shape["norm_eps"] = mc.norm_eps;
+    if (mc.moe())
+      shape["moe"] = {{"experts", mc.moe_experts},
+                      {"top_k", mc.moe_top_k},
+                      {"aux_loss_coef", mc.moe_aux_loss_coef}};
     if (mc.rope_scaling_factor > 0)
       shape["rope_scaling"] = {{"rope_type", "llama3"},
                                {"factor", mc.rope_scaling_factor},
@@ -391,6 +395,12 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       c.ffn_hidden = json_integer<int64_t>(m.at("ffn_hidden"));
       c.rope_theta = m.at("rope_theta").get<double>();
       c.norm_eps = m.at("norm_eps").get<double>();
+      if (m.contains("moe")) {
+        const json& moe = m.at("moe");
+        c.moe_experts = json_integer<int64_t>(moe.at("experts"));
+        c.moe_top_k = json_integer<int64_t>(moe.at("top_k"));
+        c.moe_aux_loss_coef = moe.at("aux_loss_coef").get<float>();
+      }
       if (m.contains("rope_scaling")) {
         const json& s = m.at("rope_scaling");
         c.rope_scaling_factor = s.at("factor").get<double>();

@@ -463,6 +463,10 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   if (format != "hf" && format != "llmc") fail("export format '", format, "': expected hf or llmc");
   if (out.empty()) fail("export: no output path");
   const Gpt2Config mc = read_checkpoint_model(checkpoint_dir);
+  if (mc.moe())
+    fail("export: ", checkpoint_dir,
+         " holds a mixture of experts (model.moe_experts = ", mc.moe_experts,
+         "); exporting one is not yet built (docs/moe.md)");
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
   load_checkpoint(checkpoint_dir, model, nullptr);

@@ -28,6 +28,7 @@ struct ModelLimits {
   static constexpr int64_t kDModel = int64_t{1} << 17;
   static constexpr int64_t kLayers = int64_t{1} << 14;
   static constexpr int64_t kFfnHidden = int64_t{1} << 20;
+  static constexpr int64_t kExperts = int64_t{1} << 10;  // DeepSeek-V3: 256 routed experts
 };
 
 struct ModelConfig {
@@ -56,6 +57,13 @@ struct ModelConfig {
   double rope_high_freq_factor = 4;
   int64_t rope_original_max_seq_len = 8192;
   double norm_eps = 1e-5;      // RMSNorm's epsilon
+  // Mixture of experts (Mixtral, Shazeer et al. 2017): each block's SwiGLU MLP becomes
+  // moe_experts of them (each ffn_hidden wide) behind a router sending every token to its
+  // moe_top_k best (nn/moe_mlp.h); 0: the dense MLP. moe_aux_loss_coef weighs the per-sequence
+  // load-balancing loss added to the training loss (DeepSeek-V3's sequence-wise balance loss).
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 2;
+  double moe_aux_loss_coef = 0.01;
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }

@@ -80,6 +80,10 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
     if (m.norm_eps != defaults.norm_eps) p.add("model.norm_eps applies to model.arch = \"llama\" only");
     if (m.rope_scaling != defaults.rope_scaling)
       p.add("model.rope_scaling applies to model.arch = \"llama\" only");
+    if (m.moe_experts != defaults.moe_experts)
+      p.add(
+          "model.moe_experts applies to model.arch = \"llama\" only (its experts are SwiGLU "
+          "MLPs, as Mixtral's)");
     return;
   }
   p.one_of("model.rope_scaling", m.rope_scaling, {"none", "llama3"});
@@ -107,6 +111,25 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
     p.add("model.norm_eps = ", format_double(m.norm_eps), " must be positive");
 }
 
+// Mixture of experts (nn/moe_mlp.h): the top-k choice needs k experts; the routing keys do
+// nothing without experts, so changing them alone is an error.
+void validate_moe_keys(const ModelConfig& m, Problems& p) {
+  const ModelConfig defaults;
+  p.non_negative("model.moe_experts", m.moe_experts);
+  p.at_most("model.moe_experts", m.moe_experts, ModelLimits::kExperts);
+  if (m.moe_experts == 0) {
+    if (m.moe_top_k != defaults.moe_top_k)
+      p.add("model.moe_top_k applies with model.moe_experts > 0 only");
+    if (m.moe_aux_loss_coef != defaults.moe_aux_loss_coef)
+      p.add("model.moe_aux_loss_coef applies with model.moe_experts > 0 only");
+    return;
+  }
+  if (m.moe_top_k < 1 || (m.moe_experts > 0 && m.moe_top_k > m.moe_experts))
+    p.add("model.moe_top_k = ", m.moe_top_k,
+          " must be between 1 and model.moe_experts = ", m.moe_experts);
+  p.in_range("model.moe_aux_loss_coef", m.moe_aux_loss_coef, 0, 1, true);
+}
+
 void validate_model(const ModelConfig& m, Problems& p) {
   p.one_of("model.arch", m.arch, {"gpt2", "llama"});
   p.positive("model.vocab_size", m.vocab_size);
@@ -128,6 +151,7 @@ void validate_model(const ModelConfig& m, Problems& p) {
   if (!(m.init_std > 0 && std::isfinite(m.init_std)))
     p.add("model.init_std = ", format_double(m.init_std), " must be positive");
   validate_llama_keys(m, p);
+  validate_moe_keys(m, p);
 }
 
 void validate_data(const DataConfig& d, Problems& p) {
@@ -369,6 +393,18 @@ void validate(const Config& config) {
                  "and the layout would quantize differently from one device");
   // Llama's other shard widths: the key/value projections' and the SwiGLU's.
   const ModelConfig& m = config.model;
+  // Mixture-of-experts blocks are built for whole sequences on CPU ranks: data parallelism,
+  // ZeRO and pipelining (docs/moe.md); not yet split by tensor or context parallelism, nor
+  // run on GPUs.
+  if (m.arch == "llama" && m.moe_experts > 0) {
+    const char* why = ": model.moe_experts > 0 is not yet built for it (docs/moe.md)";
+    if (config.parallel.tp > 1) problems.add("parallel.tp = ", config.parallel.tp, why);
+    if (config.parallel.cp > 1) problems.add("parallel.cp = ", config.parallel.cp, why);
+    if (r.device.starts_with("cuda")) problems.add("runtime.device = ", toml_quote(r.device), why);
+    if (!config.train.init_from.empty())
+      problems.add("train.init_from = ", toml_quote(config.train.init_from),
+                   ": a HuggingFace import of a mixture of experts is not yet built (docs/moe.md)");
+  }
   if (m.arch == "llama" && r.matmul_precision == "fp8" && r.fp8_block > 0 && tp > 1 &&
       m.n_heads > 0 && d % m.n_heads == 0 && m.resolved_n_kv_heads() > 0) {
     const int64_t kv_width = m.resolved_n_kv_heads() * (d / m.n_heads);

@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "kernels/ops.h"
 #include "nn/deferred_weight_grads.h"
+#include "nn/moe_mlp.h"
 #include "nn/rounded_weights.h"
 #include "nn/step_losses.h"
 #include "nn/swiglu_mlp.h"
@@ -59,6 +60,13 @@ void Gpt2Config::validate() const {
   if (head_dim() % 2 != 0)
     fail("model head size ", head_dim(), " must be even for the rotary embedding");
   if (ffn_hidden <= 0) fail("model.ffn_hidden must be positive, got ", ffn_hidden);
+  if (moe_experts < 0 || moe_experts > ModelLimits::kExperts)
+    fail("model.moe_experts = ", moe_experts, " must be in [0, ", ModelLimits::kExperts, "]");
+  if (moe_experts > 0 && (moe_top_k < 1 || moe_top_k > moe_experts))
+    fail("model.moe_top_k = ", moe_top_k,
+         " must be between 1 and model.moe_experts = ", moe_experts);
+  if (moe_experts > 0 && !(moe_aux_loss_coef >= 0 && moe_aux_loss_coef < 1))
+    fail("model.moe_aux_loss_coef = ", moe_aux_loss_coef, " must be in [0, 1)");
   if (!(rope_theta > 1)) fail("model.rope_theta must be > 1, got ", rope_theta);
   if (!(norm_eps > 0)) fail("model.norm_eps must be positive, got ", norm_eps);
 }
@@ -66,7 +74,10 @@ void Gpt2Config::validate() const {
 int64_t Gpt2Config::num_parameters() const {
   const int64_t C = d_model;
   if (llama()) {  // two RMSNorm weights, qkv, proj, the SwiGLU's fused gate/up and proj
-    const int64_t per_block = 2 * C + C * qkv_width() + C * C + 3 * C * ffn_hidden;
+    // A mixture: moe_experts SwiGLUs and the router (C -> experts).
+    const int64_t mlp =
+        moe() ? moe_experts * 3 * C * ffn_hidden + C * moe_experts : 3 * C * ffn_hidden;
+    const int64_t per_block = 2 * C + C * qkv_width() + C * C + mlp;
     return vocab_size * C + n_layers * per_block + C + (tie_embeddings ? 0 : vocab_size * C);
   }
   const int64_t per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) +
@@ -77,8 +88,11 @@ int64_t Gpt2Config::num_parameters() const {
 
 double Gpt2Config::flops_per_token(int64_t seq_len) const {
   // Looked-up tables are not multiplied: the positions, and an untied head's token embedding.
+  // A mixture of experts multiplies a token by its moe_top_k experts' weights only.
+  const int64_t idle_experts =
+      moe() ? n_layers * (moe_experts - moe_top_k) * 3 * d_model * ffn_hidden : 0;
   const int64_t matrix_params = num_parameters() - position_rows() * d_model -
-                                (tie_embeddings ? 0 : vocab_size * d_model);
+                                (tie_embeddings ? 0 : vocab_size * d_model) - idle_experts;
   return 6.0 * static_cast<double>(matrix_params) +
          12.0 * static_cast<double>(n_layers * d_model * seq_len);
 }
@@ -95,6 +109,10 @@ std::optional<Rotary> rotary_of(const Gpt2Config& c) {
 }
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c) {
+  if (c.moe())
+    return std::make_unique<MoeMlp>(store, name,
+                                    MoeShape{c.d_model, c.ffn_hidden, c.moe_experts, c.moe_top_k},
+                                    c.moe_aux_loss_coef, c.init_std, residual_std(c));
   if (c.llama())
     return std::make_unique<SwiGluMlp>(store, name, c.d_model, c.ffn_hidden, c.init_std,
                                        residual_std(c));
@@ -303,6 +321,7 @@ void Gpt2::backward(Context& ctx, double scale) {
 
 Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
   if (root_unit_ >= 0) hook_before_backward(ctx, root_unit_);
+  ctx.backward_scale = scale;  // for the blocks' inner losses (a mixture of experts')
   Tensor dx = dy;
   if (part_.head) {
     LOOM_CHECK(dlogits_.defined());
@@ -377,6 +396,12 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
   }
   if (root_unit_ >= 0) hook_after_backward(ctx, root_unit_);
   return out;
+}
+
+double Gpt2::aux_loss() const {
+  double sum = 0;
+  for (const auto& block : blocks_) sum += block->aux_loss();
+  return sum;
 }
 
 Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {

@@ -69,6 +69,11 @@ struct Gpt2Config {
   double rope_high_freq_factor = 4;
   int64_t rope_original_max_seq_len = 8192;
   double norm_eps = 1e-5;
+  // Llama only: a mixture of moe_experts SwiGLU MLPs in each block, moe_top_k of them per token,
+  // with the per-sequence balance loss weighed by moe_aux_loss_coef (nn/moe_mlp.h); 0: dense.
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 2;
+  float moe_aux_loss_coef = 0.01f;
 
   cpu::RopeFrequencies rope_frequencies() const {
     return {rope_theta, rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
@@ -76,6 +81,7 @@ struct Gpt2Config {
   }
 
   bool llama() const { return arch == Arch::kLlama; }
+  bool moe() const { return llama() && moe_experts > 0; }
   int64_t head_dim() const { return d_model / n_heads; }
   int64_t kv_heads() const { return llama() ? n_kv_heads : n_heads; }
   int64_t hidden() const { return llama() ? ffn_hidden : 4 * d_model; }  // the MLP's width
@@ -104,6 +110,9 @@ class Gpt2Block {
   Tensor decode(Context& ctx, const Tensor& x, Tensor& keys, Tensor& values, int64_t first);
   void clear_cache();
   void collect_cache(std::vector<Tensor*>& out);
+  // The loss the block's MLP added in its last forward (FeedForward::aux_loss): a mixture of
+  // experts' balance loss; 0 for a dense one.
+  double aux_loss() const { return mlp_->aux_loss(); }
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
@@ -208,6 +217,10 @@ class Gpt2 : public Gpt2Stage {
   Tensor backward_part(Context& ctx, const Tensor& dy, double scale) override;
   const Gpt2Part& part() const override { return part_; }
   Parameter* head_weight() const override { return head_wte_; }
+  // Σ over this part's blocks of the losses they added in their last forward (Gpt2Block::
+  // aux_loss): a mixture of experts' balance losses, which backward differentiates beside the
+  // cross-entropy that forward returns. 0 for dense blocks.
+  double aux_loss() const;
 
  private:
   Tensor run_blocks(Context& ctx, Tensor x);

@@ -47,6 +47,11 @@ struct Context {
   // z-loss. 0: none.
   float z_loss = 0;
 
+  // Set by a model's backward to the `scale` its loss's gradient is taken at (1 / micro-batches,
+  // times a loss scale): a loss added inside the network — a mixture of experts' balance loss
+  // (nn/moe_mlp.h) — takes its gradient at the same scale.
+  double backward_scale = 1;
+
   // The token ids were checked where they came from (kernels/exec.h): a training step's.
   bool ids_checked = false;
 

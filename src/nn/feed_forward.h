@@ -23,6 +23,9 @@ class FeedForward {
   virtual void drop_recomputable() = 0;
   virtual void restore_input(const Tensor& x) = 0;
   virtual void collect_cache(std::vector<Tensor*>& out) = 0;
+  // The loss this MLP added to the training loss in its last forward, with its coefficient
+  // (a mixture of experts' balance loss, nn/moe_mlp.h); its backward adds its gradient.
+  virtual double aux_loss() const { return 0; }
 };
 
 }  // namespace loom

@@ -46,6 +46,8 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
                          : std::vector<int64_t>{}),
       mlp_proj_(store, name + ".mlp.proj", config.hidden(), config.d_model, tp, !config.llama(),
                 residual_std(config), sequence_parallel) {
+  if (config.moe())
+    fail(name, ": a mixture of experts is not yet split by tensor parallelism (docs/moe.md)");
   if (config.kv_heads() % tp.size() != 0)
     fail(name, ": parallel.tp = ", tp.size(), " does not divide model.n_kv_heads = ",
          config.kv_heads());

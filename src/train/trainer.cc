@@ -69,6 +69,9 @@ Gpt2Config model_config_of(const Config& config) {
       m.rope_original_max_seq_len = config.model.rope_original_max_seq_len;
     }
     m.norm_eps = config.model.norm_eps;
+    m.moe_experts = config.model.moe_experts;
+    m.moe_top_k = config.model.moe_top_k;
+    m.moe_aux_loss_coef = static_cast<float>(config.model.moe_aux_loss_coef);
   }
   return m;
 }
@@ -197,6 +200,16 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          saved.tie_embeddings ? "" : " with an untied head", " model, but model.arch = \"",
          config.model.arch, "\"", wanted.tie_embeddings ? "" : " with model.tie_embeddings = false",
          ": resume with the config it was trained with (RUN_DIR/config.toml)");
+  if (saved.moe_experts != wanted.moe_experts || saved.moe_top_k != wanted.moe_top_k)
+    fail("checkpoint ", checkpoint, " holds ",
+         saved.moe()
+             ? detail::concat("a mixture of ", saved.moe_experts, " experts, top ", saved.moe_top_k)
+             : std::string("a dense model"),
+         ", but the config asks for ",
+         wanted.moe() ? detail::concat("a mixture of ", wanted.moe_experts, " experts, top ",
+                                       wanted.moe_top_k)
+                      : std::string("a dense model"),
+         " (model.moe_experts, model.moe_top_k): resume with the config it was trained with");
   const TrainingState st = load_layout_checkpoint(checkpoint, parts, engines, config);
   if (st.step > config.train.steps)
     fail("checkpoint ", checkpoint, " is at step ", st.step,

@@ -51,13 +51,28 @@ void grad_check(const Gpt2Config& c) {
   }
   Tensor tokens = Tensor::empty({2, 5}, DType::kI32), targets = Tensor::empty({2, 5}, DType::kI32);
   fill_batch(tokens, targets, c.vocab_size, 1);
-  testing::GradCheck gc{[&] { return model.forward(ctx, tokens, targets); },
-                        [&] { model.backward(ctx); return Tensor(); },
+  // With a mixture of experts the loss backward differentiates has the balance losses too.
+  testing::GradCheck gc{[&] { return model.forward(ctx, tokens, targets) + model.aux_loss(); },
+                        [&] {
+                          model.backward(ctx);
+                          return Tensor();
+                        },
                         [&] { model.clear_cache(); }};
   gc.run(model.params(), nullptr);
 }
 
 TEST(Llama, WholeModelGradCheckInDoubleWithSharedKeyValueHeads) { grad_check(tiny_llama(1)); }
+
+// A mixture of 4 experts, top 2 (nn/moe_mlp.h), with a large balance loss: the routing weights'
+// and the balance loss's gradients reach the router through every block.
+TEST(Llama, WholeModelGradCheckInDoubleWithAMixtureOfExperts) {
+  Gpt2Config c = tiny_llama(1);
+  c.ffn_hidden = 6;
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_aux_loss_coef = 0.25f;
+  grad_check(c);
+}
 
 TEST(Llama, WholeModelGradCheckInDoubleWithAKeyValueHeadPerQueryHead) {
   grad_check(tiny_llama(2));
@@ -151,10 +166,9 @@ struct LlamaRun {
   std::vector<float> grads;
 };
 
-LlamaRun run_mode(Recompute mode) {
+LlamaRun run_mode(Recompute mode, Gpt2Config c = tiny_llama(1)) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
-  Gpt2Config c = tiny_llama(1);
   c.init_std = 0.02f;
   c.recompute = mode;
   Gpt2 model(c);
@@ -164,6 +178,7 @@ LlamaRun run_mode(Recompute mode) {
     Tensor tokens = Tensor::empty({3, 6}, DType::kI32), targets = Tensor::empty({3, 6}, DType::kI32);
     fill_batch(tokens, targets, c.vocab_size, 10 + m);
     run.losses.push_back(model.forward(ctx, tokens, targets));
+    run.losses.push_back(model.aux_loss());  // a mixture of experts' balance loss, or 0
     model.unstash_activations(model.stash_activations());  // as a pipeline schedule does
     model.backward(ctx, 0.5);
   }
@@ -171,17 +186,31 @@ LlamaRun run_mode(Recompute mode) {
   return run;
 }
 
-TEST(Llama, RecomputationModesGiveBitwiseIdenticalLossAndGradients) {
-  const LlamaRun none = run_mode(Recompute::kNone);
+void expect_recomputation_modes_bitwise_equal(const Gpt2Config& c) {
+  const LlamaRun none = run_mode(Recompute::kNone, c);
   for (Recompute mode : {Recompute::kFull, Recompute::kSelective}) {
     SCOPED_TRACE(recompute_name(mode));
-    const LlamaRun run = run_mode(mode);
+    const LlamaRun run = run_mode(mode, c);
     ASSERT_EQ(run.losses.size(), none.losses.size());
     for (size_t m = 0; m < run.losses.size(); ++m)
       EXPECT_EQ(std::memcmp(&run.losses[m], &none.losses[m], sizeof(double)), 0);
     ASSERT_EQ(run.grads.size(), none.grads.size());
     EXPECT_EQ(std::memcmp(run.grads.data(), none.grads.data(), none.grads.size() * 4), 0);
   }
+}
+
+TEST(Llama, RecomputationModesGiveBitwiseIdenticalLossAndGradients) {
+  expect_recomputation_modes_bitwise_equal(tiny_llama(1));
+}
+
+// A mixture of experts (nn/moe_mlp.h): selective recomputation drops the router's and the
+// experts' inputs and gathers them again from the rebuilt norm output, the routing kept.
+TEST(Llama, MixtureOfExpertsRecomputationModesGiveBitwiseIdenticalLossesAndGradients) {
+  Gpt2Config c = tiny_llama(1);
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_aux_loss_coef = 0.25f;
+  expect_recomputation_modes_bitwise_equal(c);
 }
 
 int64_t distinct_bytes(const std::vector<Tensor*>& slots) {

@@ -11,9 +11,40 @@
 
 #include "checkpoint/safetensors.h"
 #include "models/gpt2.h"
+#include "optim/adamw.h"
 #include "tensor/rng.h"
 
 namespace loom::testing {
+
+// The models tools/export_reference.cc writes: GPT-2 (vocab 256, T 32, d 64, 2 layers, 4 heads),
+// with --llama in Llama's form (2 key/value heads, SwiGLU 96 wide, rope_theta 10000), with --moe
+// that Llama with 4 SwiGLU experts 48 wide per block, top 2, balance loss 0.05.
+inline Gpt2Config reference_gpt2() {
+  Gpt2Config c;
+  c.vocab_size = 256;
+  c.max_seq_len = 32;
+  c.d_model = 64;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  return c;
+}
+inline Gpt2Config reference_llama() {
+  Gpt2Config c = reference_gpt2();
+  c.arch = Arch::kLlama;
+  c.n_kv_heads = 2;
+  c.ffn_hidden = 96;
+  c.rope_theta = 10000;
+  c.norm_eps = 1e-5;
+  return c;
+}
+inline Gpt2Config reference_moe() {
+  Gpt2Config c = reference_llama();
+  c.ffn_hidden = 48;
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_aux_loss_coef = 0.05f;
+  return c;
+}
 
 // The (4, 33) token batch of tools/export_reference.cc: inputs [:, :-1], targets [:, 1:].
 inline void fill_reference_batch(Tensor& tokens, Tensor& targets) {
@@ -49,5 +80,50 @@ inline int expect_gradients_match(Gpt2& model, const SafetensorsFile& golden,
   }
   return checked;
 }
+
+// A reference model as tools/export_reference.cc builds it (seed 1234), its batch and the
+// golden file its reference script wrote.
+struct ReferenceRun {
+  ThreadPool pool{2};
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  Gpt2 model;
+  Tensor tokens = Tensor::empty({4, 32}, DType::kI32);
+  Tensor targets = Tensor::empty({4, 32}, DType::kI32);
+  SafetensorsFile golden;
+
+  ReferenceRun(const Gpt2Config& config, const std::string& golden_path)
+      : model(config), golden(load_safetensors(golden_path)) {
+    model.build(DType::kF32, Device::cpu(), 1234);
+    fill_reference_batch(tokens, targets);
+  }
+  double scalar(const std::string& name, int i = 0) const {
+    return golden.tensors.at(name).data<double>()[i];
+  }
+
+  // The initial weights' sum of squares is the golden file's: the same starting point.
+  void expect_initialisation_matches(const std::string& regenerate) {
+    double sumsq = 0;
+    for (float v : model.params().values().to_vector()) sumsq += double(v) * v;
+    EXPECT_NEAR(sumsq, scalar("init_sumsq"), 1e-9 * sumsq)
+        << "the initialisation changed: regenerate the golden file with " << regenerate;
+  }
+
+  // Five AdamW steps (betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices, lr 1e-3) on
+  // the batch: the loss after each within 1e-4 relative of the golden "adamw_losses".
+  void expect_adamw_steps_match() {
+    AdamWConfig cfg;
+    AdamW opt(model.params(), cfg);
+    for (int step = 0; step < 5; ++step) {
+      model.params().zero_grads();
+      model.forward(ctx, tokens, targets);
+      model.backward(ctx);
+      opt.step(pool, 1e-3f);
+      const double loss = model.forward(ctx, tokens, targets);
+      model.clear_cache();
+      EXPECT_NEAR(loss, scalar("adamw_losses", step), 1e-4 * scalar("adamw_losses", step))
+          << "after step " << step + 1;
+    }
+  }
+};
 
 }  // namespace loom::testing

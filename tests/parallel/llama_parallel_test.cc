@@ -1,7 +1,9 @@
 // Llama (model.arch = "llama") under every strategy: each layout trains like one device (losses
 // and final parameters within 1e-5 relative; `loom check`'s measure), grouped-query heads split
 // over tp with the query heads they serve; a stopped and resumed run continues bit for bit; a
-// sharded checkpoint written under one layout resumes under another to the same run.
+// sharded checkpoint written under one layout resumes under another to the same run. With a
+// mixture of experts in its blocks (docs/moe.md) the same, under data parallelism, ZeRO and
+// pipelining; tensor and context parallelism, GPUs and a dense checkpoint refused by name.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -58,6 +60,35 @@ threads_per_rank = 1
     return c;
   }
 
+  // The same Llama with a mixture of 4 experts of width 24 in each block, 2 per token
+  // (nn/moe_mlp.h), and a strong balance loss, so that a layout getting its gradient wrong shows.
+  static Config moe_config() {
+    Config c = config();
+    c.model.ffn_hidden = 24;
+    c.model.moe_experts = 4;
+    c.model.moe_top_k = 2;
+    c.model.moe_aux_loss_coef = 0.1;
+    return c;
+  }
+
+  // Each layout within 1e-5 (relative) of one device's losses and final parameters, and the
+  // reference learning: from about ln 256 down within the steps.
+  static void expect_layouts_match_one_device(const Config& c, const std::string& layouts,
+                                              size_t count) {
+    LayoutCheckOptions o;
+    o.steps = 4;
+    const LayoutCheckResult r = check_layouts(c, parse_layouts(layouts), o);
+    ASSERT_EQ(r.rows.size(), count);
+    for (const LayoutCheckRow& row : r.rows) {
+      EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
+      EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+      EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
+    }
+    ASSERT_EQ(r.reference_losses.size(), 4u);
+    EXPECT_NEAR(r.reference_losses.front(), std::log(256.0), 0.1);
+    EXPECT_LT(r.reference_losses.back(), r.reference_losses.front() - 0.1);
+  }
+
   static TrainOptions options(const std::string& name) {
     TrainOptions o;
     o.progress = false;
@@ -65,27 +96,40 @@ threads_per_rank = 1
     return o;
   }
 
+  // 4 steps with a checkpoint at 2 (run dirs PREFIXwhole, PREFIXresumed): stopped after step 2
+  // and resumed, the run's losses and final weights are bit for bit the uninterrupted run's.
+  static void expect_resumed_run_bitwise_equal(Config c, const std::string& prefix) {
+    c.train.steps = 4;
+    c.train.warmup_steps = 2;
+    c.train.save_every = 2;
+    run_training(c, options(prefix + "whole"));
+    TrainOptions first = options(prefix + "resumed");
+    first.stop_after = 2;
+    run_training(c, first);
+    TrainOptions second = options(prefix + "resumed");
+    second.resume = "auto";
+    run_training(c, second);
+    const auto a = testing::read_metrics(root_ / (prefix + "whole"));
+    const auto b = testing::read_metrics(root_ / (prefix + "resumed"));
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+    const fs::path step_4 = fs::path("checkpoints") / "step_4" / "model.safetensors";
+    testing::expect_weights_match(root_ / (prefix + "whole") / step_4,
+                                  root_ / (prefix + "resumed") / step_4, "resumed", 0.0);
+  }
+
   static fs::path root_;
 };
 fs::path LlamaParallel::root_;
 
 TEST_F(LlamaParallel, EveryStrategyMatchesOneDevice) {
-  LayoutCheckOptions o;
-  o.steps = 4;
-  const char* layouts =
+  expect_layouts_match_one_device(
+      config(),
       "dp=2,zero=1;dp=2,zero=3;tp=2;tp=2,sp=1;pp=2;pp=2,schedule=interleaved,v=2;"
-      "pp=2,tp=2,recompute=full;dp=2,tp=2,zero=2,sp=1,recompute=selective;dp=2,pp=2,schedule=gpipe";
-  const LayoutCheckResult r = check_layouts(config(), parse_layouts(layouts), o);
-  ASSERT_EQ(r.rows.size(), 9u);
-  for (const LayoutCheckRow& row : r.rows) {
-    EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
-    EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
-    EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
-  }
-  // The runs learn: the loss falls from about ln 256 within the four steps.
-  ASSERT_EQ(r.reference_losses.size(), 4u);
-  EXPECT_NEAR(r.reference_losses.front(), std::log(256.0), 0.1);
-  EXPECT_LT(r.reference_losses.back(), r.reference_losses.front() - 0.1);
+      "pp=2,tp=2,recompute=full;dp=2,tp=2,zero=2,sp=1,recompute=selective;dp=2,pp=2,schedule=gpipe",
+      9);
 }
 
 // An untied head (model.tie_embeddings = false, lm_head.weight): vocabulary-parallel under tp, on
@@ -93,16 +137,8 @@ TEST_F(LlamaParallel, EveryStrategyMatchesOneDevice) {
 TEST_F(LlamaParallel, AnUntiedHeadUnderEveryStrategyMatchesOneDevice) {
   Config c = config();
   c.model.tie_embeddings = false;
-  LayoutCheckOptions o;
-  o.steps = 4;
-  const LayoutCheckResult r = check_layouts(
-      c, parse_layouts("tp=2;pp=2;pp=2,tp=2,sp=1;dp=2,zero=3;dp=2,pp=2,schedule=interleaved,v=2,mbs=2"), o);
-  ASSERT_EQ(r.rows.size(), 5u);
-  for (const LayoutCheckRow& row : r.rows) {
-    EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
-    EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
-    EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
-  }
+  expect_layouts_match_one_device(
+      c, "tp=2;pp=2;pp=2,tp=2,sp=1;dp=2,zero=3;dp=2,pp=2,schedule=interleaved,v=2,mbs=2", 5);
 }
 
 TEST_F(LlamaParallel, TensorParallelNeedsWholeKeyValueHeadsPerRank) {
@@ -124,28 +160,11 @@ TEST_F(LlamaParallel, TensorParallelNeedsWholeKeyValueHeadsPerRank) {
 
 TEST_F(LlamaParallel, StoppedAndResumedRunContinuesBitForBit) {
   Config c = config();
-  c.train.steps = 4;
-  c.train.warmup_steps = 2;
-  c.train.save_every = 2;
   c.parallel.tp = 2;
   c.parallel.dp = 2;
   c.parallel.zero = 1;
   c.runtime.ranks = 4;
-  run_training(c, options("whole"));
-  TrainOptions first = options("resumed");
-  first.stop_after = 2;
-  run_training(c, first);
-  TrainOptions second = options("resumed");
-  second.resume = "auto";
-  run_training(c, second);
-  const auto a = testing::read_metrics(root_ / "whole"), b = testing::read_metrics(root_ / "resumed");
-  ASSERT_EQ(a.size(), 4u);
-  ASSERT_EQ(b.size(), 4u);
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
-  testing::expect_weights_match(root_ / "whole" / "checkpoints" / "step_4" / "model.safetensors",
-                                root_ / "resumed" / "checkpoints" / "step_4" / "model.safetensors",
-                                "resumed", 0.0);
+  expect_resumed_run_bitwise_equal(c, "");
 }
 
 TEST_F(LlamaParallel, ShardedCheckpointOfOneLayoutResumesUnderAnother) {
@@ -177,6 +196,73 @@ TEST_F(LlamaParallel, ShardedCheckpointOfOneLayoutResumesUnderAnother) {
     EXPECT_NEAR(got[i]["loss"].get<double>(), ref[i]["loss"].get<double>(),
                 1e-5 * ref[i]["loss"].get<double>())
         << "step " << i + 1;
+}
+
+// A mixture of experts (model.moe_experts) under every strategy built for it: its balance loss
+// is per sequence, so however dp, micro-batches and pipeline stages split the batch its gradient
+// is one device's.
+TEST_F(LlamaParallel, MixtureOfExpertsUnderEveryStrategyBuiltForItMatchesOneDevice) {
+  expect_layouts_match_one_device(moe_config(),
+                                  "dp=2,zero=1;dp=2,zero=3;dp=2,zero=2,mbs=2,recompute=selective;"
+                                  "pp=2;pp=2,schedule=interleaved,v=2;"
+                                  "pp=2,schedule=zb-v,v=2,recompute=full;dp=2,pp=2,schedule=gpipe",
+                                  7);
+}
+
+TEST_F(LlamaParallel, MixtureOfExpertsStoppedAndResumedContinuesBitForBit) {
+  Config c = moe_config();
+  c.parallel.dp = 2;
+  c.parallel.zero = 2;
+  c.runtime.ranks = 2;
+  expect_resumed_run_bitwise_equal(c, "moe_");
+  // The same checkpoint under a dense config is named for what it holds.
+  Config dense = c;
+  dense.model.moe_experts = 0;
+  dense.model.moe_top_k = Config().model.moe_top_k;
+  dense.model.moe_aux_loss_coef = Config().model.moe_aux_loss_coef;
+  TrainOptions third = options("moe_resumed");
+  third.resume = "auto";
+  try {
+    run_training(dense, third);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a mixture of 4 experts, top 2, but the config "
+                                         "asks for a dense model"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
+  const auto refused = [](Config c, const std::string& expected) {
+    try {
+      validate(c);
+      FAIL() << "no error for " << expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  Config tp = moe_config();
+  tp.parallel.tp = 2;
+  refused(tp, "parallel.tp = 2: model.moe_experts > 0 is not yet built for it");
+  Config cp = moe_config();
+  cp.parallel.cp = 2;
+  refused(cp, "parallel.cp = 2: model.moe_experts > 0 is not yet built for it");
+  Config gpu = moe_config();
+  gpu.runtime.device = "cuda";
+  refused(gpu, "runtime.device = \"cuda\": model.moe_experts > 0 is not yet built for it");
+  Config gpt2 = moe_config();
+  gpt2.model.arch = "gpt2";
+  gpt2.model.n_kv_heads = 0;
+  gpt2.model.ffn_hidden = 0;
+  gpt2.model.rope_theta = 10000;
+  refused(gpt2, "model.moe_experts applies to model.arch = \"llama\" only");
+  Config k = moe_config();
+  k.model.moe_top_k = 5;
+  refused(k, "model.moe_top_k = 5 must be between 1 and model.moe_experts = 4");
+  Config dense = moe_config();
+  dense.model.moe_experts = 0;
+  refused(dense, "model.moe_aux_loss_coef applies with model.moe_experts > 0 only");
 }
 
 }  // namespace

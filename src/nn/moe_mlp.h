@@ -1,0 +1,80 @@
+// A mixture of experts in place of a block's MLP (Shazeer et al. 2017; Mixtral, Jiang et al.
+// 2024): `experts` SwiGLU MLPs, each `hidden` wide, and a router — a Linear C -> experts, no
+// bias — whose softmax picks each token's top_k experts. The token's output is the sum of its
+// experts' outputs weighed by their router probabilities renormalised over the k chosen
+// (Mixtral's: a softmax over the chosen logits). Every token reaches its experts: no capacity,
+// nothing dropped ("dropless", as Megatron-LM's and torchtitan's grouped GEMMs).
+//
+// Load balance: the router is trained towards spreading tokens by the sequence-wise balance loss
+// of DeepSeek-V3 (and Megatron-LM's "seq_aux_loss"): per sequence of T tokens
+//   L = Σ_e f_e · P_e,  f_e = experts / (top_k · T) · (tokens of the sequence sent to e),
+//                       P_e = mean over the sequence's tokens of the router probability of e,
+// 1 when perfectly balanced; the training loss gains aux_loss_coef times its mean over the
+// batch's sequences, in every block. Per sequence, not per micro-batch: so it is the same
+// whatever the data-parallel degree, the micro-batch size or the pipeline splits the batch
+// into — every layout's gradients are one device's. f_e counts choices and has no gradient
+// (Switch Transformer's), P_e carries it to the router.
+//
+// Names: <name>.router.weight (experts × C), <name>.experts.<e>.fc.weight (2H × C: gate then up)
+// and <name>.experts.<e>.proj.weight (C × H). On CPU ranks; ties in the top-k go to the lower
+// expert index, so routing is deterministic.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/feed_forward.h"
+#include "nn/linear.h"
+#include "nn/swiglu_mlp.h"
+
+namespace loom {
+
+struct MoeShape {
+  int64_t channels = 0;
+  int64_t hidden = 0;  // each expert's SwiGLU width
+  int64_t experts = 0;
+  int64_t top_k = 0;
+};
+
+class MoeMlp : public FeedForward {
+ public:
+  // proj_std: the experts' output projections' init std (scaled by depth, as the dense MLP's).
+  MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& shape, float aux_loss_coef,
+         float init_std, float proj_std);
+  // x: (B, T, C), each of the B rows a sequence (its balance loss's unit).
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) override;
+  // Also adds the balance loss's gradient, at ctx.backward_scale.
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void clear_cache() override;
+  // Drops the router's input and the experts' gathered inputs and SwiGLU outputs; restore_input
+  // gathers the experts' rows again from the rebuilt input (the same routing, kept).
+  void drop_recomputable() override;
+  void restore_input(const Tensor& x) override;
+  void collect_cache(std::vector<Tensor*>& out) override;
+  double aux_loss() const override { return aux_loss_coef_ * balance_loss_; }
+
+  // Of the last forward: tokens sent to each expert (each token counted top_k times), and the
+  // balance loss's mean over its sequences (before aux_loss_coef).
+  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+  double balance_loss() const { return balance_loss_; }
+
+ private:
+  Tensor run(Context& ctx, const Tensor& x, const Tensor* residual);
+  MoeShape shape_;
+  float aux_loss_coef_;
+  Linear router_;
+  std::vector<std::unique_ptr<SwiGluMlp>> experts_;
+  // Kept from forward for backward (and for pipeline stashes: collect_cache):
+  Tensor probs_;               // (N, experts) router softmax, ctx.dtype
+  Tensor choice_;              // (N, top_k) i32: each token's experts, best first
+  Tensor weight_;              // (N, top_k) ctx.dtype: their renormalised probabilities
+  std::vector<Tensor> rows_;   // per expert: (n_e) i32 its tokens, in token order
+  std::vector<Tensor> slots_;  // per expert: (n_e) i32 where in its token's choice it is
+  std::vector<Tensor> out_;    // per expert: (n_e, C) its outputs, unweighed
+  std::vector<int64_t> expert_tokens_;
+  double balance_loss_ = 0;
+};
+
+}  // namespace loom

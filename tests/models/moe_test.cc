@@ -1,0 +1,194 @@
+// Mixture of experts (nn/moe_mlp.h) in Llama's blocks: the module's gradients — the routing
+// weights' and the balance loss's included — against finite differences in double; the balance
+// loss's value where it is known; the routing against a direct computation; parameter names and
+// count; what is refused. (The whole model's gradients and recomputation modes bit for bit:
+// llama_test.cc.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../nn/gradcheck.h"
+#include "base/error.h"
+#include "models/gpt2.h"
+#include "nn/moe_mlp.h"
+#include "tensor/rng.h"
+
+namespace loom {
+namespace {
+
+Gpt2Config tiny_moe(int64_t experts = 4, int64_t top_k = 2) {
+  Gpt2Config c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = 11;
+  c.max_seq_len = 6;
+  c.d_model = 8;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.ffn_hidden = 6;
+  c.rope_theta = 10.0;
+  c.init_std = 0.3f;
+  c.moe_experts = experts;
+  c.moe_top_k = top_k;
+  c.moe_aux_loss_coef = 0.25f;  // large, so its gradient is far above the check's tolerance
+  return c;
+}
+
+// The module alone: L = Σ y ∘ R + coef · balance loss, its input's and every weight's gradient.
+void module_grad_check(int64_t experts, int64_t top_k, double backward_scale) {
+  SCOPED_TRACE(::testing::Message() << "top " << top_k << " of " << experts);
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF64};
+  ctx.backward_scale = backward_scale;
+  ParameterStore store;
+  const float coef = 0.3f;
+  MoeMlp moe(store, "mlp", {6, 5, experts, top_k}, coef, 0.5f, 0.4f);
+  store.allocate(DType::kF64, Device::cpu());
+  store.initialize(7);
+  Tensor x = testing::random_f64({2, 5, 6}, "x");
+  const Tensor r = testing::random_f64({2, 5, 6}, "r");
+  testing::GradCheck gc{
+      [&] { return backward_scale * (testing::dot(moe.forward(ctx, x), r) + moe.aux_loss()); },
+      [&] {
+        Tensor dy = r.clone();
+        for (int64_t i = 0; i < dy.numel(); ++i) dy.data<double>()[i] *= backward_scale;
+        return moe.backward(ctx, dy);
+      },
+      [&] { moe.clear_cache(); }};
+  gc.run(store, &x);
+  // Every expert took tokens (else its weights' check checked nothing): 20 choices, 4 experts.
+  moe.forward(ctx, x);
+  for (int64_t n : moe.expert_tokens()) EXPECT_GT(n, 0);
+}
+
+TEST(MoeMlp, GradCheckInDoubleTopTwoOfFour) {
+  module_grad_check(4, 2, 1.0);
+}
+TEST(MoeMlp, GradCheckInDoubleTopOneOfThree) {
+  module_grad_check(3, 1, 1.0);
+}
+TEST(MoeMlp, GradCheckInDoubleEveryExpert) {
+  module_grad_check(3, 3, 1.0);
+}
+// backward's dy at a loss scale (gradient accumulation's 1 / micro-batches, fp16's scale): the
+// balance loss's gradient follows at ctx.backward_scale.
+TEST(MoeMlp, GradCheckInDoubleAtALossScale) {
+  module_grad_check(4, 2, 0.375);
+}
+
+// The routing as its definition says, computed here from the router's logits: each token's
+// top-k of the softmax (ties to the lower index), its output the weighed sum of its experts'.
+TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF64};
+  const int64_t C = 6, E = 5, K = 2;
+  ParameterStore store;
+  MoeMlp moe(store, "mlp", {C, 4, E, K}, 0.0f, 0.5f, 0.4f);
+  ParameterStore expert_store;  // the same experts again, run on every token
+  std::vector<std::unique_ptr<SwiGluMlp>> experts;
+  for (int64_t e = 0; e < E; ++e)
+    experts.push_back(std::make_unique<SwiGluMlp>(expert_store, "mlp.experts." + std::to_string(e),
+                                                  C, 4, 0.5f, 0.4f));
+  store.allocate(DType::kF64, Device::cpu());
+  store.initialize(3);
+  expert_store.allocate(DType::kF64, Device::cpu());
+  expert_store.initialize(3);  // same names, same seed: the same values
+  const Tensor x = testing::random_f64({1, 7, C}, "x");
+  const Tensor y = moe.forward(ctx, x);
+  const Parameter& router = *store.find("mlp.router.weight");
+  std::vector<Tensor> all;
+  for (auto& e : experts) all.push_back(e->forward(ctx, x));
+  for (int64_t t = 0; t < 7; ++t) {
+    std::vector<double> logit(E), p(E);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t c = 0; c < C; ++c)
+        logit[e] += router.value.data<double>()[e * C + c] * x.data<double>()[t * C + c];
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(logit[e]);
+    for (int64_t e = 0; e < E; ++e) p[e] = std::exp(logit[e]) / sum;
+    int64_t first = 0, second = -1;
+    for (int64_t e = 1; e < E; ++e)
+      if (p[e] > p[first]) first = e;
+    for (int64_t e = 0; e < E; ++e)
+      if (e != first && (second < 0 || p[e] > p[second])) second = e;
+    for (int64_t c = 0; c < C; ++c) {
+      const double want = (p[first] * all[first].data<double>()[t * C + c] +
+                           p[second] * all[second].data<double>()[t * C + c]) /
+                          (p[first] + p[second]);
+      EXPECT_NEAR(y.data<double>()[t * C + c], want, 1e-12) << "token " << t << " channel " << c;
+    }
+  }
+}
+
+// A router of zeros gives every expert the same probability: the ties go to experts 0 .. k−1,
+// which take every token, f = E/k for them, P = 1/E for all: the balance loss is exactly 1 —
+// and its gradient pushes the router away from the crowded experts.
+TEST(MoeMlp, BalanceLossIsOneWhenRoutingIsUniformAndItsGradientSpreadsTokens) {
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF64};
+  ParameterStore store;
+  MoeMlp moe(store, "mlp", {6, 4, 4, 2}, 0.5f, 0.5f, 0.4f);
+  store.allocate(DType::kF64, Device::cpu());
+  store.initialize(3);
+  Parameter& router = *store.find("mlp.router.weight");
+  std::fill(router.value.data<double>(), router.value.data<double>() + router.numel(), 0.0);
+  const Tensor x = testing::random_f64({3, 4, 6}, "x");
+  moe.forward(ctx, x);
+  EXPECT_DOUBLE_EQ(moe.balance_loss(), 1.0);
+  EXPECT_DOUBLE_EQ(moe.aux_loss(), 0.5);
+  EXPECT_EQ(moe.expert_tokens(), (std::vector<int64_t>{12, 12, 0, 0}));
+  // Only the balance loss's gradient (dy = 0). Per token dL/dp_e = coef / (B·T) · f_e, f =
+  // (2, 2, 0, 0); through the softmax at p = 1/4 the logits' gradient is +a for the crowded
+  // experts and −a for the idle ones, a = coef / (B·T) / 4: descent moves tokens to the idle.
+  // The router's gradient row e is then ±a · Σ_t x_t.
+  store.zero_grads();
+  moe.backward(ctx, Tensor::zeros({3, 4, 6}, DType::kF64));
+  const double a = 0.5 / 12 / 4;
+  const double* g = router.grad.data<double>();
+  for (int64_t c = 0; c < 6; ++c) {
+    double sx = 0;
+    for (int64_t t = 0; t < 12; ++t) sx += x.data<double>()[t * 6 + c];
+    for (int64_t e = 0; e < 4; ++e)
+      EXPECT_NEAR(g[e * 6 + c], (e < 2 ? a : -a) * sx, 1e-15) << "expert " << e << " channel " << c;
+  }
+}
+
+TEST(MoeLlama, ParametersAreTheExpertsAndTheRouterAndTheirCountIsTheConfigs) {
+  const Gpt2Config c = tiny_moe(3, 2);
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 1);
+  int64_t total = 0;
+  for (const auto& p : model.params().parameters()) total += p->numel();
+  EXPECT_EQ(total, c.num_parameters());
+  const ParameterStore& store = model.params();
+  ASSERT_NE(store.find("blocks.1.mlp.router.weight"), nullptr);
+  EXPECT_EQ(store.find("blocks.1.mlp.router.weight")->shape, (Shape{3, 8}));
+  EXPECT_EQ(store.find("blocks.0.mlp.experts.2.fc.weight")->shape, (Shape{12, 8}));
+  EXPECT_EQ(store.find("blocks.0.mlp.experts.2.proj.weight")->shape, (Shape{8, 6}));
+  EXPECT_EQ(store.find("blocks.0.mlp.fc.weight"), nullptr);  // no dense MLP
+  // Flops count a token's top-k experts, not all of them: one expert's 3·C·H per layer less.
+  Gpt2Config dense = c;
+  dense.moe_experts = 0;
+  const double router = 6.0 * c.n_layers * c.d_model * 3;
+  EXPECT_DOUBLE_EQ(
+      c.flops_per_token(6),
+      dense.flops_per_token(6) + 6.0 * c.n_layers * 3 * c.d_model * c.ffn_hidden + router);
+}
+
+TEST(MoeLlama, ShapesThatCannotRouteAreErrors) {
+  Gpt2Config c = tiny_moe(4, 5);
+  EXPECT_THROW(c.validate(), Error);
+  c.moe_top_k = 0;
+  EXPECT_THROW(c.validate(), Error);
+  c = tiny_moe();
+  c.moe_aux_loss_coef = -0.1f;
+  EXPECT_THROW(c.validate(), Error);
+  c = tiny_moe();
+  c.arch = Arch::kGpt2;  // GPT-2's blocks stay dense: moe() is Llama's only
+  EXPECT_FALSE(c.moe());
+}
+
+}  // namespace
+}  // namespace loom
