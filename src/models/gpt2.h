@@ -164,6 +164,9 @@ class Gpt2Stage {
   // The LM head's weight: the tied wte (its own copy in a part without the embedding), or
   // lm_head.weight.
   virtual Parameter* head_weight() const = 0;
+  // The losses the part's blocks added in its last forward beside the head's cross-entropy (a
+  // mixture of experts' balance losses, with their coefficient; Gpt2::aux_loss); 0 for dense.
+  virtual double aux_loss() const { return 0; }
   // The head's copy of the tied wte in a part without the embedding (a last pipeline stage):
   // the same values and, once pipeline parallelism sums the two, the same gradient as the first
   // stage's wte, so norms and checkpoints count it once; null everywhere else.
@@ -220,7 +223,7 @@ class Gpt2 : public Gpt2Stage {
   // Σ over this part's blocks of the losses they added in their last forward (Gpt2Block::
   // aux_loss): a mixture of experts' balance losses, which backward differentiates beside the
   // cross-entropy that forward returns. 0 for dense blocks.
-  double aux_loss() const;
+  double aux_loss() const override;
 
  private:
   Tensor run_blocks(Context& ctx, Tensor x);

@@ -267,6 +267,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   // Per (chunk, micro-batch): received inputs / output gradients, outputs to send, stashes.
   std::map<std::pair<int, int>, Tensor> inbox, outbox;
   std::map<std::pair<int, int>, std::vector<Tensor>> stash;
+  double aux_sum = 0;  // Σ over this rank's forwards of Gpt2Stage::aux_loss
   // Weight gradients a zero-bubble schedule's B left for its W (nn/deferred_weight_grads.h).
   std::map<std::pair<int, int>, DeferredWeightGrads> deferred;
   std::vector<int> backwards_done(chunks_.size(), 0);
@@ -302,6 +303,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
         const Tensor input = s == 0 ? tokens[static_cast<size_t>(i)] : inbox.at(key);
         inbox.erase(key);
         Tensor out = model.forward_part(ctx, input, targets[static_cast<size_t>(i)], nullptr);
+        aux_sum += model.aux_loss();
         if (s != S - 1) outbox[key] = out;
         stash[key] = model.stash_activations();
         stats_.max_in_flight = std::max(stats_.max_in_flight, static_cast<int>(stash.size()));
@@ -377,13 +379,15 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
     copy->grad.copy_from(wte->grad);
   }
   // The loss lives on the last stage; share the mean over micro-batches (and over dp).
+  // A mixture of experts' balance losses are each stage's: summed over pp likewise.
   double loss_sum = 0, lse_square_sum = 0;
   for (double mean : losses.take()) loss_sum += mean;  // in the order they ran
   for (double mean : losses.taken_lse_square_means()) lse_square_sum += mean;
   const std::vector<double> means = all_reduce_values(
-      dp_, all_reduce_values(pp_, {loss_sum / m, lse_square_sum / m}), ReduceOp::kAvg);
+      dp_, all_reduce_values(pp_, {loss_sum / m, lse_square_sum / m, aux_sum / m}), ReduceOp::kAvg);
   const double loss = means[0];
   stats_.mean_lse_square = means[1];
+  stats_.aux_loss = means[2];
   stats_.step_seconds = now_seconds() - t0;
   return loss;
 }

@@ -90,6 +90,9 @@ struct PipelineStepStats {
   // With PipelineConfig::z_loss > 0: the step's mean lse² over its positions (every stage's
   // figure, as the loss), which times z_loss is the z-loss the step added.
   double mean_lse_square = 0;
+  // The step's balance losses of a mixture of experts (Gpt2Stage::aux_loss): each stage's
+  // summed, the mean over micro-batches and dp ranks, as the loss; 0 for dense blocks.
+  double aux_loss = 0;
   double bubble() const { return step_seconds > 0 ? recv_wait_seconds / step_seconds : 0; }
 };
 

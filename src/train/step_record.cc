@@ -37,6 +37,7 @@ nlohmann::json step_record(const StepFigures& f) {
     record["data_epochs"][std::to_string(d + 1)] = f.data_epochs[d];
   if (f.loss_scale) record["loss_scale"] = *f.loss_scale;
   if (f.z_loss) record["z_loss"] = *f.z_loss;
+  if (f.moe_aux_loss) record["moe_aux_loss"] = *f.moe_aux_loss;
   if (f.skipped) record["skipped"] = true;
   record["comm_bytes"] = {{"dp", f.comm_bytes.dp},
                           {"pp", f.comm_bytes.pp},

@@ -54,6 +54,9 @@ struct StepFigures {
   std::vector<double> data_epochs;   // each training source's epochs read (TrainData::epochs_read)
   std::optional<double> loss_scale;  // with loss scaling on
   std::optional<double> z_loss;  // with train.z_loss: the z-loss the step added (z · mean lse²)
+  // With a mixture of experts: the balance losses the step added (coefficient × Σ over blocks of
+  // the mean per-sequence balance loss; nn/moe_mlp.h).
+  std::optional<double> moe_aux_loss;
   bool skipped = false;              // overflowed gradients: no optimizer step
   std::optional<PipelineFigures> pipeline;
 

@@ -676,6 +676,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     allocator.reset_peak();
     double loss = 0, grad_norm = 0, comm_wait = 0;
     double mean_lse_square = 0;  // with train.z_loss: the step's mean lse² (its z-loss / z_loss)
+    double aux_loss = 0;  // a mixture of experts' balance losses, the mean over micro-batches
     // The schedule follows the sequences consumed, in full batches: step - 1 and step but for a
     // batch-size ramp-up's steps.
     const auto full_batches = [&](int64_t sequences) {
@@ -721,6 +722,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       const double factor = masked_loss_factor();
       loss *= factor;
       mean_lse_square = pipe->stats().mean_lse_square * factor;
+      aux_loss = pipe->stats().aux_loss;
       TraceScope span(&tracer, "optimizer", "compute");
       grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale / factor);
       applied = scaler.update(grad_norm);
@@ -739,6 +741,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         next_batch(0);
         TraceScope span(&tracer, "forward + backward, micro-batch ", "compute", m);
         whole->forward_part(ctx, inputs[0], targets[0], nullptr);
+        aux_loss += whole->aux_loss() / static_cast<double>(step_accum);
         whole->backward_part(ctx, Tensor(), loss_scale / static_cast<double>(step_accum));
         engine.end_micro_batch();
       }
@@ -749,11 +752,12 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (double mean : step_losses.taken_lse_square_means())
         mean_lse_square += mean / static_cast<double>(step_accum);
       // The loss of the global batch: the mean of the ranks' means (equal token counts); the
-      // z-loss's mean lse² (0 without it) in the same all-reduce.
+      // z-loss's mean lse² (0 without it) and the balance losses in the same all-reduce.
       const std::vector<double> means =
-          all_reduce_values(dp, {loss, mean_lse_square}, ReduceOp::kAvg);
+          all_reduce_values(dp, {loss, mean_lse_square, aux_loss}, ReduceOp::kAvg);
       loss = means[0];
       mean_lse_square = means[1];
+      aux_loss = means[2];
       const double factor = masked_loss_factor();
       loss *= factor;
       mean_lse_square *= factor;
@@ -832,6 +836,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     if (leader) {
       figures.loss = loss;
       if (tc.z_loss > 0) figures.z_loss = tc.z_loss * mean_lse_square;
+      if (config.model.arch == "llama" && config.model.moe_experts > 0)
+        figures.moe_aux_loss = aux_loss;
       figures.lr = lr;
       figures.grad_norm = grad_norm;
       figures.seconds = dt;

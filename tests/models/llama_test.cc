@@ -262,6 +262,47 @@ TEST(LlamaBlock, CacheBytesPerRecomputationMode) {
   }
 }
 
+// A mixture-of-experts block's cache, exactly: the dense MLP's ln_2 output (fc's input) and
+// h and SwiGLU output (3·N·H) give way to the router's input (N·C), its probabilities (N·E), each
+// token's choices and weights (2·N·k, the choices int32), each expert's rows and slots (2·N·k
+// int32 over the experts) and outputs (N·k·C), and the experts' gathered inputs (N·k·C), h
+// (2·N·k·H) and SwiGLU outputs (N·k·H): whatever the routing, N·k rows in all.
+//   none:      4·N·C + N·Q + 2·N + B·NH·T  +  N·C + N·E + 4·N·k + 2·N·k·C + 3·N·k·H
+//   selective: 3·N·C + N·Q + 2·N + B·NH·T  +  N·E + 4·N·k + N·k·C + 2·N·k·H (the router's and
+//              experts' inputs and the SwiGLU outputs dropped, rebuilt before backward)
+//   full:      the input, N·C
+TEST(LlamaBlock, MixtureOfExpertsCacheBytesPerRecomputationMode) {
+  Gpt2Config c = tiny_llama(1);
+  c.moe_experts = 5;
+  c.moe_top_k = 2;
+  const int64_t B = 3, T = 6, N = B * T, C = c.d_model, H = c.ffn_hidden, NH = c.n_heads;
+  const int64_t Q = c.qkv_width(), E = c.moe_experts, k = c.moe_top_k;
+  for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective}) {
+    SCOPED_TRACE(recompute_name(mode));
+    ThreadPool pool(1);
+    Context ctx{&pool, Device::cpu(), DType::kF32};
+    Gpt2Config mc = c;
+    mc.recompute = mode;
+    ParameterStore store;
+    Gpt2Block block(store, "blocks.0", mc);
+    store.allocate(DType::kF32, Device::cpu());
+    store.initialize(4);
+    Tensor x = Tensor::empty({B, T, C}, DType::kF32);
+    init_normal(x, 1, "x", 0.0f, 1.0f);
+    block.forward(ctx, x);
+    std::vector<Tensor*> slots;
+    block.collect_cache(slots);
+    const int64_t attention = N * Q + 2 * N + B * NH * T;
+    const int64_t expected =
+        mode == Recompute::kNone
+            ? 4 * N * C + attention + N * C + N * E + 4 * N * k + 2 * N * k * C + 3 * N * k * H
+        : mode == Recompute::kFull
+            ? N * C
+            : 3 * N * C + attention + N * E + 4 * N * k + N * k * C + 2 * N * k * H;
+    EXPECT_EQ(distinct_bytes(slots), 4 * expected);
+  }
+}
+
 TEST(Llama, ArchNamesRoundTripAndBadValuesAreErrors) {
   EXPECT_EQ(parse_arch("llama"), Arch::kLlama);
   EXPECT_EQ(parse_arch("gpt2"), Arch::kGpt2);

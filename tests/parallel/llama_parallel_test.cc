@@ -233,6 +233,40 @@ TEST_F(LlamaParallel, MixtureOfExpertsStoppedAndResumedContinuesBitForBit) {
   }
 }
 
+// metrics.jsonl's moe_aux_loss, the balance losses the step added: the same under dp (each rank's
+// mean over micro-batches, averaged) and pp (each stage's blocks', summed) as on one device, and
+// between 1 and E/k = 2 times the coefficient a block.
+TEST_F(LlamaParallel, MixtureOfExpertsBalanceLossIsReportedTheSameUnderEveryLayout) {
+  Config one = moe_config();
+  one.train.steps = 3;
+  one.train.warmup_steps = 1;
+  run_training(one, options("moe_aux_one"));
+  Config dp = one;
+  dp.parallel.dp = 2;
+  dp.train.micro_batch_size = 2;
+  dp.runtime.ranks = 2;
+  run_training(dp, options("moe_aux_dp"));
+  Config pp = one;
+  pp.parallel.pp = 2;
+  pp.parallel.schedule = "zb-v";
+  pp.parallel.virtual_stages = 2;
+  pp.runtime.ranks = 2;
+  run_training(pp, options("moe_aux_pp"));
+  const auto ref = testing::read_metrics(root_ / "moe_aux_one");
+  ASSERT_EQ(ref.size(), 3u);
+  for (const char* run : {"moe_aux_dp", "moe_aux_pp"}) {
+    const auto got = testing::read_metrics(root_ / run);
+    ASSERT_EQ(got.size(), 3u) << run;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double want = ref[i]["moe_aux_loss"].get<double>();
+      EXPECT_GT(want, 0.1 * 4 * 0.9) << "step " << i + 1;
+      EXPECT_LT(want, 0.1 * 4 * 2) << "step " << i + 1;
+      EXPECT_NEAR(got[i]["moe_aux_loss"].get<double>(), want, 1e-6 * want)
+          << run << " step " << i + 1;
+    }
+  }
+}
+
 TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
   const auto refused = [](Config c, const std::string& expected) {
     try {
