@@ -227,6 +227,23 @@ int64_t distinct_bytes(const std::vector<Tensor*>& slots) {
   return bytes;
 }
 
+// The bytes one block keeps after a forward of a (B, T) batch under `mode`.
+int64_t block_cache_bytes(Gpt2Config c, Recompute mode, int64_t B, int64_t T) {
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  c.recompute = mode;
+  ParameterStore store;
+  Gpt2Block block(store, "blocks.0", c);
+  store.allocate(DType::kF32, Device::cpu());
+  store.initialize(4);
+  Tensor x = Tensor::empty({B, T, c.d_model}, DType::kF32);
+  init_normal(x, 1, "x", 0.0f, 1.0f);
+  block.forward(ctx, x);
+  std::vector<Tensor*> slots;
+  block.collect_cache(slots);
+  return distinct_bytes(slots);
+}
+
 // One Llama block's cache, exactly: N = B·T rows, C channels, Q = (NH + 2·KV)·hd the compact
 // qkv's width (the shared key/value heads not repeated), H the SwiGLU's width; in floats.
 //   none:      x, ln_1 out, qkv turned (Q), attention out, x1, ln_2 out, h (gate | up, 2H),
@@ -241,24 +258,11 @@ TEST(LlamaBlock, CacheBytesPerRecomputationMode) {
   ASSERT_EQ(Q, 2 * C);  // 2 query heads and 1 shared key/value head of 4: 8 + 2·4
   for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective}) {
     SCOPED_TRACE(recompute_name(mode));
-    ThreadPool pool(1);
-    Context ctx{&pool, Device::cpu(), DType::kF32};
-    Gpt2Config mc = c;
-    mc.recompute = mode;
-    ParameterStore store;
-    Gpt2Block block(store, "blocks.0", mc);
-    store.allocate(DType::kF32, Device::cpu());
-    store.initialize(4);
-    Tensor x = Tensor::empty({B, T, C}, DType::kF32);
-    init_normal(x, 1, "x", 0.0f, 1.0f);
-    block.forward(ctx, x);
-    std::vector<Tensor*> slots;
-    block.collect_cache(slots);
     const int64_t expected =
         mode == Recompute::kNone   ? 5 * N * C + N * Q + 3 * N * H + 2 * N + B * NH * T
         : mode == Recompute::kFull ? N * C
                                    : 3 * N * C + N * Q + 2 * N * H + 2 * N + B * NH * T;
-    EXPECT_EQ(distinct_bytes(slots), 4 * expected);
+    EXPECT_EQ(block_cache_bytes(c, mode, B, T), 4 * expected);
   }
 }
 
@@ -279,19 +283,6 @@ TEST(LlamaBlock, MixtureOfExpertsCacheBytesPerRecomputationMode) {
   const int64_t Q = c.qkv_width(), E = c.moe_experts, k = c.moe_top_k;
   for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective}) {
     SCOPED_TRACE(recompute_name(mode));
-    ThreadPool pool(1);
-    Context ctx{&pool, Device::cpu(), DType::kF32};
-    Gpt2Config mc = c;
-    mc.recompute = mode;
-    ParameterStore store;
-    Gpt2Block block(store, "blocks.0", mc);
-    store.allocate(DType::kF32, Device::cpu());
-    store.initialize(4);
-    Tensor x = Tensor::empty({B, T, C}, DType::kF32);
-    init_normal(x, 1, "x", 0.0f, 1.0f);
-    block.forward(ctx, x);
-    std::vector<Tensor*> slots;
-    block.collect_cache(slots);
     const int64_t attention = N * Q + 2 * N + B * NH * T;
     const int64_t expected =
         mode == Recompute::kNone
@@ -299,7 +290,7 @@ TEST(LlamaBlock, MixtureOfExpertsCacheBytesPerRecomputationMode) {
         : mode == Recompute::kFull
             ? N * C
             : 3 * N * C + attention + N * E + 4 * N * k + N * k * C + 2 * N * k * H;
-    EXPECT_EQ(distinct_bytes(slots), 4 * expected);
+    EXPECT_EQ(block_cache_bytes(c, mode, B, T), 4 * expected);
   }
 }
 
