@@ -9,10 +9,13 @@ loom_expected_logits.safetensors: a (2, 12) token batch and transformers' logits
 computed in float64 (LlamaForCausalLM returns them as float32). tests/checkpoint/export_test.cc starts a Loom Llama from the directory
 (train.init_from's loader) and compares its logits.
 
-    EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py
+With --mixtral instead: tests/data/hf_tiny_mixtral/, a MixtralForCausalLM of the same sizes with
+4 experts (48 wide) per block, 2 per token, and its logits likewise.
+
+    EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py [--mixtral]
 
 Needs torch, numpy and transformers >= 4.43 for rope_scaling "llama3" (made with 4.44.2 on
-Debian's torch 1.13).
+Debian's torch 1.13; the Mixtral with 4.40.2).
 """
 import os
 import sys
@@ -22,20 +25,24 @@ if os.environ.get("EXTRA_PYTHONPATH"):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_reference import save_safetensors  # noqa: E402
 
 
-def write(name, tied, rope_scaling):
+def write(name, tied, rope_scaling, experts=0):
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
-    config = LlamaConfig(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tied,
-                         initializer_range=0.2, rope_scaling=rope_scaling)
-    model = LlamaForCausalLM(config).eval()
+    sizes = dict(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                 rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tied, initializer_range=0.2)
+    if experts:
+        config = MixtralConfig(**sizes, num_local_experts=experts, num_experts_per_tok=2,
+                               sliding_window=None)
+        model = MixtralForCausalLM(config).eval()
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**sizes, rope_scaling=rope_scaling)).eval()
     with torch.no_grad():  # norm gains away from one, so a wrong gain would show
         for layer in model.model.layers:
             layer.input_layernorm.weight.add_(0.3 * torch.randn(32))
@@ -43,8 +50,12 @@ def write(name, tied, rope_scaling):
         model.model.norm.weight.add_(0.3 * torch.randn(32))
     model.save_pretrained(out, safe_serialization=True)
     tokens = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(3))
+    # Mixtral's causal mask (transformers 4.40) is made in the default dtype from the model's
+    # dtype's minimum: float64 must be the default while the float64 model runs.
+    torch.set_default_dtype(torch.float64)
     with torch.no_grad():
         logits = model.double()(input_ids=tokens).logits
+    torch.set_default_dtype(torch.float32)
     save_safetensors(os.path.join(out, "loom_expected_logits.safetensors"),
                      {"tokens": tokens.numpy().astype(np.int32), "logits": logits.numpy()},
                      {"source": "tools/make_hf_llama_fixture.py"})
@@ -52,6 +63,9 @@ def write(name, tied, rope_scaling):
 
 
 def main():
+    if sys.argv[1:] == ["--mixtral"]:
+        write("hf_tiny_mixtral", tied=False, rope_scaling=None, experts=4)
+        return
     write("hf_tiny_llama", tied=False, rope_scaling=None)
     write("hf_tiny_llama31", tied=True,
           rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,

@@ -135,6 +135,18 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     put(hf + "self_attn.v_proj.weight", row_block(qkv, C + kv, kv));
     put(hf + "self_attn.o_proj.weight", host(ours + "attn.proj.weight"));
     put(hf + "post_attention_layernorm.weight", host(ours + "ln_2.weight"));
+    if (c.moe()) {  // Mixtral's sparse MoE block: the router as its gate, w1 / w3 / w2 experts
+      put(hf + "block_sparse_moe.gate.weight", host(ours + "mlp.router.weight"));
+      for (int64_t e = 0; e < c.moe_experts; ++e) {
+        const std::string expert = ours + "mlp.experts." + std::to_string(e) + ".";
+        const std::string theirs = hf + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        const Tensor fc = host(expert + "fc.weight");
+        put(theirs + "w1.weight", row_block(fc, 0, H));
+        put(theirs + "w3.weight", row_block(fc, H, H));
+        put(theirs + "w2.weight", host(expert + "proj.weight"));
+      }
+      continue;
+    }
     const Tensor fc = host(ours + "mlp.fc.weight");
     put(hf + "mlp.gate_proj.weight", row_block(fc, 0, H));
     put(hf + "mlp.up_proj.weight", row_block(fc, H, H));
@@ -143,9 +155,9 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
   put("model.norm.weight", host("ln_f.weight"));
   if (!c.tie_embeddings) put("lm_head.weight", host("lm_head.weight"));
   save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  const nlohmann::json config = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+  nlohmann::json config = {
+      {"architectures", {c.moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", c.moe() ? "mixtral" : "llama"},
       {"vocab_size", c.vocab_size},
       {"hidden_size", C},
       {"intermediate_size", H},
@@ -165,6 +177,18 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
       {"tie_word_embeddings", c.tie_embeddings},
       {"torch_dtype", bf16 ? "bfloat16" : "float32"},
       {"exported_by", "loom export"}};
+  if (c.moe()) {
+    // MixtralConfig's: no sliding window (Loom's attention is causal over the whole sequence);
+    // its router loss is batch-wise, Loom's per sequence (docs/moe.md): the coefficient is ours.
+    config["num_local_experts"] = c.moe_experts;
+    config["num_experts_per_tok"] = c.moe_top_k;
+    config["router_aux_loss_coef"] =
+        std::round(static_cast<double>(c.moe_aux_loss_coef) * 1e6) / 1e6;
+    config["output_router_logits"] = false;
+    config["sliding_window"] = nullptr;
+    for (const char* llama_only : {"rope_scaling", "head_dim", "attention_bias", "mlp_bias"})
+      config.erase(llama_only);
+  }
   write_config_json(dir, config);
 }
 
@@ -277,9 +301,17 @@ std::map<std::string, Tensor> read_hf_tensors(const fs::path& dir) {
 // another type than LlamaConfig's (nlohmann's value() throws) is refused by the caller.
 int64_t check_llama_config(const std::string& config_path, const nlohmann::json& config,
                            const Gpt2Config& model) {
-  if (config.value("model_type", "") != "llama")
-    fail(config_path, ": model_type = ", config.value("model_type", std::string("(none)")),
-         ", but model.arch = \"llama\" starts from a LlamaForCausalLM directory");
+  // A dense Llama starts from a LlamaForCausalLM, a mixture of experts from a
+  // MixtralForCausalLM (its experts and top k Loom's, its attention not windowed).
+  const std::string model_type = config.value("model_type", std::string("(none)"));
+  if (!model.moe() && model_type != "llama")
+    fail(config_path, ": model_type = ", model_type,
+         ", but model.arch = \"llama\" starts from a LlamaForCausalLM directory",
+         model_type == "mixtral" ? " (a MixtralForCausalLM needs model.moe_experts)" : "");
+  if (model.moe() && model_type != "mixtral")
+    fail(config_path, ": model_type = ", model_type,
+         ", but model.moe_experts = ", model.moe_experts,
+         " starts from a MixtralForCausalLM directory");
   const auto integer = [&](const char* name) -> int64_t {
     try {
       return json_integer<int64_t>(config.at(name));
@@ -298,6 +330,20 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
                                                       : integer("num_attention_heads"),
                model.n_kv_heads, "model.n_kv_heads");
   expect_equal("intermediate_size", integer("intermediate_size"), model.ffn_hidden, "model.ffn_hidden");
+  if (model.moe()) {
+    expect_equal("num_local_experts", integer("num_local_experts"), model.moe_experts,
+                 "model.moe_experts");
+    expect_equal("num_experts_per_tok", integer("num_experts_per_tok"), model.moe_top_k,
+                 "model.moe_top_k");
+    const nlohmann::json window = config.value("sliding_window", nlohmann::json());
+    if (!window.is_null() && json_integer<int64_t>(window) < model.max_seq_len)
+      fail(config_path, ": sliding_window = ", window.dump(),
+           " is below model.max_seq_len = ", model.max_seq_len,
+           ": Loom's attention is not windowed");
+    if (!config.value("rope_scaling", nlohmann::json()).is_null() || model.rope_scaling_factor > 0)
+      fail(config_path, ": rope_scaling: transformers' MixtralForCausalLM applies none, so a ",
+           "mixture of experts starts without it (model.rope_scaling = \"none\")");
+  }
   if (config.contains("head_dim") && config["head_dim"].is_number_integer())
     expect_equal("head_dim", integer("head_dim"), model.head_dim(), "model.d_model / model.n_heads");
   const double theta = config.value("rope_theta", 10000.0), eps = config.value("rms_norm_eps", 1e-6);
@@ -385,8 +431,19 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
       else if (rest == "mlp.fc.weight")
         sources = {{hf + "mlp.gate_proj.weight", {H, C}}, {hf + "mlp.up_proj.weight", {H, C}}};
       else if (rest == "mlp.proj.weight") sources = {{hf + "mlp.down_proj.weight", {C, H}}};
+      else if (rest == "mlp.router.weight")
+        sources = {{hf + "block_sparse_moe.gate.weight", {model.moe_experts, C}}};
+      else if (rest.starts_with("mlp.experts.")) {  // mlp.experts.<e>.fc / .proj
+        const size_t end = rest.find('.', 12);
+        const std::string expert =
+            hf + "block_sparse_moe.experts." + rest.substr(12, end - 12) + ".";
+        if (rest.substr(end + 1) == "fc.weight")
+          sources = {{expert + "w1.weight", {H, C}}, {expert + "w3.weight", {H, C}}};
+        else if (rest.substr(end + 1) == "proj.weight")
+          sources = {{expert + "w2.weight", {C, H}}};
+      }
     }
-    if (sources.empty()) fail("parameter '", n, "' has no HuggingFace Llama name");
+    if (sources.empty()) fail("parameter '", n, "' has no HuggingFace Llama or Mixtral name");
     float* dst = into.values.data<float>() + p->offset;
     int64_t written = 0;
     for (const auto& [name, shape] : sources) {
@@ -463,10 +520,9 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   if (format != "hf" && format != "llmc") fail("export format '", format, "': expected hf or llmc");
   if (out.empty()) fail("export: no output path");
   const Gpt2Config mc = read_checkpoint_model(checkpoint_dir);
-  if (mc.moe())
-    fail("export: ", checkpoint_dir,
-         " holds a mixture of experts (model.moe_experts = ", mc.moe_experts,
-         "); exporting one is not yet built (docs/moe.md)");
+  if (mc.moe() && mc.rope_scaling_factor > 0)
+    fail("export: ", checkpoint_dir, " holds a mixture of experts with Llama 3.1's rope ",
+         "scaling, which transformers' MixtralForCausalLM does not apply");
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
   load_checkpoint(checkpoint_dir, model, nullptr);

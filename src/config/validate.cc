@@ -401,9 +401,6 @@ void validate(const Config& config) {
     if (config.parallel.tp > 1) problems.add("parallel.tp = ", config.parallel.tp, why);
     if (config.parallel.cp > 1) problems.add("parallel.cp = ", config.parallel.cp, why);
     if (r.device.starts_with("cuda")) problems.add("runtime.device = ", toml_quote(r.device), why);
-    if (!config.train.init_from.empty())
-      problems.add("train.init_from = ", toml_quote(config.train.init_from),
-                   ": a HuggingFace import of a mixture of experts is not yet built (docs/moe.md)");
   }
   if (m.arch == "llama" && r.matmul_precision == "fp8" && r.fp8_block > 0 && tp > 1 &&
       m.n_heads > 0 && d % m.n_heads == 0 && m.resolved_n_kv_heads() > 0) {

@@ -258,6 +258,16 @@ TEST_F(ExportTest, BadFormatAndMissingCheckpointAreNamed) {
   EXPECT_FALSE(fs::exists(dir_ / "y"));
 }
 
+// Saves `model` as the checkpoint of `step` under dir/checkpoints and exports it to dir/hf;
+// returns the checkpoint's directory.
+std::string save_and_export_hf(Gpt2& model, const fs::path& dir, int64_t step) {
+  TrainingState st;
+  st.step = step;
+  const std::string ckpt = save_checkpoint((dir / "checkpoints").string(), model, nullptr, st);
+  export_checkpoint(ckpt, "hf", (dir / "hf").string());
+  return ckpt;
+}
+
 // A Llama checkpoint exports as transformers' LlamaForCausalLM: the fused qkv and gate/up weights
 // as their q/k/v_proj and gate/up_proj row blocks, nothing transposed, no lm_head (tied), and a
 // config.json with the grouped-query heads, the SwiGLU's width, rope_theta and rms_norm_eps.
@@ -279,10 +289,7 @@ TEST(ExportLlama, HuggingFaceLlamaNamesRowBlocksAndConfig) {
   c.norm_eps = 1e-6;
   Gpt2 model(c);
   model.build(DType::kF32, Device::cpu(), 7);
-  TrainingState st;
-  st.step = 3;
-  const std::string ckpt = save_checkpoint((dir / "checkpoints").string(), model, nullptr, st);
-  export_checkpoint(ckpt, "hf", (dir / "hf").string());
+  const std::string ckpt = save_and_export_hf(model, dir, 3);
   const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
   EXPECT_EQ(f.names.size(), 2u + 9u * 2u);  // embed_tokens, norm; nine tensors per layer
   EXPECT_EQ(f.tensors.count("lm_head.weight"), 0u);
@@ -466,10 +473,7 @@ TEST(ImportLlama, LoomsOwnExportLoadsBackBitForBit) {
     if (tied) c.rope_scaling_factor = 8;  // and the scaling's rope_scaling in config.json
     Gpt2 model(c);
     model.build(DType::kF32, Device::cpu(), 5);
-    TrainingState st;
-    st.step = 2;
-    const std::string ckpt = save_checkpoint((dir / "checkpoints").string(), model, nullptr, st);
-    export_checkpoint(ckpt, "hf", (dir / "hf").string());
+    save_and_export_hf(model, dir, 2);
     Gpt2 target(c);
     target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
     FlatModelState into = zero_state_for(target.params());
@@ -481,28 +485,33 @@ TEST(ImportLlama, LoomsOwnExportLoadsBackBitForBit) {
   }
 }
 
-TEST(ImportLlama, AConfigThatDiffersIsNamed) {
-  const fs::path dir = fs::temp_directory_path() / ("loom_import_bad_" + std::to_string(getpid()));
+// The error load_hf_weights gives for the files of `hub` with its config.json changed by
+// `change` (copied to `dir`), or "no error".
+std::string import_error(const std::string& hub, const fs::path& dir,
+                         const std::function<void(nlohmann::json&)>& change, const Gpt2Config& c) {
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string hub = LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama";
   fs::copy_file(hub + "/model.safetensors", dir / "model.safetensors");
   std::ifstream in(hub + "/config.json");
-  const nlohmann::json good = nlohmann::json::parse(in);
+  nlohmann::json j = nlohmann::json::parse(in);
+  change(j);
+  std::ofstream(dir / "config.json") << j.dump();
+  Gpt2 target(c);
+  target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+  FlatModelState into = zero_state_for(target.params());
+  try {
+    load_hf_weights(dir.string(), target.params(), c, into);
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
+TEST(ImportLlama, AConfigThatDiffersIsNamed) {
+  const fs::path dir = fs::temp_directory_path() / ("loom_import_bad_" + std::to_string(getpid()));
   const auto error_with = [&](const std::function<void(nlohmann::json&)>& change,
                               const Gpt2Config& c) {
-    nlohmann::json j = good;
-    change(j);
-    std::ofstream(dir / "config.json") << j.dump();
-    Gpt2 target(c);
-    target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
-    FlatModelState into = zero_state_for(target.params());
-    try {
-      load_hf_weights(dir.string(), target.params(), c, into);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return import_error(LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama", dir, change, c);
   };
   const Gpt2Config c = tiny_hub_llama();
   EXPECT_NE(error_with([](nlohmann::json& j) { j["num_key_value_heads"] = 4; }, c)
@@ -558,4 +567,86 @@ TEST(ImportLlama, AConfigThatDiffersIsNamed) {
 }
 
 }  // namespace
+// A mixture of experts (model.moe_experts) from transformers' MixtralForCausalLM: a directory
+// its own save_pretrained wrote (tests/data/hf_tiny_mixtral, tools/make_hf_llama_fixture.py
+// --mixtral: tiny_hub_llama's sizes with 4 experts per block, 2 per token) gives the logits
+// transformers computed — its router as Loom's, each expert's w1 / w3 as the fused gate/up rows,
+// w2 as proj —; Loom's own export (model_type "mixtral", MixtralConfig's keys) loads back bit for
+// bit; a Llama where a Mixtral is wanted, or other experts, are named.
+Gpt2Config tiny_hub_mixtral() {
+  Gpt2Config c = tiny_hub_llama();
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  return c;
+}
+
+TEST(ImportMixtral, TransformersSavedMixtralGivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_mixtral", tiny_hub_mixtral());
+}
+
+TEST(ImportMixtral, LoomsOwnExportIsMixtralAndLoadsBackBitForBit) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_mixtral_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const Gpt2Config c = tiny_hub_mixtral();
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  const std::string ckpt = save_and_export_hf(model, dir, 2);
+  const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
+  // embed_tokens, norm, lm_head; per layer two norms, q/k/v/o, the gate and 3 per expert
+  EXPECT_EQ(f.names.size(), 3u + (6u + 1u + 3u * 4u) * 2u);
+  const Tensor& w3 = f.tensors.at("model.layers.1.block_sparse_moe.experts.3.w3.weight");
+  const Parameter& fc = model.params().get("blocks.1.mlp.experts.3.fc.weight");
+  ASSERT_EQ(w3.shape(), (Shape{48, 32}));
+  EXPECT_EQ(std::memcmp(w3.data<float>(), fc.value.data<float>() + 48 * 32, 48 * 32 * 4), 0);
+  std::ifstream cf(dir / "hf" / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["architectures"][0], "MixtralForCausalLM");
+  EXPECT_EQ(j["model_type"], "mixtral");
+  EXPECT_EQ(j["num_local_experts"], 4);
+  EXPECT_EQ(j["num_experts_per_tok"], 2);
+  EXPECT_TRUE(j["sliding_window"].is_null());
+  EXPECT_FALSE(j.contains("head_dim"));
+  Gpt2 target(c);
+  target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+  FlatModelState into = zero_state_for(target.params());
+  load_hf_weights((dir / "hf").string(), target.params(), c, into);
+  const std::vector<float> a = model.params().values().to_vector(), b = into.values.to_vector();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  fs::remove_all(dir);
+}
+
+TEST(ImportMixtral, ALlamaWhereAMixtralIsWantedAndOtherExpertsAreNamed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_bad_mixtral_" + std::to_string(getpid()));
+  const std::string mixtral = LOOM_SOURCE_DIR "/tests/data/hf_tiny_mixtral";
+  const std::string llama = LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama";
+  const auto same = [](nlohmann::json&) {};
+  EXPECT_NE(import_error(llama, dir, same, tiny_hub_mixtral())
+                .find("config.json: model_type = llama, but model.moe_experts = 4 starts from a "
+                      "MixtralForCausalLM directory"),
+            std::string::npos);
+  EXPECT_NE(import_error(mixtral, dir, same, tiny_hub_llama())
+                .find("(a MixtralForCausalLM needs model.moe_experts)"),
+            std::string::npos);
+  EXPECT_NE(
+      import_error(
+          mixtral, dir, [](nlohmann::json& j) { j["num_local_experts"] = 8; }, tiny_hub_mixtral())
+          .find("config.json: num_local_experts = 8 but model.moe_experts = 4"),
+      std::string::npos);
+  EXPECT_NE(
+      import_error(
+          mixtral, dir, [](nlohmann::json& j) { j["num_experts_per_tok"] = 1; }, tiny_hub_mixtral())
+          .find("config.json: num_experts_per_tok = 1 but model.moe_top_k = 2"),
+      std::string::npos);
+  EXPECT_NE(
+      import_error(
+          mixtral, dir, [](nlohmann::json& j) { j["sliding_window"] = 16; }, tiny_hub_mixtral())
+          .find("sliding_window = 16 is below model.max_seq_len = 64"),
+      std::string::npos);
+  EXPECT_EQ(import_error(mixtral, dir, same, tiny_hub_mixtral()), "no error");
+  fs::remove_all(dir);
+}
+
 }  // namespace loom

@@ -1,9 +1,11 @@
 // Fuzzes train.init_from's reader of a HuggingFace model directory (config.json and
-// model.safetensors) for GPT-2 and Llama: the directories of two small models' exports are made
-// once; each input replaces one file — byte 0: bit 0 picks config.json or model.safetensors,
-// bit 1 GPT-2 or Llama — with the rest. Properties: a refusal is a loom::Error; the unchanged
+// model.safetensors) for GPT-2, Llama and Mixtral (a mixture of experts): the directories of three
+// small models' exports are made once; each input replaces one file — byte 0: bit 0 picks
+// config.json or model.safetensors, bits 1-2 GPT-2, Llama or Mixtral (3: Mixtral too) — with the
+// rest. Properties: a refusal is a loom::Error; the unchanged
 // directory loads (checked once), and an accepted one sets every parameter's values
 // from the file (none left from before).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -26,28 +28,35 @@ struct HfDir {
 };
 const char* const kFiles[2] = {"config.json", "model.safetensors"};
 
-HfDir make(bool llama) {
+enum Kind { kGpt2, kLlama, kMixtral };
+const char* const kKindNames[3] = {"gpt2", "llama", "mixtral"};
+
+HfDir make(Kind kind) {
   HfDir h;
   h.config.vocab_size = 8;
   h.config.max_seq_len = 4;
   h.config.d_model = 8;
   h.config.n_layers = 1;
   h.config.n_heads = 2;
-  if (llama) {
+  if (kind != kGpt2) {
     h.config.arch = Arch::kLlama;
     h.config.n_kv_heads = 1;
     h.config.ffn_hidden = 12;
   }
+  if (kind == kMixtral) {
+    h.config.moe_experts = 3;
+    h.config.moe_top_k = 2;
+  }
   h.model = std::make_unique<Gpt2>(h.config);
   h.model->build(DType::kF32, Device::cpu(), 5);
-  const fs::path base = fuzz::scratch_dir() / (llama ? "llama" : "gpt2");
+  const fs::path base = fuzz::scratch_dir() / kKindNames[kind];
   const std::string ckpt = save_checkpoint((base / "checkpoints").string(), *h.model, nullptr, {});
   h.dir = base / "hf";
   export_checkpoint(ckpt, "hf", h.dir.string());
   for (int i = 0; i < 2; ++i) {
     h.files[i] = fuzz::read_file(h.dir / kFiles[i]);
-    fuzz::seed(std::string(llama ? "llama_" : "gpt2_") + kFiles[i],
-               static_cast<char>(i | (llama ? 2 : 0)) + h.files[i]);
+    fuzz::seed(std::string(kKindNames[kind]) + "_" + kFiles[i],
+               static_cast<char>(i | (kind << 1)) + h.files[i]);
   }
   return h;
 }
@@ -65,14 +74,14 @@ FlatModelState load(HfDir& h) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static HfDir dirs[2] = {make(false), make(true)};
+  static HfDir dirs[3] = {make(kGpt2), make(kLlama), make(kMixtral)};
   static const bool unchanged_loads = [] {
     for (HfDir& h : dirs) load(h);  // throws (and so fails) if the exports do not load
     return true;
   }();
   fuzz::require(unchanged_loads, "the unchanged directories load");
   if (size == 0) return 0;
-  HfDir& h = dirs[(data[0] >> 1) & 1];
+  HfDir& h = dirs[std::min((data[0] >> 1) & 3, 2)];
   const int which = data[0] & 1;
   const std::string_view content(reinterpret_cast<const char*>(data) + 1, size - 1);
   for (int i = 0; i < 2; ++i)

@@ -267,6 +267,31 @@ TEST_F(LlamaParallel, MixtureOfExpertsBalanceLossIsReportedTheSameUnderEveryLayo
   }
 }
 
+// train.init_from a MixtralForCausalLM that transformers saved (tests/data/hf_tiny_mixtral): every
+// layout starts from its weights, so their runs match one device's.
+TEST_F(LlamaParallel, MixtureOfExpertsStartsFromATransformersMixtralUnderEveryLayout) {
+  Config c = moe_config();
+  c.model.n_layers = 2;
+  c.model.ffn_hidden = 48;
+  c.model.rope_theta = 500;
+  c.model.max_seq_len = 64;
+  c.model.tie_embeddings = false;
+  c.model.moe_top_k = 2;
+  c.train.init_from = LOOM_SOURCE_DIR "/tests/data/hf_tiny_mixtral";
+  LayoutCheckOptions o;
+  o.steps = 3;
+  const LayoutCheckResult r = check_layouts(c, parse_layouts("dp=2,zero=3;pp=2"), o);
+  ASSERT_EQ(r.rows.size(), 2u);
+  for (const LayoutCheckRow& row : r.rows) {
+    EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
+    EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+    EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout;
+  }
+  // Not the random initialisation's ln 256: the Mixtral's own (random, 200-token) predictions.
+  ASSERT_EQ(r.reference_losses.size(), 3u);
+  EXPECT_GT(std::abs(r.reference_losses.front() - std::log(256.0)), 0.05);
+}
+
 TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
   const auto refused = [](Config c, const std::string& expected) {
     try {
