@@ -2,10 +2,12 @@
 """Llama fp32 training-step benchmark for PyTorch on CPU, the peer of `loom bench train --shape
 llama-s`: HuggingFace transformers' own LlamaForCausalLM (what Llama users train with in
 PyTorch), built from a config (no download), eager attention, the LM head tied to the token
-embedding as Loom's shape has it.
+embedding as Loom's shape has it. With --config moe-s the peer of `--shape moe-s`: transformers'
+MixtralForCausalLM, its router loss (coefficient 0.01) added to the loss as Loom adds its own.
 
   llama-s: vocab 8192, d 384, 6 layers, 6 query heads sharing 2 key/value heads, SwiGLU 1024,
            rope_theta 10000, batch 8 x T 256
+  moe-s:   llama-s with 8 SwiGLU experts (1024 wide) per block, 2 per token
 
 Optimizer: torch AdamW(lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1). Data: random
 tokens from a seeded generator, a fresh (B, T+1) batch per step. A step = zero_grad + forward +
@@ -30,6 +32,8 @@ import time
 CONFIGS = {
     "llama-s": dict(vocab=8192, seq=256, d=384, layers=6, heads=6, kv_heads=2, ffn=1024,
                     theta=10000.0, batch=8),
+    "moe-s": dict(vocab=8192, seq=256, d=384, layers=6, heads=6, kv_heads=2, ffn=1024,
+                  theta=10000.0, batch=8, experts=8, top_k=2),
 }
 
 
@@ -50,19 +54,28 @@ def main():
     import torch
     import torch.nn.functional as F
     import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
     torch.set_num_threads(args.threads)
     cfg = CONFIGS[args.config]
     B, T = cfg["batch"], cfg["seq"]
-    config = LlamaConfig(vocab_size=cfg["vocab"], hidden_size=cfg["d"], intermediate_size=cfg["ffn"],
-                         num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
-                         num_key_value_heads=cfg["kv_heads"], max_position_embeddings=T,
-                         rope_theta=cfg["theta"], tie_word_embeddings=True, rms_norm_eps=1e-5)
+    sizes = dict(vocab_size=cfg["vocab"], hidden_size=cfg["d"], intermediate_size=cfg["ffn"],
+                 num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                 num_key_value_heads=cfg["kv_heads"], max_position_embeddings=T,
+                 rope_theta=cfg["theta"], tie_word_embeddings=True, rms_norm_eps=1e-5)
+    experts, top_k = cfg.get("experts", 0), cfg.get("top_k", 0)
+    if experts:
+        config = MixtralConfig(**sizes, num_local_experts=experts, num_experts_per_tok=top_k,
+                               sliding_window=None, output_router_logits=True,
+                               router_aux_loss_coef=0.01)
+    else:
+        config = LlamaConfig(**sizes)
     config._attn_implementation = "eager"
     torch.manual_seed(args.seed)
-    model = LlamaForCausalLM(config).float().train()
-    n_params = sum(p.numel() for p in model.parameters())
+    model = (MixtralForCausalLM if experts else LlamaForCausalLM)(config).float().train()
+    # A token is multiplied by its top_k experts only: the idle ones' weights are not counted.
+    n_params = sum(p.numel() for p in model.parameters()) - \
+        cfg["layers"] * (experts - top_k) * 3 * cfg["d"] * cfg["ffn"] * (experts > 0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     gen = torch.Generator().manual_seed(args.seed)
     flops_per_token = 6 * n_params + 12 * cfg["layers"] * cfg["d"] * T
@@ -71,8 +84,11 @@ def main():
         batch = torch.randint(0, cfg["vocab"], (B, T + 1), generator=gen)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=batch[:, :-1]).logits
+        out = model(input_ids=batch[:, :-1])
+        logits = out.logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        if experts:
+            loss = loss + config.router_aux_loss_coef * out.aux_loss
         loss.backward()
         opt.step()
         dt = time.perf_counter() - t0

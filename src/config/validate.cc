@@ -393,14 +393,12 @@ void validate(const Config& config) {
                  "and the layout would quantize differently from one device");
   // Llama's other shard widths: the key/value projections' and the SwiGLU's.
   const ModelConfig& m = config.model;
-  // Mixture-of-experts blocks are built for whole sequences on CPU ranks: data parallelism,
-  // ZeRO and pipelining (docs/moe.md); not yet split by tensor or context parallelism, nor
-  // run on GPUs.
+  // Mixture-of-experts blocks are built for whole sequences: data parallelism, ZeRO and
+  // pipelining (docs/moe.md); not yet split by tensor or context parallelism.
   if (m.arch == "llama" && m.moe_experts > 0) {
     const char* why = ": model.moe_experts > 0 is not yet built for it (docs/moe.md)";
     if (config.parallel.tp > 1) problems.add("parallel.tp = ", config.parallel.tp, why);
     if (config.parallel.cp > 1) problems.add("parallel.cp = ", config.parallel.cp, why);
-    if (r.device.starts_with("cuda")) problems.add("runtime.device = ", toml_quote(r.device), why);
   }
   if (m.arch == "llama" && r.matmul_precision == "fp8" && r.fp8_block > 0 && tp > 1 &&
       m.n_heads > 0 && d % m.n_heads == 0 && m.resolved_n_kv_heads() > 0) {

@@ -590,6 +590,47 @@ inline void attention_gqa_backward(const Exec& ex, Real* dqkv, const Real* dout,
                     dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, docs);
 }
 
+// A mixture of experts (kernels/cpu/moe.h): routing, an expert's rows gathered and scattered
+// back weighed, the routing weights' and the router's gradients.
+template <typename Real>
+inline void moe_route(const Exec& ex, Real* probs, int32_t* choice, Real* weight,
+                      const Real* logits, int64_t N, int64_t E, int64_t K) {
+  LOOM_OPS_DISPATCH(moe_route, (4.0 * N * E, 2.0 * N * E + 2.0 * N * K), probs, choice, weight,
+                    logits, N, E, K);
+}
+template <typename Real>
+inline void moe_prob_sums(const Exec& ex, double* sums, const Real* probs, int64_t B, int64_t T,
+                          int64_t E) {
+  LOOM_OPS_DISPATCH(moe_prob_sums, (1.0 * B * T * E, 1.0 * B * T * E), sums, probs, B, T, E);
+}
+// out (n rows) = in's rows `rows`, row_bytes each: activations of any float type.
+inline void gather_rows(const Exec& ex, void* out, const void* in, const int32_t* rows, int64_t n,
+                        int64_t row_bytes) {
+  using Real = float;  // for the dispatch: a GPU takes the CUDA kernel, whatever the rows hold
+  LOOM_OPS_DISPATCH(gather_rows, (0, 0.5 * n * row_bytes / 2), out, in, rows, n, row_bytes);
+}
+template <typename Real>
+inline void moe_scatter_add(const Exec& ex, Real* y, const Real* src, const int32_t* rows,
+                            const int32_t* slots, const Real* weight, int64_t n, int64_t C,
+                            int64_t K) {
+  LOOM_OPS_DISPATCH(moe_scatter_add, (2.0 * n * C, 3.0 * n * C), y, src, rows, slots, weight, n, C,
+                    K);
+}
+template <typename Real>
+inline void moe_expert_output_grad(const Exec& ex, Real* g, Real* dweight, const Real* out,
+                                   const int32_t* rows, const int32_t* slots, const Real* weight,
+                                   int64_t n, int64_t C, int64_t K) {
+  LOOM_OPS_DISPATCH(moe_expert_output_grad, (3.0 * n * C, 3.0 * n * C), g, dweight, out, rows,
+                    slots, weight, n, C, K);
+}
+template <typename Real>
+inline void moe_router_backward(const Exec& ex, Real* dlogits, const Real* probs,
+                                const int32_t* choice, const Real* weight, const Real* dweight,
+                                const double* balance, int64_t B, int64_t T, int64_t E, int64_t K) {
+  LOOM_OPS_DISPATCH(moe_router_backward, (6.0 * B * T * E, 2.0 * B * T * E), dlogits, probs, choice,
+                    weight, dweight, balance, B, T, E, K);
+}
+
 // SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H).
 template <typename Real>
 inline void swiglu_forward(const Exec& ex, Real* out, const Real* h, int64_t N, int64_t H) {

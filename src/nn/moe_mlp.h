@@ -16,8 +16,11 @@
 // (Switch Transformer's), P_e carries it to the router.
 //
 // Names: <name>.router.weight (experts × C), <name>.experts.<e>.fc.weight (2H × C: gate then up)
-// and <name>.experts.<e>.proj.weight (C × H). On CPU ranks; ties in the top-k go to the lower
-// expert index, so routing is deterministic.
+// and <name>.experts.<e>.proj.weight (C × H). Ties in the top-k go to the lower expert index, so
+// routing is deterministic. The work is kernels/ops.h's (kernels/cpu/moe.h, kernels/cuda/moe.cu):
+// on a GPU the routing runs there and its choices come back to the host (one wait a block's
+// forward), which sizes each expert's GEMMs and lays out its rows; at bf16 / fp16 matmul
+// precision the experts' gathered inputs stay in the 16 bits the norm wrote.
 #pragma once
 
 #include <memory>
@@ -62,17 +65,28 @@ class MoeMlp : public FeedForward {
 
  private:
   Tensor run(Context& ctx, const Tensor& x, const Tensor* residual);
+  void clear_routing();
+  // The expert's rows in rows_ / slots_: [offsets_[e], offsets_[e + 1]).
+  int64_t offset(int64_t e) const { return offsets_.data<int32_t>()[e]; }
+  int64_t rows_of(int64_t e) const { return offset(e + 1) - offset(e); }
+  // x's rows routed to expert e, (n_e, C) in x's type, on `ex`.
+  Tensor gather(const Exec& ex, const Tensor& x, int64_t e) const;
   MoeShape shape_;
   float aux_loss_coef_;
   Linear router_;
   std::vector<std::unique_ptr<SwiGluMlp>> experts_;
-  // Kept from forward for backward (and for pipeline stashes: collect_cache):
-  Tensor probs_;               // (N, experts) router softmax, ctx.dtype
-  Tensor choice_;              // (N, top_k) i32: each token's experts, best first
-  Tensor weight_;              // (N, top_k) ctx.dtype: their renormalised probabilities
-  std::vector<Tensor> rows_;   // per expert: (n_e) i32 its tokens, in token order
-  std::vector<Tensor> slots_;  // per expert: (n_e) i32 where in its token's choice it is
-  std::vector<Tensor> out_;    // per expert: (n_e, C) its outputs, unweighed
+  // Where the last forward ran (restore_input gathers there again).
+  Exec exec_;
+  // Kept from forward for backward (and for pipeline stashes: collect_cache); on the forward's
+  // device unless said:
+  Tensor probs_;    // (N, experts) router softmax, ctx.dtype
+  Tensor choice_;   // (N, top_k) i32: each token's experts, best first
+  Tensor weight_;   // (N, top_k) ctx.dtype: their renormalised probabilities
+  Tensor rows_;     // (N·top_k) i32: expert by expert, its tokens in token order
+  Tensor slots_;    // (N·top_k) i32: where in each of those tokens' choice the expert stands
+  Tensor offsets_;  // (experts + 1) i32, on the host: each expert's first place in rows_
+  Tensor counts_;   // (B, experts) i32, on the host: each sequence's choices of each expert
+  std::vector<Tensor> out_;  // per expert: (n_e, C) its outputs, unweighed
   std::vector<int64_t> expert_tokens_;
   double balance_loss_ = 0;
 };

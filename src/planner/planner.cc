@@ -307,12 +307,11 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
 }
 
 std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o) {
-  // The planner models GPU runs, and its parameter, activation and time inventories are the
-  // dense blocks'; a mixture of experts runs on CPU ranks only so far (docs/moe.md).
+  // The planner's parameter, activation and time inventories are the dense blocks' (docs/moe.md).
   if (config.model.arch == "llama" && config.model.moe_experts > 0)
     fail("loom plan: model.moe_experts = ", config.model.moe_experts,
-         ": a mixture of experts is not yet modelled by the planner (it plans GPU runs, and "
-         "mixtures of experts run on CPU ranks only so far: docs/moe.md)");
+         ": a mixture of experts is not yet modelled by the planner (its parameter, activation "
+         "and time inventories are the dense blocks'; docs/moe.md)");
   std::vector<LayoutPlan> plans;
   std::vector<int> cps = {std::max(config.parallel.cp, 1)};
   if (o.every_cp) {

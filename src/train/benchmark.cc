@@ -76,6 +76,14 @@ const std::vector<BenchShape>& bench_shapes() {
       // wide), for the CPU comparison with transformers' LlamaForCausalLM
       // (bench/peers/llama_bench.py).
       make_llama_shape("llama-s", 8192, 256, 384, 6, 6, 2, 1024, 10000, 8, 256),
+      // llama-s with a mixture of 8 SwiGLU experts (each 1024 wide, 2 per token) in each block,
+      // Mixtral's form, for the comparison with transformers' MixtralForCausalLM.
+      [] {
+        BenchShape s = make_llama_shape("moe-s", 8192, 256, 384, 6, 6, 2, 1024, 10000, 8, 256);
+        s.model.moe_experts = 8;
+        s.model.moe_top_k = 2;
+        return s;
+      }(),
       make_llama_shape("llama-tiny", 256, 32, 64, 2, 4, 2, 176, 10000, 4, 32),
   };
   return shapes;

@@ -1112,6 +1112,73 @@ TEST_F(CudaKernelsTest, AttentionGqaTakesTheFlashKernelsInBf16) {
     }
 }
 
+// A mixture of experts' kernels (kernels/cpu/moe.h): the routing — the same experts chosen, in
+// the same order, the probabilities and weights to fp32 rounding —, each sequence's probability
+// sums, an expert's rows gathered (bit for bit) and scattered back weighed, the routing weights'
+// gradients and the router's, on 3 sequences of 13 tokens, 6 experts, top 2.
+TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
+  const int64_t B = 3, T = 13, N = B * T, E = 6, K = 2, C = 37;
+  Pair logits = random_pair(N * E, 170, -3.0, 3.0);
+  Pair probs = pair_of(std::vector<float>(N * E)), weight = pair_of(std::vector<float>(N * K));
+  IdPair choice = ids_pair(std::vector<int32_t>(N * K));
+  ops::moe_route<float>(on_cpu, probs.h(), choice.host.data<int32_t>(), weight.h(), logits.h(), N,
+                        E, K);
+  ops::moe_route<float>(on_gpu, probs.g(), choice.gpu.data<int32_t>(), weight.g(), logits.g(), N, E,
+                        K);
+  expect_pair_close("probs", probs, 1e-6);
+  expect_pair_close("weight", weight, 1e-6);
+  const Tensor gpu_choice = choice.gpu.to(Device::cpu());
+  ASSERT_EQ(std::memcmp(gpu_choice.raw(), choice.host.raw(), N * K * sizeof(int32_t)), 0)
+      << "another routing";
+  Tensor sums_cpu = Tensor::empty({B, E}, DType::kF64), sums_gpu = sums_cpu.to(Device::cuda(0));
+  ops::moe_prob_sums<float>(on_cpu, sums_cpu.data<double>(), probs.h(), B, T, E);
+  ops::moe_prob_sums<float>(on_gpu, sums_gpu.data<double>(), probs.g(), B, T, E);
+  const Tensor sums_back = sums_gpu.to(Device::cpu());
+  for (int64_t i = 0; i < B * E; ++i)
+    EXPECT_NEAR(sums_back.data<double>()[i], sums_cpu.data<double>()[i], 1e-9) << i;
+  // Expert 2's rows: the tokens that chose it, in order, and where.
+  std::vector<int32_t> rows, slots;
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < K; ++j)
+      if (choice.host.data<int32_t>()[t * K + j] == 2) {
+        rows.push_back(static_cast<int32_t>(t));
+        slots.push_back(static_cast<int32_t>(j));
+      }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  ASSERT_GT(n, 2);
+  const IdPair r = ids_pair(rows), s = ids_pair(slots);
+  Pair x = random_pair(N * C, 171), gathered = pair_of(std::vector<float>(n * C));
+  ops::gather_rows(on_cpu, gathered.h(), x.h(), r.host.data<int32_t>(), n, C * 4);
+  ops::gather_rows(on_gpu, gathered.g(), x.g(), r.gpu.data<int32_t>(), n, C * 4);
+  EXPECT_TRUE(bitwise_equal(gathered.from_gpu(), gathered.from_host()));
+  Pair y = random_pair(N * C, 172), out = random_pair(n * C, 173);
+  for (const bool weighed : {true, false}) {
+    ops::moe_scatter_add<float>(on_cpu, y.h(), out.h(), r.host.data<int32_t>(),
+                                s.host.data<int32_t>(), weighed ? weight.h() : nullptr, n, C, K);
+    ops::moe_scatter_add<float>(on_gpu, y.g(), out.g(), r.gpu.data<int32_t>(),
+                                s.gpu.data<int32_t>(), weighed ? weight.g() : nullptr, n, C, K);
+    expect_pair_close(weighed ? "y, weighed" : "y", y, 1e-6);
+  }
+  Pair g = random_pair(n * C, 174), dweight = pair_of(std::vector<float>(N * K));
+  ops::moe_expert_output_grad<float>(on_cpu, g.h(), dweight.h(), out.h(), r.host.data<int32_t>(),
+                                     s.host.data<int32_t>(), weight.h(), n, C, K);
+  ops::moe_expert_output_grad<float>(on_gpu, g.g(), dweight.g(), out.g(), r.gpu.data<int32_t>(),
+                                     s.gpu.data<int32_t>(), weight.g(), n, C, K);
+  expect_pair_close("g", g, 1e-6);
+  expect_pair_close("dweight", dweight, 1e-6);
+  Pair every_dweight = random_pair(N * K, 175), dlogits = pair_of(std::vector<float>(N * E));
+  Tensor balance = Tensor::empty({B, E}, DType::kF64);
+  for (int64_t i = 0; i < B * E; ++i) balance.data<double>()[i] = 0.01 * static_cast<double>(i % 5);
+  const Tensor balance_gpu = balance.to(Device::cuda(0));
+  ops::moe_router_backward<float>(on_cpu, dlogits.h(), probs.h(), choice.host.data<int32_t>(),
+                                  weight.h(), every_dweight.h(), balance.data<double>(), B, T, E,
+                                  K);
+  ops::moe_router_backward<float>(on_gpu, dlogits.g(), probs.g(), choice.gpu.data<int32_t>(),
+                                  weight.g(), every_dweight.g(), balance_gpu.data<double>(), B, T,
+                                  E, K);
+  expect_pair_close("dlogits", dlogits, 1e-6);
+}
+
 // SwiGLU over gates far into both tails of the sigmoid; rows of 300 columns (not a multiple of
 // the CPU's vector widths).
 TEST_F(CudaKernelsTest, SwiGluMatchesCpuAndRepeats) {

@@ -1,0 +1,144 @@
+#include "kernels/cpu/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+namespace loom::cpu {
+namespace {
+// Tokens (or rows) per parallel range.
+constexpr int64_t kGrain = 64;
+}  // namespace
+
+template <typename Real>
+void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, const Real* logits,
+               int64_t N, int64_t E, int64_t K) {
+  pool.parallel_for(N, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    for (int64_t t = begin; t < end; ++t) {
+      const Real* l = logits + t * E;
+      Real* p = probs + t * E;
+      const double max = static_cast<double>(*std::max_element(l, l + E));
+      double sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e]) - max);
+      for (int64_t e = 0; e < E; ++e)
+        p[e] = static_cast<Real>(std::exp(static_cast<double>(l[e]) - max) / sum);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+        return p[a] > p[b] || (p[a] == p[b] && a < b);
+      });
+      double chosen = 0;
+      for (int64_t j = 0; j < K; ++j) chosen += static_cast<double>(p[order[static_cast<size_t>(j)]]);
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = order[static_cast<size_t>(j)];
+        choice[t * K + j] = e;
+        weight[t * K + j] = static_cast<Real>(static_cast<double>(p[e]) / chosen);
+      }
+    }
+  });
+}
+
+template <typename Real>
+void moe_prob_sums(ThreadPool& pool, double* sums, const Real* probs, int64_t B, int64_t T,
+                   int64_t E) {
+  pool.parallel_for(B * E, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t be = begin; be < end; ++be) {
+      const int64_t b = be / E, e = be % E;
+      double s = 0;
+      for (int64_t t = b * T; t < (b + 1) * T; ++t) s += static_cast<double>(probs[t * E + e]);
+      sums[be] = s;
+    }
+  });
+}
+
+void gather_rows(ThreadPool& pool, void* out, const void* in, const int32_t* rows, int64_t n,
+                 int64_t row_bytes) {
+  pool.parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      std::memcpy(static_cast<char*>(out) + i * row_bytes,
+                  static_cast<const char*>(in) + int64_t{rows[i]} * row_bytes,
+                  static_cast<size_t>(row_bytes));
+  });
+}
+
+template <typename Real>
+void moe_scatter_add(ThreadPool& pool, Real* y, const Real* src, const int32_t* rows,
+                     const int32_t* slots, const Real* weight, int64_t n, int64_t C, int64_t K) {
+  pool.parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      Real* yt = y + int64_t{rows[i]} * C;
+      const Real* s = src + i * C;
+      if (weight == nullptr) {
+        for (int64_t c = 0; c < C; ++c) yt[c] += s[c];
+        continue;
+      }
+      const Real w = weight[int64_t{rows[i]} * K + slots[i]];
+      for (int64_t c = 0; c < C; ++c) yt[c] += w * s[c];
+    }
+  });
+}
+
+template <typename Real>
+void moe_expert_output_grad(ThreadPool& pool, Real* g, Real* dweight, const Real* out,
+                            const int32_t* rows, const int32_t* slots, const Real* weight,
+                            int64_t n, int64_t C, int64_t K) {
+  pool.parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t slot = int64_t{rows[i]} * K + slots[i];
+      Real* gi = g + i * C;
+      const Real* oi = out + i * C;
+      double dot = 0;
+      for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(gi[c]) * static_cast<double>(oi[c]);
+      dweight[slot] = static_cast<Real>(dot);
+      const Real w = weight[slot];
+      for (int64_t c = 0; c < C; ++c) gi[c] *= w;
+    }
+  });
+}
+
+template <typename Real>
+void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
+                         const Real* weight, const Real* dweight, const double* balance,
+                         int64_t B, int64_t T, int64_t E, int64_t K) {
+  pool.parallel_for(B * T, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<double> dp(static_cast<size_t>(E));
+    for (int64_t t = begin; t < end; ++t) {
+      const Real* p = probs + t * E;
+      const double* bal = balance + (t / T) * E;
+      double chosen = 0, weighed = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        chosen += static_cast<double>(p[choice[t * K + j]]);
+        weighed += static_cast<double>(weight[t * K + j]) * static_cast<double>(dweight[t * K + j]);
+      }
+      for (int64_t e = 0; e < E; ++e) dp[static_cast<size_t>(e)] = bal[e];
+      for (int64_t j = 0; j < K; ++j)
+        dp[static_cast<size_t>(choice[t * K + j])] +=
+            (static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
+      double pdp = 0;
+      for (int64_t e = 0; e < E; ++e) pdp += static_cast<double>(p[e]) * dp[static_cast<size_t>(e)];
+      for (int64_t e = 0; e < E; ++e)
+        dlogits[t * E + e] =
+            static_cast<Real>(static_cast<double>(p[e]) * (dp[static_cast<size_t>(e)] - pdp));
+    }
+  });
+}
+
+#define LOOM_MOE_INSTANTIATE(Real)                                                                \
+  template void moe_route<Real>(ThreadPool&, Real*, int32_t*, Real*, const Real*, int64_t,       \
+                                int64_t, int64_t);                                                \
+  template void moe_prob_sums<Real>(ThreadPool&, double*, const Real*, int64_t, int64_t, int64_t); \
+  template void moe_scatter_add<Real>(ThreadPool&, Real*, const Real*, const int32_t*,            \
+                                      const int32_t*, const Real*, int64_t, int64_t, int64_t);    \
+  template void moe_expert_output_grad<Real>(ThreadPool&, Real*, Real*, const Real*,              \
+                                             const int32_t*, const int32_t*, const Real*,         \
+                                             int64_t, int64_t, int64_t);                          \
+  template void moe_router_backward<Real>(ThreadPool&, Real*, const Real*, const int32_t*,        \
+                                          const Real*, const Real*, const double*, int64_t,       \
+                                          int64_t, int64_t, int64_t);
+LOOM_MOE_INSTANTIATE(float)
+LOOM_MOE_INSTANTIATE(double)
+#undef LOOM_MOE_INSTANTIATE
+
+}  // namespace loom::cpu

@@ -1,0 +1,55 @@
+// A mixture of experts' routing and token movement (nn/moe_mlp.h), in a fixed order: each token's
+// work is its own, and a token's contributions are added expert by expert, so every thread count
+// gives the same bits (and the GPU kernels, kernels/cuda/moe.cu, the same formulas).
+//
+// Legend: N tokens (B sequences of T), E experts, K chosen per token, C channels. choice and
+// weight are (N, K): token t's j-th expert and its weight at t·K + j. An expert's n rows are the
+// tokens routed to it (rows[i]) and where in their choice it stands (slots[i]).
+#pragma once
+
+#include <cstdint>
+
+#include "base/thread_pool.h"
+
+namespace loom::cpu {
+
+// probs (N, E) = softmax(logits) per token (exp and sum in double); choice (N, K) the K largest
+// probabilities' experts, best first, equal ones to the lower index; weight (N, K) their
+// probabilities over their sum (Mixtral's renormalisation).
+template <typename Real>
+void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, const Real* logits,
+               int64_t N, int64_t E, int64_t K);
+
+// sums (B, E): Σ over each sequence's T tokens, in order, of its probabilities (in double).
+template <typename Real>
+void moe_prob_sums(ThreadPool& pool, double* sums, const Real* probs, int64_t B, int64_t T,
+                   int64_t E);
+
+// out (n rows) = in's rows `rows`, each row_bytes bytes (a multiple of 2).
+void gather_rows(ThreadPool& pool, void* out, const void* in, const int32_t* rows, int64_t n,
+                 int64_t row_bytes);
+
+// y[rows[i]] += w_i · src[i] (C each), w_i = weight[rows[i]·K + slots[i]], or 1 when weight is
+// null. rows distinct (one expert's).
+template <typename Real>
+void moe_scatter_add(ThreadPool& pool, Real* y, const Real* src, const int32_t* rows,
+                     const int32_t* slots, const Real* weight, int64_t n, int64_t C, int64_t K);
+
+// One expert's output gradient from its gathered dy rows g (n, C): dweight[rows[i]·K + slots[i]]
+// = g[i] · out[i] (the loss's gradient at the routing weight, summed in double), then g[i] *= w_i
+// (what the expert's own backward takes).
+template <typename Real>
+void moe_expert_output_grad(ThreadPool& pool, Real* g, Real* dweight, const Real* out,
+                            const int32_t* rows, const int32_t* slots, const Real* weight,
+                            int64_t n, int64_t C, int64_t K);
+
+// The router logits' gradient dlogits (N, E): through the renormalisation w_j = p_j / S (S the
+// chosen probabilities' sum) dp_j = (dweight_j − Σ_i w_i·dweight_i) / S for the chosen, plus the
+// balance loss's balance[b·E + e] for every expert of sequence b's tokens, then through the
+// softmax, dl = p ⊙ (dp − p·dp). In double.
+template <typename Real>
+void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
+                         const Real* weight, const Real* dweight, const double* balance,
+                         int64_t B, int64_t T, int64_t E, int64_t K);
+
+}  // namespace loom::cpu

@@ -1,0 +1,179 @@
+// A mixture of experts' routing and token movement (kernels/cpu/moe.h): the CPU's formulas, a
+// token (or an expert's row, or a sequence's expert) a thread, sums in double in the CPU's order,
+// so routing decisions — comparisons of probabilities — come out as the CPU's.
+#include <cmath>
+
+#include "base/error.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace loom::cuda {
+namespace {
+
+// Token t's softmax, then its top K: pass j takes the best expert ordered after pass j − 1's in
+// (probability descending, index ascending) — the CPU's partial sort's order.
+__global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight,
+                                 const float* logits, int64_t N, int64_t E, int64_t K) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < N;
+       t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const float* l = logits + t * E;
+    float* p = probs + t * E;
+    float top = l[0];
+    for (int64_t e = 1; e < E; ++e) top = fmaxf(top, l[e]);
+    const double max = top;
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += exp(static_cast<double>(l[e]) - max);
+    for (int64_t e = 0; e < E; ++e) p[e] = static_cast<float>(exp(static_cast<double>(l[e]) - max) / sum);
+    float last_p = 0;
+    int64_t last = -1;
+    double chosen = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        const bool after_last = last < 0 || p[e] < last_p || (p[e] == last_p && e > last);
+        if (after_last && (best < 0 || p[e] > p[best])) best = e;
+      }
+      if (best < 0) best = j;  // every probability NaN (a diverged run): still an expert's index
+      choice[t * K + j] = static_cast<int32_t>(best);
+      last = best;
+      last_p = p[best];
+      chosen += static_cast<double>(p[best]);
+    }
+    for (int64_t j = 0; j < K; ++j)
+      weight[t * K + j] = static_cast<float>(static_cast<double>(p[choice[t * K + j]]) / chosen);
+  }
+}
+
+__global__ void moe_prob_sums_kernel(double* sums, const float* probs, int64_t B, int64_t T,
+                                     int64_t E) {
+  for (int64_t be = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; be < B * E;
+       be += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t b = be / E, e = be % E;
+    double s = 0;
+    for (int64_t t = b * T; t < (b + 1) * T; ++t) s += static_cast<double>(probs[t * E + e]);
+    sums[be] = s;
+  }
+}
+
+// 16-bit units: every row here is whole floats or 16-bit values.
+__global__ void moe_gather_rows_kernel(uint16_t* out, const uint16_t* in, const int32_t* rows,
+                                       int64_t n, int64_t units) {
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < n * units;
+       u += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t i = u / units, c = u % units;
+    out[u] = in[int64_t{rows[i]} * units + c];
+  }
+}
+
+__global__ void moe_scatter_add_kernel(float* y, const float* src, const int32_t* rows,
+                                       const int32_t* slots, const float* weight, int64_t n,
+                                       int64_t C, int64_t K) {
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < n * C;
+       u += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t i = u / C, c = u % C;
+    float* yt = y + int64_t{rows[i]} * C + c;
+    if (weight == nullptr) *yt += src[u];
+    else *yt += weight[int64_t{rows[i]} * K + slots[i]] * src[u];
+  }
+}
+
+__global__ void moe_expert_output_grad_kernel(float* g, float* dweight, const float* out,
+                                              const int32_t* rows, const int32_t* slots,
+                                              const float* weight, int64_t n, int64_t C,
+                                              int64_t K) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t slot = int64_t{rows[i]} * K + slots[i];
+    float* gi = g + i * C;
+    const float* oi = out + i * C;
+    double dot = 0;
+    for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(gi[c]) * static_cast<double>(oi[c]);
+    dweight[slot] = static_cast<float>(dot);
+    const float w = weight[slot];
+    for (int64_t c = 0; c < C; ++c) gi[c] *= w;
+  }
+}
+
+// dp lives in dlogits' row (as double's worth is not needed: the CPU's double dp is recomputed
+// per expert from its parts, in the same order).
+__global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
+                                           const int32_t* choice, const float* weight,
+                                           const float* dweight, const double* balance, int64_t B,
+                                           int64_t T, int64_t E, int64_t K) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < B * T;
+       t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const float* p = probs + t * E;
+    const double* bal = balance + (t / T) * E;
+    double chosen = 0, weighed = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      chosen += static_cast<double>(p[choice[t * K + j]]);
+      weighed += static_cast<double>(weight[t * K + j]) * static_cast<double>(dweight[t * K + j]);
+    }
+    // dp_e = bal_e, plus the renormalisation's term where e is chosen.
+    const auto dp = [&](int64_t e) {
+      double d = bal[e];
+      for (int64_t j = 0; j < K; ++j)
+        if (choice[t * K + j] == e) d += (static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
+      return d;
+    };
+    double pdp = 0;
+    for (int64_t e = 0; e < E; ++e) pdp += static_cast<double>(p[e]) * dp(e);
+    for (int64_t e = 0; e < E; ++e)
+      dlogits[t * E + e] = static_cast<float>(static_cast<double>(p[e]) * (dp(e) - pdp));
+  }
+}
+
+}  // namespace
+
+void moe_route(int device, float* probs, int32_t* choice, float* weight, const float* logits,
+               int64_t N, int64_t E, int64_t K) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  launch("moe_route", moe_route_kernel, blocks_for(N, kThreads), kThreads, probs, choice, weight,
+         logits, N, E, K);
+}
+
+void moe_prob_sums(int device, double* sums, const float* probs, int64_t B, int64_t T, int64_t E) {
+  if (B * E == 0) return;
+  DeviceGuard guard(device);
+  launch("moe_prob_sums", moe_prob_sums_kernel, blocks_for(B * E, kThreads), kThreads, sums,
+         probs, B, T, E);
+}
+
+void gather_rows(int device, void* out, const void* in, const int32_t* rows, int64_t n,
+                 int64_t row_bytes) {
+  LOOM_CHECK_MSG(row_bytes % 2 == 0, "gather_rows: rows of whole 16-bit units");
+  if (n * row_bytes == 0) return;
+  DeviceGuard guard(device);
+  const int64_t units = row_bytes / 2;
+  launch("gather_rows", moe_gather_rows_kernel, blocks_for(n * units, kThreads), kThreads,
+         static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in), rows, n, units);
+}
+
+void moe_scatter_add(int device, float* y, const float* src, const int32_t* rows,
+                     const int32_t* slots, const float* weight, int64_t n, int64_t C, int64_t K) {
+  if (n * C == 0) return;
+  DeviceGuard guard(device);
+  launch("moe_scatter_add", moe_scatter_add_kernel, blocks_for(n * C, kThreads), kThreads, y, src,
+         rows, slots, weight, n, C, K);
+}
+
+void moe_expert_output_grad(int device, float* g, float* dweight, const float* out,
+                            const int32_t* rows, const int32_t* slots, const float* weight,
+                            int64_t n, int64_t C, int64_t K) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  launch("moe_expert_output_grad", moe_expert_output_grad_kernel, blocks_for(n, kThreads),
+         kThreads, g, dweight, out, rows, slots, weight, n, C, K);
+}
+
+void moe_router_backward(int device, float* dlogits, const float* probs, const int32_t* choice,
+                         const float* weight, const float* dweight, const double* balance,
+                         int64_t B, int64_t T, int64_t E, int64_t K) {
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  launch("moe_router_backward", moe_router_backward_kernel, blocks_for(B * T, kThreads), kThreads,
+         dlogits, probs, choice, weight, dweight, balance, B, T, E, K);
+}
+
+}  // namespace loom::cuda
