@@ -81,8 +81,12 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
   const int64_t d = model.d_model, P = par.tp;
   const int64_t vocab_rows = P > 1 ? (model.vocab_size + P - 1) / P : model.vocab_size;
   // GPT-2: the matrices and their column-parallel biases split over tp; the LayerNorms and the
-  // row-parallel biases replicated. Llama: the matrices split, the two RMSNorms replicated.
-  const int64_t llama_matrices = d * model.qkv_width() + d * d + 3 * d * model.hidden();
+  // row-parallel biases replicated. Llama: the matrices split, the two RMSNorms replicated; a
+  // mixture of experts (never under tp) every expert's SwiGLU and the router.
+  const int64_t mlp = model.moe()
+                          ? model.moe_experts * 3 * d * model.hidden() + d * model.moe_experts
+                          : 3 * d * model.hidden();
+  const int64_t llama_matrices = d * model.qkv_width() + d * d + mlp;
   const int64_t per_block = model.llama() ? llama_matrices / P + 2 * d
                             : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
                                           : 12 * d * d + 13 * d;
@@ -131,10 +135,14 @@ std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank) 
   const int64_t vocab_rows = P > 1 ? (model.vocab_size + P - 1) / P : model.vocab_size;
   const auto padded = [](int64_t n) { return (n + 7) / 8 * 8; };
   // A block's Linears: qkv and the MLP's fc split by rows over tp, the two projections by
-  // columns (a Llama's gate and up are one fc of 2H rows).
+  // columns (a Llama's gate and up are one fc of 2H rows); a mixture's router and each expert's
+  // fc and proj.
   const int64_t fc_rows = model.llama() ? 2 * model.hidden() : model.hidden();
-  const int64_t per_block = padded(model.qkv_width() / P * d) + padded(d * (d / P)) +
-                            padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
+  const int64_t mlp =
+      model.moe() ? padded(model.moe_experts * d) +
+                        model.moe_experts * (padded(fc_rows * d) + padded(d * model.hidden()))
+                  : padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
+  const int64_t per_block = padded(model.qkv_width() / P * d) + padded(d * (d / P)) + mlp;
   const int stages = par.pp * par.virtual_stages;
   std::vector<int64_t> chunks;
   for (const ChunkBlocks& chunk : rank_chunks(config, pp_rank)) {
@@ -307,11 +315,6 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
 }
 
 std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o) {
-  // The planner's parameter, activation and time inventories are the dense blocks' (docs/moe.md).
-  if (config.model.arch == "llama" && config.model.moe_experts > 0)
-    fail("loom plan: model.moe_experts = ", config.model.moe_experts,
-         ": a mixture of experts is not yet modelled by the planner (its parameter, activation "
-         "and time inventories are the dense blocks'; docs/moe.md)");
   std::vector<LayoutPlan> plans;
   std::vector<int> cps = {std::max(config.parallel.cp, 1)};
   if (o.every_cp) {
