@@ -64,6 +64,10 @@ struct ModelConfig {
   int64_t moe_experts = 0;
   int64_t moe_top_k = 2;
   double moe_aux_loss_coef = 0.01;
+  // ST-MoE's router z-loss: moe_router_z_loss_coef × the mean over tokens of (log Σ exp of the
+  // router's logits)², in every block (Megatron-LM's --moe-z-loss-coeff; ST-MoE used 1e-3). 0:
+  // none.
+  double moe_router_z_loss_coef = 0;
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }

@@ -122,12 +122,15 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
       p.add("model.moe_top_k applies with model.moe_experts > 0 only");
     if (m.moe_aux_loss_coef != defaults.moe_aux_loss_coef)
       p.add("model.moe_aux_loss_coef applies with model.moe_experts > 0 only");
+    if (m.moe_router_z_loss_coef != defaults.moe_router_z_loss_coef)
+      p.add("model.moe_router_z_loss_coef applies with model.moe_experts > 0 only");
     return;
   }
   if (m.moe_top_k < 1 || (m.moe_experts > 0 && m.moe_top_k > m.moe_experts))
     p.add("model.moe_top_k = ", m.moe_top_k,
           " must be between 1 and model.moe_experts = ", m.moe_experts);
   p.in_range("model.moe_aux_loss_coef", m.moe_aux_loss_coef, 0, 1, true);
+  p.in_range("model.moe_router_z_loss_coef", m.moe_router_z_loss_coef, 0, 1, true);
 }
 
 void validate_model(const ModelConfig& m, Problems& p) {

@@ -593,10 +593,10 @@ inline void attention_gqa_backward(const Exec& ex, Real* dqkv, const Real* dout,
 // A mixture of experts (kernels/cpu/moe.h): routing, an expert's rows gathered and scattered
 // back weighed, the routing weights' and the router's gradients.
 template <typename Real>
-inline void moe_route(const Exec& ex, Real* probs, int32_t* choice, Real* weight,
+inline void moe_route(const Exec& ex, Real* probs, int32_t* choice, Real* weight, Real* lse,
                       const Real* logits, int64_t N, int64_t E, int64_t K) {
-  LOOM_OPS_DISPATCH(moe_route, (4.0 * N * E, 2.0 * N * E + 2.0 * N * K), probs, choice, weight,
-                    logits, N, E, K);
+  LOOM_OPS_DISPATCH(moe_route, (4.0 * N * E, 2.0 * N * E + 2.0 * N * K + N), probs, choice, weight,
+                    lse, logits, N, E, K);
 }
 template <typename Real>
 inline void moe_prob_sums(const Exec& ex, double* sums, const Real* probs, int64_t B, int64_t T,
@@ -626,9 +626,10 @@ inline void moe_expert_output_grad(const Exec& ex, Real* g, Real* dweight, const
 template <typename Real>
 inline void moe_router_backward(const Exec& ex, Real* dlogits, const Real* probs,
                                 const int32_t* choice, const Real* weight, const Real* dweight,
-                                const double* balance, int64_t B, int64_t T, int64_t E, int64_t K) {
+                                const double* balance, const Real* lse, double z, int64_t B,
+                                int64_t T, int64_t E, int64_t K) {
   LOOM_OPS_DISPATCH(moe_router_backward, (6.0 * B * T * E, 2.0 * B * T * E), dlogits, probs, choice,
-                    weight, dweight, balance, B, T, E, K);
+                    weight, dweight, balance, lse, z, B, T, E, K);
 }
 
 // SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H).

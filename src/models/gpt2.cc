@@ -67,6 +67,8 @@ void Gpt2Config::validate() const {
          " must be between 1 and model.moe_experts = ", moe_experts);
   if (moe_experts > 0 && !(moe_aux_loss_coef >= 0 && moe_aux_loss_coef < 1))
     fail("model.moe_aux_loss_coef = ", moe_aux_loss_coef, " must be in [0, 1)");
+  if (moe_experts > 0 && !(moe_router_z_loss_coef >= 0 && moe_router_z_loss_coef < 1))
+    fail("model.moe_router_z_loss_coef = ", moe_router_z_loss_coef, " must be in [0, 1)");
   if (!(rope_theta > 1)) fail("model.rope_theta must be > 1, got ", rope_theta);
   if (!(norm_eps > 0)) fail("model.norm_eps must be positive, got ", norm_eps);
 }
@@ -110,9 +112,9 @@ std::optional<Rotary> rotary_of(const Gpt2Config& c) {
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c) {
   if (c.moe())
-    return std::make_unique<MoeMlp>(store, name,
-                                    MoeShape{c.d_model, c.ffn_hidden, c.moe_experts, c.moe_top_k},
-                                    c.moe_aux_loss_coef, c.init_std, residual_std(c));
+    return std::make_unique<MoeMlp>(
+        store, name, MoeShape{c.d_model, c.ffn_hidden, c.moe_experts, c.moe_top_k},
+        MoeLosses{c.moe_aux_loss_coef, c.moe_router_z_loss_coef}, c.init_std, residual_std(c));
   if (c.llama())
     return std::make_unique<SwiGluMlp>(store, name, c.d_model, c.ffn_hidden, c.init_std,
                                        residual_std(c));

@@ -12,9 +12,9 @@
 namespace loom {
 
 MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& shape,
-               float aux_loss_coef, float init_std, float proj_std)
+               const MoeLosses& losses, float init_std, float proj_std)
     : shape_(shape),
-      aux_loss_coef_(aux_loss_coef),
+      losses_(losses),
       router_(store, name + ".router", shape.channels, shape.experts, false, init_std) {
   if (shape.experts < 1 || shape.top_k < 1 || shape.top_k > shape.experts)
     fail(name, ": top ", shape.top_k, " of ", shape.experts, " experts");
@@ -51,11 +51,12 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   probs_ = Tensor::empty({N, E}, ctx.dtype, ctx.device);
   choice_ = Tensor::empty({N, K}, DType::kI32, ctx.device);
   weight_ = Tensor::empty({N, K}, ctx.dtype, ctx.device);
+  lse_ = Tensor::empty({N}, ctx.dtype, ctx.device);
   Tensor sums = Tensor::empty({B, E}, DType::kF64, ctx.device);  // each sequence's Σ p_e
   dispatch_float(ctx.dtype, [&](auto zero) {
     using Real = decltype(zero);
     ops::moe_route<Real>(ex, probs_.data<Real>(), choice_.data<int32_t>(), weight_.data<Real>(),
-                         logits.data<Real>(), N, E, K);
+                         lse_.data<Real>(), logits.data<Real>(), N, E, K);
     ops::moe_prob_sums<Real>(ex, sums.data<double>(), probs_.data<Real>(), B, T, E);
   });
   // The choices on the host (from a GPU: the block's one wait), laid out expert by expert.
@@ -89,6 +90,18 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
       balance_loss_ += static_cast<double>(E) / static_cast<double>(K * T) * counts[b * E + e] *
                        sums.data<double>()[b * E + e] / static_cast<double>(T) /
                        static_cast<double>(B);
+  // The router z-loss: the mean over tokens of lse², where it counts.
+  router_z_loss_ = 0;
+  if (losses_.router_z > 0) {
+    const Tensor lse = ctx.device.is_cpu() ? lse_ : lse_.to(Device::cpu());
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using Real = decltype(zero);
+      for (int64_t t = 0; t < N; ++t) {
+        const double l = static_cast<double>(lse.data<Real>()[t]);
+        router_z_loss_ += l * l / static_cast<double>(N);
+      }
+    });
+  }
   expert_tokens_.assign(static_cast<size_t>(E), 0);
   // Each expert on its tokens; their outputs weighed into y, expert by expert (a fixed order).
   Tensor y = residual ? residual->clone() : Tensor::zeros(x.shape(), ctx.dtype, ctx.device);
@@ -120,7 +133,7 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
   // The balance loss's gradient at each sequence's probabilities: the coefficient × the loss's
   // scale / (B·T) × f_e.
   Tensor balance = Tensor::empty({B, E}, DType::kF64);
-  const double aux = static_cast<double>(aux_loss_coef_) * ctx.backward_scale /
+  const double aux = static_cast<double>(losses_.balance) * ctx.backward_scale /
                      static_cast<double>(B * T) * static_cast<double>(E) /
                      static_cast<double>(K * T);
   for (int64_t i = 0; i < B * E; ++i) balance.data<double>()[i] = aux * counts_.data<int32_t>()[i];
@@ -142,9 +155,11 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
       ops::moe_scatter_add<Real>(ex, dx.data<Real>(), dxe.data<Real>(), rows, slots, nullptr, n, C,
                                  K);
     }
-    ops::moe_router_backward<Real>(ex, dlogits.data<Real>(), probs_.data<Real>(),
-                                   choice_.data<int32_t>(), weight_.data<Real>(),
-                                   dweight.data<Real>(), balance.data<double>(), B, T, E, K);
+    ops::moe_router_backward<Real>(
+        ex, dlogits.data<Real>(), probs_.data<Real>(), choice_.data<int32_t>(),
+        weight_.data<Real>(), dweight.data<Real>(), balance.data<double>(), lse_.data<Real>(),
+        static_cast<double>(losses_.router_z) * ctx.backward_scale / static_cast<double>(N), B, T,
+        E, K);
     const Tensor drouter = router_.backward(ctx, dlogits);
     ops::add_inplace<Real>(ex, dx.data<Real>(), drouter.data<Real>(), N * C);
   });
@@ -153,7 +168,7 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
 }
 
 void MoeMlp::clear_routing() {
-  probs_ = choice_ = weight_ = rows_ = slots_ = offsets_ = counts_ = Tensor();
+  probs_ = choice_ = weight_ = lse_ = rows_ = slots_ = offsets_ = counts_ = Tensor();
   for (Tensor& out : out_) out = Tensor();
 }
 
@@ -178,7 +193,7 @@ void MoeMlp::clear_cache() {
 void MoeMlp::collect_cache(std::vector<Tensor*>& out) {
   router_.collect_cache(out);
   for (auto& expert : experts_) expert->collect_cache(out);
-  for (Tensor* t : {&probs_, &choice_, &weight_, &rows_, &slots_, &offsets_, &counts_})
+  for (Tensor* t : {&probs_, &choice_, &weight_, &lse_, &rows_, &slots_, &offsets_, &counts_})
     out.push_back(t);
   for (Tensor& t : out_) out.push_back(&t);
 }

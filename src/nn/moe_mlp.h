@@ -40,11 +40,19 @@ struct MoeShape {
   int64_t top_k = 0;
 };
 
+// The coefficients of the losses a mixture adds to the training loss: the sequence-wise balance
+// loss (above), and ST-MoE's router z-loss (Zoph et al. 2022), the mean over tokens of
+// (log Σ_e exp logit_e)², which keeps the router's logits small (0: none).
+struct MoeLosses {
+  float balance = 0;
+  float router_z = 0;
+};
+
 class MoeMlp : public FeedForward {
  public:
   // proj_std: the experts' output projections' init std (scaled by depth, as the dense MLP's).
-  MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& shape, float aux_loss_coef,
-         float init_std, float proj_std);
+  MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& shape,
+         const MoeLosses& losses, float init_std, float proj_std);
   // x: (B, T, C), each of the B rows a sequence (its balance loss's unit).
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) override;
@@ -56,12 +64,17 @@ class MoeMlp : public FeedForward {
   void drop_recomputable() override;
   void restore_input(const Tensor& x) override;
   void collect_cache(std::vector<Tensor*>& out) override;
-  double aux_loss() const override { return aux_loss_coef_ * balance_loss_; }
+  double aux_loss() const override {
+    return losses_.balance * balance_loss_ + losses_.router_z * router_z_loss_;
+  }
 
   // Of the last forward: tokens sent to each expert (each token counted top_k times), and the
   // balance loss's mean over its sequences (before aux_loss_coef).
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
   double balance_loss() const { return balance_loss_; }
+  // The router z-loss's mean lse² over the last forward's tokens (before its coefficient; 0
+  // without one).
+  double router_z_loss() const { return router_z_loss_; }
 
  private:
   Tensor run(Context& ctx, const Tensor& x, const Tensor* residual);
@@ -72,7 +85,7 @@ class MoeMlp : public FeedForward {
   // x's rows routed to expert e, (n_e, C) in x's type, on `ex`.
   Tensor gather(const Exec& ex, const Tensor& x, int64_t e) const;
   MoeShape shape_;
-  float aux_loss_coef_;
+  MoeLosses losses_;
   Linear router_;
   std::vector<std::unique_ptr<SwiGluMlp>> experts_;
   // Where the last forward ran (restore_input gathers there again).
@@ -82,6 +95,7 @@ class MoeMlp : public FeedForward {
   Tensor probs_;    // (N, experts) router softmax, ctx.dtype
   Tensor choice_;   // (N, top_k) i32: each token's experts, best first
   Tensor weight_;   // (N, top_k) ctx.dtype: their renormalised probabilities
+  Tensor lse_;      // (N) ctx.dtype: log Σ exp of each token's router logits
   Tensor rows_;     // (N·top_k) i32: expert by expert, its tokens in token order
   Tensor slots_;    // (N·top_k) i32: where in each of those tokens' choice the expert stands
   Tensor offsets_;  // (experts + 1) i32, on the host: each expert's first place in rows_
@@ -89,6 +103,7 @@ class MoeMlp : public FeedForward {
   std::vector<Tensor> out_;  // per expert: (n_e, C) its outputs, unweighed
   std::vector<int64_t> expert_tokens_;
   double balance_loss_ = 0;
+  double router_z_loss_ = 0;
 };
 
 }  // namespace loom

@@ -72,6 +72,7 @@ Gpt2Config model_config_of(const Config& config) {
     m.moe_experts = config.model.moe_experts;
     m.moe_top_k = config.model.moe_top_k;
     m.moe_aux_loss_coef = static_cast<float>(config.model.moe_aux_loss_coef);
+    m.moe_router_z_loss_coef = static_cast<float>(config.model.moe_router_z_loss_coef);
   }
   return m;
 }

@@ -1120,12 +1120,14 @@ TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
   const int64_t B = 3, T = 13, N = B * T, E = 6, K = 2, C = 37;
   Pair logits = random_pair(N * E, 170, -3.0, 3.0);
   Pair probs = pair_of(std::vector<float>(N * E)), weight = pair_of(std::vector<float>(N * K));
+  Pair lse = pair_of(std::vector<float>(N));
   IdPair choice = ids_pair(std::vector<int32_t>(N * K));
-  ops::moe_route<float>(on_cpu, probs.h(), choice.host.data<int32_t>(), weight.h(), logits.h(), N,
-                        E, K);
-  ops::moe_route<float>(on_gpu, probs.g(), choice.gpu.data<int32_t>(), weight.g(), logits.g(), N, E,
-                        K);
+  ops::moe_route<float>(on_cpu, probs.h(), choice.host.data<int32_t>(), weight.h(), lse.h(),
+                        logits.h(), N, E, K);
+  ops::moe_route<float>(on_gpu, probs.g(), choice.gpu.data<int32_t>(), weight.g(), lse.g(),
+                        logits.g(), N, E, K);
   expect_pair_close("probs", probs, 1e-6);
+  expect_pair_close("lse", lse, 1e-6);
   expect_pair_close("weight", weight, 1e-6);
   const Tensor gpu_choice = choice.gpu.to(Device::cpu());
   ASSERT_EQ(std::memcmp(gpu_choice.raw(), choice.host.raw(), N * K * sizeof(int32_t)), 0)
@@ -1170,12 +1172,13 @@ TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
   Tensor balance = Tensor::empty({B, E}, DType::kF64);
   for (int64_t i = 0; i < B * E; ++i) balance.data<double>()[i] = 0.01 * static_cast<double>(i % 5);
   const Tensor balance_gpu = balance.to(Device::cuda(0));
+  // With the router z-loss's term (z = 0.01).
   ops::moe_router_backward<float>(on_cpu, dlogits.h(), probs.h(), choice.host.data<int32_t>(),
-                                  weight.h(), every_dweight.h(), balance.data<double>(), B, T, E,
-                                  K);
+                                  weight.h(), every_dweight.h(), balance.data<double>(), lse.h(),
+                                  0.01, B, T, E, K);
   ops::moe_router_backward<float>(on_gpu, dlogits.g(), probs.g(), choice.gpu.data<int32_t>(),
-                                  weight.g(), every_dweight.g(), balance_gpu.data<double>(), B, T,
-                                  E, K);
+                                  weight.g(), every_dweight.g(), balance_gpu.data<double>(),
+                                  lse.g(), 0.01, B, T, E, K);
   expect_pair_close("dlogits", dlogits, 1e-6);
 }
 

@@ -269,20 +269,21 @@ TEST(LlamaBlock, CacheBytesPerRecomputationMode) {
 // A mixture-of-experts block's cache, exactly: the dense MLP's ln_2 output (fc's input) and
 // h and SwiGLU output (3·N·H) give way to the router's input (N·C), its probabilities (N·E), each
 // token's choices and weights (2·N·k, the choices int32), each expert's rows and slots (2·N·k
-// int32 over the experts) and outputs (N·k·C), the experts' places in the rows and each
-// sequence's count of each (E + 1 + B·E int32, on the host), and the experts' gathered inputs
+// int32 over the experts) and outputs (N·k·C), each token's router log-sum-exp (N, the router
+// z-loss's), the experts' places in the rows and each sequence's count of each (E + 1 + B·E
+// int32, on the host), and the experts' gathered inputs
 // (N·k·C), h (2·N·k·H) and SwiGLU outputs (N·k·H): whatever the routing, N·k rows in all.
 //   none:      4·N·C + N·Q + 2·N + B·NH·T  +  N·C + N·E + 4·N·k + R + 2·N·k·C + 3·N·k·H
 //   selective: 3·N·C + N·Q + 2·N + B·NH·T  +  N·E + 4·N·k + R + N·k·C + 2·N·k·H (the router's and
 //              experts' inputs and the SwiGLU outputs dropped, rebuilt before backward)
-// with R = E + 1 + B·E.
+// with R = N + E + 1 + B·E.
 //   full:      the input, N·C
 TEST(LlamaBlock, MixtureOfExpertsCacheBytesPerRecomputationMode) {
   Gpt2Config c = tiny_llama(1);
   c.moe_experts = 5;
   c.moe_top_k = 2;
   const int64_t B = 3, T = 6, N = B * T, C = c.d_model, H = c.ffn_hidden, NH = c.n_heads;
-  const int64_t Q = c.qkv_width(), E = c.moe_experts, k = c.moe_top_k, R = E + 1 + B * E;
+  const int64_t Q = c.qkv_width(), E = c.moe_experts, k = c.moe_top_k, R = N + E + 1 + B * E;
   for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective}) {
     SCOPED_TRACE(recompute_name(mode));
     const int64_t attention = N * Q + 2 * N + B * NH * T;

@@ -44,7 +44,7 @@ void module_grad_check(int64_t experts, int64_t top_k, double backward_scale) {
   ctx.backward_scale = backward_scale;
   ParameterStore store;
   const float coef = 0.3f;
-  MoeMlp moe(store, "mlp", {6, 5, experts, top_k}, coef, 0.5f, 0.4f);
+  MoeMlp moe(store, "mlp", {6, 5, experts, top_k}, {coef, 0.2f}, 0.5f, 0.4f);
   store.allocate(DType::kF64, Device::cpu());
   store.initialize(7);
   Tensor x = testing::random_f64({2, 5, 6}, "x");
@@ -85,7 +85,7 @@ TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
   Context ctx{&pool, Device::cpu(), DType::kF64};
   const int64_t C = 6, E = 5, K = 2;
   ParameterStore store;
-  MoeMlp moe(store, "mlp", {C, 4, E, K}, 0.0f, 0.5f, 0.4f);
+  MoeMlp moe(store, "mlp", {C, 4, E, K}, {}, 0.5f, 0.4f);
   ParameterStore expert_store;  // the same experts again, run on every token
   std::vector<std::unique_ptr<SwiGluMlp>> experts;
   for (int64_t e = 0; e < E; ++e)
@@ -129,7 +129,7 @@ TEST(MoeMlp, BalanceLossIsOneWhenRoutingIsUniformAndItsGradientSpreadsTokens) {
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
   ParameterStore store;
-  MoeMlp moe(store, "mlp", {6, 4, 4, 2}, 0.5f, 0.5f, 0.4f);
+  MoeMlp moe(store, "mlp", {6, 4, 4, 2}, {0.5f, 0.0f}, 0.5f, 0.4f);
   store.allocate(DType::kF64, Device::cpu());
   store.initialize(3);
   Parameter& router = *store.find("mlp.router.weight");

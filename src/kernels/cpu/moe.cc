@@ -13,8 +13,8 @@ constexpr int64_t kGrain = 64;
 }  // namespace
 
 template <typename Real>
-void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, const Real* logits,
-               int64_t N, int64_t E, int64_t K) {
+void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Real* lse,
+               const Real* logits, int64_t N, int64_t E, int64_t K) {
   pool.parallel_for(N, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> order(static_cast<size_t>(E));
     for (int64_t t = begin; t < end; ++t) {
@@ -25,6 +25,7 @@ void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, con
       for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e]) - max);
       for (int64_t e = 0; e < E; ++e)
         p[e] = static_cast<Real>(std::exp(static_cast<double>(l[e]) - max) / sum);
+      lse[t] = static_cast<Real>(max + std::log(sum));
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
         return p[a] > p[b] || (p[a] == p[b] && a < b);
@@ -101,7 +102,7 @@ void moe_expert_output_grad(ThreadPool& pool, Real* g, Real* dweight, const Real
 template <typename Real>
 void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
                          const Real* weight, const Real* dweight, const double* balance,
-                         int64_t B, int64_t T, int64_t E, int64_t K) {
+                         const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K) {
   pool.parallel_for(B * T, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<double> dp(static_cast<size_t>(E));
     for (int64_t t = begin; t < end; ++t) {
@@ -118,25 +119,26 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
             (static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
       double pdp = 0;
       for (int64_t e = 0; e < E; ++e) pdp += static_cast<double>(p[e]) * dp[static_cast<size_t>(e)];
+      const double z_term = z != 0 ? 2 * z * static_cast<double>(lse[t]) : 0;
       for (int64_t e = 0; e < E; ++e)
-        dlogits[t * E + e] =
-            static_cast<Real>(static_cast<double>(p[e]) * (dp[static_cast<size_t>(e)] - pdp));
+        dlogits[t * E + e] = static_cast<Real>(static_cast<double>(p[e]) *
+                                               (dp[static_cast<size_t>(e)] - pdp + z_term));
     }
   });
 }
 
-#define LOOM_MOE_INSTANTIATE(Real)                                                                \
-  template void moe_route<Real>(ThreadPool&, Real*, int32_t*, Real*, const Real*, int64_t,       \
-                                int64_t, int64_t);                                                \
+#define LOOM_MOE_INSTANTIATE(Real)                                                                 \
+  template void moe_route<Real>(ThreadPool&, Real*, int32_t*, Real*, Real*, const Real*, int64_t,  \
+                                int64_t, int64_t);                                                 \
   template void moe_prob_sums<Real>(ThreadPool&, double*, const Real*, int64_t, int64_t, int64_t); \
-  template void moe_scatter_add<Real>(ThreadPool&, Real*, const Real*, const int32_t*,            \
-                                      const int32_t*, const Real*, int64_t, int64_t, int64_t);    \
-  template void moe_expert_output_grad<Real>(ThreadPool&, Real*, Real*, const Real*,              \
-                                             const int32_t*, const int32_t*, const Real*,         \
-                                             int64_t, int64_t, int64_t);                          \
-  template void moe_router_backward<Real>(ThreadPool&, Real*, const Real*, const int32_t*,        \
-                                          const Real*, const Real*, const double*, int64_t,       \
-                                          int64_t, int64_t, int64_t);
+  template void moe_scatter_add<Real>(ThreadPool&, Real*, const Real*, const int32_t*,             \
+                                      const int32_t*, const Real*, int64_t, int64_t, int64_t);     \
+  template void moe_expert_output_grad<Real>(ThreadPool&, Real*, Real*, const Real*,               \
+                                             const int32_t*, const int32_t*, const Real*, int64_t, \
+                                             int64_t, int64_t);                                    \
+  template void moe_router_backward<Real>(ThreadPool&, Real*, const Real*, const int32_t*,         \
+                                          const Real*, const Real*, const double*, const Real*,    \
+                                          double, int64_t, int64_t, int64_t, int64_t);
 LOOM_MOE_INSTANTIATE(float)
 LOOM_MOE_INSTANTIATE(double)
 #undef LOOM_MOE_INSTANTIATE

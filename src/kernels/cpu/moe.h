@@ -15,10 +15,11 @@ namespace loom::cpu {
 
 // probs (N, E) = softmax(logits) per token (exp and sum in double); choice (N, K) the K largest
 // probabilities' experts, best first, equal ones to the lower index; weight (N, K) their
-// probabilities over their sum (Mixtral's renormalisation).
+// probabilities over their sum (Mixtral's renormalisation); lse (N) log Σ exp logits (the router
+// z-loss's).
 template <typename Real>
-void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, const Real* logits,
-               int64_t N, int64_t E, int64_t K);
+void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Real* lse,
+               const Real* logits, int64_t N, int64_t E, int64_t K);
 
 // sums (B, E): Σ over each sequence's T tokens, in order, of its probabilities (in double).
 template <typename Real>
@@ -46,10 +47,11 @@ void moe_expert_output_grad(ThreadPool& pool, Real* g, Real* dweight, const Real
 // The router logits' gradient dlogits (N, E): through the renormalisation w_j = p_j / S (S the
 // chosen probabilities' sum) dp_j = (dweight_j − Σ_i w_i·dweight_i) / S for the chosen, plus the
 // balance loss's balance[b·E + e] for every expert of sequence b's tokens, then through the
-// softmax, dl = p ⊙ (dp − p·dp). In double.
+// softmax, dl = p ⊙ (dp − p·dp); plus the router z-loss's z · 2·lse·p (z: its coefficient times
+// the loss's scale over the tokens; 0 without, lse then unread). In double.
 template <typename Real>
 void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
                          const Real* weight, const Real* dweight, const double* balance,
-                         int64_t B, int64_t T, int64_t E, int64_t K);
+                         const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K);
 
 }  // namespace loom::cpu

@@ -12,7 +12,7 @@ namespace {
 
 // Token t's softmax, then its top K: pass j takes the best expert ordered after pass j − 1's in
 // (probability descending, index ascending) — the CPU's partial sort's order.
-__global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight,
+__global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, float* lse,
                                  const float* logits, int64_t N, int64_t E, int64_t K) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < N;
        t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
@@ -24,6 +24,7 @@ __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight,
     double sum = 0;
     for (int64_t e = 0; e < E; ++e) sum += exp(static_cast<double>(l[e]) - max);
     for (int64_t e = 0; e < E; ++e) p[e] = static_cast<float>(exp(static_cast<double>(l[e]) - max) / sum);
+    lse[t] = static_cast<float>(max + log(sum));
     float last_p = 0;
     int64_t last = -1;
     double chosen = 0;
@@ -98,8 +99,9 @@ __global__ void moe_expert_output_grad_kernel(float* g, float* dweight, const fl
 // per expert from its parts, in the same order).
 __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
                                            const int32_t* choice, const float* weight,
-                                           const float* dweight, const double* balance, int64_t B,
-                                           int64_t T, int64_t E, int64_t K) {
+                                           const float* dweight, const double* balance,
+                                           const float* lse, double z, int64_t B, int64_t T,
+                                           int64_t E, int64_t K) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < B * T;
        t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const float* p = probs + t * E;
@@ -118,19 +120,20 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
     };
     double pdp = 0;
     for (int64_t e = 0; e < E; ++e) pdp += static_cast<double>(p[e]) * dp(e);
+    const double z_term = z != 0 ? 2 * z * static_cast<double>(lse[t]) : 0;
     for (int64_t e = 0; e < E; ++e)
-      dlogits[t * E + e] = static_cast<float>(static_cast<double>(p[e]) * (dp(e) - pdp));
+      dlogits[t * E + e] = static_cast<float>(static_cast<double>(p[e]) * (dp(e) - pdp + z_term));
   }
 }
 
 }  // namespace
 
-void moe_route(int device, float* probs, int32_t* choice, float* weight, const float* logits,
-               int64_t N, int64_t E, int64_t K) {
+void moe_route(int device, float* probs, int32_t* choice, float* weight, float* lse,
+               const float* logits, int64_t N, int64_t E, int64_t K) {
   if (N == 0) return;
   DeviceGuard guard(device);
   launch("moe_route", moe_route_kernel, blocks_for(N, kThreads), kThreads, probs, choice, weight,
-         logits, N, E, K);
+         lse, logits, N, E, K);
 }
 
 void moe_prob_sums(int device, double* sums, const float* probs, int64_t B, int64_t T, int64_t E) {
@@ -169,11 +172,11 @@ void moe_expert_output_grad(int device, float* g, float* dweight, const float* o
 
 void moe_router_backward(int device, float* dlogits, const float* probs, const int32_t* choice,
                          const float* weight, const float* dweight, const double* balance,
-                         int64_t B, int64_t T, int64_t E, int64_t K) {
+                         const float* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K) {
   if (B * T == 0) return;
   DeviceGuard guard(device);
   launch("moe_router_backward", moe_router_backward_kernel, blocks_for(B * T, kThreads), kThreads,
-         dlogits, probs, choice, weight, dweight, balance, B, T, E, K);
+         dlogits, probs, choice, weight, dweight, balance, lse, z, B, T, E, K);
 }
 
 }  // namespace loom::cuda
