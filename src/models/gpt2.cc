@@ -406,6 +406,17 @@ double Gpt2::aux_loss() const {
   return sum;
 }
 
+void Gpt2::add_expert_tokens(std::vector<double>& counts) const {
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const std::vector<int64_t>* tokens = blocks_[l]->expert_tokens();
+    if (tokens == nullptr) continue;
+    const size_t first = (static_cast<size_t>(part_.first_block) + l) * tokens->size();
+    LOOM_CHECK(first + tokens->size() <= counts.size());
+    for (size_t e = 0; e < tokens->size(); ++e)
+      counts[first + e] += static_cast<double>((*tokens)[e]);
+  }
+}
+
 Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {
   LOOM_CHECK_MSG(part_.embedding && part_.head, "Gpt2::logits needs the whole model");
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = config_.d_model, V = config_.vocab_size;

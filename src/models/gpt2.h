@@ -114,6 +114,8 @@ class Gpt2Block {
   // The loss the block's MLP added in its last forward (FeedForward::aux_loss): a mixture of
   // experts' balance loss; 0 for a dense one.
   double aux_loss() const { return mlp_->aux_loss(); }
+  // Its MLP's tokens per expert in its last forward (FeedForward::expert_tokens); null if dense.
+  const std::vector<int64_t>* expert_tokens() const { return mlp_->expert_tokens(); }
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
@@ -168,6 +170,9 @@ class Gpt2Stage {
   // The losses the part's blocks added in its last forward beside the head's cross-entropy (a
   // mixture of experts' balance losses, with their coefficient; Gpt2::aux_loss); 0 for dense.
   virtual double aux_loss() const { return 0; }
+  // Adds the tokens the part's blocks sent to each expert in its last forward into `counts`
+  // (n_layers × moe_experts, block-major, by the blocks' global index); nothing for dense ones.
+  virtual void add_expert_tokens(std::vector<double>& counts) const { (void)counts; }
   // The head's copy of the tied wte in a part without the embedding (a last pipeline stage):
   // the same values and, once pipeline parallelism sums the two, the same gradient as the first
   // stage's wte, so norms and checkpoints count it once; null everywhere else.
@@ -225,6 +230,7 @@ class Gpt2 : public Gpt2Stage {
   // aux_loss): a mixture of experts' balance losses, which backward differentiates beside the
   // cross-entropy that forward returns. 0 for dense blocks.
   double aux_loss() const override;
+  void add_expert_tokens(std::vector<double>& counts) const override;
 
  private:
   Tensor run_blocks(Context& ctx, Tensor x);

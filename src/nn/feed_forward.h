@@ -26,6 +26,8 @@ class FeedForward {
   // The loss this MLP added to the training loss in its last forward, with its coefficient
   // (a mixture of experts' balance loss, nn/moe_mlp.h); its backward adds its gradient.
   virtual double aux_loss() const { return 0; }
+  // Tokens its last forward sent to each expert (a mixture's; nn/moe_mlp.h); none for a dense one.
+  virtual const std::vector<int64_t>* expert_tokens() const { return nullptr; }
 };
 
 }  // namespace loom

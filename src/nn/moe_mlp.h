@@ -70,7 +70,7 @@ class MoeMlp : public FeedForward {
 
   // Of the last forward: tokens sent to each expert (each token counted top_k times), and the
   // balance loss's mean over its sequences (before aux_loss_coef).
-  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+  const std::vector<int64_t>* expert_tokens() const override { return &expert_tokens_; }
   double balance_loss() const { return balance_loss_; }
   // The router z-loss's mean lse² over the last forward's tokens (before its coefficient; 0
   // without one).

@@ -268,6 +268,9 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   std::map<std::pair<int, int>, Tensor> inbox, outbox;
   std::map<std::pair<int, int>, std::vector<Tensor>> stash;
   double aux_sum = 0;  // Σ over this rank's forwards of Gpt2Stage::aux_loss
+  const Gpt2Config& mc = chunks_.front()->config();
+  std::vector<double> expert_tokens(
+      static_cast<size_t>(mc.moe() ? mc.n_layers * mc.moe_experts : 0));
   // Weight gradients a zero-bubble schedule's B left for its W (nn/deferred_weight_grads.h).
   std::map<std::pair<int, int>, DeferredWeightGrads> deferred;
   std::vector<int> backwards_done(chunks_.size(), 0);
@@ -304,6 +307,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
         inbox.erase(key);
         Tensor out = model.forward_part(ctx, input, targets[static_cast<size_t>(i)], nullptr);
         aux_sum += model.aux_loss();
+        model.add_expert_tokens(expert_tokens);
         if (s != S - 1) outbox[key] = out;
         stash[key] = model.stash_activations();
         stats_.max_in_flight = std::max(stats_.max_in_flight, static_cast<int>(stash.size()));
@@ -388,6 +392,8 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   const double loss = means[0];
   stats_.mean_lse_square = means[1];
   stats_.aux_loss = means[2];
+  if (!expert_tokens.empty())
+    stats_.expert_tokens = all_reduce_values(dp_, all_reduce_values(pp_, expert_tokens));
   stats_.step_seconds = now_seconds() - t0;
   return loss;
 }

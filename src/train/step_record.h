@@ -57,6 +57,9 @@ struct StepFigures {
   // With a mixture of experts: the balance losses the step added (coefficient × Σ over blocks of
   // the mean per-sequence balance loss; nn/moe_mlp.h).
   std::optional<double> moe_aux_loss;
+  // With a mixture of experts: the busiest expert's share of the step's tokens over the mean
+  // expert's, in the block where it is largest (1 = evenly spread).
+  std::optional<double> moe_expert_load;
   bool skipped = false;              // overflowed gradients: no optimizer step
   std::optional<PipelineFigures> pipeline;
 

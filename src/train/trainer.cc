@@ -79,6 +79,23 @@ Gpt2Config model_config_of(const Config& config) {
 
 namespace {
 
+// The busiest expert's tokens over the mean expert's, in the block where that is largest (1:
+// perfectly spread; moe_experts / moe_top_k: every token to the same k) — of the step's whole
+// batch, so the same whatever the layout.
+double expert_load(const std::vector<double>& tokens, int64_t experts) {
+  double worst = 0;
+  for (size_t first = 0; first + static_cast<size_t>(experts) <= tokens.size();
+       first += static_cast<size_t>(experts)) {
+    double most = 0, sum = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      most = std::max(most, tokens[first + static_cast<size_t>(e)]);
+      sum += tokens[first + static_cast<size_t>(e)];
+    }
+    if (sum > 0) worst = std::max(worst, most * static_cast<double>(experts) / sum);
+  }
+  return worst;
+}
+
 // parallel.tp_backward_overlap: "auto" overlaps on GPUs only — on CPU ranks the collective's
 // reduction needs the cores the weight-gradient GEMM runs on (bench/tp_overlap.sh: no gain).
 bool tp_backward_overlap(const Config& config, Device device) {
@@ -678,6 +695,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     double loss = 0, grad_norm = 0, comm_wait = 0;
     double mean_lse_square = 0;  // with train.z_loss: the step's mean lse² (its z-loss / z_loss)
     double aux_loss = 0;  // a mixture of experts' balance losses, the mean over micro-batches
+    // With a mixture of experts: the step's tokens per expert, n_layers × experts block-major.
+    std::vector<double> expert_tokens(static_cast<size_t>(
+        config.model.arch == "llama" ? config.model.n_layers * config.model.moe_experts : 0));
     // The schedule follows the sequences consumed, in full batches: step - 1 and step but for a
     // batch-size ramp-up's steps.
     const auto full_batches = [&](int64_t sequences) {
@@ -724,6 +744,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       loss *= factor;
       mean_lse_square = pipe->stats().mean_lse_square * factor;
       aux_loss = pipe->stats().aux_loss;
+      expert_tokens = pipe->stats().expert_tokens;
       TraceScope span(&tracer, "optimizer", "compute");
       grad_norm = pipe->clip_grad_norm(tc.grad_clip, loss_scale / factor);
       applied = scaler.update(grad_norm);
@@ -743,6 +764,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
         TraceScope span(&tracer, "forward + backward, micro-batch ", "compute", m);
         whole->forward_part(ctx, inputs[0], targets[0], nullptr);
         aux_loss += whole->aux_loss() / static_cast<double>(step_accum);
+        whole->add_expert_tokens(expert_tokens);
         whole->backward_part(ctx, Tensor(), loss_scale / static_cast<double>(step_accum));
         engine.end_micro_batch();
       }
@@ -759,6 +781,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       loss = means[0];
       mean_lse_square = means[1];
       aux_loss = means[2];
+      if (!expert_tokens.empty()) expert_tokens = all_reduce_values(dp, expert_tokens);
       const double factor = masked_loss_factor();
       loss *= factor;
       mean_lse_square *= factor;
@@ -837,8 +860,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     if (leader) {
       figures.loss = loss;
       if (tc.z_loss > 0) figures.z_loss = tc.z_loss * mean_lse_square;
-      if (config.model.arch == "llama" && config.model.moe_experts > 0)
+      if (config.model.arch == "llama" && config.model.moe_experts > 0) {
         figures.moe_aux_loss = aux_loss;
+        figures.moe_expert_load = expert_load(expert_tokens, config.model.moe_experts);
+      }
       figures.lr = lr;
       figures.grad_norm = grad_norm;
       figures.seconds = dt;

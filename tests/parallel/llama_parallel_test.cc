@@ -235,7 +235,8 @@ TEST_F(LlamaParallel, MixtureOfExpertsStoppedAndResumedContinuesBitForBit) {
 
 // metrics.jsonl's moe_aux_loss, the balance losses the step added: the same under dp (each rank's
 // mean over micro-batches, averaged) and pp (each stage's blocks', summed) as on one device, and
-// between 1 and E/k = 2 times the coefficient a block.
+// between 1 and E/k = 2 times the coefficient a block; and moe_expert_load, the busiest expert's
+// tokens over the mean, the same bits.
 TEST_F(LlamaParallel, MixtureOfExpertsBalanceLossIsReportedTheSameUnderEveryLayout) {
   Config one = moe_config();
   one.train.steps = 3;
@@ -263,6 +264,11 @@ TEST_F(LlamaParallel, MixtureOfExpertsBalanceLossIsReportedTheSameUnderEveryLayo
       EXPECT_LT(want, 0.1 * 4 * 2) << "step " << i + 1;
       EXPECT_NEAR(got[i]["moe_aux_loss"].get<double>(), want, 1e-6 * want)
           << run << " step " << i + 1;
+      // The expert load counts the whole batch's tokens: exactly one device's figure.
+      const double load = ref[i]["moe_expert_load"].get<double>();
+      EXPECT_GE(load, 1.0);
+      EXPECT_LE(load, 2.0);  // E / k
+      EXPECT_EQ(got[i]["moe_expert_load"].get<double>(), load) << run << " step " << i + 1;
     }
   }
 }
