@@ -250,7 +250,8 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
       shape["moe"] = {{"experts", mc.moe_experts},
                       {"top_k", mc.moe_top_k},
                       {"aux_loss_coef", mc.moe_aux_loss_coef},
-                      {"router_z_loss_coef", mc.moe_router_z_loss_coef}};
+                      {"router_z_loss_coef", mc.moe_router_z_loss_coef},
+                      {"shared_experts", mc.moe_shared_experts}};
     if (mc.rope_scaling_factor > 0)
       shape["rope_scaling"] = {{"rope_type", "llama3"},
                                {"factor", mc.rope_scaling_factor},
@@ -402,6 +403,8 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
         c.moe_top_k = json_integer<int64_t>(moe.at("top_k"));
         c.moe_aux_loss_coef = moe.at("aux_loss_coef").get<float>();
         c.moe_router_z_loss_coef = moe.value("router_z_loss_coef", 0.0f);
+        c.moe_shared_experts =
+            moe.contains("shared_experts") ? json_integer<int64_t>(moe.at("shared_experts")) : 0;
       }
       if (m.contains("rope_scaling")) {
         const json& s = m.at("rope_scaling");

@@ -331,6 +331,10 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
                model.n_kv_heads, "model.n_kv_heads");
   expect_equal("intermediate_size", integer("intermediate_size"), model.ffn_hidden, "model.ffn_hidden");
   if (model.moe()) {
+    if (model.moe_shared_experts > 0)
+      fail(config_path,
+           ": a MixtralForCausalLM has no shared experts, and model.moe_shared_experts = ",
+           model.moe_shared_experts);
     expect_equal("num_local_experts", integer("num_local_experts"), model.moe_experts,
                  "model.moe_experts");
     expect_equal("num_experts_per_tok", integer("num_experts_per_tok"), model.moe_top_k,
@@ -523,6 +527,10 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   if (mc.moe() && mc.rope_scaling_factor > 0)
     fail("export: ", checkpoint_dir, " holds a mixture of experts with Llama 3.1's rope ",
          "scaling, which transformers' MixtralForCausalLM does not apply");
+  if (mc.moe() && mc.moe_shared_experts > 0)
+    fail("export: ", checkpoint_dir, " holds a mixture of experts with shared experts, which ",
+         "transformers' MixtralForCausalLM has not (model.moe_shared_experts = ",
+         mc.moe_shared_experts, ")");
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
   load_checkpoint(checkpoint_dir, model, nullptr);

@@ -68,6 +68,9 @@ struct ModelConfig {
   // router's logits)², in every block (Megatron-LM's --moe-z-loss-coeff; ST-MoE used 1e-3). 0:
   // none.
   double moe_router_z_loss_coef = 0;
+  // Shared experts (DeepSeekMoE, Qwen-MoE): one SwiGLU moe_shared_experts × ffn_hidden wide
+  // through which every token goes besides its routed experts, its output added. 0: none.
+  int64_t moe_shared_experts = 0;
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }

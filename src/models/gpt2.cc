@@ -69,6 +69,12 @@ void Gpt2Config::validate() const {
     fail("model.moe_aux_loss_coef = ", moe_aux_loss_coef, " must be in [0, 1)");
   if (moe_experts > 0 && !(moe_router_z_loss_coef >= 0 && moe_router_z_loss_coef < 1))
     fail("model.moe_router_z_loss_coef = ", moe_router_z_loss_coef, " must be in [0, 1)");
+  if (moe_shared_experts < 0 || moe_shared_experts > ModelLimits::kExperts ||
+      (moe_shared_experts > 0 && moe_experts == 0) ||
+      moe_shared_experts * ffn_hidden > ModelLimits::kFfnHidden)
+    fail("model.moe_shared_experts = ", moe_shared_experts, " must be in [0, ",
+         ModelLimits::kExperts, "], with model.moe_experts, its width at most ",
+         ModelLimits::kFfnHidden);
   if (!(rope_theta > 1)) fail("model.rope_theta must be > 1, got ", rope_theta);
   if (!(norm_eps > 0)) fail("model.norm_eps must be positive, got ", norm_eps);
 }
@@ -76,9 +82,10 @@ void Gpt2Config::validate() const {
 int64_t Gpt2Config::num_parameters() const {
   const int64_t C = d_model;
   if (llama()) {  // two RMSNorm weights, qkv, proj, the SwiGLU's fused gate/up and proj
-    // A mixture: moe_experts SwiGLUs and the router (C -> experts).
+    // A mixture: moe_experts SwiGLUs, the shared experts' and the router (C -> experts).
     const int64_t mlp =
-        moe() ? moe_experts * 3 * C * ffn_hidden + C * moe_experts : 3 * C * ffn_hidden;
+        moe() ? (moe_experts + moe_shared_experts) * 3 * C * ffn_hidden + C * moe_experts
+              : 3 * C * ffn_hidden;
     const int64_t per_block = 2 * C + C * qkv_width() + C * C + mlp;
     return vocab_size * C + n_layers * per_block + C + (tie_embeddings ? 0 : vocab_size * C);
   }
@@ -113,7 +120,8 @@ std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& 
                                       const Gpt2Config& c) {
   if (c.moe())
     return std::make_unique<MoeMlp>(
-        store, name, MoeShape{c.d_model, c.ffn_hidden, c.moe_experts, c.moe_top_k},
+        store, name,
+        MoeShape{c.d_model, c.ffn_hidden, c.moe_experts, c.moe_top_k, c.moe_shared_experts},
         MoeLosses{c.moe_aux_loss_coef, c.moe_router_z_loss_coef}, c.init_std, residual_std(c));
   if (c.llama())
     return std::make_unique<SwiGluMlp>(store, name, c.d_model, c.ffn_hidden, c.init_std,

@@ -75,6 +75,7 @@ struct Gpt2Config {
   int64_t moe_top_k = 2;
   float moe_aux_loss_coef = 0.01f;
   float moe_router_z_loss_coef = 0;  // ST-MoE's router z-loss (nn/moe_mlp.h: MoeLosses)
+  int64_t moe_shared_experts = 0;    // shared experts, every token's (nn/moe_mlp.h: MoeShape)
 
   cpu::RopeFrequencies rope_frequencies() const {
     return {rope_theta, rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,

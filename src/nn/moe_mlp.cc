@@ -22,6 +22,9 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& s
     experts_.push_back(std::make_unique<SwiGluMlp>(store, name + ".experts." + std::to_string(e),
                                                    shape.channels, shape.hidden, init_std,
                                                    proj_std));
+  if (shape.shared > 0)
+    shared_ = std::make_unique<SwiGluMlp>(store, name + ".shared", shape.channels,
+                                          shape.shared * shape.hidden, init_std, proj_std);
   out_.resize(static_cast<size_t>(shape.experts));
 }
 
@@ -119,6 +122,8 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
                                  slots_.data<int32_t>() + offset(e), weight_.data<Real>(), n, C, K);
     });
   }
+  // The shared experts on every token, added last (in the GEMM's epilogue on a GPU).
+  if (shared_) return shared_->forward_adding(ctx, x, y);
   return y;
 }
 
@@ -162,6 +167,10 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
         E, K);
     const Tensor drouter = router_.backward(ctx, dlogits);
     ops::add_inplace<Real>(ex, dx.data<Real>(), drouter.data<Real>(), N * C);
+    if (shared_) {
+      const Tensor dshared = shared_->backward(ctx, dy);
+      ops::add_inplace<Real>(ex, dx.data<Real>(), dshared.data<Real>(), N * C);
+    }
   });
   clear_routing();
   return dx.reshape(dy.shape());
@@ -175,6 +184,7 @@ void MoeMlp::clear_routing() {
 void MoeMlp::drop_recomputable() {
   router_.drop_input();
   for (auto& expert : experts_) expert->drop_recomputable();
+  if (shared_) shared_->drop_recomputable();
 }
 
 void MoeMlp::restore_input(const Tensor& x) {
@@ -182,17 +192,20 @@ void MoeMlp::restore_input(const Tensor& x) {
   router_.restore_input(x);
   for (int64_t e = 0; e < shape_.experts; ++e)
     if (rows_of(e) > 0) experts_[static_cast<size_t>(e)]->restore_input(gather(exec_, x, e));
+  if (shared_) shared_->restore_input(x);
 }
 
 void MoeMlp::clear_cache() {
   router_.clear_cache();
   for (auto& expert : experts_) expert->clear_cache();
+  if (shared_) shared_->clear_cache();
   clear_routing();
 }
 
 void MoeMlp::collect_cache(std::vector<Tensor*>& out) {
   router_.collect_cache(out);
   for (auto& expert : experts_) expert->collect_cache(out);
+  if (shared_) shared_->collect_cache(out);
   for (Tensor* t : {&probs_, &choice_, &weight_, &lse_, &rows_, &slots_, &offsets_, &counts_})
     out.push_back(t);
   for (Tensor& t : out_) out.push_back(&t);

@@ -16,7 +16,8 @@
 // (Switch Transformer's), P_e carries it to the router.
 //
 // Names: <name>.router.weight (experts × C), <name>.experts.<e>.fc.weight (2H × C: gate then up)
-// and <name>.experts.<e>.proj.weight (C × H). Ties in the top-k go to the lower expert index, so
+// and <name>.experts.<e>.proj.weight (C × H); with shared experts <name>.shared.fc.weight
+// (2·S·H × C) and <name>.shared.proj.weight. Ties in the top-k go to the lower expert index, so
 // routing is deterministic. The work is kernels/ops.h's (kernels/cpu/moe.h, kernels/cuda/moe.cu):
 // on a GPU the routing runs there and its choices come back to the host (one wait a block's
 // forward), which sizes each expert's GEMMs and lays out its rows; at bf16 / fp16 matmul
@@ -38,6 +39,9 @@ struct MoeShape {
   int64_t hidden = 0;  // each expert's SwiGLU width
   int64_t experts = 0;
   int64_t top_k = 0;
+  // Shared experts every token goes through besides its routed ones (DeepSeekMoE, Qwen-MoE):
+  // one SwiGLU shared × hidden wide, its output added unweighed; 0: none.
+  int64_t shared = 0;
 };
 
 // The coefficients of the losses a mixture adds to the training loss: the sequence-wise balance
@@ -88,6 +92,7 @@ class MoeMlp : public FeedForward {
   MoeLosses losses_;
   Linear router_;
   std::vector<std::unique_ptr<SwiGluMlp>> experts_;
+  std::unique_ptr<SwiGluMlp> shared_;  // MoeShape::shared > 0: <name>.shared
   // Where the last forward ran (restore_input gathers there again).
   Exec exec_;
   // Kept from forward for backward (and for pipeline stashes: collect_cache); on the forward's

@@ -82,10 +82,11 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
   const int64_t vocab_rows = P > 1 ? (model.vocab_size + P - 1) / P : model.vocab_size;
   // GPT-2: the matrices and their column-parallel biases split over tp; the LayerNorms and the
   // row-parallel biases replicated. Llama: the matrices split, the two RMSNorms replicated; a
-  // mixture of experts (never under tp) every expert's SwiGLU and the router.
-  const int64_t mlp = model.moe()
-                          ? model.moe_experts * 3 * d * model.hidden() + d * model.moe_experts
-                          : 3 * d * model.hidden();
+  // mixture of experts (never under tp) every expert's SwiGLU, the shared experts' and the router.
+  const int64_t mlp =
+      model.moe() ? (model.moe_experts + model.moe_shared_experts) * 3 * d * model.hidden() +
+                        d * model.moe_experts
+                  : 3 * d * model.hidden();
   const int64_t llama_matrices = d * model.qkv_width() + d * d + mlp;
   const int64_t per_block = model.llama() ? llama_matrices / P + 2 * d
                             : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
@@ -138,9 +139,11 @@ std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank) 
   // columns (a Llama's gate and up are one fc of 2H rows); a mixture's router and each expert's
   // fc and proj.
   const int64_t fc_rows = model.llama() ? 2 * model.hidden() : model.hidden();
+  const int64_t shared = model.moe_shared_experts * model.hidden();  // the shared experts' width
   const int64_t mlp =
       model.moe() ? padded(model.moe_experts * d) +
-                        model.moe_experts * (padded(fc_rows * d) + padded(d * model.hidden()))
+                        model.moe_experts * (padded(fc_rows * d) + padded(d * model.hidden())) +
+                        (shared > 0 ? padded(2 * shared * d) + padded(d * shared) : 0)
                   : padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
   const int64_t per_block = padded(model.qkv_width() / P * d) + padded(d * (d / P)) + mlp;
   const int stages = par.pp * par.virtual_stages;

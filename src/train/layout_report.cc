@@ -76,8 +76,10 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
       // outputs (tests/models/llama_test.cc counts a block's cache exactly).
       const double E = static_cast<double>(model.moe_experts);
       const double k = static_cast<double>(model.moe_top_k);
-      everything += N * (E + 1 + 4 * k + 2 * k * C + 3 * k * H) - 3 * half * N * H / P;
-      selective += N * (E + 1 + 4 * k + k * C + 2 * k * H) - 2 * half * N * H / P;
+      // The shared experts (S · H wide) keep their h and SwiGLU output for every token.
+      const double S = static_cast<double>(model.moe_shared_experts);
+      everything += N * (E + 1 + 4 * k + 2 * k * C + 3 * k * H + 3 * S * H) - 3 * half * N * H / P;
+      selective += N * (E + 1 + 4 * k + k * C + 2 * k * H + 2 * S * H) - 2 * half * N * H / P;
     }
   }
   double per_block = everything;

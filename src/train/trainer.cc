@@ -73,6 +73,7 @@ Gpt2Config model_config_of(const Config& config) {
     m.moe_top_k = config.model.moe_top_k;
     m.moe_aux_loss_coef = static_cast<float>(config.model.moe_aux_loss_coef);
     m.moe_router_z_loss_coef = static_cast<float>(config.model.moe_router_z_loss_coef);
+    m.moe_shared_experts = config.model.moe_shared_experts;
   }
   return m;
 }
@@ -218,16 +219,22 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          saved.tie_embeddings ? "" : " with an untied head", " model, but model.arch = \"",
          config.model.arch, "\"", wanted.tie_embeddings ? "" : " with model.tie_embeddings = false",
          ": resume with the config it was trained with (RUN_DIR/config.toml)");
-  if (saved.moe_experts != wanted.moe_experts || saved.moe_top_k != wanted.moe_top_k)
+  const auto shared_of = [](const Gpt2Config& c) {
+    return c.moe_shared_experts > 0 ? detail::concat(", ", c.moe_shared_experts, " shared")
+                                    : std::string();
+  };
+  if (saved.moe_experts != wanted.moe_experts || saved.moe_top_k != wanted.moe_top_k ||
+      saved.moe_shared_experts != wanted.moe_shared_experts)
     fail("checkpoint ", checkpoint, " holds ",
-         saved.moe()
-             ? detail::concat("a mixture of ", saved.moe_experts, " experts, top ", saved.moe_top_k)
-             : std::string("a dense model"),
+         saved.moe() ? detail::concat("a mixture of ", saved.moe_experts, " experts, top ",
+                                      saved.moe_top_k, shared_of(saved))
+                     : std::string("a dense model"),
          ", but the config asks for ",
          wanted.moe() ? detail::concat("a mixture of ", wanted.moe_experts, " experts, top ",
-                                       wanted.moe_top_k)
+                                       wanted.moe_top_k, shared_of(wanted))
                       : std::string("a dense model"),
-         " (model.moe_experts, model.moe_top_k): resume with the config it was trained with");
+         " (model.moe_experts, model.moe_top_k, model.moe_shared_experts): resume with the ",
+         "config it was trained with");
   const TrainingState st = load_layout_checkpoint(checkpoint, parts, engines, config);
   if (st.step > config.train.steps)
     fail("checkpoint ", checkpoint, " is at step ", st.step,

@@ -561,8 +561,8 @@ TEST(LlamaCuda, TrainingOnTheGpuMatchesTheCpu) {
 
 // A mixture of 4 experts, top 2, in each block (nn/moe_mlp.h): the routing on the GPU, its
 // choices laid out on the host, the experts' rows gathered and scattered back there; the same
-// run as the CPU's, the balance loss and the router z-loss included. At bf16 the experts' gathered
-// inputs stay 16-bit and the losses stay within 1% of the CPU's.
+// run as the CPU's, the balance loss, the router z-loss and a shared expert included. At bf16 the
+// experts' gathered inputs stay 16-bit and the losses stay within 1% of the CPU's.
 TEST(LlamaCuda, MixtureOfExpertsTrainingOnTheGpuMatchesTheCpu) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   Gpt2Config c = small_llama(16);
@@ -570,6 +570,7 @@ TEST(LlamaCuda, MixtureOfExpertsTrainingOnTheGpuMatchesTheCpu) {
   c.moe_top_k = 2;
   c.moe_aux_loss_coef = 0.1f;
   c.moe_router_z_loss_coef = 0.01f;
+  c.moe_shared_experts = 1;
   expect_gpu_run_matches_cpu(c, 4);
   struct Restore {
     ~Restore() { ops::set_matmul_precision("fp32"); }

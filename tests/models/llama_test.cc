@@ -276,23 +276,26 @@ TEST(LlamaBlock, CacheBytesPerRecomputationMode) {
 //   none:      4·N·C + N·Q + 2·N + B·NH·T  +  N·C + N·E + 4·N·k + R + 2·N·k·C + 3·N·k·H
 //   selective: 3·N·C + N·Q + 2·N + B·NH·T  +  N·E + 4·N·k + R + N·k·C + 2·N·k·H (the router's and
 //              experts' inputs and the SwiGLU outputs dropped, rebuilt before backward)
-// with R = N + E + 1 + B·E.
+// with R = N + E + 1 + B·E; and S shared experts (one SwiGLU S·H wide) keep 3·N·S·H (its input
+// is the router's), under selective 2·N·S·H.
 //   full:      the input, N·C
 TEST(LlamaBlock, MixtureOfExpertsCacheBytesPerRecomputationMode) {
   Gpt2Config c = tiny_llama(1);
   c.moe_experts = 5;
   c.moe_top_k = 2;
+  c.moe_shared_experts = 2;  // S: one more SwiGLU, S·H wide, on every token
   const int64_t B = 3, T = 6, N = B * T, C = c.d_model, H = c.ffn_hidden, NH = c.n_heads;
   const int64_t Q = c.qkv_width(), E = c.moe_experts, k = c.moe_top_k, R = N + E + 1 + B * E;
+  const int64_t SH = c.moe_shared_experts * H;
   for (Recompute mode : {Recompute::kNone, Recompute::kFull, Recompute::kSelective}) {
     SCOPED_TRACE(recompute_name(mode));
     const int64_t attention = N * Q + 2 * N + B * NH * T;
     const int64_t expected =
-        mode == Recompute::kNone
-            ? 4 * N * C + attention + N * C + N * E + 4 * N * k + R + 2 * N * k * C + 3 * N * k * H
-        : mode == Recompute::kFull
-            ? N * C
-            : 3 * N * C + attention + N * E + 4 * N * k + R + N * k * C + 2 * N * k * H;
+        mode == Recompute::kNone ? 4 * N * C + attention + N * C + N * E + 4 * N * k + R +
+                                       2 * N * k * C + 3 * N * k * H + 3 * N * SH
+        : mode == Recompute::kFull ? N * C
+                                   : 3 * N * C + attention + N * E + 4 * N * k + R + N * k * C +
+                                         2 * N * k * H + 2 * N * SH;
     EXPECT_EQ(block_cache_bytes(c, mode, B, T), 4 * expected);
   }
 }

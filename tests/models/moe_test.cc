@@ -37,14 +37,14 @@ Gpt2Config tiny_moe(int64_t experts = 4, int64_t top_k = 2) {
 }
 
 // The module alone: L = Σ y ∘ R + coef · balance loss, its input's and every weight's gradient.
-void module_grad_check(int64_t experts, int64_t top_k, double backward_scale) {
+void module_grad_check(int64_t experts, int64_t top_k, double backward_scale, int64_t shared = 0) {
   SCOPED_TRACE(::testing::Message() << "top " << top_k << " of " << experts);
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
   ctx.backward_scale = backward_scale;
   ParameterStore store;
   const float coef = 0.3f;
-  MoeMlp moe(store, "mlp", {6, 5, experts, top_k}, {coef, 0.2f}, 0.5f, 0.4f);
+  MoeMlp moe(store, "mlp", {6, 5, experts, top_k, shared}, {coef, 0.2f}, 0.5f, 0.4f);
   store.allocate(DType::kF64, Device::cpu());
   store.initialize(7);
   Tensor x = testing::random_f64({2, 5, 6}, "x");
@@ -76,6 +76,10 @@ TEST(MoeMlp, GradCheckInDoubleEveryExpert) {
 // balance loss's gradient follows at ctx.backward_scale.
 TEST(MoeMlp, GradCheckInDoubleAtALossScale) {
   module_grad_check(4, 2, 0.375);
+}
+// Two shared experts (one SwiGLU 2 × 5 wide) beside the routed ones.
+TEST(MoeMlp, GradCheckInDoubleWithSharedExperts) {
+  module_grad_check(4, 2, 1.0, 2);
 }
 
 // The routing as its definition says, computed here from the router's logits: each token's
@@ -156,7 +160,8 @@ TEST(MoeMlp, BalanceLossIsOneWhenRoutingIsUniformAndItsGradientSpreadsTokens) {
 }
 
 TEST(MoeLlama, ParametersAreTheExpertsAndTheRouterAndTheirCountIsTheConfigs) {
-  const Gpt2Config c = tiny_moe(3, 2);
+  Gpt2Config c = tiny_moe(3, 2);
+  c.moe_shared_experts = 2;
   Gpt2 model(c);
   model.build(DType::kF32, Device::cpu(), 1);
   int64_t total = 0;
@@ -167,14 +172,18 @@ TEST(MoeLlama, ParametersAreTheExpertsAndTheRouterAndTheirCountIsTheConfigs) {
   EXPECT_EQ(store.find("blocks.1.mlp.router.weight")->shape, (Shape{3, 8}));
   EXPECT_EQ(store.find("blocks.0.mlp.experts.2.fc.weight")->shape, (Shape{12, 8}));
   EXPECT_EQ(store.find("blocks.0.mlp.experts.2.proj.weight")->shape, (Shape{8, 6}));
+  EXPECT_EQ(store.find("blocks.0.mlp.shared.fc.weight")->shape, (Shape{2 * 2 * 6, 8}));
+  EXPECT_EQ(store.find("blocks.0.mlp.shared.proj.weight")->shape, (Shape{8, 2 * 6}));
   EXPECT_EQ(store.find("blocks.0.mlp.fc.weight"), nullptr);  // no dense MLP
-  // Flops count a token's top-k experts, not all of them: one expert's 3·C·H per layer less.
+  // Flops count a token's top-k experts and the shared ones, not all of them: beside the dense
+  // model's one SwiGLU, one more routed expert and the two shared ones' per layer.
   Gpt2Config dense = c;
   dense.moe_experts = 0;
+  dense.moe_shared_experts = 0;
   const double router = 6.0 * c.n_layers * c.d_model * 3;
-  EXPECT_DOUBLE_EQ(
-      c.flops_per_token(6),
-      dense.flops_per_token(6) + 6.0 * c.n_layers * 3 * c.d_model * c.ffn_hidden + router);
+  EXPECT_DOUBLE_EQ(c.flops_per_token(6),
+                   dense.flops_per_token(6) +
+                       6.0 * c.n_layers * (1 + 2) * 3 * c.d_model * c.ffn_hidden + router);
 }
 
 TEST(MoeLlama, ShapesThatCannotRouteAreErrors) {

@@ -209,6 +209,13 @@ TEST_F(LlamaParallel, MixtureOfExpertsUnderEveryStrategyBuiltForItMatchesOneDevi
                                   7);
 }
 
+// With two shared experts beside the routed ones (model.moe_shared_experts: DeepSeekMoE's form).
+TEST_F(LlamaParallel, MixtureOfExpertsWithSharedExpertsMatchesOneDevice) {
+  Config c = moe_config();
+  c.model.moe_shared_experts = 2;
+  expect_layouts_match_one_device(c, "dp=2,zero=3;pp=2,recompute=selective;dp=2,pp=2", 3);
+}
+
 TEST_F(LlamaParallel, MixtureOfExpertsStoppedAndResumedContinuesBitForBit) {
   Config c = moe_config();
   c.parallel.dp = 2;

@@ -536,6 +536,10 @@ TEST(Planner, MixtureOfExpertsStateBytesAreWhatTheEnginesAllocate) {
   for (const Layout& l :
        {Layout{1, 1, 1, 0, 1}, Layout{2, 1, 1, 3, 1}, Layout{2, 1, 2, 0, 1}, Layout{4, 1, 2, 1, 1}})
     expect_plan_is_what_the_trainer_allocates(c, l, dir);
+  c.model.moe_shared_experts = 2;  // and one SwiGLU 2 × 40 wide beside them
+  for (const Layout& l : {Layout{1, 1, 1, 0, 1}, Layout{2, 1, 2, 0, 1}})
+    expect_plan_is_what_the_trainer_allocates(c, l, dir);
+  c.model.moe_shared_experts = 0;
   PlanOptions o;
   o.devices = 4;
   o.hardware = find_hardware("h100");
