@@ -309,6 +309,11 @@ figure "tf32"
 step gpt2_fp32 bench 60 "$BIN/loom" bench train --shape gpt2-124m --device cuda --batch 16 --seq 1024 \
   --steps 4 --warmup 1 --precision fp32 --peak-tflops "$FP32_PEAK" --json
 figure "fp32"
+# A mixture of experts (`--shape moe-s`: 8 SwiGLU experts 1024 wide a block, top 2; docs/moe.md)
+# at bf16, 64 sequences of 256: the routing's wait a block and the experts' small GEMMs on a GPU.
+step moe_bf16 bench 40 "$BIN/loom" bench train --shape moe-s --device cuda --batch 64 --seq 256 \
+  --steps 8 --warmup 2 --precision bf16 --peak-tflops "$BF16_PEAK" --json
+figure "mixture of experts (moe-s), bf16" moe-s
 
 # ---- 5. everything else, as time allows (a source build only) ----------------------------------
 if [[ -d build/cuda && ! -f .gpu_pack/loom-gpu.tar.xz ]] || [[ ${LOOM_GPU_BUILD:-0} == 1 ]]; then
