@@ -383,17 +383,21 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
     copy->grad.copy_from(wte->grad);
   }
   // The loss lives on the last stage; share the mean over micro-batches (and over dp).
-  // A mixture of experts' balance losses are each stage's: summed over pp likewise.
+  // A mixture of experts' balance losses and tokens per expert are each stage's: summed over pp
+  // likewise, in the same all-reduces (the counts' mean over dp times its ranks, rounded: their
+  // integer sum).
   double loss_sum = 0, lse_square_sum = 0;
   for (double mean : losses.take()) loss_sum += mean;  // in the order they ran
   for (double mean : losses.taken_lse_square_means()) lse_square_sum += mean;
-  const std::vector<double> means = all_reduce_values(
-      dp_, all_reduce_values(pp_, {loss_sum / m, lse_square_sum / m, aux_sum / m}), ReduceOp::kAvg);
+  std::vector<double> values = {loss_sum / m, lse_square_sum / m, aux_sum / m};
+  values.insert(values.end(), expert_tokens.begin(), expert_tokens.end());
+  const std::vector<double> means =
+      all_reduce_values(dp_, all_reduce_values(pp_, values), ReduceOp::kAvg);
   const double loss = means[0];
   stats_.mean_lse_square = means[1];
   stats_.aux_loss = means[2];
-  if (!expert_tokens.empty())
-    stats_.expert_tokens = all_reduce_values(dp_, all_reduce_values(pp_, expert_tokens));
+  stats_.expert_tokens.assign(means.begin() + 3, means.end());
+  for (double& count : stats_.expert_tokens) count = std::round(count * dp_.size());
   stats_.step_seconds = now_seconds() - t0;
   return loss;
 }

@@ -782,13 +782,16 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       for (double mean : step_losses.taken_lse_square_means())
         mean_lse_square += mean / static_cast<double>(step_accum);
       // The loss of the global batch: the mean of the ranks' means (equal token counts); the
-      // z-loss's mean lse² (0 without it) and the balance losses in the same all-reduce.
-      const std::vector<double> means =
-          all_reduce_values(dp, {loss, mean_lse_square, aux_loss}, ReduceOp::kAvg);
+      // z-loss's mean lse² (0 without it), the balance losses and a mixture's tokens per expert
+      // in the same all-reduce (the counts' mean times the ranks, rounded: their integer sum).
+      std::vector<double> values = {loss, mean_lse_square, aux_loss};
+      values.insert(values.end(), expert_tokens.begin(), expert_tokens.end());
+      const std::vector<double> means = all_reduce_values(dp, values, ReduceOp::kAvg);
       loss = means[0];
       mean_lse_square = means[1];
       aux_loss = means[2];
-      if (!expert_tokens.empty()) expert_tokens = all_reduce_values(dp, expert_tokens);
+      for (size_t i = 0; i < expert_tokens.size(); ++i)
+        expert_tokens[i] = std::round(means[3 + i] * dp.size());
       const double factor = masked_loss_factor();
       loss *= factor;
       mean_lse_square *= factor;

@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "data/dataset.h"
+#include "harness/error_of.h"
 #include "parallel/run_compare.h"
 #include "train/layout_check.h"
 #include "train/trainer.h"
@@ -229,15 +230,11 @@ TEST_F(LlamaParallel, MixtureOfExpertsStoppedAndResumedContinuesBitForBit) {
   dense.model.moe_aux_loss_coef = Config().model.moe_aux_loss_coef;
   TrainOptions third = options("moe_resumed");
   third.resume = "auto";
-  try {
-    run_training(dense, third);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("holds a mixture of 4 experts, top 2, but the config "
-                                         "asks for a dense model"),
-              std::string::npos)
-        << e.what();
-  }
+  const std::string error = testutil::error_of([&] { run_training(dense, third); });
+  EXPECT_NE(
+      error.find("holds a mixture of 4 experts, top 2, but the config asks for a dense model"),
+      std::string::npos)
+      << error;
 }
 
 // metrics.jsonl's moe_aux_loss, the balance losses the step added: the same under dp (each rank's
@@ -306,13 +303,9 @@ TEST_F(LlamaParallel, MixtureOfExpertsStartsFromATransformersMixtralUnderEveryLa
 }
 
 TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
-  const auto refused = [](Config c, const std::string& expected) {
-    try {
-      validate(c);
-      FAIL() << "no error for " << expected;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
-    }
+  const auto refused = [](const Config& c, const std::string& expected) {
+    const std::string error = testutil::error_of([&] { validate(c); });
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
   };
   Config tp = moe_config();
   tp.parallel.tp = 2;
