@@ -245,6 +245,9 @@ struct ParallelConfig {
   // sequence's keys and values held) or "ring" (blocks passed round, overlapped with the
   // attention; only the rank's own held; CPU ranks): parallel/context_parallel.h
   std::string cp_comm = "all_gather";
+  // expert-parallel degree: a mixture's experts split over groups of ep data-parallel ranks
+  // (parallel/expert_parallel.h); divides dp, not a factor of the world size
+  int ep = 1;
   int zero = 0;                   // ZeRO stage 0..3 over the dp axis
   double bucket_mb = 25;          // gradient all-reduce bucket size in MiB (PyTorch DDP's 25)
   std::string grad_reduce_dtype = "fp32";  // "fp32" or "bf16": what dp reduces gradients in

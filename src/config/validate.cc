@@ -327,6 +327,7 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   }
   // Context parallelism cuts each sequence into 2·cp chunks (parallel/context_parallel.h).
   p.positive("parallel.cp", par.cp);
+  p.positive("parallel.ep", par.ep);
   p.one_of("parallel.cp_comm", par.cp_comm, {"all_gather", "ring"});
   if (par.cp > 1 && m.seq_len > 0 && m.seq_len % (2 * par.cp) != 0)
     p.add("parallel.cp = ", par.cp, " cuts each sequence into ", 2 * par.cp,
@@ -411,6 +412,23 @@ void validate(const Config& config) {
     const char* why = ": model.moe_experts > 0 is not yet built for it (docs/moe.md)";
     if (config.parallel.tp > 1) problems.add("parallel.tp = ", config.parallel.tp, why);
     if (config.parallel.cp > 1) problems.add("parallel.cp = ", config.parallel.cp, why);
+  }
+  // Expert parallelism splits a mixture's experts over groups of data-parallel ranks.
+  const ParallelConfig& par = config.parallel;
+  if (par.ep > 1) {
+    if (m.moe_experts == 0)
+      problems.add("parallel.ep = ", par.ep,
+                   " splits a mixture's experts: it needs "
+                   "model.moe_experts > 0");
+    else if (m.moe_experts > 0 && m.moe_experts % par.ep != 0)
+      problems.add("parallel.ep = ", par.ep,
+                   " does not divide model.moe_experts = ", m.moe_experts);
+    if (par.dp > 0 && par.dp % par.ep != 0)
+      problems.add("parallel.ep = ", par.ep, " does not divide parallel.dp = ", par.dp,
+                   " (expert-parallel groups are made of data-parallel ranks)");
+    if (par.zero == 3)
+      problems.add("parallel.ep = ", par.ep, " with parallel.zero = 3: expert parallelism ",
+                   "combines with ZeRO stages 0, 1 and 2");
   }
   if (m.arch == "llama" && r.matmul_precision == "fp8" && r.fp8_block > 0 && tp > 1 &&
       m.n_heads > 0 && d % m.n_heads == 0 && m.resolved_n_kv_heads() > 0) {

@@ -117,12 +117,13 @@ std::optional<Rotary> rotary_of(const Gpt2Config& c) {
   return Rotary{c.n_kv_heads, c.rope_frequencies()};
 }
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
-                                      const Gpt2Config& c) {
+                                      const Gpt2Config& c, ExpertExchange* experts) {
   if (c.moe())
     return std::make_unique<MoeMlp>(
         store, name,
         MoeShape{c.d_model, c.ffn_hidden, c.moe_experts, c.moe_top_k, c.moe_shared_experts},
-        MoeLosses{c.moe_aux_loss_coef, c.moe_router_z_loss_coef}, c.init_std, residual_std(c));
+        MoeLosses{c.moe_aux_loss_coef, c.moe_router_z_loss_coef}, c.init_std, residual_std(c),
+        experts);
   if (c.llama())
     return std::make_unique<SwiGluMlp>(store, name, c.d_model, c.ffn_hidden, c.init_std,
                                        residual_std(c));
@@ -130,13 +131,14 @@ std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& 
 }
 }  // namespace
 
-Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config)
+Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
+                     ExpertExchange* experts)
     : recompute_(config.recompute),
       ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
       attn_(store, name + ".attn", config.d_model, config.n_heads, config.init_std,
             residual_std(config), rotary_of(config)),
       ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)),
-      mlp_(make_mlp(store, name + ".mlp", config)) {}
+      mlp_(make_mlp(store, name + ".mlp", config, experts)) {}
 
 Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
   // The LayerNorms' outputs feed only the qkv and fc Linears: forward_for_matmul writes them as
@@ -216,7 +218,8 @@ Gpt2Part Gpt2Part::resolved(int64_t n_layers) const {
   return p;
 }
 
-Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part) : config_(config), part_(part) {
+Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part, ExpertExchange* experts)
+    : config_(config), part_(part) {
   config_.validate();
   part_ = part.resolved(config_.n_layers);
   // Unit "root" (when this part has the embedding or the head): the embeddings and the final
@@ -226,7 +229,6 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part) : config_(config), pa
   if (part_.embedding || part_.head) {
     params_.begin_unit("root");
     root_unit_ = 0;
-    first_block_unit_ = 1;
   }
   if (part_.embedding) {
     embedding_ = std::make_unique<Embedding>(params_, config.vocab_size, config_.position_rows(),
@@ -246,7 +248,8 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part) : config_(config), pa
   for (int64_t l = part_.first_block; l < part_.end_block; ++l) {
     const std::string name = "blocks." + std::to_string(l);
     params_.begin_unit(name);
-    blocks_.push_back(std::make_unique<Gpt2Block>(params_, name, config_));
+    block_unit_.push_back(params_.units().size() - 1);
+    blocks_.push_back(std::make_unique<Gpt2Block>(params_, name, config_, experts));
   }
 }
 
@@ -260,9 +263,9 @@ void Gpt2::after_forward_root(Context& ctx) { if (root_unit_ >= 0) hook_after_fo
 
 Tensor Gpt2::run_blocks(Context& ctx, Tensor x) {
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    hook_before_forward(ctx, first_block_unit_ + l);
+    hook_before_forward(ctx, block_unit_[l]);
     x = blocks_[l]->forward(ctx, x);
-    hook_after_forward(ctx, first_block_unit_ + l);
+    hook_after_forward(ctx, block_unit_[l]);
   }
   return x;
 }
@@ -394,9 +397,9 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
     LOOM_CHECK_MSG(dy.defined(), "a model part without the head needs its output's gradient");
   }
   for (size_t l = blocks_.size(); l-- > 0;) {
-    hook_before_backward(ctx, first_block_unit_ + l);
+    hook_before_backward(ctx, block_unit_[l]);
     dx = blocks_[l]->backward(ctx, dx);
-    hook_after_backward(ctx, first_block_unit_ + l);
+    hook_after_backward(ctx, block_unit_[l]);
   }
   Tensor out;
   if (part_.embedding) {

@@ -20,6 +20,7 @@
 #include "kernels/cpu/rope.h"
 #include "nn/causal_self_attention.h"
 #include "nn/embedding.h"
+#include "nn/expert_exchange.h"
 #include "nn/layer_norm.h"
 #include "nn/mlp.h"
 #include "nn/norm.h"
@@ -104,7 +105,9 @@ struct Gpt2Config {
 // One pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(·)).
 class Gpt2Block {
  public:
-  Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config);
+  // `experts`: a mixture's expert-parallel group (nn/moe_mlp.h); null: every expert here.
+  Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
+            ExpertExchange* experts = nullptr);
   Tensor forward(Context& ctx, const Tensor& x);  // (B, T, C) -> (B, T, C)
   Tensor backward(Context& ctx, const Tensor& dy);
   // Incremental decoding: x (1, n, C) at positions first ..; the block's keys and values go into
@@ -197,8 +200,10 @@ struct KvCache {
 class Gpt2 : public Gpt2Stage {
  public:
   // Parameter units (nn/hooks.h): the root (embeddings and final LayerNorm, when the part has
-  // either end), then one per block.
-  explicit Gpt2(const Gpt2Config& config, const Gpt2Part& part = {});
+  // either end), then one per block — followed, under expert parallelism (`experts`, a
+  // mixture's expert-parallel group, kept; parallel/expert_parallel.h), by one for its experts.
+  explicit Gpt2(const Gpt2Config& config, const Gpt2Part& part = {},
+                ExpertExchange* experts = nullptr);
 
   const Gpt2Config& config() const override { return config_; }
   ParameterStore& params() override { return params_; }
@@ -245,7 +250,7 @@ class Gpt2 : public Gpt2Stage {
   Gpt2Part part_;
   ParameterStore params_;
   int root_unit_ = -1;        // -1: this part has no root unit
-  size_t first_block_unit_ = 0;
+  std::vector<size_t> block_unit_;  // each block's unit
   std::unique_ptr<Embedding> embedding_;
   Parameter* head_wte_ = nullptr;
   std::vector<std::unique_ptr<Gpt2Block>> blocks_;

@@ -22,12 +22,19 @@
 // on a GPU the routing runs there and its choices come back to the host (one wait a block's
 // forward), which sizes each expert's GEMMs and lays out its rows; at bf16 / fp16 matmul
 // precision the experts' gathered inputs stay in the 16 bits the norm wrote.
+//
+// Expert parallelism: given an ExpertExchange (nn/expert_exchange.h) over R ranks, the layer
+// holds only experts [r·E/R, (r+1)·E/R) — in a parameter unit of their own, ParamUnit::experts,
+// whose hooks it calls around them — and runs them on the tokens of the whole group that chose
+// them, gathered; the router (and shared experts) stay whole on every rank, each routing its own
+// tokens, so the balance loss and the counts per expert are those of one device.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "nn/expert_exchange.h"
 #include "nn/feed_forward.h"
 #include "nn/linear.h"
 #include "nn/swiglu_mlp.h"
@@ -55,8 +62,11 @@ struct MoeLosses {
 class MoeMlp : public FeedForward {
  public:
   // proj_std: the experts' output projections' init std (scaled by depth, as the dense MLP's).
+  // `exchange` (kept): the expert-parallel group this rank's experts are a block of; null: all
+  // experts here.
   MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& shape,
-         const MoeLosses& losses, float init_std, float proj_std);
+         const MoeLosses& losses, float init_std, float proj_std,
+         ExpertExchange* exchange = nullptr);
   // x: (B, T, C), each of the B rows a sequence (its balance loss's unit).
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) override;
@@ -83,15 +93,22 @@ class MoeMlp : public FeedForward {
  private:
   Tensor run(Context& ctx, const Tensor& x, const Tensor* residual);
   void clear_routing();
-  // The expert's rows in rows_ / slots_: [offsets_[e], offsets_[e + 1]).
+  // Local expert e's rows in rows_ / slots_: [offsets_[e], offsets_[e + 1]).
   int64_t offset(int64_t e) const { return offsets_.data<int32_t>()[e]; }
   int64_t rows_of(int64_t e) const { return offset(e + 1) - offset(e); }
-  // x's rows routed to expert e, (n_e, C) in x's type, on `ex`.
-  Tensor gather(const Exec& ex, const Tensor& x, int64_t e) const;
+  // The rows of `tokens` (x, or the group's gathered tokens) routed to local expert e, (n_e, C)
+  // in their type, on `ex`.
+  Tensor gather(const Exec& ex, const Tensor& tokens, int64_t e) const;
+  // The tokens the local experts read: x as (N, C), or the group's, gathered.
+  Tensor expert_tokens_of(const Tensor& x) const;
   MoeShape shape_;
+  ExpertExchange* exchange_ = nullptr;
+  int64_t first_ = 0;  // this rank's experts: global indices [first_, first_ + local_)
+  int64_t local_ = 0;
+  int expert_unit_ = -1;  // their parameter unit under expert parallelism; -1: the block's
   MoeLosses losses_;
   Linear router_;
-  std::vector<std::unique_ptr<SwiGluMlp>> experts_;
+  std::vector<std::unique_ptr<SwiGluMlp>> experts_;  // the local ones
   std::unique_ptr<SwiGluMlp> shared_;  // MoeShape::shared > 0: <name>.shared
   // Where the last forward ran (restore_input gathers there again).
   Exec exec_;
@@ -101,11 +118,14 @@ class MoeMlp : public FeedForward {
   Tensor choice_;   // (N, top_k) i32: each token's experts, best first
   Tensor weight_;   // (N, top_k) ctx.dtype: their renormalised probabilities
   Tensor lse_;      // (N) ctx.dtype: log Σ exp of each token's router logits
-  Tensor rows_;     // (N·top_k) i32: expert by expert, its tokens in token order
-  Tensor slots_;    // (N·top_k) i32: where in each of those tokens' choice the expert stands
-  Tensor offsets_;  // (experts + 1) i32, on the host: each expert's first place in rows_
+  // Under expert parallelism: the group's tokens' weights, gathered ((R·N, top_k)); the local
+  // experts' rows and slots index the group's tokens.
+  Tensor group_weight_;
+  Tensor rows_;     // (≤ N·top_k) i32: local expert by expert, its tokens in token order
+  Tensor slots_;    // (≤ N·top_k) i32: where in each of those tokens' choice the expert stands
+  Tensor offsets_;  // (local experts + 1) i32, on the host: each one's first place in rows_
   Tensor counts_;   // (B, experts) i32, on the host: each sequence's choices of each expert
-  std::vector<Tensor> out_;  // per expert: (n_e, C) its outputs, unweighed
+  std::vector<Tensor> out_;  // per local expert: (n_e, C) its outputs, unweighed
   std::vector<int64_t> expert_tokens_;
   double balance_loss_ = 0;
   double router_z_loss_ = 0;

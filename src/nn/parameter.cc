@@ -71,10 +71,10 @@ void init_parameter(const Parameter& p, Tensor& local, uint64_t seed) {
 }
 }  // namespace
 
-void ParameterStore::begin_unit(const std::string& name) {
+void ParameterStore::begin_unit(const std::string& name, bool experts) {
   if (allocated()) fail("unit '", name, "' begun after the store was allocated");
   if (!units_.empty() && units_.back().params.empty()) fail("unit '", units_.back().name, "' is empty");
-  units_.push_back(ParamUnit{name, 0, 0, {}});
+  units_.push_back(ParamUnit{name, 0, 0, {}, experts});
 }
 
 void ParameterStore::allocate(DType dtype, Device device, const AllocateOptions& options) {

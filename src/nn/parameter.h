@@ -64,6 +64,9 @@ struct ParamUnit {
   int64_t begin = 0;
   int64_t numel = 0;
   std::vector<Parameter*> params;
+  // A unit of experts that only some ranks hold (expert parallelism, parallel/expert_parallel.h):
+  // data parallelism reduces and shards it over the ranks holding the same experts, not over dp.
+  bool experts = false;
 };
 
 struct AllocateOptions {
@@ -75,8 +78,8 @@ struct AllocateOptions {
 class ParameterStore {
  public:
   // Parameters added from now on belong to a new unit named `name`. Parameters added before any
-  // begin_unit() form a unit named "all".
-  void begin_unit(const std::string& name);
+  // begin_unit() form a unit named "all". `experts`: ParamUnit::experts.
+  void begin_unit(const std::string& name, bool experts = false);
   // Registers a parameter; returns a pointer that stays valid for the store's lifetime.
   // Tensors exist only after allocate().
   Parameter* add(const std::string& name, const Shape& shape, InitKind init, float init_std = 0.02f);

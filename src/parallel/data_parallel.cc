@@ -19,6 +19,7 @@ struct Bucket {
   int64_t begin = 0, numel = 0;  // flat range
   int units = 0;                 // units in the bucket
   int units_left = 0;            // of which not final yet this step
+  bool experts = false;          // expert units (reduced over their own group)
   WorkHandle work;
   Tensor wire;  // with a bf16 reduce_dtype: the bucket's gradients as reduced, in bf16
 };
@@ -48,8 +49,17 @@ class ZeroDataParallel final : public DataParallel {
  private:
   // Unit u's chunk for this rank: flat elements [chunk_begin(u), + chunk(u)), and in the shard
   // buffers [shard_offset_[u], + chunk(u)).
-  int64_t chunk(size_t u) const { return params_.units()[u].numel / size_; }
-  int64_t chunk_begin(size_t u) const { return params_.units()[u].begin + rank_ * chunk(u); }
+  int64_t chunk(size_t u) const { return params_.units()[u].numel / size_of(u); }
+  int64_t chunk_begin(size_t u) const { return params_.units()[u].begin + rank_of(u) * chunk(u); }
+  // The group unit u is reduced, sharded and gathered over: dp, or for expert units the ranks
+  // holding the same experts.
+  bool is_experts(size_t u) const { return params_.units()[u].experts; }
+  Communicator& comm_of(size_t u) const { return is_experts(u) ? *experts_dp_ : dp_; }
+  int rank_of(size_t u) const { return comm_of(u).rank(); }
+  int size_of(size_t u) const { return comm_of(u).size(); }
+  // Expert gradients sum their expert-parallel group's tokens: divided by its size before the
+  // average over experts_dp_, they are the mean over dp's batch (parallel/expert_parallel.h).
+  void scale_expert_grads(Tensor& grads) const;
   Tensor shard_of(const Tensor& shard, size_t u) const { return shard.narrow(shard_offset_[u], chunk(u)); }
   bool last_micro_batch() const { return micro_index_ + 1 == micro_count_; }
   size_t num_units() const { return params_.units().size(); }
@@ -80,6 +90,9 @@ class ZeroDataParallel final : public DataParallel {
   int64_t shard_numel_ = 0;
   std::unique_ptr<AdamW> optimizer_;
   Communicator* tensor_parallel_ = nullptr;
+  Communicator* experts_dp_ = nullptr;  // expert parallelism (DataParallelConfig)
+  Communicator* expert_parallel_ = nullptr;
+  bool has_experts_ = false;  // the store has expert units
   // With tensor parallelism: the (offset, numel) ranges of `grads` (flat in stages 0/1, the
   // shard in 2/3) that this rank counts in the gradient norm.
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;
@@ -131,6 +144,19 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
     fail("parallel.param_gather_dtype = \"bf16\" is for ZeRO-3's gathers (parallel.zero = 3), "
          "got parallel.zero = ", stage_);
   gather_dtype_ = size_ > 1 ? config.gather_dtype : DType::kF32;
+  for (const ParamUnit& unit : params.units()) has_experts_ = has_experts_ || unit.experts;
+  experts_dp_ = config.experts_data_parallel;
+  expert_parallel_ = config.expert_parallel;
+  if (has_experts_) {
+    LOOM_CHECK_MSG(experts_dp_ != nullptr && expert_parallel_ != nullptr,
+                   "expert units without their groups");
+    LOOM_CHECK(experts_dp_->size() * expert_parallel_->size() == size_);
+    if (stage_ == 3)
+      fail("parallel.zero = 3 with parallel.ep = ", expert_parallel_->size(),
+           ": expert parallelism combines with ZeRO stages 0, 1 and 2");
+    if (config.tensor_parallel != nullptr)
+      fail("parallel.ep > 1 with parallel.tp > 1: a mixture of experts is not split by tp");
+  }
   Allocator& allocator = allocator_for(device);
   auto in_use = [&] { return allocator.stats().bytes_in_use; };
 
@@ -217,7 +243,12 @@ void ZeroDataParallel::build_buckets(int64_t bucket_bytes) {
   const auto& units = params_.units();
   bucket_of_unit_.assign(units.size(), 0);
   for (size_t i = units.size(); i-- > 0;) {
-    if (buckets_.empty() || buckets_.back().numel * 4 >= bucket_bytes) buckets_.emplace_back();
+    // A bucket is one collective over one group: expert and dense units never share one.
+    if (buckets_.empty() || buckets_.back().numel * 4 >= bucket_bytes ||
+        buckets_.back().experts != units[i].experts) {
+      buckets_.emplace_back();
+      buckets_.back().experts = units[i].experts;
+    }
     Bucket& b = buckets_.back();
     b.begin = units[i].begin;  // units are visited downwards: the bucket grows to the left
     b.numel += units[i].numel;
@@ -246,6 +277,13 @@ std::vector<AdamWSegment> ZeroDataParallel::shard_segments() const {
     }
   }
   return segments;
+}
+
+void ZeroDataParallel::scale_expert_grads(Tensor& grads) const {
+  const int ep = expert_parallel_->size();
+  if (ep > 1)
+    ops::scale_inplace<float>(exec(), grads.data<float>(), 1.0f / static_cast<float>(ep),
+                              grads.numel());
 }
 
 void ZeroDataParallel::wait(const WorkHandle& work) {
@@ -330,12 +368,14 @@ void ZeroDataParallel::after_backward(size_t u) {
     LOOM_CHECK(b.units_left > 0);
     if (--b.units_left == 0) {
       Tensor grads = params_.grads().narrow(b.begin, b.numel);
+      if (b.experts) scale_expert_grads(grads);
+      Communicator& comm = b.experts ? *experts_dp_ : dp_;
       if (reduce_dtype_ == DType::kBF16) {
         b.wire = Tensor::empty({b.numel}, DType::kBF16, device_);
         ops::round_to_bf16(exec(), b.wire.data_u16(), grads.data<float>(), b.numel);
-        b.work = dp_.all_reduce_async(b.wire, ReduceOp::kAvg);
+        b.work = comm.all_reduce_async(b.wire, ReduceOp::kAvg);
       } else {
-        b.work = dp_.all_reduce_async(grads, ReduceOp::kAvg);
+        b.work = comm.all_reduce_async(grads, ReduceOp::kAvg);
       }
       ++step_stats_.collectives;
     }
@@ -344,14 +384,15 @@ void ZeroDataParallel::after_backward(size_t u) {
   }
   // Stages 2/3: reduce-scatter the unit's full gradient into a chunk. The pending operation
   // keeps the full buffer alive until it completes; then it is freed.
+  if (is_experts(u)) scale_expert_grads(unit_grads_[u]);
   Tensor output = Tensor::empty({chunk(u)}, reduce_dtype_, device_);
   Tensor input;
   if (reduce_dtype_ == DType::kBF16) {
     input = Tensor::empty({unit_grads_[u].numel()}, DType::kBF16, device_);
     ops::round_to_bf16(exec(), input.data_u16(), unit_grads_[u].data<float>(), input.numel());
   }
-  WorkHandle work = dp_.reduce_scatter_async(input.defined() ? input : unit_grads_[u], output,
-                                             ReduceOp::kAvg);
+  WorkHandle work = comm_of(u).reduce_scatter_async(input.defined() ? input : unit_grads_[u],
+                                                    output, ReduceOp::kAvg);
   ++step_stats_.collectives;
   reducing_.push_back({u, std::move(work), std::move(output), std::move(input)});
   params_.bind_unit_grads(u, Tensor());
@@ -384,9 +425,9 @@ void ZeroDataParallel::issue_gather(size_t u) {
     output = Tensor::empty({params_.units()[u].numel}, DType::kBF16, device_);
     ops::round_to_bf16(exec(), input.data_u16(), shard_of(shard_values_, u).data<float>(),
                        chunk(u));
-    gathering_[u] = dp_.all_gather_async(input, output);
+    gathering_[u] = comm_of(u).all_gather_async(input, output);
   } else {
-    gathering_[u] = dp_.all_gather_async(shard_of(shard_values_, u), gathered_[u]);
+    gathering_[u] = comm_of(u).all_gather_async(shard_of(shard_values_, u), gathered_[u]);
   }
   ++step_stats_.collectives;
 }
@@ -435,6 +476,24 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
     return norm;
   };
   Communicator* tp = tensor_parallel_;
+  if (stage_ < 2 && has_experts_) {
+    // Dense units' gradients are every rank's, expert units' this rank's experts' (the same on
+    // the ranks holding them): the experts' squares summed over the expert-parallel group. The
+    // units' sums come back together (one wait on a GPU) and are added in order.
+    std::vector<const float*> starts;
+    std::vector<int64_t> sizes;
+    for (const ParamUnit& unit : params_.units()) {
+      starts.push_back(params_.grads().data<float>() + unit.begin);
+      sizes.push_back(unit.numel);
+    }
+    const std::vector<double> sums = ops::sum_squares_each(Exec{&pool_, device_}, starts, sizes);
+    double dense = 0, experts = 0;
+    for (size_t u = 0; u < num_units(); ++u) (is_experts(u) ? experts : dense) += sums[u];
+    const double t0 = now_seconds();
+    experts = all_reduce_value(*expert_parallel_, experts, ReduceOp::kSum);
+    step_stats_.wait_seconds += now_seconds() - t0;
+    return unscaled(std::sqrt(dense + experts));
+  }
   if (stage_ < 2 && tp == nullptr) return unscaled(grad_norm(pool_, params_));
   Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;
   double local = 0;
@@ -486,7 +545,7 @@ void ZeroDataParallel::all_gather_units(const Tensor& shard, Tensor& full) {
   std::vector<WorkHandle> works;
   for (size_t u = 0; u < num_units(); ++u) {
     Tensor out = full.narrow(params_.units()[u].begin, params_.units()[u].numel);
-    works.push_back(dp_.all_gather_async(shard_of(shard, u), out));
+    works.push_back(comm_of(u).all_gather_async(shard_of(shard, u), out));
     ++step_stats_.collectives;
   }
   for (const WorkHandle& w : works) wait(w);
@@ -514,9 +573,10 @@ FlatModelState ZeroDataParallel::owned_state(std::vector<std::pair<int64_t, int6
   int64_t total = 0;
   for (size_t u = 0; u < num_units(); ++u) {
     const ParamUnit& unit = params_.units()[u];
-    const int64_t begin = stage_ == 0 ? unit.begin + unit.numel * rank_ / size_ : chunk_begin(u);
+    const int64_t rank = rank_of(u), size = size_of(u);
+    const int64_t begin = stage_ == 0 ? unit.begin + unit.numel * rank / size : chunk_begin(u);
     const int64_t end =
-        stage_ == 0 ? unit.begin + unit.numel * (rank_ + 1) / size_ : begin + chunk(u);
+        stage_ == 0 ? unit.begin + unit.numel * (rank + 1) / size : begin + chunk(u);
     ranges.emplace_back(begin, end);
     total += end - begin;
   }

@@ -22,6 +22,10 @@
 // unit_multiple), and rank r owns the r-th of its N equal chunks; the rank's shard buffers
 // (moments, and gradients/values in stages 2/3) are its chunks of all units, concatenated.
 //
+// Expert units (ParamUnit::experts, under expert parallelism): their own buckets, reduced, sharded
+// and gathered over DataParallelConfig::experts_data_parallel — the chunks then split that
+// group's ranks, a rank's chunk of an expert unit is its rank there.
+//
 // Equivalence with one device: each rank's loss is the mean over its micro-batch tokens scaled by
 // 1/micro-batches; the avg over ranks makes the gradient the mean over the global batch. The
 // global-norm clip uses the norm of the full gradient (in stages 2/3 the sum of squares of the
@@ -61,6 +65,13 @@ struct DataParallelConfig {
   // the sharded parameters' squares over that group and counts replicated ones (those without
   // ShardPiece pieces) once.
   Communicator* tensor_parallel = nullptr;
+  // When the model holds a block of a mixture's experts (expert parallelism, parallel/
+  // expert_parallel.h; the store's ParamUnit::experts units): the ranks holding the same experts,
+  // over which those units are averaged, sharded and gathered instead of over dp, their gradients
+  // divided by the expert-parallel group's size first (each sums its group's tokens); and the
+  // expert-parallel group, over which the gradient norm sums their squares. ZeRO stages 0-2.
+  Communicator* experts_data_parallel = nullptr;
+  Communicator* expert_parallel = nullptr;
 };
 
 // Bytes this rank holds, measured on its allocator when the buffers were made.

@@ -41,7 +41,7 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
       chunks_.push_back(std::make_unique<TpGpt2>(model, *config.tensor_parallel,
                                                  config.sequence_parallel, part));
     else
-      chunks_.push_back(std::make_unique<Gpt2>(model, part));
+      chunks_.push_back(std::make_unique<Gpt2>(model, part, config.experts));
     engines_.push_back(
         DataParallel::create(chunks_.back()->params(), dp, pool, device, dp_config, adamw, seed));
   }

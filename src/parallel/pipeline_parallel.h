@@ -43,6 +43,7 @@ struct PipelineConfig {
   int64_t seq_len = 1;
   std::string layer_split;  // "" = balance by cost; else blocks per stage, "3,3,2"
   Communicator* tensor_parallel = nullptr;  // split each stage over this tp group
+  ExpertExchange* experts = nullptr;        // a mixture's expert-parallel group (kept)
   bool sequence_parallel = false;           // (with tensor_parallel)
   bool tp_backward_overlap = true;          // (with tensor_parallel): Context::tp_backward_overlap
   float z_loss = 0;                         // the last stage's head: Context::z_loss

@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kKeys =
-    "dp, tp, pp, cp, zero, schedule, virtual_stages (v), sequence_parallel (sp), micro_batch_size "
+    "dp, tp, pp, cp, ep, zero, schedule, virtual_stages (v), sequence_parallel (sp), "
+    "micro_batch_size "
     "(mbs), "
     "recompute, cp_comm";
 
@@ -57,6 +58,7 @@ std::string CheckLayout::name() const {
   if (tp > 1) add("tp=" + std::to_string(tp));
   if (pp > 1) add("pp=" + std::to_string(pp));
   if (cp > 1) add("cp=" + std::to_string(cp));
+  if (ep > 1) add("ep=" + std::to_string(ep));
   if (zero) add("zero=" + std::to_string(*zero));
   if (schedule) add("schedule=" + *schedule);
   if (virtual_stages) add("v=" + std::to_string(*virtual_stages));
@@ -104,6 +106,8 @@ std::vector<CheckLayout> parse_layouts(std::string_view text) {
         l.pp = static_cast<int>(positive());
       } else if (key == "cp") {
         l.cp = static_cast<int>(positive());
+      } else if (key == "ep") {
+        l.ep = static_cast<int>(positive());
       } else if (key == "zero") {
         if (!is_int || n < 0 || n > 3) bad("needs a ZeRO stage 0, 1, 2 or 3");
         l.zero = static_cast<int>(n);
@@ -166,7 +170,7 @@ Config common_config(const Config& in, const LayoutCheckOptions& o) {
 
 Config reference_config(const Config& common) {
   Config c = common;
-  c.parallel.dp = c.parallel.tp = c.parallel.pp = c.parallel.cp = 1;
+  c.parallel.dp = c.parallel.tp = c.parallel.pp = c.parallel.cp = c.parallel.ep = 1;
   c.parallel.zero = 0;
   c.parallel.virtual_stages = 1;
   c.parallel.sequence_parallel = false;
@@ -183,6 +187,7 @@ Config layout_config(const Config& common, const Config& user, const CheckLayout
   par.tp = l.tp;
   par.pp = l.pp;
   par.cp = l.cp;
+  par.ep = l.ep;
   par.zero = l.zero.value_or(l.dp > 1 ? base.zero : 0);
   par.sequence_parallel = l.sequence_parallel.value_or(l.tp > 1 && base.sequence_parallel);
   // zb-v named without v: its two chunks.

@@ -27,6 +27,7 @@ namespace loom {
 // sequence_parallel when tp > 1) and are off / 1 where they do not.
 struct CheckLayout {
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  int ep = 1;  // expert parallelism (parallel.ep): within dp, no ranks of its own
   std::optional<int> zero;
   std::optional<std::string> schedule;
   std::optional<int> virtual_stages;
@@ -41,10 +42,10 @@ struct CheckLayout {
   std::string name() const;
 };
 
-// `;`-separated layouts, each `,`-separated key=value items. Keys: dp, tp, pp, cp, zero, schedule,
-// virtual_stages (v), sequence_parallel (sp, 0/1/true/false), micro_batch_size (mbs). Throws
-// loom::Error naming the offending item (and its layout) for an unknown key, a missing `=`, a
-// repeated key or a value that is not a positive integer / known schedule.
+// `;`-separated layouts, each `,`-separated key=value items. Keys: dp, tp, pp, cp, ep, zero,
+// schedule, virtual_stages (v), sequence_parallel (sp, 0/1/true/false), micro_batch_size (mbs).
+// Throws loom::Error naming the offending item (and its layout) for an unknown key, a missing `=`,
+// a repeated key or a value that is not a positive integer / known schedule.
 std::vector<CheckLayout> parse_layouts(std::string_view text);
 
 inline constexpr const char* kDefaultCheckLayouts = "dp=2;tp=2;pp=2;dp=2,tp=2;dp=2,pp=2;pp=2,tp=2";

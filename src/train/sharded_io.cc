@@ -127,9 +127,19 @@ StagedCheckpoint stage_per_rank(const std::string& dir, const std::vector<Gpt2St
   return staged;
 }
 
+// The parameters of a part's expert units (expert parallelism): each rank of an expert-parallel
+// group holds its own block of them.
+std::set<const Parameter*> expert_params(Gpt2Stage& part) {
+  std::set<const Parameter*> out;
+  for (const ParamUnit& unit : part.params().units())
+    if (unit.experts) out.insert(unit.params.begin(), unit.params.end());
+  return out;
+}
+
 StagedCheckpoint stage_whole(const std::string& dir, const std::vector<Gpt2Stage*>& parts,
                              const std::vector<DataParallel*>& engines, DeviceMesh& mesh,
-                             const Config& config, const TrainingState& st) {
+                             const Config& config, const TrainingState& st,
+                             Communicator* expert_parallel) {
   LOOM_CHECK(parts.size() == engines.size());
   Communicator& world = mesh.world();
   StagedCheckpoint staged;
@@ -140,22 +150,32 @@ StagedCheckpoint stage_whole(const std::string& dir, const std::vector<Gpt2Stage
   };
   std::vector<FlatModelState> mine;
   for (DataParallel* e : engines) mine.push_back(on_host(e->gather_state()));  // collective over dp
-  // One replica writes: dp's first, and of its context-parallel ranks (the same parameters) cp's.
-  if (mesh.coord("dp") != 0 || (mesh.shape().has_axis("cp") && mesh.coord("cp") != 0))
+  // One replica writes: dp's first, and of its context-parallel ranks (the same parameters) cp's;
+  // under expert parallelism the first expert-parallel group, whose ranks hold every expert.
+  const int ep = expert_parallel != nullptr ? expert_parallel->size() : 1;
+  if (mesh.coord("dp") >= ep || (mesh.shape().has_axis("cp") && mesh.coord("cp") != 0))
     return staged;
+  const bool ep_first = mesh.coord("dp") == 0;
   Communicator& pp = mesh.axis("pp");
   Communicator& tp = mesh.axis("tp");
   std::shared_ptr<Gpt2> layout = whole_layout(config);
   auto whole = std::make_shared<FlatModelState>(zero_state(layout->params().numel()));
   for (size_t k = 0; k < parts.size(); ++k) {
     const Parameter* duplicate = parts[k]->tied_head_copy();
+    const std::set<const Parameter*> experts = expert_params(*parts[k]);
     for (const auto& p : parts[k]->params().parameters()) {
       if (p.get() == duplicate) continue;                  // the first stage's copy is written
       if (p->pieces.empty() && tp.rank() != 0) continue;  // replicated: tp rank 0's copy
+      if (!ep_first && !experts.contains(p.get())) continue;  // the rest: ep rank 0's copy
       copy_state(*p, layout->params().get(p->name), mine[k], *whole, true);
     }
   }
   // The pieces are disjoint and everything else is zero: sums assemble the whole model.
+  if (ep > 1) {
+    for (Tensor* t : {&whole->values, &whole->exp_avg, &whole->exp_avg_sq})
+      reduce_to_first(*expert_parallel, *t);
+    if (!ep_first) return staged;
+  }
   for (Tensor* t : {&whole->values, &whole->exp_avg, &whole->exp_avg_sq}) reduce_to_first(pp, *t);
   if (pp.rank() != 0) return staged;
   for (Tensor* t : {&whole->values, &whole->exp_avg, &whole->exp_avg_sq}) reduce_to_first(tp, *t);
@@ -206,13 +226,14 @@ StagedCheckpoint stage_layout_checkpoint(const std::string& dir,
                                          const std::vector<Gpt2Stage*>& parts,
                                          const std::vector<DataParallel*>& engines,
                                          DeviceMesh& mesh, const Config& config,
-                                         const TrainingState& st, bool private_copies) {
+                                         const TrainingState& st, bool private_copies,
+                                         Communicator* expert_parallel) {
   LOOM_CHECK(parts.size() == engines.size());
   if (config.train.checkpoint_format == "sharded")
     return stage_per_rank(dir, parts, engines, mesh, config, st, private_copies);
-  if (config.parallel.pp == 1 && config.parallel.tp == 1)
+  if (config.parallel.pp == 1 && config.parallel.tp == 1 && expert_parallel == nullptr)
     return stage_replica(dir, *parts[0], *engines[0], mesh, st, private_copies);
-  return stage_whole(dir, parts, engines, mesh, config, st);
+  return stage_whole(dir, parts, engines, mesh, config, st, expert_parallel);
 }
 
 TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,

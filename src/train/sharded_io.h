@@ -39,7 +39,9 @@ struct StagedCheckpoint {
 // buffer). Otherwise each part's state is gathered over dp; at dp coordinate 0 every rank writes
 // its pieces into a whole-model buffer (replicated parameters from tp rank 0 only, the tied wte
 // from the first stage only), a sum-reduce over pp, then over tp, assembles the model on the rank
-// at (dp, pp, tp) = (0, 0, 0), which writes it. Memory: three whole-model f32 buffers on each rank
+// at (dp, pp, tp) = (0, 0, 0), which writes it. Under expert parallelism (`expert_parallel`, the
+// rank's group) the first expert-parallel group's ranks each add their experts, and a sum over
+// it comes first. Memory: three whole-model f32 buffers on each rank
 // of dp replica 0 while saving.
 // "sharded": no communication but two barriers (one staging, one committing); every rank writes
 // the values and moments of its ZeRO chunks (in stage 0 an equal split of every unit) of its
@@ -50,7 +52,8 @@ StagedCheckpoint stage_layout_checkpoint(const std::string& dir,
                                          const std::vector<Gpt2Stage*>& parts,
                                          const std::vector<DataParallel*>& engines,
                                          DeviceMesh& mesh, const Config& config,
-                                         const TrainingState& st, bool private_copies);
+                                         const TrainingState& st, bool private_copies,
+                                         Communicator* expert_parallel = nullptr);
 
 // A host copy of `state` that shares no buffer with it (on the host: a clone; from a GPU: the
 // copy), for a write that runs while training changes the original.

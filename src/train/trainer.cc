@@ -33,6 +33,7 @@
 #include "optim/loss_scaler.h"
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel_gpt2.h"
 #include "train/async_checkpoint.h"
@@ -289,7 +290,9 @@ std::vector<ValCorpus> validation_corpora(const Config& config) {
 // (equal token counts).
 double validation_loss(const RankModel& model, const Config& config, DeviceMesh& mesh,
                        const std::vector<std::string>& shards, Device device) {
-  Communicator* split = config.parallel.zero < 3 ? &mesh.axis("dp") : nullptr;
+  // Under expert parallelism too: an expert-parallel group's ranks run every forward together.
+  Communicator* split =
+      config.parallel.zero < 3 && config.parallel.ep == 1 ? &mesh.axis("dp") : nullptr;
   // The batches queue their losses (nn/step_losses.h) and the host reads them once, as a step's:
   // on a GPU no wait per batch. A pipeline's come from its last stage, summed over pp once; a cp
   // group's ranks each sum their positions' means, averaged over cp once (equal token counts).
@@ -428,6 +431,18 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     sequence_shard = std::make_unique<ContextParallel>(*cp_count, seq_len,
                                                        config.parallel.cp_comm == "ring");
   }
+  // Expert parallelism (parallel/expert_parallel.h): a mixture's experts split over groups of
+  // parallel.ep dp ranks; the experts' gradients reduced over the ranks holding the same ones.
+  // Their traffic and waits are counted with dp's (the groups are dp's ranks).
+  ExpertGroups expert_groups;
+  std::unique_ptr<CountingCommunicator> ep_count, experts_dp_count;
+  std::unique_ptr<ExpertParallel> expert_exchange;
+  if (config.parallel.ep > 1) {
+    expert_groups = split_expert_groups(mesh.axis("dp"), config.parallel.ep);
+    ep_count = std::make_unique<CountingCommunicator>(*expert_groups.ep);
+    experts_dp_count = std::make_unique<CountingCommunicator>(*expert_groups.experts_dp);
+    expert_exchange = std::make_unique<ExpertParallel>(*ep_count);
+  }
   // What this rank's micro-batches hold of each sequence: its positions (all without cp).
   const int64_t local_seq = context_parallel ? sequence_shard->local_length() : seq_len;
   Communicator* pp_axis = &(pipeline_mesh ? *pipeline_mesh : mesh).axis("pp");
@@ -448,6 +463,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   DataParallelConfig dp_config = data_parallel_config_of(config.parallel);
   const bool overlap_tp_backward = tp_backward_overlap(config, device);
   if (tensor_parallel) dp_config.tensor_parallel = &tp_count;
+  dp_config.experts_data_parallel = experts_dp_count.get();
+  dp_config.expert_parallel = ep_count.get();
   // What this rank trains: its whole model (one device's, or its tensor-parallel shard) under
   // one DataParallel engine, or its pipeline chunks, each under its own engine
   // (parallel/pipeline_parallel.h).
@@ -457,9 +474,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   std::vector<Gpt2Stage*> parts;
   std::vector<DataParallel*> engines;
   if (pipelined) {
-    const PipelineConfig pc =
+    PipelineConfig pc =
         pipeline_config_of(config, local_seq, sequence_shard.get(),
                            tensor_parallel ? &tp_count : nullptr, overlap_tp_backward);
+    pc.experts = expert_exchange.get();
     pipe = std::make_unique<PipelineParallel>(model_config_of(config), pp_count, dp, pool,
                                               device, pc, dp_config, opt_config,
                                               static_cast<uint64_t>(tc.seed));
@@ -472,7 +490,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       whole = std::make_unique<TpGpt2>(model_config_of(config), tp_count,
                                        config.parallel.sequence_parallel);
     else
-      whole = std::make_unique<Gpt2>(model_config_of(config));
+      whole = std::make_unique<Gpt2>(model_config_of(config), Gpt2Part{}, expert_exchange.get());
     whole_engine = DataParallel::create(whole->params(), dp, pool, device, dp_config, opt_config,
                                         static_cast<uint64_t>(tc.seed));
     parts.push_back(whole.get());
@@ -660,8 +678,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
           train_data.save(st);
           // Staged (train/sharded_io.h): with `async`, with copies of its own that training does
           // not touch.
-          StagedCheckpoint staged =
-              stage_layout_checkpoint(checkpoints_dir, parts, engines, mesh, config, st, async);
+          StagedCheckpoint staged = stage_layout_checkpoint(checkpoints_dir, parts, engines, mesh,
+                                                            config, st, async, ep_count.get());
           if (async && leader && fault.fails_save(step))
             staged.write = [step] {
               fail("LOOM_TEST_FAULT: the checkpoint write of step ", step, " fails");
@@ -672,8 +690,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   };
 
   summary.last_step = summary.start_step;
-  const std::vector<CountingCommunicator*> axis_counts = {&dp_count, &pp_count, &tp_count,
-                                                          cp_count.get()};  // not eval's
+  const std::vector<CountingCommunicator*> axis_counts = {
+      &dp_count,      &pp_count,      &tp_count,
+      cp_count.get(), ep_count.get(), experts_dp_count.get()};  // not eval's
   // Communication the GPU waited for (Work::wait_on_device) reports its failures here, before
   // the numbers it fed are judged: a timeout named as one, not a loss that "diverged".
   const auto check_axes = [&] {
@@ -815,11 +834,15 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const double dt = now_seconds() - t0;
     figures.comm_bytes = {dp_count.take_bytes(), pp_count.take_bytes(), tp_count.take_bytes(),
                           cp_count ? cp_count->take_bytes() : 0};
+    for (CountingCommunicator* c : {ep_count.get(), experts_dp_count.get()})
+      if (c != nullptr) figures.comm_bytes.dp += c->take_bytes();
     // Where the step's time went on this rank: the loader, blocked on each axis' communication
     // (a pipeline's bubble is its stages waiting for each other: pp), and the rest computing.
     figures.comm_seconds = {dp_count.take_wait_seconds(), pp_count.take_wait_seconds(),
                             tp_count.take_wait_seconds(),
                             cp_count ? cp_count->take_wait_seconds() : 0.0};
+    for (CountingCommunicator* c : {ep_count.get(), experts_dp_count.get()})
+      if (c != nullptr) figures.comm_seconds.dp += c->take_wait_seconds();
     // Each pipeline rank's bubble (rank 0's pipeline group): the busiest stage is the one that
     // waits least, so rank 0's alone does not say where the step's time went.
     // On GPUs under nccl the host does not wait for the stages' messages, the compute stream does:

@@ -98,7 +98,8 @@ threads_per_rank = 1
   }
 
   // 4 steps with a checkpoint at 2 (run dirs PREFIXwhole, PREFIXresumed): stopped after step 2
-  // and resumed, the run's losses and final weights are bit for bit the uninterrupted run's.
+  // and resumed, the run's losses and final weights (in whole checkpoints; sharded ones: the
+  // losses) are bit for bit the uninterrupted run's.
   static void expect_resumed_run_bitwise_equal(Config c, const std::string& prefix) {
     c.train.steps = 4;
     c.train.warmup_steps = 2;
@@ -116,6 +117,7 @@ threads_per_rank = 1
     ASSERT_EQ(b.size(), 4u);
     for (size_t i = 0; i < a.size(); ++i)
       EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+    if (c.train.checkpoint_format == "sharded") return;
     const fs::path step_4 = fs::path("checkpoints") / "step_4" / "model.safetensors";
     testing::expect_weights_match(root_ / (prefix + "whole") / step_4,
                                   root_ / (prefix + "resumed") / step_4, "resumed", 0.0);
@@ -302,6 +304,77 @@ TEST_F(LlamaParallel, MixtureOfExpertsStartsFromATransformersMixtralUnderEveryLa
   EXPECT_GT(std::abs(r.reference_losses.front() - std::log(256.0)), 0.05);
 }
 
+// Expert parallelism (parallel.ep, parallel/expert_parallel.h): each rank of an ep group holds
+// E/ep of every block's experts; the group's tokens are gathered to them and their outputs summed
+// back. Under ZeRO 0, 1 and 2, with micro-batches, recomputation and pipelining, and with
+// dp/ep = 2 expert-data-parallel ranks per expert (dp = 4): one device's run.
+TEST_F(LlamaParallel, MixtureOfExpertsWithExpertParallelismMatchesOneDevice) {
+  expect_layouts_match_one_device(moe_config(),
+                                  "dp=2,ep=2;dp=2,ep=2,zero=1,mbs=2,recompute=selective;"
+                                  "dp=2,ep=2,zero=2;dp=4,ep=2,zero=1,mbs=1;dp=4,ep=4,zero=2,mbs=1;"
+                                  "dp=2,ep=2,pp=2,schedule=zb-v,v=2,recompute=full",
+                                  6);
+  Config shared = moe_config();
+  shared.model.moe_shared_experts = 1;
+  expect_layouts_match_one_device(shared, "dp=2,ep=2,zero=1;dp=2,ep=2,pp=2", 2);
+}
+
+// A run under expert parallelism stops and resumes bit for bit from either checkpoint format,
+// and its checkpoints, whole or sharded, hold every expert once: they resume under another
+// layout (here one device) to the same run — losses, gradient norms and the validation loss
+// (which every rank of an ep group computes together).
+TEST_F(LlamaParallel, ExpertParallelCheckpointsResumeBitForBitAndUnderOtherLayouts) {
+  Config c = moe_config();
+  c.data.val = (root_ / "data" / "val_*.bin").string();
+  c.train.eval_every = 4;
+  c.train.eval_batches = 3;  // not a multiple of dp: ranks of an ep group may not split them
+  c.parallel.dp = 4;
+  c.parallel.ep = 2;
+  c.parallel.zero = 1;
+  c.train.micro_batch_size = 2;
+  c.runtime.ranks = 4;
+  expect_resumed_run_bitwise_equal(c, "ep_");
+  Config sharded = c;
+  sharded.train.checkpoint_format = "sharded";
+  sharded.parallel.zero = 2;
+  expect_resumed_run_bitwise_equal(sharded, "ep_sharded_");
+  // The whole checkpoint at step 2 of the ep run, continued on one device; and the sharded one
+  // on dp = 2 without expert parallelism: both the ep run's last steps, within rounding.
+  const auto ep_run = testing::read_metrics(root_ / "ep_whole");
+  for (const auto& [dir, source] : {std::pair<const char*, const char*>{"ep_to_one", "ep_whole"},
+                                    {"ep_sharded_to_dp", "ep_sharded_whole"}}) {
+    fs::create_directories(root_ / dir / "checkpoints");
+    fs::copy(root_ / source / "checkpoints" / "step_2", root_ / dir / "checkpoints" / "step_2",
+             fs::copy_options::recursive);
+    Config other = moe_config();
+    other.data.val = c.data.val;
+    other.train.eval_every = c.train.eval_every;
+    other.train.eval_batches = c.train.eval_batches;
+    other.train.steps = 4;
+    other.train.warmup_steps = 2;
+    other.train.micro_batch_size = 2;
+    if (std::string(dir) == "ep_sharded_to_dp") {
+      other.parallel.dp = 2;
+      other.runtime.ranks = 2;
+    }
+    TrainOptions o = options(dir);
+    o.resume = "auto";
+    run_training(other, o);
+    const auto got = testing::read_metrics(root_ / dir);
+    ASSERT_EQ(got.size(), 2u) << dir;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double want = ep_run[i + 2]["loss"].get<double>();
+      EXPECT_NEAR(got[i]["loss"].get<double>(), want, 1e-5 * want) << dir << " step " << i + 3;
+      // The gradient norm too: the experts' squares summed over the ep group, each once.
+      const double norm = ep_run[i + 2]["grad_norm"].get<double>();
+      EXPECT_NEAR(got[i]["grad_norm"].get<double>(), norm, 1e-6 * norm) << dir << " step " << i + 3;
+    }
+    ASSERT_TRUE(ep_run[3].contains("val_loss") && got[1].contains("val_loss")) << dir;
+    const double val = ep_run[3]["val_loss"].get<double>();
+    EXPECT_NEAR(got[1]["val_loss"].get<double>(), val, 1e-5 * val) << dir;
+  }
+}
+
 TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
   const auto refused = [](const Config& c, const std::string& expected) {
     const std::string error = testutil::error_of([&] { validate(c); });
@@ -325,6 +398,28 @@ TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
   Config dense = moe_config();
   dense.model.moe_experts = 0;
   refused(dense, "model.moe_aux_loss_coef applies with model.moe_experts > 0 only");
+  Config ep = moe_config();
+  ep.parallel.dp = 2;
+  ep.parallel.ep = 4;
+  ep.runtime.ranks = 2;
+  refused(ep, "parallel.ep = 4 does not divide parallel.dp = 2");
+  ep.model.moe_experts = 6;
+  ep.parallel.dp = 4;
+  ep.runtime.ranks = 4;
+  refused(ep, "parallel.ep = 4 does not divide model.moe_experts = 6");
+  ep = moe_config();
+  ep.parallel.dp = 2;
+  ep.parallel.ep = 2;
+  ep.parallel.zero = 3;
+  ep.runtime.ranks = 2;
+  refused(ep,
+          "parallel.ep = 2 with parallel.zero = 3: expert parallelism combines with ZeRO "
+          "stages 0, 1 and 2");
+  Config ep_dense = config();
+  ep_dense.parallel.dp = 2;
+  ep_dense.parallel.ep = 2;
+  ep_dense.runtime.ranks = 2;
+  refused(ep_dense, "parallel.ep = 2 splits a mixture's experts: it needs model.moe_experts > 0");
 }
 
 }  // namespace

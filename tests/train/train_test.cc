@@ -670,6 +670,41 @@ TEST_F(TrainTest, ZeroBubbleOnTensorParallelGpusAtBf16IsOneFOneBBitForBit) {
   for (const char* arch : {"gpt2", "llama"}) expect_zero_bubble_is_one_f_one_b_on_gpus(arch, 2);
 }
 
+// Expert parallelism on two GPUs over nccl (parallel/expert_parallel.h): a Llama mixture's
+// experts split over the two, the tokens gathered GPU to GPU and the outputs reduce-scattered
+// back; with the validation every rank runs. The run is the CPU ranks' (losses, gradient norms,
+// the validation loss).
+TEST_F(TrainTest, ExpertParallelMixtureOnTwoGpusOverNcclTrainsAsOnCpuRanks) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs: " << cuda::unavailable_reason();
+  Config c = config(4);
+  c.model.arch = "llama";
+  c.model.n_kv_heads = 1;
+  c.model.ffn_hidden = 32;
+  c.model.moe_experts = 4;
+  c.model.moe_top_k = 2;
+  c.model.moe_aux_loss_coef = 0.1f;
+  c.train.micro_batch_size = 2;
+  c.runtime.ranks = 2;
+  c.runtime.threads_per_rank = 1;
+  c.parallel.dp = 2;
+  c.parallel.ep = 2;
+  c.parallel.zero = 1;
+  run_training(c, options("ep2_cpus"));
+  c.runtime.device = "cuda";
+  run_training(c, options("ep2_gpus"));
+  const auto on_cpus = metrics("ep2_cpus"), on_gpus = metrics("ep2_gpus");
+  ASSERT_EQ(on_cpus.size(), 4u);
+  ASSERT_EQ(on_gpus.size(), 4u);
+  for (size_t i = 0; i < on_cpus.size(); ++i)
+    for (const char* key : {"loss", "grad_norm"}) {
+      const double want = on_cpus[i][key], got = on_gpus[i][key];
+      EXPECT_NEAR(got, want, 1e-4 * want) << key << ", step " << i + 1;
+    }
+  ASSERT_TRUE(on_gpus[3].contains("val_loss"));
+  const double val = on_cpus[3]["val_loss"];
+  EXPECT_NEAR(on_gpus[3]["val_loss"].get<double>(), val, 1e-4 * val);
+}
+
 TEST_F(TrainTest, EveryStrategyRunsOnOneGpuThroughHostStaging) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   struct Layout {

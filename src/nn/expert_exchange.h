@@ -1,0 +1,29 @@
+// ExpertExchange — how a mixture of experts (nn/moe_mlp.h) reaches experts that other ranks hold,
+// without the layer knowing about communication: parallel/expert_parallel.h implements it over
+// an expert-parallel group (Megatron-LM's "allgather" token dispatcher).
+//
+// The group's `ranks()` ranks hold the experts in equal, consecutive blocks: rank r holds
+// experts [r·E/ranks, (r+1)·E/ranks). Every rank routes its own tokens; the tokens, their
+// choices and weights are gathered over the group; each rank runs its experts on the tokens of
+// the whole group that chose them; the outputs are summed over the group and each rank keeps its
+// tokens' rows (a reduce-scatter). Backward mirrors it.
+#pragma once
+
+#include "tensor/tensor.h"
+
+namespace loom {
+
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual int ranks() const = 0;
+  virtual int rank() const = 0;
+  // Every rank's `local` (the same shape and dtype on each), stacked by rank along dim 0: rank
+  // r's rows first at r·local.dim(0). Collective over the group.
+  virtual Tensor gather(const Tensor& local) = 0;
+  // The sum over the ranks of `stacked` (ranks() × n rows), of which this rank keeps rows
+  // [rank()·n, (rank() + 1)·n). Collective over the group.
+  virtual Tensor reduce_scatter(const Tensor& stacked) = 0;
+};
+
+}  // namespace loom

@@ -1,0 +1,55 @@
+// Expert parallelism — a mixture's experts spread over ranks (GShard, DeepSpeed-MoE, Megatron-LM's
+// expert model parallelism), so that a model with many experts fits: each rank of an
+// expert-parallel group of `ep` ranks holds E/ep of every block's experts; attention, norms,
+// router and shared experts stay replicated as under plain data parallelism.
+//
+// Groups: ep divides dp. The dp group's ranks form dp/ep expert-parallel groups of ep consecutive
+// ranks (dp ranks g·ep … g·ep + ep − 1); rank i of each holds the same experts, and those ranks —
+// dp/ep of them, one per group — form its expert-data-parallel group, over which the experts'
+// gradients are averaged and (ZeRO-1/2) their optimizer state and gradients sharded
+// (parallel/data_parallel.h).
+//
+// Tokens (Megatron-LM's "allgather" dispatcher): every rank routes its own tokens; the tokens,
+// their choices and their weights are all-gathered over the ep group; each rank runs its experts
+// on the group's tokens that chose them; the weighed outputs are reduce-scattered (summed) back to
+// the tokens' ranks. Backward all-gathers the outputs' gradients and reduce-scatters the inputs'
+// and the weights'. Collectives of one size on every rank, no capacity, nothing dropped: the
+// same tokens reach the same experts as on one device (an all-to-all would move ep times fewer
+// bytes; the gather's are the tokens' ranks' own and need no counts exchanged first).
+//
+// Equivalence with one device: an expert's gradient on its rank sums the group's tokens, each
+// with its own rank's loss scale (1 / its micro-batch tokens): averaged over the expert-data-
+// parallel group and divided by ep it is the mean over the whole dp group's batch — dense
+// parameters' average over dp. The router sees each token where it was routed, its gradient
+// arriving through the weights' reduce-scatter.
+#pragma once
+
+#include <memory>
+
+#include "comm/communicator.h"
+#include "nn/expert_exchange.h"
+
+namespace loom {
+
+class ExpertParallel final : public ExpertExchange {
+ public:
+  explicit ExpertParallel(Communicator& ep) : ep_(ep) {}
+  int ranks() const override { return ep_.size(); }
+  int rank() const override { return ep_.rank(); }
+  Tensor gather(const Tensor& local) override;
+  Tensor reduce_scatter(const Tensor& stacked) override;
+
+ private:
+  Communicator& ep_;
+};
+
+// The two groups of expert parallelism within a dp group (collective over it): `ep`, this rank's
+// expert-parallel group, and `experts_dp`, the ranks holding its experts. `ep` must divide
+// dp.size() (an error naming parallel.ep and parallel.dp).
+struct ExpertGroups {
+  std::unique_ptr<Communicator> ep;
+  std::unique_ptr<Communicator> experts_dp;
+};
+ExpertGroups split_expert_groups(Communicator& dp, int ep);
+
+}  // namespace loom
