@@ -94,7 +94,9 @@ int cmd_train(const TrainArgs& a) {
         a.config_path.c_str(), options.run_dir.c_str(), config.runtime.ranks,
         config.runtime.ranks == 1 ? "" : "s", config.parallel.dp, config.parallel.pp,
         config.parallel.tp,
-        config.parallel.cp > 1 ? (", cp " + std::to_string(config.parallel.cp)).c_str() : "",
+        ((config.parallel.cp > 1 ? ", cp " + std::to_string(config.parallel.cp) : "") +
+         (config.parallel.ep > 1 ? ", ep " + std::to_string(config.parallel.ep) : ""))
+            .c_str(),
         config.parallel.zero, static_cast<long>(config.train.steps),
         static_cast<long>(config.grad_accum_steps()), config.grad_accum_steps() == 1 ? "" : "es",
         static_cast<long>(config.train.micro_batch_size), static_cast<long>(config.model.seq_len));
@@ -315,20 +317,33 @@ int cmd_sample(const std::string& checkpoint_path, const std::string& prompt,
 int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) {
   BenchResult r = benchmark_training(find_bench_shape(shape), options);
   if (json) {
-    nlohmann::json j = {{"shape", r.shape},           {"threads", r.threads},
-                        {"ranks", r.ranks},           {"zero", r.zero},
+    nlohmann::json j = {{"shape", r.shape},
+                        {"threads", r.threads},
+                        {"ranks", r.ranks},
+                        {"zero", r.zero},
+                        {"ep", r.ep},
+                        {"rank_parameters", r.rank_parameters},
+                        {"state_mb", r.state_mb},
                         {"comm_wait_ms", r.comm_wait_ms},
                         {"comm_wait_fraction", r.comm_wait_fraction},
-                        {"steps", r.steps},           {"tokens_per_s", r.tokens_per_s},
-                        {"gflops", r.gflops},         {"step_ms", r.step_ms},
-                        {"forward_ms", r.forward_ms}, {"backward_ms", r.backward_ms},
-                        {"optimizer_ms", r.optimizer_ms}, {"peak_rss_mb", r.peak_rss_mb},
-                        {"peak_alloc_mb", r.peak_alloc_mb}, {"flops_per_token", r.flops_per_token},
+                        {"steps", r.steps},
+                        {"tokens_per_s", r.tokens_per_s},
+                        {"gflops", r.gflops},
+                        {"step_ms", r.step_ms},
+                        {"forward_ms", r.forward_ms},
+                        {"backward_ms", r.backward_ms},
+                        {"optimizer_ms", r.optimizer_ms},
+                        {"peak_rss_mb", r.peak_rss_mb},
+                        {"peak_alloc_mb", r.peak_alloc_mb},
+                        {"flops_per_token", r.flops_per_token},
                         {"parameters", r.num_parameters},
-                        {"fma_peak_gflops", r.fma_peak_gflops}, {"fma_isa", r.fma_isa},
+                        {"fma_peak_gflops", r.fma_peak_gflops},
+                        {"fma_isa", r.fma_isa},
                         {"roofline_share", r.roofline_share},
-                        {"device", r.device}, {"precision", r.precision},
-                        {"batch", r.batch}, {"seq_len", r.seq_len},
+                        {"device", r.device},
+                        {"precision", r.precision},
+                        {"batch", r.batch},
+                        {"seq_len", r.seq_len},
                         {"mfu", r.mfu}};
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     j["openblas_coretype"] = coretype ? coretype : "";
@@ -347,8 +362,10 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
     }
     std::cout << j.dump() << std::endl;
   } else {
-    std::printf("shape %s, %d rank(s) x %d thread(s), zero %d, %ld timed steps (median)\n",
-                r.shape.c_str(), r.ranks, r.threads, r.zero, static_cast<long>(r.steps));
+    std::printf("shape %s, %d rank(s) x %d thread(s), zero %d%s, %ld timed steps (median)\n",
+                r.shape.c_str(), r.ranks, r.threads, r.zero,
+                r.ep > 1 ? (", ep " + std::to_string(r.ep)).c_str() : "",
+                static_cast<long>(r.steps));
     std::printf("  %.1f tokens/s, %.1f GFLOP/s, step %.1f ms (fwd %.1f, bwd %.1f, opt %.1f)\n",
                 r.tokens_per_s, r.gflops, r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms);
     if (r.device == "cuda")
@@ -366,6 +383,8 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                   100.0 * r.comm_wait_fraction);
     std::printf("  peak RSS %.1f MiB, peak tensor memory %.1f MiB, %ld parameters\n",
                 r.peak_rss_mb, r.peak_alloc_mb, static_cast<long>(r.num_parameters));
+    std::printf("  rank 0 holds %ld parameters; its parameters, gradients and moments %.1f MiB\n",
+                static_cast<long>(r.rank_parameters), r.state_mb);
     if (options.profile) {
       // Rates over each op's least work (kernels/op_profile.h: OpWork): GFLOP/s where it computes,
       // GB/s of its operands, each read or written once, where it streams memory.
@@ -668,6 +687,11 @@ int main(int argc, char** argv) {
   bench_train->add_option("--threads", bench.threads, "compute threads per rank")->capture_default_str();
   bench_train->add_option("--ranks", bench.ranks, "data-parallel thread ranks (batch per rank)")->capture_default_str();
   bench_train->add_option("--zero", bench.zero, "ZeRO stage with --ranks")->capture_default_str();
+  bench_train
+      ->add_option("--ep", bench.ep,
+                   "expert parallelism: a mixture's experts split over groups of this many ranks "
+                   "(moe-s)")
+      ->capture_default_str();
   bench_train->add_option("--steps", bench.steps, "timed steps")->capture_default_str();
   bench_train->add_option("--warmup", bench.warmup, "untimed steps first")->capture_default_str();
   bench_train->add_option("--device", bench.device, "cpu, or cuda (rank r on GPU r, gradients over nccl)")->capture_default_str();

@@ -19,6 +19,7 @@
 #endif
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "tensor/rng.h"
 
 namespace loom {
@@ -110,9 +111,18 @@ void bench_rank(Communicator& host, const BenchShape& shape, const BenchOptions&
   if (device.is_cuda()) gpu_comm = make_nccl_world(host, device.index);
 #endif
   Communicator& comm = gpu_comm ? *gpu_comm : host;
-  Gpt2 model(shape.model);
+  // --ep: the experts split over groups of ranks (parallel/expert_parallel.h), as the trainer.
+  ExpertGroups expert_groups;
+  std::unique_ptr<ExpertParallel> experts;
+  if (o.ep > 1) {
+    expert_groups = split_expert_groups(comm, o.ep);
+    experts = std::make_unique<ExpertParallel>(*expert_groups.ep);
+  }
+  Gpt2 model(shape.model, Gpt2Part{}, experts.get());
   DataParallelConfig dp_config;
   dp_config.zero = o.zero;
+  dp_config.experts_data_parallel = expert_groups.experts_dp.get();
+  dp_config.expert_parallel = expert_groups.ep.get();
   auto engine = DataParallel::create(model.params(), comm, pool, device, dp_config, AdamWConfig{}, 1337);
   Context ctx{&pool, device, DType::kF32, engine.get()};
   ctx.rounded_weights = engine->rounded_weights();  // nn/rounded_weights.h
@@ -171,6 +181,8 @@ void bench_rank(Communicator& host, const BenchShape& shape, const BenchOptions&
   r.gflops = r.flops_per_token * r.tokens_per_s / 1e9;
   if (o.gpu_peak_tflops > 0) r.mfu = r.gflops / (o.gpu_peak_tflops * 1e3 * comm.size());
   r.peak_alloc_mb = static_cast<double>(allocator_for(device).stats().peak_bytes_in_use) / 1048576.0;
+  r.rank_parameters = model.params().parameter_numel();
+  r.state_mb = static_cast<double>(engine->memory().state()) / 1048576.0;
 }
 
 BenchResult finish_with_rss(BenchResult& r) {
@@ -185,6 +197,12 @@ BenchResult finish_with_rss(BenchResult& r) {
 BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.threads < 1) fail("--threads must be >= 1, got ", o.threads);
   if (o.ranks < 1) fail("--ranks must be >= 1, got ", o.ranks);
+  if (o.ep < 1 || o.ranks % o.ep != 0) fail("--ep ", o.ep, " must divide --ranks ", o.ranks);
+  if (o.ep > 1 && !shape.model.moe())
+    fail("--ep ", o.ep, " splits a mixture's experts: shape ", shape.name, " has none (moe-s has)");
+  if (o.ep > 1 && shape.model.moe_experts % o.ep != 0)
+    fail("--ep ", o.ep, " does not divide the ", shape.model.moe_experts, " experts of ",
+         shape.name);
   if (o.steps < 1) fail("--steps must be >= 1, got ", o.steps);
   if (o.device != "cpu" && o.device != "cuda") fail("--device must be cpu or cuda, got '", o.device, "'");
   if (o.device != "cuda" && o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp8")
@@ -209,6 +227,7 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   r.threads = o.threads;
   r.ranks = o.ranks;
   r.zero = o.zero;
+  r.ep = o.ep;
   r.steps = o.steps;
   r.num_parameters = shape.model.num_parameters();
   r.device = o.device;

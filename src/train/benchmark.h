@@ -31,6 +31,7 @@ struct BenchOptions {
   int threads = 1;      // compute threads per rank
   int ranks = 1;        // data-parallel thread ranks of the local backend (batch is per rank)
   int zero = 0;         // ZeRO stage
+  int ep = 1;           // expert parallelism over the ranks (a mixture's shape: moe-s)
   int64_t steps = 5;    // timed steps
   int64_t warmup = 2;   // untimed steps first
   std::string device = "cpu";  // cpu, or cuda: rank r computes on GPU r
@@ -46,6 +47,7 @@ struct BenchResult {
   int threads = 1;
   int ranks = 1;
   int zero = 0;
+  int ep = 1;
   int64_t steps = 0;
   double tokens_per_s = 0;   // median over timed steps
   double gflops = 0;         // achieved, at the median step time
@@ -53,6 +55,8 @@ struct BenchResult {
   double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;  // medians
   double peak_rss_mb = 0;    // process peak resident set
   double peak_alloc_mb = 0;  // tensor allocator peak (rank 0)
+  int64_t rank_parameters = 0;  // the parameters rank 0 holds (under expert parallelism a part)
+  double state_mb = 0;  // rank 0's parameters, gradients and AdamW moments (DataParallelMemory)
   double comm_wait_ms = 0;   // median per step, rank 0 blocked on data-parallel communication
                              // (on a GPU: its compute stream, waiting on nccl)
   double comm_wait_fraction = 0;  // comm_wait_ms / step_ms

@@ -4,7 +4,8 @@
 # rank 0, not one per process. Then `loom launch` around the same mpirun, with rank 0's process
 # killed after step 3: mpirun ends the job, the launcher restarts it from step_2, and it ends
 # with the same step_4 checkpoint, bit for bit. And a sharded checkpoint written by the two
-# processes, resumed, ends the same way. And context parallelism over the two processes.
+# processes, resumed, ends the same way. And context parallelism and expert parallelism over the
+# two processes.
 #   mpi_train_test.sh LOOM_BINARY MPIRUN [MPIRUN_ARGS...]   (ctest passes them; see CMakeLists.txt)
 set -euo pipefail
 loom=$1
@@ -79,3 +80,14 @@ grep -q '(2 ranks: dp 1, pp 1, tp 1, cp 2' "$dir/err" || fail "expected the job 
 [[ "$(digests "$dir/ring_mpi/checkpoints/step_4")" == "$(digests "$dir/ring_threads/checkpoints/step_4")" ]] ||
   fail "the cp ring over MPI differs from thread ranks"
 echo "ok: one job, two ranks, one voice; killed and relaunched, the same checkpoint; sharded, the same; cp over MPI as over threads, all-gather and ring"
+# Expert parallelism over two processes: a Llama mixture's 4 experts split between them, the
+# tokens, their choices (i32) and weights all-gathered and the outputs reduce-scattered over MPI;
+# the same bits as on two thread ranks.
+moe=(--set model.arch=llama --set model.ffn_hidden=16 --set model.moe_experts=4
+  --set model.moe_top_k=2 --set parallel.ep=2 --set parallel.zero=1)
+"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/ep_mpi" --quiet "${moe[@]}" \
+  2>"$dir/err" >/dev/null || fail "the expert-parallel job failed"
+"$loom" train "$dir/cfg.toml" --run-dir "$dir/ep_threads" --quiet --ranks 2 "${moe[@]}" \
+  2>"$dir/err" >/dev/null || fail "expert parallelism on thread ranks failed"
+[[ "$(digests "$dir/ep_mpi/checkpoints/step_4")" == "$(digests "$dir/ep_threads/checkpoints/step_4")" ]] ||
+  fail "expert parallelism over MPI differs from thread ranks"
