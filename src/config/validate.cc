@@ -426,9 +426,6 @@ void validate(const Config& config) {
     if (par.dp > 0 && par.dp % par.ep != 0)
       problems.add("parallel.ep = ", par.ep, " does not divide parallel.dp = ", par.dp,
                    " (expert-parallel groups are made of data-parallel ranks)");
-    if (par.zero == 3)
-      problems.add("parallel.ep = ", par.ep, " with parallel.zero = 3: expert parallelism ",
-                   "combines with ZeRO stages 0, 1 and 2");
   }
   if (m.arch == "llama" && r.matmul_precision == "fp8" && r.fp8_block > 0 && tp > 1 &&
       m.n_heads > 0 && d % m.n_heads == 0 && m.resolved_n_kv_heads() > 0) {

@@ -123,6 +123,10 @@ class ZeroDataParallel final : public DataParallel {
   // kept until it is waited for, then widened into gathered_.
   std::vector<std::pair<Tensor, Tensor>> gather_wire_;
   DType gather_dtype_ = DType::kF32;
+  // Stage 3: the unit backward visits after each (itself for the last), and whether this
+  // micro-batch's backward has begun.
+  std::vector<size_t> backward_next_;
+  bool in_backward_ = false;
 };
 
 ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, ThreadPool& pool,
@@ -151,9 +155,6 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
     LOOM_CHECK_MSG(experts_dp_ != nullptr && expert_parallel_ != nullptr,
                    "expert units without their groups");
     LOOM_CHECK(experts_dp_->size() * expert_parallel_->size() == size_);
-    if (stage_ == 3)
-      fail("parallel.zero = 3 with parallel.ep = ", expert_parallel_->size(),
-           ": expert parallelism combines with ZeRO stages 0, 1 and 2");
     if (config.tensor_parallel != nullptr)
       fail("parallel.ep > 1 with parallel.tp > 1: a mixture of experts is not split by tp");
   }
@@ -185,6 +186,21 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
   gather_wire_.resize(n_units);
 
   if (stage_ == 3) {
+    // Backward's order: the root (unit 0), then the blocks from the last, each block's unit
+    // followed by its experts' (an expert unit follows its block's in the layout).
+    std::vector<size_t> order = {0};
+    for (size_t u = n_units; u-- > 1;) {
+      if (is_experts(u) && u >= 2) {
+        order.push_back(u - 1);
+        order.push_back(u);
+        --u;
+      } else {
+        order.push_back(u);
+      }
+    }
+    backward_next_.resize(n_units);
+    for (size_t k = 0; k < order.size(); ++k)
+      backward_next_[order[k]] = k + 1 < order.size() ? order[k + 1] : order[k];
     before = in_use();
     shard_values_ = Tensor::empty({shard_numel_}, DType::kF32, device);
     memory_.params = in_use() - before;
@@ -302,12 +318,14 @@ void ZeroDataParallel::begin_step() {
 }
 
 void ZeroDataParallel::begin_micro_batch(int64_t index, int64_t count) {
+  in_backward_ = false;
   LOOM_CHECK(index >= 0 && index < count);
   micro_index_ = index;
   micro_count_ = count;
 }
 
 void ZeroDataParallel::end_micro_batch() {
+  in_backward_ = false;  // a forward after it (an evaluation) gathers and releases as forward
   if (stage_ >= 2) {
     drain_reduce_scatters(true);
     return;
@@ -340,20 +358,27 @@ void ZeroDataParallel::poll_buckets() {
 void ZeroDataParallel::before_forward(size_t u) {
   if (stage_ != 3) return;
   gather_values(u);
-  // Prefetch: forward visits the root, then blocks 1, 2, ... in unit order.
+  // A unit's forward inside the backward: a block recomputing its forward calls its experts'
+  // hooks (under expert parallelism, a unit of their own), whose backward follows at once — kept
+  // gathered for it, nothing prefetched.
+  if (in_backward_) return;
+  // Prefetch: forward visits the root, then blocks 1, 2, ... (each with its experts' unit after
+  // it) in unit order.
   if (u + 1 < num_units()) issue_gather(u + 1);
 }
 
 void ZeroDataParallel::after_forward(size_t u) {
-  if (stage_ == 3) release_values(u);
+  if (stage_ == 3 && !in_backward_) release_values(u);
 }
 
 void ZeroDataParallel::before_backward(size_t u) {
   if (stage_ == 3) {
+    in_backward_ = true;
     gather_values(u);
-    // Backward visits the root (held throughout), then blocks from the last down to 1.
-    const size_t next = u == 0 ? num_units() - 1 : u - 1;
-    if (next >= 1 && next != u) issue_gather(next);
+    // Backward visits the root (held throughout), then blocks from the last down to 1, each
+    // before its experts' unit (backward_next_).
+    const size_t next = backward_next_[u];
+    if (next != u) issue_gather(next);
   }
   if (stage_ >= 2 && !unit_grads_[u].defined()) {
     unit_grads_[u] = Tensor::zeros({params_.units()[u].numel}, DType::kF32, device_);

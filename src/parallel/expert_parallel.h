@@ -6,7 +6,7 @@
 // Groups: ep divides dp. The dp group's ranks form dp/ep expert-parallel groups of ep consecutive
 // ranks (dp ranks g·ep … g·ep + ep − 1); rank i of each holds the same experts, and those ranks —
 // dp/ep of them, one per group — form its expert-data-parallel group, over which the experts'
-// gradients are averaged and (ZeRO-1/2) their optimizer state and gradients sharded
+// gradients are averaged and (ZeRO-1/2/3) their optimizer state, gradients and values sharded
 // (parallel/data_parallel.h).
 //
 // Tokens (Megatron-LM's "allgather" dispatcher): every rank routes its own tokens; the tokens,
@@ -14,8 +14,9 @@
 // on the group's tokens that chose them; the weighed outputs are reduce-scattered (summed) back to
 // the tokens' ranks. Backward all-gathers the outputs' gradients and reduce-scatters the inputs'
 // and the weights'. Collectives of one size on every rank, no capacity, nothing dropped: the
-// same tokens reach the same experts as on one device (an all-to-all would move ep times fewer
-// bytes; the gather's are the tokens' ranks' own and need no counts exchanged first).
+// same tokens reach the same experts as on one device (an all-to-all, sending each token to the
+// ranks of its top_k experts only, would move about ep / top_k times fewer bytes; the gather's
+// are of one size and need no counts exchanged first).
 //
 // Equivalence with one device: an expert's gradient on its rank sums the group's tokens, each
 // with its own rank's loss scale (1 / its micro-batch tokens): averaged over the expert-data-

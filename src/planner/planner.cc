@@ -40,6 +40,8 @@ std::string LayoutPlan::name() const {
   if (cp > 1)
     std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d cp%d%s zero%d", dp, tp, pp, cp,
                   cp_comm == "ring" ? " ring" : "", zero);
+  else if (ep > 1)
+    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d ep%d zero%d", dp, tp, pp, ep, zero);
   else
     std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d zero%d", dp, tp, pp, zero);
   std::string out = buf;
@@ -75,7 +77,12 @@ std::vector<ChunkBlocks> rank_chunks(const Config& config, int pp_rank) {
 }
 }  // namespace
 
-std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) {
+namespace {
+struct PlannedUnit {
+  int64_t numel = 0;
+  bool experts = false;  // a block's experts under expert parallelism
+};
+std::vector<std::vector<PlannedUnit>> planned_units(const Config& config, int pp_rank) {
   const ParallelConfig& par = config.parallel;
   const Gpt2Config model = model_config_of(config);
   const int64_t d = model.d_model, P = par.tp;
@@ -83,44 +90,67 @@ std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) 
   // GPT-2: the matrices and their column-parallel biases split over tp; the LayerNorms and the
   // row-parallel biases replicated. Llama: the matrices split, the two RMSNorms replicated; a
   // mixture of experts (never under tp) every expert's SwiGLU, the shared experts' and the router.
-  const int64_t mlp =
-      model.moe() ? (model.moe_experts + model.moe_shared_experts) * 3 * d * model.hidden() +
-                        d * model.moe_experts
-                  : 3 * d * model.hidden();
+  // Under expert parallelism a block's E/ep experts are a unit of their own.
+  const int64_t ep = model.moe() ? std::max(par.ep, 1) : 1;
+  const int64_t expert_unit = ep > 1 ? model.moe_experts / ep * 3 * d * model.hidden() : 0;
+  const int64_t mlp = model.moe() ? (ep > 1 ? 0 : model.moe_experts * 3 * d * model.hidden()) +
+                                        model.moe_shared_experts * 3 * d * model.hidden() +
+                                        d * model.moe_experts
+                                  : 3 * d * model.hidden();
   const int64_t llama_matrices = d * model.qkv_width() + d * d + mlp;
   const int64_t per_block = model.llama() ? llama_matrices / P + 2 * d
                             : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
                                           : 12 * d * d + 13 * d;
   const int64_t ln_f = model.llama() ? d : 2 * d;
   const int stages = par.pp * par.virtual_stages;
-  std::vector<std::vector<int64_t>> chunks;
+  std::vector<std::vector<PlannedUnit>> chunks;
   for (const ChunkBlocks& chunk : rank_chunks(config, pp_rank)) {
-    std::vector<int64_t>& units = chunks.emplace_back();
+    std::vector<PlannedUnit>& units = chunks.emplace_back();
     const int stage = chunk.stage;
     int64_t root = 0;
     if (stage == 0) root += vocab_rows * d + model.position_rows() * d;         // wte, wpe
     // ln_f, and the head's copy of the tied wte (on a later stage) or its own lm_head.weight
     if (stage == stages - 1)
       root += ln_f + (stages > 1 || !model.tie_embeddings ? vocab_rows * d : 0);
-    if (root > 0) units.push_back(root);
-    for (int64_t b = chunk.first; b < chunk.end; ++b) units.push_back(per_block);
+    if (root > 0) units.push_back({root, false});
+    for (int64_t b = chunk.first; b < chunk.end; ++b) {
+      units.push_back({per_block, false});
+      if (expert_unit > 0) units.push_back({expert_unit, true});
+    }
   }
   return chunks;
 }
+}  // namespace
+
+std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank) {
+  std::vector<std::vector<int64_t>> out;
+  for (const std::vector<PlannedUnit>& chunk : planned_units(config, pp_rank)) {
+    std::vector<int64_t>& units = out.emplace_back();
+    for (const PlannedUnit& u : chunk) units.push_back(u.numel);
+  }
+  return out;
+}
 
 std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank) {
-  // The engines' group is dp × cp (context parallelism's ranks hold the same parameters).
+  // The engines' group is dp × cp (context parallelism's ranks hold the same parameters); an
+  // expert unit's the dp/ep ranks holding its experts.
   const int64_t dp = int64_t{config.parallel.dp} * std::max(config.parallel.cp, 1);
+  const int64_t experts_dp = dp / std::max(config.parallel.ep, 1);
   const int64_t zero = config.parallel.zero;
   const int64_t multiple = zero == 0 ? 16 : 16 * dp;
   std::vector<int64_t> buffers;
-  for (const std::vector<int64_t>& units : rank_units(config, pp_rank)) {
-    int64_t n = 0;
-    for (int64_t u : units) n += (u + multiple - 1) / multiple * multiple;
-    buffers.push_back(zero >= 3 ? 4 * n / dp : 4 * n);  // values
-    buffers.push_back(zero >= 2 ? 4 * n / dp : 4 * n);  // gradients
-    buffers.push_back(zero >= 1 ? 4 * n / dp : 4 * n);  // first moment
-    buffers.push_back(zero >= 1 ? 4 * n / dp : 4 * n);  // second moment
+  for (const std::vector<PlannedUnit>& units : planned_units(config, pp_rank)) {
+    // The chunk's flat buffers (every unit padded) and its shard (each unit's chunk).
+    int64_t n = 0, shard = 0;
+    for (const PlannedUnit& u : units) {
+      const int64_t padded = (u.numel + multiple - 1) / multiple * multiple;
+      n += padded;
+      shard += padded / (u.experts ? experts_dp : dp);
+    }
+    buffers.push_back(4 * (zero >= 3 ? shard : n));  // values
+    buffers.push_back(4 * (zero >= 2 ? shard : n));  // gradients
+    buffers.push_back(4 * (zero >= 1 ? shard : n));  // first moment
+    buffers.push_back(4 * (zero >= 1 ? shard : n));  // second moment
   }
   // On a GPU at bf16 / fp16 under ZeRO 0-2: each chunk's engine keeps its GEMM weights' 16-bit
   // copies (nn/rounded_weights.h), each padded to 8 values.
@@ -140,11 +170,12 @@ std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank) 
   // fc and proj.
   const int64_t fc_rows = model.llama() ? 2 * model.hidden() : model.hidden();
   const int64_t shared = model.moe_shared_experts * model.hidden();  // the shared experts' width
-  const int64_t mlp =
-      model.moe() ? padded(model.moe_experts * d) +
-                        model.moe_experts * (padded(fc_rows * d) + padded(d * model.hidden())) +
-                        (shared > 0 ? padded(2 * shared * d) + padded(d * shared) : 0)
-                  : padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
+  const int64_t held_experts = model.moe_experts / std::max(par.ep, 1);  // this rank's
+  const int64_t mlp = model.moe()
+                          ? padded(model.moe_experts * d) +
+                                held_experts * (padded(fc_rows * d) + padded(d * model.hidden())) +
+                                (shared > 0 ? padded(2 * shared * d) + padded(d * shared) : 0)
+                          : padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
   const int64_t per_block = padded(model.qkv_width() / P * d) + padded(d * (d / P)) + mlp;
   const int stages = par.pp * par.virtual_stages;
   std::vector<int64_t> chunks;
@@ -174,14 +205,18 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.cp = par.cp;
   plan.cp_comm = par.cp_comm;
   plan.zero = par.zero;
+  plan.ep = par.ep;
   plan.schedule = par.schedule;
   plan.virtual_stages = par.virtual_stages;
 
-  int64_t most_blocks = 0, most_params = 0;
+  int64_t most_blocks = 0, most_params = 0, most_expert_params = 0;
   for (int r = 0; r < par.pp; ++r) {
-    int64_t params = 0, blocks = 0, state = 0;
-    for (const std::vector<int64_t>& units : rank_units(config, r))
-      for (int64_t u : units) params += u;
+    int64_t params = 0, blocks = 0, state = 0, expert_params = 0;
+    for (const std::vector<PlannedUnit>& units : planned_units(config, r))
+      for (const PlannedUnit& u : units) {
+        params += u.numel;
+        if (u.experts) expert_params += u.numel;
+      }
     for (int64_t b : rank_state_buffers(config, r)) state += b;
     for (const ChunkBlocks& chunk : rank_chunks(config, r)) blocks += chunk.end - chunk.first;
     const int64_t activations = expected_activation_bytes(config, r, blocks);
@@ -192,6 +227,7 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
     }
     most_blocks = std::max(most_blocks, blocks);
     most_params = std::max(most_params, params);
+    most_expert_params = std::max(most_expert_params, expert_params);
   }
   plan.fits = static_cast<double>(plan.total_bytes()) <= 0.9 * hw.memory_gib * 1073741824.0;
 
@@ -246,16 +282,25 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   // Data parallelism over the gradients of the largest rank's parameters: f32, or bf16 with
   // parallel.grad_reduce_dtype = "bf16"; ZeRO's parameter all-gathers f32, or for ZeRO-3's
   // forward and backward bf16 with parallel.param_gather_dtype = "bf16".
+  // Under expert parallelism the experts' share goes over their dp/ep ranks instead.
+  const double expert_share =
+      most_params > 0 ? static_cast<double>(most_expert_params) / static_cast<double>(most_params)
+                      : 0.0;
   const double params_bytes = static_cast<double>(most_params) * 4;
   const double grads_bytes = params_bytes * (config.parallel.grad_reduce_dtype == "bf16" ? 0.5 : 1);
   const double gathered_bytes =
       params_bytes * (config.parallel.param_gather_dtype == "bf16" ? 0.5 : 1);
   // The gradient group: dp × cp (context parallelism's ranks hold the same parameters).
   const int grad_ranks = par.dp * par.cp;
+  const int expert_grad_ranks = grad_ranks / std::max(par.ep, 1);
   const double dp_gbps = gbps(par.tp * par.cp * par.dp);
   // A reduce-scatter's (or all-gather's) time: half an all-reduce's.
+  const auto half_over = [&](double bytes, int ranks) {
+    return ranks > 1 ? (ranks - 1.0) / ranks * bytes / (dp_gbps * 1e9) : 0;
+  };
   const auto half_reduce = [&](double bytes) {
-    return grad_ranks > 1 ? (grad_ranks - 1.0) / grad_ranks * bytes / (dp_gbps * 1e9) : 0;
+    return half_over(bytes * (1 - expert_share), grad_ranks) +
+           half_over(bytes * expert_share, expert_grad_ranks);
   };
   const double grads_half = half_reduce(grads_bytes), params_half = half_reduce(params_bytes),
                gathered_half = half_reduce(gathered_bytes);
@@ -312,6 +357,19 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
     }
     plan.cp_comm_s = static_cast<double>(most_blocks) * m * per_block;
   }
+  // Expert parallelism (parallel/expert_parallel.h), per block and micro-batch, on the critical
+  // path: forward the tokens all-gathered over the ep group (in the norm's 16 bits at the plan's
+  // bf16) and the outputs reduce-scattered (f32), backward the outputs' gradients gathered and the
+  // inputs' reduce-scattered (f32); full recomputation exchanges the forward's again. Each moves
+  // (ep − 1) × a rank's rows over the group's links (tp innermost, then the ep group's dp ranks).
+  if (par.ep > 1) {
+    const double rows = static_cast<double>(config.train.micro_batch_size * config.model.seq_len *
+                                            config.model.d_model);
+    const double forward = rows * (2 + 4), backward = rows * (4 + 4);
+    const double passes = recompute_mode == "full" ? 2 : 1;
+    plan.ep_comm_s = static_cast<double>(most_blocks) * m * (par.ep - 1) *
+                     (passes * forward + backward) / (gbps(par.tp * par.ep) * 1e9);
+  }
   plan.tokens_per_s = tokens / plan.step_s();
   plan.mfu = flops / (plan.step_s() * o.devices * hw.peak_tflops * 1e12);
   return plan;
@@ -335,41 +393,49 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
         if (o.devices % (tp * cp) != 0) continue;
         for (int pp = 1; pp <= o.devices / (tp * cp); ++pp) {
           if ((o.devices / (tp * cp)) % pp != 0) continue;
-          for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
-            // The pipeline schedules to try: the config's, and with every_schedule the others.
-            std::vector<std::pair<std::string, int>> schedules = {
-                {config.parallel.schedule, config.parallel.virtual_stages}};
-            if (pp == 1) {
-              schedules = {{"1f1b", 1}};
-            } else if (o.every_schedule) {
-              for (const auto& s : std::vector<std::pair<std::string, int>>{{"1f1b", 1},
-                                                                            {"zb-h1", 1},
-                                                                            {"interleaved", 2},
-                                                                            {"zb-interleaved", 2},
-                                                                            {"zb-v", 2}})
-                if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
-                  schedules.push_back(s);
-            }
-            for (const auto& [schedule, chunks] : schedules) {
-              Config c = config;
-              c.parallel.dp = o.devices / (tp * pp * cp);
-              c.parallel.cp = cp;
-              c.parallel.cp_comm = cp_comm;
-              c.parallel.tp = tp;
-              c.parallel.pp = pp;
-              c.parallel.zero = zero;
-              c.parallel.schedule = schedule;
-              c.parallel.virtual_stages = chunks;
-              c.parallel.layer_split.clear();
-              try {
-                plans.push_back(estimate_layout(c, o));
-              } catch (const Error&) {
-                // A layout the config cannot run (tp not dividing the heads, dp not dividing the
-                // batch, more stages than blocks, chunks without the micro-batches in groups of
-                // pp): not a candidate.
+          // Expert parallelism for a mixture: every ep dividing dp and the experts.
+          const int dp = o.devices / (tp * pp * cp);
+          std::vector<int> eps = {1};
+          if (config.model.moe_experts > 0)
+            for (int ep = 2; ep <= dp; ++ep)
+              if (dp % ep == 0 && config.model.moe_experts % ep == 0) eps.push_back(ep);
+          for (int ep : eps)
+            for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
+              // The pipeline schedules to try: the config's, and with every_schedule the others.
+              std::vector<std::pair<std::string, int>> schedules = {
+                  {config.parallel.schedule, config.parallel.virtual_stages}};
+              if (pp == 1) {
+                schedules = {{"1f1b", 1}};
+              } else if (o.every_schedule) {
+                for (const auto& s : std::vector<std::pair<std::string, int>>{{"1f1b", 1},
+                                                                              {"zb-h1", 1},
+                                                                              {"interleaved", 2},
+                                                                              {"zb-interleaved", 2},
+                                                                              {"zb-v", 2}})
+                  if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
+                    schedules.push_back(s);
+              }
+              for (const auto& [schedule, chunks] : schedules) {
+                Config c = config;
+                c.parallel.dp = dp;
+                c.parallel.ep = ep;
+                c.parallel.cp = cp;
+                c.parallel.cp_comm = cp_comm;
+                c.parallel.tp = tp;
+                c.parallel.pp = pp;
+                c.parallel.zero = zero;
+                c.parallel.schedule = schedule;
+                c.parallel.virtual_stages = chunks;
+                c.parallel.layer_split.clear();
+                try {
+                  plans.push_back(estimate_layout(c, o));
+                } catch (const Error&) {
+                  // A layout the config cannot run (tp not dividing the heads, dp not dividing the
+                  // batch, more stages than blocks, chunks without the micro-batches in groups of
+                  // pp): not a candidate.
+                }
               }
             }
-          }
         }
       }
     }
@@ -411,21 +477,29 @@ std::string format_plan(const Config& config, const PlanOptions& o,
   for (const LayoutPlan& p : plans) width = std::max(width, static_cast<int>(p.name().size()));
   std::snprintf(line, sizeof line, "%-*s ", width, "layout");
   out += line;
+  // A mixture's plans have expert parallelism's exchange as a column of its own.
+  const bool experts = model.moe();
   out +=
       "state GiB  activ. GiB  fits  step s   compute  bubble   tp comm  "
-      "dp comm  pp comm  cp comm  tokens/s     MFU\n";
+      "dp comm  pp comm  cp comm  ";
+  out += experts ? "ep comm  tokens/s     MFU\n" : "tokens/s     MFU\n";
   const double gib = 1073741824.0;
   size_t shown = 0, not_fitting = 0;
   for (const LayoutPlan& p : plans) {
     if (!p.fits) ++not_fitting;
     if (shown == top) continue;
     ++shown;
-    std::snprintf(
-        line, sizeof line,
-        "%-*s %9.1f %11.1f  %-4s %7.3f  %7.3f %7.3f  %8.3f %8.3f %8.3f %8.3f  %8.0f  %5.1f%%\n",
-        width, p.name().c_str(), p.state_bytes / gib, p.activation_bytes / gib,
-        p.fits ? "yes" : "NO", p.step_s(), p.compute_s, p.bubble_s, p.tp_comm_s, p.dp_comm_s,
-        p.pp_comm_s, p.cp_comm_s, p.tokens_per_s, p.mfu * 100);
+    std::snprintf(line, sizeof line,
+                  "%-*s %9.1f %11.1f  %-4s %7.3f  %7.3f %7.3f  %8.3f %8.3f %8.3f %8.3f ", width,
+                  p.name().c_str(), p.state_bytes / gib, p.activation_bytes / gib,
+                  p.fits ? "yes" : "NO", p.step_s(), p.compute_s, p.bubble_s, p.tp_comm_s,
+                  p.dp_comm_s, p.pp_comm_s, p.cp_comm_s);
+    out += line;
+    if (experts) {
+      std::snprintf(line, sizeof line, "%8.3f ", p.ep_comm_s);
+      out += line;
+    }
+    std::snprintf(line, sizeof line, " %8.0f  %5.1f%%\n", p.tokens_per_s, p.mfu * 100);
     out += line;
   }
   std::snprintf(line, sizeof line,

@@ -52,6 +52,7 @@ struct PlanOptions {
 
 struct LayoutPlan {
   int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
+  int ep = 1;  // expert parallelism (a mixture of experts): groups of ep of the dp ranks
   std::string cp_comm = "all_gather";  // with cp > 1: parallel.cp_comm
   std::string schedule = "1f1b";       // with pp > 1
   int virtual_stages = 1;
@@ -63,12 +64,13 @@ struct LayoutPlan {
   bool fits = false;  // total within the device's memory (less 10% for the runtime)
   // The step, seconds.
   double compute_s = 0, bubble_s = 0, tp_comm_s = 0, dp_comm_s = 0, pp_comm_s = 0, cp_comm_s = 0;
+  double ep_comm_s = 0;  // expert parallelism's token exchange, on the critical path
   double step_s() const {
-    return compute_s + bubble_s + tp_comm_s + dp_comm_s + pp_comm_s + cp_comm_s;
+    return compute_s + bubble_s + tp_comm_s + dp_comm_s + pp_comm_s + cp_comm_s + ep_comm_s;
   }
   double tokens_per_s = 0, mfu = 0;
   // "dp4 tp2 pp1 zero1", "dp2 tp1 pp4 zero1 zb-interleaved v2", "dp2 tp2 pp1 cp2 zero1",
-  // "dp1 tp1 pp1 cp4 ring zero0" (the ring exchange)
+  // "dp1 tp1 pp1 cp4 ring zero0" (the ring exchange), "dp8 tp1 pp1 ep4 zero1" (experts split)
   std::string name() const;
 };
 
@@ -78,12 +80,14 @@ struct LayoutPlan {
 // tied head's copy on the last; tensor-parallel shards of the matrices and of the biases of
 // column-parallel layers, the vocabulary padded to a multiple of tp, everything else whole.
 // One list per model chunk of the rank (virtual stages), each held by an engine of its own.
+// Under expert parallelism (parallel.ep) each block of a mixture is two units, as the engines
+// hold it: the block's replicated parameters, then its E/ep experts (ParamUnit::experts).
 std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank);
 // The state buffers, in bytes, of the rank at pp_rank: for each of its chunks' engines the
 // values, the gradients and AdamW's two moments, each unit padded as the engine pads it (to 16
 // elements, 16 × dp under ZeRO), 4 bytes an element, divided by dp where the ZeRO stage shards
-// the buffer (moments from 1, gradients from 2, values at 3). What the engines ask their
-// allocator for; a caching allocator rounds each request up (CPU: up to 12.5%).
+// the buffer (moments from 1, gradients from 2, values at 3) — expert units by dp/ep. What the
+// engines ask their allocator for; a caching allocator rounds each request up (CPU: up to 12.5%).
 // On a GPU at bf16 / fp16 under ZeRO 0-2 also each chunk's 16-bit weight copies
 // (rank_weight_copy_values × 2 bytes).
 std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank);
@@ -96,8 +100,9 @@ std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank);
 LayoutPlan estimate_layout(const Config& config, const PlanOptions& options);
 
 // Every layout of options.devices ranks the config allows (dp × tp × pp × cp = devices, tp dividing
-// the heads, dp dividing the batch into micro-batches, ZeRO 0-3, 0-1 with pp), fitting ones
-// first, each group by step time.
+// the heads, dp dividing the batch into micro-batches, ZeRO 0-3, 0-1 with pp; for a mixture of
+// experts every ep dividing dp and the experts, ZeRO 0-2 with it), fitting ones first, each group
+// by step time.
 std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& options);
 
 std::string format_plan(const Config& config, const PlanOptions& options,

@@ -306,14 +306,18 @@ TEST_F(LlamaParallel, MixtureOfExpertsStartsFromATransformersMixtralUnderEveryLa
 
 // Expert parallelism (parallel.ep, parallel/expert_parallel.h): each rank of an ep group holds
 // E/ep of every block's experts; the group's tokens are gathered to them and their outputs summed
-// back. Under ZeRO 0, 1 and 2, with micro-batches, recomputation and pipelining, and with
-// dp/ep = 2 expert-data-parallel ranks per expert (dp = 4): one device's run.
+// back. Under ZeRO 0-3 (ZeRO-3 gathering the experts over the ranks holding them, with full
+// recomputation re-running the experts' forward inside the backward), with micro-batches,
+// recomputation and pipelining, and with dp/ep = 2 expert-data-parallel ranks per expert
+// (dp = 4): one device's run.
 TEST_F(LlamaParallel, MixtureOfExpertsWithExpertParallelismMatchesOneDevice) {
   expect_layouts_match_one_device(moe_config(),
                                   "dp=2,ep=2;dp=2,ep=2,zero=1,mbs=2,recompute=selective;"
                                   "dp=2,ep=2,zero=2;dp=4,ep=2,zero=1,mbs=1;dp=4,ep=4,zero=2,mbs=1;"
-                                  "dp=2,ep=2,pp=2,schedule=zb-v,v=2,recompute=full",
-                                  6);
+                                  "dp=2,ep=2,pp=2,schedule=zb-v,v=2,recompute=full;"
+                                  "dp=2,ep=2,zero=3;dp=4,ep=2,zero=3,mbs=1,recompute=full;"
+                                  "dp=2,ep=2,zero=3,mbs=2,recompute=selective",
+                                  9);
   Config shared = moe_config();
   shared.model.moe_shared_experts = 1;
   expect_layouts_match_one_device(shared, "dp=2,ep=2,zero=1;dp=2,ep=2,pp=2", 2);
@@ -407,14 +411,6 @@ TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
   ep.parallel.dp = 4;
   ep.runtime.ranks = 4;
   refused(ep, "parallel.ep = 4 does not divide model.moe_experts = 6");
-  ep = moe_config();
-  ep.parallel.dp = 2;
-  ep.parallel.ep = 2;
-  ep.parallel.zero = 3;
-  ep.runtime.ranks = 2;
-  refused(ep,
-          "parallel.ep = 2 with parallel.zero = 3: expert parallelism combines with ZeRO "
-          "stages 0, 1 and 2");
   Config ep_dense = config();
   ep_dense.parallel.dp = 2;
   ep_dense.parallel.ep = 2;

@@ -51,6 +51,7 @@ threads_per_rank = 1
 struct Layout {
   int ranks, tp, pp, zero, virtual_stages;
   int cp = 1;
+  int ep = 1;  // expert parallelism (a mixture's experts over groups of dp ranks)
 };
 
 // Each rank's parameter elements are those of the parts the trainer built (its start-up table),
@@ -63,6 +64,7 @@ void expect_plan_is_what_the_trainer_allocates(Config c, const Layout& l, const 
   c.parallel.zero = l.zero;
   c.parallel.virtual_stages = l.virtual_stages;
   c.parallel.cp = l.cp;
+  c.parallel.ep = l.ep;
   if (l.virtual_stages > 1) c.parallel.schedule = "interleaved";
   resolve_layout(c);
   SCOPED_TRACE(c.model.arch + " dp" + std::to_string(c.parallel.dp) + " tp" + std::to_string(l.tp) +
@@ -539,16 +541,42 @@ TEST(Planner, MixtureOfExpertsStateBytesAreWhatTheEnginesAllocate) {
   c.model.moe_shared_experts = 2;  // and one SwiGLU 2 × 40 wide beside them
   for (const Layout& l : {Layout{1, 1, 1, 0, 1}, Layout{2, 1, 2, 0, 1}})
     expect_plan_is_what_the_trainer_allocates(c, l, dir);
+  // Expert parallelism: a block's replicated parameters and its E/ep experts, two units, the
+  // experts' sharded over dp/ep ranks (ZeRO 1-3), pipelined too; with shared experts.
+  for (const Layout& l : {Layout{2, 1, 1, 0, 1, 1, 2}, Layout{4, 1, 1, 1, 1, 1, 2},
+                          Layout{4, 1, 1, 2, 1, 1, 4}, Layout{4, 1, 2, 1, 1, 1, 2}})
+    expect_plan_is_what_the_trainer_allocates(c, l, dir);
   c.model.moe_shared_experts = 0;
+  for (const Layout& l :
+       {Layout{4, 1, 1, 2, 1, 1, 2}, Layout{2, 1, 1, 1, 1, 1, 2}, Layout{4, 1, 1, 3, 1, 1, 2}})
+    expect_plan_is_what_the_trainer_allocates(c, l, dir);
   PlanOptions o;
   o.devices = 4;
   o.hardware = find_hardware("h100");
   const std::vector<LayoutPlan> plans = plan_layouts(c, o);
   ASSERT_FALSE(plans.empty());
+  std::set<std::string> names;
   for (const LayoutPlan& p : plans) {
+    names.insert(p.name());
     EXPECT_EQ(p.tp, 1) << "a tp layout of a mixture of experts offered";
     EXPECT_EQ(p.cp, 1) << "a cp layout of a mixture of experts offered";
+    EXPECT_EQ(p.ep_comm_s > 0, p.ep > 1) << p.name();
   }
+  // Every ep dividing dp and the 4 experts is offered, and splitting the experts saves state.
+  for (const char* name : {"dp4 tp1 pp1 ep2 zero1", "dp4 tp1 pp1 ep4 zero2",
+                           "dp4 tp1 pp1 ep2 zero3", "dp2 tp1 pp2 ep2 zero1 1f1b"})
+    EXPECT_TRUE(names.contains(name)) << name;
+  const auto plan_of = [&](const std::string& name) {
+    for (const LayoutPlan& p : plans)
+      if (p.name() == name) return p;
+    return LayoutPlan{};
+  };
+  EXPECT_LT(plan_of("dp4 tp1 pp1 ep4 zero1").state_bytes,
+            plan_of("dp4 tp1 pp1 ep2 zero1").state_bytes);
+  EXPECT_LT(plan_of("dp4 tp1 pp1 ep2 zero1").state_bytes, plan_of("dp4 tp1 pp1 zero1").state_bytes);
+  // The exchange: (ep − 1) × a rank's rows a pass; ep 4 moves three times ep 2's.
+  EXPECT_NEAR(plan_of("dp4 tp1 pp1 ep4 zero1").ep_comm_s,
+              3 * plan_of("dp4 tp1 pp1 ep2 zero1").ep_comm_s, 1e-12);
   fs::remove_all(dir);
 }
 
