@@ -322,6 +322,7 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
                         {"ranks", r.ranks},
                         {"zero", r.zero},
                         {"ep", r.ep},
+                        {"ep_dispatch", r.ep_dispatch},
                         {"rank_parameters", r.rank_parameters},
                         {"state_mb", r.state_mb},
                         {"comm_wait_ms", r.comm_wait_ms},
@@ -362,10 +363,11 @@ int cmd_bench(const std::string& shape, const BenchOptions& options, bool json) 
     }
     std::cout << j.dump() << std::endl;
   } else {
-    std::printf("shape %s, %d rank(s) x %d thread(s), zero %d%s, %ld timed steps (median)\n",
-                r.shape.c_str(), r.ranks, r.threads, r.zero,
-                r.ep > 1 ? (", ep " + std::to_string(r.ep)).c_str() : "",
-                static_cast<long>(r.steps));
+    std::printf(
+        "shape %s, %d rank(s) x %d thread(s), zero %d%s, %ld timed steps (median)\n",
+        r.shape.c_str(), r.ranks, r.threads, r.zero,
+        r.ep > 1 ? (", ep " + std::to_string(r.ep) + " (" + r.ep_dispatch + ")").c_str() : "",
+        static_cast<long>(r.steps));
     std::printf("  %.1f tokens/s, %.1f GFLOP/s, step %.1f ms (fwd %.1f, bwd %.1f, opt %.1f)\n",
                 r.tokens_per_s, r.gflops, r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms);
     if (r.device == "cuda")
@@ -691,6 +693,10 @@ int main(int argc, char** argv) {
       ->add_option("--ep", bench.ep,
                    "expert parallelism: a mixture's experts split over groups of this many ranks "
                    "(moe-s)")
+      ->capture_default_str();
+  bench_train
+      ->add_option("--ep-dispatch", bench.ep_dispatch,
+                   "with --ep: all_gather or all_to_all (parallel.ep_dispatch)")
       ->capture_default_str();
   bench_train->add_option("--steps", bench.steps, "timed steps")->capture_default_str();
   bench_train->add_option("--warmup", bench.warmup, "untimed steps first")->capture_default_str();

@@ -108,6 +108,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(parallel, cp),
     LOOM_KEY(parallel, cp_comm),
     LOOM_KEY(parallel, ep),
+    LOOM_KEY(parallel, ep_dispatch),
     LOOM_KEY(parallel, zero),
     LOOM_KEY(parallel, bucket_mb),
     LOOM_KEY(parallel, grad_reduce_dtype),

@@ -248,6 +248,10 @@ struct ParallelConfig {
   // expert-parallel degree: a mixture's experts split over groups of ep data-parallel ranks
   // (parallel/expert_parallel.h); divides dp, not a factor of the world size
   int ep = 1;
+  // how tokens reach the experts under ep: "all_gather" (the group's tokens gathered to every
+  // rank, outputs reduce-scattered) or "all_to_all" (each token's rows sent to its experts' ranks
+  // only, padded to equal blocks)
+  std::string ep_dispatch = "all_gather";
   int zero = 0;                   // ZeRO stage 0..3 over the dp axis
   double bucket_mb = 25;          // gradient all-reduce bucket size in MiB (PyTorch DDP's 25)
   std::string grad_reduce_dtype = "fp32";  // "fp32" or "bf16": what dp reduces gradients in

@@ -328,6 +328,7 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   // Context parallelism cuts each sequence into 2·cp chunks (parallel/context_parallel.h).
   p.positive("parallel.cp", par.cp);
   p.positive("parallel.ep", par.ep);
+  p.one_of("parallel.ep_dispatch", par.ep_dispatch, {"all_gather", "all_to_all"});
   p.one_of("parallel.cp_comm", par.cp_comm, {"all_gather", "ring"});
   if (par.cp > 1 && m.seq_len > 0 && m.seq_len % (2 * par.cp) != 0)
     p.add("parallel.cp = ", par.cp, " cuts each sequence into ", 2 * par.cp,

@@ -6,7 +6,9 @@
 // experts [r·E/ranks, (r+1)·E/ranks). Every rank routes its own tokens; the tokens, their
 // choices and weights are gathered over the group; each rank runs its experts on the tokens of
 // the whole group that chose them; the outputs are summed over the group and each rank keeps its
-// tokens' rows (a reduce-scatter). Backward mirrors it.
+// tokens' rows (a reduce-scatter). Backward mirrors it. With the all-to-all dispatcher
+// (all_to_all_dispatch()) each rank sends each of its tokens' rows only to the ranks of the
+// experts that token chose, and gets their outputs back the same way.
 #pragma once
 
 #include "tensor/tensor.h"
@@ -24,6 +26,16 @@ class ExpertExchange {
   // The sum over the ranks of `stacked` (ranks() × n rows), of which this rank keeps rows
   // [rank()·n, (rank() + 1)·n). Collective over the group.
   virtual Tensor reduce_scatter(const Tensor& stacked) = 0;
+
+  // Whether the layer dispatches by all_to_all (parallel.ep_dispatch = "all_to_all") rather than
+  // gather / reduce_scatter.
+  virtual bool all_to_all_dispatch() const = 0;
+  // `send` (ranks() × n rows, block r for rank r) → the blocks every rank sent this one, block r
+  // from rank r. Collective over the group.
+  virtual Tensor all_to_all(const Tensor& send) = 0;
+  // The largest `value` of the group's ranks (the rows every all_to_all block is padded to).
+  // Collective over the group; the host waits for it.
+  virtual int64_t max_over_group(int64_t value) = 0;
 };
 
 }  // namespace loom

@@ -67,6 +67,99 @@ Tensor MoeMlp::expert_tokens_of(const Tensor& x) const {
   return exchange_ != nullptr ? exchange_->gather(rows) : rows;
 }
 
+Tensor MoeMlp::send_tokens(const Exec& ex, const Tensor& x) const {
+  const int64_t C = shape_.channels, rows = send_index_.numel();
+  Tensor send = Tensor::empty({rows, C}, x.dtype(), x.device());
+  ops::gather_rows(ex, send.raw(), x.raw(), send_index_.data<int32_t>(), rows,
+                   C * static_cast<int64_t>(dtype_size(x.dtype())));
+  return exchange_->all_to_all(send);
+}
+
+Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* residual,
+                              const int32_t* chosen) {
+  const int64_t C = shape_.channels, K = shape_.top_k, N = x.numel() / C, P = N * K;
+  const int R = exchange_->ranks();
+  const Exec ex = ctx.exec();
+  const auto on_device = [&](const Tensor& host) {
+    return ctx.device.is_cpu() ? host : host.to(ctx.device);
+  };
+  // Each destination's block padded to the group's fullest (equal all-to-all blocks).
+  std::vector<int64_t> count(static_cast<size_t>(R), 0);
+  for (int64_t i = 0; i < P; ++i) ++count[static_cast<size_t>(chosen[i] / local_)];
+  const int64_t M = exchange_->max_over_group(*std::max_element(count.begin(), count.end()));
+  Tensor send_index = Tensor::zeros({R * M}, DType::kI32),
+         send_pair = Tensor::zeros({R * M}, DType::kI32);
+  Tensor ids = Tensor::empty({R * M}, DType::kI32);  // the local expert at the destination
+  std::fill(ids.data<int32_t>(), ids.data<int32_t>() + R * M, -1);
+  Tensor pad_rows = Tensor::empty({P}, DType::kI32), pair_tok = Tensor::empty({P}, DType::kI32),
+         pair_slot = Tensor::empty({P}, DType::kI32);
+  std::vector<int64_t> next(static_cast<size_t>(R), 0);
+  for (int64_t j = 0; j < K; ++j)
+    for (int64_t t = 0; t < N; ++t) {
+      const int64_t p = j * N + t, e = chosen[t * K + j], d = e / local_;
+      const int64_t q = d * M + next[static_cast<size_t>(d)]++;
+      send_index.data<int32_t>()[q] = static_cast<int32_t>(t);
+      send_pair.data<int32_t>()[q] = static_cast<int32_t>(p);
+      ids.data<int32_t>()[q] = static_cast<int32_t>(e - d * local_);
+      pad_rows.data<int32_t>()[p] = static_cast<int32_t>(q);
+      pair_tok.data<int32_t>()[p] = static_cast<int32_t>(t);
+      pair_slot.data<int32_t>()[p] = static_cast<int32_t>(j);
+    }
+  send_index_ = on_device(send_index);
+  send_pair_ = on_device(send_pair);
+  pad_rows_ = on_device(pad_rows);
+  pair_tok_ = on_device(pair_tok);
+  pair_slot_ = on_device(pair_slot);
+  // What arrives: every source's block of rows for this rank's experts, laid out expert by
+  // expert (the experts' indices on the host: from a GPU a second wait).
+  Tensor arrived = exchange_->all_to_all(on_device(ids));
+  if (!ctx.device.is_cpu()) arrived = arrived.to(Device::cpu());
+  const int32_t* expert_of = arrived.data<int32_t>();
+  offsets_ = Tensor::zeros({local_ + 1}, DType::kI32);
+  int32_t* off = offsets_.data<int32_t>();
+  for (int64_t q = 0; q < R * M; ++q)
+    if (expert_of[q] >= 0) ++off[expert_of[q] + 1];
+  for (int64_t e = 0; e < local_; ++e) off[e + 1] += off[e];
+  Tensor rows = Tensor::empty({off[local_]}, DType::kI32);
+  std::vector<int32_t> place(off, off + local_);
+  for (int64_t q = 0; q < R * M; ++q)
+    if (expert_of[q] >= 0)
+      rows.data<int32_t>()[place[static_cast<size_t>(expert_of[q])]++] = static_cast<int32_t>(q);
+  rows_ = slots_ = on_device(rows);
+  // The local experts on what arrived; their outputs, unweighed, back where the rows came from.
+  const Tensor received = send_tokens(ex, x);
+  Tensor outputs = Tensor::zeros({R * M, C}, ctx.dtype, ctx.device);
+  if (expert_unit_ >= 0) hook_before_forward(ctx, static_cast<size_t>(expert_unit_));
+  for (int64_t e = 0; e < local_; ++e) {
+    const size_t ei = static_cast<size_t>(e);
+    const int64_t n = rows_of(e);
+    out_[ei] = Tensor();
+    if (n == 0) continue;
+    const Tensor out = experts_[ei]->forward(ctx, gather(ex, received, e));
+    dispatch_float(ctx.dtype, [&](auto zero) {
+      using Real = decltype(zero);
+      ops::moe_scatter_add<Real>(ex, outputs.data<Real>(), out.data<Real>(),
+                                 rows_.data<int32_t>() + offset(e),
+                                 rows_.data<int32_t>() + offset(e), nullptr, n, C, K);
+    });
+  }
+  if (expert_unit_ >= 0) hook_after_forward(ctx, static_cast<size_t>(expert_unit_));
+  const Tensor returned = exchange_->all_to_all(outputs);
+  // Each pair's output at home, weighed into its token: a slot's pairs at a time.
+  pair_out_ = Tensor::empty({P, C}, ctx.dtype, ctx.device);
+  ops::gather_rows(ex, pair_out_.raw(), returned.raw(), pad_rows_.data<int32_t>(), P,
+                   C * static_cast<int64_t>(dtype_size(ctx.dtype)));
+  Tensor y = residual ? residual->clone() : Tensor::zeros(x.shape(), ctx.dtype, ctx.device);
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using Real = decltype(zero);
+    for (int64_t j = 0; j < K; ++j)
+      ops::moe_scatter_add<Real>(ex, y.data<Real>(), pair_out_.data<Real>() + j * N * C,
+                                 pair_tok_.data<int32_t>() + j * N,
+                                 pair_slot_.data<int32_t>() + j * N, weight_.data<Real>(), N, C, K);
+  });
+  return y;
+}
+
 Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   const int64_t C = shape_.channels, E = shape_.experts, K = shape_.top_k;
   if (x.dim(-1) != C || x.shape().size() != 3)
@@ -85,17 +178,20 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
                          lse_.data<Real>(), logits.data<Real>(), N, E, K);
     ops::moe_prob_sums<Real>(ex, sums.data<double>(), probs_.data<Real>(), B, T, E);
   });
-  // Under expert parallelism the local experts serve the group's tokens: their choices and
-  // weights gathered (the tokens themselves below).
-  const Tensor group_choice = exchange_ != nullptr ? exchange_->gather(choice_) : choice_;
-  group_weight_ = exchange_ != nullptr ? exchange_->gather(weight_) : Tensor();
+  // Under expert parallelism with the all-gather dispatcher the local experts serve the group's
+  // tokens: their choices and weights gathered (the tokens themselves below). The all-to-all
+  // dispatcher sends each token's rows to its experts' ranks instead (run_all_to_all).
+  const bool all_to_all = exchange_ != nullptr && exchange_->all_to_all_dispatch();
+  const bool gathered = exchange_ != nullptr && !all_to_all;
+  const Tensor group_choice = gathered ? exchange_->gather(choice_) : choice_;
+  group_weight_ = gathered ? exchange_->gather(weight_) : Tensor();
   const int64_t group_n = group_choice.dim(0);
   // The choices on the host (from a GPU: the block's one wait), laid out expert by expert.
   const Tensor choice = ctx.device.is_cpu() ? group_choice : group_choice.to(Device::cpu());
   if (!ctx.device.is_cpu()) sums = sums.to(Device::cpu());
   const int32_t* chosen = choice.data<int32_t>();
   // This rank's tokens' choices (its block of the group's) count for the balance loss.
-  const int32_t* own = chosen + (exchange_ != nullptr ? exchange_->rank() * N * K : 0);
+  const int32_t* own = chosen + (gathered ? exchange_->rank() * N * K : 0);
   counts_ = Tensor::zeros({B, E}, DType::kI32);
   int32_t* counts = counts_.data<int32_t>();
   for (int64_t t = 0; t < N; ++t)
@@ -106,13 +202,13 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   };
   offsets_ = Tensor::zeros({local_ + 1}, DType::kI32);
   int32_t* off = offsets_.data<int32_t>();
-  for (int64_t i = 0; i < group_n * K; ++i)
+  for (int64_t i = 0; i < (all_to_all ? 0 : group_n * K); ++i)
     if (const int64_t e = local(chosen[i]); e >= 0) ++off[e + 1];
   for (int64_t e = 0; e < local_; ++e) off[e + 1] += off[e];
   const int64_t placed = off[local_];
   Tensor rows = Tensor::empty({placed}, DType::kI32), slots = Tensor::empty({placed}, DType::kI32);
   std::vector<int32_t> next(off, off + local_);
-  for (int64_t t = 0; t < group_n; ++t)
+  for (int64_t t = 0; t < (all_to_all ? 0 : group_n); ++t)
     for (int64_t j = 0; j < K; ++j) {
       const int64_t e = local(chosen[t * K + j]);
       if (e < 0) continue;
@@ -143,6 +239,11 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   }
   expert_tokens_.assign(static_cast<size_t>(E), 0);
   for (int64_t i = 0; i < B * E; ++i) expert_tokens_[static_cast<size_t>(i % E)] += counts[i];
+  if (all_to_all) {
+    Tensor y = run_all_to_all(ctx, x, residual, chosen);
+    if (shared_) return shared_->forward_adding(ctx, x, y);
+    return y;
+  }
   // Each local expert on its tokens; their outputs weighed into y, expert by expert (a fixed
   // order). Under expert parallelism into the group's rows, summed over the group after.
   const Tensor tokens = expert_tokens_of(x);
@@ -185,7 +286,8 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
   const Exec ex = ctx.exec();
   // The gradients of the tokens' rows and their weights: this rank's N tokens, or under expert
   // parallelism the group's (every slot not a local expert's left zero), summed over the group.
-  const bool group = exchange_ != nullptr;
+  const bool dispatched = pair_out_.defined();  // by the all-to-all dispatcher
+  const bool group = exchange_ != nullptr && !dispatched;
   const Tensor dtokens = group ? exchange_->gather(dy.reshape({N, C})) : dy;
   const Tensor& weights = group ? group_weight_ : weight_;
   const int64_t rows_n = dtokens.numel() / C;
@@ -203,8 +305,42 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
   if (!ctx.device.is_cpu()) balance = balance.to(ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using Real = decltype(zero);
-    if (expert_unit_ >= 0) hook_before_backward(ctx, static_cast<size_t>(expert_unit_));
-    for (int64_t e = 0; e < local_; ++e) {
+    if (dispatched) {
+      // The pairs' output gradients at home (and the routing weights'), sent to the experts'
+      // ranks as the rows went; the inputs' gradients come back and are added per slot.
+      const int64_t P = N * K, rows = send_pair_.numel();
+      const int64_t row_bytes = C * static_cast<int64_t>(sizeof(Real));
+      Tensor g = Tensor::empty({P, C}, ctx.dtype, ctx.device);
+      ops::gather_rows(ex, g.raw(), dy.raw(), pair_tok_.data<int32_t>(), P, row_bytes);
+      ops::moe_expert_output_grad<Real>(ex, g.data<Real>(), dweight.data<Real>(),
+                                        pair_out_.data<Real>(), pair_tok_.data<int32_t>(),
+                                        pair_slot_.data<int32_t>(), weight_.data<Real>(), P, C, K);
+      pair_out_ = Tensor();
+      Tensor send = Tensor::empty({rows, C}, ctx.dtype, ctx.device);
+      ops::gather_rows(ex, send.raw(), g.raw(), send_pair_.data<int32_t>(), rows, row_bytes);
+      const Tensor grads = exchange_->all_to_all(send);
+      Tensor dreceived = Tensor::zeros({rows, C}, ctx.dtype, ctx.device);
+      if (expert_unit_ >= 0) hook_before_backward(ctx, static_cast<size_t>(expert_unit_));
+      for (int64_t e = 0; e < local_; ++e) {
+        const int64_t n = rows_of(e);
+        if (n == 0) continue;
+        const int32_t* at = rows_.data<int32_t>() + offset(e);
+        const Tensor dxe = experts_[static_cast<size_t>(e)]->backward(ctx, gather(ex, grads, e));
+        ops::moe_scatter_add<Real>(ex, dreceived.data<Real>(), dxe.data<Real>(), at, at, nullptr, n,
+                                   C, K);
+      }
+      if (expert_unit_ >= 0) hook_after_backward(ctx, static_cast<size_t>(expert_unit_));
+      const Tensor back = exchange_->all_to_all(dreceived);
+      Tensor dpairs = Tensor::empty({P, C}, ctx.dtype, ctx.device);
+      ops::gather_rows(ex, dpairs.raw(), back.raw(), pad_rows_.data<int32_t>(), P, row_bytes);
+      for (int64_t j = 0; j < K; ++j)
+        ops::moe_scatter_add<Real>(ex, dx.data<Real>(), dpairs.data<Real>() + j * N * C,
+                                   pair_tok_.data<int32_t>() + j * N,
+                                   pair_slot_.data<int32_t>() + j * N, nullptr, N, C, K);
+    }
+    if (expert_unit_ >= 0 && !dispatched)
+      hook_before_backward(ctx, static_cast<size_t>(expert_unit_));
+    for (int64_t e = 0; e < (dispatched ? 0 : local_); ++e) {
       const size_t ei = static_cast<size_t>(e);
       const int64_t n = rows_of(e);
       if (n == 0) continue;
@@ -219,7 +355,8 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
       ops::moe_scatter_add<Real>(ex, dx.data<Real>(), dxe.data<Real>(), rows, slots, nullptr, n, C,
                                  K);
     }
-    if (expert_unit_ >= 0) hook_after_backward(ctx, static_cast<size_t>(expert_unit_));
+    if (expert_unit_ >= 0 && !dispatched)
+      hook_after_backward(ctx, static_cast<size_t>(expert_unit_));
     if (group) {
       dx = exchange_->reduce_scatter(dx);
       dweight = exchange_->reduce_scatter(dweight);
@@ -243,6 +380,7 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
 void MoeMlp::clear_routing() {
   probs_ = choice_ = weight_ = lse_ = group_weight_ = rows_ = slots_ = offsets_ = counts_ =
       Tensor();
+  send_index_ = send_pair_ = pad_rows_ = pair_tok_ = pair_slot_ = pair_out_ = Tensor();
   for (Tensor& out : out_) out = Tensor();
 }
 
@@ -255,7 +393,8 @@ void MoeMlp::drop_recomputable() {
 void MoeMlp::restore_input(const Tensor& x) {
   LOOM_CHECK(offsets_.defined());
   router_.restore_input(x);
-  const Tensor tokens = expert_tokens_of(x);  // under expert parallelism a gather again
+  // Under expert parallelism the rows again: gathered, or sent by the all-to-all dispatcher.
+  const Tensor tokens = send_index_.defined() ? send_tokens(exec_, x) : expert_tokens_of(x);
   for (int64_t e = 0; e < local_; ++e)
     if (rows_of(e) > 0) experts_[static_cast<size_t>(e)]->restore_input(gather(exec_, tokens, e));
   if (shared_) shared_->restore_input(x);
@@ -273,7 +412,8 @@ void MoeMlp::collect_cache(std::vector<Tensor*>& out) {
   for (auto& expert : experts_) expert->collect_cache(out);
   if (shared_) shared_->collect_cache(out);
   for (Tensor* t :
-       {&probs_, &choice_, &weight_, &lse_, &group_weight_, &rows_, &slots_, &offsets_, &counts_})
+       {&probs_, &choice_, &weight_, &lse_, &group_weight_, &rows_, &slots_, &offsets_, &counts_,
+        &send_index_, &send_pair_, &pad_rows_, &pair_tok_, &pair_slot_, &pair_out_})
     out.push_back(t);
   for (Tensor& t : out_) out.push_back(&t);
 }

@@ -101,6 +101,13 @@ class MoeMlp : public FeedForward {
   Tensor gather(const Exec& ex, const Tensor& tokens, int64_t e) const;
   // The tokens the local experts read: x as (N, C), or the group's, gathered.
   Tensor expert_tokens_of(const Tensor& x) const;
+  // The all-to-all dispatcher (ExpertExchange::all_to_all_dispatch): this rank's pairs sent to
+  // their experts' ranks, the local experts run on what arrives, their outputs sent back and
+  // weighed into y (plus *residual). `chosen`: this rank's choices, on the host.
+  Tensor run_all_to_all(Context& ctx, const Tensor& x, const Tensor* residual,
+                        const int32_t* chosen);
+  // x's rows as send_index_ lays them out, all-to-all'd: the rows this rank's experts receive.
+  Tensor send_tokens(const Exec& ex, const Tensor& x) const;
   MoeShape shape_;
   ExpertExchange* exchange_ = nullptr;
   int64_t first_ = 0;  // this rank's experts: global indices [first_, first_ + local_)
@@ -124,6 +131,12 @@ class MoeMlp : public FeedForward {
   Tensor rows_;     // (≤ N·top_k) i32: local expert by expert, its tokens in token order
   Tensor slots_;    // (≤ N·top_k) i32: where in each of those tokens' choice the expert stands
   Tensor offsets_;  // (local experts + 1) i32, on the host: each one's first place in rows_
+  // The all-to-all dispatcher's layout (rows_ / slots_ / offsets_ then index the rows received,
+  // R blocks of M, slots_ unused): this rank's pairs p = j·N + t (slot-major: a slot's tokens
+  // are distinct) and, for each of the R·M rows it sends, the token and the pair it carries
+  // (padding: row 0, unread); each pair's place among them; and the pairs' expert outputs,
+  // come back (P, C). On the forward's device.
+  Tensor send_index_, send_pair_, pad_rows_, pair_tok_, pair_slot_, pair_out_;
   Tensor counts_;   // (B, experts) i32, on the host: each sequence's choices of each expert
   std::vector<Tensor> out_;  // per local expert: (n_e, C) its outputs, unweighed
   std::vector<int64_t> expert_tokens_;

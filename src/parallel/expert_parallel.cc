@@ -23,6 +23,16 @@ Tensor ExpertParallel::reduce_scatter(const Tensor& stacked) {
   return out;
 }
 
+Tensor ExpertParallel::all_to_all(const Tensor& send) {
+  Tensor out = Tensor::empty(send.shape(), send.dtype(), send.device());
+  ep_.all_to_all_async(send, out)->wait_on_device();
+  return out;
+}
+
+int64_t ExpertParallel::max_over_group(int64_t value) {
+  return static_cast<int64_t>(all_reduce_value(ep_, static_cast<double>(value), ReduceOp::kMax));
+}
+
 ExpertGroups split_expert_groups(Communicator& dp, int ep) {
   if (ep < 1 || dp.size() % ep != 0)
     fail("parallel.ep = ", ep, " must divide parallel.dp = ", dp.size(),

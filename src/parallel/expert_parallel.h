@@ -18,6 +18,14 @@
 // ranks of its top_k experts only, would move about ep / top_k times fewer bytes; the gather's
 // are of one size and need no counts exchanged first).
 //
+// The all-to-all dispatcher (parallel.ep_dispatch = "all_to_all", Megatron-LM's "alltoall"):
+// each rank lays out its (token, slot) pairs by the rank of the chosen expert, pads every
+// destination's block to the group's largest (one all-reduce of a count: the communicator's
+// all-to-all takes equal blocks), and all-to-alls the rows with their experts' indices; the
+// experts' outputs come back the same way and are weighed into the tokens at home, where the
+// routing weights' gradient is also taken. A token's row travels once per chosen expert on
+// another rank: about k/ep of the all-gather's bytes, plus the padding.
+//
 // Equivalence with one device: an expert's gradient on its rank sums the group's tokens, each
 // with its own rank's loss scale (1 / its micro-batch tokens): averaged over the expert-data-
 // parallel group and divided by ep it is the mean over the whole dp group's batch — dense
@@ -34,14 +42,20 @@ namespace loom {
 
 class ExpertParallel final : public ExpertExchange {
  public:
-  explicit ExpertParallel(Communicator& ep) : ep_(ep) {}
+  // all_to_all_dispatch: parallel.ep_dispatch = "all_to_all" (below).
+  explicit ExpertParallel(Communicator& ep, bool all_to_all_dispatch = false)
+      : ep_(ep), all_to_all_dispatch_(all_to_all_dispatch) {}
   int ranks() const override { return ep_.size(); }
   int rank() const override { return ep_.rank(); }
   Tensor gather(const Tensor& local) override;
   Tensor reduce_scatter(const Tensor& stacked) override;
+  bool all_to_all_dispatch() const override { return all_to_all_dispatch_; }
+  Tensor all_to_all(const Tensor& send) override;
+  int64_t max_over_group(int64_t value) override;
 
  private:
   Communicator& ep_;
+  bool all_to_all_dispatch_;
 };
 
 // The two groups of expert parallelism within a dp group (collective over it): `ep`, this rank's

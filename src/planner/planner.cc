@@ -41,7 +41,8 @@ std::string LayoutPlan::name() const {
     std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d cp%d%s zero%d", dp, tp, pp, cp,
                   cp_comm == "ring" ? " ring" : "", zero);
   else if (ep > 1)
-    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d ep%d zero%d", dp, tp, pp, ep, zero);
+    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d ep%d%s zero%d", dp, tp, pp, ep,
+                  ep_dispatch == "all_to_all" ? " a2a" : "", zero);
   else
     std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d zero%d", dp, tp, pp, zero);
   std::string out = buf;
@@ -206,6 +207,7 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.cp_comm = par.cp_comm;
   plan.zero = par.zero;
   plan.ep = par.ep;
+  plan.ep_dispatch = par.ep_dispatch;
   plan.schedule = par.schedule;
   plan.virtual_stages = par.virtual_stages;
 
@@ -362,12 +364,18 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   // bf16) and the outputs reduce-scattered (f32), backward the outputs' gradients gathered and the
   // inputs' reduce-scattered (f32); full recomputation exchanges the forward's again. Each moves
   // (ep − 1) × a rank's rows over the group's links (tp innermost, then the ep group's dp ranks).
+  // The all-to-all dispatcher sends a token's row to each chosen expert's rank: of a rank's
+  // N·k pairs, (ep − 1) / ep go to other ranks (routing spread evenly), k / ep of the gather's
+  // rows, the blocks padded to the fullest (taken as even here).
   if (par.ep > 1) {
     const double rows = static_cast<double>(config.train.micro_batch_size * config.model.seq_len *
                                             config.model.d_model);
     const double forward = rows * (2 + 4), backward = rows * (4 + 4);
     const double passes = recompute_mode == "full" ? 2 : 1;
-    plan.ep_comm_s = static_cast<double>(most_blocks) * m * (par.ep - 1) *
+    const double share = par.ep_dispatch == "all_to_all"
+                             ? static_cast<double>(config.model.moe_top_k) / par.ep
+                             : 1.0;
+    plan.ep_comm_s = static_cast<double>(most_blocks) * m * (par.ep - 1) * share *
                      (passes * forward + backward) / (gbps(par.tp * par.ep) * 1e9);
   }
   plan.tokens_per_s = tokens / plan.step_s();
@@ -400,42 +408,46 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
             for (int ep = 2; ep <= dp; ++ep)
               if (dp % ep == 0 && config.model.moe_experts % ep == 0) eps.push_back(ep);
           for (int ep : eps)
-            for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
-              // The pipeline schedules to try: the config's, and with every_schedule the others.
-              std::vector<std::pair<std::string, int>> schedules = {
-                  {config.parallel.schedule, config.parallel.virtual_stages}};
-              if (pp == 1) {
-                schedules = {{"1f1b", 1}};
-              } else if (o.every_schedule) {
-                for (const auto& s : std::vector<std::pair<std::string, int>>{{"1f1b", 1},
-                                                                              {"zb-h1", 1},
-                                                                              {"interleaved", 2},
-                                                                              {"zb-interleaved", 2},
-                                                                              {"zb-v", 2}})
-                  if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
-                    schedules.push_back(s);
-              }
-              for (const auto& [schedule, chunks] : schedules) {
-                Config c = config;
-                c.parallel.dp = dp;
-                c.parallel.ep = ep;
-                c.parallel.cp = cp;
-                c.parallel.cp_comm = cp_comm;
-                c.parallel.tp = tp;
-                c.parallel.pp = pp;
-                c.parallel.zero = zero;
-                c.parallel.schedule = schedule;
-                c.parallel.virtual_stages = chunks;
-                c.parallel.layer_split.clear();
-                try {
-                  plans.push_back(estimate_layout(c, o));
-                } catch (const Error&) {
-                  // A layout the config cannot run (tp not dividing the heads, dp not dividing the
-                  // batch, more stages than blocks, chunks without the micro-batches in groups of
-                  // pp): not a candidate.
+            for (const char* ep_dispatch : {"all_gather", "all_to_all"})
+              for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
+                if (ep == 1 && std::string(ep_dispatch) != "all_gather") continue;
+                // The pipeline schedules to try: the config's, and with every_schedule the others.
+                std::vector<std::pair<std::string, int>> schedules = {
+                    {config.parallel.schedule, config.parallel.virtual_stages}};
+                if (pp == 1) {
+                  schedules = {{"1f1b", 1}};
+                } else if (o.every_schedule) {
+                  for (const auto& s :
+                       std::vector<std::pair<std::string, int>>{{"1f1b", 1},
+                                                                {"zb-h1", 1},
+                                                                {"interleaved", 2},
+                                                                {"zb-interleaved", 2},
+                                                                {"zb-v", 2}})
+                    if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
+                      schedules.push_back(s);
+                }
+                for (const auto& [schedule, chunks] : schedules) {
+                  Config c = config;
+                  c.parallel.dp = dp;
+                  c.parallel.ep = ep;
+                  c.parallel.ep_dispatch = ep_dispatch;
+                  c.parallel.cp = cp;
+                  c.parallel.cp_comm = cp_comm;
+                  c.parallel.tp = tp;
+                  c.parallel.pp = pp;
+                  c.parallel.zero = zero;
+                  c.parallel.schedule = schedule;
+                  c.parallel.virtual_stages = chunks;
+                  c.parallel.layer_split.clear();
+                  try {
+                    plans.push_back(estimate_layout(c, o));
+                  } catch (const Error&) {
+                    // A layout the config cannot run (tp not dividing the heads, dp not dividing
+                    // the batch, more stages than blocks, chunks without the micro-batches in
+                    // groups of pp): not a candidate.
+                  }
                 }
               }
-            }
         }
       }
     }

@@ -53,6 +53,7 @@ struct PlanOptions {
 struct LayoutPlan {
   int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
   int ep = 1;  // expert parallelism (a mixture of experts): groups of ep of the dp ranks
+  std::string ep_dispatch = "all_gather";  // with ep > 1: parallel.ep_dispatch
   std::string cp_comm = "all_gather";  // with cp > 1: parallel.cp_comm
   std::string schedule = "1f1b";       // with pp > 1
   int virtual_stages = 1;
@@ -70,7 +71,8 @@ struct LayoutPlan {
   }
   double tokens_per_s = 0, mfu = 0;
   // "dp4 tp2 pp1 zero1", "dp2 tp1 pp4 zero1 zb-interleaved v2", "dp2 tp2 pp1 cp2 zero1",
-  // "dp1 tp1 pp1 cp4 ring zero0" (the ring exchange), "dp8 tp1 pp1 ep4 zero1" (experts split)
+  // "dp1 tp1 pp1 cp4 ring zero0" (the ring exchange), "dp8 tp1 pp1 ep4 zero1" (experts split),
+  // "dp8 tp1 pp1 ep4 a2a zero1" (by the all-to-all dispatcher)
   std::string name() const;
 };
 
@@ -101,8 +103,8 @@ LayoutPlan estimate_layout(const Config& config, const PlanOptions& options);
 
 // Every layout of options.devices ranks the config allows (dp × tp × pp × cp = devices, tp dividing
 // the heads, dp dividing the batch into micro-batches, ZeRO 0-3, 0-1 with pp; for a mixture of
-// experts every ep dividing dp and the experts, ZeRO 0-2 with it), fitting ones first, each group
-// by step time.
+// experts every ep dividing dp and the experts, with either dispatcher), fitting ones first, each
+// group by step time.
 std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& options);
 
 std::string format_plan(const Config& config, const PlanOptions& options,

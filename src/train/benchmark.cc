@@ -116,7 +116,7 @@ void bench_rank(Communicator& host, const BenchShape& shape, const BenchOptions&
   std::unique_ptr<ExpertParallel> experts;
   if (o.ep > 1) {
     expert_groups = split_expert_groups(comm, o.ep);
-    experts = std::make_unique<ExpertParallel>(*expert_groups.ep);
+    experts = std::make_unique<ExpertParallel>(*expert_groups.ep, o.ep_dispatch == "all_to_all");
   }
   Gpt2 model(shape.model, Gpt2Part{}, experts.get());
   DataParallelConfig dp_config;
@@ -197,6 +197,8 @@ BenchResult finish_with_rss(BenchResult& r) {
 BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   if (o.threads < 1) fail("--threads must be >= 1, got ", o.threads);
   if (o.ranks < 1) fail("--ranks must be >= 1, got ", o.ranks);
+  if (o.ep_dispatch != "all_gather" && o.ep_dispatch != "all_to_all")
+    fail("--ep-dispatch must be all_gather or all_to_all, got '", o.ep_dispatch, "'");
   if (o.ep < 1 || o.ranks % o.ep != 0) fail("--ep ", o.ep, " must divide --ranks ", o.ranks);
   if (o.ep > 1 && !shape.model.moe())
     fail("--ep ", o.ep, " splits a mixture's experts: shape ", shape.name, " has none (moe-s has)");
@@ -228,6 +230,7 @@ BenchResult benchmark_training(const BenchShape& shape, const BenchOptions& o) {
   r.ranks = o.ranks;
   r.zero = o.zero;
   r.ep = o.ep;
+  r.ep_dispatch = o.ep_dispatch;
   r.steps = o.steps;
   r.num_parameters = shape.model.num_parameters();
   r.device = o.device;

@@ -32,6 +32,7 @@ struct BenchOptions {
   int ranks = 1;        // data-parallel thread ranks of the local backend (batch is per rank)
   int zero = 0;         // ZeRO stage
   int ep = 1;           // expert parallelism over the ranks (a mixture's shape: moe-s)
+  std::string ep_dispatch = "all_gather";  // or all_to_all (parallel.ep_dispatch)
   int64_t steps = 5;    // timed steps
   int64_t warmup = 2;   // untimed steps first
   std::string device = "cpu";  // cpu, or cuda: rank r computes on GPU r
@@ -48,6 +49,7 @@ struct BenchResult {
   int ranks = 1;
   int zero = 0;
   int ep = 1;
+  std::string ep_dispatch = "all_gather";
   int64_t steps = 0;
   double tokens_per_s = 0;   // median over timed steps
   double gflops = 0;         // achieved, at the median step time

@@ -23,7 +23,7 @@ constexpr const char* kKeys =
     "dp, tp, pp, cp, ep, zero, schedule, virtual_stages (v), sequence_parallel (sp), "
     "micro_batch_size "
     "(mbs), "
-    "recompute, cp_comm";
+    "recompute, cp_comm, ep_dispatch";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -66,6 +66,7 @@ std::string CheckLayout::name() const {
   if (micro_batch_size) add("mbs=" + std::to_string(*micro_batch_size));
   if (recompute) add("recompute=" + *recompute);
   if (cp_comm) add("cp_comm=" + *cp_comm);
+  if (ep_dispatch) add("ep_dispatch=" + *ep_dispatch);
   return s.empty() ? "one device" : s;
 }
 
@@ -134,6 +135,9 @@ std::vector<CheckLayout> parse_layouts(std::string_view text) {
       } else if (key == "cp_comm") {
         if (value != "all_gather" && value != "ring") bad("needs all_gather or ring");
         l.cp_comm = std::string(value);
+      } else if (key == "ep_dispatch") {
+        if (value != "all_gather" && value != "all_to_all") bad("needs all_gather or all_to_all");
+        l.ep_dispatch = std::string(value);
       } else {
         bad("has an unknown key '" + key + "' (keys: " + kKeys + ")");
       }
@@ -202,6 +206,7 @@ Config layout_config(const Config& common, const Config& user, const CheckLayout
                                          : base.schedule);
   if (par.pp != base.pp || par.virtual_stages != base.virtual_stages) par.layer_split.clear();
   if (l.cp_comm) par.cp_comm = *l.cp_comm;
+  if (l.ep_dispatch) par.ep_dispatch = *l.ep_dispatch;
   if (l.recompute) {
     par.recompute = *l.recompute;
     c.train.recompute = false;  // the deprecated alias would otherwise turn "none" into "full"

@@ -28,6 +28,7 @@ namespace loom {
 struct CheckLayout {
   int dp = 1, tp = 1, pp = 1, cp = 1;
   int ep = 1;  // expert parallelism (parallel.ep): within dp, no ranks of its own
+  std::optional<std::string> ep_dispatch;  // all_gather or all_to_all (parallel.ep_dispatch)
   std::optional<int> zero;
   std::optional<std::string> schedule;
   std::optional<int> virtual_stages;

@@ -441,7 +441,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     expert_groups = split_expert_groups(mesh.axis("dp"), config.parallel.ep);
     ep_count = std::make_unique<CountingCommunicator>(*expert_groups.ep);
     experts_dp_count = std::make_unique<CountingCommunicator>(*expert_groups.experts_dp);
-    expert_exchange = std::make_unique<ExpertParallel>(*ep_count);
+    expert_exchange =
+        std::make_unique<ExpertParallel>(*ep_count, config.parallel.ep_dispatch == "all_to_all");
   }
   // What this rank's micro-batches hold of each sequence: its positions (all without cp).
   const int64_t local_seq = context_parallel ? sequence_shard->local_length() : seq_len;

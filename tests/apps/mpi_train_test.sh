@@ -91,3 +91,10 @@ moe=(--set model.arch=llama --set model.ffn_hidden=16 --set model.moe_experts=4
   2>"$dir/err" >/dev/null || fail "expert parallelism on thread ranks failed"
 [[ "$(digests "$dir/ep_mpi/checkpoints/step_4")" == "$(digests "$dir/ep_threads/checkpoints/step_4")" ]] ||
   fail "expert parallelism over MPI differs from thread ranks"
+# And with the all-to-all dispatcher (MPI_Alltoall of the padded rows and their experts).
+"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/a2a_mpi" --quiet "${moe[@]}" \
+  --set parallel.ep_dispatch=all_to_all 2>"$dir/err" >/dev/null || fail "the all-to-all job failed"
+"$loom" train "$dir/cfg.toml" --run-dir "$dir/a2a_threads" --quiet --ranks 2 "${moe[@]}" \
+  --set parallel.ep_dispatch=all_to_all 2>"$dir/err" >/dev/null || fail "all-to-all on thread ranks failed"
+[[ "$(digests "$dir/a2a_mpi/checkpoints/step_4")" == "$(digests "$dir/a2a_threads/checkpoints/step_4")" ]] ||
+  fail "the all-to-all dispatcher over MPI differs from thread ranks"

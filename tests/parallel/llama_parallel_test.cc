@@ -318,9 +318,18 @@ TEST_F(LlamaParallel, MixtureOfExpertsWithExpertParallelismMatchesOneDevice) {
                                   "dp=2,ep=2,zero=3;dp=4,ep=2,zero=3,mbs=1,recompute=full;"
                                   "dp=2,ep=2,zero=3,mbs=2,recompute=selective",
                                   9);
+  // The all-to-all dispatcher: each token's rows to its experts' ranks only, in padded blocks.
+  expect_layouts_match_one_device(
+      moe_config(),
+      "dp=2,ep=2,ep_dispatch=all_to_all;dp=4,ep=2,zero=1,mbs=1,ep_dispatch=all_to_all;"
+      "dp=4,ep=4,zero=3,mbs=1,recompute=full,ep_dispatch=all_to_all;"
+      "dp=2,ep=2,zero=2,mbs=2,recompute=selective,ep_dispatch=all_to_all;"
+      "dp=2,ep=2,pp=2,schedule=zb-v,v=2,recompute=selective,ep_dispatch=all_to_all",
+      5);
   Config shared = moe_config();
   shared.model.moe_shared_experts = 1;
-  expect_layouts_match_one_device(shared, "dp=2,ep=2,zero=1;dp=2,ep=2,pp=2", 2);
+  expect_layouts_match_one_device(
+      shared, "dp=2,ep=2,zero=1;dp=2,ep=2,pp=2;dp=4,ep=4,ep_dispatch=all_to_all", 3);
 }
 
 // A run under expert parallelism stops and resumes bit for bit from either checkpoint format,
@@ -338,9 +347,10 @@ TEST_F(LlamaParallel, ExpertParallelCheckpointsResumeBitForBitAndUnderOtherLayou
   c.train.micro_batch_size = 2;
   c.runtime.ranks = 4;
   expect_resumed_run_bitwise_equal(c, "ep_");
-  Config sharded = c;
+  Config sharded = c;  // and the all-to-all dispatcher
   sharded.train.checkpoint_format = "sharded";
   sharded.parallel.zero = 2;
+  sharded.parallel.ep_dispatch = "all_to_all";
   expect_resumed_run_bitwise_equal(sharded, "ep_sharded_");
   // The whole checkpoint at step 2 of the ep run, continued on one device; and the sharded one
   // on dp = 2 without expert parallelism: both the ep run's last steps, within rounding.

@@ -577,6 +577,10 @@ TEST(Planner, MixtureOfExpertsStateBytesAreWhatTheEnginesAllocate) {
   // The exchange: (ep − 1) × a rank's rows a pass; ep 4 moves three times ep 2's.
   EXPECT_NEAR(plan_of("dp4 tp1 pp1 ep4 zero1").ep_comm_s,
               3 * plan_of("dp4 tp1 pp1 ep2 zero1").ep_comm_s, 1e-12);
+  // The all-to-all dispatcher sends each token to its k = 2 experts' ranks: k / ep of the rows.
+  EXPECT_GT(plan_of("dp4 tp1 pp1 ep4 zero1").ep_comm_s, 0);
+  EXPECT_NEAR(plan_of("dp4 tp1 pp1 ep4 a2a zero1").ep_comm_s,
+              0.5 * plan_of("dp4 tp1 pp1 ep4 zero1").ep_comm_s, 1e-12);
   fs::remove_all(dir);
 }
 
