@@ -6,9 +6,11 @@ namespace loom {
 
 nlohmann::json step_record(const StepFigures& f) {
   constexpr double kMiB = 1048576.0;
-  const auto ms = [](const AxisFigures& a) {
-    return nlohmann::json{
+  const auto ms = [&f](const AxisFigures& a) {
+    nlohmann::json j = {
         {"dp", a.dp * 1e3}, {"pp", a.pp * 1e3}, {"tp", a.tp * 1e3}, {"cp", a.cp * 1e3}};
+    if (f.expert_parallel) j["ep"] = a.ep * 1e3;
+    return j;
   };
   const double flops_per_s = f.flops_per_step / f.seconds;
   nlohmann::json record = {
@@ -44,6 +46,7 @@ nlohmann::json step_record(const StepFigures& f) {
                           {"pp", f.comm_bytes.pp},
                           {"tp", f.comm_bytes.tp},
                           {"cp", f.comm_bytes.cp}};
+  if (f.expert_parallel) record["comm_bytes"]["ep"] = f.comm_bytes.ep;
   if (f.pipeline) {
     const PipelineFigures& p = *f.pipeline;
     record["bubble"] = p.bubble;

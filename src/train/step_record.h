@@ -15,11 +15,12 @@
 namespace loom {
 
 // One value per mesh axis, in the record's order.
+// ep: expert parallelism's token exchange (recorded with StepFigures::expert_parallel only).
 struct AxisFigures {
-  double dp = 0, pp = 0, tp = 0, cp = 0;
+  double dp = 0, pp = 0, tp = 0, cp = 0, ep = 0;
 };
 struct AxisBytes {
-  int64_t dp = 0, pp = 0, tp = 0, cp = 0;
+  int64_t dp = 0, pp = 0, tp = 0, cp = 0, ep = 0;
 };
 
 // A pipeline's share of the record (pp > 1).
@@ -40,6 +41,7 @@ struct StepFigures {
   double comm_wait_seconds = 0;  // comm_wait_ms: the engine's waits (the stream's on GPUs)
   AxisFigures comm_seconds;      // blocked on each axis' communication
   AxisBytes comm_bytes;          // handed to each axis' communicator
+  bool expert_parallel = false;  // parallel.ep > 1: the records' per-axis figures include "ep"
   int64_t tokens_per_step = 0;
   int64_t tokens_total = -1;  // the run's tokens up to this step's end; -1: step × tokens_per_step
   int64_t batch_size = 0;     // the step's global batch in sequences (train.batch_rampup); 0: none
@@ -66,7 +68,7 @@ struct StepFigures {
   // Where the step went apart from the loader and the waits on communication: computing.
   double compute_seconds() const {
     const double c = seconds - data_seconds - comm_seconds.dp - comm_seconds.pp - comm_seconds.tp -
-                     comm_seconds.cp;
+                     comm_seconds.cp - comm_seconds.ep;
     return c > 0 ? c : 0.0;
   }
 };

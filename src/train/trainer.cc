@@ -433,7 +433,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   }
   // Expert parallelism (parallel/expert_parallel.h): a mixture's experts split over groups of
   // parallel.ep dp ranks; the experts' gradients reduced over the ranks holding the same ones.
-  // Their traffic and waits are counted with dp's (the groups are dp's ranks).
+  // Metrics: the token exchange as axis "ep", the experts' gradient reductions with dp's.
   ExpertGroups expert_groups;
   std::unique_ptr<CountingCommunicator> ep_count, experts_dp_count;
   std::unique_ptr<ExpertParallel> expert_exchange;
@@ -583,10 +583,13 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                           : Tensor::empty({micro, local_seq}, DType::kI32, device));
   }
   // The timeline of the steps metrics.trace_from_step names (train/run_timeline.h).
-  RunTimeline timeline(
-      tracer, config.metrics, device,
-      {{"dp", &dp_count}, {"tp", &tp_count}, {"cp", cp_count.get()}, {"pp", &pp_count}}, world,
-      options.run_dir, message);
+  RunTimeline timeline(tracer, config.metrics, device,
+                       {{"dp", &dp_count},
+                        {"tp", &tp_count},
+                        {"cp", cp_count.get()},
+                        {"pp", &pp_count},
+                        {"ep", ep_count.get()}},
+                       world, options.run_dir, message);
   double data_seconds = 0;  // this step's time in the loader (and copies to the device)
   // data.eod_mask_loss: no target after an end-of-text input; data.loss_mask: none where the
   // shards' masks say so (the loader leaves them kIgnoredTarget). This rank's targets that count
@@ -835,15 +838,18 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const double dt = now_seconds() - t0;
     figures.comm_bytes = {dp_count.take_bytes(), pp_count.take_bytes(), tp_count.take_bytes(),
                           cp_count ? cp_count->take_bytes() : 0};
-    for (CountingCommunicator* c : {ep_count.get(), experts_dp_count.get()})
-      if (c != nullptr) figures.comm_bytes.dp += c->take_bytes();
+    // Expert parallelism: its token exchange on an axis of its own, the experts' gradient
+    // reductions (over the ranks holding them) with dp's.
+    figures.expert_parallel = ep_count != nullptr;
+    if (ep_count) figures.comm_bytes.ep = ep_count->take_bytes();
+    if (experts_dp_count) figures.comm_bytes.dp += experts_dp_count->take_bytes();
     // Where the step's time went on this rank: the loader, blocked on each axis' communication
     // (a pipeline's bubble is its stages waiting for each other: pp), and the rest computing.
     figures.comm_seconds = {dp_count.take_wait_seconds(), pp_count.take_wait_seconds(),
                             tp_count.take_wait_seconds(),
                             cp_count ? cp_count->take_wait_seconds() : 0.0};
-    for (CountingCommunicator* c : {ep_count.get(), experts_dp_count.get()})
-      if (c != nullptr) figures.comm_seconds.dp += c->take_wait_seconds();
+    if (ep_count) figures.comm_seconds.ep = ep_count->take_wait_seconds();
+    if (experts_dp_count) figures.comm_seconds.dp += experts_dp_count->take_wait_seconds();
     // Each pipeline rank's bubble (rank 0's pipeline group): the busiest stage is the one that
     // waits least, so rank 0's alone does not say where the step's time went.
     // On GPUs under nccl the host does not wait for the stages' messages, the compute stream does:

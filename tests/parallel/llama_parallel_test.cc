@@ -355,6 +355,13 @@ TEST_F(LlamaParallel, ExpertParallelCheckpointsResumeBitForBitAndUnderOtherLayou
   // The whole checkpoint at step 2 of the ep run, continued on one device; and the sharded one
   // on dp = 2 without expert parallelism: both the ep run's last steps, within rounding.
   const auto ep_run = testing::read_metrics(root_ / "ep_whole");
+  // metrics.jsonl: the token exchange on an axis of its own ("ep": the tokens' rows and their
+  // outputs, forward and backward, every step), absent without expert parallelism.
+  for (const auto& record : ep_run) {
+    ASSERT_TRUE(record["comm_bytes"].contains("ep") && record["comm_ms"].contains("ep"));
+    EXPECT_GT(record["comm_bytes"]["ep"].get<int64_t>(), 0);
+    EXPECT_GE(record["comm_ms"]["ep"].get<double>(), 0.0);
+  }
   for (const auto& [dir, source] : {std::pair<const char*, const char*>{"ep_to_one", "ep_whole"},
                                     {"ep_sharded_to_dp", "ep_sharded_whole"}}) {
     fs::create_directories(root_ / dir / "checkpoints");
@@ -376,6 +383,7 @@ TEST_F(LlamaParallel, ExpertParallelCheckpointsResumeBitForBitAndUnderOtherLayou
     run_training(other, o);
     const auto got = testing::read_metrics(root_ / dir);
     ASSERT_EQ(got.size(), 2u) << dir;
+    EXPECT_FALSE(got[0]["comm_bytes"].contains("ep")) << dir;
     for (size_t i = 0; i < got.size(); ++i) {
       const double want = ep_run[i + 2]["loss"].get<double>();
       EXPECT_NEAR(got[i]["loss"].get<double>(), want, 1e-5 * want) << dir << " step " << i + 3;
