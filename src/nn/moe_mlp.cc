@@ -10,6 +10,28 @@
 #include "tensor/dispatch.h"
 
 namespace loom {
+namespace {
+
+// Orders items 0 .. n−1 by their local expert, expert_of(i) (−1: none here), each expert's in
+// item order: returns the items, and sets `offsets` (local + 1, on the host) to each expert's
+// first place among them.
+template <typename ExpertOf>
+std::vector<int32_t> order_by_expert(int64_t n, int64_t local, ExpertOf expert_of,
+                                     Tensor& offsets) {
+  offsets = Tensor::zeros({local + 1}, DType::kI32);
+  int32_t* off = offsets.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i)
+    if (const int64_t e = expert_of(i); e >= 0) ++off[e + 1];
+  for (int64_t e = 0; e < local; ++e) off[e + 1] += off[e];
+  std::vector<int32_t> items(static_cast<size_t>(off[local]));
+  std::vector<int32_t> next(off, off + local);
+  for (int64_t i = 0; i < n; ++i)
+    if (const int64_t e = expert_of(i); e >= 0)
+      items[static_cast<size_t>(next[static_cast<size_t>(e)]++)] = static_cast<int32_t>(i);
+  return items;
+}
+
+}  // namespace
 
 MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& shape,
                const MoeLosses& losses, float init_std, float proj_std, ExpertExchange* exchange)
@@ -115,16 +137,10 @@ Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* resid
   Tensor arrived = exchange_->all_to_all(on_device(ids));
   if (!ctx.device.is_cpu()) arrived = arrived.to(Device::cpu());
   const int32_t* expert_of = arrived.data<int32_t>();
-  offsets_ = Tensor::zeros({local_ + 1}, DType::kI32);
-  int32_t* off = offsets_.data<int32_t>();
-  for (int64_t q = 0; q < R * M; ++q)
-    if (expert_of[q] >= 0) ++off[expert_of[q] + 1];
-  for (int64_t e = 0; e < local_; ++e) off[e + 1] += off[e];
-  Tensor rows = Tensor::empty({off[local_]}, DType::kI32);
-  std::vector<int32_t> place(off, off + local_);
-  for (int64_t q = 0; q < R * M; ++q)
-    if (expert_of[q] >= 0)
-      rows.data<int32_t>()[place[static_cast<size_t>(expert_of[q])]++] = static_cast<int32_t>(q);
+  const std::vector<int32_t> places = order_by_expert(
+      R * M, local_, [&](int64_t q) { return expert_of[q]; }, offsets_);
+  Tensor rows = Tensor::empty({static_cast<int64_t>(places.size())}, DType::kI32);
+  std::copy(places.begin(), places.end(), rows.data<int32_t>());
   rows_ = slots_ = on_device(rows);
   // The local experts on what arrived; their outputs, unweighed, back where the rows came from.
   const Tensor received = send_tokens(ex, x);
@@ -196,28 +212,6 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   int32_t* counts = counts_.data<int32_t>();
   for (int64_t t = 0; t < N; ++t)
     for (int64_t j = 0; j < K; ++j) ++counts[(t / T) * E + own[t * K + j]];
-  const auto local = [&](int32_t expert) -> int64_t {  // -1: another rank's
-    const int64_t e = expert - first_;
-    return e >= 0 && e < local_ ? e : -1;
-  };
-  offsets_ = Tensor::zeros({local_ + 1}, DType::kI32);
-  int32_t* off = offsets_.data<int32_t>();
-  for (int64_t i = 0; i < (all_to_all ? 0 : group_n * K); ++i)
-    if (const int64_t e = local(chosen[i]); e >= 0) ++off[e + 1];
-  for (int64_t e = 0; e < local_; ++e) off[e + 1] += off[e];
-  const int64_t placed = off[local_];
-  Tensor rows = Tensor::empty({placed}, DType::kI32), slots = Tensor::empty({placed}, DType::kI32);
-  std::vector<int32_t> next(off, off + local_);
-  for (int64_t t = 0; t < (all_to_all ? 0 : group_n); ++t)
-    for (int64_t j = 0; j < K; ++j) {
-      const int64_t e = local(chosen[t * K + j]);
-      if (e < 0) continue;
-      const int32_t place = next[static_cast<size_t>(e)]++;
-      rows.data<int32_t>()[place] = static_cast<int32_t>(t);
-      slots.data<int32_t>()[place] = static_cast<int32_t>(j);
-    }
-  rows_ = ctx.device.is_cpu() ? rows : rows.to(ctx.device);
-  slots_ = ctx.device.is_cpu() ? slots : slots.to(ctx.device);
   // The balance loss: the mean over sequences of Σ_e f_e · P_e.
   balance_loss_ = 0;
   for (int64_t b = 0; b < B; ++b)
@@ -244,6 +238,23 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
     if (shared_) return shared_->forward_adding(ctx, x, y);
     return y;
   }
+  // The (token, slot) choices of the local experts (under expert parallelism, of the group's
+  // tokens), expert by expert.
+  const std::vector<int32_t> choices = order_by_expert(
+      group_n * K, local_,
+      [&](int64_t i) -> int64_t {  // −1: another rank's
+        const int64_t e = chosen[i] - first_;
+        return e >= 0 && e < local_ ? e : -1;
+      },
+      offsets_);
+  Tensor rows = Tensor::empty({static_cast<int64_t>(choices.size())}, DType::kI32),
+         slots = Tensor::empty({static_cast<int64_t>(choices.size())}, DType::kI32);
+  for (size_t k = 0; k < choices.size(); ++k) {
+    rows.data<int32_t>()[k] = static_cast<int32_t>(choices[k] / K);
+    slots.data<int32_t>()[k] = static_cast<int32_t>(choices[k] % K);
+  }
+  rows_ = ctx.device.is_cpu() ? rows : rows.to(ctx.device);
+  slots_ = ctx.device.is_cpu() ? slots : slots.to(ctx.device);
   // Each local expert on its tokens; their outputs weighed into y, expert by expert (a fixed
   // order). Under expert parallelism into the group's rows, summed over the group after.
   const Tensor tokens = expert_tokens_of(x);
@@ -337,29 +348,28 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
         ops::moe_scatter_add<Real>(ex, dx.data<Real>(), dpairs.data<Real>() + j * N * C,
                                    pair_tok_.data<int32_t>() + j * N,
                                    pair_slot_.data<int32_t>() + j * N, nullptr, N, C, K);
-    }
-    if (expert_unit_ >= 0 && !dispatched)
-      hook_before_backward(ctx, static_cast<size_t>(expert_unit_));
-    for (int64_t e = 0; e < (dispatched ? 0 : local_); ++e) {
-      const size_t ei = static_cast<size_t>(e);
-      const int64_t n = rows_of(e);
-      if (n == 0) continue;
-      const int32_t* rows = rows_.data<int32_t>() + offset(e);
-      const int32_t* slots = slots_.data<int32_t>() + offset(e);
-      Tensor g = gather(ex, dtokens, e);
-      ops::moe_expert_output_grad<Real>(ex, g.data<Real>(), dweight.data<Real>(),
-                                        out_[ei].data<Real>(), rows, slots, weights.data<Real>(), n,
-                                        C, K);
-      out_[ei] = Tensor();
-      const Tensor dxe = experts_[ei]->backward(ctx, g);
-      ops::moe_scatter_add<Real>(ex, dx.data<Real>(), dxe.data<Real>(), rows, slots, nullptr, n, C,
-                                 K);
-    }
-    if (expert_unit_ >= 0 && !dispatched)
-      hook_after_backward(ctx, static_cast<size_t>(expert_unit_));
-    if (group) {
-      dx = exchange_->reduce_scatter(dx);
-      dweight = exchange_->reduce_scatter(dweight);
+    } else {
+      if (expert_unit_ >= 0) hook_before_backward(ctx, static_cast<size_t>(expert_unit_));
+      for (int64_t e = 0; e < local_; ++e) {
+        const size_t ei = static_cast<size_t>(e);
+        const int64_t n = rows_of(e);
+        if (n == 0) continue;
+        const int32_t* rows = rows_.data<int32_t>() + offset(e);
+        const int32_t* slots = slots_.data<int32_t>() + offset(e);
+        Tensor g = gather(ex, dtokens, e);
+        ops::moe_expert_output_grad<Real>(ex, g.data<Real>(), dweight.data<Real>(),
+                                          out_[ei].data<Real>(), rows, slots, weights.data<Real>(),
+                                          n, C, K);
+        out_[ei] = Tensor();
+        const Tensor dxe = experts_[ei]->backward(ctx, g);
+        ops::moe_scatter_add<Real>(ex, dx.data<Real>(), dxe.data<Real>(), rows, slots, nullptr, n,
+                                   C, K);
+      }
+      if (expert_unit_ >= 0) hook_after_backward(ctx, static_cast<size_t>(expert_unit_));
+      if (group) {
+        dx = exchange_->reduce_scatter(dx);
+        dweight = exchange_->reduce_scatter(dweight);
+      }
     }
     ops::moe_router_backward<Real>(
         ex, dlogits.data<Real>(), probs_.data<Real>(), choice_.data<int32_t>(),

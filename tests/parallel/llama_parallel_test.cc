@@ -360,7 +360,9 @@ TEST_F(LlamaParallel, ExpertParallelCheckpointsResumeBitForBitAndUnderOtherLayou
   for (const auto& record : ep_run) {
     ASSERT_TRUE(record["comm_bytes"].contains("ep") && record["comm_ms"].contains("ep"));
     EXPECT_GT(record["comm_bytes"]["ep"].get<int64_t>(), 0);
-    EXPECT_GE(record["comm_ms"]["ep"].get<double>(), 0.0);
+    // Its waits are a part of the step, outside the compute.
+    EXPECT_LE(record["comm_ms"]["ep"].get<double>() + record["compute_ms"].get<double>(),
+              record["step_ms"].get<double>() * (1 + 1e-9));
   }
   for (const auto& [dir, source] : {std::pair<const char*, const char*>{"ep_to_one", "ep_whole"},
                                     {"ep_sharded_to_dp", "ep_sharded_whole"}}) {
