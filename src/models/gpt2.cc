@@ -119,11 +119,8 @@ std::optional<Rotary> rotary_of(const Gpt2Config& c) {
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c, ExpertExchange* experts) {
   if (c.moe())
-    return std::make_unique<MoeMlp>(
-        store, name,
-        MoeShape{c.d_model, c.ffn_hidden, c.moe_experts, c.moe_top_k, c.moe_shared_experts},
-        MoeLosses{c.moe_aux_loss_coef, c.moe_router_z_loss_coef}, c.init_std, residual_std(c),
-        experts);
+    return std::make_unique<MoeMlp>(store, name, c.moe_shape(), c.moe_losses(), c.init_std,
+                                    residual_std(c), experts);
   if (c.llama())
     return std::make_unique<SwiGluMlp>(store, name, c.d_model, c.ffn_hidden, c.init_std,
                                        residual_std(c));
@@ -417,15 +414,19 @@ double Gpt2::aux_loss() const {
   return sum;
 }
 
+void Gpt2Stage::add_block_expert_tokens(const std::vector<int64_t>* tokens, int64_t block,
+                                        std::vector<double>& counts) {
+  if (tokens == nullptr) return;
+  const size_t first = static_cast<size_t>(block) * tokens->size();
+  LOOM_CHECK(first + tokens->size() <= counts.size());
+  for (size_t e = 0; e < tokens->size(); ++e)
+    counts[first + e] += static_cast<double>((*tokens)[e]);
+}
+
 void Gpt2::add_expert_tokens(std::vector<double>& counts) const {
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    const std::vector<int64_t>* tokens = blocks_[l]->expert_tokens();
-    if (tokens == nullptr) continue;
-    const size_t first = (static_cast<size_t>(part_.first_block) + l) * tokens->size();
-    LOOM_CHECK(first + tokens->size() <= counts.size());
-    for (size_t e = 0; e < tokens->size(); ++e)
-      counts[first + e] += static_cast<double>((*tokens)[e]);
-  }
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    add_block_expert_tokens(blocks_[l]->expert_tokens(),
+                            part_.first_block + static_cast<int64_t>(l), counts);
 }
 
 Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {

@@ -23,6 +23,7 @@
 #include "nn/expert_exchange.h"
 #include "nn/layer_norm.h"
 #include "nn/mlp.h"
+#include "nn/moe_mlp.h"
 #include "nn/norm.h"
 
 namespace loom {
@@ -85,6 +86,11 @@ struct Gpt2Config {
 
   bool llama() const { return arch == Arch::kLlama; }
   bool moe() const { return llama() && moe_experts > 0; }
+  // A mixture's shape and losses (nn/moe_mlp.h), from the moe_ keys.
+  MoeShape moe_shape() const {
+    return {d_model, ffn_hidden, moe_experts, moe_top_k, moe_shared_experts};
+  }
+  MoeLosses moe_losses() const { return {moe_aux_loss_coef, moe_router_z_loss_coef}; }
   int64_t head_dim() const { return d_model / n_heads; }
   int64_t kv_heads() const { return llama() ? n_kv_heads : n_heads; }
   int64_t hidden() const { return llama() ? ffn_hidden : 4 * d_model; }  // the MLP's width
@@ -177,6 +183,9 @@ class Gpt2Stage {
   // Adds the tokens the part's blocks sent to each expert in its last forward into `counts`
   // (n_layers × moe_experts, block-major, by the blocks' global index); nothing for dense ones.
   virtual void add_expert_tokens(std::vector<double>& counts) const { (void)counts; }
+  // add_expert_tokens of one block, global index `block`: its `tokens` (null: dense).
+  static void add_block_expert_tokens(const std::vector<int64_t>* tokens, int64_t block,
+                                      std::vector<double>& counts);
   // The head's copy of the tied wte in a part without the embedding (a last pipeline stage):
   // the same values and, once pipeline parallelism sums the two, the same gradient as the first
   // stage's wte, so norms and checkpoints count it once; null everywhere else.

@@ -22,6 +22,12 @@ Linear::Linear(ParameterStore& store, const std::string& name, int64_t in, int64
   if (bias) bias_ = store.add(name + ".bias", {out}, InitKind::kZeros);
 }
 
+Linear::Linear(Parameter* weight, Parameter* bias)
+    : in_(weight->shape.at(1)), out_(weight->shape.at(0)), weight_(weight), bias_(bias) {
+  LOOM_CHECK(weight->shape.size() == 2 && (bias == nullptr || bias->numel() == out_));
+  weight_->gemm_operand = true;
+}
+
 Tensor Linear::forward(Context& ctx, const Tensor& x) {
   return forward_impl(ctx, x, nullptr);
 }

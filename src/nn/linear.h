@@ -17,6 +17,9 @@ class Linear {
  public:
   Linear(ParameterStore& store, const std::string& name, int64_t in, int64_t out, bool bias,
          float init_std = 0.02f);
+  // Over parameters already registered (a shard of a bigger weight: ParameterStore::add_shard):
+  // `weight` (out, in), `bias` (out) or null.
+  Linear(Parameter* weight, Parameter* bias);
   // x: (..., in) -> (..., out). x is ctx.dtype, or already rounded for the GEMMs by its producer
   // (ops::matmul_input_dtype: LayerNorm::forward_for_matmul, a GPU at bf16 / fp16).
   Tensor forward(Context& ctx, const Tensor& x);

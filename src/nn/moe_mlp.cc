@@ -34,18 +34,22 @@ std::vector<int32_t> order_by_expert(int64_t n, int64_t local, ExpertOf expert_o
 }  // namespace
 
 MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& shape,
-               const MoeLosses& losses, float init_std, float proj_std, ExpertExchange* exchange)
+               const MoeLosses& losses, float init_std, float proj_std, ExpertExchange* exchange,
+               TensorSplit* split)
     : shape_(shape),
       exchange_(exchange),
+      split_(split),
       losses_(losses),
       router_(store, name + ".router", shape.channels, shape.experts, false, init_std) {
   if (shape.experts < 1 || shape.top_k < 1 || shape.top_k > shape.experts)
     fail(name, ": top ", shape.top_k, " of ", shape.experts, " experts");
   local_ = shape.experts;
+  const HiddenSlice slice =
+      split_ != nullptr ? HiddenSlice{split_->rank(), split_->ranks()} : HiddenSlice{};
   const auto add_shared = [&] {
     if (shape.shared > 0)
       shared_ = std::make_unique<SwiGluMlp>(store, name + ".shared", shape.channels,
-                                            shape.shared * shape.hidden, init_std, proj_std);
+                                            shape.shared * shape.hidden, init_std, proj_std, slice);
   };
   if (exchange_ != nullptr) {
     const int ranks = exchange_->ranks();
@@ -62,8 +66,8 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& s
   }
   for (int64_t e = first_; e < first_ + local_; ++e)
     experts_.push_back(std::make_unique<SwiGluMlp>(store, name + ".experts." + std::to_string(e),
-                                                   shape.channels, shape.hidden, init_std,
-                                                   proj_std));
+                                                   shape.channels, shape.hidden, init_std, proj_std,
+                                                   slice));
   if (exchange_ == nullptr) add_shared();
   out_.resize(static_cast<size_t>(local_));
 }
@@ -180,6 +184,9 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   const int64_t C = shape_.channels, E = shape_.experts, K = shape_.top_k;
   if (x.dim(-1) != C || x.shape().size() != 3)
     fail(router_.weight()->name, ": input must be (B, T, ", C, ")");
+  if (split_ != nullptr && residual != nullptr)
+    fail(router_.weight()->name, ": a tensor-parallel slice of the experts makes a partial sum, ",
+         "to which the caller adds the residual after summing it");
   const int64_t B = x.dim(0), N = x.numel() / C, T = N / B;
   const Exec ex = exec_ = ctx.exec();
   const Tensor logits = router_.forward(ctx, x);  // (B, T, E), ctx.dtype
@@ -371,13 +378,20 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
         dweight = exchange_->reduce_scatter(dweight);
       }
     }
+    // Under tensor parallelism each rank's experts made a part of every output, so of every
+    // routing weight's gradient: summed over the group, the whole one the router's backward
+    // needs, the same on every rank.
+    if (split_ != nullptr) split_->all_reduce(dweight);
     ops::moe_router_backward<Real>(
         ex, dlogits.data<Real>(), probs_.data<Real>(), choice_.data<int32_t>(),
         weight_.data<Real>(), dweight.data<Real>(), balance.data<double>(), lse_.data<Real>(),
         static_cast<double>(losses_.router_z) * ctx.backward_scale / static_cast<double>(N), B, T,
         E, K);
+    // The router's input gradient (whole on every rank of a tensor-parallel group; the caller
+    // sums dx over it) added once.
     const Tensor drouter = router_.backward(ctx, dlogits);
-    ops::add_inplace<Real>(ex, dx.data<Real>(), drouter.data<Real>(), N * C);
+    if (split_ == nullptr || split_->rank() == 0)
+      ops::add_inplace<Real>(ex, dx.data<Real>(), drouter.data<Real>(), N * C);
     if (shared_) {
       const Tensor dshared = shared_->backward(ctx, dy);
       ops::add_inplace<Real>(ex, dx.data<Real>(), dshared.data<Real>(), N * C);

@@ -28,6 +28,15 @@
 // whose hooks it calls around them — and runs them on the tokens of the whole group that chose
 // them, gathered; the router (and shared experts) stay whole on every rank, each routing its own
 // tokens, so the balance loss and the counts per expert are those of one device.
+//
+// Tensor parallelism: given a TensorSplit (nn/tensor_split.h) over P ranks, rank r holds slice r
+// of every expert's hidden width (and of the shared experts'; nn/swiglu_mlp.h: HiddenSlice), as
+// Megatron-LM's expert tensor parallelism splits them. Every rank reads every token and routes
+// it alike (the router is whole on each); forward returns this rank's part of the output, which
+// the caller sums over the group (parallel/tensor_parallel_block.h) before adding the residual,
+// and backward this rank's part of the input gradient — the router's own on the group's rank 0
+// only, so that the sum counts it once. The routing weights' gradients are summed over the
+// group inside backward: the router's backward needs them whole.
 #pragma once
 
 #include <memory>
@@ -38,6 +47,7 @@
 #include "nn/feed_forward.h"
 #include "nn/linear.h"
 #include "nn/swiglu_mlp.h"
+#include "nn/tensor_split.h"
 
 namespace loom {
 
@@ -63,10 +73,11 @@ class MoeMlp : public FeedForward {
  public:
   // proj_std: the experts' output projections' init std (scaled by depth, as the dense MLP's).
   // `exchange` (kept): the expert-parallel group this rank's experts are a block of; null: all
-  // experts here.
+  // experts here. `split` (kept): the tensor-parallel group the experts' widths split over; null:
+  // whole experts (forward_adding needs whole ones: a split's output is a partial sum).
   MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& shape,
          const MoeLosses& losses, float init_std, float proj_std,
-         ExpertExchange* exchange = nullptr);
+         ExpertExchange* exchange = nullptr, TensorSplit* split = nullptr);
   // x: (B, T, C), each of the B rows a sequence (its balance loss's unit).
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) override;
@@ -110,6 +121,7 @@ class MoeMlp : public FeedForward {
   Tensor send_tokens(const Exec& ex, const Tensor& x) const;
   MoeShape shape_;
   ExpertExchange* exchange_ = nullptr;
+  TensorSplit* split_ = nullptr;
   int64_t first_ = 0;  // this rank's experts: global indices [first_, first_ + local_)
   int64_t local_ = 0;
   int expert_unit_ = -1;  // their parameter unit under expert parallelism; -1: the block's

@@ -6,11 +6,41 @@
 
 namespace loom {
 
+namespace {
+int64_t sliced(const std::string& name, int64_t hidden, const HiddenSlice& slice) {
+  if (slice.ranks < 1 || slice.rank < 0 || slice.rank >= slice.ranks || hidden % slice.ranks != 0)
+    fail(name, ": a hidden width of ", hidden, " does not split over ", slice.ranks,
+         " tensor-parallel ranks (parallel.tp)");
+  return hidden / slice.ranks;
+}
+// fc (2H × C: the gate's H rows, then the up projection's): the slice's rows of each.
+Linear sliced_fc(ParameterStore& store, const std::string& name, int64_t C, int64_t H,
+                 float init_std, const HiddenSlice& s) {
+  if (s.ranks == 1) return Linear(store, name, C, 2 * H, false, init_std);
+  const int64_t h = H / s.ranks, first = s.rank * h;
+  return Linear(store.add_shard(name + ".weight", {2 * h, C}, {2 * H, C},
+                                {{0, h, Region{{2 * H, C}, {first, 0}}},
+                                 {h, h, Region{{2 * H, C}, {H + first, 0}}}},
+                                InitKind::kNormal, init_std),
+                nullptr);
+}
+// proj (C × H): the slice's columns.
+Linear sliced_proj(ParameterStore& store, const std::string& name, int64_t C, int64_t H,
+                   float proj_std, const HiddenSlice& s) {
+  if (s.ranks == 1) return Linear(store, name, H, C, false, proj_std);
+  const int64_t h = H / s.ranks;
+  return Linear(
+      store.add_shard(name + ".weight", {C, h}, {C, H}, {{0, C, Region{{C, H}, {0, s.rank * h}}}},
+                      InitKind::kNormal, proj_std),
+      nullptr);
+}
+}  // namespace
+
 SwiGluMlp::SwiGluMlp(ParameterStore& store, const std::string& name, int64_t channels,
-                     int64_t hidden, float init_std, float proj_std)
-    : hidden_(hidden),
-      fc_(store, name + ".fc", channels, 2 * hidden, false, init_std),
-      proj_(store, name + ".proj", hidden, channels, false, proj_std) {}
+                     int64_t hidden, float init_std, float proj_std, HiddenSlice slice)
+    : hidden_(sliced(name, hidden, slice)),
+      fc_(sliced_fc(store, name + ".fc", channels, hidden, init_std, slice)),
+      proj_(sliced_proj(store, name + ".proj", channels, hidden, proj_std, slice)) {}
 
 Tensor SwiGluMlp::swiglu(Context& ctx) const {
   LOOM_CHECK(h_.defined());

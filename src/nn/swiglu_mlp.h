@@ -11,11 +11,21 @@
 
 namespace loom {
 
+// A slice of the hidden width: rank `rank` of `ranks` holds hidden / ranks of it (a mixture's
+// experts under tensor parallelism, nn/moe_mlp.h) — the gate's and the up projection's matching
+// rows of fc and proj's matching columns, each a block of the full weight (ParameterStore::
+// add_shard), so that the sliced MLP's output summed over the ranks is the whole MLP's.
+struct HiddenSlice {
+  int64_t rank = 0;
+  int64_t ranks = 1;
+};
+
 class SwiGluMlp : public FeedForward {
  public:
-  // proj_std: the residual-stream projection's init std (scaled by depth, as GPT-2's).
+  // proj_std: the residual-stream projection's init std (scaled by depth, as GPT-2's). `hidden`
+  // is the whole width; `slice` says which part of it this one holds.
   SwiGluMlp(ParameterStore& store, const std::string& name, int64_t channels, int64_t hidden,
-            float init_std, float proj_std);
+            float init_std, float proj_std, HiddenSlice slice = {});
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
@@ -32,7 +42,7 @@ class SwiGluMlp : public FeedForward {
  private:
   Tensor swiglu(Context& ctx) const;  // silu(gate) ⊙ up of h_, in h_'s type
   Tensor project_up(Context& ctx, const Tensor& x);  // fc: h_ and its SwiGLU output
-  int64_t hidden_;
+  int64_t hidden_;                                   // this slice's width
   Linear fc_;
   Linear proj_;
   // (..., 2H) fc output: the gate and up projections side by side. On a GPU at bf16 / fp16

@@ -96,6 +96,7 @@ class ZeroDataParallel final : public DataParallel {
   // With tensor parallelism: the (offset, numel) ranges of `grads` (flat in stages 0/1, the
   // shard in 2/3) that this rank counts in the gradient norm.
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;
+  std::vector<bool> norm_range_experts_;  // stages 0-1: whether each range is an expert unit's
   Tensor shard_values_;  // stage 3
   Tensor shard_grads_;   // stages 2/3
   int64_t micro_index_ = 0, micro_count_ = 1;
@@ -155,8 +156,6 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
     LOOM_CHECK_MSG(experts_dp_ != nullptr && expert_parallel_ != nullptr,
                    "expert units without their groups");
     LOOM_CHECK(experts_dp_->size() * expert_parallel_->size() == size_);
-    if (config.tensor_parallel != nullptr)
-      fail("parallel.ep > 1 with parallel.tp > 1: a mixture of experts is not split by tp");
   }
   Allocator& allocator = allocator_for(device);
   auto in_use = [&] { return allocator.stats().bytes_in_use; };
@@ -238,8 +237,12 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
   if (tensor_parallel_ != nullptr) {
     const bool first = tensor_parallel_->rank() == 0;
     if (stage_ < 2) {
-      for (const auto& p : params.parameters())
-        if (!p->pieces.empty() || first) norm_ranges_.push_back({p->offset, p->numel()});
+      for (size_t u = 0; u < num_units(); ++u)
+        for (const Parameter* p : params_.units()[u].params)
+          if (!p->pieces.empty() || first) {
+            norm_ranges_.push_back({p->offset, p->numel()});
+            norm_range_experts_.push_back(is_experts(u));
+          }
     } else {
       // The shard's segments are pieces of parameters (shard_segments' order): count each by
       // its parameter's kind.
@@ -504,20 +507,35 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
   if (stage_ < 2 && has_experts_) {
     // Dense units' gradients are every rank's, expert units' this rank's experts' (the same on
     // the ranks holding them): the experts' squares summed over the expert-parallel group. The
-    // units' sums come back together (one wait on a GPU) and are added in order.
+    // units' sums come back together (one wait on a GPU) and are added in order. Under tensor
+    // parallelism the ranges of norm_ranges_ instead (each replicated parameter on tp rank 0
+    // only), the total summed over tp.
     std::vector<const float*> starts;
     std::vector<int64_t> sizes;
-    for (const ParamUnit& unit : params_.units()) {
-      starts.push_back(params_.grads().data<float>() + unit.begin);
-      sizes.push_back(unit.numel);
+    std::vector<bool> of_experts;
+    const float* grads = params_.grads().data<float>();
+    if (tp == nullptr) {
+      for (size_t u = 0; u < num_units(); ++u) {
+        starts.push_back(grads + params_.units()[u].begin);
+        sizes.push_back(params_.units()[u].numel);
+        of_experts.push_back(is_experts(u));
+      }
+    } else {
+      for (const auto& [offset, numel] : norm_ranges_) {
+        starts.push_back(grads + offset);
+        sizes.push_back(numel);
+      }
+      of_experts = norm_range_experts_;
     }
     const std::vector<double> sums = ops::sum_squares_each(Exec{&pool_, device_}, starts, sizes);
     double dense = 0, experts = 0;
-    for (size_t u = 0; u < num_units(); ++u) (is_experts(u) ? experts : dense) += sums[u];
+    for (size_t i = 0; i < sums.size(); ++i) (of_experts[i] ? experts : dense) += sums[i];
     const double t0 = now_seconds();
     experts = all_reduce_value(*expert_parallel_, experts, ReduceOp::kSum);
+    double sum = dense + experts;
+    if (tp != nullptr) sum = all_reduce_value(*tp, sum, ReduceOp::kSum);
     step_stats_.wait_seconds += now_seconds() - t0;
-    return unscaled(std::sqrt(dense + experts));
+    return unscaled(std::sqrt(sum));
   }
   if (stage_ < 2 && tp == nullptr) return unscaled(grad_norm(pool_, params_));
   Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;

@@ -39,7 +39,7 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
     const Gpt2Part part = part_of_stage(schedule_.stage_of(pp.rank(), c));
     if (config.tensor_parallel != nullptr)
       chunks_.push_back(std::make_unique<TpGpt2>(model, *config.tensor_parallel,
-                                                 config.sequence_parallel, part));
+                                                 config.sequence_parallel, part, config.experts));
     else
       chunks_.push_back(std::make_unique<Gpt2>(model, part, config.experts));
     engines_.push_back(

@@ -18,10 +18,24 @@ int64_t checked_local_heads(const Gpt2Config& c, int64_t P, const std::string& n
     fail(name, ": parallel.tp = ", P, " does not divide model.n_heads = ", c.n_heads);
   return c.n_heads / P;
 }
+
+// A mixture's partial sums (nn/tensor_split.h) over the block's tp group.
+class TpSums : public TensorSplit {
+ public:
+  explicit TpSums(Communicator& tp) : tp_(tp) {}
+  int ranks() const override { return tp_.size(); }
+  int rank() const override { return tp_.rank(); }
+  void all_reduce(Tensor& partial) override {
+    tp_.all_reduce_async(partial, ReduceOp::kSum)->wait_on_device();
+  }
+
+ private:
+  Communicator& tp_;
+};
 }  // namespace
 
 TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
-                         Communicator& tp, bool sequence_parallel)
+                         Communicator& tp, bool sequence_parallel, ExpertExchange* experts)
     : recompute_(config.recompute),
       llama_(config.llama()),
       local_channels_(config.d_model / tp.size()),
@@ -30,6 +44,8 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
       local_hidden_(config.hidden() / tp.size()),
       head_dim_(config.head_dim()),
       rope_frequencies_(config.rope_frequencies()),
+      tp_(tp),
+      sequence_parallel_(sequence_parallel),
       ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
       qkv_(store, name + ".attn.qkv", config.d_model, config.qkv_width(), tp, !config.llama(),
            config.init_std, sequence_parallel,
@@ -37,17 +53,22 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
             config.kv_heads() * config.head_dim()}),
       attn_proj_(store, name + ".attn.proj", config.d_model, config.d_model, tp, !config.llama(),
                  residual_std(config), sequence_parallel),
-      ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)),
-      // Llama: gate and up, two blocks of rows each split over tp.
-      fc_(store, name + ".mlp.fc", config.d_model,
-          config.llama() ? 2 * config.hidden() : config.hidden(), tp, !config.llama(),
-          config.init_std, sequence_parallel,
-          config.llama() ? std::vector<int64_t>{config.hidden(), config.hidden()}
-                         : std::vector<int64_t>{}),
-      mlp_proj_(store, name + ".mlp.proj", config.hidden(), config.d_model, tp, !config.llama(),
-                residual_std(config), sequence_parallel) {
-  if (config.moe())
-    fail(name, ": a mixture of experts is not yet split by tensor parallelism (docs/moe.md)");
+      ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)) {
+  if (config.moe()) {
+    split_ = std::make_unique<TpSums>(tp);
+    moe_ = std::make_unique<MoeMlp>(store, name + ".mlp", config.moe_shape(), config.moe_losses(),
+                                    config.init_std, residual_std(config), experts, split_.get());
+  } else {
+    if (experts != nullptr) fail(name, ": expert parallelism needs a mixture of experts");
+    // Llama: gate and up, two blocks of rows each split over tp.
+    fc_.emplace(store, name + ".mlp.fc", config.d_model,
+                config.llama() ? 2 * config.hidden() : config.hidden(), tp, !config.llama(),
+                config.init_std, sequence_parallel,
+                config.llama() ? std::vector<int64_t>{config.hidden(), config.hidden()}
+                               : std::vector<int64_t>{});
+    mlp_proj_.emplace(store, name + ".mlp.proj", config.hidden(), config.d_model, tp,
+                      !config.llama(), residual_std(config), sequence_parallel);
+  }
   if (config.kv_heads() % tp.size() != 0)
     fail(name, ": parallel.tp = ", tp.size(), " does not divide model.n_kv_heads = ",
          config.kv_heads());
@@ -73,8 +94,12 @@ Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T)
       // Drop the LayerNorm outputs (the qkv and fc inputs) and the GELU output (mlp proj's
       // input); LayerNorm inputs, mean and rstd and the fc output h stay, to rebuild them.
       qkv_.drop_input();
-      fc_.drop_input();
-      mlp_proj_.drop_input();
+      if (moe_) {
+        moe_->drop_recomputable();
+      } else {
+        fc_->drop_input();
+        mlp_proj_->drop_input();
+      }
       break;
   }
   return y;
@@ -102,46 +127,66 @@ Tensor TpGpt2Block::activation(Context& ctx) const {
 
 Tensor TpGpt2Block::mlp_up(Context& ctx, const Tensor& normed) {
   if (ops::matmul_input_dtype(ctx.exec(), DType::kF32) == DType::kF32) {
-    h_ = fc_.forward(ctx, normed);
+    h_ = fc_->forward(ctx, normed);
     return activation(ctx);
   }
   // On a GPU at bf16 / fp16 the MLP runs as one GPU's (nn/mlp.cc, nn/swiglu_mlp.cc): fc writes
   // its output in 16 bits — GPT-2's with the GELU in the GEMM's epilogue —, and the activation's
   // output is proj's rounded input.
   if (llama_) {
-    h_ = fc_.forward_rounded_output(ctx, normed);
+    h_ = fc_->forward_rounded_output(ctx, normed);
     return activation(ctx);
   }
   Tensor g;
-  h_ = fc_.forward_gelu(ctx, normed, g);
+  h_ = fc_->forward_gelu(ctx, normed, g);
   return g;
 }
 
 Tensor TpGpt2Block::mlp_down_backward(Context& ctx, const Tensor& dy, bool selective) {
   const auto restore_fc_input = [&] {
-    if (selective) fc_.restore_input(ln_2_->recompute_output(ctx));
+    if (selective) fc_->restore_input(ln_2_->recompute_output(ctx));
   };
   if (h_.dtype() != DType::kF32) {  // mlp_up's 16-bit path: the gradient at fc's output so too
     Tensor dh;
     if (llama_) {
-      const Tensor da = mlp_proj_.backward_rounded_dinp(ctx, dy);
+      const Tensor da = mlp_proj_->backward_rounded_dinp(ctx, dy);
       dh = Tensor::empty(h_.shape(), h_.dtype(), ctx.device);
       ops::swiglu_backward_rounded(ctx.exec(), dh.raw(), da.raw(), h_.raw(), h_.dtype(), h_.dim(0),
                                    local_hidden_);
     } else {
-      dh = mlp_proj_.backward_into_gelu(ctx, dy, h_);  // the GELU's backward in the epilogue
+      dh = mlp_proj_->backward_into_gelu(ctx, dy, h_);  // the GELU's backward in the epilogue
     }
     restore_fc_input();
-    return fc_.backward(ctx, dh);
+    return fc_->backward(ctx, dh);
   }
-  Tensor dg = mlp_proj_.backward(ctx, dy);
+  Tensor dg = mlp_proj_->backward(ctx, dy);
   restore_fc_input();
-  if (!llama_) return fc_.backward_before_gelu(ctx, dg, h_);
+  if (!llama_) return fc_->backward_before_gelu(ctx, dg, h_);
   const int64_t rows = h_.dim(0);
   Tensor dh = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
   ops::swiglu_backward<float>(ctx.exec(), dh.data<float>(), dg.data<float>(), h_.data<float>(),
                               rows, local_hidden_);
-  return fc_.backward(ctx, dh);
+  return fc_->backward(ctx, dh);
+}
+
+Tensor TpGpt2Block::whole_rows(const Tensor& rows) const {
+  const int64_t C = rows.dim(-1);
+  if (!sequence_parallel_) return rows.reshape({B_, T_, C});
+  Tensor all = Tensor::empty({B_, T_, C}, rows.dtype(), rows.device());
+  tp_.all_gather_async(rows, all)->wait_on_device();
+  return all;
+}
+
+Tensor TpGpt2Block::sum_over_tp(const Tensor& partial) const {
+  const int64_t N = B_ * T_, C = partial.numel() / N;
+  Tensor sum = partial.reshape({N, C});
+  if (!sequence_parallel_) {
+    tp_.all_reduce_async(sum, ReduceOp::kSum)->wait_on_device();
+    return sum;
+  }
+  Tensor mine = Tensor::empty({N / tp_.size(), C}, partial.dtype(), partial.device());
+  tp_.reduce_scatter_async(sum, mine, ReduceOp::kSum)->wait_on_device();
+  return mine;
 }
 
 Tensor TpGpt2Block::project_qkv(Context& ctx, const Tensor& normed, bool rounded) {
@@ -207,7 +252,9 @@ Tensor TpGpt2Block::after_attention(Context& ctx, const Tensor& x) {
   const Exec ex = ctx.exec();
   Tensor x1 = attn_proj_.forward(ctx, att_);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
-  Tensor y = mlp_proj_.forward(ctx, mlp_up(ctx, ln_2_->forward_for_matmul(ctx, x1)));
+  // A mixture: its part of every token's output, summed over tp, then the skip connection.
+  Tensor y = moe_ ? sum_over_tp(moe_->forward(ctx, whole_rows(ln_2_->forward_for_matmul(ctx, x1))))
+                  : mlp_proj_->forward(ctx, mlp_up(ctx, ln_2_->forward_for_matmul(ctx, x1)));
   ops::add_inplace<float>(ex, y.data<float>(), x1.data<float>(), y.numel());
   return y;
 }
@@ -223,8 +270,15 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   // y = x1 + proj(gelu(fc(ln_2(x1)))). Selective: each dropped activation is rebuilt right
   // before the backward that reads it (the GELU output from h, the LayerNorm outputs from their
   // kept inputs, mean and rstd — with sequence parallelism all-gathered again).
-  if (selective) mlp_proj_.restore_input(activation(ctx));
-  Tensor dx1 = ln_2_->backward_adding(ctx, mlp_down_backward(ctx, dy, selective), dy);
+  Tensor dmlp;
+  if (moe_) {  // its part of the input gradient of every token, summed over tp
+    if (selective) moe_->restore_input(whole_rows(ln_2_->recompute_output(ctx)));
+    dmlp = sum_over_tp(moe_->backward(ctx, whole_rows(dy)));
+  } else {
+    if (selective) mlp_proj_->restore_input(activation(ctx));
+    dmlp = mlp_down_backward(ctx, dy, selective);
+  }
+  Tensor dx1 = ln_2_->backward_adding(ctx, dmlp, dy);
   // x1 = x + proj(attention(qkv(ln_1(x))))
   const cpu::DocumentStarts docs = document_starts_of(documents_);
   Tensor dqkv;
@@ -265,8 +319,12 @@ void TpGpt2Block::collect_cache(std::vector<Tensor*>& out) {
   qkv_.collect_cache(out);
   attn_proj_.collect_cache(out);
   ln_2_->collect_cache(out);
-  fc_.collect_cache(out);
-  mlp_proj_.collect_cache(out);
+  if (moe_) {
+    moe_->collect_cache(out);
+  } else {
+    fc_->collect_cache(out);
+    mlp_proj_->collect_cache(out);
+  }
   out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_, &h_, &input_, &documents_});
 }
 

@@ -20,15 +20,28 @@
 // Llama's block (Gpt2Config::llama()): RMSNorms; the qkv projection's three blocks of rows
 // (queries, keys, values: n_heads, n_kv_heads, n_kv_heads heads) split block by block, so a
 // rank holds whole key/value heads with the query heads they serve, the rotary embedding
-// turns them on the rank and the attention reads the shared heads in place; the SwiGLU's fused gate/up projection split as two blocks too, so each
-// rank holds matching slices of both. n_kv_heads and the hidden width must divide over tp.
+// turns them on the rank and the attention reads the shared heads in place; the SwiGLU's fused
+// gate/up projection split as two blocks too, so each rank holds matching slices of both.
+// n_kv_heads and the hidden width must divide over tp.
+//
+// A mixture of experts (Gpt2Config::moe(), nn/moe_mlp.h) in place of the MLP: every expert's
+// hidden width split over tp as the SwiGLU's (Megatron-LM's expert tensor parallelism, its
+// expert_tensor_parallel_size equal to tp), the router whole on every rank. The mixture reads the
+// whole batch's tokens — with sequence parallelism the norm's rows all-gathered first — and
+// routes them alike on every rank; its partial outputs are summed over tp as the row-parallel
+// proj's are (all-reduced, or reduce-scattered to this rank's rows), and so are its input
+// gradients. The router's gradient is whole and the same on every rank (a replicated
+// parameter), its input gradient counted once. Expert parallelism (`experts`) splits the experts
+// over data-parallel ranks of the same tp rank besides.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "models/gpt2.h"
+#include "nn/moe_mlp.h"
 #include "nn/norm.h"
 #include "parallel/tensor_parallel_linear.h"
 
@@ -38,8 +51,10 @@ class TpGpt2Block {
  public:
   // config.n_heads, its key/value heads and the MLP's width must divide over tp.size() (an error
   // naming them otherwise).
+  // `experts`: a mixture's expert-parallel group (parallel/expert_parallel.h); null: every
+  // expert here.
   TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
-              Communicator& tp, bool sequence_parallel);
+              Communicator& tp, bool sequence_parallel, ExpertExchange* experts = nullptr);
   // x: (rows, C) — all B·T rows, or with sequence parallelism this rank's B·T/P rows, in order.
   // B, T: the whole batch's shape (attention needs the sequences).
   Tensor forward(Context& ctx, const Tensor& x, int64_t B, int64_t T);
@@ -47,6 +62,12 @@ class TpGpt2Block {
   void clear_cache();
   void collect_cache(std::vector<Tensor*>& out);
   const std::vector<Parameter*>& sequence_parallel_params() const { return sp_params_; }
+  // A mixture's, as Gpt2Block's: its balance losses (the same on every rank of the group) and
+  // tokens per expert in the last forward; 0 and null for a dense block.
+  double aux_loss() const { return moe_ ? moe_->aux_loss() : 0; }
+  const std::vector<int64_t>* expert_tokens() const {
+    return moe_ ? moe_->expert_tokens() : nullptr;
+  }
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
@@ -64,17 +85,28 @@ class TpGpt2Block {
   // proj's, the activation's and fc's backward from the block output's gradient dy: the MLP's
   // input gradient. `selective`: fc's dropped input is rebuilt right before fc's backward.
   Tensor mlp_down_backward(Context& ctx, const Tensor& dy, bool selective);
+  // A mixture's: its rows of the batch (the norm's output, or with sequence parallelism all of
+  // them gathered) as (B, T, C).
+  Tensor whole_rows(const Tensor& rows) const;
+  // The sum over tp of a mixture's partial result (N, C): all-reduced, or with sequence
+  // parallelism reduce-scattered to this rank's rows.
+  Tensor sum_over_tp(const Tensor& partial) const;
   Recompute recompute_;
   bool llama_;
   int64_t local_channels_, local_heads_, local_kv_heads_, local_hidden_, head_dim_;
   cpu::RopeFrequencies rope_frequencies_;
   int64_t B_ = 0, T_ = 0;
+  Communicator& tp_;
+  bool sequence_parallel_;
   std::unique_ptr<Norm> ln_1_;
   ColumnParallelLinear qkv_;
   RowParallelLinear attn_proj_;
   std::unique_ptr<Norm> ln_2_;
-  ColumnParallelLinear fc_;
-  RowParallelLinear mlp_proj_;
+  // The MLP: fc and proj, or a mixture of experts with the TensorSplit it sums over.
+  std::optional<ColumnParallelLinear> fc_;
+  std::optional<RowParallelLinear> mlp_proj_;
+  std::unique_ptr<TensorSplit> split_;
+  std::unique_ptr<MoeMlp> moe_;
   std::vector<Parameter*> sp_params_;
   // attention inputs (Llama: the compact qkv, q and k turned) and outputs, and the activation's
   // input; on a GPU at bf16 / fp16 h_ in 16 bits, and att_, proj's rounded input, and qkv_out_

@@ -7,7 +7,7 @@
 namespace loom {
 
 TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_parallel,
-               const Gpt2Part& part)
+               const Gpt2Part& part, ExpertExchange* experts)
     : config_(config), part_(part), tp_(tp), sequence_parallel_(sequence_parallel) {
   config_.validate();
   part_ = part.resolved(config_.n_layers);
@@ -15,7 +15,6 @@ TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_paralle
   if (part_.embedding || part_.head) {
     params_.begin_unit("root");
     root_unit_ = 0;
-    first_block_unit_ = 1;
   }
   if (part_.embedding)
     vocab_ = std::make_unique<VocabParallelEmbedding>(params_, config.vocab_size,
@@ -39,8 +38,22 @@ TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_paralle
   for (int64_t l = part_.first_block; l < part_.end_block; ++l) {
     const std::string name = "blocks." + std::to_string(l);
     params_.begin_unit(name);
-    blocks_.push_back(std::make_unique<TpGpt2Block>(params_, name, config_, tp, sequence_parallel));
+    block_unit_.push_back(params_.units().size() - 1);
+    blocks_.push_back(
+        std::make_unique<TpGpt2Block>(params_, name, config_, tp, sequence_parallel, experts));
   }
+}
+
+double TpGpt2::aux_loss() const {
+  double sum = 0;
+  for (const auto& block : blocks_) sum += block->aux_loss();
+  return sum;
+}
+
+void TpGpt2::add_expert_tokens(std::vector<double>& counts) const {
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    add_block_expert_tokens(blocks_[l]->expert_tokens(),
+                            part_.first_block + static_cast<int64_t>(l), counts);
 }
 
 Shape TpGpt2::boundary_shape(int64_t B, int64_t T) const {
@@ -70,9 +83,9 @@ Tensor TpGpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& tar
   if (root_unit_ >= 0) hook_before_forward(ctx, static_cast<size_t>(root_unit_));
   Tensor x = part_.embedding ? vocab_->forward(ctx, input) : input;
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    hook_before_forward(ctx, first_block_unit_ + l);
+    hook_before_forward(ctx, block_unit_[l]);
     x = blocks_[l]->forward(ctx, x, B, T);
-    hook_after_forward(ctx, first_block_unit_ + l);
+    hook_after_forward(ctx, block_unit_[l]);
   }
   Tensor out;
   if (part_.head) {
@@ -108,6 +121,7 @@ Tensor TpGpt2::reduced_over_tp(Context& ctx, const std::vector<Parameter*>& para
 }
 
 Tensor TpGpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
+  ctx.backward_scale = scale;  // for the blocks' inner losses (a mixture of experts')
   if (root_unit_ >= 0) hook_before_backward(ctx, static_cast<size_t>(root_unit_));
   Tensor dx = dy;
   if (part_.head) {
@@ -117,10 +131,10 @@ Tensor TpGpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
     LOOM_CHECK_MSG(dy.defined(), "a model part without the head needs its output's gradient");
   }
   for (size_t l = blocks_.size(); l-- > 0;) {
-    hook_before_backward(ctx, first_block_unit_ + l);
+    hook_before_backward(ctx, block_unit_[l]);
     TpGpt2Block& block = *blocks_[l];
     dx = reduced_over_tp(ctx, block.sequence_parallel_params(), [&] { return block.backward(ctx, dx); });
-    hook_after_backward(ctx, first_block_unit_ + l);
+    hook_after_backward(ctx, block_unit_[l]);
   }
   Tensor out;
   if (part_.embedding) vocab_->backward(ctx, dx);

@@ -9,6 +9,10 @@
 // output are (B·T, C) activations, or this rank's (B·T/P, C) rows under sequence parallelism
 // (boundary_shape); a head-only part holds its own slice of the tied wte.
 //
+// A mixture of experts' blocks split their experts' widths over tp (tensor_parallel_block.h) and,
+// under expert parallelism (`experts`), the experts over dp ranks, each block's in a unit of its
+// own after the block's, as Gpt2's.
+//
 // Under sequence parallelism the replicated LayerNorm parameters get gradients from this rank's
 // rows only; each micro-batch's contribution is all-reduced over tp right after the LayerNorm's
 // backward (into a fresh buffer, then added), so accumulation over micro-batches stays exact.
@@ -26,7 +30,7 @@ namespace loom {
 class TpGpt2 : public Gpt2Stage {
  public:
   TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_parallel,
-         const Gpt2Part& part = {});
+         const Gpt2Part& part = {}, ExpertExchange* experts = nullptr);
   const Gpt2Config& config() const override { return config_; }
   const Gpt2Part& part() const override { return part_; }
   ParameterStore& params() override { return params_; }
@@ -42,6 +46,8 @@ class TpGpt2 : public Gpt2Stage {
     if (head_ != nullptr) return head_->wte();
     return config_.tie_embeddings && vocab_ ? vocab_->wte() : nullptr;  // the first stage's
   }
+  double aux_loss() const override;
+  void add_expert_tokens(std::vector<double>& counts) const override;
   // The shape of a part's input and output activations for a (B, T) batch on this rank.
   Shape boundary_shape(int64_t B, int64_t T) const;
 
@@ -58,7 +64,7 @@ class TpGpt2 : public Gpt2Stage {
   bool sequence_parallel_;
   ParameterStore params_;
   int root_unit_ = -1;  // -1: this part has neither end, so no root unit
-  size_t first_block_unit_ = 0;
+  std::vector<size_t> block_unit_;  // each block's unit (expert units may follow them)
   std::unique_ptr<VocabParallelEmbedding> vocab_;       // the embedding (and the tied head)
   std::unique_ptr<VocabParallelEmbedding> head_vocab_;  // the head's own weight, where it has one
   VocabParallelEmbedding* head_ = nullptr;              // the head: one of the two

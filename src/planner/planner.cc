@@ -90,16 +90,16 @@ std::vector<std::vector<PlannedUnit>> planned_units(const Config& config, int pp
   const int64_t vocab_rows = P > 1 ? (model.vocab_size + P - 1) / P : model.vocab_size;
   // GPT-2: the matrices and their column-parallel biases split over tp; the LayerNorms and the
   // row-parallel biases replicated. Llama: the matrices split, the two RMSNorms replicated; a
-  // mixture of experts (never under tp) every expert's SwiGLU, the shared experts' and the router.
-  // Under expert parallelism a block's E/ep experts are a unit of their own.
+  // mixture of experts every expert's SwiGLU and the shared experts' split likewise, its router
+  // replicated. Under expert parallelism a block's E/ep experts are a unit of their own.
   const int64_t ep = model.moe() ? std::max(par.ep, 1) : 1;
-  const int64_t expert_unit = ep > 1 ? model.moe_experts / ep * 3 * d * model.hidden() : 0;
+  const int64_t expert_unit = ep > 1 ? model.moe_experts / ep * 3 * d * model.hidden() / P : 0;
   const int64_t mlp = model.moe() ? (ep > 1 ? 0 : model.moe_experts * 3 * d * model.hidden()) +
-                                        model.moe_shared_experts * 3 * d * model.hidden() +
-                                        d * model.moe_experts
+                                        model.moe_shared_experts * 3 * d * model.hidden()
                                   : 3 * d * model.hidden();
+  const int64_t router = model.moe() ? d * model.moe_experts : 0;
   const int64_t llama_matrices = d * model.qkv_width() + d * d + mlp;
-  const int64_t per_block = model.llama() ? llama_matrices / P + 2 * d
+  const int64_t per_block = model.llama() ? llama_matrices / P + router + 2 * d
                             : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
                                           : 12 * d * d + 13 * d;
   const int64_t ln_f = model.llama() ? d : 2 * d;
@@ -167,16 +167,17 @@ std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank) 
   const int64_t vocab_rows = P > 1 ? (model.vocab_size + P - 1) / P : model.vocab_size;
   const auto padded = [](int64_t n) { return (n + 7) / 8 * 8; };
   // A block's Linears: qkv and the MLP's fc split by rows over tp, the two projections by
-  // columns (a Llama's gate and up are one fc of 2H rows); a mixture's router and each expert's
-  // fc and proj.
+  // columns (a Llama's gate and up are one fc of 2H rows); a mixture's router (whole) and each
+  // expert's fc and proj (split as the SwiGLU's).
   const int64_t fc_rows = model.llama() ? 2 * model.hidden() : model.hidden();
   const int64_t shared = model.moe_shared_experts * model.hidden();  // the shared experts' width
   const int64_t held_experts = model.moe_experts / std::max(par.ep, 1);  // this rank's
-  const int64_t mlp = model.moe()
-                          ? padded(model.moe_experts * d) +
-                                held_experts * (padded(fc_rows * d) + padded(d * model.hidden())) +
-                                (shared > 0 ? padded(2 * shared * d) + padded(d * shared) : 0)
-                          : padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
+  const int64_t mlp =
+      model.moe()
+          ? padded(model.moe_experts * d) +
+                held_experts * (padded(fc_rows / P * d) + padded(d * (model.hidden() / P))) +
+                (shared > 0 ? padded(2 * shared / P * d) + padded(d * (shared / P)) : 0)
+          : padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
   const int64_t per_block = padded(model.qkv_width() / P * d) + padded(d * (d / P)) + mlp;
   const int stages = par.pp * par.virtual_stages;
   std::vector<int64_t> chunks;

@@ -69,17 +69,18 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     everything = (2 + 2 * half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
     if (model.moe_experts > 0) {
-      // A mixture of experts (nn/moe_mlp.h; no tp): in place of the SwiGLU's, the router's
+      // A mixture of experts (nn/moe_mlp.h): in place of the SwiGLU's, the router's
       // probabilities (E) and log-sum-exp (1), each token's choices and weights and the experts'
       // rows and slots (4·k), and for each of a token's k experts its gathered input and output
       // (2·C), h and SwiGLU output (3·H); selective drops the gathered inputs and the SwiGLU
-      // outputs (tests/models/llama_test.cc counts a block's cache exactly).
+      // outputs (tests/models/llama_test.cc counts a block's cache exactly). Under tp every rank
+      // keeps all of the batch's tokens' rows, and 1/tp of the experts' widths.
       const double E = static_cast<double>(model.moe_experts);
       const double k = static_cast<double>(model.moe_top_k);
       // The shared experts (S · H wide) keep their h and SwiGLU output for every token.
       const double S = static_cast<double>(model.moe_shared_experts);
-      everything += N * (E + 1 + 4 * k + 2 * k * C + 3 * k * H + 3 * S * H) - 3 * half * N * H / P;
-      selective += N * (E + 1 + 4 * k + k * C + 2 * k * H + 2 * S * H) - 2 * half * N * H / P;
+      everything += N * (E + 1 + 4 * k + 2 * k * C + 3 * (k + S) * H / P) - 3 * half * N * H / P;
+      selective += N * (E + 1 + 4 * k + k * C + 2 * (k + S) * H / P) - 2 * half * N * H / P;
     }
   }
   double per_block = everything;

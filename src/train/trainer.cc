@@ -489,7 +489,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   } else {
     if (tensor_parallel)
       whole = std::make_unique<TpGpt2>(model_config_of(config), tp_count,
-                                       config.parallel.sequence_parallel);
+                                       config.parallel.sequence_parallel, Gpt2Part{},
+                                       expert_exchange.get());
     else
       whole = std::make_unique<Gpt2>(model_config_of(config), Gpt2Part{}, expert_exchange.get());
     whole_engine = DataParallel::create(whole->params(), dp, pool, device, dp_config, opt_config,

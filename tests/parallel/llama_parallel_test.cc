@@ -123,6 +123,36 @@ threads_per_rank = 1
                                   root_ / (prefix + "resumed") / step_4, "resumed", 0.0);
   }
 
+  // `source`'s step-2 checkpoint continued for steps 3 and 4 under `other` (run dir `dir`): its
+  // losses and gradient norms (and validation loss, where `source` has one at step 4) those of
+  // `source`'s last steps, within rounding.
+  static void expect_continued_elsewhere(const std::string& source, const std::string& dir,
+                                         Config other) {
+    fs::create_directories(root_ / dir / "checkpoints");
+    fs::copy(root_ / source / "checkpoints" / "step_2", root_ / dir / "checkpoints" / "step_2",
+             fs::copy_options::recursive);
+    other.train.steps = 4;
+    other.train.warmup_steps = 2;
+    TrainOptions o = options(dir);
+    o.resume = "auto";
+    run_training(other, o);
+    const auto want = testing::read_metrics(root_ / source);
+    const auto got = testing::read_metrics(root_ / dir);
+    ASSERT_EQ(want.size(), 4u) << source;
+    ASSERT_EQ(got.size(), 2u) << dir;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double loss = want[i + 2]["loss"].get<double>();
+      EXPECT_NEAR(got[i]["loss"].get<double>(), loss, 1e-5 * loss) << dir << " step " << i + 3;
+      // The gradient norm too: sharded and expert-parallel gradients' squares each counted once.
+      const double norm = want[i + 2]["grad_norm"].get<double>();
+      EXPECT_NEAR(got[i]["grad_norm"].get<double>(), norm, 1e-6 * norm) << dir << " step " << i + 3;
+    }
+    if (!want[3].contains("val_loss")) return;
+    ASSERT_TRUE(got[1].contains("val_loss")) << dir;
+    const double val = want[3]["val_loss"].get<double>();
+    EXPECT_NEAR(got[1]["val_loss"].get<double>(), val, 1e-5 * val) << dir;
+  }
+
   static fs::path root_;
 };
 fs::path LlamaParallel::root_;
@@ -210,6 +240,25 @@ TEST_F(LlamaParallel, MixtureOfExpertsUnderEveryStrategyBuiltForItMatchesOneDevi
                                   "pp=2;pp=2,schedule=interleaved,v=2;"
                                   "pp=2,schedule=zb-v,v=2,recompute=full;dp=2,pp=2,schedule=gpipe",
                                   7);
+}
+
+// Tensor parallelism (parallel/tensor_parallel_block.h): every expert's width split over tp, the
+// mixture's partial outputs and input gradients summed over it — with sequence parallelism from
+// and to each rank's rows —, the routing weights' gradients summed inside; under recomputation,
+// pipelining, ZeRO, and with expert parallelism over the dp ranks of each tp rank besides.
+TEST_F(LlamaParallel, MixtureOfExpertsUnderTensorParallelismMatchesOneDevice) {
+  expect_layouts_match_one_device(
+      moe_config(),
+      "tp=2;tp=2,sp=1;tp=2,sp=1,recompute=selective;"
+      "tp=2,recompute=full,mbs=2;pp=2,tp=2,sp=1,schedule=interleaved,v=2;"
+      "dp=2,tp=2,zero=3,sp=1;dp=2,tp=2,ep=2;"
+      "dp=2,tp=2,ep=2,zero=2,sp=1,ep_dispatch=all_to_all;"
+      "dp=2,tp=2,ep=2,zero=3,recompute=full;"
+      "dp=2,pp=2,tp=2,ep=2,zero=1,sp=1,mbs=2",
+      10);
+  Config shared = moe_config();
+  shared.model.moe_shared_experts = 2;
+  expect_layouts_match_one_device(shared, "tp=2,sp=1;dp=2,tp=2,ep=2,zero=1,recompute=selective", 2);
 }
 
 // With two shared experts beside the routed ones (model.moe_shared_experts: DeepSeekMoE's form).
@@ -364,39 +413,42 @@ TEST_F(LlamaParallel, ExpertParallelCheckpointsResumeBitForBitAndUnderOtherLayou
     EXPECT_LE(record["comm_ms"]["ep"].get<double>() + record["compute_ms"].get<double>(),
               record["step_ms"].get<double>() * (1 + 1e-9));
   }
-  for (const auto& [dir, source] : {std::pair<const char*, const char*>{"ep_to_one", "ep_whole"},
-                                    {"ep_sharded_to_dp", "ep_sharded_whole"}}) {
-    fs::create_directories(root_ / dir / "checkpoints");
-    fs::copy(root_ / source / "checkpoints" / "step_2", root_ / dir / "checkpoints" / "step_2",
-             fs::copy_options::recursive);
-    Config other = moe_config();
-    other.data.val = c.data.val;
-    other.train.eval_every = c.train.eval_every;
-    other.train.eval_batches = c.train.eval_batches;
-    other.train.steps = 4;
-    other.train.warmup_steps = 2;
-    other.train.micro_batch_size = 2;
-    if (std::string(dir) == "ep_sharded_to_dp") {
-      other.parallel.dp = 2;
-      other.runtime.ranks = 2;
-    }
-    TrainOptions o = options(dir);
-    o.resume = "auto";
-    run_training(other, o);
-    const auto got = testing::read_metrics(root_ / dir);
-    ASSERT_EQ(got.size(), 2u) << dir;
-    EXPECT_FALSE(got[0]["comm_bytes"].contains("ep")) << dir;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double want = ep_run[i + 2]["loss"].get<double>();
-      EXPECT_NEAR(got[i]["loss"].get<double>(), want, 1e-5 * want) << dir << " step " << i + 3;
-      // The gradient norm too: the experts' squares summed over the ep group, each once.
-      const double norm = ep_run[i + 2]["grad_norm"].get<double>();
-      EXPECT_NEAR(got[i]["grad_norm"].get<double>(), norm, 1e-6 * norm) << dir << " step " << i + 3;
-    }
-    ASSERT_TRUE(ep_run[3].contains("val_loss") && got[1].contains("val_loss")) << dir;
-    const double val = ep_run[3]["val_loss"].get<double>();
-    EXPECT_NEAR(got[1]["val_loss"].get<double>(), val, 1e-5 * val) << dir;
-  }
+  Config other = moe_config();
+  other.data.val = c.data.val;
+  other.train.eval_every = c.train.eval_every;
+  other.train.eval_batches = c.train.eval_batches;
+  other.train.micro_batch_size = 2;
+  expect_continued_elsewhere("ep_whole", "ep_to_one", other);
+  other.parallel.dp = 2;
+  other.runtime.ranks = 2;
+  expect_continued_elsewhere("ep_sharded_whole", "ep_sharded_to_dp", other);
+  for (const char* dir : {"ep_to_one", "ep_sharded_to_dp"})
+    EXPECT_FALSE(testing::read_metrics(root_ / dir)[0]["comm_bytes"].contains("ep")) << dir;
+}
+
+// A mixture split by tensor and expert parallelism at once (dp 2 × tp 2, ep 2, sequence
+// parallel) stops and resumes bit for bit from either checkpoint format; its checkpoints hold
+// every expert whole (its tp slices put together, each ep block once) and resume on one device
+// and under pp 2 × tp 2 to the same run.
+TEST_F(LlamaParallel, TensorAndExpertParallelMixtureCheckpointsResumeAnywhere) {
+  Config c = moe_config();
+  c.parallel.dp = 2;
+  c.parallel.tp = 2;
+  c.parallel.ep = 2;
+  c.parallel.sequence_parallel = true;
+  c.parallel.zero = 1;
+  c.runtime.ranks = 4;
+  expect_resumed_run_bitwise_equal(c, "tp_ep_");
+  Config sharded = c;
+  sharded.train.checkpoint_format = "sharded";
+  sharded.parallel.zero = 2;
+  expect_resumed_run_bitwise_equal(sharded, "tp_ep_sharded_");
+  expect_continued_elsewhere("tp_ep_whole", "tp_ep_to_one", moe_config());
+  Config pp = moe_config();
+  pp.parallel.pp = 2;
+  pp.parallel.tp = 2;
+  pp.runtime.ranks = 4;
+  expect_continued_elsewhere("tp_ep_sharded_whole", "tp_ep_sharded_to_pp", pp);
 }
 
 TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
@@ -404,9 +456,6 @@ TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
     const std::string error = testutil::error_of([&] { validate(c); });
     EXPECT_NE(error.find(expected), std::string::npos) << error;
   };
-  Config tp = moe_config();
-  tp.parallel.tp = 2;
-  refused(tp, "parallel.tp = 2: model.moe_experts > 0 is not yet built for it");
   Config cp = moe_config();
   cp.parallel.cp = 2;
   refused(cp, "parallel.cp = 2: model.moe_experts > 0 is not yet built for it");

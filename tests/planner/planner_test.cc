@@ -550,6 +550,15 @@ TEST(Planner, MixtureOfExpertsStateBytesAreWhatTheEnginesAllocate) {
   for (const Layout& l :
        {Layout{4, 1, 1, 2, 1, 1, 2}, Layout{2, 1, 1, 1, 1, 1, 2}, Layout{4, 1, 1, 3, 1, 1, 2}})
     expect_plan_is_what_the_trainer_allocates(c, l, dir);
+  // Tensor parallelism: every expert's width split over tp, the router whole; with expert
+  // parallelism and pipelining besides, and shared experts.
+  for (const Layout& l : {Layout{2, 2, 1, 0, 1}, Layout{4, 2, 1, 3, 1}, Layout{4, 2, 1, 1, 1, 1, 2},
+                          Layout{8, 2, 2, 1, 1, 1, 2}})
+    expect_plan_is_what_the_trainer_allocates(c, l, dir);
+  c.model.moe_shared_experts = 2;
+  for (const Layout& l : {Layout{2, 2, 1, 2, 1}, Layout{4, 2, 1, 2, 1, 1, 2}})
+    expect_plan_is_what_the_trainer_allocates(c, l, dir);
+  c.model.moe_shared_experts = 0;
   PlanOptions o;
   o.devices = 4;
   o.hardware = find_hardware("h100");
@@ -558,13 +567,13 @@ TEST(Planner, MixtureOfExpertsStateBytesAreWhatTheEnginesAllocate) {
   std::set<std::string> names;
   for (const LayoutPlan& p : plans) {
     names.insert(p.name());
-    EXPECT_EQ(p.tp, 1) << "a tp layout of a mixture of experts offered";
     EXPECT_EQ(p.cp, 1) << "a cp layout of a mixture of experts offered";
     EXPECT_EQ(p.ep_comm_s > 0, p.ep > 1) << p.name();
   }
   // Every ep dividing dp and the 4 experts is offered, and splitting the experts saves state.
-  for (const char* name : {"dp4 tp1 pp1 ep2 zero1", "dp4 tp1 pp1 ep4 zero2",
-                           "dp4 tp1 pp1 ep2 zero3", "dp2 tp1 pp2 ep2 zero1 1f1b"})
+  for (const char* name :
+       {"dp4 tp1 pp1 ep2 zero1", "dp4 tp1 pp1 ep4 zero2", "dp4 tp1 pp1 ep2 zero3",
+        "dp2 tp1 pp2 ep2 zero1 1f1b", "dp2 tp2 pp1 ep2 zero1", "dp2 tp2 pp1 zero3"})
     EXPECT_TRUE(names.contains(name)) << name;
   const auto plan_of = [&](const std::string& name) {
     for (const LayoutPlan& p : plans)
