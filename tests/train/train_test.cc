@@ -673,8 +673,9 @@ TEST_F(TrainTest, ZeroBubbleOnTensorParallelGpusAtBf16IsOneFOneBBitForBit) {
 // Expert parallelism on two GPUs over nccl (parallel/expert_parallel.h): a Llama mixture's
 // experts split over the two, the tokens gathered GPU to GPU and the outputs reduce-scattered
 // back; with the validation every rank runs. The run is the CPU ranks' (losses, gradient norms,
-// the validation loss); at bf16 within 1%; and with the all-to-all dispatcher.
-TEST_F(TrainTest, ExpertParallelMixtureOnTwoGpusOverNcclTrainsAsOnCpuRanks) {
+// the validation loss); at bf16 within 1%; and with the all-to-all dispatcher. Then tensor
+// parallelism: the experts' widths split over the two.
+TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsOrWidthsTrainsAsOnCpuRanks) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs: " << cuda::unavailable_reason();
   Config c = config(4);
   c.model.arch = "llama";
@@ -723,6 +724,35 @@ TEST_F(TrainTest, ExpertParallelMixtureOnTwoGpusOverNcclTrainsAsOnCpuRanks) {
   Config dispatched = c;
   dispatched.parallel.ep_dispatch = "all_to_all";
   expect_losses(dispatched, "ep2_gpus_all_to_all", 1e-4);
+  // Tensor parallelism (sequence parallel; two key/value heads, one a GPU): each GPU a half of
+  // every expert's width, the partial outputs reduce-scattered and the routing weights'
+  // gradients all-reduced over NCCL, against the same layout on CPU ranks; at bf16 the norm's
+  // rows gathered in its 16 bits.
+  Config tp = c;
+  tp.model.n_kv_heads = 2;
+  tp.parallel.dp = 1;
+  tp.parallel.ep = 1;
+  tp.parallel.tp = 2;
+  tp.parallel.sequence_parallel = true;
+  tp.train.micro_batch_size = 4;
+  tp.runtime.device = "cpu";
+  run_training(tp, options("tp2_cpus"));
+  const auto tp_on_cpus = metrics("tp2_cpus");
+  ASSERT_EQ(tp_on_cpus.size(), 4u);
+  tp.runtime.device = "cuda";
+  for (const char* precision : {"fp32", "bf16"}) {
+    tp.runtime.matmul_precision = precision;
+    const std::string name = std::string("tp2_gpus_") + precision;
+    run_training(tp, options(name));
+    const auto got = metrics(name);
+    ASSERT_EQ(got.size(), 4u) << name;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double want = tp_on_cpus[i]["loss"];
+      EXPECT_NEAR(got[i]["loss"].get<double>(), want,
+                  (std::string(precision) == "bf16" ? 1e-2 : 1e-4) * want)
+          << name << ", step " << i + 1;
+    }
+  }
 }
 
 TEST_F(TrainTest, EveryStrategyRunsOnOneGpuThroughHostStaging) {
