@@ -407,11 +407,6 @@ void validate(const Config& config) {
                  "and the layout would quantize differently from one device");
   // Llama's other shard widths: the key/value projections' and the SwiGLU's.
   const ModelConfig& m = config.model;
-  // Mixture-of-experts blocks are built for whole sequences: data, expert and tensor
-  // parallelism, ZeRO and pipelining (docs/moe.md); not yet split by context parallelism.
-  if (m.arch == "llama" && m.moe_experts > 0 && config.parallel.cp > 1)
-    problems.add("parallel.cp = ", config.parallel.cp,
-                 ": model.moe_experts > 0 is not yet built for it (docs/moe.md)");
   // Expert parallelism splits a mixture's experts over groups of data-parallel ranks.
   const ParallelConfig& par = config.parallel;
   if (par.ep > 1) {

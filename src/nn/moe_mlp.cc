@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/sequence_shard.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -219,13 +220,32 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   int32_t* counts = counts_.data<int32_t>();
   for (int64_t t = 0; t < N; ++t)
     for (int64_t j = 0; j < K; ++j) ++counts[(t / T) * E + own[t * K + j]];
+  expert_tokens_.assign(static_cast<size_t>(E), 0);
+  for (int64_t i = 0; i < B * E; ++i) expert_tokens_[static_cast<size_t>(i % E)] += counts[i];
+  // Under context parallelism this rank holds T of each sequence's full_length() positions: the
+  // sequences' counts and probability sums are summed over the group (one host wait), and every
+  // rank's balance loss is the whole sequences'.
+  sequence_length_ = T;
+  if (ctx.sequence != nullptr) {
+    sequence_length_ = ctx.sequence->full_length();
+    std::vector<double> whole(static_cast<size_t>(2 * B * E));
+    for (int64_t i = 0; i < B * E; ++i) {
+      whole[static_cast<size_t>(i)] = counts[i];
+      whole[static_cast<size_t>(B * E + i)] = sums.data<double>()[i];
+    }
+    ctx.sequence->sum_over_group(whole);
+    for (int64_t i = 0; i < B * E; ++i) {
+      counts[i] = static_cast<int32_t>(std::lround(whole[static_cast<size_t>(i)]));
+      sums.data<double>()[i] = whole[static_cast<size_t>(B * E + i)];
+    }
+  }
   // The balance loss: the mean over sequences of Σ_e f_e · P_e.
+  const double L = static_cast<double>(sequence_length_);
   balance_loss_ = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t e = 0; e < E; ++e)
-      balance_loss_ += static_cast<double>(E) / static_cast<double>(K * T) * counts[b * E + e] *
-                       sums.data<double>()[b * E + e] / static_cast<double>(T) /
-                       static_cast<double>(B);
+      balance_loss_ += static_cast<double>(E) / (static_cast<double>(K) * L) * counts[b * E + e] *
+                       sums.data<double>()[b * E + e] / L / static_cast<double>(B);
   // The router z-loss: the mean over tokens of lse², where it counts.
   router_z_loss_ = 0;
   if (losses_.router_z > 0) {
@@ -238,8 +258,6 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
       }
     });
   }
-  expert_tokens_.assign(static_cast<size_t>(E), 0);
-  for (int64_t i = 0; i < B * E; ++i) expert_tokens_[static_cast<size_t>(i % E)] += counts[i];
   if (all_to_all) {
     Tensor y = run_all_to_all(ctx, x, residual, chosen);
     if (shared_) return shared_->forward_adding(ctx, x, y);
@@ -314,11 +332,13 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
                          : Tensor::empty({N, K}, ctx.dtype, ctx.device);  // every slot an expert's
   Tensor dlogits = Tensor::empty({B, T, E}, ctx.dtype, ctx.device);
   // The balance loss's gradient at each sequence's probabilities: the coefficient × the loss's
-  // scale / (B·T) × f_e.
+  // scale / (B·T) × f_e. Under context parallelism f_e is the whole sequence's, and T this rank's
+  // positions, not full_length(): the group's gradients are averaged with dp's (divided by cp),
+  // so each rank's tokens take cp times their share of the mean.
   Tensor balance = Tensor::empty({B, E}, DType::kF64);
   const double aux = static_cast<double>(losses_.balance) * ctx.backward_scale /
                      static_cast<double>(B * T) * static_cast<double>(E) /
-                     static_cast<double>(K * T);
+                     static_cast<double>(K * sequence_length_);
   for (int64_t i = 0; i < B * E; ++i) balance.data<double>()[i] = aux * counts_.data<int32_t>()[i];
   if (!ctx.device.is_cpu()) balance = balance.to(ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {

@@ -29,6 +29,10 @@
 // them, gathered; the router (and shared experts) stay whole on every rank, each routing its own
 // tokens, so the balance loss and the counts per expert are those of one device.
 //
+// Context parallelism (ctx.sequence, nn/sequence_shard.h): a rank holds some positions of each
+// sequence; the sequences' choices and probability sums per expert are summed over the group
+// before the balance loss, so it is the whole sequences' on every rank.
+//
 // Tensor parallelism: given a TensorSplit (nn/tensor_split.h) over P ranks, rank r holds slice r
 // of every expert's hidden width (and of the shared experts'; nn/swiglu_mlp.h: HiddenSlice), as
 // Megatron-LM's expert tensor parallelism splits them. Every rank reads every token and routes
@@ -154,6 +158,7 @@ class MoeMlp : public FeedForward {
   std::vector<int64_t> expert_tokens_;
   double balance_loss_ = 0;
   double router_z_loss_ = 0;
+  int64_t sequence_length_ = 0;  // of the last forward: the whole sequences' (under cp too)
 };
 
 }  // namespace loom

@@ -34,6 +34,10 @@ class SequenceShard {
   virtual Tensor gather(Context& ctx, const Tensor& local) = 0;
   // (B, T, W) of every rank → their sum at this rank's positions, (B, local_length, W).
   virtual Tensor reduce_scatter(Context& ctx, const Tensor& full) = 0;
+  // `values` (host) replaced by their sum over the group, the same on every rank (the host
+  // waits): statistics of whole sequences, as a mixture of experts' choices per expert and
+  // sequence (nn/moe_mlp.h).
+  virtual void sum_over_group(std::vector<double>& values) = 0;
 
   // The ring form of the exchange (parallel.cp_comm = "ring"): when ring() is true the attention
   // never holds the whole sequence's keys and values; each rank's block passes around the group

@@ -45,6 +45,9 @@ class ContextParallel final : public SequenceShard {
   const std::vector<cpu::RowRange>& positions() const override { return positions_[cp_.rank()]; }
   Tensor gather(Context& ctx, const Tensor& local) override;
   Tensor reduce_scatter(Context& ctx, const Tensor& full) override;
+  void sum_over_group(std::vector<double>& values) override {
+    values = all_reduce_values(cp_, values);
+  }
   bool ring() const override { return ring_; }
   void ring_blocks(Context& ctx, const Tensor& local, const BlockVisit& visit) override;
   Tensor ring_blocks_backward(Context& ctx, const Tensor& local, DType grad_dtype,

@@ -33,13 +33,14 @@ int64_t ExpertParallel::max_over_group(int64_t value) {
   return static_cast<int64_t>(all_reduce_value(ep_, static_cast<double>(value), ReduceOp::kMax));
 }
 
-ExpertGroups split_expert_groups(Communicator& dp, int ep) {
+ExpertGroups split_expert_groups(Communicator& dp, int ep, Communicator* gradients) {
   if (ep < 1 || dp.size() % ep != 0)
     fail("parallel.ep = ", ep, " must divide parallel.dp = ", dp.size(),
          ": expert-parallel groups are made of data-parallel ranks");
   ExpertGroups groups;
   groups.ep = dp.split(dp.rank() / ep, dp.rank());
-  groups.experts_dp = dp.split(dp.rank() % ep, dp.rank());
+  Communicator& all = gradients != nullptr ? *gradients : dp;
+  groups.experts_dp = all.split(dp.rank() % ep, all.rank());
   return groups;
 }
 

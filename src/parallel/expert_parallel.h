@@ -60,11 +60,14 @@ class ExpertParallel final : public ExpertExchange {
 
 // The two groups of expert parallelism within a dp group (collective over it): `ep`, this rank's
 // expert-parallel group, and `experts_dp`, the ranks holding its experts. `ep` must divide
-// dp.size() (an error naming parallel.ep and parallel.dp).
+// dp.size() (an error naming parallel.ep and parallel.dp). `gradients`: the gradients' group
+// where it is wider than dp (dp × cp under context parallelism; collective over it too): the ep
+// groups stay within dp — ranks at the same positions of their sequences, as the checkpoints'
+// writers expect —, and experts_dp spans it, all the ranks holding the same experts.
 struct ExpertGroups {
   std::unique_ptr<Communicator> ep;
   std::unique_ptr<Communicator> experts_dp;
 };
-ExpertGroups split_expert_groups(Communicator& dp, int ep);
+ExpertGroups split_expert_groups(Communicator& dp, int ep, Communicator* gradients = nullptr);
 
 }  // namespace loom

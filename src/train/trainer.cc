@@ -438,7 +438,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   std::unique_ptr<CountingCommunicator> ep_count, experts_dp_count;
   std::unique_ptr<ExpertParallel> expert_exchange;
   if (config.parallel.ep > 1) {
-    expert_groups = split_expert_groups(mesh.axis("dp"), config.parallel.ep);
+    // Under context parallelism the experts' gradients are reduced over dp × cp.
+    expert_groups = split_expert_groups(mesh.axis("dp"), config.parallel.ep,
+                                        context_parallel ? dp_cp.get() : nullptr);
     ep_count = std::make_unique<CountingCommunicator>(*expert_groups.ep);
     experts_dp_count = std::make_unique<CountingCommunicator>(*expert_groups.experts_dp);
     expert_exchange =

@@ -261,6 +261,17 @@ TEST_F(LlamaParallel, MixtureOfExpertsUnderTensorParallelismMatchesOneDevice) {
   expect_layouts_match_one_device(shared, "tp=2,sp=1;dp=2,tp=2,ep=2,zero=1,recompute=selective", 2);
 }
 
+// Context parallelism (parallel/context_parallel.h): each rank a part of every sequence's
+// positions, the sequences' choices and probability sums per expert summed over cp for the
+// balance loss; with either exchange, ZeRO, tensor, expert and pipeline parallelism.
+TEST_F(LlamaParallel, MixtureOfExpertsUnderContextParallelismMatchesOneDevice) {
+  expect_layouts_match_one_device(moe_config(),
+                                  "cp=2;cp=2,cp_comm=ring,recompute=selective;dp=2,cp=2,zero=3;"
+                                  "cp=2,tp=2,sp=1;cp=2,pp=2,recompute=full;dp=2,cp=2,ep=2,zero=1;"
+                                  "dp=2,cp=2,ep=2,zero=2,ep_dispatch=all_to_all",
+                                  7);
+}
+
 // With two shared experts beside the routed ones (model.moe_shared_experts: DeepSeekMoE's form).
 TEST_F(LlamaParallel, MixtureOfExpertsWithSharedExpertsMatchesOneDevice) {
   Config c = moe_config();
@@ -289,7 +300,8 @@ TEST_F(LlamaParallel, MixtureOfExpertsStoppedAndResumedContinuesBitForBit) {
 }
 
 // metrics.jsonl's moe_aux_loss, the balance losses the step added: the same under dp (each rank's
-// mean over micro-batches, averaged) and pp (each stage's blocks', summed) as on one device, and
+// mean over micro-batches, averaged), pp (each stage's blocks', summed) and cp × tp (each rank's
+// the whole sequences', the counts summed over cp; every tp rank's the same) as on one device, and
 // between 1 and E/k = 2 times the coefficient a block; and moe_expert_load, the busiest expert's
 // tokens over the mean, the same bits.
 TEST_F(LlamaParallel, MixtureOfExpertsBalanceLossIsReportedTheSameUnderEveryLayout) {
@@ -308,9 +320,14 @@ TEST_F(LlamaParallel, MixtureOfExpertsBalanceLossIsReportedTheSameUnderEveryLayo
   pp.parallel.virtual_stages = 2;
   pp.runtime.ranks = 2;
   run_training(pp, options("moe_aux_pp"));
+  Config cp = one;  // each rank half of every sequence: the loss is the whole sequences'
+  cp.parallel.cp = 2;
+  cp.parallel.tp = 2;
+  cp.runtime.ranks = 4;
+  run_training(cp, options("moe_aux_cp_tp"));
   const auto ref = testing::read_metrics(root_ / "moe_aux_one");
   ASSERT_EQ(ref.size(), 3u);
-  for (const char* run : {"moe_aux_dp", "moe_aux_pp"}) {
+  for (const char* run : {"moe_aux_dp", "moe_aux_pp", "moe_aux_cp_tp"}) {
     const auto got = testing::read_metrics(root_ / run);
     ASSERT_EQ(got.size(), 3u) << run;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -429,8 +446,9 @@ TEST_F(LlamaParallel, ExpertParallelCheckpointsResumeBitForBitAndUnderOtherLayou
 // A mixture split by tensor and expert parallelism at once (dp 2 × tp 2, ep 2, sequence
 // parallel) stops and resumes bit for bit from either checkpoint format; its checkpoints hold
 // every expert whole (its tp slices put together, each ep block once) and resume on one device
-// and under pp 2 × tp 2 to the same run.
-TEST_F(LlamaParallel, TensorAndExpertParallelMixtureCheckpointsResumeAnywhere) {
+// and under pp 2 × tp 2 to the same run. So does one split by context and expert parallelism
+// (dp 2 × cp 2, ep 2: the ep groups within dp, the experts' gradients reduced over dp × cp).
+TEST_F(LlamaParallel, MixtureSplitEveryWayCheckpointsAndResumesAnywhere) {
   Config c = moe_config();
   c.parallel.dp = 2;
   c.parallel.tp = 2;
@@ -449,16 +467,24 @@ TEST_F(LlamaParallel, TensorAndExpertParallelMixtureCheckpointsResumeAnywhere) {
   pp.parallel.tp = 2;
   pp.runtime.ranks = 4;
   expect_continued_elsewhere("tp_ep_sharded_whole", "tp_ep_sharded_to_pp", pp);
+  Config cp = moe_config();
+  cp.parallel.dp = 2;
+  cp.parallel.cp = 2;
+  cp.parallel.ep = 2;
+  cp.parallel.zero = 2;
+  cp.runtime.ranks = 4;
+  expect_resumed_run_bitwise_equal(cp, "cp_ep_");
+  cp.train.checkpoint_format = "sharded";
+  expect_resumed_run_bitwise_equal(cp, "cp_ep_sharded_");
+  expect_continued_elsewhere("cp_ep_whole", "cp_ep_to_one", moe_config());
+  expect_continued_elsewhere("cp_ep_sharded_whole", "cp_ep_sharded_to_one", moe_config());
 }
 
-TEST_F(LlamaParallel, MixtureOfExpertsLayoutsNotYetBuiltAreRefusedByName) {
+TEST_F(LlamaParallel, MixtureOfExpertsConfigsThatCannotRunAreRefusedByName) {
   const auto refused = [](const Config& c, const std::string& expected) {
     const std::string error = testutil::error_of([&] { validate(c); });
     EXPECT_NE(error.find(expected), std::string::npos) << error;
   };
-  Config cp = moe_config();
-  cp.parallel.cp = 2;
-  refused(cp, "parallel.cp = 2: model.moe_experts > 0 is not yet built for it");
   Config gpt2 = moe_config();
   gpt2.model.arch = "gpt2";
   gpt2.model.n_kv_heads = 0;

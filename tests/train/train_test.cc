@@ -674,8 +674,8 @@ TEST_F(TrainTest, ZeroBubbleOnTensorParallelGpusAtBf16IsOneFOneBBitForBit) {
 // experts split over the two, the tokens gathered GPU to GPU and the outputs reduce-scattered
 // back; with the validation every rank runs. The run is the CPU ranks' (losses, gradient norms,
 // the validation loss); at bf16 within 1%; and with the all-to-all dispatcher. Then tensor
-// parallelism: the experts' widths split over the two.
-TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsOrWidthsTrainsAsOnCpuRanks) {
+// parallelism (the experts' widths split over the two) and context parallelism.
+TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsWidthsOrPositionsTrainsAsOnCpuRanks) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs: " << cuda::unavailable_reason();
   Config c = config(4);
   c.model.arch = "llama";
@@ -740,10 +740,19 @@ TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsOrWidthsTrainsAsOnCpuRanks) {
   const auto tp_on_cpus = metrics("tp2_cpus");
   ASSERT_EQ(tp_on_cpus.size(), 4u);
   tp.runtime.device = "cuda";
-  for (const char* precision : {"fp32", "bf16"}) {
-    tp.runtime.matmul_precision = precision;
-    const std::string name = std::string("tp2_gpus_") + precision;
-    run_training(tp, options(name));
+  // And context parallelism: each GPU half of every sequence, the balance loss's counts summed
+  // over the two (fp32: the same run as tp's on CPU ranks).
+  Config cp = tp;
+  cp.parallel.tp = 1;
+  cp.parallel.sequence_parallel = false;
+  cp.parallel.cp = 2;
+  for (const auto& [run, precision] :
+       {std::pair<Config, const char*>{tp, "fp32"}, {tp, "bf16"}, {cp, "fp32"}}) {
+    Config gpu_run = run;
+    gpu_run.runtime.matmul_precision = precision;
+    const std::string name =
+        std::string(run.parallel.cp > 1 ? "cp2_gpus_" : "tp2_gpus_") + precision;
+    run_training(gpu_run, options(name));
     const auto got = metrics(name);
     ASSERT_EQ(got.size(), 4u) << name;
     for (size_t i = 0; i < got.size(); ++i) {
