@@ -98,3 +98,13 @@ moe=(--set model.arch=llama --set model.ffn_hidden=16 --set model.moe_experts=4
   --set parallel.ep_dispatch=all_to_all 2>"$dir/err" >/dev/null || fail "all-to-all on thread ranks failed"
 [[ "$(digests "$dir/a2a_mpi/checkpoints/step_4")" == "$(digests "$dir/a2a_threads/checkpoints/step_4")" ]] ||
   fail "the all-to-all dispatcher over MPI differs from thread ranks"
+# The mixture split by tensor parallelism (sequence parallel): each process half of every
+# expert's width, the rows gathered and the partial outputs reduce-scattered over MPI.
+moe_tp=(--set model.arch=llama --set model.ffn_hidden=16 --set model.moe_experts=4
+  --set model.moe_top_k=2 --set parallel.tp=2 --set parallel.sequence_parallel=true)
+"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/moe_tp_mpi" --quiet "${moe_tp[@]}" \
+  2>"$dir/err" >/dev/null || fail "the tensor-parallel mixture job failed"
+"$loom" train "$dir/cfg.toml" --run-dir "$dir/moe_tp_threads" --quiet --ranks 2 "${moe_tp[@]}" \
+  2>"$dir/err" >/dev/null || fail "the tensor-parallel mixture on thread ranks failed"
+[[ "$(digests "$dir/moe_tp_mpi/checkpoints/step_4")" == "$(digests "$dir/moe_tp_threads/checkpoints/step_4")" ]] ||
+  fail "a tensor-parallel mixture over MPI differs from thread ranks"
