@@ -232,6 +232,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
   if (state.loss_scaler)
     j["loss_scale"] = {{"scale", state.loss_scaler->scale},
                        {"good_steps", state.loss_scaler->good_steps}};
+  if (!state.expert_bias.empty()) j["moe_expert_bias"] = state.expert_bias;
   // Training draws no random numbers after initialisation (no dropout, deterministic data order),
   // so the counter-based generator's key is all the RNG state there is.
   j["rng"] = {{"algorithm", "philox4x32-10"}, {"seed", state.seed}};
@@ -284,6 +285,17 @@ TrainingState training_state_of(const std::string& checkpoint_dir, const json& j
     if (j.contains("loss_scale"))
       s.loss_scaler = LossScalerState{j.at("loss_scale").at("scale").get<double>(),
                                       json_integer<int64_t>(j.at("loss_scale").at("good_steps"))};
+    if (j.contains("moe_expert_bias")) {
+      s.expert_bias = j.at("moe_expert_bias").get<std::vector<float>>();
+      // n_layers × experts of the shape it records
+      const json& shape = j.at("model");
+      const int64_t want = shape.contains("moe") ? shape.at("n_layers").get<int64_t>() *
+                                                       shape.at("moe").at("experts").get<int64_t>()
+                                                 : 0;
+      if (static_cast<int64_t>(s.expert_bias.size()) != want)
+        fail("checkpoint ", checkpoint_dir, ": state.json's moe_expert_bias holds ",
+             s.expert_bias.size(), " values, its model n_layers × moe experts = ", want);
+    }
   } catch (const json::exception& e) {
     fail("checkpoint ", checkpoint_dir, ": state.json is incomplete: ", e.what());
   }
@@ -444,6 +456,7 @@ TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, Ad
   }
   TrainingState s = load_checkpoint(checkpoint_dir, model.params(), flat);
   if (optimizer != nullptr) optimizer->set_steps_taken(s.optimizer_steps);
+  if (!s.expert_bias.empty()) model.set_expert_biases(s.expert_bias);
   return s;
 }
 

@@ -43,6 +43,9 @@ struct TrainingState {
   std::optional<LossScalerState> loss_scaler;
   // A blended loader's position, per source of data.blend (data/blend.h); empty otherwise.
   std::vector<BlendSourceState> loader_sources;
+  // A mixture's balancing biases (model.moe_bias_update_rate, nn/moe_mlp.h), n_layers × experts
+  // block-major; empty without them. state.json's "moe_expert_bias".
+  std::vector<float> expert_bias;
 };
 
 // Writes step_N under `checkpoints_dir` (created if missing) and returns its path.
@@ -78,6 +81,7 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir);
 // Loads parameters (and optimizer moments when `optimizer` is not null) into already built
 // objects. Every parameter must be present with the model's shape: a mismatch is an error that
 // names the checkpoint, the parameter and both shapes. Returns the recorded training state.
+// The model's mixtures get the checkpoint's balancing biases too (Gpt2::set_expert_biases).
 TrainingState load_checkpoint(const std::string& checkpoint_dir, Gpt2& model, AdamW* optimizer);
 // The same into flat buffers laid out as `layout` says (allocated by the caller; the moments
 // are loaded when into.exp_avg is defined). The optimizer step count is in the result.

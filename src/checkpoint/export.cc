@@ -1,5 +1,6 @@
 #include "checkpoint/export.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -533,7 +534,12 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
          mc.moe_shared_experts, ")");
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
-  load_checkpoint(checkpoint_dir, model, nullptr);
+  const TrainingState state = load_checkpoint(checkpoint_dir, model, nullptr);
+  if (std::any_of(state.expert_bias.begin(), state.expert_bias.end(),
+                  [](float b) { return b != 0.0f; }))
+    fail("export: ", checkpoint_dir, " holds a mixture of experts that routes by balancing ",
+         "biases (model.moe_bias_update_rate), which transformers' MixtralForCausalLM has not: ",
+         "its tokens would go to other experts there");
   if (format == "llmc" && !mc.tie_embeddings)
     fail("export: ", checkpoint_dir, " holds a model with its own LM head ",
          "(model.tie_embeddings = false); llm.c's GPT-2 ties it: export it with --format hf");

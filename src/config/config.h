@@ -71,6 +71,12 @@ struct ModelConfig {
   // Shared experts (DeepSeekMoE, Qwen-MoE): one SwiGLU moe_shared_experts × ffn_hidden wide
   // through which every token goes besides its routed experts, its output added. 0: none.
   int64_t moe_shared_experts = 0;
+  // Auxiliary-loss-free balancing (DeepSeek-V3; Megatron-LM's --moe-router-bias-update-rate):
+  // each block keeps a bias per expert, added to the router's probabilities where a token's top k
+  // are chosen (not to their weights); after every applied step each bias moves by this rate
+  // towards balance — up where its expert had fewer than the mean of the step's tokens, down
+  // where more (nn/moe_mlp.h). 0: no biases. Checkpoints keep them.
+  double moe_bias_update_rate = 0;
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }

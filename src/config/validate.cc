@@ -126,6 +126,8 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
       p.add("model.moe_router_z_loss_coef applies with model.moe_experts > 0 only");
     if (m.moe_shared_experts != defaults.moe_shared_experts)
       p.add("model.moe_shared_experts applies with model.moe_experts > 0 only");
+    if (m.moe_bias_update_rate != defaults.moe_bias_update_rate)
+      p.add("model.moe_bias_update_rate applies with model.moe_experts > 0 only");
     return;
   }
   if (m.moe_top_k < 1 || (m.moe_experts > 0 && m.moe_top_k > m.moe_experts))
@@ -133,6 +135,7 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
           " must be between 1 and model.moe_experts = ", m.moe_experts);
   p.in_range("model.moe_aux_loss_coef", m.moe_aux_loss_coef, 0, 1, true);
   p.in_range("model.moe_router_z_loss_coef", m.moe_router_z_loss_coef, 0, 1, true);
+  p.in_range("model.moe_bias_update_rate", m.moe_bias_update_rate, 0, 1, true);
   p.non_negative("model.moe_shared_experts", m.moe_shared_experts);
   p.at_most("model.moe_shared_experts", m.moe_shared_experts, ModelLimits::kExperts);
   if (m.moe_shared_experts > 0 && m.moe_shared_experts <= ModelLimits::kExperts &&

@@ -594,9 +594,10 @@ inline void attention_gqa_backward(const Exec& ex, Real* dqkv, const Real* dout,
 // back weighed, the routing weights' and the router's gradients.
 template <typename Real>
 inline void moe_route(const Exec& ex, Real* probs, int32_t* choice, Real* weight, Real* lse,
-                      const Real* logits, int64_t N, int64_t E, int64_t K) {
+                      const Real* logits, int64_t N, int64_t E, int64_t K,
+                      const float* bias = nullptr) {
   LOOM_OPS_DISPATCH(moe_route, (4.0 * N * E, 2.0 * N * E + 2.0 * N * K + N), probs, choice, weight,
-                    lse, logits, N, E, K);
+                    lse, logits, N, E, K, bias);
 }
 template <typename Real>
 inline void moe_prob_sums(const Exec& ex, double* sums, const Real* probs, int64_t B, int64_t T,

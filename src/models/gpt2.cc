@@ -423,6 +423,10 @@ void Gpt2Stage::add_block_expert_tokens(const std::vector<int64_t>* tokens, int6
     counts[first + e] += static_cast<double>((*tokens)[e]);
 }
 
+void Gpt2::set_expert_biases(const std::vector<float>& biases) {
+  set_blocks_expert_biases(blocks_, part_.first_block, config_.moe_experts, biases);
+}
+
 void Gpt2::add_expert_tokens(std::vector<double>& counts) const {
   for (size_t l = 0; l < blocks_.size(); ++l)
     add_block_expert_tokens(blocks_[l]->expert_tokens(),

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "kernels/cpu/rope.h"
 #include "nn/causal_self_attention.h"
 #include "nn/embedding.h"
@@ -126,6 +127,8 @@ class Gpt2Block {
   double aux_loss() const { return mlp_->aux_loss(); }
   // Its MLP's tokens per expert in its last forward (FeedForward::expert_tokens); null if dense.
   const std::vector<int64_t>* expert_tokens() const { return mlp_->expert_tokens(); }
+  // Its mixture's balancing biases (nn/moe_mlp.h: set_expert_bias); nothing if dense.
+  void set_expert_bias(const float* bias) { mlp_->set_expert_bias(bias); }
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
@@ -186,6 +189,22 @@ class Gpt2Stage {
   // add_expert_tokens of one block, global index `block`: its `tokens` (null: dense).
   static void add_block_expert_tokens(const std::vector<int64_t>* tokens, int64_t block,
                                       std::vector<double>& counts);
+  // Sets the part's blocks' mixtures' balancing biases (nn/moe_mlp.h: set_expert_bias) from
+  // `biases`, n_layers × moe_experts block-major by the blocks' global index; nothing for dense
+  // ones.
+  virtual void set_expert_biases(const std::vector<float>& biases) { (void)biases; }
+  // set_expert_biases for `blocks` (unique_ptrs to blocks with set_expert_bias), the first of
+  // them global block `first_block`.
+  template <typename Blocks>
+  static void set_blocks_expert_biases(const Blocks& blocks, int64_t first_block, int64_t experts,
+                                       const std::vector<float>& biases) {
+    const size_t E = static_cast<size_t>(experts);
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      const size_t first = (static_cast<size_t>(first_block) + l) * E;
+      LOOM_CHECK(first + E <= biases.size());
+      blocks[l]->set_expert_bias(biases.data() + first);
+    }
+  }
   // The head's copy of the tied wte in a part without the embedding (a last pipeline stage):
   // the same values and, once pipeline parallelism sums the two, the same gradient as the first
   // stage's wte, so norms and checkpoints count it once; null everywhere else.
@@ -246,6 +265,7 @@ class Gpt2 : public Gpt2Stage {
   // cross-entropy that forward returns. 0 for dense blocks.
   double aux_loss() const override;
   void add_expert_tokens(std::vector<double>& counts) const override;
+  void set_expert_biases(const std::vector<float>& biases) override;
 
  private:
   Tensor run_blocks(Context& ctx, Tensor x);

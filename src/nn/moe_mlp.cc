@@ -73,6 +73,34 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& s
   out_.resize(static_cast<size_t>(local_));
 }
 
+void update_expert_biases(std::vector<float>& biases, const std::vector<double>& tokens,
+                          int64_t experts, double rate) {
+  LOOM_CHECK(biases.size() == tokens.size() && experts > 0 && biases.size() % experts == 0);
+  const size_t E = static_cast<size_t>(experts);
+  for (size_t first = 0; first < biases.size(); first += E) {
+    double sum = 0;
+    for (size_t e = 0; e < E; ++e) sum += tokens[first + e];
+    const double mean = sum / static_cast<double>(E);
+    for (size_t e = 0; e < E; ++e) {
+      const double gap = mean - tokens[first + e];
+      const float step = static_cast<float>(rate);
+      if (gap > 0) biases[first + e] += step;
+      if (gap < 0) biases[first + e] -= step;
+    }
+  }
+}
+
+void MoeMlp::set_expert_bias(const float* bias) {
+  const int64_t E = shape_.experts;
+  device_expert_bias_ = Tensor();
+  if (std::all_of(bias, bias + E, [](float b) { return b == 0.0f; })) {
+    expert_bias_ = Tensor();
+    return;
+  }
+  expert_bias_ = Tensor::empty({E}, DType::kF32);
+  std::copy(bias, bias + E, expert_bias_.data<float>());
+}
+
 Tensor MoeMlp::forward(Context& ctx, const Tensor& x) {
   return run(ctx, x, nullptr);
 }
@@ -196,10 +224,20 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   weight_ = Tensor::empty({N, K}, ctx.dtype, ctx.device);
   lse_ = Tensor::empty({N}, ctx.dtype, ctx.device);
   Tensor sums = Tensor::empty({B, E}, DType::kF64, ctx.device);  // each sequence's Σ p_e
+  const float* bias = nullptr;  // the balancing biases, on the forward's device
+  if (expert_bias_.defined()) {
+    if (ctx.device.is_cpu()) {
+      bias = expert_bias_.data<float>();
+    } else {
+      if (!device_expert_bias_.defined() || device_expert_bias_.device() != ctx.device)
+        device_expert_bias_ = expert_bias_.to(ctx.device);
+      bias = device_expert_bias_.data<float>();
+    }
+  }
   dispatch_float(ctx.dtype, [&](auto zero) {
     using Real = decltype(zero);
     ops::moe_route<Real>(ex, probs_.data<Real>(), choice_.data<int32_t>(), weight_.data<Real>(),
-                         lse_.data<Real>(), logits.data<Real>(), N, E, K);
+                         lse_.data<Real>(), logits.data<Real>(), N, E, K, bias);
     ops::moe_prob_sums<Real>(ex, sums.data<double>(), probs_.data<Real>(), B, T, E);
   });
   // Under expert parallelism with the all-gather dispatcher the local experts serve the group's

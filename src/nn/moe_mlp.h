@@ -73,6 +73,13 @@ struct MoeLosses {
   float router_z = 0;
 };
 
+// The auxiliary-loss-free balancing step (DeepSeek-V3): for each block's `experts` biases (of
+// `biases`, blocks × experts) and its experts' tokens in the step (`tokens`, the same layout),
+// b_e += rate · sign(mean − tokens_e), the mean over the block's experts: a busy expert's bias
+// falls, an idle one's rises. In float, the same on every rank.
+void update_expert_biases(std::vector<float>& biases, const std::vector<double>& tokens,
+                          int64_t experts, double rate);
+
 class MoeMlp : public FeedForward {
  public:
   // proj_std: the experts' output projections' init std (scaled by depth, as the dense MLP's).
@@ -100,6 +107,11 @@ class MoeMlp : public FeedForward {
   // Of the last forward: tokens sent to each expert (each token counted top_k times), and the
   // balance loss's mean over its sequences (before aux_loss_coef).
   const std::vector<int64_t>* expert_tokens() const override { return &expert_tokens_; }
+  // Balancing without a loss (DeepSeek-V3's auxiliary-loss-free balancing): `bias` (experts
+  // values) added to each token's probabilities where its top k are chosen, not to the weights
+  // (kernels/cpu/moe.h: moe_route). The trainer moves them between steps (model.
+  // moe_bias_update_rate); all zeros (the start): the plain top k, bit for bit.
+  void set_expert_bias(const float* bias) override;
   double balance_loss() const { return balance_loss_; }
   // The router z-loss's mean lse² over the last forward's tokens (before its coefficient; 0
   // without one).
@@ -130,6 +142,8 @@ class MoeMlp : public FeedForward {
   int64_t local_ = 0;
   int expert_unit_ = -1;  // their parameter unit under expert parallelism; -1: the block's
   MoeLosses losses_;
+  Tensor expert_bias_;         // (experts) f32 on the host; undefined while every value is 0
+  Tensor device_expert_bias_;  // its copy on the device the last forward ran on
   Linear router_;
   std::vector<std::unique_ptr<SwiGluMlp>> experts_;  // the local ones
   std::unique_ptr<SwiGluMlp> shared_;  // MoeShape::shared > 0: <name>.shared

@@ -68,6 +68,9 @@ class TpGpt2Block {
   const std::vector<int64_t>* expert_tokens() const {
     return moe_ ? moe_->expert_tokens() : nullptr;
   }
+  void set_expert_bias(const float* bias) {
+    if (moe_) moe_->set_expert_bias(bias);
+  }
 
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);

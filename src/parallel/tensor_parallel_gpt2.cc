@@ -50,6 +50,10 @@ double TpGpt2::aux_loss() const {
   return sum;
 }
 
+void TpGpt2::set_expert_biases(const std::vector<float>& biases) {
+  set_blocks_expert_biases(blocks_, part_.first_block, config_.moe_experts, biases);
+}
+
 void TpGpt2::add_expert_tokens(std::vector<double>& counts) const {
   for (size_t l = 0; l < blocks_.size(); ++l)
     add_block_expert_tokens(blocks_[l]->expert_tokens(),

@@ -48,6 +48,7 @@ class TpGpt2 : public Gpt2Stage {
   }
   double aux_loss() const override;
   void add_expert_tokens(std::vector<double>& counts) const override;
+  void set_expert_biases(const std::vector<float>& biases) override;
   // The shape of a part's input and output activations for a (B, T) batch on this rank.
   Shape boundary_shape(int64_t B, int64_t T) const;
 

@@ -209,10 +209,11 @@ PipelineConfig pipeline_config_of(const Config& config, int64_t local_seq,
 // Resumes from a checkpoint of either format (train/sharded_io.h): every rank reads the
 // layout-free checkpoint by parameter name and keeps its part; the loader and the loss scaler
 // continue where it left them. Returns its step; *data_note is what the loader has to say
-// (TrainData::resume: a data mix changed), or "".
+// (TrainData::resume: a data mix changed), or "". *expert_bias: the mixture's balancing biases it
+// holds (empty: none).
 int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& parts,
                const std::vector<DataParallel*>& engines, const Config& config, TrainData& data,
-               LossScaler& scaler, std::string* data_note) {
+               LossScaler& scaler, std::string* data_note, std::vector<float>* expert_bias) {
   // Another architecture's checkpoint would fail on its first parameter's shape; say why.
   const Gpt2Config saved = read_checkpoint_model(checkpoint), wanted = model_config_of(config);
   if (saved.arch != wanted.arch || saved.tie_embeddings != wanted.tie_embeddings)
@@ -242,6 +243,7 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          ", past train.steps = ", config.train.steps);
   *data_note = data.resume(st, checkpoint);
   if (st.loss_scaler) scaler.set_state(*st.loss_scaler);
+  *expert_bias = st.expert_bias;
   return st.step;
 }
 
@@ -537,16 +539,25 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     if (!fs::is_directory(resume_from)) fail("--resume ", resume_from, ": no such checkpoint directory");
   }
   TrainSummary summary;
+  // A mixture's balancing biases (model.moe_bias_update_rate; nn/moe_mlp.h), n_layers × experts:
+  // moved after every applied step, kept by checkpoints — a checkpoint's are kept (unmoved at
+  // rate 0) when resuming. Empty: none.
+  std::vector<float> expert_bias;
+  const double bias_rate = config.model.moe_bias_update_rate;
   if (!resume_from.empty()) {
     std::string data_note;
     summary.start_step =
-        resume(resume_from, parts, engines, config, train_data, scaler, &data_note);
+        resume(resume_from, parts, engines, config, train_data, scaler, &data_note, &expert_bias);
     message("resumed from " + resume_from);
     if (!data_note.empty()) message(data_note);
   } else if (!tc.init_from.empty()) {
     init_layout_from_hf(tc.init_from, parts, engines, config);
     message("weights from " + tc.init_from);
   }
+  if (bias_rate > 0 && expert_bias.empty())
+    expert_bias.assign(static_cast<size_t>(config.model.n_layers * config.model.moe_experts), 0.0f);
+  for (Gpt2Stage* part : parts)
+    if (!expert_bias.empty()) part->set_expert_biases(expert_bias);
   // metrics.jsonl, and TensorBoard and Prometheus as config [metrics] says (world rank 0).
   std::unique_ptr<StepReporter> reporter;
   if (leader) {
@@ -682,6 +693,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
           st.seed = static_cast<uint64_t>(tc.seed);
           st.config_toml = to_toml(config);
           st.loss_scaler = scaler.state();
+          st.expert_bias = expert_bias;
           train_data.save(st);
           // Staged (train/sharded_io.h): with `async`, with copies of its own that training does
           // not touch.
@@ -830,6 +842,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     step_span.end();
     check_axes();
     tracer.resolve_device_spans();  // those the stream has passed
+    // The balancing biases follow the step's load (every rank's counts are the batch's).
+    if (applied && bias_rate > 0) {
+      update_expert_biases(expert_bias, expert_tokens, config.model.moe_experts, bias_rate);
+      for (Gpt2Stage* part : parts) part->set_expert_biases(expert_bias);
+    }
     if (!applied) {
       ++summary.skipped_steps;
       char buf[128];

@@ -1132,6 +1132,21 @@ TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
   const Tensor gpu_choice = choice.gpu.to(Device::cpu());
   ASSERT_EQ(std::memcmp(gpu_choice.raw(), choice.host.raw(), N * K * sizeof(int32_t)), 0)
       << "another routing";
+  // With balancing biases (the choice by p + bias, the weights of p): the same choices and
+  // weights as the CPU's.
+  Pair bias = random_pair(E, 171, -0.3, 0.3);
+  Pair biased_weight = pair_of(std::vector<float>(N * K));
+  IdPair biased = ids_pair(std::vector<int32_t>(N * K));
+  ops::moe_route<float>(on_cpu, probs.h(), biased.host.data<int32_t>(), biased_weight.h(), lse.h(),
+                        logits.h(), N, E, K, bias.h());
+  ops::moe_route<float>(on_gpu, probs.g(), biased.gpu.data<int32_t>(), biased_weight.g(), lse.g(),
+                        logits.g(), N, E, K, bias.g());
+  expect_pair_close("weight with biases", biased_weight, 1e-6);
+  const Tensor gpu_biased = biased.gpu.to(Device::cpu());
+  ASSERT_EQ(std::memcmp(gpu_biased.raw(), biased.host.raw(), N * K * sizeof(int32_t)), 0)
+      << "another routing with biases";
+  ASSERT_NE(std::memcmp(biased.host.raw(), choice.host.raw(), N * K * sizeof(int32_t)), 0)
+      << "the biases changed no choice";
   Tensor sums_cpu = Tensor::empty({B, E}, DType::kF64), sums_gpu = sums_cpu.to(Device::cuda(0));
   ops::moe_prob_sums<float>(on_cpu, sums_cpu.data<double>(), probs.h(), B, T, E);
   ops::moe_prob_sums<float>(on_gpu, sums_gpu.data<double>(), probs.g(), B, T, E);

@@ -84,7 +84,9 @@ TEST(MoeMlp, GradCheckInDoubleWithSharedExperts) {
 
 // The routing as its definition says, computed here from the router's logits: each token's
 // top-k of the softmax (ties to the lower index), its output the weighed sum of its experts'.
-TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
+// The layer's output against its definition: each token's top two experts by p_e (+ bias[e] with
+// balancing biases), their outputs weighed by their probabilities renormalised over the two.
+void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bias) {
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
   const int64_t C = 6, E = 5, K = 2;
@@ -99,6 +101,7 @@ TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
   store.initialize(3);
   expert_store.allocate(DType::kF64, Device::cpu());
   expert_store.initialize(3);  // same names, same seed: the same values
+  if (!bias.empty()) moe.set_expert_bias(bias.data());
   const Tensor x = testing::random_f64({1, 7, C}, "x");
   const Tensor y = moe.forward(ctx, x);
   const Parameter& router = *store.find("mlp.router.weight");
@@ -112,11 +115,12 @@ TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
     double sum = 0;
     for (int64_t e = 0; e < E; ++e) sum += std::exp(logit[e]);
     for (int64_t e = 0; e < E; ++e) p[e] = std::exp(logit[e]) / sum;
+    const auto score = [&](int64_t e) { return p[e] + (bias.empty() ? 0.0 : bias[e]); };
     int64_t first = 0, second = -1;
     for (int64_t e = 1; e < E; ++e)
-      if (p[e] > p[first]) first = e;
+      if (score(e) > score(first)) first = e;
     for (int64_t e = 0; e < E; ++e)
-      if (e != first && (second < 0 || p[e] > p[second])) second = e;
+      if (e != first && (second < 0 || score(e) > score(second))) second = e;
     for (int64_t c = 0; c < C; ++c) {
       const double want = (p[first] * all[first].data<double>()[t * C + c] +
                            p[second] * all[second].data<double>()[t * C + c]) /
@@ -124,6 +128,29 @@ TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
       EXPECT_NEAR(y.data<double>()[t * C + c], want, 1e-12) << "token " << t << " channel " << c;
     }
   }
+}
+
+TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
+  expect_output_is_the_renormalised_top_two_sum({});
+}
+
+// DeepSeek-V3's balancing biases steer the choice only: a token's experts are its top two by
+// p_e + bias_e, weighed by their p renormalised. Biases of zeros are none at all.
+TEST(MoeMlp, BalancingBiasesChooseTheExpertsButNotTheirWeights) {
+  expect_output_is_the_renormalised_top_two_sum({0.3f, -0.2f, 0.0f, 0.1f, -0.4f});
+  expect_output_is_the_renormalised_top_two_sum({0.0f, 0.0f, 5.0f, 0.0f, 5.0f});  // 2 and 4 always
+  expect_output_is_the_renormalised_top_two_sum({0.0f, 0.0f, 0.0f, 0.0f, 0.0f});
+}
+
+// The balancing step: per block, each expert's bias moves by the rate towards the mean load —
+// up below it, down above it, not at all on it.
+TEST(MoeMlp, BalancingBiasesMoveTowardsTheMeanLoad) {
+  std::vector<float> biases = {0.5f, 0.0f, 0.0f, 0.0f, 1.0f, -1.0f};
+  // block 0: loads 6, 2, 4 (mean 4); block 1: 3, 3, 3 (balanced)
+  update_expert_biases(biases, {6, 2, 4, 3, 3, 3}, 3, 0.25);
+  EXPECT_EQ(biases, (std::vector<float>{0.25f, 0.25f, 0.0f, 0.0f, 1.0f, -1.0f}));
+  update_expert_biases(biases, {0, 12, 0, 9, 0, 0}, 3, 0.25);
+  EXPECT_EQ(biases, (std::vector<float>{0.5f, 0.0f, 0.25f, -0.25f, 1.25f, -0.75f}));
 }
 
 // A router of zeros gives every expert the same probability: the ties go to experts 0 .. k−1,

@@ -7,12 +7,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
+#include "checkpoint/export.h"
 #include "data/dataset.h"
 #include "harness/error_of.h"
 #include "parallel/run_compare.h"
@@ -272,6 +276,50 @@ TEST_F(LlamaParallel, MixtureOfExpertsUnderContextParallelismMatchesOneDevice) {
                                   7);
 }
 
+// Auxiliary-loss-free balancing (model.moe_bias_update_rate, DeepSeek-V3): every layout moves the
+// biases by the batch's counts, so its runs are one device's; checkpoints keep the biases, so a
+// stopped run resumes bit for bit; they change the routing (the run is not the unbiased one); and
+// an export to MixtralForCausalLM, which has no biases, is refused.
+TEST_F(LlamaParallel, MixtureBalancedByBiasesMatchesOneDeviceAndResumesBitForBit) {
+  Config c = moe_config();
+  c.model.moe_bias_update_rate = 0.01;
+  expect_layouts_match_one_device(c,
+                                  "dp=2,zero=1;pp=2,schedule=zb-v,v=2;tp=2,sp=1;"
+                                  "dp=2,ep=2,ep_dispatch=all_to_all;cp=2,recompute=selective",
+                                  5);
+  c.parallel.dp = 2;
+  c.parallel.zero = 1;
+  c.runtime.ranks = 2;
+  expect_resumed_run_bitwise_equal(c, "bias_");
+  Config sharded = c;
+  sharded.train.checkpoint_format = "sharded";
+  expect_resumed_run_bitwise_equal(sharded, "bias_sharded_");
+  const fs::path step_4 = root_ / "bias_whole" / "checkpoints" / "step_4";
+  std::ifstream in(step_4 / "state.json");
+  const nlohmann::json state = nlohmann::json::parse(in);
+  ASSERT_TRUE(state.contains("moe_expert_bias"));
+  const auto biases = state["moe_expert_bias"].get<std::vector<float>>();
+  ASSERT_EQ(biases.size(), static_cast<size_t>(c.model.n_layers * c.model.moe_experts));
+  EXPECT_TRUE(std::any_of(biases.begin(), biases.end(), [](float b) { return b != 0; }));
+  // The same run without biases routes otherwise: its losses part from step 2 on.
+  Config plain = c;
+  plain.model.moe_bias_update_rate = 0;
+  plain.train.steps = 4;
+  plain.train.warmup_steps = 2;
+  plain.train.save_every = 2;
+  run_training(plain, options("bias_none"));
+  const auto with = testing::read_metrics(root_ / "bias_whole");
+  const auto without = testing::read_metrics(root_ / "bias_none");
+  ASSERT_EQ(without.size(), 4u);
+  EXPECT_EQ(with[0]["loss"].get<double>(), without[0]["loss"].get<double>());
+  EXPECT_NE(with[3]["loss"].get<double>(), without[3]["loss"].get<double>());
+  const std::string error = testutil::error_of(
+      [&] { export_checkpoint(step_4.string(), "hf", (root_ / "bias_hf").string(), false); });
+  EXPECT_NE(error.find("routes by balancing biases (model.moe_bias_update_rate)"),
+            std::string::npos)
+      << error;
+}
+
 // With two shared experts beside the routed ones (model.moe_shared_experts: DeepSeekMoE's form).
 TEST_F(LlamaParallel, MixtureOfExpertsWithSharedExpertsMatchesOneDevice) {
   Config c = moe_config();
@@ -497,6 +545,11 @@ TEST_F(LlamaParallel, MixtureOfExpertsConfigsThatCannotRunAreRefusedByName) {
   Config dense = moe_config();
   dense.model.moe_experts = 0;
   refused(dense, "model.moe_aux_loss_coef applies with model.moe_experts > 0 only");
+  dense.model.moe_bias_update_rate = 0.001;
+  refused(dense, "model.moe_bias_update_rate applies with model.moe_experts > 0 only");
+  Config rate = moe_config();
+  rate.model.moe_bias_update_rate = 2;
+  refused(rate, "model.moe_bias_update_rate = 2.0 must be in [0.0, 1.0)");
   Config ep = moe_config();
   ep.parallel.dp = 2;
   ep.parallel.ep = 4;

@@ -704,16 +704,18 @@ TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsWidthsOrPositionsTrainsAsOnCpu
   ASSERT_TRUE(on_gpus[3].contains("val_loss"));
   const double val = on_cpus[3]["val_loss"];
   EXPECT_NEAR(on_gpus[3]["val_loss"].get<double>(), val, 1e-4 * val);
-  // Another GPU run's losses against the CPU ranks', within `tolerance` (relative).
-  const auto expect_losses = [&](const Config& run, const std::string& name, double tolerance) {
+  // Another GPU run's losses against CPU ranks' (`reference`, by default the run above), within
+  // `tolerance` (relative).
+  const auto expect_losses = [&](const Config& run, const std::string& name, double tolerance,
+                                 const std::vector<nlohmann::json>* reference = nullptr) {
+    const auto& want = reference != nullptr ? *reference : on_cpus;
     run_training(run, options(name));
     const auto got = metrics(name);
-    ASSERT_EQ(got.size(), on_cpus.size()) << name;
-    for (size_t i = 0; i < on_cpus.size(); ++i) {
-      const double want = on_cpus[i]["loss"];
-      EXPECT_NEAR(got[i]["loss"].get<double>(), want, tolerance * want)
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i]["loss"].get<double>(), want[i]["loss"].get<double>(),
+                  tolerance * want[i]["loss"].get<double>())
           << name << ", step " << i + 1;
-    }
   };
   // At bf16 the experts' gathered inputs cross in the 16 bits the norm wrote: within 1%.
   Config bf16 = c;
@@ -724,6 +726,15 @@ TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsWidthsOrPositionsTrainsAsOnCpu
   Config dispatched = c;
   dispatched.parallel.ep_dispatch = "all_to_all";
   expect_losses(dispatched, "ep2_gpus_all_to_all", 1e-4);
+  // Balancing biases (model.moe_bias_update_rate): the choice on the GPU by p + bias, the biases
+  // moved between steps from the counts as on the CPU ranks.
+  Config biased = c;
+  biased.model.moe_bias_update_rate = 0.01;
+  biased.runtime.device = "cpu";
+  run_training(biased, options("bias_cpus"));
+  const auto bias_cpus = metrics("bias_cpus");
+  biased.runtime.device = "cuda";
+  expect_losses(biased, "bias_gpus", 1e-4, &bias_cpus);
   // Tensor parallelism (sequence parallel; two key/value heads, one a GPU): each GPU a half of
   // every expert's width, the partial outputs reduce-scattered and the routing weights'
   // gradients all-reduced over NCCL, against the same layout on CPU ranks; at bf16 the norm's
@@ -750,17 +761,8 @@ TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsWidthsOrPositionsTrainsAsOnCpu
        {std::pair<Config, const char*>{tp, "fp32"}, {tp, "bf16"}, {cp, "fp32"}}) {
     Config gpu_run = run;
     gpu_run.runtime.matmul_precision = precision;
-    const std::string name =
-        std::string(run.parallel.cp > 1 ? "cp2_gpus_" : "tp2_gpus_") + precision;
-    run_training(gpu_run, options(name));
-    const auto got = metrics(name);
-    ASSERT_EQ(got.size(), 4u) << name;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double want = tp_on_cpus[i]["loss"];
-      EXPECT_NEAR(got[i]["loss"].get<double>(), want,
-                  (std::string(precision) == "bf16" ? 1e-2 : 1e-4) * want)
-          << name << ", step " << i + 1;
-    }
+    expect_losses(gpu_run, std::string(run.parallel.cp > 1 ? "cp2_gpus_" : "tp2_gpus_") + precision,
+                  std::string(precision) == "bf16" ? 1e-2 : 1e-4, &tp_on_cpus);
   }
 }
 

@@ -14,7 +14,7 @@ constexpr int64_t kGrain = 64;
 
 template <typename Real>
 void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Real* lse,
-               const Real* logits, int64_t N, int64_t E, int64_t K) {
+               const Real* logits, int64_t N, int64_t E, int64_t K, const float* bias) {
   pool.parallel_for(N, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> order(static_cast<size_t>(E));
     for (int64_t t = begin; t < end; ++t) {
@@ -27,9 +27,18 @@ void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Rea
         p[e] = static_cast<Real>(std::exp(static_cast<double>(l[e]) - max) / sum);
       lse[t] = static_cast<Real>(max + std::log(sum));
       std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-        return p[a] > p[b] || (p[a] == p[b] && a < b);
-      });
+      if (bias == nullptr) {
+        std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+          return p[a] > p[b] || (p[a] == p[b] && a < b);
+        });
+      } else {
+        const auto score = [&](int32_t e) {
+          return static_cast<double>(p[e]) + static_cast<double>(bias[e]);
+        };
+        std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+          return score(a) > score(b) || (score(a) == score(b) && a < b);
+        });
+      }
       double chosen = 0;
       for (int64_t j = 0; j < K; ++j) chosen += static_cast<double>(p[order[static_cast<size_t>(j)]]);
       for (int64_t j = 0; j < K; ++j) {
@@ -129,7 +138,7 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
 
 #define LOOM_MOE_INSTANTIATE(Real)                                                                 \
   template void moe_route<Real>(ThreadPool&, Real*, int32_t*, Real*, Real*, const Real*, int64_t,  \
-                                int64_t, int64_t);                                                 \
+                                int64_t, int64_t, const float*);                                   \
   template void moe_prob_sums<Real>(ThreadPool&, double*, const Real*, int64_t, int64_t, int64_t); \
   template void moe_scatter_add<Real>(ThreadPool&, Real*, const Real*, const int32_t*,             \
                                       const int32_t*, const Real*, int64_t, int64_t, int64_t);     \

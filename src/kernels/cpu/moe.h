@@ -16,10 +16,12 @@ namespace loom::cpu {
 // probs (N, E) = softmax(logits) per token (exp and sum in double); choice (N, K) the K largest
 // probabilities' experts, best first, equal ones to the lower index; weight (N, K) their
 // probabilities over their sum (Mixtral's renormalisation); lse (N) log Σ exp logits (the router
-// z-loss's).
+// z-loss's). With `bias` (E; null: none) the K are chosen by p_e + bias[e] (in double) instead —
+// DeepSeek-V3's balancing biases, which steer the choice only: the weights stay the chosen
+// probabilities renormalised.
 template <typename Real>
 void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Real* lse,
-               const Real* logits, int64_t N, int64_t E, int64_t K);
+               const Real* logits, int64_t N, int64_t E, int64_t K, const float* bias);
 
 // sums (B, E): Σ over each sequence's T tokens, in order, of its probabilities (in double).
 template <typename Real>

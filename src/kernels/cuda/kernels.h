@@ -397,7 +397,7 @@ GemmOperand swiglu_backward_rounded(int device, void* dh, const void* dout, cons
 
 // A mixture of experts (kernels/cpu/moe.h's, moe.cu).
 void moe_route(int device, float* probs, int32_t* choice, float* weight, float* lse,
-               const float* logits, int64_t N, int64_t E, int64_t K);
+               const float* logits, int64_t N, int64_t E, int64_t K, const float* bias);
 void moe_prob_sums(int device, double* sums, const float* probs, int64_t B, int64_t T, int64_t E);
 void gather_rows(int device, void* out, const void* in, const int32_t* rows, int64_t n,
                  int64_t row_bytes);

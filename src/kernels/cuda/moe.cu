@@ -11,9 +11,11 @@ namespace loom::cuda {
 namespace {
 
 // Token t's softmax, then its top K: pass j takes the best expert ordered after pass j − 1's in
-// (probability descending, index ascending) — the CPU's partial sort's order.
+// (score descending, index ascending) — the CPU's partial sort's order. The score: p_e, or with
+// `bias` p_e + bias[e] in double.
 __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, float* lse,
-                                 const float* logits, int64_t N, int64_t E, int64_t K) {
+                                 const float* logits, int64_t N, int64_t E, int64_t K,
+                                 const float* bias) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < N;
        t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const float* l = logits + t * E;
@@ -25,19 +27,27 @@ __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, f
     for (int64_t e = 0; e < E; ++e) sum += exp(static_cast<double>(l[e]) - max);
     for (int64_t e = 0; e < E; ++e) p[e] = static_cast<float>(exp(static_cast<double>(l[e]) - max) / sum);
     lse[t] = static_cast<float>(max + log(sum));
-    float last_p = 0;
+    const auto score = [&](int64_t e) {
+      return static_cast<double>(p[e]) + (bias != nullptr ? static_cast<double>(bias[e]) : 0.0);
+    };
+    double last_score = 0;
     int64_t last = -1;
     double chosen = 0;
     for (int64_t j = 0; j < K; ++j) {
       int64_t best = -1;
+      double best_score = 0;
       for (int64_t e = 0; e < E; ++e) {
-        const bool after_last = last < 0 || p[e] < last_p || (p[e] == last_p && e > last);
-        if (after_last && (best < 0 || p[e] > p[best])) best = e;
+        const double s = score(e);
+        const bool after_last = last < 0 || s < last_score || (s == last_score && e > last);
+        if (after_last && (best < 0 || s > best_score)) {
+          best = e;
+          best_score = s;
+        }
       }
       if (best < 0) best = j;  // every probability NaN (a diverged run): still an expert's index
       choice[t * K + j] = static_cast<int32_t>(best);
       last = best;
-      last_p = p[best];
+      last_score = score(best);
       chosen += static_cast<double>(p[best]);
     }
     for (int64_t j = 0; j < K; ++j)
@@ -129,11 +139,11 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
 }  // namespace
 
 void moe_route(int device, float* probs, int32_t* choice, float* weight, float* lse,
-               const float* logits, int64_t N, int64_t E, int64_t K) {
+               const float* logits, int64_t N, int64_t E, int64_t K, const float* bias) {
   if (N == 0) return;
   DeviceGuard guard(device);
   launch("moe_route", moe_route_kernel, blocks_for(N, kThreads), kThreads, probs, choice, weight,
-         lse, logits, N, E, K);
+         lse, logits, N, E, K, bias);
 }
 
 void moe_prob_sums(int device, double* sums, const float* probs, int64_t B, int64_t T, int64_t E) {

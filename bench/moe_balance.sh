@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# How a mixture's tokens spread over its experts under each balancing scheme (docs/moe.md):
+# configs/moe.toml (4 blocks of 8 experts, top 2) on the synthetic corpus for STEPS steps with
+# no balancing at all, with DeepSeek-V3's balancing biases alone (model.moe_bias_update_rate,
+# no balance loss) at two rates, and with the config's own balance loss (coefficient 0.01).
+# Prints, every 50 steps, moe_expert_load (the busiest expert's tokens over the mean, of the
+# worst block: 1 is even, 4 is every token to one expert) and the loss, then the final
+# validation loss. A training-quality comparison: the figures are the same on every machine.
+#   bench/moe_balance.sh [LOOM_BINARY]     (STEPS=300)
+set -euo pipefail
+loom=${1:-build/release/apps/loom}
+steps=${STEPS:-300}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+"$loom" data synth --out "$dir/data" 2>/dev/null
+runs=("none:--set model.moe_aux_loss_coef=0"
+  "biases 0.001:--set model.moe_aux_loss_coef=0 --set model.moe_bias_update_rate=0.001"
+  "biases 0.01:--set model.moe_aux_loss_coef=0 --set model.moe_bias_update_rate=0.01"
+  "balance loss 0.01:")
+echo "# $(date -u +%F) configs/moe.toml, $steps steps; per 50 steps: expert load / loss"
+for run in "${runs[@]}"; do
+  name=${run%%:*}
+  # shellcheck disable=SC2086
+  "$loom" train configs/moe.toml --run-dir "$dir/run" --quiet --set train.steps="$steps" \
+    --set train.save_every=0 --set data.train="$dir/data/train_*.bin" \
+    --set data.val="$dir/data/val_*.bin" ${run#*:} 2>/dev/null
+  line=$(jq -r 'select(.step % 50 == 0) | "\(.moe_expert_load * 100 | round / 100) / \(.loss * 1000 | round / 1000)"' \
+    "$dir/run/metrics.jsonl" | paste -sd ' ' | sed 's/ \([0-9.]* \/\)/  |  \1/g')
+  val=$(jq -r 'select(.val_loss != null) | .val_loss' "$dir/run/metrics.jsonl" | tail -1)
+  printf '%-18s %s  |  val %.4f\n' "$name" "$line" "$val"
+  rm -rf "$dir/run"
+done
