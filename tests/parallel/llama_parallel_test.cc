@@ -249,7 +249,8 @@ TEST_F(LlamaParallel, MixtureOfExpertsUnderEveryStrategyBuiltForItMatchesOneDevi
 // Tensor parallelism (parallel/tensor_parallel_block.h): every expert's width split over tp, the
 // mixture's partial outputs and input gradients summed over it — with sequence parallelism from
 // and to each rank's rows —, the routing weights' gradients summed inside; under recomputation,
-// pipelining, ZeRO, and with expert parallelism over the dp ranks of each tp rank besides.
+// pipelining (zero-bubble too: the experts' weight gradients deferred), ZeRO, and with expert
+// parallelism over the dp ranks of each tp rank besides — and all at once with cp (8 ranks).
 TEST_F(LlamaParallel, MixtureOfExpertsUnderTensorParallelismMatchesOneDevice) {
   expect_layouts_match_one_device(
       moe_config(),
@@ -258,8 +259,9 @@ TEST_F(LlamaParallel, MixtureOfExpertsUnderTensorParallelismMatchesOneDevice) {
       "dp=2,tp=2,zero=3,sp=1;dp=2,tp=2,ep=2;"
       "dp=2,tp=2,ep=2,zero=2,sp=1,ep_dispatch=all_to_all;"
       "dp=2,tp=2,ep=2,zero=3,recompute=full;"
-      "dp=2,pp=2,tp=2,ep=2,zero=1,sp=1,mbs=2",
-      10);
+      "dp=2,pp=2,tp=2,ep=2,zero=1,sp=1,mbs=2;"
+      "pp=2,tp=2,schedule=zb-v,v=2;dp=2,cp=2,tp=2,ep=2,sp=1,zero=3",
+      12);
   Config shared = moe_config();
   shared.model.moe_shared_experts = 2;
   expect_layouts_match_one_device(shared, "tp=2,sp=1;dp=2,tp=2,ep=2,zero=1,recompute=selective", 2);
