@@ -36,16 +36,12 @@ const Hardware& find_hardware(const std::string& name) {
 }
 
 std::string LayoutPlan::name() const {
-  char buf[64];
-  if (cp > 1)
-    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d cp%d%s zero%d", dp, tp, pp, cp,
-                  cp_comm == "ring" ? " ring" : "", zero);
-  else if (ep > 1)
-    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d ep%d%s zero%d", dp, tp, pp, ep,
-                  ep_dispatch == "all_to_all" ? " a2a" : "", zero);
-  else
-    std::snprintf(buf, sizeof buf, "dp%d tp%d pp%d zero%d", dp, tp, pp, zero);
-  std::string out = buf;
+  // "dp tp pp", then cp (and its ring) and ep (and its all-to-all) where they split, then ZeRO.
+  std::string out =
+      "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" + std::to_string(pp);
+  if (cp > 1) out += " cp" + std::to_string(cp) + (cp_comm == "ring" ? " ring" : "");
+  if (ep > 1) out += " ep" + std::to_string(ep) + (ep_dispatch == "all_to_all" ? " a2a" : "");
+  out += " zero" + std::to_string(zero);
   if (pp > 1) out += " " + schedule;
   if (pp > 1 && virtual_stages > 1) out += " v" + std::to_string(virtual_stages);
   return out;

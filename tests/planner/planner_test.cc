@@ -584,6 +584,15 @@ TEST(Planner, MixtureOfExpertsStateBytesAreWhatTheEnginesAllocate) {
   };
   EXPECT_LT(plan_of("dp4 tp1 pp1 ep4 zero1").state_bytes,
             plan_of("dp4 tp1 pp1 ep2 zero1").state_bytes);
+  // With every cp: a mixture's cp layouts too, with and without expert parallelism, each named
+  // by both.
+  PlanOptions every_cp = o;
+  every_cp.every_cp = true;
+  std::set<std::string> cp_names;
+  for (const LayoutPlan& p : plan_layouts(c, every_cp)) cp_names.insert(p.name());
+  for (const char* name :
+       {"dp2 tp1 pp1 cp2 zero1", "dp2 tp1 pp1 cp2 ring ep2 a2a zero1", "dp2 tp1 pp1 cp2 ep2 zero3"})
+    EXPECT_TRUE(cp_names.contains(name)) << name;
   EXPECT_LT(plan_of("dp4 tp1 pp1 ep2 zero1").state_bytes, plan_of("dp4 tp1 pp1 zero1").state_bytes);
   // The exchange: (ep − 1) × a rank's rows a pass; ep 4 moves three times ep 2's.
   EXPECT_NEAR(plan_of("dp4 tp1 pp1 ep4 zero1").ep_comm_s,
