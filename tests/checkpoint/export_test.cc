@@ -617,6 +617,52 @@ TEST(ImportMixtral, LoomsOwnExportIsMixtralAndLoadsBackBitForBit) {
   fs::remove_all(dir);
 }
 
+// A mixture's balancing biases (model.moe_bias_update_rate, nn/moe_mlp.h) are part of the model:
+// a checkpoint keeps them, and load_checkpoint — what `loom sample` and the export read a
+// checkpoint with — routes by them again: biases of +5 for expert 2 send every token there in
+// every block, where the same weights without them do not. The Mixtral export, which has no
+// biases, refuses them.
+TEST(MixtureBiases, ComeBackWithTheCheckpointAndStopTheMixtralExport) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_mixture_biases_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const Gpt2Config c = tiny_hub_mixtral();
+  const int64_t E = c.moe_experts, L = c.n_layers, B = 2, T = 8;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  TrainingState st;
+  st.step = 3;
+  st.expert_bias.assign(static_cast<size_t>(L * E), 0.0f);
+  for (int64_t l = 0; l < L; ++l) st.expert_bias[static_cast<size_t>(l * E + 2)] = 5.0f;
+  const std::string ckpt = save_checkpoint((dir / "checkpoints").string(), model, nullptr, st);
+  Gpt2 loaded(c);
+  loaded.build(DType::kF32, Device::cpu(), 9);
+  EXPECT_EQ(load_checkpoint(ckpt, loaded, nullptr).expert_bias, st.expert_bias);
+  Tensor tokens = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t i = 0; i < B * T; ++i)
+    tokens.data<int32_t>()[i] = static_cast<int32_t>(i * 37 % 200);
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  const auto tokens_per_expert = [&](Gpt2& m) {
+    m.logits(ctx, tokens);
+    std::vector<double> counts(static_cast<size_t>(L * E), 0);
+    m.add_expert_tokens(counts);
+    return counts;
+  };
+  const std::vector<double> biased = tokens_per_expert(loaded), plain = tokens_per_expert(model);
+  for (int64_t l = 0; l < L; ++l) {
+    EXPECT_EQ(biased[static_cast<size_t>(l * E + 2)], B * T) << "block " << l;
+    EXPECT_LT(plain[static_cast<size_t>(l * E + 2)], B * T) << "block " << l;
+  }
+  const std::string error =
+      testutil::error_of([&] { export_checkpoint(ckpt, "hf", (dir / "hf").string()); });
+  EXPECT_NE(error.find("routes by balancing biases (model.moe_bias_update_rate)"),
+            std::string::npos)
+      << error;
+  EXPECT_FALSE(fs::exists(dir / "hf"));
+  fs::remove_all(dir);
+}
+
 TEST(ImportMixtral, ALlamaWhereAMixtralIsWantedAndOtherExpertsAreNamed) {
   const fs::path dir =
       fs::temp_directory_path() / ("loom_import_bad_mixtral_" + std::to_string(getpid()));
