@@ -408,7 +408,6 @@ void validate(const Config& config) {
     problems.add("runtime.fp8_block = ", r.fp8_block, " does not divide model.d_model / ",
                  "parallel.tp = ", d / tp, ": a block would straddle two tensor-parallel shards ",
                  "and the layout would quantize differently from one device");
-  // Llama's other shard widths: the key/value projections' and the SwiGLU's.
   const ModelConfig& m = config.model;
   // Expert parallelism splits a mixture's experts over groups of data-parallel ranks.
   const ParallelConfig& par = config.parallel;
