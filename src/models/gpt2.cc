@@ -409,18 +409,7 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
 }
 
 double Gpt2::aux_loss() const {
-  double sum = 0;
-  for (const auto& block : blocks_) sum += block->aux_loss();
-  return sum;
-}
-
-void Gpt2Stage::add_block_expert_tokens(const std::vector<int64_t>* tokens, int64_t block,
-                                        std::vector<double>& counts) {
-  if (tokens == nullptr) return;
-  const size_t first = static_cast<size_t>(block) * tokens->size();
-  LOOM_CHECK(first + tokens->size() <= counts.size());
-  for (size_t e = 0; e < tokens->size(); ++e)
-    counts[first + e] += static_cast<double>((*tokens)[e]);
+  return blocks_aux_loss(blocks_);
 }
 
 void Gpt2::set_expert_biases(const std::vector<float>& biases) {
@@ -428,9 +417,7 @@ void Gpt2::set_expert_biases(const std::vector<float>& biases) {
 }
 
 void Gpt2::add_expert_tokens(std::vector<double>& counts) const {
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    add_block_expert_tokens(blocks_[l]->expert_tokens(),
-                            part_.first_block + static_cast<int64_t>(l), counts);
+  add_blocks_expert_tokens(blocks_, part_.first_block, counts);
 }
 
 Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {

@@ -186,15 +186,31 @@ class Gpt2Stage {
   // Adds the tokens the part's blocks sent to each expert in its last forward into `counts`
   // (n_layers × moe_experts, block-major, by the blocks' global index); nothing for dense ones.
   virtual void add_expert_tokens(std::vector<double>& counts) const { (void)counts; }
-  // add_expert_tokens of one block, global index `block`: its `tokens` (null: dense).
-  static void add_block_expert_tokens(const std::vector<int64_t>* tokens, int64_t block,
-                                      std::vector<double>& counts);
   // Sets the part's blocks' mixtures' balancing biases (nn/moe_mlp.h: set_expert_bias) from
   // `biases`, n_layers × moe_experts block-major by the blocks' global index; nothing for dense
   // ones.
   virtual void set_expert_biases(const std::vector<float>& biases) { (void)biases; }
-  // set_expert_biases for `blocks` (unique_ptrs to blocks with set_expert_bias), the first of
-  // them global block `first_block`.
+
+  // aux_loss, add_expert_tokens and set_expert_biases over `blocks` (unique_ptrs to Gpt2Block or
+  // TpGpt2Block), the first of them global block `first_block`: what Gpt2 and TpGpt2 share.
+  template <typename Blocks>
+  static double blocks_aux_loss(const Blocks& blocks) {
+    double sum = 0;
+    for (const auto& block : blocks) sum += block->aux_loss();
+    return sum;
+  }
+  template <typename Blocks>
+  static void add_blocks_expert_tokens(const Blocks& blocks, int64_t first_block,
+                                       std::vector<double>& counts) {
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      const std::vector<int64_t>* tokens = blocks[l]->expert_tokens();
+      if (tokens == nullptr) continue;
+      const size_t first = (static_cast<size_t>(first_block) + l) * tokens->size();
+      LOOM_CHECK(first + tokens->size() <= counts.size());
+      for (size_t e = 0; e < tokens->size(); ++e)
+        counts[first + e] += static_cast<double>((*tokens)[e]);
+    }
+  }
   template <typename Blocks>
   static void set_blocks_expert_biases(const Blocks& blocks, int64_t first_block, int64_t experts,
                                        const std::vector<float>& biases) {

@@ -77,13 +77,13 @@ void update_expert_biases(std::vector<float>& biases, const std::vector<double>&
                           int64_t experts, double rate) {
   LOOM_CHECK(biases.size() == tokens.size() && experts > 0 && biases.size() % experts == 0);
   const size_t E = static_cast<size_t>(experts);
+  const float step = static_cast<float>(rate);
   for (size_t first = 0; first < biases.size(); first += E) {
     double sum = 0;
     for (size_t e = 0; e < E; ++e) sum += tokens[first + e];
     const double mean = sum / static_cast<double>(E);
     for (size_t e = 0; e < E; ++e) {
       const double gap = mean - tokens[first + e];
-      const float step = static_cast<float>(rate);
       if (gap > 0) biases[first + e] += step;
       if (gap < 0) biases[first + e] -= step;
     }

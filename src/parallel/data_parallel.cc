@@ -95,8 +95,12 @@ class ZeroDataParallel final : public DataParallel {
   bool has_experts_ = false;  // the store has expert units
   // With tensor parallelism: the (offset, numel) ranges of `grads` (flat in stages 0/1, the
   // shard in 2/3) that this rank counts in the gradient norm.
-  std::vector<std::pair<int64_t, int64_t>> norm_ranges_;
-  std::vector<bool> norm_range_experts_;  // stages 0-1: whether each range is an expert unit's
+  // (experts: a range of an expert unit's, which stages 0/1 sum over ep first.)
+  struct NormRange {
+    int64_t offset = 0, numel = 0;
+    bool experts = false;
+  };
+  std::vector<NormRange> norm_ranges_;
   Tensor shard_values_;  // stage 3
   Tensor shard_grads_;   // stages 2/3
   int64_t micro_index_ = 0, micro_count_ = 1;
@@ -239,10 +243,8 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
     if (stage_ < 2) {
       for (size_t u = 0; u < num_units(); ++u)
         for (const Parameter* p : params_.units()[u].params)
-          if (!p->pieces.empty() || first) {
-            norm_ranges_.push_back({p->offset, p->numel()});
-            norm_range_experts_.push_back(is_experts(u));
-          }
+          if (!p->pieces.empty() || first)
+            norm_ranges_.push_back({p->offset, p->numel(), is_experts(u)});
     } else {
       // The shard's segments are pieces of parameters (shard_segments' order): count each by
       // its parameter's kind.
@@ -251,7 +253,7 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
         for (const Parameter* p : params_.units()[u].params) {
           const int64_t lo = std::max(lo_chunk, p->offset), hi = std::min(hi_chunk, p->offset + p->numel());
           if (lo < hi && (!p->pieces.empty() || first))
-            norm_ranges_.push_back({shard_offset_[u] + (lo - lo_chunk), hi - lo});
+            norm_ranges_.push_back({shard_offset_[u] + (lo - lo_chunk), hi - lo, false});
         }
       }
     }
@@ -521,11 +523,11 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
         of_experts.push_back(is_experts(u));
       }
     } else {
-      for (const auto& [offset, numel] : norm_ranges_) {
-        starts.push_back(grads + offset);
-        sizes.push_back(numel);
+      for (const NormRange& r : norm_ranges_) {
+        starts.push_back(grads + r.offset);
+        sizes.push_back(r.numel);
+        of_experts.push_back(r.experts);
       }
-      of_experts = norm_range_experts_;
     }
     const std::vector<double> sums = ops::sum_squares_each(Exec{&pool_, device_}, starts, sizes);
     double dense = 0, experts = 0;
@@ -549,9 +551,9 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
     // are added in order.
     std::vector<const float*> starts;
     std::vector<int64_t> sizes;
-    for (const auto& [offset, numel] : norm_ranges_) {
-      starts.push_back(grads.data<float>() + offset);
-      sizes.push_back(numel);
+    for (const NormRange& r : norm_ranges_) {
+      starts.push_back(grads.data<float>() + r.offset);
+      sizes.push_back(r.numel);
     }
     for (double s : ops::sum_squares_each(Exec{&pool_, device_}, starts, sizes)) local += s;
   }

@@ -45,9 +45,7 @@ TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_paralle
 }
 
 double TpGpt2::aux_loss() const {
-  double sum = 0;
-  for (const auto& block : blocks_) sum += block->aux_loss();
-  return sum;
+  return blocks_aux_loss(blocks_);
 }
 
 void TpGpt2::set_expert_biases(const std::vector<float>& biases) {
@@ -55,9 +53,7 @@ void TpGpt2::set_expert_biases(const std::vector<float>& biases) {
 }
 
 void TpGpt2::add_expert_tokens(std::vector<double>& counts) const {
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    add_block_expert_tokens(blocks_[l]->expert_tokens(),
-                            part_.first_block + static_cast<int64_t>(l), counts);
+  add_blocks_expert_tokens(blocks_, part_.first_block, counts);
 }
 
 Shape TpGpt2::boundary_shape(int64_t B, int64_t T) const {

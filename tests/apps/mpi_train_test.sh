@@ -4,12 +4,13 @@
 # rank 0, not one per process. Then `loom launch` around the same mpirun, with rank 0's process
 # killed after step 3: mpirun ends the job, the launcher restarts it from step_2, and it ends
 # with the same step_4 checkpoint, bit for bit. And a sharded checkpoint written by the two
-# processes, resumed, ends the same way. And context parallelism and expert parallelism over the
-# two processes.
+# processes, resumed, ends the same way. And context parallelism, expert parallelism and a
+# mixture split by tensor parallelism over the two processes.
 #   mpi_train_test.sh LOOM_BINARY MPIRUN [MPIRUN_ARGS...]   (ctest passes them; see CMakeLists.txt)
 set -euo pipefail
 loom=$1
 shift
+mpirun=("$@")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 "$loom" data synth --out "$dir/data" --train-tokens 20000 --val-tokens 4000 2>/dev/null
@@ -71,40 +72,32 @@ grep -q '(2 ranks: dp 1, pp 1, tp 1, cp 2' "$dir/err" || fail "expected the job 
   2>"$dir/err" >/dev/null || fail "the context-parallel thread ranks failed"
 [[ "$(digests "$dir/cp_mpi/checkpoints/step_4")" == "$(digests "$dir/cp_threads/checkpoints/step_4")" ]] ||
   fail "context parallelism over MPI differs from thread ranks"
+# same_over_mpi NAME WHAT ARGS...: the job with ARGS as 2 MPI processes (run dir NAME_mpi) and as
+# 2 thread ranks (NAME_threads) ends with the same step_4 checkpoint, bit for bit.
+same_over_mpi() {
+  local name=$1 what=$2
+  shift 2
+  "${mpirun[@]}" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/${name}_mpi" --quiet "$@" \
+    2>"$dir/err" >/dev/null || fail "$what over MPI failed"
+  "$loom" train "$dir/cfg.toml" --run-dir "$dir/${name}_threads" --quiet --ranks 2 "$@" \
+    2>"$dir/err" >/dev/null || fail "$what on thread ranks failed"
+  [[ "$(digests "$dir/${name}_mpi/checkpoints/step_4")" == "$(digests "$dir/${name}_threads/checkpoints/step_4")" ]] ||
+    fail "$what over MPI differs from thread ranks"
+}
 # The ring exchange (parallel.cp_comm = "ring"): the blocks and their gradients' running sums go
 # rank to rank as MPI messages; the same bits as the ring on thread ranks.
-"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/ring_mpi" --quiet --set parallel.cp=2 \
-  --set parallel.cp_comm=ring 2>"$dir/err" >/dev/null || fail "the ring job failed"
-"$loom" train "$dir/cfg.toml" --run-dir "$dir/ring_threads" --quiet --ranks 2 --set parallel.cp=2 \
-  --set parallel.cp_comm=ring 2>"$dir/err" >/dev/null || fail "the ring on thread ranks failed"
-[[ "$(digests "$dir/ring_mpi/checkpoints/step_4")" == "$(digests "$dir/ring_threads/checkpoints/step_4")" ]] ||
-  fail "the cp ring over MPI differs from thread ranks"
+same_over_mpi ring "the cp ring" --set parallel.cp=2 --set parallel.cp_comm=ring
 echo "ok: one job, two ranks, one voice; killed and relaunched, the same checkpoint; sharded, the same; cp over MPI as over threads, all-gather and ring"
 # Expert parallelism over two processes: a Llama mixture's 4 experts split between them, the
 # tokens, their choices (i32) and weights all-gathered and the outputs reduce-scattered over MPI;
 # the same bits as on two thread ranks.
-moe=(--set model.arch=llama --set model.ffn_hidden=16 --set model.moe_experts=4
-  --set model.moe_top_k=2 --set parallel.ep=2 --set parallel.zero=1)
-"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/ep_mpi" --quiet "${moe[@]}" \
-  2>"$dir/err" >/dev/null || fail "the expert-parallel job failed"
-"$loom" train "$dir/cfg.toml" --run-dir "$dir/ep_threads" --quiet --ranks 2 "${moe[@]}" \
-  2>"$dir/err" >/dev/null || fail "expert parallelism on thread ranks failed"
-[[ "$(digests "$dir/ep_mpi/checkpoints/step_4")" == "$(digests "$dir/ep_threads/checkpoints/step_4")" ]] ||
-  fail "expert parallelism over MPI differs from thread ranks"
+mixture=(--set model.arch=llama --set model.ffn_hidden=16 --set model.moe_experts=4
+  --set model.moe_top_k=2)
+same_over_mpi ep "expert parallelism" "${mixture[@]}" --set parallel.ep=2 --set parallel.zero=1
 # And with the all-to-all dispatcher (MPI_Alltoall of the padded rows and their experts).
-"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/a2a_mpi" --quiet "${moe[@]}" \
-  --set parallel.ep_dispatch=all_to_all 2>"$dir/err" >/dev/null || fail "the all-to-all job failed"
-"$loom" train "$dir/cfg.toml" --run-dir "$dir/a2a_threads" --quiet --ranks 2 "${moe[@]}" \
-  --set parallel.ep_dispatch=all_to_all 2>"$dir/err" >/dev/null || fail "all-to-all on thread ranks failed"
-[[ "$(digests "$dir/a2a_mpi/checkpoints/step_4")" == "$(digests "$dir/a2a_threads/checkpoints/step_4")" ]] ||
-  fail "the all-to-all dispatcher over MPI differs from thread ranks"
+same_over_mpi a2a "the all-to-all dispatcher" "${mixture[@]}" --set parallel.ep=2 \
+  --set parallel.zero=1 --set parallel.ep_dispatch=all_to_all
 # The mixture split by tensor parallelism (sequence parallel): each process half of every
 # expert's width, the rows gathered and the partial outputs reduce-scattered over MPI.
-moe_tp=(--set model.arch=llama --set model.ffn_hidden=16 --set model.moe_experts=4
-  --set model.moe_top_k=2 --set parallel.tp=2 --set parallel.sequence_parallel=true)
-"$@" -np 2 "$loom" train "$dir/cfg.toml" --run-dir "$dir/moe_tp_mpi" --quiet "${moe_tp[@]}" \
-  2>"$dir/err" >/dev/null || fail "the tensor-parallel mixture job failed"
-"$loom" train "$dir/cfg.toml" --run-dir "$dir/moe_tp_threads" --quiet --ranks 2 "${moe_tp[@]}" \
-  2>"$dir/err" >/dev/null || fail "the tensor-parallel mixture on thread ranks failed"
-[[ "$(digests "$dir/moe_tp_mpi/checkpoints/step_4")" == "$(digests "$dir/moe_tp_threads/checkpoints/step_4")" ]] ||
-  fail "a tensor-parallel mixture over MPI differs from thread ranks"
+same_over_mpi moe_tp "a tensor-parallel mixture" "${mixture[@]}" --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true

@@ -27,18 +27,13 @@ void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Rea
         p[e] = static_cast<Real>(std::exp(static_cast<double>(l[e]) - max) / sum);
       lse[t] = static_cast<Real>(max + std::log(sum));
       std::iota(order.begin(), order.end(), 0);
-      if (bias == nullptr) {
-        std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-          return p[a] > p[b] || (p[a] == p[b] && a < b);
-        });
-      } else {
-        const auto score = [&](int32_t e) {
-          return static_cast<double>(p[e]) + static_cast<double>(bias[e]);
-        };
-        std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-          return score(a) > score(b) || (score(a) == score(b) && a < b);
-        });
-      }
+      // Without biases the score is p itself (a float widened exactly: the same order).
+      const auto score = [&](int32_t e) {
+        return static_cast<double>(p[e]) + (bias != nullptr ? static_cast<double>(bias[e]) : 0.0);
+      };
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+        return score(a) > score(b) || (score(a) == score(b) && a < b);
+      });
       double chosen = 0;
       for (int64_t j = 0; j < K; ++j) chosen += static_cast<double>(p[order[static_cast<size_t>(j)]]);
       for (int64_t j = 0; j < K; ++j) {
