@@ -247,12 +247,17 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     shape["ffn_hidden"] = mc.ffn_hidden;
     shape["rope_theta"] = mc.rope_theta;
     shape["norm_eps"] = mc.norm_eps;
-    if (mc.moe())
+    if (mc.moe()) {
       shape["moe"] = {{"experts", mc.moe_experts},
                       {"top_k", mc.moe_top_k},
                       {"aux_loss_coef", mc.moe_aux_loss_coef},
                       {"router_z_loss_coef", mc.moe_router_z_loss_coef},
                       {"shared_experts", mc.moe_shared_experts}};
+      if (!mc.moe_capacity.dropless()) {
+        shape["moe"]["capacity_factor"] = mc.moe_capacity.factor;
+        shape["moe"]["token_drop_policy"] = token_drop_policy_name(mc.moe_capacity.policy);
+      }
+    }
     if (mc.rope_scaling_factor > 0)
       shape["rope_scaling"] = {{"rope_type", "llama3"},
                                {"factor", mc.rope_scaling_factor},
@@ -417,6 +422,9 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
         c.moe_router_z_loss_coef = moe.value("router_z_loss_coef", 0.0f);
         c.moe_shared_experts =
             moe.contains("shared_experts") ? json_integer<int64_t>(moe.at("shared_experts")) : 0;
+        c.moe_capacity.factor = moe.value("capacity_factor", 0.0);
+        c.moe_capacity.policy = parse_token_drop_policy(
+            moe.value("token_drop_policy", std::string("probs")), "model.moe.token_drop_policy");
       }
       if (m.contains("rope_scaling")) {
         const json& s = m.at("rope_scaling");

@@ -63,6 +63,8 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, moe_router_z_loss_coef),
     LOOM_KEY(model, moe_shared_experts),
     LOOM_KEY(model, moe_bias_update_rate),
+    LOOM_KEY(model, moe_capacity_factor),
+    LOOM_KEY(model, moe_token_drop_policy),
     LOOM_KEY(data, train),
     LOOM_KEY(data, val),
     LOOM_KEY(data, blend),

@@ -77,6 +77,13 @@ struct ModelConfig {
   // towards balance — up where its expert had fewer than the mean of the step's tokens, down
   // where more (nn/moe_mlp.h). 0: no biases. Checkpoints keep them.
   double moe_bias_update_rate = 0;
+  // Expert capacity (GShard, Switch; Megatron-LM's --moe-expert-capacity-factor): each expert
+  // takes at most ceil(moe_capacity_factor · T · moe_top_k / moe_experts) of a T-token
+  // sequence's choices, and drops the rest — those with the lowest routing weights
+  // (moe_token_drop_policy = "probs") or the latest positions ("position"); nn/moe_capacity.h.
+  // Per sequence, so the same under every layout. 0: dropless (every choice taken).
+  double moe_capacity_factor = 0;
+  std::string moe_token_drop_policy = "probs";
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }

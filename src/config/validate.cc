@@ -128,6 +128,8 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
       p.add("model.moe_shared_experts applies with model.moe_experts > 0 only");
     if (m.moe_bias_update_rate != defaults.moe_bias_update_rate)
       p.add("model.moe_bias_update_rate applies with model.moe_experts > 0 only");
+    if (m.moe_capacity_factor != defaults.moe_capacity_factor)
+      p.add("model.moe_capacity_factor applies with model.moe_experts > 0 only");
     return;
   }
   if (m.moe_top_k < 1 || (m.moe_experts > 0 && m.moe_top_k > m.moe_experts))
@@ -136,6 +138,10 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
   p.in_range("model.moe_aux_loss_coef", m.moe_aux_loss_coef, 0, 1, true);
   p.in_range("model.moe_router_z_loss_coef", m.moe_router_z_loss_coef, 0, 1, true);
   p.in_range("model.moe_bias_update_rate", m.moe_bias_update_rate, 0, 1, true);
+  p.in_range("model.moe_capacity_factor", m.moe_capacity_factor, 0, ModelLimits::kExperts);
+  p.one_of("model.moe_token_drop_policy", m.moe_token_drop_policy, {"probs", "position"});
+  if (m.moe_token_drop_policy != defaults.moe_token_drop_policy && !(m.moe_capacity_factor > 0))
+    p.add("model.moe_token_drop_policy applies with model.moe_capacity_factor > 0 only");
   p.non_negative("model.moe_shared_experts", m.moe_shared_experts);
   p.at_most("model.moe_shared_experts", m.moe_shared_experts, ModelLimits::kExperts);
   if (m.moe_shared_experts > 0 && m.moe_shared_experts <= ModelLimits::kExperts &&

@@ -75,6 +75,10 @@ void Gpt2Config::validate() const {
     fail("model.moe_shared_experts = ", moe_shared_experts, " must be in [0, ",
          ModelLimits::kExperts, "], with model.moe_experts, its width at most ",
          ModelLimits::kFfnHidden);
+  if (!(moe_capacity.factor >= 0 && moe_capacity.factor <= ModelLimits::kExperts) ||
+      (moe_capacity.factor > 0 && moe_experts == 0))
+    fail("model.moe_capacity_factor = ", moe_capacity.factor, " must be in [0, ",
+         ModelLimits::kExperts, "], and 0 without model.moe_experts");
   if (!(rope_theta > 1)) fail("model.rope_theta must be > 1, got ", rope_theta);
   if (!(norm_eps > 0)) fail("model.norm_eps must be positive, got ", norm_eps);
 }

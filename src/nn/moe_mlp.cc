@@ -131,16 +131,21 @@ Tensor MoeMlp::send_tokens(const Exec& ex, const Tensor& x) const {
 }
 
 Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* residual,
-                              const int32_t* chosen) {
-  const int64_t C = shape_.channels, K = shape_.top_k, N = x.numel() / C, P = N * K;
+                              const int32_t* chosen, const std::vector<uint8_t>& keep) {
+  const int64_t C = shape_.channels, K = shape_.top_k, N = x.numel() / C;
   const int R = exchange_->ranks();
+  const auto kept = [&](int64_t i) { return keep.empty() || keep[static_cast<size_t>(i)] != 0; };
   const Exec ex = ctx.exec();
   const auto on_device = [&](const Tensor& host) {
     return ctx.device.is_cpu() ? host : host.to(ctx.device);
   };
   // Each destination's block padded to the group's fullest (equal all-to-all blocks).
   std::vector<int64_t> count(static_cast<size_t>(R), 0);
-  for (int64_t i = 0; i < P; ++i) ++count[static_cast<size_t>(chosen[i] / local_)];
+  for (int64_t i = 0; i < N * K; ++i)
+    if (kept(i)) ++count[static_cast<size_t>(chosen[i] / local_)];
+  // The pairs sent, slot by slot (a slot's tokens are distinct): slot j's are
+  // [slot_pairs[j], slot_pairs[j + 1]); without drops j·N + t.
+  const int64_t P = std::accumulate(count.begin(), count.end(), int64_t{0});
   const int64_t M = exchange_->max_over_group(*std::max_element(count.begin(), count.end()));
   Tensor send_index = Tensor::zeros({R * M}, DType::kI32),
          send_pair = Tensor::zeros({R * M}, DType::kI32);
@@ -148,10 +153,15 @@ Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* resid
   std::fill(ids.data<int32_t>(), ids.data<int32_t>() + R * M, -1);
   Tensor pad_rows = Tensor::empty({P}, DType::kI32), pair_tok = Tensor::empty({P}, DType::kI32),
          pair_slot = Tensor::empty({P}, DType::kI32);
+  slot_pairs_ = Tensor::empty({K + 1}, DType::kI64);
+  int64_t* slot_pairs = slot_pairs_.data<int64_t>();
   std::vector<int64_t> next(static_cast<size_t>(R), 0);
-  for (int64_t j = 0; j < K; ++j)
+  int64_t p = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    slot_pairs[j] = p;
     for (int64_t t = 0; t < N; ++t) {
-      const int64_t p = j * N + t, e = chosen[t * K + j], d = e / local_;
+      if (!kept(t * K + j)) continue;
+      const int64_t e = chosen[t * K + j], d = e / local_;
       const int64_t q = d * M + next[static_cast<size_t>(d)]++;
       send_index.data<int32_t>()[q] = static_cast<int32_t>(t);
       send_pair.data<int32_t>()[q] = static_cast<int32_t>(p);
@@ -159,7 +169,10 @@ Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* resid
       pad_rows.data<int32_t>()[p] = static_cast<int32_t>(q);
       pair_tok.data<int32_t>()[p] = static_cast<int32_t>(t);
       pair_slot.data<int32_t>()[p] = static_cast<int32_t>(j);
+      ++p;
     }
+  }
+  slot_pairs[K] = p;
   send_index_ = on_device(send_index);
   send_pair_ = on_device(send_pair);
   pad_rows_ = on_device(pad_rows);
@@ -201,12 +214,64 @@ Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* resid
   Tensor y = residual ? residual->clone() : Tensor::zeros(x.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using Real = decltype(zero);
-    for (int64_t j = 0; j < K; ++j)
-      ops::moe_scatter_add<Real>(ex, y.data<Real>(), pair_out_.data<Real>() + j * N * C,
-                                 pair_tok_.data<int32_t>() + j * N,
-                                 pair_slot_.data<int32_t>() + j * N, weight_.data<Real>(), N, C, K);
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t first = slot_pairs[j], n = slot_pairs[j + 1] - first;
+      ops::moe_scatter_add<Real>(ex, y.data<Real>(), pair_out_.data<Real>() + first * C,
+                                 pair_tok_.data<int32_t>() + first,
+                                 pair_slot_.data<int32_t>() + first, weight_.data<Real>(), n, C, K);
+    }
   });
   return y;
+}
+
+std::vector<uint8_t> MoeMlp::capacity_keep(Context& ctx, const int32_t* chosen, int64_t n,
+                                           int64_t T, const Tensor& weights, int64_t own_first,
+                                           int64_t own_pairs) {
+  const int64_t E = shape_.experts, K = shape_.top_k;
+  const bool by_score = shape_.capacity.policy == TokenDropPolicy::kProbs;
+  std::vector<float> score;
+  if (by_score) {  // the routing weights on the host (from a GPU: a second small wait)
+    const Tensor w = weights.device().is_cpu() ? weights : weights.to(Device::cpu());
+    score.resize(static_cast<size_t>(n * K));
+    dispatch_float(w.dtype(), [&](auto zero) {
+      using Real = decltype(zero);
+      for (size_t i = 0; i < score.size(); ++i) score[i] = static_cast<float>(w.data<Real>()[i]);
+    });
+  }
+  std::vector<uint8_t> keep(static_cast<size_t>(n * K));
+  if (ctx.sequence == nullptr) {
+    keep_within_capacity({chosen, keep.size()}, score, T, K, E, shape_.capacity, keep);
+  } else {
+    // Under context parallelism a rank holds T of each sequence's L positions: the sequences'
+    // choices (and weights) laid out at their positions and summed over the group, so every rank
+    // decides on the whole sequences, as one device, and keeps its own positions' answers.
+    const int64_t L = ctx.sequence->full_length(), S = n / T, whole_pairs = S * L * K;
+    std::vector<int64_t> position;  // of each local row
+    for (const cpu::RowRange& range : ctx.sequence->positions())
+      for (int64_t g = range.begin; g < range.end; ++g) position.push_back(g);
+    LOOM_CHECK(static_cast<int64_t>(position.size()) == T);
+    const auto at = [&](int64_t i) {  // local pair i's place among the whole sequences'
+      const int64_t t = i / K;
+      return static_cast<size_t>(((t / T) * L + position[static_cast<size_t>(t % T)]) * K + i % K);
+    };
+    std::vector<double> whole(static_cast<size_t>(whole_pairs * (by_score ? 2 : 1)), 0.0);
+    for (int64_t i = 0; i < n * K; ++i) {
+      whole[at(i)] = chosen[i] + 1;  // 0: another rank's position
+      if (by_score) whole[static_cast<size_t>(whole_pairs) + at(i)] = score[static_cast<size_t>(i)];
+    }
+    ctx.sequence->sum_over_group(whole);
+    std::vector<int32_t> whole_choice(static_cast<size_t>(whole_pairs));
+    std::vector<float> whole_score(by_score ? static_cast<size_t>(whole_pairs) : 0);
+    for (size_t i = 0; i < whole_choice.size(); ++i) {
+      whole_choice[i] = static_cast<int32_t>(std::lround(whole[i])) - 1;
+      if (by_score) whole_score[i] = static_cast<float>(whole[whole_choice.size() + i]);
+    }
+    std::vector<uint8_t> whole_keep(whole_choice.size());
+    keep_within_capacity(whole_choice, whole_score, L, K, E, shape_.capacity, whole_keep);
+    for (int64_t i = 0; i < n * K; ++i) keep[static_cast<size_t>(i)] = whole_keep[at(i)];
+  }
+  dropped_ = std::count(keep.begin() + own_first, keep.begin() + own_first + own_pairs, 0);
+  return keep;
 }
 
 Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
@@ -218,6 +283,7 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
          "to which the caller adds the residual after summing it");
   const int64_t B = x.dim(0), N = x.numel() / C, T = N / B;
   const Exec ex = exec_ = ctx.exec();
+  dropped_ = 0;
   const Tensor logits = router_.forward(ctx, x);  // (B, T, E), ctx.dtype
   probs_ = Tensor::empty({N, E}, ctx.dtype, ctx.device);
   choice_ = Tensor::empty({N, K}, DType::kI32, ctx.device);
@@ -296,8 +362,14 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
       }
     });
   }
+  // Expert capacity (nn/moe_capacity.h): the pairs beyond it, per whole sequence, dropped.
+  const std::vector<uint8_t> keep =
+      shape_.capacity.dropless()
+          ? std::vector<uint8_t>()
+          : capacity_keep(ctx, chosen, group_n, T, gathered ? group_weight_ : weight_,
+                          gathered ? exchange_->rank() * N * K : 0, N * K);
   if (all_to_all) {
-    Tensor y = run_all_to_all(ctx, x, residual, chosen);
+    Tensor y = run_all_to_all(ctx, x, residual, chosen, keep);
     if (shared_) return shared_->forward_adding(ctx, x, y);
     return y;
   }
@@ -305,9 +377,9 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   // tokens), expert by expert.
   const std::vector<int32_t> choices = order_by_expert(
       group_n * K, local_,
-      [&](int64_t i) -> int64_t {  // −1: another rank's
+      [&](int64_t i) -> int64_t {  // −1: another rank's, or dropped
         const int64_t e = chosen[i] - first_;
-        return e >= 0 && e < local_ ? e : -1;
+        return e >= 0 && e < local_ && (keep.empty() || keep[static_cast<size_t>(i)] != 0) ? e : -1;
       },
       offsets_);
   Tensor rows = Tensor::empty({static_cast<int64_t>(choices.size())}, DType::kI32),
@@ -366,8 +438,11 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
   const Tensor& weights = group ? group_weight_ : weight_;
   const int64_t rows_n = dtokens.numel() / C;
   Tensor dx = Tensor::zeros({rows_n, C}, ctx.dtype, ctx.device);
-  Tensor dweight = group ? Tensor::zeros({rows_n, K}, ctx.dtype, ctx.device)
-                         : Tensor::empty({N, K}, ctx.dtype, ctx.device);  // every slot an expert's
+  // Every slot an expert's, unless some were another rank's or dropped (their weights' gradients
+  // zero: those outputs were never added).
+  Tensor dweight = group || !shape_.capacity.dropless()
+                       ? Tensor::zeros({rows_n, K}, ctx.dtype, ctx.device)
+                       : Tensor::empty({N, K}, ctx.dtype, ctx.device);
   Tensor dlogits = Tensor::empty({B, T, E}, ctx.dtype, ctx.device);
   // The balance loss's gradient at each sequence's probabilities: the coefficient × the loss's
   // scale / (B·T) × f_e. Under context parallelism f_e is the whole sequence's, and T this rank's
@@ -384,7 +459,7 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
     if (dispatched) {
       // The pairs' output gradients at home (and the routing weights'), sent to the experts'
       // ranks as the rows went; the inputs' gradients come back and are added per slot.
-      const int64_t P = N * K, rows = send_pair_.numel();
+      const int64_t P = pair_tok_.numel(), rows = send_pair_.numel();
       const int64_t row_bytes = C * static_cast<int64_t>(sizeof(Real));
       Tensor g = Tensor::empty({P, C}, ctx.dtype, ctx.device);
       ops::gather_rows(ex, g.raw(), dy.raw(), pair_tok_.data<int32_t>(), P, row_bytes);
@@ -409,10 +484,13 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
       const Tensor back = exchange_->all_to_all(dreceived);
       Tensor dpairs = Tensor::empty({P, C}, ctx.dtype, ctx.device);
       ops::gather_rows(ex, dpairs.raw(), back.raw(), pad_rows_.data<int32_t>(), P, row_bytes);
-      for (int64_t j = 0; j < K; ++j)
-        ops::moe_scatter_add<Real>(ex, dx.data<Real>(), dpairs.data<Real>() + j * N * C,
-                                   pair_tok_.data<int32_t>() + j * N,
-                                   pair_slot_.data<int32_t>() + j * N, nullptr, N, C, K);
+      const int64_t* slot_pairs = slot_pairs_.data<int64_t>();
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t first = slot_pairs[j], n = slot_pairs[j + 1] - first;
+        ops::moe_scatter_add<Real>(ex, dx.data<Real>(), dpairs.data<Real>() + first * C,
+                                   pair_tok_.data<int32_t>() + first,
+                                   pair_slot_.data<int32_t>() + first, nullptr, n, C, K);
+      }
     } else {
       if (expert_unit_ >= 0) hook_before_backward(ctx, static_cast<size_t>(expert_unit_));
       for (int64_t e = 0; e < local_; ++e) {
@@ -462,7 +540,8 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
 void MoeMlp::clear_routing() {
   probs_ = choice_ = weight_ = lse_ = group_weight_ = rows_ = slots_ = offsets_ = counts_ =
       Tensor();
-  send_index_ = send_pair_ = pad_rows_ = pair_tok_ = pair_slot_ = pair_out_ = Tensor();
+  send_index_ = send_pair_ = pad_rows_ = pair_tok_ = pair_slot_ = slot_pairs_ = pair_out_ =
+      Tensor();
   for (Tensor& out : out_) out = Tensor();
 }
 
@@ -495,7 +574,7 @@ void MoeMlp::collect_cache(std::vector<Tensor*>& out) {
   if (shared_) shared_->collect_cache(out);
   for (Tensor* t :
        {&probs_, &choice_, &weight_, &lse_, &group_weight_, &rows_, &slots_, &offsets_, &counts_,
-        &send_index_, &send_pair_, &pad_rows_, &pair_tok_, &pair_slot_, &pair_out_})
+        &send_index_, &send_pair_, &pad_rows_, &pair_tok_, &pair_slot_, &slot_pairs_, &pair_out_})
     out.push_back(t);
   for (Tensor& t : out_) out.push_back(&t);
 }

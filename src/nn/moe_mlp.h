@@ -2,8 +2,10 @@
 // 2024): `experts` SwiGLU MLPs, each `hidden` wide, and a router — a Linear C -> experts, no
 // bias — whose softmax picks each token's top_k experts. The token's output is the sum of its
 // experts' outputs weighed by their router probabilities renormalised over the k chosen
-// (Mixtral's: a softmax over the chosen logits). Every token reaches its experts: no capacity,
-// nothing dropped ("dropless", as Megatron-LM's and torchtitan's grouped GEMMs).
+// (Mixtral's: a softmax over the chosen logits). By default every token reaches its experts: no
+// capacity, nothing dropped ("dropless", as Megatron-LM's and torchtitan's grouped GEMMs); with
+// an expert capacity (MoeShape::capacity, nn/moe_capacity.h) each expert takes at most its
+// capacity of each sequence's choices, and the rest are dropped.
 //
 // Load balance: the router is trained towards spreading tokens by the sequence-wise balance loss
 // of DeepSeek-V3 (and Megatron-LM's "seq_aux_loss"): per sequence of T tokens
@@ -50,6 +52,7 @@
 #include "nn/expert_exchange.h"
 #include "nn/feed_forward.h"
 #include "nn/linear.h"
+#include "nn/moe_capacity.h"
 #include "nn/swiglu_mlp.h"
 #include "nn/tensor_split.h"
 
@@ -63,6 +66,7 @@ struct MoeShape {
   // Shared experts every token goes through besides its routed ones (DeepSeekMoE, Qwen-MoE):
   // one SwiGLU shared × hidden wide, its output added unweighed; 0: none.
   int64_t shared = 0;
+  MoeCapacity capacity = {};  // dropless by default
 };
 
 // The coefficients of the losses a mixture adds to the training loss: the sequence-wise balance
@@ -113,6 +117,8 @@ class MoeMlp : public FeedForward {
   // moe_bias_update_rate); all zeros (the start): the plain top k, bit for bit.
   void set_expert_bias(const float* bias) override;
   double balance_loss() const { return balance_loss_; }
+  // This rank's (token, expert) pairs the last forward dropped over the experts' capacity.
+  int64_t dropped_pairs() const { return dropped_; }
   // The router z-loss's mean lse² over the last forward's tokens (before its coefficient; 0
   // without one).
   double router_z_loss() const { return router_z_loss_; }
@@ -132,7 +138,13 @@ class MoeMlp : public FeedForward {
   // their experts' ranks, the local experts run on what arrives, their outputs sent back and
   // weighed into y (plus *residual). `chosen`: this rank's choices, on the host.
   Tensor run_all_to_all(Context& ctx, const Tensor& x, const Tensor* residual,
-                        const int32_t* chosen);
+                        const int32_t* chosen, const std::vector<uint8_t>& keep);
+  // Which of the choices chosen[0, n·top_k) — n tokens in sequences of T, weighed by `weights`
+  // (n, top_k) — their experts take within capacity (nn/moe_capacity.h): under context
+  // parallelism decided on the whole sequences. Sets dropped_ to the zeros among this rank's
+  // own pairs, [own_first, own_first + own_pairs).
+  std::vector<uint8_t> capacity_keep(Context& ctx, const int32_t* chosen, int64_t n, int64_t T,
+                                     const Tensor& weights, int64_t own_first, int64_t own_pairs);
   // x's rows as send_index_ lays them out, all-to-all'd: the rows this rank's experts receive.
   Tensor send_tokens(const Exec& ex, const Tensor& x) const;
   MoeShape shape_;
@@ -166,10 +178,13 @@ class MoeMlp : public FeedForward {
   // are distinct) and, for each of the R·M rows it sends, the token and the pair it carries
   // (padding: row 0, unread); each pair's place among them; and the pairs' expert outputs,
   // come back (P, C). On the forward's device.
-  Tensor send_index_, send_pair_, pad_rows_, pair_tok_, pair_slot_, pair_out_;
+  // With expert capacity the dropped pairs are not sent: the pairs are slot by slot, slot j's
+  // [slot_pairs_[j], slot_pairs_[j + 1]) (K + 1 i64, on the host).
+  Tensor send_index_, send_pair_, pad_rows_, pair_tok_, pair_slot_, slot_pairs_, pair_out_;
   Tensor counts_;   // (B, experts) i32, on the host: each sequence's choices of each expert
   std::vector<Tensor> out_;  // per local expert: (n_e, C) its outputs, unweighed
   std::vector<int64_t> expert_tokens_;
+  int64_t dropped_ = 0;  // of this rank's pairs in the last forward, over capacity
   double balance_loss_ = 0;
   double router_z_loss_ = 0;
   int64_t sequence_length_ = 0;  // of the last forward: the whole sequences' (under cp too)

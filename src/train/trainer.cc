@@ -75,6 +75,9 @@ Gpt2Config model_config_of(const Config& config) {
     m.moe_aux_loss_coef = static_cast<float>(config.model.moe_aux_loss_coef);
     m.moe_router_z_loss_coef = static_cast<float>(config.model.moe_router_z_loss_coef);
     m.moe_shared_experts = config.model.moe_shared_experts;
+    m.moe_capacity = {
+        config.model.moe_capacity_factor,
+        parse_token_drop_policy(config.model.moe_token_drop_policy, "model.moe_token_drop_policy")};
   }
   return m;
 }

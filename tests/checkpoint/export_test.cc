@@ -663,6 +663,42 @@ TEST(MixtureBiases, ComeBackWithTheCheckpointAndStopTheMixtralExport) {
   fs::remove_all(dir);
 }
 
+// An expert capacity (model.moe_capacity_factor) is part of the model too: state.json keeps it
+// and its drop policy, and a model built from read_checkpoint_model — as `loom sample` builds
+// it — drops what the trained one drops: the same logits, which the same weights dropless do
+// not give.
+TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_expert_capacity_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  Gpt2Config c = tiny_hub_mixtral();
+  c.moe_capacity = {0.5, TokenDropPolicy::kPosition};  // 2 of a sequence's 16 choices each
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  TrainingState st;
+  st.step = 1;
+  const std::string ckpt = save_checkpoint((dir / "checkpoints").string(), model, nullptr, st);
+  const Gpt2Config back = read_checkpoint_model(ckpt);
+  EXPECT_EQ(back.moe_capacity.factor, 0.5);
+  EXPECT_EQ(back.moe_capacity.policy, TokenDropPolicy::kPosition);
+  Gpt2 loaded(back);
+  loaded.build(DType::kF32, Device::cpu(), 9);
+  load_checkpoint(ckpt, loaded, nullptr);
+  Gpt2Config dropless_config = c;
+  dropless_config.moe_capacity = {};
+  Gpt2 dropless(dropless_config);
+  dropless.build(DType::kF32, Device::cpu(), 9);
+  load_checkpoint(ckpt, dropless, nullptr);
+  Tensor tokens = Tensor::empty({2, 8}, DType::kI32);
+  for (int64_t i = 0; i < 16; ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(i * 37 % 200);
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  const std::vector<float> want = model.logits(ctx, tokens).to_vector();
+  EXPECT_EQ(loaded.logits(ctx, tokens).to_vector(), want);
+  EXPECT_NE(dropless.logits(ctx, tokens).to_vector(), want);
+  fs::remove_all(dir);
+}
+
 TEST(ImportMixtral, ALlamaWhereAMixtralIsWantedAndOtherExpertsAreNamed) {
   const fs::path dir =
       fs::temp_directory_path() / ("loom_import_bad_mixtral_" + std::to_string(getpid()));

@@ -37,14 +37,15 @@ Gpt2Config tiny_moe(int64_t experts = 4, int64_t top_k = 2) {
 }
 
 // The module alone: L = Σ y ∘ R + coef · balance loss, its input's and every weight's gradient.
-void module_grad_check(int64_t experts, int64_t top_k, double backward_scale, int64_t shared = 0) {
+void module_grad_check(int64_t experts, int64_t top_k, double backward_scale, int64_t shared = 0,
+                       MoeCapacity capacity = {}) {
   SCOPED_TRACE(::testing::Message() << "top " << top_k << " of " << experts);
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
   ctx.backward_scale = backward_scale;
   ParameterStore store;
   const float coef = 0.3f;
-  MoeMlp moe(store, "mlp", {6, 5, experts, top_k, shared}, {coef, 0.2f}, 0.5f, 0.4f);
+  MoeMlp moe(store, "mlp", {6, 5, experts, top_k, shared, capacity}, {coef, 0.2f}, 0.5f, 0.4f);
   store.allocate(DType::kF64, Device::cpu());
   store.initialize(7);
   Tensor x = testing::random_f64({2, 5, 6}, "x");
@@ -61,6 +62,10 @@ void module_grad_check(int64_t experts, int64_t top_k, double backward_scale, in
   // Every expert took tokens (else its weights' check checked nothing): 20 choices, 4 experts.
   moe.forward(ctx, x);
   for (int64_t n : *moe.expert_tokens()) EXPECT_GT(n, 0);
+  // With a capacity, some choices were dropped (else the drops' gradients went unchecked).
+  if (!capacity.dropless()) {
+    EXPECT_GT(moe.dropped_pairs(), 0);
+  }
 }
 
 TEST(MoeMlp, GradCheckInDoubleTopTwoOfFour) {
@@ -81,17 +86,26 @@ TEST(MoeMlp, GradCheckInDoubleAtALossScale) {
 TEST(MoeMlp, GradCheckInDoubleWithSharedExperts) {
   module_grad_check(4, 2, 1.0, 2);
 }
+// An expert capacity of 2 of each sequence's 10 choices (factor 0.8): the dropped pairs add
+// nothing, and their routing weights' gradients are zero; the rest as dropless.
+TEST(MoeMlp, GradCheckInDoubleWithExpertCapacity) {
+  module_grad_check(4, 2, 1.0, 0, {0.8, TokenDropPolicy::kProbs});
+  module_grad_check(4, 2, 0.5, 1, {0.8, TokenDropPolicy::kPosition});
+}
 
 // The routing as its definition says, computed here from the router's logits: each token's
 // top-k of the softmax (ties to the lower index), its output the weighed sum of its experts'.
 // The layer's output against its definition: each token's top two experts by p_e (+ bias[e] with
 // balancing biases), their outputs weighed by their probabilities renormalised over the two.
-void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bias) {
+// With an expert capacity, per sequence each expert takes the `capacity` choices of highest
+// weight (to 1/1024; ties: the earlier token) or of the earliest tokens, and the rest add nothing.
+void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bias,
+                                                   MoeCapacity capacity = {}) {
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
-  const int64_t C = 6, E = 5, K = 2;
+  const int64_t C = 6, E = 5, K = 2, B = 2, T = 7;
   ParameterStore store;
-  MoeMlp moe(store, "mlp", {C, 4, E, K}, {}, 0.5f, 0.4f);
+  MoeMlp moe(store, "mlp", {C, 4, E, K, 0, capacity}, {}, 0.5f, 0.4f);
   ParameterStore expert_store;  // the same experts again, run on every token
   std::vector<std::unique_ptr<SwiGluMlp>> experts;
   for (int64_t e = 0; e < E; ++e)
@@ -102,12 +116,14 @@ void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bia
   expert_store.allocate(DType::kF64, Device::cpu());
   expert_store.initialize(3);  // same names, same seed: the same values
   if (!bias.empty()) moe.set_expert_bias(bias.data());
-  const Tensor x = testing::random_f64({1, 7, C}, "x");
+  const Tensor x = testing::random_f64({B, T, C}, "x");
   const Tensor y = moe.forward(ctx, x);
   const Parameter& router = *store.find("mlp.router.weight");
   std::vector<Tensor> all;
   for (auto& e : experts) all.push_back(e->forward(ctx, x));
-  for (int64_t t = 0; t < 7; ++t) {
+  std::vector<int64_t> chose(B * T * K);  // each token's two experts
+  std::vector<double> weight(B * T * K);  // and their weights
+  for (int64_t t = 0; t < B * T; ++t) {
     std::vector<double> logit(E), p(E);
     for (int64_t e = 0; e < E; ++e)
       for (int64_t c = 0; c < C; ++c)
@@ -121,17 +137,84 @@ void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bia
       if (score(e) > score(first)) first = e;
     for (int64_t e = 0; e < E; ++e)
       if (e != first && (second < 0 || score(e) > score(second))) second = e;
-    for (int64_t c = 0; c < C; ++c) {
-      const double want = (p[first] * all[first].data<double>()[t * C + c] +
-                           p[second] * all[second].data<double>()[t * C + c]) /
-                          (p[first] + p[second]);
-      EXPECT_NEAR(y.data<double>()[t * C + c], want, 1e-12) << "token " << t << " channel " << c;
+    chose[t * K] = first;
+    chose[t * K + 1] = second;
+    weight[t * K] = p[first] / (p[first] + p[second]);
+    weight[t * K + 1] = p[second] / (p[first] + p[second]);
+  }
+  // Which choices their experts take: every one, or per sequence and expert the capacity's best.
+  std::vector<bool> taken(B * T * K, true);
+  int64_t dropped = 0;
+  if (!capacity.dropless()) {
+    const int64_t most = static_cast<int64_t>(std::ceil(capacity.factor * T * K / E));
+    for (int64_t i = 0; i < B * T * K; ++i) {
+      int64_t ahead = 0;  // the sequence's choices of the same expert ranked before this one
+      for (int64_t o = (i / (T * K)) * T * K; o < (i / (T * K) + 1) * T * K; ++o) {
+        if (o == i || chose[o] != chose[i]) continue;
+        const auto rank = [&](int64_t k) { return std::llround(weight[k] * 1024); };  // to 1/1024
+        const bool before = capacity.policy == TokenDropPolicy::kPosition
+                                ? o < i
+                                : rank(o) > rank(i) || (rank(o) == rank(i) && o < i);
+        ahead += before;
+      }
+      taken[i] = ahead < most;
+      dropped += !taken[i];
+    }
+    if (most < T) {
+      EXPECT_GT(dropped, 0) << "the capacity dropped nothing: the test checks nothing";
     }
   }
+  EXPECT_EQ(moe.dropped_pairs(), dropped);
+  for (int64_t t = 0; t < B * T; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      double want = 0;
+      for (int64_t j = 0; j < K; ++j)
+        if (taken[t * K + j])
+          want += weight[t * K + j] * all[chose[t * K + j]].data<double>()[t * C + c];
+      EXPECT_NEAR(y.data<double>()[t * C + c], want, 1e-12) << "token " << t << " channel " << c;
+    }
 }
 
 TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
   expect_output_is_the_renormalised_top_two_sum({});
+}
+
+// Expert capacity (nn/moe_capacity.h): 14 choices a sequence over 5 experts, each taking 3
+// (factor 1) or 2 (factor 0.5) of them, by weight or by position.
+TEST(MoeMlp, ExpertCapacityDropsEachSequencesChoicesBeyondIt) {
+  for (const double factor : {1.0, 0.5})
+    for (const TokenDropPolicy policy : {TokenDropPolicy::kProbs, TokenDropPolicy::kPosition}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "factor " << factor << " " << token_drop_policy_name(policy));
+      expect_output_is_the_renormalised_top_two_sum({}, {factor, policy});
+      expect_output_is_the_renormalised_top_two_sum({0.3f, -0.2f, 0.0f, 0.1f, -0.4f},
+                                                    {factor, policy});
+    }
+  // A capacity past every sequence's choices of any expert drops nothing: the dropless layer.
+  expect_output_is_the_renormalised_top_two_sum({}, {3.0, TokenDropPolicy::kProbs});
+}
+
+// keep_within_capacity on choices written out: per sequence, ties to the earlier token.
+TEST(MoeCapacity, KeepsEachSequencesBestChoicesPerExpert) {
+  // Two sequences of 4 tokens, one choice each, 2 experts: capacity ceil(1 · 4 / 2) = 2.
+  const std::vector<int32_t> choice = {0, 0, 0, 1, /**/ 1, 1, 1, 1};
+  const std::vector<float> score = {0.5f, 0.9f, 0.7f, 1.0f, /**/ 0.6f, 0.8f, 0.8f, 0.6f};
+  std::vector<uint8_t> keep(8);
+  EXPECT_EQ(keep_within_capacity(choice, score, 4, 1, 2, {1.0, TokenDropPolicy::kProbs}, keep), 3);
+  EXPECT_EQ(keep, (std::vector<uint8_t>{0, 1, 1, 1, /**/ 0, 1, 1, 0}));
+  EXPECT_EQ(keep_within_capacity(choice, score, 4, 1, 2, {1.0, TokenDropPolicy::kPosition}, keep),
+            3);
+  EXPECT_EQ(keep, (std::vector<uint8_t>{1, 1, 0, 1, /**/ 1, 1, 0, 0}));
+  // Ties by weight — to 1/1024 — go to the earlier token; dropless keeps all.
+  const std::vector<float> level = {0.2499f, 0.25f, 0.2501f, 1, 0.25f, 0.25f, 0.25f, 0.25f};
+  keep_within_capacity(choice, level, 4, 1, 2, {1.0, TokenDropPolicy::kProbs}, keep);
+  EXPECT_EQ(keep, (std::vector<uint8_t>{1, 1, 0, 1, /**/ 1, 1, 0, 0}));
+  EXPECT_EQ(keep_within_capacity(choice, score, 4, 1, 2, {}, keep), 0);
+  EXPECT_EQ(keep, std::vector<uint8_t>(8, 1));
+  // The capacity counts a sequence's choices: 2 tokens × top 2 of 4 experts, factor 1.5 → 2.
+  EXPECT_EQ((MoeCapacity{1.5, TokenDropPolicy::kProbs}.per_sequence(2, 2, 4)), 2);
+  EXPECT_EQ((MoeCapacity{1.0, TokenDropPolicy::kProbs}.per_sequence(7, 2, 5)), 3);
+  EXPECT_THROW(parse_token_drop_policy("random", "model.moe_token_drop_policy"), Error);
 }
 
 // DeepSeek-V3's balancing biases steer the choice only: a token's experts are its top two by

@@ -322,6 +322,38 @@ TEST_F(LlamaParallel, MixtureBalancedByBiasesMatchesOneDeviceAndResumesBitForBit
       << error;
 }
 
+// Expert capacity (model.moe_capacity_factor, nn/moe_capacity.h): each expert takes at most
+// ceil(0.75 · 16 · 2 / 4) = 6 of a sequence's 32 choices. Decided per whole sequence, so every
+// layout drops the pairs one device drops — micro-batches, dp, ZeRO, pipelines, tp (each rank
+// routes alike), cp (the sequences' choices summed over the group first), ep with either
+// dispatcher (the all-to-all sends only the pairs kept). It changes the run: the dropless
+// one's first loss differs.
+TEST_F(LlamaParallel, MixtureWithExpertCapacityDropsAsOneDeviceUnderEveryLayout) {
+  Config c = moe_config();
+  c.model.moe_capacity_factor = 0.75;
+  expect_layouts_match_one_device(c,
+                                  "dp=2,zero=1,mbs=2;dp=2,zero=3,recompute=selective;"
+                                  "pp=2,schedule=zb-v,v=2;tp=2,sp=1;cp=2;cp=2,cp_comm=ring,tp=2;"
+                                  "dp=2,ep=2,recompute=full;dp=2,ep=2,ep_dispatch=all_to_all;"
+                                  "dp=2,cp=2,ep=2,zero=2,ep_dispatch=all_to_all;"
+                                  "dp=2,pp=2,ep=2,ep_dispatch=all_to_all,recompute=selective",
+                                  10);
+  c.model.moe_token_drop_policy = "position";
+  expect_layouts_match_one_device(
+      c, "dp=2,ep=2,ep_dispatch=all_to_all,mbs=2;cp=2,cp_comm=ring;tp=2,pp=2", 3);
+  Config dropless = moe_config(), dropping = c;
+  for (Config* run : {&dropless, &dropping}) {
+    run->train.steps = 1;
+    run->train.warmup_steps = 1;
+  }
+  run_training(dropless, options("capacity_none"));
+  run_training(dropping, options("capacity_position"));
+  const auto without = testing::read_metrics(root_ / "capacity_none");
+  const auto with = testing::read_metrics(root_ / "capacity_position");
+  ASSERT_EQ(with.size(), 1u);
+  EXPECT_NE(with[0]["loss"].get<double>(), without[0]["loss"].get<double>());
+}
+
 // With two shared experts beside the routed ones (model.moe_shared_experts: DeepSeekMoE's form).
 TEST_F(LlamaParallel, MixtureOfExpertsWithSharedExpertsMatchesOneDevice) {
   Config c = moe_config();
@@ -552,6 +584,16 @@ TEST_F(LlamaParallel, MixtureOfExpertsConfigsThatCannotRunAreRefusedByName) {
   Config rate = moe_config();
   rate.model.moe_bias_update_rate = 2;
   refused(rate, "model.moe_bias_update_rate = 2.0 must be in [0.0, 1.0)");
+  dense.model.moe_capacity_factor = 1.25;
+  refused(dense, "model.moe_capacity_factor applies with model.moe_experts > 0 only");
+  Config capacity = moe_config();
+  capacity.model.moe_capacity_factor = -1;
+  refused(capacity, "model.moe_capacity_factor = -1.0 must be in [0.0, 1024.0]");
+  capacity.model.moe_capacity_factor = 0;
+  capacity.model.moe_token_drop_policy = "position";
+  refused(capacity, "model.moe_token_drop_policy applies with model.moe_capacity_factor > 0 only");
+  capacity.model.moe_token_drop_policy = "random";
+  refused(capacity, "model.moe_token_drop_policy = \"random\"");
   Config ep = moe_config();
   ep.parallel.dp = 2;
   ep.parallel.ep = 4;

@@ -728,13 +728,22 @@ TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsWidthsOrPositionsTrainsAsOnCpu
   expect_losses(dispatched, "ep2_gpus_all_to_all", 1e-4);
   // Balancing biases (model.moe_bias_update_rate): the choice on the GPU by p + bias, the biases
   // moved between steps from the counts as on the CPU ranks.
+  // A run on CPU ranks (NAME_cpus) and on the GPUs (NAME_gpus), the same within 1e-4.
+  const auto expect_gpus_as_cpus = [&](Config run, const std::string& name) {
+    run.runtime.device = "cpu";
+    run_training(run, options(name + "_cpus"));
+    const auto on_cpu_ranks = metrics(name + "_cpus");
+    run.runtime.device = "cuda";
+    expect_losses(run, name + "_gpus", 1e-4, &on_cpu_ranks);
+  };
   Config biased = c;
   biased.model.moe_bias_update_rate = 0.01;
-  biased.runtime.device = "cpu";
-  run_training(biased, options("bias_cpus"));
-  const auto bias_cpus = metrics("bias_cpus");
-  biased.runtime.device = "cuda";
-  expect_losses(biased, "bias_gpus", 1e-4, &bias_cpus);
+  expect_gpus_as_cpus(biased, "bias");
+  // Expert capacity (model.moe_capacity_factor): the routing weights come to the host, which
+  // drops the pairs beyond it; the all-to-all sends only the pairs kept.
+  Config capped = dispatched;
+  capped.model.moe_capacity_factor = 0.75;
+  expect_gpus_as_cpus(capped, "capacity");
   // Tensor parallelism (sequence parallel; two key/value heads, one a GPU): each GPU a half of
   // every expert's width, the partial outputs reduce-scattered and the routing weights'
   // gradients all-reduced over NCCL, against the same layout on CPU ranks; at bf16 the norm's
