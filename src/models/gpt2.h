@@ -93,6 +93,11 @@ struct Gpt2Config {
     return {d_model, ffn_hidden, moe_experts, moe_top_k, moe_shared_experts, moe_capacity};
   }
   MoeLosses moe_losses() const { return {moe_aux_loss_coef, moe_router_z_loss_coef}; }
+  // The length of the step's expert counts (Gpt2Stage::add_expert_tokens): n_layers × experts
+  // and the pairs dropped; 0 when dense.
+  size_t expert_counts_size() const {
+    return moe() ? static_cast<size_t>(n_layers * moe_experts + 1) : 0;
+  }
   int64_t head_dim() const { return d_model / n_heads; }
   int64_t kv_heads() const { return llama() ? n_kv_heads : n_heads; }
   int64_t hidden() const { return llama() ? ffn_hidden : 4 * d_model; }  // the MLP's width
@@ -128,6 +133,7 @@ class Gpt2Block {
   double aux_loss() const { return mlp_->aux_loss(); }
   // Its MLP's tokens per expert in its last forward (FeedForward::expert_tokens); null if dense.
   const std::vector<int64_t>* expert_tokens() const { return mlp_->expert_tokens(); }
+  int64_t dropped_pairs() const { return mlp_->dropped_pairs(); }  // FeedForward::dropped_pairs
   // Its mixture's balancing biases (nn/moe_mlp.h: set_expert_bias); nothing if dense.
   void set_expert_bias(const float* bias) { mlp_->set_expert_bias(bias); }
 
@@ -185,7 +191,8 @@ class Gpt2Stage {
   // mixture of experts' balance losses, with their coefficient; Gpt2::aux_loss); 0 for dense.
   virtual double aux_loss() const { return 0; }
   // Adds the tokens the part's blocks sent to each expert in its last forward into `counts`
-  // (n_layers × moe_experts, block-major, by the blocks' global index); nothing for dense ones.
+  // (expert_counts_size: n_layers × moe_experts, block-major, by the blocks' global index, then
+  // the pairs the experts' capacity dropped, over every block); nothing for dense ones.
   virtual void add_expert_tokens(std::vector<double>& counts) const { (void)counts; }
   // Sets the part's blocks' mixtures' balancing biases (nn/moe_mlp.h: set_expert_bias) from
   // `biases`, n_layers × moe_experts block-major by the blocks' global index; nothing for dense
@@ -207,9 +214,10 @@ class Gpt2Stage {
       const std::vector<int64_t>* tokens = blocks[l]->expert_tokens();
       if (tokens == nullptr) continue;
       const size_t first = (static_cast<size_t>(first_block) + l) * tokens->size();
-      LOOM_CHECK(first + tokens->size() <= counts.size());
+      LOOM_CHECK(first + tokens->size() < counts.size());
       for (size_t e = 0; e < tokens->size(); ++e)
         counts[first + e] += static_cast<double>((*tokens)[e]);
+      counts.back() += static_cast<double>(blocks[l]->dropped_pairs());
     }
   }
   template <typename Blocks>

@@ -28,6 +28,8 @@ class FeedForward {
   virtual double aux_loss() const { return 0; }
   // Tokens its last forward sent to each expert (a mixture's; nn/moe_mlp.h); none for a dense one.
   virtual const std::vector<int64_t>* expert_tokens() const { return nullptr; }
+  // Of those, the (token, expert) pairs its experts' capacity dropped (nn/moe_capacity.h).
+  virtual int64_t dropped_pairs() const { return 0; }
   // A mixture's balancing biases (nn/moe_mlp.h: set_expert_bias): one per expert; nothing for a
   // dense one.
   virtual void set_expert_bias(const float* bias) { (void)bias; }

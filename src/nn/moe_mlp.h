@@ -118,7 +118,7 @@ class MoeMlp : public FeedForward {
   void set_expert_bias(const float* bias) override;
   double balance_loss() const { return balance_loss_; }
   // This rank's (token, expert) pairs the last forward dropped over the experts' capacity.
-  int64_t dropped_pairs() const { return dropped_; }
+  int64_t dropped_pairs() const override { return dropped_; }
   // The router z-loss's mean lse² over the last forward's tokens (before its coefficient; 0
   // without one).
   double router_z_loss() const { return router_z_loss_; }

@@ -269,8 +269,7 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   std::map<std::pair<int, int>, std::vector<Tensor>> stash;
   double aux_sum = 0;  // Σ over this rank's forwards of Gpt2Stage::aux_loss
   const Gpt2Config& mc = chunks_.front()->config();
-  std::vector<double> expert_tokens(
-      static_cast<size_t>(mc.moe() ? mc.n_layers * mc.moe_experts : 0));
+  std::vector<double> expert_tokens(mc.expert_counts_size());
   // Weight gradients a zero-bubble schedule's B left for its W (nn/deferred_weight_grads.h).
   std::map<std::pair<int, int>, DeferredWeightGrads> deferred;
   std::vector<int> backwards_done(chunks_.size(), 0);

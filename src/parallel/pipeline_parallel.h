@@ -94,8 +94,9 @@ struct PipelineStepStats {
   // The step's balance losses of a mixture of experts (Gpt2Stage::aux_loss): each stage's
   // summed, the mean over micro-batches and dp ranks, as the loss; 0 for dense blocks.
   double aux_loss = 0;
-  // With a mixture of experts: the step's tokens per expert (n_layers × experts, block-major),
-  // summed over micro-batches, stages and dp ranks (Gpt2Stage::add_expert_tokens).
+  // With a mixture of experts: the step's tokens per expert (n_layers × experts, block-major) and
+  // the pairs dropped, summed over micro-batches, stages and dp ranks
+  // (Gpt2Stage::add_expert_tokens).
   std::vector<double> expert_tokens;
   double bubble() const { return step_seconds > 0 ? recv_wait_seconds / step_seconds : 0; }
 };

@@ -68,6 +68,7 @@ class TpGpt2Block {
   const std::vector<int64_t>* expert_tokens() const {
     return moe_ ? moe_->expert_tokens() : nullptr;
   }
+  int64_t dropped_pairs() const { return moe_ ? moe_->dropped_pairs() : 0; }
   void set_expert_bias(const float* bias) {
     if (moe_) moe_->set_expert_bias(bias);
   }

@@ -41,6 +41,7 @@ nlohmann::json step_record(const StepFigures& f) {
   if (f.z_loss) record["z_loss"] = *f.z_loss;
   if (f.moe_aux_loss) record["moe_aux_loss"] = *f.moe_aux_loss;
   if (f.moe_expert_load) record["moe_expert_load"] = *f.moe_expert_load;
+  if (f.moe_dropped) record["moe_dropped"] = *f.moe_dropped;
   if (f.skipped) record["skipped"] = true;
   record["comm_bytes"] = {{"dp", f.comm_bytes.dp},
                           {"pp", f.comm_bytes.pp},

@@ -62,6 +62,9 @@ struct StepFigures {
   // With a mixture of experts: the busiest expert's share of the step's tokens over the mean
   // expert's, in the block where it is largest (1 = evenly spread).
   std::optional<double> moe_expert_load;
+  // With an expert capacity (model.moe_capacity_factor): the share of the step's (token, expert)
+  // choices, over every block, that the capacity dropped.
+  std::optional<double> moe_dropped;
   bool skipped = false;              // overflowed gradients: no optimizer step
   std::optional<PipelineFigures> pipeline;
 

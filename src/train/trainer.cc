@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <numeric>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -87,6 +88,12 @@ namespace {
 // The busiest expert's tokens over the mean expert's, in the block where that is largest (1:
 // perfectly spread; moe_experts / moe_top_k: every token to the same k) — of the step's whole
 // batch, so the same whatever the layout.
+// The tokens per expert of the step's expert counts (Gpt2Stage::add_expert_tokens): all but the
+// last, the pairs dropped.
+std::vector<double> per_expert(const std::vector<double>& counts) {
+  return {counts.begin(), counts.end() - (counts.empty() ? 0 : 1)};
+}
+
 double expert_load(const std::vector<double>& tokens, int64_t experts) {
   double worst = 0;
   for (size_t first = 0; first + static_cast<size_t>(experts) <= tokens.size();
@@ -743,9 +750,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     double loss = 0, grad_norm = 0, comm_wait = 0;
     double mean_lse_square = 0;  // with train.z_loss: the step's mean lse² (its z-loss / z_loss)
     double aux_loss = 0;  // a mixture of experts' balance losses, the mean over micro-batches
-    // With a mixture of experts: the step's tokens per expert, n_layers × experts block-major.
-    std::vector<double> expert_tokens(static_cast<size_t>(
-        config.model.arch == "llama" ? config.model.n_layers * config.model.moe_experts : 0));
+    // With a mixture of experts: the step's tokens per expert, n_layers × experts block-major,
+    // then the pairs their capacity dropped (Gpt2Stage::add_expert_tokens).
+    std::vector<double> expert_tokens(model_config_of(config).expert_counts_size());
     // The schedule follows the sequences consumed, in full batches: step - 1 and step but for a
     // batch-size ramp-up's steps.
     const auto full_batches = [&](int64_t sequences) {
@@ -847,7 +854,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     tracer.resolve_device_spans();  // those the stream has passed
     // The balancing biases follow the step's load (every rank's counts are the batch's).
     if (applied && bias_rate > 0) {
-      update_expert_biases(expert_bias, expert_tokens, config.model.moe_experts, bias_rate);
+      update_expert_biases(expert_bias, per_expert(expert_tokens), config.model.moe_experts,
+                           bias_rate);
       for (Gpt2Stage* part : parts) part->set_expert_biases(expert_bias);
     }
     if (!applied) {
@@ -925,7 +933,11 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
       if (tc.z_loss > 0) figures.z_loss = tc.z_loss * mean_lse_square;
       if (config.model.arch == "llama" && config.model.moe_experts > 0) {
         figures.moe_aux_loss = aux_loss;
-        figures.moe_expert_load = expert_load(expert_tokens, config.model.moe_experts);
+        const std::vector<double> tokens = per_expert(expert_tokens);
+        figures.moe_expert_load = expert_load(tokens, config.model.moe_experts);
+        if (config.model.moe_capacity_factor > 0)
+          figures.moe_dropped =
+              expert_tokens.back() / std::max(1.0, std::reduce(tokens.begin(), tokens.end()));
       }
       figures.lr = lr;
       figures.grad_norm = grad_norm;

@@ -645,7 +645,7 @@ TEST(MixtureBiases, ComeBackWithTheCheckpointAndStopTheMixtralExport) {
   Context ctx{&pool, Device::cpu(), DType::kF32};
   const auto tokens_per_expert = [&](Gpt2& m) {
     m.logits(ctx, tokens);
-    std::vector<double> counts(static_cast<size_t>(L * E), 0);
+    std::vector<double> counts(c.expert_counts_size(), 0);
     m.add_expert_tokens(counts);
     return counts;
   };

@@ -352,6 +352,23 @@ TEST_F(LlamaParallel, MixtureWithExpertCapacityDropsAsOneDeviceUnderEveryLayout)
   const auto with = testing::read_metrics(root_ / "capacity_position");
   ASSERT_EQ(with.size(), 1u);
   EXPECT_NE(with[0]["loss"].get<double>(), without[0]["loss"].get<double>());
+  // The metric moe_dropped, the share of the step's choices dropped, counts the whole batch: the
+  // same figure under every layout (and none without a capacity).
+  EXPECT_FALSE(without[0].contains("moe_dropped"));
+  const double share = with[0]["moe_dropped"].get<double>();
+  EXPECT_GT(share, 0.0);
+  EXPECT_LT(share, 0.5);
+  Config ep = dropping, cp = dropping;
+  ep.parallel.dp = ep.parallel.ep = 2;
+  ep.parallel.ep_dispatch = "all_to_all";
+  ep.train.micro_batch_size = 2;
+  ep.runtime.ranks = 2;
+  cp.parallel.cp = cp.parallel.tp = cp.parallel.pp = 2;
+  cp.runtime.ranks = 8;
+  run_training(ep, options("capacity_ep"));
+  run_training(cp, options("capacity_cp_tp_pp"));
+  for (const char* run : {"capacity_ep", "capacity_cp_tp_pp"})
+    EXPECT_EQ(testing::read_metrics(root_ / run)[0]["moe_dropped"].get<double>(), share) << run;
 }
 
 // With two shared experts beside the routed ones (model.moe_shared_experts: DeepSeekMoE's form).
