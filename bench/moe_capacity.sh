@@ -27,7 +27,8 @@ for run in "${runs[@]}"; do
   name=${run%%:*}
   # shellcheck disable=SC2086
   "$loom" train configs/moe.toml --run-dir "$dir/run" --quiet --set train.steps="$steps" \
-    --set train.save_every=0 --set data.train="$dir/data/train_*.bin" \
+    --set train.save_every=0 --set train.warmup_steps=$((steps / 10)) \
+    --set data.train="$dir/data/train_*.bin" \
     --set data.val="$dir/data/val_*.bin" --set runtime.ranks=2 --set runtime.threads_per_rank=1 \
     --set parallel.dp=2 --set parallel.ep=2 --set parallel.ep_dispatch=all_to_all ${run#*:} 2>/dev/null
   m=$dir/run/metrics.jsonl

@@ -253,6 +253,8 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
                       {"aux_loss_coef", mc.moe_aux_loss_coef},
                       {"router_z_loss_coef", mc.moe_router_z_loss_coef},
                       {"shared_experts", mc.moe_shared_experts}};
+      if (mc.moe_router_score != RouterScore::kSoftmax)
+        shape["moe"]["router_score_function"] = router_score_name(mc.moe_router_score);
       if (!mc.moe_capacity.dropless()) {
         shape["moe"]["capacity_factor"] = mc.moe_capacity.factor;
         shape["moe"]["token_drop_policy"] = token_drop_policy_name(mc.moe_capacity.policy);
@@ -422,6 +424,9 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
         c.moe_router_z_loss_coef = moe.value("router_z_loss_coef", 0.0f);
         c.moe_shared_experts =
             moe.contains("shared_experts") ? json_integer<int64_t>(moe.at("shared_experts")) : 0;
+        c.moe_router_score =
+            parse_router_score(moe.value("router_score_function", std::string("softmax")),
+                               "model.moe.router_score_function");
         c.moe_capacity.factor = moe.value("capacity_factor", 0.0);
         c.moe_capacity.policy = parse_token_drop_policy(
             moe.value("token_drop_policy", std::string("probs")), "model.moe.token_drop_policy");

@@ -532,6 +532,10 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
     fail("export: ", checkpoint_dir, " holds a mixture of experts with shared experts, which ",
          "transformers' MixtralForCausalLM has not (model.moe_shared_experts = ",
          mc.moe_shared_experts, ")");
+  if (mc.moe() && mc.moe_router_score != RouterScore::kSoftmax)
+    fail("export: ", checkpoint_dir, " holds a mixture of experts whose router scores by ",
+         "sigmoids (model.moe_router_score_function), and transformers' MixtralForCausalLM's by ",
+         "a softmax: its tokens would be weighed otherwise there");
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
   const TrainingState state = load_checkpoint(checkpoint_dir, model, nullptr);

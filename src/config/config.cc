@@ -65,6 +65,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, moe_bias_update_rate),
     LOOM_KEY(model, moe_capacity_factor),
     LOOM_KEY(model, moe_token_drop_policy),
+    LOOM_KEY(model, moe_router_score_function),
     LOOM_KEY(data, train),
     LOOM_KEY(data, val),
     LOOM_KEY(data, blend),

@@ -84,6 +84,10 @@ struct ModelConfig {
   // Per sequence, so the same under every layout. 0: dropless (every choice taken).
   double moe_capacity_factor = 0;
   std::string moe_token_drop_policy = "probs";
+  // The router's scores (Megatron-LM's --moe-router-score-function): "softmax" over the experts
+  // (Mixtral's), or "sigmoid" of each logit on its own (DeepSeek-V3's affinities; the chosen
+  // ones' weights are their scores over their sum). nn/moe_mlp.h.
+  std::string moe_router_score_function = "softmax";
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }

@@ -130,6 +130,8 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
       p.add("model.moe_bias_update_rate applies with model.moe_experts > 0 only");
     if (m.moe_capacity_factor != defaults.moe_capacity_factor)
       p.add("model.moe_capacity_factor applies with model.moe_experts > 0 only");
+    if (m.moe_router_score_function != defaults.moe_router_score_function)
+      p.add("model.moe_router_score_function applies with model.moe_experts > 0 only");
     return;
   }
   if (m.moe_top_k < 1 || (m.moe_experts > 0 && m.moe_top_k > m.moe_experts))
@@ -140,6 +142,10 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
   p.in_range("model.moe_bias_update_rate", m.moe_bias_update_rate, 0, 1, true);
   p.in_range("model.moe_capacity_factor", m.moe_capacity_factor, 0, ModelLimits::kExperts);
   p.one_of("model.moe_token_drop_policy", m.moe_token_drop_policy, {"probs", "position"});
+  p.one_of("model.moe_router_score_function", m.moe_router_score_function, {"softmax", "sigmoid"});
+  if (m.moe_router_score_function == "sigmoid" && m.moe_router_z_loss_coef > 0)
+    p.add("model.moe_router_z_loss_coef applies with model.moe_router_score_function = ",
+          "\"softmax\" only (the z-loss is the softmax's log-sum-exp)");
   if (m.moe_token_drop_policy != defaults.moe_token_drop_policy && !(m.moe_capacity_factor > 0))
     p.add("model.moe_token_drop_policy applies with model.moe_capacity_factor > 0 only");
   p.non_negative("model.moe_shared_experts", m.moe_shared_experts);

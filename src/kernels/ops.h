@@ -595,14 +595,15 @@ inline void attention_gqa_backward(const Exec& ex, Real* dqkv, const Real* dout,
 template <typename Real>
 inline void moe_route(const Exec& ex, Real* probs, int32_t* choice, Real* weight, Real* lse,
                       const Real* logits, int64_t N, int64_t E, int64_t K,
-                      const float* bias = nullptr) {
+                      const float* bias = nullptr, bool sigmoid = false) {
   LOOM_OPS_DISPATCH(moe_route, (4.0 * N * E, 2.0 * N * E + 2.0 * N * K + N), probs, choice, weight,
-                    lse, logits, N, E, K, bias);
+                    lse, logits, N, E, K, bias, sigmoid);
 }
 template <typename Real>
 inline void moe_prob_sums(const Exec& ex, double* sums, const Real* probs, int64_t B, int64_t T,
-                          int64_t E) {
-  LOOM_OPS_DISPATCH(moe_prob_sums, (1.0 * B * T * E, 1.0 * B * T * E), sums, probs, B, T, E);
+                          int64_t E, bool sigmoid = false) {
+  LOOM_OPS_DISPATCH(moe_prob_sums, (1.0 * B * T * E, 1.0 * B * T * E), sums, probs, B, T, E,
+                    sigmoid);
 }
 // out (n rows) = in's rows `rows`, row_bytes each: activations of any float type.
 inline void gather_rows(const Exec& ex, void* out, const void* in, const int32_t* rows, int64_t n,
@@ -628,9 +629,9 @@ template <typename Real>
 inline void moe_router_backward(const Exec& ex, Real* dlogits, const Real* probs,
                                 const int32_t* choice, const Real* weight, const Real* dweight,
                                 const double* balance, const Real* lse, double z, int64_t B,
-                                int64_t T, int64_t E, int64_t K) {
+                                int64_t T, int64_t E, int64_t K, bool sigmoid = false) {
   LOOM_OPS_DISPATCH(moe_router_backward, (6.0 * B * T * E, 2.0 * B * T * E), dlogits, probs, choice,
-                    weight, dweight, balance, lse, z, B, T, E, K);
+                    weight, dweight, balance, lse, z, B, T, E, K, sigmoid);
 }
 
 // SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H).

@@ -79,6 +79,9 @@ void Gpt2Config::validate() const {
       (moe_capacity.factor > 0 && moe_experts == 0))
     fail("model.moe_capacity_factor = ", moe_capacity.factor, " must be in [0, ",
          ModelLimits::kExperts, "], and 0 without model.moe_experts");
+  if (moe_router_score == RouterScore::kSigmoid && (moe_experts == 0 || moe_router_z_loss_coef > 0))
+    fail("model.moe_router_score_function = \"sigmoid\" needs model.moe_experts and takes no ",
+         "router z-loss (model.moe_router_z_loss_coef = ", moe_router_z_loss_coef, ")");
   if (!(rope_theta > 1)) fail("model.rope_theta must be > 1, got ", rope_theta);
   if (!(norm_eps > 0)) fail("model.norm_eps must be positive, got ", norm_eps);
 }

@@ -34,6 +34,16 @@ std::vector<int32_t> order_by_expert(int64_t n, int64_t local, ExpertOf expert_o
 
 }  // namespace
 
+RouterScore parse_router_score(const std::string& name, const std::string& key) {
+  if (name == "softmax") return RouterScore::kSoftmax;
+  if (name == "sigmoid") return RouterScore::kSigmoid;
+  fail(key, " = \"", name, "\": expected \"softmax\" or \"sigmoid\"");
+}
+
+const char* router_score_name(RouterScore score) {
+  return score == RouterScore::kSoftmax ? "softmax" : "sigmoid";
+}
+
 MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& shape,
                const MoeLosses& losses, float init_std, float proj_std, ExpertExchange* exchange,
                TensorSplit* split)
@@ -44,6 +54,9 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& s
       router_(store, name + ".router", shape.channels, shape.experts, false, init_std) {
   if (shape.experts < 1 || shape.top_k < 1 || shape.top_k > shape.experts)
     fail(name, ": top ", shape.top_k, " of ", shape.experts, " experts");
+  if (shape.score == RouterScore::kSigmoid && losses.router_z > 0)
+    fail(name, ": the router z-loss (model.moe_router_z_loss_coef) is a softmax's; sigmoid ",
+         "scores (model.moe_router_score_function) take none");
   local_ = shape.experts;
   const HiddenSlice slice =
       split_ != nullptr ? HiddenSlice{split_->rank(), split_->ranks()} : HiddenSlice{};
@@ -290,6 +303,7 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   weight_ = Tensor::empty({N, K}, ctx.dtype, ctx.device);
   lse_ = Tensor::empty({N}, ctx.dtype, ctx.device);
   Tensor sums = Tensor::empty({B, E}, DType::kF64, ctx.device);  // each sequence's Σ p_e
+  const bool sigmoid = shape_.score == RouterScore::kSigmoid;
   const float* bias = nullptr;  // the balancing biases, on the forward's device
   if (expert_bias_.defined()) {
     if (ctx.device.is_cpu()) {
@@ -303,8 +317,8 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   dispatch_float(ctx.dtype, [&](auto zero) {
     using Real = decltype(zero);
     ops::moe_route<Real>(ex, probs_.data<Real>(), choice_.data<int32_t>(), weight_.data<Real>(),
-                         lse_.data<Real>(), logits.data<Real>(), N, E, K, bias);
-    ops::moe_prob_sums<Real>(ex, sums.data<double>(), probs_.data<Real>(), B, T, E);
+                         lse_.data<Real>(), logits.data<Real>(), N, E, K, bias, sigmoid);
+    ops::moe_prob_sums<Real>(ex, sums.data<double>(), probs_.data<Real>(), B, T, E, sigmoid);
   });
   // Under expert parallelism with the all-gather dispatcher the local experts serve the group's
   // tokens: their choices and weights gathered (the tokens themselves below). The all-to-all
@@ -522,7 +536,7 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
         ex, dlogits.data<Real>(), probs_.data<Real>(), choice_.data<int32_t>(),
         weight_.data<Real>(), dweight.data<Real>(), balance.data<double>(), lse_.data<Real>(),
         static_cast<double>(losses_.router_z) * ctx.backward_scale / static_cast<double>(N), B, T,
-        E, K);
+        E, K, shape_.score == RouterScore::kSigmoid);
     // The router's input gradient (whole on every rank of a tensor-parallel group; the caller
     // sums dx over it) added once.
     const Tensor drouter = router_.backward(ctx, dlogits);

@@ -58,6 +58,16 @@
 
 namespace loom {
 
+// The router's scores: Mixtral's softmax over the experts, or DeepSeek-V3's sigmoid of each
+// logit on its own (its "affinities"; Megatron-LM's --moe-router-score-function). Either way a
+// token's top k are chosen by score (plus a balancing bias) and weighed by their scores over
+// their sum; with sigmoid scores the balance loss's P_e averages each token's scores over their
+// sum (DeepSeek-V3's normalised affinities).
+enum class RouterScore { kSoftmax, kSigmoid };
+// "softmax" | "sigmoid"; throws naming `key` otherwise.
+RouterScore parse_router_score(const std::string& name, const std::string& key);
+const char* router_score_name(RouterScore score);
+
 struct MoeShape {
   int64_t channels = 0;
   int64_t hidden = 0;  // each expert's SwiGLU width
@@ -67,6 +77,7 @@ struct MoeShape {
   // one SwiGLU shared × hidden wide, its output added unweighed; 0: none.
   int64_t shared = 0;
   MoeCapacity capacity = {};  // dropless by default
+  RouterScore score = RouterScore::kSoftmax;
 };
 
 // The coefficients of the losses a mixture adds to the training loss: the sequence-wise balance

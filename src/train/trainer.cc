@@ -79,6 +79,8 @@ Gpt2Config model_config_of(const Config& config) {
     m.moe_capacity = {
         config.model.moe_capacity_factor,
         parse_token_drop_policy(config.model.moe_token_drop_policy, "model.moe_token_drop_policy")};
+    m.moe_router_score = parse_router_score(config.model.moe_router_score_function,
+                                            "model.moe_router_score_function");
   }
   return m;
 }

@@ -664,15 +664,17 @@ TEST(MixtureBiases, ComeBackWithTheCheckpointAndStopTheMixtralExport) {
 }
 
 // An expert capacity (model.moe_capacity_factor) is part of the model too: state.json keeps it
-// and its drop policy, and a model built from read_checkpoint_model — as `loom sample` builds
-// it — drops what the trained one drops: the same logits, which the same weights dropless do
-// not give.
+// and its drop policy (and the router's score function), and a model built from
+// read_checkpoint_model — as `loom sample` builds it — drops what the trained one drops: the
+// same logits, which the same weights dropless do not give. A sigmoid router is not exported as
+// a Mixtral.
 TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   const fs::path dir =
       fs::temp_directory_path() / ("loom_expert_capacity_" + std::to_string(getpid()));
   fs::remove_all(dir);
   Gpt2Config c = tiny_hub_mixtral();
   c.moe_capacity = {0.5, TokenDropPolicy::kPosition};  // 2 of a sequence's 16 choices each
+  c.moe_router_score = RouterScore::kSigmoid;
   Gpt2 model(c);
   model.build(DType::kF32, Device::cpu(), 5);
   TrainingState st;
@@ -681,6 +683,7 @@ TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   const Gpt2Config back = read_checkpoint_model(ckpt);
   EXPECT_EQ(back.moe_capacity.factor, 0.5);
   EXPECT_EQ(back.moe_capacity.policy, TokenDropPolicy::kPosition);
+  EXPECT_EQ(back.moe_router_score, RouterScore::kSigmoid);
   Gpt2 loaded(back);
   loaded.build(DType::kF32, Device::cpu(), 9);
   load_checkpoint(ckpt, loaded, nullptr);
@@ -696,6 +699,13 @@ TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   const std::vector<float> want = model.logits(ctx, tokens).to_vector();
   EXPECT_EQ(loaded.logits(ctx, tokens).to_vector(), want);
   EXPECT_NE(dropless.logits(ctx, tokens).to_vector(), want);
+  // MixtralForCausalLM's router is a softmax: a sigmoid-scored mixture is not exported as one.
+  const std::string error =
+      testutil::error_of([&] { export_checkpoint(ckpt, "hf", (dir / "hf").string()); });
+  EXPECT_NE(error.find("router scores by sigmoids (model.moe_router_score_function)"),
+            std::string::npos)
+      << error;
+  EXPECT_FALSE(fs::exists(dir / "hf"));
   fs::remove_all(dir);
 }
 

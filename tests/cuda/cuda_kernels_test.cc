@@ -1195,6 +1195,37 @@ TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
                                   weight.g(), every_dweight.g(), balance_gpu.data<double>(),
                                   lse.g(), 0.01, B, T, E, K);
   expect_pair_close("dlogits", dlogits, 1e-6);
+  // Sigmoid scores (DeepSeek-V3's; model.moe_router_score_function), with biases: the same
+  // choices, scores and weights; the normalised scores' sums; the router's gradient.
+  Pair scores = pair_of(std::vector<float>(N * E)),
+       sigmoid_weight = pair_of(std::vector<float>(N * K));
+  IdPair sigmoid_choice = ids_pair(std::vector<int32_t>(N * K));
+  ops::moe_route<float>(on_cpu, scores.h(), sigmoid_choice.host.data<int32_t>(), sigmoid_weight.h(),
+                        lse.h(), logits.h(), N, E, K, bias.h(), true);
+  ops::moe_route<float>(on_gpu, scores.g(), sigmoid_choice.gpu.data<int32_t>(), sigmoid_weight.g(),
+                        lse.g(), logits.g(), N, E, K, bias.g(), true);
+  expect_pair_close("sigmoid scores", scores, 1e-6);
+  expect_pair_close("sigmoid weight", sigmoid_weight, 1e-6);
+  const Tensor gpu_sigmoid = sigmoid_choice.gpu.to(Device::cpu());
+  ASSERT_EQ(std::memcmp(gpu_sigmoid.raw(), sigmoid_choice.host.raw(), N * K * sizeof(int32_t)), 0)
+      << "another routing by sigmoid scores";
+  EXPECT_NEAR(scores.from_host()[0], 1 / (1 + std::exp(-logits.from_host()[0])), 1e-6);
+  ops::moe_prob_sums<float>(on_cpu, sums_cpu.data<double>(), scores.h(), B, T, E, true);
+  ops::moe_prob_sums<float>(on_gpu, sums_gpu.data<double>(), scores.g(), B, T, E, true);
+  const Tensor sigmoid_sums = sums_gpu.to(Device::cpu());
+  double total = 0;  // each token's normalised scores sum to 1: the sums, to T a sequence
+  for (int64_t i = 0; i < B * E; ++i) {
+    EXPECT_NEAR(sigmoid_sums.data<double>()[i], sums_cpu.data<double>()[i], 1e-9) << i;
+    total += sums_cpu.data<double>()[i];
+  }
+  EXPECT_NEAR(total, static_cast<double>(B * T), 1e-9);
+  ops::moe_router_backward<float>(
+      on_cpu, dlogits.h(), scores.h(), sigmoid_choice.host.data<int32_t>(), sigmoid_weight.h(),
+      every_dweight.h(), balance.data<double>(), lse.h(), 0, B, T, E, K, true);
+  ops::moe_router_backward<float>(
+      on_gpu, dlogits.g(), scores.g(), sigmoid_choice.gpu.data<int32_t>(), sigmoid_weight.g(),
+      every_dweight.g(), balance_gpu.data<double>(), lse.g(), 0, B, T, E, K, true);
+  expect_pair_close("sigmoid dlogits", dlogits, 1e-6);
 }
 
 // SwiGLU over gates far into both tails of the sigmoid; rows of 300 columns (not a multiple of

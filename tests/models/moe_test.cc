@@ -38,14 +38,16 @@ Gpt2Config tiny_moe(int64_t experts = 4, int64_t top_k = 2) {
 
 // The module alone: L = Σ y ∘ R + coef · balance loss, its input's and every weight's gradient.
 void module_grad_check(int64_t experts, int64_t top_k, double backward_scale, int64_t shared = 0,
-                       MoeCapacity capacity = {}) {
+                       MoeCapacity capacity = {}, RouterScore score = RouterScore::kSoftmax) {
   SCOPED_TRACE(::testing::Message() << "top " << top_k << " of " << experts);
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
   ctx.backward_scale = backward_scale;
   ParameterStore store;
   const float coef = 0.3f;
-  MoeMlp moe(store, "mlp", {6, 5, experts, top_k, shared, capacity}, {coef, 0.2f}, 0.5f, 0.4f);
+  // The router z-loss is a softmax's: sigmoid scores take none.
+  const float z = score == RouterScore::kSoftmax ? 0.2f : 0.0f;
+  MoeMlp moe(store, "mlp", {6, 5, experts, top_k, shared, capacity, score}, {coef, z}, 0.5f, 0.4f);
   store.allocate(DType::kF64, Device::cpu());
   store.initialize(7);
   Tensor x = testing::random_f64({2, 5, 6}, "x");
@@ -88,6 +90,13 @@ TEST(MoeMlp, GradCheckInDoubleWithSharedExperts) {
 }
 // An expert capacity of 2 of each sequence's 10 choices (factor 0.8): the dropped pairs add
 // nothing, and their routing weights' gradients are zero; the rest as dropless.
+// DeepSeek-V3's sigmoid scores: the weights their normalised chosen scores, the balance loss's P
+// each token's scores normalised over all experts — through both into the router.
+TEST(MoeMlp, GradCheckInDoubleWithSigmoidScores) {
+  module_grad_check(4, 2, 1.0, 0, {}, RouterScore::kSigmoid);
+  module_grad_check(3, 1, 0.375, 1, {}, RouterScore::kSigmoid);
+  module_grad_check(4, 2, 1.0, 0, {0.8, TokenDropPolicy::kProbs}, RouterScore::kSigmoid);
+}
 TEST(MoeMlp, GradCheckInDoubleWithExpertCapacity) {
   module_grad_check(4, 2, 1.0, 0, {0.8, TokenDropPolicy::kProbs});
   module_grad_check(4, 2, 0.5, 1, {0.8, TokenDropPolicy::kPosition});
@@ -100,12 +109,13 @@ TEST(MoeMlp, GradCheckInDoubleWithExpertCapacity) {
 // With an expert capacity, per sequence each expert takes the `capacity` choices of highest
 // weight (to 1/1024; ties: the earlier token) or of the earliest tokens, and the rest add nothing.
 void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bias,
-                                                   MoeCapacity capacity = {}) {
+                                                   MoeCapacity capacity = {},
+                                                   RouterScore scores = RouterScore::kSoftmax) {
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
   const int64_t C = 6, E = 5, K = 2, B = 2, T = 7;
   ParameterStore store;
-  MoeMlp moe(store, "mlp", {C, 4, E, K, 0, capacity}, {}, 0.5f, 0.4f);
+  MoeMlp moe(store, "mlp", {C, 4, E, K, 0, capacity, scores}, {}, 0.5f, 0.4f);
   ParameterStore expert_store;  // the same experts again, run on every token
   std::vector<std::unique_ptr<SwiGluMlp>> experts;
   for (int64_t e = 0; e < E; ++e)
@@ -130,7 +140,9 @@ void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bia
         logit[e] += router.value.data<double>()[e * C + c] * x.data<double>()[t * C + c];
     double sum = 0;
     for (int64_t e = 0; e < E; ++e) sum += std::exp(logit[e]);
-    for (int64_t e = 0; e < E; ++e) p[e] = std::exp(logit[e]) / sum;
+    for (int64_t e = 0; e < E; ++e)
+      p[e] = scores == RouterScore::kSigmoid ? 1 / (1 + std::exp(-logit[e]))
+                                             : std::exp(logit[e]) / sum;
     const auto score = [&](int64_t e) { return p[e] + (bias.empty() ? 0.0 : bias[e]); };
     int64_t first = 0, second = -1;
     for (int64_t e = 1; e < E; ++e)
@@ -177,6 +189,28 @@ void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bia
 
 TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
   expect_output_is_the_renormalised_top_two_sum({});
+}
+
+// Sigmoid scores (DeepSeek-V3): each logit's sigmoid on its own, the top two by score (+ bias),
+// weighed by their scores over their sum — with biases and a capacity too.
+TEST(MoeMlp, SigmoidScoresChooseAndWeighByEachLogitsSigmoid) {
+  expect_output_is_the_renormalised_top_two_sum({}, {}, RouterScore::kSigmoid);
+  expect_output_is_the_renormalised_top_two_sum({0.3f, -0.2f, 0.0f, 0.1f, -0.4f}, {},
+                                                RouterScore::kSigmoid);
+  expect_output_is_the_renormalised_top_two_sum({}, {0.5, TokenDropPolicy::kProbs},
+                                                RouterScore::kSigmoid);
+  EXPECT_EQ(parse_router_score("sigmoid", "k"), RouterScore::kSigmoid);
+  EXPECT_THROW(parse_router_score("relu", "model.moe_router_score_function"), Error);
+  // The z-loss is a softmax's log-sum-exp: refused with sigmoid scores, by name.
+  ParameterStore store;
+  try {
+    MoeMlp moe(store, "blocks.0.mlp", {6, 5, 4, 2, 0, {}, RouterScore::kSigmoid}, {0.1f, 0.01f},
+               0.5f, 0.4f);
+    ADD_FAILURE() << "a z-loss with sigmoid scores accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blocks.0.mlp: the router z-loss"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Expert capacity (nn/moe_capacity.h): 14 choices a sequence over 5 experts, each taking 3

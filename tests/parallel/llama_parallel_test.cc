@@ -371,6 +371,31 @@ TEST_F(LlamaParallel, MixtureWithExpertCapacityDropsAsOneDeviceUnderEveryLayout)
     EXPECT_EQ(testing::read_metrics(root_ / run)[0]["moe_dropped"].get<double>(), share) << run;
 }
 
+// DeepSeek-V3's router: sigmoid scores (model.moe_router_score_function), balancing biases and a
+// shared expert — under dp × ZeRO, pipelining, tp, cp and ep by either dispatcher, one device's
+// run; and not the softmax router's run.
+TEST_F(LlamaParallel, MixtureScoredBySigmoidsAsDeepSeekV3MatchesOneDevice) {
+  Config c = moe_config();
+  c.model.moe_router_score_function = "sigmoid";
+  c.model.moe_bias_update_rate = 0.01;
+  c.model.moe_shared_experts = 1;
+  expect_layouts_match_one_device(c,
+                                  "dp=2,zero=1,mbs=2;pp=2,schedule=zb-v,v=2;tp=2,sp=1;"
+                                  "cp=2,recompute=selective;dp=2,ep=2,ep_dispatch=all_to_all;"
+                                  "dp=2,ep=2,zero=3,recompute=full",
+                                  6);
+  Config softmax = c;
+  softmax.model.moe_router_score_function = "softmax";
+  for (Config* run : {&c, &softmax}) {
+    run->train.steps = 1;
+    run->train.warmup_steps = 1;
+  }
+  run_training(c, options("sigmoid_scores"));
+  run_training(softmax, options("softmax_scores"));
+  EXPECT_NE(testing::read_metrics(root_ / "sigmoid_scores")[0]["loss"].get<double>(),
+            testing::read_metrics(root_ / "softmax_scores")[0]["loss"].get<double>());
+}
+
 // With two shared experts beside the routed ones (model.moe_shared_experts: DeepSeekMoE's form).
 TEST_F(LlamaParallel, MixtureOfExpertsWithSharedExpertsMatchesOneDevice) {
   Config c = moe_config();
@@ -611,6 +636,16 @@ TEST_F(LlamaParallel, MixtureOfExpertsConfigsThatCannotRunAreRefusedByName) {
   refused(capacity, "model.moe_token_drop_policy applies with model.moe_capacity_factor > 0 only");
   capacity.model.moe_token_drop_policy = "random";
   refused(capacity, "model.moe_token_drop_policy = \"random\"");
+  dense.model.moe_router_score_function = "sigmoid";
+  refused(dense, "model.moe_router_score_function applies with model.moe_experts > 0 only");
+  Config sigmoid = moe_config();
+  sigmoid.model.moe_router_score_function = "sigmoid";
+  sigmoid.model.moe_router_z_loss_coef = 0.001;
+  refused(sigmoid,
+          "model.moe_router_z_loss_coef applies with model.moe_router_score_function = "
+          "\"softmax\" only");
+  sigmoid.model.moe_router_score_function = "tanh";
+  refused(sigmoid, "model.moe_router_score_function = \"tanh\" must be one of: softmax, sigmoid");
   Config ep = moe_config();
   ep.parallel.dp = 2;
   ep.parallel.ep = 4;

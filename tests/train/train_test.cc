@@ -740,9 +740,11 @@ TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsWidthsOrPositionsTrainsAsOnCpu
   biased.model.moe_bias_update_rate = 0.01;
   expect_gpus_as_cpus(biased, "bias");
   // Expert capacity (model.moe_capacity_factor): the routing weights come to the host, which
-  // drops the pairs beyond it; the all-to-all sends only the pairs kept.
+  // drops the pairs beyond it; the all-to-all sends only the pairs kept. With DeepSeek-V3's
+  // sigmoid scores (model.moe_router_score_function), routed and differentiated on the GPU.
   Config capped = dispatched;
   capped.model.moe_capacity_factor = 0.75;
+  capped.model.moe_router_score_function = "sigmoid";
   expect_gpus_as_cpus(capped, "capacity");
   // Tensor parallelism (sequence parallel; two key/value heads, one a GPU): each GPU a half of
   // every expert's width, the partial outputs reduce-scattered and the routing weights'

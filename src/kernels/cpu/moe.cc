@@ -10,11 +10,20 @@ namespace loom::cpu {
 namespace {
 // Tokens (or rows) per parallel range.
 constexpr int64_t kGrain = 64;
+
+// A token's scores' sum, in order, in double (sigmoid scores' normalisation).
+template <typename Real>
+double score_sum(const Real* p, int64_t E) {
+  double sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += static_cast<double>(p[e]);
+  return sum;
+}
 }  // namespace
 
 template <typename Real>
 void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Real* lse,
-               const Real* logits, int64_t N, int64_t E, int64_t K, const float* bias) {
+               const Real* logits, int64_t N, int64_t E, int64_t K, const float* bias,
+               bool sigmoid) {
   pool.parallel_for(N, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> order(static_cast<size_t>(E));
     for (int64_t t = begin; t < end; ++t) {
@@ -24,7 +33,8 @@ void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Rea
       double sum = 0;
       for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e]) - max);
       for (int64_t e = 0; e < E; ++e)
-        p[e] = static_cast<Real>(std::exp(static_cast<double>(l[e]) - max) / sum);
+        p[e] = static_cast<Real>(sigmoid ? 1 / (1 + std::exp(-static_cast<double>(l[e])))
+                                         : std::exp(static_cast<double>(l[e]) - max) / sum);
       lse[t] = static_cast<Real>(max + std::log(sum));
       std::iota(order.begin(), order.end(), 0);
       // Without biases the score is p itself (a float widened exactly: the same order).
@@ -47,12 +57,13 @@ void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Rea
 
 template <typename Real>
 void moe_prob_sums(ThreadPool& pool, double* sums, const Real* probs, int64_t B, int64_t T,
-                   int64_t E) {
+                   int64_t E, bool sigmoid) {
   pool.parallel_for(B * E, 1, [&](int64_t begin, int64_t end) {
     for (int64_t be = begin; be < end; ++be) {
       const int64_t b = be / E, e = be % E;
       double s = 0;
-      for (int64_t t = b * T; t < (b + 1) * T; ++t) s += static_cast<double>(probs[t * E + e]);
+      for (int64_t t = b * T; t < (b + 1) * T; ++t)
+        s += static_cast<double>(probs[t * E + e]) / (sigmoid ? score_sum(probs + t * E, E) : 1.0);
       sums[be] = s;
     }
   });
@@ -106,7 +117,8 @@ void moe_expert_output_grad(ThreadPool& pool, Real* g, Real* dweight, const Real
 template <typename Real>
 void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
                          const Real* weight, const Real* dweight, const double* balance,
-                         const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K) {
+                         const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
+                         bool sigmoid) {
   pool.parallel_for(B * T, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<double> dp(static_cast<size_t>(E));
     for (int64_t t = begin; t < end; ++t) {
@@ -117,10 +129,25 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
         chosen += static_cast<double>(p[choice[t * K + j]]);
         weighed += static_cast<double>(weight[t * K + j]) * static_cast<double>(dweight[t * K + j]);
       }
-      for (int64_t e = 0; e < E; ++e) dp[static_cast<size_t>(e)] = bal[e];
+      if (sigmoid) {
+        // The balance term is at q = p / Σ p: dp_e = (bal_e − Σ_e' bal_e'·q_e') / Σ p.
+        const double all = score_sum(p, E);
+        double bq = 0;
+        for (int64_t e = 0; e < E; ++e) bq += bal[e] * static_cast<double>(p[e]) / all;
+        for (int64_t e = 0; e < E; ++e) dp[static_cast<size_t>(e)] = (bal[e] - bq) / all;
+      } else {
+        for (int64_t e = 0; e < E; ++e) dp[static_cast<size_t>(e)] = bal[e];
+      }
       for (int64_t j = 0; j < K; ++j)
         dp[static_cast<size_t>(choice[t * K + j])] +=
             (static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
+      if (sigmoid) {
+        for (int64_t e = 0; e < E; ++e) {
+          const double pe = static_cast<double>(p[e]);
+          dlogits[t * E + e] = static_cast<Real>(dp[static_cast<size_t>(e)] * pe * (1 - pe));
+        }
+        continue;
+      }
       double pdp = 0;
       for (int64_t e = 0; e < E; ++e) pdp += static_cast<double>(p[e]) * dp[static_cast<size_t>(e)];
       const double z_term = z != 0 ? 2 * z * static_cast<double>(lse[t]) : 0;
@@ -133,8 +160,9 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
 
 #define LOOM_MOE_INSTANTIATE(Real)                                                                 \
   template void moe_route<Real>(ThreadPool&, Real*, int32_t*, Real*, Real*, const Real*, int64_t,  \
-                                int64_t, int64_t, const float*);                                   \
-  template void moe_prob_sums<Real>(ThreadPool&, double*, const Real*, int64_t, int64_t, int64_t); \
+                                int64_t, int64_t, const float*, bool);                             \
+  template void moe_prob_sums<Real>(ThreadPool&, double*, const Real*, int64_t, int64_t, int64_t,  \
+                                    bool);                                                         \
   template void moe_scatter_add<Real>(ThreadPool&, Real*, const Real*, const int32_t*,             \
                                       const int32_t*, const Real*, int64_t, int64_t, int64_t);     \
   template void moe_expert_output_grad<Real>(ThreadPool&, Real*, Real*, const Real*,               \
@@ -142,7 +170,7 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
                                              int64_t, int64_t);                                    \
   template void moe_router_backward<Real>(ThreadPool&, Real*, const Real*, const int32_t*,         \
                                           const Real*, const Real*, const double*, const Real*,    \
-                                          double, int64_t, int64_t, int64_t, int64_t);
+                                          double, int64_t, int64_t, int64_t, int64_t, bool);
 LOOM_MOE_INSTANTIATE(float)
 LOOM_MOE_INSTANTIATE(double)
 #undef LOOM_MOE_INSTANTIATE

@@ -13,20 +13,24 @@
 
 namespace loom::cpu {
 
-// probs (N, E) = softmax(logits) per token (exp and sum in double); choice (N, K) the K largest
-// probabilities' experts, best first, equal ones to the lower index; weight (N, K) their
-// probabilities over their sum (Mixtral's renormalisation); lse (N) log Σ exp logits (the router
-// z-loss's). With `bias` (E; null: none) the K are chosen by p_e + bias[e] (in double) instead —
-// DeepSeek-V3's balancing biases, which steer the choice only: the weights stay the chosen
-// probabilities renormalised.
+// probs (N, E) = the router's scores per token: softmax(logits) (exp and sum in double), or with
+// `sigmoid` each logit's sigmoid on its own (DeepSeek-V3's affinities); choice (N, K) the K largest
+// scores' experts, best first, equal ones to the lower index; weight (N, K) their scores over
+// their sum (Mixtral's renormalisation; DeepSeek-V3's normalisation); lse (N) log Σ exp logits
+// (the router z-loss's). With `bias` (E; null: none) the K are chosen by p_e + bias[e] (in double)
+// instead — DeepSeek-V3's balancing biases, which steer the choice only: the weights stay the
+// chosen scores normalised.
 template <typename Real>
 void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Real* lse,
-               const Real* logits, int64_t N, int64_t E, int64_t K, const float* bias);
+               const Real* logits, int64_t N, int64_t E, int64_t K, const float* bias,
+               bool sigmoid);
 
-// sums (B, E): Σ over each sequence's T tokens, in order, of its probabilities (in double).
+// sums (B, E): Σ over each sequence's T tokens, in order, of its probabilities (in double) — with
+// `sigmoid` scores, of each token's scores over their sum (DeepSeek-V3's balance loss's
+// normalised affinities).
 template <typename Real>
 void moe_prob_sums(ThreadPool& pool, double* sums, const Real* probs, int64_t B, int64_t T,
-                   int64_t E);
+                   int64_t E, bool sigmoid);
 
 // out (n rows) = in's rows `rows`, each row_bytes bytes (a multiple of 2).
 void gather_rows(ThreadPool& pool, void* out, const void* in, const int32_t* rows, int64_t n,
@@ -50,10 +54,13 @@ void moe_expert_output_grad(ThreadPool& pool, Real* g, Real* dweight, const Real
 // chosen probabilities' sum) dp_j = (dweight_j − Σ_i w_i·dweight_i) / S for the chosen, plus the
 // balance loss's balance[b·E + e] for every expert of sequence b's tokens, then through the
 // softmax, dl = p ⊙ (dp − p·dp); plus the router z-loss's z · 2·lse·p (z: its coefficient times
-// the loss's scale over the tokens; 0 without, lse then unread). In double.
+// the loss's scale over the tokens; 0 without, lse then unread). With `sigmoid` scores the
+// balance term reaches p through the normalisation p / Σ_e p_e, and dl = dp ⊙ p ⊙ (1 − p) (no
+// z-loss: z must be 0). In double.
 template <typename Real>
 void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
                          const Real* weight, const Real* dweight, const double* balance,
-                         const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K);
+                         const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
+                         bool sigmoid);
 
 }  // namespace loom::cpu

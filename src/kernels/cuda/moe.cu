@@ -10,12 +10,12 @@
 namespace loom::cuda {
 namespace {
 
-// Token t's softmax, then its top K: pass j takes the best expert ordered after pass j − 1's in
-// (score descending, index ascending) — the CPU's partial sort's order. The score: p_e, or with
-// `bias` p_e + bias[e] in double.
+// Token t's softmax (or each logit's sigmoid), then its top K: pass j takes the best expert
+// ordered after pass j − 1's in (score descending, index ascending) — the CPU's partial sort's
+// order. The score: p_e, or with `bias` p_e + bias[e] in double.
 __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, float* lse,
                                  const float* logits, int64_t N, int64_t E, int64_t K,
-                                 const float* bias) {
+                                 const float* bias, bool sigmoid) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < N;
        t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const float* l = logits + t * E;
@@ -25,7 +25,9 @@ __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, f
     const double max = top;
     double sum = 0;
     for (int64_t e = 0; e < E; ++e) sum += exp(static_cast<double>(l[e]) - max);
-    for (int64_t e = 0; e < E; ++e) p[e] = static_cast<float>(exp(static_cast<double>(l[e]) - max) / sum);
+    for (int64_t e = 0; e < E; ++e)
+      p[e] = static_cast<float>(sigmoid ? 1 / (1 + exp(-static_cast<double>(l[e])))
+                                        : exp(static_cast<double>(l[e]) - max) / sum);
     lse[t] = static_cast<float>(max + log(sum));
     const auto score = [&](int64_t e) {
       return static_cast<double>(p[e]) + (bias != nullptr ? static_cast<double>(bias[e]) : 0.0);
@@ -55,13 +57,21 @@ __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, f
   }
 }
 
+// A token's scores' sum, in order, in double (sigmoid scores' normalisation).
+__device__ double score_sum(const float* p, int64_t E) {
+  double sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += static_cast<double>(p[e]);
+  return sum;
+}
+
 __global__ void moe_prob_sums_kernel(double* sums, const float* probs, int64_t B, int64_t T,
-                                     int64_t E) {
+                                     int64_t E, bool sigmoid) {
   for (int64_t be = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; be < B * E;
        be += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t b = be / E, e = be % E;
     double s = 0;
-    for (int64_t t = b * T; t < (b + 1) * T; ++t) s += static_cast<double>(probs[t * E + e]);
+    for (int64_t t = b * T; t < (b + 1) * T; ++t)
+      s += static_cast<double>(probs[t * E + e]) / (sigmoid ? score_sum(probs + t * E, E) : 1.0);
     sums[be] = s;
   }
 }
@@ -111,7 +121,7 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
                                            const int32_t* choice, const float* weight,
                                            const float* dweight, const double* balance,
                                            const float* lse, double z, int64_t B, int64_t T,
-                                           int64_t E, int64_t K) {
+                                           int64_t E, int64_t K, bool sigmoid) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < B * T;
        t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const float* p = probs + t * E;
@@ -121,13 +131,27 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
       chosen += static_cast<double>(p[choice[t * K + j]]);
       weighed += static_cast<double>(weight[t * K + j]) * static_cast<double>(dweight[t * K + j]);
     }
-    // dp_e = bal_e, plus the renormalisation's term where e is chosen.
+    // dp_e = bal_e (sigmoid scores: at q = p / Σ p, (bal_e − Σ_e' bal_e'·q_e') / Σ p), plus the
+    // renormalisation's term where e is chosen.
+    double all = 1, bq = 0;
+    if (sigmoid) {
+      all = score_sum(p, E);
+      for (int64_t e = 0; e < E; ++e) bq += bal[e] * static_cast<double>(p[e]) / all;
+    }
     const auto dp = [&](int64_t e) {
-      double d = bal[e];
+      double d = sigmoid ? (bal[e] - bq) / all : bal[e];
       for (int64_t j = 0; j < K; ++j)
-        if (choice[t * K + j] == e) d += (static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
+        if (choice[t * K + j] == e)
+          d += (static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
       return d;
     };
+    if (sigmoid) {
+      for (int64_t e = 0; e < E; ++e) {
+        const double pe = static_cast<double>(p[e]);
+        dlogits[t * E + e] = static_cast<float>(dp(e) * pe * (1 - pe));
+      }
+      continue;
+    }
     double pdp = 0;
     for (int64_t e = 0; e < E; ++e) pdp += static_cast<double>(p[e]) * dp(e);
     const double z_term = z != 0 ? 2 * z * static_cast<double>(lse[t]) : 0;
@@ -139,18 +163,20 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
 }  // namespace
 
 void moe_route(int device, float* probs, int32_t* choice, float* weight, float* lse,
-               const float* logits, int64_t N, int64_t E, int64_t K, const float* bias) {
+               const float* logits, int64_t N, int64_t E, int64_t K, const float* bias,
+               bool sigmoid) {
   if (N == 0) return;
   DeviceGuard guard(device);
   launch("moe_route", moe_route_kernel, blocks_for(N, kThreads), kThreads, probs, choice, weight,
-         lse, logits, N, E, K, bias);
+         lse, logits, N, E, K, bias, sigmoid);
 }
 
-void moe_prob_sums(int device, double* sums, const float* probs, int64_t B, int64_t T, int64_t E) {
+void moe_prob_sums(int device, double* sums, const float* probs, int64_t B, int64_t T, int64_t E,
+                   bool sigmoid) {
   if (B * E == 0) return;
   DeviceGuard guard(device);
-  launch("moe_prob_sums", moe_prob_sums_kernel, blocks_for(B * E, kThreads), kThreads, sums,
-         probs, B, T, E);
+  launch("moe_prob_sums", moe_prob_sums_kernel, blocks_for(B * E, kThreads), kThreads, sums, probs,
+         B, T, E, sigmoid);
 }
 
 void gather_rows(int device, void* out, const void* in, const int32_t* rows, int64_t n,
@@ -182,11 +208,12 @@ void moe_expert_output_grad(int device, float* g, float* dweight, const float* o
 
 void moe_router_backward(int device, float* dlogits, const float* probs, const int32_t* choice,
                          const float* weight, const float* dweight, const double* balance,
-                         const float* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K) {
+                         const float* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
+                         bool sigmoid) {
   if (B * T == 0) return;
   DeviceGuard guard(device);
   launch("moe_router_backward", moe_router_backward_kernel, blocks_for(B * T, kThreads), kThreads,
-         dlogits, probs, choice, weight, dweight, balance, lse, z, B, T, E, K);
+         dlogits, probs, choice, weight, dweight, balance, lse, z, B, T, E, K, sigmoid);
 }
 
 }  // namespace loom::cuda
