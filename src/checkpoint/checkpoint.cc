@@ -255,6 +255,12 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
                       {"shared_experts", mc.moe_shared_experts}};
       if (mc.moe_router_score != RouterScore::kSoftmax)
         shape["moe"]["router_score_function"] = router_score_name(mc.moe_router_score);
+      if (mc.moe_router_groups > 1) {
+        shape["moe"]["router_num_groups"] = mc.moe_router_groups;
+        shape["moe"]["router_group_topk"] = mc.moe_router_group_topk;
+      }
+      if (mc.moe_router_topk_scaling_factor != 1)
+        shape["moe"]["router_topk_scaling_factor"] = mc.moe_router_topk_scaling_factor;
       if (!mc.moe_capacity.dropless()) {
         shape["moe"]["capacity_factor"] = mc.moe_capacity.factor;
         shape["moe"]["token_drop_policy"] = token_drop_policy_name(mc.moe_capacity.policy);
@@ -427,6 +433,11 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
         c.moe_router_score =
             parse_router_score(moe.value("router_score_function", std::string("softmax")),
                                "model.moe.router_score_function");
+        if (moe.contains("router_num_groups")) {
+          c.moe_router_groups = json_integer<int64_t>(moe.at("router_num_groups"));
+          c.moe_router_group_topk = json_integer<int64_t>(moe.at("router_group_topk"));
+        }
+        c.moe_router_topk_scaling_factor = moe.value("router_topk_scaling_factor", 1.0);
         c.moe_capacity.factor = moe.value("capacity_factor", 0.0);
         c.moe_capacity.policy = parse_token_drop_policy(
             moe.value("token_drop_policy", std::string("probs")), "model.moe.token_drop_policy");

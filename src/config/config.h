@@ -88,6 +88,17 @@ struct ModelConfig {
   // (Mixtral's), or "sigmoid" of each logit on its own (DeepSeek-V3's affinities; the chosen
   // ones' weights are their scores over their sum). nn/moe_mlp.h.
   std::string moe_router_score_function = "softmax";
+  // Group-limited routing (DeepSeek-V3's node-limited routing; Megatron-LM's
+  // --moe-router-num-groups / --moe-router-group-topk): the experts in moe_router_num_groups
+  // contiguous groups, each token's top k taken from the experts of its best
+  // moe_router_group_topk groups (a group scored by the sum of its best top_k / group_topk
+  // scores). 0: none. With expert parallelism, groups of whole ranks' experts bound the ranks a
+  // token reaches.
+  int64_t moe_router_num_groups = 0;
+  int64_t moe_router_group_topk = 0;
+  // The routing weights' factor (DeepSeek-V3's routed_scaling_factor, 2.5; Megatron-LM's
+  // --moe-router-topk-scaling-factor): w_j = factor · p_j / Σ_chosen p.
+  double moe_router_topk_scaling_factor = 1;
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }

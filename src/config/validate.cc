@@ -132,6 +132,10 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
       p.add("model.moe_capacity_factor applies with model.moe_experts > 0 only");
     if (m.moe_router_score_function != defaults.moe_router_score_function)
       p.add("model.moe_router_score_function applies with model.moe_experts > 0 only");
+    if (m.moe_router_num_groups != defaults.moe_router_num_groups)
+      p.add("model.moe_router_num_groups applies with model.moe_experts > 0 only");
+    if (m.moe_router_topk_scaling_factor != defaults.moe_router_topk_scaling_factor)
+      p.add("model.moe_router_topk_scaling_factor applies with model.moe_experts > 0 only");
     return;
   }
   if (m.moe_top_k < 1 || (m.moe_experts > 0 && m.moe_top_k > m.moe_experts))
@@ -143,6 +147,22 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
   p.in_range("model.moe_capacity_factor", m.moe_capacity_factor, 0, ModelLimits::kExperts);
   p.one_of("model.moe_token_drop_policy", m.moe_token_drop_policy, {"probs", "position"});
   p.one_of("model.moe_router_score_function", m.moe_router_score_function, {"softmax", "sigmoid"});
+  p.in_range("model.moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor, 1e-3, 1e3);
+  p.non_negative("model.moe_router_num_groups", m.moe_router_num_groups);
+  p.non_negative("model.moe_router_group_topk", m.moe_router_group_topk);
+  if (m.moe_router_num_groups == 0 && m.moe_router_group_topk != 0)
+    p.add("model.moe_router_group_topk applies with model.moe_router_num_groups > 0 only");
+  if (m.moe_experts > 0 && m.moe_router_num_groups > 0) {
+    const int64_t G = m.moe_router_num_groups, GK = m.moe_router_group_topk;
+    if (m.moe_experts % G != 0)
+      p.add("model.moe_router_num_groups = ", G,
+            " does not divide model.moe_experts = ", m.moe_experts);
+    else if (GK < 1 || GK > G || m.moe_top_k % GK != 0 || m.moe_top_k / GK > m.moe_experts / G)
+      p.add("model.moe_router_group_topk = ", GK,
+            " must be in [1, model.moe_router_num_groups = ", G,
+            "], divide model.moe_top_k = ", m.moe_top_k, ", and leave each group at most ",
+            "as many choices as experts");
+  }
   if (m.moe_router_score_function == "sigmoid" && m.moe_router_z_loss_coef > 0)
     p.add("model.moe_router_z_loss_coef applies with model.moe_router_score_function = ",
           "\"softmax\" only (the z-loss is the softmax's log-sum-exp)");

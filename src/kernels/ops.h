@@ -595,9 +595,9 @@ inline void attention_gqa_backward(const Exec& ex, Real* dqkv, const Real* dout,
 template <typename Real>
 inline void moe_route(const Exec& ex, Real* probs, int32_t* choice, Real* weight, Real* lse,
                       const Real* logits, int64_t N, int64_t E, int64_t K,
-                      const float* bias = nullptr, bool sigmoid = false) {
+                      const MoeRouting& routing = {}) {
   LOOM_OPS_DISPATCH(moe_route, (4.0 * N * E, 2.0 * N * E + 2.0 * N * K + N), probs, choice, weight,
-                    lse, logits, N, E, K, bias, sigmoid);
+                    lse, logits, N, E, K, routing);
 }
 template <typename Real>
 inline void moe_prob_sums(const Exec& ex, double* sums, const Real* probs, int64_t B, int64_t T,
@@ -629,9 +629,10 @@ template <typename Real>
 inline void moe_router_backward(const Exec& ex, Real* dlogits, const Real* probs,
                                 const int32_t* choice, const Real* weight, const Real* dweight,
                                 const double* balance, const Real* lse, double z, int64_t B,
-                                int64_t T, int64_t E, int64_t K, bool sigmoid = false) {
+                                int64_t T, int64_t E, int64_t K, bool sigmoid = false,
+                                double scale = 1) {
   LOOM_OPS_DISPATCH(moe_router_backward, (6.0 * B * T * E, 2.0 * B * T * E), dlogits, probs, choice,
-                    weight, dweight, balance, lse, z, B, T, E, K, sigmoid);
+                    weight, dweight, balance, lse, z, B, T, E, K, sigmoid, scale);
 }
 
 // SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H).

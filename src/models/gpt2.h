@@ -81,6 +81,9 @@ struct Gpt2Config {
   int64_t moe_shared_experts = 0;    // shared experts, every token's (nn/moe_mlp.h: MoeShape)
   MoeCapacity moe_capacity;          // each expert's per sequence (nn/moe_capacity.h); dropless
   RouterScore moe_router_score = RouterScore::kSoftmax;  // nn/moe_mlp.h
+  int64_t moe_router_groups = 1;  // group-limited routing (MoeShape::router_groups); 1: none
+  int64_t moe_router_group_topk = 1;
+  double moe_router_topk_scaling_factor = 1;  // the routing weights' factor
 
   cpu::RopeFrequencies rope_frequencies() const {
     return {rope_theta, rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
@@ -91,8 +94,16 @@ struct Gpt2Config {
   bool moe() const { return llama() && moe_experts > 0; }
   // A mixture's shape and losses (nn/moe_mlp.h), from the moe_ keys.
   MoeShape moe_shape() const {
-    return {d_model,      ffn_hidden,      moe_experts, moe_top_k, moe_shared_experts,
-            moe_capacity, moe_router_score};
+    return {d_model,
+            ffn_hidden,
+            moe_experts,
+            moe_top_k,
+            moe_shared_experts,
+            moe_capacity,
+            moe_router_score,
+            moe_router_groups,
+            moe_router_group_topk,
+            moe_router_topk_scaling_factor};
   }
   MoeLosses moe_losses() const { return {moe_aux_loss_coef, moe_router_z_loss_coef}; }
   // The length of the step's expert counts (Gpt2Stage::add_expert_tokens): n_layers × experts

@@ -54,6 +54,14 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& s
       router_(store, name + ".router", shape.channels, shape.experts, false, init_std) {
   if (shape.experts < 1 || shape.top_k < 1 || shape.top_k > shape.experts)
     fail(name, ": top ", shape.top_k, " of ", shape.experts, " experts");
+  const int64_t G = shape.router_groups, GK = shape.router_group_topk;
+  if (G < 1 || shape.experts % G != 0 || GK < 1 || GK > G || shape.top_k % GK != 0 ||
+      shape.top_k / GK > shape.experts / G)
+    fail(name, ": group-limited routing of ", shape.experts, " experts in ", G, " groups, top ",
+         shape.top_k, " from the best ", GK, " groups: the groups must divide the experts, ", GK,
+         " must divide the top k, and each group hold top k / ", GK, " experts");
+  if (!(shape.router_scale > 0))
+    fail(name, ": the routing weights' factor must be positive, got ", shape.router_scale);
   if (shape.score == RouterScore::kSigmoid && losses.router_z > 0)
     fail(name, ": the router z-loss (model.moe_router_z_loss_coef) is a softmax's; sigmoid ",
          "scores (model.moe_router_score_function) take none");
@@ -317,7 +325,9 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
   dispatch_float(ctx.dtype, [&](auto zero) {
     using Real = decltype(zero);
     ops::moe_route<Real>(ex, probs_.data<Real>(), choice_.data<int32_t>(), weight_.data<Real>(),
-                         lse_.data<Real>(), logits.data<Real>(), N, E, K, bias, sigmoid);
+                         lse_.data<Real>(), logits.data<Real>(), N, E, K,
+                         MoeRouting{bias, sigmoid, shape_.router_groups, shape_.router_group_topk,
+                                    shape_.router_scale});
     ops::moe_prob_sums<Real>(ex, sums.data<double>(), probs_.data<Real>(), B, T, E, sigmoid);
   });
   // Under expert parallelism with the all-gather dispatcher the local experts serve the group's
@@ -536,7 +546,7 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
         ex, dlogits.data<Real>(), probs_.data<Real>(), choice_.data<int32_t>(),
         weight_.data<Real>(), dweight.data<Real>(), balance.data<double>(), lse_.data<Real>(),
         static_cast<double>(losses_.router_z) * ctx.backward_scale / static_cast<double>(N), B, T,
-        E, K, shape_.score == RouterScore::kSigmoid);
+        E, K, shape_.score == RouterScore::kSigmoid, shape_.router_scale);
     // The router's input gradient (whole on every rank of a tensor-parallel group; the caller
     // sums dx over it) added once.
     const Tensor drouter = router_.backward(ctx, dlogits);

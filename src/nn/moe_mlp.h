@@ -78,6 +78,12 @@ struct MoeShape {
   int64_t shared = 0;
   MoeCapacity capacity = {};  // dropless by default
   RouterScore score = RouterScore::kSoftmax;
+  // Group-limited routing and the weights' factor (kernels/moe_routing.h): the experts in
+  // router_groups contiguous groups, a token's top k from its best router_group_topk of them
+  // (1, 1: none); w_j = router_scale · p_j / Σ_chosen p.
+  int64_t router_groups = 1;
+  int64_t router_group_topk = 1;
+  double router_scale = 1;
 };
 
 // The coefficients of the losses a mixture adds to the training loss: the sequence-wise balance

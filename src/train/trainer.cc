@@ -81,6 +81,11 @@ Gpt2Config model_config_of(const Config& config) {
         parse_token_drop_policy(config.model.moe_token_drop_policy, "model.moe_token_drop_policy")};
     m.moe_router_score = parse_router_score(config.model.moe_router_score_function,
                                             "model.moe_router_score_function");
+    if (config.model.moe_router_num_groups > 0) {
+      m.moe_router_groups = config.model.moe_router_num_groups;
+      m.moe_router_group_topk = config.model.moe_router_group_topk;
+    }
+    m.moe_router_topk_scaling_factor = config.model.moe_router_topk_scaling_factor;
   }
   return m;
 }

@@ -675,6 +675,9 @@ TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   Gpt2Config c = tiny_hub_mixtral();
   c.moe_capacity = {0.5, TokenDropPolicy::kPosition};  // 2 of a sequence's 16 choices each
   c.moe_router_score = RouterScore::kSigmoid;
+  c.moe_router_groups = 2;  // of 2 experts: a token's pair from its best group
+  c.moe_router_group_topk = 1;
+  c.moe_router_topk_scaling_factor = 2.5;
   Gpt2 model(c);
   model.build(DType::kF32, Device::cpu(), 5);
   TrainingState st;
@@ -684,6 +687,9 @@ TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   EXPECT_EQ(back.moe_capacity.factor, 0.5);
   EXPECT_EQ(back.moe_capacity.policy, TokenDropPolicy::kPosition);
   EXPECT_EQ(back.moe_router_score, RouterScore::kSigmoid);
+  EXPECT_EQ(back.moe_router_groups, 2);
+  EXPECT_EQ(back.moe_router_group_topk, 1);
+  EXPECT_EQ(back.moe_router_topk_scaling_factor, 2.5);
   Gpt2 loaded(back);
   loaded.build(DType::kF32, Device::cpu(), 9);
   load_checkpoint(ckpt, loaded, nullptr);
@@ -699,12 +705,26 @@ TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   const std::vector<float> want = model.logits(ctx, tokens).to_vector();
   EXPECT_EQ(loaded.logits(ctx, tokens).to_vector(), want);
   EXPECT_NE(dropless.logits(ctx, tokens).to_vector(), want);
-  // MixtralForCausalLM's router is a softmax: a sigmoid-scored mixture is not exported as one.
+  // MixtralForCausalLM's router is a softmax over every expert, its weights unscaled: a mixture
+  // routed otherwise is not exported as one.
   const std::string error =
       testutil::error_of([&] { export_checkpoint(ckpt, "hf", (dir / "hf").string()); });
-  EXPECT_NE(error.find("router scores by sigmoids (model.moe_router_score_function)"),
+  EXPECT_NE(error.find("routed within groups (model.moe_router_num_groups) or with scaled weights"),
             std::string::npos)
       << error;
+  const fs::path state = fs::path(ckpt) / "state.json";
+  std::ifstream in(state);
+  nlohmann::json j = nlohmann::json::parse(in);
+  in.close();
+  j["model"]["moe"].erase("router_num_groups");
+  j["model"]["moe"].erase("router_group_topk");
+  j["model"]["moe"].erase("router_topk_scaling_factor");
+  std::ofstream(state) << j.dump(2);
+  const std::string sigmoid_error =
+      testutil::error_of([&] { export_checkpoint(ckpt, "hf", (dir / "hf").string()); });
+  EXPECT_NE(sigmoid_error.find("router scores by sigmoids (model.moe_router_score_function)"),
+            std::string::npos)
+      << sigmoid_error;
   EXPECT_FALSE(fs::exists(dir / "hf"));
   fs::remove_all(dir);
 }

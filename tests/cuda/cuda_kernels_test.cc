@@ -1138,9 +1138,9 @@ TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
   Pair biased_weight = pair_of(std::vector<float>(N * K));
   IdPair biased = ids_pair(std::vector<int32_t>(N * K));
   ops::moe_route<float>(on_cpu, probs.h(), biased.host.data<int32_t>(), biased_weight.h(), lse.h(),
-                        logits.h(), N, E, K, bias.h());
+                        logits.h(), N, E, K, MoeRouting{bias.h()});
   ops::moe_route<float>(on_gpu, probs.g(), biased.gpu.data<int32_t>(), biased_weight.g(), lse.g(),
-                        logits.g(), N, E, K, bias.g());
+                        logits.g(), N, E, K, MoeRouting{bias.g()});
   expect_pair_close("weight with biases", biased_weight, 1e-6);
   const Tensor gpu_biased = biased.gpu.to(Device::cpu());
   ASSERT_EQ(std::memcmp(gpu_biased.raw(), biased.host.raw(), N * K * sizeof(int32_t)), 0)
@@ -1201,9 +1201,9 @@ TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
        sigmoid_weight = pair_of(std::vector<float>(N * K));
   IdPair sigmoid_choice = ids_pair(std::vector<int32_t>(N * K));
   ops::moe_route<float>(on_cpu, scores.h(), sigmoid_choice.host.data<int32_t>(), sigmoid_weight.h(),
-                        lse.h(), logits.h(), N, E, K, bias.h(), true);
+                        lse.h(), logits.h(), N, E, K, MoeRouting{bias.h(), true});
   ops::moe_route<float>(on_gpu, scores.g(), sigmoid_choice.gpu.data<int32_t>(), sigmoid_weight.g(),
-                        lse.g(), logits.g(), N, E, K, bias.g(), true);
+                        lse.g(), logits.g(), N, E, K, MoeRouting{bias.g(), true});
   expect_pair_close("sigmoid scores", scores, 1e-6);
   expect_pair_close("sigmoid weight", sigmoid_weight, 1e-6);
   const Tensor gpu_sigmoid = sigmoid_choice.gpu.to(Device::cpu());
@@ -1226,6 +1226,35 @@ TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
       on_gpu, dlogits.g(), scores.g(), sigmoid_choice.gpu.data<int32_t>(), sigmoid_weight.g(),
       every_dweight.g(), balance_gpu.data<double>(), lse.g(), 0, B, T, E, K, true);
   expect_pair_close("sigmoid dlogits", dlogits, 1e-6);
+  // Group-limited routing (3 groups of 2, the best one or two; with biases) and the weights
+  // scaled by 2.5: the same choices and weights, and the router's gradient with the scale.
+  for (const int64_t group_topk : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "best " << group_topk << " of 3 groups");
+    IdPair grouped = ids_pair(std::vector<int32_t>(N * K));
+    ops::moe_route<float>(on_cpu, scores.h(), grouped.host.data<int32_t>(), sigmoid_weight.h(),
+                          lse.h(), logits.h(), N, E, K,
+                          MoeRouting{bias.h(), true, 3, group_topk, 2.5});
+    ops::moe_route<float>(on_gpu, scores.g(), grouped.gpu.data<int32_t>(), sigmoid_weight.g(),
+                          lse.g(), logits.g(), N, E, K,
+                          MoeRouting{bias.g(), true, 3, group_topk, 2.5});
+    expect_pair_close("grouped weight", sigmoid_weight, 1e-6);
+    const Tensor gpu_grouped = grouped.gpu.to(Device::cpu());
+    ASSERT_EQ(std::memcmp(gpu_grouped.raw(), grouped.host.raw(), N * K * sizeof(int32_t)), 0)
+        << "another group-limited routing";
+    EXPECT_NEAR(sigmoid_weight.from_host()[0] + sigmoid_weight.from_host()[1], 2.5, 1e-5);
+    if (group_topk == 1)  // both experts of one group
+      for (int64_t i = 0; i < N; ++i)
+        EXPECT_EQ(grouped.host.data<int32_t>()[i * K] / 2,
+                  grouped.host.data<int32_t>()[i * K + 1] / 2)
+            << "token " << i;
+    ops::moe_router_backward<float>(on_cpu, dlogits.h(), scores.h(), grouped.host.data<int32_t>(),
+                                    sigmoid_weight.h(), every_dweight.h(), balance.data<double>(),
+                                    lse.h(), 0, B, T, E, K, true, 2.5);
+    ops::moe_router_backward<float>(on_gpu, dlogits.g(), scores.g(), grouped.gpu.data<int32_t>(),
+                                    sigmoid_weight.g(), every_dweight.g(),
+                                    balance_gpu.data<double>(), lse.g(), 0, B, T, E, K, true, 2.5);
+    expect_pair_close("grouped dlogits", dlogits, 1e-6);
+  }
 }
 
 // SwiGLU over gates far into both tails of the sigmoid; rows of 300 columns (not a multiple of

@@ -11,6 +11,7 @@
 
 #include "../nn/gradcheck.h"
 #include "base/error.h"
+#include "harness/error_of.h"
 #include "models/gpt2.h"
 #include "nn/moe_mlp.h"
 #include "tensor/rng.h"
@@ -38,7 +39,8 @@ Gpt2Config tiny_moe(int64_t experts = 4, int64_t top_k = 2) {
 
 // The module alone: L = Σ y ∘ R + coef · balance loss, its input's and every weight's gradient.
 void module_grad_check(int64_t experts, int64_t top_k, double backward_scale, int64_t shared = 0,
-                       MoeCapacity capacity = {}, RouterScore score = RouterScore::kSoftmax) {
+                       MoeCapacity capacity = {}, RouterScore score = RouterScore::kSoftmax,
+                       int64_t groups = 1, int64_t group_topk = 1, double scale = 1) {
   SCOPED_TRACE(::testing::Message() << "top " << top_k << " of " << experts);
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
@@ -47,7 +49,9 @@ void module_grad_check(int64_t experts, int64_t top_k, double backward_scale, in
   const float coef = 0.3f;
   // The router z-loss is a softmax's: sigmoid scores take none.
   const float z = score == RouterScore::kSoftmax ? 0.2f : 0.0f;
-  MoeMlp moe(store, "mlp", {6, 5, experts, top_k, shared, capacity, score}, {coef, z}, 0.5f, 0.4f);
+  MoeMlp moe(store, "mlp",
+             {6, 5, experts, top_k, shared, capacity, score, groups, group_topk, scale}, {coef, z},
+             0.5f, 0.4f);
   store.allocate(DType::kF64, Device::cpu());
   store.initialize(7);
   Tensor x = testing::random_f64({2, 5, 6}, "x");
@@ -97,6 +101,12 @@ TEST(MoeMlp, GradCheckInDoubleWithSigmoidScores) {
   module_grad_check(3, 1, 0.375, 1, {}, RouterScore::kSigmoid);
   module_grad_check(4, 2, 1.0, 0, {0.8, TokenDropPolicy::kProbs}, RouterScore::kSigmoid);
 }
+// Group-limited routing (2 groups of 2, the best one's pair; 4 groups of 1, the best two) with
+// the weights scaled by 2.5: the scale reaches the router through the normalisation.
+TEST(MoeMlp, GradCheckInDoubleWithGroupsAndScaledWeights) {
+  module_grad_check(4, 2, 1.0, 0, {}, RouterScore::kSigmoid, 2, 1, 2.5);
+  module_grad_check(4, 2, 0.5, 0, {}, RouterScore::kSoftmax, 4, 2, 2.5);
+}
 TEST(MoeMlp, GradCheckInDoubleWithExpertCapacity) {
   module_grad_check(4, 2, 1.0, 0, {0.8, TokenDropPolicy::kProbs});
   module_grad_check(4, 2, 0.5, 1, {0.8, TokenDropPolicy::kPosition});
@@ -108,14 +118,19 @@ TEST(MoeMlp, GradCheckInDoubleWithExpertCapacity) {
 // balancing biases), their outputs weighed by their probabilities renormalised over the two.
 // With an expert capacity, per sequence each expert takes the `capacity` choices of highest
 // weight (to 1/1024; ties: the earlier token) or of the earliest tokens, and the rest add nothing.
+// With group-limited routing the two come from the best `group_topk` of `groups` groups of
+// experts, a group scored by the sum of its best 2 / group_topk scores; the weights are scaled.
 void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bias,
                                                    MoeCapacity capacity = {},
-                                                   RouterScore scores = RouterScore::kSoftmax) {
+                                                   RouterScore scores = RouterScore::kSoftmax,
+                                                   int64_t E = 5, int64_t groups = 1,
+                                                   int64_t group_topk = 1, double scale = 1) {
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
-  const int64_t C = 6, E = 5, K = 2, B = 2, T = 7;
+  const int64_t C = 6, K = 2, B = 2, T = 7;
   ParameterStore store;
-  MoeMlp moe(store, "mlp", {C, 4, E, K, 0, capacity, scores}, {}, 0.5f, 0.4f);
+  MoeMlp moe(store, "mlp", {C, 4, E, K, 0, capacity, scores, groups, group_topk, scale}, {}, 0.5f,
+             0.4f);
   ParameterStore expert_store;  // the same experts again, run on every token
   std::vector<std::unique_ptr<SwiGluMlp>> experts;
   for (int64_t e = 0; e < E; ++e)
@@ -144,15 +159,32 @@ void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bia
       p[e] = scores == RouterScore::kSigmoid ? 1 / (1 + std::exp(-logit[e]))
                                              : std::exp(logit[e]) / sum;
     const auto score = [&](int64_t e) { return p[e] + (bias.empty() ? 0.0 : bias[e]); };
-    int64_t first = 0, second = -1;
-    for (int64_t e = 1; e < E; ++e)
-      if (score(e) > score(first)) first = e;
+    // The candidates: the experts of the best group_topk groups (ties to the lower group).
+    const int64_t per_group = E / groups;
+    std::vector<double> group_score(groups);
+    for (int64_t g = 0; g < groups; ++g) {
+      std::vector<double> in_group;
+      for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) in_group.push_back(score(e));
+      std::sort(in_group.rbegin(), in_group.rend());
+      for (int64_t i = 0; i < K / group_topk; ++i) group_score[g] += in_group[i];
+    }
+    std::vector<bool> candidate(E, groups == 1);
+    for (int64_t g = 0; g < groups && groups > 1; ++g) {
+      int64_t better = 0;
+      for (int64_t o = 0; o < groups; ++o)
+        better += group_score[o] > group_score[g] || (group_score[o] == group_score[g] && o < g);
+      if (better < group_topk)
+        for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) candidate[e] = true;
+    }
+    int64_t first = -1, second = -1;
     for (int64_t e = 0; e < E; ++e)
-      if (e != first && (second < 0 || score(e) > score(second))) second = e;
+      if (candidate[e] && (first < 0 || score(e) > score(first))) first = e;
+    for (int64_t e = 0; e < E; ++e)
+      if (candidate[e] && e != first && (second < 0 || score(e) > score(second))) second = e;
     chose[t * K] = first;
     chose[t * K + 1] = second;
-    weight[t * K] = p[first] / (p[first] + p[second]);
-    weight[t * K + 1] = p[second] / (p[first] + p[second]);
+    weight[t * K] = scale * p[first] / (p[first] + p[second]);
+    weight[t * K + 1] = scale * p[second] / (p[first] + p[second]);
   }
   // Which choices their experts take: every one, or per sequence and expert the capacity's best.
   std::vector<bool> taken(B * T * K, true);
@@ -210,6 +242,37 @@ TEST(MoeMlp, SigmoidScoresChooseAndWeighByEachLogitsSigmoid) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("blocks.0.mlp: the router z-loss"), std::string::npos)
         << e.what();
+  }
+}
+
+// Group-limited routing (DeepSeek-V3's node-limited routing) and scaled weights: 6 experts in 3
+// groups of 2, a token's two from its best group (scored by the sum of both), or from its best
+// two groups (each scored by its best expert) — softmax or sigmoid scores, with biases; the
+// weights times 2.5 (DeepSeek-V3's factor).
+TEST(MoeMlp, GroupLimitedRoutingTakesTheBestGroupsExpertsAndScalesTheWeights) {
+  const std::vector<float> bias = {0.2f, -0.1f, 0.0f, 0.3f, -0.2f, 0.1f};
+  for (const RouterScore scores : {RouterScore::kSoftmax, RouterScore::kSigmoid})
+    for (const int64_t group_topk : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << router_score_name(scores) << ", best " << group_topk);
+      expect_output_is_the_renormalised_top_two_sum({}, {}, scores, 6, 3, group_topk, 2.5);
+      expect_output_is_the_renormalised_top_two_sum(bias, {}, scores, 6, 3, group_topk, 1);
+    }
+  // One group is plain routing; so are groups of one expert each taken two at a time.
+  expect_output_is_the_renormalised_top_two_sum(bias, {}, RouterScore::kSoftmax, 6, 1, 1, 0.5);
+  expect_output_is_the_renormalised_top_two_sum(bias, {}, RouterScore::kSoftmax, 6, 6, 2, 1);
+  // Groups that cannot serve a top 2 are refused by name.
+  for (const std::pair<int64_t, int64_t> groups :
+       {std::pair<int64_t, int64_t>{4, 1}, {3, 3}, {6, 1}}) {
+    const std::string error = testutil::error_of([&] {
+      ParameterStore store;
+      MoeMlp moe(store, "blocks.1.mlp",
+                 {6, 5, 6, 2, 0, {}, RouterScore::kSoftmax, groups.first, groups.second}, {}, 0.5f,
+                 0.4f);
+    });
+    EXPECT_NE(error.find("blocks.1.mlp: group-limited routing of 6 experts in " +
+                         std::to_string(groups.first) + " groups"),
+              std::string::npos)
+        << error;
   }
 }
 

@@ -371,14 +371,18 @@ TEST_F(LlamaParallel, MixtureWithExpertCapacityDropsAsOneDeviceUnderEveryLayout)
     EXPECT_EQ(testing::read_metrics(root_ / run)[0]["moe_dropped"].get<double>(), share) << run;
 }
 
-// DeepSeek-V3's router: sigmoid scores (model.moe_router_score_function), balancing biases and a
-// shared expert — under dp × ZeRO, pipelining, tp, cp and ep by either dispatcher, one device's
-// run; and not the softmax router's run.
+// DeepSeek-V3's router: sigmoid scores (model.moe_router_score_function), balancing biases, a
+// shared expert, group-limited routing (2 groups of 2 experts, a token's pair from its best
+// group: under ep = 2 one rank) and weights scaled by 2.5 — under dp × ZeRO, pipelining, tp, cp
+// and ep by either dispatcher, one device's run; and not the softmax router's run.
 TEST_F(LlamaParallel, MixtureScoredBySigmoidsAsDeepSeekV3MatchesOneDevice) {
   Config c = moe_config();
   c.model.moe_router_score_function = "sigmoid";
   c.model.moe_bias_update_rate = 0.01;
   c.model.moe_shared_experts = 1;
+  c.model.moe_router_num_groups = 2;
+  c.model.moe_router_group_topk = 1;
+  c.model.moe_router_topk_scaling_factor = 2.5;
   expect_layouts_match_one_device(c,
                                   "dp=2,zero=1,mbs=2;pp=2,schedule=zb-v,v=2;tp=2,sp=1;"
                                   "cp=2,recompute=selective;dp=2,ep=2,ep_dispatch=all_to_all;"
@@ -646,6 +650,17 @@ TEST_F(LlamaParallel, MixtureOfExpertsConfigsThatCannotRunAreRefusedByName) {
           "\"softmax\" only");
   sigmoid.model.moe_router_score_function = "tanh";
   refused(sigmoid, "model.moe_router_score_function = \"tanh\" must be one of: softmax, sigmoid");
+  Config groups = moe_config();
+  groups.model.moe_router_num_groups = 3;
+  groups.model.moe_router_group_topk = 1;
+  refused(groups, "model.moe_router_num_groups = 3 does not divide model.moe_experts = 4");
+  groups.model.moe_router_num_groups = 4;
+  refused(groups,
+          "model.moe_router_group_topk = 1 must be in [1, model.moe_router_num_groups = 4]");
+  groups.model.moe_router_num_groups = 0;
+  refused(groups, "model.moe_router_group_topk applies with model.moe_router_num_groups > 0 only");
+  groups.model.moe_router_topk_scaling_factor = 0;
+  refused(groups, "model.moe_router_topk_scaling_factor = 0.0 must be in [0.001, 1000.0]");
   Config ep = moe_config();
   ep.parallel.dp = 2;
   ep.parallel.ep = 4;

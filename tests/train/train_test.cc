@@ -741,10 +741,14 @@ TEST_F(TrainTest, MixtureSplitOverTwoGpusByExpertsWidthsOrPositionsTrainsAsOnCpu
   expect_gpus_as_cpus(biased, "bias");
   // Expert capacity (model.moe_capacity_factor): the routing weights come to the host, which
   // drops the pairs beyond it; the all-to-all sends only the pairs kept. With DeepSeek-V3's
-  // sigmoid scores (model.moe_router_score_function), routed and differentiated on the GPU.
+  // router — sigmoid scores, groups (a token's pair from one GPU's experts), weights × 2.5 —,
+  // routed and differentiated on the GPU.
   Config capped = dispatched;
   capped.model.moe_capacity_factor = 0.75;
   capped.model.moe_router_score_function = "sigmoid";
+  capped.model.moe_router_num_groups = 2;
+  capped.model.moe_router_group_topk = 1;
+  capped.model.moe_router_topk_scaling_factor = 2.5;
   expect_gpus_as_cpus(capped, "capacity");
   // Tensor parallelism (sequence parallel; two key/value heads, one a GPU): each GPU a half of
   // every expert's width, the partial outputs reduce-scattered and the routing weights'

@@ -22,10 +22,15 @@ double score_sum(const Real* p, int64_t E) {
 
 template <typename Real>
 void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Real* lse,
-               const Real* logits, int64_t N, int64_t E, int64_t K, const float* bias,
-               bool sigmoid) {
+               const Real* logits, int64_t N, int64_t E, int64_t K, const MoeRouting& routing) {
+  const float* bias = routing.bias;
+  const bool sigmoid = routing.sigmoid;
+  const int64_t G = routing.groups, per_group = E / G, best_of_group = K / routing.group_topk;
   pool.parallel_for(N, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> order(static_cast<size_t>(E));
+    std::vector<double> group_score(static_cast<size_t>(G)),
+        in_group(static_cast<size_t>(per_group));
+    std::vector<int32_t> groups(static_cast<size_t>(G));
     for (int64_t t = begin; t < end; ++t) {
       const Real* l = logits + t * E;
       Real* p = probs + t * E;
@@ -36,20 +41,46 @@ void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Rea
         p[e] = static_cast<Real>(sigmoid ? 1 / (1 + std::exp(-static_cast<double>(l[e])))
                                          : std::exp(static_cast<double>(l[e]) - max) / sum);
       lse[t] = static_cast<Real>(max + std::log(sum));
-      std::iota(order.begin(), order.end(), 0);
       // Without biases the score is p itself (a float widened exactly: the same order).
       const auto score = [&](int32_t e) {
         return static_cast<double>(p[e]) + (bias != nullptr ? static_cast<double>(bias[e]) : 0.0);
       };
-      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+      const auto before = [&](int32_t a, int32_t b) {
         return score(a) > score(b) || (score(a) == score(b) && a < b);
-      });
+      };
+      // The candidates: every expert, or those of the best group_topk groups.
+      auto candidates = order.end();
+      std::iota(order.begin(), order.end(), 0);
+      if (G > 1) {
+        for (int64_t g = 0; g < G; ++g) {
+          for (int64_t i = 0; i < per_group; ++i)
+            in_group[static_cast<size_t>(i)] = score(static_cast<int32_t>(g * per_group + i));
+          std::partial_sort(in_group.begin(), in_group.begin() + best_of_group, in_group.end(),
+                            std::greater<>());
+          double best = 0;
+          for (int64_t i = 0; i < best_of_group; ++i) best += in_group[static_cast<size_t>(i)];
+          group_score[static_cast<size_t>(g)] = best;
+        }
+        std::iota(groups.begin(), groups.end(), 0);
+        std::partial_sort(groups.begin(), groups.begin() + routing.group_topk, groups.end(),
+                          [&](int32_t a, int32_t b) {
+                            const double sa = group_score[static_cast<size_t>(a)],
+                                         sb = group_score[static_cast<size_t>(b)];
+                            return sa > sb || (sa == sb && a < b);
+                          });
+        candidates = std::stable_partition(order.begin(), order.end(), [&](int32_t e) {
+          const int32_t g = static_cast<int32_t>(e / per_group);
+          return std::find(groups.begin(), groups.begin() + routing.group_topk, g) !=
+                 groups.begin() + routing.group_topk;
+        });
+      }
+      std::partial_sort(order.begin(), order.begin() + K, candidates, before);
       double chosen = 0;
       for (int64_t j = 0; j < K; ++j) chosen += static_cast<double>(p[order[static_cast<size_t>(j)]]);
       for (int64_t j = 0; j < K; ++j) {
         const int32_t e = order[static_cast<size_t>(j)];
         choice[t * K + j] = e;
-        weight[t * K + j] = static_cast<Real>(static_cast<double>(p[e]) / chosen);
+        weight[t * K + j] = static_cast<Real>(routing.scale * static_cast<double>(p[e]) / chosen);
       }
     }
   });
@@ -118,7 +149,7 @@ template <typename Real>
 void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
                          const Real* weight, const Real* dweight, const double* balance,
                          const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
-                         bool sigmoid) {
+                         bool sigmoid, double scale) {
   pool.parallel_for(B * T, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<double> dp(static_cast<size_t>(E));
     for (int64_t t = begin; t < end; ++t) {
@@ -140,7 +171,7 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
       }
       for (int64_t j = 0; j < K; ++j)
         dp[static_cast<size_t>(choice[t * K + j])] +=
-            (static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
+            (scale * static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
       if (sigmoid) {
         for (int64_t e = 0; e < E; ++e) {
           const double pe = static_cast<double>(p[e]);
@@ -160,7 +191,7 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
 
 #define LOOM_MOE_INSTANTIATE(Real)                                                                 \
   template void moe_route<Real>(ThreadPool&, Real*, int32_t*, Real*, Real*, const Real*, int64_t,  \
-                                int64_t, int64_t, const float*, bool);                             \
+                                int64_t, int64_t, const MoeRouting&);                              \
   template void moe_prob_sums<Real>(ThreadPool&, double*, const Real*, int64_t, int64_t, int64_t,  \
                                     bool);                                                         \
   template void moe_scatter_add<Real>(ThreadPool&, Real*, const Real*, const int32_t*,             \
@@ -168,9 +199,9 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
   template void moe_expert_output_grad<Real>(ThreadPool&, Real*, Real*, const Real*,               \
                                              const int32_t*, const int32_t*, const Real*, int64_t, \
                                              int64_t, int64_t);                                    \
-  template void moe_router_backward<Real>(ThreadPool&, Real*, const Real*, const int32_t*,         \
-                                          const Real*, const Real*, const double*, const Real*,    \
-                                          double, int64_t, int64_t, int64_t, int64_t, bool);
+  template void moe_router_backward<Real>(                                                         \
+      ThreadPool&, Real*, const Real*, const int32_t*, const Real*, const Real*, const double*,    \
+      const Real*, double, int64_t, int64_t, int64_t, int64_t, bool, double);
 LOOM_MOE_INSTANTIATE(float)
 LOOM_MOE_INSTANTIATE(double)
 #undef LOOM_MOE_INSTANTIATE

@@ -10,20 +10,22 @@
 #include <cstdint>
 
 #include "base/thread_pool.h"
+#include "kernels/moe_routing.h"
 
 namespace loom::cpu {
 
 // probs (N, E) = the router's scores per token: softmax(logits) (exp and sum in double), or with
-// `sigmoid` each logit's sigmoid on its own (DeepSeek-V3's affinities); choice (N, K) the K largest
-// scores' experts, best first, equal ones to the lower index; weight (N, K) their scores over
-// their sum (Mixtral's renormalisation; DeepSeek-V3's normalisation); lse (N) log Σ exp logits
-// (the router z-loss's). With `bias` (E; null: none) the K are chosen by p_e + bias[e] (in double)
-// instead — DeepSeek-V3's balancing biases, which steer the choice only: the weights stay the
-// chosen scores normalised.
+// routing.sigmoid each logit's sigmoid on its own (DeepSeek-V3's affinities); choice (N, K) the K
+// largest scores' experts, best first, equal ones to the lower index; weight (N, K) their scores
+// over their sum (Mixtral's renormalisation; DeepSeek-V3's normalisation), times routing.scale;
+// lse (N) log Σ exp logits (the router z-loss's). With routing.bias (E) the K are chosen by
+// p_e + bias[e] (in double) instead — DeepSeek-V3's balancing biases, which steer the choice
+// only: the weights stay the chosen scores normalised. With routing.groups > 1 only the experts
+// of the token's best routing.group_topk groups are candidates, a group scored by the sum of its
+// best K / group_topk choice scores (in descending order; equal groups to the lower index).
 template <typename Real>
 void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Real* lse,
-               const Real* logits, int64_t N, int64_t E, int64_t K, const float* bias,
-               bool sigmoid);
+               const Real* logits, int64_t N, int64_t E, int64_t K, const MoeRouting& routing);
 
 // sums (B, E): Σ over each sequence's T tokens, in order, of its probabilities (in double) — with
 // `sigmoid` scores, of each token's scores over their sum (DeepSeek-V3's balance loss's
@@ -56,11 +58,12 @@ void moe_expert_output_grad(ThreadPool& pool, Real* g, Real* dweight, const Real
 // softmax, dl = p ⊙ (dp − p·dp); plus the router z-loss's z · 2·lse·p (z: its coefficient times
 // the loss's scale over the tokens; 0 without, lse then unread). With `sigmoid` scores the
 // balance term reaches p through the normalisation p / Σ_e p_e, and dl = dp ⊙ p ⊙ (1 − p) (no
-// z-loss: z must be 0). In double.
+// z-loss: z must be 0). With weights scaled (w_j = scale · p_j / S) dp_j = (scale·dweight_j −
+// Σ_i w_i·dweight_i) / S. In double.
 template <typename Real>
 void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
                          const Real* weight, const Real* dweight, const double* balance,
                          const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
-                         bool sigmoid);
+                         bool sigmoid, double scale);
 
 }  // namespace loom::cpu

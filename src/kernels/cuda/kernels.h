@@ -27,6 +27,7 @@
 #include "kernels/adamw_factors.h"    // AdamWRun
 #include "kernels/cpu/attention.h"    // RowRange
 #include "kernels/cpu/vocab_shard.h"  // VocabShard
+#include "kernels/moe_routing.h"
 
 namespace loom::cuda {
 
@@ -397,8 +398,7 @@ GemmOperand swiglu_backward_rounded(int device, void* dh, const void* dout, cons
 
 // A mixture of experts (kernels/cpu/moe.h's, moe.cu).
 void moe_route(int device, float* probs, int32_t* choice, float* weight, float* lse,
-               const float* logits, int64_t N, int64_t E, int64_t K, const float* bias,
-               bool sigmoid);
+               const float* logits, int64_t N, int64_t E, int64_t K, const MoeRouting& routing);
 void moe_prob_sums(int device, double* sums, const float* probs, int64_t B, int64_t T, int64_t E,
                    bool sigmoid);
 void gather_rows(int device, void* out, const void* in, const int32_t* rows, int64_t n,
@@ -411,7 +411,7 @@ void moe_expert_output_grad(int device, float* g, float* dweight, const float* o
 void moe_router_backward(int device, float* dlogits, const float* probs, const int32_t* choice,
                          const float* weight, const float* dweight, const double* balance,
                          const float* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
-                         bool sigmoid);
+                         bool sigmoid, double scale);
 
 // Checks the tokens (a 4-byte copy back: a wait) and throws loom::Error naming the first bad one
 // — unless `ids_checked`, where they were checked before they came (Exec::ids_checked). wpe null:

@@ -10,12 +10,38 @@
 namespace loom::cuda {
 namespace {
 
+// The best of the values value(0 .. n−1) ordered after (last_value, last) in (value descending,
+// index ascending), among those allowed(i); −1 if none: a pass of the CPU's partial sort.
+template <typename Value, typename Allowed>
+__device__ int64_t next_best(int64_t n, Value value, Allowed allowed, int64_t last,
+                             double last_value) {
+  int64_t best = -1;
+  double best_value = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!allowed(i)) continue;
+    const double v = value(i);
+    const bool after_last = last < 0 || v < last_value || (v == last_value && i > last);
+    if (after_last && (best < 0 || v > best_value)) {
+      best = i;
+      best_value = v;
+    }
+  }
+  return best;
+}
+
+// The most groups kernels/moe_routing.h's group-limited routing takes on a GPU (a bit mask).
+constexpr int64_t kMaxGroups = 64;
+
 // Token t's softmax (or each logit's sigmoid), then its top K: pass j takes the best expert
 // ordered after pass j − 1's in (score descending, index ascending) — the CPU's partial sort's
-// order. The score: p_e, or with `bias` p_e + bias[e] in double.
+// order. The score: p_e, or with a bias p_e + bias[e] in double. With groups, the candidates are
+// the best group_topk groups' experts, a group's score the sum of its best K / group_topk scores
+// taken in the same passes (descending), as the CPU sums them.
 __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, float* lse,
                                  const float* logits, int64_t N, int64_t E, int64_t K,
-                                 const float* bias, bool sigmoid) {
+                                 MoeRouting routing) {
+  const float* bias = routing.bias;
+  const bool sigmoid = routing.sigmoid;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < N;
        t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const float* l = logits + t * E;
@@ -32,20 +58,39 @@ __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, f
     const auto score = [&](int64_t e) {
       return static_cast<double>(p[e]) + (bias != nullptr ? static_cast<double>(bias[e]) : 0.0);
     };
+    const int64_t G = routing.groups, per_group = E / G;
+    uint64_t allowed_groups = ~uint64_t{0};
+    if (G > 1) {
+      const auto group_score = [&](int64_t g) {
+        const auto in_group = [&](int64_t i) { return score(g * per_group + i); };
+        const auto any = [](int64_t) { return true; };
+        double sum = 0, last_value = 0;
+        int64_t last = -1;
+        for (int64_t i = 0; i < K / routing.group_topk; ++i) {
+          last = next_best(per_group, in_group, any, last, last_value);
+          if (last < 0) break;
+          last_value = in_group(last);
+          sum += last_value;
+        }
+        return sum;
+      };
+      allowed_groups = 0;
+      double last_value = 0;
+      int64_t last = -1;
+      for (int64_t i = 0; i < routing.group_topk; ++i) {
+        last = next_best(
+            G, group_score, [](int64_t) { return true; }, last, last_value);
+        if (last < 0) break;
+        last_value = group_score(last);
+        allowed_groups |= uint64_t{1} << last;
+      }
+    }
+    const auto candidate = [&](int64_t e) { return (allowed_groups >> (e / per_group)) & 1; };
     double last_score = 0;
     int64_t last = -1;
     double chosen = 0;
     for (int64_t j = 0; j < K; ++j) {
-      int64_t best = -1;
-      double best_score = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        const double s = score(e);
-        const bool after_last = last < 0 || s < last_score || (s == last_score && e > last);
-        if (after_last && (best < 0 || s > best_score)) {
-          best = e;
-          best_score = s;
-        }
-      }
+      int64_t best = next_best(E, score, candidate, last, last_score);
       if (best < 0) best = j;  // every probability NaN (a diverged run): still an expert's index
       choice[t * K + j] = static_cast<int32_t>(best);
       last = best;
@@ -53,7 +98,8 @@ __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, f
       chosen += static_cast<double>(p[best]);
     }
     for (int64_t j = 0; j < K; ++j)
-      weight[t * K + j] = static_cast<float>(static_cast<double>(p[choice[t * K + j]]) / chosen);
+      weight[t * K + j] =
+          static_cast<float>(routing.scale * static_cast<double>(p[choice[t * K + j]]) / chosen);
   }
 }
 
@@ -121,7 +167,7 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
                                            const int32_t* choice, const float* weight,
                                            const float* dweight, const double* balance,
                                            const float* lse, double z, int64_t B, int64_t T,
-                                           int64_t E, int64_t K, bool sigmoid) {
+                                           int64_t E, int64_t K, bool sigmoid, double scale) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < B * T;
        t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const float* p = probs + t * E;
@@ -142,7 +188,7 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
       double d = sigmoid ? (bal[e] - bq) / all : bal[e];
       for (int64_t j = 0; j < K; ++j)
         if (choice[t * K + j] == e)
-          d += (static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
+          d += (scale * static_cast<double>(dweight[t * K + j]) - weighed) / chosen;
       return d;
     };
     if (sigmoid) {
@@ -163,12 +209,12 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
 }  // namespace
 
 void moe_route(int device, float* probs, int32_t* choice, float* weight, float* lse,
-               const float* logits, int64_t N, int64_t E, int64_t K, const float* bias,
-               bool sigmoid) {
+               const float* logits, int64_t N, int64_t E, int64_t K, const MoeRouting& routing) {
   if (N == 0) return;
+  LOOM_CHECK_MSG(routing.groups <= kMaxGroups, "moe_route: at most 64 expert groups on a GPU");
   DeviceGuard guard(device);
   launch("moe_route", moe_route_kernel, blocks_for(N, kThreads), kThreads, probs, choice, weight,
-         lse, logits, N, E, K, bias, sigmoid);
+         lse, logits, N, E, K, routing);
 }
 
 void moe_prob_sums(int device, double* sums, const float* probs, int64_t B, int64_t T, int64_t E,
@@ -209,11 +255,11 @@ void moe_expert_output_grad(int device, float* g, float* dweight, const float* o
 void moe_router_backward(int device, float* dlogits, const float* probs, const int32_t* choice,
                          const float* weight, const float* dweight, const double* balance,
                          const float* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
-                         bool sigmoid) {
+                         bool sigmoid, double scale) {
   if (B * T == 0) return;
   DeviceGuard guard(device);
   launch("moe_router_backward", moe_router_backward_kernel, blocks_for(B * T, kThreads), kThreads,
-         dlogits, probs, choice, weight, dweight, balance, lse, z, B, T, E, K, sigmoid);
+         dlogits, probs, choice, weight, dweight, balance, lse, z, B, T, E, K, sigmoid, scale);
 }
 
 }  // namespace loom::cuda
