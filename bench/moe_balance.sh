@@ -6,7 +6,10 @@
 # Prints, every 50 steps, moe_expert_load (the busiest expert's tokens over the mean, of the
 # worst block: 1 is even, 4 is every token to one expert) and the loss, then the final
 # validation loss. A training-quality comparison: the figures are the same on every machine.
-#   bench/moe_balance.sh [LOOM_BINARY]     (STEPS=300)
+# Then DeepSeek-V3's router (docs/moe.md): sigmoid scores with the balance loss, with biases
+# alone, and its whole recipe (biases, a tiny loss, 4 groups of 2 experts with a token's pair from
+# its best group, weights × 2.5). ONLY=REGEX runs the schemes whose names match it.
+#   bench/moe_balance.sh [LOOM_BINARY]     (STEPS=300 ONLY=)
 set -euo pipefail
 loom=${1:-build/release/apps/loom}
 steps=${STEPS:-300}
@@ -16,10 +19,14 @@ trap 'rm -rf "$dir"' EXIT
 runs=("none:--set model.moe_aux_loss_coef=0"
   "biases 0.001:--set model.moe_aux_loss_coef=0 --set model.moe_bias_update_rate=0.001"
   "biases 0.01:--set model.moe_aux_loss_coef=0 --set model.moe_bias_update_rate=0.01"
-  "balance loss 0.01:")
+  "balance loss 0.01:"
+  "sigmoid, loss 0.01:--set model.moe_router_score_function=sigmoid --set model.moe_router_z_loss_coef=0"
+  "sigmoid, biases 0.001:--set model.moe_router_score_function=sigmoid --set model.moe_router_z_loss_coef=0 --set model.moe_aux_loss_coef=0 --set model.moe_bias_update_rate=0.001"
+  "deepseek-v3 router:--set model.moe_router_score_function=sigmoid --set model.moe_router_z_loss_coef=0 --set model.moe_aux_loss_coef=0.0001 --set model.moe_bias_update_rate=0.001 --set model.moe_router_num_groups=4 --set model.moe_router_group_topk=1 --set model.moe_router_topk_scaling_factor=2.5")
 echo "# $(date -u +%F) configs/moe.toml, $steps steps; per 50 steps: expert load / loss"
 for run in "${runs[@]}"; do
   name=${run%%:*}
+  [[ -n ${ONLY:-} && ! $name =~ $ONLY ]] && continue
   # shellcheck disable=SC2086
   "$loom" train configs/moe.toml --run-dir "$dir/run" --quiet --set train.steps="$steps" \
     --set train.save_every=0 --set data.train="$dir/data/train_*.bin" \
@@ -27,6 +34,6 @@ for run in "${runs[@]}"; do
   line=$(jq -r 'select(.step % 50 == 0) | "\(.moe_expert_load * 100 | round / 100) / \(.loss * 1000 | round / 1000)"' \
     "$dir/run/metrics.jsonl" | paste -sd ' ' | sed 's/ \([0-9.]* \/\)/  |  \1/g')
   val=$(jq -r 'select(.val_loss != null) | .val_loss' "$dir/run/metrics.jsonl" | tail -1)
-  printf '%-18s %s  |  val %.4f\n' "$name" "$line" "$val"
+  printf '%-22s %s  |  val %.4f\n' "$name" "$line" "$val"
   rm -rf "$dir/run"
 done
