@@ -29,6 +29,9 @@ struct ModelLimits {
   static constexpr int64_t kLayers = int64_t{1} << 14;
   static constexpr int64_t kFfnHidden = int64_t{1} << 20;
   static constexpr int64_t kExperts = int64_t{1} << 10;  // DeepSeek-V3: 256 routed experts
+  // Expert groups of group-limited routing (DeepSeek-V3: 8); the GPU's routing keeps the chosen
+  // groups in a 64-bit mask (kernels/cuda/moe.cu).
+  static constexpr int64_t kExpertGroups = 64;
 };
 
 struct ModelConfig {

@@ -149,6 +149,7 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
   p.one_of("model.moe_router_score_function", m.moe_router_score_function, {"softmax", "sigmoid"});
   p.in_range("model.moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor, 1e-3, 1e3);
   p.non_negative("model.moe_router_num_groups", m.moe_router_num_groups);
+  p.at_most("model.moe_router_num_groups", m.moe_router_num_groups, ModelLimits::kExpertGroups);
   p.non_negative("model.moe_router_group_topk", m.moe_router_group_topk);
   if (m.moe_router_num_groups == 0 && m.moe_router_group_topk != 0)
     p.add("model.moe_router_group_topk applies with model.moe_router_num_groups > 0 only");

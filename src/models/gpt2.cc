@@ -79,6 +79,17 @@ void Gpt2Config::validate() const {
       (moe_capacity.factor > 0 && moe_experts == 0))
     fail("model.moe_capacity_factor = ", moe_capacity.factor, " must be in [0, ",
          ModelLimits::kExperts, "], and 0 without model.moe_experts");
+  if (moe_experts > 0 &&
+      (moe_router_groups < 1 || moe_router_groups > ModelLimits::kExpertGroups ||
+       moe_experts % moe_router_groups != 0 || moe_router_group_topk < 1 ||
+       moe_router_group_topk > moe_router_groups || moe_top_k % moe_router_group_topk != 0 ||
+       moe_top_k / moe_router_group_topk > moe_experts / moe_router_groups))
+    fail("model.moe_router_num_groups = ", moe_router_groups,
+         " with model.moe_router_group_topk = ", moe_router_group_topk, " cannot route the top ",
+         moe_top_k, " of ", moe_experts, " experts");
+  if (!(moe_router_topk_scaling_factor >= 1e-3 && moe_router_topk_scaling_factor <= 1e3))
+    fail("model.moe_router_topk_scaling_factor = ", moe_router_topk_scaling_factor,
+         " must be in [0.001, 1000]");
   if (moe_router_score == RouterScore::kSigmoid && (moe_experts == 0 || moe_router_z_loss_coef > 0))
     fail("model.moe_router_score_function = \"sigmoid\" needs model.moe_experts and takes no ",
          "router z-loss (model.moe_router_z_loss_coef = ", moe_router_z_loss_coef, ")");

@@ -261,7 +261,7 @@ TEST(MoeMlp, GroupLimitedRoutingTakesTheBestGroupsExpertsAndScalesTheWeights) {
   expect_output_is_the_renormalised_top_two_sum(bias, {}, RouterScore::kSoftmax, 6, 1, 1, 0.5);
   expect_output_is_the_renormalised_top_two_sum(bias, {}, RouterScore::kSoftmax, 6, 6, 2, 1);
   // Groups that cannot serve a top 2 are refused by name.
-  for (const std::pair<int64_t, int64_t> groups :
+  for (const std::pair<int64_t, int64_t>& groups :
        {std::pair<int64_t, int64_t>{4, 1}, {3, 3}, {6, 1}}) {
     const std::string error = testutil::error_of([&] {
       ParameterStore store;
