@@ -1242,11 +1242,13 @@ TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
     ASSERT_EQ(std::memcmp(gpu_grouped.raw(), grouped.host.raw(), N * K * sizeof(int32_t)), 0)
         << "another group-limited routing";
     EXPECT_NEAR(sigmoid_weight.from_host()[0] + sigmoid_weight.from_host()[1], 2.5, 1e-5);
-    if (group_topk == 1)  // both experts of one group
-      for (int64_t i = 0; i < N; ++i)
+    if (group_topk == 1) {  // both experts of one group
+      for (int64_t i = 0; i < N; ++i) {
         EXPECT_EQ(grouped.host.data<int32_t>()[i * K] / 2,
                   grouped.host.data<int32_t>()[i * K + 1] / 2)
             << "token " << i;
+      }
+    }
     ops::moe_router_backward<float>(on_cpu, dlogits.h(), scores.h(), grouped.host.data<int32_t>(),
                                     sigmoid_weight.h(), every_dweight.h(), balance.data<double>(),
                                     lse.h(), 0, B, T, E, K, true, 2.5);
