@@ -80,10 +80,7 @@ void Gpt2Config::validate() const {
     fail("model.moe_capacity_factor = ", moe_capacity.factor, " must be in [0, ",
          ModelLimits::kExperts, "], and 0 without model.moe_experts");
   if (moe_experts > 0 &&
-      (moe_router_groups < 1 || moe_router_groups > ModelLimits::kExpertGroups ||
-       moe_experts % moe_router_groups != 0 || moe_router_group_topk < 1 ||
-       moe_router_group_topk > moe_router_groups || moe_top_k % moe_router_group_topk != 0 ||
-       moe_top_k / moe_router_group_topk > moe_experts / moe_router_groups))
+      (moe_router_groups > ModelLimits::kExpertGroups || !moe_shape().groups_route()))
     fail("model.moe_router_num_groups = ", moe_router_groups,
          " with model.moe_router_group_topk = ", moe_router_group_topk, " cannot route the top ",
          moe_top_k, " of ", moe_experts, " experts");

@@ -55,8 +55,7 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& name, const MoeShape& s
   if (shape.experts < 1 || shape.top_k < 1 || shape.top_k > shape.experts)
     fail(name, ": top ", shape.top_k, " of ", shape.experts, " experts");
   const int64_t G = shape.router_groups, GK = shape.router_group_topk;
-  if (G < 1 || shape.experts % G != 0 || GK < 1 || GK > G || shape.top_k % GK != 0 ||
-      shape.top_k / GK > shape.experts / G)
+  if (!shape.groups_route())
     fail(name, ": group-limited routing of ", shape.experts, " experts in ", G, " groups, top ",
          shape.top_k, " from the best ", GK, " groups: the groups must divide the experts, ", GK,
          " must divide the top k, and each group hold top k / ", GK, " experts");

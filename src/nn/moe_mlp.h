@@ -84,6 +84,13 @@ struct MoeShape {
   int64_t router_groups = 1;
   int64_t router_group_topk = 1;
   double router_scale = 1;
+  // Whether the groups can serve a top k: they divide the experts, router_group_topk of them
+  // divides top_k, and each holds top_k / router_group_topk experts.
+  bool groups_route() const {
+    return router_groups >= 1 && experts % router_groups == 0 && router_group_topk >= 1 &&
+           router_group_topk <= router_groups && top_k % router_group_topk == 0 &&
+           top_k / router_group_topk <= experts / router_groups;
+  }
 };
 
 // The coefficients of the losses a mixture adds to the training loss: the sequence-wise balance

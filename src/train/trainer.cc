@@ -92,15 +92,15 @@ Gpt2Config model_config_of(const Config& config) {
 
 namespace {
 
-// The busiest expert's tokens over the mean expert's, in the block where that is largest (1:
-// perfectly spread; moe_experts / moe_top_k: every token to the same k) — of the step's whole
-// batch, so the same whatever the layout.
 // The tokens per expert of the step's expert counts (Gpt2Stage::add_expert_tokens): all but the
 // last, the pairs dropped.
 std::vector<double> per_expert(const std::vector<double>& counts) {
   return {counts.begin(), counts.end() - (counts.empty() ? 0 : 1)};
 }
 
+// The busiest expert's tokens over the mean expert's, in the block where that is largest (1:
+// perfectly spread; moe_experts / moe_top_k: every token to the same k) — of the step's whole
+// batch, so the same whatever the layout.
 double expert_load(const std::vector<double>& tokens, int64_t experts) {
   double worst = 0;
   for (size_t first = 0; first + static_cast<size_t>(experts) <= tokens.size();
@@ -689,6 +689,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   const int64_t end_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   // Model flops of a token and the peak of one rank, for tflops and the MFU.
   const double flops_per_token = model_config_of(config).flops_per_token(seq_len);
+  const size_t expert_counts = model_config_of(config).expert_counts_size();
   const double peak_tflops = leader ? rank_peak_tflops(config, device) : 0;
   double time_total = 0;
   int64_t steps_timed = 0;
@@ -759,7 +760,7 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     double aux_loss = 0;  // a mixture of experts' balance losses, the mean over micro-batches
     // With a mixture of experts: the step's tokens per expert, n_layers × experts block-major,
     // then the pairs their capacity dropped (Gpt2Stage::add_expert_tokens).
-    std::vector<double> expert_tokens(model_config_of(config).expert_counts_size());
+    std::vector<double> expert_tokens(expert_counts);
     // The schedule follows the sequences consumed, in full batches: step - 1 and step but for a
     // batch-size ramp-up's steps.
     const auto full_batches = [&](int64_t sequences) {
