@@ -651,6 +651,13 @@ int main(int argc, char** argv) {
                    "exchanges (all), or the config's parallel.cp and cp_comm alone (config)")
       ->check(CLI::IsMember({"all", "config"}))
       ->capture_default_str();
+  std::string plan_dp_shard = "all";
+  plan_cmd
+      ->add_option("--dp-shard", plan_dp_shard,
+                   "hybrid sharding: ZeRO's state also over the largest group of dp ranks "
+                   "within a node (all), or the config's parallel.dp_shard alone (config)")
+      ->check(CLI::IsMember({"all", "config"}))
+      ->capture_default_str();
 
   LaunchOptions launch;
   std::vector<std::string> launch_command;
@@ -828,6 +835,7 @@ int main(int argc, char** argv) {
       plan.hardware = find_hardware(plan_hardware);
       plan.every_schedule = plan_schedules == "all";
       plan.every_cp = plan_cp == "all";
+      plan.every_dp_shard = plan_dp_shard == "all";
       const std::vector<LayoutPlan> plans = plan_layouts(config, plan);
       if (plans.empty())
         fail(plan_config, ": no layout of ", plan.devices,

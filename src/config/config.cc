@@ -117,6 +117,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(parallel, ep),
     LOOM_KEY(parallel, ep_dispatch),
     LOOM_KEY(parallel, zero),
+    LOOM_KEY(parallel, dp_shard),
     LOOM_KEY(parallel, bucket_mb),
     LOOM_KEY(parallel, grad_reduce_dtype),
     LOOM_KEY(parallel, param_gather_dtype),

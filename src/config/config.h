@@ -284,6 +284,12 @@ struct ParallelConfig {
   // only, padded to equal blocks)
   std::string ep_dispatch = "all_gather";
   int zero = 0;                   // ZeRO stage 0..3 over the dp axis
+  // hybrid sharding (HSDP, torchtitan's data_parallel_shard_degree, DeepSpeed's MiCS): ZeRO's
+  // state sharded over groups of dp_shard dp ranks, replicated over the dp / dp_shard groups;
+  // 0 = over the whole dp axis (parallel/data_parallel.h)
+  int dp_shard = 0;
+  // dp_shard set and below dp: the state is sharded over part of dp, replicated over the rest.
+  bool hybrid_sharding() const { return dp_shard > 0 && dp_shard < dp; }
   double bucket_mb = 25;          // gradient all-reduce bucket size in MiB (PyTorch DDP's 25)
   std::string grad_reduce_dtype = "fp32";  // "fp32" or "bf16": what dp reduces gradients in
   std::string param_gather_dtype = "fp32";  // "fp32" or "bf16": what ZeRO-3 gathers weights in

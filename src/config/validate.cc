@@ -364,6 +364,15 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
   // Context parallelism cuts each sequence into 2·cp chunks (parallel/context_parallel.h).
   p.positive("parallel.cp", par.cp);
   p.positive("parallel.ep", par.ep);
+  p.non_negative("parallel.dp_shard", par.dp_shard);
+  if (par.dp_shard > 0 && par.dp > 0) {
+    if (par.dp % par.dp_shard != 0)
+      p.add("parallel.dp_shard = ", par.dp_shard, " does not divide parallel.dp = ", par.dp,
+            " (ZeRO's state is sharded over groups of dp_shard data-parallel ranks)");
+    else if (par.dp_shard < par.dp && par.zero == 0)
+      p.add("parallel.dp_shard = ", par.dp_shard, " shards ZeRO's state, and parallel.zero = 0 ",
+            "shards nothing: set parallel.zero to 1, 2 or 3, or leave parallel.dp_shard out");
+  }
   p.one_of("parallel.ep_dispatch", par.ep_dispatch, {"all_gather", "all_to_all"});
   p.one_of("parallel.cp_comm", par.cp_comm, {"all_gather", "ring"});
   if (par.cp > 1 && m.seq_len > 0 && m.seq_len % (2 * par.cp) != 0)

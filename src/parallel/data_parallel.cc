@@ -51,9 +51,11 @@ class ZeroDataParallel final : public DataParallel {
   // buffers [shard_offset_[u], + chunk(u)).
   int64_t chunk(size_t u) const { return params_.units()[u].numel / size_of(u); }
   int64_t chunk_begin(size_t u) const { return params_.units()[u].begin + rank_of(u) * chunk(u); }
-  // The group unit u is reduced, sharded and gathered over: dp, or for expert units the ranks
-  // holding the same experts.
+  // The group unit u is reduced, sharded and gathered over: dp (the shard group under hybrid
+  // sharding), or for expert units the ranks holding the same experts.
   bool is_experts(size_t u) const { return params_.units()[u].experts; }
+  // Hybrid sharding: unit u's reduced chunk is all-reduced over the replicas too.
+  bool replicated(size_t u) const { return replicate_ != nullptr && !is_experts(u); }
   Communicator& comm_of(size_t u) const { return is_experts(u) ? *experts_dp_ : dp_; }
   int rank_of(size_t u) const { return comm_of(u).rank(); }
   int size_of(size_t u) const { return comm_of(u).size(); }
@@ -74,6 +76,12 @@ class ZeroDataParallel final : public DataParallel {
   // Stages 2/3: folds completed reduce-scatters into the gradient shard in issue order; with
   // `all`, waits for every outstanding one.
   void drain_reduce_scatters(bool all);
+  // Hybrid sharding: waits for a pending reduce-scatter and all-reduces its chunk over the
+  // replicas. Issued in unit order at fixed points (after the next unit's reduce-scatter, or
+  // when draining), never on a test's outcome: every rank issues the same sequence of
+  // collectives on its communicators, as nccl's streams need.
+  struct PendingReduce;
+  void issue_replica_reduce(PendingReduce& pending);
   // Stage 0/1: notes buckets whose all-reduce has completed (for the overlap statistics).
   void poll_buckets();
   // All-gathers every unit of a flat buffer from the ranks' chunks (this rank's at `shard`,
@@ -81,7 +89,9 @@ class ZeroDataParallel final : public DataParallel {
   void all_gather_units(const Tensor& shard, Tensor& full);
 
   ParameterStore& params_;
-  Communicator& dp_;
+  Communicator& all_dp_;     // every data-parallel rank (stage 0/1 buckets)
+  Communicator& dp_;         // the ranks the state is sharded over: all_dp_, or the shard group
+  Communicator* replicate_;  // hybrid sharding: the ranks holding the same chunks, else null
   ThreadPool& pool_;
   Device device_;
   int stage_;
@@ -113,9 +123,10 @@ class ZeroDataParallel final : public DataParallel {
   // Stages 2/3: reduce-scatters in flight, in issue order.
   struct PendingReduce {
     size_t unit;
-    WorkHandle work;
+    WorkHandle work;  // the reduce-scatter, then (hybrid sharding) the replicas' all-reduce
     Tensor output;  // chunk(unit) elements, of reduce_dtype_
     Tensor input;   // with a bf16 reduce_dtype_: the unit's gradient rounded, kept until done
+    bool awaits_replicas = false;  // hybrid sharding: the all-reduce is still to be issued
   };
   DType reduce_dtype_ = DType::kF32;
   Exec exec() const { return Exec{&pool_, device_}; }
@@ -137,15 +148,32 @@ class ZeroDataParallel final : public DataParallel {
 ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, ThreadPool& pool,
                                    Device device, const DataParallelConfig& config,
                                    const AdamWConfig& adamw, uint64_t seed)
-    : params_(params), dp_(dp), pool_(pool), device_(device), stage_(config.zero),
-      rank_(dp.rank()), size_(dp.size()) {
+    : params_(params),
+      all_dp_(dp),
+      dp_(config.shard_group != nullptr ? *config.shard_group : dp),
+      replicate_(config.replicate_group),
+      pool_(pool),
+      device_(device),
+      stage_(config.zero),
+      rank_(dp_.rank()),
+      size_(dp_.size()) {
   if (stage_ < 0 || stage_ > 3) fail("parallel.zero = ", stage_, ": must be 0, 1, 2 or 3");
+  LOOM_CHECK_MSG((config.shard_group == nullptr) == (replicate_ == nullptr),
+                 "hybrid sharding needs both its shard and its replicate group");
+  if (replicate_ != nullptr) {
+    if (stage_ == 0)
+      fail(
+          "parallel.dp_shard: ZeRO stage 0 shards nothing; hybrid sharding needs "
+          "parallel.zero = 1, 2 or 3");
+    LOOM_CHECK_MSG(dp_.size() * replicate_->size() == all_dp_.size(),
+                   "hybrid sharding: shard group × replicate group is not the dp group");
+  }
   if (params.allocated()) fail("data parallel: the model's parameters are already allocated");
   if (config.reduce_dtype != DType::kF32 && config.reduce_dtype != DType::kBF16)
     fail("parallel.grad_reduce_dtype: gradients are reduced in fp32 or bf16, not ",
          dtype_name(config.reduce_dtype));
   // A group of one reduces nothing: its gradients stay as they are, as one device's.
-  reduce_dtype_ = size_ > 1 ? config.reduce_dtype : DType::kF32;
+  reduce_dtype_ = all_dp_.size() > 1 ? config.reduce_dtype : DType::kF32;
   if (config.gather_dtype != DType::kF32 && config.gather_dtype != DType::kBF16)
     fail("parallel.param_gather_dtype: parameters are gathered in fp32 or bf16, not ",
          dtype_name(config.gather_dtype));
@@ -159,14 +187,15 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
   if (has_experts_) {
     LOOM_CHECK_MSG(experts_dp_ != nullptr && expert_parallel_ != nullptr,
                    "expert units without their groups");
-    LOOM_CHECK(experts_dp_->size() * expert_parallel_->size() == size_);
+    LOOM_CHECK(experts_dp_->size() * expert_parallel_->size() == all_dp_.size());
   }
   Allocator& allocator = allocator_for(device);
   auto in_use = [&] { return allocator.stats().bytes_in_use; };
 
-  // Units padded to 16·N elements: equal chunks, each 64-byte aligned.
+  // Units padded to 16·N elements: equal chunks, each 64-byte aligned. N is the whole dp group's
+  // size, of which the shard group's and the expert units' group's sizes are divisors.
   AllocateOptions layout;
-  layout.unit_multiple = stage_ == 0 ? 16 : 16 * static_cast<int64_t>(size_);
+  layout.unit_multiple = stage_ == 0 ? 16 : 16 * static_cast<int64_t>(all_dp_.size());
   layout.values = stage_ < 3;
   layout.grads = stage_ < 2;
   int64_t before = in_use();
@@ -253,7 +282,7 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
         for (const Parameter* p : params_.units()[u].params) {
           const int64_t lo = std::max(lo_chunk, p->offset), hi = std::min(hi_chunk, p->offset + p->numel());
           if (lo < hi && (!p->pieces.empty() || first))
-            norm_ranges_.push_back({shard_offset_[u] + (lo - lo_chunk), hi - lo, false});
+            norm_ranges_.push_back({shard_offset_[u] + (lo - lo_chunk), hi - lo, is_experts(u)});
         }
       }
     }
@@ -399,7 +428,7 @@ void ZeroDataParallel::after_backward(size_t u) {
     if (--b.units_left == 0) {
       Tensor grads = params_.grads().narrow(b.begin, b.numel);
       if (b.experts) scale_expert_grads(grads);
-      Communicator& comm = b.experts ? *experts_dp_ : dp_;
+      Communicator& comm = b.experts ? *experts_dp_ : all_dp_;
       if (reduce_dtype_ == DType::kBF16) {
         b.wire = Tensor::empty({b.numel}, DType::kBF16, device_);
         ops::round_to_bf16(exec(), b.wire.data_u16(), grads.data<float>(), b.numel);
@@ -424,16 +453,31 @@ void ZeroDataParallel::after_backward(size_t u) {
   WorkHandle work = comm_of(u).reduce_scatter_async(input.defined() ? input : unit_grads_[u],
                                                     output, ReduceOp::kAvg);
   ++step_stats_.collectives;
-  reducing_.push_back({u, std::move(work), std::move(output), std::move(input)});
+  reducing_.push_back({u, std::move(work), std::move(output), std::move(input), replicated(u)});
+  // The unit before's chunk (its reduce-scatter had this unit's backward to finish) goes to the
+  // replicas now, behind this unit's reduce-scatter.
+  for (size_t i = 0; i + 1 < reducing_.size(); ++i)
+    if (reducing_[i].awaits_replicas) issue_replica_reduce(reducing_[i]);
   params_.bind_unit_grads(u, Tensor());
   unit_grads_[u] = Tensor();
   if (stage_ == 3) release_values(u);
   drain_reduce_scatters(false);
 }
 
+void ZeroDataParallel::issue_replica_reduce(PendingReduce& pending) {
+  wait(pending.work);
+  pending.work = replicate_->all_reduce_async(pending.output, ReduceOp::kAvg);
+  pending.awaits_replicas = false;
+  ++step_stats_.collectives;
+}
+
 void ZeroDataParallel::drain_reduce_scatters(bool all) {
   while (!reducing_.empty()) {
     PendingReduce& front = reducing_.front();
+    if (front.awaits_replicas) {
+      if (!all) return;  // issued at its fixed point (issue_replica_reduce's comment)
+      issue_replica_reduce(front);
+    }
     if (!all && !front.work->test()) return;
     if (!all) ++step_stats_.done_before_backward_end;
     wait(front.work);
@@ -541,8 +585,11 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
   }
   if (stage_ < 2 && tp == nullptr) return unscaled(grad_norm(pool_, params_));
   Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;
-  double local = 0;
-  if (tp == nullptr) {
+  // Hybrid sharding at stages 2/3 with experts: the dense chunks partition the gradient within a
+  // shard group, the expert chunks only over the whole dp group — their squares summed apart.
+  const bool experts_apart = stage_ >= 2 && replicate_ != nullptr && has_experts_;
+  double local = 0, local_experts = 0;
+  if (tp == nullptr && !experts_apart) {
     // The shards partition the full gradient (padding is zero).
     local = ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>(), grads.numel());
   } else {
@@ -551,15 +598,28 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
     // are added in order.
     std::vector<const float*> starts;
     std::vector<int64_t> sizes;
-    for (const NormRange& r : norm_ranges_) {
-      starts.push_back(grads.data<float>() + r.offset);
-      sizes.push_back(r.numel);
+    std::vector<bool> of_experts;
+    if (tp == nullptr) {
+      for (size_t u = 0; u < num_units(); ++u) {
+        starts.push_back(grads.data<float>() + shard_offset_[u]);
+        sizes.push_back(chunk(u));
+        of_experts.push_back(is_experts(u));
+      }
+    } else {
+      for (const NormRange& r : norm_ranges_) {
+        starts.push_back(grads.data<float>() + r.offset);
+        sizes.push_back(r.numel);
+        of_experts.push_back(r.experts);
+      }
     }
-    for (double s : ops::sum_squares_each(Exec{&pool_, device_}, starts, sizes)) local += s;
+    const std::vector<double> sums = ops::sum_squares_each(Exec{&pool_, device_}, starts, sizes);
+    for (size_t i = 0; i < sums.size(); ++i)
+      (experts_apart && of_experts[i] ? local_experts : local) += sums[i];
   }
   double sum = local;
   const double t0 = now_seconds();  // waiting for the other ranks counts as communication
   if (stage_ >= 2) sum = all_reduce_value(dp_, sum, ReduceOp::kSum);
+  if (experts_apart) sum += all_reduce_value(all_dp_, local_experts, ReduceOp::kSum);
   if (tp != nullptr) sum = all_reduce_value(*tp, sum, ReduceOp::kSum);
   step_stats_.wait_seconds += now_seconds() - t0;
   return unscaled(std::sqrt(sum));
@@ -616,13 +676,24 @@ FlatModelState ZeroDataParallel::gather_state() {
 FlatModelState ZeroDataParallel::owned_state(std::vector<std::pair<int64_t, int64_t>>& ranges) {
   ranges.clear();
   int64_t total = 0;
+  // Under hybrid sharding the replicas holding a chunk split it between them: where each piece
+  // starts in the shard buffers.
+  std::vector<int64_t> in_shard;
   for (size_t u = 0; u < num_units(); ++u) {
     const ParamUnit& unit = params_.units()[u];
     const int64_t rank = rank_of(u), size = size_of(u);
-    const int64_t begin = stage_ == 0 ? unit.begin + unit.numel * rank / size : chunk_begin(u);
-    const int64_t end =
-        stage_ == 0 ? unit.begin + unit.numel * (rank + 1) / size : begin + chunk(u);
+    int64_t begin = stage_ == 0 ? unit.begin + unit.numel * rank / size : chunk_begin(u);
+    int64_t end = stage_ == 0 ? unit.begin + unit.numel * (rank + 1) / size : begin + chunk(u);
+    int64_t offset = stage_ == 0 ? 0 : shard_offset_[u];
+    if (stage_ > 0 && replicated(u)) {
+      const int64_t replica = replicate_->rank(), replicas = replicate_->size();
+      const int64_t lo = chunk(u) * replica / replicas, hi = chunk(u) * (replica + 1) / replicas;
+      end = begin + hi;
+      begin += lo;
+      offset += lo;
+    }
     ranges.emplace_back(begin, end);
+    in_shard.push_back(offset);
     total += end - begin;
   }
   // The ranges of a full flat buffer, concatenated.
@@ -638,9 +709,23 @@ FlatModelState ZeroDataParallel::owned_state(std::vector<std::pair<int64_t, int6
   if (stage_ == 0)
     return {gather_ranges(params_.values()), gather_ranges(optimizer_->m()),
             gather_ranges(optimizer_->v())};
-  // Stages 1-3: the shard buffers hold exactly these chunks, in this order.
-  return {stage_ == 3 ? shard_values_ : gather_ranges(params_.values()), optimizer_->m(),
-          optimizer_->v()};
+  // Stages 1-3: the shard buffers hold exactly these chunks, in this order (under hybrid
+  // sharding, the rank's pieces of them).
+  if (replicate_ == nullptr)
+    return {stage_ == 3 ? shard_values_ : gather_ranges(params_.values()), optimizer_->m(),
+            optimizer_->v()};
+  auto gather_pieces = [&](const Tensor& shard) {
+    Tensor out = Tensor::empty({total}, DType::kF32, device_);
+    int64_t at = 0;
+    for (size_t u = 0; u < ranges.size(); ++u) {
+      const int64_t n = ranges[u].second - ranges[u].first;
+      out.narrow(at, n).copy_from(shard.narrow(in_shard[u], n));
+      at += n;
+    }
+    return out;
+  };
+  return {stage_ == 3 ? gather_pieces(shard_values_) : gather_ranges(params_.values()),
+          gather_pieces(optimizer_->m()), gather_pieces(optimizer_->v())};
 }
 
 void ZeroDataParallel::load_state(const FlatModelState& state, int64_t optimizer_steps) {
@@ -669,6 +754,19 @@ std::unique_ptr<DataParallel> DataParallel::create(ParameterStore& params, Commu
                                                    const DataParallelConfig& config,
                                                    const AdamWConfig& adamw, uint64_t seed) {
   return std::make_unique<ZeroDataParallel>(params, dp, pool, device, config, adamw, seed);
+}
+
+ShardGroups split_shard_groups(Communicator& gradients, int shard_degree, int cp) {
+  LOOM_CHECK(cp >= 1 && gradients.size() % cp == 0);
+  const int dp = gradients.size() / cp;
+  if (shard_degree < 1 || dp % shard_degree != 0)
+    fail("parallel.dp_shard = ", shard_degree, " must divide parallel.dp = ", dp,
+         ": ZeRO's state is sharded over groups of dp_shard data-parallel ranks");
+  const int d = gradients.rank() / cp, c = gradients.rank() % cp;
+  ShardGroups groups;
+  groups.shard = gradients.split(d / shard_degree, gradients.rank());
+  groups.replicate = gradients.split((d % shard_degree) * cp + c, gradients.rank());
+  return groups;
 }
 
 }  // namespace loom

@@ -22,6 +22,17 @@
 // unit_multiple), and rank r owns the r-th of its N equal chunks; the rank's shard buffers
 // (moments, and gradients/values in stages 2/3) are its chunks of all units, concatenated.
 //
+// Hybrid sharding (HSDP; DataParallelConfig::shard_group / replicate_group, parallel.dp_shard):
+// the stages' sharding spans a group of S of the dp ranks, not all of them, and the dp / S groups
+// are replicas of each other — torchtitan's HSDP, DeepSpeed's MiCS. A rank's chunks are its
+// shard group's; stage 1 still all-reduces its buckets over the whole dp group, stages 2/3
+// reduce-scatter a unit over the shard group and then all-reduce the chunk over the replica
+// group (the ranks holding the same chunk), issued a unit later so that both exchanges overlap
+// the backward; ZeRO-3's gathers and stages 1/2's parameter gathers stay within the shard group.
+// On a cluster the shard group is a node's GPUs (fast links) and only the replicas' all-reduce
+// of 1/S of the gradients crosses nodes, where plain ZeRO-3 gathers every weight across them
+// twice a step; the state per rank is 1/S, not 1/dp.
+//
 // Expert units (ParamUnit::experts, under expert parallelism): their own buckets, reduced, sharded
 // and gathered over DataParallelConfig::experts_data_parallel — the chunks then split that
 // group's ranks, a rank's chunk of an expert unit is its rank there.
@@ -72,7 +83,22 @@ struct DataParallelConfig {
   // expert-parallel group, over which the gradient norm sums their squares (stages 0/1).
   Communicator* experts_data_parallel = nullptr;
   Communicator* expert_parallel = nullptr;
+  // Hybrid sharding (both or neither; split_shard_groups): the ranks a rank's ZeRO state is
+  // sharded over, a subgroup of the `dp` given to DataParallel::create, and the ranks holding
+  // the same chunks, over which stages 2/3 all-reduce the reduce-scattered gradients. Expert
+  // units stay sharded over experts_data_parallel.
+  Communicator* shard_group = nullptr;
+  Communicator* replicate_group = nullptr;
 };
+
+// Hybrid sharding's groups out of the gradients' group `gradients` (dp, or dp × cp with context
+// parallelism: rank d·cp + c), for shard_degree dividing dp: the shard group of dp rank d is dp
+// ranks [d − d mod S, + S) with all their cp ranks (torchtitan shards over dp_shard × cp), the
+// replicate group the ranks with the same d mod S and cp rank. Collective over `gradients`.
+struct ShardGroups {
+  std::unique_ptr<Communicator> shard, replicate;
+};
+ShardGroups split_shard_groups(Communicator& gradients, int shard_degree, int cp = 1);
 
 // Bytes this rank holds, measured on its allocator when the buffers were made.
 struct DataParallelMemory {

@@ -42,6 +42,7 @@ std::string LayoutPlan::name() const {
   if (cp > 1) out += " cp" + std::to_string(cp) + (cp_comm == "ring" ? " ring" : "");
   if (ep > 1) out += " ep" + std::to_string(ep) + (ep_dispatch == "all_to_all" ? " a2a" : "");
   out += " zero" + std::to_string(zero);
+  if (dp_shard > 0 && dp_shard < dp) out += " shard" + std::to_string(dp_shard);
   if (pp > 1) out += " " + schedule;
   if (pp > 1 && virtual_stages > 1) out += " v" + std::to_string(virtual_stages);
   return out;
@@ -133,6 +134,11 @@ std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank) {
   // expert unit's the dp/ep ranks holding its experts.
   const int64_t dp = int64_t{config.parallel.dp} * std::max(config.parallel.cp, 1);
   const int64_t experts_dp = dp / std::max(config.parallel.ep, 1);
+  // Hybrid sharding: dense units' chunks over the shard group (dp_shard × cp ranks).
+  const int64_t shard_ranks =
+      config.parallel.hybrid_sharding()
+          ? int64_t{config.parallel.dp_shard} * std::max(config.parallel.cp, 1)
+          : dp;
   const int64_t zero = config.parallel.zero;
   const int64_t multiple = zero == 0 ? 16 : 16 * dp;
   std::vector<int64_t> buffers;
@@ -142,7 +148,7 @@ std::vector<int64_t> rank_state_buffers(const Config& config, int pp_rank) {
     for (const PlannedUnit& u : units) {
       const int64_t padded = (u.numel + multiple - 1) / multiple * multiple;
       n += padded;
-      shard += padded / (u.experts ? experts_dp : dp);
+      shard += padded / (u.experts ? experts_dp : shard_ranks);
     }
     buffers.push_back(4 * (zero >= 3 ? shard : n));  // values
     buffers.push_back(4 * (zero >= 2 ? shard : n));  // gradients
@@ -203,6 +209,7 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   plan.cp = par.cp;
   plan.cp_comm = par.cp_comm;
   plan.zero = par.zero;
+  plan.dp_shard = par.hybrid_sharding() ? par.dp_shard : 0;
   plan.ep = par.ep;
   plan.ep_dispatch = par.ep_dispatch;
   plan.schedule = par.schedule;
@@ -301,19 +308,45 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
     return half_over(bytes * (1 - expert_share), grad_ranks) +
            half_over(bytes * expert_share, expert_grad_ranks);
   };
-  const double grads_half = half_reduce(grads_bytes), params_half = half_reduce(params_bytes),
-               gathered_half = half_reduce(gathered_bytes);
+  double grads_half = half_reduce(grads_bytes), params_half = half_reduce(params_bytes),
+         gathered_half = half_reduce(gathered_bytes);
+  // The stage 0/1 all-reduce spans every dp rank whatever the sharding.
+  const double all_reduce_half = grads_half;
+  // Hybrid sharding: the dense share's reduce-scatters and gathers within a shard group (its
+  // link: a node's when tp × cp × dp_shard fit one), then stages 2/3 all-reduce the reduced
+  // chunk — 1/(dp_shard × cp) of the gradients — over the replicas, across the whole dp span.
+  double replica_reduce = 0;
+  if (par.hybrid_sharding()) {
+    const int shard_ranks = par.dp_shard * par.cp;
+    const double shard_gbps = gbps(par.tp * par.cp * par.dp_shard);
+    const auto half_in_shard = [&](double bytes) {
+      const double dense = bytes * (1 - expert_share);
+      return (shard_ranks > 1 ? (shard_ranks - 1.0) / shard_ranks * dense / (shard_gbps * 1e9)
+                              : 0) +
+             half_over(bytes * expert_share, expert_grad_ranks);
+    };
+    grads_half = half_in_shard(grads_bytes);
+    params_half = half_in_shard(params_bytes);
+    gathered_half = half_in_shard(gathered_bytes);
+    const int replicas = par.dp / par.dp_shard;
+    replica_reduce = 2.0 * (replicas - 1) / replicas * grads_bytes * (1 - expert_share) /
+                     shard_ranks / (dp_gbps * 1e9);
+  }
   const double backward_s = plan.compute_s * 2.0 / 3.0;  // backward is ~2/3 of the FLOPs
   if (grad_ranks > 1) {
-    if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * grads_half - backward_s);
+    if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * all_reduce_half - backward_s);
     // Stage 1: the all-reduce as stage 0, then the updated chunks all-gathered (exposed).
-    if (par.zero == 1) plan.dp_comm_s = std::max(0.0, 2 * grads_half - backward_s) + params_half;
-    // Stage 2: a reduce-scatter per micro-batch behind backward, the all-gather after the step.
-    if (par.zero == 2) plan.dp_comm_s = std::max(0.0, m * grads_half - backward_s) + params_half;
+    if (par.zero == 1)
+      plan.dp_comm_s = std::max(0.0, 2 * all_reduce_half - backward_s) + params_half;
+    // Stage 2: a reduce-scatter per micro-batch behind backward (and the replicas' all-reduce),
+    // the all-gather after the step.
+    if (par.zero == 2)
+      plan.dp_comm_s = std::max(0.0, m * (grads_half + replica_reduce) - backward_s) + params_half;
     // Stage 3: per micro-batch, the values gathered for forward and for backward and the
     // gradients reduce-scattered, prefetched behind the compute.
     if (par.zero == 3)
-      plan.dp_comm_s = std::max(0.0, m * (2 * gathered_half + grads_half) - plan.compute_s);
+      plan.dp_comm_s =
+          std::max(0.0, m * (2 * gathered_half + grads_half + replica_reduce) - plan.compute_s);
   }
   // Pipeline messages: each micro-batch's activations forward and their gradients back, per
   // chunk.
@@ -423,27 +456,41 @@ std::vector<LayoutPlan> plan_layouts(const Config& config, const PlanOptions& o)
                     if (std::find(schedules.begin(), schedules.end(), s) == schedules.end())
                       schedules.push_back(s);
                 }
-                for (const auto& [schedule, chunks] : schedules) {
-                  Config c = config;
-                  c.parallel.dp = dp;
-                  c.parallel.ep = ep;
-                  c.parallel.ep_dispatch = ep_dispatch;
-                  c.parallel.cp = cp;
-                  c.parallel.cp_comm = cp_comm;
-                  c.parallel.tp = tp;
-                  c.parallel.pp = pp;
-                  c.parallel.zero = zero;
-                  c.parallel.schedule = schedule;
-                  c.parallel.virtual_stages = chunks;
-                  c.parallel.layer_split.clear();
-                  try {
-                    plans.push_back(estimate_layout(c, o));
-                  } catch (const Error&) {
-                    // A layout the config cannot run (tp not dividing the heads, dp not dividing
-                    // the batch, more stages than blocks, chunks without the micro-batches in
-                    // groups of pp): not a candidate.
-                  }
+                // Hybrid sharding: the state over groups of dp_shard of the dp ranks — the
+                // largest group within a node (the model's smaller ones hold more and send
+                // more between nodes).
+                std::vector<int> dp_shards = {0};
+                if (!o.every_dp_shard) {
+                  dp_shards = {config.parallel.dp_shard};
+                } else if (zero > 0) {
+                  int largest = 0;
+                  for (int s = 1; s < dp; ++s)
+                    if (dp % s == 0 && tp * cp * s <= o.hardware.devices_per_node) largest = s;
+                  if (largest >= 2) dp_shards.push_back(largest);
                 }
+                for (int dp_shard : dp_shards)
+                  for (const auto& [schedule, chunks] : schedules) {
+                    Config c = config;
+                    c.parallel.dp = dp;
+                    c.parallel.dp_shard = dp_shard;
+                    c.parallel.ep = ep;
+                    c.parallel.ep_dispatch = ep_dispatch;
+                    c.parallel.cp = cp;
+                    c.parallel.cp_comm = cp_comm;
+                    c.parallel.tp = tp;
+                    c.parallel.pp = pp;
+                    c.parallel.zero = zero;
+                    c.parallel.schedule = schedule;
+                    c.parallel.virtual_stages = chunks;
+                    c.parallel.layer_split.clear();
+                    try {
+                      plans.push_back(estimate_layout(c, o));
+                    } catch (const Error&) {
+                      // A layout the config cannot run (tp not dividing the heads, dp not dividing
+                      // the batch, more stages than blocks, chunks without the micro-batches in
+                      // groups of pp): not a candidate.
+                    }
+                  }
               }
         }
       }

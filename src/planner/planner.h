@@ -5,12 +5,13 @@
 // Memory is counted, not guessed: each rank's parameter elements from the model's shapes (the
 // pipeline's stage split, tensor-parallel shards with the vocabulary padded, replicated
 // parameters whole), times 4 bytes for the values, 4 for the gradients and 8 for AdamW's moments,
-// each divided by dp where the ZeRO stage shards it; plus the activation inventory of
-// train/layout_report.h. The step time is a model: the GEMM FLOPs at a fraction of the device's
-// peak (`efficiency`), the pipeline bubble of the schedule, the tensor-parallel all-reduces on
-// the critical path, the data-parallel gradient reduction less what backward hides, the ZeRO
-// gathers and the pipeline's activation messages, each at the bandwidth of the link the group
-// crosses (NVLink or PCIe within a node, the network between nodes; tp innermost, then dp).
+// each divided by dp (dp_shard under hybrid sharding) where the ZeRO stage shards it; plus the
+// activation inventory of train/layout_report.h. The step time is a model: the GEMM FLOPs at a
+// fraction of the device's peak (`efficiency`), the pipeline bubble of the schedule, the
+// tensor-parallel all-reduces on the critical path, the data-parallel gradient reduction less what
+// backward hides, the ZeRO gathers and the pipeline's activation messages, each at the bandwidth of
+// the link the group crosses (NVLink or PCIe within a node, the network between nodes; tp
+// innermost, then dp).
 #pragma once
 
 #include <cstdint>
@@ -48,11 +49,19 @@ struct PlanOptions {
   // model.seq_len allows (a multiple of 2·cp), each with both exchanges (parallel.cp_comm =
   // "all_gather" and "ring") — `loom plan --cp config`: the config's cp and exchange alone.
   bool every_cp = true;
+  // Hybrid sharding: plan_layouts also shards ZeRO 1-3's state over groups of dp_shard dp ranks,
+  // the largest dp_shard below dp dividing it whose group (tp × cp × dp_shard devices) fits in a
+  // node — smaller groups hold more state and send more between nodes in the model (`loom plan
+  // --dp-shard config`: the config's alone).
+  bool every_dp_shard = true;
 };
 
 struct LayoutPlan {
   int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
   int ep = 1;  // expert parallelism (a mixture of experts): groups of ep of the dp ranks
+  // Hybrid sharding (parallel.dp_shard): ZeRO's state sharded over groups of dp_shard dp ranks,
+  // replicated over dp / dp_shard; 0 = over all of dp.
+  int dp_shard = 0;
   std::string ep_dispatch = "all_gather";  // with ep > 1: parallel.ep_dispatch
   std::string cp_comm = "all_gather";  // with cp > 1: parallel.cp_comm
   std::string schedule = "1f1b";       // with pp > 1
@@ -72,7 +81,8 @@ struct LayoutPlan {
   double tokens_per_s = 0, mfu = 0;
   // "dp4 tp2 pp1 zero1", "dp2 tp1 pp4 zero1 zb-interleaved v2", "dp2 tp2 pp1 cp2 zero1",
   // "dp1 tp1 pp1 cp4 ring zero0" (the ring exchange), "dp8 tp1 pp1 ep4 zero1" (experts split),
-  // "dp8 tp1 pp1 ep4 a2a zero1" (by the all-to-all dispatcher)
+  // "dp8 tp1 pp1 ep4 a2a zero1" (by the all-to-all dispatcher), "dp16 tp1 pp1 zero3 shard8"
+  // (hybrid sharding)
   std::string name() const;
 };
 
@@ -87,8 +97,9 @@ struct LayoutPlan {
 std::vector<std::vector<int64_t>> rank_units(const Config& config, int pp_rank);
 // The state buffers, in bytes, of the rank at pp_rank: for each of its chunks' engines the
 // values, the gradients and AdamW's two moments, each unit padded as the engine pads it (to 16
-// elements, 16 × dp under ZeRO), 4 bytes an element, divided by dp where the ZeRO stage shards
-// the buffer (moments from 1, gradients from 2, values at 3) — expert units by dp/ep. What the
+// elements, 16 × dp under ZeRO), 4 bytes an element, divided by dp (by dp_shard under hybrid
+// sharding) where the ZeRO stage shards the buffer (moments from 1, gradients from 2, values at
+// 3) — expert units by dp/ep; dp counting cp's ranks. What the
 // engines ask their allocator for; a caching allocator rounds each request up (CPU: up to 12.5%).
 // On a GPU at bf16 / fp16 under ZeRO 0-2 also each chunk's 16-bit weight copies
 // (rank_weight_copy_values × 2 bytes).

@@ -20,7 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kKeys =
-    "dp, tp, pp, cp, ep, zero, schedule, virtual_stages (v), sequence_parallel (sp), "
+    "dp, tp, pp, cp, ep, zero, dp_shard, schedule, virtual_stages (v), sequence_parallel (sp), "
     "micro_batch_size "
     "(mbs), "
     "recompute, cp_comm, ep_dispatch";
@@ -60,6 +60,7 @@ std::string CheckLayout::name() const {
   if (cp > 1) add("cp=" + std::to_string(cp));
   if (ep > 1) add("ep=" + std::to_string(ep));
   if (zero) add("zero=" + std::to_string(*zero));
+  if (dp_shard) add("dp_shard=" + std::to_string(*dp_shard));
   if (schedule) add("schedule=" + *schedule);
   if (virtual_stages) add("v=" + std::to_string(*virtual_stages));
   if (sequence_parallel) add(std::string("sp=") + (*sequence_parallel ? "1" : "0"));
@@ -112,6 +113,8 @@ std::vector<CheckLayout> parse_layouts(std::string_view text) {
       } else if (key == "zero") {
         if (!is_int || n < 0 || n > 3) bad("needs a ZeRO stage 0, 1, 2 or 3");
         l.zero = static_cast<int>(n);
+      } else if (key == "dp_shard") {
+        l.dp_shard = static_cast<int>(positive());
       } else if (key == "schedule") {
         if (!is_pipeline_schedule(value)) {
           std::string known;
@@ -176,6 +179,7 @@ Config reference_config(const Config& common) {
   Config c = common;
   c.parallel.dp = c.parallel.tp = c.parallel.pp = c.parallel.cp = c.parallel.ep = 1;
   c.parallel.zero = 0;
+  c.parallel.dp_shard = 0;
   c.parallel.virtual_stages = 1;
   c.parallel.sequence_parallel = false;
   c.parallel.layer_split.clear();
@@ -193,6 +197,7 @@ Config layout_config(const Config& common, const Config& user, const CheckLayout
   par.cp = l.cp;
   par.ep = l.ep;
   par.zero = l.zero.value_or(l.dp > 1 ? base.zero : 0);
+  par.dp_shard = l.dp_shard.value_or(0);
   par.sequence_parallel = l.sequence_parallel.value_or(l.tp > 1 && base.sequence_parallel);
   // zb-v named without v: its two chunks.
   par.virtual_stages =

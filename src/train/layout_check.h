@@ -30,6 +30,7 @@ struct CheckLayout {
   int ep = 1;  // expert parallelism (parallel.ep): within dp, no ranks of its own
   std::optional<std::string> ep_dispatch;  // all_gather or all_to_all (parallel.ep_dispatch)
   std::optional<int> zero;
+  std::optional<int> dp_shard;  // hybrid sharding (parallel.dp_shard): within dp, no ranks
   std::optional<std::string> schedule;
   std::optional<int> virtual_stages;
   std::optional<bool> sequence_parallel;
@@ -44,9 +45,9 @@ struct CheckLayout {
 };
 
 // `;`-separated layouts, each `,`-separated key=value items. Keys: dp, tp, pp, cp, ep, zero,
-// schedule, virtual_stages (v), sequence_parallel (sp, 0/1/true/false), micro_batch_size (mbs).
-// Throws loom::Error naming the offending item (and its layout) for an unknown key, a missing `=`,
-// a repeated key or a value that is not a positive integer / known schedule.
+// dp_shard, schedule, virtual_stages (v), sequence_parallel (sp, 0/1/true/false), micro_batch_size
+// (mbs). Throws loom::Error naming the offending item (and its layout) for an unknown key, a
+// missing `=`, a repeated key or a value that is not a positive integer / known schedule.
 std::vector<CheckLayout> parse_layouts(std::string_view text);
 
 inline constexpr const char* kDefaultCheckLayouts = "dp=2;tp=2;pp=2;dp=2,tp=2;dp=2,pp=2;pp=2,tp=2";

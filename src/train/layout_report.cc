@@ -122,9 +122,14 @@ std::string layout_report(const Config& config, const MeshShape& mesh,
   char line[256];
   std::snprintf(
       line, sizeof line,
-      "layout %s (%d rank%s): zero %d, %s%s%s, %ld micro-batch%s of %ld per dp rank, "
+      "layout %s (%d rank%s): zero %d%s, %s%s%s, %ld micro-batch%s of %ld per dp rank, "
       "recompute %s\n",
       mesh.str().c_str(), mesh.size(), mesh.size() == 1 ? "" : "s", par.zero,
+      par.hybrid_sharding()
+          ? (" sharded over groups of dp_shard = " + std::to_string(par.dp_shard) + " dp ranks, " +
+             std::to_string(par.dp / par.dp_shard) + " replicas")
+                .c_str()
+          : "",
       par.ep > 1 ? ("experts over groups of ep = " + std::to_string(par.ep) + " dp ranks, ").c_str()
                  : "",
       par.pp > 1 ? ("schedule " + par.schedule).c_str() : "no pipeline",

@@ -48,6 +48,7 @@ nlohmann::json step_record(const StepFigures& f) {
                           {"tp", f.comm_bytes.tp},
                           {"cp", f.comm_bytes.cp}};
   if (f.expert_parallel) record["comm_bytes"]["ep"] = f.comm_bytes.ep;
+  if (f.dp_replicate_bytes) record["comm_bytes"]["dp_replicate"] = *f.dp_replicate_bytes;
   if (f.pipeline) {
     const PipelineFigures& p = *f.pipeline;
     record["bubble"] = p.bubble;

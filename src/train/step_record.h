@@ -42,6 +42,9 @@ struct StepFigures {
   AxisFigures comm_seconds;      // blocked on each axis' communication
   AxisBytes comm_bytes;          // handed to each axis' communicator
   bool expert_parallel = false;  // parallel.ep > 1: the records' per-axis figures include "ep"
+  // Hybrid sharding (parallel.dp_shard < dp): the part of comm_bytes.dp all-reduced over the
+  // replicas (between shard groups: between nodes when a shard group is a node).
+  std::optional<int64_t> dp_replicate_bytes;
   int64_t tokens_per_step = 0;
   int64_t tokens_total = -1;  // the run's tokens up to this step's end; -1: step × tokens_per_step
   int64_t batch_size = 0;     // the step's global batch in sequences (train.batch_rampup); 0: none

@@ -465,6 +465,18 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     expert_exchange =
         std::make_unique<ExpertParallel>(*ep_count, config.parallel.ep_dispatch == "all_to_all");
   }
+  // Hybrid sharding (parallel.dp_shard < dp; parallel/data_parallel.h): ZeRO's state sharded over
+  // groups of dp_shard dp ranks (× cp), the groups replicas of each other. Metrics: both with
+  // dp's, the replicas' all-reduces also on their own (comm_bytes.dp_replicate: what crosses
+  // nodes when a shard group is a node).
+  ShardGroups shard_groups;
+  std::unique_ptr<CountingCommunicator> shard_count, replicate_count;
+  if (config.parallel.hybrid_sharding()) {
+    shard_groups = split_shard_groups(context_parallel ? *dp_cp : mesh.axis("dp"),
+                                      config.parallel.dp_shard, cp_degree);
+    shard_count = std::make_unique<CountingCommunicator>(*shard_groups.shard);
+    replicate_count = std::make_unique<CountingCommunicator>(*shard_groups.replicate);
+  }
   // What this rank's micro-batches hold of each sequence: its positions (all without cp).
   const int64_t local_seq = context_parallel ? sequence_shard->local_length() : seq_len;
   Communicator* pp_axis = &(pipeline_mesh ? *pipeline_mesh : mesh).axis("pp");
@@ -487,6 +499,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   if (tensor_parallel) dp_config.tensor_parallel = &tp_count;
   dp_config.experts_data_parallel = experts_dp_count.get();
   dp_config.expert_parallel = ep_count.get();
+  dp_config.shard_group = shard_count.get();
+  dp_config.replicate_group = replicate_count.get();
   // What this rank trains: its whole model (one device's, or its tensor-parallel shard) under
   // one DataParallel engine, or its pipeline chunks, each under its own engine
   // (parallel/pipeline_parallel.h).
@@ -619,7 +633,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                         {"tp", &tp_count},
                         {"cp", cp_count.get()},
                         {"pp", &pp_count},
-                        {"ep", ep_count.get()}},
+                        {"ep", ep_count.get()},
+                        {"dp", experts_dp_count.get()},
+                        {"dp", shard_count.get()},
+                        {"dp_replicate", replicate_count.get()}},
                        world, options.run_dir, message);
   double data_seconds = 0;  // this step's time in the loader (and copies to the device)
   // data.eod_mask_loss: no target after an end-of-text input; data.loss_mask: none where the
@@ -728,8 +745,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
 
   summary.last_step = summary.start_step;
   const std::vector<CountingCommunicator*> axis_counts = {
-      &dp_count,      &pp_count,      &tp_count,
-      cp_count.get(), ep_count.get(), experts_dp_count.get()};  // not eval's
+      &dp_count,         &pp_count,
+      &tp_count,         cp_count.get(),
+      ep_count.get(),    experts_dp_count.get(),
+      shard_count.get(), replicate_count.get()};  // not eval's
   // Communication the GPU waited for (Work::wait_on_device) reports its failures here, before
   // the numbers it fed are judged: a timeout named as one, not a loss that "diverged".
   const auto check_axes = [&] {
@@ -882,6 +901,10 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     figures.expert_parallel = ep_count != nullptr;
     if (ep_count) figures.comm_bytes.ep = ep_count->take_bytes();
     if (experts_dp_count) figures.comm_bytes.dp += experts_dp_count->take_bytes();
+    if (shard_count) {
+      figures.dp_replicate_bytes = replicate_count->take_bytes();
+      figures.comm_bytes.dp += shard_count->take_bytes() + *figures.dp_replicate_bytes;
+    }
     // Where the step's time went on this rank: the loader, blocked on each axis' communication
     // (a pipeline's bubble is its stages waiting for each other: pp), and the rest computing.
     figures.comm_seconds = {dp_count.take_wait_seconds(), pp_count.take_wait_seconds(),
@@ -889,6 +912,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
                             cp_count ? cp_count->take_wait_seconds() : 0.0};
     if (ep_count) figures.comm_seconds.ep = ep_count->take_wait_seconds();
     if (experts_dp_count) figures.comm_seconds.dp += experts_dp_count->take_wait_seconds();
+    if (shard_count)
+      figures.comm_seconds.dp +=
+          shard_count->take_wait_seconds() + replicate_count->take_wait_seconds();
     // Each pipeline rank's bubble (rank 0's pipeline group): the busiest stage is the one that
     // waits least, so rank 0's alone does not say where the step's time went.
     // On GPUs under nccl the host does not wait for the stages' messages, the compute stream does:

@@ -608,6 +608,32 @@ TEST_F(LlamaParallel, MixtureSplitEveryWayCheckpointsAndResumesAnywhere) {
   expect_continued_elsewhere("cp_ep_sharded_whole", "cp_ep_sharded_to_one", moe_config());
 }
 
+// Hybrid sharding (parallel.dp_shard) with every other strategy: the dense units' state sharded
+// over groups of dp_shard dp ranks (× cp), the experts' over the ranks holding them, as before —
+// one device's run under ZeRO 1-3, both dispatchers, tp, cp and a pipeline; a run stopped and
+// resumed from its sharded checkpoint is the uninterrupted one bit for bit, and that checkpoint
+// continues on one device.
+TEST_F(LlamaParallel, MixtureUnderHybridShardingMatchesOneDevice) {
+  expect_layouts_match_one_device(
+      moe_config(),
+      "dp=4,ep=2,zero=3,dp_shard=2,mbs=1;"
+      "dp=4,ep=4,zero=2,dp_shard=2,mbs=1,ep_dispatch=all_to_all;"
+      "dp=4,ep=2,zero=1,dp_shard=2,mbs=1,recompute=selective;"
+      "dp=2,cp=2,ep=2,zero=3,dp_shard=1;dp=2,tp=2,sp=1,ep=2,zero=2,dp_shard=1;"
+      "dp=2,pp=2,ep=2,zero=1,dp_shard=1,schedule=zb-v,v=2",
+      6);
+  Config c = moe_config();
+  c.parallel.dp = 2;
+  c.parallel.cp = 2;
+  c.parallel.ep = 2;
+  c.parallel.zero = 3;
+  c.parallel.dp_shard = 1;
+  c.runtime.ranks = 4;
+  c.train.checkpoint_format = "sharded";
+  expect_resumed_run_bitwise_equal(c, "hsdp_cp_ep_");
+  expect_continued_elsewhere("hsdp_cp_ep_whole", "hsdp_cp_ep_to_one", moe_config());
+}
+
 TEST_F(LlamaParallel, MixtureOfExpertsConfigsThatCannotRunAreRefusedByName) {
   const auto refused = [](const Config& c, const std::string& expected) {
     const std::string error = testutil::error_of([&] { validate(c); });

@@ -52,6 +52,7 @@ struct Layout {
   int ranks, tp, pp, zero, virtual_stages;
   int cp = 1;
   int ep = 1;  // expert parallelism (a mixture's experts over groups of dp ranks)
+  int dp_shard = 0;  // hybrid sharding (parallel.dp_shard)
 };
 
 // Each rank's parameter elements are those of the parts the trainer built (its start-up table),
@@ -65,11 +66,13 @@ void expect_plan_is_what_the_trainer_allocates(Config c, const Layout& l, const 
   c.parallel.virtual_stages = l.virtual_stages;
   c.parallel.cp = l.cp;
   c.parallel.ep = l.ep;
+  c.parallel.dp_shard = l.dp_shard;
   if (l.virtual_stages > 1) c.parallel.schedule = "interleaved";
   resolve_layout(c);
   SCOPED_TRACE(c.model.arch + " dp" + std::to_string(c.parallel.dp) + " tp" + std::to_string(l.tp) +
                " pp" + std::to_string(l.pp) + " zero" + std::to_string(l.zero) + " v" +
-               std::to_string(l.virtual_stages) + " cp" + std::to_string(l.cp));
+               std::to_string(l.virtual_stages) + " cp" + std::to_string(l.cp) + " dp_shard" +
+               std::to_string(l.dp_shard));
   TrainOptions o;
   o.run_dir = (dir / "run").string();
   o.progress = false;
@@ -130,7 +133,13 @@ TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
                             {2, 1, 1, 1, 1, 2},
                             {4, 1, 1, 3, 1, 2},
                             {4, 2, 1, 2, 1, 2},
-                            {4, 1, 2, 1, 1, 2}};  // pp × cp: stages split by the whole sequence
+                            {4, 1, 2, 1, 1, 2},  // pp × cp: stages split by the whole sequence
+                            // hybrid sharding: ZeRO's chunks over dp_shard (× cp) ranks
+                            {4, 1, 1, 1, 1, 1, 1, 2},
+                            {4, 1, 1, 2, 1, 1, 1, 2},
+                            {4, 1, 1, 3, 1, 1, 1, 2},
+                            {4, 1, 1, 3, 1, 2, 1, 1},
+                            {4, 1, 2, 1, 1, 1, 1, 1}};
   for (const Layout& l : layouts)
     expect_plan_is_what_the_trainer_allocates(tiny_config((dir / "data").string()), l, dir);
   fs::remove_all(dir);
@@ -323,6 +332,55 @@ TEST(Planner, TimeModelFormulas) {
   const double z3_bf16 = estimate_layout(g, o).dp_comm_s;
   EXPECT_GT(z3, 0);
   EXPECT_LT(z3_bf16, z3 * 0.75);
+}
+
+// Hybrid sharding (parallel.dp_shard): ZeRO-3's gathers and reduce-scatters within a shard group —
+// a node's GPUs — and the reduced chunks (1/dp_shard of the gradients) all-reduced between the
+// replicas over the network; `loom plan` offers the largest group that fits a node.
+TEST(Planner, HybridShardingKeepsTheGathersInANodeAndAllReducesBetweenReplicas) {
+  Config c = tiny_config("unused");
+  c.train.batch_size = 64;
+  c.train.micro_batch_size = 2;  // 2 micro-batches per rank at dp 16
+  c.parallel.dp = 16;
+  c.parallel.tp = c.parallel.pp = 1;
+  c.parallel.zero = 3;
+  PlanOptions o;
+  o.devices = 16;
+  o.hardware = find_hardware("h100");
+  o.hardware.intra_node_gbps = 1e9;    // a node's links: free
+  o.hardware.inter_node_gbps = 0.001;  // the network: slow enough that everything is exposed
+  const LayoutPlan plain = estimate_layout(c, o);
+  Config hybrid = c;
+  hybrid.parallel.dp_shard = 8;
+  const LayoutPlan hsdp = estimate_layout(hybrid, o);
+  EXPECT_EQ(hsdp.name(), "dp16 tp1 pp1 zero3 shard8");
+  EXPECT_EQ(hsdp.dp_shard, 8);
+  // What crosses the network per micro-batch: the replicas' all-reduce (2 of them) of a shard of
+  // the f32 gradients, 2 (R − 1) / R · 4Ψ / 8 — where plain ZeRO-3 gathers every weight twice and
+  // reduce-scatters every gradient over it.
+  int64_t psi = 0;
+  for (const auto& units : rank_units(c, 0))
+    for (int64_t u : units) psi += u;
+  const double m = 2, replica = 2.0 * 1 / 2 * 4.0 * static_cast<double>(psi) / 8 / 1e6;
+  EXPECT_NEAR(hsdp.dp_comm_s, m * replica - hsdp.compute_s, 1e-6 * hsdp.dp_comm_s);
+  const double whole = 15.0 / 16 * 4.0 * static_cast<double>(psi) / 1e6;
+  EXPECT_NEAR(plain.dp_comm_s, m * 3 * whole - plain.compute_s, 1e-6 * plain.dp_comm_s);
+  // The state: sharded 8 ways, not 16 (twice plain ZeRO-3's, within the padding).
+  EXPECT_NEAR(static_cast<double>(hsdp.state_bytes), 2.0 * static_cast<double>(plain.state_bytes),
+              0.05 * static_cast<double>(plain.state_bytes));
+  // Offered: at ZeRO 1-3 with the node's 8 GPUs as the group (none at ZeRO 0, none with tp 8,
+  // where a group of two would leave the node).
+  o.hardware = find_hardware("h100");
+  std::set<std::string> names;
+  for (const LayoutPlan& p : plan_layouts(c, o)) names.insert(p.name());
+  for (const char* name : {"dp16 tp1 pp1 zero3 shard8", "dp16 tp1 pp1 zero1 shard8",
+                           "dp8 tp2 pp1 zero3 shard4", "dp16 tp1 pp1 zero3"})
+    EXPECT_TRUE(names.count(name)) << name;
+  for (const std::string& name : names) {
+    EXPECT_EQ(name.find("zero0 shard"), std::string::npos) << name;
+    EXPECT_EQ(name.find("shard16"), std::string::npos) << name;
+  }
+  EXPECT_FALSE(names.count("dp2 tp8 pp1 zero3 shard1"));
 }
 
 // Context parallelism (PlanOptions::every_cp, `loom plan`'s default): cp 2, 4, ... where the

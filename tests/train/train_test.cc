@@ -1051,6 +1051,34 @@ TEST_F(TrainTest, Bf16GradientsAndGathersOverTwoGpusTrainTheCpuRanksRun) {
   }
 }
 
+// Hybrid sharding over four GPUs (nccl): ZeRO-3's state sharded over two pairs of GPUs, each
+// pair's reduced gradient chunks all-reduced with the other pair's — the CPU ranks' run of the
+// same layout (1e-4: the sums' order differs), the same bytes between the replicas, and the host
+// waiting for none of it (the GPU's stream does).
+TEST_F(TrainTest, HybridShardedGpusTrainTheCpuRanksRun) {
+  if (!cuda_available() || cuda::device_count() < 4) GTEST_SKIP() << "needs four GPUs";
+  Config c = config(4);
+  c.runtime.ranks = 4;
+  c.runtime.threads_per_rank = 1;
+  c.train.micro_batch_size = 2;
+  c.parallel.zero = 3;
+  c.parallel.dp_shard = 2;
+  run_training(c, options("hsdp_cpus"));
+  Config gpus = c;
+  gpus.runtime.device = "cuda";
+  run_training(gpus, options("hsdp_gpus"));
+  const auto cpu = metrics("hsdp_cpus"), gpu = metrics("hsdp_gpus");
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double want = cpu[i]["loss"], got = gpu[i]["loss"];
+    EXPECT_NEAR(got, want, 1e-4 * want) << "step " << i + 1;
+    EXPECT_GT(gpu[i]["comm_bytes"]["dp_replicate"].get<int64_t>(), 0) << "step " << i + 1;
+    EXPECT_EQ(gpu[i]["comm_bytes"]["dp_replicate"], cpu[i]["comm_bytes"]["dp_replicate"])
+        << "step " << i + 1;
+    EXPECT_EQ(gpu[i]["comm_wait_ms"], gpu[i]["comm_ms"]["dp"]) << "step " << i + 1;
+  }
+}
+
 // `loom bench train --device cuda --ranks 2`: thread ranks on GPUs 0 and 1, gradients (ZeRO-2's
 // reduce-scatters and gathers) over nccl; the tokens of both ranks counted; more ranks than GPUs
 // refused, naming the count.
