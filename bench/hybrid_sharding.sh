@@ -4,9 +4,11 @@
 #  1. Measured on CPU ranks: configs/quickstart.toml's model widened to d_model 256 on the
 #     synthetic corpus, STEPS steps on 4 thread ranks (dp 4, 1 thread each), ZeRO-1, ZeRO-3,
 #     and ZeRO-2 / ZeRO-3 sharded over 2 pairs of ranks. Per run: rank 0's state (values,
-#     gradients, AdamW moments, MiB), its dp bytes per step, the part of them between the replicas
-#     (what would cross nodes were each pair a node), the median step time and the last loss (the
-#     layouts train one run: the losses agree to rounding).
+#     gradients, AdamW moments, MiB), its dp bytes per step (the payload handed to the collectives:
+#     a smaller group's gathers and reduce-scatters carry bigger chunks), the part of them between
+#     the replicas (all that leaves a pair: what would cross nodes were each pair a node; without
+#     hybrid sharding every dp collective spans both pairs), the median step time and the last
+#     loss (the layouts train one run: the losses agree to rounding).
 #  2. Modelled by `loom plan` for Llama 3 8B (configs/llama3-8b.toml) on 64 H100s in nodes of 8,
 #     where the difference is the network: ZeRO-3 over all 64 against ZeRO-3 sharded within each
 #     node (shard8), and ZeRO-1 / ZeRO-2 for reference.
@@ -46,9 +48,5 @@ for run in "${runs[@]}"; do
 done
 echo
 echo "# part 2: loom plan configs/llama3-8b.toml --devices 64 --hardware h100 (8 GPUs a node), dp 64"
-plan() {
-  "$loom" plan configs/llama3-8b.toml --devices 64 --hardware h100 --top 100000 --cp config \
-    --schedules config "$@" | grep -E '^layout|^dp64 tp1 pp1 zero[0-3]( shard8)? '
-}
-plan --dp-shard config | head -1
-{ plan --dp-shard config | tail -n +2; plan | grep shard8; } | sort -k4,4 -k5,5
+"$loom" plan configs/llama3-8b.toml --devices 64 --hardware h100 --top 100000 --cp config \
+  --schedules config | grep -E '^layout|^dp64 tp1 pp1 zero[0-3]( shard8)? ' | sort -k4,4 -k5,5
