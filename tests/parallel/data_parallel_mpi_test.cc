@@ -3,7 +3,8 @@
 // GPipe); the losses match a single-device run (computed by rank 0 on a local world of one) to
 // 1e-5 relative at every step. Runs under mpirun -np 2 and 3. HybridMpi (issue 7): under
 // mpirun -np 4, hybrid layouts (dp × tp, pp × tp with sequence parallelism, dp × pp with ZeRO-1
-// and interleaving) as processes, against one device the same way.
+// and interleaving, ZeRO-3 sharded in two pairs: parallel.dp_shard) as processes, against one
+// device the same way.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -148,10 +149,13 @@ threads_per_rank = 1
     const char* schedule;
     int chunks;
     bool sp;
+    int dp_shard;
   };
-  const Layout layouts[] = {{"dp2_tp2", 2, 1, 2, 0, "1f1b", 1, false},
-                            {"pp2_tp2_sp", 1, 2, 2, 0, "1f1b", 1, true},
-                            {"dp2_pp2_zero1_interleaved", 2, 2, 1, 1, "interleaved", 2, false}};
+  const Layout layouts[] = {{"dp2_tp2", 2, 1, 2, 0, "1f1b", 1, false, 0},
+                            {"pp2_tp2_sp", 1, 2, 2, 0, "1f1b", 1, true, 0},
+                            {"dp2_pp2_zero1_interleaved", 2, 2, 1, 1, "interleaved", 2, false, 0},
+                            // hybrid sharding: ZeRO-3 in two pairs of processes
+                            {"dp4_zero3_shard2", 4, 1, 1, 3, "1f1b", 1, false, 2}};
   TrainOptions o;
   o.progress = false;
   for (const Layout& l : layouts) {
@@ -163,6 +167,7 @@ threads_per_rank = 1
     h.parallel.schedule = l.schedule;
     h.parallel.virtual_stages = l.chunks;
     h.parallel.sequence_parallel = l.sp;
+    h.parallel.dp_shard = l.dp_shard;
     o.run_dir = (root / l.name).string();
     run_training(h, o);  // under mpirun: the mpi backend
   }
