@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "base/error.h"
 #include "models/gpt2.h"
@@ -54,6 +57,23 @@ double all_reduce_seconds(double bytes, int n, double gbps) {
 }
 
 namespace {
+// zb-v's unit-cost idle fraction, simulated once per (pp, micro-batches, chunks): `loom plan`
+// asks for the same few hundreds of times (every tp, cp, ZeRO stage and sharding of a pipeline
+// layout), and building the schedule of hundreds of micro-batches is most of a plan's time.
+double zb_v_unit_cost_bubble(int pp, int microbatches, int virtual_stages) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int>, double> known;
+  const std::tuple<int, int, int> key{pp, microbatches, virtual_stages};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+  }
+  const double b = simulated_bubble(make_schedule("zb-v", pp, microbatches, virtual_stages));
+  std::lock_guard<std::mutex> lock(mutex);
+  known.emplace(key, b);
+  return b;
+}
+
 // One of a rank's model chunks (virtual stages): its pipeline stage and blocks [first, end), as
 // the trainer partitions them (pipeline_partition, stage_placement).
 struct ChunkBlocks {
@@ -252,8 +272,7 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   // unit-cost schedule's idle fraction b (stages of equal cost, as the other schedules' figures
   // take them) makes the bubble b / (1 − b) of the compute.
   if (par.pp > 1 && par.schedule == "zb-v") {
-    const double b = simulated_bubble(
-        make_schedule(par.schedule, par.pp, static_cast<int>(m), par.virtual_stages));
+    const double b = zb_v_unit_cost_bubble(par.pp, static_cast<int>(m), par.virtual_stages);
     plan.bubble_s = plan.compute_s * b / (1 - b);
   } else if (par.pp > 1) {
     plan.bubble_s = plan.compute_s * (par.pp - 1) /
