@@ -1112,6 +1112,32 @@ TEST_F(CudaKernelsTest, AttentionGqaTakesTheFlashKernelsInBf16) {
     }
 }
 
+// Each sequence's probability sums (the balance loss's P_e) over sequences longer than a block's
+// chunk of tokens (600: two whole chunks of 256 and a part) and more experts than threads (700:
+// some threads adding three experts, some two), for softmax probabilities and for sigmoid scores
+// normalised per token (a token's sum computed once): the CPU's sums, in the same order.
+TEST_F(CudaKernelsTest, ProbabilitySumsOfLongSequencesAndManyExpertsMatchCpu) {
+  const int64_t B = 2, T = 600, E = 700;
+  Pair scores = random_pair(B * T * E, 171, 0.0, 1.0);
+  for (const bool sigmoid : {false, true}) {
+    Tensor sums_cpu = Tensor::empty({B, E}, DType::kF64), sums_gpu = sums_cpu.to(Device::cuda(0));
+    ops::moe_prob_sums<float>(on_cpu, sums_cpu.data<double>(), scores.h(), B, T, E, sigmoid);
+    ops::moe_prob_sums<float>(on_gpu, sums_gpu.data<double>(), scores.g(), B, T, E, sigmoid);
+    const Tensor back = sums_gpu.to(Device::cpu());
+    double total = 0;
+    for (int64_t i = 0; i < B * E; ++i) {
+      const double want = sums_cpu.data<double>()[i];
+      EXPECT_NEAR(back.data<double>()[i], want, 1e-12 * want) << (sigmoid ? "sigmoid " : "") << i;
+      total += want;
+    }
+    // Normalised, a token's scores sum to 1: the sums to T a sequence.
+    if (sigmoid)
+      EXPECT_NEAR(total, static_cast<double>(B * T), 1e-6);
+    else
+      EXPECT_NEAR(total, static_cast<double>(B * T * E) / 2, 0.01 * static_cast<double>(B * T * E));
+  }
+}
+
 // A mixture of experts' kernels (kernels/cpu/moe.h): the routing — the same experts chosen, in
 // the same order, the probabilities and weights to fp32 rounding —, each sequence's probability
 // sums, an expert's rows gathered (bit for bit) and scattered back weighed, the routing weights'

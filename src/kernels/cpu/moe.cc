@@ -89,12 +89,25 @@ void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Rea
 template <typename Real>
 void moe_prob_sums(ThreadPool& pool, double* sums, const Real* probs, int64_t B, int64_t T,
                    int64_t E, bool sigmoid) {
+  // Sigmoid scores: each token's score sum once (E terms), not once per expert (E² a token).
+  // Kept by the calling thread (a rank's) between calls: no fresh pages every layer.
+  // (The pool's threads reach it through this pointer: a thread_local named in their lambda
+  // would be their own.)
+  thread_local std::vector<double> token_sums;
+  double* divisors = nullptr;
+  if (sigmoid) {
+    token_sums.resize(static_cast<size_t>(B * T));
+    divisors = token_sums.data();
+    pool.parallel_for(B * T, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) divisors[t] = score_sum(probs + t * E, E);
+    });
+  }
   pool.parallel_for(B * E, 1, [&](int64_t begin, int64_t end) {
     for (int64_t be = begin; be < end; ++be) {
       const int64_t b = be / E, e = be % E;
       double s = 0;
       for (int64_t t = b * T; t < (b + 1) * T; ++t)
-        s += static_cast<double>(probs[t * E + e]) / (sigmoid ? score_sum(probs + t * E, E) : 1.0);
+        s += static_cast<double>(probs[t * E + e]) / (divisors != nullptr ? divisors[t] : 1.0);
       sums[be] = s;
     }
   });

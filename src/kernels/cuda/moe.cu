@@ -110,15 +110,34 @@ __device__ double score_sum(const float* p, int64_t E) {
   return sum;
 }
 
+// One block of kThreads per sequence b. The sequence's tokens a chunk of kThreads at a time: each
+// thread sums one token's scores (sigmoid scores' normalisation: E terms a token, not E² as a
+// thread per expert recomputing them would), then each thread adds the chunk's terms of its
+// experts e = threadIdx.x + j · kThreads, in token order — the same sums as the CPU's.
+constexpr int kProbSumExperts = 4;  // experts a thread keeps: up to 4 · kThreads = 1024
+
 __global__ void moe_prob_sums_kernel(double* sums, const float* probs, int64_t B, int64_t T,
                                      int64_t E, bool sigmoid) {
-  for (int64_t be = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; be < B * E;
-       be += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t b = be / E, e = be % E;
-    double s = 0;
-    for (int64_t t = b * T; t < (b + 1) * T; ++t)
-      s += static_cast<double>(probs[t * E + e]) / (sigmoid ? score_sum(probs + t * E, E) : 1.0);
-    sums[be] = s;
+  __shared__ double token_sum[kThreads];
+  const int64_t b = blockIdx.x;
+  double acc[kProbSumExperts] = {0, 0, 0, 0};
+  for (int64_t chunk = 0; chunk < T; chunk += kThreads) {
+    const int64_t n = T - chunk < kThreads ? T - chunk : kThreads;
+    if (sigmoid && threadIdx.x < n)
+      token_sum[threadIdx.x] = score_sum(probs + (b * T + chunk + threadIdx.x) * E, E);
+    __syncthreads();
+    for (int j = 0; j < kProbSumExperts; ++j) {
+      const int64_t e = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+      if (e >= E) break;
+      for (int64_t i = 0; i < n; ++i)
+        acc[j] += static_cast<double>(probs[(b * T + chunk + i) * E + e]) /
+                  (sigmoid ? token_sum[i] : 1.0);
+    }
+    __syncthreads();  // the chunk's sums read before the next chunk's are written
+  }
+  for (int j = 0; j < kProbSumExperts; ++j) {
+    const int64_t e = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (e < E) sums[b * E + e] = acc[j];
   }
 }
 
@@ -220,9 +239,12 @@ void moe_route(int device, float* probs, int32_t* choice, float* weight, float* 
 void moe_prob_sums(int device, double* sums, const float* probs, int64_t B, int64_t T, int64_t E,
                    bool sigmoid) {
   if (B * E == 0) return;
+  // ModelLimits::kExperts (1024): the config refuses more.
+  if (E > kProbSumExperts * kThreads)
+    fail("moe_prob_sums: ", E, " experts, at most ", kProbSumExperts * kThreads);
   DeviceGuard guard(device);
-  launch("moe_prob_sums", moe_prob_sums_kernel, blocks_for(B * E, kThreads), kThreads, sums, probs,
-         B, T, E, sigmoid);
+  launch("moe_prob_sums", moe_prob_sums_kernel, static_cast<unsigned>(B), kThreads, sums, probs, B,
+         T, E, sigmoid);
 }
 
 void gather_rows(int device, void* out, const void* in, const int32_t* rows, int64_t n,
