@@ -173,9 +173,11 @@ TEST_F(DataParallelRuns, ReplicasShareTheEvaluationAndReportOneDevicesValidation
   // unequal shares, a rank with none) and all-reduce the sum. ZeRO-3 replicas evaluate all of them
   // (each forward gathers over dp). Same micro-batch size everywhere, so every layout sees the
   // same validation data.
-  const auto run_with_eval = [](const std::string& name, int dp, int zero, int pp) {
+  const auto run_with_eval = [](const std::string& name, int dp, int zero, int pp,
+                                int dp_shard = 0) {
     Config c = config(dp, zero, 1);
     c.parallel.pp = pp;
+    c.parallel.dp_shard = dp_shard;
     c.runtime.ranks = dp * pp;
     c.train.micro_batch_size = 3;  // accumulation makes up the rest of the batch of 36
     c.train.eval_every = 5;
@@ -200,6 +202,15 @@ TEST_F(DataParallelRuns, ReplicasShareTheEvaluationAndReportOneDevicesValidation
        {std::tuple{"eval_dp2", 2, 1, 1}, std::tuple{"eval_dp4", 4, 0, 1},
         std::tuple{"eval_dp2_zero3", 2, 3, 1}, std::tuple{"eval_dp2_pp2", 2, 1, 2}}) {
     const std::vector<double> got = val_losses(run_with_eval(name, dp, zero, pp));
+    ASSERT_EQ(got.size(), one.size()) << name;
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_NEAR(got[i], one[i], 1e-5 * std::abs(one[i])) << name << " evaluation " << i;
+  }
+  // Hybrid sharding: ZeRO-3 gathering within pairs (every rank evaluates every batch), ZeRO-2 in
+  // pairs sharing the batches out over all four replicas.
+  for (const int zero : {3, 2}) {
+    const std::string name = "eval_dp4_shard2_zero" + std::to_string(zero);
+    const std::vector<double> got = val_losses(run_with_eval(name, 4, zero, 1, 2));
     ASSERT_EQ(got.size(), one.size()) << name;
     for (size_t i = 0; i < one.size(); ++i)
       EXPECT_NEAR(got[i], one[i], 1e-5 * std::abs(one[i])) << name << " evaluation " << i;
