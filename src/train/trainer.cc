@@ -304,14 +304,18 @@ std::vector<ValCorpus> validation_corpora(const Config& config) {
 
 // The validation loss (train/evaluate.h), the same on every rank. Data-parallel replicas (whole
 // pipelines when pp > 1) share the micro-batches out; under ZeRO-3 every forward gathers
-// parameters over dp, so there every rank runs them all. The replicas are dp's: a cp group
+// parameters over dp, so there every rank runs them all — but under hybrid sharding only over a
+// shard group: the shard groups share them out (`replicas`, the replicate group: a shard group's
+// ranks are all its rank r, and run batches r, r + R, ...). The replicas are dp's: a cp group
 // evaluates one batch together, each rank its positions, and their losses' mean is the batch's
 // (equal token counts).
 double validation_loss(const RankModel& model, const Config& config, DeviceMesh& mesh,
-                       const std::vector<std::string>& shards, Device device) {
+                       const std::vector<std::string>& shards, Device device,
+                       Communicator* replicas) {
   // Under expert parallelism too: an expert-parallel group's ranks run every forward together.
-  Communicator* split =
-      config.parallel.zero < 3 && config.parallel.ep == 1 ? &mesh.axis("dp") : nullptr;
+  Communicator* split = config.parallel.ep > 1     ? nullptr
+                        : config.parallel.zero < 3 ? &mesh.axis("dp")
+                                                   : replicas;
   // The batches queue their losses (nn/step_losses.h) and the host reads them once, as a step's:
   // on a GPU no wait per batch. A pipeline's come from its last stage, summed over pp once; a cp
   // group's ranks each sum their positions' means, averaged over cp once (equal token counts).
@@ -951,7 +955,8 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     const bool last = step == tc.steps;
     if (!val_corpora.empty() && (step % tc.eval_every == 0 || last)) {
       for (const ValCorpus& corpus : val_corpora) {
-        const double val = validation_loss(rank_model, config, mesh, corpus.shards, device);
+        const double val = validation_loss(rank_model, config, mesh, corpus.shards, device,
+                                           shard_groups.replicate.get());
         if (corpus.name.empty()) {
           figures.val_loss = val;
           summary.last_val_loss = val;
