@@ -173,12 +173,13 @@ TEST_F(DataParallelRuns, ReplicasShareTheEvaluationAndReportOneDevicesValidation
   // unequal shares, a rank with none) and all-reduce the sum. ZeRO-3 replicas evaluate all of them
   // (each forward gathers over dp). Same micro-batch size everywhere, so every layout sees the
   // same validation data.
-  const auto run_with_eval = [](const std::string& name, int dp, int zero, int pp,
-                                int dp_shard = 0) {
+  const auto run_with_eval = [](const std::string& name, int dp, int zero, int pp, int dp_shard = 0,
+                                int cp = 1) {
     Config c = config(dp, zero, 1);
     c.parallel.pp = pp;
     c.parallel.dp_shard = dp_shard;
-    c.runtime.ranks = dp * pp;
+    c.parallel.cp = cp;
+    c.runtime.ranks = dp * pp * cp;
     c.train.micro_batch_size = 3;  // accumulation makes up the rest of the batch of 36
     c.train.eval_every = 5;
     c.train.eval_batches = 3;
@@ -206,11 +207,14 @@ TEST_F(DataParallelRuns, ReplicasShareTheEvaluationAndReportOneDevicesValidation
     for (size_t i = 0; i < one.size(); ++i)
       EXPECT_NEAR(got[i], one[i], 1e-5 * std::abs(one[i])) << name << " evaluation " << i;
   }
-  // Hybrid sharding: ZeRO-3 gathering within pairs (every rank evaluates every batch), ZeRO-2 in
-  // pairs sharing the batches out over all four replicas.
-  for (const int zero : {3, 2}) {
-    const std::string name = "eval_dp4_shard2_zero" + std::to_string(zero);
-    const std::vector<double> got = val_losses(run_with_eval(name, 4, zero, 1, 2));
+  // Hybrid sharding: ZeRO-3 gathering within pairs, the pairs sharing the batches out; ZeRO-2 in
+  // pairs sharing them over all four replicas; ZeRO-3 over each cp pair alone (dp_shard 1), the
+  // cp pairs sharing them.
+  for (const auto& [zero, dp, cp, shard] :
+       {std::tuple{3, 4, 1, 2}, std::tuple{2, 4, 1, 2}, std::tuple{3, 2, 2, 1}}) {
+    const std::string name = "eval_dp" + std::to_string(dp) + "_cp" + std::to_string(cp) +
+                             "_shard" + std::to_string(shard) + "_zero" + std::to_string(zero);
+    const std::vector<double> got = val_losses(run_with_eval(name, dp, zero, 1, shard, cp));
     ASSERT_EQ(got.size(), one.size()) << name;
     for (size_t i = 0; i < one.size(); ++i)
       EXPECT_NEAR(got[i], one[i], 1e-5 * std::abs(one[i])) << name << " evaluation " << i;
