@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "device/allocator.h"
+
 namespace loom {
 
 std::string_view reduce_op_name(ReduceOp op) {
@@ -36,7 +38,83 @@ class BothWork final : public Work {
  private:
   WorkHandle first_, second_;
 };
+
+// Many operations as one: done when all are; wait() waits for each in order.
+class AllWork final : public Work {
+ public:
+  explicit AllWork(std::vector<WorkHandle> works) : works_(std::move(works)) {}
+  void wait() override {
+    for (const WorkHandle& w : works_) w->wait();
+  }
+  bool test() override {
+    bool done = true;
+    for (const WorkHandle& w : works_) done = w->test() && done;
+    return done;
+  }
+  void wait_on_device() override {
+    for (const WorkHandle& w : works_) w->wait_on_device();
+  }
+
+ private:
+  std::vector<WorkHandle> works_;
+};
+
+// What all_to_all_v's pairwise messages are tagged with (matched in order per pair).
+constexpr int kAllToAllVTag = 0x2a2a;
 }  // namespace
+
+WorkHandle Communicator::all_to_all_v_async(const Tensor& input,
+                                            const std::vector<int64_t>& send_counts, Tensor& output,
+                                            const std::vector<int64_t>& recv_counts) {
+  const int n = size(), me = rank();
+  const auto offsets = [&](const std::vector<int64_t>& counts, const Tensor& t, const char* what) {
+    if (static_cast<int>(counts.size()) != n)
+      throw CommError(detail::concat(name(), ": all_to_all_v's ", what, " counts: ", counts.size(),
+                                     " for a group of ", n));
+    std::vector<int64_t> at(static_cast<size_t>(n) + 1, 0);
+    for (int r = 0; r < n; ++r) {
+      if (counts[static_cast<size_t>(r)] < 0)
+        throw CommError(detail::concat(name(), ": all_to_all_v: a negative ", what, " count"));
+      at[static_cast<size_t>(r) + 1] = at[static_cast<size_t>(r)] + counts[static_cast<size_t>(r)];
+    }
+    if (at.back() != t.numel())
+      throw CommError(detail::concat(name(), ": all_to_all_v's ", what, " counts sum to ",
+                                     at.back(), ", the tensor holds ", t.numel()));
+    return at;
+  };
+  const std::vector<int64_t> send_at = offsets(send_counts, input, "send");
+  const std::vector<int64_t> recv_at = offsets(recv_counts, output, "receive");
+  if (input.dtype() != output.dtype())
+    throw CommError(detail::concat(name(), ": all_to_all_v from ", dtype_name(input.dtype()),
+                                   " into ", dtype_name(output.dtype())));
+  const auto block = [](const Tensor& t, const std::vector<int64_t>& at, int r) {
+    const int64_t begin = at[static_cast<size_t>(r)];
+    return t.reshape({t.numel()}).narrow(begin, at[static_cast<size_t>(r) + 1] - begin);
+  };
+  const int64_t own = send_counts[static_cast<size_t>(me)];
+  if (own != recv_counts[static_cast<size_t>(me)])
+    throw CommError(detail::concat(name(), ": all_to_all_v sends itself ", own,
+                                   " elements but expects ", recv_counts[static_cast<size_t>(me)]));
+  if (own > 0) {  // in the device's queue, as the messages' kernels are
+    const Tensor from = block(input, send_at, me);
+    Tensor into = block(output, recv_at, me);
+    copy_bytes_queued(into.raw(), from.raw(), output.device(), static_cast<size_t>(from.nbytes()));
+  }
+  std::vector<WorkHandle> works;
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n, from = (me - k + n) % n;
+    const bool sends = send_counts[static_cast<size_t>(to)] > 0;
+    const bool receives = recv_counts[static_cast<size_t>(from)] > 0;
+    Tensor out = block(input, send_at, to), in = block(output, recv_at, from);
+    if (sends && receives)
+      works.push_back(send_recv_async(out, to, in, from, kAllToAllVTag));
+    else if (sends)
+      works.push_back(send_async(out, to, kAllToAllVTag));
+    else if (receives)
+      works.push_back(recv_async(in, from, kAllToAllVTag));
+  }
+  return std::make_shared<AllWork>(std::move(works));
+}
 
 WorkHandle Communicator::send_recv_async(const Tensor& to_send, int dst, Tensor& into, int src,
                                          int tag) {

@@ -101,6 +101,15 @@ class Communicator {
   virtual WorkHandle reduce_async(Tensor& tensor, int root, ReduceOp op) = 0;
   // input and output: size() × n; chunk j of rank i's input lands in chunk i of rank j's output.
   virtual WorkHandle all_to_all_async(const Tensor& input, Tensor& output) = 0;
+  // Blocks of any size (MPI_Alltoallv; Megatron-LM's all_to_all_single with split sizes):
+  // `input` holds send_counts[j] elements for rank j, block after block in rank order; `output`
+  // receives recv_counts[i] elements from rank i likewise. recv_counts[i] must be what rank i
+  // sends this one (the caller exchanges the counts first). The default is a ring of pairwise
+  // exchanges — at step k a block to rank + k and one from rank − k (send_recv_async: one NCCL
+  // group under nccl) — skipping empty blocks, this rank's own block copied.
+  virtual WorkHandle all_to_all_v_async(const Tensor& input,
+                                        const std::vector<int64_t>& send_counts, Tensor& output,
+                                        const std::vector<int64_t>& recv_counts);
   virtual WorkHandle barrier_async() = 0;
   // Point to point; a send matches the recv of the same (source, destination, tag), in order.
   virtual WorkHandle send_async(const Tensor& tensor, int dst, int tag) = 0;
@@ -140,6 +149,10 @@ class Communicator {
     reduce_async(tensor, root, op)->wait();
   }
   void all_to_all(const Tensor& input, Tensor& output) { all_to_all_async(input, output)->wait(); }
+  void all_to_all_v(const Tensor& input, const std::vector<int64_t>& send_counts, Tensor& output,
+                    const std::vector<int64_t>& recv_counts) {
+    all_to_all_v_async(input, send_counts, output, recv_counts)->wait();
+  }
   void barrier() { barrier_async()->wait(); }
   void send(const Tensor& tensor, int dst, int tag = 0) { send_async(tensor, dst, tag)->wait(); }
   void recv(Tensor& tensor, int src, int tag = 0) { recv_async(tensor, src, tag)->wait(); }

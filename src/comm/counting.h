@@ -101,6 +101,13 @@ class CountingCommunicator final : public ForwardingCommunicator {
     count(in);
     return timed(inner().all_to_all_async(in, out));
   }
+  WorkHandle all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                Tensor& out, const std::vector<int64_t>& recv_counts) override {
+    int64_t elements = 0;
+    for (int64_t c : send_counts) elements += c;
+    bytes_ += elements * static_cast<int64_t>(dtype_size(in.dtype()));
+    return timed(inner().all_to_all_v_async(in, send_counts, out, recv_counts));
+  }
   WorkHandle barrier_async() override { return timed(inner().barrier_async()); }
   WorkHandle send_async(const Tensor& t, int dst, int tag) override {
     count(t);

@@ -41,6 +41,10 @@ class ForwardingCommunicator : public Communicator {
   WorkHandle all_to_all_async(const Tensor& input, Tensor& output) override {
     return inner_.all_to_all_async(input, output);
   }
+  WorkHandle all_to_all_v_async(const Tensor& input, const std::vector<int64_t>& send_counts,
+                                Tensor& output, const std::vector<int64_t>& recv_counts) override {
+    return inner_.all_to_all_v_async(input, send_counts, output, recv_counts);
+  }
   WorkHandle barrier_async() override { return inner_.barrier_async(); }
   WorkHandle send_async(const Tensor& tensor, int dst, int tag) override {
     return inner_.send_async(tensor, dst, tag);

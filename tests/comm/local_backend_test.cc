@@ -174,6 +174,59 @@ TEST_P(GroupSize, ReduceScatterAllGatherAllToAll) {
   });
 }
 
+// all_to_all_v: blocks of any size, empty ones included (rank i sends rank j
+// ((3i + 5j + 1) mod 4) · 257 elements, the first also none to itself), each element saying where
+// it came from and went to; twice, the second time without waiting in between.
+TEST_P(GroupSize, AllToAllVMovesBlocksOfAnySize) {
+  const int n = GetParam();
+  const auto count = [](int from, int to) -> int64_t {
+    return from == 0 && to == 0 ? 0 : ((3 * from + 5 * to + 1) % 4) * 257;
+  };
+  const auto code = [](int from, int to, int64_t k) { return from * 8.0 + to + 0.5 * (k % 2); };
+  run_on_thread_ranks(n, [&](Communicator& comm) {
+    const int me = comm.rank();
+    for (DType dtype : {DType::kF32, DType::kBF16}) {  // the codes: exact in bf16
+      std::vector<int64_t> sends(static_cast<size_t>(n)), receives(static_cast<size_t>(n));
+      int64_t out_total = 0, in_total = 0;
+      for (int r = 0; r < n; ++r) {
+        out_total += sends[static_cast<size_t>(r)] = count(me, r);
+        in_total += receives[static_cast<size_t>(r)] = count(r, me);
+      }
+      Tensor send = Tensor::empty({out_total}, dtype);
+      int64_t at = 0;
+      for (int j = 0; j < n; ++j)
+        for (int64_t k = 0; k < count(me, j); ++k) set_value(send, at++, code(me, j, k));
+      Tensor first = Tensor::empty({in_total}, dtype), second = Tensor::empty({in_total}, dtype);
+      WorkHandle a = comm.all_to_all_v_async(send, sends, first, receives);
+      WorkHandle b = comm.all_to_all_v_async(send, sends, second, receives);
+      a->wait();
+      b->wait();
+      for (const Tensor* got : {&first, &second}) {
+        at = 0;
+        for (int i = 0; i < n; ++i)
+          for (int64_t k = 0; k < count(i, me); ++k, ++at)
+            if (get_value(*got, at) != code(i, me, k)) {
+              ADD_FAILURE() << "all_to_all_v " << dtype_name(dtype) << ": element " << k
+                            << " from rank " << i << " on rank " << me;
+              i = n;
+              break;
+            }
+      }
+    }
+    // Counts that do not add up to the tensors are refused by name.
+    Tensor t = Tensor::empty({3}, DType::kF32);
+    std::vector<int64_t> wrong(static_cast<size_t>(n), 0);
+    try {
+      comm.all_to_all_v(t, wrong, t, wrong);
+      ADD_FAILURE() << "counts summing to 0 for 3 elements were taken";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("counts sum to 0, the tensor holds 3"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 TEST_P(GroupSize, BroadcastReduceBarrier) {
   const int n = GetParam();
   run_on_thread_ranks(n, [&](Communicator& comm) {

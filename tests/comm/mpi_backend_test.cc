@@ -222,6 +222,33 @@ TEST(MpiBackend, AllToAll) {
   }
 }
 
+// Blocks of any size between processes, empty ones included: rank i sends rank j
+// ((3i + 5j + 1) mod 4) · 1000 elements (rank 0 none to itself).
+TEST(MpiBackend, AllToAllV) {
+  auto comm = world();
+  const int me = comm->rank(), n = comm->size();
+  const auto count = [](int from, int to) -> int64_t {
+    return from == 0 && to == 0 ? 0 : ((3 * from + 5 * to + 1) % 4) * 1000;
+  };
+  const auto code = [](int from, int to, int64_t k) {
+    return from * 1000.0 + to * 10.0 + static_cast<double>(k % 7);
+  };
+  std::vector<int64_t> sends, receives;
+  std::vector<double> out, want;
+  for (int r = 0; r < n; ++r) {
+    sends.push_back(count(me, r));
+    receives.push_back(count(r, me));
+    for (int64_t k = 0; k < count(me, r); ++k) out.push_back(code(me, r, k));
+    for (int64_t k = 0; k < count(r, me); ++k) want.push_back(code(r, me, k));
+  }
+  const int64_t sent = static_cast<int64_t>(out.size()), got = static_cast<int64_t>(want.size());
+  Tensor input = filled(DType::kF32, sent, [&](int64_t i) { return out[static_cast<size_t>(i)]; });
+  Tensor output = Tensor::empty({got}, DType::kF32);
+  comm->all_to_all_v(input, sends, output, receives);
+  ASSERT_TRUE(same_bits(
+      output, filled(DType::kF32, got, [&](int64_t i) { return want[static_cast<size_t>(i)]; })));
+}
+
 TEST(MpiBackend, Barrier) {
   auto comm = world();
   comm->barrier();

@@ -52,6 +52,20 @@ TEST(StagedCommunicator, EveryOperationMatchesTheHostBackend) {
     comm.all_to_all(send, got);  // element j of rank i goes to rank j's slot i
     EXPECT_EQ(values_of(got), (std::vector<float>{0.0f + r, 10.0f + r, 20.0f + r}));
 
+    // all_to_all_v of staged tensors: rank i sends rank j i + j elements 10i + j (rank 0 none to
+    // itself), staged message by message.
+    std::vector<float> outgoing, want;
+    std::vector<int64_t> sends, receives;
+    for (int j = 0; j < kRanks; ++j) {
+      sends.push_back(r + j);
+      receives.push_back(j + r);
+      for (int k = 0; k < r + j; ++k) outgoing.push_back(10.0f * r + j);
+      for (int k = 0; k < j + r; ++k) want.push_back(10.0f * j + r);
+    }
+    Tensor varied = Tensor::zeros({static_cast<int64_t>(want.size())}, DType::kF32, mine);
+    comm.all_to_all_v(filled(outgoing, mine), sends, varied, receives);
+    EXPECT_EQ(values_of(varied), want);
+
     // A ring with tags (buffered sends first, as the host backend allows): completion seen by
     // test() copies back once, and a later wait() changes nothing.
     Tensor inbox = Tensor::zeros({2}, DType::kF32, mine);

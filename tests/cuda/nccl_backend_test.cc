@@ -147,6 +147,23 @@ void check_collectives(Communicator& comm, int device) {
     expect_values(
         host_values(a2a), [&](int64_t i) { return input(static_cast<int>(i / m), me * m + i % m); },
         dt, ReduceOp::kSum, n, label("all_to_all", dt));
+
+    // all_to_all_v: rank i sends rank j ((i + 2j) mod 3) · m elements (some blocks empty), the
+    // k-th of them input(i, 100·j + k).
+    const auto count = [&](int from, int to) -> int64_t { return (from + 2 * to) % 3 * m; };
+    std::vector<int64_t> sends, receives;
+    std::vector<double> out, want;
+    for (int r = 0; r < n; ++r) {
+      sends.push_back(count(me, r));
+      receives.push_back(count(r, me));
+      for (int64_t k = 0; k < count(me, r); ++k) out.push_back(input(me, 100 * r + k));
+      for (int64_t k = 0; k < count(r, me); ++k) want.push_back(input(r, 100 * me + k));
+    }
+    Tensor varied = gpu_tensor(std::vector<double>(want.size(), 0.0), dt, device);
+    comm.all_to_all_v(gpu_tensor(out, dt, device), sends, varied, receives);
+    expect_values(
+        host_values(varied), [&](int64_t i) { return want[static_cast<size_t>(i)]; }, dt,
+        ReduceOp::kSum, n, label("all_to_all_v", dt));
   }
   comm.barrier();
   // Empty tensors are legal and complete.
