@@ -11,6 +11,9 @@
 // experts that token chose, and gets their outputs back the same way.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "tensor/tensor.h"
 
 namespace loom {
@@ -30,12 +33,13 @@ class ExpertExchange {
   // Whether the layer dispatches by all_to_all (parallel.ep_dispatch = "all_to_all") rather than
   // gather / reduce_scatter.
   virtual bool all_to_all_dispatch() const = 0;
-  // `send` (ranks() × n rows, block r for rank r) → the blocks every rank sent this one, block r
-  // from rank r. Collective over the group.
-  virtual Tensor all_to_all(const Tensor& send) = 0;
-  // The largest `value` of the group's ranks (the rows every all_to_all block is padded to).
-  // Collective over the group; the host waits for it.
-  virtual int64_t max_over_group(int64_t value) = 0;
+  // `send` (send_rows[r] rows for rank r, block after block) → the blocks every rank sent this
+  // one, recv_rows[r] rows from rank r, block after block. Collective over the group.
+  virtual Tensor all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows,
+                            const std::vector<int64_t>& recv_rows) = 0;
+  // What every rank of the group sends this one, from what this one sends each (to_each[r] to
+  // rank r): the recv_rows of an all_to_all. Collective over the group; the host waits for it.
+  virtual std::vector<int64_t> exchange_counts(const std::vector<int64_t>& to_each) = 0;
 };
 
 }  // namespace loom

@@ -147,7 +147,15 @@ Tensor MoeMlp::send_tokens(const Exec& ex, const Tensor& x) const {
   Tensor send = Tensor::empty({rows, C}, x.dtype(), x.device());
   ops::gather_rows(ex, send.raw(), x.raw(), send_index_.data<int32_t>(), rows,
                    C * static_cast<int64_t>(dtype_size(x.dtype())));
-  return exchange_->all_to_all(send);
+  return exchange_rows(send, false);
+}
+
+Tensor MoeMlp::exchange_rows(const Tensor& rows, bool back) const {
+  const int R = exchange_->ranks();
+  const int64_t* n = exchange_rows_.data<int64_t>();
+  const std::vector<int64_t> sent(n, n + R), received(n + R, n + 2 * R);
+  return back ? exchange_->all_to_all(rows, received, sent)
+              : exchange_->all_to_all(rows, sent, received);
 }
 
 Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* residual,
@@ -159,19 +167,26 @@ Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* resid
   const auto on_device = [&](const Tensor& host) {
     return ctx.device.is_cpu() ? host : host.to(ctx.device);
   };
-  // Each destination's block padded to the group's fullest (equal all-to-all blocks).
+  // Each destination's block exactly as long as its pairs (all_to_all_v), the counts exchanged
+  // first: what each rank receives from each (one small all-to-all; the host waits for it).
   std::vector<int64_t> count(static_cast<size_t>(R), 0);
   for (int64_t i = 0; i < N * K; ++i)
     if (kept(i)) ++count[static_cast<size_t>(chosen[i] / local_)];
+  const std::vector<int64_t> incoming = exchange_->exchange_counts(count);
+  exchange_rows_ = Tensor::empty({2 * R}, DType::kI64);
+  std::copy(count.begin(), count.end(), exchange_rows_.data<int64_t>());
+  std::copy(incoming.begin(), incoming.end(), exchange_rows_.data<int64_t>() + R);
+  const int64_t arriving = std::accumulate(incoming.begin(), incoming.end(), int64_t{0});
   // The pairs sent, slot by slot (a slot's tokens are distinct): slot j's are
   // [slot_pairs[j], slot_pairs[j + 1]); without drops j·N + t.
   const int64_t P = std::accumulate(count.begin(), count.end(), int64_t{0});
-  const int64_t M = exchange_->max_over_group(*std::max_element(count.begin(), count.end()));
-  Tensor send_index = Tensor::zeros({R * M}, DType::kI32),
-         send_pair = Tensor::zeros({R * M}, DType::kI32);
-  Tensor ids = Tensor::empty({R * M}, DType::kI32);  // the local expert at the destination
-  std::fill(ids.data<int32_t>(), ids.data<int32_t>() + R * M, -1);
-  Tensor pad_rows = Tensor::empty({P}, DType::kI32), pair_tok = Tensor::empty({P}, DType::kI32),
+  std::vector<int64_t> start(static_cast<size_t>(R), 0);  // each destination's block
+  for (int d = 1; d < R; ++d)
+    start[static_cast<size_t>(d)] =
+        start[static_cast<size_t>(d) - 1] + count[static_cast<size_t>(d) - 1];
+  Tensor send_index = Tensor::empty({P}, DType::kI32), send_pair = Tensor::empty({P}, DType::kI32);
+  Tensor ids = Tensor::empty({P}, DType::kI32);  // the local expert at the destination
+  Tensor pair_rows = Tensor::empty({P}, DType::kI32), pair_tok = Tensor::empty({P}, DType::kI32),
          pair_slot = Tensor::empty({P}, DType::kI32);
   slot_pairs_ = Tensor::empty({K + 1}, DType::kI64);
   int64_t* slot_pairs = slot_pairs_.data<int64_t>();
@@ -182,11 +197,11 @@ Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* resid
     for (int64_t t = 0; t < N; ++t) {
       if (!kept(t * K + j)) continue;
       const int64_t e = chosen[t * K + j], d = e / local_;
-      const int64_t q = d * M + next[static_cast<size_t>(d)]++;
+      const int64_t q = start[static_cast<size_t>(d)] + next[static_cast<size_t>(d)]++;
       send_index.data<int32_t>()[q] = static_cast<int32_t>(t);
       send_pair.data<int32_t>()[q] = static_cast<int32_t>(p);
       ids.data<int32_t>()[q] = static_cast<int32_t>(e - d * local_);
-      pad_rows.data<int32_t>()[p] = static_cast<int32_t>(q);
+      pair_rows.data<int32_t>()[p] = static_cast<int32_t>(q);
       pair_tok.data<int32_t>()[p] = static_cast<int32_t>(t);
       pair_slot.data<int32_t>()[p] = static_cast<int32_t>(j);
       ++p;
@@ -195,22 +210,22 @@ Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* resid
   slot_pairs[K] = p;
   send_index_ = on_device(send_index);
   send_pair_ = on_device(send_pair);
-  pad_rows_ = on_device(pad_rows);
+  pair_rows_ = on_device(pair_rows);
   pair_tok_ = on_device(pair_tok);
   pair_slot_ = on_device(pair_slot);
   // What arrives: every source's block of rows for this rank's experts, laid out expert by
   // expert (the experts' indices on the host: from a GPU a second wait).
-  Tensor arrived = exchange_->all_to_all(on_device(ids));
+  Tensor arrived = exchange_rows(on_device(ids), false);
   if (!ctx.device.is_cpu()) arrived = arrived.to(Device::cpu());
   const int32_t* expert_of = arrived.data<int32_t>();
   const std::vector<int32_t> places = order_by_expert(
-      R * M, local_, [&](int64_t q) { return expert_of[q]; }, offsets_);
+      arriving, local_, [&](int64_t q) { return expert_of[q]; }, offsets_);
   Tensor rows = Tensor::empty({static_cast<int64_t>(places.size())}, DType::kI32);
   std::copy(places.begin(), places.end(), rows.data<int32_t>());
   rows_ = slots_ = on_device(rows);
   // The local experts on what arrived; their outputs, unweighed, back where the rows came from.
   const Tensor received = send_tokens(ex, x);
-  Tensor outputs = Tensor::zeros({R * M, C}, ctx.dtype, ctx.device);
+  Tensor outputs = Tensor::zeros({arriving, C}, ctx.dtype, ctx.device);
   if (expert_unit_ >= 0) hook_before_forward(ctx, static_cast<size_t>(expert_unit_));
   for (int64_t e = 0; e < local_; ++e) {
     const size_t ei = static_cast<size_t>(e);
@@ -226,10 +241,10 @@ Tensor MoeMlp::run_all_to_all(Context& ctx, const Tensor& x, const Tensor* resid
     });
   }
   if (expert_unit_ >= 0) hook_after_forward(ctx, static_cast<size_t>(expert_unit_));
-  const Tensor returned = exchange_->all_to_all(outputs);
+  const Tensor returned = exchange_rows(outputs, true);
   // Each pair's output at home, weighed into its token: a slot's pairs at a time.
   pair_out_ = Tensor::empty({P, C}, ctx.dtype, ctx.device);
-  ops::gather_rows(ex, pair_out_.raw(), returned.raw(), pad_rows_.data<int32_t>(), P,
+  ops::gather_rows(ex, pair_out_.raw(), returned.raw(), pair_rows_.data<int32_t>(), P,
                    C * static_cast<int64_t>(dtype_size(ctx.dtype)));
   Tensor y = residual ? residual->clone() : Tensor::zeros(x.shape(), ctx.dtype, ctx.device);
   dispatch_float(ctx.dtype, [&](auto zero) {
@@ -483,6 +498,9 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
       // The pairs' output gradients at home (and the routing weights'), sent to the experts'
       // ranks as the rows went; the inputs' gradients come back and are added per slot.
       const int64_t P = pair_tok_.numel(), rows = send_pair_.numel();
+      const int R = exchange_->ranks();
+      const int64_t* exchanged = exchange_rows_.data<int64_t>();
+      const int64_t arrived = std::accumulate(exchanged + R, exchanged + 2 * R, int64_t{0});
       const int64_t row_bytes = C * static_cast<int64_t>(sizeof(Real));
       Tensor g = Tensor::empty({P, C}, ctx.dtype, ctx.device);
       ops::gather_rows(ex, g.raw(), dy.raw(), pair_tok_.data<int32_t>(), P, row_bytes);
@@ -492,8 +510,8 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
       pair_out_ = Tensor();
       Tensor send = Tensor::empty({rows, C}, ctx.dtype, ctx.device);
       ops::gather_rows(ex, send.raw(), g.raw(), send_pair_.data<int32_t>(), rows, row_bytes);
-      const Tensor grads = exchange_->all_to_all(send);
-      Tensor dreceived = Tensor::zeros({rows, C}, ctx.dtype, ctx.device);
+      const Tensor grads = exchange_rows(send, false);
+      Tensor dreceived = Tensor::zeros({arrived, C}, ctx.dtype, ctx.device);
       if (expert_unit_ >= 0) hook_before_backward(ctx, static_cast<size_t>(expert_unit_));
       for (int64_t e = 0; e < local_; ++e) {
         const int64_t n = rows_of(e);
@@ -504,9 +522,9 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
                                    C, K);
       }
       if (expert_unit_ >= 0) hook_after_backward(ctx, static_cast<size_t>(expert_unit_));
-      const Tensor back = exchange_->all_to_all(dreceived);
+      const Tensor back = exchange_rows(dreceived, true);
       Tensor dpairs = Tensor::empty({P, C}, ctx.dtype, ctx.device);
-      ops::gather_rows(ex, dpairs.raw(), back.raw(), pad_rows_.data<int32_t>(), P, row_bytes);
+      ops::gather_rows(ex, dpairs.raw(), back.raw(), pair_rows_.data<int32_t>(), P, row_bytes);
       const int64_t* slot_pairs = slot_pairs_.data<int64_t>();
       for (int64_t j = 0; j < K; ++j) {
         const int64_t first = slot_pairs[j], n = slot_pairs[j + 1] - first;
@@ -563,8 +581,8 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
 void MoeMlp::clear_routing() {
   probs_ = choice_ = weight_ = lse_ = group_weight_ = rows_ = slots_ = offsets_ = counts_ =
       Tensor();
-  send_index_ = send_pair_ = pad_rows_ = pair_tok_ = pair_slot_ = slot_pairs_ = pair_out_ =
-      Tensor();
+  send_index_ = send_pair_ = pair_rows_ = pair_tok_ = pair_slot_ = slot_pairs_ = pair_out_ =
+      exchange_rows_ = Tensor();
   for (Tensor& out : out_) out = Tensor();
 }
 
@@ -595,9 +613,9 @@ void MoeMlp::collect_cache(std::vector<Tensor*>& out) {
   router_.collect_cache(out);
   for (auto& expert : experts_) expert->collect_cache(out);
   if (shared_) shared_->collect_cache(out);
-  for (Tensor* t :
-       {&probs_, &choice_, &weight_, &lse_, &group_weight_, &rows_, &slots_, &offsets_, &counts_,
-        &send_index_, &send_pair_, &pad_rows_, &pair_tok_, &pair_slot_, &slot_pairs_, &pair_out_})
+  for (Tensor* t : {&probs_, &choice_, &weight_, &lse_, &group_weight_, &rows_, &slots_, &offsets_,
+                    &counts_, &send_index_, &send_pair_, &pair_rows_, &pair_tok_, &pair_slot_,
+                    &slot_pairs_, &pair_out_, &exchange_rows_})
     out.push_back(t);
   for (Tensor& t : out_) out.push_back(&t);
 }

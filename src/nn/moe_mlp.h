@@ -171,6 +171,9 @@ class MoeMlp : public FeedForward {
                                      const Tensor& weights, int64_t own_first, int64_t own_pairs);
   // x's rows as send_index_ lays them out, all-to-all'd: the rows this rank's experts receive.
   Tensor send_tokens(const Exec& ex, const Tensor& x) const;
+  // Rows to the experts' ranks in the blocks of exchange_rows_ (the send layout's), or with
+  // `back` from the received layout to where they came from.
+  Tensor exchange_rows(const Tensor& rows, bool back) const;
   MoeShape shape_;
   ExpertExchange* exchange_ = nullptr;
   TensorSplit* split_ = nullptr;
@@ -198,13 +201,15 @@ class MoeMlp : public FeedForward {
   Tensor slots_;    // (≤ N·top_k) i32: where in each of those tokens' choice the expert stands
   Tensor offsets_;  // (local experts + 1) i32, on the host: each one's first place in rows_
   // The all-to-all dispatcher's layout (rows_ / slots_ / offsets_ then index the rows received,
-  // R blocks of M, slots_ unused): this rank's pairs p = j·N + t (slot-major: a slot's tokens
-  // are distinct) and, for each of the R·M rows it sends, the token and the pair it carries
-  // (padding: row 0, unread); each pair's place among them; and the pairs' expert outputs,
+  // block by source rank, slots_ unused): this rank's pairs p = j·N + t (slot-major: a slot's
+  // tokens are distinct) and, for each of the rows it sends (block by destination rank), the
+  // token and the pair it carries; each pair's place among them; and the pairs' expert outputs,
   // come back (P, C). On the forward's device.
   // With expert capacity the dropped pairs are not sent: the pairs are slot by slot, slot j's
   // [slot_pairs_[j], slot_pairs_[j + 1]) (K + 1 i64, on the host).
-  Tensor send_index_, send_pair_, pad_rows_, pair_tok_, pair_slot_, slot_pairs_, pair_out_;
+  Tensor send_index_, send_pair_, pair_rows_, pair_tok_, pair_slot_, slot_pairs_, pair_out_;
+  // The blocks' rows (2 · ranks i64, on the host): sent to each rank, then received from each.
+  Tensor exchange_rows_;
   Tensor counts_;   // (B, experts) i32, on the host: each sequence's choices of each expert
   std::vector<Tensor> out_;  // per local expert: (n_e, C) its outputs, unweighed
   std::vector<int64_t> expert_tokens_;

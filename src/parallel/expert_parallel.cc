@@ -1,6 +1,8 @@
 // Expert parallelism: see expert_parallel.h.
 #include "parallel/expert_parallel.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 
 namespace loom {
@@ -23,14 +25,35 @@ Tensor ExpertParallel::reduce_scatter(const Tensor& stacked) {
   return out;
 }
 
-Tensor ExpertParallel::all_to_all(const Tensor& send) {
-  Tensor out = Tensor::empty(send.shape(), send.dtype(), send.device());
-  ep_.all_to_all_async(send, out)->wait_on_device();
+Tensor ExpertParallel::all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows,
+                                  const std::vector<int64_t>& recv_rows) {
+  Shape shape = send.shape();
+  int64_t row = 1;  // elements a row
+  for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+  std::vector<int64_t> send_counts, recv_counts;
+  shape[0] = 0;
+  for (size_t r = 0; r < send_rows.size(); ++r) {
+    send_counts.push_back(send_rows[r] * row);
+    recv_counts.push_back(recv_rows[r] * row);
+    shape[0] += recv_rows[r];
+  }
+  Tensor out = Tensor::empty(shape, send.dtype(), send.device());
+  // Read by device work only (the experts' GEMMs; the indices through a copy to the host).
+  ep_.all_to_all_v_async(send, send_counts, out, recv_counts)->wait_on_device();
   return out;
 }
 
-int64_t ExpertParallel::max_over_group(int64_t value) {
-  return static_cast<int64_t>(all_reduce_value(ep_, static_cast<double>(value), ReduceOp::kMax));
+std::vector<int64_t> ExpertParallel::exchange_counts(const std::vector<int64_t>& to_each) {
+  const int64_t n = static_cast<int64_t>(to_each.size());
+  Tensor host = Tensor::empty({n}, DType::kI64);
+  std::copy(to_each.begin(), to_each.end(), host.data<int64_t>());
+  // Up queued behind the GPU's work and back by a copy behind the exchange: one wait.
+  const Tensor mine = host.to_queued(ep_.tensor_device());
+  Tensor theirs = Tensor::empty({n}, DType::kI64, ep_.tensor_device());
+  ep_.all_to_all_async(mine, theirs)->wait_on_device();
+  const Tensor back = theirs.to(Device::cpu());
+  ep_.check();
+  return std::vector<int64_t>(back.data<int64_t>(), back.data<int64_t>() + n);
 }
 
 ExpertGroups split_expert_groups(Communicator& dp, int ep, Communicator* gradients) {

@@ -19,12 +19,13 @@
 // are of one size and need no counts exchanged first).
 //
 // The all-to-all dispatcher (parallel.ep_dispatch = "all_to_all", Megatron-LM's "alltoall"):
-// each rank lays out its (token, slot) pairs by the rank of the chosen expert, pads every
-// destination's block to the group's largest (one all-reduce of a count: the communicator's
-// all-to-all takes equal blocks), and all-to-alls the rows with their experts' indices; the
-// experts' outputs come back the same way and are weighed into the tokens at home, where the
-// routing weights' gradient is also taken. A token's row travels once per chosen expert on
-// another rank: about k/ep of the all-gather's bytes, plus the padding.
+// each rank lays out its (token, slot) pairs by the rank of the chosen expert, exchanges with the
+// group how many rows each rank sends each (one all-to-all of ep counts, which the host waits
+// for: it sizes the buffers), and all-to-alls the rows with their experts' indices in blocks of
+// exactly those sizes (Communicator::all_to_all_v); the experts' outputs come back the same way
+// and are weighed into the tokens at home, where the routing weights' gradient is also taken. A
+// token's row travels once per chosen expert on another rank: about k/ep of the all-gather's
+// bytes, nothing padded.
 //
 // Equivalence with one device: an expert's gradient on its rank sums the group's tokens, each
 // with its own rank's loss scale (1 / its micro-batch tokens): averaged over the expert-data-
@@ -50,8 +51,9 @@ class ExpertParallel final : public ExpertExchange {
   Tensor gather(const Tensor& local) override;
   Tensor reduce_scatter(const Tensor& stacked) override;
   bool all_to_all_dispatch() const override { return all_to_all_dispatch_; }
-  Tensor all_to_all(const Tensor& send) override;
-  int64_t max_over_group(int64_t value) override;
+  Tensor all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows,
+                    const std::vector<int64_t>& recv_rows) override;
+  std::vector<int64_t> exchange_counts(const std::vector<int64_t>& to_each) override;
 
  private:
   Communicator& ep_;
