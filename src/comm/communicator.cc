@@ -58,14 +58,11 @@ class AllWork final : public Work {
  private:
   std::vector<WorkHandle> works_;
 };
-
-// What all_to_all_v's pairwise messages are tagged with (matched in order per pair).
-constexpr int kAllToAllVTag = 0x2a2a;
 }  // namespace
 
-WorkHandle Communicator::all_to_all_v_async(const Tensor& input,
-                                            const std::vector<int64_t>& send_counts, Tensor& output,
-                                            const std::vector<int64_t>& recv_counts) {
+std::pair<std::vector<int64_t>, std::vector<int64_t>> Communicator::all_to_all_v_offsets(
+    const Tensor& input, const std::vector<int64_t>& send_counts, const Tensor& output,
+    const std::vector<int64_t>& recv_counts) const {
   const int n = size(), me = rank();
   const auto offsets = [&](const std::vector<int64_t>& counts, const Tensor& t, const char* what) {
     if (static_cast<int>(counts.size()) != n)
@@ -82,20 +79,29 @@ WorkHandle Communicator::all_to_all_v_async(const Tensor& input,
                                      at.back(), ", the tensor holds ", t.numel()));
     return at;
   };
-  const std::vector<int64_t> send_at = offsets(send_counts, input, "send");
-  const std::vector<int64_t> recv_at = offsets(recv_counts, output, "receive");
+  std::vector<int64_t> send_at = offsets(send_counts, input, "send");
+  std::vector<int64_t> recv_at = offsets(recv_counts, output, "receive");
   if (input.dtype() != output.dtype())
     throw CommError(detail::concat(name(), ": all_to_all_v from ", dtype_name(input.dtype()),
                                    " into ", dtype_name(output.dtype())));
+  if (send_counts[static_cast<size_t>(me)] != recv_counts[static_cast<size_t>(me)])
+    throw CommError(detail::concat(name(), ": all_to_all_v sends itself ",
+                                   send_counts[static_cast<size_t>(me)], " elements but expects ",
+                                   recv_counts[static_cast<size_t>(me)]));
+  return {std::move(send_at), std::move(recv_at)};
+}
+
+WorkHandle Communicator::all_to_all_v_async(const Tensor& input,
+                                            const std::vector<int64_t>& send_counts, Tensor& output,
+                                            const std::vector<int64_t>& recv_counts) {
+  const int n = size(), me = rank();
+  const auto [send_at, recv_at] = all_to_all_v_offsets(input, send_counts, output, recv_counts);
   const auto block = [](const Tensor& t, const std::vector<int64_t>& at, int r) {
     const int64_t begin = at[static_cast<size_t>(r)];
     return t.reshape({t.numel()}).narrow(begin, at[static_cast<size_t>(r) + 1] - begin);
   };
-  const int64_t own = send_counts[static_cast<size_t>(me)];
-  if (own != recv_counts[static_cast<size_t>(me)])
-    throw CommError(detail::concat(name(), ": all_to_all_v sends itself ", own,
-                                   " elements but expects ", recv_counts[static_cast<size_t>(me)]));
-  if (own > 0) {  // in the device's queue, as the messages' kernels are
+  if (send_counts[static_cast<size_t>(me)] >
+      0) {  // in the device's queue, as the messages' kernels are
     const Tensor from = block(input, send_at, me);
     Tensor into = block(output, recv_at, me);
     copy_bytes_queued(into.raw(), from.raw(), output.device(), static_cast<size_t>(from.nbytes()));

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -110,6 +111,14 @@ class Communicator {
   virtual WorkHandle all_to_all_v_async(const Tensor& input,
                                         const std::vector<int64_t>& send_counts, Tensor& output,
                                         const std::vector<int64_t>& recv_counts);
+  // all_to_all_v's checks (counts per rank, none negative, summing to the tensors, the same
+  // dtype, this rank's own block as long both ways; CommError naming the group otherwise) and
+  // the blocks' offsets: send's, then receive's, each size() + 1 long.
+  std::pair<std::vector<int64_t>, std::vector<int64_t>> all_to_all_v_offsets(
+      const Tensor& input, const std::vector<int64_t>& send_counts, const Tensor& output,
+      const std::vector<int64_t>& recv_counts) const;
+  // The tag of all_to_all_v's messages (a pair's are matched in order).
+  static constexpr int kAllToAllVTag = 0x2a2a;
   virtual WorkHandle barrier_async() = 0;
   // Point to point; a send matches the recv of the same (source, destination, tag), in order.
   virtual WorkHandle send_async(const Tensor& tensor, int dst, int tag) = 0;

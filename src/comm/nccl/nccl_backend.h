@@ -123,6 +123,10 @@ class NcclCommunicator final : public Communicator {
   WorkHandle broadcast_async(Tensor& tensor, int root) override;
   WorkHandle reduce_async(Tensor& tensor, int root, ReduceOp op) override;
   WorkHandle all_to_all_async(const Tensor& input, Tensor& output) override;
+  // One NCCL group of every block's send and recv (each with its header), this rank's own block
+  // copied on the stream first: the peers' transfers run at once, not a ring step after another.
+  WorkHandle all_to_all_v_async(const Tensor& input, const std::vector<int64_t>& send_counts,
+                                Tensor& output, const std::vector<int64_t>& recv_counts) override;
   WorkHandle barrier_async() override;
   WorkHandle send_async(const Tensor& tensor, int dst, int tag) override;
   WorkHandle recv_async(Tensor& tensor, int src, int tag) override;

@@ -146,6 +146,69 @@ WorkHandle NcclCommunicator::recv_async(Tensor& tensor, int src, int tag) {
                 header_check(shared_, header, what, tag, tensor, recv.number));
 }
 
+WorkHandle NcclCommunicator::all_to_all_v_async(const Tensor& input,
+                                                const std::vector<int64_t>& send_counts,
+                                                Tensor& output,
+                                                const std::vector<int64_t>& recv_counts) {
+  expect_on_gpu(input, shared_->device, "all_to_all_v", "the input");
+  expect_on_gpu(output, shared_->device, "all_to_all_v", "the output");
+  const auto [send_at, recv_at] = all_to_all_v_offsets(input, send_counts, output, recv_counts);
+  const auto block = [](const Tensor& t, const std::vector<int64_t>& at, int r) {
+    const int64_t begin = at[static_cast<size_t>(r)];
+    return t.reshape({t.numel()}).narrow(begin, at[static_cast<size_t>(r) + 1] - begin);
+  };
+  NcclShared& s = *shared_;
+  const int n = size_, me = rank_;
+  struct Message {
+    int peer;
+    Tensor data, header;
+  };
+  std::vector<Message> sends, recvs;
+  std::vector<Tensor> keep = {input, output};
+  std::vector<FlightNote> notes;
+  std::vector<std::function<void()>> checks;
+  std::string what = detail::concat("all_to_all_v on ", s.group());
+  for (int k = 1; k < n; ++k) {  // the ring's order, as the default's
+    const int to = (me + k) % n, from = (me - k + n) % n;
+    if (send_counts[static_cast<size_t>(to)] > 0) {
+      const Tensor data = block(input, send_at, to);
+      const P2p send = p2p_op(s, "send", "dst", to, kAllToAllVTag, s.sent, data);
+      sends.push_back({to, data, header_of(data, kAllToAllVTag, send.number)});
+      keep.push_back(sends.back().header);
+      notes.push_back(send.note);
+    }
+    if (recv_counts[static_cast<size_t>(from)] > 0) {
+      const Tensor data = block(output, recv_at, from);
+      const P2p recv = p2p_op(s, "recv", "src", from, kAllToAllVTag, s.received, data);
+      recvs.push_back({from, data, Tensor::empty({kHeaderFields}, DType::kI64, output.device())});
+      keep.push_back(recvs.back().header);
+      notes.push_back(recv.note);
+      checks.push_back(
+          header_check(shared_, recvs.back().header, recv.what, kAllToAllVTag, data, recv.number));
+    }
+  }
+  const Tensor own = block(input, send_at, me);
+  Tensor own_out = block(output, recv_at, me);
+  return launch(
+      shared_, {what}, "ncclSend/ncclRecv",
+      [&] {
+        ncclResult_t r = copy_on_stream(own_out.raw(), own.raw(), own.nbytes(), s.stream);
+        if (r != ncclSuccess || (sends.empty() && recvs.empty())) return r;
+        return grouped([&] {
+          ncclResult_t result = ncclSuccess;
+          for (Message& m : sends)
+            if (result == ncclSuccess) result = nccl_send(s, m.header, m.data, m.peer);
+          for (Message& m : recvs)
+            if (result == ncclSuccess) result = nccl_recv(s, m.header, m.data, m.peer);
+          return result;
+        });
+      },
+      std::move(keep), notes,
+      [checks = std::move(checks)] {
+        for (const auto& check : checks) check();
+      });
+}
+
 WorkHandle NcclCommunicator::send_recv_async(const Tensor& to_send, int dst, Tensor& into, int src,
                                              int tag) {
   // A message to or from oneself goes through the eager self-copy of send_async / recv_async.
