@@ -106,12 +106,13 @@ void expect_plan_is_what_the_trainer_allocates(Config c, const Layout& l, const 
   for (int64_t b : rank_state_buffers(c, 0))
     planned += static_cast<int64_t>(CachingCpuAllocator::round_size(static_cast<size_t>(b)));
   // The trainer measures its engines' buffers as the growth of the allocator's bytes in use,
-  // which thread ranks share: another rank's small tensor made meanwhile (a few hundred bytes)
-  // can land in it. On a GPU AdamW's table of runs (optim/adamw.h: 48 bytes a run of
+  // which thread ranks share: other ranks' small tensors made meanwhile (a few hundred bytes
+  // each; 1280 seen under the sanitizers, a pipeline's ranks setting up tp and its messages) can
+  // land in it — 4 KiB of slack, far below any unit's buffers. On a GPU AdamW's table of runs (optim/adamw.h: 48 bytes a run of
   // parameters, ~2 KiB here) lives in device memory too and is counted with the moments.
   const double table = c.runtime.device == "cuda" ? 4096 : 0;
-  EXPECT_GE(measured, static_cast<double>(planned) - 1024);
-  EXPECT_LE(measured, static_cast<double>(planned) + 1024 + table);
+  EXPECT_GE(measured, static_cast<double>(planned) - 4096);
+  EXPECT_LE(measured, static_cast<double>(planned) + 4096 + table);
 }
 
 TEST(Planner, StateBytesAreWhatTheEnginesAllocate) {
