@@ -213,6 +213,23 @@ TEST_P(GroupSize, AllToAllVMovesBlocksOfAnySize) {
             }
       }
     }
+    // A block one rank sends and its receiver expects at another length: every rank refuses the
+    // exchange, naming the pair (none is left waiting for the others).
+    if (n >= 2) {
+      std::vector<int64_t> out_counts(static_cast<size_t>(n), 0), in_counts = out_counts;
+      if (me == 0) out_counts[1] = 1;
+      if (me == 1) in_counts[0] = 2;
+      Tensor out_t = Tensor::zeros({me == 0 ? 1 : 0}, DType::kF32);
+      Tensor in_t = Tensor::zeros({me == 1 ? 2 : 0}, DType::kF32);
+      try {
+        comm.all_to_all_v(out_t, out_counts, in_t, in_counts);
+        ADD_FAILURE() << "rank " << me << " took mismatched blocks";
+      } catch (const CommError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 0 sends rank 1 1 elements, which expects 2"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
     // Counts that do not add up to the tensors are refused by name.
     Tensor t = Tensor::empty({3}, DType::kF32);
     std::vector<int64_t> wrong(static_cast<size_t>(n), 0);

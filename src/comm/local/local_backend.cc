@@ -249,6 +249,48 @@ class LocalCommunicatorImpl final : public LocalCommunicator {
     });
   }
 
+  // Every rank copies its blocks straight from the senders' inputs, as all_to_all does (the
+  // default's messages would copy each block twice). The posts carry every rank's offsets, so
+  // each rank checks the whole exchange — rank r's block for s as long as s expects — and all
+  // refuse a mismatch alike, none left waiting.
+  WorkHandle all_to_all_v_async(const Tensor& input, const std::vector<int64_t>& send_counts,
+                                Tensor& output, const std::vector<int64_t>& recv_counts) override {
+    check_cpu(input, "all_to_all_v input");
+    check_cpu(output, "all_to_all_v output");
+    const auto [send_at, recv_at] = all_to_all_v_offsets(input, send_counts, output, recv_counts);
+    const auto* in = static_cast<const std::byte*>(input.raw());
+    auto* out = static_cast<std::byte*>(output.raw());
+    if (input.nbytes() > 0 && output.nbytes() > 0 && in < out + output.nbytes() &&
+        out < in + input.nbytes())
+      fail("all_to_all_v on group '", name(), "': input and output overlap");
+    const int n = size();
+    Tensor blocks = Tensor::empty({2 * (n + 1)}, DType::kI64);
+    std::copy(send_at.begin(), send_at.end(), blocks.data<int64_t>());
+    std::copy(recv_at.begin(), recv_at.end(), blocks.data<int64_t>() + n + 1);
+    Post p = post_of(OpKind::kAllToAllV, 0, input.dtype(), -1, ReduceOp::kSum, input, output);
+    p.blocks = blocks.data<int64_t>();
+    return collective(p, {input, output, blocks}, [this, n](const std::vector<Post>& posts) {
+      const auto sent = [&](int from, int to) {
+        return posts[from].blocks[to + 1] - posts[from].blocks[to];
+      };
+      const auto expected = [&](int at, int from) {
+        return posts[at].blocks[n + 1 + from + 1] - posts[at].blocks[n + 1 + from];
+      };
+      for (int r = 0; r < n; ++r)
+        for (int s = 0; s < n; ++s)
+          if (sent(r, s) != expected(s, r))
+            throw CommError(detail::concat("all_to_all_v on group '", name(), "': rank ", r,
+                                           " sends rank ", s, " ", sent(r, s),
+                                           " elements, which expects ", expected(s, r)));
+      const Post& me = posts[rank_];
+      const size_t element = dtype_size(me.dtype);
+      for (int r = 0; r < n; ++r)
+        copy_bytes(me.out + me.blocks[n + 1 + r] * element,
+                   posts[r].in + posts[r].blocks[rank_] * element,
+                   static_cast<size_t>(sent(r, rank_)) * element);
+    });
+  }
+
   WorkHandle barrier_async() override {
     Post p{OpKind::kBarrier};
     return collective(p, {}, nullptr);

@@ -21,6 +21,8 @@ std::string_view op_kind_name(OpKind kind) {
       return "reduce";
     case OpKind::kAllToAll:
       return "all_to_all";
+    case OpKind::kAllToAllV:
+      return "all_to_all_v";
     case OpKind::kBarrier:
       return "barrier";
     case OpKind::kSplit:

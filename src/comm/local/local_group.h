@@ -31,6 +31,7 @@ enum class OpKind {
   kBroadcast,
   kReduce,
   kAllToAll,
+  kAllToAllV,
   kBarrier,
   kSplit
 };
@@ -53,6 +54,8 @@ struct Post {
   std::byte* out = nullptr;
   int color = 0;
   int key = 0;
+  // all_to_all_v: the rank's blocks' element offsets, send's then receive's (2 · (size + 1)).
+  const int64_t* blocks = nullptr;
 };
 
 bool same_call(const Post& a, const Post& b);  // same op, count, dtype, root, reduce op
