@@ -91,15 +91,17 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> Communicator::all_to_all_v
   return {std::move(send_at), std::move(recv_at)};
 }
 
+Tensor Communicator::all_to_all_v_block(const Tensor& t, const std::vector<int64_t>& at, int r) {
+  const int64_t begin = at[static_cast<size_t>(r)];
+  return t.reshape({t.numel()}).narrow(begin, at[static_cast<size_t>(r) + 1] - begin);
+}
+
 WorkHandle Communicator::all_to_all_v_async(const Tensor& input,
                                             const std::vector<int64_t>& send_counts, Tensor& output,
                                             const std::vector<int64_t>& recv_counts) {
   const int n = size(), me = rank();
   const auto [send_at, recv_at] = all_to_all_v_offsets(input, send_counts, output, recv_counts);
-  const auto block = [](const Tensor& t, const std::vector<int64_t>& at, int r) {
-    const int64_t begin = at[static_cast<size_t>(r)];
-    return t.reshape({t.numel()}).narrow(begin, at[static_cast<size_t>(r) + 1] - begin);
-  };
+  const auto block = all_to_all_v_block;
   if (send_counts[static_cast<size_t>(me)] >
       0) {  // in the device's queue, as the messages' kernels are
     const Tensor from = block(input, send_at, me);
@@ -155,6 +157,20 @@ std::vector<double> all_gather_values(Communicator& comm, const std::vector<doub
   Tensor back = all.to(Device::cpu());
   comm.check();
   return std::vector<double>(back.data<double>(), back.data<double>() + back.numel());
+}
+
+std::vector<int64_t> all_to_all_values(Communicator& comm, const std::vector<int64_t>& to_each) {
+  const int64_t n = static_cast<int64_t>(to_each.size());
+  if (n != comm.size())
+    throw CommError(detail::concat(comm.name(), ": all_to_all_values of ", n,
+                                   " values for a group of ", comm.size()));
+  Tensor host = Tensor::empty({n}, DType::kI64);
+  std::copy(to_each.begin(), to_each.end(), host.data<int64_t>());
+  Tensor theirs = Tensor::empty({n}, DType::kI64, comm.tensor_device());
+  comm.all_to_all_async(host.to_queued(comm.tensor_device()), theirs)->wait_on_device();
+  const Tensor back = theirs.to(Device::cpu());
+  comm.check();
+  return std::vector<int64_t>(back.data<int64_t>(), back.data<int64_t>() + n);
 }
 
 }  // namespace loom

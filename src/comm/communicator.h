@@ -117,6 +117,8 @@ class Communicator {
   std::pair<std::vector<int64_t>, std::vector<int64_t>> all_to_all_v_offsets(
       const Tensor& input, const std::vector<int64_t>& send_counts, const Tensor& output,
       const std::vector<int64_t>& recv_counts) const;
+  // Rank r's block of a flat tensor laid out by the offsets `at` (all_to_all_v_offsets').
+  static Tensor all_to_all_v_block(const Tensor& t, const std::vector<int64_t>& at, int r);
   // The tag of all_to_all_v's messages (a pair's are matched in order).
   static constexpr int kAllToAllVTag = 0x2a2a;
   virtual WorkHandle barrier_async() = 0;
@@ -178,5 +180,8 @@ std::vector<double> all_reduce_values(Communicator& comm, const std::vector<doub
                                       ReduceOp op = ReduceOp::kSum);
 // Every rank's `mine` (the same length on each), rank r's at [r·n, (r+1)·n).
 std::vector<double> all_gather_values(Communicator& comm, const std::vector<double>& mine);
+// What every rank sends this one, from `to_each` (size() values, to_each[r] for rank r): element
+// r of the result is rank r's value for this rank (an all_to_all of counts, say).
+std::vector<int64_t> all_to_all_values(Communicator& comm, const std::vector<int64_t>& to_each);
 
 }  // namespace loom

@@ -1,8 +1,6 @@
 // Expert parallelism: see expert_parallel.h.
 #include "parallel/expert_parallel.h"
 
-#include <algorithm>
-
 #include "base/error.h"
 
 namespace loom {
@@ -44,16 +42,7 @@ Tensor ExpertParallel::all_to_all(const Tensor& send, const std::vector<int64_t>
 }
 
 std::vector<int64_t> ExpertParallel::exchange_counts(const std::vector<int64_t>& to_each) {
-  const int64_t n = static_cast<int64_t>(to_each.size());
-  Tensor host = Tensor::empty({n}, DType::kI64);
-  std::copy(to_each.begin(), to_each.end(), host.data<int64_t>());
-  // Up queued behind the GPU's work and back by a copy behind the exchange: one wait.
-  const Tensor mine = host.to_queued(ep_.tensor_device());
-  Tensor theirs = Tensor::empty({n}, DType::kI64, ep_.tensor_device());
-  ep_.all_to_all_async(mine, theirs)->wait_on_device();
-  const Tensor back = theirs.to(Device::cpu());
-  ep_.check();
-  return std::vector<int64_t>(back.data<int64_t>(), back.data<int64_t>() + n);
+  return all_to_all_values(ep_, to_each);  // one wait: up queued, back behind the exchange
 }
 
 ExpertGroups split_expert_groups(Communicator& dp, int ep, Communicator* gradients) {

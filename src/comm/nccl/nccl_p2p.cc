@@ -153,10 +153,7 @@ WorkHandle NcclCommunicator::all_to_all_v_async(const Tensor& input,
   expect_on_gpu(input, shared_->device, "all_to_all_v", "the input");
   expect_on_gpu(output, shared_->device, "all_to_all_v", "the output");
   const auto [send_at, recv_at] = all_to_all_v_offsets(input, send_counts, output, recv_counts);
-  const auto block = [](const Tensor& t, const std::vector<int64_t>& at, int r) {
-    const int64_t begin = at[static_cast<size_t>(r)];
-    return t.reshape({t.numel()}).narrow(begin, at[static_cast<size_t>(r) + 1] - begin);
-  };
+  const auto block = all_to_all_v_block;
   NcclShared& s = *shared_;
   const int n = size_, me = rank_;
   struct Message {
