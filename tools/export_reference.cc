@@ -6,7 +6,10 @@
 // tools/hf_llama_reference.py runs it in HuggingFace transformers' LlamaForCausalLM for
 // tests/models/llama_reference_test.cc. With --moe that Llama with a mixture of 4 SwiGLU experts
 // (48 wide, top 2) in each block: tools/hf_mixtral_reference.py runs it in transformers'
-// MixtralForCausalLM for tests/models/moe_reference_test.cc. See tools/README.md.
+// MixtralForCausalLM for tests/models/moe_reference_test.cc. With --qwen2 the Llama with biases on
+// its queries, keys and values (model.qkv_bias), rope_theta 1e6 and RMSNorm's epsilon 1e-6, as
+// Qwen 2.5's: tools/hf_llama_reference.py runs it in transformers' Qwen2ForCausalLM for
+// tests/models/qwen2_reference_test.cc. See tools/README.md.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -17,9 +20,10 @@
 
 int main(int argc, char** argv) {
   const bool moe = argc == 3 && std::string(argv[1]) == "--moe";
-  const bool llama = moe || (argc == 3 && std::string(argv[1]) == "--llama");
+  const bool qwen2 = argc == 3 && std::string(argv[1]) == "--qwen2";
+  const bool llama = moe || qwen2 || (argc == 3 && std::string(argv[1]) == "--llama");
   if (argc != 2 && !llama) {
-    std::fprintf(stderr, "usage: %s [--llama | --moe] OUT.safetensors\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--llama | --moe | --qwen2] OUT.safetensors\n", argv[0]);
     return 2;
   }
   const char* out_path = argv[argc - 1];
@@ -31,6 +35,11 @@ int main(int argc, char** argv) {
       c.ffn_hidden = 96;
       c.rope_theta = 10000;
       c.norm_eps = 1e-5;
+    }
+    if (qwen2) {
+      c.qkv_bias = true;
+      c.rope_theta = 1e6;
+      c.norm_eps = 1e-6;
     }
     if (moe) {
       c.ffn_hidden = 48;
@@ -57,6 +66,11 @@ int main(int argc, char** argv) {
     if (llama)
       meta.insert({{"arch", "llama"}, {"n_kv_heads", "2"}, {"ffn_hidden", "96"},
                    {"rope_theta", "10000"}, {"norm_eps", "1e-5"}});
+    if (qwen2) {
+      meta["qkv_bias"] = "1";
+      meta["rope_theta"] = "1000000";
+      meta["norm_eps"] = "1e-6";
+    }
     if (moe) {
       meta["ffn_hidden"] = "48";
       meta.insert({{"moe_experts", "4"}, {"moe_top_k", "2"}, {"moe_aux_loss_coef", "0.05"}});

@@ -14,6 +14,8 @@ records, computed in float64 from the float32 weights:
 
 So Loom's rotary embedding (rotate_half pairing), grouped-query head sharing, RMSNorm, SwiGLU
 (gate first) and tied head are checked against the implementation users load their Llamas with.
+From `loom_export_reference --qwen2` (meta qkv_bias = 1) the same in transformers'
+Qwen2ForCausalLM: the fused qkv bias split into q/k/v_proj.bias, its gradient re-fused.
 
 Usage: PYTHON=/usr/bin/python3 tools/make_golden.sh llama. Needs torch, numpy and transformers
 (pip install transformers; checked with 4.40.2 on Debian's torch 1.13). EXTRA_PYTHONPATH appends a
@@ -28,7 +30,7 @@ if os.environ.get("EXTRA_PYTHONPATH"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_reference import load_safetensors, save_safetensors  # noqa: E402
@@ -39,13 +41,19 @@ def build(tensors, meta, dtype):
     n_layers = sum(1 for k in tensors if k.endswith(".ln_1.weight"))
     n_heads, kv_heads, hidden = int(meta["n_heads"]), int(meta["n_kv_heads"]), int(meta["ffn_hidden"])
     hd = C // n_heads
-    config = LlamaConfig(vocab_size=tensors["wte.weight"].shape[0], hidden_size=C, intermediate_size=hidden,
-                         num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=kv_heads,
-                         max_position_embeddings=64, rms_norm_eps=float(meta["norm_eps"]),
-                         rope_theta=float(meta["rope_theta"]), tie_word_embeddings=True,
-                         attention_bias=False, mlp_bias=False, hidden_act="silu")
-    config._attn_implementation = "eager"
-    model = LlamaForCausalLM(config).to(dtype)
+    shape = dict(vocab_size=tensors["wte.weight"].shape[0], hidden_size=C, intermediate_size=hidden,
+                 num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=kv_heads,
+                 max_position_embeddings=64, rms_norm_eps=float(meta["norm_eps"]),
+                 rope_theta=float(meta["rope_theta"]), tie_word_embeddings=True, hidden_act="silu")
+    if meta.get("qkv_bias") == "1":  # Qwen 2: q/k/v biases, no sliding window
+        config = Qwen2Config(use_sliding_window=False, **shape)
+        config._attn_implementation = "eager"
+        model = Qwen2ForCausalLM(config).to(dtype)
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    else:
+        config = LlamaConfig(attention_bias=False, mlp_bias=False, **shape)
+        config._attn_implementation = "eager"
+        model = LlamaForCausalLM(config).to(dtype)
     state = attention_state(tensors, n_layers, kv_heads * hd)
     for l in range(n_layers):
         ours, hf = f"blocks.{l}.", f"model.layers.{l}."
@@ -69,6 +77,11 @@ def attention_state(tensors, n_layers, kv):
         state[hf + "self_attn.q_proj.weight"] = qkv[:C]
         state[hf + "self_attn.k_proj.weight"] = qkv[C:C + kv]
         state[hf + "self_attn.v_proj.weight"] = qkv[C + kv:]
+        if ours + "attn.qkv.bias" in tensors:  # Qwen 2's
+            bias = tensors[ours + "attn.qkv.bias"]
+            state[hf + "self_attn.q_proj.bias"] = bias[:C]
+            state[hf + "self_attn.k_proj.bias"] = bias[C:C + kv]
+            state[hf + "self_attn.v_proj.bias"] = bias[C + kv:]
         state[hf + "self_attn.o_proj.weight"] = tensors[ours + "attn.proj.weight"]
         state[hf + "post_attention_layernorm.weight"] = tensors[ours + "ln_2.weight"]
     return state
@@ -96,6 +109,8 @@ def attention_grads(model, n_layers):
         a = layer.self_attn
         g[ours + "ln_1.weight"] = layer.input_layernorm.weight.grad
         g[ours + "attn.qkv.weight"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad, a.v_proj.weight.grad])
+        if a.q_proj.bias is not None:  # Qwen 2's
+            g[ours + "attn.qkv.bias"] = torch.cat([a.q_proj.bias.grad, a.k_proj.bias.grad, a.v_proj.bias.grad])
         g[ours + "attn.proj.weight"] = a.o_proj.weight.grad
         g[ours + "ln_2.weight"] = layer.post_attention_layernorm.weight.grad
     return g
@@ -131,14 +146,20 @@ def loom_grads(model, names, n_layers, hidden, q_end):
 
 def main(inp, out):
     tensors, meta = load_safetensors(inp)
-    assert meta.get("arch") == "llama", "expected loom_export_reference --llama output"
+    assert meta.get("arch") == "llama", "expected loom_export_reference --llama or --qwen2 output"
     batch = torch.from_numpy(tensors.pop("batch.tokens").astype(np.int64))
     tokens, targets = batch[:, :-1], batch[:, 1:]
     names = list(tensors.keys())
 
+    # Qwen 2's causal mask (transformers 4.40) is made in the default dtype from the model's
+    # dtype's minimum, as Mixtral's: float64 the default while the float64 model runs.
+    qwen2 = meta.get("qkv_bias") == "1"
+    if qwen2:
+        torch.set_default_dtype(torch.float64)
     model, n_layers, hidden, q_end = build(tensors, meta, torch.float64)
     loss = loss_of(model, tokens, targets)
     loss.backward()
+    torch.set_default_dtype(torch.float32)
     golden = {"loss": np.array([loss.item()], dtype=np.float64)}
     for k, v in loom_grads(model, names, n_layers, hidden, q_end).items():
         golden["grad." + k] = v.numpy().astype(np.float64)
@@ -149,7 +170,7 @@ def main(inp, out):
     losses = golden["adamw_losses"] = adamw_losses(model32, step_loss, step_loss)
     import transformers
     save_safetensors(out, golden, {"torch": torch.__version__, "transformers": transformers.__version__,
-                                   "source": "tools/hf_llama_reference.py"})
+                                   "source": "tools/hf_llama_reference.py" + (" (Qwen2ForCausalLM)" if qwen2 else "")})
     print(f"loss {loss.item():.6f}; after 5 AdamW steps {losses[-1]:.6f}; wrote {out}")
 
 

@@ -10,7 +10,10 @@ computed in float64 (LlamaForCausalLM returns them as float32). tests/checkpoint
 (train.init_from's loader) and compares its logits.
 
 With --mixtral instead: tests/data/hf_tiny_mixtral/, a MixtralForCausalLM of the same sizes with
-4 experts (48 wide) per block, 2 per token, and its logits likewise.
+4 experts (48 wide) per block, 2 per token, and its logits likewise. With --qwen2:
+tests/data/hf_tiny_qwen2/, a Qwen2ForCausalLM of the same sizes (a tied head, rope_theta 1e6,
+rms_norm_eps 1e-6, as Qwen 2.5's small models) whose q/k/v biases are random, not transformers'
+zeros, so that a bias read wrongly shows in the logits (made with 4.40.2).
 
     EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py [--mixtral]
 
@@ -25,19 +28,27 @@ if os.environ.get("EXTRA_PYTHONPATH"):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM  # noqa: E402
+from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,  # noqa: E402
+                          Qwen2Config, Qwen2ForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_reference import save_safetensors  # noqa: E402
 
 
-def write(name, tied, rope_scaling, experts=0):
+def write(name, tied, rope_scaling, experts=0, qwen2=False):
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
     sizes = dict(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                  rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tied, initializer_range=0.2)
-    if experts:
+    if qwen2:
+        sizes.update(rope_theta=1e6, rms_norm_eps=1e-6)
+        model = Qwen2ForCausalLM(Qwen2Config(**sizes, use_sliding_window=False)).eval()
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.copy_(0.5 * torch.randn(proj.bias.shape))
+    elif experts:
         config = MixtralConfig(**sizes, num_local_experts=experts, num_experts_per_tok=2,
                                sliding_window=None)
         model = MixtralForCausalLM(config).eval()
@@ -65,6 +76,9 @@ def write(name, tied, rope_scaling, experts=0):
 def main():
     if sys.argv[1:] == ["--mixtral"]:
         write("hf_tiny_mixtral", tied=False, rope_scaling=None, experts=4)
+        return
+    if sys.argv[1:] == ["--qwen2"]:
+        write("hf_tiny_qwen2", tied=True, rope_scaling=None, qwen2=True)
         return
     write("hf_tiny_llama", tied=False, rope_scaling=None)
     write("hf_tiny_llama31", tied=True,

@@ -244,6 +244,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
   if (!mc.tie_embeddings) shape["tie_embeddings"] = false;
   if (mc.llama()) {
     shape["n_kv_heads"] = mc.n_kv_heads;
+    if (mc.qkv_bias) shape["qkv_bias"] = true;
     shape["ffn_hidden"] = mc.ffn_hidden;
     shape["rope_theta"] = mc.rope_theta;
     shape["norm_eps"] = mc.norm_eps;
@@ -419,6 +420,7 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
     c.tie_embeddings = m.value("tie_embeddings", true);
     if (c.llama()) {
       c.n_kv_heads = json_integer<int64_t>(m.at("n_kv_heads"));
+      c.qkv_bias = m.value("qkv_bias", false);
       c.ffn_hidden = json_integer<int64_t>(m.at("ffn_hidden"));
       c.rope_theta = m.at("rope_theta").get<double>();
       c.norm_eps = m.at("norm_eps").get<double>();

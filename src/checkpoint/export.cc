@@ -116,7 +116,8 @@ Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
 // transformers' LlamaForCausalLM (save_pretrained's names; nn.Linear weights are out × in as
 // here). The fused qkv and gate/up weights are written as their q/k/v and gate/up row blocks;
 // a tied LM head is model.embed_tokens (tie_word_embeddings), so not written; an untied one is
-// lm_head.weight.
+// lm_head.weight. With qkv biases (model.qkv_bias) a Qwen2ForCausalLM: the same names, the
+// fused bias as q/k/v_proj.bias.
 void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
   const Gpt2Config& c = model.config();
   const auto host = [&](const std::string& name) { return model.params().get(name).value.to(Device::cpu()); };
@@ -134,6 +135,12 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     put(hf + "self_attn.q_proj.weight", row_block(qkv, 0, C));
     put(hf + "self_attn.k_proj.weight", row_block(qkv, C, kv));
     put(hf + "self_attn.v_proj.weight", row_block(qkv, C + kv, kv));
+    if (c.qkv_bias) {
+      const Tensor bias = host(ours + "attn.qkv.bias");
+      put(hf + "self_attn.q_proj.bias", row_block(bias, 0, C));
+      put(hf + "self_attn.k_proj.bias", row_block(bias, C, kv));
+      put(hf + "self_attn.v_proj.bias", row_block(bias, C + kv, kv));
+    }
     put(hf + "self_attn.o_proj.weight", host(ours + "attn.proj.weight"));
     put(hf + "post_attention_layernorm.weight", host(ours + "ln_2.weight"));
     if (c.moe()) {  // Mixtral's sparse MoE block: the router as its gate, w1 / w3 / w2 experts
@@ -188,6 +195,17 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     config["output_router_logits"] = false;
     config["sliding_window"] = nullptr;
     for (const char* llama_only : {"rope_scaling", "head_dim", "attention_bias", "mlp_bias"})
+      config.erase(llama_only);
+  }
+  if (c.qkv_bias) {
+    // Qwen2Config's: the biases implied, head_dim hidden_size / num_attention_heads, its sliding
+    // window off (Loom's attention is causal over the whole sequence).
+    config["architectures"] = {"Qwen2ForCausalLM"};
+    config["model_type"] = "qwen2";
+    config["use_sliding_window"] = false;
+    config["sliding_window"] = nullptr;
+    config["max_window_layers"] = c.n_layers;
+    for (const char* llama_only : {"head_dim", "attention_bias", "mlp_bias"})
       config.erase(llama_only);
   }
   write_config_json(dir, config);
@@ -302,13 +320,23 @@ std::map<std::string, Tensor> read_hf_tensors(const fs::path& dir) {
 // another type than LlamaConfig's (nlohmann's value() throws) is refused by the caller.
 int64_t check_llama_config(const std::string& config_path, const nlohmann::json& config,
                            const Gpt2Config& model) {
-  // A dense Llama starts from a LlamaForCausalLM, a mixture of experts from a
-  // MixtralForCausalLM (its experts and top k Loom's, its attention not windowed).
+  // A dense Llama starts from a LlamaForCausalLM (or a MistralForCausalLM: the same tensors, its
+  // attention not windowed), one with qkv biases from a Qwen2ForCausalLM, a mixture of experts
+  // from a MixtralForCausalLM (its experts and top k Loom's, its attention not windowed).
   const std::string model_type = config.value("model_type", std::string("(none)"));
-  if (!model.moe() && model_type != "llama")
+  if (!model.moe() && model.qkv_bias && model_type != "qwen2")
+    fail(config_path, ": model_type = ", model_type,
+         ", but model.qkv_bias = true starts from a Qwen2ForCausalLM directory (a ", model_type,
+         " has no biases on its queries, keys and values)");
+  if (!model.moe() && !model.qkv_bias && model_type != "llama" && model_type != "mistral")
     fail(config_path, ": model_type = ", model_type,
          ", but model.arch = \"llama\" starts from a LlamaForCausalLM directory",
-         model_type == "mixtral" ? " (a MixtralForCausalLM needs model.moe_experts)" : "");
+         model_type == "mixtral" ? " (a MixtralForCausalLM needs model.moe_experts)"
+         : model_type == "qwen2" ? " (a Qwen2ForCausalLM's qkv biases need model.qkv_bias = true)"
+                                 : "");
+  if (model.moe() && model.qkv_bias)
+    fail(config_path, ": model.qkv_bias = true with model.moe_experts: a MixtralForCausalLM has ",
+         "no biases on its queries, keys and values");
   if (model.moe() && model_type != "mixtral")
     fail(config_path, ": model_type = ", model_type,
          ", but model.moe_experts = ", model.moe_experts,
@@ -340,11 +368,15 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
                  "model.moe_experts");
     expect_equal("num_experts_per_tok", integer("num_experts_per_tok"), model.moe_top_k,
                  "model.moe_top_k");
-    const nlohmann::json window = config.value("sliding_window", nlohmann::json());
-    if (!window.is_null() && json_integer<int64_t>(window) < model.max_seq_len)
-      fail(config_path, ": sliding_window = ", window.dump(),
-           " is below model.max_seq_len = ", model.max_seq_len,
-           ": Loom's attention is not windowed");
+  }
+  // Mistral's, Mixtral's and Qwen 2's sliding window (Qwen 2's only with use_sliding_window):
+  // none, or no shorter than the sequences.
+  const nlohmann::json window = config.value("sliding_window", nlohmann::json());
+  if (!window.is_null() && config.value("use_sliding_window", model_type != "qwen2") &&
+      json_integer<int64_t>(window) < model.max_seq_len)
+    fail(config_path, ": sliding_window = ", window.dump(),
+         " is below model.max_seq_len = ", model.max_seq_len, ": Loom's attention is not windowed");
+  if (model.moe()) {
     if (!config.value("rope_scaling", nlohmann::json()).is_null() || model.rope_scaling_factor > 0)
       fail(config_path, ": rope_scaling: transformers' MixtralForCausalLM applies none, so a ",
            "mixture of experts starts without it (model.rope_scaling = \"none\")");
@@ -432,6 +464,10 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
         sources = {{hf + "self_attn.q_proj.weight", {C, C}},
                    {hf + "self_attn.k_proj.weight", {kv, C}},
                    {hf + "self_attn.v_proj.weight", {kv, C}}};
+      else if (rest == "attn.qkv.bias")  // Qwen 2's
+        sources = {{hf + "self_attn.q_proj.bias", {C}},
+                   {hf + "self_attn.k_proj.bias", {kv}},
+                   {hf + "self_attn.v_proj.bias", {kv}}};
       else if (rest == "attn.proj.weight") sources = {{hf + "self_attn.o_proj.weight", {C, C}}};
       else if (rest == "mlp.fc.weight")
         sources = {{hf + "mlp.gate_proj.weight", {H, C}}, {hf + "mlp.up_proj.weight", {H, C}}};
@@ -448,7 +484,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
           sources = {{expert + "w2.weight", {C, H}}};
       }
     }
-    if (sources.empty()) fail("parameter '", n, "' has no HuggingFace Llama or Mixtral name");
+    if (sources.empty())
+      fail("parameter '", n, "' has no HuggingFace Llama, Qwen 2 or Mixtral name");
     float* dst = into.values.data<float>() + p->offset;
     int64_t written = 0;
     for (const auto& [name, shape] : sources) {
@@ -551,6 +588,9 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   if (format == "llmc" && !mc.tie_embeddings)
     fail("export: ", checkpoint_dir, " holds a model with its own LM head ",
          "(model.tie_embeddings = false); llm.c's GPT-2 ties it: export it with --format hf");
+  if (format == "hf" && mc.moe() && mc.qkv_bias)
+    fail("export: ", checkpoint_dir, " holds a mixture of experts with biases on its queries, ",
+         "keys and values (model.qkv_bias), which transformers' MixtralForCausalLM has not");
   if (format == "llmc" && mc.llama())
     fail("export: ", checkpoint_dir, " holds a Llama model (model.arch = \"llama\"); llm.c's ",
          "format is GPT-2's: export it with --format hf");

@@ -49,6 +49,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, init_std),
     LOOM_KEY(model, tie_embeddings),
     LOOM_KEY(model, n_kv_heads),
+    LOOM_KEY(model, qkv_bias),
     LOOM_KEY(model, ffn_hidden),
     LOOM_KEY(model, rope_theta),
     LOOM_KEY(model, rope_scaling),

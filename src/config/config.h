@@ -50,6 +50,9 @@ struct ModelConfig {
   bool tie_embeddings = true;
   // arch = "llama" only (an error under "gpt2" when changed):
   int64_t n_kv_heads = 0;      // key/value heads (grouped-query attention); 0 = n_heads
+  // Biases on the attention's query, key and value projections (Qwen 2 / 2.5's; Megatron-LM's
+  // --add-qkv-bias); the output projection and the MLP stay without.
+  bool qkv_bias = false;
   int64_t ffn_hidden = 0;      // SwiGLU hidden width; 0 = Llama's rule, 8·d_model/3 rounded up to 256
   double rope_theta = 10000;   // base of the rotary position embedding's frequencies
   // "none" or "llama3": Llama 3.1's long-context scaling of the rotary frequencies

@@ -75,6 +75,10 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
   if (m.arch != "llama") {
     const ModelConfig defaults;
     if (m.n_kv_heads != defaults.n_kv_heads) p.add("model.n_kv_heads applies to model.arch = \"llama\" only");
+    if (m.qkv_bias != defaults.qkv_bias)
+      p.add(
+          "model.qkv_bias applies to model.arch = \"llama\" only (GPT-2's attention has its "
+          "biases)");
     if (m.ffn_hidden != defaults.ffn_hidden) p.add("model.ffn_hidden applies to model.arch = \"llama\" only");
     if (m.rope_theta != defaults.rope_theta) p.add("model.rope_theta applies to model.arch = \"llama\" only");
     if (m.norm_eps != defaults.norm_eps) p.add("model.norm_eps applies to model.arch = \"llama\" only");

@@ -101,7 +101,7 @@ int64_t Gpt2Config::num_parameters() const {
     const int64_t mlp =
         moe() ? (moe_experts + moe_shared_experts) * 3 * C * ffn_hidden + C * moe_experts
               : 3 * C * ffn_hidden;
-    const int64_t per_block = 2 * C + C * qkv_width() + C * C + mlp;
+    const int64_t per_block = 2 * C + C * qkv_width() + (qkv_bias ? qkv_width() : 0) + C * C + mlp;
     return vocab_size * C + n_layers * per_block + C + (tie_embeddings ? 0 : vocab_size * C);
   }
   const int64_t per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) +
@@ -129,7 +129,7 @@ float residual_std(const Gpt2Config& c) {
 }
 std::optional<Rotary> rotary_of(const Gpt2Config& c) {
   if (!c.llama()) return std::nullopt;
-  return Rotary{c.n_kv_heads, c.rope_frequencies()};
+  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias};
 }
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c, ExpertExchange* experts) {

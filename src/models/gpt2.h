@@ -64,6 +64,7 @@ struct Gpt2Config {
   bool tie_embeddings = true;
   // Llama only (resolved: never 0 there):
   int64_t n_kv_heads = 0;   // key/value heads, dividing n_heads
+  bool qkv_bias = false;    // the qkv projection's bias (Qwen 2's); GPT-2's attention has it anyway
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
   double rope_theta = 10000;
   // Llama 3.1's scaling of the rotary frequencies (cpu::RopeFrequencies); factor 0: none.
@@ -117,6 +118,9 @@ struct Gpt2Config {
   // The qkv projection's outputs: 3·d_model, or with grouped-query attention
   // (n_heads + 2·n_kv_heads)·head_dim.
   int64_t qkv_width() const { return d_model + 2 * kv_heads() * head_dim(); }
+  // Whether qkv has a bias: GPT-2's always, Llama's with qkv_bias (the output projection's and
+  // the MLP's: GPT-2's only).
+  bool has_qkv_bias() const { return !llama() || qkv_bias; }
   // Rows of the learned position table: max_seq_len (GPT-2) or none (Llama).
   int64_t position_rows() const { return llama() ? 0 : max_seq_len; }
 

@@ -25,7 +25,8 @@ CausalSelfAttention::CausalSelfAttention(ParameterStore& store, const std::strin
     : channels_(channels),
       heads_(heads),
       rotary_(rotary),
-      qkv_(store, name + ".qkv", channels, qkv_width(channels, heads, rotary), !rotary, init_std),
+      qkv_(store, name + ".qkv", channels, qkv_width(channels, heads, rotary),
+           !rotary || rotary->qkv_bias, init_std),
       proj_(store, name + ".proj", channels, channels, !rotary, proj_std) {
   if (heads <= 0 || channels % heads != 0)
     fail(name, ": n_heads = ", heads, " does not divide d_model = ", channels);

@@ -24,6 +24,7 @@ namespace loom {
 struct Rotary {
   int64_t kv_heads = 0;
   cpu::RopeFrequencies frequencies;
+  bool qkv_bias = false;  // Qwen 2's biases on the queries, keys and values (turned with them)
 };
 
 // The rotary embedding's (T, head_dim) cos/sin table on ctx's device, in ctx's dtype: `cached`

@@ -47,7 +47,7 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
       tp_(tp),
       sequence_parallel_(sequence_parallel),
       ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
-      qkv_(store, name + ".attn.qkv", config.d_model, config.qkv_width(), tp, !config.llama(),
+      qkv_(store, name + ".attn.qkv", config.d_model, config.qkv_width(), tp, config.has_qkv_bias(),
            config.init_std, sequence_parallel,
            {config.d_model, config.kv_heads() * config.head_dim(),
             config.kv_heads() * config.head_dim()}),

@@ -108,7 +108,8 @@ std::vector<std::vector<PlannedUnit>> planned_units(const Config& config, int pp
   // GPT-2: the matrices and their column-parallel biases split over tp; the LayerNorms and the
   // row-parallel biases replicated. Llama: the matrices split, the two RMSNorms replicated; a
   // mixture of experts every expert's SwiGLU and the shared experts' split likewise, its router
-  // replicated. Under expert parallelism a block's E/ep experts are a unit of their own.
+  // replicated; Qwen 2's qkv bias split with qkv's rows. Under expert parallelism a block's E/ep
+  // experts are a unit of their own.
   const int64_t ep = model.moe() ? std::max(par.ep, 1) : 1;
   const int64_t expert_unit = ep > 1 ? model.moe_experts / ep * 3 * d * model.hidden() / P : 0;
   const int64_t mlp = model.moe() ? (ep > 1 ? 0 : model.moe_experts * 3 * d * model.hidden()) +
@@ -116,7 +117,8 @@ std::vector<std::vector<PlannedUnit>> planned_units(const Config& config, int pp
                                   : 3 * d * model.hidden();
   const int64_t router = model.moe() ? d * model.moe_experts : 0;
   const int64_t llama_matrices = d * model.qkv_width() + d * d + mlp;
-  const int64_t per_block = model.llama() ? llama_matrices / P + router + 2 * d
+  const int64_t qkv_bias = model.llama() && model.qkv_bias ? model.qkv_width() / P : 0;
+  const int64_t per_block = model.llama() ? llama_matrices / P + qkv_bias + router + 2 * d
                             : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
                                           : 12 * d * d + 13 * d;
   const int64_t ln_f = model.llama() ? d : 2 * d;

@@ -315,7 +315,8 @@ TEST_F(Cli, CheckpointVerify) {
 }
 
 // A Llama through the command line: train, sample, export for transformers; resuming a GPT-2
-// run with a Llama config says which architecture the checkpoint holds.
+// run with a Llama config says which architecture the checkpoint holds, and the Llama's with qkv
+// biases (a Qwen 2's form) that it has none; `model.qkv_bias` on a GPT-2 is named.
 TEST_F(Cli, LlamaTrainsSamplesExportsAndRefusesAnotherArchitecturesCheckpoint) {
   ASSERT_EQ(
       run("data synth --out " + path("data") + " --train-tokens 20000 --val-tokens 4000").code, 0);
@@ -333,6 +334,12 @@ TEST_F(Cli, LlamaTrainsSamplesExportsAndRefusesAnotherArchitecturesCheckpoint) {
   expect_error(run("train " + write_config("") + " --run-dir " + path("gpt2") +
                    " --resume auto --set train.steps=6 --set model.arch=llama"),
                "holds a gpt2 model, but model.arch = \"llama\"");
+  expect_error(run("train " + write_config("") + " --run-dir " + path("llama") +
+                   " --resume auto --set train.steps=6 --set model.arch=llama --set "
+                   "model.n_kv_heads=1 --set model.ffn_hidden=40 --set model.qkv_bias=true"),
+               "holds a llama model, but model.arch = \"llama\" with model.qkv_bias = true");
+  expect_error(run("train " + write_config("") + " --set model.qkv_bias=true"),
+               "model.qkv_bias applies to model.arch = \"llama\" only");
 }
 
 // A HuggingFace byte-level BPE tokenizer through the command line: `data prepare --tokenizer`

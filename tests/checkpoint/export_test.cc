@@ -405,6 +405,18 @@ FlatModelState zero_state_for(const ParameterStore& params) {
           Tensor::zeros({n}, DType::kF32)};
 }
 
+// load_hf_weights of `hf_dir` (model's export) into a fresh model of its config: its values bit
+// for bit.
+void expect_loads_back_bitwise(Gpt2& model, const std::string& hf_dir) {
+  Gpt2 target(model.config());
+  target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+  FlatModelState into = zero_state_for(target.params());
+  load_hf_weights(hf_dir, target.params(), model.config(), into);
+  const std::vector<float> a = model.params().values().to_vector(), b = into.values.to_vector();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
 void expect_transformers_logits(const std::string& hub, const Gpt2Config& c) {
   SCOPED_TRACE(hub);
   Gpt2 model(c);
@@ -474,13 +486,8 @@ TEST(ImportLlama, LoomsOwnExportLoadsBackBitForBit) {
     Gpt2 model(c);
     model.build(DType::kF32, Device::cpu(), 5);
     save_and_export_hf(model, dir, 2);
-    Gpt2 target(c);
-    target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
-    FlatModelState into = zero_state_for(target.params());
-    load_hf_weights((dir / "hf").string(), target.params(), c, into);
-    const std::vector<float> a = model.params().values().to_vector(), b = into.values.to_vector();
-    ASSERT_EQ(a.size(), b.size());
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "tied " << tied;
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    expect_loads_back_bitwise(model, (dir / "hf").string());
     fs::remove_all(dir);
   }
 }
@@ -526,7 +533,7 @@ TEST(ImportLlama, AConfigThatDiffersIsNamed) {
   EXPECT_NE(error_with([](nlohmann::json&) {}, tied)
                 .find("tie_word_embeddings = false but model.tie_embeddings = true"),
             std::string::npos);
-  EXPECT_NE(error_with([](nlohmann::json& j) { j["model_type"] = "mistral"; }, c).find("model_type"),
+  EXPECT_NE(error_with([](nlohmann::json& j) { j["model_type"] = "gemma"; }, c).find("model_type"),
             std::string::npos);
   // Found by tests/fuzz (fuzz_hf_import): a config.json that is no object, or a key of another
   // type than LlamaConfig's, was an exception of the JSON library's that named no file.
@@ -607,13 +614,7 @@ TEST(ImportMixtral, LoomsOwnExportIsMixtralAndLoadsBackBitForBit) {
   EXPECT_EQ(j["num_experts_per_tok"], 2);
   EXPECT_TRUE(j["sliding_window"].is_null());
   EXPECT_FALSE(j.contains("head_dim"));
-  Gpt2 target(c);
-  target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
-  FlatModelState into = zero_state_for(target.params());
-  load_hf_weights((dir / "hf").string(), target.params(), c, into);
-  const std::vector<float> a = model.params().values().to_vector(), b = into.values.to_vector();
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  expect_loads_back_bitwise(model, (dir / "hf").string());
   fs::remove_all(dir);
 }
 
@@ -758,6 +759,108 @@ TEST(ImportMixtral, ALlamaWhereAMixtralIsWantedAndOtherExpertsAreNamed) {
           .find("sliding_window = 16 is below model.max_seq_len = 64"),
       std::string::npos);
   EXPECT_EQ(import_error(mixtral, dir, same, tiny_hub_mixtral()), "no error");
+  fs::remove_all(dir);
+}
+
+// Biases on the queries, keys and values (model.qkv_bias) from transformers' Qwen2ForCausalLM: a
+// directory its own save_pretrained wrote (tests/data/hf_tiny_qwen2, tools/make_hf_llama_fixture.py
+// --qwen2: tiny_hub_llama's sizes, a tied head, rope_theta 1e6, random biases) gives the logits
+// transformers computed; Loom's own export (model_type "qwen2", q/k/v_proj.bias the fused bias's
+// row blocks) loads back bit for bit; a Llama where a Qwen 2 is wanted and the other way round,
+// and a sliding window in use, are named.
+Gpt2Config tiny_hub_qwen2() {
+  Gpt2Config c = tiny_hub_llama();
+  c.qkv_bias = true;
+  c.tie_embeddings = true;
+  c.rope_theta = 1e6;
+  c.norm_eps = 1e-6;
+  return c;
+}
+
+TEST(ImportQwen2, TransformersSavedQwen2GivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen2", tiny_hub_qwen2());
+}
+
+TEST(ImportQwen2, LoomsOwnExportIsQwen2AndLoadsBackBitForBit) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_qwen2_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const Gpt2Config c = tiny_hub_qwen2();
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  // Biases of their own value at every row (zero-initialised, they would hide a shuffled block).
+  for (int l = 0; l < 2; ++l) {
+    Tensor& b = model.params().get("blocks." + std::to_string(l) + ".attn.qkv.bias").value;
+    for (int64_t i = 0; i < b.numel(); ++i)
+      b.data<float>()[i] = 0.01f * static_cast<float>(i + 100 * l);
+  }
+  const std::string ckpt = save_and_export_hf(model, dir, 2);
+  EXPECT_TRUE(read_checkpoint_model(ckpt).qkv_bias);
+  const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
+  EXPECT_EQ(f.names.size(), 2u + 12u * 2u);  // embed_tokens, norm; nine weights, three biases
+  // kv = 2 heads of 8: q's bias rows 0..31, k's 32..47, v's 48..63 of the fused one.
+  const Tensor& k = f.tensors.at("model.layers.1.self_attn.k_proj.bias");
+  ASSERT_EQ(k.shape(), (Shape{16}));
+  EXPECT_EQ(k.data<float>()[0], 0.01f * 132);
+  EXPECT_EQ(f.tensors.at("model.layers.0.self_attn.v_proj.bias").data<float>()[15], 0.01f * 63);
+  EXPECT_EQ(f.tensors.count("model.layers.0.self_attn.o_proj.bias"), 0u);
+  std::ifstream cf(dir / "hf" / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["architectures"][0], "Qwen2ForCausalLM");
+  EXPECT_EQ(j["model_type"], "qwen2");
+  EXPECT_FALSE(j["use_sliding_window"].get<bool>());
+  EXPECT_FALSE(j.contains("attention_bias"));
+  EXPECT_EQ(j["rope_theta"].get<double>(), 1e6);
+  expect_loads_back_bitwise(model, (dir / "hf").string());
+  fs::remove_all(dir);
+}
+
+TEST(ImportQwen2, ALlamaWhereAQwen2IsWantedAndTheOtherWayRoundAreNamed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_qwen2_bad_" + std::to_string(getpid()));
+  const std::string qwen2 = LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen2";
+  const std::string llama = LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama";
+  const auto same = [](nlohmann::json&) {};
+  Gpt2Config biased = tiny_hub_llama();  // hf_tiny_llama's sizes and untied head, with biases
+  biased.qkv_bias = true;
+  EXPECT_NE(import_error(llama, dir, same, biased)
+                .find("model_type = llama, but model.qkv_bias = true starts from a "
+                      "Qwen2ForCausalLM directory"),
+            std::string::npos);
+  Gpt2Config plain = tiny_hub_qwen2();
+  plain.qkv_bias = false;
+  EXPECT_NE(import_error(qwen2, dir, same, plain)
+                .find("a Qwen2ForCausalLM's qkv biases need model.qkv_bias = true"),
+            std::string::npos);
+  // Qwen 2's window only where it is used; Mistral's (no use_sliding_window key) always.
+  EXPECT_NE(import_error(
+                qwen2, dir,
+                [](nlohmann::json& j) {
+                  j["use_sliding_window"] = true;
+                  j["sliding_window"] = 16;
+                },
+                tiny_hub_qwen2())
+                .find("sliding_window = 16 is below model.max_seq_len = 64"),
+            std::string::npos);
+  EXPECT_EQ(import_error(qwen2, dir, same, tiny_hub_qwen2()), "no error");
+  // A MistralForCausalLM holds a Llama's tensors: read when its window spans the sequences.
+  EXPECT_EQ(import_error(
+                llama, dir,
+                [](nlohmann::json& j) {
+                  j["model_type"] = "mistral";
+                  j["sliding_window"] = nullptr;
+                },
+                tiny_hub_llama()),
+            "no error");
+  EXPECT_NE(import_error(
+                llama, dir,
+                [](nlohmann::json& j) {
+                  j["model_type"] = "mistral";
+                  j["sliding_window"] = 32;
+                },
+                tiny_hub_llama())
+                .find("sliding_window = 32 is below model.max_seq_len = 64"),
+            std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -549,14 +549,18 @@ TEST(Gpt2Cuda, Fp8TrainsTheCpusFp8Run) {
 }
 
 // Llama on the GPU: RMSNorm, the rotary table uploaded and applied with the shared key/value
-// heads repeated (and their gradients summed back), SwiGLU, no biases, no position table; the
-// LM head tied to the token embedding, or a weight of its own.
+// heads repeated (and their gradients summed back), SwiGLU, no biases (or Qwen 2's on qkv), no
+// position table; the LM head tied to the token embedding, or a weight of its own.
 TEST(LlamaCuda, TrainingOnTheGpuMatchesTheCpu) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   for (const bool tied : {true, false}) {
     SCOPED_TRACE(tied ? "tied head" : "untied head (lm_head.weight)");
     expect_gpu_run_matches_cpu(small_llama(16, tied), 5);
   }
+  SCOPED_TRACE("qkv biases");
+  Gpt2Config biased = small_llama(16);
+  biased.qkv_bias = true;
+  expect_gpu_run_matches_cpu(biased, 5);
 }
 
 // A mixture of 4 experts, top 2, in each block (nn/moe_mlp.h): the routing on the GPU, its
@@ -586,7 +590,8 @@ TEST(LlamaCuda, MixtureOfExpertsTrainingOnTheGpuMatchesTheCpu) {
 }
 
 // bf16 GEMM inputs: the losses stay within 1% of the fp32 CPU run's. Heads of 16 take the
-// attention's GEMM path; heads of 64 the fused flash kernels, on the rotated q and k.
+// attention's GEMM path; heads of 64 the fused flash kernels, on the rotated q and k (with Qwen
+// 2's qkv biases: added in the 16-bit qkv's epilogue).
 TEST(LlamaCuda, Bf16MatmulsStayNearTheCpuRun) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
@@ -594,7 +599,8 @@ TEST(LlamaCuda, Bf16MatmulsStayNearTheCpuRun) {
   } restore;
   constexpr int kSteps = 3;
   for (int64_t head_dim : {16, 64}) {
-    const Gpt2Config config = small_llama(head_dim, head_dim == 16);
+    Gpt2Config config = small_llama(head_dim, head_dim == 16);
+    config.qkv_bias = head_dim == 64;
     const TrainRun on_cpu = train(Device::cpu(), kSteps, config);
     ops::set_matmul_precision("bf16");
     const TrainRun on_gpu = train(Device::cuda(0), kSteps, config);

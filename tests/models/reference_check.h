@@ -37,6 +37,14 @@ inline Gpt2Config reference_llama() {
   c.norm_eps = 1e-5;
   return c;
 }
+// --qwen2: the Llama with qkv biases, rope_theta 1e6 and norm_eps 1e-6 (Qwen 2.5's).
+inline Gpt2Config reference_qwen2() {
+  Gpt2Config c = reference_llama();
+  c.qkv_bias = true;
+  c.rope_theta = 1e6;
+  c.norm_eps = 1e-6;
+  return c;
+}
 inline Gpt2Config reference_moe() {
   Gpt2Config c = reference_llama();
   c.ffn_hidden = 48;

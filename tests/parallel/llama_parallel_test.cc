@@ -178,6 +178,37 @@ TEST_F(LlamaParallel, AnUntiedHeadUnderEveryStrategyMatchesOneDevice) {
       c, "tp=2;pp=2;pp=2,tp=2,sp=1;dp=2,zero=3;dp=2,pp=2,schedule=interleaved,v=2,mbs=2", 5);
 }
 
+// Biases on the queries, keys and values (model.qkv_bias, Qwen 2's), started from a
+// Qwen2ForCausalLM that transformers saved with random biases (tests/data/hf_tiny_qwen2): the
+// fused bias split over tp in the q, k and v blocks its rows are in, with sequence and context
+// parallelism, pipelining and ZeRO-3 — each layout one device's run.
+TEST_F(LlamaParallel, QkvBiasesFromATransformersQwen2UnderEveryLayoutMatchOneDevice) {
+  Config c = config();
+  c.model.n_layers = 2;
+  c.model.ffn_hidden = 48;
+  c.model.rope_theta = 1e6;
+  c.model.norm_eps = 1e-6;
+  c.model.max_seq_len = 64;
+  c.model.qkv_bias = true;
+  c.train.init_from = LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen2";
+  LayoutCheckOptions o;
+  o.steps = 3;
+  const LayoutCheckResult r =
+      check_layouts(c,
+                    parse_layouts("tp=2;tp=2,sp=1;cp=2;pp=2,schedule=zb-h1;dp=2,zero=3;"
+                                  "dp=2,tp=2,zero=2,sp=1,recompute=selective"),
+                    o);
+  ASSERT_EQ(r.rows.size(), 6u);
+  for (const LayoutCheckRow& row : r.rows) {
+    EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
+    EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+    EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
+  }
+  // The Qwen 2's own predictions, not the random initialisation's ln 256.
+  ASSERT_EQ(r.reference_losses.size(), 3u);
+  EXPECT_GT(std::abs(r.reference_losses.front() - std::log(256.0)), 0.05);
+}
+
 TEST_F(LlamaParallel, TensorParallelNeedsWholeKeyValueHeadsPerRank) {
   Config c = config();
   c.parallel.tp = 4;  // 2 key/value heads cannot split over 4 ranks
