@@ -13,7 +13,7 @@
 namespace loom {
 namespace {
 
-// A stage 0/1 all-reduce bucket: consecutive units, taken from the last one (the first whose
+// A stage 0 all-reduce bucket: consecutive units, taken from the last one (the first whose
 // gradients backward finishes) and closed once they hold bucket_bytes.
 struct Bucket {
   int64_t begin = 0, numel = 0;  // flat range
@@ -73,8 +73,11 @@ class ZeroDataParallel final : public DataParallel {
   void gather_values(size_t u);
   void issue_gather(size_t u);
   void release_values(size_t u);
-  // Stages 2/3: folds completed reduce-scatters into the gradient shard in issue order; with
-  // `all`, waits for every outstanding one.
+  // Stages 1-3: reduce-scatters unit u's full gradient `full` over its group (in bf16 with a
+  // bf16 reduce_dtype_), then — hybrid sharding — the reduced chunk over the replicas.
+  void issue_reduce_scatter(size_t u, const Tensor& full);
+  // Stages 1-3: folds completed reduce-scatters in issue order into the gradient shard (stage 1:
+  // over the rank's chunk of the full gradient); with `all`, waits for every outstanding one.
   void drain_reduce_scatters(bool all);
   // Hybrid sharding: waits for a pending reduce-scatter and all-reduces its chunk over the
   // replicas. Issued in unit order at fixed points (after the next unit's reduce-scatter, or
@@ -82,19 +85,22 @@ class ZeroDataParallel final : public DataParallel {
   // collectives on its communicators, as nccl's streams need.
   struct PendingReduce;
   void issue_replica_reduce(PendingReduce& pending);
-  // Stage 0/1: notes buckets whose all-reduce has completed (for the overlap statistics).
+  // Stage 0: notes buckets whose all-reduce has completed (for the overlap statistics).
   void poll_buckets();
   // All-gathers every unit of a flat buffer from the ranks' chunks (this rank's at `shard`,
   // in shard layout) into `full` (the store's flat layout).
   void all_gather_units(const Tensor& shard, Tensor& full);
 
   ParameterStore& params_;
-  Communicator& all_dp_;     // every data-parallel rank (stage 0/1 buckets)
+  Communicator& all_dp_;     // every data-parallel rank (stage 0's buckets)
   Communicator& dp_;         // the ranks the state is sharded over: all_dp_, or the shard group
   Communicator* replicate_;  // hybrid sharding: the ranks holding the same chunks, else null
   ThreadPool& pool_;
   Device device_;
   int stage_;
+  // Stage 0, and stage 1 with DataParallelConfig::full_gradients: buckets all-reduced, every
+  // rank's gradient whole; else each unit reduce-scattered into its chunks.
+  bool all_reduces_;
   int rank_, size_;
   std::vector<int64_t> shard_offset_;  // per unit
   int64_t shard_numel_ = 0;
@@ -116,11 +122,11 @@ class ZeroDataParallel final : public DataParallel {
   int64_t micro_index_ = 0, micro_count_ = 1;
   float grad_scale_ = 1.0f;  // clip_grad_norm's factor, applied by the next optimizer_step
 
-  // Stages 0/1.
+  // Stage 0.
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_unit_;
   std::vector<bool> bucket_seen_done_;
-  // Stages 2/3: reduce-scatters in flight, in issue order.
+  // Stages 1-3: reduce-scatters in flight, in issue order.
   struct PendingReduce {
     size_t unit;
     WorkHandle work;  // the reduce-scatter, then (hybrid sharding) the replicas' all-reduce
@@ -155,6 +161,7 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
       pool_(pool),
       device_(device),
       stage_(config.zero),
+      all_reduces_(config.zero == 0 || (config.zero == 1 && config.full_gradients)),
       rank_(dp_.rank()),
       size_(dp_.size()) {
   if (stage_ < 0 || stage_ > 3) fail("parallel.zero = ", stage_, ": must be 0, 1, 2 or 3");
@@ -255,7 +262,7 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
   else
     optimizer_ = std::make_unique<AdamW>(adamw, shard_segments(), shard_numel_, device);
   memory_.optimizer = in_use() - before;
-  if (stage_ < 2) build_buckets(config.bucket_bytes);
+  if (all_reduces_) build_buckets(config.bucket_bytes);
   if (stage_ < 3) {
     before = in_use();
     rounded_weights_ = std::make_unique<RoundedWeights>(params, exec());
@@ -269,20 +276,21 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
   tensor_parallel_ = config.tensor_parallel;
   if (tensor_parallel_ != nullptr) {
     const bool first = tensor_parallel_->rank() == 0;
-    if (stage_ < 2) {
+    if (all_reduces_) {
       for (size_t u = 0; u < num_units(); ++u)
         for (const Parameter* p : params_.units()[u].params)
           if (!p->pieces.empty() || first)
             norm_ranges_.push_back({p->offset, p->numel(), is_experts(u)});
     } else {
-      // The shard's segments are pieces of parameters (shard_segments' order): count each by
-      // its parameter's kind.
+      // The reduced chunks' pieces of parameters (shard_segments' order; stage 1: where they are
+      // in the full gradient): count each by its parameter's kind.
       for (size_t u = 0; u < num_units(); ++u) {
         const int64_t lo_chunk = chunk_begin(u), hi_chunk = lo_chunk + chunk(u);
         for (const Parameter* p : params_.units()[u].params) {
           const int64_t lo = std::max(lo_chunk, p->offset), hi = std::min(hi_chunk, p->offset + p->numel());
           if (lo < hi && (!p->pieces.empty() || first))
-            norm_ranges_.push_back({shard_offset_[u] + (lo - lo_chunk), hi - lo, is_experts(u)});
+            norm_ranges_.push_back(
+                {stage_ == 1 ? lo : shard_offset_[u] + (lo - lo_chunk), hi - lo, is_experts(u)});
         }
       }
     }
@@ -360,8 +368,8 @@ void ZeroDataParallel::begin_micro_batch(int64_t index, int64_t count) {
 
 void ZeroDataParallel::end_micro_batch() {
   in_backward_ = false;  // a forward after it (an evaluation) gathers and releases as forward
-  if (stage_ >= 2) {
-    drain_reduce_scatters(true);
+  if (!all_reduces_) {   // stage 1 reduce-scatters on the last micro-batch only
+    if (stage_ >= 2 || last_micro_batch()) drain_reduce_scatters(true);
     return;
   }
   if (!last_micro_batch()) return;
@@ -421,7 +429,16 @@ void ZeroDataParallel::before_backward(size_t u) {
 }
 
 void ZeroDataParallel::after_backward(size_t u) {
-  if (stage_ < 2) {
+  if (stage_ == 1 && !all_reduces_) {
+    // The step's gradient of the unit is complete in the full buffer: reduce-scatter it in place
+    // there (drain_reduce_scatters writes the reduced chunk over the rank's own part).
+    if (!last_micro_batch()) return;
+    Tensor full = params_.grads().narrow(params_.units()[u].begin, params_.units()[u].numel);
+    if (is_experts(u)) scale_expert_grads(full);
+    issue_reduce_scatter(u, full);
+    return;
+  }
+  if (all_reduces_) {
     if (!last_micro_batch()) return;
     Bucket& b = buckets_[bucket_of_unit_[u]];
     LOOM_CHECK(b.units_left > 0);
@@ -444,24 +461,28 @@ void ZeroDataParallel::after_backward(size_t u) {
   // Stages 2/3: reduce-scatter the unit's full gradient into a chunk. The pending operation
   // keeps the full buffer alive until it completes; then it is freed.
   if (is_experts(u)) scale_expert_grads(unit_grads_[u]);
+  issue_reduce_scatter(u, unit_grads_[u]);
+  params_.bind_unit_grads(u, Tensor());
+  unit_grads_[u] = Tensor();
+  if (stage_ == 3) release_values(u);
+  drain_reduce_scatters(false);
+}
+
+void ZeroDataParallel::issue_reduce_scatter(size_t u, const Tensor& full) {
   Tensor output = Tensor::empty({chunk(u)}, reduce_dtype_, device_);
-  Tensor input;
+  Tensor input = full;  // kept by the pending operation until it completes
   if (reduce_dtype_ == DType::kBF16) {
-    input = Tensor::empty({unit_grads_[u].numel()}, DType::kBF16, device_);
-    ops::round_to_bf16(exec(), input.data_u16(), unit_grads_[u].data<float>(), input.numel());
+    input = Tensor::empty({full.numel()}, DType::kBF16, device_);
+    ops::round_to_bf16(exec(), input.data_u16(), full.data<float>(), input.numel());
   }
-  WorkHandle work = comm_of(u).reduce_scatter_async(input.defined() ? input : unit_grads_[u],
-                                                    output, ReduceOp::kAvg);
+  WorkHandle work = comm_of(u).reduce_scatter_async(input, output, ReduceOp::kAvg);
   ++step_stats_.collectives;
   reducing_.push_back({u, std::move(work), std::move(output), std::move(input), replicated(u)});
   // The unit before's chunk (its reduce-scatter had this unit's backward to finish) goes to the
   // replicas now, behind this unit's reduce-scatter.
   for (size_t i = 0; i + 1 < reducing_.size(); ++i)
     if (reducing_[i].awaits_replicas) issue_replica_reduce(reducing_[i]);
-  params_.bind_unit_grads(u, Tensor());
-  unit_grads_[u] = Tensor();
-  if (stage_ == 3) release_values(u);
-  drain_reduce_scatters(false);
+  if (stage_ == 1) drain_reduce_scatters(false);
 }
 
 void ZeroDataParallel::issue_replica_reduce(PendingReduce& pending) {
@@ -481,11 +502,21 @@ void ZeroDataParallel::drain_reduce_scatters(bool all) {
     if (!all && !front.work->test()) return;
     if (!all) ++step_stats_.done_before_backward_end;
     wait(front.work);
-    Tensor dst = shard_of(shard_grads_, front.unit);
-    if (front.output.dtype() == DType::kBF16)
-      ops::add_widened_bf16(exec(), dst.data<float>(), front.output.data_u16(), dst.numel());
-    else
-      ops::add_inplace<float>(exec(), dst.data<float>(), front.output.data<float>(), dst.numel());
+    if (stage_ == 1) {
+      // The step's one reduction: the chunk over the rank's own part of the full gradient (the
+      // rest of the buffer keeps this rank's unreduced sums, which nothing reads).
+      Tensor dst = params_.grads().narrow(chunk_begin(front.unit), chunk(front.unit));
+      if (front.output.dtype() == DType::kBF16)
+        ops::widen_bf16(exec(), dst.data<float>(), front.output.data_u16(), dst.numel());
+      else  // in the compute stream's order, after the wait: on a GPU no host wait
+        copy_bytes_queued(dst.raw(), front.output.raw(), device_, dst.nbytes());
+    } else {
+      Tensor dst = shard_of(shard_grads_, front.unit);
+      if (front.output.dtype() == DType::kBF16)
+        ops::add_widened_bf16(exec(), dst.data<float>(), front.output.data_u16(), dst.numel());
+      else
+        ops::add_inplace<float>(exec(), dst.data<float>(), front.output.data<float>(), dst.numel());
+    }
     reducing_.pop_front();
   }
 }
@@ -550,7 +581,7 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
     return norm;
   };
   Communicator* tp = tensor_parallel_;
-  if (stage_ < 2 && has_experts_) {
+  if (all_reduces_ && has_experts_) {
     // Dense units' gradients are every rank's, expert units' this rank's experts' (the same on
     // the ranks holding them): the experts' squares summed over the expert-parallel group. The
     // units' sums come back together (one wait on a GPU) and are added in order. Under tensor
@@ -583,13 +614,17 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
     step_stats_.wait_seconds += now_seconds() - t0;
     return unscaled(std::sqrt(sum));
   }
-  if (stage_ < 2 && tp == nullptr) return unscaled(grad_norm(pool_, params_));
+  if (all_reduces_ && tp == nullptr) return unscaled(grad_norm(pool_, params_));
+  // Stages 1-3: the reduced chunks (stage 1: at their places in the full gradient).
   Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;
-  // Hybrid sharding at stages 2/3 with experts: the dense chunks partition the gradient within a
-  // shard group, the expert chunks only over the whole dp group — their squares summed apart.
-  const bool experts_apart = stage_ >= 2 && replicate_ != nullptr && has_experts_;
+  const auto chunk_offset = [&](size_t u) {
+    return stage_ == 1 ? chunk_begin(u) : shard_offset_[u];
+  };
+  // Hybrid sharding with experts: the dense chunks partition the gradient within a shard group,
+  // the expert chunks only over the whole dp group — their squares summed apart.
+  const bool experts_apart = !all_reduces_ && replicate_ != nullptr && has_experts_;
   double local = 0, local_experts = 0;
-  if (tp == nullptr && !experts_apart) {
+  if (tp == nullptr && !experts_apart && stage_ >= 2) {
     // The shards partition the full gradient (padding is zero).
     local = ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>(), grads.numel());
   } else {
@@ -601,7 +636,7 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
     std::vector<bool> of_experts;
     if (tp == nullptr) {
       for (size_t u = 0; u < num_units(); ++u) {
-        starts.push_back(grads.data<float>() + shard_offset_[u]);
+        starts.push_back(grads.data<float>() + chunk_offset(u));
         sizes.push_back(chunk(u));
         of_experts.push_back(is_experts(u));
       }
@@ -618,7 +653,7 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
   }
   double sum = local;
   const double t0 = now_seconds();  // waiting for the other ranks counts as communication
-  if (stage_ >= 2) sum = all_reduce_value(dp_, sum, ReduceOp::kSum);
+  if (!all_reduces_) sum = all_reduce_value(dp_, sum, ReduceOp::kSum);
   if (experts_apart) sum += all_reduce_value(all_dp_, local_experts, ReduceOp::kSum);
   if (tp != nullptr) sum = all_reduce_value(*tp, sum, ReduceOp::kSum);
   step_stats_.wait_seconds += now_seconds() - t0;

@@ -7,8 +7,13 @@
 //   order of the units (the order backward produces them); on the last micro-batch of a step,
 //   each bucket's all-reduce (avg) starts from the hook that finalises its last unit, so it runs
 //   on the communicator's progress thread while backward goes on.
-// Stage 1: as stage 0, but each rank keeps the moments of its own chunk of every unit only,
-//   updates that chunk, then all-gathers each unit's parameters.
+// Stage 1 (Megatron-LM's distributed optimizer): full gradients accumulate over the micro-batches
+//   as in stage 0, but on the last one each unit's gradient is reduce-scattered (avg) from the
+//   hook that finalises it, the reduced chunk written over the rank's own part of the buffer;
+//   each rank keeps the moments of its own chunk of every unit only, updates that chunk, then
+//   all-gathers each unit's parameters. A reduce-scatter and an all-gather a step: 2Ψ on the
+//   wire where stage 0's all-reduce plus the gather would be 3Ψ, and no more than stage 0's
+//   all-reduce alone.
 // Stage 2: also shards gradients: a unit's full gradient exists only from its before_backward to
 //   its after_backward, where it is reduce-scattered (avg) into the rank's gradient shard; with
 //   accumulation this happens every micro-batch (like DeepSpeed ZeRO-2 and FSDP without no_sync),
@@ -25,17 +30,17 @@
 // Hybrid sharding (HSDP; DataParallelConfig::shard_group / replicate_group, parallel.dp_shard):
 // the stages' sharding spans a group of S of the dp ranks, not all of them, and the dp / S groups
 // are replicas of each other — torchtitan's HSDP, DeepSpeed's MiCS. A rank's chunks are its
-// shard group's; stage 1 still all-reduces its buckets over the whole dp group, stages 2/3
-// reduce-scatter a unit over the shard group and then all-reduce the chunk over the replica
-// group (the ranks holding the same chunk), issued a unit later so that both exchanges overlap
-// the backward; ZeRO-3's gathers and stages 1/2's parameter gathers stay within the shard group.
+// shard group's; stages 1-3 reduce-scatter a unit over the shard group and then all-reduce the
+// chunk over the replica group (the ranks holding the same chunk), issued a unit later so that
+// both exchanges overlap the backward; ZeRO-3's gathers and stages 1/2's parameter gathers stay
+// within the shard group.
 // On a cluster the shard group is a node's GPUs (fast links) and only the replicas' all-reduce
 // of 1/S of the gradients crosses nodes, where plain ZeRO-3 gathers every weight across them
 // twice a step; the state per rank is 1/S, not 1/dp.
 //
-// Expert units (ParamUnit::experts, under expert parallelism): their own buckets, reduced, sharded
-// and gathered over DataParallelConfig::experts_data_parallel — the chunks then split that
-// group's ranks, a rank's chunk of an expert unit is its rank there.
+// Expert units (ParamUnit::experts, under expert parallelism): their own buckets (stage 0),
+// reduced, sharded and gathered over DataParallelConfig::experts_data_parallel — the chunks then
+// split that group's ranks, a rank's chunk of an expert unit is its rank there.
 //
 // Equivalence with one device: each rank's loss is the mean over its micro-batch tokens scaled by
 // 1/micro-batches; the avg over ranks makes the gradient the mean over the global batch. The
@@ -60,9 +65,13 @@ namespace loom {
 
 struct DataParallelConfig {
   int zero = 0;                             // ZeRO stage 0..3
-  int64_t bucket_bytes = int64_t{25} << 20;  // stage 0/1 all-reduce bucket size
+  int64_t bucket_bytes = int64_t{25} << 20;  // stage 0's all-reduce bucket size
+  // Stage 1 keeps every rank's gradient whole: its buckets all-reduced as stage 0's, not its units
+  // reduce-scattered — for the pipeline engine, whose tied embedding and gradient norm read the
+  // whole gradients (parallel/pipeline_parallel.cc).
+  bool full_gradients = false;
   // What gradients are reduced in over dp (parallel.grad_reduce_dtype): kF32, or kBF16 — each
-  // bucket (stages 0/1) or unit (stages 2/3) rounded to bf16 before its collective and widened
+  // bucket (stage 0) or unit (stages 1-3) rounded to bf16 before its collective and widened
   // after, into the fp32 gradients (Megatron's --grad-reduce-in-bf16, DeepSpeed's
   // communication_data_type): half the bytes on the wire, gradients rounded once to bf16 plus
   // the backend's bf16 sums.

@@ -42,8 +42,11 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
                                                  config.sequence_parallel, part, config.experts));
     else
       chunks_.push_back(std::make_unique<Gpt2>(model, part, config.experts));
+    // ZeRO-1's gradients stay whole: the tied embedding's sum and clip_grad_norm below read them.
+    DataParallelConfig whole = dp_config;
+    whole.full_gradients = true;
     engines_.push_back(
-        DataParallel::create(chunks_.back()->params(), dp, pool, device, dp_config, adamw, seed));
+        DataParallel::create(chunks_.back()->params(), dp, pool, device, whole, adamw, seed));
   }
   // An untied head (model.tie_embeddings = false) has nothing to share with the embedding. In
   // the V placement rank 0 holds both copies, and its group is itself.

@@ -331,7 +331,8 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   };
   double grads_half = half_reduce(grads_bytes), params_half = half_reduce(params_bytes),
          gathered_half = half_reduce(gathered_bytes);
-  // The stage 0/1 all-reduce spans every dp rank whatever the sharding.
+  // The stage 0 all-reduce (stage 1's under pipelining) spans every dp rank whatever the
+  // sharding.
   const double all_reduce_half = grads_half;
   // Hybrid sharding: the dense share's reduce-scatters and gathers within a shard group (its
   // link: a node's when tp × cp × dp_shard fit one), then stages 2/3 all-reduce the reduced
@@ -356,9 +357,14 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   const double backward_s = plan.compute_s * 2.0 / 3.0;  // backward is ~2/3 of the FLOPs
   if (grad_ranks > 1) {
     if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * all_reduce_half - backward_s);
-    // Stage 1: the all-reduce as stage 0, then the updated chunks all-gathered (exposed).
+    // Stage 1: each unit's gradient reduce-scattered once a step behind backward (and the
+    // replicas' all-reduce of the chunk) — under pipelining the all-reduce as stage 0, the
+    // pipeline reading whole gradients —, then the updated chunks all-gathered (exposed).
     if (par.zero == 1)
-      plan.dp_comm_s = std::max(0.0, 2 * all_reduce_half - backward_s) + params_half;
+      plan.dp_comm_s =
+          std::max(0.0,
+                   (par.pp > 1 ? 2 * all_reduce_half : grads_half + replica_reduce) - backward_s) +
+          params_half;
     // Stage 2: a reduce-scatter per micro-batch behind backward (and the replicas' all-reduce),
     // the all-gather after the step.
     if (par.zero == 2)

@@ -364,7 +364,7 @@ TEST_P(HybridSharding, MatchesOneDevice) {
   expect_weights_match(l.name());
   // What crossed between the replicas, each step: at stages 2/3 every micro-batch's reduced
   // chunks — a shard of the gradients, each unit padded to 16 · dp elements, over dp_shard ranks —
-  // in fp32; at stage 1 nothing (its buckets' all-reduce spans dp, counted with dp's bytes).
+  // in fp32; at stage 1 the last micro-batch's only (the step's whole gradient reduced once).
   int64_t padded = 0;
   const int64_t multiple = 16 * int64_t{l.dp};
   Gpt2 model(model_config_of(c));
@@ -373,7 +373,7 @@ TEST_P(HybridSharding, MatchesOneDevice) {
     for (const Parameter* p : unit.params) n += p->numel();
     padded += (n + multiple - 1) / multiple * multiple;
   }
-  const int64_t replicated = l.zero >= 2 ? l.micro_batches * padded / l.dp_shard * 4 : 0;
+  const int64_t replicated = (l.zero >= 2 ? l.micro_batches : 1) * padded / l.dp_shard * 4;
   for (const nlohmann::json& r : metrics(l.name())) {
     ASSERT_TRUE(r["comm_bytes"].contains("dp_replicate")) << r.dump();
     EXPECT_EQ(r["comm_bytes"]["dp_replicate"].get<int64_t>(), replicated) << r.dump();
@@ -382,10 +382,10 @@ TEST_P(HybridSharding, MatchesOneDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, HybridSharding,
-                         ::testing::Values(HybridLayout{4, 2, 1, 1}, HybridLayout{4, 2, 2, 3},
-                                           HybridLayout{4, 2, 3, 1}, HybridLayout{4, 2, 3, 3},
-                                           HybridLayout{4, 1, 3, 1}, HybridLayout{6, 3, 3, 1},
-                                           HybridLayout{6, 2, 2, 1}),
+                         ::testing::Values(HybridLayout{4, 2, 1, 1}, HybridLayout{4, 2, 1, 3},
+                                           HybridLayout{4, 2, 2, 3}, HybridLayout{4, 2, 3, 1},
+                                           HybridLayout{4, 2, 3, 3}, HybridLayout{4, 1, 3, 1},
+                                           HybridLayout{6, 3, 3, 1}, HybridLayout{6, 2, 2, 1}),
                          [](const ::testing::TestParamInfo<HybridLayout>& p) {
                            return p.param.name();
                          });
@@ -550,11 +550,12 @@ class SlowBackwardHooks : public ParamHooks {
 };
 
 TEST(DataParallelEngine, GradientCommunicationOverlapsBackward) {
-  // One unit per bucket: each block's all-reduce (stage 0) or reduce-scatter (stage 2) starts in
-  // its after_backward hook and runs on the communicator's progress thread while backward goes
-  // on; some must be seen complete from a later hook, before backward ends.
+  // One unit per bucket: each block's all-reduce (stage 0) or reduce-scatter (stages 1 and 2: no
+  // buckets, a unit at a time) starts in its after_backward hook and runs on the communicator's
+  // progress thread while backward goes on; some must be seen complete from a later hook, before
+  // backward ends.
   const Gpt2Config mc = small_model(64, 6);
-  for (int zero : {0, 2}) {
+  for (int zero : {0, 1, 2}) {
     testing::run_on_thread_ranks(2, [&](Communicator& comm) {
       ThreadPool pool(1);
       Gpt2 model(mc);
@@ -582,6 +583,53 @@ TEST(DataParallelEngine, GradientCommunicationOverlapsBackward) {
       EXPECT_GE(early, 5) << "gradient collectives did not complete while backward ran";
     });
   }
+}
+
+// ZeRO-1 as Megatron's distributed optimizer: nothing crosses ranks before the step's last
+// micro-batch, then one reduce-scatter per unit (however large the buckets: stage 0 sends its 7
+// units in one bucket here), and the rank's own chunks of the gradient are stage 0's all-reduced
+// gradient — the only part the optimizer and the norm read.
+TEST(DataParallelEngine, ZeroOneReduceScattersEachUnitOnceAStep) {
+  const Gpt2Config mc = small_model(64, 6);
+  testing::run_on_thread_ranks(2, [&](Communicator& comm) {
+    ThreadPool pool(1);
+    Gpt2 whole(mc), sharded(mc);
+    auto stage0 = DataParallel::create(whole.params(), comm, pool, Device::cpu(comm.rank()),
+                                       DataParallelConfig{0}, AdamWConfig{}, 1);
+    auto stage1 = DataParallel::create(sharded.params(), comm, pool, Device::cpu(comm.rank()),
+                                       DataParallelConfig{1}, AdamWConfig{}, 1);
+    Tensor tokens = Tensor::empty({2, 16}, DType::kI32),
+           targets = Tensor::empty({2, 16}, DType::kI32);
+    std::vector<int64_t> collectives;  // after each micro-batch: stage 0's, stage 1's
+    for (auto [engine, model] :
+         {std::pair{stage0.get(), &whole}, std::pair{stage1.get(), &sharded}}) {
+      Context ctx{&pool, Device::cpu(comm.rank()), DType::kF32, engine};
+      engine->begin_step();
+      for (int micro = 0; micro < 2; ++micro) {
+        fill_tokens(tokens, micro, comm.rank());
+        fill_tokens(targets, micro + 100, comm.rank());
+        engine->begin_micro_batch(micro, 2);
+        model->forward(ctx, tokens, targets);
+        model->backward(ctx);
+        engine->end_micro_batch();
+        collectives.push_back(engine->step_stats().collectives);
+      }
+    }
+    EXPECT_EQ(collectives, (std::vector<int64_t>{0, 1, 0, 7}));
+    std::vector<std::pair<int64_t, int64_t>> owned;
+    stage1->owned_state(owned);
+    ASSERT_EQ(owned.size(), 7u);
+    const std::vector<float> reduced = whole.params().grads().to_vector();
+    const std::vector<float> mine = sharded.params().grads().to_vector();
+    double max_diff = 0, max_abs = 0;
+    for (const auto& [begin, end] : owned)
+      for (int64_t i = begin; i < end; ++i) {
+        max_diff = std::max(max_diff, double(std::abs(mine[i] - reduced[i])));
+        max_abs = std::max(max_abs, double(std::abs(reduced[i])));
+      }
+    EXPECT_GT(max_abs, 0.0);
+    EXPECT_LE(max_diff, 1e-6 * max_abs);
+  });
 }
 
 // One engine step of the trainer's shape (train/trainer.cc) with loss scaling: backward on loss ×
