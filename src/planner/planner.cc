@@ -355,15 +355,17 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
                      shard_ranks / (dp_gbps * 1e9);
   }
   const double backward_s = plan.compute_s * 2.0 / 3.0;  // backward is ~2/3 of the FLOPs
+  // Stages 0/1 reduce on the step's last micro-batch only: behind its backward alone.
+  const double last_backward_s = backward_s / m;
   if (grad_ranks > 1) {
-    if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * all_reduce_half - backward_s);
+    if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * all_reduce_half - last_backward_s);
     // Stage 1: each unit's gradient reduce-scattered once a step behind backward (and the
     // replicas' all-reduce of the chunk) — under pipelining the all-reduce as stage 0, the
     // pipeline reading whole gradients —, then the updated chunks all-gathered (exposed).
     if (par.zero == 1)
       plan.dp_comm_s =
-          std::max(0.0,
-                   (par.pp > 1 ? 2 * all_reduce_half : grads_half + replica_reduce) - backward_s) +
+          std::max(0.0, (par.pp > 1 ? 2 * all_reduce_half : grads_half + replica_reduce) -
+                            last_backward_s) +
           params_half;
     // Stage 2: a reduce-scatter per micro-batch behind backward (and the replicas' all-reduce),
     // the all-gather after the step.

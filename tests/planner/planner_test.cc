@@ -312,7 +312,7 @@ TEST(Planner, TimeModelFormulas) {
   EXPECT_NEAR(tp_units(true, "selective"), 4.5, 1e-9);
   EXPECT_NEAR(tp_units(false, "selective"), 4.0, 1e-9);
   // Gradients reduced in bf16 (parallel.grad_reduce_dtype) move half the bytes: with ZeRO 1 over
-  // the network the exposed all-reduce halves, the parameters' fp32 all-gather does not.
+  // the network the exposed reduce-scatter halves, the parameters' fp32 all-gather does not.
   Config g = tiny_config("unused");
   g.train.batch_size = 16;
   g.train.micro_batch_size = 2;
@@ -325,6 +325,20 @@ TEST(Planner, TimeModelFormulas) {
   const double b16 = estimate_layout(g, o).dp_comm_s;
   EXPECT_LT(b16, f32);
   EXPECT_GT(b16, f32 / 2);  // the all-gather's share stays
+  // ZeRO-1 reduce-scatters and gathers: what stage 0's all-reduce costs (both behind the last
+  // micro-batch's backward only); under pipelining it all-reduces, then gathers: half as much
+  // again.
+  g.parallel.grad_reduce_dtype = "fp32";
+  g.parallel.zero = 0;
+  const double z0 = estimate_layout(g, o).dp_comm_s;
+  EXPECT_GT(z0, 0);
+  EXPECT_NEAR(f32, z0, 1e-9 * z0);
+  Config piped = g;
+  piped.parallel.dp = 4;
+  piped.parallel.pp = 2;
+  const double piped_z0 = estimate_layout(piped, o).dp_comm_s;
+  piped.parallel.zero = 1;
+  EXPECT_GT(estimate_layout(piped, o).dp_comm_s, 1.4 * piped_z0);
   // ZeRO-3 gathering the parameters in bf16 too (parallel.param_gather_dtype): all of its
   // traffic halves.
   g.parallel.zero = 3;
