@@ -13,12 +13,8 @@
 #     where the difference is the network: ZeRO-3 over all 64 against ZeRO-3 sharded within each
 #     node (shard8), and ZeRO-1 / ZeRO-2 for reference.
 #   bench/hybrid_sharding.sh [LOOM_BINARY]     (STEPS=60)
-set -euo pipefail
-loom=${1:-build/release/apps/loom}
-steps=${STEPS:-60}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-"$loom" data synth --out "$dir/data" 2>/dev/null
+source "$(dirname "$0")/common.sh"
+bench_setup "${1:-}" 60
 runs=("zero1:--set parallel.zero=1"
   "zero3:--set parallel.zero=3"
   "zero2 shard2:--set parallel.zero=2 --set parallel.dp_shard=2"
@@ -28,14 +24,12 @@ printf '%-14s %10s %12s %16s %9s %9s\n' run "state MiB" "dp MiB/step" "replicas 
 for run in "${runs[@]}"; do
   name=${run%%:*}
   # shellcheck disable=SC2086
-  "$loom" train configs/quickstart.toml --run-dir "$dir/run" --quiet --set train.steps="$steps" \
-    --set train.save_every=0 --set train.eval_every=0 --set train.warmup_steps=$((steps / 10)) \
-    --set model.d_model=256 --set data.train="$dir/data/train_*.bin" --set data.val="" \
+  bench_train "$loom" configs/quickstart.toml --set train.eval_every=0 \
+    --set train.warmup_steps=$((steps / 10)) --set model.d_model=256 --set data.val="" \
     --set train.micro_batch_size=4 --set runtime.ranks=4 --set runtime.threads_per_rank=1 \
-    ${run#*:} 2>/dev/null
+    ${run#*:}
   m=$dir/run/metrics.jsonl
-  jq -rs --arg name "$name" '
-    def median: sort | .[length / 2 | floor];
+  jq -rs --arg name "$name" "$bench_median"'
     [.[-1] | .mem_params_mb + .mem_grads_mb + .mem_optimizer_mb] as [$state]
     | ([.[1:][] | .comm_bytes.dp] | median / 1048576) as $dp
     | ([.[1:][] | .comm_bytes.dp_replicate // 0] | median / 1048576) as $rep
@@ -44,7 +38,6 @@ for run in "${runs[@]}"; do
     while IFS=$'\t' read -r n state dp rep ms loss; do
       printf '%-14s %10.2f %12.2f %16.2f %9.1f %9.4f\n' "$n" "$state" "$dp" "$rep" "$ms" "$loss"
     done
-  rm -rf "$dir/run"
 done
 echo
 echo "# part 2: loom plan configs/llama3-8b.toml --devices 64 --hardware h100 (8 GPUs a node), dp 64"

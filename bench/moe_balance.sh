@@ -10,12 +10,8 @@
 # alone, and its whole recipe (biases, a tiny loss, 4 groups of 2 experts with a token's pair from
 # its best group, weights × 2.5). ONLY=REGEX runs the schemes whose names match it.
 #   bench/moe_balance.sh [LOOM_BINARY]     (STEPS=300 ONLY=)
-set -euo pipefail
-loom=${1:-build/release/apps/loom}
-steps=${STEPS:-300}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-"$loom" data synth --out "$dir/data" 2>/dev/null
+source "$(dirname "$0")/common.sh"
+bench_setup "${1:-}" 300
 runs=("none:--set model.moe_aux_loss_coef=0"
   "biases 0.001:--set model.moe_aux_loss_coef=0 --set model.moe_bias_update_rate=0.001"
   "biases 0.01:--set model.moe_aux_loss_coef=0 --set model.moe_bias_update_rate=0.01"
@@ -28,12 +24,9 @@ for run in "${runs[@]}"; do
   name=${run%%:*}
   [[ -n ${ONLY:-} && ! $name =~ $ONLY ]] && continue
   # shellcheck disable=SC2086
-  "$loom" train configs/moe.toml --run-dir "$dir/run" --quiet --set train.steps="$steps" \
-    --set train.save_every=0 --set data.train="$dir/data/train_*.bin" \
-    --set data.val="$dir/data/val_*.bin" ${run#*:} 2>/dev/null
+  bench_train "$loom" configs/moe.toml --set data.val="$dir/data/val_*.bin" ${run#*:}
   line=$(jq -r 'select(.step % 50 == 0) | "\(.moe_expert_load * 100 | round / 100) / \(.loss * 1000 | round / 1000)"' \
     "$dir/run/metrics.jsonl" | paste -sd ' ' | sed 's/ \([0-9.]* \/\)/  |  \1/g')
   val=$(jq -r 'select(.val_loss != null) | .val_loss' "$dir/run/metrics.jsonl" | tail -1)
   printf '%-22s %s  |  val %.4f\n' "$name" "$line" "$val"
-  rm -rf "$dir/run"
 done

@@ -9,12 +9,8 @@
 # expert load at the last step (busiest expert's tokens over the mean, worst block: 4 = every
 # token to one expert), the median step time and its 90th percentile, and the last validation loss.
 #   bench/moe_capacity.sh [LOOM_BINARY]     (STEPS=300)
-set -euo pipefail
-loom=${1:-build/release/apps/loom}
-steps=${STEPS:-300}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-"$loom" data synth --out "$dir/data" 2>/dev/null
+source "$(dirname "$0")/common.sh"
+bench_setup "${1:-}" 300
 runs=("dropless:"
   "capacity 1.25:--set model.moe_capacity_factor=1.25"
   "capacity 1.0:--set model.moe_capacity_factor=1.0"
@@ -26,11 +22,9 @@ printf '%-24s %9s %9s %6s %9s %9s %9s\n' run "dropped" "last" load "step ms" "p9
 for run in "${runs[@]}"; do
   name=${run%%:*}
   # shellcheck disable=SC2086
-  "$loom" train configs/moe.toml --run-dir "$dir/run" --quiet --set train.steps="$steps" \
-    --set train.save_every=0 --set train.warmup_steps=$((steps / 10)) \
-    --set data.train="$dir/data/train_*.bin" \
+  bench_train "$loom" configs/moe.toml --set train.warmup_steps=$((steps / 10)) \
     --set data.val="$dir/data/val_*.bin" --set runtime.ranks=2 --set runtime.threads_per_rank=1 \
-    --set parallel.dp=2 --set parallel.ep=2 --set parallel.ep_dispatch=all_to_all ${run#*:} 2>/dev/null
+    --set parallel.dp=2 --set parallel.ep=2 --set parallel.ep_dispatch=all_to_all ${run#*:}
   m=$dir/run/metrics.jsonl
   dropped=$(jq -s '[.[] | .moe_dropped // 0] | add / length' "$m")
   last=$(jq -s '.[-1].moe_dropped // 0' "$m")
@@ -39,5 +33,4 @@ for run in "${runs[@]}"; do
   val=$(jq -r 'select(.val_loss != null) | .val_loss' "$m" | tail -1)
   printf '%-24s %8.2f%% %8.2f%% %6.2f %9.1f %9.1f %9.4f\n' "$name" "$(jq -n "$dropped * 100")" \
     "$(jq -n "$last * 100")" "$load" "$median" "$p90" "$val"
-  rm -rf "$dir/run"
 done
