@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
-#include <set>
 #include <tuple>
 #include <vector>
 
@@ -147,13 +146,14 @@ struct VPolicy {
 };
 
 // Fills s.actions by the policy; returns the step's length in the costs' unit, or −1 where the
-// policy stalls (its bounds leave nothing to run). Event-driven: the rank that is free earliest
-// (the lowest of equals) picks its next compute from the messages that have arrived by then; a
-// message arrives when the compute that sends it ends (communication free); a rank with nothing
-// ready waits for the next end of a compute anywhere. With unit costs this is the unit-time
-// simulation the timeline draws.
+// policy stalls (its bounds leave nothing to run) or its step grows past `give_up_after` (> 0;
+// the makespan only grows as computes are placed, so such a policy cannot end shorter).
+// Event-driven: the rank that is free earliest (the lowest of equals) picks its next compute from
+// the messages that have arrived by then; a message arrives when the compute that sends it ends
+// (communication free); a rank with nothing ready waits for the next end of a compute anywhere.
+// With unit costs this is the unit-time simulation the timeline draws.
 double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
-                       const VPolicy& policy) {
+                       const VPolicy& policy, double give_up_after = -1) {
   const int pp = s.pp, m = s.microbatches, S = s.stages();
   Costs cost;
   cost.stages = &costs;
@@ -178,21 +178,24 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
   // simulation) and keeps them for their computes.
   std::vector<std::vector<std::deque<PipeAction>>> in_transit(
       pp, std::vector<std::deque<PipeAction>>(pp));
-  std::set<std::tuple<K, int, int>> received;  // (kind, micro-batch, stage)
+  // Received already: [(backward ? m : 0) + micro-batch) · S + stage].
+  std::vector<char> received(static_cast<size_t>(2) * m * S, 0);
   const auto send = [&](int from, int to_stage, const PipeAction& recv_there) {
     in_transit[from][s.rank_of_stage(to_stage)].push_back(recv_there);
   };
   const auto receive = [&](int r, int from, const PipeAction& wanted) {
     const auto key = [&](const PipeAction& a) {
-      return std::tuple{a.kind, a.microbatch, s.stage_of(r, a.chunk)};
+      LOOM_CHECK(a.kind == K::kRecvForward || a.kind == K::kRecvBackward);
+      return (static_cast<size_t>(a.kind == K::kRecvBackward ? m : 0) + a.microbatch) * S +
+             s.stage_of(r, a.chunk);
     };
-    if (received.count(key(wanted))) return;
+    if (received[key(wanted)]) return;
     for (auto& queue = in_transit[from][r];;) {
       LOOM_CHECK(!queue.empty());
       const PipeAction a = queue.front();
       queue.pop_front();
       s.actions[r].push_back(a);
-      received.insert(key(a));
+      received[key(a)] = 1;
       if (a == wanted) break;
     }
   };
@@ -281,6 +284,7 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
     if (end >= 0) {
       free_at[r] = end;
       makespan = std::max(makespan, end);
+      if (give_up_after > 0 && makespan > give_up_after) return -1;
       --remaining;
       continue;
     }
@@ -296,7 +300,10 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
 // then all of those keeping a slot for chunk 1, then all of those running F's before B's. With
 // stage costs, each policy is also scheduled as if the stages cost the same, and that order timed
 // on the real costs: the greedy choices on the real costs are not always better. The costs are
-// s.costs.
+// s.costs. The same schedule as trying them all, sooner: a policy scheduled on the real costs is
+// given up once its step passes the best so far, and the search ends when the best reaches the
+// floor no order beats — the busiest rank's own computes, back to back (`loom plan` times
+// hundreds of these).
 void zero_bubble_v(PipelineSchedule& s) {
   const int pp = s.pp;
   const StageCosts& costs = s.costs;
@@ -317,11 +324,24 @@ void zero_bubble_v(PipelineSchedule& s) {
                                 .w_when_full = w_when_full,
                                 .keep_a_slot_for_chunk1 = keep_a_slot,
                                 .f_before_b = f_before_b});
+  // No order ends before its busiest rank has run its own computes back to back.
+  double floor = 0;
+  for (int r = 0; r < pp; ++r) {
+    double busy = 0;
+    for (int c = 0; c < 2; ++c) {
+      const int stage = s.stage_of(r, c);
+      busy += s.microbatches * (timed.of(K::kForward, stage) + timed.of(K::kBackwardInput, stage) +
+                                timed.of(K::kBackwardWeight, stage));
+    }
+    floor = std::max(floor, busy);
+  }
   for (const VPolicy& p : policies)
     for (const bool on_unit_costs : {false, true}) {
       if (on_unit_costs && !unequal) continue;
+      if (best_step > 0 && best_step <= floor) break;
       s.actions.assign(pp, {});
-      double step = list_schedule_v(s, on_unit_costs ? StageCosts{} : costs, 2 * pp, p);
+      double step = list_schedule_v(s, on_unit_costs ? StageCosts{} : costs, 2 * pp, p,
+                                    on_unit_costs ? -1 : best_step);
       if (step > 0 && on_unit_costs) {
         const Simulation sim = simulate(s, timed);
         step = *std::max_element(sim.clock.begin(), sim.clock.end());
