@@ -262,6 +262,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
       }
       if (mc.moe_router_topk_scaling_factor != 1)
         shape["moe"]["router_topk_scaling_factor"] = mc.moe_router_topk_scaling_factor;
+      if (!mc.moe_router_norm_topk_prob) shape["moe"]["router_norm_topk_prob"] = false;
       if (!mc.moe_capacity.dropless()) {
         shape["moe"]["capacity_factor"] = mc.moe_capacity.factor;
         shape["moe"]["token_drop_policy"] = token_drop_policy_name(mc.moe_capacity.policy);
@@ -440,6 +441,7 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
           c.moe_router_group_topk = json_integer<int64_t>(moe.at("router_group_topk"));
         }
         c.moe_router_topk_scaling_factor = moe.value("router_topk_scaling_factor", 1.0);
+        c.moe_router_norm_topk_prob = moe.value("router_norm_topk_prob", true);
         c.moe_capacity.factor = moe.value("capacity_factor", 0.0);
         c.moe_capacity.policy = parse_token_drop_policy(
             moe.value("token_drop_policy", std::string("probs")), "model.moe.token_drop_policy");

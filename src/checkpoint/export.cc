@@ -569,10 +569,13 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
     fail("export: ", checkpoint_dir, " holds a mixture of experts with shared experts, which ",
          "transformers' MixtralForCausalLM has not (model.moe_shared_experts = ",
          mc.moe_shared_experts, ")");
-  if (mc.moe() && (mc.moe_router_groups > 1 || mc.moe_router_topk_scaling_factor != 1))
+  if (mc.moe() && (mc.moe_router_groups > 1 || mc.moe_router_topk_scaling_factor != 1 ||
+                   !mc.moe_router_norm_topk_prob))
     fail("export: ", checkpoint_dir, " holds a mixture of experts routed within groups ",
-         "(model.moe_router_num_groups) or with scaled weights ",
-         "(model.moe_router_topk_scaling_factor), which transformers' MixtralForCausalLM has not");
+         "(model.moe_router_num_groups), with scaled weights ",
+         "(model.moe_router_topk_scaling_factor) or with weights not normalised over the chosen ",
+         "(model.moe_router_norm_topk_prob = false), which transformers' MixtralForCausalLM has ",
+         "not");
   if (mc.moe() && mc.moe_router_score != RouterScore::kSoftmax)
     fail("export: ", checkpoint_dir, " holds a mixture of experts whose router scores by ",
          "sigmoids (model.moe_router_score_function), and transformers' MixtralForCausalLM's by ",

@@ -70,6 +70,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, moe_router_num_groups),
     LOOM_KEY(model, moe_router_group_topk),
     LOOM_KEY(model, moe_router_topk_scaling_factor),
+    LOOM_KEY(model, moe_router_norm_topk_prob),
     LOOM_KEY(data, train),
     LOOM_KEY(data, val),
     LOOM_KEY(data, blend),

@@ -105,6 +105,10 @@ struct ModelConfig {
   // The routing weights' factor (DeepSeek-V3's routed_scaling_factor, 2.5; Megatron-LM's
   // --moe-router-topk-scaling-factor): w_j = factor · p_j / Σ_chosen p.
   double moe_router_topk_scaling_factor = 1;
+  // false: the chosen experts' scores weigh their outputs as they are, not normalised over the k
+  // (transformers' norm_topk_prob = false: Qwen1.5/2-MoE, DeepSeek-V2, OLMoE; Megatron-LM's
+  // --moe-router-pre-softmax with softmax scores): w_j = factor · p_j.
+  bool moe_router_norm_topk_prob = true;
 
   // max_seq_len with the 0 = "same as seq_len" default resolved.
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }

@@ -140,6 +140,8 @@ void validate_moe_keys(const ModelConfig& m, Problems& p) {
       p.add("model.moe_router_num_groups applies with model.moe_experts > 0 only");
     if (m.moe_router_topk_scaling_factor != defaults.moe_router_topk_scaling_factor)
       p.add("model.moe_router_topk_scaling_factor applies with model.moe_experts > 0 only");
+    if (m.moe_router_norm_topk_prob != defaults.moe_router_norm_topk_prob)
+      p.add("model.moe_router_norm_topk_prob applies with model.moe_experts > 0 only");
     return;
   }
   if (m.moe_top_k < 1 || (m.moe_experts > 0 && m.moe_top_k > m.moe_experts))

@@ -21,6 +21,10 @@ struct MoeRouting {
   // The weights' factor (DeepSeek-V3's routed scaling factor; Megatron-LM's
   // --moe-router-topk-scaling-factor): w_j = scale · p_j / Σ_chosen p.
   double scale = 1;
+  // false: the chosen scores are not normalised, w_j = scale · p_j (transformers'
+  // norm_topk_prob = false: Qwen-MoE's, DeepSeek-V2's, OLMoE's; Megatron-LM's pre-softmax
+  // routing with softmax scores).
+  bool normalize = true;
 };
 
 }  // namespace loom

@@ -630,9 +630,9 @@ inline void moe_router_backward(const Exec& ex, Real* dlogits, const Real* probs
                                 const int32_t* choice, const Real* weight, const Real* dweight,
                                 const double* balance, const Real* lse, double z, int64_t B,
                                 int64_t T, int64_t E, int64_t K, bool sigmoid = false,
-                                double scale = 1) {
+                                double scale = 1, bool normalize = true) {
   LOOM_OPS_DISPATCH(moe_router_backward, (6.0 * B * T * E, 2.0 * B * T * E), dlogits, probs, choice,
-                    weight, dweight, balance, lse, z, B, T, E, K, sigmoid, scale);
+                    weight, dweight, balance, lse, z, B, T, E, K, sigmoid, scale, normalize);
 }
 
 // SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H).

@@ -85,6 +85,7 @@ struct Gpt2Config {
   int64_t moe_router_groups = 1;  // group-limited routing (MoeShape::router_groups); 1: none
   int64_t moe_router_group_topk = 1;
   double moe_router_topk_scaling_factor = 1;  // the routing weights' factor
+  bool moe_router_norm_topk_prob = true;      // false: the chosen scores not normalised
 
   cpu::RopeFrequencies rope_frequencies() const {
     return {rope_theta, rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
@@ -104,7 +105,8 @@ struct Gpt2Config {
             moe_router_score,
             moe_router_groups,
             moe_router_group_topk,
-            moe_router_topk_scaling_factor};
+            moe_router_topk_scaling_factor,
+            moe_router_norm_topk_prob};
   }
   MoeLosses moe_losses() const { return {moe_aux_loss_coef, moe_router_z_loss_coef}; }
   // The length of the step's expert counts (Gpt2Stage::add_expert_tokens): n_layers × experts

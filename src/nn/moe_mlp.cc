@@ -341,7 +341,7 @@ Tensor MoeMlp::run(Context& ctx, const Tensor& x, const Tensor* residual) {
     ops::moe_route<Real>(ex, probs_.data<Real>(), choice_.data<int32_t>(), weight_.data<Real>(),
                          lse_.data<Real>(), logits.data<Real>(), N, E, K,
                          MoeRouting{bias, sigmoid, shape_.router_groups, shape_.router_group_topk,
-                                    shape_.router_scale});
+                                    shape_.router_scale, shape_.router_normalize});
     ops::moe_prob_sums<Real>(ex, sums.data<double>(), probs_.data<Real>(), B, T, E, sigmoid);
   });
   // Under expert parallelism with the all-gather dispatcher the local experts serve the group's
@@ -563,7 +563,7 @@ Tensor MoeMlp::backward(Context& ctx, const Tensor& dy) {
         ex, dlogits.data<Real>(), probs_.data<Real>(), choice_.data<int32_t>(),
         weight_.data<Real>(), dweight.data<Real>(), balance.data<double>(), lse_.data<Real>(),
         static_cast<double>(losses_.router_z) * ctx.backward_scale / static_cast<double>(N), B, T,
-        E, K, shape_.score == RouterScore::kSigmoid, shape_.router_scale);
+        E, K, shape_.score == RouterScore::kSigmoid, shape_.router_scale, shape_.router_normalize);
     // The router's input gradient (whole on every rank of a tensor-parallel group; the caller
     // sums dx over it) added once.
     const Tensor drouter = router_.backward(ctx, dlogits);

@@ -84,6 +84,8 @@ struct MoeShape {
   int64_t router_groups = 1;
   int64_t router_group_topk = 1;
   double router_scale = 1;
+  // false: w_j = router_scale · p_j, the chosen scores not normalised (kernels/moe_routing.h).
+  bool router_normalize = true;
   // Whether the groups can serve a top k: they divide the experts, router_group_topk of them
   // divides top_k, and each holds top_k / router_group_topk experts.
   bool groups_route() const {

@@ -87,6 +87,7 @@ Gpt2Config model_config_of(const Config& config) {
       m.moe_router_group_topk = config.model.moe_router_group_topk;
     }
     m.moe_router_topk_scaling_factor = config.model.moe_router_topk_scaling_factor;
+    m.moe_router_norm_topk_prob = config.model.moe_router_norm_topk_prob;
   }
   return m;
 }

@@ -679,6 +679,7 @@ TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   c.moe_router_groups = 2;  // of 2 experts: a token's pair from its best group
   c.moe_router_group_topk = 1;
   c.moe_router_topk_scaling_factor = 2.5;
+  c.moe_router_norm_topk_prob = false;
   Gpt2 model(c);
   model.build(DType::kF32, Device::cpu(), 5);
   TrainingState st;
@@ -691,6 +692,7 @@ TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   EXPECT_EQ(back.moe_router_groups, 2);
   EXPECT_EQ(back.moe_router_group_topk, 1);
   EXPECT_EQ(back.moe_router_topk_scaling_factor, 2.5);
+  EXPECT_FALSE(back.moe_router_norm_topk_prob);
   Gpt2 loaded(back);
   loaded.build(DType::kF32, Device::cpu(), 9);
   load_checkpoint(ckpt, loaded, nullptr);
@@ -710,7 +712,8 @@ TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   // routed otherwise is not exported as one.
   const std::string error =
       testutil::error_of([&] { export_checkpoint(ckpt, "hf", (dir / "hf").string()); });
-  EXPECT_NE(error.find("routed within groups (model.moe_router_num_groups) or with scaled weights"),
+  EXPECT_NE(error.find("routed within groups (model.moe_router_num_groups), with scaled weights "
+                       "(model.moe_router_topk_scaling_factor) or with weights not normalised"),
             std::string::npos)
       << error;
   const fs::path state = fs::path(ckpt) / "state.json";
@@ -720,6 +723,7 @@ TEST(ExpertCapacity, ComesBackWithTheCheckpoint) {
   j["model"]["moe"].erase("router_num_groups");
   j["model"]["moe"].erase("router_group_topk");
   j["model"]["moe"].erase("router_topk_scaling_factor");
+  j["model"]["moe"].erase("router_norm_topk_prob");
   std::ofstream(state) << j.dump(2);
   const std::string sigmoid_error =
       testutil::error_of([&] { export_checkpoint(ckpt, "hf", (dir / "hf").string()); });

@@ -1283,6 +1283,30 @@ TEST_F(CudaKernelsTest, MixtureOfExpertsKernelsMatchCpu) {
                                     balance_gpu.data<double>(), lse.g(), 0, B, T, E, K, true, 2.5);
     expect_pair_close("grouped dlogits", dlogits, 1e-6);
   }
+  // The chosen scores not normalised (model.moe_router_norm_topk_prob = false), softmax and
+  // sigmoid scores: each weight 2.5 × its score, and the router's gradient without the
+  // normalisation's term.
+  for (const bool sigmoid : {false, true}) {
+    SCOPED_TRACE(sigmoid ? "sigmoid, not normalised" : "softmax, not normalised");
+    IdPair chosen = ids_pair(std::vector<int32_t>(N * K));
+    MoeRouting plain_cpu{bias.h(), sigmoid}, plain_gpu{bias.g(), sigmoid};
+    plain_cpu.scale = plain_gpu.scale = 2.5;
+    plain_cpu.normalize = plain_gpu.normalize = false;
+    ops::moe_route<float>(on_cpu, scores.h(), chosen.host.data<int32_t>(), sigmoid_weight.h(),
+                          lse.h(), logits.h(), N, E, K, plain_cpu);
+    ops::moe_route<float>(on_gpu, scores.g(), chosen.gpu.data<int32_t>(), sigmoid_weight.g(),
+                          lse.g(), logits.g(), N, E, K, plain_gpu);
+    expect_pair_close("weight", sigmoid_weight, 1e-6);
+    const std::vector<float> w = sigmoid_weight.from_host(), p = scores.from_host();
+    EXPECT_NEAR(w[0], 2.5 * p[chosen.host.data<int32_t>()[0]], 1e-6);
+    ops::moe_router_backward<float>(on_cpu, dlogits.h(), scores.h(), chosen.host.data<int32_t>(),
+                                    sigmoid_weight.h(), every_dweight.h(), balance.data<double>(),
+                                    lse.h(), 0, B, T, E, K, sigmoid, 2.5, false);
+    ops::moe_router_backward<float>(
+        on_gpu, dlogits.g(), scores.g(), chosen.gpu.data<int32_t>(), sigmoid_weight.g(),
+        every_dweight.g(), balance_gpu.data<double>(), lse.g(), 0, B, T, E, K, sigmoid, 2.5, false);
+    expect_pair_close("dlogits", dlogits, 1e-6);
+  }
 }
 
 // SwiGLU over gates far into both tails of the sigmoid; rows of 300 columns (not a multiple of

@@ -40,7 +40,8 @@ Gpt2Config tiny_moe(int64_t experts = 4, int64_t top_k = 2) {
 // The module alone: L = Σ y ∘ R + coef · balance loss, its input's and every weight's gradient.
 void module_grad_check(int64_t experts, int64_t top_k, double backward_scale, int64_t shared = 0,
                        MoeCapacity capacity = {}, RouterScore score = RouterScore::kSoftmax,
-                       int64_t groups = 1, int64_t group_topk = 1, double scale = 1) {
+                       int64_t groups = 1, int64_t group_topk = 1, double scale = 1,
+                       bool normalize = true) {
   SCOPED_TRACE(::testing::Message() << "top " << top_k << " of " << experts);
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
@@ -50,8 +51,8 @@ void module_grad_check(int64_t experts, int64_t top_k, double backward_scale, in
   // The router z-loss is a softmax's: sigmoid scores take none.
   const float z = score == RouterScore::kSoftmax ? 0.2f : 0.0f;
   MoeMlp moe(store, "mlp",
-             {6, 5, experts, top_k, shared, capacity, score, groups, group_topk, scale}, {coef, z},
-             0.5f, 0.4f);
+             {6, 5, experts, top_k, shared, capacity, score, groups, group_topk, scale, normalize},
+             {coef, z}, 0.5f, 0.4f);
   store.allocate(DType::kF64, Device::cpu());
   store.initialize(7);
   Tensor x = testing::random_f64({2, 5, 6}, "x");
@@ -107,6 +108,14 @@ TEST(MoeMlp, GradCheckInDoubleWithGroupsAndScaledWeights) {
   module_grad_check(4, 2, 1.0, 0, {}, RouterScore::kSigmoid, 2, 1, 2.5);
   module_grad_check(4, 2, 0.5, 0, {}, RouterScore::kSoftmax, 4, 2, 2.5);
 }
+// The chosen scores not normalised over the k (transformers' norm_topk_prob = false): softmax
+// scores (Qwen-MoE's, OLMoE's), sigmoid ones, scaled, with a shared expert and a capacity.
+TEST(MoeMlp, GradCheckInDoubleWithWeightsNotNormalised) {
+  module_grad_check(4, 2, 1.0, 0, {}, RouterScore::kSoftmax, 1, 1, 1, false);
+  module_grad_check(4, 3, 0.5, 1, {}, RouterScore::kSigmoid, 1, 1, 2.5, false);
+  module_grad_check(4, 2, 1.0, 0, {0.8, TokenDropPolicy::kProbs}, RouterScore::kSoftmax, 1, 1, 1,
+                    false);
+}
 TEST(MoeMlp, GradCheckInDoubleWithExpertCapacity) {
   module_grad_check(4, 2, 1.0, 0, {0.8, TokenDropPolicy::kProbs});
   module_grad_check(4, 2, 0.5, 1, {0.8, TokenDropPolicy::kPosition});
@@ -124,13 +133,14 @@ void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bia
                                                    MoeCapacity capacity = {},
                                                    RouterScore scores = RouterScore::kSoftmax,
                                                    int64_t E = 5, int64_t groups = 1,
-                                                   int64_t group_topk = 1, double scale = 1) {
+                                                   int64_t group_topk = 1, double scale = 1,
+                                                   bool normalize = true) {
   ThreadPool pool(1);
   Context ctx{&pool, Device::cpu(), DType::kF64};
   const int64_t C = 6, K = 2, B = 2, T = 7;
   ParameterStore store;
-  MoeMlp moe(store, "mlp", {C, 4, E, K, 0, capacity, scores, groups, group_topk, scale}, {}, 0.5f,
-             0.4f);
+  MoeMlp moe(store, "mlp", {C, 4, E, K, 0, capacity, scores, groups, group_topk, scale, normalize},
+             {}, 0.5f, 0.4f);
   ParameterStore expert_store;  // the same experts again, run on every token
   std::vector<std::unique_ptr<SwiGluMlp>> experts;
   for (int64_t e = 0; e < E; ++e)
@@ -183,8 +193,9 @@ void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bia
       if (candidate[e] && e != first && (second < 0 || score(e) > score(second))) second = e;
     chose[t * K] = first;
     chose[t * K + 1] = second;
-    weight[t * K] = scale * p[first] / (p[first] + p[second]);
-    weight[t * K + 1] = scale * p[second] / (p[first] + p[second]);
+    const double chosen = normalize ? p[first] + p[second] : 1;
+    weight[t * K] = scale * p[first] / chosen;
+    weight[t * K + 1] = scale * p[second] / chosen;
   }
   // Which choices their experts take: every one, or per sequence and expert the capacity's best.
   std::vector<bool> taken(B * T * K, true);
@@ -221,6 +232,16 @@ void expect_output_is_the_renormalised_top_two_sum(const std::vector<float>& bia
 
 TEST(MoeMlp, OutputIsTheRenormalisedTopKSumOfTheExperts) {
   expect_output_is_the_renormalised_top_two_sum({});
+}
+
+// Without the normalisation (model.moe_router_norm_topk_prob = false): the two chosen experts'
+// outputs weighed by their scores as they are — softmax (Qwen-MoE's) and sigmoid, scaled, with a
+// capacity ranking the choices by those weights.
+TEST(MoeMlp, WeightsNotNormalisedAreTheChosenScoresThemselves) {
+  expect_output_is_the_renormalised_top_two_sum({}, {}, RouterScore::kSoftmax, 5, 1, 1, 1, false);
+  expect_output_is_the_renormalised_top_two_sum({}, {}, RouterScore::kSigmoid, 5, 1, 1, 2.5, false);
+  expect_output_is_the_renormalised_top_two_sum({}, {0.5, TokenDropPolicy::kProbs},
+                                                RouterScore::kSoftmax, 5, 1, 1, 1, false);
 }
 
 // Sigmoid scores (DeepSeek-V3): each logit's sigmoid on its own, the top two by score (+ bias),

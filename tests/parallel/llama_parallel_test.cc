@@ -432,6 +432,26 @@ TEST_F(LlamaParallel, MixtureScoredBySigmoidsAsDeepSeekV3MatchesOneDevice) {
 }
 
 // With two shared experts beside the routed ones (model.moe_shared_experts: DeepSeekMoE's form).
+// The chosen experts' scores as their weights, not normalised over the k (Qwen-MoE's and OLMoE's
+// router: model.moe_router_norm_topk_prob = false), with a shared expert: one device's run under
+// dp × ZeRO, pipelining, tp, cp and ep — and not the normalising router's.
+TEST_F(LlamaParallel, MixtureWithWeightsNotNormalisedMatchesOneDevice) {
+  Config c = moe_config();
+  c.model.moe_router_norm_topk_prob = false;
+  c.model.moe_shared_experts = 1;
+  expect_layouts_match_one_device(c,
+                                  "dp=2,zero=1,mbs=2;pp=2,schedule=zb-h1;tp=2,sp=1;cp=2;"
+                                  "dp=2,ep=2,ep_dispatch=all_to_all,zero=2",
+                                  5);
+  Config normalised = c;
+  normalised.model.moe_router_norm_topk_prob = true;
+  LayoutCheckOptions o;
+  o.steps = 2;
+  const double a = check_layouts(c, parse_layouts("dp=2"), o).reference_losses.back();
+  const double b = check_layouts(normalised, parse_layouts("dp=2"), o).reference_losses.back();
+  EXPECT_GT(std::abs(a - b), 1e-4) << "the normalisation changed nothing";
+}
+
 TEST_F(LlamaParallel, MixtureOfExpertsWithSharedExpertsMatchesOneDevice) {
   Config c = moe_config();
   c.model.moe_shared_experts = 2;

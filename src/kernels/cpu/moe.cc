@@ -77,6 +77,7 @@ void moe_route(ThreadPool& pool, Real* probs, int32_t* choice, Real* weight, Rea
       std::partial_sort(order.begin(), order.begin() + K, candidates, before);
       double chosen = 0;
       for (int64_t j = 0; j < K; ++j) chosen += static_cast<double>(p[order[static_cast<size_t>(j)]]);
+      if (!routing.normalize) chosen = 1;
       for (int64_t j = 0; j < K; ++j) {
         const int32_t e = order[static_cast<size_t>(j)];
         choice[t * K + j] = e;
@@ -162,7 +163,7 @@ template <typename Real>
 void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
                          const Real* weight, const Real* dweight, const double* balance,
                          const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
-                         bool sigmoid, double scale) {
+                         bool sigmoid, double scale, bool normalize) {
   pool.parallel_for(B * T, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<double> dp(static_cast<size_t>(E));
     for (int64_t t = begin; t < end; ++t) {
@@ -173,6 +174,7 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
         chosen += static_cast<double>(p[choice[t * K + j]]);
         weighed += static_cast<double>(weight[t * K + j]) * static_cast<double>(dweight[t * K + j]);
       }
+      if (!normalize) chosen = 1, weighed = 0;  // w_j = scale · p_j: dp_j = scale · dweight_j
       if (sigmoid) {
         // The balance term is at q = p / Σ p: dp_e = (bal_e − Σ_e' bal_e'·q_e') / Σ p.
         const double all = score_sum(p, E);
@@ -214,7 +216,7 @@ void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, con
                                              int64_t, int64_t);                                    \
   template void moe_router_backward<Real>(                                                         \
       ThreadPool&, Real*, const Real*, const int32_t*, const Real*, const Real*, const double*,    \
-      const Real*, double, int64_t, int64_t, int64_t, int64_t, bool, double);
+      const Real*, double, int64_t, int64_t, int64_t, int64_t, bool, double, bool);
 LOOM_MOE_INSTANTIATE(float)
 LOOM_MOE_INSTANTIATE(double)
 #undef LOOM_MOE_INSTANTIATE

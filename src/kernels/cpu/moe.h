@@ -17,7 +17,8 @@ namespace loom::cpu {
 // probs (N, E) = the router's scores per token: softmax(logits) (exp and sum in double), or with
 // routing.sigmoid each logit's sigmoid on its own (DeepSeek-V3's affinities); choice (N, K) the K
 // largest scores' experts, best first, equal ones to the lower index; weight (N, K) their scores
-// over their sum (Mixtral's renormalisation; DeepSeek-V3's normalisation), times routing.scale;
+// over their sum (Mixtral's renormalisation; DeepSeek-V3's normalisation; not with
+// routing.normalize false), times routing.scale;
 // lse (N) log Σ exp logits (the router z-loss's). With routing.bias (E) the K are chosen by
 // p_e + bias[e] (in double) instead — DeepSeek-V3's balancing biases, which steer the choice
 // only: the weights stay the chosen scores normalised. With routing.groups > 1 only the experts
@@ -59,11 +60,12 @@ void moe_expert_output_grad(ThreadPool& pool, Real* g, Real* dweight, const Real
 // the loss's scale over the tokens; 0 without, lse then unread). With `sigmoid` scores the
 // balance term reaches p through the normalisation p / Σ_e p_e, and dl = dp ⊙ p ⊙ (1 − p) (no
 // z-loss: z must be 0). With weights scaled (w_j = scale · p_j / S) dp_j = (scale·dweight_j −
-// Σ_i w_i·dweight_i) / S. In double.
+// Σ_i w_i·dweight_i) / S; without the normalisation (`normalize` false: w_j = scale · p_j)
+// dp_j = scale·dweight_j. In double.
 template <typename Real>
 void moe_router_backward(ThreadPool& pool, Real* dlogits, const Real* probs, const int32_t* choice,
                          const Real* weight, const Real* dweight, const double* balance,
                          const Real* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
-                         bool sigmoid, double scale);
+                         bool sigmoid, double scale, bool normalize);
 
 }  // namespace loom::cpu

@@ -411,7 +411,7 @@ void moe_expert_output_grad(int device, float* g, float* dweight, const float* o
 void moe_router_backward(int device, float* dlogits, const float* probs, const int32_t* choice,
                          const float* weight, const float* dweight, const double* balance,
                          const float* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
-                         bool sigmoid, double scale);
+                         bool sigmoid, double scale, bool normalize);
 
 // Checks the tokens (a 4-byte copy back: a wait) and throws loom::Error naming the first bad one
 // — unless `ids_checked`, where they were checked before they came (Exec::ids_checked). wpe null:

@@ -97,6 +97,7 @@ __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, f
       last_score = score(best);
       chosen += static_cast<double>(p[best]);
     }
+    if (!routing.normalize) chosen = 1;
     for (int64_t j = 0; j < K; ++j)
       weight[t * K + j] =
           static_cast<float>(routing.scale * static_cast<double>(p[choice[t * K + j]]) / chosen);
@@ -186,7 +187,8 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
                                            const int32_t* choice, const float* weight,
                                            const float* dweight, const double* balance,
                                            const float* lse, double z, int64_t B, int64_t T,
-                                           int64_t E, int64_t K, bool sigmoid, double scale) {
+                                           int64_t E, int64_t K, bool sigmoid, double scale,
+                                           bool normalize) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < B * T;
        t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const float* p = probs + t * E;
@@ -196,6 +198,7 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* probs,
       chosen += static_cast<double>(p[choice[t * K + j]]);
       weighed += static_cast<double>(weight[t * K + j]) * static_cast<double>(dweight[t * K + j]);
     }
+    if (!normalize) chosen = 1, weighed = 0;  // w_j = scale · p_j: dp_j = scale · dweight_j
     // dp_e = bal_e (sigmoid scores: at q = p / Σ p, (bal_e − Σ_e' bal_e'·q_e') / Σ p), plus the
     // renormalisation's term where e is chosen.
     double all = 1, bq = 0;
@@ -277,11 +280,12 @@ void moe_expert_output_grad(int device, float* g, float* dweight, const float* o
 void moe_router_backward(int device, float* dlogits, const float* probs, const int32_t* choice,
                          const float* weight, const float* dweight, const double* balance,
                          const float* lse, double z, int64_t B, int64_t T, int64_t E, int64_t K,
-                         bool sigmoid, double scale) {
+                         bool sigmoid, double scale, bool normalize) {
   if (B * T == 0) return;
   DeviceGuard guard(device);
   launch("moe_router_backward", moe_router_backward_kernel, blocks_for(B * T, kThreads), kThreads,
-         dlogits, probs, choice, weight, dweight, balance, lse, z, B, T, E, K, sigmoid, scale);
+         dlogits, probs, choice, weight, dweight, balance, lse, z, B, T, E, K, sigmoid, scale,
+         normalize);
 }
 
 }  // namespace loom::cuda
