@@ -119,7 +119,8 @@ TEST_P(TensorParallelEquivalence, MatchesOneDevice) {
 INSTANTIATE_TEST_SUITE_P(Grid, TensorParallelEquivalence,
                          ::testing::Values(Layout{2, 1, false, 0}, Layout{2, 1, true, 0},
                                            Layout{4, 1, false, 0}, Layout{4, 1, true, 0},
-                                           Layout{2, 2, false, 0}, Layout{2, 2, true, 3}),
+                                           Layout{2, 2, false, 0}, Layout{2, 2, true, 1},
+                                           Layout{2, 2, true, 3}),
                          [](const ::testing::TestParamInfo<Layout>& p) { return p.param.name(); });
 
 TEST_F(TensorParallelRuns, ResumesUnderAnotherTensorParallelLayout) {
