@@ -1057,25 +1057,32 @@ TEST_F(TrainTest, Bf16GradientsAndGathersOverTwoGpusTrainTheCpuRanksRun) {
 // waiting for none of it (the GPU's stream does).
 TEST_F(TrainTest, HybridShardedGpusTrainTheCpuRanksRun) {
   if (!cuda_available() || cuda::device_count() < 4) GTEST_SKIP() << "needs four GPUs";
-  Config c = config(4);
-  c.runtime.ranks = 4;
-  c.runtime.threads_per_rank = 1;
-  c.train.micro_batch_size = 2;
-  c.parallel.zero = 3;
-  c.parallel.dp_shard = 2;
-  run_training(c, options("hsdp_cpus"));
-  Config gpus = c;
-  gpus.runtime.device = "cuda";
-  run_training(gpus, options("hsdp_gpus"));
-  const auto cpu = metrics("hsdp_cpus"), gpu = metrics("hsdp_gpus");
-  ASSERT_EQ(gpu.size(), cpu.size());
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    const double want = cpu[i]["loss"], got = gpu[i]["loss"];
-    EXPECT_NEAR(got, want, 1e-4 * want) << "step " << i + 1;
-    EXPECT_GT(gpu[i]["comm_bytes"]["dp_replicate"].get<int64_t>(), 0) << "step " << i + 1;
-    EXPECT_EQ(gpu[i]["comm_bytes"]["dp_replicate"], cpu[i]["comm_bytes"]["dp_replicate"])
-        << "step " << i + 1;
-    EXPECT_EQ(gpu[i]["comm_wait_ms"], gpu[i]["comm_ms"]["dp"]) << "step " << i + 1;
+  // And ZeRO-1 in pairs: each unit reduce-scattered within a pair once a step, its chunk
+  // all-reduced with the other pair's (the reduced chunk copied over the rank's part of the
+  // whole gradient in the GPU's stream).
+  for (const int zero : {3, 1}) {
+    SCOPED_TRACE(::testing::Message() << "ZeRO-" << zero);
+    const std::string name = "hsdp" + std::to_string(zero);
+    Config c = config(4);
+    c.runtime.ranks = 4;
+    c.runtime.threads_per_rank = 1;
+    c.train.micro_batch_size = 2;
+    c.parallel.zero = zero;
+    c.parallel.dp_shard = 2;
+    run_training(c, options(name + "_cpus"));
+    Config gpus = c;
+    gpus.runtime.device = "cuda";
+    run_training(gpus, options(name + "_gpus"));
+    const auto cpu = metrics(name + "_cpus"), gpu = metrics(name + "_gpus");
+    ASSERT_EQ(gpu.size(), cpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      const double want = cpu[i]["loss"], got = gpu[i]["loss"];
+      EXPECT_NEAR(got, want, 1e-4 * want) << "step " << i + 1;
+      EXPECT_GT(gpu[i]["comm_bytes"]["dp_replicate"].get<int64_t>(), 0) << "step " << i + 1;
+      EXPECT_EQ(gpu[i]["comm_bytes"]["dp_replicate"], cpu[i]["comm_bytes"]["dp_replicate"])
+          << "step " << i + 1;
+      EXPECT_EQ(gpu[i]["comm_wait_ms"], gpu[i]["comm_ms"]["dp"]) << "step " << i + 1;
+    }
   }
 }
 
