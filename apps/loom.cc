@@ -837,11 +837,19 @@ int main(int argc, char** argv) {
       plan.every_cp = plan_cp == "all";
       plan.every_dp_shard = plan_dp_shard == "all";
       const std::vector<LayoutPlan> plans = plan_layouts(config, plan);
-      if (plans.empty())
+      if (plans.empty()) {
+        // What the options held at the config's values rule out too.
+        std::string held;
+        if (!plan.every_cp && config.parallel.cp > 1)
+          held += detail::concat(", parallel.cp ", config.parallel.cp, " (--cp config)");
+        if (!plan.every_dp_shard && config.parallel.dp_shard > 0)
+          held += detail::concat(", parallel.dp_shard ", config.parallel.dp_shard,
+                                 " (--dp-shard config: it must divide dp, at ZeRO 1-3)");
         fail(plan_config, ": no layout of ", plan.devices,
              " ranks fits the config (train.batch_size ", config.train.batch_size,
              ", micro_batch_size ", config.train.micro_batch_size, ", model.n_heads ",
-             config.model.n_heads, ", n_layers ", config.model.n_layers, ")");
+             config.model.n_heads, ", n_layers ", config.model.n_layers, held, ")");
+      }
       std::cout << format_plan(config, plan, plans, plan_top);
       return 0;
     }

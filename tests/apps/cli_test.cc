@@ -686,5 +686,9 @@ TEST_F(Cli, PlanListsLayoutsAndNamesBadInput) {
   expect_error(run("plan " + cfg + " --hardware tpu"), "--hardware tpu: unknown; known: h100");
   expect_error(run("plan " + cfg + " --efficiency 2"), "--efficiency must be in (0, 1]");
   expect_error(run("plan " + cfg + " --devices 3"), "no layout of 3 ranks");
+  // A dp_shard no layout's dp takes, held by --dp-shard config: named with the rest.
+  expect_error(run("plan " + cfg + " --devices 4 --dp-shard config --set parallel.dp_shard=3"),
+               "n_layers 1, parallel.dp_shard 3 (--dp-shard config: it must divide dp, at ZeRO "
+               "1-3))");
 }
 }  // namespace
