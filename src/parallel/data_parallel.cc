@@ -109,9 +109,9 @@ class ZeroDataParallel final : public DataParallel {
   Communicator* experts_dp_ = nullptr;  // expert parallelism (DataParallelConfig)
   Communicator* expert_parallel_ = nullptr;
   bool has_experts_ = false;  // the store has expert units
-  // With tensor parallelism: the (offset, numel) ranges of `grads` (flat in stages 0/1, the
-  // shard in 2/3) that this rank counts in the gradient norm.
-  // (experts: a range of an expert unit's, which stages 0/1 sum over ep first.)
+  // With tensor parallelism: the (offset, numel) ranges of `grads` (flat with whole gradients or
+  // stage 1's chunks, the shard in 2/3) that this rank counts in the gradient norm.
+  // (experts: a range of an expert unit's, which whole gradients sum over ep first.)
   struct NormRange {
     int64_t offset = 0, numel = 0;
     bool experts = false;
@@ -436,6 +436,7 @@ void ZeroDataParallel::after_backward(size_t u) {
     Tensor full = params_.grads().narrow(params_.units()[u].begin, params_.units()[u].numel);
     if (is_experts(u)) scale_expert_grads(full);
     issue_reduce_scatter(u, full);
+    drain_reduce_scatters(false);
     return;
   }
   if (all_reduces_) {
@@ -482,7 +483,6 @@ void ZeroDataParallel::issue_reduce_scatter(size_t u, const Tensor& full) {
   // replicas now, behind this unit's reduce-scatter.
   for (size_t i = 0; i + 1 < reducing_.size(); ++i)
     if (reducing_[i].awaits_replicas) issue_replica_reduce(reducing_[i]);
-  if (stage_ == 1) drain_reduce_scatters(false);
 }
 
 void ZeroDataParallel::issue_replica_reduce(PendingReduce& pending) {

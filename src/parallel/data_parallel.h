@@ -89,7 +89,8 @@ struct DataParallelConfig {
   // expert_parallel.h; the store's ParamUnit::experts units): the ranks holding the same experts,
   // over which those units are averaged, sharded and gathered instead of over dp, their gradients
   // divided by the expert-parallel group's size first (each sums its group's tokens); and the
-  // expert-parallel group, over which the gradient norm sums their squares (stages 0/1).
+  // expert-parallel group, over which the gradient norm sums their squares (whole gradients:
+  // stage 0, and stage 1 under pipelining).
   Communicator* experts_data_parallel = nullptr;
   Communicator* expert_parallel = nullptr;
   // Hybrid sharding (both or neither; split_shard_groups): the ranks a rank's ZeRO state is

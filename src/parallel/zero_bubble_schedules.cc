@@ -301,9 +301,7 @@ double list_schedule_v(PipelineSchedule& s, const StageCosts& costs, int limit,
 // stage costs, each policy is also scheduled as if the stages cost the same, and that order timed
 // on the real costs: the greedy choices on the real costs are not always better. The costs are
 // s.costs. The same schedule as trying them all, sooner: a policy scheduled on the real costs is
-// given up once its step passes the best so far, and the search ends when the best reaches the
-// floor no order beats — the busiest rank's own computes, back to back (`loom plan` times
-// hundreds of these).
+// given up once its step passes the best so far (`loom plan` times hundreds of these).
 void zero_bubble_v(PipelineSchedule& s) {
   const int pp = s.pp;
   const StageCosts& costs = s.costs;
@@ -324,21 +322,9 @@ void zero_bubble_v(PipelineSchedule& s) {
                                 .w_when_full = w_when_full,
                                 .keep_a_slot_for_chunk1 = keep_a_slot,
                                 .f_before_b = f_before_b});
-  // No order ends before its busiest rank has run its own computes back to back.
-  double floor = 0;
-  for (int r = 0; r < pp; ++r) {
-    double busy = 0;
-    for (int c = 0; c < 2; ++c) {
-      const int stage = s.stage_of(r, c);
-      busy += s.microbatches * (timed.of(K::kForward, stage) + timed.of(K::kBackwardInput, stage) +
-                                timed.of(K::kBackwardWeight, stage));
-    }
-    floor = std::max(floor, busy);
-  }
   for (const VPolicy& p : policies)
     for (const bool on_unit_costs : {false, true}) {
       if (on_unit_costs && !unequal) continue;
-      if (best_step > 0 && best_step <= floor) break;
       s.actions.assign(pp, {});
       double step = list_schedule_v(s, on_unit_costs ? StageCosts{} : costs, 2 * pp, p,
                                     on_unit_costs ? -1 : best_step);
