@@ -18,6 +18,9 @@ if os.environ.get("EXTRA_PYTHONPATH"):
     sys.path.append(os.environ["EXTRA_PYTHONPATH"])
 
 import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch1_shim  # noqa: E402,F401  (a Qwen 3 export needs transformers >= 4.51: on torch 1.13 too)
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 

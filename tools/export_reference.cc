@@ -9,7 +9,10 @@
 // MixtralForCausalLM for tests/models/moe_reference_test.cc. With --qwen2 the Llama with biases on
 // its queries, keys and values (model.qkv_bias), rope_theta 1e6 and RMSNorm's epsilon 1e-6, as
 // Qwen 2.5's: tools/hf_llama_reference.py runs it in transformers' Qwen2ForCausalLM for
-// tests/models/qwen2_reference_test.cc. See tools/README.md.
+// tests/models/qwen2_reference_test.cc. With --qwen3 the Llama with per-head query/key norms
+// (model.qk_norm) and heads 32 wide (model.head_dim: queries 128 wide from 64 channels), rope_theta
+// 1e6 and epsilon 1e-6, as Qwen 3's: tools/hf_llama_reference.py runs it in transformers'
+// Qwen3ForCausalLM for tests/models/qwen3_reference_test.cc. See tools/README.md.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -21,9 +24,11 @@
 int main(int argc, char** argv) {
   const bool moe = argc == 3 && std::string(argv[1]) == "--moe";
   const bool qwen2 = argc == 3 && std::string(argv[1]) == "--qwen2";
-  const bool llama = moe || qwen2 || (argc == 3 && std::string(argv[1]) == "--llama");
+  const bool qwen3 = argc == 3 && std::string(argv[1]) == "--qwen3";
+  const bool llama = moe || qwen2 || qwen3 || (argc == 3 && std::string(argv[1]) == "--llama");
   if (argc != 2 && !llama) {
-    std::fprintf(stderr, "usage: %s [--llama | --moe | --qwen2] OUT.safetensors\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--llama | --moe | --qwen2 | --qwen3] OUT.safetensors\n",
+                 argv[0]);
     return 2;
   }
   const char* out_path = argv[argc - 1];
@@ -36,8 +41,10 @@ int main(int argc, char** argv) {
       c.rope_theta = 10000;
       c.norm_eps = 1e-5;
     }
-    if (qwen2) {
-      c.qkv_bias = true;
+    if (qwen2 || qwen3) {
+      c.qkv_bias = qwen2;
+      c.qk_norm = qwen3;
+      c.head_width = qwen3 ? 32 : 0;
       c.rope_theta = 1e6;
       c.norm_eps = 1e-6;
     }
@@ -66,8 +73,9 @@ int main(int argc, char** argv) {
     if (llama)
       meta.insert({{"arch", "llama"}, {"n_kv_heads", "2"}, {"ffn_hidden", "96"},
                    {"rope_theta", "10000"}, {"norm_eps", "1e-5"}});
-    if (qwen2) {
-      meta["qkv_bias"] = "1";
+    if (qwen2 || qwen3) {
+      meta[qwen2 ? "qkv_bias" : "qk_norm"] = "1";
+      if (qwen3) meta["head_dim"] = "32";
       meta["rope_theta"] = "1000000";
       meta["norm_eps"] = "1e-6";
     }

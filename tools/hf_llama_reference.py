@@ -15,7 +15,10 @@ records, computed in float64 from the float32 weights:
 So Loom's rotary embedding (rotate_half pairing), grouped-query head sharing, RMSNorm, SwiGLU
 (gate first) and tied head are checked against the implementation users load their Llamas with.
 From `loom_export_reference --qwen2` (meta qkv_bias = 1) the same in transformers'
-Qwen2ForCausalLM: the fused qkv bias split into q/k/v_proj.bias, its gradient re-fused.
+Qwen2ForCausalLM: the fused qkv bias split into q/k/v_proj.bias, its gradient re-fused. From
+`--qwen3` (meta qk_norm = 1, head_dim 32) in Qwen3ForCausalLM: its q_norm / k_norm, heads wider
+than their share of hidden_size (needs transformers >= 4.51: made with 4.51.3 on Debian's torch
+1.13 through tools/torch1_shim.py).
 
 Usage: PYTHON=/usr/bin/python3 tools/make_golden.sh llama. Needs torch, numpy and transformers
 (pip install transformers; checked with 4.40.2 on Debian's torch 1.13). EXTRA_PYTHONPATH appends a
@@ -30,22 +33,28 @@ if os.environ.get("EXTRA_PYTHONPATH"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch1_shim  # noqa: E402,F401  (before transformers)
 from torch_reference import load_safetensors, save_safetensors  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 
 def build(tensors, meta, dtype):
     C = tensors["wte.weight"].shape[1]
     n_layers = sum(1 for k in tensors if k.endswith(".ln_1.weight"))
     n_heads, kv_heads, hidden = int(meta["n_heads"]), int(meta["n_kv_heads"]), int(meta["ffn_hidden"])
-    hd = C // n_heads
+    hd = int(meta.get("head_dim", C // n_heads))
     shape = dict(vocab_size=tensors["wte.weight"].shape[0], hidden_size=C, intermediate_size=hidden,
                  num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=kv_heads,
                  max_position_embeddings=64, rms_norm_eps=float(meta["norm_eps"]),
                  rope_theta=float(meta["rope_theta"]), tie_word_embeddings=True, hidden_act="silu")
-    if meta.get("qkv_bias") == "1":  # Qwen 2: q/k/v biases, no sliding window
+    if meta.get("qk_norm") == "1":  # Qwen 3: q_norm / k_norm, head_dim its own, no window
+        from transformers import Qwen3Config, Qwen3ForCausalLM  # transformers >= 4.51
+        config = Qwen3Config(use_sliding_window=False, head_dim=hd, attention_bias=False, **shape)
+        config._attn_implementation = "eager"
+        model = Qwen3ForCausalLM(config).to(dtype)
+    elif meta.get("qkv_bias") == "1":  # Qwen 2: q/k/v biases, no sliding window
         config = Qwen2Config(use_sliding_window=False, **shape)
         config._attn_implementation = "eager"
         model = Qwen2ForCausalLM(config).to(dtype)
@@ -54,7 +63,7 @@ def build(tensors, meta, dtype):
         config = LlamaConfig(attention_bias=False, mlp_bias=False, **shape)
         config._attn_implementation = "eager"
         model = LlamaForCausalLM(config).to(dtype)
-    state = attention_state(tensors, n_layers, kv_heads * hd)
+    state = attention_state(tensors, n_layers, n_heads * hd, kv_heads * hd)
     for l in range(n_layers):
         ours, hf = f"blocks.{l}.", f"model.layers.{l}."
         fc = tensors[ours + "mlp.fc.weight"]
@@ -62,13 +71,13 @@ def build(tensors, meta, dtype):
         state[hf + "mlp.up_proj.weight"] = fc[hidden:]
         state[hf + "mlp.down_proj.weight"] = tensors[ours + "mlp.proj.weight"]
     load_tied(model, state, dtype)
-    return model, n_layers, hidden, C + kv_heads * hd
+    return model, n_layers, hidden, n_heads * hd + kv_heads * hd
 
 
-def attention_state(tensors, n_layers, kv):
+def attention_state(tensors, n_layers, C, kv):
     """transformers' names for what a Llama-form model holds besides its MLPs, from Loom's tensors:
-    the embedding, the norms, and q/k/v_proj split out of the fused qkv rows."""
-    C = tensors["wte.weight"].shape[1]
+    the embedding, the norms, and q/k/v_proj split out of the fused qkv rows (C the queries' rows,
+    kv the keys' and the values')."""
     state = {"model.embed_tokens.weight": tensors["wte.weight"], "model.norm.weight": tensors["ln_f.weight"]}
     for l in range(n_layers):
         ours, hf = f"blocks.{l}.", f"model.layers.{l}."
@@ -82,6 +91,9 @@ def attention_state(tensors, n_layers, kv):
             state[hf + "self_attn.q_proj.bias"] = bias[:C]
             state[hf + "self_attn.k_proj.bias"] = bias[C:C + kv]
             state[hf + "self_attn.v_proj.bias"] = bias[C + kv:]
+        if ours + "attn.q_norm.weight" in tensors:  # Qwen 3's
+            state[hf + "self_attn.q_norm.weight"] = tensors[ours + "attn.q_norm.weight"]
+            state[hf + "self_attn.k_norm.weight"] = tensors[ours + "attn.k_norm.weight"]
         state[hf + "self_attn.o_proj.weight"] = tensors[ours + "attn.proj.weight"]
         state[hf + "post_attention_layernorm.weight"] = tensors[ours + "ln_2.weight"]
     return state
@@ -111,6 +123,9 @@ def attention_grads(model, n_layers):
         g[ours + "attn.qkv.weight"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad, a.v_proj.weight.grad])
         if a.q_proj.bias is not None:  # Qwen 2's
             g[ours + "attn.qkv.bias"] = torch.cat([a.q_proj.bias.grad, a.k_proj.bias.grad, a.v_proj.bias.grad])
+        if hasattr(a, "q_norm"):  # Qwen 3's
+            g[ours + "attn.q_norm.weight"] = a.q_norm.weight.grad
+            g[ours + "attn.k_norm.weight"] = a.k_norm.weight.grad
         g[ours + "attn.proj.weight"] = a.o_proj.weight.grad
         g[ours + "ln_2.weight"] = layer.post_attention_layernorm.weight.grad
     return g
@@ -153,7 +168,7 @@ def main(inp, out):
 
     # Qwen 2's causal mask (transformers 4.40) is made in the default dtype from the model's
     # dtype's minimum, as Mixtral's: float64 the default while the float64 model runs.
-    qwen2 = meta.get("qkv_bias") == "1"
+    qwen2 = meta.get("qkv_bias") == "1" or meta.get("qk_norm") == "1"
     if qwen2:
         torch.set_default_dtype(torch.float64)
     model, n_layers, hidden, q_end = build(tensors, meta, torch.float64)
@@ -170,7 +185,7 @@ def main(inp, out):
     losses = golden["adamw_losses"] = adamw_losses(model32, step_loss, step_loss)
     import transformers
     save_safetensors(out, golden, {"torch": torch.__version__, "transformers": transformers.__version__,
-                                   "source": "tools/hf_llama_reference.py" + (" (Qwen2ForCausalLM)" if qwen2 else "")})
+                                   "source": "tools/hf_llama_reference.py" + (" (" + type(model).__name__ + ")" if qwen2 else "")})
     print(f"loss {loss.item():.6f}; after 5 AdamW steps {losses[-1]:.6f}; wrote {out}")
 
 

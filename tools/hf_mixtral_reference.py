@@ -57,7 +57,7 @@ def build(tensors, meta, dtype):
                            router_aux_loss_coef=0.0, hidden_act="silu")
     config._attn_implementation = "eager"
     model = MixtralForCausalLM(config).to(dtype)
-    state = attention_state(tensors, n_layers, kv_heads * hd)
+    state = attention_state(tensors, n_layers, n_heads * hd, kv_heads * hd)
     for l in range(n_layers):
         ours, hf = f"blocks.{l}.", f"model.layers.{l}."
         state[hf + "block_sparse_moe.gate.weight"] = tensors[ours + "mlp.router.weight"]

@@ -13,9 +13,13 @@ With --mixtral instead: tests/data/hf_tiny_mixtral/, a MixtralForCausalLM of the
 4 experts (48 wide) per block, 2 per token, and its logits likewise. With --qwen2:
 tests/data/hf_tiny_qwen2/, a Qwen2ForCausalLM of the same sizes (a tied head, rope_theta 1e6,
 rms_norm_eps 1e-6, as Qwen 2.5's small models) whose q/k/v biases are random, not transformers'
-zeros, so that a bias read wrongly shows in the logits (made with 4.40.2).
+zeros, so that a bias read wrongly shows in the logits (made with 4.40.2). With --qwen3:
+tests/data/hf_tiny_qwen3/, a Qwen3ForCausalLM of the same sizes but heads 16 wide (head_dim:
+queries 64 wide from a 32-wide model, as Qwen 3's 128-wide heads are wider than their share) with
+random q_norm / k_norm gains (made with transformers 4.51.3 on Debian's torch 1.13 through
+tools/torch1_shim.py).
 
-    EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py [--mixtral]
+    EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py [--mixtral|--qwen2|--qwen3]
 
 Needs torch, numpy and transformers >= 4.43 for rope_scaling "llama3" (made with 4.44.2 on
 Debian's torch 1.13; the Mixtral with 4.40.2).
@@ -28,20 +32,31 @@ if os.environ.get("EXTRA_PYTHONPATH"):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch1_shim  # noqa: E402,F401  (before transformers)
+from torch_reference import save_safetensors  # noqa: E402
 from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,  # noqa: E402
                           Qwen2Config, Qwen2ForCausalLM)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_reference import save_safetensors  # noqa: E402
 
-
-def write(name, tied, rope_scaling, experts=0, qwen2=False):
+def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False):
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
     sizes = dict(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                  rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tied, initializer_range=0.2)
-    if qwen2:
+    if qwen3:
+        from transformers import Qwen3Config, Qwen3ForCausalLM  # transformers >= 4.51
+        sizes.update(rope_theta=1e6, rms_norm_eps=1e-6)
+        config = Qwen3Config(**sizes, head_dim=16, use_sliding_window=False,
+                             attn_implementation="eager")
+        model = Qwen3ForCausalLM(config).eval()
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.add_(0.3 * torch.randn(16))
+                layer.self_attn.k_norm.weight.add_(0.3 * torch.randn(16))
+    elif qwen2:
         sizes.update(rope_theta=1e6, rms_norm_eps=1e-6)
         model = Qwen2ForCausalLM(Qwen2Config(**sizes, use_sliding_window=False)).eval()
         with torch.no_grad():
@@ -68,7 +83,8 @@ def write(name, tied, rope_scaling, experts=0, qwen2=False):
         logits = model.double()(input_ids=tokens).logits
     torch.set_default_dtype(torch.float32)
     save_safetensors(os.path.join(out, "loom_expected_logits.safetensors"),
-                     {"tokens": tokens.numpy().astype(np.int32), "logits": logits.numpy()},
+                     {"tokens": tokens.numpy().astype(np.int32),
+                      "logits": logits.float().numpy()},  # 4.40 returns float32, 4.51 float64
                      {"source": "tools/make_hf_llama_fixture.py"})
     print("wrote", out)
 
@@ -79,6 +95,9 @@ def main():
         return
     if sys.argv[1:] == ["--qwen2"]:
         write("hf_tiny_qwen2", tied=True, rope_scaling=None, qwen2=True)
+        return
+    if sys.argv[1:] == ["--qwen3"]:
+        write("hf_tiny_qwen3", tied=True, rope_scaling=None, qwen3=True)
         return
     write("hf_tiny_llama", tied=False, rope_scaling=None)
     write("hf_tiny_llama31", tied=True,

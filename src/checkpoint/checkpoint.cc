@@ -245,6 +245,8 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
   if (mc.llama()) {
     shape["n_kv_heads"] = mc.n_kv_heads;
     if (mc.qkv_bias) shape["qkv_bias"] = true;
+    if (mc.head_width > 0) shape["head_dim"] = mc.head_width;
+    if (mc.qk_norm) shape["qk_norm"] = true;
     shape["ffn_hidden"] = mc.ffn_hidden;
     shape["rope_theta"] = mc.rope_theta;
     shape["norm_eps"] = mc.norm_eps;
@@ -422,6 +424,8 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
     if (c.llama()) {
       c.n_kv_heads = json_integer<int64_t>(m.at("n_kv_heads"));
       c.qkv_bias = m.value("qkv_bias", false);
+      c.head_width = m.contains("head_dim") ? json_integer<int64_t>(m.at("head_dim")) : 0;
+      c.qk_norm = m.value("qk_norm", false);
       c.ffn_hidden = json_integer<int64_t>(m.at("ffn_hidden"));
       c.rope_theta = m.at("rope_theta").get<double>();
       c.norm_eps = m.at("norm_eps").get<double>();

@@ -117,7 +117,8 @@ Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
 // here). The fused qkv and gate/up weights are written as their q/k/v and gate/up row blocks;
 // a tied LM head is model.embed_tokens (tie_word_embeddings), so not written; an untied one is
 // lm_head.weight. With qkv biases (model.qkv_bias) a Qwen2ForCausalLM: the same names, the
-// fused bias as q/k/v_proj.bias.
+// fused bias as q/k/v_proj.bias. With query/key norms (model.qk_norm) a Qwen3ForCausalLM: the same
+// names and self_attn.q_norm / k_norm.
 void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
   const Gpt2Config& c = model.config();
   const auto host = [&](const std::string& name) { return model.params().get(name).value.to(Device::cpu()); };
@@ -125,21 +126,34 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
   const auto put = [&](const std::string& name, const Tensor& t) {
     tensors.emplace_back(name, in_dtype(t, bf16));
   };
+  if (c.qk_norm && (c.moe() || c.qkv_bias))
+    fail("loom checkpoint export: a model with model.qk_norm is written as a Qwen3ForCausalLM, ",
+         "which has ",
+         c.moe() ? "no mixture of experts here (Qwen3MoeForCausalLM is not "
+                   "written yet)"
+                 : "a bias on its output projection wherever it has qkv biases",
+         ": no HuggingFace class holds this model");
   put("model.embed_tokens.weight", host("wte.weight"));
-  const int64_t C = c.d_model, kv = c.kv_heads() * c.head_dim(), H = c.ffn_hidden;
+  // Q: the queries' rows (n_heads·head_dim, d_model unless model.head_dim says otherwise).
+  const int64_t C = c.d_model, Q = c.attention_width(), kv = c.kv_heads() * c.head_dim(),
+                H = c.ffn_hidden;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string ours = "blocks." + std::to_string(l) + ".";
     const std::string hf = "model.layers." + std::to_string(l) + ".";
     put(hf + "input_layernorm.weight", host(ours + "ln_1.weight"));
     const Tensor qkv = host(ours + "attn.qkv.weight");
-    put(hf + "self_attn.q_proj.weight", row_block(qkv, 0, C));
-    put(hf + "self_attn.k_proj.weight", row_block(qkv, C, kv));
-    put(hf + "self_attn.v_proj.weight", row_block(qkv, C + kv, kv));
+    put(hf + "self_attn.q_proj.weight", row_block(qkv, 0, Q));
+    put(hf + "self_attn.k_proj.weight", row_block(qkv, Q, kv));
+    put(hf + "self_attn.v_proj.weight", row_block(qkv, Q + kv, kv));
     if (c.qkv_bias) {
       const Tensor bias = host(ours + "attn.qkv.bias");
-      put(hf + "self_attn.q_proj.bias", row_block(bias, 0, C));
-      put(hf + "self_attn.k_proj.bias", row_block(bias, C, kv));
-      put(hf + "self_attn.v_proj.bias", row_block(bias, C + kv, kv));
+      put(hf + "self_attn.q_proj.bias", row_block(bias, 0, Q));
+      put(hf + "self_attn.k_proj.bias", row_block(bias, Q, kv));
+      put(hf + "self_attn.v_proj.bias", row_block(bias, Q + kv, kv));
+    }
+    if (c.qk_norm) {
+      put(hf + "self_attn.q_norm.weight", host(ours + "attn.q_norm.weight"));
+      put(hf + "self_attn.k_norm.weight", host(ours + "attn.k_norm.weight"));
     }
     put(hf + "self_attn.o_proj.weight", host(ours + "attn.proj.weight"));
     put(hf + "post_attention_layernorm.weight", host(ours + "ln_2.weight"));
@@ -194,19 +208,23 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
         std::round(static_cast<double>(c.moe_aux_loss_coef) * 1e6) / 1e6;
     config["output_router_logits"] = false;
     config["sliding_window"] = nullptr;
-    for (const char* llama_only : {"rope_scaling", "head_dim", "attention_bias", "mlp_bias"})
+    for (const char* llama_only : {"rope_scaling", "attention_bias", "mlp_bias"})
       config.erase(llama_only);
+    if (c.head_width == 0) config.erase("head_dim");  // MixtralConfig's since transformers 4.46
   }
-  if (c.qkv_bias) {
-    // Qwen2Config's: the biases implied, head_dim hidden_size / num_attention_heads, its sliding
-    // window off (Loom's attention is causal over the whole sequence).
-    config["architectures"] = {"Qwen2ForCausalLM"};
-    config["model_type"] = "qwen2";
+  if (c.qkv_bias || c.qk_norm) {
+    // Qwen2Config's (the biases implied) and Qwen3Config's (the norms implied, no biases): their
+    // sliding window off (Loom's attention is causal over the whole sequence); head_dim Qwen 3's
+    // always (its default is 128), Qwen 2's where it is not hidden_size / num_attention_heads
+    // (read since transformers 4.48).
+    config["architectures"] = {c.qk_norm ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM"};
+    config["model_type"] = c.qk_norm ? "qwen3" : "qwen2";
     config["use_sliding_window"] = false;
     config["sliding_window"] = nullptr;
     config["max_window_layers"] = c.n_layers;
-    for (const char* llama_only : {"head_dim", "attention_bias", "mlp_bias"})
-      config.erase(llama_only);
+    for (const char* llama_only : {"attention_bias", "mlp_bias"}) config.erase(llama_only);
+    if (c.qk_norm) config["attention_bias"] = false;
+    if (!c.qk_norm && c.head_width == 0) config.erase("head_dim");
   }
   write_config_json(dir, config);
 }
@@ -321,14 +339,25 @@ std::map<std::string, Tensor> read_hf_tensors(const fs::path& dir) {
 int64_t check_llama_config(const std::string& config_path, const nlohmann::json& config,
                            const Gpt2Config& model) {
   // A dense Llama starts from a LlamaForCausalLM (or a MistralForCausalLM: the same tensors, its
-  // attention not windowed), one with qkv biases from a Qwen2ForCausalLM, a mixture of experts
-  // from a MixtralForCausalLM (its experts and top k Loom's, its attention not windowed).
+  // attention not windowed), one with qkv biases from a Qwen2ForCausalLM, one with query/key
+  // norms from a Qwen3ForCausalLM, a mixture of experts from a MixtralForCausalLM (its experts and
+  // top k Loom's, its attention not windowed).
   const std::string model_type = config.value("model_type", std::string("(none)"));
+  if (model.qk_norm && (model.moe() || model.qkv_bias || model_type != "qwen3"))
+    fail(config_path, ": model_type = ", model_type, ", but model.qk_norm = true",
+         model.moe() || model.qkv_bias
+             ? " with model.moe_experts or model.qkv_bias: no HuggingFace class Loom reads holds "
+               "that model"
+             : " starts from a Qwen3ForCausalLM directory (a model without q_norm / k_norm)");
+  if (!model.qk_norm && model_type == "qwen3")
+    fail(config_path, ": model_type = qwen3: a Qwen3ForCausalLM's per-head q_norm and k_norm ",
+         "need model.qk_norm = true");
   if (!model.moe() && model.qkv_bias && model_type != "qwen2")
     fail(config_path, ": model_type = ", model_type,
          ", but model.qkv_bias = true starts from a Qwen2ForCausalLM directory (a ", model_type,
          " has no biases on its queries, keys and values)");
-  if (!model.moe() && !model.qkv_bias && model_type != "llama" && model_type != "mistral")
+  if (!model.moe() && !model.qkv_bias && !model.qk_norm && model_type != "llama" &&
+      model_type != "mistral")
     fail(config_path, ": model_type = ", model_type,
          ", but model.arch = \"llama\" starts from a LlamaForCausalLM directory",
          model_type == "mixtral" ? " (a MixtralForCausalLM needs model.moe_experts)"
@@ -372,7 +401,8 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   // Mistral's, Mixtral's and Qwen 2's sliding window (Qwen 2's only with use_sliding_window):
   // none, or no shorter than the sequences.
   const nlohmann::json window = config.value("sliding_window", nlohmann::json());
-  if (!window.is_null() && config.value("use_sliding_window", model_type != "qwen2") &&
+  const bool qwen = model_type == "qwen2" || model_type == "qwen3";
+  if (!window.is_null() && config.value("use_sliding_window", !qwen) &&
       json_integer<int64_t>(window) < model.max_seq_len)
     fail(config_path, ": sliding_window = ", window.dump(),
          " is below model.max_seq_len = ", model.max_seq_len, ": Loom's attention is not windowed");
@@ -381,8 +411,14 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
       fail(config_path, ": rope_scaling: transformers' MixtralForCausalLM applies none, so a ",
            "mixture of experts starts without it (model.rope_scaling = \"none\")");
   }
-  if (config.contains("head_dim") && config["head_dim"].is_number_integer())
-    expect_equal("head_dim", integer("head_dim"), model.head_dim(), "model.d_model / model.n_heads");
+  // head_dim: the file's, else its class's default (Qwen3Config's 128; the others' hidden_size /
+  // num_attention_heads); a null one (older files) that default too.
+  const bool has_head_dim = config.contains("head_dim") && !config["head_dim"].is_null();
+  const int64_t their_head_dim = has_head_dim            ? integer("head_dim")
+                                 : model_type == "qwen3" ? 128
+                                                         : model.d_model / model.n_heads;
+  expect_equal("head_dim", their_head_dim, model.head_dim(),
+               model.head_width > 0 ? "model.head_dim" : "model.d_model / model.n_heads");
   const double theta = config.value("rope_theta", 10000.0), eps = config.value("rms_norm_eps", 1e-6);
   if (theta != model.rope_theta)
     fail(config_path, ": rope_theta = ", theta, " but model.rope_theta = ", model.rope_theta);
@@ -447,7 +483,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
            shape_str(shape));
     return it->second.dtype() == DType::kF32 ? it->second : it->second.to(DType::kF32);
   };
-  const int64_t C = model.d_model, kv = model.kv_heads() * model.head_dim(), H = model.ffn_hidden;
+  const int64_t C = model.d_model, Q = model.attention_width(),
+                kv = model.kv_heads() * model.head_dim(), H = model.ffn_hidden;
   for (const auto& p : layout.parameters()) {
     // Where the parameter's rows come from, in order.
     std::vector<std::pair<std::string, Shape>> sources;
@@ -461,14 +498,17 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
       if (rest == "ln_1.weight") sources = {{hf + "input_layernorm.weight", {C}}};
       else if (rest == "ln_2.weight") sources = {{hf + "post_attention_layernorm.weight", {C}}};
       else if (rest == "attn.qkv.weight")
-        sources = {{hf + "self_attn.q_proj.weight", {C, C}},
+        sources = {{hf + "self_attn.q_proj.weight", {Q, C}},
                    {hf + "self_attn.k_proj.weight", {kv, C}},
                    {hf + "self_attn.v_proj.weight", {kv, C}}};
       else if (rest == "attn.qkv.bias")  // Qwen 2's
-        sources = {{hf + "self_attn.q_proj.bias", {C}},
+        sources = {{hf + "self_attn.q_proj.bias", {Q}},
                    {hf + "self_attn.k_proj.bias", {kv}},
                    {hf + "self_attn.v_proj.bias", {kv}}};
-      else if (rest == "attn.proj.weight") sources = {{hf + "self_attn.o_proj.weight", {C, C}}};
+      else if (rest == "attn.q_norm.weight" || rest == "attn.k_norm.weight")  // Qwen 3's
+        sources = {{hf + "self_attn." + rest.substr(5), {model.head_dim()}}};
+      else if (rest == "attn.proj.weight")
+        sources = {{hf + "self_attn.o_proj.weight", {C, Q}}};
       else if (rest == "mlp.fc.weight")
         sources = {{hf + "mlp.gate_proj.weight", {H, C}}, {hf + "mlp.up_proj.weight", {H, C}}};
       else if (rest == "mlp.proj.weight") sources = {{hf + "mlp.down_proj.weight", {C, H}}};
@@ -485,7 +525,7 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
       }
     }
     if (sources.empty())
-      fail("parameter '", n, "' has no HuggingFace Llama, Qwen 2 or Mixtral name");
+      fail("parameter '", n, "' has no HuggingFace Llama, Qwen 2, Qwen 3 or Mixtral name");
     float* dst = into.values.data<float>() + p->offset;
     int64_t written = 0;
     for (const auto& [name, shape] : sources) {

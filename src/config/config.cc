@@ -50,6 +50,8 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, tie_embeddings),
     LOOM_KEY(model, n_kv_heads),
     LOOM_KEY(model, qkv_bias),
+    LOOM_KEY(model, head_dim),
+    LOOM_KEY(model, qk_norm),
     LOOM_KEY(model, ffn_hidden),
     LOOM_KEY(model, rope_theta),
     LOOM_KEY(model, rope_scaling),

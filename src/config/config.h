@@ -28,6 +28,7 @@ struct ModelLimits {
   static constexpr int64_t kDModel = int64_t{1} << 17;
   static constexpr int64_t kLayers = int64_t{1} << 14;
   static constexpr int64_t kFfnHidden = int64_t{1} << 20;
+  static constexpr int64_t kHeadDim = 1024;              // model.head_dim (today's: 64 to 256)
   static constexpr int64_t kExperts = int64_t{1} << 10;  // DeepSeek-V3: 256 routed experts
   // Expert groups of group-limited routing (DeepSeek-V3: 8); the GPU's routing keeps the chosen
   // groups in a 64-bit mask (kernels/cuda/moe.cu).
@@ -53,6 +54,13 @@ struct ModelConfig {
   // Biases on the attention's query, key and value projections (Qwen 2 / 2.5's; Megatron-LM's
   // --add-qkv-bias); the output projection and the MLP stay without.
   bool qkv_bias = false;
+  // Each attention head's width; 0 = d_model / n_heads. Set, n_heads · head_dim may differ from
+  // d_model (Qwen 3's 128-wide heads, Mistral Nemo's; Megatron-LM's --kv-channels): qkv maps
+  // d_model to (n_heads + 2·n_kv_heads)·head_dim and the output projection n_heads·head_dim back.
+  int64_t head_dim = 0;
+  // RMSNorm of each query and key head before the rotation (Qwen 3's, OLMo 2's per-head form;
+  // Megatron-LM's --qk-layernorm): two head_dim-wide weights per block, shared by the heads.
+  bool qk_norm = false;
   int64_t ffn_hidden = 0;      // SwiGLU hidden width; 0 = Llama's rule, 8·d_model/3 rounded up to 256
   double rope_theta = 10000;   // base of the rotary position embedding's frequencies
   // "none" or "llama3": Llama 3.1's long-context scaling of the rotary frequencies
@@ -114,6 +122,10 @@ struct ModelConfig {
   int64_t resolved_max_seq_len() const { return max_seq_len > 0 ? max_seq_len : seq_len; }
   // n_kv_heads with 0 = "n_heads" resolved (GPT-2: n_heads).
   int64_t resolved_n_kv_heads() const { return arch == "llama" && n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  // head_dim with 0 = "d_model / n_heads" resolved (GPT-2: always that).
+  int64_t resolved_head_dim() const {
+    return arch == "llama" && head_dim > 0 ? head_dim : n_heads > 0 ? d_model / n_heads : 0;
+  }
   // The MLP's hidden width: GPT-2 4·d_model; Llama ffn_hidden, or with 0 Llama's rule (its
   // reference code's multiple_of = 256): 8·d_model/3 rounded up to a multiple of 256.
   int64_t resolved_ffn_hidden() const {

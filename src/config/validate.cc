@@ -79,6 +79,10 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
       p.add(
           "model.qkv_bias applies to model.arch = \"llama\" only (GPT-2's attention has its "
           "biases)");
+    if (m.head_dim != defaults.head_dim)
+      p.add("model.head_dim applies to model.arch = \"llama\" only");
+    if (m.qk_norm != defaults.qk_norm)
+      p.add("model.qk_norm applies to model.arch = \"llama\" only");
     if (m.ffn_hidden != defaults.ffn_hidden) p.add("model.ffn_hidden applies to model.arch = \"llama\" only");
     if (m.rope_theta != defaults.rope_theta) p.add("model.rope_theta applies to model.arch = \"llama\" only");
     if (m.norm_eps != defaults.norm_eps) p.add("model.norm_eps applies to model.arch = \"llama\" only");
@@ -105,9 +109,20 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
   if (m.n_kv_heads > 0 && m.n_heads > 0 && m.n_heads % m.n_kv_heads != 0)
     p.add("model.n_kv_heads = ", m.n_kv_heads, " does not divide model.n_heads = ", m.n_heads,
           " (each key/value head serves the same number of query heads)");
-  if (m.n_heads > 0 && m.d_model > 0 && m.d_model % m.n_heads == 0 && (m.d_model / m.n_heads) % 2 != 0)
-    p.add("model.d_model / model.n_heads = ", m.d_model / m.n_heads,
+  p.non_negative("model.head_dim", m.head_dim);
+  p.at_most("model.head_dim", m.head_dim, ModelLimits::kHeadDim);
+  if (m.head_dim > 0 && m.head_dim % 2 != 0)
+    p.add("model.head_dim = ", m.head_dim,
           " must be even: the rotary embedding turns pairs of a head's dimensions");
+  if (m.head_dim == 0 && m.n_heads > 0 && m.d_model > 0 && m.d_model % m.n_heads == 0 &&
+      (m.d_model / m.n_heads) % 2 != 0)
+    p.add("model.d_model / model.n_heads = ", m.d_model / m.n_heads,
+          " must be even: the rotary embedding turns pairs of a head's dimensions (or set "
+          "model.head_dim)");
+  if (m.head_dim > 0 && m.n_heads > 0 && m.n_heads <= ModelLimits::kDModel &&
+      m.n_heads * m.head_dim > ModelLimits::kDModel)
+    p.add("model.n_heads × model.head_dim = ", m.n_heads * m.head_dim,
+          " is past the widest attention Loom builds, ", ModelLimits::kDModel);
   p.non_negative("model.ffn_hidden", m.ffn_hidden);
   if (!(m.rope_theta > 1 && std::isfinite(m.rope_theta)))
     p.add("model.rope_theta = ", format_double(m.rope_theta), " must be > 1");
@@ -197,8 +212,10 @@ void validate_model(const ModelConfig& m, Problems& p) {
   p.at_most("model.d_model", m.d_model, ModelLimits::kDModel);
   p.at_most("model.n_layers", m.n_layers, ModelLimits::kLayers);
   p.at_most("model.ffn_hidden", m.ffn_hidden, ModelLimits::kFfnHidden);
-  if (m.n_heads > 0 && m.d_model % m.n_heads != 0)
-    p.add("model.n_heads = ", m.n_heads, " does not divide model.d_model = ", m.d_model);
+  // With model.head_dim set the heads' width is its own, not a slice of d_model.
+  if (m.n_heads > 0 && m.d_model % m.n_heads != 0 && !(m.arch == "llama" && m.head_dim > 0))
+    p.add("model.n_heads = ", m.n_heads, " does not divide model.d_model = ", m.d_model,
+          m.arch == "llama" ? " (or set model.head_dim)" : "");
   p.non_negative("model.max_seq_len", m.max_seq_len);
   if (m.max_seq_len > 0 && m.seq_len > m.max_seq_len)
     p.add("model.seq_len = ", m.seq_len, " exceeds model.max_seq_len = ", m.max_seq_len);
@@ -472,11 +489,13 @@ void validate(const Config& config) {
                    " (expert-parallel groups are made of data-parallel ranks)");
   }
   if (m.arch == "llama" && r.matmul_precision == "fp8" && r.fp8_block > 0 && tp > 1 &&
-      m.n_heads > 0 && d % m.n_heads == 0 && m.resolved_n_kv_heads() > 0) {
-    const int64_t kv_width = m.resolved_n_kv_heads() * (d / m.n_heads);
+      m.n_heads > 0 && m.resolved_head_dim() > 0 && m.resolved_n_kv_heads() > 0) {
+    const int64_t kv_width = m.resolved_n_kv_heads() * m.resolved_head_dim();
     const int64_t hidden = m.resolved_ffn_hidden();
-    for (const auto& [what, width] : {std::pair<const char*, int64_t>{"the key/value projections' width ", kv_width},
-                                      {"the SwiGLU's hidden width ", hidden}})
+    for (const auto& [what, width] :
+         {std::pair<const char*, int64_t>{"the key/value projections' width ", kv_width},
+          {"the queries' width ", m.n_heads * m.resolved_head_dim()},
+          {"the SwiGLU's hidden width ", hidden}})
       if (width % tp == 0 && (width / tp) % r.fp8_block != 0)
         problems.add("runtime.fp8_block = ", r.fp8_block, " does not divide ", what, width,
                      " / parallel.tp = ", width / tp, ": a block would straddle two ",

@@ -44,8 +44,12 @@ void Gpt2Config::validate() const {
   if (max_seq_len <= 0) fail("model.max_seq_len must be positive, got ", max_seq_len);
   if (d_model <= 0) fail("model.d_model must be positive, got ", d_model);
   if (n_layers <= 0) fail("model.n_layers must be positive, got ", n_layers);
-  if (n_heads <= 0 || d_model % n_heads != 0)
+  if (n_heads <= 0 || (head_width == 0 && d_model % n_heads != 0))
     fail("model.n_heads = ", n_heads, " does not divide model.d_model = ", d_model);
+  if (head_width < 0 || head_width > ModelLimits::kHeadDim || (head_width > 0 && !llama()))
+    fail("model.head_dim = ", head_width, " must be in [0, ", ModelLimits::kHeadDim,
+         "], and set for a Llama only");
+  if (qk_norm && !llama()) fail("model.qk_norm applies to a Llama only");
   const auto at_most = [](const char* key, int64_t v, int64_t most) {
     if (v > most) fail(key, " = ", v, " is past the largest Loom builds, ", most);
   };
@@ -53,6 +57,7 @@ void Gpt2Config::validate() const {
   at_most("model.max_seq_len", max_seq_len, ModelLimits::kSeqLen);
   at_most("model.d_model", d_model, ModelLimits::kDModel);
   at_most("model.n_layers", n_layers, ModelLimits::kLayers);
+  at_most("model.n_heads × model.head_dim", attention_width(), ModelLimits::kDModel);
   if (!llama()) return;
   at_most("model.ffn_hidden", ffn_hidden, ModelLimits::kFfnHidden);
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
@@ -101,7 +106,8 @@ int64_t Gpt2Config::num_parameters() const {
     const int64_t mlp =
         moe() ? (moe_experts + moe_shared_experts) * 3 * C * ffn_hidden + C * moe_experts
               : 3 * C * ffn_hidden;
-    const int64_t per_block = 2 * C + C * qkv_width() + (qkv_bias ? qkv_width() : 0) + C * C + mlp;
+    const int64_t per_block = 2 * C + C * qkv_width() + (qkv_bias ? qkv_width() : 0) +
+                              (qk_norm ? 2 * head_dim() : 0) + attention_width() * C + mlp;
     return vocab_size * C + n_layers * per_block + C + (tie_embeddings ? 0 : vocab_size * C);
   }
   const int64_t per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) +
@@ -118,7 +124,7 @@ double Gpt2Config::flops_per_token(int64_t seq_len) const {
   const int64_t matrix_params = num_parameters() - position_rows() * d_model -
                                 (tie_embeddings ? 0 : vocab_size * d_model) - idle_experts;
   return 6.0 * static_cast<double>(matrix_params) +
-         12.0 * static_cast<double>(n_layers * d_model * seq_len);
+         12.0 * static_cast<double>(n_layers * attention_width() * seq_len);
 }
 
 namespace {
@@ -129,7 +135,8 @@ float residual_std(const Gpt2Config& c) {
 }
 std::optional<Rotary> rotary_of(const Gpt2Config& c) {
   if (!c.llama()) return std::nullopt;
-  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias};
+  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias, c.head_dim(), c.qk_norm,
+                c.norm_eps};
 }
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c, ExpertExchange* experts) {
@@ -462,8 +469,9 @@ Tensor Gpt2::decode(Context& ctx, const Tensor& tokens, KvCache& cache) {
          config_.max_seq_len);
   if (cache.keys.empty()) {
     for (size_t l = 0; l < blocks_.size(); ++l) {
-      cache.keys.push_back(Tensor::empty({config_.max_seq_len, C}, ctx.dtype, ctx.device));
-      cache.values.push_back(Tensor::empty({config_.max_seq_len, C}, ctx.dtype, ctx.device));
+      const int64_t width = config_.attention_width();
+      cache.keys.push_back(Tensor::empty({config_.max_seq_len, width}, ctx.dtype, ctx.device));
+      cache.values.push_back(Tensor::empty({config_.max_seq_len, width}, ctx.dtype, ctx.device));
     }
   }
   Tensor x = embedding_->forward_at(ctx, tokens, cache.length);

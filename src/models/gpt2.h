@@ -65,6 +65,8 @@ struct Gpt2Config {
   // Llama only (resolved: never 0 there):
   int64_t n_kv_heads = 0;   // key/value heads, dividing n_heads
   bool qkv_bias = false;    // the qkv projection's bias (Qwen 2's); GPT-2's attention has it anyway
+  int64_t head_width = 0;   // model.head_dim: each head's width; 0: d_model / n_heads
+  bool qk_norm = false;     // RMSNorm of each query and key head (Qwen 3's; nn: Rotary::qk_norm)
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
   double rope_theta = 10000;
   // Llama 3.1's scaling of the rotary frequencies (cpu::RopeFrequencies); factor 0: none.
@@ -114,12 +116,15 @@ struct Gpt2Config {
   size_t expert_counts_size() const {
     return moe() ? static_cast<size_t>(n_layers * moe_experts + 1) : 0;
   }
-  int64_t head_dim() const { return d_model / n_heads; }
+  int64_t head_dim() const { return head_width > 0 ? head_width : d_model / n_heads; }
+  // The queries' width, and the attention output's (the output projection's input):
+  // n_heads·head_dim, d_model unless head_width says otherwise.
+  int64_t attention_width() const { return n_heads * head_dim(); }
   int64_t kv_heads() const { return llama() ? n_kv_heads : n_heads; }
   int64_t hidden() const { return llama() ? ffn_hidden : 4 * d_model; }  // the MLP's width
   // The qkv projection's outputs: 3·d_model, or with grouped-query attention
   // (n_heads + 2·n_kv_heads)·head_dim.
-  int64_t qkv_width() const { return d_model + 2 * kv_heads() * head_dim(); }
+  int64_t qkv_width() const { return attention_width() + 2 * kv_heads() * head_dim(); }
   // Whether qkv has a bias: GPT-2's always, Llama's with qkv_bias (the output projection's and
   // the MLP's: GPT-2's only).
   bool has_qkv_bias() const { return !llama() || qkv_bias; }
@@ -130,7 +135,8 @@ struct Gpt2Config {
   int64_t num_parameters() const;
   // Training flops per token at sequence length T, the count MFU is measured with (PaLM's, as
   // nanoGPT and llm.c use it): 6 per weight in a matrix product (forward 2, backward 4; the
-  // position table is looked up, not multiplied) plus attention's 12 · n_layers · d_model · T.
+  // position table is looked up, not multiplied) plus attention's 12 · n_layers · n_heads ·
+  // head_dim · T (d_model for n_heads · head_dim unless model.head_dim says otherwise).
   double flops_per_token(int64_t seq_len) const;
 };
 

@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/rope.h"
 #include "nn/linear.h"
+#include "nn/qk_norm.h"
 
 namespace loom {
 
@@ -25,6 +26,12 @@ struct Rotary {
   int64_t kv_heads = 0;
   cpu::RopeFrequencies frequencies;
   bool qkv_bias = false;  // Qwen 2's biases on the queries, keys and values (turned with them)
+  int64_t head_dim = 0;   // each head's width; 0: channels / heads
+  // Qwen 3's RMSNorm of each query and key head before the rotation (nn/qk_norm.h), with eps.
+  // On a GPU at 16-bit matmul precision the attention then reads its fp32 qkv (the normalised
+  // heads are not rounded to 16 bits by the projection, as the flash path's are).
+  bool qk_norm = false;
+  double norm_eps = 1e-5;
 };
 
 // The rotary embedding's (T, head_dim) cos/sin table on ctx's device, in ctx's dtype: `cached`
@@ -45,8 +52,8 @@ class CausalSelfAttention {
   void clear_cache();
   // Incremental decoding (sampling): x (1, n, C) are the tokens at positions first ..
   // first+n−1; their keys and values (turned and repeated with Rotary) go into rows first .. of
-  // keys and values, (max_seq_len, C), which hold the earlier positions'; returns proj(attention
-  // over rows 0 .. first+n−1) + residual. Keeps nothing for a backward.
+  // keys and values, (max_seq_len, NH·hd), which hold the earlier positions'; returns
+  // proj(attention over rows 0 .. first+n−1) + residual. Keeps nothing for a backward.
   Tensor decode_adding(Context& ctx, const Tensor& x, const Tensor& residual, Tensor& keys,
                        Tensor& values, int64_t first);
   // Selective recomputation (models/gpt2.h): the qkv projection's cached input is the owner's
@@ -56,6 +63,7 @@ class CausalSelfAttention {
   void collect_cache(std::vector<Tensor*>& out) {
     qkv_.collect_cache(out);
     proj_.collect_cache(out);
+    if (qk_norm_) qk_norm_->collect_cache(out);
     out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_, &documents_});
   }
 
@@ -66,15 +74,21 @@ class CausalSelfAttention {
   // Context parallelism (ctx.sequence): this rank's query rows over the gathered sequence.
   Tensor attend_shard(Context& ctx, const Tensor& x);
   Tensor backward_shard(Context& ctx, const Tensor& dy);
+  // The qkv projection's output in fp32 (ctx.dtype), its queries and keys normalised and
+  // turned: with Rotary, before attention.
+  Tensor project_turned(Context& ctx, const Tensor& x);
   int64_t channels_, heads_;
+  int64_t head_dim_;  // channels / heads, or Rotary::head_dim
+  int64_t width_;     // heads·head_dim: the attention's output, proj's input
   std::optional<Rotary> rotary_;
   Linear qkv_;
   Linear proj_;
+  std::optional<QkNorm> qk_norm_;
   Tensor qkv_out_;  // (B, T, 3C); with Rotary (B, T, (NH + 2·KV)·hd), q and k turned; with
-                    // context parallelism the queries alone, (B, T, C)
+                    // context parallelism the queries alone, (B, T, NH·hd)
   Tensor kv_full_;  // context parallelism: the whole sequence's keys and values, gathered
   Tensor rope_;     // with Rotary: the (T, head_dim) cos/sin table of the last T, on ctx.device
-  Tensor att_;      // (B, T, C) attention output before proj
+  Tensor att_;      // (B, T, NH·hd) attention output before proj
   Tensor lse_;      // (B, NH, T)
   Tensor documents_;  // document masking: the forward's ctx.documents, for the backward
 };

@@ -81,9 +81,10 @@ struct StageFlops {
 };
 StageFlops stage_flops(const Gpt2Config& model, int64_t seq_len) {
   const double C = static_cast<double>(model.d_model), T = static_cast<double>(seq_len);
-  const double matrices = C * static_cast<double>(model.qkv_width()) + C * C +
+  const double A = static_cast<double>(model.attention_width());  // C unless model.head_dim
+  const double matrices = C * static_cast<double>(model.qkv_width()) + A * C +
                           (model.llama() ? 3.0 : 2.0) * C * static_cast<double>(model.hidden());
-  return {2 * matrices, 4 * T * C, 2 * static_cast<double>(model.vocab_size) * C};
+  return {2 * matrices, 4 * T * A, 2 * static_cast<double>(model.vocab_size) * C};
 }
 }  // namespace
 

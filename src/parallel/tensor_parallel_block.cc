@@ -38,22 +38,24 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
                          Communicator& tp, bool sequence_parallel, ExpertExchange* experts)
     : recompute_(config.recompute),
       llama_(config.llama()),
-      local_channels_(config.d_model / tp.size()),
       local_heads_(checked_local_heads(config, tp.size(), name)),
       local_kv_heads_(config.kv_heads() / tp.size()),
       local_hidden_(config.hidden() / tp.size()),
       head_dim_(config.head_dim()),
+      local_width_(local_heads_ * head_dim_),
       rope_frequencies_(config.rope_frequencies()),
       tp_(tp),
       sequence_parallel_(sequence_parallel),
       ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
       qkv_(store, name + ".attn.qkv", config.d_model, config.qkv_width(), tp, config.has_qkv_bias(),
            config.init_std, sequence_parallel,
-           {config.d_model, config.kv_heads() * config.head_dim(),
+           {config.attention_width(), config.kv_heads() * config.head_dim(),
             config.kv_heads() * config.head_dim()}),
-      attn_proj_(store, name + ".attn.proj", config.d_model, config.d_model, tp, !config.llama(),
-                 residual_std(config), sequence_parallel),
+      attn_proj_(store, name + ".attn.proj", config.attention_width(), config.d_model, tp,
+                 !config.llama(), residual_std(config), sequence_parallel),
       ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)) {
+  // Qwen 3's per-head norms, registered after proj as Gpt2Block's attention registers them.
+  if (config.qk_norm) qk_norm_.emplace(store, name + ".attn", head_dim_, config.norm_eps);
   if (config.moe()) {
     split_ = std::make_unique<TpSums>(tp);
     moe_ = std::make_unique<MoeMlp>(store, name + ".mlp", config.moe_shape(), config.moe_losses(),
@@ -76,6 +78,9 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
     sp_params_ = ln_1_->parameters();
     for (Parameter* p : ln_2_->parameters()) sp_params_.push_back(p);
   }
+  // Each rank normalises its own heads with the shared weights: their gradients are partial.
+  if (qk_norm_)
+    for (Parameter* p : qk_norm_->parameters()) sp_params_.push_back(p);
 }
 
 Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T) {
@@ -193,6 +198,10 @@ Tensor TpGpt2Block::project_qkv(Context& ctx, const Tensor& normed, bool rounded
   // (rows, (NH + 2·KV)·hd / P): this rank's heads — in 16 bits where `rounded`.
   Tensor qkv = rounded ? qkv_.forward_rounded_output(ctx, normed) : qkv_.forward(ctx, normed);
   if (!llama_) return qkv;
+  if (qk_norm_) {  // Qwen 3: this rank's query and key heads normalised (fp32: never `rounded`)
+    LOOM_CHECK(!rounded);
+    qk_norm_->forward(ctx, qkv, local_heads_, local_kv_heads_);
+  }
   // Llama: this rank's q and k turned in place, in the type they were written in.
   const Tensor& rope = rotary_table(ctx, rope_, T_, head_dim_, rope_frequencies_);
   if (rounded)
@@ -219,7 +228,7 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
     // under cp (nn/causal_self_attention.cc, attend_shard): qkv written in bf16, the output kept
     // as proj's rounded input. Kept: the queries alone (qkv_out_) and the keys and values.
     const bool rounded =
-        shard_attention_takes_bf16(ctx, *ctx.sequence, B, local_heads_, head_dim_);
+        !qk_norm_ && shard_attention_takes_bf16(ctx, *ctx.sequence, B, local_heads_, head_dim_);
     const Tensor local = project_qkv(ctx, normed, rounded);
     shard_attention_forward(ctx, *ctx.sequence, local, B, local_heads_, local_kv_heads_, head_dim_,
                             qkv_out_, kv_full_, att_, lse_, /*rounded_output=*/rounded, docs);
@@ -229,18 +238,19 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   // On a GPU at bf16 / fp16 the attention of this rank's heads runs as one GPU's does
   // (nn/causal_self_attention.cc, attend_rotary): qkv in 16 bits where the flash kernels read it
   // so, the output written as proj's rounded input.
+  // With qk_norm the fp32 path, as one GPU's attention takes it.
   const DType out_dtype = ops::matmul_input_dtype(ex, DType::kF32);
-  if (out_dtype != DType::kF32) {
+  if (out_dtype != DType::kF32 && !qk_norm_) {
     qkv_out_ = project_qkv(ctx, normed,
-                           ops::attention_takes_rounded_qkv(ex, local_channels_, local_heads_, B));
-    att_ = Tensor::empty({B * T, local_channels_}, out_dtype, ctx.device);
+                           ops::attention_takes_rounded_qkv(ex, local_width_, local_heads_, B));
+    att_ = Tensor::empty({B * T, local_width_}, out_dtype, ctx.device);
     ops::attention_gqa_forward_rounded(ex, att_.raw(), out_dtype, lse_.data<float>(),
                                        qkv_out_.raw(), qkv_out_.dtype(), B, T, local_heads_,
                                        local_kv_heads_, head_dim_, docs);
     return after_attention(ctx, x);
   }
   qkv_out_ = project_qkv(ctx, normed, false);
-  att_ = Tensor::empty({B * T, local_channels_}, DType::kF32, ctx.device);
+  att_ = Tensor::empty({B * T, local_width_}, DType::kF32, ctx.device);
   // GPT-2: as many key/value heads as query heads, the 3C/P layout.
   ops::attention_gqa_forward<float>(ex, att_.data<float>(), lse_.data<float>(),
                                     qkv_out_.data<float>(), B, T, local_heads_, local_kv_heads_,
@@ -308,6 +318,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   if (llama_ && dqkv.dtype() == DType::kF32)  // q and k turned back (shared heads' sums in)
     ops::rope_backward<float>(ex, dqkv.data<float>(), rope_.data<float>(), B_, T_, local_heads_,
                               local_kv_heads_, head_dim_);
+  if (qk_norm_) qk_norm_->backward(ctx, dqkv, local_heads_, local_kv_heads_);
   if (selective) qkv_.restore_input(ln_1_->recompute_output(ctx));
   Tensor dx = ln_1_->backward_adding(ctx, qkv_.backward(ctx, dqkv), dx1);
   clear_cache();
@@ -318,6 +329,7 @@ void TpGpt2Block::collect_cache(std::vector<Tensor*>& out) {
   ln_1_->collect_cache(out);
   qkv_.collect_cache(out);
   attn_proj_.collect_cache(out);
+  if (qk_norm_) qk_norm_->collect_cache(out);
   ln_2_->collect_cache(out);
   if (moe_) {
     moe_->collect_cache(out);

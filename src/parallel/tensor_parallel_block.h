@@ -8,8 +8,8 @@
 // Parameter names are the single-device block's ("blocks.3.attn.qkv.weight"...), and shards
 // initialise to their blocks of the full parameters, so the block equals Gpt2Block split up.
 // With sequence parallelism the LayerNorm parameters (replicated) get gradients from this
-// rank's rows only: sequence_parallel_params() lists them for the model to all-reduce over tp
-// after backward.
+// rank's rows only, and Qwen 3's query/key norms (nn/qk_norm.h) from this rank's heads only:
+// tp_summed_params() lists them for the model to all-reduce over tp after backward.
 //
 // Activation recomputation (config.recompute, models/gpt2.h) as in Gpt2Block: full keeps only
 // the block input (this rank's rows with sequence parallelism) and re-runs forward — its
@@ -22,7 +22,9 @@
 // rank holds whole key/value heads with the query heads they serve, the rotary embedding
 // turns them on the rank and the attention reads the shared heads in place; the SwiGLU's fused
 // gate/up projection split as two blocks too, so each rank holds matching slices of both.
-// n_kv_heads and the hidden width must divide over tp.
+// n_kv_heads and the hidden width must divide over tp. With qk_norm each rank normalises its
+// query and key heads (in fp32: the attention then reads fp32 qkv on a GPU too) before turning
+// them.
 //
 // A mixture of experts (Gpt2Config::moe(), nn/moe_mlp.h) in place of the MLP: every expert's
 // hidden width split over tp as the SwiGLU's (Megatron-LM's expert tensor parallelism, its
@@ -43,6 +45,7 @@
 #include "models/gpt2.h"
 #include "nn/moe_mlp.h"
 #include "nn/norm.h"
+#include "nn/qk_norm.h"
 #include "parallel/tensor_parallel_linear.h"
 
 namespace loom {
@@ -61,7 +64,8 @@ class TpGpt2Block {
   Tensor backward(Context& ctx, const Tensor& dy);
   void clear_cache();
   void collect_cache(std::vector<Tensor*>& out);
-  const std::vector<Parameter*>& sequence_parallel_params() const { return sp_params_; }
+  // The replicated parameters whose gradients here are this rank's part (above).
+  const std::vector<Parameter*>& tp_summed_params() const { return sp_params_; }
   // A mixture's, as Gpt2Block's: its balance losses (the same on every rank of the group) and
   // tokens per expert in the last forward; 0 and null for a dense block.
   double aux_loss() const { return moe_ ? moe_->aux_loss() : 0; }
@@ -97,7 +101,8 @@ class TpGpt2Block {
   Tensor sum_over_tp(const Tensor& partial) const;
   Recompute recompute_;
   bool llama_;
-  int64_t local_channels_, local_heads_, local_kv_heads_, local_hidden_, head_dim_;
+  int64_t local_heads_, local_kv_heads_, local_hidden_, head_dim_;
+  int64_t local_width_;  // local_heads_·head_dim_: this rank's attention output, proj's input
   cpu::RopeFrequencies rope_frequencies_;
   int64_t B_ = 0, T_ = 0;
   Communicator& tp_;
@@ -105,6 +110,7 @@ class TpGpt2Block {
   std::unique_ptr<Norm> ln_1_;
   ColumnParallelLinear qkv_;
   RowParallelLinear attn_proj_;
+  std::optional<QkNorm> qk_norm_;  // Qwen 3's (nn/qk_norm.h): the heads' shared norms
   std::unique_ptr<Norm> ln_2_;
   // The MLP: fc and proj, or a mixture of experts with the TensorSplit it sums over.
   std::optional<ColumnParallelLinear> fc_;

@@ -133,7 +133,7 @@ Tensor TpGpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
   for (size_t l = blocks_.size(); l-- > 0;) {
     hook_before_backward(ctx, block_unit_[l]);
     TpGpt2Block& block = *blocks_[l];
-    dx = reduced_over_tp(ctx, block.sequence_parallel_params(), [&] { return block.backward(ctx, dx); });
+    dx = reduced_over_tp(ctx, block.tp_summed_params(), [&] { return block.backward(ctx, dx); });
     hook_after_backward(ctx, block_unit_[l]);
   }
   Tensor out;

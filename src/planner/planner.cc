@@ -108,17 +108,18 @@ std::vector<std::vector<PlannedUnit>> planned_units(const Config& config, int pp
   // GPT-2: the matrices and their column-parallel biases split over tp; the LayerNorms and the
   // row-parallel biases replicated. Llama: the matrices split, the two RMSNorms replicated; a
   // mixture of experts every expert's SwiGLU and the shared experts' split likewise, its router
-  // replicated; Qwen 2's qkv bias split with qkv's rows. Under expert parallelism a block's E/ep
-  // experts are a unit of their own.
+  // replicated; Qwen 2's qkv bias split with qkv's rows, Qwen 3's two head norms replicated.
+  // Under expert parallelism a block's E/ep experts are a unit of their own.
   const int64_t ep = model.moe() ? std::max(par.ep, 1) : 1;
   const int64_t expert_unit = ep > 1 ? model.moe_experts / ep * 3 * d * model.hidden() / P : 0;
   const int64_t mlp = model.moe() ? (ep > 1 ? 0 : model.moe_experts * 3 * d * model.hidden()) +
                                         model.moe_shared_experts * 3 * d * model.hidden()
                                   : 3 * d * model.hidden();
   const int64_t router = model.moe() ? d * model.moe_experts : 0;
-  const int64_t llama_matrices = d * model.qkv_width() + d * d + mlp;
+  const int64_t llama_matrices = d * model.qkv_width() + model.attention_width() * d + mlp;
   const int64_t qkv_bias = model.llama() && model.qkv_bias ? model.qkv_width() / P : 0;
-  const int64_t per_block = model.llama() ? llama_matrices / P + qkv_bias + router + 2 * d
+  const int64_t qk_norm = model.qk_norm ? 2 * model.head_dim() : 0;
+  const int64_t per_block = model.llama() ? llama_matrices / P + qkv_bias + qk_norm + router + 2 * d
                             : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
                                           : 12 * d * d + 13 * d;
   const int64_t ln_f = model.llama() ? d : 2 * d;
@@ -202,7 +203,8 @@ std::vector<int64_t> rank_weight_copy_values(const Config& config, int pp_rank) 
                 held_experts * (padded(fc_rows / P * d) + padded(d * (model.hidden() / P))) +
                 (shared > 0 ? padded(2 * shared / P * d) + padded(d * (shared / P)) : 0)
           : padded(fc_rows / P * d) + padded(d * (model.hidden() / P));
-  const int64_t per_block = padded(model.qkv_width() / P * d) + padded(d * (d / P)) + mlp;
+  const int64_t per_block =
+      padded(model.qkv_width() / P * d) + padded(d * (model.attention_width() / P)) + mlp;
   const int stages = par.pp * par.virtual_stages;
   std::vector<int64_t> chunks;
   for (const ChunkBlocks& chunk : rank_chunks(config, pp_rank)) {
@@ -393,7 +395,8 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
     const double kv_bytes =
         static_cast<double>(config.train.micro_batch_size * config.model.seq_len) * 2.0 *
         static_cast<double>(model.kv_heads() * model.head_dim()) * 4 / par.tp;
-    const double kept = model.head_dim() == 64 || model.head_dim() == 128 ? 0.5 : 1.0;
+    const double kept =
+        !model.qk_norm && (model.head_dim() == 64 || model.head_dim() == 128) ? 0.5 : 1.0;
     const double passes = recompute_mode == "full" ? 2 : 1;  // full recomputation: forward again
     double per_block = 0;
     if (par.cp_comm == "ring") {
@@ -404,11 +407,10 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
       // Backward: each step passes the next block and the gradient sum of the last; the last
       // sum's trip home follows the last compute.
       const double block = kept * kv_bytes / cp / link, grad = kv_bytes / cp / link;
-      const double forward_step =
-          2.0 * static_cast<double>(config.train.micro_batch_size) *
-          static_cast<double>(config.model.seq_len * config.model.seq_len) *
-          static_cast<double>(config.model.d_model) / par.tp / (cp * cp) /
-          (hw.peak_tflops * 1e12 * o.efficiency);
+      const double forward_step = 2.0 * static_cast<double>(config.train.micro_batch_size) *
+                                  static_cast<double>(config.model.seq_len * config.model.seq_len) *
+                                  static_cast<double>(model.attention_width()) / par.tp /
+                                  (cp * cp) / (hw.peak_tflops * 1e12 * o.efficiency);
       per_block = passes * (cp - 1) * std::max(0.0, block - forward_step) +
                   (cp - 1) * std::max(0.0, block + grad - 2 * forward_step) + grad;
     } else {

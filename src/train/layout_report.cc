@@ -33,11 +33,12 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   // Where a GPU's fused flash kernels run (bf16, head size 64 or 128): qkv is 16-bit too
   // (nn/causal_self_attention, parallel/tensor_parallel_block.cc), and so are cp's queries and
   // gathered keys and values (nn/sequence_shard.h), at any tp.
+  // Not with qk_norm: the attention then reads an fp32 qkv (nn/causal_self_attention.h).
   const ModelConfig& model = config.model;
+  const int64_t head_dim = model.resolved_head_dim();
   const bool flash_kernels = gpu_sixteen_bit && config.runtime.matmul_precision == "bf16" &&
-                             model.n_heads > 0 &&
-                             (model.d_model == 64 * model.n_heads ||
-                              model.d_model == 128 * model.n_heads);
+                             model.n_heads > 0 && (head_dim == 64 || head_dim == 128) &&
+                             !(model.arch == "llama" && model.qk_norm);
   const double flash_half = flash_kernels ? 0.5 : 1.0;
   // Under cp the attention keeps its queries (this rank's positions), the keys and values of
   // every position (cp × as many; with the ring exchange only its own) and its output — in 16
@@ -59,13 +60,20 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     // k turned ((n_heads + 2·n_kv_heads)·head_dim wide: the shared heads are read in place), in
     // 16 bits where the flash kernels read it; the attention output (1), proj's input; fc's
     // output, gate and up (2·H), and the SwiGLU's output (H, proj's input) — at 16 bits all but
-    // a non-flash qkv in half a float, as the GEMMs read them.
+    // a non-flash qkv in half a float, as the GEMMs read them. The widths in d_model's: the heads
+    // n_heads·head_dim wide in all (model.head_dim), Qwen 3's head norms keeping their fp32
+    // inputs, the query and key heads, and a number per head (nn/qk_norm.h).
     const double H = static_cast<double>(config.model.resolved_ffn_hidden());
+    const double heads = static_cast<double>(model.n_heads * head_dim) / C;
     const double qkv_width = model.n_heads > 0
         ? static_cast<double>(model.n_heads + 2 * model.resolved_n_kv_heads()) / static_cast<double>(model.n_heads)
         : 3.0;
+    const double qk_norm =
+        model.qk_norm && model.n_heads > 0
+            ? static_cast<double>(model.n_heads + model.resolved_n_kv_heads()) * (head_dim + 1) / C
+            : 0.0;
     const double attention =
-        cp > 1 ? cp_attention : qkv_width * flash_half + half;
+        heads * (cp > 1 ? cp_attention : qkv_width * flash_half + half) + qk_norm;
     everything = (2 + 2 * half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
     if (model.moe_experts > 0) {

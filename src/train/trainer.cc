@@ -63,6 +63,8 @@ Gpt2Config model_config_of(const Config& config) {
   if (m.llama()) {
     m.n_kv_heads = config.model.resolved_n_kv_heads();
     m.qkv_bias = config.model.qkv_bias;
+    m.head_width = config.model.head_dim;
+    m.qk_norm = config.model.qk_norm;
     m.ffn_hidden = config.model.resolved_ffn_hidden();
     m.rope_theta = config.model.rope_theta;
     if (config.model.rope_scaling == "llama3") {
@@ -235,13 +237,21 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
                LossScaler& scaler, std::string* data_note, std::vector<float>* expert_bias) {
   // Another architecture's checkpoint would fail on its first parameter's shape; say why.
   const Gpt2Config saved = read_checkpoint_model(checkpoint), wanted = model_config_of(config);
+  // The heads' width named where it differs (model.head_dim).
+  const bool heads_differ =
+      saved.llama() && wanted.llama() && saved.head_dim() != wanted.head_dim();
   if (saved.arch != wanted.arch || saved.tie_embeddings != wanted.tie_embeddings ||
-      saved.qkv_bias != wanted.qkv_bias)
+      saved.qkv_bias != wanted.qkv_bias || saved.qk_norm != wanted.qk_norm || heads_differ)
     fail("checkpoint ", checkpoint, " holds a ", arch_name(saved.arch),
          saved.tie_embeddings ? "" : " with an untied head",
-         saved.qkv_bias ? " with qkv biases" : "", " model, but model.arch = \"", config.model.arch,
-         "\"", wanted.tie_embeddings ? "" : " with model.tie_embeddings = false",
+         saved.qkv_bias ? " with qkv biases" : "", saved.qk_norm ? " with qk norms" : "",
+         heads_differ ? detail::concat(" with heads of ", saved.head_dim()) : std::string(),
+         " model, but model.arch = \"", config.model.arch, "\"",
+         wanted.tie_embeddings ? "" : " with model.tie_embeddings = false",
          wanted.qkv_bias ? " with model.qkv_bias = true" : "",
+         wanted.qk_norm ? " with model.qk_norm = true" : "",
+         heads_differ ? detail::concat(" with heads of ", wanted.head_dim(), " (model.head_dim)")
+                      : std::string(),
          ": resume with the config it was trained with (RUN_DIR/config.toml)");
   const auto shared_of = [](const Gpt2Config& c) {
     return c.moe_shared_experts > 0 ? detail::concat(", ", c.moe_shared_experts, " shared")

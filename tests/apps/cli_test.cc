@@ -340,6 +340,19 @@ TEST_F(Cli, LlamaTrainsSamplesExportsAndRefusesAnotherArchitecturesCheckpoint) {
                "holds a llama model, but model.arch = \"llama\" with model.qkv_bias = true");
   expect_error(run("train " + write_config("") + " --set model.qkv_bias=true"),
                "model.qkv_bias applies to model.arch = \"llama\" only");
+  // Qwen 3's norms and another heads' width: named, not a parameter's shape or a missing name.
+  const std::string llama_run =
+      " --resume auto --set train.steps=6 --set model.arch=llama --set "
+      "model.n_kv_heads=1 --set model.ffn_hidden=40";
+  expect_error(run("train " + write_config("") + " --run-dir " + path("llama") + llama_run +
+                   " --set model.qk_norm=true"),
+               "holds a llama model, but model.arch = \"llama\" with model.qk_norm = true");
+  expect_error(
+      run("train " + write_config("") + " --run-dir " + path("llama") + llama_run +
+          " --set model.head_dim=16"),
+      "with heads of 8 model, but model.arch = \"llama\" with heads of 16 (model.head_dim)");
+  expect_error(run("train " + write_config("") + " --set model.qk_norm=true"),
+               "model.qk_norm applies to model.arch = \"llama\" only");
 }
 
 // A HuggingFace byte-level BPE tokenizer through the command line: `data prepare --tokenizer`

@@ -868,4 +868,104 @@ TEST(ImportQwen2, ALlamaWhereAQwen2IsWantedAndTheOtherWayRoundAreNamed) {
   fs::remove_all(dir);
 }
 
+// Qwen 3's per-head query/key norms (model.qk_norm) and heads wider than their share of d_model
+// (model.head_dim): a Qwen3ForCausalLM that transformers 4.51.3 saved (tests/data/hf_tiny_qwen3,
+// tools/make_hf_llama_fixture.py --qwen3: tiny_hub_qwen2's sizes, no biases, heads of 16 — the
+// queries 64 wide from a 32-wide model — and random q_norm / k_norm gains) gives the logits
+// transformers computed; Loom's own export (model_type "qwen3", q_norm / k_norm, head_dim)
+// loads back bit for bit; a Llama or Qwen 2 where a Qwen 3 is wanted, the other way round and
+// another head width are named.
+Gpt2Config tiny_hub_qwen3() {
+  Gpt2Config c = tiny_hub_qwen2();
+  c.qkv_bias = false;
+  c.qk_norm = true;
+  c.head_width = 16;
+  return c;
+}
+
+TEST(ImportQwen3, TransformersSavedQwen3GivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen3", tiny_hub_qwen3());
+}
+
+TEST(ImportQwen3, LoomsOwnExportIsQwen3AndLoadsBackBitForBit) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_qwen3_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const Gpt2Config c = tiny_hub_qwen3();
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  for (int l = 0; l < 2; ++l)  // gains of their own value at every position (ones hide a swap)
+    for (const char* norm : {"q_norm", "k_norm"}) {
+      Tensor& g =
+          model.params().get("blocks." + std::to_string(l) + ".attn." + norm + ".weight").value;
+      for (int64_t i = 0; i < g.numel(); ++i)
+        g.data<float>()[i] =
+            1.0f + 0.01f * static_cast<float>(i + 100 * l + (norm[0] == 'k' ? 50 : 0));
+    }
+  const std::string ckpt = save_and_export_hf(model, dir, 2);
+  const Gpt2Config saved = read_checkpoint_model(ckpt);
+  EXPECT_TRUE(saved.qk_norm);
+  EXPECT_EQ(saved.head_dim(), 16);
+  const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
+  EXPECT_EQ(f.names.size(), 2u + 11u * 2u);  // embed_tokens, norm; nine weights, two norms
+  // 4 query heads of 16: q_proj 64 × 32, k_proj and v_proj 32 × 32, o_proj 32 × 64.
+  EXPECT_EQ(f.tensors.at("model.layers.0.self_attn.q_proj.weight").shape(), (Shape{64, 32}));
+  EXPECT_EQ(f.tensors.at("model.layers.0.self_attn.v_proj.weight").shape(), (Shape{32, 32}));
+  EXPECT_EQ(f.tensors.at("model.layers.1.self_attn.o_proj.weight").shape(), (Shape{32, 64}));
+  const Tensor& k = f.tensors.at("model.layers.1.self_attn.k_norm.weight");
+  ASSERT_EQ(k.shape(), (Shape{16}));
+  EXPECT_EQ(k.data<float>()[3], 1.0f + 0.01f * 153);
+  std::ifstream cf(dir / "hf" / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(j["model_type"], "qwen3");
+  EXPECT_EQ(j["head_dim"], 16);
+  EXPECT_FALSE(j["attention_bias"].get<bool>());
+  EXPECT_FALSE(j["use_sliding_window"].get<bool>());
+  expect_loads_back_bitwise(model, (dir / "hf").string());
+  // With qkv biases there is no class to write: Qwen3Config's attention_bias biases o_proj too.
+  Gpt2Config biased = c;
+  biased.qkv_bias = true;
+  Gpt2 biased_model(biased);
+  biased_model.build(DType::kF32, Device::cpu(), 5);
+  const fs::path biased_dir = dir / "biased";
+  const std::string error =
+      testutil::error_of([&] { save_and_export_hf(biased_model, biased_dir, 2); });
+  EXPECT_NE(error.find("model.qk_norm is written as a Qwen3ForCausalLM"), std::string::npos)
+      << error;
+  fs::remove_all(dir);
+}
+
+TEST(ImportQwen3, OtherModelsWhereAQwen3IsWantedAndOtherHeadsAreNamed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_qwen3_bad_" + std::to_string(getpid()));
+  const std::string qwen3 = LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen3";
+  const std::string qwen2 = LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen2";
+  const auto same = [](nlohmann::json&) {};
+  Gpt2Config normed = tiny_hub_qwen2();  // hf_tiny_qwen2's sizes with norms, no biases
+  normed.qkv_bias = false;
+  normed.qk_norm = true;
+  EXPECT_NE(import_error(qwen2, dir, same, normed)
+                .find("model_type = qwen2, but model.qk_norm = true starts from a "
+                      "Qwen3ForCausalLM directory"),
+            std::string::npos);
+  Gpt2Config plain = tiny_hub_qwen3();
+  plain.qk_norm = false;
+  EXPECT_NE(import_error(qwen3, dir, same, plain)
+                .find("a Qwen3ForCausalLM's per-head q_norm and k_norm need model.qk_norm = true"),
+            std::string::npos);
+  Gpt2Config narrow = tiny_hub_qwen3();
+  narrow.head_width = 0;  // d_model / n_heads = 8
+  EXPECT_NE(import_error(qwen3, dir, same, narrow)
+                .find("config.json: head_dim = 16 but model.d_model / model.n_heads = 8"),
+            std::string::npos);
+  // Qwen3Config's head_dim defaults to 128: a file without it is not read as 16-wide heads.
+  EXPECT_NE(import_error(
+                qwen3, dir, [](nlohmann::json& j) { j.erase("head_dim"); }, tiny_hub_qwen3())
+                .find("head_dim = 128 but model.head_dim = 16"),
+            std::string::npos);
+  EXPECT_EQ(import_error(qwen3, dir, same, tiny_hub_qwen3()), "no error");
+  fs::remove_all(dir);
+}
+
 }  // namespace loom

@@ -339,6 +339,33 @@ TEST(Config, ValidationNamesKeysAndValues) {
                          c.model.n_heads = 4;  // head size 3: no pairs to rotate
                        }),
                        "model.d_model / model.n_heads = 3 must be even"));
+  // model.head_dim (Qwen 3's heads wider than their share): the heads need not divide d_model
+  // then, and the width must still be even; Llama's only, as model.qk_norm.
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.head_dim = 128; }),
+                       "model.head_dim applies to model.arch = \"llama\" only"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.qk_norm = true; }),
+                       "model.qk_norm applies to model.arch = \"llama\" only"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.d_model = 64;
+                         c.model.n_heads = 4;
+                         c.model.head_dim = 7;
+                       }),
+                       "model.head_dim = 7 must be even"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.d_model = 64;
+                         c.model.n_heads = 5;
+                       }),
+                       "model.n_heads = 5 does not divide model.d_model = 64 (or set "
+                       "model.head_dim)"));
+  Config wide;
+  wide.model.arch = "llama";
+  wide.model.d_model = 64;
+  wide.model.n_heads = 5;  // 5 heads of 16 from 64 channels
+  wide.model.head_dim = 16;
+  wide.model.qk_norm = true;
+  EXPECT_NO_THROW(validate(wide));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.rope_scaling = "llama3"; }),
                        "model.rope_scaling applies to model.arch = \"llama\" only"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {

@@ -557,10 +557,19 @@ TEST(LlamaCuda, TrainingOnTheGpuMatchesTheCpu) {
     SCOPED_TRACE(tied ? "tied head" : "untied head (lm_head.weight)");
     expect_gpu_run_matches_cpu(small_llama(16, tied), 5);
   }
-  SCOPED_TRACE("qkv biases");
-  Gpt2Config biased = small_llama(16);
-  biased.qkv_bias = true;
-  expect_gpu_run_matches_cpu(biased, 5);
+  {
+    SCOPED_TRACE("qkv biases");
+    Gpt2Config biased = small_llama(16);
+    biased.qkv_bias = true;
+    expect_gpu_run_matches_cpu(biased, 5);
+  }
+  // Qwen 3's per-head query/key norms on heads of 24 from 64 channels (nn/qk_norm.h: the heads
+  // gathered by copy_columns, RmsNorm's kernels, scattered back on the GPU).
+  SCOPED_TRACE("qk norms, wide heads");
+  Gpt2Config normed = small_llama(16);
+  normed.qk_norm = true;
+  normed.head_width = 24;
+  expect_gpu_run_matches_cpu(normed, 5);
 }
 
 // A mixture of 4 experts, top 2, in each block (nn/moe_mlp.h): the routing on the GPU, its
@@ -591,16 +600,20 @@ TEST(LlamaCuda, MixtureOfExpertsTrainingOnTheGpuMatchesTheCpu) {
 
 // bf16 GEMM inputs: the losses stay within 1% of the fp32 CPU run's. Heads of 16 take the
 // attention's GEMM path; heads of 64 the fused flash kernels, on the rotated q and k (with Qwen
-// 2's qkv biases: added in the 16-bit qkv's epilogue).
+// 2's qkv biases: added in the 16-bit qkv's epilogue); Qwen 3's normed heads of 128 the fp32
+// attention kernels on the fp32 qkv.
 TEST(LlamaCuda, Bf16MatmulsStayNearTheCpuRun) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
     ~Restore() { ops::set_matmul_precision("fp32"); }
   } restore;
   constexpr int kSteps = 3;
-  for (int64_t head_dim : {16, 64}) {
-    Gpt2Config config = small_llama(head_dim, head_dim == 16);
+  for (int64_t head_dim : {16, 64, 128}) {
+    // 128: Qwen 3's head norms on heads of 128 from 64·4 channels, the fp32 attention path.
+    Gpt2Config config = small_llama(head_dim == 128 ? 64 : head_dim, head_dim == 16);
     config.qkv_bias = head_dim == 64;
+    config.qk_norm = head_dim == 128;
+    config.head_width = head_dim == 128 ? 128 : 0;
     const TrainRun on_cpu = train(Device::cpu(), kSteps, config);
     ops::set_matmul_precision("bf16");
     const TrainRun on_gpu = train(Device::cuda(0), kSteps, config);

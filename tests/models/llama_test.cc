@@ -99,6 +99,49 @@ TEST(Llama, AnUntiedHeadHasItsOwnWeightAndIsCounted) {
   EXPECT_EQ(c.flops_per_token(6) - tiny_llama(1).flops_per_token(6), 0.0);
 }
 
+// Qwen 3's block: per-head query/key norms (model.qk_norm) on heads wider than their share of
+// d_model (model.head_dim = 6: 2 query heads of 6 from 8 channels, proj 12 -> 8), checked by
+// finite differences in double, and its parameters those of HuggingFace's Qwen 3 and counted.
+Gpt2Config tiny_qwen3() {
+  Gpt2Config c = tiny_llama(1);
+  c.qk_norm = true;
+  c.head_width = 6;
+  return c;
+}
+
+TEST(Llama, WholeModelGradCheckInDoubleWithQwen3sNormsAndWideHeads) {
+  grad_check(tiny_qwen3());
+}
+
+TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {
+  const Gpt2Config c = tiny_qwen3();
+  Gpt2 model(c);
+  int64_t total = 0;
+  for (const auto& p : model.params().parameters()) total += p->numel();
+  EXPECT_EQ(total, c.num_parameters());
+  // qkv: 2 query heads and 1 shared key and value head of 6 → (12 + 2·6) × 8; proj 12 → 8.
+  EXPECT_EQ(model.params().get("blocks.1.attn.qkv.weight").shape, (Shape{24, 8}));
+  EXPECT_EQ(model.params().get("blocks.1.attn.proj.weight").shape, (Shape{8, 12}));
+  EXPECT_EQ(model.params().get("blocks.0.attn.q_norm.weight").shape, (Shape{6}));
+  EXPECT_EQ(model.params().get("blocks.0.attn.k_norm.weight").shape, (Shape{6}));
+  // Qwen 3 0.6B (Hugging Face's Qwen/Qwen3-0.6B): 596,049,920 parameters, its head tied.
+  Gpt2Config qwen3 = c;
+  qwen3.vocab_size = 151936;
+  qwen3.d_model = 1024;
+  qwen3.n_layers = 28;
+  qwen3.n_heads = 16;
+  qwen3.n_kv_heads = 8;
+  qwen3.head_width = 128;
+  qwen3.ffn_hidden = 3072;
+  EXPECT_EQ(qwen3.num_parameters(), 596049920);
+  // The attention's flops grow with the heads' width: 12 · n_layers · n_heads·head_dim · T.
+  Gpt2Config narrow = qwen3;
+  narrow.head_width = 0;  // 16 heads of 64
+  EXPECT_DOUBLE_EQ(qwen3.flops_per_token(1) - narrow.flops_per_token(1),
+                   6.0 * static_cast<double>(qwen3.num_parameters() - narrow.num_parameters()) +
+                       12.0 * 28 * (2048 - 1024));
+}
+
 TEST(Llama, ParametersAreLlamasAndTheirCountIsTheConfigs) {
   const Gpt2Config c = tiny_llama(1);
   Gpt2 model(c);

@@ -45,6 +45,15 @@ inline Gpt2Config reference_qwen2() {
   c.norm_eps = 1e-6;
   return c;
 }
+// --qwen3: the Llama with per-head query/key norms, heads 32 wide (queries 128 wide from 64
+// channels), rope_theta 1e6 and norm_eps 1e-6 (Qwen 3's).
+inline Gpt2Config reference_qwen3() {
+  Gpt2Config c = reference_qwen2();
+  c.qkv_bias = false;
+  c.qk_norm = true;
+  c.head_width = 32;
+  return c;
+}
 inline Gpt2Config reference_moe() {
   Gpt2Config c = reference_llama();
   c.ffn_hidden = 48;

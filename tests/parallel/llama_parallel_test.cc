@@ -182,31 +182,56 @@ TEST_F(LlamaParallel, AnUntiedHeadUnderEveryStrategyMatchesOneDevice) {
 // Qwen2ForCausalLM that transformers saved with random biases (tests/data/hf_tiny_qwen2): the
 // fused bias split over tp in the q, k and v blocks its rows are in, with sequence and context
 // parallelism, pipelining and ZeRO-3 — each layout one device's run.
-TEST_F(LlamaParallel, QkvBiasesFromATransformersQwen2UnderEveryLayoutMatchOneDevice) {
-  Config c = config();
+// Three steps of `c` from a tiny Qwen that transformers saved (tests/data/hf_tiny_qwen*: 2 blocks,
+// a SwiGLU 48 wide, rope_theta 1e6, epsilon 1e-6), with `edit` applied, under each of `layouts`:
+// each within 1e-5 of one device, which starts from the Qwen's own predictions.
+void expect_hub_qwen_layouts_match(Config c, const std::string& dir, void (*edit)(ModelConfig&),
+                                   const std::string& layouts, size_t count) {
   c.model.n_layers = 2;
   c.model.ffn_hidden = 48;
   c.model.rope_theta = 1e6;
   c.model.norm_eps = 1e-6;
   c.model.max_seq_len = 64;
-  c.model.qkv_bias = true;
-  c.train.init_from = LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen2";
+  edit(c.model);
+  c.train.init_from = LOOM_SOURCE_DIR "/tests/data/" + dir;
   LayoutCheckOptions o;
   o.steps = 3;
-  const LayoutCheckResult r =
-      check_layouts(c,
-                    parse_layouts("tp=2;tp=2,sp=1;cp=2;pp=2,schedule=zb-h1;dp=2,zero=3;"
-                                  "dp=2,tp=2,zero=2,sp=1,recompute=selective"),
-                    o);
-  ASSERT_EQ(r.rows.size(), 6u);
+  const LayoutCheckResult r = check_layouts(c, parse_layouts(layouts), o);
+  ASSERT_EQ(r.rows.size(), count);
   for (const LayoutCheckRow& row : r.rows) {
     EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
     EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
     EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
   }
-  // The Qwen 2's own predictions, not the random initialisation's ln 256.
+  // The Qwen's own predictions, not the random initialisation's ln 256.
   ASSERT_EQ(r.reference_losses.size(), 3u);
   EXPECT_GT(std::abs(r.reference_losses.front() - std::log(256.0)), 0.05);
+}
+
+TEST_F(LlamaParallel, QkvBiasesFromATransformersQwen2UnderEveryLayoutMatchOneDevice) {
+  expect_hub_qwen_layouts_match(
+      config(), "hf_tiny_qwen2", [](ModelConfig& m) { m.qkv_bias = true; },
+      "tp=2;tp=2,sp=1;cp=2;pp=2,schedule=zb-h1;dp=2,zero=3;"
+      "dp=2,tp=2,zero=2,sp=1,recompute=selective",
+      6);
+}
+
+// Qwen 3's per-head query/key norms (model.qk_norm) and heads wider than their share of d_model
+// (model.head_dim = 16: queries 64 wide from 32 channels), started from a Qwen3ForCausalLM that
+// transformers saved with random norm gains (tests/data/hf_tiny_qwen3): under tp each rank
+// normalises its own heads, so the shared gains' gradients are summed over the group (a layout
+// that forgot that sum would fail here); with sequence and context parallelism, pipelining,
+// ZeRO-3 and recomputation — each layout one device's run.
+TEST_F(LlamaParallel, QkNormsAndWideHeadsFromATransformersQwen3UnderEveryLayoutMatchOneDevice) {
+  expect_hub_qwen_layouts_match(
+      config(), "hf_tiny_qwen3",
+      [](ModelConfig& m) {
+        m.head_dim = 16;
+        m.qk_norm = true;
+      },
+      "tp=2;tp=2,sp=1;cp=2;cp=2,tp=2;pp=2,schedule=zb-h1;dp=2,zero=3;"
+      "dp=2,tp=2,zero=2,sp=1,recompute=selective;tp=2,recompute=full",
+      8);
 }
 
 TEST_F(LlamaParallel, TensorParallelNeedsWholeKeyValueHeadsPerRank) {

@@ -77,7 +77,7 @@ TEST_P(TensorParallelBlock, EqualsTheSingleDeviceBlock) {
     const int64_t rows = sp ? N / P : N, row0 = sp ? tp.rank() * rows : 0;
     const Tensor y = block.forward(c, x.reshape({N, C}).narrow(row0, rows).clone(), kB, kT);
     const Tensor dx = block.backward(c, dy.reshape({N, C}).narrow(row0, rows).clone());
-    for (Parameter* q : block.sequence_parallel_params()) tp.all_reduce(q->grad, ReduceOp::kSum);
+    for (Parameter* q : block.tp_summed_params()) tp.all_reduce(q->grad, ReduceOp::kSum);
     expect_rows(y, ref_y, 0, rows, row0, 0, 1e-5 * scale_of(ref_y), "output");
     expect_rows(dx, ref_dx, 0, rows, row0, 0, 1e-5 * scale_of(ref_dx), "input gradient");
     for (const auto& q : store.parameters()) {
@@ -152,7 +152,7 @@ TEST_P(TensorParallelBlockRecompute, ModesAreBitwiseIdenticalAndKeepLessMemory) 
       block.collect_cache(slots);
       r.cache_bytes = distinct_bytes(slots);
       r.dx = block.backward(c, dy.narrow(row0, rows).clone()).to_vector();
-      for (Parameter* q : block.sequence_parallel_params()) tp.all_reduce(q->grad, ReduceOp::kSum);
+      for (Parameter* q : block.tp_summed_params()) tp.all_reduce(q->grad, ReduceOp::kSum);
       r.grads = store.grads().to_vector();
       return r;
     };

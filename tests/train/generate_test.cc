@@ -1,7 +1,9 @@
 // Sampling (train/generate.h): decoding through the key/value cache (Gpt2::decode) computes what
 // running the whole context does — the logits of every new position to float rounding, and the
 // same greedy and sampled tokens, past max_seq_len too (where the window slides) — for GPT-2 and
-// for Llama's blocks (rotary positions, shared key/value heads, tied and untied heads).
+// for Llama's blocks (rotary positions, shared key/value heads, tied and untied heads) and Qwen
+// 3's (per-head query/key norms, heads wider than their share of d_model: a cache as wide as the
+// heads).
 #include "train/generate.h"
 
 #include <gtest/gtest.h>
@@ -16,7 +18,7 @@
 namespace loom {
 namespace {
 
-Gpt2Config small(bool llama, bool tied) {
+Gpt2Config small(bool llama, bool tied, bool qwen3 = false) {
   Gpt2Config c;
   c.vocab_size = 37;
   c.max_seq_len = 20;
@@ -30,12 +32,14 @@ Gpt2Config small(bool llama, bool tied) {
     c.n_kv_heads = 2;
     c.ffn_hidden = 40;
     c.rope_theta = 100;
+    c.qk_norm = qwen3;
+    c.head_width = qwen3 ? 12 : 0;  // queries 48 wide from 32 channels
   }
   return c;
 }
 
 struct Case {
-  bool llama, tied;
+  bool llama, tied, qwen3 = false;
 };
 
 class Decode : public ::testing::TestWithParam<Case> {};
@@ -43,7 +47,7 @@ class Decode : public ::testing::TestWithParam<Case> {};
 TEST_P(Decode, CachedLogitsAreTheWholeContextsLogits) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
-  Gpt2 model(small(GetParam().llama, GetParam().tied));
+  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3));
   model.build(DType::kF32, Device::cpu(), 4);
   Tensor all = Tensor::empty({1, 20}, DType::kI32);
   for (int i = 0; i < 20; ++i) all.data<int32_t>()[i] = (i * 11 + 3) % 37;
@@ -75,7 +79,7 @@ TEST_P(Decode, CachedLogitsAreTheWholeContextsLogits) {
 TEST_P(Decode, SamplingWithTheCacheIsSamplingWithout) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
-  Gpt2 model(small(GetParam().llama, GetParam().tied));
+  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3));
   model.build(DType::kF32, Device::cpu(), 6);
   for (const double temperature : {0.0, 0.8}) {
     SampleOptions o;
@@ -194,9 +198,12 @@ TEST(Sampling, IdsPastTheTokenizersVocabularyAreNeverDrawn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Decode,
-                         ::testing::Values(Case{false, true}, Case{true, true}, Case{true, false}),
+                         ::testing::Values(Case{false, true}, Case{true, true}, Case{true, false},
+                                           Case{true, true, true}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
-                           return std::string(param_info.param.llama ? "llama" : "gpt2") +
+                           return std::string(param_info.param.qwen3   ? "qwen3"
+                                              : param_info.param.llama ? "llama"
+                                                                       : "gpt2") +
                                   (param_info.param.tied ? "_tied" : "_untied");
                          });
 

@@ -1,0 +1,60 @@
+#include "nn/qk_norm.h"
+
+#include "base/error.h"
+#include "kernels/ops.h"
+#include "tensor/dispatch.h"
+
+namespace loom {
+
+QkNorm::QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps)
+    : head_dim_(head_dim),
+      q_(store, name + ".q_norm", head_dim, eps),
+      k_(store, name + ".k_norm", head_dim, eps) {}
+
+namespace {
+// The heads [first, first + count) of every qkv row, gathered into (rows·count, hd), or written
+// back from such rows.
+Tensor gather_heads(Context& ctx, const Tensor& qkv, int64_t first, int64_t count, int64_t hd) {
+  const int64_t width = qkv.dim(-1), rows = qkv.numel() / width;
+  Tensor out = Tensor::empty({rows * count, hd}, qkv.dtype(), qkv.device());
+  dispatch_float(qkv.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    ops::copy_columns<T>(ctx.exec(), out.data<T>(), count * hd, qkv.data<T>() + first * hd, width,
+                         rows, count * hd);
+  });
+  return out;
+}
+void scatter_heads(Context& ctx, Tensor& qkv, const Tensor& heads, int64_t first, int64_t count,
+                   int64_t hd) {
+  const int64_t width = qkv.dim(-1), rows = qkv.numel() / width;
+  dispatch_float(qkv.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    ops::copy_columns<T>(ctx.exec(), qkv.data<T>() + first * hd, width, heads.data<T>(), count * hd,
+                         rows, count * hd);
+  });
+}
+void check_width(const Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t hd) {
+  if (qkv.dim(-1) != (heads + 2 * kv_heads) * hd || qkv.dtype() == DType::kBF16 ||
+      qkv.dtype() == DType::kF16)
+    fail("qk_norm: qkv ", shape_str(qkv.shape()), " is not ", heads, " + 2·", kv_heads,
+         " heads of ", hd, " in a float type");
+}
+}  // namespace
+
+void QkNorm::forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads) {
+  check_width(qkv, heads, kv_heads, head_dim_);
+  scatter_heads(ctx, qkv, q_.forward(ctx, gather_heads(ctx, qkv, 0, heads, head_dim_)), 0, heads,
+                head_dim_);
+  scatter_heads(ctx, qkv, k_.forward(ctx, gather_heads(ctx, qkv, heads, kv_heads, head_dim_)),
+                heads, kv_heads, head_dim_);
+}
+
+void QkNorm::backward(Context& ctx, Tensor& dqkv, int64_t heads, int64_t kv_heads) {
+  check_width(dqkv, heads, kv_heads, head_dim_);
+  scatter_heads(ctx, dqkv, q_.backward(ctx, gather_heads(ctx, dqkv, 0, heads, head_dim_)), 0, heads,
+                head_dim_);
+  scatter_heads(ctx, dqkv, k_.backward(ctx, gather_heads(ctx, dqkv, heads, kv_heads, head_dim_)),
+                heads, kv_heads, head_dim_);
+}
+
+}  // namespace loom

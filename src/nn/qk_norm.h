@@ -1,0 +1,47 @@
+// Qwen 3's query/key normalisation (OLMo 2's per-head form, Megatron-LM's --qk-layernorm): an
+// RMSNorm of every query head and of every key head, over the head's head_dim values, right
+// after the qkv projection and before the rotation. Two head_dim-wide weights (name.q_norm.weight
+// and name.k_norm.weight), each shared by all the query (key) heads, initialised to ones.
+//
+// It works on the compact qkv rows of grouped-query attention, ((NH + 2·KV)·hd) wide: the query
+// heads are gathered into contiguous (rows·NH, hd) rows (ops::copy_columns), normalised by an
+// RmsNorm — which keeps that gathered copy as its input for the backward — and written back in
+// place; the key heads likewise; the values are left alone. The backward gathers the gradient
+// the same way. Under tensor parallelism each rank normalises its own heads with the shared
+// weights, so a weight's gradient is the sum over the tp group of the ranks' parts
+// (parallel/tensor_parallel_block.h lists them among the parameters summed over tp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "nn/rms_norm.h"
+
+namespace loom {
+
+class QkNorm {
+ public:
+  QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps);
+  // qkv (.., (heads + 2·kv_heads)·head_dim), ctx.dtype: its queries and keys normalised in place.
+  void forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads);
+  // dqkv as qkv, the gradient at the normalised queries and keys: made theirs before it, in
+  // place; the weights' gradients added.
+  void backward(Context& ctx, Tensor& dqkv, int64_t heads, int64_t kv_heads);
+  void clear_cache() {
+    q_.clear_cache();
+    k_.clear_cache();
+  }
+  void collect_cache(std::vector<Tensor*>& out) {
+    q_.collect_cache(out);
+    k_.collect_cache(out);
+  }
+  std::vector<Parameter*> parameters() const {
+    return {q_.parameters().front(), k_.parameters().front()};
+  }
+
+ private:
+  int64_t head_dim_;
+  RmsNorm q_, k_;
+};
+
+}  // namespace loom
