@@ -108,6 +108,18 @@ nlohmann::json hf_rope_scaling(const Gpt2Config& c) {
           {"original_max_position_embeddings", c.rope_original_max_seq_len}};
 }
 
+// A mixture of experts' HuggingFace names: Mixtral's, or (model.qk_norm) Qwen 3's.
+struct HfMoeNames {
+  const char *block, *gate, *up, *down;  // the block under a layer; an expert's three weights
+  const char* model;                     // the class
+};
+HfMoeNames hf_moe_names(const Gpt2Config& c) {
+  if (c.qk_norm)
+    return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
+            "Qwen3MoeForCausalLM"};
+  return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight", "MixtralForCausalLM"};
+}
+
 // Rows [begin, begin + count) of a host matrix: the pieces of a fused Linear weight.
 Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
   return m.narrow(begin, count);
@@ -126,13 +138,10 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
   const auto put = [&](const std::string& name, const Tensor& t) {
     tensors.emplace_back(name, in_dtype(t, bf16));
   };
-  if (c.qk_norm && (c.moe() || c.qkv_bias))
+  if (c.qk_norm && c.qkv_bias)
     fail("loom checkpoint export: a model with model.qk_norm is written as a Qwen3ForCausalLM, ",
-         "which has ",
-         c.moe() ? "no mixture of experts here (Qwen3MoeForCausalLM is not "
-                   "written yet)"
-                 : "a bias on its output projection wherever it has qkv biases",
-         ": no HuggingFace class holds this model");
+         "which has a bias on its output projection wherever it has qkv biases: no HuggingFace ",
+         "class holds this model");
   put("model.embed_tokens.weight", host("wte.weight"));
   // Q: the queries' rows (n_heads·head_dim, d_model unless model.head_dim says otherwise).
   const int64_t C = c.d_model, Q = c.attention_width(), kv = c.kv_heads() * c.head_dim(),
@@ -157,15 +166,19 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     }
     put(hf + "self_attn.o_proj.weight", host(ours + "attn.proj.weight"));
     put(hf + "post_attention_layernorm.weight", host(ours + "ln_2.weight"));
-    if (c.moe()) {  // Mixtral's sparse MoE block: the router as its gate, w1 / w3 / w2 experts
-      put(hf + "block_sparse_moe.gate.weight", host(ours + "mlp.router.weight"));
+    if (c.moe()) {
+      // Mixtral's sparse MoE block (block_sparse_moe: the router as its gate, w1 / w3 / w2
+      // experts), or with qk_norm Qwen 3's (mlp: gate, gate_proj / up_proj / down_proj experts).
+      const HfMoeNames names = hf_moe_names(c);
+      const std::string block = hf + names.block;
+      put(block + "gate.weight", host(ours + "mlp.router.weight"));
       for (int64_t e = 0; e < c.moe_experts; ++e) {
         const std::string expert = ours + "mlp.experts." + std::to_string(e) + ".";
-        const std::string theirs = hf + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        const std::string theirs = block + "experts." + std::to_string(e) + ".";
         const Tensor fc = host(expert + "fc.weight");
-        put(theirs + "w1.weight", row_block(fc, 0, H));
-        put(theirs + "w3.weight", row_block(fc, H, H));
-        put(theirs + "w2.weight", host(expert + "proj.weight"));
+        put(theirs + names.gate, row_block(fc, 0, H));
+        put(theirs + names.up, row_block(fc, H, H));
+        put(theirs + names.down, host(expert + "proj.weight"));
       }
       continue;
     }
@@ -225,6 +238,20 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     for (const char* llama_only : {"attention_bias", "mlp_bias"}) config.erase(llama_only);
     if (c.qk_norm) config["attention_bias"] = false;
     if (!c.qk_norm && c.head_width == 0) config.erase("head_dim");
+  }
+  if (c.moe() && c.qk_norm) {
+    // Qwen3MoeConfig's: every block sparse (decoder_sparse_step 1, no mlp_only_layers), its
+    // experts moe_intermediate_size wide (intermediate_size, its dense blocks', unused), the
+    // chosen weights normalised or not (norm_topk_prob), its router loss batch-wise as Mixtral's.
+    config["architectures"] = {"Qwen3MoeForCausalLM"};
+    config["model_type"] = "qwen3_moe";
+    config.erase("num_local_experts");
+    config["num_experts"] = c.moe_experts;
+    config["moe_intermediate_size"] = H;
+    config["norm_topk_prob"] = c.moe_router_norm_topk_prob;
+    config["decoder_sparse_step"] = 1;
+    config["mlp_only_layers"] = nlohmann::json::array();
+    config["head_dim"] = c.head_dim();
   }
   write_config_json(dir, config);
 }
@@ -341,17 +368,20 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   // A dense Llama starts from a LlamaForCausalLM (or a MistralForCausalLM: the same tensors, its
   // attention not windowed), one with qkv biases from a Qwen2ForCausalLM, one with query/key
   // norms from a Qwen3ForCausalLM, a mixture of experts from a MixtralForCausalLM (its experts and
-  // top k Loom's, its attention not windowed).
+  // top k Loom's, its attention not windowed), one with query/key norms from a
+  // Qwen3MoeForCausalLM.
   const std::string model_type = config.value("model_type", std::string("(none)"));
-  if (model.qk_norm && (model.moe() || model.qkv_bias || model_type != "qwen3"))
+  const char* qwen3_type = model.moe() ? "qwen3_moe" : "qwen3";
+  const char* qwen3_class = model.moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
+  if (model.qk_norm && (model.qkv_bias || model_type != qwen3_type))
     fail(config_path, ": model_type = ", model_type, ", but model.qk_norm = true",
-         model.moe() || model.qkv_bias
-             ? " with model.moe_experts or model.qkv_bias: no HuggingFace class Loom reads holds "
-               "that model"
-             : " starts from a Qwen3ForCausalLM directory (a model without q_norm / k_norm)");
-  if (!model.qk_norm && model_type == "qwen3")
-    fail(config_path, ": model_type = qwen3: a Qwen3ForCausalLM's per-head q_norm and k_norm ",
-         "need model.qk_norm = true");
+         model.qkv_bias ? " with model.qkv_bias: no HuggingFace class Loom reads holds that model"
+                        : detail::concat(" starts from a ", qwen3_class,
+                                         " directory (a model without q_norm / k_norm)"));
+  if (!model.qk_norm && (model_type == "qwen3" || model_type == "qwen3_moe"))
+    fail(config_path, ": model_type = ", model_type, ": a ",
+         model_type == "qwen3" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM",
+         "'s per-head q_norm and k_norm need model.qk_norm = true");
   if (!model.moe() && model.qkv_bias && model_type != "qwen2")
     fail(config_path, ": model_type = ", model_type,
          ", but model.qkv_bias = true starts from a Qwen2ForCausalLM directory (a ", model_type,
@@ -366,10 +396,11 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   if (model.moe() && model.qkv_bias)
     fail(config_path, ": model.qkv_bias = true with model.moe_experts: a MixtralForCausalLM has ",
          "no biases on its queries, keys and values");
-  if (model.moe() && model_type != "mixtral")
+  if (model.moe() && !model.qk_norm && model_type != "mixtral")
     fail(config_path, ": model_type = ", model_type,
          ", but model.moe_experts = ", model.moe_experts,
-         " starts from a MixtralForCausalLM directory");
+         " starts from a MixtralForCausalLM directory",
+         model_type == "qwen3_moe" ? " (a Qwen3MoeForCausalLM's needs model.qk_norm = true)" : "");
   const auto integer = [&](const char* name) -> int64_t {
     try {
       return json_integer<int64_t>(config.at(name));
@@ -387,21 +418,36 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
                config.contains("num_key_value_heads") ? integer("num_key_value_heads")
                                                       : integer("num_attention_heads"),
                model.n_kv_heads, "model.n_kv_heads");
-  expect_equal("intermediate_size", integer("intermediate_size"), model.ffn_hidden, "model.ffn_hidden");
+  // A Qwen 3 mixture's experts are moe_intermediate_size wide (its intermediate_size is for
+  // dense blocks, which Loom's mixture has none of: every block sparse).
+  const bool qwen3_moe = model_type == "qwen3_moe";
+  const char* const width_key = qwen3_moe ? "moe_intermediate_size" : "intermediate_size";
+  expect_equal(width_key, integer(width_key), model.ffn_hidden, "model.ffn_hidden");
   if (model.moe()) {
     if (model.moe_shared_experts > 0)
-      fail(config_path,
-           ": a MixtralForCausalLM has no shared experts, and model.moe_shared_experts = ",
-           model.moe_shared_experts);
-    expect_equal("num_local_experts", integer("num_local_experts"), model.moe_experts,
-                 "model.moe_experts");
+      fail(config_path, ": a ", qwen3_moe ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM",
+           " has no shared experts, and model.moe_shared_experts = ", model.moe_shared_experts);
+    const char* const experts_key = qwen3_moe ? "num_experts" : "num_local_experts";
+    expect_equal(experts_key, integer(experts_key), model.moe_experts, "model.moe_experts");
     expect_equal("num_experts_per_tok", integer("num_experts_per_tok"), model.moe_top_k,
                  "model.moe_top_k");
+    if (qwen3_moe) {
+      if (config.value("decoder_sparse_step", 1) != 1 ||
+          !config.value("mlp_only_layers", nlohmann::json::array()).empty())
+        fail(config_path, ": decoder_sparse_step = ", config["decoder_sparse_step"].dump(),
+             ", mlp_only_layers = ", config.value("mlp_only_layers", nlohmann::json()).dump(),
+             ": Loom's mixture has experts in every block (step 1, no dense layers)");
+      const bool normalised = config.value("norm_topk_prob", false);  // Qwen3MoeConfig's default
+      if (normalised != model.moe_router_norm_topk_prob)
+        fail(config_path, ": norm_topk_prob = ", normalised ? "true" : "false",
+             " but model.moe_router_norm_topk_prob = ",
+             model.moe_router_norm_topk_prob ? "true" : "false");
+    }
   }
   // Mistral's, Mixtral's and Qwen 2's sliding window (Qwen 2's only with use_sliding_window):
   // none, or no shorter than the sequences.
   const nlohmann::json window = config.value("sliding_window", nlohmann::json());
-  const bool qwen = model_type == "qwen2" || model_type == "qwen3";
+  const bool qwen = model_type == "qwen2" || model_type == "qwen3" || model_type == "qwen3_moe";
   if (!window.is_null() && config.value("use_sliding_window", !qwen) &&
       json_integer<int64_t>(window) < model.max_seq_len)
     fail(config_path, ": sliding_window = ", window.dump(),
@@ -414,9 +460,10 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   // head_dim: the file's, else its class's default (Qwen3Config's 128; the others' hidden_size /
   // num_attention_heads); a null one (older files) that default too.
   const bool has_head_dim = config.contains("head_dim") && !config["head_dim"].is_null();
-  const int64_t their_head_dim = has_head_dim            ? integer("head_dim")
-                                 : model_type == "qwen3" ? 128
-                                                         : model.d_model / model.n_heads;
+  const int64_t their_head_dim = has_head_dim ? integer("head_dim")
+                                 : model_type == "qwen3" || qwen3_moe
+                                     ? 128
+                                     : model.d_model / model.n_heads;
   expect_equal("head_dim", their_head_dim, model.head_dim(),
                model.head_width > 0 ? "model.head_dim" : "model.d_model / model.n_heads");
   const double theta = config.value("rope_theta", 10000.0), eps = config.value("rms_norm_eps", 1e-6);
@@ -485,6 +532,7 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
   };
   const int64_t C = model.d_model, Q = model.attention_width(),
                 kv = model.kv_heads() * model.head_dim(), H = model.ffn_hidden;
+  const HfMoeNames moe = hf_moe_names(model);
   for (const auto& p : layout.parameters()) {
     // Where the parameter's rows come from, in order.
     std::vector<std::pair<std::string, Shape>> sources;
@@ -513,19 +561,19 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
         sources = {{hf + "mlp.gate_proj.weight", {H, C}}, {hf + "mlp.up_proj.weight", {H, C}}};
       else if (rest == "mlp.proj.weight") sources = {{hf + "mlp.down_proj.weight", {C, H}}};
       else if (rest == "mlp.router.weight")
-        sources = {{hf + "block_sparse_moe.gate.weight", {model.moe_experts, C}}};
+        sources = {{hf + moe.block + "gate.weight", {model.moe_experts, C}}};
       else if (rest.starts_with("mlp.experts.")) {  // mlp.experts.<e>.fc / .proj
         const size_t end = rest.find('.', 12);
-        const std::string expert =
-            hf + "block_sparse_moe.experts." + rest.substr(12, end - 12) + ".";
+        const std::string expert = hf + moe.block + "experts." + rest.substr(12, end - 12) + ".";
         if (rest.substr(end + 1) == "fc.weight")
-          sources = {{expert + "w1.weight", {H, C}}, {expert + "w3.weight", {H, C}}};
+          sources = {{expert + moe.gate, {H, C}}, {expert + moe.up, {H, C}}};
         else if (rest.substr(end + 1) == "proj.weight")
-          sources = {{expert + "w2.weight", {C, H}}};
+          sources = {{expert + moe.down, {C, H}}};
       }
     }
     if (sources.empty())
-      fail("parameter '", n, "' has no HuggingFace Llama, Qwen 2, Qwen 3 or Mixtral name");
+      fail("parameter '", n,
+           "' has no HuggingFace Llama, Qwen 2, Qwen 3, Mixtral or Qwen 3 MoE name");
     float* dst = into.values.data<float>() + p->offset;
     int64_t written = 0;
     for (const auto& [name, shape] : sources) {
@@ -602,23 +650,24 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   if (format != "hf" && format != "llmc") fail("export format '", format, "': expected hf or llmc");
   if (out.empty()) fail("export: no output path");
   const Gpt2Config mc = read_checkpoint_model(checkpoint_dir);
+  // A mixture of experts is written as a MixtralForCausalLM, or with qk_norm a
+  // Qwen3MoeForCausalLM: what neither computes is refused.
+  const std::string moe_class = std::string("transformers' ") + hf_moe_names(mc).model;
   if (mc.moe() && mc.rope_scaling_factor > 0)
     fail("export: ", checkpoint_dir, " holds a mixture of experts with Llama 3.1's rope ",
-         "scaling, which transformers' MixtralForCausalLM does not apply");
+         "scaling, which ", moe_class, " is not written with");
   if (mc.moe() && mc.moe_shared_experts > 0)
     fail("export: ", checkpoint_dir, " holds a mixture of experts with shared experts, which ",
-         "transformers' MixtralForCausalLM has not (model.moe_shared_experts = ",
-         mc.moe_shared_experts, ")");
+         moe_class, " has not (model.moe_shared_experts = ", mc.moe_shared_experts, ")");
   if (mc.moe() && (mc.moe_router_groups > 1 || mc.moe_router_topk_scaling_factor != 1 ||
-                   !mc.moe_router_norm_topk_prob))
+                   (!mc.moe_router_norm_topk_prob && !mc.qk_norm)))
     fail("export: ", checkpoint_dir, " holds a mixture of experts routed within groups ",
          "(model.moe_router_num_groups), with scaled weights ",
          "(model.moe_router_topk_scaling_factor) or with weights not normalised over the chosen ",
-         "(model.moe_router_norm_topk_prob = false), which transformers' MixtralForCausalLM has ",
-         "not");
+         "(model.moe_router_norm_topk_prob = false), which ", moe_class, " has not");
   if (mc.moe() && mc.moe_router_score != RouterScore::kSoftmax)
     fail("export: ", checkpoint_dir, " holds a mixture of experts whose router scores by ",
-         "sigmoids (model.moe_router_score_function), and transformers' MixtralForCausalLM's by ",
+         "sigmoids (model.moe_router_score_function), and ", moe_class, "'s by ",
          "a softmax: its tokens would be weighed otherwise there");
   Gpt2 model(mc);
   model.build(DType::kF32, Device::cpu(), 0);
@@ -626,8 +675,8 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   if (std::any_of(state.expert_bias.begin(), state.expert_bias.end(),
                   [](float b) { return b != 0.0f; }))
     fail("export: ", checkpoint_dir, " holds a mixture of experts that routes by balancing ",
-         "biases (model.moe_bias_update_rate), which transformers' MixtralForCausalLM has not: ",
-         "its tokens would go to other experts there");
+         "biases (model.moe_bias_update_rate), which ", moe_class,
+         " has not: ", "its tokens would go to other experts there");
   if (format == "llmc" && !mc.tie_embeddings)
     fail("export: ", checkpoint_dir, " holds a model with its own LM head ",
          "(model.tie_embeddings = false); llm.c's GPT-2 ties it: export it with --format hf");

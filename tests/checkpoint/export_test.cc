@@ -968,4 +968,83 @@ TEST(ImportQwen3, OtherModelsWhereAQwen3IsWantedAndOtherHeadsAreNamed) {
   fs::remove_all(dir);
 }
 
+// Qwen 3's mixture of experts (model.qk_norm with model.moe_experts): a Qwen3MoeForCausalLM that
+// transformers 4.51.3 saved (tests/data/hf_tiny_qwen3_moe, tools/make_hf_llama_fixture.py
+// --qwen3-moe: tiny_hub_qwen3 with 4 experts 24 wide per block, 2 per token, norm_topk_prob
+// true) gives transformers' logits; Loom's own export (model_type "qwen3_moe", mlp.gate and the
+// experts' gate_proj / up_proj / down_proj, norm_topk_prob from model.moe_router_norm_topk_prob)
+// loads back bit for bit; another routing, a Mixtral where a Qwen 3 mixture is wanted and dense
+// blocks are named.
+Gpt2Config tiny_hub_qwen3_moe() {
+  Gpt2Config c = tiny_hub_qwen3();
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  c.ffn_hidden = 24;
+  return c;
+}
+
+TEST(ImportQwen3Moe, TransformersSavedQwen3MoeGivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen3_moe", tiny_hub_qwen3_moe());
+}
+
+TEST(ImportQwen3Moe, LoomsOwnExportIsQwen3MoeAndLoadsBackBitForBit) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_qwen3_moe_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  for (const bool normalised : {true, false}) {
+    SCOPED_TRACE(normalised ? "norm_topk_prob" : "weights not normalised");
+    Gpt2Config c = tiny_hub_qwen3_moe();
+    c.moe_router_norm_topk_prob = normalised;
+    Gpt2 model(c);
+    model.build(DType::kF32, Device::cpu(), 5);
+    save_and_export_hf(model, dir, 2);
+    const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
+    // embed_tokens, norm; per layer two norms, q/k/v/o, q/k norms, the gate and 3 per expert
+    EXPECT_EQ(f.names.size(), 2u + (8u + 1u + 3u * 4u) * 2u);
+    const Tensor& up = f.tensors.at("model.layers.1.mlp.experts.3.up_proj.weight");
+    const Parameter& fc = model.params().get("blocks.1.mlp.experts.3.fc.weight");
+    ASSERT_EQ(up.shape(), (Shape{24, 32}));
+    EXPECT_EQ(std::memcmp(up.data<float>(), fc.value.data<float>() + 24 * 32, 24 * 32 * 4), 0);
+    EXPECT_EQ(f.tensors.at("model.layers.0.mlp.gate.weight").shape(), (Shape{4, 32}));
+    std::ifstream cf(dir / "hf" / "config.json");
+    const nlohmann::json j = nlohmann::json::parse(cf);
+    EXPECT_EQ(j["architectures"][0], "Qwen3MoeForCausalLM");
+    EXPECT_EQ(j["model_type"], "qwen3_moe");
+    EXPECT_EQ(j["num_experts"], 4);
+    EXPECT_FALSE(j.contains("num_local_experts"));
+    EXPECT_EQ(j["moe_intermediate_size"], 24);
+    EXPECT_EQ(j["norm_topk_prob"].get<bool>(), normalised);
+    EXPECT_EQ(j["head_dim"], 16);
+    expect_loads_back_bitwise(model, (dir / "hf").string());
+    fs::remove_all(dir);
+  }
+}
+
+TEST(ImportQwen3Moe, OtherRoutingAMixtralAndDenseBlocksAreNamed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_qwen3_moe_bad_" + std::to_string(getpid()));
+  const std::string qwen3_moe = LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen3_moe";
+  const std::string mixtral = LOOM_SOURCE_DIR "/tests/data/hf_tiny_mixtral";
+  const auto same = [](nlohmann::json&) {};
+  Gpt2Config unnormalised = tiny_hub_qwen3_moe();
+  unnormalised.moe_router_norm_topk_prob = false;
+  EXPECT_NE(import_error(qwen3_moe, dir, same, unnormalised)
+                .find("norm_topk_prob = true but model.moe_router_norm_topk_prob = false"),
+            std::string::npos);
+  EXPECT_NE(import_error(
+                qwen3_moe, dir, [](nlohmann::json& j) { j["mlp_only_layers"] = {1}; },
+                tiny_hub_qwen3_moe())
+                .find("Loom's mixture has experts in every block"),
+            std::string::npos);
+  EXPECT_NE(import_error(mixtral, dir, same, tiny_hub_qwen3_moe())
+                .find("model_type = mixtral, but model.qk_norm = true starts from a "
+                      "Qwen3MoeForCausalLM directory"),
+            std::string::npos);
+  EXPECT_NE(import_error(qwen3_moe, dir, same, tiny_hub_mixtral())
+                .find("a Qwen3MoeForCausalLM's per-head q_norm and k_norm need model.qk_norm"),
+            std::string::npos);
+  EXPECT_EQ(import_error(qwen3_moe, dir, same, tiny_hub_qwen3_moe()), "no error");
+  fs::remove_all(dir);
+}
+
 }  // namespace loom

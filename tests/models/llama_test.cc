@@ -134,6 +134,18 @@ TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {
   qwen3.head_width = 128;
   qwen3.ffn_hidden = 3072;
   EXPECT_EQ(qwen3.num_parameters(), 596049920);
+  // Qwen 3 30B-A3B (Qwen/Qwen3-30B-A3B): 128 experts 768 wide per block, 8 per token, 32 query
+  // heads of 128 from 2048 channels sharing 4, 48 blocks, untied: 30,532,122,624 parameters.
+  Gpt2Config moe = qwen3;
+  moe.d_model = 2048;
+  moe.n_layers = 48;
+  moe.n_heads = 32;
+  moe.n_kv_heads = 4;
+  moe.ffn_hidden = 768;
+  moe.moe_experts = 128;
+  moe.moe_top_k = 8;
+  moe.tie_embeddings = false;
+  EXPECT_EQ(moe.num_parameters(), 30532122624);
   // The attention's flops grow with the heads' width: 12 · n_layers · n_heads·head_dim · T.
   Gpt2Config narrow = qwen3;
   narrow.head_width = 0;  // 16 heads of 64

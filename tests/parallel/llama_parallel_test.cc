@@ -234,6 +234,24 @@ TEST_F(LlamaParallel, QkNormsAndWideHeadsFromATransformersQwen3UnderEveryLayoutM
       8);
 }
 
+// Qwen 3's mixture of experts (Qwen3MoeForCausalLM: the norms and wide heads above, 4 experts 24
+// wide per block, 2 per token), started from the one transformers saved
+// (tests/data/hf_tiny_qwen3_moe): with expert parallelism (both dispatchers), expert tensor
+// parallelism, context parallelism and pipelining — each layout one device's run.
+TEST_F(LlamaParallel, Qwen3MixtureFromTransformersUnderEveryLayoutMatchesOneDevice) {
+  expect_hub_qwen_layouts_match(
+      config(), "hf_tiny_qwen3_moe",
+      [](ModelConfig& m) {
+        m.head_dim = 16;
+        m.qk_norm = true;
+        m.moe_experts = 4;
+        m.moe_top_k = 2;
+        m.ffn_hidden = 24;
+      },
+      "dp=2,ep=2;dp=2,ep=2,ep_dispatch=all_to_all,zero=1;tp=2,sp=1;cp=2;pp=2;dp=2,tp=2,ep=2,zero=3",
+      6);
+}
+
 TEST_F(LlamaParallel, TensorParallelNeedsWholeKeyValueHeadsPerRank) {
   Config c = config();
   c.parallel.tp = 4;  // 2 key/value heads cannot split over 4 ranks
