@@ -130,17 +130,22 @@ Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
   lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
   // On a GPU at bf16 / fp16 matmul precision as GPT-2's attention (attend): qkv in 16 bits where
   // the flash kernels read it so (turned in place in 16 bits), the output as proj's rounded input.
-  // With qk_norm the fp32 path below: its backward takes the normalised heads' gradient in fp32.
+  // With qk_norm qkv stays fp32, normalised and turned there, and the kernels round it as they
+  // load it; the backward widens their bf16 dqkv for the norms' (at fp16: the fp32 path below).
   const DType out_dtype = ops::matmul_input_dtype(ctx.exec(), ctx.dtype);
-  if (out_dtype != ctx.dtype && !qk_norm_) {
-    const bool rounded_qkv = ops::attention_takes_rounded_qkv(ctx.exec(), width_, heads_, B);
-    qkv_out_ = rounded_qkv ? qkv_.forward_rounded_output(ctx, x) : qkv_.forward(ctx, x);
-    if (rounded_qkv)
-      ops::rope_forward_rounded(ctx.exec(), qkv_out_.raw(), qkv_out_.dtype(), rope.data<float>(), B,
-                                T, heads_, KV, hd);
-    else
-      ops::rope_forward<float>(ctx.exec(), qkv_out_.data<float>(), rope.data<float>(), B, T,
-                               heads_, KV, hd);
+  if (out_dtype != ctx.dtype && (!qk_norm_ || out_dtype == DType::kBF16)) {
+    if (qk_norm_) {
+      qkv_out_ = project_turned(ctx, x);
+    } else {
+      const bool rounded_qkv = ops::attention_takes_rounded_qkv(ctx.exec(), width_, heads_, B);
+      qkv_out_ = rounded_qkv ? qkv_.forward_rounded_output(ctx, x) : qkv_.forward(ctx, x);
+      if (rounded_qkv)
+        ops::rope_forward_rounded(ctx.exec(), qkv_out_.raw(), qkv_out_.dtype(), rope.data<float>(),
+                                  B, T, heads_, KV, hd);
+      else
+        ops::rope_forward<float>(ctx.exec(), qkv_out_.data<float>(), rope.data<float>(), B, T,
+                                 heads_, KV, hd);
+    }
     att_ = Tensor::empty({B, T, width_}, out_dtype, ctx.device);
     ops::attention_gqa_forward_rounded(ctx.exec(), att_.raw(), out_dtype, lse_.data<float>(),
                                        qkv_out_.raw(), qkv_out_.dtype(), B, T, heads_, KV, hd,
@@ -171,6 +176,8 @@ Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
                                         document_starts_of(documents_));
     ops::rope_backward_rounded(ctx.exec(), dqkv.raw(), dqkv.dtype(), rope_.data<float>(), B, T,
                                heads_, rotary_->kv_heads, hd);
+    // bf16 with qk_norm (attend_rotary): the norms' backward in fp32, qkv's dout so too
+    if (qk_norm_) dqkv = qk_norm_->backward_widening(ctx, dqkv, heads_, rotary_->kv_heads);
     qkv_out_ = att_ = lse_ = documents_ = Tensor();
     return qkv_.backward(ctx, dqkv);
   }

@@ -28,8 +28,9 @@ struct Rotary {
   bool qkv_bias = false;  // Qwen 2's biases on the queries, keys and values (turned with them)
   int64_t head_dim = 0;   // each head's width; 0: channels / heads
   // Qwen 3's RMSNorm of each query and key head before the rotation (nn/qk_norm.h), with eps.
-  // On a GPU at 16-bit matmul precision the attention then reads its fp32 qkv (the normalised
-  // heads are not rounded to 16 bits by the projection, as the flash path's are).
+  // On a GPU at bf16 the attention's kernels then read an fp32 qkv (normalised and turned in
+  // fp32; the flash kernels round it as they load it) and their bf16 dqkv is widened for the
+  // norms' backward; at fp16 the fp32 attention kernels run.
   bool qk_norm = false;
   double norm_eps = 1e-5;
 };

@@ -34,6 +34,7 @@ void scatter_heads(Context& ctx, Tensor& qkv, const Tensor& heads, int64_t first
   });
 }
 void check_width(const Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t hd) {
+  // (backward_widening takes bf16 and widens it first.)
   if (qkv.dim(-1) != (heads + 2 * kv_heads) * hd || qkv.dtype() == DType::kBF16 ||
       qkv.dtype() == DType::kF16)
     fail("qk_norm: qkv ", shape_str(qkv.shape()), " is not ", heads, " + 2·", kv_heads,
@@ -55,6 +56,15 @@ void QkNorm::backward(Context& ctx, Tensor& dqkv, int64_t heads, int64_t kv_head
                 head_dim_);
   scatter_heads(ctx, dqkv, k_.backward(ctx, gather_heads(ctx, dqkv, heads, kv_heads, head_dim_)),
                 heads, kv_heads, head_dim_);
+}
+
+Tensor QkNorm::backward_widening(Context& ctx, const Tensor& dqkv, int64_t heads,
+                                 int64_t kv_heads) {
+  LOOM_CHECK(dqkv.dtype() == DType::kBF16);
+  Tensor wide = Tensor::empty(dqkv.shape(), DType::kF32, dqkv.device());
+  ops::widen_bf16(ctx.exec(), wide.data<float>(), dqkv.data_u16(), dqkv.numel());
+  backward(ctx, wide, heads, kv_heads);
+  return wide;
 }
 
 }  // namespace loom

@@ -27,6 +27,9 @@ class QkNorm {
   // dqkv as qkv, the gradient at the normalised queries and keys: made theirs before it, in
   // place; the weights' gradients added.
   void backward(Context& ctx, Tensor& dqkv, int64_t heads, int64_t kv_heads);
+  // The same from a bf16 dqkv (the flash kernels' at bf16, the rotation undone in bf16): widened
+  // to fp32 first; returns the fp32 gradient.
+  Tensor backward_widening(Context& ctx, const Tensor& dqkv, int64_t heads, int64_t kv_heads);
   void clear_cache() {
     q_.clear_cache();
     k_.clear_cache();

@@ -238,11 +238,12 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   // On a GPU at bf16 / fp16 the attention of this rank's heads runs as one GPU's does
   // (nn/causal_self_attention.cc, attend_rotary): qkv in 16 bits where the flash kernels read it
   // so, the output written as proj's rounded input.
-  // With qk_norm the fp32 path, as one GPU's attention takes it.
+  // With qk_norm qkv in fp32 at bf16, the fp32 path at fp16, as one GPU's attention takes it.
   const DType out_dtype = ops::matmul_input_dtype(ex, DType::kF32);
-  if (out_dtype != DType::kF32 && !qk_norm_) {
-    qkv_out_ = project_qkv(ctx, normed,
-                           ops::attention_takes_rounded_qkv(ex, local_width_, local_heads_, B));
+  if (out_dtype != DType::kF32 && (!qk_norm_ || out_dtype == DType::kBF16)) {
+    qkv_out_ = project_qkv(
+        ctx, normed,
+        !qk_norm_ && ops::attention_takes_rounded_qkv(ex, local_width_, local_heads_, B));
     att_ = Tensor::empty({B * T, local_width_}, out_dtype, ctx.device);
     ops::attention_gqa_forward_rounded(ex, att_.raw(), out_dtype, lse_.data<float>(),
                                        qkv_out_.raw(), qkv_out_.dtype(), B, T, local_heads_,
@@ -292,6 +293,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   // x1 = x + proj(attention(qkv(ln_1(x))))
   const cpu::DocumentStarts docs = document_starts_of(documents_);
   Tensor dqkv;
+  bool normed_back = false;  // the bf16 path's qk_norm: dqkv turned back and normed back already
   if (ctx.sequence != nullptr) {  // proj's input gradient in fp32 whatever att_'s type
     Tensor datt = attn_proj_.backward(ctx, dx1);
     dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
@@ -308,6 +310,11 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
     if (llama_)
       ops::rope_backward_rounded(ex, dqkv.raw(), dqkv.dtype(), rope_.data<float>(), B_, T_,
                                  local_heads_, local_kv_heads_, head_dim_);
+    // Qwen 3 at bf16: its norms' backward in fp32 (turned back already), qkv's dout so too.
+    if (qk_norm_) {
+      dqkv = qk_norm_->backward_widening(ctx, dqkv, local_heads_, local_kv_heads_);
+      normed_back = true;
+    }
   } else {
     Tensor datt = attn_proj_.backward(ctx, dx1);
     dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
@@ -315,10 +322,12 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
         ex, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(), att_.data<float>(),
         lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_, head_dim_, docs);
   }
-  if (llama_ && dqkv.dtype() == DType::kF32)  // q and k turned back (shared heads' sums in)
+  if (llama_ && dqkv.dtype() == DType::kF32 && !normed_back) {
+    // q and k turned back (shared heads' sums in)
     ops::rope_backward<float>(ex, dqkv.data<float>(), rope_.data<float>(), B_, T_, local_heads_,
                               local_kv_heads_, head_dim_);
-  if (qk_norm_) qk_norm_->backward(ctx, dqkv, local_heads_, local_kv_heads_);
+    if (qk_norm_) qk_norm_->backward(ctx, dqkv, local_heads_, local_kv_heads_);
+  }
   if (selective) qkv_.restore_input(ln_1_->recompute_output(ctx));
   Tensor dx = ln_1_->backward_adding(ctx, qkv_.backward(ctx, dqkv), dx1);
   clear_cache();

@@ -23,8 +23,8 @@
 // turns them on the rank and the attention reads the shared heads in place; the SwiGLU's fused
 // gate/up projection split as two blocks too, so each rank holds matching slices of both.
 // n_kv_heads and the hidden width must divide over tp. With qk_norm each rank normalises its
-// query and key heads (in fp32: the attention then reads fp32 qkv on a GPU too) before turning
-// them.
+// query and key heads (in fp32, as one GPU's attention: nn/causal_self_attention.h) before
+// turning them.
 //
 // A mixture of experts (Gpt2Config::moe(), nn/moe_mlp.h) in place of the MLP: every expert's
 // hidden width split over tp as the SwiGLU's (Megatron-LM's expert tensor parallelism, its

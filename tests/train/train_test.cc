@@ -975,6 +975,37 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
   expect_activation_estimate(cp_tp, 0.9, 1.2, "llama_cp_tp_activation_estimate_ratio");
 }
 
+// Qwen 3's per-head query/key norms (model.qk_norm) on heads of 128 from 256 channels
+// (model.head_dim) at bf16: qkv in fp32, normalised and turned there, the flash kernels rounding
+// it as they load it, their bf16 dqkv widened for the norms' backward — one GPU within bf16's
+// tolerance of its fp32 run, and tp 2 (each rank's heads normalised, the gains' gradients summed
+// over tp) of the one GPU's.
+TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
+  if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  Config qwen3 = config(3);
+  qwen3.model.arch = "llama";
+  qwen3.model.d_model = 256;
+  qwen3.model.n_heads = 4;
+  qwen3.model.n_kv_heads = 2;
+  qwen3.model.ffn_hidden = 128;
+  qwen3.model.head_dim = 128;
+  qwen3.model.qk_norm = true;
+  qwen3.runtime.device = "cuda";
+  qwen3.runtime.matmul_precision = "fp32";
+  run_training(qwen3, options("qwen3_one_gpu_fp32"));
+  qwen3.runtime.matmul_precision = "bf16";
+  run_training(qwen3, options("qwen3_one_gpu"));
+  Config qwen3_tp = qwen3;
+  qwen3_tp.runtime.ranks = 2;
+  qwen3_tp.parallel.tp = 2;
+  qwen3_tp.parallel.dp = 1;
+  qwen3_tp.parallel.sequence_parallel = true;
+  run_training(qwen3_tp, options("qwen3_tp_bf16"));
+  expect_losses_near("qwen3_one_gpu_fp32", "qwen3_one_gpu", 2e-2);
+  expect_losses_near("qwen3_one_gpu", "qwen3_tp_bf16", 2e-2);
+  EXPECT_FALSE(metrics("qwen3_one_gpu_fp32") == metrics("qwen3_one_gpu"));  // bf16 did round
+}
+
 // The vocabulary-parallel head at bf16 keeps its shard of the logits, and their gradient over
 // them, in 16 bits, as the unsharded head does: with a vocabulary large enough for the logits to
 // be most of a step's activations, tp 2 at bf16 peaks at well under its fp32 run (0.55 of it
