@@ -19,10 +19,12 @@ queries 64 wide from a 32-wide model, as Qwen 3's 128-wide heads are wider than 
 random q_norm / k_norm gains (made with transformers 4.51.3 on Debian's torch 1.13 through
 tools/torch1_shim.py). With --qwen3-moe: tests/data/hf_tiny_qwen3_moe/, that Qwen 3 with a
 mixture of 4 experts 24 wide in each block, 2 per token, norm_topk_prob true
-(Qwen3MoeForCausalLM, 4.51.3).
+(Qwen3MoeForCausalLM, 4.51.3). With --mistral: tests/data/hf_tiny_mistral/, a
+MistralForCausalLM of hf_tiny_llama's sizes with a sliding window of 5 positions (transformers
+4.51.3, which counts the query's own position among the 5; 4.40 counted one more).
 
     EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py \
-        [--mixtral|--qwen2|--qwen3|--qwen3-moe]
+        [--mixtral|--qwen2|--qwen3|--qwen3-moe|--mistral]
 
 Needs torch, numpy and transformers >= 4.43 for rope_scaling "llama3" (made with 4.44.2 on
 Debian's torch 1.13; the Mixtral with 4.40.2).
@@ -43,13 +45,18 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralF
                           Qwen2Config, Qwen2ForCausalLM)
 
 
-def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False):  # noqa: C901
+def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa: C901
+          window=None):
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
     sizes = dict(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                  rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tied, initializer_range=0.2)
-    if qwen3:
+    if window:
+        from transformers import MistralConfig, MistralForCausalLM
+        config = MistralConfig(**sizes, sliding_window=window, attn_implementation="eager")
+        model = MistralForCausalLM(config).eval()
+    elif qwen3:
         from transformers import (Qwen3Config, Qwen3ForCausalLM,  # transformers >= 4.51
                                   Qwen3MoeConfig, Qwen3MoeForCausalLM)
         sizes.update(rope_theta=1e6, rms_norm_eps=1e-6)
@@ -110,6 +117,9 @@ def main():
         return
     if sys.argv[1:] == ["--qwen3"]:
         write("hf_tiny_qwen3", tied=True, rope_scaling=None, qwen3=True)
+        return
+    if sys.argv[1:] == ["--mistral"]:
+        write("hf_tiny_mistral", tied=False, rope_scaling=None, window=5)
         return
     if sys.argv[1:] == ["--qwen3-moe"]:
         write("hf_tiny_qwen3_moe", tied=True, rope_scaling=None, qwen3=True, experts=4)

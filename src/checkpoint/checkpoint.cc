@@ -247,6 +247,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     if (mc.qkv_bias) shape["qkv_bias"] = true;
     if (mc.head_width > 0) shape["head_dim"] = mc.head_width;
     if (mc.qk_norm) shape["qk_norm"] = true;
+    if (mc.sliding_window > 0) shape["sliding_window"] = mc.sliding_window;
     shape["ffn_hidden"] = mc.ffn_hidden;
     shape["rope_theta"] = mc.rope_theta;
     shape["norm_eps"] = mc.norm_eps;
@@ -426,6 +427,8 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       c.qkv_bias = m.value("qkv_bias", false);
       c.head_width = m.contains("head_dim") ? json_integer<int64_t>(m.at("head_dim")) : 0;
       c.qk_norm = m.value("qk_norm", false);
+      c.sliding_window =
+          m.contains("sliding_window") ? json_integer<int64_t>(m.at("sliding_window")) : 0;
       c.ffn_hidden = json_integer<int64_t>(m.at("ffn_hidden"));
       c.rope_theta = m.at("rope_theta").get<double>();
       c.norm_eps = m.at("norm_eps").get<double>();

@@ -239,6 +239,20 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     if (c.qk_norm) config["attention_bias"] = false;
     if (!c.qk_norm && c.head_width == 0) config.erase("head_dim");
   }
+  if (c.sliding_window > 0) {
+    // The window (nn/sliding_window.h, as transformers 4.51 counts it: the query's position and
+    // the W − 1 before): a dense Llama's as a MistralForCausalLM, Mixtral's sliding_window, Qwen's
+    // used from block 0 on.
+    config["sliding_window"] = c.sliding_window;
+    if (c.qkv_bias || c.qk_norm) {
+      config["use_sliding_window"] = true;
+      config["max_window_layers"] = 0;
+    } else if (!c.moe()) {
+      config["architectures"] = {"MistralForCausalLM"};
+      config["model_type"] = "mistral";
+      for (const char* llama_only : {"attention_bias", "mlp_bias"}) config.erase(llama_only);
+    }
+  }
   if (c.moe() && c.qk_norm) {
     // Qwen3MoeConfig's: every block sparse (decoder_sparse_step 1, no mlp_only_layers), its
     // experts moe_intermediate_size wide (intermediate_size, its dense blocks', unused), the
@@ -444,14 +458,33 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
              model.moe_router_norm_topk_prob ? "true" : "false");
     }
   }
-  // Mistral's, Mixtral's and Qwen 2's sliding window (Qwen 2's only with use_sliding_window):
-  // none, or no shorter than the sequences.
+  // The sliding window (nn/sliding_window.h): Mistral's and Mixtral's sliding_window; Qwen's only
+  // with use_sliding_window, in the blocks from max_window_layers on (Loom windows every block:
+  // 0 there, or none past the last block). It must be the model's — a window spanning the
+  // sequences being none.
   const nlohmann::json window = config.value("sliding_window", nlohmann::json());
   const bool qwen = model_type == "qwen2" || model_type == "qwen3" || model_type == "qwen3_moe";
-  if (!window.is_null() && config.value("use_sliding_window", !qwen) &&
-      json_integer<int64_t>(window) < model.max_seq_len)
-    fail(config_path, ": sliding_window = ", window.dump(),
-         " is below model.max_seq_len = ", model.max_seq_len, ": Loom's attention is not windowed");
+  int64_t their_window = 0;
+  if (!window.is_null() && config.value("use_sliding_window", !qwen)) {
+    their_window = json_integer<int64_t>(window);
+    const int64_t from =
+        qwen ? json_integer<int64_t>(config.value("max_window_layers", nlohmann::json(28))) : 0;
+    if (from >= model.n_layers)
+      their_window = 0;  // no block windowed
+    else if (from > 0)
+      fail(config_path, ": max_window_layers = ", from, ": a window in blocks ", from,
+           " on only, where Loom's sliding window (model.sliding_window) is every block's");
+  }
+  const auto spans = [&](int64_t w) { return w <= 0 || w >= model.max_seq_len; };
+  if (model.sliding_window == 0 && !spans(their_window))
+    fail(config_path, ": sliding_window = ", their_window,
+         " is below model.max_seq_len = ", model.max_seq_len,
+         ": set model.sliding_window = ", their_window,
+         " (Loom's attention would see the whole sequence)");
+  if (model.sliding_window > 0 && their_window != model.sliding_window &&
+      !(spans(their_window) && spans(model.sliding_window)))
+    fail(config_path, ": sliding_window = ", their_window > 0 ? window.dump() : "none",
+         " but model.sliding_window = ", model.sliding_window);
   if (model.moe()) {
     if (!config.value("rope_scaling", nlohmann::json()).is_null() || model.rope_scaling_factor > 0)
       fail(config_path, ": rope_scaling: transformers' MixtralForCausalLM applies none, so a ",

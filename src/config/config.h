@@ -61,6 +61,9 @@ struct ModelConfig {
   // RMSNorm of each query and key head before the rotation (Qwen 3's, OLMo 2's per-head form;
   // Megatron-LM's --qk-layernorm): two head_dim-wide weights per block, shared by the heads.
   bool qk_norm = false;
+  // Sliding-window attention (Mistral 7B v0.1's; nn/sliding_window.h): each query attends to the
+  // sliding_window latest positions, itself included, in every block; 0: the whole sequence.
+  int64_t sliding_window = 0;
   int64_t ffn_hidden = 0;      // SwiGLU hidden width; 0 = Llama's rule, 8·d_model/3 rounded up to 256
   double rope_theta = 10000;   // base of the rotary position embedding's frequencies
   // "none" or "llama3": Llama 3.1's long-context scaling of the rotary frequencies

@@ -83,6 +83,8 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
       p.add("model.head_dim applies to model.arch = \"llama\" only");
     if (m.qk_norm != defaults.qk_norm)
       p.add("model.qk_norm applies to model.arch = \"llama\" only");
+    if (m.sliding_window != defaults.sliding_window)
+      p.add("model.sliding_window applies to model.arch = \"llama\" only");
     if (m.ffn_hidden != defaults.ffn_hidden) p.add("model.ffn_hidden applies to model.arch = \"llama\" only");
     if (m.rope_theta != defaults.rope_theta) p.add("model.rope_theta applies to model.arch = \"llama\" only");
     if (m.norm_eps != defaults.norm_eps) p.add("model.norm_eps applies to model.arch = \"llama\" only");
@@ -110,6 +112,7 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
     p.add("model.n_kv_heads = ", m.n_kv_heads, " does not divide model.n_heads = ", m.n_heads,
           " (each key/value head serves the same number of query heads)");
   p.non_negative("model.head_dim", m.head_dim);
+  p.non_negative("model.sliding_window", m.sliding_window);
   p.at_most("model.head_dim", m.head_dim, ModelLimits::kHeadDim);
   if (m.head_dim > 0 && m.head_dim % 2 != 0)
     p.add("model.head_dim = ", m.head_dim,

@@ -863,14 +863,14 @@ inline void linear_backward_weight(const Exec& ex, Real* dweight, Real* dbias, R
 template <typename Real>
 inline void attention_with_cache(const Exec& ex, Real* out, const Real* q, int64_t q_stride,
                                  const Real* k, const Real* v, int64_t first, int64_t n, int64_t C,
-                                 int64_t NH) {
+                                 int64_t NH, int64_t window = 0) {
   if (ex.device.is_cuda())
     fail("attention_with_cache on ", ex.device.str(), ": decoding with a key/value cache runs on ",
          "the CPU (loom sample)");
   const detail::OpScope op_scope_("attention_forward", ex, [&] {
     return detail::work_of<Real>(4.0 * n * (first + n) * C, 2.0 * (first + n) * C + 2.0 * n * C);
   });
-  cpu::attention_with_cache(*ex.pool, out, q, q_stride, k, v, first, n, C, NH);
+  cpu::attention_with_cache(*ex.pool, out, q, q_stride, k, v, first, n, C, NH, window);
 }
 
 // The attention of some query rows over every position's keys and values, or with `keys` over a

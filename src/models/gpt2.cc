@@ -50,6 +50,8 @@ void Gpt2Config::validate() const {
     fail("model.head_dim = ", head_width, " must be in [0, ", ModelLimits::kHeadDim,
          "], and set for a Llama only");
   if (qk_norm && !llama()) fail("model.qk_norm applies to a Llama only");
+  if (sliding_window < 0 || (sliding_window > 0 && !llama()))
+    fail("model.sliding_window = ", sliding_window, " must be >= 0, and set for a Llama only");
   const auto at_most = [](const char* key, int64_t v, int64_t most) {
     if (v > most) fail(key, " = ", v, " is past the largest Loom builds, ", most);
   };
@@ -135,8 +137,8 @@ float residual_std(const Gpt2Config& c) {
 }
 std::optional<Rotary> rotary_of(const Gpt2Config& c) {
   if (!c.llama()) return std::nullopt;
-  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias, c.head_dim(), c.qk_norm,
-                c.norm_eps};
+  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias,      c.head_dim(),
+                c.qk_norm,    c.norm_eps,           c.sliding_window};
 }
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c, ExpertExchange* experts) {

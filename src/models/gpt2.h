@@ -67,6 +67,7 @@ struct Gpt2Config {
   bool qkv_bias = false;    // the qkv projection's bias (Qwen 2's); GPT-2's attention has it anyway
   int64_t head_width = 0;   // model.head_dim: each head's width; 0: d_model / n_heads
   bool qk_norm = false;     // RMSNorm of each query and key head (Qwen 3's; nn: Rotary::qk_norm)
+  int64_t sliding_window = 0;  // each query's W latest keys (nn/sliding_window.h); 0: all
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
   double rope_theta = 10000;
   // Llama 3.1's scaling of the rotary frequencies (cpu::RopeFrequencies); factor 0: none.

@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/sequence_shard.h"
+#include "nn/sliding_window.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -207,7 +208,8 @@ Tensor CausalSelfAttention::forward_adding(Context& ctx, const Tensor& x, const 
 Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& x) {
   if (x.ndim() != 3 || x.dim(2) != channels_)
     fail("attention expects (B, T, ", channels_, "), got ", shape_str(x.shape()));
-  documents_ = documents_of(ctx);
+  documents_ =
+      attention_starts(ctx, window_, x.dim(0), x.dim(1), rotary_ ? rotary_->sliding_window : 0);
   if (ctx.sequence != nullptr) return attend_shard(ctx, x);
   if (rotary_) return attend_rotary(ctx, x);
   const int64_t B = x.dim(0), T = x.dim(1);
@@ -294,7 +296,8 @@ Tensor CausalSelfAttention::decode_adding(Context& ctx, const Tensor& x, const T
                 values.data<T_>() + (first + r) * C);
     }
     ops::attention_with_cache<T_>(ctx.exec(), att.data<T_>(), rows, 3 * C, keys.data<T_>(),
-                                  values.data<T_>(), first, n, C, heads_);
+                                  values.data<T_>(), first, n, C, heads_,
+                                  rotary_ ? rotary_->sliding_window : 0);
   });
   Tensor y = proj_.forward_adding(ctx, att, residual);
   clear_cache();

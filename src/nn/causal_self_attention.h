@@ -33,6 +33,7 @@ struct Rotary {
   // norms' backward; at fp16 the fp32 attention kernels run.
   bool qk_norm = false;
   double norm_eps = 1e-5;
+  int64_t sliding_window = 0;  // each query's W latest keys only (nn/sliding_window.h); 0: all
 };
 
 // The rotary embedding's (T, head_dim) cos/sin table on ctx's device, in ctx's dtype: `cached`
@@ -91,7 +92,9 @@ class CausalSelfAttention {
   Tensor rope_;     // with Rotary: the (T, head_dim) cos/sin table of the last T, on ctx.device
   Tensor att_;      // (B, T, NH·hd) attention output before proj
   Tensor lse_;      // (B, NH, T)
-  Tensor documents_;  // document masking: the forward's ctx.documents, for the backward
+  Tensor documents_;  // document masking: the forward's ctx.documents, for the backward; with a
+                      // sliding window and no documents the window's table
+  Tensor window_;     // with a sliding window: its own table (nn/sliding_window.h), kept
 };
 
 }  // namespace loom

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "nn/sequence_shard.h"
+#include "nn/sliding_window.h"
 
 namespace loom {
 namespace {
@@ -43,6 +44,7 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
       local_hidden_(config.hidden() / tp.size()),
       head_dim_(config.head_dim()),
       local_width_(local_heads_ * head_dim_),
+      sliding_window_(config.llama() ? config.sliding_window : 0),
       rope_frequencies_(config.rope_frequencies()),
       tp_(tp),
       sequence_parallel_(sequence_parallel),
@@ -219,7 +221,7 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   // The norms' outputs feed only the column-parallel qkv and fc: forward_for_matmul writes them
   // as those keep them (16-bit on a GPU at bf16 / fp16, gathered so with sequence parallelism).
   const Tensor normed = ln_1_->forward_for_matmul(ctx, x);
-  documents_ = documents_of(ctx);
+  documents_ = attention_starts(ctx, window_, B, T, sliding_window_);  // nn/sliding_window.h
   const cpu::DocumentStarts docs = document_starts_of(documents_);
   if (ctx.sequence != nullptr) {
     // Context parallelism: this rank's key/value heads of the whole sequence gathered over cp

@@ -103,6 +103,7 @@ class TpGpt2Block {
   bool llama_;
   int64_t local_heads_, local_kv_heads_, local_hidden_, head_dim_;
   int64_t local_width_;  // local_heads_·head_dim_: this rank's attention output, proj's input
+  int64_t sliding_window_;  // nn/sliding_window.h; 0: none
   cpu::RopeFrequencies rope_frequencies_;
   int64_t B_ = 0, T_ = 0;
   Communicator& tp_;
@@ -124,7 +125,9 @@ class TpGpt2Block {
   // the bf16 queries)
   Tensor qkv_out_, att_, lse_, h_;
   Tensor kv_full_;  // context parallelism: the whole sequence's keys and values of its heads
-  Tensor documents_;  // document masking: the forward's ctx.documents, for the backward
+  Tensor documents_;  // document masking: the forward's ctx.documents, for the backward (or the
+                      // sliding window's table)
+  Tensor window_;     // a sliding window's own table (nn/sliding_window.h), kept
   Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)
   Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
 };

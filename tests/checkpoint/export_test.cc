@@ -842,6 +842,7 @@ TEST(ImportQwen2, ALlamaWhereAQwen2IsWantedAndTheOtherWayRoundAreNamed) {
                 [](nlohmann::json& j) {
                   j["use_sliding_window"] = true;
                   j["sliding_window"] = 16;
+                  j["max_window_layers"] = 0;  // every block's (from 2 on: none)
                 },
                 tiny_hub_qwen2())
                 .find("sliding_window = 16 is below model.max_seq_len = 64"),
@@ -1044,6 +1045,91 @@ TEST(ImportQwen3Moe, OtherRoutingAMixtralAndDenseBlocksAreNamed) {
                 .find("a Qwen3MoeForCausalLM's per-head q_norm and k_norm need model.qk_norm"),
             std::string::npos);
   EXPECT_EQ(import_error(qwen3_moe, dir, same, tiny_hub_qwen3_moe()), "no error");
+  fs::remove_all(dir);
+}
+
+// A sliding window (model.sliding_window, nn/sliding_window.h) from transformers'
+// MistralForCausalLM: a directory 4.51.3's save_pretrained wrote (tests/data/hf_tiny_mistral,
+// tools/make_hf_llama_fixture.py --mistral: tiny_hub_llama's sizes, each query seeing its 5
+// latest positions) gives the logits transformers computed over 12 positions, which the window
+// changes; Loom's export of a windowed Llama is a MistralForCausalLM again and loads back bit for
+// bit, a windowed Qwen's uses its window from block 0 on; another window, none where the file
+// has one, and Qwen's window in later blocks only are named.
+Gpt2Config tiny_hub_mistral() {
+  Gpt2Config c = tiny_hub_llama();
+  c.sliding_window = 5;
+  return c;
+}
+
+TEST(ImportMistral, TransformersSavedMistralWithAWindowGivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_mistral", tiny_hub_mistral());
+}
+
+TEST(ImportMistral, LoomsOwnWindowedExportsAreMistralAndQwenAndLoadBackBitForBit) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_mistral_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  for (const int kind : {0, 1, 2}) {  // a Llama, a Qwen 2, a Qwen 3 with the window
+    SCOPED_TRACE(kind);
+    Gpt2Config c = kind == 0 ? tiny_hub_mistral() : kind == 1 ? tiny_hub_qwen2() : tiny_hub_qwen3();
+    c.sliding_window = 5;
+    Gpt2 model(c);
+    model.build(DType::kF32, Device::cpu(), 5);
+    const std::string ckpt = save_and_export_hf(model, dir, 2);
+    EXPECT_EQ(read_checkpoint_model(ckpt).sliding_window, 5);
+    std::ifstream cf(dir / "hf" / "config.json");
+    const nlohmann::json j = nlohmann::json::parse(cf);
+    EXPECT_EQ(j["model_type"], kind == 0 ? "mistral" : kind == 1 ? "qwen2" : "qwen3");
+    EXPECT_EQ(j["sliding_window"], 5);
+    if (kind > 0) {
+      EXPECT_TRUE(j["use_sliding_window"].get<bool>());
+      EXPECT_EQ(j["max_window_layers"], 0);
+    }
+    expect_loads_back_bitwise(model, (dir / "hf").string());
+    fs::remove_all(dir);
+  }
+}
+
+TEST(ImportMistral, OtherWindowsNoneAndLaterBlocksOnlyAreNamed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_mistral_bad_" + std::to_string(getpid()));
+  const std::string mistral = LOOM_SOURCE_DIR "/tests/data/hf_tiny_mistral";
+  const std::string llama = LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama";
+  const std::string qwen2 = LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen2";
+  const auto same = [](nlohmann::json&) {};
+  EXPECT_NE(import_error(mistral, dir, same, tiny_hub_llama())
+                .find("sliding_window = 5 is below model.max_seq_len = 64: set "
+                      "model.sliding_window = 5"),
+            std::string::npos);
+  Gpt2Config wider = tiny_hub_mistral();
+  wider.sliding_window = 6;
+  EXPECT_NE(import_error(mistral, dir, same, wider)
+                .find("sliding_window = 5 but model.sliding_window = 6"),
+            std::string::npos);
+  EXPECT_NE(import_error(llama, dir, same, tiny_hub_mistral())
+                .find("sliding_window = none but model.sliding_window = 5"),
+            std::string::npos);
+  Gpt2Config windowed_qwen2 = tiny_hub_qwen2();
+  windowed_qwen2.sliding_window = 5;
+  const auto later_blocks = [](nlohmann::json& j) {
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 5;
+    j["max_window_layers"] = 1;
+  };
+  EXPECT_NE(import_error(qwen2, dir, later_blocks, windowed_qwen2)
+                .find("max_window_layers = 1: a window in blocks 1 on only"),
+            std::string::npos);
+  const auto every_block = [](nlohmann::json& j) {
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 5;
+    j["max_window_layers"] = 0;
+  };
+  EXPECT_EQ(import_error(qwen2, dir, every_block, windowed_qwen2), "no error");
+  // A window spanning every sequence is none: read by a model without one, and the other way.
+  Gpt2Config spanning = tiny_hub_llama();
+  spanning.sliding_window = 64;
+  EXPECT_EQ(import_error(llama, dir, same, spanning), "no error");
+  EXPECT_EQ(import_error(mistral, dir, same, tiny_hub_mistral()), "no error");
   fs::remove_all(dir);
 }
 

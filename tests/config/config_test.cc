@@ -359,6 +359,13 @@ TEST(Config, ValidationNamesKeysAndValues) {
                        }),
                        "model.n_heads = 5 does not divide model.d_model = 64 (or set "
                        "model.head_dim)"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.sliding_window = 4096; }),
+                       "model.sliding_window applies to model.arch = \"llama\" only"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.sliding_window = -1;
+                       }),
+                       "model.sliding_window = -1 must be >= 0"));
   Config wide;
   wide.model.arch = "llama";
   wide.model.d_model = 64;

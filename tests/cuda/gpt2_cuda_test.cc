@@ -565,11 +565,19 @@ TEST(LlamaCuda, TrainingOnTheGpuMatchesTheCpu) {
   }
   // Qwen 3's per-head query/key norms on heads of 24 from 64 channels (nn/qk_norm.h: the heads
   // gathered by copy_columns, RmsNorm's kernels, scattered back on the GPU).
-  SCOPED_TRACE("qk norms, wide heads");
-  Gpt2Config normed = small_llama(16);
-  normed.qk_norm = true;
-  normed.head_width = 24;
-  expect_gpu_run_matches_cpu(normed, 5);
+  {
+    SCOPED_TRACE("qk norms, wide heads");
+    Gpt2Config normed = small_llama(16);
+    normed.qk_norm = true;
+    normed.head_width = 24;
+    expect_gpu_run_matches_cpu(normed, 5);
+  }
+  // Mistral's sliding window (nn/sliding_window.h): the window's table on the GPU, each query's
+  // 7 latest keys of the 32.
+  SCOPED_TRACE("sliding window");
+  Gpt2Config windowed = small_llama(16);
+  windowed.sliding_window = 7;
+  expect_gpu_run_matches_cpu(windowed, 5);
 }
 
 // A mixture of 4 experts, top 2, in each block (nn/moe_mlp.h): the routing on the GPU, its
@@ -600,8 +608,8 @@ TEST(LlamaCuda, MixtureOfExpertsTrainingOnTheGpuMatchesTheCpu) {
 
 // bf16 GEMM inputs: the losses stay within 1% of the fp32 CPU run's. Heads of 16 take the
 // attention's GEMM path; heads of 64 the fused flash kernels, on the rotated q and k (with Qwen
-// 2's qkv biases: added in the 16-bit qkv's epilogue); Qwen 3's normed heads of 128 the fp32
-// attention kernels on the fp32 qkv.
+// 2's qkv biases: added in the 16-bit qkv's epilogue); Qwen 3's normed heads of 128 the flash
+// kernels on the fp32 qkv, with a sliding window of 9.
 TEST(LlamaCuda, Bf16MatmulsStayNearTheCpuRun) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
@@ -614,6 +622,7 @@ TEST(LlamaCuda, Bf16MatmulsStayNearTheCpuRun) {
     config.qkv_bias = head_dim == 64;
     config.qk_norm = head_dim == 128;
     config.head_width = head_dim == 128 ? 128 : 0;
+    config.sliding_window = head_dim == 128 ? 9 : 0;  // the flash kernels' walk from the window
     const TrainRun on_cpu = train(Device::cpu(), kSteps, config);
     ops::set_matmul_precision("bf16");
     const TrainRun on_gpu = train(Device::cuda(0), kSteps, config);

@@ -549,6 +549,30 @@ TEST_F(ContextParallelRuns, LlamaUnderEveryLayoutWithCpMatchesOneDevice) {
       6);
 }
 
+// A sliding window (model.sliding_window = 5 of the 16 positions; nn/sliding_window.h): every
+// layout — cp gathered and ring (a rank's rows see part of other ranks' keys, the ring's blocks
+// of positions past a row's window none), tp, sp, pp, ZeRO-3, recomputation — trains one
+// device's windowed run, with document masking too (the window folded into the documents'
+// starts). The window changes the run: without it the first step's loss is another.
+TEST_F(ContextParallelRuns, SlidingWindowUnderEveryLayoutMatchesOneDevice) {
+  Config llama = config("llama");
+  llama.model.sliding_window = 5;
+  expect_layouts_match_one_device(
+      llama,
+      "cp=2;cp=4;cp=2,cp_comm=ring;cp=4,cp_comm=ring;cp=2,tp=2,sp=1;tp=2;pp=2,schedule=zb-h1;"
+      "dp=2,zero=3;cp=2,recompute=full",
+      9);
+  Config masked = llama;
+  masked.data.document_mask = true;
+  masked.data.eot_token = '\n';
+  expect_layouts_match_one_device(masked, "cp=2;cp=2,cp_comm=ring;tp=2,sp=1;pp=2", 4);
+  run_training(llama, options("window_one"));
+  Config whole = llama;
+  whole.model.sliding_window = 0;
+  run_training(whole, options("window_none"));
+  expect_first_losses_part("window_one", "window_none", 1e-4);
+}
+
 // The ring exchange (parallel.cp_comm = "ring") under the same layouts: one device's run.
 TEST_F(ContextParallelRuns, RingExchangeUnderEveryLayoutMatchesOneDevice) {
   expect_layouts_match_one_device(

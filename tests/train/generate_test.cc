@@ -3,7 +3,8 @@
 // same greedy and sampled tokens, past max_seq_len too (where the window slides) — for GPT-2 and
 // for Llama's blocks (rotary positions, shared key/value heads, tied and untied heads) and Qwen
 // 3's (per-head query/key norms, heads wider than their share of d_model: a cache as wide as the
-// heads).
+// heads), and Mistral's sliding window (the cache's keys past a query's window left out, as the
+// whole context's attention leaves them out).
 #include "train/generate.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +19,7 @@
 namespace loom {
 namespace {
 
-Gpt2Config small(bool llama, bool tied, bool qwen3 = false) {
+Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0) {
   Gpt2Config c;
   c.vocab_size = 37;
   c.max_seq_len = 20;
@@ -34,12 +35,14 @@ Gpt2Config small(bool llama, bool tied, bool qwen3 = false) {
     c.rope_theta = 100;
     c.qk_norm = qwen3;
     c.head_width = qwen3 ? 12 : 0;  // queries 48 wide from 32 channels
+    c.sliding_window = window;
   }
   return c;
 }
 
 struct Case {
   bool llama, tied, qwen3 = false;
+  int64_t window = 0;
 };
 
 class Decode : public ::testing::TestWithParam<Case> {};
@@ -47,7 +50,7 @@ class Decode : public ::testing::TestWithParam<Case> {};
 TEST_P(Decode, CachedLogitsAreTheWholeContextsLogits) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
-  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3));
+  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window));
   model.build(DType::kF32, Device::cpu(), 4);
   Tensor all = Tensor::empty({1, 20}, DType::kI32);
   for (int i = 0; i < 20; ++i) all.data<int32_t>()[i] = (i * 11 + 3) % 37;
@@ -79,7 +82,7 @@ TEST_P(Decode, CachedLogitsAreTheWholeContextsLogits) {
 TEST_P(Decode, SamplingWithTheCacheIsSamplingWithout) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
-  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3));
+  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window));
   model.build(DType::kF32, Device::cpu(), 6);
   for (const double temperature : {0.0, 0.8}) {
     SampleOptions o;
@@ -199,11 +202,12 @@ TEST(Sampling, IdsPastTheTokenizersVocabularyAreNeverDrawn) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Decode,
                          ::testing::Values(Case{false, true}, Case{true, true}, Case{true, false},
-                                           Case{true, true, true}),
+                                           Case{true, true, true}, Case{true, true, false, 6}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
-                           return std::string(param_info.param.qwen3   ? "qwen3"
-                                              : param_info.param.llama ? "llama"
-                                                                       : "gpt2") +
+                           return std::string(param_info.param.window > 0 ? "mistral"
+                                              : param_info.param.qwen3    ? "qwen3"
+                                              : param_info.param.llama    ? "llama"
+                                                                          : "gpt2") +
                                   (param_info.param.tied ? "_tied" : "_untied");
                          });
 

@@ -13,11 +13,12 @@
 
 namespace loom::cpu {
 
-// out (n, C): row r, head h = softmax over j ≤ first + r of q_r·k_j / sqrt(hd), times v. Sums in
-// double; each (row, head) is one task, so the result does not depend on pool.size().
+// out (n, C): row r, head h = softmax over j ≤ first + r of q_r·k_j / sqrt(hd), times v — with a
+// sliding window W > 0 over the W positions first + r − W < j ≤ first + r only. Sums in double;
+// each (row, head) is one task, so the result does not depend on pool.size().
 template <typename Real>
 void attention_with_cache(ThreadPool& pool, Real* out, const Real* q, int64_t q_stride,
                           const Real* k, const Real* v, int64_t first, int64_t n, int64_t C,
-                          int64_t NH);
+                          int64_t NH, int64_t window = 0);
 
 }  // namespace loom::cpu
