@@ -1,5 +1,6 @@
 #include "models/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -125,8 +126,10 @@ double Gpt2Config::flops_per_token(int64_t seq_len) const {
       moe() ? n_layers * (moe_experts - moe_top_k) * 3 * d_model * ffn_hidden : 0;
   const int64_t matrix_params = num_parameters() - position_rows() * d_model -
                                 (tie_embeddings ? 0 : vocab_size * d_model) - idle_experts;
+  // A sliding window spans at most its W positions of the sequence.
+  const int64_t span = sliding_window > 0 ? std::min(seq_len, sliding_window) : seq_len;
   return 6.0 * static_cast<double>(matrix_params) +
-         12.0 * static_cast<double>(n_layers * attention_width() * seq_len);
+         12.0 * static_cast<double>(n_layers * attention_width() * span);
 }
 
 namespace {

@@ -137,7 +137,8 @@ struct Gpt2Config {
   // Training flops per token at sequence length T, the count MFU is measured with (PaLM's, as
   // nanoGPT and llm.c use it): 6 per weight in a matrix product (forward 2, backward 4; the
   // position table is looked up, not multiplied) plus attention's 12 · n_layers · n_heads ·
-  // head_dim · T (d_model for n_heads · head_dim unless model.head_dim says otherwise).
+  // head_dim · T (d_model for n_heads · head_dim unless model.head_dim says otherwise; T at most
+  // the sliding window's W).
   double flops_per_token(int64_t seq_len) const;
 };
 

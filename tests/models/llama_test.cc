@@ -146,6 +146,12 @@ TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {
   moe.moe_top_k = 8;
   moe.tie_embeddings = false;
   EXPECT_EQ(moe.num_parameters(), 30532122624);
+  // A sliding window counts its W positions of the sequence's T in the attention's flops.
+  Gpt2Config windowed = qwen3;
+  windowed.sliding_window = 1000;
+  EXPECT_DOUBLE_EQ(qwen3.flops_per_token(4096) - windowed.flops_per_token(4096),
+                   12.0 * 28 * 2048 * (4096 - 1000));
+  EXPECT_DOUBLE_EQ(windowed.flops_per_token(512), qwen3.flops_per_token(512));
   // The attention's flops grow with the heads' width: 12 · n_layers · n_heads·head_dim · T.
   Gpt2Config narrow = qwen3;
   narrow.head_width = 0;  // 16 heads of 64
