@@ -13,6 +13,7 @@
 #include "base/thread_pool.h"
 #include "device/allocator.h"
 #include "kernels/ops.h"
+#include "nn/sliding_window.h"
 #include "parallel/context_parallel.h"
 #include "tensor/tensor.h"
 
@@ -75,6 +76,7 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
     fail("--batch, --seq, --heads, --head-dim, --threads and --iters must be at least 1");
   if (NH % KV != 0) fail("--kv-heads ", KV, " does not divide --heads ", NH);
   if (a.documents < 0) fail("--documents must be 0 (none) or a document length");
+  if (a.window < 0) fail("--window must be 0 (none) or a sliding window's length");
   if (a.cp < 1 || T % (2 * a.cp) != 0)
     fail("--seq ", T, " must split into 2 x --cp = ", 2 * a.cp, " equal chunks");
   const Device device = Device::parse(a.device);
@@ -105,13 +107,19 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
   Tensor out = Tensor::empty({B * T * C}, whole16 ? DType::kBF16 : DType::kF32, device);
   Tensor lse = Tensor::empty({B * NH * T}, DType::kF32, device);
   Tensor dqkv = Tensor::empty({B * T * W}, whole16 ? DType::kBF16 : DType::kF32, device);
-  // With --documents: each sequence's documents of that many tokens (the last one shorter).
+  // With --documents: each sequence's documents of that many tokens (the last one shorter); with
+  // --window each query's first position raised to its window's (nn/sliding_window.h).
   Tensor starts;
   cpu::DocumentStarts docs;
-  if (a.documents > 0) {
-    Tensor host_starts = Tensor::empty({B, T}, DType::kI32, Device::cpu());
-    for (int64_t i = 0; i < B * T; ++i)
+  const bool masked = a.documents > 0 || a.window > 0;
+  double masked_pairs_per_sequence = 0;  // the (query, key) pairs the mask leaves
+  if (masked) {
+    Tensor host_starts = Tensor::zeros({B, T}, DType::kI32, Device::cpu());
+    for (int64_t i = 0; a.documents > 0 && i < B * T; ++i)
       host_starts.data<int32_t>()[i] = static_cast<int32_t>(i % T / a.documents * a.documents);
+    fold_sliding_window(host_starts.data<int32_t>(), B, T, a.window);
+    for (int64_t p = 0; p < T; ++p)
+      masked_pairs_per_sequence += static_cast<double>(p - host_starts.data<int32_t>()[p] + 1);
     starts = host_starts.to(device);
     docs = {starts.data<int32_t>(), T};
   }
@@ -247,15 +255,9 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
   // The masked attention timed last, after the comparisons above read the causal output (it
   // leaves out and lse masked).
   double doc_f = 0, doc_b = 0;
-  if (a.documents > 0) {
+  if (masked) {
     doc_f = best_seconds(device, a.iters, [&] { whole_forward_masked(docs); });
     doc_b = best_seconds(device, a.iters, [&] { whole_backward_masked(docs); });
-  }
-  // Pairs a document mask leaves per sequence: Σ over documents of L(L + 1)/2.
-  double doc_pairs_per_sequence = 0;
-  for (int64_t s0 = 0; a.documents > 0 && s0 < T; s0 += a.documents) {
-    const double L = static_cast<double>(std::min(a.documents, T - s0));
-    doc_pairs_per_sequence += 0.5 * L * (L + 1);
   }
 
   // Flops of the causal products: forward S = Q·Kᵀ and O = P·V, 2 each per (query, key, column);
@@ -276,7 +278,7 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
         "\"rows_fwd_tflops\": %.3f, \"rows_bwd_tflops\": %.3f, \"cp_fwd_efficiency\": %.3f, "
         "\"cp_bwd_efficiency\": %.3f, \"max_diff\": %.3g, \"ring_fwd_ms\": %.3f, "
         "\"ring_bwd_ms\": %.3f, \"ring_fwd_vs_rows\": %.3f, \"ring_bwd_vs_rows\": %.3f, "
-        "\"ring_max_diff\": %.3g, \"documents\": %ld, \"doc_fwd_ms\": %.3f, "
+        "\"ring_max_diff\": %.3g, \"documents\": %ld, \"window\": %ld, \"doc_fwd_ms\": %.3f, "
         "\"doc_bwd_ms\": %.3f, \"doc_pairs_fraction\": %.4f}\n",
         device.str().c_str(), a.precision.c_str(), a.threads, static_cast<long>(B),
         static_cast<long>(T), static_cast<long>(NH), static_cast<long>(KV), static_cast<long>(hd),
@@ -284,8 +286,8 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
         tflops(4 * whole_pairs, whole_f), tflops(10 * whole_pairs, whole_b),
         tflops(4 * rows_pairs, rows_f), tflops(10 * rows_pairs, rows_b), eff_f, eff_b, max_diff,
         ring_f * 1e3, ring_b * 1e3, ring_f / rows_f, ring_b / rows_b, ring_diff,
-        static_cast<long>(a.documents), doc_f * 1e3, doc_b * 1e3,
-        doc_pairs_per_sequence * per_pair / whole_pairs);
+        static_cast<long>(a.documents), static_cast<long>(a.window), doc_f * 1e3, doc_b * 1e3,
+        masked_pairs_per_sequence * per_pair / whole_pairs);
     return 0;
   }
   std::printf("causal attention, B %ld, T %ld, %ld query / %ld key-value heads of %ld, on %s (%s",
@@ -297,7 +299,7 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
               "bwd TFLOP/s");
   std::printf("%-34s %12.3f %12.3f %14.3f %14.3f\n", "whole sequence", whole_f * 1e3, whole_b * 1e3,
               tflops(4 * whole_pairs, whole_f), tflops(10 * whole_pairs, whole_b));
-  char label[64];
+  char label[96];
   std::snprintf(label, sizeof label, "cp %d rank 0's rows (%ld of %ld)", a.cp,
                 static_cast<long>(Tq), static_cast<long>(T));
   std::printf("%-34s %12.3f %12.3f %14.3f %14.3f\n", label, rows_f * 1e3, rows_b * 1e3,
@@ -312,15 +314,21 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
                 "backward %.3f\n",
                 ring_f / rows_f, ring_b / rows_b);
   }
-  if (a.documents > 0) {
-    std::snprintf(label, sizeof label, "whole, documents of %ld", static_cast<long>(a.documents));
-    const double doc_pairs = doc_pairs_per_sequence * per_pair;
+  if (masked) {
+    if (a.documents > 0 && a.window > 0)
+      std::snprintf(label, sizeof label, "whole, documents of %ld, window %ld",
+                    static_cast<long>(a.documents), static_cast<long>(a.window));
+    else if (a.documents > 0)
+      std::snprintf(label, sizeof label, "whole, documents of %ld", static_cast<long>(a.documents));
+    else
+      std::snprintf(label, sizeof label, "whole, sliding window of %ld",
+                    static_cast<long>(a.window));
+    const double doc_pairs = masked_pairs_per_sequence * per_pair;
     std::printf("%-34s %12.3f %12.3f %14.3f %14.3f\n", label, doc_f * 1e3, doc_b * 1e3,
                 tflops(4 * doc_pairs, doc_f), tflops(10 * doc_pairs, doc_b));
-    std::printf(
-        "document masking: %.3f of the causal pairs; time masked / causal: forward %.3f, "
-        "backward %.3f\n",
-        doc_pairs / whole_pairs, doc_f / whole_f, doc_b / whole_b);
+    std::printf("%s: %.3f of the causal pairs; time masked / causal: forward %.3f, backward %.3f\n",
+                a.documents > 0 ? "document masking" : "sliding window", doc_pairs / whole_pairs,
+                doc_f / whole_f, doc_b / whole_b);
   }
   std::printf("rows' output against the whole sequence's rows: max |difference| %.3g\n", max_diff);
   if (a.cp > 1)

@@ -1,7 +1,8 @@
 // `loom bench attention`: causal attention forward and backward over a whole sequence against
 // one context-parallel rank's query rows (its zigzag chunks over every position's keys), as the
 // training step calls them: how close cp's attention comes to 1/cp of one device's. With
-// --documents L also the whole sequence under document masking (documents of L tokens).
+// --documents L also the whole sequence under document masking (documents of L tokens), --window W
+// under a sliding window of W positions (both: both).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,9 @@ struct BenchAttentionArgs {
   // Document masking: the whole sequence's attention again with documents of this many tokens
   // (data.document_mask), against the causal one; 0: not measured.
   int64_t documents = 0;
+  // A sliding window (model.sliding_window): each query's this many latest positions, with the
+  // documents if any; 0: not measured.
+  int64_t window = 0;
   bool json = false;
 };
 

@@ -780,6 +780,11 @@ int main(int argc, char** argv) {
                    "also time the whole sequence under document masking, documents of this many "
                    "tokens (0: not)")
       ->capture_default_str();
+  bench_attention
+      ->add_option("--window", attention_args.window,
+                   "also time the whole sequence under a sliding window of this many positions "
+                   "(model.sliding_window; with --documents both; 0: not)")
+      ->capture_default_str();
   bench_attention->add_flag("--json", attention_args.json, "one JSON object");
 
   BenchCommArgs comm_args;

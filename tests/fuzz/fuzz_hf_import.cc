@@ -1,11 +1,11 @@
 // Fuzzes train.init_from's reader of a HuggingFace model directory (config.json and
 // model.safetensors) for GPT-2, Llama, Mixtral (a mixture of experts), Qwen 2 (a Llama with
-// qkv biases) and Qwen 3 (a Llama with query/key norms on heads wider than their share): the
-// directories of five small models' exports are made once; each input replaces one file — byte
-// 0: bit 0 picks config.json or model.safetensors, the rest (mod 5) GPT-2, Llama, Mixtral, Qwen 2
-// or Qwen 3 — with the rest. Properties: a refusal is a loom::Error; the unchanged
-// directory loads (checked once), and an accepted one sets every parameter's values
-// from the file (none left from before).
+// qkv biases), Qwen 3 (a Llama with query/key norms on heads wider than their share) and Mistral
+// (a Llama with a sliding window): the directories of six small models' exports are made once;
+// each input replaces one file — byte 0: bit 0 picks config.json or model.safetensors, the rest
+// (mod 6) GPT-2, Llama, Mixtral, Qwen 2, Qwen 3 or Mistral — with the rest. Properties: a refusal
+// is a loom::Error; the unchanged directory loads (checked once), and an accepted one sets every
+// parameter's values from the file (none left from before).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -29,8 +29,8 @@ struct HfDir {
 };
 const char* const kFiles[2] = {"config.json", "model.safetensors"};
 
-enum Kind { kGpt2, kLlama, kMixtral, kQwen2, kQwen3, kKinds };
-const char* const kKindNames[kKinds] = {"gpt2", "llama", "mixtral", "qwen2", "qwen3"};
+enum Kind { kGpt2, kLlama, kMixtral, kQwen2, kQwen3, kMistral, kKinds };
+const char* const kKindNames[kKinds] = {"gpt2", "llama", "mixtral", "qwen2", "qwen3", "mistral"};
 
 HfDir make(Kind kind) {
   HfDir h;
@@ -51,6 +51,7 @@ HfDir make(Kind kind) {
   h.config.qkv_bias = kind == kQwen2;
   h.config.qk_norm = kind == kQwen3;
   h.config.head_width = kind == kQwen3 ? 6 : 0;
+  h.config.sliding_window = kind == kMistral ? 3 : 0;
   h.model = std::make_unique<Gpt2>(h.config);
   h.model->build(DType::kF32, Device::cpu(), 5);
   const fs::path base = fuzz::scratch_dir() / kKindNames[kind];
@@ -78,8 +79,8 @@ FlatModelState load(HfDir& h) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static HfDir dirs[kKinds] = {make(kGpt2), make(kLlama), make(kMixtral), make(kQwen2),
-                               make(kQwen3)};
+  static HfDir dirs[kKinds] = {make(kGpt2),  make(kLlama), make(kMixtral),
+                               make(kQwen2), make(kQwen3), make(kMistral)};
   static const bool unchanged_loads = [] {
     for (HfDir& h : dirs) load(h);  // throws (and so fails) if the exports do not load
     return true;
