@@ -248,6 +248,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     if (mc.head_width > 0) shape["head_dim"] = mc.head_width;
     if (mc.qk_norm) shape["qk_norm"] = true;
     if (mc.sliding_window > 0) shape["sliding_window"] = mc.sliding_window;
+    if (mc.full_attention_every > 0) shape["full_attention_every"] = mc.full_attention_every;
     shape["ffn_hidden"] = mc.ffn_hidden;
     shape["rope_theta"] = mc.rope_theta;
     shape["norm_eps"] = mc.norm_eps;
@@ -429,6 +430,9 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       c.qk_norm = m.value("qk_norm", false);
       c.sliding_window =
           m.contains("sliding_window") ? json_integer<int64_t>(m.at("sliding_window")) : 0;
+      c.full_attention_every = m.contains("full_attention_every")
+                                   ? json_integer<int64_t>(m.at("full_attention_every"))
+                                   : 0;
       c.ffn_hidden = json_integer<int64_t>(m.at("ffn_hidden"));
       c.rope_theta = m.at("rope_theta").get<double>();
       c.norm_eps = m.at("norm_eps").get<double>();

@@ -239,6 +239,10 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     if (c.qk_norm) config["attention_bias"] = false;
     if (!c.qk_norm && c.head_width == 0) config.erase("head_dim");
   }
+  if (c.full_attention_every > 0)
+    fail("loom checkpoint export: a window in some blocks only (model.full_attention_every = ",
+         c.full_attention_every, ") is not a Llama, Mistral, Mixtral or Qwen directory's: no ",
+         "class Loom writes holds it");
   if (c.sliding_window > 0) {
     // The window (nn/sliding_window.h, as transformers 4.51 counts it: the query's position and
     // the W − 1 before): a dense Llama's as a MistralForCausalLM, Mixtral's sliding_window, Qwen's
@@ -475,6 +479,9 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
       fail(config_path, ": max_window_layers = ", from, ": a window in blocks ", from,
            " on only, where Loom's sliding window (model.sliding_window) is every block's");
   }
+  if (model.full_attention_every > 0)
+    fail(config_path, ": model.full_attention_every = ", model.full_attention_every,
+         " windows some blocks only, which no Llama, Mistral, Mixtral or Qwen directory does");
   const auto spans = [&](int64_t w) { return w <= 0 || w >= model.max_seq_len; };
   if (model.sliding_window == 0 && !spans(their_window))
     fail(config_path, ": sliding_window = ", their_window,

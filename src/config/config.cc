@@ -53,6 +53,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, head_dim),
     LOOM_KEY(model, qk_norm),
     LOOM_KEY(model, sliding_window),
+    LOOM_KEY(model, full_attention_every),
     LOOM_KEY(model, ffn_hidden),
     LOOM_KEY(model, rope_theta),
     LOOM_KEY(model, rope_scaling),

@@ -64,6 +64,10 @@ struct ModelConfig {
   // Sliding-window attention (Mistral 7B v0.1's; nn/sliding_window.h): each query attends to the
   // sliding_window latest positions, itself included, in every block; 0: the whole sequence.
   int64_t sliding_window = 0;
+  // With a window: blocks N, 2N, 3N, … (counted from 1) attend to the whole past, the others
+  // through the window (Gemma 3's 5 local to 1 global: 6; GPT-OSS's alternation: 2; Megatron-LM's
+  // --window-attn-skip-freq); 0: every block windowed.
+  int64_t full_attention_every = 0;
   int64_t ffn_hidden = 0;      // SwiGLU hidden width; 0 = Llama's rule, 8·d_model/3 rounded up to 256
   double rope_theta = 10000;   // base of the rotary position embedding's frequencies
   // "none" or "llama3": Llama 3.1's long-context scaling of the rotary frequencies

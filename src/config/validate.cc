@@ -85,6 +85,8 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
       p.add("model.qk_norm applies to model.arch = \"llama\" only");
     if (m.sliding_window != defaults.sliding_window)
       p.add("model.sliding_window applies to model.arch = \"llama\" only");
+    if (m.full_attention_every != defaults.full_attention_every)
+      p.add("model.full_attention_every applies to model.arch = \"llama\" only");
     if (m.ffn_hidden != defaults.ffn_hidden) p.add("model.ffn_hidden applies to model.arch = \"llama\" only");
     if (m.rope_theta != defaults.rope_theta) p.add("model.rope_theta applies to model.arch = \"llama\" only");
     if (m.norm_eps != defaults.norm_eps) p.add("model.norm_eps applies to model.arch = \"llama\" only");
@@ -113,6 +115,10 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
           " (each key/value head serves the same number of query heads)");
   p.non_negative("model.head_dim", m.head_dim);
   p.non_negative("model.sliding_window", m.sliding_window);
+  p.non_negative("model.full_attention_every", m.full_attention_every);
+  if (m.full_attention_every > 0 && m.sliding_window == 0)
+    p.add("model.full_attention_every = ", m.full_attention_every,
+          " picks the blocks without a window: it needs model.sliding_window");
   p.at_most("model.head_dim", m.head_dim, ModelLimits::kHeadDim);
   if (m.head_dim > 0 && m.head_dim % 2 != 0)
     p.add("model.head_dim = ", m.head_dim,

@@ -199,6 +199,18 @@ void document_positions(const Exec& ex, int32_t* ids, const int32_t* starts, con
   cpu::document_positions(*ex.pool, ids, starts, global, B, Tl, T);
 }
 
+void window_starts(const Exec& ex, int32_t* out, const int32_t* starts, int64_t B, int64_t T,
+                   int64_t window) {
+  const detail::OpScope op_scope_("window_starts", ex, [&] {
+    return detail::work_of<int32_t>(0, (starts != nullptr ? 2.0 : 1.0) * B * T);
+  });
+  if (detail::on_gpu<float>(ex, "window_starts")) {
+    if constexpr (detail::kCudaBuild)
+      return cuda::window_starts(ex.device.index, out, starts, B, T, window);
+  }
+  cpu::window_starts(*ex.pool, out, starts, B, T, window);
+}
+
 void round_weight(const Exec& ex, void* out, DType dtype, const float* weight, int64_t n) {
   const detail::OpScope op_scope_("round_weight", ex,
                                   [&] { return detail::work_of<float>(0, 1.5 * n); });

@@ -667,6 +667,10 @@ inline void embedding_backward(const Exec& ex, Real* dwte, Real* dwpe, const Rea
 // position table's rows at those places added to the embedding (cpu::add_rows_by_id).
 void document_positions(const Exec& ex, int32_t* ids, const int32_t* starts, const int32_t* global,
                         int64_t B, int64_t Tl, int64_t T);
+// A sliding window in a table of first visible positions (cpu::window_starts; starts null: the
+// window alone).
+void window_starts(const Exec& ex, int32_t* out, const int32_t* starts, int64_t B, int64_t T,
+                   int64_t window);
 
 template <typename Real>
 inline void add_rows_by_id(const Exec& ex, Real* out, const Real* table, const int32_t* ids,

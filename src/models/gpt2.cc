@@ -53,6 +53,9 @@ void Gpt2Config::validate() const {
   if (qk_norm && !llama()) fail("model.qk_norm applies to a Llama only");
   if (sliding_window < 0 || (sliding_window > 0 && !llama()))
     fail("model.sliding_window = ", sliding_window, " must be >= 0, and set for a Llama only");
+  if (full_attention_every < 0 || (full_attention_every > 0 && sliding_window == 0))
+    fail("model.full_attention_every = ", full_attention_every,
+         " must be >= 0, and set with model.sliding_window only");
   const auto at_most = [](const char* key, int64_t v, int64_t most) {
     if (v > most) fail(key, " = ", v, " is past the largest Loom builds, ", most);
   };
@@ -126,10 +129,12 @@ double Gpt2Config::flops_per_token(int64_t seq_len) const {
       moe() ? n_layers * (moe_experts - moe_top_k) * 3 * d_model * ffn_hidden : 0;
   const int64_t matrix_params = num_parameters() - position_rows() * d_model -
                                 (tie_embeddings ? 0 : vocab_size * d_model) - idle_experts;
-  // A sliding window spans at most its W positions of the sequence.
-  const int64_t span = sliding_window > 0 ? std::min(seq_len, sliding_window) : seq_len;
+  // A sliding window spans at most its W positions of the sequence (in the blocks it windows).
+  int64_t spans = 0;
+  for (int64_t l = 0; l < n_layers; ++l)
+    spans += window_of(l) > 0 ? std::min(seq_len, window_of(l)) : seq_len;
   return 6.0 * static_cast<double>(matrix_params) +
-         12.0 * static_cast<double>(n_layers * attention_width() * span);
+         12.0 * static_cast<double>(attention_width()) * static_cast<double>(spans);
 }
 
 namespace {
@@ -273,7 +278,7 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part, ExpertExchange* exper
     const std::string name = "blocks." + std::to_string(l);
     params_.begin_unit(name);
     block_unit_.push_back(params_.units().size() - 1);
-    blocks_.push_back(std::make_unique<Gpt2Block>(params_, name, config_, experts));
+    blocks_.push_back(std::make_unique<Gpt2Block>(params_, name, config_.block(l), experts));
   }
 }
 

@@ -68,6 +68,7 @@ struct Gpt2Config {
   int64_t head_width = 0;   // model.head_dim: each head's width; 0: d_model / n_heads
   bool qk_norm = false;     // RMSNorm of each query and key head (Qwen 3's; nn: Rotary::qk_norm)
   int64_t sliding_window = 0;  // each query's W latest keys (nn/sliding_window.h); 0: all
+  int64_t full_attention_every = 0;  // with a window: blocks N, 2N, … (1-based) unwindowed; 0: none
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
   double rope_theta = 10000;
   // Llama 3.1's scaling of the rotary frequencies (cpu::RopeFrequencies); factor 0: none.
@@ -118,6 +119,20 @@ struct Gpt2Config {
     return moe() ? static_cast<size_t>(n_layers * moe_experts + 1) : 0;
   }
   int64_t head_dim() const { return head_width > 0 ? head_width : d_model / n_heads; }
+  // Block `layer`'s sliding window (0-based; 0: the whole past): sliding_window, but in every
+  // full_attention_every-th block (Gemma 3's 6, GPT-OSS's 2, Megatron-LM's
+  // --window-attn-skip-freq).
+  int64_t window_of(int64_t layer) const {
+    const bool full = full_attention_every > 0 && (layer + 1) % full_attention_every == 0;
+    return full ? 0 : sliding_window;
+  }
+  // The config block `layer` is built with: its own window.
+  Gpt2Config block(int64_t layer) const {
+    Gpt2Config c = *this;
+    c.sliding_window = window_of(layer);
+    c.full_attention_every = 0;
+    return c;
+  }
   // The queries' width, and the attention output's (the output projection's input):
   // n_heads·head_dim, d_model unless head_width says otherwise.
   int64_t attention_width() const { return n_heads * head_dim(); }

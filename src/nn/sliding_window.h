@@ -5,10 +5,11 @@
 // with each row's first position raised to p − W + 1 — non-decreasing along the sequence as the
 // kernels need — so the CPU's, the GPU's flash and batched kernels, context parallelism's rows
 // and ring blocks and every layout apply it unchanged, and the flash kernels skip the tiles
-// before it (O(T·W) work). With document masking the trainer folds the window into the
-// micro-batch's document starts (fold_sliding_window); without it the attention makes the
-// window's own table (sliding_window_starts). Decoding with a cache reads the window's keys
-// only (cpu::attention_with_cache).
+// before it (O(T·W) work). Each windowed attention makes its table itself (ops::window_starts):
+// the window's alone once per shape, or with document masking from the micro-batch's document
+// starts each forward — so a model may window some blocks and not others
+// (model.full_attention_every). Decoding with a cache reads the window's keys only
+// (cpu::attention_with_cache).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@
 namespace loom {
 
 // starts (B, T) on the host, each row's first visible position: raised to p − window + 1 where
-// that is later (window > 0).
+// that is later (window > 0). What ops::window_starts computes on a device.
 void fold_sliding_window(int32_t* starts, int64_t B, int64_t T, int64_t window);
 
 // The window's table alone, (B, T) int32 on ctx's device — T the whole sequence under context
@@ -26,8 +27,9 @@ void fold_sliding_window(int32_t* starts, int64_t B, int64_t T, int64_t window);
 const Tensor& sliding_window_starts(Context& ctx, Tensor& cached, int64_t B, int64_t T,
                                     int64_t window);
 
-// What an attention masks with: ctx.documents (the trainer folded the window in), else with a
-// window its table (in `cached`), else nothing (causal). T: the attention's local length.
+// What an attention with a `window` (0: none) masks with: ctx.documents, raised to the window (a
+// fresh table); without documents the window's table (in `cached`); neither: nothing (causal).
+// T: the attention's local length.
 Tensor attention_starts(Context& ctx, Tensor& cached, int64_t B, int64_t T, int64_t window);
 
 }  // namespace loom

@@ -80,9 +80,13 @@ struct StageFlops {
   double block_matrices = 0, block_attention = 0, head = 0;
 };
 StageFlops stage_flops(const Gpt2Config& model, int64_t seq_len) {
+  // T: a block's attention span, the mean over blocks where a sliding window spans fewer.
+  double spans = 0;
+  for (int64_t l = 0; l < model.n_layers; ++l)
+    spans += static_cast<double>(model.window_of(l) > 0 ? std::min(seq_len, model.window_of(l))
+                                                        : seq_len);
   const double C = static_cast<double>(model.d_model),
-               T = static_cast<double>(
-                   model.sliding_window > 0 ? std::min(seq_len, model.sliding_window) : seq_len);
+               T = spans / static_cast<double>(model.n_layers);
   const double A = static_cast<double>(model.attention_width());  // C unless model.head_dim
   const double matrices = C * static_cast<double>(model.qkv_width()) + A * C +
                           (model.llama() ? 3.0 : 2.0) * C * static_cast<double>(model.hidden());

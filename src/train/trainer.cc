@@ -29,7 +29,6 @@
 #include "monitor/metrics_log.h"
 #include "monitor/step_reporter.h"
 #include "monitor/trace.h"
-#include "nn/sliding_window.h"
 #include "nn/step_losses.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
@@ -67,6 +66,7 @@ Gpt2Config model_config_of(const Config& config) {
     m.head_width = config.model.head_dim;
     m.qk_norm = config.model.qk_norm;
     m.sliding_window = config.model.sliding_window;
+    m.full_attention_every = config.model.full_attention_every;
     m.ffn_hidden = config.model.resolved_ffn_hidden();
     m.rope_theta = config.model.rope_theta;
     if (config.model.rope_scaling == "llama3") {
@@ -244,13 +244,19 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
       saved.llama() && wanted.llama() && saved.head_dim() != wanted.head_dim();
   if (saved.arch != wanted.arch || saved.tie_embeddings != wanted.tie_embeddings ||
       saved.qkv_bias != wanted.qkv_bias || saved.qk_norm != wanted.qk_norm || heads_differ ||
-      saved.sliding_window != wanted.sliding_window)
+      saved.sliding_window != wanted.sliding_window ||
+      saved.full_attention_every != wanted.full_attention_every)
     fail("checkpoint ", checkpoint, " holds a ", arch_name(saved.arch),
          saved.tie_embeddings ? "" : " with an untied head",
          saved.qkv_bias ? " with qkv biases" : "", saved.qk_norm ? " with qk norms" : "",
          heads_differ ? detail::concat(" with heads of ", saved.head_dim()) : std::string(),
-         saved.sliding_window > 0 ? detail::concat(" with a window of ", saved.sliding_window)
-                                  : std::string(),
+         saved.sliding_window > 0
+             ? detail::concat(
+                   " with a window of ", saved.sliding_window,
+                   saved.full_attention_every > 0
+                       ? detail::concat(" (every ", saved.full_attention_every, "th block whole)")
+                       : std::string())
+             : std::string(),
          " model, but model.arch = \"", config.model.arch, "\"",
          wanted.tie_embeddings ? "" : " with model.tie_embeddings = false",
          wanted.qkv_bias ? " with model.qkv_bias = true" : "",
@@ -258,7 +264,11 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          heads_differ ? detail::concat(" with heads of ", wanted.head_dim(), " (model.head_dim)")
                       : std::string(),
          wanted.sliding_window > 0
-             ? detail::concat(" with model.sliding_window = ", wanted.sliding_window)
+             ? detail::concat(" with model.sliding_window = ", wanted.sliding_window,
+                              wanted.full_attention_every > 0
+                                  ? detail::concat(", model.full_attention_every = ",
+                                                   wanted.full_attention_every)
+                                  : std::string())
              : std::string(),
          ": resume with the config it was trained with (RUN_DIR/config.toml)");
   const auto shared_of = [](const Gpt2Config& c) {
@@ -348,9 +358,6 @@ double validation_loss(const RankModel& model, const Config& config, DeviceMesh&
   const bool cut_on_host = model.sequence != nullptr;
   const bool masked = config.data.document_mask;
   const bool on_host = cut_on_host || masked;
-  // A sliding window folded into the documents' starts (nn/sliding_window.h: without documents
-  // the attention makes its own table).
-  const int64_t model_window = config.model.arch == "llama" ? config.model.sliding_window : 0;
   Context& ctx = *model.ctx;
   // A host batch to a GPU, queued; on a CPU it stays where it is.
   const auto to_device = [&](const Tensor& t) {
@@ -362,7 +369,6 @@ double validation_loss(const RankModel& model, const Config& config, DeviceMesh&
       documents = Tensor::empty(full_in.shape(), DType::kI32, Device::cpu());
       document_starts(documents.data<int32_t>(), full_in.data<int32_t>(), full_in.dim(0),
                       full_in.dim(1), static_cast<int32_t>(config.data.eot_token));
-      fold_sliding_window(documents.data<int32_t>(), full_in.dim(0), full_in.dim(1), model_window);
       documents = to_device(documents);
     }
     if (cut_on_host) {
@@ -642,7 +648,6 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   // Document masking: each micro-batch's document starts (data/documents.h), of the whole
   // sequences also under context parallelism (the attention masks by position), on the device.
   const bool masked = config.data.document_mask;
-  const int64_t model_window = config.model.arch == "llama" ? config.model.sliding_window : 0;
   std::vector<Tensor> documents, host_documents;
   for (int64_t m = 0; masked && m < accum; ++m) {
     host_documents.push_back(Tensor::empty({micro, seq_len}, DType::kI32, host));
@@ -688,7 +693,6 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     if (masked) {
       document_starts(host_documents[m].data<int32_t>(), host_inputs[m].data<int32_t>(), micro,
                       seq_len, static_cast<int32_t>(config.data.eot_token));
-      fold_sliding_window(host_documents[m].data<int32_t>(), micro, seq_len, model_window);
       if (!device.is_cpu()) documents[m].copy_from_host_queued(host_documents[m]);
     }
     // To a GPU queued behind the last micro-batch's work, not waiting for it (which would also

@@ -366,6 +366,12 @@ TEST(Config, ValidationNamesKeysAndValues) {
                          c.model.sliding_window = -1;
                        }),
                        "model.sliding_window = -1 must be >= 0"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.full_attention_every = 2;
+                       }),
+                       "model.full_attention_every = 2 picks the blocks without a window: it "
+                       "needs model.sliding_window"));
   Config wide;
   wide.model.arch = "llama";
   wide.model.d_model = 64;

@@ -1585,6 +1585,31 @@ TEST_F(CudaKernelsTest, EmbeddingWithoutAPositionTableMatchesCpu) {
 // whole sequences and of a context-parallel shard's positions, exactly the CPU's; the position
 // rows they read added bit for bit as on the CPU; their gradient (embedding_backward with the ids
 // as tokens) the CPU's to rounding, and the same bits when run again.
+// A sliding window raising each query's first visible position (ops::window_starts, nn/
+// sliding_window.h): alone and over documents, exactly the CPU's values, which are the window's.
+TEST_F(CudaKernelsTest, WindowStartsMatchCpu) {
+  const int64_t B = 2, T = 29, W = 6;
+  std::vector<int32_t> starts(B * T);
+  for (int64_t i = 0; i < B * T; ++i) starts[i] = static_cast<int32_t>(i % T / 10 * 10);
+  IdPair docs = ids_pair(starts);
+  for (const bool documents : {false, true}) {
+    SCOPED_TRACE(documents ? "over documents" : "alone");
+    IdPair out = ids_pair(std::vector<int32_t>(B * T, -1));
+    const int32_t* host_docs = documents ? docs.host.data<int32_t>() : nullptr;
+    const int32_t* gpu_docs = documents ? docs.gpu.data<int32_t>() : nullptr;
+    ops::window_starts(on_cpu, out.host.data<int32_t>(), host_docs, B, T, W);
+    ops::window_starts(on_gpu, out.gpu.data<int32_t>(), gpu_docs, B, T, W);
+    const Tensor back = out.gpu.to(Device::cpu());
+    ASSERT_TRUE(
+        std::equal(back.data<int32_t>(), back.data<int32_t>() + B * T, out.host.data<int32_t>()));
+    for (int64_t t = 0; t < T; ++t) {  // max(document start, t − W + 1)
+      const int32_t want =
+          std::max<int32_t>(documents ? starts[t] : 0, static_cast<int32_t>(t - W + 1));
+      EXPECT_EQ(out.host.data<int32_t>()[T + t], want) << "t " << t;
+    }
+  }
+}
+
 TEST_F(CudaKernelsTest, DocumentPositionsAndTheirRowsMatchCpu) {
   const int64_t B = 3, T = 37, C = 40;
   std::vector<int32_t> starts(B * T);

@@ -152,6 +152,15 @@ TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {
   EXPECT_DOUBLE_EQ(qwen3.flops_per_token(4096) - windowed.flops_per_token(4096),
                    12.0 * 28 * 2048 * (4096 - 1000));
   EXPECT_DOUBLE_EQ(windowed.flops_per_token(512), qwen3.flops_per_token(512));
+  // Every 4th block whole: 7 of the 28 see the sequence's T, 21 the window's W.
+  Gpt2Config some = windowed;
+  some.full_attention_every = 4;
+  EXPECT_DOUBLE_EQ(some.flops_per_token(4096) - windowed.flops_per_token(4096),
+                   12.0 * 7 * 2048 * (4096 - 1000));
+  EXPECT_EQ(some.window_of(2), 1000);
+  EXPECT_EQ(some.window_of(3), 0);
+  EXPECT_EQ(some.block(7).sliding_window, 0);
+  EXPECT_EQ(some.block(8).sliding_window, 1000);
   // The attention's flops grow with the heads' width: 12 · n_layers · n_heads·head_dim · T.
   Gpt2Config narrow = qwen3;
   narrow.head_width = 0;  // 16 heads of 64

@@ -553,7 +553,8 @@ TEST_F(ContextParallelRuns, LlamaUnderEveryLayoutWithCpMatchesOneDevice) {
 // layout — cp gathered and ring (a rank's rows see part of other ranks' keys, the ring's blocks
 // of positions past a row's window none), tp, sp, pp, ZeRO-3, recomputation — trains one
 // device's windowed run, with document masking too (the window folded into the documents'
-// starts). The window changes the run: without it the first step's loss is another.
+// starts). The window changes the run: without it the first step's loss is another. So does
+// leaving every other block unwindowed (model.full_attention_every), under the same layouts.
 TEST_F(ContextParallelRuns, SlidingWindowUnderEveryLayoutMatchesOneDevice) {
   Config llama = config("llama");
   llama.model.sliding_window = 5;
@@ -571,6 +572,19 @@ TEST_F(ContextParallelRuns, SlidingWindowUnderEveryLayoutMatchesOneDevice) {
   whole.model.sliding_window = 0;
   run_training(whole, options("window_none"));
   expect_first_losses_part("window_one", "window_none", 1e-4);
+  // Every other block without the window (model.full_attention_every = 2: blocks 2 and 4 whole,
+  // GPT-OSS's alternation): its own table per block, with the documents too, split over
+  // pipeline stages by global block; another run than the window everywhere.
+  Config alternating = llama;
+  alternating.model.full_attention_every = 2;
+  expect_layouts_match_one_device(alternating, "cp=2,cp_comm=ring;tp=2,sp=1;pp=2;pp=2,tp=2", 4);
+  Config alternating_masked = alternating;
+  alternating_masked.data.document_mask = true;
+  alternating_masked.data.eot_token = '\n';
+  expect_layouts_match_one_device(alternating_masked, "cp=2;pp=2,schedule=interleaved,v=2", 2);
+  run_training(alternating, options("window_alternating"));
+  expect_first_losses_part("window_one", "window_alternating", 1e-5);
+  expect_first_losses_part("window_none", "window_alternating", 1e-5);
 }
 
 // The ring exchange (parallel.cp_comm = "ring") under the same layouts: one device's run.

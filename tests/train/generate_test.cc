@@ -19,7 +19,8 @@
 namespace loom {
 namespace {
 
-Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0) {
+Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0,
+                 int64_t full_every = 0) {
   Gpt2Config c;
   c.vocab_size = 37;
   c.max_seq_len = 20;
@@ -36,13 +37,14 @@ Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0) 
     c.qk_norm = qwen3;
     c.head_width = qwen3 ? 12 : 0;  // queries 48 wide from 32 channels
     c.sliding_window = window;
+    c.full_attention_every = full_every;
   }
   return c;
 }
 
 struct Case {
   bool llama, tied, qwen3 = false;
-  int64_t window = 0;
+  int64_t window = 0, full_every = 0;
 };
 
 class Decode : public ::testing::TestWithParam<Case> {};
@@ -50,7 +52,8 @@ class Decode : public ::testing::TestWithParam<Case> {};
 TEST_P(Decode, CachedLogitsAreTheWholeContextsLogits) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
-  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window));
+  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window,
+                   GetParam().full_every));
   model.build(DType::kF32, Device::cpu(), 4);
   Tensor all = Tensor::empty({1, 20}, DType::kI32);
   for (int i = 0; i < 20; ++i) all.data<int32_t>()[i] = (i * 11 + 3) % 37;
@@ -82,7 +85,8 @@ TEST_P(Decode, CachedLogitsAreTheWholeContextsLogits) {
 TEST_P(Decode, SamplingWithTheCacheIsSamplingWithout) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
-  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window));
+  Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window,
+                   GetParam().full_every));
   model.build(DType::kF32, Device::cpu(), 6);
   for (const double temperature : {0.0, 0.8}) {
     SampleOptions o;
@@ -202,12 +206,14 @@ TEST(Sampling, IdsPastTheTokenizersVocabularyAreNeverDrawn) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Decode,
                          ::testing::Values(Case{false, true}, Case{true, true}, Case{true, false},
-                                           Case{true, true, true}, Case{true, true, false, 6}),
+                                           Case{true, true, true}, Case{true, true, false, 6},
+                                           Case{true, true, false, 6, 2}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
-                           return std::string(param_info.param.window > 0 ? "mistral"
-                                              : param_info.param.qwen3    ? "qwen3"
-                                              : param_info.param.llama    ? "llama"
-                                                                          : "gpt2") +
+                           return std::string(param_info.param.full_every > 0 ? "alternating"
+                                              : param_info.param.window > 0   ? "mistral"
+                                              : param_info.param.qwen3        ? "qwen3"
+                                              : param_info.param.llama        ? "llama"
+                                                                              : "gpt2") +
                                   (param_info.param.tied ? "_tied" : "_untied");
                          });
 

@@ -1,5 +1,7 @@
 #include "kernels/cpu/embedding.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 
 namespace loom::cpu {
@@ -55,6 +57,17 @@ void document_positions(ThreadPool& pool, int32_t* ids, const int32_t* starts,
       for (int64_t i = 0; i < Tl; ++i) {
         const int64_t g = global != nullptr ? global[i] : i;
         ids[b * Tl + i] = static_cast<int32_t>(g - starts[b * T + g]);
+      }
+  });
+}
+
+void window_starts(ThreadPool& pool, int32_t* out, const int32_t* starts, int64_t B, int64_t T,
+                   int64_t window) {
+  pool.parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t first = starts != nullptr ? starts[b * T + t] : 0;
+        out[b * T + t] = static_cast<int32_t>(std::max(first, t - window + 1));
       }
   });
 }

@@ -35,6 +35,12 @@ void embedding_backward(ThreadPool& pool, Real* dwte, Real* dwpe, const Real* do
 void document_positions(ThreadPool& pool, int32_t* ids, const int32_t* starts,
                         const int32_t* global, int64_t B, int64_t Tl, int64_t T);
 
+// A sliding window of W positions in a (B, T) table of each query's first visible position
+// (nn/sliding_window.h): out[b, t] = max(starts[b, t], t − W + 1) — starts null: 0 (the window
+// alone). out may be starts.
+void window_starts(ThreadPool& pool, int32_t* out, const int32_t* starts, int64_t B, int64_t T,
+                   int64_t window);
+
 // out (N, C)[i] += table (rows, C)[ids[i]]: the position rows of tokens whose positions are ids.
 // Its adjoint is embedding_backward(dtable, nullptr, dout, ids, 1, N, C) — ids taken as tokens.
 template <typename Real>

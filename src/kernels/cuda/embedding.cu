@@ -80,6 +80,16 @@ __global__ void document_positions_kernel(int32_t* ids, const int32_t* starts,
   }
 }
 
+__global__ void window_starts_kernel(int32_t* out, const int32_t* starts, int64_t B, int64_t T,
+                                     int64_t window) {
+  const int64_t n = B * T;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+       k += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t first = starts != nullptr ? starts[k] : 0, from = k % T - window + 1;
+    out[k] = static_cast<int32_t>(first > from ? first : from);
+  }
+}
+
 __global__ void add_rows_by_id_kernel(float* out, const float* table, const int32_t* ids, int64_t N,
                                       int64_t C) {
   const int64_t n = N * C;
@@ -96,6 +106,14 @@ void document_positions(int device, int32_t* ids, const int32_t* starts, const i
   DeviceGuard guard(device);
   launch("document_positions", document_positions_kernel, blocks_for(B * Tl, kThreads), kThreads,
          ids, starts, global, B, Tl, T);
+}
+
+void window_starts(int device, int32_t* out, const int32_t* starts, int64_t B, int64_t T,
+                   int64_t window) {
+  if (B * T == 0) return;
+  DeviceGuard guard(device);
+  launch("window_starts", window_starts_kernel, blocks_for(B * T, kThreads), kThreads, out, starts,
+         B, T, window);
 }
 
 void add_rows_by_id(int device, float* out, const float* table, const int32_t* ids, int64_t N,

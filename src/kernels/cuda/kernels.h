@@ -428,6 +428,9 @@ void document_positions(int device, int32_t* ids, const int32_t* starts, const i
                         int64_t B, int64_t Tl, int64_t T);
 void add_rows_by_id(int device, float* out, const float* table, const int32_t* ids, int64_t N,
                     int64_t C);
+// A sliding window in a table of first visible positions (cpu::window_starts): the same values.
+void window_starts(int device, int32_t* out, const int32_t* starts, int64_t B, int64_t T,
+                   int64_t window);
 
 // Causal self-attention: the fused flash kernels (flash_attention.cu) where they apply (bf16,
 // head size 64 or 128), else cuBLAS batched GEMMs around a causal softmax with a (B·NH, T, T) score
