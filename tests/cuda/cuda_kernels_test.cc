@@ -2157,111 +2157,119 @@ TEST_F(CudaKernelsTest, FlashAttentionInBf16MatchesCpuAndRepeats) {
 // before theirs) — against the CPU kernel: grouped-query heads over the whole sequence, and
 // context parallelism's rows (a zigzag rank's two chunks) over every key and over another
 // rank's ring block (rows whose documents start after the block see none of it). Documents of
-// 1 to 90 positions, some starting on a tile's first row; a second run gives the same bits.
+// 1 to 90 positions, some starting on a tile's first row; a second run gives the same bits. And
+// all of it again under a sliding window of 37 positions over the documents.
 TEST_F(CudaKernelsTest, DocumentMaskedAttentionMatchesCpu) {
   struct Restore {
     ~Restore() { cuda::set_matmul_precision(cuda::MatmulPrecision::kFp32); }
   } restore;
   const int64_t B = 2, T = 152, NH = 4, KV = 2;
   const std::vector<std::vector<int64_t>> cuts = {{1, 2, 40, 64, 65, 140}, {32, 122, 151}};
-  Tensor starts = Tensor::empty({B, T}, DType::kI32, Device::cpu());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0, start = 0; t < T; ++t) {
-      for (int64_t c : cuts[static_cast<size_t>(b)])
-        if (c == t) start = t;
-      starts.data<int32_t>()[b * T + t] = static_cast<int32_t>(start);
-    }
-  const Tensor starts_gpu = starts.to(Device::cuda(0));
-  const cpu::DocumentStarts host_docs{starts.data<int32_t>(), T};
-  const cpu::DocumentStarts gpu_docs{starts_gpu.data<int32_t>(), T};
-  struct Case {
-    cuda::MatmulPrecision precision;
-    int64_t hd;
-    double tol, dtol;
-  };
-  for (const Case& k : {Case{cuda::MatmulPrecision::kFp32, 24, kTol, kTol},
-                        Case{cuda::MatmulPrecision::kBf16, 24, 1e-2, 2e-2},
-                        Case{cuda::MatmulPrecision::kBf16, 64, 1e-2, 2e-2},
-                        Case{cuda::MatmulPrecision::kBf16, 128, 1e-2, 2e-2}}) {
-    cuda::set_matmul_precision(k.precision);
-    const int64_t hd = k.hd, C = NH * hd, W = (NH + 2 * KV) * hd, kvw = 2 * KV * hd;
-    const bool flash = cuda::attention_takes_rounded_qkv(C, NH, B);
-    EXPECT_EQ(flash, hd != 24);
-    SCOPED_TRACE("hd " + std::to_string(hd) + (flash ? " flash" : " batched"));
-    Pair qkv = random_pair(B * T * W, 300 + hd, -2.0, 2.0), dout = random_pair(B * T * C, 301);
-    Pair out = pair_of(std::vector<float>(B * T * C)),
-         lse = pair_of(std::vector<float>(B * NH * T));
-    Pair dqkv = pair_of(std::vector<float>(B * T * W));
-    cpu::attention_gqa_forward(pool, out.h(), lse.h(), qkv.h(), B, T, NH, KV, hd, host_docs);
-    cpu::attention_gqa_backward(pool, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, NH, KV,
-                                hd, host_docs);
-    // KV != NH off the flash kernels: attention_gqa_* repeat the heads, masked alike.
-    cuda::attention_gqa_forward(0, out.g(), lse.g(), qkv.g(), B, T, NH, KV, hd, gpu_docs);
-    cuda::attention_gqa_backward(0, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, NH, KV, hd,
-                                 gpu_docs);
-    expect_pair_close("out", out, k.tol);
-    expect_pair_close("lse", lse, k.tol);
-    expect_pair_close("dqkv", dqkv, k.dtol);
-    const std::vector<float> first = dqkv.from_gpu();
-    cuda::attention_gqa_forward(0, out.g(), lse.g(), qkv.g(), B, T, NH, KV, hd, gpu_docs);
-    cuda::attention_gqa_backward(0, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, NH, KV, hd,
-                                 gpu_docs);
-    EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first)) << "dqkv not reproducible";
+  // The same with a sliding window of 37 (model.sliding_window) over the documents.
+  for (const int64_t window : {int64_t{0}, int64_t{37}}) {
+    SCOPED_TRACE(window > 0 ? "documents and a sliding window of 37" : "documents");
+    Tensor starts = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0, start = 0; t < T; ++t) {
+        for (int64_t c : cuts[static_cast<size_t>(b)])
+          if (c == t) start = t;
+        starts.data<int32_t>()[b * T + t] = static_cast<int32_t>(start);
+      }
+    if (window > 0)  // nn/sliding_window.h: each row's first position raised to its window's
+      cpu::window_starts(pool, starts.data<int32_t>(), starts.data<int32_t>(), B, T, window);
+    const Tensor starts_gpu = starts.to(Device::cuda(0));
+    const cpu::DocumentStarts host_docs{starts.data<int32_t>(), T};
+    const cpu::DocumentStarts gpu_docs{starts_gpu.data<int32_t>(), T};
+    struct Case {
+      cuda::MatmulPrecision precision;
+      int64_t hd;
+      double tol, dtol;
+    };
+    for (const Case& k : {Case{cuda::MatmulPrecision::kFp32, 24, kTol, kTol},
+                          Case{cuda::MatmulPrecision::kBf16, 24, 1e-2, 2e-2},
+                          Case{cuda::MatmulPrecision::kBf16, 64, 1e-2, 2e-2},
+                          Case{cuda::MatmulPrecision::kBf16, 128, 1e-2, 2e-2}}) {
+      cuda::set_matmul_precision(k.precision);
+      const int64_t hd = k.hd, C = NH * hd, W = (NH + 2 * KV) * hd, kvw = 2 * KV * hd;
+      const bool flash = cuda::attention_takes_rounded_qkv(C, NH, B);
+      EXPECT_EQ(flash, hd != 24);
+      SCOPED_TRACE("hd " + std::to_string(hd) + (flash ? " flash" : " batched"));
+      Pair qkv = random_pair(B * T * W, 300 + hd, -2.0, 2.0), dout = random_pair(B * T * C, 301);
+      Pair out = pair_of(std::vector<float>(B * T * C)),
+           lse = pair_of(std::vector<float>(B * NH * T));
+      Pair dqkv = pair_of(std::vector<float>(B * T * W));
+      cpu::attention_gqa_forward(pool, out.h(), lse.h(), qkv.h(), B, T, NH, KV, hd, host_docs);
+      cpu::attention_gqa_backward(pool, dqkv.h(), dout.h(), qkv.h(), out.h(), lse.h(), B, T, NH, KV,
+                                  hd, host_docs);
+      // KV != NH off the flash kernels: attention_gqa_* repeat the heads, masked alike.
+      cuda::attention_gqa_forward(0, out.g(), lse.g(), qkv.g(), B, T, NH, KV, hd, gpu_docs);
+      cuda::attention_gqa_backward(0, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, NH, KV,
+                                   hd, gpu_docs);
+      expect_pair_close("out", out, k.tol);
+      expect_pair_close("lse", lse, k.tol);
+      expect_pair_close("dqkv", dqkv, k.dtol);
+      const std::vector<float> first = dqkv.from_gpu();
+      cuda::attention_gqa_forward(0, out.g(), lse.g(), qkv.g(), B, T, NH, KV, hd, gpu_docs);
+      cuda::attention_gqa_backward(0, dqkv.g(), dout.g(), qkv.g(), out.g(), lse.g(), B, T, NH, KV,
+                                   hd, gpu_docs);
+      EXPECT_TRUE(bitwise_equal(dqkv.from_gpu(), first)) << "dqkv not reproducible";
 
-    // Context parallelism: rank 0 of 2 (positions [0, 38) and [114, 152)), q apart from kv.
-    const std::vector<cpu::RowRange> rows = {{0, 38}, {114, 152}};
-    const std::vector<cpu::RowRange> ring_block = {{38, 76}, {76, 114}};  // rank 1's keys
-    const int64_t Tq = cpu::rows_in(rows);
-    std::vector<float> q_rows, kv_all, kv_block;
-    const std::vector<float> x = qkv.from_host();
-    for (int64_t b = 0; b < B; ++b) {
-      for (const cpu::RowRange& r : rows)
-        for (int64_t t = r.begin; t < r.end; ++t)
-          q_rows.insert(q_rows.end(), x.begin() + (b * T + t) * W, x.begin() + (b * T + t) * W + C);
-      for (int64_t t = 0; t < T; ++t)
-        kv_all.insert(kv_all.end(), x.begin() + (b * T + t) * W + C,
-                      x.begin() + (b * T + t + 1) * W);
-      for (const cpu::RowRange& r : ring_block)
-        for (int64_t t = r.begin; t < r.end; ++t)
-          kv_block.insert(kv_block.end(), x.begin() + (b * T + t) * W + C,
-                          x.begin() + (b * T + t + 1) * W);
-    }
-    Pair q = pair_of(q_rows), dy = random_pair(B * Tq * C, 302);
-    for (const bool ring : {false, true}) {
-      SCOPED_TRACE(ring ? "ring block" : "every key");
-      Pair kv = pair_of(ring ? kv_block : kv_all);
-      const int64_t Tk = ring ? cpu::rows_in(ring_block) : T;
-      const std::span<const cpu::RowRange> keys =
-          ring ? std::span<const cpu::RowRange>(ring_block) : std::span<const cpu::RowRange>();
-      Pair o = pair_of(std::vector<float>(B * Tq * C)),
-           l = pair_of(std::vector<float>(B * NH * Tq));
-      Pair dq = pair_of(std::vector<float>(B * Tq * C)),
-           dkv = pair_of(std::vector<float>(B * Tk * kvw));
-      cpu::attention_gqa_forward_rows(pool, o.h(), l.h(), q.h(), C, kv.h(), kvw, B, Tk, NH, KV, hd,
-                                      rows, keys, host_docs);
-      cuda::attention_gqa_forward_rows(0, o.g(), l.g(), q.g(), C, kv.g(), kvw, B, Tk, NH, KV, hd,
-                                       rows, keys, gpu_docs);
-      expect_pair_close("rows' out", o, k.tol);
-      // lse: -inf where a row sees none of the block, on both.
-      const std::vector<float> lg = l.from_gpu(), lh = l.from_host();
-      int unseen = 0;
-      for (size_t i = 0; i < lh.size(); ++i) {
-        if (std::isinf(lh[i])) {
-          ++unseen;
-          EXPECT_TRUE(std::isinf(lg[i]) && lg[i] < 0) << "lse " << i;
-        } else {
-          EXPECT_NEAR(lg[i], lh[i], k.tol * std::max(1.0f, std::abs(lh[i]))) << "lse " << i;
+      // Context parallelism: rank 0 of 2 (positions [0, 38) and [114, 152)), q apart from kv.
+      const std::vector<cpu::RowRange> rows = {{0, 38}, {114, 152}};
+      const std::vector<cpu::RowRange> ring_block = {{38, 76}, {76, 114}};  // rank 1's keys
+      const int64_t Tq = cpu::rows_in(rows);
+      std::vector<float> q_rows, kv_all, kv_block;
+      const std::vector<float> x = qkv.from_host();
+      for (int64_t b = 0; b < B; ++b) {
+        for (const cpu::RowRange& r : rows)
+          for (int64_t t = r.begin; t < r.end; ++t)
+            q_rows.insert(q_rows.end(), x.begin() + (b * T + t) * W,
+                          x.begin() + (b * T + t) * W + C);
+        for (int64_t t = 0; t < T; ++t)
+          kv_all.insert(kv_all.end(), x.begin() + (b * T + t) * W + C,
+                        x.begin() + (b * T + t + 1) * W);
+        for (const cpu::RowRange& r : ring_block)
+          for (int64_t t = r.begin; t < r.end; ++t)
+            kv_block.insert(kv_block.end(), x.begin() + (b * T + t) * W + C,
+                            x.begin() + (b * T + t + 1) * W);
+      }
+      Pair q = pair_of(q_rows), dy = random_pair(B * Tq * C, 302);
+      for (const bool ring : {false, true}) {
+        SCOPED_TRACE(ring ? "ring block" : "every key");
+        Pair kv = pair_of(ring ? kv_block : kv_all);
+        const int64_t Tk = ring ? cpu::rows_in(ring_block) : T;
+        const std::span<const cpu::RowRange> keys =
+            ring ? std::span<const cpu::RowRange>(ring_block) : std::span<const cpu::RowRange>();
+        Pair o = pair_of(std::vector<float>(B * Tq * C)),
+             l = pair_of(std::vector<float>(B * NH * Tq));
+        Pair dq = pair_of(std::vector<float>(B * Tq * C)),
+             dkv = pair_of(std::vector<float>(B * Tk * kvw));
+        cpu::attention_gqa_forward_rows(pool, o.h(), l.h(), q.h(), C, kv.h(), kvw, B, Tk, NH, KV,
+                                        hd, rows, keys, host_docs);
+        cuda::attention_gqa_forward_rows(0, o.g(), l.g(), q.g(), C, kv.g(), kvw, B, Tk, NH, KV, hd,
+                                         rows, keys, gpu_docs);
+        expect_pair_close("rows' out", o, k.tol);
+        // lse: -inf where a row sees none of the block, on both.
+        const std::vector<float> lg = l.from_gpu(), lh = l.from_host();
+        int unseen = 0;
+        for (size_t i = 0; i < lh.size(); ++i) {
+          if (std::isinf(lh[i])) {
+            ++unseen;
+            EXPECT_TRUE(std::isinf(lg[i]) && lg[i] < 0) << "lse " << i;
+          } else {
+            EXPECT_NEAR(lg[i], lh[i], k.tol * std::max(1.0f, std::abs(lh[i]))) << "lse " << i;
+          }
         }
+        if (ring) {
+          EXPECT_GT(unseen, 0) << "some rows' documents start after the block";
+        }
+        cpu::attention_gqa_backward_rows(pool, dq.h(), C, dkv.h(), dy.h(), q.h(), C, kv.h(), kvw,
+                                         o.h(), l.h(), B, Tk, NH, KV, hd, rows, keys, host_docs);
+        cuda::attention_gqa_backward_rows(0, dq.g(), C, dkv.g(), dy.g(), q.g(), C, kv.g(), kvw,
+                                          o.g(), l.g(), B, Tk, NH, KV, hd, rows, keys, gpu_docs);
+        expect_pair_close("rows' dq", dq, k.dtol);
+        expect_pair_close("rows' dkv", dkv, k.dtol);
       }
-      if (ring) {
-        EXPECT_GT(unseen, 0) << "some rows' documents start after the block";
-      }
-      cpu::attention_gqa_backward_rows(pool, dq.h(), C, dkv.h(), dy.h(), q.h(), C, kv.h(), kvw,
-                                       o.h(), l.h(), B, Tk, NH, KV, hd, rows, keys, host_docs);
-      cuda::attention_gqa_backward_rows(0, dq.g(), C, dkv.g(), dy.g(), q.g(), C, kv.g(), kvw, o.g(),
-                                        l.g(), B, Tk, NH, KV, hd, rows, keys, gpu_docs);
-      expect_pair_close("rows' dq", dq, k.dtol);
-      expect_pair_close("rows' dkv", dkv, k.dtol);
     }
   }
 }
