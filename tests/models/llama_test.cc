@@ -161,6 +161,16 @@ TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {
   EXPECT_EQ(some.window_of(3), 0);
   EXPECT_EQ(some.block(7).sliding_window, 0);
   EXPECT_EQ(some.block(8).sliding_window, 1000);
+  // Mistral 7B v0.1 (configs/mistral-7b.toml): 7,241,732,096 parameters, as the Hub's.
+  Gpt2Config mistral = tiny_llama(8);
+  mistral.vocab_size = 32000;
+  mistral.d_model = 4096;
+  mistral.n_layers = 32;
+  mistral.n_heads = 32;
+  mistral.ffn_hidden = 14336;
+  mistral.sliding_window = 4096;
+  mistral.tie_embeddings = false;
+  EXPECT_EQ(mistral.num_parameters(), 7241732096);
   // The attention's flops grow with the heads' width: 12 · n_layers · n_heads·head_dim · T.
   Gpt2Config narrow = qwen3;
   narrow.head_width = 0;  // 16 heads of 64

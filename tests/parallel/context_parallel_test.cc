@@ -552,7 +552,7 @@ TEST_F(ContextParallelRuns, LlamaUnderEveryLayoutWithCpMatchesOneDevice) {
 // A sliding window (model.sliding_window = 5 of the 16 positions; nn/sliding_window.h): every
 // layout — cp gathered and ring (a rank's rows see part of other ranks' keys, the ring's blocks
 // of positions past a row's window none), tp, sp, pp, ZeRO-3, recomputation — trains one
-// device's windowed run, with document masking too (the window folded into the documents'
+// device's windowed run, with document masking too (the window raised over the documents'
 // starts). The window changes the run: without it the first step's loss is another. So does
 // leaving every other block unwindowed (model.full_attention_every), under the same layouts.
 TEST_F(ContextParallelRuns, SlidingWindowUnderEveryLayoutMatchesOneDevice) {
