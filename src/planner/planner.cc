@@ -406,9 +406,18 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
       // 2·T²·C a sequence, its heads over tp; backward twice that) over cp ranks and cp blocks.
       // Backward: each step passes the next block and the gradient sum of the last; the last
       // sum's trip home follows the last compute.
+      // With a sliding window the attention multiplies the window's pairs only (Σ_p min(p + 1,
+      // W) for T²/2, a mean over the blocks it windows), while the ring still passes every block.
       const double block = kept * kv_bytes / cp / link, grad = kv_bytes / cp / link;
-      const double forward_step = 2.0 * static_cast<double>(config.train.micro_batch_size) *
-                                  static_cast<double>(config.model.seq_len * config.model.seq_len) *
+      const int64_t T = config.model.seq_len;
+      double pairs = 0;  // a block's mean (query, key) pairs of a sequence, doubled
+      for (int64_t l = 0; l < model.n_layers; ++l) {
+        const int64_t w = model.window_of(l);
+        pairs += w > 0 && w < T ? 2.0 * (static_cast<double>(T) * w - 0.5 * w * (w - 1))
+                                : static_cast<double>(T) * T;
+      }
+      pairs /= static_cast<double>(model.n_layers);
+      const double forward_step = 2.0 * static_cast<double>(config.train.micro_batch_size) * pairs *
                                   static_cast<double>(model.attention_width()) / par.tp /
                                   (cp * cp) / (hw.peak_tflops * 1e12 * o.efficiency);
       per_block = passes * (cp - 1) * std::max(0.0, block - forward_step) +

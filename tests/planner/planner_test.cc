@@ -490,6 +490,18 @@ TEST(Planner, TriesTheRingAndCountsWhatItsAttentionDoesNotHide) {
   ASSERT_GT(slow, 2 * step);
   EXPECT_NEAR(estimate_layout(r, o).cp_comm_s,
               4 * 4 * (3 * (slow - step) + 3 * (2 * slow - 2 * step) + slow), 1e-12);
+  // A sliding window of T/8 (a Llama with as many key/value heads: the same keys and values): its
+  // attention multiplies Σ_p min(p + 1, W) pairs a sequence, not T²/2, and hides less.
+  Config w = r;
+  w.model.arch = "llama";
+  w.model.n_kv_heads = w.model.n_heads;
+  w.model.sliding_window = 4096;
+  const double W = 4096;
+  const double window_step =
+      2.0 * 2 * 2 * (T * W - W * (W - 1) / 2) * 32 / 16 / (o.hardware.peak_tflops * 1e12 * 0.5);
+  ASSERT_LT(window_step, step / 3);
+  EXPECT_NEAR(estimate_layout(w, o).cp_comm_s,
+              4 * 4 * (3 * (slow - window_step) + 3 * (2 * slow - 2 * window_step) + slow), 1e-12);
   // With every_cp off the config's exchange alone.
   o.every_cp = false;
   for (const LayoutPlan& p : plan_layouts(r, o)) EXPECT_EQ(p.cp_comm, "ring") << p.name();
