@@ -13,7 +13,6 @@
 #include "base/thread_pool.h"
 #include "device/allocator.h"
 #include "kernels/ops.h"
-#include "nn/sliding_window.h"
 #include "parallel/context_parallel.h"
 #include "tensor/tensor.h"
 
@@ -117,7 +116,9 @@ int cmd_bench_attention(const BenchAttentionArgs& a) {
     Tensor host_starts = Tensor::zeros({B, T}, DType::kI32, Device::cpu());
     for (int64_t i = 0; a.documents > 0 && i < B * T; ++i)
       host_starts.data<int32_t>()[i] = static_cast<int32_t>(i % T / a.documents * a.documents);
-    fold_sliding_window(host_starts.data<int32_t>(), B, T, a.window);
+    if (a.window > 0)
+      ops::window_starts({&pool, Device::cpu()}, host_starts.data<int32_t>(),
+                         host_starts.data<int32_t>(), B, T, a.window);
     for (int64_t p = 0; p < T; ++p)
       masked_pairs_per_sequence += static_cast<double>(p - host_starts.data<int32_t>()[p] + 1);
     starts = host_starts.to(device);

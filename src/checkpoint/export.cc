@@ -142,6 +142,10 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     fail("loom checkpoint export: a model with model.qk_norm is written as a Qwen3ForCausalLM, ",
          "which has a bias on its output projection wherever it has qkv biases: no HuggingFace ",
          "class holds this model");
+  if (c.full_attention_every > 0)
+    fail("loom checkpoint export: a window in some blocks only (model.full_attention_every = ",
+         c.full_attention_every, ") is not a Llama, Mistral, Mixtral or Qwen directory's: no ",
+         "class Loom writes holds it");
   put("model.embed_tokens.weight", host("wte.weight"));
   // Q: the queries' rows (n_heads·head_dim, d_model unless model.head_dim says otherwise).
   const int64_t C = c.d_model, Q = c.attention_width(), kv = c.kv_heads() * c.head_dim(),
@@ -239,10 +243,6 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     if (c.qk_norm) config["attention_bias"] = false;
     if (!c.qk_norm && c.head_width == 0) config.erase("head_dim");
   }
-  if (c.full_attention_every > 0)
-    fail("loom checkpoint export: a window in some blocks only (model.full_attention_every = ",
-         c.full_attention_every, ") is not a Llama, Mistral, Mixtral or Qwen directory's: no ",
-         "class Loom writes holds it");
   if (c.sliding_window > 0) {
     // The window (nn/sliding_window.h, as transformers 4.51 counts it: the query's position and
     // the W − 1 before): a dense Llama's as a MistralForCausalLM, Mixtral's sliding_window, Qwen's
@@ -417,8 +417,7 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   if (model.moe() && !model.qk_norm && model_type != "mixtral")
     fail(config_path, ": model_type = ", model_type,
          ", but model.moe_experts = ", model.moe_experts,
-         " starts from a MixtralForCausalLM directory",
-         model_type == "qwen3_moe" ? " (a Qwen3MoeForCausalLM's needs model.qk_norm = true)" : "");
+         " starts from a MixtralForCausalLM directory");
   const auto integer = [&](const char* name) -> int64_t {
     try {
       return json_integer<int64_t>(config.at(name));

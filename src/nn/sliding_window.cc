@@ -1,20 +1,9 @@
 #include "nn/sliding_window.h"
 
-#include <algorithm>
-
 #include "kernels/ops.h"
 #include "nn/sequence_shard.h"
 
 namespace loom {
-
-void fold_sliding_window(int32_t* starts, int64_t B, int64_t T, int64_t window) {
-  if (window <= 0) return;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = window; t < T; ++t) {
-      int32_t& s = starts[b * T + t];
-      s = std::max(s, static_cast<int32_t>(t - window + 1));
-    }
-}
 
 const Tensor& sliding_window_starts(Context& ctx, Tensor& cached, int64_t B, int64_t T,
                                     int64_t window) {

@@ -18,10 +18,6 @@
 
 namespace loom {
 
-// starts (B, T) on the host, each row's first visible position: raised to p − window + 1 where
-// that is later (window > 0). What ops::window_starts computes on a device.
-void fold_sliding_window(int32_t* starts, int64_t B, int64_t T, int64_t window);
-
 // The window's table alone, (B, T) int32 on ctx's device — T the whole sequence under context
 // parallelism, whose kernels index it by position — in `cached` (kept while its shape holds).
 const Tensor& sliding_window_starts(Context& ctx, Tensor& cached, int64_t B, int64_t T,

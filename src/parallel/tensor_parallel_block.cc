@@ -44,7 +44,7 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
       local_hidden_(config.hidden() / tp.size()),
       head_dim_(config.head_dim()),
       local_width_(local_heads_ * head_dim_),
-      sliding_window_(config.llama() ? config.sliding_window : 0),
+      sliding_window_(config.sliding_window),
       rope_frequencies_(config.rope_frequencies()),
       tp_(tp),
       sequence_parallel_(sequence_parallel),

@@ -1130,6 +1130,19 @@ TEST(ImportMistral, OtherWindowsNoneAndLaterBlocksOnlyAreNamed) {
   spanning.sliding_window = 64;
   EXPECT_EQ(import_error(llama, dir, same, spanning), "no error");
   EXPECT_EQ(import_error(mistral, dir, same, tiny_hub_mistral()), "no error");
+  // A window in some blocks only (model.full_attention_every) is no directory's, either way.
+  Gpt2Config alternating = tiny_hub_mistral();
+  alternating.full_attention_every = 2;
+  EXPECT_NE(import_error(mistral, dir, same, alternating)
+                .find("model.full_attention_every = 2 windows some blocks only"),
+            std::string::npos);
+  Gpt2 model(alternating);
+  model.build(DType::kF32, Device::cpu(), 5);
+  const std::string error = testutil::error_of([&] { save_and_export_hf(model, dir, 2); });
+  EXPECT_NE(error.find("a window in some blocks only (model.full_attention_every = 2)"),
+            std::string::npos)
+      << error;
+  EXPECT_FALSE(fs::exists(dir / "hf"));
   fs::remove_all(dir);
 }
 
