@@ -247,6 +247,8 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     if (mc.qkv_bias) shape["qkv_bias"] = true;
     if (mc.head_width > 0) shape["head_dim"] = mc.head_width;
     if (mc.qk_norm) shape["qk_norm"] = true;
+    if (mc.qk_norm_full) shape["qk_norm_scope"] = "full";
+    if (mc.post_norm) shape["norm_placement"] = "post";
     if (mc.sliding_window > 0) shape["sliding_window"] = mc.sliding_window;
     if (mc.full_attention_every > 0) shape["full_attention_every"] = mc.full_attention_every;
     shape["ffn_hidden"] = mc.ffn_hidden;
@@ -428,6 +430,8 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       c.qkv_bias = m.value("qkv_bias", false);
       c.head_width = m.contains("head_dim") ? json_integer<int64_t>(m.at("head_dim")) : 0;
       c.qk_norm = m.value("qk_norm", false);
+      c.qk_norm_full = m.value("qk_norm_scope", std::string("head")) == "full";
+      c.post_norm = m.value("norm_placement", std::string("pre")) == "post";
       c.sliding_window =
           m.contains("sliding_window") ? json_integer<int64_t>(m.at("sliding_window")) : 0;
       c.full_attention_every = m.contains("full_attention_every")

@@ -52,6 +52,8 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, qkv_bias),
     LOOM_KEY(model, head_dim),
     LOOM_KEY(model, qk_norm),
+    LOOM_KEY(model, qk_norm_scope),
+    LOOM_KEY(model, norm_placement),
     LOOM_KEY(model, sliding_window),
     LOOM_KEY(model, full_attention_every),
     LOOM_KEY(model, ffn_hidden),

@@ -61,6 +61,14 @@ struct ModelConfig {
   // RMSNorm of each query and key head before the rotation (Qwen 3's, OLMo 2's per-head form;
   // Megatron-LM's --qk-layernorm): two head_dim-wide weights per block, shared by the heads.
   bool qk_norm = false;
+  // What qk_norm normalises: "head", each query and key head over its head_dim values (Qwen 3);
+  // "full", all the query heads together and all the key heads together (OLMo 2's q_norm and
+  // k_norm: n_heads·head_dim- and n_kv_heads·head_dim-wide weights).
+  std::string qk_norm_scope = "head";
+  // Where a block's two RMSNorms sit: "pre", on the inputs of the attention and the MLP (x +
+  // attn(norm(x)), Llama's); "post", on their outputs before the skip connection adds them
+  // (x + norm(attn(x)), OLMo 2's reordered norms).
+  std::string norm_placement = "pre";
   // Sliding-window attention (Mistral 7B v0.1's; nn/sliding_window.h): each query attends to the
   // sliding_window latest positions, itself included, in every block; 0: the whole sequence.
   int64_t sliding_window = 0;

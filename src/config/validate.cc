@@ -83,6 +83,12 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
       p.add("model.head_dim applies to model.arch = \"llama\" only");
     if (m.qk_norm != defaults.qk_norm)
       p.add("model.qk_norm applies to model.arch = \"llama\" only");
+    if (m.qk_norm_scope != defaults.qk_norm_scope)
+      p.add("model.qk_norm_scope applies to model.arch = \"llama\" only");
+    if (m.norm_placement != defaults.norm_placement)
+      p.add(
+          "model.norm_placement applies to model.arch = \"llama\" only (GPT-2's LayerNorms come "
+          "before)");
     if (m.sliding_window != defaults.sliding_window)
       p.add("model.sliding_window applies to model.arch = \"llama\" only");
     if (m.full_attention_every != defaults.full_attention_every)
@@ -99,6 +105,10 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
     return;
   }
   p.one_of("model.rope_scaling", m.rope_scaling, {"none", "llama3"});
+  p.one_of("model.qk_norm_scope", m.qk_norm_scope, {"head", "full"});
+  p.one_of("model.norm_placement", m.norm_placement, {"pre", "post"});
+  if (!m.qk_norm && m.qk_norm_scope != ModelConfig().qk_norm_scope)
+    p.add("model.qk_norm_scope = \"", m.qk_norm_scope, "\" needs model.qk_norm = true");
   if (m.rope_scaling == "llama3") {
     if (!(m.rope_scaling_factor >= 1 && std::isfinite(m.rope_scaling_factor)))
       p.add("model.rope_scaling_factor = ", format_double(m.rope_scaling_factor), " must be >= 1");

@@ -51,6 +51,8 @@ void Gpt2Config::validate() const {
     fail("model.head_dim = ", head_width, " must be in [0, ", ModelLimits::kHeadDim,
          "], and set for a Llama only");
   if (qk_norm && !llama()) fail("model.qk_norm applies to a Llama only");
+  if (qk_norm_full && !qk_norm) fail("model.qk_norm_scope = \"full\" needs model.qk_norm");
+  if (post_norm && !llama()) fail("model.norm_placement = \"post\" applies to a Llama only");
   if (sliding_window < 0 || (sliding_window > 0 && !llama()))
     fail("model.sliding_window = ", sliding_window, " must be >= 0, and set for a Llama only");
   if (full_attention_every < 0 || (full_attention_every > 0 && sliding_window == 0))
@@ -113,7 +115,7 @@ int64_t Gpt2Config::num_parameters() const {
         moe() ? (moe_experts + moe_shared_experts) * 3 * C * ffn_hidden + C * moe_experts
               : 3 * C * ffn_hidden;
     const int64_t per_block = 2 * C + C * qkv_width() + (qkv_bias ? qkv_width() : 0) +
-                              (qk_norm ? 2 * head_dim() : 0) + attention_width() * C + mlp;
+                              qk_norm_params() + attention_width() * C + mlp;
     return vocab_size * C + n_layers * per_block + C + (tie_embeddings ? 0 : vocab_size * C);
   }
   const int64_t per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) +
@@ -145,8 +147,8 @@ float residual_std(const Gpt2Config& c) {
 }
 std::optional<Rotary> rotary_of(const Gpt2Config& c) {
   if (!c.llama()) return std::nullopt;
-  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias,      c.head_dim(),
-                c.qk_norm,    c.norm_eps,           c.sliding_window};
+  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias,       c.head_dim(),
+                c.qk_norm,    c.norm_eps,           c.sliding_window, c.qk_norm_full};
 }
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c, ExpertExchange* experts) {
@@ -163,6 +165,7 @@ std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& 
 Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
                      ExpertExchange* experts)
     : recompute_(config.recompute),
+      post_norm_(config.post_norm),
       ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
       attn_(store, name + ".attn", config.d_model, config.n_heads, config.init_std,
             residual_std(config), rotary_of(config)),
@@ -170,6 +173,19 @@ Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2C
       mlp_(make_mlp(store, name + ".mlp", config, experts)) {}
 
 Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
+  if (post_norm_) {
+    // OLMo 2's order: each branch reads the residual stream itself (its Linears keep it as they
+    // read it) and its output is normalised before the skip connection adds it.
+    Tensor x1 = ln_1_->forward(ctx, attn_.forward(ctx, x));  // x + ln_1(attn(x))
+    ops::add_inplace<float>(ctx.exec(), x1.data<float>(), x.data<float>(), x1.numel());
+    Tensor y = ln_2_->forward(ctx, mlp_->forward(ctx, x1));  // x1 + ln_2(mlp(x1))
+    ops::add_inplace<float>(ctx.exec(), y.data<float>(), x1.data<float>(), y.numel());
+    if (recompute_ == Recompute::kSelective) {  // the branches' inputs, to restore them
+      input_ = x;
+      middle_ = x1;
+    }
+    return y;
+  }
   // The LayerNorms' outputs feed only the qkv and fc Linears: forward_for_matmul writes them as
   // those keep them (16-bit on a GPU at bf16 / fp16 matmul precision).
   // The skip connections are added by the branches' output projections (in the GEMMs' epilogue
@@ -204,6 +220,19 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
     run_forward(ctx, input_);  // same inputs, same kernels: bitwise the same activations
     input_ = Tensor();
   }
+  if (post_norm_) {
+    // y = x1 + ln_2(mlp(x1)): dx1 = dy + mlpᵀ(ln_2ᵀ(dy)). Selective: the MLP's input (x1) and
+    // the attention's (x) restored as they were read, the MLP's activation rebuilt by it.
+    if (selective) mlp_->restore_input(middle_);
+    Tensor dx1 = mlp_->backward(ctx, ln_2_->backward(ctx, dy));
+    ops::add_inplace<float>(ctx.exec(), dx1.data<float>(), dy.data<float>(), dx1.numel());
+    // x1 = x + ln_1(attn(x)): dx = dx1 + attnᵀ(ln_1ᵀ(dx1)).
+    if (selective) attn_.restore_input(input_);
+    Tensor dx = attn_.backward(ctx, ln_1_->backward(ctx, dx1));
+    ops::add_inplace<float>(ctx.exec(), dx.data<float>(), dx1.data<float>(), dx.numel());
+    input_ = middle_ = Tensor();
+    return dx;
+  }
   // y = x1 + mlp(ln_2(x1)): dx1 = dy + ln_2ᵀ(mlpᵀ(dy)). Selective: ln_2's output is rebuilt
   // just before the MLP's backward (which rebuilds its GELU output itself).
   if (selective) mlp_->restore_input(ln_2_->recompute_output(ctx));
@@ -216,6 +245,15 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
 
 Tensor Gpt2Block::decode(Context& ctx, const Tensor& x, Tensor& keys, Tensor& values,
                          int64_t first) {
+  if (post_norm_) {
+    Tensor zero = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    Tensor x1 = ln_1_->forward(ctx, attn_.decode_adding(ctx, x, zero, keys, values, first));
+    ops::add_inplace<float>(ctx.exec(), x1.data<float>(), x.data<float>(), x1.numel());
+    Tensor y = ln_2_->forward(ctx, mlp_->forward(ctx, x1));
+    ops::add_inplace<float>(ctx.exec(), y.data<float>(), x1.data<float>(), y.numel());
+    clear_cache();
+    return y;
+  }
   Tensor x1 = attn_.decode_adding(ctx, ln_1_->forward(ctx, x), x, keys, values, first);
   Tensor y = mlp_->forward_adding(ctx, ln_2_->forward(ctx, x1), x1);
   clear_cache();
@@ -228,6 +266,7 @@ void Gpt2Block::collect_cache(std::vector<Tensor*>& out) {
   ln_2_->collect_cache(out);
   mlp_->collect_cache(out);
   out.push_back(&input_);
+  out.push_back(&middle_);
 }
 
 void Gpt2Block::clear_cache() {
@@ -235,7 +274,7 @@ void Gpt2Block::clear_cache() {
   attn_.clear_cache();
   ln_2_->clear_cache();
   mlp_->clear_cache();
-  input_ = Tensor();
+  input_ = middle_ = Tensor();
 }
 
 Gpt2Part Gpt2Part::resolved(int64_t n_layers) const {

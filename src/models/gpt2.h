@@ -67,6 +67,10 @@ struct Gpt2Config {
   bool qkv_bias = false;    // the qkv projection's bias (Qwen 2's); GPT-2's attention has it anyway
   int64_t head_width = 0;   // model.head_dim: each head's width; 0: d_model / n_heads
   bool qk_norm = false;     // RMSNorm of each query and key head (Qwen 3's; nn: Rotary::qk_norm)
+  // model.qk_norm_scope = "full": of all the query heads together, all the key heads together
+  bool qk_norm_full = false;
+  // model.norm_placement = "post": x + norm(attn(x)), then + norm(mlp(·)) (OLMo 2's)
+  bool post_norm = false;
   int64_t sliding_window = 0;  // each query's W latest keys (nn/sliding_window.h); 0: all
   int64_t full_attention_every = 0;  // with a window: blocks N, 2N, … (1-based) unwindowed; 0: none
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
@@ -119,6 +123,12 @@ struct Gpt2Config {
     return moe() ? static_cast<size_t>(n_layers * moe_experts + 1) : 0;
   }
   int64_t head_dim() const { return head_width > 0 ? head_width : d_model / n_heads; }
+  // A block's query/key norm weights: two head_dim-wide, or (qk_norm_full) the queries' and the
+  // keys' whole widths.
+  int64_t qk_norm_params() const {
+    if (!qk_norm) return 0;
+    return qk_norm_full ? (n_heads + kv_heads()) * head_dim() : 2 * head_dim();
+  }
   // Block `layer`'s sliding window (0-based; 0: the whole past): sliding_window, but in every
   // full_attention_every-th block (Gemma 3's 6, GPT-OSS's 2, Megatron-LM's
   // --window-attn-skip-freq).
@@ -157,7 +167,8 @@ struct Gpt2Config {
   double flops_per_token(int64_t seq_len) const;
 };
 
-// One pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(·)).
+// One pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(·)); or with post_norm
+// (OLMo 2's) x + ln_1(attn(x)), then + ln_2(mlp(·)).
 class Gpt2Block {
  public:
   // `experts`: a mixture's expert-parallel group (nn/moe_mlp.h); null: every expert here.
@@ -182,11 +193,14 @@ class Gpt2Block {
  private:
   Tensor run_forward(Context& ctx, const Tensor& x);
   Recompute recompute_;
+  bool post_norm_;
   std::unique_ptr<Norm> ln_1_;
   CausalSelfAttention attn_;
   std::unique_ptr<Norm> ln_2_;
   std::unique_ptr<FeedForward> mlp_;
-  Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
+  Tensor input_;   // Recompute::kFull: the block input, all that forward keeps (also post_norm's
+                   // selective: the attention's input, restored)
+  Tensor middle_;  // post_norm, selective: the MLP's input x1, restored
 };
 
 // Which part of the network a Gpt2 object holds (pipeline stages hold parts): blocks

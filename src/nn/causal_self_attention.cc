@@ -40,7 +40,9 @@ CausalSelfAttention::CausalSelfAttention(ParameterStore& store, const std::strin
       proj_(store, name + ".proj", width_, channels, !rotary, proj_std) {
   if (rotary && head_dim_ % 2 != 0)
     fail(name, ": head size ", head_dim_, " must be even for the rotary embedding");
-  if (rotary && rotary->qk_norm) qk_norm_.emplace(store, name, head_dim_, rotary->norm_eps);
+  if (rotary && rotary->qk_norm)
+    qk_norm_.emplace(store, name, head_dim_, rotary->norm_eps, rotary->qk_norm_full, heads,
+                     rotary->kv_heads);
 }
 
 Tensor CausalSelfAttention::project_turned(Context& ctx, const Tensor& x) {

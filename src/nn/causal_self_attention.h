@@ -34,6 +34,7 @@ struct Rotary {
   bool qk_norm = false;
   double norm_eps = 1e-5;
   int64_t sliding_window = 0;  // each query's W latest keys only (nn/sliding_window.h); 0: all
+  bool qk_norm_full = false;   // OLMo 2's form: over all the query (key) heads together
 };
 
 // The rotary embedding's (T, head_dim) cos/sin table on ctx's device, in ctx's dtype: `cached`

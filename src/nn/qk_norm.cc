@@ -6,10 +6,14 @@
 
 namespace loom {
 
-QkNorm::QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps)
+QkNorm::QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps,
+               bool full, int64_t heads, int64_t kv_heads)
     : head_dim_(head_dim),
-      q_(store, name + ".q_norm", head_dim, eps),
-      k_(store, name + ".k_norm", head_dim, eps) {}
+      full_(full),
+      q_(store, name + ".q_norm", full ? heads * head_dim : head_dim, eps),
+      k_(store, name + ".k_norm", full ? kv_heads * head_dim : head_dim, eps) {
+  LOOM_CHECK(!full || (heads > 0 && kv_heads > 0));
+}
 
 namespace {
 // The heads [first, first + count) of every qkv row, gathered into (rows·count, hd), or written
@@ -42,20 +46,25 @@ void check_width(const Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t hd)
 }
 }  // namespace
 
+// The heads [first, first + count) of every row, as (rows·count, hd) rows for the per-head
+// norm or (rows, count·hd) for the full one: the same bytes.
+Tensor QkNorm::gather(Context& ctx, const Tensor& qkv, int64_t first, int64_t count) const {
+  Tensor heads = gather_heads(ctx, qkv, first, count, head_dim_);
+  return full_ ? heads.reshape({heads.numel() / (count * head_dim_), count * head_dim_}) : heads;
+}
+
 void QkNorm::forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads) {
   check_width(qkv, heads, kv_heads, head_dim_);
-  scatter_heads(ctx, qkv, q_.forward(ctx, gather_heads(ctx, qkv, 0, heads, head_dim_)), 0, heads,
+  scatter_heads(ctx, qkv, q_.forward(ctx, gather(ctx, qkv, 0, heads)), 0, heads, head_dim_);
+  scatter_heads(ctx, qkv, k_.forward(ctx, gather(ctx, qkv, heads, kv_heads)), heads, kv_heads,
                 head_dim_);
-  scatter_heads(ctx, qkv, k_.forward(ctx, gather_heads(ctx, qkv, heads, kv_heads, head_dim_)),
-                heads, kv_heads, head_dim_);
 }
 
 void QkNorm::backward(Context& ctx, Tensor& dqkv, int64_t heads, int64_t kv_heads) {
   check_width(dqkv, heads, kv_heads, head_dim_);
-  scatter_heads(ctx, dqkv, q_.backward(ctx, gather_heads(ctx, dqkv, 0, heads, head_dim_)), 0, heads,
+  scatter_heads(ctx, dqkv, q_.backward(ctx, gather(ctx, dqkv, 0, heads)), 0, heads, head_dim_);
+  scatter_heads(ctx, dqkv, k_.backward(ctx, gather(ctx, dqkv, heads, kv_heads)), heads, kv_heads,
                 head_dim_);
-  scatter_heads(ctx, dqkv, k_.backward(ctx, gather_heads(ctx, dqkv, heads, kv_heads, head_dim_)),
-                heads, kv_heads, head_dim_);
 }
 
 Tensor QkNorm::backward_widening(Context& ctx, const Tensor& dqkv, int64_t heads,

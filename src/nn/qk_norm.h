@@ -1,7 +1,9 @@
-// Qwen 3's query/key normalisation (OLMo 2's per-head form, Megatron-LM's --qk-layernorm): an
-// RMSNorm of every query head and of every key head, over the head's head_dim values, right
-// after the qkv projection and before the rotation. Two head_dim-wide weights (name.q_norm.weight
-// and name.k_norm.weight), each shared by all the query (key) heads, initialised to ones.
+// Qwen 3's query/key normalisation (Megatron-LM's --qk-layernorm): an RMSNorm of every query
+// head and of every key head, over the head's head_dim values, right after the qkv projection and
+// before the rotation. Two head_dim-wide weights (name.q_norm.weight and name.k_norm.weight),
+// each shared by all the query (key) heads, initialised to ones. In the full form (OLMo 2's,
+// model.qk_norm_scope = "full") one RMSNorm spans all the query heads of a row and one all its key
+// heads: weights heads·head_dim and kv_heads·head_dim wide, one value per channel.
 //
 // It works on the compact qkv rows of grouped-query attention, ((NH + 2·KV)·hd) wide: the query
 // heads are gathered into contiguous (rows·NH, hd) rows (ops::copy_columns), normalised by an
@@ -9,7 +11,8 @@
 // place; the key heads likewise; the values are left alone. The backward gathers the gradient
 // the same way. Under tensor parallelism each rank normalises its own heads with the shared
 // weights, so a weight's gradient is the sum over the tp group of the ranks' parts
-// (parallel/tensor_parallel_block.h lists them among the parameters summed over tp).
+// (parallel/tensor_parallel_block.h lists them among the parameters summed over tp). The full
+// form normalises over heads a tp rank does not hold: refused under tensor parallelism.
 #pragma once
 
 #include <string>
@@ -21,7 +24,9 @@ namespace loom {
 
 class QkNorm {
  public:
-  QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps);
+  // Per head; or (full) over the `heads` query heads and the `kv_heads` key heads together.
+  QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps,
+         bool full = false, int64_t heads = 0, int64_t kv_heads = 0);
   // qkv (.., (heads + 2·kv_heads)·head_dim), ctx.dtype: its queries and keys normalised in place.
   void forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads);
   // dqkv as qkv, the gradient at the normalised queries and keys: made theirs before it, in
@@ -43,7 +48,9 @@ class QkNorm {
   }
 
  private:
+  Tensor gather(Context& ctx, const Tensor& qkv, int64_t first, int64_t count) const;
   int64_t head_dim_;
+  bool full_;
   RmsNorm q_, k_;
 };
 

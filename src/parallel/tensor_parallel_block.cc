@@ -39,6 +39,7 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
                          Communicator& tp, bool sequence_parallel, ExpertExchange* experts)
     : recompute_(config.recompute),
       llama_(config.llama()),
+      post_norm_(config.post_norm),
       local_heads_(checked_local_heads(config, tp.size(), name)),
       local_kv_heads_(config.kv_heads() / tp.size()),
       local_hidden_(config.hidden() / tp.size()),
@@ -57,7 +58,12 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
                  !config.llama(), residual_std(config), sequence_parallel),
       ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)) {
   // Qwen 3's per-head norms, registered after proj as Gpt2Block's attention registers them.
-  if (config.qk_norm) qk_norm_.emplace(store, name + ".attn", head_dim_, config.norm_eps);
+  if (config.qk_norm_full && tp.size() > 1)
+    fail(name, ": model.qk_norm_scope = \"full\" (OLMo 2's) normalises over all the heads, ",
+         "parallel.tp = ", tp.size(), " splits them; use another layout (dp, ZeRO, pp, cp)");
+  if (config.qk_norm)
+    qk_norm_.emplace(store, name + ".attn", head_dim_, config.norm_eps, config.qk_norm_full,
+                     local_heads_, local_kv_heads_);
   if (config.moe()) {
     split_ = std::make_unique<TpSums>(tp);
     moe_ = std::make_unique<MoeMlp>(store, name + ".mlp", config.moe_shape(), config.moe_losses(),
@@ -151,7 +157,7 @@ Tensor TpGpt2Block::mlp_up(Context& ctx, const Tensor& normed) {
 
 Tensor TpGpt2Block::mlp_down_backward(Context& ctx, const Tensor& dy, bool selective) {
   const auto restore_fc_input = [&] {
-    if (selective) fc_->restore_input(ln_2_->recompute_output(ctx));
+    if (selective) fc_->restore_input(post_norm_ ? middle_ : ln_2_->recompute_output(ctx));
   };
   if (h_.dtype() != DType::kF32) {  // mlp_up's 16-bit path: the gradient at fc's output so too
     Tensor dh;
@@ -220,7 +226,9 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   const Exec ex = ctx.exec();
   // The norms' outputs feed only the column-parallel qkv and fc: forward_for_matmul writes them
   // as those keep them (16-bit on a GPU at bf16 / fp16, gathered so with sequence parallelism).
-  const Tensor normed = ln_1_->forward_for_matmul(ctx, x);
+  // Post-norm (OLMo 2): the column-parallel qkv reads the residual stream itself.
+  const Tensor normed = post_norm_ ? x : ln_1_->forward_for_matmul(ctx, x);
+  if (post_norm_ && recompute_ == Recompute::kSelective) input_ = x;
   documents_ = attention_starts(ctx, window_, B, T, sliding_window_);  // nn/sliding_window.h
   const cpu::DocumentStarts docs = document_starts_of(documents_);
   if (ctx.sequence != nullptr) {
@@ -263,11 +271,17 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
 
 Tensor TpGpt2Block::after_attention(Context& ctx, const Tensor& x) {
   const Exec ex = ctx.exec();
+  // Post-norm: the row-parallel proj's summed output (this rank's rows with sequence
+  // parallelism) normalised before the skip connection, then the MLP's likewise.
   Tensor x1 = attn_proj_.forward(ctx, att_);
+  if (post_norm_) x1 = ln_1_->forward(ctx, x1);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
+  if (post_norm_ && recompute_ == Recompute::kSelective) middle_ = x1;
+  const Tensor mlp_in = post_norm_ ? x1 : ln_2_->forward_for_matmul(ctx, x1);
   // A mixture: its part of every token's output, summed over tp, then the skip connection.
-  Tensor y = moe_ ? sum_over_tp(moe_->forward(ctx, whole_rows(ln_2_->forward_for_matmul(ctx, x1))))
-                  : mlp_proj_->forward(ctx, mlp_up(ctx, ln_2_->forward_for_matmul(ctx, x1)));
+  Tensor y = moe_ ? sum_over_tp(moe_->forward(ctx, whole_rows(mlp_in)))
+                  : mlp_proj_->forward(ctx, mlp_up(ctx, mlp_in));
+  if (post_norm_) y = ln_2_->forward(ctx, y);
   ops::add_inplace<float>(ex, y.data<float>(), x1.data<float>(), y.numel());
   return y;
 }
@@ -283,28 +297,40 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   // y = x1 + proj(gelu(fc(ln_2(x1)))). Selective: each dropped activation is rebuilt right
   // before the backward that reads it (the GELU output from h, the LayerNorm outputs from their
   // kept inputs, mean and rstd — with sequence parallelism all-gathered again).
+  // Post-norm: y = x1 + ln_2(mlp(x1)), the MLP's backward from ln_2's.
+  const Tensor dmlp_out = post_norm_ ? ln_2_->backward(ctx, dy) : dy;
   Tensor dmlp;
   if (moe_) {  // its part of the input gradient of every token, summed over tp
-    if (selective) moe_->restore_input(whole_rows(ln_2_->recompute_output(ctx)));
-    dmlp = sum_over_tp(moe_->backward(ctx, whole_rows(dy)));
+    if (selective)
+      moe_->restore_input(whole_rows(post_norm_ ? middle_ : ln_2_->recompute_output(ctx)));
+    dmlp = sum_over_tp(moe_->backward(ctx, whole_rows(dmlp_out)));
   } else {
     if (selective) mlp_proj_->restore_input(activation(ctx));
-    dmlp = mlp_down_backward(ctx, dy, selective);
+    dmlp = mlp_down_backward(ctx, dmlp_out, selective);
   }
-  Tensor dx1 = ln_2_->backward_adding(ctx, dmlp, dy);
+  Tensor dx1;
+  if (post_norm_) {
+    dx1 = dmlp;
+    ops::add_inplace<float>(ex, dx1.data<float>(), dy.data<float>(), dx1.numel());
+  } else {
+    dx1 = ln_2_->backward_adding(ctx, dmlp, dy);
+  }
+  // Post-norm: x1 = x + ln_1(proj(attention(qkv(x)))), proj's backward from ln_1's.
+  const Tensor dproj = post_norm_ ? ln_1_->backward(ctx, dx1) : dx1;
   // x1 = x + proj(attention(qkv(ln_1(x))))
   const cpu::DocumentStarts docs = document_starts_of(documents_);
   Tensor dqkv;
   bool normed_back = false;  // the bf16 path's qk_norm: dqkv turned back and normed back already
   if (ctx.sequence != nullptr) {  // proj's input gradient in fp32 whatever att_'s type
-    Tensor datt = attn_proj_.backward(ctx, dx1);
+    Tensor datt = attn_proj_.backward(ctx, dproj);
     dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
                                     local_heads_, local_kv_heads_, head_dim_, docs)
                .reshape({B_ * T_, (local_heads_ + 2 * local_kv_heads_) * head_dim_});
   } else if (att_.dtype() != DType::kF32) {  // the 16-bit forward: dqkv as qkv's rounded dout
     // Where the flash kernels read qkv in 16 bits they read dO (proj's dinp) so too.
-    const Tensor datt = qkv_out_.dtype() != DType::kF32 ? attn_proj_.backward_rounded_dinp(ctx, dx1)
-                                                        : attn_proj_.backward(ctx, dx1);
+    const Tensor datt = qkv_out_.dtype() != DType::kF32
+                            ? attn_proj_.backward_rounded_dinp(ctx, dproj)
+                            : attn_proj_.backward(ctx, dproj);
     dqkv = Tensor::empty(qkv_out_.shape(), att_.dtype(), ctx.device);
     ops::attention_gqa_backward_rounded(
         ex, dqkv.raw(), datt.raw(), datt.dtype(), qkv_out_.raw(), qkv_out_.dtype(), att_.raw(),
@@ -318,7 +344,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
       normed_back = true;
     }
   } else {
-    Tensor datt = attn_proj_.backward(ctx, dx1);
+    Tensor datt = attn_proj_.backward(ctx, dproj);
     dqkv = Tensor::empty(qkv_out_.shape(), DType::kF32, ctx.device);
     ops::attention_gqa_backward<float>(
         ex, dqkv.data<float>(), datt.data<float>(), qkv_out_.data<float>(), att_.data<float>(),
@@ -330,8 +356,14 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
                               local_kv_heads_, head_dim_);
     if (qk_norm_) qk_norm_->backward(ctx, dqkv, local_heads_, local_kv_heads_);
   }
-  if (selective) qkv_.restore_input(ln_1_->recompute_output(ctx));
-  Tensor dx = ln_1_->backward_adding(ctx, qkv_.backward(ctx, dqkv), dx1);
+  if (selective) qkv_.restore_input(post_norm_ ? input_ : ln_1_->recompute_output(ctx));
+  Tensor dx;
+  if (post_norm_) {
+    dx = qkv_.backward(ctx, dqkv);
+    ops::add_inplace<float>(ex, dx.data<float>(), dx1.data<float>(), dx.numel());
+  } else {
+    dx = ln_1_->backward_adding(ctx, qkv_.backward(ctx, dqkv), dx1);
+  }
   clear_cache();
   return dx;
 }
@@ -348,7 +380,7 @@ void TpGpt2Block::collect_cache(std::vector<Tensor*>& out) {
     fc_->collect_cache(out);
     mlp_proj_->collect_cache(out);
   }
-  out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_, &h_, &input_, &documents_});
+  out.insert(out.end(), {&qkv_out_, &kv_full_, &att_, &lse_, &h_, &input_, &middle_, &documents_});
 }
 
 void TpGpt2Block::clear_cache() {

@@ -101,6 +101,7 @@ class TpGpt2Block {
   Tensor sum_over_tp(const Tensor& partial) const;
   Recompute recompute_;
   bool llama_;
+  bool post_norm_;  // OLMo 2's order: the norms on the branches' outputs (models/gpt2.h)
   int64_t local_heads_, local_kv_heads_, local_hidden_, head_dim_;
   int64_t local_width_;  // local_heads_·head_dim_: this rank's attention output, proj's input
   int64_t sliding_window_;  // nn/sliding_window.h; 0: none
@@ -129,7 +130,9 @@ class TpGpt2Block {
                       // sliding window's table)
   Tensor window_;     // a sliding window's own table (nn/sliding_window.h), kept
   Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)
-  Tensor input_;  // Recompute::kFull: the block input, all that forward keeps
+  Tensor input_;   // Recompute::kFull: the block input, all that forward keeps (post_norm's
+                   // selective: the attention's input, restored)
+  Tensor middle_;  // post_norm, selective: the MLP's input x1, restored
 };
 
 }  // namespace loom

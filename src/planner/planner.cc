@@ -118,7 +118,7 @@ std::vector<std::vector<PlannedUnit>> planned_units(const Config& config, int pp
   const int64_t router = model.moe() ? d * model.moe_experts : 0;
   const int64_t llama_matrices = d * model.qkv_width() + model.attention_width() * d + mlp;
   const int64_t qkv_bias = model.llama() && model.qkv_bias ? model.qkv_width() / P : 0;
-  const int64_t qk_norm = model.qk_norm ? 2 * model.head_dim() : 0;
+  const int64_t qk_norm = model.qk_norm_params();
   const int64_t per_block = model.llama() ? llama_matrices / P + qkv_bias + qk_norm + router + 2 * d
                             : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
                                           : 12 * d * d + 13 * d;

@@ -68,14 +68,19 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     const double qkv_width = model.n_heads > 0
         ? static_cast<double>(model.n_heads + 2 * model.resolved_n_kv_heads()) / static_cast<double>(model.n_heads)
         : 3.0;
-    const double qk_norm =
-        model.qk_norm && model.n_heads > 0
-            ? static_cast<double>(model.n_heads + model.resolved_n_kv_heads()) * (head_dim + 1) / C
-            : 0.0;
+    // OLMo 2's full form: the same inputs, a number per row for each of the two norms.
+    const double qk_heads = static_cast<double>(model.n_heads + model.resolved_n_kv_heads());
+    const double qk_norm = !model.qk_norm || model.n_heads <= 0 ? 0.0
+                           : model.qk_norm_scope == "full"      ? (qk_heads * head_dim + 2) / C
+                                                                : qk_heads * (head_dim + 1) / C;
     const double attention =
         heads * (cp > 1 ? cp_attention : qkv_width * flash_half + half) + qk_norm;
     everything = (2 + 2 * half) * rows * C + attention * N * C / P + 3 * half * N * H / P;
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
+    // Post-norms (OLMo 2): the norms keep the branches' outputs instead of the block's input and
+    // x1, which the Linears keep as they read them — the same count —; selective recomputation
+    // keeps x and x1 themselves (the Linears' inputs, restored) beside the norms' inputs.
+    if (model.norm_placement == "post") selective += 2 * rows * C;
     if (model.moe_experts > 0) {
       // A mixture of experts (nn/moe_mlp.h): in place of the SwiGLU's, the router's
       // probabilities (E) and log-sum-exp (1), each token's choices and weights and the experts'

@@ -65,6 +65,8 @@ Gpt2Config model_config_of(const Config& config) {
     m.qkv_bias = config.model.qkv_bias;
     m.head_width = config.model.head_dim;
     m.qk_norm = config.model.qk_norm;
+    m.qk_norm_full = config.model.qk_norm_scope == "full";
+    m.post_norm = config.model.norm_placement == "post";
     m.sliding_window = config.model.sliding_window;
     m.full_attention_every = config.model.full_attention_every;
     m.ffn_hidden = config.model.resolved_ffn_hidden();
@@ -244,11 +246,14 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
       saved.llama() && wanted.llama() && saved.head_dim() != wanted.head_dim();
   if (saved.arch != wanted.arch || saved.tie_embeddings != wanted.tie_embeddings ||
       saved.qkv_bias != wanted.qkv_bias || saved.qk_norm != wanted.qk_norm || heads_differ ||
+      saved.qk_norm_full != wanted.qk_norm_full || saved.post_norm != wanted.post_norm ||
       saved.sliding_window != wanted.sliding_window ||
       saved.full_attention_every != wanted.full_attention_every)
     fail("checkpoint ", checkpoint, " holds a ", arch_name(saved.arch),
          saved.tie_embeddings ? "" : " with an untied head",
-         saved.qkv_bias ? " with qkv biases" : "", saved.qk_norm ? " with qk norms" : "",
+         saved.qkv_bias ? " with qkv biases" : "",
+         saved.qk_norm ? (saved.qk_norm_full ? " with full qk norms" : " with qk norms") : "",
+         saved.post_norm ? " with post-norms" : "",
          heads_differ ? detail::concat(" with heads of ", saved.head_dim()) : std::string(),
          saved.sliding_window > 0
              ? detail::concat(
@@ -261,6 +266,8 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          wanted.tie_embeddings ? "" : " with model.tie_embeddings = false",
          wanted.qkv_bias ? " with model.qkv_bias = true" : "",
          wanted.qk_norm ? " with model.qk_norm = true" : "",
+         wanted.qk_norm_full ? " with model.qk_norm_scope = \"full\"" : "",
+         wanted.post_norm ? " with model.norm_placement = \"post\"" : "",
          heads_differ ? detail::concat(" with heads of ", wanted.head_dim(), " (model.head_dim)")
                       : std::string(),
          wanted.sliding_window > 0

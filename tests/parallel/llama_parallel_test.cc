@@ -252,6 +252,45 @@ TEST_F(LlamaParallel, Qwen3MixtureFromTransformersUnderEveryLayoutMatchesOneDevi
       6);
 }
 
+// OLMo 2's reordered norms (model.norm_placement = "post": each branch's output normalised before
+// the skip connection adds it) under tensor parallelism — the row-parallel outputs normalised
+// once summed, on each rank's rows with sequence parallelism (the gains' gradients then summed
+// over tp) — with context parallelism, pipelining, ZeRO and either recomputation (selective
+// restores the branches' inputs): each layout one device's run.
+TEST_F(LlamaParallel, PostNormsUnderEveryLayoutMatchOneDevice) {
+  Config c = config();
+  c.model.norm_placement = "post";
+  c.model.qk_norm = true;
+  expect_layouts_match_one_device(
+      c,
+      "tp=2;tp=2,sp=1;cp=2,tp=2,sp=1;dp=2,tp=2,zero=2,sp=1,recompute=selective;"
+      "tp=2,recompute=full;pp=2,tp=2,sp=1,schedule=zb-h1;dp=2,zero=3,recompute=selective",
+      7);
+}
+
+// OLMo 2's whole form: post-norms and one RMSNorm over all the query heads and one over all the
+// key heads (model.qk_norm_scope = "full") — under data and context parallelism (all-gather and
+// ring), pipelining and ZeRO, recomputed or not. Tensor parallelism, which would split the norms'
+// rows, is refused by name.
+TEST_F(LlamaParallel, FullQkNormsWithPostNormsMatchOneDeviceAndRefuseTensorParallelism) {
+  Config c = config();
+  c.model.norm_placement = "post";
+  c.model.qk_norm = true;
+  c.model.qk_norm_scope = "full";
+  expect_layouts_match_one_device(
+      c,
+      "dp=2,zero=1;cp=2;cp=2,cp_comm=ring,recompute=selective;pp=2,schedule=zb-h1;"
+      "dp=2,zero=3,recompute=full;dp=2,pp=2,schedule=interleaved,v=2,mbs=2",
+      6);
+  LayoutCheckOptions o;
+  o.steps = 1;
+  const LayoutCheckResult r = check_layouts(c, parse_layouts("tp=2"), o);
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_NE(r.rows[0].status, "ok");
+  EXPECT_NE(r.rows[0].error.find("model.qk_norm_scope = \"full\""), std::string::npos)
+      << r.rows[0].error;
+}
+
 TEST_F(LlamaParallel, TensorParallelNeedsWholeKeyValueHeadsPerRank) {
   Config c = config();
   c.parallel.tp = 4;  // 2 key/value heads cannot split over 4 ranks
