@@ -12,7 +12,10 @@
 // tests/models/qwen2_reference_test.cc. With --qwen3 the Llama with per-head query/key norms
 // (model.qk_norm) and heads 32 wide (model.head_dim: queries 128 wide from 64 channels), rope_theta
 // 1e6 and epsilon 1e-6, as Qwen 3's: tools/hf_llama_reference.py runs it in transformers'
-// Qwen3ForCausalLM for tests/models/qwen3_reference_test.cc. See tools/README.md.
+// Qwen3ForCausalLM for tests/models/qwen3_reference_test.cc. With --olmo2 the Llama with OLMo 2's
+// post-norms and query/key norms over all the heads, rope_theta 500000 and epsilon 1e-6:
+// tools/hf_llama_reference.py runs it in transformers' Olmo2ForCausalLM for
+// tests/models/olmo2_reference_test.cc. See tools/README.md.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -25,9 +28,12 @@ int main(int argc, char** argv) {
   const bool moe = argc == 3 && std::string(argv[1]) == "--moe";
   const bool qwen2 = argc == 3 && std::string(argv[1]) == "--qwen2";
   const bool qwen3 = argc == 3 && std::string(argv[1]) == "--qwen3";
-  const bool llama = moe || qwen2 || qwen3 || (argc == 3 && std::string(argv[1]) == "--llama");
+  const bool olmo2 = argc == 3 && std::string(argv[1]) == "--olmo2";
+  const bool llama =
+      moe || qwen2 || qwen3 || olmo2 || (argc == 3 && std::string(argv[1]) == "--llama");
   if (argc != 2 && !llama) {
-    std::fprintf(stderr, "usage: %s [--llama | --moe | --qwen2 | --qwen3] OUT.safetensors\n",
+    std::fprintf(stderr,
+                 "usage: %s [--llama | --moe | --qwen2 | --qwen3 | --olmo2] OUT.safetensors\n",
                  argv[0]);
     return 2;
   }
@@ -46,6 +52,11 @@ int main(int argc, char** argv) {
       c.qk_norm = qwen3;
       c.head_width = qwen3 ? 32 : 0;
       c.rope_theta = 1e6;
+      c.norm_eps = 1e-6;
+    }
+    if (olmo2) {
+      c.post_norm = c.qk_norm = c.qk_norm_full = true;
+      c.rope_theta = 500000;
       c.norm_eps = 1e-6;
     }
     if (moe) {
@@ -77,6 +88,11 @@ int main(int argc, char** argv) {
       meta[qwen2 ? "qkv_bias" : "qk_norm"] = "1";
       if (qwen3) meta["head_dim"] = "32";
       meta["rope_theta"] = "1000000";
+      meta["norm_eps"] = "1e-6";
+    }
+    if (olmo2) {
+      meta.insert({{"qk_norm", "1"}, {"qk_norm_scope", "full"}, {"norm_placement", "post"}});
+      meta["rope_theta"] = "500000";
       meta["norm_eps"] = "1e-6";
     }
     if (moe) {

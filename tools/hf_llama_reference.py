@@ -18,7 +18,9 @@ From `loom_export_reference --qwen2` (meta qkv_bias = 1) the same in transformer
 Qwen2ForCausalLM: the fused qkv bias split into q/k/v_proj.bias, its gradient re-fused. From
 `--qwen3` (meta qk_norm = 1, head_dim 32) in Qwen3ForCausalLM: its q_norm / k_norm, heads wider
 than their share of hidden_size (needs transformers >= 4.51: made with 4.51.3 on Debian's torch
-1.13 through tools/torch1_shim.py).
+1.13 through tools/torch1_shim.py). From `--olmo2` (meta norm_placement = post, qk_norm_scope =
+full) in Olmo2ForCausalLM: ln_1 / ln_2 as its post_attention_layernorm / post_feedforward_layernorm
+(no input norms), q_norm / k_norm over all the query / key heads (transformers >= 4.47).
 
 Usage: PYTHON=/usr/bin/python3 tools/make_golden.sh llama. Needs torch, numpy and transformers
 (pip install transformers; checked with 4.40.2 on Debian's torch 1.13). EXTRA_PYTHONPATH appends a
@@ -49,7 +51,15 @@ def build(tensors, meta, dtype):
                  num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=kv_heads,
                  max_position_embeddings=64, rms_norm_eps=float(meta["norm_eps"]),
                  rope_theta=float(meta["rope_theta"]), tie_word_embeddings=True, hidden_act="silu")
-    if meta.get("qk_norm") == "1":  # Qwen 3: q_norm / k_norm, head_dim its own, no window
+    if meta.get("norm_placement") == "post":  # OLMo 2: post-norms, full-width q_norm / k_norm
+        from transformers import Olmo2Config, Olmo2ForCausalLM  # transformers >= 4.47
+        assert meta.get("qk_norm_scope") == "full" and "head_dim" not in meta
+        # No padding row (Olmo2Config's pad_token_id 1 would leave token 1's embedding gradient
+        # out, as nn.Embedding's padding_idx does; Loom has no padding token).
+        config = Olmo2Config(attention_bias=False, pad_token_id=None, **shape)
+        config._attn_implementation = "eager"
+        model = Olmo2ForCausalLM(config).to(dtype)
+    elif meta.get("qk_norm") == "1":  # Qwen 3: q_norm / k_norm, head_dim its own, no window
         from transformers import Qwen3Config, Qwen3ForCausalLM  # transformers >= 4.51
         config = Qwen3Config(use_sliding_window=False, head_dim=hd, attention_bias=False, **shape)
         config._attn_implementation = "eager"
@@ -63,7 +73,8 @@ def build(tensors, meta, dtype):
         config = LlamaConfig(attention_bias=False, mlp_bias=False, **shape)
         config._attn_implementation = "eager"
         model = LlamaForCausalLM(config).to(dtype)
-    state = attention_state(tensors, n_layers, n_heads * hd, kv_heads * hd)
+    state = attention_state(tensors, n_layers, n_heads * hd, kv_heads * hd,
+                            post=meta.get("norm_placement") == "post")
     for l in range(n_layers):
         ours, hf = f"blocks.{l}.", f"model.layers.{l}."
         fc = tensors[ours + "mlp.fc.weight"]
@@ -74,15 +85,20 @@ def build(tensors, meta, dtype):
     return model, n_layers, hidden, n_heads * hd + kv_heads * hd
 
 
-def attention_state(tensors, n_layers, C, kv):
+def attention_state(tensors, n_layers, C, kv, post=False):
     """transformers' names for what a Llama-form model holds besides its MLPs, from Loom's tensors:
     the embedding, the norms, and q/k/v_proj split out of the fused qkv rows (C the queries' rows,
-    kv the keys' and the values')."""
+    kv the keys' and the values'). `post`: OLMo 2's norms, after the attention and the MLP."""
     state = {"model.embed_tokens.weight": tensors["wte.weight"], "model.norm.weight": tensors["ln_f.weight"]}
     for l in range(n_layers):
         ours, hf = f"blocks.{l}.", f"model.layers.{l}."
         qkv = tensors[ours + "attn.qkv.weight"]
-        state[hf + "input_layernorm.weight"] = tensors[ours + "ln_1.weight"]
+        if post:
+            state[hf + "post_attention_layernorm.weight"] = tensors[ours + "ln_1.weight"]
+            state[hf + "post_feedforward_layernorm.weight"] = tensors[ours + "ln_2.weight"]
+        else:
+            state[hf + "input_layernorm.weight"] = tensors[ours + "ln_1.weight"]
+            state[hf + "post_attention_layernorm.weight"] = tensors[ours + "ln_2.weight"]
         state[hf + "self_attn.q_proj.weight"] = qkv[:C]
         state[hf + "self_attn.k_proj.weight"] = qkv[C:C + kv]
         state[hf + "self_attn.v_proj.weight"] = qkv[C + kv:]
@@ -95,7 +111,6 @@ def attention_state(tensors, n_layers, C, kv):
             state[hf + "self_attn.q_norm.weight"] = tensors[ours + "attn.q_norm.weight"]
             state[hf + "self_attn.k_norm.weight"] = tensors[ours + "attn.k_norm.weight"]
         state[hf + "self_attn.o_proj.weight"] = tensors[ours + "attn.proj.weight"]
-        state[hf + "post_attention_layernorm.weight"] = tensors[ours + "ln_2.weight"]
     return state
 
 
@@ -119,7 +134,12 @@ def attention_grads(model, n_layers):
     for l in range(n_layers):
         ours, layer = f"blocks.{l}.", model.model.layers[l]
         a = layer.self_attn
-        g[ours + "ln_1.weight"] = layer.input_layernorm.weight.grad
+        if hasattr(layer, "post_feedforward_layernorm"):  # OLMo 2's
+            g[ours + "ln_1.weight"] = layer.post_attention_layernorm.weight.grad
+            g[ours + "ln_2.weight"] = layer.post_feedforward_layernorm.weight.grad
+        else:
+            g[ours + "ln_1.weight"] = layer.input_layernorm.weight.grad
+            g[ours + "ln_2.weight"] = layer.post_attention_layernorm.weight.grad
         g[ours + "attn.qkv.weight"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad, a.v_proj.weight.grad])
         if a.q_proj.bias is not None:  # Qwen 2's
             g[ours + "attn.qkv.bias"] = torch.cat([a.q_proj.bias.grad, a.k_proj.bias.grad, a.v_proj.bias.grad])
@@ -127,7 +147,6 @@ def attention_grads(model, n_layers):
             g[ours + "attn.q_norm.weight"] = a.q_norm.weight.grad
             g[ours + "attn.k_norm.weight"] = a.k_norm.weight.grad
         g[ours + "attn.proj.weight"] = a.o_proj.weight.grad
-        g[ours + "ln_2.weight"] = layer.post_attention_layernorm.weight.grad
     return g
 
 

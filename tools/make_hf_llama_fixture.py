@@ -21,10 +21,14 @@ tools/torch1_shim.py). With --qwen3-moe: tests/data/hf_tiny_qwen3_moe/, that Qwe
 mixture of 4 experts 24 wide in each block, 2 per token, norm_topk_prob true
 (Qwen3MoeForCausalLM, 4.51.3). With --mistral: tests/data/hf_tiny_mistral/, a
 MistralForCausalLM of hf_tiny_llama's sizes with a sliding window of 5 positions (transformers
-4.51.3, which counts the query's own position among the 5; 4.40 counted one more).
+4.51.3, which counts the query's own position among the 5; 4.40 counted one more). With
+--olmo2: tests/data/hf_tiny_olmo2/, an Olmo2ForCausalLM of hf_tiny_llama's sizes (an untied head,
+rope_theta 500, rms_norm_eps 1e-6): norms after the attention and the MLP, and q_norm / k_norm
+over all the query heads (32 wide) and all the key heads (16 wide), their gains random
+(transformers 4.51.3).
 
     EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py \
-        [--mixtral|--qwen2|--qwen3|--qwen3-moe|--mistral]
+        [--mixtral|--qwen2|--qwen3|--qwen3-moe|--mistral|--olmo2]
 
 Needs torch, numpy and transformers >= 4.43 for rope_scaling "llama3" (made with 4.44.2 on
 Debian's torch 1.13; the Mixtral with 4.40.2).
@@ -46,13 +50,23 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralF
 
 
 def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa: C901
-          window=None):
+          window=None, olmo2=False):
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
     sizes = dict(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                  rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tied, initializer_range=0.2)
-    if window:
+    if olmo2:
+        from transformers import Olmo2Config, Olmo2ForCausalLM  # transformers >= 4.47
+        sizes.update(rms_norm_eps=1e-6)
+        model = Olmo2ForCausalLM(Olmo2Config(**sizes, attn_implementation="eager")).eval()
+        with torch.no_grad():  # every gain away from one, so a gain read wrongly shows
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.add_(0.3 * torch.randn(32))
+                layer.self_attn.k_norm.weight.add_(0.3 * torch.randn(16))
+                layer.post_attention_layernorm.weight.add_(0.3 * torch.randn(32))
+                layer.post_feedforward_layernorm.weight.add_(0.3 * torch.randn(32))
+    elif window:
         from transformers import MistralConfig, MistralForCausalLM
         config = MistralConfig(**sizes, sliding_window=window, attn_implementation="eager")
         model = MistralForCausalLM(config).eval()
@@ -89,7 +103,7 @@ def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa
     else:
         model = LlamaForCausalLM(LlamaConfig(**sizes, rope_scaling=rope_scaling)).eval()
     with torch.no_grad():  # norm gains away from one, so a wrong gain would show
-        for layer in model.model.layers:
+        for layer in model.model.layers if not olmo2 else []:
             layer.input_layernorm.weight.add_(0.3 * torch.randn(32))
             layer.post_attention_layernorm.weight.add_(0.3 * torch.randn(32))
         model.model.norm.weight.add_(0.3 * torch.randn(32))
@@ -120,6 +134,9 @@ def main():
         return
     if sys.argv[1:] == ["--mistral"]:
         write("hf_tiny_mistral", tied=False, rope_scaling=None, window=5)
+        return
+    if sys.argv[1:] == ["--olmo2"]:
+        write("hf_tiny_olmo2", tied=False, rope_scaling=None, olmo2=True)
         return
     if sys.argv[1:] == ["--qwen3-moe"]:
         write("hf_tiny_qwen3_moe", tied=True, rope_scaling=None, qwen3=True, experts=4)

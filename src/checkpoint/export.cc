@@ -130,7 +130,8 @@ Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
 // a tied LM head is model.embed_tokens (tie_word_embeddings), so not written; an untied one is
 // lm_head.weight. With qkv biases (model.qkv_bias) a Qwen2ForCausalLM: the same names, the
 // fused bias as q/k/v_proj.bias. With query/key norms (model.qk_norm) a Qwen3ForCausalLM: the same
-// names and self_attn.q_norm / k_norm.
+// names and self_attn.q_norm / k_norm. With post-norms and full-width query/key norms an
+// Olmo2ForCausalLM: post_attention_layernorm and post_feedforward_layernorm for ln_1 and ln_2.
 void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
   const Gpt2Config& c = model.config();
   const auto host = [&](const std::string& name) { return model.params().get(name).value.to(Device::cpu()); };
@@ -142,6 +143,14 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     fail("loom checkpoint export: a model with model.qk_norm is written as a Qwen3ForCausalLM, ",
          "which has a bias on its output projection wherever it has qkv biases: no HuggingFace ",
          "class holds this model");
+  if ((c.post_norm || c.qk_norm_full) &&
+      !(c.post_norm && c.qk_norm && c.qk_norm_full && !c.qkv_bias && !c.moe() &&
+        c.head_width == 0 && c.sliding_window == 0))
+    fail("loom checkpoint export: post-norms (model.norm_placement) and full-width query/key ",
+         "norms (model.qk_norm_scope) are written as an Olmo2ForCausalLM, which has both, and ",
+         "no qkv biases, mixture, model.head_dim or sliding window: no HuggingFace class holds ",
+         "this model");
+  const bool olmo2 = c.post_norm;
   if (c.full_attention_every > 0)
     fail("loom checkpoint export: a window in some blocks only (model.full_attention_every = ",
          c.full_attention_every, ") is not a Llama, Mistral, Mixtral or Qwen directory's: no ",
@@ -153,7 +162,7 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string ours = "blocks." + std::to_string(l) + ".";
     const std::string hf = "model.layers." + std::to_string(l) + ".";
-    put(hf + "input_layernorm.weight", host(ours + "ln_1.weight"));
+    if (!olmo2) put(hf + "input_layernorm.weight", host(ours + "ln_1.weight"));
     const Tensor qkv = host(ours + "attn.qkv.weight");
     put(hf + "self_attn.q_proj.weight", row_block(qkv, 0, Q));
     put(hf + "self_attn.k_proj.weight", row_block(qkv, Q, kv));
@@ -169,7 +178,12 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
       put(hf + "self_attn.k_norm.weight", host(ours + "attn.k_norm.weight"));
     }
     put(hf + "self_attn.o_proj.weight", host(ours + "attn.proj.weight"));
-    put(hf + "post_attention_layernorm.weight", host(ours + "ln_2.weight"));
+    if (olmo2) {  // the post-norms: after the attention and after the MLP
+      put(hf + "post_attention_layernorm.weight", host(ours + "ln_1.weight"));
+      put(hf + "post_feedforward_layernorm.weight", host(ours + "ln_2.weight"));
+    } else {
+      put(hf + "post_attention_layernorm.weight", host(ours + "ln_2.weight"));
+    }
     if (c.moe()) {
       // Mixtral's sparse MoE block (block_sparse_moe: the router as its gate, w1 / w3 / w2
       // experts), or with qk_norm Qwen 3's (mlp: gate, gate_proj / up_proj / down_proj experts).
@@ -256,6 +270,12 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
       config["model_type"] = "mistral";
       for (const char* llama_only : {"attention_bias", "mlp_bias"}) config.erase(llama_only);
     }
+  }
+  if (olmo2) {
+    // Olmo2Config's: no head_dim (hidden_size / num_attention_heads), no mlp_bias.
+    config["architectures"] = {"Olmo2ForCausalLM"};
+    config["model_type"] = "olmo2";
+    for (const char* llama_only : {"head_dim", "mlp_bias"}) config.erase(llama_only);
   }
   if (c.moe() && c.qk_norm) {
     // Qwen3MoeConfig's: every block sparse (decoder_sparse_step 1, no mlp_only_layers), its
@@ -389,9 +409,23 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   // top k Loom's, its attention not windowed), one with query/key norms from a
   // Qwen3MoeForCausalLM.
   const std::string model_type = config.value("model_type", std::string("(none)"));
+  // OLMo 2 (Olmo2ForCausalLM): post-norms and full-width query/key norms, nothing else of
+  // Loom's variants.
+  const bool olmo2_model = model.post_norm || model.qk_norm_full;
+  if (model_type == "olmo2" || olmo2_model) {
+    if (model_type != "olmo2")
+      fail(config_path, ": model_type = ", model_type, ", but model.norm_placement = \"",
+           model.post_norm ? "post" : "pre", "\" with model.qk_norm_scope = \"",
+           model.qk_norm_full ? "full" : "head", "\" starts from an Olmo2ForCausalLM directory");
+    if (!model.post_norm || !model.qk_norm || !model.qk_norm_full || model.qkv_bias ||
+        model.moe() || model.head_width > 0)
+      fail(config_path, ": model_type = olmo2: an Olmo2ForCausalLM needs model.norm_placement = ",
+           "\"post\", model.qk_norm = true and model.qk_norm_scope = \"full\", without ",
+           "model.qkv_bias, model.moe_experts or model.head_dim");
+  }
   const char* qwen3_type = model.moe() ? "qwen3_moe" : "qwen3";
   const char* qwen3_class = model.moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
-  if (model.qk_norm && (model.qkv_bias || model_type != qwen3_type))
+  if (model.qk_norm && !olmo2_model && (model.qkv_bias || model_type != qwen3_type))
     fail(config_path, ": model_type = ", model_type, ", but model.qk_norm = true",
          model.qkv_bias ? " with model.qkv_bias: no HuggingFace class Loom reads holds that model"
                         : detail::concat(" starts from a ", qwen3_class,
@@ -582,8 +616,15 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     else if (n.starts_with("blocks.")) {
       const size_t dot = n.find('.', 7);
       const std::string hf = "model.layers." + n.substr(7, dot - 7) + ".", rest = n.substr(dot + 1);
-      if (rest == "ln_1.weight") sources = {{hf + "input_layernorm.weight", {C}}};
-      else if (rest == "ln_2.weight") sources = {{hf + "post_attention_layernorm.weight", {C}}};
+      // OLMo 2's post-norms: after the attention (ln_1) and the MLP (ln_2).
+      if (rest == "ln_1.weight")
+        sources = {
+            {hf + (model.post_norm ? "post_attention_layernorm.weight" : "input_layernorm.weight"),
+             {C}}};
+      else if (rest == "ln_2.weight")
+        sources = {{hf + (model.post_norm ? "post_feedforward_layernorm.weight"
+                                          : "post_attention_layernorm.weight"),
+                    {C}}};
       else if (rest == "attn.qkv.weight")
         sources = {{hf + "self_attn.q_proj.weight", {Q, C}},
                    {hf + "self_attn.k_proj.weight", {kv, C}},
@@ -593,7 +634,10 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
                    {hf + "self_attn.k_proj.bias", {kv}},
                    {hf + "self_attn.v_proj.bias", {kv}}};
       else if (rest == "attn.q_norm.weight" || rest == "attn.k_norm.weight")  // Qwen 3's
-        sources = {{hf + "self_attn." + rest.substr(5), {model.head_dim()}}};
+        sources = {{hf + "self_attn." + rest.substr(5),
+                    {!model.qk_norm_full ? model.head_dim()
+                     : rest[5] == 'q'    ? Q
+                                         : kv}}};
       else if (rest == "attn.proj.weight")
         sources = {{hf + "self_attn.o_proj.weight", {C, Q}}};
       else if (rest == "mlp.fc.weight")
@@ -612,7 +656,7 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     }
     if (sources.empty())
       fail("parameter '", n,
-           "' has no HuggingFace Llama, Qwen 2, Qwen 3, Mixtral or Qwen 3 MoE name");
+           "' has no HuggingFace Llama, Qwen 2, Qwen 3, OLMo 2, Mixtral or Qwen 3 MoE name");
     float* dst = into.values.data<float>() + p->offset;
     int64_t written = 0;
     for (const auto& [name, shape] : sources) {

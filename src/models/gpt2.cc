@@ -172,14 +172,24 @@ Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2C
       ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)),
       mlp_(make_mlp(store, name + ".mlp", config, experts)) {}
 
+namespace {
+// y += x, in ctx's type (post-norms' skip connections).
+void add_into(Context& ctx, Tensor& y, const Tensor& x) {
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    ops::add_inplace<T>(ctx.exec(), y.data<T>(), x.data<T>(), y.numel());
+  });
+}
+}  // namespace
+
 Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
   if (post_norm_) {
     // OLMo 2's order: each branch reads the residual stream itself (its Linears keep it as they
     // read it) and its output is normalised before the skip connection adds it.
     Tensor x1 = ln_1_->forward(ctx, attn_.forward(ctx, x));  // x + ln_1(attn(x))
-    ops::add_inplace<float>(ctx.exec(), x1.data<float>(), x.data<float>(), x1.numel());
+    add_into(ctx, x1, x);
     Tensor y = ln_2_->forward(ctx, mlp_->forward(ctx, x1));  // x1 + ln_2(mlp(x1))
-    ops::add_inplace<float>(ctx.exec(), y.data<float>(), x1.data<float>(), y.numel());
+    add_into(ctx, y, x1);
     if (recompute_ == Recompute::kSelective) {  // the branches' inputs, to restore them
       input_ = x;
       middle_ = x1;
@@ -225,11 +235,11 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
     // the attention's (x) restored as they were read, the MLP's activation rebuilt by it.
     if (selective) mlp_->restore_input(middle_);
     Tensor dx1 = mlp_->backward(ctx, ln_2_->backward(ctx, dy));
-    ops::add_inplace<float>(ctx.exec(), dx1.data<float>(), dy.data<float>(), dx1.numel());
+    add_into(ctx, dx1, dy);
     // x1 = x + ln_1(attn(x)): dx = dx1 + attnᵀ(ln_1ᵀ(dx1)).
     if (selective) attn_.restore_input(input_);
     Tensor dx = attn_.backward(ctx, ln_1_->backward(ctx, dx1));
-    ops::add_inplace<float>(ctx.exec(), dx.data<float>(), dx1.data<float>(), dx.numel());
+    add_into(ctx, dx, dx1);
     input_ = middle_ = Tensor();
     return dx;
   }
@@ -248,9 +258,9 @@ Tensor Gpt2Block::decode(Context& ctx, const Tensor& x, Tensor& keys, Tensor& va
   if (post_norm_) {
     Tensor zero = Tensor::zeros(x.shape(), x.dtype(), x.device());
     Tensor x1 = ln_1_->forward(ctx, attn_.decode_adding(ctx, x, zero, keys, values, first));
-    ops::add_inplace<float>(ctx.exec(), x1.data<float>(), x.data<float>(), x1.numel());
+    add_into(ctx, x1, x);
     Tensor y = ln_2_->forward(ctx, mlp_->forward(ctx, x1));
-    ops::add_inplace<float>(ctx.exec(), y.data<float>(), x1.data<float>(), y.numel());
+    add_into(ctx, y, x1);
     clear_cache();
     return y;
   }

@@ -1061,6 +1061,88 @@ Gpt2Config tiny_hub_mistral() {
   return c;
 }
 
+// OLMo 2: an Olmo2ForCausalLM transformers 4.51.3 saved (tests/data/hf_tiny_olmo2,
+// tools/make_hf_llama_fixture.py --olmo2: hf_tiny_llama's sizes, epsilon 1e-6, every gain
+// random) — norms after the attention and the MLP (model.norm_placement = "post"), q_norm and
+// k_norm over all the query heads and all the key heads (model.qk_norm_scope = "full").
+Gpt2Config tiny_hub_olmo2() {
+  Gpt2Config c = tiny_hub_llama();
+  c.norm_eps = 1e-6;
+  c.qk_norm = true;
+  c.qk_norm_full = true;
+  c.post_norm = true;
+  return c;
+}
+
+TEST(ImportOlmo2, TransformersSavedOlmo2GivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_olmo2", tiny_hub_olmo2());
+}
+
+TEST(ImportOlmo2, LoomsOwnExportIsOlmo2AndLoadsBackBitForBit) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_olmo2_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const Gpt2Config c = tiny_hub_olmo2();
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  for (int l = 0; l < 2; ++l)  // gains of their own value at every position (ones hide a swap)
+    for (const char* norm : {"attn.q_norm", "attn.k_norm", "ln_1", "ln_2"}) {
+      Tensor& g = model.params().get("blocks." + std::to_string(l) + "." + norm + ".weight").value;
+      for (int64_t i = 0; i < g.numel(); ++i)
+        g.data<float>()[i] = 1.0f + 0.01f * static_cast<float>(i + 100 * l + 200 * norm[0]);
+    }
+  const std::string ckpt = save_and_export_hf(model, dir, 2);
+  const Gpt2Config saved = read_checkpoint_model(ckpt);
+  EXPECT_TRUE(saved.post_norm);
+  EXPECT_TRUE(saved.qk_norm_full);
+  const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
+  EXPECT_EQ(f.names.size(), 3u + 11u * 2u);  // embed_tokens, norm, lm_head; 7 weights, 4 norms
+  EXPECT_EQ(f.tensors.count("model.layers.0.input_layernorm.weight"), 0u);
+  EXPECT_EQ(f.tensors.at("model.layers.1.self_attn.q_norm.weight").shape(), (Shape{32}));
+  EXPECT_EQ(f.tensors.at("model.layers.1.self_attn.k_norm.weight").shape(), (Shape{16}));
+  // ln_1 after the attention, ln_2 after the MLP.
+  EXPECT_EQ(f.tensors.at("model.layers.1.post_attention_layernorm.weight").data<float>()[3],
+            model.params().get("blocks.1.ln_1.weight").value.data<float>()[3]);
+  EXPECT_EQ(f.tensors.at("model.layers.1.post_feedforward_layernorm.weight").data<float>()[3],
+            model.params().get("blocks.1.ln_2.weight").value.data<float>()[3]);
+  std::ifstream cf(dir / "hf" / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["architectures"][0], "Olmo2ForCausalLM");
+  EXPECT_EQ(j["model_type"], "olmo2");
+  EXPECT_FALSE(j.contains("head_dim"));
+  EXPECT_FALSE(j["tie_word_embeddings"].get<bool>());
+  expect_loads_back_bitwise(model, (dir / "hf").string());
+  // Half of OLMo 2 is no class's: post-norms with Qwen 3's per-head norms.
+  Gpt2Config half = c;
+  half.qk_norm_full = false;
+  Gpt2 half_model(half);
+  half_model.build(DType::kF32, Device::cpu(), 5);
+  const std::string error =
+      testutil::error_of([&] { save_and_export_hf(half_model, dir / "half", 2); });
+  EXPECT_NE(error.find("written as an Olmo2ForCausalLM, which has both"), std::string::npos)
+      << error;
+  fs::remove_all(dir);
+}
+
+TEST(ImportOlmo2, AnOlmo2WantsItsNormsAndOnlyAnOlmo2HasThem) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_olmo2_bad_" + std::to_string(getpid()));
+  const std::string olmo2 = LOOM_SOURCE_DIR "/tests/data/hf_tiny_olmo2";
+  const auto same = [](nlohmann::json&) {};
+  Gpt2Config pre = tiny_hub_olmo2();
+  pre.post_norm = false;
+  EXPECT_NE(import_error(olmo2, dir, same, pre)
+                .find("model_type = olmo2: an Olmo2ForCausalLM needs model.norm_placement = "
+                      "\"post\", model.qk_norm = true and model.qk_norm_scope = \"full\""),
+            std::string::npos);
+  EXPECT_NE(import_error(LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama", dir, same, tiny_hub_olmo2())
+                .find("model_type = llama, but model.norm_placement = \"post\" with "
+                      "model.qk_norm_scope = \"full\" starts from an Olmo2ForCausalLM"),
+            std::string::npos);
+  EXPECT_EQ(import_error(olmo2, dir, same, tiny_hub_olmo2()), "no error");
+  fs::remove_all(dir);
+}
+
 TEST(ImportMistral, TransformersSavedMistralWithAWindowGivesTransformersLogits) {
   expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_mistral", tiny_hub_mistral());
 }

@@ -113,6 +113,35 @@ TEST(Llama, WholeModelGradCheckInDoubleWithQwen3sNormsAndWideHeads) {
   grad_check(tiny_qwen3());
 }
 
+// OLMo 2's block: norms on the attention's and the MLP's outputs (model.norm_placement = "post")
+// and one query norm and one key norm over all the heads (model.qk_norm_scope = "full"), with a
+// shared key/value head and with one per query head: finite differences in double, its
+// parameters counted (q_norm 8 wide, k_norm 4 or 8).
+Gpt2Config tiny_olmo2(int64_t kv_heads) {
+  Gpt2Config c = tiny_llama(kv_heads);
+  c.post_norm = true;
+  c.qk_norm = true;
+  c.qk_norm_full = true;
+  return c;
+}
+
+TEST(Llama, WholeModelGradCheckInDoubleWithOlmo2sPostNormsAndFullQkNorms) {
+  grad_check(tiny_olmo2(1));
+  grad_check(tiny_olmo2(2));
+}
+
+TEST(Llama, Olmo2sNormsAreItsParametersAndCounted) {
+  for (const int64_t kv : {1, 2}) {
+    const Gpt2Config c = tiny_olmo2(kv);
+    Gpt2 model(c);
+    int64_t total = 0;
+    for (const auto& p : model.params().parameters()) total += p->numel();
+    EXPECT_EQ(total, c.num_parameters());
+    EXPECT_EQ(model.params().get("blocks.1.attn.q_norm.weight").shape, (Shape{8}));
+    EXPECT_EQ(model.params().get("blocks.1.attn.k_norm.weight").shape, (Shape{4 * kv}));
+  }
+}
+
 TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {
   const Gpt2Config c = tiny_qwen3();
   Gpt2 model(c);

@@ -54,6 +54,17 @@ inline Gpt2Config reference_qwen3() {
   c.head_width = 32;
   return c;
 }
+// OLMo 2's form: norms after the attention and the MLP, one query and one key norm over all the
+// heads; rope_theta 500000 (OLMo 2's) and epsilon 1e-6.
+inline Gpt2Config reference_olmo2() {
+  Gpt2Config c = reference_llama();
+  c.post_norm = true;
+  c.qk_norm = true;
+  c.qk_norm_full = true;
+  c.rope_theta = 500000;
+  c.norm_eps = 1e-6;
+  return c;
+}
 inline Gpt2Config reference_moe() {
   Gpt2Config c = reference_llama();
   c.ffn_hidden = 48;

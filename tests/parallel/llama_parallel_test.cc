@@ -268,20 +268,26 @@ TEST_F(LlamaParallel, PostNormsUnderEveryLayoutMatchOneDevice) {
       7);
 }
 
-// OLMo 2's whole form: post-norms and one RMSNorm over all the query heads and one over all the
-// key heads (model.qk_norm_scope = "full") — under data and context parallelism (all-gather and
-// ring), pipelining and ZeRO, recomputed or not. Tensor parallelism, which would split the norms'
-// rows, is refused by name.
+// OLMo 2's whole form, started from an Olmo2ForCausalLM transformers saved with random gains
+// (tests/data/hf_tiny_olmo2): post-norms and one RMSNorm over all the query heads and one over
+// all the key heads (model.qk_norm_scope = "full") — under data and context parallelism
+// (all-gather and ring), pipelining and ZeRO, recomputed or not. Tensor parallelism, which would
+// split the norms' rows, is refused by name.
 TEST_F(LlamaParallel, FullQkNormsWithPostNormsMatchOneDeviceAndRefuseTensorParallelism) {
-  Config c = config();
-  c.model.norm_placement = "post";
-  c.model.qk_norm = true;
-  c.model.qk_norm_scope = "full";
-  expect_layouts_match_one_device(
-      c,
+  const auto olmo2 = [](ModelConfig& m) {
+    m.rope_theta = 500;
+    m.tie_embeddings = false;
+    m.norm_placement = "post";
+    m.qk_norm = true;
+    m.qk_norm_scope = "full";
+  };
+  expect_hub_qwen_layouts_match(
+      config(), "hf_tiny_olmo2", olmo2,
       "dp=2,zero=1;cp=2;cp=2,cp_comm=ring,recompute=selective;pp=2,schedule=zb-h1;"
-      "dp=2,zero=3,recompute=full;dp=2,pp=2,schedule=interleaved,v=2,mbs=2",
+      "dp=2,zero=3,recompute=full;dp=2,pp=2,schedule=gpipe",
       6);
+  Config c = config();
+  olmo2(c.model);
   LayoutCheckOptions o;
   o.steps = 1;
   const LayoutCheckResult r = check_layouts(c, parse_layouts("tp=2"), o);
