@@ -379,6 +379,32 @@ TEST(Config, ValidationNamesKeysAndValues) {
   wide.model.head_dim = 16;
   wide.model.qk_norm = true;
   EXPECT_NO_THROW(validate(wide));
+  // OLMo 2's keys: post-norms and full-width query/key norms, Llama's only; the scope needs the
+  // norms, and tensor parallelism would split what they normalise together.
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.norm_placement = "post"; }),
+                       "model.norm_placement applies to model.arch = \"llama\" only"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.norm_placement = "sandwich";
+                       }),
+                       "model.norm_placement = \"sandwich\" must be one of: pre, post"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.qk_norm_scope = "full";
+                       }),
+                       "model.qk_norm_scope = \"full\" needs model.qk_norm = true"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.qk_norm = true;
+                         c.model.qk_norm_scope = "full";
+                         c.runtime.ranks = 2;
+                         c.parallel.tp = 2;
+                       }),
+                       "parallel.tp = 2 splits the heads that model.qk_norm_scope = \"full\""));
+  Config olmo2 = wide;
+  olmo2.model.norm_placement = "post";
+  olmo2.model.qk_norm_scope = "full";
+  EXPECT_NO_THROW(validate(olmo2));
   EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.rope_scaling = "llama3"; }),
                        "model.rope_scaling applies to model.arch = \"llama\" only"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {

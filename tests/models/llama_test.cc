@@ -140,6 +140,17 @@ TEST(Llama, Olmo2sNormsAreItsParametersAndCounted) {
     EXPECT_EQ(model.params().get("blocks.1.attn.q_norm.weight").shape, (Shape{8}));
     EXPECT_EQ(model.params().get("blocks.1.attn.k_norm.weight").shape, (Shape{4 * kv}));
   }
+  // OLMo 2 1B (allenai/OLMo-2-0425-1B, configs/olmo2-1b.toml): 16 blocks of 2048 channels, 16
+  // heads, a SwiGLU 8192 wide, 100352 tokens, untied: 1,484,916,736 parameters (1.48 B).
+  Gpt2Config olmo2 = tiny_olmo2(1);
+  olmo2.vocab_size = 100352;
+  olmo2.d_model = 2048;
+  olmo2.n_layers = 16;
+  olmo2.n_heads = 16;
+  olmo2.n_kv_heads = 16;
+  olmo2.ffn_hidden = 8192;
+  olmo2.tie_embeddings = false;
+  EXPECT_EQ(olmo2.num_parameters(), 1484916736);
 }
 
 TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {

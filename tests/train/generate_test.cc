@@ -20,7 +20,7 @@ namespace loom {
 namespace {
 
 Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0,
-                 int64_t full_every = 0) {
+                 int64_t full_every = 0, bool olmo2 = false) {
   Gpt2Config c;
   c.vocab_size = 37;
   c.max_seq_len = 20;
@@ -38,6 +38,9 @@ Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0,
     c.head_width = qwen3 ? 12 : 0;  // queries 48 wide from 32 channels
     c.sliding_window = window;
     c.full_attention_every = full_every;
+    // OLMo 2: norms after the attention and the MLP, query/key norms over all the heads
+    c.post_norm = c.qk_norm_full = olmo2;
+    c.qk_norm = c.qk_norm || olmo2;
   }
   return c;
 }
@@ -45,6 +48,7 @@ Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0,
 struct Case {
   bool llama, tied, qwen3 = false;
   int64_t window = 0, full_every = 0;
+  bool olmo2 = false;
 };
 
 class Decode : public ::testing::TestWithParam<Case> {};
@@ -53,7 +57,7 @@ TEST_P(Decode, CachedLogitsAreTheWholeContextsLogits) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
   Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window,
-                   GetParam().full_every));
+                   GetParam().full_every, GetParam().olmo2));
   model.build(DType::kF32, Device::cpu(), 4);
   Tensor all = Tensor::empty({1, 20}, DType::kI32);
   for (int i = 0; i < 20; ++i) all.data<int32_t>()[i] = (i * 11 + 3) % 37;
@@ -86,7 +90,7 @@ TEST_P(Decode, SamplingWithTheCacheIsSamplingWithout) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
   Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window,
-                   GetParam().full_every));
+                   GetParam().full_every, GetParam().olmo2));
   model.build(DType::kF32, Device::cpu(), 6);
   for (const double temperature : {0.0, 0.8}) {
     SampleOptions o;
@@ -207,13 +211,15 @@ TEST(Sampling, IdsPastTheTokenizersVocabularyAreNeverDrawn) {
 INSTANTIATE_TEST_SUITE_P(Models, Decode,
                          ::testing::Values(Case{false, true}, Case{true, true}, Case{true, false},
                                            Case{true, true, true}, Case{true, true, false, 6},
-                                           Case{true, true, false, 6, 2}),
+                                           Case{true, true, false, 6, 2},
+                                           Case{true, false, false, 0, 0, true}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
-                           return std::string(param_info.param.full_every > 0 ? "alternating"
-                                              : param_info.param.window > 0   ? "mistral"
-                                              : param_info.param.qwen3        ? "qwen3"
-                                              : param_info.param.llama        ? "llama"
-                                                                              : "gpt2") +
+                           return std::string(param_info.param.olmo2            ? "olmo2"
+                                              : param_info.param.full_every > 0 ? "alternating"
+                                              : param_info.param.window > 0     ? "mistral"
+                                              : param_info.param.qwen3          ? "qwen3"
+                                              : param_info.param.llama          ? "llama"
+                                                                                : "gpt2") +
                                   (param_info.param.tied ? "_tied" : "_untied");
                          });
 
