@@ -572,6 +572,16 @@ TEST(LlamaCuda, TrainingOnTheGpuMatchesTheCpu) {
     normed.head_width = 24;
     expect_gpu_run_matches_cpu(normed, 5);
   }
+  // OLMo 2's norms: on the attention's and the MLP's outputs, and over all the query heads and
+  // all the key heads.
+  {
+    SCOPED_TRACE("post-norms, full-width qk norms");
+    Gpt2Config olmo2 = small_llama(16);
+    olmo2.post_norm = true;
+    olmo2.qk_norm = true;
+    olmo2.qk_norm_full = true;
+    expect_gpu_run_matches_cpu(olmo2, 5);
+  }
   // Mistral's sliding window (nn/sliding_window.h): the window's table on the GPU, each query's
   // 7 latest keys of the 32.
   SCOPED_TRACE("sliding window");
@@ -609,7 +619,8 @@ TEST(LlamaCuda, MixtureOfExpertsTrainingOnTheGpuMatchesTheCpu) {
 // bf16 GEMM inputs: the losses stay within 1% of the fp32 CPU run's. Heads of 16 take the
 // attention's GEMM path; heads of 64 the fused flash kernels, on the rotated q and k (with Qwen
 // 2's qkv biases: added in the 16-bit qkv's epilogue); Qwen 3's normed heads of 128 the flash
-// kernels on the fp32 qkv, with a sliding window of 9.
+// kernels on the fp32 qkv, with a sliding window of 9 — and OLMo 2's post-norms and full-width
+// norms there (the Linears rounding the fp32 residual stream as they read it).
 TEST(LlamaCuda, Bf16MatmulsStayNearTheCpuRun) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
@@ -623,6 +634,7 @@ TEST(LlamaCuda, Bf16MatmulsStayNearTheCpuRun) {
     config.qk_norm = head_dim == 128;
     config.head_width = head_dim == 128 ? 128 : 0;
     config.sliding_window = head_dim == 128 ? 9 : 0;  // the flash kernels' walk from the window
+    config.post_norm = config.qk_norm_full = head_dim == 128;
     const TrainRun on_cpu = train(Device::cpu(), kSteps, config);
     ops::set_matmul_precision("bf16");
     const TrainRun on_gpu = train(Device::cuda(0), kSteps, config);
