@@ -1238,6 +1238,25 @@ TEST_F(TrainTest, LlamaTrainsEvaluatesAndResumes) {
   expect_same_run(metrics("llama"), metrics("llama_resumed"));
 }
 
+// OLMo 2's norms (post-norms, full-width query/key norms) with selective recomputation, which
+// keeps the branches' inputs beside the norms' (train/layout_report.cc): the estimate over the
+// measured peak as near as the pre-norm Llama's is, both recomputed so; and the run trains.
+TEST_F(TrainTest, Olmo2sNormsAreCountedInTheActivationEstimate) {
+  Config c = config(3);
+  c.model.arch = "llama";
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 2;
+  c.model.ffn_hidden = 64;
+  c.parallel.recompute = "selective";
+  const double llama = expect_activation_estimate(run_training(c, options("llama")), 0.8, 1.4, "");
+  c.model.norm_placement = "post";
+  c.model.qk_norm = true;
+  c.model.qk_norm_scope = "full";
+  const TrainSummary s = run_training(c, options("olmo2"));
+  EXPECT_LT(s.last_loss, s.first_loss) << "the OLMo 2 did not train";
+  EXPECT_NEAR(expect_activation_estimate(s, 0.8, 1.4), llama, 0.1) << s.layout_report;
+}
+
 // At bf16 on a GPU a Llama keeps its activations in 16 bits as its GEMMs read them (RMSNorm,
 // attention and SwiGLU outputs, fc's output, and with heads of 64 the flash kernels' qkv): it
 // trains the fp32 GPU run's losses to bf16's rounding, its measured activation peak is well
