@@ -430,8 +430,15 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       c.qkv_bias = m.value("qkv_bias", false);
       c.head_width = m.contains("head_dim") ? json_integer<int64_t>(m.at("head_dim")) : 0;
       c.qk_norm = m.value("qk_norm", false);
-      c.qk_norm_full = m.value("qk_norm_scope", std::string("head")) == "full";
-      c.post_norm = m.value("norm_placement", std::string("pre")) == "post";
+      // OLMo 2's keys, absent for Llama's defaults; any other value is no model Loom builds.
+      const std::string scope = m.value("qk_norm_scope", std::string("head"));
+      const std::string placement = m.value("norm_placement", std::string("pre"));
+      if ((scope != "head" && scope != "full") || (placement != "pre" && placement != "post"))
+        fail("checkpoint ", checkpoint_dir, ": state.json's model: qk_norm_scope = \"", scope,
+             "\", norm_placement = \"", placement,
+             "\" is not a model Loom builds (head or full; pre or post)");
+      c.qk_norm_full = scope == "full";
+      c.post_norm = placement == "post";
       c.sliding_window =
           m.contains("sliding_window") ? json_integer<int64_t>(m.at("sliding_window")) : 0;
       c.full_attention_every = m.contains("full_attention_every")

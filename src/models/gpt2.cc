@@ -256,15 +256,14 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
 Tensor Gpt2Block::decode(Context& ctx, const Tensor& x, Tensor& keys, Tensor& values,
                          int64_t first) {
   if (post_norm_) {
-    Tensor zero = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    Tensor x1 = ln_1_->forward(ctx, attn_.decode_adding(ctx, x, zero, keys, values, first));
+    Tensor x1 = ln_1_->forward(ctx, attn_.decode_adding(ctx, x, nullptr, keys, values, first));
     add_into(ctx, x1, x);
     Tensor y = ln_2_->forward(ctx, mlp_->forward(ctx, x1));
     add_into(ctx, y, x1);
     clear_cache();
     return y;
   }
-  Tensor x1 = attn_.decode_adding(ctx, ln_1_->forward(ctx, x), x, keys, values, first);
+  Tensor x1 = attn_.decode_adding(ctx, ln_1_->forward(ctx, x), &x, keys, values, first);
   Tensor y = mlp_->forward_adding(ctx, ln_2_->forward(ctx, x1), x1);
   clear_cache();
   return y;

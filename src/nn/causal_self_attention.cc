@@ -267,7 +267,7 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
   return qkv_.backward(ctx, dqkv);
 }
 
-Tensor CausalSelfAttention::decode_adding(Context& ctx, const Tensor& x, const Tensor& residual,
+Tensor CausalSelfAttention::decode_adding(Context& ctx, const Tensor& x, const Tensor* residual,
                                           Tensor& keys, Tensor& values, int64_t first) {
   LOOM_CHECK_MSG(ctx.device.is_cpu(), "decoding with a key/value cache runs on the CPU");
   if (x.ndim() != 3 || x.dim(0) != 1) fail("decoding expects (1, n, C), got ", shape_str(x.shape()));
@@ -301,7 +301,7 @@ Tensor CausalSelfAttention::decode_adding(Context& ctx, const Tensor& x, const T
                                   values.data<T_>(), first, n, C, heads_,
                                   rotary_ ? rotary_->sliding_window : 0);
   });
-  Tensor y = proj_.forward_adding(ctx, att, residual);
+  Tensor y = residual ? proj_.forward_adding(ctx, att, *residual) : proj_.forward(ctx, att);
   clear_cache();
   return y;
 }

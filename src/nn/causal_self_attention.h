@@ -56,8 +56,9 @@ class CausalSelfAttention {
   // Incremental decoding (sampling): x (1, n, C) are the tokens at positions first ..
   // first+n−1; their keys and values (turned and repeated with Rotary) go into rows first .. of
   // keys and values, (max_seq_len, NH·hd), which hold the earlier positions'; returns
-  // proj(attention over rows 0 .. first+n−1) + residual. Keeps nothing for a backward.
-  Tensor decode_adding(Context& ctx, const Tensor& x, const Tensor& residual, Tensor& keys,
+  // proj(attention over rows 0 .. first+n−1) + residual (null: none, as post-norms add it after
+  // their norm). Keeps nothing for a backward.
+  Tensor decode_adding(Context& ctx, const Tensor& x, const Tensor* residual, Tensor& keys,
                        Tensor& values, int64_t first);
   // Selective recomputation (models/gpt2.h): the qkv projection's cached input is the owner's
   // LayerNorm output, which the owner drops after forward and rebuilds before backward.

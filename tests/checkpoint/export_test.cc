@@ -1095,6 +1095,21 @@ TEST(ImportOlmo2, LoomsOwnExportIsOlmo2AndLoadsBackBitForBit) {
   const Gpt2Config saved = read_checkpoint_model(ckpt);
   EXPECT_TRUE(saved.post_norm);
   EXPECT_TRUE(saved.qk_norm_full);
+  {  // a placement no Loom writes, in the shape no digest covers: named, not read as "pre"
+    const fs::path state = fs::path(ckpt) / "state.json";
+    std::ifstream in(state);
+    nlohmann::json j = nlohmann::json::parse(in);
+    in.close();
+    const std::string good = j.dump(2);
+    j["model"]["norm_placement"] = "sandwich";
+    std::ofstream(state) << j.dump(2);
+    const std::string e = testutil::error_of([&] { read_checkpoint_model(ckpt); });
+    EXPECT_NE(e.find("state.json's model: qk_norm_scope = \"full\", norm_placement = "
+                     "\"sandwich\" is not a model Loom builds"),
+              std::string::npos)
+        << e;
+    std::ofstream(state) << good;
+  }
   const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
   EXPECT_EQ(f.names.size(), 3u + 11u * 2u);  // embed_tokens, norm, lm_head; 7 weights, 4 norms
   EXPECT_EQ(f.tensors.count("model.layers.0.input_layernorm.weight"), 0u);
