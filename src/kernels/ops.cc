@@ -218,6 +218,13 @@ void round_weight(const Exec& ex, void* out, DType dtype, const float* weight, i
   if constexpr (detail::kCudaBuild) (void)cuda::round_for_gemm(ex.device.index, out, weight, n);
 }
 
+void round_for_matmul(const Exec& ex, void* out, DType dtype, const float* in, int64_t n) {
+  const detail::OpScope op_scope_("round_for_matmul", ex,
+                                  [&] { return detail::work_of<float>(0, 1.5 * n); });
+  expect_rounded_output(ex, dtype, "round_for_matmul");
+  if constexpr (detail::kCudaBuild) (void)cuda::round_for_gemm(ex.device.index, out, in, n);
+}
+
 DType matmul_input_dtype(const Exec& ex, DType dtype) {
   if constexpr (detail::kCudaBuild) {
     // At fp8 the Linears quantize fp32 inputs themselves (fp8_block): nothing is kept rounded.

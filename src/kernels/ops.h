@@ -112,6 +112,10 @@ struct GemmWeight {
 // weight's n values rounded into `out` (n values of `dtype` = matmul_input_dtype(ex, kF32), 16-bit,
 // else it fails): the copy a GemmWeight carries.
 void round_weight(const Exec& ex, void* out, DType dtype, const float* weight, int64_t n);
+// An activation's n values rounded into `out` as a GEMM would round them (the same bits as the
+// 16-bit ops below round an f32 input to): for an input kept, or sent, rounded before the GEMM
+// that reads it (a sequence-parallel Linear's rows, parallel/tensor_parallel_linear.h).
+void round_for_matmul(const Exec& ex, void* out, DType dtype, const float* in, int64_t n);
 // How many times the ops below were given a weight's copy (process-wide, since the start): for
 // the tests that show the copies are read.
 int64_t weight_copy_reads();

@@ -50,20 +50,24 @@ Tensor ColumnParallelLinear::whole_input(const Tensor& x) {
   return all;
 }
 
-void ColumnParallelLinear::restore_input(const Tensor& x) { x_ = whole_input(x); }
+void ColumnParallelLinear::restore_input(const Tensor& x) {
+  check_2d(x, in_, weight_->name);
+  x_ = x;
+}
 
 Tensor ColumnParallelLinear::forward(Context& ctx, const Tensor& x) {
-  x_ = whole_input(x);
-  const int64_t n = x_.dim(0);
+  const Tensor whole = whole_input(x);
+  x_ = x;  // under sequence parallelism this rank's rows: backward gathers them again
+  const int64_t n = whole.dim(0);
   Tensor y = Tensor::empty({n, local_out_}, DType::kF32, ctx.device);
-  if (x_.dtype() != DType::kF32) {  // rounded by its producer (a norm's forward_for_matmul)
+  if (whole.dtype() != DType::kF32) {  // rounded by its producer (a norm's forward_for_matmul)
     ops::matmul_forward_from_rounded_input(
-        ctx.exec(), y.data<float>(), x_.raw(), x_.dtype(), gemm_weight(ctx, *weight_),
+        ctx.exec(), y.data<float>(), whole.raw(), whole.dtype(), gemm_weight(ctx, *weight_),
         bias_ ? bias_->value.data<float>() : nullptr, n, in_, local_out_);
     return y;
   }
   ops::linear_forward<float>(
-      ctx.exec(), y.data<float>(), x_.data<float>(), weight_->value.data<float>(),
+      ctx.exec(), y.data<float>(), whole.data<float>(), weight_->value.data<float>(),
       bias_ ? bias_->value.data<float>() : nullptr, nullptr, n, in_, local_out_);
   return y;
 }
@@ -74,10 +78,18 @@ Tensor ColumnParallelLinear::keep_input_for_sixteen_bit_output(Context& ctx, con
   out_dtype = ops::matmul_input_dtype(ctx.exec(), DType::kF32);
   if (out_dtype == DType::kF32)
     fail(weight_->name, ": ", what, " needs a GPU at bf16 / fp16 matmul precision");
-  Tensor whole = whole_input(x);
-  // Kept as the GEMMs read it: as its producer rounded it, else rounded by the op into x_.
-  x_ = whole.dtype() != DType::kF32 ? whole : Tensor::empty(whole.shape(), out_dtype, ctx.device);
-  return whole;
+  check_2d(x, in_, weight_->name);
+  // Kept as the GEMMs read it: as its producer rounded it, else rounded by the op into x_ —
+  // under sequence parallelism rounded here first, this rank's rows kept so (and gathered in
+  // half the bytes): the same bits as the op's rounding of the gathered rows.
+  if (x.dtype() != DType::kF32) {
+    x_ = x;
+    return whole_input(x);
+  }
+  x_ = Tensor::empty(x.shape(), out_dtype, ctx.device);
+  if (!sequence_parallel_) return x;
+  ops::round_for_matmul(ctx.exec(), x_.raw(), out_dtype, x.data<float>(), x.numel());
+  return whole_input(x_);
 }
 
 Tensor ColumnParallelLinear::forward_rounded_output(Context& ctx, const Tensor& x) {
@@ -116,54 +128,72 @@ Tensor ColumnParallelLinear::backward_before_gelu(Context& ctx, Tensor& dgelu, c
 Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
                                            const Tensor* gelu_input) {
   LOOM_CHECK(x_.defined());
-  const int64_t n = x_.dim(0);
+  const Tensor kept = x_;
+  x_ = Tensor();
+  // Under sequence parallelism only this rank's rows were kept (Megatron-LM's): the whole input
+  // is all-gathered again, behind the input gradient's GEMM, which does not read it; the weight
+  // gradients wait for it.
+  Tensor whole = kept;
+  WorkHandle gather;
+  if (sequence_parallel_) {
+    whole = Tensor::empty({kept.dim(0) * tp_.size(), in_}, kept.dtype(), kept.device());
+    gather = tp_.all_gather_async(kept, whole);
+  }
+  const int64_t n = whole.dim(0);
   Tensor dx = Tensor::empty({n, in_}, DType::kF32, ctx.device);
   float* dbias = bias_ ? bias_->grad.data<float>() : nullptr;
-  // The weight gradients go to a zero-bubble schedule's W, or behind the collective below.
+  // The weight gradients go to a zero-bubble schedule's W, or behind the collective below —
+  // or, with nothing to put them behind, right after the gather.
   WeightGradsBehindComm weight_grads(ctx);
+  DeferredWeightGrads after_gather;
   DeferredWeightGrads* later = weight_grads.later();
+  if (later == nullptr && gather) later = &after_gather;
   if (dy.dtype() != DType::kF32) {  // rounded by its producer (the attention's dqkv)
-    if ((x_.dtype() != dy.dtype() && x_.dtype() != DType::kF32) || gelu_input != nullptr)
-      fail(weight_->name, ": a ", dtype_name(dy.dtype()), " output gradient needs an input kept in ",
-           dtype_name(dy.dtype()), " or f32, not ", dtype_name(x_.dtype()));
+    if ((kept.dtype() != dy.dtype() && kept.dtype() != DType::kF32) || gelu_input != nullptr)
+      fail(weight_->name, ": a ", dtype_name(dy.dtype()),
+           " output gradient needs an input kept in ", dtype_name(dy.dtype()), " or f32, not ",
+           dtype_name(kept.dtype()));
     input_grad_now_weight_grads_at_w(
         later, ctx.exec(), dx.raw(),
-        [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, n, in = in_,
+        [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = whole, n, in = in_,
          out = local_out_](const Exec& ex, void* dinp, bool weights) {
           ops::matmul_backward_from_rounded(
               ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
               weights && b ? b->grad.data<float>() : nullptr, dy.raw(), dy.dtype(), x.raw(),
               x.dtype(), wop, n, in, out);
         },
-        static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
-  } else if (x_.dtype() != DType::kF32) {  // kept as its producer rounded it
+        static_cast<int64_t>(dy.nbytes() + whole.nbytes()));
+  } else if (kept.dtype() != DType::kF32) {  // kept as its producer rounded it
     float* d = dy.data<float>();  // backward_before_gelu's dgelu: overwritten, as documented
     if (gelu_input != nullptr)
       ops::gelu_backward<float>(ctx.exec(), d, gelu_input->data<float>(), d, dy.numel());
     input_grad_now_weight_grads_at_w(
         later, ctx.exec(), dx.raw(),
-        [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = x_, n, in = in_,
+        [w = weight_, wop = gemm_weight(ctx, *weight_), b = bias_, dy, x = whole, n, in = in_,
          out = local_out_](const Exec& ex, void* dinp, bool weights) {
           ops::matmul_backward_from_rounded_input(
               ex, static_cast<float*>(dinp), weights ? w->grad.data<float>() : nullptr,
               weights && b ? b->grad.data<float>() : nullptr, dy.data<float>(), x.raw(), x.dtype(),
               wop, n, in, out);
         },
-        static_cast<int64_t>(dy.nbytes() + x_.nbytes()));
-  } else if (later != nullptr) {  // dW at W, or behind the collective
+        static_cast<int64_t>(dy.nbytes() + whole.nbytes()));
+  } else if (later != nullptr) {  // dW at W, behind the collective, or after the gather
     ops::linear_backward_input<float>(ctx.exec(), dx.data<float>(), dy.data<float>(),
                                       gelu_input != nullptr ? gelu_input->data<float>() : nullptr,
                                       weight_->value.data<float>(), n, in_, local_out_);
-    // (Under sequence parallelism x_ is the gathered input: it stays until W.)
-    defer_weight_grad<float>(*later, weight_, bias_, dy, x_, n, in_, local_out_);
+    // (Under sequence parallelism the gathered input stays until W.)
+    defer_weight_grad<float>(*later, weight_, bias_, dy, whole, n, in_, local_out_);
   } else {
-    ops::linear_backward<float>(ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias,
-                                dy.data<float>(),
-                                gelu_input != nullptr ? gelu_input->data<float>() : nullptr,
-                                x_.data<float>(), weight_->value.data<float>(), n, in_,
-                                local_out_);
+    ops::linear_backward<float>(
+        ctx.exec(), dx.data<float>(), weight_->grad.data<float>(), dbias, dy.data<float>(),
+        gelu_input != nullptr ? gelu_input->data<float>() : nullptr, whole.data<float>(),
+        weight_->value.data<float>(), n, in_, local_out_);
   }
-  x_ = Tensor();
+  if (gather) {
+    // The compute (on a GPU its stream) waits for the rows before any weight gradient reads them.
+    gather->wait_on_device();
+    if (!after_gather.empty()) after_gather.run(ctx.exec(), nullptr);
+  }
   // Each rank's dx is its output slice's contribution: sum over the group.
   if (!sequence_parallel_) {
     weight_grads.finish(tp_.all_reduce_async(dx, ReduceOp::kSum));

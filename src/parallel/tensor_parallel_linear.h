@@ -16,7 +16,10 @@
 // rows (tokens) across the group. The column layer's input is then all-gathered first (and its
 // input gradient reduce-scattered instead of all-reduced); the row layer's output is
 // reduce-scattered instead of all-reduced (and its output gradient all-gathered in backward).
-// The same bytes move; the activations between pairs shrink P-fold. The row-parallel bias's
+// The same bytes move; the activations between pairs shrink P-fold. As in Megatron-LM, the
+// column layer keeps only this rank's rows of its input and all-gathers them again in backward
+// (behind the input gradient's GEMM, which does not read them): the kept input shrinks P-fold
+// too, for one more all-gather per column layer backward. The row-parallel bias's
 // gradient is computed from the gathered output gradient, so it is whole on every rank; a model
 // must all-reduce over tp the gradients of replicated parameters used on row slices only
 // (LayerNorm gains in the sequence-parallel regions).
@@ -46,11 +49,13 @@ class ColumnParallelLinear {
   // x: (N, in), or with sequence parallelism this rank's (N/P, in) rows → (N, out/P). x is fp32,
   // or on a GPU at bf16 / fp16 matmul precision already rounded for the GEMMs by its producer (a
   // norm's forward_for_matmul): then it is gathered and kept in those 16 bits (half the bytes of
-  // the sequence-parallel all-gather and of the kept input), as nn::Linear keeps it.
+  // the sequence-parallel all-gathers and of the kept input), as nn::Linear keeps it. Under
+  // sequence parallelism only this rank's rows are kept.
   Tensor forward(Context& ctx, const Tensor& x);
   // forward writing y in 16 bits (a GPU at bf16 / fp16 matmul precision; fails elsewhere), its
   // bias rounded too: nn::Linear::forward_rounded_output's, for the attention's qkv where the
-  // flash kernels read it so. The input is kept rounded as forward keeps it.
+  // flash kernels read it so. The input is kept rounded as forward keeps it (an f32 input rounded
+  // by the GEMM, or under sequence parallelism by the layer before its gather).
   Tensor forward_rounded_output(Context& ctx, const Tensor& x);
   // forward of a layer a GELU follows (the MLP's fc) on a GPU at bf16 / fp16 (fails elsewhere),
   // the GELU in the GEMM's epilogue: returns its input pre = x·Wᵀ + b and sets `gelu_out` =
@@ -67,19 +72,18 @@ class ColumnParallelLinear {
   void clear_cache() { x_ = Tensor(); }
   void collect_cache(std::vector<Tensor*>& out) { out.push_back(&x_); }
   // Selective recomputation (models/gpt2.h): the owner drops the cached input (its LayerNorm's
-  // output) after forward and, before backward, hands back x as forward got it. With sequence
-  // parallelism that is this rank's rows and restore_input all-gathers them again (a collective:
-  // every rank of the group calls it at the same point), so the P-times-larger gathered input
-  // is not kept between forward and backward.
+  // output) after forward and, before backward, hands back x as forward got it (with sequence
+  // parallelism this rank's rows, which backward gathers).
   void drop_input() { x_ = Tensor(); }
   void restore_input(const Tensor& x);
   int64_t local_out() const { return local_out_; }
 
  private:
   Tensor whole_input(const Tensor& x);  // x, all-gathered with sequence parallelism
-  // forward_rounded_output's and forward_gelu's start: x gathered, kept in x_ as the GEMMs read
-  // it (as its producer rounded it, else a buffer the op rounds it into); returns the gathered x
-  // and sets `out_dtype`, the 16-bit type (failing where GEMM inputs are not 16-bit: `what`).
+  // forward_rounded_output's and forward_gelu's start: x kept in x_ as the GEMMs read it (as its
+  // producer rounded it; else a buffer the op rounds it into, or under sequence parallelism x's
+  // rows rounded here); returns the input the op reads, gathered, and sets `out_dtype`, the
+  // 16-bit type (failing where GEMM inputs are not 16-bit: `what`).
   Tensor keep_input_for_sixteen_bit_output(Context& ctx, const Tensor& x, const char* what,
                                            DType& out_dtype);
   Tensor backward_impl(Context& ctx, const Tensor& dy, const Tensor* gelu_input);
@@ -88,7 +92,7 @@ class ColumnParallelLinear {
   bool sequence_parallel_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
-  Tensor x_;  // the whole (gathered) input, kept for backward
+  Tensor x_;  // the input kept for backward: with sequence parallelism this rank's rows
 };
 
 class RowParallelLinear {

@@ -297,15 +297,16 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   // micro-batch's f32 activations (an all-gather or a reduce-scatter moves half of one): forward
   // two — without sequence parallelism an all-reduce after each row-parallel layer; with it an
   // all-gather before each column-parallel one, of the norms' 16-bit outputs on these GPUs (a
-  // quarter), and a reduce-scatter after each row-parallel one — backward two; full
-  // recomputation runs the forward's again, selective with sequence parallelism gathers the two
-  // norm outputs again (rebuilt in f32).
+  // quarter), and a reduce-scatter after each row-parallel one — backward two, and with sequence
+  // parallelism the column-parallel layers' kept rows gathered again (Megatron-LM's: counted on
+  // the path, though the input gradient's GEMM runs beside it) — the norm outputs' 16 bits, or
+  // with selective recomputation rebuilt in f32; full recomputation runs the forward's again.
   const bool sp = par.sequence_parallel;
   const double tp_forward = sp ? 2 * (0.25 + 0.5) : 2.0;
   double tp_per_block = tp_forward + 2;
   const std::string recompute_mode = config.resolved_recompute();
   if (recompute_mode == "full") tp_per_block += tp_forward;
-  if (recompute_mode == "selective" && sp) tp_per_block += 2 * 0.5;
+  if (sp) tp_per_block += 2 * (recompute_mode == "selective" ? 0.5 : 0.25);
   plan.tp_comm_s = static_cast<double>(most_blocks) * m * tp_per_block *
                    all_reduce_seconds(activation, par.tp, gbps(par.tp));
   // Data parallelism over the gradients of the largest rank's parameters: f32, or bf16 with

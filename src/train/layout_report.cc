@@ -96,6 +96,11 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
       selective += N * (E + 1 + 4 * k + k * C + 2 * (k + S) * H / P) - 2 * half * N * H / P;
     }
   }
+  // With sequence parallelism a column-parallel layer's backward holds its input gathered again
+  // (its kept rows all-gathered: parallel/tensor_parallel_linear.h) and its input gradient
+  // before the reduce-scatter, each P × a rank's rows: (N − rows)·C more of each than the block's
+  // own rows, on top of what it keeps.
+  const double sp_backward = (1 + half) * (N - rows) * C;
   double per_block = everything;
   if (mode == "full") per_block = rows * C;
   else if (mode == "selective") per_block = selective;
@@ -126,7 +131,7 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
   }
   // While a block runs backward it holds all of its activations again (recomputed) and their
   // gradients: one block's worth on top.
-  return static_cast<int64_t>((per_micro_batch * in_flight + everything) * 4);
+  return static_cast<int64_t>((per_micro_batch * in_flight + everything + sp_backward) * 4);
 }
 
 std::string layout_report(const Config& config, const MeshShape& mesh,

@@ -297,9 +297,9 @@ TEST(Planner, TimeModelFormulas) {
   o.hardware.devices_per_node = 2;
   const double slow = estimate_layout(t, o).tp_comm_s;
   EXPECT_NEAR(slow / fast, o.hardware.intra_node_gbps / o.hardware.inter_node_gbps, 1e-9);
-  // Per block: 2 all-reduces forward and 2 backward; with sequence parallelism the forward's
-  // all-gathers carry 16-bit norm outputs (3.5 in all); full recomputation repeats the
-  // forward's, selective with sequence parallelism re-gathers the norm outputs in f32.
+  // Per block: 2 all-reduces forward and 2 backward; with sequence parallelism the all-gathers
+  // carry 16-bit norm outputs, forward and again backward (4 in all); full recomputation repeats
+  // the forward's, selective with sequence parallelism gathers the rebuilt norm outputs in f32.
   const auto tp_units = [&](bool sp, const char* recompute) {
     Config v = t;
     v.parallel.sequence_parallel = sp;
@@ -307,7 +307,8 @@ TEST(Planner, TimeModelFormulas) {
     return estimate_layout(v, o).tp_comm_s / slow * 4.0;
   };
   EXPECT_NEAR(tp_units(false, "none"), 4.0, 1e-9);
-  EXPECT_NEAR(tp_units(true, "none"), 3.5, 1e-9);
+  EXPECT_NEAR(tp_units(true, "none"), 4.0, 1e-9);
+  EXPECT_NEAR(tp_units(true, "full"), 5.5, 1e-9);
   EXPECT_NEAR(tp_units(false, "full"), 6.0, 1e-9);
   EXPECT_NEAR(tp_units(true, "selective"), 4.5, 1e-9);
   EXPECT_NEAR(tp_units(false, "selective"), 4.0, 1e-9);
