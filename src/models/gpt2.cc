@@ -190,10 +190,8 @@ Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
     add_into(ctx, x1, x);
     Tensor y = ln_2_->forward(ctx, mlp_->forward(ctx, x1));  // x1 + ln_2(mlp(x1))
     add_into(ctx, y, x1);
-    if (recompute_ == Recompute::kSelective) {  // the branches' inputs, to restore them
-      input_ = x;
-      middle_ = x1;
-    }
+    // Selective: the MLP's input, to restore it where it drops it (forward).
+    if (recompute_ == Recompute::kSelective) middle_ = x1;
     return y;
   }
   // The LayerNorms' outputs feed only the qkv and fc Linears: forward_for_matmul writes them as
@@ -216,6 +214,16 @@ Tensor Gpt2Block::forward(Context& ctx, const Tensor& x) {
     case Recompute::kSelective:
       // Drop the LayerNorm outputs (cached as the qkv and fc inputs) and the GELU output;
       // LayerNorm inputs, mean and rstd and the fc output h stay, to rebuild them in backward.
+      // Post-norm: no norm output to drop — the Linears keep the stream as they read it (16-bit
+      // on a GPU at bf16) —, the activation's output alone; a mixture drops its rows, restored
+      // from the kept x1.
+      if (post_norm_) {
+        if (mlp_->drop_activation_only())
+          middle_ = Tensor();
+        else
+          mlp_->drop_recomputable();
+        break;
+      }
       attn_.drop_input();
       mlp_->drop_recomputable();
       break;
@@ -231,16 +239,15 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
     input_ = Tensor();
   }
   if (post_norm_) {
-    // y = x1 + ln_2(mlp(x1)): dx1 = dy + mlpᵀ(ln_2ᵀ(dy)). Selective: the MLP's input (x1) and
-    // the attention's (x) restored as they were read, the MLP's activation rebuilt by it.
-    if (selective) mlp_->restore_input(middle_);
+    // y = x1 + ln_2(mlp(x1)): dx1 = dy + mlpᵀ(ln_2ᵀ(dy)). Selective: the MLP rebuilds its
+    // activation (a mixture is given its input back, kept as x1).
+    if (selective && middle_.defined()) mlp_->restore_input(middle_);
     Tensor dx1 = mlp_->backward(ctx, ln_2_->backward(ctx, dy));
     add_into(ctx, dx1, dy);
     // x1 = x + ln_1(attn(x)): dx = dx1 + attnᵀ(ln_1ᵀ(dx1)).
-    if (selective) attn_.restore_input(input_);
     Tensor dx = attn_.backward(ctx, ln_1_->backward(ctx, dx1));
     add_into(ctx, dx, dx1);
-    input_ = middle_ = Tensor();
+    middle_ = Tensor();
     return dx;
   }
   // y = x1 + mlp(ln_2(x1)): dx1 = dy + ln_2ᵀ(mlpᵀ(dy)). Selective: ln_2's output is rebuilt

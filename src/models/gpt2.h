@@ -38,8 +38,10 @@ namespace loom {
 //   kSelective  keep matmul and attention outputs, drop the cheap element-wise ones — the two
 //               LayerNorm outputs and the GELU output — and recompute them from what is kept
 //               anyway (LayerNorm input, mean and rstd; the fc output) right before backward needs
-//               them: no extra matmul. With sequence parallelism the gathered LayerNorm outputs
-//               are the ones dropped, so backward all-gathers them again (as Megatron-LM does).
+//               them: no extra matmul. With sequence parallelism the LayerNorm outputs dropped
+//               are this rank's rows (the column-parallel layers gather them in backward
+//               anyway). Post-norm blocks (OLMo 2) have no norm output to drop: the GELU's
+//               (SwiGLU's) alone.
 enum class Recompute { kNone, kFull, kSelective };
 
 // "none" | "full" | "selective"; throws loom::Error listing them for anything else.
@@ -198,9 +200,8 @@ class Gpt2Block {
   CausalSelfAttention attn_;
   std::unique_ptr<Norm> ln_2_;
   std::unique_ptr<FeedForward> mlp_;
-  Tensor input_;   // Recompute::kFull: the block input, all that forward keeps (also post_norm's
-                   // selective: the attention's input, restored)
-  Tensor middle_;  // post_norm, selective: the MLP's input x1, restored
+  Tensor input_;   // Recompute::kFull: the block input, all that forward keeps
+  Tensor middle_;  // post_norm, selective, a mixture: its input x1, restored
 };
 
 // Which part of the network a Gpt2 object holds (pipeline stages hold parts): blocks

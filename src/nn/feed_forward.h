@@ -22,6 +22,13 @@ class FeedForward {
   // the activation's output, which backward rebuilds from the kept projection output.
   virtual void drop_recomputable() = 0;
   virtual void restore_input(const Tensor& x) = 0;
+  // Selective recomputation where the owner has no norm to rebuild the input from (OLMo 2's
+  // post-norm blocks read the residual stream itself): drops the activation's output alone and
+  // keeps the input as forward kept it (16-bit on a GPU at bf16 / fp16: less than the fp32
+  // stream the owner would keep to restore it). False where that is not the better trade (a
+  // mixture: its experts' gathered rows are k times the input), nothing dropped: the owner then
+  // calls drop_recomputable and keeps the input to restore.
+  virtual bool drop_activation_only() { return false; }
   virtual void collect_cache(std::vector<Tensor*>& out) = 0;
   // The loss this MLP added to the training loss in its last forward, with its coefficient
   // (a mixture of experts' balance loss, nn/moe_mlp.h); its backward adds its gradient.

@@ -24,6 +24,10 @@ class Mlp : public FeedForward {
   // output h — keeping h alone rebuilds the GELU output with one element-wise pass.
   void drop_recomputable() override;
   void restore_input(const Tensor& x) override { fc_.restore_input(x); }
+  bool drop_activation_only() override {
+    proj_.drop_input();
+    return true;
+  }
   void collect_cache(std::vector<Tensor*>& out) override {
     fc_.collect_cache(out);
     proj_.collect_cache(out);

@@ -33,6 +33,10 @@ class SwiGluMlp : public FeedForward {
   // Drops fc's input and proj's (the SwiGLU output, rebuilt from the kept fc output h).
   void drop_recomputable() override;
   void restore_input(const Tensor& x) override { fc_.restore_input(x); }
+  bool drop_activation_only() override {
+    proj_.drop_input();
+    return true;
+  }
   void collect_cache(std::vector<Tensor*>& out) override {
     fc_.collect_cache(out);
     proj_.collect_cache(out);

@@ -106,11 +106,13 @@ Tensor TpGpt2Block::forward(Context& ctx, const Tensor& x, int64_t B, int64_t T)
     case Recompute::kSelective:
       // Drop the LayerNorm outputs (the qkv and fc inputs) and the GELU output (mlp proj's
       // input); LayerNorm inputs, mean and rstd and the fc output h stay, to rebuild them.
-      qkv_.drop_input();
+      // Post-norm: the Linears keep the stream as they read it (no norm output to rebuild it
+      // from); only the GELU's (SwiGLU's) output goes, or a mixture's rows, restored from x1.
+      if (!post_norm_) qkv_.drop_input();
       if (moe_) {
         moe_->drop_recomputable();
       } else {
-        fc_->drop_input();
+        if (!post_norm_) fc_->drop_input();
         mlp_proj_->drop_input();
       }
       break;
@@ -157,7 +159,7 @@ Tensor TpGpt2Block::mlp_up(Context& ctx, const Tensor& normed) {
 
 Tensor TpGpt2Block::mlp_down_backward(Context& ctx, const Tensor& dy, bool selective) {
   const auto restore_fc_input = [&] {
-    if (selective) fc_->restore_input(post_norm_ ? middle_ : ln_2_->recompute_output(ctx));
+    if (selective && !post_norm_) fc_->restore_input(ln_2_->recompute_output(ctx));
   };
   if (h_.dtype() != DType::kF32) {  // mlp_up's 16-bit path: the gradient at fc's output so too
     Tensor dh;
@@ -228,7 +230,6 @@ Tensor TpGpt2Block::run_forward(Context& ctx, const Tensor& x) {
   // as those keep them (16-bit on a GPU at bf16 / fp16, gathered so with sequence parallelism).
   // Post-norm (OLMo 2): the column-parallel qkv reads the residual stream itself.
   const Tensor normed = post_norm_ ? x : ln_1_->forward_for_matmul(ctx, x);
-  if (post_norm_ && recompute_ == Recompute::kSelective) input_ = x;
   documents_ = attention_starts(ctx, window_, B, T, sliding_window_);  // nn/sliding_window.h
   const cpu::DocumentStarts docs = document_starts_of(documents_);
   if (ctx.sequence != nullptr) {
@@ -276,7 +277,7 @@ Tensor TpGpt2Block::after_attention(Context& ctx, const Tensor& x) {
   Tensor x1 = attn_proj_.forward(ctx, att_);
   if (post_norm_) x1 = ln_1_->forward(ctx, x1);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
-  if (post_norm_ && recompute_ == Recompute::kSelective) middle_ = x1;
+  if (post_norm_ && moe_ && recompute_ == Recompute::kSelective) middle_ = x1;
   const Tensor mlp_in = post_norm_ ? x1 : ln_2_->forward_for_matmul(ctx, x1);
   // A mixture: its part of every token's output, summed over tp, then the skip connection.
   Tensor y = moe_ ? sum_over_tp(moe_->forward(ctx, whole_rows(mlp_in)))
@@ -356,7 +357,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
                               local_kv_heads_, head_dim_);
     if (qk_norm_) qk_norm_->backward(ctx, dqkv, local_heads_, local_kv_heads_);
   }
-  if (selective) qkv_.restore_input(post_norm_ ? input_ : ln_1_->recompute_output(ctx));
+  if (selective && !post_norm_) qkv_.restore_input(ln_1_->recompute_output(ctx));
   Tensor dx;
   if (post_norm_) {
     dx = qkv_.backward(ctx, dqkv);

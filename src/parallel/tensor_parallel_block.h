@@ -130,9 +130,8 @@ class TpGpt2Block {
                       // sliding window's table)
   Tensor window_;     // a sliding window's own table (nn/sliding_window.h), kept
   Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)
-  Tensor input_;   // Recompute::kFull: the block input, all that forward keeps (post_norm's
-                   // selective: the attention's input, restored)
-  Tensor middle_;  // post_norm, selective: the MLP's input x1, restored
+  Tensor input_;   // Recompute::kFull: the block input, all that forward keeps
+  Tensor middle_;  // post_norm, selective, a mixture: its input x1, restored
 };
 
 }  // namespace loom

@@ -79,8 +79,10 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     selective = 2 * rows * C + attention * N * C / P + 2 * half * N * H / P;
     // Post-norms (OLMo 2): the norms keep the branches' outputs instead of the block's input and
     // x1, which the Linears keep as they read them — the same count —; selective recomputation
-    // keeps x and x1 themselves (the Linears' inputs, restored) beside the norms' inputs.
-    if (model.norm_placement == "post") selective += 2 * rows * C;
+    // drops no Linear's input (there is no norm output to rebuild it from), only the
+    // activation's output; a mixture drops its rows and keeps x1 (fp32) to restore them.
+    if (model.norm_placement == "post")
+      selective += (model.moe_experts > 0 ? half + 1 : 2 * half) * rows * C;
     if (model.moe_experts > 0) {
       // A mixture of experts (nn/moe_mlp.h): in place of the SwiGLU's, the router's
       // probabilities (E) and log-sum-exp (1), each token's choices and weights and the experts'

@@ -786,16 +786,18 @@ TEST(LlamaCuda, Bf16LayersKeepSixteenBitActivationsAndComputeTheFp32Layers) {
 }
 
 // A small Llama at bf16 (its activations in 16 bits): selective and full recomputation rebuild
-// them bit for bit, so the runs are the stored run's; a second run repeats it.
+// them bit for bit, so the runs are the stored run's; a second run repeats it. Also OLMo 2's
+// post-norms (heads of 64), whose selective recomputation drops the SwiGLU output alone.
 TEST(LlamaCuda, Bf16RecomputationAndRepeatsAreBitwiseTheStoredRun) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
     ~Restore() { ops::set_matmul_precision("fp32"); }
   } restore;
   ops::set_matmul_precision("bf16");
-  for (const int64_t hd : {16, 64}) {
-    SCOPED_TRACE("heads of " + std::to_string(hd));
-    Gpt2Config config = small_llama(hd);
+  for (const int64_t hd : {16, 64, -64}) {
+    SCOPED_TRACE("heads of " + std::to_string(std::abs(hd)) + (hd < 0 ? ", post-norms" : ""));
+    Gpt2Config config = small_llama(std::abs(hd));
+    config.post_norm = hd < 0;
     const TrainRun stored = train(Device::cuda(0), 2, config);
     for (const Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       SCOPED_TRACE(recompute_name(mode));
@@ -809,6 +811,44 @@ TEST(LlamaCuda, Bf16RecomputationAndRepeatsAreBitwiseTheStoredRun) {
       EXPECT_TRUE(cpu::ktest::bitwise_equal(run.final_values, stored.final_values));
     }
   }
+}
+
+// OLMo 2's post-norm block at bf16: its Linears keep the residual stream as they read it,
+// rounded to 16 bits, so selective recomputation drops the SwiGLU output alone — it once dropped
+// those copies and kept x and x1 in fp32 to restore them, 4·N·C bytes more than it saves.
+TEST(LlamaCuda, PostNormSelectiveRecomputationDropsTheSwigluOutputAlone) {
+  LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
+  struct Restore {
+    ~Restore() { ops::set_matmul_precision("fp32"); }
+  } restore;
+  ops::set_matmul_precision("bf16");
+  const Device gpu = Device::cuda(0);
+  constexpr int64_t B = 2, T = 9;
+  const auto kept_bytes = [&](Recompute mode) {
+    Gpt2Config config = small_llama(64);
+    config.post_norm = true;
+    config.recompute = mode;
+    ParameterStore store;
+    Gpt2Block block(store, "blocks.0", config);
+    store.allocate(DType::kF32, gpu);
+    store.initialize(6);
+    ThreadPool pool(1);
+    Context ctx{&pool, gpu, DType::kF32};
+    block.forward(ctx, uniform_on(gpu, {B, T, config.d_model}, 3, 1.0f));
+    std::vector<Tensor*> cache;
+    block.collect_cache(cache);
+    std::vector<const void*> seen;
+    int64_t bytes = 0;
+    for (const Tensor* t : cache) {
+      if (!t->defined() || std::find(seen.begin(), seen.end(), t->raw()) != seen.end()) continue;
+      seen.push_back(t->raw());
+      bytes += static_cast<int64_t>(t->nbytes());
+    }
+    return bytes;
+  };
+  const int64_t hidden = small_llama(64).ffn_hidden;
+  EXPECT_EQ(kept_bytes(Recompute::kNone) - kept_bytes(Recompute::kSelective),
+            B * T * hidden * 2);  // the bf16 SwiGLU output
 }
 
 TEST(LlamaCuda, TwoGpuRunsAreBitwiseIdentical) {
