@@ -15,6 +15,7 @@
 #   LAYOUTS="one cp2 cp4" bench/context_parallel.sh   (cp4: 4 ranks — on 2 cores its time is
 #                                                      oversubscribed; its memory is what it is)
 #   LAYOUTS="one cp2 cp2ring cp4 cp4ring" bench/context_parallel.sh   (the two exchanges)
+#   LAYOUTS="one tp2 tp2sp tp4sp" bench/context_parallel.sh   (sequence parallelism's memory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-./build/release/apps/loom}
@@ -31,7 +32,9 @@ for layout in $LAYOUTS; do
   case "$layout" in
     one) ranks=1 threads=2 ;;
     dp2) par="dp = 2" ;;
+    tp2) par="tp = 2" ;;
     tp2sp) par=$'tp = 2\nsequence_parallel = true' ;;
+    tp4sp) ranks=4 par=$'tp = 4\nsequence_parallel = true' ;;
     cp2) par="cp = 2" ;;
     cp2full) par=$'cp = 2\nrecompute = "full"' ;;
     cp4) ranks=4 par="cp = 4" ;;
