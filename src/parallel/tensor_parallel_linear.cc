@@ -128,7 +128,7 @@ Tensor ColumnParallelLinear::backward_before_gelu(Context& ctx, Tensor& dgelu, c
 Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
                                            const Tensor* gelu_input) {
   LOOM_CHECK(x_.defined());
-  const Tensor kept = x_;
+  Tensor kept = x_;
   x_ = Tensor();
   // Under sequence parallelism only this rank's rows were kept (Megatron-LM's): the whole input
   // is all-gathered again, behind the input gradient's GEMM, which does not read it; the weight
@@ -194,6 +194,7 @@ Tensor ColumnParallelLinear::backward_impl(Context& ctx, const Tensor& dy,
     gather->wait_on_device();
     if (!after_gather.empty()) after_gather.run(ctx.exec(), nullptr);
   }
+  kept = whole = Tensor();  // freed before the collective (work deferred to W holds its own)
   // Each rank's dx is its output slice's contribution: sum over the group.
   if (!sequence_parallel_) {
     weight_grads.finish(tp_.all_reduce_async(dx, ReduceOp::kSum));
