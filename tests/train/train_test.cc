@@ -1010,6 +1010,35 @@ TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
   EXPECT_FALSE(metrics("qwen3_one_gpu_fp32") == metrics("qwen3_one_gpu"));  // bf16 did round
 }
 
+// OLMo 2's post-norm blocks on two GPUs at bf16 with sequence parallelism: the column-parallel
+// qkv and fc read the fp32 residual stream, so each rank rounds its rows before the all-gather
+// (ops::round_for_matmul) and keeps them so, gathering them again in backward — within bf16's
+// tolerance of one GPU's run; selective recomputation, which drops the SwiGLU output alone,
+// bit for bit the stored run.
+TEST_F(TrainTest, PostNormsOnSequenceParallelGpusAtBf16TrainAsOneGpu) {
+  if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  Config c = config(3);
+  c.model.arch = "llama";
+  c.model.d_model = 256;
+  c.model.n_heads = 4;  // heads of 64: the flash kernels read qkv in bf16
+  c.model.n_kv_heads = 2;
+  c.model.ffn_hidden = 128;
+  c.model.norm_placement = "post";
+  c.runtime.device = "cuda";
+  c.runtime.matmul_precision = "bf16";
+  run_training(c, options("post_one_gpu"));
+  Config tp = c;
+  tp.runtime.ranks = 2;
+  tp.parallel.tp = 2;
+  tp.parallel.dp = 1;
+  tp.parallel.sequence_parallel = true;
+  run_training(tp, options("post_tp_sp"));
+  tp.parallel.recompute = "selective";
+  run_training(tp, options("post_tp_sp_selective"));
+  expect_losses_near("post_one_gpu", "post_tp_sp", 2e-2);
+  expect_same_run(metrics("post_tp_sp"), metrics("post_tp_sp_selective"));
+}
+
 // The vocabulary-parallel head at bf16 keeps its shard of the logits, and their gradient over
 // them, in 16 bits, as the unsharded head does: with a vocabulary large enough for the logits to
 // be most of a step's activations, tp 2 at bf16 peaks at well under its fp32 run (0.55 of it
