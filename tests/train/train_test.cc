@@ -83,6 +83,29 @@ threads_per_rank = 2
     return c;
   }
 
+  // The tensor-parallel GPU tests' Llama: 4 query heads of 64 (the flash kernels' size) sharing
+  // 2 key/value heads — one of those a rank at tp 2 —, a SwiGLU 128 wide; on a GPU at bf16.
+  Config gpu_llama(int64_t steps) const {
+    Config c = config(steps);
+    c.model.arch = "llama";
+    c.model.d_model = 256;
+    c.model.n_heads = 4;
+    c.model.n_kv_heads = 2;
+    c.model.ffn_hidden = 128;
+    c.runtime.device = "cuda";
+    c.runtime.matmul_precision = "bf16";
+    return c;
+  }
+
+  // c on two ranks as tp 2 with sequence parallelism.
+  static Config tp2_sequence_parallel(Config c) {
+    c.runtime.ranks = 2;
+    c.parallel.tp = 2;
+    c.parallel.dp = 1;
+    c.parallel.sequence_parallel = true;
+    return c;
+  }
+
   TrainOptions options(const std::string& run) const {
     TrainOptions o;
     o.run_dir = (dir_ / run).string();
@@ -922,11 +945,7 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
   c.runtime.matmul_precision = "bf16";
   c.model.d_model = 128;  // heads of 64: the flash kernels' size, on one GPU and one head a rank
   run_training(c, options("one_gpu"));
-  Config tp = c;
-  tp.runtime.ranks = 2;
-  tp.parallel.tp = 2;
-  tp.parallel.dp = 1;
-  tp.parallel.sequence_parallel = true;
+  Config tp = tp2_sequence_parallel(c);
   const TrainSummary bf16 = run_training(tp, options("tp_bf16"));
   // The backward's collectives waited for at once instead of after the weight gradients
   // (parallel/tp_backward_overlap.h): the same bits.
@@ -950,18 +969,9 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
   EXPECT_LT(bf16.expected_activation_bytes, fp32.expected_activation_bytes);
   expect_activation_estimate(bf16, 0.7, 1.4);
 
-  Config llama = c;  // 4 query heads of 64 sharing 2 key/value heads: one of those a rank
-  llama.model.arch = "llama";
-  llama.model.d_model = 256;
-  llama.model.n_heads = 4;
-  llama.model.n_kv_heads = 2;
-  llama.model.ffn_hidden = 128;
+  const Config llama = gpu_llama(3);
   run_training(llama, options("llama_one_gpu"));
-  Config llama_tp = llama;
-  llama_tp.runtime.ranks = 2;
-  llama_tp.parallel.tp = 2;
-  llama_tp.parallel.dp = 1;
-  llama_tp.parallel.sequence_parallel = true;
+  Config llama_tp = tp2_sequence_parallel(llama);
   run_training(llama_tp, options("llama_tp_bf16"));
   llama_tp.parallel.recompute = "selective";
   run_training(llama_tp, options("llama_tp_bf16_selective"));
@@ -986,25 +996,14 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
 // over tp) of the one GPU's.
 TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
   if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
-  Config qwen3 = config(3);
-  qwen3.model.arch = "llama";
-  qwen3.model.d_model = 256;
-  qwen3.model.n_heads = 4;
-  qwen3.model.n_kv_heads = 2;
-  qwen3.model.ffn_hidden = 128;
+  Config qwen3 = gpu_llama(3);
   qwen3.model.head_dim = 128;
   qwen3.model.qk_norm = true;
-  qwen3.runtime.device = "cuda";
   qwen3.runtime.matmul_precision = "fp32";
   run_training(qwen3, options("qwen3_one_gpu_fp32"));
   qwen3.runtime.matmul_precision = "bf16";
   run_training(qwen3, options("qwen3_one_gpu"));
-  Config qwen3_tp = qwen3;
-  qwen3_tp.runtime.ranks = 2;
-  qwen3_tp.parallel.tp = 2;
-  qwen3_tp.parallel.dp = 1;
-  qwen3_tp.parallel.sequence_parallel = true;
-  run_training(qwen3_tp, options("qwen3_tp_bf16"));
+  run_training(tp2_sequence_parallel(qwen3), options("qwen3_tp_bf16"));
   expect_losses_near("qwen3_one_gpu_fp32", "qwen3_one_gpu", 2e-2);
   expect_losses_near("qwen3_one_gpu", "qwen3_tp_bf16", 2e-2);
   EXPECT_FALSE(metrics("qwen3_one_gpu_fp32") == metrics("qwen3_one_gpu"));  // bf16 did round
@@ -1017,21 +1016,10 @@ TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
 // bit for bit the stored run.
 TEST_F(TrainTest, PostNormsOnSequenceParallelGpusAtBf16TrainAsOneGpu) {
   if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
-  Config c = config(3);
-  c.model.arch = "llama";
-  c.model.d_model = 256;
-  c.model.n_heads = 4;  // heads of 64: the flash kernels read qkv in bf16
-  c.model.n_kv_heads = 2;
-  c.model.ffn_hidden = 128;
+  Config c = gpu_llama(3);  // heads of 64: the flash kernels read qkv in bf16
   c.model.norm_placement = "post";
-  c.runtime.device = "cuda";
-  c.runtime.matmul_precision = "bf16";
   run_training(c, options("post_one_gpu"));
-  Config tp = c;
-  tp.runtime.ranks = 2;
-  tp.parallel.tp = 2;
-  tp.parallel.dp = 1;
-  tp.parallel.sequence_parallel = true;
+  Config tp = tp2_sequence_parallel(c);
   run_training(tp, options("post_tp_sp"));
   tp.parallel.recompute = "selective";
   run_training(tp, options("post_tp_sp_selective"));
