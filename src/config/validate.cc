@@ -402,10 +402,6 @@ void validate_parallel(const ParallelConfig& par, const ModelConfig& m, Problems
         m.resolved_ffn_hidden() % par.tp != 0)
       p.add("parallel.tp = ", par.tp, " does not divide the SwiGLU's hidden width ",
             m.resolved_ffn_hidden(), " (model.ffn_hidden)");
-    // OLMo 2's query/key norms span every head (nn/qk_norm.h); tp would split their rows.
-    if (par.tp > 1 && m.qk_norm && m.qk_norm_scope == "full")
-      p.add("parallel.tp = ", par.tp, " splits the heads that model.qk_norm_scope = \"full\" ",
-            "normalises together (OLMo 2's): use dp / ZeRO, pp or cp instead");
   }
   // Context parallelism cuts each sequence into 2·cp chunks (parallel/context_parallel.h).
   p.positive("parallel.cp", par.cp);

@@ -535,6 +535,29 @@ inline void rmsnorm_backward_adding(const Exec& ex, Real* dinp, Real* dweight, c
   add_inplace(ex, dinp, dresidual, N * C);
 }
 
+// An RMSNorm whose rows a tensor-parallel group splits (cpu/rmsnorm.h): a rank's partial sums,
+// and its C columns of the forward and backward given the group's sums over C_full columns.
+template <typename Real>
+inline void rmsnorm_partial_sums(const Exec& ex, Real* sums, const Real* a, const Real* b,
+                                 const Real* weight, int64_t N, int64_t C) {
+  LOOM_OPS_DISPATCH(rmsnorm_partial_sums, (0, (weight ? 3.0 : 2.0) * N * C), sums, a, b, weight, N,
+                    C);
+}
+template <typename Real>
+inline void rmsnorm_forward_of_sums(const Exec& ex, Real* out, Real* rstd, const Real* sums,
+                                    const Real* inp, const Real* weight, int64_t N, int64_t C,
+                                    int64_t C_full, double eps) {
+  LOOM_OPS_DISPATCH(rmsnorm_forward_of_sums, (0, 2.0 * N * C + 1.0 * C + 2.0 * N), out, rstd, sums,
+                    inp, weight, N, C, C_full, eps);
+}
+template <typename Real>
+inline void rmsnorm_backward_of_dots(const Exec& ex, Real* dinp, Real* dweight, const Real* dout,
+                                     const Real* inp, const Real* weight, const Real* rstd,
+                                     const Real* dots, int64_t N, int64_t C, int64_t C_full) {
+  LOOM_OPS_DISPATCH(rmsnorm_backward_of_dots, (0, 3.0 * N * C + 3.0 * C + 2.0 * N), dinp, dweight,
+                    dout, inp, weight, rstd, dots, N, C, C_full);
+}
+
 // Rotary position embedding and grouped-query attention's head sharing (kernels/cpu/rope.h),
 // between the qkv projection and attention_forward; cos_sin is cpu::rope_table's, on ex's device.
 template <typename Real>

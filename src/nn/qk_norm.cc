@@ -2,17 +2,27 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "nn/split_rms_norm.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
 
+namespace {
+std::unique_ptr<Norm> make_rms_norm(ParameterStore& store, const std::string& name,
+                                    int64_t channels, double eps, TensorSplit* split) {
+  if (split == nullptr) return make_norm(store, name, channels, /*rms=*/true, eps);
+  return std::make_unique<SplitRmsNorm>(store, name, channels * split->ranks(), eps, *split);
+}
+}  // namespace
+
 QkNorm::QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps,
-               bool full, int64_t heads, int64_t kv_heads)
-    : head_dim_(head_dim),
-      full_(full),
-      q_(store, name + ".q_norm", full ? heads * head_dim : head_dim, eps),
-      k_(store, name + ".k_norm", full ? kv_heads * head_dim : head_dim, eps) {
+               bool full, int64_t heads, int64_t kv_heads, TensorSplit* split)
+    : head_dim_(head_dim), full_(full), split_(full && split != nullptr && split->ranks() > 1) {
   LOOM_CHECK(!full || (heads > 0 && kv_heads > 0));
+  TensorSplit* rows_split = split_ ? split : nullptr;
+  q_ = make_rms_norm(store, name + ".q_norm", full ? heads * head_dim : head_dim, eps, rows_split);
+  k_ = make_rms_norm(store, name + ".k_norm", full ? kv_heads * head_dim : head_dim, eps,
+                     rows_split);
 }
 
 namespace {
@@ -55,15 +65,15 @@ Tensor QkNorm::gather(Context& ctx, const Tensor& qkv, int64_t first, int64_t co
 
 void QkNorm::forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads) {
   check_width(qkv, heads, kv_heads, head_dim_);
-  scatter_heads(ctx, qkv, q_.forward(ctx, gather(ctx, qkv, 0, heads)), 0, heads, head_dim_);
-  scatter_heads(ctx, qkv, k_.forward(ctx, gather(ctx, qkv, heads, kv_heads)), heads, kv_heads,
+  scatter_heads(ctx, qkv, q_->forward(ctx, gather(ctx, qkv, 0, heads)), 0, heads, head_dim_);
+  scatter_heads(ctx, qkv, k_->forward(ctx, gather(ctx, qkv, heads, kv_heads)), heads, kv_heads,
                 head_dim_);
 }
 
 void QkNorm::backward(Context& ctx, Tensor& dqkv, int64_t heads, int64_t kv_heads) {
   check_width(dqkv, heads, kv_heads, head_dim_);
-  scatter_heads(ctx, dqkv, q_.backward(ctx, gather(ctx, dqkv, 0, heads)), 0, heads, head_dim_);
-  scatter_heads(ctx, dqkv, k_.backward(ctx, gather(ctx, dqkv, heads, kv_heads)), heads, kv_heads,
+  scatter_heads(ctx, dqkv, q_->backward(ctx, gather(ctx, dqkv, 0, heads)), 0, heads, head_dim_);
+  scatter_heads(ctx, dqkv, k_->backward(ctx, gather(ctx, dqkv, heads, kv_heads)), heads, kv_heads,
                 head_dim_);
 }
 

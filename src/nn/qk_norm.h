@@ -10,23 +10,28 @@
 // RmsNorm — which keeps that gathered copy as its input for the backward — and written back in
 // place; the key heads likewise; the values are left alone. The backward gathers the gradient
 // the same way. Under tensor parallelism each rank normalises its own heads with the shared
-// weights, so a weight's gradient is the sum over the tp group of the ranks' parts
+// weights, so a per-head weight's gradient is the sum over the tp group of the ranks' parts
 // (parallel/tensor_parallel_block.h lists them among the parameters summed over tp). The full
-// form normalises over heads a tp rank does not hold: refused under tensor parallelism.
+// form spans heads a tp rank does not hold: given the tp group as a TensorSplit, its norms are
+// SplitRmsNorms (nn/split_rms_norm.h), each rank's weights the shards of its heads.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "nn/rms_norm.h"
+#include "nn/norm.h"
+#include "nn/tensor_split.h"
 
 namespace loom {
 
 class QkNorm {
  public:
-  // Per head; or (full) over the `heads` query heads and the `kv_heads` key heads together.
+  // Per head; or (full) over the `heads` query heads and the `kv_heads` key heads together —
+  // with a `split` of more than one rank, this rank's `heads` and `kv_heads` of split->ranks()
+  // times as many (the per-head form needs no split).
   QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps,
-         bool full = false, int64_t heads = 0, int64_t kv_heads = 0);
+         bool full = false, int64_t heads = 0, int64_t kv_heads = 0, TensorSplit* split = nullptr);
   // qkv (.., (heads + 2·kv_heads)·head_dim), ctx.dtype: its queries and keys normalised in place.
   void forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads);
   // dqkv as qkv, the gradient at the normalised queries and keys: made theirs before it, in
@@ -36,22 +41,25 @@ class QkNorm {
   // to fp32 first; returns the fp32 gradient.
   Tensor backward_widening(Context& ctx, const Tensor& dqkv, int64_t heads, int64_t kv_heads);
   void clear_cache() {
-    q_.clear_cache();
-    k_.clear_cache();
+    q_->clear_cache();
+    k_->clear_cache();
   }
   void collect_cache(std::vector<Tensor*>& out) {
-    q_.collect_cache(out);
-    k_.collect_cache(out);
+    q_->collect_cache(out);
+    k_->collect_cache(out);
   }
   std::vector<Parameter*> parameters() const {
-    return {q_.parameters().front(), k_.parameters().front()};
+    return {q_->parameters().front(), k_->parameters().front()};
   }
+  // Whether its weights are split over a tp group (shards, not summed over it).
+  bool split() const { return split_; }
 
  private:
   Tensor gather(Context& ctx, const Tensor& qkv, int64_t first, int64_t count) const;
   int64_t head_dim_;
   bool full_;
-  RmsNorm q_, k_;
+  bool split_;
+  std::unique_ptr<Norm> q_, k_;
 };
 
 }  // namespace loom

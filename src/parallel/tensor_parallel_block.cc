@@ -57,15 +57,13 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
       attn_proj_(store, name + ".attn.proj", config.attention_width(), config.d_model, tp,
                  !config.llama(), residual_std(config), sequence_parallel),
       ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)) {
-  // Qwen 3's per-head norms, registered after proj as Gpt2Block's attention registers them.
-  if (config.qk_norm_full && tp.size() > 1)
-    fail(name, ": model.qk_norm_scope = \"full\" (OLMo 2's) normalises over all the heads, ",
-         "parallel.tp = ", tp.size(), " splits them; use another layout (dp, ZeRO, pp, cp)");
+  split_ = std::make_unique<TpSums>(tp);
+  // Qwen 3's per-head norms, registered after proj as Gpt2Block's attention registers them;
+  // OLMo 2's over all the heads split over tp with them (nn/split_rms_norm.h).
   if (config.qk_norm)
     qk_norm_.emplace(store, name + ".attn", head_dim_, config.norm_eps, config.qk_norm_full,
-                     local_heads_, local_kv_heads_);
+                     local_heads_, local_kv_heads_, split_.get());
   if (config.moe()) {
-    split_ = std::make_unique<TpSums>(tp);
     moe_ = std::make_unique<MoeMlp>(store, name + ".mlp", config.moe_shape(), config.moe_losses(),
                                     config.init_std, residual_std(config), experts, split_.get());
   } else {
@@ -86,8 +84,9 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
     sp_params_ = ln_1_->parameters();
     for (Parameter* p : ln_2_->parameters()) sp_params_.push_back(p);
   }
-  // Each rank normalises its own heads with the shared weights: their gradients are partial.
-  if (qk_norm_)
+  // Each rank normalises its own heads with the shared weights: their gradients are partial
+  // (the full form's weights are shards instead: each rank's gradient is its own slice).
+  if (qk_norm_ && !qk_norm_->split())
     for (Parameter* p : qk_norm_->parameters()) sp_params_.push_back(p);
 }
 

@@ -9,7 +9,10 @@
 // initialise to their blocks of the full parameters, so the block equals Gpt2Block split up.
 // With sequence parallelism the LayerNorm parameters (replicated) get gradients from this
 // rank's rows only, and Qwen 3's query/key norms (nn/qk_norm.h) from this rank's heads only:
-// tp_summed_params() lists them for the model to all-reduce over tp after backward.
+// tp_summed_params() lists them for the model to all-reduce over tp after backward. OLMo 2's
+// query/key norms over all the heads (model.qk_norm_scope = "full") span heads of every rank:
+// each rank holds its heads' shard of their weights, and the rows' sums of squares (forward)
+// and of weight·dout·x (backward) are all-reduced over tp, one float a row (nn/split_rms_norm.h).
 //
 // Activation recomputation (config.recompute, models/gpt2.h) as in Gpt2Block: full keeps only
 // the block input (this rank's rows with sequence parallelism) and re-runs forward — its
@@ -112,12 +115,14 @@ class TpGpt2Block {
   std::unique_ptr<Norm> ln_1_;
   ColumnParallelLinear qkv_;
   RowParallelLinear attn_proj_;
-  std::optional<QkNorm> qk_norm_;  // Qwen 3's (nn/qk_norm.h): the heads' shared norms
+  // The tp group as nn's TensorSplit: what OLMo 2's full-width query/key norms and a mixture of
+  // experts sum their partial results over.
+  std::unique_ptr<TensorSplit> split_;
+  std::optional<QkNorm> qk_norm_;  // Qwen 3's and OLMo 2's (nn/qk_norm.h)
   std::unique_ptr<Norm> ln_2_;
-  // The MLP: fc and proj, or a mixture of experts with the TensorSplit it sums over.
+  // The MLP: fc and proj, or a mixture of experts.
   std::optional<ColumnParallelLinear> fc_;
   std::optional<RowParallelLinear> mlp_proj_;
-  std::unique_ptr<TensorSplit> split_;
   std::unique_ptr<MoeMlp> moe_;
   std::vector<Parameter*> sp_params_;
   // attention inputs (Llama: the compact qkv, q and k turned) and outputs, and the activation's

@@ -108,7 +108,8 @@ std::vector<std::vector<PlannedUnit>> planned_units(const Config& config, int pp
   // GPT-2: the matrices and their column-parallel biases split over tp; the LayerNorms and the
   // row-parallel biases replicated. Llama: the matrices split, the two RMSNorms replicated; a
   // mixture of experts every expert's SwiGLU and the shared experts' split likewise, its router
-  // replicated; Qwen 2's qkv bias split with qkv's rows, Qwen 3's two head norms replicated.
+  // replicated; Qwen 2's qkv bias split with qkv's rows, Qwen 3's two head norms replicated
+  // (OLMo 2's over all the heads split).
   // Under expert parallelism a block's E/ep experts are a unit of their own.
   const int64_t ep = model.moe() ? std::max(par.ep, 1) : 1;
   const int64_t expert_unit = ep > 1 ? model.moe_experts / ep * 3 * d * model.hidden() / P : 0;
@@ -118,7 +119,8 @@ std::vector<std::vector<PlannedUnit>> planned_units(const Config& config, int pp
   const int64_t router = model.moe() ? d * model.moe_experts : 0;
   const int64_t llama_matrices = d * model.qkv_width() + model.attention_width() * d + mlp;
   const int64_t qkv_bias = model.llama() && model.qkv_bias ? model.qkv_width() / P : 0;
-  const int64_t qk_norm = model.qk_norm_params();
+  // OLMo 2's full-width query/key norms are split over tp with the heads (nn/split_rms_norm.h).
+  const int64_t qk_norm = model.qk_norm_params() / (model.qk_norm_full ? P : 1);
   const int64_t per_block = model.llama() ? llama_matrices / P + qkv_bias + qk_norm + router + 2 * d
                             : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
                                           : 12 * d * d + 13 * d;

@@ -68,10 +68,11 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     const double qkv_width = model.n_heads > 0
         ? static_cast<double>(model.n_heads + 2 * model.resolved_n_kv_heads()) / static_cast<double>(model.n_heads)
         : 3.0;
-    // OLMo 2's full form: the same inputs, a number per row for each of the two norms.
+    // OLMo 2's full form: the same inputs, a number per row for each of the two norms (on every
+    // tp rank: the rows' whole sums, nn/split_rms_norm.h).
     const double qk_heads = static_cast<double>(model.n_heads + model.resolved_n_kv_heads());
     const double qk_norm = !model.qk_norm || model.n_heads <= 0 ? 0.0
-                           : model.qk_norm_scope == "full"      ? (qk_heads * head_dim + 2) / C
+                           : model.qk_norm_scope == "full"      ? (qk_heads * head_dim + 2 * P) / C
                                                                 : qk_heads * (head_dim + 1) / C;
     const double attention =
         heads * (cp > 1 ? cp_attention : qkv_width * flash_half + half) + qk_norm;

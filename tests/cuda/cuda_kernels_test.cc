@@ -885,6 +885,50 @@ TEST_F(CudaKernelsTest, RmsNormMatchesCpuAndRepeats) {
   }
 }
 
+// The kernels of an RMSNorm whose rows a tp group splits (OLMo 2's query/key norms): the partial
+// sums (Σx², and Σ weight·dout·x), the forward given the row's sums over C_full columns and the
+// backward given its dots, near the CPU's for C = 96 of 192, 768 of 1536 and 2100 of 4200 (the
+// fused backward's sizes and the separate column sums).
+TEST_F(CudaKernelsTest, SplitRowRmsNormMatchesCpu) {
+  const int64_t N = 300;
+  for (const int64_t C : {int64_t{96}, int64_t{768}, int64_t{2100}}) {
+    SCOPED_TRACE("C=" + std::to_string(C));
+    const int64_t C_full = 2 * C;
+    Pair x = random_pair(N * C, 150, -3.0, 5.0), w = random_pair(C, 151);
+    Pair dy = random_pair(N * C, 152);
+    Pair sums = pair_of(std::vector<float>(N)), dots = pair_of(std::vector<float>(N));
+    ops::rmsnorm_partial_sums<float>(on_cpu, sums.h(), x.h(), x.h(), nullptr, N, C);
+    ops::rmsnorm_partial_sums<float>(on_gpu, sums.g(), x.g(), x.g(), nullptr, N, C);
+    expect_pair_close("sums", sums);
+    ops::rmsnorm_partial_sums<float>(on_cpu, dots.h(), dy.h(), x.h(), w.h(), N, C);
+    ops::rmsnorm_partial_sums<float>(on_gpu, dots.g(), dy.g(), x.g(), w.g(), N, C);
+    expect_pair_close("dots", dots);
+    // As if the other rank's columns held as much again: the row's sums over C_full, the same on
+    // both sides.
+    Pair whole_sums = pair_of(std::vector<float>(N)), whole_dots = pair_of(std::vector<float>(N));
+    {
+      std::vector<float> s = sums.from_host(), d = dots.from_host();
+      for (int64_t r = 0; r < N; ++r) s[r] *= 2.5f, d[r] *= -1.5f;
+      whole_sums = pair_of(s);
+      whole_dots = pair_of(d);
+    }
+    Pair y = pair_of(std::vector<float>(N * C)), rstd = pair_of(std::vector<float>(N));
+    ops::rmsnorm_forward_of_sums<float>(on_cpu, y.h(), rstd.h(), whole_sums.h(), x.h(), w.h(), N, C,
+                                        C_full, 1e-5);
+    ops::rmsnorm_forward_of_sums<float>(on_gpu, y.g(), rstd.g(), whole_sums.g(), x.g(), w.g(), N, C,
+                                        C_full, 1e-5);
+    expect_pair_close("out", y);
+    expect_pair_close("rstd", rstd);
+    Pair dx = pair_of(std::vector<float>(N * C)), dw = pair_of(random_floats(C, 153));
+    ops::rmsnorm_backward_of_dots<float>(on_cpu, dx.h(), dw.h(), dy.h(), x.h(), w.h(), rstd.h(),
+                                         whole_dots.h(), N, C, C_full);
+    ops::rmsnorm_backward_of_dots<float>(on_gpu, dx.g(), dw.g(), dy.g(), x.g(), w.g(), rstd.g(),
+                                         whole_dots.g(), N, C, C_full);
+    expect_pair_close("dinp", dx);
+    expect_pair_close("dweight", dw);
+  }
+}
+
 // RoPE with the heads shared by groups of two, none (KV = NH) and all (KV = 1): the forward and
 // the backward (a shared head's gradients summed) near the CPU's, and bit for bit again on a
 // second GPU run; shapes it cannot share refused before anything runs.

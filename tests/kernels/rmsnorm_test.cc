@@ -106,5 +106,57 @@ TEST(RmsNorm, BackwardAddingIsTheBackwardThenTheAdd) {
   EXPECT_TRUE(ktest::bitwise_equal(fused_dw, direct_dw)) << "dweight";
 }
 
+// A row split over P ranks (OLMo 2's query/key norms under tp): each rank's partial sums, added
+// up over the ranks as the group's all-reduce adds them, then each rank's columns of the forward
+// and backward — together the whole row's RMSNorm: out, rstd, dinp and the weight's gradient
+// (each rank's slice accumulated onto what it held) to rounding.
+TEST(RmsNorm, RowsSplitOverRanksAreTheWholeRowsNorm) {
+  ThreadPool pool(2);
+  const int64_t N = 37, C = 48;
+  auto inp = random_vector(N * C, 1, -2, 2);
+  for (int64_t i = 0; i < 3 * C; ++i) inp[i] *= 1e-3;  // eps a sizeable part of these rows
+  const auto weight = random_vector(C, 2), dout = random_vector(N * C, 3);
+  const auto dweight0 = random_vector(C, 4);
+  std::vector<double> out(N * C), rstd(N), dinp(N * C), dweight = dweight0;
+  rmsnorm_forward(pool, out.data(), rstd.data(), inp.data(), weight.data(), N, C, kEps);
+  rmsnorm_backward(pool, dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
+                   rstd.data(), N, C);
+  for (const int64_t P : {1, 2, 3}) {
+    const int64_t w = C / P;
+    // Rank p's columns [p·w, (p + 1)·w) of a (N, C) matrix, as a (N, w) one.
+    const auto columns = [&](const std::vector<double>& m, int64_t p) {
+      std::vector<double> cols(N * w);
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t c = 0; c < w; ++c) cols[r * w + c] = m[r * C + p * w + c];
+      return cols;
+    };
+    std::vector<double> sums(N, 0), dots(N, 0), part(N);
+    for (int64_t p = 0; p < P; ++p) {
+      const auto x = columns(inp, p), dy = columns(dout, p);
+      rmsnorm_partial_sums<double>(pool, part.data(), x.data(), x.data(), nullptr, N, w);
+      for (int64_t r = 0; r < N; ++r) sums[r] += part[r];
+      rmsnorm_partial_sums<double>(pool, part.data(), dy.data(), x.data(), weight.data() + p * w, N,
+                                   w);
+      for (int64_t r = 0; r < N; ++r) dots[r] += part[r];
+    }
+    for (int64_t p = 0; p < P; ++p) {
+      const auto x = columns(inp, p), dy = columns(dout, p);
+      std::vector<double> y(N * w), s(N), dx(N * w);
+      std::vector<double> dw(dweight0.begin() + p * w, dweight0.begin() + (p + 1) * w);
+      rmsnorm_forward_of_sums<double>(pool, y.data(), s.data(), sums.data(), x.data(),
+                                      weight.data() + p * w, N, w, C, kEps);
+      rmsnorm_backward_of_dots<double>(pool, dx.data(), dw.data(), dy.data(), x.data(),
+                                       weight.data() + p * w, s.data(), dots.data(), N, w, C);
+      const std::string rank = "P = " + std::to_string(P) + ", rank " + std::to_string(p) + ": ";
+      ktest::expect_close(rank + "out", y, columns(out, p), 1e-12);
+      ktest::expect_close(rank + "rstd", s, rstd, 1e-12);
+      ktest::expect_close(rank + "dinp", dx, columns(dinp, p), 1e-12);
+      ktest::expect_close(
+          rank + "dweight", dw,
+          std::vector<double>(dweight.begin() + p * w, dweight.begin() + (p + 1) * w), 1e-12);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::cpu

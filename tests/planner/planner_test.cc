@@ -194,7 +194,7 @@ TEST(Planner, StateBytesOnGpusAtBf16CountTheWeightCopies) {
 }
 
 // The same for Llama's blocks: no biases, grouped-query qkv, the SwiGLU's fused gate/up, no
-// position table, RMSNorm gains only.
+// position table, RMSNorm gains only; OLMo 2's full-width query/key norms.
 TEST(Planner, LlamaStateBytesAreWhatTheEnginesAllocate) {
   const fs::path dir =
       fs::temp_directory_path() / ("loom_planner_llama_test_" + std::to_string(getpid()));
@@ -209,6 +209,12 @@ TEST(Planner, LlamaStateBytesAreWhatTheEnginesAllocate) {
   for (const Layout& l : layouts) expect_plan_is_what_the_trainer_allocates(c, l, dir);
   c.model.tie_embeddings = false;  // lm_head.weight on the last stage (and alone on one device)
   for (const Layout& l : {Layout{1, 1, 1, 0, 1}, Layout{4, 2, 2, 1, 1}})
+    expect_plan_is_what_the_trainer_allocates(c, l, dir);
+  // OLMo 2's query/key norms over all the heads: whole on one device, split over tp.
+  c.model.norm_placement = "post";
+  c.model.qk_norm = true;
+  c.model.qk_norm_scope = "full";
+  for (const Layout& l : {Layout{1, 1, 1, 0, 1}, Layout{2, 2, 1, 0, 1}, Layout{4, 2, 1, 1, 1}})
     expect_plan_is_what_the_trainer_allocates(c, l, dir);
   fs::remove_all(dir);
 }

@@ -993,7 +993,10 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
 // (model.head_dim) at bf16: qkv in fp32, normalised and turned there, the flash kernels rounding
 // it as they load it, their bf16 dqkv widened for the norms' backward — one GPU within bf16's
 // tolerance of its fp32 run, and tp 2 (each rank's heads normalised, the gains' gradients summed
-// over tp) of the one GPU's.
+// over tp) of the one GPU's. OLMo 2's norms over all the heads (and post-norms) under tp 2 + sp,
+// their rows' sums all-reduced over tp (nn/split_rms_norm.h), at fp32 to 1e-5 of one GPU (with
+// the forward's sums left un-reduced the losses move by 1e-2 of themselves, with the backward's
+// by 4e-4: both under bf16's tolerance, over this one's; measured 1e-7).
 TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
   if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
   Config qwen3 = gpu_llama(3);
@@ -1007,6 +1010,14 @@ TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
   expect_losses_near("qwen3_one_gpu_fp32", "qwen3_one_gpu", 2e-2);
   expect_losses_near("qwen3_one_gpu", "qwen3_tp_bf16", 2e-2);
   EXPECT_FALSE(metrics("qwen3_one_gpu_fp32") == metrics("qwen3_one_gpu"));  // bf16 did round
+  Config olmo2 = qwen3;
+  olmo2.model.norm_placement = "post";
+  olmo2.model.qk_norm_scope = "full";
+  olmo2.runtime.matmul_precision = "fp32";
+  run_training(olmo2, options("olmo2_one_gpu"));
+  run_training(tp2_sequence_parallel(olmo2), options("olmo2_tp"));
+  expect_losses_near("olmo2_one_gpu", "olmo2_tp", 1e-5);
+  EXPECT_FALSE(metrics("olmo2_one_gpu") == metrics("qwen3_one_gpu_fp32"));  // another model
 }
 
 // OLMo 2's post-norm blocks on two GPUs at bf16 with sequence parallelism: the column-parallel

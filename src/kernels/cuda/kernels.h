@@ -358,6 +358,16 @@ void rmsnorm_backward(int device, float* dinp, float* dweight, const float* dout
 void rmsnorm_backward_adding(int device, float* dinp, float* dweight, const float* dout,
                              const float* inp, const float* weight, const float* rstd,
                              const float* dresidual, int64_t N, int64_t C);
+// An RMSNorm's rows split over a tensor-parallel group (cpu/rmsnorm.h): the rank's partial
+// sums, a warp a row, and the forward and backward given the group's sums of them.
+void rmsnorm_partial_sums(int device, float* sums, const float* a, const float* b,
+                          const float* weight, int64_t N, int64_t C);
+void rmsnorm_forward_of_sums(int device, float* out, float* rstd, const float* sums,
+                             const float* inp, const float* weight, int64_t N, int64_t C,
+                             int64_t C_full, double eps);
+void rmsnorm_backward_of_dots(int device, float* dinp, float* dweight, const float* dout,
+                              const float* inp, const float* weight, const float* rstd,
+                              const float* dots, int64_t N, int64_t C, int64_t C_full);
 
 // Rotary position embedding with grouped-query attention's head sharing (cpu/rope.h); cos_sin
 // (T, hd) is cpu::rope_table's, copied to the GPU. The backward sums a shared key/value head's

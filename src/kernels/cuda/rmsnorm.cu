@@ -2,7 +2,9 @@
 // the weight gradient as fixed-order column sums, from the dinp kernel's own read of dout and the
 // input where a lane's sums fit in registers. Same formulas as the CPU kernel: rstd =
 // 1/sqrt(mean(x²) + eps), and dinp = rstd · (g - n · mean(g ∘ n)) with n = x·rstd and g =
-// weight ∘ dout.
+// weight ∘ dout. A row split over a tensor-parallel group (rmsnorm_forward_of_sums and
+// rmsnorm_backward_of_dots) takes its Σx² or Σ weight·dout·x over the whole row from `sums`, the
+// group's sum of rmsnorm_partial_sums, instead of its own warp sum, over C_full columns.
 #include "base/error.h"
 #include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/kernels.h"
@@ -15,16 +17,23 @@ namespace {
 constexpr int kRmsWarpsPerBlock = 8;
 
 // `Out`: float, or the 16-bit type of the GEMM operand it feeds (rounded from the same float).
+// `sums`: null, or the split rows' Σx² over C_full columns.
 template <typename Out>
-__global__ void rmsnorm_forward_kernel(Out* out, float* rstd, const float* inp,
-                                       const float* weight, int64_t N, int64_t C, float eps) {
+__global__ void rmsnorm_forward_kernel(Out* out, float* rstd, const float* inp, const float* weight,
+                                       const float* sums, int64_t N, int64_t C, int64_t C_full,
+                                       float eps) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRmsWarpsPerBlock + threadIdx.x / 32;
   if (r >= N) return;
   const int lane = threadIdx.x % 32;
   const float* x = inp + r * C;
-  float q = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) q += x[c] * x[c];
-  const float ms = warp_sum(q) / static_cast<float>(C);
+  float ms;
+  if (sums != nullptr) {
+    ms = sums[r] / static_cast<float>(C_full);
+  } else {
+    float q = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) q += x[c] * x[c];
+    ms = warp_sum(q) / static_cast<float>(C);
+  }
   const float rs = 1.0f / sqrtf(ms + eps);
   Out* y = out + r * C;
   for (int64_t c = lane; c < C; c += 32) round_to(y[c], x[c] * rs * weight[c]);
@@ -35,11 +44,13 @@ __global__ void rmsnorm_forward_kernel(Out* out, float* rstd, const float* inp,
 // contracted into the product before it, so the bits are those of the separate add_inplace).
 // visit(j, dout, n) sees each of the lane's values (column lane + 32·j) with its normalised input
 // in the first pass — for kCols > 0 over j < kCols unrolled (the caller's per-lane sums stay in
-// registers), for kCols = 0 in a loop.
+// registers), for kCols = 0 in a loop. `dots`: null, or the split rows' Σ weight·dout·x over
+// C_full columns.
 template <int kCols, typename Visit>
 __device__ void rmsnorm_backward_row(float* dinp, const float* dout, const float* inp,
                                      const float* weight, const float* rstd, const float* dresidual,
-                                     int64_t r, int64_t C, Visit&& visit) {
+                                     const float* dots, int64_t r, int64_t C, int64_t C_full,
+                                     Visit&& visit) {
   const int lane = threadIdx.x % 32;
   const float* x = inp + r * C;
   const float* dy = dout + r * C;
@@ -58,7 +69,8 @@ __device__ void rmsnorm_backward_row(float* dinp, const float* dout, const float
   } else {
     for (int64_t c = lane; c < C; c += 32) first_pass(0, c);
   }
-  const float gn_mean = warp_sum(gn_sum) / static_cast<float>(C);
+  const float gn_mean = dots != nullptr ? s * dots[r] / static_cast<float>(C_full)
+                                        : warp_sum(gn_sum) / static_cast<float>(C);
   float* dx = dinp + r * C;
   for (int64_t c = lane; c < C; c += 32) {
     const float v = s * (weight[c] * dy[c] - x[c] * s * gn_mean);
@@ -69,10 +81,25 @@ __device__ void rmsnorm_backward_row(float* dinp, const float* dout, const float
 // dinp alone, a warp a row (with the column sums apart: rows wider than the fused kernel takes).
 __global__ void rmsnorm_backward_kernel(float* dinp, const float* dout, const float* inp,
                                         const float* weight, const float* rstd,
-                                        const float* dresidual, int64_t N, int64_t C) {
+                                        const float* dresidual, const float* dots, int64_t N,
+                                        int64_t C, int64_t C_full) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRmsWarpsPerBlock + threadIdx.x / 32;
   if (r >= N) return;
-  rmsnorm_backward_row<0>(dinp, dout, inp, weight, rstd, dresidual, r, C, [](int, float, float) {});
+  rmsnorm_backward_row<0>(dinp, dout, inp, weight, rstd, dresidual, dots, r, C, C_full,
+                          [](int, float, float) {});
+}
+
+// sums[r] = Σ_c a[r,c]·b[r,c]·(weight ? weight[c] : 1), a warp a row.
+__global__ void rmsnorm_partial_sums_kernel(float* sums, const float* a, const float* b,
+                                            const float* weight, int64_t N, int64_t C) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRmsWarpsPerBlock + threadIdx.x / 32;
+  if (r >= N) return;
+  const int lane = threadIdx.x % 32;
+  float q = 0.0f;
+  for (int64_t c = lane; c < C; c += 32)
+    q += (weight != nullptr ? weight[c] * a[r * C + c] : a[r * C + c]) * b[r * C + c];
+  const float sum = warp_sum(q);
+  if (lane == 0) sums[r] = sum;
 }
 
 // Rows per warp of the fused backward: its warps' partial weight gradients take N·C /
@@ -86,15 +113,16 @@ constexpr int kRmsRowsPerWarp = 8;
 template <int kCols>
 __global__ void rmsnorm_backward_fused_kernel(float* dinp, float* partials, const float* dout,
                                               const float* inp, const float* weight,
-                                              const float* rstd, const float* dresidual, int64_t N,
-                                              int64_t C) {
+                                              const float* rstd, const float* dresidual,
+                                              const float* dots, int64_t N, int64_t C,
+                                              int64_t C_full) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float dn_sum[kCols] = {};
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRmsWarpsPerBlock * kRmsRowsPerWarp;
   const int64_t r1 =
       r0 + kRmsWarpsPerBlock * kRmsRowsPerWarp < N ? r0 + kRmsWarpsPerBlock * kRmsRowsPerWarp : N;
   for (int64_t r = r0 + warp; r < r1; r += kRmsWarpsPerBlock)
-    rmsnorm_backward_row<kCols>(dinp, dout, inp, weight, rstd, dresidual, r, C,
+    rmsnorm_backward_row<kCols>(dinp, dout, inp, weight, rstd, dresidual, dots, r, C, C_full,
                                 [&](int j, float d, float n) { dn_sum[j] += d * n; });
   float* out = partials + (static_cast<int64_t>(blockIdx.x) * kRmsWarpsPerBlock + warp) * C;
   LOOM_UNROLL
@@ -117,24 +145,47 @@ struct DoutTimesRmsNorm {
 template <int kCols>
 void rmsnorm_backward_fused(int device, float* dinp, float* dweight, const float* dout,
                             const float* inp, const float* weight, const float* rstd,
-                            const float* dresidual, int64_t N, int64_t C) {
+                            const float* dresidual, const float* dots, int64_t N, int64_t C,
+                            int64_t C_full) {
   const unsigned blocks = blocks_of(N, kRmsWarpsPerBlock * kRmsRowsPerWarp);
   const int64_t warps = static_cast<int64_t>(blocks) * kRmsWarpsPerBlock;
   Scratch<float> partials(device, warps * C);
   launch("rmsnorm_backward", rmsnorm_backward_fused_kernel<kCols>, blocks, kRmsWarpsPerBlock * 32,
-         dinp, partials.get(), dout, inp, weight, rstd, dresidual, N, C);
+         dinp, partials.get(), dout, inp, weight, rstd, dresidual, dots, N, C, C_full);
   launch("rmsnorm_backward (dweight)", column_finish_kernel<float, float*>, blocks_of(C, 256), 256,
          dweight, static_cast<const float*>(partials.get()), warps, C);
+}
+
+// The backward's host side, for whole rows (dots null) and split ones.
+void backward_rows(int device, float* dinp, float* dweight, const float* dout, const float* inp,
+                   const float* weight, const float* rstd, const float* dresidual,
+                   const float* dots, int64_t N, int64_t C, int64_t C_full) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  // One read of dout and the input for both gradients where a lane's column sums fit in
+  // registers (C ≤ 2048); wider rows sum their columns in a pass of their own.
+  const int64_t cols = (C + 31) / 32;
+  if (cols <= 8)
+    return rmsnorm_backward_fused<8>(device, dinp, dweight, dout, inp, weight, rstd, dresidual,
+                                     dots, N, C, C_full);
+  if (cols <= 24)
+    return rmsnorm_backward_fused<24>(device, dinp, dweight, dout, inp, weight, rstd, dresidual,
+                                      dots, N, C, C_full);
+  if (cols <= 64)
+    return rmsnorm_backward_fused<64>(device, dinp, dweight, dout, inp, weight, rstd, dresidual,
+                                      dots, N, C, C_full);
+  accumulate_column_sums(device, dweight, DoutTimesRmsNorm{dout, inp, rstd, C}, N, C,
+                         "rmsnorm_backward (dweight)");
+  // Last, so that dinp may alias dout.
+  launch("rmsnorm_backward", rmsnorm_backward_kernel, blocks_of(N, kRmsWarpsPerBlock),
+         kRmsWarpsPerBlock * 32, dinp, dout, inp, weight, rstd, dresidual, dots, N, C, C_full);
 }
 
 }  // namespace
 
 void rmsnorm_forward(int device, float* out, float* rstd, const float* inp, const float* weight,
                      int64_t N, int64_t C, double eps) {
-  if (N == 0) return;
-  DeviceGuard guard(device);
-  launch("rmsnorm_forward", rmsnorm_forward_kernel<float>, blocks_of(N, kRmsWarpsPerBlock),
-         kRmsWarpsPerBlock * 32, out, rstd, inp, weight, N, C, static_cast<float>(eps));
+  rmsnorm_forward_of_sums(device, out, rstd, nullptr, inp, weight, N, C, C, eps);
 }
 
 GemmOperand rmsnorm_forward_rounded(int device, void* out, float* rstd, const float* inp,
@@ -144,8 +195,8 @@ GemmOperand rmsnorm_forward_rounded(int device, void* out, float* rstd, const fl
     using Half = decltype(zero);
     if (N > 0)
       launch("rmsnorm_forward (rounded)", rmsnorm_forward_kernel<Half>,
-             blocks_of(N, kRmsWarpsPerBlock), kRmsWarpsPerBlock * 32, static_cast<Half*>(out),
-             rstd, inp, weight, N, C, static_cast<float>(eps));
+             blocks_of(N, kRmsWarpsPerBlock), kRmsWarpsPerBlock * 32, static_cast<Half*>(out), rstd,
+             inp, weight, static_cast<const float*>(nullptr), N, C, C, static_cast<float>(eps));
   });
   return GemmOperand(out, precision);
 }
@@ -153,30 +204,36 @@ GemmOperand rmsnorm_forward_rounded(int device, void* out, float* rstd, const fl
 void rmsnorm_backward_adding(int device, float* dinp, float* dweight, const float* dout,
                              const float* inp, const float* weight, const float* rstd,
                              const float* dresidual, int64_t N, int64_t C) {
-  if (N == 0) return;
-  DeviceGuard guard(device);
-  // One read of dout and the input for both gradients where a lane's column sums fit in
-  // registers (C ≤ 2048); wider rows sum their columns in a pass of their own.
-  const int64_t cols = (C + 31) / 32;
-  if (cols <= 8)
-    return rmsnorm_backward_fused<8>(device, dinp, dweight, dout, inp, weight, rstd, dresidual, N,
-                                     C);
-  if (cols <= 24)
-    return rmsnorm_backward_fused<24>(device, dinp, dweight, dout, inp, weight, rstd, dresidual, N,
-                                      C);
-  if (cols <= 64)
-    return rmsnorm_backward_fused<64>(device, dinp, dweight, dout, inp, weight, rstd, dresidual, N,
-                                      C);
-  accumulate_column_sums(device, dweight, DoutTimesRmsNorm{dout, inp, rstd, C}, N, C,
-                         "rmsnorm_backward (dweight)");
-  // Last, so that dinp may alias dout.
-  launch("rmsnorm_backward", rmsnorm_backward_kernel, blocks_of(N, kRmsWarpsPerBlock),
-         kRmsWarpsPerBlock * 32, dinp, dout, inp, weight, rstd, dresidual, N, C);
+  backward_rows(device, dinp, dweight, dout, inp, weight, rstd, dresidual, nullptr, N, C, C);
 }
 
 void rmsnorm_backward(int device, float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t N, int64_t C) {
-  rmsnorm_backward_adding(device, dinp, dweight, dout, inp, weight, rstd, nullptr, N, C);
+  backward_rows(device, dinp, dweight, dout, inp, weight, rstd, nullptr, nullptr, N, C, C);
+}
+
+void rmsnorm_partial_sums(int device, float* sums, const float* a, const float* b,
+                          const float* weight, int64_t N, int64_t C) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  launch("rmsnorm_partial_sums", rmsnorm_partial_sums_kernel, blocks_of(N, kRmsWarpsPerBlock),
+         kRmsWarpsPerBlock * 32, sums, a, b, weight, N, C);
+}
+
+void rmsnorm_forward_of_sums(int device, float* out, float* rstd, const float* sums,
+                             const float* inp, const float* weight, int64_t N, int64_t C,
+                             int64_t C_full, double eps) {
+  if (N == 0) return;
+  DeviceGuard guard(device);
+  launch("rmsnorm_forward", rmsnorm_forward_kernel<float>, blocks_of(N, kRmsWarpsPerBlock),
+         kRmsWarpsPerBlock * 32, out, rstd, inp, weight, sums, N, C, C_full,
+         static_cast<float>(eps));
+}
+
+void rmsnorm_backward_of_dots(int device, float* dinp, float* dweight, const float* dout,
+                              const float* inp, const float* weight, const float* rstd,
+                              const float* dots, int64_t N, int64_t C, int64_t C_full) {
+  backward_rows(device, dinp, dweight, dout, inp, weight, rstd, nullptr, dots, N, C, C_full);
 }
 
 }  // namespace loom::cuda
