@@ -249,6 +249,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     if (mc.qk_norm) shape["qk_norm"] = true;
     if (mc.qk_norm_full) shape["qk_norm_scope"] = "full";
     if (mc.post_norm) shape["norm_placement"] = "post";
+    if (mc.sandwich_norm) shape["norm_placement"] = "sandwich";
     if (mc.sliding_window > 0) shape["sliding_window"] = mc.sliding_window;
     if (mc.full_attention_every > 0) shape["full_attention_every"] = mc.full_attention_every;
     shape["ffn_hidden"] = mc.ffn_hidden;
@@ -433,12 +434,14 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       // OLMo 2's keys, absent for Llama's defaults; any other value is no model Loom builds.
       const std::string scope = m.value("qk_norm_scope", std::string("head"));
       const std::string placement = m.value("norm_placement", std::string("pre"));
-      if ((scope != "head" && scope != "full") || (placement != "pre" && placement != "post"))
+      if ((scope != "head" && scope != "full") ||
+          (placement != "pre" && placement != "post" && placement != "sandwich"))
         fail("checkpoint ", checkpoint_dir, ": state.json's model: qk_norm_scope = \"", scope,
              "\", norm_placement = \"", placement,
-             "\" is not a model Loom builds (head or full; pre or post)");
+             "\" is not a model Loom builds (head or full; pre, post or sandwich)");
       c.qk_norm_full = scope == "full";
       c.post_norm = placement == "post";
+      c.sandwich_norm = placement == "sandwich";
       c.sliding_window =
           m.contains("sliding_window") ? json_integer<int64_t>(m.at("sliding_window")) : 0;
       c.full_attention_every = m.contains("full_attention_every")

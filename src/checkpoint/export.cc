@@ -409,6 +409,9 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   // top k Loom's, its attention not windowed), one with query/key norms from a
   // Qwen3MoeForCausalLM.
   const std::string model_type = config.value("model_type", std::string("(none)"));
+  if (model.sandwich_norm)
+    fail(config_path, ": model.norm_placement = \"sandwich\": no HuggingFace class Loom reads ",
+         "holds four norms a block");
   // OLMo 2 (Olmo2ForCausalLM): post-norms and full-width query/key norms, nothing else of
   // Loom's variants.
   const bool olmo2_model = model.post_norm || model.qk_norm_full;
@@ -748,6 +751,9 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
          "(model.moe_router_num_groups), with scaled weights ",
          "(model.moe_router_topk_scaling_factor) or with weights not normalised over the chosen ",
          "(model.moe_router_norm_topk_prob = false), which ", moe_class, " has not");
+  if (mc.sandwich_norm)
+    fail("export: ", checkpoint_dir, " holds sandwich norms (model.norm_placement = ",
+         "\"sandwich\"), which no Llama-family class of transformers that Loom writes has");
   if (mc.moe() && mc.moe_router_score != RouterScore::kSoftmax)
     fail("export: ", checkpoint_dir, " holds a mixture of experts whose router scores by ",
          "sigmoids (model.moe_router_score_function), and ", moe_class, "'s by ",

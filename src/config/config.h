@@ -67,7 +67,8 @@ struct ModelConfig {
   std::string qk_norm_scope = "head";
   // Where a block's two RMSNorms sit: "pre", on the inputs of the attention and the MLP (x +
   // attn(norm(x)), Llama's); "post", on their outputs before the skip connection adds them
-  // (x + norm(attn(x)), OLMo 2's reordered norms).
+  // (x + norm(attn(x)), OLMo 2's reordered norms); "sandwich", both (x + norm(attn(norm(x))),
+  // Gemma 2 / 3's four norms a block).
   std::string norm_placement = "pre";
   // Sliding-window attention (Mistral 7B v0.1's; nn/sliding_window.h): each query attends to the
   // sliding_window latest positions, itself included, in every block; 0: the whole sequence.

@@ -106,7 +106,7 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
   }
   p.one_of("model.rope_scaling", m.rope_scaling, {"none", "llama3"});
   p.one_of("model.qk_norm_scope", m.qk_norm_scope, {"head", "full"});
-  p.one_of("model.norm_placement", m.norm_placement, {"pre", "post"});
+  p.one_of("model.norm_placement", m.norm_placement, {"pre", "post", "sandwich"});
   if (!m.qk_norm && m.qk_norm_scope != ModelConfig().qk_norm_scope)
     p.add("model.qk_norm_scope = \"", m.qk_norm_scope, "\" needs model.qk_norm = true");
   if (m.rope_scaling == "llama3") {

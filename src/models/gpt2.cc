@@ -52,7 +52,10 @@ void Gpt2Config::validate() const {
          "], and set for a Llama only");
   if (qk_norm && !llama()) fail("model.qk_norm applies to a Llama only");
   if (qk_norm_full && !qk_norm) fail("model.qk_norm_scope = \"full\" needs model.qk_norm");
-  if (post_norm && !llama()) fail("model.norm_placement = \"post\" applies to a Llama only");
+  if ((post_norm || sandwich_norm) && !llama())
+    fail("model.norm_placement = \"", post_norm ? "post" : "sandwich",
+         "\" applies to a Llama only");
+  if (post_norm && sandwich_norm) fail("model.norm_placement: post or sandwich, not both");
   if (sliding_window < 0 || (sliding_window > 0 && !llama()))
     fail("model.sliding_window = ", sliding_window, " must be >= 0, and set for a Llama only");
   if (full_attention_every < 0 || (full_attention_every > 0 && sliding_window == 0))
@@ -109,13 +112,14 @@ void Gpt2Config::validate() const {
 
 int64_t Gpt2Config::num_parameters() const {
   const int64_t C = d_model;
-  if (llama()) {  // two RMSNorm weights, qkv, proj, the SwiGLU's fused gate/up and proj
+  if (llama()) {  // two RMSNorm weights (four sandwiched), qkv, proj, the SwiGLU's gate/up and proj
     // A mixture: moe_experts SwiGLUs, the shared experts' and the router (C -> experts).
     const int64_t mlp =
         moe() ? (moe_experts + moe_shared_experts) * 3 * C * ffn_hidden + C * moe_experts
               : 3 * C * ffn_hidden;
-    const int64_t per_block = 2 * C + C * qkv_width() + (qkv_bias ? qkv_width() : 0) +
-                              qk_norm_params() + attention_width() * C + mlp;
+    const int64_t per_block = (sandwich_norm ? 4 : 2) * C + C * qkv_width() +
+                              (qkv_bias ? qkv_width() : 0) + qk_norm_params() +
+                              attention_width() * C + mlp;
     return vocab_size * C + n_layers * per_block + C + (tie_embeddings ? 0 : vocab_size * C);
   }
   const int64_t per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) +
@@ -170,7 +174,13 @@ Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2C
       attn_(store, name + ".attn", config.d_model, config.n_heads, config.init_std,
             residual_std(config), rotary_of(config)),
       ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)),
-      mlp_(make_mlp(store, name + ".mlp", config, experts)) {}
+      mlp_(make_mlp(store, name + ".mlp", config, experts)) {
+  if (config.sandwich_norm) {  // registered last: the pre-norm block's names and order before
+    attn_out_norm_ =
+        make_norm(store, name + ".attn_out_norm", config.d_model, true, config.norm_eps);
+    mlp_out_norm_ = make_norm(store, name + ".mlp_out_norm", config.d_model, true, config.norm_eps);
+  }
+}
 
 namespace {
 // y += x, in ctx's type (post-norms' skip connections).
@@ -196,6 +206,13 @@ Tensor Gpt2Block::run_forward(Context& ctx, const Tensor& x) {
   }
   // The LayerNorms' outputs feed only the qkv and fc Linears: forward_for_matmul writes them as
   // those keep them (16-bit on a GPU at bf16 / fp16 matmul precision).
+  if (attn_out_norm_) {  // sandwich: the branches' outputs normalised, then added
+    Tensor x1 = attn_out_norm_->forward(ctx, attn_.forward(ctx, ln_1_->forward_for_matmul(ctx, x)));
+    add_into(ctx, x1, x);
+    Tensor y = mlp_out_norm_->forward(ctx, mlp_->forward(ctx, ln_2_->forward_for_matmul(ctx, x1)));
+    add_into(ctx, y, x1);
+    return y;
+  }
   // The skip connections are added by the branches' output projections (in the GEMMs' epilogue
   // on a GPU).
   Tensor x1 = attn_.forward_adding(ctx, ln_1_->forward_for_matmul(ctx, x), x);  // x + attn(ln_1(x))
@@ -251,12 +268,15 @@ Tensor Gpt2Block::backward(Context& ctx, const Tensor& dy) {
     return dx;
   }
   // y = x1 + mlp(ln_2(x1)): dx1 = dy + ln_2ᵀ(mlpᵀ(dy)). Selective: ln_2's output is rebuilt
-  // just before the MLP's backward (which rebuilds its GELU output itself).
+  // just before the MLP's backward (which rebuilds its GELU output itself). Sandwich: the MLP's
+  // output norm's backward first (it keeps its input).
+  const Tensor dmlp_out = mlp_out_norm_ ? mlp_out_norm_->backward(ctx, dy) : dy;
   if (selective) mlp_->restore_input(ln_2_->recompute_output(ctx));
-  Tensor dx1 = ln_2_->backward_adding(ctx, mlp_->backward(ctx, dy), dy);
+  Tensor dx1 = ln_2_->backward_adding(ctx, mlp_->backward(ctx, dmlp_out), dy);
   // x1 = x + attn(ln_1(x)): dx = dx1 + ln_1ᵀ(attnᵀ(dx1)); ln_1's output likewise, only now.
+  const Tensor dattn_out = attn_out_norm_ ? attn_out_norm_->backward(ctx, dx1) : dx1;
   if (selective) attn_.restore_input(ln_1_->recompute_output(ctx));
-  Tensor dx = ln_1_->backward_adding(ctx, attn_.backward(ctx, dx1), dx1);
+  Tensor dx = ln_1_->backward_adding(ctx, attn_.backward(ctx, dattn_out), dx1);
   return dx;
 }
 
@@ -266,6 +286,15 @@ Tensor Gpt2Block::decode(Context& ctx, const Tensor& x, Tensor& keys, Tensor& va
     Tensor x1 = ln_1_->forward(ctx, attn_.decode_adding(ctx, x, nullptr, keys, values, first));
     add_into(ctx, x1, x);
     Tensor y = ln_2_->forward(ctx, mlp_->forward(ctx, x1));
+    add_into(ctx, y, x1);
+    clear_cache();
+    return y;
+  }
+  if (attn_out_norm_) {
+    Tensor x1 = attn_out_norm_->forward(
+        ctx, attn_.decode_adding(ctx, ln_1_->forward(ctx, x), nullptr, keys, values, first));
+    add_into(ctx, x1, x);
+    Tensor y = mlp_out_norm_->forward(ctx, mlp_->forward(ctx, ln_2_->forward(ctx, x1)));
     add_into(ctx, y, x1);
     clear_cache();
     return y;
@@ -281,6 +310,10 @@ void Gpt2Block::collect_cache(std::vector<Tensor*>& out) {
   attn_.collect_cache(out);
   ln_2_->collect_cache(out);
   mlp_->collect_cache(out);
+  if (attn_out_norm_) {
+    attn_out_norm_->collect_cache(out);
+    mlp_out_norm_->collect_cache(out);
+  }
   out.push_back(&input_);
   out.push_back(&middle_);
 }
@@ -290,6 +323,10 @@ void Gpt2Block::clear_cache() {
   attn_.clear_cache();
   ln_2_->clear_cache();
   mlp_->clear_cache();
+  if (attn_out_norm_) {
+    attn_out_norm_->clear_cache();
+    mlp_out_norm_->clear_cache();
+  }
   input_ = middle_ = Tensor();
 }
 

@@ -73,6 +73,9 @@ struct Gpt2Config {
   bool qk_norm_full = false;
   // model.norm_placement = "post": x + norm(attn(x)), then + norm(mlp(·)) (OLMo 2's)
   bool post_norm = false;
+  // model.norm_placement = "sandwich": x + norm(attn(norm(x))), then + norm(mlp(norm(·))) (Gemma
+  // 2 / 3's four norms a block; Peri-LN)
+  bool sandwich_norm = false;
   int64_t sliding_window = 0;  // each query's W latest keys (nn/sliding_window.h); 0: all
   int64_t full_attention_every = 0;  // with a window: blocks N, 2N, … (1-based) unwindowed; 0: none
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
@@ -170,7 +173,8 @@ struct Gpt2Config {
 };
 
 // One pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(·)); or with post_norm
-// (OLMo 2's) x + ln_1(attn(x)), then + ln_2(mlp(·)).
+// (OLMo 2's) x + ln_1(attn(x)), then + ln_2(mlp(·)); or with sandwich_norm (Gemma's)
+// x + attn_out_norm(attn(ln_1(x))), then + mlp_out_norm(mlp(ln_2(·))).
 class Gpt2Block {
  public:
   // `experts`: a mixture's expert-parallel group (nn/moe_mlp.h); null: every expert here.
@@ -200,6 +204,7 @@ class Gpt2Block {
   CausalSelfAttention attn_;
   std::unique_ptr<Norm> ln_2_;
   std::unique_ptr<FeedForward> mlp_;
+  std::unique_ptr<Norm> attn_out_norm_, mlp_out_norm_;  // sandwich_norm: the branches' outputs
   Tensor input_;   // Recompute::kFull: the block input, all that forward keeps
   Tensor middle_;  // post_norm, selective, a mixture: its input x1, restored
 };

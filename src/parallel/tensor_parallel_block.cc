@@ -80,9 +80,17 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
   if (config.kv_heads() % tp.size() != 0)
     fail(name, ": parallel.tp = ", tp.size(), " does not divide model.n_kv_heads = ",
          config.kv_heads());
+  if (config.sandwich_norm) {  // registered last, as Gpt2Block registers them
+    attn_out_norm_ =
+        make_norm(store, name + ".attn_out_norm", config.d_model, true, config.norm_eps);
+    mlp_out_norm_ = make_norm(store, name + ".mlp_out_norm", config.d_model, true, config.norm_eps);
+  }
   if (sequence_parallel) {
     sp_params_ = ln_1_->parameters();
     for (Parameter* p : ln_2_->parameters()) sp_params_.push_back(p);
+    if (attn_out_norm_)
+      for (const auto* norm : {attn_out_norm_.get(), mlp_out_norm_.get()})
+        for (Parameter* p : norm->parameters()) sp_params_.push_back(p);
   }
   // Each rank normalises its own heads with the shared weights: their gradients are partial
   // (the full form's weights are shards instead: each rank's gradient is its own slice).
@@ -183,6 +191,11 @@ Tensor TpGpt2Block::mlp_down_backward(Context& ctx, const Tensor& dy, bool selec
   return fc_->backward(ctx, dh);
 }
 
+Norm* TpGpt2Block::output_norm(int branch) const {
+  if (post_norm_) return branch == 1 ? ln_1_.get() : ln_2_.get();
+  return branch == 1 ? attn_out_norm_.get() : mlp_out_norm_.get();  // null but sandwiched
+}
+
 Tensor TpGpt2Block::whole_rows(const Tensor& rows) const {
   const int64_t C = rows.dim(-1);
   if (!sequence_parallel_) return rows.reshape({B_, T_, C});
@@ -274,14 +287,14 @@ Tensor TpGpt2Block::after_attention(Context& ctx, const Tensor& x) {
   // Post-norm: the row-parallel proj's summed output (this rank's rows with sequence
   // parallelism) normalised before the skip connection, then the MLP's likewise.
   Tensor x1 = attn_proj_.forward(ctx, att_);
-  if (post_norm_) x1 = ln_1_->forward(ctx, x1);
+  if (Norm* out = output_norm(1)) x1 = out->forward(ctx, x1);
   ops::add_inplace<float>(ex, x1.data<float>(), x.data<float>(), x1.numel());
   if (post_norm_ && moe_ && recompute_ == Recompute::kSelective) middle_ = x1;
   const Tensor mlp_in = post_norm_ ? x1 : ln_2_->forward_for_matmul(ctx, x1);
   // A mixture: its part of every token's output, summed over tp, then the skip connection.
   Tensor y = moe_ ? sum_over_tp(moe_->forward(ctx, whole_rows(mlp_in)))
                   : mlp_proj_->forward(ctx, mlp_up(ctx, mlp_in));
-  if (post_norm_) y = ln_2_->forward(ctx, y);
+  if (Norm* out = output_norm(2)) y = out->forward(ctx, y);
   ops::add_inplace<float>(ex, y.data<float>(), x1.data<float>(), y.numel());
   return y;
 }
@@ -298,7 +311,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   // before the backward that reads it (the GELU output from h, the LayerNorm outputs from their
   // kept inputs, mean and rstd — with sequence parallelism all-gathered again).
   // Post-norm: y = x1 + ln_2(mlp(x1)), the MLP's backward from ln_2's.
-  const Tensor dmlp_out = post_norm_ ? ln_2_->backward(ctx, dy) : dy;
+  const Tensor dmlp_out = output_norm(2) ? output_norm(2)->backward(ctx, dy) : dy;
   Tensor dmlp;
   if (moe_) {  // its part of the input gradient of every token, summed over tp
     if (selective)
@@ -316,7 +329,7 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
     dx1 = ln_2_->backward_adding(ctx, dmlp, dy);
   }
   // Post-norm: x1 = x + ln_1(proj(attention(qkv(x)))), proj's backward from ln_1's.
-  const Tensor dproj = post_norm_ ? ln_1_->backward(ctx, dx1) : dx1;
+  const Tensor dproj = output_norm(1) ? output_norm(1)->backward(ctx, dx1) : dx1;
   // x1 = x + proj(attention(qkv(ln_1(x))))
   const cpu::DocumentStarts docs = document_starts_of(documents_);
   Tensor dqkv;
@@ -374,6 +387,10 @@ void TpGpt2Block::collect_cache(std::vector<Tensor*>& out) {
   attn_proj_.collect_cache(out);
   if (qk_norm_) qk_norm_->collect_cache(out);
   ln_2_->collect_cache(out);
+  if (attn_out_norm_) {
+    attn_out_norm_->collect_cache(out);
+    mlp_out_norm_->collect_cache(out);
+  }
   if (moe_) {
     moe_->collect_cache(out);
   } else {

@@ -14,6 +14,10 @@
 // each rank holds its heads' shard of their weights, and the rows' sums of squares (forward)
 // and of weight·dout·x (backward) are all-reduced over tp, one float a row (nn/split_rms_norm.h).
 //
+// Post-norms (OLMo 2's) and sandwich norms (Gemma's, models/gpt2.h): the norms on the branches'
+// outputs take the row-parallel layers' summed outputs (this rank's rows with sequence
+// parallelism, their gains then among tp_summed_params()).
+//
 // Activation recomputation (config.recompute, models/gpt2.h) as in Gpt2Block: full keeps only
 // the block input (this rank's rows with sequence parallelism) and re-runs forward — its
 // collectives included, the same on every rank — before backward; selective drops the LayerNorm
@@ -99,6 +103,9 @@ class TpGpt2Block {
   // A mixture's: its rows of the batch (the norm's output, or with sequence parallelism all of
   // them gathered) as (B, T, C).
   Tensor whole_rows(const Tensor& rows) const;
+  // The norm on branch 1's (the attention's) or 2's (the MLP's) summed output before the skip
+  // connection: post_norm's ln_1 / ln_2, sandwich's own; null for pre-norms alone.
+  Norm* output_norm(int branch) const;
   // The sum over tp of a mixture's partial result (N, C): all-reduced, or with sequence
   // parallelism reduce-scattered to this rank's rows.
   Tensor sum_over_tp(const Tensor& partial) const;
@@ -120,6 +127,9 @@ class TpGpt2Block {
   std::unique_ptr<TensorSplit> split_;
   std::optional<QkNorm> qk_norm_;  // Qwen 3's and OLMo 2's (nn/qk_norm.h)
   std::unique_ptr<Norm> ln_2_;
+  // Sandwich norms (Gemma's): the row-parallel outputs normalised once summed, as post_norm's
+  // ln_1 / ln_2 normalise them; with the pre-norms as ever.
+  std::unique_ptr<Norm> attn_out_norm_, mlp_out_norm_;
   // The MLP: fc and proj, or a mixture of experts.
   std::optional<ColumnParallelLinear> fc_;
   std::optional<RowParallelLinear> mlp_proj_;

@@ -121,7 +121,8 @@ std::vector<std::vector<PlannedUnit>> planned_units(const Config& config, int pp
   const int64_t qkv_bias = model.llama() && model.qkv_bias ? model.qkv_width() / P : 0;
   // OLMo 2's full-width query/key norms are split over tp with the heads (nn/split_rms_norm.h).
   const int64_t qk_norm = model.qk_norm_params() / (model.qk_norm_full ? P : 1);
-  const int64_t per_block = model.llama() ? llama_matrices / P + qkv_bias + qk_norm + router + 2 * d
+  const int64_t norms = model.sandwich_norm ? 4 * d : 2 * d;  // Gemma's sandwich: four a block
+  const int64_t per_block = model.llama() ? llama_matrices / P + qkv_bias + qk_norm + router + norms
                             : P > 1       ? 12 * d * d / P + 7 * d / P + 6 * d
                                           : 12 * d * d + 13 * d;
   const int64_t ln_f = model.llama() ? d : 2 * d;

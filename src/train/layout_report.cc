@@ -84,6 +84,12 @@ int64_t expected_activation_bytes(const Config& config, int pp_rank, int64_t blo
     // activation's output; a mixture drops its rows and keeps x1 (fp32) to restore them.
     if (model.norm_placement == "post")
       selective += (model.moe_experts > 0 ? half + 1 : 2 * half) * rows * C;
+    // Sandwich norms (Gemma's): the pre-norm block's, and the output norms' fp32 inputs (the
+    // branches' summed outputs, this rank's rows).
+    if (model.norm_placement == "sandwich") {
+      everything += 2 * rows * C;
+      selective += 2 * rows * C;
+    }
     if (model.moe_experts > 0) {
       // A mixture of experts (nn/moe_mlp.h): in place of the SwiGLU's, the router's
       // probabilities (E) and log-sum-exp (1), each token's choices and weights and the experts'

@@ -67,6 +67,7 @@ Gpt2Config model_config_of(const Config& config) {
     m.qk_norm = config.model.qk_norm;
     m.qk_norm_full = config.model.qk_norm_scope == "full";
     m.post_norm = config.model.norm_placement == "post";
+    m.sandwich_norm = config.model.norm_placement == "sandwich";
     m.sliding_window = config.model.sliding_window;
     m.full_attention_every = config.model.full_attention_every;
     m.ffn_hidden = config.model.resolved_ffn_hidden();
@@ -247,6 +248,7 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
   if (saved.arch != wanted.arch || saved.tie_embeddings != wanted.tie_embeddings ||
       saved.qkv_bias != wanted.qkv_bias || saved.qk_norm != wanted.qk_norm || heads_differ ||
       saved.qk_norm_full != wanted.qk_norm_full || saved.post_norm != wanted.post_norm ||
+      saved.sandwich_norm != wanted.sandwich_norm ||
       saved.sliding_window != wanted.sliding_window ||
       saved.full_attention_every != wanted.full_attention_every)
     fail("checkpoint ", checkpoint, " holds a ", arch_name(saved.arch),
@@ -254,6 +256,7 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          saved.qkv_bias ? " with qkv biases" : "",
          saved.qk_norm ? (saved.qk_norm_full ? " with full qk norms" : " with qk norms") : "",
          saved.post_norm ? " with post-norms" : "",
+         saved.sandwich_norm ? " with sandwich norms" : "",
          heads_differ ? detail::concat(" with heads of ", saved.head_dim()) : std::string(),
          saved.sliding_window > 0
              ? detail::concat(
@@ -268,6 +271,7 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          wanted.qk_norm ? " with model.qk_norm = true" : "",
          wanted.qk_norm_full ? " with model.qk_norm_scope = \"full\"" : "",
          wanted.post_norm ? " with model.norm_placement = \"post\"" : "",
+         wanted.sandwich_norm ? " with model.norm_placement = \"sandwich\"" : "",
          heads_differ ? detail::concat(" with heads of ", wanted.head_dim(), " (model.head_dim)")
                       : std::string(),
          wanted.sliding_window > 0

@@ -1101,11 +1101,11 @@ TEST(ImportOlmo2, LoomsOwnExportIsOlmo2AndLoadsBackBitForBit) {
     nlohmann::json j = nlohmann::json::parse(in);
     in.close();
     const std::string good = j.dump(2);
-    j["model"]["norm_placement"] = "sandwich";
+    j["model"]["norm_placement"] = "peri";
     std::ofstream(state) << j.dump(2);
     const std::string e = testutil::error_of([&] { read_checkpoint_model(ckpt); });
     EXPECT_NE(e.find("state.json's model: qk_norm_scope = \"full\", norm_placement = "
-                     "\"sandwich\" is not a model Loom builds"),
+                     "\"peri\" is not a model Loom builds"),
               std::string::npos)
         << e;
     std::ofstream(state) << good;
@@ -1136,6 +1136,33 @@ TEST(ImportOlmo2, LoomsOwnExportIsOlmo2AndLoadsBackBitForBit) {
       testutil::error_of([&] { save_and_export_hf(half_model, dir / "half", 2); });
   EXPECT_NE(error.find("written as an Olmo2ForCausalLM, which has both"), std::string::npos)
       << error;
+  fs::remove_all(dir);
+}
+
+// Gemma's sandwich norms (model.norm_placement = "sandwich") are no class's that Loom writes or
+// reads: both ways refused by name; its checkpoints say "sandwich".
+TEST(ExportHf, SandwichNormsAreRefusedBothWays) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_export_sandwich_" + std::to_string(getpid()));
+  Gpt2Config c = tiny_hub_llama();
+  c.sandwich_norm = true;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  const std::string error = testutil::error_of([&] { save_and_export_hf(model, dir / "out", 2); });
+  EXPECT_NE(error.find("holds sandwich norms (model.norm_placement = \"sandwich\")"),
+            std::string::npos)
+      << error;
+  EXPECT_FALSE(fs::exists(dir / "out" / "hf"));
+  // The checkpoint itself says what it holds.
+  TrainingState st;
+  st.step = 1;
+  const std::string ckpt = save_checkpoint((dir / "checkpoints").string(), model, nullptr, st);
+  EXPECT_TRUE(read_checkpoint_model(ckpt).sandwich_norm);
+  EXPECT_FALSE(read_checkpoint_model(ckpt).post_norm);
+  EXPECT_NE(import_error(
+                LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama", dir, [](nlohmann::json&) {}, c)
+                .find("model.norm_placement = \"sandwich\": no HuggingFace class Loom reads"),
+            std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -385,9 +385,12 @@ TEST(Config, ValidationNamesKeysAndValues) {
                        "model.norm_placement applies to model.arch = \"llama\" only"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
                          c.model.arch = "llama";
-                         c.model.norm_placement = "sandwich";
+                         c.model.norm_placement = "peri";
                        }),
-                       "model.norm_placement = \"sandwich\" must be one of: pre, post"));
+                       "model.norm_placement = \"peri\" must be one of: pre, post, sandwich"));
+  Config gemma = wide;
+  gemma.model.norm_placement = "sandwich";
+  EXPECT_NO_THROW(validate(gemma));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
                          c.model.arch = "llama";
                          c.model.qk_norm_scope = "full";

@@ -787,17 +787,23 @@ TEST(LlamaCuda, Bf16LayersKeepSixteenBitActivationsAndComputeTheFp32Layers) {
 
 // A small Llama at bf16 (its activations in 16 bits): selective and full recomputation rebuild
 // them bit for bit, so the runs are the stored run's; a second run repeats it. Also OLMo 2's
-// post-norms (heads of 64), whose selective recomputation drops the SwiGLU output alone.
+// post-norms (heads of 64), whose selective recomputation drops the SwiGLU output alone, and
+// Gemma's sandwich norms.
 TEST(LlamaCuda, Bf16RecomputationAndRepeatsAreBitwiseTheStoredRun) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
     ~Restore() { ops::set_matmul_precision("fp32"); }
   } restore;
   ops::set_matmul_precision("bf16");
-  for (const int64_t hd : {16, 64, -64}) {
-    SCOPED_TRACE("heads of " + std::to_string(std::abs(hd)) + (hd < 0 ? ", post-norms" : ""));
-    Gpt2Config config = small_llama(std::abs(hd));
-    config.post_norm = hd < 0;
+  struct Case {
+    int64_t hd;
+    const char* norms;
+  };
+  for (const Case k : {Case{16, "pre"}, Case{64, "pre"}, Case{64, "post"}, Case{64, "sandwich"}}) {
+    SCOPED_TRACE("heads of " + std::to_string(k.hd) + ", " + k.norms + "-norms");
+    Gpt2Config config = small_llama(k.hd);
+    config.post_norm = std::string(k.norms) == "post";
+    config.sandwich_norm = std::string(k.norms) == "sandwich";
     const TrainRun stored = train(Device::cuda(0), 2, config);
     for (const Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       SCOPED_TRACE(recompute_name(mode));

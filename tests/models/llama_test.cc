@@ -63,15 +63,18 @@ void grad_check(const Gpt2Config& c) {
 
 TEST(Llama, WholeModelGradCheckInDoubleWithSharedKeyValueHeads) { grad_check(tiny_llama(1)); }
 
-// A mixture of 4 experts, top 2 (nn/moe_mlp.h), with a large balance loss: the routing weights'
-// and the balance loss's gradients reach the router through every block.
-TEST(Llama, WholeModelGradCheckInDoubleWithAMixtureOfExperts) {
-  Gpt2Config c = tiny_llama(1);
+// c with a mixture of 4 experts 6 wide, top 2 (nn/moe_mlp.h), and a large balance loss.
+Gpt2Config with_mixture(Gpt2Config c) {
   c.ffn_hidden = 6;
   c.moe_experts = 4;
   c.moe_top_k = 2;
   c.moe_aux_loss_coef = 0.25f;
-  grad_check(c);
+  return c;
+}
+
+// The routing weights' and the balance loss's gradients reach the router through every block.
+TEST(Llama, WholeModelGradCheckInDoubleWithAMixtureOfExperts) {
+  grad_check(with_mixture(tiny_llama(1)));
 }
 
 TEST(Llama, WholeModelGradCheckInDoubleWithAKeyValueHeadPerQueryHead) {
@@ -151,6 +154,57 @@ TEST(Llama, Olmo2sNormsAreItsParametersAndCounted) {
   olmo2.ffn_hidden = 8192;
   olmo2.tie_embeddings = false;
   EXPECT_EQ(olmo2.num_parameters(), 1484916736);
+}
+
+// Gemma's sandwich norms (model.norm_placement = "sandwich"): the pre-norm block's two and one on
+// each branch's output before the skip connection adds it — finite differences in double (with a
+// mixture of experts too), the two more gains a block counted, and recomputation bit for bit.
+Gpt2Config tiny_sandwich(int64_t kv_heads) {
+  Gpt2Config c = tiny_llama(kv_heads);
+  c.sandwich_norm = true;
+  return c;
+}
+
+TEST(Llama, WholeModelGradCheckInDoubleWithSandwichNorms) {
+  grad_check(tiny_sandwich(1));
+  grad_check(tiny_sandwich(2));
+  grad_check(with_mixture(tiny_sandwich(1)));
+}
+
+TEST(Llama, SandwichNormsAreItsParametersAndCounted) {
+  const Gpt2Config c = tiny_sandwich(1);
+  Gpt2 model(c);
+  int64_t total = 0;
+  for (const auto& p : model.params().parameters()) total += p->numel();
+  EXPECT_EQ(total, c.num_parameters());
+  EXPECT_EQ(c.num_parameters(), tiny_llama(1).num_parameters() + 2 * 2 * 8);
+  for (const char* name : {"blocks.1.ln_1.weight", "blocks.1.attn_out_norm.weight",
+                           "blocks.1.ln_2.weight", "blocks.1.mlp_out_norm.weight"})
+    EXPECT_EQ(model.params().get(name).shape, (Shape{8})) << name;
+}
+
+// Where the output norms sit: right on the branches' outputs, so scaling a branch's output
+// projection leaves the loss as it was (with an eps too small to tell) — it moves the pre-norm
+// model's.
+TEST(Llama, SandwichNormsNormaliseTheBranchesOutputs) {
+  const auto loss_with_proj_scaled = [](const Gpt2Config& c, double scale) {
+    ThreadPool pool(1);
+    Context ctx{&pool, Device::cpu(), DType::kF64};
+    Gpt2 model(c);
+    model.build(DType::kF64, Device::cpu(), 5);
+    for (const char* name : {"blocks.0.attn.proj.weight", "blocks.1.mlp.proj.weight"}) {
+      Parameter& p = model.params().get(name);
+      for (int64_t i = 0; i < p.numel(); ++i) p.value.data<double>()[i] *= scale;
+    }
+    Tensor tokens = Tensor::empty({2, 5}, DType::kI32),
+           targets = Tensor::empty({2, 5}, DType::kI32);
+    fill_batch(tokens, targets, c.vocab_size, 2);
+    return model.forward(ctx, tokens, targets);
+  };
+  Gpt2Config sandwich = tiny_sandwich(1), pre = tiny_llama(1);
+  sandwich.norm_eps = pre.norm_eps = 1e-14;
+  EXPECT_NEAR(loss_with_proj_scaled(sandwich, 7.0), loss_with_proj_scaled(sandwich, 1.0), 1e-12);
+  EXPECT_GT(std::abs(loss_with_proj_scaled(pre, 7.0) - loss_with_proj_scaled(pre, 1.0)), 1e-2);
 }
 
 TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {
@@ -321,6 +375,7 @@ void expect_recomputation_modes_bitwise_equal(const Gpt2Config& c) {
 
 TEST(Llama, RecomputationModesGiveBitwiseIdenticalLossAndGradients) {
   expect_recomputation_modes_bitwise_equal(tiny_llama(1));
+  expect_recomputation_modes_bitwise_equal(tiny_sandwich(1));
 }
 
 // A mixture of experts (nn/moe_mlp.h): selective recomputation drops the router's and the
@@ -383,6 +438,10 @@ TEST(LlamaBlock, CacheBytesPerRecomputationMode) {
         : mode == Recompute::kFull ? N * C
                                    : 3 * N * C + N * Q + 2 * N * H + 2 * N + B * NH * T;
     EXPECT_EQ(block_cache_bytes(c, mode, B, T), 4 * expected);
+    // Sandwich norms: the output norms keep their inputs and rstd, 2·N·C + 2·N more (unless
+    // full recomputation keeps the input alone).
+    const int64_t sandwich = mode == Recompute::kFull ? N * C : expected + 2 * N * C + 2 * N;
+    EXPECT_EQ(block_cache_bytes(tiny_sandwich(1), mode, B, T), 4 * sandwich) << "sandwich";
   }
 }
 

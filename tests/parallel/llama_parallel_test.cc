@@ -268,6 +268,20 @@ TEST_F(LlamaParallel, PostNormsUnderEveryLayoutMatchOneDevice) {
       7);
 }
 
+// Gemma's sandwich norms (model.norm_placement = "sandwich"): under tp the output norms normalise
+// the row-parallel outputs once summed — on each rank's rows with sequence parallelism, their
+// gains' gradients then summed over tp with the pre-norms' (a layout that forgot them fails
+// here) —, under cp, pp, ZeRO and every recomputation mode, each layout one device's run.
+TEST_F(LlamaParallel, SandwichNormsUnderEveryLayoutMatchOneDevice) {
+  Config c = config();
+  c.model.norm_placement = "sandwich";
+  expect_layouts_match_one_device(
+      c,
+      "tp=2;tp=2,sp=1;cp=2,tp=2,sp=1;dp=2,tp=2,zero=2,sp=1,recompute=selective;"
+      "tp=2,recompute=full;pp=2,tp=2,sp=1,schedule=zb-h1;dp=2,zero=3,recompute=selective;cp=2",
+      8);
+}
+
 // OLMo 2's whole form, started from an Olmo2ForCausalLM transformers saved with random gains
 // (tests/data/hf_tiny_olmo2): post-norms and one RMSNorm over all the query heads and one over
 // all the key heads (model.qk_norm_scope = "full") — under data and context parallelism

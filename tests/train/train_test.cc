@@ -1272,7 +1272,8 @@ TEST_F(TrainTest, LlamaTrainsEvaluatesAndResumes) {
 
 // OLMo 2's norms (post-norms, full-width query/key norms) with selective recomputation, which
 // keeps the branches' inputs beside the norms' (train/layout_report.cc): the estimate over the
-// measured peak as near as the pre-norm Llama's is, both recomputed so; and the run trains.
+// measured peak as near as the pre-norm Llama's is, both recomputed so; and the run trains. So
+// too Gemma's sandwich norms, whose output norms keep the branches' outputs.
 TEST_F(TrainTest, Olmo2sNormsAreCountedInTheActivationEstimate) {
   Config c = config(3);
   c.model.arch = "llama";
@@ -1281,12 +1282,14 @@ TEST_F(TrainTest, Olmo2sNormsAreCountedInTheActivationEstimate) {
   c.model.ffn_hidden = 64;
   c.parallel.recompute = "selective";
   const double llama = expect_activation_estimate(run_training(c, options("llama")), 0.8, 1.4, "");
-  c.model.norm_placement = "post";
-  c.model.qk_norm = true;
-  c.model.qk_norm_scope = "full";
-  const TrainSummary s = run_training(c, options("olmo2"));
-  EXPECT_LT(s.last_loss, s.first_loss) << "the OLMo 2 did not train";
-  EXPECT_NEAR(expect_activation_estimate(s, 0.8, 1.4), llama, 0.1) << s.layout_report;
+  for (const std::string placement : {"post", "sandwich"}) {  // OLMo 2's with its qk norms
+    c.model.norm_placement = placement;
+    c.model.qk_norm = placement == "post";
+    c.model.qk_norm_scope = placement == "post" ? "full" : "head";
+    const TrainSummary s = run_training(c, options(placement));
+    EXPECT_LT(s.last_loss, s.first_loss) << placement << " did not train";
+    EXPECT_NEAR(expect_activation_estimate(s, 0.8, 1.4), llama, 0.1) << s.layout_report;
+  }
 }
 
 // At bf16 on a GPU a Llama keeps its activations in 16 bits as its GEMMs read them (RMSNorm,
