@@ -250,6 +250,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     if (mc.qk_norm_full) shape["qk_norm_scope"] = "full";
     if (mc.post_norm) shape["norm_placement"] = "post";
     if (mc.sandwich_norm) shape["norm_placement"] = "sandwich";
+    if (mc.ffn_activation == GatedActivation::kGeluTanh) shape["ffn_activation"] = "gelu_tanh";
     if (mc.sliding_window > 0) shape["sliding_window"] = mc.sliding_window;
     if (mc.full_attention_every > 0) shape["full_attention_every"] = mc.full_attention_every;
     shape["ffn_hidden"] = mc.ffn_hidden;
@@ -442,6 +443,12 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       c.qk_norm_full = scope == "full";
       c.post_norm = placement == "post";
       c.sandwich_norm = placement == "sandwich";
+      const std::string activation = m.value("ffn_activation", std::string("silu"));
+      if (activation != "silu" && activation != "gelu_tanh")
+        fail("checkpoint ", checkpoint_dir, ": state.json's model: ffn_activation = \"", activation,
+             "\" is not a model Loom builds (silu or gelu_tanh)");
+      c.ffn_activation =
+          activation == "gelu_tanh" ? GatedActivation::kGeluTanh : GatedActivation::kSilu;
       c.sliding_window =
           m.contains("sliding_window") ? json_integer<int64_t>(m.at("sliding_window")) : 0;
       c.full_attention_every = m.contains("full_attention_every")

@@ -412,6 +412,9 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   if (model.sandwich_norm)
     fail(config_path, ": model.norm_placement = \"sandwich\": no HuggingFace class Loom reads ",
          "holds four norms a block");
+  if (model.ffn_activation != GatedActivation::kSilu)
+    fail(config_path, ": model.ffn_activation = \"gelu_tanh\": no HuggingFace class Loom reads ",
+         "holds GeGLU MLPs");
   // OLMo 2 (Olmo2ForCausalLM): post-norms and full-width query/key norms, nothing else of
   // Loom's variants.
   const bool olmo2_model = model.post_norm || model.qk_norm_full;
@@ -754,6 +757,9 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   if (mc.sandwich_norm)
     fail("export: ", checkpoint_dir, " holds sandwich norms (model.norm_placement = ",
          "\"sandwich\"), which no Llama-family class of transformers that Loom writes has");
+  if (mc.ffn_activation != GatedActivation::kSilu)
+    fail("export: ", checkpoint_dir, " holds GeGLU MLPs (model.ffn_activation = \"gelu_tanh\"), ",
+         "which no Llama-family class of transformers that Loom writes has");
   if (mc.moe() && mc.moe_router_score != RouterScore::kSoftmax)
     fail("export: ", checkpoint_dir, " holds a mixture of experts whose router scores by ",
          "sigmoids (model.moe_router_score_function), and ", moe_class, "'s by ",

@@ -54,6 +54,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, qk_norm),
     LOOM_KEY(model, qk_norm_scope),
     LOOM_KEY(model, norm_placement),
+    LOOM_KEY(model, ffn_activation),
     LOOM_KEY(model, sliding_window),
     LOOM_KEY(model, full_attention_every),
     LOOM_KEY(model, ffn_hidden),

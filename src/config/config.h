@@ -70,6 +70,9 @@ struct ModelConfig {
   // (x + norm(attn(x)), OLMo 2's reordered norms); "sandwich", both (x + norm(attn(norm(x))),
   // Gemma 2 / 3's four norms a block).
   std::string norm_placement = "pre";
+  // The gated MLP's gate activation: "silu", Llama's SwiGLU; "gelu_tanh", the tanh-approximated
+  // GELU (Gemma's GeGLU, transformers' "gelu_pytorch_tanh"). Dense MLPs only.
+  std::string ffn_activation = "silu";
   // Sliding-window attention (Mistral 7B v0.1's; nn/sliding_window.h): each query attends to the
   // sliding_window latest positions, itself included, in every block; 0: the whole sequence.
   int64_t sliding_window = 0;

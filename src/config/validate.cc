@@ -89,6 +89,10 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
       p.add(
           "model.norm_placement applies to model.arch = \"llama\" only (GPT-2's LayerNorms come "
           "before)");
+    if (m.ffn_activation != defaults.ffn_activation)
+      p.add(
+          "model.ffn_activation applies to model.arch = \"llama\" only (GPT-2's MLP is not "
+          "gated)");
     if (m.sliding_window != defaults.sliding_window)
       p.add("model.sliding_window applies to model.arch = \"llama\" only");
     if (m.full_attention_every != defaults.full_attention_every)
@@ -107,6 +111,10 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
   p.one_of("model.rope_scaling", m.rope_scaling, {"none", "llama3"});
   p.one_of("model.qk_norm_scope", m.qk_norm_scope, {"head", "full"});
   p.one_of("model.norm_placement", m.norm_placement, {"pre", "post", "sandwich"});
+  p.one_of("model.ffn_activation", m.ffn_activation, {"silu", "gelu_tanh"});
+  if (m.ffn_activation == "gelu_tanh" && m.moe_experts > 0)
+    p.add("model.ffn_activation = \"gelu_tanh\" applies to a dense MLP: a mixture's experts ",
+          "are SwiGLUs (model.moe_experts = ", m.moe_experts, ")");
   if (!m.qk_norm && m.qk_norm_scope != ModelConfig().qk_norm_scope)
     p.add("model.qk_norm_scope = \"", m.qk_norm_scope, "\" needs model.qk_norm = true");
   if (m.rope_scaling == "llama3") {

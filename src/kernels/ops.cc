@@ -629,20 +629,21 @@ void rope_backward_rounded(const Exec& ex, void* dqkv, DType dtype, const float*
 }
 
 void swiglu_forward_rounded(const Exec& ex, void* out, const void* h, DType dtype, int64_t N,
-                            int64_t H) {
+                            int64_t H, GatedActivation act) {
   const detail::OpScope op_scope_("swiglu_forward", ex,
                                   [&] { return detail::work_of<float>(0, 1.5 * N * H); });
   expect_rounded_output(ex, dtype, "swiglu_forward_rounded");
-  if constexpr (detail::kCudaBuild) cuda::swiglu_forward_rounded(ex.device.index, out, h, N, H);
+  if constexpr (detail::kCudaBuild)
+    cuda::swiglu_forward_rounded(ex.device.index, out, h, N, H, act);
 }
 
 void swiglu_backward_rounded(const Exec& ex, void* dh, const void* dout, const void* h, DType dtype,
-                             int64_t N, int64_t H) {
+                             int64_t N, int64_t H, GatedActivation act) {
   const detail::OpScope op_scope_("swiglu_backward", ex,
                                   [&] { return detail::work_of<float>(0, 2.5 * N * H); });
   expect_rounded_output(ex, dtype, "swiglu_backward_rounded");
   if constexpr (detail::kCudaBuild)
-    cuda::swiglu_backward_rounded(ex.device.index, dh, dout, h, N, H);
+    cuda::swiglu_backward_rounded(ex.device.index, dh, dout, h, N, H, act);
 }
 
 void attention_gqa_forward_rounded(const Exec& ex, void* out, DType dtype, float* lse,

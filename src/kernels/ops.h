@@ -209,10 +209,11 @@ void rope_backward_rounded(const Exec& ex, void* dqkv, DType dtype, const float*
 // output (matmul_forward_rounded_output), out proj's rounded input; dout proj's rounded dinp
 // (matmul_backward_rounded_dinp), dh fc's rounded dout (matmul_backward_from_rounded). In fp32,
 // rounded once (cuda::swiglu_forward_rounded).
+// `act`: the gate's activation (GeGLU's with kGeluTanh).
 void swiglu_forward_rounded(const Exec& ex, void* out, const void* h, DType dtype, int64_t N,
-                            int64_t H);
+                            int64_t H, GatedActivation act = GatedActivation::kSilu);
 void swiglu_backward_rounded(const Exec& ex, void* dh, const void* dout, const void* h, DType dtype,
-                             int64_t N, int64_t H);
+                             int64_t N, int64_t H, GatedActivation act = GatedActivation::kSilu);
 // RMSNorm forward (f32 in) for an output only a Linear reads, as layernorm_forward_rounded: bit
 // for bit the fp32 output rounded.
 void rmsnorm_forward_rounded(const Exec& ex, void* out, DType out_dtype, float* rstd,
@@ -662,16 +663,18 @@ inline void moe_router_backward(const Exec& ex, Real* dlogits, const Real* probs
                     weight, dweight, balance, lse, z, B, T, E, K, sigmoid, scale, normalize);
 }
 
-// SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H).
+// SwiGLU (kernels/cpu/swiglu.h): h (N, 2H) = [gate | up] from the fused projection, out (N, H);
+// with act = kGeluTanh GeGLU.
 template <typename Real>
-inline void swiglu_forward(const Exec& ex, Real* out, const Real* h, int64_t N, int64_t H) {
-  LOOM_OPS_DISPATCH(swiglu_forward, (0, 3.0 * N * H), out, h, N, H);
+inline void swiglu_forward(const Exec& ex, Real* out, const Real* h, int64_t N, int64_t H,
+                           GatedActivation act = GatedActivation::kSilu) {
+  LOOM_OPS_DISPATCH(swiglu_forward, (0, 3.0 * N * H), out, h, N, H, act);
 }
 
 template <typename Real>
 inline void swiglu_backward(const Exec& ex, Real* dh, const Real* dout, const Real* h, int64_t N,
-                            int64_t H) {
-  LOOM_OPS_DISPATCH(swiglu_backward, (0, 5.0 * N * H), dh, dout, h, N, H);
+                            int64_t H, GatedActivation act = GatedActivation::kSilu) {
+  LOOM_OPS_DISPATCH(swiglu_backward, (0, 5.0 * N * H), dh, dout, h, N, H, act);
 }
 
 template <typename Real>

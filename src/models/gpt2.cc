@@ -56,6 +56,8 @@ void Gpt2Config::validate() const {
     fail("model.norm_placement = \"", post_norm ? "post" : "sandwich",
          "\" applies to a Llama only");
   if (post_norm && sandwich_norm) fail("model.norm_placement: post or sandwich, not both");
+  if (ffn_activation != GatedActivation::kSilu && (!llama() || moe()))
+    fail("model.ffn_activation = \"gelu_tanh\" applies to a dense Llama's gated MLP only");
   if (sliding_window < 0 || (sliding_window > 0 && !llama()))
     fail("model.sliding_window = ", sliding_window, " must be >= 0, and set for a Llama only");
   if (full_attention_every < 0 || (full_attention_every > 0 && sliding_window == 0))
@@ -161,7 +163,7 @@ std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& 
                                     residual_std(c), experts);
   if (c.llama())
     return std::make_unique<SwiGluMlp>(store, name, c.d_model, c.ffn_hidden, c.init_std,
-                                       residual_std(c));
+                                       residual_std(c), HiddenSlice{}, c.ffn_activation);
   return std::make_unique<Mlp>(store, name, c.d_model, c.init_std, residual_std(c));
 }
 }  // namespace

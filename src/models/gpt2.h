@@ -19,6 +19,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/gated_activation.h"
 #include "nn/causal_self_attention.h"
 #include "nn/embedding.h"
 #include "nn/expert_exchange.h"
@@ -76,6 +77,9 @@ struct Gpt2Config {
   // model.norm_placement = "sandwich": x + norm(attn(norm(x))), then + norm(mlp(norm(·))) (Gemma
   // 2 / 3's four norms a block; Peri-LN)
   bool sandwich_norm = false;
+  // model.ffn_activation: the gated MLP's gate activation, SiLU (SwiGLU) or the tanh GELU (GeGLU,
+  // Gemma's)
+  GatedActivation ffn_activation = GatedActivation::kSilu;
   int64_t sliding_window = 0;  // each query's W latest keys (nn/sliding_window.h); 0: all
   int64_t full_attention_every = 0;  // with a window: blocks N, 2N, … (1-based) unwindowed; 0: none
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width

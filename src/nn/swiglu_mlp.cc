@@ -37,8 +37,10 @@ Linear sliced_proj(ParameterStore& store, const std::string& name, int64_t C, in
 }  // namespace
 
 SwiGluMlp::SwiGluMlp(ParameterStore& store, const std::string& name, int64_t channels,
-                     int64_t hidden, float init_std, float proj_std, HiddenSlice slice)
-    : hidden_(sliced(name, hidden, slice)),
+                     int64_t hidden, float init_std, float proj_std, HiddenSlice slice,
+                     GatedActivation act)
+    : act_(act),
+      hidden_(sliced(name, hidden, slice)),
       fc_(sliced_fc(store, name + ".fc", channels, hidden, init_std, slice)),
       proj_(sliced_proj(store, name + ".proj", channels, hidden, proj_std, slice)) {}
 
@@ -49,13 +51,13 @@ Tensor SwiGluMlp::swiglu(Context& ctx) const {
   Tensor a = Tensor::empty(shape, h_.dtype(), ctx.device);
   if (h_.dtype() != ctx.dtype) {  // fc wrote h_ in 16 bits (project_up)
     ops::swiglu_forward_rounded(ctx.exec(), a.raw(), h_.raw(), h_.dtype(),
-                                h_.numel() / (2 * hidden_), hidden_);
+                                h_.numel() / (2 * hidden_), hidden_, act_);
     return a;
   }
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
     ops::swiglu_forward<T>(ctx.exec(), a.data<T>(), h_.data<T>(), h_.numel() / (2 * hidden_),
-                           hidden_);
+                           hidden_, act_);
   });
   return a;
 }
@@ -88,7 +90,7 @@ Tensor SwiGluMlp::backward(Context& ctx, const Tensor& dy) {
     Tensor da = proj_.backward_rounded_dinp(ctx, dy);
     Tensor dh = Tensor::empty(h_.shape(), h_.dtype(), ctx.device);
     ops::swiglu_backward_rounded(ctx.exec(), dh.raw(), da.raw(), h_.raw(), h_.dtype(),
-                                 h_.numel() / (2 * hidden_), hidden_);
+                                 h_.numel() / (2 * hidden_), hidden_, act_);
     h_ = Tensor();
     return fc_.backward(ctx, dh);
   }
@@ -97,7 +99,7 @@ Tensor SwiGluMlp::backward(Context& ctx, const Tensor& dy) {
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T = decltype(zero);
     ops::swiglu_backward<T>(ctx.exec(), dh.data<T>(), da.data<T>(), h_.data<T>(),
-                            h_.numel() / (2 * hidden_), hidden_);
+                            h_.numel() / (2 * hidden_), hidden_, act_);
   });
   h_ = Tensor();
   return fc_.backward(ctx, dh);

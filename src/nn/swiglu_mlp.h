@@ -1,11 +1,13 @@
 // Llama's MLP (Shazeer 2020, "GLU Variants Improve Transformer"): proj(silu(gate(x)) ⊙ up(x)),
-// no biases. The gate and up projections are one fused Linear, fc (C -> 2H: the gate's H rows,
-// then the up projection's), so one GEMM makes both and the tensor-parallel split takes a slice
-// of each (parallel/tensor_parallel_block.h); proj is H -> C.
+// no biases; or with GatedActivation::kGeluTanh Gemma's GeGLU, proj(gelu(gate(x)) ⊙ up(x)). The
+// gate and up projections are one fused Linear, fc (C -> 2H: the gate's H rows, then the up
+// projection's), so one GEMM makes both and the tensor-parallel split takes a slice of each
+// (parallel/tensor_parallel_block.h); proj is H -> C.
 #pragma once
 
 #include <string>
 
+#include "kernels/gated_activation.h"
 #include "nn/feed_forward.h"
 #include "nn/linear.h"
 
@@ -25,7 +27,8 @@ class SwiGluMlp : public FeedForward {
   // proj_std: the residual-stream projection's init std (scaled by depth, as GPT-2's). `hidden`
   // is the whole width; `slice` says which part of it this one holds.
   SwiGluMlp(ParameterStore& store, const std::string& name, int64_t channels, int64_t hidden,
-            float init_std, float proj_std, HiddenSlice slice = {});
+            float init_std, float proj_std, HiddenSlice slice = {},
+            GatedActivation act = GatedActivation::kSilu);
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor forward_adding(Context& ctx, const Tensor& x, const Tensor& residual) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
@@ -44,9 +47,10 @@ class SwiGluMlp : public FeedForward {
   }
 
  private:
-  Tensor swiglu(Context& ctx) const;  // silu(gate) ⊙ up of h_, in h_'s type
+  Tensor swiglu(Context& ctx) const;                 // act(gate) ⊙ up of h_, in h_'s type
   Tensor project_up(Context& ctx, const Tensor& x);  // fc: h_ and its SwiGLU output
-  int64_t hidden_;                                   // this slice's width
+  GatedActivation act_;
+  int64_t hidden_;  // this slice's width
   Linear fc_;
   Linear proj_;
   // (..., 2H) fc output: the gate and up projections side by side. On a GPU at bf16 / fp16

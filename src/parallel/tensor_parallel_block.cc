@@ -40,6 +40,7 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
     : recompute_(config.recompute),
       llama_(config.llama()),
       post_norm_(config.post_norm),
+      ffn_activation_(config.ffn_activation),
       local_heads_(checked_local_heads(config, tp.size(), name)),
       local_kv_heads_(config.kv_heads() / tp.size()),
       local_hidden_(config.hidden() / tp.size()),
@@ -134,9 +135,11 @@ Tensor TpGpt2Block::activation(Context& ctx) const {
     const int64_t rows = h_.dim(0);
     Tensor a = Tensor::empty({rows, local_hidden_}, h_.dtype(), ctx.device);
     if (sixteen_bit)
-      ops::swiglu_forward_rounded(ex, a.raw(), h_.raw(), h_.dtype(), rows, local_hidden_);
+      ops::swiglu_forward_rounded(ex, a.raw(), h_.raw(), h_.dtype(), rows, local_hidden_,
+                                  ffn_activation_);
     else
-      ops::swiglu_forward<float>(ex, a.data<float>(), h_.data<float>(), rows, local_hidden_);
+      ops::swiglu_forward<float>(ex, a.data<float>(), h_.data<float>(), rows, local_hidden_,
+                                 ffn_activation_);
     return a;
   }
   Tensor g = Tensor::empty(h_.shape(), h_.dtype(), ctx.device);
@@ -174,7 +177,7 @@ Tensor TpGpt2Block::mlp_down_backward(Context& ctx, const Tensor& dy, bool selec
       const Tensor da = mlp_proj_->backward_rounded_dinp(ctx, dy);
       dh = Tensor::empty(h_.shape(), h_.dtype(), ctx.device);
       ops::swiglu_backward_rounded(ctx.exec(), dh.raw(), da.raw(), h_.raw(), h_.dtype(), h_.dim(0),
-                                   local_hidden_);
+                                   local_hidden_, ffn_activation_);
     } else {
       dh = mlp_proj_->backward_into_gelu(ctx, dy, h_);  // the GELU's backward in the epilogue
     }
@@ -187,7 +190,7 @@ Tensor TpGpt2Block::mlp_down_backward(Context& ctx, const Tensor& dy, bool selec
   const int64_t rows = h_.dim(0);
   Tensor dh = Tensor::empty(h_.shape(), DType::kF32, ctx.device);
   ops::swiglu_backward<float>(ctx.exec(), dh.data<float>(), dg.data<float>(), h_.data<float>(),
-                              rows, local_hidden_);
+                              rows, local_hidden_, ffn_activation_);
   return fc_->backward(ctx, dh);
 }
 

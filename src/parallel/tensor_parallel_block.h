@@ -112,6 +112,7 @@ class TpGpt2Block {
   Recompute recompute_;
   bool llama_;
   bool post_norm_;  // OLMo 2's order: the norms on the branches' outputs (models/gpt2.h)
+  GatedActivation ffn_activation_;  // Llama's SwiGLU or Gemma's GeGLU (kernels/cpu/swiglu.h)
   int64_t local_heads_, local_kv_heads_, local_hidden_, head_dim_;
   int64_t local_width_;  // local_heads_·head_dim_: this rank's attention output, proj's input
   int64_t sliding_window_;  // nn/sliding_window.h; 0: none

@@ -68,6 +68,8 @@ Gpt2Config model_config_of(const Config& config) {
     m.qk_norm_full = config.model.qk_norm_scope == "full";
     m.post_norm = config.model.norm_placement == "post";
     m.sandwich_norm = config.model.norm_placement == "sandwich";
+    m.ffn_activation = config.model.ffn_activation == "gelu_tanh" ? GatedActivation::kGeluTanh
+                                                                  : GatedActivation::kSilu;
     m.sliding_window = config.model.sliding_window;
     m.full_attention_every = config.model.full_attention_every;
     m.ffn_hidden = config.model.resolved_ffn_hidden();
@@ -249,6 +251,7 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
       saved.qkv_bias != wanted.qkv_bias || saved.qk_norm != wanted.qk_norm || heads_differ ||
       saved.qk_norm_full != wanted.qk_norm_full || saved.post_norm != wanted.post_norm ||
       saved.sandwich_norm != wanted.sandwich_norm ||
+      saved.ffn_activation != wanted.ffn_activation ||
       saved.sliding_window != wanted.sliding_window ||
       saved.full_attention_every != wanted.full_attention_every)
     fail("checkpoint ", checkpoint, " holds a ", arch_name(saved.arch),
@@ -257,6 +260,7 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          saved.qk_norm ? (saved.qk_norm_full ? " with full qk norms" : " with qk norms") : "",
          saved.post_norm ? " with post-norms" : "",
          saved.sandwich_norm ? " with sandwich norms" : "",
+         saved.ffn_activation == GatedActivation::kGeluTanh ? " with GeGLU MLPs" : "",
          heads_differ ? detail::concat(" with heads of ", saved.head_dim()) : std::string(),
          saved.sliding_window > 0
              ? detail::concat(
@@ -272,6 +276,9 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          wanted.qk_norm_full ? " with model.qk_norm_scope = \"full\"" : "",
          wanted.post_norm ? " with model.norm_placement = \"post\"" : "",
          wanted.sandwich_norm ? " with model.norm_placement = \"sandwich\"" : "",
+         wanted.ffn_activation == GatedActivation::kGeluTanh
+             ? " with model.ffn_activation = \"gelu_tanh\""
+             : "",
          heads_differ ? detail::concat(" with heads of ", wanted.head_dim(), " (model.head_dim)")
                       : std::string(),
          wanted.sliding_window > 0

@@ -1139,9 +1139,10 @@ TEST(ImportOlmo2, LoomsOwnExportIsOlmo2AndLoadsBackBitForBit) {
   fs::remove_all(dir);
 }
 
-// Gemma's sandwich norms (model.norm_placement = "sandwich") are no class's that Loom writes or
-// reads: both ways refused by name; its checkpoints say "sandwich".
-TEST(ExportHf, SandwichNormsAreRefusedBothWays) {
+// Gemma's sandwich norms (model.norm_placement = "sandwich") and GeGLU (model.ffn_activation =
+// "gelu_tanh") are no class's that Loom writes or reads: both ways refused by name; the
+// checkpoints say what they hold.
+TEST(ExportHf, SandwichNormsAndGeGluAreRefusedBothWays) {
   const fs::path dir =
       fs::temp_directory_path() / ("loom_export_sandwich_" + std::to_string(getpid()));
   Gpt2Config c = tiny_hub_llama();
@@ -1162,6 +1163,23 @@ TEST(ExportHf, SandwichNormsAreRefusedBothWays) {
   EXPECT_NE(import_error(
                 LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama", dir, [](nlohmann::json&) {}, c)
                 .find("model.norm_placement = \"sandwich\": no HuggingFace class Loom reads"),
+            std::string::npos);
+  // GeGLU likewise.
+  Gpt2Config geglu = tiny_hub_llama();
+  geglu.ffn_activation = GatedActivation::kGeluTanh;
+  Gpt2 geglu_model(geglu);
+  geglu_model.build(DType::kF32, Device::cpu(), 5);
+  const std::string geglu_error =
+      testutil::error_of([&] { save_and_export_hf(geglu_model, dir / "geglu", 2); });
+  EXPECT_NE(geglu_error.find("holds GeGLU MLPs (model.ffn_activation = \"gelu_tanh\")"),
+            std::string::npos)
+      << geglu_error;
+  EXPECT_EQ(
+      read_checkpoint_model((dir / "geglu" / "checkpoints" / "step_2").string()).ffn_activation,
+      GatedActivation::kGeluTanh);
+  EXPECT_NE(import_error(
+                LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama", dir, [](nlohmann::json&) {}, geglu)
+                .find("model.ffn_activation = \"gelu_tanh\": no HuggingFace class Loom reads"),
             std::string::npos);
   fs::remove_all(dir);
 }

@@ -390,7 +390,22 @@ TEST(Config, ValidationNamesKeysAndValues) {
                        "model.norm_placement = \"peri\" must be one of: pre, post, sandwich"));
   Config gemma = wide;
   gemma.model.norm_placement = "sandwich";
+  gemma.model.ffn_activation = "gelu_tanh";
   EXPECT_NO_THROW(validate(gemma));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.ffn_activation = "relu";
+                       }),
+                       "model.ffn_activation = \"relu\" must be one of: silu, gelu_tanh"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) { c.model.ffn_activation = "gelu_tanh"; }),
+                       "model.ffn_activation applies to model.arch = \"llama\" only"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.ffn_activation = "gelu_tanh";
+                         c.model.moe_experts = 4;
+                         c.model.moe_top_k = 2;
+                       }),
+                       "model.ffn_activation = \"gelu_tanh\" applies to a dense MLP"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
                          c.model.arch = "llama";
                          c.model.qk_norm_scope = "full";

@@ -1392,6 +1392,37 @@ std::vector<float> rounded_to(std::vector<float> v, DType dtype) {
   return v;
 }
 
+// GeGLU (Gemma's gated tanh GELU) likewise near the CPU's, and its 16-bit kernels at bf16 bit for
+// bit the fp32 kernel on the same widened values, rounded once.
+TEST_F(CudaKernelsTest, GeGluMatchesCpuAndItsSixteenBitKernelsRoundOnce) {
+  const int64_t N = 37, H = 300;
+  const GatedActivation geglu = GatedActivation::kGeluTanh;
+  Pair h = random_pair(N * 2 * H, 170, -12.0, 12.0), out = pair_of(std::vector<float>(N * H));
+  ops::swiglu_forward<float>(on_cpu, out.h(), h.h(), N, H, geglu);
+  ops::swiglu_forward<float>(on_gpu, out.g(), h.g(), N, H, geglu);
+  expect_pair_close("out", out);
+  Pair dout = random_pair(N * H, 171), dh = pair_of(std::vector<float>(N * 2 * H));
+  ops::swiglu_backward<float>(on_cpu, dh.h(), dout.h(), h.h(), N, H, geglu);
+  ops::swiglu_backward<float>(on_gpu, dh.g(), dout.g(), h.g(), N, H, geglu);
+  expect_pair_close("dh", dh);
+  struct Restore {
+    ~Restore() { ops::set_matmul_precision("fp32"); }
+  } restore;
+  ops::set_matmul_precision("bf16");
+  const Rounded h16 = rounded_on_gpu(random_floats(N * 2 * H, 172, -12.0, 12.0), DType::kBF16);
+  const Rounded d16 = rounded_on_gpu(random_floats(N * H, 173), DType::kBF16);
+  Tensor out16 = Tensor::empty({N * H}, DType::kBF16, Device::cuda(0));
+  Tensor dh16 = Tensor::empty({N * 2 * H}, DType::kBF16, Device::cuda(0));
+  ops::swiglu_forward_rounded(on_gpu, out16.raw(), h16.bits.raw(), DType::kBF16, N, H, geglu);
+  ops::swiglu_backward_rounded(on_gpu, dh16.raw(), d16.bits.raw(), h16.bits.raw(), DType::kBF16, N,
+                               H, geglu);
+  Pair out32 = pair_of(std::vector<float>(N * H)), dh32 = pair_of(std::vector<float>(N * 2 * H));
+  ops::swiglu_forward<float>(on_gpu, out32.g(), h16.values.g(), N, H, geglu);
+  ops::swiglu_backward<float>(on_gpu, dh32.g(), d16.values.g(), h16.values.g(), N, H, geglu);
+  EXPECT_TRUE(bitwise_equal(widened(out16), rounded_to(out32.from_gpu(), DType::kBF16))) << "out";
+  EXPECT_TRUE(bitwise_equal(widened(dh16), rounded_to(dh32.from_gpu(), DType::kBF16))) << "dh";
+}
+
 // Llama's element-wise kernels on 16-bit activations (a GPU at bf16 / fp16 matmul precision):
 // RMSNorm writing its output as the next GEMM's operand, SwiGLU on the fc's 16-bit output and
 // proj's 16-bit input gradient, the rotary embedding in place on a 16-bit qkv and its gradient.

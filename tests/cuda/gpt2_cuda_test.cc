@@ -788,7 +788,7 @@ TEST(LlamaCuda, Bf16LayersKeepSixteenBitActivationsAndComputeTheFp32Layers) {
 // A small Llama at bf16 (its activations in 16 bits): selective and full recomputation rebuild
 // them bit for bit, so the runs are the stored run's; a second run repeats it. Also OLMo 2's
 // post-norms (heads of 64), whose selective recomputation drops the SwiGLU output alone, and
-// Gemma's sandwich norms.
+// Gemma's sandwich norms with its GeGLU.
 TEST(LlamaCuda, Bf16RecomputationAndRepeatsAreBitwiseTheStoredRun) {
   LOOM_SKIP_UNLESS_CUDA_DEVICES(1);
   struct Restore {
@@ -804,6 +804,7 @@ TEST(LlamaCuda, Bf16RecomputationAndRepeatsAreBitwiseTheStoredRun) {
     Gpt2Config config = small_llama(k.hd);
     config.post_norm = std::string(k.norms) == "post";
     config.sandwich_norm = std::string(k.norms) == "sandwich";
+    if (config.sandwich_norm) config.ffn_activation = GatedActivation::kGeluTanh;
     const TrainRun stored = train(Device::cuda(0), 2, config);
     for (const Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       SCOPED_TRACE(recompute_name(mode));

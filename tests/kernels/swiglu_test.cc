@@ -46,6 +46,65 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   ktest::expect_gradient("dh", h, loss, dh);
 }
 
+// GeGLU (act = GatedActivation::kGeluTanh, Gemma's): out = gelu_tanh(gate) ⊙ up against the
+// formula, the backward against finite differences, float against double over gates far into
+// both tails (where tanh saturates: gelu is 0 and a), and bit for bit whatever the pool's size.
+double naive_gelu_tanh(double a) {
+  return 0.5 * a * (1 + std::tanh(std::sqrt(2 / M_PI) * (a + 0.044715 * a * a * a)));
+}
+
+TEST(GeGlu, ForwardMatchesFormulaAndBackwardFiniteDifferences) {
+  ThreadPool pool(3);
+  const int64_t N = 7, H = 30;
+  auto h = random_vector(N * 2 * H, 11, -6, 6);
+  std::vector<double> out = ktest::nan_vector(N * H);
+  swiglu_forward(pool, out.data(), h.data(), N, H, GatedActivation::kGeluTanh);
+  std::vector<double> expected(N * H);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < H; ++j)
+      expected[r * H + j] = naive_gelu_tanh(h[r * 2 * H + j]) * h[r * 2 * H + H + j];
+  ktest::expect_close("out", out, expected, 1e-14);
+  const auto R = random_vector(N * H, 12);
+  auto loss = [&] {
+    std::vector<double> o(N * H);
+    swiglu_forward(pool, o.data(), h.data(), N, H, GatedActivation::kGeluTanh);
+    return ktest::weighted_sum(o, R);
+  };
+  auto dh = ktest::nan_vector(h.size());
+  swiglu_backward(pool, dh.data(), R.data(), h.data(), N, H, GatedActivation::kGeluTanh);
+  ktest::expect_gradient("dh", h, loss, dh);
+}
+
+TEST(GeGlu, FloatMatchesDoubleAndIsBitwiseSameForAnyPoolSize) {
+  const int64_t N = 300, H = 100;
+  const auto run = [&]<typename Real>(ThreadPool& pool, Real) {
+    auto h = convert<Real>(random_vector(N * 2 * H, 14, -10, 10));
+    h[0] = Real(-100), h[1] = Real(100), h[2] = Real(0);
+    const auto dout = convert<Real>(random_vector(N * H, 15));
+    std::vector<Real> out(N * H), dh(N * 2 * H);
+    swiglu_forward(pool, out.data(), h.data(), N, H, GatedActivation::kGeluTanh);
+    swiglu_backward(pool, dh.data(), dout.data(), h.data(), N, H, GatedActivation::kGeluTanh);
+    out.insert(out.end(), dh.begin(), dh.end());
+    return out;
+  };
+  auto runs =
+      ktest::expect_reproducible("geglu", [&](ThreadPool& pool) { return run(pool, 0.0f); });
+  EXPECT_TRUE(ktest::bitwise_equal(runs[0], runs[1]));
+  ThreadPool pool(2);
+  const std::vector<double> d = run(pool, 0.0);
+  int failures = 0;
+  for (size_t i = 0; i < d.size(); ++i)
+    if (!(std::abs(runs[0][i] - d[i]) <= 1e-5 * std::max(1.0, std::abs(d[i]))) && ++failures <= 5)
+      ADD_FAILURE() << "[" << i << "]: " << runs[0][i] << " vs " << d[i];
+  EXPECT_EQ(runs[0][0], 0.0f) << "gelu(-100)";
+  EXPECT_EQ(runs[0][2], 0.0f) << "gelu(0)";
+  // Not SwiGLU's numbers.
+  std::vector<float> silu(N * H);
+  const auto h = convert<float>(random_vector(N * 2 * H, 14, -10, 10));
+  swiglu_forward(pool, silu.data(), h.data(), N, H);
+  EXPECT_NE(silu[5], runs[0][5]);
+}
+
 // Forward and backward in Real, out and dh in a row. H = 100: rows that end in a tail of either
 // vector width.
 template <typename Real>

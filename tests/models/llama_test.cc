@@ -171,6 +171,33 @@ TEST(Llama, WholeModelGradCheckInDoubleWithSandwichNorms) {
   grad_check(with_mixture(tiny_sandwich(1)));
 }
 
+// Gemma's GeGLU (model.ffn_activation = "gelu_tanh"): the gated MLP with the tanh GELU on its
+// gate, with and without the sandwich norms — finite differences in double, the same parameters
+// as the SwiGLU's and a loss of its own.
+TEST(Llama, WholeModelGradCheckInDoubleWithGeGlu) {
+  for (Gpt2Config c : {tiny_llama(1), tiny_sandwich(2)}) {
+    c.ffn_activation = GatedActivation::kGeluTanh;
+    grad_check(c);
+  }
+}
+
+TEST(Llama, GeGluHasTheSwiGlusParametersAndItsOwnLoss) {
+  const auto loss_of = [](const Gpt2Config& c) {
+    ThreadPool pool(1);
+    Context ctx{&pool, Device::cpu(), DType::kF64};
+    Gpt2 model(c);
+    model.build(DType::kF64, Device::cpu(), 5);
+    Tensor tokens = Tensor::empty({2, 5}, DType::kI32),
+           targets = Tensor::empty({2, 5}, DType::kI32);
+    fill_batch(tokens, targets, c.vocab_size, 2);
+    return model.forward(ctx, tokens, targets);
+  };
+  Gpt2Config geglu = tiny_llama(1);
+  geglu.ffn_activation = GatedActivation::kGeluTanh;
+  EXPECT_EQ(geglu.num_parameters(), tiny_llama(1).num_parameters());
+  EXPECT_GT(std::abs(loss_of(geglu) - loss_of(tiny_llama(1))), 1e-6);
+}
+
 TEST(Llama, SandwichNormsAreItsParametersAndCounted) {
   const Gpt2Config c = tiny_sandwich(1);
   Gpt2 model(c);
@@ -375,7 +402,9 @@ void expect_recomputation_modes_bitwise_equal(const Gpt2Config& c) {
 
 TEST(Llama, RecomputationModesGiveBitwiseIdenticalLossAndGradients) {
   expect_recomputation_modes_bitwise_equal(tiny_llama(1));
-  expect_recomputation_modes_bitwise_equal(tiny_sandwich(1));
+  Gpt2Config gemma = tiny_sandwich(1);  // Gemma's block: sandwich norms and GeGLU
+  gemma.ffn_activation = GatedActivation::kGeluTanh;
+  expect_recomputation_modes_bitwise_equal(gemma);
 }
 
 // A mixture of experts (nn/moe_mlp.h): selective recomputation drops the router's and the

@@ -268,13 +268,16 @@ TEST_F(LlamaParallel, PostNormsUnderEveryLayoutMatchOneDevice) {
       7);
 }
 
-// Gemma's sandwich norms (model.norm_placement = "sandwich"): under tp the output norms normalise
-// the row-parallel outputs once summed — on each rank's rows with sequence parallelism, their
-// gains' gradients then summed over tp with the pre-norms' (a layout that forgot them fails
-// here) —, under cp, pp, ZeRO and every recomputation mode, each layout one device's run.
-TEST_F(LlamaParallel, SandwichNormsUnderEveryLayoutMatchOneDevice) {
+// Gemma's block: sandwich norms (model.norm_placement = "sandwich") and GeGLU
+// (model.ffn_activation = "gelu_tanh"). Under tp the output norms normalise the row-parallel
+// outputs once summed — on each rank's rows with sequence parallelism, their gains' gradients
+// then summed over tp with the pre-norms' (a layout that forgot them fails here) — and each rank
+// takes the GELU of its slice of the gates; under cp, pp, ZeRO and every recomputation mode,
+// each layout one device's run.
+TEST_F(LlamaParallel, SandwichNormsAndGeGluUnderEveryLayoutMatchOneDevice) {
   Config c = config();
   c.model.norm_placement = "sandwich";
+  c.model.ffn_activation = "gelu_tanh";
   expect_layouts_match_one_device(
       c,
       "tp=2;tp=2,sp=1;cp=2,tp=2,sp=1;dp=2,tp=2,zero=2,sp=1,recompute=selective;"

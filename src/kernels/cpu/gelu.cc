@@ -154,6 +154,27 @@ void gelu_backward_chunk(float* dinp, const float* inp, const float* dout, int64
 #endif
 }
 
+template <typename Real>
+void gelu_forward_row(Real* out, const Real* inp, int64_t n) {
+  if constexpr (std::is_same_v<Real, float>)
+    gelu_forward_chunk(out, inp, n, true);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = gelu_scalar(inp[i]);
+}
+
+template <typename Real>
+void gelu_backward_row(Real* dinp, const Real* inp, const Real* dout, int64_t n) {
+  if constexpr (std::is_same_v<Real, float>)
+    gelu_backward_chunk(dinp, inp, dout, n, true);
+  else
+    for (int64_t i = 0; i < n; ++i) dinp[i] = gelu_grad_scalar(inp[i], dout[i]);
+}
+
+template void gelu_forward_row<float>(float*, const float*, int64_t);
+template void gelu_forward_row<double>(double*, const double*, int64_t);
+template void gelu_backward_row<float>(float*, const float*, const float*, int64_t);
+template void gelu_backward_row<double>(double*, const double*, const double*, int64_t);
+
 }  // namespace detail
 
 template <typename Real>

@@ -25,6 +25,12 @@ namespace detail {
 void gelu_forward_chunk(float* out, const float* inp, int64_t n, bool sixteen_lanes);
 void gelu_backward_chunk(float* dinp, const float* inp, const float* dout, int64_t n,
                          bool sixteen_lanes);
+// n elements on the calling thread in any Real, as gelu_forward / gelu_backward compute them
+// (GeGLU's rows, cpu/swiglu.h).
+template <typename Real>
+void gelu_forward_row(Real* out, const Real* inp, int64_t n);
+template <typename Real>
+void gelu_backward_row(Real* dinp, const Real* inp, const Real* dout, int64_t n);
 }  // namespace detail
 
 }  // namespace loom::cpu

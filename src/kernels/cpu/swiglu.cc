@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
+#include "kernels/cpu/gelu.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
@@ -178,13 +180,35 @@ void swiglu_backward_chunk(float* dgate, float* dup, const float* dout, const fl
 
 }  // namespace detail
 
+namespace {
+// GeGLU's rows: the tanh GELU of the gate through gelu.h's row kernels, times up; the backward
+// as the GELU's with dout ⊙ up for its dout. `scratch` holds n values.
 template <typename Real>
-void swiglu_forward(ThreadPool& pool, Real* out, const Real* h, int64_t N, int64_t H) {
+void geglu_forward_row(Real* out, const Real* gate, const Real* up, int64_t n, Real* scratch) {
+  detail::gelu_forward_row(scratch, gate, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = scratch[i] * up[i];
+}
+template <typename Real>
+void geglu_backward_row(Real* dgate, Real* dup, const Real* dout, const Real* gate, const Real* up,
+                        int64_t n, Real* scratch) {
+  detail::gelu_forward_row(scratch, gate, n);
+  for (int64_t i = 0; i < n; ++i) dup[i] = dout[i] * scratch[i];
+  for (int64_t i = 0; i < n; ++i) scratch[i] = dout[i] * up[i];
+  detail::gelu_backward_row(dgate, gate, scratch, n);  // dgate may not alias: scratch is apart
+}
+}  // namespace
+
+template <typename Real>
+void swiglu_forward(ThreadPool& pool, Real* out, const Real* h, int64_t N, int64_t H,
+                    GatedActivation act) {
   pool.parallel_for(N, std::max<int64_t>(1, kGrain / std::max<int64_t>(H, 1)),
                     [&](int64_t r0, int64_t r1) {
+                      std::vector<Real> scratch(act == GatedActivation::kGeluTanh ? H : 0);
                       for (int64_t r = r0; r < r1; ++r) {
                         const Real* gate = h + r * 2 * H;
-                        if constexpr (std::is_same_v<Real, float>)
+                        if (act == GatedActivation::kGeluTanh)
+                          geglu_forward_row(out + r * H, gate, gate + H, H, scratch.data());
+                        else if constexpr (std::is_same_v<Real, float>)
                           detail::swiglu_forward_chunk(out + r * H, gate, gate + H, H, true);
                         else
                           swiglu_forward_row(out + r * H, gate, gate + H, H);
@@ -194,13 +218,16 @@ void swiglu_forward(ThreadPool& pool, Real* out, const Real* h, int64_t N, int64
 
 template <typename Real>
 void swiglu_backward(ThreadPool& pool, Real* dh, const Real* dout, const Real* h, int64_t N,
-                     int64_t H) {
+                     int64_t H, GatedActivation act) {
   pool.parallel_for(
       N, std::max<int64_t>(1, kGrain / std::max<int64_t>(H, 1)), [&](int64_t r0, int64_t r1) {
+        std::vector<Real> scratch(act == GatedActivation::kGeluTanh ? H : 0);
         for (int64_t r = r0; r < r1; ++r) {
           const Real* gate = h + r * 2 * H;
           Real* dgate = dh + r * 2 * H;
-          if constexpr (std::is_same_v<Real, float>)
+          if (act == GatedActivation::kGeluTanh)
+            geglu_backward_row(dgate, dgate + H, dout + r * H, gate, gate + H, H, scratch.data());
+          else if constexpr (std::is_same_v<Real, float>)
             detail::swiglu_backward_chunk(dgate, dgate + H, dout + r * H, gate, gate + H, H, true);
           else
             swiglu_backward_row(dgate, dgate + H, dout + r * H, gate, gate + H, H);
@@ -208,11 +235,13 @@ void swiglu_backward(ThreadPool& pool, Real* dh, const Real* dout, const Real* h
       });
 }
 
-template void swiglu_forward<float>(ThreadPool&, float*, const float*, int64_t, int64_t);
-template void swiglu_forward<double>(ThreadPool&, double*, const double*, int64_t, int64_t);
+template void swiglu_forward<float>(ThreadPool&, float*, const float*, int64_t, int64_t,
+                                    GatedActivation);
+template void swiglu_forward<double>(ThreadPool&, double*, const double*, int64_t, int64_t,
+                                     GatedActivation);
 template void swiglu_backward<float>(ThreadPool&, float*, const float*, const float*, int64_t,
-                                     int64_t);
+                                     int64_t, GatedActivation);
 template void swiglu_backward<double>(ThreadPool&, double*, const double*, const double*, int64_t,
-                                      int64_t);
+                                      int64_t, GatedActivation);
 
 }  // namespace loom::cpu

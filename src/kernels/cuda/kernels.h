@@ -27,6 +27,7 @@
 #include "kernels/adamw_factors.h"    // AdamWRun
 #include "kernels/cpu/attention.h"    // RowRange
 #include "kernels/cpu/vocab_shard.h"  // VocabShard
+#include "kernels/gated_activation.h"
 #include "kernels/moe_routing.h"
 
 namespace loom::cuda {
@@ -394,17 +395,20 @@ void rope_forward_rounded(int device, void* qkv, const float* cos_sin, int64_t B
 void rope_backward_rounded(int device, void* dqkv, const float* cos_sin, int64_t B, int64_t T,
                            int64_t NH, int64_t KV, int64_t hd);
 
-// SwiGLU (cpu/swiglu.h): h (N, 2H) = [gate | up], out (N, H); dh (N, 2H) overwritten.
-void swiglu_forward(int device, float* out, const float* h, int64_t N, int64_t H);
-void swiglu_backward(int device, float* dh, const float* dout, const float* h, int64_t N,
-                     int64_t H);
+// SwiGLU (cpu/swiglu.h): h (N, 2H) = [gate | up], out (N, H); dh (N, 2H) overwritten. `act`:
+// the gate's activation (GeGLU's tanh GELU, or the SiLU).
+void swiglu_forward(int device, float* out, const float* h, int64_t N, int64_t H,
+                    GatedActivation act);
+void swiglu_backward(int device, float* dh, const float* dout, const float* h, int64_t N, int64_t H,
+                     GatedActivation act);
 // The same on 16-bit values of the current matmul precision's type (bf16 or fp16, else it
 // fails), computed in fp32 and rounded once: h the fc's rounded output
 // (matmul_forward_rounded_output), out proj's input; dout proj's rounded dinp
 // (matmul_backward_rounded_dinp), dh the fc's rounded dout. Each returned as a GEMM operand.
-GemmOperand swiglu_forward_rounded(int device, void* out, const void* h, int64_t N, int64_t H);
+GemmOperand swiglu_forward_rounded(int device, void* out, const void* h, int64_t N, int64_t H,
+                                   GatedActivation act);
 GemmOperand swiglu_backward_rounded(int device, void* dh, const void* dout, const void* h,
-                                    int64_t N, int64_t H);
+                                    int64_t N, int64_t H, GatedActivation act);
 
 // A mixture of experts (kernels/cpu/moe.h's, moe.cu).
 void moe_route(int device, float* probs, int32_t* choice, float* weight, float* lse,
