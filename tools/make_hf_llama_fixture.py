@@ -25,7 +25,12 @@ MistralForCausalLM of hf_tiny_llama's sizes with a sliding window of 5 positions
 --olmo2: tests/data/hf_tiny_olmo2/, an Olmo2ForCausalLM of hf_tiny_llama's sizes (an untied head,
 rope_theta 500, rms_norm_eps 1e-6): norms after the attention and the MLP, and q_norm / k_norm
 over all the query heads (32 wide) and all the key heads (16 wide), their gains random
-(transformers 4.51.3).
+(transformers 4.51.3). With --gemma3: tests/data/hf_tiny_gemma3/, a Gemma3ForCausalLM (text) of
+hf_tiny_llama's widths but 3 blocks, heads 16 wide (head_dim, query_pre_attn_scalar 16), a tied
+head, sandwich norms and per-head q_norm / k_norm with random gains (Gemma's w, around zero),
+GeGLU, the embedding times √32, a sliding window of 5 in blocks 0 and 1 (sliding_window_pattern
+3) turned by rope_local_base_freq 10 000, block 2 whole and turned by rope_theta 1e6
+(transformers 4.51.3; run without its cache, which needs torch 2).
 
     EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py \
         [--mixtral|--qwen2|--qwen3|--qwen3-moe|--mistral|--olmo2]
@@ -50,13 +55,27 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralF
 
 
 def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa: C901
-          window=None, olmo2=False):
+          window=None, olmo2=False, gemma3=False):
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
     sizes = dict(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                  rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tied, initializer_range=0.2)
-    if olmo2:
+    if gemma3:
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # transformers >= 4.50
+        sizes.update(num_hidden_layers=3, rms_norm_eps=1e-6, rope_theta=1e6)
+        config = Gemma3TextConfig(**sizes, head_dim=16, query_pre_attn_scalar=16,
+                                  rope_local_base_freq=10000.0, sliding_window=5,
+                                  sliding_window_pattern=3, attn_implementation="eager")
+        model = Gemma3ForCausalLM(config).eval()
+        with torch.no_grad():  # Gemma's gains are 1 + w, w zero at first: every w random
+            for layer in model.model.layers:
+                for norm in (layer.input_layernorm, layer.post_attention_layernorm,
+                             layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm,
+                             layer.self_attn.q_norm, layer.self_attn.k_norm):
+                    norm.weight.add_(0.3 * torch.randn(norm.weight.shape))
+            model.model.norm.weight.add_(0.3 * torch.randn(32))
+    elif olmo2:
         from transformers import Olmo2Config, Olmo2ForCausalLM  # transformers >= 4.47
         sizes.update(rms_norm_eps=1e-6)
         model = Olmo2ForCausalLM(Olmo2Config(**sizes, attn_implementation="eager")).eval()
@@ -103,17 +122,18 @@ def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa
     else:
         model = LlamaForCausalLM(LlamaConfig(**sizes, rope_scaling=rope_scaling)).eval()
     with torch.no_grad():  # norm gains away from one, so a wrong gain would show
-        for layer in model.model.layers if not olmo2 else []:
+        for layer in model.model.layers if not (olmo2 or gemma3) else []:
             layer.input_layernorm.weight.add_(0.3 * torch.randn(32))
             layer.post_attention_layernorm.weight.add_(0.3 * torch.randn(32))
-        model.model.norm.weight.add_(0.3 * torch.randn(32))
+        if not gemma3:
+            model.model.norm.weight.add_(0.3 * torch.randn(32))
     model.save_pretrained(out, safe_serialization=True)
     tokens = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(3))
     # Mixtral's causal mask (transformers 4.40) is made in the default dtype from the model's
     # dtype's minimum: float64 must be the default while the float64 model runs.
     torch.set_default_dtype(torch.float64)
     with torch.no_grad():
-        logits = model.double()(input_ids=tokens).logits
+        logits = model.double()(input_ids=tokens, use_cache=False).logits
     torch.set_default_dtype(torch.float32)
     save_safetensors(os.path.join(out, "loom_expected_logits.safetensors"),
                      {"tokens": tokens.numpy().astype(np.int32),
@@ -134,6 +154,9 @@ def main():
         return
     if sys.argv[1:] == ["--mistral"]:
         write("hf_tiny_mistral", tied=False, rope_scaling=None, window=5)
+        return
+    if sys.argv[1:] == ["--gemma3"]:
+        write("hf_tiny_gemma3", tied=True, rope_scaling=None, gemma3=True)
         return
     if sys.argv[1:] == ["--olmo2"]:
         write("hf_tiny_olmo2", tied=False, rope_scaling=None, olmo2=True)

@@ -242,6 +242,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
       {"arch", arch_name(mc.arch)}, {"vocab_size", mc.vocab_size}, {"max_seq_len", mc.max_seq_len},
       {"d_model", mc.d_model},      {"n_layers", mc.n_layers},     {"n_heads", mc.n_heads}};
   if (!mc.tie_embeddings) shape["tie_embeddings"] = false;
+  if (mc.embedding_multiplier != 1) shape["embedding_multiplier"] = mc.embedding_multiplier;
   if (mc.llama()) {
     shape["n_kv_heads"] = mc.n_kv_heads;
     if (mc.qkv_bias) shape["qkv_bias"] = true;
@@ -251,6 +252,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     if (mc.post_norm) shape["norm_placement"] = "post";
     if (mc.sandwich_norm) shape["norm_placement"] = "sandwich";
     if (mc.ffn_activation == GatedActivation::kGeluTanh) shape["ffn_activation"] = "gelu_tanh";
+    if (mc.rope_local_theta > 0) shape["rope_local_theta"] = mc.rope_local_theta;
     if (mc.sliding_window > 0) shape["sliding_window"] = mc.sliding_window;
     if (mc.full_attention_every > 0) shape["full_attention_every"] = mc.full_attention_every;
     shape["ffn_hidden"] = mc.ffn_hidden;
@@ -427,6 +429,7 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
     c.n_layers = json_integer<int64_t>(m.at("n_layers"));
     c.n_heads = json_integer<int64_t>(m.at("n_heads"));
     c.tie_embeddings = m.value("tie_embeddings", true);
+    c.embedding_multiplier = m.value("embedding_multiplier", 1.0f);
     if (c.llama()) {
       c.n_kv_heads = json_integer<int64_t>(m.at("n_kv_heads"));
       c.qkv_bias = m.value("qkv_bias", false);
@@ -449,6 +452,7 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
              "\" is not a model Loom builds (silu or gelu_tanh)");
       c.ffn_activation =
           activation == "gelu_tanh" ? GatedActivation::kGeluTanh : GatedActivation::kSilu;
+      c.rope_local_theta = m.value("rope_local_theta", 0.0);
       c.sliding_window =
           m.contains("sliding_window") ? json_integer<int64_t>(m.at("sliding_window")) : 0;
       c.full_attention_every = m.contains("full_attention_every")

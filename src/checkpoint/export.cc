@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/json_number.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_gemma3.h"
 #include "checkpoint/safetensors.h"
 #include "device/device.h"
 #include "tensor/dtype.h"
@@ -409,12 +410,9 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   // top k Loom's, its attention not windowed), one with query/key norms from a
   // Qwen3MoeForCausalLM.
   const std::string model_type = config.value("model_type", std::string("(none)"));
-  if (model.sandwich_norm)
-    fail(config_path, ": model.norm_placement = \"sandwich\": no HuggingFace class Loom reads ",
-         "holds four norms a block");
-  if (model.ffn_activation != GatedActivation::kSilu)
-    fail(config_path, ": model.ffn_activation = \"gelu_tanh\": no HuggingFace class Loom reads ",
-         "holds GeGLU MLPs");
+  // Gemma 3 (Gemma3ForCausalLM): checkpoint/hf_gemma3.h.
+  if (model_type == "gemma3_text" || has_gemma_parts(model))
+    return check_gemma3_config(config_path, config, model);
   // OLMo 2 (Olmo2ForCausalLM): post-norms and full-width query/key norms, nothing else of
   // Loom's variants.
   const bool olmo2_model = model.post_norm || model.qk_norm_full;
@@ -612,11 +610,17 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
   const int64_t C = model.d_model, Q = model.attention_width(),
                 kv = model.kv_heads() * model.head_dim(), H = model.ffn_hidden;
   const HfMoeNames moe = hf_moe_names(model);
+  const bool gemma3 = config.value("model_type", std::string()) == "gemma3_text";
   for (const auto& p : layout.parameters()) {
     // Where the parameter's rows come from, in order.
     std::vector<std::pair<std::string, Shape>> sources;
     const std::string& n = p->name;
-    if (n == "wte.weight") sources = {{"model.embed_tokens.weight", {vocab, C}}};
+    HfSources gemma;  // Gemma 3's names, its gains Loom's less one
+    if (gemma3) {
+      gemma = gemma3_sources(n, model, vocab);
+      sources = gemma.sources;
+    } else if (n == "wte.weight")
+      sources = {{"model.embed_tokens.weight", {vocab, C}}};
     else if (n == "lm_head.weight") sources = {{"lm_head.weight", {vocab, C}}};
     else if (n == "ln_f.weight") sources = {{"model.norm.weight", {C}}};
     else if (n.starts_with("blocks.")) {
@@ -662,7 +666,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     }
     if (sources.empty())
       fail("parameter '", n,
-           "' has no HuggingFace Llama, Qwen 2, Qwen 3, OLMo 2, Mixtral or Qwen 3 MoE name");
+           "' has no HuggingFace Llama, Qwen 2, Qwen 3, OLMo 2, Gemma 3, Mixtral or Qwen 3 MoE ",
+           "name");
     float* dst = into.values.data<float>() + p->offset;
     int64_t written = 0;
     for (const auto& [name, shape] : sources) {
@@ -671,6 +676,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
       written += t.numel();
     }
     std::fill(dst + written, dst + p->numel(), 0.0f);  // vocabulary padding rows
+    if (gemma.gain)
+      for (int64_t i = 0; i < p->numel(); ++i) dst[i] += 1.0f;
   }
 }
 
@@ -754,12 +761,6 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
          "(model.moe_router_num_groups), with scaled weights ",
          "(model.moe_router_topk_scaling_factor) or with weights not normalised over the chosen ",
          "(model.moe_router_norm_topk_prob = false), which ", moe_class, " has not");
-  if (mc.sandwich_norm)
-    fail("export: ", checkpoint_dir, " holds sandwich norms (model.norm_placement = ",
-         "\"sandwich\"), which no Llama-family class of transformers that Loom writes has");
-  if (mc.ffn_activation != GatedActivation::kSilu)
-    fail("export: ", checkpoint_dir, " holds GeGLU MLPs (model.ffn_activation = \"gelu_tanh\"), ",
-         "which no Llama-family class of transformers that Loom writes has");
   if (mc.moe() && mc.moe_router_score != RouterScore::kSoftmax)
     fail("export: ", checkpoint_dir, " holds a mixture of experts whose router scores by ",
          "sigmoids (model.moe_router_score_function), and ", moe_class, "'s by ",
@@ -783,8 +784,20 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
          "format is GPT-2's: export it with --format hf");
   if (format == "hf")
     replace_atomically(out, true, [&](const fs::path& dir) {
-      if (mc.llama()) write_hf_llama(model, dir, bf16);
-      else write_hf(model, dir, bf16);
+      if (has_gemma_parts(mc)) {
+        const HfFiles f = gemma3_files(
+            mc,
+            [&](const std::string& name) {
+              return model.params().get(name).value.to(Device::cpu());
+            },
+            bf16);
+        save_safetensors((dir / "model.safetensors").string(), f.tensors, {{"format", "pt"}});
+        write_config_json(dir, f.config);
+      } else if (mc.llama()) {
+        write_hf_llama(model, dir, bf16);
+      } else {
+        write_hf(model, dir, bf16);
+      }
     });
   else
     replace_atomically(out, false, [&](const fs::path& file) { write_llmc(model, file, bf16); });

@@ -55,6 +55,8 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, qk_norm_scope),
     LOOM_KEY(model, norm_placement),
     LOOM_KEY(model, ffn_activation),
+    LOOM_KEY(model, embedding_multiplier),
+    LOOM_KEY(model, rope_local_theta),
     LOOM_KEY(model, sliding_window),
     LOOM_KEY(model, full_attention_every),
     LOOM_KEY(model, ffn_hidden),

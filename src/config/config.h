@@ -73,6 +73,12 @@ struct ModelConfig {
   // The gated MLP's gate activation: "silu", Llama's SwiGLU; "gelu_tanh", the tanh-approximated
   // GELU (Gemma's GeGLU, transformers' "gelu_pytorch_tanh"). Dense MLPs only.
   std::string ffn_activation = "silu";
+  // The token embedding's rows times this as they enter the blocks (Gemma's √d_model, Granite's
+  // embedding_multiplier); the tied LM head reads the rows unscaled.
+  double embedding_multiplier = 1.0;
+  // The windowed blocks' rotary base, unscaled (Gemma 3's rope_local_base_freq: its
+  // sliding-window blocks turn by 10 000, its full-attention ones by rope_theta); 0: rope_theta.
+  double rope_local_theta = 0;
   // Sliding-window attention (Mistral 7B v0.1's; nn/sliding_window.h): each query attends to the
   // sliding_window latest positions, itself included, in every block; 0: the whole sequence.
   int64_t sliding_window = 0;

@@ -89,6 +89,8 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
       p.add(
           "model.norm_placement applies to model.arch = \"llama\" only (GPT-2's LayerNorms come "
           "before)");
+    if (m.rope_local_theta != defaults.rope_local_theta)
+      p.add("model.rope_local_theta applies to model.arch = \"llama\" only");
     if (m.ffn_activation != defaults.ffn_activation)
       p.add(
           "model.ffn_activation applies to model.arch = \"llama\" only (GPT-2's MLP is not "
@@ -112,6 +114,9 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
   p.one_of("model.qk_norm_scope", m.qk_norm_scope, {"head", "full"});
   p.one_of("model.norm_placement", m.norm_placement, {"pre", "post", "sandwich"});
   p.one_of("model.ffn_activation", m.ffn_activation, {"silu", "gelu_tanh"});
+  if (m.rope_local_theta != 0 && (!(m.rope_local_theta > 1) || m.sliding_window == 0))
+    p.add("model.rope_local_theta = ", format_double(m.rope_local_theta),
+          " must be > 1 and set with model.sliding_window (the windowed blocks' rotary base)");
   if (m.ffn_activation == "gelu_tanh" && m.moe_experts > 0)
     p.add("model.ffn_activation = \"gelu_tanh\" applies to a dense MLP: a mixture's experts ",
           "are SwiGLUs (model.moe_experts = ", m.moe_experts, ")");
@@ -248,6 +253,9 @@ void validate_model(const ModelConfig& m, Problems& p) {
     p.add("model.seq_len = ", m.seq_len, " exceeds model.max_seq_len = ", m.max_seq_len);
   if (!(m.init_std > 0 && std::isfinite(m.init_std)))
     p.add("model.init_std = ", format_double(m.init_std), " must be positive");
+  if (!(m.embedding_multiplier > 0 && std::isfinite(m.embedding_multiplier)))
+    p.add("model.embedding_multiplier = ", format_double(m.embedding_multiplier),
+          " must be positive");
   validate_llama_keys(m, p);
   validate_moe_keys(m, p);
 }

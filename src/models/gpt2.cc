@@ -56,6 +56,11 @@ void Gpt2Config::validate() const {
     fail("model.norm_placement = \"", post_norm ? "post" : "sandwich",
          "\" applies to a Llama only");
   if (post_norm && sandwich_norm) fail("model.norm_placement: post or sandwich, not both");
+  if (!(embedding_multiplier > 0) || !std::isfinite(embedding_multiplier))
+    fail("model.embedding_multiplier must be positive and finite, got ", embedding_multiplier);
+  if (rope_local_theta != 0 && (!(rope_local_theta > 1) || sliding_window == 0))
+    fail("model.rope_local_theta = ", rope_local_theta,
+         " must be > 1 and set with model.sliding_window (the windowed blocks' base) only");
   if (ffn_activation != GatedActivation::kSilu && (!llama() || moe()))
     fail("model.ffn_activation = \"gelu_tanh\" applies to a dense Llama's gated MLP only");
   if (sliding_window < 0 || (sliding_window > 0 && !llama()))
@@ -436,9 +441,20 @@ double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) 
   return loss;
 }
 
+Tensor scale_embedding(Context& ctx, Tensor x, float multiplier) {
+  if (multiplier == 1.0f) return x;
+  dispatch_float(ctx.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    ops::scale_inplace<T>(ctx.exec(), x.data<T>(), static_cast<T>(multiplier), x.numel());
+  });
+  return x;
+}
+
 Tensor Gpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& targets, double* loss) {
   before_forward_root(ctx);
-  Tensor x = part_.embedding ? embedding_->forward(ctx, input) : input;
+  Tensor x = part_.embedding ? scale_embedding(ctx, embedding_->forward(ctx, input),
+                                               config_.embedding_multiplier)
+                             : input;
   x = run_blocks(ctx, x);
   Tensor out;
   if (part_.head) {
@@ -526,7 +542,7 @@ Tensor Gpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
   }
   Tensor out;
   if (part_.embedding) {
-    embedding_->backward(ctx, dx);
+    embedding_->backward(ctx, scale_embedding(ctx, dx, config_.embedding_multiplier));
   } else {
     out = dx;
   }
@@ -550,7 +566,9 @@ Tensor Gpt2::logits(Context& ctx, const Tensor& tokens) {
   LOOM_CHECK_MSG(part_.embedding && part_.head, "Gpt2::logits needs the whole model");
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = config_.d_model, V = config_.vocab_size;
   before_forward_root(ctx);
-  Tensor final = ln_f_->forward(ctx, run_blocks(ctx, embedding_->forward(ctx, tokens)));
+  Tensor final =
+      ln_f_->forward(ctx, run_blocks(ctx, scale_embedding(ctx, embedding_->forward(ctx, tokens),
+                                                          config_.embedding_multiplier)));
   clear_cache();
   Tensor out = Tensor::empty({B, T, V}, ctx.dtype, ctx.device);
   const Parameter& wte = *head_wte_;
@@ -578,7 +596,8 @@ Tensor Gpt2::decode(Context& ctx, const Tensor& tokens, KvCache& cache) {
       cache.values.push_back(Tensor::empty({config_.max_seq_len, width}, ctx.dtype, ctx.device));
     }
   }
-  Tensor x = embedding_->forward_at(ctx, tokens, cache.length);
+  Tensor x = scale_embedding(ctx, embedding_->forward_at(ctx, tokens, cache.length),
+                             config_.embedding_multiplier);
   for (size_t l = 0; l < blocks_.size(); ++l)
     x = blocks_[l]->decode(ctx, x, cache.keys[l], cache.values[l], cache.length);
   Tensor final = ln_f_->forward(ctx, x);

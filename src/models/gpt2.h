@@ -80,12 +80,18 @@ struct Gpt2Config {
   // model.ffn_activation: the gated MLP's gate activation, SiLU (SwiGLU) or the tanh GELU (GeGLU,
   // Gemma's)
   GatedActivation ffn_activation = GatedActivation::kSilu;
+  // model.embedding_multiplier: the token embedding's rows times this as they enter the blocks
+  // (Gemma's √d_model, Granite's embedding_multiplier); the tied head reads the rows unscaled.
+  float embedding_multiplier = 1.0f;
   int64_t sliding_window = 0;  // each query's W latest keys (nn/sliding_window.h); 0: all
   int64_t full_attention_every = 0;  // with a window: blocks N, 2N, … (1-based) unwindowed; 0: none
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
   double rope_theta = 10000;
   // Llama 3.1's scaling of the rotary frequencies (cpu::RopeFrequencies); factor 0: none.
   double rope_scaling_factor = 0;
+  // model.rope_local_theta: the windowed blocks' rotary base, unscaled (Gemma 3's
+  // rope_local_base_freq: 10 000 in its sliding-window blocks, rope_theta in the others); 0: none.
+  double rope_local_theta = 0;
   double rope_low_freq_factor = 1;
   double rope_high_freq_factor = 4;
   int64_t rope_original_max_seq_len = 8192;
@@ -145,10 +151,16 @@ struct Gpt2Config {
     const bool full = full_attention_every > 0 && (layer + 1) % full_attention_every == 0;
     return full ? 0 : sliding_window;
   }
-  // The config block `layer` is built with: its own window.
+  // The config block `layer` is built with: its own window (and with rope_local_theta, a
+  // windowed block's own rotary base, without scaling).
   Gpt2Config block(int64_t layer) const {
     Gpt2Config c = *this;
     c.sliding_window = window_of(layer);
+    if (c.sliding_window > 0 && rope_local_theta > 0) {
+      c.rope_theta = rope_local_theta;
+      c.rope_scaling_factor = 0;
+    }
+    c.rope_local_theta = 0;
     c.full_attention_every = 0;
     return c;
   }
@@ -315,6 +327,10 @@ struct KvCache {
   int64_t length = 0;
   std::vector<Tensor> keys, values;
 };
+
+// x (the embedding's rows, or their gradient) times `multiplier` in place
+// (Gpt2Config::embedding_multiplier); x itself where that is 1.
+Tensor scale_embedding(Context& ctx, Tensor x, float multiplier);
 
 class Gpt2 : public Gpt2Stage {
  public:

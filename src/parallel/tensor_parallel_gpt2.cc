@@ -81,7 +81,9 @@ Tensor TpGpt2::forward_part(Context& ctx, const Tensor& input, const Tensor& tar
     fail("sequence parallelism: micro_batch_size × seq_len = ", N, " tokens do not split over ",
          "parallel.tp = ", tp_.size());
   if (root_unit_ >= 0) hook_before_forward(ctx, static_cast<size_t>(root_unit_));
-  Tensor x = part_.embedding ? vocab_->forward(ctx, input) : input;
+  Tensor x = part_.embedding
+                 ? scale_embedding(ctx, vocab_->forward(ctx, input), config_.embedding_multiplier)
+                 : input;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     hook_before_forward(ctx, block_unit_[l]);
     x = blocks_[l]->forward(ctx, x, B, T);
@@ -137,7 +139,8 @@ Tensor TpGpt2::backward_part(Context& ctx, const Tensor& dy, double scale) {
     hook_after_backward(ctx, block_unit_[l]);
   }
   Tensor out;
-  if (part_.embedding) vocab_->backward(ctx, dx);
+  if (part_.embedding)
+    vocab_->backward(ctx, scale_embedding(ctx, dx, config_.embedding_multiplier));
   else out = dx;
   if (root_unit_ >= 0) hook_after_backward(ctx, static_cast<size_t>(root_unit_));
   return out;

@@ -60,6 +60,7 @@ Gpt2Config model_config_of(const Config& config) {
   m.init_std = static_cast<float>(config.model.init_std);
   m.recompute = parse_recompute(config.resolved_recompute());
   m.tie_embeddings = config.model.tie_embeddings;
+  m.embedding_multiplier = static_cast<float>(config.model.embedding_multiplier);
   if (m.llama()) {
     m.n_kv_heads = config.model.resolved_n_kv_heads();
     m.qkv_bias = config.model.qkv_bias;
@@ -68,6 +69,7 @@ Gpt2Config model_config_of(const Config& config) {
     m.qk_norm_full = config.model.qk_norm_scope == "full";
     m.post_norm = config.model.norm_placement == "post";
     m.sandwich_norm = config.model.norm_placement == "sandwich";
+    m.rope_local_theta = config.model.rope_local_theta;
     m.ffn_activation = config.model.ffn_activation == "gelu_tanh" ? GatedActivation::kGeluTanh
                                                                   : GatedActivation::kSilu;
     m.sliding_window = config.model.sliding_window;
@@ -252,6 +254,8 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
       saved.qk_norm_full != wanted.qk_norm_full || saved.post_norm != wanted.post_norm ||
       saved.sandwich_norm != wanted.sandwich_norm ||
       saved.ffn_activation != wanted.ffn_activation ||
+      saved.embedding_multiplier != wanted.embedding_multiplier ||
+      saved.rope_local_theta != wanted.rope_local_theta ||
       saved.sliding_window != wanted.sliding_window ||
       saved.full_attention_every != wanted.full_attention_every)
     fail("checkpoint ", checkpoint, " holds a ", arch_name(saved.arch),
@@ -261,6 +265,12 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          saved.post_norm ? " with post-norms" : "",
          saved.sandwich_norm ? " with sandwich norms" : "",
          saved.ffn_activation == GatedActivation::kGeluTanh ? " with GeGLU MLPs" : "",
+         saved.embedding_multiplier != 1
+             ? detail::concat(" with its embedding times ", saved.embedding_multiplier)
+             : std::string(),
+         saved.rope_local_theta > 0
+             ? detail::concat(" with a local rotary base of ", saved.rope_local_theta)
+             : std::string(),
          heads_differ ? detail::concat(" with heads of ", saved.head_dim()) : std::string(),
          saved.sliding_window > 0
              ? detail::concat(
@@ -279,6 +289,12 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          wanted.ffn_activation == GatedActivation::kGeluTanh
              ? " with model.ffn_activation = \"gelu_tanh\""
              : "",
+         wanted.embedding_multiplier != 1
+             ? detail::concat(" with model.embedding_multiplier = ", wanted.embedding_multiplier)
+             : std::string(),
+         wanted.rope_local_theta > 0
+             ? detail::concat(" with model.rope_local_theta = ", wanted.rope_local_theta)
+             : std::string(),
          heads_differ ? detail::concat(" with heads of ", wanted.head_dim(), " (model.head_dim)")
                       : std::string(),
          wanted.sliding_window > 0

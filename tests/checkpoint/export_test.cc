@@ -1139,9 +1139,100 @@ TEST(ImportOlmo2, LoomsOwnExportIsOlmo2AndLoadsBackBitForBit) {
   fs::remove_all(dir);
 }
 
-// Gemma's sandwich norms (model.norm_placement = "sandwich") and GeGLU (model.ffn_activation =
-// "gelu_tanh") are no class's that Loom writes or reads: both ways refused by name; the
-// checkpoints say what they hold.
+// Gemma 3 (Gemma3ForCausalLM, tests/data/hf_tiny_gemma3): sandwich norms, GeGLU, per-head
+// query/key norms, heads 16 wide, the embedding times √32, a window of 5 in blocks 0 and 1 turned
+// by a base of 10 000, block 2 whole turned by 1e6, a tied head, every gain random (Gemma's w).
+Gpt2Config tiny_hub_gemma3() {
+  Gpt2Config c = tiny_hub_llama();
+  c.n_layers = 3;
+  c.head_width = 16;
+  c.qk_norm = true;
+  c.sandwich_norm = true;
+  c.ffn_activation = GatedActivation::kGeluTanh;
+  c.embedding_multiplier = static_cast<float>(std::sqrt(32.0));
+  c.sliding_window = 5;
+  c.full_attention_every = 3;
+  c.rope_theta = 1e6;
+  c.rope_local_theta = 10000;
+  c.norm_eps = 1e-6;
+  c.tie_embeddings = true;
+  return c;
+}
+
+// Within 1e-5 of transformers' logits; without the embedding's scale, the windowed blocks' own
+// rotary base or the gains' 1 + w they are off by 6, 1 and 4.7 (checked by breaking each).
+TEST(ImportGemma3, TransformersSavedGemma3GivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_gemma3", tiny_hub_gemma3());
+}
+
+// A directory whose window or local rotary base is not the model's is refused, naming both.
+TEST(ImportGemma3, AnotherWindowOrLocalBaseIsRefusedByName) {
+  const std::string hub = LOOM_SOURCE_DIR "/tests/data/hf_tiny_gemma3";
+  for (const char* part : {"rope_local_theta", "window"}) {
+    SCOPED_TRACE(part);
+    Gpt2Config c = tiny_hub_gemma3();
+    if (std::string(part) == "window")
+      c.sliding_window = 64;  // spans the 12 positions
+    else
+      c.rope_local_theta = 0;
+    Gpt2 model(c);
+    model.build(DType::kF32, Device::cpu(), 1);
+    FlatModelState into = zero_state_for(model.params());
+    const std::string error =
+        testutil::error_of([&] { load_hf_weights(hub, model.params(), c, into); });
+    EXPECT_NE(
+        error.find(std::string(part) == "window"
+                       ? "sliding_window = 5 but model.sliding_window = 64"
+                       : "rope_local_base_freq = 10000 but the windowed blocks' base is 1e+06"),
+        std::string::npos)
+        << error;
+  }
+}
+
+// Loom's Gemma 3 exports as transformers' Gemma3ForCausalLM (gains as Gemma's w = gain − 1,
+// exact for gains of at least 1/2) and loads back bit for bit.
+TEST(ImportGemma3, LoomsOwnExportIsGemma3AndLoadsBackBitForBit) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_gemma3_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const Gpt2Config c = tiny_hub_gemma3();
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  for (int l = 0; l < 3; ++l)  // gains of their own value at every position (ones hide a swap)
+    for (const char* norm :
+         {"attn.q_norm", "attn.k_norm", "ln_1", "ln_2", "attn_out_norm", "mlp_out_norm"}) {
+      Tensor& g = model.params().get("blocks." + std::to_string(l) + "." + norm + ".weight").value;
+      for (int64_t i = 0; i < g.numel(); ++i)
+        g.data<float>()[i] = 0.6f + 0.001f * static_cast<float>(i + 50 * l + 7 * norm[5]);
+    }
+  const std::string ckpt = save_and_export_hf(model, dir, 2);
+  const Gpt2Config saved = read_checkpoint_model(ckpt);
+  EXPECT_TRUE(saved.sandwich_norm);
+  EXPECT_EQ(saved.ffn_activation, GatedActivation::kGeluTanh);
+  EXPECT_EQ(saved.embedding_multiplier, c.embedding_multiplier);
+  EXPECT_EQ(saved.rope_local_theta, 10000);
+  const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
+  EXPECT_EQ(f.names.size(), 2u + 13u * 3u);  // embed_tokens, norm; 7 weights, 6 gains a block
+  EXPECT_EQ(f.tensors.at("model.layers.2.self_attn.q_norm.weight").shape(), (Shape{16}));
+  EXPECT_EQ(f.tensors.at("model.layers.1.pre_feedforward_layernorm.weight").data<float>()[3],
+            model.params().get("blocks.1.ln_2.weight").value.data<float>()[3] - 1.0f);
+  EXPECT_EQ(f.tensors.at("model.layers.1.post_attention_layernorm.weight").data<float>()[3],
+            model.params().get("blocks.1.attn_out_norm.weight").value.data<float>()[3] - 1.0f);
+  std::ifstream cf(dir / "hf" / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["architectures"][0], "Gemma3ForCausalLM");
+  EXPECT_EQ(j["model_type"], "gemma3_text");
+  EXPECT_EQ(j["sliding_window_pattern"], 3);
+  EXPECT_EQ(j["layer_types"][2], "full_attention");
+  EXPECT_EQ(j["rope_local_base_freq"], 10000.0);
+  EXPECT_EQ(j["query_pre_attn_scalar"], 16);
+  expect_loads_back_bitwise(model, (dir / "hf").string());
+  fs::remove_all(dir);
+}
+
+// Gemma's parts apart from the rest of Gemma 3 are no class's that Loom writes or reads: both
+// ways refused by name (sandwich norms without GeGLU; GeGLU alone); the checkpoints say what they
+// hold.
 TEST(ExportHf, SandwichNormsAndGeGluAreRefusedBothWays) {
   const fs::path dir =
       fs::temp_directory_path() / ("loom_export_sandwich_" + std::to_string(getpid()));
@@ -1150,7 +1241,7 @@ TEST(ExportHf, SandwichNormsAndGeGluAreRefusedBothWays) {
   Gpt2 model(c);
   model.build(DType::kF32, Device::cpu(), 5);
   const std::string error = testutil::error_of([&] { save_and_export_hf(model, dir / "out", 2); });
-  EXPECT_NE(error.find("holds sandwich norms (model.norm_placement = \"sandwich\")"),
+  EXPECT_NE(error.find("is written as a Gemma3ForCausalLM, which this one is not: no GeGLU"),
             std::string::npos)
       << error;
   EXPECT_FALSE(fs::exists(dir / "out" / "hf"));
@@ -1162,7 +1253,7 @@ TEST(ExportHf, SandwichNormsAndGeGluAreRefusedBothWays) {
   EXPECT_FALSE(read_checkpoint_model(ckpt).post_norm);
   EXPECT_NE(import_error(
                 LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama", dir, [](nlohmann::json&) {}, c)
-                .find("model.norm_placement = \"sandwich\": no HuggingFace class Loom reads"),
+                .find("model_type = llama, but the model has Gemma's parts"),
             std::string::npos);
   // GeGLU likewise.
   Gpt2Config geglu = tiny_hub_llama();
@@ -1171,15 +1262,14 @@ TEST(ExportHf, SandwichNormsAndGeGluAreRefusedBothWays) {
   geglu_model.build(DType::kF32, Device::cpu(), 5);
   const std::string geglu_error =
       testutil::error_of([&] { save_and_export_hf(geglu_model, dir / "geglu", 2); });
-  EXPECT_NE(geglu_error.find("holds GeGLU MLPs (model.ffn_activation = \"gelu_tanh\")"),
-            std::string::npos)
+  EXPECT_NE(geglu_error.find("which this one is not: no sandwich norms"), std::string::npos)
       << geglu_error;
   EXPECT_EQ(
       read_checkpoint_model((dir / "geglu" / "checkpoints" / "step_2").string()).ffn_activation,
       GatedActivation::kGeluTanh);
   EXPECT_NE(import_error(
                 LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama", dir, [](nlohmann::json&) {}, geglu)
-                .find("model.ffn_activation = \"gelu_tanh\": no HuggingFace class Loom reads"),
+                .find("starts from a Gemma3ForCausalLM directory"),
             std::string::npos);
   fs::remove_all(dir);
 }

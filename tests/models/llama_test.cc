@@ -156,6 +156,21 @@ TEST(Llama, Olmo2sNormsAreItsParametersAndCounted) {
   EXPECT_EQ(olmo2.num_parameters(), 1484916736);
 }
 
+// A Hub model's sizes on c.
+struct HubShape {
+  int64_t vocab, d_model, layers, heads, kv_heads, head_dim, ffn_hidden;
+};
+Gpt2Config with_shape(Gpt2Config c, const HubShape& s) {
+  c.vocab_size = s.vocab;
+  c.d_model = s.d_model;
+  c.n_layers = s.layers;
+  c.n_heads = s.heads;
+  c.n_kv_heads = s.kv_heads;
+  c.head_width = s.head_dim;
+  c.ffn_hidden = s.ffn_hidden;
+  return c;
+}
+
 // Gemma's sandwich norms (model.norm_placement = "sandwich"): the pre-norm block's two and one on
 // each branch's output before the skip connection adds it — finite differences in double (with a
 // mixture of experts too), the two more gains a block counted, and recomputation bit for bit.
@@ -199,6 +214,11 @@ TEST(Llama, GeGluHasTheSwiGlusParametersAndItsOwnLoss) {
 }
 
 TEST(Llama, SandwichNormsAreItsParametersAndCounted) {
+  // Gemma 3 1B (google/gemma-3-1b-pt, configs/gemma3-1b.toml): 26 blocks of 1152 channels, 4
+  // query heads of 256 sharing 1, GeGLU 6912 wide, 262144 tokens, tied: 999,885,952 parameters.
+  Gpt2Config gemma = tiny_sandwich(1);
+  gemma.qk_norm = true;
+  EXPECT_EQ(with_shape(gemma, {262144, 1152, 26, 4, 1, 256, 6912}).num_parameters(), 999885952);
   const Gpt2Config c = tiny_sandwich(1);
   Gpt2 model(c);
   int64_t total = 0;
@@ -246,14 +266,7 @@ TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {
   EXPECT_EQ(model.params().get("blocks.0.attn.q_norm.weight").shape, (Shape{6}));
   EXPECT_EQ(model.params().get("blocks.0.attn.k_norm.weight").shape, (Shape{6}));
   // Qwen 3 0.6B (Hugging Face's Qwen/Qwen3-0.6B): 596,049,920 parameters, its head tied.
-  Gpt2Config qwen3 = c;
-  qwen3.vocab_size = 151936;
-  qwen3.d_model = 1024;
-  qwen3.n_layers = 28;
-  qwen3.n_heads = 16;
-  qwen3.n_kv_heads = 8;
-  qwen3.head_width = 128;
-  qwen3.ffn_hidden = 3072;
+  const Gpt2Config qwen3 = with_shape(c, {151936, 1024, 28, 16, 8, 128, 3072});
   EXPECT_EQ(qwen3.num_parameters(), 596049920);
   // Qwen 3 30B-A3B (Qwen/Qwen3-30B-A3B): 128 experts 768 wide per block, 8 per token, 32 query
   // heads of 128 from 2048 channels sharing 4, 48 blocks, untied: 30,532,122,624 parameters.

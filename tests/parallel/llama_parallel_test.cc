@@ -285,6 +285,32 @@ TEST_F(LlamaParallel, SandwichNormsAndGeGluUnderEveryLayoutMatchOneDevice) {
       8);
 }
 
+// Gemma 3, started from a Gemma3ForCausalLM transformers saved (tests/data/hf_tiny_gemma3): its
+// sandwich norms, GeGLU, per-head query/key norms on heads 16 wide, the embedding times √32, a
+// window of 5 (of 16 positions) in blocks 0 and 1 turned by a base of 10 000 and block 2 whole
+// turned by 1e6 — under tp (the embedding scaled after the vocabulary-parallel lookup's sum),
+// sp, cp (the window and both rotary tables on a shard), pp, ZeRO and recomputation, each layout
+// one device's run.
+TEST_F(LlamaParallel, Gemma3FromTransformersUnderEveryLayoutMatchesOneDevice) {
+  expect_hub_qwen_layouts_match(
+      config(), "hf_tiny_gemma3",
+      [](ModelConfig& m) {
+        m.n_layers = 3;
+        m.head_dim = 16;
+        m.qk_norm = true;
+        m.norm_placement = "sandwich";
+        m.ffn_activation = "gelu_tanh";
+        m.embedding_multiplier = static_cast<float>(std::sqrt(32.0));
+        m.sliding_window = 5;
+        m.full_attention_every = 3;
+        m.rope_local_theta = 10000;
+        m.tie_embeddings = true;
+      },
+      "tp=2;tp=2,sp=1,recompute=selective;cp=2;cp=2,tp=2,sp=1;pp=2,schedule=zb-h1;dp=2,zero=3;"
+      "dp=2,tp=2,zero=2,sp=1;tp=2,recompute=full",
+      8);
+}
+
 // OLMo 2's whole form, started from an Olmo2ForCausalLM transformers saved with random gains
 // (tests/data/hf_tiny_olmo2): post-norms and one RMSNorm over all the query heads and one over
 // all the key heads (model.qk_norm_scope = "full") — under data and context parallelism

@@ -1,0 +1,49 @@
+// Gemma 3's text model as transformers writes it (Gemma3ForCausalLM, model_type "gemma3_text"):
+// Loom's Llama with Gemma's parts — sandwich norms (model.norm_placement = "sandwich"), GeGLU
+// (model.ffn_activation = "gelu_tanh"), per-head query/key norms, heads of their own width, the
+// embedding times √hidden_size (model.embedding_multiplier), a sliding window in all but every
+// sliding_window_pattern-th block (model.full_attention_every) whose rotary base is
+// rope_local_base_freq (model.rope_local_theta), tied or untied head. Gemma's RMSNorms scale by
+// (1 + w) with w initialised to zero; Loom's gains are the scale itself: 1 is added on import and
+// taken away on export (every gain: the blocks' four, the query/key norms', the final norm's).
+// checkpoint/export.cc calls these for `loom checkpoint export` and `train.init_from`.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/gpt2.h"
+
+namespace loom {
+
+// Whether `c` has any of Gemma's parts (then only a Gemma 3 directory holds it).
+bool has_gemma_parts(const Gpt2Config& c);
+
+// A Gemma3ForCausalLM's tensors (HuggingFace names, host f32, the gains as Gemma's w) and its
+// config.json, from the model's parameters (`host`: a parameter's host f32 value by Loom's
+// name). Fails naming the first of the model's parts that no Gemma 3 has.
+struct HfFiles {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  nlohmann::json config;
+};
+HfFiles gemma3_files(const Gpt2Config& c, const std::function<Tensor(const std::string&)>& host,
+                     bool bf16);
+
+// train.init_from: config.json (`config`, read from `config_path`) checked against the model,
+// every difference named; returns its vocab_size.
+int64_t check_gemma3_config(const std::string& config_path, const nlohmann::json& config,
+                            const Gpt2Config& model);
+
+// Where Loom parameter `name`'s rows come from in a Gemma 3 directory, in order, and whether it is
+// a gain (Loom's = 1 + Gemma's). Empty sources: no Gemma 3 name.
+struct HfSources {
+  std::vector<std::pair<std::string, Shape>> sources;
+  bool gain = false;
+};
+HfSources gemma3_sources(const std::string& name, const Gpt2Config& model, int64_t vocab);
+
+}  // namespace loom
