@@ -45,7 +45,8 @@ def main():
     with torch.no_grad():
         for _ in range(args.tokens):
             window = ids[-context:]
-            logits = model(torch.tensor([window])).logits[0, -1]
+            # use_cache=False: no key/value cache (Gemma 3's HybridCache needs torch 2)
+            logits = model(torch.tensor([window]), use_cache=False).logits[0, -1]
             ids.append(int(torch.argmax(logits)))
     if tok:
         print(tok.decode(ids))
