@@ -29,11 +29,13 @@ int main(int argc, char** argv) {
   const bool qwen2 = argc == 3 && std::string(argv[1]) == "--qwen2";
   const bool qwen3 = argc == 3 && std::string(argv[1]) == "--qwen3";
   const bool olmo2 = argc == 3 && std::string(argv[1]) == "--olmo2";
+  const bool gemma3 = argc == 3 && std::string(argv[1]) == "--gemma3";
   const bool llama =
-      moe || qwen2 || qwen3 || olmo2 || (argc == 3 && std::string(argv[1]) == "--llama");
+      moe || qwen2 || qwen3 || olmo2 || gemma3 || (argc == 3 && std::string(argv[1]) == "--llama");
   if (argc != 2 && !llama) {
     std::fprintf(stderr,
-                 "usage: %s [--llama | --moe | --qwen2 | --qwen3 | --olmo2] OUT.safetensors\n",
+                 "usage: %s [--llama | --moe | --qwen2 | --qwen3 | --olmo2 | --gemma3] "
+                 "OUT.safetensors\n",
                  argv[0]);
     return 2;
   }
@@ -57,6 +59,17 @@ int main(int argc, char** argv) {
     if (olmo2) {
       c.post_norm = c.qk_norm = c.qk_norm_full = true;
       c.rope_theta = 500000;
+      c.norm_eps = 1e-6;
+    }
+    if (gemma3) {  // tests/models/reference_check.h: reference_gemma3
+      c.qk_norm = c.sandwich_norm = true;
+      c.ffn_activation = loom::GatedActivation::kGeluTanh;
+      c.head_width = 32;
+      c.embedding_multiplier = 8;  // √64
+      c.sliding_window = 8;
+      c.full_attention_every = 2;
+      c.rope_theta = 1e6;
+      c.rope_local_theta = 10000;
       c.norm_eps = 1e-6;
     }
     if (moe) {
@@ -93,6 +106,17 @@ int main(int argc, char** argv) {
     if (olmo2) {
       meta.insert({{"qk_norm", "1"}, {"qk_norm_scope", "full"}, {"norm_placement", "post"}});
       meta["rope_theta"] = "500000";
+      meta["norm_eps"] = "1e-6";
+    }
+    if (gemma3) {
+      meta.insert({{"qk_norm", "1"},
+                   {"norm_placement", "sandwich"},
+                   {"head_dim", "32"},
+                   {"ffn_activation", "gelu_tanh"},
+                   {"sliding_window", "8"},
+                   {"full_attention_every", "2"},
+                   {"rope_local_theta", "10000"}});
+      meta["rope_theta"] = "1000000";
       meta["norm_eps"] = "1e-6";
     }
     if (moe) {

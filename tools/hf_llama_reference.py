@@ -20,7 +20,11 @@ Qwen2ForCausalLM: the fused qkv bias split into q/k/v_proj.bias, its gradient re
 than their share of hidden_size (needs transformers >= 4.51: made with 4.51.3 on Debian's torch
 1.13 through tools/torch1_shim.py). From `--olmo2` (meta norm_placement = post, qk_norm_scope =
 full) in Olmo2ForCausalLM: ln_1 / ln_2 as its post_attention_layernorm / post_feedforward_layernorm
-(no input norms), q_norm / k_norm over all the query / key heads (transformers >= 4.47).
+(no input norms), q_norm / k_norm over all the query / key heads (transformers >= 4.47). From
+`--gemma3` (meta norm_placement = sandwich, ffn_activation = gelu_tanh, ...) in Gemma3ForCausalLM
+(transformers >= 4.50; its text model, run without its cache): the four norms a block and
+q_norm / k_norm loaded as Gemma's w = Loom's gain − 1 (Gemma's RMSNorm scales by 1 + w: the
+gradients are the same), the embedding times √hidden_size, the window and local rotary base.
 
 Usage: PYTHON=/usr/bin/python3 tools/make_golden.sh llama. Needs torch, numpy and transformers
 (pip install transformers; checked with 4.40.2 on Debian's torch 1.13). EXTRA_PYTHONPATH appends a
@@ -51,7 +55,18 @@ def build(tensors, meta, dtype):
                  num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=kv_heads,
                  max_position_embeddings=64, rms_norm_eps=float(meta["norm_eps"]),
                  rope_theta=float(meta["rope_theta"]), tie_word_embeddings=True, hidden_act="silu")
-    if meta.get("norm_placement") == "post":  # OLMo 2: post-norms, full-width q_norm / k_norm
+    if meta.get("norm_placement") == "sandwich":  # Gemma 3
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # transformers >= 4.50
+        assert meta.get("ffn_activation") == "gelu_tanh"
+        shape.pop("hidden_act")
+        config = Gemma3TextConfig(head_dim=hd, query_pre_attn_scalar=hd, pad_token_id=None,
+                                  hidden_activation="gelu_pytorch_tanh",
+                                  sliding_window=int(meta["sliding_window"]),
+                                  sliding_window_pattern=int(meta["full_attention_every"]),
+                                  rope_local_base_freq=float(meta["rope_local_theta"]), **shape)
+        config._attn_implementation = "eager"
+        model = Gemma3ForCausalLM(config).to(dtype)
+    elif meta.get("norm_placement") == "post":  # OLMo 2: post-norms, full-width q_norm / k_norm
         from transformers import Olmo2Config, Olmo2ForCausalLM  # transformers >= 4.47
         assert meta.get("qk_norm_scope") == "full" and "head_dim" not in meta
         # No padding row (Olmo2Config's pad_token_id 1 would leave token 1's embedding gradient
@@ -74,7 +89,8 @@ def build(tensors, meta, dtype):
         config._attn_implementation = "eager"
         model = LlamaForCausalLM(config).to(dtype)
     state = attention_state(tensors, n_layers, n_heads * hd, kv_heads * hd,
-                            post=meta.get("norm_placement") == "post")
+                            post=meta.get("norm_placement") == "post",
+                            gemma=meta.get("norm_placement") == "sandwich")
     for l in range(n_layers):
         ours, hf = f"blocks.{l}.", f"model.layers.{l}."
         fc = tensors[ours + "mlp.fc.weight"]
@@ -85,15 +101,22 @@ def build(tensors, meta, dtype):
     return model, n_layers, hidden, n_heads * hd + kv_heads * hd
 
 
-def attention_state(tensors, n_layers, C, kv, post=False):
+def attention_state(tensors, n_layers, C, kv, post=False, gemma=False):
     """transformers' names for what a Llama-form model holds besides its MLPs, from Loom's tensors:
     the embedding, the norms, and q/k/v_proj split out of the fused qkv rows (C the queries' rows,
-    kv the keys' and the values'). `post`: OLMo 2's norms, after the attention and the MLP."""
-    state = {"model.embed_tokens.weight": tensors["wte.weight"], "model.norm.weight": tensors["ln_f.weight"]}
+    kv the keys' and the values'). `post`: OLMo 2's norms, after the attention and the MLP.
+    `gemma`: Gemma 3's four norms a block, every gain as Gemma's w = gain − 1."""
+    gain = (lambda g: g - 1) if gemma else (lambda g: g)
+    state = {"model.embed_tokens.weight": tensors["wte.weight"], "model.norm.weight": gain(tensors["ln_f.weight"])}
     for l in range(n_layers):
         ours, hf = f"blocks.{l}.", f"model.layers.{l}."
         qkv = tensors[ours + "attn.qkv.weight"]
-        if post:
+        if gemma:
+            state[hf + "input_layernorm.weight"] = gain(tensors[ours + "ln_1.weight"])
+            state[hf + "post_attention_layernorm.weight"] = gain(tensors[ours + "attn_out_norm.weight"])
+            state[hf + "pre_feedforward_layernorm.weight"] = gain(tensors[ours + "ln_2.weight"])
+            state[hf + "post_feedforward_layernorm.weight"] = gain(tensors[ours + "mlp_out_norm.weight"])
+        elif post:
             state[hf + "post_attention_layernorm.weight"] = tensors[ours + "ln_1.weight"]
             state[hf + "post_feedforward_layernorm.weight"] = tensors[ours + "ln_2.weight"]
         else:
@@ -107,9 +130,9 @@ def attention_state(tensors, n_layers, C, kv, post=False):
             state[hf + "self_attn.q_proj.bias"] = bias[:C]
             state[hf + "self_attn.k_proj.bias"] = bias[C:C + kv]
             state[hf + "self_attn.v_proj.bias"] = bias[C + kv:]
-        if ours + "attn.q_norm.weight" in tensors:  # Qwen 3's
-            state[hf + "self_attn.q_norm.weight"] = tensors[ours + "attn.q_norm.weight"]
-            state[hf + "self_attn.k_norm.weight"] = tensors[ours + "attn.k_norm.weight"]
+        if ours + "attn.q_norm.weight" in tensors:  # Qwen 3's, OLMo 2's, Gemma 3's
+            state[hf + "self_attn.q_norm.weight"] = gain(tensors[ours + "attn.q_norm.weight"])
+            state[hf + "self_attn.k_norm.weight"] = gain(tensors[ours + "attn.k_norm.weight"])
         state[hf + "self_attn.o_proj.weight"] = tensors[ours + "attn.proj.weight"]
     return state
 
@@ -124,7 +147,7 @@ def load_tied(model, state, dtype):
 
 
 def loss_of(model, tokens, targets):
-    logits = model(input_ids=tokens).logits
+    logits = model(input_ids=tokens, use_cache=False).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -134,7 +157,12 @@ def attention_grads(model, n_layers):
     for l in range(n_layers):
         ours, layer = f"blocks.{l}.", model.model.layers[l]
         a = layer.self_attn
-        if hasattr(layer, "post_feedforward_layernorm"):  # OLMo 2's
+        if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 3's
+            g[ours + "ln_1.weight"] = layer.input_layernorm.weight.grad
+            g[ours + "attn_out_norm.weight"] = layer.post_attention_layernorm.weight.grad
+            g[ours + "ln_2.weight"] = layer.pre_feedforward_layernorm.weight.grad
+            g[ours + "mlp_out_norm.weight"] = layer.post_feedforward_layernorm.weight.grad
+        elif hasattr(layer, "post_feedforward_layernorm"):  # OLMo 2's
             g[ours + "ln_1.weight"] = layer.post_attention_layernorm.weight.grad
             g[ours + "ln_2.weight"] = layer.post_feedforward_layernorm.weight.grad
         else:
@@ -187,7 +215,7 @@ def main(inp, out):
 
     # Qwen 2's causal mask (transformers 4.40) is made in the default dtype from the model's
     # dtype's minimum, as Mixtral's: float64 the default while the float64 model runs.
-    qwen2 = meta.get("qkv_bias") == "1" or meta.get("qk_norm") == "1"
+    qwen2 = meta.get("qkv_bias") == "1" or meta.get("qk_norm") == "1"  # (Gemma 3's too)
     if qwen2:
         torch.set_default_dtype(torch.float64)
     model, n_layers, hidden, q_end = build(tensors, meta, torch.float64)

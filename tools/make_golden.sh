@@ -11,6 +11,8 @@
 #                               Qwen3ForCausalLM: transformers >= 4.51)
 #   tools/make_golden.sh olmo2  tests/data/olmo2_reference_golden.safetensors (transformers'
 #                               Olmo2ForCausalLM: transformers >= 4.47)
+#   tools/make_golden.sh gemma3 tests/data/gemma3_reference_golden.safetensors (transformers'
+#                               Gemma3ForCausalLM: transformers >= 4.50)
 # Needs a release build and PyTorch (apt-get install python3-torch, or pip install torch); llama
 # and moe also transformers (pip install transformers; EXTRA_PYTHONPATH for a pip --target install).
 set -euo pipefail
@@ -23,6 +25,9 @@ if [ "${1:-gpt2}" = moe ]; then
 elif [ "${1:-gpt2}" = qwen3 ]; then
   ./build/release/tools/loom_export_reference --qwen3 "$tmp/init.safetensors"
   "${PYTHON:-python3}" tools/hf_llama_reference.py "$tmp/init.safetensors" tests/data/qwen3_reference_golden.safetensors
+elif [ "${1:-gpt2}" = gemma3 ]; then
+  ./build/release/tools/loom_export_reference --gemma3 "$tmp/init.safetensors"
+  "${PYTHON:-python3}" tools/hf_llama_reference.py "$tmp/init.safetensors" tests/data/gemma3_reference_golden.safetensors
 elif [ "${1:-gpt2}" = olmo2 ]; then
   ./build/release/tools/loom_export_reference --olmo2 "$tmp/init.safetensors"
   "${PYTHON:-python3}" tools/hf_llama_reference.py "$tmp/init.safetensors" tests/data/olmo2_reference_golden.safetensors

@@ -65,6 +65,19 @@ inline Gpt2Config reference_olmo2() {
   c.norm_eps = 1e-6;
   return c;
 }
+// --gemma3: the Llama as Gemma 3 — sandwich norms, GeGLU, per-head query/key norms on heads 32
+// wide, the embedding times √64 = 8, a window of 8 positions (of 32) in block 0 turned by a base
+// of 10 000, block 1 whole turned by 1e6 — epsilon 1e-6.
+inline Gpt2Config reference_gemma3() {
+  Gpt2Config c = reference_qwen3();
+  c.sandwich_norm = true;
+  c.ffn_activation = GatedActivation::kGeluTanh;
+  c.embedding_multiplier = 8;
+  c.sliding_window = 8;
+  c.full_attention_every = 2;
+  c.rope_local_theta = 10000;
+  return c;
+}
 inline Gpt2Config reference_moe() {
   Gpt2Config c = reference_llama();
   c.ffn_hidden = 48;
