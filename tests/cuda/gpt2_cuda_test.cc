@@ -582,6 +582,20 @@ TEST(LlamaCuda, TrainingOnTheGpuMatchesTheCpu) {
     olmo2.qk_norm_full = true;
     expect_gpu_run_matches_cpu(olmo2, 5);
   }
+  // Gemma 3's parts: sandwich norms, GeGLU, per-head query/key norms on heads of 24, the embedding
+  // times 8 (and its gradient), a window of 7 in every other block turned by its own base.
+  {
+    SCOPED_TRACE("gemma 3");
+    Gpt2Config gemma = small_llama(16);
+    gemma.qk_norm = gemma.sandwich_norm = true;
+    gemma.head_width = 24;
+    gemma.ffn_activation = GatedActivation::kGeluTanh;
+    gemma.embedding_multiplier = 8;
+    gemma.sliding_window = 7;
+    gemma.full_attention_every = 2;
+    gemma.rope_local_theta = 100;
+    expect_gpu_run_matches_cpu(gemma, 5);
+  }
   // Mistral's sliding window (nn/sliding_window.h): the window's table on the GPU, each query's
   // 7 latest keys of the 32.
   SCOPED_TRACE("sliding window");

@@ -20,7 +20,7 @@ namespace loom {
 namespace {
 
 Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0,
-                 int64_t full_every = 0, bool olmo2 = false) {
+                 int64_t full_every = 0, bool olmo2 = false, bool gemma3 = false) {
   Gpt2Config c;
   c.vocab_size = 37;
   c.max_seq_len = 20;
@@ -41,6 +41,12 @@ Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0,
     // OLMo 2: norms after the attention and the MLP, query/key norms over all the heads
     c.post_norm = c.qk_norm_full = olmo2;
     c.qk_norm = c.qk_norm || olmo2;
+    if (gemma3) {  // sandwich norms, GeGLU, the scaled embedding, the windowed blocks' own base
+      c.sandwich_norm = true;
+      c.ffn_activation = GatedActivation::kGeluTanh;
+      c.embedding_multiplier = 5.0f;
+      c.rope_local_theta = 10000;
+    }
   }
   return c;
 }
@@ -48,7 +54,7 @@ Gpt2Config small(bool llama, bool tied, bool qwen3 = false, int64_t window = 0,
 struct Case {
   bool llama, tied, qwen3 = false;
   int64_t window = 0, full_every = 0;
-  bool olmo2 = false;
+  bool olmo2 = false, gemma3 = false;
 };
 
 class Decode : public ::testing::TestWithParam<Case> {};
@@ -57,7 +63,7 @@ TEST_P(Decode, CachedLogitsAreTheWholeContextsLogits) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
   Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window,
-                   GetParam().full_every, GetParam().olmo2));
+                   GetParam().full_every, GetParam().olmo2, GetParam().gemma3));
   model.build(DType::kF32, Device::cpu(), 4);
   Tensor all = Tensor::empty({1, 20}, DType::kI32);
   for (int i = 0; i < 20; ++i) all.data<int32_t>()[i] = (i * 11 + 3) % 37;
@@ -90,7 +96,7 @@ TEST_P(Decode, SamplingWithTheCacheIsSamplingWithout) {
   ThreadPool pool(2);
   Context ctx{&pool, Device::cpu(), DType::kF32};
   Gpt2 model(small(GetParam().llama, GetParam().tied, GetParam().qwen3, GetParam().window,
-                   GetParam().full_every, GetParam().olmo2));
+                   GetParam().full_every, GetParam().olmo2, GetParam().gemma3));
   model.build(DType::kF32, Device::cpu(), 6);
   for (const double temperature : {0.0, 0.8}) {
     SampleOptions o;
@@ -212,9 +218,11 @@ INSTANTIATE_TEST_SUITE_P(Models, Decode,
                          ::testing::Values(Case{false, true}, Case{true, true}, Case{true, false},
                                            Case{true, true, true}, Case{true, true, false, 6},
                                            Case{true, true, false, 6, 2},
-                                           Case{true, false, false, 0, 0, true}),
+                                           Case{true, false, false, 0, 0, true},
+                                           Case{true, true, true, 6, 2, false, true}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
-                           return std::string(param_info.param.olmo2            ? "olmo2"
+                           return std::string(param_info.param.gemma3           ? "gemma3"
+                                              : param_info.param.olmo2          ? "olmo2"
                                               : param_info.param.full_every > 0 ? "alternating"
                                               : param_info.param.window > 0     ? "mistral"
                                               : param_info.param.qwen3          ? "qwen3"

@@ -996,7 +996,7 @@ TEST_F(TrainTest, TensorParallelGpusAtBf16KeepTheNormOutputsInSixteenBits) {
 // over tp) of the one GPU's. OLMo 2's norms over all the heads (and post-norms) under tp 2 + sp,
 // their rows' sums all-reduced over tp (nn/split_rms_norm.h), at fp32 to 1e-5 of one GPU (with
 // the forward's sums left un-reduced the losses move by 1e-2 of themselves, with the backward's
-// by 4e-4: both under bf16's tolerance, over this one's; measured 1e-7).
+// by 4e-4: both under bf16's tolerance, over this one's; measured 1e-7); Gemma 3's parts so too.
 TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
   if (!cuda_available() || cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
   Config qwen3 = gpu_llama(3);
@@ -1018,6 +1018,23 @@ TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
   run_training(tp2_sequence_parallel(olmo2), options("olmo2_tp"));
   expect_losses_near("olmo2_one_gpu", "olmo2_tp", 1e-5);
   EXPECT_FALSE(metrics("olmo2_one_gpu") == metrics("qwen3_one_gpu_fp32"));  // another model
+  // Gemma 3's parts under tp 2 + sp at fp32 (heads of 64, two steps: short under the
+  // sanitizers): sandwich norms on each rank's rows, GeGLU on its slice, the embedding scaled
+  // after the vocabulary-parallel sum, a window of 9 in every other block turned by its own base.
+  Config gemma = gpu_llama(2);
+  gemma.train.warmup_steps = 1;
+  gemma.model.qk_norm = true;
+  gemma.runtime.matmul_precision = "fp32";
+  gemma.model.norm_placement = "sandwich";
+  gemma.model.ffn_activation = "gelu_tanh";
+  gemma.model.embedding_multiplier = 16;
+  gemma.model.sliding_window = 9;
+  gemma.model.full_attention_every = 2;
+  gemma.model.rope_local_theta = 100;
+  run_training(gemma, options("gemma_one_gpu"));
+  run_training(tp2_sequence_parallel(gemma), options("gemma_tp"));
+  expect_losses_near("gemma_one_gpu", "gemma_tp", 1e-5);
+  EXPECT_FALSE(metrics("gemma_one_gpu") == metrics("qwen3_one_gpu_fp32"));
 }
 
 // OLMo 2's post-norm blocks on two GPUs at bf16 with sequence parallelism: the column-parallel
