@@ -1198,12 +1198,14 @@ TEST(ImportGemma3, LoomsOwnExportIsGemma3AndLoadsBackBitForBit) {
   const Gpt2Config c = tiny_hub_gemma3();
   Gpt2 model(c);
   model.build(DType::kF32, Device::cpu(), 5);
+  const char* const norms[] = {"attn.q_norm", "attn.k_norm",   "ln_1",
+                               "ln_2",        "attn_out_norm", "mlp_out_norm"};
   for (int l = 0; l < 3; ++l)  // gains of their own value at every position (ones hide a swap)
-    for (const char* norm :
-         {"attn.q_norm", "attn.k_norm", "ln_1", "ln_2", "attn_out_norm", "mlp_out_norm"}) {
-      Tensor& g = model.params().get("blocks." + std::to_string(l) + "." + norm + ".weight").value;
+    for (int k = 0; k < 6; ++k) {
+      Tensor& g =
+          model.params().get("blocks." + std::to_string(l) + "." + norms[k] + ".weight").value;
       for (int64_t i = 0; i < g.numel(); ++i)
-        g.data<float>()[i] = 0.6f + 0.001f * static_cast<float>(i + 50 * l + 7 * norm[5]);
+        g.data<float>()[i] = 0.6f + 0.001f * static_cast<float>(i + 50 * l + 200 * k);
     }
   const std::string ckpt = save_and_export_hf(model, dir, 2);
   const Gpt2Config saved = read_checkpoint_model(ckpt);
