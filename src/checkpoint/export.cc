@@ -686,6 +686,9 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
 void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
                      const Gpt2Config& model, FlatModelState& into) {
   if (model.llama()) return load_hf_llama_weights(hf_dir, layout, model, into);
+  if (model.embedding_multiplier != 1)
+    fail("train.init_from = ", hf_dir, ": a GPT2LMHeadModel does not scale its embedding, and ",
+         "model.embedding_multiplier = ", model.embedding_multiplier);
   if (!model.tie_embeddings)
     fail("train.init_from = ", hf_dir, ": GPT-2's head is tied to its token embedding, and ",
          "model.tie_embeddings = false");
@@ -782,6 +785,10 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
   if (format == "llmc" && mc.llama())
     fail("export: ", checkpoint_dir, " holds a Llama model (model.arch = \"llama\"); llm.c's ",
          "format is GPT-2's: export it with --format hf");
+  if (!mc.llama() && mc.embedding_multiplier != 1)
+    fail("export: ", checkpoint_dir, " holds a GPT-2 whose embedding is scaled ",
+         "(model.embedding_multiplier = ", mc.embedding_multiplier, "), which neither ",
+         "transformers' GPT2LMHeadModel nor llm.c's format does");
   if (format == "hf")
     replace_atomically(out, true, [&](const fs::path& dir) {
       if (has_gemma_parts(mc)) {

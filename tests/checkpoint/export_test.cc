@@ -206,6 +206,35 @@ TEST_F(ExportTest, HuggingFaceWeightsLoadWithPaddedVocabularyAndShorterContext) 
   }
 }
 
+// A GPT-2 whose embedding is scaled (model.embedding_multiplier) is no GPT2LMHeadModel nor
+// llm.c model: both exports refuse it, and so does train.init_from from a GPT-2 directory.
+TEST_F(ExportTest, AScaledGpt2EmbeddingIsRefusedBothWays) {
+  const fs::path hf = dir_ / "hub";
+  export_checkpoint(checkpoint_, "hf", hf.string());
+  Gpt2Config scaled = config_;
+  scaled.embedding_multiplier = 4;
+  Gpt2 model(scaled);
+  model.build(DType::kF32, Device::cpu(), 7);
+  TrainingState st;
+  st.step = 1;
+  const std::string ckpt = save_checkpoint((dir_ / "scaled").string(), model, nullptr, st);
+  for (const char* format : {"hf", "llmc"}) {
+    const std::string e = testutil::error_of(
+        [&] { export_checkpoint(ckpt, format, (dir_ / (std::string("out_") + format)).string()); });
+    EXPECT_NE(e.find("holds a GPT-2 whose embedding is scaled (model.embedding_multiplier = 4)"),
+              std::string::npos)
+        << format << ": " << e;
+  }
+  Gpt2 target(scaled);
+  target.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+  const int64_t n = target.params().numel();
+  FlatModelState into{Tensor::zeros({n}, DType::kF32), Tensor::zeros({n}, DType::kF32),
+                      Tensor::zeros({n}, DType::kF32)};
+  const std::string e =
+      testutil::error_of([&] { load_hf_weights(hf.string(), target.params(), scaled, into); });
+  EXPECT_NE(e.find("a GPT2LMHeadModel does not scale its embedding"), std::string::npos) << e;
+}
+
 // A damaged model shape in state.json (which no digest covers: it holds them) is named by
 // read_checkpoint_model — before `loom sample` or an export builds the model it describes — not
 // met as a division by zero or an allocation of its size.

@@ -1291,7 +1291,7 @@ TEST_F(TrainTest, LlamaTrainsEvaluatesAndResumes) {
 // keeps the branches' inputs beside the norms' (train/layout_report.cc): the estimate over the
 // measured peak as near as the pre-norm Llama's is, both recomputed so; and the run trains. So
 // too Gemma's sandwich norms, whose output norms keep the branches' outputs.
-TEST_F(TrainTest, Olmo2sNormsAreCountedInTheActivationEstimate) {
+TEST_F(TrainTest, PostAndSandwichNormsAreCountedInTheActivationEstimate) {
   Config c = config(3);
   c.model.arch = "llama";
   c.model.n_heads = 4;
