@@ -30,7 +30,11 @@ hf_tiny_llama's widths but 3 blocks, heads 16 wide (head_dim, query_pre_attn_sca
 head, sandwich norms and per-head q_norm / k_norm with random gains (Gemma's w, around zero),
 GeGLU, the embedding times √32, a sliding window of 5 in blocks 0 and 1 (sliding_window_pattern
 3) turned by rope_local_base_freq 10 000, block 2 whole and turned by rope_theta 1e6
-(transformers 4.51.3; run without its cache, which needs torch 2).
+(transformers 4.51.3; run without its cache, which needs torch 2). With --gemma3-mm:
+tests/data/hf_tiny_gemma3_mm/, Gemma 3 4B+'s form: that text model with linear rope scaling
+(factor 8, the whole-sequence blocks only) inside a Gemma3ForConditionalGeneration beside a
+one-block SigLIP vision tower (its tensors named language_model.model.*, vision_tower.*,
+multi_modal_projector.*), its logits those of a text-only batch.
 
     EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py \
         [--mixtral|--qwen2|--qwen3|--qwen3-moe|--mistral|--olmo2]
@@ -55,26 +59,38 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralF
 
 
 def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa: C901
-          window=None, olmo2=False, gemma3=False):
+          window=None, olmo2=False, gemma3=False, gemma3_mm=False):
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
     sizes = dict(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                  rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tied, initializer_range=0.2)
     if gemma3:
-        from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # transformers >= 4.50
+        from transformers import (Gemma3Config, Gemma3ForCausalLM,  # transformers >= 4.50
+                                  Gemma3ForConditionalGeneration, Gemma3TextConfig)
         sizes.update(num_hidden_layers=3, rms_norm_eps=1e-6, rope_theta=1e6)
-        config = Gemma3TextConfig(**sizes, head_dim=16, query_pre_attn_scalar=16,
-                                  rope_local_base_freq=10000.0, sliding_window=5,
-                                  sliding_window_pattern=3, attn_implementation="eager")
-        model = Gemma3ForCausalLM(config).eval()
+        text = dict(**sizes, head_dim=16, query_pre_attn_scalar=16, rope_local_base_freq=10000.0,
+                    sliding_window=5, sliding_window_pattern=3)
+        if gemma3_mm:  # Gemma 3 4B+'s form: a vision tower beside the text model, linear rope
+            text.update(rope_scaling={"rope_type": "linear", "factor": 8.0})
+            config = Gemma3Config(text_config=text, mm_tokens_per_image=1,
+                                  vision_config=dict(hidden_size=16, intermediate_size=32,
+                                                     num_hidden_layers=1, num_attention_heads=2,
+                                                     image_size=28, patch_size=14),
+                                  attn_implementation="eager")
+            model = Gemma3ForConditionalGeneration(config).eval()
+            text_model = model.language_model.model
+        else:
+            config = Gemma3TextConfig(**text, attn_implementation="eager")
+            model = Gemma3ForCausalLM(config).eval()
+            text_model = model.model
         with torch.no_grad():  # Gemma's gains are 1 + w, w zero at first: every w random
-            for layer in model.model.layers:
+            for layer in text_model.layers:
                 for norm in (layer.input_layernorm, layer.post_attention_layernorm,
                              layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm,
                              layer.self_attn.q_norm, layer.self_attn.k_norm):
                     norm.weight.add_(0.3 * torch.randn(norm.weight.shape))
-            model.model.norm.weight.add_(0.3 * torch.randn(32))
+            text_model.norm.weight.add_(0.3 * torch.randn(32))
     elif olmo2:
         from transformers import Olmo2Config, Olmo2ForCausalLM  # transformers >= 4.47
         sizes.update(rms_norm_eps=1e-6)
@@ -157,6 +173,9 @@ def main():
         return
     if sys.argv[1:] == ["--gemma3"]:
         write("hf_tiny_gemma3", tied=True, rope_scaling=None, gemma3=True)
+        return
+    if sys.argv[1:] == ["--gemma3-mm"]:
+        write("hf_tiny_gemma3_mm", tied=True, rope_scaling=None, gemma3=True, gemma3_mm=True)
         return
     if sys.argv[1:] == ["--olmo2"]:
         write("hf_tiny_olmo2", tied=False, rope_scaling=None, olmo2=True)

@@ -278,7 +278,9 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
         shape["moe"]["token_drop_policy"] = token_drop_policy_name(mc.moe_capacity.policy);
       }
     }
-    if (mc.rope_scaling_factor > 0)
+    if (mc.rope_scaling_factor > 0 && mc.rope_scaling_linear)
+      shape["rope_scaling"] = {{"rope_type", "linear"}, {"factor", mc.rope_scaling_factor}};
+    else if (mc.rope_scaling_factor > 0)
       shape["rope_scaling"] = {{"rope_type", "llama3"},
                                {"factor", mc.rope_scaling_factor},
                                {"low_freq_factor", mc.rope_low_freq_factor},
@@ -485,9 +487,18 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       if (m.contains("rope_scaling")) {
         const json& s = m.at("rope_scaling");
         c.rope_scaling_factor = s.at("factor").get<double>();
-        c.rope_low_freq_factor = s.at("low_freq_factor").get<double>();
-        c.rope_high_freq_factor = s.at("high_freq_factor").get<double>();
-        c.rope_original_max_seq_len = json_integer<int64_t>(s.at("original_max_seq_len"));
+        // Checkpoints before linear scaling hold llama3's without naming it.
+        const std::string type = s.value("rope_type", std::string("llama3"));
+        if (type != "llama3" && type != "linear")
+          fail("checkpoint ", checkpoint_dir,
+               ": state.json's model.rope_scaling.rope_type = ", type,
+               ", neither llama3 nor linear");
+        c.rope_scaling_linear = type == "linear";
+        if (!c.rope_scaling_linear) {
+          c.rope_low_freq_factor = s.at("low_freq_factor").get<double>();
+          c.rope_high_freq_factor = s.at("high_freq_factor").get<double>();
+          c.rope_original_max_seq_len = json_integer<int64_t>(s.at("original_max_seq_len"));
+        }
       }
     }
   } catch (const json::exception& e) {

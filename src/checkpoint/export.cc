@@ -17,6 +17,7 @@
 #include "base/json_number.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_gemma3.h"
+#include "checkpoint/hf_rope.h"
 #include "checkpoint/safetensors.h"
 #include "device/device.h"
 #include "tensor/dtype.h"
@@ -97,16 +98,6 @@ void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
       {"torch_dtype", bf16 ? "bfloat16" : "float32"},
       {"exported_by", "loom export"}};
   write_config_json(dir, config);
-}
-
-// transformers' rope_scaling of a Llama: null, or Llama 3.1's "llama3" frequency scaling.
-nlohmann::json hf_rope_scaling(const Gpt2Config& c) {
-  if (c.rope_scaling_factor <= 0) return nullptr;
-  return {{"rope_type", "llama3"},
-          {"factor", c.rope_scaling_factor},
-          {"low_freq_factor", c.rope_low_freq_factor},
-          {"high_freq_factor", c.rope_high_freq_factor},
-          {"original_max_position_embeddings", c.rope_original_max_seq_len}};
 }
 
 // A mixture of experts' HuggingFace names: Mixtral's, or (model.qk_norm) Qwen 3's.
@@ -410,8 +401,9 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   // top k Loom's, its attention not windowed), one with query/key norms from a
   // Qwen3MoeForCausalLM.
   const std::string model_type = config.value("model_type", std::string("(none)"));
-  // Gemma 3 (Gemma3ForCausalLM): checkpoint/hf_gemma3.h.
-  if (model_type == "gemma3_text" || has_gemma_parts(model))
+  // Gemma 3 (Gemma3ForCausalLM, or a Gemma3ForConditionalGeneration's text model):
+  // checkpoint/hf_gemma3.h.
+  if (model_type == "gemma3_text" || model_type == "gemma3" || has_gemma_parts(model))
     return check_gemma3_config(config_path, config, model);
   // OLMo 2 (Olmo2ForCausalLM): post-norms and full-width query/key norms, nothing else of
   // Loom's variants.
@@ -548,28 +540,7 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
     fail(config_path, ": rope_theta = ", theta, " but model.rope_theta = ", model.rope_theta);
   if (eps != model.norm_eps)
     fail(config_path, ": rms_norm_eps = ", eps, " but model.norm_eps = ", model.norm_eps);
-  // rope_scaling: none, or Llama 3.1's "llama3" (older files say "type"); the model's must match.
-  const nlohmann::json scaling = config.value("rope_scaling", nlohmann::json());
-  if (!scaling.is_null()) {
-    const std::string type = scaling.value("rope_type", scaling.value("type", std::string()));
-    if (type != "llama3")
-      fail(config_path, ": rope_scaling = ", scaling.dump(), ": Loom builds only Llama 3.1's ",
-           "\"llama3\" frequency scaling (model.rope_scaling)");
-    // Field by field: the Hub's files carry other keys beside them ("type", ...).
-    if (!(model.rope_scaling_factor > 0 &&
-          scaling.value("factor", 0.0) == model.rope_scaling_factor &&
-          scaling.value("low_freq_factor", 0.0) == model.rope_low_freq_factor &&
-          scaling.value("high_freq_factor", 0.0) == model.rope_high_freq_factor &&
-          json_integer<int64_t>(
-              scaling.value("original_max_position_embeddings", nlohmann::json(0))) ==
-              model.rope_original_max_seq_len))
-      fail(config_path, ": rope_scaling = ", scaling.dump(), " but the model's is ",
-           hf_rope_scaling(model).dump(), " (model.rope_scaling = \"llama3\", ",
-           "rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor, ",
-           "rope_original_max_seq_len)");
-  } else if (model.rope_scaling_factor > 0) {
-    fail(config_path, ": rope_scaling is null but model.rope_scaling = \"llama3\"");
-  }
+  check_hf_rope_scaling(config_path, config.value("rope_scaling", nlohmann::json()), model);
   if (config.value("hidden_act", std::string("silu")) != "silu")
     fail(config_path, ": hidden_act = ", config["hidden_act"].dump(), ", Loom's SwiGLU is silu's");
   if (config.value("attention_bias", false) || config.value("mlp_bias", false))
@@ -610,14 +581,16 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
   const int64_t C = model.d_model, Q = model.attention_width(),
                 kv = model.kv_heads() * model.head_dim(), H = model.ffn_hidden;
   const HfMoeNames moe = hf_moe_names(model);
-  const bool gemma3 = config.value("model_type", std::string()) == "gemma3_text";
+  const std::string model_type = config.value("model_type", std::string());
+  const bool gemma3 = model_type == "gemma3_text" || model_type == "gemma3";
+  const Gemma3Names gemma3_text = gemma3_names(tensors);
   for (const auto& p : layout.parameters()) {
     // Where the parameter's rows come from, in order.
     std::vector<std::pair<std::string, Shape>> sources;
     const std::string& n = p->name;
     HfSources gemma;  // Gemma 3's names, its gains Loom's less one
     if (gemma3) {
-      gemma = gemma3_sources(n, model, vocab);
+      gemma = gemma3_sources(n, model, vocab, gemma3_text);
       sources = gemma.sources;
     } else if (n == "wte.weight")
       sources = {{"model.embed_tokens.weight", {vocab, C}}};

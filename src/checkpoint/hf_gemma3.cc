@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "base/json_number.h"
+#include "checkpoint/hf_rope.h"
 #include "device/device.h"
 
 namespace loom {
@@ -28,7 +29,8 @@ std::string not_gemma3(const Gpt2Config& c) {
   if (c.sliding_window == 0 || c.full_attention_every == 0)
     return "no sliding window in all but every N-th block (model.sliding_window, "
            "model.full_attention_every)";
-  if (c.rope_scaling_factor > 0) return "Llama 3.1's rope scaling (model.rope_scaling)";
+  if (c.rope_scaling_factor > 0 && !c.rope_scaling_linear)
+    return "Llama 3.1's rope scaling (model.rope_scaling = \"llama3\"; Gemma's is \"linear\")";
   if (c.embedding_multiplier != gemma_embedding_scale(c.d_model))
     return detail::concat("model.embedding_multiplier = ", c.embedding_multiplier, ", not √",
                           c.d_model, " = ", gemma_embedding_scale(c.d_model));
@@ -102,7 +104,7 @@ HfFiles gemma3_files(const Gpt2Config& c, const std::function<Tensor(const std::
               {"rms_norm_eps", c.norm_eps},
               {"rope_theta", c.rope_theta},
               {"rope_local_base_freq", c.rope_local_theta > 0 ? c.rope_local_theta : c.rope_theta},
-              {"rope_scaling", nullptr},
+              {"rope_scaling", hf_rope_scaling(c)},
               {"sliding_window", c.sliding_window},
               {"sliding_window_pattern", c.full_attention_every},
               {"layer_types", layer_types},
@@ -117,26 +119,35 @@ HfFiles gemma3_files(const Gpt2Config& c, const std::function<Tensor(const std::
   return f;
 }
 
-int64_t check_gemma3_config(const std::string& config_path, const nlohmann::json& config,
+int64_t check_gemma3_config(const std::string& config_path, const nlohmann::json& outer,
                             const Gpt2Config& model) {
-  const std::string model_type = config.value("model_type", std::string("(none)"));
-  if (model_type != "gemma3_text")
+  const std::string model_type = outer.value("model_type", std::string("(none)"));
+  if (model_type != "gemma3_text" && model_type != "gemma3")
     fail(config_path, ": model_type = ", model_type, ", but the model has Gemma's parts ",
          "(sandwich norms, GeGLU, model.embedding_multiplier or model.rope_local_theta): it ",
-         "starts from a Gemma3ForCausalLM directory (model_type gemma3_text)");
+         "starts from a Gemma3ForCausalLM directory (model_type gemma3_text) or a ",
+         "Gemma3ForConditionalGeneration's (gemma3)");
   const std::string missing = not_gemma3(model);
   if (!missing.empty())
-    fail(config_path, ": model_type = gemma3_text, but the model has ", missing);
+    fail(config_path, ": model_type = ", model_type, ", but the model has ", missing);
+  // Gemma3ForConditionalGeneration (4B and up): the text model's keys under text_config (absent:
+  // Gemma3TextConfig's defaults, as transformers reads it), named so in the messages below.
+  const bool nested = model_type == "gemma3";
+  const nlohmann::json& config =
+      nested && outer.contains("text_config") ? outer.at("text_config") : outer;
+  if (nested && !config.is_object())
+    fail(config_path, ": text_config is ", config.type_name(), ", not the text model's settings");
+  const std::string in = config_path + (nested ? ": text_config" : "");
   const auto integer = [&](const char* name, int64_t fallback) -> int64_t {
     if (!config.contains(name)) return fallback;
     try {
       return json_integer<int64_t>(config.at(name));
     } catch (const nlohmann::json::exception&) {
-      fail(config_path, ": \"", name, "\" is no integer (of int64's range)");
+      fail(in, ": \"", name, "\" is no integer (of int64's range)");
     }
   };
   const auto expect = [&](const char* name, int64_t theirs, int64_t ours, const char* key) {
-    if (theirs != ours) fail(config_path, ": ", name, " = ", theirs, " but ", key, " = ", ours);
+    if (theirs != ours) fail(in, ": ", name, " = ", theirs, " but ", key, " = ", ours);
   };
   // Gemma3TextConfig's defaults where a key is absent.
   expect("hidden_size", integer("hidden_size", 2304), model.d_model, "model.d_model");
@@ -157,42 +168,55 @@ int64_t check_gemma3_config(const std::string& config_path, const nlohmann::json
   const double theta = config.value("rope_theta", 1e6);
   const double local = config.value("rope_local_base_freq", 10000.0);
   if (theta != model.rope_theta)
-    fail(config_path, ": rope_theta = ", theta, " but model.rope_theta = ", model.rope_theta);
+    fail(in, ": rope_theta = ", theta, " but model.rope_theta = ", model.rope_theta);
   const double our_local = model.rope_local_theta > 0 ? model.rope_local_theta : model.rope_theta;
   if (local != our_local)
-    fail(config_path, ": rope_local_base_freq = ", local, " but the windowed blocks' base is ",
-         our_local, " (model.rope_local_theta)");
+    fail(in, ": rope_local_base_freq = ", local, " but the windowed blocks' base is ", our_local,
+         " (model.rope_local_theta)");
   const double eps = config.value("rms_norm_eps", 1e-6);
   if (eps != model.norm_eps)
-    fail(config_path, ": rms_norm_eps = ", eps, " but model.norm_eps = ", model.norm_eps);
-  for (const char* absent : {"rope_scaling", "final_logit_softcapping", "attn_logit_softcapping"})
+    fail(in, ": rms_norm_eps = ", eps, " but model.norm_eps = ", model.norm_eps);
+  // Gemma 3 4B+'s linear scaling (its whole-sequence blocks'; Gpt2Config::block leaves the
+  // windowed ones unscaled, as transformers' rotary_emb_local).
+  check_hf_rope_scaling(in, config.value("rope_scaling", nlohmann::json()), model);
+  for (const char* absent : {"final_logit_softcapping", "attn_logit_softcapping"})
     if (!config.value(absent, nlohmann::json()).is_null())
-      fail(config_path, ": ", absent, " = ", config[absent].dump(),
-           ": Loom's Gemma 3 has none (nor has Gemma 3 1B)");
+      fail(in, ": ", absent, " = ", config[absent].dump(),
+           ": Loom's Gemma 3 has none (nor has Gemma 3)");
   if (config.value("hidden_activation", std::string("gelu_pytorch_tanh")) != "gelu_pytorch_tanh")
-    fail(config_path, ": hidden_activation = ", config["hidden_activation"].dump(),
+    fail(in, ": hidden_activation = ", config["hidden_activation"].dump(),
          ", Loom's GeGLU is gelu_pytorch_tanh's");
   if (config.value("attention_bias", false))
-    fail(config_path, ": attention_bias: Loom's Gemma 3 has no biases");
+    fail(in, ": attention_bias: Loom's Gemma 3 has no biases");
   const bool tied = config.value("tie_word_embeddings", true);  // Gemma3TextConfig's default
   if (tied != model.tie_embeddings)
-    fail(config_path, ": tie_word_embeddings = ", tied ? "true" : "false",
+    fail(in, ": tie_word_embeddings = ", tied ? "true" : "false",
          " but model.tie_embeddings = ", model.tie_embeddings ? "true" : "false");
   const int64_t vocab = integer("vocab_size", 262208);
   if (vocab > model.vocab_size)
-    fail(config_path, ": vocab_size = ", vocab, " exceeds model.vocab_size = ", model.vocab_size);
+    fail(in, ": vocab_size = ", vocab, " exceeds model.vocab_size = ", model.vocab_size);
   return vocab;
 }
 
-HfSources gemma3_sources(const std::string& n, const Gpt2Config& model, int64_t vocab) {
+Gemma3Names gemma3_names(const std::map<std::string, Tensor>& tensors) {
+  if (tensors.contains("language_model.model.embed_tokens.weight"))  // transformers 4.50-4.51
+    return {"language_model.model.", "language_model.lm_head.weight"};
+  if (tensors.contains("model.language_model.embed_tokens.weight"))  // 4.52 on
+    return {"model.language_model.", "lm_head.weight"};
+  return {};
+}
+
+HfSources gemma3_sources(const std::string& n, const Gpt2Config& model, int64_t vocab,
+                         const Gemma3Names& names) {
   const int64_t C = model.d_model, Q = model.attention_width(),
                 kv = model.kv_heads() * model.head_dim(), H = model.ffn_hidden;
-  if (n == "wte.weight") return {{{"model.embed_tokens.weight", {vocab, C}}}};
-  if (n == "lm_head.weight") return {{{"lm_head.weight", {vocab, C}}}};
-  if (n == "ln_f.weight") return {{{"model.norm.weight", {C}}}, true};
+  if (n == "wte.weight") return {{{names.text + "embed_tokens.weight", {vocab, C}}}};
+  if (n == "lm_head.weight") return {{{names.head, {vocab, C}}}};
+  if (n == "ln_f.weight") return {{{names.text + "norm.weight", {C}}}, true};
   if (!n.starts_with("blocks.")) return {};
   const size_t dot = n.find('.', 7);
-  const std::string hf = "model.layers." + n.substr(7, dot - 7) + ".", rest = n.substr(dot + 1);
+  const std::string hf = names.text + "layers." + n.substr(7, dot - 7) + ".",
+                    rest = n.substr(dot + 1);
   if (rest == "ln_1.weight") return {{{hf + "input_layernorm.weight", {C}}}, true};
   if (rest == "attn_out_norm.weight")
     return {{{hf + "post_attention_layernorm.weight", {C}}}, true};

@@ -88,8 +88,10 @@ struct ModelConfig {
   int64_t full_attention_every = 0;
   int64_t ffn_hidden = 0;      // SwiGLU hidden width; 0 = Llama's rule, 8·d_model/3 rounded up to 256
   double rope_theta = 10000;   // base of the rotary position embedding's frequencies
-  // "none" or "llama3": Llama 3.1's long-context scaling of the rotary frequencies
-  // (kernels/cpu/rope.h), with its factor, frequency factors and original context
+  // "none", "llama3": Llama 3.1's long-context scaling of the rotary frequencies
+  // (kernels/cpu/rope.h), with its factor, frequency factors and original context, or "linear":
+  // every frequency divided by the factor (position interpolation; with model.rope_local_theta,
+  // Gemma 3 4B+'s, in the whole-sequence blocks only)
   std::string rope_scaling = "none";
   double rope_scaling_factor = 8;
   double rope_low_freq_factor = 1;

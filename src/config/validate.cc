@@ -110,7 +110,7 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
           "MLPs, as Mixtral's)");
     return;
   }
-  p.one_of("model.rope_scaling", m.rope_scaling, {"none", "llama3"});
+  p.one_of("model.rope_scaling", m.rope_scaling, {"none", "llama3", "linear"});
   p.one_of("model.qk_norm_scope", m.qk_norm_scope, {"head", "full"});
   p.one_of("model.norm_placement", m.norm_placement, {"pre", "post", "sandwich"});
   p.one_of("model.ffn_activation", m.ffn_activation, {"silu", "gelu_tanh"});
@@ -122,9 +122,24 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
           "are SwiGLUs (model.moe_experts = ", m.moe_experts, ")");
   if (!m.qk_norm && m.qk_norm_scope != ModelConfig().qk_norm_scope)
     p.add("model.qk_norm_scope = \"", m.qk_norm_scope, "\" needs model.qk_norm = true");
+  if (m.rope_scaling != "none" &&
+      !(m.rope_scaling_factor >= 1 && std::isfinite(m.rope_scaling_factor)))
+    p.add("model.rope_scaling_factor = ", format_double(m.rope_scaling_factor), " must be >= 1");
+  if (m.rope_scaling == "linear") {
+    // Only the factor is linear scaling's: Llama 3.1's other keys would be silently unused.
+    const ModelConfig defaults;
+    for (const auto& [key, set] :
+         {std::pair{"rope_low_freq_factor",
+                    m.rope_low_freq_factor != defaults.rope_low_freq_factor},
+          std::pair{"rope_high_freq_factor",
+                    m.rope_high_freq_factor != defaults.rope_high_freq_factor},
+          std::pair{"rope_original_max_seq_len",
+                    m.rope_original_max_seq_len != defaults.rope_original_max_seq_len}})
+      if (set)
+        p.add("model.", key, " applies to model.rope_scaling = \"llama3\" only (\"linear\" ",
+              "takes model.rope_scaling_factor alone)");
+  }
   if (m.rope_scaling == "llama3") {
-    if (!(m.rope_scaling_factor >= 1 && std::isfinite(m.rope_scaling_factor)))
-      p.add("model.rope_scaling_factor = ", format_double(m.rope_scaling_factor), " must be >= 1");
     if (!(m.rope_low_freq_factor > 0 && m.rope_high_freq_factor > m.rope_low_freq_factor &&
           std::isfinite(m.rope_high_freq_factor)))
       p.add("model.rope_low_freq_factor = ", format_double(m.rope_low_freq_factor),

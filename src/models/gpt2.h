@@ -87,8 +87,11 @@ struct Gpt2Config {
   int64_t full_attention_every = 0;  // with a window: blocks N, 2N, … (1-based) unwindowed; 0: none
   int64_t ffn_hidden = 0;   // the SwiGLU's hidden width
   double rope_theta = 10000;
-  // Llama 3.1's scaling of the rotary frequencies (cpu::RopeFrequencies); factor 0: none.
+  // Llama 3.1's scaling of the rotary frequencies (cpu::RopeFrequencies); factor 0: none. With
+  // rope_scaling_linear, the factor divides every frequency instead (model.rope_scaling =
+  // "linear"; Gemma 3 4B+'s, in its whole-sequence blocks).
   double rope_scaling_factor = 0;
+  bool rope_scaling_linear = false;
   // model.rope_local_theta: the windowed blocks' rotary base, unscaled (Gemma 3's
   // rope_local_base_freq: 10 000 in its sliding-window blocks, rope_theta in the others); 0: none.
   double rope_local_theta = 0;
@@ -111,8 +114,12 @@ struct Gpt2Config {
   bool moe_router_norm_topk_prob = true;      // false: the chosen scores not normalised
 
   cpu::RopeFrequencies rope_frequencies() const {
-    return {rope_theta, rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
-            static_cast<double>(rope_original_max_seq_len)};
+    return {rope_theta,
+            rope_scaling_factor,
+            rope_low_freq_factor,
+            rope_high_freq_factor,
+            static_cast<double>(rope_original_max_seq_len),
+            rope_scaling_linear};
   }
 
   bool llama() const { return arch == Arch::kLlama; }
@@ -159,6 +166,7 @@ struct Gpt2Config {
     if (c.sliding_window > 0 && rope_local_theta > 0) {
       c.rope_theta = rope_local_theta;
       c.rope_scaling_factor = 0;
+      c.rope_scaling_linear = false;
     }
     c.rope_local_theta = 0;
     c.full_attention_every = 0;

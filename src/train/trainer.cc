@@ -81,6 +81,9 @@ Gpt2Config model_config_of(const Config& config) {
       m.rope_low_freq_factor = config.model.rope_low_freq_factor;
       m.rope_high_freq_factor = config.model.rope_high_freq_factor;
       m.rope_original_max_seq_len = config.model.rope_original_max_seq_len;
+    } else if (config.model.rope_scaling == "linear") {
+      m.rope_scaling_factor = config.model.rope_scaling_factor;
+      m.rope_scaling_linear = true;
     }
     m.norm_eps = config.model.norm_eps;
     m.moe_experts = config.model.moe_experts;

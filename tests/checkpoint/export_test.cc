@@ -1261,6 +1261,110 @@ TEST(ImportGemma3, LoomsOwnExportIsGemma3AndLoadsBackBitForBit) {
   fs::remove_all(dir);
 }
 
+// Gemma 3 4B+'s form (tests/data/hf_tiny_gemma3_mm): the text model inside a
+// Gemma3ForConditionalGeneration (tensors under language_model., a vision tower beside them that
+// Loom leaves; its settings under text_config) with linear rope scaling by 8 in its
+// whole-sequence block. Within 1e-5 of transformers' logits; scaling the windowed blocks too, or
+// none of them, is off by 2.5 and 0.6 (checked by breaking Gpt2Config::block and the factor).
+Gpt2Config tiny_hub_gemma3_4b() {
+  Gpt2Config c = tiny_hub_gemma3();
+  c.rope_scaling_factor = 8;
+  c.rope_scaling_linear = true;
+  return c;
+}
+
+TEST(ImportGemma3, ConditionalGenerationsTextModelWithLinearRopeGivesTransformersLogits) {
+  const std::string hub = LOOM_SOURCE_DIR "/tests/data/hf_tiny_gemma3_mm";
+  expect_transformers_logits(hub, tiny_hub_gemma3_4b());
+  // transformers 4.52 on name the text model model.language_model.* (and the head lm_head):
+  // the same tensors so named give the same logits.
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_gemma3_mm_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* file : {"config.json", "loom_expected_logits.safetensors"})
+    fs::copy_file(hub + "/" + file, dir / file);
+  const SafetensorsFile f = load_safetensors(hub + "/model.safetensors");
+  std::vector<std::pair<std::string, Tensor>> renamed;
+  for (const std::string& name : f.names) {
+    const std::string old_prefix = "language_model.model.";
+    renamed.emplace_back(name.starts_with(old_prefix)
+                             ? "model.language_model." + name.substr(old_prefix.size())
+                             : name,
+                         f.tensors.at(name));
+  }
+  ASSERT_EQ(renamed.front().first.substr(0, 21), "model.language_model.");
+  save_safetensors((dir / "model.safetensors").string(), renamed);
+  expect_transformers_logits(dir.string(), tiny_hub_gemma3_4b());
+  fs::remove_all(dir);
+}
+
+// The directory's rope scaling must be the model's, both ways, named as text_config's.
+TEST(ImportGemma3, ARopeScalingThatDiffersIsNamed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_gemma3_rope_" + std::to_string(getpid()));
+  const std::string mm = LOOM_SOURCE_DIR "/tests/data/hf_tiny_gemma3_mm";
+  const auto same = [](nlohmann::json&) {};
+  EXPECT_NE(import_error(mm, dir, same, tiny_hub_gemma3())
+                .find("config.json: text_config: rope_scaling = {\"factor\":8.0,\"rope_type\":"
+                      "\"linear\"} but the model's is null (model.rope_scaling = \"none\""),
+            std::string::npos)
+      << import_error(mm, dir, same, tiny_hub_gemma3());
+  Gpt2Config twice = tiny_hub_gemma3_4b();
+  twice.rope_scaling_factor = 16;
+  EXPECT_NE(import_error(mm, dir, same, twice).find("but the model's is {\"factor\":16.0"),
+            std::string::npos);
+  EXPECT_NE(
+      import_error(LOOM_SOURCE_DIR "/tests/data/hf_tiny_gemma3", dir, same, tiny_hub_gemma3_4b())
+          .find("config.json: rope_scaling is null but model.rope_scaling = \"linear\""),
+      std::string::npos);
+  EXPECT_NE(import_error(
+                mm, dir,
+                [](nlohmann::json& j) { j["text_config"]["rope_scaling"]["rope_type"] = "yarn"; },
+                tiny_hub_gemma3_4b())
+                .find("Loom builds Llama 3.1's \"llama3\" frequency scaling and \"linear\" "
+                      "(model.rope_scaling), not \"yarn\""),
+            std::string::npos);
+  EXPECT_NE(import_error(
+                mm, dir, [](nlohmann::json& j) { j["text_config"]["head_dim"] = 8; },
+                tiny_hub_gemma3_4b())
+                .find("config.json: text_config: head_dim = 8 but model.head_dim = 16"),
+            std::string::npos);
+  // Llama 3.1's scaling is no Gemma's.
+  Gpt2Config llama3 = tiny_hub_gemma3_4b();
+  llama3.rope_scaling_linear = false;
+  EXPECT_NE(import_error(mm, dir, same, llama3)
+                .find("model_type = gemma3, but the model has Llama 3.1's rope scaling"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
+// A Gemma 3 with linear scaling exports it in config.json, its checkpoint keeps it, and the
+// export loads back bit for bit; a Llama likewise ("linear" is LlamaConfig's too).
+TEST(ExportHf, LinearRopeScalingIsWrittenAndReadBack) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_export_linear_rope_" + std::to_string(getpid()));
+  Gpt2Config llama = tiny_hub_llama();
+  llama.rope_scaling_factor = 4;
+  llama.rope_scaling_linear = true;
+  for (const Gpt2Config& c : {tiny_hub_gemma3_4b(), llama}) {
+    SCOPED_TRACE(c.sandwich_norm ? "gemma3" : "llama");
+    fs::remove_all(dir);
+    Gpt2 model(c);
+    model.build(DType::kF32, Device::cpu(), 5);
+    const std::string ckpt = save_and_export_hf(model, dir, 2);
+    const Gpt2Config saved = read_checkpoint_model(ckpt);
+    EXPECT_TRUE(saved.rope_scaling_linear);
+    EXPECT_EQ(saved.rope_scaling_factor, c.rope_scaling_factor);
+    std::ifstream cf(dir / "hf" / "config.json");
+    const nlohmann::json j = nlohmann::json::parse(cf);
+    EXPECT_EQ(j["rope_scaling"],
+              (nlohmann::json{{"rope_type", "linear"}, {"factor", c.rope_scaling_factor}}));
+    expect_loads_back_bitwise(model, (dir / "hf").string());
+  }
+  fs::remove_all(dir);
+}
+
 // Gemma's parts apart from the rest of Gemma 3 are no class's that Loom writes or reads: both
 // ways refused by name (sandwich norms without GeGLU; GeGLU alone); the checkpoints say what they
 // hold.

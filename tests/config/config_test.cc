@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -119,6 +120,19 @@ TEST(Config, ShippedConfigsAreValid) {
     ++seen;
   }
   EXPECT_GE(seen, 4);
+}
+
+// The shipped Gemma 3 shapes scale their embedding by the float nearest √d_model, as transformers'
+// Gemma3TextScaledWordEmbedding does (train.init_from refuses any other value).
+TEST(Config, ShippedGemmaConfigsScaleTheEmbeddingAsGemma) {
+  for (const char* name : {"gemma3-1b", "gemma3-4b", "gemma3-12b"}) {
+    SCOPED_TRACE(name);
+    const Config c =
+        load_config(std::string(LOOM_SOURCE_DIR) + "/configs/" + std::string(name) + ".toml");
+    EXPECT_EQ(static_cast<float>(c.model.embedding_multiplier),
+              static_cast<float>(std::sqrt(static_cast<double>(c.model.d_model))));
+    EXPECT_EQ(c.model.norm_placement, "sandwich");
+  }
 }
 
 TEST(Config, ParsesEveryKey) {
@@ -424,7 +438,21 @@ TEST(Config, ValidationNamesKeysAndValues) {
                          c.model.arch = "llama";
                          c.model.rope_scaling = "yarn";
                        }),
-                       "model.rope_scaling = \"yarn\" must be one of: none, llama3"));
+                       "model.rope_scaling = \"yarn\" must be one of: none, llama3, linear"));
+  // Linear scaling takes its factor alone: Llama 3.1's other keys would be unused.
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.rope_scaling = "linear";
+                         c.model.rope_original_max_seq_len = 4096;
+                       }),
+                       "model.rope_original_max_seq_len applies to model.rope_scaling = "
+                       "\"llama3\" only (\"linear\" takes model.rope_scaling_factor alone)"));
+  EXPECT_TRUE(Contains(validate_error([](Config& c) {
+                         c.model.arch = "llama";
+                         c.model.rope_scaling = "linear";
+                         c.model.rope_scaling_factor = 0.5;
+                       }),
+                       "model.rope_scaling_factor = 0.5 must be >= 1"));
   EXPECT_TRUE(Contains(validate_error([](Config& c) {
                          c.model.arch = "llama";
                          c.model.rope_scaling = "llama3";

@@ -219,6 +219,9 @@ TEST(Llama, SandwichNormsAreItsParametersAndCounted) {
   Gpt2Config gemma = tiny_sandwich(1);
   gemma.qk_norm = true;
   EXPECT_EQ(with_shape(gemma, {262144, 1152, 26, 4, 1, 256, 6912}).num_parameters(), 999885952);
+  // 4B and 12B (configs/gemma3-4b.toml, gemma3-12b.toml): their language models, 262208 tokens.
+  EXPECT_EQ(with_shape(gemma, {262208, 2560, 34, 8, 4, 256, 10240}).num_parameters(), 3880263168);
+  EXPECT_EQ(with_shape(gemma, {262208, 3840, 48, 16, 8, 256, 15360}).num_parameters(), 11766034176);
   const Gpt2Config c = tiny_sandwich(1);
   Gpt2 model(c);
   int64_t total = 0;

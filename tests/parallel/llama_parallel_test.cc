@@ -285,6 +285,20 @@ TEST_F(LlamaParallel, SandwichNormsAndGeGluUnderEveryLayoutMatchOneDevice) {
       8);
 }
 
+// tests/data/hf_tiny_gemma3's shape (tools/make_hf_llama_fixture.py --gemma3).
+void tiny_gemma3(ModelConfig& m) {
+  m.n_layers = 3;
+  m.head_dim = 16;
+  m.qk_norm = true;
+  m.norm_placement = "sandwich";
+  m.ffn_activation = "gelu_tanh";
+  m.embedding_multiplier = static_cast<float>(std::sqrt(32.0));
+  m.sliding_window = 5;
+  m.full_attention_every = 3;
+  m.rope_local_theta = 10000;
+  m.tie_embeddings = true;
+}
+
 // Gemma 3, started from a Gemma3ForCausalLM transformers saved (tests/data/hf_tiny_gemma3): its
 // sandwich norms, GeGLU, per-head query/key norms on heads 16 wide, the embedding times √32, a
 // window of 5 (of 16 positions) in blocks 0 and 1 turned by a base of 10 000 and block 2 whole
@@ -293,22 +307,25 @@ TEST_F(LlamaParallel, SandwichNormsAndGeGluUnderEveryLayoutMatchOneDevice) {
 // one device's run.
 TEST_F(LlamaParallel, Gemma3FromTransformersUnderEveryLayoutMatchesOneDevice) {
   expect_hub_qwen_layouts_match(
-      config(), "hf_tiny_gemma3",
-      [](ModelConfig& m) {
-        m.n_layers = 3;
-        m.head_dim = 16;
-        m.qk_norm = true;
-        m.norm_placement = "sandwich";
-        m.ffn_activation = "gelu_tanh";
-        m.embedding_multiplier = static_cast<float>(std::sqrt(32.0));
-        m.sliding_window = 5;
-        m.full_attention_every = 3;
-        m.rope_local_theta = 10000;
-        m.tie_embeddings = true;
-      },
+      config(), "hf_tiny_gemma3", tiny_gemma3,
       "tp=2;tp=2,sp=1,recompute=selective;cp=2;cp=2,tp=2,sp=1;pp=2,schedule=zb-h1;dp=2,zero=3;"
       "dp=2,tp=2,zero=2,sp=1;tp=2,recompute=full",
       8);
+}
+
+// Gemma 3 4B+'s form, started from the text model of a Gemma3ForConditionalGeneration
+// (tests/data/hf_tiny_gemma3_mm): the whole-sequence block's rotary frequencies divided by 8
+// (model.rope_scaling = "linear"), the windowed blocks' not — the same tables on every rank: tp's
+// blocks, cp's shards (all-gather and ring), pp's stages, each layout one device's run.
+TEST_F(LlamaParallel, Gemma3WithLinearRopeScalingUnderEveryLayoutMatchesOneDevice) {
+  expect_hub_qwen_layouts_match(
+      config(), "hf_tiny_gemma3_mm",
+      [](ModelConfig& m) {
+        tiny_gemma3(m);
+        m.rope_scaling = "linear";
+        m.rope_scaling_factor = 8;
+      },
+      "tp=2,sp=1;cp=2;cp=2,cp_comm=ring;pp=3,schedule=1f1b;dp=2,tp=2,zero=3", 5);
 }
 
 // OLMo 2's whole form, started from an Olmo2ForCausalLM transformers saved with random gains

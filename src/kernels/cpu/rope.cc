@@ -43,6 +43,7 @@ void sum_heads(Real* __restrict acc, const Real* __restrict dy, int64_t group, i
 double RopeFrequencies::frequency(int64_t i, int64_t hd) const {
   const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
   if (scaling_factor <= 0) return inv_freq;
+  if (linear) return inv_freq / scaling_factor;
   const double pi = 3.14159265358979323846;
   const double wavelength = 2 * pi / inv_freq;
   if (wavelength < original_max_seq_len / high_freq_factor) return inv_freq;  // high: kept

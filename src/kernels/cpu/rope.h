@@ -30,12 +30,16 @@ namespace loom::cpu {
 // high_freq_factor stays, one longer than original_max_seq_len / low_freq_factor is divided by
 // scaling_factor, and those between are blended, (1 − s)·θ/factor + s·θ with
 // s = (original_max_seq_len / wavelength − low_freq_factor) / (high_freq_factor − low_freq_factor).
+// With `linear` instead, every frequency is divided by scaling_factor (transformers' "linear"
+// rope_scaling, Chen et al. 2023's position interpolation: positions / factor; Gemma 3 4B+'s
+// whole-sequence blocks).
 struct RopeFrequencies {
   double theta = 10000;
   double scaling_factor = 0;  // 0: no scaling
   double low_freq_factor = 1;
   double high_freq_factor = 4;
   double original_max_seq_len = 8192;
+  bool linear = false;  // the factor divides every frequency (no blending)
   // θ_i, i < hd/2, in double.
   double frequency(int64_t i, int64_t hd) const;
 };
