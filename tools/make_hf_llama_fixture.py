@@ -32,7 +32,8 @@ GeGLU, the embedding times √32, a sliding window of 5 in blocks 0 and 1 (slidi
 3) turned by rope_local_base_freq 10 000, block 2 whole and turned by rope_theta 1e6
 (transformers 4.51.3; run without its cache, which needs torch 2). With --gemma3-mm:
 tests/data/hf_tiny_gemma3_mm/, Gemma 3 4B+'s form: that text model with linear rope scaling
-(factor 8, the whole-sequence blocks only) inside a Gemma3ForConditionalGeneration beside a
+(factor 8, the whole-sequence blocks only) and 27B's query_pre_attn_scalar apart from head_dim
+(24 for heads of 16) inside a Gemma3ForConditionalGeneration beside a
 one-block SigLIP vision tower (its tensors named language_model.model.*, vision_tower.*,
 multi_modal_projector.*), its logits those of a text-only batch.
 
@@ -71,8 +72,10 @@ def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa
         sizes.update(num_hidden_layers=3, rms_norm_eps=1e-6, rope_theta=1e6)
         text = dict(**sizes, head_dim=16, query_pre_attn_scalar=16, rope_local_base_freq=10000.0,
                     sliding_window=5, sliding_window_pattern=3)
-        if gemma3_mm:  # Gemma 3 4B+'s form: a vision tower beside the text model, linear rope
-            text.update(rope_scaling={"rope_type": "linear", "factor": 8.0})
+        if gemma3_mm:  # Gemma 3 4B+'s form: a vision tower beside the text model, linear rope,
+            # and (27B's) the scores scaled by 1/√24, not 1/√head_dim
+            text.update(rope_scaling={"rope_type": "linear", "factor": 8.0},
+                        query_pre_attn_scalar=24)
             config = Gemma3Config(text_config=text, mm_tokens_per_image=1,
                                   vision_config=dict(hidden_size=16, intermediate_size=32,
                                                      num_hidden_layers=1, num_attention_heads=2,

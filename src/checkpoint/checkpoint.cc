@@ -249,6 +249,7 @@ json state_json(const TrainingState& state, const ParameterStore& params, const 
     if (mc.head_width > 0) shape["head_dim"] = mc.head_width;
     if (mc.qk_norm) shape["qk_norm"] = true;
     if (mc.qk_norm_full) shape["qk_norm_scope"] = "full";
+    if (mc.query_pre_attn_scalar > 0) shape["query_pre_attn_scalar"] = mc.query_pre_attn_scalar;
     if (mc.post_norm) shape["norm_placement"] = "post";
     if (mc.sandwich_norm) shape["norm_placement"] = "sandwich";
     if (mc.ffn_activation == GatedActivation::kGeluTanh) shape["ffn_activation"] = "gelu_tanh";
@@ -437,6 +438,9 @@ Gpt2Config read_checkpoint_model(const std::string& checkpoint_dir) {
       c.qkv_bias = m.value("qkv_bias", false);
       c.head_width = m.contains("head_dim") ? json_integer<int64_t>(m.at("head_dim")) : 0;
       c.qk_norm = m.value("qk_norm", false);
+      c.query_pre_attn_scalar = m.contains("query_pre_attn_scalar")
+                                    ? json_integer<int64_t>(m.at("query_pre_attn_scalar"))
+                                    : 0;
       // OLMo 2's keys, absent for Llama's defaults; any other value is no model Loom builds.
       const std::string scope = m.value("qk_norm_scope", std::string("head"));
       const std::string placement = m.value("norm_placement", std::string("pre"));

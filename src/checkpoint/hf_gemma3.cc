@@ -37,6 +37,11 @@ std::string not_gemma3(const Gpt2Config& c) {
   return "";
 }
 
+// The scores' scale's square root as Gemma writes it: model.query_pre_attn_scalar, else head_dim.
+int64_t query_pre_attn_scalar(const Gpt2Config& c) {
+  return c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : c.head_dim();
+}
+
 // A host f32 copy of a gain, less (or plus) one.
 Tensor shifted(const Tensor& t, float by) {
   Tensor out = Tensor::empty(t.shape(), DType::kF32, Device::cpu());
@@ -47,7 +52,8 @@ Tensor shifted(const Tensor& t, float by) {
 
 bool has_gemma_parts(const Gpt2Config& c) {
   return c.sandwich_norm || c.ffn_activation != GatedActivation::kSilu ||
-         c.embedding_multiplier != 1.0f || c.rope_local_theta > 0;
+         c.embedding_multiplier != 1.0f || c.rope_local_theta > 0 ||
+         (c.query_pre_attn_scalar > 0 && c.query_pre_attn_scalar != c.head_dim());
 }
 
 HfFiles gemma3_files(const Gpt2Config& c, const std::function<Tensor(const std::string&)>& host,
@@ -98,7 +104,7 @@ HfFiles gemma3_files(const Gpt2Config& c, const std::function<Tensor(const std::
               {"num_attention_heads", c.n_heads},
               {"num_key_value_heads", c.kv_heads()},
               {"head_dim", c.head_dim()},
-              {"query_pre_attn_scalar", c.head_dim()},
+              {"query_pre_attn_scalar", query_pre_attn_scalar(c)},
               {"hidden_activation", "gelu_pytorch_tanh"},
               {"max_position_embeddings", c.max_seq_len},
               {"rms_norm_eps", c.norm_eps},
@@ -124,7 +130,8 @@ int64_t check_gemma3_config(const std::string& config_path, const nlohmann::json
   const std::string model_type = outer.value("model_type", std::string("(none)"));
   if (model_type != "gemma3_text" && model_type != "gemma3")
     fail(config_path, ": model_type = ", model_type, ", but the model has Gemma's parts ",
-         "(sandwich norms, GeGLU, model.embedding_multiplier or model.rope_local_theta): it ",
+         "(sandwich norms, GeGLU, model.embedding_multiplier, model.rope_local_theta or ",
+         "model.query_pre_attn_scalar): it ",
          "starts from a Gemma3ForCausalLM directory (model_type gemma3_text) or a ",
          "Gemma3ForConditionalGeneration's (gemma3)");
   const std::string missing = not_gemma3(model);
@@ -158,9 +165,11 @@ int64_t check_gemma3_config(const std::string& config_path, const nlohmann::json
   expect("head_dim", integer("head_dim", 256), model.head_dim(), "model.head_dim");
   expect("intermediate_size", integer("intermediate_size", 9216), model.ffn_hidden,
          "model.ffn_hidden");
-  // Loom's attention scales by 1/√head_dim: Gemma 3 27B's 168 is another scale.
-  expect("query_pre_attn_scalar", integer("query_pre_attn_scalar", 256), model.head_dim(),
-         "model.head_dim (Loom's attention scales by 1/√head_dim)");
+  // The scores' scale: 1/√head_dim in 1B to 12B, 1/√168 in 27B (heads of 128).
+  expect("query_pre_attn_scalar", integer("query_pre_attn_scalar", 256),
+         query_pre_attn_scalar(model),
+         model.query_pre_attn_scalar > 0 ? "model.query_pre_attn_scalar"
+                                         : "model.head_dim (model.query_pre_attn_scalar unset)");
   expect("sliding_window", integer("sliding_window", 4096), model.sliding_window,
          "model.sliding_window");
   expect("sliding_window_pattern", integer("sliding_window_pattern", 6), model.full_attention_every,

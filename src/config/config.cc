@@ -53,6 +53,7 @@ constexpr Key kKeys[] = {
     LOOM_KEY(model, head_dim),
     LOOM_KEY(model, qk_norm),
     LOOM_KEY(model, qk_norm_scope),
+    LOOM_KEY(model, query_pre_attn_scalar),
     LOOM_KEY(model, norm_placement),
     LOOM_KEY(model, ffn_activation),
     LOOM_KEY(model, embedding_multiplier),

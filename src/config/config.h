@@ -65,6 +65,10 @@ struct ModelConfig {
   // "full", all the query heads together and all the key heads together (OLMo 2's q_norm and
   // k_norm: n_heads·head_dim- and n_kv_heads·head_dim-wide weights).
   std::string qk_norm_scope = "head";
+  // The attention's scores scaled by 1/√query_pre_attn_scalar instead of 1/√head_dim (Gemma's
+  // key: Gemma 3 27B's 168 with heads of 128); 0: head_dim. Applied to the query norm's output
+  // (qk_norm = true), so the attention kernels keep their one scale.
+  int64_t query_pre_attn_scalar = 0;
   // Where a block's two RMSNorms sit: "pre", on the inputs of the attention and the MLP (x +
   // attn(norm(x)), Llama's); "post", on their outputs before the skip connection adds them
   // (x + norm(attn(x)), OLMo 2's reordered norms); "sandwich", both (x + norm(attn(norm(x))),

@@ -85,6 +85,8 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
       p.add("model.qk_norm applies to model.arch = \"llama\" only");
     if (m.qk_norm_scope != defaults.qk_norm_scope)
       p.add("model.qk_norm_scope applies to model.arch = \"llama\" only");
+    if (m.query_pre_attn_scalar != defaults.query_pre_attn_scalar)
+      p.add("model.query_pre_attn_scalar applies to model.arch = \"llama\" only");
     if (m.norm_placement != defaults.norm_placement)
       p.add(
           "model.norm_placement applies to model.arch = \"llama\" only (GPT-2's LayerNorms come "
@@ -120,6 +122,12 @@ void validate_llama_keys(const ModelConfig& m, Problems& p) {
   if (m.ffn_activation == "gelu_tanh" && m.moe_experts > 0)
     p.add("model.ffn_activation = \"gelu_tanh\" applies to a dense MLP: a mixture's experts ",
           "are SwiGLUs (model.moe_experts = ", m.moe_experts, ")");
+  p.non_negative("model.query_pre_attn_scalar", m.query_pre_attn_scalar);
+  p.at_most("model.query_pre_attn_scalar", m.query_pre_attn_scalar, ModelLimits::kDModel);
+  if (m.query_pre_attn_scalar > 0 && !m.qk_norm)
+    p.add("model.query_pre_attn_scalar = ", m.query_pre_attn_scalar,
+          " needs model.qk_norm = true (the scale is applied to the query norm's output, as in ",
+          "Gemma 3)");
   if (!m.qk_norm && m.qk_norm_scope != ModelConfig().qk_norm_scope)
     p.add("model.qk_norm_scope = \"", m.qk_norm_scope, "\" needs model.qk_norm = true");
   if (m.rope_scaling != "none" &&

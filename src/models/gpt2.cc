@@ -52,6 +52,9 @@ void Gpt2Config::validate() const {
          "], and set for a Llama only");
   if (qk_norm && !llama()) fail("model.qk_norm applies to a Llama only");
   if (qk_norm_full && !qk_norm) fail("model.qk_norm_scope = \"full\" needs model.qk_norm");
+  if (query_pre_attn_scalar < 0 || (query_pre_attn_scalar > 0 && !qk_norm))
+    fail("model.query_pre_attn_scalar = ", query_pre_attn_scalar,
+         " must be >= 0, and set with model.qk_norm only");
   if ((post_norm || sandwich_norm) && !llama())
     fail("model.norm_placement = \"", post_norm ? "post" : "sandwich",
          "\" applies to a Llama only");
@@ -158,8 +161,8 @@ float residual_std(const Gpt2Config& c) {
 }
 std::optional<Rotary> rotary_of(const Gpt2Config& c) {
   if (!c.llama()) return std::nullopt;
-  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias,       c.head_dim(),
-                c.qk_norm,    c.norm_eps,           c.sliding_window, c.qk_norm_full};
+  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias,     c.head_dim(),   c.qk_norm,
+                c.norm_eps,   c.sliding_window,     c.qk_norm_full, c.query_scale()};
 }
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c, ExpertExchange* experts) {

@@ -13,6 +13,7 @@
 // The model is pure math: it knows nothing of ranks or communication (parallel/ wraps it).
 #pragma once
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +73,9 @@ struct Gpt2Config {
   bool qk_norm = false;     // RMSNorm of each query and key head (Qwen 3's; nn: Rotary::qk_norm)
   // model.qk_norm_scope = "full": of all the query heads together, all the key heads together
   bool qk_norm_full = false;
+  // model.query_pre_attn_scalar: the scores scaled by 1/√ of it instead of 1/√head_dim (Gemma's);
+  // 0: head_dim. With qk_norm only: the query norm's output is multiplied by query_scale().
+  int64_t query_pre_attn_scalar = 0;
   // model.norm_placement = "post": x + norm(attn(x)), then + norm(mlp(·)) (OLMo 2's)
   bool post_norm = false;
   // model.norm_placement = "sandwich": x + norm(attn(norm(x))), then + norm(mlp(norm(·))) (Gemma
@@ -145,6 +149,13 @@ struct Gpt2Config {
     return moe() ? static_cast<size_t>(n_layers * moe_experts + 1) : 0;
   }
   int64_t head_dim() const { return head_width > 0 ? head_width : d_model / n_heads; }
+  // The attention's scale as a factor on the queries: √(head_dim / query_pre_attn_scalar), so that
+  // the kernels' 1/√head_dim makes 1/√query_pre_attn_scalar; 1 without it.
+  double query_scale() const {
+    return query_pre_attn_scalar > 0 ? std::sqrt(static_cast<double>(head_dim()) /
+                                                 static_cast<double>(query_pre_attn_scalar))
+                                     : 1.0;
+  }
   // A block's query/key norm weights: two head_dim-wide, or (qk_norm_full) the queries' and the
   // keys' whole widths.
   int64_t qk_norm_params() const {

@@ -42,7 +42,7 @@ CausalSelfAttention::CausalSelfAttention(ParameterStore& store, const std::strin
     fail(name, ": head size ", head_dim_, " must be even for the rotary embedding");
   if (rotary && rotary->qk_norm)
     qk_norm_.emplace(store, name, head_dim_, rotary->norm_eps, rotary->qk_norm_full, heads,
-                     rotary->kv_heads);
+                     rotary->kv_heads, nullptr, rotary->query_scale);
 }
 
 Tensor CausalSelfAttention::project_turned(Context& ctx, const Tensor& x) {

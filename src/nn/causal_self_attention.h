@@ -35,6 +35,7 @@ struct Rotary {
   double norm_eps = 1e-5;
   int64_t sliding_window = 0;  // each query's W latest keys only (nn/sliding_window.h); 0: all
   bool qk_norm_full = false;   // OLMo 2's form: over all the query (key) heads together
+  double query_scale = 1;      // the query norm's output times this (QkNorm; Gemma 3 27B's)
 };
 
 // The rotary embedding's (T, head_dim) cos/sin table on ctx's device, in ctx's dtype: `cached`

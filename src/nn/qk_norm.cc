@@ -16,8 +16,11 @@ std::unique_ptr<Norm> make_rms_norm(ParameterStore& store, const std::string& na
 }  // namespace
 
 QkNorm::QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps,
-               bool full, int64_t heads, int64_t kv_heads, TensorSplit* split)
-    : head_dim_(head_dim), full_(full), split_(full && split != nullptr && split->ranks() > 1) {
+               bool full, int64_t heads, int64_t kv_heads, TensorSplit* split, double query_scale)
+    : head_dim_(head_dim),
+      full_(full),
+      split_(full && split != nullptr && split->ranks() > 1),
+      query_scale_(query_scale) {
   LOOM_CHECK(!full || (heads > 0 && kv_heads > 0));
   TensorSplit* rows_split = split_ ? split : nullptr;
   q_ = make_rms_norm(store, name + ".q_norm", full ? heads * head_dim : head_dim, eps, rows_split);
@@ -47,6 +50,14 @@ void scatter_heads(Context& ctx, Tensor& qkv, const Tensor& heads, int64_t first
                          rows, count * hd);
   });
 }
+// x times s in place (a query scale of 1 leaves it, bit for bit).
+void scale(Context& ctx, Tensor& x, double s) {
+  if (s == 1) return;
+  dispatch_float(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    ops::scale_inplace<T>(ctx.exec(), x.data<T>(), static_cast<T>(s), x.numel());
+  });
+}
 void check_width(const Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t hd) {
   // (backward_widening takes bf16 and widens it first.)
   if (qkv.dim(-1) != (heads + 2 * kv_heads) * hd || qkv.dtype() == DType::kBF16 ||
@@ -65,14 +76,18 @@ Tensor QkNorm::gather(Context& ctx, const Tensor& qkv, int64_t first, int64_t co
 
 void QkNorm::forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads) {
   check_width(qkv, heads, kv_heads, head_dim_);
-  scatter_heads(ctx, qkv, q_->forward(ctx, gather(ctx, qkv, 0, heads)), 0, heads, head_dim_);
+  Tensor q = q_->forward(ctx, gather(ctx, qkv, 0, heads));
+  scale(ctx, q, query_scale_);
+  scatter_heads(ctx, qkv, q, 0, heads, head_dim_);
   scatter_heads(ctx, qkv, k_->forward(ctx, gather(ctx, qkv, heads, kv_heads)), heads, kv_heads,
                 head_dim_);
 }
 
 void QkNorm::backward(Context& ctx, Tensor& dqkv, int64_t heads, int64_t kv_heads) {
   check_width(dqkv, heads, kv_heads, head_dim_);
-  scatter_heads(ctx, dqkv, q_->backward(ctx, gather(ctx, dqkv, 0, heads)), 0, heads, head_dim_);
+  Tensor dq = gather(ctx, dqkv, 0, heads);
+  scale(ctx, dq, query_scale_);
+  scatter_heads(ctx, dqkv, q_->backward(ctx, dq), 0, heads, head_dim_);
   scatter_heads(ctx, dqkv, k_->backward(ctx, gather(ctx, dqkv, heads, kv_heads)), heads, kv_heads,
                 head_dim_);
 }

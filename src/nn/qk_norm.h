@@ -29,9 +29,12 @@ class QkNorm {
  public:
   // Per head; or (full) over the `heads` query heads and the `kv_heads` key heads together —
   // with a `split` of more than one rank, this rank's `heads` and `kv_heads` of split->ranks()
-  // times as many (the per-head form needs no split).
+  // times as many (the per-head form needs no split). The normalised queries are multiplied by
+  // `query_scale` (Gpt2Config::query_scale: Gemma's query_pre_attn_scalar; the rotation after
+  // is linear, so the attention's scores scale by it), their gradient likewise.
   QkNorm(ParameterStore& store, const std::string& name, int64_t head_dim, double eps,
-         bool full = false, int64_t heads = 0, int64_t kv_heads = 0, TensorSplit* split = nullptr);
+         bool full = false, int64_t heads = 0, int64_t kv_heads = 0, TensorSplit* split = nullptr,
+         double query_scale = 1);
   // qkv (.., (heads + 2·kv_heads)·head_dim), ctx.dtype: its queries and keys normalised in place.
   void forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads);
   // dqkv as qkv, the gradient at the normalised queries and keys: made theirs before it, in
@@ -59,6 +62,7 @@ class QkNorm {
   int64_t head_dim_;
   bool full_;
   bool split_;
+  double query_scale_;
   std::unique_ptr<Norm> q_, k_;
 };
 

@@ -63,7 +63,7 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
   // OLMo 2's over all the heads split over tp with them (nn/split_rms_norm.h).
   if (config.qk_norm)
     qk_norm_.emplace(store, name + ".attn", head_dim_, config.norm_eps, config.qk_norm_full,
-                     local_heads_, local_kv_heads_, split_.get());
+                     local_heads_, local_kv_heads_, split_.get(), config.query_scale());
   if (config.moe()) {
     moe_ = std::make_unique<MoeMlp>(store, name + ".mlp", config.moe_shape(), config.moe_losses(),
                                     config.init_std, residual_std(config), experts, split_.get());

@@ -67,6 +67,7 @@ Gpt2Config model_config_of(const Config& config) {
     m.head_width = config.model.head_dim;
     m.qk_norm = config.model.qk_norm;
     m.qk_norm_full = config.model.qk_norm_scope == "full";
+    m.query_pre_attn_scalar = config.model.query_pre_attn_scalar;
     m.post_norm = config.model.norm_placement == "post";
     m.sandwich_norm = config.model.norm_placement == "sandwich";
     m.rope_local_theta = config.model.rope_local_theta;

@@ -1264,12 +1264,15 @@ TEST(ImportGemma3, LoomsOwnExportIsGemma3AndLoadsBackBitForBit) {
 // Gemma 3 4B+'s form (tests/data/hf_tiny_gemma3_mm): the text model inside a
 // Gemma3ForConditionalGeneration (tensors under language_model., a vision tower beside them that
 // Loom leaves; its settings under text_config) with linear rope scaling by 8 in its
-// whole-sequence block. Within 1e-5 of transformers' logits; scaling the windowed blocks too, or
-// none of them, is off by 2.5 and 0.6 (checked by breaking Gpt2Config::block and the factor).
+// whole-sequence block and 27B's query_pre_attn_scalar apart from head_dim (24 for 16). Within
+// 1e-5 of transformers' logits; scaling the windowed blocks too, or none of them, is off by 2.5
+// and 0.6 (checked by breaking Gpt2Config::block and the factor; those figures from the fixture
+// without the scalar), and without the scalar's factor on the queries by 0.65.
 Gpt2Config tiny_hub_gemma3_4b() {
   Gpt2Config c = tiny_hub_gemma3();
   c.rope_scaling_factor = 8;
   c.rope_scaling_linear = true;
+  c.query_pre_attn_scalar = 24;  // and 27B's scores' scale apart from head_dim (16)
   return c;
 }
 
@@ -1305,19 +1308,32 @@ TEST(ImportGemma3, ARopeScalingThatDiffersIsNamed) {
       fs::temp_directory_path() / ("loom_import_gemma3_rope_" + std::to_string(getpid()));
   const std::string mm = LOOM_SOURCE_DIR "/tests/data/hf_tiny_gemma3_mm";
   const auto same = [](nlohmann::json&) {};
-  EXPECT_NE(import_error(mm, dir, same, tiny_hub_gemma3())
+  Gpt2Config unscaled = tiny_hub_gemma3_4b();
+  unscaled.rope_scaling_factor = 0;
+  unscaled.rope_scaling_linear = false;
+  EXPECT_NE(import_error(mm, dir, same, unscaled)
                 .find("config.json: text_config: rope_scaling = {\"factor\":8.0,\"rope_type\":"
                       "\"linear\"} but the model's is null (model.rope_scaling = \"none\""),
             std::string::npos)
-      << import_error(mm, dir, same, tiny_hub_gemma3());
+      << import_error(mm, dir, same, unscaled);
+  // The scores' scale likewise.
+  Gpt2Config plain = tiny_hub_gemma3_4b();
+  plain.query_pre_attn_scalar = 0;
+  EXPECT_NE(import_error(mm, dir, same, plain)
+                .find("text_config: query_pre_attn_scalar = 24 but model.head_dim "
+                      "(model.query_pre_attn_scalar unset) = 16"),
+            std::string::npos)
+      << import_error(mm, dir, same, plain);
   Gpt2Config twice = tiny_hub_gemma3_4b();
   twice.rope_scaling_factor = 16;
   EXPECT_NE(import_error(mm, dir, same, twice).find("but the model's is {\"factor\":16.0"),
             std::string::npos);
-  EXPECT_NE(
-      import_error(LOOM_SOURCE_DIR "/tests/data/hf_tiny_gemma3", dir, same, tiny_hub_gemma3_4b())
-          .find("config.json: rope_scaling is null but model.rope_scaling = \"linear\""),
-      std::string::npos);
+  Gpt2Config linear = tiny_hub_gemma3();
+  linear.rope_scaling_factor = 8;
+  linear.rope_scaling_linear = true;
+  EXPECT_NE(import_error(LOOM_SOURCE_DIR "/tests/data/hf_tiny_gemma3", dir, same, linear)
+                .find("config.json: rope_scaling is null but model.rope_scaling = \"linear\""),
+            std::string::npos);
   EXPECT_NE(import_error(
                 mm, dir,
                 [](nlohmann::json& j) { j["text_config"]["rope_scaling"]["rope_type"] = "yarn"; },
@@ -1360,8 +1376,21 @@ TEST(ExportHf, LinearRopeScalingIsWrittenAndReadBack) {
     const nlohmann::json j = nlohmann::json::parse(cf);
     EXPECT_EQ(j["rope_scaling"],
               (nlohmann::json{{"rope_type", "linear"}, {"factor", c.rope_scaling_factor}}));
+    if (c.sandwich_norm) {  // and Gemma's scores' scale
+      EXPECT_EQ(saved.query_pre_attn_scalar, 24);
+      EXPECT_EQ(j["query_pre_attn_scalar"], 24);
+    }
     expect_loads_back_bitwise(model, (dir / "hf").string());
   }
+  // The scale is Gemma's alone: a Llama with it is no class's but Gemma 3's.
+  llama.query_pre_attn_scalar = 24;
+  llama.qk_norm = true;
+  Gpt2 model(llama);
+  model.build(DType::kF32, Device::cpu(), 5);
+  const std::string error = testutil::error_of([&] { save_and_export_hf(model, dir / "q", 2); });
+  EXPECT_NE(error.find("is written as a Gemma3ForCausalLM, which this one is not: no sandwich"),
+            std::string::npos)
+      << error;
   fs::remove_all(dir);
 }
 

@@ -125,7 +125,7 @@ TEST(Config, ShippedConfigsAreValid) {
 // The shipped Gemma 3 shapes scale their embedding by the float nearest √d_model, as transformers'
 // Gemma3TextScaledWordEmbedding does (train.init_from refuses any other value).
 TEST(Config, ShippedGemmaConfigsScaleTheEmbeddingAsGemma) {
-  for (const char* name : {"gemma3-1b", "gemma3-4b", "gemma3-12b"}) {
+  for (const char* name : {"gemma3-1b", "gemma3-4b", "gemma3-12b", "gemma3-27b"}) {
     SCOPED_TRACE(name);
     const Config c =
         load_config(std::string(LOOM_SOURCE_DIR) + "/configs/" + std::string(name) + ".toml");

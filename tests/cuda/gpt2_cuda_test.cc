@@ -583,7 +583,9 @@ TEST(LlamaCuda, TrainingOnTheGpuMatchesTheCpu) {
     expect_gpu_run_matches_cpu(olmo2, 5);
   }
   // Gemma 3's parts: sandwich norms, GeGLU, per-head query/key norms on heads of 24, the embedding
-  // times 8 (and its gradient), a window of 7 in every other block turned by its own base.
+  // times 8 (and its gradient), a window of 7 in every other block turned by its own base, the
+  // others' frequencies divided by 4 (linear scaling) and the scores scaled by 1/√40 (27B's
+  // query_pre_attn_scalar: the query norm's output scaled on the GPU).
   {
     SCOPED_TRACE("gemma 3");
     Gpt2Config gemma = small_llama(16);
@@ -594,6 +596,9 @@ TEST(LlamaCuda, TrainingOnTheGpuMatchesTheCpu) {
     gemma.sliding_window = 7;
     gemma.full_attention_every = 2;
     gemma.rope_local_theta = 100;
+    gemma.rope_scaling_factor = 4;
+    gemma.rope_scaling_linear = true;
+    gemma.query_pre_attn_scalar = 40;
     expect_gpu_run_matches_cpu(gemma, 5);
   }
   // Mistral's sliding window (nn/sliding_window.h): the window's table on the GPU, each query's

@@ -133,6 +133,32 @@ TEST(Llama, WholeModelGradCheckInDoubleWithOlmo2sPostNormsAndFullQkNorms) {
   grad_check(tiny_olmo2(2));
 }
 
+// Gemma 3 27B's scores scaled by 1/√query_pre_attn_scalar, not 1/√head_dim (the query norm's
+// output times √(head_dim / scalar)): finite differences in double, per-head and full norms; the
+// loss moves with the scalar and is the plain model's at scalar = head_dim, bit for bit.
+TEST(Llama, QueryPreAttnScalarGradCheckInDoubleAndItScalesTheScores) {
+  Gpt2Config c = tiny_qwen3();
+  c.query_pre_attn_scalar = 3 * c.head_dim();
+  grad_check(c);
+  Gpt2Config full = tiny_olmo2(1);
+  full.query_pre_attn_scalar = 5;
+  grad_check(full);
+  const auto loss_of = [](const Gpt2Config& cfg) {
+    ThreadPool pool(1);
+    Context ctx{&pool, Device::cpu(), DType::kF64};
+    Gpt2 model(cfg);
+    model.build(DType::kF64, Device::cpu(), 3);
+    Tensor tokens = Tensor::empty({2, 5}, DType::kI32),
+           targets = Tensor::empty({2, 5}, DType::kI32);
+    fill_batch(tokens, targets, cfg.vocab_size, 1);
+    return model.forward(ctx, tokens, targets);
+  };
+  Gpt2Config same = c;
+  same.query_pre_attn_scalar = c.head_dim();
+  EXPECT_EQ(loss_of(same), loss_of(tiny_qwen3()));
+  EXPECT_GT(std::abs(loss_of(c) - loss_of(tiny_qwen3())), 1e-6);
+}
+
 TEST(Llama, Olmo2sNormsAreItsParametersAndCounted) {
   for (const int64_t kv : {1, 2}) {
     const Gpt2Config c = tiny_olmo2(kv);
@@ -219,9 +245,11 @@ TEST(Llama, SandwichNormsAreItsParametersAndCounted) {
   Gpt2Config gemma = tiny_sandwich(1);
   gemma.qk_norm = true;
   EXPECT_EQ(with_shape(gemma, {262144, 1152, 26, 4, 1, 256, 6912}).num_parameters(), 999885952);
-  // 4B and 12B (configs/gemma3-4b.toml, gemma3-12b.toml): their language models, 262208 tokens.
+  // 4B, 12B and 27B (configs/gemma3-{4b,12b,27b}.toml): their language models, 262208 tokens.
   EXPECT_EQ(with_shape(gemma, {262208, 2560, 34, 8, 4, 256, 10240}).num_parameters(), 3880263168);
   EXPECT_EQ(with_shape(gemma, {262208, 3840, 48, 16, 8, 256, 15360}).num_parameters(), 11766034176);
+  EXPECT_EQ(with_shape(gemma, {262208, 5376, 62, 32, 16, 128, 21504}).num_parameters(),
+            27009346304);
   const Gpt2Config c = tiny_sandwich(1);
   Gpt2 model(c);
   int64_t total = 0;

@@ -316,7 +316,8 @@ TEST_F(LlamaParallel, Gemma3FromTransformersUnderEveryLayoutMatchesOneDevice) {
 // Gemma 3 4B+'s form, started from the text model of a Gemma3ForConditionalGeneration
 // (tests/data/hf_tiny_gemma3_mm): the whole-sequence block's rotary frequencies divided by 8
 // (model.rope_scaling = "linear"), the windowed blocks' not — the same tables on every rank: tp's
-// blocks, cp's shards (all-gather and ring), pp's stages, each layout one device's run.
+// blocks, cp's shards (all-gather and ring), pp's stages — and 27B's scores scaled by 1/√24
+// (model.query_pre_attn_scalar, on each tp rank's query heads), each layout one device's run.
 TEST_F(LlamaParallel, Gemma3WithLinearRopeScalingUnderEveryLayoutMatchesOneDevice) {
   expect_hub_qwen_layouts_match(
       config(), "hf_tiny_gemma3_mm",
@@ -324,6 +325,7 @@ TEST_F(LlamaParallel, Gemma3WithLinearRopeScalingUnderEveryLayoutMatchesOneDevic
         tiny_gemma3(m);
         m.rope_scaling = "linear";
         m.rope_scaling_factor = 8;
+        m.query_pre_attn_scalar = 24;
       },
       "tp=2,sp=1;cp=2;cp=2,cp_comm=ring;pp=3,schedule=1f1b;dp=2,tp=2,zero=3", 5);
 }

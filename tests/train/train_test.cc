@@ -1020,7 +1020,8 @@ TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
   EXPECT_FALSE(metrics("olmo2_one_gpu") == metrics("qwen3_one_gpu_fp32"));  // another model
   // Gemma 3's parts under tp 2 + sp at fp32 (heads of 64, two steps: short under the
   // sanitizers): sandwich norms on each rank's rows, GeGLU on its slice, the embedding scaled
-  // after the vocabulary-parallel sum, a window of 9 in every other block turned by its own base.
+  // after the vocabulary-parallel sum, a window of 9 in every other block turned by its own base,
+  // the others' frequencies divided by 4 and the scores scaled by 1/√96 (each rank's queries).
   Config gemma = gpu_llama(2);
   gemma.train.warmup_steps = 1;
   gemma.model.qk_norm = true;
@@ -1031,6 +1032,9 @@ TEST_F(TrainTest, Qwen3NormsOnGpusAtBf16TrainAsTheFp32Run) {
   gemma.model.sliding_window = 9;
   gemma.model.full_attention_every = 2;
   gemma.model.rope_local_theta = 100;
+  gemma.model.rope_scaling = "linear";
+  gemma.model.rope_scaling_factor = 4;
+  gemma.model.query_pre_attn_scalar = 96;
   run_training(gemma, options("gemma_one_gpu"));
   run_training(tp2_sequence_parallel(gemma), options("gemma_tp"));
   expect_losses_near("gemma_one_gpu", "gemma_tp", 1e-5);
