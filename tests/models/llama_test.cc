@@ -61,6 +61,17 @@ void grad_check(const Gpt2Config& c) {
   gc.run(model.params(), nullptr);
 }
 
+// The loss in double of a model of `c` (weights seeded 5) on a fixed batch.
+double loss_of(const Gpt2Config& c) {
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF64};
+  Gpt2 model(c);
+  model.build(DType::kF64, Device::cpu(), 5);
+  Tensor tokens = Tensor::empty({2, 5}, DType::kI32), targets = Tensor::empty({2, 5}, DType::kI32);
+  fill_batch(tokens, targets, c.vocab_size, 2);
+  return model.forward(ctx, tokens, targets);
+}
+
 TEST(Llama, WholeModelGradCheckInDoubleWithSharedKeyValueHeads) { grad_check(tiny_llama(1)); }
 
 // c with a mixture of 4 experts 6 wide, top 2 (nn/moe_mlp.h), and a large balance loss.
@@ -143,16 +154,6 @@ TEST(Llama, QueryPreAttnScalarGradCheckInDoubleAndItScalesTheScores) {
   Gpt2Config full = tiny_olmo2(1);
   full.query_pre_attn_scalar = 5;
   grad_check(full);
-  const auto loss_of = [](const Gpt2Config& cfg) {
-    ThreadPool pool(1);
-    Context ctx{&pool, Device::cpu(), DType::kF64};
-    Gpt2 model(cfg);
-    model.build(DType::kF64, Device::cpu(), 3);
-    Tensor tokens = Tensor::empty({2, 5}, DType::kI32),
-           targets = Tensor::empty({2, 5}, DType::kI32);
-    fill_batch(tokens, targets, cfg.vocab_size, 1);
-    return model.forward(ctx, tokens, targets);
-  };
   Gpt2Config same = c;
   same.query_pre_attn_scalar = c.head_dim();
   EXPECT_EQ(loss_of(same), loss_of(tiny_qwen3()));
@@ -223,16 +224,6 @@ TEST(Llama, WholeModelGradCheckInDoubleWithGeGlu) {
 }
 
 TEST(Llama, GeGluHasTheSwiGlusParametersAndItsOwnLoss) {
-  const auto loss_of = [](const Gpt2Config& c) {
-    ThreadPool pool(1);
-    Context ctx{&pool, Device::cpu(), DType::kF64};
-    Gpt2 model(c);
-    model.build(DType::kF64, Device::cpu(), 5);
-    Tensor tokens = Tensor::empty({2, 5}, DType::kI32),
-           targets = Tensor::empty({2, 5}, DType::kI32);
-    fill_batch(tokens, targets, c.vocab_size, 2);
-    return model.forward(ctx, tokens, targets);
-  };
   Gpt2Config geglu = tiny_llama(1);
   geglu.ffn_activation = GatedActivation::kGeluTanh;
   EXPECT_EQ(geglu.num_parameters(), tiny_llama(1).num_parameters());
