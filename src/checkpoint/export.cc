@@ -583,22 +583,25 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
   const HfMoeNames moe = hf_moe_names(model);
   const std::string model_type = config.value("model_type", std::string());
   const bool gemma3 = model_type == "gemma3_text" || model_type == "gemma3";
-  const Gemma3Names gemma3_text = gemma3_names(tensors);
+  const Gemma3Names gemma3_text = gemma3 ? gemma3_names(tensors) : Gemma3Names{};
   for (const auto& p : layout.parameters()) {
     // Where the parameter's rows come from, in order.
     std::vector<std::pair<std::string, Shape>> sources;
     const std::string& n = p->name;
-    HfSources gemma;  // Gemma 3's names, its gains Loom's less one
-    if (gemma3) {
-      gemma = gemma3_sources(n, model, vocab, gemma3_text);
+    // Gemma 3's own names (its gains Loom's less one); its projections are Llama's, under its text
+    // model's prefix.
+    const HfSources gemma = gemma3 ? gemma3_sources(n, model, vocab, gemma3_text) : HfSources{};
+    const std::string& text = gemma3_text.text;
+    if (!gemma.sources.empty())
       sources = gemma.sources;
-    } else if (n == "wte.weight")
+    else if (n == "wte.weight")
       sources = {{"model.embed_tokens.weight", {vocab, C}}};
     else if (n == "lm_head.weight") sources = {{"lm_head.weight", {vocab, C}}};
     else if (n == "ln_f.weight") sources = {{"model.norm.weight", {C}}};
     else if (n.starts_with("blocks.")) {
       const size_t dot = n.find('.', 7);
-      const std::string hf = "model.layers." + n.substr(7, dot - 7) + ".", rest = n.substr(dot + 1);
+      const std::string hf = text + "layers." + n.substr(7, dot - 7) + ".",
+                        rest = n.substr(dot + 1);
       // OLMo 2's post-norms: after the attention (ln_1) and the MLP (ln_2).
       if (rest == "ln_1.weight")
         sources = {

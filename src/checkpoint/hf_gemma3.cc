@@ -217,8 +217,7 @@ Gemma3Names gemma3_names(const std::map<std::string, Tensor>& tensors) {
 
 HfSources gemma3_sources(const std::string& n, const Gpt2Config& model, int64_t vocab,
                          const Gemma3Names& names) {
-  const int64_t C = model.d_model, Q = model.attention_width(),
-                kv = model.kv_heads() * model.head_dim(), H = model.ffn_hidden;
+  const int64_t C = model.d_model;
   if (n == "wte.weight") return {{{names.text + "embed_tokens.weight", {vocab, C}}}};
   if (n == "lm_head.weight") return {{{names.head, {vocab, C}}}};
   if (n == "ln_f.weight") return {{{names.text + "norm.weight", {C}}}, true};
@@ -236,15 +235,7 @@ HfSources gemma3_sources(const std::string& n, const Gpt2Config& model, int64_t 
     return {{{hf + "self_attn.q_norm.weight", {model.head_dim()}}}, true};
   if (rest == "attn.k_norm.weight")
     return {{{hf + "self_attn.k_norm.weight", {model.head_dim()}}}, true};
-  if (rest == "attn.qkv.weight")
-    return {{{hf + "self_attn.q_proj.weight", {Q, C}},
-             {hf + "self_attn.k_proj.weight", {kv, C}},
-             {hf + "self_attn.v_proj.weight", {kv, C}}}};
-  if (rest == "attn.proj.weight") return {{{hf + "self_attn.o_proj.weight", {C, Q}}}};
-  if (rest == "mlp.fc.weight")
-    return {{{hf + "mlp.gate_proj.weight", {H, C}}, {hf + "mlp.up_proj.weight", {H, C}}}};
-  if (rest == "mlp.proj.weight") return {{{hf + "mlp.down_proj.weight", {C, H}}}};
-  return {};
+  return {};  // the projections: Llama's names (checkpoint/export.cc)
 }
 
 }  // namespace loom

@@ -55,7 +55,8 @@ struct Gemma3Names {
 Gemma3Names gemma3_names(const std::map<std::string, Tensor>& tensors);
 
 // Where Loom parameter `name`'s rows come from in a Gemma 3 directory, in order, and whether it is
-// a gain (Loom's = 1 + Gemma's). Empty sources: no Gemma 3 name.
+// a gain (Loom's = 1 + Gemma's), for the names that are Gemma's own: the embedding, the head and
+// every norm. Empty sources: one of the projections, whose names are Llama's under names.text.
 struct HfSources {
   std::vector<std::pair<std::string, Shape>> sources;
   bool gain = false;
