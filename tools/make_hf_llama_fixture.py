@@ -35,7 +35,11 @@ tests/data/hf_tiny_gemma3_mm/, Gemma 3 4B+'s form: that text model with linear r
 (factor 8, the whole-sequence blocks only) and 27B's query_pre_attn_scalar apart from head_dim
 (24 for heads of 16) inside a Gemma3ForConditionalGeneration beside a
 one-block SigLIP vision tower (its tensors named language_model.model.*, vision_tower.*,
-multi_modal_projector.*), its logits those of a text-only batch.
+multi_modal_projector.*), its logits those of a text-only batch. With --olmoe:
+tests/data/hf_tiny_olmoe/, an OlmoeForCausalLM of hf_tiny_llama's sizes (an untied head, rope_theta
+500) with 4 experts 24 wide in each block, 2 per token, their weights not normalised over the
+chosen (norm_topk_prob false, OLMoE's), and q_norm / k_norm over all the query heads (32 wide)
+and all the key heads (16 wide) with random gains (transformers 4.51.3).
 
     EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py \
         [--mixtral|--qwen2|--qwen3|--qwen3-moe|--mistral|--olmo2]
@@ -60,7 +64,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralF
 
 
 def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa: C901
-          window=None, olmo2=False, gemma3=False, gemma3_mm=False):
+          window=None, olmo2=False, gemma3=False, gemma3_mm=False, olmoe=False):
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
     sizes = dict(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -94,6 +98,15 @@ def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa
                              layer.self_attn.q_norm, layer.self_attn.k_norm):
                     norm.weight.add_(0.3 * torch.randn(norm.weight.shape))
             text_model.norm.weight.add_(0.3 * torch.randn(32))
+    elif olmoe:
+        from transformers import OlmoeConfig, OlmoeForCausalLM  # transformers >= 4.45
+        model = OlmoeForCausalLM(OlmoeConfig(**{**sizes, "intermediate_size": 24},
+                                             num_experts=experts, num_experts_per_tok=2,
+                                             norm_topk_prob=False, attn_implementation="eager")).eval()
+        with torch.no_grad():  # the full-width query/key norms' gains away from one
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.add_(0.3 * torch.randn(32))
+                layer.self_attn.k_norm.weight.add_(0.3 * torch.randn(16))
     elif olmo2:
         from transformers import Olmo2Config, Olmo2ForCausalLM  # transformers >= 4.47
         sizes.update(rms_norm_eps=1e-6)
@@ -141,7 +154,7 @@ def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa
     else:
         model = LlamaForCausalLM(LlamaConfig(**sizes, rope_scaling=rope_scaling)).eval()
     with torch.no_grad():  # norm gains away from one, so a wrong gain would show
-        for layer in model.model.layers if not (olmo2 or gemma3) else []:
+        for layer in model.model.layers if not (olmo2 or gemma3) else []:  # (OLMoE's too)
             layer.input_layernorm.weight.add_(0.3 * torch.randn(32))
             layer.post_attention_layernorm.weight.add_(0.3 * torch.randn(32))
         if not gemma3:
@@ -179,6 +192,9 @@ def main():
         return
     if sys.argv[1:] == ["--gemma3-mm"]:
         write("hf_tiny_gemma3_mm", tied=True, rope_scaling=None, gemma3=True, gemma3_mm=True)
+        return
+    if sys.argv[1:] == ["--olmoe"]:
+        write("hf_tiny_olmoe", tied=False, rope_scaling=None, experts=4, olmoe=True)
         return
     if sys.argv[1:] == ["--olmo2"]:
         write("hf_tiny_olmo2", tied=False, rope_scaling=None, olmo2=True)

@@ -100,7 +100,8 @@ void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
   write_config_json(dir, config);
 }
 
-// A mixture of experts' HuggingFace names: Mixtral's, or (model.qk_norm) Qwen 3's.
+// A mixture of experts' HuggingFace names: Mixtral's, or (model.qk_norm) Qwen 3's, which OLMoE
+// (full-width query/key norms) shares.
 struct HfMoeNames {
   const char *block, *gate, *up, *down;  // the block under a layer; an expert's three weights
   const char* model;                     // the class
@@ -108,8 +109,15 @@ struct HfMoeNames {
 HfMoeNames hf_moe_names(const Gpt2Config& c) {
   if (c.qk_norm)
     return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
-            "Qwen3MoeForCausalLM"};
+            c.qk_norm_full ? "OlmoeForCausalLM" : "Qwen3MoeForCausalLM"};
   return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight", "MixtralForCausalLM"};
+}
+
+// OLMoE's form (OlmoeForCausalLM): a mixture of experts with pre-norms and query/key norms over
+// all the heads, no qkv biases, model.head_dim or window.
+bool olmoe_form(const Gpt2Config& c) {
+  return c.moe() && c.qk_norm && c.qk_norm_full && !c.post_norm && !c.qkv_bias &&
+         c.head_width == 0 && c.sliding_window == 0;
 }
 
 // Rows [begin, begin + count) of a host matrix: the pieces of a fused Linear weight.
@@ -123,7 +131,8 @@ Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
 // lm_head.weight. With qkv biases (model.qkv_bias) a Qwen2ForCausalLM: the same names, the
 // fused bias as q/k/v_proj.bias. With query/key norms (model.qk_norm) a Qwen3ForCausalLM: the same
 // names and self_attn.q_norm / k_norm. With post-norms and full-width query/key norms an
-// Olmo2ForCausalLM: post_attention_layernorm and post_feedforward_layernorm for ln_1 and ln_2.
+// Olmo2ForCausalLM: post_attention_layernorm and post_feedforward_layernorm for ln_1 and ln_2. A
+// mixture with full-width query/key norms (pre-norms) an OlmoeForCausalLM: Qwen 3 MoE's names.
 void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
   const Gpt2Config& c = model.config();
   const auto host = [&](const std::string& name) { return model.params().get(name).value.to(Device::cpu()); };
@@ -135,13 +144,14 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     fail("loom checkpoint export: a model with model.qk_norm is written as a Qwen3ForCausalLM, ",
          "which has a bias on its output projection wherever it has qkv biases: no HuggingFace ",
          "class holds this model");
-  if ((c.post_norm || c.qk_norm_full) &&
+  const bool olmoe = olmoe_form(c);
+  if ((c.post_norm || c.qk_norm_full) && !olmoe &&
       !(c.post_norm && c.qk_norm && c.qk_norm_full && !c.qkv_bias && !c.moe() &&
         c.head_width == 0 && c.sliding_window == 0))
     fail("loom checkpoint export: post-norms (model.norm_placement) and full-width query/key ",
          "norms (model.qk_norm_scope) are written as an Olmo2ForCausalLM, which has both, and ",
-         "no qkv biases, mixture, model.head_dim or sliding window: no HuggingFace class holds ",
-         "this model");
+         "no qkv biases, mixture, model.head_dim or sliding window (a mixture with full-width ",
+         "norms and pre-norms as an OlmoeForCausalLM): no HuggingFace class holds this model");
   const bool olmo2 = c.post_norm;
   if (c.full_attention_every > 0)
     fail("loom checkpoint export: a window in some blocks only (model.full_attention_every = ",
@@ -269,7 +279,19 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     config["model_type"] = "olmo2";
     for (const char* llama_only : {"head_dim", "mlp_bias"}) config.erase(llama_only);
   }
-  if (c.moe() && c.qk_norm) {
+  if (olmoe) {
+    // OlmoeConfig's: its experts intermediate_size wide, every block sparse, no head_dim
+    // (hidden_size / num_attention_heads), the chosen weights normalised or not (norm_topk_prob,
+    // false in OLMoE), no clamping of the queries and keys (clip_qkv), its router loss batch-wise.
+    config["architectures"] = {"OlmoeForCausalLM"};
+    config["model_type"] = "olmoe";
+    config.erase("num_local_experts");
+    config.erase("sliding_window");
+    config["num_experts"] = c.moe_experts;
+    config["norm_topk_prob"] = c.moe_router_norm_topk_prob;
+    config["clip_qkv"] = nullptr;
+    config["attention_bias"] = false;
+  } else if (c.moe() && c.qk_norm) {
     // Qwen3MoeConfig's: every block sparse (decoder_sparse_step 1, no mlp_only_layers), its
     // experts moe_intermediate_size wide (intermediate_size, its dense blocks', unused), the
     // chosen weights normalised or not (norm_topk_prob), its router loss batch-wise as Mixtral's.
@@ -405,9 +427,23 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   // checkpoint/hf_gemma3.h.
   if (model_type == "gemma3_text" || model_type == "gemma3" || has_gemma_parts(model))
     return check_gemma3_config(config_path, config, model);
+  // OLMoE (OlmoeForCausalLM): a mixture with full-width query/key norms and pre-norms.
+  const bool olmoe_model = model.moe() && model.qk_norm_full && !model.post_norm;
+  if (model_type == "olmoe" || olmoe_model) {
+    if (model_type != "olmoe")
+      fail(config_path, ": model_type = ", model_type, ", but a mixture of experts with ",
+           "model.qk_norm_scope = \"full\" starts from an OlmoeForCausalLM directory");
+    if (!olmoe_form(model))
+      fail(config_path, ": model_type = olmoe: an OlmoeForCausalLM needs model.moe_experts, ",
+           "model.qk_norm = true and model.qk_norm_scope = \"full\" with model.norm_placement = ",
+           "\"pre\", without model.qkv_bias, model.head_dim or model.sliding_window");
+    if (!config.value("clip_qkv", nlohmann::json()).is_null())
+      fail(config_path, ": clip_qkv = ", config["clip_qkv"].dump(),
+           ": Loom does not clamp the queries and keys");
+  }
   // OLMo 2 (Olmo2ForCausalLM): post-norms and full-width query/key norms, nothing else of
   // Loom's variants.
-  const bool olmo2_model = model.post_norm || model.qk_norm_full;
+  const bool olmo2_model = !olmoe_model && (model.post_norm || model.qk_norm_full);
   if (model_type == "olmo2" || olmo2_model) {
     if (model_type != "olmo2")
       fail(config_path, ": model_type = ", model_type, ", but model.norm_placement = \"",
@@ -421,7 +457,7 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
   }
   const char* qwen3_type = model.moe() ? "qwen3_moe" : "qwen3";
   const char* qwen3_class = model.moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
-  if (model.qk_norm && !olmo2_model && (model.qkv_bias || model_type != qwen3_type))
+  if (model.qk_norm && !olmo2_model && !olmoe_model && (model.qkv_bias || model_type != qwen3_type))
     fail(config_path, ": model_type = ", model_type, ", but model.qk_norm = true",
          model.qkv_bias ? " with model.qkv_bias: no HuggingFace class Loom reads holds that model"
                         : detail::concat(" starts from a ", qwen3_class,
@@ -467,14 +503,14 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
                model.n_kv_heads, "model.n_kv_heads");
   // A Qwen 3 mixture's experts are moe_intermediate_size wide (its intermediate_size is for
   // dense blocks, which Loom's mixture has none of: every block sparse).
-  const bool qwen3_moe = model_type == "qwen3_moe";
+  const bool qwen3_moe = model_type == "qwen3_moe", olmoe = model_type == "olmoe";
   const char* const width_key = qwen3_moe ? "moe_intermediate_size" : "intermediate_size";
   expect_equal(width_key, integer(width_key), model.ffn_hidden, "model.ffn_hidden");
   if (model.moe()) {
     if (model.moe_shared_experts > 0)
-      fail(config_path, ": a ", qwen3_moe ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM",
+      fail(config_path, ": a ", hf_moe_names(model).model,
            " has no shared experts, and model.moe_shared_experts = ", model.moe_shared_experts);
-    const char* const experts_key = qwen3_moe ? "num_experts" : "num_local_experts";
+    const char* const experts_key = qwen3_moe || olmoe ? "num_experts" : "num_local_experts";
     expect_equal(experts_key, integer(experts_key), model.moe_experts, "model.moe_experts");
     expect_equal("num_experts_per_tok", integer("num_experts_per_tok"), model.moe_top_k,
                  "model.moe_top_k");
@@ -484,7 +520,10 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
         fail(config_path, ": decoder_sparse_step = ", config["decoder_sparse_step"].dump(),
              ", mlp_only_layers = ", config.value("mlp_only_layers", nlohmann::json()).dump(),
              ": Loom's mixture has experts in every block (step 1, no dense layers)");
-      const bool normalised = config.value("norm_topk_prob", false);  // Qwen3MoeConfig's default
+    }
+    if (qwen3_moe || olmoe) {
+      // Qwen3MoeConfig's and OlmoeConfig's default: false
+      const bool normalised = config.value("norm_topk_prob", false);
       if (normalised != model.moe_router_norm_topk_prob)
         fail(config_path, ": norm_topk_prob = ", normalised ? "true" : "false",
              " but model.moe_router_norm_topk_prob = ",
@@ -642,7 +681,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     }
     if (sources.empty())
       fail("parameter '", n,
-           "' has no HuggingFace Llama, Qwen 2, Qwen 3, OLMo 2, Gemma 3, Mixtral or Qwen 3 MoE ",
+           "' has no HuggingFace Llama, Qwen 2, Qwen 3, OLMo 2, Gemma 3, Mixtral, Qwen 3 MoE or "
+           "OLMoE ",
            "name");
     float* dst = into.values.data<float>() + p->offset;
     int64_t written = 0;

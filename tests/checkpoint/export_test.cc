@@ -1077,6 +1077,86 @@ TEST(ImportQwen3Moe, OtherRoutingAMixtralAndDenseBlocksAreNamed) {
   fs::remove_all(dir);
 }
 
+// OLMoE (OlmoeForCausalLM): a mixture of experts with pre-norms and query/key norms over all the
+// heads (model.qk_norm_scope = "full"), its chosen weights not normalised — a directory
+// transformers 4.51.3 saved (tests/data/hf_tiny_olmoe, tools/make_hf_llama_fixture.py --olmoe:
+// tiny_hub_llama's sizes, 4 experts 24 wide, 2 per token, the norms' gains random) gives
+// transformers' logits (off by 0.6 with the chosen weights normalised: checked with the file's
+// norm_topk_prob turned); Loom's own export is an OlmoeForCausalLM and loads
+// back bit for bit; the other classes' directories and their settings are named.
+Gpt2Config tiny_hub_olmoe() {
+  Gpt2Config c = tiny_hub_llama();
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  c.ffn_hidden = 24;
+  c.moe_router_norm_topk_prob = false;
+  c.qk_norm = true;
+  c.qk_norm_full = true;
+  return c;
+}
+
+TEST(ImportOlmoe, TransformersSavedOlmoeGivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_olmoe", tiny_hub_olmoe());
+}
+
+TEST(ImportOlmoe, LoomsOwnExportIsOlmoeAndLoadsBackBitForBit) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_olmoe_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const Gpt2Config c = tiny_hub_olmoe();
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  save_and_export_hf(model, dir, 2);
+  const SafetensorsFile f = load_safetensors((dir / "hf" / "model.safetensors").string());
+  // embed_tokens, norm, lm_head; per layer two norms, q/k/v/o, q/k norms, the gate, 3 per expert
+  EXPECT_EQ(f.names.size(), 3u + (8u + 1u + 3u * 4u) * 2u);
+  EXPECT_EQ(f.tensors.at("model.layers.1.self_attn.q_norm.weight").shape(), (Shape{32}));
+  EXPECT_EQ(f.tensors.at("model.layers.1.self_attn.k_norm.weight").shape(), (Shape{16}));
+  EXPECT_EQ(f.tensors.at("model.layers.0.mlp.experts.2.down_proj.weight").shape(), (Shape{32, 24}));
+  std::ifstream cf(dir / "hf" / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["architectures"][0], "OlmoeForCausalLM");
+  EXPECT_EQ(j["model_type"], "olmoe");
+  EXPECT_EQ(j["num_experts"], 4);
+  EXPECT_EQ(j["intermediate_size"], 24);
+  EXPECT_FALSE(j["norm_topk_prob"].get<bool>());
+  EXPECT_TRUE(j["clip_qkv"].is_null());
+  EXPECT_FALSE(j.contains("head_dim"));
+  EXPECT_FALSE(j.contains("num_local_experts"));
+  expect_loads_back_bitwise(model, (dir / "hf").string());
+  fs::remove_all(dir);
+}
+
+TEST(ImportOlmoe, OtherClassesAndSettingsAreNamed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_olmoe_bad_" + std::to_string(getpid()));
+  const std::string olmoe = LOOM_SOURCE_DIR "/tests/data/hf_tiny_olmoe";
+  const auto same = [](nlohmann::json&) {};
+  EXPECT_EQ(import_error(olmoe, dir, same, tiny_hub_olmoe()), "no error");
+  Gpt2Config normalised = tiny_hub_olmoe();
+  normalised.moe_router_norm_topk_prob = true;
+  EXPECT_NE(import_error(olmoe, dir, same, normalised)
+                .find("norm_topk_prob = false but model.moe_router_norm_topk_prob = true"),
+            std::string::npos);
+  EXPECT_NE(import_error(
+                olmoe, dir, [](nlohmann::json& j) { j["clip_qkv"] = 8.0; }, tiny_hub_olmoe())
+                .find("clip_qkv = 8.0: Loom does not clamp the queries and keys"),
+            std::string::npos);
+  // A Qwen 3 mixture's per-head norms are no OLMoE's; nor is an OLMoE a Qwen 3 mixture.
+  Gpt2Config per_head = tiny_hub_olmoe();
+  per_head.qk_norm_full = false;
+  EXPECT_NE(import_error(olmoe, dir, same, per_head)
+                .find("model_type = olmoe: an OlmoeForCausalLM needs model.moe_experts, "
+                      "model.qk_norm = true and model.qk_norm_scope = \"full\""),
+            std::string::npos);
+  EXPECT_NE(
+      import_error(LOOM_SOURCE_DIR "/tests/data/hf_tiny_qwen3_moe", dir, same, tiny_hub_olmoe())
+          .find("model_type = qwen3_moe, but a mixture of experts with "
+                "model.qk_norm_scope = \"full\" starts from an OlmoeForCausalLM directory"),
+      std::string::npos);
+  fs::remove_all(dir);
+}
+
 // A sliding window (model.sliding_window, nn/sliding_window.h) from transformers'
 // MistralForCausalLM: a directory 4.51.3's save_pretrained wrote (tests/data/hf_tiny_mistral,
 // tools/make_hf_llama_fixture.py --mistral: tiny_hub_llama's sizes, each query seeing its 5

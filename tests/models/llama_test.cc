@@ -181,6 +181,16 @@ TEST(Llama, Olmo2sNormsAreItsParametersAndCounted) {
   olmo2.ffn_hidden = 8192;
   olmo2.tie_embeddings = false;
   EXPECT_EQ(olmo2.num_parameters(), 1484916736);
+  // OLMoE-1B-7B (allenai/OLMoE-1B-7B-0924, configs/olmoe-1b-7b.toml): pre-norms, the same
+  // full-width query/key norms, 64 experts 1024 wide in each block, 50304 tokens, untied:
+  // 6,919,161,856 parameters.
+  Gpt2Config olmoe = olmo2;
+  olmoe.post_norm = false;
+  olmoe.vocab_size = 50304;
+  olmoe.ffn_hidden = 1024;
+  olmoe.moe_experts = 64;
+  olmoe.moe_top_k = 8;
+  EXPECT_EQ(olmoe.num_parameters(), 6919161856);
 }
 
 // A Hub model's sizes on c.

@@ -330,6 +330,29 @@ TEST_F(LlamaParallel, Gemma3WithLinearRopeScalingUnderEveryLayoutMatchesOneDevic
       "tp=2,sp=1;cp=2;cp=2,cp_comm=ring;pp=3,schedule=1f1b;dp=2,tp=2,zero=3", 5);
 }
 
+// OLMoE, started from an OlmoeForCausalLM transformers saved (tests/data/hf_tiny_olmoe): a
+// mixture of 4 experts, 2 a token, its chosen weights not normalised, with query/key norms over
+// all the heads — under expert parallelism (all-gather and all-to-all), tp (the norms' rows split,
+// the experts' widths too), cp, pp and ZeRO, each layout one device's run.
+TEST_F(LlamaParallel, OlmoeFromTransformersUnderEveryLayoutMatchesOneDevice) {
+  expect_hub_qwen_layouts_match(
+      config(), "hf_tiny_olmoe",
+      [](ModelConfig& m) {
+        m.rope_theta = 500;
+        m.norm_eps = 1e-5;
+        m.tie_embeddings = false;
+        m.qk_norm = true;
+        m.qk_norm_scope = "full";
+        m.moe_experts = 4;
+        m.moe_top_k = 2;
+        m.moe_router_norm_topk_prob = false;
+        m.ffn_hidden = 24;
+      },
+      "dp=2,ep=2;dp=2,ep=2,ep_dispatch=all_to_all,zero=1;tp=2,sp=1;cp=2;pp=2;"
+      "dp=2,tp=2,ep=2,zero=3",
+      6);
+}
+
 // OLMo 2's whole form, started from an Olmo2ForCausalLM transformers saved with random gains
 // (tests/data/hf_tiny_olmo2): post-norms and one RMSNorm over all the query heads and one over
 // all the key heads (model.qk_norm_scope = "full") — under data and context parallelism
