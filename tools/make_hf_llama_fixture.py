@@ -39,7 +39,10 @@ multi_modal_projector.*), its logits those of a text-only batch. With --olmoe:
 tests/data/hf_tiny_olmoe/, an OlmoeForCausalLM of hf_tiny_llama's sizes (an untied head, rope_theta
 500) with 4 experts 24 wide in each block, 2 per token, their weights not normalised over the
 chosen (norm_topk_prob false, OLMoE's), and q_norm / k_norm over all the query heads (32 wide)
-and all the key heads (16 wide) with random gains (transformers 4.51.3).
+and all the key heads (16 wide) with random gains (transformers 4.51.3). With --phi3:
+tests/data/hf_tiny_phi3/, a Phi3ForCausalLM of hf_tiny_llama's sizes (Phi-3's and Phi-4's class:
+the queries, keys and values in one qkv_proj, the gate and up rows in one gate_up_proj) with a
+sliding window of 5 positions (Phi-3-mini's 2047, as transformers 4.51.3 counts it).
 
     EXTRA_PYTHONPATH=DIR /usr/bin/python3 tools/make_hf_llama_fixture.py \
         [--mixtral|--qwen2|--qwen3|--qwen3-moe|--mistral|--olmo2]
@@ -64,7 +67,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralF
 
 
 def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa: C901
-          window=None, olmo2=False, gemma3=False, gemma3_mm=False, olmoe=False):
+          window=None, olmo2=False, gemma3=False, gemma3_mm=False, olmoe=False, phi3=False):
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", name)
     torch.manual_seed(7)
     sizes = dict(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -117,6 +120,11 @@ def write(name, tied, rope_scaling, experts=0, qwen2=False, qwen3=False,  # noqa
                 layer.self_attn.k_norm.weight.add_(0.3 * torch.randn(16))
                 layer.post_attention_layernorm.weight.add_(0.3 * torch.randn(32))
                 layer.post_feedforward_layernorm.weight.add_(0.3 * torch.randn(32))
+    elif phi3:
+        from transformers import Phi3Config, Phi3ForCausalLM  # transformers >= 4.40
+        config = Phi3Config(**sizes, sliding_window=window, pad_token_id=0, bos_token_id=1,
+                            eos_token_id=2, attn_implementation="eager")
+        model = Phi3ForCausalLM(config).eval()
     elif window:
         from transformers import MistralConfig, MistralForCausalLM
         config = MistralConfig(**sizes, sliding_window=window, attn_implementation="eager")
@@ -192,6 +200,9 @@ def main():
         return
     if sys.argv[1:] == ["--gemma3-mm"]:
         write("hf_tiny_gemma3_mm", tied=True, rope_scaling=None, gemma3=True, gemma3_mm=True)
+        return
+    if sys.argv[1:] == ["--phi3"]:
+        write("hf_tiny_phi3", tied=False, rope_scaling=None, window=5, phi3=True)
         return
     if sys.argv[1:] == ["--olmoe"]:
         write("hf_tiny_olmoe", tied=False, rope_scaling=None, experts=4, olmoe=True)

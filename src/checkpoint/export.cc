@@ -471,7 +471,7 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
          ", but model.qkv_bias = true starts from a Qwen2ForCausalLM directory (a ", model_type,
          " has no biases on its queries, keys and values)");
   if (!model.moe() && !model.qkv_bias && !model.qk_norm && model_type != "llama" &&
-      model_type != "mistral")
+      model_type != "mistral" && model_type != "phi3")
     fail(config_path, ": model_type = ", model_type,
          ", but model.arch = \"llama\" starts from a LlamaForCausalLM directory",
          model_type == "mixtral" ? " (a MixtralForCausalLM needs model.moe_experts)"
@@ -501,6 +501,14 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
                config.contains("num_key_value_heads") ? integer("num_key_value_heads")
                                                       : integer("num_attention_heads"),
                model.n_kv_heads, "model.n_kv_heads");
+  // Phi-3 and Phi-4 (Phi3ForCausalLM): a Llama whose qkv and gate/up weights are stored fused
+  // as Loom's are; the rotation over every dimension (Phi-4-mini's partial one is not built).
+  if (model_type == "phi3") {
+    const nlohmann::json partial = config.value("partial_rotary_factor", nlohmann::json(1.0));
+    if (!partial.is_number() || partial.get<double>() != 1.0)
+      fail(config_path, ": partial_rotary_factor = ", partial.dump(),
+           ": Loom's rotary embedding turns every dimension of a head (1.0)");
+  }
   // A Qwen 3 mixture's experts are moe_intermediate_size wide (its intermediate_size is for
   // dense blocks, which Loom's mixture has none of: every block sparse).
   const bool qwen3_moe = model_type == "qwen3_moe", olmoe = model_type == "olmoe";
@@ -622,6 +630,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
   const HfMoeNames moe = hf_moe_names(model);
   const std::string model_type = config.value("model_type", std::string());
   const bool gemma3 = model_type == "gemma3_text" || model_type == "gemma3";
+  // Phi3ForCausalLM keeps qkv and gate/up fused, in Loom's row order.
+  const bool phi3 = model_type == "phi3";
   const Gemma3Names gemma3_text = gemma3 ? gemma3_names(tensors) : Gemma3Names{};
   for (const auto& p : layout.parameters()) {
     // Where the parameter's rows come from, in order.
@@ -650,6 +660,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
         sources = {{hf + (model.post_norm ? "post_feedforward_layernorm.weight"
                                           : "post_attention_layernorm.weight"),
                     {C}}};
+      else if (rest == "attn.qkv.weight" && phi3)
+        sources = {{hf + "self_attn.qkv_proj.weight", {Q + 2 * kv, C}}};
       else if (rest == "attn.qkv.weight")
         sources = {{hf + "self_attn.q_proj.weight", {Q, C}},
                    {hf + "self_attn.k_proj.weight", {kv, C}},
@@ -665,6 +677,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
                                          : kv}}};
       else if (rest == "attn.proj.weight")
         sources = {{hf + "self_attn.o_proj.weight", {C, Q}}};
+      else if (rest == "mlp.fc.weight" && phi3)
+        sources = {{hf + "mlp.gate_up_proj.weight", {2 * H, C}}};
       else if (rest == "mlp.fc.weight")
         sources = {{hf + "mlp.gate_proj.weight", {H, C}}, {hf + "mlp.up_proj.weight", {H, C}}};
       else if (rest == "mlp.proj.weight") sources = {{hf + "mlp.down_proj.weight", {C, H}}};
@@ -681,7 +695,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     }
     if (sources.empty())
       fail("parameter '", n,
-           "' has no HuggingFace Llama, Qwen 2, Qwen 3, OLMo 2, Gemma 3, Mixtral, Qwen 3 MoE or "
+           "' has no HuggingFace Llama, Mistral, Phi-3, Qwen 2, Qwen 3, OLMo 2, Gemma 3, Mixtral, "
+           "Qwen 3 MoE or "
            "OLMoE ",
            "name");
     float* dst = into.values.data<float>() + p->offset;

@@ -1170,6 +1170,48 @@ Gpt2Config tiny_hub_mistral() {
   return c;
 }
 
+// Phi-3 and Phi-4's class (Phi3ForCausalLM): a directory transformers 4.51.3 saved
+// (tests/data/hf_tiny_phi3, tools/make_hf_llama_fixture.py --phi3: tiny_hub_mistral's sizes and
+// window, the queries, keys and values in one qkv_proj and the gate and up rows in one
+// gate_up_proj, which are Loom's fused weights as they are) gives transformers' logits; a partial
+// rotation (Phi-4-mini's), LongRoPE (Phi-3's 128k models) or another window is named.
+TEST(ImportPhi3, TransformersSavedPhi3GivesTransformersLogits) {
+  expect_transformers_logits(LOOM_SOURCE_DIR "/tests/data/hf_tiny_phi3", tiny_hub_mistral());
+}
+
+TEST(ImportPhi3, PartialRotationLongRopeAndOtherWindowsAreNamed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_phi3_bad_" + std::to_string(getpid()));
+  const std::string phi3 = LOOM_SOURCE_DIR "/tests/data/hf_tiny_phi3";
+  const auto same = [](nlohmann::json&) {};
+  EXPECT_EQ(import_error(phi3, dir, same, tiny_hub_mistral()), "no error");
+  EXPECT_NE(import_error(
+                phi3, dir, [](nlohmann::json& j) { j["partial_rotary_factor"] = 0.75; },
+                tiny_hub_mistral())
+                .find("partial_rotary_factor = 0.75: Loom's rotary embedding turns every "
+                      "dimension of a head (1.0)"),
+            std::string::npos);
+  EXPECT_NE(import_error(
+                phi3, dir,
+                [](nlohmann::json& j) {
+                  j["rope_scaling"] = {{"type", "longrope"},
+                                       {"short_factor", {1.0, 1.0}},
+                                       {"long_factor", {2.0, 2.0}}};
+                },
+                tiny_hub_mistral())
+                .find("not \"longrope\""),
+            std::string::npos);
+  EXPECT_NE(import_error(phi3, dir, same, tiny_hub_llama())
+                .find("sliding_window = 5 is below model.max_seq_len = 64"),
+            std::string::npos);
+  // A model with qkv biases or query/key norms is another class's.
+  Gpt2Config normed = tiny_hub_mistral();
+  normed.qk_norm = true;
+  EXPECT_NE(import_error(phi3, dir, same, normed).find("model_type = phi3, but model.qk_norm"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
 // OLMo 2: an Olmo2ForCausalLM transformers 4.51.3 saved (tests/data/hf_tiny_olmo2,
 // tools/make_hf_llama_fixture.py --olmo2: hf_tiny_llama's sizes, epsilon 1e-6, every gain
 // random) — norms after the attention and the MLP (model.norm_placement = "post"), q_norm and

@@ -330,6 +330,21 @@ TEST_F(LlamaParallel, Gemma3WithLinearRopeScalingUnderEveryLayoutMatchesOneDevic
       "tp=2,sp=1;cp=2;cp=2,cp_comm=ring;pp=3,schedule=1f1b;dp=2,tp=2,zero=3", 5);
 }
 
+// Phi-3's class, started from a Phi3ForCausalLM transformers saved (tests/data/hf_tiny_phi3): its
+// fused qkv_proj and gate_up_proj read as Loom's fused weights, then split as every layout splits
+// them (tp's heads and hidden columns), a window of 5 — each layout one device's run.
+TEST_F(LlamaParallel, Phi3FromTransformersUnderEveryLayoutMatchesOneDevice) {
+  expect_hub_qwen_layouts_match(
+      config(), "hf_tiny_phi3",
+      [](ModelConfig& m) {
+        m.rope_theta = 500;
+        m.norm_eps = 1e-5;
+        m.tie_embeddings = false;
+        m.sliding_window = 5;
+      },
+      "tp=2,sp=1;cp=2,cp_comm=ring;pp=2,schedule=zb-h1;dp=2,tp=2,zero=3", 4);
+}
+
 // OLMoE, started from an OlmoeForCausalLM transformers saved (tests/data/hf_tiny_olmoe): a
 // mixture of 4 experts, 2 a token, its chosen weights not normalised, with query/key norms over
 // all the heads — under expert parallelism (all-gather and all-to-all), tp (the norms' rows split,
