@@ -1,12 +1,14 @@
 // Fuzzes train.init_from's reader of a HuggingFace model directory (config.json and
 // model.safetensors) for GPT-2, Llama, Mixtral (a mixture of experts), Qwen 2 (a Llama with
-// qkv biases), Qwen 3 (a Llama with query/key norms on heads wider than their share) and Mistral
-// (a Llama with a sliding window): the directories of six small models' exports are made once;
-// each input replaces one file — byte 0: bit 0 picks config.json or model.safetensors, the rest
-// (mod 6) GPT-2, Llama, Mixtral, Qwen 2, Qwen 3 or Mistral — with the rest. Properties: a refusal
+// qkv biases), Qwen 3 (a Llama with query/key norms on heads wider than their share), Mistral
+// (a Llama with a sliding window), OLMoE (a mixture with full-width query/key norms) and Gemma 3
+// (its parts, linear rope scaling and a query_pre_attn_scalar): the directories of eight small
+// models' exports are made once; each input replaces one file — byte 0: bit 0 picks config.json
+// or model.safetensors, the rest (mod 8) the model — with the rest. Properties: a refusal
 // is a loom::Error; the unchanged directory loads (checked once), and an accepted one sets every
 // parameter's values from the file (none left from before).
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -29,8 +31,9 @@ struct HfDir {
 };
 const char* const kFiles[2] = {"config.json", "model.safetensors"};
 
-enum Kind { kGpt2, kLlama, kMixtral, kQwen2, kQwen3, kMistral, kKinds };
-const char* const kKindNames[kKinds] = {"gpt2", "llama", "mixtral", "qwen2", "qwen3", "mistral"};
+enum Kind { kGpt2, kLlama, kMixtral, kQwen2, kQwen3, kMistral, kOlmoe, kGemma3, kKinds };
+const char* const kKindNames[kKinds] = {"gpt2",  "llama",   "mixtral", "qwen2",
+                                        "qwen3", "mistral", "olmoe",   "gemma3"};
 
 HfDir make(Kind kind) {
   HfDir h;
@@ -44,14 +47,29 @@ HfDir make(Kind kind) {
     h.config.n_kv_heads = 1;
     h.config.ffn_hidden = 12;
   }
-  if (kind == kMixtral) {
+  if (kind == kMixtral || kind == kOlmoe) {
     h.config.moe_experts = 3;
     h.config.moe_top_k = 2;
   }
+  if (kind == kOlmoe) {
+    h.config.qk_norm_full = true;
+    h.config.moe_router_norm_topk_prob = false;
+  }
+  if (kind == kGemma3) {
+    h.config.sandwich_norm = true;
+    h.config.ffn_activation = GatedActivation::kGeluTanh;
+    h.config.embedding_multiplier = static_cast<float>(std::sqrt(8.0));
+    h.config.sliding_window = 3;
+    h.config.full_attention_every = 2;
+    h.config.rope_local_theta = 100;
+    h.config.rope_scaling_factor = 8;
+    h.config.rope_scaling_linear = true;
+    h.config.query_pre_attn_scalar = 6;
+  }
   h.config.qkv_bias = kind == kQwen2;
-  h.config.qk_norm = kind == kQwen3;
+  h.config.qk_norm = kind == kQwen3 || kind == kOlmoe || kind == kGemma3;
   h.config.head_width = kind == kQwen3 ? 6 : 0;
-  h.config.sliding_window = kind == kMistral ? 3 : 0;
+  if (kind == kMistral) h.config.sliding_window = 3;
   h.model = std::make_unique<Gpt2>(h.config);
   h.model->build(DType::kF32, Device::cpu(), 5);
   const fs::path base = fuzz::scratch_dir() / kKindNames[kind];
@@ -79,8 +97,8 @@ FlatModelState load(HfDir& h) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static HfDir dirs[kKinds] = {make(kGpt2),  make(kLlama), make(kMixtral),
-                               make(kQwen2), make(kQwen3), make(kMistral)};
+  static HfDir dirs[kKinds] = {make(kGpt2),  make(kLlama),   make(kMixtral), make(kQwen2),
+                               make(kQwen3), make(kMistral), make(kOlmoe),   make(kGemma3)};
   static const bool unchanged_loads = [] {
     for (HfDir& h : dirs) load(h);  // throws (and so fails) if the exports do not load
     return true;
