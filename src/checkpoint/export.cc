@@ -389,28 +389,59 @@ nlohmann::json read_hf_config(const fs::path& dir, const char* kind) {
 }
 
 // The tensors of a HuggingFace directory: model.safetensors, or the files that
-// model.safetensors.index.json's weight_map names (checkpoints of several GB are split so).
-std::map<std::string, Tensor> read_hf_tensors(const fs::path& dir) {
-  if (fs::exists(dir / "model.safetensors"))
-    return load_safetensors((dir / "model.safetensors").string()).tensors;
+// model.safetensors.index.json's weight_map names (checkpoints of several GB are split so). Every
+// file's header is read and checked at once; a tensor's data when it is asked for, so that a
+// model of tens of GB is never in memory whole (a Gemma 3 27B's 54 GB of bf16).
+class HfTensors {
+ public:
+  explicit HfTensors(const fs::path& dir);
+  bool contains(const std::string& name) const { return where_.contains(name); }
+  // Its shape; fails naming the directory when there is no such tensor.
+  const Shape& shape(const std::string& name) const { return entry(name).shape; }
+  Tensor read_f32(const std::string& name) const {  // a host f32 copy
+    const Tensor t = files_[where_.at(name)].read(name);
+    return t.dtype() == DType::kF32 ? t : t.to(DType::kF32);
+  }
+
+ private:
+  const SafetensorsEntry& entry(const std::string& name) const {
+    const auto it = where_.find(name);
+    if (it == where_.end()) fail(dir_.string(), ": no tensor ", name);
+    return *files_[it->second].find(name);
+  }
+  fs::path dir_;
+  std::vector<SafetensorsIndex> files_;
+  std::map<std::string, size_t> where_;  // a tensor's file (the last to hold it)
+};
+
+HfTensors::HfTensors(const fs::path& dir) : dir_(dir) {
+  const auto add = [&](const fs::path& path) {
+    files_.emplace_back(path.string());
+    for (const std::string& name : files_.back().names()) where_[name] = files_.size() - 1;
+  };
+  if (fs::exists(dir / "model.safetensors")) {
+    add(dir / "model.safetensors");
+    return;
+  }
   const fs::path index_path = dir / "model.safetensors.index.json";
   std::ifstream index_file(index_path);
   if (!index_file)
     fail(dir.string(), ": neither model.safetensors nor model.safetensors.index.json");
   std::set<std::string> files;
   try {
-    for (const auto& [name, file] : nlohmann::json::parse(index_file).at("weight_map").items())
+    // The parsed index kept in a variable: a range-for over items() of the temporary parse()
+    // returns reads a destroyed object (no files at all, or worse).
+    const nlohmann::json index = nlohmann::json::parse(index_file);
+    for (const auto& [name, file] : index.at("weight_map").items())
       files.insert(file.get<std::string>());
   } catch (const nlohmann::json::exception& e) {
     fail(index_path.string(), ": no weight_map of tensor names to files: ", e.what());
   }
-  std::map<std::string, Tensor> all;
   for (const std::string& file : files) {
     if (file.find('/') != std::string::npos || file.starts_with("."))
       fail(index_path.string(), ": '", file, "' is not a file name in ", dir.string());
-    for (auto& [name, t] : load_safetensors((dir / file).string()).tensors) all[name] = std::move(t);
+    add(dir / file);
   }
-  return all;
 }
 
 // Checks a LlamaForCausalLM's config.json against the model; returns its vocab_size. A key of
@@ -605,7 +636,7 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
 // A Llama's HuggingFace tensors (LlamaForCausalLM's names) in Loom's parameters: the fused qkv
 // and gate/up weights from their row blocks; everything else one to one.
 void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layout,
-                           const Gpt2Config& model, FlatModelState& into) {
+                           const Gpt2Config& model, const HfParameterSink& take) {
   const fs::path dir(hf_dir);
   const std::string config_path = (dir / "config.json").string();
   const nlohmann::json config = read_hf_config(dir, "Llama");
@@ -616,14 +647,12 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     fail(config_path, ": a key of another type than LlamaConfig's: ", e.what());
   }
 
-  const std::map<std::string, Tensor> tensors = read_hf_tensors(dir);
+  const HfTensors tensors(dir);
   const auto tensor = [&](const std::string& name, const Shape& shape) {
-    const auto it = tensors.find(name);
-    if (it == tensors.end()) fail(hf_dir, ": no tensor ", name);
-    if (it->second.shape() != shape)
-      fail(hf_dir, ": ", name, " has shape ", shape_str(it->second.shape()), ", expected ",
+    if (tensors.shape(name) != shape)
+      fail(hf_dir, ": ", name, " has shape ", shape_str(tensors.shape(name)), ", expected ",
            shape_str(shape));
-    return it->second.dtype() == DType::kF32 ? it->second : it->second.to(DType::kF32);
+    return tensors.read_f32(name);
   };
   const int64_t C = model.d_model, Q = model.attention_width(),
                 kv = model.kv_heads() * model.head_dim(), H = model.ffn_hidden;
@@ -632,7 +661,9 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
   const bool gemma3 = model_type == "gemma3_text" || model_type == "gemma3";
   // Phi3ForCausalLM keeps qkv and gate/up fused, in Loom's row order.
   const bool phi3 = model_type == "phi3";
-  const Gemma3Names gemma3_text = gemma3 ? gemma3_names(tensors) : Gemma3Names{};
+  const Gemma3Names gemma3_text =
+      gemma3 ? gemma3_names([&](const std::string& name) { return tensors.contains(name); })
+             : Gemma3Names{};
   for (const auto& p : layout.parameters()) {
     // Where the parameter's rows come from, in order.
     std::vector<std::pair<std::string, Shape>> sources;
@@ -699,7 +730,8 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
            "Qwen 3 MoE or "
            "OLMoE ",
            "name");
-    float* dst = into.values.data<float>() + p->offset;
+    std::vector<float> value(static_cast<size_t>(p->numel()));
+    float* dst = value.data();
     int64_t written = 0;
     for (const auto& [name, shape] : sources) {
       const Tensor t = tensor(name, shape);
@@ -709,6 +741,7 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     std::fill(dst + written, dst + p->numel(), 0.0f);  // vocabulary padding rows
     if (gemma.gain)
       for (int64_t i = 0; i < p->numel(); ++i) dst[i] += 1.0f;
+    take(*p, dst);
   }
 }
 
@@ -716,7 +749,14 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
 
 void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
                      const Gpt2Config& model, FlatModelState& into) {
-  if (model.llama()) return load_hf_llama_weights(hf_dir, layout, model, into);
+  for_each_hf_parameter(hf_dir, layout, model, [&](const Parameter& p, const float* values) {
+    std::copy(values, values + p.numel(), into.values.data<float>() + p.offset);
+  });
+}
+
+void for_each_hf_parameter(const std::string& hf_dir, const ParameterStore& layout,
+                           const Gpt2Config& model, const HfParameterSink& take) {
+  if (model.llama()) return load_hf_llama_weights(hf_dir, layout, model, take);
   if (model.embedding_multiplier != 1)
     fail("train.init_from = ", hf_dir, ": a GPT2LMHeadModel does not scale its embedding, and ",
          "model.embedding_multiplier = ", model.embedding_multiplier);
@@ -760,18 +800,19 @@ void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
     // wte and wpe may have other row counts (vocabulary padding, a longer context).
     const bool rows_may_differ = p->name == "wte.weight" || p->name == "wpe.weight";
     const int64_t rows = p->shape[0], cols = p->shape.size() > 1 ? p->shape[1] : 1;
-    const int64_t take = p->name == "wte.weight" ? vocab : rows;
+    const int64_t taken = p->name == "wte.weight" ? vocab : rows;
     const bool fits =
         t.shape().size() == p->shape.size() &&
-        (rows_may_differ ? t.dim(0) >= take && (p->shape.size() == 1 || t.dim(1) == cols)
+        (rows_may_differ ? t.dim(0) >= taken && (p->shape.size() == 1 || t.dim(1) == cols)
                          : t.shape() == p->shape);
     if (!fits)
       fail(hf_dir, ": ", it->first, " has shape ", shape_str(it->second.shape()), ", ", p->name,
            " needs ", shape_str(p->shape),
            hf.transposed ? " (transposed: Conv1D is in × out)" : "");
-    float* dst = into.values.data<float>() + p->offset;
-    std::copy(t.data<float>(), t.data<float>() + take * cols, dst);
-    std::fill(dst + take * cols, dst + rows * cols, 0.0f);
+    std::vector<float> value(static_cast<size_t>(rows * cols));
+    std::copy(t.data<float>(), t.data<float>() + taken * cols, value.data());
+    std::fill(value.begin() + taken * cols, value.end(), 0.0f);
+    take(*p, value.data());
   }
 }
 

@@ -14,6 +14,7 @@
 // Both formats are written as fp32, or bf16 (`bf16`: rounded to nearest even; halves the files).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "models/gpt2.h"
@@ -42,6 +43,14 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
 // rms_norm_eps and tie_word_embeddings must be the model's; rope_scaling (Llama 3.1+) is refused.
 void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
                      const Gpt2Config& model, FlatModelState& into);
+
+// The same, one parameter at a time: take(p, values) for each of `layout`'s parameters with its
+// whole value (p.numel() host floats, valid during the call), read from the directory's files as
+// it is needed, so that no more than one parameter's value and its tensors are in memory (what
+// train.init_from does for a model of tens of GB). The checks and errors are load_hf_weights's.
+using HfParameterSink = std::function<void(const Parameter& p, const float* values)>;
+void for_each_hf_parameter(const std::string& hf_dir, const ParameterStore& layout,
+                           const Gpt2Config& model, const HfParameterSink& take);
 
 // The HuggingFace name of a Loom parameter ("blocks.3.attn.qkv.weight" ->
 // "transformer.h.3.attn.c_attn.weight"), and whether its weight is stored transposed there.

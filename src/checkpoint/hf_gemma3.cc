@@ -207,10 +207,10 @@ int64_t check_gemma3_config(const std::string& config_path, const nlohmann::json
   return vocab;
 }
 
-Gemma3Names gemma3_names(const std::map<std::string, Tensor>& tensors) {
-  if (tensors.contains("language_model.model.embed_tokens.weight"))  // transformers 4.50-4.51
+Gemma3Names gemma3_names(const std::function<bool(const std::string&)>& has) {
+  if (has("language_model.model.embed_tokens.weight"))  // transformers 4.50-4.51
     return {"language_model.model.", "language_model.lm_head.weight"};
-  if (tensors.contains("model.language_model.embed_tokens.weight"))  // 4.52 on
+  if (has("model.language_model.embed_tokens.weight"))  // 4.52 on
     return {"model.language_model.", "lm_head.weight"};
   return {};
 }

@@ -47,12 +47,12 @@ int64_t check_gemma3_config(const std::string& config_path, const nlohmann::json
 // Gemma3ForConditionalGeneration's (4B and up: the text model beside a vision tower, whose
 // tensors Loom leaves) language_model.model.* and language_model.lm_head as transformers 4.50 and
 // 4.51 write them, model.language_model.* and lm_head as later versions do. From the tensors'
-// names.
+// names (`has`: whether the directory holds a tensor of that name).
 struct Gemma3Names {
   std::string text = "model.";          // before embed_tokens, layers.N and norm
   std::string head = "lm_head.weight";  // an untied head
 };
-Gemma3Names gemma3_names(const std::map<std::string, Tensor>& tensors);
+Gemma3Names gemma3_names(const std::function<bool(const std::string&)>& has);
 
 // Where Loom parameter `name`'s rows come from in a Gemma 3 directory, in order, and whether it is
 // a gain (Loom's = 1 + Gemma's), for the names that are Gemma's own: the embedding, the head and

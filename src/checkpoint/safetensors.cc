@@ -52,8 +52,9 @@ template <typename... Args>
 // written, and everything read (which must then be read front to back), goes into its digest.
 class File {
  public:
-  File(const std::string& path, const char* mode)
-      : path_(path), f_(std::fopen(path.c_str(), mode)) {
+  // digest = false: reads in any order, nothing digested (SafetensorsIndex's).
+  File(const std::string& path, const char* mode, bool digest = true)
+      : path_(path), f_(std::fopen(path.c_str(), mode)), digest_(digest) {
     if (!f_) bad_file(path_, "cannot open: ", std::strerror(errno));
   }
   ~File() {
@@ -74,6 +75,7 @@ class File {
     if (std::fread(data, 1, bytes, f_) != bytes)
       bad_file(path_, std::ferror(f_) ? "read failed" : "unexpected end of file", " reading ",
                what);
+    if (!digest_) return;
     LOOM_CHECK_MSG(offset == read_end_, "safetensors reads must follow each other for the digest");
     read_end_ = offset + static_cast<int64_t>(bytes);
     digester_.update(data, bytes);
@@ -91,6 +93,7 @@ class File {
  private:
   std::string path_;
   std::FILE* f_;
+  bool digest_;
   Digester digester_;
   int64_t read_end_ = 0;
 };
@@ -227,14 +230,25 @@ FileDigest save_safetensors(const std::string& path,
   }
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+namespace {
+// A file's header: its metadata and entries (in the header's order), each checked, the entries
+// tiling the data exactly, as the reference loader requires.
+struct Header {
+  std::map<std::string, std::string> metadata;
+  std::vector<Entry> entries;
+  int64_t data_start = 0;
+};
+
+int64_t file_size_of(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) bad_file(path, "does not exist");
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) bad_file(path, "cannot read: ", ec.message());
-  const int64_t file_bytes = static_cast<int64_t>(size);
-  File file(path, "rb");
+  return static_cast<int64_t>(size);
+}
 
+// Reads the header of `file` (`file_bytes` long) from its first byte.
+Header read_header(const std::string& path, File& file, int64_t file_bytes) {
   // 1. Header length and JSON.
   if (file_bytes < 8)
     bad_file(path, "is ", file_bytes, " bytes, too short for the 8-byte header length");
@@ -256,10 +270,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
   if (!header.is_object()) bad_file(path, "the header is not a JSON object");
 
   // 2. Metadata and entries, each checked on its own.
-  SafetensorsFile out;
+  Header out;
   const int64_t data_start = 8 + static_cast<int64_t>(header_bytes);
+  out.data_start = data_start;
   const int64_t data_bytes = file_bytes - data_start;
-  std::vector<Entry> entries;
   for (const auto& [name, info] : header.items()) {
     if (name == kMetadataKey) {
       if (!info.is_object()) bad_file(path, "__metadata__ must be an object of strings");
@@ -270,8 +284,9 @@ SafetensorsFile load_safetensors(const std::string& path) {
       }
       continue;
     }
-    entries.push_back(parse_entry(path, name, info, data_bytes));
+    out.entries.push_back(parse_entry(path, name, info, data_bytes));
   }
+  const std::vector<Entry>& entries = out.entries;
 
   // 3. The tensors must tile [0, data_bytes) exactly, as the reference loader requires.
   std::vector<const Entry*> by_offset;
@@ -291,6 +306,21 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
   if (expected != data_bytes)
     bad_file(path, "tensors cover ", expected, " bytes of data, but the file holds ", data_bytes);
+  return out;
+}
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  const int64_t file_bytes = file_size_of(path);
+  File file(path, "rb");
+  Header header = read_header(path, file, file_bytes);
+  SafetensorsFile out;
+  out.metadata = std::move(header.metadata);
+  const int64_t data_start = header.data_start;
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : header.entries) by_offset.push_back(&e);
+  std::stable_sort(by_offset.begin(), by_offset.end(),
+                   [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
 
   // 4. Data, read in offset order; names keep the header's order.
   for (const Entry* e : by_offset) {
@@ -299,9 +329,35 @@ SafetensorsFile load_safetensors(const std::string& path) {
                  "tensor '" + e->name + "'");
     out.tensors.emplace(e->name, std::move(t));
   }
-  for (const Entry& e : entries) out.names.push_back(e.name);
+  for (const Entry& e : header.entries) out.names.push_back(e.name);
   out.digest = file.digest();  // the tensors tile the data, so every byte went into it
   return out;
+}
+
+SafetensorsIndex::SafetensorsIndex(const std::string& path) : path_(path) {
+  const int64_t file_bytes = file_size_of(path);
+  File file(path, "rb", /*digest=*/false);
+  const Header header = read_header(path, file, file_bytes);
+  data_start_ = header.data_start;
+  for (const Entry& e : header.entries) {
+    names_.push_back(e.name);
+    entries_.emplace(e.name, SafetensorsEntry{e.dtype, e.shape, e.begin, e.end});
+  }
+}
+
+const SafetensorsEntry* SafetensorsIndex::find(const std::string& name) const {
+  const auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+Tensor SafetensorsIndex::read(const std::string& name) const {
+  const SafetensorsEntry* e = find(name);
+  if (e == nullptr) bad_file(path_, "has no tensor '", name, "'");
+  Tensor t = Tensor::empty(e->shape, e->dtype);
+  File file(path_, "rb", /*digest=*/false);
+  file.read_at(data_start_ + e->begin, t.numel() > 0 ? t.raw() : nullptr, t.nbytes(),
+               "tensor '" + name + "'");
+  return t;
 }
 
 }  // namespace loom

@@ -7,8 +7,8 @@
 // Offsets are relative to the start of the data, which the tensors tile exactly (no gaps, no
 // overlaps), each end - begin == numel × dtype size. Loom reads and writes F64, F32, F16, BF16,
 // I64 and I32; other dtypes (U8, BOOL, F8_*) are reported by name. Data is little-endian, as on
-// every host we run on. What this leaves out: memory mapping and lazy loading — load_safetensors
-// reads every tensor into host memory.
+// every host we run on. load_safetensors reads every tensor into host memory; SafetensorsIndex
+// reads the header alone and a tensor when asked (a model of many GB, one tensor at a time).
 #pragma once
 
 #include <map>
@@ -41,5 +41,29 @@ struct SafetensorsFile {
 // unreadable, the header length exceeds the file, the header is not valid JSON or not the
 // expected shape, a dtype is unknown, or offsets are out of range / disagree with shape × dtype.
 SafetensorsFile load_safetensors(const std::string& path);
+
+// One tensor's header entry: its dtype, shape and bytes [begin, end) of the data.
+struct SafetensorsEntry {
+  DType dtype;
+  Shape shape;
+  int64_t begin, end;
+};
+
+// A file's header, checked as load_safetensors checks it (the same errors), with each tensor read
+// from the file when asked: host memory for one tensor at a time.
+class SafetensorsIndex {
+ public:
+  explicit SafetensorsIndex(const std::string& path);
+  const std::string& path() const { return path_; }
+  const std::vector<std::string>& names() const { return names_; }  // the header's order
+  const SafetensorsEntry* find(const std::string& name) const;      // null: no such tensor
+  Tensor read(const std::string& name) const;  // a host tensor; fails naming a missing one
+
+ private:
+  std::string path_;
+  int64_t data_start_ = 0;
+  std::vector<std::string> names_;
+  std::map<std::string, SafetensorsEntry> entries_;
+};
 
 }  // namespace loom

@@ -1,5 +1,6 @@
 #include "train/sharded_io.h"
 
+#include <map>
 #include <memory>
 #include <set>
 
@@ -24,15 +25,12 @@ FlatModelState zero_state(int64_t n) {
           Tensor::zeros({n}, DType::kF32)};
 }
 
-// Copies between a local parameter (in `local_flat`, the part's layout) and its blocks of the
-// whole parameter (in `whole_flat`, the whole model's layout). to_whole: local → whole.
-void copy_pieces(const Parameter& p, const Parameter& whole, Tensor& local_flat, Tensor& whole_flat,
-                 bool to_whole) {
-  float* local = local_flat.data<float>() + p.offset;
-  float* full = whole_flat.data<float>() + whole.offset;
+// The runs a local parameter shares with the whole one: run(local offset, whole offset, count),
+// offsets in elements from each one's first.
+template <typename Run>
+void for_each_run(const Parameter& p, Run run) {
   if (p.pieces.empty()) {
-    if (to_whole) std::copy(local, local + p.numel(), full);
-    else std::copy(full, full + p.numel(), local);
+    run(int64_t{0}, int64_t{0}, p.numel());
     return;
   }
   const int64_t local_cols = p.shape.size() > 1 ? p.shape[1] : 1;
@@ -40,13 +38,23 @@ void copy_pieces(const Parameter& p, const Parameter& whole, Tensor& local_flat,
   for (const ShardPiece& piece : p.pieces) {
     const int64_t row0 = piece.region.offset[0];
     const int64_t col0 = piece.region.offset.size() > 1 ? piece.region.offset[1] : 0;
-    for (int64_t i = 0; i < piece.rows; ++i) {
-      float* l = local + (piece.local_row + i) * local_cols;
-      float* f = full + (row0 + i) * full_cols + col0;
-      if (to_whole) std::copy(l, l + local_cols, f);
-      else std::copy(f, f + local_cols, l);
-    }
+    for (int64_t i = 0; i < piece.rows; ++i)
+      run((piece.local_row + i) * local_cols, (row0 + i) * full_cols + col0, local_cols);
   }
+}
+
+// Copies between a local parameter (in `local_flat`, the part's layout) and its blocks of the
+// whole parameter (in `whole_flat`, the whole model's layout). to_whole: local → whole.
+void copy_pieces(const Parameter& p, const Parameter& whole, Tensor& local_flat, Tensor& whole_flat,
+                 bool to_whole) {
+  float* local = local_flat.data<float>() + p.offset;
+  float* full = whole_flat.data<float>() + whole.offset;
+  for_each_run(p, [&](int64_t l, int64_t f, int64_t n) {
+    if (to_whole)
+      std::copy(local + l, local + l + n, full + f);
+    else
+      std::copy(full + f, full + f + n, local + l);
+  });
 }
 
 void copy_state(const Parameter& p, const Parameter& whole, FlatModelState& local,
@@ -262,18 +270,32 @@ TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,
   return st;
 }
 
+// One parameter at a time (for_each_hf_parameter): each part keeps its blocks of it, and nothing
+// the size of the whole model is ever in memory — the directory's tensors are read as they are
+// needed, and no whole-model state is made (a 27 B model's would be 324 GB).
 void init_layout_from_hf(const std::string& hf_dir, const std::vector<Gpt2Stage*>& parts,
                          const std::vector<DataParallel*>& engines, const Config& config) {
   LOOM_CHECK(parts.size() == engines.size());
-  auto layout = whole_layout(config);
-  FlatModelState whole = zero_state(layout->params().numel());
-  load_hf_weights(hf_dir, layout->params(), model_config_of(config), whole);
+  auto layout = whole_layout(config);  // offsets only: no values allocated
+  std::vector<FlatModelState> local;
+  std::vector<std::map<std::string, const Parameter*>> by_name(parts.size());
   for (size_t k = 0; k < parts.size(); ++k) {
-    FlatModelState local = zero_state(parts[k]->params().numel());
-    for (const auto& p : parts[k]->params().parameters())
-      copy_state(*p, layout->params().get(p->name), local, whole, false);
-    engines[k]->load_state(local, 0);
+    local.push_back(zero_state(parts[k]->params().numel()));
+    for (const auto& p : parts[k]->params().parameters()) by_name[k][p->name] = p.get();
   }
+  for_each_hf_parameter(hf_dir, layout->params(), model_config_of(config),
+                        [&](const Parameter& whole, const float* values) {
+                          for (size_t k = 0; k < parts.size(); ++k) {
+                            const auto it = by_name[k].find(whole.name);
+                            if (it == by_name[k].end()) continue;
+                            const Parameter& p = *it->second;
+                            float* dst = local[k].values.data<float>() + p.offset;
+                            for_each_run(p, [&](int64_t l, int64_t f, int64_t n) {
+                              std::copy(values + f, values + f + n, dst + l);
+                            });
+                          }
+                        });
+  for (size_t k = 0; k < parts.size(); ++k) engines[k]->load_state(local[k], 0);
 }
 
 }  // namespace loom

@@ -521,6 +521,61 @@ TEST(ImportLlama, LoomsOwnExportLoadsBackBitForBit) {
   }
 }
 
+// A directory split over several files (model.safetensors.index.json, as the Hub's models of
+// several GB are): for_each_hf_parameter hands each parameter over once, whole, with the values
+// load_hf_weights gives from the single file — reading a tensor when its parameter is taken, so
+// that a file spoiled after the headers were read fails at that tensor, naming it.
+TEST(ImportLlama, SplitFilesStreamOneParameterAtATime) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_import_split_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string hub = LOOM_SOURCE_DIR "/tests/data/hf_tiny_llama";
+  fs::copy_file(hub + "/config.json", dir / "config.json");
+  const SafetensorsFile f = load_safetensors(hub + "/model.safetensors");
+  std::vector<std::pair<std::string, Tensor>> halves[2];
+  nlohmann::json map = nlohmann::json::object();
+  for (size_t i = 0; i < f.names.size(); ++i) {
+    const int half = f.names[i].find("layers.1.") != std::string::npos ? 1 : 0;
+    halves[half].emplace_back(f.names[i], f.tensors.at(f.names[i]).to(DType::kBF16));
+    map[f.names[i]] =
+        half == 0 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  ASSERT_FALSE(halves[1].empty());
+  save_safetensors((dir / "model-00001-of-00002.safetensors").string(), halves[0]);
+  save_safetensors((dir / "model-00002-of-00002.safetensors").string(), halves[1]);
+  std::ofstream(dir / "model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
+
+  const Gpt2Config c = tiny_hub_llama();
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 1);
+  FlatModelState single = zero_state_for(model.params());
+  load_hf_weights(hub, model.params(), c, single);
+  // The split files hold bf16: the single file's values rounded.
+  const Tensor rounded = single.values.to(DType::kBF16).to(DType::kF32);
+  std::map<std::string, int> seen;
+  for_each_hf_parameter(dir.string(), model.params(), c, [&](const Parameter& p, const float* v) {
+    ++seen[p.name];
+    EXPECT_EQ(std::memcmp(v, rounded.data<float>() + p.offset, p.numel() * sizeof(float)), 0)
+        << p.name;
+  });
+  EXPECT_EQ(seen.size(), model.params().parameters().size());
+  for (const auto& [name, count] : seen) EXPECT_EQ(count, 1) << name;
+  // The second file cut short after its header was read: its first tensor is named when read.
+  int taken = 0;
+  const std::string error = testutil::error_of([&] {
+    for_each_hf_parameter(dir.string(), model.params(), c, [&](const Parameter&, const float*) {
+      if (++taken == 1)
+        fs::resize_file(dir / "model-00002-of-00002.safetensors",
+                        fs::file_size(dir / "model-00002-of-00002.safetensors") - 4);
+    });
+  });
+  EXPECT_NE(error.find("model-00002-of-00002.safetensors': unexpected end of file reading tensor"),
+            std::string::npos)
+      << error;
+  fs::remove_all(dir);
+}
+
 // The error load_hf_weights gives for the files of `hub` with its config.json changed by
 // `change` (copied to `dir`), or "no error".
 std::string import_error(const std::string& hub, const fs::path& dir,

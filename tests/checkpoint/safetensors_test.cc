@@ -114,6 +114,37 @@ TEST(Safetensors, RoundTripsEveryDTypeBitwise) {
   EXPECT_EQ(file.tensors.at("empty").numel(), 0);
 }
 
+// SafetensorsIndex reads the header alone and each tensor when asked, in any order: the same
+// names, dtypes, shapes and bytes as load_safetensors; a missing name and a truncated file are
+// named as load_safetensors names them.
+TEST(Safetensors, AnIndexReadsEachTensorAsTheWholeFileDoes) {
+  const std::vector<std::pair<std::string, Tensor>> tensors = {
+      {"w", patterned({3, 5}, DType::kF32, 1)},   {"bf16", patterned({3}, DType::kBF16, 3)},
+      {"i64", patterned({2, 1}, DType::kI64, 6)}, {"empty", Tensor::empty({0, 4}, DType::kF32)},
+      {"last", patterned({7}, DType::kF16, 8)},
+  };
+  TempPath path;
+  save_safetensors(path.str(), tensors);
+  const SafetensorsFile whole = load_safetensors(path.str());
+  const SafetensorsIndex index(path.str());
+  EXPECT_EQ(index.names(), whole.names);
+  for (auto it = tensors.rbegin(); it != tensors.rend(); ++it) {  // back to front
+    ASSERT_NE(index.find(it->first), nullptr);
+    EXPECT_EQ(index.find(it->first)->shape, it->second.shape());
+    expect_same(it->second, index.read(it->first), it->first);
+  }
+  EXPECT_EQ(index.find("nope"), nullptr);
+  EXPECT_NE(testutil::error_of([&] { (void)index.read("nope"); }).find("has no tensor 'nope'"),
+            std::string::npos);
+  // Truncated by a byte: the header's tiling no longer matches, before any tensor is read.
+  fs::resize_file(path.str(), fs::file_size(path.str()) - 1);
+  const std::string error = testutil::error_of([&] { SafetensorsIndex again(path.str()); });
+  EXPECT_EQ(error, testutil::error_of([&] { (void)load_safetensors(path.str()); }));
+  EXPECT_NE(error.find("tensor 'last': data_offsets [82, 96] are out of range for 95 bytes"),
+            std::string::npos)
+      << error;
+}
+
 // Data is laid out widest dtype first, so every tensor starts at a multiple of its element size
 // (loaders that view mmapped bytes in place need that); the header keeps the given order.
 TEST(Safetensors, DataIsAlignedAndHeaderKeepsTheGivenOrder) {
