@@ -661,6 +661,9 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
   const bool gemma3 = model_type == "gemma3_text" || model_type == "gemma3";
   // Phi3ForCausalLM keeps qkv and gate/up fused, in Loom's row order.
   const bool phi3 = model_type == "phi3";
+  // One parameter's value at a time, the buffer kept for the next (fresh pages cost more than
+  // the copy on some machines: allocated once at the largest parameter's size).
+  std::vector<float> value;
   const Gemma3Names gemma3_text =
       gemma3 ? gemma3_names([&](const std::string& name) { return tensors.contains(name); })
              : Gemma3Names{};
@@ -730,7 +733,7 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
            "Qwen 3 MoE or "
            "OLMoE ",
            "name");
-    std::vector<float> value(static_cast<size_t>(p->numel()));
+    value.resize(static_cast<size_t>(p->numel()));  // every element written below
     float* dst = value.data();
     int64_t written = 0;
     for (const auto& [name, shape] : sources) {
@@ -788,6 +791,7 @@ void for_each_hf_parameter(const std::string& hf_dir, const ParameterStore& layo
     fail(config_path.string(), ": n_positions = ", positions,
          " is below model.max_seq_len = ", model.max_seq_len);
   const SafetensorsFile file = load_safetensors((dir / "model.safetensors").string());
+  std::vector<float> value;  // one parameter's, reused
   for (const auto& p : layout.parameters()) {
     const HfName hf = hf_name_of(p->name);
     auto it = file.tensors.find(hf.name);
@@ -809,7 +813,7 @@ void for_each_hf_parameter(const std::string& hf_dir, const ParameterStore& layo
       fail(hf_dir, ": ", it->first, " has shape ", shape_str(it->second.shape()), ", ", p->name,
            " needs ", shape_str(p->shape),
            hf.transposed ? " (transposed: Conv1D is in × out)" : "");
-    std::vector<float> value(static_cast<size_t>(rows * cols));
+    value.resize(static_cast<size_t>(rows * cols));
     std::copy(t.data<float>(), t.data<float>() + taken * cols, value.data());
     std::fill(value.begin() + taken * cols, value.end(), 0.0f);
     take(*p, value.data());
