@@ -113,6 +113,13 @@ HfMoeNames hf_moe_names(const Gpt2Config& c) {
   return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight", "MixtralForCausalLM"};
 }
 
+// OLMo 2's form (Olmo2ForCausalLM): post-norms and query/key norms over all the heads, and no
+// qkv biases, mixture, model.head_dim or window. Export and import both ask it.
+bool olmo2_form(const Gpt2Config& c) {
+  return c.post_norm && c.qk_norm && c.qk_norm_full && !c.qkv_bias && !c.moe() &&
+         c.head_width == 0 && c.sliding_window == 0;
+}
+
 // OLMoE's form (OlmoeForCausalLM): a mixture of experts with pre-norms and query/key norms over
 // all the heads, no qkv biases, model.head_dim or window.
 bool olmoe_form(const Gpt2Config& c) {
@@ -145,9 +152,7 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
          "which has a bias on its output projection wherever it has qkv biases: no HuggingFace ",
          "class holds this model");
   const bool olmoe = olmoe_form(c);
-  if ((c.post_norm || c.qk_norm_full) && !olmoe &&
-      !(c.post_norm && c.qk_norm && c.qk_norm_full && !c.qkv_bias && !c.moe() &&
-        c.head_width == 0 && c.sliding_window == 0))
+  if ((c.post_norm || c.qk_norm_full) && !olmoe && !olmo2_form(c))
     fail("loom checkpoint export: post-norms (model.norm_placement) and full-width query/key ",
          "norms (model.qk_norm_scope) are written as an Olmo2ForCausalLM, which has both, and ",
          "no qkv biases, mixture, model.head_dim or sliding window (a mixture with full-width ",
@@ -480,11 +485,10 @@ int64_t check_llama_config(const std::string& config_path, const nlohmann::json&
       fail(config_path, ": model_type = ", model_type, ", but model.norm_placement = \"",
            model.post_norm ? "post" : "pre", "\" with model.qk_norm_scope = \"",
            model.qk_norm_full ? "full" : "head", "\" starts from an Olmo2ForCausalLM directory");
-    if (!model.post_norm || !model.qk_norm || !model.qk_norm_full || model.qkv_bias ||
-        model.moe() || model.head_width > 0)
+    if (!olmo2_form(model))
       fail(config_path, ": model_type = olmo2: an Olmo2ForCausalLM needs model.norm_placement = ",
            "\"post\", model.qk_norm = true and model.qk_norm_scope = \"full\", without ",
-           "model.qkv_bias, model.moe_experts or model.head_dim");
+           "model.qkv_bias, model.moe_experts, model.head_dim or model.sliding_window");
   }
   const char* qwen3_type = model.moe() ? "qwen3_moe" : "qwen3";
   const char* qwen3_class = model.moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
