@@ -37,10 +37,12 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
 // (the rest, padding, zero), and the first model.max_seq_len rows of wpe are taken. Anything
 // else that differs is an error naming the directory and the key or tensor.
 // For a Llama (model.arch = "llama"): a LlamaForCausalLM directory (Loom's export, or the Hub's:
-// SmolLM, TinyLlama, Llama 2 — model.safetensors or split files with an index), its q/k/v_proj
-// and gate/up_proj fused into Loom's qkv and fc rows; config.json's hidden_size,
+// SmolLM, TinyLlama, Llama 2 / 3.x — model.safetensors or split files with an index), its
+// q/k/v_proj and gate/up_proj fused into Loom's qkv and fc rows; config.json's hidden_size,
 // num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size, rope_theta,
-// rms_norm_eps and tie_word_embeddings must be the model's; rope_scaling (Llama 3.1+) is refused.
+// rms_norm_eps, tie_word_embeddings and rope_scaling (checkpoint/hf_rope.h) must be the model's.
+// The other classes a Llama's variants start from — Mistral, Phi-3, Qwen 2 / 3, OLMo 2, Gemma 3,
+// Mixtral, Qwen 3 MoE, OLMoE — are docs/models.md's table.
 void load_hf_weights(const std::string& hf_dir, const ParameterStore& layout,
                      const Gpt2Config& model, FlatModelState& into);
 
