@@ -401,18 +401,18 @@ class HfTensors {
  public:
   explicit HfTensors(const fs::path& dir);
   bool contains(const std::string& name) const { return where_.contains(name); }
-  // Its shape; fails naming the directory when there is no such tensor.
-  const Shape& shape(const std::string& name) const { return entry(name).shape; }
-  Tensor read_f32(const std::string& name) const {  // a host f32 copy
-    const Tensor t = files_[where_.at(name)].read(name);
+  // Its shape, and a host f32 copy; both fail naming the directory when there is no such tensor.
+  const Shape& shape(const std::string& name) const { return file_of(name).find(name)->shape; }
+  Tensor read_f32(const std::string& name) const {
+    const Tensor t = file_of(name).read(name);
     return t.dtype() == DType::kF32 ? t : t.to(DType::kF32);
   }
 
  private:
-  const SafetensorsEntry& entry(const std::string& name) const {
+  const SafetensorsIndex& file_of(const std::string& name) const {
     const auto it = where_.find(name);
     if (it == where_.end()) fail(dir_.string(), ": no tensor ", name);
-    return *files_[it->second].find(name);
+    return files_[it->second];
   }
   fs::path dir_;
   std::vector<SafetensorsIndex> files_;
@@ -734,9 +734,7 @@ void load_hf_llama_weights(const std::string& hf_dir, const ParameterStore& layo
     if (sources.empty())
       fail("parameter '", n,
            "' has no HuggingFace Llama, Mistral, Phi-3, Qwen 2, Qwen 3, OLMo 2, Gemma 3, Mixtral, "
-           "Qwen 3 MoE or "
-           "OLMoE ",
-           "name");
+           "Qwen 3 MoE or OLMoE name");
     value.resize(static_cast<size_t>(p->numel()));  // every element written below
     float* dst = value.data();
     int64_t written = 0;

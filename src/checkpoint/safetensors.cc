@@ -232,10 +232,12 @@ FileDigest save_safetensors(const std::string& path,
 
 namespace {
 // A file's header: its metadata and entries (in the header's order), each checked, the entries
-// tiling the data exactly, as the reference loader requires.
+// tiling the data exactly, as the reference loader requires; `by_offset` indexes the entries in
+// the order their data lies in the file.
 struct Header {
   std::map<std::string, std::string> metadata;
   std::vector<Entry> entries;
+  std::vector<size_t> by_offset;
   int64_t data_start = 0;
 };
 
@@ -289,16 +291,18 @@ Header read_header(const std::string& path, File& file, int64_t file_bytes) {
   const std::vector<Entry>& entries = out.entries;
 
   // 3. The tensors must tile [0, data_bytes) exactly, as the reference loader requires.
-  std::vector<const Entry*> by_offset;
-  for (const Entry& e : entries) by_offset.push_back(&e);
-  std::stable_sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  std::vector<size_t>& by_offset = out.by_offset;
+  for (size_t i = 0; i < entries.size(); ++i) by_offset.push_back(i);
+  std::stable_sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) {
+    return entries[a].begin != entries[b].begin ? entries[a].begin < entries[b].begin
+                                                : entries[a].end < entries[b].end;
   });
   int64_t expected = 0;
   for (size_t i = 0; i < by_offset.size(); ++i) {
-    const Entry& e = *by_offset[i];
+    const Entry& e = entries[by_offset[i]];
     if (e.begin < expected)
-      bad_file(path, "tensor '", e.name, "' overlaps tensor '", by_offset[i - 1]->name, "'");
+      bad_file(path, "tensor '", e.name, "' overlaps tensor '", entries[by_offset[i - 1]].name,
+               "'");
     if (e.begin > expected)
       bad_file(path, "tensor '", e.name, "' starts at ", e.begin, ", leaving a gap after byte ",
                expected);
@@ -317,13 +321,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
   SafetensorsFile out;
   out.metadata = std::move(header.metadata);
   const int64_t data_start = header.data_start;
-  std::vector<const Entry*> by_offset;
-  for (const Entry& e : header.entries) by_offset.push_back(&e);
-  std::stable_sort(by_offset.begin(), by_offset.end(),
-                   [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
 
   // 4. Data, read in offset order; names keep the header's order.
-  for (const Entry* e : by_offset) {
+  for (const size_t i : header.by_offset) {
+    const Entry* e = &header.entries[i];
     Tensor t = Tensor::empty(e->shape, e->dtype);
     file.read_at(data_start + e->begin, t.numel() > 0 ? t.raw() : nullptr, t.nbytes(),
                  "tensor '" + e->name + "'");

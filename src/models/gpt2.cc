@@ -445,11 +445,7 @@ double Gpt2::forward(Context& ctx, const Tensor& tokens, const Tensor& targets) 
 }
 
 Tensor scale_embedding(Context& ctx, Tensor x, float multiplier) {
-  if (multiplier == 1.0f) return x;
-  dispatch_float(ctx.dtype, [&](auto zero) {
-    using T = decltype(zero);
-    ops::scale_inplace<T>(ctx.exec(), x.data<T>(), static_cast<T>(multiplier), x.numel());
-  });
+  scale_in_place(ctx, x, multiplier);
   return x;
 }
 

@@ -80,6 +80,10 @@ inline Tensor documents_of(const Context& ctx) {
 }
 
 // Hook calls that do nothing without hooks.
+// x (a float tensor on ctx's device) times s in place; s = 1 leaves it, bit for bit
+// (nn/context.cc). Gemma's embedding multiplier and its query scale.
+void scale_in_place(Context& ctx, Tensor& x, double s);
+
 inline void hook_before_forward(Context& ctx, size_t unit) { if (ctx.hooks) ctx.hooks->before_forward(unit); }
 inline void hook_after_forward(Context& ctx, size_t unit) { if (ctx.hooks) ctx.hooks->after_forward(unit); }
 inline void hook_before_backward(Context& ctx, size_t unit) { if (ctx.hooks) ctx.hooks->before_backward(unit); }

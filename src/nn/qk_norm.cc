@@ -50,14 +50,6 @@ void scatter_heads(Context& ctx, Tensor& qkv, const Tensor& heads, int64_t first
                          rows, count * hd);
   });
 }
-// x times s in place (a query scale of 1 leaves it, bit for bit).
-void scale(Context& ctx, Tensor& x, double s) {
-  if (s == 1) return;
-  dispatch_float(x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    ops::scale_inplace<T>(ctx.exec(), x.data<T>(), static_cast<T>(s), x.numel());
-  });
-}
 void check_width(const Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t hd) {
   // (backward_widening takes bf16 and widens it first.)
   if (qkv.dim(-1) != (heads + 2 * kv_heads) * hd || qkv.dtype() == DType::kBF16 ||
@@ -77,7 +69,7 @@ Tensor QkNorm::gather(Context& ctx, const Tensor& qkv, int64_t first, int64_t co
 void QkNorm::forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads) {
   check_width(qkv, heads, kv_heads, head_dim_);
   Tensor q = q_->forward(ctx, gather(ctx, qkv, 0, heads));
-  scale(ctx, q, query_scale_);
+  scale_in_place(ctx, q, query_scale_);
   scatter_heads(ctx, qkv, q, 0, heads, head_dim_);
   scatter_heads(ctx, qkv, k_->forward(ctx, gather(ctx, qkv, heads, kv_heads)), heads, kv_heads,
                 head_dim_);
@@ -86,7 +78,7 @@ void QkNorm::forward(Context& ctx, Tensor& qkv, int64_t heads, int64_t kv_heads)
 void QkNorm::backward(Context& ctx, Tensor& dqkv, int64_t heads, int64_t kv_heads) {
   check_width(dqkv, heads, kv_heads, head_dim_);
   Tensor dq = gather(ctx, dqkv, 0, heads);
-  scale(ctx, dq, query_scale_);
+  scale_in_place(ctx, dq, query_scale_);
   scatter_heads(ctx, dqkv, q_->backward(ctx, dq), 0, heads, head_dim_);
   scatter_heads(ctx, dqkv, k_->backward(ctx, gather(ctx, dqkv, heads, kv_heads)), heads, kv_heads,
                 head_dim_);

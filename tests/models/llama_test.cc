@@ -339,12 +339,7 @@ TEST(Llama, Qwen3sNormsAndWideHeadsAreItsParametersAndCounted) {
   EXPECT_EQ(mistral.num_parameters(), 7241732096);
   // Phi-4 (configs/phi4-14b.toml): 40 blocks of 5120, 40 heads sharing 10, a SwiGLU 17920 wide,
   // 100352 tokens, untied: 14,659,507,200 parameters, as the Hub's.
-  Gpt2Config phi4 = tiny_llama(10);
-  phi4.vocab_size = 100352;
-  phi4.d_model = 5120;
-  phi4.n_layers = 40;
-  phi4.n_heads = 40;
-  phi4.ffn_hidden = 17920;
+  Gpt2Config phi4 = with_shape(tiny_llama(), {100352, 5120, 40, 40, 10, 128, 17920});
   phi4.tie_embeddings = false;
   EXPECT_EQ(phi4.num_parameters(), 14659507200);
   // The attention's flops grow with the heads' width: 12 · n_layers · n_heads·head_dim · T.
