@@ -617,6 +617,13 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--out", export_out, "the directory (hf) or file (llmc) to write")
       ->required();
   export_cmd->add_flag("--bf16", export_bf16, "write bf16 instead of fp32");
+  std::int64_t export_max_shard = kDefaultMaxShardBytes;
+  export_cmd
+      ->add_option("--max-shard-size", export_max_shard,
+                   "hf: split the tensors over model-0000K-of-0000N.safetensors files of at most "
+                   "this size (5GB, 500MB, 2GiB, or bytes), as save_pretrained does; default 5GB")
+      ->transform(CLI::AsSizeValue(/*kb_is_1000=*/true))
+      ->check(CLI::PositiveNumber);
 
   std::string plan_config, plan_hardware = "h100";
   std::vector<std::string> plan_sets;
@@ -933,7 +940,7 @@ int main(int argc, char** argv) {
     if (export_cmd->parsed()) {
       const std::vector<std::string> found = checkpoints_at(export_checkpoint_path);
       const std::string from = found.empty() ? export_checkpoint_path : found.back();
-      export_checkpoint(from, export_format, export_out, export_bf16);
+      export_checkpoint(from, export_format, export_out, export_bf16, export_max_shard);
       std::fprintf(stderr, "exported %s to %s (%s)\n", from.c_str(), export_out.c_str(),
                    export_format.c_str());
       return 0;

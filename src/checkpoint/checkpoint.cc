@@ -169,6 +169,15 @@ SafetensorsFile load_checked(const std::string& dir, const std::string& file, co
   return loaded;
 }
 
+void verify_file(const std::string& dir, const std::string& file, const json& state) {
+  const std::optional<FileDigest> want = recorded_digest(dir, file, state);
+  if (!want) return;
+  const int64_t bytes = file_bytes(dir, file);
+  if (bytes != want->bytes) fail_not_as_written(dir, file, FileDigest{bytes, 0}, *want);
+  const FileDigest got = digest_file((fs::path(dir) / file).string());
+  if (got != *want) fail_not_as_written(dir, file, got, *want);
+}
+
 json read_state_json(const std::string& dir) {
   const fs::path path = fs::path(dir) / "state.json";
   std::ifstream in(path);
@@ -574,12 +583,8 @@ std::vector<FileDigest> verify_checkpoint(const std::string& checkpoint_dir) {
          ": state.json records no file digests (written before Loom kept them), nothing to verify");
   std::vector<FileDigest> checked;
   for (const auto& [file, record] : state["files"].items()) {
-    const FileDigest want = *recorded_digest(checkpoint_dir, file, state);
-    const int64_t bytes = file_bytes(checkpoint_dir, file);
-    if (bytes != want.bytes) fail_not_as_written(checkpoint_dir, file, FileDigest{bytes, 0}, want);
-    const FileDigest got = digest_file((fs::path(checkpoint_dir) / file).string());
-    if (got != want) fail_not_as_written(checkpoint_dir, file, got, want);
-    checked.push_back(got);
+    verify_file(checkpoint_dir, file, state);
+    checked.push_back(*recorded_digest(checkpoint_dir, file, state));
   }
   return checked;
 }

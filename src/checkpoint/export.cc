@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/json_number.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/hf_gemma3.h"
 #include "checkpoint/hf_rope.h"
 #include "checkpoint/safetensors.h"
@@ -69,15 +70,15 @@ void write_config_json(const fs::path& dir, const nlohmann::json& config) {
   if (!f) fail("cannot write ", (dir / "config.json").string());
 }
 
-void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
-  const Gpt2Config& c = model.config();
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& p : model.params().parameters()) {
-    const HfName hf = hf_name_of(p->name);
-    const Tensor host = p->value.to(Device::cpu());
-    tensors.emplace_back(hf.name, in_dtype(hf.transposed ? transposed(host) : host, bf16));
+// transformers' GPT2LMHeadModel: every parameter under its HuggingFace name (hf_name_of), the
+// Linear weights transposed to Conv1D's in × out.
+HfFiles gpt2_files(const Gpt2Config& c, const std::vector<std::string>& params, bool bf16) {
+  HfFiles f;
+  for (const std::string& name : params) {
+    const HfName hf = hf_name_of(name);
+    f.tensors.push_back(
+        {hf.name, name, 0, -1, hf.transposed ? HfTensor::Op::kTranspose : HfTensor::Op::kCopy});
   }
-  save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
   const nlohmann::json config = {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},
@@ -97,7 +98,8 @@ void write_hf(Gpt2& model, const fs::path& dir, bool bf16) {
       {"tie_word_embeddings", c.tie_embeddings},
       {"torch_dtype", bf16 ? "bfloat16" : "float32"},
       {"exported_by", "loom export"}};
-  write_config_json(dir, config);
+  f.config = config;
+  return f;
 }
 
 // A mixture of experts' HuggingFace names: Mixtral's, or (model.qk_norm) Qwen 3's, which OLMoE
@@ -127,11 +129,6 @@ bool olmoe_form(const Gpt2Config& c) {
          c.head_width == 0 && c.sliding_window == 0;
 }
 
-// Rows [begin, begin + count) of a host matrix: the pieces of a fused Linear weight.
-Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
-  return m.narrow(begin, count);
-}
-
 // transformers' LlamaForCausalLM (save_pretrained's names; nn.Linear weights are out × in as
 // here). The fused qkv and gate/up weights are written as their q/k/v and gate/up row blocks;
 // a tied LM head is model.embed_tokens (tie_word_embeddings), so not written; an untied one is
@@ -140,12 +137,12 @@ Tensor row_block(const Tensor& m, int64_t begin, int64_t count) {
 // names and self_attn.q_norm / k_norm. With post-norms and full-width query/key norms an
 // Olmo2ForCausalLM: post_attention_layernorm and post_feedforward_layernorm for ln_1 and ln_2. A
 // mixture with full-width query/key norms (pre-norms) an OlmoeForCausalLM: Qwen 3 MoE's names.
-void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
-  const Gpt2Config& c = model.config();
-  const auto host = [&](const std::string& name) { return model.params().get(name).value.to(Device::cpu()); };
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  const auto put = [&](const std::string& name, const Tensor& t) {
-    tensors.emplace_back(name, in_dtype(t, bf16));
+HfFiles llama_files(const Gpt2Config& c, bool bf16) {
+  HfFiles f;
+  // put(name, source): the whole parameter; put(name, source, row, rows): a fused one's rows.
+  const auto put = [&](const std::string& name, const std::string& source, int64_t row = 0,
+                       int64_t rows = -1) {
+    f.tensors.push_back({name, source, row, rows});
   };
   if (c.qk_norm && c.qkv_bias)
     fail("loom checkpoint export: a model with model.qk_norm is written as a Qwen3ForCausalLM, ",
@@ -162,59 +159,56 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     fail("loom checkpoint export: a window in some blocks only (model.full_attention_every = ",
          c.full_attention_every, ") is not a Llama, Mistral, Mixtral or Qwen directory's: no ",
          "class Loom writes holds it");
-  put("model.embed_tokens.weight", host("wte.weight"));
+  put("model.embed_tokens.weight", "wte.weight");
   // Q: the queries' rows (n_heads·head_dim, d_model unless model.head_dim says otherwise).
   const int64_t C = c.d_model, Q = c.attention_width(), kv = c.kv_heads() * c.head_dim(),
                 H = c.ffn_hidden;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string ours = "blocks." + std::to_string(l) + ".";
     const std::string hf = "model.layers." + std::to_string(l) + ".";
-    if (!olmo2) put(hf + "input_layernorm.weight", host(ours + "ln_1.weight"));
-    const Tensor qkv = host(ours + "attn.qkv.weight");
-    put(hf + "self_attn.q_proj.weight", row_block(qkv, 0, Q));
-    put(hf + "self_attn.k_proj.weight", row_block(qkv, Q, kv));
-    put(hf + "self_attn.v_proj.weight", row_block(qkv, Q + kv, kv));
+    if (!olmo2) put(hf + "input_layernorm.weight", ours + "ln_1.weight");
+    const std::string qkv = ours + "attn.qkv.weight";
+    put(hf + "self_attn.q_proj.weight", qkv, 0, Q);
+    put(hf + "self_attn.k_proj.weight", qkv, Q, kv);
+    put(hf + "self_attn.v_proj.weight", qkv, Q + kv, kv);
     if (c.qkv_bias) {
-      const Tensor bias = host(ours + "attn.qkv.bias");
-      put(hf + "self_attn.q_proj.bias", row_block(bias, 0, Q));
-      put(hf + "self_attn.k_proj.bias", row_block(bias, Q, kv));
-      put(hf + "self_attn.v_proj.bias", row_block(bias, Q + kv, kv));
+      const std::string bias = ours + "attn.qkv.bias";
+      put(hf + "self_attn.q_proj.bias", bias, 0, Q);
+      put(hf + "self_attn.k_proj.bias", bias, Q, kv);
+      put(hf + "self_attn.v_proj.bias", bias, Q + kv, kv);
     }
     if (c.qk_norm) {
-      put(hf + "self_attn.q_norm.weight", host(ours + "attn.q_norm.weight"));
-      put(hf + "self_attn.k_norm.weight", host(ours + "attn.k_norm.weight"));
+      put(hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight");
+      put(hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight");
     }
-    put(hf + "self_attn.o_proj.weight", host(ours + "attn.proj.weight"));
+    put(hf + "self_attn.o_proj.weight", ours + "attn.proj.weight");
     if (olmo2) {  // the post-norms: after the attention and after the MLP
-      put(hf + "post_attention_layernorm.weight", host(ours + "ln_1.weight"));
-      put(hf + "post_feedforward_layernorm.weight", host(ours + "ln_2.weight"));
+      put(hf + "post_attention_layernorm.weight", ours + "ln_1.weight");
+      put(hf + "post_feedforward_layernorm.weight", ours + "ln_2.weight");
     } else {
-      put(hf + "post_attention_layernorm.weight", host(ours + "ln_2.weight"));
+      put(hf + "post_attention_layernorm.weight", ours + "ln_2.weight");
     }
     if (c.moe()) {
       // Mixtral's sparse MoE block (block_sparse_moe: the router as its gate, w1 / w3 / w2
       // experts), or with qk_norm Qwen 3's (mlp: gate, gate_proj / up_proj / down_proj experts).
       const HfMoeNames names = hf_moe_names(c);
       const std::string block = hf + names.block;
-      put(block + "gate.weight", host(ours + "mlp.router.weight"));
+      put(block + "gate.weight", ours + "mlp.router.weight");
       for (int64_t e = 0; e < c.moe_experts; ++e) {
         const std::string expert = ours + "mlp.experts." + std::to_string(e) + ".";
         const std::string theirs = block + "experts." + std::to_string(e) + ".";
-        const Tensor fc = host(expert + "fc.weight");
-        put(theirs + names.gate, row_block(fc, 0, H));
-        put(theirs + names.up, row_block(fc, H, H));
-        put(theirs + names.down, host(expert + "proj.weight"));
+        put(theirs + names.gate, expert + "fc.weight", 0, H);
+        put(theirs + names.up, expert + "fc.weight", H, H);
+        put(theirs + names.down, expert + "proj.weight");
       }
       continue;
     }
-    const Tensor fc = host(ours + "mlp.fc.weight");
-    put(hf + "mlp.gate_proj.weight", row_block(fc, 0, H));
-    put(hf + "mlp.up_proj.weight", row_block(fc, H, H));
-    put(hf + "mlp.down_proj.weight", host(ours + "mlp.proj.weight"));
+    put(hf + "mlp.gate_proj.weight", ours + "mlp.fc.weight", 0, H);
+    put(hf + "mlp.up_proj.weight", ours + "mlp.fc.weight", H, H);
+    put(hf + "mlp.down_proj.weight", ours + "mlp.proj.weight");
   }
-  put("model.norm.weight", host("ln_f.weight"));
-  if (!c.tie_embeddings) put("lm_head.weight", host("lm_head.weight"));
-  save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  put("model.norm.weight", "ln_f.weight");
+  if (!c.tie_embeddings) put("lm_head.weight", "lm_head.weight");
   nlohmann::json config = {
       {"architectures", {c.moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
       {"model_type", c.moe() ? "mixtral" : "llama"},
@@ -310,11 +304,104 @@ void write_hf_llama(Gpt2& model, const fs::path& dir, bool bf16) {
     config["mlp_only_layers"] = nlohmann::json::array();
     config["head_dim"] = c.head_dim();
   }
-  write_config_json(dir, config);
+  f.config = config;
+  return f;
 }
 
-void write_llmc(Gpt2& model, const fs::path& file, bool bf16) {
-  const Gpt2Config& c = model.config();
+// The values of an exported tensor: its rows of its parameter, transformed, in the file's dtype.
+// Consecutive tensors of one parameter (a fused weight's pieces) read it once.
+class HfValues {
+ public:
+  explicit HfValues(const CheckpointReader& from) : from_(from) {}
+  Shape shape(const HfTensor& t) const {
+    Shape s = from_.shape(t.source);
+    if (t.rows >= 0) {
+      if (s.empty() || t.row < 0 || t.row + t.rows > s[0])
+        fail("export: rows [", t.row, ", ", t.row + t.rows, ") of '", t.source, "' of shape ",
+             shape_str(s));
+      s[0] = t.rows;
+    }
+    if (t.op == HfTensor::Op::kTranspose) {
+      LOOM_CHECK_MSG(s.size() == 2, "only matrices are transposed");
+      std::swap(s[0], s[1]);
+    }
+    return s;
+  }
+  Tensor operator()(const HfTensor& t, bool bf16) {
+    if (t.source != cached_name_) {
+      cached_ = Tensor();  // the previous parameter's memory goes before the next is read
+      cached_ = from_.read(t.source);
+      cached_name_ = t.source;
+    }
+    Tensor v = t.rows >= 0 ? cached_.narrow(t.row, t.rows) : cached_;
+    if (t.op == HfTensor::Op::kTranspose) v = transposed(v);
+    if (t.op == HfTensor::Op::kGain) {
+      Tensor w = Tensor::empty(v.shape(), DType::kF32, Device::cpu());
+      for (int64_t i = 0; i < v.numel(); ++i) w.data<float>()[i] = v.data<float>()[i] - 1.0f;
+      v = w;
+    }
+    return in_dtype(v, bf16);
+  }
+
+ private:
+  const CheckpointReader& from_;
+  std::string cached_name_;
+  Tensor cached_;
+};
+
+// Writes the tensors of `files` and its config.json into `dir`, each tensor read from the
+// checkpoint as it is written: model.safetensors, or when the tensors' bytes exceed
+// `max_shard_bytes`, save_pretrained's split files — model-0000K-of-0000N.safetensors, each
+// filled in order up to the limit (a tensor larger than it alone), and
+// model.safetensors.index.json (metadata.total_size, weight_map: tensor -> file).
+void write_hf_files(const fs::path& dir, const HfFiles& files, const CheckpointReader& from,
+                    bool bf16, int64_t max_shard_bytes) {
+  HfValues values(from);
+  const DType dtype = bf16 ? DType::kBF16 : DType::kF32;
+  std::vector<std::vector<SafetensorsSpec>> shards(1);
+  std::vector<std::vector<const HfTensor*>> shard_tensors(1);
+  int64_t total = 0, in_shard = 0;
+  for (const HfTensor& t : files.tensors) {
+    const Shape shape = values.shape(t);
+    int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
+    for (int64_t d : shape) bytes *= d;
+    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      shard_tensors.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back({t.name, dtype, shape});
+    shard_tensors.back().push_back(&t);
+    in_shard += bytes;
+    total += bytes;
+  }
+  const size_t n = shards.size();
+  const auto file_name = [&](size_t k) {
+    if (n == 1) return std::string("model.safetensors");
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, n);
+    return std::string(name);
+  };
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t k = 0; k < n; ++k) {
+    SafetensorsWriter writer((dir / file_name(k)).string(), shards[k], {{"format", "pt"}});
+    for (size_t i : writer.data_order()) writer.write(values(*shard_tensors[k][i], bf16));
+    writer.finish();
+    for (const HfTensor* t : shard_tensors[k]) weight_map[t->name] = file_name(k);
+  }
+  if (n > 1) {
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}},
+                                  {"weight_map", weight_map}};
+    std::ofstream f(dir / "model.safetensors.index.json");
+    f << index.dump(2) << "\n";
+    if (!f) fail("cannot write ", (dir / "model.safetensors.index.json").string());
+  }
+  write_config_json(dir, files.config);
+}
+
+// llm.c's checkpoint, one parameter read and written at a time.
+void write_llmc(const CheckpointReader& from, const fs::path& file, bool bf16) {
+  const Gpt2Config& c = from.model();
   int32_t header[256] = {};
   header[0] = 20240326;
   header[1] = bf16 ? 5 : 3;
@@ -334,7 +421,7 @@ void write_llmc(Gpt2& model, const fs::path& file, bool bf16) {
   };
   put(header, sizeof header);
   const auto write_param = [&](const std::string& name) {
-    const Tensor host = in_dtype(model.params().get(name).value.to(Device::cpu()), bf16);
+    const Tensor host = in_dtype(from.read(name), bf16);
     put(host.raw(), static_cast<size_t>(host.numel()) * dtype_size(host.dtype()));
   };
   write_param("wte.weight");
@@ -823,9 +910,10 @@ void for_each_hf_parameter(const std::string& hf_dir, const ParameterStore& layo
 }
 
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& format,
-                       const std::string& out, bool bf16) {
+                       const std::string& out, bool bf16, int64_t max_shard_bytes) {
   if (format != "hf" && format != "llmc") fail("export format '", format, "': expected hf or llmc");
   if (out.empty()) fail("export: no output path");
+  if (max_shard_bytes < 1) fail("export: the largest file (max shard size) must be positive");
   const Gpt2Config mc = read_checkpoint_model(checkpoint_dir);
   // A mixture of experts is written as a MixtralForCausalLM, or with qk_norm a
   // Qwen3MoeForCausalLM: what neither computes is refused.
@@ -846,9 +934,8 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
     fail("export: ", checkpoint_dir, " holds a mixture of experts whose router scores by ",
          "sigmoids (model.moe_router_score_function), and ", moe_class, "'s by ",
          "a softmax: its tokens would be weighed otherwise there");
-  Gpt2 model(mc);
-  model.build(DType::kF32, Device::cpu(), 0);
-  const TrainingState state = load_checkpoint(checkpoint_dir, model, nullptr);
+  const CheckpointReader from(checkpoint_dir);  // the files' digests checked here
+  const TrainingState& state = from.state();
   if (std::any_of(state.expert_bias.begin(), state.expert_bias.end(),
                   [](float b) { return b != 0.0f; }))
     fail("export: ", checkpoint_dir, " holds a mixture of experts that routes by balancing ",
@@ -867,25 +954,16 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
     fail("export: ", checkpoint_dir, " holds a GPT-2 whose embedding is scaled ",
          "(model.embedding_multiplier = ", mc.embedding_multiplier, "), which neither ",
          "transformers' GPT2LMHeadModel nor llm.c's format does");
-  if (format == "hf")
+  if (format == "hf") {
+    const HfFiles files = has_gemma_parts(mc) ? gemma3_files(mc, bf16)
+                          : mc.llama()        ? llama_files(mc, bf16)
+                                              : gpt2_files(mc, from.names(), bf16);
     replace_atomically(out, true, [&](const fs::path& dir) {
-      if (has_gemma_parts(mc)) {
-        const HfFiles f = gemma3_files(
-            mc,
-            [&](const std::string& name) {
-              return model.params().get(name).value.to(Device::cpu());
-            },
-            bf16);
-        save_safetensors((dir / "model.safetensors").string(), f.tensors, {{"format", "pt"}});
-        write_config_json(dir, f.config);
-      } else if (mc.llama()) {
-        write_hf_llama(model, dir, bf16);
-      } else {
-        write_hf(model, dir, bf16);
-      }
+      write_hf_files(dir, files, from, bf16, max_shard_bytes);
     });
-  else
-    replace_atomically(out, false, [&](const fs::path& file) { write_llmc(model, file, bf16); });
+  } else {
+    replace_atomically(out, false, [&](const fs::path& file) { write_llmc(from, file, bf16); });
+  }
 }
 
 }  // namespace loom

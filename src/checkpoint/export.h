@@ -14,6 +14,7 @@
 // Both formats are written as fp32, or bf16 (`bf16`: rounded to nearest even; halves the files).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -22,12 +23,18 @@
 
 namespace loom {
 
-// Loads the model of a checkpoint (whole or sharded, digests checked) and writes it to `out` in
-// `format` ("hf" | "llmc"). Throws loom::Error naming the checkpoint, the format or the output
+// Writes the model of a checkpoint (whole or sharded, digests checked) to `out` in `format`
+// ("hf" | "llmc"), reading it one parameter at a time (CheckpointReader): the memory it takes is
+// one parameter's and one written tensor's, not the model's. An hf directory's tensors go into
+// model.safetensors, or — over `max_shard_bytes` (save_pretrained's max_shard_size, 5 GB by
+// default) — into model-0000K-of-0000N.safetensors with model.safetensors.index.json, as
+// transformers splits them. Throws loom::Error naming the checkpoint, the format or the output
 // path on failure; an existing output is replaced only when the new one is complete (written
 // beside it and renamed).
+constexpr int64_t kDefaultMaxShardBytes = 5'000'000'000;
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& format,
-                       const std::string& out, bool bf16 = false);
+                       const std::string& out, bool bf16 = false,
+                       int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // The reverse of the hf export, for fine-tuning (train.init_from): fills into.values (host f32
 // laid out as `layout`, a whole model of shape `model`) with the weights of a HuggingFace GPT-2

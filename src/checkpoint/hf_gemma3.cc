@@ -5,7 +5,6 @@
 #include "base/error.h"
 #include "base/json_number.h"
 #include "checkpoint/hf_rope.h"
-#include "device/device.h"
 
 namespace loom {
 
@@ -41,13 +40,6 @@ std::string not_gemma3(const Gpt2Config& c) {
 int64_t query_pre_attn_scalar(const Gpt2Config& c) {
   return c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : c.head_dim();
 }
-
-// A host f32 copy of a gain, less (or plus) one.
-Tensor shifted(const Tensor& t, float by) {
-  Tensor out = Tensor::empty(t.shape(), DType::kF32, Device::cpu());
-  for (int64_t i = 0; i < t.numel(); ++i) out.data<float>()[i] = t.data<float>()[i] + by;
-  return out;
-}
 }  // namespace
 
 bool has_gemma_parts(const Gpt2Config& c) {
@@ -56,40 +48,40 @@ bool has_gemma_parts(const Gpt2Config& c) {
          (c.query_pre_attn_scalar > 0 && c.query_pre_attn_scalar != c.head_dim());
 }
 
-HfFiles gemma3_files(const Gpt2Config& c, const std::function<Tensor(const std::string&)>& host,
-                     bool bf16) {
+HfFiles gemma3_files(const Gpt2Config& c, bool bf16) {
   const std::string missing = not_gemma3(c);
   if (!missing.empty())
     fail("loom checkpoint export: a model with Gemma's parts is written as a Gemma3ForCausalLM, ",
          "which this one is not: ", missing);
   HfFiles f;
-  const auto put = [&](const std::string& name, const Tensor& t) {
-    f.tensors.emplace_back(name, bf16 ? t.to(DType::kBF16) : t);
+  const auto put = [&](const std::string& name, const std::string& source, int64_t row = 0,
+                       int64_t rows = -1) {
+    f.tensors.push_back({name, source, row, rows});
   };
-  const auto gain = [&](const std::string& name) { return shifted(host(name), -1.0f); };
+  const auto gain = [&](const std::string& name, const std::string& source) {
+    f.tensors.push_back({name, source, 0, -1, HfTensor::Op::kGain});
+  };
   const int64_t Q = c.attention_width(), kv = c.kv_heads() * c.head_dim(), H = c.ffn_hidden;
-  put("model.embed_tokens.weight", host("wte.weight"));
+  put("model.embed_tokens.weight", "wte.weight");
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string ours = "blocks." + std::to_string(l) + ".";
     const std::string hf = "model.layers." + std::to_string(l) + ".";
-    const Tensor qkv = host(ours + "attn.qkv.weight");
-    put(hf + "self_attn.q_proj.weight", qkv.narrow(0, Q));
-    put(hf + "self_attn.k_proj.weight", qkv.narrow(Q, kv));
-    put(hf + "self_attn.v_proj.weight", qkv.narrow(Q + kv, kv));
-    put(hf + "self_attn.o_proj.weight", host(ours + "attn.proj.weight"));
-    put(hf + "self_attn.q_norm.weight", gain(ours + "attn.q_norm.weight"));
-    put(hf + "self_attn.k_norm.weight", gain(ours + "attn.k_norm.weight"));
-    const Tensor fc = host(ours + "mlp.fc.weight");
-    put(hf + "mlp.gate_proj.weight", fc.narrow(0, H));
-    put(hf + "mlp.up_proj.weight", fc.narrow(H, H));
-    put(hf + "mlp.down_proj.weight", host(ours + "mlp.proj.weight"));
-    put(hf + "input_layernorm.weight", gain(ours + "ln_1.weight"));
-    put(hf + "post_attention_layernorm.weight", gain(ours + "attn_out_norm.weight"));
-    put(hf + "pre_feedforward_layernorm.weight", gain(ours + "ln_2.weight"));
-    put(hf + "post_feedforward_layernorm.weight", gain(ours + "mlp_out_norm.weight"));
+    put(hf + "self_attn.q_proj.weight", ours + "attn.qkv.weight", 0, Q);
+    put(hf + "self_attn.k_proj.weight", ours + "attn.qkv.weight", Q, kv);
+    put(hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", Q + kv, kv);
+    put(hf + "self_attn.o_proj.weight", ours + "attn.proj.weight");
+    gain(hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight");
+    gain(hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight");
+    put(hf + "mlp.gate_proj.weight", ours + "mlp.fc.weight", 0, H);
+    put(hf + "mlp.up_proj.weight", ours + "mlp.fc.weight", H, H);
+    put(hf + "mlp.down_proj.weight", ours + "mlp.proj.weight");
+    gain(hf + "input_layernorm.weight", ours + "ln_1.weight");
+    gain(hf + "post_attention_layernorm.weight", ours + "attn_out_norm.weight");
+    gain(hf + "pre_feedforward_layernorm.weight", ours + "ln_2.weight");
+    gain(hf + "post_feedforward_layernorm.weight", ours + "mlp_out_norm.weight");
   }
-  put("model.norm.weight", gain("ln_f.weight"));
-  if (!c.tie_embeddings) put("lm_head.weight", host("lm_head.weight"));
+  gain("model.norm.weight", "ln_f.weight");
+  if (!c.tie_embeddings) put("lm_head.weight", "lm_head.weight");
   // Gemma3TextConfig's keys (transformers 4.51's sliding_window_pattern, and the layer_types
   // later versions read instead).
   nlohmann::json layer_types = nlohmann::json::array();

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/hf_files.h"
 #include "models/gpt2.h"
 
 namespace loom {
@@ -27,15 +28,10 @@ namespace loom {
 // Whether `c` has any of Gemma's parts (then only a Gemma 3 directory holds it).
 bool has_gemma_parts(const Gpt2Config& c);
 
-// A Gemma3ForCausalLM's tensors (HuggingFace names, host f32, the gains as Gemma's w) and its
-// config.json, from the model's parameters (`host`: a parameter's host f32 value by Loom's
-// name). Fails naming the first of the model's parts that no Gemma 3 has.
-struct HfFiles {
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  nlohmann::json config;
-};
-HfFiles gemma3_files(const Gpt2Config& c, const std::function<Tensor(const std::string&)>& host,
-                     bool bf16);
+// A Gemma3ForCausalLM's tensors (HuggingFace names, each from its Loom parameter, the gains as
+// Gemma's w) and its config.json (`bf16`: its torch_dtype). Fails naming the first of the
+// model's parts that no Gemma 3 has.
+HfFiles gemma3_files(const Gpt2Config& c, bool bf16);
 
 // train.init_from: config.json (`config`, read from `config_path`; a
 // Gemma3ForConditionalGeneration's text_config) checked against the model, every difference named;

@@ -52,7 +52,8 @@ template <typename... Args>
 // written, and everything read (which must then be read front to back), goes into its digest.
 class File {
  public:
-  // digest = false: reads in any order, nothing digested (SafetensorsIndex's).
+  // digest = false: reads in any order (positioned, so from several threads), nothing digested
+  // (SafetensorsIndex's).
   File(const std::string& path, const char* mode, bool digest = true)
       : path_(path), f_(std::fopen(path.c_str(), mode)), digest_(digest) {
     if (!f_) bad_file(path_, "cannot open: ", std::strerror(errno));
@@ -70,6 +71,19 @@ class File {
   }
   void read_at(int64_t offset, void* data, size_t bytes, const std::string& what) {
     if (bytes == 0) return;
+    if (!digest_) {  // positioned reads: one open file read from several threads at once
+      auto* to = static_cast<char*>(data);
+      for (size_t done = 0; done < bytes;) {
+        const ssize_t n = ::pread(::fileno(f_), to + done, bytes - done,
+                                  static_cast<off_t>(offset + static_cast<int64_t>(done)));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+          bad_file(path_, n < 0 ? "read failed" : "unexpected end of file", " reading ", what,
+                   n < 0 ? std::string(": ") + std::strerror(errno) : std::string());
+        done += static_cast<size_t>(n);
+      }
+      return;
+    }
     if (std::fseek(f_, static_cast<long>(offset), SEEK_SET) != 0)
       bad_file(path_, "seek failed reading ", what, ": ", std::strerror(errno));
     if (std::fread(data, 1, bytes, f_) != bytes)
@@ -158,46 +172,53 @@ Entry parse_entry(const std::string& path, const std::string& name, const Json& 
 
 }  // namespace
 
-FileDigest save_safetensors(const std::string& path,
-                            const std::vector<std::pair<std::string, Tensor>>& tensors,
-                            const std::map<std::string, std::string>& metadata) {
-  // 1. Checks, and host copies of device tensors.
-  std::vector<Tensor> host;
-  host.reserve(tensors.size());
+struct SafetensorsWriter::Impl {
+  std::string path, tmp;
+  std::vector<SafetensorsSpec> specs;
+  std::unique_ptr<File> file;
+  size_t written = 0;  // of data_order
+};
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<SafetensorsSpec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->tmp = path + ".tmp";
+  impl_->specs = std::move(specs);
+  const std::vector<SafetensorsSpec>& s = impl_->specs;
   std::set<std::string> seen;
-  for (const auto& [name, tensor] : tensors) {
-    if (name.empty() || name == kMetadataKey)
-      bad_file(path, "cannot save a tensor named '", name, "'");
-    if (!seen.insert(name).second) bad_file(path, "tensor '", name, "' is given twice");
-    if (!tensor.defined()) bad_file(path, "tensor '", name, "' is undefined");
-    host.push_back(tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu()));
+  std::vector<int64_t> bytes;
+  for (const SafetensorsSpec& spec : s) {
+    if (spec.name.empty() || spec.name == kMetadataKey)
+      bad_file(path, "cannot save a tensor named '", spec.name, "'");
+    if (!seen.insert(spec.name).second) bad_file(path, "tensor '", spec.name, "' is given twice");
+    int64_t n = static_cast<int64_t>(dtype_size(spec.dtype));
+    for (int64_t d : spec.shape) n = checked_mul(n, d, path, spec.name);
+    bytes.push_back(n);
   }
 
-  // 2. Data layout: back to back, wider dtypes first (stable otherwise), as the reference writer
+  // Data layout: back to back, wider dtypes first (stable otherwise), as the reference writer
   // does. The data starts 8-aligned, so every tensor is then aligned to its element size, which
   // loaders that view the bytes in place (mmap + torch) require.
-  std::vector<size_t> data_order(tensors.size());
-  for (size_t i = 0; i < data_order.size(); ++i) data_order[i] = i;
-  std::stable_sort(data_order.begin(), data_order.end(), [&](size_t a, size_t b) {
-    return dtype_size(host[a].dtype()) > dtype_size(host[b].dtype());
+  data_order_.resize(s.size());
+  for (size_t i = 0; i < s.size(); ++i) data_order_[i] = i;
+  std::stable_sort(data_order_.begin(), data_order_.end(), [&](size_t a, size_t b) {
+    return dtype_size(s[a].dtype) > dtype_size(s[b].dtype);
   });
-  std::vector<int64_t> begin(tensors.size());
+  std::vector<int64_t> begin(s.size());
   int64_t offset = 0;
-  for (size_t i : data_order) {
+  for (size_t i : data_order_) {
     begin[i] = offset;
-    offset += static_cast<int64_t>(host[i].nbytes());
+    offset += bytes[i];
   }
 
-  // 3. Header: metadata first, then the tensors in the given order.
+  // Header: metadata first, then the tensors in the given order.
   Json header = Json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = host[i];
-    header[tensors[i].first] = {
-        {"dtype", safetensors_name(t.dtype())},
-        {"shape", t.shape()},
-        {"data_offsets", {begin[i], begin[i] + static_cast<int64_t>(t.nbytes())}}};
-  }
+  for (size_t i = 0; i < s.size(); ++i)
+    header[s[i].name] = {{"dtype", safetensors_name(s[i].dtype)},
+                         {"shape", s[i].shape},
+                         {"data_offsets", {begin[i], begin[i] + bytes[i]}}};
   std::string text;
   try {
     text = header.dump();
@@ -207,27 +228,60 @@ FileDigest save_safetensors(const std::string& path,
   // Pad with spaces so the data starts 8-byte aligned (8 + N is a multiple of 8).
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  // 4. Write path.tmp, flush it to disk, then rename it over path.
-  const std::string tmp = path + ".tmp";
-  try {
-    File file(tmp, "wb");
-    uint8_t length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
-    file.write(length, sizeof length);
-    file.write(text.data(), text.size());
-    for (size_t i : data_order)
-      file.write(host[i].numel() > 0 ? host[i].raw() : nullptr, host[i].nbytes());
-    const FileDigest digest = file.digest();
-    file.sync_and_close();
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) bad_file(path, "cannot rename '", tmp, "' to it: ", ec.message());
-    return digest;
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    throw;
+  impl_->file = std::make_unique<File>(impl_->tmp, "wb");
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+  impl_->file->write(length, sizeof length);
+  impl_->file->write(text.data(), text.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (impl_->file == nullptr) return;  // finished
+  impl_->file.reset();
+  std::error_code ignored;
+  std::filesystem::remove(impl_->tmp, ignored);
+}
+
+void SafetensorsWriter::write(const Tensor& t) {
+  LOOM_CHECK_MSG(impl_->file != nullptr && impl_->written < data_order_.size(),
+                 "SafetensorsWriter: more tensors written than specified");
+  const SafetensorsSpec& spec = impl_->specs[data_order_[impl_->written]];
+  LOOM_CHECK_MSG(
+      t.defined() && t.device().is_cpu() && t.dtype() == spec.dtype && t.shape() == spec.shape,
+      "SafetensorsWriter: a tensor unlike its spec");
+  impl_->file->write(t.numel() > 0 ? t.raw() : nullptr, t.nbytes());
+  ++impl_->written;
+}
+
+FileDigest SafetensorsWriter::finish() {
+  LOOM_CHECK_MSG(impl_->file != nullptr && impl_->written == data_order_.size(),
+                 "SafetensorsWriter: finished before every tensor was written");
+  const FileDigest digest = impl_->file->digest();
+  impl_->file->sync_and_close();
+  impl_->file.reset();
+  std::error_code ec;
+  std::filesystem::rename(impl_->tmp, impl_->path, ec);
+  if (ec) {
+    std::filesystem::remove(impl_->tmp, ec);
+    bad_file(impl_->path, "cannot rename '", impl_->tmp, "' to it: ", ec.message());
   }
+  return digest;
+}
+
+FileDigest save_safetensors(const std::string& path,
+                            const std::vector<std::pair<std::string, Tensor>>& tensors,
+                            const std::map<std::string, std::string>& metadata) {
+  std::vector<Tensor> host;
+  std::vector<SafetensorsSpec> specs;
+  host.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined()) bad_file(path, "tensor '", name, "' is undefined");
+    host.push_back(tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu()));
+    specs.push_back({name, tensor.dtype(), tensor.shape()});
+  }
+  SafetensorsWriter writer(path, std::move(specs), metadata);
+  for (size_t i : writer.data_order()) writer.write(host[i]);
+  return writer.finish();
 }
 
 namespace {
@@ -335,10 +389,15 @@ SafetensorsFile load_safetensors(const std::string& path) {
   return out;
 }
 
-SafetensorsIndex::SafetensorsIndex(const std::string& path) : path_(path) {
+struct SafetensorsIndex::OpenFile {
+  explicit OpenFile(const std::string& path) : file(path, "rb", /*digest=*/false) {}
+  File file;
+};
+
+SafetensorsIndex::SafetensorsIndex(const std::string& path)
+    : path_(path), file_(std::make_shared<OpenFile>(path)) {
   const int64_t file_bytes = file_size_of(path);
-  File file(path, "rb", /*digest=*/false);
-  const Header header = read_header(path, file, file_bytes);
+  const Header header = read_header(path, file_->file, file_bytes);
   data_start_ = header.data_start;
   for (const Entry& e : header.entries) {
     names_.push_back(e.name);
@@ -355,10 +414,22 @@ Tensor SafetensorsIndex::read(const std::string& name) const {
   const SafetensorsEntry* e = find(name);
   if (e == nullptr) bad_file(path_, "has no tensor '", name, "'");
   Tensor t = Tensor::empty(e->shape, e->dtype);
-  File file(path_, "rb", /*digest=*/false);
-  file.read_at(data_start_ + e->begin, t.numel() > 0 ? t.raw() : nullptr, t.nbytes(),
-               "tensor '" + name + "'");
+  file_->file.read_at(data_start_ + e->begin, t.numel() > 0 ? t.raw() : nullptr, t.nbytes(),
+                      "tensor '" + name + "'");
   return t;
+}
+
+void SafetensorsIndex::read_f32(const std::string& name, int64_t first, int64_t count,
+                                float* out) const {
+  const SafetensorsEntry* e = find(name);
+  if (e == nullptr) bad_file(path_, "has no tensor '", name, "'");
+  if (e->dtype != DType::kF32) bad_file(path_, "tensor '", name, "' is not F32");
+  const int64_t numel = (e->end - e->begin) / 4;
+  if (first < 0 || count < 0 || first > numel || count > numel - first)
+    bad_file(path_, "tensor '", name, "' has ", numel, " elements, not [", first, ", ",
+             first + count, ")");
+  file_->file.read_at(data_start_ + e->begin + 4 * first, out, static_cast<size_t>(count) * 4,
+                      "tensor '" + name + "'");
 }
 
 }  // namespace loom

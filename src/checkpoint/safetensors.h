@@ -8,10 +8,12 @@
 // overlaps), each end - begin == numel × dtype size. Loom reads and writes F64, F32, F16, BF16,
 // I64 and I32; other dtypes (U8, BOOL, F8_*) are reported by name. Data is little-endian, as on
 // every host we run on. load_safetensors reads every tensor into host memory; SafetensorsIndex
-// reads the header alone and a tensor when asked (a model of many GB, one tensor at a time).
+// reads the header alone and a tensor (or a run of one) when asked, and SafetensorsWriter writes
+// the header first and then one tensor at a time (a model of many GB, one tensor in memory).
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +31,37 @@ namespace loom {
 FileDigest save_safetensors(const std::string& path,
                             const std::vector<std::pair<std::string, Tensor>>& tensors,
                             const std::map<std::string, std::string>& metadata = {});
+
+// A file written one tensor at a time: every tensor's name, dtype and shape are given up front
+// (the header, in that order), their data then tensor by tensor in data_order() — back to back,
+// wider dtypes first (stable otherwise), as save_safetensors lays them out. Written to
+// `path + ".tmp"`; finish() flushes it to the disk and renames it over `path`; a writer destroyed
+// before finishing removes the partial file.
+struct SafetensorsSpec {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, std::vector<SafetensorsSpec> specs,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The order the tensors' data is written in: indices into the specs.
+  const std::vector<size_t>& data_order() const { return data_order_; }
+  // The next tensor of data_order() (a host tensor of its spec's dtype and shape).
+  void write(const Tensor& t);
+  // Every tensor written: flushes and renames; returns the digest of the bytes written.
+  FileDigest finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<size_t> data_order_;
+};
 
 struct SafetensorsFile {
   std::map<std::string, std::string> metadata;  // the header's "__metadata__" (may be empty)
@@ -58,9 +91,15 @@ class SafetensorsIndex {
   const std::vector<std::string>& names() const { return names_; }  // the header's order
   const SafetensorsEntry* find(const std::string& name) const;      // null: no such tensor
   Tensor read(const std::string& name) const;  // a host tensor; fails naming a missing one
+  // Elements [first, first + count) of 1-D or N-D f32 tensor `name` (row-major) into `out`: a run
+  // of one tensor, read without the rest. Fails naming the tensor when it is not f32 or the run
+  // lies outside it.
+  void read_f32(const std::string& name, int64_t first, int64_t count, float* out) const;
 
  private:
+  struct OpenFile;  // kept open for the reads (shared by copies)
   std::string path_;
+  std::shared_ptr<OpenFile> file_;
   int64_t data_start_ = 0;
   std::vector<std::string> names_;
   std::map<std::string, SafetensorsEntry> entries_;

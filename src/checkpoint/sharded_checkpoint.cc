@@ -178,6 +178,34 @@ TrainingState load_sharded_checkpoint_into(const std::string& dir,
   }
 }
 
+namespace {}  // namespace
+
+namespace checkpoint_io {
+
+ShardRuns shard_runs(const std::string& dir, const json& j, const std::set<std::string>& wanted) {
+  ShardRuns out;
+  const json& shards = j.at("shards");
+  for (size_t f = 0; f < shards.size(); ++f) {
+    out.files.push_back(shards[f].at("file").get<std::string>());
+    for (const json& sj : shards[f].at("slices")) {
+      const ShardSlice s = slice_from(dir, sj);
+      if (!wanted.count(s.name)) continue;
+      if (s.cols < 1 || s.count < 0 || s.begin < 0 || s.begin + s.count > s.rows * s.cols)
+        fail("checkpoint ", dir, ": ", out.files[f], "'s slice of '", s.name,
+             "' is inconsistent: ", sj.dump());
+      for (int64_t e = s.begin; e < s.begin + s.count;) {
+        const int64_t k = e / s.cols, row_end = std::min(s.begin + s.count, (k + 1) * s.cols);
+        out.rows[s.name][s.row + k].push_back(
+            {s.col + e - k * s.cols, s.col + row_end - k * s.cols, f, s.at + e - s.begin});
+        e = row_end;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace checkpoint_io
+
 namespace {
 
 TrainingState load_sharded(const std::string& dir, const std::vector<ShardTarget>& targets) {
@@ -199,75 +227,38 @@ TrainingState load_sharded(const std::string& dir, const std::vector<ShardTarget
       wanted.insert(p->name);
     }
 
-  // Every slice of a wanted parameter, cut into runs of one row of the whole matrix.
-  struct Run {
-    int64_t col_begin, col_end;  // columns of the whole matrix
-    size_t shard;
-    int64_t at;  // in the shard's arrays, of col_begin
-  };
-  std::map<std::string, std::map<int64_t, std::vector<Run>>> runs;  // name -> row -> runs
-  const json& shards = j.at("shards");
-  std::vector<std::string> file_of;
-  for (size_t f = 0; f < shards.size(); ++f) {
-    file_of.push_back(shards[f].at("file").get<std::string>());
-    for (const json& sj : shards[f].at("slices")) {
-      const ShardSlice s = slice_from(dir, sj);
-      if (!wanted.count(s.name)) continue;
-      if (s.cols < 1 || s.count < 0 || s.begin < 0 || s.begin + s.count > s.rows * s.cols)
-        fail("checkpoint ", dir, ": ", file_of[f], "'s slice of '", s.name,
-             "' is inconsistent: ", sj.dump());
-      for (int64_t e = s.begin; e < s.begin + s.count;) {
-        const int64_t k = e / s.cols, row_end = std::min(s.begin + s.count, (k + 1) * s.cols);
-        runs[s.name][s.row + k].push_back(
-            {s.col + e - k * s.cols, s.col + row_end - k * s.cols, f, s.at + e - s.begin});
-        e = row_end;
-      }
-    }
-  }
-
+  const ShardRuns runs = shard_runs(dir, j, wanted);
   std::map<size_t, SafetensorsFile> loaded;  // only the files the targets need, each read once
   auto array = [&](size_t f, const char* name) -> const Tensor& {
     auto it = loaded.find(f);
-    if (it == loaded.end()) it = loaded.emplace(f, load_checked(dir, file_of[f], j)).first;
+    if (it == loaded.end()) it = loaded.emplace(f, load_checked(dir, runs.files[f], j)).first;
     const auto t = it->second.tensors.find(name);
     if (t == it->second.tensors.end() || t->second.dtype() != DType::kF32)
-      fail("checkpoint ", dir, ": ", file_of[f], " has no f32 tensor '", name, "'");
+      fail("checkpoint ", dir, ": ", runs.files[f], " has no f32 tensor '", name, "'");
     return t->second;
   };
   for (const auto& [store, into_ptr] : targets)
     for (const auto& p : store->parameters()) {
       FlatModelState& into = *into_ptr;
       const int64_t cols = matrix_of(p->shape).second;
-      const auto& by_row = runs[p->name];
-      for (const Block& block : blocks_of(*p)) {
-        for (int64_t i = 0; i < block.rows; ++i) {
-          const int64_t row = block.row + i, c0 = block.col, c1 = block.col + cols;
-          const int64_t dst = p->offset + (block.local_row + i) * cols;
-          int64_t covered = 0;
-          const auto found = by_row.find(row);
-          if (found != by_row.end())
-            for (const Run& run : found->second) {
-              const int64_t lo = std::max(c0, run.col_begin), hi = std::min(c1, run.col_end);
-              if (lo >= hi) continue;
-              const int64_t src = run.at + lo - run.col_begin, n = hi - lo;
-              for (const auto& [name, to] :
-                   {std::pair<const char*, Tensor*>{"values", &into.values},
-                    {"exp_avg", &into.exp_avg},
-                    {"exp_avg_sq", &into.exp_avg_sq}}) {
-                if (!to->defined()) continue;
-                const Tensor& from = array(run.shard, name);
-                if (src < 0 || src + n > from.numel())
-                  fail("checkpoint ", dir, ": ", file_of[run.shard], "'s slice of '", p->name,
-                       "' lies outside its arrays");
-                std::copy_n(from.data<float>() + src, n, to->data<float>() + dst + (lo - c0));
-              }
-              covered += n;
-            }
-          if (covered != cols)
-            fail("checkpoint ", dir, ": its shards hold ", covered, " of the ", cols,
-                 " elements of row ", row, " (columns ", c0, "-", c1 - 1, ") of '", p->name, "'");
-        }
-      }
+      for (const Block& block : blocks_of(*p))
+        for (int64_t i = 0; i < block.rows; ++i)
+          runs.copy_row(dir, p->name, block.row + i, block.col, cols,
+                        [&](size_t file, int64_t src, int64_t n, int64_t to) {
+                          const int64_t dst = p->offset + (block.local_row + i) * cols + to;
+                          for (const auto& [name, into_array] :
+                               {std::pair<const char*, Tensor*>{"values", &into.values},
+                                {"exp_avg", &into.exp_avg},
+                                {"exp_avg_sq", &into.exp_avg_sq}}) {
+                            if (!into_array->defined()) continue;
+                            const Tensor& from = array(file, name);
+                            if (src + n > from.numel())
+                              fail("checkpoint ", dir, ": ", runs.files[file], "'s slice of '",
+                                   p->name, "' lies outside its arrays");
+                            std::copy_n(from.data<float>() + src, n,
+                                        into_array->data<float>() + dst);
+                          }
+                        });
     }
   return training_state_of(dir, j);
 }

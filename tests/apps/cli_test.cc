@@ -280,6 +280,17 @@ TEST_F(Cli, CheckpointVerify) {
       << hf.output;
   EXPECT_TRUE(fs::exists(path("hf/model.safetensors")));
   EXPECT_TRUE(fs::exists(path("hf/config.json")));
+  // --max-shard-size takes save_pretrained's sizes: 10KB (10 000 bytes) splits this model (30 kB).
+  Result split =
+      run("checkpoint export " + path("run") + " --max-shard-size 10KB --out " + path("split"));
+  EXPECT_EQ(split.code, 0) << split.output;
+  EXPECT_TRUE(fs::exists(path("split/model.safetensors.index.json")));
+  EXPECT_TRUE(fs::exists(path("split/model-00002-of-00003.safetensors")));
+  EXPECT_FALSE(fs::exists(path("split/model.safetensors")));
+  Result none =
+      run("checkpoint export " + path("run") + " --max-shard-size 0 --out " + path("none"));
+  EXPECT_EQ(none.code, 2) << none.output;
+  EXPECT_NE(none.output.find("--max-shard-size"), std::string::npos) << none.output;
   Result llmc = run("checkpoint export " + path("run/checkpoints/step_2") +
                     " --format llmc --bf16 --out " + path("model.bin"));
   EXPECT_EQ(llmc.code, 0) << llmc.output;

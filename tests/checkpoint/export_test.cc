@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -444,6 +446,83 @@ void expect_loads_back_bitwise(Gpt2& model, const std::string& hf_dir) {
   const std::vector<float> a = model.params().values().to_vector(), b = into.values.to_vector();
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+// Over --max-shard-size the tensors go into save_pretrained's split files: model-0000K-of-0000N,
+// each filled in order up to the limit (the next tensor would have passed it), a tensor larger
+// than the limit alone in its file, and model.safetensors.index.json whose weight_map names the
+// file of every tensor and whose total_size is their bytes. The tensors are the single file's,
+// in its order, and train.init_from reads the directory back bit for bit.
+TEST(ExportLlama, OverTheShardSizeTheTensorsAreSplitAsSavePretrainedDoes) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_export_split_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  Gpt2Config c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = 64;
+  c.max_seq_len = 16;
+  c.d_model = 32;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_hidden = 48;
+  c.tie_embeddings = false;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 9);
+  const std::string ckpt = save_and_export_hf(model, dir, 2);  // one file: under 5 GB
+  const SafetensorsFile single = load_safetensors((dir / "hf" / "model.safetensors").string());
+  EXPECT_FALSE(fs::exists(dir / "hf" / "model.safetensors.index.json"));
+
+  const int64_t limit = 9000;  // the embedding and the head (8 kB each) fill a file each
+  export_checkpoint(ckpt, "hf", (dir / "split").string(), false, limit);
+  EXPECT_FALSE(fs::exists(dir / "split" / "model.safetensors"));
+  std::ifstream in(dir / "split" / "model.safetensors.index.json");
+  const nlohmann::json index = nlohmann::json::parse(in);
+  const nlohmann::json& map = index.at("weight_map");
+  EXPECT_EQ(map.size(), single.names.size());
+  // The files in order, each tensor where weight_map says, in the single file's order.
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir / "split"))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 4u);
+  size_t next = 0;  // in single.names
+  int64_t total = 0, previous_file_bytes = -1;
+  for (size_t k = 0; k < files.size(); ++k) {
+    char want[64];
+    std::snprintf(want, sizeof want, "model-%05zu-of-%05zu.safetensors", k + 1, files.size());
+    EXPECT_EQ(files[k], want);
+    const SafetensorsFile f = load_safetensors((dir / "split" / files[k]).string());
+    EXPECT_EQ(f.metadata.at("format"), "pt");
+    int64_t bytes = 0;
+    for (const std::string& name : f.names) {
+      ASSERT_LT(next, single.names.size());
+      EXPECT_EQ(name, single.names[next++]);
+      EXPECT_EQ(map.at(name), files[k]) << name;
+      const Tensor& t = f.tensors.at(name);
+      const Tensor& s = single.tensors.at(name);
+      ASSERT_EQ(t.shape(), s.shape()) << name;
+      EXPECT_EQ(std::memcmp(t.raw(), s.raw(), t.nbytes()), 0) << name;
+      bytes += static_cast<int64_t>(t.nbytes());
+    }
+    EXPECT_TRUE(bytes <= limit || f.names.size() == 1u) << files[k] << ": " << bytes;
+    if (previous_file_bytes >= 0) {  // the previous file was full: this one's first did not fit
+      EXPECT_GT(previous_file_bytes + static_cast<int64_t>(f.tensors.at(f.names[0]).nbytes()),
+                limit)
+          << files[k];
+    }
+    previous_file_bytes = bytes;
+    total += bytes;
+  }
+  EXPECT_EQ(next, single.names.size());
+  EXPECT_EQ(index.at("metadata").at("total_size").get<int64_t>(), total);
+  expect_loads_back_bitwise(model, (dir / "split").string());
+  // A limit of nothing is refused, naming it; what was exported stays.
+  const std::string e = testutil::error_of(
+      [&] { export_checkpoint(ckpt, "hf", (dir / "split").string(), false, 0); });
+  EXPECT_NE(e.find("max shard size"), std::string::npos) << e;
+  EXPECT_TRUE(fs::exists(dir / "split" / files[0]));
+  fs::remove_all(dir);
 }
 
 void expect_transformers_logits(const std::string& hub, const Gpt2Config& c) {

@@ -10,11 +10,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/export.h"
 #include "data/dataset.h"
 #include "harness/error_of.h"
 #include "models/gpt2.h"
@@ -200,6 +204,92 @@ TEST_F(ShardedCheckpoint, DamageIsNamed) {
   e = error_of([&] { load_whole(ckpt.string(), c); });
   EXPECT_NE(e.find("its shards hold"), std::string::npos) << e;
   EXPECT_NE(e.find("'" + dropped + "'"), std::string::npos) << e;
+}
+
+// Every file under `dir`, by its path relative to it, with its bytes.
+std::map<std::string, std::string> files_under(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  if (fs::is_regular_file(dir)) {
+    std::ifstream in(dir, std::ios::binary);
+    out[""] = std::string(std::istreambuf_iterator<char>(in), {});
+    return out;
+  }
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    out[fs::relative(e.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return out;
+}
+
+// `loom checkpoint export` reads a checkpoint one parameter at a time (CheckpointReader): from a
+// sharded one, each parameter is put together from the runs of the shards that hold it (tensor-
+// parallel blocks, ZeRO chunks that start and end mid-row, pipeline stages, interleaved chunks)
+// with the whole-model checkpoint's bits, so the files exported from the two checkpoints of one
+// run are byte for byte the same — GPT-2 for transformers (fp32, bf16, split over several files)
+// and llm.c's. A damaged shard is named before anything is written.
+TEST_F(ShardedCheckpoint, ExportsTheWholeCheckpointsFilesParameterByParameter) {
+  for (const Layout& l : {kLayouts[5], kLayouts[6], kLayouts[7]}) {
+    SCOPED_TRACE(l.name);
+    const std::string name = std::string("export_") + l.name;
+    train(name + "_w", l, "whole", 3);
+    train(name + "_s", l, "sharded", 3);
+    const std::string whole = (root_ / (name + "_w") / "checkpoints" / "step_3").string();
+    const std::string sharded = (root_ / (name + "_s") / "checkpoints" / "step_3").string();
+    ASSERT_TRUE(is_sharded_checkpoint(sharded));
+
+    const Config c = config(l, "whole");
+    const FlatModelState w = load_whole(whole, c);
+    Gpt2 layout(model_config_of(c));
+    layout.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{16, false, false});
+    const CheckpointReader reader(sharded);
+    EXPECT_EQ(reader.names().size(), layout.params().parameters().size());
+    EXPECT_EQ(reader.state().step, 3);
+    for (const auto& p : layout.params().parameters()) {
+      const Tensor got = reader.read(p->name);
+      ASSERT_EQ(got.shape(), p->full_shape) << p->name;
+      EXPECT_TRUE(std::equal(got.data<float>(), got.data<float>() + got.numel(),
+                             w.values.data<float>() + p->offset))
+          << p->name;
+    }
+
+    struct Export {
+      const char* format;
+      bool bf16;
+      int64_t max_shard_bytes;
+    };
+    for (const Export& x : {Export{"hf", false, kDefaultMaxShardBytes}, Export{"hf", true, 20000},
+                            Export{"llmc", false, kDefaultMaxShardBytes}}) {
+      SCOPED_TRACE(std::string(x.format) + (x.bf16 ? " bf16 " : " ") +
+                   std::to_string(x.max_shard_bytes));
+      const fs::path from_whole = root_ / (name + "_w") / "out";
+      const fs::path from_shards = root_ / (name + "_s") / "out";
+      export_checkpoint(whole, x.format, from_whole.string(), x.bf16, x.max_shard_bytes);
+      export_checkpoint(sharded, x.format, from_shards.string(), x.bf16, x.max_shard_bytes);
+      const auto a = files_under(from_whole), b = files_under(from_shards);
+      // (~118 kB of bf16 tensors over files of at most 20 kB: 7 files and the index)
+      const bool split = x.max_shard_bytes < kDefaultMaxShardBytes;
+      EXPECT_EQ(a.size(), split ? 9u : x.format == std::string("hf") ? 2u : 1u);
+      EXPECT_EQ(a.count(split ? "model-00007-of-00007.safetensors" : "model.safetensors"),
+                x.format == std::string("hf") ? 1u : 0u);
+      EXPECT_TRUE(a == b);
+    }
+  }
+
+  // A bit of a shard flipped: the export names the file and writes nothing.
+  const std::string ckpt = (root_ / "export_dp2_tp2_zero2_s" / "checkpoints" / "step_3").string();
+  {
+    const fs::path f = fs::path(ckpt) / "shard_2.safetensors";
+    std::fstream io(f, std::ios::binary | std::ios::in | std::ios::out);
+    io.seekg(100);
+    const char b = static_cast<char>(io.get());
+    io.seekp(100);
+    io.put(static_cast<char>(b ^ 4));
+  }
+  const fs::path out = root_ / "damaged_export";
+  const std::string e = error_of([&] { export_checkpoint(ckpt, "hf", out.string()); });
+  EXPECT_NE(e.find("shard_2.safetensors is not what was written"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace

@@ -1,0 +1,100 @@
+#include "checkpoint/checkpoint_reader.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "base/error.h"
+#include "base/json_number.h"
+#include "checkpoint/checkpoint_io.h"
+#include "checkpoint/sharded_checkpoint.h"
+
+namespace loom {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace checkpoint_io;
+
+// A sharded checkpoint's files, each open for positioned reads, and where each element is.
+struct CheckpointReader::Sharded {
+  ShardRuns runs;
+  std::vector<std::unique_ptr<SafetensorsIndex>> files;  // runs.files, open
+};
+
+CheckpointReader::CheckpointReader(const std::string& dir)
+    : dir_(dir), model_(read_checkpoint_model(dir)) {
+  const json j = read_state_json(dir);
+  try {
+    state_ = training_state_of(dir, j);
+    // The model's parameters and their shapes (offsets only, no values): each must be in the
+    // checkpoint with the shape state.json records, as load_checkpoint requires.
+    Gpt2 layout(model_);
+    layout.params().allocate(DType::kF32, Device::cpu(), AllocateOptions{1, false, false});
+    const json* recorded = nullptr;
+    if (j.contains("model") && j["model"].contains("parameters"))
+      recorded = &j["model"]["parameters"];
+    std::set<std::string> names;
+    for (const auto& p : layout.params().parameters()) {
+      if (recorded != nullptr) {
+        if (!recorded->contains(p->name))
+          fail("checkpoint ", dir, ": has no parameter '", p->name,
+               "' (a checkpoint of another model?)");
+        const Shape shape = json_integers<int64_t>((*recorded)[p->name]);
+        if (shape != p->full_shape)
+          fail("checkpoint ", dir, ": '", p->name, "' has shape ", shape_str(shape),
+               " but the model expects ", shape_str(p->full_shape));
+      }
+      shapes_[p->name] = p->full_shape;
+      names_.push_back(p->name);
+      names.insert(p->name);
+    }
+    if (j.value("format", std::string()) == "sharded") {
+      sharded_ = std::make_unique<Sharded>();
+      sharded_->runs = shard_runs(dir, j, names);
+      for (const std::string& file : sharded_->runs.files) {
+        verify_file(dir, file, j);
+        sharded_->files.push_back(
+            std::make_unique<SafetensorsIndex>((fs::path(dir) / file).string()));
+      }
+    } else {
+      verify_file(dir, "model.safetensors", j);
+      whole_ = std::make_unique<SafetensorsIndex>((fs::path(dir) / "model.safetensors").string());
+    }
+  } catch (const json::exception& e) {
+    fail("checkpoint ", dir, ": state.json is not a Loom checkpoint's: ", e.what());
+  }
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+const Shape& CheckpointReader::shape(const std::string& name) const {
+  const auto it = shapes_.find(name);
+  if (it == shapes_.end()) fail("checkpoint ", dir_, ": the model has no parameter '", name, "'");
+  return it->second;
+}
+
+Tensor CheckpointReader::read(const std::string& name) const {
+  const Shape& want = shape(name);
+  if (whole_ != nullptr) {
+    const SafetensorsEntry* e = whole_->find(name);
+    if (e == nullptr)
+      fail("checkpoint ", dir_, ": model.safetensors has no tensor '", name,
+           "' (a checkpoint of another model?)");
+    if (e->shape != want || e->dtype != DType::kF32)
+      fail("checkpoint ", dir_, ": '", name, "' has shape ", shape_str(e->shape),
+           " but the model expects ", shape_str(want), " (f32)");
+    return whole_->read(name);
+  }
+  // A sharded one: every row of the parameter (as a 2-D matrix) from the runs that hold it.
+  Tensor out = Tensor::empty(want, DType::kF32, Device::cpu());
+  const int64_t rows = want.empty() ? 1 : want[0];
+  const int64_t cols = rows == 0 ? 0 : out.numel() / rows;
+  float* dst = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    sharded_->runs.copy_row(dir_, name, r, 0, cols,
+                            [&](size_t f, int64_t at, int64_t n, int64_t to) {
+                              sharded_->files[f]->read_f32("values", at, n, dst + r * cols + to);
+                            });
+  return out;
+}
+
+}  // namespace loom
