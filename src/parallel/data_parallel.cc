@@ -34,6 +34,9 @@ class ZeroDataParallel final : public DataParallel {
   void end_micro_batch() override;
   double clip_grad_norm(double max_norm, double loss_scale) override;
   void set_gradient_factor(float factor) override { grad_scale_ = factor; }
+  double grad_sum_squares(const Parameter* skip) override;
+  void defer_reduction(const Parameter* p) override;
+  void reduce_deferred() override;
   void optimizer_step(float lr) override;
   FlatModelState gather_state() override;
   void load_state(const FlatModelState& state, int64_t optimizer_steps) override;
@@ -98,8 +101,8 @@ class ZeroDataParallel final : public DataParallel {
   ThreadPool& pool_;
   Device device_;
   int stage_;
-  // Stage 0, and stage 1 with DataParallelConfig::full_gradients: buckets all-reduced, every
-  // rank's gradient whole; else each unit reduce-scattered into its chunks.
+  // Stage 0: buckets all-reduced, every rank's gradient whole; else each unit reduce-scattered
+  // into its chunks.
   bool all_reduces_;
   int rank_, size_;
   std::vector<int64_t> shard_offset_;  // per unit
@@ -149,6 +152,9 @@ class ZeroDataParallel final : public DataParallel {
   // micro-batch's backward has begun.
   std::vector<size_t> backward_next_;
   bool in_backward_ = false;
+  std::vector<bool> deferred_;  // stage 1: units reduced by reduce_deferred (defer_reduction)
+  // Stage 1 reduce-scatters unit u's step gradient (in place in the full buffer).
+  void reduce_scatter_full(size_t u);
 };
 
 ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, ThreadPool& pool,
@@ -161,7 +167,7 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
       pool_(pool),
       device_(device),
       stage_(config.zero),
-      all_reduces_(config.zero == 0 || (config.zero == 1 && config.full_gradients)),
+      all_reduces_(config.zero == 0),
       rank_(dp_.rank()),
       size_(dp_.size()) {
   if (stage_ < 0 || stage_ > 3) fail("parallel.zero = ", stage_, ": must be 0, 1, 2 or 3");
@@ -428,14 +434,32 @@ void ZeroDataParallel::before_backward(size_t u) {
   }
 }
 
+void ZeroDataParallel::reduce_scatter_full(size_t u) {
+  Tensor full = params_.grads().narrow(params_.units()[u].begin, params_.units()[u].numel);
+  if (is_experts(u)) scale_expert_grads(full);
+  issue_reduce_scatter(u, full);
+}
+
+void ZeroDataParallel::defer_reduction(const Parameter* p) {
+  LOOM_CHECK_MSG(stage_ == 1 && !all_reduces_, "only ZeRO-1's reduce-scatters are deferred");
+  deferred_.resize(num_units(), false);
+  for (size_t u = 0; u < num_units(); ++u)
+    for (const Parameter* q : params_.units()[u].params)
+      if (q == p) deferred_[u] = true;
+}
+
+void ZeroDataParallel::reduce_deferred() {
+  for (size_t u = 0; u < deferred_.size(); ++u)
+    if (deferred_[u]) reduce_scatter_full(u);
+  drain_reduce_scatters(true);
+}
+
 void ZeroDataParallel::after_backward(size_t u) {
   if (stage_ == 1 && !all_reduces_) {
     // The step's gradient of the unit is complete in the full buffer: reduce-scatter it in place
     // there (drain_reduce_scatters writes the reduced chunk over the rank's own part).
-    if (!last_micro_batch()) return;
-    Tensor full = params_.grads().narrow(params_.units()[u].begin, params_.units()[u].numel);
-    if (is_experts(u)) scale_expert_grads(full);
-    issue_reduce_scatter(u, full);
+    if (!last_micro_batch() || (u < deferred_.size() && deferred_[u])) return;
+    reduce_scatter_full(u);
     drain_reduce_scatters(false);
     return;
   }
@@ -615,7 +639,33 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
     return unscaled(std::sqrt(sum));
   }
   if (all_reduces_ && tp == nullptr) return unscaled(grad_norm(pool_, params_));
-  // Stages 1-3: the reduced chunks (stage 1: at their places in the full gradient).
+  if (all_reduces_) {  // under tp, without experts: norm_ranges_ (replicated ones on tp rank 0)
+    std::vector<const float*> starts;
+    std::vector<int64_t> sizes;
+    for (const NormRange& r : norm_ranges_) {
+      starts.push_back(params_.grads().data<float>() + r.offset);
+      sizes.push_back(r.numel);
+    }
+    double sum = 0;
+    for (double s : ops::sum_squares_each(Exec{&pool_, device_}, starts, sizes)) sum += s;
+    const double t0 = now_seconds();
+    sum = all_reduce_value(*tp, sum, ReduceOp::kSum);
+    step_stats_.wait_seconds += now_seconds() - t0;
+    return unscaled(std::sqrt(sum));
+  }
+  double sum = grad_sum_squares(nullptr);
+  if (tp != nullptr) {
+    const double t0 = now_seconds();
+    sum = all_reduce_value(*tp, sum, ReduceOp::kSum);
+    step_stats_.wait_seconds += now_seconds() - t0;
+  }
+  return unscaled(std::sqrt(sum));
+}
+
+double ZeroDataParallel::grad_sum_squares(const Parameter* skip) {
+  LOOM_CHECK_MSG(!all_reduces_, "grad_sum_squares reads the reduced chunks of stages 1-3");
+  Communicator* tp = tensor_parallel_;
+  // The reduced chunks (stage 1: at their places in the full gradient).
   Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;
   const auto chunk_offset = [&](size_t u) {
     return stage_ == 1 ? chunk_begin(u) : shard_offset_[u];
@@ -624,7 +674,7 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
   // the expert chunks only over the whole dp group — their squares summed apart.
   const bool experts_apart = !all_reduces_ && replicate_ != nullptr && has_experts_;
   double local = 0, local_experts = 0;
-  if (tp == nullptr && !experts_apart && stage_ >= 2) {
+  if (tp == nullptr && !experts_apart && stage_ >= 2 && skip == nullptr) {
     // The shards partition the full gradient (padding is zero).
     local = ops::sum_squares<float>(Exec{&pool_, device_}, grads.data<float>(), grads.numel());
   } else {
@@ -634,7 +684,21 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
     std::vector<const float*> starts;
     std::vector<int64_t> sizes;
     std::vector<bool> of_experts;
-    if (tp == nullptr) {
+    if (skip != nullptr) {
+      // Each parameter's piece of the chunks but `skip`'s, as norm_ranges_ is built.
+      const bool first = tp == nullptr || tp->rank() == 0;
+      for (size_t u = 0; u < num_units(); ++u) {
+        const int64_t lo_chunk = chunk_begin(u), hi_chunk = lo_chunk + chunk(u);
+        for (const Parameter* p : params_.units()[u].params) {
+          const int64_t lo = std::max(lo_chunk, p->offset);
+          const int64_t hi = std::min(hi_chunk, p->offset + p->numel());
+          if (p == skip || lo >= hi || !(!p->pieces.empty() || first)) continue;
+          starts.push_back(grads.data<float>() + chunk_offset(u) + (lo - lo_chunk));
+          sizes.push_back(hi - lo);
+          of_experts.push_back(is_experts(u));
+        }
+      }
+    } else if (tp == nullptr) {
       for (size_t u = 0; u < num_units(); ++u) {
         starts.push_back(grads.data<float>() + chunk_offset(u));
         sizes.push_back(chunk(u));
@@ -653,11 +717,10 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double loss_scale) {
   }
   double sum = local;
   const double t0 = now_seconds();  // waiting for the other ranks counts as communication
-  if (!all_reduces_) sum = all_reduce_value(dp_, sum, ReduceOp::kSum);
+  sum = all_reduce_value(dp_, sum, ReduceOp::kSum);
   if (experts_apart) sum += all_reduce_value(all_dp_, local_experts, ReduceOp::kSum);
-  if (tp != nullptr) sum = all_reduce_value(*tp, sum, ReduceOp::kSum);
   step_stats_.wait_seconds += now_seconds() - t0;
-  return unscaled(std::sqrt(sum));
+  return sum;
 }
 
 void ZeroDataParallel::optimizer_step(float lr) {

@@ -66,10 +66,6 @@ namespace loom {
 struct DataParallelConfig {
   int zero = 0;                             // ZeRO stage 0..3
   int64_t bucket_bytes = int64_t{25} << 20;  // stage 0's all-reduce bucket size
-  // Stage 1 keeps every rank's gradient whole: its buckets all-reduced as stage 0's, not its units
-  // reduce-scattered — for the pipeline engine, whose tied embedding and gradient norm read the
-  // whole gradients (parallel/pipeline_parallel.cc).
-  bool full_gradients = false;
   // What gradients are reduced in over dp (parallel.grad_reduce_dtype): kF32, or kBF16 — each
   // bucket (stage 0) or unit (stages 1-3) rounded to bf16 before its collective and widened
   // after, into the fp32 gradients (Megatron's --grad-reduce-in-bf16, DeepSpeed's
@@ -90,7 +86,7 @@ struct DataParallelConfig {
   // over which those units are averaged, sharded and gathered instead of over dp, their gradients
   // divided by the expert-parallel group's size first (each sums its group's tokens); and the
   // expert-parallel group, over which the gradient norm sums their squares (whole gradients:
-  // stage 0, and stage 1 under pipelining).
+  // stage 0; the pipeline engine's norm too).
   Communicator* experts_data_parallel = nullptr;
   Communicator* expert_parallel = nullptr;
   // Hybrid sharding (both or neither; split_shard_groups): the ranks a rank's ZeRO state is
@@ -157,6 +153,20 @@ class DataParallel : public ParamHooks {
   // Sets the factor the next optimizer_step reads the gradients with, as clip_grad_norm does,
   // for a caller that computed the global norm itself (the pipeline, over all its stages).
   virtual void set_gradient_factor(float factor) = 0;
+  // For a caller summing the norm over several engines (the pipeline's stages) under stages 1-3:
+  // the sum of squares of the reduced gradient, summed over the ranks that share it out (dp, or
+  // the shard group and the replicas, the experts' groups) as clip_grad_norm sums it, but not
+  // over tp (a parameter replicated over tp counted on tp rank 0 only); `skip`'s elements left
+  // out (the pipeline's second copy of a tied embedding). Collective over dp.
+  virtual double grad_sum_squares(const Parameter* skip) = 0;
+  // Stage 1: the unit holding `p` is not reduce-scattered by the backward hooks but by
+  // reduce_deferred(), once the caller has added what it must to its gradient (the pipeline's
+  // tied embedding: both copies' sums over this rank's micro-batches, before the average over dp).
+  // Called before the first step.
+  virtual void defer_reduction(const Parameter* p) = 0;
+  // The deferred units' reduce-scatters, issued and waited for (after the step's last
+  // end_micro_batch; collective over dp).
+  virtual void reduce_deferred() = 0;
   virtual void optimizer_step(float lr) = 0;
 
   // The whole model state on every rank (collective: stages 1-3 all-gather their shards), for

@@ -20,7 +20,14 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
                                    ThreadPool& pool, Device device, const PipelineConfig& config,
                                    const DataParallelConfig& dp_config, const AdamWConfig& adamw,
                                    uint64_t seed)
-    : model_config_(model), pp_(pp), dp_(dp), pool_(pool), device_(device), config_(config) {
+    : model_config_(model),
+      pp_(pp),
+      dp_(dp),
+      pool_(pool),
+      device_(device),
+      config_(config),
+      expert_parallel_(dp_config.expert_parallel),
+      reduce_scatters_(dp_config.zero == 1) {
   if (dp_config.zero > 1)
     fail("parallel.zero = ", dp_config.zero, " with parallel.pp = ", pp.size(),
          ": pipeline parallelism combines with ZeRO stages 0 and 1 only");
@@ -42,11 +49,17 @@ PipelineParallel::PipelineParallel(const Gpt2Config& model, Communicator& pp, Co
                                                  config.sequence_parallel, part, config.experts));
     else
       chunks_.push_back(std::make_unique<Gpt2>(model, part, config.experts));
-    // ZeRO-1's gradients stay whole: the tied embedding's sum and clip_grad_norm below read them.
-    DataParallelConfig whole = dp_config;
-    whole.full_gradients = true;
+    // ZeRO-1 reduce-scatters each unit's gradient (Megatron's distributed optimizer under
+    // pipelining): the tied embedding's unit waits for the sum of both copies (train_step), and
+    // the gradient norm sums each stage's reduced chunks (clip_grad_norm).
     engines_.push_back(
-        DataParallel::create(chunks_.back()->params(), dp, pool, device, whole, adamw, seed));
+        DataParallel::create(chunks_.back()->params(), dp, pool, device, dp_config, adamw, seed));
+    if (reduce_scatters_ && model.tie_embeddings) {
+      if (chunks_.back()->part().embedding)
+        engines_.back()->defer_reduction(chunks_.back()->head_weight());
+      if (const Parameter* copy = chunks_.back()->tied_head_copy())
+        engines_.back()->defer_reduction(copy);
+    }
   }
   // An untied head (model.tie_embeddings = false) has nothing to share with the embedding. In
   // the V placement rank 0 holds both copies, and its group is itself.
@@ -378,7 +391,8 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
   LOOM_CHECK_MSG(stash.empty() && inbox.empty() && deferred.empty() && to_self_.empty(),
                  "pipeline schedule left activations or weight gradients behind");
   // The tied embedding: the first stage's wte and the last stage's copy get the sum of both
-  // gradients (already averaged over dp), so both update identically.
+  // gradients, so both update identically — averaged over dp already (stage 0), or this rank's
+  // sums over its micro-batches, reduce-scattered after it (stage 1: the average of the sum).
   if (tied_ != nullptr && tied_->size() > 1) {
     Parameter* wte = chunks_.front()->part().embedding ? chunks_.front()->head_weight()
                                                        : chunks_.back()->head_weight();
@@ -391,6 +405,8 @@ double PipelineParallel::train_step(const std::vector<Tensor>& tokens,
                      wte->grad.numel());
     copy->grad.copy_from(wte->grad);
   }
+  if (reduce_scatters_)
+    for (auto& engine : engines_) engine->reduce_deferred();
   // The loss lives on the last stage; share the mean over micro-batches (and over dp).
   // A mixture of experts' balance losses and tokens per expert are each stage's: summed over pp
   // likewise, in the same all-reduces (the counts' mean over dp times its ranks, rounded: their
@@ -416,26 +432,51 @@ double PipelineParallel::clip_grad_norm(double max_norm, double loss_scale) {
   // Summed per stage, then over the stages in order: the same bits wherever the stages sit
   // (interleaved and zb-v place the same stages on other ranks).
   const int S = schedule_.stages();
+  std::vector<double> per_stage(static_cast<size_t>(S), 0.0);
+  if (reduce_scatters_) {
+    // ZeRO-1: each engine's reduced chunks, summed over dp (and the experts' groups) by it; the
+    // last stage's copy of the tied wte left out.
+    for (size_t c = 0; c < chunks_.size(); ++c)
+      per_stage[static_cast<size_t>(stage_of_chunk(static_cast<int>(c)))] +=
+          engines_[c]->grad_sum_squares(chunks_[c]->tied_head_copy());
+    return finish_clip(per_stage, max_norm, loss_scale);
+  }
   // The last stage's copy of the tied wte is the same gradient as the first stage's; a
   // parameter replicated over tp (no shard pieces) counts on tp rank 0 only. Every chunk's
-  // parameters' sums come back together (one wait on a GPU) and are added in order.
+  // parameters' sums come back together (one wait on a GPU) and are added in order. Under
+  // expert parallelism a rank holds its experts only: their squares are summed over the
+  // expert-parallel group first (each stage's apart), as DataParallel::clip_grad_norm does.
   std::vector<const float*> grads;
   std::vector<int64_t> sizes;
   std::vector<size_t> chunk_of;  // of each summed parameter
+  std::vector<bool> of_experts;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const Parameter* duplicate = chunks_[c]->tied_head_copy();
-    for (const auto& p : chunks_[c]->params().parameters()) {
-      if (p.get() == duplicate) continue;
-      if (tp != nullptr && p->pieces.empty() && tp->rank() != 0) continue;
-      grads.push_back(p->grad.data<float>());
-      sizes.push_back(p->numel());
-      chunk_of.push_back(c);
-    }
+    for (const ParamUnit& unit : chunks_[c]->params().units())
+      for (const Parameter* p : unit.params) {
+        if (p == duplicate) continue;
+        if (tp != nullptr && p->pieces.empty() && tp->rank() != 0) continue;
+        grads.push_back(p->grad.data<float>());
+        sizes.push_back(p->numel());
+        chunk_of.push_back(c);
+        of_experts.push_back(unit.experts);
+      }
   }
   const std::vector<double> sums = ops::sum_squares_each(Exec{&pool_, device_}, grads, sizes);
-  std::vector<double> per_stage(static_cast<size_t>(S), 0.0);
-  for (size_t i = 0; i < sums.size(); ++i)
-    per_stage[static_cast<size_t>(stage_of_chunk(static_cast<int>(chunk_of[i])))] += sums[i];
+  std::vector<double> experts_per_stage(static_cast<size_t>(S), 0.0);
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const auto s = static_cast<size_t>(stage_of_chunk(static_cast<int>(chunk_of[i])));
+    (of_experts[i] ? experts_per_stage[s] : per_stage[s]) += sums[i];
+  }
+  if (expert_parallel_ != nullptr && expert_parallel_->size() > 1)
+    experts_per_stage = all_reduce_values(*expert_parallel_, experts_per_stage);
+  for (size_t s = 0; s < per_stage.size(); ++s) per_stage[s] += experts_per_stage[s];
+  return finish_clip(per_stage, max_norm, loss_scale);
+}
+
+double PipelineParallel::finish_clip(std::vector<double> per_stage, double max_norm,
+                                     double loss_scale) {
+  Communicator* tp = config_.tensor_parallel;
   per_stage = all_reduce_values(pp_, per_stage);  // each entry: one stage's sum plus zeros
   double sum = 0;
   for (double stage_sum : per_stage) sum += stage_sum;

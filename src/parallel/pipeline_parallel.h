@@ -169,6 +169,13 @@ class PipelineParallel {
   std::vector<std::unique_ptr<Gpt2Stage>> chunks_;
   std::vector<std::unique_ptr<DataParallel>> engines_;
   std::unique_ptr<Communicator> tied_;  // first and last stage's ranks (null elsewhere)
+  // Expert parallelism's group (DataParallelConfig::expert_parallel): the ranks holding the other
+  // experts, over which the experts' squares of the gradient norm are summed. Null without it.
+  Communicator* expert_parallel_ = nullptr;
+  bool reduce_scatters_ = false;  // ZeRO-1: the engines reduce-scatter (DataParallel)
+  // clip_grad_norm's end: each stage's sum of squares (this rank's stages), summed over pp in
+  // stage order, then over tp; the engines' factor set.
+  double finish_clip(std::vector<double> per_stage, double max_norm, double loss_scale);
   std::map<int, Tensor> to_self_;       // messages between this rank's stages, by tag
   PipelineStepStats stats_;
 };

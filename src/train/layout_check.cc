@@ -319,6 +319,7 @@ LayoutCheckResult check_layouts(const Config& config, const std::vector<CheckLay
     }
     result.reference_seconds = seconds_since(t0);
     result.reference_losses = read_losses(ref_dir);
+    result.reference_grad_norms = read_grad_norms(ref_dir);
   }
 
   for (size_t i = 0; i < layouts.size(); ++i) {
@@ -342,6 +343,10 @@ LayoutCheckResult check_layouts(const Config& config, const std::vector<CheckLay
       const LossDeviation loss = compare_losses(result.reference_losses, read_losses(dir));
       row.loss_max_rel_dev = loss.max_rel;
       row.loss_worst_step = loss.worst_step;
+      const LossDeviation norm =
+          compare_grad_norms(result.reference_grad_norms, read_grad_norms(dir));
+      row.grad_norm_max_rel_dev = norm.max_rel;
+      row.grad_norm_worst_step = norm.worst_step;
       const WeightsDeviation w = compare_weights(final_weights(ref_dir), final_weights(dir));
       row.param_rel_dev = w.rel_l2;
       row.param_largest_tensor = w.largest;
@@ -350,6 +355,7 @@ LayoutCheckResult check_layouts(const Config& config, const std::vector<CheckLay
       for (const TensorDeviation& t : w.tensors)
         row.param_elem_max_rel_dev = std::max(row.param_elem_max_rel_dev, t.rel_max);
       const bool within = row.loss_max_rel_dev <= options.tolerance &&
+                          row.grad_norm_max_rel_dev <= options.tolerance &&
                           row.param_rel_dev <= options.tolerance;
       row.status = within ? "ok" : "DIFFERS";
     } catch (const Error& e) {
@@ -394,22 +400,23 @@ std::string format_layout_check(const LayoutCheckResult& r) {
          shape(r.seq_len, r.config_seq_len) + "; batch " + std::to_string(r.batch_size) +
          " sequences, " + std::to_string(r.steps) + " steps; tolerance " + sci(r.tolerance) + "\n";
   const auto line = [&](const std::string& layout, int ranks, const std::string& loss,
-                        const std::string& param, const std::string& status) {
-    std::snprintf(buf, sizeof buf, "%-*s %5d  %16s  %13s  ", static_cast<int>(width),
-                  layout.c_str(), ranks, loss.c_str(), param.c_str());
+                        const std::string& norm, const std::string& param,
+                        const std::string& status) {
+    std::snprintf(buf, sizeof buf, "%-*s %5d  %16s  %16s  %13s  ", static_cast<int>(width),
+                  layout.c_str(), ranks, loss.c_str(), norm.c_str(), param.c_str());
     out += buf + status + "\n";
   };
-  std::snprintf(buf, sizeof buf, "%-*s %5s  %16s  %13s  status\n", static_cast<int>(width),
-                "layout", "ranks", "loss max rel dev", "param rel dev");
+  std::snprintf(buf, sizeof buf, "%-*s %5s  %16s  %16s  %13s  status\n", static_cast<int>(width),
+                "layout", "ranks", "loss max rel dev", "norm max rel dev", "param rel dev");
   out += buf;
   if (!r.reference_losses.empty()) {
     std::snprintf(buf, sizeof buf, "loss %.4f -> %.4f", r.reference_losses.front(),
                   r.reference_losses.back());
-    line("one device (reference)", 1, "-", "-", buf);
+    line("one device (reference)", 1, "-", "-", "-", buf);
   }
   for (const LayoutCheckRow& row : r.rows) {
     if (row.status == "error") {
-      line(row.layout, row.ranks, "-", "-", "error: " + row.error);
+      line(row.layout, row.ranks, "-", "-", "-", "error: " + row.error);
       continue;
     }
     std::string status = row.status;
@@ -417,13 +424,16 @@ std::string format_layout_check(const LayoutCheckResult& r) {
       std::vector<std::string> where;
       if (!(row.loss_max_rel_dev <= r.tolerance))
         where.push_back("loss at step " + std::to_string(row.loss_worst_step));
+      if (!(row.grad_norm_max_rel_dev <= r.tolerance))
+        where.push_back("gradient norm at step " + std::to_string(row.grad_norm_worst_step));
       if (!(row.param_rel_dev <= r.tolerance))
         where.push_back("parameters, most in " + row.param_largest_tensor);
       status += " (";
       for (size_t i = 0; i < where.size(); ++i) status += (i ? "; " : "") + where[i];
       status += ")";
     }
-    line(row.layout, row.ranks, sci(row.loss_max_rel_dev), sci(row.param_rel_dev), status);
+    line(row.layout, row.ranks, sci(row.loss_max_rel_dev), sci(row.grad_norm_max_rel_dev),
+         sci(row.param_rel_dev), status);
   }
   if (!r.out_dir.empty()) out += "runs kept in " + r.out_dir + "\n";
   return out;
@@ -451,6 +461,8 @@ std::string layout_check_json(const LayoutCheckResult& r) {
       const auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
       j["loss_max_rel_dev"] = num(row.loss_max_rel_dev);
       j["loss_worst_step"] = row.loss_worst_step;
+      j["grad_norm_max_rel_dev"] = num(row.grad_norm_max_rel_dev);
+      j["grad_norm_worst_step"] = row.grad_norm_worst_step;
       j["param_rel_dev"] = num(row.param_rel_dev);
       j["param_largest_tensor"] = row.param_largest_tensor;
       j["param_tensor_max_rel_dev"] = num(row.param_tensor_max_rel_dev);
@@ -467,9 +479,11 @@ std::string layout_check_json(const LayoutCheckResult& r) {
                         {"config_seq_len", r.config_seq_len},
                         {"batch_size", r.batch_size},
                         {"tolerance", r.tolerance},
-                        {"reference", {{"losses", r.reference_losses},
-                                       {"micro_batch_size", r.reference_micro_batch_size},
-                                       {"seconds", r.reference_seconds}}},
+                        {"reference",
+                         {{"losses", r.reference_losses},
+                          {"grad_norms", r.reference_grad_norms},
+                          {"micro_batch_size", r.reference_micro_batch_size},
+                          {"seconds", r.reference_seconds}}},
                         {"rows", std::move(rows)},
                         {"all_ok", r.all_ok()}};
   if (!r.out_dir.empty()) doc["out_dir"] = r.out_dir;

@@ -81,6 +81,10 @@ struct LayoutCheckRow {
   std::string error;          // the message when status is "error"
   double loss_max_rel_dev = 0;   // max over steps of |loss − ref| / |ref|
   int64_t loss_worst_step = 0;
+  // Max over steps of |grad_norm − ref| / ref: the gradient itself, before clipping, which a
+  // layout's reduction gets wrong (a group left out of the norm's sum) before its losses show it.
+  double grad_norm_max_rel_dev = 0;
+  int64_t grad_norm_worst_step = 0;
   // Parameters at the last step (measures: train/run_compare.h). What decides the status:
   double param_rel_dev = 0;          // whole model, ‖p − ref‖₂ / ‖ref‖₂ over all parameters
   std::string param_largest_tensor;  // the tensor with the largest ‖p − ref‖₂
@@ -99,6 +103,7 @@ struct LayoutCheckResult {
   int64_t batch_size = 0;
   double tolerance = 0;
   std::vector<double> reference_losses;
+  std::vector<double> reference_grad_norms;
   int64_t reference_micro_batch_size = 0;
   double reference_seconds = 0;
   std::string out_dir;   // "" when the temp dir was removed

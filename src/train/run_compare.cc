@@ -42,6 +42,27 @@ std::vector<double> read_losses(const fs::path& run_dir) {
   return out;
 }
 
+std::vector<double> read_grad_norms(const fs::path& run_dir) {
+  std::vector<double> out;
+  const std::vector<nlohmann::json> records = read_metrics(run_dir);
+  for (size_t i = 0; i < records.size(); ++i) {
+    const auto it = records[i].find("grad_norm");
+    if (it == records[i].end() || !(it->is_number() || it->is_null()))
+      fail((run_dir / "metrics.jsonl").string(), ": record ", i + 1,
+           " has no numeric \"grad_norm\"");
+    out.push_back(it->is_null() ? std::nan("") : it->get<double>());
+  }
+  return out;
+}
+
+LossDeviation compare_grad_norms(const std::vector<double>& reference,
+                                 const std::vector<double>& got) {
+  std::vector<double> ref = reference, run = got;
+  for (size_t i = 0; i < std::min(ref.size(), run.size()); ++i)
+    if (!std::isfinite(ref[i]) && !std::isfinite(run[i])) ref[i] = run[i] = 0;  // both skipped
+  return compare_losses(ref, run);
+}
+
 LossDeviation compare_losses(const std::vector<double>& reference, const std::vector<double>& got) {
   if (reference.size() != got.size())
     fail("the run logged ", got.size(), " steps, the reference ", reference.size());

@@ -35,6 +35,13 @@ struct LossDeviation {
 // Throws loom::Error when the runs have different step counts.
 LossDeviation compare_losses(const std::vector<double>& reference, const std::vector<double>& got);
 
+// The "grad_norm" of each record (NaN where it is null: a step skipped on an overflow), and how
+// far a run's are from the reference's — as compare_losses, but a step where both norms are not
+// finite (both runs skipped it) matches.
+std::vector<double> read_grad_norms(const std::filesystem::path& run_dir);
+LossDeviation compare_grad_norms(const std::vector<double>& reference,
+                                 const std::vector<double>& got);
+
 struct TensorDeviation {
   std::string name;
   double rel_l2 = 0;   // ‖p − ref‖₂ / ‖ref‖₂ (‖p − ref‖₂ itself when ref is all zeros)

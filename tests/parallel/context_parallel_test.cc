@@ -521,6 +521,7 @@ threads_per_rank = 1
     for (const LayoutCheckRow& row : r.rows) {
       EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
       EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+      EXPECT_LT(row.grad_norm_max_rel_dev, 1e-5) << row.layout;
       EXPECT_LT(row.param_rel_dev, param_tol)
           << row.layout << " (" << row.param_largest_tensor << ")";
     }

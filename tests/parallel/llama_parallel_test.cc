@@ -87,6 +87,7 @@ threads_per_rank = 1
     for (const LayoutCheckRow& row : r.rows) {
       EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
       EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+      EXPECT_LT(row.grad_norm_max_rel_dev, 1e-5) << row.layout;
       EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
     }
     ASSERT_EQ(r.reference_losses.size(), 4u);
@@ -201,6 +202,7 @@ void expect_hub_qwen_layouts_match(Config c, const std::string& dir, void (*edit
   for (const LayoutCheckRow& row : r.rows) {
     EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
     EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+    EXPECT_LT(row.grad_norm_max_rel_dev, 1e-5) << row.layout;
     EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
   }
   // The Qwen's own predictions, not the random initialisation's ln 256.
@@ -734,6 +736,7 @@ TEST_F(LlamaParallel, MixtureOfExpertsStartsFromATransformersMixtralUnderEveryLa
   for (const LayoutCheckRow& row : r.rows) {
     EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
     EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+    EXPECT_LT(row.grad_norm_max_rel_dev, 1e-5) << row.layout;
     EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout;
   }
   // Not the random initialisation's ln 256: the Mixtral's own (random, 200-token) predictions.

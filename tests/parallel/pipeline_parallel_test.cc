@@ -664,5 +664,65 @@ TEST(PipelineLossScaling, AnOverflowIsSeenOnEveryStageAndASkippedStepLeavesNoTra
   for (int r = 0; r < pp; ++r) EXPECT_EQ(after[0][r], after[1][r]) << "stage " << r;
 }
 
+// ZeRO-1 under pipelining reduce-scatters each unit's gradient once a step, as without it
+// (Megatron's distributed optimizer), where stage 0 all-reduces its buckets: the tied
+// embedding's units wait for the sum of both copies (then reduce-scattered), and the norm sums
+// each stage's reduced chunks over dp. pp 2 × dp 2, each dp rank its own micro-batches: the
+// norm and the updated parameters are stage 0's within rounding, the two copies of the tied
+// embedding stay bit for bit the same, and every unit went through exactly one collective.
+TEST(PipelineZeroOne, ReduceScattersEachUnitOnceAndMatchesStageZero) {
+  Gpt2Config mc = small_pipeline_gpt();
+  const int pp = 2, dp = 2, m = 2;
+  double norms[2][pp * dp];
+  std::vector<float> values[2][pp * dp], wte[2][pp * dp];
+  int64_t collectives[2][pp * dp], units[pp * dp];
+  for (int zero = 0; zero < 2; ++zero)
+    testing::run_on_thread_ranks(pp * dp, [&](Communicator& comm) {
+      const int r = comm.rank();
+      auto pp_group = comm.split(r / pp, r % pp);  // stage r % pp of replica r / pp
+      auto dp_group = comm.split(r % pp, r / pp);
+      ThreadPool pool(1);
+      const Device device = Device::cpu(r);
+      PipelineConfig pc;
+      pc.schedule = "1f1b";
+      pc.microbatches = m;
+      pc.micro_batch_size = 2;
+      pc.seq_len = 16;
+      DataParallelConfig dc;
+      dc.zero = zero;
+      PipelineParallel pipe(mc, *pp_group, *dp_group, pool, device, pc, dc, AdamWConfig{}, 3);
+      for (int step = 0; step < 2; ++step) {
+        const MicroBatches mb = random_micro_batches(m, 2, 16, device, 11 + 7 * (r / pp) + step);
+        pipe.train_step(mb.tokens, mb.targets, 1.0);
+        norms[zero][r] = pipe.clip_grad_norm(0.5);
+        collectives[zero][r] = pipe.chunk_engine(0).step_stats().collectives;
+        pipe.optimizer_step(1e-2f);
+      }
+      units[r] = static_cast<int64_t>(pipe.chunk(0).params().units().size());
+      const Tensor& v = pipe.chunk(0).params().values();
+      values[zero][r].assign(v.data<float>(), v.data<float>() + v.numel());
+      const Tensor& w = pipe.chunk(0).head_weight()->value;
+      wte[zero][r].assign(w.data<float>(), w.data<float>() + w.numel());
+    });
+  for (int r = 0; r < pp * dp; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_NEAR(norms[1][r], norms[0][r], 1e-6 * norms[0][r]);
+    EXPECT_EQ(norms[1][r], norms[1][0]);  // one norm on every rank
+    EXPECT_GT(norms[0][r], 0.5);          // clipped: the norm's factor is in the update
+    EXPECT_EQ(collectives[0][r], 1);      // stage 0: one bucket
+    EXPECT_EQ(collectives[1][r], units[r]);
+    ASSERT_EQ(values[1][r].size(), values[0][r].size());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < values[0][r].size(); ++i) {
+      diff += std::pow(values[1][r][i] - values[0][r][i], 2);
+      norm += std::pow(values[0][r][i], 2);
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-5);     // as every layout against one device
+    EXPECT_EQ(values[1][r], values[1][r % pp]);  // the dp replicas hold the same weights
+  }
+  for (int d = 0; d < dp; ++d)  // the tied embedding: stage 0's wte, stage 1's copy
+    EXPECT_EQ(wte[1][d * pp], wte[1][d * pp + 1]);
+}
+
 }  // namespace
 }  // namespace loom

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -133,6 +134,7 @@ TEST_F(LayoutCheckTest, DataTensorAndPipelineParallelMatchOneDevice) {
   for (const LayoutCheckRow& row : r.rows) {
     EXPECT_EQ(row.status, "ok") << row.layout << ": " << row.error;
     EXPECT_LT(row.loss_max_rel_dev, 1e-5) << row.layout;
+    EXPECT_LT(row.grad_norm_max_rel_dev, 1e-5) << row.layout;
     EXPECT_LT(row.param_rel_dev, 1e-5) << row.layout << " (" << row.param_largest_tensor << ")";
     EXPECT_TRUE(row.run_dir.empty());  // the temporary directory is gone
   }
@@ -221,7 +223,27 @@ TEST_F(LayoutCheckTest, ToleranceZeroReportsDifferences) {
   ASSERT_EQ(r.rows.size(), 1u);
   EXPECT_EQ(r.rows[0].status, "DIFFERS");
   EXPECT_GT(r.rows[0].param_rel_dev, 0);
+  EXPECT_GT(r.rows[0].grad_norm_max_rel_dev, 0);  // the norm too is summed in another order
+  EXPECT_GE(r.rows[0].grad_norm_worst_step, 1);
   EXPECT_NE(format_layout_check(r).find("DIFFERS ("), std::string::npos);
+  EXPECT_NE(format_layout_check(r).find("gradient norm at step"), std::string::npos)
+      << format_layout_check(r);
+  const nlohmann::json j = nlohmann::json::parse(layout_check_json(r));
+  EXPECT_EQ(j["reference"]["grad_norms"].size(), 2u);
+  EXPECT_GT(j["rows"][0]["grad_norm_max_rel_dev"].get<double>(), 0);
+}
+
+// The gradient norms are compared step by step: a step both runs skipped (an overflow, null in
+// metrics.jsonl) matches; one skipped by one run only is an infinite deviation.
+TEST(RunCompare, GradientNormsMatchWhereBothRunsSkippedAStep) {
+  const double nan = std::nan("");
+  EXPECT_EQ(compare_grad_norms({1.0, nan, 2.0}, {1.0, nan, 2.0}).max_rel, 0.0);
+  const LossDeviation off = compare_grad_norms({1.0, nan, 2.0}, {1.0, nan, 2.2});
+  EXPECT_NEAR(off.max_rel, 0.1, 1e-12);
+  EXPECT_EQ(off.worst_step, 3);
+  const LossDeviation one_skipped = compare_grad_norms({1.0, 2.0}, {1.0, nan});
+  EXPECT_TRUE(std::isinf(one_skipped.max_rel));
+  EXPECT_EQ(one_skipped.worst_step, 2);
 }
 
 // Reduced GEMM precision on CPU ranks — bf16 (kernels/cpu/sgemm_bf16_avx512.h) and fp8
@@ -274,6 +296,7 @@ void expect_layouts_close_at(const Config& base, const std::string& precision, i
   for (size_t i = 1; i < r.rows.size(); ++i) {
     const LayoutCheckRow& row = r.rows[i];
     EXPECT_LT(row.loss_max_rel_dev, 1e-4) << row.layout;
+    EXPECT_LT(row.grad_norm_max_rel_dev, 1e-4) << row.layout;
     EXPECT_LT(layout_gaps[i], precision_gap / 5)
         << row.layout << "; " << precision << " vs fp32 " << precision_gap;
     std::printf(" %s %.2e / %.2e", row.layout.c_str(), row.loss_max_rel_dev, layout_gaps[i]);
