@@ -337,8 +337,7 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   };
   double grads_half = half_reduce(grads_bytes), params_half = half_reduce(params_bytes),
          gathered_half = half_reduce(gathered_bytes);
-  // The stage 0 all-reduce (stage 1's under pipelining) spans every dp rank whatever the
-  // sharding.
+  // The stage 0 all-reduce spans every dp rank whatever the sharding.
   const double all_reduce_half = grads_half;
   // Hybrid sharding: the dense share's reduce-scatters and gathers within a shard group (its
   // link: a node's when tp × cp × dp_shard fit one), then stages 2/3 all-reduce the reduced
@@ -366,13 +365,10 @@ LayoutPlan estimate_layout(const Config& config_in, const PlanOptions& o) {
   if (grad_ranks > 1) {
     if (par.zero == 0) plan.dp_comm_s = std::max(0.0, 2 * all_reduce_half - last_backward_s);
     // Stage 1: each unit's gradient reduce-scattered once a step behind backward (and the
-    // replicas' all-reduce of the chunk) — under pipelining the all-reduce as stage 0, the
-    // pipeline reading whole gradients —, then the updated chunks all-gathered (exposed).
+    // replicas' all-reduce of the chunk; under pipelining too, the tied embedding's after the
+    // backward, a small share left out), then the updated chunks all-gathered (exposed).
     if (par.zero == 1)
-      plan.dp_comm_s =
-          std::max(0.0, (par.pp > 1 ? 2 * all_reduce_half : grads_half + replica_reduce) -
-                            last_backward_s) +
-          params_half;
+      plan.dp_comm_s = std::max(0.0, grads_half + replica_reduce - last_backward_s) + params_half;
     // Stage 2: a reduce-scatter per micro-batch behind backward (and the replicas' all-reduce),
     // the all-gather after the step.
     if (par.zero == 2)

@@ -333,8 +333,8 @@ TEST(Planner, TimeModelFormulas) {
   EXPECT_LT(b16, f32);
   EXPECT_GT(b16, f32 / 2);  // the all-gather's share stays
   // ZeRO-1 reduce-scatters and gathers: what stage 0's all-reduce costs (both behind the last
-  // micro-batch's backward only); under pipelining it all-reduces, then gathers: half as much
-  // again.
+  // micro-batch's backward only), under pipelining too (until 2026-12-07 it all-reduced there,
+  // then gathered: half as much again).
   g.parallel.grad_reduce_dtype = "fp32";
   g.parallel.zero = 0;
   const double z0 = estimate_layout(g, o).dp_comm_s;
@@ -345,7 +345,8 @@ TEST(Planner, TimeModelFormulas) {
   piped.parallel.pp = 2;
   const double piped_z0 = estimate_layout(piped, o).dp_comm_s;
   piped.parallel.zero = 1;
-  EXPECT_GT(estimate_layout(piped, o).dp_comm_s, 1.4 * piped_z0);
+  EXPECT_GT(piped_z0, 0);
+  EXPECT_NEAR(estimate_layout(piped, o).dp_comm_s, piped_z0, 1e-9 * piped_z0);
   // ZeRO-3 gathering the parameters in bf16 too (parallel.param_gather_dtype): all of its
   // traffic halves.
   g.parallel.zero = 3;
