@@ -1,10 +1,12 @@
 #include "train/sharded_io.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
 
 #include "base/error.h"
+#include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/export.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "models/gpt2.h"
@@ -273,29 +275,65 @@ TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,
 // One parameter at a time (for_each_hf_parameter): each part keeps its blocks of it, and nothing
 // the size of the whole model is ever in memory — the directory's tensors are read as they are
 // needed, and no whole-model state is made (a 27 B model's would be 324 GB).
-void init_layout_from_hf(const std::string& hf_dir, const std::vector<Gpt2Stage*>& parts,
-                         const std::vector<DataParallel*>& engines, const Config& config) {
+namespace {
+
+// Fine-tuning's start from whole parameters handed over one at a time: `each(take)` calls
+// take(whole parameter, its values) for every parameter of the whole model; each part keeps its
+// blocks, its moments zero and its step count 0.
+template <typename EachParameter>
+void init_layout_from(const std::vector<Gpt2Stage*>& parts,
+                      const std::vector<DataParallel*>& engines, const EachParameter& each) {
   LOOM_CHECK(parts.size() == engines.size());
-  auto layout = whole_layout(config);  // offsets only: no values allocated
   std::vector<FlatModelState> local;
   std::vector<std::map<std::string, const Parameter*>> by_name(parts.size());
   for (size_t k = 0; k < parts.size(); ++k) {
     local.push_back(zero_state(parts[k]->params().numel()));
     for (const auto& p : parts[k]->params().parameters()) by_name[k][p->name] = p.get();
   }
-  for_each_hf_parameter(hf_dir, layout->params(), model_config_of(config),
-                        [&](const Parameter& whole, const float* values) {
-                          for (size_t k = 0; k < parts.size(); ++k) {
-                            const auto it = by_name[k].find(whole.name);
-                            if (it == by_name[k].end()) continue;
-                            const Parameter& p = *it->second;
-                            float* dst = local[k].values.data<float>() + p.offset;
-                            for_each_run(p, [&](int64_t l, int64_t f, int64_t n) {
-                              std::copy(values + f, values + f + n, dst + l);
-                            });
-                          }
-                        });
+  each([&](const Parameter& whole, const float* values) {
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const auto it = by_name[k].find(whole.name);
+      if (it == by_name[k].end()) continue;
+      const Parameter& p = *it->second;
+      float* dst = local[k].values.data<float>() + p.offset;
+      for_each_run(p, [&](int64_t l, int64_t f, int64_t n) {
+        std::copy(values + f, values + f + n, dst + l);
+      });
+    }
+  });
   for (size_t k = 0; k < parts.size(); ++k) engines[k]->load_state(local[k], 0);
+}
+
+}  // namespace
+
+void init_layout_from_hf(const std::string& hf_dir, const std::vector<Gpt2Stage*>& parts,
+                         const std::vector<DataParallel*>& engines, const Config& config) {
+  auto layout = whole_layout(config);  // offsets only: no values allocated
+  init_layout_from(parts, engines, [&](const HfParameterSink& take) {
+    for_each_hf_parameter(hf_dir, layout->params(), model_config_of(config), take);
+  });
+}
+
+std::vector<float> init_layout_from_checkpoint(const std::string& checkpoint_dir,
+                                               const std::vector<Gpt2Stage*>& parts,
+                                               const std::vector<DataParallel*>& engines,
+                                               const Config& config) {
+  auto layout = whole_layout(config);             // offsets only: no values allocated
+  const CheckpointReader reader(checkpoint_dir);  // the files' digests checked here
+  for (const auto& p : layout->params().parameters()) {
+    const auto& names = reader.names();
+    if (std::find(names.begin(), names.end(), p->name) == names.end())
+      fail("train.init_from: checkpoint ", checkpoint_dir, " has no parameter '", p->name,
+           "' (a checkpoint of another model?)");
+    if (reader.shape(p->name) != p->full_shape)
+      fail("train.init_from: checkpoint ", checkpoint_dir, ": '", p->name, "' has shape ",
+           shape_str(reader.shape(p->name)), " but the model expects ", shape_str(p->full_shape));
+  }
+  init_layout_from(parts, engines, [&](const HfParameterSink& take) {
+    for (const auto& p : layout->params().parameters())
+      take(*p, reader.read(p->name).data<float>());
+  });
+  return reader.state().expert_bias;
 }
 
 }  // namespace loom

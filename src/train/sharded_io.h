@@ -72,4 +72,14 @@ TrainingState load_layout_checkpoint(const std::string& checkpoint_dir,
 void init_layout_from_hf(const std::string& hf_dir, const std::vector<Gpt2Stage*>& parts,
                          const std::vector<DataParallel*>& engines, const Config& config);
 
+// The same from a Loom checkpoint of either format (train.init_from = a step_N directory): its
+// weights only, read one parameter at a time (checkpoint/checkpoint_reader.h), each of the
+// model's parameters with its shape there (an error naming the checkpoint, the parameter and
+// both shapes otherwise); the moments zero, the step count 0. Returns the checkpoint's balancing
+// biases of a mixture (empty: none), which route as they did.
+std::vector<float> init_layout_from_checkpoint(const std::string& checkpoint_dir,
+                                               const std::vector<Gpt2Stage*>& parts,
+                                               const std::vector<DataParallel*>& engines,
+                                               const Config& config);
+
 }  // namespace loom

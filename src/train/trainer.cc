@@ -245,10 +245,11 @@ PipelineConfig pipeline_config_of(const Config& config, int64_t local_seq,
 // continue where it left them. Returns its step; *data_note is what the loader has to say
 // (TrainData::resume: a data mix changed), or "". *expert_bias: the mixture's balancing biases it
 // holds (empty: none).
-int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& parts,
-               const std::vector<DataParallel*>& engines, const Config& config, TrainData& data,
-               LossScaler& scaler, std::string* data_note, std::vector<float>* expert_bias) {
-  // Another architecture's checkpoint would fail on its first parameter's shape; say why.
+// A checkpoint's model against the config's where the shapes do not tell them apart (another
+// architecture's checkpoint would fail on its first parameter's shape; say why). `what`: how the
+// checkpoint is used ("resume with the config it was trained with (RUN_DIR/config.toml)").
+void check_checkpoint_model(const std::string& checkpoint, const Config& config,
+                            const std::string& what) {
   const Gpt2Config saved = read_checkpoint_model(checkpoint), wanted = model_config_of(config);
   // The heads' width named where it differs (model.head_dim).
   const bool heads_differ =
@@ -308,7 +309,7 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
                                                    wanted.full_attention_every)
                                   : std::string())
              : std::string(),
-         ": resume with the config it was trained with (RUN_DIR/config.toml)");
+         ": ", what);
   const auto shared_of = [](const Gpt2Config& c) {
     return c.moe_shared_experts > 0 ? detail::concat(", ", c.moe_shared_experts, " shared")
                                     : std::string();
@@ -323,8 +324,14 @@ int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& par
          wanted.moe() ? detail::concat("a mixture of ", wanted.moe_experts, " experts, top ",
                                        wanted.moe_top_k, shared_of(wanted))
                       : std::string("a dense model"),
-         " (model.moe_experts, model.moe_top_k, model.moe_shared_experts): resume with the ",
-         "config it was trained with");
+         " (model.moe_experts, model.moe_top_k, model.moe_shared_experts): ", what);
+}
+
+int64_t resume(const std::string& checkpoint, const std::vector<Gpt2Stage*>& parts,
+               const std::vector<DataParallel*>& engines, const Config& config, TrainData& data,
+               LossScaler& scaler, std::string* data_note, std::vector<float>* expert_bias) {
+  check_checkpoint_model(checkpoint, config,
+                         "resume with the config it was trained with (RUN_DIR/config.toml)");
   const TrainingState st = load_layout_checkpoint(checkpoint, parts, engines, config);
   if (st.step > config.train.steps)
     fail("checkpoint ", checkpoint, " is at step ", st.step,
@@ -657,8 +664,21 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
     message("resumed from " + resume_from);
     if (!data_note.empty()) message(data_note);
   } else if (!tc.init_from.empty()) {
-    init_layout_from_hf(tc.init_from, parts, engines, config);
-    message("weights from " + tc.init_from);
+    // A Loom checkpoint (a step_N, or a run directory: its newest), or a HuggingFace directory.
+    std::string checkpoint;
+    if (fs::exists(fs::path(tc.init_from) / "state.json"))
+      checkpoint = tc.init_from;
+    else if (!fs::exists(fs::path(tc.init_from) / "config.json"))
+      checkpoint = find_latest_checkpoint((fs::path(tc.init_from) / "checkpoints").string());
+    if (!checkpoint.empty()) {
+      check_checkpoint_model(checkpoint, config,
+                             "train.init_from starts from a checkpoint of the config's model");
+      expert_bias = init_layout_from_checkpoint(checkpoint, parts, engines, config);
+      message("weights from " + checkpoint);
+    } else {
+      init_layout_from_hf(tc.init_from, parts, engines, config);
+      message("weights from " + tc.init_from);
+    }
   }
   if (bias_rate > 0 && expert_bias.empty())
     expert_bias.assign(static_cast<size_t>(config.model.n_layers * config.model.moe_experts), 0.0f);

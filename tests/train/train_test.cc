@@ -456,6 +456,19 @@ TEST_F(TrainTest, WarmupStableDecayScheduleLogsItsRatesAndResumes) {
   EXPECT_LT(straight[11]["lr"].get<float>(), straight[9]["lr"].get<float>());       // decaying
 }
 
+// A layout of the fine-tuning tests: dp × tp × pp ranks at a ZeRO stage.
+struct FineTuneLayout {
+  const char* name;
+  int dp, tp, pp, zero;
+  void apply(Config& c) const {
+    c.parallel.dp = dp;
+    c.parallel.tp = tp;
+    c.parallel.pp = pp;
+    c.parallel.zero = zero;
+    c.runtime.ranks = dp * tp * pp;
+  }
+};
+
 // Fine-tuning: train.init_from starts a fresh run from a HuggingFace GPT-2 directory — here run A's
 // checkpoint exported by `loom checkpoint export` — in every layout. With lr = 0 the first step
 // leaves the weights as loaded, so the run's checkpoint holds A's weights bit for bit; its first
@@ -472,21 +485,14 @@ TEST_F(TrainTest, InitFromAHuggingFaceDirectoryStartsEveryLayoutFromItsWeights) 
     return c;
   };
   run_training(one_step(), options("fresh"));
-  struct Layout {
-    const char* name;
-    int dp, tp, pp, zero;
-  };
-  for (const Layout& l : {Layout{"one", 1, 1, 1, 0}, Layout{"tp2", 1, 2, 1, 0},
-                          Layout{"pp2", 1, 1, 2, 0}, Layout{"dp2z1", 2, 1, 1, 1}}) {
+  for (const FineTuneLayout& l :
+       {FineTuneLayout{"one", 1, 1, 1, 0}, FineTuneLayout{"tp2", 1, 2, 1, 0},
+        FineTuneLayout{"pp2", 1, 1, 2, 0}, FineTuneLayout{"dp2z1", 2, 1, 1, 1}}) {
     Config b = one_step();
     b.train.init_from = (dir_ / "hf").string();
     b.train.lr = 0;
     b.train.save_every = 1;
-    b.parallel.dp = l.dp;
-    b.parallel.tp = l.tp;
-    b.parallel.pp = l.pp;
-    b.parallel.zero = l.zero;
-    b.runtime.ranks = l.dp * l.tp * l.pp;
+    l.apply(b);
     run_training(b, options(l.name));
     const WeightsDeviation d =
         compare_weights(fs::path(a_step) / "model.safetensors",
@@ -500,6 +506,72 @@ TEST_F(TrainTest, InitFromAHuggingFaceDirectoryStartsEveryLayoutFromItsWeights) 
   const std::string msg = error_of([&] { run_training(wrong, options("wrong")); });
   EXPECT_NE(msg.find("n_layer = 2 but model.n_layers = 3"), std::string::npos) << msg;
   EXPECT_NE(msg.find((dir_ / "hf" / "config.json").string()), std::string::npos) << msg;
+}
+
+// Fine-tuning from a Loom checkpoint (train.init_from = a step_N, or a run directory: its newest):
+// its weights only, read one parameter at a time — from a whole checkpoint or from the shards of
+// a tp × dp run — with fresh moments, step 0 and the data from its start. The run is the one
+// started from the checkpoint's HuggingFace export, loss for loss and weight for weight, in every
+// layout. Another model's checkpoint is named: its architecture, or its first parameter of
+// another shape.
+TEST_F(TrainTest, InitFromALoomCheckpointIsInitFromItsExport) {
+  Config a = config(4);
+  a.train.save_every = 4;
+  run_training(a, options("a_whole"));
+  Config sharded = a;
+  sharded.train.checkpoint_format = "sharded";
+  FineTuneLayout{"dp2tp2z1", 2, 2, 1, 1}.apply(sharded);
+  run_training(sharded, options("a_sharded"));
+  const std::string whole_step = (dir_ / "a_whole" / "checkpoints" / "step_4").string();
+  export_checkpoint(whole_step, "hf", (dir_ / "a_hf").string());
+  for (const FineTuneLayout& l :
+       {FineTuneLayout{"one", 1, 1, 1, 0}, FineTuneLayout{"tp2pp2", 1, 2, 2, 0},
+        FineTuneLayout{"dp2z1", 2, 1, 1, 1}}) {
+    const auto fine_tune = [&](const fs::path& from, const std::string& run) {
+      Config b = config(3);
+      b.train.warmup_steps = 1;
+      b.train.init_from = from.string();
+      b.train.save_every = 3;
+      l.apply(b);
+      run_training(b, options(run));
+      return run;
+    };
+    SCOPED_TRACE(l.name);
+    const std::string base = std::string("ft_") + l.name;
+    const auto from_hf = metrics(fine_tune(dir_ / "a_hf", base + "_hf"));
+    const auto from_step = metrics(fine_tune(whole_step, base + "_step"));
+    const auto from_run = metrics(fine_tune(dir_ / "a_sharded", base + "_run"));  // its newest
+    ASSERT_EQ(from_hf.size(), 3u);
+    EXPECT_EQ(from_step[0]["step"], 1);
+    for (size_t i = 0; i < from_hf.size(); ++i) {
+      EXPECT_EQ(from_step[i]["loss"], from_hf[i]["loss"]) << "step " << i + 1;
+      // The sharded run's weights are the whole run's within rounding (another layout).
+      EXPECT_NEAR(from_run[i]["loss"].get<double>(), from_hf[i]["loss"].get<double>(),
+                  1e-5 * from_hf[i]["loss"].get<double>())
+          << "step " << i + 1;
+    }
+    const fs::path step_3 = fs::path("checkpoints") / "step_3" / "model.safetensors";
+    EXPECT_EQ(
+        compare_weights(dir_ / (base + "_hf") / step_3, dir_ / (base + "_step") / step_3).rel_l2,
+        0.0);
+  }
+  Config wider = config(1);
+  wider.train.warmup_steps = 0;
+  wider.model.d_model = 48;
+  wider.train.init_from = whole_step;
+  std::string msg = error_of([&] { run_training(wider, options("wider")); });
+  EXPECT_NE(msg.find("train.init_from: checkpoint " + whole_step + ": 'wte.weight' has shape"),
+            std::string::npos)
+      << msg;
+  Config llama = config(1);
+  llama.train.warmup_steps = 0;
+  llama.model.arch = "llama";
+  llama.train.init_from = whole_step;
+  msg = error_of([&] { run_training(llama, options("llama")); });
+  EXPECT_NE(msg.find("holds a gpt2 model, but model.arch = \"llama\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("train.init_from starts from a checkpoint of the config's model"),
+            std::string::npos)
+      << msg;
 }
 
 // bf16 GEMMs on CPU ranks (runtime.matmul_precision = "bf16") on two data-parallel ranks with
