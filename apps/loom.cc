@@ -624,6 +624,11 @@ int main(int argc, char** argv) {
                    "this size (5GB, 500MB, 2GiB, or bytes), as save_pretrained does; default 5GB")
       ->transform(CLI::AsSizeValue(/*kb_is_1000=*/true))
       ->check(CLI::PositiveNumber);
+  std::string export_tokenizer;
+  export_cmd->add_option(
+      "--tokenizer", export_tokenizer,
+      "hf: the model's HuggingFace tokenizer (tokenizer.json, or a model directory holding one, "
+      "with its tokenizer_config.json) copied beside it, for AutoTokenizer");
 
   std::string plan_config, plan_hardware = "h100";
   std::vector<std::string> plan_sets;
@@ -940,7 +945,8 @@ int main(int argc, char** argv) {
     if (export_cmd->parsed()) {
       const std::vector<std::string> found = checkpoints_at(export_checkpoint_path);
       const std::string from = found.empty() ? export_checkpoint_path : found.back();
-      export_checkpoint(from, export_format, export_out, export_bf16, export_max_shard);
+      export_checkpoint(from, export_format, export_out, export_bf16, export_max_shard,
+                        export_tokenizer);
       std::fprintf(stderr, "exported %s to %s (%s)\n", from.c_str(), export_out.c_str(),
                    export_format.c_str());
       return 0;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "checkpoint/hf_gemma3.h"
 #include "checkpoint/hf_rope.h"
 #include "checkpoint/safetensors.h"
+#include "data/bpe_tokenizer.h"
 #include "device/device.h"
 #include "tensor/dtype.h"
 
@@ -397,6 +399,36 @@ void write_hf_files(const fs::path& dir, const HfFiles& files, const CheckpointR
     if (!f) fail("cannot write ", (dir / "model.safetensors.index.json").string());
   }
   write_config_json(dir, files.config);
+}
+
+// --tokenizer: the tokenizer's files beside the model, so that transformers' AutoTokenizer loads
+// the directory too — tokenizer.json (a file given, or a directory's) and, from a directory, its
+// tokenizer_config.json, special_tokens_map.json and tokenizer.model; without a
+// tokenizer_config.json one naming PreTrainedTokenizerFast, the context and the end-of-text token.
+// config.json gets that token's id (eos_token_id: generate stops at it).
+void write_tokenizer(const fs::path& dir, const BpeTokenizer& tok, const std::string& given,
+                     const Gpt2Config& c, nlohmann::json& config) {
+  const auto copy = [&](const fs::path& from, const std::string& name) {
+    std::error_code ec;
+    fs::copy_file(from, dir / name, fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      fail("export: cannot copy ", from.string(), " to ", (dir / name).string(), ": ",
+           ec.message());
+  };
+  copy(tok.path(), "tokenizer.json");
+  if (fs::is_directory(given))
+    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"})
+      if (fs::exists(fs::path(given) / name)) copy(fs::path(given) / name, name);
+  const std::optional<int32_t> eot = tok.end_of_text();
+  if (!fs::exists(dir / "tokenizer_config.json")) {
+    nlohmann::json tc = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                         {"model_max_length", c.max_seq_len}};
+    if (eot) tc["eos_token"] = tok.decode({*eot});
+    std::ofstream f(dir / "tokenizer_config.json");
+    f << tc.dump(2) << "\n";
+    if (!f) fail("cannot write ", (dir / "tokenizer_config.json").string());
+  }
+  if (eot) config["eos_token_id"] = *eot;
 }
 
 // llm.c's checkpoint, one parameter read and written at a time.
@@ -910,9 +942,12 @@ void for_each_hf_parameter(const std::string& hf_dir, const ParameterStore& layo
 }
 
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& format,
-                       const std::string& out, bool bf16, int64_t max_shard_bytes) {
+                       const std::string& out, bool bf16, int64_t max_shard_bytes,
+                       const std::string& tokenizer) {
   if (format != "hf" && format != "llmc") fail("export format '", format, "': expected hf or llmc");
   if (out.empty()) fail("export: no output path");
+  if (!tokenizer.empty() && format != "hf")
+    fail("export: a tokenizer (--tokenizer) goes into an hf directory; llm.c's file holds none");
   if (max_shard_bytes < 1) fail("export: the largest file (max shard size) must be positive");
   const Gpt2Config mc = read_checkpoint_model(checkpoint_dir);
   // A mixture of experts is written as a MixtralForCausalLM, or with qk_norm a
@@ -955,10 +990,18 @@ void export_checkpoint(const std::string& checkpoint_dir, const std::string& for
          "(model.embedding_multiplier = ", mc.embedding_multiplier, "), which neither ",
          "transformers' GPT2LMHeadModel nor llm.c's format does");
   if (format == "hf") {
-    const HfFiles files = has_gemma_parts(mc) ? gemma3_files(mc, bf16)
-                          : mc.llama()        ? llama_files(mc, bf16)
-                                              : gpt2_files(mc, from.names(), bf16);
+    HfFiles files = has_gemma_parts(mc) ? gemma3_files(mc, bf16)
+                    : mc.llama()        ? llama_files(mc, bf16)
+                                        : gpt2_files(mc, from.names(), bf16);
+    std::optional<BpeTokenizer> tok;
+    if (!tokenizer.empty()) {  // checked before anything is written
+      tok.emplace(tokenizer);
+      if (tok->vocab_size() > mc.vocab_size)
+        fail("export: the tokenizer ", tok->path(), " has ids up to ", tok->vocab_size() - 1,
+             ", past the model's vocabulary of ", mc.vocab_size, " (model.vocab_size)");
+    }
     replace_atomically(out, true, [&](const fs::path& dir) {
+      if (tok) write_tokenizer(dir, *tok, tokenizer, mc, files.config);
       write_hf_files(dir, files, from, bf16, max_shard_bytes);
     });
   } else {

@@ -28,13 +28,18 @@ namespace loom {
 // one parameter's and one written tensor's, not the model's. An hf directory's tensors go into
 // model.safetensors, or — over `max_shard_bytes` (save_pretrained's max_shard_size, 5 GB by
 // default) — into model-0000K-of-0000N.safetensors with model.safetensors.index.json, as
-// transformers splits them. Throws loom::Error naming the checkpoint, the format or the output
+// transformers splits them. `tokenizer` (hf; "" for none): a HuggingFace tokenizer — a
+// tokenizer.json, or a directory holding one (a Hub model's) — copied beside the model with its
+// tokenizer_config.json and special_tokens_map.json (a minimal tokenizer_config.json without
+// one), its end-of-text token config.json's eos_token_id; its ids must fit the model's
+// vocabulary. Throws loom::Error naming the checkpoint, the format, the tokenizer or the output
 // path on failure; an existing output is replaced only when the new one is complete (written
 // beside it and renamed).
 constexpr int64_t kDefaultMaxShardBytes = 5'000'000'000;
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& format,
                        const std::string& out, bool bf16 = false,
-                       int64_t max_shard_bytes = kDefaultMaxShardBytes);
+                       int64_t max_shard_bytes = kDefaultMaxShardBytes,
+                       const std::string& tokenizer = "");
 
 // The reverse of the hf export, for fine-tuning (train.init_from): fills into.values (host f32
 // laid out as `layout`, a whole model of shape `model`) with the weights of a HuggingFace GPT-2

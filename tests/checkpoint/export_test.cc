@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -270,6 +271,65 @@ TEST_F(ExportTest, ADamagedModelShapeIsNamedBeforeTheModelIsBuilt) {
   EXPECT_NE(e.find("integer 9223372036854775808 is outside"), std::string::npos) << e;
   std::ofstream(state) << good.dump(2);
   EXPECT_EQ(read_checkpoint_model(checkpoint_).n_layers, 2);
+}
+
+// --tokenizer: the tokenizer's files beside the model (tokenizer.json as it is; from a directory
+// its tokenizer_config.json too, else a minimal one naming the end-of-text token), that token's
+// id as config.json's eos_token_id; a tokenizer whose ids pass the model's vocabulary, or one
+// for llm.c's file, is refused before anything is written.
+TEST_F(ExportTest, ATokenizerGoesBesideTheModel) {
+  // GPT-2's byte-level BPE cut to 600 ids, <|endoftext|> its id 0 (tests/data/tokenizers).
+  const std::string gpt2_tokenizer = LOOM_SOURCE_DIR "/tests/data/tokenizers/gpt2.json";
+  const auto bytes_of = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  Gpt2Config c;
+  c.vocab_size = 640;  // the tokenizer's 600, padded
+  c.max_seq_len = 16;
+  c.d_model = 8;
+  c.n_layers = 1;
+  c.n_heads = 2;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 3);
+  TrainingState st;
+  st.step = 1;
+  const std::string ckpt = save_checkpoint((dir_ / "gpt2_vocab").string(), model, nullptr, st);
+  const fs::path out = dir_ / "with_tokenizer";
+  export_checkpoint(ckpt, "hf", out.string(), false, kDefaultMaxShardBytes, gpt2_tokenizer);
+  EXPECT_EQ(bytes_of(out / "tokenizer.json"), bytes_of(gpt2_tokenizer));
+  std::ifstream tc_in(out / "tokenizer_config.json");
+  const nlohmann::json tc = nlohmann::json::parse(tc_in);
+  EXPECT_EQ(tc["tokenizer_class"], "PreTrainedTokenizerFast");
+  EXPECT_EQ(tc["eos_token"], "<|endoftext|>");
+  EXPECT_EQ(tc["model_max_length"], 16);
+  std::ifstream cf(out / "config.json");
+  EXPECT_EQ(nlohmann::json::parse(cf)["eos_token_id"], 0);
+  EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+
+  // A model directory: its tokenizer_config.json and special_tokens_map.json come along.
+  const fs::path hub = dir_ / "hub";
+  fs::create_directories(hub);
+  fs::copy_file(gpt2_tokenizer, hub / "tokenizer.json");
+  std::ofstream(hub / "tokenizer_config.json") << R"({"tokenizer_class": "GPT2TokenizerFast"})";
+  std::ofstream(hub / "special_tokens_map.json") << R"({"eos_token": "<|endoftext|>"})";
+  export_checkpoint(ckpt, "hf", out.string(), false, kDefaultMaxShardBytes, hub.string());
+  EXPECT_EQ(bytes_of(out / "tokenizer_config.json"), bytes_of(hub / "tokenizer_config.json"));
+  EXPECT_EQ(bytes_of(out / "special_tokens_map.json"), bytes_of(hub / "special_tokens_map.json"));
+
+  // The fixture's model has 40 rows: GPT-2's ids do not fit.
+  const fs::path refused = dir_ / "refused";
+  std::string e = testutil::error_of([&] {
+    export_checkpoint(checkpoint_, "hf", refused.string(), false, kDefaultMaxShardBytes,
+                      gpt2_tokenizer);
+  });
+  EXPECT_NE(e.find("has ids up to 599, past the model's vocabulary of 40"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(refused));
+  e = testutil::error_of([&] {
+    export_checkpoint(ckpt, "llmc", refused.string(), false, kDefaultMaxShardBytes, gpt2_tokenizer);
+  });
+  EXPECT_NE(e.find("llm.c's file holds none"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(refused));
 }
 
 TEST_F(ExportTest, BadFormatAndMissingCheckpointAreNamed) {
