@@ -159,10 +159,11 @@ namespace {
 float residual_std(const Gpt2Config& c) {
   return c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers));
 }
-std::optional<Rotary> rotary_of(const Gpt2Config& c) {
+std::optional<Rotary> rotary_of(const Gpt2Config& c, std::shared_ptr<RotaryTables> tables) {
   if (!c.llama()) return std::nullopt;
-  return Rotary{c.n_kv_heads, c.rope_frequencies(), c.qkv_bias,     c.head_dim(),   c.qk_norm,
-                c.norm_eps,   c.sliding_window,     c.qk_norm_full, c.query_scale()};
+  return Rotary{c.n_kv_heads,    c.rope_frequencies(), c.qkv_bias,       c.head_dim(),
+                c.qk_norm,       c.norm_eps,           c.sliding_window, c.qk_norm_full,
+                c.query_scale(), std::move(tables)};
 }
 std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& name,
                                       const Gpt2Config& c, ExpertExchange* experts) {
@@ -177,12 +178,12 @@ std::unique_ptr<FeedForward> make_mlp(ParameterStore& store, const std::string& 
 }  // namespace
 
 Gpt2Block::Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
-                     ExpertExchange* experts)
+                     ExpertExchange* experts, std::shared_ptr<RotaryTables> rope_tables)
     : recompute_(config.recompute),
       post_norm_(config.post_norm),
       ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
       attn_(store, name + ".attn", config.d_model, config.n_heads, config.init_std,
-            residual_std(config), rotary_of(config)),
+            residual_std(config), rotary_of(config, std::move(rope_tables))),
       ln_2_(make_norm(store, name + ".ln_2", config.d_model, config.llama(), config.norm_eps)),
       mlp_(make_mlp(store, name + ".mlp", config, experts)) {
   if (config.sandwich_norm) {  // registered last: the pre-norm block's names and order before
@@ -380,7 +381,8 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Part& part, ExpertExchange* exper
     const std::string name = "blocks." + std::to_string(l);
     params_.begin_unit(name);
     block_unit_.push_back(params_.units().size() - 1);
-    blocks_.push_back(std::make_unique<Gpt2Block>(params_, name, config_.block(l), experts));
+    blocks_.push_back(
+        std::make_unique<Gpt2Block>(params_, name, config_.block(l), experts, rope_tables_));
   }
 }
 

@@ -213,8 +213,9 @@ struct Gpt2Config {
 class Gpt2Block {
  public:
   // `experts`: a mixture's expert-parallel group (nn/moe_mlp.h); null: every expert here.
+  // `rope_tables`: the model's rotary tables, shared by its blocks (null: the block's own).
   Gpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
-            ExpertExchange* experts = nullptr);
+            ExpertExchange* experts = nullptr, std::shared_ptr<RotaryTables> rope_tables = nullptr);
   Tensor forward(Context& ctx, const Tensor& x);  // (B, T, C) -> (B, T, C)
   Tensor backward(Context& ctx, const Tensor& dy);
   // Incremental decoding: x (1, n, C) at positions first ..; the block's keys and values go into
@@ -408,7 +409,12 @@ class Gpt2 : public Gpt2Stage {
   std::vector<size_t> block_unit_;  // each block's unit
   std::unique_ptr<Embedding> embedding_;
   Parameter* head_wte_ = nullptr;
+  // The blocks' rotary cos/sin tables, one per set of frequencies (nn/causal_self_attention.h).
+  std::shared_ptr<RotaryTables> rope_tables_ = std::make_shared<RotaryTables>();
   std::vector<std::unique_ptr<Gpt2Block>> blocks_;
+
+ public:
+  const RotaryTables& rotary_tables() const { return *rope_tables_; }
   std::unique_ptr<Norm> ln_f_;
   // Cached for backward.
   Tensor final_;    // (N, C) ln_f output

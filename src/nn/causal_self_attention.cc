@@ -35,6 +35,9 @@ CausalSelfAttention::CausalSelfAttention(ParameterStore& store, const std::strin
       head_dim_(head_dim_of(name, channels, heads, rotary)),
       width_(heads * head_dim_),
       rotary_(rotary),
+      tables_(!rotary          ? nullptr
+              : rotary->tables ? rotary->tables
+                               : std::make_shared<RotaryTables>()),
       qkv_(store, name + ".qkv", channels, qkv_width(heads, head_dim_, rotary),
            !rotary || rotary->qkv_bias, init_std),
       proj_(store, name + ".proj", width_, channels, !rotary, proj_std) {
@@ -49,7 +52,7 @@ Tensor CausalSelfAttention::project_turned(Context& ctx, const Tensor& x) {
   const int64_t B = x.dim(0), T = x.dim(1), KV = rotary_->kv_heads;
   Tensor qkv = qkv_.forward(ctx, x);
   if (qk_norm_) qk_norm_->forward(ctx, qkv, heads_, KV);
-  const Tensor& rope = rotary_table(ctx, rope_, T, head_dim_, rotary_->frequencies);
+  const Tensor& rope = tables_->get(ctx, T, head_dim_, rotary_->frequencies);
   dispatch_float(ctx.dtype, [&](auto zero) {
     using T_ = decltype(zero);
     ops::rope_forward<T_>(ctx.exec(), qkv.data<T_>(), rope.data<T_>(), B, T, heads_, KV, head_dim_);
@@ -57,8 +60,20 @@ Tensor CausalSelfAttention::project_turned(Context& ctx, const Tensor& x) {
   return qkv;
 }
 
-const Tensor& rotary_table(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim,
-                           const cpu::RopeFrequencies& frequencies) {
+int64_t RotaryTables::bytes() const {
+  int64_t total = 0;
+  for (const Slot& s : slots_)
+    if (s.table.defined()) total += static_cast<int64_t>(s.table.nbytes());
+  return total;
+}
+
+const Tensor& RotaryTables::get(Context& ctx, int64_t T, int64_t head_dim,
+                                const cpu::RopeFrequencies& frequencies) {
+  auto slot = std::find_if(slots_.begin(), slots_.end(), [&](const Slot& s) {
+    return s.head_dim == head_dim && s.frequencies == frequencies;
+  });
+  if (slot == slots_.end()) slot = slots_.insert(slots_.end(), Slot{head_dim, frequencies, {}});
+  Tensor& cached = slot->table;
   if (cached.defined() && cached.dim(0) == T && cached.device() == ctx.device &&
       cached.dtype() == ctx.dtype)
     return cached;
@@ -89,7 +104,7 @@ Tensor CausalSelfAttention::attend_shard(Context& ctx, const Tensor& x) {
                  : rounded ? qkv_.forward_rounded_output(ctx, x)
                            : qkv_.forward(ctx, x);
   if (rotary_ && !qk_norm_) {
-    const Tensor& rope = rotary_table(ctx, rope_, T, hd, rotary_->frequencies);
+    const Tensor& rope = tables_->get(ctx, T, hd, rotary_->frequencies);
     if (rounded)
       ops::rope_forward_rounded(ctx.exec(), local.raw(), local.dtype(), rope.data<float>(), B, T,
                                 heads_, KV, hd);
@@ -116,11 +131,13 @@ Tensor CausalSelfAttention::backward_shard(Context& ctx, const Tensor& dy) {
   Tensor dqkv = shard_attention_backward(ctx, *ctx.sequence, qkv_out_, kv_full_, att_, lse_, datt,
                                          heads_, KV, hd,
                                          document_starts_of(documents_));  // (B, T, W)
-  if (rotary_)
+  if (rotary_) {
+    const Tensor& rope = tables_->get(ctx, T, hd, rotary_->frequencies);  // the forward's
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);
-      ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope_.data<T_>(), B, T, heads_, KV, hd);
+      ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope.data<T_>(), B, T, heads_, KV, hd);
     });
+  }
   if (qk_norm_) qk_norm_->backward(ctx, dqkv, heads_, KV);
   qkv_out_ = kv_full_ = att_ = lse_ = documents_ = Tensor();
   return qkv_.backward(ctx, dqkv);
@@ -128,7 +145,7 @@ Tensor CausalSelfAttention::backward_shard(Context& ctx, const Tensor& dy) {
 
 Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
   const int64_t B = x.dim(0), T = x.dim(1), hd = head_dim_;
-  const Tensor& rope = rotary_table(ctx, rope_, T, hd, rotary_->frequencies);
+  const Tensor& rope = tables_->get(ctx, T, hd, rotary_->frequencies);
   const int64_t KV = rotary_->kv_heads;
   lse_ = Tensor::empty({B, heads_, T}, ctx.dtype, ctx.device);
   // On a GPU at bf16 / fp16 matmul precision as GPT-2's attention (attend): qkv in 16 bits where
@@ -169,6 +186,7 @@ Tensor CausalSelfAttention::attend_rotary(Context& ctx, const Tensor& x) {
 
 Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
   const int64_t B = qkv_out_.dim(0), T = qkv_out_.dim(1), hd = head_dim_;
+  const Tensor& rope = tables_->get(ctx, T, hd, rotary_->frequencies);  // the forward's
   if (att_.dtype() != ctx.dtype) {  // the 16-bit forward: dqkv written as qkv's rounded dout
     Tensor datt = qkv_out_.dtype() != ctx.dtype ? proj_.backward_rounded_dinp(ctx, dy)
                                                 : proj_.backward(ctx, dy);
@@ -177,7 +195,7 @@ Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
                                         qkv_out_.raw(), qkv_out_.dtype(), att_.raw(), att_.dtype(),
                                         lse_.data<float>(), B, T, heads_, rotary_->kv_heads, hd,
                                         document_starts_of(documents_));
-    ops::rope_backward_rounded(ctx.exec(), dqkv.raw(), dqkv.dtype(), rope_.data<float>(), B, T,
+    ops::rope_backward_rounded(ctx.exec(), dqkv.raw(), dqkv.dtype(), rope.data<float>(), B, T,
                                heads_, rotary_->kv_heads, hd);
     // bf16 with qk_norm (attend_rotary): the norms' backward in fp32, qkv's dout so too
     if (qk_norm_) dqkv = qk_norm_->backward_widening(ctx, dqkv, heads_, rotary_->kv_heads);
@@ -191,7 +209,7 @@ Tensor CausalSelfAttention::backward_rotary(Context& ctx, const Tensor& dy) {
     ops::attention_gqa_backward<T_>(ctx.exec(), dqkv.data<T_>(), datt.data<T_>(),
                                     qkv_out_.data<T_>(), att_.data<T_>(), lse_.data<T_>(), B, T,
                                     heads_, rotary_->kv_heads, hd, document_starts_of(documents_));
-    ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope_.data<T_>(), B, T, heads_,
+    ops::rope_backward<T_>(ctx.exec(), dqkv.data<T_>(), rope.data<T_>(), B, T, heads_,
                            rotary_->kv_heads, hd);
   });
   if (qk_norm_) qk_norm_->backward(ctx, dqkv, heads_, rotary_->kv_heads);
@@ -279,7 +297,7 @@ Tensor CausalSelfAttention::decode_adding(Context& ctx, const Tensor& x, const T
   if (qk_norm_) qk_norm_->forward(ctx, qkv, heads_, rotary_->kv_heads);
   if (rotary_) {
     // The table of every position the cache can hold, made once and kept while decoding.
-    const Tensor& rope = rotary_table(ctx, rope_, keys.dim(0), hd, rotary_->frequencies);
+    const Tensor& rope = tables_->get(ctx, keys.dim(0), hd, rotary_->frequencies);
     Tensor turned = Tensor::empty({1, n, 3 * C}, ctx.dtype, ctx.device);
     dispatch_float(ctx.dtype, [&](auto zero) {
       using T_ = decltype(zero);

@@ -12,14 +12,40 @@
 // and values repeated per query head (ops::rope_gqa_forward), as the cached attention reads them.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/rope.h"
 #include "nn/linear.h"
 #include "nn/qk_norm.h"
 
 namespace loom {
+
+// The rotary embedding's (T, head_dim) cos/sin tables on ctx's device, in ctx's dtype, shared by
+// a model's attention layers: one table for each set of frequencies (Gemma's windowed blocks have
+// their own), not one for each block — at 128k positions and heads of 128 a table is 64 MiB in
+// f32, 80 blocks' would be 5 GiB. A table is made on the host (cpu::rope_table: in double, then
+// rounded, the same values on every device) and copied when a layer first asks for it, and made
+// again when T, the device or the dtype change (a module sees one kind of context for its
+// lifetime; under context parallelism the rows of its positions in the whole sequence's table).
+// Not for several threads at once: one per model (each rank builds its own).
+class RotaryTables {
+ public:
+  const Tensor& get(Context& ctx, int64_t T, int64_t head_dim,
+                    const cpu::RopeFrequencies& frequencies);
+  int64_t count() const { return static_cast<int64_t>(slots_.size()); }
+  int64_t bytes() const;  // of the tables held
+
+ private:
+  struct Slot {
+    int64_t head_dim;
+    cpu::RopeFrequencies frequencies;
+    Tensor table;
+  };
+  std::vector<Slot> slots_;
+};
 
 // Llama's attention: key/value heads and the rotary embedding's frequencies.
 struct Rotary {
@@ -36,13 +62,9 @@ struct Rotary {
   int64_t sliding_window = 0;  // each query's W latest keys only (nn/sliding_window.h); 0: all
   bool qk_norm_full = false;   // OLMo 2's form: over all the query (key) heads together
   double query_scale = 1;      // the query norm's output times this (QkNorm; Gemma 3 27B's)
+  // The model's tables, shared by its blocks; null: the layer makes its own.
+  std::shared_ptr<RotaryTables> tables;
 };
-
-// The rotary embedding's (T, head_dim) cos/sin table on ctx's device, in ctx's dtype: `cached`
-// when it already is that table, else made on the host (cpu::rope_table: in double, then
-// rounded, the same values on every device), copied and kept in `cached`.
-const Tensor& rotary_table(Context& ctx, Tensor& cached, int64_t T, int64_t head_dim,
-                           const cpu::RopeFrequencies& frequencies);
 
 class CausalSelfAttention {
  public:
@@ -86,13 +108,13 @@ class CausalSelfAttention {
   int64_t head_dim_;  // channels / heads, or Rotary::head_dim
   int64_t width_;     // heads·head_dim: the attention's output, proj's input
   std::optional<Rotary> rotary_;
+  std::shared_ptr<RotaryTables> tables_;  // with Rotary: its cos/sin tables (shared)
   Linear qkv_;
   Linear proj_;
   std::optional<QkNorm> qk_norm_;
   Tensor qkv_out_;  // (B, T, 3C); with Rotary (B, T, (NH + 2·KV)·hd), q and k turned; with
                     // context parallelism the queries alone, (B, T, NH·hd)
   Tensor kv_full_;  // context parallelism: the whole sequence's keys and values, gathered
-  Tensor rope_;     // with Rotary: the (T, head_dim) cos/sin table of the last T, on ctx.device
   Tensor att_;      // (B, T, NH·hd) attention output before proj
   Tensor lse_;      // (B, NH, T)
   Tensor documents_;  // document masking: the forward's ctx.documents, for the backward; with a

@@ -36,7 +36,8 @@ class TpSums : public TensorSplit {
 }  // namespace
 
 TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
-                         Communicator& tp, bool sequence_parallel, ExpertExchange* experts)
+                         Communicator& tp, bool sequence_parallel, ExpertExchange* experts,
+                         std::shared_ptr<RotaryTables> rope_tables)
     : recompute_(config.recompute),
       llama_(config.llama()),
       post_norm_(config.post_norm),
@@ -48,6 +49,7 @@ TpGpt2Block::TpGpt2Block(ParameterStore& store, const std::string& name, const G
       local_width_(local_heads_ * head_dim_),
       sliding_window_(config.sliding_window),
       rope_frequencies_(config.rope_frequencies()),
+      rope_tables_(rope_tables ? std::move(rope_tables) : std::make_shared<RotaryTables>()),
       tp_(tp),
       sequence_parallel_(sequence_parallel),
       ln_1_(make_norm(store, name + ".ln_1", config.d_model, config.llama(), config.norm_eps)),
@@ -228,7 +230,7 @@ Tensor TpGpt2Block::project_qkv(Context& ctx, const Tensor& normed, bool rounded
     qk_norm_->forward(ctx, qkv, local_heads_, local_kv_heads_);
   }
   // Llama: this rank's q and k turned in place, in the type they were written in.
-  const Tensor& rope = rotary_table(ctx, rope_, T_, head_dim_, rope_frequencies_);
+  const Tensor& rope = rope_tables_->get(ctx, T_, head_dim_, rope_frequencies_);
   if (rounded)
     ops::rope_forward_rounded(ctx.exec(), qkv.raw(), qkv.dtype(), rope.data<float>(), B_, T_,
                               local_heads_, local_kv_heads_, head_dim_);
@@ -352,8 +354,10 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
         ex, dqkv.raw(), datt.raw(), datt.dtype(), qkv_out_.raw(), qkv_out_.dtype(), att_.raw(),
         att_.dtype(), lse_.data<float>(), B_, T_, local_heads_, local_kv_heads_, head_dim_, docs);
     if (llama_)
-      ops::rope_backward_rounded(ex, dqkv.raw(), dqkv.dtype(), rope_.data<float>(), B_, T_,
-                                 local_heads_, local_kv_heads_, head_dim_);
+      ops::rope_backward_rounded(
+          ex, dqkv.raw(), dqkv.dtype(),
+          rope_tables_->get(ctx, T_, head_dim_, rope_frequencies_).data<float>(), B_, T_,
+          local_heads_, local_kv_heads_, head_dim_);
     // Qwen 3 at bf16: its norms' backward in fp32 (turned back already), qkv's dout so too.
     if (qk_norm_) {
       dqkv = qk_norm_->backward_widening(ctx, dqkv, local_heads_, local_kv_heads_);
@@ -368,8 +372,10 @@ Tensor TpGpt2Block::backward(Context& ctx, const Tensor& dy) {
   }
   if (llama_ && dqkv.dtype() == DType::kF32 && !normed_back) {
     // q and k turned back (shared heads' sums in)
-    ops::rope_backward<float>(ex, dqkv.data<float>(), rope_.data<float>(), B_, T_, local_heads_,
-                              local_kv_heads_, head_dim_);
+    ops::rope_backward<float>(
+        ex, dqkv.data<float>(),
+        rope_tables_->get(ctx, T_, head_dim_, rope_frequencies_).data<float>(), B_, T_,
+        local_heads_, local_kv_heads_, head_dim_);
     if (qk_norm_) qk_norm_->backward(ctx, dqkv, local_heads_, local_kv_heads_);
   }
   if (selective && !post_norm_) qkv_.restore_input(ln_1_->recompute_output(ctx));

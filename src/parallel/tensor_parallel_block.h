@@ -62,9 +62,10 @@ class TpGpt2Block {
   // config.n_heads, its key/value heads and the MLP's width must divide over tp.size() (an error
   // naming them otherwise).
   // `experts`: a mixture's expert-parallel group (parallel/expert_parallel.h); null: every
-  // expert here.
+  // expert here. `rope_tables`: the model's rotary tables (null: the block's own).
   TpGpt2Block(ParameterStore& store, const std::string& name, const Gpt2Config& config,
-              Communicator& tp, bool sequence_parallel, ExpertExchange* experts = nullptr);
+              Communicator& tp, bool sequence_parallel, ExpertExchange* experts = nullptr,
+              std::shared_ptr<RotaryTables> rope_tables = nullptr);
   // x: (rows, C) — all B·T rows, or with sequence parallelism this rank's B·T/P rows, in order.
   // B, T: the whole batch's shape (attention needs the sequences).
   Tensor forward(Context& ctx, const Tensor& x, int64_t B, int64_t T);
@@ -117,6 +118,7 @@ class TpGpt2Block {
   int64_t local_width_;  // local_heads_·head_dim_: this rank's attention output, proj's input
   int64_t sliding_window_;  // nn/sliding_window.h; 0: none
   cpu::RopeFrequencies rope_frequencies_;
+  std::shared_ptr<RotaryTables> rope_tables_;  // Llama: the model's, shared by its blocks
   int64_t B_ = 0, T_ = 0;
   Communicator& tp_;
   bool sequence_parallel_;
@@ -145,7 +147,6 @@ class TpGpt2Block {
   Tensor documents_;  // document masking: the forward's ctx.documents, for the backward (or the
                       // sliding window's table)
   Tensor window_;     // a sliding window's own table (nn/sliding_window.h), kept
-  Tensor rope_;  // Llama: the (T_, head_dim) cos/sin table (nn: rotary_table)
   Tensor input_;   // Recompute::kFull: the block input, all that forward keeps
   Tensor middle_;  // post_norm, selective, a mixture: its input x1, restored
 };

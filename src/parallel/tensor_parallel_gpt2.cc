@@ -40,7 +40,7 @@ TpGpt2::TpGpt2(const Gpt2Config& config, Communicator& tp, bool sequence_paralle
     params_.begin_unit(name);
     block_unit_.push_back(params_.units().size() - 1);
     blocks_.push_back(std::make_unique<TpGpt2Block>(params_, name, config_.block(l), tp,
-                                                    sequence_parallel, experts));
+                                                    sequence_parallel, experts, rope_tables_));
   }
 }
 

@@ -70,6 +70,8 @@ class TpGpt2 : public Gpt2Stage {
   std::unique_ptr<VocabParallelEmbedding> head_vocab_;  // the head's own weight, where it has one
   VocabParallelEmbedding* head_ = nullptr;              // the head: one of the two
   std::unique_ptr<Norm> ln_f_;
+  // The blocks' rotary cos/sin tables, one per set of frequencies (nn/causal_self_attention.h).
+  std::shared_ptr<RotaryTables> rope_tables_ = std::make_shared<RotaryTables>();
   std::vector<std::unique_ptr<TpGpt2Block>> blocks_;
   std::vector<Parameter*> ln_f_params_;
 };

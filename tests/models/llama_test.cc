@@ -395,6 +395,39 @@ TEST(Llama, InitialLossIsNearLogVocabAndTrainingLowersIt) {
   EXPECT_LT(model.forward(ctx, tokens, targets), 0.5 * first);
 }
 
+// The blocks share the rotary cos/sin tables (nn/causal_self_attention.h, RotaryTables): one
+// (T, head_dim) table for the model, not one per block — two with Gemma's local base in the
+// windowed blocks — made again at another T. (That they hold each block's values: every Llama,
+// Gemma 3 and Qwen model against transformers' logits, tests/checkpoint/export_test.cc.)
+TEST(Llama, TheBlocksShareOneRotaryTable) {
+  ThreadPool pool(1);
+  Context ctx{&pool, Device::cpu(), DType::kF32};
+  Gpt2Config c = tiny_llama(1);
+  c.n_layers = 6;
+  Gpt2 model(c);
+  model.build(DType::kF32, Device::cpu(), 5);
+  Tensor tokens = Tensor::empty({2, 6}, DType::kI32), targets = Tensor::empty({2, 6}, DType::kI32);
+  fill_batch(tokens, targets, c.vocab_size, 4);
+  const double loss = model.forward(ctx, tokens, targets);
+  model.backward(ctx);
+  EXPECT_EQ(model.rotary_tables().count(), 1);
+  EXPECT_EQ(model.rotary_tables().bytes(), 6 * 4 * int64_t{sizeof(float)});  // T × head_dim
+  Tensor shorter = Tensor::empty({1, 3}, DType::kI32);
+  for (int i = 0; i < 3; ++i) shorter.data<int32_t>()[i] = i + 1;
+  (void)model.logits(ctx, shorter);
+  EXPECT_EQ(model.rotary_tables().bytes(), 3 * 4 * int64_t{sizeof(float)});
+  EXPECT_TRUE(std::isfinite(loss));
+
+  Gpt2Config windowed = c;  // Gemma's pattern: a local base in all but every 3rd block
+  windowed.sliding_window = 3;
+  windowed.full_attention_every = 3;
+  windowed.rope_local_theta = 100;
+  Gpt2 gemma_like(windowed);
+  gemma_like.build(DType::kF32, Device::cpu(), 5);
+  gemma_like.forward(ctx, tokens, targets);
+  EXPECT_EQ(gemma_like.rotary_tables().count(), 2);
+}
+
 TEST(Llama, PositionsMatterThroughTheRotation) {
   // Without a position table, only the rotation tells positions apart: the same token at two
   // positions after the same prefix token gets different logits.

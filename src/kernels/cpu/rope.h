@@ -42,6 +42,7 @@ struct RopeFrequencies {
   bool linear = false;  // the factor divides every frequency (no blending)
   // θ_i, i < hd/2, in double.
   double frequency(int64_t i, int64_t hd) const;
+  bool operator==(const RopeFrequencies&) const = default;
 };
 
 // The (T, hd) table above, computed in double and rounded to Real once. A host helper: the
