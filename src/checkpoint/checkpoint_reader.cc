@@ -2,7 +2,6 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "base/error.h"
 #include "base/json_number.h"
@@ -14,10 +13,13 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace checkpoint_io;
 
-// A sharded checkpoint's files, each open for positioned reads, and where each element is.
+// A sharded checkpoint's state.json and files, each open for positioned reads. Where a
+// parameter's elements are (its runs, one or more a row) is worked out when it is read: a 27 B
+// model's rows number millions, too many to keep all at once.
 struct CheckpointReader::Sharded {
-  ShardRuns runs;
-  std::vector<std::unique_ptr<SafetensorsIndex>> files;  // runs.files, open
+  nlohmann::json state;
+  std::vector<std::string> names;                        // the files, in state.json's order
+  std::vector<std::unique_ptr<SafetensorsIndex>> files;  // open
 };
 
 CheckpointReader::CheckpointReader(const std::string& dir)
@@ -32,7 +34,6 @@ CheckpointReader::CheckpointReader(const std::string& dir)
     const json* recorded = nullptr;
     if (j.contains("model") && j["model"].contains("parameters"))
       recorded = &j["model"]["parameters"];
-    std::set<std::string> names;
     for (const auto& p : layout.params().parameters()) {
       if (recorded != nullptr) {
         if (!recorded->contains(p->name))
@@ -45,12 +46,12 @@ CheckpointReader::CheckpointReader(const std::string& dir)
       }
       shapes_[p->name] = p->full_shape;
       names_.push_back(p->name);
-      names.insert(p->name);
     }
     if (j.value("format", std::string()) == "sharded") {
       sharded_ = std::make_unique<Sharded>();
-      sharded_->runs = shard_runs(dir, j, names);
-      for (const std::string& file : sharded_->runs.files) {
+      sharded_->state = j;
+      sharded_->names = shard_runs(dir, j, {}).files;  // every slice parsed once here
+      for (const std::string& file : sharded_->names) {
         verify_file(dir, file, j);
         sharded_->files.push_back(
             std::make_unique<SafetensorsIndex>((fs::path(dir) / file).string()));
@@ -89,11 +90,11 @@ Tensor CheckpointReader::read(const std::string& name) const {
   const int64_t rows = want.empty() ? 1 : want[0];
   const int64_t cols = rows == 0 ? 0 : out.numel() / rows;
   float* dst = out.data<float>();
+  const ShardRuns runs = shard_runs(dir_, sharded_->state, {name});
   for (int64_t r = 0; r < rows; ++r)
-    sharded_->runs.copy_row(dir_, name, r, 0, cols,
-                            [&](size_t f, int64_t at, int64_t n, int64_t to) {
-                              sharded_->files[f]->read_f32("values", at, n, dst + r * cols + to);
-                            });
+    runs.copy_row(dir_, name, r, 0, cols, [&](size_t f, int64_t at, int64_t n, int64_t to) {
+      sharded_->files[f]->read_f32("values", at, n, dst + r * cols + to);
+    });
   return out;
 }
 

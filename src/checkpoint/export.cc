@@ -54,14 +54,19 @@ Tensor in_dtype(const Tensor& t, bool bf16) {
 }
 
 // `write` into a file or directory beside `out`, then renamed over it: a failed export leaves
-// what was there.
+// what was there, and removes what it had written (a model's worth of files, maybe).
 template <typename Write>
 void replace_atomically(const fs::path& out, bool directory, const Write& write) {
   const fs::path tmp = out.string() + ".tmp";
   std::error_code ec;
   fs::remove_all(tmp, ec);
-  if (directory) fs::create_directories(tmp);
-  write(tmp);
+  try {
+    if (directory) fs::create_directories(tmp);
+    write(tmp);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
   if (fs::exists(out)) fs::remove_all(out);
   fs::rename(tmp, out);
 }

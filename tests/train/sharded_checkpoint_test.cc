@@ -287,9 +287,30 @@ TEST_F(ShardedCheckpoint, ExportsTheWholeCheckpointsFilesParameterByParameter) {
     io.put(static_cast<char>(b ^ 4));
   }
   const fs::path out = root_ / "damaged_export";
-  const std::string e = error_of([&] { export_checkpoint(ckpt, "hf", out.string()); });
+  std::string e = error_of([&] { export_checkpoint(ckpt, "hf", out.string()); });
   EXPECT_NE(e.find("shard_2.safetensors is not what was written"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(out));
+  // A slice of the last parameter pointing past its shard's arrays (state.json carries no
+  // digest): the export fails at that parameter, after writing the others, and leaves nothing.
+  const std::string other = (root_ / "export_pp2_tp2_s" / "checkpoints" / "step_3").string();
+  nlohmann::json state;
+  {
+    std::ifstream in(fs::path(other) / "state.json");
+    state = nlohmann::json::parse(in);
+  }
+  std::string last;
+  for (nlohmann::json& shard : state["shards"])
+    for (nlohmann::json& s : shard["slices"])
+      if (s[0] == "ln_f.weight" && last.empty()) {
+        s[7] = s[7].get<int64_t>() + 1000000000;
+        last = s[0];
+      }
+  ASSERT_EQ(last, "ln_f.weight");
+  std::ofstream(fs::path(other) / "state.json") << state.dump();
+  e = error_of([&] { export_checkpoint(other, "hf", out.string()); });
+  EXPECT_NE(e.find("tensor 'values' has"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out.string() + ".tmp"));
 }
 
 }  // namespace
