@@ -63,7 +63,7 @@ struct Rotary {
   bool qk_norm_full = false;   // OLMo 2's form: over all the query (key) heads together
   double query_scale = 1;      // the query norm's output times this (QkNorm; Gemma 3 27B's)
   // The model's tables, shared by its blocks; null: the layer makes its own.
-  std::shared_ptr<RotaryTables> tables;
+  std::shared_ptr<RotaryTables> tables = nullptr;
 };
 
 class CausalSelfAttention {
