@@ -18,8 +18,8 @@ using namespace checkpoint_io;
 // model's rows number millions, too many to keep all at once.
 struct CheckpointReader::Sharded {
   nlohmann::json state;
-  std::vector<std::string> names;                        // the files, in state.json's order
-  std::vector<std::unique_ptr<SafetensorsIndex>> files;  // open
+  std::vector<std::string> file_names;                   // in state.json's order
+  std::vector<std::unique_ptr<SafetensorsIndex>> files;  // file_names, open
 };
 
 CheckpointReader::CheckpointReader(const std::string& dir)
@@ -50,8 +50,8 @@ CheckpointReader::CheckpointReader(const std::string& dir)
     if (j.value("format", std::string()) == "sharded") {
       sharded_ = std::make_unique<Sharded>();
       sharded_->state = j;
-      sharded_->names = shard_runs(dir, j, {}).files;  // every slice parsed once here
-      for (const std::string& file : sharded_->names) {
+      sharded_->file_names = shard_runs(dir, j, {}).files;  // every slice parsed once here
+      for (const std::string& file : sharded_->file_names) {
         verify_file(dir, file, j);
         sharded_->files.push_back(
             std::make_unique<SafetensorsIndex>((fs::path(dir) / file).string()));
