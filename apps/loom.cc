@@ -183,17 +183,6 @@ int cmd_check(CheckArgs& a) {
   return r.all_ok() ? 0 : 1;
 }
 
-// The checkpoints a command-line path names, by step: the path itself (a step_N), else the
-// complete ones in it (a directory of checkpoints) or in its checkpoints/ (a run directory);
-// empty when there are none.
-std::vector<std::string> checkpoints_at(const std::string& path) {
-  const std::filesystem::path p(path);
-  if (std::filesystem::exists(p / "state.json")) return {path};
-  std::vector<std::string> dirs = list_checkpoints(path);
-  if (dirs.empty()) dirs = list_checkpoints((p / "checkpoints").string());
-  return dirs;
-}
-
 // `loom data inspect`: each spec at seq_len / vocab; with a config, its data keys' corpora at its
 // model's, and the training sources' shares and passes over the run (TrainData's start-up lines).
 // Exit 1 when an id is past the vocabulary.

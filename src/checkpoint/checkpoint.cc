@@ -169,13 +169,15 @@ SafetensorsFile load_checked(const std::string& dir, const std::string& file, co
   return loaded;
 }
 
-void verify_file(const std::string& dir, const std::string& file, const json& state) {
+std::optional<FileDigest> verify_file(const std::string& dir, const std::string& file,
+                                      const json& state) {
   const std::optional<FileDigest> want = recorded_digest(dir, file, state);
-  if (!want) return;
+  if (!want) return want;
   const int64_t bytes = file_bytes(dir, file);
   if (bytes != want->bytes) fail_not_as_written(dir, file, FileDigest{bytes, 0}, *want);
   const FileDigest got = digest_file((fs::path(dir) / file).string());
   if (got != *want) fail_not_as_written(dir, file, got, *want);
+  return got;
 }
 
 json read_state_json(const std::string& dir) {
@@ -424,6 +426,14 @@ std::vector<std::string> prune_checkpoints(const std::string& checkpoints_dir, i
   return removed;
 }
 
+std::vector<std::string> checkpoints_at(const std::string& path) {
+  const fs::path p(path);
+  if (fs::exists(p / "state.json")) return {path};
+  std::vector<std::string> dirs = list_checkpoints(path);
+  if (dirs.empty()) dirs = list_checkpoints((p / "checkpoints").string());
+  return dirs;
+}
+
 std::string find_latest_checkpoint(const std::string& checkpoints_dir) {
   const std::map<int64_t, std::string> all = complete_checkpoints(checkpoints_dir);
   return all.empty() ? "" : all.rbegin()->second;
@@ -582,10 +592,8 @@ std::vector<FileDigest> verify_checkpoint(const std::string& checkpoint_dir) {
     fail("checkpoint ", checkpoint_dir,
          ": state.json records no file digests (written before Loom kept them), nothing to verify");
   std::vector<FileDigest> checked;
-  for (const auto& [file, record] : state["files"].items()) {
-    verify_file(checkpoint_dir, file, state);
-    checked.push_back(*recorded_digest(checkpoint_dir, file, state));
-  }
+  for (const auto& [file, record] : state["files"].items())
+    checked.push_back(*verify_file(checkpoint_dir, file, state));  // recorded: one is there
   return checked;
 }
 

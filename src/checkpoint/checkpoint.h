@@ -72,6 +72,11 @@ std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir);
 std::vector<std::string> prune_checkpoints(const std::string& checkpoints_dir, int64_t keep,
                                            int64_t saved);
 
+// The checkpoints a path names, by step: the path itself (a step_N), else the complete ones in
+// it (a directory of checkpoints) or in its checkpoints/ (a run directory); empty when there are
+// none. (`loom checkpoint verify|export`, `loom sample`, train.init_from.)
+std::vector<std::string> checkpoints_at(const std::string& path);
+
 // The complete checkpoint with the highest step under `checkpoints_dir`, or "" when none.
 std::string find_latest_checkpoint(const std::string& checkpoints_dir);
 

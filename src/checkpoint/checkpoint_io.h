@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sharded_checkpoint.h"
 
 namespace loom::checkpoint_io {
 
@@ -29,8 +31,9 @@ nlohmann::json digest_json(const FileDigest& d);  // {"bytes": N, "xxh3_64": "16
 // state.json, checked for its format version; errors name the checkpoint.
 nlohmann::json read_state_json(const std::string& dir);
 // Checks `file` of a checkpoint against its recorded digest, where there is one, reading it
-// through without keeping it.
-void verify_file(const std::string& dir, const std::string& file, const nlohmann::json& state);
+// through without keeping it; returns the digest checked (nullopt: none recorded).
+std::optional<FileDigest> verify_file(const std::string& dir, const std::string& file,
+                                      const nlohmann::json& state);
 // Reads `file` of a checkpoint, checked against its recorded digest where there is one.
 SafetensorsFile load_checked(const std::string& dir, const std::string& file,
                              const nlohmann::json& state);
@@ -45,6 +48,10 @@ struct ShardRuns {
   };
   std::vector<std::string> files;
   std::map<std::string, std::map<int64_t, std::vector<Run>>> rows;  // name -> row -> runs
+
+  // Cuts slice `s` of `files[file]` into its rows' runs; fails naming the checkpoint, the file
+  // and the slice when it is inconsistent.
+  void add(const std::string& dir, size_t file, const ShardSlice& s);
 
   // Calls copy(file, at, n, to) for every run of columns [c0, c0 + cols) of row `row` of
   // parameter `name`: n elements at `at` of the file's arrays go to column c0 + to. Fails naming
@@ -72,6 +79,13 @@ struct ShardRuns {
            row, " (columns ", c0, "-", c0 + cols - 1, ") of '", name, "'");
   }
 };
+
+// Every slice a sharded checkpoint's state.json lists, with the index of the file holding it.
+struct ShardSlices {
+  std::vector<std::string> files;
+  std::vector<std::pair<size_t, ShardSlice>> slices;
+};
+ShardSlices shard_slices(const std::string& dir, const nlohmann::json& state);
 
 // The runs of the parameters in `wanted` of sharded checkpoint `dir` (`state`: its state.json);
 // fails naming the checkpoint and the slice when a slice is inconsistent.

@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint_reader.h"
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -13,13 +14,13 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace checkpoint_io;
 
-// A sharded checkpoint's state.json and files, each open for positioned reads. Where a
-// parameter's elements are (its runs, one or more a row) is worked out when it is read: a 27 B
-// model's rows number millions, too many to keep all at once.
+// A sharded checkpoint's slices by parameter (parsed once) and its files, each open for
+// positioned reads. Where a parameter's elements are (its runs, one or more a row) is worked out
+// when it is read: a 27 B model's rows number millions, too many to keep all at once.
 struct CheckpointReader::Sharded {
-  nlohmann::json state;
-  std::vector<std::string> file_names;                   // in state.json's order
-  std::vector<std::unique_ptr<SafetensorsIndex>> files;  // file_names, open
+  std::vector<std::string> file_names;  // in state.json's order
+  std::map<std::string, std::vector<std::pair<size_t, ShardSlice>>> slices;  // by parameter
+  std::vector<std::unique_ptr<SafetensorsIndex>> files;                      // file_names, open
 };
 
 CheckpointReader::CheckpointReader(const std::string& dir)
@@ -49,8 +50,12 @@ CheckpointReader::CheckpointReader(const std::string& dir)
     }
     if (j.value("format", std::string()) == "sharded") {
       sharded_ = std::make_unique<Sharded>();
-      sharded_->state = j;
-      sharded_->file_names = shard_runs(dir, j, {}).files;  // every slice parsed once here
+      ShardSlices all = shard_slices(dir, j);
+      sharded_->file_names = std::move(all.files);
+      for (auto& [file, slice] : all.slices) {
+        const std::string name = slice.name;
+        sharded_->slices[name].emplace_back(file, std::move(slice));
+      }
       for (const std::string& file : sharded_->file_names) {
         verify_file(dir, file, j);
         sharded_->files.push_back(
@@ -90,7 +95,10 @@ Tensor CheckpointReader::read(const std::string& name) const {
   const int64_t rows = want.empty() ? 1 : want[0];
   const int64_t cols = rows == 0 ? 0 : out.numel() / rows;
   float* dst = out.data<float>();
-  const ShardRuns runs = shard_runs(dir_, sharded_->state, {name});
+  ShardRuns runs;
+  runs.files = sharded_->file_names;
+  if (const auto it = sharded_->slices.find(name); it != sharded_->slices.end())
+    for (const auto& [file, slice] : it->second) runs.add(dir_, file, slice);
   for (int64_t r = 0; r < rows; ++r)
     runs.copy_row(dir_, name, r, 0, cols, [&](size_t f, int64_t at, int64_t n, int64_t to) {
       sharded_->files[f]->read_f32("values", at, n, dst + r * cols + to);

@@ -27,6 +27,7 @@ class CheckpointReader {
   const TrainingState& state() const { return state_; }
   // The model's parameters, in its order.
   const std::vector<std::string>& names() const { return names_; }
+  bool has(const std::string& name) const { return shapes_.count(name) > 0; }
   // The whole parameter's shape, as state.json records it; fails naming a missing one.
   const Shape& shape(const std::string& name) const;
   // The whole parameter, host f32, read from the files now (positioned reads of its bytes; from

@@ -231,8 +231,15 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Safete
   impl_->file = std::make_unique<File>(impl_->tmp, "wb");
   uint8_t length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
-  impl_->file->write(length, sizeof length);
-  impl_->file->write(text.data(), text.size());
+  try {
+    impl_->file->write(length, sizeof length);
+    impl_->file->write(text.data(), text.size());
+  } catch (...) {  // no destructor runs for a constructor that throws: remove path.tmp here
+    impl_->file.reset();
+    std::error_code ignored;
+    std::filesystem::remove(impl_->tmp, ignored);
+    throw;
+  }
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -262,7 +269,8 @@ FileDigest SafetensorsWriter::finish() {
   std::error_code ec;
   std::filesystem::rename(impl_->tmp, impl_->path, ec);
   if (ec) {
-    std::filesystem::remove(impl_->tmp, ec);
+    std::error_code ignored;
+    std::filesystem::remove(impl_->tmp, ignored);
     bad_file(impl_->path, "cannot rename '", impl_->tmp, "' to it: ", ec.message());
   }
   return digest;

@@ -178,29 +178,36 @@ TrainingState load_sharded_checkpoint_into(const std::string& dir,
   }
 }
 
-namespace {}  // namespace
-
 namespace checkpoint_io {
 
-ShardRuns shard_runs(const std::string& dir, const json& j, const std::set<std::string>& wanted) {
-  ShardRuns out;
+void ShardRuns::add(const std::string& dir, size_t file, const ShardSlice& s) {
+  if (s.cols < 1 || s.count < 0 || s.begin < 0 || s.begin + s.count > s.rows * s.cols)
+    fail("checkpoint ", dir, ": ", files[file], "'s slice of '", s.name,
+         "' is inconsistent: ", slice_json(s).dump());
+  for (int64_t e = s.begin; e < s.begin + s.count;) {
+    const int64_t k = e / s.cols, row_end = std::min(s.begin + s.count, (k + 1) * s.cols);
+    rows[s.name][s.row + k].push_back(
+        {s.col + e - k * s.cols, s.col + row_end - k * s.cols, file, s.at + e - s.begin});
+    e = row_end;
+  }
+}
+
+ShardSlices shard_slices(const std::string& dir, const json& j) {
+  ShardSlices out;
   const json& shards = j.at("shards");
   for (size_t f = 0; f < shards.size(); ++f) {
     out.files.push_back(shards[f].at("file").get<std::string>());
-    for (const json& sj : shards[f].at("slices")) {
-      const ShardSlice s = slice_from(dir, sj);
-      if (!wanted.count(s.name)) continue;
-      if (s.cols < 1 || s.count < 0 || s.begin < 0 || s.begin + s.count > s.rows * s.cols)
-        fail("checkpoint ", dir, ": ", out.files[f], "'s slice of '", s.name,
-             "' is inconsistent: ", sj.dump());
-      for (int64_t e = s.begin; e < s.begin + s.count;) {
-        const int64_t k = e / s.cols, row_end = std::min(s.begin + s.count, (k + 1) * s.cols);
-        out.rows[s.name][s.row + k].push_back(
-            {s.col + e - k * s.cols, s.col + row_end - k * s.cols, f, s.at + e - s.begin});
-        e = row_end;
-      }
-    }
+    for (const json& sj : shards[f].at("slices")) out.slices.emplace_back(f, slice_from(dir, sj));
   }
+  return out;
+}
+
+ShardRuns shard_runs(const std::string& dir, const json& j, const std::set<std::string>& wanted) {
+  const ShardSlices all = shard_slices(dir, j);
+  ShardRuns out;
+  out.files = all.files;
+  for (const auto& [file, s] : all.slices)
+    if (wanted.count(s.name)) out.add(dir, file, s);
   return out;
 }
 

@@ -120,6 +120,10 @@ class ZeroDataParallel final : public DataParallel {
     bool experts = false;
   };
   std::vector<NormRange> norm_ranges_;
+  // Stages 1-3: each parameter's piece of the reduced chunks (shard_segments' order; stage 1:
+  // where they are in the full gradient), a parameter replicated over tp on tp rank 0 only,
+  // `skip`'s left out.
+  std::vector<NormRange> chunk_norm_ranges(const Parameter* skip) const;
   Tensor shard_values_;  // stage 3
   Tensor shard_grads_;   // stages 2/3
   int64_t micro_index_ = 0, micro_count_ = 1;
@@ -288,19 +292,26 @@ ZeroDataParallel::ZeroDataParallel(ParameterStore& params, Communicator& dp, Thr
           if (!p->pieces.empty() || first)
             norm_ranges_.push_back({p->offset, p->numel(), is_experts(u)});
     } else {
-      // The reduced chunks' pieces of parameters (shard_segments' order; stage 1: where they are
-      // in the full gradient): count each by its parameter's kind.
-      for (size_t u = 0; u < num_units(); ++u) {
-        const int64_t lo_chunk = chunk_begin(u), hi_chunk = lo_chunk + chunk(u);
-        for (const Parameter* p : params_.units()[u].params) {
-          const int64_t lo = std::max(lo_chunk, p->offset), hi = std::min(hi_chunk, p->offset + p->numel());
-          if (lo < hi && (!p->pieces.empty() || first))
-            norm_ranges_.push_back(
-                {stage_ == 1 ? lo : shard_offset_[u] + (lo - lo_chunk), hi - lo, is_experts(u)});
-        }
-      }
+      norm_ranges_ = chunk_norm_ranges(nullptr);
     }
   }
+}
+
+std::vector<ZeroDataParallel::NormRange> ZeroDataParallel::chunk_norm_ranges(
+    const Parameter* skip) const {
+  const bool first = tensor_parallel_ == nullptr || tensor_parallel_->rank() == 0;
+  std::vector<NormRange> out;
+  for (size_t u = 0; u < num_units(); ++u) {
+    const int64_t lo_chunk = chunk_begin(u), hi_chunk = lo_chunk + chunk(u);
+    for (const Parameter* p : params_.units()[u].params) {
+      const int64_t lo = std::max(lo_chunk, p->offset);
+      const int64_t hi = std::min(hi_chunk, p->offset + p->numel());
+      if (lo < hi && p != skip && (!p->pieces.empty() || first))
+        out.push_back(
+            {stage_ == 1 ? lo : shard_offset_[u] + (lo - lo_chunk), hi - lo, is_experts(u)});
+    }
+  }
+  return out;
 }
 
 void ZeroDataParallel::build_buckets(int64_t bucket_bytes) {
@@ -667,9 +678,6 @@ double ZeroDataParallel::grad_sum_squares(const Parameter* skip) {
   Communicator* tp = tensor_parallel_;
   // The reduced chunks (stage 1: at their places in the full gradient).
   Tensor& grads = stage_ < 2 ? params_.grads() : shard_grads_;
-  const auto chunk_offset = [&](size_t u) {
-    return stage_ == 1 ? chunk_begin(u) : shard_offset_[u];
-  };
   // Hybrid sharding with experts: the dense chunks partition the gradient within a shard group,
   // the expert chunks only over the whole dp group — their squares summed apart.
   const bool experts_apart = !all_reduces_ && replicate_ != nullptr && has_experts_;
@@ -681,39 +689,26 @@ double ZeroDataParallel::grad_sum_squares(const Parameter* skip) {
     // Under tensor parallelism a replicated parameter's gradient is the same on every tp rank:
     // count it on tp rank 0 only. The ranges' sums come back together (one wait on a GPU) and
     // are added in order.
+    // Without tp or `skip`, each unit's chunk whole; else each parameter's piece of them.
+    std::vector<NormRange> ranges;
+    if (skip != nullptr) {
+      ranges = chunk_norm_ranges(skip);
+    } else if (tp == nullptr) {
+      for (size_t u = 0; u < num_units(); ++u)
+        ranges.push_back(
+            {stage_ == 1 ? chunk_begin(u) : shard_offset_[u], chunk(u), is_experts(u)});
+    }
+    const std::vector<NormRange>& counted =
+        skip == nullptr && tp != nullptr ? norm_ranges_ : ranges;
     std::vector<const float*> starts;
     std::vector<int64_t> sizes;
-    std::vector<bool> of_experts;
-    if (skip != nullptr) {
-      // Each parameter's piece of the chunks but `skip`'s, as norm_ranges_ is built.
-      const bool first = tp == nullptr || tp->rank() == 0;
-      for (size_t u = 0; u < num_units(); ++u) {
-        const int64_t lo_chunk = chunk_begin(u), hi_chunk = lo_chunk + chunk(u);
-        for (const Parameter* p : params_.units()[u].params) {
-          const int64_t lo = std::max(lo_chunk, p->offset);
-          const int64_t hi = std::min(hi_chunk, p->offset + p->numel());
-          if (p == skip || lo >= hi || !(!p->pieces.empty() || first)) continue;
-          starts.push_back(grads.data<float>() + chunk_offset(u) + (lo - lo_chunk));
-          sizes.push_back(hi - lo);
-          of_experts.push_back(is_experts(u));
-        }
-      }
-    } else if (tp == nullptr) {
-      for (size_t u = 0; u < num_units(); ++u) {
-        starts.push_back(grads.data<float>() + chunk_offset(u));
-        sizes.push_back(chunk(u));
-        of_experts.push_back(is_experts(u));
-      }
-    } else {
-      for (const NormRange& r : norm_ranges_) {
-        starts.push_back(grads.data<float>() + r.offset);
-        sizes.push_back(r.numel);
-        of_experts.push_back(r.experts);
-      }
+    for (const NormRange& r : counted) {
+      starts.push_back(grads.data<float>() + r.offset);
+      sizes.push_back(r.numel);
     }
     const std::vector<double> sums = ops::sum_squares_each(Exec{&pool_, device_}, starts, sizes);
     for (size_t i = 0; i < sums.size(); ++i)
-      (experts_apart && of_experts[i] ? local_experts : local) += sums[i];
+      (experts_apart && counted[i].experts ? local_experts : local) += sums[i];
   }
   double sum = local;
   const double t0 = now_seconds();  // waiting for the other ranks counts as communication

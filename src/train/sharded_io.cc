@@ -1,6 +1,5 @@
 #include "train/sharded_io.h"
 
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -321,8 +320,7 @@ std::vector<float> init_layout_from_checkpoint(const std::string& checkpoint_dir
   auto layout = whole_layout(config);             // offsets only: no values allocated
   const CheckpointReader reader(checkpoint_dir);  // the files' digests checked here
   for (const auto& p : layout->params().parameters()) {
-    const auto& names = reader.names();
-    if (std::find(names.begin(), names.end(), p->name) == names.end())
+    if (!reader.has(p->name))
       fail("train.init_from: checkpoint ", checkpoint_dir, " has no parameter '", p->name,
            "' (a checkpoint of another model?)");
     if (reader.shape(p->name) != p->full_shape)

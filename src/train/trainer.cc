@@ -666,10 +666,9 @@ TrainSummary train_on(Communicator& world, const Config& config_in, const TrainO
   } else if (!tc.init_from.empty()) {
     // A Loom checkpoint (a step_N, or a run directory: its newest), or a HuggingFace directory.
     std::string checkpoint;
-    if (fs::exists(fs::path(tc.init_from) / "state.json"))
-      checkpoint = tc.init_from;
-    else if (!fs::exists(fs::path(tc.init_from) / "config.json"))
-      checkpoint = find_latest_checkpoint((fs::path(tc.init_from) / "checkpoints").string());
+    if (!fs::exists(fs::path(tc.init_from) / "config.json"))
+      if (const std::vector<std::string> found = checkpoints_at(tc.init_from); !found.empty())
+        checkpoint = found.back();
     if (!checkpoint.empty()) {
       check_checkpoint_model(checkpoint, config,
                              "train.init_from starts from a checkpoint of the config's model");
